@@ -26,6 +26,8 @@ type Statements struct {
 	ReleasePart      string // $1 session, $2 queue, $3 part
 	OwnedParts       string // $1 session, $2 queue → part
 	PartOwners       string // $1 queue → session_id, part
+	DropPartsAbove   string // $1 queue, $2 num_parts: deletes part rows >= num_parts
+	MovePartsAbove   string // $1 queue, $2 num_parts: moves items of parts >= num_parts
 
 	// Items.
 	Enqueue         string // prefix; see EnqueueRows
@@ -67,9 +69,12 @@ FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`),
 		AcquirePart: r(`INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING`),
-		ReleasePart: r(`DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`),
-		OwnedParts:  r(`SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`),
-		PartOwners:  r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
+		ReleasePart:    r(`DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`),
+		OwnedParts:     r(`SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`),
+		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
+		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
+		MovePartsAbove: r(`UPDATE crdbwork_items SET part = part % $2, claim_queue = NULL, claim_part = NULL
+WHERE queue = $1 AND part >= $2`),
 
 		ClaimAny: r(`UPDATE crdbwork_items
 SET claim = $1, claimed_at = now(), attempts = attempts + 1
@@ -118,7 +123,7 @@ FROM crdbwork_items GROUP BY queue, part ORDER BY queue, part`),
 		enqueueTemplate: r(`INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata)
 SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond', v.m, v.b, v.meta
-FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n,
+FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts) AS n,
      (VALUES %s) AS v (id, h, k, p, d, m, b, meta)`),
 	}
 }

@@ -81,8 +81,14 @@ func Do(ctx context.Context, onRetry func(), fn func(ctx context.Context) error)
 // it is itself retryable). A commit that failed without a server response is
 // reported as an error wrapping ErrCommitUnknown.
 func Tx(ctx context.Context, db Beginner, onRetry func(), fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return TxWith(ctx, db, pgx.TxOptions{IsoLevel: pgx.Serializable}, onRetry, fn)
+}
+
+// TxWith is Tx with the caller's transaction options (an empty IsoLevel
+// means the server's default isolation).
+func TxWith(ctx context.Context, db Beginner, opts pgx.TxOptions, onRetry func(), fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return Do(ctx, onRetry, func(ctx context.Context) error {
-		tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+		tx, err := db.BeginTx(ctx, opts)
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}

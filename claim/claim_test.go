@@ -1,0 +1,625 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// setup returns a pool on a fresh database with the schema and a results
+// table that deliberately has no unique constraint, so duplicates would show.
+func setup(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
+	t.Helper()
+	q, err := claim.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *session.Session {
+	t.Helper()
+	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	return s
+}
+
+func payloads(n int) []claim.NewItem {
+	items := make([]claim.NewItem, n)
+	for i := range items {
+		items[i] = claim.NewItem{Payload: []byte(fmt.Sprint(i))}
+	}
+	return items
+}
+
+// record writes the result row of it inside the ack transaction.
+func record(it claim.Item) func(context.Context, pgx.Tx) error {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id) VALUES ($1, $2)`, it.ID, it.Session)
+		return err
+	}
+}
+
+func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
+	const items, sessions, batch = 5000, 8, 16
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(items)...); err != nil {
+		t.Fatal(err)
+	}
+	var acked atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, sessions)
+	for range sessions {
+		s := startSession(t, ctx, pool)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				got, err := q.Claim(ctx, s.ID(), batch)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(got) == 0 {
+					return // the queue is drained: every item is claimed or gone
+				}
+				for _, it := range got {
+					if err := q.Ack(ctx, it, record(it)); err != nil {
+						errs <- err
+						return
+					}
+					acked.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results`); n != items {
+		t.Errorf("%d result rows, want %d", n, items)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM (SELECT item_id FROM results GROUP BY item_id HAVING count(*) > 1) AS d`); n != 0 {
+		t.Errorf("%d items have duplicate results", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Errorf("%d items left in the queue", n)
+	}
+	if acked.Load() != items || q.Stats().Acked != items {
+		t.Errorf("acks reported %d (stats %d), want %d", acked.Load(), q.Stats().Acked, items)
+	}
+	t.Logf("stats: %+v", q.Stats())
+}
+
+func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(10)...); err != nil {
+		t.Fatal(err)
+	}
+	crashCtx, crash := context.WithCancel(ctx)
+	victim, err := session.Start(crashCtx, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := q.Claim(ctx, victim.ID(), 10)
+	if err != nil || len(claimed) != 10 {
+		t.Fatalf("victim claimed %d items (err %v), want 10", len(claimed), err)
+	}
+	peer := startSession(t, ctx, pool)
+	if got, _ := q.Claim(ctx, peer.ID(), 10); len(got) != 0 {
+		t.Fatalf("peer claimed %d items that the live victim holds", len(got))
+	}
+
+	crash() // the victim stops heartbeating; its row stays until a peer reaps it
+	var retaken []claim.Item
+	deadline := time.Now().Add(15 * time.Second)
+	for len(retaken) < 10 && time.Now().Before(deadline) {
+		got, err := q.Claim(ctx, peer.ID(), 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		retaken = append(retaken, got...)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(retaken) != 10 {
+		t.Fatalf("peer re-claimed %d of the crashed session's 10 items", len(retaken))
+	}
+	for _, it := range retaken {
+		if it.Attempt != 2 {
+			t.Errorf("re-claimed item %s has attempt %d, want 2 (the crashed claim counts)", it.ID, it.Attempt)
+		}
+	}
+	// The crashed process wakes up and tries to ack: refused, nothing written.
+	err = q.Ack(ctx, claimed[0], record(claimed[0]))
+	if !errors.Is(err, claim.ErrClaimLost) {
+		t.Fatalf("late ack = %v, want ErrClaimLost", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results`); n != 0 {
+		t.Fatalf("late ack wrote %d result rows", n)
+	}
+	for _, it := range retaken {
+		if err := q.Ack(ctx, it, record(it)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE session_id = $1`, peer.ID()); n != 10 {
+		t.Fatalf("peer recorded %d results, want 10", n)
+	}
+}
+
+func TestCloseReleasesClaimsAtOnce(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(5)...); err != nil {
+		t.Fatal(err)
+	}
+	a, err := session.Start(ctx, pool, session.Options{}) // 5 s expiry: only Close can free the items quickly
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := q.Claim(ctx, a.ID(), 5); err != nil || len(got) != 5 {
+		t.Fatalf("claimed %d (err %v), want 5", len(got), err)
+	}
+	b := startSession(t, ctx, pool)
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Claim(ctx, b.ID(), 5)
+	if err != nil || len(got) != 5 {
+		t.Fatalf("after Close, another session claimed %d (err %v), want all 5 at once", len(got), err)
+	}
+}
+
+func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := q.EnqueueTx(ctx, tx, payloads(3)...)
+	if err != nil || len(ids) != 3 {
+		t.Fatalf("EnqueueTx = %v, %v", ids, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("uncommitted items visible outside the transaction: %d", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("%d items after rollback, want 0", n)
+	}
+	// And the committed twin does enqueue.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.EnqueueTx(ctx, tx, payloads(3)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 3 {
+		t.Fatalf("%d items after commit, want 3", n)
+	}
+}
+
+// TestAckCommitTimeSerializationFailure provokes, for real, a serialization
+// failure at COMMIT of an ack: inside the ack's transaction, after the result
+// is written, a second serializable transaction reads what the ack wrote and
+// writes what the ack read, and commits first. On PostgreSQL the ack's COMMIT
+// then fails with 40001. The ack must be retried (and commit once) or
+// reported as failed, never reported as acked without its writes.
+func TestAckCommitTimeSerializationFailure(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE tally (id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY, who TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{})
+	s := startSession(t, ctx, pool)
+
+	// interfere runs a conflicting serializable transaction to commit.
+	interfere := func(ctx context.Context) {
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second) // CockroachDB may make it wait on the ack's locks
+		defer cancel()
+		tx, err := pool.BeginTx(ictx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+		if err != nil {
+			return
+		}
+		defer tx.Rollback(context.Background())
+		var n int
+		if tx.QueryRow(ictx, `SELECT count(*) FROM tally`).Scan(&n) != nil {
+			return
+		}
+		if _, err := tx.Exec(ictx, `INSERT INTO tally (who) VALUES ('interferer')`); err != nil {
+			return
+		}
+		tx.Commit(ictx)
+	}
+	// recordWithConflict writes the ack's result and tally row, then lets the
+	// interferer commit while the ack's transaction is still open. completed
+	// counts runs that returned nil: a second completed run of one ack means
+	// the first one's COMMIT failed.
+	recordWithConflict := func(it claim.Item, completed *int, always bool) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM tally`).Scan(&n); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO tally (who) VALUES ('ack')`); err != nil {
+				return err
+			}
+			if err := record(it)(ctx, tx); err != nil {
+				return err
+			}
+			if always || *completed == 0 {
+				interfere(ctx)
+			}
+			*completed++
+			return nil
+		}
+	}
+
+	// 1. The conflict happens once: the ack is retried and commits once.
+	const rounds = 10
+	if _, err := q.Enqueue(ctx, payloads(rounds)...); err != nil {
+		t.Fatal(err)
+	}
+	commitFailures := 0
+	for range rounds {
+		got, err := q.Claim(ctx, s.ID(), 1)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim: %v %v", got, err)
+		}
+		it := got[0]
+		completed := 0
+		err = q.Ack(ctx, it, recordWithConflict(it, &completed, false))
+		commitFailures += completed - 1
+		items := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, it.ID)
+		results := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, it.ID)
+		switch {
+		case err == nil && (items != 0 || results != 1):
+			t.Fatalf("ack reported success but item rows=%d, result rows=%d (want 0 and 1)", items, results)
+		case err != nil && (items != 1 || results != 0):
+			t.Fatalf("ack failed (%v) but item rows=%d, result rows=%d (want 1 and 0)", err, items, results)
+		case err != nil:
+			t.Fatalf("ack with one conflict was not retried to success: %v", err)
+		}
+	}
+	t.Logf("%d of %d acks failed at COMMIT and were retried; retries: %v", commitFailures, rounds, q.Stats().Retries)
+	if testdb.Kind(t) == "postgres" && commitFailures == 0 {
+		t.Fatal("no ack hit a commit-time serialization failure: the test did not provoke what it is about")
+	}
+
+	// 2. The conflict happens on every attempt: the ack must fail, with
+	// neither its delete nor its result committed.
+	if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Claim(ctx, s.ID(), 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	it := got[0]
+	completed := 0
+	err = q.Ack(ctx, it, recordWithConflict(it, &completed, true))
+	items := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, it.ID)
+	results := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, it.ID)
+	t.Logf("always-conflicting ack: err=%v after %d completed runs", err, completed)
+	if err == nil && (items != 0 || results != 1) || err != nil && (items != 1 || results != 0) {
+		t.Fatalf("ack returned %v with item rows=%d, result rows=%d", err, items, results)
+	}
+	if testdb.Kind(t) == "postgres" && err == nil {
+		t.Fatal("an ack whose every COMMIT failed was reported as acked")
+	}
+}
+
+func TestAckBatchChecksEachClaim(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(6)...); err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, ctx, pool)
+	got, err := q.Claim(ctx, s.ID(), 6)
+	if err != nil || len(got) != 6 {
+		t.Fatalf("claimed %d, %v", len(got), err)
+	}
+	// Two items lose their claims: one is cancelled, one released.
+	if ok, err := q.Cancel(ctx, got[0].ID); err != nil || !ok {
+		t.Fatalf("cancel: %v %v", ok, err)
+	}
+	if err := q.Release(ctx, got[1]); err != nil {
+		t.Fatal(err)
+	}
+	var recorded []uuid.UUID
+	acked, err := q.AckBatch(ctx, got, func(ctx context.Context, tx pgx.Tx, acked []claim.Item) error {
+		recorded = recorded[:0]
+		for _, it := range acked {
+			if err := record(it)(ctx, tx); err != nil {
+				return err
+			}
+			recorded = append(recorded, it.ID)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(acked) != 4 || len(recorded) != 4 {
+		t.Fatalf("acked %d, recorded %d, want 4 and 4", len(acked), len(recorded))
+	}
+	for _, it := range acked {
+		if it.ID == got[0].ID || it.ID == got[1].ID {
+			t.Fatalf("item %s acked although its claim was gone", it.ID)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results`); n != 4 {
+		t.Fatalf("%d results, want 4", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1 {
+		t.Fatalf("%d items left, want 1 (the released one)", n)
+	}
+	// A batch whose result function fails commits nothing.
+	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
+		t.Fatal(err)
+	}
+	more, err := q.Claim(ctx, s.ID(), 10)
+	if err != nil || len(more) != 3 {
+		t.Fatalf("claimed %d, %v, want 3", len(more), err)
+	}
+	boom := errors.New("boom")
+	if _, err := q.AckBatch(ctx, more, func(context.Context, pgx.Tx, []claim.Item) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("AckBatch = %v, want boom", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 3 {
+		t.Fatalf("%d items after a failed batch, want 3", n)
+	}
+}
+
+func TestClaimOrderPriorityThenVesting(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	for _, p := range []int{5, 1, 3, 1, -2} {
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(fmt.Sprint(p)), Priority: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("later"), Priority: -10, Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	s := startSession(t, ctx, pool)
+	var order []string
+	for {
+		got, err := q.Claim(ctx, s.ID(), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 0 {
+			break
+		}
+		for _, it := range got {
+			order = append(order, string(it.Payload))
+		}
+	}
+	if want := "-2 1 1 3 5"; strings.Join(order, " ") != want {
+		t.Fatalf("claim order %v, want %s (the delayed item not at all)", order, want)
+	}
+}
+
+func TestNackBacksOffThenDeadLetters(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond})
+	s := startSession(t, ctx, pool)
+	ids, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("x"), MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimOne := func() claim.Item {
+		t.Helper()
+		var got []claim.Item
+		waitDeadline := time.Now().Add(10 * time.Second)
+		for len(got) == 0 {
+			if time.Now().After(waitDeadline) {
+				t.Fatal("item never became claimable again")
+			}
+			got, err = q.Claim(ctx, s.ID(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got[0]
+	}
+	for attempt := 1; attempt <= 3; attempt++ {
+		it := claimOne()
+		if it.Attempt != attempt {
+			t.Fatalf("attempt %d, want %d", it.Attempt, attempt)
+		}
+		if attempt > 1 && it.LastError != fmt.Sprint("fail ", attempt-1) {
+			t.Fatalf("LastError %q", it.LastError)
+		}
+		out, err := q.Nack(ctx, it, fmt.Errorf("fail %d", attempt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]claim.Outcome{true: claim.Dead, false: claim.Retried}[attempt == 3]; out != want {
+			t.Fatalf("attempt %d outcome %v, want %v", attempt, out, want)
+		}
+	}
+	var lastErr string
+	var attempts int
+	if err := pool.QueryRow(ctx, `SELECT last_error, attempts FROM crdbwork_dead_items WHERE id = $1`, ids[0]).Scan(&lastErr, &attempts); err != nil {
+		t.Fatalf("dead item: %v", err)
+	}
+	if lastErr != "fail 3" || attempts != 3 {
+		t.Fatalf("dead item (%q, %d), want (fail 3, 3)", lastErr, attempts)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("%d items left", n)
+	}
+
+	// A permanent error dead-letters at once; RetryAfter sets the delay.
+	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Claim(ctx, s.ID(), 2)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("claimed %d, %v", len(got), err)
+	}
+	if out, err := q.Nack(ctx, got[0], claim.Permanent(errors.New("bad input"))); err != nil || out != claim.Dead {
+		t.Fatalf("permanent nack = %v, %v", out, err)
+	}
+	if _, err := q.Nack(ctx, got[1], claim.RetryAfter(time.Hour, errors.New("rate limited"))); err != nil {
+		t.Fatal(err)
+	}
+	if later, _ := q.Claim(ctx, s.ID(), 2); len(later) != 0 {
+		t.Fatalf("an item nacked with RetryAfter(1h) was claimable at once")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE vesting_at > now() + INTERVAL '50 minutes'`); n != 1 {
+		t.Fatalf("%d items vesting in about an hour, want 1", n)
+	}
+	// A nack of a lost claim is refused.
+	if _, err := q.Nack(ctx, got[1], errors.New("again")); !errors.Is(err, claim.ErrClaimLost) {
+		t.Fatalf("second nack = %v, want ErrClaimLost", err)
+	}
+}
+
+func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	pool := setup(t)
+	q := newQueue(t, pool, claim.Options{BackoffBase: time.Second, BackoffMax: time.Minute})
+	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
+		for range 50 {
+			d := q.Backoff(attempt)
+			if d < want/2 || d > want {
+				t.Fatalf("Backoff(%d) = %v, want within [%v, %v]", attempt, d, want/2, want)
+			}
+		}
+	}
+}
+
+func TestReleaseDoesNotCountAttempt(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	s := startSession(t, ctx, pool)
+	if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		got, err := q.Claim(ctx, s.ID(), 1)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim: %d %v", len(got), err)
+		}
+		if got[0].Attempt != 1 {
+			t.Fatalf("attempt %d after releases, want 1", got[0].Attempt)
+		}
+		if err := q.Release(ctx, got[0]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := claim.New(pool, claim.Options{MaxAttempts: -1}); err == nil {
+		t.Error("New accepted MaxAttempts -1")
+	}
+	if _, err := claim.New(pool, claim.Options{BackoffBase: time.Hour, BackoffMax: time.Second}); err == nil {
+		t.Error("New accepted a backoff base above its max")
+	}
+	q := newQueue(t, pool, claim.Options{MaxPayload: 10})
+	_, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("ok")}, claim.NewItem{Payload: make([]byte, 11)})
+	if !errors.Is(err, claim.ErrPayloadTooLarge) || !strings.Contains(err.Error(), "item 1") {
+		t.Fatalf("oversized payload: %v, want ErrPayloadTooLarge naming item 1", err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Delay: -time.Second}); err == nil {
+		t.Error("negative delay accepted")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("a rejected enqueue left %d items", n)
+	}
+}
+
+func TestMissingSchemaIsReported(t *testing.T) {
+	pool := testdb.New(t) // no schema
+	q := newQueue(t, pool, claim.Options{})
+	_, err := q.Enqueue(context.Background(), payloads(1)...)
+	if !errors.Is(err, crsql.ErrSchemaMissing) {
+		t.Fatalf("Enqueue without schema = %v, want ErrSchemaMissing", err)
+	}
+	_, err = q.Claim(context.Background(), uuid.New(), 1)
+	if !errors.Is(err, crsql.ErrSchemaMissing) {
+		t.Fatalf("Claim without schema = %v, want ErrSchemaMissing", err)
+	}
+}
+
+func TestClaimForDeletedSession(t *testing.T) {
+	pool := setup(t)
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(context.Background(), payloads(1)...); err != nil {
+		t.Fatal(err)
+	}
+	_, err := q.Claim(context.Background(), uuid.New(), 1)
+	if !errors.Is(err, claim.ErrNotOwner) {
+		t.Fatalf("Claim for a session that does not exist = %v, want ErrNotOwner", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`); n != 1 {
+		t.Fatal("the item was claimed by a session that does not exist")
+	}
+}

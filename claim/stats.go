@@ -1,0 +1,46 @@
+package claim
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Stats counts what a Queue did since it was created. Every count is of
+// committed work only: Acked counts acks whose COMMIT succeeded.
+type Stats struct {
+	Enqueued, Claimed, Acked, Nacked, Released, Dead int64
+	// LostClaims counts acks, nacks and releases refused because the claim
+	// was gone.
+	LostClaims int64
+	// Retries counts serialization-failure retries by statement kind:
+	// "enqueue", "claim", "ack", "nack", "release", "cancel", "parts".
+	Retries map[string]int64
+}
+
+type counters struct {
+	enqueued, claimed, acked, nacked, released, dead, lost atomic.Int64
+	retries                                                sync.Map // kind → *atomic.Int64
+}
+
+// retried returns the callback that counts one retry of kind.
+func (c *counters) retried(kind string) func() {
+	return func() {
+		v, _ := c.retries.LoadOrStore(kind, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+	}
+}
+
+// Stats returns a snapshot of the queue's counters.
+func (q *Queue) Stats() Stats {
+	c := &q.stats
+	s := Stats{
+		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
+		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
+		LostClaims: c.lost.Load(), Retries: map[string]int64{},
+	}
+	c.retries.Range(func(k, v any) bool {
+		s.Retries[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return s
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// console serializes writes to stdout and stderr and keeps the live
+// progress line: rewritten in place with \r on a terminal, printed as plain
+// lines (at most once a second) otherwise.
+type console struct {
+	mu        sync.Mutex
+	stdout    io.Writer
+	stderr    io.Writer
+	tty       bool
+	statusLen int // length of the progress line now on screen (tty only)
+	lastPlain time.Time
+}
+
+func newConsole(stdout, stderr io.Writer) *console {
+	return &console{stdout: stdout, stderr: stderr, tty: isTerminal(stderr)}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// clearLocked removes the progress line from a terminal.
+func (c *console) clearLocked() {
+	if c.tty && c.statusLen > 0 {
+		fmt.Fprintf(c.stderr, "\r%s\r", strings.Repeat(" ", c.statusLen))
+		c.statusLen = 0
+	}
+}
+
+// errorLine prints one line on stderr.
+func (c *console) errorLine(line string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clearLocked()
+	fmt.Fprintln(c.stderr, line)
+}
+
+// errorf prints a formatted line on stderr.
+func (c *console) errorf(format string, args ...any) {
+	c.errorLine(fmt.Sprintf(format, args...))
+}
+
+// printf writes to stdout.
+func (c *console) printf(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clearLocked()
+	fmt.Fprintf(c.stdout, format, args...)
+}
+
+// writeStdout writes raw bytes to stdout.
+func (c *console) writeStdout(p []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clearLocked()
+	c.stdout.Write(p)
+}
+
+// progress shows line as the live progress line. force prints it even if a
+// plain line was printed less than a second ago.
+func (c *console) progress(line string, force bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tty {
+		pad := ""
+		if n := c.statusLen - len(line); n > 0 {
+			pad = strings.Repeat(" ", n)
+		}
+		fmt.Fprintf(c.stderr, "\r%s%s", line, pad)
+		c.statusLen = len(line)
+		return
+	}
+	if !force && time.Since(c.lastPlain) < time.Second {
+		return
+	}
+	c.lastPlain = time.Now()
+	fmt.Fprintln(c.stderr, line)
+}
+
+// endProgress leaves the last progress line on screen and moves on.
+func (c *console) endProgress() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tty && c.statusLen > 0 {
+		fmt.Fprintln(c.stderr)
+		c.statusLen = 0
+	}
+}
+
+// stderrWriter returns a writer of whole lines to stderr that keeps the
+// progress line intact; prefix is put before each line.
+func (c *console) stderrWriter(prefix string) io.Writer {
+	return &lineWriter{c: c, prefix: prefix}
+}
+
+type lineWriter struct {
+	c      *console
+	prefix string
+	buf    []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			break
+		}
+		w.c.errorLine(w.prefix + string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+	return len(p), nil
+}

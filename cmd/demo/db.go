@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// tables are the crdbwork table names the demo uses: the defaults.
+var tables = crsql.Tables{}
+
+// pingTimeout bounds the first contact with the database.
+const pingTimeout = 5 * time.Second
+
+// connect opens a pool on rawURL and pings it. maxConns, if positive, sets
+// the pool size unless the URL sets pool_max_conns itself. A malformed URL
+// or an unreachable server is an exit-2 error.
+func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, failf(2, "invalid database URL%s: %v", quotedURL(rawURL), parseErrorMessage(err))
+	}
+	if maxConns > 0 && !strings.Contains(rawURL, "pool_max_conns") {
+		cfg.MaxConns = int32(maxConns)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > pingTimeout {
+		cfg.ConnConfig.ConnectTimeout = pingTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, failf(2, "invalid database URL%s: %v", quotedURL(rawURL), err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		if ctx.Err() != nil {
+			return nil, failf(130, "interrupted")
+		}
+		where := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+		if errors.Is(pingCtx.Err(), context.DeadlineExceeded) {
+			return nil, failf(2, "cannot reach the database at %s within %v: %v", where, pingTimeout, err)
+		}
+		return nil, failf(2, "cannot reach the database at %s: %v", where, err)
+	}
+	return pool, nil
+}
+
+// parseErrorMessage drops the connection string that pgx repeats in its
+// parse errors (it may hold a password).
+func parseErrorMessage(err error) string {
+	msg := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && strings.HasPrefix(msg, "cannot parse `") {
+		if i := strings.Index(msg, "`: "); i >= 0 {
+			msg = msg[i+3:]
+		}
+	}
+	return msg
+}
+
+// quotedURL returns " <url>" with its password hidden, or "" when the URL
+// cannot be parsed (and so cannot be redacted safely).
+func quotedURL(raw string) string {
+	if _, err := url.Parse(raw); err != nil || !strings.Contains(raw, "://") {
+		return ""
+	}
+	return " " + redactURL(raw)
+}
+
+// redactURL hides the password of a URL for messages.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.User == nil {
+		return raw
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}
+
+// requireSchema reports a missing or outdated crdbwork schema as an exit-2
+// error that says to run `demo migrate`.
+func requireSchema(ctx context.Context, db crsql.DB) error {
+	err := crsql.Check(ctx, db, tables)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, crsql.ErrSchemaMissing):
+		return failf(2, "the crdbwork schema is not in this database: run `demo migrate` first (or apply sql/schema.sql)")
+	case errors.Is(err, crsql.ErrSchemaOutdated):
+		return failf(2, "the crdbwork schema in this database is outdated: run `demo migrate`")
+	case errors.Is(err, crsql.ErrSchemaNewer):
+		return failf(2, "%v", err)
+	}
+	return failf(1, "checking the crdbwork schema: %v", err)
+}
+
+// demoTablesSQL creates the demo's own tables. demo_results has no unique
+// constraint on item_id on purpose: a duplicate acknowledgement would show
+// up as a second row, which verify counts.
+var demoTablesSQL = []string{
+	`CREATE TABLE IF NOT EXISTS demo_results (
+    row_id     UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    item_id    UUID        NOT NULL,
+    session_id UUID        NOT NULL,
+    part       BIGINT      NOT NULL,
+    attempt    BIGINT      NOT NULL,
+    done_at    TIMESTAMPTZ NOT NULL DEFAULT now()
+)`,
+	`CREATE INDEX IF NOT EXISTS demo_results_item_id ON demo_results (item_id)`,
+	`CREATE TABLE IF NOT EXISTS demo_enqueued (
+    item_id UUID NOT NULL PRIMARY KEY,
+    run_id  UUID NOT NULL
+)`,
+	`CREATE INDEX IF NOT EXISTS demo_enqueued_run_id ON demo_enqueued (run_id)`,
+}
+
+// migrate applies the crdbwork schema and the demo tables.
+func migrate(ctx context.Context, db crsql.DB) error {
+	if err := crsql.Apply(ctx, db, tables); err != nil {
+		if errors.Is(err, crsql.ErrSchemaNewer) {
+			return failf(2, "%v", err)
+		}
+		return failf(1, "applying the crdbwork schema: %v", err)
+	}
+	for _, s := range demoTablesSQL {
+		if _, err := db.Exec(ctx, s); err != nil {
+			return failf(1, "creating the demo tables: %v", err)
+		}
+	}
+	return nil
+}
+
+// requireDemoTables reports missing demo tables as an exit-2 error.
+func requireDemoTables(ctx context.Context, db crsql.DB) error {
+	for _, t := range []string{"demo_results", "demo_enqueued"} {
+		_, err := db.Exec(ctx, "SELECT 1 FROM "+t+" LIMIT 1")
+		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
+			return failf(2, "the demo table %s is not in this database: run `demo migrate` first", t)
+		}
+		if err != nil {
+			return failf(1, "reading %s: %v", t, err)
+		}
+	}
+	return nil
+}
+
+// engineName asks the server which engine it is.
+func engineName(ctx context.Context, db crsql.DB) string {
+	d, err := crsql.DetectDialect(ctx, db)
+	if err != nil {
+		return "unknown"
+	}
+	return d.String()
+}
+
+// newLogger returns a console logger on stderr at level.
+func newLogger(level string, out *console) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(strings.ToLower(level))
+	if err != nil {
+		return nil, failf(2, "invalid --log-level %q: use debug, info, warn or error", level)
+	}
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc.EncodeLevel = zapcore.CapitalLevelEncoder
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.stderrWriter("")), lvl)
+	return zap.New(core), nil
+}
+
+// verbose reports whether level shows info logs.
+func verbose(level string) bool {
+	l := strings.ToLower(level)
+	return l == "debug" || l == "info"
+}

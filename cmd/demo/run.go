@@ -1,0 +1,435 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/internal/dbserver"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+)
+
+// demoDatabase is the database the demo creates in the embedded server.
+const demoDatabase = "crdbwork_demo"
+
+type runConfig struct {
+	common
+	workerSettings
+	items, workers, parts int
+	killEvery, timeout    time.Duration
+	progress              bool
+	bench                 bool
+}
+
+// summary is the outcome of a demo run; its JSON is the last line of stdout
+// with --json.
+type summary struct {
+	OK             bool    `json:"ok"`
+	RunID          string  `json:"run_id"`
+	Engine         string  `json:"engine"`
+	Embedded       bool    `json:"embedded"`
+	Queue          string  `json:"queue"`
+	Mode           string  `json:"mode"` // "in-process" or "processes"
+	Workers        int     `json:"workers"`
+	Concurrency    int     `json:"concurrency"`
+	Parts          int     `json:"parts"`
+	TaskTimeMS     float64 `json:"task_time_ms"`
+	Enqueued       int64   `json:"enqueued"`
+	Acked          int64   `json:"acked"`
+	Duplicates     int64   `json:"duplicates"`
+	Lost           int64   `json:"lost"`
+	Pending        int64   `json:"pending"`
+	Dead           int64   `json:"dead"`
+	EnqueueSeconds float64 `json:"enqueue_seconds"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	ItemsPerSecond float64 `json:"items_per_second"`
+	WorkersKilled  int     `json:"workers_killed"`
+	TimedOut       bool    `json:"timed_out"`
+	Interrupted    bool    `json:"interrupted"`
+	Error          string  `json:"error,omitempty"`
+	// Known only when the workers run in-process.
+	SessionsStarted *int64 `json:"sessions_started,omitempty"`
+	SessionsLost    *int64 `json:"sessions_lost,omitempty"`
+	ClaimsLost      *int64 `json:"claims_lost,omitempty"`
+	// Retries counts serialization-failure retries by kind (in-process only).
+	Retries map[string]int64 `json:"retries,omitempty"`
+}
+
+func cmdRun(ctx context.Context, name string, args []string, out *console) error {
+	c := runConfig{bench: name == "bench"}
+	what := `Runs the demo: enqueues --items keyed items into --queue (divided into --parts
+parts), works them off with --workers worker sessions in parts mode, each with
+--concurrency handlers that wait --task-time and record the item in
+demo_results inside the ack transaction, and then checks exactly-once against
+demo_enqueued. Without --database-url (or DATABASE_URL) it starts an embedded
+database server: cockroach from COCKROACH_BINARY or PATH, else PostgreSQL's
+binaries from this machine, in a temporary directory, stopped at the end.
+
+With --kill-every, the workers are child processes ("demo work") and a random
+one is killed with SIGKILL that often and replaced; its claims and parts come
+back when its session expires (--heartbeat defaults to 250ms and --expiry to
+1.5s then, so that failover is quick).
+
+Prints a summary on stdout (with --json, one JSON object as the last line).
+Exits 1 if an item was lost or acknowledged twice, or on --timeout.`
+	if c.bench {
+		what = `Runs the demo like "demo run" (same flags), without the progress line, and prints
+only the JSON summary, whose items_per_second is the throughput, plus one
+human line on stderr.`
+	}
+	f := newFlagSet(name, what)
+	c.common.register(f, "PostgreSQL or CockroachDB URL; without one, an embedded server is started")
+	c.workerSettings.register(f)
+	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
+	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
+	f.intVar(&c.parts, "parts", 16, 1, partition.MaxParts, "parts the queue is divided into")
+	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
+	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
+	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
+	if err := f.parse(args, out.stdout); err != nil {
+		return err
+	}
+	if c.bench {
+		c.json = true
+	}
+	if c.killEvery > 0 {
+		if !f.isSet("heartbeat") {
+			c.heartbeat = 250 * time.Millisecond
+		}
+		if !f.isSet("expiry") {
+			c.expiry = max(1500*time.Millisecond, session.MinExpiryFactor*c.heartbeat)
+		}
+	}
+	if err := c.validate(f); err != nil {
+		return err
+	}
+	log, err := newLogger(c.logLevel, out)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	r := &demoRun{c: &c, out: out, log: log}
+	return r.run(ctx)
+}
+
+// demoRun is one run of the demo.
+type demoRun struct {
+	c   *runConfig
+	out *console
+	log *zap.Logger
+}
+
+func (r *demoRun) run(ctx context.Context) (err error) {
+	c := r.c
+	s := summary{Queue: c.queue, Workers: c.workers, Concurrency: c.concurrency, Parts: c.parts,
+		TaskTimeMS: float64(c.taskTime) / float64(time.Millisecond), Mode: "in-process"}
+	if c.killEvery > 0 {
+		s.Mode = "processes"
+	}
+	defer func() {
+		if err != nil && ctx.Err() != nil && !isExit(err) {
+			err = failf(130, "interrupted")
+		}
+	}()
+
+	url := c.databaseURL
+	if url == "" {
+		srv, err := r.startServer(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := srv.Stop(); err != nil {
+				r.out.errorf("demo: stopping the embedded %s server: %v", srv.Kind(), err)
+			}
+		}()
+		s.Engine, s.Embedded = srv.Kind(), true
+		url, err = srv.CreateDatabase(ctx, demoDatabase)
+		if err != nil {
+			return failf(1, "creating the database %s in the embedded %s server: %v", demoDatabase, srv.Kind(), err)
+		}
+	}
+	pool, err := connect(ctx, url, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if s.Engine == "" {
+		s.Engine = engineName(ctx, pool)
+	}
+	if err := migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
+		return failf(1, "%v", err)
+	}
+
+	runID := uuid.New()
+	s.RunID = runID.String()
+	enqStart := time.Now()
+	if err := enqueueDemo(ctx, pool, c.queue, runID, c.items); err != nil {
+		return failf(1, "%v", err)
+	}
+	s.EnqueueSeconds = time.Since(enqStart).Seconds()
+	if c.progress {
+		r.out.errorf("demo: enqueued %d items into queue %q (%d parts) in %s; starting %d workers (%s)",
+			c.items, c.queue, c.parts, round(time.Since(enqStart)), c.workers, s.Mode)
+	}
+
+	var group workerGroup
+	if c.killEvery > 0 {
+		group, err = startFleet(c, url, r.out)
+	} else {
+		group, err = startInProcess(ctx, c, url, r.log)
+	}
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	outcome, runErr := r.wait(ctx, pool, group, start)
+	elapsed := time.Since(start)
+	if outcome.finished > 0 {
+		elapsed = outcome.finished
+	}
+	group.stop(20 * time.Second)
+	s.WorkersKilled = group.killed()
+	group.counters(&s)
+	s.TimedOut, s.Interrupted = outcome.timedOut, outcome.interrupted
+	if runErr != nil {
+		s.Error = runErr.Error()
+	}
+
+	// Verify with a fresh context: an interrupted run still reports.
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	v, err := check(vctx, pool, &runID)
+	if err != nil {
+		return failf(1, "%v", err)
+	}
+	s.Enqueued, s.Acked, s.Duplicates, s.Lost, s.Pending, s.Dead = v.Enqueued, v.Acked, v.Duplicates, v.Lost, v.Pending, v.Dead
+	s.ElapsedSeconds = elapsed.Seconds()
+	if elapsed > 0 {
+		s.ItemsPerSecond = float64(v.Acked) / elapsed.Seconds()
+	}
+	s.OK = v.ok() && !s.TimedOut && !s.Interrupted && runErr == nil
+	r.printSummary(s)
+	switch {
+	case s.Interrupted:
+		return exitCode(130)
+	case !s.OK:
+		return exitCode(1)
+	}
+	return nil
+}
+
+func isExit(err error) bool {
+	var ee *exitError
+	var code exitCode
+	return errors.As(err, &ee) || errors.As(err, &code)
+}
+
+// startServer starts the embedded database server.
+func (r *demoRun) startServer(ctx context.Context) (*dbserver.Server, error) {
+	logf := func(string, ...any) {}
+	if verbose(r.c.logLevel) {
+		logf = func(format string, args ...any) { r.out.errorf("dbserver: "+format, args...) }
+	}
+	r.out.errorf("demo: no --database-url or DATABASE_URL given: starting an embedded database server")
+	srv, err := dbserver.Start(ctx, dbserver.Options{Logf: logf})
+	if err != nil {
+		if errors.Is(err, dbserver.ErrNoServer) {
+			return nil, &exitError{code: 2, msg: err.Error(), raw: true}
+		}
+		if ctx.Err() != nil {
+			return nil, failf(130, "interrupted")
+		}
+		return nil, failf(1, "starting the embedded database server: %v", err)
+	}
+	r.out.errorf("demo: started an embedded %s server (%s); it is stopped at the end", srv.Kind(), redactURL(srv.URL(demoDatabase)))
+	return srv, nil
+}
+
+type waitOutcome struct {
+	finished    time.Duration // when the last item went, since the start
+	timedOut    bool
+	interrupted bool
+}
+
+// pollEvery is how often the demo counts the items left.
+const pollEvery = 200 * time.Millisecond
+
+// wait polls the items table until the queue is empty, the timeout hits,
+// ctx is cancelled or the workers fail, showing progress.
+func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGroup, start time.Time) (waitOutcome, error) {
+	c := r.c
+	var o waitOutcome
+	timeout := time.NewTimer(c.timeout)
+	defer timeout.Stop()
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	var lastShown time.Time
+	var lastErr error
+	failures := 0
+	remaining := int64(-1)
+	for {
+		select {
+		case <-ctx.Done():
+			o.interrupted = true
+			r.showProgress(pool, group, start, remaining, true)
+			r.out.endProgress()
+			return o, nil
+		case <-timeout.C:
+			o.timedOut = true
+			r.showProgress(pool, group, start, remaining, true)
+			r.out.endProgress()
+			r.out.errorf("demo: timed out after %v with %d items left", c.timeout, remaining)
+			return o, nil
+		case err := <-group.failed():
+			r.out.endProgress()
+			return o, err
+		case <-tick.C:
+		}
+		n, err := countItems(ctx, pool, c.queue)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue
+			}
+			failures++
+			lastErr = err
+			if failures >= 25 {
+				r.out.endProgress()
+				return o, fmt.Errorf("counting the items left keeps failing: %w", lastErr)
+			}
+			continue
+		}
+		failures = 0
+		remaining = n
+		if n == 0 {
+			o.finished = time.Since(start)
+			r.showProgress(pool, group, start, 0, true)
+			r.out.endProgress()
+			return o, nil
+		}
+		if c.progress && time.Since(lastShown) >= 500*time.Millisecond {
+			lastShown = time.Now()
+			r.showProgress(pool, group, start, n, false)
+		}
+	}
+}
+
+// showProgress prints the progress line.
+func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time.Time, remaining int64, force bool) {
+	c := r.c
+	if !c.progress || remaining < 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	sessions := "?"
+	if infos, err := session.List(ctx, pool, tables); err == nil {
+		sessions = fmt.Sprint(len(infos))
+	}
+	done := max(int64(c.items)-remaining, 0)
+	elapsed := time.Since(start)
+	rate := 0.0
+	if elapsed > 0 {
+		rate = float64(done) / elapsed.Seconds()
+	}
+	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s, %s live sessions, backlog %d, %s",
+		done, c.items, rate, sessions, remaining, round(elapsed))
+	if c.killEvery > 0 {
+		line += fmt.Sprintf(", %d workers killed", group.killed())
+	}
+	r.out.progress(line, force)
+}
+
+// countItems counts the items left in queue.
+func countItems(ctx context.Context, pool *pgxpool.Pool, queue string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.Table("items")+" WHERE queue = $1", queue).Scan(&n)
+	return n, err
+}
+
+// printSummary prints the summary: a table, or one JSON line.
+func (r *demoRun) printSummary(s summary) {
+	if r.c.bench {
+		r.out.errorf("bench: %d items in %.2fs: %.0f items/s (%s, %d workers × %d handlers, %d parts, task time %v)",
+			s.Acked, s.ElapsedSeconds, s.ItemsPerSecond, s.Engine, s.Workers, s.Concurrency, s.Parts, r.c.taskTime)
+	}
+	if r.c.json {
+		printJSON(r.out, s)
+		return
+	}
+	var b strings.Builder
+	v := verdict{Enqueued: s.Enqueued, Acked: s.Acked, Duplicates: s.Duplicates, Lost: s.Lost, Pending: s.Pending, Dead: s.Dead}
+	switch {
+	case s.Interrupted:
+		b.WriteString("crdbwork demo: INTERRUPTED — " + verdictLine(v) + "\n")
+	case s.TimedOut:
+		b.WriteString("crdbwork demo: TIMED OUT — " + verdictLine(v) + "\n")
+	case s.OK:
+		b.WriteString("crdbwork demo: PASS — every enqueued item was acknowledged exactly once\n")
+	default:
+		b.WriteString("crdbwork demo: FAIL — " + verdictLine(v) + "\n")
+	}
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	engine := s.Engine
+	if s.Embedded {
+		engine += " (embedded)"
+	}
+	fmt.Fprintf(tw, "  engine\t%s\n", engine)
+	fmt.Fprintf(tw, "  workers\t%d %s × %d handlers, %d parts, task time %v\n", s.Workers, map[bool]string{true: "processes", false: "in-process sessions"}[s.Mode == "processes"], s.Concurrency, s.Parts, r.c.taskTime)
+	fmt.Fprintf(tw, "  enqueued\t%d (in %.2fs)\n", s.Enqueued, s.EnqueueSeconds)
+	fmt.Fprintf(tw, "  acked\t%d\n", s.Acked)
+	fmt.Fprintf(tw, "  duplicates\t%d\n", s.Duplicates)
+	fmt.Fprintf(tw, "  lost\t%d\n", s.Lost)
+	fmt.Fprintf(tw, "  pending\t%d\n", s.Pending)
+	fmt.Fprintf(tw, "  dead\t%d\n", s.Dead)
+	if s.Mode == "processes" {
+		fmt.Fprintf(tw, "  workers killed\t%d (SIGKILL, every %v)\n", s.WorkersKilled, r.c.killEvery)
+	}
+	if s.SessionsStarted != nil {
+		fmt.Fprintf(tw, "  sessions\t%d started, %d lost; %d claims lost\n", *s.SessionsStarted, *s.SessionsLost, *s.ClaimsLost)
+	}
+	if len(s.Retries) > 0 {
+		fmt.Fprintf(tw, "  retries\t%s\n", formatCounts(s.Retries))
+	}
+	fmt.Fprintf(tw, "  elapsed\t%.2fs\n", s.ElapsedSeconds)
+	fmt.Fprintf(tw, "  throughput\t%.0f items/s\n", s.ItemsPerSecond)
+	fmt.Fprintf(tw, "  run id\t%s\n", s.RunID)
+	if s.Error != "" {
+		fmt.Fprintf(tw, "  error\t%s\n", oneLine(s.Error))
+	}
+	tw.Flush()
+	r.out.printf("%s", b.String())
+}
+
+// formatCounts writes counts as "ack 3, claim 1", by name, skipping zeros.
+func formatCounts(m map[string]int64) string {
+	var names []string
+	for k, v := range m {
+		if v != 0 {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}

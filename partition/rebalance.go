@@ -1,0 +1,372 @@
+package partition
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Defaults for Options.
+const (
+	DefaultPoll         = time.Second
+	DefaultDrainTimeout = 10 * time.Second
+)
+
+// Strategy computes the target assignment from the current owners of the
+// parts (prev, live sessions only), the sorted live session ids and the
+// number of parts.
+type Strategy func(prev map[uuid.UUID][]int, live []uuid.UUID, numParts int) map[uuid.UUID][]int
+
+// Contiguous is the strategy of the recipe: contiguous runs of parts in the
+// lexical order of session ids (Assign), ignoring the current owners.
+func Contiguous(_ map[uuid.UUID][]int, live []uuid.UUID, numParts int) map[uuid.UUID][]int {
+	return Assign(live, numParts)
+}
+
+// Sticky keeps parts with their current owners as far as balance allows
+// (AssignSticky), so fewer parts move when sessions join or leave.
+func Sticky(prev map[uuid.UUID][]int, live []uuid.UUID, numParts int) map[uuid.UUID][]int {
+	return AssignSticky(prev, live, numParts)
+}
+
+// Options configure a Rebalancer. The zero value is valid.
+type Options struct {
+	// Queue is the queue whose parts are divided. Default "default".
+	Queue string
+	// Tables names the crdbwork tables.
+	Tables crsql.Tables
+	// Poll is the interval between rebalances. Default 1 s.
+	Poll time.Duration
+	// DrainTimeout bounds how long a part being given up waits for its
+	// in-flight items before its row is deleted anyway (which releases
+	// their claims: their acks then fail and the items run again
+	// elsewhere). Default 10 s.
+	DrainTimeout time.Duration
+	// Strategy computes the assignment. Default Sticky.
+	Strategy Strategy
+	// Logger receives the rebalancer's logs. Default: none.
+	Logger *zap.Logger
+}
+
+// Stats counts a rebalancer's part movements.
+type Stats struct {
+	Acquired, Released int64
+	// Rebalances counts completed polls.
+	Rebalances int64
+	// Retries counts serialization-failure retries of its statements.
+	Retries int64
+}
+
+// part is this session's view of one part it owns.
+type part struct {
+	draining bool
+	busy     int           // items claimed (or being claimed) in the part and not yet finished
+	idle     chan struct{} // closed when busy drops to 0 while draining
+}
+
+// Rebalancer keeps one session's share of a queue's parts. Use Lease and
+// Done from the claiming loop, and Run on its own goroutine.
+type Rebalancer struct {
+	db   DB
+	sess *session.Session
+	st   *crsql.Statements
+	opts Options
+	log  *zap.Logger
+
+	mu    sync.Mutex
+	owned map[int]*part
+	drain sync.WaitGroup
+
+	acquired, released, rebalances, retries atomic.Int64
+}
+
+// New returns a rebalancer for sess. It does no I/O until Run.
+func New(db DB, sess *session.Session, opts Options) (*Rebalancer, error) {
+	if opts.Queue == "" {
+		opts.Queue = "default"
+	}
+	if opts.Poll == 0 {
+		opts.Poll = DefaultPoll
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = DefaultDrainTimeout
+	}
+	if opts.Strategy == nil {
+		opts.Strategy = Sticky
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	switch {
+	case db == nil || sess == nil:
+		return nil, errors.New("partition: nil database or session")
+	case opts.Poll < 0 || opts.DrainTimeout < 0:
+		return nil, fmt.Errorf("partition: negative poll %v or drain timeout %v", opts.Poll, opts.DrainTimeout)
+	}
+	if err := opts.Tables.Validate(); err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
+	return &Rebalancer{
+		db: db, sess: sess, st: crsql.NewStatements(opts.Tables), opts: opts,
+		log:   opts.Logger.With(zap.Stringer("session", sess.ID()), zap.String("queue", opts.Queue)),
+		owned: map[int]*part{},
+	}, nil
+}
+
+// Stats returns the rebalancer's counters.
+func (r *Rebalancer) Stats() Stats {
+	return Stats{Acquired: r.acquired.Load(), Released: r.released.Load(), Rebalances: r.rebalances.Load(), Retries: r.retries.Load()}
+}
+
+// Owned returns the parts this session owns now, draining ones included, sorted.
+func (r *Rebalancer) Owned() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]int, 0, len(r.owned))
+	for p := range r.owned {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Lease returns the parts to claim in now (owned and not draining) and
+// marks them busy so that none of them is given up while the claim runs.
+// Call claimed exactly once, with the part of every item the claim
+// returned (each of which then stays busy until Done), even if the claim
+// failed (with no parts).
+func (r *Rebalancer) Lease() (parts []int, claimed func(itemParts []int)) {
+	r.mu.Lock()
+	for p, st := range r.owned {
+		if !st.draining {
+			parts = append(parts, p)
+			st.busy++
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(parts)
+	var once sync.Once
+	return parts, func(itemParts []int) {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			for _, p := range itemParts {
+				if st := r.owned[p]; st != nil {
+					st.busy++
+				}
+			}
+			for _, p := range parts {
+				r.doneLocked(p)
+			}
+		})
+	}
+}
+
+// Done reports that an item of part, counted by Lease's claimed, has been
+// acked, nacked or released.
+func (r *Rebalancer) Done(part int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.doneLocked(part)
+}
+
+func (r *Rebalancer) doneLocked(p int) {
+	st := r.owned[p]
+	if st == nil {
+		return
+	}
+	st.busy--
+	if st.busy == 0 && st.draining {
+		close(st.idle)
+	}
+}
+
+// Run rebalances every Poll until ctx is cancelled or the session ends. It
+// returns nil on a cancelled context and the session's error when the
+// session was lost. Parts are not given back on return: closing the
+// session releases them all at once.
+func (r *Rebalancer) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(r.sess.Context(), cancel)
+	defer stop()
+	defer r.drain.Wait()
+	t := time.NewTicker(r.opts.Poll)
+	defer t.Stop()
+	for {
+		if err := r.Rebalance(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("rebalance failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			r.mu.Lock()
+			clear(r.owned)
+			r.mu.Unlock()
+			if err := r.sess.Err(); err != nil && !errors.Is(err, session.ErrClosed) {
+				return err
+			}
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Rebalance runs one poll: it reads the live sessions, the owners and the
+// number of parts, starts draining the parts this session must give up and
+// takes the free parts it should own. Run calls it; tests may too.
+func (r *Rebalancer) Rebalance(ctx context.Context) error {
+	me := r.sess.ID()
+	live, err := session.LiveIDs(ctx, r.db, r.opts.Tables)
+	if err != nil {
+		return err
+	}
+	n, err := Parts(ctx, r.db, r.opts.Tables, r.opts.Queue)
+	if err != nil {
+		return err
+	}
+	owners, err := r.owners(ctx)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(live, me) {
+		// Our row is gone or expired: the session reports its loss; claim nothing.
+		return nil
+	}
+	prev := map[uuid.UUID][]int{}
+	mine := map[int]bool{}
+	for p, s := range owners {
+		if slices.Contains(live, s) {
+			prev[s] = append(prev[s], p)
+		}
+		if s == me {
+			mine[p] = true
+		}
+	}
+	for _, ps := range prev {
+		slices.Sort(ps)
+	}
+	target := map[int]bool{}
+	for _, p := range r.opts.Strategy(prev, live, n)[me] {
+		target[p] = true
+	}
+
+	r.mu.Lock()
+	// Rows that vanished behind our back (SetParts shrank the queue):
+	// forget them; their claims are already released.
+	for p, st := range r.owned {
+		if !mine[p] && !st.draining {
+			delete(r.owned, p)
+		}
+	}
+	for p := range mine {
+		if r.owned[p] == nil {
+			r.owned[p] = &part{}
+		}
+		if st := r.owned[p]; !target[p] && !st.draining {
+			st.draining = true
+			st.idle = make(chan struct{})
+			if st.busy == 0 {
+				close(st.idle)
+			}
+			r.drain.Add(1)
+			go r.giveUp(ctx, p, st.idle)
+		}
+	}
+	r.mu.Unlock()
+
+	for p := range target {
+		if mine[p] {
+			continue
+		}
+		if _, taken := owners[p]; taken {
+			continue // not free yet: its owner drains it, or expires
+		}
+		var rows int64
+		err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
+			tag, err := r.db.Exec(ctx, r.st.AcquirePart, me, r.opts.Queue, int64(p))
+			rows = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("partition: acquiring part %d of %q: %w", p, r.opts.Queue, crsql.Classify(err))
+		}
+		if rows == 1 {
+			r.mu.Lock()
+			r.owned[p] = &part{}
+			r.mu.Unlock()
+			r.acquired.Add(1)
+			r.log.Debug("part acquired", zap.Int("part", p))
+		}
+	}
+	r.rebalances.Add(1)
+	return nil
+}
+
+// owners reads the current owner of every owned part of the queue.
+func (r *Rebalancer) owners(ctx context.Context) (map[int]uuid.UUID, error) {
+	out := map[int]uuid.UUID{}
+	err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
+		clear(out)
+		rows, err := r.db.Query(ctx, r.st.PartOwners, r.opts.Queue)
+		if err != nil {
+			return err
+		}
+		var s uuid.UUID
+		var p int64
+		_, err = pgx.ForEachRow(rows, []any{&s, &p}, func() error {
+			out[int(p)] = s
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("partition: reading the owners of %q: %w", r.opts.Queue, crsql.Classify(err))
+	}
+	return out, nil
+}
+
+// giveUp waits for the part's in-flight items (at most DrainTimeout), then
+// deletes its row, which releases any claims still in it.
+func (r *Rebalancer) giveUp(ctx context.Context, p int, idle <-chan struct{}) {
+	defer r.drain.Done()
+	start := time.Now()
+	timer := time.NewTimer(r.opts.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-idle:
+	case <-timer.C:
+		r.log.Warn("drain timeout: releasing part with items in flight", zap.Int("part", p), zap.Duration("waited", r.opts.DrainTimeout))
+	case <-ctx.Done():
+		return // the session is ending; closing it releases the part
+	}
+	err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
+		_, err := r.db.Exec(ctx, r.st.ReleasePart, r.sess.ID(), r.opts.Queue, int64(p))
+		return err
+	})
+	if err != nil {
+		r.log.Warn("releasing part failed; the next poll retries", zap.Int("part", p), zap.Error(err))
+		r.mu.Lock()
+		if st := r.owned[p]; st != nil {
+			st.draining = false // let the next poll decide again
+		}
+		r.mu.Unlock()
+		return
+	}
+	r.mu.Lock()
+	delete(r.owned, p)
+	r.mu.Unlock()
+	r.released.Add(1)
+	r.log.Debug("part released", zap.Int("part", p), zap.Duration("drained_in", time.Since(start)))
+}

@@ -1,0 +1,251 @@
+package partition_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func setup(t *testing.T, parts int) *pgxpool.Pool {
+	t.Helper()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+type member struct {
+	sess *session.Session
+	reb  *partition.Rebalancer
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func join(t *testing.T, pool *pgxpool.Pool, sopts session.Options) *member {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := session.Start(ctx, pool, sopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := partition.New(pool, s, partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &member{sess: s, reb: r, stop: cancel, done: make(chan struct{})}
+	go func() { defer close(m.done); r.Run(ctx) }()
+	t.Cleanup(func() { m.leave() })
+	return m
+}
+
+// leave closes the session gracefully, which hands its parts over at once.
+func (m *member) leave() {
+	m.sess.Close(context.Background())
+	<-m.done
+	m.stop()
+}
+
+// owners returns the number of parts each session owns, from the database.
+func owners(t *testing.T, pool *pgxpool.Pool) (map[string]int, int) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT session_id::TEXT, count(*) FROM crdbwork_session_parts WHERE queue = 'default' GROUP BY session_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out, total := map[string]int{}, 0
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+		total += n
+	}
+	return out, total
+}
+
+// balanced reports whether the parts are all owned, by exactly the given
+// sessions, with sizes differing by at most one.
+func balanced(t *testing.T, pool *pgxpool.Pool, parts int, members ...*member) bool {
+	got, total := owners(t, pool)
+	if total != parts || len(got) != len(members) {
+		return false
+	}
+	lo, hi := parts, 0
+	for _, m := range members {
+		n := got[m.sess.ID().String()]
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	return hi-lo <= 1
+}
+
+func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > deadline {
+			t.Fatalf("timed out after %v waiting for %s", deadline, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestSessionsSettleOn64Parts(t *testing.T) {
+	const parts = 64
+	pool := setup(t, parts)
+	fast := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
+	var ms []*member
+	for range 5 {
+		ms = append(ms, join(t, pool, fast))
+	}
+	took := waitFor(t, "5 sessions to settle on 64 parts", 30*time.Second, func() bool { return balanced(t, pool, parts, ms...) })
+	t.Logf("settled in %v", took)
+	var distinct int
+	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT part) FROM crdbwork_session_parts WHERE queue = 'default'`).Scan(&distinct); err != nil {
+		t.Fatal(err)
+	}
+	if distinct != parts {
+		t.Fatalf("%d distinct parts owned, want %d", distinct, parts)
+	}
+	// Every rebalancer's own view agrees with the database.
+	sum := 0
+	for _, m := range ms {
+		sum += len(m.reb.Owned())
+	}
+	if sum != parts {
+		t.Fatalf("rebalancers believe they own %d parts in all, want %d", sum, parts)
+	}
+	// A sixth session joins: the group settles again.
+	ms = append(ms, join(t, pool, fast))
+	waitFor(t, "6 sessions to settle", 30*time.Second, func() bool { return balanced(t, pool, parts, ms...) })
+}
+
+func TestGracefulCloseHandsPartsOverAtOnce(t *testing.T) {
+	const parts = 64
+	pool := setup(t, parts)
+	slow := session.Options{Heartbeat: time.Second, Expiry: time.Minute} // expiry far beyond the test's deadline
+	a := join(t, pool, slow)
+	b := join(t, pool, slow)
+	waitFor(t, "two sessions to settle", 30*time.Second, func() bool { return balanced(t, pool, parts, a, b) })
+	a.leave()
+	took := waitFor(t, "the survivor to own every part", 20*time.Second, func() bool { return balanced(t, pool, parts, b) })
+	t.Logf("survivor owned all %d parts %v after the graceful close (expiry %v)", parts, took, slow.Expiry)
+	if st := b.reb.Stats(); st.Acquired < parts/2+parts/2 {
+		t.Fatalf("survivor acquired %d parts in all, want %d", st.Acquired, parts)
+	}
+}
+
+func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
+	const parts = 4
+	pool := setup(t, parts)
+	ctx := context.Background()
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]claim.NewItem, 40)
+	for i := range items {
+		items[i] = claim.NewItem{Payload: []byte("x"), Key: string(rune('a' + i%26))}
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	m := join(t, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond})
+	waitFor(t, "the session to own all parts", 20*time.Second, func() bool { return len(m.reb.Owned()) == parts })
+	got, err := q.ClaimParts(ctx, m.sess.ID(), []int{1, 2}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inParts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE part IN (1, 2)`).Scan(&inParts); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != inParts || inParts == 0 {
+		t.Fatalf("claimed %d items, want the %d items of parts 1 and 2", len(got), inParts)
+	}
+	for _, it := range got {
+		if it.Part != 1 && it.Part != 2 || !it.InPart {
+			t.Fatalf("claimed item in part %d (InPart %v)", it.Part, it.InPart)
+		}
+	}
+	// Same key, same part.
+	var spread int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT item_key FROM crdbwork_items GROUP BY item_key HAVING count(DISTINCT part) > 1) AS s`).Scan(&spread); err != nil {
+		t.Fatal(err)
+	}
+	if spread != 0 {
+		t.Fatalf("%d keys spread over several parts", spread)
+	}
+	// Claiming in a part the session does not own is refused by the database.
+	other, err := session.Start(ctx, pool, session.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if _, err := q.ClaimParts(ctx, other.ID(), []int{0}, 10); !errors.Is(err, claim.ErrNotOwner) {
+		t.Fatalf("claim in a part owned by another session = %v, want ErrNotOwner", err)
+	}
+}
+
+func TestSetParts(t *testing.T) {
+	pool := setup(t, 8)
+	ctx := context.Background()
+	if n, err := partition.Parts(ctx, pool, crsql.Tables{}, "default"); err != nil || n != 8 {
+		t.Fatalf("Parts = %d, %v, want 8", n, err)
+	}
+	if n, err := partition.Parts(ctx, pool, crsql.Tables{}, "never-set"); err != nil || n != 1 {
+		t.Fatalf("Parts of an unknown queue = %d, %v, want 1", n, err)
+	}
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]claim.NewItem, 64)
+	for i := range items {
+		items[i] = claim.NewItem{Payload: []byte("x")}
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	var perPart int
+	if err := pool.QueryRow(ctx, `SELECT max(c) FROM (SELECT count(*) AS c FROM crdbwork_items GROUP BY part) AS p`).Scan(&perPart); err != nil {
+		t.Fatal(err)
+	}
+	if perPart != 8 {
+		t.Fatalf("unkeyed items: at most %d per part, want an even 8", perPart)
+	}
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 3); err != nil {
+		t.Fatal(err)
+	}
+	var above, total int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE part >= 3), count(*) FROM crdbwork_items`).Scan(&above, &total); err != nil {
+		t.Fatal(err)
+	}
+	if above != 0 || total != 64 {
+		t.Fatalf("after shrinking to 3 parts: %d items in removed parts (want 0), %d items (want 64)", above, total)
+	}
+	for _, bad := range []int{0, -1, partition.MaxParts + 1} {
+		if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", bad); err == nil {
+			t.Errorf("SetParts(%d) accepted", bad)
+		}
+	}
+}

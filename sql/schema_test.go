@@ -1,0 +1,214 @@
+package sql_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func tables(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY table_name`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func TestApplyIsIdempotentAndVersioned(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaMissing) {
+		t.Fatalf("Check on an empty database = %v, want ErrSchemaMissing", err)
+	}
+	for range 2 {
+		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatalf("Check after Apply: %v", err)
+	}
+	want := "crdbwork_dead_items crdbwork_items crdbwork_queues crdbwork_schema_version crdbwork_session_parts crdbwork_sessions"
+	if got := strings.Join(tables(t, pool, "public"), " "); got != want {
+		t.Fatalf("tables = %s, want %s", got, want)
+	}
+
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 0`); err != nil {
+		t.Fatal(err)
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaOutdated) {
+		t.Fatalf("Check on version 0 = %v, want ErrSchemaOutdated", err)
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatalf("Check after upgrading: %v", err)
+	}
+
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaNewer) {
+		t.Fatalf("Apply over version 99 = %v, want ErrSchemaNewer", err)
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaNewer) {
+		t.Fatalf("Check on version 99 = %v, want ErrSchemaNewer", err)
+	}
+}
+
+func TestApplyWithSchemaAndPrefix(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tb := crsql.Tables{Schema: "Work Queue", Prefix: "app_"}
+	for range 2 {
+		if err := crsql.Apply(ctx, pool, tb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "app_dead_items app_items app_queues app_schema_version app_session_parts app_sessions"
+	if got := strings.Join(tables(t, pool, "Work Queue"), " "); got != want {
+		t.Fatalf("tables = %s, want %s", got, want)
+	}
+	if got := tables(t, pool, "public"); len(got) != 0 {
+		t.Fatalf("tables leaked into public: %v", got)
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaMissing) {
+		t.Fatalf("default names should be missing: %v", err)
+	}
+	if tb.Table("items") != `"Work Queue"."app_items"` {
+		t.Fatalf("Table(items) = %s", tb.Table("items"))
+	}
+	// Every statement is valid for the renamed tables.
+	st := crsql.NewStatements(tb)
+	for _, s := range []string{st.LiveSessions, st.Backlog, st.ReapSessions} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+}
+
+func TestForeignKeysReleaseClaims(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	s1, s2 := "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
+	exec(`INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '5 seconds'), ($2, INTERVAL '5 seconds')`, s1, s2)
+	exec(`INSERT INTO crdbwork_queues (name, num_parts) VALUES ('q', 4)`)
+	exec(`INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, 'q', 0), ($2, 'q', 1)`, s1, s2)
+	// A second owner of part 0 is refused by the database.
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, 'q', 0)`, s2); err == nil {
+		t.Fatal("two owners of one part were accepted")
+	}
+	exec(`INSERT INTO crdbwork_items (id, queue, part, payload, claim, claim_queue, claim_part)
+	      VALUES (gen_random_uuid(), 'q', 0, '', $1, 'q', 0), (gen_random_uuid(), 'q', 1, '', $2, 'q', 1),
+	             (gen_random_uuid(), 'q', 2, '', $2, NULL, NULL)`, s1, s2)
+	// A claim in a part the session does not own is refused.
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_items (id, queue, part, payload, claim, claim_queue, claim_part) VALUES (gen_random_uuid(), 'q', 1, '', $1, 'q', 1)`, s1); err == nil {
+		t.Fatal("a claim in another session's part was accepted")
+	}
+	// Giving up a part releases the claims in it, and only those.
+	exec(`DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND part = 1`, s2)
+	var claimed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`).Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	if claimed != 2 {
+		t.Fatalf("%d claimed items after releasing part 1, want 2", claimed)
+	}
+	// Deleting a session releases its claims and deletes its parts.
+	exec(`DELETE FROM crdbwork_sessions WHERE id = $1`, s1)
+	var parts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`).Scan(&claimed); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_session_parts`).Scan(&parts); err != nil {
+		t.Fatal(err)
+	}
+	if claimed != 1 || parts != 0 {
+		t.Fatalf("after deleting session 1: %d claimed items (want 1), %d part rows (want 0)", claimed, parts)
+	}
+	var items int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items`).Scan(&items); err != nil {
+		t.Fatal(err)
+	}
+	if items != 3 {
+		t.Fatalf("%d items, want 3: releasing claims must never delete items", items)
+	}
+}
+
+// TestSchemaFileWithClient applies sql/schema.sql twice with the engine's own
+// command-line client, exactly as the README tells operators to.
+func TestSchemaFileWithClient(t *testing.T) {
+	url := testdb.NewURL(t)
+	var name string
+	var args []string
+	switch testdb.Kind(t) {
+	case "cockroach":
+		name = os.Getenv("COCKROACH_BINARY")
+		if name == "" {
+			name = "cockroach"
+		}
+		args = []string{"sql", "--url", url, "--file", "schema.sql"}
+	default:
+		name = "psql"
+		args = []string{"-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "schema.sql", url}
+	}
+	if _, err := exec.LookPath(name); err != nil {
+		t.Skipf("%s not found: %v", name, err)
+	}
+	for i := range 2 {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("applying schema.sql with %s (run %d): %v\n%s", name, i+1, err, out)
+		}
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); err != nil {
+		t.Fatalf("after the client applied schema.sql: %v", err)
+	}
+}
+
+func TestStatementsSplit(t *testing.T) {
+	if !strings.Contains(crsql.SchemaSQL(), "CREATE TABLE IF NOT EXISTS crdbwork_items") {
+		t.Fatal("embedded schema does not look like schema.sql")
+	}
+	st := crsql.NewStatements(crsql.Tables{Prefix: "x_"})
+	if strings.Contains(st.ClaimAny, "crdbwork_") || !strings.Contains(st.ClaimAny, `"x_items"`) {
+		t.Fatalf("statement not renamed: %s", st.ClaimAny)
+	}
+	if err := (crsql.Tables{Prefix: strings.Repeat("p", 60)}).Validate(); err == nil {
+		t.Fatal("a prefix too long for identifiers was accepted")
+	}
+}

@@ -1,0 +1,169 @@
+package worker_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+var partsOpts = worker.Options{
+	Parts: true, Concurrency: 8,
+	Partition: partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
+}
+
+// TestChurnKeepsExactlyOnce has sessions join and leave about every second
+// while 20,000 keyed items are processed.
+func TestChurnKeepsExactlyOnce(t *testing.T) {
+	const n, parts = 20000, 32
+	pool := setup(t)
+	ctx := context.Background()
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, "default", n, true)
+	var live []*running
+	for range 3 {
+		live = append(live, start(t, pool, recordHandler(0), partsOpts))
+	}
+	joins, leaves := 0, 0
+	var stopped []*running
+	for count(t, pool, `SELECT count(*) FROM crdbwork_items`) > 0 {
+		time.Sleep(time.Duration(700+rand.IntN(600)) * time.Millisecond)
+		if len(live) > 1 && (len(live) >= 5 || rand.IntN(2) == 0) {
+			i := rand.IntN(len(live))
+			live[i].Stop(t)
+			stopped = append(stopped, live[i])
+			live = append(live[:i], live[i+1:]...)
+			leaves++
+		} else {
+			live = append(live, start(t, pool, recordHandler(0), partsOpts))
+			joins++
+		}
+	}
+	var retries, lost int64
+	for _, r := range append(live, stopped...) {
+		r.Stop(t)
+		st := r.w.Stats()
+		retries += st.Retries["claim"]
+		lost += st.LostClaims
+	}
+	t.Logf("%d joins, %d leaves; claim retries %d; acks refused for lost claims %d", joins, leaves, retries, lost)
+	if joins+leaves < 3 {
+		t.Fatalf("only %d membership changes: the test did not churn", joins+leaves)
+	}
+	assertExactlyOnce(t, pool, n)
+	if bad := count(t, pool, `SELECT count(*) FROM results WHERE NOT owned`); bad != 0 {
+		t.Errorf("%d results recorded by a session that did not own the item's part at ack time", bad)
+	}
+}
+
+// TestCrashedSessionPartsFailOver crashes a session that owns parts and holds
+// claims (it stops heartbeating, no close): after its expiry, the survivors
+// take its parts and handle its items.
+func TestCrashedSessionPartsFailOver(t *testing.T) {
+	const n, parts = 400, 8
+	pool := setup(t)
+	ctx := context.Background()
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, "default", n, true)
+
+	// The victim owns every part and claims everything it can, then crashes.
+	crashCtx, crash := context.WithCancel(ctx)
+	victim, err := session.Start(crashCtx, pool, fastSession)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reb, err := partition.New(pool, victim, partition.Options{Poll: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go reb.Run(crashCtx)
+	waitFor(t, "the victim to own every part", 20*time.Second, func() bool { return len(reb.Owned()) == parts })
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := q.ClaimParts(ctx, victim.ID(), reb.Owned(), 50)
+	if err != nil || len(held) != 50 {
+		t.Fatalf("victim claimed %d items (%v), want 50", len(held), err)
+	}
+	ids := make([]uuid.UUID, len(held))
+	for i, it := range held {
+		ids[i] = it.ID
+	}
+
+	var survivors []*running
+	for range 2 {
+		survivors = append(survivors, start(t, pool, recordHandler(0), partsOpts))
+	}
+	time.Sleep(300 * time.Millisecond) // survivors are up but own nothing: the victim is alive
+	if got := count(t, pool, `SELECT count(*) FROM results`); got != 0 {
+		t.Fatalf("survivors handled %d items while the victim owned every part", got)
+	}
+	crash()
+	killed := time.Now()
+	firstReclaim := waitFor(t, "a survivor to re-claim one of the victim's items", time.Minute, func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1) AND claim IS NOT NULL AND claim <> $2`, ids, victim.ID())+
+			count(t, pool, `SELECT count(*) FROM results WHERE item_id = ANY($1)`, ids) > 0
+	})
+	waitFor(t, "every item to be handled", 2*time.Minute, func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	t.Logf("failover: kill → first re-claim %v, kill → all %d items done %v (heartbeat %v, expiry %v)",
+		firstReclaim, n, time.Since(killed), fastSession.Heartbeat, fastSession.Expiry)
+	for _, r := range survivors {
+		r.Stop(t)
+	}
+	assertExactlyOnce(t, pool, n)
+	if got := count(t, pool, `SELECT count(*) FROM results WHERE session_id = $1`, victim.ID()); got != 0 {
+		t.Fatalf("the crashed session recorded %d results", got)
+	}
+	if late := q.Ack(ctx, held[0], nil); late == nil {
+		t.Fatal("the crashed session's late ack succeeded")
+	}
+}
+
+// TestPartsClaimWithoutRetries runs the same load with and without parts and
+// compares the claim statement's serialization-failure retries.
+func TestPartsClaimWithoutRetries(t *testing.T) {
+	for _, parts := range []bool{true, false} {
+		pool := setup(t)
+		ctx := context.Background()
+		if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 16); err != nil {
+			t.Fatal(err)
+		}
+		enqueue(t, pool, "default", 3000, true)
+		opts := partsOpts
+		opts.Parts = parts
+		var ws []*running
+		for range 4 {
+			ws = append(ws, start(t, pool, recordHandler(0), opts))
+		}
+		waitFor(t, "the queue to drain", 2*time.Minute, func() bool {
+			return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
+		})
+		var retries, claims int64
+		for _, r := range ws {
+			r.Stop(t)
+			st := r.w.Stats()
+			retries += st.Retries["claim"]
+			claims += st.Claimed
+		}
+		t.Logf("parts=%v: %d claim retries for %d claimed items", parts, retries, claims)
+		if parts && retries != 0 {
+			t.Errorf("parts mode had %d claim retries, want 0", retries)
+		}
+		assertExactlyOnce(t, pool, 3000)
+	}
+}

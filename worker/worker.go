@@ -1,0 +1,413 @@
+// Package worker runs a worker process: one session at a time, the parts
+// rebalancer (in parts mode), an adaptive claim loop and a bounded pool of
+// handlers whose results are acknowledged exactly once.
+//
+// The handler contract makes exactly-once usable: a Handler does its slow
+// work outside any transaction, honouring ctx, and returns a Record function
+// that writes its result. The worker runs Record inside the ack's
+// serializable transaction, after the claim-checked delete of the item, so
+// the result commits if and only if the ack does. Record may run more than
+// once (the transaction is retried whole on serialization failures); only
+// one run's writes commit.
+//
+// Side effects outside the database cannot be made exactly-once this way:
+// a handler may run again after a crash or a lost session. Give external
+// systems the item's id as an idempotency key (and Item.Attempt if useful).
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Record writes a handler's result inside the ack transaction.
+type Record func(ctx context.Context, tx pgx.Tx) error
+
+// Handler processes one claimed item. It runs outside any transaction with a
+// context that ends when the item times out, the session is lost, or a
+// shutdown gives up waiting. It returns the function that records its result
+// (nil: nothing to record), or an error, which nacks the item: it runs again
+// after a backoff, or goes to the dead-items table when its attempts are used
+// up or the error is claim.Permanent. A panic is recovered and treated as an
+// error.
+type Handler func(ctx context.Context, it claim.Item) (Record, error)
+
+// Defaults for Options.
+const (
+	DefaultConcurrency     = 8
+	DefaultPoll            = 150 * time.Millisecond
+	DefaultItemTimeout     = 5 * time.Minute
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultRestartDelay    = time.Second
+)
+
+// Options configure a Worker. The zero value is valid: 8 handlers, no
+// parts, queue "default", silent.
+type Options struct {
+	// Queue is the queue to work on. Default "default".
+	Queue string
+	// Tables names the crdbwork tables; it overrides the Tables of the
+	// nested options.
+	Tables crsql.Tables
+	// Concurrency is the number of handlers running at once. Default 8.
+	Concurrency int
+	// Parts turns on parts mode: the session claims only in the parts the
+	// rebalancer gives it, so claims never contend.
+	Parts bool
+	// Poll is the claim interval when the queue is idle (a random value
+	// between Poll/2 and Poll·3/2 each time). While claims come back full,
+	// the worker claims again at once. Default 150 ms.
+	Poll time.Duration
+	// ItemTimeout bounds one handler run. Default 5 min.
+	ItemTimeout time.Duration
+	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
+	// handlers before cancelling them. Default 10 s.
+	ShutdownTimeout time.Duration
+	// RestartDelay is the pause before a new session after one was lost.
+	// Default 1 s.
+	RestartDelay time.Duration
+	// Session, Claim and Partition configure the parts the worker wires.
+	Session   session.Options
+	Claim     claim.Options
+	Partition partition.Options
+	// Logger receives structured logs. Default: none.
+	Logger *zap.Logger
+}
+
+// DB is a connection pool: *pgxpool.Pool satisfies it.
+type DB interface {
+	crsql.DB
+	retry.Beginner
+}
+
+// Stats counts what a Worker did.
+type Stats struct {
+	claim.Stats
+	// Sessions counts sessions started; SessionsLost those lost.
+	Sessions, SessionsLost int64
+	// Panics and Timeouts count handler runs that panicked or timed out.
+	Panics, Timeouts int64
+	// InFlight is the number of handlers running now.
+	InFlight int64
+	// Parts is the rebalancers' part movements, summed over sessions.
+	Parts partition.Stats
+	// Session is the id of the current session ("" between sessions).
+	Session string
+}
+
+// Worker runs a worker process. Create it with New and call Run once.
+type Worker struct {
+	db      DB
+	handler Handler
+	opts    Options
+	queue   *claim.Queue
+	log     *zap.Logger
+
+	sessions, lost, panics, timeouts, inflight atomic.Int64
+	partsAcquired, partsReleased               atomic.Int64
+	partsRebalances, partsRetries              atomic.Int64
+	current                                    atomic.Value // string
+}
+
+// New returns a worker that handles the items of opts.Queue with h.
+func New(db DB, h Handler, opts Options) (*Worker, error) {
+	if db == nil || h == nil {
+		return nil, errors.New("worker: nil database or handler")
+	}
+	if opts.Queue == "" {
+		opts.Queue = claim.DefaultQueue
+	}
+	if opts.Concurrency == 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.Poll == 0 {
+		opts.Poll = DefaultPoll
+	}
+	if opts.ItemTimeout == 0 {
+		opts.ItemTimeout = DefaultItemTimeout
+	}
+	if opts.ShutdownTimeout == 0 {
+		opts.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if opts.RestartDelay == 0 {
+		opts.RestartDelay = DefaultRestartDelay
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	switch {
+	case opts.Concurrency < 0:
+		return nil, fmt.Errorf("worker: concurrency %d is negative", opts.Concurrency)
+	case opts.Poll < 0 || opts.ItemTimeout < 0 || opts.ShutdownTimeout < 0 || opts.RestartDelay < 0:
+		return nil, errors.New("worker: durations must not be negative")
+	}
+	opts.Claim.Queue, opts.Partition.Queue = opts.Queue, opts.Queue
+	opts.Session.Tables, opts.Claim.Tables, opts.Partition.Tables = opts.Tables, opts.Tables, opts.Tables
+	if opts.Session.Logger == nil {
+		opts.Session.Logger = opts.Logger
+	}
+	if opts.Partition.Logger == nil {
+		opts.Partition.Logger = opts.Logger
+	}
+	q, err := claim.New(db, opts.Claim)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue))}
+	w.current.Store("")
+	return w, nil
+}
+
+// Queue returns the claim.Queue the worker uses, for enqueueing and stats.
+func (w *Worker) Queue() *claim.Queue { return w.queue }
+
+// Stats returns a snapshot of the worker's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{
+		Stats:    w.queue.Stats(),
+		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
+		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
+		Parts: partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
+			Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()},
+		Session: w.current.Load().(string),
+	}
+}
+
+// Run works until ctx is cancelled, then shuts down gracefully: it stops
+// claiming, lets in-flight handlers finish within ShutdownTimeout (then
+// cancels them and releases their items), and closes the session, which
+// releases its parts at once. When a session is lost, in-flight handlers see
+// their context cancelled and Run starts a new session after RestartDelay.
+// Run returns nil after a graceful stop, or an error when it cannot start a
+// session (a missing schema, bad options) the first time.
+func (w *Worker) Run(ctx context.Context) error {
+	first := true
+	for ctx.Err() == nil {
+		sess, err := session.Start(context.WithoutCancel(ctx), w.db, w.opts.Session)
+		if err != nil {
+			if first || errors.Is(err, crsql.ErrSchemaMissing) {
+				return fmt.Errorf("worker: %w", err)
+			}
+			w.log.Warn("starting a session failed; retrying", zap.Error(err))
+		} else {
+			first = false
+			w.sessions.Add(1)
+			w.current.Store(sess.ID().String())
+			w.runSession(ctx, sess)
+			w.current.Store("")
+			if ctx.Err() != nil {
+				return nil
+			}
+			w.lost.Add(1)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(w.opts.RestartDelay):
+		}
+	}
+	return nil
+}
+
+// runSession runs one session until it is lost or ctx is cancelled; on
+// return the session is closed.
+func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
+	log := w.log.With(zap.Stringer("session", sess.ID()))
+	log.Info("session started")
+	// handlerCtx ends with the session, or when a shutdown stops waiting.
+	handlerCtx, cancelHandlers := context.WithCancel(sess.Context())
+	defer cancelHandlers()
+	var reb *partition.Rebalancer
+	var rebDone chan struct{}
+	if w.opts.Parts {
+		var err error
+		reb, err = partition.New(w.db, sess, w.opts.Partition)
+		if err != nil {
+			log.Error("starting the rebalancer failed", zap.Error(err))
+			sess.Close(context.WithoutCancel(ctx))
+			return
+		}
+		rebDone = make(chan struct{})
+		go func() {
+			defer close(rebDone)
+			if err := reb.Run(sess.Context()); err != nil {
+				log.Warn("rebalancer stopped", zap.Error(err))
+			}
+		}()
+	}
+
+	slots := make(chan struct{}, w.opts.Concurrency)
+	var handlers sync.WaitGroup
+	claimCtx, stopClaiming := context.WithCancel(sess.Context())
+	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
+	defer stopOnShutdown()
+	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, log)
+	stopClaiming()
+
+	// Wait for in-flight handlers: at once if the session is lost (their
+	// contexts are already cancelled), within ShutdownTimeout otherwise.
+	waited := make(chan struct{})
+	go func() { handlers.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(w.opts.ShutdownTimeout):
+		log.Warn("shutdown timeout: cancelling in-flight handlers", zap.Int64("in_flight", w.inflight.Load()))
+		cancelHandlers()
+		<-waited
+	}
+	if err := sess.Err(); err != nil && !errors.Is(err, session.ErrClosed) {
+		log.Warn("session lost", zap.Error(err))
+	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
+	defer cancel()
+	if err := sess.Close(closeCtx); err != nil {
+		log.Warn("closing the session failed; peers will reap it", zap.Error(err))
+	}
+	if reb != nil {
+		<-rebDone
+		st := reb.Stats()
+		w.partsAcquired.Add(st.Acquired)
+		w.partsReleased.Add(st.Released)
+		w.partsRebalances.Add(st.Rebalances)
+		w.partsRetries.Add(st.Retries)
+	}
+	log.Info("session ended")
+}
+
+// claimLoop claims while there are free handler slots, until ctx ends.
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
+	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx context.Context, log *zap.Logger) {
+	for ctx.Err() == nil {
+		// Wait for at least one free slot.
+		select {
+		case slots <- struct{}{}:
+			<-slots
+		case <-ctx.Done():
+			return
+		}
+		free := cap(slots) - len(slots)
+		var items []claim.Item
+		var err error
+		if reb != nil {
+			parts, claimed := reb.Lease()
+			items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free)
+			ps := make([]int, len(items))
+			for i, it := range items {
+				ps[i] = it.Part
+			}
+			claimed(ps)
+		} else {
+			items, err = w.queue.Claim(ctx, sess.ID(), free)
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Warn("claim failed", zap.Error(err))
+		}
+		for _, it := range items {
+			slots <- struct{}{}
+			handlers.Add(1)
+			w.inflight.Add(1)
+			go func() {
+				defer func() {
+					<-slots
+					w.inflight.Add(-1)
+					handlers.Done()
+					if reb != nil {
+						reb.Done(it.Part)
+					}
+				}()
+				w.handle(handlerCtx, ctx, it, log)
+			}()
+		}
+		if err == nil && len(items) == free && free > 0 {
+			continue // a full batch: there is probably more
+		}
+		d := w.opts.Poll/2 + rand.N(w.opts.Poll+1)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+// handle runs the handler for one item and acks, nacks or releases it.
+// claimCtx ends when the worker stops claiming (shutdown or session loss).
+func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, log *zap.Logger) {
+	log = log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt))
+	ctx, cancel := context.WithTimeout(handlerCtx, w.opts.ItemTimeout)
+	defer cancel()
+	record, err := w.call(ctx, it)
+	// The ack, nack or release must not die with the handler's context, but
+	// is bounded: a lost session's claims are refused anyway.
+	opCtx, opCancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout+10*time.Second)
+	defer opCancel()
+	switch {
+	case err == nil:
+		err := w.queue.Ack(opCtx, it, record)
+		switch {
+		case err == nil:
+			log.Debug("acked")
+		case errors.Is(err, claim.ErrClaimLost):
+			log.Info("ack refused: the claim was lost; another session will handle the item", zap.Error(err))
+		case errors.Is(err, retry.ErrCommitUnknown):
+			log.Warn("ack outcome unknown; releasing the item if it is still ours", zap.Error(err))
+			w.release(opCtx, it, log)
+		default:
+			// The result could not be recorded: the item runs again.
+			w.nack(opCtx, it, err, log)
+		}
+	case handlerCtx.Err() != nil && claimCtx.Err() != nil:
+		// Shutdown gave up waiting, or the session was lost: give the item
+		// back without counting the attempt (refused if the claim is gone).
+		w.release(opCtx, it, log)
+	default:
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+			w.timeouts.Add(1)
+			err = fmt.Errorf("item timed out after %v: %w", w.opts.ItemTimeout, err)
+		}
+		w.nack(opCtx, it, err, log)
+	}
+}
+
+// call runs the handler, turning a panic into an error.
+func (w *Worker) call(ctx context.Context, it claim.Item) (rec Record, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			w.panics.Add(1)
+			rec, err = nil, fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return w.handler(ctx, it)
+}
+
+func (w *Worker) nack(ctx context.Context, it claim.Item, cause error, log *zap.Logger) {
+	out, err := w.queue.Nack(ctx, it, cause)
+	switch {
+	case err != nil:
+		log.Info("nack refused", zap.Error(err), zap.NamedError("cause", cause))
+	case out == claim.Dead:
+		log.Warn("item dead-lettered", zap.Error(cause))
+	default:
+		log.Info("item failed; will retry", zap.Error(cause))
+	}
+}
+
+func (w *Worker) release(ctx context.Context, it claim.Item, log *zap.Logger) {
+	if err := w.queue.Release(ctx, it); err != nil && !errors.Is(err, claim.ErrClaimLost) {
+		log.Warn("release failed; the session's end releases the item", zap.Error(err))
+	}
+}
