@@ -109,12 +109,15 @@ func (c *console) stderrWriter(prefix string) io.Writer {
 }
 
 type lineWriter struct {
+	mu     sync.Mutex
 	c      *console
 	prefix string
 	buf    []byte
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.buf = append(w.buf, p...)
 	for {
 		i := strings.IndexByte(string(w.buf), '\n')

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -54,6 +55,31 @@ func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, e
 		return nil, failf(2, "cannot reach the database at %s: %v", where, err)
 	}
 	return pool, nil
+}
+
+// warm opens the pool's connections now, so that a worker does not open
+// them while it works: on a loaded machine a new connection can take longer
+// than a heartbeat's deadline.
+func warm(ctx context.Context, pool *pgxpool.Pool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n := int(pool.Config().MaxConns)
+	conns := make(chan *pgxpool.Conn, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := pool.Acquire(ctx); err == nil {
+				conns <- c
+			}
+		}()
+	}
+	wg.Wait()
+	close(conns)
+	for c := range conns {
+		c.Release()
+	}
 }
 
 // parseErrorMessage drops the connection string that pgx repeats in its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -126,11 +127,12 @@ func flagMessage(err error) string {
 	case strings.HasPrefix(msg, "bad flag syntax: "):
 		return msg
 	}
-	msg = strings.Replace(msg, " for flag -", " for --", 1)
 	msg = strings.Replace(msg, "invalid boolean value", "invalid value", 1)
-	msg = strings.Replace(msg, " for -", " for --", 1)
-	return msg
+	msg = strings.Replace(msg, " for flag -", " for -", 1)
+	return flagName.ReplaceAllString(msg, " for --$1")
 }
+
+var flagName = regexp.MustCompile(` for -+([a-z][a-z0-9-]*)`)
 
 // unwrapSetError drops the flag package's prefix from an error of Set.
 func unwrapSetError(err error) string {
@@ -273,7 +275,7 @@ func (c *common) register(f *flagSet, urlUsage string) {
 		return nil
 	})
 	f.stringVar(&c.logLevel, "log-level", "warn", "LEVEL", "log level of the library's logs on stderr: debug, info, warn or error", checkLevel)
-	f.boolVar(&c.json, "json", false, "print the result as one JSON object (the last line of stdout)")
+	f.boolVar(&c.json, "json", false, "print the result as one JSON object on one line")
 }
 
 const urlRequired = "PostgreSQL or CockroachDB URL (postgres://user:pass@host:port/db?sslmode=...); required"

@@ -54,6 +54,7 @@ func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logg
 			return nil, err
 		}
 		g.pools = append(g.pools, pool)
+		warm(ctx, pool)
 		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log)
 		if err != nil {
 			g.stop(time.Second)
@@ -214,7 +215,7 @@ func (f *fleet) watch(c *child) {
 	case c.killed.Load():
 		return
 	case c.stopping.Load():
-		if err != nil {
+		if err != nil && !terminatedBy(err, syscall.SIGTERM) {
 			f.out.errorf("demo: worker %s (pid %d) did not stop cleanly: %v%s", c.name, c.cmd.Process.Pid, err, c.tail.lines())
 		}
 		return
@@ -238,6 +239,17 @@ func (f *fleet) watch(c *child) {
 	if err := f.spawn(); err != nil {
 		f.sendFail(err)
 	}
+}
+
+// terminatedBy reports an exit caused by sig (a child that got our SIGTERM
+// before it had installed its handler).
+func terminatedBy(err error, sig syscall.Signal) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 func (f *fleet) sendFail(err error) {

@@ -146,11 +146,18 @@ func report(out *console, err error) int {
 	return ee.code
 }
 
-// oneLine folds a multi-line message onto one line.
+// oneLine folds a multi-line message onto one line, dropping repeated
+// lines (pgx repeats one error per connection attempt).
 func oneLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	for i := range lines {
-		lines[i] = strings.TrimSpace(lines[i])
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || seen[l] {
+			continue
+		}
+		seen[l] = true
+		out = append(out, l)
 	}
-	return strings.Join(lines, " | ")
+	return strings.Join(out, " ")
 }

@@ -152,7 +152,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 				r.out.errorf("demo: stopping the embedded %s server: %v", srv.Kind(), err)
 			}
 		}()
-		s.Engine, s.Embedded = srv.Kind(), true
+		s.Engine, s.Embedded = string(srv.Kind()), true
 		url, err = srv.CreateDatabase(ctx, demoDatabase)
 		if err != nil {
 			return failf(1, "creating the database %s in the embedded %s server: %v", demoDatabase, srv.Kind(), err)

@@ -116,17 +116,26 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		return err
 	}
 	defer log.Sync()
+	// SIGINT or SIGTERM while starting is a stop request like any other.
+	stoppedEarly := func(err error) error {
+		if ctx.Err() != nil {
+			out.errorf("demo work: %s stopped before it started working", c.name)
+			return nil
+		}
+		return err
+	}
 	pool, err := connect(ctx, c.databaseURL, c.poolSize())
 	if err != nil {
-		return err
+		return stoppedEarly(err)
 	}
 	defer pool.Close()
 	if err := requireSchema(ctx, pool); err != nil {
-		return err
+		return stoppedEarly(err)
 	}
 	if err := requireDemoTables(ctx, pool); err != nil {
-		return err
+		return stoppedEarly(err)
 	}
+	warm(ctx, pool)
 	w, err := c.newWorker(pool, c.queue, c.name, log)
 	if err != nil {
 		return failf(2, "%v", err)

@@ -32,10 +32,13 @@ const maxPortAttempts = 5
 // findPostgres returns a directory holding initdb, pg_ctl and postgres, or "".
 func findPostgres() string {
 	if p, err := exec.LookPath("initdb"); err == nil {
-		dirs := []string{filepath.Dir(p)}
+		// Prefer the real directory when initdb is a symlink into it
+		// (/usr/local/bin/initdb -> /usr/lib/postgresql/15/bin/initdb).
+		var dirs []string
 		if real, err := filepath.EvalSymlinks(p); err == nil {
 			dirs = append(dirs, filepath.Dir(real))
 		}
+		dirs = append(dirs, filepath.Dir(p))
 		for _, d := range dirs {
 			if hasPGBinaries(d) {
 				return d
@@ -249,6 +252,10 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
+// pickPort chooses the port for a new server; a variable so tests can force
+// a clash.
+var pickPort = freePort
+
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -325,7 +332,7 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 
 	var port int
 	for attempt := 1; ; attempt++ {
-		port, err = freePort()
+		port, err = pickPort()
 		if err != nil {
 			return fail(fmt.Errorf("pick a free port: %w", err))
 		}
