@@ -78,35 +78,35 @@ WHERE queue = $1 AND part >= $2`),
 
 		ClaimAny: r(`UPDATE crdbwork_items
 SET claim = $1, claimed_at = now(), attempts = attempts + 1
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT id FROM crdbwork_items
     WHERE queue = $2 AND claim IS NULL AND vesting_at <= now()
     ORDER BY priority, vesting_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED))
   AND claim IS NULL
 RETURNING ` + itemColumns),
 		ClaimParts: r(`UPDATE crdbwork_items
 SET claim = $1, claim_queue = queue, claim_part = part, claimed_at = now(), attempts = attempts + 1
-WHERE id IN (
+WHERE id = ANY(ARRAY(
     SELECT id FROM crdbwork_items
     WHERE queue = $2 AND part = ANY($4::BIGINT[]) AND claim IS NULL AND vesting_at <= now()
     ORDER BY priority, vesting_at
     LIMIT $3
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED))
   AND claim IS NULL
 RETURNING ` + itemColumns),
-		AckAny:  r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND attempts = $3`),
-		AckPart: r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND attempts = $3 AND claim_part = $4`),
+		AckAny:  r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
+		AckPart: r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3 AND claim_part = $4`),
 		Nack: r(`UPDATE crdbwork_items
 SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
-WHERE id = $1 AND claim = $2 AND attempts = $3`),
+WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
 		Release: r(`UPDATE crdbwork_items
 SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, attempts = attempts - 1
-WHERE id = $1 AND claim = $2 AND attempts = $3`),
+WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
 		DeadLetter: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND attempts = $3
+    DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3
     RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at)
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at)

@@ -49,15 +49,17 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	return n
 }
 
-func waitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) {
+func waitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	end := time.Now().Add(deadline)
+	start := time.Now()
+	end := start.Add(deadline)
 	for !cond() {
 		if time.Now().After(end) {
 			t.Fatalf("timed out after %v waiting for %s", deadline, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return time.Since(start)
 }
 
 // recordHandler records, inside the ack transaction, which session acked the
