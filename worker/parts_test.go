@@ -88,13 +88,21 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go reb.Run(crashCtx)
+	// The victim's rebalancer stops once it owns every part, so that it does
+	// not hand parts to the survivors while its session is alive: the parts
+	// can then move only through the session's expiry.
+	rebCtx, stopReb := context.WithCancel(crashCtx)
+	rebDone := make(chan error, 1)
+	go func() { rebDone <- reb.Run(rebCtx) }()
 	waitFor(t, "the victim to own every part", 20*time.Second, func() bool { return len(reb.Owned()) == parts })
+	owned := reb.Owned()
+	stopReb()
+	<-rebDone
 	q, err := claim.New(pool, claim.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := q.ClaimParts(ctx, victim.ID(), reb.Owned(), 50)
+	held, err := q.ClaimParts(ctx, victim.ID(), owned, 50)
 	if err != nil || len(held) != 50 {
 		t.Fatalf("victim claimed %d items (%v), want 50", len(held), err)
 	}
