@@ -28,7 +28,7 @@ const composeFile = "docker-compose.yml"
 
 var (
 	roachNodes   = []string{"roach1", "roach2", "roach3"}
-	wantServices = []string{"roach1", "roach2", "roach3", "init", "schema", "worker", "producer"}
+	wantServices = []string{"roach1", "roach2", "roach3", "init", "schema", "demo-tables", "worker", "producer"}
 )
 
 // repoRoot is the module root: go test runs a package's tests in its
@@ -181,8 +181,15 @@ func TestComposeDependencyOrder(t *testing.T) {
 			"roach2": types.ServiceConditionHealthy,
 			"roach3": types.ServiceConditionHealthy,
 		},
-		"worker":   {"schema": types.ServiceConditionCompletedSuccessfully},
-		"producer": {"schema": types.ServiceConditionCompletedSuccessfully},
+		"demo-tables": {"schema": types.ServiceConditionCompletedSuccessfully},
+		"worker": {
+			"schema":      types.ServiceConditionCompletedSuccessfully,
+			"demo-tables": types.ServiceConditionCompletedSuccessfully,
+		},
+		"producer": {
+			"schema":      types.ServiceConditionCompletedSuccessfully,
+			"demo-tables": types.ServiceConditionCompletedSuccessfully,
+		},
 	}
 	for name, deps := range want {
 		s := service(t, p, name)
@@ -376,7 +383,7 @@ func TestComposeDemoServices(t *testing.T) {
 	p := mustLoadCompose(t)
 	dockerfile := filepath.Join(root, "Dockerfile")
 
-	for name, sub := range map[string]string{"worker": "work", "producer": "enqueue"} {
+	for name, sub := range map[string]string{"demo-tables": "migrate", "worker": "work", "producer": "enqueue"} {
 		s := service(t, p, name)
 		if s.Build == nil {
 			t.Errorf("%s: no build section", name)

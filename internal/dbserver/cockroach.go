@@ -61,9 +61,7 @@ func startCockroach(ctx context.Context, bin string, logf func(string, ...any)) 
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	// Own process group, so Stop can kill the server and anything it starts;
-	// SIGKILL from the kernel if the thread that started it goes away.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = groupWithDeathSignal()
 
 	// Pdeathsig fires when the starting OS thread exits, not the process, so
 	// start and wait from a goroutine that keeps its thread locked for the
