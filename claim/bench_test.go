@@ -78,6 +78,11 @@ func BenchmarkClaimAck(b *testing.B) {
 			wg.Wait()
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
+			retries := 0
+			for _, n := range q.Stats().Retries {
+				retries += int(n)
+			}
+			b.ReportMetric(float64(retries)/float64(b.N), "retries/item")
 			if n := count(b, pool, `SELECT count(*) FROM results`); n != b.N {
 				b.Fatalf("%d results for %d items", n, b.N)
 			}

@@ -230,18 +230,18 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // Item is a claimed item. Keep it as returned: Ack, Nack and Release use its
 // claim fields to prove the claim is still this one.
 type Item struct {
-	ID          uuid.UUID
+	ID          uuid.UUID // as returned by Enqueue
 	Queue       string
-	Part        int
-	Key         string
-	Priority    int
-	Attempt     int // 1 on the first claim; counts claims, including ones lost to a crash
-	MaxAttempts int
+	Part        int    // fixed at enqueue (from Key, if set); moved only by partition.SetParts
+	Key         string // "" if none
+	Priority    int    // lower values are claimed first
+	Attempt     int    // 1 on the first claim; counts claims, including ones lost to a crash
+	MaxAttempts int    // after this many attempts, Nack moves the item to the dead-items table
 	Payload     []byte
 	Metadata    []byte
-	EnqueuedAt  time.Time
-	VestingAt   time.Time
-	LastError   string // the error of the previous attempt, if any
+	EnqueuedAt  time.Time // by the database clock
+	VestingAt   time.Time // when the item last became claimable, by the database clock
+	LastError   string    // the error of the previous attempt, if any
 
 	// Session is the session that holds the claim.
 	Session uuid.UUID

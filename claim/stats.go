@@ -8,6 +8,8 @@ import (
 // Stats counts what a Queue did since it was created. Every count is of
 // committed work only: Acked counts acks whose COMMIT succeeded.
 type Stats struct {
+	// Enqueued, Claimed, Acked and Released count items; Nacked counts
+	// items nacked for a retry and Dead those moved to the dead-items table.
 	Enqueued, Claimed, Acked, Nacked, Released, Dead int64
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.

@@ -62,6 +62,7 @@ type Options struct {
 
 // Stats counts a rebalancer's part movements.
 type Stats struct {
+	// Acquired and Released count the parts the rebalancer took and gave up.
 	Acquired, Released int64
 	// Rebalances counts completed polls.
 	Rebalances int64

@@ -75,7 +75,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     CONSTRAINT crdbwork_items_attempts_range CHECK (attempts >= 0 AND max_attempts >= 1)
 );
 
--- Unclaimed items in claim order: the claim statements read this index only.
+-- Unclaimed items in claim order, two ways. By queue: a claim reads the first
+-- rows in order and stops at its limit, however long the backlog (without it,
+-- every claim would sort the whole backlog of the queue). By part: the claims
+-- of a session that owns a few parts of many, and per-part backlog counts.
+CREATE INDEX IF NOT EXISTS crdbwork_items_claim_order
+    ON crdbwork_items (queue, priority, vesting_at) WHERE claim IS NULL;
 CREATE INDEX IF NOT EXISTS crdbwork_items_unclaimed
     ON crdbwork_items (queue, part, priority, vesting_at) WHERE claim IS NULL;
 

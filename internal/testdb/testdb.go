@@ -9,6 +9,9 @@
 // Use it from TestMain:
 //
 //	func TestMain(m *testing.M) { testdb.Main(m) }
+//
+// Tests call New or NewURL; Example functions, which have no testing.TB,
+// call ExampleURL.
 package testdb
 
 import (
@@ -102,18 +105,37 @@ func New(t testing.TB) *pgxpool.Pool {
 func NewURL(t testing.TB) string {
 	t.Helper()
 	e := mustSetup(t)
-	name := newName()
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("testdb: create database %s: %v", name, err)
-	}
-	t.Cleanup(func() { e.drop(t, name) })
-	u, err := e.urlFor(name)
+	name, u, err := e.create()
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
+	t.Cleanup(func() {
+		if err := e.drop(name); err != nil {
+			t.Logf("testdb: %v (ignored)", err)
+		}
+	})
 	return u
+}
+
+// ExampleURL is NewURL for Example functions, which have no testing.TB: it
+// returns the URL of a fresh, empty database and a function that drops it.
+// Close connections to the database before calling cleanup. It panics if no
+// database can be made. The test binary's TestMain must call Main, which
+// stops the shared server.
+func ExampleURL() (url string, cleanup func()) {
+	e, err := getEnv()
+	if err != nil {
+		panic(fmt.Sprintf("testdb: no database for examples: %v", err))
+	}
+	name, u, err := e.create()
+	if err != nil {
+		panic(fmt.Sprintf("testdb: %v", err))
+	}
+	return u, func() {
+		if err := e.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
+	}
 }
 
 // Kind reports which engine the tests run on, so that a test can branch
@@ -126,11 +148,17 @@ func Kind(t testing.TB) dbserver.Kind {
 
 func mustSetup(t testing.TB) *env {
 	t.Helper()
-	setupOnce.Do(func() { shared, setupErr = setup() })
-	if setupErr != nil {
-		t.Fatalf("testdb: no database for tests: %v", setupErr)
+	e, err := getEnv()
+	if err != nil {
+		t.Fatalf("testdb: no database for tests: %v", err)
 	}
-	return shared
+	return e
+}
+
+// getEnv sets up the shared server on first use and returns it.
+func getEnv() (*env, error) {
+	setupOnce.Do(func() { shared, setupErr = setup() })
+	return shared, setupErr
 }
 
 func setup() (*env, error) {
@@ -195,8 +223,23 @@ func (e *env) connect(ctx context.Context, adminURL string) error {
 	return nil
 }
 
-// drop removes a test database, best effort: a failure is only logged.
-func (e *env) drop(t testing.TB, name string) {
+// create makes a fresh, empty database and returns its name and URL.
+func (e *env) create() (name, dbURL string, err error) {
+	name = newName()
+	if dbURL, err = e.urlFor(name); err != nil {
+		return "", "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return name, dbURL, nil
+}
+
+// drop removes a test database. Callers treat a failure as best effort:
+// they only log it.
+func (e *env) drop(name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	stmt := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize()
@@ -207,8 +250,9 @@ func (e *env) drop(t testing.TB, name string) {
 		stmt += " WITH (FORCE)"
 	}
 	if _, err := e.admin.Exec(ctx, stmt); err != nil {
-		t.Logf("testdb: drop database %s (ignored): %v", name, err)
+		return fmt.Errorf("drop database %s: %w", name, err)
 	}
+	return nil
 }
 
 // shutdown closes the admin pool and stops the server this binary started.

@@ -1,0 +1,195 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// examplePool opens a pool on a fresh database with the crdbwork schema and
+// an application table, emails. Call the returned function when done.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	url, drop := testdb.ExampleURL()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE emails (address TEXT PRIMARY KEY, sent BOOL NOT NULL DEFAULT false)`); err != nil {
+		log.Fatal(err)
+	}
+	return pool, func() { pool.Close(); drop() }
+}
+
+// exampleCount runs a count query.
+func exampleCount(ctx context.Context, pool *pgxpool.Pool, query string) int {
+	var n int
+	if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	return n
+}
+
+// Enqueue an item in the same transaction as the application's own write:
+// the item exists if and only if that transaction commits.
+func ExampleQueue_EnqueueTx() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	signUp := func(address string, commit bool) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, address); err != nil {
+			log.Fatal(err)
+		}
+		if _, err := q.EnqueueTx(ctx, tx, claim.NewItem{Payload: []byte(address)}); err != nil {
+			log.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	signUp("ada@example.com", true)
+	signUp("bob@example.com", false) // rolled back: no row, no item
+
+	fmt.Println("emails:", exampleCount(ctx, pool, `SELECT count(*) FROM emails`))
+	fmt.Println("items:", exampleCount(ctx, pool, `SELECT count(*) FROM crdbwork_items`))
+	// Output:
+	// emails: 1
+	// items: 1
+}
+
+// Claim items for a session and acknowledge each one together with its
+// result: the item's delete and the result's write commit in one
+// transaction. A second ack of the same claim is refused.
+func ExampleQueue_Ack() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+
+	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close(ctx)
+
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	addresses := []string{"ada@example.com", "bob@example.com", "eve@example.com"}
+	for _, a := range addresses {
+		if _, err := pool.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, a); err != nil {
+			log.Fatal(err)
+		}
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(a)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	items, err := q.Claim(ctx, sess.ID(), 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("claimed:", len(items))
+	for _, it := range items {
+		// Send the email here, outside any transaction; then record it.
+		err := q.Ack(ctx, it, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `UPDATE emails SET sent = true WHERE address = $1`, string(it.Payload))
+			return err
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("sent:", exampleCount(ctx, pool, `SELECT count(*) FROM emails WHERE sent`))
+	fmt.Println("items left:", exampleCount(ctx, pool, `SELECT count(*) FROM crdbwork_items`))
+
+	err = q.Ack(ctx, items[0], nil)
+	fmt.Println("second ack lost its claim:", errors.Is(err, claim.ErrClaimLost))
+	// Output:
+	// claimed: 3
+	// sent: 3
+	// items left: 0
+	// second ack lost its claim: true
+}
+
+// Nack a failed item: an ordinary error retries it (here at once, with
+// RetryAfter, instead of after a backoff), a Permanent one moves it to the
+// dead-items table.
+func ExampleQueue_Nack() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+
+	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close(ctx)
+
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("not an address")}); err != nil {
+		log.Fatal(err)
+	}
+
+	claimOne := func() claim.Item {
+		items, err := q.Claim(ctx, sess.ID(), 1)
+		if err != nil || len(items) != 1 {
+			log.Fatalf("claimed %d items: %v", len(items), err)
+		}
+		return items[0]
+	}
+
+	it := claimOne()
+	outcome, err := q.Nack(ctx, it, claim.RetryAfter(0, errors.New("mail server busy")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("attempt", it.Attempt, "retried:", outcome == claim.Retried)
+
+	it = claimOne()
+	fmt.Printf("attempt %d, last error %q\n", it.Attempt, it.LastError)
+	outcome, err = q.Nack(ctx, it, claim.Permanent(errors.New("invalid address")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("attempt", it.Attempt, "dead:", outcome == claim.Dead)
+
+	var lastError string
+	if err := pool.QueryRow(ctx, `SELECT last_error FROM crdbwork_dead_items`).Scan(&lastError); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("dead item's error:", lastError)
+	fmt.Println("items left:", exampleCount(ctx, pool, `SELECT count(*) FROM crdbwork_items`))
+	// Output:
+	// attempt 1 retried: true
+	// attempt 2, last error "mail server busy"
+	// attempt 2 dead: true
+	// dead item's error: invalid address
+	// items left: 0
+}

@@ -1,0 +1,102 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// Run a worker whose handler does its work outside any transaction and
+// returns a Record that writes the result in the ack's transaction. The
+// example stops the worker once every item has a result.
+func ExampleWorker_Run() {
+	ctx := context.Background()
+	url, drop := testdb.ExampleURL()
+	defer drop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE greetings (name TEXT PRIMARY KEY, greeting TEXT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+
+	handle := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		name := string(it.Payload)
+		greeting := "Hello, " + strings.ToUpper(name[:1]) + name[1:] + "!" // the slow work
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO greetings (name, greeting) VALUES ($1, $2)`, name, greeting)
+			return err
+		}, nil
+	}
+	w, err := worker.New(pool, handle, worker.Options{
+		Queue:       "greetings",
+		Concurrency: 2,
+		Poll:        20 * time.Millisecond,
+		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	names := []string{"ada", "bob", "eve"}
+	for _, name := range names {
+		if _, err := w.Queue().Enqueue(ctx, claim.NewItem{Payload: []byte(name)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(runCtx) }()
+
+	// Wait until every item has its result, then stop the worker gracefully.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM greetings`).Scan(&n); err != nil {
+			log.Fatal(err)
+		}
+		if n == len(names) {
+			break
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("only %d of %d results", n, len(names))
+		}
+	}
+	stop()
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
+
+	rows, err := pool.Query(ctx, `SELECT greeting FROM greetings ORDER BY name`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	greetings, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, g := range greetings {
+		fmt.Println(g)
+	}
+	fmt.Println("acked:", w.Stats().Acked)
+	// Output:
+	// Hello, Ada!
+	// Hello, Bob!
+	// Hello, Eve!
+	// acked: 3
+}
