@@ -623,3 +623,81 @@ func TestClaimForDeletedSession(t *testing.T) {
 		t.Fatal("the item was claimed by a session that does not exist")
 	}
 }
+
+func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	other := newQueue(t, pool, claim.Options{Queue: "other"})
+	s := startSession(t, ctx, pool)
+	ids, err := q.Enqueue(ctx,
+		claim.NewItem{Payload: []byte("a"), Key: "k", Priority: 3, MaxAttempts: 5},
+		claim.NewItem{Payload: []byte("b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Claim(ctx, s.ID(), 2)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("claimed %d, %v", len(got), err)
+	}
+	for i, it := range got {
+		if out, err := q.Nack(ctx, it, claim.Permanent(fmt.Errorf("broken %d", i))); err != nil || out != claim.Dead {
+			t.Fatalf("nack: %v %v", out, err)
+		}
+	}
+	dead, err := q.Dead(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 2 {
+		t.Fatalf("%d dead items, want 2", len(dead))
+	}
+	var a claim.DeadItem
+	for _, d := range dead {
+		if d.ID == ids[0] {
+			a = d
+		}
+	}
+	if a.ID != ids[0] || string(a.Payload) != "a" || a.Key != "k" || a.Priority != 3 || a.Attempts != 1 ||
+		a.MaxAttempts != 5 || a.LastError == "" || a.DiedAt.IsZero() {
+		t.Fatalf("dead item %+v", a)
+	}
+	if d, err := other.Dead(ctx, 10); err != nil || len(d) != 0 {
+		t.Fatalf("queue other lists %d dead items (%v), want 0", len(d), err)
+	}
+	if _, err := q.Dead(ctx, 0); err == nil {
+		t.Fatal("Dead with limit 0: no error")
+	}
+
+	// Another queue cannot requeue or cancel this queue's items.
+	if ok, err := other.Requeue(ctx, ids[0]); err != nil || ok {
+		t.Fatalf("requeue through another queue: %v %v", ok, err)
+	}
+	if ok, err := q.Requeue(ctx, ids[0]); err != nil || !ok {
+		t.Fatalf("requeue: %v %v", ok, err)
+	}
+	if ok, err := q.Requeue(ctx, ids[0]); err != nil || ok {
+		t.Fatalf("second requeue of one item: %v %v", ok, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids[0]); n != 0 {
+		t.Fatalf("requeued item still dead (%d rows)", n)
+	}
+	again, err := q.Claim(ctx, s.ID(), 10)
+	if err != nil || len(again) != 1 {
+		t.Fatalf("claimed %d after requeue, %v", len(again), err)
+	}
+	it := again[0]
+	if it.ID != ids[0] || string(it.Payload) != "a" || it.Key != "k" || it.Priority != 3 || it.Attempt != 1 ||
+		it.MaxAttempts != 5 || it.LastError == "" {
+		t.Fatalf("requeued item %+v", it)
+	}
+	if ok, err := other.Cancel(ctx, it.ID); err != nil || ok {
+		t.Fatalf("cancel through another queue: %v %v", ok, err)
+	}
+	if err := q.Ack(ctx, it, nil); err != nil {
+		t.Fatalf("ack of the requeued item: %v", err)
+	}
+	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids[1] {
+		t.Fatalf("dead items after requeue: %+v %v", d, err)
+	}
+}

@@ -15,7 +15,7 @@ type Stats struct {
 	// was gone.
 	LostClaims int64
 	// Retries counts serialization-failure retries by statement kind:
-	// "enqueue", "claim", "ack", "nack", "release", "cancel", "parts".
+	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue".
 	Retries map[string]int64
 }
 

@@ -38,7 +38,9 @@ type Statements struct {
 	Nack            string // $1 id, $2 session, $3 attempts, $4 delay(µs), $5 error
 	Release         string // $1 id, $2 session, $3 attempts
 	DeadLetter      string // $1 id, $2 session, $3 attempts, $4 error
-	Cancel          string // $1 id → rows affected
+	Cancel          string // $1 id, $2 queue → rows affected
+	DeadItems       string // $1 queue, $2 limit → dead item columns, newest first
+	Requeue         string // $1 id, $2 queue → id of the item put back
 	Backlog         string // → queue, part, unclaimed, vested, claimed
 	DeadCount       string // $1 queue → count
 	ItemColumns     string
@@ -112,7 +114,23 @@ INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at FROM gone
 RETURNING id`),
-		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1`),
+		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
+		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at
+FROM crdbwork_dead_items WHERE queue = $1
+ORDER BY died_at DESC, id
+LIMIT $2`),
+		// A requeued item keeps its id, key, priority and enqueue time, gets
+		// fresh attempts and is claimable at once. Its part is taken modulo
+		// the queue's current number of parts, as SetParts does for items.
+		Requeue: r(`WITH gone AS (
+    DELETE FROM crdbwork_dead_items WHERE id = $1 AND queue = $2
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at)
+INSERT INTO crdbwork_items
+    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata, last_error, enqueued_at)
+SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at
+FROM gone AS g,
+     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts) AS n
+RETURNING id`),
 		Backlog: r(`SELECT queue, part,
        count(*) FILTER (WHERE claim IS NULL),
        count(*) FILTER (WHERE claim IS NULL AND vesting_at <= now()),
