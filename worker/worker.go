@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +32,7 @@ import (
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // Record writes a handler's result inside the ack transaction.
@@ -347,67 +347,21 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 // handle runs the handler for one item and acks, nacks or releases it.
 // claimCtx ends when the worker stops claiming (shutdown or session loss).
 func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, log *zap.Logger) {
-	log = log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt))
-	ctx, cancel := context.WithTimeout(handlerCtx, w.opts.ItemTimeout)
-	defer cancel()
-	record, err := w.call(ctx, it)
-	// The ack, nack or release must not die with the handler's context, but
-	// is bounded: a lost session's claims are refused anyway.
-	opCtx, opCancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout+10*time.Second)
-	defer opCancel()
-	switch {
-	case err == nil:
-		err := w.queue.Ack(opCtx, it, record)
-		switch {
-		case err == nil:
-			log.Debug("acked")
-		case errors.Is(err, claim.ErrClaimLost):
-			log.Info("ack refused: the claim was lost; another session will handle the item", zap.Error(err))
-		case errors.Is(err, retry.ErrCommitUnknown):
-			log.Warn("ack outcome unknown; releasing the item if it is still ours", zap.Error(err))
-			w.release(opCtx, it, log)
-		default:
-			// The result could not be recorded: the item runs again.
-			w.nack(opCtx, it, err, log)
-		}
-	case handlerCtx.Err() != nil && claimCtx.Err() != nil:
-		// Shutdown gave up waiting, or the session was lost: give the item
-		// back without counting the attempt (refused if the claim is gone).
-		w.release(opCtx, it, log)
-	default:
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
-			w.timeouts.Add(1)
-			err = fmt.Errorf("item timed out after %v: %w", w.opts.ItemTimeout, err)
-		}
-		w.nack(opCtx, it, err, log)
+	res := attempt.Run(handlerCtx, w.queue, it, w.attemptHandler, attempt.Options{
+		Timeout:       w.opts.ItemTimeout,
+		SettleTimeout: w.opts.ShutdownTimeout + 10*time.Second,
+		GiveBack:      func() bool { return handlerCtx.Err() != nil && claimCtx.Err() != nil },
+		Log:           log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt)),
+	})
+	if res.Panicked {
+		w.panics.Add(1)
+	}
+	if res.TimedOut {
+		w.timeouts.Add(1)
 	}
 }
 
-// call runs the handler, turning a panic into an error.
-func (w *Worker) call(ctx context.Context, it claim.Item) (rec Record, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			w.panics.Add(1)
-			rec, err = nil, fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
-		}
-	}()
+// attemptHandler is the handler as package attempt takes it.
+func (w *Worker) attemptHandler(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 	return w.handler(ctx, it)
-}
-
-func (w *Worker) nack(ctx context.Context, it claim.Item, cause error, log *zap.Logger) {
-	out, err := w.queue.Nack(ctx, it, cause)
-	switch {
-	case err != nil:
-		log.Info("nack refused", zap.Error(err), zap.NamedError("cause", cause))
-	case out == claim.Dead:
-		log.Warn("item dead-lettered", zap.Error(cause))
-	default:
-		log.Info("item failed; will retry", zap.Error(cause))
-	}
-}
-
-func (w *Worker) release(ctx context.Context, it claim.Item, log *zap.Logger) {
-	if err := w.queue.Release(ctx, it); err != nil && !errors.Is(err, claim.ErrClaimLost) {
-		log.Warn("release failed; the session's end releases the item", zap.Error(err))
-	}
 }

@@ -1,0 +1,227 @@
+// Package workertest tests a worker.Handler against a real database, one item
+// at a time, without running a Worker.
+//
+// Work enqueues one item, claims it and runs the handler exactly as a worker
+// does — through the same code — then reports whether the item was acked,
+// retried or dead-lettered, and why:
+//
+//	res, err := workertest.Work(ctx, pool, handle, claim.NewItem{Payload: []byte("ada")}, workertest.Options{})
+//	if err != nil {
+//		t.Fatal(err)
+//	}
+//	if res.Outcome != workertest.Acked {
+//		t.Fatalf("outcome %v: %v", res.Outcome, res.Err)
+//	}
+//
+// The item's result, written by the handler's Record, is then in the database
+// for the test to check. Work applies the crdbwork schema if it is missing,
+// so a test needs only a pool on a database it may write to.
+package workertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
+)
+
+// settleTimeout bounds the ack, nack or release, and closing the session.
+const settleTimeout = 30 * time.Second
+
+// Options configure Work. The zero value is valid.
+type Options struct {
+	// Queue is the queue the item is enqueued in and claimed from; it should
+	// hold no other claimable item. Default: a fresh queue for each call,
+	// named "workertest-" and a random id.
+	Queue string
+	// Tables names the crdbwork tables; it overrides Claim.Tables.
+	Tables crsql.Tables
+	// ItemTimeout bounds the handler, as worker.Options.ItemTimeout does.
+	// Default worker.DefaultItemTimeout.
+	ItemTimeout time.Duration
+	// Claim configures the queue: MaxAttempts, BackoffBase and BackoffMax
+	// shape what a failure does. Its Queue and Tables are ignored.
+	Claim claim.Options
+}
+
+// Outcome says what happened to the item.
+type Outcome int
+
+// Outcomes of Work. The zero Outcome is none of them.
+const (
+	// Acked: the handler succeeded and the ack, with its Record, committed.
+	Acked Outcome = iota + 1
+	// Retried: the item was nacked; it is back in the items table with its
+	// attempt counted and LastError set, and runs again after a backoff.
+	Retried
+	// Dead: the item was moved to the dead-items table (a claim.Permanent
+	// error, or its last attempt failed).
+	Dead
+)
+
+// String returns "acked", "retried" or "dead".
+func (o Outcome) String() string {
+	switch o {
+	case Acked:
+		return "acked"
+	case Retried:
+		return "retried"
+	case Dead:
+		return "dead"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is what Work did with the item.
+type Result struct {
+	// Item is the item as the handler received it (Attempt 1).
+	Item claim.Item
+	// Outcome is Acked, Retried or Dead.
+	Outcome Outcome
+	// Err is why the item was not acked: the handler's error, a recovered
+	// panic ("handler panic: ..."), a timeout (wrapping
+	// context.DeadlineExceeded) or the Record's error. Nil when Acked.
+	Err error
+}
+
+// Work runs h on one item exactly as a worker does, against a real database:
+// it applies the schema if it is missing, enqueues item (its Delay is
+// ignored: the item is claimable at once) in opts.Queue, starts a session,
+// claims the item and runs h outside any transaction, bounded by
+// opts.ItemTimeout and with a panic recovered as an error. If h succeeds, the
+// item is acked with h's Record inside the serializable ack transaction;
+// otherwise it is nacked with the error, so it is retried or dead-lettered as
+// a worker's item would be. The session is closed before Work returns.
+//
+// A failing handler is not an error of Work: it is reported in Result. Work
+// returns an error when it could not run the item as a worker would: a
+// database failure, another item claimed first from opts.Queue, or ctx
+// ending before h returned (the item is then released, as a stopping worker
+// releases it, and the error wraps h's). The handler's context carries ctx's
+// values and ends with ctx.
+func Work(ctx context.Context, db worker.DB, h worker.Handler, item claim.NewItem, opts Options) (Result, error) {
+	switch {
+	case db == nil || h == nil:
+		return Result{}, errors.New("workertest: nil database or handler")
+	case opts.ItemTimeout < 0:
+		return Result{}, fmt.Errorf("workertest: item timeout %v is negative", opts.ItemTimeout)
+	}
+	if opts.ItemTimeout == 0 {
+		opts.ItemTimeout = worker.DefaultItemTimeout
+	}
+	if opts.Queue == "" {
+		opts.Queue = "workertest-" + uuid.NewString()
+	}
+	opts.Claim.Queue, opts.Claim.Tables = opts.Queue, opts.Tables
+	if err := ensureSchema(ctx, db, opts.Tables); err != nil {
+		return Result{}, err
+	}
+	q, err := claim.New(db, opts.Claim)
+	if err != nil {
+		return Result{}, fmt.Errorf("workertest: %w", err)
+	}
+	sess, err := session.Start(ctx, db, session.Options{Name: "workertest", Tables: opts.Tables})
+	if err != nil {
+		return Result{}, fmt.Errorf("workertest: starting a session: %w", err)
+	}
+	res, err := work(ctx, q, sess, h, item, opts)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if cerr := sess.Close(closeCtx); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("workertest: closing the session: %w", cerr))
+	}
+	return res, err
+}
+
+// work enqueues, claims and runs the item in sess.
+func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.Handler, item claim.NewItem, opts Options) (Result, error) {
+	item.Delay = 0
+	ids, err := q.Enqueue(ctx, item)
+	if err != nil {
+		return Result{}, fmt.Errorf("workertest: enqueueing the item: %w", err)
+	}
+	id := ids[0]
+	items, err := q.Claim(ctx, sess.ID(), 1)
+	if err == nil && (len(items) == 0 || items[0].ID != id) {
+		err = fmt.Errorf("queue %q holds other items: use an empty queue (or leave Options.Queue empty)", opts.Queue)
+		if len(items) == 0 {
+			err = fmt.Errorf("item %s was not claimable (claimed by another session?)", id)
+		}
+	}
+	if err != nil {
+		// Leave the queue as it was: give back another item, drop ours.
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		defer cancel()
+		for _, it := range items {
+			if rerr := q.Release(bg, it); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		if _, cerr := q.Cancel(bg, id); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+		return Result{}, fmt.Errorf("workertest: claiming the item: %w", err)
+	}
+	it := items[0]
+	// The handler runs as in a worker: its parent context is the session's,
+	// which ends when ctx does (or the session is lost), and then the item
+	// is given back rather than nacked.
+	run := attempt.Run(sess.Context(), q, it, func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
+		return h(ctx, it)
+	}, attempt.Options{
+		Timeout:       opts.ItemTimeout,
+		SettleTimeout: settleTimeout,
+		GiveBack:      func() bool { return sess.Context().Err() != nil },
+	})
+	res := Result{Item: it, Err: run.Err}
+	switch run.Outcome {
+	case attempt.Acked:
+		res.Outcome = Acked
+	case attempt.Retried:
+		res.Outcome = Retried
+	case attempt.Dead:
+		res.Outcome = Dead
+	case attempt.Released:
+		return res, fmt.Errorf("workertest: item %s released: the context ended before the handler returned (%w): %w",
+			it.ID, context.Cause(sess.Context()), run.Err)
+	default:
+		return res, fmt.Errorf("workertest: item %s was neither acked nor nacked: %w", it.ID, run.SettleErr)
+	}
+	return res, nil
+}
+
+// ensureSchema applies the schema unless it is in place. Apply is idempotent
+// but two concurrent first applications can collide (PostgreSQL's CREATE ...
+// IF NOT EXISTS is not safe against a concurrent creation), so a failed Apply
+// is tried again, and forgiven once the schema is in place.
+func ensureSchema(ctx context.Context, db worker.DB, t crsql.Tables) error {
+	if crsql.Check(ctx, db, t) == nil {
+		return nil
+	}
+	var err error
+	for try := range 5 {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("workertest: applying the schema: %w", errors.Join(err, ctx.Err()))
+			case <-time.After(time.Duration(try) * 50 * time.Millisecond):
+			}
+		}
+		if err = crsql.Apply(ctx, db, t); err == nil || crsql.Check(ctx, db, t) == nil {
+			return nil
+		}
+		if errors.Is(err, crsql.ErrSchemaNewer) {
+			break
+		}
+	}
+	return fmt.Errorf("workertest: applying the schema: %w", err)
+}
