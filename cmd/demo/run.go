@@ -28,6 +28,7 @@ type runConfig struct {
 	killEvery, timeout    time.Duration
 	progress              bool
 	bench                 bool
+	downloadCockroach     bool
 }
 
 // summary is the outcome of a demo run; its JSON is the last line of stdout
@@ -71,8 +72,11 @@ parts), works them off with --workers worker sessions in parts mode, each with
 --concurrency handlers that wait --task-time and record the item in
 demo_results inside the ack transaction, and then checks exactly-once against
 demo_enqueued. Without --database-url (or DATABASE_URL) it starts an embedded
-database server: cockroach from COCKROACH_BINARY or PATH, else PostgreSQL's
-binaries from this machine, in a temporary directory, stopped at the end.
+database server: cockroach from COCKROACH_BINARY or PATH (or one downloaded
+earlier with --download-cockroach), else PostgreSQL's binaries from this
+machine, in a temporary directory, stopped at the end. --download-cockroach
+downloads the latest stable CockroachDB once (about 100 MB, into
+~/.cache/crdbwork or CRDBWORK_CACHE_DIR) when no cockroach binary is found.
 
 With --kill-every, the workers are child processes ("demo work") and a random
 one is killed with SIGKILL that often and replaced; its claims and parts come
@@ -95,6 +99,7 @@ human line on stderr.`
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
+	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -244,7 +249,11 @@ func (r *demoRun) startServer(ctx context.Context) (*dbserver.Server, error) {
 		logf = func(format string, args ...any) { r.out.errorf("dbserver: "+format, args...) }
 	}
 	r.out.errorf("demo: no --database-url or DATABASE_URL given: starting an embedded database server")
-	srv, err := dbserver.Start(ctx, dbserver.Options{Logf: logf})
+	if r.c.downloadCockroach {
+		// The download is worth a line even when not verbose.
+		logf = func(format string, args ...any) { r.out.errorf("dbserver: "+format, args...) }
+	}
+	srv, err := dbserver.Start(ctx, dbserver.Options{Logf: logf, Download: r.c.downloadCockroach})
 	if err != nil {
 		if errors.Is(err, dbserver.ErrNoServer) {
 			return nil, &exitError{code: 2, msg: err.Error(), raw: true}

@@ -17,8 +17,9 @@ import (
 )
 
 // findCockroach returns the cockroach binary named by COCKROACH_BINARY, else
-// the one on PATH, else "". A COCKROACH_BINARY that is not an executable
-// file is an error rather than a reason to fall back to PostgreSQL.
+// the one on PATH, else the newest one downloaded into CacheDir, else "". A
+// COCKROACH_BINARY that is not an executable file is an error rather than a
+// reason to fall back to PostgreSQL.
 func findCockroach() (string, error) {
 	if bin := os.Getenv("COCKROACH_BINARY"); bin != "" {
 		path, err := exec.LookPath(bin)
@@ -29,7 +30,7 @@ func findCockroach() (string, error) {
 	}
 	path, err := exec.LookPath("cockroach")
 	if err != nil {
-		return "", nil
+		return cachedCockroach(), nil
 	}
 	return path, nil
 }

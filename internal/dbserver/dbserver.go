@@ -39,6 +39,7 @@ const (
 var ErrNoServer = errors.New("no database server available; give one in any of these ways: " +
 	"set DATABASE_URL (or TEST_DATABASE_URL for tests) to a CockroachDB or PostgreSQL URL; " +
 	"put a `cockroach` binary on PATH or set COCKROACH_BINARY to its path; " +
+	"set CRDBWORK_DOWNLOAD_COCKROACH=1 to download CockroachDB (needs network); " +
 	"or install PostgreSQL server binaries (e.g. `apt-get install postgresql`)")
 
 // Options configures Start.
@@ -48,6 +49,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// Prefer, if set, restricts the search to one kind.
 	Prefer Kind
+	// Download lets Start download CockroachDB (DownloadCockroach) when no
+	// cockroach binary is found, instead of falling back to PostgreSQL.
+	// Setting the environment variable CRDBWORK_DOWNLOAD_COCKROACH=1 does
+	// the same. A failed download is an error.
+	Download bool
 }
 
 // defaultStartTimeout bounds Start when its context has no deadline.
@@ -72,9 +78,11 @@ type Server struct {
 
 // Start finds a database server binary and starts a fresh server in a new
 // temporary directory, listening on 127.0.0.1 only. It looks for, in order:
-// a cockroach binary (COCKROACH_BINARY, else `cockroach` on PATH), then
+// a cockroach binary (COCKROACH_BINARY, else `cockroach` on PATH, else one
+// downloaded earlier into CacheDir), then — when Options.Download or
+// CRDBWORK_DOWNLOAD_COCKROACH asks for it — downloads CockroachDB, then
 // PostgreSQL server binaries (initdb, pg_ctl and postgres on PATH, else in
-// /usr/lib/postgresql/*/bin, highest version first). When neither exists it
+// /usr/lib/postgresql/*/bin, highest version first). When none exists it
 // returns an error wrapping ErrNoServer. The caller must call Stop.
 func Start(ctx context.Context, opts Options) (*Server, error) {
 	logf := opts.Logf
@@ -86,9 +94,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	default:
 		return nil, fmt.Errorf("dbserver: unknown kind %q (want %q or %q)", opts.Prefer, Cockroach, Postgres)
 	}
+	// The download, if any, is bounded by ctx alone: it may take minutes.
+	startCtx := ctx
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultStartTimeout)
+		startCtx, cancel = context.WithTimeout(ctx, defaultStartTimeout)
 		defer cancel()
 	}
 
@@ -98,14 +108,19 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		if bin != "" {
-			return startCockroach(ctx, bin, logf)
+		if bin == "" && (opts.Download || downloadWanted()) {
+			if bin, err = DownloadCockroach(ctx, logf); err != nil {
+				return nil, err
+			}
 		}
-		searched = append(searched, "COCKROACH_BINARY", "cockroach on PATH")
+		if bin != "" {
+			return startCockroach(startCtx, bin, logf)
+		}
+		searched = append(searched, "COCKROACH_BINARY", "cockroach on PATH", "a downloaded cockroach in "+cacheDirShown())
 	}
 	if opts.Prefer != Cockroach {
 		if binDir := findPostgres(); binDir != "" {
-			return startPostgres(ctx, binDir, logf)
+			return startPostgres(startCtx, binDir, logf)
 		}
 		searched = append(searched, "initdb/pg_ctl/postgres on PATH")
 		searched = append(searched, pgSearchGlobs...)

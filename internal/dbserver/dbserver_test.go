@@ -181,6 +181,8 @@ func TestPortClashRetried(t *testing.T) {
 func TestNoServer(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	t.Setenv("COCKROACH_BINARY", "")
+	t.Setenv(CacheDirEnv, t.TempDir())
+	t.Setenv(DownloadEnv, "")
 	old := pgSearchGlobs
 	pgSearchGlobs = []string{filepath.Join(t.TempDir(), "*", "bin")}
 	t.Cleanup(func() { pgSearchGlobs = old })
@@ -190,7 +192,7 @@ func TestNoServer(t *testing.T) {
 		if !errors.Is(err, ErrNoServer) {
 			t.Fatalf("Prefer %q: err = %v, want ErrNoServer", prefer, err)
 		}
-		for _, want := range []string{"DATABASE_URL", "TEST_DATABASE_URL", "COCKROACH_BINARY", "PATH", "apt-get install postgresql"} {
+		for _, want := range []string{"DATABASE_URL", "TEST_DATABASE_URL", "COCKROACH_BINARY", "PATH", DownloadEnv, "apt-get install postgresql"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not mention %q", err, want)
 			}
