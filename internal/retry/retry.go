@@ -34,11 +34,32 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// Retryable reports whether err is a serialization failure that a retry of
-// the whole statement or transaction may resolve.
+// Retryable reports whether err is a serialization failure (40001) or a
+// deadlock (PostgreSQL's 40P01) that a retry of the whole statement or
+// transaction may resolve.
 func Retryable(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "40001"
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// deadlock carries a PostgreSQL deadlock error (40P01) through
+// crdb.ExecuteCtx, which retries only SQLSTATE 40001: PostgreSQL aborts one
+// transaction of a deadlock and, like a serialization failure, the
+// transaction succeeds when run again. (CockroachDB reports its deadlocks as
+// 40001 already.) The original error stays reachable through Unwrap.
+type deadlock struct{ err error }
+
+func (d deadlock) Error() string    { return d.err.Error() }
+func (d deadlock) Unwrap() error    { return d.err }
+func (d deadlock) SQLState() string { return "40001" }
+
+// asRetryable makes a deadlock error retryable for crdb.ExecuteCtx.
+func asRetryable(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+		return deadlock{err}
+	}
+	return err
 }
 
 // pause sleeps before retry number n (1-based) with jittered exponential
@@ -56,11 +77,12 @@ func pause(ctx context.Context, n int) error {
 	}
 }
 
-// Do runs fn, running it again while it fails with a retryable error.
-// onRetry, if not nil, is called before each retry.
+// Do runs fn, running it again while it fails with a retryable error (see
+// Retryable), at most MaxRetries times. onRetry, if not nil, is called before
+// each retry.
 func Do(ctx context.Context, onRetry func(), fn func(ctx context.Context) error) error {
 	attempt := 0
-	return crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, MaxRetries), func(ctx context.Context, _ ...any) error {
+	err := crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, MaxRetries), func(ctx context.Context, _ ...any) error {
 		attempt++
 		if attempt > 1 {
 			if onRetry != nil {
@@ -70,8 +92,12 @@ func Do(ctx context.Context, onRetry func(), fn func(ctx context.Context) error)
 				return err
 			}
 		}
-		return fn(ctx)
+		return asRetryable(fn(ctx))
 	})
+	if d, ok := err.(deadlock); ok {
+		return d.err // returned as it came (ctx ended before a retry)
+	}
+	return err
 }
 
 // Tx runs fn in a SERIALIZABLE transaction and commits it, retrying the whole
