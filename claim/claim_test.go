@@ -430,6 +430,115 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 	}
 }
 
+func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE each_results (item_id UUID NOT NULL, tx_at TIMESTAMPTZ NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{})
+	s := startSession(t, ctx, pool)
+	rec := func(it claim.Item) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO each_results (item_id, tx_at) VALUES ($1, now())`, it.ID)
+			return err
+		}
+	}
+	claimN := func(n int) []claim.Item {
+		t.Helper()
+		if _, err := q.Enqueue(ctx, payloads(n)...); err != nil {
+			t.Fatal(err)
+		}
+		got, err := q.Claim(ctx, s.ID(), n)
+		if err != nil || len(got) != n {
+			t.Fatalf("claimed %d, %v, want %d", len(got), err, n)
+		}
+		return got
+	}
+
+	// All good: one transaction (now() is the transaction's time, so one
+	// distinct value), every item acked.
+	got := claimN(5)
+	reqs := make([]claim.AckRequest, len(got))
+	for i, it := range got {
+		reqs[i] = claim.AckRequest{Item: it, Record: rec(it)}
+	}
+	for i, err := range q.AckEach(ctx, reqs) {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM each_results`); n != 5 {
+		t.Fatalf("%d results, want 5", n)
+	}
+	if n := count(t, pool, `SELECT count(DISTINCT tx_at) FROM each_results`); n != 1 {
+		t.Fatalf("results written by %d transactions, want 1", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("%d items left, want 0", n)
+	}
+
+	// A lost claim, a failing record, a nil record and good ones: each item
+	// gets what Ack alone would have given it.
+	got = claimN(6)
+	if ok, err := q.Cancel(ctx, got[0].ID); err != nil || !ok {
+		t.Fatalf("cancel: %v %v", ok, err)
+	}
+	boom := errors.New("boom")
+	reqs = reqs[:0]
+	for i, it := range got {
+		r := claim.AckRequest{Item: it, Record: rec(it)}
+		switch i {
+		case 1:
+			r.Record = func(context.Context, pgx.Tx) error { return boom }
+		case 5:
+			r.Record = nil
+		}
+		reqs = append(reqs, r)
+	}
+	before := q.Stats()
+	errs := q.AckEach(ctx, reqs)
+	if !errors.Is(errs[0], claim.ErrClaimLost) {
+		t.Errorf("lost claim: %v, want ErrClaimLost", errs[0])
+	}
+	if !errors.Is(errs[1], boom) {
+		t.Errorf("failing record: %v, want boom", errs[1])
+	}
+	for i := 2; i < 6; i++ {
+		if errs[i] != nil {
+			t.Errorf("item %d: %v, want acked", i, errs[i])
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM each_results WHERE item_id = ANY($1)`, []uuid.UUID{got[2].ID, got[3].ID, got[4].ID}); n != 3 {
+		t.Fatalf("%d results of the good items, want 3", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM each_results`); n != 8 {
+		t.Fatalf("%d results in all, want 8", n)
+	}
+	var left []uuid.UUID
+	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if rows.Err() != nil || len(left) != 1 || left[0] != got[1].ID {
+		t.Fatalf("items left %v (%v), want only the one whose record failed (%s)", left, rows.Err(), got[1].ID)
+	}
+	after := q.Stats()
+	if d := after.Acked - before.Acked; d != 4 {
+		t.Errorf("Acked grew by %d, want 4", d)
+	}
+	if d := after.LostClaims - before.LostClaims; d != 1 {
+		t.Errorf("LostClaims grew by %d, want 1", d)
+	}
+}
+
 func TestClaimOrderPriorityThenVesting(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()

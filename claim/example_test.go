@@ -135,6 +135,68 @@ func ExampleQueue_Ack() {
 	// second ack lost its claim: true
 }
 
+// Ack several items, each with its own result, in one transaction when all
+// of them succeed; an item whose record fails is reported alone and the
+// others are still acked.
+func ExampleQueue_AckEach() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+
+	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close(ctx)
+
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, a := range []string{"ada@example.com", "bob@example.com", "eve@example.com"} {
+		if _, err := pool.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, a); err != nil {
+			log.Fatal(err)
+		}
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(a)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	items, err := q.Claim(ctx, sess.ID(), 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	errFull := errors.New("mailbox full")
+	var reqs []claim.AckRequest
+	for _, it := range items {
+		address := string(it.Payload)
+		reqs = append(reqs, claim.AckRequest{Item: it, Record: func(ctx context.Context, tx pgx.Tx) error {
+			if address == "eve@example.com" {
+				return errFull
+			}
+			_, err := tx.Exec(ctx, `UPDATE emails SET sent = true WHERE address = $1`, address)
+			return err
+		}})
+	}
+	for i, err := range q.AckEach(ctx, reqs) {
+		switch {
+		case err == nil:
+			fmt.Printf("%s: acked\n", items[i].Payload)
+		case errors.Is(err, errFull):
+			fmt.Printf("%s: not acked, mailbox full\n", items[i].Payload)
+		default:
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("sent:", exampleCount(ctx, pool, `SELECT count(*) FROM emails WHERE sent`))
+	fmt.Println("items left:", exampleCount(ctx, pool, `SELECT count(*) FROM crdbwork_items`))
+	// Unordered output:
+	// ada@example.com: acked
+	// bob@example.com: acked
+	// eve@example.com: not acked, mailbox full
+	// sent: 2
+	// items left: 1
+}
+
 // Nack a failed item: an ordinary error retries it (here at once, with
 // RetryAfter, instead of after a backoff), a Permanent one moves it to the
 // dead-items table.

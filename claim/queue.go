@@ -385,25 +385,15 @@ func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	var acked []Item
 	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		acked = acked[:0]
-		b := &pgx.Batch{}
-		for _, it := range items {
-			stmt, args := q.ackArgs(it)
-			b.Queue(stmt, args...)
+		deleted, err := q.deleteClaimed(ctx, tx, items)
+		if err != nil {
+			return err
 		}
-		br := tx.SendBatch(ctx, b)
-		for _, it := range items {
-			tag, err := br.Exec()
-			if err != nil {
-				br.Close()
-				return crsql.Classify(err)
-			}
-			if tag.RowsAffected() == 1 {
+		acked = acked[:0]
+		for i, it := range items {
+			if deleted[i] {
 				acked = append(acked, it)
 			}
-		}
-		if err := br.Close(); err != nil {
-			return err
 		}
 		if record != nil && len(acked) > 0 {
 			return record(ctx, tx, acked)
@@ -416,6 +406,105 @@ func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx cont
 	q.stats.acked.Add(int64(len(acked)))
 	q.stats.lost.Add(int64(len(items) - len(acked)))
 	return acked, nil
+}
+
+// AckRequest is one item for AckEach with the function that records its
+// result (nil: nothing to record).
+type AckRequest struct {
+	Item   Item
+	Record func(ctx context.Context, tx pgx.Tx) error
+}
+
+// AckEach acknowledges many items, each with its own record function, as if
+// by one Ack each, but in one transaction when it can. It first runs them all
+// in one serializable transaction: each item deleted only if its claim still
+// holds, then its record called, in order. If a record fails, that
+// transaction is rolled back and every item is acked on its own with Ack, so
+// one failing record holds back no other item. A worker uses it to commit
+// the results of several handlers together (group commit).
+//
+// errs[i] is what Ack would have returned for reqs[i]: nil only if a
+// committed transaction deleted the item and wrote its record; an error
+// wrapping ErrClaimLost if the claim was gone (nothing of it was written);
+// the record's error; or an error wrapping retry.ErrCommitUnknown for every
+// item of a transaction whose COMMIT had an unknown outcome.
+func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
+	errs = make([]error, len(reqs))
+	if len(reqs) == 1 {
+		errs[0] = q.Ack(ctx, reqs[0].Item, reqs[0].Record)
+	}
+	if len(reqs) <= 1 {
+		return errs
+	}
+	items := make([]Item, len(reqs))
+	for i, r := range reqs {
+		items[i] = r.Item
+	}
+	var deleted []bool
+	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
+			return err
+		}
+		for i, r := range reqs {
+			if deleted[i] && r.Record != nil {
+				if err := r.Record(ctx, tx); err != nil {
+					return recordError{err}
+				}
+			}
+		}
+		return nil
+	})
+	var recErr recordError
+	switch {
+	case err == nil:
+		for i, it := range items {
+			if deleted[i] {
+				q.stats.acked.Add(1)
+			} else {
+				q.stats.lost.Add(1)
+				errs[i] = fmt.Errorf("claim: ack of item %s: %w", it.ID, ErrClaimLost)
+			}
+		}
+	case errors.As(err, &recErr):
+		// Find out whose record failed by acking each on its own.
+		for i, r := range reqs {
+			errs[i] = q.Ack(ctx, r.Item, r.Record)
+		}
+	default:
+		for i, it := range items {
+			errs[i] = fmt.Errorf("claim: ack of item %s (in a batch of %d): %w", it.ID, len(items), err)
+		}
+	}
+	return errs
+}
+
+// recordError marks the error of a caller's record function inside AckEach's
+// transaction. It unwraps, so that a retryable error still retries it.
+type recordError struct{ err error }
+
+func (e recordError) Error() string { return e.err.Error() }
+func (e recordError) Unwrap() error { return e.err }
+
+// deleteClaimed deletes each item whose claim still holds, in one round trip,
+// and reports which were deleted.
+func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
+	b := &pgx.Batch{}
+	for _, it := range items {
+		stmt, args := q.ackArgs(it)
+		b.Queue(stmt, args...)
+	}
+	br := tx.SendBatch(ctx, b)
+	deleted := make([]bool, len(items))
+	for i := range items {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return nil, crsql.Classify(err)
+		}
+		deleted[i] = tag.RowsAffected() == 1
+	}
+	return deleted, br.Close()
 }
 
 // Outcome says what Nack did with an item.

@@ -34,7 +34,8 @@ func setup(t testing.TB) *pgxpool.Pool {
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE results (
 		row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-		item_id UUID NOT NULL, session_id UUID NOT NULL, part BIGINT NOT NULL, owned BOOL NOT NULL)`); err != nil {
+		item_id UUID NOT NULL, session_id UUID NOT NULL, part BIGINT NOT NULL, owned BOOL NOT NULL,
+		tx_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
 	return pool
@@ -152,8 +153,13 @@ func assertExactlyOnce(t testing.TB, pool *pgxpool.Pool, n int) {
 }
 
 func TestWorkersProcessEveryItemOnce(t *testing.T) {
-	for _, parts := range []bool{false, true} {
-		t.Run(fmt.Sprint("parts=", parts), func(t *testing.T) {
+	type variant struct {
+		parts    bool
+		ackBatch int
+	}
+	for _, v := range []variant{{false, 0}, {true, 0}, {false, 1}, {true, 1}} {
+		parts := v.parts
+		t.Run(fmt.Sprintf("parts=%v/ack-batch=%d", parts, v.ackBatch), func(t *testing.T) {
 			const n = 2000
 			pool := setup(t)
 			ctx := context.Background()
@@ -166,7 +172,7 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 			var workers []*running
 			for range 3 {
 				workers = append(workers, start(t, pool, recordHandler(0), worker.Options{
-					Parts: parts, Concurrency: 8, Partition: partition.Options{Poll: 200 * time.Millisecond},
+					Parts: parts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Poll: 200 * time.Millisecond},
 				}))
 			}
 			waitFor(t, "the queue to drain", 2*time.Minute, func() bool {
@@ -188,6 +194,13 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 			}
 			if s := count(t, pool, `SELECT count(*) FROM crdbwork_sessions`); s != 0 {
 				t.Errorf("%d sessions left after graceful stops", s)
+			}
+			// now() is the transaction's time: the distinct values count the
+			// ack transactions that wrote results.
+			txs := count(t, pool, `SELECT count(DISTINCT tx_at) FROM results`)
+			t.Logf("%d items acked in %d transactions", n, txs)
+			if v.ackBatch == 0 && txs > n*3/4 {
+				t.Errorf("%d ack transactions for %d items: handlers that finish together should share one", txs, n)
 			}
 		})
 	}

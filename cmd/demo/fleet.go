@@ -153,6 +153,7 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 	f := &fleet{
 		exe: exe, env: env, out: out, verbose: verbose(c.logLevel),
 		args: []string{"work", "--queue", c.queue, "--concurrency", fmt.Sprint(c.concurrency),
+			"--ack-batch", fmt.Sprint(c.ackBatch),
 			"--task-time", c.taskTime.String(), "--heartbeat", c.heartbeat.String(), "--expiry", c.expiry.String(),
 			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel},
 		fail: make(chan error, 1), stopKill: make(chan struct{}), killDone: make(chan struct{}),

@@ -44,6 +44,7 @@ func demoHandler(taskTime time.Duration) worker.Handler {
 // workerSettings are the settings shared by `run` and `work`.
 type workerSettings struct {
 	concurrency int
+	ackBatch    int
 	taskTime    time.Duration
 	heartbeat   time.Duration
 	expiry      time.Duration
@@ -52,6 +53,7 @@ type workerSettings struct {
 
 func (w *workerSettings) register(f *flagSet) {
 	f.intVar(&w.concurrency, "concurrency", 8, 1, 10_000, "handlers running at once in each worker")
+	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
 	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
 	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
@@ -77,6 +79,7 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Queue:           queue,
 		Tables:          tables,
 		Concurrency:     w.concurrency,
+		MaxAckBatch:     w.ackBatch,
 		Parts:           true,
 		ShutdownTimeout: 5 * time.Second,
 		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},

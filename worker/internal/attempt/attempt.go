@@ -55,6 +55,9 @@ type Options struct {
 	GiveBack func() bool
 	// Log receives the attempt's logs. Nil: none.
 	Log *zap.Logger
+	// Ack acknowledges the item with the handler's record, with the
+	// contract of claim.Queue.Ack. Nil: the queue's Ack.
+	Ack func(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
 }
 
 // Result is what one attempt did.
@@ -87,9 +90,13 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	// is bounded: a lost session's claims are refused anyway.
 	opCtx, opCancel := context.WithTimeout(context.WithoutCancel(hctx), o.SettleTimeout)
 	defer opCancel()
+	ack := o.Ack
+	if ack == nil {
+		ack = q.Ack
+	}
 	switch {
 	case err == nil:
-		err := q.Ack(opCtx, it, record)
+		err := ack(opCtx, it, record)
 		switch {
 		case err == nil:
 			res.Outcome = Acked
