@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -15,16 +16,18 @@ import (
 
 // BenchmarkClaimAck measures claim + exactly-once ack throughput on the test
 // database: `sessions` concurrent sessions each claim `batch` items per
-// statement and ack them one transaction per item (Ack) or one transaction
-// per batch (AckBatch), each recording a result row. It reports items/s.
+// statement and ack them one transaction per item (ack=each: Ack) or one
+// transaction per batch (ack=batch: AckBatch with one record function;
+// ack=items: AckEach with a record function per item), each recording a
+// result row. It reports items/s.
 func BenchmarkClaimAck(b *testing.B) {
 	for _, bc := range []struct {
 		sessions, batch int
-		batchAck        bool
+		ack             string
 	}{
-		{1, 1, false}, {4, 16, false}, {8, 16, false}, {4, 16, true}, {8, 64, true},
+		{1, 1, "each"}, {4, 16, "each"}, {8, 16, "each"}, {4, 16, "batch"}, {4, 16, "items"}, {8, 64, "batch"},
 	} {
-		name := fmt.Sprintf("sessions=%d/batch=%d/ack=%s", bc.sessions, bc.batch, map[bool]string{false: "each", true: "batch"}[bc.batchAck])
+		name := fmt.Sprintf("sessions=%d/batch=%d/ack=%s", bc.sessions, bc.batch, bc.ack)
 		b.Run(name, func(b *testing.B) {
 			pool := setup(b)
 			ctx := context.Background()
@@ -52,7 +55,8 @@ func BenchmarkClaimAck(b *testing.B) {
 						if len(got) == 0 {
 							return
 						}
-						if bc.batchAck {
+						switch bc.ack {
+						case "batch":
 							_, err = q.AckBatch(ctx, got, func(ctx context.Context, tx pgx.Tx, acked []claim.Item) error {
 								for _, it := range acked {
 									if err := record(it)(ctx, tx); err != nil {
@@ -61,7 +65,13 @@ func BenchmarkClaimAck(b *testing.B) {
 								}
 								return nil
 							})
-						} else {
+						case "items":
+							reqs := make([]claim.AckRequest, len(got))
+							for i, it := range got {
+								reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
+							}
+							err = errors.Join(q.AckEach(ctx, reqs)...)
+						default:
 							for _, it := range got {
 								if err = q.Ack(ctx, it, record(it)); err != nil {
 									break
