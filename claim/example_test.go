@@ -41,6 +41,18 @@ func exampleCount(ctx context.Context, pool *pgxpool.Pool, query string) int {
 	return n
 }
 
+// addEmails inserts unsent emails and enqueues one item for each.
+func addEmails(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, addresses ...string) {
+	for _, a := range addresses {
+		if _, err := pool.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, a); err != nil {
+			log.Fatal(err)
+		}
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(a)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
 // Enqueue an item in the same transaction as the application's own write:
 // the item exists if and only if that transaction commits.
 func ExampleQueue_EnqueueTx() {
@@ -98,15 +110,7 @@ func ExampleQueue_Ack() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	addresses := []string{"ada@example.com", "bob@example.com", "eve@example.com"}
-	for _, a := range addresses {
-		if _, err := pool.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, a); err != nil {
-			log.Fatal(err)
-		}
-		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(a)}); err != nil {
-			log.Fatal(err)
-		}
-	}
+	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com", "eve@example.com")
 
 	items, err := q.Claim(ctx, sess.ID(), 10)
 	if err != nil {
@@ -153,14 +157,7 @@ func ExampleQueue_AckEach() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, a := range []string{"ada@example.com", "bob@example.com", "eve@example.com"} {
-		if _, err := pool.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, a); err != nil {
-			log.Fatal(err)
-		}
-		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(a)}); err != nil {
-			log.Fatal(err)
-		}
-	}
+	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com", "eve@example.com")
 	items, err := q.Claim(ctx, sess.ID(), 10)
 	if err != nil {
 		log.Fatal(err)

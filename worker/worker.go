@@ -313,7 +313,7 @@ const gatherWait = 5 * time.Millisecond
 // claimLoop claims while there are free handler slots, until ctx ends.
 //
 // While the queue has a backlog (the last claim came back full), the loop
-// claims when a quarter of the slots are free, or gatherWait after the
+// claims when half of the slots are free, or gatherWait after the
 // first one freed, rather than for each slot as it frees: a claim then
 // takes several items, and the database runs a fraction of the claim
 // statements, at the cost of a few milliseconds of idle slots.
