@@ -53,6 +53,23 @@ func addEmails(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, addresse
 	}
 }
 
+// claimEmails starts a session, adds emails with addEmails on queue "emails"
+// and claims their items. Call closeSession when done.
+func claimEmails(ctx context.Context, pool *pgxpool.Pool, addresses ...string) (q *claim.Queue, items []claim.Item, closeSession func()) {
+	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if q, err = claim.New(pool, claim.Options{Queue: "emails"}); err != nil {
+		log.Fatal(err)
+	}
+	addEmails(ctx, pool, q, addresses...)
+	if items, err = q.Claim(ctx, sess.ID(), len(addresses)); err != nil {
+		log.Fatal(err)
+	}
+	return q, items, func() { sess.Close(ctx) }
+}
+
 // Enqueue an item in the same transaction as the application's own write:
 // the item exists if and only if that transaction commits.
 func ExampleQueue_EnqueueTx() {
@@ -147,21 +164,10 @@ func ExampleQueue_AckEach() {
 	pool, done := examplePool(ctx)
 	defer done()
 
-	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sess.Close(ctx)
+	// As in the Ack example: a session claims three emails' items.
+	q, items, closeSession := claimEmails(ctx, pool, "ada@example.com", "bob@example.com", "eve@example.com")
+	defer closeSession()
 
-	q, err := claim.New(pool, claim.Options{Queue: "emails"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com", "eve@example.com")
-	items, err := q.Claim(ctx, sess.ID(), 10)
-	if err != nil {
-		log.Fatal(err)
-	}
 	errFull := errors.New("mailbox full")
 	var reqs []claim.AckRequest
 	for _, it := range items {

@@ -430,10 +430,11 @@ type AckRequest struct {
 // item of a transaction whose COMMIT had an unknown outcome.
 func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
 	errs = make([]error, len(reqs))
-	if len(reqs) == 1 {
+	switch len(reqs) {
+	case 0:
+		return errs
+	case 1:
 		errs[0] = q.Ack(ctx, reqs[0].Item, reqs[0].Record)
-	}
-	if len(reqs) <= 1 {
 		return errs
 	}
 	items := make([]Item, len(reqs))

@@ -262,7 +262,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		}()
 	}
 
-	var ack ackFunc // nil: each item acks on its own
+	var ack attempt.AckFunc // nil: each item acks on its own
 	if w.opts.MaxAckBatch > 1 {
 		a := startAcker(w.queue, w.opts.MaxAckBatch, w.settleTimeout())
 		defer a.stop() // after the handlers, which wait for their acks
@@ -318,7 +318,7 @@ const gatherWait = 5 * time.Millisecond
 // takes several items, and the database runs a fraction of the claim
 // statements, at the cost of a few milliseconds of idle slots.
 func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
-	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx context.Context, ack ackFunc, log *zap.Logger) {
+	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx context.Context, ack attempt.AckFunc, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
 	backlog := false
@@ -383,9 +383,6 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 	}
 }
 
-// ackFunc acknowledges an item with its record, as claim.Queue.Ack does.
-type ackFunc func(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
-
 // settleTimeout bounds an ack, nack or release, which runs even after the
 // handler's context ended.
 func (w *Worker) settleTimeout() time.Duration { return w.opts.ShutdownTimeout + 10*time.Second }
@@ -408,7 +405,7 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // handle runs the handler for one item and acks (with ack; nil: on its own),
 // nacks or releases it. claimCtx ends when the worker stops claiming
 // (shutdown or session loss).
-func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack ackFunc, log *zap.Logger) {
+func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack attempt.AckFunc, log *zap.Logger) {
 	res := attempt.Run(handlerCtx, w.queue, it, w.attemptHandler, attempt.Options{
 		Timeout:       w.opts.ItemTimeout,
 		SettleTimeout: w.settleTimeout(),

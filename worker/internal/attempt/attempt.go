@@ -57,8 +57,11 @@ type Options struct {
 	Log *zap.Logger
 	// Ack acknowledges the item with the handler's record, with the
 	// contract of claim.Queue.Ack. Nil: the queue's Ack.
-	Ack func(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
+	Ack AckFunc
 }
+
+// AckFunc acknowledges an item with its record, as claim.Queue.Ack does.
+type AckFunc func(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
 
 // Result is what one attempt did.
 type Result struct {
