@@ -1,0 +1,111 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Outcome says what Nack did with an item.
+type Outcome int
+
+// Outcomes of Nack.
+const (
+	// Retried: the item was released and will vest again after a backoff.
+	Retried Outcome = iota
+	// Dead: the item was moved to the dead-items table.
+	Dead
+)
+
+// Nack reports that handling it failed with cause. The item is released with
+// its attempt counted and becomes claimable again after an exponential
+// backoff with jitter (or the delay of a RetryAfter error); when it has used
+// its attempts, or cause is Permanent, it is moved to the dead-items table
+// with cause as its last error. The claim is checked as in Ack.
+func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error) {
+	msg := "unknown error"
+	if cause != nil {
+		msg = cause.Error()
+	}
+	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) {
+		err := retry.Do(ctx, q.stats.retried("nack"), func(ctx context.Context) error {
+			var id uuid.UUID
+			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, int64(it.Attempt), msg).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return ErrClaimLost
+			}
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return Dead, q.claimErr("dead-lettering", it, err)
+		}
+		q.stats.dead.Add(1)
+		return Dead, nil
+	}
+	delay := q.Backoff(it.Attempt)
+	if d, ok := retryAfter(cause); ok {
+		delay = d
+	}
+	err := q.update(ctx, "nack", q.st.Nack, it.ID, it.Session, int64(it.Attempt), delay.Microseconds(), msg)
+	if err != nil {
+		return Retried, q.claimErr("nacking", it, err)
+	}
+	q.stats.nacked.Add(1)
+	return Retried, nil
+}
+
+// Release gives the item back without counting the attempt, for example when
+// a worker shuts down before handling it. The claim is checked as in Ack.
+func (q *Queue) Release(ctx context.Context, it Item) error {
+	if err := q.update(ctx, "release", q.st.Release, it.ID, it.Session, int64(it.Attempt)); err != nil {
+		return q.claimErr("releasing", it, err)
+	}
+	q.stats.released.Add(1)
+	return nil
+}
+
+// update runs a claim-checked single-row statement.
+func (q *Queue) update(ctx context.Context, kind, stmt string, args ...any) error {
+	return retry.Do(ctx, q.stats.retried(kind), func(ctx context.Context) error {
+		tag, err := q.db.Exec(ctx, stmt, args...)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrClaimLost
+		}
+		return nil
+	})
+}
+
+func (q *Queue) claimErr(what string, it Item, err error) error {
+	if errors.Is(err, ErrClaimLost) {
+		q.stats.lost.Add(1)
+	}
+	return fmt.Errorf("claim: %s item %s: %w", what, it.ID, err)
+}
+
+// Backoff returns the delay before attempt+1 of a failed item:
+// BackoffBase·2^(attempt-1) capped at BackoffMax, with "equal jitter" (a
+// random value between half and all of it).
+func (q *Queue) Backoff(attempt int) time.Duration {
+	d := q.opts.BackoffMax
+	if attempt < 1 {
+		attempt = 1
+	}
+	if shift := attempt - 1; shift < 62 && q.opts.BackoffBase <= q.opts.BackoffMax>>shift {
+		d = q.opts.BackoffBase << shift
+	}
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
