@@ -74,10 +74,14 @@ func (w *wire) arm(trigger string) {
 	w.armed.Store(true)
 }
 
+// largest returns the largest client message since the last call, and the
+// bytes the client sent so far.
 func (w *wire) largest() (int, int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.maxMsg, w.sent
+	m := w.maxMsg
+	w.maxMsg = 0
+	return m, w.sent
 }
 
 // msgSplitter follows message boundaries in one direction of the protocol:
