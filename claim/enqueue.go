@@ -401,7 +401,9 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 // NOTHING, and marks those it added in res.
 func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, chunk []int, res *Enqueued) error {
 	n := len(chunk)
-	ids := make([]uuid.UUID, n)
+	// Ids as [16]byte, which pgx encodes directly (uuid.UUID would go
+	// through its text form).
+	ids := make([][16]byte, n)
 	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	keys := make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
@@ -420,14 +422,14 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 	if err != nil {
 		return err
 	}
-	added, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	added, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
 		return err
 	}
 	for _, id := range added {
-		i, ok := at[id]
+		i, ok := at[uuid.UUID(id)]
 		if !ok {
-			return fmt.Errorf("the insert returned id %s, which it was not given", id)
+			return fmt.Errorf("the insert returned id %s, which it was not given", uuid.UUID(id))
 		}
 		res.New[i] = true
 	}
@@ -486,7 +488,7 @@ func (s *copySource) Values() ([]any, error) {
 	}
 	// The delay at microsecond precision, as the INSERT computes it.
 	vesting := s.now.Add(time.Duration(it.Delay.Microseconds()) * time.Microsecond)
-	s.row[0], s.row[1], s.row[2], s.row[3] = s.b.ids[i], s.q.opts.Queue, s.b.hashes[i]%s.parts, key
+	s.row[0], s.row[1], s.row[2], s.row[3] = [16]byte(s.b.ids[i]), s.q.opts.Queue, s.b.hashes[i]%s.parts, key
 	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, int64(s.q.maxAttempts(it))
 	s.row[7], s.row[8] = payload(it), it.Metadata
 	return s.row, nil
@@ -495,7 +497,7 @@ func (s *copySource) Values() ([]any, error) {
 // checkForeign fails if a caller-given id that was not added belongs to
 // another queue.
 func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
-	var present []uuid.UUID
+	var present [][16]byte
 	for _, i := range b.given {
 		if !res.New[i] {
 			present = append(present, b.ids[i])
@@ -504,7 +506,7 @@ func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.Enqueue
 	if len(present) == 0 {
 		return nil
 	}
-	var id uuid.UUID
+	var id [16]byte
 	var queue string
 	err := db.QueryRow(ctx, st.Foreign, q.opts.Queue, present).Scan(&id, &queue)
 	switch {
@@ -515,10 +517,10 @@ func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.Enqueue
 	}
 	for _, i := range b.given {
 		if b.ids[i] == id {
-			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, id, queue)
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
 		}
 	}
-	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, id, queue)
+	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, uuid.UUID(id), queue)
 }
 
 func (q *Queue) maxAttempts(it *NewItem) int {
