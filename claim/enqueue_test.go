@@ -505,3 +505,47 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 		})
 	}
 }
+
+// EnqueueTx of many items (COPY) inside the caller's transaction: the items
+// exist if and only if that transaction commits. Given the pool itself, it
+// enqueues atomically on its own.
+func TestEnqueueTxBulk(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	for _, commit := range []bool{false, true} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := q.EnqueueTx(ctx, tx, payloads(1000)...)
+		if err != nil || len(ids) != 1000 {
+			t.Fatalf("EnqueueTx: %d ids, %v", len(ids), err)
+		}
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+			t.Fatalf("%d items visible before the caller's commit", n)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if commit {
+			want = 1000
+		}
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, ids); n != want {
+			t.Fatalf("commit %v: %d items, want %d", commit, n, want)
+		}
+	}
+	res, err := q.EnqueueReportTx(ctx, pool, payloads(700)...)
+	if err != nil || res.Added() != 700 {
+		t.Fatalf("EnqueueReportTx on the pool: added %d, %v", res.Added(), err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1700 {
+		t.Fatalf("%d items, want 1700", n)
+	}
+}
