@@ -65,6 +65,9 @@ func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([
 	if len(items) == 0 {
 		return nil, nil
 	}
+	if err := q.ready(ctx); err != nil {
+		return nil, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+	}
 	ids := make([]uuid.UUID, len(items))
 	args := make([]any, 0, 1+crsql.EnqueueParams*min(len(items), enqueueChunk))
 	for i := range items {
