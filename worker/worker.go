@@ -335,6 +335,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		}
 		free := cap(slots) - len(slots)
 		var items []claim.Item
+		var holds []partition.Hold
 		var err error
 		if reb != nil {
 			parts, claimed := reb.Lease()
@@ -343,14 +344,14 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			for i, it := range items {
 				ps[i] = it.Part
 			}
-			claimed(ps)
+			holds = claimed(ps)
 		} else {
 			items, err = w.queue.Claim(ctx, sess.ID(), free)
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
 		}
-		for _, it := range items {
+		for i, it := range items {
 			slots <- struct{}{}
 			handlers.Add(1)
 			w.inflight.Add(1)
@@ -364,7 +365,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 					w.inflight.Add(-1)
 					handlers.Done()
 					if reb != nil {
-						reb.Done(it.Part)
+						reb.Done(holds[i])
 					}
 				}()
 				w.handle(handlerCtx, ctx, it, ack, log)
