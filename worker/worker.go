@@ -635,6 +635,7 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 		Grace:     w.opts.HangGrace,
 		Settle:    a,
 		SettleCtx: settleCtx,
+		OnRetry:   func() { w.settleRetries.Add(1) },
 		GiveBack:  func() bool { return handlerCtx.Err() != nil && claimCtx.Err() != nil },
 		Log:       log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt)),
 	})
@@ -646,9 +647,6 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)
-	}
-	if res.Tries > 1 {
-		w.settleRetries.Add(int64(res.Tries - 1))
 	}
 	if !res.Abandoned {
 		w.running.Add(-1)

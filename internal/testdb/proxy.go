@@ -1,7 +1,6 @@
 package testdb
 
 import (
-	"io"
 	"net"
 	"net/url"
 	"sync"
@@ -11,15 +10,19 @@ import (
 // Proxy forwards TCP connections to a test database until Cut: then it drops
 // every open connection and refuses new ones until Restore. It is what a
 // client sees when the database server, or the network to it, goes away —
-// a real fault for tests, with nothing mocked.
+// a real fault for tests, with nothing mocked. Stall is the other kind of
+// partition: connections stay open (and new ones are accepted) but no byte
+// goes through until Restore, as when packets are silently dropped.
 type Proxy struct {
 	l      net.Listener
 	target string
 	url    string
 
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
+	mu      sync.Mutex
+	flowing *sync.Cond // signalled when a stall ends or a cut closes connections
+	down    bool
+	stalled bool
+	conns   map[net.Conn]struct{}
 }
 
 // NewProxy starts a proxy in front of the server of dbURL (a URL from New's
@@ -40,6 +43,7 @@ func NewProxy(t testing.TB, dbURL string) *Proxy {
 		t.Fatalf("testdb: proxy: %v", err)
 	}
 	p := &Proxy{l: l, target: u.Host, conns: map[net.Conn]struct{}{}}
+	p.flowing = sync.NewCond(&p.mu)
 	u.Host = l.Addr().String()
 	p.url = u.String()
 	t.Cleanup(func() { l.Close(); p.Cut() })
@@ -77,18 +81,36 @@ func (p *Proxy) serve() {
 		}
 		p.conns[c], p.conns[s] = struct{}{}, struct{}{}
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-			p.mu.Lock()
-			delete(p.conns, dst)
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		go pipe(c, s)
-		go pipe(s, c)
+		go p.pipe(c, s)
+		go p.pipe(s, c)
 	}
+}
+
+// pipe copies src to dst, holding each chunk while the proxy is stalled.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			for p.stalled && !p.down {
+				p.flowing.Wait()
+			}
+			p.mu.Unlock()
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil { // EOF, a reset or a cut: the pair is done
+			break
+		}
+	}
+	dst.Close()
+	src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
 }
 
 // Cut drops every connection through the proxy and refuses new ones.
@@ -100,11 +122,21 @@ func (p *Proxy) Cut() {
 		c.Close()
 	}
 	clear(p.conns)
+	p.flowing.Broadcast()
 }
 
-// Restore accepts connections again after Cut.
+// Stall holds every byte in both directions, on open and new connections,
+// until Restore (or Cut): the connections neither fail nor answer.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Restore accepts and forwards connections again after Cut or Stall.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.down = false
+	p.down, p.stalled = false, false
+	p.flowing.Broadcast()
 	p.mu.Unlock()
 }

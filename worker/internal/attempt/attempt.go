@@ -85,6 +85,9 @@ type Options struct {
 	// TryTimeout bounds one try of an ack, nack or release. Default
 	// DefaultTryTimeout.
 	TryTimeout time.Duration
+	// OnRetry, if set, is called before each retry of an ack, nack or
+	// release.
+	OnRetry func()
 	// GiveBack is asked when the handler failed: if it reports true (the
 	// worker is stopping, or its session was lost), the item is released
 	// without counting the attempt instead of nacked. Nil: never.
@@ -174,7 +177,7 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	}
 	res.Panicked = hr.panicked
 	err := hr.err
-	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log}
+	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
 	switch {
 	case err == nil:
 		st.ack(recoverRecord(hr.record, &res))
@@ -251,6 +254,7 @@ type settling struct {
 	res        *Result
 	log        *zap.Logger
 	backoff    time.Duration
+	onRetry    func()
 }
 
 // try runs one try of op, bounded by tryTimeout, whatever the settle
@@ -279,6 +283,9 @@ func (st *settling) again(what string, err error) bool {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		if st.onRetry != nil {
+			st.onRetry()
+		}
 		return true
 	case <-st.ctx.Done():
 		st.log.Warn(what+" failed and the session ended: the session's end or the item's lease releases it", zap.Error(err), zap.Int("tries", st.res.Tries))
