@@ -67,9 +67,13 @@ type Options struct {
 	Tables crsql.Tables
 	// Concurrency is the number of handlers running at once. Default 8.
 	Concurrency int
-	// Parts turns on parts mode: the session claims only in the parts the
-	// rebalancer gives it, so claims never contend.
-	Parts bool
+	// Parts is the queue's number of parts; 0 turns parts mode off (any
+	// session claims any item). With parts, the session claims only in the
+	// parts the rebalancer gives it, so claims never contend. A queue with no
+	// stored part count gets Parts; a different stored count wins (with a
+	// warning in the log): change it with partition.SetParts. At most
+	// partition.MaxParts.
+	Parts int
 	// Poll is the claim interval when the queue is idle (a random value
 	// between Poll/2 and Poll·3/2 each time). While claims come back full,
 	// the worker claims again at once. Default 150 ms.
@@ -167,6 +171,8 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 		return nil, errors.New("worker: durations must not be negative")
 	case opts.MaxAckBatch < 0:
 		return nil, fmt.Errorf("worker: MaxAckBatch %d is negative", opts.MaxAckBatch)
+	case opts.Parts < 0 || opts.Parts > partition.MaxParts:
+		return nil, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", opts.Parts, partition.MaxParts)
 	}
 	opts.Claim.Queue, opts.Partition.Queue = opts.Queue, opts.Queue
 	opts.Session.Tables, opts.Claim.Tables, opts.Partition.Tables = opts.Tables, opts.Tables, opts.Tables
@@ -208,6 +214,9 @@ func (w *Worker) Stats() Stats {
 // Run returns nil after a graceful stop, or an error when it cannot start a
 // session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
+	if err := w.ensureParts(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	first := true
 	for ctx.Err() == nil {
 		sess, err := session.Start(context.WithoutCancel(ctx), w.db, w.opts.Session)
@@ -235,6 +244,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
+// ensureParts stores the part count of Options.Parts for a queue that has
+// none, and warns when the stored count differs (the stored one wins).
+func (w *Worker) ensureParts(ctx context.Context) error {
+	if w.opts.Parts == 0 {
+		return nil
+	}
+	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
+	if err != nil {
+		return err
+	}
+	if stored != w.opts.Parts {
+		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
+			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
+	}
+	return nil
+}
+
 // runSession runs one session until it is lost or ctx is cancelled; on
 // return the session is closed.
 func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
@@ -245,7 +271,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	defer cancelHandlers()
 	var reb *partition.Rebalancer
 	var rebDone chan struct{}
-	if w.opts.Parts {
+	if w.opts.Parts > 0 {
 		var err error
 		reb, err = partition.New(w.db, sess, w.opts.Partition)
 		if err != nil {

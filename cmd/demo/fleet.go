@@ -152,7 +152,7 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 	}
 	f := &fleet{
 		exe: exe, env: env, out: out, verbose: verbose(c.logLevel),
-		args: []string{"work", "--queue", c.queue, "--concurrency", fmt.Sprint(c.concurrency),
+		args: []string{"work", "--queue", c.queue, "--parts", fmt.Sprint(c.parts), "--concurrency", fmt.Sprint(c.concurrency),
 			"--ack-batch", fmt.Sprint(c.ackBatch),
 			"--task-time", c.taskTime.String(), "--heartbeat", c.heartbeat.String(), "--expiry", c.expiry.String(),
 			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel},

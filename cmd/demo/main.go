@@ -41,6 +41,10 @@ func main() {
 
 func realMain(args []string, stdout, stderr io.Writer) int {
 	out := newConsole(stdout, stderr)
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		printVersion(stdout)
+		return 0
+	}
 	name, explicit := "run", false
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, explicit, args = args[0], true, args[1:]
@@ -94,7 +98,7 @@ Commands:
 Every flag can also be set in the environment: --items is DEMO_ITEMS, --task-time
 is DEMO_TASK_TIME (DEMO_ and the flag's name in capitals with _ for -), and
 --database-url is DATABASE_URL. A flag on the command line wins over its variable.
-Run "demo <command> -h" for a command's flags.
+Run "demo <command> -h" for a command's flags, "demo --version" for the version.
 
 Exit status: 0 success; 1 the demo or verify found a problem (lost or duplicated
 items, a timeout) or an operation failed; 2 bad input, an unreachable database or

@@ -24,7 +24,7 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
-	items, workers, parts int
+	items, workers int
 	killEvery, timeout    time.Duration
 	progress              bool
 	bench                 bool
@@ -95,7 +95,6 @@ human line on stderr.`
 	c.workerSettings.register(f)
 	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
-	f.intVar(&c.parts, "parts", 16, 1, partition.MaxParts, "parts the queue is divided into")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")

@@ -18,6 +18,10 @@ import (
 	"github.com/crdbwork/crdbwork/worker"
 )
 
+// defaultParts is the number of parts every demo command gives a queue that
+// has none stored yet.
+const defaultParts = 16
+
 // insertResult records one handled item, inside the ack transaction.
 const insertResult = `INSERT INTO demo_results (item_id, session_id, part, attempt) VALUES ($1, $2, $3, $4)`
 
@@ -43,6 +47,7 @@ func demoHandler(taskTime time.Duration) worker.Handler {
 
 // workerSettings are the settings shared by `run` and `work`.
 type workerSettings struct {
+	parts       int
 	concurrency int
 	ackBatch    int
 	taskTime    time.Duration
@@ -52,6 +57,7 @@ type workerSettings struct {
 }
 
 func (w *workerSettings) register(f *flagSet) {
+	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, "parts the queue is divided into (a queue that has a stored number keeps it)")
 	f.intVar(&w.concurrency, "concurrency", 8, 1, 10_000, "handlers running at once in each worker")
 	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
 	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
@@ -80,7 +86,7 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Tables:          tables,
 		Concurrency:     w.concurrency,
 		MaxAckBatch:     w.ackBatch,
-		Parts:           true,
+		Parts:           w.parts,
 		ShutdownTimeout: 5 * time.Second,
 		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
 		Partition:       partition.Options{Poll: w.rebalance},
