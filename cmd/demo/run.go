@@ -24,11 +24,11 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
-	items, workers int
-	killEvery, timeout    time.Duration
-	progress              bool
-	bench                 bool
-	downloadCockroach     bool
+	items, workers     int
+	killEvery, timeout time.Duration
+	progress           bool
+	bench              bool
+	downloadCockroach  bool
 }
 
 // summary is the outcome of a demo run; its JSON is the last line of stdout
