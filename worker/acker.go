@@ -27,6 +27,7 @@ type acker struct {
 	timeout time.Duration
 	reqs    chan ackReq
 	wg      sync.WaitGroup
+	observe func(n int) // told the size of each ack transaction; may be nil
 }
 
 type ackReq struct {
@@ -36,8 +37,8 @@ type ackReq struct {
 
 // startAcker starts the ack goroutines. Stop them with stop, once no ack is
 // in flight.
-func startAcker(q *claim.Queue, max int, timeout time.Duration) *acker {
-	a := &acker{q: q, max: max, timeout: timeout, reqs: make(chan ackReq)}
+func startAcker(q *claim.Queue, max int, timeout time.Duration, observe func(n int)) *acker {
+	a := &acker{q: q, max: max, timeout: timeout, reqs: make(chan ackReq), observe: observe}
 	a.wg.Add(ackers)
 	for range ackers {
 		go a.run()
@@ -73,6 +74,9 @@ func (a *acker) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
 		errs := a.q.AckEach(ctx, reqs)
 		cancel()
+		if a.observe != nil {
+			a.observe(len(reqs))
+		}
 		for i, r := range batch {
 			r.done <- errs[i]
 		}

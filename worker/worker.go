@@ -98,6 +98,44 @@ type Options struct {
 	Partition partition.Options
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
+	// Observer, if not nil, is told of every handler run and every ack
+	// transaction, for metrics (package metrics implements it). Default: none.
+	Observer Observer
+}
+
+// Observer watches a worker's handlers and acks. Its methods are called from
+// the worker's goroutines, concurrently: they must be safe for concurrent use
+// and quick.
+type Observer interface {
+	// HandlerDone reports one handler run on queue: how long the handler
+	// took (not counting the ack, nack or release after it), and how the
+	// attempt ended: OutcomeAcked, OutcomeRetried, OutcomeDead,
+	// OutcomeReleased or OutcomeUnsettled.
+	HandlerDone(queue string, d time.Duration, outcome string)
+	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
+	// one per acked item, n = 1).
+	AckBatch(queue string, n int)
+}
+
+// Outcomes of a handler run, as Observer.HandlerDone reports them.
+const (
+	// OutcomeAcked: the ack, with the handler's record, committed.
+	OutcomeAcked = "acked"
+	// OutcomeRetried: the item was nacked and runs again after a backoff.
+	OutcomeRetried = "retried"
+	// OutcomeDead: the item was nacked into the dead-items table.
+	OutcomeDead = "dead"
+	// OutcomeReleased: the item was given back without counting the attempt.
+	OutcomeReleased = "released"
+	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
+	// database failure, or an ack whose outcome is unknown).
+	OutcomeUnsettled = "unsettled"
+)
+
+// outcomeNames names attempt's outcomes for Observer.
+var outcomeNames = map[attempt.Outcome]string{
+	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
+	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled,
 }
 
 // DB is a connection pool: *pgxpool.Pool satisfies it.
@@ -290,7 +328,11 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 
 	var ack attempt.AckFunc // nil: each item acks on its own
 	if w.opts.MaxAckBatch > 1 {
-		a := startAcker(w.queue, w.opts.MaxAckBatch, w.settleTimeout())
+		var observe func(int)
+		if obs := w.opts.Observer; obs != nil {
+			observe = func(n int) { obs.AckBatch(w.opts.Queue, n) }
+		}
+		a := startAcker(w.queue, w.opts.MaxAckBatch, w.settleTimeout(), observe)
 		defer a.stop() // after the handlers, which wait for their acks
 		ack = a.ack
 	}
@@ -432,7 +474,16 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // nacks or releases it. claimCtx ends when the worker stops claiming
 // (shutdown or session loss).
 func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack attempt.AckFunc, log *zap.Logger) {
-	res := attempt.Run(handlerCtx, w.queue, it, w.attemptHandler, attempt.Options{
+	h := w.attemptHandler
+	var took time.Duration
+	if w.opts.Observer != nil {
+		h = func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
+			start := time.Now()
+			defer func() { took = time.Since(start) }() // also when it panics
+			return w.handler(ctx, it)
+		}
+	}
+	res := attempt.Run(handlerCtx, w.queue, it, h, attempt.Options{
 		Timeout:       w.opts.ItemTimeout,
 		SettleTimeout: w.settleTimeout(),
 		Ack:           ack,
@@ -444,6 +495,12 @@ func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack
 	}
 	if res.TimedOut {
 		w.timeouts.Add(1)
+	}
+	if obs := w.opts.Observer; obs != nil {
+		obs.HandlerDone(w.opts.Queue, took, outcomeNames[res.Outcome])
+		if ack == nil && res.Outcome == attempt.Acked {
+			obs.AckBatch(w.opts.Queue, 1)
+		}
 	}
 }
 

@@ -42,7 +42,7 @@ type inProcess struct {
 	stats  []func() worker.Stats
 }
 
-func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logger) (*inProcess, error) {
+func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logger, ms *metricsServer) (*inProcess, error) {
 	// The workers stop when we say so (gracefully), not when a signal
 	// cancels ctx.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -55,7 +55,7 @@ func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logg
 		}
 		g.pools = append(g.pools, pool)
 		warm(ctx, pool)
-		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log)
+		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log, ms)
 		if err != nil {
 			g.stop(time.Second)
 			return nil, failf(2, "%v", err)

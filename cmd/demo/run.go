@@ -189,11 +189,20 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 			c.items, c.queue, c.parts, round(time.Since(enqStart)), c.workers, s.Mode)
 	}
 
+	var ms *metricsServer
+	if c.metricsAddr != "" {
+		// With --kill-every the workers are other processes: this server
+		// has the database gauges only.
+		if ms, err = serveMetrics(c.metricsAddr, pool, r.out); err != nil {
+			return err
+		}
+		defer ms.close()
+	}
 	var group workerGroup
 	if c.killEvery > 0 {
 		group, err = startFleet(c, url, r.out)
 	} else {
-		group, err = startInProcess(ctx, c, url, r.log)
+		group, err = startInProcess(ctx, c, url, r.log, ms)
 	}
 	if err != nil {
 		return err

@@ -54,6 +54,7 @@ type workerSettings struct {
 	heartbeat   time.Duration
 	expiry      time.Duration
 	rebalance   time.Duration
+	metricsAddr string
 }
 
 func (w *workerSettings) register(f *flagSet) {
@@ -64,6 +65,7 @@ func (w *workerSettings) register(f *flagSet) {
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
 	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
 	f.durationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
+	f.stringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
 }
 
 // validate checks what the flags alone cannot.
@@ -80,8 +82,12 @@ func (w *workerSettings) validate(f *flagSet) error {
 func (w *workerSettings) poolSize() int { return w.concurrency + 4 }
 
 // newWorker returns a parts-mode worker with the demo handler.
-func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger) (*worker.Worker, error) {
-	return worker.New(db, demoHandler(w.taskTime), worker.Options{
+func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger, m *metricsServer) (*worker.Worker, error) {
+	var obs worker.Observer
+	if m != nil {
+		obs = m.collector
+	}
+	wk, err := worker.New(db, demoHandler(w.taskTime), worker.Options{
 		Queue:           queue,
 		Tables:          tables,
 		Concurrency:     w.concurrency,
@@ -91,7 +97,12 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
 		Partition:       partition.Options{Poll: w.rebalance},
 		Logger:          log.With(zap.String("worker", name)),
+		Observer:        obs,
 	})
+	if err == nil && m != nil {
+		m.collector.AddWorker(wk)
+	}
+	return wk, err
 }
 
 type workConfig struct {
@@ -144,13 +155,43 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	if err := requireDemoTables(ctx, pool); err != nil {
 		return stoppedEarly(err)
 	}
+	parts, err := partition.EnsureParts(ctx, pool, tables, c.queue, c.parts)
+	if err != nil {
+		return stoppedEarly(failf(1, "%v", err))
+	}
+	var ms *metricsServer
+	if c.metricsAddr != "" {
+		if ms, err = serveMetrics(c.metricsAddr, pool, out); err != nil {
+			return err
+		}
+		defer ms.close()
+	}
 	warm(ctx, pool)
-	w, err := c.newWorker(pool, c.queue, c.name, log)
+	w, err := c.newWorker(pool, c.queue, c.name, log, ms)
 	if err != nil {
 		return failf(2, "%v", err)
 	}
+	engine := engineName(ctx, pool)
 	start := time.Now()
+	started := make(chan struct{})
+	go func() {
+		// One line once the first session is up: it says the worker connected.
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-started:
+				return
+			case <-t.C:
+			}
+			if id := w.Stats().Session; id != "" {
+				out.errorf("demo work: %s working on queue %q (%s, %d parts, session %s)", c.name, c.queue, engine, parts, id)
+				return
+			}
+		}
+	}()
 	runErr := w.Run(ctx)
+	close(started)
 	st := w.Stats()
 	elapsed := time.Since(start)
 	if c.json {
