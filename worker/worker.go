@@ -153,7 +153,7 @@ type Stats struct {
 	Panics, Timeouts int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
-	// Parts is the rebalancers' part movements, summed over sessions.
+	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
 	Parts partition.Stats
 	// Session is the id of the current session ("" between sessions).
 	Session string
@@ -170,7 +170,8 @@ type Worker struct {
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
-	current                                    atomic.Value // string
+	current                                    atomic.Value                         // string
+	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
 }
 
 // New returns a worker that handles the items of opts.Queue with h.
@@ -234,12 +235,18 @@ func (w *Worker) Queue() *claim.Queue { return w.queue }
 
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
+	parts := partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
+		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()}
+	if reb := w.reb.Load(); reb != nil {
+		st := reb.Stats()
+		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
+		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
+	}
 	return Stats{
 		Stats:    w.queue.Stats(),
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
-		Parts: partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
-			Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()},
+		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
 }
@@ -317,6 +324,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 			sess.Close(context.WithoutCancel(ctx))
 			return
 		}
+		w.reb.Store(reb)
 		rebDone = make(chan struct{})
 		go func() {
 			defer close(rebDone)
@@ -365,6 +373,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	}
 	if reb != nil {
 		<-rebDone
+		w.reb.Store(nil) // a snapshot between these lines may miss this session's moves, never count them twice
 		st := reb.Stats()
 		w.partsAcquired.Add(st.Acquired)
 		w.partsReleased.Add(st.Released)

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -193,19 +191,6 @@ func engineName(ctx context.Context, db crsql.DB) string {
 		return "unknown"
 	}
 	return d.String()
-}
-
-// newLogger returns a console logger on stderr at level.
-func newLogger(level string, out *console) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(strings.ToLower(level))
-	if err != nil {
-		return nil, failf(2, "invalid --log-level %q: use debug, info, warn or error", level)
-	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	enc.EncodeLevel = zapcore.CapitalLevelEncoder
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.stderrWriter("")), lvl)
-	return zap.New(core), nil
 }
 
 // verbose reports whether level shows info logs.

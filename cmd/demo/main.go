@@ -4,7 +4,8 @@
 // enqueues items, works them off with several worker sessions (optionally
 // killing worker processes as it goes), and proves that every item was
 // acknowledged exactly once. The other commands operate a queue by hand:
-// migrate, enqueue, work, status and verify. Run `demo -h` for the list.
+// migrate, enqueue, work, status, verify, dead, requeue, cancel, parts,
+// pause, resume and cleanup. Run `demo -h` for the list.
 package main
 
 import (
@@ -31,8 +32,12 @@ var commands = []command{
 	{"migrate", "apply the crdbwork schema and the demo tables to a database", cmdMigrate},
 	{"enqueue", "enqueue demo items (recorded for verify)", cmdEnqueue},
 	{"work", "run one worker process until SIGINT or SIGTERM", cmdWork},
-	{"status", "show sessions, part owners, backlog and dead items", cmdStatus},
+	{"status", "show sessions, part owners, backlog and dead items (--watch: keep it on screen)", cmdStatus},
 	{"verify", "check that every enqueued demo item was acknowledged exactly once", cmdVerify},
+	{"dead", "list the dead items of a queue", cmdDead},
+	{"requeue", "move a dead item (or --all) back into its queue", cmdRequeue},
+	{"cancel", "delete an item from its queue, claimed or not", cmdCancel},
+	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 }
 
 func main() {

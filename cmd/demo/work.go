@@ -131,7 +131,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	if err := c.validate(f); err != nil {
 		return err
 	}
-	log, err := newLogger(c.logLevel, out)
+	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
 		return err
 	}
@@ -172,6 +172,9 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		return failf(2, "%v", err)
 	}
 	engine := engineName(ctx, pool)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watch.run(wctx, pool)
 	start := time.Now()
 	started := make(chan struct{})
 	go func() {
