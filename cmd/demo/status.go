@@ -73,13 +73,13 @@ type status struct {
 	Known bool `json:"known"`
 	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
 	// is due (now minus its vesting time, database clock); 0 if none.
-	OldestDueSeconds float64 `json:"oldest_due_seconds"`
-	Sessions     []sessionStatus `json:"sessions"`
-	PartOwners   []ownerStatus   `json:"part_owners"`
-	UnownedParts string          `json:"unowned_parts"`
-	Backlog      []backlogRow    `json:"backlog"`
-	Queues       []backlogTotal  `json:"queues"`
-	Dead         int64           `json:"dead"`
+	OldestDueSeconds float64         `json:"oldest_due_seconds"`
+	Sessions         []sessionStatus `json:"sessions"`
+	PartOwners       []ownerStatus   `json:"part_owners"`
+	UnownedParts     string          `json:"unowned_parts"`
+	Backlog          []backlogRow    `json:"backlog"`
+	Queues           []backlogTotal  `json:"queues"`
+	Dead             int64           `json:"dead"`
 	// ItemsPerSecond is the throughput over the last few seconds (--watch
 	// only; -1 until two reads are in).
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
