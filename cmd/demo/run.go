@@ -384,13 +384,13 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	// Live: heartbeat within two of the longest intervals the expiry allows;
-	// a killed worker drops out of the count long before it expires.
+	// Live: a heartbeat within the last two heartbeat intervals; a killed
+	// worker drops out of the count long before its session expires.
 	sessions := "?"
 	if infos, err := session.List(ctx, pool, tables); err == nil {
 		n := 0
 		for _, in := range infos {
-			if in.SinceHeartbeat <= 2*in.Expiry/session.MinExpiryFactor {
+			if in.SinceHeartbeat <= 2*c.heartbeat {
 				n++
 			}
 		}

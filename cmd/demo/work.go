@@ -108,7 +108,31 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 type workConfig struct {
 	common
 	workerSettings
-	name string
+	name        string
+	reportEvery time.Duration
+}
+
+// statsPrefix starts the lines of --report-every on stderr.
+const statsPrefix = "demo-work-stats "
+
+// workStats are the counters of one `demo work` process, as reported with
+// --report-every and read by `demo run --kill-every`.
+type workStats struct {
+	Sessions     int64            `json:"sessions"`
+	SessionsLost int64            `json:"sessions_lost"`
+	ClaimsLost   int64            `json:"claims_lost"`
+	Acked        int64            `json:"acked"`
+	Retries      map[string]int64 `json:"retries"`
+}
+
+func statsOf(st worker.Stats) workStats {
+	r := workStats{Sessions: st.Sessions, SessionsLost: st.SessionsLost, ClaimsLost: st.LostClaims, Acked: st.Acked,
+		Retries: map[string]int64{}}
+	for k, v := range st.Retries {
+		r.Retries[k] = v
+	}
+	r.Retries["parts"] += st.Parts.Retries
+	return r
 }
 
 func cmdWork(ctx context.Context, name string, args []string, out *console) error {
@@ -121,6 +145,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f)
 	host, _ := os.Hostname()
+	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -193,8 +218,27 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			}
 		}
 	}()
+	if c.reportEvery > 0 {
+		go func() {
+			t := time.NewTicker(c.reportEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case <-t.C:
+				}
+				b, _ := json.Marshal(statsOf(w.Stats()))
+				out.errorLine(statsPrefix + string(b))
+			}
+		}()
+	}
 	runErr := w.Run(ctx)
 	close(started)
+	if c.reportEvery > 0 {
+		b, _ := json.Marshal(statsOf(w.Stats()))
+		out.errorLine(statsPrefix + string(b))
+	}
 	st := w.Stats()
 	elapsed := time.Since(start)
 	if c.json {
