@@ -309,9 +309,36 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 	t := c.opts.Tables
 	db := c.opts.DB
 	var ms []prometheus.Metric
+	type partKey struct {
+		queue string
+		part  int64
+	}
+	type counts struct{ unclaimed, vested int64 }
+	backlog := map[partKey]counts{}
 	claimedBy := map[string]int64{}
-	queues := map[string]bool{}
-	rows, err := db.Query(ctx, crsql.NewStatements(t).Backlog)
+	// Every part of every queue with a stored part count is reported, 0
+	// when empty, so that a drained queue shows 0 rather than no series.
+	rows, err := db.Query(ctx, `SELECT name, num_parts FROM `+t.Table("queues"))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+	}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+		}
+		for p := range n {
+			backlog[partKey{q, p}] = counts{}
+		}
+		claimedBy[q] = 0
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+	}
+	rows, err = db.Query(ctx, crsql.NewStatements(t).Backlog)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
 	}
@@ -322,16 +349,18 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 			rows.Close()
 			return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
 		}
-		p := strconv.FormatInt(part, 10)
-		ms = append(ms,
-			prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(unclaimed), q, p),
-			prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(vested), q, p))
+		backlog[partKey{q, part}] = counts{unclaimed, vested}
 		claimedBy[q] += claimed
-		queues[q] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
+	}
+	for k, n := range backlog {
+		p := strconv.FormatInt(k.part, 10)
+		ms = append(ms,
+			prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(n.unclaimed), k.queue, p),
+			prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(n.vested), k.queue, p))
 	}
 	for q, n := range claimedBy {
 		ms = append(ms, prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(n), q))
@@ -356,7 +385,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
 	}
-	for q := range queues {
+	for q := range claimedBy {
 		ms = append(ms, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest[q], q))
 	}
 
