@@ -108,9 +108,9 @@ var counterHelp = map[string]string{
 	"claims_lost_total":      "Acks, nacks and releases refused because the claim was gone.",
 	"sessions_started_total": "Sessions started by this process's workers.",
 	"sessions_lost_total":    "Sessions of this process's workers that were lost.",
-	"parts_acquired_total":   "Parts acquired by this process's workers (counted when a session ends).",
-	"parts_released_total":   "Parts released by this process's workers (counted when a session ends).",
-	"part_rebalances_total":  "Part rebalances run by this process's workers (counted when a session ends).",
+	"parts_acquired_total":   "Parts acquired by this process's workers.",
+	"parts_released_total":   "Parts released by this process's workers.",
+	"part_rebalances_total":  "Part rebalances run by this process's workers.",
 	"handler_panics_total":   "Handler runs that panicked.",
 	"handler_timeouts_total": "Handler runs that outlived the item timeout.",
 }
