@@ -44,7 +44,8 @@ alternating the systems in each round, on one PostgreSQL server:
   crdbwork exactly-once crdbwork's worker package: each item's result row is
                         written in its ack transaction
 
-and prints the median jobs/s of each, its ratio to River plain, and the peak
+and prints the median jobs/s of each, its ratio to River plain (the median of
+the ratios within each round, with their range), and the peak
 number of client connections to the server during its runs (pg_stat_activity),
 with the machine's load average. Only the drain is timed (from starting the
 consumers to the last completion); enqueueing is not.
@@ -173,8 +174,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
 	cw := &crdbworkSystem{}
 	fs.IntVar(&cw.workers, "cw-workers", 1, "crdbwork worker processes (in-process, one session each)")
-	fs.IntVar(&cw.concurrency, "cw-concurrency", 256, "crdbwork handlers per worker")
-	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 256, "most items acked in one transaction (worker.Options.MaxAckBatch)")
+	fs.IntVar(&cw.concurrency, "cw-concurrency", 512, "crdbwork handlers per worker")
+	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
 	fs.IntVar(&cw.conns, "cw-conns", 8, "crdbwork's pool size, shared by the workers")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
@@ -260,43 +261,48 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	fmt.Fprintf(out, "\nmedian of %d rounds, %d items each, load %s:\n\n", *rounds, *items, loadavg())
-	fmt.Fprintf(out, "| %-22s | %8s | %14s | %16s |\n", "system", "jobs/s", "× River plain", "connections")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 18))
-	var base float64
-	for _, s := range systems {
-		rate := medianRate(runs[s.name()], *items)
-		if s.name() == "River plain" {
-			base = rate
-		}
-	}
+	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections")
+	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18))
+	base := runs["River plain"]
 	for _, s := range systems {
 		rs := runs[s.name()]
-		rate := medianRate(rs, *items)
-		ratio := "—"
-		if base > 0 {
-			ratio = fmt.Sprintf("%.2f×", rate/base)
+		ratio, spread := "—", "—"
+		if len(base) == len(rs) {
+			ratios := make([]float64, len(rs))
+			for i := range rs {
+				ratios[i] = base[i].elapsed.Seconds() / rs[i].elapsed.Seconds()
+			}
+			ratio = fmt.Sprintf("%.2f×", median(ratios))
+			spread = fmt.Sprintf("%.2f–%.2f", slices.Min(ratios), slices.Max(ratios))
 		}
 		peak := 0
 		for _, r := range rs {
 			peak = max(peak, r.peakConns)
 		}
-		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %4d (pool %3d) |\n", s.name(), rate, ratio, peak, rs[0].poolConns)
+		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) |\n", s.name(), medianRate(rs, *items), ratio, spread, peak, rs[0].poolConns)
 	}
+	fmt.Fprintln(out, "\n× River plain: the median over rounds of the ratio of the two systems' rates in the same round.")
 	return nil
 }
 
 // medianRate is the median of the runs' items per second.
 func medianRate(rs []result, items int) float64 {
-	if len(rs) == 0 {
-		return 0
-	}
 	rates := make([]float64, len(rs))
 	for i, r := range rs {
 		rates[i] = float64(items) / r.elapsed.Seconds()
 	}
-	sort.Float64s(rates)
-	if len(rates)%2 == 1 {
-		return rates[len(rates)/2]
+	return median(rates)
+}
+
+// median returns the median of xs (0 if empty).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
 	}
-	return (rates[len(rates)/2-1] + rates[len(rates)/2]) / 2
+	xs = slices.Clone(xs)
+	sort.Float64s(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
 }
