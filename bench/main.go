@@ -96,6 +96,10 @@ func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.statements, "statements", false, "print the statements each system ran per item, with server time (pg_stat_statements; preloaded in the throwaway server)")
 }
 
+// postmaster is the pid of the server started by this command (0: none),
+// whose CPU time compare reports.
+var postmaster int
+
 // database returns the URL of the server to use and a function that stops
 // it when it was started here.
 func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func(), error) {
@@ -107,6 +111,7 @@ func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func
 		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
 	}
 	fmt.Fprintf(out, "PostgreSQL (fsync off) from %s at %s\n", s.binDir, s.url)
+	postmaster = s.pid
 	return s.url, s.stop, nil
 }
 
@@ -142,6 +147,7 @@ type result struct {
 	peakConns int
 	poolConns int
 	retries   int64
+	cpu       cpuTimes // from start to done
 }
 
 // runTimeout bounds one drain: at least a minute, or 1 ms per item.
@@ -241,28 +247,34 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		}
 		for _, s := range order {
 			var report strings.Builder
-			m := marks{start: func() { stmts.reset(ctx, setup) }, done: func() {}}
-			if round == 0 && stmts.on {
-				m.done = func() {
-					if err := stmts.print(ctx, &report, setup, s.name(), *items); err != nil {
-						fmt.Fprintln(&report, err)
+			var cpu0, cpu cpuTimes
+			m := marks{
+				start: func() { stmts.reset(ctx, setup); cpu0 = readCPU(postmaster) },
+				done: func() {
+					cpu = readCPU(postmaster).sub(cpu0)
+					if round == 0 && stmts.on {
+						if err := stmts.print(ctx, &report, setup, s.name(), *items); err != nil {
+							fmt.Fprintln(&report, err)
+						}
 					}
-				}
+				},
 			}
 			res, err := s.run(ctx, url, *items, m)
 			if err != nil {
 				return fmt.Errorf("%s, round %d: %w", s.name(), round+1, err)
 			}
+			res.cpu = cpu
 			runs[s.name()] = append(runs[s.name()], res)
-			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  load %s\n",
-				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns, loadavg())
+			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s\n",
+				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
+				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg())
 			fmt.Fprint(out, report.String())
 		}
 	}
 
 	fmt.Fprintf(out, "\nmedian of %d rounds, %d items each, load %s:\n\n", *rounds, *items, loadavg())
-	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18))
+	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s | %17s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections", "CPU µs/job cl+srv")
+	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18), strings.Repeat("-", 19))
 	base := runs["River plain"]
 	for _, s := range systems {
 		rs := runs[s.name()]
@@ -276,13 +288,24 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			spread = fmt.Sprintf("%.2f–%.2f", slices.Min(ratios), slices.Max(ratios))
 		}
 		peak := 0
+		var client, server []float64
 		for _, r := range rs {
 			peak = max(peak, r.peakConns)
+			client = append(client, perItem(r.cpu.client, *items))
+			server = append(server, perItem(r.cpu.server, *items))
 		}
-		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) |\n", s.name(), medianRate(rs, *items), ratio, spread, peak, rs[0].poolConns)
+		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) | %7.0f + %7.0f |\n", s.name(), medianRate(rs, *items), ratio, spread,
+			peak, rs[0].poolConns, median(client), median(server))
 	}
 	fmt.Fprintln(out, "\n× River plain: the median over rounds of the ratio of the two systems' rates in the same round.")
+	fmt.Fprintln(out, "connections: the peak seen in pg_stat_activity (pool: the pool's limit; River adds a listener outside it).")
+	fmt.Fprintln(out, "CPU: medians of this process (client) and of the server (0 with --database-url) per job while draining.")
 	return nil
+}
+
+// perItem is d in microseconds per item.
+func perItem(d time.Duration, items int) float64 {
+	return float64(d.Microseconds()) / float64(items)
 }
 
 // medianRate is the median of the runs' items per second.

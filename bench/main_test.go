@@ -20,7 +20,7 @@ func TestCompareDrainsEverySystem(t *testing.T) {
 	if err := run(ctx, []string{"--items", "500", "--rounds", "2", "--cw-concurrency", "64"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	row := regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \|$`)
+	row := regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \|$`)
 	rows := row.FindAllStringSubmatch(out.String(), -1)
 	if len(rows) != 3 {
 		t.Fatalf("want 3 table rows, got %d:\n%s", len(rows), out.String())

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -134,4 +136,72 @@ ORDER BY total_exec_time DESC`)
 	}
 	fmt.Fprintf(w, "  %9.3f %10.1f %9s  (all statements)\n", calls/float64(items), total*1000/float64(items), "")
 	return rows.Err()
+}
+
+// clockTick is the unit of the CPU times in /proc/<pid>/stat (USER_HZ,
+// 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// cpuTimes is the CPU time used so far by this process (the client: the
+// systems run in it) and by the PostgreSQL server this command started
+// (zero with --database-url or off Linux).
+type cpuTimes struct{ client, server time.Duration }
+
+// readCPU returns the CPU times now. The server's time is the postmaster's
+// own and its reaped children's (exited backends), plus its live children's.
+func readCPU(postmaster int) cpuTimes {
+	var t cpuTimes
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if postmaster <= 0 {
+		return t
+	}
+	if f := procStat(postmaster); f != nil {
+		t.server = ticks(f, 13, 14, 15, 16)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStat(pid); f != nil && f[3] == strconv.Itoa(postmaster) {
+			t.server += ticks(f, 13, 14)
+		}
+	}
+	return t
+}
+
+// procStat returns the fields of /proc/pid/stat, counted from 0 = pid, with
+// the command name (which may hold spaces) as one field; nil if unreadable.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	f := append([]string{"pid", "comm"}, strings.Fields(s[i+1:])...)
+	if len(f) < 17 {
+		return nil
+	}
+	return f
+}
+
+func ticks(f []string, fields ...int) time.Duration {
+	var n int64
+	for _, i := range fields {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		n += v
+	}
+	return time.Duration(n) * clockTick
+}
+
+func (t cpuTimes) sub(u cpuTimes) cpuTimes {
+	return cpuTimes{client: t.client - u.client, server: t.server - u.server}
 }

@@ -26,6 +26,7 @@ type server struct {
 	binDir, dir, dataDir string
 	cred                 *syscall.Credential
 	url                  string
+	pid                  int // the postmaster's
 }
 
 // findPGBin returns the directory of initdb, pg_ctl and postgres.
@@ -114,6 +115,10 @@ func startServer(ctx context.Context, statements bool) (*server, error) {
 		return nil, fmt.Errorf("%w\n%s", err, log)
 	}
 	s.url = fmt.Sprintf("postgres://bench@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if b, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid")); err == nil {
+		first, _, _ := strings.Cut(string(b), "\n")
+		s.pid, _ = strconv.Atoi(strings.TrimSpace(first))
+	}
 	return s, nil
 }
 
