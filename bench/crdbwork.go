@@ -100,7 +100,7 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 			Queue:       benchQueue,
 			Concurrency: c.concurrency,
 			MaxAckBatch: c.ackBatch,
-			Parts:       c.parts > 0,
+			Parts:       c.parts,
 			Poll:        10 * time.Millisecond,
 			Partition:   partition.Options{Poll: 100 * time.Millisecond},
 		})
