@@ -127,6 +127,9 @@ func (q *Queue) EnqueueReport(ctx context.Context, items ...NewItem) (Enqueued, 
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
+	if err := q.ready(ctx); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+	}
 	return q.enqueueOn(ctx, q.db, b)
 }
 
