@@ -14,7 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -150,7 +149,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 			return q.write(ctx, tx, b, true, &res)
 		})
 	}
-	return q.finish(b, res, err, single)
+	return q.finish(b, res, err, false) // retry.Do and retry.Tx classify
 }
 
 // EnqueueTx adds items through db, typically the caller's own transaction, so
@@ -169,6 +168,9 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
+	}
+	if err := q.ready(ctx); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
 	}
 	res := b.result()
 	_, canCopy := db.(copier)
@@ -189,42 +191,22 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 }
 
 // finish wraps an error with context and counts the items added. single
-// says that the items were written by one statement outside a transaction.
+// says that the items were written by statements outside a transaction,
+// through a db the retry helpers did not run (their errors are classified
+// here).
 func (q *Queue) finish(b *batch, res Enqueued, err error, single bool) (Enqueued, error) {
 	if err != nil {
+		if single && !errors.Is(err, ErrOutcomeUnknown) && (retry.Ambiguous(err) || retry.LostInFlight(err)) {
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		}
 		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, crsql.Classify(err))
-		if outcomeUnknown(err, single) {
-			return Enqueued{IDs: b.ids}, fmt.Errorf("%w: %w", errEnqueueUnknown, err)
+		if errors.Is(err, ErrOutcomeUnknown) {
+			return Enqueued{IDs: b.ids}, err
 		}
 		return Enqueued{}, err
 	}
 	q.stats.enqueued.Add(int64(res.Added()))
 	return res, nil
-}
-
-// errEnqueueUnknown marks an enqueue whose outcome is unknown.
-var errEnqueueUnknown = errors.New("outcome unknown")
-
-// outcomeUnknown reports whether err leaves it unknown whether the enqueue
-// happened: a COMMIT without an answer, CockroachDB's "result is ambiguous"
-// (40003), or, for a single statement outside a transaction (single), a
-// connection that failed after the statement was sent.
-func outcomeUnknown(err error, single bool) bool {
-	var pgErr *pgconn.PgError
-	var connectErr *pgconn.ConnectError
-	switch {
-	case errors.Is(err, retry.ErrCommitUnknown):
-		return true
-	case errors.As(err, &pgErr):
-		return pgErr.Code == "40003"
-	case !single, pgconn.SafeToRetry(err), errors.As(err, &connectErr), errors.Is(err, errBadInput):
-		return false
-	case pgconn.Timeout(err):
-		return true // the context ended while the statement was in flight
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return false // waiting for a connection: nothing was sent
-	}
-	return true
 }
 
 // errBadInput marks errors found before anything was sent.

@@ -178,7 +178,7 @@ func (c *wireConn) Read(p []byte) (int, error) {
 
 func newWire() *wire { return &wire{} }
 
-var errOutcomeUnknown = claim.ErrOutcomeUnknownForTest
+var errOutcomeUnknown = claim.ErrOutcomeUnknown
 
 func itemsWith(n int, id func(i int) uuid.UUID) []claim.NewItem {
 	items := make([]claim.NewItem, n)
