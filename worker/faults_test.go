@@ -222,7 +222,7 @@ func work(d time.Duration) worker.Handler {
 // separate processes would have).
 func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
 	e.t.Helper()
-	if opts.Session == (session.Options{}) {
+	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = faultSession
 	}
 	if opts.RestartDelay == 0 {
@@ -395,7 +395,7 @@ func TestFaultDatabaseRestart(t *testing.T) {
 				}
 				return work(3*time.Millisecond)(ctx, it)
 			}
-			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: true, Concurrency: 6,
+			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 8, Concurrency: 6,
 				Session: session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
 			e.waitProgress(n / 5)
 			if c.down == 0 {
