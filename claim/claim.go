@@ -54,7 +54,8 @@ type Item struct {
 // Options.Lease. A paused queue yields no items, and neither do items whose
 // attempts are used up (Reap moves them to the dead items).
 //
-// The claim runs in its own SERIALIZABLE transaction. If its outcome is
+// The claim runs in its own transaction (see Queue.ready for its isolation).
+// If its outcome is
 // unknown (the error wraps ErrOutcomeUnknown), items may be claimed for
 // session without the caller knowing them: call ReleaseForgotten with the
 // ids the session does know, or let their leases expire.
@@ -86,7 +87,8 @@ func (q *Queue) claim(ctx context.Context, stmt string, session uuid.UUID, n int
 	}
 	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
 	var items []Item
-	err := retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
+	iso := q.claimIso.Load().(pgx.TxIsoLevel)
+	err := retry.TxWith(ctx, q.db, pgx.TxOptions{IsoLevel: iso}, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, stmt, args...)
 		if err != nil {
 			return err

@@ -8,8 +8,9 @@ import (
 // Statements holds every statement of packages session, partition and claim,
 // rendered for one set of table names. The text is identical on CockroachDB
 // and PostgreSQL: each statement uses only forms both engines accept
-// (UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) instead of
-// CockroachDB's UPDATE ... LIMIT, for instance).
+// (a MATERIALIZED CTE that selects FOR UPDATE SKIP LOCKED ... LIMIT n,
+// joined by primary key, instead of CockroachDB's UPDATE ... LIMIT, for
+// instance).
 type Statements struct {
 	// Sessions.
 	CreateSession  string // $1 expiry (microseconds), $2 host, $3 pid, $4 name → id
