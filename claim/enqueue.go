@@ -228,8 +228,12 @@ type batch struct {
 }
 
 // needsTx reports whether writing b takes more than one statement.
+//
+// Caller-given ids need one, since an id of another queue's item must fail
+// the whole call (checkForeign runs after the INSERT) — unless the call has
+// a single item: then there is nothing else to undo.
 func (b *batch) needsTx(canCopy bool) bool {
-	return len(b.given) > 0 || (canCopy && len(b.generated) >= copyMinRows) ||
+	return (len(b.given) > 0 && len(b.items) > 1) || (canCopy && len(b.generated) >= copyMinRows) ||
 		len(chunks(b.items, all(len(b.items)), insertRows)) > 1
 }
 

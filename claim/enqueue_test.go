@@ -194,6 +194,9 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	if !errors.Is(err, claim.ErrIDInOtherQueue) || !strings.Contains(err.Error(), "item 1") {
 		t.Fatalf("enqueue of another queue's id: %v, want ErrIDInOtherQueue naming item 1", err)
 	}
+	if _, err := other.Enqueue(ctx, claim.NewItem{ID: b, Payload: []byte("o")}); !errors.Is(err, claim.ErrIDInOtherQueue) {
+		t.Fatalf("enqueue of one item with another queue's id: %v, want ErrIDInOtherQueue", err)
+	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'other'`); n != 0 {
 		t.Fatalf("a refused enqueue left %d items", n)
 	}
