@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -141,12 +142,12 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
-			return q.write(ctx, db, b, false, &res)
+			return q.write(ctx, db, b, false, false, &res)
 		})
 	} else {
 		err = retry.Tx(ctx, db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
 			res = b.result()
-			return q.write(ctx, tx, b, true, &res)
+			return q.write(ctx, tx, b, true, true, &res)
 		})
 	}
 	return q.finish(b, res, err, false) // retry.Do and retry.Tx classify
@@ -177,7 +178,7 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if _, isTx := db.(pgx.Tx); isTx {
 		// Nothing commits here: on error, the caller's transaction must be
 		// rolled back, and nothing is unknown.
-		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
+		if err := q.write(ctx, db, b, canCopy, false, &res); err != nil {
 			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 		}
 		q.stats.enqueued.Add(int64(res.Added()))
@@ -186,7 +187,7 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if pool, ok := db.(DB); ok {
 		return q.enqueueOn(ctx, pool, b)
 	}
-	err = q.write(ctx, db, b, false, &res)
+	err = q.write(ctx, db, b, false, false, &res)
 	return q.finish(b, res, err, !b.needsTx(false))
 }
 
@@ -368,22 +369,98 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
-// generated ids go by COPY when there are enough of them.
-func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
+// generated ids go by COPY when there are enough of them; with retried too
+// (the transaction is this package's own, run again on a serialization
+// failure), so do many caller-given ids that are not present yet.
+func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy, retried bool, res *Enqueued) error {
 	st := q.enqueueSQL()
-	insert := all(len(b.items))
-	if c, ok := db.(copier); ok && useCopy && len(b.generated) >= copyMinRows {
-		if err := q.copyRows(ctx, db, c, st, b, res); err != nil {
+	c, canCopy := db.(copier)
+	if !canCopy || !useCopy {
+		return q.insertAll(ctx, db, st, b, all(len(b.items)), res)
+	}
+	var copied []int
+	insert := b.given
+	if len(b.generated) >= copyMinRows {
+		copied = b.generated
+	} else {
+		insert = all(len(b.items))
+	}
+	if retried && len(b.given) >= copyMinRows {
+		absent, err := q.absent(ctx, db, st, b)
+		if err != nil {
 			return err
 		}
-		insert = b.given
+		copied, insert = append(append([]int(nil), copied...), absent...), nil
+		if len(b.generated) < copyMinRows {
+			copied = append(copied, b.generated...)
+		}
 	}
-	for _, chunk := range chunks(b.items, insert, insertRows) {
+	if len(copied) > 0 {
+		if err := q.copyRows(ctx, db, c, st, b, copied, res); err != nil {
+			var pgErr *pgconn.PgError
+			if retried && errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				// A concurrent enqueue added one of the absent ids after
+				// absent looked: run the transaction again, which sees it.
+				// (PostgreSQL reports that conflict as a serialization
+				// failure itself; CockroachDB may report the duplicate key.)
+				return retryable{err}
+			}
+			return err
+		}
+	}
+	return q.insertAll(ctx, db, st, b, insert, res)
+}
+
+// retryable makes err a serialization failure for the retry helpers.
+type retryable struct{ err error }
+
+func (r retryable) Error() string    { return r.err.Error() }
+func (r retryable) Unwrap() error    { return r.err }
+func (r retryable) SQLState() string { return "40001" }
+
+// insertAll adds the items idx by INSERT, in chunks, then checks the
+// caller-given ids that were present.
+func (q *Queue) insertAll(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
+	for _, chunk := range chunks(b.items, idx, insertRows) {
 		if err := q.insertRows(ctx, db, st, b, chunk, res); err != nil {
 			return err
 		}
 	}
 	return q.checkForeign(ctx, db, st, b, res)
+}
+
+// absent returns the caller-given ids of b that are not in the items table,
+// and fails if one of them is an item of another queue.
+func (q *Queue) absent(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch) ([]int, error) {
+	ids := make([][16]byte, len(b.given))
+	for n, i := range b.given {
+		ids[n] = b.ids[i]
+	}
+	rows, err := db.Query(ctx, st.Present, ids)
+	if err != nil {
+		return nil, err
+	}
+	present := map[[16]byte]string{}
+	var id [16]byte
+	var queue string
+	_, err = pgx.ForEachRow(rows, []any{&id, &queue}, func() error {
+		present[id] = queue
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, i := range b.given {
+		queue, ok := present[b.ids[i]]
+		switch {
+		case !ok:
+			out = append(out, i)
+		case queue != q.opts.Queue:
+			return nil, fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
+		}
+	}
+	return out, nil
 }
 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
@@ -425,11 +502,11 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 	return nil
 }
 
-// copyRows streams the items with generated ids with COPY, in chunks of
+// copyRows streams the items idx (whose ids are not in the table) with COPY, in chunks of
 // bounded bytes, computing their parts and vesting times from the queue's
 // number of parts and the transaction's timestamp, read (under a share
 // lock on the queue's row) in the same transaction.
-func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
+func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
 	var parts int64
 	var now time.Time
 	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now); err != nil {
@@ -438,7 +515,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.E
 	if parts < 1 {
 		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
 	}
-	for _, chunk := range chunks(b.items, b.generated, copyRows) {
+	for _, chunk := range chunks(b.items, idx, copyRows) {
 		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, row: make([]any, len(st.CopyColumns)), at: -1}
 		n, err := c.CopyFrom(ctx, st.CopyTable, st.CopyColumns, src)
 		if err != nil {
@@ -448,7 +525,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.E
 			return fmt.Errorf("COPY wrote %d rows of %d", n, len(chunk))
 		}
 	}
-	for _, i := range b.generated {
+	for _, i := range idx {
 		res.New[i] = true
 	}
 	return nil

@@ -235,6 +235,50 @@ func TestEnqueueManyCallerIDsTwice(t *testing.T) {
 	}
 }
 
+// Producers racing to enqueue the same caller-given ids: each id is added
+// once, by one of them, and neither fails.
+func TestEnqueueSameIDsConcurrently(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	for round := range 5 {
+		ids := make([]uuid.UUID, 2000)
+		for i := range ids {
+			ids[i] = uuid.New()
+		}
+		var wg sync.WaitGroup
+		added := make([]int, 3)
+		errs := make([]error, 3)
+		for p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Each producer sends the ids in its own order, so that
+				// their transactions overlap on different rows first.
+				items := itemsWith(len(ids), func(i int) uuid.UUID { return ids[(i*(p+1)+p*7)%len(ids)] })
+				if p == 1 {
+					items = itemsWith(len(ids), func(i int) uuid.UUID { return ids[len(ids)-1-i] })
+				}
+				res, err := q.EnqueueReport(ctx, items...)
+				added[p], errs[p] = res.Added(), err
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if total := added[0] + added[1] + added[2]; total != len(ids) {
+			t.Fatalf("round %d: the producers added %v items, %d in all, want %d", round, added, total, len(ids))
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 5*2000 {
+		t.Fatalf("%d rows, want %d", n, 5*2000)
+	}
+	t.Logf("enqueue transactions run again after a conflict: %d", q.Stats().Retries["enqueue"])
+}
+
 // Many generated ids go by COPY: every column arrives as the INSERT would
 // write it, parts agree with items enqueued one at a time, and vesting
 // times come from the database clock.
