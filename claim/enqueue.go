@@ -107,9 +107,11 @@ func (e Enqueued) Added() int {
 
 // Enqueue adds items to the queue atomically (all or none) and returns
 // their ids in order. An item whose ID is already in the queue's items table
-// is not added again (see EnqueueReport to learn which were). Items with
-// generated ids are streamed with COPY when there are many; a call of any
-// size is split into statements of bounded bytes, in one transaction.
+// is not added again (see EnqueueReport to learn which were). Many items
+// (from 64) are streamed with COPY, after one lookup of the caller-given ids
+// already present; fewer go in one multi-row INSERT … ON CONFLICT DO
+// NOTHING. A call of any size is split into statements and COPYs of at most
+// 8 MiB, in one transaction.
 //
 // If err wraps ErrOutcomeUnknown, the items may or may not have been
 // enqueued; the ids are returned all the same: enqueue the same items with
