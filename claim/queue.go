@@ -88,8 +88,14 @@ type Queue struct {
 	stats counters
 	// checked is set once the schema version was found to be this code's
 	// and claimIso was set for the server's engine.
-	checked  atomic.Bool
-	claimIso atomic.Value // pgx.TxIsoLevel of claim transactions
+	checked atomic.Bool
+	engine  atomic.Pointer[engine]
+}
+
+// engine holds what differs between CockroachDB and PostgreSQL, set by ready.
+type engine struct {
+	claimIso                         pgx.TxIsoLevel // of claim transactions
+	claimAny, claimParts, reapLeases string         // sql.Statements.ForDialect
 }
 
 // maxLease bounds Options.Lease and Extend's duration (a year): far beyond
@@ -140,7 +146,8 @@ func New(db DB, opts Options) (*Queue, error) {
 }
 
 // ready checks the schema version on the first call (cached after success)
-// and picks the isolation of claim transactions for the engine.
+// and picks the claim statements (see sql.Statements.ForDialect) and the
+// isolation of claim transactions for the engine.
 //
 // Claims run in explicit transactions: SERIALIZABLE on CockroachDB, which
 // refuses SKIP LOCKED under READ COMMITTED (the default of some 23.2+
@@ -162,11 +169,12 @@ func (q *Queue) ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	iso := pgx.ReadCommitted
+	e := &engine{claimIso: pgx.ReadCommitted}
 	if dialect == crsql.Cockroach {
-		iso = pgx.Serializable
+		e.claimIso = pgx.Serializable
 	}
-	q.claimIso.Store(iso)
+	e.claimAny, e.claimParts, e.reapLeases = q.st.ForDialect(dialect)
+	q.engine.Store(e)
 	q.checked.Store(true)
 	return nil
 }
