@@ -14,6 +14,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -439,5 +440,40 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 	_, err = q.Nack(cctx, it3, errors.New("x"))
 	if err == nil || errors.Is(err, claim.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "connect") {
 		t.Fatalf("nack with the database unreachable = %v, want a plain connection failure", err)
+	}
+}
+
+// Code refuses a schema it does not know: on a database whose version row
+// says 3, session.Start, Enqueue and Claim fail with ErrSchemaNewer, and
+// nothing is written.
+func TestNewerSchemaIsRefused(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	s := startSession(t, ctx, pool) // while the version was current
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 3`); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(1)...); !errors.Is(err, crsql.ErrSchemaNewer) {
+		t.Fatalf("Enqueue on a version-3 database = %v, want ErrSchemaNewer", err)
+	}
+	if _, err := q.Claim(ctx, s.ID(), 1); !errors.Is(err, crsql.ErrSchemaNewer) {
+		t.Fatalf("Claim on a version-3 database = %v, want ErrSchemaNewer", err)
+	}
+	if _, err := session.Start(ctx, pool, session.Options{}); !errors.Is(err, crsql.ErrSchemaNewer) {
+		t.Fatalf("session.Start on a version-3 database = %v, want ErrSchemaNewer", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("%d items enqueued into a schema this code does not know", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_sessions`); n != 1 {
+		t.Fatalf("%d sessions, want only the one started before", n)
+	}
+	// The check is cached only after success: back at version 2, it works.
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 2`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {
+		t.Fatal(err)
 	}
 }
