@@ -72,8 +72,10 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // the picked rows (joinPicked, or anyPicked on PostgreSQL).
 //
 // Its shape is chosen for both optimizers (CockroachDB docs checked:
-// "Common Table Expressions" — MATERIALIZED; "SELECT FOR UPDATE" — SKIP
-// LOCKED; "UPDATE" — FROM). The MATERIALIZED CTE selects at most $3 ids
+// "Common Table Expressions": AS MATERIALIZED overrides the optimizer's
+// choice; "UPDATE": FROM table_ref references other tables, here the CTE;
+// SKIP LOCKED: supported since 22.2, and refused under READ COMMITTED on
+// 23.2, cockroachdb/cockroach#115057). The MATERIALIZED CTE selects at most $3 ids
 // through crdbwork_items_claim_next, in order, locking only the rows it
 // returns (FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 // not waited for); the UPDATE then joins those ids by primary key. The older
@@ -145,8 +147,8 @@ RETURNING i.id`
 // fenced is the condition of every statement that acts on a batch of claimed
 // items: (id, claim, token) must match one of the given triples. Both engines
 // plan it as a semi-join driven by the arrays, looking each id up by primary
-// key (CockroachDB docs checked: "unnest" zips several arrays; "Subqueries":
-// tuple IN (subquery)). Adding id = ANY($1) made PostgreSQL worse: it then
+// key (CockroachDB checked: its unnest builtin is variadic, "Returns the
+// input arrays as a set of rows"; tuple IN (subquery) is standard). Adding id = ANY($1) made PostgreSQL worse: it then
 // scanned every claimed item's index entry for a batch of 1000.
 const fenced = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
 
