@@ -111,7 +111,9 @@ func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
 				}
 				for _, it := range got {
 					if err := q.Ack(ctx, it, record(it)); err != nil {
-						errs <- err
+						// A lost claim is a bug unless the session itself was
+						// lost (an overloaded machine missed its heartbeats).
+						errs <- fmt.Errorf("%w (session: %v)", err, s.Err())
 						return
 					}
 					acked.Add(1)
