@@ -44,9 +44,9 @@ const (
 	// insertRows bounds the rows of one INSERT; copyRows those of one COPY.
 	insertRows = 5000
 	copyRows   = 50000
-	// copyMinRows is the number of generated ids from which an enqueue
-	// streams them with COPY: below it, the INSERT (one round trip fewer)
-	// is as fast.
+	// copyMinRows is the number of items (with generated ids, or with
+	// caller-given ones) from which an enqueue streams them with COPY:
+	// below it, the INSERT (fewer round trips) is as fast.
 	copyMinRows = 64
 )
 
@@ -158,8 +158,9 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 // EnqueueTx adds items through db, typically the caller's own transaction, so
 // that the items exist if and only if that transaction commits. It does not
 // retry: retrying the caller's transaction is the caller's business. Given a
-// pool or a connection instead (a DB), it does what Enqueue does on it. Ids
-// and idempotence are as for Enqueue.
+// pool or a connection instead (a DB), it does what Enqueue does on it;
+// given any other crsql.DB, it runs its statements one by one (atomic only
+// when the items fit in one). Ids and idempotence are as for Enqueue.
 func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
 	res, err := q.EnqueueReportTx(ctx, db, items...)
 	return res.IDs, err
@@ -189,8 +190,10 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if pool, ok := db.(DB); ok {
 		return q.enqueueOn(ctx, pool, b)
 	}
+	// Neither a transaction nor a pool: the statements run one by one, and
+	// one that fails in flight leaves the outcome unknown.
 	err = q.write(ctx, db, b, false, false, &res)
-	return q.finish(b, res, err, !b.needsTx(false))
+	return q.finish(b, res, err, true)
 }
 
 // finish wraps an error with context and counts the items added. single
