@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -56,20 +57,13 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			t.Fatalf("%v\n%s", err, s)
 		}
 	}
-	var ids []uuid.UUID
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items WHERE claim = $1 LIMIT 512`, session)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if rows.Err() != nil || len(ids) != 512 {
-		t.Fatalf("seeded claimed ids: %d, %v", len(ids), rows.Err())
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(ids) != 512 {
+		t.Fatalf("seeded claimed ids: %d, %v", len(ids), err)
 	}
 	sessions := make([]uuid.UUID, len(ids))
 	tokens := make([]int64, len(ids))
