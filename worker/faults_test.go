@@ -222,7 +222,7 @@ func work(d time.Duration) worker.Handler {
 // separate processes would have).
 func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
 	e.t.Helper()
-	if opts.Session == (session.Options{}) {
+	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = faultSession
 	}
 	if opts.RestartDelay == 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -69,10 +70,14 @@ func TestConnectionCounts(t *testing.T) {
 
 // proxied returns a pool to the test database through a proxy that the test
 // can cut.
-func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *testdb.Proxy) {
+func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	p := testdb.NewProxy(t, direct.Config().ConnString())
-	cfg, err := pgxpool.ParseConfig(p.URL())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg, err := pgxpool.ParseConfig(pu)
 	if err != nil {
 		t.Fatal(err)
 	}
