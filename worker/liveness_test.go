@@ -58,8 +58,8 @@ func TestConnectionCounts(t *testing.T) {
 		pool, conn int
 	}{
 		{worker.Options{}, 4, 5},
-		{worker.Options{Parts: true}, 5, 6},
-		{worker.Options{Parts: true, Concurrency: 1000}, 5, 6},
+		{worker.Options{Parts: 16}, 5, 6},
+		{worker.Options{Parts: 16, Concurrency: 1000}, 5, 6},
 		{worker.Options{Ackers: 4}, 6, 7},
 	} {
 		if p, c := worker.PoolConns(tc.opts), worker.Connections(tc.opts); p != tc.pool || c != tc.conn {
@@ -298,7 +298,7 @@ func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	enqueue(t, direct, "default", n, true)
-	opts := worker.Options{Parts: true, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
+	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
 	var rs []*running
 	for range workers {
 		cfg := direct.Config().Copy()
