@@ -56,4 +56,3 @@ func TestLeaseExtensionsStayWithinBounds(t *testing.T) {
 		t.Fatalf("lost claim: %d lost, cause %v; want 1 and errLeaseLost", n, context.Cause(ctx))
 	}
 }
-
