@@ -208,7 +208,7 @@ func TestPartsAndStatus(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, `owned by nobody: 16 (parts 0-15)`) || strings.Contains(r.stdout, "warning") {
 		t.Errorf("status:\n%s%s", r.stdout, r.stderr)
 	}
-	if !regexp.MustCompile(`50 unclaimed \(50 due, oldest due [0-9.]+m?s\)`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`backlog: 50 unclaimed, 50 due \(oldest due for [0-9.]+m?s\), 0 claimed`).MatchString(r.stdout) {
 		t.Errorf("status does not show the due backlog and its oldest item's age:\n%s", r.stdout)
 	}
 	r = demo(t, time.Minute, env, "status", "--queue", "demo-typo")
@@ -242,14 +242,14 @@ func TestStatusWatch(t *testing.T) {
 		if strings.HasPrefix(line, "--- ") {
 			snapshots++
 		}
-		if strings.Contains(line, `queue "demo": 16 parts, 20 unclaimed`) && !sawBacklog {
+		if strings.Contains(line, `backlog: 20 unclaimed`) && !sawBacklog {
 			sawBacklog = true
 			// The next snapshots must see the change.
 			if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_items`); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if sawBacklog && strings.Contains(line, `queue "demo": 16 parts, 0 unclaimed`) {
+		if sawBacklog && strings.Contains(line, `backlog: 0 unclaimed`) {
 			sawEmpty = true
 			break
 		}

@@ -351,11 +351,12 @@ func formatStatus(s *status, compact bool) string {
 			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
 		}
 	}
-	fmt.Fprintf(&b, "engine %s; queue %q: %d parts, %d unclaimed (%d due", s.Engine, s.Queue, s.NumParts, unclaimed, due)
+	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items\n", s.Queue, s.Engine, s.NumParts, s.Dead)
+	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
-		fmt.Fprintf(&b, ", oldest due %s", round(secs(s.OldestDueSeconds)))
+		fmt.Fprintf(&b, " (oldest due for %s)", round(secs(s.OldestDueSeconds)))
 	}
-	fmt.Fprintf(&b, "), %d claimed, %d dead\n", claimed, s.Dead)
+	fmt.Fprintf(&b, ", %d claimed\n", claimed)
 	if !s.Known {
 		var names []string
 		for _, t := range s.Queues {
@@ -383,7 +384,7 @@ func formatStatus(s *status, compact bool) string {
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tCLAIMED\tPARTS")
 		for _, ss := range s.Sessions {
-			hb := round(secs(ss.SinceHeartbeatSeconds)).String() + " ago"
+			hb := secs(ss.SinceHeartbeatSeconds).Round(10*time.Millisecond).String() + " ago"
 			if ss.Stale {
 				hb += " STALE"
 			}
