@@ -48,7 +48,9 @@ func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue
 
 func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *session.Session {
 	t.Helper()
-	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond})
+	// A 2 s expiry: short for the tests that wait for a crashed session to
+	// expire, long enough that a loaded machine does not lose live ones.
+	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 200 * time.Millisecond, Expiry: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

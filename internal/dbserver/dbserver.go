@@ -74,6 +74,13 @@ type Server struct {
 	stop     func() error // kind-specific; stops the process and removes dir
 	stopOnce sync.Once
 	stopErr  error
+
+	// Kind-specific restart support (see restart.go). halt stops the server
+	// keeping its data; resume starts it again on the same port; restart
+	// does both the engine's quickest way.
+	halt, resume, restart func(ctx context.Context) error
+	restartMu             sync.Mutex // one restart operation at a time
+	stopped               bool       // under restartMu: Stop was called
 }
 
 // Start finds a database server binary and starts a fresh server in a new
@@ -167,6 +174,9 @@ func (s *Server) CreateDatabase(ctx context.Context, name string) (url string, e
 // return the first call's result.
 func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
+		s.restartMu.Lock()
+		s.stopped = true
+		s.restartMu.Unlock()
 		s.stopErr = s.stop()
 		if s.stopErr == nil {
 			s.logf("stopped %s server in %s", s.kind, s.dir)

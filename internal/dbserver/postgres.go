@@ -205,7 +205,8 @@ type pgServer struct {
 	dataDir string
 	logPath string
 	as      *runAs
-	port    int // 0 until pg_ctl start succeeded
+	port    int    // 0 until pg_ctl start succeeded
+	opts    string // the postgres options of the successful start (pg_ctl -o)
 }
 
 func (p *pgServer) command(ctx context.Context, name string, args ...string) *exec.Cmd {
@@ -331,6 +332,7 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 	}
 
 	var port int
+	var opts string
 	for attempt := 1; ; attempt++ {
 		port, err = pickPort()
 		if err != nil {
@@ -340,7 +342,7 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 		if fi, err := os.Stat(p.logPath); err == nil {
 			logSize = fi.Size()
 		}
-		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off "+
+		opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off "+
 			"-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=128MB",
 			port, shellQuote(dir))
 		started = true // from here on, Stop must stop a postmaster that may be running
@@ -356,7 +358,8 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 		}
 		return fail(fmt.Errorf("%w\nserver log (last lines):\n%s", err, tail))
 	}
-	p.port = port
+	p.port, p.opts = port, opts
+	s.halt, s.resume, s.restart = p.halt, p.resume, p.restartFast
 
 	s.base = url.URL{
 		Scheme:   "postgres",
@@ -407,3 +410,46 @@ func (p *pgServer) stop() error {
 	}
 	return errors.Join(errs...)
 }
+
+// halt stops the postmaster with `pg_ctl stop -m fast` (sessions are ended,
+// the data is kept) and waits until its port refuses connections.
+func (p *pgServer) halt(ctx context.Context) error {
+	if err := p.run(ctx, "pg_ctl", "-D", p.dataDir, "-m", "fast", "-w", "-t", "60", "stop"); err != nil {
+		return err
+	}
+	return waitPortClosed(ctx, p.hostPort())
+}
+
+// resume starts the postmaster again with the options and port of the first
+// start and waits until it accepts connections.
+func (p *pgServer) resume(ctx context.Context) error {
+	if err := p.run(ctx, "pg_ctl", "-D", p.dataDir, "-w", "-t", "120", "-l", p.logPath, "-o", p.opts, "start"); err != nil {
+		return fmt.Errorf("%w\nserver log (last lines):\n%s", err, tailFile(p.logPath, 0, 30))
+	}
+	return p.waitReady(ctx)
+}
+
+// restartFast runs `pg_ctl restart -m fast`: sessions are ended, the server
+// shuts down cleanly and starts again at once on the same port.
+func (p *pgServer) restartFast(ctx context.Context) error {
+	if err := p.run(ctx, "pg_ctl", "-D", p.dataDir, "-m", "fast", "-w", "-t", "120", "-l", p.logPath, "-o", p.opts, "restart"); err != nil {
+		return fmt.Errorf("%w\nserver log (last lines):\n%s", err, tailFile(p.logPath, 0, 30))
+	}
+	return p.waitReady(ctx)
+}
+
+// waitReady waits until the server answers a ping.
+func (p *pgServer) waitReady(ctx context.Context) error {
+	u := url.URL{Scheme: "postgres", User: url.User(pgUser), Host: p.hostPort(), Path: "/postgres", RawQuery: "sslmode=disable"}
+	var lastErr error
+	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
+		lastErr = ping(ctx, u.String())
+		return lastErr == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("connect after start: %w (last attempt: %v)", err, lastErr)
+	}
+	return nil
+}
+
+func (p *pgServer) hostPort() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }

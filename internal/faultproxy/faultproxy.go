@@ -1,0 +1,425 @@
+// Package faultproxy is a TCP proxy for fault tests in front of a
+// PostgreSQL-protocol server (PostgreSQL or CockroachDB). It injects real
+// network faults, nothing mocked:
+//
+//   - Cut drops every connection and refuses new ones until Restore: what a
+//     client sees when the server or the network to it goes away.
+//   - Rules act on the statement a client sends, matched by its SQL text
+//     (simple and extended protocol, prepared statements included): drop the
+//     connection before the statement reaches the server (it never runs),
+//     or forward it and drop the connection before the server's answer comes
+//     back (it ran — a COMMIT committed — and the client cannot know), and
+//     optionally cut every connection for a while from that moment.
+//
+// The proxy reads the client's messages to find the statements; it does not
+// support TLS (use sslmode=disable).
+package faultproxy
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Action is what a Rule does to the connection that sent a matching
+// statement.
+type Action int
+
+const (
+	// DropStatement closes the connection instead of forwarding the
+	// statement: the server never runs it.
+	DropStatement Action = iota + 1
+	// DropAnswer forwards the statement and closes the connection when the
+	// server's answer starts to come back, without passing it on: the
+	// statement ran, the client gets a broken connection.
+	DropAnswer
+	// Pass forwards the statement untouched (use it with Rule.Outage to cut
+	// every connection right after the statement was sent).
+	Pass
+)
+
+// Rule is a fault triggered by a statement.
+type Rule struct {
+	// Match reports whether the statement's SQL text triggers the rule. It
+	// is called from the proxy's goroutines.
+	Match func(sql string) bool
+	// Action is what happens to the connection.
+	Action Action
+	// Outage, if positive, cuts every connection when the rule fires and
+	// refuses new ones for this long.
+	Outage time.Duration
+	// Times is how many times the rule fires before it is disarmed; 0 means
+	// once.
+	Times int
+}
+
+// IsCommit matches a COMMIT statement (what pgx sends for Tx.Commit).
+func IsCommit(sql string) bool {
+	s := strings.TrimRight(strings.TrimSpace(sql), ";")
+	return strings.EqualFold(s, "commit") || strings.EqualFold(s, "commit transaction")
+}
+
+// Contains returns a Match function for statements whose text contains sub,
+// ignoring case.
+func Contains(sub string) func(string) bool {
+	sub = strings.ToLower(sub)
+	return func(sql string) bool { return strings.Contains(strings.ToLower(sql), sub) }
+}
+
+// Proxy forwards TCP connections to a server and injects faults. Its
+// methods are safe for concurrent use.
+type Proxy struct {
+	l      net.Listener
+	target string
+
+	mu     sync.Mutex
+	down   bool
+	closed bool
+	conns  map[*conn]struct{}
+	rules  []*armed
+	wg     sync.WaitGroup
+
+	fired atomic.Int64
+}
+
+type armed struct {
+	Rule
+	left  int
+	fired chan struct{} // closed when the rule first fires
+}
+
+// New starts a proxy on 127.0.0.1 (a port chosen by the kernel) that
+// forwards to target ("host:port"). Close it when done.
+func New(target string) (*Proxy, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("faultproxy: %w", err)
+	}
+	p := &Proxy{l: l, target: target, conns: map[*conn]struct{}{}}
+	p.wg.Add(1)
+	go p.serve()
+	return p, nil
+}
+
+// ForURL starts a proxy in front of the server of a postgres:// URL and
+// returns it with the same URL pointing at the proxy.
+func ForURL(dbURL string) (*Proxy, string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return nil, "", fmt.Errorf("faultproxy: parse database URL: %w", err)
+	}
+	if u.Hostname() == "" || u.Port() == "" || strings.HasPrefix(u.Hostname(), "/") {
+		return nil, "", fmt.Errorf("faultproxy: the database URL names no TCP host and port (%q)", u.Host)
+	}
+	p, err := New(u.Host)
+	if err != nil {
+		return nil, "", err
+	}
+	u.Host = p.Addr()
+	return p, u.String(), nil
+}
+
+// Addr is the proxy's "host:port".
+func (p *Proxy) Addr() string { return p.l.Addr().String() }
+
+// Fired counts the rule firings so far.
+func (p *Proxy) Fired() int64 { return p.fired.Load() }
+
+// Arm adds a rule and returns a channel closed when it first fires.
+func (p *Proxy) Arm(r Rule) <-chan struct{} {
+	if r.Times <= 0 {
+		r.Times = 1
+	}
+	a := &armed{Rule: r, left: r.Times, fired: make(chan struct{})}
+	p.mu.Lock()
+	p.rules = append(p.rules, a)
+	p.mu.Unlock()
+	return a.fired
+}
+
+// Disarm removes every rule that has not fired its last time.
+func (p *Proxy) Disarm() {
+	p.mu.Lock()
+	p.rules = nil
+	p.mu.Unlock()
+}
+
+// Cut drops every connection and refuses new ones until Restore.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	p.down = true
+	conns := make([]*conn, 0, len(p.conns))
+	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.close()
+	}
+}
+
+// Restore accepts connections again after Cut.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// CutFor cuts every connection, and restores the proxy after d (in the
+// background; it returns at once).
+func (p *Proxy) CutFor(d time.Duration) {
+	p.Cut()
+	time.AfterFunc(d, p.Restore)
+}
+
+// Close stops the proxy and drops its connections.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.l.Close()
+	p.Cut()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		refuse := p.down || p.closed
+		p.mu.Unlock()
+		if refuse {
+			c.Close()
+			continue
+		}
+		s, err := net.DialTimeout("tcp", p.target, 10*time.Second)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		pc := &conn{client: c, server: s}
+		p.mu.Lock()
+		if p.down || p.closed { // cut while dialling
+			p.mu.Unlock()
+			pc.close()
+			continue
+		}
+		p.conns[pc] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.fromClient(pc)
+		go p.fromServer(pc)
+	}
+}
+
+// conn is one proxied connection.
+type conn struct {
+	client, server net.Conn
+	dropAnswer     atomic.Bool
+	once           sync.Once
+}
+
+func (c *conn) close() {
+	c.once.Do(func() {
+		c.client.Close()
+		c.server.Close()
+	})
+}
+
+func (p *Proxy) forget(c *conn) {
+	c.close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// fromServer copies the server's bytes to the client, unless an answer is
+// to be dropped.
+func (p *Proxy) fromServer(c *conn) {
+	defer p.wg.Done()
+	defer p.forget(c)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.server.Read(buf)
+		if n > 0 {
+			if c.dropAnswer.Load() {
+				return
+			}
+			if _, werr := c.client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Protocol codes of the untyped first messages.
+const (
+	sslRequest    = 80877103
+	gssencRequest = 80877104
+	cancelRequest = 80877102
+)
+
+// maxMessage bounds one client message (a guard against a misparse).
+const maxMessage = 1 << 30
+
+// fromClient forwards the client's messages one by one, applying the rules
+// to the statements they carry.
+func (p *Proxy) fromClient(c *conn) {
+	defer p.wg.Done()
+	defer p.forget(c)
+	r := bufio.NewReaderSize(c.client, 32<<10)
+	// Startup phase: untyped messages (length, code, body).
+	for {
+		msg, err := readUntyped(r)
+		if err != nil {
+			return
+		}
+		if _, err := c.server.Write(msg); err != nil {
+			return
+		}
+		code := binary.BigEndian.Uint32(msg[4:8])
+		if code == cancelRequest {
+			return
+		}
+		if code != sslRequest && code != gssencRequest {
+			break
+		}
+	}
+	prepared := map[string]string{} // statement name -> SQL
+	portals := map[string]string{}  // portal name -> SQL
+	for {
+		typ, msg, err := readTyped(r)
+		if err != nil {
+			return
+		}
+		body := msg[5:]
+		var sql string
+		switch typ {
+		case 'Q':
+			sql = cstring(body, 0)
+		case 'P':
+			name := cstring(body, 0)
+			prepared[name] = cstring(body, len(name)+1)
+		case 'B':
+			portal := cstring(body, 0)
+			stmt := cstring(body, len(portal)+1)
+			portals[portal] = prepared[stmt]
+		case 'E':
+			sql = portals[cstring(body, 0)]
+		case 'C': // Close statement or portal
+			if len(body) > 0 {
+				if body[0] == 'S' {
+					delete(prepared, cstring(body, 1))
+				} else {
+					delete(portals, cstring(body, 1))
+				}
+			}
+		case 'X':
+			_, _ = c.server.Write(msg)
+			return
+		}
+		if sql != "" {
+			if rule := p.match(sql); rule != nil {
+				if rule.Outage > 0 {
+					// The cut closes this connection too, after the action.
+					defer p.CutFor(rule.Outage)
+				}
+				switch rule.Action {
+				case DropStatement:
+					return
+				case DropAnswer:
+					c.dropAnswer.Store(true)
+				}
+				if rule.Outage > 0 && rule.Action == Pass {
+					_, _ = c.server.Write(msg)
+					return
+				}
+			}
+		}
+		if _, err := c.server.Write(msg); err != nil {
+			return
+		}
+	}
+}
+
+// match returns the first armed rule matching sql, counting the firing, or
+// nil.
+func (p *Proxy) match(sql string) *armed {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, a := range p.rules {
+		if !a.Match(sql) {
+			continue
+		}
+		if a.left == a.Times {
+			close(a.fired)
+		}
+		a.left--
+		if a.left == 0 {
+			p.rules = append(p.rules[:i:i], p.rules[i+1:]...)
+		}
+		p.fired.Add(1)
+		return a
+	}
+	return nil
+}
+
+func readUntyped(r *bufio.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n < 8 || n > maxMessage {
+		return nil, errors.New("faultproxy: bad startup message length")
+	}
+	msg := make([]byte, n)
+	copy(msg, hdr[:])
+	_, err := io.ReadFull(r, msg[4:])
+	return msg, err
+}
+
+func readTyped(r *bufio.Reader) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n < 4 || n > maxMessage {
+		return 0, nil, errors.New("faultproxy: bad message length")
+	}
+	msg := make([]byte, 1+n)
+	copy(msg, hdr[:])
+	_, err := io.ReadFull(r, msg[5:])
+	return hdr[0], msg, err
+}
+
+// cstring returns the NUL-terminated string at b[off:].
+func cstring(b []byte, off int) string {
+	if off >= len(b) {
+		return ""
+	}
+	b = b[off:]
+	for i, x := range b {
+		if x == 0 {
+			return string(b[:i])
+		}
+	}
+	return string(b)
+}

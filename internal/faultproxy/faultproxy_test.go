@@ -1,0 +1,140 @@
+package faultproxy_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func setup(t *testing.T) (direct *pgx.Conn, p *faultproxy.Proxy, proxied string) {
+	t.Helper()
+	ctx := context.Background()
+	dbURL := testdb.NewURL(t)
+	p, proxied, err := faultproxy.ForURL(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	direct, err = pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close(ctx) })
+	if _, err := direct.Exec(ctx, `CREATE TABLE t (v INT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return direct, p, proxied
+}
+
+func rows(t *testing.T, c *pgx.Conn, v int) int {
+	t.Helper()
+	var n int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM t WHERE v = $1`, v).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func connect(t *testing.T, u string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// The answer of a COMMIT is dropped: the client gets an error, the
+// transaction committed.
+func TestDropCommitAnswer(t *testing.T) {
+	direct, p, proxied := setup(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	fired := p.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: faultproxy.DropAnswer})
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO t VALUES ($1)`, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("Commit succeeded although its answer was dropped")
+	}
+	<-fired
+	if n := rows(t, direct, 1); n != 1 {
+		t.Errorf("%d rows after the commit whose answer was lost, want 1 (it committed)", n)
+	}
+}
+
+// A statement dropped before it reaches the server never runs; a prepared
+// statement (extended protocol) is matched by its text.
+func TestDropStatement(t *testing.T) {
+	direct, p, proxied := setup(t)
+	ctx := context.Background()
+	c := connect(t, proxied)
+	if _, err := c.Exec(ctx, `INSERT INTO t VALUES ($1)`, 5); err != nil { // prepared now
+		t.Fatal(err)
+	}
+	p.Arm(faultproxy.Rule{Match: faultproxy.Contains("insert into t"), Action: faultproxy.DropStatement})
+	if _, err := c.Exec(ctx, `INSERT INTO t VALUES ($1)`, 2); err == nil {
+		t.Fatal("the dropped INSERT succeeded")
+	}
+	if n := rows(t, direct, 2); n != 0 {
+		t.Errorf("%d rows of the dropped INSERT, want 0", n)
+	}
+	if p.Fired() != 1 {
+		t.Errorf("Fired = %d, want 1", p.Fired())
+	}
+	// The rule fired once: the next connection works.
+	c2 := connect(t, proxied)
+	if _, err := c2.Exec(ctx, `INSERT INTO t VALUES ($1)`, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Cut refuses connections until Restore; an Outage rule cuts on its own and
+// restores after the outage.
+func TestCutAndOutage(t *testing.T) {
+	_, p, proxied := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := connect(t, proxied)
+	p.Cut()
+	if err := c.Ping(ctx); err == nil {
+		t.Fatal("a connection survived Cut")
+	}
+	if c2, err := pgx.Connect(ctx, proxied); err == nil {
+		c2.Close(ctx)
+		t.Fatal("connected through a cut proxy")
+	}
+	p.Restore()
+	c3 := connect(t, proxied)
+	p.Arm(faultproxy.Rule{Match: faultproxy.Contains("select 42"), Action: faultproxy.Pass, Outage: time.Second})
+	var v int
+	_ = c3.QueryRow(ctx, `SELECT 42`).Scan(&v)
+	if c4, err := pgx.Connect(ctx, proxied); err == nil {
+		c4.Close(ctx)
+		t.Fatal("connected during the outage")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c5, err := pgx.Connect(ctx, proxied)
+		if err == nil {
+			c5.Close(ctx)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not come back after the outage: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

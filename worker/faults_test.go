@@ -1,0 +1,656 @@
+package worker_test
+
+// The fault suite (issue 9, "Proof"): real faults — the database server
+// restarted, connections cut by a proxy at chosen statements, handlers that
+// misbehave — under in-process workers. Every case asserts the liveness and
+// safety contract:
+//
+//   - every item ends, within the bound the case states: acked (exactly one
+//     result row) or dead-lettered, never both;
+//   - no result was written by a session that had lost the claim (the
+//     record checks, inside the ack transaction, that its session row still
+//     exists: a session that lost it lost its claims with it);
+//   - no item stays claimed by a live session past its lease (sampled every
+//     100 ms while the case runs).
+//
+// The processes' side (SIGKILL, SIGSTOP/SIGCONT of `demo work`, a restart
+// under worker processes) is in cmd/demo/faults_test.go.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// Timings of the fault suite: short, so that each case takes seconds.
+var (
+	// faultSession is the sessions' timing in the cases where connections
+	// are cut for less than the expiry.
+	faultSession = session.Options{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	// faultLease is the item lease of the cases (the backstop for an item
+	// whose worker forgot it).
+	faultLease = 3 * time.Second
+	// leaseSlack is how long past its lease an item may stay claimed by a
+	// live session before the monitor counts it: the reaper's period and a
+	// loaded machine's delays.
+	leaseSlack = 3 * time.Second
+	// cutOutage is how long a cut lasts: well under faultSession.Expiry.
+	cutOutage = 400 * time.Millisecond
+)
+
+// faultEnv is one fault case: a database with the crdbwork schema, the
+// enqueued items, and a monitor of overdue claims.
+type faultEnv struct {
+	t      *testing.T
+	url    string        // the database, directly
+	direct *pgxpool.Pool // for checks, never through a fault
+	ids    map[uuid.UUID]bool
+
+	stopMon  context.CancelFunc
+	monDone  chan struct{}
+	overdue  atomic.Int64 // most items seen claimed by a live session past lease+slack
+	monErrs  atomic.Int64
+	monFirst atomic.Value // string: the first overdue sighting
+}
+
+// newFaultEnv sets up the schema and the results table in the database at
+// dbURL.
+func newFaultEnv(t *testing.T, dbURL string) *faultEnv {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	direct, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	// alive: the acking session's row existed inside the ack transaction.
+	if _, err := direct.Exec(ctx, `CREATE TABLE results (
+		row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+		item_id UUID NOT NULL, session_id UUID NOT NULL, attempt BIGINT NOT NULL, alive BOOL NOT NULL,
+		tx_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	e := &faultEnv{t: t, url: dbURL, direct: direct, ids: map[uuid.UUID]bool{}}
+	e.monFirst.Store("")
+	return e
+}
+
+// enqueue adds n items (keyed, so that parts mode spreads them) with the
+// given payload and max attempts (0: the default).
+func (e *faultEnv) enqueue(n int, payload string, maxAttempts int) []uuid.UUID {
+	e.t.Helper()
+	q, err := claim.New(e.direct, claim.Options{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	items := make([]claim.NewItem, n)
+	for i := range items {
+		items[i] = claim.NewItem{Payload: []byte(payload), Key: fmt.Sprint("k", i), MaxAttempts: maxAttempts}
+	}
+	var ids []uuid.UUID
+	for len(items) > 0 {
+		b := items[:min(len(items), 500)]
+		items = items[len(b):]
+		got, err := q.Enqueue(context.Background(), b...)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ids = append(ids, got...)
+	}
+	for _, id := range ids {
+		e.ids[id] = true
+	}
+	return ids
+}
+
+// monitor samples, every 100 ms until the case ends, the items claimed by a
+// live session whose lease (or, without a lease column, claim time plus
+// faultLease) lies more than leaseSlack in the past.
+func (e *faultEnv) monitor() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stopMon, e.monDone = cancel, make(chan struct{})
+	// Without a lease column (schema v1), the lease is the claim time plus
+	// faultLease.
+	deadline, grace := "i.claimed_at", faultLease+leaseSlack
+	if hasColumn(e.t, e.direct, "crdbwork_items", "lease_until") {
+		deadline, grace = "i.lease_until", leaseSlack
+	}
+	q := `SELECT count(*), COALESCE(max(i.id::TEXT), '') FROM crdbwork_items AS i JOIN crdbwork_sessions AS s ON s.id = i.claim
+		WHERE ` + deadline + ` + $1::BIGINT * INTERVAL '1 microsecond' < now()`
+	args := []any{grace.Microseconds()}
+	go func() {
+		defer close(e.monDone)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, qcancel := context.WithTimeout(ctx, 2*time.Second)
+			var n int64
+			var id string
+			err := e.direct.QueryRow(qctx, q, args...).Scan(&n, &id)
+			qcancel()
+			if err != nil {
+				e.monErrs.Add(1) // the database may be down: that is the fault
+				continue
+			}
+			if n > e.overdue.Load() {
+				e.overdue.Store(n)
+				if e.monFirst.Load() == "" {
+					e.monFirst.Store(fmt.Sprintf("item %s (and %d more) claimed by a live session past its lease at %v", id, n-1, time.Now().Format("15:04:05.000")))
+				}
+			}
+		}
+	}()
+	e.t.Cleanup(func() { e.stopMonitor() })
+}
+
+func (e *faultEnv) stopMonitor() {
+	if e.stopMon != nil {
+		e.stopMon()
+		<-e.monDone
+	}
+}
+
+func hasColumn(t testing.TB, db *pgxpool.Pool, table, column string) bool {
+	t.Helper()
+	var n int
+	err := db.QueryRow(context.Background(), `SELECT count(*) FROM information_schema.columns
+		WHERE table_name = $1 AND column_name = $2`, table, column).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// record writes the item's result row, noting whether the acking session
+// still existed inside the ack transaction.
+func record(it claim.Item) worker.Record {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id, attempt, alive)
+			SELECT $1, $2, $3, EXISTS (SELECT 1 FROM crdbwork_sessions WHERE id = $2)`,
+			it.ID, it.Session, int64(it.Attempt))
+		return err
+	}
+}
+
+// work is a handler that works for d (honouring ctx) and records the item.
+func work(d time.Duration) worker.Handler {
+	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return record(it), nil
+	}
+}
+
+// startWorkers starts n workers, each with its own pool on dbURL (as
+// separate processes would have).
+func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
+	e.t.Helper()
+	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
+		opts.Session = faultSession
+	}
+	if opts.RestartDelay == 0 {
+		opts.RestartDelay = 100 * time.Millisecond
+	}
+	if opts.Claim.BackoffBase == 0 {
+		opts.Claim.BackoffBase, opts.Claim.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	}
+	if opts.Partition.Poll == 0 {
+		opts.Partition.Poll = 200 * time.Millisecond
+	}
+	var rs []*running
+	for range n {
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cfg.MaxConns = int32(max(opts.Concurrency, worker.DefaultConcurrency) + 6)
+		cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(pool.Close)
+		rs = append(rs, start(e.t, pool, h, opts))
+	}
+	return rs
+}
+
+// waitProgress waits until at least n results exist.
+func (e *faultEnv) waitProgress(n int) {
+	e.t.Helper()
+	waitFor(e.t, fmt.Sprintf("%d results", n), time.Minute, func() bool {
+		return count(e.t, e.direct, `SELECT count(*) FROM results`) >= n
+	})
+}
+
+// assertEnded waits, at most bound from since, until no item is left, then
+// checks the contract for every enqueued item. It returns how long after
+// since the last item ended.
+func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Duration {
+	e.t.Helper()
+	t := e.t
+	deadline := since.Add(bound)
+	for {
+		var left int
+		err := e.direct.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_items`).Scan(&left)
+		if err == nil && left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var claimed, live int
+			_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE claim IS NOT NULL),
+				count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)) FROM crdbwork_items`).Scan(&claimed, &live)
+			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v)",
+				left, bound, claimed, live, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(since)
+	e.stopMonitor()
+	e.checkOutcomes()
+	t.Logf("every item ended %v after the fault (bound %v)", took.Round(time.Millisecond), bound)
+	return took
+}
+
+// checkOutcomes asserts: each enqueued item has exactly one result or is
+// dead (not both), no result was written by a session that had lost its
+// row, and the monitor saw no item overdue.
+func (e *faultEnv) checkOutcomes() {
+	t := e.t
+	ctx := context.Background()
+	results := map[uuid.UUID]int{}
+	rows, err := e.direct.Query(ctx, `SELECT item_id, count(*), count(*) FILTER (WHERE NOT alive) FROM results GROUP BY item_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dups, stale int
+	for rows.Next() {
+		var id uuid.UUID
+		var n, notAlive int
+		if err := rows.Scan(&id, &n, &notAlive); err != nil {
+			t.Fatal(err)
+		}
+		results[id] = n
+		if n > 1 {
+			dups++
+		}
+		stale += notAlive
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	dead := map[uuid.UUID]bool{}
+	drows, err := e.direct.Query(ctx, `SELECT id FROM crdbwork_dead_items`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for drows.Next() {
+		var id uuid.UUID
+		if err := drows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		dead[id] = true
+	}
+	var lost, both int
+	for id := range e.ids {
+		switch {
+		case results[id] == 0 && !dead[id]:
+			lost++
+		case results[id] > 0 && dead[id]:
+			both++
+		}
+	}
+	if lost != 0 || dups != 0 || both != 0 || stale != 0 {
+		t.Errorf("of %d items: %d lost (no result, not dead), %d with duplicate results, %d both acked and dead, %d results written by a session that had lost its row",
+			len(e.ids), lost, dups, both, stale)
+	}
+	if n := e.overdue.Load(); n != 0 {
+		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", n, leaseSlack, e.monFirst.Load())
+	}
+}
+
+// deadCount counts the dead items among ids.
+func (e *faultEnv) deadCount(ids []uuid.UUID) int {
+	return count(e.t, e.direct, `SELECT count(*) FROM crdbwork_dead_items WHERE id = ANY($1)`, ids)
+}
+
+// resultCount counts the result rows of ids.
+func (e *faultEnv) resultCount(ids []uuid.UUID) int {
+	return count(e.t, e.direct, `SELECT count(*) FROM results WHERE item_id = ANY($1)`, ids)
+}
+
+// stopAll stops the workers gracefully.
+func stopAll(t *testing.T, rs []*running) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Stop(t) }()
+	}
+	wg.Wait()
+}
+
+// TestFaultDatabaseRestart restarts the database server under three
+// workers (parts mode) in the two ways an operator does: `pg_ctl restart -m
+// fast`, and stop, 3 s down, start. The sessions' expiry (5 s) outlives the
+// restart, so the sessions survive it: an item whose ack, nack or release
+// failed during the restart must still end. Bound: 60 s after the server is
+// back.
+func TestFaultDatabaseRestart(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		down time.Duration // 0: pg_ctl restart -m fast
+	}{{"restart-fast", 0}, {"stop-3s-start", 3 * time.Second}} {
+		t.Run(c.name, func(t *testing.T) {
+			srv, dbURL := testdb.NewServer(t)
+			e := newFaultEnv(t, dbURL)
+			ctx := context.Background()
+			if err := partition.SetParts(ctx, e.direct, crsql.Tables{}, "default", 8); err != nil {
+				t.Fatal(err)
+			}
+			const n = 1500
+			e.enqueue(n, "", 0)
+			e.monitor()
+			// Half the items fail once, so that nacks run during the restart too.
+			h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+				if it.Attempt == 1 && it.ID[0]%2 == 0 {
+					return nil, errors.New("first attempts of even items fail")
+				}
+				return work(3*time.Millisecond)(ctx, it)
+			}
+			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 8, Concurrency: 6,
+				Session: session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
+			e.waitProgress(n / 5)
+			if c.down == 0 {
+				if err := srv.Restart(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := srv.RestartAfter(ctx, c.down); err != nil {
+				t.Fatal(err)
+			}
+			back := time.Now()
+			e.assertEnded(back, time.Minute)
+			stopAll(t, rs)
+		})
+	}
+}
+
+// Statement matchers for the proxy, on the SQL text with quotes removed.
+func stmt(pred func(s string) bool) func(string) bool {
+	return func(sql string) bool {
+		s := strings.ToLower(strings.Join(strings.Fields(strings.ReplaceAll(sql, `"`, "")), " "))
+		return pred(s)
+	}
+}
+
+var (
+	isClaim = stmt(func(s string) bool {
+		return strings.Contains(s, "update crdbwork_items") && strings.Contains(s, "skip locked")
+	})
+	isAck = stmt(func(s string) bool {
+		return strings.HasPrefix(s, "delete from crdbwork_items") ||
+			(strings.Contains(s, "delete from crdbwork_items") && !strings.Contains(s, "dead_items"))
+	})
+	isNack = stmt(func(s string) bool {
+		return strings.Contains(s, "update crdbwork_items") && strings.Contains(s, "last_error =") && !strings.Contains(s, "skip locked")
+	})
+	isRelease = stmt(func(s string) bool {
+		return strings.Contains(s, "update crdbwork_items") && strings.Contains(s, "claim = null") &&
+			!strings.Contains(s, "last_error =") && !strings.Contains(s, "skip locked")
+	})
+)
+
+// TestFaultConnectionCut cuts the workers' connections, through a proxy,
+// for less than the session expiry, at chosen statements: the claim (its
+// answer lost: the items are claimed in the database and unknown to the
+// worker), the ack, the COMMIT (forwarded, its answer dropped: the outcome
+// is unknown to the worker), the nack and the release. Every rule must fire
+// (else the case proves nothing), and every item must end within 30 s of the
+// last cut.
+func TestFaultConnectionCut(t *testing.T) {
+	type cut struct {
+		match  func(string) bool
+		action faultproxy.Action
+		times  int
+	}
+	cases := []struct {
+		name string
+		cuts []cut
+		// failFirst: every item's first attempt fails, so nacks run.
+		failFirst bool
+		// shutdown: one worker is stopped mid-run with handlers in flight,
+		// so releases run.
+		shutdown bool
+	}{
+		{name: "claim-answer-lost", cuts: []cut{{isClaim, faultproxy.DropAnswer, 3}}},
+		{name: "claim-cut", cuts: []cut{{isClaim, faultproxy.DropStatement, 2}}},
+		{name: "ack-cut", cuts: []cut{{isAck, faultproxy.DropAnswer, 3}}},
+		{name: "commit-answer-lost", cuts: []cut{{faultproxy.IsCommit, faultproxy.DropAnswer, 5}}},
+		{name: "nack-cut", failFirst: true, cuts: []cut{{isNack, faultproxy.DropAnswer, 3}, {isNack, faultproxy.DropStatement, 2}}},
+		{name: "release-cut", shutdown: true, cuts: []cut{{isRelease, faultproxy.DropStatement, 3}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newFaultEnv(t, testdb.NewURL(t))
+			p, proxied, err := faultproxy.ForURL(e.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			const n = 600
+			e.enqueue(n, "", 0)
+			e.monitor()
+			h := work(5 * time.Millisecond)
+			if c.failFirst {
+				h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
+					if it.Attempt == 1 {
+						return nil, errors.New("every first attempt fails")
+					}
+					return work(5*time.Millisecond)(ctx, it)
+				}
+			}
+			if c.shutdown {
+				h = work(300 * time.Millisecond)
+			}
+			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+			if c.shutdown {
+				// A third worker that is stopped while its handlers run: it
+				// releases their items (through the cuts).
+				extra := e.startWorkers(1, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+				waitFor(t, "the extra worker to hold items", time.Minute, func() bool { return extra[0].w.Stats().InFlight > 0 })
+				defer extra[0].Stop(t)
+				rs = append(rs, extra...)
+			}
+			e.waitProgress(n / 10)
+			var fired []<-chan struct{}
+			for _, k := range c.cuts {
+				fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+			}
+			if c.shutdown {
+				go rs[len(rs)-1].Stop(t)
+			}
+			for i, f := range fired {
+				select {
+				case <-f:
+				case <-time.After(time.Minute):
+					t.Fatalf("cut %d never fired: the workers ran no matching statement", i)
+				}
+			}
+			// The last cut fires when its rule runs out (or is disarmed).
+			lastCut := time.Now()
+			waitFor(t, "the cuts to be used up", 30*time.Second, func() bool {
+				want := int64(0)
+				for _, k := range c.cuts {
+					want += int64(k.times)
+				}
+				if p.Fired() >= want {
+					return true
+				}
+				return e.remaining() == 0
+			})
+			p.Disarm()
+			lastCut = maxTime(lastCut, time.Now())
+			e.assertEnded(lastCut, 30*time.Second)
+			stopAll(t, rs)
+			t.Logf("the proxy fired %d cuts", p.Fired())
+		})
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (e *faultEnv) remaining() int {
+	return count(e.t, e.direct, `SELECT count(*) FROM crdbwork_items`)
+}
+
+// TestFaultHandlers runs handlers that misbehave. Each kind has its own
+// items among normal ones; the bound is stated per kind.
+func TestFaultHandlers(t *testing.T) {
+	const itemTimeout = 500 * time.Millisecond
+	hung := make(chan struct{}) // never closed before the test ends
+	t.Cleanup(func() { close(hung) })
+	var maxSeen sync.Map // item kind -> highest Attempt a handler saw (int)
+	seen := func(kind string, attempt int) {
+		for {
+			old, loaded := maxSeen.LoadOrStore(kind, attempt)
+			if !loaded || old.(int) >= attempt || maxSeen.CompareAndSwap(kind, old, attempt) {
+				return
+			}
+		}
+	}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		kind := string(it.Payload)
+		seen(kind, it.Attempt)
+		switch kind {
+		case "panic-once":
+			if it.Attempt == 1 {
+				panic("handler panics on the first attempt")
+			}
+		case "panic-always":
+			panic("handler panics on every attempt")
+		case "record-panics-once":
+			if it.Attempt == 1 {
+				return func(context.Context, pgx.Tx) error { panic("record panics on the first attempt") }, nil
+			}
+		case "record-panics-always":
+			return func(context.Context, pgx.Tx) error { panic("record panics on every attempt") }, nil
+		case "hang-once":
+			if it.Attempt == 1 {
+				<-hung // ignores ctx
+			}
+		case "binary-error-once":
+			if it.Attempt == 1 {
+				return nil, errors.New("payload \x00\xff\xfe\x80 quoted in the error")
+			}
+		case "binary-error-always":
+			return nil, fmt.Errorf("bad bytes %q then raw \x00\xc3\x28", "x")
+		case "permanent":
+			return nil, claim.Permanent(errors.New("cannot ever work"))
+		case "fail-always":
+			return nil, errors.New("fails on every attempt")
+		}
+		return work(time.Millisecond)(ctx, it)
+	}
+	const maxAttempts = 3
+	cases := []struct {
+		kind     string
+		wantDead bool
+		bound    time.Duration
+	}{
+		{"panic-once", false, 20 * time.Second},
+		{"panic-always", true, 20 * time.Second},
+		{"record-panics-once", false, 20 * time.Second},
+		{"record-panics-always", true, 20 * time.Second},
+		// The hung handler's item comes back when its lease runs out.
+		{"hang-once", false, itemTimeout + faultLease + leaseSlack + 20*time.Second},
+		{"binary-error-once", false, 20 * time.Second},
+		{"binary-error-always", true, 20 * time.Second},
+		{"permanent", true, 20 * time.Second},
+		{"fail-always", true, 20 * time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.kind, func(t *testing.T) {
+			e := newFaultEnv(t, testdb.NewURL(t))
+			normal := e.enqueue(50, "ok", maxAttempts)
+			bad := e.enqueue(4, c.kind, maxAttempts)
+			e.monitor()
+			begin := time.Now()
+			rs := e.startWorkers(2, e.url, h, worker.Options{Concurrency: 4, ItemTimeout: itemTimeout, ShutdownTimeout: 200 * time.Millisecond})
+			e.assertEnded(begin, c.bound)
+			stopAll(t, rs)
+			if got := e.resultCount(normal); got != len(normal) {
+				t.Errorf("%d results for the %d normal items", got, len(normal))
+			}
+			if c.wantDead {
+				if d := e.deadCount(bad); d != len(bad) {
+					t.Errorf("%d of the %d %s items are dead, want all", d, len(bad), c.kind)
+				}
+				var over int
+				if err := e.direct.QueryRow(context.Background(),
+					`SELECT count(*) FROM crdbwork_dead_items WHERE id = ANY($1) AND attempts > max_attempts`, bad).Scan(&over); err != nil {
+					t.Fatal(err)
+				}
+				if over != 0 {
+					t.Errorf("%d dead items used more than their max attempts", over)
+				}
+			} else if got := e.resultCount(bad); got != len(bad) {
+				t.Errorf("%d results for the %d %s items, want one each", got, len(bad), c.kind)
+			}
+			if v, ok := maxSeen.Load(c.kind); ok && v.(int) > maxAttempts {
+				t.Errorf("a %s handler ran attempt %d, past max attempts %d", c.kind, v.(int), maxAttempts)
+			}
+			if strings.HasPrefix(c.kind, "binary") && c.wantDead {
+				var lastErr string
+				if err := e.direct.QueryRow(context.Background(),
+					`SELECT last_error FROM crdbwork_dead_items WHERE id = $1`, bad[0]).Scan(&lastErr); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(lastErr, "bad bytes") {
+					t.Errorf("dead item's last error %q does not keep the readable part of the handler's error", lastErr)
+				}
+			}
+		})
+	}
+}
