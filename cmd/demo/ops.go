@@ -301,3 +301,60 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 	out.printf("%s", b.String())
 	return nil
 }
+
+func cmdPause(ctx context.Context, name string, args []string, out *console) error {
+	return pauseResume(ctx, name, args, out, true)
+}
+
+func cmdResume(ctx context.Context, name string, args []string, out *console) error {
+	return pauseResume(ctx, name, args, out, false)
+}
+
+// pauseResume pauses or resumes --queue: every claim of a paused queue
+// returns nothing; items already claimed finish as usual; enqueues go on.
+func pauseResume(ctx context.Context, name string, args []string, out *console, pause bool) error {
+	var c common
+	what := `Pauses --queue: from the next claim on, no worker claims its items, until
+"demo resume". Items already claimed finish (acked, nacked or released as
+usual) and enqueues go on. Idempotent.`
+	if !pause {
+		what = `Resumes --queue after "demo pause": workers claim its items again at their
+next poll. Idempotent.`
+	}
+	f := newFlagSet(name, what)
+	c.register(f, urlRequired)
+	if err := f.parse(args, out.stdout); err != nil {
+		return err
+	}
+	pool, q, err := opConn(ctx, &c, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	was, err := q.Paused(ctx)
+	if err != nil {
+		return failf(1, "%v", err)
+	}
+	if pause {
+		err = q.Pause(ctx)
+	} else {
+		err = q.Resume(ctx)
+	}
+	if err != nil {
+		return failf(1, "%v", err)
+	}
+	if c.json {
+		return printJSON(out, map[string]any{"queue": c.queue, "paused": pause, "was_paused": was})
+	}
+	verb := map[bool]string{true: "paused", false: "resumed"}[pause]
+	if was == pause {
+		out.printf("queue %q was already %s\n", c.queue, verb)
+		return nil
+	}
+	if pause {
+		out.printf("paused queue %q: workers claim none of its items until `demo resume --queue %s`\n", c.queue, c.queue)
+	} else {
+		out.printf("resumed queue %q\n", c.queue)
+	}
+	return nil
+}

@@ -199,8 +199,12 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if s.Engine == "" {
 		s.Engine = engineName(ctx, pool)
 	}
-	if err := migrate(ctx, pool); err != nil {
+	m, err := migrate(ctx, pool)
+	if err != nil {
 		return err
+	}
+	for _, w := range m.Warnings {
+		r.out.errorf("demo: warning: %s", oneLine(w))
 	}
 	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 		return failf(1, "%v", err)

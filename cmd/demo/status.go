@@ -31,9 +31,11 @@ type sessionStatus struct {
 	NumParts              int     `json:"num_parts"`
 	// Claimed is the number of items of any queue the session holds now.
 	Claimed int64 `json:"claimed"`
-	// Acked and InFlight are the session's counters as of its last
-	// heartbeat: items acked since it started, handlers running.
+	// Acked, Failed and InFlight are the session's counters as of its last
+	// heartbeat: items acked and failed (nacked or dead-lettered) since it
+	// started, handlers running.
 	Acked    int64 `json:"acked"`
+	Failed   int64 `json:"failed"`
 	InFlight int64 `json:"in_flight"`
 	// Stale: no heartbeat for more than two of the longest heartbeat
 	// intervals its expiry allows (expiry / 3): probably dead, not yet
@@ -71,6 +73,8 @@ type status struct {
 	// Known: the queue has a stored part count, items or dead items; a
 	// queue nobody has enqueued to is probably a mistyped --queue.
 	Known bool `json:"known"`
+	// Paused: claims of the queue return nothing (demo pause / resume).
+	Paused bool `json:"paused"`
 	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
 	// is due (now minus its vesting time, database clock); 0 if none.
 	OldestDueSeconds float64         `json:"oldest_due_seconds"`
@@ -98,8 +102,27 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	if err != nil {
 		return nil, err
 	}
+	type reported struct{ acked, failed, inFlight int64 }
+	reports := map[uuid.UUID]reported{}
+	rows, err := db.Query(ctx, `SELECT id, acked, failed, in_flight FROM `+tables.Table("sessions"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the sessions' counters: %w", crsql.Classify(err))
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var r reported
+		if err := rows.Scan(&id, &r.acked, &r.failed, &r.inFlight); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the sessions' counters: %w", err)
+		}
+		reports[id] = r
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the sessions' counters: %w", err)
+	}
 	claimedBy := map[uuid.UUID]int64{}
-	rows, err := db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
+	rows, err = db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
 	if err != nil {
 		return nil, fmt.Errorf("counting claimed items: %w", crsql.Classify(err))
 	}
@@ -165,7 +188,8 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
 			Claimed: claimedBy[in.ID],
-			Stale:   in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
+			Acked:   reports[in.ID].acked, Failed: reports[in.ID].failed, InFlight: reports[in.ID].inFlight,
+			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
 
@@ -210,7 +234,9 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	var stored bool
 	if err := db.QueryRow(ctx, `SELECT (SELECT min(vesting_at) FROM `+tables.Table("items")+
 		` WHERE queue = $1 AND claim IS NULL AND vesting_at <= now()), now(),
-		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1)`, queue).Scan(&oldest, &now, &stored); err != nil {
+		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1),
+		COALESCE((SELECT paused FROM `+tables.Table("queues")+` WHERE name = $1), false)`,
+		queue).Scan(&oldest, &now, &stored, &s.Paused); err != nil {
 		return nil, fmt.Errorf("reading the oldest item: %w", crsql.Classify(err))
 	}
 	if oldest != nil {
@@ -319,7 +345,11 @@ func watchStatus(ctx context.Context, db crsql.DB, c *common, interval time.Dura
 			rate := tp.add(now, s)
 			text = formatStatus(s, true)
 			if r := tp.describe(rate); r != "" {
-				text = strings.Replace(text, "\n", "\n"+r+"\n", 1)
+				// After the queue and backlog lines.
+				lines := strings.SplitAfterN(text, "\n", 3)
+				if len(lines) == 3 {
+					text = lines[0] + lines[1] + r + "\n" + lines[2]
+				}
 			}
 		}
 		if tty {
@@ -351,7 +381,11 @@ func formatStatus(s *status, compact bool) string {
 			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
 		}
 	}
-	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items\n", s.Queue, s.Engine, s.NumParts, s.Dead)
+	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items", s.Queue, s.Engine, s.NumParts, s.Dead)
+	if s.Paused {
+		b.WriteString(", PAUSED (nothing is claimed; `demo resume` ends it)")
+	}
+	b.WriteString("\n")
 	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
 		fmt.Fprintf(&b, " (oldest due for %s)", round(secs(s.OldestDueSeconds)))
@@ -382,14 +416,14 @@ func formatStatus(s *status, compact bool) string {
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tCLAIMED\tPARTS")
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tACKED\tRUNNING\tCLAIMED\tPARTS")
 		for _, ss := range s.Sessions {
 			hb := secs(ss.SinceHeartbeatSeconds).Round(10*time.Millisecond).String() + " ago"
 			if ss.Stale {
 				hb += " STALE"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 24), ss.PID,
-				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Claimed, partList(ss.Parts))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 16), ss.PID,
+				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
 		}
 		tw.Flush()
 	}

@@ -54,5 +54,5 @@ func (t *throughput) describe(rate float64) string {
 		return ""
 	}
 	span := t.samples[len(t.samples)-1].at.Sub(t.samples[0].at).Round(time.Second)
-	return fmt.Sprintf("throughput: %.0f items/s acked over the last %v (live sessions' heartbeat reports)", rate, span)
+	return fmt.Sprintf("throughput: %.0f items/s acked over the last %v (from the sessions' heartbeats)", rate, span)
 }
