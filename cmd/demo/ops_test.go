@@ -24,6 +24,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // migrated returns the URL and environment of a fresh database after
@@ -441,4 +442,170 @@ func TestOperatorBadInput(t *testing.T) {
 	if r.code != 0 || !regexp.MustCompile(`^crdbwork demo \d+\.\d+\.\d+ \(.*go1\.\d+`).MatchString(r.stdout) {
 		t.Errorf("--version: %d %q", r.code, r.stdout)
 	}
+}
+
+type sessionJSON struct {
+	Name     string  `json:"name"`
+	Age      float64 `json:"age_seconds"`
+	Acked    int64   `json:"acked"`
+	InFlight int64   `json:"in_flight"`
+	Claimed  int64   `json:"claimed"`
+}
+
+type statusJSON struct {
+	Paused   bool          `json:"paused"`
+	Sessions []sessionJSON `json:"sessions"`
+	Queues   []struct {
+		Unclaimed int64 `json:"unclaimed"`
+		Claimed   int64 `json:"claimed"`
+	} `json:"queues"`
+	ItemsPerSecond float64 `json:"items_per_second"`
+}
+
+func statusOf(t *testing.T, env []string) statusJSON {
+	t.Helper()
+	var s statusJSON
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &s)
+	return s
+}
+
+// TestPauseResume pauses a queue, checks that a running worker claims
+// nothing, resumes it, and checks that the work is done and reported by the
+// session's heartbeat counters and status --watch's throughput.
+func TestPauseResume(t *testing.T) {
+	const n = 300
+	_, env, pool := migrated(t)
+	if r := demo(t, time.Minute, env, "enqueue", "--count", "300"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	r := demo(t, time.Minute, env, "pause")
+	if r.code != 0 || !strings.Contains(r.stdout, `paused queue "demo"`) {
+		t.Fatalf("pause: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var p struct {
+		Paused    bool `json:"paused"`
+		WasPaused bool `json:"was_paused"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "pause", "--json"), &p)
+	if !p.WasPaused {
+		t.Errorf("a second pause does not say the queue was paused")
+	}
+	if s := statusOf(t, env); !s.Paused {
+		t.Errorf("status does not show the pause")
+	}
+	if r := demo(t, time.Minute, env, "status"); !strings.Contains(r.stdout, "PAUSED") {
+		t.Errorf("status text does not show the pause:\n%s", r.stdout)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	work := exec.CommandContext(ctx, demoBin, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
+	work.Env = env
+	if err := work.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { work.Process.Kill() })
+	// The worker polls every 150 ms or so: after 2 s of its session, a
+	// claim would have happened.
+	waitCond(t, "the worker's session to be 2s old", time.Minute, func() bool {
+		s := statusOf(t, env)
+		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2
+	})
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL OR attempts > 0`); n != 0 {
+		t.Fatalf("%d items claimed from a paused queue", n)
+	}
+
+	// Resume, and watch the throughput while the items go.
+	watch := exec.CommandContext(ctx, demoBin, "status", "--watch", "--json", "--interval", "200ms")
+	watch.Env = env
+	out, err := watch.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { watch.Process.Kill() })
+	if r := demo(t, time.Minute, env, "resume"); r.code != 0 || !strings.Contains(r.stdout, `resumed queue "demo"`) {
+		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	sc := bufio.NewScanner(out)
+	sawRate := false
+	for sc.Scan() {
+		var s statusJSON
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			t.Fatalf("status --watch --json line: %v\n%s", err, sc.Text())
+		}
+		if s.ItemsPerSecond > 0 {
+			sawRate = true
+		}
+		if len(s.Sessions) == 1 && s.Sessions[0].Acked == n && s.Sessions[0].InFlight == 0 {
+			break // the heartbeat reported every ack
+		}
+	}
+	watch.Process.Signal(syscall.SIGINT)
+	go io.Copy(io.Discard, out)
+	watch.Wait()
+	if !sawRate {
+		t.Error("status --watch never showed a throughput above 0 while 300 items were acked")
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Errorf("%d items left after resume", n)
+	}
+	work.Process.Signal(syscall.SIGTERM)
+	if err := work.Wait(); err != nil {
+		t.Errorf("work: %v", err)
+	}
+}
+
+func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMigrateUpgrade builds a version-1 database, checks that the demo
+// refuses it with the versions named, and upgrades it with demo migrate.
+func TestMigrateUpgrade(t *testing.T) {
+	url := testdb.NewURL(t)
+	env := demoEnv("DATABASE_URL=" + url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, s := range crsql.Migrations()[0].Statements(crsql.Tables{}) {
+		if _, err := pool.Exec(context.Background(), s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	for _, cmd := range []string{"status", "dead", "work", "pause"} {
+		wantExit(t, demo(t, time.Minute, env, cmd), 2, "at version 1, this demo needs 2: run `demo migrate`")
+	}
+	r := demo(t, time.Minute, env, "migrate")
+	if r.code != 0 || !strings.Contains(r.stdout, "upgraded the crdbwork schema from version 1 to 2") {
+		t.Fatalf("migrate: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var m struct {
+		Version  int `json:"schema_version"`
+		Previous int `json:"previous_version"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "migrate", "--json"), &m)
+	if m.Version != 2 || m.Previous != 2 {
+		t.Errorf("second migrate: %+v, want version 2 from 2", m)
+	}
+	if r := demo(t, time.Minute, env, "status"); r.code != 0 {
+		t.Errorf("status after the upgrade: %d\n%s", r.code, r.stderr)
+	}
+	// A newer schema is refused.
+	if _, err := pool.Exec(context.Background(), `UPDATE crdbwork_schema_version SET version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, demo(t, time.Minute, env, "migrate"), 2, "newer")
+	wantExit(t, demo(t, time.Minute, env, "status"), 2, "newer")
 }
