@@ -165,7 +165,7 @@ func TestRunKillEvery(t *testing.T) {
 	if started := num(t, s, "sessions_started"); started < 3 {
 		t.Errorf("sessions_started = %v, want at least the 3 workers'", started)
 	}
-	if lost := num(t, s, "sessions_lost"); lost < 1 || lost > num(t, s, "workers_killed") {
+	if lost := num(t, s, "sessions_lost"); lost < 1 {
 		t.Errorf("sessions_lost = %v with %v workers killed", lost, s["workers_killed"])
 	}
 	num(t, s, "claims_lost")
