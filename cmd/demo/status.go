@@ -388,7 +388,11 @@ func formatStatus(s *status, compact bool) string {
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
-		fmt.Fprintf(&b, " (oldest due for %s)", round(secs(s.OldestDueSeconds)))
+		age := secs(s.OldestDueSeconds)
+		if age >= time.Second {
+			age = age.Round(100 * time.Millisecond)
+		}
+		fmt.Fprintf(&b, " (oldest due for %s)", round(age))
 	}
 	fmt.Fprintf(&b, ", %d claimed\n", claimed)
 	if !s.Known {
@@ -416,13 +420,13 @@ func formatStatus(s *status, compact bool) string {
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tACKED\tRUNNING\tCLAIMED\tPARTS")
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tLAST BEAT\tACKED\tRUNNING\tCLAIMED\tPARTS")
 		for _, ss := range s.Sessions {
-			hb := secs(ss.SinceHeartbeatSeconds).Round(10*time.Millisecond).String() + " ago"
+			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
 			if ss.Stale {
 				hb += " STALE"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 16), ss.PID,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 15), ss.PID,
 				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
 		}
 		tw.Flush()

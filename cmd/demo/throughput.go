@@ -35,10 +35,18 @@ func (t *throughput) add(now time.Time, s *status) float64 {
 	if len(t.samples) < 2 {
 		return -1
 	}
+	// Each session seen in the window counts from its value in the first
+	// sample (0 if it started since) to the last value it reported, so a
+	// session that ended (killed, or stopped) keeps the work it did.
 	first := t.samples[0]
+	last := map[string]int64{}
+	for _, smp := range t.samples {
+		for id, n := range smp.acked {
+			last[id] = n
+		}
+	}
 	var done int64
-	for id, n := range cur.acked {
-		// A session that started since counts from zero.
+	for id, n := range last {
 		done += n - first.acked[id]
 	}
 	d := now.Sub(first.at).Seconds()
