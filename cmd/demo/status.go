@@ -420,7 +420,7 @@ func formatStatus(s *status, compact bool) string {
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tLAST BEAT\tACKED\tRUNNING\tCLAIMED\tPARTS")
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
 		for _, ss := range s.Sessions {
 			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
 			if ss.Stale {
@@ -430,6 +430,9 @@ func formatStatus(s *status, compact bool) string {
 				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
 		}
 		tw.Flush()
+		if !compact {
+			b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items it holds now)\n")
+		}
 	}
 	writeOwners(&b, s)
 	b.WriteString("\n")
