@@ -404,12 +404,16 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 	now := time.Now()
 	elapsed := now.Sub(start)
 	rate := r.rate(now, done, start)
-	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s (last %v), %s live sessions", done, c.items, rate,
+	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s over %v, %s live sessions", done, c.items, rate,
 		min(rateWindow, elapsed.Round(time.Second)), sessions)
 	if c.killEvery > 0 {
 		line += fmt.Sprintf(", %d killed", group.killed())
 	}
-	line += fmt.Sprintf(", %s", elapsed.Round(100*time.Millisecond))
+	if elapsed >= time.Minute {
+		line += fmt.Sprintf(", %s", elapsed.Round(time.Second))
+	} else {
+		line += fmt.Sprintf(", %s", elapsed.Round(100*time.Millisecond))
+	}
 	r.out.progress(line, force)
 }
 

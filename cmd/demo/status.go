@@ -415,7 +415,7 @@ func formatStatus(s *status, compact bool) string {
 	}
 	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
 	if stale > 0 {
-		fmt.Fprintf(&b, " (%d stale: no heartbeat for a while, probably dead, not yet expired)", stale)
+		fmt.Fprintf(&b, " (%d STALE: missed heartbeats, probably dead)", stale)
 	}
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
