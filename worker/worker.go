@@ -384,6 +384,9 @@ func (w *Worker) Stats() Stats {
 // cannot start a session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.ensureParts(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return fmt.Errorf("worker: %w", err)
 	}
 	first := true
