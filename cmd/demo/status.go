@@ -415,7 +415,7 @@ func formatStatus(s *status, compact bool) string {
 	}
 	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
 	if stale > 0 {
-		fmt.Fprintf(&b, " (%d STALE: missed heartbeats, probably dead)", stale)
+		fmt.Fprintf(&b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
 	}
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
@@ -424,7 +424,7 @@ func formatStatus(s *status, compact bool) string {
 		for _, ss := range s.Sessions {
 			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
 			if ss.Stale {
-				hb += " STALE"
+				hb += "!"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 15), ss.PID,
 				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
