@@ -609,3 +609,42 @@ func TestMigrateUpgrade(t *testing.T) {
 	wantExit(t, demo(t, time.Minute, env, "migrate"), 2, "newer")
 	wantExit(t, demo(t, time.Minute, env, "status"), 2, "newer")
 }
+
+// TestStaleSession: a session that stopped heartbeating shows as stale
+// before it expires, and the progress of the others is not hidden.
+func TestStaleSession(t *testing.T) {
+	_, env, pool := migrated(t)
+	ctx := context.Background()
+	sctx, stop := context.WithCancel(ctx)
+	sess, err := session.Start(sctx, pool, session.Options{Name: "silent", Expiry: time.Minute, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop() // like a crash: no more heartbeats, the row stays until it expires
+	<-sess.Done()
+	// 30 s without a heartbeat (two heartbeats allowed by a 1 min expiry are 40 s: not stale yet).
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '30 seconds' WHERE id = $1`, sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Sessions []struct {
+			Name  string `json:"name"`
+			Stale bool   `json:"stale"`
+		} `json:"sessions"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	if len(st.Sessions) != 1 || st.Sessions[0].Stale {
+		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want live and not stale", st.Sessions)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '45 seconds' WHERE id = $1`, sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	if len(st.Sessions) != 1 || !st.Sessions[0].Stale {
+		t.Fatalf("45s after the last heartbeat of a 1 min expiry: %+v, want stale", st.Sessions)
+	}
+	r := demo(t, time.Minute, env, "status")
+	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
+		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
+	}
+}
