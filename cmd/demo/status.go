@@ -479,7 +479,7 @@ func writeOwners(b *strings.Builder, s *status) {
 	}
 	for _, o := range s.PartOwners {
 		if !live[o.Session] {
-			fmt.Fprintf(b, "parts %s of %q are held by expired session %s (released when a peer reaps it)\n", o.Parts, s.Queue, o.Session)
+			fmt.Fprintf(b, "parts %s of %q: held by expired session %s (until a peer reaps it)\n", o.Parts, s.Queue, o.Session[:8])
 		}
 	}
 	if s.UnownedParts == "" {
