@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -647,4 +650,125 @@ func TestStaleSession(t *testing.T) {
 	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
 		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
 	}
+}
+
+// lineLog collects the lines a process writes.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *lineLog) read(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		l.mu.Lock()
+		l.lines = append(l.lines, sc.Text())
+		l.mu.Unlock()
+	}
+}
+
+func (l *lineLog) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestOutageLogs cuts a worker off the database (a TCP proxy drops every
+// connection and refuses new ones) and checks its stderr: warnings are
+// sampled, the outage is said once, the recovery is logged once, and the
+// worker finishes the queue afterwards.
+func TestOutageLogs(t *testing.T) {
+	url, env, pool := migrated(t)
+	if r := demo(t, time.Minute, env, "enqueue", "--count", "3000"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	proxy, proxied, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer proxy.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	work := exec.CommandContext(ctx, demoBin, "work", "--name", "cut-worker", "--task-time", "5ms")
+	work.Env = demoEnv("DATABASE_URL=" + proxied)
+	stderr, err := work.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := work.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { work.Process.Kill() })
+	var log lineLog
+	go log.read(stderr)
+	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
+	waitCond(t, "some items to be done", time.Minute, func() bool {
+		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
+	})
+	proxy.Cut()
+	waitCond(t, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
+	cutAt := time.Now()
+	// Let the failures pile up for two seconds of claims, acks and heartbeats.
+	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
+	proxy.Restore()
+	waitCond(t, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
+	deadline := time.Now().Add(2 * time.Minute)
+	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
+		if time.Now().After(deadline) {
+			rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
+			var left []string
+			for rows.Next() {
+				var claimed, leased *bool
+				var attempts, n int64
+				rows.Scan(&claimed, &attempts, &leased, &n)
+				left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
+			}
+			rows.Close()
+			t.Fatalf("the queue did not drain within 2 minutes after the outage; left: %v\nstderr:\n%s", left, log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	work.Process.Signal(syscall.SIGTERM)
+	work.Wait()
+	warns := log.count("\tWARN\t")
+	t.Logf("%d WARN lines; stderr:\n%s", warns, log.String())
+	if n := log.count("database reachable again after"); n != 1 {
+		t.Errorf("%d recovery lines, want 1", n)
+	}
+	if n := log.count("the database is not answering"); n != 1 {
+		t.Errorf("%d outage lines, want 1", n)
+	}
+	// Sampled: per message, the first 3 of each 10 s (then one in 100).
+	// Unsampled, the claim loop alone warns every 150 ms or so.
+	for _, msg := range []string{"claim failed", "heartbeat failed", "rebalance failed", "ack failed"} {
+		if n := log.count("\tWARN\t" + msg); n > 3 {
+			t.Errorf("%d %q lines for one outage of a few seconds, want at most 3 (sampled)", n, msg)
+		}
+	}
+	if log.count("\tWARN\t") == 0 {
+		t.Error("no warning at all during the outage")
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM demo_results`); n < 3000 {
+		t.Errorf("%d results after the outage, want 3000", n)
+	}
+}
+
+func fmtBool(b *bool) string {
+	if b == nil {
+		return "null"
+	}
+	return strconv.FormatBool(*b)
 }
