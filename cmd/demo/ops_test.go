@@ -772,3 +772,45 @@ func fmtBool(b *bool) string {
 	}
 	return strconv.FormatBool(*b)
 }
+
+// TestStoredPartsWin: a worker asked for 16 parts on a queue stored with 4
+// works with 4, says so in its start line, and warns.
+func TestStoredPartsWin(t *testing.T) {
+	_, env, _ := migrated(t)
+	if r := demo(t, time.Minute, env, "parts", "--set", "4"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	work := exec.CommandContext(ctx, demoBin, "work", "--name", "w16", "--parts", "16")
+	work.Env = env
+	stderr, err := work.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := work.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { work.Process.Kill() })
+	var log lineLog
+	go log.read(stderr)
+	waitCond(t, "the start line", time.Minute, func() bool { return log.count(`w16 working on queue "demo"`) == 1 })
+	waitCond(t, "the warning", time.Minute, func() bool { return log.count("different stored number of parts") == 1 })
+	if log.count("(postgres, 4 parts,") != 1 && log.count("(cockroach, 4 parts,") != 1 {
+		t.Errorf("the start line does not say 4 parts:\n%s", log.String())
+	}
+	waitCond(t, "the worker to own parts 0-3", time.Minute, func() bool {
+		var st struct {
+			Sessions []struct {
+				Parts string `json:"parts"`
+			} `json:"sessions"`
+			NumParts int `json:"num_parts"`
+		}
+		jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+		return st.NumParts == 4 && len(st.Sessions) == 1 && st.Sessions[0].Parts == "0-3"
+	})
+	work.Process.Signal(syscall.SIGTERM)
+	if err := work.Wait(); err != nil {
+		t.Errorf("work: %v\n%s", err, log.String())
+	}
+}
