@@ -19,17 +19,28 @@ import (
 // connects, checks the schema, acts on --queue and prints one result (one
 // JSON object with --json).
 
-// opConn connects for an operator command and checks the schema.
-func opConn(ctx context.Context, c *common, f *flagSet) (*pgxpool.Pool, *claim.Queue, error) {
+// openChecked connects to --database-url with a pool of conns and checks
+// the crdbwork schema: the start of every command that needs it.
+func openChecked(ctx context.Context, c *common, f *flagSet, conns int) (*pgxpool.Pool, error) {
 	if err := c.requireURL(f); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := connect(ctx, c.databaseURL, conns)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := requireSchema(ctx, pool); err != nil {
 		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// opConn connects for an operator command, checks the schema and returns
+// the queue of --queue.
+func opConn(ctx context.Context, c *common, f *flagSet) (*pgxpool.Pool, *claim.Queue, error) {
+	pool, err := openChecked(ctx, c, f, 2)
+	if err != nil {
 		return nil, nil, err
 	}
 	q, err := claim.New(pool, claim.Options{Queue: c.queue, Tables: tables})

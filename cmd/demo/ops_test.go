@@ -1,12 +1,11 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -228,43 +227,18 @@ func TestStatusWatch(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "20"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, "status", "--watch", "--interval", "100ms")
-	cmd.Env = env
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
+	watch, out := startDemo(t, env, true, "status", "--watch", "--interval", "100ms")
+	waitCond(t, "a snapshot with the backlog", time.Minute, func() bool { return out.count("backlog: 20 unclaimed") > 0 })
+	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_items`); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	snapshots, sawBacklog, sawEmpty := 0, false, false
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "--- ") {
-			snapshots++
-		}
-		if strings.Contains(line, `backlog: 20 unclaimed`) && !sawBacklog {
-			sawBacklog = true
-			// The next snapshots must see the change.
-			if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_items`); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if sawBacklog && strings.Contains(line, `backlog: 0 unclaimed`) {
-			sawEmpty = true
-			break
-		}
-	}
-	cmd.Process.Signal(syscall.SIGINT)
-	go io.Copy(io.Discard, stdout)
-	if err := cmd.Wait(); err != nil {
+	waitCond(t, "a snapshot without it", time.Minute, func() bool { return out.count("backlog: 0 unclaimed") > 0 })
+	watch.Process.Signal(syscall.SIGINT)
+	if err := watch.Wait(); err != nil {
 		t.Errorf("status --watch after SIGINT: %v", err)
 	}
-	if !sawBacklog || !sawEmpty || snapshots < 2 {
-		t.Errorf("snapshots %d, saw the backlog %v, then empty %v", snapshots, sawBacklog, sawEmpty)
+	if n := out.count("--- "); n < 2 {
+		t.Errorf("%d snapshots, want at least 2:\n%s", n, out.String())
 	}
 }
 
@@ -275,35 +249,19 @@ func TestMetricsEndpoint(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "400", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
-	cmd.Env = env
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill() })
-	sc := bufio.NewScanner(stderr)
+	cmd, log := startDemo(t, env, false, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
+	waitCond(t, "the start line", time.Minute, func() bool {
+		return log.count(`metrics-worker working on queue "demo" (postgres, 4 parts, session `) == 1
+	})
 	var addr string
-	started := false
-	var lines []string
-	for (addr == "" || !started) && sc.Scan() {
-		lines = append(lines, sc.Text())
-		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(sc.Text()); m != nil {
+	for _, l := range log.snapshot() {
+		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(l); m != nil {
 			addr = m[1]
 		}
-		if strings.Contains(sc.Text(), `metrics-worker working on queue "demo" (postgres, 4 parts, session `) {
-			started = true
-		}
 	}
-	if addr == "" || !started {
-		t.Fatalf("no metrics address or start line on stderr:\n%s", strings.Join(lines, "\n"))
+	if addr == "" {
+		t.Fatalf("no metrics address on stderr:\n%s", log.String())
 	}
-	go io.Copy(io.Discard, stderr)
 
 	scrape := func() map[string]float64 {
 		t.Helper()
@@ -500,14 +458,7 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("status text does not show the pause:\n%s", r.stdout)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	work := exec.CommandContext(ctx, demoBin, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
-	work.Env = env
-	if err := work.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { work.Process.Kill() })
+	work, _ := startDemo(t, env, false, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
 	// The worker polls every 150 ms or so: after 2 s of its session, a
 	// claim would have happened.
 	waitCond(t, "the worker's session to be 2s old", time.Minute, func() bool {
@@ -519,35 +470,27 @@ func TestPauseResume(t *testing.T) {
 	}
 
 	// Resume, and watch the throughput while the items go.
-	watch := exec.CommandContext(ctx, demoBin, "status", "--watch", "--json", "--interval", "200ms")
-	watch.Env = env
-	out, err := watch.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := watch.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { watch.Process.Kill() })
+	watch, out := startDemo(t, env, true, "status", "--watch", "--json", "--interval", "200ms")
 	if r := demo(t, time.Minute, env, "resume"); r.code != 0 || !strings.Contains(r.stdout, `resumed queue "demo"`) {
 		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	sc := bufio.NewScanner(out)
 	sawRate := false
-	for sc.Scan() {
-		var s statusJSON
-		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
-			t.Fatalf("status --watch --json line: %v\n%s", err, sc.Text())
+	waitCond(t, "the session's heartbeat to report every ack", 2*time.Minute, func() bool {
+		for _, l := range out.snapshot() {
+			var s statusJSON
+			if err := json.Unmarshal([]byte(l), &s); err != nil {
+				t.Fatalf("status --watch --json line: %v\n%s", err, l)
+			}
+			if s.ItemsPerSecond > 0 {
+				sawRate = true
+			}
+			if len(s.Sessions) == 1 && s.Sessions[0].Acked == n && s.Sessions[0].InFlight == 0 {
+				return true
+			}
 		}
-		if s.ItemsPerSecond > 0 {
-			sawRate = true
-		}
-		if len(s.Sessions) == 1 && s.Sessions[0].Acked == n && s.Sessions[0].InFlight == 0 {
-			break // the heartbeat reported every ack
-		}
-	}
+		return false
+	})
 	watch.Process.Signal(syscall.SIGINT)
-	go io.Copy(io.Discard, out)
 	watch.Wait()
 	if !sawRate {
 		t.Error("status --watch never showed a throughput above 0 while 300 items were acked")
@@ -652,19 +595,25 @@ func TestStaleSession(t *testing.T) {
 	}
 }
 
-// lineLog collects the lines a process writes.
+// lineLog collects the lines a process writes (it is the process's
+// stdout or stderr; Wait returns once everything written is in).
 type lineLog struct {
-	mu    sync.Mutex
-	lines []string
+	mu      sync.Mutex
+	lines   []string
+	partial []byte
 }
 
-func (l *lineLog) read(r io.Reader) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		l.mu.Lock()
-		l.lines = append(l.lines, sc.Text())
-		l.mu.Unlock()
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, p...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.lines = append(l.lines, string(l.partial[:i]))
+		l.partial = l.partial[i+1:]
 	}
 }
 
@@ -678,6 +627,33 @@ func (l *lineLog) count(sub string) int {
 		}
 	}
 	return n
+}
+
+func (l *lineLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// startDemo starts the demo binary with args in the background and collects
+// its stderr (its stdout, with fromStdout) line by line. The process is
+// killed when the test ends, if it has not been waited for.
+func startDemo(t *testing.T, env []string, fromStdout bool, args ...string) (*exec.Cmd, *lineLog) {
+	t.Helper()
+	cmd := exec.Command(demoBin, args...)
+	cmd.Env = env
+	log := &lineLog{}
+	if fromStdout {
+		cmd.Stdout = log
+	} else {
+		cmd.Stderr = log
+	}
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, log
 }
 
 func (l *lineLog) String() string {
@@ -700,20 +676,8 @@ func TestOutageLogs(t *testing.T) {
 		t.Skip(err)
 	}
 	defer proxy.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	work := exec.CommandContext(ctx, demoBin, "work", "--name", "cut-worker", "--task-time", "5ms")
-	work.Env = demoEnv("DATABASE_URL=" + proxied)
-	stderr, err := work.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := work.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { work.Process.Kill() })
-	var log lineLog
-	go log.read(stderr)
+	ctx := context.Background()
+	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms")
 	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
 	waitCond(t, "some items to be done", time.Minute, func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
@@ -780,20 +744,7 @@ func TestStoredPartsWin(t *testing.T) {
 	if r := demo(t, time.Minute, env, "parts", "--set", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	work := exec.CommandContext(ctx, demoBin, "work", "--name", "w16", "--parts", "16")
-	work.Env = env
-	stderr, err := work.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := work.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { work.Process.Kill() })
-	var log lineLog
-	go log.read(stderr)
+	work, log := startDemo(t, env, false, "work", "--name", "w16", "--parts", "16")
 	waitCond(t, "the start line", time.Minute, func() bool { return log.count(`w16 working on queue "demo"`) == 1 })
 	waitCond(t, "the warning", time.Minute, func() bool { return log.count("different stored number of parts") == 1 })
 	if log.count("(postgres, 4 parts,") != 1 && log.count("(cockroach, 4 parts,") != 1 {

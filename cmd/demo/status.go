@@ -292,17 +292,11 @@ last few seconds.`)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	if err := c.requireURL(f); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := openChecked(ctx, &c, f, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	if watch {
 		return watchStatus(ctx, pool, &c, interval, out)
 	}
