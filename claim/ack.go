@@ -5,19 +5,12 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
-
-// claim is still this claim.
-func (q *Queue) ackArgs(it Item) (string, []any) {
-	if it.InPart {
-		return q.st.AckPart, []any{it.ID, it.Session, int64(it.Attempt), int64(it.Part)}
-	}
-	return q.st.AckAny, []any{it.ID, it.Session, int64(it.Attempt)}
-}
 
 // Ack acknowledges it exactly once. In one serializable transaction it
 // deletes the item, only if the claim is still it's claim, and then calls
@@ -31,13 +24,15 @@ func (q *Queue) ackArgs(it Item) (string, []any) {
 // connection failed during COMMIT, the error wraps retry.ErrCommitUnknown
 // (the item stays claimed or is gone; it is never reported as acked).
 func (q *Queue) Ack(ctx context.Context, it Item, record func(ctx context.Context, tx pgx.Tx) error) error {
-	stmt, args := q.ackArgs(it)
+	if err := q.ready(ctx); err != nil {
+		return fmt.Errorf("claim: ack of item %s: %w", it.ID, err)
+	}
 	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, stmt, args...)
+		deleted, err := q.deleteClaimed(ctx, tx, []Item{it})
 		if err != nil {
-			return crsql.Classify(err)
+			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if !deleted[0] {
 			return ErrClaimLost
 		}
 		if record != nil {
@@ -168,23 +163,32 @@ type recordError struct{ err error }
 func (e recordError) Error() string { return e.err.Error() }
 func (e recordError) Unwrap() error { return e.err }
 
-// deleteClaimed deletes each item whose claim still holds, in one round trip,
-// and reports which were deleted.
+// deleteClaimed deletes, in one statement, each item whose claim still
+// holds (same session, same token), and reports which were deleted.
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
-	b := &pgx.Batch{}
-	for _, it := range items {
-		stmt, args := q.ackArgs(it)
-		b.Queue(stmt, args...)
+	ids := make([]uuid.UUID, len(items))
+	sessions := make([]uuid.UUID, len(items))
+	tokens := make([]int64, len(items))
+	for i, it := range items {
+		ids[i], sessions[i], tokens[i] = it.ID, it.Session, it.Token
 	}
-	br := tx.SendBatch(ctx, b)
+	rows, err := tx.Query(ctx, q.st.AckMany, ids, sessions, tokens)
+	if err != nil {
+		return nil, crsql.Classify(err)
+	}
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, crsql.Classify(err)
+	}
+	set := make(map[uuid.UUID]bool, len(gone))
+	for _, id := range gone {
+		set[id] = true
+	}
 	deleted := make([]bool, len(items))
-	for i := range items {
-		tag, err := br.Exec()
-		if err != nil {
-			br.Close()
-			return nil, crsql.Classify(err)
-		}
-		deleted[i] = tag.RowsAffected() == 1
+	for i, it := range items {
+		// An item listed twice counts once: its first request.
+		deleted[i] = set[it.ID]
+		delete(set, it.ID)
 	}
-	return deleted, br.Close()
+	return deleted, nil
 }

@@ -33,6 +33,13 @@ type Item struct {
 
 	// Session is the session that holds the claim.
 	Session uuid.UUID
+	// Token is the claim's fencing token: every claim of the item
+	// increments it, so it never repeats. Ack, Nack, Release and Extend act
+	// only if the item is still claimed by Session with this Token.
+	Token int64
+	// LeaseUntil is when the claim's lease ends, by the database clock.
+	// Past it, any session's Reap may release the item; Extend moves it.
+	LeaseUntil time.Time
 	// InPart reports a parts-mode claim: the claim names the part too, and
 	// giving up the part releases it.
 	InPart bool
@@ -42,6 +49,15 @@ type Item struct {
 // one statement, lowest priority value first, then earliest vesting time.
 // Any session may claim any item (no parts). Concurrent claimers never get
 // the same item: rows locked by one claimer are skipped by the others.
+//
+// Every claim increments the item's token and takes a lease of
+// Options.Lease. A paused queue yields no items, and neither do items whose
+// attempts are used up (Reap moves them to the dead items).
+//
+// The claim runs in its own SERIALIZABLE transaction. If its outcome is
+// unknown (the error wraps ErrOutcomeUnknown), items may be claimed for
+// session without the caller knowing them: call ReleaseForgotten with the
+// ids the session does know, or let their leases expire.
 func (q *Queue) Claim(ctx context.Context, session uuid.UUID, n int) ([]Item, error) {
 	return q.claim(ctx, q.st.ClaimAny, session, n)
 }
@@ -65,10 +81,13 @@ func (q *Queue) claim(ctx context.Context, stmt string, session uuid.UUID, n int
 	if n <= 0 {
 		return nil, nil
 	}
-	args := append([]any{session, q.opts.Queue, n}, extra...)
+	if err := q.ready(ctx); err != nil {
+		return nil, fmt.Errorf("claim: claiming in %q: %w", q.opts.Queue, err)
+	}
+	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
 	var items []Item
-	err := retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error {
-		rows, err := q.db.Query(ctx, stmt, args...)
+	err := retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, stmt, args...)
 		if err != nil {
 			return err
 		}
@@ -101,7 +120,7 @@ func scanItems(rows pgx.Rows, session uuid.UUID) ([]Item, error) {
 		var key, lastErr *string
 		var claimPart *int64
 		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
-			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart); err != nil {
+			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil); err != nil {
 			return nil, err
 		}
 		it.Part, it.Priority, it.Attempt, it.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
@@ -116,5 +135,3 @@ func scanItems(rows pgx.Rows, session uuid.UUID) ([]Item, error) {
 	}
 	return items, rows.Err()
 }
-
-// ackArgs returns the statement and arguments that delete it only if its

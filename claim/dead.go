@@ -15,6 +15,9 @@ import (
 // reports whether it existed. A claimed item's pending ack then fails with
 // ErrClaimLost.
 func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
+	if err := q.ready(ctx); err != nil {
+		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
+	}
 	var n int64
 	err := retry.Do(ctx, q.stats.retried("cancel"), func(ctx context.Context) error {
 		tag, err := q.db.Exec(ctx, q.st.Cancel, id, q.opts.Queue)
@@ -48,6 +51,9 @@ type DeadItem struct {
 func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
+	}
+	if err := q.ready(ctx); err != nil {
+		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, err)
 	}
 	var out []DeadItem
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
@@ -88,6 +94,9 @@ func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 // current number of parts. It is one statement: the item is never in both
 // tables, nor in neither.
 func (q *Queue) Requeue(ctx context.Context, id uuid.UUID) (bool, error) {
+	if err := q.ready(ctx); err != nil {
+		return false, fmt.Errorf("claim: requeueing dead item %s of %q: %w", id, q.opts.Queue, err)
+	}
 	var n int64
 	err := retry.Do(ctx, q.stats.retried("requeue"), func(ctx context.Context) error {
 		tag, err := q.db.Exec(ctx, q.st.Requeue, id, q.opts.Queue)

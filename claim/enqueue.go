@@ -2,24 +2,66 @@ package claim
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
+	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// enqueueChunk bounds the rows of one INSERT (8 parameters each, far below
-// the protocol's 65535).
-const enqueueChunk = 500
+// Limits of one item, whatever Options say. CockroachDB refuses protocol
+// messages over 16 MiB by default (sql.conn.max_read_buffer_message_size), so
+// an item must fit, with room to spare, in the 8 MiB that enqueue puts in one
+// statement or COPY.
+const (
+	// MaxPayloadLimit bounds Options.MaxPayload: no payload, and no
+	// metadata, may exceed it.
+	MaxPayloadLimit = 3 << 20
+	// MaxKeyLength bounds the length in bytes of NewItem.Key.
+	MaxKeyLength = 4096
+)
+
+// Bounds of one enqueue statement or COPY.
+const (
+	// chunkBytes bounds the estimated bytes of the rows of one statement or
+	// one COPY: half of CockroachDB's default limit on a message.
+	chunkBytes = 8 << 20
+	// rowOverhead estimates the bytes a row takes besides its payload,
+	// metadata and key: the id, five integers and the length words of the
+	// array or COPY encoding.
+	rowOverhead = 96
+	// insertRows bounds the rows of one INSERT; copyRows those of one COPY.
+	insertRows = 5000
+	copyRows   = 50000
+	// copyMinRows is the number of generated ids from which an enqueue
+	// streams them with COPY: below it, the INSERT (one round trip fewer)
+	// is as fast.
+	copyMinRows = 64
+)
+
+// ErrIDInOtherQueue is returned by Enqueue when a caller-given NewItem.ID is
+// the id of an item of another queue. Nothing is enqueued.
+var ErrIDInOtherQueue = errors.New("the id belongs to an item of another queue")
 
 // NewItem is an item to enqueue. Only Payload is required.
 type NewItem struct {
+	// ID, if not zero, is the item's id, chosen by the caller; zero means a
+	// random one is generated. Enqueue is idempotent on ids: an item whose id
+	// is already in the queue's items table is left as it is and not added
+	// again, so that an enqueue retried after an unknown outcome never
+	// creates duplicates.
+	ID uuid.UUID
 	// Payload is the item's data, at most Options.MaxPayload bytes.
 	Payload []byte
 	// Metadata is optional data kept beside the payload (headers, tracing).
@@ -27,6 +69,7 @@ type NewItem struct {
 	// Key, if set, fixes the item's part: items with the same key land in
 	// the same part, so parts mode handles them in order of priority and
 	// vesting time. Without a key, items are spread evenly over the parts.
+	// At most MaxKeyLength bytes of valid UTF-8, without NUL bytes.
 	Key string
 	// Priority orders claims: lower values are claimed first. Default 0.
 	Priority int
@@ -37,91 +80,461 @@ type NewItem struct {
 	MaxAttempts int
 }
 
-// Enqueue adds items to the queue atomically (all or none) and returns their
-// ids in order.
-func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) ([]uuid.UUID, error) {
-	if len(items) <= enqueueChunk {
-		var ids []uuid.UUID
-		err := retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
-			var err error
-			ids, err = q.EnqueueTx(ctx, q.db, items...)
-			return err
-		})
-		return ids, err
+// Enqueued reports what an enqueue did.
+type Enqueued struct {
+	// IDs are the items' ids, in the order of the items: the caller's
+	// NewItem.ID, or the one generated.
+	IDs []uuid.UUID
+	// New[i] reports whether this call added item i. False means an item
+	// with that id was already in the queue's items table (enqueued earlier
+	// and not yet acked, cancelled or dead-lettered), and was left as it
+	// was. An id is "new" whenever it is not in the items table now: an id
+	// whose item was acked, cancelled or moved to the dead-items table is
+	// enqueued again, as a new item.
+	New []bool
+}
+
+// Added returns the number of items the call added.
+func (e Enqueued) Added() int {
+	n := 0
+	for _, isNew := range e.New {
+		if isNew {
+			n++
+		}
 	}
-	var ids []uuid.UUID
-	err := retry.Tx(ctx, q.db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		ids, err = q.EnqueueTx(ctx, tx, items...)
-		return err
-	})
-	return ids, err
+	return n
+}
+
+// Enqueue adds items to the queue atomically (all or none) and returns
+// their ids in order. An item whose ID is already in the queue's items table
+// is not added again (see EnqueueReport to learn which were). Items with
+// generated ids are streamed with COPY when there are many; a call of any
+// size is split into statements of bounded bytes, in one transaction.
+//
+// If err wraps ErrOutcomeUnknown, the items may or may not have been
+// enqueued; the ids are returned all the same: enqueue the same items with
+// NewItem.ID set to them to make sure, without creating duplicates. On any
+// other error nothing was enqueued and ids is nil.
+func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) (ids []uuid.UUID, err error) {
+	res, err := q.EnqueueReport(ctx, items...)
+	return res.IDs, err
+}
+
+// EnqueueReport is Enqueue, reporting which items were added by this call
+// and which were already present.
+func (q *Queue) EnqueueReport(ctx context.Context, items ...NewItem) (Enqueued, error) {
+	b, err := q.prepare(items)
+	if err != nil || len(items) == 0 {
+		return Enqueued{}, err
+	}
+	if err := q.ready(ctx); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+	}
+	return q.enqueueOn(ctx, q.db, b)
+}
+
+// enqueueOn writes b through db in one statement or one transaction,
+// retried while it fails with a serialization failure.
+func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error) {
+	var res Enqueued
+	var err error
+	single := !b.needsTx(true)
+	if single {
+		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
+			res = b.result()
+			return q.write(ctx, db, b, false, &res)
+		})
+	} else {
+		err = retry.Tx(ctx, db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
+			res = b.result()
+			return q.write(ctx, tx, b, true, &res)
+		})
+	}
+	return q.finish(b, res, err, single)
 }
 
 // EnqueueTx adds items through db, typically the caller's own transaction, so
 // that the items exist if and only if that transaction commits. It does not
-// retry: retrying the caller's transaction is the caller's business.
+// retry: retrying the caller's transaction is the caller's business. Given a
+// pool or a connection instead (a DB), it does what Enqueue does on it. Ids
+// and idempotence are as for Enqueue.
 func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
-	if len(items) == 0 {
-		return nil, nil
+	res, err := q.EnqueueReportTx(ctx, db, items...)
+	return res.IDs, err
+}
+
+// EnqueueReportTx is EnqueueTx, reporting which items were added by this
+// call and which were already present.
+func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewItem) (Enqueued, error) {
+	b, err := q.prepare(items)
+	if err != nil || len(items) == 0 {
+		return Enqueued{}, err
 	}
-	ids := make([]uuid.UUID, len(items))
-	args := make([]any, 0, 1+crsql.EnqueueParams*min(len(items), enqueueChunk))
+	res := b.result()
+	_, canCopy := db.(copier)
+	if _, isTx := db.(pgx.Tx); isTx {
+		// Nothing commits here: on error, the caller's transaction must be
+		// rolled back, and nothing is unknown.
+		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
+			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
+		}
+		q.stats.enqueued.Add(int64(res.Added()))
+		return res, nil
+	}
+	if pool, ok := db.(DB); ok {
+		return q.enqueueOn(ctx, pool, b)
+	}
+	err = q.write(ctx, db, b, false, &res)
+	return q.finish(b, res, err, !b.needsTx(false))
+}
+
+// finish wraps an error with context and counts the items added. single
+// says that the items were written by one statement outside a transaction.
+func (q *Queue) finish(b *batch, res Enqueued, err error, single bool) (Enqueued, error) {
+	if err != nil {
+		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, crsql.Classify(err))
+		if outcomeUnknown(err, single) {
+			return Enqueued{IDs: b.ids}, fmt.Errorf("%w: %w", errEnqueueUnknown, err)
+		}
+		return Enqueued{}, err
+	}
+	q.stats.enqueued.Add(int64(res.Added()))
+	return res, nil
+}
+
+// errEnqueueUnknown marks an enqueue whose outcome is unknown.
+var errEnqueueUnknown = errors.New("outcome unknown")
+
+// outcomeUnknown reports whether err leaves it unknown whether the enqueue
+// happened: a COMMIT without an answer, CockroachDB's "result is ambiguous"
+// (40003), or, for a single statement outside a transaction (single), a
+// connection that failed after the statement was sent.
+func outcomeUnknown(err error, single bool) bool {
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
+	switch {
+	case errors.Is(err, retry.ErrCommitUnknown):
+		return true
+	case errors.As(err, &pgErr):
+		return pgErr.Code == "40003"
+	case !single, pgconn.SafeToRetry(err), errors.As(err, &connectErr), errors.Is(err, errBadInput):
+		return false
+	case pgconn.Timeout(err):
+		return true // the context ended while the statement was in flight
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return false // waiting for a connection: nothing was sent
+	}
+	return true
+}
+
+// errBadInput marks errors found before anything was sent.
+var errBadInput = errors.New("bad input")
+
+// copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
+type copier interface {
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+// batch is one call's items, validated, with the ids and key hashes fixed
+// before the first attempt, so that every retry writes the same rows.
+type batch struct {
+	items     []NewItem
+	ids       []uuid.UUID
+	hashes    []int64
+	given     []int // items whose id the caller chose
+	generated []int // items whose id was generated
+}
+
+// needsTx reports whether writing b takes more than one statement.
+func (b *batch) needsTx(canCopy bool) bool {
+	return len(b.given) > 0 || (canCopy && len(b.generated) >= copyMinRows) ||
+		len(chunks(b.items, all(len(b.items)), insertRows)) > 1
+}
+
+func (b *batch) result() Enqueued {
+	return Enqueued{IDs: b.ids, New: make([]bool, len(b.items))}
+}
+
+func all(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
+}
+
+// prepare validates items and fixes their ids and key hashes.
+func (q *Queue) prepare(items []NewItem) (*batch, error) {
+	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items))}
+	var seen map[uuid.UUID]int
 	for i := range items {
-		if err := q.validate(i, &items[i]); err != nil {
+		it := &items[i]
+		if err := q.validate(i, it); err != nil {
 			return nil, err
 		}
-	}
-	for start := 0; start < len(items); start += enqueueChunk {
-		chunk := items[start:min(start+enqueueChunk, len(items))]
-		args = append(args[:0], q.opts.Queue)
-		for i, it := range chunk {
-			id, err := uuid.NewRandom()
-			if err != nil {
-				return nil, fmt.Errorf("claim: generating item id: %w", err)
+		if it.ID == (uuid.UUID{}) {
+			b.generated = append(b.generated, i)
+		} else {
+			if seen == nil {
+				seen = make(map[uuid.UUID]int)
 			}
-			ids[start+i] = id
-			var key *string
-			var hash uint64
-			if it.Key != "" {
-				key = &it.Key
-				h := fnv.New64a()
-				h.Write([]byte(it.Key))
-				hash = h.Sum64()
-			} else {
-				hash = q.next.Add(1)
+			if j, dup := seen[it.ID]; dup {
+				return nil, fmt.Errorf("claim: items %d and %d: %w: both have id %s", j, i, errBadInput, it.ID)
 			}
-			payload := it.Payload
-			if payload == nil {
-				payload = []byte{}
-			}
-			maxAttempts := it.MaxAttempts
-			if maxAttempts == 0 {
-				maxAttempts = q.opts.MaxAttempts
-			}
-			args = append(args, id, int64(hash&math.MaxInt64), key, int64(it.Priority),
-				it.Delay.Microseconds(), int64(maxAttempts), payload, it.Metadata)
+			seen[it.ID] = i
+			b.given = append(b.given, i)
+			b.ids[i] = it.ID
 		}
-		if _, err := db.Exec(ctx, q.st.EnqueueRows(len(chunk)), args...); err != nil {
-			return nil, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(chunk), q.opts.Queue, crsql.Classify(err))
+		var hash uint64
+		if it.Key != "" {
+			h := fnv.New64a()
+			h.Write([]byte(it.Key))
+			hash = h.Sum64()
+		} else {
+			hash = q.next.Add(1)
 		}
+		b.hashes[i] = int64(hash & math.MaxInt64)
 	}
-	q.stats.enqueued.Add(int64(len(items)))
-	return ids, nil
+	if err := randomIDs(b.ids, b.generated); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// randomIDs fills ids[i], for i in idx, with random (version 4) UUIDs, from
+// one read of the system's random source.
+func randomIDs(ids []uuid.UUID, idx []int) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	buf := make([]byte, 16*len(idx))
+	if _, err := rand.Read(buf); err != nil {
+		return fmt.Errorf("claim: generating item ids: %w", err)
+	}
+	for n, i := range idx {
+		copy(ids[i][:], buf[16*n:])
+		ids[i][6] = ids[i][6]&0x0f | 0x40 // version 4
+		ids[i][8] = ids[i][8]&0x3f | 0x80 // RFC 4122 variant
+	}
+	return nil
 }
 
 func (q *Queue) validate(i int, it *NewItem) error {
+	limit := min(q.opts.MaxPayload, MaxPayloadLimit)
+	var err error
 	switch {
-	case len(it.Payload) > q.opts.MaxPayload:
-		return fmt.Errorf("claim: item %d: %w: %d bytes, the limit is %d (Options.MaxPayload); store large data elsewhere and enqueue a reference",
-			i, ErrPayloadTooLarge, len(it.Payload), q.opts.MaxPayload)
-	case len(it.Metadata) > q.opts.MaxPayload:
-		return fmt.Errorf("claim: item %d: %w: metadata is %d bytes, the limit is %d (Options.MaxPayload)",
-			i, ErrPayloadTooLarge, len(it.Metadata), q.opts.MaxPayload)
+	case len(it.Payload) > limit:
+		err = fmt.Errorf("%w: %d bytes, the limit is %d (Options.MaxPayload, at most MaxPayloadLimit); store large data elsewhere and enqueue a reference",
+			ErrPayloadTooLarge, len(it.Payload), limit)
+	case len(it.Metadata) > limit:
+		err = fmt.Errorf("%w: metadata is %d bytes, the limit is %d (Options.MaxPayload, at most MaxPayloadLimit)",
+			ErrPayloadTooLarge, len(it.Metadata), limit)
+	case len(it.Key) > MaxKeyLength:
+		err = fmt.Errorf("%w: the key is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.Key), MaxKeyLength)
+	case !utf8.ValidString(it.Key) || strings.ContainsRune(it.Key, 0):
+		err = fmt.Errorf("%w: the key must be valid UTF-8 without NUL bytes", errBadInput)
 	case it.Delay < 0:
-		return fmt.Errorf("claim: item %d: negative delay %v", i, it.Delay)
+		err = fmt.Errorf("%w: negative delay %v", errBadInput, it.Delay)
 	case it.MaxAttempts < 0:
-		return fmt.Errorf("claim: item %d: negative MaxAttempts %d", i, it.MaxAttempts)
+		err = fmt.Errorf("%w: negative MaxAttempts %d", errBadInput, it.MaxAttempts)
+	}
+	if err != nil {
+		return fmt.Errorf("claim: item %d: %w", i, err)
 	}
 	return nil
+}
+
+// rowBytes estimates the bytes item it takes in a statement or COPY.
+func rowBytes(it *NewItem) int {
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key)
+}
+
+// chunks splits idx (indexes into items) into runs of at most maxRows rows
+// and chunkBytes estimated bytes; an item bigger than that on its own (which
+// validate prevents) would make a chunk by itself.
+func chunks(items []NewItem, idx []int, maxRows int) [][]int {
+	var out [][]int
+	start, bytes := 0, 0
+	for n, i := range idx {
+		size := rowBytes(&items[i])
+		if n > start && (n-start == maxRows || bytes+size > chunkBytes) {
+			out = append(out, idx[start:n])
+			start, bytes = n, 0
+		}
+		bytes += size
+	}
+	if start < len(idx) {
+		out = append(out, idx[start:])
+	}
+	return out
+}
+
+// enqueueStatements caches the rendered statements per set of table names.
+var enqueueStatements sync.Map // crsql.Tables → *crsql.EnqueueStatements
+
+func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
+	if st, ok := enqueueStatements.Load(q.opts.Tables); ok {
+		return st.(*crsql.EnqueueStatements)
+	}
+	st, _ := enqueueStatements.LoadOrStore(q.opts.Tables, crsql.NewEnqueueStatements(q.opts.Tables))
+	return st.(*crsql.EnqueueStatements)
+}
+
+// write writes b through db and records in res which items were added. With
+// useCopy (db is then one transaction that has CopyFrom), items with
+// generated ids go by COPY when there are enough of them.
+func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
+	st := q.enqueueSQL()
+	insert := all(len(b.items))
+	if c, ok := db.(copier); ok && useCopy && len(b.generated) >= copyMinRows {
+		if err := q.copyRows(ctx, db, c, st, b, res); err != nil {
+			return err
+		}
+		insert = b.given
+	}
+	for _, chunk := range chunks(b.items, insert, insertRows) {
+		if err := q.insertRows(ctx, db, st, b, chunk, res); err != nil {
+			return err
+		}
+	}
+	return q.checkForeign(ctx, db, st, b, res)
+}
+
+// insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
+// NOTHING, and marks those it added in res.
+func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, chunk []int, res *Enqueued) error {
+	n := len(chunk)
+	ids := make([]uuid.UUID, n)
+	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	keys := make([]*string, n)
+	payloads, metadata := make([][]byte, n), make([][]byte, n)
+	at := make(map[uuid.UUID]int, n)
+	for j, i := range chunk {
+		it := &b.items[i]
+		ids[j], hashes[j] = b.ids[i], b.hashes[i]
+		at[b.ids[i]] = i
+		if it.Key != "" {
+			keys[j] = &it.Key
+		}
+		priorities[j], delays[j], maxAttempts[j] = int64(it.Priority), it.Delay.Microseconds(), int64(q.maxAttempts(it))
+		payloads[j], metadata[j] = payload(it), it.Metadata
+	}
+	rows, err := db.Query(ctx, st.Insert, q.opts.Queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata)
+	if err != nil {
+		return err
+	}
+	added, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return err
+	}
+	for _, id := range added {
+		i, ok := at[id]
+		if !ok {
+			return fmt.Errorf("the insert returned id %s, which it was not given", id)
+		}
+		res.New[i] = true
+	}
+	return nil
+}
+
+// copyRows streams the items with generated ids with COPY, in chunks of
+// bounded bytes, computing their parts and vesting times from the queue's
+// number of parts and the transaction's timestamp, read (under a share
+// lock on the queue's row) in the same transaction.
+func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
+	var parts int64
+	var now time.Time
+	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now); err != nil {
+		return err
+	}
+	if parts < 1 {
+		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
+	}
+	for _, chunk := range chunks(b.items, b.generated, copyRows) {
+		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, row: make([]any, len(st.CopyColumns)), at: -1}
+		n, err := c.CopyFrom(ctx, st.CopyTable, st.CopyColumns, src)
+		if err != nil {
+			return err
+		}
+		if n != int64(len(chunk)) {
+			return fmt.Errorf("COPY wrote %d rows of %d", n, len(chunk))
+		}
+	}
+	for _, i := range b.generated {
+		res.New[i] = true
+	}
+	return nil
+}
+
+// copySource gives pgx the COPY rows of idx, one at a time.
+type copySource struct {
+	q     *Queue
+	b     *batch
+	idx   []int
+	parts int64
+	now   time.Time
+	row   []any
+	at    int
+}
+
+func (s *copySource) Next() bool { s.at++; return s.at < len(s.idx) }
+func (s *copySource) Err() error { return nil }
+
+func (s *copySource) Values() ([]any, error) {
+	i := s.idx[s.at]
+	it := &s.b.items[i]
+	var key *string
+	if it.Key != "" {
+		key = &it.Key
+	}
+	// The delay at microsecond precision, as the INSERT computes it.
+	vesting := s.now.Add(time.Duration(it.Delay.Microseconds()) * time.Microsecond)
+	s.row[0], s.row[1], s.row[2], s.row[3] = s.b.ids[i], s.q.opts.Queue, s.b.hashes[i]%s.parts, key
+	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, int64(s.q.maxAttempts(it))
+	s.row[7], s.row[8] = payload(it), it.Metadata
+	return s.row, nil
+}
+
+// checkForeign fails if a caller-given id that was not added belongs to
+// another queue.
+func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
+	var present []uuid.UUID
+	for _, i := range b.given {
+		if !res.New[i] {
+			present = append(present, b.ids[i])
+		}
+	}
+	if len(present) == 0 {
+		return nil
+	}
+	var id uuid.UUID
+	var queue string
+	err := db.QueryRow(ctx, st.Foreign, q.opts.Queue, present).Scan(&id, &queue)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	for _, i := range b.given {
+		if b.ids[i] == id {
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, id, queue)
+		}
+	}
+	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, id, queue)
+}
+
+func (q *Queue) maxAttempts(it *NewItem) int {
+	if it.MaxAttempts == 0 {
+		return q.opts.MaxAttempts
+	}
+	return it.MaxAttempts
+}
+
+// payload returns the item's payload, never nil (the column is NOT NULL).
+func payload(it *NewItem) []byte {
+	if it.Payload == nil {
+		return []byte{}
+	}
+	return it.Payload
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -30,15 +32,23 @@ const (
 // backoff with jitter (or the delay of a RetryAfter error); when it has used
 // its attempts, or cause is Permanent, it is moved to the dead-items table
 // with cause as its last error. The claim is checked as in Ack.
+//
+// The error text is stored safely whatever bytes it holds: invalid UTF-8 is
+// replaced, NUL bytes become the text \x00, and it is cut to
+// MaxErrorText bytes.
 func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error) {
 	msg := "unknown error"
 	if cause != nil {
 		msg = cause.Error()
 	}
+	msg = SafeText(msg)
+	if err := q.ready(ctx); err != nil {
+		return Retried, q.claimErr("nacking", it, err)
+	}
 	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) {
 		err := retry.Do(ctx, q.stats.retried("nack"), func(ctx context.Context) error {
 			var id uuid.UUID
-			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, int64(it.Attempt), msg).Scan(&id)
+			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, it.Token, msg).Scan(&id)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrClaimLost
 			}
@@ -54,7 +64,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	if d, ok := retryAfter(cause); ok {
 		delay = d
 	}
-	err := q.update(ctx, "nack", q.st.Nack, it.ID, it.Session, int64(it.Attempt), delay.Microseconds(), msg)
+	err := q.update(ctx, "nack", q.st.Nack, it.ID, it.Session, it.Token, delay.Microseconds(), msg)
 	if err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}
@@ -64,8 +74,13 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 
 // Release gives the item back without counting the attempt, for example when
 // a worker shuts down before handling it. The claim is checked as in Ack.
+// The attempt is given back, but the claim token is not: the next claim gets
+// a new one, so this Item can never act on that claim.
 func (q *Queue) Release(ctx context.Context, it Item) error {
-	if err := q.update(ctx, "release", q.st.Release, it.ID, it.Session, int64(it.Attempt)); err != nil {
+	if err := q.ready(ctx); err != nil {
+		return q.claimErr("releasing", it, err)
+	}
+	if err := q.update(ctx, "release", q.st.Release, it.ID, it.Session, it.Token); err != nil {
 		return q.claimErr("releasing", it, err)
 	}
 	q.stats.released.Add(1)
@@ -108,4 +123,25 @@ func (q *Queue) Backoff(attempt int) time.Duration {
 		return d
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// MaxErrorText bounds the bytes of an error text stored with an item.
+const MaxErrorText = 8 << 10
+
+// SafeText returns s as it is stored in an item's or dead item's last error:
+// valid UTF-8 (invalid bytes become U+FFFD), without NUL bytes (each becomes
+// the four characters \x00: PostgreSQL's text type refuses NUL), and at
+// most MaxErrorText bytes (cut at a character boundary, with a note).
+func SafeText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", `\x00`)
+	if len(s) <= MaxErrorText {
+		return s
+	}
+	const note = "… (cut)"
+	cut := MaxErrorText - len(note)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + note
 }

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,6 +19,9 @@ const (
 	DefaultMaxPayload  = 1 << 20
 	DefaultBackoffBase = time.Second
 	DefaultBackoffMax  = time.Hour
+	// DefaultLease is the lease every claim takes unless Options.Lease says
+	// otherwise: long enough that ordinary handlers never need Extend.
+	DefaultLease = 5 * time.Minute
 )
 
 var (
@@ -32,6 +36,15 @@ var (
 	// ErrPayloadTooLarge is returned by Enqueue for a payload or metadata over
 	// Options.MaxPayload. Nothing is enqueued.
 	ErrPayloadTooLarge = errors.New("payload too large")
+	// ErrOutcomeUnknown is wrapped by every error of a call whose outcome is
+	// unknown: CockroachDB answered "result is ambiguous" (SQLSTATE 40003),
+	// or the connection was lost while the statement or COMMIT was in
+	// flight. The work may or may not have been done: such a call is never
+	// reported as done, nor as failed. An ack with an unknown outcome may
+	// have committed; a claim may have claimed items (see ReleaseForgotten).
+	// It is the same value as the internal retry package's, so errors.Is
+	// works on every error of this package.
+	ErrOutcomeUnknown = retry.ErrOutcomeUnknown
 )
 
 // DB is a connection pool: *pgxpool.Pool satisfies it.
@@ -56,6 +69,11 @@ type Options struct {
 	// again: BackoffBase·2^(attempt-1), capped at BackoffMax, with jitter.
 	// Defaults 1 s and 1 h.
 	BackoffBase, BackoffMax time.Duration
+	// Lease is the lease every claim takes, by the database clock: an item
+	// whose claim is neither acked, nacked, released nor extended within it
+	// is released by any session's Reap (its attempt counted). Default
+	// DefaultLease (5 min).
+	Lease time.Duration
 }
 
 // Queue enqueues, claims and acknowledges the items of one queue.
@@ -66,10 +84,18 @@ type Queue struct {
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
+	// checked is set once the schema version was found to be this code's.
+	checked atomic.Bool
 }
 
-// New returns a Queue on db. It does no I/O; a missing schema is reported by
-// the first call that needs it (wrapping crsql.ErrSchemaMissing).
+// maxLease bounds Options.Lease and Extend's duration (a year): far beyond
+// any handler, far below what overflows an interval.
+const maxLease = 365 * 24 * time.Hour
+
+// New returns a Queue on db. It does no I/O. The first call that touches
+// items checks the schema version once (and again after a failure): an error
+// wrapping crsql.ErrSchemaMissing, ErrSchemaOutdated or ErrSchemaNewer means
+// the schema is not this code's.
 func New(db DB, opts Options) (*Queue, error) {
 	if opts.Queue == "" {
 		opts.Queue = DefaultQueue
@@ -86,6 +112,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	if opts.BackoffMax == 0 {
 		opts.BackoffMax = DefaultBackoffMax
 	}
+	if opts.Lease == 0 {
+		opts.Lease = DefaultLease
+	}
 	switch {
 	case db == nil:
 		return nil, errors.New("claim: nil database")
@@ -95,6 +124,8 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: MaxPayload %d is negative", opts.MaxPayload)
 	case opts.BackoffBase < 0 || opts.BackoffMax < opts.BackoffBase:
 		return nil, fmt.Errorf("claim: backoff base %v and max %v must satisfy 0 <= base <= max", opts.BackoffBase, opts.BackoffMax)
+	case opts.Lease < time.Millisecond || opts.Lease > maxLease:
+		return nil, fmt.Errorf("claim: Lease %v must be between 1ms and %v", opts.Lease, maxLease)
 	}
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
@@ -102,6 +133,18 @@ func New(db DB, opts Options) (*Queue, error) {
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), opts: opts}
 	q.next.Store(rand.Uint64())
 	return q, nil
+}
+
+// ready checks the schema version on the first call (cached after success).
+func (q *Queue) ready(ctx context.Context) error {
+	if q.checked.Load() {
+		return nil
+	}
+	if err := crsql.Check(ctx, q.db, q.opts.Tables); err != nil {
+		return err
+	}
+	q.checked.Store(true)
+	return nil
 }
 
 // Name returns the queue's name.

@@ -11,17 +11,21 @@ type Stats struct {
 	// Enqueued, Claimed, Acked and Released count items; Nacked counts
 	// items nacked for a retry and Dead those moved to the dead-items table.
 	Enqueued, Claimed, Acked, Nacked, Released, Dead int64
+	// Reaped counts items whose expired leases Reap released (the items it
+	// moved to the dead items count in Dead).
+	Reaped int64
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.
 	LostClaims int64
 	// Retries counts serialization-failure retries by statement kind:
-	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue".
+	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue",
+	// "extend", "reap", "pause".
 	Retries map[string]int64
 }
 
 type counters struct {
-	enqueued, claimed, acked, nacked, released, dead, lost atomic.Int64
-	retries                                                sync.Map // kind → *atomic.Int64
+	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
+	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
 // retried returns the callback that counts one retry of kind.
@@ -38,7 +42,7 @@ func (q *Queue) Stats() Stats {
 	s := Stats{
 		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
-		LostClaims: c.lost.Load(), Retries: map[string]int64{},
+		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Retries: map[string]int64{},
 	}
 	c.retries.Range(func(k, v any) bool {
 		s.Retries[k.(string)] = v.(*atomic.Int64).Load()

@@ -31,39 +31,92 @@ func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int,
 	return int(n), nil
 }
 
+// MoveBatch is the number of items SetParts moves per statement.
+const MoveBatch = 1000
+
 // SetParts sets the number of parts of queue to n. It is the one way to
 // change it, and it is safe while producers and workers run:
 //
-//   - items already enqueued keep their part, except those in parts >= n,
-//     which move to part % n (so a key's items may, once, be spread over two
-//     parts, and their order across that move is not kept);
-//   - ownership rows of parts >= n are deleted, which releases their claims
-//     (pending acks of those items fail with claim.ErrClaimLost and the items
-//     are handled again); rebalancers pick up the new count at their next poll;
-//   - enqueues read the count in their own statement, under a share lock,
-//     so none can slip an item into a removed part.
+//   - one short transaction stores the new count and deletes the ownership
+//     rows of parts >= n, which releases the claims made in those parts
+//     (pending acks of those items fail with claim.ErrClaimLost and the
+//     items are handled again); rebalancers pick up the new count at their
+//     next poll;
+//   - enqueues read the count in their own statement or transaction, under a
+//     share lock, so none can slip an item into a removed part once that
+//     transaction committed;
+//   - then the items of parts >= n move to part % n, MoveBatch items per
+//     statement (each its own transaction), so that the move never holds
+//     more than a batch of rows and does not conflict with every claim and
+//     ack at once. A key's items may thus, once, be spread over two parts,
+//     and their order across that move is not kept. A moved item keeps an
+//     any-part claim (claim.Queue.Claim); a claim naming its part
+//     (ClaimParts), made by a session that had not yet seen the new count,
+//     is released, and its ack fails with claim.ErrClaimLost.
 //
-// Raising n only affects items enqueued afterwards.
+// If SetParts fails half-way, some items are still in parts >= n; run it
+// again (it is idempotent) to move them. Raising n only affects items
+// enqueued afterwards.
 func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) error {
 	if n < 1 || n > MaxParts {
 		return fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
 	st := crsql.NewStatements(t)
 	// The server's default isolation: READ COMMITTED on PostgreSQL, so that
-	// each statement sees the enqueues that committed before the count
-	// changed; SERIALIZABLE on CockroachDB.
+	// the upsert waits for the enqueues holding a share lock on the row and
+	// does not fail because of them; SERIALIZABLE on CockroachDB.
 	err := retry.TxWith(ctx, db, pgx.TxOptions{}, nil, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, st.UpsertQueueParts, queue, int64(n)); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, st.DropPartsAbove, queue, int64(n)); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, st.MovePartsAbove, queue, int64(n))
+		_, err := tx.Exec(ctx, st.DropPartsAbove, queue, int64(n))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
+	}
+	if err := moveItems(ctx, db, t, queue, n); err != nil {
+		return fmt.Errorf("partition: moving the items of %q to %d parts: %w", queue, n, crsql.Classify(err))
+	}
+	// A rebalancer that had not yet seen the new count may have taken a
+	// removed part again meanwhile.
+	err = retry.Do(ctx, nil, func(ctx context.Context) error {
+		_, err := db.Exec(ctx, st.DropPartsAbove, queue, int64(n))
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
 	}
 	return nil
+}
+
+// moveItems moves the items of queue in parts >= n to part % n, MoveBatch
+// at a time, until a round over unclaimed and claimed items moves none. No
+// item enters a part >= n meanwhile (enqueues and requeues read the new
+// count), so the rounds end.
+func moveItems(ctx context.Context, db DB, t crsql.Tables, queue string, n int) error {
+	st := crsql.NewMoveStatements(t)
+	for {
+		moved := int64(0)
+		for _, stmt := range []string{st.MoveUnclaimed, st.MoveClaimed} {
+			for {
+				var rows int64
+				err := retry.Do(ctx, nil, func(ctx context.Context) error {
+					tag, err := db.Exec(ctx, stmt, queue, int64(n), MoveBatch)
+					rows = tag.RowsAffected()
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				moved += rows
+				if rows < MoveBatch {
+					break
+				}
+			}
+		}
+		if moved == 0 {
+			return nil
+		}
+	}
 }

@@ -70,11 +70,26 @@ type Stats struct {
 	Retries int64
 }
 
-// part is this session's view of one part it owns.
+// part is this session's view of one ownership of one part: from the
+// acquisition of its row to its release (or its disappearance). A part given
+// up and acquired again is a new ownership with a new epoch.
 type part struct {
+	epoch    uint64
 	draining bool
-	busy     int           // items claimed (or being claimed) in the part and not yet finished
+	busy     int           // leases and items of this ownership not yet done
 	idle     chan struct{} // closed when busy drops to 0 while draining
+	closed   bool          // idle is closed
+}
+
+// Hold is one claimed item's hold on the ownership of its part, as counted by
+// the claimed function of Lease. Pass it to Done once the item is acked,
+// nacked or released. A hold counts only against the ownership it was taken
+// in: if the part was given up (on DrainTimeout) or removed (SetParts)
+// meanwhile, and perhaps acquired again, Done of the old hold changes
+// nothing.
+type Hold struct {
+	Part  int
+	epoch uint64
 }
 
 // Rebalancer keeps one session's share of a queue's parts. Use Lease and
@@ -88,7 +103,11 @@ type Rebalancer struct {
 
 	mu    sync.Mutex
 	owned map[int]*part
+	epoch uint64 // of the last ownership created
 	drain sync.WaitGroup
+	// dbMu makes the rebalancer use one connection at a time: its polls
+	// and the releases of drained parts take turns.
+	dbMu sync.Mutex
 
 	acquired, released, rebalances, retries atomic.Int64
 }
@@ -146,52 +165,67 @@ func (r *Rebalancer) Owned() []int {
 // Lease returns the parts to claim in now (owned and not draining) and
 // marks them busy so that none of them is given up while the claim runs.
 // Call claimed exactly once, with the part of every item the claim
-// returned (each of which then stays busy until Done), even if the claim
-// failed (with no parts).
-func (r *Rebalancer) Lease() (parts []int, claimed func(itemParts []int)) {
+// returned, even if the claim failed (with no parts). It returns one Hold
+// per item, in order: each item keeps its part's ownership busy until Done
+// with its Hold.
+func (r *Rebalancer) Lease() (parts []int, claimed func(itemParts []int) []Hold) {
+	leased := map[int]uint64{}
 	r.mu.Lock()
 	for p, st := range r.owned {
 		if !st.draining {
 			parts = append(parts, p)
+			leased[p] = st.epoch
 			st.busy++
 		}
 	}
 	r.mu.Unlock()
 	slices.Sort(parts)
 	var once sync.Once
-	return parts, func(itemParts []int) {
+	return parts, func(itemParts []int) []Hold {
+		holds := make([]Hold, len(itemParts))
 		once.Do(func() {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			for _, p := range itemParts {
-				if st := r.owned[p]; st != nil {
+			for i, p := range itemParts {
+				// The item was claimed in the ownership leased; if that
+				// ended meanwhile, its hold counts against nothing.
+				holds[i] = Hold{Part: p, epoch: leased[p]}
+				if st := r.owned[p]; st != nil && st.epoch == leased[p] {
 					st.busy++
 				}
 			}
-			for _, p := range parts {
-				r.doneLocked(p)
+			for p, e := range leased {
+				r.doneLocked(Hold{Part: p, epoch: e})
 			}
 		})
+		return holds
 	}
 }
 
-// Done reports that an item of part, counted by Lease's claimed, has been
-// acked, nacked or released.
-func (r *Rebalancer) Done(part int) {
+// Done reports that the item of h has been acked, nacked or released. Done
+// of a hold whose ownership has ended, or of the zero Hold, does nothing.
+func (r *Rebalancer) Done(h Hold) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.doneLocked(part)
+	r.doneLocked(h)
 }
 
-func (r *Rebalancer) doneLocked(p int) {
-	st := r.owned[p]
-	if st == nil {
+func (r *Rebalancer) doneLocked(h Hold) {
+	st := r.owned[h.Part]
+	if st == nil || st.epoch != h.epoch || h.epoch == 0 || st.busy == 0 {
 		return
 	}
 	st.busy--
-	if st.busy == 0 && st.draining {
+	if st.busy == 0 && st.draining && !st.closed {
+		st.closed = true
 		close(st.idle)
 	}
+}
+
+// newPartLocked records a new ownership of a part.
+func (r *Rebalancer) newPartLocked() *part {
+	r.epoch++
+	return &part{epoch: r.epoch}
 }
 
 // Run rebalances every Poll until ctx is cancelled or the session ends. It
@@ -229,15 +263,20 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 // takes the free parts it should own. Run calls it; tests may too.
 func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	me := r.sess.ID()
-	live, err := session.LiveIDs(ctx, r.db, r.opts.Tables)
-	if err != nil {
+	var live []uuid.UUID
+	var n int
+	var owners map[int]uuid.UUID
+	err := r.withDB(func() error {
+		var err error
+		if live, err = session.LiveIDs(ctx, r.db, r.opts.Tables); err != nil {
+			return err
+		}
+		if n, err = Parts(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
+			return err
+		}
+		owners, err = r.owners(ctx)
 		return err
-	}
-	n, err := Parts(ctx, r.db, r.opts.Tables, r.opts.Queue)
-	if err != nil {
-		return err
-	}
-	owners, err := r.owners(ctx)
+	})
 	if err != nil {
 		return err
 	}
@@ -273,16 +312,17 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	}
 	for p := range mine {
 		if r.owned[p] == nil {
-			r.owned[p] = &part{}
+			r.owned[p] = r.newPartLocked()
 		}
 		if st := r.owned[p]; !target[p] && !st.draining {
-			st.draining = true
+			st.draining, st.closed = true, false
 			st.idle = make(chan struct{})
 			if st.busy == 0 {
+				st.closed = true
 				close(st.idle)
 			}
 			r.drain.Add(1)
-			go r.giveUp(ctx, p, st.idle)
+			go r.giveUp(ctx, p, st)
 		}
 	}
 	r.mu.Unlock()
@@ -295,17 +335,19 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 			continue // not free yet: its owner drains it, or expires
 		}
 		var rows int64
-		err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-			tag, err := r.db.Exec(ctx, r.st.AcquirePart, me, r.opts.Queue, int64(p))
-			rows = tag.RowsAffected()
-			return err
+		err := r.withDB(func() error {
+			return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
+				tag, err := r.db.Exec(ctx, r.st.AcquirePart, me, r.opts.Queue, int64(p))
+				rows = tag.RowsAffected()
+				return err
+			})
 		})
 		if err != nil {
 			return fmt.Errorf("partition: acquiring part %d of %q: %w", p, r.opts.Queue, crsql.Classify(err))
 		}
 		if rows == 1 {
 			r.mu.Lock()
-			r.owned[p] = &part{}
+			r.owned[p] = r.newPartLocked()
 			r.mu.Unlock()
 			r.acquired.Add(1)
 			r.log.Debug("part acquired", zap.Int("part", p))
@@ -313,6 +355,14 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	}
 	r.rebalances.Add(1)
 	return nil
+}
+
+// withDB runs fn while no other statement of the rebalancer runs, so that a
+// rebalancer holds at most one connection of the pool at a time.
+func (r *Rebalancer) withDB(fn func() error) error {
+	r.dbMu.Lock()
+	defer r.dbMu.Unlock()
+	return fn()
 }
 
 // owners reads the current owner of every owned part of the queue.
@@ -340,8 +390,9 @@ func (r *Rebalancer) owners(ctx context.Context) (map[int]uuid.UUID, error) {
 
 // giveUp waits for the part's in-flight items (at most DrainTimeout), then
 // deletes its row, which releases any claims still in it.
-func (r *Rebalancer) giveUp(ctx context.Context, p int, idle <-chan struct{}) {
+func (r *Rebalancer) giveUp(ctx context.Context, p int, st *part) {
 	defer r.drain.Done()
+	idle := st.idle
 	start := time.Now()
 	timer := time.NewTimer(r.opts.DrainTimeout)
 	defer timer.Stop()
@@ -352,21 +403,25 @@ func (r *Rebalancer) giveUp(ctx context.Context, p int, idle <-chan struct{}) {
 	case <-ctx.Done():
 		return // the session is ending; closing it releases the part
 	}
-	err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-		_, err := r.db.Exec(ctx, r.st.ReleasePart, r.sess.ID(), r.opts.Queue, int64(p))
-		return err
+	err := r.withDB(func() error {
+		return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
+			_, err := r.db.Exec(ctx, r.st.ReleasePart, r.sess.ID(), r.opts.Queue, int64(p))
+			return err
+		})
 	})
 	if err != nil {
 		r.log.Warn("releasing part failed; the next poll retries", zap.Int("part", p), zap.Error(err))
 		r.mu.Lock()
-		if st := r.owned[p]; st != nil {
+		if r.owned[p] == st {
 			st.draining = false // let the next poll decide again
 		}
 		r.mu.Unlock()
 		return
 	}
 	r.mu.Lock()
-	delete(r.owned, p)
+	if r.owned[p] == st {
+		delete(r.owned, p)
+	}
 	r.mu.Unlock()
 	r.released.Add(1)
 	r.log.Debug("part released", zap.Int("part", p), zap.Duration("drained_in", time.Since(start)))

@@ -3,9 +3,13 @@ package partition_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -248,4 +252,110 @@ func TestSetParts(t *testing.T) {
 			t.Errorf("SetParts(%d) accepted", bad)
 		}
 	}
+}
+
+// switchable is a strategy that gives this process's only session every part
+// while take is set, and none otherwise.
+func switchable(take *atomic.Bool) partition.Strategy {
+	return func(_ map[uuid.UUID][]int, live []uuid.UUID, n int) map[uuid.UUID][]int {
+		out := map[uuid.UUID][]int{}
+		if take.Load() {
+			for _, s := range live {
+				for p := range n {
+					out[s] = append(out[s], p)
+				}
+			}
+		}
+		return out
+	}
+}
+
+func partRows(t *testing.T, pool *pgxpool.Pool) []int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT part FROM crdbwork_session_parts WHERE queue = 'default' ORDER BY part`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = int(p)
+	}
+	return out
+}
+
+// An item claimed in an ownership that ended (here: SetParts removed the
+// part, which was then added back and acquired again) must not count
+// against the new ownership: its Done must neither end the new ownership's
+// drain early nor, as it did, close the drain channel twice (a panic).
+func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
+	pool := setup(t, 2)
+	ctx := context.Background()
+	s, err := session.Start(ctx, pool, session.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	var take atomic.Bool
+	take.Store(true)
+	r, err := partition.New(pool, s, partition.Options{DrainTimeout: time.Hour, Strategy: switchable(&take)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rebalance := func() {
+		t.Helper()
+		if err := r.Rebalance(rctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rebalance()
+	if got := r.Owned(); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("owned %v, want [0 1]", got)
+	}
+	// An item is claimed in part 1.
+	_, claimed := r.Lease()
+	old := claimed([]int{1})
+	// The part disappears under it (its claims are released by the
+	// database), comes back and is acquired again.
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 1); err != nil {
+		t.Fatal(err)
+	}
+	rebalance()
+	if got := r.Owned(); !slices.Equal(got, []int{0}) {
+		t.Fatalf("after shrinking: owned %v, want [0]", got)
+	}
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 2); err != nil {
+		t.Fatal(err)
+	}
+	rebalance()
+	if got := r.Owned(); !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("after growing: owned %v, want [0 1]", got)
+	}
+	// A claim runs in the new ownership while the session starts giving
+	// both parts up; the old item finishes meanwhile.
+	_, claimed = r.Lease()
+	take.Store(false)
+	rebalance()
+	r.Done(old[0])
+	cur := claimed([]int{1})
+	// Part 0 has nothing in flight and is released; part 1 waits for the
+	// new item (the drain timeout is an hour).
+	waitFor(t, "part 0 to be released", 20*time.Second, func() bool { return slices.Equal(r.Owned(), []int{1}) })
+	if got := partRows(t, pool); !slices.Equal(got, []int{1}) {
+		t.Fatalf("rows of parts %v, want [1]: part 1 must wait for its item in flight", got)
+	}
+	r.Done(old[0]) // a second stale Done changes nothing either
+	if got := partRows(t, pool); !slices.Equal(got, []int{1}) {
+		t.Fatalf("rows of parts %v after a stale Done, want [1]", got)
+	}
+	r.Done(cur[0])
+	waitFor(t, "part 1 to be released once its item is done", 20*time.Second, func() bool {
+		return len(r.Owned()) == 0 && len(partRows(t, pool)) == 0
+	})
+	r.Done(cur[0]) // a repeated Done is harmless
 }

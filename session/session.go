@@ -22,6 +22,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -32,6 +33,17 @@ import (
 const (
 	DefaultHeartbeat = time.Second
 	DefaultExpiry    = 5 * time.Second
+	// DefaultClockMargin is the ClockMargin of a session whose Options leave
+	// it zero, unless a quarter of the expiry is less: then a quarter of the
+	// expiry. It is CockroachDB's default maximum clock offset between nodes.
+	DefaultClockMargin = 500 * time.Millisecond
+)
+
+// Bounds of Options, far above any useful value: they keep the arithmetic
+// on durations from overflowing.
+const (
+	MaxHeartbeat = time.Hour
+	MaxExpiry    = 24 * time.Hour
 )
 
 // MinExpiryFactor is how many heartbeat intervals the expiry must span at
@@ -48,15 +60,31 @@ var (
 )
 
 // Options configure a session. The zero value is valid: 1 s heartbeat,
-// 5 s expiry, default table names, no logging.
+// 5 s expiry, 500 ms clock margin, default table names, no logging.
 type Options struct {
-	// Heartbeat is the interval between heartbeats. Default 1 s.
+	// Heartbeat is the interval between heartbeats. Default 1 s, at most
+	// MaxHeartbeat.
 	Heartbeat time.Duration
 	// Expiry is how long after its last heartbeat a session may be deleted
-	// by a peer. It must be at least MinExpiryFactor heartbeats. Default 5 s.
+	// by a peer. It must be at least MinExpiryFactor heartbeats, and at most
+	// MaxExpiry. Default 5 s (or MinExpiryFactor heartbeats, if more).
 	Expiry time.Duration
+	// ClockMargin is how much earlier than its expiry the process considers
+	// its session lost when heartbeats fail: lost at lastSent + Expiry -
+	// ClockMargin, where lastSent is when the last successful heartbeat was
+	// sent. Peers compare the heartbeat with their own node's now(), which
+	// on a CockroachDB cluster may lead this node's by up to the cluster's
+	// maximum clock offset (500 ms by default); the margin keeps the
+	// process from working on while a peer already counts it expired.
+	// PostgreSQL has one clock and would need none, but the margin only
+	// shortens the time a process keeps working through failed heartbeats,
+	// so the same default applies everywhere. Default DefaultClockMargin or
+	// a quarter of the expiry, whichever is less; negative: none. At least
+	// two heartbeats must fit in Expiry - ClockMargin.
+	ClockMargin time.Duration
 	// ReapEvery is the interval between deletions of expired sessions.
-	// Default: two heartbeats.
+	// Default: two heartbeats. Negative: the session never reaps (its
+	// owner calls Reap itself, as package worker does).
 	ReapEvery time.Duration
 	// Name is stored in the session row for operators (for example "demo-worker-3").
 	Name string
@@ -64,11 +92,28 @@ type Options struct {
 	Tables crsql.Tables
 	// Logger receives the session's logs. Default: none.
 	Logger *zap.Logger
+	// Connect opens the connection the heartbeat uses (see Start). Default:
+	// when the database given to Start is a *pgxpool.Pool, a connection
+	// with the pool's connection config; otherwise none, and heartbeats go
+	// through that database.
+	Connect func(ctx context.Context) (*pgx.Conn, error)
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
 // for values that cannot work.
 func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.Heartbeat < 0 || o.Expiry < 0:
+		return o, fmt.Errorf("session: negative heartbeat %v or expiry %v", o.Heartbeat, o.Expiry)
+	case o.Heartbeat > MaxHeartbeat:
+		return o, fmt.Errorf("session: heartbeat %v is too long (maximum %v)", o.Heartbeat, MaxHeartbeat)
+	case o.Expiry > MaxExpiry:
+		return o, fmt.Errorf("session: expiry %v is too long (maximum %v)", o.Expiry, MaxExpiry)
+	case o.ClockMargin > MaxExpiry:
+		return o, fmt.Errorf("session: clock margin %v is too long (maximum %v)", o.ClockMargin, MaxExpiry)
+	case o.ReapEvery > MaxExpiry:
+		return o, fmt.Errorf("session: reap interval %v is too long (maximum %v)", o.ReapEvery, MaxExpiry)
+	}
 	if o.Heartbeat == 0 {
 		o.Heartbeat = DefaultHeartbeat
 	}
@@ -79,13 +124,20 @@ func (o Options) withDefaults() (Options, error) {
 		o.ReapEvery = 2 * o.Heartbeat
 	}
 	switch {
+	case o.ClockMargin == 0:
+		o.ClockMargin = min(DefaultClockMargin, o.Expiry/4)
+	case o.ClockMargin < 0:
+		o.ClockMargin = 0
+	}
+	switch {
 	case o.Heartbeat < time.Millisecond:
 		return o, fmt.Errorf("session: heartbeat %v is too short (minimum 1ms)", o.Heartbeat)
 	case o.Expiry < MinExpiryFactor*o.Heartbeat:
 		return o, fmt.Errorf("session: expiry %v must be at least %d heartbeats (%v); raise the expiry or shorten the heartbeat",
 			o.Expiry, MinExpiryFactor, MinExpiryFactor*o.Heartbeat)
-	case o.ReapEvery < 0:
-		return o, fmt.Errorf("session: reap interval %v is negative", o.ReapEvery)
+	case o.Expiry-o.ClockMargin < 2*o.Heartbeat:
+		return o, fmt.Errorf("session: clock margin %v leaves less than two heartbeats (%v) of the expiry %v; lower the margin or raise the expiry",
+			o.ClockMargin, 2*o.Heartbeat, o.Expiry)
 	}
 	if err := o.Tables.Validate(); err != nil {
 		return o, fmt.Errorf("session: %w", err)
@@ -106,6 +158,8 @@ type Session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	loops  sync.WaitGroup
+	// connect opens the heartbeat's own connection; nil: heartbeat through db.
+	connect func(ctx context.Context) (*pgx.Conn, error)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -117,7 +171,17 @@ type Session struct {
 // cancelled. Cancelling ctx loses the session: it stops heartbeating without
 // deleting the row, exactly as if the process had died, and peers delete the
 // row after the expiry. Call Close for a graceful stop that releases
-// everything at once.
+// everything at once. Nothing of the session stays registered on ctx once
+// the session is lost or closed, so a long-lived ctx may serve any number of
+// sessions.
+//
+// The heartbeat has a connection of its own (see Options.Connect), opened
+// on the first heartbeat and opened again after any failure. Heartbeats
+// therefore never queue behind the work of a busy pool — a pool whose
+// connections are all busy acking would otherwise delay the heartbeat past
+// the expiry and lose a session that is working fine — and a pool sized for
+// the process's own work needs no slot for them. The row is created, the
+// reaper runs and Close deletes the row through db.
 func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -132,15 +196,24 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("session: creating session row: %w", crsql.Classify(err))
 	}
-	s := &Session{id: id, db: db, st: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id))}
+	s := &Session{id: id, db: db, st: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
+	if s.connect == nil {
+		if pool, ok := db.(*pgxpool.Pool); ok {
+			cfg := pool.Config().ConnConfig
+			s.connect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg.Copy()) }
+		}
+	}
 	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	context.AfterFunc(ctx, func() { s.lose(fmt.Errorf("the context given to Start ended: %w", ctx.Err())) })
+	stop := context.AfterFunc(ctx, func() { s.lose(fmt.Errorf("the context given to Start ended: %w", ctx.Err())) })
+	// Once the session ends, for whatever reason, ctx need not hold on to it.
+	context.AfterFunc(s.ctx, func() { stop() })
 	// The loops run on the session's own context: a lost or closed session
 	// stops heartbeating and reaping.
 	s.loops.Add(2)
 	go s.heartbeatLoop(s.ctx)
 	go s.reapLoop(s.ctx)
-	s.log.Debug("session started", zap.Duration("heartbeat", opts.Heartbeat), zap.Duration("expiry", opts.Expiry))
+	s.log.Debug("session started", zap.Duration("heartbeat", opts.Heartbeat), zap.Duration("expiry", opts.Expiry),
+		zap.Duration("clock_margin", opts.ClockMargin))
 	return s, nil
 }
 
@@ -176,40 +249,75 @@ func (s *Session) lose(reason error) {
 
 func (s *Session) heartbeatLoop(ctx context.Context) {
 	defer s.loops.Done()
+	var conn *pgx.Conn // the heartbeat's own connection, nil until (re)opened
+	defer func() {
+		if conn != nil {
+			closeCtx, cancel := context.WithTimeout(context.Background(), s.opts.Heartbeat)
+			conn.Close(closeCtx)
+			cancel()
+		}
+	}()
 	// lastSent is when the last successful heartbeat was sent, by this
 	// process's monotonic clock. The database stamped the row with its own
 	// now(), no earlier than that, so the row cannot expire before
-	// lastSent + expiry: declaring the session lost then is on the safe side.
+	// lastSent + expiry by that node's clock; other nodes' clocks may lead
+	// by the clock margin, so the session counts itself lost that much
+	// earlier.
 	lastSent := time.Now()
+	budget := s.opts.Expiry - s.opts.ClockMargin
 	tick := time.NewTicker(s.opts.Heartbeat)
 	defer tick.Stop()
-	deadline := time.NewTimer(s.opts.Expiry)
+	deadline := time.NewTimer(budget)
 	defer deadline.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-deadline.C:
-			s.lose(fmt.Errorf("no heartbeat succeeded for %v (the expiry)", s.opts.Expiry))
+			s.lose(fmt.Errorf("no heartbeat succeeded for %v (the expiry %v less the clock margin %v)", budget, s.opts.Expiry, s.opts.ClockMargin))
 			return
 		case <-tick.C:
 		}
 		sent := time.Now()
-		hbCtx, cancel := context.WithTimeout(ctx, s.opts.Heartbeat)
+		// One heartbeat (with its connect) may take up to two intervals,
+		// but never past the deadline.
+		hbCtx, cancel := context.WithTimeout(ctx, max(time.Millisecond, min(2*s.opts.Heartbeat, budget-time.Since(lastSent))))
 		var rows int64
-		err := retry.Do(hbCtx, nil, func(ctx context.Context) error {
-			tag, err := s.db.Exec(ctx, s.st.Heartbeat, s.id)
-			rows = tag.RowsAffected()
-			return err
-		})
+		var err error
+		if s.connect != nil && conn == nil {
+			if conn, err = s.connect(hbCtx); err != nil {
+				conn = nil
+				err = fmt.Errorf("connecting: %w", err)
+			}
+		}
+		if err == nil {
+			var db crsql.DB = s.db
+			if conn != nil {
+				db = conn
+			}
+			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
+				tag, err := db.Exec(ctx, s.st.Heartbeat, s.id)
+				rows = tag.RowsAffected()
+				return err
+			})
+			if err != nil && conn != nil {
+				// Whatever failed, the next heartbeat starts on a fresh
+				// connection rather than one in an unknown state.
+				closeCtx, cancelClose := context.WithTimeout(context.Background(), s.opts.Heartbeat)
+				conn.Close(closeCtx)
+				cancelClose()
+				conn = nil
+			}
+		}
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
 			s.log.Warn("heartbeat failed", zap.Error(err), zap.Duration("since_last_success", time.Since(lastSent)))
-			if time.Since(lastSent) >= s.opts.Expiry {
-				s.lose(fmt.Errorf("no heartbeat succeeded for %v: %w", s.opts.Expiry, err))
+			if time.Since(lastSent) >= budget {
+				s.lose(fmt.Errorf("no heartbeat succeeded for %v (the expiry %v less the clock margin %v): %w",
+					budget, s.opts.Expiry, s.opts.ClockMargin, err))
 				return
 			}
 		case rows == 0:
@@ -217,14 +325,14 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			return
 		default:
 			lastSent = sent
-			deadline.Reset(s.opts.Expiry - time.Since(sent))
+			deadline.Reset(budget - time.Since(sent))
 		}
 	}
 }
 
 func (s *Session) reapLoop(ctx context.Context) {
 	defer s.loops.Done()
-	if s.opts.ReapEvery == 0 {
+	if s.opts.ReapEvery <= 0 {
 		return
 	}
 	tick := time.NewTicker(s.opts.ReapEvery)

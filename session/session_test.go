@@ -3,7 +3,9 @@ package session_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -179,13 +181,60 @@ func TestCrashedSessionIsReapedByPeer(t *testing.T) {
 	}
 }
 
-func TestUnreachableDatabaseLosesSessionAfterExpiry(t *testing.T) {
-	url := testdb.NewURL(t)
+// The database becomes unreachable (a proxy drops every connection): the
+// session counts itself lost once heartbeats have failed for the expiry
+// less the clock margin — while its row, by the database clock, has not yet
+// expired, so no peer may already have taken over its work.
+func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
+	direct := setup(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, url)
+	p := testdb.NewProxy(t, direct.Config().ConnString())
+	pool, err := pgxpool.New(ctx, p.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer pool.Close()
+	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}
+	s, err := session.Start(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	p.Cut() // every later heartbeat fails
+	select {
+	case <-s.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("session kept going without heartbeats")
+	}
+	if !errors.Is(s.Err(), session.ErrLost) || !strings.Contains(s.Err().Error(), "no heartbeat succeeded") ||
+		!strings.Contains(s.Err().Error(), "clock margin 2s") {
+		t.Fatalf("Err = %v, want ErrLost for failed heartbeats, naming the clock margin", s.Err())
+	}
+	var expired bool
+	if err := direct.QueryRow(ctx, `SELECT heartbeat_at + expiry <= now() FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&expired); err != nil {
+		t.Fatal(err)
+	}
+	if expired {
+		t.Fatal("the session counted itself lost only after its row had expired by the database clock")
+	}
+}
+
+// The heartbeat has its own connection: a pool whose every connection is
+// busy (here held by the test, as by acks that take long) must not starve
+// it, or a session working fine would be lost.
+func TestHeartbeatDoesNotWaitForABusyPool(t *testing.T) {
+	url := testdb.NewURL(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
 	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -193,15 +242,103 @@ func TestUnreachableDatabaseLosesSessionAfterExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool.Close() // every later heartbeat fails
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("session kept going without heartbeats")
+	defer s.Close(ctx)
+	busy, err := pool.Acquire(ctx) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(s.Err(), session.ErrLost) || !strings.Contains(s.Err().Error(), "no heartbeat succeeded") {
-		t.Fatalf("Err = %v, want ErrLost for failed heartbeats", s.Err())
+	var first time.Time
+	if err := busy.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&first); err != nil {
+		t.Fatal(err)
 	}
+	// Hold the pool for three expiries, watching the heartbeats land.
+	var beats int
+	last := first
+	for end := time.Now().Add(3 * fast.Expiry); time.Now().Before(end); {
+		var hb time.Time
+		if err := busy.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&hb); err != nil {
+			t.Fatal(err)
+		}
+		if hb.After(last) {
+			beats++
+			last = hb
+		}
+		if s.Err() != nil {
+			break
+		}
+		time.Sleep(fast.Heartbeat / 2)
+	}
+	busy.Release()
+	if err := s.Err(); err != nil {
+		t.Fatalf("session lost while the pool was busy: %v", err)
+	}
+	if beats < 3 {
+		t.Fatalf("%d heartbeats landed in three expiries with the pool busy, want at least 3", beats)
+	}
+}
+
+// countingCtx is a context that never ends and counts the functions
+// registered on it with context.AfterFunc and not yet stopped.
+type countingCtx struct {
+	done chan struct{}
+	mu   sync.Mutex
+	live int
+}
+
+func (c *countingCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (c *countingCtx) Done() <-chan struct{}       { return c.done }
+func (c *countingCtx) Err() error                  { return nil }
+func (c *countingCtx) Value(any) any               { return nil }
+func (c *countingCtx) registered() int             { c.mu.Lock(); defer c.mu.Unlock(); return c.live }
+func (c *countingCtx) AfterFunc(func()) (stop func() bool) {
+	c.mu.Lock()
+	c.live++
+	c.mu.Unlock()
+	var once sync.Once
+	return func() bool {
+		stopped := false
+		once.Do(func() {
+			c.mu.Lock()
+			c.live--
+			c.mu.Unlock()
+			stopped = true
+		})
+		return stopped
+	}
+}
+
+// A session closed or lost under a long-lived context leaves nothing
+// registered on that context (each registration held ~6.5 KiB).
+func TestEndedSessionsLeaveNothingOnTheirContext(t *testing.T) {
+	pool := setup(t)
+	ctx := &countingCtx{done: make(chan struct{})}
+	var sessions []*session.Session
+	for range 3 {
+		s, err := session.Start(ctx, pool, fast)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions = append(sessions, s)
+	}
+	if n := ctx.registered(); n != 3 {
+		t.Fatalf("%d registrations on the context for 3 live sessions, want 3", n)
+	}
+	if err := sessions[0].Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := ctx.registered(); n != 2 {
+		t.Fatalf("%d registrations after one Close, want 2", n)
+	}
+	// One is lost: its row is deleted.
+	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_sessions WHERE id = $1`, sessions[1].ID()); err != nil {
+		t.Fatal(err)
+	}
+	<-sessions[1].Done()
+	waitFor(t, "the lost session's registration to be stopped", 10*time.Second, func() bool { return ctx.registered() == 1 })
+	if err := sessions[2].Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "no registration left", 10*time.Second, func() bool { return ctx.registered() == 0 })
 }
 
 func TestBadOptions(t *testing.T) {
@@ -213,7 +350,13 @@ func TestBadOptions(t *testing.T) {
 	}{
 		{session.Options{Heartbeat: time.Second, Expiry: 2 * time.Second}, "expiry 2s must be at least 3 heartbeats"},
 		{session.Options{Heartbeat: time.Microsecond}, "too short"},
-		{session.Options{ReapEvery: -time.Second}, "negative"},
+		{session.Options{Heartbeat: -time.Second}, "negative"},
+		{session.Options{Heartbeat: math.MaxInt64}, "heartbeat 2562047h47m16.854775807s is too long"},
+		{session.Options{Expiry: math.MaxInt64}, "too long"},
+		{session.Options{Heartbeat: time.Hour, Expiry: session.MaxExpiry + time.Nanosecond}, "too long"},
+		{session.Options{ReapEvery: math.MaxInt64}, "too long"},
+		{session.Options{ClockMargin: math.MaxInt64}, "too long"},
+		{session.Options{Heartbeat: time.Second, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}, "leaves less than two heartbeats"},
 	} {
 		_, err := session.Start(ctx, pool, tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

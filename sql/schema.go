@@ -2,10 +2,14 @@ package sql
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
+	"log"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -14,13 +18,52 @@ import (
 
 // Version is the schema version this code expects. Apply brings a database
 // to it; Check reports a database at any other version.
-const Version = 1
+const Version = 2
 
 //go:embed schema.sql
 var schemaFile string
 
 //go:embed cockroach.sql
 var cockroachFile string
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one numbered file of sql/migrations: it upgrades a database
+// at version Version-1 to Version. Each is plain SQL, idempotent, and ends by
+// raising the version row (never lowering it).
+type Migration struct {
+	Version int    // the version the database has after it
+	Name    string // the file name, e.g. "0002_leases_tokens_pause.sql"
+	SQL     string // the file's text, with the default table names
+}
+
+// Statements returns the migration's statements with the names of t.
+func (m Migration) Statements(t Tables) []string { return statements(t.rewrite(m.SQL)) }
+
+// Migrations returns every migration, in order. Migration 1 creates the
+// version-1 schema; a fresh install uses SchemaSQL instead of replaying them.
+func Migrations() []Migration {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded at build time: cannot fail
+	}
+	var out []Migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("crdbwork: migration file without a number: " + e.Name())
+		}
+		text, err := fs.ReadFile(migrationFS, "migrations/"+e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, Migration{Version: v, Name: e.Name(), SQL: string(text)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
 
 // SchemaSQL returns the schema file with the default table names, exactly as
 // shipped in sql/schema.sql.
@@ -105,9 +148,26 @@ func (t Tables) name(ident string) string {
 // without the prefix: Table("items") is "crdbwork_items" by default.
 func (t Tables) Table(suffix string) string { return t.name(defaultPrefix + suffix) }
 
-// rewrite renames every crdbwork_ identifier of a SQL text.
+var dropIndexPattern = regexp.MustCompile(`(DROP INDEX IF EXISTS )(crdbwork_[a-z_]+)\b`)
+
+// rewrite renames every crdbwork_ identifier of a SQL text. An index named by
+// DROP INDEX is qualified with the schema (CREATE INDEX names are not: an
+// index always lives in its table's schema).
 func (t Tables) rewrite(text string) string {
-	return identPattern.ReplaceAllStringFunc(text, t.name)
+	text = dropIndexPattern.ReplaceAllStringFunc(text, func(m string) string {
+		sub := dropIndexPattern.FindStringSubmatch(m)
+		id := pgx.Identifier{t.prefix() + strings.TrimPrefix(sub[2], defaultPrefix)}
+		if t.Schema != "" {
+			id = pgx.Identifier{t.Schema, id[0]}
+		}
+		return sub[1] + "\x00" + id.Sanitize() + "\x00"
+	})
+	// The \x00 marks keep the already rendered name from being renamed again.
+	parts := strings.Split(text, "\x00")
+	for i := 0; i < len(parts); i += 2 {
+		parts[i] = identPattern.ReplaceAllStringFunc(parts[i], t.name)
+	}
+	return strings.Join(parts, "")
 }
 
 // statements splits a SQL file into its statements, dropping comments.
@@ -161,35 +221,84 @@ func DetectDialect(ctx context.Context, db DB) (Dialect, error) {
 	return Postgres, nil
 }
 
-// Apply creates or upgrades the crdbwork schema. It is idempotent: applying it
-// to a current schema changes nothing. It refuses a schema newer than Version.
+// ApplyOptions configure ApplyWith. The zero value is valid.
+type ApplyOptions struct {
+	// Warn receives warnings: things Apply did not do but that do not stop
+	// crdbwork from working (today: CockroachDB zone configurations that the
+	// cluster refused, as CockroachDB Cloud Basic/Serverless does). Nil
+	// writes them with the standard log package.
+	Warn func(msg string)
+}
+
+// Apply creates or upgrades the crdbwork schema: ApplyWith with the zero
+// ApplyOptions.
 func Apply(ctx context.Context, db DB, t Tables) error {
+	return ApplyWith(ctx, db, t, ApplyOptions{})
+}
+
+// ApplyWith creates or upgrades the crdbwork schema, in place.
+//
+// A database without the schema gets the complete current schema (the file
+// sql/schema.sql). A database at an older version gets the migrations above
+// its version, in order, and only those (see Migrations); each is
+// idempotent and raises the version row last, so an interrupted upgrade is
+// finished by running ApplyWith again. A database at the current version is
+// checked by applying the schema file again (every statement is idempotent).
+// It refuses a schema newer than Version.
+//
+// Upgrading is safe while workers of the previous version run: migrations
+// only add columns with constant defaults and indexes (see each file's
+// header), the old workers' statements keep working, and new code refuses
+// to run (crsql.Check, ErrSchemaOutdated) until the upgrade is done.
+//
+// On CockroachDB, ApplyWith then applies sql/cockroach.sql (zone
+// configurations) best-effort: if the cluster refuses it, the schema is
+// still complete, ApplyWith returns nil and reports the refusal to
+// opts.Warn.
+func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 	if err := t.Validate(); err != nil {
 		return err
 	}
+	warn := opts.Warn
+	if warn == nil {
+		warn = func(msg string) { log.Printf("crdbwork: warning: %s", msg) }
+	}
+	var stmts []string
 	current, err := installedVersion(ctx, db, t)
 	switch {
 	case errors.Is(err, ErrSchemaMissing):
+		if t.Schema != "" {
+			stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize())
+		}
+		stmts = append(stmts, statements(t.rewrite(schemaFile))...)
 	case err != nil:
 		return err
 	case current > Version:
 		return fmt.Errorf("%w (database has version %d, this code %d)", ErrSchemaNewer, current, Version)
+	case current == Version:
+		stmts = statements(t.rewrite(schemaFile))
+	default:
+		for _, m := range Migrations() {
+			if int64(m.Version) > current {
+				stmts = append(stmts, m.Statements(t)...)
+			}
+		}
 	}
 	dialect, err := DetectDialect(ctx, db)
 	if err != nil {
 		return err
 	}
-	var stmts []string
-	if t.Schema != "" {
-		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize())
-	}
-	stmts = append(stmts, statements(t.rewrite(schemaFile))...)
-	if dialect == Cockroach {
-		stmts = append(stmts, statements(t.rewrite(cockroachFile))...)
-	}
 	for _, s := range stmts {
 		if _, err := db.Exec(ctx, s); err != nil {
 			return fmt.Errorf("crdbwork: applying schema: %w\nstatement: %s", err, s)
+		}
+	}
+	if dialect == Cockroach {
+		for _, s := range statements(t.rewrite(cockroachFile)) {
+			if _, err := db.Exec(ctx, s); err != nil {
+				warn(fmt.Sprintf("the cluster refused a CockroachDB setting of sql/cockroach.sql (CockroachDB Cloud Basic/Serverless refuses zone configurations); crdbwork works without it, with a longer garbage-collection TTL for its tables: %v (statement: %s)", err, s))
+				break
+			}
 		}
 	}
 	return nil

@@ -1,10 +1,12 @@
--- crdbwork schema, version 1.
+-- crdbwork schema, version 2: the complete current schema.
 --
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
 --   cockroach sql --url "$DATABASE_URL" --file sql/schema.sql
--- Every statement is idempotent, so the file may be applied again.
--- CockroachDB-only settings live beside it in sql/cockroach.sql.
+-- Every statement is idempotent, so the file may be applied again, and it
+-- also upgrades a database created by an older version of it (its last
+-- section). CockroachDB-only settings live beside it in sql/cockroach.sql;
+-- numbered migrations in sql/migrations/ upgrade a database step by step.
 --
 -- The Go API (package sql, Apply) applies this same file with the names
 -- rewritten for a configured prefix or schema.
@@ -19,7 +21,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_sessions (
     expiry       INTERVAL    NOT NULL,
     host         TEXT        NOT NULL DEFAULT '',
     pid          BIGINT      NOT NULL DEFAULT 0,
-    name         TEXT        NOT NULL DEFAULT ''
+    name         TEXT        NOT NULL DEFAULT '',
+    -- Totals the session reports with its heartbeats.
+    claimed      BIGINT      NOT NULL DEFAULT 0,
+    acked        BIGINT      NOT NULL DEFAULT 0,
+    failed       BIGINT      NOT NULL DEFAULT 0,
+    in_flight    BIGINT      NOT NULL DEFAULT 0
 );
 
 -- Queues that are divided into parts. A queue without a row has one part.
@@ -29,6 +36,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     name       TEXT        NOT NULL PRIMARY KEY,
     num_parts  BIGINT      NOT NULL DEFAULT 1,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- Claims of a paused queue return nothing.
+    paused     BOOL        NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -47,8 +56,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_session_parts (
 );
 
 -- The work items. An item is claimed by writing a session id into claim (and,
--- in parts mode, the part into claim_queue/claim_part). Both foreign keys
--- release the claim when the session or its part row goes away.
+-- in parts mode, the part into claim_queue/claim_part; every claim writes all
+-- three). Both foreign keys release the claim when the session or its part
+-- row goes away. claim_token is incremented by every claim and never
+-- decremented: acks, nacks and releases fence on (claim, claim_token).
+-- lease_until is the claim's lease by the database clock; past it, any
+-- session's reaper releases the item.
 CREATE TABLE IF NOT EXISTS crdbwork_items (
     id           UUID        NOT NULL PRIMARY KEY,
     queue        TEXT        NOT NULL,
@@ -66,6 +79,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     claim_queue  TEXT,
     claim_part   BIGINT,
     claimed_at   TIMESTAMPTZ,
+    claim_token  BIGINT      NOT NULL DEFAULT 0,
+    lease_until  TIMESTAMPTZ,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -75,14 +90,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     CONSTRAINT crdbwork_items_attempts_range CHECK (attempts >= 0 AND max_attempts >= 1)
 );
 
--- Unclaimed items in claim order, two ways. By queue: a claim reads the first
--- rows in order and stops at its limit, however long the backlog (without it,
--- every claim would sort the whole backlog of the queue). By part: the claims
--- of a session that owns a few parts of many, and per-part backlog counts.
-CREATE INDEX IF NOT EXISTS crdbwork_items_claim_order
-    ON crdbwork_items (queue, priority, vesting_at) WHERE claim IS NULL;
-CREATE INDEX IF NOT EXISTS crdbwork_items_unclaimed
-    ON crdbwork_items (queue, part, priority, vesting_at) WHERE claim IS NULL;
+-- Unclaimed items in claim order, with the part in the key: the any-part and
+-- the per-part claims both read (and lock) through this one index, in order,
+-- stopping at their limit however long the backlog; a per-part claim skips
+-- other parts' entries from the index itself.
+CREATE INDEX IF NOT EXISTS crdbwork_items_claim_next
+    ON crdbwork_items (queue, priority, vesting_at, part) WHERE claim IS NULL;
 
 -- Claimed items by claimant: serves the foreign keys' SET NULL when a session
 -- or part row is deleted, and status queries.
@@ -102,11 +115,35 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     metadata     BYTEA,
     last_error   TEXT,
     enqueued_at  TIMESTAMPTZ NOT NULL,
-    died_at      TIMESTAMPTZ NOT NULL DEFAULT now()
+    died_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- The item's last claim token, carried over when it is requeued.
+    claim_token  BIGINT      NOT NULL DEFAULT 0
 );
 
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_by_queue
     ON crdbwork_dead_items (queue, died_at);
+
+-- Databases created by an older version of this file: the same changes as
+-- the migrations in sql/migrations/ (no-ops on a fresh install).
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS claim_token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS lease_until TIMESTAMPTZ;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS claim_token BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS paused BOOL NOT NULL DEFAULT false;
+ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS claimed BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS acked BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
+DROP INDEX IF EXISTS crdbwork_items_claim_order;
+DROP INDEX IF EXISTS crdbwork_items_unclaimed;
+
+-- Claimed items by lease end: the lease reaper reads only expired leases.
+CREATE INDEX IF NOT EXISTS crdbwork_items_lease
+    ON crdbwork_items (queue, lease_until) WHERE claim IS NOT NULL;
+
+-- Unclaimed items whose attempts are used up (a crash loop): claims skip
+-- them and the reaper moves them to the dead items. Normally empty.
+CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
+    ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
 
 -- The schema version, written last so that its presence means the schema is
 -- complete. Applying an older file never lowers it.
@@ -117,6 +154,6 @@ CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
     CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
 );
 
-INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 1)
+INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 2)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version), applied_at = now();

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"sort"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
@@ -210,5 +212,170 @@ func TestStatementsSplit(t *testing.T) {
 	}
 	if err := (crsql.Tables{Prefix: strings.Repeat("p", 60)}).Validate(); err == nil {
 		t.Fatal("a prefix too long for identifiers was accepted")
+	}
+}
+
+// catalog describes every crdbwork table of one schema as the database sees
+// it: columns (type, default, nullability), indexes (with their predicates)
+// and constraints, one line each, sorted.
+func catalog(t *testing.T, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	queries := []string{
+		`SELECT 'column ' || table_name || '.' || column_name || ' ' || data_type || ' default ' || COALESCE(column_default, '-') || ' nullable ' || is_nullable
+		 FROM information_schema.columns WHERE table_schema = $1`,
+		`SELECT 'index ' || tablename || ' ' || indexdef FROM pg_indexes WHERE schemaname = $1`,
+		`SELECT 'constraint ' || cl.relname || ' ' || c.conname || ' ' || pg_get_constraintdef(c.oid)
+		 FROM pg_constraint AS c JOIN pg_class AS cl ON cl.oid = c.conrelid JOIN pg_namespace AS n ON n.oid = cl.relnamespace
+		 WHERE n.nspname = $1`,
+	}
+	var out []string
+	for _, q := range queries {
+		rows, err := pool.Query(context.Background(), q, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, lines...)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestMigrationsMatchSchema builds a version-1 database from migration 1,
+// upgrades it with Apply, and compares its catalog with a fresh install of
+// schema.sql: the two must be identical, so that schema.sql and the
+// migrations cannot drift apart. It does so with default names and with a
+// schema and prefix (where DROP INDEX must name the schema's index).
+func TestMigrationsMatchSchema(t *testing.T) {
+	ctx := context.Background()
+	for _, tb := range []crsql.Tables{{}, {Schema: "Work Queue", Prefix: "app_"}} {
+		schema := tb.Schema
+		if schema == "" {
+			schema = "public"
+		}
+		fresh := testdb.New(t)
+		if err := crsql.Apply(ctx, fresh, tb); err != nil {
+			t.Fatal(err)
+		}
+		upgraded := testdb.New(t)
+		if tb.Schema != "" {
+			if _, err := upgraded.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{tb.Schema}.Sanitize()); err != nil {
+				t.Fatal(err)
+			}
+			// The same tables in public too: the upgrade of tb must not touch them.
+			if err := crsql.Apply(ctx, upgraded, crsql.Tables{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		migs := crsql.Migrations()
+		if len(migs) != crsql.Version || migs[0].Version != 1 {
+			t.Fatalf("migrations %v: want 1..%d", migs, crsql.Version)
+		}
+		for _, s := range migs[0].Statements(tb) {
+			if _, err := upgraded.Exec(ctx, s); err != nil {
+				t.Fatalf("%v\n%s", err, s)
+			}
+		}
+		var v int
+		if err := upgraded.QueryRow(ctx, "SELECT version FROM "+tb.Table("schema_version")).Scan(&v); err != nil || v != 1 {
+			t.Fatalf("after migration 1: version %d, %v", v, err)
+		}
+		publicBefore := catalog(t, upgraded, "public")
+		for range 2 { // the second run finds it current and changes nothing
+			if err := crsql.Apply(ctx, upgraded, tb); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := crsql.Check(ctx, upgraded, tb); err != nil {
+			t.Fatalf("Check after the upgrade: %v", err)
+		}
+		want, got := catalog(t, fresh, schema), catalog(t, upgraded, schema)
+		if d := diff(want, got); d != "" {
+			t.Fatalf("fresh schema.sql (-) and v1 upgraded by the migrations (+) differ in %q:\n%s", schema, d)
+		}
+		if tb.Schema != "" {
+			if d := diff(publicBefore, catalog(t, upgraded, "public")); d != "" {
+				t.Fatalf("upgrading %q changed the tables in public:\n%s", tb.Schema, d)
+			}
+		}
+		if len(want) < 40 {
+			t.Fatalf("the catalog has %d lines: the query is not reading it", len(want))
+		}
+	}
+}
+
+func diff(want, got []string) string {
+	in := func(list []string) map[string]bool {
+		m := map[string]bool{}
+		for _, s := range list {
+			m[s] = true
+		}
+		return m
+	}
+	w, g := in(want), in(got)
+	var b strings.Builder
+	for _, s := range want {
+		if !g[s] {
+			b.WriteString("- " + s + "\n")
+		}
+	}
+	for _, s := range got {
+		if !w[s] {
+			b.WriteString("+ " + s + "\n")
+		}
+	}
+	return b.String()
+}
+
+// TestMigrationFilesWithClient applies migration 1 and then migration 2 with
+// the engine's own client, twice each (idempotent), and checks the version.
+func TestMigrationFilesWithClient(t *testing.T) {
+	url := testdb.NewURL(t)
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("psql only; TestSchemaFileWithClient covers cockroach sql")
+	}
+	if _, err := exec.LookPath("psql"); err != nil {
+		t.Skipf("psql not found: %v", err)
+	}
+	for _, m := range crsql.Migrations() {
+		for i := range 2 {
+			out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+m.Name, url).CombinedOutput()
+			if err != nil {
+				t.Fatalf("applying %s with psql (run %d): %v\n%s", m.Name, i+1, err, out)
+			}
+		}
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); err != nil {
+		t.Fatalf("after psql applied the migrations: %v", err)
+	}
+	// An older file applied again never lowers the version.
+	out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+crsql.Migrations()[0].Name, url).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); err != nil {
+		t.Fatalf("migration 1 applied again lowered the version: %v", err)
+	}
+}
+
+// TestApplyWarnsOnlyForCockroachSettings: on PostgreSQL Apply never runs
+// cockroach.sql, so it reports no warning.
+func TestApplyWarnsOnlyForCockroachSettings(t *testing.T) {
+	pool := testdb.New(t)
+	var warnings []string
+	err := crsql.ApplyWith(context.Background(), pool, crsql.Tables{}, crsql.ApplyOptions{Warn: func(m string) { warnings = append(warnings, m) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if testdb.Kind(t) == "postgres" && len(warnings) != 0 {
+		t.Fatalf("warnings on PostgreSQL: %v", warnings)
 	}
 }

@@ -29,15 +29,25 @@ type Statements struct {
 	DropPartsAbove   string // $1 queue, $2 num_parts: deletes part rows >= num_parts
 	MovePartsAbove   string // $1 queue, $2 num_parts: moves items of parts >= num_parts
 
-	// Items.
+	// Items. Every statement that writes a claim writes all three claim
+	// columns (claim, claim_queue, claim_part): the foreign keys' cascades run
+	// first in, first out, so deleting a session nulls claim through the
+	// single-column key before the composite key's SET NULL runs and matches
+	// nothing, which can leave a stale claim_queue/claim_part behind.
 	Enqueue         string // prefix; see EnqueueRows
-	ClaimAny        string // $1 session, $2 queue, $3 limit → item columns
-	ClaimParts      string // $1 session, $2 queue, $3 limit, $4 parts → item columns
-	AckAny          string // $1 id, $2 session, $3 attempts
-	AckPart         string // $1 id, $2 session, $3 attempts, $4 part
-	Nack            string // $1 id, $2 session, $3 attempts, $4 delay(µs), $5 error
-	Release         string // $1 id, $2 session, $3 attempts
-	DeadLetter      string // $1 id, $2 session, $3 attempts, $4 error
+	ClaimAny        string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
+	ClaimParts      string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
+	AckMany         string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	Nack            string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
+	Release         string // $1 id, $2 session, $3 token
+	DeadLetter      string // $1 id, $2 session, $3 token, $4 error → id
+	Extend          string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
+	ReapLeases      string // $1 queue, $2 limit → ids released
+	ReapExhausted   string // $1 queue, $2 limit, $3 error → ids moved to the dead items
+	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
+	PauseQueue      string // $1 queue, $2 paused
+	QueuePaused     string // $1 queue → paused
+	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
 	Cancel          string // $1 id, $2 queue → rows affected
 	DeadItems       string // $1 queue, $2 limit → dead item columns, newest first
 	Requeue         string // $1 id, $2 queue → id of the item put back
@@ -48,7 +58,53 @@ type Statements struct {
 }
 
 // itemColumns are the columns every claim statement returns, in order.
-const itemColumns = `id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, vesting_at, last_error, claim_part`
+const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until`
+
+// claimTemplate is the claim statement; %s is the per-part condition (or
+// nothing) and %s the claim_queue/claim_part values.
+//
+// Its shape is chosen for both optimizers (CockroachDB docs checked:
+// "Common Table Expressions" — MATERIALIZED; "SELECT FOR UPDATE" — SKIP
+// LOCKED; "UPDATE" — FROM). The MATERIALIZED CTE selects at most $3 ids
+// through crdbwork_items_claim_next, in order, locking only the rows it
+// returns (FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
+// not waited for); the UPDATE then joins those ids by primary key. The older
+// form, id = ANY(ARRAY(subquery)), is turned into index spans by CockroachDB
+// only for constant arrays, so its UPDATE could scan every unclaimed row.
+// The any-part and the per-part claims read through the same index (part is
+// its last key column, so a per-part claim filters parts on the index
+// entries): on CockroachDB, SKIP LOCKED sees only the locks of the index it
+// scans, so claims of the two kinds on one queue must scan the same one. No
+// plan sorts the rows of several parts: the index gives the order, and the
+// scan stops at the limit. A paused queue yields no rows (the NOT EXISTS is
+// uncorrelated: evaluated once). Items whose attempts are used up are never
+// handed out (the reaper moves them to the dead items). Run it in an explicit
+// SERIALIZABLE transaction: CockroachDB refuses SKIP LOCKED under READ
+// COMMITTED (its 23.2+ default on some clusters).
+const claimTemplate = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $2 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts%s
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
+    ORDER BY priority, vesting_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE crdbwork_items AS i
+SET claim = $1, %s, claimed_at = now(),
+    attempts = i.attempts + 1, claim_token = i.claim_token + 1,
+    lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+FROM picked
+WHERE i.id = picked.id AND i.claim IS NULL
+RETURNING ` + itemColumns
+
+// fenced is the condition of every statement that acts on a batch of claimed
+// items: (id, claim, token) must match one of the given triples. Both engines
+// plan it as a semi-join driven by the arrays, looking each id up by primary
+// key (CockroachDB docs checked: "unnest" takes several arrays and zips them;
+// "Subqueries" — tuple IN (subquery)).
+const fenced = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
+
+// released are the assignments that release a claim, all claim columns at once.
+const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
 // NewStatements renders the statements for t.
 func NewStatements(t Tables) *Statements {
@@ -78,56 +134,81 @@ ON CONFLICT DO NOTHING`),
 		MovePartsAbove: r(`UPDATE crdbwork_items SET part = part % $2, claim_queue = NULL, claim_part = NULL
 WHERE queue = $1 AND part >= $2`),
 
-		ClaimAny: r(`UPDATE crdbwork_items
-SET claim = $1, claimed_at = now(), attempts = attempts + 1
-WHERE id = ANY(ARRAY(
-    SELECT id FROM crdbwork_items
-    WHERE queue = $2 AND claim IS NULL AND vesting_at <= now()
-    ORDER BY priority, vesting_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED))
-  AND claim IS NULL
-RETURNING ` + itemColumns),
-		ClaimParts: r(`UPDATE crdbwork_items
-SET claim = $1, claim_queue = queue, claim_part = part, claimed_at = now(), attempts = attempts + 1
-WHERE id = ANY(ARRAY(
-    SELECT id FROM crdbwork_items
-    WHERE queue = $2 AND part = ANY($4::BIGINT[]) AND claim IS NULL AND vesting_at <= now()
-    ORDER BY priority, vesting_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED))
-  AND claim IS NULL
-RETURNING ` + itemColumns),
-		AckAny:  r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
-		AckPart: r(`DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3 AND claim_part = $4`),
+		ClaimAny:   r(fmt.Sprintf(claimTemplate, "", "claim_queue = NULL, claim_part = NULL")),
+		ClaimParts: r(fmt.Sprintf(claimTemplate, " AND part = ANY($5::BIGINT[])", "claim_queue = i.queue, claim_part = i.part")),
+		AckMany:    r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
 		Nack: r(`UPDATE crdbwork_items
-SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL,
+SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
-WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
+WHERE id = $1 AND claim = $2 AND claim_token = $3`),
+		// Release gives the attempt back (retry accounting); the token stays.
 		Release: r(`UPDATE crdbwork_items
-SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, attempts = attempts - 1
-WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`),
+SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
+WHERE id = $1 AND claim = $2 AND claim_token = $3`),
 		DeadLetter: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at)
+    DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND claim_token = $3
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token)
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token FROM gone
 RETURNING id`),
+		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+WHERE ` + fenced + ` RETURNING id, lease_until`),
+		// An expired lease is released with its attempt counted (the handler
+		// hung or the process lost track of it), in bounded batches, through
+		// crdbwork_items_lease. The token read in the CTE fences the release.
+		ReapLeases: r(`WITH expired AS MATERIALIZED (
+    SELECT id, claim_token FROM crdbwork_items
+    WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+UPDATE crdbwork_items AS i
+SET ` + released + `
+FROM expired
+WHERE i.id = expired.id AND i.claim_token = expired.claim_token AND i.claim IS NOT NULL
+RETURNING i.id`),
+		// Unclaimed items whose attempts are used up (a crash loop: every claim
+		// ended without an ack or a nack) move to the dead items, through
+		// crdbwork_items_exhausted.
+		ReapExhausted: r(`WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token)
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token FROM gone
+RETURNING id`),
+		// Items claimed by the session but not in the keep list: a claim whose
+		// answer was lost. The attempt is given back, as by Release.
+		ReleaseForgot: r(`UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
+WHERE claim = $2 AND queue = $1 AND NOT (id = ANY($3::UUID[]))`),
+		PauseQueue: r(`INSERT INTO crdbwork_queues AS q (name, paused) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
+		QueuePaused: r(`SELECT COALESCE((SELECT paused FROM crdbwork_queues WHERE name = $1), false)`),
+		HeartbeatReport: r(`UPDATE crdbwork_sessions
+SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
+WHERE id = $1`),
 		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
 		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at
 FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id
 LIMIT $2`),
-		// A requeued item keeps its id, key, priority and enqueue time, gets
-		// fresh attempts and is claimable at once. Its part is taken modulo
+		// A requeued item keeps its id, key, priority, enqueue time and claim
+		// token (so tokens keep growing), gets fresh attempts and is claimable
+		// at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
 		Requeue: r(`WITH gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND queue = $2
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata, last_error, enqueued_at)
-SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at
+    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
+SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts) AS n
 RETURNING id`),

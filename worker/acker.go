@@ -2,44 +2,64 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
 )
 
-// ackers is the number of ack transactions a session runs at once. Two keep
-// the handlers busy while one transaction commits: items that finish during
-// a commit are gathered by the other acker instead of waiting for it.
-const ackers = 2
+// errStopped is returned for a settle asked of an acker that has stopped.
+var errStopped = errors.New("worker: the session's settle goroutines have stopped")
 
-// acker commits the acks of one session's handlers together (group commit):
-// each acker goroutine takes the acks that are waiting, up to max, and
-// commits them in one transaction with claim.Queue.AckEach. A handler's ack
-// waits only for the transaction it joins, so batching adds no delay: the
-// batch is whatever finished while the previous transaction ran.
+// acker settles the items of one session's handlers on a fixed set of
+// goroutines, each using at most one connection at a time: handlers never
+// hold a connection, so the connections a worker needs do not grow with its
+// Concurrency. Acks are committed together (group commit): a goroutine takes
+// the acks that are waiting, up to max, and commits them in one transaction
+// with claim.Queue.AckEach. A handler's ack waits only for the transaction it
+// joins, so batching adds no delay: the batch is whatever finished while the
+// previous transaction ran. Nacks and releases run one by one on the same
+// goroutines.
 type acker struct {
-	q       *claim.Queue
-	max     int
-	timeout time.Duration
-	reqs    chan ackReq
-	wg      sync.WaitGroup
+	q    *claim.Queue
+	max  int
+	reqs chan settleReq
+	quit chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
 }
 
-type ackReq struct {
-	claim.AckRequest
-	done chan error
+type settleKind int
+
+const (
+	ackKind settleKind = iota
+	nackKind
+	releaseKind
+)
+
+type settleReq struct {
+	ctx    context.Context
+	kind   settleKind
+	item   claim.Item
+	record func(context.Context, pgx.Tx) error
+	cause  error
+	done   chan settleAnswer
 }
 
-// startAcker starts the ack goroutines. Stop them with stop, once no ack is
-// in flight.
-func startAcker(q *claim.Queue, max int, timeout time.Duration) *acker {
-	a := &acker{q: q, max: max, timeout: timeout, reqs: make(chan ackReq)}
-	a.wg.Add(ackers)
-	for range ackers {
+type settleAnswer struct {
+	out claim.Outcome
+	err error
+}
+
+// startAcker starts n settle goroutines, each acking up to max items in one
+// transaction. Stop them with stop.
+func startAcker(q *claim.Queue, n, max int) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{})}
+	a.wg.Add(n)
+	for range n {
 		go a.run()
 	}
 	return a
@@ -47,53 +67,92 @@ func startAcker(q *claim.Queue, max int, timeout time.Duration) *acker {
 
 func (a *acker) run() {
 	defer a.wg.Done()
-	batch := make([]ackReq, 0, a.max)
+	acks := make([]settleReq, 0, a.max)
+	var others []settleReq
 	reqs := make([]claim.AckRequest, 0, a.max)
-	for first := range a.reqs {
-		batch = append(batch[:0], first)
+	for {
+		var first settleReq
+		select {
+		case first = <-a.reqs:
+		case <-a.quit:
+			return
+		}
+		acks, others = acks[:0], others[:0]
+		add := func(r settleReq) {
+			if r.kind == ackKind {
+				acks = append(acks, r)
+			} else {
+				others = append(others, r)
+			}
+		}
+		add(first)
 	gather:
-		for len(batch) < a.max {
+		for len(acks)+len(others) < a.max {
 			select {
-			case r, ok := <-a.reqs:
-				if !ok {
-					break gather
-				}
-				batch = append(batch, r)
+			case r := <-a.reqs:
+				add(r)
 			default:
 				break gather
 			}
 		}
-		reqs = reqs[:0]
-		for _, r := range batch {
-			reqs = append(reqs, r.AckRequest)
+		if len(acks) > 0 {
+			reqs = reqs[:0]
+			for _, r := range acks {
+				reqs = append(reqs, claim.AckRequest{Item: r.item, Record: r.record})
+			}
+			// Each request carries its own bound, the same try timeout from
+			// when it was asked: the last asked has the loosest.
+			ctx := acks[len(acks)-1].ctx
+			errs := a.q.AckEach(ctx, reqs)
+			for i, r := range acks {
+				r.done <- settleAnswer{err: errs[i]}
+			}
 		}
-		// The acks run to the end whatever becomes of the handlers' contexts:
-		// a handler waits for its answer, and a lost session's claims are
-		// refused anyway.
-		ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
-		errs := a.q.AckEach(ctx, reqs)
-		cancel()
-		for i, r := range batch {
-			r.done <- errs[i]
+		for _, r := range others {
+			var ans settleAnswer
+			if r.kind == nackKind {
+				ans.out, ans.err = a.q.Nack(r.ctx, r.item, r.cause)
+			} else {
+				ans.err = a.q.Release(r.ctx, r.item)
+			}
+			r.done <- ans
 		}
 	}
 }
 
-// ack acknowledges it with record in the next transaction of the acker, with
-// the contract of claim.Queue.Ack. If ctx ends before the ack joined a
-// transaction, nothing was done.
-func (a *acker) ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
-	done := make(chan error, 1)
+// do hands r to a settle goroutine and waits for its answer. If ctx ends
+// before a goroutine took it, or the acker stopped, nothing was done.
+func (a *acker) do(r settleReq) settleAnswer {
+	r.done = make(chan settleAnswer, 1)
 	select {
-	case a.reqs <- ackReq{AckRequest: claim.AckRequest{Item: it, Record: record}, done: done}:
-		return <-done
-	case <-ctx.Done():
-		return fmt.Errorf("claim: ack of item %s: %w", it.ID, ctx.Err())
+	case a.reqs <- r:
+		return <-r.done
+	case <-r.ctx.Done():
+		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, r.ctx.Err())}
+	case <-a.quit:
+		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
 	}
 }
 
-// stop ends the ack goroutines. No ack may be in flight or start after it.
+// Ack acknowledges it with record in the next transaction of a settle
+// goroutine, with the contract of claim.Queue.Ack.
+func (a *acker) Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
+	return a.do(settleReq{ctx: ctx, kind: ackKind, item: it, record: record}).err
+}
+
+// Nack is claim.Queue.Nack on a settle goroutine.
+func (a *acker) Nack(ctx context.Context, it claim.Item, cause error) (claim.Outcome, error) {
+	ans := a.do(settleReq{ctx: ctx, kind: nackKind, item: it, cause: cause})
+	return ans.out, ans.err
+}
+
+// Release is claim.Queue.Release on a settle goroutine.
+func (a *acker) Release(ctx context.Context, it claim.Item) error {
+	return a.do(settleReq{ctx: ctx, kind: releaseKind, item: it}).err
+}
+
+// stop ends the settle goroutines once they finish what they are doing;
+// later settles fail with errStopped. It does not wait for them.
 func (a *acker) stop() {
-	close(a.reqs)
-	a.wg.Wait()
+	a.once.Do(func() { close(a.quit) })
 }

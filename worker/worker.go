@@ -55,7 +55,15 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultRestartDelay    = time.Second
 	DefaultMaxAckBatch     = 64
+	DefaultAckers          = 2
+	DefaultGatherWait      = 5 * time.Millisecond
+	DefaultHangGrace       = 2 * time.Second
+	DefaultMaxAbandoned    = 8
 )
+
+// MaxDuration bounds every duration of Options: far above any useful value,
+// it keeps the worker's arithmetic on durations from overflowing.
+const MaxDuration = 365 * 24 * time.Hour
 
 // Options configure a Worker. The zero value is valid: 8 handlers, no
 // parts, queue "default", silent.
@@ -66,6 +74,7 @@ type Options struct {
 	// nested options.
 	Tables crsql.Tables
 	// Concurrency is the number of handlers running at once. Default 8.
+	// It does not change the number of connections (see Connections).
 	Concurrency int
 	// Parts turns on parts mode: the session claims only in the parts the
 	// rebalancer gives it, so claims never contend.
@@ -76,8 +85,22 @@ type Options struct {
 	Poll time.Duration
 	// ItemTimeout bounds one handler run. Default 5 min.
 	ItemTimeout time.Duration
-	// ShutdownTimeout bounds how long a graceful stop waits for in-flight
-	// handlers before cancelling them. Default 10 s.
+	// HangGrace is how long the worker still waits for a handler whose
+	// context ended (ItemTimeout, a lost session, a shutdown) before it
+	// abandons it: it stops waiting, nacks the item as timed out (or
+	// releases it when stopping) and frees its slot. The handler's
+	// goroutine runs on, counted in Stats.Abandoned. Default 2 s.
+	HangGrace time.Duration
+	// MaxAbandoned bounds the abandoned handler goroutines still running:
+	// while that many run, the worker claims only as many items as
+	// Concurrency + MaxAbandoned less the running handler goroutines
+	// allow, so handlers that never return cannot pile up goroutines
+	// without bound (the worker rather stops claiming, and logs why).
+	// Default 8; negative: none.
+	MaxAbandoned int
+	// ShutdownTimeout bounds each step of a graceful stop: waiting for
+	// in-flight handlers (then they are cancelled), waiting for the
+	// cancelled ones and their settles, closing the session. Default 10 s.
 	ShutdownTimeout time.Duration
 	// RestartDelay is the pause before a new session after one was lost.
 	// Default 1 s.
@@ -88,13 +111,132 @@ type Options struct {
 	// and far fewer transactions. 1 acks every item in its own transaction.
 	// Default 64.
 	MaxAckBatch int
+	// Ackers is the number of settle goroutines: each acks (in batches),
+	// nacks and releases items on one connection at a time. Two keep the
+	// handlers busy while one transaction commits: items that finish
+	// during a commit are gathered by the other. Default 2.
+	Ackers int
+	// GatherWait bounds how long a busy worker waits, after a handler slot
+	// frees, for more slots to free before it claims, while the queue has
+	// a backlog: a claim then takes several items and the database runs a
+	// fraction of the claim statements, at the cost of a few milliseconds
+	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
+	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
+	// Session.ReapEvery is the interval of the worker's reaper of expired
+	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
 	Claim     claim.Options
 	Partition partition.Options
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
 }
+
+// withDefaults returns o with zero fields set to their defaults, or an error
+// for values that cannot work.
+func (o Options) withDefaults() (Options, error) {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}} {
+		if d.v > MaxDuration {
+			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
+		}
+		if d.v < 0 && d.name != "GatherWait" {
+			return o, fmt.Errorf("worker: %s %v is negative", d.name, d.v)
+		}
+	}
+	if o.Queue == "" {
+		o.Queue = claim.DefaultQueue
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.Poll == 0 {
+		o.Poll = DefaultPoll
+	}
+	if o.ItemTimeout == 0 {
+		o.ItemTimeout = DefaultItemTimeout
+	}
+	if o.HangGrace == 0 {
+		o.HangGrace = DefaultHangGrace
+	}
+	if o.MaxAbandoned == 0 {
+		o.MaxAbandoned = DefaultMaxAbandoned
+	} else if o.MaxAbandoned < 0 {
+		o.MaxAbandoned = 0
+	}
+	if o.ShutdownTimeout == 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.RestartDelay == 0 {
+		o.RestartDelay = DefaultRestartDelay
+	}
+	if o.MaxAckBatch == 0 {
+		o.MaxAckBatch = DefaultMaxAckBatch
+	}
+	if o.Ackers == 0 {
+		o.Ackers = DefaultAckers
+	}
+	if o.GatherWait == 0 {
+		o.GatherWait = DefaultGatherWait
+	} else if o.GatherWait < 0 {
+		o.GatherWait = 0
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	switch {
+	case o.Concurrency < 0:
+		return o, fmt.Errorf("worker: concurrency %d is negative", o.Concurrency)
+	case o.MaxAckBatch < 0:
+		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
+	case o.Ackers < 0 || o.Ackers > maxAckers:
+		return o, fmt.Errorf("worker: Ackers %d must be between 1 and %d", o.Ackers, maxAckers)
+	case o.Session.ReapEvery > session.MaxExpiry:
+		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
+	}
+	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
+	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
+	if o.Session.Logger == nil {
+		o.Session.Logger = o.Logger
+	}
+	if o.Partition.Logger == nil {
+		o.Partition.Logger = o.Logger
+	}
+	return o, nil
+}
+
+// maxAckers bounds Options.Ackers.
+const maxAckers = 64
+
+// PoolConns returns the number of connections a worker with opts uses from
+// its pool at most, whatever its Concurrency: one for claims, one per settle
+// goroutine (Ackers, default 2), one for the maintenance loop (reaping
+// expired sessions), and in parts mode one for the rebalancer. Handlers
+// never hold one (their Records run in a settle goroutine's transaction).
+// With the defaults: 4, or 5 in parts mode. Size the pool's MaxConns to it
+// (more is harmless; fewer makes the worker's own statements wait for each
+// other). Connections a handler opens itself are not counted.
+func PoolConns(opts Options) int {
+	o, err := opts.withDefaults()
+	if err != nil {
+		o.Ackers = max(opts.Ackers, DefaultAckers)
+	}
+	n := 1 + o.Ackers + 1
+	if o.Parts {
+		n++
+	}
+	return n
+}
+
+// Connections returns the number of connections to the database a worker
+// process with opts opens at most: PoolConns, plus the session's heartbeat
+// connection, which is its own (outside the pool) so that a busy pool never
+// delays a heartbeat. With the defaults: 5, or 6 in parts mode; 4 workers
+// of 1000 handlers each run within 24 connections.
+func Connections(opts Options) int { return PoolConns(opts) + 1 }
 
 // DB is a connection pool: *pgxpool.Pool satisfies it.
 type DB interface {
@@ -107,8 +249,19 @@ type Stats struct {
 	claim.Stats
 	// Sessions counts sessions started; SessionsLost those lost.
 	Sessions, SessionsLost int64
-	// Panics and Timeouts count handler runs that panicked or timed out.
+	// Panics and Timeouts count handler runs that panicked (in the handler
+	// or in its Record) or timed out.
 	Panics, Timeouts int64
+	// Abandoned counts handlers abandoned after ItemTimeout (or a
+	// cancellation) plus HangGrace; AbandonedRunning those whose
+	// goroutines have still not returned.
+	Abandoned, AbandonedRunning int64
+	// Unknown counts acks whose outcome stayed unknown (see
+	// attempt.Result.Unknown): neither acked nor lost.
+	Unknown int64
+	// SettleRetries counts the retries of acks, nacks and releases that
+	// failed for a reason other than a lost claim.
+	SettleRetries int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 	// Parts is the rebalancers' part movements, summed over sessions.
@@ -126,6 +279,8 @@ type Worker struct {
 	log     *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
+	abandoned, abandonedRunning, unknown       atomic.Int64
+	settleRetries, running                     atomic.Int64
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value // string
@@ -136,45 +291,9 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("worker: nil database or handler")
 	}
-	if opts.Queue == "" {
-		opts.Queue = claim.DefaultQueue
-	}
-	if opts.Concurrency == 0 {
-		opts.Concurrency = DefaultConcurrency
-	}
-	if opts.Poll == 0 {
-		opts.Poll = DefaultPoll
-	}
-	if opts.ItemTimeout == 0 {
-		opts.ItemTimeout = DefaultItemTimeout
-	}
-	if opts.ShutdownTimeout == 0 {
-		opts.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if opts.RestartDelay == 0 {
-		opts.RestartDelay = DefaultRestartDelay
-	}
-	if opts.MaxAckBatch == 0 {
-		opts.MaxAckBatch = DefaultMaxAckBatch
-	}
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
-	}
-	switch {
-	case opts.Concurrency < 0:
-		return nil, fmt.Errorf("worker: concurrency %d is negative", opts.Concurrency)
-	case opts.Poll < 0 || opts.ItemTimeout < 0 || opts.ShutdownTimeout < 0 || opts.RestartDelay < 0:
-		return nil, errors.New("worker: durations must not be negative")
-	case opts.MaxAckBatch < 0:
-		return nil, fmt.Errorf("worker: MaxAckBatch %d is negative", opts.MaxAckBatch)
-	}
-	opts.Claim.Queue, opts.Partition.Queue = opts.Queue, opts.Queue
-	opts.Session.Tables, opts.Claim.Tables, opts.Partition.Tables = opts.Tables, opts.Tables, opts.Tables
-	if opts.Session.Logger == nil {
-		opts.Session.Logger = opts.Logger
-	}
-	if opts.Partition.Logger == nil {
-		opts.Partition.Logger = opts.Logger
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	q, err := claim.New(db, opts.Claim)
 	if err != nil {
@@ -194,6 +313,8 @@ func (w *Worker) Stats() Stats {
 		Stats:    w.queue.Stats(),
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
+		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
+		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
 		Parts: partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
 			Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()},
 		Session: w.current.Load().(string),
@@ -202,37 +323,85 @@ func (w *Worker) Stats() Stats {
 
 // Run works until ctx is cancelled, then shuts down gracefully: it stops
 // claiming, lets in-flight handlers finish within ShutdownTimeout (then
-// cancels them and releases their items), and closes the session, which
-// releases its parts at once. When a session is lost, in-flight handlers see
-// their context cancelled and Run starts a new session after RestartDelay.
-// Run returns nil after a graceful stop, or an error when it cannot start a
-// session (a missing schema, bad options) the first time.
+// cancels them and releases their items, waiting at most ShutdownTimeout
+// more), and closes the session within ShutdownTimeout, which releases its
+// parts at once. Every step is bounded, whatever the database does: a
+// cancelled ctx makes Run return within a few ShutdownTimeouts even while
+// the database is unreachable. When a session is lost, in-flight handlers
+// see their context cancelled and Run starts a new session after
+// RestartDelay. Run returns nil after a graceful stop, or an error when it
+// cannot start a session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
 	first := true
 	for ctx.Err() == nil {
-		sess, err := session.Start(context.WithoutCancel(ctx), w.db, w.opts.Session)
-		if err != nil {
+		sess, done, err := w.startSession(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
 			if first || errors.Is(err, crsql.ErrSchemaMissing) {
 				return fmt.Errorf("worker: %w", err)
 			}
 			w.log.Warn("starting a session failed; retrying", zap.Error(err))
-		} else {
+		default:
 			first = false
 			w.sessions.Add(1)
 			w.current.Store(sess.ID().String())
 			w.runSession(ctx, sess)
+			done()
 			w.current.Store("")
 			if ctx.Err() != nil {
 				return nil
 			}
 			w.lost.Add(1)
 		}
+		t := time.NewTimer(w.opts.RestartDelay)
 		select {
 		case <-ctx.Done():
-		case <-time.After(w.opts.RestartDelay):
+		case <-t.C:
 		}
+		t.Stop()
 	}
 	return nil
+}
+
+// startSession starts a session. ctx bounds the start (a cancelled ctx
+// stops a start stuck on an unreachable database) but not the session's
+// life: a shutdown closes the session gracefully rather than losing it.
+// Call done once the session is closed.
+func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done func(), err error) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	sopts := w.opts.Session
+	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
+	sess, err = session.Start(sctx, w.db, sopts)
+	if !stop() {
+		// ctx ended during the start: the session, if any, is already lost.
+		if err == nil {
+			closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
+			sess.Close(closeCtx)
+			cancelClose()
+		}
+		cancel()
+		return nil, nil, fmt.Errorf("worker: starting a session: %w", ctx.Err())
+	}
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return sess, cancel, nil
+}
+
+// waitBounded waits for done at most d and reports whether it was closed.
+func waitBounded(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // runSession runs one session until it is lost or ctx is cancelled; on
@@ -243,49 +412,63 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	// handlerCtx ends with the session, or when a shutdown stops waiting.
 	handlerCtx, cancelHandlers := context.WithCancel(sess.Context())
 	defer cancelHandlers()
+	// settleCtx bounds the retries of acks, nacks and releases: they end
+	// with the session (its end releases the items), or when a shutdown
+	// stops waiting for them.
+	settleCtx, cancelSettles := context.WithCancel(sess.Context())
+	defer cancelSettles()
 	var reb *partition.Rebalancer
-	var rebDone chan struct{}
+	rebDone := make(chan struct{})
 	if w.opts.Parts {
 		var err error
 		reb, err = partition.New(w.db, sess, w.opts.Partition)
 		if err != nil {
 			log.Error("starting the rebalancer failed", zap.Error(err))
-			sess.Close(context.WithoutCancel(ctx))
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
+			sess.Close(closeCtx)
+			cancel()
 			return
 		}
-		rebDone = make(chan struct{})
 		go func() {
 			defer close(rebDone)
 			if err := reb.Run(sess.Context()); err != nil {
 				log.Warn("rebalancer stopped", zap.Error(err))
 			}
 		}()
+	} else {
+		close(rebDone)
 	}
+	maintDone := make(chan struct{})
+	go func() {
+		defer close(maintDone)
+		w.maintain(sess, log)
+	}()
 
-	var ack attempt.AckFunc // nil: each item acks on its own
-	if w.opts.MaxAckBatch > 1 {
-		a := startAcker(w.queue, w.opts.MaxAckBatch, w.settleTimeout())
-		defer a.stop() // after the handlers, which wait for their acks
-		ack = a.ack
-	}
+	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch))
+	defer a.stop()
 	slots := make(chan struct{}, w.opts.Concurrency)
 	var handlers sync.WaitGroup
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, ack, log)
+	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
-	// contexts are already cancelled), within ShutdownTimeout otherwise.
+	// contexts are already cancelled), within ShutdownTimeout otherwise;
+	// then cancel them and wait at most ShutdownTimeout more (hung handlers
+	// are abandoned within HangGrace, their items released); then stop
+	// retrying settles and go on (the session's end releases the items).
 	waited := make(chan struct{})
 	go func() { handlers.Wait(); close(waited) }()
-	select {
-	case <-waited:
-	case <-time.After(w.opts.ShutdownTimeout):
+	if !waitBounded(waited, w.opts.ShutdownTimeout) {
 		log.Warn("shutdown timeout: cancelling in-flight handlers", zap.Int64("in_flight", w.inflight.Load()))
 		cancelHandlers()
-		<-waited
+		if !waitBounded(waited, w.opts.ShutdownTimeout) {
+			log.Warn("shutdown timeout: giving up on the settles still running; closing the session releases their items",
+				zap.Int64("in_flight", w.inflight.Load()))
+			cancelSettles()
+		}
 	}
 	if err := sess.Err(); err != nil && !errors.Is(err, session.ErrClosed) {
 		log.Warn("session lost", zap.Error(err))
@@ -295,33 +478,64 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if err := sess.Close(closeCtx); err != nil {
 		log.Warn("closing the session failed; peers will reap it", zap.Error(err))
 	}
-	if reb != nil {
-		<-rebDone
+	if !waitBounded(rebDone, w.opts.ShutdownTimeout) {
+		log.Warn("the rebalancer did not stop within the shutdown timeout")
+	} else if reb != nil {
 		st := reb.Stats()
 		w.partsAcquired.Add(st.Acquired)
 		w.partsReleased.Add(st.Released)
 		w.partsRebalances.Add(st.Rebalances)
 		w.partsRetries.Add(st.Retries)
 	}
+	if !waitBounded(maintDone, w.opts.ShutdownTimeout) {
+		log.Warn("the maintenance loop did not stop within the shutdown timeout")
+	}
 	log.Info("session ended")
 }
 
-// gatherWait bounds how long a busy worker waits, after a handler slot
-// frees, for more slots to free before it claims (see claimLoop).
-const gatherWait = 5 * time.Millisecond
+// maintain runs the session's periodic chores on one connection at a time
+// until the session ends: deleting expired sessions (any live session may;
+// it is idempotent).
+func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
+	ctx := sess.Context()
+	every := w.opts.Session.ReapEvery
+	if every <= 0 {
+		every = 2 * sess.Options().Heartbeat
+	}
+	t := time.NewTimer(every/2 + rand.N(every+1))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := session.Reap(ctx, w.db, w.opts.Tables)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Warn("reaping expired sessions failed", zap.Error(err))
+		case n > 0:
+			log.Info("reaped expired sessions", zap.Int64("count", n))
+		}
+		t.Reset(every/2 + rand.N(every+1))
+	}
+}
 
 // claimLoop claims while there are free handler slots, until ctx ends.
 //
 // While the queue has a backlog (the last claim came back full), the loop
-// claims when half of the slots are free, or gatherWait after the
-// first one freed, rather than for each slot as it frees: a claim then
-// takes several items, and the database runs a fraction of the claim
-// statements, at the cost of a few milliseconds of idle slots.
+// claims when half of the slots are free, or GatherWait after the first
+// one freed, rather than for each slot as it frees: a claim then takes
+// several items, and the database runs a fraction of the claim statements,
+// at the cost of a few milliseconds of idle slots.
 func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
-	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx context.Context, ack attempt.AckFunc, log *zap.Logger) {
+	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
 	backlog := false
+	limitLogged := false
 	for ctx.Err() == nil {
 		// Wait for at least one free slot.
 		select {
@@ -330,30 +544,43 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		case <-ctx.Done():
 			return
 		}
-		if backlog && cap(slots)-len(slots) < gather {
+		if backlog && w.opts.GatherWait > 0 && cap(slots)-len(slots) < gather {
 			w.waitFree(ctx, slots, freed, gather)
 		}
 		free := cap(slots) - len(slots)
+		// Abandoned handlers still running take from the goroutine budget.
+		if budget := w.opts.Concurrency + w.opts.MaxAbandoned - int(w.running.Load()); budget < free {
+			free = max(0, budget)
+			if !limitLogged {
+				log.Error("abandoned handlers that never return use up the goroutine budget: claiming less",
+					zap.Int64("abandoned_running", w.abandonedRunning.Load()), zap.Int("max_abandoned", w.opts.MaxAbandoned))
+				limitLogged = true
+			}
+		}
 		var items []claim.Item
+		var holds []partition.Hold
 		var err error
-		if reb != nil {
+		switch {
+		case free == 0:
+		case reb != nil:
 			parts, claimed := reb.Lease()
 			items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free)
 			ps := make([]int, len(items))
 			for i, it := range items {
 				ps[i] = it.Part
 			}
-			claimed(ps)
-		} else {
+			holds = claimed(ps)
+		default:
 			items, err = w.queue.Claim(ctx, sess.ID(), free)
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
 		}
-		for _, it := range items {
+		for i, it := range items {
 			slots <- struct{}{}
 			handlers.Add(1)
 			w.inflight.Add(1)
+			w.running.Add(1)
 			go func() {
 				defer func() {
 					<-slots
@@ -364,32 +591,29 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 					w.inflight.Add(-1)
 					handlers.Done()
 					if reb != nil {
-						reb.Done(it.Part)
+						reb.Done(holds[i])
 					}
 				}()
-				w.handle(handlerCtx, ctx, it, ack, log)
+				w.handle(handlerCtx, ctx, settleCtx, it, a, log)
 			}()
 		}
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
 		}
-		d := w.opts.Poll/2 + rand.N(w.opts.Poll+1)
+		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
-		case <-time.After(d):
+		case <-t.C:
 		}
 	}
 }
 
-// settleTimeout bounds an ack, nack or release, which runs even after the
-// handler's context ended.
-func (w *Worker) settleTimeout() time.Duration { return w.opts.ShutdownTimeout + 10*time.Second }
-
-// waitFree waits until n slots are free, gatherWait has passed or ctx ends.
+// waitFree waits until n slots are free, GatherWait has passed or ctx ends.
 func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int) {
-	t := time.NewTimer(gatherWait)
+	t := time.NewTimer(w.opts.GatherWait)
 	defer t.Stop()
 	for cap(slots)-len(slots) < n {
 		select {
@@ -402,16 +626,18 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 	}
 }
 
-// handle runs the handler for one item and acks (with ack; nil: on its own),
-// nacks or releases it. claimCtx ends when the worker stops claiming
-// (shutdown or session loss).
-func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack attempt.AckFunc, log *zap.Logger) {
+// handle runs the handler for one item and acks, nacks or releases it
+// through the settle goroutines. claimCtx ends when the worker stops
+// claiming (shutdown or session loss).
+func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
 	res := attempt.Run(handlerCtx, w.queue, it, w.attemptHandler, attempt.Options{
-		Timeout:       w.opts.ItemTimeout,
-		SettleTimeout: w.settleTimeout(),
-		Ack:           ack,
-		GiveBack:      func() bool { return handlerCtx.Err() != nil && claimCtx.Err() != nil },
-		Log:           log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt)),
+		Timeout:   w.opts.ItemTimeout,
+		Grace:     w.opts.HangGrace,
+		Settle:    a,
+		SettleCtx: settleCtx,
+		OnRetry:   func() { w.settleRetries.Add(1) },
+		GiveBack:  func() bool { return handlerCtx.Err() != nil && claimCtx.Err() != nil },
+		Log:       log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt)),
 	})
 	if res.Panicked {
 		w.panics.Add(1)
@@ -419,6 +645,20 @@ func (w *Worker) handle(handlerCtx, claimCtx context.Context, it claim.Item, ack
 	if res.TimedOut {
 		w.timeouts.Add(1)
 	}
+	if res.Unknown && res.Outcome == attempt.Unsettled {
+		w.unknown.Add(1)
+	}
+	if !res.Abandoned {
+		w.running.Add(-1)
+		return
+	}
+	w.abandoned.Add(1)
+	w.abandonedRunning.Add(1)
+	go func() {
+		<-res.HandlerDone
+		w.abandonedRunning.Add(-1)
+		w.running.Add(-1)
+	}()
 }
 
 // attemptHandler is the handler as package attempt takes it.

@@ -92,7 +92,7 @@ type running struct {
 
 func start(t testing.TB, pool *pgxpool.Pool, h worker.Handler, opts worker.Options) *running {
 	t.Helper()
-	if opts.Session == (session.Options{}) {
+	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = fastSession
 	}
 	w, err := worker.New(pool, h, opts)

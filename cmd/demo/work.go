@@ -69,9 +69,12 @@ func (w *workerSettings) validate(f *flagSet) error {
 	return nil
 }
 
-// poolSize is the connections one worker needs: its handlers' acks, the
-// claim loop, the heartbeat, the reaper and the rebalancer.
-func (w *workerSettings) poolSize() int { return w.concurrency + 4 }
+// poolSize is the pool connections one worker needs, whatever its
+// concurrency (worker.PoolConns: claims, settle goroutines, maintenance,
+// rebalancer; the heartbeat has one more of its own, outside the pool).
+func (w *workerSettings) poolSize() int {
+	return worker.PoolConns(worker.Options{Parts: true, MaxAckBatch: w.ackBatch})
+}
 
 // newWorker returns a parts-mode worker with the demo handler.
 func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger) (*worker.Worker, error) {

@@ -1,6 +1,15 @@
 // Package retry runs statements and transactions again when the database
 // reports a serialization failure (SQLSTATE 40001), on CockroachDB and
-// PostgreSQL alike.
+// PostgreSQL alike, and tells outcomes that are unknown from failures.
+//
+// An outcome is unknown when the database may or may not have applied the
+// work: CockroachDB answered SQLSTATE 40003 ("result is ambiguous") to a
+// statement or to COMMIT, or the connection was lost while a statement that
+// commits by itself, or a COMMIT, was in flight. Such errors wrap
+// ErrOutcomeUnknown and are never retried: running the work again blindly
+// could apply it twice, and reporting it as failed would be a lie. A failure
+// before anything was sent (the pool could not connect, the context ended
+// while waiting for a connection) is a plain failure.
 //
 // Transactions are retried whole: begin, run the caller's function, commit,
 // and check the commit's error. This is deliberately not
@@ -13,7 +22,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"time"
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
@@ -24,10 +35,43 @@ import (
 // MaxRetries bounds the retries of one statement or transaction.
 const MaxRetries = 30
 
-// ErrCommitUnknown marks a commit whose outcome is unknown: the connection
-// failed while COMMIT was in flight, so the transaction may or may not have
-// committed. Callers must not report such a transaction as committed.
-var ErrCommitUnknown = errors.New("transaction outcome unknown: the connection failed during COMMIT")
+// ErrOutcomeUnknown marks work whose outcome is unknown: it may or may not
+// have been applied (see the package comment). Callers must report it as
+// neither done nor failed, and anything they retry after it must be
+// idempotent.
+var ErrOutcomeUnknown = errors.New("outcome unknown: the database may or may not have applied it")
+
+// ErrCommitUnknown is the former name of ErrOutcomeUnknown (the same value).
+var ErrCommitUnknown = ErrOutcomeUnknown
+
+// Ambiguous reports whether err is CockroachDB's "result is ambiguous"
+// (SQLSTATE 40003).
+func Ambiguous(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40003"
+}
+
+// LostInFlight reports whether err says the connection failed after the
+// statement (or COMMIT) was sent, before its answer came: its outcome is
+// unknown. Errors the server answered, failures to connect, and failures
+// that pgconn marks as safe to retry (nothing was sent) are not.
+func LostInFlight(err error) bool {
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
+	switch {
+	case err == nil, errors.As(err, &pgErr), errors.As(err, &connectErr), pgconn.SafeToRetry(err):
+		return false
+	case errors.Is(err, pgx.ErrTxClosed), errors.Is(err, pgx.ErrTxCommitRollback):
+		return false
+	}
+	var netErr net.Error
+	var fromConn interface{ SafeToRetry() bool } // pgconn's errors: not safe means sent
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		pgconn.Timeout(err) || errors.As(err, &fromConn)
+}
+
+// unknown wraps err as an unknown outcome.
+func unknown(err error) error { return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err) }
 
 // Beginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
 type Beginner interface {
@@ -80,7 +124,23 @@ func pause(ctx context.Context, n int) error {
 // Do runs fn, running it again while it fails with a retryable error (see
 // Retryable), at most MaxRetries times. onRetry, if not nil, is called before
 // each retry.
+//
+// fn is taken to be one statement that commits by itself (or a few, each
+// idempotent): if it fails with an unknown outcome (40003, or the connection
+// lost in flight; see LostInFlight), Do stops and returns an error wrapping
+// ErrOutcomeUnknown.
 func Do(ctx context.Context, onRetry func(), fn func(ctx context.Context) error) error {
+	return run(ctx, onRetry, func(ctx context.Context) error {
+		err := fn(ctx)
+		if err != nil && !errors.Is(err, ErrOutcomeUnknown) && (Ambiguous(err) || LostInFlight(err)) {
+			return unknown(err)
+		}
+		return err
+	})
+}
+
+// run is Do without the classification of unknown outcomes.
+func run(ctx context.Context, onRetry func(), fn func(ctx context.Context) error) error {
 	attempt := 0
 	err := crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, MaxRetries), func(ctx context.Context, _ ...any) error {
 		attempt++
@@ -104,8 +164,10 @@ func Do(ctx context.Context, onRetry func(), fn func(ctx context.Context) error)
 // transaction while it fails with a retryable error (including at COMMIT).
 // It returns nil only if COMMIT succeeded. If fn returns an error, the
 // transaction is rolled back and that error is returned (retried only when
-// it is itself retryable). A commit that failed without a server response is
-// reported as an error wrapping ErrCommitUnknown.
+// it is itself retryable). A COMMIT (or statement) answered with 40003, or a
+// COMMIT whose connection failed after it was sent, is reported as an error
+// wrapping ErrOutcomeUnknown and not retried. A connection lost before
+// COMMIT was sent is a plain failure: the transaction did not commit.
 func Tx(ctx context.Context, db Beginner, onRetry func(), fn func(ctx context.Context, tx pgx.Tx) error) error {
 	return TxWith(ctx, db, pgx.TxOptions{IsoLevel: pgx.Serializable}, onRetry, fn)
 }
@@ -113,23 +175,29 @@ func Tx(ctx context.Context, db Beginner, onRetry func(), fn func(ctx context.Co
 // TxWith is Tx with the caller's transaction options (an empty IsoLevel
 // means the server's default isolation).
 func TxWith(ctx context.Context, db Beginner, opts pgx.TxOptions, onRetry func(), fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return Do(ctx, onRetry, func(ctx context.Context) error {
+	return run(ctx, onRetry, func(ctx context.Context) error {
 		tx, err := db.BeginTx(ctx, opts)
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
 		if err := fn(ctx, tx); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
+			if Ambiguous(err) && !errors.Is(err, ErrOutcomeUnknown) {
+				return unknown(err)
+			}
 			return err
 		}
 		if err := tx.Commit(ctx); err != nil {
 			var pgErr *pgconn.PgError
 			switch {
-			case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback):
-				// The server answered: the transaction did not commit.
+			case Ambiguous(err):
+				return unknown(fmt.Errorf("commit: %w", err))
+			case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback), pgconn.SafeToRetry(err):
+				// The server answered, or COMMIT was never sent: the
+				// transaction did not commit.
 				return fmt.Errorf("commit: %w", err)
 			default:
-				return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+				return unknown(fmt.Errorf("commit: %w", err))
 			}
 		}
 		return nil

@@ -51,6 +51,12 @@ type Options struct {
 	// Claim configures the queue: MaxAttempts, BackoffBase and BackoffMax
 	// shape what a failure does. Its Queue and Tables are ignored.
 	Claim claim.Options
+	// Cleanup, if set, is given a function that deletes what Work left in
+	// a queue it made (Queue empty): the item (retried or dead) and the
+	// queue's rows. Pass the test's t.Cleanup, so that the rows stay for
+	// the test to inspect and are gone when it ends. A queue named in
+	// Queue is the caller's, and is left alone.
+	Cleanup func(func())
 }
 
 // Outcome says what happened to the item.
@@ -120,6 +126,10 @@ func Work(ctx context.Context, db worker.DB, h worker.Handler, item claim.NewIte
 	}
 	if opts.Queue == "" {
 		opts.Queue = "workertest-" + uuid.NewString()
+		if opts.Cleanup != nil {
+			queue, tables := opts.Queue, opts.Tables
+			opts.Cleanup(func() { dropQueue(db, tables, queue) })
+		}
 	}
 	opts.Claim.Queue, opts.Claim.Tables = opts.Queue, opts.Tables
 	if err := ensureSchema(ctx, db, opts.Tables); err != nil {
@@ -178,9 +188,9 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	run := attempt.Run(sess.Context(), q, it, func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 		return h(ctx, it)
 	}, attempt.Options{
-		Timeout:       opts.ItemTimeout,
-		SettleTimeout: settleTimeout,
-		GiveBack:      func() bool { return sess.Context().Err() != nil },
+		Timeout:    opts.ItemTimeout,
+		TryTimeout: settleTimeout,
+		GiveBack:   func() bool { return sess.Context().Err() != nil },
 	})
 	res := Result{Item: it, Err: run.Err}
 	switch run.Outcome {
@@ -197,6 +207,18 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 		return res, fmt.Errorf("workertest: item %s was neither acked nor nacked: %w", it.ID, run.SettleErr)
 	}
 	return res, nil
+}
+
+// dropQueue deletes the rows of queue: its items, dead items, owned parts
+// and its row in the queues table. Errors are ignored: it is a cleanup, and
+// a test that dropped its database already is fine.
+func dropQueue(db worker.DB, t crsql.Tables, queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	for _, table := range []string{"items", "dead_items", "session_parts"} {
+		_, _ = db.Exec(ctx, `DELETE FROM `+t.Table(table)+` WHERE queue = $1`, queue)
+	}
+	_, _ = db.Exec(ctx, `DELETE FROM `+t.Table("queues")+` WHERE name = $1`, queue)
 }
 
 // ensureSchema applies the schema unless it is in place. Apply is idempotent

@@ -352,3 +352,27 @@ func TestBadArguments(t *testing.T) {
 	}
 	assertNoSession(t, pool)
 }
+
+// With Cleanup, what Work left in the queue it made is there while the test
+// runs and gone when it ends.
+func TestCleanupRemovesTheQueuesRows(t *testing.T) {
+	pool := setup(t)
+	var res workertest.Result
+	t.Run("work", func(t *testing.T) {
+		var err error
+		res, err = workertest.Work(context.Background(), pool, func(context.Context, claim.Item) (worker.Record, error) {
+			return nil, claim.Permanent(errors.New("gone for good"))
+		}, claim.NewItem{Payload: []byte("x")}, workertest.Options{Cleanup: t.Cleanup})
+		if err != nil || res.Outcome != workertest.Dead {
+			t.Fatalf("Work = %v, %v; want dead", res.Outcome, err)
+		}
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`, res.Item.Queue); n != 1 {
+			t.Fatalf("%d dead items in %s during the test, want 1", n, res.Item.Queue)
+		}
+	})
+	for _, table := range []string{"crdbwork_items", "crdbwork_dead_items"} {
+		if n := count(t, pool, `SELECT count(*) FROM `+table+` WHERE queue = $1`, res.Item.Queue); n != 0 {
+			t.Errorf("%d rows of %s left in %s after the test", n, res.Item.Queue, table)
+		}
+	}
+}

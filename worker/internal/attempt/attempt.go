@@ -1,14 +1,17 @@
 // Package attempt runs one attempt of a claimed item: the handler outside any
-// transaction, bounded by the item timeout and with panics recovered, then
-// the ack with the handler's record, or the nack with its error. Package
-// worker and package workertest both run items through it, so a handler
-// tested with workertest runs exactly as it does in a worker.
+// transaction, bounded by the item timeout and with panics recovered (its
+// Record's too), then the ack with the handler's record, or the nack with its
+// error — retried until the item is settled, its claim is lost, or the
+// session ends. Package worker and package workertest both run items through
+// it, so a handler tested with workertest runs exactly as it does in a
+// worker.
 package attempt
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -36,32 +39,62 @@ const (
 	Dead
 	// Released: the item was given back without counting the attempt.
 	Released
-	// Unsettled: the ack, nack or release did not happen (the claim was
-	// lost, the database failed, or an ack's outcome is unknown); see
-	// Result.SettleErr.
+	// Unsettled: the claim was lost (another session handles the item, or
+	// the item was acked by an earlier try whose outcome was unknown), or
+	// the settling gave up because the session ended; see Result.SettleErr
+	// and Result.Unknown.
 	Unsettled
+)
+
+// Settler acks, nacks and releases claimed items; *claim.Queue is one.
+type Settler interface {
+	Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
+	Nack(ctx context.Context, it claim.Item, cause error) (claim.Outcome, error)
+	Release(ctx context.Context, it claim.Item) error
+}
+
+// Defaults for Options.
+const (
+	DefaultTryTimeout = 15 * time.Second
+	DefaultGrace      = 2 * time.Second
+	// The settle retries back off from minBackoff to maxBackoff, doubling,
+	// with jitter.
+	minBackoff = 20 * time.Millisecond
+	maxBackoff = 2 * time.Second
 )
 
 // Options configure Run.
 type Options struct {
 	// Timeout bounds the handler.
 	Timeout time.Duration
-	// SettleTimeout bounds the ack, nack or release, which run even after
-	// the handler's context ended.
-	SettleTimeout time.Duration
+	// Grace is how long Run still waits for a handler whose context ended
+	// (timed out, or cancelled) before it abandons it: it stops waiting,
+	// settles the item without it, and reports Result.Abandoned. The
+	// handler's goroutine runs on; its result is ignored. Default
+	// DefaultGrace.
+	Grace time.Duration
+	// Settle is where the item is acked, nacked or released. Nil: the
+	// queue given to Run.
+	Settle Settler
+	// SettleCtx bounds the retries of the ack, nack or release: while it
+	// is live, a failed try is retried with backoff (unless the claim was
+	// lost); once it ends, a failing settle is given up (the session's end
+	// or the item's lease releases the item). The first try runs whatever
+	// SettleCtx says. Nil: the handler's parent context given to Run.
+	SettleCtx context.Context
+	// TryTimeout bounds one try of an ack, nack or release. Default
+	// DefaultTryTimeout.
+	TryTimeout time.Duration
+	// OnRetry, if set, is called before each retry of an ack, nack or
+	// release.
+	OnRetry func()
 	// GiveBack is asked when the handler failed: if it reports true (the
 	// worker is stopping, or its session was lost), the item is released
 	// without counting the attempt instead of nacked. Nil: never.
 	GiveBack func() bool
 	// Log receives the attempt's logs. Nil: none.
 	Log *zap.Logger
-	// Ack acknowledges the item with the handler's record, with the
-	// contract of claim.Queue.Ack. Nil: the queue's Ack.
-	Ack AckFunc
 }
-
-// AckFunc acknowledges an item with its record, as claim.Queue.Ack does.
-type AckFunc func(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
 
 // Result is what one attempt did.
 type Result struct {
@@ -71,106 +104,304 @@ type Result struct {
 	// failed. Nil when acked.
 	Err error
 	// SettleErr is the error of the ack, nack or release that left the item
-	// Unsettled, or of the ack whose outcome was unknown before a release.
+	// Unsettled.
 	SettleErr error
-	// Panicked and TimedOut report a handler that panicked or outlived
-	// Options.Timeout.
+	// Unknown reports an ack whose outcome stays unknown: a try's commit
+	// had no answer and a later try found the item no longer claimed, so
+	// the first may have committed. Never counted as acked or as lost.
+	Unknown bool
+	// Tries counts the tries of the ack, nack or release (1 without a
+	// failure).
+	Tries int
+	// Panicked and TimedOut report a handler (or its Record) that panicked,
+	// or a handler that outlived Options.Timeout.
 	Panicked, TimedOut bool
+	// Abandoned reports a handler that had not returned Grace after its
+	// context ended: Run stopped waiting for it. HandlerDone is closed when
+	// its goroutine does return (at once for other handlers).
+	Abandoned   bool
+	HandlerDone <-chan struct{}
 }
 
-// Run runs h on it and settles the item on q. ctx is the handler's parent
-// context; the handler gets it bounded by o.Timeout.
+// handlerResult is what a handler's goroutine hands back.
+type handlerResult struct {
+	record   func(context.Context, pgx.Tx) error
+	err      error
+	panicked bool
+}
+
+// Run runs h on it and settles the item on q (or o.Settle). ctx is the
+// handler's parent context; the handler gets it bounded by o.Timeout.
 func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Options) Result {
 	log := o.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
+	if o.Grace <= 0 {
+		o.Grace = DefaultGrace
+	}
+	if o.TryTimeout <= 0 {
+		o.TryTimeout = DefaultTryTimeout
+	}
+	s := o.Settle
+	if s == nil {
+		s = q
+	}
+	settleCtx := o.SettleCtx
+	if settleCtx == nil {
+		settleCtx = ctx
+	}
 	hctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	var res Result
-	record, err := call(hctx, h, it, &res)
-	// The ack, nack or release must not die with the handler's context, but
-	// is bounded: a lost session's claims are refused anyway.
-	opCtx, opCancel := context.WithTimeout(context.WithoutCancel(hctx), o.SettleTimeout)
-	defer opCancel()
-	ack := o.Ack
-	if ack == nil {
-		ack = q.Ack
+	done := make(chan struct{})
+	res.HandlerDone = done
+	out := make(chan handlerResult, 1)
+	go func() {
+		defer close(done)
+		out <- call(hctx, h, it)
+	}()
+	var hr handlerResult
+	select {
+	case hr = <-out:
+	case <-hctx.Done():
+		grace := time.NewTimer(o.Grace)
+		select {
+		case hr = <-out:
+		case <-grace.C:
+			res.Abandoned = true
+			hr.err = fmt.Errorf("the handler did not return within %v after its context ended (%w); abandoned", o.Grace, context.Cause(hctx))
+			log.Error("handler abandoned: it ignores its context; its goroutine runs on", zap.Duration("grace", o.Grace))
+		}
+		grace.Stop()
 	}
+	res.Panicked = hr.panicked
+	err := hr.err
+	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
 	switch {
 	case err == nil:
-		err := ack(opCtx, it, record)
-		switch {
-		case err == nil:
-			res.Outcome = Acked
-			log.Debug("acked")
-		case errors.Is(err, claim.ErrClaimLost):
-			res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
-			log.Info("ack refused: the claim was lost; another session will handle the item", zap.Error(err))
-		case errors.Is(err, retry.ErrCommitUnknown):
-			log.Warn("ack outcome unknown; releasing the item if it is still ours", zap.Error(err))
-			res.Err = err
-			release(opCtx, q, it, &res, log)
-			if res.Outcome == Unsettled {
-				res.SettleErr = errors.Join(err, res.SettleErr)
-			} else {
-				res.SettleErr = err
-			}
-		default:
-			// The result could not be recorded: the item runs again.
-			res.Err = err
-			nack(opCtx, q, it, err, &res, log)
-		}
+		st.ack(recoverRecord(hr.record, &res))
 	case o.GiveBack != nil && o.GiveBack():
 		// Shutdown gave up waiting, or the session was lost: give the item
 		// back without counting the attempt (refused if the claim is gone).
 		res.Err = err
-		release(opCtx, q, it, &res, log)
+		st.release()
 	default:
-		if errors.Is(err, context.DeadlineExceeded) && hctx.Err() != nil {
+		if errors.Is(err, context.DeadlineExceeded) && hctx.Err() != nil && ctx.Err() == nil {
 			res.TimedOut = true
 			err = fmt.Errorf("item timed out after %v: %w", o.Timeout, err)
 		}
 		res.Err = err
-		nack(opCtx, q, it, err, &res, log)
+		st.nack(err)
 	}
 	return res
 }
 
 // call runs the handler, turning a panic into an error.
-func call(ctx context.Context, h Handler, it claim.Item, res *Result) (rec func(context.Context, pgx.Tx) error, err error) {
+func call(ctx context.Context, h Handler, it claim.Item) (r handlerResult) {
 	defer func() {
 		if p := recover(); p != nil {
-			res.Panicked = true
-			rec, err = nil, fmt.Errorf("handler panic: %v\n%s", p, debug.Stack())
+			r = handlerResult{err: fmt.Errorf("handler panic: %v\n%s", p, debug.Stack()), panicked: true}
 		}
 	}()
-	return h(ctx, it)
+	rec, err := h(ctx, it)
+	return handlerResult{record: rec, err: err}
 }
 
-func nack(ctx context.Context, q *claim.Queue, it claim.Item, cause error, res *Result, log *zap.Logger) {
-	out, err := q.Nack(ctx, it, cause)
-	switch {
-	case err != nil:
-		res.Outcome, res.SettleErr = Unsettled, err
-		log.Info("nack refused", zap.Error(err), zap.NamedError("cause", cause))
-	case out == claim.Dead:
-		res.Outcome = Dead
-		log.Warn("item dead-lettered", zap.Error(cause))
-	default:
-		res.Outcome = Retried
-		log.Info("item failed; will retry", zap.Error(cause))
+// RecordPanicError is the error of a Record function that panicked: the
+// panic is recovered in the ack transaction, which rolls back, and the item
+// is nacked with this error's text.
+type RecordPanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *RecordPanicError) Error() string {
+	return fmt.Sprintf("record panic: %v\n%s", e.Value, e.Stack)
+}
+
+// recordError marks an error returned by the handler's Record function.
+type recordError struct{ err error }
+
+func (e *recordError) Error() string { return e.err.Error() }
+func (e *recordError) Unwrap() error { return e.err }
+
+// recoverRecord wraps record so that its panics become errors and its errors
+// are known as its own.
+func recoverRecord(record func(context.Context, pgx.Tx) error, res *Result) func(context.Context, pgx.Tx) error {
+	if record == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &recordError{&RecordPanicError{Value: p, Stack: debug.Stack()}}
+			}
+		}()
+		if err := record(ctx, tx); err != nil {
+			return &recordError{err}
+		}
+		return nil
 	}
 }
 
-func release(ctx context.Context, q *claim.Queue, it claim.Item, res *Result, log *zap.Logger) {
-	err := q.Release(ctx, it)
-	if err == nil {
-		res.Outcome = Released
-		return
+// settling acks, nacks or releases one item, retrying failed tries.
+type settling struct {
+	s          Settler
+	it         claim.Item
+	ctx        context.Context
+	tryTimeout time.Duration
+	res        *Result
+	log        *zap.Logger
+	backoff    time.Duration
+	onRetry    func()
+}
+
+// try runs one try of op, bounded by tryTimeout, whatever the settle
+// context says: a handler that finished after its session was lost still
+// gets its answer.
+func (st *settling) try(op func(ctx context.Context) error) error {
+	st.res.Tries++
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), st.tryTimeout)
+	defer cancel()
+	return op(ctx)
+}
+
+// again waits before the next try and reports whether there is one: not
+// once the settle context ended.
+func (st *settling) again(what string, err error) bool {
+	if st.ctx.Err() != nil {
+		st.log.Warn(what+" failed and the session ended: the session's end or the item's lease releases it", zap.Error(err), zap.Int("tries", st.res.Tries))
+		return false
 	}
-	res.Outcome, res.SettleErr = Unsettled, err
-	if !errors.Is(err, claim.ErrClaimLost) {
-		log.Warn("release failed; the session's end releases the item", zap.Error(err))
+	st.backoff = min(max(2*st.backoff, minBackoff), maxBackoff)
+	d := st.backoff/2 + rand.N(st.backoff/2+1)
+	if st.res.Tries == 1 {
+		st.log.Warn(what+" failed; retrying until it is settled", zap.Error(err))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		if st.onRetry != nil {
+			st.onRetry()
+		}
+		return true
+	case <-st.ctx.Done():
+		st.log.Warn(what+" failed and the session ended: the session's end or the item's lease releases it", zap.Error(err), zap.Int("tries", st.res.Tries))
+		return false
+	}
+}
+
+// Unknown reports whether err says that a statement or commit may or may not
+// have taken effect.
+func Unknown(err error) bool {
+	return errors.Is(err, retry.ErrCommitUnknown)
+}
+
+// ack acks the item with record, retrying until it is settled: a database
+// failure never throws the handler's result away (the ack runs again, and
+// record with it); only a failure of record itself (its error, its panic, or
+// a COMMIT refused because of what it wrote) nacks the item.
+func (st *settling) ack(record func(context.Context, pgx.Tx) error) {
+	res := st.res
+	for {
+		err := st.try(func(ctx context.Context) error { return st.s.Ack(ctx, st.it, record) })
+		var recErr *recordError
+		var panicErr *RecordPanicError
+		switch {
+		case err == nil:
+			res.Outcome, res.Err, res.SettleErr = Acked, nil, nil
+			if res.Tries > 1 {
+				st.log.Info("acked after retries", zap.Int("tries", res.Tries))
+			}
+			return
+		case errors.Is(err, claim.ErrClaimLost):
+			res.Outcome, res.SettleErr = Unsettled, err
+			if res.Unknown {
+				res.Err = fmt.Errorf("ack outcome unknown: an earlier try's commit had no answer and the item is no longer claimed: %w", err)
+				st.log.Warn("ack outcome unknown: the item is no longer ours; it was acked by the unanswered try, or released", zap.Error(err))
+			} else {
+				res.Err = err
+				st.log.Info("ack refused: the claim was lost; another session will handle the item", zap.Error(err))
+			}
+			return
+		case Unknown(err):
+			res.Unknown = true
+			if !st.again("ack (outcome unknown)", err) {
+				res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
+				return
+			}
+		case errors.As(err, &panicErr):
+			res.Panicked = true
+			res.Err = err
+			st.nack(err)
+			return
+		case errors.As(err, &recErr) && !Transient(recErr.err):
+			// The result could not be recorded: the item runs again.
+			res.Err = recErr.err
+			st.nack(recErr.err)
+			return
+		case !Transient(err) && !errors.As(err, &recErr):
+			// The database refused the transaction for what it wrote (a
+			// constraint checked at COMMIT, say): the record's failure.
+			res.Err = err
+			st.nack(err)
+			return
+		default:
+			if !st.again("ack", err) {
+				res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
+				return
+			}
+		}
+	}
+}
+
+// nack nacks the item with cause, retrying until it is settled.
+func (st *settling) nack(cause error) {
+	res := st.res
+	for {
+		var out claim.Outcome
+		err := st.try(func(ctx context.Context) error {
+			var err error
+			out, err = st.s.Nack(ctx, st.it, cause)
+			return err
+		})
+		switch {
+		case err == nil && out == claim.Dead:
+			res.Outcome, res.SettleErr = Dead, nil
+			st.log.Warn("item dead-lettered", zap.Error(cause))
+			return
+		case err == nil:
+			res.Outcome, res.SettleErr = Retried, nil
+			st.log.Info("item failed; will retry", zap.Error(cause))
+			return
+		case errors.Is(err, claim.ErrClaimLost):
+			res.Outcome, res.SettleErr = Unsettled, err
+			st.log.Info("nack refused: the claim was lost", zap.Error(err), zap.NamedError("cause", cause))
+			return
+		case !st.again("nack", err):
+			res.Outcome, res.SettleErr = Unsettled, err
+			return
+		}
+	}
+}
+
+// release gives the item back, retrying until it is settled.
+func (st *settling) release() {
+	res := st.res
+	for {
+		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, st.it) })
+		switch {
+		case err == nil:
+			res.Outcome, res.SettleErr = Released, nil
+			return
+		case errors.Is(err, claim.ErrClaimLost):
+			res.Outcome, res.SettleErr = Unsettled, err
+			return
+		case !st.again("release", err):
+			res.Outcome, res.SettleErr = Unsettled, err
+			return
+		}
 	}
 }

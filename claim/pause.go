@@ -1,0 +1,48 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Pause pauses the queue: from the next claim on, Claim and ClaimParts of
+// every session return no items, until Resume. Items already claimed are
+// not affected (they are acked, nacked or released as usual), and enqueues
+// go on. It is idempotent.
+func (q *Queue) Pause(ctx context.Context) error { return q.setPaused(ctx, true) }
+
+// Resume ends a Pause. It is idempotent.
+func (q *Queue) Resume(ctx context.Context) error { return q.setPaused(ctx, false) }
+
+// Paused reports whether the queue is paused.
+func (q *Queue) Paused(ctx context.Context) (bool, error) {
+	if err := q.ready(ctx); err != nil {
+		return false, fmt.Errorf("claim: reading whether %q is paused: %w", q.opts.Queue, err)
+	}
+	var paused bool
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		return crsql.Classify(q.db.QueryRow(ctx, q.st.QueuePaused, q.opts.Queue).Scan(&paused))
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim: reading whether %q is paused: %w", q.opts.Queue, err)
+	}
+	return paused, nil
+}
+
+func (q *Queue) setPaused(ctx context.Context, paused bool) error {
+	verb := map[bool]string{true: "pausing", false: "resuming"}[paused]
+	if err := q.ready(ctx); err != nil {
+		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
+	}
+	err := retry.Do(ctx, q.stats.retried("pause"), func(ctx context.Context) error {
+		_, err := q.db.Exec(ctx, q.st.PauseQueue, q.opts.Queue, paused)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package partition_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+func countRows(t *testing.T, pool *pgxpool.Pool, query string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), query).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// SetParts from 8 parts to 3 while two sessions claim and ack (one in
+// parts mode, owning every part, one with any-part claims): no item is left
+// in a removed part, and every item ends acked exactly once.
+func TestSetPartsWhileWorking(t *testing.T) {
+	pool := setup(t, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, part_mode BOOL NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 20000
+	items := make([]claim.NewItem, total)
+	for i := range items {
+		items[i] = claim.NewItem{Payload: []byte(fmt.Sprint(i))}
+		if i%3 == 0 {
+			items[i].Key = fmt.Sprint("key-", i%97)
+		}
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, `SELECT count(DISTINCT part) FROM crdbwork_items`); n != 8 {
+		t.Fatalf("items in %d parts, want 8", n)
+	}
+
+	sopts := session.Options{Heartbeat: 200 * time.Millisecond, Expiry: 5 * time.Second}
+	inParts, err := session.Start(ctx, pool, sopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inParts.Close(context.Background())
+	anyPart, err := session.Start(ctx, pool, sopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anyPart.Close(context.Background())
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part)
+		SELECT $1, 'default', g FROM generate_series(0, 7) AS g`, inParts.ID()); err != nil {
+		t.Fatal(err)
+	}
+
+	var acked, lost atomic.Int64
+	work := func(partMode bool, s *session.Session) error {
+		for ctx.Err() == nil {
+			var got []claim.Item
+			var err error
+			if partMode {
+				var parts []int
+				rows, err := pool.Query(ctx, `SELECT part FROM crdbwork_session_parts WHERE session_id = $1`, s.ID())
+				if err != nil {
+					return err
+				}
+				if parts, err = pgx.CollectRows(rows, pgx.RowTo[int]); err != nil {
+					return err
+				}
+				got, err = q.ClaimParts(ctx, s.ID(), parts, 50)
+				if errors.Is(err, claim.ErrNotOwner) {
+					continue // SetParts removed a part meanwhile
+				}
+			} else {
+				got, err = q.Claim(ctx, s.ID(), 50)
+			}
+			if err != nil {
+				return err
+			}
+			if len(got) == 0 {
+				if countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 {
+					return nil
+				}
+				continue
+			}
+			for _, it := range got {
+				err := q.Ack(ctx, it, func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO results (item_id, part_mode) VALUES ($1, $2)`, it.ID, partMode)
+					return err
+				})
+				switch {
+				case errors.Is(err, claim.ErrClaimLost):
+					lost.Add(1)
+				case err != nil:
+					return err
+				default:
+					acked.Add(1)
+				}
+			}
+		}
+		return ctx.Err()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, s := range []*session.Session{inParts, anyPart} {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = work(i == 0, s) }()
+	}
+
+	for acked.Load() < total/10 && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond) // polling a condition, with the test's deadline
+	}
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE part >= 3`); n != 0 {
+		t.Fatalf("%d items left in removed parts after SetParts returned", n)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_session_parts WHERE part >= 3`); n != 0 {
+		t.Fatalf("%d ownership rows of removed parts", n)
+	}
+	if moved := acked.Load(); moved >= total {
+		t.Fatalf("the workers acked every item (%d) before SetParts ran: the test proves nothing", moved)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Fatalf("%d items never acked", n)
+	}
+	if n, d := countRows(t, pool, `SELECT count(*) FROM results`), countRows(t, pool, `SELECT count(DISTINCT item_id) FROM results`); n != total || d != total {
+		t.Fatalf("%d results for %d distinct items, want %d of each", n, d, total)
+	}
+	if countRows(t, pool, `SELECT count(*) FROM results WHERE part_mode`) == 0 || countRows(t, pool, `SELECT count(*) FROM results WHERE NOT part_mode`) == 0 {
+		t.Fatal("one of the two sessions acked nothing")
+	}
+	t.Logf("acked %d, acks refused (claim lost) %d", acked.Load(), lost.Load())
+}

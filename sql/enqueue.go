@@ -1,0 +1,70 @@
+package sql
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnqueueStatements are the statements of claim.Queue's enqueue, rendered
+// for one set of table names. The text is identical on CockroachDB and
+// PostgreSQL. Rows are passed as one array per column (unnest), so that a
+// statement takes the same nine parameters whatever its number of rows, and
+// as a COPY in binary format, which both engines accept (CockroachDB
+// requires the INSERT privilege on the table, as PostgreSQL does).
+type EnqueueStatements struct {
+	// Insert adds rows to queue $1 and returns the id of each row it added;
+	// a row whose id is already in the items table is skipped (ON CONFLICT
+	// DO NOTHING), so running it again after an unknown outcome adds no
+	// duplicates. Parameters, one array element per row: $2 ids (UUID[]),
+	// $3 key hashes (BIGINT[], non-negative), $4 keys (TEXT[], NULL for
+	// none), $5 priorities (BIGINT[]), $6 delays in microseconds
+	// (BIGINT[]), $7 max attempts (BIGINT[]), $8 payloads (BYTEA[]), $9
+	// metadata (BYTEA[]). Each row's part is its key hash modulo the queue's
+	// number of parts, read in the same statement under a share lock, so
+	// that no enqueue can slip an item into a part that SetParts removes.
+	Insert string
+	// Parts returns the queue $1's number of parts (1 when it has no row),
+	// taking a share lock on its row, and the transaction's timestamp
+	// (now()). A COPY that follows it in the same transaction computes parts
+	// and vesting times from these, exactly as Insert does in SQL.
+	Parts string
+	// Foreign returns the id and queue of the rows among ids $2 (UUID[])
+	// that belong to a queue other than $1.
+	Foreign string
+	// CopyTable and CopyColumns name the COPY's target; a row gives, in
+	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
+	// payload, metadata. enqueued_at takes its default, now().
+	CopyTable   pgx.Identifier
+	CopyColumns []string
+}
+
+// NewEnqueueStatements renders the enqueue statements for t.
+func NewEnqueueStatements(t Tables) *EnqueueStatements {
+	r := t.rewrite
+	return &EnqueueStatements{
+		Insert: r(`INSERT INTO crdbwork_items
+    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata)
+SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond', v.m, v.b, v.meta
+FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts) AS n,
+     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[])
+         AS v (id, h, k, p, d, m, b, meta)
+ON CONFLICT (id) DO NOTHING
+RETURNING id`),
+		Parts:     r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now()`),
+		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		CopyTable: t.identifier("items"),
+		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
+			"payload", "metadata"},
+	}
+}
+
+// identifier returns the unquoted parts of one table's name, by its default
+// name without the prefix, for APIs that quote names themselves (CopyFrom).
+func (t Tables) identifier(suffix string) pgx.Identifier {
+	name := t.prefix() + strings.TrimPrefix(suffix, defaultPrefix)
+	if t.Schema != "" {
+		return pgx.Identifier{t.Schema, name}
+	}
+	return pgx.Identifier{name}
+}

@@ -1,0 +1,121 @@
+-- crdbwork migration 1: the initial schema (version 1).
+--
+-- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
+--   psql -v ON_ERROR_STOP=1 -f sql/migrations/0001_init.sql "$DATABASE_URL"
+--   cockroach sql --url "$DATABASE_URL" --file sql/migrations/0001_init.sql
+-- Every statement is idempotent. A fresh install applies sql/schema.sql (the
+-- complete current schema) instead; migrations bring an existing database up
+-- to date, in order (see sql/README.md). This file is version 1 exactly as
+-- shipped, kept so that a test can rebuild a v1 database and upgrade it.
+
+-- One row per live worker process. A session proves it is alive by moving
+-- heartbeat_at forward (with the database clock); any peer deletes the rows
+-- whose heartbeat_at + expiry lies in the past.
+CREATE TABLE IF NOT EXISTS crdbwork_sessions (
+    id           UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expiry       INTERVAL    NOT NULL,
+    host         TEXT        NOT NULL DEFAULT '',
+    pid          BIGINT      NOT NULL DEFAULT 0,
+    name         TEXT        NOT NULL DEFAULT ''
+);
+
+-- Queues that are divided into parts. A queue without a row has one part.
+-- num_parts is fixed per queue; changing it is an explicit operation
+-- (claim.SetParts) because it moves keys between parts.
+CREATE TABLE IF NOT EXISTS crdbwork_queues (
+    name       TEXT        NOT NULL PRIMARY KEY,
+    num_parts  BIGINT      NOT NULL DEFAULT 1,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
+);
+
+-- Which session owns which part of which queue. Deleting a session deletes
+-- its parts (CASCADE); the unique constraint makes the database, not Go code,
+-- guarantee one owner per part.
+CREATE TABLE IF NOT EXISTS crdbwork_session_parts (
+    session_id  UUID        NOT NULL,
+    queue       TEXT        NOT NULL,
+    part        BIGINT      NOT NULL,
+    acquired_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (session_id, queue, part),
+    CONSTRAINT crdbwork_session_parts_one_owner UNIQUE (queue, part),
+    CONSTRAINT crdbwork_session_parts_session FOREIGN KEY (session_id)
+        REFERENCES crdbwork_sessions (id) ON DELETE CASCADE
+);
+
+-- The work items. An item is claimed by writing a session id into claim (and,
+-- in parts mode, the part into claim_queue/claim_part). Both foreign keys
+-- release the claim when the session or its part row goes away.
+CREATE TABLE IF NOT EXISTS crdbwork_items (
+    id           UUID        NOT NULL PRIMARY KEY,
+    queue        TEXT        NOT NULL,
+    part         BIGINT      NOT NULL DEFAULT 0,
+    item_key     TEXT,
+    priority     BIGINT      NOT NULL DEFAULT 0,
+    vesting_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    enqueued_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    attempts     BIGINT      NOT NULL DEFAULT 0,
+    max_attempts BIGINT      NOT NULL DEFAULT 25,
+    payload      BYTEA       NOT NULL,
+    metadata     BYTEA,
+    last_error   TEXT,
+    claim        UUID,
+    claim_queue  TEXT,
+    claim_part   BIGINT,
+    claimed_at   TIMESTAMPTZ,
+    CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
+        REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
+    CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
+        REFERENCES crdbwork_session_parts (session_id, queue, part) ON DELETE SET NULL,
+    CONSTRAINT crdbwork_items_claim_in_own_part
+        CHECK (claim_part IS NULL OR (claim_queue = queue AND claim_part = part)),
+    CONSTRAINT crdbwork_items_attempts_range CHECK (attempts >= 0 AND max_attempts >= 1)
+);
+
+-- Unclaimed items in claim order, two ways. By queue: a claim reads the first
+-- rows in order and stops at its limit, however long the backlog (without it,
+-- every claim would sort the whole backlog of the queue). By part: the claims
+-- of a session that owns a few parts of many, and per-part backlog counts.
+CREATE INDEX IF NOT EXISTS crdbwork_items_claim_order
+    ON crdbwork_items (queue, priority, vesting_at) WHERE claim IS NULL;
+CREATE INDEX IF NOT EXISTS crdbwork_items_unclaimed
+    ON crdbwork_items (queue, part, priority, vesting_at) WHERE claim IS NULL;
+
+-- Claimed items by claimant: serves the foreign keys' SET NULL when a session
+-- or part row is deleted, and status queries.
+CREATE INDEX IF NOT EXISTS crdbwork_items_claimed
+    ON crdbwork_items (claim, claim_queue, claim_part) WHERE claim IS NOT NULL;
+
+-- Items that ran out of attempts or failed permanently, with their last error.
+CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
+    id           UUID        NOT NULL PRIMARY KEY,
+    queue        TEXT        NOT NULL,
+    part         BIGINT      NOT NULL,
+    item_key     TEXT,
+    priority     BIGINT      NOT NULL,
+    attempts     BIGINT      NOT NULL,
+    max_attempts BIGINT      NOT NULL,
+    payload      BYTEA       NOT NULL,
+    metadata     BYTEA,
+    last_error   TEXT,
+    enqueued_at  TIMESTAMPTZ NOT NULL,
+    died_at      TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+CREATE INDEX IF NOT EXISTS crdbwork_dead_items_by_queue
+    ON crdbwork_dead_items (queue, died_at);
+
+-- The schema version, written last so that its presence means the schema is
+-- complete. Applying an older file never lowers it.
+CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
+    singleton  BOOL        NOT NULL DEFAULT true PRIMARY KEY,
+    version    BIGINT      NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
+);
+
+INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 1)
+    ON CONFLICT (singleton) DO UPDATE
+    SET version = GREATEST(v.version, excluded.version), applied_at = now();

@@ -1,0 +1,364 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+func TestBadOptionsAreRefused(t *testing.T) {
+	pool := testdb.New(t)
+	for _, tc := range []struct {
+		opts worker.Options
+		want string
+	}{
+		{worker.Options{Poll: math.MaxInt64}, "Poll 2562047h47m16.854775807s is too long"},
+		{worker.Options{ItemTimeout: math.MaxInt64}, "ItemTimeout"},
+		{worker.Options{ShutdownTimeout: worker.MaxDuration + 1}, "ShutdownTimeout"},
+		{worker.Options{HangGrace: -time.Second}, "HangGrace -1s is negative"},
+		{worker.Options{Poll: -time.Second}, "negative"},
+		{worker.Options{Concurrency: -1}, "concurrency -1 is negative"},
+		{worker.Options{Ackers: 1000}, "Ackers 1000"},
+		{worker.Options{Session: session.Options{ReapEvery: math.MaxInt64}}, "ReapEvery"},
+	} {
+		_, err := worker.New(pool, recordHandler(0), tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error containing %q", tc.opts, err, tc.want)
+		}
+	}
+	// A huge session heartbeat is refused by Run, with the session's error.
+	w, err := worker.New(pool, recordHandler(0), worker.Options{Session: session.Options{Heartbeat: math.MaxInt64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "too long") {
+		t.Fatalf("Run with a huge heartbeat = %v, want a clear error", err)
+	}
+}
+
+func TestConnectionCounts(t *testing.T) {
+	for _, tc := range []struct {
+		opts       worker.Options
+		pool, conn int
+	}{
+		{worker.Options{}, 4, 5},
+		{worker.Options{Parts: true}, 5, 6},
+		{worker.Options{Parts: true, Concurrency: 1000}, 5, 6},
+		{worker.Options{Ackers: 4}, 6, 7},
+	} {
+		if p, c := worker.PoolConns(tc.opts), worker.Connections(tc.opts); p != tc.pool || c != tc.conn {
+			t.Errorf("PoolConns, Connections(%+v) = %d, %d; want %d, %d", tc.opts, p, c, tc.pool, tc.conn)
+		}
+	}
+}
+
+// proxied returns a pool to the test database through a proxy that the test
+// can cut.
+func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *testdb.Proxy) {
+	t.Helper()
+	p := testdb.NewProxy(t, direct.Config().ConnString())
+	cfg, err := pgxpool.ParseConfig(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, p
+}
+
+// Cancelling Run during a network partition (nothing answers, nothing
+// fails): Run still returns, each step of the shutdown bounded by
+// ShutdownTimeout.
+func TestShutdownIsBoundedDuringAnOutage(t *testing.T) {
+	direct := setup(t)
+	enqueue(t, direct, "default", 4, false)
+	pool, p := proxied(t, direct, 0)
+	started := make(chan struct{}, 4)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	w, err := worker.New(pool, h, worker.Options{
+		ShutdownTimeout: 300 * time.Millisecond, HangGrace: 100 * time.Millisecond,
+		Session: session.Options{Heartbeat: time.Second, Expiry: time.Minute}, // the session outlives the test
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-started
+	p.Stall() // connections neither fail nor answer
+	defer p.Restore()
+	cancel()
+	cancelled := time.Now()
+	// Waiting, cancelling, closing, each bounded by 300 ms.
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		t.Logf("Run returned %v after its context ended", time.Since(cancelled))
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30 s of its context's end while the database was unreachable")
+	}
+}
+
+// A session start stuck on a partitioned database ends when ctx does.
+func TestCancelStopsAStuckSessionStart(t *testing.T) {
+	direct := setup(t)
+	pool, p := proxied(t, direct, 0)
+	p.Stall()
+	defer p.Restore()
+	w, err := worker.New(pool, recordHandler(0), worker.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run stopped while starting its first session = %v, want nil (a requested stop)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run kept trying to start a session after its context ended")
+	}
+}
+
+// The connections to the database drop while handlers finish: their acks
+// fail and are retried until they commit — no result thrown away, no item
+// nacked or left claimed, and the session (which survives the short cut)
+// not lost.
+func TestDatabaseBlipDuringAcksLosesNoResult(t *testing.T) {
+	const n = 40
+	direct := setup(t)
+	enqueue(t, direct, "default", n, false)
+	pool, p := proxied(t, direct, 0)
+	release := make(chan struct{})
+	var started atomic.Int32
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		started.Add(1)
+		<-release
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: n,
+		Session: session.Options{Heartbeat: 200 * time.Millisecond, Expiry: time.Minute}})
+	waitFor(t, "every handler to start", time.Minute, func() bool { return started.Load() == n })
+	p.Cut()
+	close(release) // the handlers finish during the outage
+	waitFor(t, "acks to fail and be retried", time.Minute, func() bool { return r.w.Stats().SettleRetries > 0 })
+	p.Restore()
+	waitFor(t, "every item to be acked", time.Minute, func() bool {
+		return count(t, direct, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	r.Stop(t)
+	assertExactlyOnce(t, direct, n)
+	st := r.w.Stats()
+	if st.Acked != n || st.Nacked != 0 || st.SessionsLost != 0 || st.Unknown != 0 {
+		t.Errorf("stats %+v: want %d acks, no nack, no session lost, no unknown outcome", st, n)
+	}
+	t.Logf("%d settle retries during the outage", st.SettleRetries)
+}
+
+// A Record that panics is recovered: the item is nacked with the panic's
+// text, counted as a panic, and the next attempt succeeds.
+func TestRecordPanicIsNackedAndCounted(t *testing.T) {
+	pool := setup(t)
+	enqueue(t, pool, "default", 1, false)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if it.Attempt == 1 {
+			return func(context.Context, pgx.Tx) error { panic("record blew up") }, nil
+		}
+		if !strings.Contains(it.LastError, "record blew up") {
+			return nil, claim.Permanent(errors.New("the last error does not name the record's panic: " + it.LastError))
+		}
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	assertExactlyOnce(t, pool, 1)
+	if st := r.w.Stats(); st.Panics != 1 || st.Nacked != 1 || st.Acked != 1 {
+		t.Errorf("stats %+v: want 1 panic, 1 nack, 1 ack", st)
+	}
+}
+
+// A handler that ignores its context and never returns does not hold its
+// item: after ItemTimeout plus HangGrace the worker stops waiting, nacks the
+// item as timed out and frees the slot; the next attempt acks it.
+func TestHungHandlerIsAbandoned(t *testing.T) {
+	pool := setup(t)
+	enqueue(t, pool, "default", 1, false)
+	hang := make(chan struct{})
+	defer close(hang)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if it.Attempt == 1 {
+			<-hang // ignores ctx
+			return nil, errors.New("too late")
+		}
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: 1, ItemTimeout: 100 * time.Millisecond, HangGrace: 100 * time.Millisecond,
+		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	assertExactlyOnce(t, pool, 1)
+	st := r.w.Stats()
+	if st.Abandoned != 1 || st.AbandonedRunning != 1 || st.Timeouts != 1 || st.Nacked != 1 {
+		t.Errorf("stats %+v: want 1 abandoned (still running), 1 timeout, 1 nack", st)
+	}
+	r.Stop(t)
+}
+
+// Handlers that never return are abandoned, but their goroutines are
+// bounded: the worker claims no more than Concurrency + MaxAbandoned
+// handlers whose goroutines have not returned.
+func TestAbandonedHandlersAreBounded(t *testing.T) {
+	pool := setup(t)
+	enqueue(t, pool, "default", 20, false)
+	hang := make(chan struct{})
+	var calls atomic.Int32
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		calls.Add(1)
+		<-hang
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: 2, MaxAbandoned: 1, Poll: 20 * time.Millisecond,
+		ItemTimeout: 50 * time.Millisecond, HangGrace: 50 * time.Millisecond,
+		Claim: claim.Options{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}})
+	waitFor(t, "three handlers to be abandoned", time.Minute, func() bool { return r.w.Stats().Abandoned == 3 })
+	// The abandoned items vest again at once; the worker does not claim them.
+	waitFor(t, "the abandoned items to be claimable again", time.Minute, func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL AND attempts = 1 AND vesting_at <= now()`) == 3
+	})
+	claimedBefore := r.w.Stats().Claimed
+	// Several more polls pass (each reads the budget); count them by the
+	// database's view of the worker's session heartbeats.
+	sess := r.w.Stats().Session
+	var hb0 time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sess).Scan(&hb0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a few heartbeats", time.Minute, func() bool {
+		var hb time.Time
+		if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sess).Scan(&hb); err != nil {
+			t.Fatal(err)
+		}
+		return hb.Sub(hb0) >= 3*fastSession.Heartbeat
+	})
+	if c, st := calls.Load(), r.w.Stats(); c != 3 || st.Claimed != claimedBefore || st.AbandonedRunning != 3 {
+		t.Fatalf("%d handler calls, stats %+v: want 3 calls (2 + 1 abandoned) and no further claim", c, st)
+	}
+	close(hang) // the goroutines return: the worker works again
+	waitFor(t, "the queue to drain", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	if st := r.w.Stats(); st.AbandonedRunning != 0 {
+		t.Errorf("%d abandoned handlers still counted as running after they returned", st.AbandonedRunning)
+	}
+}
+
+// 4 workers × 1000 handlers each, every pool capped at PoolConns: every item
+// is acked exactly once, and the server never sees more than 4 ×
+// Connections connections from them.
+func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
+	const n, workers, concurrency = 8000, 4, 1000
+	direct := setup(t)
+	ctx := context.Background()
+	if err := partition.SetParts(ctx, direct, crsql.Tables{}, "default", 16); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, direct, "default", n, true)
+	opts := worker.Options{Parts: true, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
+	var rs []*running
+	for range workers {
+		cfg := direct.Config().Copy()
+		cfg.MaxConns = int32(worker.PoolConns(opts))
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		rs = append(rs, start(t, pool, recordHandler(time.Millisecond), opts))
+	}
+	var mu sync.Mutex
+	peak := 0
+	waitFor(t, "the queue to drain", 5*time.Minute, func() bool {
+		// The test's own pool holds one connection for this query.
+		c := count(t, direct, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		mu.Lock()
+		peak = max(peak, c)
+		mu.Unlock()
+		return count(t, direct, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	for _, r := range rs {
+		r.Stop(t)
+	}
+	assertExactlyOnce(t, direct, n)
+	// The test's own pool may hold idle connections of its own too.
+	own := int(direct.Stat().TotalConns())
+	limit := workers*worker.Connections(opts) + own
+	t.Logf("peak %d connections to the database (limit %d: %d workers × %d, plus %d of the test)", peak, limit, workers, worker.Connections(opts), own)
+	if peak > limit {
+		t.Errorf("peak %d connections, want at most %d", peak, limit)
+	}
+}
+
+// Acks that keep every settle goroutine's connection busy (each
+// transaction outlasts the session expiry) do not starve the heartbeat: the
+// session is not lost.
+func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
+	const n = 200
+	direct := setup(t)
+	enqueue(t, direct, "default", n, false)
+	opts := worker.Options{Concurrency: 64}
+	cfg := direct.Config().Copy()
+	cfg.MaxConns = int32(worker.PoolConns(opts))
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		rec, _ := recordHandler(0)(ctx, it)
+		return func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(0.03)`); err != nil {
+				return err
+			}
+			return rec(ctx, tx)
+		}, nil
+	}
+	r := start(t, pool, h, opts) // fast session: 100 ms heartbeat, 700 ms expiry
+	waitFor(t, "the queue to drain", 5*time.Minute, func() bool {
+		return count(t, direct, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	r.Stop(t)
+	assertExactlyOnce(t, direct, n)
+	if st := r.w.Stats(); st.SessionsLost != 0 || st.Sessions != 1 {
+		t.Errorf("stats %+v: want one session, never lost", st)
+	}
+}
