@@ -222,8 +222,11 @@ func work(d time.Duration) worker.Handler {
 // separate processes would have).
 func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
 	e.t.Helper()
-	if opts.Session == (session.Options{}) {
+	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = faultSession
+	}
+	if opts.Claim.Lease == 0 {
+		opts.Claim.Lease = faultLease
 	}
 	if opts.RestartDelay == 0 {
 		opts.RestartDelay = 100 * time.Millisecond
