@@ -8,9 +8,9 @@
 # docker-compose.yml in this directory runs it against a 3-node CockroachDB
 # cluster. The golang tag follows go.mod's `go` line (major.minor); the image
 # sets GOTOOLCHAIN=local, so its Go must be at least go.mod's patch version,
-# which the floating 1.26 tag is.
+# which the floating 1.25 tag is.
 
-FROM golang:1.26 AS build
+FROM golang:1.25 AS build
 WORKDIR /src
 
 # Module downloads get their own layer: it is rebuilt only when go.mod or

@@ -30,6 +30,8 @@ type acker struct {
 	quit chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
+	// observe, if not nil, is told the size of each ack transaction.
+	observe func(n int)
 }
 
 type settleKind int
@@ -55,9 +57,10 @@ type settleAnswer struct {
 }
 
 // startAcker starts n settle goroutines, each acking up to max items in one
-// transaction. Stop them with stop.
-func startAcker(q *claim.Queue, n, max int) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{})}
+// transaction, telling observe (if not nil) the size of each. Stop them with
+// stop.
+func startAcker(q *claim.Queue, n, max int, observe func(n int)) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe}
 	a.wg.Add(n)
 	for range n {
 		go a.run()
@@ -104,6 +107,9 @@ func (a *acker) run() {
 			// when it was asked: the last asked has the loosest.
 			ctx := acks[len(acks)-1].ctx
 			errs := a.q.AckEach(ctx, reqs)
+			if a.observe != nil {
+				a.observe(len(reqs))
+			}
 			for i, r := range acks {
 				r.done <- settleAnswer{err: errs[i]}
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -57,8 +58,8 @@ func TestConnectionCounts(t *testing.T) {
 		pool, conn int
 	}{
 		{worker.Options{}, 4, 5},
-		{worker.Options{Parts: true}, 5, 6},
-		{worker.Options{Parts: true, Concurrency: 1000}, 5, 6},
+		{worker.Options{Parts: 16}, 5, 6},
+		{worker.Options{Parts: 16, Concurrency: 1000}, 5, 6},
 		{worker.Options{Ackers: 4}, 6, 7},
 	} {
 		if p, c := worker.PoolConns(tc.opts), worker.Connections(tc.opts); p != tc.pool || c != tc.conn {
@@ -69,10 +70,14 @@ func TestConnectionCounts(t *testing.T) {
 
 // proxied returns a pool to the test database through a proxy that the test
 // can cut.
-func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *testdb.Proxy) {
+func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	p := testdb.NewProxy(t, direct.Config().ConnString())
-	cfg, err := pgxpool.ParseConfig(p.URL())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg, err := pgxpool.ParseConfig(pu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +298,7 @@ func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	enqueue(t, direct, "default", n, true)
-	opts := worker.Options{Parts: true, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
+	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
 	var rs []*running
 	for range workers {
 		cfg := direct.Config().Copy()

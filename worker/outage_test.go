@@ -121,7 +121,7 @@ func TestDatabaseOutage(t *testing.T) {
 	var workers []*running
 	for range 2 {
 		workers = append(workers, start(t, proxied, recordHandler(2*time.Millisecond), worker.Options{
-			Parts: true, Concurrency: 8, RestartDelay: 200 * time.Millisecond,
+			Parts: 16, Concurrency: 8, RestartDelay: 200 * time.Millisecond,
 			Partition: partition.Options{Poll: 200 * time.Millisecond},
 		}))
 	}

@@ -76,9 +76,13 @@ type Options struct {
 	// Concurrency is the number of handlers running at once. Default 8.
 	// It does not change the number of connections (see Connections).
 	Concurrency int
-	// Parts turns on parts mode: the session claims only in the parts the
-	// rebalancer gives it, so claims never contend.
-	Parts bool
+	// Parts is the queue's number of parts; 0 turns parts mode off (any
+	// session claims any item). With parts, the session claims only in the
+	// parts the rebalancer gives it, so claims never contend. A queue with no
+	// stored part count gets Parts; a different stored count wins (with a
+	// warning in the log): change it with partition.SetParts. At most
+	// partition.MaxParts.
+	Parts int
 	// Poll is the claim interval when the queue is idle (a random value
 	// between Poll/2 and Poll·3/2 each time). While claims come back full,
 	// the worker claims again at once. Default 150 ms.
@@ -130,6 +134,46 @@ type Options struct {
 	Partition partition.Options
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
+	// Observer, if not nil, is told of every handler run and every ack
+	// transaction, for metrics (package metrics implements it). Default: none.
+	Observer Observer
+}
+
+// Observer watches a worker's handlers and acks. Its methods are called from
+// the worker's goroutines, concurrently: they must be safe for concurrent use
+// and quick.
+type Observer interface {
+	// HandlerDone reports one handler run on queue: how long the handler
+	// took (not counting the ack, nack or release after it; for an
+	// abandoned handler, until it was abandoned), and how the attempt
+	// ended: OutcomeAcked, OutcomeRetried, OutcomeDead, OutcomeReleased or
+	// OutcomeUnsettled.
+	HandlerDone(queue string, d time.Duration, outcome string)
+	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
+	// one per acked item, n = 1).
+	AckBatch(queue string, n int)
+}
+
+// Outcomes of a handler run, as Observer.HandlerDone reports them.
+const (
+	// OutcomeAcked: the ack, with the handler's record, committed.
+	OutcomeAcked = "acked"
+	// OutcomeRetried: the item was nacked and runs again after a backoff.
+	OutcomeRetried = "retried"
+	// OutcomeDead: the item was nacked into the dead-items table.
+	OutcomeDead = "dead"
+	// OutcomeReleased: the item was given back without counting the attempt.
+	OutcomeReleased = "released"
+	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
+	// the session ended while it was retried, or an ack whose outcome stayed
+	// unknown).
+	OutcomeUnsettled = "unsettled"
+)
+
+// outcomeNames names attempt's outcomes for Observer.
+var outcomeNames = map[attempt.Outcome]string{
+	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
+	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled,
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
@@ -190,6 +234,8 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Concurrency < 0:
 		return o, fmt.Errorf("worker: concurrency %d is negative", o.Concurrency)
+	case o.Parts < 0 || o.Parts > partition.MaxParts:
+		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
 	case o.MaxAckBatch < 0:
 		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
 	case o.Ackers < 0 || o.Ackers > maxAckers:
@@ -225,7 +271,7 @@ func PoolConns(opts Options) int {
 		o.Ackers = max(opts.Ackers, DefaultAckers)
 	}
 	n := 1 + o.Ackers + 1
-	if o.Parts {
+	if o.Parts > 0 {
 		n++
 	}
 	return n
@@ -264,7 +310,7 @@ type Stats struct {
 	SettleRetries int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
-	// Parts is the rebalancers' part movements, summed over sessions.
+	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
 	Parts partition.Stats
 	// Session is the id of the current session ("" between sessions).
 	Session string
@@ -283,7 +329,8 @@ type Worker struct {
 	settleRetries, running                     atomic.Int64
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
-	current                                    atomic.Value // string
+	current                                    atomic.Value                         // string
+	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
 }
 
 // New returns a worker that handles the items of opts.Queue with h.
@@ -309,14 +356,20 @@ func (w *Worker) Queue() *claim.Queue { return w.queue }
 
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
+	parts := partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
+		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()}
+	if reb := w.reb.Load(); reb != nil {
+		st := reb.Stats()
+		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
+		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
+	}
 	return Stats{
 		Stats:    w.queue.Stats(),
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
-		Parts: partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
-			Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()},
+		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
 }
@@ -332,6 +385,9 @@ func (w *Worker) Stats() Stats {
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
 // cannot start a session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
+	if err := w.ensureParts(ctx); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	first := true
 	for ctx.Err() == nil {
 		sess, done, err := w.startSession(ctx)
@@ -361,6 +417,23 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		t.Stop()
+	}
+	return nil
+}
+
+// ensureParts stores the part count of Options.Parts for a queue that has
+// none, and warns when the stored count differs (the stored one wins).
+func (w *Worker) ensureParts(ctx context.Context) error {
+	if w.opts.Parts == 0 {
+		return nil
+	}
+	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
+	if err != nil {
+		return err
+	}
+	if stored != w.opts.Parts {
+		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
+			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
 	}
 	return nil
 }
@@ -419,7 +492,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	defer cancelSettles()
 	var reb *partition.Rebalancer
 	rebDone := make(chan struct{})
-	if w.opts.Parts {
+	if w.opts.Parts > 0 {
 		var err error
 		reb, err = partition.New(w.db, sess, w.opts.Partition)
 		if err != nil {
@@ -429,6 +502,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 			cancel()
 			return
 		}
+		w.reb.Store(reb)
 		go func() {
 			defer close(rebDone)
 			if err := reb.Run(sess.Context()); err != nil {
@@ -444,7 +518,11 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		w.maintain(sess, log)
 	}()
 
-	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch))
+	var observe func(int)
+	if obs := w.opts.Observer; obs != nil {
+		observe = func(n int) { obs.AckBatch(w.opts.Queue, n) }
+	}
+	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe)
 	defer a.stop()
 	slots := make(chan struct{}, w.opts.Concurrency)
 	var handlers sync.WaitGroup
@@ -481,6 +559,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if !waitBounded(rebDone, w.opts.ShutdownTimeout) {
 		log.Warn("the rebalancer did not stop within the shutdown timeout")
 	} else if reb != nil {
+		w.reb.Store(nil) // a snapshot between these lines may miss this session's moves, never count them twice
 		st := reb.Stats()
 		w.partsAcquired.Add(st.Acquired)
 		w.partsReleased.Add(st.Released)
@@ -630,7 +709,16 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // through the settle goroutines. claimCtx ends when the worker stops
 // claiming (shutdown or session loss).
 func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
-	res := attempt.Run(handlerCtx, w.queue, it, w.attemptHandler, attempt.Options{
+	h := w.attemptHandler
+	var took atomic.Int64 // the handler's duration, in nanoseconds
+	start := time.Now()
+	if w.opts.Observer != nil {
+		h = func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
+			defer func() { took.Store(int64(time.Since(start))) }() // also when it panics
+			return w.handler(ctx, it)
+		}
+	}
+	res := attempt.Run(handlerCtx, w.queue, it, h, attempt.Options{
 		Timeout:   w.opts.ItemTimeout,
 		Grace:     w.opts.HangGrace,
 		Settle:    a,
@@ -644,6 +732,13 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 	}
 	if res.TimedOut {
 		w.timeouts.Add(1)
+	}
+	if obs := w.opts.Observer; obs != nil {
+		d := time.Duration(took.Load())
+		if res.Abandoned {
+			d = time.Since(start) // it has not returned
+		}
+		obs.HandlerDone(w.opts.Queue, d, outcomeNames[res.Outcome])
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)

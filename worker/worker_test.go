@@ -169,10 +169,14 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 				}
 			}
 			enqueue(t, pool, "default", n, parts)
+			nParts := 0
+			if parts {
+				nParts = 16
+			}
 			var workers []*running
 			for range 3 {
 				workers = append(workers, start(t, pool, recordHandler(0), worker.Options{
-					Parts: parts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Poll: 200 * time.Millisecond},
+					Parts: nParts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Poll: 200 * time.Millisecond},
 				}))
 			}
 			waitFor(t, "the queue to drain", 2*time.Minute, func() bool {

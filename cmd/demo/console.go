@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // console serializes writes to stdout and stderr and keeps the live
@@ -19,6 +21,7 @@ type console struct {
 	tty       bool
 	statusLen int // length of the progress line now on screen (tty only)
 	lastPlain time.Time
+	drawn     bool // redraw has cleared the screen once
 }
 
 func newConsole(stdout, stderr io.Writer) *console {
@@ -37,7 +40,7 @@ func isTerminal(w io.Writer) bool {
 // clearLocked removes the progress line from a terminal.
 func (c *console) clearLocked() {
 	if c.tty && c.statusLen > 0 {
-		fmt.Fprintf(c.stderr, "\r%s\r", strings.Repeat(" ", c.statusLen))
+		fmt.Fprint(c.stderr, "\r\x1b[K")
 		c.statusLen = 0
 	}
 }
@@ -77,12 +80,11 @@ func (c *console) progress(line string, force bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tty {
-		pad := ""
-		if n := c.statusLen - len(line); n > 0 {
-			pad = strings.Repeat(" ", n)
-		}
-		fmt.Fprintf(c.stderr, "\r%s%s", line, pad)
-		c.statusLen = len(line)
+		// One column short of the width: a line that fills the last column
+		// wraps on some terminals, and each redraw would leave a row behind.
+		line = fit(line, width(c.stderr)-1)
+		fmt.Fprintf(c.stderr, "\r%s\x1b[K", line)
+		c.statusLen = utf8.RuneCountInString(line)
 		return
 	}
 	if !force && time.Since(c.lastPlain) < time.Second {
@@ -128,4 +130,49 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		w.buf = w.buf[i+1:]
 	}
 	return len(p), nil
+}
+
+// width is the terminal's width in columns for w: its size, else $COLUMNS,
+// else 80.
+func width(w io.Writer) int {
+	if f, ok := w.(*os.File); ok {
+		if n := terminalWidth(f); n > 0 {
+			return n
+		}
+	}
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	return 80
+}
+
+// fit cuts line to n columns (runes), marking the cut with "…".
+func fit(line string, n int) string {
+	if n <= 1 || utf8.RuneCountInString(line) <= n {
+		return line
+	}
+	return string([]rune(line)[:n-1]) + "…"
+}
+
+// redraw replaces the screen of a terminal stdout with text: the cursor
+// goes home, each line is rewritten in place (cut to the terminal's width,
+// so that nothing wraps) and cleared to its end, and what is left below
+// the last line is cleared. No flicker, no scrolling.
+func (c *console) redraw(text string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	if !c.drawn {
+		b.WriteString("\x1b[H\x1b[2J")
+		c.drawn = true
+	} else {
+		b.WriteString("\x1b[H")
+	}
+	w := width(c.stdout)
+	for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		b.WriteString(fit(l, w))
+		b.WriteString("\x1b[K\r\n")
+	}
+	b.WriteString("\x1b[J")
+	io.WriteString(c.stdout, b.String())
 }

@@ -9,10 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -27,6 +26,10 @@ const pingTimeout = 5 * time.Second
 // the pool size unless the URL sets pool_max_conns itself. A malformed URL
 // or an unreachable server is an exit-2 error.
 func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, error) {
+	if scheme, _, ok := strings.Cut(rawURL, "://"); ok && !acceptedSchemes[strings.ToLower(scheme)] {
+		return nil, failf(2, "unsupported scheme %q in the database URL%s: use postgresql:// or postgres:// (CockroachDB speaks the PostgreSQL protocol: postgresql://root@host:26257/db?sslmode=disable)",
+			scheme, quotedURL(rawURL))
+	}
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
 		return nil, failf(2, "invalid database URL%s: %v", quotedURL(rawURL), parseErrorMessage(err))
@@ -49,6 +52,17 @@ func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, e
 			return nil, failf(130, "interrupted")
 		}
 		where := fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch {
+			case pgErr.Code == "3D000":
+				return nil, failf(2, "the database %q does not exist at %s: create it (CREATE DATABASE %s) or fix the URL's path",
+					cfg.ConnConfig.Database, where, pgx.Identifier{cfg.ConnConfig.Database}.Sanitize())
+			case pgErr.Code == "28P01" || pgErr.Code == "28000":
+				return nil, failf(2, "the server at %s refused user %q: wrong password or user, or not allowed to connect (%s)",
+					where, cfg.ConnConfig.User, pgErr.Message)
+			}
+		}
 		if errors.Is(pingCtx.Err(), context.DeadlineExceeded) {
 			return nil, failf(2, "cannot reach the database at %s within %v: %v", where, pingTimeout, err)
 		}
@@ -56,6 +70,9 @@ func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, e
 	}
 	return pool, nil
 }
+
+// acceptedSchemes are the URL schemes pgx takes.
+var acceptedSchemes = map[string]bool{"postgres": true, "postgresql": true}
 
 // warm opens the pool's connections now, so that a worker does not open
 // them while it works: on a loaded machine a new connection can take longer
@@ -125,7 +142,9 @@ func requireSchema(ctx context.Context, db crsql.DB) error {
 	err := crsql.Check(ctx, db, tables)
 	switch {
 	case err == nil:
-		return nil
+		return requireTables(ctx, db)
+	case isMissingDatabase(err):
+		return failf(2, "%s", missingDatabaseMessage(err))
 	case errors.Is(err, crsql.ErrSchemaMissing):
 		return failf(2, "the crdbwork schema is not in this database: run `demo migrate` first (or apply sql/schema.sql)")
 	case errors.Is(err, crsql.ErrSchemaOutdated):
@@ -134,6 +153,42 @@ func requireSchema(ctx context.Context, db crsql.DB) error {
 		return failf(2, "%v", err)
 	}
 	return failf(1, "checking the crdbwork schema: %v", err)
+}
+
+// crdbworkTables are the schema's tables, by the suffix Tables.Table takes.
+var crdbworkTables = []string{"schema_version", "sessions", "queues", "session_parts", "items", "dead_items"}
+
+// requireTables reports a partly missing schema (a table dropped by hand
+// under a version row that says all is well) as an exit-2 error.
+func requireTables(ctx context.Context, db crsql.DB) error {
+	for _, t := range crdbworkTables {
+		rows, err := db.Query(ctx, "SELECT 1 FROM "+tables.Table(t)+" LIMIT 0")
+		if err == nil {
+			rows.Close()
+			err = rows.Err()
+		}
+		switch {
+		case err == nil:
+		case errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing):
+			return failf(2, "the crdbwork schema is incomplete: the table %s is missing: run `demo migrate` (it recreates what is missing)", tables.Table(t))
+		default:
+			return failf(1, "checking the crdbwork table %s: %v", tables.Table(t), err)
+		}
+	}
+	return nil
+}
+
+// isMissingDatabase reports the server's "database does not exist" (3D000;
+// CockroachDB accepts the connection and says so at the first statement).
+func isMissingDatabase(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "3D000"
+}
+
+func missingDatabaseMessage(err error) string {
+	var pgErr *pgconn.PgError
+	errors.As(err, &pgErr)
+	return fmt.Sprintf("the database does not exist on the server (%s): create it (CREATE DATABASE ...) or fix the URL's path", pgErr.Message)
 }
 
 // demoTablesSQL creates the demo's own tables. demo_results has no unique
@@ -193,19 +248,6 @@ func engineName(ctx context.Context, db crsql.DB) string {
 		return "unknown"
 	}
 	return d.String()
-}
-
-// newLogger returns a console logger on stderr at level.
-func newLogger(level string, out *console) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(strings.ToLower(level))
-	if err != nil {
-		return nil, failf(2, "invalid --log-level %q: use debug, info, warn or error", level)
-	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	enc.EncodeLevel = zapcore.CapitalLevelEncoder
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.stderrWriter("")), lvl)
-	return zap.New(core), nil
 }
 
 // verbose reports whether level shows info logs.

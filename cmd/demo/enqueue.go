@@ -94,7 +94,7 @@ queue, and records their ids in demo_enqueued under a new run id, in the same
 transactions, so that "demo verify" can check them. Needs "demo migrate" first.`)
 	c.register(f, urlRequired)
 	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
-	f.intVar(&c.parts, "parts", 0, 1, partition.MaxParts, "set the queue's number of parts first (default: keep it; a new queue has 1)")
+	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -112,13 +112,13 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	if err := requireDemoTables(ctx, pool); err != nil {
 		return err
 	}
+	var parts int
 	if f.isSet("parts") {
 		if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 			return failf(1, "%v", err)
 		}
-	}
-	parts, err := partition.Parts(ctx, pool, tables, c.queue)
-	if err != nil {
+		parts = c.parts
+	} else if parts, err = partition.EnsureParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 		return failf(1, "%v", err)
 	}
 	runID := uuid.New()

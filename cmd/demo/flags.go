@@ -22,6 +22,11 @@ type flagSet struct {
 	fs      *flag.FlagSet
 	defs    []flagDef
 	set     map[string]bool // given on the command line or in the environment
+	// maxArgs is how many positional arguments the command takes (flags
+	// may come before, between and after them); args holds them.
+	maxArgs int
+	argName string // for usage: like "[ID]"
+	args    []string
 }
 
 type flagDef struct {
@@ -79,15 +84,22 @@ var errHelp = errors.New("help requested")
 // parse parses args, then fills the flags not given from the environment.
 // It prints the usage to out and returns errHelp for -h/--help.
 func (f *flagSet) parse(args []string, out io.Writer) error {
-	if err := f.fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			f.usage(out)
-			return errHelp
+	for {
+		if err := f.fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				f.usage(out)
+				return errHelp
+			}
+			return f.usageError("%s", flagMessage(err))
 		}
-		return f.usageError("%s", flagMessage(err))
-	}
-	if f.fs.NArg() > 0 {
-		return f.usageError("unexpected argument %q", f.fs.Arg(0))
+		if f.fs.NArg() == 0 {
+			break
+		}
+		if len(f.args) >= f.maxArgs {
+			return f.usageError("unexpected argument %q", f.fs.Arg(0))
+		}
+		f.args = append(f.args, f.fs.Arg(0))
+		args = f.fs.Args()[1:]
 	}
 	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	for _, d := range f.defs {
@@ -145,7 +157,7 @@ func unwrapSetError(err error) string {
 
 // usage prints the command's usage, its flags and their variables.
 func (f *flagSet) usage(out io.Writer) {
-	fmt.Fprintf(out, "Usage: demo %s [flags]\n\n%s\n\n", f.cmd, strings.TrimSpace(f.summary))
+	fmt.Fprintf(out, "Usage: demo %s [flags]%s\n\n%s\n\n", f.cmd, map[bool]string{true: " " + f.argName}[f.argName != ""], strings.TrimSpace(f.summary))
 	fmt.Fprintln(out, "Flags (each one can also be set by the environment variable shown; a flag wins over its variable):")
 	defs := append([]flagDef(nil), f.defs...)
 	sort.SliceStable(defs, func(i, j int) bool { return defs[i].name < defs[j].name })
@@ -201,6 +213,11 @@ func (v *intValue) String() string {
 func (v *intValue) Set(s string) error {
 	n, err := strconv.Atoi(strings.TrimSpace(s))
 	switch {
+	case errors.Is(err, strconv.ErrRange):
+		if strings.HasPrefix(strings.TrimSpace(s), "-") {
+			return fmt.Errorf("too small (must be between %d and %d)", v.lo, v.hi)
+		}
+		return fmt.Errorf("too large (must be between %d and %d)", v.lo, v.hi)
 	case err != nil:
 		return errors.New("not an integer")
 	case n < v.lo && v.lo == 1:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -42,7 +43,7 @@ type inProcess struct {
 	stats  []func() worker.Stats
 }
 
-func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logger) (*inProcess, error) {
+func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logger, ms *metricsServer) (*inProcess, error) {
 	// The workers stop when we say so (gracefully), not when a signal
 	// cancels ctx.
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -55,7 +56,7 @@ func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logg
 		}
 		g.pools = append(g.pools, pool)
 		warm(ctx, pool)
-		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log)
+		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log, ms)
 		if err != nil {
 			g.stop(time.Second)
 			return nil, failf(2, "%v", err)
@@ -102,6 +103,10 @@ func (g *inProcess) counters(s *summary) {
 	s.SessionsStarted, s.SessionsLost, s.ClaimsLost, s.Retries = &sessions, &lost, &claimsLost, retries
 }
 
+// reportEvery is how often worker processes report their counters to the
+// demo: a killed worker's last report is at most this old.
+const reportEvery = 250 * time.Millisecond
+
 // maxCrashes is how many unexpected worker exits the demo tolerates (each
 // one is replaced) before it gives up.
 const maxCrashes = 5
@@ -117,6 +122,7 @@ type fleet struct {
 
 	mu      sync.Mutex
 	live    []*child
+	all     []*child // every worker started, for the counters
 	seq     int
 	closing bool
 	nKilled int
@@ -152,10 +158,10 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 	}
 	f := &fleet{
 		exe: exe, env: env, out: out, verbose: verbose(c.logLevel),
-		args: []string{"work", "--queue", c.queue, "--concurrency", fmt.Sprint(c.concurrency),
+		args: []string{"work", "--queue", c.queue, "--parts", fmt.Sprint(c.parts), "--concurrency", fmt.Sprint(c.concurrency),
 			"--ack-batch", fmt.Sprint(c.ackBatch),
 			"--task-time", c.taskTime.String(), "--heartbeat", c.heartbeat.String(), "--expiry", c.expiry.String(),
-			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel},
+			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel, "--report-every", reportEvery.String()},
 		fail: make(chan error, 1), stopKill: make(chan struct{}), killDone: make(chan struct{}),
 	}
 	go f.killLoop(c.killEvery)
@@ -194,6 +200,7 @@ func (f *fleet) spawn() error {
 	c := &child{name: name, cmd: cmd, tail: tail}
 	f.mu.Lock()
 	f.live = append(f.live, c)
+	f.all = append(f.all, c)
 	f.mu.Unlock()
 	f.wg.Add(1)
 	go f.watch(c)
@@ -308,7 +315,32 @@ func (f *fleet) killed() int {
 	return f.nKilled
 }
 
-func (f *fleet) counters(*summary) {}
+// counters adds up the workers' last reports: a killed worker's is at most
+// reportEvery old (a worker killed before its first report is not counted),
+// and the session it had counts as lost.
+func (f *fleet) counters(s *summary) {
+	f.mu.Lock()
+	all := append([]*child(nil), f.all...)
+	f.mu.Unlock()
+	var sessions, lost, claimsLost int64
+	retries := map[string]int64{}
+	for _, c := range all {
+		c.tail.mu.Lock()
+		st := c.tail.stats
+		c.tail.mu.Unlock()
+		if st == nil {
+			continue // killed before its first report
+		}
+		if c.killed.Load() && st.Sessions > st.SessionsLost {
+			lost++ // the session it had when it was killed
+		}
+		sessions, lost, claimsLost = sessions+st.Sessions, lost+st.SessionsLost, claimsLost+st.ClaimsLost
+		for k, v := range st.Retries {
+			retries[k] += v
+		}
+	}
+	s.SessionsStarted, s.SessionsLost, s.ClaimsLost, s.Retries = &sessions, &lost, &claimsLost, retries
+}
 
 // stop ends the kill loop, sends SIGTERM to every worker and waits for them
 // (SIGKILL after timeout).
@@ -351,6 +383,8 @@ func (f *fleet) stop(timeout time.Duration) {
 // them when asked to.
 type tailWriter struct {
 	mu      sync.Mutex
+	stats   *workStats // the last --report-every line
+	statsN  int
 	max     int
 	buf     []string
 	partial []byte
@@ -360,17 +394,25 @@ type tailWriter struct {
 func (t *tailWriter) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.forward != nil {
-		t.forward.Write(p)
-	}
 	t.partial = append(t.partial, p...)
 	for {
 		i := strings.IndexByte(string(t.partial), '\n')
 		if i < 0 {
 			break
 		}
-		t.buf = append(t.buf, string(t.partial[:i]))
+		line := string(t.partial[:i])
 		t.partial = t.partial[i+1:]
+		if rest, ok := strings.CutPrefix(line, statsPrefix); ok {
+			var st workStats
+			if json.Unmarshal([]byte(rest), &st) == nil {
+				t.stats = &st
+			}
+			continue
+		}
+		if t.forward != nil {
+			t.forward.Write([]byte(line + "\n"))
+		}
+		t.buf = append(t.buf, line)
 		if len(t.buf) > t.max {
 			t.buf = t.buf[len(t.buf)-t.max:]
 		}

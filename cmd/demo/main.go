@@ -4,7 +4,8 @@
 // enqueues items, works them off with several worker sessions (optionally
 // killing worker processes as it goes), and proves that every item was
 // acknowledged exactly once. The other commands operate a queue by hand:
-// migrate, enqueue, work, status and verify. Run `demo -h` for the list.
+// migrate, enqueue, work, status, verify, dead, requeue, cancel, parts,
+// pause, resume and cleanup. Run `demo -h` for the list.
 package main
 
 import (
@@ -31,8 +32,13 @@ var commands = []command{
 	{"migrate", "apply the crdbwork schema and the demo tables to a database", cmdMigrate},
 	{"enqueue", "enqueue demo items (recorded for verify)", cmdEnqueue},
 	{"work", "run one worker process until SIGINT or SIGTERM", cmdWork},
-	{"status", "show sessions, part owners, backlog and dead items", cmdStatus},
+	{"status", "show sessions, part owners, backlog and dead items (--watch: keep it on screen)", cmdStatus},
 	{"verify", "check that every enqueued demo item was acknowledged exactly once", cmdVerify},
+	{"dead", "list the dead items of a queue", cmdDead},
+	{"requeue", "move a dead item (or --all) back into its queue", cmdRequeue},
+	{"cancel", "delete an item from its queue, claimed or not", cmdCancel},
+	{"cleanup", "remove the demo's queue and tables from a database (--drop-schema: the crdbwork tables too)", cmdCleanup},
+	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 }
 
 func main() {
@@ -41,6 +47,10 @@ func main() {
 
 func realMain(args []string, stdout, stderr io.Writer) int {
 	out := newConsole(stdout, stderr)
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		printVersion(stdout)
+		return 0
+	}
 	name, explicit := "run", false
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, explicit, args = args[0], true, args[1:]
@@ -94,7 +104,7 @@ Commands:
 Every flag can also be set in the environment: --items is DEMO_ITEMS, --task-time
 is DEMO_TASK_TIME (DEMO_ and the flag's name in capitals with _ for -), and
 --database-url is DATABASE_URL. A flag on the command line wins over its variable.
-Run "demo <command> -h" for a command's flags.
+Run "demo <command> -h" for a command's flags, "demo --version" for the version.
 
 Exit status: 0 success; 1 the demo or verify found a problem (lost or duplicated
 items, a timeout) or an operation failed; 2 bad input, an unreachable database or

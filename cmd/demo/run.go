@@ -24,11 +24,11 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
-	items, workers, parts int
-	killEvery, timeout    time.Duration
-	progress              bool
-	bench                 bool
-	downloadCockroach     bool
+	items, workers     int
+	killEvery, timeout time.Duration
+	progress           bool
+	bench              bool
+	downloadCockroach  bool
 	// restartDBEvery and restartDBDown: restarts of the embedded server.
 	restartDBEvery, restartDBDown time.Duration
 }
@@ -102,7 +102,6 @@ human line on stderr.`
 	c.workerSettings.register(f)
 	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
-	f.intVar(&c.parts, "parts", 16, 1, partition.MaxParts, "parts the queue is divided into")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
@@ -132,12 +131,12 @@ human line on stderr.`
 	if c.restartDBDown > 0 && c.restartDBEvery == 0 {
 		return f.usageError("--restart-db-down needs --restart-db-every")
 	}
-	log, err := newLogger(c.logLevel, out)
+	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
-	r := &demoRun{c: &c, out: out, log: log}
+	r := &demoRun{c: &c, out: out, log: log, watch: watch}
 	return r.run(ctx)
 }
 
@@ -146,6 +145,35 @@ type demoRun struct {
 	c   *runConfig
 	out *console
 	log *zap.Logger
+	// watch reports outages and recoveries once.
+	watch *outageWatch
+	// recent are the progress samples of the last rateWindow, oldest first.
+	recent []progressSample
+}
+
+type progressSample struct {
+	at   time.Time
+	done int64
+}
+
+// rateWindow is how far back the progress line's rate looks.
+const rateWindow = 5 * time.Second
+
+// rate records done at now and returns the items per second over the last
+// rateWindow (since the start while the run is younger).
+func (r *demoRun) rate(now time.Time, done int64, start time.Time) float64 {
+	if len(r.recent) == 0 {
+		r.recent = append(r.recent, progressSample{at: start})
+	}
+	r.recent = append(r.recent, progressSample{at: now, done: done})
+	for len(r.recent) > 2 && now.Sub(r.recent[1].at) >= rateWindow {
+		r.recent = r.recent[1:]
+	}
+	first := r.recent[0]
+	if d := now.Sub(first.at).Seconds(); d > 0 {
+		return float64(done-first.done) / d
+	}
+	return 0
 }
 
 func (r *demoRun) run(ctx context.Context) (err error) {
@@ -206,11 +234,23 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 			c.items, c.queue, c.parts, round(time.Since(enqStart)), c.workers, s.Mode)
 	}
 
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go r.watch.run(wctx, pool)
+	var ms *metricsServer
+	if c.metricsAddr != "" {
+		// With --kill-every the workers are other processes: this server
+		// has the database gauges only.
+		if ms, err = serveMetrics(c.metricsAddr, pool, r.out); err != nil {
+			return err
+		}
+		defer ms.close()
+	}
 	var group workerGroup
 	if c.killEvery > 0 {
 		group, err = startFleet(c, url, r.out)
 	} else {
-		group, err = startInProcess(ctx, c, url, r.log)
+		group, err = startInProcess(ctx, c, url, r.log, ms)
 	}
 	if err != nil {
 		return err
@@ -380,18 +420,24 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	// Live: a heartbeat within the last two heartbeat intervals; a killed
+	// worker drops out of the count long before its session expires.
 	sessions := "?"
 	if infos, err := session.List(ctx, pool, tables); err == nil {
-		sessions = fmt.Sprint(len(infos))
+		n := 0
+		for _, in := range infos {
+			if in.SinceHeartbeat <= 2*c.heartbeat {
+				n++
+			}
+		}
+		sessions = fmt.Sprint(n)
 	}
 	done := max(int64(c.items)-remaining, 0)
-	elapsed := time.Since(start)
-	rate := 0.0
-	if elapsed > 0 {
-		rate = float64(done) / elapsed.Seconds()
-	}
-	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s, %s live sessions, backlog %d, %s",
-		done, c.items, rate, sessions, remaining, round(elapsed))
+	now := time.Now()
+	elapsed := now.Sub(start)
+	rate := r.rate(now, done, start)
+	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s (last %v), %s live sessions, %s",
+		done, c.items, rate, min(rateWindow, elapsed.Round(time.Second)), sessions, round(elapsed).Round(100*time.Millisecond))
 	if c.killEvery > 0 {
 		line += fmt.Sprintf(", %d workers killed", group.killed())
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -28,6 +29,16 @@ type sessionStatus struct {
 	ExpirySeconds         float64 `json:"expiry_seconds"`
 	Parts                 string  `json:"parts"` // owned parts of --queue, as ranges ("0-3,8")
 	NumParts              int     `json:"num_parts"`
+	// Claimed is the number of items of any queue the session holds now.
+	Claimed int64 `json:"claimed"`
+	// Acked and InFlight are the session's counters as of its last
+	// heartbeat: items acked since it started, handlers running.
+	Acked    int64 `json:"acked"`
+	InFlight int64 `json:"in_flight"`
+	// Stale: no heartbeat for more than two of the longest heartbeat
+	// intervals its expiry allows (expiry / 3): probably dead, not yet
+	// expired.
+	Stale bool `json:"stale"`
 }
 
 type ownerStatus struct {
@@ -54,15 +65,24 @@ type backlogTotal struct {
 }
 
 type status struct {
-	Engine       string          `json:"engine"`
-	Queue        string          `json:"queue"`
-	NumParts     int             `json:"num_parts"`
-	Sessions     []sessionStatus `json:"sessions"`
-	PartOwners   []ownerStatus   `json:"part_owners"`
-	UnownedParts string          `json:"unowned_parts"`
-	Backlog      []backlogRow    `json:"backlog"`
-	Queues       []backlogTotal  `json:"queues"`
-	Dead         int64           `json:"dead"`
+	Engine   string `json:"engine"`
+	Queue    string `json:"queue"`
+	NumParts int    `json:"num_parts"`
+	// Known: the queue has a stored part count, items or dead items; a
+	// queue nobody has enqueued to is probably a mistyped --queue.
+	Known bool `json:"known"`
+	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
+	// is due (now minus its vesting time, database clock); 0 if none.
+	OldestDueSeconds float64         `json:"oldest_due_seconds"`
+	Sessions         []sessionStatus `json:"sessions"`
+	PartOwners       []ownerStatus   `json:"part_owners"`
+	UnownedParts     string          `json:"unowned_parts"`
+	Backlog          []backlogRow    `json:"backlog"`
+	Queues           []backlogTotal  `json:"queues"`
+	Dead             int64           `json:"dead"`
+	// ItemsPerSecond is the throughput over the last few seconds (--watch
+	// only; -1 until two reads are in).
+	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
 }
 
 // readStatus gathers the status of queue.
@@ -78,13 +98,31 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	if err != nil {
 		return nil, err
 	}
+	claimedBy := map[uuid.UUID]int64{}
+	rows, err := db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
+	if err != nil {
+		return nil, fmt.Errorf("counting claimed items: %w", crsql.Classify(err))
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var n int64
+		if err := rows.Scan(&id, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("counting claimed items: %w", err)
+		}
+		claimedBy[id] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("counting claimed items: %w", err)
+	}
 	names := map[uuid.UUID]string{}
 	for _, in := range infos {
 		names[in.ID] = in.Name
 	}
 
 	// Part owners.
-	rows, err := db.Query(ctx, st.PartOwners, queue)
+	rows, err = db.Query(ctx, st.PartOwners, queue)
 	if err != nil {
 		return nil, fmt.Errorf("reading part owners: %w", crsql.Classify(err))
 	}
@@ -126,6 +164,8 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 			CreatedAt: in.CreatedAt.UTC().Format(time.RFC3339Nano), HeartbeatAt: in.HeartbeatAt.UTC().Format(time.RFC3339Nano),
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
+			Claimed: claimedBy[in.ID],
+			Stale:   in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
 
@@ -165,6 +205,19 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	if err := db.QueryRow(ctx, st.DeadCount, queue).Scan(&s.Dead); err != nil {
 		return nil, fmt.Errorf("counting dead items: %w", crsql.Classify(err))
 	}
+	var oldest *time.Time
+	var now time.Time
+	var stored bool
+	if err := db.QueryRow(ctx, `SELECT (SELECT min(vesting_at) FROM `+tables.Table("items")+
+		` WHERE queue = $1 AND claim IS NULL AND vesting_at <= now()), now(),
+		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1)`, queue).Scan(&oldest, &now, &stored); err != nil {
+		return nil, fmt.Errorf("reading the oldest item: %w", crsql.Classify(err))
+	}
+	if oldest != nil {
+		s.OldestDueSeconds = max(0, now.Sub(*oldest).Seconds())
+	}
+	_, hasItems := totals[queue]
+	s.Known = stored || hasItems || s.Dead > 0
 	return s, nil
 }
 
@@ -195,10 +248,21 @@ func ranges(parts []int) string {
 
 func cmdStatus(ctx context.Context, name string, args []string, out *console) error {
 	var c common
-	f := newFlagSet(name, `Shows the live sessions (with the parts of --queue each one owns), the
-parts nobody owns, the backlog of every queue by part (unclaimed, vested =
-unclaimed and due, claimed), and the number of dead items of --queue.`)
+	var watch bool
+	var interval time.Duration
+	f := newFlagSet(name, `Shows the state of --queue: its parts, backlog (unclaimed, due = unclaimed and
+past its vesting time, claimed), the age of its oldest due item and its dead
+items; the live sessions (claimed items, parts of --queue owned, a STALE mark
+for a session that has missed heartbeats and is probably dead), the parts
+nobody owns, and the backlog of every queue by part. Warns when nobody has
+enqueued to --queue (a mistyped name).
+
+With --watch it redraws every --interval until Ctrl-C (plain snapshots, one
+after another, when stdout is not a terminal), adding the throughput over the
+last few seconds.`)
 	c.register(f, urlRequired)
+	f.boolVar(&watch, "watch", false, "redraw every --interval until interrupted")
+	f.durationVar(&interval, "interval", 2*time.Second, false, "time between redraws with --watch")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -213,6 +277,9 @@ unclaimed and due, claimed), and the number of dead items of --queue.`)
 	if err := requireSchema(ctx, pool); err != nil {
 		return err
 	}
+	if watch {
+		return watchStatus(ctx, pool, &c, interval, out)
+	}
 	s, err := readStatus(ctx, pool, c.queue)
 	if err != nil {
 		return failf(1, "%v", err)
@@ -220,47 +287,128 @@ unclaimed and due, claimed), and the number of dead items of --queue.`)
 	if c.json {
 		return printJSON(out, s)
 	}
-	out.printf("%s", formatStatus(s))
+	out.printf("%s", formatStatus(s, false))
 	return nil
 }
 
-func formatStatus(s *status) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "engine %s; queue %q: %d parts, %d dead items\n\n", s.Engine, s.Queue, s.NumParts, s.Dead)
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(&b, "%d live sessions\n", len(s.Sessions))
-	if len(s.Sessions) > 0 {
-		fmt.Fprintln(tw, "SESSION\tNAME\tHOST\tPID\tAGE\tHEARTBEAT\tPARTS")
-		for _, ss := range s.Sessions {
-			parts := ss.Parts
-			if parts == "" {
-				parts = "-"
+// watchStatus redraws the status every interval until ctx ends. Read
+// errors are shown in place of the status and retried: a watch outlives a
+// database restart.
+func watchStatus(ctx context.Context, db crsql.DB, c *common, interval time.Duration, out *console) error {
+	tty := isTerminal(out.stdout) && !c.json
+	var tp throughput
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
+		s, err := readStatus(rctx, db, c.queue)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		now := time.Now()
+		var text string
+		switch {
+		case err != nil:
+			text = fmt.Sprintf("cannot read the status: %s\n", oneLine(err.Error()))
+		case c.json:
+			s.ItemsPerSecond = tp.add(now, s)
+			b, _ := json.Marshal(s)
+			text = string(b) + "\n"
+		default:
+			rate := tp.add(now, s)
+			text = formatStatus(s, true)
+			if r := tp.describe(rate); r != "" {
+				text = strings.Replace(text, "\n", "\n"+r+"\n", 1)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\t%s\n", ss.ID, orDash(ss.Name), orDash(ss.Host), ss.PID,
-				round(secs(ss.AgeSeconds)), round(secs(ss.SinceHeartbeatSeconds)), parts)
+		}
+		if tty {
+			header := fmt.Sprintf("demo status --watch: every %v, %s (Ctrl-C to stop)\n", interval, now.Format("15:04:05"))
+			out.redraw(header + text)
+		} else if c.json {
+			out.printf("%s", text)
+		} else {
+			out.printf("--- %s\n%s", now.Format(time.RFC3339), text)
+		}
+		select {
+		case <-ctx.Done():
+			if tty {
+				out.printf("\n")
+			}
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// formatStatus writes the status for people. compact leaves out the
+// backlog by part (for --watch, which must fit a screen).
+func formatStatus(s *status, compact bool) string {
+	var b strings.Builder
+	var unclaimed, due, claimed int64
+	for _, t := range s.Queues {
+		if t.Queue == s.Queue {
+			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
+		}
+	}
+	fmt.Fprintf(&b, "engine %s; queue %q: %d parts, %d unclaimed (%d due", s.Engine, s.Queue, s.NumParts, unclaimed, due)
+	if due > 0 {
+		fmt.Fprintf(&b, ", oldest due %s", round(secs(s.OldestDueSeconds)))
+	}
+	fmt.Fprintf(&b, "), %d claimed, %d dead\n", claimed, s.Dead)
+	if !s.Known {
+		var names []string
+		for _, t := range s.Queues {
+			names = append(names, strconv.Quote(t.Queue))
+		}
+		others := "no queue has items"
+		if len(names) > 0 {
+			others = "queues with items: " + strings.Join(names, ", ")
+		}
+		fmt.Fprintf(&b, "warning: nobody has enqueued to queue %q or set its parts: is --queue right? (%s)\n", s.Queue, others)
+	}
+	b.WriteString("\n")
+	stale := 0
+	for _, ss := range s.Sessions {
+		if ss.Stale {
+			stale++
+		}
+	}
+	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
+	if stale > 0 {
+		fmt.Fprintf(&b, " (%d stale: no heartbeat for a while, probably dead, not yet expired)", stale)
+	}
+	b.WriteString("\n")
+	if len(s.Sessions) > 0 {
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tCLAIMED\tPARTS")
+		for _, ss := range s.Sessions {
+			hb := round(secs(ss.SinceHeartbeatSeconds)).String() + " ago"
+			if ss.Stale {
+				hb += " STALE"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 24), ss.PID,
+				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Claimed, partList(ss.Parts))
 		}
 		tw.Flush()
 	}
-	// Owners that are not live sessions (expired, not yet reaped).
-	live := map[string]bool{}
-	for _, ss := range s.Sessions {
-		live[ss.ID] = true
-	}
-	for _, o := range s.PartOwners {
-		if !live[o.Session] {
-			fmt.Fprintf(&b, "parts %s of %q are held by expired session %s (released when a peer reaps it)\n", o.Parts, s.Queue, o.Session)
-		}
-	}
-	if s.UnownedParts != "" {
-		fmt.Fprintf(&b, "parts of %q owned by nobody: %s\n", s.Queue, s.UnownedParts)
-	}
-	fmt.Fprintln(&b)
+	writeOwners(&b, s)
+	b.WriteString("\n")
 	if len(s.Backlog) == 0 {
-		fmt.Fprintln(&b, "backlog: no items in any queue")
+		b.WriteString("backlog: no items in any queue\n")
 		return b.String()
 	}
-	fmt.Fprintln(&b, "backlog")
-	fmt.Fprintln(tw, "QUEUE\tPART\tUNCLAIMED\tVESTED\tCLAIMED")
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	if compact {
+		fmt.Fprintln(tw, "QUEUE\tUNCLAIMED\tDUE\tCLAIMED")
+		for _, t := range s.Queues {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", t.Queue, t.Unclaimed, t.Vested, t.Claimed)
+		}
+		tw.Flush()
+		return b.String()
+	}
+	b.WriteString("backlog (due: unclaimed and past its vesting time)\n")
+	fmt.Fprintln(tw, "QUEUE\tPART\tUNCLAIMED\tDUE\tCLAIMED")
 	for _, r := range s.Backlog {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", r.Queue, r.Part, r.Unclaimed, r.Vested, r.Claimed)
 	}
@@ -269,6 +417,48 @@ func formatStatus(s *status) string {
 	}
 	tw.Flush()
 	return b.String()
+}
+
+// partList writes a part list for a table cell: "none" when empty, so that
+// it cannot be read as part 0.
+func partList(r string) string {
+	if r == "" {
+		return "none"
+	}
+	return r
+}
+
+// writeOwners writes the parts held by expired sessions and the parts
+// owned by nobody, naming the parts so that "0" can only mean part 0.
+func writeOwners(b *strings.Builder, s *status) {
+	live := map[string]bool{}
+	for _, ss := range s.Sessions {
+		live[ss.ID] = true
+	}
+	for _, o := range s.PartOwners {
+		if !live[o.Session] {
+			fmt.Fprintf(b, "parts %s of %q are held by expired session %s (released when a peer reaps it)\n", o.Parts, s.Queue, o.Session)
+		}
+	}
+	if s.UnownedParts == "" {
+		fmt.Fprintf(b, "parts of %q owned by nobody: none\n", s.Queue)
+		return
+	}
+	n := 0
+	for _, r := range strings.Split(s.UnownedParts, ",") {
+		lo, hi, found := strings.Cut(r, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if found {
+			z, _ = strconv.Atoi(hi)
+		}
+		n += z - a + 1
+	}
+	word := "parts"
+	if n == 1 {
+		word = "part"
+	}
+	fmt.Fprintf(b, "parts of %q owned by nobody: %d (%s %s)\n", s.Queue, n, word, s.UnownedParts)
 }
 
 func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

@@ -18,6 +18,10 @@ import (
 	"github.com/crdbwork/crdbwork/worker"
 )
 
+// defaultParts is the number of parts every demo command gives a queue that
+// has none stored yet.
+const defaultParts = 16
+
 // insertResult records one handled item, inside the ack transaction.
 const insertResult = `INSERT INTO demo_results (item_id, session_id, part, attempt) VALUES ($1, $2, $3, $4)`
 
@@ -43,21 +47,25 @@ func demoHandler(taskTime time.Duration) worker.Handler {
 
 // workerSettings are the settings shared by `run` and `work`.
 type workerSettings struct {
+	parts       int
 	concurrency int
 	ackBatch    int
 	taskTime    time.Duration
 	heartbeat   time.Duration
 	expiry      time.Duration
 	rebalance   time.Duration
+	metricsAddr string
 }
 
 func (w *workerSettings) register(f *flagSet) {
+	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, "parts the queue is divided into (a queue that has a stored number keeps it)")
 	f.intVar(&w.concurrency, "concurrency", 8, 1, 10_000, "handlers running at once in each worker")
 	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
 	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
 	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
 	f.durationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
+	f.stringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
 }
 
 // validate checks what the flags alone cannot.
@@ -73,28 +81,61 @@ func (w *workerSettings) validate(f *flagSet) error {
 // concurrency (worker.PoolConns: claims, settle goroutines, maintenance,
 // rebalancer; the heartbeat has one more of its own, outside the pool).
 func (w *workerSettings) poolSize() int {
-	return worker.PoolConns(worker.Options{Parts: true, MaxAckBatch: w.ackBatch})
+	return worker.PoolConns(worker.Options{Parts: w.parts, MaxAckBatch: w.ackBatch})
 }
 
 // newWorker returns a parts-mode worker with the demo handler.
-func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger) (*worker.Worker, error) {
-	return worker.New(db, demoHandler(w.taskTime), worker.Options{
+func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger, m *metricsServer) (*worker.Worker, error) {
+	var obs worker.Observer
+	if m != nil {
+		obs = m.collector
+	}
+	wk, err := worker.New(db, demoHandler(w.taskTime), worker.Options{
 		Queue:           queue,
 		Tables:          tables,
 		Concurrency:     w.concurrency,
 		MaxAckBatch:     w.ackBatch,
-		Parts:           true,
+		Parts:           w.parts,
 		ShutdownTimeout: 5 * time.Second,
 		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
 		Partition:       partition.Options{Poll: w.rebalance},
 		Logger:          log.With(zap.String("worker", name)),
+		Observer:        obs,
 	})
+	if err == nil && m != nil {
+		m.collector.AddWorker(wk)
+	}
+	return wk, err
 }
 
 type workConfig struct {
 	common
 	workerSettings
-	name string
+	name        string
+	reportEvery time.Duration
+}
+
+// statsPrefix starts the lines of --report-every on stderr.
+const statsPrefix = "demo-work-stats "
+
+// workStats are the counters of one `demo work` process, as reported with
+// --report-every and read by `demo run --kill-every`.
+type workStats struct {
+	Sessions     int64            `json:"sessions"`
+	SessionsLost int64            `json:"sessions_lost"`
+	ClaimsLost   int64            `json:"claims_lost"`
+	Acked        int64            `json:"acked"`
+	Retries      map[string]int64 `json:"retries"`
+}
+
+func statsOf(st worker.Stats) workStats {
+	r := workStats{Sessions: st.Sessions, SessionsLost: st.SessionsLost, ClaimsLost: st.LostClaims, Acked: st.Acked,
+		Retries: map[string]int64{}}
+	for k, v := range st.Retries {
+		r.Retries[k] = v
+	}
+	r.Retries["parts"] += st.Parts.Retries
+	return r
 }
 
 func cmdWork(ctx context.Context, name string, args []string, out *console) error {
@@ -107,6 +148,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f)
 	host, _ := os.Hostname()
+	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -117,7 +159,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	if err := c.validate(f); err != nil {
 		return err
 	}
-	log, err := newLogger(c.logLevel, out)
+	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
 		return err
 	}
@@ -141,13 +183,65 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	if err := requireDemoTables(ctx, pool); err != nil {
 		return stoppedEarly(err)
 	}
+	parts, err := partition.EnsureParts(ctx, pool, tables, c.queue, c.parts)
+	if err != nil {
+		return stoppedEarly(failf(1, "%v", err))
+	}
+	var ms *metricsServer
+	if c.metricsAddr != "" {
+		if ms, err = serveMetrics(c.metricsAddr, pool, out); err != nil {
+			return err
+		}
+		defer ms.close()
+	}
 	warm(ctx, pool)
-	w, err := c.newWorker(pool, c.queue, c.name, log)
+	w, err := c.newWorker(pool, c.queue, c.name, log, ms)
 	if err != nil {
 		return failf(2, "%v", err)
 	}
+	engine := engineName(ctx, pool)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watch.run(wctx, pool)
 	start := time.Now()
+	started := make(chan struct{})
+	go func() {
+		// One line once the first session is up: it says the worker connected.
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-started:
+				return
+			case <-t.C:
+			}
+			if id := w.Stats().Session; id != "" {
+				out.errorf("demo work: %s working on queue %q (%s, %d parts, session %s)", c.name, c.queue, engine, parts, id)
+				return
+			}
+		}
+	}()
+	if c.reportEvery > 0 {
+		go func() {
+			t := time.NewTicker(c.reportEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case <-t.C:
+				}
+				b, _ := json.Marshal(statsOf(w.Stats()))
+				out.errorLine(statsPrefix + string(b))
+			}
+		}()
+	}
 	runErr := w.Run(ctx)
+	close(started)
+	if c.reportEvery > 0 {
+		b, _ := json.Marshal(statsOf(w.Stats()))
+		out.errorLine(statsPrefix + string(b))
+	}
 	st := w.Stats()
 	elapsed := time.Since(start)
 	if c.json {

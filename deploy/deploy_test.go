@@ -1,4 +1,4 @@
-package crdbwork_test
+package deploy_test
 
 // Static checks of the deployment files (docker-compose.yml, Dockerfile).
 // Docker is not needed: the compose file is loaded with compose-go, the
@@ -31,16 +31,17 @@ var (
 	wantServices = []string{"roach1", "roach2", "roach3", "init", "schema", "demo-tables", "worker", "producer"}
 )
 
-// repoRoot is the module root: go test runs a package's tests in its
-// directory, and this file's package is the module root.
+// repoRoot is the repository root: go test runs a package's tests in its
+// directory, deploy/, a module of its own (so that compose-go stays out of
+// the library's go.mod) one level below the root.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := filepath.Abs(".")
+	dir, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		t.Fatalf("not at the module root: %v", err)
+		t.Fatalf("not at the repository root (no go.mod): %v", err)
 	}
 	return dir
 }

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+	"strings"
+)
+
+// version is the crdbwork release this binary belongs to (see CHANGELOG.md).
+const version = "0.2.0"
+
+// versionLine describes the binary: the crdbwork version, plus what the Go
+// toolchain stamped into it (module version, VCS revision, Go version).
+func versionLine() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "crdbwork demo %s", version)
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		fmt.Fprintf(&b, " (%s, %s/%s)", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return b.String()
+	}
+	var extra []string
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		extra = append(extra, "module "+v)
+	}
+	var rev, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if modified == "true" {
+			rev += "+dirty"
+		}
+		extra = append(extra, "commit "+rev)
+	}
+	extra = append(extra, info.GoVersion, runtime.GOOS+"/"+runtime.GOARCH)
+	fmt.Fprintf(&b, " (%s)", strings.Join(extra, ", "))
+	return b.String()
+}
+
+func printVersion(w io.Writer) { fmt.Fprintln(w, versionLine()) }

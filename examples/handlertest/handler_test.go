@@ -1,0 +1,57 @@
+// Package handlertest is the README's example of testing a handler with
+// worker/workertest against a real database.
+package handlertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/worker"
+	"github.com/crdbwork/crdbwork/worker/workertest"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// sendEmail is the handler under test: an empty body is a permanent error.
+func sendEmail(ctx context.Context, it claim.Item) (worker.Record, error) {
+	if len(it.Payload) == 0 {
+		return nil, claim.Permanent(errors.New("empty body"))
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO sent (item_id) VALUES ($1)`, it.ID)
+		return err
+	}, nil
+}
+
+func TestSendEmail(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.New(t) // your own test database here
+	if _, err := pool.Exec(ctx, `CREATE TABLE sent (item_id UUID PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := workertest.Work(ctx, pool, sendEmail, claim.NewItem{Payload: []byte("Hello")}, workertest.Options{})
+	if err != nil {
+		t.Fatal(err) // Work itself failed (database, cancelled ctx); a failing handler is not an error
+	}
+	if res.Outcome != workertest.Acked {
+		t.Fatalf("item %s: %v: %v", res.Item.ID, res.Outcome, res.Err) // Err: the handler's error, panic or timeout
+	}
+	// The handler's Record has committed: its row is there.
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM sent WHERE item_id = $1`, res.Item.ID).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d rows for the item (%v), want 1", n, err)
+	}
+
+	res, err = workertest.Work(ctx, pool, sendEmail, claim.NewItem{}, workertest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome != workertest.Dead { // a permanent error: straight to the dead items
+		t.Fatalf("empty item: %v, want Dead", res.Outcome)
+	}
+}

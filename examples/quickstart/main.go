@@ -1,0 +1,131 @@
+// Command quickstart is the README's library quick start: it applies the
+// schema, enqueues three e-mails in a transaction of its own, and works them
+// off with a worker that records each receipt inside the ack transaction.
+//
+//	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/quickstart
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Getenv("DATABASE_URL")); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// The crdbwork tables (or apply sql/schema.sql yourself), and the
+	// handler's results table.
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS sent (
+		item_id UUID PRIMARY KEY, receipt TEXT NOT NULL)`); err != nil {
+		return err
+	}
+
+	// Produce: inside your own transaction, so the items exist only if it
+	// commits.
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) // a no-op once committed
+	// ... your own writes in tx ...
+	ids, err := q.EnqueueTx(ctx, tx,
+		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
+		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
+		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+
+	// Consume: slow work outside any transaction, the result inside the ack.
+	w, err := worker.New(pool, func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		receipt, err := send(ctx, it.Payload, it.ID.String()) // the item id as idempotency key
+		if err != nil {
+			return nil, err // nack: retried with backoff, dead-lettered after MaxAttempts
+		}
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
+			return err
+		}, nil
+	}, worker.Options{Queue: "emails", Concurrency: 16, Parts: 16})
+	if err != nil {
+		return err
+	}
+	wctx, stopWorker := context.WithCancel(ctx)
+	defer stopWorker()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }() // until wctx ends; then a graceful stop
+
+	// A service would run the worker until it is told to stop; this program
+	// stops once its three e-mails are sent.
+	if err := waitSent(ctx, pool, ids, done); err != nil {
+		return err
+	}
+	stopWorker()
+	if err := <-done; err != nil {
+		return err
+	}
+	fmt.Printf("sent %d e-mails\n", len(ids))
+	return nil
+}
+
+// send stands in for a mail provider's API.
+func send(ctx context.Context, body []byte, idempotencyKey string) (receipt string, err error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s: %d bytes", idempotencyKey, len(body)), nil
+}
+
+// waitSent waits until every item of ids has its row in sent.
+func waitSent(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, workerDone <-chan error) error {
+	for {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM sent WHERE item_id = ANY($1)`, ids).Scan(&n)
+		if err != nil {
+			return err
+		}
+		if n == len(ids) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-workerDone:
+			return fmt.Errorf("the worker stopped early: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

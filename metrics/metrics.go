@@ -1,0 +1,417 @@
+// Package metrics exposes crdbwork's counters to Prometheus: a Collector
+// that users register with their registry.
+//
+// Three kinds of metrics come out of one Collector:
+//
+//   - counters of what this process did, read at scrape time from the Stats
+//     snapshots of the workers and queues added with AddWorker and AddQueue:
+//     items enqueued, claimed, acked, nacked, released and dead-lettered,
+//     claims lost, serialization-failure retries by statement, sessions
+//     started and lost, parts acquired and released, handlers in flight;
+//   - histograms of handler durations (by outcome) and of the number of
+//     items per ack transaction, fed by the workers themselves: pass the
+//     Collector as worker.Options.Observer;
+//   - gauges of the whole database, with Options.DB, read at scrape time and
+//     cached for Options.CacheFor (so that many scrapers cost one read):
+//     unclaimed and due items per queue and part, claimed items, dead items,
+//     the age of the oldest due unclaimed item per queue, and live sessions.
+//
+// Every metric name starts with Options.Namespace ("crdbwork" by default).
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/crdbwork/crdbwork/claim"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// Defaults for Options.
+const (
+	DefaultNamespace    = "crdbwork"
+	DefaultCacheFor     = 5 * time.Second
+	DefaultQueryTimeout = 3 * time.Second
+)
+
+// Options configure a Collector. The zero value is valid: the process's
+// counters and histograms only, no database reads.
+type Options struct {
+	// Namespace prefixes every metric name. Default "crdbwork".
+	Namespace string
+	// DB, if not nil, is read at scrape time for the database gauges.
+	DB crsql.DB
+	// Tables names the crdbwork tables read through DB.
+	Tables crsql.Tables
+	// CacheFor is how long one read of the database gauges is reused.
+	// Default 5 s.
+	CacheFor time.Duration
+	// QueryTimeout bounds one read of the database gauges. Default 3 s.
+	QueryTimeout time.Duration
+	// HandlerBuckets are the buckets, in seconds, of the handler duration
+	// histogram. Default: 1 ms to about 65 s, doubling.
+	HandlerBuckets []float64
+}
+
+// Collector is a prometheus.Collector of crdbwork metrics; it is also a
+// worker.Observer. Create it with New; it is safe for concurrent use.
+type Collector struct {
+	opts Options
+
+	mu      sync.Mutex
+	workers []*worker.Worker
+	queues  []*claim.Queue
+
+	counterDescs map[string]*prometheus.Desc
+	retries      *prometheus.Desc
+	inFlight     *prometheus.Desc
+
+	handler  *prometheus.HistogramVec
+	ackBatch *prometheus.HistogramVec
+
+	unclaimed, vested, claimed, dead, oldest, sessions, dbUp *prometheus.Desc
+	dbErrors                                                 *prometheus.Desc
+
+	dbMu       sync.Mutex
+	dbReadAt   time.Time
+	dbCached   []prometheus.Metric
+	dbErrCount float64
+	lastErr    error
+}
+
+// LastDatabaseError returns the error of the last failed read of the
+// database gauges (nil if none failed yet); crdbwork_database_up says
+// whether the latest read failed.
+func (c *Collector) LastDatabaseError() error {
+	c.dbMu.Lock()
+	defer c.dbMu.Unlock()
+	return c.lastErr
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+var _ worker.Observer = (*Collector)(nil)
+
+// counterHelp are the process counters, by name (without the namespace).
+var counterHelp = map[string]string{
+	"items_enqueued_total":   "Items enqueued by this process.",
+	"items_claimed_total":    "Items claimed by this process.",
+	"items_acked_total":      "Items acknowledged by this process (committed acks only).",
+	"items_nacked_total":     "Items nacked for a retry by this process.",
+	"items_released_total":   "Items released without counting the attempt by this process.",
+	"items_dead_total":       "Items moved to the dead-items table by this process.",
+	"claims_lost_total":      "Acks, nacks and releases refused because the claim was gone.",
+	"sessions_started_total": "Sessions started by this process's workers.",
+	"sessions_lost_total":    "Sessions of this process's workers that were lost.",
+	"parts_acquired_total":   "Parts acquired by this process's workers.",
+	"parts_released_total":   "Parts released by this process's workers.",
+	"part_rebalances_total":  "Part rebalances run by this process's workers.",
+	"handler_panics_total":   "Handler runs that panicked.",
+	"handler_timeouts_total": "Handler runs that outlived the item timeout.",
+}
+
+// New returns a Collector. Register it with a prometheus.Registerer, add the
+// workers and queues to report on, and pass it as worker.Options.Observer for
+// the histograms.
+func New(opts Options) *Collector {
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if opts.CacheFor == 0 {
+		opts.CacheFor = DefaultCacheFor
+	}
+	if opts.QueryTimeout == 0 {
+		opts.QueryTimeout = DefaultQueryTimeout
+	}
+	if opts.HandlerBuckets == nil {
+		opts.HandlerBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
+	}
+	ns := opts.Namespace
+	name := func(n string) string { return prometheus.BuildFQName(ns, "", n) }
+	c := &Collector{opts: opts, counterDescs: map[string]*prometheus.Desc{}}
+	for n, help := range counterHelp {
+		c.counterDescs[n] = prometheus.NewDesc(name(n), help, []string{"queue"}, nil)
+	}
+	c.retries = prometheus.NewDesc(name("retries_total"),
+		"Serialization-failure retries by statement (enqueue, claim, ack, nack, release, cancel, requeue, parts).",
+		[]string{"queue", "statement"}, nil)
+	c.inFlight = prometheus.NewDesc(name("handlers_in_flight"), "Handlers running now.", []string{"queue"}, nil)
+	c.handler = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Name: "handler_duration_seconds",
+		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled.",
+		Buckets: opts.HandlerBuckets,
+	}, []string{"queue", "outcome"})
+	c.ackBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Name: "ack_batch_size",
+		Help:    "Items per ack transaction (group commit).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+	}, []string{"queue"})
+	c.unclaimed = prometheus.NewDesc(name("backlog_items"), "Unclaimed items in the database, by queue and part.", []string{"queue", "part"}, nil)
+	c.vested = prometheus.NewDesc(name("backlog_due_items"), "Unclaimed items whose vesting time has come, by queue and part.", []string{"queue", "part"}, nil)
+	c.claimed = prometheus.NewDesc(name("claimed_items"), "Claimed items in the database, by queue.", []string{"queue"}, nil)
+	c.dead = prometheus.NewDesc(name("dead_items"), "Items in the dead-items table, by queue.", []string{"queue"}, nil)
+	c.oldest = prometheus.NewDesc(name("oldest_unclaimed_age_seconds"),
+		"Age of the oldest unclaimed item that is due (now minus its vesting time, by the database clock); 0 when none is due.",
+		[]string{"queue"}, nil)
+	c.sessions = prometheus.NewDesc(name("sessions_live"), "Live sessions in the database (all queues).", nil, nil)
+	c.dbUp = prometheus.NewDesc(name("database_up"), "1 if the last read of the database gauges succeeded, else 0.", nil, nil)
+	c.dbErrors = prometheus.NewDesc(name("database_read_errors_total"), "Failed reads of the database gauges.", nil, nil)
+	return c
+}
+
+// AddWorker reports w's counters (its queue's included) from now on.
+func (c *Collector) AddWorker(w *worker.Worker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.workers = append(c.workers, w)
+}
+
+// AddQueue reports q's counters from now on. Do not add the queue of a
+// worker added with AddWorker: its counters are already in the worker's.
+func (c *Collector) AddQueue(q *claim.Queue) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queues = append(c.queues, q)
+}
+
+// HandlerDone implements worker.Observer.
+func (c *Collector) HandlerDone(queue string, d time.Duration, outcome string) {
+	c.handler.WithLabelValues(queue, outcome).Observe(d.Seconds())
+}
+
+// AckBatch implements worker.Observer.
+func (c *Collector) AckBatch(queue string, n int) {
+	c.ackBatch.WithLabelValues(queue).Observe(float64(n))
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.counterDescs {
+		ch <- d
+	}
+	for _, d := range []*prometheus.Desc{c.retries, c.inFlight} {
+		ch <- d
+	}
+	c.handler.Describe(ch)
+	c.ackBatch.Describe(ch)
+	if c.opts.DB != nil {
+		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.oldest, c.sessions, c.dbUp, c.dbErrors} {
+			ch <- d
+		}
+	}
+}
+
+// perQueue sums the counters of one queue's workers and queues.
+type perQueue struct {
+	counts   map[string]int64
+	retries  map[string]int64
+	inFlight int64
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.collectProcess(ch)
+	c.handler.Collect(ch)
+	c.ackBatch.Collect(ch)
+	if c.opts.DB != nil {
+		for _, m := range c.databaseMetrics() {
+			ch <- m
+		}
+	}
+}
+
+func (c *Collector) collectProcess(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	workers := append([]*worker.Worker(nil), c.workers...)
+	queues := append([]*claim.Queue(nil), c.queues...)
+	c.mu.Unlock()
+	byQueue := map[string]*perQueue{}
+	get := func(q string) *perQueue {
+		p := byQueue[q]
+		if p == nil {
+			p = &perQueue{counts: map[string]int64{}, retries: map[string]int64{}}
+			byQueue[q] = p
+		}
+		return p
+	}
+	addClaim := func(p *perQueue, s claim.Stats) {
+		p.counts["items_enqueued_total"] += s.Enqueued
+		p.counts["items_claimed_total"] += s.Claimed
+		p.counts["items_acked_total"] += s.Acked
+		p.counts["items_nacked_total"] += s.Nacked
+		p.counts["items_released_total"] += s.Released
+		p.counts["items_dead_total"] += s.Dead
+		p.counts["claims_lost_total"] += s.LostClaims
+		for k, v := range s.Retries {
+			p.retries[k] += v
+		}
+	}
+	for _, w := range workers {
+		s := w.Stats()
+		p := get(w.Queue().Name())
+		addClaim(p, s.Stats)
+		p.counts["sessions_started_total"] += s.Sessions
+		p.counts["sessions_lost_total"] += s.SessionsLost
+		p.counts["parts_acquired_total"] += s.Parts.Acquired
+		p.counts["parts_released_total"] += s.Parts.Released
+		p.counts["part_rebalances_total"] += s.Parts.Rebalances
+		p.counts["handler_panics_total"] += s.Panics
+		p.counts["handler_timeouts_total"] += s.Timeouts
+		p.retries["parts"] += s.Parts.Retries
+		p.inFlight += s.InFlight
+	}
+	for _, q := range queues {
+		addClaim(get(q.Name()), q.Stats())
+	}
+	for q, p := range byQueue {
+		for n, d := range c.counterDescs {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(p.counts[n]), q)
+		}
+		for k, v := range p.retries {
+			ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(v), q, k)
+		}
+		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(p.inFlight), q)
+	}
+}
+
+// databaseMetrics returns the database gauges, read at most once per
+// CacheFor.
+func (c *Collector) databaseMetrics() []prometheus.Metric {
+	c.dbMu.Lock()
+	defer c.dbMu.Unlock()
+	if !c.dbReadAt.IsZero() && time.Since(c.dbReadAt) < c.opts.CacheFor {
+		return c.dbCached
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.QueryTimeout)
+	defer cancel()
+	ms, err := c.readDatabase(ctx)
+	up := 1.0
+	if err != nil {
+		c.dbErrCount++
+		up = 0
+		c.lastErr = err
+		ms = nil
+	}
+	ms = append(ms,
+		prometheus.MustNewConstMetric(c.dbUp, prometheus.GaugeValue, up),
+		prometheus.MustNewConstMetric(c.dbErrors, prometheus.CounterValue, c.dbErrCount))
+	c.dbReadAt, c.dbCached = time.Now(), ms
+	return ms
+}
+
+// readDatabase reads the database gauges.
+func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, error) {
+	t := c.opts.Tables
+	db := c.opts.DB
+	var ms []prometheus.Metric
+	type partKey struct {
+		queue string
+		part  int64
+	}
+	type counts struct{ unclaimed, vested int64 }
+	backlog := map[partKey]counts{}
+	claimedBy := map[string]int64{}
+	// Every part of every queue with a stored part count is reported, 0
+	// when empty, so that a drained queue shows 0 rather than no series.
+	rows, err := db.Query(ctx, `SELECT name, num_parts FROM `+t.Table("queues"))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+	}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+		}
+		for p := range n {
+			backlog[partKey{q, p}] = counts{}
+		}
+		claimedBy[q] = 0
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
+	}
+	rows, err = db.Query(ctx, crsql.NewStatements(t).Backlog)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
+	}
+	for rows.Next() {
+		var q string
+		var part, unclaimed, vested, claimed int64
+		if err := rows.Scan(&q, &part, &unclaimed, &vested, &claimed); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
+		}
+		backlog[partKey{q, part}] = counts{unclaimed, vested}
+		claimedBy[q] += claimed
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
+	}
+	for k, n := range backlog {
+		p := strconv.FormatInt(k.part, 10)
+		ms = append(ms,
+			prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(n.unclaimed), k.queue, p),
+			prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(n.vested), k.queue, p))
+	}
+	for q, n := range claimedBy {
+		ms = append(ms, prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(n), q))
+	}
+
+	oldest := map[string]float64{}
+	rows, err = db.Query(ctx, `SELECT queue, min(vesting_at), now() FROM `+t.Table("items")+
+		` WHERE claim IS NULL AND vesting_at <= now() GROUP BY queue`)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
+	}
+	for rows.Next() {
+		var q string
+		var first, now time.Time
+		if err := rows.Scan(&q, &first, &now); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
+		}
+		oldest[q] = max(0, now.Sub(first).Seconds())
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
+	}
+	for q := range claimedBy {
+		ms = append(ms, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest[q], q))
+	}
+
+	rows, err = db.Query(ctx, `SELECT queue, count(*) FROM `+t.Table("dead_items")+` GROUP BY queue`)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: counting dead items: %w", err)
+	}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("metrics: counting dead items: %w", err)
+		}
+		ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(n), q))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metrics: counting dead items: %w", err)
+	}
+
+	var live int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Table("sessions")+
+		` WHERE heartbeat_at + expiry > now()`).Scan(&live); err != nil {
+		return nil, fmt.Errorf("metrics: counting live sessions: %w", err)
+	}
+	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(live)))
+	return ms, nil
+}

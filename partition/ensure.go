@@ -1,0 +1,32 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// EnsureParts gives queue n parts if it has no stored part count yet, and
+// returns the count stored afterwards: n, or the count stored before, which
+// wins (change it with SetParts). Two callers racing with different counts
+// both get the one that was stored first.
+func EnsureParts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string, n int) (int, error) {
+	if n < 1 || n > MaxParts {
+		return 0, fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
+	}
+	queues := t.Table("queues")
+	var stored int64
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		if _, err := db.Exec(ctx, `INSERT INTO `+queues+` (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`,
+			queue, int64(n)); err != nil {
+			return err
+		}
+		return db.QueryRow(ctx, `SELECT num_parts FROM `+queues+` WHERE name = $1`, queue).Scan(&stored)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("partition: storing %d parts for %q: %w", n, queue, crsql.Classify(err))
+	}
+	return int(stored), nil
+}
