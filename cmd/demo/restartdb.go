@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,4 +91,37 @@ func (r *dbRestarter) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.restarts
+}
+
+// startupRetryable reports a start-up error that a database restart
+// explains: the server refused the connection, was shutting down or
+// starting up, or dropped the connection.
+func startupRetryable(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"cannot reach the database", "57P03", "shutting down", "starting up",
+		"connection refused", "conn closed", "unexpected EOF", "connection reset", "broken pipe"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// retryStartup runs start until it succeeds, fails for a reason other than
+// a database restart, ctx ends, or wait has passed.
+func retryStartup(ctx context.Context, wait time.Duration, start func() error) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := start()
+		if err == nil || wait <= 0 || !startupRetryable(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
