@@ -377,7 +377,9 @@ func TestFaultDemoSigkill(t *testing.T) {
 func TestFaultDemoSigstop(t *testing.T) {
 	const items = 1500
 	f := newFaultDemo(t, testdb.NewURL(t), items)
-	frozen := f.work("frozen-worker", 250*time.Millisecond, 1500*time.Millisecond, "--task-time", "20ms")
+	// Its handlers take 300 ms: frozen mid-work, they finish after the thaw
+	// and try to ack items their session no longer holds.
+	frozen := f.work("frozen-worker", 250*time.Millisecond, 1500*time.Millisecond, "--task-time", "300ms")
 	peer := f.work("peer-worker", 250*time.Millisecond, 1500*time.Millisecond)
 	sid := f.sessionOf(frozen.name)
 	f.waitFor("the frozen worker to hold items", time.Minute, func() bool {
@@ -401,6 +403,7 @@ func TestFaultDemoSigstop(t *testing.T) {
 	thawed := time.Now()
 	t.Logf("froze %s holding %d items; its session was gone at %v", frozen.name, held, gone.Format("15:04:05.000"))
 	f.assertEnded(thawed, 30*time.Second, frozen, peer)
+	t.Logf("the thawed worker's last line: %s", strings.TrimSpace(lastLines(frozen.stderr.String(), 1)))
 	if n := f.count(`SELECT count(*) FROM demo_results WHERE session_id = $1 AND done_at >= $2`, sid, gone); n != 0 {
 		t.Errorf("%d results written by the frozen session after its session was gone", n)
 	}
