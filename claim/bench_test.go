@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -97,5 +98,149 @@ func BenchmarkClaimAck(b *testing.B) {
 				b.Fatalf("%d results for %d items", n, b.N)
 			}
 		})
+	}
+}
+
+// claimAll claims every item of q for s in claims of batch items, untimed
+// set-up for the ack benchmarks.
+func claimAll(b *testing.B, ctx context.Context, q *claim.Queue, s *session.Session, batch int) []claim.Item {
+	b.Helper()
+	var all []claim.Item
+	for {
+		got, err := q.Claim(ctx, s.ID(), batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) == 0 {
+			return all
+		}
+		all = append(all, got...)
+	}
+}
+
+// BenchmarkClaim measures claims alone: one session claims `batch` items per
+// statement from a backlog of b.N items until it is empty (the items stay
+// claimed). It reports items/s and claims/s.
+func BenchmarkClaim(b *testing.B) {
+	for _, batch := range []int{1, 16, 64, 256} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			pool := setup(b)
+			ctx := context.Background()
+			q := newQueue(b, pool, claim.Options{})
+			if _, err := q.Enqueue(ctx, payloads(b.N)...); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+				b.Fatal(err)
+			}
+			s := startSession(b, ctx, pool)
+			b.ResetTimer()
+			start := time.Now()
+			claimed, claims := 0, 0
+			for claimed < b.N {
+				got, err := q.Claim(ctx, s.ID(), batch)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(got) == 0 {
+					b.Fatalf("claimed %d of %d items, then nothing", claimed, b.N)
+				}
+				claimed += len(got)
+				claims++
+			}
+			elapsed := time.Since(start).Seconds()
+			b.StopTimer()
+			b.ReportMetric(float64(claimed)/elapsed, "items/s")
+			b.ReportMetric(float64(claims)/elapsed, "claims/s")
+		})
+	}
+}
+
+// BenchmarkAck measures acks alone, each recording a result row, on b.N
+// items claimed beforehand (untimed): ack=single is one Ack (one
+// transaction) per item from `goroutines` goroutines; ack=batch is AckBatch
+// of `batch` items recording them all in one multi-row INSERT; ack=each is
+// AckEach of `batch` items, each with its own record function. It reports
+// items/s.
+func BenchmarkAck(b *testing.B) {
+	for _, bc := range []struct {
+		ack               string
+		goroutines, batch int
+	}{
+		{"single", 1, 1}, {"single", 8, 1}, {"batch", 1, 64}, {"batch", 4, 64}, {"each", 1, 64}, {"each", 4, 64},
+	} {
+		b.Run(fmt.Sprintf("ack=%s/goroutines=%d/batch=%d", bc.ack, bc.goroutines, bc.batch), func(b *testing.B) {
+			pool := setup(b)
+			ctx := context.Background()
+			q := newQueue(b, pool, claim.Options{})
+			if _, err := q.Enqueue(ctx, payloads(b.N)...); err != nil {
+				b.Fatal(err)
+			}
+			s := startSession(b, ctx, pool)
+			items := claimAll(b, ctx, q, s, 1000)
+			if len(items) != b.N {
+				b.Fatalf("claimed %d of %d items", len(items), b.N)
+			}
+			work := make(chan []claim.Item, len(items)/bc.batch+1)
+			for i := 0; i < len(items); i += bc.batch {
+				work <- items[i:min(i+bc.batch, len(items))]
+			}
+			close(work)
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range bc.goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for group := range work {
+						if err := ackGroup(ctx, q, bc.ack, group); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(start).Seconds()
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/elapsed, "items/s")
+			if n := count(b, pool, `SELECT count(*) FROM results`); n != b.N {
+				b.Fatalf("%d results for %d items", n, b.N)
+			}
+		})
+	}
+}
+
+// ackGroup acks group the way ack names, recording each item's result row.
+func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Item) error {
+	switch ack {
+	case "batch":
+		acked, err := q.AckBatch(ctx, group, func(ctx context.Context, tx pgx.Tx, acked []claim.Item) error {
+			ids := make([]uuid.UUID, len(acked))
+			sessions := make([]uuid.UUID, len(acked))
+			for i, it := range acked {
+				ids[i], sessions[i] = it.ID, it.Session
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id) SELECT * FROM unnest($1::UUID[], $2::UUID[])`, ids, sessions)
+			return err
+		})
+		if err == nil && len(acked) != len(group) {
+			err = fmt.Errorf("acked %d of %d items", len(acked), len(group))
+		}
+		return err
+	case "each":
+		reqs := make([]claim.AckRequest, len(group))
+		for i, it := range group {
+			reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
+		}
+		return errors.Join(q.AckEach(ctx, reqs)...)
+	default:
+		for _, it := range group {
+			if err := q.Ack(ctx, it, record(it)); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 }

@@ -398,7 +398,7 @@ func TestFaultDatabaseRestart(t *testing.T) {
 				}
 				return work(3*time.Millisecond)(ctx, it)
 			}
-			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 16, Concurrency: 6,
+			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 8, Concurrency: 6,
 				Session: session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
 			e.waitProgress(n / 5)
 			if c.down == 0 {

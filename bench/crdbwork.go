@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// benchQueue is the crdbwork queue the runs use.
+const benchQueue = "bench"
+
+// insertResult writes an item's result row inside its ack transaction.
+const insertResult = `INSERT INTO bench_cw_results (item_id) VALUES ($1)`
+
+// setupCrdbwork applies the crdbwork schema and creates the result table.
+func setupCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		return fmt.Errorf("crdbwork schema: %w", err)
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_cw_results (
+    item_id UUID PRIMARY KEY, done_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+	return err
+}
+
+// crdbworkSystem drains items with in-process workers (one session each)
+// that write a result row in each item's ack transaction: exactly-once.
+type crdbworkSystem struct {
+	workers     int
+	concurrency int
+	ackBatch    int
+	parts       int // 0: no parts mode
+	conns       int
+	profile     string // CPU profile file for the next run ("" none)
+}
+
+func (c *crdbworkSystem) name() string { return "crdbwork exactly-once" }
+
+func (c *crdbworkSystem) settings() string {
+	parts := "no parts"
+	if c.parts > 0 {
+		parts = fmt.Sprintf("%d parts", c.parts)
+	}
+	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, pool %d", c.workers, c.concurrency, c.ackBatch, parts, c.conns)
+}
+
+func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
+	pool, err := newPool(ctx, url, c.conns)
+	if err != nil {
+		return result{}, err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `TRUNCATE bench_cw_results`); err != nil {
+		return result{}, err
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_items WHERE queue = $1`, benchQueue); err != nil {
+		return result{}, err
+	}
+	parts := max(c.parts, 1)
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, benchQueue, parts); err != nil {
+		return result{}, fmt.Errorf("setting %d parts: %w", parts, err)
+	}
+	q, err := claim.New(pool, claim.Options{Queue: benchQueue})
+	if err != nil {
+		return result{}, err
+	}
+	batch := make([]claim.NewItem, 0, 5000)
+	for done := 0; done < items; done += len(batch) {
+		batch = batch[:0]
+		for range min(cap(batch), items-done) {
+			batch = append(batch, claim.NewItem{Payload: []byte{}})
+		}
+		if _, err := q.Enqueue(ctx, batch...); err != nil {
+			return result{}, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+		return result{}, err
+	}
+
+	handler := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, insertResult, it.ID)
+			return err
+		}, nil
+	}
+	ws := make([]*worker.Worker, c.workers)
+	for i := range ws {
+		ws[i], err = worker.New(pool, handler, worker.Options{
+			Queue:       benchQueue,
+			Concurrency: c.concurrency,
+			MaxAckBatch: c.ackBatch,
+			Parts:       c.parts,
+			Poll:        10 * time.Millisecond,
+			Partition:   partition.Options{Poll: 100 * time.Millisecond},
+		})
+		if err != nil {
+			return result{}, err
+		}
+	}
+	acked := func() int64 {
+		var n int64
+		for _, w := range ws {
+			n += w.Stats().Acked
+		}
+		return n
+	}
+
+	if c.profile != "" {
+		f, err := os.Create(c.profile)
+		if err != nil {
+			return result{}, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return result{}, err
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		c.profile = ""
+	}
+	mon, err := startConnMonitor(ctx, url)
+	if err != nil {
+		return result{}, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	errs := make(chan error, len(ws))
+	var wg sync.WaitGroup
+	m.start()
+	start := time.Now()
+	for _, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
+	}
+	var runErr error
+	deadline := time.Now().Add(runTimeout(items))
+	t := time.NewTicker(time.Millisecond)
+	for acked() < int64(items) && runErr == nil {
+		select {
+		case err := <-errs:
+			runErr = fmt.Errorf("a worker stopped: %v", err)
+		case <-ctx.Done():
+			runErr = ctx.Err()
+		case <-t.C:
+			if time.Now().After(deadline) {
+				runErr = fmt.Errorf("timed out with %d of %d items acked", acked(), items)
+			}
+		}
+	}
+	t.Stop()
+	elapsed := time.Since(start)
+	peak, monErr := mon.stop()
+	if runErr == nil {
+		m.done()
+	}
+	stop()
+	wg.Wait()
+	if runErr != nil {
+		return result{}, runErr
+	}
+	var n, left int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(*) FROM crdbwork_items WHERE queue = $1)`,
+		benchQueue).Scan(&n, &left); err != nil {
+		return result{}, err
+	}
+	if n != items || left != 0 {
+		return result{}, fmt.Errorf("%d result rows and %d items left for %d items", n, left, items)
+	}
+	var retries int64
+	for _, w := range ws {
+		for _, r := range w.Stats().Retries {
+			retries += r
+		}
+	}
+	return result{elapsed: elapsed, peakConns: peak, poolConns: int(pool.Config().MaxConns), retries: retries}, monErr
+}

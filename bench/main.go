@@ -1,0 +1,331 @@
+// Command bench measures crdbwork's exactly-once throughput against River
+// (github.com/riverqueue/river) on one PostgreSQL server, in one run, and
+// the growth of crdbwork's claim cost with the backlog and the number of
+// sessions. It lives in its own module so that the library never depends on
+// River.
+//
+//	go -C bench run . --help
+//	go -C bench run .                   # River plain, River JobCompleteTx, crdbwork; 30,000 items, 3 rounds
+//	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
+//
+// Without --database-url it starts its own throwaway PostgreSQL server (the
+// server binaries must be installed: ../scripts/setup-db does it).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const usage = `Usage:
+  go -C bench run . [compare] [flags]   compare throughput with River (the default)
+  go -C bench run . growth [flags]      claim cost against backlog and sessions
+
+compare drains --items no-op jobs with each system in turn, --rounds times,
+alternating the systems in each round, on one PostgreSQL server:
+
+  River plain           River's at-least-once mode: no result row, completions
+                        batched (MaxWorkers --river-workers, FetchCooldown 1ms)
+  River JobCompleteTx   River's transactional mode: each worker writes a result
+                        row and completes its job in one transaction
+  crdbwork exactly-once crdbwork's worker package: each item's result row is
+                        written in its ack transaction
+
+and prints the median jobs/s of each, its ratio to River plain (the median of
+the ratios within each round, with their range), and the peak
+number of client connections to the server during its runs (pg_stat_activity),
+with the machine's load average. Only the drain is timed (from starting the
+consumers to the last completion); enqueueing is not.
+
+growth seeds a backlog of items with INSERT ... SELECT generate_series and
+measures crdbwork's claim latency and claim+ack throughput at each backlog
+and number of concurrent sessions.
+
+Flags:
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	cmd := "compare"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "compare":
+		return compare(ctx, args, out)
+	case "growth":
+		return growth(ctx, args, out)
+	default:
+		return fmt.Errorf("unknown command %q (want compare or growth; see --help)", cmd)
+	}
+}
+
+// commonFlags are the flags of every command.
+type commonFlags struct {
+	databaseURL string
+	statements  bool
+}
+
+func (c *commonFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL server to use (its database is changed: River's and crdbwork's tables are created and emptied); default: start a throwaway server")
+	fs.BoolVar(&c.statements, "statements", false, "print the statements each system ran per item, with server time (pg_stat_statements; preloaded in the throwaway server)")
+}
+
+// postmaster is the pid of the server started by this command (0: none),
+// whose CPU time compare reports.
+var postmaster int
+
+// database returns the URL of the server to use and a function that stops
+// it when it was started here.
+func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func(), error) {
+	if c.databaseURL != "" {
+		return c.databaseURL, func() {}, nil
+	}
+	s, err := startServer(ctx, c.statements)
+	if err != nil {
+		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
+	}
+	fmt.Fprintf(out, "PostgreSQL (fsync off) from %s at %s\n", s.binDir, s.url)
+	postmaster = s.pid
+	return s.url, s.stop, nil
+}
+
+func newFlagSet(name string, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// system is one of the systems compared.
+type system interface {
+	name() string
+	run(ctx context.Context, url string, items int, m marks) (result, error)
+}
+
+// marks are called by a system's run just before it starts its consumers
+// and just after the last item completed (before stopping them).
+type marks struct {
+	start, done func()
+}
+
+// appName is the application_name of the systems' connections, which the
+// connection monitor counts.
+const appName = "bench-system"
+
+// result is one drain.
+type result struct {
+	elapsed   time.Duration
+	peakConns int
+	poolConns int
+	retries   int64
+	cpu       cpuTimes // from start to done
+}
+
+// runTimeout bounds one drain: at least a minute, or 1 ms per item.
+func runTimeout(items int) time.Duration {
+	return max(time.Minute, time.Duration(items)*time.Millisecond)
+}
+
+// newPool opens a pool of at most conns connections (0: pgxpool's default,
+// the larger of 4 and the number of CPUs).
+func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	if conns > 0 {
+		cfg.MaxConns = int32(conns)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func compare(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlagSet("compare", out)
+	var c commonFlags
+	c.register(fs)
+	items := fs.Int("items", 30_000, "jobs drained by each system in each round")
+	rounds := fs.Int("rounds", 3, "rounds; each runs every system once, in an order that alternates between rounds")
+	only := fs.String("systems", "river,river-tx,crdbwork", "systems to run, comma-separated: river, river-tx, crdbwork")
+	riverWorkers := fs.Int("river-workers", 1000, "River's MaxWorkers")
+	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
+	cw := &crdbworkSystem{}
+	fs.IntVar(&cw.workers, "cw-workers", 1, "crdbwork worker processes (in-process, one session each)")
+	fs.IntVar(&cw.concurrency, "cw-concurrency", 512, "crdbwork handlers per worker")
+	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
+	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
+	fs.IntVar(&cw.conns, "cw-conns", 8, "crdbwork's pool size, shared by the workers")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case *items < 1 || *rounds < 1:
+		return errors.New("--items and --rounds must be at least 1")
+	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 1:
+		return errors.New("--cw-workers, --cw-concurrency, --cw-ack-batch and --cw-conns must be at least 1, --cw-parts at least 0")
+	case *riverWorkers < 1 || *riverConns < 0:
+		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
+	}
+	cw.profile = *cpuprofile
+	var systems []system
+	for _, s := range strings.Split(*only, ",") {
+		switch strings.TrimSpace(s) {
+		case "river":
+			systems = append(systems, riverSystem{maxWorkers: *riverWorkers, conns: *riverConns})
+		case "river-tx":
+			systems = append(systems, riverSystem{tx: true, maxWorkers: *riverWorkers, conns: *riverConns})
+		case "crdbwork":
+			systems = append(systems, cw)
+		default:
+			return fmt.Errorf("--systems: unknown system %q (want river, river-tx, crdbwork)", s)
+		}
+	}
+
+	url, stopServer, err := c.database(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stopServer()
+	setup, err := newPool(ctx, url, 2)
+	if err != nil {
+		return err
+	}
+	defer setup.Close()
+	if err := setupRiver(ctx, setup); err != nil {
+		return err
+	}
+	if err := setupCrdbwork(ctx, setup); err != nil {
+		return err
+	}
+	stmts := statements{}
+	if c.statements {
+		if stmts = newStatements(ctx, setup); !stmts.on {
+			fmt.Fprintln(out, "pg_stat_statements is not available on this server: --statements shows nothing")
+		}
+	}
+
+	fmt.Fprintf(out, "%d items per run, %d rounds, GOMAXPROCS %d, load %s\n", *items, *rounds, runtime.GOMAXPROCS(0), loadavg())
+	fmt.Fprintf(out, "crdbwork: %s\n", cw.settings())
+	runs := make(map[string][]result)
+	for round := range *rounds {
+		order := slices.Clone(systems)
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, s := range order {
+			var report strings.Builder
+			var cpu0, cpu cpuTimes
+			m := marks{
+				start: func() { stmts.reset(ctx, setup); cpu0 = readCPU(postmaster) },
+				done: func() {
+					cpu = readCPU(postmaster).sub(cpu0)
+					if round == 0 && stmts.on {
+						if err := stmts.print(ctx, &report, setup, s.name(), *items); err != nil {
+							fmt.Fprintln(&report, err)
+						}
+					}
+				},
+			}
+			res, err := s.run(ctx, url, *items, m)
+			if err != nil {
+				return fmt.Errorf("%s, round %d: %w", s.name(), round+1, err)
+			}
+			res.cpu = cpu
+			runs[s.name()] = append(runs[s.name()], res)
+			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s\n",
+				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
+				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg())
+			fmt.Fprint(out, report.String())
+		}
+	}
+
+	fmt.Fprintf(out, "\nmedian of %d rounds, %d items each, load %s:\n\n", *rounds, *items, loadavg())
+	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s | %17s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections", "CPU µs/job cl+srv")
+	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18), strings.Repeat("-", 19))
+	base := runs["River plain"]
+	for _, s := range systems {
+		rs := runs[s.name()]
+		ratio, spread := "—", "—"
+		if len(base) == len(rs) {
+			ratios := make([]float64, len(rs))
+			for i := range rs {
+				ratios[i] = base[i].elapsed.Seconds() / rs[i].elapsed.Seconds()
+			}
+			ratio = fmt.Sprintf("%.2f×", median(ratios))
+			spread = fmt.Sprintf("%.2f–%.2f", slices.Min(ratios), slices.Max(ratios))
+		}
+		peak := 0
+		var client, server []float64
+		for _, r := range rs {
+			peak = max(peak, r.peakConns)
+			client = append(client, perItem(r.cpu.client, *items))
+			server = append(server, perItem(r.cpu.server, *items))
+		}
+		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) | %7.0f + %7.0f |\n", s.name(), medianRate(rs, *items), ratio, spread,
+			peak, rs[0].poolConns, median(client), median(server))
+	}
+	fmt.Fprintln(out, "\n× River plain: the median over rounds of the ratio of the two systems' rates in the same round.")
+	fmt.Fprintln(out, "connections: the peak seen in pg_stat_activity (pool: the pool's limit; River adds a listener outside it).")
+	fmt.Fprintln(out, "CPU: medians of this process (client) and of the server (0 with --database-url) per job while draining.")
+	return nil
+}
+
+// perItem is d in microseconds per item.
+func perItem(d time.Duration, items int) float64 {
+	return float64(d.Microseconds()) / float64(items)
+}
+
+// medianRate is the median of the runs' items per second.
+func medianRate(rs []result, items int) float64 {
+	rates := make([]float64, len(rs))
+	for i, r := range rs {
+		rates[i] = float64(items) / r.elapsed.Seconds()
+	}
+	return median(rates)
+}
+
+// median returns the median of xs (0 if empty).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	sort.Float64s(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}

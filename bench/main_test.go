@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCompareDrainsEverySystem runs a small comparison on a throwaway server
+// and checks its table: one row per system with a positive rate, River plain
+// at 1.00×. Each run itself fails unless every job completed (and, for the
+// transactional systems, wrote exactly one result row).
+func TestCompareDrainsEverySystem(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, []string{"--items", "500", "--rounds", "2", "--cw-concurrency", "64"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	row := regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \|$`)
+	rows := row.FindAllStringSubmatch(out.String(), -1)
+	if len(rows) != 3 {
+		t.Fatalf("want 3 table rows, got %d:\n%s", len(rows), out.String())
+	}
+	for _, r := range rows {
+		rate, _ := strconv.Atoi(r[2])
+		conns, _ := strconv.Atoi(r[4])
+		if rate <= 0 || conns <= 0 {
+			t.Errorf("%s: rate %d jobs/s, %d connections; want both positive", r[1], rate, conns)
+		}
+		if r[1] == "River plain" && r[3] != "1.00" {
+			t.Errorf("River plain's ratio to itself is %s×", r[3])
+		}
+	}
+	if n := strings.Count(out.String(), "\nround "); n != 6 {
+		t.Errorf("want 6 runs (3 systems × 2 rounds), got %d:\n%s", n, out.String())
+	}
+}
+
+// TestGrowthMeasuresEveryCell runs a tiny cost-growth table.
+func TestGrowthMeasuresEveryCell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, []string{"growth", "--backlogs", "1000,3000", "--sessions", "1,3", "--duration", "300ms"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	row := regexp.MustCompile(`(?m)^\| +(\d+) \| +(\d+) \| +\S+ \| +\S+ \| +(\d+) \|`)
+	rows := row.FindAllStringSubmatch(out.String(), -1)
+	if len(rows) != 4 {
+		t.Fatalf("want 4 cells, got %d:\n%s", len(rows), out.String())
+	}
+	for _, r := range rows {
+		if rate, _ := strconv.Atoi(r[3]); rate <= 0 {
+			t.Errorf("backlog %s, %s sessions: %d items/s", r[1], r[2], rate)
+		}
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--items", "0"},
+		{"--systems", "river,kafka"},
+		{"growth", "--backlogs", "10,x"},
+		{"frobnicate"},
+	} {
+		if err := run(context.Background(), args, &strings.Builder{}); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
+
+func TestMedianRate(t *testing.T) {
+	rs := []result{{elapsed: 4 * time.Second}, {elapsed: time.Second}, {elapsed: 2 * time.Second}}
+	if got := medianRate(rs, 100); got != 50 {
+		t.Errorf("median of 25, 100 and 50 items/s: got %v", got)
+	}
+	if got := medianRate(rs[:2], 100); got != 62.5 {
+		t.Errorf("median of 25 and 100 items/s: got %v", got)
+	}
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// connMonitor samples the number of the measured system's connections to
+// the server (pg_stat_activity rows with application_name appName) every
+// 10 ms and keeps the peak.
+type connMonitor struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	peak   int
+	err    error
+}
+
+func startConnMonitor(ctx context.Context, url string) (*connMonitor, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connection monitor: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	m := &connMonitor{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		defer conn.Close(context.Background())
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var n int
+			err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, appName).Scan(&n)
+			m.mu.Lock()
+			if err != nil && ctx.Err() == nil {
+				m.err = err
+			}
+			m.peak = max(m.peak, n)
+			m.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return m, nil
+}
+
+// stop ends the sampling and returns the peak.
+func (m *connMonitor) stop() (int, error) {
+	m.cancel()
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak, m.err
+}
+
+// loadavg returns the first three fields of /proc/loadavg ("" if unreadable).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "n/a"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "n/a"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// statements reads and resets pg_stat_statements, when it is loaded.
+type statements struct{ on bool }
+
+func newStatements(ctx context.Context, pool *pgxpool.Pool) statements {
+	if _, err := pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		return statements{}
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		return statements{}
+	}
+	return statements{on: true}
+}
+
+func (s statements) reset(ctx context.Context, pool *pgxpool.Pool) {
+	if s.on {
+		_, _ = pool.Exec(ctx, `SELECT pg_stat_statements_reset()`)
+	}
+}
+
+// print writes the statements run since the last reset, with calls and
+// server execution time per item, most expensive first, and the totals.
+func (s statements) print(ctx context.Context, w io.Writer, pool *pgxpool.Pool, system string, items int) error {
+	if !s.on {
+		return nil
+	}
+	rows, err := pool.Query(ctx, `SELECT calls, total_exec_time, rows, regexp_replace(query, '\s+', ' ', 'g')
+FROM pg_stat_statements
+WHERE query NOT LIKE '%pg_stat%'
+ORDER BY total_exec_time DESC`)
+	if err != nil {
+		return fmt.Errorf("reading pg_stat_statements: %w", err)
+	}
+	defer rows.Close()
+	fmt.Fprintf(w, "\nstatements of %s (per item of %d; server execution time only):\n", system, items)
+	fmt.Fprintf(w, "  %9s %10s %9s  %s\n", "calls/it", "µs/it", "rows/call", "statement")
+	var calls, total float64
+	shown := 0
+	for rows.Next() {
+		var c int64
+		var ms float64
+		var r int64
+		var q string
+		if err := rows.Scan(&c, &ms, &r, &q); err != nil {
+			return err
+		}
+		calls += float64(c)
+		total += ms
+		if shown < 12 {
+			if len(q) > 110 {
+				q = q[:110] + "…"
+			}
+			fmt.Fprintf(w, "  %9.3f %10.1f %9.1f  %s\n", float64(c)/float64(items), ms*1000/float64(items), float64(r)/float64(max(c, 1)), q)
+			shown++
+		}
+	}
+	fmt.Fprintf(w, "  %9.3f %10.1f %9s  (all statements)\n", calls/float64(items), total*1000/float64(items), "")
+	return rows.Err()
+}
+
+// clockTick is the unit of the CPU times in /proc/<pid>/stat (USER_HZ,
+// 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// cpuTimes is the CPU time used so far by this process (the client: the
+// systems run in it) and by the PostgreSQL server this command started
+// (zero with --database-url or off Linux).
+type cpuTimes struct{ client, server time.Duration }
+
+// readCPU returns the CPU times now. The server's time is the postmaster's
+// own and its reaped children's (exited backends), plus its live children's.
+func readCPU(postmaster int) cpuTimes {
+	var t cpuTimes
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		t.client = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if postmaster <= 0 {
+		return t
+	}
+	if f := procStat(postmaster); f != nil {
+		t.server = ticks(f, 13, 14, 15, 16)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := procStat(pid); f != nil && f[3] == strconv.Itoa(postmaster) {
+			t.server += ticks(f, 13, 14)
+		}
+	}
+	return t
+}
+
+// procStat returns the fields of /proc/pid/stat, counted from 0 = pid, with
+// the command name (which may hold spaces) as one field; nil if unreadable.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	f := append([]string{"pid", "comm"}, strings.Fields(s[i+1:])...)
+	if len(f) < 17 {
+		return nil
+	}
+	return f
+}
+
+func ticks(f []string, fields ...int) time.Duration {
+	var n int64
+	for _, i := range fields {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		n += v
+	}
+	return time.Duration(n) * clockTick
+}
+
+func (t cpuTimes) sub(u cpuTimes) cpuTimes {
+	return cpuTimes{client: t.client - u.client, server: t.server - u.server}
+}
