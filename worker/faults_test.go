@@ -280,8 +280,8 @@ func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Durati
 			var claimed, live int
 			_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE claim IS NOT NULL),
 				count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)) FROM crdbwork_items`).Scan(&claimed, &live)
-			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v)",
-				left, bound, claimed, live, err)
+			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v); monitor: %d overdue claims (%s)",
+				left, bound, claimed, live, err, e.overdue.Load(), e.monFirst.Load())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
