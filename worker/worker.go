@@ -127,6 +127,8 @@ type Options struct {
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
+	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
+	// extended while a handler runs (see the package's leases).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
@@ -243,6 +245,9 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
 	}
+	if o.Claim.Lease == 0 {
+		o.Claim.Lease = defaultLease(o)
+	}
 	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
 	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
 	if o.Session.Logger == nil {
@@ -308,6 +313,12 @@ type Stats struct {
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
+	// LeasesExtended counts lease extensions of items whose handlers ran
+	// past half their lease; Forgotten counts items released after claims
+	// whose answers were lost; Reaped counts items whose expired leases
+	// this worker's reaper released, or whose used-up attempts it moved to
+	// the dead items (any session's items).
+	LeasesExtended, Forgotten, Reaped int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
@@ -327,6 +338,8 @@ type Worker struct {
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
 	settleRetries, running                     atomic.Int64
+	extended, forgotten, reaped                atomic.Int64
+	lease                                      time.Duration // of every claim
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value                         // string
@@ -346,7 +359,7 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue))}
+	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
 	w.current.Store("")
 	return w, nil
 }
@@ -369,6 +382,7 @@ func (w *Worker) Stats() Stats {
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
+		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
@@ -386,6 +400,9 @@ func (w *Worker) Stats() Stats {
 // cannot start a session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.ensureParts(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return fmt.Errorf("worker: %w", err)
 	}
 	first := true
@@ -513,9 +530,10 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		close(rebDone)
 	}
 	maintDone := make(chan struct{})
+	fl := newFlights(w.lease)
 	go func() {
 		defer close(maintDone)
-		w.maintain(sess, log)
+		w.maintain(sess, fl, log)
 	}()
 
 	var observe func(int)
@@ -529,7 +547,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, settleCtx, a, log)
+	w.claimLoop(claimCtx, sess, reb, fl, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
@@ -572,16 +590,29 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	log.Info("session ended")
 }
 
-// maintain runs the session's periodic chores on one connection at a time
-// until the session ends: deleting expired sessions (any live session may;
-// it is idempotent).
-func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
+// queueReapHeartbeats is how many heartbeats apart, on average, a session
+// runs the queue's lease reaper (claim.Queue.Reap); each interval is drawn
+// at random between half and one and a half of it, so that sessions spread
+// their reaps.
+const queueReapHeartbeats = 5
+
+// maintain runs the session's periodic chores on one connection, one at a
+// time, until the session ends: every heartbeat, extending the leases of
+// long-running handlers' items; every Session.ReapEvery (default two
+// heartbeats), deleting expired sessions; every few heartbeats, releasing
+// the queue's expired leases and moving crash-looping items to the dead
+// items (claim.Queue.Reap). Any live session may reap; both are idempotent.
+func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	ctx := sess.Context()
-	every := w.opts.Session.ReapEvery
-	if every <= 0 {
-		every = 2 * sess.Options().Heartbeat
+	hb := sess.Options().Heartbeat
+	reapEvery := w.opts.Session.ReapEvery
+	if reapEvery <= 0 {
+		reapEvery = 2 * hb
 	}
-	t := time.NewTimer(every/2 + rand.N(every+1))
+	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
+	now := time.Now()
+	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
+	t := time.NewTicker(hb)
 	defer t.Stop()
 	for {
 		select {
@@ -589,16 +620,32 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 			return
 		case <-t.C:
 		}
-		n, err := session.Reap(ctx, w.db, w.opts.Tables)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			log.Warn("reaping expired sessions failed", zap.Error(err))
-		case n > 0:
-			log.Info("reaped expired sessions", zap.Int64("count", n))
+		w.extendLeases(ctx, fl, log)
+		if now := time.Now(); !now.Before(nextReap) {
+			nextReap = now.Add(jitter(reapEvery))
+			n, err := session.Reap(ctx, w.db, w.opts.Tables)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired sessions failed", zap.Error(err))
+			case n > 0:
+				log.Info("reaped expired sessions", zap.Int64("count", n))
+			}
 		}
-		t.Reset(every/2 + rand.N(every+1))
+		if now := time.Now(); !now.Before(nextQueueReap) {
+			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
+			st, err := w.queue.Reap(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired leases failed", zap.Error(err))
+			case st.Released > 0 || st.Dead > 0:
+				w.reaped.Add(int64(st.Released + st.Dead))
+				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
+			}
+		}
 	}
 }
 
@@ -609,12 +656,23 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 // one freed, rather than for each slot as it frees: a claim then takes
 // several items, and the database runs a fraction of the claim statements,
 // at the cost of a few milliseconds of idle slots.
-func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights,
 	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
 	backlog := false
 	limitLogged := false
+	forgotten := false // a claim's outcome was unknown: release what it may have taken first
+	pause := func() bool {
+		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
 	for ctx.Err() == nil {
 		// Wait for at least one free slot.
 		select {
@@ -622,6 +680,18 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			<-slots
 		case <-ctx.Done():
 			return
+		}
+		if forgotten {
+			if err := w.releaseForgotten(ctx, sess.ID(), fl, log); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("claiming waits until it succeeds (the items' leases release them otherwise)", zap.Error(err))
+				}
+				if !pause() {
+					return
+				}
+				continue
+			}
+			forgotten = false
 		}
 		if backlog && w.opts.GatherWait > 0 && cap(slots)-len(slots) < gather {
 			w.waitFree(ctx, slots, freed, gather)
@@ -639,6 +709,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
+		claimedAt := time.Now()
 		switch {
 		case free == 0:
 		case reb != nil:
@@ -655,7 +726,13 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
 		}
+		if errors.Is(err, claim.ErrOutcomeUnknown) {
+			forgotten = true
+		}
+		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
+			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
+			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
 			handlers.Add(1)
 			w.inflight.Add(1)
@@ -673,19 +750,17 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 						reb.Done(holds[i])
 					}
 				}()
-				w.handle(handlerCtx, ctx, settleCtx, it, a, log)
+				w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+				fl.done(it.ID)
+				cancelItem(nil)
 			}()
 		}
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
 		}
-		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause() {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -708,7 +783,10 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // handle runs the handler for one item and acks, nacks or releases it
 // through the settle goroutines. claimCtx ends when the worker stops
 // claiming (shutdown or session loss).
-func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
+//
+// itemCtx is the handler's parent context: handlerCtx, also cancelled when
+// the item's claim is found lost.
+func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
 	h := w.attemptHandler
 	var took atomic.Int64 // the handler's duration, in nanoseconds
 	start := time.Now()
@@ -718,7 +796,7 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 			return w.handler(ctx, it)
 		}
 	}
-	res := attempt.Run(handlerCtx, w.queue, it, h, attempt.Options{
+	res := attempt.Run(itemCtx, w.queue, it, h, attempt.Options{
 		Timeout:   w.opts.ItemTimeout,
 		Grace:     w.opts.HangGrace,
 		Settle:    a,
