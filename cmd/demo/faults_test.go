@@ -464,16 +464,17 @@ func TestVerifyReportsStuckClaims(t *testing.T) {
 }
 
 // TestFaultDemoSoakSmall is the CI-sized version of the soak (see README,
-// "Soak"): demo run on its embedded server, worker processes SIGKILLed every
-// second and the server restarted every 4 s; nothing lost, nothing
-// duplicated, nothing left claimed.
+// "Faults, and the soak"): demo run on its embedded server, worker processes
+// SIGKILLed every second and the server restarted every 2 s; nothing lost,
+// nothing duplicated, nothing left claimed.
 func TestFaultDemoSoakSmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
-	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", "3000", "--workers", "3", "--kill-every", "1s",
-		"--restart-db-every", "4s", "--task-time", "2ms", "--json", "--progress=false")
-	s := checkSummary(t, r, 3000)
+	const items = 6000
+	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "1s",
+		"--restart-db-every", "2s", "--task-time", "2ms", "--json", "--progress=false")
+	s := checkSummary(t, r, items)
 	if num(t, s, "db_restarts") < 1 {
 		t.Errorf("db_restarts = %v, want at least 1\nstderr:\n%s", s["db_restarts"], r.stderr)
 	}
