@@ -481,32 +481,35 @@ func TestFaultConnectionCut(t *testing.T) {
 			e.enqueue(n, "", 0)
 			e.monitor()
 			h := work(5 * time.Millisecond)
+			var armed atomic.Bool
 			if c.failFirst {
 				h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
-					if it.Attempt == 1 {
-						return nil, errors.New("every first attempt fails")
+					if it.Attempt == 1 && armed.Load() {
+						return nil, errors.New("every first attempt fails once the cuts are armed")
 					}
 					return work(5*time.Millisecond)(ctx, it)
 				}
 			}
-			if c.shutdown {
-				h = work(300 * time.Millisecond)
-			}
-			// The rules are armed before the workers start: the first
-			// matching statements are cut.
+			// The rules are armed once the workers have their sessions (a
+			// worker that cannot start its first session stops: that is
+			// not the fault under test), before the first nacks.
 			var fired []<-chan struct{}
 			want := int64(0)
+			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+			waitSessions(t, rs)
 			if !c.shutdown {
 				for _, k := range c.cuts {
 					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
 					want += int64(k.times)
 				}
+				armed.Store(true)
 			}
-			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
 			if c.shutdown {
 				// A third worker is stopped while its handlers run: it
 				// releases their items, through the cuts.
-				extra := e.startWorkers(1, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+				// Its handlers take 300 ms, so that it holds items when stopped.
+				extra := e.startWorkers(1, proxied, work(300*time.Millisecond), worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+				waitSessions(t, extra)
 				waitFor(t, "the extra worker to hold items", time.Minute, func() bool { return extra[0].w.Stats().InFlight > 0 })
 				for _, k := range c.cuts {
 					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
@@ -534,6 +537,19 @@ func TestFaultConnectionCut(t *testing.T) {
 			t.Logf("the proxy fired %d cuts", p.Fired())
 		})
 	}
+}
+
+// waitSessions waits until every worker has started its first session.
+func waitSessions(t *testing.T, rs []*running) {
+	t.Helper()
+	waitFor(t, "the workers' sessions", time.Minute, func() bool {
+		for _, r := range rs {
+			if r.w.Stats().Sessions == 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (e *faultEnv) remaining() int {
