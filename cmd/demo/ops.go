@@ -152,6 +152,7 @@ Exits 1 if the given item is not a dead item of the queue.`)
 	f.maxArgs, f.argName = 1, "[ID]"
 	c.register(f, urlRequired)
 	f.boolVar(&all, "all", false, "requeue every dead item of the queue")
+	f.flagOnly("all")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -273,6 +274,7 @@ number with --set N (safe while workers run: items in removed parts move to
 part % N, and the workers' rebalancers follow at their next poll).`)
 	c.register(f, urlRequired)
 	f.intVar(&set, "set", 0, 1, partition.MaxParts, "set the queue's number of parts")
+	f.flagOnly("set")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}

@@ -278,8 +278,9 @@ func cmdStatus(ctx context.Context, name string, args []string, out *console) er
 	var interval time.Duration
 	f := newFlagSet(name, `Shows the state of --queue: its parts, backlog (unclaimed, due = unclaimed and
 past its vesting time, claimed), the age of its oldest due item and its dead
-items; the live sessions (claimed items, parts of --queue owned, a STALE mark
-for a session that has missed heartbeats and is probably dead), the parts
+items; the live sessions (items acked and handlers running as of their last
+heartbeat, items held now, parts of --queue owned, and a ! after the heartbeat
+age of a session that has missed two heartbeats and is probably dead), the parts
 nobody owns, and the backlog of every queue by part. Warns when nobody has
 enqueued to --queue (a mistyped name).
 
