@@ -297,7 +297,7 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 		return failf(1, "%v", err)
 	}
 	if c.json {
-		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.Known, "owners": s.PartOwners,
+		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.PartsStored, "owners": s.PartOwners,
 			"unowned": s.UnownedParts}
 		if f.isSet("set") {
 			m["previous"] = before
@@ -308,7 +308,7 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 	if f.isSet("set") {
 		fmt.Fprintf(&b, "queue %q: %d parts (was %d)\n", c.queue, s.NumParts, before)
 	} else {
-		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.Known])
+		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
 	}
 	writeOwners(&b, s)
 	out.printf("%s", b.String())

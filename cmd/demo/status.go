@@ -73,6 +73,9 @@ type status struct {
 	// Known: the queue has a stored part count, items or dead items; a
 	// queue nobody has enqueued to is probably a mistyped --queue.
 	Known bool `json:"known"`
+	// PartsStored: the queue has a stored part count (else it has 1, the
+	// count of a queue nobody set up).
+	PartsStored bool `json:"parts_stored"`
 	// Paused: claims of the queue return nothing (demo pause / resume).
 	Paused bool `json:"paused"`
 	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
@@ -243,6 +246,7 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 		s.OldestDueSeconds = max(0, now.Sub(*oldest).Seconds())
 	}
 	_, hasItems := totals[queue]
+	s.PartsStored = stored
 	s.Known = stored || hasItems || s.Dead > 0
 	return s, nil
 }
