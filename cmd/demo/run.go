@@ -99,7 +99,7 @@ human line on stderr.`
 	}
 	f := newFlagSet(name, what)
 	c.common.register(f, "PostgreSQL or CockroachDB URL; without one, an embedded server is started")
-	c.workerSettings.register(f)
+	c.workerSettings.register(f, "parts the queue is divided into (set before the enqueue, replacing a stored number)")
 	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
