@@ -183,7 +183,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&cw.concurrency, "cw-concurrency", 512, "crdbwork handlers per worker")
 	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
-	fs.IntVar(&cw.conns, "cw-conns", 8, "crdbwork's pool size, shared by the workers")
+	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
+	fs.IntVar(&cw.conns, "cw-conns", 0, "pool size of each crdbwork worker (0: worker.PoolConns)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -194,8 +195,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case *items < 1 || *rounds < 1:
 		return errors.New("--items and --rounds must be at least 1")
-	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 1:
-		return errors.New("--cw-workers, --cw-concurrency, --cw-ack-batch and --cw-conns must be at least 1, --cw-parts at least 0")
+	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
+		return errors.New("--cw-workers, --cw-concurrency and --cw-ack-batch must be at least 1, --cw-parts, --cw-conns and --cw-ackers at least 0")
 	case *riverWorkers < 1 || *riverConns < 0:
 		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
 	}
@@ -265,9 +266,13 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			}
 			res.cpu = cpu
 			runs[s.name()] = append(runs[s.name()], res)
-			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s\n",
+			retries := ""
+			if res.retries > 0 {
+				retries = fmt.Sprintf("  %.3f retries/job", float64(res.retries)/float64(*items))
+			}
+			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s%s\n",
 				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
-				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg())
+				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg(), retries)
 			fmt.Fprint(out, report.String())
 		}
 	}
