@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -12,52 +13,43 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
+// ErrRecordPanic is wrapped by the error of an ack whose record function (an
+// AckRequest's Record, a BatchRecord, or AckBatch's record) panicked. The
+// panic was recovered: the transaction was rolled back, and the error holds
+// the panic's value and the stack where it happened.
+var ErrRecordPanic = errors.New("record function panicked")
+
 // Ack acknowledges it exactly once. In one serializable transaction it
-// deletes the item, only if the claim is still it's claim, and then calls
-// record (if not nil) to write the result in the same transaction. The
-// transaction is retried whole on serialization failures, so record may run
-// more than once; only one run's writes commit.
+// deletes the item, only if the claim is still its claim (same session,
+// same token), and then calls record (if not nil) to write the result in the
+// same transaction. The transaction is retried whole on serialization
+// failures, so record may run more than once; only one run's writes commit.
 //
 // Ack returns nil only if the transaction committed. If the claim was lost,
 // it returns an error wrapping ErrClaimLost and nothing was written. If
-// record fails, its error is returned and nothing was written. If the
-// connection failed during COMMIT, the error wraps retry.ErrCommitUnknown
-// (the item stays claimed or is gone; it is never reported as acked).
+// record fails, its error is returned and nothing was written (a panic in
+// record is recovered and returned wrapping ErrRecordPanic). If the outcome
+// is unknown (the COMMIT's answer was lost, or CockroachDB answered 40003),
+// the error wraps ErrOutcomeUnknown: the item may be acked or still claimed,
+// and it is never reported as acked.
 func (q *Queue) Ack(ctx context.Context, it Item, record func(ctx context.Context, tx pgx.Tx) error) error {
-	if err := q.ready(ctx); err != nil {
-		return fmt.Errorf("claim: ack of item %s: %w", it.ID, err)
-	}
-	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		deleted, err := q.deleteClaimed(ctx, tx, []Item{it})
-		if err != nil {
-			return err
-		}
-		if !deleted[0] {
-			return ErrClaimLost
-		}
-		if record != nil {
-			return record(ctx, tx)
-		}
-		return nil
-	})
-	if err != nil {
-		if errors.Is(err, ErrClaimLost) {
-			q.stats.lost.Add(1)
-		}
-		return fmt.Errorf("claim: ack of item %s: %w", it.ID, err)
-	}
-	q.stats.acked.Add(1)
-	return nil
+	return q.AckEachWith(ctx, []AckRequest{{Item: it, Record: record}}, AckOptions{})[0]
 }
 
 // AckBatch acknowledges many items in one serializable transaction. Each
 // item is deleted only if its claim still holds; record (if not nil) is then
 // called once with the items whose delete succeeded, in the same
 // transaction. It returns those items, only after COMMIT succeeded; the
-// others lost their claims and are left alone. On error nothing was acked.
+// others lost their claims and are left alone. On error nothing was acked
+// (or, if the error wraps ErrOutcomeUnknown, it is unknown whether the whole
+// batch was). Unlike AckEach it never splits the batch: record's failure is
+// the batch's.
 func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx context.Context, tx pgx.Tx, acked []Item) error) ([]Item, error) {
 	if len(items) == 0 {
 		return nil, nil
+	}
+	if err := q.ready(ctx); err != nil {
+		return nil, fmt.Errorf("claim: batch ack of %d items: %w", len(items), err)
 	}
 	var acked []Item
 	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
@@ -72,7 +64,7 @@ func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx cont
 			}
 		}
 		if record != nil && len(acked) > 0 {
-			return record(ctx, tx, acked)
+			return recovered(func() error { return record(ctx, tx, acked) })
 		}
 		return nil
 	})
@@ -89,30 +81,93 @@ func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx cont
 type AckRequest struct {
 	Item   Item
 	Record func(ctx context.Context, tx pgx.Tx) error
+	// Value is whatever the handler hands on to a BatchRecord (for example
+	// its result, to be written with the batch's other results in one
+	// statement). claim never looks at it.
+	Value any
 }
 
-// AckEach acknowledges many items, each with its own record function, as if
-// by one Ack each, but in one transaction when it can. It first runs them all
-// in one serializable transaction: each item deleted only if its claim still
-// holds, then its record called, in order. If a record fails, that
-// transaction is rolled back and every item is acked on its own with Ack, so
-// one failing record holds back no other item. A worker uses it to commit
-// the results of several handlers together (group commit).
+// BatchRecord records the results of a whole batch in one go (one multi-row
+// INSERT or COPY instead of one statement per item). AckEachWith calls it
+// once per transaction, in that transaction, after the per-item Records,
+// with the requests whose delete succeeded (their claims held), in request
+// order. Like Record it may run more than once (the transaction is retried
+// whole on serialization failures): only one run's writes commit.
+type BatchRecord func(ctx context.Context, tx pgx.Tx, acked []AckRequest) error
+
+// AckOptions configure AckEachWith. The zero value is valid.
+type AckOptions struct {
+	// Batch, if not nil, records the results of every transaction's acked
+	// items in one call (see BatchRecord).
+	Batch BatchRecord
+}
+
+// AckEach is AckEachWith without a BatchRecord.
+func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
+	return q.AckEachWith(ctx, reqs, AckOptions{})
+}
+
+// AckEachWith acknowledges many items, each with its own record function,
+// as if by one Ack each, but in one transaction when it can (group commit).
+// It first runs them all in one serializable transaction: one statement
+// deletes every item whose claim still holds, then each deleted item's
+// Record is called in order, then opts.Batch (if set) once with all of them.
+//
+// If that transaction fails for any reason but an unknown outcome — a
+// Record or the BatchRecord failed or panicked, a statement failed, or
+// COMMIT was refused (a deferred constraint or a unique violation found at
+// COMMIT) — and it held more than one item, every item is acked again on its
+// own (its own transaction, its Record, and opts.Batch called with that one
+// request), so the item whose record fails holds back no other.
 //
 // errs[i] is what Ack would have returned for reqs[i]: nil only if a
-// committed transaction deleted the item and wrote its record; an error
+// committed transaction deleted the item and wrote its records; an error
 // wrapping ErrClaimLost if the claim was gone (nothing of it was written);
-// the record's error; or an error wrapping retry.ErrCommitUnknown for every
-// item of a transaction whose COMMIT had an unknown outcome.
-func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
+// the record's error (wrapping ErrRecordPanic for a panic); or, for every
+// item of a transaction whose outcome is unknown, an error wrapping
+// ErrOutcomeUnknown (nothing is retried after it: the batch may have
+// committed).
+func (q *Queue) AckEachWith(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error) {
 	errs = make([]error, len(reqs))
-	switch len(reqs) {
-	case 0:
-		return errs
-	case 1:
-		errs[0] = q.Ack(ctx, reqs[0].Item, reqs[0].Record)
+	if len(reqs) == 0 {
 		return errs
 	}
+	if err := q.ready(ctx); err != nil {
+		for i, r := range reqs {
+			errs[i] = fmt.Errorf("claim: ack of item %s: %w", r.Item.ID, err)
+		}
+		return errs
+	}
+	deleted, err := q.ackTx(ctx, reqs, opts.Batch)
+	switch {
+	case err == nil:
+		for i, r := range reqs {
+			if deleted[i] {
+				q.stats.acked.Add(1)
+			} else {
+				q.stats.lost.Add(1)
+				errs[i] = fmt.Errorf("claim: ack of item %s: %w", r.Item.ID, ErrClaimLost)
+			}
+		}
+	case len(reqs) == 1:
+		errs[0] = fmt.Errorf("claim: ack of item %s: %w", reqs[0].Item.ID, err)
+	case errors.Is(err, ErrOutcomeUnknown):
+		for i, r := range reqs {
+			errs[i] = fmt.Errorf("claim: ack of item %s (in a batch of %d): %w", r.Item.ID, len(reqs), err)
+		}
+	default:
+		// Find out whose record (or COMMIT) fails by acking each on its own.
+		for i := range reqs {
+			errs[i] = q.AckEachWith(ctx, reqs[i:i+1], opts)[0]
+		}
+	}
+	return errs
+}
+
+// ackTx runs one ack transaction for reqs and reports which items it
+// deleted. A lost claim is not an error here: its item is just not deleted
+// (and its records not called).
+func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord) ([]bool, error) {
 	items := make([]Item, len(reqs))
 	for i, r := range reqs {
 		items[i] = r.Item
@@ -123,55 +178,43 @@ func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
 		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err
 		}
+		var acked []AckRequest
 		for i, r := range reqs {
-			if deleted[i] && r.Record != nil {
-				if err := r.Record(ctx, tx); err != nil {
-					return recordError{err}
+			if !deleted[i] {
+				continue
+			}
+			if r.Record != nil {
+				if err := recovered(func() error { return r.Record(ctx, tx) }); err != nil {
+					return err
 				}
+			}
+			acked = append(acked, r)
+		}
+		if batch != nil && len(acked) > 0 {
+			if err := recovered(func() error { return batch(ctx, tx, acked) }); err != nil {
+				return fmt.Errorf("batch record: %w", err)
 			}
 		}
 		return nil
 	})
-	var recErr recordError
-	switch {
-	case err == nil:
-		for i, it := range items {
-			if deleted[i] {
-				q.stats.acked.Add(1)
-			} else {
-				q.stats.lost.Add(1)
-				errs[i] = fmt.Errorf("claim: ack of item %s: %w", it.ID, ErrClaimLost)
-			}
-		}
-	case errors.As(err, &recErr):
-		// Find out whose record failed by acking each on its own.
-		for i, r := range reqs {
-			errs[i] = q.Ack(ctx, r.Item, r.Record)
-		}
-	default:
-		for i, it := range items {
-			errs[i] = fmt.Errorf("claim: ack of item %s (in a batch of %d): %w", it.ID, len(items), err)
-		}
-	}
-	return errs
+	return deleted, err
 }
 
-// recordError marks the error of a caller's record function inside AckEach's
-// transaction. It unwraps, so that a retryable error still retries it.
-type recordError struct{ err error }
-
-func (e recordError) Error() string { return e.err.Error() }
-func (e recordError) Unwrap() error { return e.err }
+// recovered calls fn, turning a panic into an error wrapping ErrRecordPanic
+// with the panic's value and stack.
+func recovered(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v\n%s", ErrRecordPanic, p, debug.Stack())
+		}
+	}()
+	return fn()
+}
 
 // deleteClaimed deletes, in one statement, each item whose claim still
 // holds (same session, same token), and reports which were deleted.
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
-	ids := make([]uuid.UUID, len(items))
-	sessions := make([]uuid.UUID, len(items))
-	tokens := make([]int64, len(items))
-	for i, it := range items {
-		ids[i], sessions[i], tokens[i] = it.ID, it.Session, it.Token
-	}
+	ids, sessions, tokens := claimArrays(items)
 	rows, err := tx.Query(ctx, q.st.AckMany, ids, sessions, tokens)
 	if err != nil {
 		return nil, crsql.Classify(err)

@@ -54,12 +54,13 @@ type Item struct {
 // Options.Lease. A paused queue yields no items, and neither do items whose
 // attempts are used up (Reap moves them to the dead items).
 //
-// The claim runs in its own SERIALIZABLE transaction. If its outcome is
+// The claim runs in its own transaction (see Queue.ready for its isolation).
+// If its outcome is
 // unknown (the error wraps ErrOutcomeUnknown), items may be claimed for
 // session without the caller knowing them: call ReleaseForgotten with the
 // ids the session does know, or let their leases expire.
 func (q *Queue) Claim(ctx context.Context, session uuid.UUID, n int) ([]Item, error) {
-	return q.claim(ctx, q.st.ClaimAny, session, n)
+	return q.claim(ctx, false, session, n)
 }
 
 // ClaimParts is Claim restricted to the given parts, which session must own
@@ -74,10 +75,10 @@ func (q *Queue) ClaimParts(ctx context.Context, session uuid.UUID, parts []int, 
 	for i, p := range parts {
 		ps[i] = int64(p)
 	}
-	return q.claim(ctx, q.st.ClaimParts, session, n, ps)
+	return q.claim(ctx, true, session, n, ps)
 }
 
-func (q *Queue) claim(ctx context.Context, stmt string, session uuid.UUID, n int, extra ...any) ([]Item, error) {
+func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n int, extra ...any) ([]Item, error) {
 	if n <= 0 {
 		return nil, nil
 	}
@@ -86,7 +87,12 @@ func (q *Queue) claim(ctx context.Context, stmt string, session uuid.UUID, n int
 	}
 	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
 	var items []Item
-	err := retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
+	e := q.engine.Load()
+	stmt := e.claimAny
+	if inParts {
+		stmt = e.claimParts
+	}
+	err := retry.TxWith(ctx, q.db, pgx.TxOptions{IsoLevel: e.claimIso}, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, stmt, args...)
 		if err != nil {
 			return err

@@ -48,7 +48,10 @@ func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue
 
 func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *session.Session {
 	t.Helper()
-	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond})
+	// A 10 s expiry: long enough that a loaded machine (load averages of 20
+	// on 2 cores were seen) does not lose live sessions. Tests of crashed
+	// sessions start their own, with short expiries.
+	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +111,9 @@ func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
 				}
 				for _, it := range got {
 					if err := q.Ack(ctx, it, record(it)); err != nil {
-						errs <- err
+						// A lost claim is a bug unless the session itself was
+						// lost (an overloaded machine missed its heartbeats).
+						errs <- fmt.Errorf("%w (session: %v)", err, s.Err())
 						return
 					}
 					acked.Add(1)

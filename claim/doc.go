@@ -6,11 +6,21 @@
 // to the session's part row as well), so when a session dies or gives up a
 // part, the database itself releases its claims.
 //
-// Ack deletes the item, only if the claim is still this session's (and the
-// same claim instance and part), in one serializable transaction together
-// with the caller's function that records the result. At most one ack of an
-// item can ever commit, and an ack is reported only once its COMMIT
-// succeeded: a lost claim returns ErrClaimLost and commits nothing.
+// Every claim increments the item's claim token, which never goes down, and
+// takes a lease (Options.Lease) by the database clock. Ack deletes the item,
+// only if it is still claimed by the same session with the same token, in
+// one serializable transaction together with the caller's function that
+// records the result; AckEachWith acks many items with one statement and can
+// record their results in bulk. At most one ack of an item can ever commit,
+// and an ack is reported only once its COMMIT succeeded: a lost claim returns
+// ErrClaimLost and commits nothing, and an outcome the database left unknown
+// (a lost COMMIT answer, CockroachDB's 40003) returns ErrOutcomeUnknown.
+//
+// Every claimed item ends: a claim whose lease runs out (a hung handler, a
+// claim whose answer was lost) is released by any session's Reap, Extend
+// keeps a long handler's lease, and an item whose attempts are used up
+// without an ack or a nack (a crash loop) is never claimed again and ends in
+// the dead-items table. Pause stops the claims of a queue.
 //
 // Items have a priority (lower runs first), a vesting time (delayed items
 // and backoff), a number of attempts, and a part fixed at enqueue from the

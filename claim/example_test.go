@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -257,4 +258,100 @@ func ExampleQueue_Nack() {
 	// attempt 2 dead: true
 	// dead item's error: invalid address
 	// items left: 0
+}
+
+// Record the results of a whole batch with one statement: AckEachWith calls
+// the batch hook once per transaction with the requests whose claims held,
+// each carrying the Value its handler handed on.
+func ExampleQueue_AckEachWith() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	if _, err := pool.Exec(ctx, `CREATE TABLE deliveries (address TEXT PRIMARY KEY, message_id TEXT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+
+	q, items, closeSession := claimEmails(ctx, pool, "ada@example.com", "bob@example.com", "eve@example.com")
+	defer closeSession()
+
+	// Each handler sent its email and hands on the mail server's message id.
+	var reqs []claim.AckRequest
+	for i, it := range items {
+		reqs = append(reqs, claim.AckRequest{Item: it, Value: fmt.Sprintf("msg-%d", i)})
+	}
+	batch := func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		addresses := make([]string, len(acked))
+		ids := make([]string, len(acked))
+		for i, r := range acked {
+			addresses[i], ids[i] = string(r.Item.Payload), r.Value.(string)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO deliveries (address, message_id) SELECT * FROM unnest($1::TEXT[], $2::TEXT[])`, addresses, ids)
+		return err
+	}
+	for _, err := range q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("deliveries:", exampleCount(ctx, pool, `SELECT count(*) FROM deliveries`))
+	fmt.Println("items left:", exampleCount(ctx, pool, `SELECT count(*) FROM crdbwork_items`))
+	// Output:
+	// deliveries: 3
+	// items left: 0
+}
+
+// A claim holds its item for a lease (Options.Lease, by the database
+// clock). A long handler extends it; an item whose lease ran out — its
+// handler hung, or its process lost track of it — is released by any
+// session's Reap, and the late ack of the old claim is refused.
+func ExampleQueue_Reap() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+
+	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	q, err := claim.New(pool, claim.Options{Queue: "emails", Lease: 100 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com")
+	items, err := q.Claim(ctx, sess.ID(), 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// ada's handler is slow but alive: it extends its lease.
+	extended, err := q.Extend(ctx, items[:1], time.Hour)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("extended:", len(extended))
+
+	// bob's handler hangs. Once its lease is over, Reap releases the item.
+	released := 0
+	for released == 0 {
+		st, err := q.Reap(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		released = st.Released
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Println("released by Reap:", released)
+	err = q.Ack(ctx, items[1], nil)
+	fmt.Println("the hung handler's late ack lost its claim:", errors.Is(err, claim.ErrClaimLost))
+	again, err := q.Claim(ctx, sess.ID(), 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("claimed again:", len(again), "attempt", again[0].Attempt)
+	// Output:
+	// extended: 1
+	// released by Reap: 1
+	// the hung handler's late ack lost its claim: true
+	// claimed again: 1 attempt 2
 }

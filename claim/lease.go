@@ -92,7 +92,7 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
 	for {
-		n, err := q.reapStep(ctx, q.st.ReapLeases, q.opts.Queue, reapBatch)
+		n, err := q.reapStep(ctx, q.engine.Load().reapLeases, q.opts.Queue, reapBatch)
 		st.Released += n
 		if err != nil {
 			return st, fmt.Errorf("claim: releasing expired leases in %q: %w", q.opts.Queue, err)

@@ -166,6 +166,9 @@ type Session struct {
 }
 
 // Start creates a session row and starts its heartbeat and reaper loops.
+// It first checks the schema version (one query): an error wrapping
+// crsql.ErrSchemaMissing, ErrSchemaOutdated or ErrSchemaNewer means the
+// database's schema is not this code's.
 //
 // The loops run until Close, until the session is lost, or until ctx is
 // cancelled. Cancelling ctx loses the session: it stops heartbeating without
@@ -188,6 +191,9 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 		return nil, err
 	}
 	st := crsql.NewStatements(opts.Tables)
+	if err := crsql.Check(ctx, db, opts.Tables); err != nil {
+		return nil, fmt.Errorf("session: %w", err)
+	}
 	host, _ := os.Hostname()
 	var id uuid.UUID
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {

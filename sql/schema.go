@@ -152,7 +152,11 @@ var dropIndexPattern = regexp.MustCompile(`(DROP INDEX IF EXISTS )(crdbwork_[a-z
 
 // rewrite renames every crdbwork_ identifier of a SQL text. An index named by
 // DROP INDEX is qualified with the schema (CREATE INDEX names are not: an
-// index always lives in its table's schema).
+// index always lives in its table's schema). Both engines accept a
+// schema-qualified index name there: PostgreSQL's DROP INDEX takes one, and
+// CockroachDB's grammar (sql.y: table_index_name is table@index or a
+// standalone_index_name, itself a db_object_name) does too; its docs show
+// the table@index form, which PostgreSQL refuses.
 func (t Tables) rewrite(text string) string {
 	text = dropIndexPattern.ReplaceAllStringFunc(text, func(m string) string {
 		sub := dropIndexPattern.FindStringSubmatch(m)

@@ -133,6 +133,7 @@ ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS claimed BIGINT NOT NULL D
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS acked BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
+-- (Superseded by crdbwork_items_claim_next.)
 DROP INDEX IF EXISTS crdbwork_items_claim_order;
 DROP INDEX IF EXISTS crdbwork_items_unclaimed;
 

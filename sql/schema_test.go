@@ -379,3 +379,90 @@ func TestApplyWarnsOnlyForCockroachSettings(t *testing.T) {
 		t.Fatalf("warnings on PostgreSQL: %v", warnings)
 	}
 }
+
+// Version-1 statements, as version-1 workers send them (from the v1 code).
+const (
+	v1Enqueue = `INSERT INTO crdbwork_items (id, queue, part, payload) SELECT gen_random_uuid(), 'q', 0, '\x00'::BYTEA FROM generate_series(1, $1::INT)`
+	v1Claim   = `UPDATE crdbwork_items
+SET claim = $1, claimed_at = now(), attempts = attempts + 1
+WHERE id = ANY(ARRAY(
+    SELECT id FROM crdbwork_items
+    WHERE queue = $2 AND claim IS NULL AND vesting_at <= now()
+    ORDER BY priority, vesting_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED))
+  AND claim IS NULL
+RETURNING id, attempts`
+	v1Ack = `DELETE FROM crdbwork_items WHERE id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND attempts = $3`
+)
+
+// TestUpgradeWhileVersion1WorkersRun: a version-1 worker holds claims while
+// the database is upgraded; its acks of those claims and its later claims
+// and acks keep working on the new schema, and the lease reaper leaves its
+// lease-less claims alone.
+func TestUpgradeWhileVersion1WorkersRun(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for _, s := range crsql.Migrations()[0].Statements(crsql.Tables{}) {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	var session string
+	if err := pool.QueryRow(ctx, `INSERT INTO crdbwork_sessions (expiry) VALUES (INTERVAL '1 hour') RETURNING id::TEXT`).Scan(&session); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, v1Enqueue, 10); err != nil {
+		t.Fatal(err)
+	}
+	claim := func(n int) map[string]int64 {
+		t.Helper()
+		rows, err := pool.Query(ctx, v1Claim, session, "q", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for rows.Next() {
+			var id string
+			var attempts int64
+			if err := rows.Scan(&id, &attempts); err != nil {
+				t.Fatal(err)
+			}
+			got[id] = attempts
+		}
+		if rows.Err() != nil || len(got) != n {
+			t.Fatalf("v1 claim: %d items, %v", len(got), rows.Err())
+		}
+		return got
+	}
+	ack := func(held map[string]int64) {
+		t.Helper()
+		for id, attempts := range held {
+			tag, err := pool.Exec(ctx, v1Ack, id, session, attempts)
+			if err != nil || tag.RowsAffected() != 1 {
+				t.Fatalf("v1 ack: %v rows, %v", tag.RowsAffected(), err)
+			}
+		}
+	}
+	before := claim(3)
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	st := crsql.NewStatements(crsql.Tables{})
+	_, _, reap := st.ForDialect(crsql.Postgres)
+	if testdb.Kind(t) == "cockroach" {
+		_, _, reap = st.ForDialect(crsql.Cockroach)
+	}
+	if tag, err := pool.Exec(ctx, reap, "q", 100); err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("the lease reaper released %d version-1 claims (%v), want 0", tag.RowsAffected(), err)
+	}
+	ack(before)
+	ack(claim(4))
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`).Scan(&left); err != nil || left != 3 {
+		t.Fatalf("%d unclaimed items left (%v), want 3", left, err)
+	}
+}

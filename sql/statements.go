@@ -8,8 +8,9 @@ import (
 // Statements holds every statement of packages session, partition and claim,
 // rendered for one set of table names. The text is identical on CockroachDB
 // and PostgreSQL: each statement uses only forms both engines accept
-// (UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) instead of
-// CockroachDB's UPDATE ... LIMIT, for instance).
+// (a MATERIALIZED CTE that selects FOR UPDATE SKIP LOCKED ... LIMIT n,
+// joined by primary key, instead of CockroachDB's UPDATE ... LIMIT, for
+// instance).
 type Statements struct {
 	// Sessions.
 	CreateSession  string // $1 expiry (microseconds), $2 host, $3 pid, $4 name → id
@@ -34,14 +35,20 @@ type Statements struct {
 	// first in, first out, so deleting a session nulls claim through the
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
-	Enqueue         string // prefix; see EnqueueRows
-	ClaimAny        string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
-	ClaimParts      string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
-	AckMany         string // $1 ids, $2 sessions, $3 tokens → deleted ids
-	Nack            string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
-	Release         string // $1 id, $2 session, $3 token
-	DeadLetter      string // $1 id, $2 session, $3 token, $4 error → id
-	Extend          string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
+	Enqueue    string // prefix; see EnqueueRows
+	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
+	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
+	// The PostgreSQL twins of ClaimAny, ClaimParts and ReapLeases (same
+	// parameters, same results): see claimTemplate. Use ForDialect.
+	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases string
+	AckMany                                                  string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	Nack                                                     string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
+	Release                                                  string // $1 id, $2 session, $3 token
+	DeadLetter                                               string // $1 id, $2 session, $3 token, $4 error → id
+	Extend                                                   string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
+	// ReapLeases releases expired leases (their attempts counted: the
+	// handler hung or the process lost track of the item), in bounded
+	// batches, through crdbwork_items_lease.
 	ReapLeases      string // $1 queue, $2 limit → ids released
 	ReapExhausted   string // $1 queue, $2 limit, $3 error → ids moved to the dead items
 	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
@@ -60,12 +67,15 @@ type Statements struct {
 // itemColumns are the columns every claim statement returns, in order.
 const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until`
 
-// claimTemplate is the claim statement; %s is the per-part condition (or
-// nothing) and %s the claim_queue/claim_part values.
+// claimTemplate is the claim statement; the %s are the per-part condition
+// (or nothing), the claim_queue/claim_part values, and how the UPDATE finds
+// the picked rows (joinPicked, or anyPicked on PostgreSQL).
 //
 // Its shape is chosen for both optimizers (CockroachDB docs checked:
-// "Common Table Expressions" — MATERIALIZED; "SELECT FOR UPDATE" — SKIP
-// LOCKED; "UPDATE" — FROM). The MATERIALIZED CTE selects at most $3 ids
+// "Common Table Expressions": AS MATERIALIZED overrides the optimizer's
+// choice; "UPDATE": FROM table_ref references other tables, here the CTE;
+// SKIP LOCKED: supported since 22.2, and refused under READ COMMITTED on
+// 23.2, cockroachdb/cockroach#115057). The MATERIALIZED CTE selects at most $3 ids
 // through crdbwork_items_claim_next, in order, locking only the rows it
 // returns (FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
 // not waited for); the UPDATE then joins those ids by primary key. The older
@@ -79,8 +89,32 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // scan stops at the limit. A paused queue yields no rows (the NOT EXISTS is
 // uncorrelated: evaluated once). Items whose attempts are used up are never
 // handed out (the reaper moves them to the dead items). Run it in an explicit
-// SERIALIZABLE transaction: CockroachDB refuses SKIP LOCKED under READ
-// COMMITTED (its 23.2+ default on some clusters).
+// transaction, SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ
+// COMMITTED (the default of some 23.2+ clusters).
+//
+// PostgreSQL has a twin that differs only in how the UPDATE finds the picked
+// rows: id = ANY(ARRAY(SELECT id FROM picked)), which PostgreSQL always runs
+// as primary-key lookups (an index condition on a computed array). With the
+// join, its planner switches to a hash join over a sequential scan of every
+// unclaimed item once the limit is a few hundred rows or the plan is generic
+// (TestStatementPlansUseIndexes caught it), and the claim's cost then grows
+// with the backlog. The ANY form is the one CockroachDB cannot turn into
+// index spans, hence the twins.
+const (
+	joinPicked = `FROM picked
+WHERE i.id = picked.id`
+	anyPicked = `WHERE i.id = ANY(ARRAY(SELECT id FROM picked))`
+)
+
+// ForDialect returns the claim and lease-reaping statements for d:
+// ClaimAny, ClaimParts and ReapLeases, or their PostgreSQL twins.
+func (s *Statements) ForDialect(d Dialect) (claimAny, claimParts, reapLeases string) {
+	if d == Postgres {
+		return s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases
+	}
+	return s.ClaimAny, s.ClaimParts, s.ReapLeases
+}
+
 const claimTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE queue = $2 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts%s
@@ -92,16 +126,38 @@ UPDATE crdbwork_items AS i
 SET claim = $1, %s, claimed_at = now(),
     attempts = i.attempts + 1, claim_token = i.claim_token + 1,
     lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
-FROM picked
-WHERE i.id = picked.id AND i.claim IS NULL
+%s AND i.claim IS NULL
 RETURNING ` + itemColumns
+
+// reapLeasesTemplate releases expired leases; %s is how the UPDATE finds the
+// picked rows, as in claimTemplate. The rows are locked by the CTE, so
+// their tokens cannot change before the UPDATE; the recheck of the lease is
+// for READ COMMITTED.
+const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+UPDATE crdbwork_items AS i
+SET ` + released + `
+%s AND i.claim IS NOT NULL AND i.lease_until < now()
+RETURNING i.id`
 
 // fenced is the condition of every statement that acts on a batch of claimed
 // items: (id, claim, token) must match one of the given triples. Both engines
 // plan it as a semi-join driven by the arrays, looking each id up by primary
-// key (CockroachDB docs checked: "unnest" takes several arrays and zips them;
-// "Subqueries" — tuple IN (subquery)).
+// key (CockroachDB checked: its unnest builtin is variadic, "Returns the
+// input arrays as a set of rows"; tuple IN (subquery) is standard). Adding id = ANY($1) made PostgreSQL worse: it then
+// scanned every claimed item's index entry for a batch of 1000.
 const fenced = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
+
+// The claim statements' variable parts.
+const (
+	inParts   = " AND part = ANY($5::BIGINT[])"
+	anyPart   = "claim_queue = NULL, claim_part = NULL"
+	partClaim = "claim_queue = i.queue, claim_part = i.part"
+)
 
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
@@ -134,9 +190,13 @@ ON CONFLICT DO NOTHING`),
 		MovePartsAbove: r(`UPDATE crdbwork_items SET part = part % $2, claim_queue = NULL, claim_part = NULL
 WHERE queue = $1 AND part >= $2`),
 
-		ClaimAny:   r(fmt.Sprintf(claimTemplate, "", "claim_queue = NULL, claim_part = NULL")),
-		ClaimParts: r(fmt.Sprintf(claimTemplate, " AND part = ANY($5::BIGINT[])", "claim_queue = i.queue, claim_part = i.part")),
-		AckMany:    r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
+		ClaimAny:           r(fmt.Sprintf(claimTemplate, "", anyPart, joinPicked)),
+		ClaimParts:         r(fmt.Sprintf(claimTemplate, inParts, partClaim, joinPicked)),
+		PostgresClaimAny:   r(fmt.Sprintf(claimTemplate, "", anyPart, anyPicked)),
+		PostgresClaimParts: r(fmt.Sprintf(claimTemplate, inParts, partClaim, anyPicked)),
+		ReapLeases:         r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
+		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
+		AckMany:            r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
@@ -154,20 +214,6 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`),
 		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + fenced + ` RETURNING id, lease_until`),
-		// An expired lease is released with its attempt counted (the handler
-		// hung or the process lost track of it), in bounded batches, through
-		// crdbwork_items_lease. The token read in the CTE fences the release.
-		ReapLeases: r(`WITH expired AS MATERIALIZED (
-    SELECT id, claim_token FROM crdbwork_items
-    WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
-    ORDER BY lease_until
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-UPDATE crdbwork_items AS i
-SET ` + released + `
-FROM expired
-WHERE i.id = expired.id AND i.claim_token = expired.claim_token AND i.claim IS NOT NULL
-RETURNING i.id`),
 		// Unclaimed items whose attempts are used up (a crash loop: every claim
 		// ended without an ack or a nack) move to the dead items, through
 		// crdbwork_items_exhausted.

@@ -54,12 +54,19 @@ func Ambiguous(err error) bool {
 // LostInFlight reports whether err says the connection failed after the
 // statement (or COMMIT) was sent, before its answer came: its outcome is
 // unknown. Errors the server answered, failures to connect, and failures
-// that pgconn marks as safe to retry (nothing was sent) are not.
+// that pgconn marks as safe to retry (nothing was sent) are not — except
+// pgconn's "conn closed": pgx reports it, marked safe, also when the
+// connection broke while it was reading the answer (seen with a COMMIT
+// whose answer was lost), so it is taken as lost in flight.
 func LostInFlight(err error) bool {
 	var pgErr *pgconn.PgError
 	var connectErr *pgconn.ConnectError
 	switch {
-	case err == nil, errors.As(err, &pgErr), errors.As(err, &connectErr), pgconn.SafeToRetry(err):
+	case err == nil, errors.As(err, &pgErr), errors.As(err, &connectErr):
+		return false
+	case errors.Is(err, pgconn.ErrConnClosed):
+		return true
+	case pgconn.SafeToRetry(err):
 		return false
 	case errors.Is(err, pgx.ErrTxClosed), errors.Is(err, pgx.ErrTxCommitRollback):
 		return false
@@ -192,7 +199,8 @@ func TxWith(ctx context.Context, db Beginner, opts pgx.TxOptions, onRetry func()
 			switch {
 			case Ambiguous(err):
 				return unknown(fmt.Errorf("commit: %w", err))
-			case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback), pgconn.SafeToRetry(err):
+			case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback),
+				pgconn.SafeToRetry(err) && !LostInFlight(err):
 				// The server answered, or COMMIT was never sent: the
 				// transaction did not commit.
 				return fmt.Errorf("commit: %w", err)

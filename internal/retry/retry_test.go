@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
@@ -118,5 +120,111 @@ func TestDoRetriesOnlyRetryableErrors(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if calls != retry.MaxRetries+1 || !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
 		t.Fatalf("Do = %v after %d calls, want the deadlock after %d", err, calls, retry.MaxRetries+1)
+	}
+}
+
+// CockroachDB's "result is ambiguous" (40003), raised for real by the server
+// (PostgreSQL lets a function raise any SQLSTATE): from a statement run by
+// Do, and from COMMIT (a deferred constraint trigger fires at COMMIT) in Tx.
+// Both are outcome unknown and run exactly once, never retried.
+func TestAmbiguousResultIsOutcomeUnknown(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("raises 40003 with PL/pgSQL")
+	}
+	calls := 0
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		calls++
+		_, err := pool.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'result is ambiguous' USING ERRCODE = '40003'; END $$`)
+		return err
+	})
+	if !errors.Is(err, retry.ErrOutcomeUnknown) || calls != 1 {
+		t.Fatalf("Do = %v after %d calls, want ErrOutcomeUnknown after 1", err, calls)
+	}
+
+	for _, q := range []string{
+		`CREATE TABLE marks (id INT PRIMARY KEY)`,
+		`CREATE FUNCTION ambiguous() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'result is ambiguous' USING ERRCODE = '40003'; END $$`,
+		`CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON marks DEFERRABLE INITIALLY DEFERRED
+		 FOR EACH ROW EXECUTE FUNCTION ambiguous()`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls = 0
+	err = retry.Tx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		_, err := tx.Exec(ctx, `INSERT INTO marks VALUES (1)`)
+		return err
+	})
+	if !errors.Is(err, retry.ErrOutcomeUnknown) || calls != 1 {
+		t.Fatalf("Tx = %v after %d runs, want ErrOutcomeUnknown after 1", err, calls)
+	}
+	// Retryable errors still retry, and plain ones are plain.
+	if retry.LostInFlight(&pgconn.PgError{Code: "57P01"}) || !retry.Ambiguous(&pgconn.PgError{Code: "40003"}) {
+		t.Fatal("classification of server errors")
+	}
+}
+
+// A statement whose answer is lost (the connection drops after the server
+// got it) is outcome unknown; one that never left (the database refuses
+// connections) is a plain failure.
+func TestLostConnectionOutcomes(t *testing.T) {
+	url := testdb.NewURL(t)
+	p, purl, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Skipf("no fault proxy: %v", err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, purl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE marks (id INT PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	p.Arm(faultproxy.Rule{Match: faultproxy.Contains("INSERT INTO marks"), Action: faultproxy.DropAnswer})
+	calls := 0
+	err = retry.Do(ctx, nil, func(ctx context.Context) error {
+		calls++
+		_, err := pool.Exec(ctx, `INSERT INTO marks VALUES (1)`)
+		return err
+	})
+	if !errors.Is(err, retry.ErrOutcomeUnknown) || calls != 1 {
+		t.Fatalf("Do with the answer lost = %v after %d calls, want ErrOutcomeUnknown after 1", err, calls)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM marks`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d rows (%v): the insert did run", n, err)
+	}
+
+	p.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: faultproxy.DropAnswer})
+	err = retry.Tx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO marks VALUES (2)`)
+		return err
+	})
+	if !errors.Is(err, retry.ErrOutcomeUnknown) {
+		t.Fatalf("Tx with the COMMIT answer lost = %v, want ErrOutcomeUnknown", err)
+	}
+
+	p.Cut()
+	pool.Reset()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err = retry.Do(cctx, nil, func(ctx context.Context) error {
+		_, err := pool.Exec(ctx, `INSERT INTO marks VALUES (3)`)
+		return err
+	})
+	if err == nil || errors.Is(err, retry.ErrOutcomeUnknown) {
+		t.Fatalf("Do with the database unreachable = %v, want a plain failure", err)
+	}
+	err = retry.Tx(cctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error { return nil })
+	if err == nil || errors.Is(err, retry.ErrOutcomeUnknown) {
+		t.Fatalf("Tx with the database unreachable = %v, want a plain failure", err)
 	}
 }

@@ -48,7 +48,8 @@ ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL
 CREATE INDEX IF NOT EXISTS crdbwork_items_claim_next
     ON crdbwork_items (queue, priority, vesting_at, part) WHERE claim IS NULL;
 
--- Superseded by crdbwork_items_claim_next.
+-- Superseded by crdbwork_items_claim_next. (CockroachDB accepts an index
+-- name without its table here: its grammar's standalone_index_name.)
 DROP INDEX IF EXISTS crdbwork_items_claim_order;
 DROP INDEX IF EXISTS crdbwork_items_unclaimed;
 
