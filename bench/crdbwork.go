@@ -124,7 +124,7 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 
 	handler := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, insertResult, it.ID)
+			_, err := tx.Exec(ctx, insertResult, [16]byte(it.ID)) // [16]byte: pgx encodes uuid.UUID through its text form
 			return err
 		}, nil
 	}
