@@ -8,8 +8,9 @@
 //	go -C bench run .                   # River plain, River JobCompleteTx, crdbwork; 30,000 items, 3 rounds
 //	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
 //
-// Without --database-url it starts its own throwaway PostgreSQL server (the
-// server binaries must be installed: ../scripts/setup-db does it).
+// Without --database-url it starts its own throwaway PostgreSQL server with
+// the library's internal/dbserver (the server binaries must be installed:
+// ../scripts/setup-db does it).
 package main
 
 import (
@@ -106,13 +107,13 @@ func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func
 	if c.databaseURL != "" {
 		return c.databaseURL, func() {}, nil
 	}
-	s, err := startServer(ctx, c.statements)
+	url, pid, stop, err := startServer(ctx, out, c.statements)
 	if err != nil {
 		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
 	}
-	fmt.Fprintf(out, "PostgreSQL (fsync off) from %s at %s\n", s.binDir, s.url)
-	postmaster = s.pid
-	return s.url, s.stop, nil
+	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: fsync off) at %s\n", url)
+	postmaster = pid
+	return url, stop, nil
 }
 
 func newFlagSet(name string, out io.Writer) *flag.FlagSet {
