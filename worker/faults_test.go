@@ -498,10 +498,29 @@ func TestFaultConnectionCut(t *testing.T) {
 				defer extra[0].Stop(t)
 				rs = append(rs, extra...)
 			}
-			e.waitProgress(n / 10)
 			var fired []<-chan struct{}
-			for _, k := range c.cuts {
-				fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+			arm := func() {
+				for _, k := range c.cuts {
+					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+				}
+			}
+			if c.failFirst {
+				// Every first attempt fails at once: the nacks are over
+				// before the results make progress, so arm as soon as the
+				// workers have their sessions.
+				waitFor(t, "the workers' sessions", time.Minute, func() bool {
+					for _, r := range rs {
+						if r.w.Stats().Session == "" {
+							return false
+						}
+					}
+					return true
+				})
+				arm()
+			}
+			e.waitProgress(n / 10)
+			if !c.failFirst {
+				arm()
 			}
 			if c.shutdown {
 				go rs[len(rs)-1].Stop(t)

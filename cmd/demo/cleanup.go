@@ -27,17 +27,11 @@ sessions own parts of the queue (stop the workers first).`)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	if err := c.requireURL(f); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := openChecked(ctx, &c, f, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	s, err := readStatus(ctx, pool, c.queue)
 	if err != nil {
 		return failf(1, "%v", err)

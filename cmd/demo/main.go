@@ -37,6 +37,8 @@ var commands = []command{
 	{"dead", "list the dead items of a queue", cmdDead},
 	{"requeue", "move a dead item (or --all) back into its queue", cmdRequeue},
 	{"cancel", "delete an item from its queue, claimed or not", cmdCancel},
+	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
+	{"resume", "let the workers claim from a paused queue again", cmdResume},
 	{"cleanup", "remove the demo's queue and tables from a database (--drop-schema: the crdbwork tables too)", cmdCleanup},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 }
