@@ -57,7 +57,8 @@ type settleAnswer struct {
 }
 
 // startAcker starts n settle goroutines, each acking up to max items in one
-// transaction. Stop them with stop.
+// transaction, telling observe (if not nil) the size of each. Stop them with
+// stop.
 func startAcker(q *claim.Queue, n, max int, observe func(n int)) *acker {
 	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe}
 	a.wg.Add(n)

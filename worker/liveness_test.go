@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -69,10 +70,14 @@ func TestConnectionCounts(t *testing.T) {
 
 // proxied returns a pool to the test database through a proxy that the test
 // can cut.
-func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *testdb.Proxy) {
+func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	p := testdb.NewProxy(t, direct.Config().ConnString())
-	cfg, err := pgxpool.ParseConfig(p.URL())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg, err := pgxpool.ParseConfig(pu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,5 +365,54 @@ func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
 	assertExactlyOnce(t, direct, n)
 	if st := r.w.Stats(); st.SessionsLost != 0 || st.Sessions != 1 {
 		t.Errorf("stats %+v: want one session, never lost", st)
+	}
+}
+
+// A handler that runs longer than its item's lease keeps the item: the
+// worker extends the lease while it runs (here a peer reaps expired leases
+// all the time), so the item is claimed once and acked once.
+func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
+	pool := setup(t)
+	enqueue(t, pool, "default", 1, false)
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		ran.Add(1)
+		select {
+		case <-time.After(2 * time.Second): // four leases
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Claim: claim.Options{Lease: 500 * time.Millisecond}})
+	done := make(chan struct{})
+	reaped := make(chan int, 1)
+	go func() { // a peer's reaper, as often as it gets
+		n := 0
+		for {
+			select {
+			case <-done:
+				reaped <- n
+				return
+			default:
+			}
+			st, err := q.Reap(context.Background())
+			if err == nil {
+				n += st.Released
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	waitFor(t, "the item to be acked", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM results`) == 1 })
+	close(done)
+	r.Stop(t)
+	assertExactlyOnce(t, pool, 1)
+	st := r.w.Stats()
+	if n := <-reaped; n != 0 || st.Claimed != 1 || ran.Load() != 1 || st.LostClaims != 0 || st.LeasesExtended < 2 {
+		t.Errorf("reaped %d, handler ran %d times, stats %+v: want the one claim kept, extended at least twice", n, ran.Load(), st)
 	}
 }

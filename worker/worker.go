@@ -127,6 +127,8 @@ type Options struct {
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
+	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
+	// extended while a handler runs (see the package's leases).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
@@ -144,9 +146,10 @@ type Options struct {
 // and quick.
 type Observer interface {
 	// HandlerDone reports one handler run on queue: how long the handler
-	// took (not counting the ack, nack or release after it), and how the
-	// attempt ended: OutcomeAcked, OutcomeRetried, OutcomeDead,
-	// OutcomeReleased or OutcomeUnsettled.
+	// took (not counting the ack, nack or release after it; for an
+	// abandoned handler, until it was abandoned), and how the attempt
+	// ended: OutcomeAcked, OutcomeRetried, OutcomeDead, OutcomeReleased or
+	// OutcomeUnsettled.
 	HandlerDone(queue string, d time.Duration, outcome string)
 	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
 	// one per acked item, n = 1).
@@ -164,7 +167,8 @@ const (
 	// OutcomeReleased: the item was given back without counting the attempt.
 	OutcomeReleased = "released"
 	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
-	// database failure, or an ack whose outcome is unknown).
+	// the session ended while it was retried, or an ack whose outcome stayed
+	// unknown).
 	OutcomeUnsettled = "unsettled"
 )
 
@@ -232,14 +236,17 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Concurrency < 0:
 		return o, fmt.Errorf("worker: concurrency %d is negative", o.Concurrency)
+	case o.Parts < 0 || o.Parts > partition.MaxParts:
+		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
 	case o.MaxAckBatch < 0:
 		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
 	case o.Ackers < 0 || o.Ackers > maxAckers:
 		return o, fmt.Errorf("worker: Ackers %d must be between 1 and %d", o.Ackers, maxAckers)
-	case o.Parts < 0 || o.Parts > partition.MaxParts:
-		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
+	}
+	if o.Claim.Lease == 0 {
+		o.Claim.Lease = defaultLease(o)
 	}
 	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
 	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
@@ -306,6 +313,12 @@ type Stats struct {
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
+	// LeasesExtended counts lease extensions of items whose handlers ran
+	// past half their lease; Forgotten counts items released after claims
+	// whose answers were lost; Reaped counts items whose expired leases
+	// this worker's reaper released, or whose used-up attempts it moved to
+	// the dead items (any session's items).
+	LeasesExtended, Forgotten, Reaped int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
@@ -325,6 +338,8 @@ type Worker struct {
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
 	settleRetries, running                     atomic.Int64
+	extended, forgotten, reaped                atomic.Int64
+	lease                                      time.Duration // of every claim
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value                         // string
@@ -344,7 +359,7 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue))}
+	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
 	w.current.Store("")
 	return w, nil
 }
@@ -367,6 +382,7 @@ func (w *Worker) Stats() Stats {
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
+		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
@@ -384,6 +400,9 @@ func (w *Worker) Stats() Stats {
 // cannot start a session (a missing schema, bad options) the first time.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.ensureParts(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
 		return fmt.Errorf("worker: %w", err)
 	}
 	first := true
@@ -419,6 +438,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
+// ensureParts stores the part count of Options.Parts for a queue that has
+// none, and warns when the stored count differs (the stored one wins).
+func (w *Worker) ensureParts(ctx context.Context) error {
+	if w.opts.Parts == 0 {
+		return nil
+	}
+	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
+	if err != nil {
+		return err
+	}
+	if stored != w.opts.Parts {
+		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
+			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
+	}
+	return nil
+}
+
 // startSession starts a session. ctx bounds the start (a cancelled ctx
 // stops a start stuck on an unreachable database) but not the session's
 // life: a shutdown closes the session gracefully rather than losing it.
@@ -428,6 +464,19 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 	stop := context.AfterFunc(ctx, cancel)
 	sopts := w.opts.Session
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
+	if sopts.Report == nil {
+		// The session's counters ride on its heartbeats (for operators:
+		// demo status); counted from the session's start.
+		base := w.queue.Stats()
+		sopts.Report = func() session.Counters {
+			st := w.queue.Stats()
+			return session.Counters{
+				Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
+				Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
+				InFlight: w.inflight.Load(),
+			}
+		}
+	}
 	sess, err = session.Start(sctx, w.db, sopts)
 	if !stop() {
 		// ctx ended during the start: the session, if any, is already lost.
@@ -456,23 +505,6 @@ func waitBounded(done <-chan struct{}, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
-}
-
-// ensureParts stores the part count of Options.Parts for a queue that has
-// none, and warns when the stored count differs (the stored one wins).
-func (w *Worker) ensureParts(ctx context.Context) error {
-	if w.opts.Parts == 0 {
-		return nil
-	}
-	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
-	if err != nil {
-		return err
-	}
-	if stored != w.opts.Parts {
-		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
-			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
-	}
-	return nil
 }
 
 // runSession runs one session until it is lost or ctx is cancelled; on
@@ -511,9 +543,10 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		close(rebDone)
 	}
 	maintDone := make(chan struct{})
+	fl := newFlights(w.lease)
 	go func() {
 		defer close(maintDone)
-		w.maintain(sess, log)
+		w.maintain(sess, fl, log)
 	}()
 
 	var observe func(int)
@@ -527,7 +560,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, settleCtx, a, log)
+	w.claimLoop(claimCtx, sess, reb, fl, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
@@ -570,16 +603,29 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	log.Info("session ended")
 }
 
-// maintain runs the session's periodic chores on one connection at a time
-// until the session ends: deleting expired sessions (any live session may;
-// it is idempotent).
-func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
+// queueReapHeartbeats is how many heartbeats apart, on average, a session
+// runs the queue's lease reaper (claim.Queue.Reap); each interval is drawn
+// at random between half and one and a half of it, so that sessions spread
+// their reaps.
+const queueReapHeartbeats = 5
+
+// maintain runs the session's periodic chores on one connection, one at a
+// time, until the session ends: every heartbeat, extending the leases of
+// long-running handlers' items; every Session.ReapEvery (default two
+// heartbeats), deleting expired sessions; every few heartbeats, releasing
+// the queue's expired leases and moving crash-looping items to the dead
+// items (claim.Queue.Reap). Any live session may reap; both are idempotent.
+func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	ctx := sess.Context()
-	every := w.opts.Session.ReapEvery
-	if every <= 0 {
-		every = 2 * sess.Options().Heartbeat
+	hb := sess.Options().Heartbeat
+	reapEvery := w.opts.Session.ReapEvery
+	if reapEvery <= 0 {
+		reapEvery = 2 * hb
 	}
-	t := time.NewTimer(every/2 + rand.N(every+1))
+	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
+	now := time.Now()
+	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
+	t := time.NewTicker(hb)
 	defer t.Stop()
 	for {
 		select {
@@ -587,16 +633,32 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 			return
 		case <-t.C:
 		}
-		n, err := session.Reap(ctx, w.db, w.opts.Tables)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			log.Warn("reaping expired sessions failed", zap.Error(err))
-		case n > 0:
-			log.Info("reaped expired sessions", zap.Int64("count", n))
+		w.extendLeases(ctx, fl, log)
+		if now := time.Now(); !now.Before(nextReap) {
+			nextReap = now.Add(jitter(reapEvery))
+			n, err := session.Reap(ctx, w.db, w.opts.Tables)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired sessions failed", zap.Error(err))
+			case n > 0:
+				log.Info("reaped expired sessions", zap.Int64("count", n))
+			}
 		}
-		t.Reset(every/2 + rand.N(every+1))
+		if now := time.Now(); !now.Before(nextQueueReap) {
+			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
+			st, err := w.queue.Reap(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired leases failed", zap.Error(err))
+			case st.Released > 0 || st.Dead > 0:
+				w.reaped.Add(int64(st.Released + st.Dead))
+				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
+			}
+		}
 	}
 }
 
@@ -607,12 +669,23 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 // one freed, rather than for each slot as it frees: a claim then takes
 // several items, and the database runs a fraction of the claim statements,
 // at the cost of a few milliseconds of idle slots.
-func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights,
 	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
 	backlog := false
 	limitLogged := false
+	forgotten := false // a claim's outcome was unknown: release what it may have taken first
+	pause := func() bool {
+		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
 	for ctx.Err() == nil {
 		// Wait for at least one free slot.
 		select {
@@ -620,6 +693,18 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			<-slots
 		case <-ctx.Done():
 			return
+		}
+		if forgotten {
+			if err := w.releaseForgotten(ctx, sess.ID(), fl, log); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("claiming waits until it succeeds (the items' leases release them otherwise)", zap.Error(err))
+				}
+				if !pause() {
+					return
+				}
+				continue
+			}
+			forgotten = false
 		}
 		if backlog && w.opts.GatherWait > 0 && cap(slots)-len(slots) < gather {
 			w.waitFree(ctx, slots, freed, gather)
@@ -637,6 +722,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
+		claimedAt := time.Now()
 		switch {
 		case free == 0:
 		case reb != nil:
@@ -653,7 +739,13 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
 		}
+		if errors.Is(err, claim.ErrOutcomeUnknown) {
+			forgotten = true
+		}
+		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
+			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
+			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
 			handlers.Add(1)
 			w.inflight.Add(1)
@@ -671,19 +763,17 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 						reb.Done(holds[i])
 					}
 				}()
-				w.handle(handlerCtx, ctx, settleCtx, it, a, log)
+				w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+				fl.done(it.ID)
+				cancelItem(nil)
 			}()
 		}
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
 		}
-		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause() {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -706,17 +796,20 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // handle runs the handler for one item and acks, nacks or releases it
 // through the settle goroutines. claimCtx ends when the worker stops
 // claiming (shutdown or session loss).
-func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
+//
+// itemCtx is the handler's parent context: handlerCtx, also cancelled when
+// the item's claim is found lost.
+func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
 	h := w.attemptHandler
-	var took time.Duration
+	var took atomic.Int64 // the handler's duration, in nanoseconds
+	start := time.Now()
 	if w.opts.Observer != nil {
 		h = func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
-			start := time.Now()
-			defer func() { took = time.Since(start) }() // also when it panics
+			defer func() { took.Store(int64(time.Since(start))) }() // also when it panics
 			return w.handler(ctx, it)
 		}
 	}
-	res := attempt.Run(handlerCtx, w.queue, it, h, attempt.Options{
+	res := attempt.Run(itemCtx, w.queue, it, h, attempt.Options{
 		Timeout:   w.opts.ItemTimeout,
 		Grace:     w.opts.HangGrace,
 		Settle:    a,
@@ -732,7 +825,11 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 		w.timeouts.Add(1)
 	}
 	if obs := w.opts.Observer; obs != nil {
-		obs.HandlerDone(w.opts.Queue, took, outcomeNames[res.Outcome])
+		d := time.Duration(took.Load())
+		if res.Abandoned {
+			d = time.Since(start) // it has not returned
+		}
+		obs.HandlerDone(w.opts.Queue, d, outcomeNames[res.Outcome])
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)
