@@ -14,7 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -44,9 +43,9 @@ const (
 	// insertRows bounds the rows of one INSERT; copyRows those of one COPY.
 	insertRows = 5000
 	copyRows   = 50000
-	// copyMinRows is the number of items (with generated ids, or with
-	// caller-given ones) from which an enqueue streams them with COPY:
-	// below it, the INSERT (fewer round trips) is as fast.
+	// copyMinRows is the number of generated ids from which an enqueue
+	// streams them with COPY: below it, the INSERT (fewer round trips) is
+	// as fast.
 	copyMinRows = 64
 )
 
@@ -108,10 +107,10 @@ func (e Enqueued) Added() int {
 // Enqueue adds items to the queue atomically (all or none) and returns
 // their ids in order. An item whose ID is already in the queue's items table
 // is not added again (see EnqueueReport to learn which were). Many items
-// (from 64) are streamed with COPY, after one lookup of the caller-given ids
-// already present; fewer go in one multi-row INSERT … ON CONFLICT DO
-// NOTHING. A call of any size is split into statements and COPYs of at most
-// 8 MiB, in one transaction.
+// with generated ids (from 64) are streamed with COPY; caller-given ids, and
+// fewer items, go in multi-row INSERT … ON CONFLICT DO NOTHING statements. A
+// call of any size is split into statements and COPYs of at most 8 MiB, in
+// one transaction.
 //
 // If err wraps ErrOutcomeUnknown, the items may or may not have been
 // enqueued; the ids are returned all the same: enqueue the same items with
@@ -144,12 +143,12 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
-			return q.write(ctx, db, b, false, false, &res)
+			return q.write(ctx, db, b, false, &res)
 		})
 	} else {
 		err = retry.Tx(ctx, db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
 			res = b.result()
-			return q.write(ctx, tx, b, true, true, &res)
+			return q.write(ctx, tx, b, true, &res)
 		})
 	}
 	return q.finish(b, res, err, false) // retry.Do and retry.Tx classify
@@ -181,7 +180,7 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if _, isTx := db.(pgx.Tx); isTx {
 		// Nothing commits here: on error, the caller's transaction must be
 		// rolled back, and nothing is unknown.
-		if err := q.write(ctx, db, b, canCopy, false, &res); err != nil {
+		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
 			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 		}
 		q.stats.enqueued.Add(int64(res.Added()))
@@ -192,7 +191,7 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	}
 	// Neither a transaction nor a pool: the statements run one by one, and
 	// one that fails in flight leaves the outcome unknown.
-	err = q.write(ctx, db, b, false, false, &res)
+	err = q.write(ctx, db, b, false, &res)
 	return q.finish(b, res, err, true)
 }
 
@@ -374,98 +373,25 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
-// generated ids go by COPY when there are enough of them; with retried too
-// (the transaction is this package's own, run again on a serialization
-// failure), so do many caller-given ids that are not present yet.
-func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy, retried bool, res *Enqueued) error {
+// generated ids go by COPY when there are enough of them. Caller-given ids
+// always go by INSERT … ON CONFLICT DO NOTHING, which needs no lookup of the
+// ids already present (a lookup whose cached plan, on PostgreSQL, may scan
+// the table when it was made while the table was small).
+func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
 	st := q.enqueueSQL()
-	c, canCopy := db.(copier)
-	if !canCopy || !useCopy {
-		return q.insertAll(ctx, db, st, b, all(len(b.items)), res)
-	}
-	var copied []int
-	insert := b.given
-	if len(b.generated) >= copyMinRows {
-		copied = b.generated
-	} else {
-		insert = all(len(b.items))
-	}
-	if retried && len(b.given) >= copyMinRows {
-		absent, err := q.absent(ctx, db, st, b)
-		if err != nil {
+	insert := all(len(b.items))
+	if c, ok := db.(copier); ok && useCopy && len(b.generated) >= copyMinRows {
+		if err := q.copyRows(ctx, db, c, st, b, b.generated, res); err != nil {
 			return err
 		}
-		copied, insert = append(append([]int(nil), copied...), absent...), nil
-		if len(b.generated) < copyMinRows {
-			copied = append(copied, b.generated...)
-		}
+		insert = b.given
 	}
-	if len(copied) > 0 {
-		if err := q.copyRows(ctx, db, c, st, b, copied, res); err != nil {
-			var pgErr *pgconn.PgError
-			if retried && errors.As(err, &pgErr) && pgErr.Code == "23505" {
-				// A concurrent enqueue added one of the absent ids after
-				// absent looked: run the transaction again, which sees it.
-				// (PostgreSQL reports that conflict as a serialization
-				// failure itself; CockroachDB may report the duplicate key.)
-				return retryable{err}
-			}
-			return err
-		}
-	}
-	return q.insertAll(ctx, db, st, b, insert, res)
-}
-
-// retryable makes err a serialization failure for the retry helpers.
-type retryable struct{ err error }
-
-func (r retryable) Error() string    { return r.err.Error() }
-func (r retryable) Unwrap() error    { return r.err }
-func (r retryable) SQLState() string { return "40001" }
-
-// insertAll adds the items idx by INSERT, in chunks, then checks the
-// caller-given ids that were present.
-func (q *Queue) insertAll(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
-	for _, chunk := range chunks(b.items, idx, insertRows) {
+	for _, chunk := range chunks(b.items, insert, insertRows) {
 		if err := q.insertRows(ctx, db, st, b, chunk, res); err != nil {
 			return err
 		}
 	}
 	return q.checkForeign(ctx, db, st, b, res)
-}
-
-// absent returns the caller-given ids of b that are not in the items table,
-// and fails if one of them is an item of another queue.
-func (q *Queue) absent(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch) ([]int, error) {
-	ids := make([][16]byte, len(b.given))
-	for n, i := range b.given {
-		ids[n] = b.ids[i]
-	}
-	rows, err := db.Query(ctx, st.Present, ids)
-	if err != nil {
-		return nil, err
-	}
-	present := map[[16]byte]string{}
-	var id [16]byte
-	var queue string
-	_, err = pgx.ForEachRow(rows, []any{&id, &queue}, func() error {
-		present[id] = queue
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	var out []int
-	for _, i := range b.given {
-		queue, ok := present[b.ids[i]]
-		switch {
-		case !ok:
-			out = append(out, i)
-		case queue != q.opts.Queue:
-			return nil, fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
-		}
-	}
-	return out, nil
 }
 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
