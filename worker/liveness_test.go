@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -414,5 +415,56 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 	st := r.w.Stats()
 	if n := <-reaped; n != 0 || st.Claimed != 1 || ran.Load() != 1 || st.LostClaims != 0 || st.LeasesExtended < 2 {
 		t.Errorf("reaped %d, handler ran %d times, stats %+v: want the one claim kept, extended at least twice", n, ran.Load(), st)
+	}
+}
+
+// Handlers hand their results to a BatchRecord, which writes each ack
+// transaction's results in one statement: every item is recorded exactly
+// once, in far fewer statements than items; a batch that fails is retried
+// item by item, so only the item it cannot record is nacked.
+func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
+	const n = 1000
+	pool := setup(t)
+	enqueue(t, pool, "default", n, false)
+	var calls, bad atomic.Int64
+	batch := func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		calls.Add(1)
+		ids := make([]uuid.UUID, 0, len(acked))
+		sessions := make([]uuid.UUID, 0, len(acked))
+		for _, r := range acked {
+			if r.Value == "refuse" {
+				bad.Add(1)
+				return errors.New("this result cannot be recorded")
+			}
+			ids = append(ids, r.Value.(claim.Item).ID)
+			sessions = append(sessions, r.Item.Session)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id, part, owned)
+			SELECT i, s, 0, true FROM unnest($1::UUID[], $2::UUID[]) AS u(i, s)`, ids, sessions)
+		return err
+	}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		v := any(it)
+		if string(it.Payload) == "7" && it.Attempt == 1 {
+			v = "refuse"
+		}
+		return nil, worker.RecordValue(ctx, v)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: 64, BatchRecord: batch,
+		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	waitFor(t, "the queue to drain", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	assertExactlyOnce(t, pool, n)
+	st := r.w.Stats()
+	txs := count(t, pool, `SELECT count(DISTINCT tx_at) FROM results`)
+	t.Logf("%d items recorded in %d transactions, %d batch calls", n, txs, calls.Load())
+	if st.Acked != n || st.Nacked != 1 || bad.Load() < 1 {
+		t.Errorf("stats %+v, refused batches %d: want %d acks and the one refused item nacked once", st, bad.Load(), n)
+	}
+	if txs > n/2 {
+		t.Errorf("%d ack transactions for %d items: results should be written a batch at a time", txs, n)
+	}
+	if err := worker.RecordValue(context.Background(), 1); err == nil {
+		t.Error("RecordValue outside a handler accepted")
 	}
 }

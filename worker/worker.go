@@ -136,6 +136,15 @@ type Options struct {
 	Partition partition.Options
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
+	// BatchRecord, if not nil, records the results of each ack transaction
+	// in one call (one multi-row INSERT or COPY rather than one statement
+	// per item), in that transaction, after the items' own Records: it gets
+	// the requests of the items whose claims held, each with the Value its
+	// handler set with RecordValue (nil if none). Like Record, it may run
+	// more than once; only one run's writes commit. If it fails, the items
+	// of the transaction are acked again one by one (each with a batch of
+	// one), so only an item it cannot record is nacked.
+	BatchRecord claim.BatchRecord
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer
@@ -553,7 +562,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if obs := w.opts.Observer; obs != nil {
 		observe = func(n int) { obs.AckBatch(w.opts.Queue, n) }
 	}
-	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe)
+	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, w.opts.BatchRecord)
 	defer a.stop()
 	slots := make(chan struct{}, w.opts.Concurrency)
 	var handlers sync.WaitGroup
@@ -845,6 +854,19 @@ func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context
 		w.abandonedRunning.Add(-1)
 		w.running.Add(-1)
 	}()
+}
+
+// RecordValue hands v to Options.BatchRecord with the ack of the item whose
+// handler calls it (with the context the handler was given): the batch
+// record finds it in claim.AckRequest.Value and writes it with the other
+// results of the transaction in one statement. It returns an error when ctx
+// is not a handler's context. The last call before the handler returns
+// wins; a handler that fails is nacked as usual, its value dropped.
+func RecordValue(ctx context.Context, v any) error {
+	if !attempt.SetValue(ctx, v) {
+		return errors.New("worker: RecordValue outside a handler's context")
+	}
+	return nil
 }
 
 // attemptHandler is the handler as package attempt takes it.
