@@ -24,6 +24,7 @@ tables too, if no other queue has items or dead items. Refuses while live
 sessions own parts of the queue (stop the workers first).`)
 	c.register(f, urlRequired)
 	f.boolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables")
+	f.flagOnly("drop-schema")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}

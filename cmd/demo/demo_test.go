@@ -390,7 +390,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		f := newFlagSet("run", "")
 		c.common.register(f, "")
 		f.intVar(&c.items, "items", 10, 1, 100, "")
-		c.workerSettings.register(f)
+		c.workerSettings.register(f, "")
 		if err := f.parse(args, io.Discard); err != nil {
 			t.Fatal(err)
 		}

@@ -152,6 +152,7 @@ Exits 1 if the given item is not a dead item of the queue.`)
 	f.maxArgs, f.argName = 1, "[ID]"
 	c.register(f, urlRequired)
 	f.boolVar(&all, "all", false, "requeue every dead item of the queue")
+	f.flagOnly("all")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -273,6 +274,7 @@ number with --set N (safe while workers run: items in removed parts move to
 part % N, and the workers' rebalancers follow at their next poll).`)
 	c.register(f, urlRequired)
 	f.intVar(&set, "set", 0, 1, partition.MaxParts, "set the queue's number of parts")
+	f.flagOnly("set")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -295,7 +297,7 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 		return failf(1, "%v", err)
 	}
 	if c.json {
-		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.Known, "owners": s.PartOwners,
+		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.PartsStored, "owners": s.PartOwners,
 			"unowned": s.UnownedParts}
 		if f.isSet("set") {
 			m["previous"] = before
@@ -306,7 +308,7 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 	if f.isSet("set") {
 		fmt.Fprintf(&b, "queue %q: %d parts (was %d)\n", c.queue, s.NumParts, before)
 	} else {
-		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.Known])
+		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
 	}
 	writeOwners(&b, s)
 	out.printf("%s", b.String())

@@ -765,3 +765,28 @@ func TestStoredPartsWin(t *testing.T) {
 		t.Errorf("work: %v\n%s", err, log.String())
 	}
 }
+
+// TestDestructiveFlagsNotFromEnvironment: a DEMO_ALL, DEMO_SET or
+// DEMO_DROP_SCHEMA left in the environment turns nothing on.
+func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
+	url, _, pool := migrated(t)
+	makeDead(t, pool, "demo", 1)
+	env := demoEnv("DATABASE_URL="+url, "DEMO_ALL=true", "DEMO_SET=9", "DEMO_DROP_SCHEMA=true")
+	wantExit(t, demo(t, time.Minute, env, "requeue"), 2, "or --all")
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items`); n != 1 {
+		t.Errorf("DEMO_ALL requeued the dead item")
+	}
+	var p struct {
+		Parts int `json:"parts"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "parts", "--json"), &p)
+	if p.Parts == 9 {
+		t.Errorf("DEMO_SET changed the parts")
+	}
+	if r := demo(t, time.Minute, env, "cleanup", "--queue", "other"); r.code != 0 {
+		t.Fatalf("cleanup: %d %s", r.code, r.stderr)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = 'crdbwork_items'`); n != 1 {
+		t.Errorf("DEMO_DROP_SCHEMA dropped the crdbwork tables")
+	}
+}

@@ -73,6 +73,9 @@ type status struct {
 	// Known: the queue has a stored part count, items or dead items; a
 	// queue nobody has enqueued to is probably a mistyped --queue.
 	Known bool `json:"known"`
+	// PartsStored: the queue has a stored part count (else it has 1, the
+	// count of a queue nobody set up).
+	PartsStored bool `json:"parts_stored"`
 	// Paused: claims of the queue return nothing (demo pause / resume).
 	Paused bool `json:"paused"`
 	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
@@ -243,6 +246,7 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 		s.OldestDueSeconds = max(0, now.Sub(*oldest).Seconds())
 	}
 	_, hasItems := totals[queue]
+	s.PartsStored = stored
 	s.Known = stored || hasItems || s.Dead > 0
 	return s, nil
 }
@@ -278,8 +282,9 @@ func cmdStatus(ctx context.Context, name string, args []string, out *console) er
 	var interval time.Duration
 	f := newFlagSet(name, `Shows the state of --queue: its parts, backlog (unclaimed, due = unclaimed and
 past its vesting time, claimed), the age of its oldest due item and its dead
-items; the live sessions (claimed items, parts of --queue owned, a STALE mark
-for a session that has missed heartbeats and is probably dead), the parts
+items; the live sessions (items acked and handlers running as of their last
+heartbeat, items held now, parts of --queue owned, and a ! after the heartbeat
+age of a session that has missed two heartbeats and is probably dead), the parts
 nobody owns, and the backlog of every queue by part. Warns when nobody has
 enqueued to --queue (a mistyped name).
 
