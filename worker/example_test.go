@@ -100,3 +100,82 @@ func ExampleWorker_Run() {
 	// Hello, Eve!
 	// acked: 3
 }
+
+// Record results in bulk: each handler hands its result to the worker with
+// RecordValue, and Options.BatchRecord writes the results of a whole ack
+// transaction in one statement.
+func ExampleRecordValue() {
+	ctx := context.Background()
+	url, drop := testdb.ExampleURL()
+	defer drop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE lengths (word TEXT PRIMARY KEY, length INT NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	type result struct {
+		word   string
+		length int
+	}
+	handle := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		word := string(it.Payload)
+		return nil, worker.RecordValue(ctx, result{word, len(word)})
+	}
+	batch := func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		var words []string
+		var lengths []int64
+		for _, r := range acked {
+			res := r.Value.(result)
+			words, lengths = append(words, res.word), append(lengths, int64(res.length))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO lengths (word, length) SELECT * FROM unnest($1::TEXT[], $2::INT[])`, words, lengths)
+		return err
+	}
+	w, err := worker.New(pool, handle, worker.Options{
+		Queue:       "words",
+		BatchRecord: batch,
+		Poll:        20 * time.Millisecond,
+		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	words := []string{"exactly", "once", "in", "bulk"}
+	for _, word := range words {
+		if _, err := w.Queue().Enqueue(ctx, claim.NewItem{Payload: []byte(word)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(runCtx) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM lengths`).Scan(&n); err != nil {
+			log.Fatal(err)
+		}
+		if n == len(words) {
+			break
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("only %d of %d results", n, len(words))
+		}
+	}
+	stop()
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
+	var total int
+	if err := pool.QueryRow(ctx, `SELECT sum(length) FROM lengths`).Scan(&total); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("letters:", total)
+	// Output:
+	// letters: 17
+}

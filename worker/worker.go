@@ -13,6 +13,33 @@
 // Side effects outside the database cannot be made exactly-once this way:
 // a handler may run again after a crash or a lost session. Give external
 // systems the item's id as an idempotency key (and Item.Attempt if useful).
+//
+// # Every item ends
+//
+// A worker never forgets an item it holds. An ack, nack or release that
+// fails for any reason but a lost claim is retried, with capped and
+// jittered backoff, until it is settled, the claim is lost, or the session
+// ends (the session's end releases the item). A finished handler's result
+// is not thrown away by a database blip: the ack runs again (and Record
+// with it); an ack whose outcome is unknown is retried as an ack, and if the
+// retry finds the item gone its outcome stays unknown (Stats.Unknown), never
+// acked, never lost. Handler and Record panics are recovered and nacked.
+// A handler that ignores its context is abandoned ItemTimeout + HangGrace
+// after it started: its item is nacked as timed out and its slot freed
+// (MaxAbandoned bounds the goroutines left running). Every claim has a lease
+// (claim.Options.Lease, default min(ItemTimeout, 2 min) + HangGrace + 30 s),
+// extended while its handler runs but never past that bound; any session's
+// reaper releases expired leases, so an item held by a live session that
+// does not work on it comes back within its lease — and at once after a
+// claim whose answer was lost (ReleaseForgotten).
+//
+// # Connections
+//
+// A worker process uses Connections(opts) connections whatever its
+// Concurrency (5 by default, 6 in parts mode): PoolConns from its pool (one
+// for claims, one per settle goroutine, one for the maintenance loop, one
+// for the rebalancer) and one of the session's own for heartbeats, which a
+// busy pool therefore never delays. Handlers never hold a connection.
 package worker
 
 import (
@@ -128,7 +155,7 @@ type Options struct {
 	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
 	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
-	// extended while a handler runs (see the package's leases).
+	// extended while a handler runs (see "Every item ends" above).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
