@@ -81,6 +81,7 @@ const (
 	DefaultItemTimeout     = 5 * time.Minute
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultRestartDelay    = time.Second
+	DefaultStartTimeout    = 30 * time.Second
 	DefaultMaxAckBatch     = 64
 	DefaultAckers          = 2
 	DefaultGatherWait      = 5 * time.Millisecond
@@ -133,9 +134,15 @@ type Options struct {
 	// in-flight handlers (then they are cancelled), waiting for the
 	// cancelled ones and their settles, closing the session. Default 10 s.
 	ShutdownTimeout time.Duration
-	// RestartDelay is the pause before a new session after one was lost.
-	// Default 1 s.
+	// RestartDelay is the pause before a new session after one was lost,
+	// and between tries of a first start. Default 1 s.
 	RestartDelay time.Duration
+	// StartTimeout bounds how long Run keeps trying to start its first
+	// session while that fails for a transient reason (the database
+	// unreachable or restarting); then Run returns the error. A schema
+	// that is not this code's, bad options or a refused login return at
+	// once. Default 30 s.
+	StartTimeout time.Duration
 	// MaxAckBatch bounds the items acked in one transaction. Handlers that
 	// finish while an ack transaction commits are acked together in the
 	// next (group commit; see claim.Queue.AckEach), which costs no waiting
@@ -221,7 +228,7 @@ func (o Options) withDefaults() (Options, error) {
 		name string
 		v    time.Duration
 	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
-		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}} {
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout}} {
 		if d.v > MaxDuration {
 			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
 		}
@@ -254,6 +261,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.RestartDelay == 0 {
 		o.RestartDelay = DefaultRestartDelay
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
 	}
 	if o.MaxAckBatch == 0 {
 		o.MaxAckBatch = DefaultMaxAckBatch
@@ -433,13 +443,43 @@ func (w *Worker) Stats() Stats {
 // the database is unreachable. When a session is lost, in-flight handlers
 // see their context cancelled and Run starts a new session after
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
-// cannot start a session (a missing schema, bad options) the first time.
+// cannot start its first session: at once for a schema that is not this
+// code's or bad options, after StartTimeout for a database it cannot reach.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := w.ensureParts(ctx); err != nil {
+	began := time.Now()
+	// retryStart reports whether a failed start may be tried again: not for
+	// a schema that is not this code's or bad options, and before the
+	// first session only for a transient failure within StartTimeout.
+	retryStart := func(err error, first bool) bool {
+		switch {
+		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer):
+			return false
+		case !first:
+			return true
+		}
+		return attempt.Transient(err) && time.Since(began) < w.opts.StartTimeout
+	}
+	pause := func() {
+		t := time.NewTimer(w.opts.RestartDelay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	for {
+		err := w.ensureParts(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		return fmt.Errorf("worker: %w", err)
+		if !retryStart(err, true) {
+			return fmt.Errorf("worker: %w", err)
+		}
+		w.log.Warn("reaching the database failed; retrying", zap.Error(err))
+		pause()
 	}
 	first := true
 	for ctx.Err() == nil {
@@ -448,7 +488,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			if first || errors.Is(err, crsql.ErrSchemaMissing) {
+			if !retryStart(err, first) {
 				return fmt.Errorf("worker: %w", err)
 			}
 			w.log.Warn("starting a session failed; retrying", zap.Error(err))
@@ -464,12 +504,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.lost.Add(1)
 		}
-		t := time.NewTimer(w.opts.RestartDelay)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		pause()
 	}
 	return nil
 }
