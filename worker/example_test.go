@@ -22,16 +22,8 @@ import (
 // example stops the worker once every item has a result.
 func ExampleWorker_Run() {
 	ctx := context.Background()
-	url, drop := testdb.ExampleURL()
-	defer drop()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		log.Fatal(err)
-	}
+	pool, done := examplePool(ctx)
+	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE greetings (name TEXT PRIMARY KEY, greeting TEXT NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
@@ -60,27 +52,9 @@ func ExampleWorker_Run() {
 		}
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- w.Run(runCtx) }()
-
-	// Wait until every item has its result, then stop the worker gracefully.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM greetings`).Scan(&n); err != nil {
-			log.Fatal(err)
-		}
-		if n == len(names) {
-			break
-		}
-		if time.Now().After(deadline) {
-			log.Fatalf("only %d of %d results", n, len(names))
-		}
-	}
-	stop()
-	if err := <-ran; err != nil {
-		log.Fatal(err)
-	}
+	// Run the worker until every item has its result, then stop it
+	// gracefully.
+	runUntil(ctx, w, pool, `SELECT count(*) FROM greetings`, len(names))
 
 	rows, err := pool.Query(ctx, `SELECT greeting FROM greetings ORDER BY name`)
 	if err != nil {
@@ -106,16 +80,8 @@ func ExampleWorker_Run() {
 // transaction in one statement.
 func ExampleRecordValue() {
 	ctx := context.Background()
-	url, drop := testdb.ExampleURL()
-	defer drop()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		log.Fatal(err)
-	}
+	pool, done := examplePool(ctx)
+	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE lengths (word TEXT PRIMARY KEY, length INT NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
@@ -152,25 +118,7 @@ func ExampleRecordValue() {
 			log.Fatal(err)
 		}
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- w.Run(runCtx) }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM lengths`).Scan(&n); err != nil {
-			log.Fatal(err)
-		}
-		if n == len(words) {
-			break
-		}
-		if time.Now().After(deadline) {
-			log.Fatalf("only %d of %d results", n, len(words))
-		}
-	}
-	stop()
-	if err := <-ran; err != nil {
-		log.Fatal(err)
-	}
+	runUntil(ctx, w, pool, `SELECT count(*) FROM lengths`, len(words))
 	var total int
 	if err := pool.QueryRow(ctx, `SELECT sum(length) FROM lengths`).Scan(&total); err != nil {
 		log.Fatal(err)
@@ -178,4 +126,45 @@ func ExampleRecordValue() {
 	fmt.Println("letters:", total)
 	// Output:
 	// letters: 17
+}
+
+// examplePool returns a pool on a fresh database with the crdbwork schema,
+// and a function that closes it and drops the database.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	url, drop := testdb.ExampleURL()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		drop()
+		log.Fatal(err)
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		pool.Close()
+		drop()
+		log.Fatal(err)
+	}
+	return pool, func() { pool.Close(); drop() }
+}
+
+// runUntil runs w until query counts want rows (at most 10 s), then stops
+// it gracefully.
+func runUntil(ctx context.Context, w *worker.Worker, pool *pgxpool.Pool, query string, want int) {
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(runCtx) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
+			log.Fatal(err)
+		}
+		if n == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("only %d of %d results", n, want)
+		}
+	}
+	stop()
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
 }
