@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -188,8 +189,12 @@ func TestCrashedSessionIsReapedByPeer(t *testing.T) {
 func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
 	direct := setup(t)
 	ctx := context.Background()
-	p := testdb.NewProxy(t, direct.Config().ConnString())
-	pool, err := pgxpool.New(ctx, p.URL())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	pool, err := pgxpool.New(ctx, pu)
 	if err != nil {
 		t.Fatal(err)
 	}

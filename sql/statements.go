@@ -2,7 +2,6 @@ package sql
 
 import (
 	"fmt"
-	"strings"
 )
 
 // Statements holds every statement of packages session, partition and claim,
@@ -28,14 +27,12 @@ type Statements struct {
 	OwnedParts       string // $1 session, $2 queue → part
 	PartOwners       string // $1 queue → session_id, part
 	DropPartsAbove   string // $1 queue, $2 num_parts: deletes part rows >= num_parts
-	MovePartsAbove   string // $1 queue, $2 num_parts: moves items of parts >= num_parts
 
 	// Items. Every statement that writes a claim writes all three claim
 	// columns (claim, claim_queue, claim_part): the foreign keys' cascades run
 	// first in, first out, so deleting a session nulls claim through the
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
-	Enqueue    string // prefix; see EnqueueRows
 	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
 	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
 	// The PostgreSQL twins of ClaimAny, ClaimParts, ReapLeases, AckMany and
@@ -62,7 +59,6 @@ type Statements struct {
 	Backlog         string // → queue, part, unclaimed, vested, claimed
 	DeadCount       string // $1 queue → count
 	ItemColumns     string
-	enqueueTemplate string
 }
 
 // itemColumns are the columns every claim statement returns, in order.
@@ -204,8 +200,6 @@ ON CONFLICT DO NOTHING`),
 		OwnedParts:     r(`SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
-		MovePartsAbove: r(`UPDATE crdbwork_items SET part = part % $2, claim_queue = NULL, claim_part = NULL
-WHERE queue = $1 AND part >= $2`),
 
 		ClaimAny:           r(fmt.Sprintf(claimTemplate, "", anyPart, joinPicked)),
 		ClaimParts:         r(fmt.Sprintf(claimTemplate, inParts, partClaim, joinPicked)),
@@ -285,31 +279,5 @@ RETURNING id`),
 FROM crdbwork_items GROUP BY queue, part ORDER BY queue, part`),
 		DeadCount:   r(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`),
 		ItemColumns: itemColumns,
-		enqueueTemplate: r(`INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata)
-SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond', v.m, v.b, v.meta
-FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts) AS n,
-     (VALUES %s) AS v (id, h, k, p, d, m, b, meta)`),
 	}
-}
-
-// EnqueueParams is the number of parameters each row of EnqueueRows takes.
-const EnqueueParams = 8
-
-// EnqueueRows returns the statement that inserts rows items into queue $1.
-// Row i takes parameters 2+8i .. 9+8i: id, key hash (non-negative), key,
-// priority, delay (µs), max attempts, payload, metadata. Each item's part is
-// its key hash modulo the queue's number of parts, read in the same statement
-// so that every producer agrees with the database.
-func (s *Statements) EnqueueRows(rows int) string {
-	var b strings.Builder
-	for i := range rows {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		p := 2 + EnqueueParams*i
-		fmt.Fprintf(&b, "($%d::UUID, $%d::BIGINT, $%d::TEXT, $%d::BIGINT, $%d::BIGINT, $%d::BIGINT, $%d::BYTEA, $%d::BYTEA)",
-			p, p+1, p+2, p+3, p+4, p+5, p+6, p+7)
-	}
-	return strings.Replace(s.enqueueTemplate, "%s", b.String(), 1)
 }

@@ -10,10 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -69,10 +73,14 @@ func TestConnectionCounts(t *testing.T) {
 
 // proxied returns a pool to the test database through a proxy that the test
 // can cut.
-func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *testdb.Proxy) {
+func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	p := testdb.NewProxy(t, direct.Config().ConnString())
-	cfg, err := pgxpool.ParseConfig(p.URL())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg, err := pgxpool.ParseConfig(pu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,5 +368,139 @@ func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
 	assertExactlyOnce(t, direct, n)
 	if st := r.w.Stats(); st.SessionsLost != 0 || st.Sessions != 1 {
 		t.Errorf("stats %+v: want one session, never lost", st)
+	}
+}
+
+// A handler that runs longer than its item's lease keeps the item: the
+// worker extends the lease while it runs (here a peer reaps expired leases
+// all the time), so the item is claimed once and acked once.
+func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
+	pool := setup(t)
+	enqueue(t, pool, "default", 1, false)
+	q, err := claim.New(pool, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		ran.Add(1)
+		select {
+		case <-time.After(2 * time.Second): // four leases
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return recordHandler(0)(ctx, it)
+	}
+	r := start(t, pool, h, worker.Options{Claim: claim.Options{Lease: 500 * time.Millisecond}})
+	done := make(chan struct{})
+	reaped := make(chan int, 1)
+	go func() { // a peer's reaper, as often as it gets
+		n := 0
+		for {
+			select {
+			case <-done:
+				reaped <- n
+				return
+			default:
+			}
+			st, err := q.Reap(context.Background())
+			if err == nil {
+				n += st.Released
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	waitFor(t, "the item to be acked", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM results`) == 1 })
+	close(done)
+	r.Stop(t)
+	assertExactlyOnce(t, pool, 1)
+	st := r.w.Stats()
+	if n := <-reaped; n != 0 || st.Claimed != 1 || ran.Load() != 1 || st.LostClaims != 0 || st.LeasesExtended < 2 {
+		t.Errorf("reaped %d, handler ran %d times, stats %+v: want the one claim kept, extended at least twice", n, ran.Load(), st)
+	}
+}
+
+// Handlers hand their results to a BatchRecord, which writes each ack
+// transaction's results in one statement: every item is recorded exactly
+// once, in far fewer statements than items; a batch that fails is retried
+// item by item, so only the item it cannot record is nacked.
+func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
+	const n = 1000
+	pool := setup(t)
+	enqueue(t, pool, "default", n, false)
+	var calls, bad atomic.Int64
+	batch := func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		calls.Add(1)
+		ids := make([]uuid.UUID, 0, len(acked))
+		sessions := make([]uuid.UUID, 0, len(acked))
+		for _, r := range acked {
+			if r.Value == "refuse" {
+				bad.Add(1)
+				return errors.New("this result cannot be recorded")
+			}
+			ids = append(ids, r.Value.(claim.Item).ID)
+			sessions = append(sessions, r.Item.Session)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id, part, owned)
+			SELECT i, s, 0, true FROM unnest($1::UUID[], $2::UUID[]) AS u(i, s)`, ids, sessions)
+		return err
+	}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		v := any(it)
+		if string(it.Payload) == "7" && it.Attempt == 1 {
+			v = "refuse"
+		}
+		return nil, worker.RecordValue(ctx, v)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: 64, BatchRecord: batch,
+		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	waitFor(t, "the queue to drain", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	assertExactlyOnce(t, pool, n)
+	st := r.w.Stats()
+	txs := count(t, pool, `SELECT count(DISTINCT tx_at) FROM results`)
+	t.Logf("%d items recorded in %d transactions, %d batch calls", n, txs, calls.Load())
+	if st.Acked != n || st.Nacked != 1 || bad.Load() < 1 {
+		t.Errorf("stats %+v, refused batches %d: want %d acks and the one refused item nacked once", st, bad.Load(), n)
+	}
+	if txs > n/2 {
+		t.Errorf("%d ack transactions for %d items: results should be written a batch at a time", txs, n)
+	}
+	if err := worker.RecordValue(context.Background(), 1); err == nil {
+		t.Error("RecordValue outside a handler accepted")
+	}
+}
+
+// A database that cannot be reached when Run starts (here: a proxy that
+// refuses connections) is retried within StartTimeout; once it is back the
+// worker works. Past StartTimeout, Run returns the error.
+func TestFirstStartWaitsForTheDatabase(t *testing.T) {
+	direct := setup(t)
+	enqueue(t, direct, "default", 1, false)
+	pool, p := proxied(t, direct, 0)
+	p.Cut()
+	core, logs := observer.New(zap.WarnLevel)
+	r := start(t, pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: time.Minute, Logger: zap.New(core)})
+	waitFor(t, "a failed start to be retried", time.Minute, func() bool {
+		return logs.FilterMessageSnippet("retrying").Len() > 0
+	})
+	p.Restore()
+	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, direct, `SELECT count(*) FROM results`) == 1 })
+	r.Stop(t)
+
+	p.Cut()
+	w, err := worker.New(pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil without ever reaching the database")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run kept trying past its StartTimeout")
 	}
 }

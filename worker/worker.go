@@ -13,6 +13,33 @@
 // Side effects outside the database cannot be made exactly-once this way:
 // a handler may run again after a crash or a lost session. Give external
 // systems the item's id as an idempotency key (and Item.Attempt if useful).
+//
+// # Every item ends
+//
+// A worker never forgets an item it holds. An ack, nack or release that
+// fails for any reason but a lost claim is retried, with capped and
+// jittered backoff, until it is settled, the claim is lost, or the session
+// ends (the session's end releases the item). A finished handler's result
+// is not thrown away by a database blip: the ack runs again (and Record
+// with it); an ack whose outcome is unknown is retried as an ack, and if the
+// retry finds the item gone its outcome stays unknown (Stats.Unknown), never
+// acked, never lost. Handler and Record panics are recovered and nacked.
+// A handler that ignores its context is abandoned ItemTimeout + HangGrace
+// after it started: its item is nacked as timed out and its slot freed
+// (MaxAbandoned bounds the goroutines left running). Every claim has a lease
+// (claim.Options.Lease, default min(ItemTimeout, 2 min) + HangGrace + 30 s),
+// extended while its handler runs but never past that bound; any session's
+// reaper releases expired leases, so an item held by a live session that
+// does not work on it comes back within its lease — and at once after a
+// claim whose answer was lost (ReleaseForgotten).
+//
+// # Connections
+//
+// A worker process uses Connections(opts) connections whatever its
+// Concurrency (5 by default, 6 in parts mode): PoolConns from its pool (one
+// for claims, one per settle goroutine, one for the maintenance loop, one
+// for the rebalancer) and one of the session's own for heartbeats, which a
+// busy pool therefore never delays. Handlers never hold a connection.
 package worker
 
 import (
@@ -54,6 +81,7 @@ const (
 	DefaultItemTimeout     = 5 * time.Minute
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultRestartDelay    = time.Second
+	DefaultStartTimeout    = 30 * time.Second
 	DefaultMaxAckBatch     = 64
 	DefaultAckers          = 2
 	DefaultGatherWait      = 5 * time.Millisecond
@@ -106,9 +134,15 @@ type Options struct {
 	// in-flight handlers (then they are cancelled), waiting for the
 	// cancelled ones and their settles, closing the session. Default 10 s.
 	ShutdownTimeout time.Duration
-	// RestartDelay is the pause before a new session after one was lost.
-	// Default 1 s.
+	// RestartDelay is the pause before a new session after one was lost,
+	// and between tries of a first start. Default 1 s.
 	RestartDelay time.Duration
+	// StartTimeout bounds how long Run keeps trying to start its first
+	// session while that fails for a transient reason (the database
+	// unreachable or restarting); then Run returns the error. A schema
+	// that is not this code's, bad options or a refused login return at
+	// once. Default 30 s.
+	StartTimeout time.Duration
 	// MaxAckBatch bounds the items acked in one transaction. Handlers that
 	// finish while an ack transaction commits are acked together in the
 	// next (group commit; see claim.Queue.AckEach), which costs no waiting
@@ -127,6 +161,8 @@ type Options struct {
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
+	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
+	// extended while a handler runs (see "Every item ends" above).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
@@ -134,6 +170,15 @@ type Options struct {
 	Partition partition.Options
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
+	// BatchRecord, if not nil, records the results of each ack transaction
+	// in one call (one multi-row INSERT or COPY rather than one statement
+	// per item), in that transaction, after the items' own Records: it gets
+	// the requests of the items whose claims held, each with the Value its
+	// handler set with RecordValue (nil if none). Like Record, it may run
+	// more than once; only one run's writes commit. If it fails, the items
+	// of the transaction are acked again one by one (each with a batch of
+	// one), so only an item it cannot record is nacked.
+	BatchRecord claim.BatchRecord
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer
@@ -144,9 +189,10 @@ type Options struct {
 // and quick.
 type Observer interface {
 	// HandlerDone reports one handler run on queue: how long the handler
-	// took (not counting the ack, nack or release after it), and how the
-	// attempt ended: OutcomeAcked, OutcomeRetried, OutcomeDead,
-	// OutcomeReleased or OutcomeUnsettled.
+	// took (not counting the ack, nack or release after it; for an
+	// abandoned handler, until it was abandoned), and how the attempt
+	// ended: OutcomeAcked, OutcomeRetried, OutcomeDead, OutcomeReleased or
+	// OutcomeUnsettled.
 	HandlerDone(queue string, d time.Duration, outcome string)
 	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
 	// one per acked item, n = 1).
@@ -164,7 +210,8 @@ const (
 	// OutcomeReleased: the item was given back without counting the attempt.
 	OutcomeReleased = "released"
 	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
-	// database failure, or an ack whose outcome is unknown).
+	// the session ended while it was retried, or an ack whose outcome stayed
+	// unknown).
 	OutcomeUnsettled = "unsettled"
 )
 
@@ -181,7 +228,7 @@ func (o Options) withDefaults() (Options, error) {
 		name string
 		v    time.Duration
 	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
-		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}} {
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout}} {
 		if d.v > MaxDuration {
 			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
 		}
@@ -215,6 +262,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.RestartDelay == 0 {
 		o.RestartDelay = DefaultRestartDelay
 	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
+	}
 	if o.MaxAckBatch == 0 {
 		o.MaxAckBatch = DefaultMaxAckBatch
 	}
@@ -232,14 +282,17 @@ func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Concurrency < 0:
 		return o, fmt.Errorf("worker: concurrency %d is negative", o.Concurrency)
+	case o.Parts < 0 || o.Parts > partition.MaxParts:
+		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
 	case o.MaxAckBatch < 0:
 		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
 	case o.Ackers < 0 || o.Ackers > maxAckers:
 		return o, fmt.Errorf("worker: Ackers %d must be between 1 and %d", o.Ackers, maxAckers)
-	case o.Parts < 0 || o.Parts > partition.MaxParts:
-		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
+	}
+	if o.Claim.Lease == 0 {
+		o.Claim.Lease = defaultLease(o)
 	}
 	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
 	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
@@ -306,6 +359,12 @@ type Stats struct {
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
+	// LeasesExtended counts lease extensions of items whose handlers ran
+	// past half their lease; Forgotten counts items released after claims
+	// whose answers were lost; Reaped counts items whose expired leases
+	// this worker's reaper released, or whose used-up attempts it moved to
+	// the dead items (any session's items).
+	LeasesExtended, Forgotten, Reaped int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
 	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
@@ -325,6 +384,8 @@ type Worker struct {
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
 	settleRetries, running                     atomic.Int64
+	extended, forgotten, reaped                atomic.Int64
+	lease                                      time.Duration // of every claim
 	partsAcquired, partsReleased               atomic.Int64
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value                         // string
@@ -344,7 +405,7 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue))}
+	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
 	w.current.Store("")
 	return w, nil
 }
@@ -367,6 +428,7 @@ func (w *Worker) Stats() Stats {
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
+		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
@@ -381,10 +443,43 @@ func (w *Worker) Stats() Stats {
 // the database is unreachable. When a session is lost, in-flight handlers
 // see their context cancelled and Run starts a new session after
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
-// cannot start a session (a missing schema, bad options) the first time.
+// cannot start its first session: at once for a schema that is not this
+// code's or bad options, after StartTimeout for a database it cannot reach.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := w.ensureParts(ctx); err != nil {
-		return fmt.Errorf("worker: %w", err)
+	began := time.Now()
+	// retryStart reports whether a failed start may be tried again: not for
+	// a schema that is not this code's or bad options, and before the
+	// first session only for a transient failure within StartTimeout.
+	retryStart := func(err error, first bool) bool {
+		switch {
+		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer):
+			return false
+		case !first:
+			return true
+		}
+		return attempt.Transient(err) && time.Since(began) < w.opts.StartTimeout
+	}
+	pause := func() {
+		t := time.NewTimer(w.opts.RestartDelay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	for {
+		err := w.ensureParts(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		if !retryStart(err, true) {
+			return fmt.Errorf("worker: %w", err)
+		}
+		w.log.Warn("reaching the database failed; retrying", zap.Error(err))
+		pause()
 	}
 	first := true
 	for ctx.Err() == nil {
@@ -393,7 +488,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			if first || errors.Is(err, crsql.ErrSchemaMissing) {
+			if !retryStart(err, first) {
 				return fmt.Errorf("worker: %w", err)
 			}
 			w.log.Warn("starting a session failed; retrying", zap.Error(err))
@@ -409,12 +504,24 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.lost.Add(1)
 		}
-		t := time.NewTimer(w.opts.RestartDelay)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		pause()
+	}
+	return nil
+}
+
+// ensureParts stores the part count of Options.Parts for a queue that has
+// none, and warns when the stored count differs (the stored one wins).
+func (w *Worker) ensureParts(ctx context.Context) error {
+	if w.opts.Parts == 0 {
+		return nil
+	}
+	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
+	if err != nil {
+		return err
+	}
+	if stored != w.opts.Parts {
+		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
+			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
 	}
 	return nil
 }
@@ -428,6 +535,19 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 	stop := context.AfterFunc(ctx, cancel)
 	sopts := w.opts.Session
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
+	if sopts.Report == nil {
+		// The session's counters ride on its heartbeats (for operators:
+		// demo status); counted from the session's start.
+		base := w.queue.Stats()
+		sopts.Report = func() session.Counters {
+			st := w.queue.Stats()
+			return session.Counters{
+				Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
+				Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
+				InFlight: w.inflight.Load(),
+			}
+		}
+	}
 	sess, err = session.Start(sctx, w.db, sopts)
 	if !stop() {
 		// ctx ended during the start: the session, if any, is already lost.
@@ -456,23 +576,6 @@ func waitBounded(done <-chan struct{}, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
-}
-
-// ensureParts stores the part count of Options.Parts for a queue that has
-// none, and warns when the stored count differs (the stored one wins).
-func (w *Worker) ensureParts(ctx context.Context) error {
-	if w.opts.Parts == 0 {
-		return nil
-	}
-	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
-	if err != nil {
-		return err
-	}
-	if stored != w.opts.Parts {
-		w.log.Warn("the queue has a different stored number of parts, which wins; change it with partition.SetParts",
-			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
-	}
-	return nil
 }
 
 // runSession runs one session until it is lost or ctx is cancelled; on
@@ -511,23 +614,24 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		close(rebDone)
 	}
 	maintDone := make(chan struct{})
+	fl := newFlights(w.lease)
 	go func() {
 		defer close(maintDone)
-		w.maintain(sess, log)
+		w.maintain(sess, fl, log)
 	}()
 
 	var observe func(int)
 	if obs := w.opts.Observer; obs != nil {
 		observe = func(n int) { obs.AckBatch(w.opts.Queue, n) }
 	}
-	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe)
+	a := startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, w.opts.BatchRecord)
 	defer a.stop()
 	slots := make(chan struct{}, w.opts.Concurrency)
 	var handlers sync.WaitGroup
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, slots, &handlers, handlerCtx, settleCtx, a, log)
+	w.claimLoop(claimCtx, sess, reb, fl, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
@@ -570,16 +674,30 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	log.Info("session ended")
 }
 
-// maintain runs the session's periodic chores on one connection at a time
-// until the session ends: deleting expired sessions (any live session may;
-// it is idempotent).
-func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
+// queueReapHeartbeats is how many heartbeats apart, on average, a session
+// runs the queue's lease reaper (claim.Queue.Reap); each interval is drawn
+// at random between half and one and a half of it, so that sessions spread
+// their reaps.
+const queueReapHeartbeats = 5
+
+// maintain runs the session's periodic chores on one connection, one at a
+// time, until the session ends: every heartbeat, extending the leases of
+// long-running handlers' items; every Session.ReapEvery (default two
+// heartbeats), deleting expired sessions; every few heartbeats, releasing
+// the queue's expired leases and moving crash-looping items to the dead
+// items (claim.Queue.Reap). A reap that fails is tried again at the next
+// heartbeat. Any live session may reap; both are idempotent.
+func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	ctx := sess.Context()
-	every := w.opts.Session.ReapEvery
-	if every <= 0 {
-		every = 2 * sess.Options().Heartbeat
+	hb := sess.Options().Heartbeat
+	reapEvery := w.opts.Session.ReapEvery
+	if reapEvery <= 0 {
+		reapEvery = 2 * hb
 	}
-	t := time.NewTimer(every/2 + rand.N(every+1))
+	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
+	now := time.Now()
+	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
+	t := time.NewTicker(hb)
 	defer t.Stop()
 	for {
 		select {
@@ -587,16 +705,36 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 			return
 		case <-t.C:
 		}
-		n, err := session.Reap(ctx, w.db, w.opts.Tables)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			log.Warn("reaping expired sessions failed", zap.Error(err))
-		case n > 0:
-			log.Info("reaped expired sessions", zap.Int64("count", n))
+		w.extendLeases(ctx, fl, log)
+		if now := time.Now(); !now.Before(nextReap) {
+			nextReap = now.Add(jitter(reapEvery))
+			n, err := session.Reap(ctx, w.db, w.opts.Tables)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired sessions failed", zap.Error(err))
+				nextReap = time.Now().Add(hb) // the database may be back by the next heartbeat
+			case n > 0:
+				log.Info("reaped expired sessions", zap.Int64("count", n))
+			}
 		}
-		t.Reset(every/2 + rand.N(every+1))
+		if now := time.Now(); !now.Before(nextQueueReap) {
+			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
+			st, err := w.queue.Reap(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				log.Warn("reaping expired leases failed", zap.Error(err))
+				// Leases may have expired during the failure: try again at
+				// the next heartbeat rather than a full interval later.
+				nextQueueReap = time.Now().Add(hb)
+			case st.Released > 0 || st.Dead > 0:
+				w.reaped.Add(int64(st.Released + st.Dead))
+				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
+			}
+		}
 	}
 }
 
@@ -607,12 +745,23 @@ func (w *Worker) maintain(sess *session.Session, log *zap.Logger) {
 // one freed, rather than for each slot as it frees: a claim then takes
 // several items, and the database runs a fraction of the claim statements,
 // at the cost of a few milliseconds of idle slots.
-func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer,
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights,
 	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
 	backlog := false
 	limitLogged := false
+	forgotten := false // a claim's outcome was unknown: release what it may have taken first
+	pause := func() bool {
+		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
 	for ctx.Err() == nil {
 		// Wait for at least one free slot.
 		select {
@@ -620,6 +769,18 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			<-slots
 		case <-ctx.Done():
 			return
+		}
+		if forgotten {
+			if err := w.releaseForgotten(ctx, sess.ID(), fl, log); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("claiming waits until it succeeds (the items' leases release them otherwise)", zap.Error(err))
+				}
+				if !pause() {
+					return
+				}
+				continue
+			}
+			forgotten = false
 		}
 		if backlog && w.opts.GatherWait > 0 && cap(slots)-len(slots) < gather {
 			w.waitFree(ctx, slots, freed, gather)
@@ -637,6 +798,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
+		claimedAt := time.Now()
 		switch {
 		case free == 0:
 		case reb != nil:
@@ -653,7 +815,13 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
 		}
+		if errors.Is(err, claim.ErrOutcomeUnknown) {
+			forgotten = true
+		}
+		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
+			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
+			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
 			handlers.Add(1)
 			w.inflight.Add(1)
@@ -671,19 +839,17 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 						reb.Done(holds[i])
 					}
 				}()
-				w.handle(handlerCtx, ctx, settleCtx, it, a, log)
+				w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+				fl.done(it.ID)
+				cancelItem(nil)
 			}()
 		}
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
 		}
-		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pause() {
 			return
-		case <-t.C:
 		}
 	}
 }
@@ -706,17 +872,20 @@ func (w *Worker) waitFree(ctx context.Context, slots, freed chan struct{}, n int
 // handle runs the handler for one item and acks, nacks or releases it
 // through the settle goroutines. claimCtx ends when the worker stops
 // claiming (shutdown or session loss).
-func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
+//
+// itemCtx is the handler's parent context: handlerCtx, also cancelled when
+// the item's claim is found lost.
+func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
 	h := w.attemptHandler
-	var took time.Duration
+	var took atomic.Int64 // the handler's duration, in nanoseconds
+	start := time.Now()
 	if w.opts.Observer != nil {
 		h = func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
-			start := time.Now()
-			defer func() { took = time.Since(start) }() // also when it panics
+			defer func() { took.Store(int64(time.Since(start))) }() // also when it panics
 			return w.handler(ctx, it)
 		}
 	}
-	res := attempt.Run(handlerCtx, w.queue, it, h, attempt.Options{
+	res := attempt.Run(itemCtx, w.queue, it, h, attempt.Options{
 		Timeout:   w.opts.ItemTimeout,
 		Grace:     w.opts.HangGrace,
 		Settle:    a,
@@ -732,7 +901,11 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 		w.timeouts.Add(1)
 	}
 	if obs := w.opts.Observer; obs != nil {
-		obs.HandlerDone(w.opts.Queue, took, outcomeNames[res.Outcome])
+		d := time.Duration(took.Load())
+		if res.Abandoned {
+			d = time.Since(start) // it has not returned
+		}
+		obs.HandlerDone(w.opts.Queue, d, outcomeNames[res.Outcome])
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)
@@ -748,6 +921,19 @@ func (w *Worker) handle(handlerCtx, claimCtx, settleCtx context.Context, it clai
 		w.abandonedRunning.Add(-1)
 		w.running.Add(-1)
 	}()
+}
+
+// RecordValue hands v to Options.BatchRecord with the ack of the item whose
+// handler calls it (with the context the handler was given): the batch
+// record finds it in claim.AckRequest.Value and writes it with the other
+// results of the transaction in one statement. It returns an error when ctx
+// is not a handler's context. The last call before the handler returns
+// wins; a handler that fails is nacked as usual, its value dropped.
+func RecordValue(ctx context.Context, v any) error {
+	if !attempt.SetValue(ctx, v) {
+		return errors.New("worker: RecordValue outside a handler's context")
+	}
+	return nil
 }
 
 // attemptHandler is the handler as package attempt takes it.

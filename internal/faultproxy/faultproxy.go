@@ -4,6 +4,9 @@
 //
 //   - Cut drops every connection and refuses new ones until Restore: what a
 //     client sees when the server or the network to it goes away.
+//   - Stall holds every answer of the server, on open and new connections,
+//     until Restore (or Cut): a partition where nothing fails and nothing
+//     answers.
 //   - Rules act on the statement a client sends, matched by its SQL text
 //     (simple and extended protocol, prepared statements included): drop the
 //     connection before the statement reaches the server (it never runs),
@@ -80,12 +83,14 @@ type Proxy struct {
 	l      net.Listener
 	target string
 
-	mu     sync.Mutex
-	down   bool
-	closed bool
-	conns  map[*conn]struct{}
-	rules  []*armed
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	flowing *sync.Cond // broadcast when a stall ends, or a cut or Close ends the connections
+	down    bool
+	stalled bool
+	closed  bool
+	conns   map[*conn]struct{}
+	rules   []*armed
+	wg      sync.WaitGroup
 
 	fired atomic.Int64
 }
@@ -104,6 +109,7 @@ func New(target string) (*Proxy, error) {
 		return nil, fmt.Errorf("faultproxy: %w", err)
 	}
 	p := &Proxy{l: l, target: target, conns: map[*conn]struct{}{}}
+	p.flowing = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -160,16 +166,27 @@ func (p *Proxy) Cut() {
 	for c := range p.conns {
 		conns = append(conns, c)
 	}
+	p.flowing.Broadcast()
 	p.mu.Unlock()
 	for _, c := range conns {
 		c.close()
 	}
 }
 
-// Restore accepts connections again after Cut.
+// Stall holds the server's answers on every connection, open or new, until
+// Restore or Cut: clients wait, nothing fails.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stalled = true
+	p.mu.Unlock()
+}
+
+// Restore accepts connections again after Cut, and lets answers through
+// again after Stall.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
-	p.down = false
+	p.down, p.stalled = false, false
+	p.flowing.Broadcast()
 	p.mu.Unlock()
 }
 
@@ -258,6 +275,11 @@ func (p *Proxy) fromServer(c *conn) {
 			if c.dropAnswer.Load() {
 				return
 			}
+			p.mu.Lock()
+			for p.stalled && !p.down && !p.closed {
+				p.flowing.Wait()
+			}
+			p.mu.Unlock()
 			if _, werr := c.client.Write(buf[:n]); werr != nil {
 				return
 			}
