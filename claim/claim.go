@@ -54,7 +54,7 @@ type Item struct {
 // Options.Lease. A paused queue yields no items, and neither do items whose
 // attempts are used up (Reap moves them to the dead items).
 //
-// The claim runs in its own transaction (see Queue.ready for its isolation).
+// The claim commits by itself (in its own transaction; see Queue.ready).
 // If its outcome is
 // unknown (the error wraps ErrOutcomeUnknown), items may be claimed for
 // session without the caller knowing them: call ReleaseForgotten with the
@@ -88,18 +88,24 @@ func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n in
 	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
 	var items []Item
 	e := q.engine.Load()
-	stmt := e.claimAny
+	stmt := e.st.ClaimAny
 	if inParts {
-		stmt = e.claimParts
+		stmt = e.st.ClaimParts
 	}
-	err := retry.TxWith(ctx, q.db, pgx.TxOptions{IsoLevel: e.claimIso}, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, stmt, args...)
+	run := func(ctx context.Context, db crsql.DB) error {
+		rows, err := db.Query(ctx, stmt, args...)
 		if err != nil {
 			return err
 		}
 		items, err = scanItems(rows, session)
 		return err
-	})
+	}
+	var err error
+	if e.claimInTx {
+		err = retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error { return run(ctx, tx) })
+	} else {
+		err = retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error { return run(ctx, q.db) })
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23503" {

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -94,8 +92,8 @@ type Queue struct {
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
-	claimIso                         pgx.TxIsoLevel // of claim transactions
-	claimAny, claimParts, reapLeases string         // sql.Statements.ForDialect
+	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
+	st        crsql.DialectStatements // sql.Statements.ForDialect
 }
 
 // maxLease bounds Options.Lease and Extend's duration (a year): far beyond
@@ -149,15 +147,18 @@ func New(db DB, opts Options) (*Queue, error) {
 // and picks the claim statements (see sql.Statements.ForDialect) and the
 // isolation of claim transactions for the engine.
 //
-// Claims run in explicit transactions: SERIALIZABLE on CockroachDB, which
-// refuses SKIP LOCKED under READ COMMITTED (the default of some 23.2+
-// clusters); READ COMMITTED on PostgreSQL, the isolation SKIP LOCKED is
-// designed for there: under SERIALIZABLE, concurrent claimers abort each
-// other with serialization failures (measured: 89 retries for 312 claims of
-// 8 concurrent sessions in TestConcurrentSessionsAckEachItemExactlyOnce).
-// Either way a row is claimed by one transaction only: the claim locks it
-// and re-checks claim IS NULL. Acks, nacks and everything else that fences
-// on a claim stay SERIALIZABLE on both.
+// On CockroachDB, claims run in an explicit SERIALIZABLE transaction: it
+// refuses SKIP LOCKED under READ COMMITTED, the default of some 23.2+
+// clusters. On PostgreSQL a claim is its single statement, committed by
+// itself at the server's default isolation (READ COMMITTED unless
+// configured otherwise), the isolation SKIP LOCKED is designed for there:
+// under SERIALIZABLE, concurrent claimers abort each other with
+// serialization failures (measured: 89 retries for 312 claims of 8
+// concurrent sessions in TestConcurrentSessionsAckEachItemExactlyOnce), and
+// BEGIN and COMMIT would cost two more round trips per claim. Either way a
+// row is claimed by one transaction only: the claim locks it and re-checks
+// claim IS NULL. Acks, nacks and everything else that fences on a claim are
+// SERIALIZABLE transactions or single statements on both.
 func (q *Queue) ready(ctx context.Context) error {
 	if q.checked.Load() {
 		return nil
@@ -169,11 +170,8 @@ func (q *Queue) ready(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e := &engine{claimIso: pgx.ReadCommitted}
-	if dialect == crsql.Cockroach {
-		e.claimIso = pgx.Serializable
-	}
-	e.claimAny, e.claimParts, e.reapLeases = q.st.ForDialect(dialect)
+	e := &engine{claimInTx: dialect == crsql.Cockroach}
+	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
 	q.checked.Store(true)
 	return nil

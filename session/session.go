@@ -97,6 +97,19 @@ type Options struct {
 	// with the pool's connection config; otherwise none, and heartbeats go
 	// through that database.
 	Connect func(ctx context.Context) (*pgx.Conn, error)
+	// Report, if not nil, is called before each heartbeat, and the counters
+	// it returns are written into the session row with the heartbeat (one
+	// statement, so reporting costs nothing extra): operators read them
+	// (demo status --watch derives throughput from them). It must be quick
+	// and safe to call from the heartbeat goroutine.
+	Report func() Counters
+}
+
+// Counters are what a session's process reports with its heartbeats: the
+// items it claimed, acked and failed (nacked, dead-lettered or given up)
+// since the session started, and the handlers running now.
+type Counters struct {
+	Claimed, Acked, Failed, InFlight int64
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
@@ -301,8 +314,13 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			if conn != nil {
 				db = conn
 			}
+			stmt, args := s.st.Heartbeat, []any{s.id}
+			if s.opts.Report != nil {
+				c := s.opts.Report()
+				stmt, args = s.st.HeartbeatReport, []any{s.id, c.Claimed, c.Acked, c.Failed, c.InFlight}
+			}
 			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
-				tag, err := db.Exec(ctx, s.st.Heartbeat, s.id)
+				tag, err := db.Exec(ctx, stmt, args...)
 				rows = tag.RowsAffected()
 				return err
 			})

@@ -464,6 +464,19 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 	stop := context.AfterFunc(ctx, cancel)
 	sopts := w.opts.Session
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
+	if sopts.Report == nil {
+		// The session's counters ride on its heartbeats (for operators:
+		// demo status); counted from the session's start.
+		base := w.queue.Stats()
+		sopts.Report = func() session.Counters {
+			st := w.queue.Stats()
+			return session.Counters{
+				Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
+				Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
+				InFlight: w.inflight.Load(),
+			}
+		}
+	}
 	sess, err = session.Start(sctx, w.db, sopts)
 	if !stop() {
 		// ctx ended during the start: the session, if any, is already lost.

@@ -24,20 +24,15 @@ tables too, if no other queue has items or dead items. Refuses while live
 sessions own parts of the queue (stop the workers first).`)
 	c.register(f, urlRequired)
 	f.boolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables")
+	f.flagOnly("drop-schema")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	if err := c.requireURL(f); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := openChecked(ctx, &c, f, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	s, err := readStatus(ctx, pool, c.queue)
 	if err != nil {
 		return failf(1, "%v", err)

@@ -148,7 +148,8 @@ func requireSchema(ctx context.Context, db crsql.DB) error {
 	case errors.Is(err, crsql.ErrSchemaMissing):
 		return failf(2, "the crdbwork schema is not in this database: run `demo migrate` first (or apply sql/schema.sql)")
 	case errors.Is(err, crsql.ErrSchemaOutdated):
-		return failf(2, "the crdbwork schema in this database is outdated: run `demo migrate`")
+		return failf(2, "the crdbwork schema in this database is at version %d, this demo needs %d: run `demo migrate` (it upgrades in place; workers of the old version may keep running meanwhile)",
+			installedVersion(ctx, db), crsql.Version)
 	case errors.Is(err, crsql.ErrSchemaNewer):
 		return failf(2, "%v", err)
 	}
@@ -211,20 +212,41 @@ var demoTablesSQL = []string{
 	`CREATE INDEX IF NOT EXISTS demo_enqueued_run_id ON demo_enqueued (run_id)`,
 }
 
-// migrate applies the crdbwork schema and the demo tables.
-func migrate(ctx context.Context, db crsql.DB) error {
-	if err := crsql.Apply(ctx, db, tables); err != nil {
+// migration is what migrate did.
+type migration struct {
+	From     int64    // the version before (0: no schema)
+	To       int64    // the version after
+	Warnings []string // things Apply did not do (CockroachDB zone settings it was refused)
+}
+
+// migrate creates or upgrades the crdbwork schema in place (crsql.ApplyWith:
+// only the migrations above the installed version) and creates the demo
+// tables.
+func migrate(ctx context.Context, db crsql.DB) (migration, error) {
+	m := migration{To: crsql.Version}
+	m.From = installedVersion(ctx, db)
+	err := crsql.ApplyWith(ctx, db, tables, crsql.ApplyOptions{Warn: func(msg string) { m.Warnings = append(m.Warnings, msg) }})
+	if err != nil {
 		if errors.Is(err, crsql.ErrSchemaNewer) {
-			return failf(2, "%v", err)
+			return m, failf(2, "%v", err)
 		}
-		return failf(1, "applying the crdbwork schema: %v", err)
+		return m, failf(1, "applying the crdbwork schema: %v", err)
 	}
 	for _, s := range demoTablesSQL {
 		if _, err := db.Exec(ctx, s); err != nil {
-			return failf(1, "creating the demo tables: %v", err)
+			return m, failf(1, "creating the demo tables: %v", err)
 		}
 	}
-	return nil
+	return m, nil
+}
+
+// installedVersion reads the schema version row: 0 when there is none.
+func installedVersion(ctx context.Context, db crsql.DB) int64 {
+	var v int64
+	if err := db.QueryRow(ctx, "SELECT version FROM "+tables.Table("schema_version")).Scan(&v); err != nil {
+		return 0
+	}
+	return v
 }
 
 // requireDemoTables reports missing demo tables as an exit-2 error.

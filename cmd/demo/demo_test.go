@@ -161,6 +161,17 @@ func TestRunKillEvery(t *testing.T) {
 	if s["mode"] != "processes" {
 		t.Errorf("mode = %v, want processes", s["mode"])
 	}
+	// The workers' reports: every worker had a session, every kill lost one.
+	if started := num(t, s, "sessions_started"); started < 3 {
+		t.Errorf("sessions_started = %v, want at least the 3 workers'", started)
+	}
+	if lost := num(t, s, "sessions_lost"); lost < 1 {
+		t.Errorf("sessions_lost = %v with %v workers killed", lost, s["workers_killed"])
+	}
+	num(t, s, "claims_lost")
+	if _, ok := s["retries"].(map[string]any); !ok {
+		t.Errorf("no retries in the summary: %v", s)
+	}
 	if strings.Contains(r.stderr, "unexpectedly") || strings.Contains(r.stderr, "did not stop") {
 		t.Errorf("a worker process misbehaved:\n%s", r.stderr)
 	}
@@ -379,7 +390,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		f := newFlagSet("run", "")
 		c.common.register(f, "")
 		f.intVar(&c.items, "items", 10, 1, 100, "")
-		c.workerSettings.register(f)
+		c.workerSettings.register(f, "")
 		if err := f.parse(args, io.Discard); err != nil {
 			t.Fatal(err)
 		}

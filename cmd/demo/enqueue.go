@@ -98,17 +98,11 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	if err := c.requireURL(f); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, c.databaseURL, 4)
+	pool, err := openChecked(ctx, &c.common, f, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	if err := requireDemoTables(ctx, pool); err != nil {
 		return err
 	}

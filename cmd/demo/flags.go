@@ -74,6 +74,17 @@ func (f *flagSet) boolVar(p *bool, name string, def bool, usage string) {
 	f.add(&boolValue{p: p}, name, "", usage)
 }
 
+// flagOnly makes a flag unreadable from the environment: for the flags
+// that destroy or move data (requeue --all, parts --set, cleanup
+// --drop-schema), which a variable left set in a shell must not turn on.
+func (f *flagSet) flagOnly(name string) {
+	for i := range f.defs {
+		if f.defs[i].name == name {
+			f.defs[i].env = ""
+		}
+	}
+}
+
 // isSet reports whether the flag was given on the command line or in the
 // environment (as opposed to left at its default).
 func (f *flagSet) isSet(name string) bool { return f.set[name] }
@@ -103,7 +114,7 @@ func (f *flagSet) parse(args []string, out io.Writer) error {
 	}
 	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	for _, d := range f.defs {
-		if f.set[d.name] {
+		if f.set[d.name] || d.env == "" {
 			continue
 		}
 		val, ok := os.LookupEnv(d.env)
@@ -171,7 +182,11 @@ func (f *flagSet) usage(out io.Writer) {
 		if d.def != "" && d.def != "0" && d.def != "0s" && d.def != "false" {
 			usage += fmt.Sprintf(" (default %s)", d.def)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", name, d.env, usage)
+		env := d.env
+		if env == "" {
+			env = "(flag only)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", name, env, usage)
 	}
 	tw.Flush()
 }

@@ -29,7 +29,7 @@ type command struct {
 var commands = []command{
 	{"run", "start the demo: enqueue items, work them off with several workers, verify exactly-once (the default)", cmdRun},
 	{"bench", "run the demo without progress and print only the JSON summary with its throughput", cmdRun},
-	{"migrate", "apply the crdbwork schema and the demo tables to a database", cmdMigrate},
+	{"migrate", "create the crdbwork schema, or upgrade it in place, and the demo tables", cmdMigrate},
 	{"enqueue", "enqueue demo items (recorded for verify)", cmdEnqueue},
 	{"work", "run one worker process until SIGINT or SIGTERM", cmdWork},
 	{"status", "show sessions, part owners, backlog and dead items (--watch: keep it on screen)", cmdStatus},
@@ -37,6 +37,8 @@ var commands = []command{
 	{"dead", "list the dead items of a queue", cmdDead},
 	{"requeue", "move a dead item (or --all) back into its queue", cmdRequeue},
 	{"cancel", "delete an item from its queue, claimed or not", cmdCancel},
+	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
+	{"resume", "let the workers claim from a paused queue again", cmdResume},
 	{"cleanup", "remove the demo's queue and tables from a database (--drop-schema: the crdbwork tables too)", cmdCleanup},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 }
@@ -104,11 +106,14 @@ Commands:
 Every flag can also be set in the environment: --items is DEMO_ITEMS, --task-time
 is DEMO_TASK_TIME (DEMO_ and the flag's name in capitals with _ for -), and
 --database-url is DATABASE_URL. A flag on the command line wins over its variable.
+The flags that move or drop data (requeue --all, parts --set, cleanup
+--drop-schema) are read from the command line only.
 Run "demo <command> -h" for a command's flags, "demo --version" for the version.
 
 Exit status: 0 success; 1 the demo or verify found a problem (lost or duplicated
-items, a timeout) or an operation failed; 2 bad input, an unreachable database or
-a missing schema.
+items, a timeout), an operation failed, or an item id is not there; 2 bad input,
+an unreachable or missing database, a refused user, or a missing, incomplete,
+older or newer schema.
 `)
 }
 

@@ -19,17 +19,28 @@ import (
 // connects, checks the schema, acts on --queue and prints one result (one
 // JSON object with --json).
 
-// opConn connects for an operator command and checks the schema.
-func opConn(ctx context.Context, c *common, f *flagSet) (*pgxpool.Pool, *claim.Queue, error) {
+// openChecked connects to --database-url with a pool of conns and checks
+// the crdbwork schema: the start of every command that needs it.
+func openChecked(ctx context.Context, c *common, f *flagSet, conns int) (*pgxpool.Pool, error) {
 	if err := c.requireURL(f); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := connect(ctx, c.databaseURL, conns)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if err := requireSchema(ctx, pool); err != nil {
 		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// opConn connects for an operator command, checks the schema and returns
+// the queue of --queue.
+func opConn(ctx context.Context, c *common, f *flagSet) (*pgxpool.Pool, *claim.Queue, error) {
+	pool, err := openChecked(ctx, c, f, 2)
+	if err != nil {
 		return nil, nil, err
 	}
 	q, err := claim.New(pool, claim.Options{Queue: c.queue, Tables: tables})
@@ -141,6 +152,7 @@ Exits 1 if the given item is not a dead item of the queue.`)
 	f.maxArgs, f.argName = 1, "[ID]"
 	c.register(f, urlRequired)
 	f.boolVar(&all, "all", false, "requeue every dead item of the queue")
+	f.flagOnly("all")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -262,6 +274,7 @@ number with --set N (safe while workers run: items in removed parts move to
 part % N, and the workers' rebalancers follow at their next poll).`)
 	c.register(f, urlRequired)
 	f.intVar(&set, "set", 0, 1, partition.MaxParts, "set the queue's number of parts")
+	f.flagOnly("set")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -284,7 +297,7 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 		return failf(1, "%v", err)
 	}
 	if c.json {
-		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.Known, "owners": s.PartOwners,
+		m := map[string]any{"queue": c.queue, "parts": s.NumParts, "stored": s.PartsStored, "owners": s.PartOwners,
 			"unowned": s.UnownedParts}
 		if f.isSet("set") {
 			m["previous"] = before
@@ -295,9 +308,66 @@ part % N, and the workers' rebalancers follow at their next poll).`)
 	if f.isSet("set") {
 		fmt.Fprintf(&b, "queue %q: %d parts (was %d)\n", c.queue, s.NumParts, before)
 	} else {
-		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.Known])
+		fmt.Fprintf(&b, "queue %q: %d parts%s\n", c.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
 	}
 	writeOwners(&b, s)
 	out.printf("%s", b.String())
+	return nil
+}
+
+func cmdPause(ctx context.Context, name string, args []string, out *console) error {
+	return pauseResume(ctx, name, args, out, true)
+}
+
+func cmdResume(ctx context.Context, name string, args []string, out *console) error {
+	return pauseResume(ctx, name, args, out, false)
+}
+
+// pauseResume pauses or resumes --queue: every claim of a paused queue
+// returns nothing; items already claimed finish as usual; enqueues go on.
+func pauseResume(ctx context.Context, name string, args []string, out *console, pause bool) error {
+	var c common
+	what := `Pauses --queue: from the next claim on, no worker claims its items, until
+"demo resume". Items already claimed finish (acked, nacked or released as
+usual) and enqueues go on. Idempotent.`
+	if !pause {
+		what = `Resumes --queue after "demo pause": workers claim its items again at their
+next poll. Idempotent.`
+	}
+	f := newFlagSet(name, what)
+	c.register(f, urlRequired)
+	if err := f.parse(args, out.stdout); err != nil {
+		return err
+	}
+	pool, q, err := opConn(ctx, &c, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	was, err := q.Paused(ctx)
+	if err != nil {
+		return failf(1, "%v", err)
+	}
+	if pause {
+		err = q.Pause(ctx)
+	} else {
+		err = q.Resume(ctx)
+	}
+	if err != nil {
+		return failf(1, "%v", err)
+	}
+	if c.json {
+		return printJSON(out, map[string]any{"queue": c.queue, "paused": pause, "was_paused": was})
+	}
+	verb := map[bool]string{true: "paused", false: "resumed"}[pause]
+	if was == pause {
+		out.printf("queue %q was already %s\n", c.queue, verb)
+		return nil
+	}
+	if pause {
+		out.printf("paused queue %q: workers claim none of its items until `demo resume --queue %s`\n", c.queue, c.queue)
+	} else {
+		out.printf("resumed queue %q\n", c.queue)
+	}
 	return nil
 }

@@ -1,16 +1,17 @@
 package main
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,8 +23,10 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // migrated returns the URL and environment of a fresh database after
@@ -208,7 +211,7 @@ func TestPartsAndStatus(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, `owned by nobody: 16 (parts 0-15)`) || strings.Contains(r.stdout, "warning") {
 		t.Errorf("status:\n%s%s", r.stdout, r.stderr)
 	}
-	if !regexp.MustCompile(`50 unclaimed \(50 due, oldest due [0-9.]+m?s\)`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`backlog: 50 unclaimed, 50 due \(oldest due for [0-9.]+m?s\), 0 claimed`).MatchString(r.stdout) {
 		t.Errorf("status does not show the due backlog and its oldest item's age:\n%s", r.stdout)
 	}
 	r = demo(t, time.Minute, env, "status", "--queue", "demo-typo")
@@ -224,43 +227,18 @@ func TestStatusWatch(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "20"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, "status", "--watch", "--interval", "100ms")
-	cmd.Env = env
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
+	watch, out := startDemo(t, env, true, "status", "--watch", "--interval", "100ms")
+	waitCond(t, "a snapshot with the backlog", time.Minute, func() bool { return out.count("backlog: 20 unclaimed") > 0 })
+	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_items`); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(stdout)
-	snapshots, sawBacklog, sawEmpty := 0, false, false
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "--- ") {
-			snapshots++
-		}
-		if strings.Contains(line, `queue "demo": 16 parts, 20 unclaimed`) && !sawBacklog {
-			sawBacklog = true
-			// The next snapshots must see the change.
-			if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_items`); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if sawBacklog && strings.Contains(line, `queue "demo": 16 parts, 0 unclaimed`) {
-			sawEmpty = true
-			break
-		}
-	}
-	cmd.Process.Signal(syscall.SIGINT)
-	go io.Copy(io.Discard, stdout)
-	if err := cmd.Wait(); err != nil {
+	waitCond(t, "a snapshot without it", time.Minute, func() bool { return out.count("backlog: 0 unclaimed") > 0 })
+	watch.Process.Signal(syscall.SIGINT)
+	if err := watch.Wait(); err != nil {
 		t.Errorf("status --watch after SIGINT: %v", err)
 	}
-	if !sawBacklog || !sawEmpty || snapshots < 2 {
-		t.Errorf("snapshots %d, saw the backlog %v, then empty %v", snapshots, sawBacklog, sawEmpty)
+	if n := out.count("--- "); n < 2 {
+		t.Errorf("%d snapshots, want at least 2:\n%s", n, out.String())
 	}
 }
 
@@ -271,35 +249,19 @@ func TestMetricsEndpoint(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "400", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
-	cmd.Env = env
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill() })
-	sc := bufio.NewScanner(stderr)
+	cmd, log := startDemo(t, env, false, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
+	waitCond(t, "the start line", time.Minute, func() bool {
+		return log.count(`metrics-worker working on queue "demo" (postgres, 4 parts, session `) == 1
+	})
 	var addr string
-	started := false
-	var lines []string
-	for (addr == "" || !started) && sc.Scan() {
-		lines = append(lines, sc.Text())
-		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(sc.Text()); m != nil {
+	for _, l := range log.snapshot() {
+		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(l); m != nil {
 			addr = m[1]
 		}
-		if strings.Contains(sc.Text(), `metrics-worker working on queue "demo" (postgres, 4 parts, session `) {
-			started = true
-		}
 	}
-	if addr == "" || !started {
-		t.Fatalf("no metrics address or start line on stderr:\n%s", strings.Join(lines, "\n"))
+	if addr == "" {
+		t.Fatalf("no metrics address on stderr:\n%s", log.String())
 	}
-	go io.Copy(io.Discard, stderr)
 
 	scrape := func() map[string]float64 {
 		t.Helper()
@@ -440,5 +402,391 @@ func TestOperatorBadInput(t *testing.T) {
 	r = demo(t, time.Minute, nil, "--version")
 	if r.code != 0 || !regexp.MustCompile(`^crdbwork demo \d+\.\d+\.\d+ \(.*go1\.\d+`).MatchString(r.stdout) {
 		t.Errorf("--version: %d %q", r.code, r.stdout)
+	}
+}
+
+type sessionJSON struct {
+	Name     string  `json:"name"`
+	Age      float64 `json:"age_seconds"`
+	Acked    int64   `json:"acked"`
+	InFlight int64   `json:"in_flight"`
+	Claimed  int64   `json:"claimed"`
+}
+
+type statusJSON struct {
+	Paused   bool          `json:"paused"`
+	Sessions []sessionJSON `json:"sessions"`
+	Queues   []struct {
+		Unclaimed int64 `json:"unclaimed"`
+		Claimed   int64 `json:"claimed"`
+	} `json:"queues"`
+	ItemsPerSecond float64 `json:"items_per_second"`
+}
+
+func statusOf(t *testing.T, env []string) statusJSON {
+	t.Helper()
+	var s statusJSON
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &s)
+	return s
+}
+
+// TestPauseResume pauses a queue, checks that a running worker claims
+// nothing, resumes it, and checks that the work is done and reported by the
+// session's heartbeat counters and status --watch's throughput.
+func TestPauseResume(t *testing.T) {
+	const n = 300
+	_, env, pool := migrated(t)
+	if r := demo(t, time.Minute, env, "enqueue", "--count", "300"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	r := demo(t, time.Minute, env, "pause")
+	if r.code != 0 || !strings.Contains(r.stdout, `paused queue "demo"`) {
+		t.Fatalf("pause: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var p struct {
+		Paused    bool `json:"paused"`
+		WasPaused bool `json:"was_paused"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "pause", "--json"), &p)
+	if !p.WasPaused {
+		t.Errorf("a second pause does not say the queue was paused")
+	}
+	if s := statusOf(t, env); !s.Paused {
+		t.Errorf("status does not show the pause")
+	}
+	if r := demo(t, time.Minute, env, "status"); !strings.Contains(r.stdout, "PAUSED") {
+		t.Errorf("status text does not show the pause:\n%s", r.stdout)
+	}
+
+	work, _ := startDemo(t, env, false, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
+	// The worker polls every 150 ms or so: after 2 s of its session, a
+	// claim would have happened.
+	waitCond(t, "the worker's session to be 2s old", time.Minute, func() bool {
+		s := statusOf(t, env)
+		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2
+	})
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL OR attempts > 0`); n != 0 {
+		t.Fatalf("%d items claimed from a paused queue", n)
+	}
+
+	// Resume, and watch the throughput while the items go.
+	watch, out := startDemo(t, env, true, "status", "--watch", "--json", "--interval", "200ms")
+	if r := demo(t, time.Minute, env, "resume"); r.code != 0 || !strings.Contains(r.stdout, `resumed queue "demo"`) {
+		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	sawRate := false
+	waitCond(t, "the session's heartbeat to report every ack", 2*time.Minute, func() bool {
+		for _, l := range out.snapshot() {
+			var s statusJSON
+			if err := json.Unmarshal([]byte(l), &s); err != nil {
+				t.Fatalf("status --watch --json line: %v\n%s", err, l)
+			}
+			if s.ItemsPerSecond > 0 {
+				sawRate = true
+			}
+			if len(s.Sessions) == 1 && s.Sessions[0].Acked == n && s.Sessions[0].InFlight == 0 {
+				return true
+			}
+		}
+		return false
+	})
+	watch.Process.Signal(syscall.SIGINT)
+	watch.Wait()
+	if !sawRate {
+		t.Error("status --watch never showed a throughput above 0 while 300 items were acked")
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+		t.Errorf("%d items left after resume", n)
+	}
+	work.Process.Signal(syscall.SIGTERM)
+	if err := work.Wait(); err != nil {
+		t.Errorf("work: %v", err)
+	}
+}
+
+func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestMigrateUpgrade builds a version-1 database, checks that the demo
+// refuses it with the versions named, and upgrades it with demo migrate.
+func TestMigrateUpgrade(t *testing.T) {
+	url := testdb.NewURL(t)
+	env := demoEnv("DATABASE_URL=" + url)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, s := range crsql.Migrations()[0].Statements(crsql.Tables{}) {
+		if _, err := pool.Exec(context.Background(), s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	for _, cmd := range []string{"status", "dead", "work", "pause"} {
+		wantExit(t, demo(t, time.Minute, env, cmd), 2, "at version 1, this demo needs 2: run `demo migrate`")
+	}
+	r := demo(t, time.Minute, env, "migrate")
+	if r.code != 0 || !strings.Contains(r.stdout, "upgraded the crdbwork schema from version 1 to 2") {
+		t.Fatalf("migrate: %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var m struct {
+		Version  int `json:"schema_version"`
+		Previous int `json:"previous_version"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "migrate", "--json"), &m)
+	if m.Version != 2 || m.Previous != 2 {
+		t.Errorf("second migrate: %+v, want version 2 from 2", m)
+	}
+	if r := demo(t, time.Minute, env, "status"); r.code != 0 {
+		t.Errorf("status after the upgrade: %d\n%s", r.code, r.stderr)
+	}
+	// A newer schema is refused.
+	if _, err := pool.Exec(context.Background(), `UPDATE crdbwork_schema_version SET version = 99`); err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, demo(t, time.Minute, env, "migrate"), 2, "newer")
+	wantExit(t, demo(t, time.Minute, env, "status"), 2, "newer")
+}
+
+// TestStaleSession: a session that stopped heartbeating shows as stale
+// before it expires, and the progress of the others is not hidden.
+func TestStaleSession(t *testing.T) {
+	_, env, pool := migrated(t)
+	ctx := context.Background()
+	sctx, stop := context.WithCancel(ctx)
+	sess, err := session.Start(sctx, pool, session.Options{Name: "silent", Expiry: time.Minute, Heartbeat: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop() // like a crash: no more heartbeats, the row stays until it expires
+	<-sess.Done()
+	// 30 s without a heartbeat (two heartbeats allowed by a 1 min expiry are 40 s: not stale yet).
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '30 seconds' WHERE id = $1`, sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Sessions []struct {
+			Name  string `json:"name"`
+			Stale bool   `json:"stale"`
+		} `json:"sessions"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	if len(st.Sessions) != 1 || st.Sessions[0].Stale {
+		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want live and not stale", st.Sessions)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '45 seconds' WHERE id = $1`, sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	if len(st.Sessions) != 1 || !st.Sessions[0].Stale {
+		t.Fatalf("45s after the last heartbeat of a 1 min expiry: %+v, want stale", st.Sessions)
+	}
+	r := demo(t, time.Minute, env, "status")
+	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
+		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
+	}
+}
+
+// lineLog collects the lines a process writes (it is the process's
+// stdout or stderr; Wait returns once everything written is in).
+type lineLog struct {
+	mu      sync.Mutex
+	lines   []string
+	partial []byte
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, p...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		l.lines = append(l.lines, string(l.partial[:i]))
+		l.partial = l.partial[i+1:]
+	}
+}
+
+func (l *lineLog) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *lineLog) snapshot() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.lines...)
+}
+
+// startDemo starts the demo binary with args in the background and collects
+// its stderr (its stdout, with fromStdout) line by line. The process is
+// killed when the test ends, if it has not been waited for.
+func startDemo(t *testing.T, env []string, fromStdout bool, args ...string) (*exec.Cmd, *lineLog) {
+	t.Helper()
+	cmd := exec.Command(demoBin, args...)
+	cmd.Env = env
+	log := &lineLog{}
+	if fromStdout {
+		cmd.Stdout = log
+	} else {
+		cmd.Stderr = log
+	}
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, log
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestOutageLogs cuts a worker off the database (a TCP proxy drops every
+// connection and refuses new ones) and checks its stderr: warnings are
+// sampled, the outage is said once, the recovery is logged once, and the
+// worker finishes the queue afterwards.
+func TestOutageLogs(t *testing.T) {
+	url, env, pool := migrated(t)
+	if r := demo(t, time.Minute, env, "enqueue", "--count", "3000"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	proxy, proxied, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer proxy.Close()
+	ctx := context.Background()
+	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms")
+	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
+	waitCond(t, "some items to be done", time.Minute, func() bool {
+		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
+	})
+	proxy.Cut()
+	waitCond(t, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
+	cutAt := time.Now()
+	// Let the failures pile up for two seconds of claims, acks and heartbeats.
+	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
+	proxy.Restore()
+	waitCond(t, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
+	deadline := time.Now().Add(2 * time.Minute)
+	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
+		if time.Now().After(deadline) {
+			rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
+			var left []string
+			for rows.Next() {
+				var claimed, leased *bool
+				var attempts, n int64
+				rows.Scan(&claimed, &attempts, &leased, &n)
+				left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
+			}
+			rows.Close()
+			t.Fatalf("the queue did not drain within 2 minutes after the outage; left: %v\nstderr:\n%s", left, log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	work.Process.Signal(syscall.SIGTERM)
+	work.Wait()
+	warns := log.count("\tWARN\t")
+	t.Logf("%d WARN lines; stderr:\n%s", warns, log.String())
+	if n := log.count("database reachable again after"); n != 1 {
+		t.Errorf("%d recovery lines, want 1", n)
+	}
+	if n := log.count("the database is not answering"); n != 1 {
+		t.Errorf("%d outage lines, want 1", n)
+	}
+	// Sampled: per message, the first 3 of each 10 s (then one in 100).
+	// Unsampled, the claim loop alone warns every 150 ms or so.
+	for _, msg := range []string{"claim failed", "heartbeat failed", "rebalance failed", "ack failed"} {
+		if n := log.count("\tWARN\t" + msg); n > 3 {
+			t.Errorf("%d %q lines for one outage of a few seconds, want at most 3 (sampled)", n, msg)
+		}
+	}
+	if log.count("\tWARN\t") == 0 {
+		t.Error("no warning at all during the outage")
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM demo_results`); n < 3000 {
+		t.Errorf("%d results after the outage, want 3000", n)
+	}
+}
+
+func fmtBool(b *bool) string {
+	if b == nil {
+		return "null"
+	}
+	return strconv.FormatBool(*b)
+}
+
+// TestStoredPartsWin: a worker asked for 16 parts on a queue stored with 4
+// works with 4, says so in its start line, and warns.
+func TestStoredPartsWin(t *testing.T) {
+	_, env, _ := migrated(t)
+	if r := demo(t, time.Minute, env, "parts", "--set", "4"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	work, log := startDemo(t, env, false, "work", "--name", "w16", "--parts", "16")
+	waitCond(t, "the start line", time.Minute, func() bool { return log.count(`w16 working on queue "demo"`) == 1 })
+	waitCond(t, "the warning", time.Minute, func() bool { return log.count("different stored number of parts") == 1 })
+	if log.count("(postgres, 4 parts,") != 1 && log.count("(cockroach, 4 parts,") != 1 {
+		t.Errorf("the start line does not say 4 parts:\n%s", log.String())
+	}
+	waitCond(t, "the worker to own parts 0-3", time.Minute, func() bool {
+		var st struct {
+			Sessions []struct {
+				Parts string `json:"parts"`
+			} `json:"sessions"`
+			NumParts int `json:"num_parts"`
+		}
+		jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+		return st.NumParts == 4 && len(st.Sessions) == 1 && st.Sessions[0].Parts == "0-3"
+	})
+	work.Process.Signal(syscall.SIGTERM)
+	if err := work.Wait(); err != nil {
+		t.Errorf("work: %v\n%s", err, log.String())
+	}
+}
+
+// TestDestructiveFlagsNotFromEnvironment: a DEMO_ALL, DEMO_SET or
+// DEMO_DROP_SCHEMA left in the environment turns nothing on.
+func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
+	url, _, pool := migrated(t)
+	makeDead(t, pool, "demo", 1)
+	env := demoEnv("DATABASE_URL="+url, "DEMO_ALL=true", "DEMO_SET=9", "DEMO_DROP_SCHEMA=true")
+	wantExit(t, demo(t, time.Minute, env, "requeue"), 2, "or --all")
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items`); n != 1 {
+		t.Errorf("DEMO_ALL requeued the dead item")
+	}
+	var p struct {
+		Parts int `json:"parts"`
+	}
+	jsonOut(t, demo(t, time.Minute, env, "parts", "--json"), &p)
+	if p.Parts == 9 {
+		t.Errorf("DEMO_SET changed the parts")
+	}
+	if r := demo(t, time.Minute, env, "cleanup", "--queue", "other"); r.code != 0 {
+		t.Fatalf("cleanup: %d %s", r.code, r.stderr)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = 'crdbwork_items'`); n != 1 {
+		t.Errorf("DEMO_DROP_SCHEMA dropped the crdbwork tables")
 	}
 }

@@ -99,7 +99,7 @@ human line on stderr.`
 	}
 	f := newFlagSet(name, what)
 	c.common.register(f, "PostgreSQL or CockroachDB URL; without one, an embedded server is started")
-	c.workerSettings.register(f)
+	c.workerSettings.register(f, "parts the queue is divided into (set before the enqueue, replacing a stored number)")
 	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
@@ -215,8 +215,12 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if s.Engine == "" {
 		s.Engine = engineName(ctx, pool)
 	}
-	if err := migrate(ctx, pool); err != nil {
+	m, err := migrate(ctx, pool)
+	if err != nil {
 		return err
+	}
+	for _, w := range m.Warnings {
+		r.out.errorf("demo: warning: %s", oneLine(w))
 	}
 	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 		return failf(1, "%v", err)
@@ -436,10 +440,15 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 	now := time.Now()
 	elapsed := now.Sub(start)
 	rate := r.rate(now, done, start)
-	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s (last %v), %s live sessions, %s",
-		done, c.items, rate, min(rateWindow, elapsed.Round(time.Second)), sessions, round(elapsed).Round(100*time.Millisecond))
+	line := fmt.Sprintf("demo: %d/%d done, %.0f items/s over %v, %s live sessions", done, c.items, rate,
+		min(rateWindow, elapsed.Round(time.Second)), sessions)
 	if c.killEvery > 0 {
-		line += fmt.Sprintf(", %d workers killed", group.killed())
+		line += fmt.Sprintf(", %d killed", group.killed())
+	}
+	if elapsed >= time.Minute {
+		line += fmt.Sprintf(", %s", elapsed.Round(time.Second))
+	} else {
+		line += fmt.Sprintf(", %s", elapsed.Round(100*time.Millisecond))
 	}
 	r.out.progress(line, force)
 }

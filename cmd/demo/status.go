@@ -31,9 +31,11 @@ type sessionStatus struct {
 	NumParts              int     `json:"num_parts"`
 	// Claimed is the number of items of any queue the session holds now.
 	Claimed int64 `json:"claimed"`
-	// Acked and InFlight are the session's counters as of its last
-	// heartbeat: items acked since it started, handlers running.
+	// Acked, Failed and InFlight are the session's counters as of its last
+	// heartbeat: items acked and failed (nacked or dead-lettered) since it
+	// started, handlers running.
 	Acked    int64 `json:"acked"`
+	Failed   int64 `json:"failed"`
 	InFlight int64 `json:"in_flight"`
 	// Stale: no heartbeat for more than two of the longest heartbeat
 	// intervals its expiry allows (expiry / 3): probably dead, not yet
@@ -71,6 +73,11 @@ type status struct {
 	// Known: the queue has a stored part count, items or dead items; a
 	// queue nobody has enqueued to is probably a mistyped --queue.
 	Known bool `json:"known"`
+	// PartsStored: the queue has a stored part count (else it has 1, the
+	// count of a queue nobody set up).
+	PartsStored bool `json:"parts_stored"`
+	// Paused: claims of the queue return nothing (demo pause / resume).
+	Paused bool `json:"paused"`
 	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
 	// is due (now minus its vesting time, database clock); 0 if none.
 	OldestDueSeconds float64         `json:"oldest_due_seconds"`
@@ -98,8 +105,27 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	if err != nil {
 		return nil, err
 	}
+	type reported struct{ acked, failed, inFlight int64 }
+	reports := map[uuid.UUID]reported{}
+	rows, err := db.Query(ctx, `SELECT id, acked, failed, in_flight FROM `+tables.Table("sessions"))
+	if err != nil {
+		return nil, fmt.Errorf("reading the sessions' counters: %w", crsql.Classify(err))
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var r reported
+		if err := rows.Scan(&id, &r.acked, &r.failed, &r.inFlight); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the sessions' counters: %w", err)
+		}
+		reports[id] = r
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the sessions' counters: %w", err)
+	}
 	claimedBy := map[uuid.UUID]int64{}
-	rows, err := db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
+	rows, err = db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
 	if err != nil {
 		return nil, fmt.Errorf("counting claimed items: %w", crsql.Classify(err))
 	}
@@ -165,7 +191,8 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
 			Claimed: claimedBy[in.ID],
-			Stale:   in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
+			Acked:   reports[in.ID].acked, Failed: reports[in.ID].failed, InFlight: reports[in.ID].inFlight,
+			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
 
@@ -210,13 +237,16 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	var stored bool
 	if err := db.QueryRow(ctx, `SELECT (SELECT min(vesting_at) FROM `+tables.Table("items")+
 		` WHERE queue = $1 AND claim IS NULL AND vesting_at <= now()), now(),
-		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1)`, queue).Scan(&oldest, &now, &stored); err != nil {
+		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1),
+		COALESCE((SELECT paused FROM `+tables.Table("queues")+` WHERE name = $1), false)`,
+		queue).Scan(&oldest, &now, &stored, &s.Paused); err != nil {
 		return nil, fmt.Errorf("reading the oldest item: %w", crsql.Classify(err))
 	}
 	if oldest != nil {
 		s.OldestDueSeconds = max(0, now.Sub(*oldest).Seconds())
 	}
 	_, hasItems := totals[queue]
+	s.PartsStored = stored
 	s.Known = stored || hasItems || s.Dead > 0
 	return s, nil
 }
@@ -252,8 +282,9 @@ func cmdStatus(ctx context.Context, name string, args []string, out *console) er
 	var interval time.Duration
 	f := newFlagSet(name, `Shows the state of --queue: its parts, backlog (unclaimed, due = unclaimed and
 past its vesting time, claimed), the age of its oldest due item and its dead
-items; the live sessions (claimed items, parts of --queue owned, a STALE mark
-for a session that has missed heartbeats and is probably dead), the parts
+items; the live sessions (items acked and handlers running as of their last
+heartbeat, items held now, parts of --queue owned, and a ! after the heartbeat
+age of a session that has missed two heartbeats and is probably dead), the parts
 nobody owns, and the backlog of every queue by part. Warns when nobody has
 enqueued to --queue (a mistyped name).
 
@@ -266,17 +297,11 @@ last few seconds.`)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	if err := c.requireURL(f); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := openChecked(ctx, &c, f, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	if watch {
 		return watchStatus(ctx, pool, &c, interval, out)
 	}
@@ -319,7 +344,11 @@ func watchStatus(ctx context.Context, db crsql.DB, c *common, interval time.Dura
 			rate := tp.add(now, s)
 			text = formatStatus(s, true)
 			if r := tp.describe(rate); r != "" {
-				text = strings.Replace(text, "\n", "\n"+r+"\n", 1)
+				// After the queue and backlog lines.
+				lines := strings.SplitAfterN(text, "\n", 3)
+				if len(lines) == 3 {
+					text = lines[0] + lines[1] + r + "\n" + lines[2]
+				}
 			}
 		}
 		if tty {
@@ -351,11 +380,20 @@ func formatStatus(s *status, compact bool) string {
 			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
 		}
 	}
-	fmt.Fprintf(&b, "engine %s; queue %q: %d parts, %d unclaimed (%d due", s.Engine, s.Queue, s.NumParts, unclaimed, due)
-	if due > 0 {
-		fmt.Fprintf(&b, ", oldest due %s", round(secs(s.OldestDueSeconds)))
+	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items", s.Queue, s.Engine, s.NumParts, s.Dead)
+	if s.Paused {
+		b.WriteString(", PAUSED (nothing is claimed; `demo resume` ends it)")
 	}
-	fmt.Fprintf(&b, "), %d claimed, %d dead\n", claimed, s.Dead)
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
+	if due > 0 {
+		age := secs(s.OldestDueSeconds)
+		if age >= time.Second {
+			age = age.Round(100 * time.Millisecond)
+		}
+		fmt.Fprintf(&b, " (oldest due for %s)", round(age))
+	}
+	fmt.Fprintf(&b, ", %d claimed\n", claimed)
 	if !s.Known {
 		var names []string
 		for _, t := range s.Queues {
@@ -376,21 +414,24 @@ func formatStatus(s *status, compact bool) string {
 	}
 	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
 	if stale > 0 {
-		fmt.Fprintf(&b, " (%d stale: no heartbeat for a while, probably dead, not yet expired)", stale)
+		fmt.Fprintf(&b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
 	}
 	b.WriteString("\n")
 	if len(s.Sessions) > 0 {
 		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tHEARTBEAT\tCLAIMED\tPARTS")
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
 		for _, ss := range s.Sessions {
-			hb := round(secs(ss.SinceHeartbeatSeconds)).String() + " ago"
+			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
 			if ss.Stale {
-				hb += " STALE"
+				hb += "!"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 24), ss.PID,
-				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Claimed, partList(ss.Parts))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], shorten(orDash(ss.Name), 15), ss.PID,
+				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
 		}
 		tw.Flush()
+		if !compact {
+			b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items it holds now)\n")
+		}
 	}
 	writeOwners(&b, s)
 	b.WriteString("\n")
@@ -437,7 +478,7 @@ func writeOwners(b *strings.Builder, s *status) {
 	}
 	for _, o := range s.PartOwners {
 		if !live[o.Session] {
-			fmt.Fprintf(b, "parts %s of %q are held by expired session %s (released when a peer reaps it)\n", o.Parts, s.Queue, o.Session)
+			fmt.Fprintf(b, "parts %s of %q: held by expired session %s (until a peer reaps it)\n", o.Parts, s.Queue, o.Session[:8])
 		}
 	}
 	if s.UnownedParts == "" {

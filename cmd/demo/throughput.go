@@ -35,10 +35,18 @@ func (t *throughput) add(now time.Time, s *status) float64 {
 	if len(t.samples) < 2 {
 		return -1
 	}
+	// Each session seen in the window counts from its value in the first
+	// sample (0 if it started since) to the last value it reported, so a
+	// session that ended (killed, or stopped) keeps the work it did.
 	first := t.samples[0]
+	last := map[string]int64{}
+	for _, smp := range t.samples {
+		for id, n := range smp.acked {
+			last[id] = n
+		}
+	}
 	var done int64
-	for id, n := range cur.acked {
-		// A session that started since counts from zero.
+	for id, n := range last {
 		done += n - first.acked[id]
 	}
 	d := now.Sub(first.at).Seconds()
@@ -54,5 +62,5 @@ func (t *throughput) describe(rate float64) string {
 		return ""
 	}
 	span := t.samples[len(t.samples)-1].at.Sub(t.samples[0].at).Round(time.Second)
-	return fmt.Sprintf("throughput: %.0f items/s acked over the last %v (live sessions' heartbeat reports)", rate, span)
+	return fmt.Sprintf("throughput: %.0f items/s acked over the last %v (from the sessions' heartbeats)", rate, span)
 }

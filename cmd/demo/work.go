@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -40,7 +41,10 @@ func demoHandler(taskTime time.Duration) worker.Handler {
 			}
 		}
 		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, insertResult, it.ID, it.Session, int64(it.Part), int64(it.Attempt))
+			// pgtype.UUID, not uuid.UUID: pgx encodes the latter through its
+			// string form (driver.Valuer), which costs more than the insert.
+			_, err := tx.Exec(ctx, insertResult, pgtype.UUID{Bytes: it.ID, Valid: true},
+				pgtype.UUID{Bytes: it.Session, Valid: true}, int64(it.Part), int64(it.Attempt))
 			return err
 		}, nil
 	}
@@ -58,8 +62,9 @@ type workerSettings struct {
 	metricsAddr string
 }
 
-func (w *workerSettings) register(f *flagSet) {
-	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, "parts the queue is divided into (a queue that has a stored number keeps it)")
+// register adds the flags; partsUsage says what --parts does for the command.
+func (w *workerSettings) register(f *flagSet, partsUsage string) {
+	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, partsUsage)
 	f.intVar(&w.concurrency, "concurrency", 8, 1, 10_000, "handlers running at once in each worker")
 	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
 	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
@@ -148,7 +153,7 @@ its parts at once). The handler waits --task-time and records the item in
 demo_results inside the ack transaction. A final line with the worker's
 counters goes to stderr. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
-	c.workerSettings.register(f)
+	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
@@ -175,11 +180,15 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		}
 		return err
 	}
+	poolSize := c.poolSize()
+	if c.metricsAddr != "" {
+		poolSize++ // the scrapes' database reads
+	}
 	// With --wait-db, a database that is restarting is waited for.
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		p, err := connect(ctx, c.databaseURL, c.poolSize())
+		p, err := connect(ctx, c.databaseURL, poolSize)
 		if err != nil {
 			return err
 		}
