@@ -272,9 +272,19 @@ func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Durati
 	deadline := since.Add(bound)
 	atFault := -1
 	_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_items`).Scan(&atFault)
+	// The items claimed when the fault ended: the ones a fault can strand.
+	// The time until the last of them ended is the recovery.
+	var held []uuid.UUID
+	if rows, err := e.direct.Query(context.Background(), `SELECT id FROM crdbwork_items WHERE claim IS NOT NULL`); err == nil {
+		held, _ = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	}
+	var recovered time.Duration
 	for {
-		var left int
-		err := e.direct.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_items`).Scan(&left)
+		var left, heldLeft int
+		err := e.direct.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE id = ANY($1)) FROM crdbwork_items`, held).Scan(&left, &heldLeft)
+		if err == nil && heldLeft == 0 && recovered == 0 {
+			recovered = time.Since(since)
+		}
 		if err == nil && left == 0 {
 			break
 		}
@@ -290,7 +300,8 @@ func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Durati
 	took := time.Since(since)
 	e.stopMonitor()
 	e.checkOutcomes()
-	t.Logf("every item ended %v after the fault (bound %v; %d items were left when the fault ended)", took.Round(time.Millisecond), bound, atFault)
+	t.Logf("every item ended %v after the fault (bound %v; %d items were left when the fault ended); the last of the %d items claimed then ended after %v",
+		took.Round(time.Millisecond), bound, atFault, len(held), recovered.Round(time.Millisecond))
 	return took
 }
 
