@@ -32,6 +32,8 @@ type acker struct {
 	once sync.Once
 	// observe, if not nil, is told the size of each ack transaction.
 	observe func(n int)
+	// batch, if not nil, records the results of each ack transaction in one call.
+	batch claim.BatchRecord
 }
 
 type settleKind int
@@ -47,6 +49,7 @@ type settleReq struct {
 	kind   settleKind
 	item   claim.Item
 	record func(context.Context, pgx.Tx) error
+	value  any
 	cause  error
 	done   chan settleAnswer
 }
@@ -57,10 +60,10 @@ type settleAnswer struct {
 }
 
 // startAcker starts n settle goroutines, each acking up to max items in one
-// transaction, telling observe (if not nil) the size of each. Stop them with
-// stop.
-func startAcker(q *claim.Queue, n, max int, observe func(n int)) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe}
+// transaction, telling observe (if not nil) the size of each, and recording
+// each transaction's results with batch (if not nil). Stop them with stop.
+func startAcker(q *claim.Queue, n, max int, observe func(n int), batch claim.BatchRecord) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, batch: batch}
 	a.wg.Add(n)
 	for range n {
 		go a.run()
@@ -101,12 +104,12 @@ func (a *acker) run() {
 		if len(acks) > 0 {
 			reqs = reqs[:0]
 			for _, r := range acks {
-				reqs = append(reqs, claim.AckRequest{Item: r.item, Record: r.record})
+				reqs = append(reqs, claim.AckRequest{Item: r.item, Record: r.record, Value: r.value})
 			}
 			// Each request carries its own bound, the same try timeout from
 			// when it was asked: the last asked has the loosest.
 			ctx := acks[len(acks)-1].ctx
-			errs := a.q.AckEach(ctx, reqs)
+			errs := a.q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: a.batch})
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}
@@ -144,6 +147,12 @@ func (a *acker) do(r settleReq) settleAnswer {
 // goroutine, with the contract of claim.Queue.Ack.
 func (a *acker) Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
 	return a.do(settleReq{ctx: ctx, kind: ackKind, item: it, record: record}).err
+}
+
+// AckValue is Ack with the value the handler set with RecordValue, handed to
+// the batch record.
+func (a *acker) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
+	return a.do(settleReq{ctx: ctx, kind: ackKind, item: it, record: record, value: value}).err
 }
 
 // Nack is claim.Queue.Nack on a settle goroutine.

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
@@ -414,5 +417,90 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 	st := r.w.Stats()
 	if n := <-reaped; n != 0 || st.Claimed != 1 || ran.Load() != 1 || st.LostClaims != 0 || st.LeasesExtended < 2 {
 		t.Errorf("reaped %d, handler ran %d times, stats %+v: want the one claim kept, extended at least twice", n, ran.Load(), st)
+	}
+}
+
+// Handlers hand their results to a BatchRecord, which writes each ack
+// transaction's results in one statement: every item is recorded exactly
+// once, in far fewer statements than items; a batch that fails is retried
+// item by item, so only the item it cannot record is nacked.
+func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
+	const n = 1000
+	pool := setup(t)
+	enqueue(t, pool, "default", n, false)
+	var calls, bad atomic.Int64
+	batch := func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		calls.Add(1)
+		ids := make([]uuid.UUID, 0, len(acked))
+		sessions := make([]uuid.UUID, 0, len(acked))
+		for _, r := range acked {
+			if r.Value == "refuse" {
+				bad.Add(1)
+				return errors.New("this result cannot be recorded")
+			}
+			ids = append(ids, r.Value.(claim.Item).ID)
+			sessions = append(sessions, r.Item.Session)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id, part, owned)
+			SELECT i, s, 0, true FROM unnest($1::UUID[], $2::UUID[]) AS u(i, s)`, ids, sessions)
+		return err
+	}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		v := any(it)
+		if string(it.Payload) == "7" && it.Attempt == 1 {
+			v = "refuse"
+		}
+		return nil, worker.RecordValue(ctx, v)
+	}
+	r := start(t, pool, h, worker.Options{Concurrency: 64, BatchRecord: batch,
+		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	waitFor(t, "the queue to drain", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	assertExactlyOnce(t, pool, n)
+	st := r.w.Stats()
+	txs := count(t, pool, `SELECT count(DISTINCT tx_at) FROM results`)
+	t.Logf("%d items recorded in %d transactions, %d batch calls", n, txs, calls.Load())
+	if st.Acked != n || st.Nacked != 1 || bad.Load() < 1 {
+		t.Errorf("stats %+v, refused batches %d: want %d acks and the one refused item nacked once", st, bad.Load(), n)
+	}
+	if txs > n/2 {
+		t.Errorf("%d ack transactions for %d items: results should be written a batch at a time", txs, n)
+	}
+	if err := worker.RecordValue(context.Background(), 1); err == nil {
+		t.Error("RecordValue outside a handler accepted")
+	}
+}
+
+// A database that cannot be reached when Run starts (here: a proxy that
+// refuses connections) is retried within StartTimeout; once it is back the
+// worker works. Past StartTimeout, Run returns the error.
+func TestFirstStartWaitsForTheDatabase(t *testing.T) {
+	direct := setup(t)
+	enqueue(t, direct, "default", 1, false)
+	pool, p := proxied(t, direct, 0)
+	p.Cut()
+	core, logs := observer.New(zap.WarnLevel)
+	r := start(t, pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: time.Minute, Logger: zap.New(core)})
+	waitFor(t, "a failed start to be retried", time.Minute, func() bool {
+		return logs.FilterMessageSnippet("retrying").Len() > 0
+	})
+	p.Restore()
+	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, direct, `SELECT count(*) FROM results`) == 1 })
+	r.Stop(t)
+
+	p.Cut()
+	w, err := worker.New(pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil without ever reaching the database")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run kept trying past its StartTimeout")
 	}
 }

@@ -57,6 +57,25 @@ type Options struct {
 	// the test to inspect and are gone when it ends. A queue named in
 	// Queue is the caller's, and is left alone.
 	Cleanup func(func())
+	// BatchRecord, if set, runs in the ack transaction as
+	// worker.Options.BatchRecord does, with the item's request (and the
+	// value its handler set with worker.RecordValue).
+	BatchRecord claim.BatchRecord
+}
+
+// batchSettler acks through claim.Queue.AckEachWith with a batch record, as
+// a worker's settle goroutines do.
+type batchSettler struct {
+	*claim.Queue
+	batch claim.BatchRecord
+}
+
+func (b batchSettler) Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
+	return b.AckValue(ctx, it, record, nil)
+}
+
+func (b batchSettler) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
+	return b.AckEachWith(ctx, []claim.AckRequest{{Item: it, Record: record, Value: value}}, claim.AckOptions{Batch: b.batch})[0]
 }
 
 // Outcome says what happened to the item.
@@ -182,12 +201,17 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 		return Result{}, fmt.Errorf("workertest: claiming the item: %w", err)
 	}
 	it := items[0]
+	var settler attempt.Settler = q
+	if opts.BatchRecord != nil {
+		settler = batchSettler{q, opts.BatchRecord}
+	}
 	// The handler runs as in a worker: its parent context is the session's,
 	// which ends when ctx does (or the session is lost), and then the item
 	// is given back rather than nacked.
 	run := attempt.Run(sess.Context(), q, it, func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 		return h(ctx, it)
 	}, attempt.Options{
+		Settle:     settler,
 		Timeout:    opts.ItemTimeout,
 		TryTimeout: settleTimeout,
 		GiveBack:   func() bool { return sess.Context().Err() != nil },

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,6 +52,43 @@ type Settler interface {
 	Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
 	Nack(ctx context.Context, it claim.Item, cause error) (claim.Outcome, error)
 	Release(ctx context.Context, it claim.Item) error
+}
+
+// ValueAcker is a Settler that can also hand a value of the handler's (see
+// SetValue) to a batch record with the item's ack.
+type ValueAcker interface {
+	AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error
+}
+
+// valueKey is the context key of an attempt's value box.
+type valueKey struct{}
+
+// valueBox holds the value a handler set with SetValue.
+type valueBox struct {
+	mu  sync.Mutex
+	v   any
+	set bool
+}
+
+// SetValue hands v on to the item's ack, for a batch record (see
+// claim.AckRequest.Value), from a handler running under Run with ctx (or a
+// context derived from it). It reports false when ctx is not such a
+// handler's context.
+func SetValue(ctx context.Context, v any) bool {
+	b, ok := ctx.Value(valueKey{}).(*valueBox)
+	if !ok {
+		return false
+	}
+	b.mu.Lock()
+	b.v, b.set = v, true
+	b.mu.Unlock()
+	return true
+}
+
+func (b *valueBox) get() (any, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.v, b.set
 }
 
 // Defaults for Options.
@@ -151,7 +189,8 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	if settleCtx == nil {
 		settleCtx = ctx
 	}
-	hctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	box := &valueBox{}
+	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
 	defer cancel()
 	var res Result
 	done := make(chan struct{})
@@ -180,7 +219,8 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
 	switch {
 	case err == nil:
-		st.ack(recoverRecord(hr.record, &res))
+		v, hasValue := box.get()
+		st.ack(recoverRecord(hr.record, &res), v, hasValue)
 	case o.GiveBack != nil && o.GiveBack():
 		// Shutdown gave up waiting, or the session was lost: give the item
 		// back without counting the attempt (refused if the claim is gone).
@@ -303,10 +343,17 @@ func Unknown(err error) bool {
 // failure never throws the handler's result away (the ack runs again, and
 // record with it); only a failure of record itself (its error, its panic, or
 // a COMMIT refused because of what it wrote) nacks the item.
-func (st *settling) ack(record func(context.Context, pgx.Tx) error) {
+func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, hasValue bool) {
 	res := st.res
+	va, withValue := st.s.(ValueAcker)
+	withValue = withValue && hasValue
 	for {
-		err := st.try(func(ctx context.Context) error { return st.s.Ack(ctx, st.it, record) })
+		err := st.try(func(ctx context.Context) error {
+			if withValue {
+				return va.AckValue(ctx, st.it, record, value)
+			}
+			return st.s.Ack(ctx, st.it, record)
+		})
 		var recErr *recordError
 		var panicErr *RecordPanicError
 		switch {
@@ -332,7 +379,7 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error) {
 				res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
 				return
 			}
-		case errors.As(err, &panicErr):
+		case errors.As(err, &panicErr), errors.Is(err, claim.ErrRecordPanic):
 			res.Panicked = true
 			res.Err = err
 			st.nack(err)
