@@ -685,7 +685,8 @@ const queueReapHeartbeats = 5
 // long-running handlers' items; every Session.ReapEvery (default two
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
-// items (claim.Queue.Reap). Any live session may reap; both are idempotent.
+// items (claim.Queue.Reap). A reap that fails is tried again at the next
+// heartbeat. Any live session may reap; both are idempotent.
 func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	ctx := sess.Context()
 	hb := sess.Options().Heartbeat
@@ -713,6 +714,7 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 				return
 			case err != nil:
 				log.Warn("reaping expired sessions failed", zap.Error(err))
+				nextReap = time.Now().Add(hb) // the database may be back by the next heartbeat
 			case n > 0:
 				log.Info("reaped expired sessions", zap.Int64("count", n))
 			}
@@ -725,6 +727,9 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 				return
 			case err != nil:
 				log.Warn("reaping expired leases failed", zap.Error(err))
+				// Leases may have expired during the failure: try again at
+				// the next heartbeat rather than a full interval later.
+				nextQueueReap = time.Now().Add(hb)
 			case st.Released > 0 || st.Dead > 0:
 				w.reaped.Add(int64(st.Released + st.Dead))
 				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
