@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -392,7 +393,14 @@ func TestOperatorBadInput(t *testing.T) {
 	}
 	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other("no_such_db", u.User)), 2, `the database "no_such_db" does not exist`)
 	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other(u.Database, "no_such_user")), 2, `refused user "no_such_user"`)
-	// A partly missing schema.
+	// A busy metrics address.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	wantExit(t, demo(t, time.Minute, env, "work", "--metrics-addr", busy.Addr().String()), 2, "--metrics-addr "+busy.Addr().String())
+		// A partly missing schema.
 	if _, err := pool.Exec(context.Background(), `DROP TABLE crdbwork_dead_items`); err != nil {
 		t.Fatal(err)
 	}
