@@ -400,7 +400,7 @@ func TestOperatorBadInput(t *testing.T) {
 	}
 	defer busy.Close()
 	wantExit(t, demo(t, time.Minute, env, "work", "--metrics-addr", busy.Addr().String()), 2, "--metrics-addr "+busy.Addr().String())
-		// A partly missing schema.
+	// A partly missing schema.
 	if _, err := pool.Exec(context.Background(), `DROP TABLE crdbwork_dead_items`); err != nil {
 		t.Fatal(err)
 	}
