@@ -39,9 +39,31 @@ type crdbworkSystem struct {
 	workers     int
 	concurrency int
 	ackBatch    int
-	parts       int // 0: no parts mode
-	conns       int
+	ackers      int    // 0: the worker's default
+	parts       int    // 0: no parts mode
+	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
+}
+
+// options returns the worker options of the runs.
+func (c *crdbworkSystem) options() worker.Options {
+	return worker.Options{
+		Queue:       benchQueue,
+		Concurrency: c.concurrency,
+		MaxAckBatch: c.ackBatch,
+		Ackers:      c.ackers,
+		Parts:       c.parts,
+		Poll:        10 * time.Millisecond,
+		Partition:   partition.Options{Poll: 100 * time.Millisecond},
+	}
+}
+
+// poolConns is the pool size of each worker.
+func (c *crdbworkSystem) poolConns() int {
+	if c.conns > 0 {
+		return c.conns
+	}
+	return worker.PoolConns(c.options())
 }
 
 func (c *crdbworkSystem) name() string { return "crdbwork exactly-once" }
@@ -51,15 +73,27 @@ func (c *crdbworkSystem) settings() string {
 	if c.parts > 0 {
 		parts = fmt.Sprintf("%d parts", c.parts)
 	}
-	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, pool %d", c.workers, c.concurrency, c.ackBatch, parts, c.conns)
+	ackers := "default ackers"
+	if c.ackers > 0 {
+		ackers = fmt.Sprintf("%d ackers", c.ackers)
+	}
+	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, pool of %d per worker (worker.Connections: %d)",
+		c.workers, c.concurrency, c.ackBatch, ackers, parts, c.poolConns(), worker.Connections(c.options()))
 }
 
 func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
-	pool, err := newPool(ctx, url, c.conns)
+	pool, err := newPool(ctx, url, 2)
 	if err != nil {
 		return result{}, err
 	}
 	defer pool.Close()
+	pools := make([]*pgxpool.Pool, c.workers)
+	for i := range pools {
+		if pools[i], err = newPool(ctx, url, c.poolConns()); err != nil {
+			return result{}, err
+		}
+		defer pools[i].Close()
+	}
 	if _, err := pool.Exec(ctx, `TRUNCATE bench_cw_results`); err != nil {
 		return result{}, err
 	}
@@ -90,20 +124,13 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 
 	handler := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, insertResult, it.ID)
+			_, err := tx.Exec(ctx, insertResult, [16]byte(it.ID)) // [16]byte: pgx encodes uuid.UUID through its text form
 			return err
 		}, nil
 	}
 	ws := make([]*worker.Worker, c.workers)
 	for i := range ws {
-		ws[i], err = worker.New(pool, handler, worker.Options{
-			Queue:       benchQueue,
-			Concurrency: c.concurrency,
-			MaxAckBatch: c.ackBatch,
-			Parts:       c.parts,
-			Poll:        10 * time.Millisecond,
-			Partition:   partition.Options{Poll: 100 * time.Millisecond},
-		})
+		ws[i], err = worker.New(pools[i], handler, c.options())
 		if err != nil {
 			return result{}, err
 		}
@@ -182,5 +209,5 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 			retries += r
 		}
 	}
-	return result{elapsed: elapsed, peakConns: peak, poolConns: int(pool.Config().MaxConns), retries: retries}, monErr
+	return result{elapsed: elapsed, peakConns: peak, poolConns: c.workers * c.poolConns(), retries: retries}, monErr
 }

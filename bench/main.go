@@ -8,8 +8,9 @@
 //	go -C bench run .                   # River plain, River JobCompleteTx, crdbwork; 30,000 items, 3 rounds
 //	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
 //
-// Without --database-url it starts its own throwaway PostgreSQL server (the
-// server binaries must be installed: ../scripts/setup-db does it).
+// Without --database-url it starts its own throwaway PostgreSQL server with
+// the library's internal/dbserver (the server binaries must be installed:
+// ../scripts/setup-db does it).
 package main
 
 import (
@@ -106,13 +107,13 @@ func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func
 	if c.databaseURL != "" {
 		return c.databaseURL, func() {}, nil
 	}
-	s, err := startServer(ctx, c.statements)
+	url, pid, stop, err := startServer(ctx, out, c.statements)
 	if err != nil {
 		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
 	}
-	fmt.Fprintf(out, "PostgreSQL (fsync off) from %s at %s\n", s.binDir, s.url)
-	postmaster = s.pid
-	return s.url, s.stop, nil
+	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: fsync off) at %s\n", url)
+	postmaster = pid
+	return url, stop, nil
 }
 
 func newFlagSet(name string, out io.Writer) *flag.FlagSet {
@@ -183,7 +184,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&cw.concurrency, "cw-concurrency", 512, "crdbwork handlers per worker")
 	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
-	fs.IntVar(&cw.conns, "cw-conns", 8, "crdbwork's pool size, shared by the workers")
+	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
+	fs.IntVar(&cw.conns, "cw-conns", 0, "pool size of each crdbwork worker (0: worker.PoolConns)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -194,8 +196,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case *items < 1 || *rounds < 1:
 		return errors.New("--items and --rounds must be at least 1")
-	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 1:
-		return errors.New("--cw-workers, --cw-concurrency, --cw-ack-batch and --cw-conns must be at least 1, --cw-parts at least 0")
+	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
+		return errors.New("--cw-workers, --cw-concurrency and --cw-ack-batch must be at least 1, --cw-parts, --cw-conns and --cw-ackers at least 0")
 	case *riverWorkers < 1 || *riverConns < 0:
 		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
 	}
@@ -265,9 +267,13 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			}
 			res.cpu = cpu
 			runs[s.name()] = append(runs[s.name()], res)
-			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s\n",
+			retries := ""
+			if res.retries > 0 {
+				retries = fmt.Sprintf("  %.3f retries/job", float64(res.retries)/float64(*items))
+			}
+			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s%s\n",
 				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
-				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg())
+				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg(), retries)
 			fmt.Fprint(out, report.String())
 		}
 	}

@@ -64,7 +64,7 @@ func setupRiver(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-// riverSystem drains items River jobs, plain or transactional.
+// riverSystem drains River jobs, plain or transactional.
 type riverSystem struct {
 	tx         bool
 	maxWorkers int

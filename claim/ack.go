@@ -215,7 +215,7 @@ func recovered(fn func() error) (err error) {
 // holds (same session, same token), and reports which were deleted.
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
 	ids, sessions, tokens := claimArrays(items)
-	rows, err := tx.Query(ctx, q.st.AckMany, ids, sessions, tokens)
+	rows, err := tx.Query(ctx, q.engine.Load().st.AckMany, ids, sessions, tokens)
 	if err != nil {
 		return nil, crsql.Classify(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -160,14 +159,16 @@ func BenchmarkClaim(b *testing.B) {
 // items claimed beforehand (untimed): ack=single is one Ack (one
 // transaction) per item from `goroutines` goroutines; ack=batch is AckBatch
 // of `batch` items recording them all in one multi-row INSERT; ack=each is
-// AckEach of `batch` items, each with its own record function. It reports
-// items/s.
+// AckEach of `batch` items, each with its own record function; ack=hook is
+// AckEachWith of `batch` items whose BatchRecord writes all their result rows
+// in one multi-row INSERT. It reports items/s.
 func BenchmarkAck(b *testing.B) {
 	for _, bc := range []struct {
 		ack               string
 		goroutines, batch int
 	}{
 		{"single", 1, 1}, {"single", 8, 1}, {"batch", 1, 64}, {"batch", 4, 64}, {"each", 1, 64}, {"each", 4, 64},
+		{"hook", 1, 64}, {"hook", 4, 64},
 	} {
 		b.Run(fmt.Sprintf("ack=%s/goroutines=%d/batch=%d", bc.ack, bc.goroutines, bc.batch), func(b *testing.B) {
 			pool := setup(b)
@@ -212,19 +213,34 @@ func BenchmarkAck(b *testing.B) {
 	}
 }
 
+// insertResults writes the result rows of items in one statement.
+func insertResults(ctx context.Context, tx pgx.Tx, items []claim.Item) error {
+	ids := make([][16]byte, len(items))
+	sessions := make([][16]byte, len(items))
+	for i, it := range items {
+		ids[i], sessions[i] = it.ID, it.Session
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id) SELECT * FROM unnest($1::UUID[], $2::UUID[])`, ids, sessions)
+	return err
+}
+
 // ackGroup acks group the way ack names, recording each item's result row.
 func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Item) error {
 	switch ack {
-	case "batch":
-		acked, err := q.AckBatch(ctx, group, func(ctx context.Context, tx pgx.Tx, acked []claim.Item) error {
-			ids := make([]uuid.UUID, len(acked))
-			sessions := make([]uuid.UUID, len(acked))
-			for i, it := range acked {
-				ids[i], sessions[i] = it.ID, it.Session
+	case "hook":
+		reqs := make([]claim.AckRequest, len(group))
+		for i, it := range group {
+			reqs[i] = claim.AckRequest{Item: it}
+		}
+		return errors.Join(q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+			items := make([]claim.Item, len(acked))
+			for i, r := range acked {
+				items[i] = r.Item
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO results (item_id, session_id) SELECT * FROM unnest($1::UUID[], $2::UUID[])`, ids, sessions)
-			return err
-		})
+			return insertResults(ctx, tx, items)
+		}})...)
+	case "batch":
+		acked, err := q.AckBatch(ctx, group, insertResults)
 		if err == nil && len(acked) != len(group) {
 			err = fmt.Errorf("acked %d of %d items", len(acked), len(group))
 		}

@@ -88,9 +88,9 @@ func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n in
 	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
 	var items []Item
 	e := q.engine.Load()
-	stmt := e.claimAny
+	stmt := e.st.ClaimAny
 	if inParts {
-		stmt = e.claimParts
+		stmt = e.st.ClaimParts
 	}
 	run := func(ctx context.Context, db crsql.DB) error {
 		rows, err := db.Query(ctx, stmt, args...)

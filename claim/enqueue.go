@@ -44,9 +44,9 @@ const (
 	// insertRows bounds the rows of one INSERT; copyRows those of one COPY.
 	insertRows = 5000
 	copyRows   = 50000
-	// copyMinRows is the number of generated ids from which an enqueue
-	// streams them with COPY: below it, the INSERT (one round trip fewer)
-	// is as fast.
+	// copyMinRows is the number of items (with generated ids, or with
+	// caller-given ones) from which an enqueue streams them with COPY:
+	// below it, the INSERT (fewer round trips) is as fast.
 	copyMinRows = 64
 )
 
@@ -107,9 +107,11 @@ func (e Enqueued) Added() int {
 
 // Enqueue adds items to the queue atomically (all or none) and returns
 // their ids in order. An item whose ID is already in the queue's items table
-// is not added again (see EnqueueReport to learn which were). Items with
-// generated ids are streamed with COPY when there are many; a call of any
-// size is split into statements of bounded bytes, in one transaction.
+// is not added again (see EnqueueReport to learn which were). Many items
+// (from 64) are streamed with COPY, after one lookup of the caller-given ids
+// already present; fewer go in one multi-row INSERT … ON CONFLICT DO
+// NOTHING. A call of any size is split into statements and COPYs of at most
+// 8 MiB, in one transaction.
 //
 // If err wraps ErrOutcomeUnknown, the items may or may not have been
 // enqueued; the ids are returned all the same: enqueue the same items with
@@ -142,22 +144,23 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
-			return q.write(ctx, db, b, false, &res)
+			return q.write(ctx, db, b, false, false, &res)
 		})
 	} else {
 		err = retry.Tx(ctx, db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
 			res = b.result()
-			return q.write(ctx, tx, b, true, &res)
+			return q.write(ctx, tx, b, true, true, &res)
 		})
 	}
-	return q.finish(b, res, err, single)
+	return q.finish(b, res, err, false) // retry.Do and retry.Tx classify
 }
 
 // EnqueueTx adds items through db, typically the caller's own transaction, so
 // that the items exist if and only if that transaction commits. It does not
 // retry: retrying the caller's transaction is the caller's business. Given a
-// pool or a connection instead (a DB), it does what Enqueue does on it. Ids
-// and idempotence are as for Enqueue.
+// pool or a connection instead (a DB), it does what Enqueue does on it;
+// given any other crsql.DB, it runs its statements one by one (atomic only
+// when the items fit in one). Ids and idempotence are as for Enqueue.
 func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
 	res, err := q.EnqueueReportTx(ctx, db, items...)
 	return res.IDs, err
@@ -170,12 +173,15 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
+	if err := q.ready(ctx); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+	}
 	res := b.result()
 	_, canCopy := db.(copier)
 	if _, isTx := db.(pgx.Tx); isTx {
 		// Nothing commits here: on error, the caller's transaction must be
 		// rolled back, and nothing is unknown.
-		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
+		if err := q.write(ctx, db, b, canCopy, false, &res); err != nil {
 			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 		}
 		q.stats.enqueued.Add(int64(res.Added()))
@@ -184,47 +190,29 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if pool, ok := db.(DB); ok {
 		return q.enqueueOn(ctx, pool, b)
 	}
-	err = q.write(ctx, db, b, false, &res)
-	return q.finish(b, res, err, !b.needsTx(false))
+	// Neither a transaction nor a pool: the statements run one by one, and
+	// one that fails in flight leaves the outcome unknown.
+	err = q.write(ctx, db, b, false, false, &res)
+	return q.finish(b, res, err, true)
 }
 
 // finish wraps an error with context and counts the items added. single
-// says that the items were written by one statement outside a transaction.
+// says that the items were written by statements outside a transaction,
+// through a db the retry helpers did not run (their errors are classified
+// here).
 func (q *Queue) finish(b *batch, res Enqueued, err error, single bool) (Enqueued, error) {
 	if err != nil {
+		if single && !errors.Is(err, ErrOutcomeUnknown) && (retry.Ambiguous(err) || retry.LostInFlight(err)) {
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		}
 		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, crsql.Classify(err))
-		if outcomeUnknown(err, single) {
-			return Enqueued{IDs: b.ids}, fmt.Errorf("%w: %w", errEnqueueUnknown, err)
+		if errors.Is(err, ErrOutcomeUnknown) {
+			return Enqueued{IDs: b.ids}, err
 		}
 		return Enqueued{}, err
 	}
 	q.stats.enqueued.Add(int64(res.Added()))
 	return res, nil
-}
-
-// errEnqueueUnknown marks an enqueue whose outcome is unknown.
-var errEnqueueUnknown = errors.New("outcome unknown")
-
-// outcomeUnknown reports whether err leaves it unknown whether the enqueue
-// happened: a COMMIT without an answer, CockroachDB's "result is ambiguous"
-// (40003), or, for a single statement outside a transaction (single), a
-// connection that failed after the statement was sent.
-func outcomeUnknown(err error, single bool) bool {
-	var pgErr *pgconn.PgError
-	var connectErr *pgconn.ConnectError
-	switch {
-	case errors.Is(err, retry.ErrCommitUnknown):
-		return true
-	case errors.As(err, &pgErr):
-		return pgErr.Code == "40003"
-	case !single, pgconn.SafeToRetry(err), errors.As(err, &connectErr), errors.Is(err, errBadInput):
-		return false
-	case pgconn.Timeout(err):
-		return true // the context ended while the statement was in flight
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return false // waiting for a connection: nothing was sent
-	}
-	return true
 }
 
 // errBadInput marks errors found before anything was sent.
@@ -246,8 +234,12 @@ type batch struct {
 }
 
 // needsTx reports whether writing b takes more than one statement.
+//
+// Caller-given ids need one, since an id of another queue's item must fail
+// the whole call (checkForeign runs after the INSERT) — unless the call has
+// a single item: then there is nothing else to undo.
 func (b *batch) needsTx(canCopy bool) bool {
-	return len(b.given) > 0 || (canCopy && len(b.generated) >= copyMinRows) ||
+	return (len(b.given) > 0 && len(b.items) > 1) || (canCopy && len(b.generated) >= copyMinRows) ||
 		len(chunks(b.items, all(len(b.items)), insertRows)) > 1
 }
 
@@ -382,17 +374,59 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
-// generated ids go by COPY when there are enough of them.
-func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
+// generated ids go by COPY when there are enough of them; with retried too
+// (the transaction is this package's own, run again on a serialization
+// failure), so do many caller-given ids that are not present yet.
+func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy, retried bool, res *Enqueued) error {
 	st := q.enqueueSQL()
-	insert := all(len(b.items))
-	if c, ok := db.(copier); ok && useCopy && len(b.generated) >= copyMinRows {
-		if err := q.copyRows(ctx, db, c, st, b, res); err != nil {
+	c, canCopy := db.(copier)
+	if !canCopy || !useCopy {
+		return q.insertAll(ctx, db, st, b, all(len(b.items)), res)
+	}
+	var copied []int
+	insert := b.given
+	if len(b.generated) >= copyMinRows {
+		copied = b.generated
+	} else {
+		insert = all(len(b.items))
+	}
+	if retried && len(b.given) >= copyMinRows {
+		absent, err := q.absent(ctx, db, st, b)
+		if err != nil {
 			return err
 		}
-		insert = b.given
+		copied, insert = append(append([]int(nil), copied...), absent...), nil
+		if len(b.generated) < copyMinRows {
+			copied = append(copied, b.generated...)
+		}
 	}
-	for _, chunk := range chunks(b.items, insert, insertRows) {
+	if len(copied) > 0 {
+		if err := q.copyRows(ctx, db, c, st, b, copied, res); err != nil {
+			var pgErr *pgconn.PgError
+			if retried && errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				// A concurrent enqueue added one of the absent ids after
+				// absent looked: run the transaction again, which sees it.
+				// (PostgreSQL reports that conflict as a serialization
+				// failure itself; CockroachDB may report the duplicate key.)
+				return retryable{err}
+			}
+			return err
+		}
+	}
+	return q.insertAll(ctx, db, st, b, insert, res)
+}
+
+// retryable makes err a serialization failure for the retry helpers.
+type retryable struct{ err error }
+
+func (r retryable) Error() string    { return r.err.Error() }
+func (r retryable) Unwrap() error    { return r.err }
+func (r retryable) SQLState() string { return "40001" }
+
+// insertAll adds the items idx by INSERT, in chunks, then checks the
+// caller-given ids that were present.
+func (q *Queue) insertAll(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
+	for _, chunk := range chunks(b.items, idx, insertRows) {
 		if err := q.insertRows(ctx, db, st, b, chunk, res); err != nil {
 			return err
 		}
@@ -400,11 +434,47 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 	return q.checkForeign(ctx, db, st, b, res)
 }
 
+// absent returns the caller-given ids of b that are not in the items table,
+// and fails if one of them is an item of another queue.
+func (q *Queue) absent(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch) ([]int, error) {
+	ids := make([][16]byte, len(b.given))
+	for n, i := range b.given {
+		ids[n] = b.ids[i]
+	}
+	rows, err := db.Query(ctx, st.Present, ids)
+	if err != nil {
+		return nil, err
+	}
+	present := map[[16]byte]string{}
+	var id [16]byte
+	var queue string
+	_, err = pgx.ForEachRow(rows, []any{&id, &queue}, func() error {
+		present[id] = queue
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, i := range b.given {
+		queue, ok := present[b.ids[i]]
+		switch {
+		case !ok:
+			out = append(out, i)
+		case queue != q.opts.Queue:
+			return nil, fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
+		}
+	}
+	return out, nil
+}
+
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
 // NOTHING, and marks those it added in res.
 func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, chunk []int, res *Enqueued) error {
 	n := len(chunk)
-	ids := make([]uuid.UUID, n)
+	// Ids as [16]byte, which pgx encodes directly (uuid.UUID would go
+	// through its text form).
+	ids := make([][16]byte, n)
 	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	keys := make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
@@ -423,25 +493,25 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 	if err != nil {
 		return err
 	}
-	added, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	added, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
 		return err
 	}
 	for _, id := range added {
-		i, ok := at[id]
+		i, ok := at[uuid.UUID(id)]
 		if !ok {
-			return fmt.Errorf("the insert returned id %s, which it was not given", id)
+			return fmt.Errorf("the insert returned id %s, which it was not given", uuid.UUID(id))
 		}
 		res.New[i] = true
 	}
 	return nil
 }
 
-// copyRows streams the items with generated ids with COPY, in chunks of
+// copyRows streams the items idx (whose ids are not in the table) with COPY, in chunks of
 // bounded bytes, computing their parts and vesting times from the queue's
 // number of parts and the transaction's timestamp, read (under a share
 // lock on the queue's row) in the same transaction.
-func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
+func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
 	var parts int64
 	var now time.Time
 	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now); err != nil {
@@ -450,7 +520,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.E
 	if parts < 1 {
 		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
 	}
-	for _, chunk := range chunks(b.items, b.generated, copyRows) {
+	for _, chunk := range chunks(b.items, idx, copyRows) {
 		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, row: make([]any, len(st.CopyColumns)), at: -1}
 		n, err := c.CopyFrom(ctx, st.CopyTable, st.CopyColumns, src)
 		if err != nil {
@@ -460,7 +530,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.E
 			return fmt.Errorf("COPY wrote %d rows of %d", n, len(chunk))
 		}
 	}
-	for _, i := range b.generated {
+	for _, i := range idx {
 		res.New[i] = true
 	}
 	return nil
@@ -489,7 +559,7 @@ func (s *copySource) Values() ([]any, error) {
 	}
 	// The delay at microsecond precision, as the INSERT computes it.
 	vesting := s.now.Add(time.Duration(it.Delay.Microseconds()) * time.Microsecond)
-	s.row[0], s.row[1], s.row[2], s.row[3] = s.b.ids[i], s.q.opts.Queue, s.b.hashes[i]%s.parts, key
+	s.row[0], s.row[1], s.row[2], s.row[3] = [16]byte(s.b.ids[i]), s.q.opts.Queue, s.b.hashes[i]%s.parts, key
 	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, int64(s.q.maxAttempts(it))
 	s.row[7], s.row[8] = payload(it), it.Metadata
 	return s.row, nil
@@ -498,7 +568,7 @@ func (s *copySource) Values() ([]any, error) {
 // checkForeign fails if a caller-given id that was not added belongs to
 // another queue.
 func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
-	var present []uuid.UUID
+	var present [][16]byte
 	for _, i := range b.given {
 		if !res.New[i] {
 			present = append(present, b.ids[i])
@@ -507,7 +577,7 @@ func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.Enqueue
 	if len(present) == 0 {
 		return nil
 	}
-	var id uuid.UUID
+	var id [16]byte
 	var queue string
 	err := db.QueryRow(ctx, st.Foreign, q.opts.Queue, present).Scan(&id, &queue)
 	switch {
@@ -518,10 +588,10 @@ func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.Enqueue
 	}
 	for _, i := range b.given {
 		if b.ids[i] == id {
-			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, id, queue)
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
 		}
 	}
-	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, id, queue)
+	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, uuid.UUID(id), queue)
 }
 
 func (q *Queue) maxAttempts(it *NewItem) int {

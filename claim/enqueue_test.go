@@ -7,11 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,21 +18,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// wire watches the PostgreSQL protocol on every connection of a pool: it
-// records the largest message the client sent, and, when armed, lets the
-// server run the next statement containing a trigger text but cuts the
-// connection before its answer reaches the client.
+// wire counts what the client sends on every connection of a pool (a dial
+// wrapper, no proxy): the bytes, and the largest protocol message.
 type wire struct {
-	mu      sync.Mutex
-	maxMsg  int   // largest client message, in bytes
-	sent    int64 // bytes the client sent
-	trigger string
-	armed   atomic.Bool
-	cut     atomic.Int32 // connections cut
+	mu     sync.Mutex
+	maxMsg int   // largest client message since the last call of largest
+	sent   int64 // bytes the client sent
 }
 
 // pool returns a pool on a fresh database with the schema, whose
@@ -65,15 +59,6 @@ func (w *wire) pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-// arm makes the next client message that contains trigger run on the
-// server and lose its answer.
-func (w *wire) arm(trigger string) {
-	w.mu.Lock()
-	w.trigger = trigger
-	w.mu.Unlock()
-	w.armed.Store(true)
-}
-
 // largest returns the largest client message since the last call, and the
 // bytes the client sent so far.
 func (w *wire) largest() (int, int64) {
@@ -84,19 +69,18 @@ func (w *wire) largest() (int, int64) {
 	return m, w.sent
 }
 
-// msgSplitter follows message boundaries in one direction of the protocol:
-// a type byte (except for the client's first message) and a 4-byte length
-// that counts itself.
+// msgSplitter follows the boundaries of the client's protocol messages: a
+// type byte (except for the first message, the startup message) and a
+// 4-byte length that counts itself.
 type msgSplitter struct {
-	untyped bool // the next message has no type byte (the startup message)
+	untyped bool // the next message has no type byte
 	head    []byte
 	left    int // bytes of the current message's body still to come
-	typ     byte
 }
 
-// feed consumes p and calls done for each message whose header is complete
-// (with its type and total length).
-func (s *msgSplitter) feed(p []byte, done func(typ byte, length int)) {
+// feed consumes p and calls done with the total length of each message
+// whose header is complete.
+func (s *msgSplitter) feed(p []byte, done func(length int)) {
 	for len(p) > 0 {
 		if s.left > 0 {
 			n := min(s.left, len(p))
@@ -115,70 +99,26 @@ func (s *msgSplitter) feed(p []byte, done func(typ byte, length int)) {
 			return
 		}
 		length := int(binary.BigEndian.Uint32(s.head[need-4:]))
-		s.typ = 0
-		if !s.untyped {
-			s.typ = s.head[0]
-		}
 		s.untyped = false
 		s.head = s.head[:0]
 		s.left = length - 4
-		done(s.typ, length)
+		done(length)
 	}
 }
 
 type wireConn struct {
 	net.Conn
-	w       *wire
-	out, in msgSplitter
-	primed  bool // the triggering statement was seen
-	muted   bool // the answer to the triggering statement is being dropped
+	w   *wire
+	out msgSplitter
 }
 
 func (c *wireConn) Write(p []byte) (int, error) {
-	runs := false // p executes a statement (Execute, or a simple Query)
 	c.w.mu.Lock()
 	c.w.sent += int64(len(p))
-	c.out.feed(p, func(typ byte, length int) {
-		c.w.maxMsg = max(c.w.maxMsg, length)
-		runs = runs || typ == 'E' || typ == 'Q'
-	})
-	trigger := c.w.trigger
+	c.out.feed(p, func(length int) { c.w.maxMsg = max(c.w.maxMsg, length) })
 	c.w.mu.Unlock()
-	// The statement's text comes with its Parse, which pgx sends before
-	// the Bind and Execute that run it.
-	if trigger != "" && c.w.armed.Load() && bytes.Contains(bytes.ToUpper(p), []byte(trigger)) {
-		c.primed = true
-	}
-	if c.primed && runs && c.w.armed.CompareAndSwap(true, false) {
-		c.muted = true
-	}
 	return c.Conn.Write(p)
 }
-
-func (c *wireConn) Read(p []byte) (int, error) {
-	for {
-		n, err := c.Conn.Read(p)
-		ready := false
-		c.in.feed(p[:n], func(typ byte, _ int) { ready = ready || typ == 'Z' })
-		if !c.muted || n == 0 {
-			return n, err
-		}
-		// Drop the answer; once the server says it is ready again (the
-		// statement and its implicit or explicit commit are done), cut.
-		if ready {
-			c.w.cut.Add(1)
-			c.Conn.Close()
-			return 0, io.ErrUnexpectedEOF
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
-}
-
-func newWire() *wire { return &wire{} }
-
-var errOutcomeUnknown = claim.ErrOutcomeUnknownForTest
 
 func itemsWith(n int, id func(i int) uuid.UUID) []claim.NewItem {
 	items := make([]claim.NewItem, n)
@@ -254,6 +194,9 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	if !errors.Is(err, claim.ErrIDInOtherQueue) || !strings.Contains(err.Error(), "item 1") {
 		t.Fatalf("enqueue of another queue's id: %v, want ErrIDInOtherQueue naming item 1", err)
 	}
+	if _, err := other.Enqueue(ctx, claim.NewItem{ID: b, Payload: []byte("o")}); !errors.Is(err, claim.ErrIDInOtherQueue) {
+		t.Fatalf("enqueue of one item with another queue's id: %v, want ErrIDInOtherQueue", err)
+	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'other'`); n != 0 {
 		t.Fatalf("a refused enqueue left %d items", n)
 	}
@@ -290,6 +233,50 @@ func TestEnqueueManyCallerIDsTwice(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 12000 {
 		t.Fatalf("%d rows, want 12000", n)
 	}
+}
+
+// Producers racing to enqueue the same caller-given ids: each id is added
+// once, by one of them, and neither fails.
+func TestEnqueueSameIDsConcurrently(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	for round := range 5 {
+		ids := make([]uuid.UUID, 2000)
+		for i := range ids {
+			ids[i] = uuid.New()
+		}
+		var wg sync.WaitGroup
+		added := make([]int, 3)
+		errs := make([]error, 3)
+		for p := range added {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Each producer sends the ids in its own order, so that
+				// their transactions overlap on different rows first.
+				items := itemsWith(len(ids), func(i int) uuid.UUID { return ids[(i*(p+1)+p*7)%len(ids)] })
+				if p == 1 {
+					items = itemsWith(len(ids), func(i int) uuid.UUID { return ids[len(ids)-1-i] })
+				}
+				res, err := q.EnqueueReport(ctx, items...)
+				added[p], errs[p] = res.Added(), err
+			}()
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if total := added[0] + added[1] + added[2]; total != len(ids) {
+			t.Fatalf("round %d: the producers added %v items, %d in all, want %d", round, added, total, len(ids))
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 5*2000 {
+		t.Fatalf("%d rows, want %d", n, 5*2000)
+	}
+	t.Logf("enqueue transactions run again after a conflict: %d", q.Stats().Retries["enqueue"])
 }
 
 // Many generated ids go by COPY: every column arrives as the INSERT would
@@ -395,7 +382,7 @@ func TestEnqueueBulkMatchesSingle(t *testing.T) {
 // A call whose items add up to more than 16 MiB is split so that no
 // protocol message carries more than 8 MiB, by INSERT and by COPY.
 func TestEnqueueSplitsByBytes(t *testing.T) {
-	w := newWire()
+	w := &wire{}
 	pool := w.pool(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -455,38 +442,57 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 	}
 }
 
-// An enqueue whose answer is lost returns the ids with ErrOutcomeUnknown;
-// enqueued again with those ids, it adds nothing (the first one did commit).
+// An enqueue whose answer is lost (a proxy forwards the statement or COMMIT
+// and drops the connection before the answer) returns the ids with an error
+// wrapping ErrOutcomeUnknown; enqueued again with those ids, it adds nothing:
+// the first one did commit.
 func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 	for _, tc := range []struct {
-		name, trigger string
-		items         int
+		name  string
+		match func(string) bool
+		items int
+		given bool
 	}{
-		{"statement", "INSERT INTO", 3}, // one statement, no transaction
-		{"commit", "COMMIT", 500},       // COPY in a transaction; COMMIT's answer lost
-		{"commit-insert", "COMMIT", 3},  // caller-given ids below
+		{"statement", faultproxy.Contains("INSERT INTO"), 3, false}, // one statement, no transaction
+		{"commit-copy", faultproxy.IsCommit, 500, false},            // COPY in a transaction
+		{"commit-insert", faultproxy.IsCommit, 3, true},             // caller-given ids: a transaction
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWire()
-			pool := w.pool(t)
+			proxy, url, err := faultproxy.ForURL(testdb.NewURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proxy.Close()
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
 			ctx := context.Background()
+			if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+				t.Fatal(err)
+			}
 			q := newQueue(t, pool, claim.Options{})
 			items := itemsWith(tc.items, func(int) uuid.UUID { return uuid.UUID{} })
-			if tc.name == "commit-insert" {
+			if tc.given {
 				items = itemsWith(tc.items, func(int) uuid.UUID { return uuid.New() })
 			}
-			w.arm(tc.trigger)
-			ids, err := q.Enqueue(ctx, items...)
-			if w.cut.Load() != 1 {
-				t.Fatalf("%d connections cut, want 1 (err %v)", w.cut.Load(), err)
+			if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("warm-up")}); err != nil {
+				t.Fatal(err) // the schema check runs once, before the fault
 			}
-			if !errors.Is(err, errOutcomeUnknown) {
-				t.Fatalf("Enqueue with its answer lost: %v, want an outcome-unknown error", err)
+			proxy.Arm(faultproxy.Rule{Match: tc.match, Action: faultproxy.DropAnswer})
+			ids, err := q.Enqueue(ctx, items...)
+			if proxy.Fired() != 1 {
+				t.Fatalf("the fault fired %d times, want 1 (err %v)", proxy.Fired(), err)
+			}
+			if !errors.Is(err, claim.ErrOutcomeUnknown) {
+				t.Fatalf("Enqueue with its answer lost: %v, want ErrOutcomeUnknown", err)
 			}
 			if len(ids) != tc.items {
 				t.Fatalf("%d ids returned with the unknown outcome, want %d", len(ids), tc.items)
 			}
-			if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != tc.items {
+			const others = `SELECT count(*) FROM crdbwork_items WHERE payload <> 'warm-up'`
+			if n := count(t, pool, others); n != tc.items {
 				t.Fatalf("%d rows after the lost answer, want %d (the server committed)", n, tc.items)
 			}
 			for i := range items {
@@ -499,9 +505,53 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 			if res.Added() != 0 {
 				t.Fatalf("the retry added %d items, want 0", res.Added())
 			}
-			if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != tc.items {
+			if n := count(t, pool, others); n != tc.items {
 				t.Fatalf("%d rows after the retry, want %d", n, tc.items)
 			}
 		})
+	}
+}
+
+// EnqueueTx of many items (COPY) inside the caller's transaction: the items
+// exist if and only if that transaction commits. Given the pool itself, it
+// enqueues atomically on its own.
+func TestEnqueueTxBulk(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	for _, commit := range []bool{false, true} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := q.EnqueueTx(ctx, tx, payloads(1000)...)
+		if err != nil || len(ids) != 1000 {
+			t.Fatalf("EnqueueTx: %d ids, %v", len(ids), err)
+		}
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
+			t.Fatalf("%d items visible before the caller's commit", n)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if commit {
+			want = 1000
+		}
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, ids); n != want {
+			t.Fatalf("commit %v: %d items, want %d", commit, n, want)
+		}
+	}
+	res, err := q.EnqueueReportTx(ctx, pool, payloads(700)...)
+	if err != nil || res.Added() != 700 {
+		t.Fatalf("EnqueueReportTx on the pool: added %d, %v", res.Added(), err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1700 {
+		t.Fatalf("%d items, want 1700", n)
 	}
 }

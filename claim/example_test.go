@@ -57,11 +57,16 @@ func addEmails(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, addresse
 // claimEmails starts a session, adds emails with addEmails on queue "emails"
 // and claims their items. Call closeSession when done.
 func claimEmails(ctx context.Context, pool *pgxpool.Pool, addresses ...string) (q *claim.Queue, items []claim.Item, closeSession func()) {
+	return claimEmailsWith(ctx, pool, claim.Options{Queue: "emails"}, addresses...)
+}
+
+// claimEmailsWith is claimEmails with the queue's options.
+func claimEmailsWith(ctx context.Context, pool *pgxpool.Pool, opts claim.Options, addresses ...string) (q *claim.Queue, items []claim.Item, closeSession func()) {
 	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if q, err = claim.New(pool, claim.Options{Queue: "emails"}); err != nil {
+	if q, err = claim.New(pool, opts); err != nil {
 		log.Fatal(err)
 	}
 	addEmails(ctx, pool, q, addresses...)
@@ -309,20 +314,10 @@ func ExampleQueue_Reap() {
 	pool, done := examplePool(ctx)
 	defer done()
 
-	sess, err := session.Start(ctx, pool, session.Options{Name: "example"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sess.Close(ctx)
-	q, err := claim.New(pool, claim.Options{Queue: "emails", Lease: 100 * time.Millisecond})
-	if err != nil {
-		log.Fatal(err)
-	}
-	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com")
-	items, err := q.Claim(ctx, sess.ID(), 2)
-	if err != nil {
-		log.Fatal(err)
-	}
+	// A session claims two emails' items, with leases of 100 ms.
+	q, items, closeSession := claimEmailsWith(ctx, pool, claim.Options{Queue: "emails", Lease: 100 * time.Millisecond},
+		"ada@example.com", "bob@example.com")
+	defer closeSession()
 
 	// ada's handler is slow but alive: it extends its lease.
 	extended, err := q.Extend(ctx, items[:1], time.Hour)
@@ -344,7 +339,7 @@ func ExampleQueue_Reap() {
 	fmt.Println("released by Reap:", released)
 	err = q.Ack(ctx, items[1], nil)
 	fmt.Println("the hung handler's late ack lost its claim:", errors.Is(err, claim.ErrClaimLost))
-	again, err := q.Claim(ctx, sess.ID(), 2)
+	again, err := q.Claim(ctx, items[0].Session, 2)
 	if err != nil {
 		log.Fatal(err)
 	}

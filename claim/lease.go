@@ -38,7 +38,7 @@ func (q *Queue) Extend(ctx context.Context, items []Item, d time.Duration) ([]It
 	ids, sessions, tokens := claimArrays(items)
 	var until map[uuid.UUID]time.Time
 	err := retry.Do(ctx, q.stats.retried("extend"), func(ctx context.Context) error {
-		rows, err := q.db.Query(ctx, q.st.Extend, ids, sessions, tokens, d.Microseconds())
+		rows, err := q.db.Query(ctx, q.engine.Load().st.Extend, ids, sessions, tokens, d.Microseconds())
 		if err != nil {
 			return crsql.Classify(err)
 		}
@@ -92,7 +92,7 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
 	for {
-		n, err := q.reapStep(ctx, q.engine.Load().reapLeases, q.opts.Queue, reapBatch)
+		n, err := q.reapStep(ctx, q.engine.Load().st.ReapLeases, q.opts.Queue, reapBatch)
 		st.Released += n
 		if err != nil {
 			return st, fmt.Errorf("claim: releasing expired leases in %q: %w", q.opts.Queue, err)

@@ -92,8 +92,8 @@ type Queue struct {
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
-	claimInTx                        bool   // claims need an explicit SERIALIZABLE transaction
-	claimAny, claimParts, reapLeases string // sql.Statements.ForDialect
+	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
+	st        crsql.DialectStatements // sql.Statements.ForDialect
 }
 
 // maxLease bounds Options.Lease and Extend's duration (a year): far beyond
@@ -171,7 +171,7 @@ func (q *Queue) ready(ctx context.Context) error {
 		return err
 	}
 	e := &engine{claimInTx: dialect == crsql.Cockroach}
-	e.claimAny, e.claimParts, e.reapLeases = q.st.ForDialect(dialect)
+	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
 	q.checked.Store(true)
 	return nil

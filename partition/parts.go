@@ -31,7 +31,8 @@ func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int,
 	return int(n), nil
 }
 
-// MoveBatch is the number of items SetParts moves per statement.
+// MoveBatch is the number of rows SetParts reads (and at most moves) per
+// statement.
 const MoveBatch = 1000
 
 // SetParts sets the number of parts of queue to n. It is the one way to
@@ -45,10 +46,10 @@ const MoveBatch = 1000
 //   - enqueues read the count in their own statement or transaction, under a
 //     share lock, so none can slip an item into a removed part once that
 //     transaction committed;
-//   - then the items of parts >= n move to part % n, MoveBatch items per
-//     statement (each its own transaction), so that the move never holds
-//     more than a batch of rows and does not conflict with every claim and
-//     ack at once. A key's items may thus, once, be spread over two parts,
+//   - then the items of parts >= n move to part % n: SetParts walks the
+//     items table once in primary-key order, MoveBatch rows per statement
+//     (each its own transaction), so that the move never holds more than a
+//     batch of rows and does not conflict with every claim and ack at once. A key's items may thus, once, be spread over two parts,
 //     and their order across that move is not kept. A moved item keeps an
 //     any-part claim (claim.Queue.Claim); a claim naming its part
 //     (ClaimParts), made by a session that had not yet seen the new count,
@@ -90,33 +91,26 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	return nil
 }
 
-// moveItems moves the items of queue in parts >= n to part % n, MoveBatch
-// at a time, until a round over unclaimed and claimed items moves none. No
-// item enters a part >= n meanwhile (enqueues and requeues read the new
-// count), so the rounds end.
+// moveItems moves the items of queue in parts >= n to part % n, walking
+// the items table once in primary-key order, MoveBatch rows per statement.
+// One walk is enough: no item enters a part >= n once the new count is
+// committed (enqueues and requeues read it), and the items enqueued before
+// that committed before it, so the walk, which starts later, sees them.
 func moveItems(ctx context.Context, db DB, t crsql.Tables, queue string, n int) error {
 	st := crsql.NewMoveStatements(t)
+	var after [16]byte // the nil UUID: before every id
 	for {
-		moved := int64(0)
-		for _, stmt := range []string{st.MoveUnclaimed, st.MoveClaimed} {
-			for {
-				var rows int64
-				err := retry.Do(ctx, nil, func(ctx context.Context) error {
-					tag, err := db.Exec(ctx, stmt, queue, int64(n), MoveBatch)
-					rows = tag.RowsAffected()
-					return err
-				})
-				if err != nil {
-					return err
-				}
-				moved += rows
-				if rows < MoveBatch {
-					break
-				}
-			}
+		var moved int64
+		var last *[16]byte
+		err := retry.Do(ctx, nil, func(ctx context.Context) error {
+			return db.QueryRow(ctx, st.MovePage, queue, int64(n), after, MoveBatch).Scan(&moved, &last)
+		})
+		if err != nil {
+			return err
 		}
-		if moved == 0 {
+		if last == nil {
 			return nil
 		}
+		after = *last
 	}
 }

@@ -32,6 +32,9 @@ type EnqueueStatements struct {
 	// Foreign returns the id and queue of the rows among ids $2 (UUID[])
 	// that belong to a queue other than $1.
 	Foreign string
+	// Present returns the id and queue of the rows among ids $1 (UUID[]):
+	// before a COPY of caller-given ids, which cannot skip present ones.
+	Present string
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
 	// payload, metadata. enqueued_at takes its default, now().
@@ -53,6 +56,7 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id`),
 		Parts:     r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now()`),
 		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		Present:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($1::UUID[])`),
 		CopyTable: t.identifier("items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
 			"payload", "metadata"},

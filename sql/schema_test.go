@@ -452,9 +452,9 @@ func TestUpgradeWhileVersion1WorkersRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := crsql.NewStatements(crsql.Tables{})
-	_, _, reap := st.ForDialect(crsql.Postgres)
+	reap := st.ForDialect(crsql.Postgres).ReapLeases
 	if testdb.Kind(t) == "cockroach" {
-		_, _, reap = st.ForDialect(crsql.Cockroach)
+		reap = st.ForDialect(crsql.Cockroach).ReapLeases
 	}
 	if tag, err := pool.Exec(ctx, reap, "q", 100); err != nil || tag.RowsAffected() != 0 {
 		t.Fatalf("the lease reaper released %d version-1 claims (%v), want 0", tag.RowsAffected(), err)

@@ -2,7 +2,6 @@ package sql
 
 import (
 	"fmt"
-	"strings"
 )
 
 // Statements holds every statement of packages session, partition and claim,
@@ -28,24 +27,23 @@ type Statements struct {
 	OwnedParts       string // $1 session, $2 queue → part
 	PartOwners       string // $1 queue → session_id, part
 	DropPartsAbove   string // $1 queue, $2 num_parts: deletes part rows >= num_parts
-	MovePartsAbove   string // $1 queue, $2 num_parts: moves items of parts >= num_parts
 
 	// Items. Every statement that writes a claim writes all three claim
 	// columns (claim, claim_queue, claim_part): the foreign keys' cascades run
 	// first in, first out, so deleting a session nulls claim through the
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
-	Enqueue    string // prefix; see EnqueueRows
 	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
 	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
-	// The PostgreSQL twins of ClaimAny, ClaimParts and ReapLeases (same
-	// parameters, same results): see claimTemplate. Use ForDialect.
-	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases string
-	AckMany                                                  string // $1 ids, $2 sessions, $3 tokens → deleted ids
-	Nack                                                     string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
-	Release                                                  string // $1 id, $2 session, $3 token
-	DeadLetter                                               string // $1 id, $2 session, $3 token, $4 error → id
-	Extend                                                   string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
+	// The PostgreSQL twins of ClaimAny, ClaimParts, ReapLeases, AckMany and
+	// Extend (same parameters, same results): see claimTemplate and fenced.
+	// Use ForDialect.
+	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases, PostgresAckMany, PostgresExtend string
+	AckMany                                                                                   string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	Nack                                                                                      string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
+	Release                                                                                   string // $1 id, $2 session, $3 token
+	DeadLetter                                                                                string // $1 id, $2 session, $3 token, $4 error → id
+	Extend                                                                                    string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
 	// ReapLeases releases expired leases (their attempts counted: the
 	// handler hung or the process lost track of the item), in bounded
 	// batches, through crdbwork_items_lease.
@@ -61,7 +59,6 @@ type Statements struct {
 	Backlog         string // → queue, part, unclaimed, vested, claimed
 	DeadCount       string // $1 queue → count
 	ItemColumns     string
-	enqueueTemplate string
 }
 
 // itemColumns are the columns every claim statement returns, in order.
@@ -106,13 +103,18 @@ WHERE i.id = picked.id`
 	anyPicked = `WHERE i.id = ANY(ARRAY(SELECT id FROM picked))`
 )
 
-// ForDialect returns the claim and lease-reaping statements for d:
-// ClaimAny, ClaimParts and ReapLeases, or their PostgreSQL twins.
-func (s *Statements) ForDialect(d Dialect) (claimAny, claimParts, reapLeases string) {
+// DialectStatements are the statements that have a PostgreSQL twin.
+type DialectStatements struct {
+	ClaimAny, ClaimParts, ReapLeases, AckMany, Extend string
+}
+
+// ForDialect returns the statements for d that differ between the engines:
+// the common text, or on PostgreSQL its twins.
+func (s *Statements) ForDialect(d Dialect) DialectStatements {
 	if d == Postgres {
-		return s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases
+		return DialectStatements{s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend}
 	}
-	return s.ClaimAny, s.ClaimParts, s.ReapLeases
+	return DialectStatements{s.ClaimAny, s.ClaimParts, s.ReapLeases, s.AckMany, s.Extend}
 }
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
@@ -145,12 +147,23 @@ SET ` + released + `
 RETURNING i.id`
 
 // fenced is the condition of every statement that acts on a batch of claimed
-// items: (id, claim, token) must match one of the given triples. Both engines
-// plan it as a semi-join driven by the arrays, looking each id up by primary
-// key (CockroachDB checked: its unnest builtin is variadic, "Returns the
-// input arrays as a set of rows"; tuple IN (subquery) is standard). Adding id = ANY($1) made PostgreSQL worse: it then
-// scanned every claimed item's index entry for a batch of 1000.
-const fenced = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
+// items: (id, claim, token) must match one of the given triples. CockroachDB
+// plans it as a lookup semi-join driven by the arrays, by primary key
+// (CockroachDB checked: its unnest builtin is variadic, "Returns the input
+// arrays as a set of rows"; tuple IN (subquery) is standard).
+//
+// PostgreSQL's twin, pgFenced, adds id = ANY(ARRAY(SELECT unnest($1))): an
+// index condition on the primary key whose array size the planner cannot
+// see, so it always looks the ids up by key. Without it, PostgreSQL's plans
+// for the same statement depended on its estimates for claim = $session:
+// a merge join over every item the session holds (found by the bench: 9 ms
+// for 64 items of a session holding 512), a sequential scan of a drained
+// queue's table (TestStatementPlansUseIndexes/drained), or a scan of every
+// claimed item (with a plain id = ANY($1), for large batches).
+const (
+	fenced   = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
+	pgFenced = `id = ANY(ARRAY(SELECT unnest($1::UUID[]))) AND ` + fenced
+)
 
 // The claim statements' variable parts.
 const (
@@ -187,8 +200,6 @@ ON CONFLICT DO NOTHING`),
 		OwnedParts:     r(`SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
-		MovePartsAbove: r(`UPDATE crdbwork_items SET part = part % $2, claim_queue = NULL, claim_part = NULL
-WHERE queue = $1 AND part >= $2`),
 
 		ClaimAny:           r(fmt.Sprintf(claimTemplate, "", anyPart, joinPicked)),
 		ClaimParts:         r(fmt.Sprintf(claimTemplate, inParts, partClaim, joinPicked)),
@@ -197,6 +208,7 @@ WHERE queue = $1 AND part >= $2`),
 		ReapLeases:         r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
 		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
 		AckMany:            r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
+		PostgresAckMany:    r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` RETURNING id`),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
@@ -214,6 +226,8 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`),
 		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + fenced + ` RETURNING id, lease_until`),
+		PostgresExtend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+WHERE ` + pgFenced + ` RETURNING id, lease_until`),
 		// Unclaimed items whose attempts are used up (a crash loop: every claim
 		// ended without an ack or a nack) move to the dead items, through
 		// crdbwork_items_exhausted.
@@ -265,31 +279,5 @@ RETURNING id`),
 FROM crdbwork_items GROUP BY queue, part ORDER BY queue, part`),
 		DeadCount:   r(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`),
 		ItemColumns: itemColumns,
-		enqueueTemplate: r(`INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata)
-SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond', v.m, v.b, v.meta
-FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts) AS n,
-     (VALUES %s) AS v (id, h, k, p, d, m, b, meta)`),
 	}
-}
-
-// EnqueueParams is the number of parameters each row of EnqueueRows takes.
-const EnqueueParams = 8
-
-// EnqueueRows returns the statement that inserts rows items into queue $1.
-// Row i takes parameters 2+8i .. 9+8i: id, key hash (non-negative), key,
-// priority, delay (µs), max attempts, payload, metadata. Each item's part is
-// its key hash modulo the queue's number of parts, read in the same statement
-// so that every producer agrees with the database.
-func (s *Statements) EnqueueRows(rows int) string {
-	var b strings.Builder
-	for i := range rows {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		p := 2 + EnqueueParams*i
-		fmt.Fprintf(&b, "($%d::UUID, $%d::BIGINT, $%d::TEXT, $%d::BIGINT, $%d::BIGINT, $%d::BIGINT, $%d::BYTEA, $%d::BYTEA)",
-			p, p+1, p+2, p+3, p+4, p+5, p+6, p+7)
-	}
-	return strings.Replace(s.enqueueTemplate, "%s", b.String(), 1)
 }

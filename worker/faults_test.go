@@ -225,6 +225,9 @@ func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts work
 	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = faultSession
 	}
+	if opts.Claim.Lease == 0 {
+		opts.Claim.Lease = faultLease
+	}
 	if opts.RestartDelay == 0 {
 		opts.RestartDelay = 100 * time.Millisecond
 	}
@@ -277,8 +280,8 @@ func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Durati
 			var claimed, live int
 			_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE claim IS NOT NULL),
 				count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)) FROM crdbwork_items`).Scan(&claimed, &live)
-			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v)",
-				left, bound, claimed, live, err)
+			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v); monitor: %d overdue claims (%s)",
+				left, bound, claimed, live, err, e.overdue.Load(), e.monFirst.Load())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -464,7 +467,7 @@ func TestFaultConnectionCut(t *testing.T) {
 		{name: "ack-cut", cuts: []cut{{isAck, faultproxy.DropAnswer, 3}}},
 		{name: "commit-answer-lost", cuts: []cut{{faultproxy.IsCommit, faultproxy.DropAnswer, 5}}},
 		{name: "nack-cut", failFirst: true, cuts: []cut{{isNack, faultproxy.DropAnswer, 3}, {isNack, faultproxy.DropStatement, 2}}},
-		{name: "release-cut", shutdown: true, cuts: []cut{{isRelease, faultproxy.DropStatement, 3}}},
+		{name: "release-cut", shutdown: true, cuts: []cut{{isRelease, faultproxy.DropStatement, 1}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -478,33 +481,42 @@ func TestFaultConnectionCut(t *testing.T) {
 			e.enqueue(n, "", 0)
 			e.monitor()
 			h := work(5 * time.Millisecond)
+			var armed atomic.Bool
 			if c.failFirst {
 				h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
-					if it.Attempt == 1 {
-						return nil, errors.New("every first attempt fails")
+					if it.Attempt == 1 && armed.Load() {
+						return nil, errors.New("every first attempt fails once the cuts are armed")
 					}
 					return work(5*time.Millisecond)(ctx, it)
 				}
 			}
-			if c.shutdown {
-				h = work(300 * time.Millisecond)
-			}
-			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
-			if c.shutdown {
-				// A third worker that is stopped while its handlers run: it
-				// releases their items (through the cuts).
-				extra := e.startWorkers(1, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
-				waitFor(t, "the extra worker to hold items", time.Minute, func() bool { return extra[0].w.Stats().InFlight > 0 })
-				defer extra[0].Stop(t)
-				rs = append(rs, extra...)
-			}
-			e.waitProgress(n / 10)
+			// The rules are armed once the workers have their sessions (a
+			// worker that cannot start its first session stops: that is
+			// not the fault under test), before the first nacks.
 			var fired []<-chan struct{}
-			for _, k := range c.cuts {
-				fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+			want := int64(0)
+			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+			waitSessions(t, rs)
+			if !c.shutdown {
+				for _, k := range c.cuts {
+					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+					want += int64(k.times)
+				}
+				armed.Store(true)
 			}
 			if c.shutdown {
-				go rs[len(rs)-1].Stop(t)
+				// A third worker is stopped while its handlers run: it
+				// releases their items, through the cuts.
+				// Its handlers take 300 ms, so that it holds items when stopped.
+				extra := e.startWorkers(1, proxied, work(300*time.Millisecond), worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+				waitSessions(t, extra)
+				waitFor(t, "the extra worker to hold items", time.Minute, func() bool { return extra[0].w.Stats().InFlight > 0 })
+				for _, k := range c.cuts {
+					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+					want += int64(k.times)
+				}
+				go extra[0].Stop(t)
+				rs = append(rs, extra...)
 			}
 			for i, f := range fired {
 				select {
@@ -513,20 +525,13 @@ func TestFaultConnectionCut(t *testing.T) {
 					t.Fatalf("cut %d never fired: the workers ran no matching statement", i)
 				}
 			}
-			// The last cut fires when its rule runs out (or is disarmed).
-			lastCut := time.Now()
-			waitFor(t, "the cuts to be used up", 30*time.Second, func() bool {
-				want := int64(0)
-				for _, k := range c.cuts {
-					want += int64(k.times)
-				}
-				if p.Fired() >= want {
-					return true
-				}
-				return e.remaining() == 0
-			})
+			// Let the rules that fire more than once do so (a cut can make
+			// the next matching statements fail before they reach the proxy).
+			for end := time.Now().Add(10 * time.Second); p.Fired() < want && time.Now().Before(end) && e.remaining() > 0; {
+				time.Sleep(20 * time.Millisecond)
+			}
 			p.Disarm()
-			lastCut = maxTime(lastCut, time.Now())
+			lastCut := time.Now()
 			e.assertEnded(lastCut, 30*time.Second)
 			stopAll(t, rs)
 			t.Logf("the proxy fired %d cuts", p.Fired())
@@ -534,11 +539,17 @@ func TestFaultConnectionCut(t *testing.T) {
 	}
 }
 
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
+// waitSessions waits until every worker has started its first session.
+func waitSessions(t *testing.T, rs []*running) {
+	t.Helper()
+	waitFor(t, "the workers' sessions", time.Minute, func() bool {
+		for _, r := range rs {
+			if r.w.Stats().Sessions == 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func (e *faultEnv) remaining() int {

@@ -107,6 +107,10 @@ func (g *inProcess) counters(s *summary) {
 // demo: a killed worker's last report is at most this old.
 const reportEvery = 250 * time.Millisecond
 
+// workerWaitDB is how long a worker process started by the fleet waits for
+// a database that is restarting (--restart-db-every) before it gives up.
+const workerWaitDB = time.Minute
+
 // maxCrashes is how many unexpected worker exits the demo tolerates (each
 // one is replaced) before it gives up.
 const maxCrashes = 5
@@ -161,7 +165,8 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 		args: []string{"work", "--queue", c.queue, "--parts", fmt.Sprint(c.parts), "--concurrency", fmt.Sprint(c.concurrency),
 			"--ack-batch", fmt.Sprint(c.ackBatch),
 			"--task-time", c.taskTime.String(), "--heartbeat", c.heartbeat.String(), "--expiry", c.expiry.String(),
-			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel, "--report-every", reportEvery.String()},
+			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel, "--report-every", reportEvery.String(),
+			"--wait-db", workerWaitDB.String()},
 		fail: make(chan error, 1), stopKill: make(chan struct{}), killDone: make(chan struct{}),
 	}
 	go f.killLoop(c.killEvery)

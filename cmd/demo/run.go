@@ -29,6 +29,8 @@ type runConfig struct {
 	progress           bool
 	bench              bool
 	downloadCockroach  bool
+	// restartDBEvery and restartDBDown: restarts of the embedded server.
+	restartDBEvery, restartDBDown time.Duration
 }
 
 // summary is the outcome of a demo run; its JSON is the last line of stdout
@@ -54,9 +56,14 @@ type summary struct {
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	ItemsPerSecond float64 `json:"items_per_second"`
 	WorkersKilled  int     `json:"workers_killed"`
-	TimedOut       bool    `json:"timed_out"`
-	Interrupted    bool    `json:"interrupted"`
-	Error          string  `json:"error,omitempty"`
+	DBRestarts     int     `json:"db_restarts"`
+	// Claimed, PastLease and OldestClaimSeconds: see verdict.
+	Claimed            int64   `json:"claimed"`
+	PastLease          int64   `json:"claimed_past_lease"`
+	OldestClaimSeconds float64 `json:"oldest_claim_age_seconds"`
+	TimedOut           bool    `json:"timed_out"`
+	Interrupted        bool    `json:"interrupted"`
+	Error              string  `json:"error,omitempty"`
 	// Known only when the workers run in-process.
 	SessionsStarted *int64 `json:"sessions_started,omitempty"`
 	SessionsLost    *int64 `json:"sessions_lost,omitempty"`
@@ -98,6 +105,8 @@ human line on stderr.`
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
+	f.durationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
+	f.durationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
 	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -115,6 +124,12 @@ human line on stderr.`
 	}
 	if err := c.validate(f); err != nil {
 		return err
+	}
+	if c.restartDBEvery > 0 && c.databaseURL != "" {
+		return f.usageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
+	}
+	if c.restartDBDown > 0 && c.restartDBEvery == 0 {
+		return f.usageError("--restart-db-down needs --restart-db-every")
 	}
 	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
@@ -175,8 +190,9 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	}()
 
 	url := c.databaseURL
+	var srv *dbserver.Server
 	if url == "" {
-		srv, err := r.startServer(ctx)
+		srv, err = r.startServer(ctx)
 		if err != nil {
 			return err
 		}
@@ -243,8 +259,17 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	var restarter *dbRestarter
+	if c.restartDBEvery > 0 {
+		restarter = startRestarter(srv, c.restartDBEvery, c.restartDBDown, r.out)
+	}
 	start := time.Now()
 	outcome, runErr := r.wait(ctx, pool, group, start)
+	var restartErr error
+	s.DBRestarts, restartErr = restarter.finish()
+	if runErr == nil && restartErr != nil {
+		runErr = restartErr
+	}
 	elapsed := time.Since(start)
 	if outcome.finished > 0 {
 		elapsed = outcome.finished
@@ -265,6 +290,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		return failf(1, "%v", err)
 	}
 	s.Enqueued, s.Acked, s.Duplicates, s.Lost, s.Pending, s.Dead = v.Enqueued, v.Acked, v.Duplicates, v.Lost, v.Pending, v.Dead
+	s.Claimed, s.PastLease, s.OldestClaimSeconds = v.Claimed, v.PastLease, v.OldestClaimSeconds
 	s.ElapsedSeconds = elapsed.Seconds()
 	if elapsed > 0 {
 		s.ItemsPerSecond = float64(v.Acked) / elapsed.Seconds()
@@ -317,6 +343,10 @@ type waitOutcome struct {
 	interrupted bool
 }
 
+// countFailFor is how long counting the items left may keep failing
+// before the run gives up.
+const countFailFor = 30 * time.Second
+
 // pollEvery is how often the demo counts the items left; it bounds the
 // error of the measured elapsed time.
 const pollEvery = 50 * time.Millisecond
@@ -333,6 +363,7 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 	var lastShown time.Time
 	var lastErr error
 	failures := 0
+	var failingSince time.Time
 	remaining := int64(-1)
 	for {
 		select {
@@ -357,9 +388,14 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 			if ctx.Err() != nil {
 				continue
 			}
+			if failures == 0 {
+				failingSince = time.Now()
+			}
 			failures++
 			lastErr = err
-			if failures >= 25 {
+			// A database restart (--restart-db-every) or outage takes
+			// seconds: give up only when counting fails for longer.
+			if failures >= 25 && time.Since(failingSince) >= countFailFor {
 				r.out.endProgress()
 				return o, fmt.Errorf("counting the items left keeps failing: %w", lastErr)
 			}
@@ -461,6 +497,12 @@ func (r *demoRun) printSummary(s summary) {
 	fmt.Fprintf(tw, "  lost\t%d\n", s.Lost)
 	fmt.Fprintf(tw, "  pending\t%d\n", s.Pending)
 	fmt.Fprintf(tw, "  dead\t%d\n", s.Dead)
+	if s.Claimed > 0 {
+		fmt.Fprintf(tw, "  claimed\t%d (%d past their lease; oldest claim %s old)\n", s.Claimed, s.PastLease, round(time.Duration(s.OldestClaimSeconds*float64(time.Second))))
+	}
+	if s.DBRestarts > 0 {
+		fmt.Fprintf(tw, "  database restarts\t%d (every %v)\n", s.DBRestarts, r.c.restartDBEvery)
+	}
 	if s.Mode == "processes" {
 		fmt.Fprintf(tw, "  workers killed\t%d (SIGKILL, every %v)\n", s.WorkersKilled, r.c.killEvery)
 	}

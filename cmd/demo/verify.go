@@ -22,6 +22,13 @@ type verdict struct {
 	Lost       int64 `json:"lost"`       // no result, not pending, not dead
 	Pending    int64 `json:"pending"`    // no result, still in the items table
 	Dead       int64 `json:"dead"`       // no result, in the dead-items table
+	// Claimed counts the pending items claimed by a session now; of them,
+	// PastLease those whose lease has run out (a reaper releases them).
+	Claimed   int64 `json:"claimed"`
+	PastLease int64 `json:"claimed_past_lease"`
+	// OldestClaimSeconds is the age of the oldest claim (0: none), so that
+	// an item stuck in a claim shows.
+	OldestClaimSeconds float64 `json:"oldest_claim_age_seconds"`
 }
 
 // ok reports exactly-once: nothing lost, nothing acknowledged twice.
@@ -36,14 +43,18 @@ func check(ctx context.Context, db crsql.DB, runID *uuid.UUID) (verdict, error) 
     count(*) FILTER (WHERE r.n > 1),
     count(*) FILTER (WHERE r.n IS NULL AND i.id IS NULL AND d.id IS NULL),
     count(*) FILTER (WHERE r.n IS NULL AND i.id IS NOT NULL),
-    count(*) FILTER (WHERE r.n IS NULL AND i.id IS NULL AND d.id IS NOT NULL)
+    count(*) FILTER (WHERE r.n IS NULL AND i.id IS NULL AND d.id IS NOT NULL),
+    count(*) FILTER (WHERE i.claim IS NOT NULL),
+    count(*) FILTER (WHERE i.claim IS NOT NULL AND i.lease_until < now()),
+    COALESCE(EXTRACT(EPOCH FROM now() - min(i.claimed_at) FILTER (WHERE i.claim IS NOT NULL)), 0)::FLOAT8
 FROM demo_enqueued AS e
 LEFT JOIN (SELECT item_id, count(*) AS n FROM demo_results GROUP BY item_id) AS r ON r.item_id = e.item_id
 LEFT JOIN %s AS i ON i.id = e.item_id
 LEFT JOIN %s AS d ON d.id = e.item_id
 WHERE $1::UUID IS NULL OR e.run_id = $1::UUID`, tables.Table("items"), tables.Table("dead_items"))
 	var v verdict
-	err := db.QueryRow(ctx, q, runID).Scan(&v.Enqueued, &v.Acked, &v.Duplicates, &v.Lost, &v.Pending, &v.Dead)
+	err := db.QueryRow(ctx, q, runID).Scan(&v.Enqueued, &v.Acked, &v.Duplicates, &v.Lost, &v.Pending, &v.Dead,
+		&v.Claimed, &v.PastLease, &v.OldestClaimSeconds)
 	if err != nil {
 		return v, fmt.Errorf("verifying the results: %w", crsql.Classify(err))
 	}
@@ -62,8 +73,10 @@ func cmdVerify(ctx context.Context, name string, args []string, out *console) er
 pending in the items table or was moved to the dead-items table.
 
 Prints enqueued, acked (items with a result), duplicates (items with more than
-one result), lost (no result, not pending, not dead), pending and dead. Exits 1
-if any item is lost or duplicated; pending items are not lost.`)
+one result), lost (no result, not pending, not dead), pending and dead, and of
+the pending items those claimed by a session now (claimed), those claimed past
+their lease, and the age of the oldest claim: an item stuck in a claim shows
+there. Exits 1 if any item is lost or duplicated; pending items are not lost.`)
 	c.register(f, urlRequired)
 	f.stringVar(&c.runID, "run-id", "", "UUID", "check only the items of this run (default: all runs)", func(s string) error {
 		if s == "" {
@@ -118,6 +131,7 @@ if any item is lost or duplicated; pending items are not lost.`)
 		fmt.Fprintf(tw, "lost\t%d\n", v.Lost)
 		fmt.Fprintf(tw, "pending\t%d\n", v.Pending)
 		fmt.Fprintf(tw, "dead\t%d\n", v.Dead)
+		fmt.Fprintf(tw, "claimed\t%d (%d past their lease; oldest claim %s old)\n", v.Claimed, v.PastLease, round(v.oldestClaim()))
 		tw.Flush()
 		b.WriteString(verdictLine(v) + "\n")
 		out.printf("%s", b.String())
@@ -128,6 +142,11 @@ if any item is lost or duplicated; pending items are not lost.`)
 	return nil
 }
 
+// oldestClaim is OldestClaimSeconds as a duration.
+func (v verdict) oldestClaim() time.Duration {
+	return time.Duration(v.OldestClaimSeconds * float64(time.Second))
+}
+
 // verdictLine sums up a verdict in words.
 func verdictLine(v verdict) string {
 	if !v.ok() {
@@ -135,7 +154,7 @@ func verdictLine(v verdict) string {
 	}
 	s := "OK: no item lost, none acknowledged twice"
 	if v.Pending > 0 {
-		s += fmt.Sprintf(" (%d still pending)", v.Pending)
+		s += fmt.Sprintf(" (%d still pending, %d of them claimed, the oldest claim %s old)", v.Pending, v.Claimed, round(v.oldestClaim()))
 	}
 	return s
 }

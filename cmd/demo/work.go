@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -118,6 +119,7 @@ type workConfig struct {
 	workerSettings
 	name        string
 	reportEvery time.Duration
+	waitDB      time.Duration
 }
 
 // statsPrefix starts the lines of --report-every on stderr.
@@ -154,6 +156,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
+	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -181,21 +184,33 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	if c.metricsAddr != "" {
 		poolSize++ // the scrapes' database reads
 	}
-	pool, err := connect(ctx, c.databaseURL, poolSize)
+	// With --wait-db, a database that is restarting is waited for.
+	var pool *pgxpool.Pool
+	var parts int
+	err = retryStartup(ctx, c.waitDB, func() error {
+		p, err := connect(ctx, c.databaseURL, poolSize)
+		if err != nil {
+			return err
+		}
+		if err := requireSchema(ctx, p); err != nil {
+			p.Close()
+			return err
+		}
+		if err := requireDemoTables(ctx, p); err != nil {
+			p.Close()
+			return err
+		}
+		if parts, err = partition.EnsureParts(ctx, p, tables, c.queue, c.parts); err != nil {
+			p.Close()
+			return failf(1, "%v", err)
+		}
+		pool = p
+		return nil
+	})
 	if err != nil {
 		return stoppedEarly(err)
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return stoppedEarly(err)
-	}
-	if err := requireDemoTables(ctx, pool); err != nil {
-		return stoppedEarly(err)
-	}
-	parts, err := partition.EnsureParts(ctx, pool, tables, c.queue, c.parts)
-	if err != nil {
-		return stoppedEarly(failf(1, "%v", err))
-	}
 	var ms *metricsServer
 	if c.metricsAddr != "" {
 		if ms, err = serveMetrics(c.metricsAddr, pool, out); err != nil {
