@@ -512,6 +512,18 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
+// waitLog is waitCond that shows a process's lines when it times out.
+func waitLog(t *testing.T, log *lineLog, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; the process wrote:\n%s", limit, what, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
@@ -691,12 +703,12 @@ func TestOutageLogs(t *testing.T) {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
 	})
 	proxy.Cut()
-	waitCond(t, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
+	waitLog(t, log, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
 	cutAt := time.Now()
 	// Let the failures pile up for two seconds of claims, acks and heartbeats.
 	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
 	proxy.Restore()
-	waitCond(t, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
+	waitLog(t, log, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
 	deadline := time.Now().Add(2 * time.Minute)
 	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
 		if time.Now().After(deadline) {
