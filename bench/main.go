@@ -181,7 +181,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
 	cw := &crdbworkSystem{}
 	fs.IntVar(&cw.workers, "cw-workers", 1, "crdbwork worker processes (in-process, one session each)")
-	fs.IntVar(&cw.concurrency, "cw-concurrency", 512, "crdbwork handlers per worker")
+	fs.IntVar(&cw.concurrency, "cw-concurrency", 256, "crdbwork handlers per worker")
 	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
 	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
