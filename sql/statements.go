@@ -147,7 +147,10 @@ SET ` + released + `
 RETURNING i.id`
 
 // fenced is the condition of every statement that acts on a batch of claimed
-// items: (id, claim, token) must match one of the given triples. CockroachDB
+// items: (id, claim, token) must match one of the given triples. (claim and
+// token suffice for parts-mode claims too: giving up a part deletes its row,
+// and the composite foreign key's SET NULL nulls claim with claim_queue and
+// claim_part; TestForeignKeysReleaseClaims checks it.) CockroachDB
 // plans it as a lookup semi-join driven by the arrays, by primary key
 // (CockroachDB checked: its unnest builtin is variadic, "Returns the input
 // arrays as a set of rows"; tuple IN (subquery) is standard).
