@@ -13,6 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
@@ -466,5 +468,39 @@ func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
 	}
 	if err := worker.RecordValue(context.Background(), 1); err == nil {
 		t.Error("RecordValue outside a handler accepted")
+	}
+}
+
+// A database that cannot be reached when Run starts (here: a proxy that
+// refuses connections) is retried within StartTimeout; once it is back the
+// worker works. Past StartTimeout, Run returns the error.
+func TestFirstStartWaitsForTheDatabase(t *testing.T) {
+	direct := setup(t)
+	enqueue(t, direct, "default", 1, false)
+	pool, p := proxied(t, direct, 0)
+	p.Cut()
+	core, logs := observer.New(zap.WarnLevel)
+	r := start(t, pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: time.Minute, Logger: zap.New(core)})
+	waitFor(t, "a failed start to be retried", time.Minute, func() bool {
+		return logs.FilterMessageSnippet("retrying").Len() > 0
+	})
+	p.Restore()
+	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, direct, `SELECT count(*) FROM results`) == 1 })
+	r.Stop(t)
+
+	p.Cut()
+	w, err := worker.New(pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Run returned nil without ever reaching the database")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run kept trying past its StartTimeout")
 	}
 }

@@ -2,92 +2,16 @@ package worker_test
 
 import (
 	"context"
-	"io"
-	"net"
-	"net/url"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
-
-// proxy forwards TCP connections to a database server until cut: then it
-// drops every open connection and refuses new ones until restored, which
-// is what a worker sees when the database (or the network to it) goes away.
-type proxy struct {
-	l      net.Listener
-	target string
-
-	mu    sync.Mutex
-	down  bool
-	conns map[net.Conn]struct{}
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
-	t.Cleanup(func() { l.Close(); p.cut() })
-	go p.serve()
-	return p
-}
-
-func (p *proxy) serve() {
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		down := p.down
-		p.mu.Unlock()
-		if down {
-			c.Close()
-			continue
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[c], p.conns[s] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-		}
-		go pipe(c, s)
-		go pipe(s, c)
-	}
-}
-
-// cut drops every connection and refuses new ones.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *proxy) restore() {
-	p.mu.Lock()
-	p.down = false
-	p.mu.Unlock()
-}
 
 // A database that goes away for longer than the session expiry, under load:
 // the workers lose their sessions, keep retrying, start new sessions when it
@@ -102,17 +26,12 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	enqueue(t, direct, "default", n, true)
 
-	cfg := direct.Config()
-	if cfg.ConnConfig.Host == "" || cfg.ConnConfig.Host[0] == '/' {
-		t.Skipf("the database is on a Unix socket (%q); the outage proxy needs TCP", cfg.ConnConfig.Host)
-	}
-	p := newProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, fmtPort(cfg.ConnConfig.Port)))
-	u, err := url.Parse(cfg.ConnString())
+	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.Host = p.l.Addr().String()
-	proxied, err := pgxpool.New(ctx, u.String())
+	t.Cleanup(func() { p.Close() })
+	proxied, err := pgxpool.New(ctx, pu)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,10 +47,10 @@ func TestDatabaseOutage(t *testing.T) {
 	waitFor(t, "some items to be done", time.Minute, func() bool {
 		return count(t, direct, `SELECT count(*) FROM results`) >= n/5
 	})
-	p.cut()
+	p.Cut()
 	outage := 3 * fastSession.Expiry
 	time.Sleep(outage) // the outage itself, not a wait for a condition
-	p.restore()
+	p.Restore()
 	t.Logf("database unreachable for %v", outage)
 
 	waitFor(t, "the queue to drain after the outage", 2*time.Minute, func() bool {
@@ -151,5 +70,3 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	t.Logf("sessions lost: %d", lost)
 }
-
-func fmtPort(p uint16) string { return strconv.Itoa(int(p)) }

@@ -13,6 +13,33 @@
 // Side effects outside the database cannot be made exactly-once this way:
 // a handler may run again after a crash or a lost session. Give external
 // systems the item's id as an idempotency key (and Item.Attempt if useful).
+//
+// # Every item ends
+//
+// A worker never forgets an item it holds. An ack, nack or release that
+// fails for any reason but a lost claim is retried, with capped and
+// jittered backoff, until it is settled, the claim is lost, or the session
+// ends (the session's end releases the item). A finished handler's result
+// is not thrown away by a database blip: the ack runs again (and Record
+// with it); an ack whose outcome is unknown is retried as an ack, and if the
+// retry finds the item gone its outcome stays unknown (Stats.Unknown), never
+// acked, never lost. Handler and Record panics are recovered and nacked.
+// A handler that ignores its context is abandoned ItemTimeout + HangGrace
+// after it started: its item is nacked as timed out and its slot freed
+// (MaxAbandoned bounds the goroutines left running). Every claim has a lease
+// (claim.Options.Lease, default min(ItemTimeout, 2 min) + HangGrace + 30 s),
+// extended while its handler runs but never past that bound; any session's
+// reaper releases expired leases, so an item held by a live session that
+// does not work on it comes back within its lease — and at once after a
+// claim whose answer was lost (ReleaseForgotten).
+//
+// # Connections
+//
+// A worker process uses Connections(opts) connections whatever its
+// Concurrency (5 by default, 6 in parts mode): PoolConns from its pool (one
+// for claims, one per settle goroutine, one for the maintenance loop, one
+// for the rebalancer) and one of the session's own for heartbeats, which a
+// busy pool therefore never delays. Handlers never hold a connection.
 package worker
 
 import (
@@ -54,6 +81,7 @@ const (
 	DefaultItemTimeout     = 5 * time.Minute
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultRestartDelay    = time.Second
+	DefaultStartTimeout    = 30 * time.Second
 	DefaultMaxAckBatch     = 64
 	DefaultAckers          = 2
 	DefaultGatherWait      = 5 * time.Millisecond
@@ -106,9 +134,15 @@ type Options struct {
 	// in-flight handlers (then they are cancelled), waiting for the
 	// cancelled ones and their settles, closing the session. Default 10 s.
 	ShutdownTimeout time.Duration
-	// RestartDelay is the pause before a new session after one was lost.
-	// Default 1 s.
+	// RestartDelay is the pause before a new session after one was lost,
+	// and between tries of a first start. Default 1 s.
 	RestartDelay time.Duration
+	// StartTimeout bounds how long Run keeps trying to start its first
+	// session while that fails for a transient reason (the database
+	// unreachable or restarting); then Run returns the error. A schema
+	// that is not this code's, bad options or a refused login return at
+	// once. Default 30 s.
+	StartTimeout time.Duration
 	// MaxAckBatch bounds the items acked in one transaction. Handlers that
 	// finish while an ack transaction commits are acked together in the
 	// next (group commit; see claim.Queue.AckEach), which costs no waiting
@@ -128,7 +162,7 @@ type Options struct {
 	GatherWait time.Duration
 	// Session, Claim and Partition configure the parts the worker wires.
 	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
-	// extended while a handler runs (see the package's leases).
+	// extended while a handler runs (see "Every item ends" above).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
 	Session   session.Options
@@ -194,7 +228,7 @@ func (o Options) withDefaults() (Options, error) {
 		name string
 		v    time.Duration
 	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
-		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}} {
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout}} {
 		if d.v > MaxDuration {
 			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
 		}
@@ -227,6 +261,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.RestartDelay == 0 {
 		o.RestartDelay = DefaultRestartDelay
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
 	}
 	if o.MaxAckBatch == 0 {
 		o.MaxAckBatch = DefaultMaxAckBatch
@@ -406,13 +443,43 @@ func (w *Worker) Stats() Stats {
 // the database is unreachable. When a session is lost, in-flight handlers
 // see their context cancelled and Run starts a new session after
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
-// cannot start a session (a missing schema, bad options) the first time.
+// cannot start its first session: at once for a schema that is not this
+// code's or bad options, after StartTimeout for a database it cannot reach.
 func (w *Worker) Run(ctx context.Context) error {
-	if err := w.ensureParts(ctx); err != nil {
+	began := time.Now()
+	// retryStart reports whether a failed start may be tried again: not for
+	// a schema that is not this code's or bad options, and before the
+	// first session only for a transient failure within StartTimeout.
+	retryStart := func(err error, first bool) bool {
+		switch {
+		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer):
+			return false
+		case !first:
+			return true
+		}
+		return attempt.Transient(err) && time.Since(began) < w.opts.StartTimeout
+	}
+	pause := func() {
+		t := time.NewTimer(w.opts.RestartDelay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	for {
+		err := w.ensureParts(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		return fmt.Errorf("worker: %w", err)
+		if !retryStart(err, true) {
+			return fmt.Errorf("worker: %w", err)
+		}
+		w.log.Warn("reaching the database failed; retrying", zap.Error(err))
+		pause()
 	}
 	first := true
 	for ctx.Err() == nil {
@@ -421,7 +488,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			if first || errors.Is(err, crsql.ErrSchemaMissing) {
+			if !retryStart(err, first) {
 				return fmt.Errorf("worker: %w", err)
 			}
 			w.log.Warn("starting a session failed; retrying", zap.Error(err))
@@ -437,12 +504,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.lost.Add(1)
 		}
-		t := time.NewTimer(w.opts.RestartDelay)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		pause()
 	}
 	return nil
 }
@@ -623,7 +685,8 @@ const queueReapHeartbeats = 5
 // long-running handlers' items; every Session.ReapEvery (default two
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
-// items (claim.Queue.Reap). Any live session may reap; both are idempotent.
+// items (claim.Queue.Reap). A reap that fails is tried again at the next
+// heartbeat. Any live session may reap; both are idempotent.
 func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	ctx := sess.Context()
 	hb := sess.Options().Heartbeat
@@ -651,6 +714,7 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 				return
 			case err != nil:
 				log.Warn("reaping expired sessions failed", zap.Error(err))
+				nextReap = time.Now().Add(hb) // the database may be back by the next heartbeat
 			case n > 0:
 				log.Info("reaped expired sessions", zap.Int64("count", n))
 			}
@@ -663,6 +727,9 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 				return
 			case err != nil:
 				log.Warn("reaping expired leases failed", zap.Error(err))
+				// Leases may have expired during the failure: try again at
+				// the next heartbeat rather than a full interval later.
+				nextQueueReap = time.Now().Add(hb)
 			case st.Released > 0 || st.Dead > 0:
 				w.reaped.Add(int64(st.Released + st.Dead))
 				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
