@@ -20,8 +20,12 @@ import (
 // benchQueue is the crdbwork queue the runs use.
 const benchQueue = "bench"
 
-// insertResult writes an item's result row inside its ack transaction.
-const insertResult = `INSERT INTO bench_cw_results (item_id) VALUES ($1)`
+// insertResult writes an item's result row inside its ack transaction;
+// insertResults those of a whole ack transaction.
+const (
+	insertResult  = `INSERT INTO bench_cw_results (item_id) VALUES ($1)`
+	insertResults = `INSERT INTO bench_cw_results (item_id) SELECT unnest($1::UUID[])`
+)
 
 // setupCrdbwork applies the crdbwork schema and creates the result table.
 func setupCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
@@ -40,6 +44,7 @@ type crdbworkSystem struct {
 	concurrency int
 	ackBatch    int
 	ackers      int    // 0: the worker's default
+	record      string // "batch": one INSERT per ack transaction (Options.BatchRecord); "each": one per item
 	parts       int    // 0: no parts mode
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
@@ -55,6 +60,39 @@ func (c *crdbworkSystem) options() worker.Options {
 		Parts:       c.parts,
 		Poll:        10 * time.Millisecond,
 		Partition:   partition.Options{Poll: 100 * time.Millisecond},
+		BatchRecord: c.batchRecord(),
+	}
+}
+
+// batchRecord writes the result rows of an ack transaction's items in one
+// INSERT (with --cw-record batch).
+func (c *crdbworkSystem) batchRecord() claim.BatchRecord {
+	if c.record != "batch" {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		ids := make([][16]byte, len(acked))
+		for i, r := range acked {
+			ids[i] = r.Value.([16]byte)
+		}
+		_, err := tx.Exec(ctx, insertResults, ids)
+		return err
+	}
+}
+
+// handler is the no-op handler: it hands its result (the item's id) to the
+// batch record, or returns a Record that inserts it.
+func (c *crdbworkSystem) handler() worker.Handler {
+	if c.record == "batch" {
+		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+			return nil, worker.RecordValue(ctx, [16]byte(it.ID))
+		}
+	}
+	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, insertResult, [16]byte(it.ID)) // [16]byte: pgx encodes uuid.UUID through its text form
+			return err
+		}, nil
 	}
 }
 
@@ -77,8 +115,9 @@ func (c *crdbworkSystem) settings() string {
 	if c.ackers > 0 {
 		ackers = fmt.Sprintf("%d ackers", c.ackers)
 	}
-	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, pool of %d per worker (worker.Connections: %d)",
-		c.workers, c.concurrency, c.ackBatch, ackers, parts, c.poolConns(), worker.Connections(c.options()))
+	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
+		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"batch": "in one INSERT per ack transaction", "each": "by one INSERT per item"}[c.record],
+		c.poolConns(), worker.Connections(c.options()))
 }
 
 func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
@@ -122,15 +161,9 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 		return result{}, err
 	}
 
-	handler := func(ctx context.Context, it claim.Item) (worker.Record, error) {
-		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, insertResult, [16]byte(it.ID)) // [16]byte: pgx encodes uuid.UUID through its text form
-			return err
-		}, nil
-	}
 	ws := make([]*worker.Worker, c.workers)
 	for i := range ws {
-		ws[i], err = worker.New(pools[i], handler, c.options())
+		ws[i], err = worker.New(pools[i], c.handler(), c.options())
 		if err != nil {
 			return result{}, err
 		}

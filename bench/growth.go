@@ -68,8 +68,8 @@ func growth(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "claims of %d items, then a batch ack (no record) of what they got; load %s\n\n", *batch, loadavg())
-	fmt.Fprintf(out, "| %9s | %8s | %12s | %12s | %12s | %-14s |\n", "backlog", "sessions", "claim p50", "claim p99", "items/s", "load")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 11), strings.Repeat("-", 10), strings.Repeat("-", 14), strings.Repeat("-", 14), strings.Repeat("-", 14), strings.Repeat("-", 16))
+	fmt.Fprintf(out, "| %9s | %8s | %12s | %12s | %12s | %-17s |\n", "backlog", "sessions", "claim p50", "claim p99", "items/s", "load")
+	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 11), strings.Repeat("-", 10), strings.Repeat("-", 14), strings.Repeat("-", 14), strings.Repeat("-", 14), strings.Repeat("-", 19))
 	for _, b := range bs {
 		for _, n := range ss {
 			if err := topUp(ctx, pool, b, true); err != nil {
@@ -79,7 +79,7 @@ func growth(ctx context.Context, args []string, out io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("backlog %d, %d sessions: %w", b, n, err)
 			}
-			fmt.Fprintf(out, "| %9d | %8d | %12s | %12s | %12.0f | %-14s |\n", b, n,
+			fmt.Fprintf(out, "| %9d | %8d | %12s | %12s | %12.0f | %-17s |\n", b, n,
 				cell.p50.Round(10*time.Microsecond), cell.p99.Round(10*time.Microsecond), cell.rate, loadavg())
 		}
 	}

@@ -219,7 +219,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 	if err != nil {
 		return nil, crsql.Classify(err)
 	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	gone, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
 	if err != nil {
 		return nil, crsql.Classify(err)
 	}

@@ -155,10 +155,12 @@ func (q *Queue) ReleaseForgotten(ctx context.Context, session uuid.UUID, keep []
 }
 
 // claimArrays returns the ids, sessions and tokens of items, the arrays of
-// the set-based statements.
-func claimArrays(items []Item) (ids, sessions []uuid.UUID, tokens []int64) {
-	ids = make([]uuid.UUID, len(items))
-	sessions = make([]uuid.UUID, len(items))
+// the set-based statements. The UUIDs go as [16]byte, which pgx encodes
+// directly (uuid.UUID goes through its text form, a fifth of a worker's
+// client CPU in the bench).
+func claimArrays(items []Item) (ids, sessions [][16]byte, tokens []int64) {
+	ids = make([][16]byte, len(items))
+	sessions = make([][16]byte, len(items))
 	tokens = make([]int64, len(items))
 	for i, it := range items {
 		ids[i], sessions[i], tokens[i] = it.ID, it.Session, it.Token

@@ -116,7 +116,9 @@ func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool
 func TestSessionsSettleOn64Parts(t *testing.T) {
 	const parts = 64
 	pool := setup(t, parts)
-	fast := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
+	// Frequent heartbeats; an expiry that a loaded machine's slow heartbeats
+	// do not reach (the sessions must not churn: nobody leaves here).
+	fast := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}
 	var ms []*member
 	for range 5 {
 		ms = append(ms, join(t, pool, fast))
@@ -173,7 +175,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	m := join(t, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond})
+	m := join(t, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second})
 	waitFor(t, "the session to own all parts", 20*time.Second, func() bool { return len(m.reb.Owned()) == parts })
 	got, err := q.ClaimParts(ctx, m.sess.ID(), []int{1, 2}, 100)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -392,6 +393,13 @@ func TestOperatorBadInput(t *testing.T) {
 	}
 	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other("no_such_db", u.User)), 2, `the database "no_such_db" does not exist`)
 	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other(u.Database, "no_such_user")), 2, `refused user "no_such_user"`)
+	// A busy metrics address.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	wantExit(t, demo(t, time.Minute, env, "work", "--metrics-addr", busy.Addr().String()), 2, "--metrics-addr "+busy.Addr().String())
 	// A partly missing schema.
 	if _, err := pool.Exec(context.Background(), `DROP TABLE crdbwork_dead_items`); err != nil {
 		t.Fatal(err)
@@ -501,6 +509,18 @@ func TestPauseResume(t *testing.T) {
 	work.Process.Signal(syscall.SIGTERM)
 	if err := work.Wait(); err != nil {
 		t.Errorf("work: %v", err)
+	}
+}
+
+// waitLog is waitCond that shows a process's lines when it times out.
+func waitLog(t *testing.T, log *lineLog, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s; the process wrote:\n%s", limit, what, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -683,12 +703,12 @@ func TestOutageLogs(t *testing.T) {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
 	})
 	proxy.Cut()
-	waitCond(t, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
+	waitLog(t, log, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
 	cutAt := time.Now()
 	// Let the failures pile up for two seconds of claims, acks and heartbeats.
 	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
 	proxy.Restore()
-	waitCond(t, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
+	waitLog(t, log, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
 	deadline := time.Now().Add(2 * time.Minute)
 	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
 		if time.Now().After(deadline) {

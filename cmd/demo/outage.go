@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -32,7 +33,9 @@ func newLogger(level string, out *console) (*zap.Logger, *outageWatch, error) {
 	enc.EncodeLevel = zapcore.CapitalLevelEncoder
 	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.stderrWriter("")), lvl)
 	w := &outageWatch{warned: make(chan time.Time, 1), out: out}
-	sampled := zapcore.NewSamplerWithOptions(core, samplerTick, samplerFirst, samplerThereafter,
+	// The sampler decides in Check, so it is the outer core; it writes
+	// through shortErrors.
+	sampled := zapcore.NewSamplerWithOptions(shortErrors{core}, samplerTick, samplerFirst, samplerThereafter,
 		zapcore.SamplerHook(func(e zapcore.Entry, d zapcore.SamplingDecision) {
 			if e.Level < zapcore.WarnLevel {
 				return
@@ -77,11 +80,12 @@ func (w *outageWatch) run(ctx context.Context, db pinger) {
 			return
 		case first = <-w.warned:
 		}
-		if ping(ctx, db) == nil {
+		err := ping(ctx, db)
+		if err == nil {
 			continue // a warning, but the database answers
 		}
 		warningsBefore, droppedBefore := w.warnings.Load(), w.dropped.Load()
-		w.out.errorf("demo: the database is not answering; warnings about it are rate-limited until it does")
+		w.out.errorf("demo: the database is not answering (%s); warnings are rate-limited until it does", oneLine(err.Error()))
 		t := time.NewTicker(500 * time.Millisecond)
 		for ping(ctx, db) != nil {
 			select {
@@ -109,4 +113,48 @@ func ping(ctx context.Context, db pinger) error {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil
+}
+
+// maxErrorText bounds the error text of one log line: a connection error
+// from pgx repeats the user, database, address and cause, and at 300
+// characters a line of each kind fills two rows of a terminal.
+const maxErrorText = 160
+
+// shortErrors is a zapcore.Core that cuts the text of error fields to
+// maxErrorText runes: the start says what failed, and during an outage the
+// demo's own line gives the ping's whole error once.
+type shortErrors struct{ zapcore.Core }
+
+func (c shortErrors) With(fields []zapcore.Field) zapcore.Core {
+	return shortErrors{c.Core.With(shortenErrors(fields))}
+}
+
+func (c shortErrors) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Enabled(e.Level) {
+		return ce.AddCore(e, c)
+	}
+	return ce
+}
+
+func (c shortErrors) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	return c.Core.Write(e, shortenErrors(fields))
+}
+
+// shortenErrors returns fields with long error texts cut.
+func shortenErrors(fields []zapcore.Field) []zapcore.Field {
+	var out []zapcore.Field
+	for i, f := range fields {
+		err, ok := f.Interface.(error)
+		if f.Type != zapcore.ErrorType || !ok || err == nil || utf8.RuneCountInString(err.Error()) <= maxErrorText {
+			continue
+		}
+		if out == nil {
+			out = append([]zapcore.Field(nil), fields...)
+		}
+		out[i] = zap.String(f.Key, string([]rune(err.Error())[:maxErrorText-1])+"…")
+	}
+	if out == nil {
+		return fields
+	}
+	return out
 }

@@ -227,7 +227,7 @@ func (p *Proxy) serve() {
 			c.Close()
 			continue
 		}
-		pc := &conn{client: c, server: s}
+		pc := &conn{client: c, server: s, closed: make(chan struct{})}
 		p.mu.Lock()
 		if p.down || p.closed { // cut while dialling
 			p.mu.Unlock()
@@ -247,12 +247,14 @@ type conn struct {
 	client, server net.Conn
 	dropAnswer     atomic.Bool
 	once           sync.Once
+	closed         chan struct{} // closed by close
 }
 
 func (c *conn) close() {
 	c.once.Do(func() {
 		c.client.Close()
 		c.server.Close()
+		close(c.closed)
 	})
 }
 
@@ -358,25 +360,50 @@ func (p *Proxy) fromClient(c *conn) {
 		}
 		if sql != "" {
 			if rule := p.match(sql); rule != nil {
-				if rule.Outage > 0 {
-					// The cut closes this connection too, after the action.
-					defer p.CutFor(rule.Outage)
-				}
-				switch rule.Action {
-				case DropStatement:
-					return
-				case DropAnswer:
-					c.dropAnswer.Store(true)
-				}
-				if rule.Outage > 0 && rule.Action == Pass {
-					_, _ = c.server.Write(msg)
+				if !p.apply(c, rule, msg) {
 					return
 				}
+				continue
 			}
 		}
 		if _, err := c.server.Write(msg); err != nil {
 			return
 		}
+	}
+}
+
+// apply does what rule says to the connection c that sent msg, and reports
+// whether the connection goes on.
+func (p *Proxy) apply(c *conn, rule *armed, msg []byte) bool {
+	switch rule.Action {
+	case DropStatement:
+		if rule.Outage > 0 {
+			p.CutFor(rule.Outage)
+		}
+		return false
+	case DropAnswer:
+		c.dropAnswer.Store(true)
+		if _, err := c.server.Write(msg); err != nil {
+			return false
+		}
+		if rule.Outage > 0 {
+			// The outage starts once the answer was dropped (the connection
+			// closed): the statement ran, nothing came back.
+			go func() {
+				<-c.closed
+				p.CutFor(rule.Outage)
+			}()
+		}
+		return true
+	default: // Pass
+		if _, err := c.server.Write(msg); err != nil {
+			return false
+		}
+		if rule.Outage > 0 {
+			p.CutFor(rule.Outage)
+			return false
+		}
+		return true
 	}
 }
 
