@@ -121,7 +121,7 @@ func (c *crdbworkSystem) settings() string {
 }
 
 func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
-	pool, err := newPool(ctx, url, 2)
+	pool, err := newSetupPool(ctx, url)
 	if err != nil {
 		return result{}, err
 	}

@@ -157,8 +157,19 @@ func runTimeout(items int) time.Duration {
 }
 
 // newPool opens a pool of at most conns connections (0: pgxpool's default,
-// the larger of 4 and the number of CPUs).
+// the larger of 4 and the number of CPUs) for a measured system: the
+// connection monitor counts its connections.
 func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+	return openPool(ctx, url, conns, appName)
+}
+
+// newSetupPool opens a pool for set-up and checks, which the connection
+// monitor does not count.
+func newSetupPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	return openPool(ctx, url, 2, "bench-setup")
+}
+
+func openPool(ctx context.Context, url string, conns int, name string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
@@ -166,7 +177,7 @@ func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) 
 	if conns > 0 {
 		cfg.MaxConns = int32(conns)
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
@@ -224,7 +235,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stopServer()
-	setup, err := newPool(ctx, url, 2)
+	setup, err := newSetupPool(ctx, url)
 	if err != nil {
 		return err
 	}
