@@ -1,6 +1,6 @@
 module github.com/crdbwork/crdbwork/bench
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/crdbwork/crdbwork v0.0.0
