@@ -98,15 +98,19 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // by one session, so no other claimer is kept from the extra rows (its own
 // claims only skip them), and the locks end with the statement (PostgreSQL)
 // or the claim's transaction (CockroachDB), which commits at once.
-// CockroachDB checked: "Subqueries" documents LATERAL subqueries (a
-// correlated subquery in FROM, run for each row on its left) and supports
-// most correlated subqueries; a locking clause applies to the tables in its
-// own SELECT's FROM, here the items table of the LATERAL subquery. Its
-// optimizer may decorrelate a LATERAL ... ORDER BY ... LIMIT n into a
-// row_number window over the parts' rows (cockroachdb/cockroach#68299,
-// #165983): check the plan on a CockroachDB cluster with
-// TestStatementPlansUseIndexes and TestPartClaimReadsStayFlat, which run
-// there too.
+// CockroachDB checked: its "Subqueries" page documents LATERAL subqueries
+// (a correlated subquery in FROM, evaluated for each row on its left) and
+// says the optimizer supports correlated subqueries except those with side
+// effects inside a CASE; "SELECT FOR UPDATE" (22.2+) documents SKIP LOCKED;
+// a locking clause locks the tables of its own SELECT's FROM, here the
+// LATERAL subquery's items table (cockroachdb/cockroach#111662, review).
+// Not checked on a cluster (no CockroachDB binary here): since 21.2 its
+// optimizer may decorrelate LATERAL ... ORDER BY ... LIMIT n (n > 1) into a
+// row_number window over every row of the listed parts
+// (cockroachdb/cockroach#68299; #165983, open, shows it for a LATERAL over
+// unnest of an array), which would read and lock every unclaimed row of the
+// owned parts. TestPartClaimReadsStayFlat runs on CockroachDB too and fails
+// on such a plan (its balanced case: 25,000 items in the owned parts).
 //
 // The two claims scan different indexes, and CockroachDB's SKIP LOCKED sees
 // only the locks of the index it scans (cockroachdb/cockroach#57031). They
