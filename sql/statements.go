@@ -92,8 +92,9 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // at most $3 entries per owned part, however long the backlog of the other
 // parts (filtering parts on the queue-wide index instead walked every vested
 // entry of the queue when the session's own parts were empty;
-// TestPartClaimReadsStayFlat). No plan sorts or locks every unclaimed row of
-// several parts: each part's scan stops at $3. It may lock up to $3 rows per
+// TestPartClaimReadsStayFlat). On PostgreSQL (checked, custom and generic
+// plans) no plan sorts or locks every unclaimed row of several parts: each
+// part's scan stops at $3. It may lock up to $3 rows per
 // owned part and hand out only $3 in all; that is harmless: a part is owned
 // by one session, so no other claimer is kept from the extra rows (its own
 // claims only skip them), and the locks end with the statement (PostgreSQL)
