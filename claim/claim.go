@@ -71,9 +71,15 @@ func (q *Queue) ClaimParts(ctx context.Context, session uuid.UUID, parts []int, 
 	if len(parts) == 0 {
 		return nil, nil
 	}
-	ps := make([]int64, len(parts))
-	for i, p := range parts {
-		ps[i] = int64(p)
+	// Each part once: the statement reads every listed part with its own
+	// limit, and a part listed twice would pick its rows twice.
+	ps := make([]int64, 0, len(parts))
+	seen := make(map[int]bool, len(parts))
+	for _, p := range parts {
+		if !seen[p] {
+			seen[p] = true
+			ps = append(ps, int64(p))
+		}
 	}
 	return q.claim(ctx, true, session, n, ps)
 }

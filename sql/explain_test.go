@@ -2,12 +2,15 @@ package sql_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -142,6 +145,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			// scan" of the table's primary index.
 			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend")
 			switch {
+			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_unclaimed"):
+				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_unclaimed:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
@@ -179,4 +184,199 @@ func literals(args []any) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// TestPartClaimReadsStayFlat measures, with EXPLAIN ANALYZE, how much of the
+// items table one per-part claim reads. In the sparse case 100k vested items
+// wait in parts the claiming session does not own and none in its own: a
+// claim that filters parts on a queue-wide index walks the whole backlog to
+// find nothing. In the balanced case the items are spread over all 16 parts.
+// Either way a claim of n items from k parts may read at most n entries per
+// part and n primary-key lookups (its UPDATE), whatever the backlog; in the
+// sparse case it may touch only a few index pages per part. On PostgreSQL it
+// checks the plan for the given parameters and the generic plan a prepared
+// claim ends up with. Each claim runs in a transaction that is rolled back,
+// so the seeded rows stay as they are.
+func TestPartClaimReadsStayFlat(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	session := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, session); err != nil {
+		t.Fatal(err)
+	}
+	own := []int64{12, 13, 14, 15}
+	for _, p := range own {
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, 'q', $2)`, session, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds := crsql.NewStatements(crsql.Tables{})
+	dialect, err := crsql.DetectDialect(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimParts := ds.ForDialect(dialect).ClaimParts
+	const limit = 64
+	bound := 2*limit*len(own) + 8
+	modes := []bool{false}
+	if testdb.Kind(t) == "postgres" {
+		modes = append(modes, true)
+	}
+	for _, c := range []struct {
+		name  string
+		parts string // the parts the 100k items are spread over
+		want  int    // items the claim must return
+	}{
+		{"sparse", "g % 12", 0},       // parts 0..11: none of the session's
+		{"balanced", "g % 16", limit}, // every part
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, s := range []string{
+				`DELETE FROM crdbwork_items`,
+				`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, payload)
+				 SELECT gen_random_uuid(), 'q', ` + c.parts + `, g % 3, now() - g * INTERVAL '1 millisecond', '\x00'::BYTEA
+				 FROM generate_series(1, 100000) AS g`,
+				`ANALYZE crdbwork_items`,
+			} {
+				if _, err := pool.Exec(ctx, s); err != nil {
+					t.Fatalf("%v\n%s", err, s)
+				}
+			}
+			for _, generic := range modes {
+				mode := "custom"
+				if generic {
+					mode = "generic"
+				}
+				read, blocks, claimed := explainReads(t, pool, claimParts, session, limit, own, generic)
+				t.Logf("%s (%s): claimed %d, read %d rows or index entries of the items table, %d pages of its secondary indexes (bound %d)", c.name, mode, claimed, read, blocks, bound)
+				if claimed != c.want {
+					t.Errorf("%s (%s): the claim took %d items; want %d", c.name, mode, claimed, c.want)
+				}
+				if read > bound {
+					t.Errorf("%s (%s): the claim read %d rows or index entries of the items table; want at most %d (2·limit·parts + 8)", c.name, mode, read, bound)
+				}
+				if c.want == 0 && blocks > 8*len(own) {
+					t.Errorf("%s (%s): the claim touched %d pages of the items table's secondary indexes to find nothing; want at most %d (8 per part)", c.name, mode, blocks, 8*len(own))
+				}
+			}
+		})
+	}
+}
+
+// explainReads runs the per-part claim under EXPLAIN ANALYZE in a rolled-back
+// transaction and returns the rows or index entries of the items table it
+// read, the pages of the items table's secondary indexes and sequential scans
+// it touched (PostgreSQL; -1 on CockroachDB), and the rows it claimed. With
+// generic, PostgreSQL plans it as a prepared statement's generic plan.
+func explainReads(t *testing.T, pool *pgxpool.Pool, stmt string, session uuid.UUID, limit int, parts []int64, generic bool) (read, blocks, claimed int) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	args := []any{session, "q", limit, int64(300e6), parts}
+	if testdb.Kind(t) != "postgres" {
+		// CockroachDB: EXPLAIN ANALYZE reports the rows the statement
+		// decoded from KV (every index entry and row it read).
+		rows, err := tx.Query(ctx, "EXPLAIN ANALYZE "+stmt, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		read = -1
+		for _, l := range lines {
+			l = strings.TrimSpace(l)
+			if v, ok := strings.CutPrefix(l, "rows decoded from KV: "); ok {
+				v, _, _ = strings.Cut(v, " ")
+				if read, err = strconv.Atoi(strings.ReplaceAll(v, ",", "")); err != nil {
+					t.Fatalf("EXPLAIN ANALYZE: %q: %v", l, err)
+				}
+			}
+		}
+		if read < 0 {
+			t.Fatalf("EXPLAIN ANALYZE reported no rows decoded from KV:\n%s", strings.Join(lines, "\n"))
+		}
+		return read, -1, claimedIn(t, tx, session)
+	}
+	query := "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + stmt
+	if generic {
+		// The plan a prepared claim gets once PostgreSQL stops planning it
+		// for each execution's values. (PREPARE outlives the rollback.)
+		for _, s := range []string{"SET LOCAL plan_cache_mode = force_generic_plan", "PREPARE reads_claim AS " + stmt} {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v", s, err)
+			}
+		}
+		query, args = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE reads_claim("+literals(args)+")", nil
+	}
+	var out []byte
+	if err := tx.QueryRow(ctx, query, args...).Scan(&out); err != nil {
+		t.Fatal(err)
+	}
+	if generic {
+		if _, err := tx.Exec(ctx, "DEALLOCATE reads_claim"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var plans []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+		t.Fatalf("EXPLAIN JSON: %v\n%s", err, out)
+	}
+	var walk func(n planNode)
+	walk = func(n planNode) {
+		if n.Relation == "crdbwork_items" {
+			// Rows (or index entries) returned in every loop, and those the
+			// scan read and dropped (a filter on the entries or the rows).
+			read += int(n.Rows*n.Loops) + int(n.Removed) + int(n.Recheck)
+		}
+		if n.Relation == "crdbwork_items" && n.Type == "Seq Scan" ||
+			strings.HasPrefix(n.Index, "crdbwork_items_") && n.Index != "crdbwork_items_pkey" {
+			blocks += int(n.Hit + n.ReadBlocks)
+		}
+		for _, c := range n.Plans {
+			walk(c)
+		}
+	}
+	walk(plans[0].Plan)
+	claimed = claimedIn(t, tx, session)
+	if read == 0 && claimed > 0 {
+		t.Fatalf("no scan of the items table in the plan:\n%s", out)
+	}
+	t.Logf("plan:\n%s", out)
+	return read, blocks, claimed
+}
+
+// claimedIn counts the items session holds as seen by tx: EXPLAIN ANALYZE
+// ran the claim, so its writes are visible until the rollback.
+func claimedIn(t *testing.T, tx pgx.Tx, session uuid.UUID) int {
+	t.Helper()
+	var n int
+	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_items WHERE claim = $1`, session).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// planNode is a node of PostgreSQL's EXPLAIN (ANALYZE, FORMAT JSON).
+type planNode struct {
+	Type       string     `json:"Node Type"`
+	Relation   string     `json:"Relation Name"`
+	Index      string     `json:"Index Name"`
+	Rows       float64    `json:"Actual Rows"`
+	Loops      float64    `json:"Actual Loops"`
+	Removed    float64    `json:"Rows Removed by Filter"`
+	Recheck    float64    `json:"Rows Removed by Index Recheck"`
+	Hit        float64    `json:"Shared Hit Blocks"`
+	ReadBlocks float64    `json:"Shared Read Blocks"`
+	Plans      []planNode `json:"Plans"`
 }

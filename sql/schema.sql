@@ -90,12 +90,15 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     CONSTRAINT crdbwork_items_attempts_range CHECK (attempts >= 0 AND max_attempts >= 1)
 );
 
--- Unclaimed items in claim order, with the part in the key: the any-part and
--- the per-part claims both read (and lock) through this one index, in order,
--- stopping at their limit however long the backlog; a per-part claim skips
--- other parts' entries from the index itself.
+-- Unclaimed items in claim order, two ways. By queue (the part last): the
+-- any-part claim reads (and locks) through it, in order, stopping at its
+-- limit however long the backlog. By part: the per-part claim reads each
+-- owned part in order with its own limit, so that its cost does not grow
+-- with the backlog of other parts; also per-part backlog counts.
 CREATE INDEX IF NOT EXISTS crdbwork_items_claim_next
     ON crdbwork_items (queue, priority, vesting_at, part) WHERE claim IS NULL;
+CREATE INDEX IF NOT EXISTS crdbwork_items_unclaimed
+    ON crdbwork_items (queue, part, priority, vesting_at) WHERE claim IS NULL;
 
 -- Claimed items by claimant: serves the foreign keys' SET NULL when a session
 -- or part row is deleted, and status queries.
@@ -135,7 +138,6 @@ ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DE
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
 -- (Superseded by crdbwork_items_claim_next.)
 DROP INDEX IF EXISTS crdbwork_items_claim_order;
-DROP INDEX IF EXISTS crdbwork_items_unclaimed;
 
 -- Claimed items by lease end: the lease reaper reads only expired leases.
 CREATE INDEX IF NOT EXISTS crdbwork_items_lease

@@ -64,32 +64,66 @@ type Statements struct {
 // itemColumns are the columns every claim statement returns, in order.
 const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until`
 
-// claimTemplate is the claim statement; the %s are the per-part condition
-// (or nothing), the claim_queue/claim_part values, and how the UPDATE finds
-// the picked rows (joinPicked, or anyPicked on PostgreSQL).
+// claimTemplate is the any-part claim statement and partClaimTemplate the
+// per-part one; the %s are how the UPDATE finds the picked rows (joinPicked,
+// or anyPicked on PostgreSQL).
 //
-// Its shape is chosen for both optimizers (CockroachDB docs checked:
+// Their shape is chosen for both optimizers (CockroachDB docs checked:
 // "Common Table Expressions": AS MATERIALIZED overrides the optimizer's
 // choice; "UPDATE": FROM table_ref references other tables, here the CTE;
 // SKIP LOCKED: supported since 22.2, and refused under READ COMMITTED on
 // 23.2, cockroachdb/cockroach#115057). The MATERIALIZED CTE selects at most $3 ids
-// through crdbwork_items_claim_next, in order, locking only the rows it
-// returns (FOR UPDATE SKIP LOCKED: rows another claimer holds are skipped,
-// not waited for); the UPDATE then joins those ids by primary key. The older
-// form, id = ANY(ARRAY(subquery)), is turned into index spans by CockroachDB
-// only for constant arrays, so its UPDATE could scan every unclaimed row.
-// The any-part and the per-part claims read through the same index (part is
-// its last key column, so a per-part claim filters parts on the index
-// entries): on CockroachDB, SKIP LOCKED sees only the locks of the index it
-// scans, so claims of the two kinds on one queue must scan the same one. No
-// plan sorts the rows of several parts: the index gives the order, and the
-// scan stops at the limit. A paused queue yields no rows (the NOT EXISTS is
-// uncorrelated: evaluated once). Items whose attempts are used up are never
-// handed out (the reaper moves them to the dead items). Run it in an explicit
-// transaction, SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ
-// COMMITTED (the default of some 23.2+ clusters).
+// in order, locking only the rows it returns (FOR UPDATE SKIP LOCKED: rows
+// another claimer holds are skipped, not waited for); the UPDATE then joins
+// those ids by primary key. The older form, id = ANY(ARRAY(subquery)), is
+// turned into index spans by CockroachDB only for constant arrays, so its
+// UPDATE could scan every unclaimed row. A paused queue yields no rows (the
+// NOT EXISTS is uncorrelated: evaluated once). Items whose attempts are used
+// up are never handed out (the reaper moves them to the dead items). The
+// UPDATE rechecks i.claim IS NULL. Run it in an explicit transaction,
+// SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ COMMITTED
+// (the default of some 23.2+ clusters).
 //
-// PostgreSQL has a twin that differs only in how the UPDATE finds the picked
+// The any-part claim reads crdbwork_items_claim_next (queue, priority,
+// vesting_at, part) in order and stops at its limit. The per-part claim
+// reads crdbwork_items_unclaimed (queue, part, priority, vesting_at) once
+// per owned part, in order, each part with its own limit $3 (a LATERAL
+// subquery over unnest($5)), and keeps the best $3 across parts: its cost is
+// at most $3 entries per owned part, however long the backlog of the other
+// parts (filtering parts on the queue-wide index instead walked every vested
+// entry of the queue when the session's own parts were empty;
+// TestPartClaimReadsStayFlat). On PostgreSQL (checked, custom and generic
+// plans) no plan sorts or locks every unclaimed row of several parts: each
+// part's scan stops at $3. It may lock up to $3 rows per
+// owned part and hand out only $3 in all; that is harmless: a part is owned
+// by one session, so no other claimer is kept from the extra rows (its own
+// claims only skip them), and the locks end with the statement (PostgreSQL)
+// or the claim's transaction (CockroachDB), which commits at once.
+// CockroachDB checked: its "Subqueries" page documents LATERAL subqueries
+// (a correlated subquery in FROM, evaluated for each row on its left) and
+// says the optimizer supports correlated subqueries except those with side
+// effects inside a CASE; "SELECT FOR UPDATE" (22.2+) documents SKIP LOCKED;
+// a locking clause locks the tables of its own SELECT's FROM, here the
+// LATERAL subquery's items table (cockroachdb/cockroach#111662, review).
+// Not checked on a cluster (no CockroachDB binary here): since 21.2 its
+// optimizer may decorrelate LATERAL ... ORDER BY ... LIMIT n (n > 1) into a
+// row_number window over every row of the listed parts
+// (cockroachdb/cockroach#68299; #165983, open, shows it for a LATERAL over
+// unnest of an array), which would read and lock every unclaimed row of the
+// owned parts. TestPartClaimReadsStayFlat runs on CockroachDB too and fails
+// on such a plan (its balanced case: 25,000 items in the owned parts).
+//
+// The two claims scan different indexes, and CockroachDB's SKIP LOCKED sees
+// only the locks of the index it scans (cockroachdb/cockroach#57031). They
+// do not meet: a queue is worked either in parts mode (workers with
+// Options.Parts > 0 on a queue with a stored part count, claiming only their
+// own parts) or without parts, never both in a correct set-up. If they do
+// meet, no item is claimed twice: the UPDATE writes claim and rechecks
+// i.claim IS NULL on the row itself, so a row both claims picked is claimed
+// by one of them only; the cost is contention (a lock wait or a
+// serialization retry), not a double claim.
+//
+// PostgreSQL has a twin of each that differs only in how the UPDATE finds the picked
 // rows: id = ANY(ARRAY(SELECT id FROM picked)), which PostgreSQL always runs
 // as primary-key lookups (an index condition on a computed array). With the
 // join, its planner switches to a hash join over a sequential scan of every
@@ -119,13 +153,32 @@ func (s *Statements) ForDialect(d Dialect) DialectStatements {
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE queue = $2 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts%s
+    WHERE queue = $2 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
       AND NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
     ORDER BY priority, vesting_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
-SET claim = $1, %s, claimed_at = now(),
+SET claim = $1, claim_queue = NULL, claim_part = NULL, claimed_at = now(),
+    attempts = i.attempts + 1, claim_token = i.claim_token + 1,
+    lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+%s AND i.claim IS NULL
+RETURNING ` + itemColumns
+
+const partClaimTemplate = `WITH picked AS MATERIALIZED (
+    SELECT c.id
+    FROM unnest($5::BIGINT[]) AS p (part),
+    LATERAL (
+        SELECT id, priority, vesting_at FROM crdbwork_items
+        WHERE queue = $2 AND part = p.part AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
+        ORDER BY priority, vesting_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
+    ORDER BY c.priority, c.vesting_at
+    LIMIT $3)
+UPDATE crdbwork_items AS i
+SET claim = $1, claim_queue = i.queue, claim_part = i.part, claimed_at = now(),
     attempts = i.attempts + 1, claim_token = i.claim_token + 1,
     lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 %s AND i.claim IS NULL
@@ -168,13 +221,6 @@ const (
 	pgFenced = `id = ANY(ARRAY(SELECT unnest($1::UUID[]))) AND ` + fenced
 )
 
-// The claim statements' variable parts.
-const (
-	inParts   = " AND part = ANY($5::BIGINT[])"
-	anyPart   = "claim_queue = NULL, claim_part = NULL"
-	partClaim = "claim_queue = i.queue, claim_part = i.part"
-)
-
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
@@ -204,10 +250,10 @@ ON CONFLICT DO NOTHING`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
-		ClaimAny:           r(fmt.Sprintf(claimTemplate, "", anyPart, joinPicked)),
-		ClaimParts:         r(fmt.Sprintf(claimTemplate, inParts, partClaim, joinPicked)),
-		PostgresClaimAny:   r(fmt.Sprintf(claimTemplate, "", anyPart, anyPicked)),
-		PostgresClaimParts: r(fmt.Sprintf(claimTemplate, inParts, partClaim, anyPicked)),
+		ClaimAny:           r(fmt.Sprintf(claimTemplate, joinPicked)),
+		ClaimParts:         r(fmt.Sprintf(partClaimTemplate, joinPicked)),
+		PostgresClaimAny:   r(fmt.Sprintf(claimTemplate, anyPicked)),
+		PostgresClaimParts: r(fmt.Sprintf(partClaimTemplate, anyPicked)),
 		ReapLeases:         r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
 		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
 		AckMany:            r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),

@@ -9,7 +9,8 @@
 --
 -- Safe while version-1 workers run: it only adds columns with constant
 -- defaults (no table rewrite on either engine) and indexes, and replaces the
--- two indexes over unclaimed items by one that serves the same queries.
+-- queue-wide index over unclaimed items (crdbwork_items_claim_order) by one
+-- with the part in its key; the per-part index stays.
 -- Version-1 statements never name the new columns, so old workers keep
 -- claiming, acking and nacking as before; they ignore pauses and take no
 -- leases (their claims have no lease_until, so the lease reaper leaves them
@@ -41,17 +42,17 @@ ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS acked BIGINT NOT NULL DEF
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
 
--- Unclaimed items in claim order, with the part in the key: the any-part and
--- the per-part claims both read (and lock) through this one index, in order,
--- stopping at their limit; a per-part claim skips other parts' entries from
--- the index itself.
+-- Unclaimed items of a queue in claim order (the part last): the any-part
+-- claim reads (and locks) through it, in order, stopping at its limit. The
+-- per-part claim reads crdbwork_items_unclaimed (queue, part, priority,
+-- vesting_at), kept from migration 1: each owned part in order with its own
+-- limit, so that its cost does not grow with other parts' backlog.
 CREATE INDEX IF NOT EXISTS crdbwork_items_claim_next
     ON crdbwork_items (queue, priority, vesting_at, part) WHERE claim IS NULL;
 
 -- Superseded by crdbwork_items_claim_next. (CockroachDB accepts an index
 -- name without its table here: its grammar's standalone_index_name.)
 DROP INDEX IF EXISTS crdbwork_items_claim_order;
-DROP INDEX IF EXISTS crdbwork_items_unclaimed;
 
 -- Claimed items by lease end: the lease reaper reads only expired leases.
 CREATE INDEX IF NOT EXISTS crdbwork_items_lease
