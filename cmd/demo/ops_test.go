@@ -697,7 +697,7 @@ func TestOutageLogs(t *testing.T) {
 	}
 	defer proxy.Close()
 	ctx := context.Background()
-	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms")
+	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms", "--concurrency", "8")
 	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
 	waitCond(t, "some items to be done", time.Minute, func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -24,11 +23,20 @@ import (
 // has none stored yet.
 const defaultParts = 16
 
-// insertResult records one handled item, inside the ack transaction.
-const insertResult = `INSERT INTO demo_results (item_id, session_id, part, attempt) VALUES ($1, $2, $3, $4)`
+// defaultConcurrency is the handlers per worker of `demo run` and `demo work`:
+// handlers hold no connection, so more of them cost a goroutine each, and
+// claims and ack transactions then carry more items (see the README's
+// performance section).
+const defaultConcurrency = 256
 
-// demoHandler "works" for taskTime (giving up when ctx ends) and returns
-// the Record that writes the item's result row in the ack transaction.
+// insertResults writes the result rows of one ack transaction in one
+// statement (the worker's BatchRecord hook).
+const insertResults = `INSERT INTO demo_results (item_id, session_id, part, attempt)
+SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[], $4::BIGINT[])`
+
+// demoHandler "works" for taskTime (giving up when ctx ends) and hands its
+// item to recordResults, which writes the results of every item of an ack
+// transaction in one INSERT inside that transaction.
 func demoHandler(taskTime time.Duration) worker.Handler {
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		if taskTime > 0 {
@@ -40,14 +48,24 @@ func demoHandler(taskTime time.Duration) worker.Handler {
 				return nil, ctx.Err()
 			}
 		}
-		return func(ctx context.Context, tx pgx.Tx) error {
-			// pgtype.UUID, not uuid.UUID: pgx encodes the latter through its
-			// string form (driver.Valuer), which costs more than the insert.
-			_, err := tx.Exec(ctx, insertResult, pgtype.UUID{Bytes: it.ID, Valid: true},
-				pgtype.UUID{Bytes: it.Session, Valid: true}, int64(it.Part), int64(it.Attempt))
-			return err
-		}, nil
+		return nil, worker.RecordValue(ctx, it)
 	}
+}
+
+// recordResults is the demo's claim.BatchRecord: one result row per acked
+// item, all in one statement. Ids go as [16]byte: pgx encodes uuid.UUID
+// through its string form (driver.Valuer), which costs more than the insert.
+func recordResults(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+	ids := make([][16]byte, len(acked))
+	sessions := make([][16]byte, len(acked))
+	parts := make([]int64, len(acked))
+	attempts := make([]int64, len(acked))
+	for i, r := range acked {
+		it := r.Value.(claim.Item)
+		ids[i], sessions[i], parts[i], attempts[i] = it.ID, it.Session, int64(it.Part), int64(it.Attempt)
+	}
+	_, err := tx.Exec(ctx, insertResults, ids, sessions, parts, attempts)
+	return err
 }
 
 // workerSettings are the settings shared by `run` and `work`.
@@ -65,7 +83,7 @@ type workerSettings struct {
 // register adds the flags; partsUsage says what --parts does for the command.
 func (w *workerSettings) register(f *flagSet, partsUsage string) {
 	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, partsUsage)
-	f.intVar(&w.concurrency, "concurrency", 8, 1, 10_000, "handlers running at once in each worker")
+	f.intVar(&w.concurrency, "concurrency", defaultConcurrency, 1, 10_000, "handlers running at once in each worker")
 	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
 	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
@@ -107,6 +125,7 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Partition:       partition.Options{Poll: w.rebalance},
 		Logger:          log.With(zap.String("worker", name)),
 		Observer:        obs,
+		BatchRecord:     recordResults,
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)
