@@ -153,7 +153,7 @@ func TestRun(t *testing.T) {
 func TestRunKillEvery(t *testing.T) {
 	url := testdb.NewURL(t)
 	r := demo(t, 3*time.Minute, nil, "run", "--database-url", url, "--kill-every", "700ms", "--items", "3000",
-		"--workers", "3", "--json", "--task-time", "5ms")
+		"--workers", "3", "--json", "--task-time", "5ms", "--concurrency", "8") // 8 handlers: a run long enough to kill in
 	s := checkSummary(t, r, 3000)
 	if k := num(t, s, "workers_killed"); k < 1 {
 		t.Errorf("workers_killed = %v, want at least 1\nstderr:\n%s", k, r.stderr)

@@ -489,7 +489,7 @@ func TestFaultDemoSoakSmall(t *testing.T) {
 	}
 	const items = 6000
 	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "1s",
-		"--restart-db-every", "2s", "--task-time", "2ms", "--json", "--progress=false")
+		"--restart-db-every", "2s", "--task-time", "2ms", "--concurrency", "8", "--json", "--progress=false") // 8 handlers: a run long enough for restarts
 	s := checkSummary(t, r, items)
 	if num(t, s, "db_restarts") < 1 {
 		t.Errorf("db_restarts = %v, want at least 1\nstderr:\n%s", s["db_restarts"], r.stderr)
