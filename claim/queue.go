@@ -84,10 +84,9 @@ type Queue struct {
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
-	// checked is set once the schema version was found to be this code's
-	// and claimIso was set for the server's engine.
-	checked atomic.Bool
-	engine  atomic.Pointer[engine]
+	// engine is set once the schema version was found to be this code's,
+	// for the server's engine; nil until then.
+	engine atomic.Pointer[engine]
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
@@ -160,7 +159,7 @@ func New(db DB, opts Options) (*Queue, error) {
 // claim IS NULL. Acks, nacks and everything else that fences on a claim are
 // SERIALIZABLE transactions or single statements on both.
 func (q *Queue) ready(ctx context.Context) error {
-	if q.checked.Load() {
+	if q.engine.Load() != nil {
 		return nil
 	}
 	if err := crsql.Check(ctx, q.db, q.opts.Tables); err != nil {
@@ -173,7 +172,6 @@ func (q *Queue) ready(ctx context.Context) error {
 	e := &engine{claimInTx: dialect == crsql.Cockroach}
 	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
-	q.checked.Store(true)
 	return nil
 }
 
