@@ -30,7 +30,7 @@ func NewScheduleStatements(t Tables) *ScheduleStatements {
 	r := t.rewrite
 	return &ScheduleStatements{
 		Last: r(`SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE`),
-		Now: `SELECT now()`,
+		Now:  `SELECT now()`,
 		Advance: r(`INSERT INTO crdbwork_schedules AS s (queue, name, last_period) VALUES ($1, $2, $3)
 ON CONFLICT (queue, name) DO UPDATE SET last_period = excluded.last_period, updated_at = now()
 WHERE s.last_period < excluded.last_period
