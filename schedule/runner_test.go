@@ -28,11 +28,6 @@ func setup(t testing.TB) *pgxpool.Pool {
 	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
-	// Until schema v3 lands on this branch.
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS crdbwork_schedules (queue TEXT NOT NULL, name TEXT NOT NULL,
-		last_period TIMESTAMPTZ NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (queue, name))`); err != nil {
-		t.Fatal(err)
-	}
 	return pool
 }
 
