@@ -14,6 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/schedule"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -139,7 +140,12 @@ type workConfig struct {
 	name        string
 	reportEvery time.Duration
 	waitDB      time.Duration
+	every       time.Duration
+	skipMissed  bool
 }
+
+// demoSchedule is the name of the periodic schedule of `demo work --every`.
+const demoSchedule = "demo-every"
 
 // statsPrefix starts the lines of --report-every on stderr.
 const statsPrefix = "demo-work-stats "
@@ -177,6 +183,8 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
+	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
+	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -185,6 +193,19 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	}
 	if err := c.validate(f); err != nil {
 		return err
+	}
+	var sched *schedule.Schedule
+	if c.every > 0 {
+		missed := schedule.CatchUp
+		if c.skipMissed {
+			missed = schedule.Skip
+		}
+		sched = &schedule.Schedule{Name: demoSchedule, Every: c.every, Missed: missed, Make: func(p time.Time) claim.NewItem {
+			return claim.NewItem{Payload: []byte("periodic " + p.Format(time.RFC3339Nano))}
+		}}
+		if _, err := schedule.PeriodAt(*sched, time.Now()); err != nil {
+			return f.usageError("--every %v: %v", c.every, err)
+		}
 	}
 	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
@@ -202,6 +223,9 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	poolSize := c.poolSize()
 	if c.metricsAddr != "" {
 		poolSize++ // the scrapes' database reads
+	}
+	if sched != nil {
+		poolSize++ // the schedule's transactions
 	}
 	// With --wait-db, a database that is restarting is waited for.
 	var pool *pgxpool.Pool
@@ -279,8 +303,27 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			}
 		}()
 	}
+	var runnerDone chan struct{}
+	rctx, stopRunner := context.WithCancel(ctx)
+	defer stopRunner()
+	if sched != nil {
+		r, err := schedule.New(pool, schedule.Options{Queue: c.queue, Tables: tables,
+			Logger: log.With(zap.String("worker", c.name))}, *sched)
+		if err != nil {
+			return failf(2, "%v", err)
+		}
+		runnerDone = make(chan struct{})
+		go func() {
+			defer close(runnerDone)
+			_ = r.Run(rctx)
+		}()
+	}
 	runErr := w.Run(ctx)
 	close(started)
+	stopRunner()
+	if runnerDone != nil {
+		<-runnerDone // it stops at once
+	}
 	if c.reportEvery > 0 {
 		b, _ := json.Marshal(statsOf(w.Stats()))
 		out.errorLine(statsPrefix + string(b))
