@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,8 @@ import (
 // EXPLAINs every claim, ack, nack, release, extend and reap statement: none
 // may scan the items table sequentially, and the set-based acks and extends
 // must find their rows by primary key (not, say, by merging with every item
-// the session holds). On PostgreSQL it checks both the plan for the given
+// the session holds). The schedules' statements (10k schedule rows seeded)
+// may not scan crdbwork_schedules. On PostgreSQL it checks both the plan for the given
 // parameters and the generic plan a long-lived prepared statement ends up
 // with.
 func TestStatementPlansUseIndexes(t *testing.T) {
@@ -57,6 +59,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		 FROM generate_series(1, ` + fmt.Sprint(total) + `) AS g`,
 		`INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`,
 		`ANALYZE crdbwork_items`,
+		`INSERT INTO crdbwork_schedules (queue, name, last_period)
+		 SELECT 'q' || (g % 10), 'schedule-' || g, now() - g * INTERVAL '1 minute' FROM generate_series(1, 10000) AS g`,
+		`ANALYZE crdbwork_schedules`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
@@ -82,6 +87,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	ds := st.ForDialect(dialect)
+	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
 	cases := []struct {
 		name string
@@ -108,6 +114,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
+		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -157,7 +165,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
 			case c.name == "FairTurns" && (!strings.Contains(text, "crdbwork_items_tenant_turn") || !strings.Contains(text, "crdbwork_items_turn_next")):
 				t.Errorf("%s (%s) does not seek the head and the tenant's last turn by index:\n%s", c.name, mode, text)
-			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "FULL SCAN") ||
+			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
+				strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
 			case byKey && testdb.Kind(t) == "postgres" &&
@@ -181,6 +190,8 @@ func literals(args []any) string {
 			out[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
 		case int, int64:
 			out[i] = fmt.Sprint(v)
+		case time.Time:
+			out[i] = "'" + v.Format(time.RFC3339Nano) + "'::TIMESTAMPTZ"
 		case []string:
 			q := make([]string, len(v))
 			for j, s := range v {
