@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,6 +73,11 @@ type Runner struct {
 	opts   Options
 	scheds []*compiled
 	log    *zap.Logger
+
+	// checked is set once the queue checked the schema (outside any
+	// transaction: EnqueueReportTx would check it on a second connection
+	// while the transaction holds one).
+	checked atomic.Bool
 
 	mu     sync.Mutex
 	done   map[string]time.Time // per schedule: a period known recorded
@@ -222,6 +228,12 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 	var cur, dbNow time.Time
 	var sent time.Time
 	queue := r.opts.Queue
+	if !r.checked.Load() {
+		if _, err := r.q.Settings(ctx); err != nil {
+			return nil, fmt.Errorf("schedule %q of queue %q: %w", c.Name, queue, err)
+		}
+		r.checked.Store(true)
+	}
 	err := retry.Tx(ctx, r.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		fired = nil
 		sent = time.Now()

@@ -2,6 +2,7 @@ package schedule_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -327,4 +328,35 @@ func TestMissedPeriodsCatchUpOnceOrSkip(t *testing.T) {
 		t.Fatalf("catch-up items %v, want one, of the catch-up schedule", catchUps)
 	}
 	t.Logf("first life: %s; back at %v; catch-up items: %v", p0.Format("15:04:05"), cur, catchUps)
+}
+
+// A runner on a pool of one connection works: nothing it does needs a
+// second connection while its transaction holds the first. On a database
+// without the schema it fails with a clear error.
+func TestRunnerOnOneConnection(t *testing.T) {
+	url := testdb.NewURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
+	if _, err := r.Tick(ctx); !errors.Is(err, crsql.ErrSchemaMissing) {
+		t.Fatalf("Tick without the schema: %v, want ErrSchemaMissing", err)
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	r = newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
+	fired, err := r.Tick(ctx)
+	if err != nil || len(fired) != 1 {
+		t.Fatalf("Tick on one connection: %v, %v", fired, err)
+	}
 }
