@@ -64,7 +64,10 @@ type Schedule struct {
 	// "CRON_TZ=Europe/Paris 0 9 * * 1-5"). "@every" is refused: use Every.
 	Cron string
 	// Item is the item each period gets. Its ID must be zero: each
-	// period's item gets the id ItemID(queue, Name, period).
+	// period's item gets the id ItemID(queue, Name, period). An item that
+	// Queue.Enqueue would refuse (a payload over the queue's MaxPayload,
+	// say) makes every transaction of the schedule fail: Tick returns the
+	// error, Run logs it and tries again after Options.RetryDelay.
 	Item claim.NewItem
 	// Make, if set, builds each period's item instead of Item, given the
 	// period's start (UTC): for a payload that names the period. Its ID is
