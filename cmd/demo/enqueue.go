@@ -28,6 +28,17 @@ const keySpace = 1000
 // demo_enqueued under runID, chunk by chunk, each chunk in one transaction
 // with its record, so that verify knows exactly what was enqueued.
 func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int) error {
+	return enqueueDemoShaped(ctx, pool, queue, runID, n, itemShape{})
+}
+
+// itemShape is what demo enqueue's flags give every item.
+type itemShape struct {
+	ttl        time.Duration // NewItem.TTL
+	atMostOnce bool          // NewItem.AtMostOnce
+}
+
+// enqueueDemoShaped is enqueueDemo with every item shaped by shape.
+func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape) error {
 	q, err := claim.New(pool, claim.Options{Queue: queue})
 	if err != nil {
 		return err
@@ -36,8 +47,10 @@ func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uu
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
 			items = append(items, claim.NewItem{
-				Payload: []byte(strconv.Itoa(i)),
-				Key:     fmt.Sprintf("key-%d", i%keySpace),
+				Payload:    []byte(strconv.Itoa(i)),
+				Key:        fmt.Sprintf("key-%d", i%keySpace),
+				TTL:        shape.ttl,
+				AtMostOnce: shape.atMostOnce,
 			})
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
@@ -87,6 +100,7 @@ type enqueueConfig struct {
 	common
 	count     int
 	parts     int
+	shape     itemShape
 	producers int
 	buffered  bool
 }
@@ -99,8 +113,9 @@ const recordChunk = 1000
 // item per call: straight Queue.Enqueue calls, or, with buffered, calls of
 // one claim.Buffer (group commit). Each id is recorded in demo_enqueued
 // under runID once its enqueue committed (an unknown outcome is retried
-// with the same id first). It returns the buffer's flushes (0 without).
-func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, producers int, buffered bool) (flushes int64, err error) {
+// with the same id first). Every item is shaped by shape. It returns the
+// buffer's flushes (0 without).
+func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, producers int, buffered bool, shape itemShape) (flushes int64, err error) {
 	q, err := claim.New(pool, claim.Options{Queue: queue})
 	if err != nil {
 		return 0, err
@@ -152,7 +167,8 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 				if i >= int64(n) {
 					return
 				}
-				it := claim.NewItem{Payload: []byte(strconv.FormatInt(i, 10)), Key: fmt.Sprintf("key-%d", i%keySpace)}
+				it := claim.NewItem{Payload: []byte(strconv.FormatInt(i, 10)), Key: fmt.Sprintf("key-%d", i%keySpace),
+					TTL: shape.ttl, AtMostOnce: shape.atMostOnce}
 				for attempt := 1; ; attempt++ {
 					var id uuid.UUID
 					var err error
@@ -197,9 +213,14 @@ func cmdEnqueue(ctx context.Context, name string, args []string, out *console) e
 	var c enqueueConfig
 	f := newFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
 queue, and records their ids in demo_enqueued under a new run id, in the same
-transactions, so that "demo verify" can check them. Needs "demo migrate" first.`)
+transactions, so that "demo verify" can check them. Needs "demo migrate" first.
+With --ttl, items not acked within it end dead with reason "expired" ("demo
+dead"); with --at-most-once, the claim that hands an item out deletes it.`)
 	c.register(f, urlRequired)
 	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
+	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
+	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
+	f.flagOnly("at-most-once")
 	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	f.intVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
 	f.boolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
@@ -234,9 +255,9 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	start := time.Now()
 	var flushes int64
 	if c.producers > 0 {
-		flushes, err = enqueueProducers(ctx, pool, c.queue, runID, c.count, c.producers, c.buffered)
+		flushes, err = enqueueProducers(ctx, pool, c.queue, runID, c.count, c.producers, c.buffered, c.shape)
 	} else {
-		err = enqueueDemo(ctx, pool, c.queue, runID, c.count)
+		err = enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
