@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/schedule"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -359,4 +360,114 @@ func TestRunnerOnOneConnection(t *testing.T) {
 	if err != nil || len(fired) != 1 {
 		t.Fatalf("Tick on one connection: %v, %v", fired, err)
 	}
+}
+
+// A schedule transaction whose COMMIT answer is lost returns an error
+// wrapping ErrOutcomeUnknown; the next Tick finds the period recorded and
+// enqueues nothing: the period has its one item.
+func TestTickAfterUnknownOutcome(t *testing.T) {
+	url := testdb.NewURL(t)
+	direct, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	proxy, purl, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	pool, err := pgxpool.New(ctx, purl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := schedule.Schedule{Name: "s", Every: time.Hour, Item: claim.NewItem{Payload: []byte("x")}}
+	r := newRunner(t, pool, schedule.Options{}, s)
+	warm := newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "warm-up", Every: time.Hour})
+	if _, err := warm.Tick(ctx); err != nil {
+		t.Fatal(err) // connections and the schema check before the fault
+	}
+	proxy.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: faultproxy.DropAnswer})
+	fired, err := r.Tick(ctx)
+	if !errors.Is(err, claim.ErrOutcomeUnknown) || len(fired) != 0 {
+		t.Fatalf("Tick whose COMMIT answer was lost: %v, %v; want ErrOutcomeUnknown and nothing reported", fired, err)
+	}
+	again, err := r.Tick(ctx)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("Tick after the unknown outcome: %v, %v; want nothing (the first one committed)", again, err)
+	}
+	p, _ := schedule.PeriodAt(s, dbNow(t, direct))
+	if ids := itemIDs(t, direct, claim.DefaultQueue); ids[schedule.ItemID(claim.DefaultQueue, "s", p)] != 1 || len(ids) != 2 {
+		t.Fatalf("items %v: want the period's item once, and the warm-up's", ids)
+	}
+}
+
+// The database server restarts twice while three runners keep a 300 ms
+// schedule: no period gets two items, and items come again after each
+// restart.
+func TestRunnersThroughDatabaseRestarts(t *testing.T) {
+	srv, url := testdb.NewServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	const every = 300 * time.Millisecond
+	s := schedule.Schedule{Name: "s", Every: every, Item: claim.NewItem{Payload: []byte("x")}}
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 3 {
+		r := newRunner(t, pool, schedule.Options{Queue: "r", RetryDelay: 100 * time.Millisecond}, s)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = r.Run(rctx) }()
+	}
+	last := func() time.Time {
+		var p time.Time
+		_ = pool.QueryRow(ctx, `SELECT last_period FROM crdbwork_schedules WHERE queue = 'r' AND name = 's'`).Scan(&p)
+		return p
+	}
+	waitNext := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		from := last()
+		for !last().After(from.Add(every)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: no new period recorded within 2 minutes", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	start := dbNow(t, pool)
+	waitNext("before the restarts")
+	for i := range 2 {
+		if err := srv.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitNext(fmt.Sprint("after restart ", i+1))
+	}
+	stop()
+	wg.Wait()
+	ids := itemIDs(t, pool, "r")
+	matched := 0
+	for p, _ := schedule.PeriodAt(s, start); !p.After(last()); p = p.Add(every) {
+		n := ids[schedule.ItemID("r", "s", p)]
+		if n > 1 {
+			t.Fatalf("period %s has %d items", p, n)
+		}
+		matched += n
+	}
+	if matched != len(ids) {
+		t.Fatalf("%d items, %d of them for the periods of the run", len(ids), matched)
+	}
+	t.Logf("%d periods had their item through two restarts", matched)
 }
