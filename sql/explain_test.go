@@ -80,6 +80,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	}
 	ds := st.ForDialect(dialect)
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
+	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	cases := []struct {
 		name string
 		stmt string
@@ -87,6 +88,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	}{
 		{"ClaimAny", claimAny, []any{session, "q", 64, int64(300e6)}},
 		{"ClaimAny (1000)", claimAny, []any{session, "q", 1000, int64(300e6)}},
+		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), int64(1)}},
+		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), int64(3)}},
 		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}}},
 		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}}},
 		{"AckMany", ds.AckMany, []any{ids[:64], sessions[:64], tokens[:64]}},
@@ -147,6 +150,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			switch {
 			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_unclaimed"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_unclaimed:\n%s", c.name, mode, text)
+			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_claim_next"):
+				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_claim_next:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)

@@ -93,12 +93,14 @@ type load struct {
 	claims   int  // total claim statements
 	batch    int  // items per claim (the paper pops one)
 	serial   bool // claims one at a time, the sessions in turn: every count is exact
-	// urgent, if set, claims items with priority <= *urgent through the
-	// urgent lane first (claim.Queue.ClaimUrgent), then the rest as above.
-	urgent *int
-	// urgentShare is the share of new items made urgent (priority below
-	// *urgent); the others get priorities above it.
+	// urgent, if set, is the urgent priority: a share urgentShare of the
+	// items get priorities in [0, *urgent], the others above it, and the
+	// result summarizes the urgent items' PEI apart.
+	urgent      *int
 	urgentShare float64
+	// lane claims items with priority <= *urgent through the urgent lane
+	// first (claim.Queue.ClaimUrgent), then the rest as above.
+	lane bool
 }
 
 func (l load) name() string {
@@ -110,8 +112,10 @@ func (l load) name() string {
 	if l.parts > 0 {
 		name = fmt.Sprintf("parts=%d/sessions=%d/%s", l.parts, l.sessions, mode)
 	}
-	if l.urgent != nil {
+	if l.lane {
 		name += "/urgent-lane"
+	} else if l.urgent != nil {
+		name += "/no-lane"
 	}
 	return name
 }
@@ -181,7 +185,7 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 		}
 		start := time.Now()
 		var items []claim.Item
-		if l.urgent != nil {
+		if l.lane {
 			got, err := q.ClaimUrgent(ctx, s.ID(), *l.urgent, batch)
 			if err != nil {
 				fail(err)
