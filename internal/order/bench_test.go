@@ -11,7 +11,8 @@ import (
 // parts mode with 4, 16 and 64 parts worked by 1, 4 and 16 sessions, each
 // claiming one item at a time, concurrently and (for parts) in turn
 // ("serial", where every count is exact); then with 5% urgent items, with
-// and without the urgent lane. b.N is the number of claims:
+// and without the urgent lane, with every session claiming or with one of
+// them busy (it owns its parts but never claims). b.N is the number of claims:
 //
 //	go test -run '^$' -bench PEI -benchtime 1000x ./internal/order/
 //
@@ -30,8 +31,10 @@ func BenchmarkPEI(b *testing.B) {
 		}
 	}
 	for _, s := range []int{4, 16} {
-		for _, lane := range []bool{false, true} {
-			loads = append(loads, load{parts: 16, sessions: s, urgent: &urgent, urgentShare: 0.05, lane: lane})
+		for _, busy := range []int{0, 1} {
+			for _, lane := range []bool{false, true} {
+				loads = append(loads, load{parts: 16, sessions: s, busy: busy, urgent: &urgent, urgentShare: 0.05, lane: lane})
+			}
 		}
 	}
 	runs := 0
@@ -55,7 +58,8 @@ func BenchmarkPEI(b *testing.B) {
 				u := res.urgent
 				b.ReportMetric(float64(u.Median), "urgent-pei-median")
 				b.ReportMetric(float64(u.P99), "urgent-pei-p99")
-				row += fmt.Sprintf(" urgent (%d): median %d, mean %.1f, p90 %d, p99 %d; lane took %d of %d |", u.Count, u.Median, u.Mean, u.P90, u.P99, res.laneClaimed, res.claimed)
+				b.ReportMetric(float64(res.urgentLeft), "urgent-left")
+				row += fmt.Sprintf(" urgent (%d): median %d, mean %.1f, p90 %d, p99 %d; lane took %d of %d; %d urgent left |", u.Count, u.Median, u.Mean, u.P90, u.P99, res.laneClaimed, res.claimed, res.urgentLeft)
 			}
 			row += fmt.Sprintf(" retries %d, claim %.2f ms", res.retries, float64(res.claimTime.Microseconds())/1000)
 			b.Log(row)

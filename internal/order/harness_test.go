@@ -101,6 +101,10 @@ type load struct {
 	// lane claims items with priority <= *urgent through the urgent lane
 	// first (claim.Queue.ClaimUrgent), then the rest as above.
 	lane bool
+	// busy sessions own parts but never claim, like an owner whose handler
+	// slots are all taken by long items: their parts' items wait (unless
+	// the lane takes them).
+	busy int
 }
 
 func (l load) name() string {
@@ -111,6 +115,9 @@ func (l load) name() string {
 	name := fmt.Sprintf("any-part/sessions=%d/%s", l.sessions, mode)
 	if l.parts > 0 {
 		name = fmt.Sprintf("parts=%d/sessions=%d/%s", l.parts, l.sessions, mode)
+	}
+	if l.busy > 0 {
+		name += fmt.Sprintf("/%d-busy", l.busy)
 	}
 	if l.lane {
 		name += "/urgent-lane"
@@ -132,6 +139,8 @@ type result struct {
 	laneClaimed, claimed int64
 	// owner: for each item claimed, the session that claimed it.
 	owner map[uuid.UUID]uuid.UUID
+	// urgentLeft counts the urgent items still claimable at the end.
+	urgentLeft int
 }
 
 // run runs l on a fresh queue of pool and measures every claim's PEI.
@@ -232,15 +241,28 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 		}
 		return true
 	}
+	// The claimers: not the busy sessions, nor (without the lane) those
+	// that own no part (more sessions than parts), which would find
+	// nothing to claim.
+	var claimers []*session.Session
+	for i, s := range ss {
+		if i < l.busy || (l.parts > 0 && !l.lane && len(owned[s.ID()]) == 0) {
+			continue
+		}
+		claimers = append(claimers, s)
+	}
+	if len(claimers) == 0 {
+		t.Fatalf("%s: no session claims", l.name())
+	}
 	if l.serial {
 		for i := 0; ; i++ {
-			if !step(ss[i%len(ss)]) {
+			if !step(claimers[i%len(claimers)]) {
 				break
 			}
 		}
 	} else {
 		var wg sync.WaitGroup
-		for _, s := range ss {
+		for _, s := range claimers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -258,6 +280,9 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 	if l.urgent != nil {
 		u := *l.urgent
 		res.urgent = meter.SummaryWhere(func(p int) bool { return p <= u })
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND priority <= $2`, queue, u).Scan(&res.urgentLeft); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if l.claims > 0 {
 		res.claimTime = time.Duration(claimNanos.Load() / int64(l.claims))
