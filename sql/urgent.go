@@ -12,21 +12,22 @@ import (
 // (their popped element index; see internal/order and the README's "How
 // relaxed is the order").
 type UrgentStatements struct {
-	// ClaimUrgent claims for session $1 up to $3 vested, unclaimed items of
-	// queue $2 with priority <= $5, lowest priority first, then earliest
-	// vesting, with a lease of $4 microseconds → the item columns. The
+	// ClaimUrgent claims for session $1 up to $3 vested, unexpired,
+	// unclaimed items of queue $2 with priority <= $6, leaving out the
+	// tenants of $5 (TEXT[]), lowest priority first, then earliest turn,
+	// with a lease of $4 microseconds → the item columns. The
 	// claims name no part (claim_queue and claim_part NULL, as Claim's):
 	// giving up a part does not release them, deleting the session does.
 	//
-	// It is the any-part claim with one more condition, priority <= $5, a
-	// range on the second column of crdbwork_items_claim_next (queue,
-	// priority, vesting_at, part) WHERE claim IS NULL: the scan reads the
+	// It is the any-part claim with one more condition, priority <= $6, a
+	// range on the second column of crdbwork_items_turn_next (queue,
+	// priority, turn_at, part) WHERE claim IS NULL: the scan reads the
 	// urgent items in claim order and stops after $3 unlocked ones, and
 	// reads nothing past the threshold (sql/explain_test.go checks the plan;
 	// CockroachDB docs "Indexes: selection" — a range on a column after
 	// equality-constrained ones constrains the index span).
 	//
-	// Part claims scan crdbwork_items_unclaimed instead. On PostgreSQL SKIP
+	// Part claims scan crdbwork_items_part_turn instead. On PostgreSQL SKIP
 	// LOCKED skips rows (heap tuples) locked by either claim, so the two
 	// never pick the same row. On CockroachDB SKIP LOCKED sees only the locks
 	// of the index it scans (cockroachdb/cockroach#57031): a lane claim and
@@ -45,7 +46,7 @@ type UrgentStatements struct {
 // WHERE clause after claim IS NULL.
 const (
 	urgentAnchor    = "WHERE queue = $2 AND claim IS NULL AND "
-	urgentCondition = "priority <= $5 AND "
+	urgentCondition = "priority <= $6 AND "
 )
 
 // urgentTemplate returns the any-part claim template with the lane's

@@ -16,10 +16,10 @@ func TestUrgentClaimStatement(t *testing.T) {
 		{"cockroach", u.ForDialect(crsql.Cockroach), st.ClaimAny},
 		{"postgres", u.ForDialect(crsql.Postgres), st.PostgresClaimAny},
 	} {
-		if strings.Count(c.lane, "priority <= $5") != 1 {
+		if strings.Count(c.lane, "priority <= $6") != 1 {
 			t.Errorf("%s: the lane's claim has no single priority bound:\n%s", c.name, c.lane)
 		}
-		if got := strings.Replace(c.lane, "priority <= $5 AND ", "", 1); got != c.any {
+		if got := strings.Replace(c.lane, "priority <= $6 AND ", "", 1); got != c.any {
 			t.Errorf("%s: the lane's claim is not the any-part claim plus its bound:\n%s\nwant:\n%s", c.name, c.lane, c.any)
 		}
 	}

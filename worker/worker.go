@@ -823,7 +823,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		case reb != nil:
 			var urgent []claim.Item
 			if w.opts.UrgentLane {
-				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), w.opts.UrgentPriority, free)
+				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: free, MaxPriority: w.opts.UrgentPriority})
 			}
 			parts, claimed := reb.Lease()
 			if err == nil && len(urgent) < free {

@@ -195,7 +195,7 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 		start := time.Now()
 		var items []claim.Item
 		if l.lane {
-			got, err := q.ClaimUrgent(ctx, s.ID(), *l.urgent, batch)
+			got, err := q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: batch, MaxPriority: *l.urgent})
 			if err != nil {
 				fail(err)
 				return false

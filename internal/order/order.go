@@ -3,11 +3,13 @@
 // measure of "A Scalable Relaxed Distributed Priority Queue" (seed 004).
 //
 // The strict order is the claim order of the whole queue: priority (lower
-// first), then vesting time. An item's PEI is the number of claimable items
-// (unclaimed, vested, attempts left, same queue) that come strictly before
-// it in that order when it is claimed: 0 means a strict priority queue would
-// have handed out this very item. Items that tie with it (same priority and
-// vesting time) do not count, since the claim statements order them
+// first), then turn (claim.Item.TurnAt: the vesting time, or in a fair queue
+// the turn enqueue stamped). An item's PEI is the number of claimable items
+// (unclaimed, vested, unexpired, attempts left, same queue) that come
+// strictly before it in that order when it is claimed: 0 means a strict
+// priority queue would have handed out this very item. Tenant limits are
+// not part of the order: an item of a tenant at its limit still counts.
+// Items that tie with it (same priority and turn) do not count, since the claim statements order them
 // arbitrarily too. Items taken by the same claim do not count either: a
 // batch of n items behaves as n pops in a row, each of which finds the
 // batch's earlier items already gone, so a strict claim of the n first
@@ -47,20 +49,21 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// countBefore (%s: the items table) counts, for each claimed item ($2 priorities, $3 vesting
-// times, in order), the claimable items of queue $1 strictly before it in
-// the claim order. The claim's own items are claimed by now, so they do not
-// count. Each count is a range scan of the unclaimed-items index
-// crdbwork_items_claim_next (queue, priority, vesting_at, part) WHERE claim
-// IS NULL, bounded by the item's PEI: the tuple comparison is a range on
+// countBefore (%s: the items table) counts, for each claimed item ($2
+// priorities, $3 turns, in order), the claimable items of queue $1 strictly
+// before it in the claim order. The claim's own items are claimed by now, so
+// they do not count. Each count is a range scan of the unclaimed-items index
+// crdbwork_items_turn_next (queue, priority, turn_at, part) WHERE claim IS
+// NULL, bounded by the item's PEI: the tuple comparison is a range on
 // the index's second and third columns on both engines (PostgreSQL: a row
 // comparison index condition; CockroachDB: tuple inequalities constrain
 // index spans, docs "Comparison operators: tuple comparison").
 const countBefore = `SELECT c.ord, (
     SELECT count(*) FROM %s AS o
     WHERE o.queue = $1 AND o.claim IS NULL AND o.vesting_at <= now() AND o.attempts < o.max_attempts
-      AND (o.priority, o.vesting_at) < (c.priority, c.vesting_at))
-FROM unnest($2::BIGINT[], $3::TIMESTAMPTZ[]) WITH ORDINALITY AS c (priority, vesting_at, ord)
+      AND (o.expires_at IS NULL OR o.expires_at > now())
+      AND (o.priority, o.turn_at) < (c.priority, c.turn_at))
+FROM unnest($2::BIGINT[], $3::TIMESTAMPTZ[]) WITH ORDINALITY AS c (priority, turn_at, ord)
 ORDER BY c.ord`
 
 // Sample is the PEI of one claimed item.
@@ -101,17 +104,17 @@ func NewMeter(db crsql.DB, t crsql.Tables, queue string) (*Meter, error) {
 // Statement returns the counting statement, with its arguments for items
 // (for EXPLAIN).
 func (m *Meter) Statement(items []claim.Item) (string, []any) {
-	prios, vesting := columns(items)
-	return m.stmt, []any{m.queue, prios, vesting}
+	prios, turns := columns(items)
+	return m.stmt, []any{m.queue, prios, turns}
 }
 
 func columns(items []claim.Item) ([]int64, []time.Time) {
 	prios := make([]int64, len(items))
-	vesting := make([]time.Time, len(items))
+	turns := make([]time.Time, len(items))
 	for i, it := range items {
-		prios[i], vesting[i] = int64(it.Priority), it.VestingAt
+		prios[i], turns[i] = int64(it.Priority), it.TurnAt
 	}
-	return prios, vesting
+	return prios, turns
 }
 
 // Observe counts the PEI of items, which one claim has just returned, in

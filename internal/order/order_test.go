@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/order"
@@ -139,14 +140,16 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 	}
 	ss, _ := startSessions(t, ctx, pool, queue, 1, 0)
 	// Priorities 1..5 are claimable; 0 is claimed below; -1 vests later;
-	// -2 is out of attempts; -3 is in another queue. The item of priority
-	// 9 is the one measured: 5 claimable items come before it.
+	// -2 is out of attempts; -3 is in another queue; -4 has expired. The
+	// item of priority 9 is the one measured: 5 claimable items come
+	// before it.
 	var news []claim.NewItem
 	for p := 0; p <= 5; p++ {
 		news = append(news, claim.NewItem{Payload: []byte{1}, Priority: p})
 	}
 	news = append(news, claim.NewItem{Payload: []byte{1}, Priority: -1, Delay: 1 << 40},
-		claim.NewItem{Payload: []byte{1}, Priority: -2}, claim.NewItem{Payload: []byte{1}, Priority: 9})
+		claim.NewItem{Payload: []byte{1}, Priority: -2}, claim.NewItem{Payload: []byte{1}, Priority: 9},
+		claim.NewItem{Payload: []byte{1}, Priority: -4, TTL: time.Millisecond})
 	ids, err := q.Enqueue(ctx, news...)
 	if err != nil {
 		t.Fatal(err)
@@ -157,12 +160,25 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET attempts = max_attempts WHERE id = $1`, ids[7]); err != nil {
 		t.Fatal(err)
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var expired bool
+		if err := pool.QueryRow(ctx, `SELECT expires_at < now() FROM crdbwork_items WHERE id = $1`, ids[9]).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the item with a 1 ms TTL did not expire")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	got, err := q.Claim(ctx, ss[0].ID(), 1)
 	if err != nil || len(got) != 1 || got[0].Priority != 0 {
 		t.Fatalf("claimed %v, %v; want the priority 0 item", got, err)
 	}
 	var target claim.Item
-	if err := pool.QueryRow(ctx, `SELECT priority, vesting_at FROM crdbwork_items WHERE id = $1`, ids[8]).Scan(&target.Priority, &target.VestingAt); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT priority, turn_at FROM crdbwork_items WHERE id = $1`, ids[8]).Scan(&target.Priority, &target.TurnAt); err != nil {
 		t.Fatal(err)
 	}
 	target.ID = ids[8]
