@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -24,8 +25,10 @@ const keySpace = 1000
 
 // enqueueDemo enqueues n demo items into queue and records their ids in
 // demo_enqueued under runID, chunk by chunk, each chunk in one transaction
-// with its record, so that verify knows exactly what was enqueued.
-func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int) error {
+// with its record, so that verify knows exactly what was enqueued. With
+// priorities > 1 each item gets a uniformly random priority in [0,
+// priorities); otherwise 0.
+func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, priorities int) error {
 	q, err := claim.New(pool, claim.Options{Queue: queue})
 	if err != nil {
 		return err
@@ -33,10 +36,14 @@ func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uu
 	for start := 0; start < n; start += enqueueChunk {
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
-			items = append(items, claim.NewItem{
+			it := claim.NewItem{
 				Payload: []byte(strconv.Itoa(i)),
 				Key:     fmt.Sprintf("key-%d", i%keySpace),
-			})
+			}
+			if priorities > 1 {
+				it.Priority = rand.IntN(priorities)
+			}
+			items = append(items, it)
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
 			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
@@ -117,7 +124,7 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	}
 	runID := uuid.New()
 	start := time.Now()
-	if err := enqueueDemo(ctx, pool, c.queue, runID, c.count); err != nil {
+	if err := enqueueDemo(ctx, pool, c.queue, runID, c.count, 1); err != nil {
 		if ctx.Err() != nil {
 			return failf(130, "interrupted: %v", err)
 		}
