@@ -2,9 +2,14 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
+	"log"
 	"testing"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart: a session that owns no part
@@ -68,4 +73,41 @@ func TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart(t *testing.T) {
 	if st := q.Stats(); st.Claimed != 40 {
 		t.Errorf("Stats.Claimed %d; want 40", st.Claimed)
 	}
+}
+
+// Claim urgent items through the lane: a session that owns no part takes
+// the items with priority <= 1 from every part, most urgent first; the
+// others stay for their parts' owners.
+func ExampleQueue_ClaimUrgent() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "alerts", 8); err != nil {
+		log.Fatal(err)
+	}
+	q, err := claim.New(pool, claim.Options{Queue: "alerts"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i, prio := range []int{5, 1, 7, 0, 3, 1} {
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(fmt.Sprint("alert-", i)), Key: fmt.Sprint("host-", i), Priority: prio}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	s, err := session.Start(ctx, pool, session.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+	items, err := q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: 10, MaxPriority: 1})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, it := range items {
+		fmt.Println(string(it.Payload), it.Priority)
+	}
+	// Output:
+	// alert-3 0
+	// alert-1 1
+	// alert-5 1
 }
