@@ -49,8 +49,11 @@ type Item struct {
 	// Claims never hand the item out past it; a claim made before it may
 	// still ack it.
 	ExpiresAt time.Time
-	// AtMostOnce reports an at-most-once item: its claim deleted it, so
-	// there is nothing to ack, nack or release (they report ErrClaimLost).
+	// AtMostOnce reports an at-most-once item: its claim deleted it. Ack
+	// only runs its record, in a transaction of its own (there is no claim
+	// left to check: call it once, and never again after an unknown
+	// outcome, or the record may commit twice); Nack, Release and Extend
+	// report ErrClaimLost. The item is never handed out again.
 	AtMostOnce bool
 	// TurnAt is the item's place in claim order within its priority: its
 	// vesting time, or in a fair queue the turn enqueue stamped.

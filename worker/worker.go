@@ -232,12 +232,15 @@ const (
 	// the session ended while it was retried, or an ack whose outcome stayed
 	// unknown).
 	OutcomeUnsettled = "unsettled"
+	// OutcomeDropped: an at-most-once item whose handler failed or whose
+	// record could not be written; it is gone (claim.Item.AtMostOnce).
+	OutcomeDropped = "dropped"
 )
 
 // outcomeNames names attempt's outcomes for Observer.
 var outcomeNames = map[attempt.Outcome]string{
 	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
-	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled,
+	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled, attempt.Dropped: OutcomeDropped,
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
@@ -375,6 +378,9 @@ type Stats struct {
 	// Unknown counts acks whose outcome stayed unknown (see
 	// attempt.Result.Unknown): neither acked nor lost.
 	Unknown int64
+	// Dropped counts at-most-once items whose handler failed or whose
+	// record could not be written: they are gone, not retried.
+	Dropped int64
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
@@ -402,6 +408,7 @@ type Worker struct {
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
+	dropped                                    atomic.Int64
 	settleRetries, running                     atomic.Int64
 	extended, forgotten, reaped                atomic.Int64
 	lease                                      time.Duration // of every claim
@@ -446,7 +453,7 @@ func (w *Worker) Stats() Stats {
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
-		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
+		Unknown: w.unknown.Load(), Dropped: w.dropped.Load(), SettleRetries: w.settleRetries.Load(),
 		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
@@ -939,6 +946,9 @@ func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)
+	}
+	if res.Outcome == attempt.Dropped {
+		w.dropped.Add(1)
 	}
 	if !res.Abandoned {
 		w.running.Add(-1)

@@ -25,10 +25,22 @@ const keySpace = 1000
 
 // enqueueDemo enqueues n demo items into queue and records their ids in
 // demo_enqueued under runID, chunk by chunk, each chunk in one transaction
-// with its record, so that verify knows exactly what was enqueued. With
-// priorities > 1 each item gets a uniformly random priority in [0,
-// priorities); otherwise 0.
-func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, priorities int) error {
+// with its record, so that verify knows exactly what was enqueued.
+func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int) error {
+	return enqueueDemoShaped(ctx, pool, queue, runID, n, itemShape{})
+}
+
+// itemShape is what demo enqueue's flags give every item.
+type itemShape struct {
+	ttl        time.Duration // NewItem.TTL
+	atMostOnce bool          // NewItem.AtMostOnce
+	// priorities > 1 gives each item a uniformly random priority in [0,
+	// priorities); otherwise 0.
+	priorities int
+}
+
+// enqueueDemoShaped is enqueueDemo with every item shaped by shape.
+func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape) error {
 	q, err := claim.New(pool, claim.Options{Queue: queue})
 	if err != nil {
 		return err
@@ -37,11 +49,13 @@ func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uu
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
 			it := claim.NewItem{
-				Payload: []byte(strconv.Itoa(i)),
-				Key:     fmt.Sprintf("key-%d", i%keySpace),
+				Payload:    []byte(strconv.Itoa(i)),
+				Key:        fmt.Sprintf("key-%d", i%keySpace),
+				TTL:        shape.ttl,
+				AtMostOnce: shape.atMostOnce,
 			}
-			if priorities > 1 {
-				it.Priority = rand.IntN(priorities)
+			if shape.priorities > 1 {
+				it.Priority = rand.IntN(shape.priorities)
 			}
 			items = append(items, it)
 		}
@@ -92,15 +106,21 @@ type enqueueConfig struct {
 	common
 	count int
 	parts int
+	shape itemShape
 }
 
 func cmdEnqueue(ctx context.Context, name string, args []string, out *console) error {
 	var c enqueueConfig
 	f := newFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
 queue, and records their ids in demo_enqueued under a new run id, in the same
-transactions, so that "demo verify" can check them. Needs "demo migrate" first.`)
+transactions, so that "demo verify" can check them. Needs "demo migrate" first.
+With --ttl, items not acked within it end dead with reason "expired" ("demo
+dead"); with --at-most-once, the claim that hands an item out deletes it.`)
 	c.register(f, urlRequired)
 	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
+	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
+	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
+	f.flagOnly("at-most-once")
 	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -124,7 +144,7 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	}
 	runID := uuid.New()
 	start := time.Now()
-	if err := enqueueDemo(ctx, pool, c.queue, runID, c.count, 1); err != nil {
+	if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape); err != nil {
 		if ctx.Err() != nil {
 			return failf(130, "interrupted: %v", err)
 		}

@@ -259,7 +259,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	runID := uuid.New()
 	s.RunID = runID.String()
 	enqStart := time.Now()
-	if err := enqueueDemo(ctx, pool, c.queue, runID, c.items, c.priorities); err != nil {
+	if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}); err != nil {
 		return failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
