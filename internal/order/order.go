@@ -52,12 +52,15 @@ import (
 // countBefore (%s: the items table) counts, for each claimed item ($2
 // priorities, $3 turns, in order), the claimable items of queue $1 strictly
 // before it in the claim order. The claim's own items are claimed by now, so
-// they do not count. Each count is a range scan of the unclaimed-items index
-// crdbwork_items_turn_next (queue, priority, turn_at, part) WHERE claim IS
-// NULL, bounded by the item's PEI: the tuple comparison is a range on
-// the index's second and third columns on both engines (PostgreSQL: a row
-// comparison index condition; CockroachDB: tuple inequalities constrain
-// index spans, docs "Comparison operators: tuple comparison").
+// they do not count. On PostgreSQL each count is a range scan of the
+// unclaimed-items index crdbwork_items_turn_next (queue, priority, turn_at,
+// part) WHERE claim IS NULL over the items before the claimed one: the row
+// comparison is an index condition (TestCountUsesTheClaimOrderIndex).
+// CockroachDB turns a tuple inequality against constants into index spans
+// (its optimizer's idxconstraint, makeSpansForTupleInequality); against the
+// correlated values here it plans a join, whose plan was not checked (no
+// CockroachDB binary here). The statement only measures: it is not on the
+// claim path.
 const countBefore = `SELECT c.ord, (
     SELECT count(*) FROM %s AS o
     WHERE o.queue = $1 AND o.claim IS NULL AND o.vesting_at <= now() AND o.attempts < o.max_attempts
