@@ -89,6 +89,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	ds := st.ForDialect(dialect)
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
+	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	cases := []struct {
 		name string
 		stmt string
@@ -97,6 +98,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimAny", claimAny, []any{session, "q", 64, int64(300e6), []string{}}},
 		{"ClaimAny (1000)", claimAny, []any{session, "q", 1000, int64(300e6), []string{}}},
 		{"ClaimAny (tenants skipped)", claimAny, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}}},
+		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1)}},
+		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3)}},
+		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1)}},
 		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
@@ -163,6 +167,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			switch {
 			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
+			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
+				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
 			case c.name == "FairTurns" && (!strings.Contains(text, "crdbwork_items_tenant_turn") || !strings.Contains(text, "crdbwork_items_turn_next")):
 				t.Errorf("%s (%s) does not seek the head and the tenant's last turn by index:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||

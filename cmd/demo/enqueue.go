@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,9 @@ func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uu
 type itemShape struct {
 	ttl        time.Duration // NewItem.TTL
 	atMostOnce bool          // NewItem.AtMostOnce
+	// priorities > 1 gives each item a uniformly random priority in [0,
+	// priorities); otherwise 0.
+	priorities int
 }
 
 // enqueueDemoShaped is enqueueDemo with every item shaped by shape.
@@ -46,12 +50,16 @@ func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, ru
 	for start := 0; start < n; start += enqueueChunk {
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
-			items = append(items, claim.NewItem{
+			it := claim.NewItem{
 				Payload:    []byte(strconv.Itoa(i)),
 				Key:        fmt.Sprintf("key-%d", i%keySpace),
 				TTL:        shape.ttl,
 				AtMostOnce: shape.atMostOnce,
-			})
+			}
+			if shape.priorities > 1 {
+				it.Priority = rand.IntN(shape.priorities)
+			}
+			items = append(items, it)
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
 			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)

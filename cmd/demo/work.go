@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -79,6 +80,13 @@ type workerSettings struct {
 	expiry      time.Duration
 	rebalance   time.Duration
 	metricsAddr string
+	// urgentPriority is the urgent lane's threshold, used when urgentLane
+	// (--urgent-priority given).
+	urgentPriority int
+	urgentLane     bool
+	// onClaim, if set (not a flag: demo run --measure-order), is the
+	// workers' worker.Options.OnClaim.
+	onClaim func(ctx context.Context, items []claim.Item)
 }
 
 // register adds the flags; partsUsage says what --parts does for the command.
@@ -90,11 +98,13 @@ func (w *workerSettings) register(f *flagSet, partsUsage string) {
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
 	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
 	f.durationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
+	f.intVar(&w.urgentPriority, "urgent-priority", 0, math.MinInt32, math.MaxInt32, "turn the urgent lane on: items with priority <= N are claimed by any worker with a free handler, not only by their part's owner (not given: off)")
 	f.stringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
 }
 
 // validate checks what the flags alone cannot.
 func (w *workerSettings) validate(f *flagSet) error {
+	w.urgentLane = f.isSet("urgent-priority")
 	if w.expiry < session.MinExpiryFactor*w.heartbeat {
 		return f.usageError("--expiry %v must be at least %d heartbeats (%v): raise --expiry or lower --heartbeat",
 			w.expiry, session.MinExpiryFactor, session.MinExpiryFactor*w.heartbeat)
@@ -127,6 +137,9 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Logger:          log.With(zap.String("worker", name)),
 		Observer:        obs,
 		BatchRecord:     recordResults,
+		UrgentLane:      w.urgentLane,
+		UrgentPriority:  w.urgentPriority,
+		OnClaim:         w.onClaim,
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)
