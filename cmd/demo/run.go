@@ -318,6 +318,12 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if runErr == nil && restartErr != nil {
 		runErr = restartErr
 	}
+	if s.DBRestarts > 0 {
+		// Idle connections opened before the last restart are dead: the
+		// server ended them (57P01). Drop them, so that verify's queries
+		// open new ones instead of failing on the first use of an old one.
+		pool.Reset()
+	}
 	elapsed := time.Since(start)
 	if outcome.finished > 0 {
 		elapsed = outcome.finished
