@@ -182,6 +182,11 @@ type Options struct {
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer
+	// Limits configure how the worker enforces the queue's fleet-wide
+	// limits, which are stored in the database (see "Fleet-wide limits"
+	// in limits.go). The worker reads them by itself; there is nothing to
+	// turn on.
+	Limits LimitOptions
 }
 
 // Observer watches a worker's handlers and acks. Its methods are called from
@@ -291,6 +296,10 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
 	}
+	var err error
+	if o.Limits, err = o.Limits.withDefaults(); err != nil {
+		return o, err
+	}
 	if o.Claim.Lease == 0 {
 		o.Claim.Lease = defaultLease(o)
 	}
@@ -371,6 +380,9 @@ type Stats struct {
 	Parts partition.Stats
 	// Session is the id of the current session ("" between sessions).
 	Session string
+	// Limits is the current session's view of the queue's fleet-wide
+	// limits (zero between sessions), with Refused summed over sessions.
+	Limits LimitStats
 }
 
 // Worker runs a worker process. Create it with New and call Run once.
@@ -390,6 +402,9 @@ type Worker struct {
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value                         // string
 	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
+	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
+	limitSource                                limitSource
+	refusedTotal                               atomic.Int64 // Refused of past sessions
 }
 
 // New returns a worker that handles the items of opts.Queue with h.
@@ -406,6 +421,7 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
+	w.limitSource = w.storedLimits
 	w.current.Store("")
 	return w, nil
 }
@@ -422,7 +438,13 @@ func (w *Worker) Stats() Stats {
 		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
 		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
 	}
+	var ls LimitStats
+	if lim := w.lim.Load(); lim != nil {
+		ls = lim.stats(time.Now())
+	}
+	ls.Refused += w.refusedTotal.Load()
 	return Stats{
+		Limits:   ls,
 		Stats:    w.queue.Stats(),
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
@@ -615,9 +637,16 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	}
 	maintDone := make(chan struct{})
 	fl := newFlights(w.lease)
+	lim := newLimiter(w.opts.Limits)
+	w.lim.Store(lim)
+	defer func() {
+		w.lim.Store(nil) // a snapshot between these lines may miss this session's refusals, never count them twice
+		w.refusedTotal.Add(lim.stats(time.Now()).Refused)
+	}()
+	w.refreshLimits(sess.Context(), sess, lim, log)
 	go func() {
 		defer close(maintDone)
-		w.maintain(sess, fl, log)
+		w.maintain(sess, fl, lim, log)
 	}()
 
 	var observe func(int)
@@ -631,7 +660,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, fl, slots, &handlers, handlerCtx, settleCtx, a, log)
+	w.claimLoop(claimCtx, sess, reb, fl, lim, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
@@ -687,7 +716,7 @@ const queueReapHeartbeats = 5
 // the queue's expired leases and moving crash-looping items to the dead
 // items (claim.Queue.Reap). A reap that fails is tried again at the next
 // heartbeat. Any live session may reap; both are idempotent.
-func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
+func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log *zap.Logger) {
 	ctx := sess.Context()
 	hb := sess.Options().Heartbeat
 	reapEvery := w.opts.Session.ReapEvery
@@ -697,13 +726,18 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
 	now := time.Now()
 	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
-	t := time.NewTicker(hb)
+	nextLimits := now.Add(w.opts.Limits.Refresh)
+	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if now := time.Now(); !now.Before(nextLimits) {
+			nextLimits = now.Add(w.opts.Limits.Refresh)
+			w.refreshLimits(ctx, sess, lim, log)
 		}
 		w.extendLeases(ctx, fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
@@ -745,7 +779,7 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 // one freed, rather than for each slot as it frees: a claim then takes
 // several items, and the database runs a fraction of the claim statements,
 // at the cost of a few milliseconds of idle slots.
-func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights,
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights, lim *limiter,
 	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
@@ -798,19 +832,26 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
+		var pl plan
 		claimedAt := time.Now()
 		switch {
 		case free == 0:
 		case reb != nil:
 			parts, claimed := reb.Lease()
-			items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free)
+			pl = lim.plan(claimedAt, free, parts)
+			if pl.n > 0 && len(parts) > 0 {
+				items, err = w.claim(ctx, sess, parts, pl)
+			}
 			ps := make([]int, len(items))
 			for i, it := range items {
 				ps[i] = it.Part
 			}
 			holds = claimed(ps)
 		default:
-			items, err = w.queue.Claim(ctx, sess.ID(), free)
+			pl = lim.plan(claimedAt, free, nil)
+			if pl.n > 0 {
+				items, err = w.claim(ctx, sess, nil, pl)
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
@@ -820,6 +861,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
+			admitted := lim.admit(claimedAt, itemTenant(it))
 			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
 			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
@@ -839,7 +881,12 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 						reb.Done(holds[i])
 					}
 				}()
-				w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+				if admitted {
+					w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+					lim.done(itemTenant(it))
+				} else {
+					w.giveBack(itemCtx, settleCtx, it, a, log)
+				}
 				fl.done(it.ID)
 				cancelItem(nil)
 			}()
@@ -847,6 +894,14 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
+		}
+		if free > 0 && err == nil && (pl.full || pl.wait > 0) && len(items) == pl.n {
+			// Held back by the limits, not by an empty queue: claim again
+			// when an item ends or a token comes.
+			if !w.limitWait(ctx, freed, pl) {
+				return
+			}
+			continue
 		}
 		if !pause() {
 			return
