@@ -43,10 +43,36 @@ type Item struct {
 	// InPart reports a parts-mode claim: the claim names the part too, and
 	// giving up the part releases it.
 	InPart bool
+	// Tenant is the item's tenant ("" if none).
+	Tenant string
+	// ExpiresAt is the item's deadline by the database clock (zero: none).
+	// Claims never hand the item out past it; a claim made before it may
+	// still ack it.
+	ExpiresAt time.Time
+	// AtMostOnce reports an at-most-once item: its claim deleted it, so
+	// there is nothing to ack, nack or release (they report ErrClaimLost).
+	AtMostOnce bool
+	// TurnAt is the item's place in claim order within its priority: its
+	// vesting time, or in a fair queue the turn enqueue stamped.
+	TurnAt time.Time
+}
+
+// ClaimRequest says what ClaimWith claims.
+type ClaimRequest struct {
+	// Max is the most items to claim.
+	Max int
+	// Parts, if not nil, restricts the claim to these parts, which the
+	// session must own, as ClaimParts does (an empty, non-nil list claims
+	// nothing); nil claims in any part, as Claim does.
+	Parts []int
+	// SkipTenants lists tenants whose items are left unclaimed (for
+	// example tenants at their limit).
+	SkipTenants []string
 }
 
 // Claim claims up to n vested, unclaimed items of the queue for session, in
-// one statement, lowest priority value first, then earliest vesting time.
+// one statement, lowest priority value first, then earliest turn (the
+// vesting time; in a fair queue, the turn enqueue stamped: see Settings).
 // Any session may claim any item (no parts). Concurrent claimers never get
 // the same item: rows locked by one claimer are skipped by the others.
 //
@@ -60,7 +86,7 @@ type Item struct {
 // session without the caller knowing them: call ReleaseForgotten with the
 // ids the session does know, or let their leases expire.
 func (q *Queue) Claim(ctx context.Context, session uuid.UUID, n int) ([]Item, error) {
-	return q.claim(ctx, false, session, n)
+	return q.ClaimWith(ctx, session, ClaimRequest{Max: n})
 }
 
 // ClaimParts is Claim restricted to the given parts, which session must own
@@ -68,36 +94,52 @@ func (q *Queue) Claim(ctx context.Context, session uuid.UUID, n int) ([]Item, er
 // released when the session gives the part up. If a part is no longer owned,
 // it returns an error wrapping ErrNotOwner and claims nothing.
 func (q *Queue) ClaimParts(ctx context.Context, session uuid.UUID, parts []int, n int) ([]Item, error) {
-	if len(parts) == 0 {
+	if parts == nil {
 		return nil, nil
 	}
-	// Each part once: the statement reads every listed part with its own
-	// limit, and a part listed twice would pick its rows twice.
-	ps := make([]int64, 0, len(parts))
-	seen := make(map[int]bool, len(parts))
-	for _, p := range parts {
-		if !seen[p] {
-			seen[p] = true
-			ps = append(ps, int64(p))
-		}
-	}
-	return q.claim(ctx, true, session, n, ps)
+	return q.ClaimWith(ctx, session, ClaimRequest{Max: n, Parts: parts})
 }
 
-func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n int, extra ...any) ([]Item, error) {
-	if n <= 0 {
+// ClaimWith claims as Claim (req.Parts nil) or ClaimParts does, leaving
+// out the items of req.SkipTenants.
+//
+// At-most-once items (NewItem.AtMostOnce, or Settings.AtMostOnce of the
+// queue) are deleted by the claim before it returns them, in the claim's
+// transaction on CockroachDB and by a second statement on PostgreSQL: they
+// are handed out at most once, whatever happens next. If that deletion
+// fails, they are not returned; they stay claimed with their one attempt
+// used, so they are never handed out again (Reap moves them to the dead
+// items as a crash loop once their lease ends).
+func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimRequest) ([]Item, error) {
+	if req.Max <= 0 || (req.Parts != nil && len(req.Parts) == 0) {
 		return nil, nil
 	}
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: claiming in %q: %w", q.opts.Queue, err)
 	}
-	args := append([]any{session, q.opts.Queue, n, q.opts.Lease.Microseconds()}, extra...)
-	var items []Item
-	e := q.engine.Load()
-	stmt := e.st.ClaimAny
-	if inParts {
-		stmt = e.st.ClaimParts
+	skip := req.SkipTenants
+	if skip == nil {
+		skip = []string{}
 	}
+	e := q.engine.Load()
+	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds()}
+	stmt := e.st.ClaimAny
+	if req.Parts != nil {
+		// Each part once: the statement reads every listed part with its
+		// own limit, and a part listed twice would pick its rows twice.
+		ps := make([]int64, 0, len(req.Parts))
+		seen := make(map[int]bool, len(req.Parts))
+		for _, p := range req.Parts {
+			if !seen[p] {
+				seen[p] = true
+				ps = append(ps, int64(p))
+			}
+		}
+		stmt = e.st.ClaimParts
+		args = append(args, ps)
+	}
+	args = append(args, skip)
+	var items []Item
 	run := func(ctx context.Context, db crsql.DB) error {
 		rows, err := db.Query(ctx, stmt, args...)
 		if err != nil {
@@ -108,9 +150,18 @@ func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n in
 	}
 	var err error
 	if e.claimInTx {
-		err = retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error { return run(ctx, tx) })
+		err = retry.Tx(ctx, q.db, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
+			if err := run(ctx, tx); err != nil {
+				return err
+			}
+			items, err = q.takeAtMostOnce(ctx, tx, e, items)
+			return err
+		})
 	} else {
 		err = retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error { return run(ctx, q.db) })
+		if err == nil {
+			items = q.takeAtMostOnceAlone(ctx, e, items)
+		}
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -123,10 +174,66 @@ func (q *Queue) claim(ctx context.Context, inParts bool, session uuid.UUID, n in
 		if items[i].Priority != items[j].Priority {
 			return items[i].Priority < items[j].Priority
 		}
-		return items[i].VestingAt.Before(items[j].VestingAt)
+		return items[i].TurnAt.Before(items[j].TurnAt)
 	})
 	q.stats.claimed.Add(int64(len(items)))
 	return items, nil
+}
+
+// takeAtMostOnce deletes the at-most-once items among items through db and
+// returns items without those it could not delete.
+func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, items []Item) ([]Item, error) {
+	var ids, sessions []uuid.UUID
+	var tokens []int64
+	for _, it := range items {
+		if it.AtMostOnce {
+			ids, sessions, tokens = append(ids, it.ID), append(sessions, it.Session), append(tokens, it.Token)
+		}
+	}
+	if len(ids) == 0 {
+		return items, nil
+	}
+	rows, err := db.Query(ctx, e.st.TakeAtMostOnce, ids, sessions, tokens)
+	if err != nil {
+		return nil, err
+	}
+	taken, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	gone := make(map[uuid.UUID]bool, len(taken))
+	for _, id := range taken {
+		gone[id] = true
+	}
+	out := items[:0]
+	for _, it := range items {
+		if !it.AtMostOnce || gone[it.ID] {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+// takeAtMostOnceAlone runs takeAtMostOnce by itself, after a claim that
+// committed (PostgreSQL). If it fails for good, the at-most-once items are
+// left out (see ClaimWith); the others are returned either way.
+func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item) []Item {
+	var out []Item
+	err := retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error {
+		var err error
+		out, err = q.takeAtMostOnce(ctx, q.db, e, append([]Item(nil), items...))
+		return crsql.Classify(err)
+	})
+	if err == nil {
+		return out
+	}
+	out = out[:0]
+	for _, it := range items {
+		if !it.AtMostOnce {
+			out = append(out, it)
+		}
+	}
+	return out
 }
 
 func scanItems(rows pgx.Rows, session uuid.UUID) ([]Item, error) {
@@ -135,11 +242,19 @@ func scanItems(rows pgx.Rows, session uuid.UUID) ([]Item, error) {
 	for rows.Next() {
 		var it Item
 		var part, prio, attempts, maxAttempts int64
-		var key, lastErr *string
+		var key, lastErr, tenant *string
 		var claimPart *int64
+		var expires *time.Time
 		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
-			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil); err != nil {
+			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
+			&tenant, &expires, &it.AtMostOnce, &it.TurnAt); err != nil {
 			return nil, err
+		}
+		if tenant != nil {
+			it.Tenant = *tenant
+		}
+		if expires != nil {
+			it.ExpiresAt = *expires
 		}
 		it.Part, it.Priority, it.Attempt, it.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
 		if key != nil {

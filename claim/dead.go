@@ -45,7 +45,26 @@ type DeadItem struct {
 	LastError   string // the error of the last attempt
 	EnqueuedAt  time.Time
 	DiedAt      time.Time
+	Tenant      string // "" if none
+	// Reason says why it died: ReasonFailed, ReasonPermanent,
+	// ReasonCrashLoop or ReasonExpired ("" for items that died before
+	// schema version 3).
+	Reason string
 }
+
+// Reasons of dead items (DeadItem.Reason).
+const (
+	// ReasonFailed: its attempts were used up by failures (Nack).
+	ReasonFailed = "failed"
+	// ReasonPermanent: it failed with a Permanent error.
+	ReasonPermanent = "permanent"
+	// ReasonCrashLoop: its attempts were used up without an ack or a nack
+	// (Reap; the handler or its process died on every attempt).
+	ReasonCrashLoop = "crash loop"
+	// ReasonExpired: its deadline (NewItem.TTL) passed before it was acked
+	// (Reap).
+	ReasonExpired = "expired"
+)
 
 // Dead returns up to limit dead items of this queue, the most recent first.
 func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
@@ -65,10 +84,10 @@ func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 		defer rows.Close()
 		for rows.Next() {
 			d := DeadItem{Queue: q.opts.Queue}
-			var key, lastErr *string
+			var key, lastErr, tenant *string
 			var part, prio, attempts, maxAttempts int64
 			if err := rows.Scan(&d.ID, &part, &key, &prio, &attempts, &maxAttempts, &d.Payload, &d.Metadata,
-				&lastErr, &d.EnqueuedAt, &d.DiedAt); err != nil {
+				&lastErr, &d.EnqueuedAt, &d.DiedAt, &tenant, &d.Reason); err != nil {
 				return err
 			}
 			d.Part, d.Priority, d.Attempts, d.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
@@ -77,6 +96,9 @@ func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 			}
 			if lastErr != nil {
 				d.LastError = *lastErr
+			}
+			if tenant != nil {
+				d.Tenant = *tenant
 			}
 			out = append(out, d)
 		}

@@ -77,6 +77,24 @@ type NewItem struct {
 	Delay time.Duration
 	// MaxAttempts overrides Options.MaxAttempts for this item.
 	MaxAttempts int
+	// Tenant, if set, names who the item belongs to (a user, an account).
+	// Fair queues (Settings.Fair) spread claims over tenants, and limits
+	// may be set per tenant. Without a Key, a tenant's items share one part
+	// (the tenant fixes the part as a key would), so that the part's owner
+	// sees all of the tenant's work. At most MaxKeyLength bytes of valid
+	// UTF-8, without NUL bytes.
+	Tenant string
+	// TTL, if not zero, gives the item a deadline this long after the
+	// enqueue, by the database clock: past it, no claim hands the item out
+	// again, and Reap moves it to the dead items with reason "expired" once
+	// no claim holds it. A claim made before the deadline may still ack.
+	TTL time.Duration
+	// AtMostOnce makes the item at-most-once: the claim that hands it out
+	// deletes it (see Queue.ClaimWith), so it is never handed out twice,
+	// and it is lost if its handler fails or its process dies. Its
+	// MaxAttempts is 1. Settings.AtMostOnce does the same for every item
+	// of the queue.
+	AtMostOnce bool
 }
 
 // Enqueued reports what an enqueue did.
@@ -138,7 +156,10 @@ func (q *Queue) EnqueueReport(ctx context.Context, items ...NewItem) (Enqueued, 
 // retried while it fails with a serialization failure.
 func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error) {
 	var res Enqueued
-	var err error
+	err := retry.Do(ctx, nil, func(ctx context.Context) error { return crsql.Classify(q.stamp(ctx, db, b)) })
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(b.items), q.opts.Queue, err)
+	}
 	single := !b.needsTx(true)
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
@@ -178,6 +199,9 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	res := b.result()
 	_, canCopy := db.(copier)
 	if _, isTx := db.(pgx.Tx); isTx {
+		if err := q.stamp(ctx, db, b); err != nil {
+			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, crsql.Classify(err))
+		}
 		// Nothing commits here: on error, the caller's transaction must be
 		// rolled back, and nothing is unknown.
 		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
@@ -191,6 +215,9 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	}
 	// Neither a transaction nor a pool: the statements run one by one, and
 	// one that fails in flight leaves the outcome unknown.
+	if err := q.stamp(ctx, db, b); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, crsql.Classify(err))
+	}
 	err = q.write(ctx, db, b, false, &res)
 	return q.finish(b, res, err, true)
 }
@@ -225,9 +252,12 @@ type copier interface {
 // batch is one call's items, validated, with the ids and key hashes fixed
 // before the first attempt, so that every retry writes the same rows.
 type batch struct {
-	items     []NewItem
-	ids       []uuid.UUID
-	hashes    []int64
+	items  []NewItem
+	ids    []uuid.UUID
+	hashes []int64
+	// turns are the fair turns of the items with a tenant in a fair queue
+	// (nil otherwise; see Queue.stamp).
+	turns     []*time.Time
 	given     []int // items whose id the caller chose
 	generated []int // items whose id was generated
 }
@@ -277,10 +307,8 @@ func (q *Queue) prepare(items []NewItem) (*batch, error) {
 			b.ids[i] = it.ID
 		}
 		var hash uint64
-		if it.Key != "" {
-			h := fnv.New64a()
-			h.Write([]byte(it.Key))
-			hash = h.Sum64()
+		if it.Key != "" || it.Tenant != "" {
+			hash = keyHash(it.Key, it.Tenant)
 		} else {
 			hash = q.next.Add(1)
 		}
@@ -324,6 +352,14 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: the key is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.Key), MaxKeyLength)
 	case !utf8.ValidString(it.Key) || strings.ContainsRune(it.Key, 0):
 		err = fmt.Errorf("%w: the key must be valid UTF-8 without NUL bytes", errBadInput)
+	case len(it.Tenant) > MaxKeyLength:
+		err = fmt.Errorf("%w: the tenant is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.Tenant), MaxKeyLength)
+	case !utf8.ValidString(it.Tenant) || strings.ContainsRune(it.Tenant, 0):
+		err = fmt.Errorf("%w: the tenant must be valid UTF-8 without NUL bytes", errBadInput)
+	case it.TTL < 0 || it.TTL > maxLease:
+		err = fmt.Errorf("%w: TTL %v must be between 0 (none) and %v", errBadInput, it.TTL, maxLease)
+	case it.TTL > 0 && it.TTL < time.Microsecond:
+		err = fmt.Errorf("%w: TTL %v is below the database's precision of 1µs", errBadInput, it.TTL)
 	case it.Delay < 0:
 		err = fmt.Errorf("%w: negative delay %v", errBadInput, it.Delay)
 	case it.MaxAttempts < 0:
@@ -402,7 +438,8 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 	// through its text form).
 	ids := make([][16]byte, n)
 	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	keys := make([]*string, n)
+	keys, tenants := make([]*string, n), make([]*string, n)
+	ttls, amo, turns := make([]int64, n), make([]bool, n), make([]*time.Time, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	at := make(map[uuid.UUID]int, n)
 	for j, i := range chunk {
@@ -412,10 +449,18 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 		if it.Key != "" {
 			keys[j] = &it.Key
 		}
+		if it.Tenant != "" {
+			tenants[j] = &it.Tenant
+		}
+		if b.turns != nil {
+			turns[j] = b.turns[i]
+		}
+		ttls[j], amo[j] = it.TTL.Microseconds(), it.AtMostOnce
 		priorities[j], delays[j], maxAttempts[j] = int64(it.Priority), it.Delay.Microseconds(), int64(q.maxAttempts(it))
 		payloads[j], metadata[j] = payload(it), it.Metadata
 	}
-	rows, err := db.Query(ctx, st.Insert, q.opts.Queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata)
+	rows, err := db.Query(ctx, st.Insert, q.opts.Queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata,
+		tenants, ttls, amo, turns)
 	if err != nil {
 		return err
 	}
@@ -440,14 +485,15 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
 	var parts int64
 	var now time.Time
-	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now); err != nil {
+	var amo bool
+	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now, &amo); err != nil {
 		return err
 	}
 	if parts < 1 {
 		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
 	}
 	for _, chunk := range chunks(b.items, idx, copyRows) {
-		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, row: make([]any, len(st.CopyColumns)), at: -1}
+		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo, row: make([]any, len(st.CopyColumns)), at: -1}
 		n, err := c.CopyFrom(ctx, st.CopyTable, st.CopyColumns, src)
 		if err != nil {
 			return err
@@ -469,6 +515,7 @@ type copySource struct {
 	idx   []int
 	parts int64
 	now   time.Time
+	amo   bool // the queue is at-most-once
 	row   []any
 	at    int
 }
@@ -486,8 +533,27 @@ func (s *copySource) Values() ([]any, error) {
 	// The delay at microsecond precision, as the INSERT computes it.
 	vesting := s.now.Add(time.Duration(it.Delay.Microseconds()) * time.Microsecond)
 	s.row[0], s.row[1], s.row[2], s.row[3] = [16]byte(s.b.ids[i]), s.q.opts.Queue, s.b.hashes[i]%s.parts, key
-	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, int64(s.q.maxAttempts(it))
+	amo := it.AtMostOnce || s.amo
+	maxAttempts := int64(s.q.maxAttempts(it))
+	if amo {
+		maxAttempts = 1
+	}
+	turn := vesting
+	if s.b.turns != nil && s.b.turns[i] != nil && (it.Delay.Microseconds() == 0 || s.b.turns[i].After(vesting)) {
+		turn = *s.b.turns[i]
+	}
+	var tenant *string
+	if it.Tenant != "" {
+		tenant = &it.Tenant
+	}
+	var expires *time.Time
+	if it.TTL > 0 {
+		e := s.now.Add(time.Duration(it.TTL.Microseconds()) * time.Microsecond)
+		expires = &e
+	}
+	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, maxAttempts
 	s.row[7], s.row[8] = payload(it), it.Metadata
+	s.row[9], s.row[10], s.row[11], s.row[12] = tenant, turn, expires, amo
 	return s.row, nil
 }
 
@@ -533,4 +599,26 @@ func payload(it *NewItem) []byte {
 		return []byte{}
 	}
 	return it.Payload
+}
+
+// PartOf returns the part, among parts, of an item with this key or,
+// without a key, of this tenant, as Enqueue computes it. (Items with
+// neither are spread round-robin.) Workers use it to find the part that
+// holds a tenant's items.
+func PartOf(key, tenant string, parts int) int {
+	if parts < 1 {
+		return 0
+	}
+	return int(int64(keyHash(key, tenant)&math.MaxInt64) % int64(parts))
+}
+
+// keyHash hashes the key, or without one, the tenant.
+func keyHash(key, tenant string) uint64 {
+	h := fnv.New64a()
+	if key != "" {
+		h.Write([]byte(key))
+	} else {
+		h.Write([]byte(tenant))
+	}
+	return h.Sum64()
 }

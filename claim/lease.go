@@ -75,14 +75,19 @@ type ReapStats struct {
 	// attempt counted: they are claimable again.
 	Released int
 	// Dead counts unclaimed items whose attempts were used up, moved to the
-	// dead items with CrashLoopError as their last error.
+	// dead items with CrashLoopError as their last error (reason "crash
+	// loop").
 	Dead int
+	// Expired counts unclaimed items past their deadline (NewItem.TTL),
+	// moved to the dead items with reason "expired".
+	Expired int
 }
 
 // Reap releases the queue's items whose lease expired, whoever claimed them
 // (a hung handler, a claim whose answer was lost, a process that forgot an
 // item), and moves its unclaimed items whose attempts are used up to the
-// dead items with CrashLoopError as their last error. It works in bounded
+// dead items with CrashLoopError as their last error, and its unclaimed
+// items past their deadline with reason "expired". It works in bounded
 // batches until nothing is left. Any session may run it at any time; it is
 // idempotent, and acks of reaped claims are refused (ErrClaimLost: the token
 // fences them).
@@ -111,8 +116,18 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 			break
 		}
 	}
+	for {
+		n, err := q.reapStep(ctx, q.st.ReapExpired, q.opts.Queue, reapBatch)
+		st.Expired += n
+		if err != nil {
+			return st, fmt.Errorf("claim: dead-lettering expired items of %q: %w", q.opts.Queue, err)
+		}
+		if n < reapBatch {
+			break
+		}
+	}
 	q.stats.reaped.Add(int64(st.Released))
-	q.stats.dead.Add(int64(st.Dead))
+	q.stats.dead.Add(int64(st.Dead + st.Expired))
 	return st, nil
 }
 

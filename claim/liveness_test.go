@@ -452,24 +452,24 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 }
 
 // Code refuses a schema it does not know: on a database whose version row
-// says 3, session.Start, Enqueue and Claim fail with ErrSchemaNewer, and
+// says Version+1, session.Start, Enqueue and Claim fail with ErrSchemaNewer, and
 // nothing is written.
 func TestNewerSchemaIsRefused(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool) // while the version was current
-	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 3`); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = $1`, crsql.Version+1); err != nil {
 		t.Fatal(err)
 	}
 	q := newQueue(t, pool, claim.Options{})
 	if _, err := q.Enqueue(ctx, payloads(1)...); !errors.Is(err, crsql.ErrSchemaNewer) {
-		t.Fatalf("Enqueue on a version-3 database = %v, want ErrSchemaNewer", err)
+		t.Fatalf("Enqueue on a newer database = %v, want ErrSchemaNewer", err)
 	}
 	if _, err := q.Claim(ctx, s.ID(), 1); !errors.Is(err, crsql.ErrSchemaNewer) {
-		t.Fatalf("Claim on a version-3 database = %v, want ErrSchemaNewer", err)
+		t.Fatalf("Claim on a newer database = %v, want ErrSchemaNewer", err)
 	}
 	if _, err := session.Start(ctx, pool, session.Options{}); !errors.Is(err, crsql.ErrSchemaNewer) {
-		t.Fatalf("session.Start on a version-3 database = %v, want ErrSchemaNewer", err)
+		t.Fatalf("session.Start on a newer database = %v, want ErrSchemaNewer", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
 		t.Fatalf("%d items enqueued into a schema this code does not know", n)
@@ -477,8 +477,8 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_sessions`); n != 1 {
 		t.Fatalf("%d sessions, want only the one started before", n)
 	}
-	// The check is cached only after success: back at version 2, it works.
-	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = 2`); err != nil {
+	// The check is cached only after success: back at this code's version, it works.
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_schema_version SET version = $1`, crsql.Version); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {

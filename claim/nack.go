@@ -48,7 +48,11 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) {
 		err := retry.Do(ctx, q.stats.retried("nack"), func(ctx context.Context) error {
 			var id uuid.UUID
-			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, it.Token, msg).Scan(&id)
+			reason := ReasonFailed
+			if IsPermanent(cause) {
+				reason = ReasonPermanent
+			}
+			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, it.Token, msg, reason).Scan(&id)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return ErrClaimLost
 			}

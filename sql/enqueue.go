@@ -20,21 +20,29 @@ type EnqueueStatements struct {
 	// $3 key hashes (BIGINT[], non-negative), $4 keys (TEXT[], NULL for
 	// none), $5 priorities (BIGINT[]), $6 delays in microseconds
 	// (BIGINT[]), $7 max attempts (BIGINT[]), $8 payloads (BYTEA[]), $9
-	// metadata (BYTEA[]). Each row's part is its key hash modulo the queue's
-	// number of parts, read in the same statement under a share lock, so
-	// that no enqueue can slip an item into a part that SetParts removes.
+	// metadata (BYTEA[]), $10 tenants (TEXT[], NULL for none), $11 time to
+	// live in microseconds (BIGINT[], 0 for none), $12 at-most-once
+	// (BOOL[]), $13 fair turns (TIMESTAMPTZ[], NULL: the vesting time). Each
+	// row's part is its key hash modulo the queue's number of parts, read in
+	// the same statement under a share lock, so that no enqueue can slip an
+	// item into a part that SetParts removes. An item is at-most-once if it
+	// says so or its queue does; an at-most-once item has one attempt. A
+	// delayed item's turn is never before its vesting time (so that claims,
+	// which read in turn order, do not walk over items not yet vested).
 	Insert string
 	// Parts returns the queue $1's number of parts (1 when it has no row),
-	// taking a share lock on its row, and the transaction's timestamp
-	// (now()). A COPY that follows it in the same transaction computes parts
-	// and vesting times from these, exactly as Insert does in SQL.
+	// taking a share lock on its row, the transaction's timestamp (now())
+	// and whether the queue is at-most-once. A COPY that follows it in the
+	// same transaction computes parts, vesting times, turns, deadlines and
+	// delivery from these, exactly as Insert does in SQL.
 	Parts string
 	// Foreign returns the id and queue of the rows among ids $2 (UUID[])
 	// that belong to a queue other than $1.
 	Foreign string
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
-	// payload, metadata. enqueued_at takes its default, now().
+	// payload, metadata, tenant, turn_at, expires_at, at_most_once.
+	// enqueued_at takes its default, now().
 	CopyTable   pgx.Identifier
 	CopyColumns []string
 }
@@ -44,18 +52,28 @@ func NewEnqueueStatements(t Tables) *EnqueueStatements {
 	r := t.rewrite
 	return &EnqueueStatements{
 		Insert: r(`INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata)
-SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond', v.m, v.b, v.meta
-FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts) AS n,
-     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[])
-         AS v (id, h, k, p, d, m, b, meta)
+    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
+     tenant, turn_at, expires_at, at_most_once)
+SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond',
+       CASE WHEN v.amo OR n.amo THEN 1 ELSE v.m END, v.b, v.meta, v.t,
+       CASE WHEN v.turn IS NULL THEN now() + v.d * INTERVAL '1 microsecond'
+            WHEN v.d > 0 THEN GREATEST(v.turn, now() + v.d * INTERVAL '1 microsecond')
+            ELSE v.turn END,
+       CASE WHEN v.ttl > 0 THEN now() + v.ttl * INTERVAL '1 microsecond' END,
+       v.amo OR n.amo
+FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
+             COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo) AS n,
+     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[])
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn)
 ON CONFLICT (id) DO NOTHING
 RETURNING id`),
-		Parts:     r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now()`),
+		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
+       COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false)`),
 		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
 		CopyTable: t.identifier("items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
-			"payload", "metadata"},
+			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once"},
 	}
 }
 

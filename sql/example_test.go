@@ -57,7 +57,9 @@ func ExampleApply() {
 	// jobs_dead_items
 	// jobs_items
 	// jobs_queues
+	// jobs_schedules
 	// jobs_schema_version
 	// jobs_session_parts
 	// jobs_sessions
+	// jobs_tenant_limits
 }

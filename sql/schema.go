@@ -18,7 +18,7 @@ import (
 
 // Version is the schema version this code expects. Apply brings a database
 // to it; Check reports a database at any other version.
-const Version = 2
+const Version = 3
 
 //go:embed schema.sql
 var schemaFile string
@@ -110,6 +110,7 @@ const defaultPrefix = "crdbwork_"
 var tableNames = map[string]bool{
 	"sessions": true, "queues": true, "session_parts": true,
 	"items": true, "dead_items": true, "schema_version": true,
+	"tenant_limits": true, "schedules": true,
 }
 
 var identPattern = regexp.MustCompile(`\bcrdbwork_[a-z_]+\b`)

@@ -1,4 +1,4 @@
--- crdbwork schema, version 2: the complete current schema.
+-- crdbwork schema, version 3: the complete current schema.
 --
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
@@ -38,6 +38,15 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- Claims of a paused queue return nothing.
     paused     BOOL        NOT NULL DEFAULT false,
+    -- Settings (sql/migrations/0003): fair claim order across tenants,
+    -- at-most-once delivery, and fleet-wide limits (0: none) of the queue
+    -- and of each of its tenants.
+    fair                 BOOL   NOT NULL DEFAULT false,
+    at_most_once         BOOL   NOT NULL DEFAULT false,
+    max_in_flight        BIGINT NOT NULL DEFAULT 0,
+    rate_limit           FLOAT8 NOT NULL DEFAULT 0,
+    tenant_max_in_flight BIGINT NOT NULL DEFAULT 0,
+    tenant_rate_limit    FLOAT8 NOT NULL DEFAULT 0,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -81,6 +90,14 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     claimed_at   TIMESTAMPTZ,
     claim_token  BIGINT      NOT NULL DEFAULT 0,
     lease_until  TIMESTAMPTZ,
+    -- The tenant (NULL: none); the item's turn, its place in claim order
+    -- within its priority (the vesting time, except in fair queues, where
+    -- enqueue stamps it); its deadline (NULL: none); and whether its claim
+    -- deletes it (at-most-once delivery).
+    tenant       TEXT,
+    turn_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    expires_at   TIMESTAMPTZ,
+    at_most_once BOOL        NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -90,15 +107,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     CONSTRAINT crdbwork_items_attempts_range CHECK (attempts >= 0 AND max_attempts >= 1)
 );
 
--- Unclaimed items in claim order, two ways. By queue (the part last): the
--- any-part claim reads (and locks) through it, in order, stopping at its
--- limit however long the backlog. By part: the per-part claim reads each
--- owned part in order with its own limit, so that its cost does not grow
--- with the backlog of other parts; also per-part backlog counts.
-CREATE INDEX IF NOT EXISTS crdbwork_items_claim_next
-    ON crdbwork_items (queue, priority, vesting_at, part) WHERE claim IS NULL;
-CREATE INDEX IF NOT EXISTS crdbwork_items_unclaimed
-    ON crdbwork_items (queue, part, priority, vesting_at) WHERE claim IS NULL;
+-- (The claim indexes follow the upgrade section below: they name columns
+-- that an older version's tables gain there.)
 
 -- Claimed items by claimant: serves the foreign keys' SET NULL when a session
 -- or part row is deleted, and status queries.
@@ -120,7 +130,32 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     enqueued_at  TIMESTAMPTZ NOT NULL,
     died_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- The item's last claim token, carried over when it is requeued.
-    claim_token  BIGINT      NOT NULL DEFAULT 0
+    claim_token  BIGINT      NOT NULL DEFAULT 0,
+    tenant       TEXT,
+    -- Why it died: 'failed' (attempts used up), 'permanent', 'crash loop',
+    -- 'expired'.
+    reason       TEXT        NOT NULL DEFAULT ''
+);
+
+-- Limits of single tenants, overriding the queue's per-tenant defaults.
+CREATE TABLE IF NOT EXISTS crdbwork_tenant_limits (
+    queue         TEXT   NOT NULL,
+    tenant        TEXT   NOT NULL,
+    max_in_flight BIGINT NOT NULL DEFAULT 0,
+    rate_limit    FLOAT8 NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, tenant),
+    CONSTRAINT crdbwork_tenant_limits_range CHECK (max_in_flight >= 0 AND rate_limit >= 0)
+);
+
+-- The last period each periodic schedule enqueued: a period's item is
+-- enqueued in the transaction that moves last_period forward, so it is
+-- enqueued once however many workers run the schedule.
+CREATE TABLE IF NOT EXISTS crdbwork_schedules (
+    queue       TEXT        NOT NULL,
+    name        TEXT        NOT NULL,
+    last_period TIMESTAMPTZ NOT NULL,
+    updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, name)
 );
 
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_by_queue
@@ -136,8 +171,43 @@ ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS claimed BIGINT NOT NULL D
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS acked BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
--- (Superseded by crdbwork_items_claim_next.)
+-- (Superseded by crdbwork_items_turn_next and crdbwork_items_part_turn.)
 DROP INDEX IF EXISTS crdbwork_items_claim_order;
+DROP INDEX IF EXISTS crdbwork_items_claim_next;
+DROP INDEX IF EXISTS crdbwork_items_unclaimed;
+-- Version 3 (sql/migrations/0003): see there.
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS tenant TEXT;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS turn_at TIMESTAMPTZ NOT NULL DEFAULT now();
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS expires_at TIMESTAMPTZ;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS at_most_once BOOL NOT NULL DEFAULT false;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS tenant TEXT;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS reason TEXT NOT NULL DEFAULT '';
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS fair BOOL NOT NULL DEFAULT false;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS at_most_once BOOL NOT NULL DEFAULT false;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS max_in_flight BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS rate_limit FLOAT8 NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_max_in_flight BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_rate_limit FLOAT8 NOT NULL DEFAULT 0;
+UPDATE crdbwork_items SET turn_at = vesting_at WHERE turn_at <> vesting_at AND tenant IS NULL;
+
+-- Unclaimed items in claim order (priority, turn), two ways. By queue (the
+-- part last): the any-part claim reads (and locks) through it, in order,
+-- stopping at its limit however long the backlog. By part: the per-part
+-- claim reads each owned part in order with its own limit, so that its cost
+-- does not grow with the backlog of other parts; also per-part backlog counts.
+CREATE INDEX IF NOT EXISTS crdbwork_items_turn_next
+    ON crdbwork_items (queue, priority, turn_at, part) WHERE claim IS NULL;
+CREATE INDEX IF NOT EXISTS crdbwork_items_part_turn
+    ON crdbwork_items (queue, part, priority, turn_at) WHERE claim IS NULL;
+
+-- A tenant's unclaimed items in turn order: a fair queue's enqueue reads the
+-- tenant's last turn through it.
+CREATE INDEX IF NOT EXISTS crdbwork_items_tenant_turn
+    ON crdbwork_items (queue, tenant, priority, turn_at) WHERE claim IS NULL AND tenant IS NOT NULL;
+
+-- Items with a deadline, by deadline: the reaper reads only expired ones.
+CREATE INDEX IF NOT EXISTS crdbwork_items_expiry
+    ON crdbwork_items (queue, expires_at) WHERE expires_at IS NOT NULL;
 
 -- Claimed items by lease end: the lease reaper reads only expired leases.
 CREATE INDEX IF NOT EXISTS crdbwork_items_lease
@@ -157,6 +227,6 @@ CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
     CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
 );
 
-INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 2)
+INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 3)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version), applied_at = now();

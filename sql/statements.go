@@ -33,28 +33,45 @@ type Statements struct {
 	// first in, first out, so deleting a session nulls claim through the
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
-	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs) → item columns
-	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts → item columns
-	// The PostgreSQL twins of ClaimAny, ClaimParts, ReapLeases, AckMany and
-	// Extend (same parameters, same results): see claimTemplate and fenced.
-	// Use ForDialect.
-	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases, PostgresAckMany, PostgresExtend string
-	AckMany                                                                                   string // $1 ids, $2 sessions, $3 tokens → deleted ids
-	Nack                                                                                      string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
-	Release                                                                                   string // $1 id, $2 session, $3 token
-	DeadLetter                                                                                string // $1 id, $2 session, $3 token, $4 error → id
-	Extend                                                                                    string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
+	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 tenants to skip → item columns
+	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts, $6 tenants to skip → item columns
+	// The PostgreSQL twins of ClaimAny, ClaimParts, ReapLeases, AckMany,
+	// Extend and TakeAtMostOnce (same parameters, same results): see
+	// claimTemplate and fenced. Use ForDialect.
+	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases, PostgresAckMany, PostgresExtend, PostgresTakeAtMostOnce string
+	// TakeAtMostOnce deletes the given claimed items that are at-most-once
+	// (fenced like AckMany), right after the claim that handed them out.
+	TakeAtMostOnce string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	AckMany        string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	Nack           string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
+	Release        string // $1 id, $2 session, $3 token
+	DeadLetter     string // $1 id, $2 session, $3 token, $4 error, $5 reason → id
+	Extend         string // $1 ids, $2 sessions, $3 tokens, $4 lease(µs) → id, lease_until
 	// ReapLeases releases expired leases (their attempts counted: the
 	// handler hung or the process lost track of the item), in bounded
 	// batches, through crdbwork_items_lease.
-	ReapLeases      string // $1 queue, $2 limit → ids released
-	ReapExhausted   string // $1 queue, $2 limit, $3 error → ids moved to the dead items
+	ReapLeases    string // $1 queue, $2 limit → ids released
+	ReapExhausted string // $1 queue, $2 limit, $3 error → ids moved to the dead items (reason 'crash loop')
+	// ReapExpired moves unclaimed items past their deadline to the dead
+	// items (reason 'expired'), in bounded batches, through
+	// crdbwork_items_expiry.
+	ReapExpired string // $1 queue, $2 limit → ids moved to the dead items
+	// FairTurns returns, for a fair queue (no rows otherwise), one row per
+	// (tenant, priority) pair: the database's now(), the earliest turn of
+	// the queue's unclaimed items of that priority (the head; NULL if none)
+	// and the latest turn of the tenant's unclaimed items of that priority
+	// (NULL if none). Enqueue stamps a tenant's new items from these.
+	FairTurns string // $1 queue, $2 tenants, $3 priorities → tenant, priority, now, head, last
+	// QueueSettings reads a queue's settings (no row: all off).
+	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+	// ConfigureQueue writes them (a queue without a row gets one, with one part).
+	ConfigureQueue  string // $1 queue, $2 fair, $3 at_most_once, $4 max_in_flight, $5 rate_limit, $6 tenant_max_in_flight, $7 tenant_rate_limit
 	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
 	PauseQueue      string // $1 queue, $2 paused
 	QueuePaused     string // $1 queue → paused
 	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
 	Cancel          string // $1 id, $2 queue → rows affected
-	DeadItems       string // $1 queue, $2 limit → dead item columns, newest first
+	DeadItems       string // $1 queue, $2 limit → dead item columns (with tenant and reason), newest first
 	Requeue         string // $1 id, $2 queue → id of the item put back
 	Backlog         string // → queue, part, unclaimed, vested, claimed
 	DeadCount       string // $1 queue → count
@@ -62,7 +79,7 @@ type Statements struct {
 }
 
 // itemColumns are the columns every claim statement returns, in order.
-const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until`
+const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at`
 
 // claimTemplate is the any-part claim statement and partClaimTemplate the
 // per-part one; the %s are how the UPDATE finds the picked rows (joinPicked,
@@ -79,7 +96,14 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // turned into index spans by CockroachDB only for constant arrays, so its
 // UPDATE could scan every unclaimed row. A paused queue yields no rows (the
 // NOT EXISTS is uncorrelated: evaluated once). Items whose attempts are used
-// up are never handed out (the reaper moves them to the dead items). The
+// up are never handed out (the reaper moves them to the dead items), nor
+// are items past their deadline (expires_at; the reaper moves them too) or
+// items of the tenants listed in the last parameter (tenants at their
+// limit). These are residual filters on rows the index scan reads anyway:
+// the claim still stops at its limit. An empty list skips nothing (x =
+// ANY of an empty array is false on both engines). Items are taken in
+// (priority, turn_at) order: turn_at is the vesting time, except in fair
+// queues (FairTurns). The
 // UPDATE rechecks i.claim IS NULL. Run it in an explicit transaction,
 // SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ COMMITTED
 // (the default of some 23.2+ clusters).
@@ -139,23 +163,24 @@ WHERE i.id = picked.id`
 
 // DialectStatements are the statements that have a PostgreSQL twin.
 type DialectStatements struct {
-	ClaimAny, ClaimParts, ReapLeases, AckMany, Extend string
+	ClaimAny, ClaimParts, ReapLeases, AckMany, Extend, TakeAtMostOnce string
 }
 
 // ForDialect returns the statements for d that differ between the engines:
 // the common text, or on PostgreSQL its twins.
 func (s *Statements) ForDialect(d Dialect) DialectStatements {
 	if d == Postgres {
-		return DialectStatements{s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend}
+		return DialectStatements{s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
 	}
-	return DialectStatements{s.ClaimAny, s.ClaimParts, s.ReapLeases, s.AckMany, s.Extend}
+	return DialectStatements{s.ClaimAny, s.ClaimParts, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
 }
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE queue = $2 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
+      AND (expires_at IS NULL OR expires_at > now()) AND (tenant IS NULL OR NOT (tenant = ANY($5::TEXT[])))
       AND NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
-    ORDER BY priority, vesting_at
+    ORDER BY priority, turn_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
@@ -169,13 +194,14 @@ const partClaimTemplate = `WITH picked AS MATERIALIZED (
     SELECT c.id
     FROM unnest($5::BIGINT[]) AS p (part),
     LATERAL (
-        SELECT id, priority, vesting_at FROM crdbwork_items
+        SELECT id, priority, turn_at FROM crdbwork_items
         WHERE queue = $2 AND part = p.part AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
-        ORDER BY priority, vesting_at
+          AND (expires_at IS NULL OR expires_at > now()) AND (tenant IS NULL OR NOT (tenant = ANY($6::TEXT[])))
+        ORDER BY priority, turn_at
         LIMIT $3
         FOR UPDATE SKIP LOCKED) AS c
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
-    ORDER BY c.priority, c.vesting_at
+    ORDER BY c.priority, c.turn_at
     LIMIT $3)
 UPDATE crdbwork_items AS i
 SET claim = $1, claim_queue = i.queue, claim_part = i.part, claimed_at = now(),
@@ -250,17 +276,20 @@ ON CONFLICT DO NOTHING`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
-		ClaimAny:           r(fmt.Sprintf(claimTemplate, joinPicked)),
-		ClaimParts:         r(fmt.Sprintf(partClaimTemplate, joinPicked)),
-		PostgresClaimAny:   r(fmt.Sprintf(claimTemplate, anyPicked)),
-		PostgresClaimParts: r(fmt.Sprintf(partClaimTemplate, anyPicked)),
-		ReapLeases:         r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
-		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
-		AckMany:            r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
-		PostgresAckMany:    r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` RETURNING id`),
+		ClaimAny:               r(fmt.Sprintf(claimTemplate, joinPicked)),
+		ClaimParts:             r(fmt.Sprintf(partClaimTemplate, joinPicked)),
+		PostgresClaimAny:       r(fmt.Sprintf(claimTemplate, anyPicked)),
+		PostgresClaimParts:     r(fmt.Sprintf(partClaimTemplate, anyPicked)),
+		ReapLeases:             r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
+		PostgresReapLeases:     r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
+		AckMany:                r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
+		PostgresAckMany:        r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` RETURNING id`),
+		TakeAtMostOnce:         r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` AND at_most_once RETURNING id`),
+		PostgresTakeAtMostOnce: r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` AND at_most_once RETURNING id`),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
-    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
+    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
+    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
 WHERE id = $1 AND claim = $2 AND claim_token = $3`),
 		// Release gives the attempt back (retry accounting); the token stays.
 		Release: r(`UPDATE crdbwork_items
@@ -268,10 +297,10 @@ SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE id = $1 AND claim = $2 AND claim_token = $3`),
 		DeadLetter: r(`WITH gone AS (
     DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND claim_token = $3
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token)
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant)
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5 FROM gone
 RETURNING id`),
 		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + fenced + ` RETURNING id, lease_until`),
@@ -287,11 +316,48 @@ WHERE ` + pgFenced + ` RETURNING id, lease_until`),
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token)
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant)
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
 RETURNING id`),
+		// An item past its deadline that no session holds moves to the dead
+		// items. (A claimed one is left to its holder: its ack may still
+		// come; once released, nacked or reaped, it is moved here.)
+		ReapExpired: r(`WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+    ORDER BY expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant)
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
+RETURNING id`),
+		// The head is read through crdbwork_items_turn_next, the tenant's
+		// last turn through crdbwork_items_tenant_turn (backwards): two index
+		// seeks per pair. Nothing is locked: the stamps only order claims,
+		// so a stale read costs some fairness, never an item.
+		FairTurns: r(`SELECT v.t, v.p, now(),
+       (SELECT turn_at FROM crdbwork_items
+        WHERE queue = $1 AND priority = v.p AND claim IS NULL
+        ORDER BY turn_at LIMIT 1),
+       (SELECT turn_at FROM crdbwork_items
+        WHERE queue = $1 AND tenant = v.t AND priority = v.p AND claim IS NULL
+        ORDER BY turn_at DESC LIMIT 1)
+FROM unnest($2::TEXT[], $3::BIGINT[]) AS v (t, p)
+WHERE EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $1 AND fair)`),
+		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+FROM crdbwork_queues WHERE name = $1`),
+		ConfigureQueue: r(`INSERT INTO crdbwork_queues AS q
+    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
+    max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
+    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit`),
 		// Items claimed by the session but not in the keep list: a claim whose
 		// answer was lost. The attempt is given back, as by Release.
 		ReleaseForgot: r(`UPDATE crdbwork_items
@@ -304,20 +370,20 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`),
 		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
-		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at
+		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason
 FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id
 LIMIT $2`),
-		// A requeued item keeps its id, key, priority, enqueue time and claim
-		// token (so tokens keep growing), gets fresh attempts and is claimable
-		// at once. Its part is taken modulo
+		// A requeued item keeps its id, key, tenant, priority, enqueue time
+		// and claim token (so tokens keep growing), gets fresh attempts, no
+		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
 		Requeue: r(`WITH gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND queue = $2
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token)
-SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
+SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts) AS n
 RETURNING id`),

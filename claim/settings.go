@@ -1,0 +1,98 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Settings are a queue's settings, stored in the database so that every
+// producer and worker of the queue follows the same ones. The zero value
+// (a queue never configured) is a plain queue: first in, first out within
+// a priority, at-least-once delivery, no limits.
+type Settings struct {
+	// Fair spreads claims over the tenants with vested work (NewItem.Tenant):
+	// enqueue stamps each tenant's items one turn apart, starting from the
+	// queue's head, so claims take one item of every backlogged tenant in
+	// turn, and a tenant with ten items is not kept waiting behind one with
+	// a million. Items without a tenant keep their vesting time as their
+	// turn. It applies to items enqueued while it is on.
+	Fair bool
+	// AtMostOnce makes every item enqueued while it is on at-most-once
+	// (NewItem.AtMostOnce): its claim deletes it.
+	AtMostOnce bool
+	// MaxInFlight bounds the items of the queue being handled at once
+	// across all workers (0: no bound). Workers divide it among themselves
+	// (see package worker).
+	MaxInFlight int
+	// Rate bounds the items per second the workers start, all together
+	// (0: no bound).
+	Rate float64
+	// TenantMaxInFlight and TenantRate are the same bounds for each tenant
+	// of the queue (0: none).
+	TenantMaxInFlight int
+	TenantRate        float64
+}
+
+// Validate reports settings that cannot be stored.
+func (s Settings) Validate() error {
+	switch {
+	case s.MaxInFlight < 0 || s.TenantMaxInFlight < 0:
+		return fmt.Errorf("claim: settings: negative max in flight (%d, tenant %d)", s.MaxInFlight, s.TenantMaxInFlight)
+	case s.Rate < 0 || s.TenantRate < 0 || math.IsNaN(s.Rate) || math.IsNaN(s.TenantRate) ||
+		math.IsInf(s.Rate, 0) || math.IsInf(s.TenantRate, 0):
+		return fmt.Errorf("claim: settings: rates must be finite and not negative (%v, tenant %v)", s.Rate, s.TenantRate)
+	}
+	return nil
+}
+
+// Settings reads the queue's settings (the zero Settings if it was never
+// configured).
+func (q *Queue) Settings(ctx context.Context) (Settings, error) {
+	if err := q.ready(ctx); err != nil {
+		return Settings{}, fmt.Errorf("claim: reading the settings of %q: %w", q.opts.Queue, err)
+	}
+	var s Settings
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var maxIn, tenantMaxIn int64
+		err := q.db.QueryRow(ctx, q.st.QueueSettings, q.opts.Queue).Scan(&s.Fair, &s.AtMostOnce, &maxIn, &s.Rate, &tenantMaxIn, &s.TenantRate)
+		if errors.Is(err, pgx.ErrNoRows) {
+			s = Settings{}
+			return nil
+		}
+		s.MaxInFlight, s.TenantMaxInFlight = int(maxIn), int(tenantMaxIn)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return Settings{}, fmt.Errorf("claim: reading the settings of %q: %w", q.opts.Queue, err)
+	}
+	return s, nil
+}
+
+// Configure stores the queue's settings, replacing all of them. A queue
+// without a row in the queues table gets one with one part: give a queue
+// its parts (worker.Options.Parts, partition.EnsureParts) before
+// configuring it.
+func (q *Queue) Configure(ctx context.Context, s Settings) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if err := q.ready(ctx); err != nil {
+		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
+	}
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		_, err := q.db.Exec(ctx, q.st.ConfigureQueue, q.opts.Queue, s.Fair, s.AtMostOnce,
+			int64(s.MaxInFlight), s.Rate, int64(s.TenantMaxInFlight), s.TenantRate)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
+	}
+	return nil
+}
