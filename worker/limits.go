@@ -252,12 +252,12 @@ func (b *bucket) fill(now time.Time, rate, capacity float64) float64 {
 	return b.tokens
 }
 
-// wait returns how long until the bucket holds one token at rate.
-func (b *bucket) wait(rate float64) time.Duration {
+// wait returns how long a bucket holding tokens takes to hold one at rate.
+func wait(tokens, rate float64) time.Duration {
 	if rate <= 0 {
 		return MaxDuration
 	}
-	d := time.Duration((1 - b.tokens) / rate * float64(time.Second))
+	d := time.Duration((1 - tokens) / rate * float64(time.Second))
 	return max(d, time.Millisecond)
 }
 
@@ -383,9 +383,8 @@ func (l *limiter) plan(now time.Time, free int, parts []int) plan {
 		tokens := l.bucket.fill(now, rate, max(1, rate*l.opts.Burst.Seconds()))
 		if float64(p.n) > math.Floor(tokens) {
 			p.n = int(math.Floor(tokens))
-			if p.n == 0 {
-				p.wait = l.bucket.wait(rate)
-			}
+			// Claim again when the tokens left after this claim make one.
+			p.wait = wait(tokens-float64(p.n), rate)
 		}
 	}
 	if p.n == 0 {

@@ -91,17 +91,37 @@ type fleet struct {
 	pool   *pgxpool.Pool
 	opts   worker.Options
 	h      worker.Handler
-	limits atomic.Pointer[worker.Limits]
 	live   []*running
 	joins  int
 	leaves int
 }
 
-func (f *fleet) set(l worker.Limits) { f.limits.Store(&l) }
+// set stores the queue's limits in the database.
+func (f *fleet) set(l worker.Limits) {
+	f.t.Helper()
+	setLimits(f.t, f.pool, "default", l)
+}
+
+func setLimits(t testing.TB, pool *pgxpool.Pool, queue string, l worker.Limits) {
+	t.Helper()
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := q.Configure(ctx, claim.Settings{MaxInFlight: l.Queue.MaxInFlight, Rate: l.Queue.Rate,
+		TenantMaxInFlight: l.Tenant.MaxInFlight, TenantRate: l.Tenant.Rate}); err != nil {
+		t.Fatal(err)
+	}
+	for tenant, tl := range l.Tenants {
+		if err := q.SetTenantLimit(ctx, tenant, tl); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
 
 func (f *fleet) start() {
 	r := start(f.t, f.pool, f.h, f.opts)
-	worker.SetLimitSource(r.w, func() worker.Limits { return *f.limits.Load() })
 	f.live = append(f.live, r)
 	f.joins++
 }
@@ -152,4 +172,119 @@ func TestLimitHoldsUnderChurn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRateLimitHoldsUnderChurn checks that the items started within any
+// second stay within the queue's rate plus one token bucket per worker,
+// while workers join and leave.
+func TestRateLimitHoldsUnderChurn(t *testing.T) {
+	for _, parts := range []int{8, 0} {
+		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+			const n, rate = 300, 50.0
+			pool := setup(t)
+			if parts > 0 {
+				if err := partition.SetParts(context.Background(), pool, crsql.Tables{}, "default", parts); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue(t, pool, "default", n, false)
+			m := &meter{}
+			f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: m.handler(time.Millisecond, 5*time.Millisecond)}
+			f.set(worker.Limits{Queue: claim.Limit{Rate: rate}})
+			f.start()
+			f.start()
+			most := 2
+			for next := int64(30); next < n; next += 30 {
+				waitFor(t, fmt.Sprintf("%d items done", next), time.Minute, func() bool { return m.done.Load() >= next })
+				f.churn()
+				most = max(most, len(f.live))
+			}
+			waitFor(t, "every item done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+			_, _, burst := m.figures(time.Second)
+			m.mu.Lock()
+			achieved := float64(len(m.starts)-1) / m.starts[len(m.starts)-1].Sub(m.starts[0]).Seconds()
+			m.mu.Unlock()
+			// Each worker's bucket holds max(1, its share · 100 ms) tokens.
+			bound := int(rate) + most*int(max(1, rate*0.1))
+			t.Logf("rate %v/s: at most %d started in a second (bound %d); %.1f/s achieved (%.0f%%); %d joins, %d leaves",
+				rate, burst, bound, achieved, 100*achieved/rate, f.joins, f.leaves)
+			if burst > bound {
+				t.Errorf("%d items started within one second; the rate is %v/s, the bound %d", burst, rate, bound)
+			}
+		})
+	}
+}
+
+// TestLimitFigures measures how close the fleet gets to its limits with 1,
+// 2 and 4 workers and with a worker joining or leaving every second, with
+// and without parts, and checks the limits hold throughout. The figures
+// are in the README ("Fleet-wide limits"); run with -v to see them.
+func TestLimitFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measurement")
+	}
+	const limit, rate = 8, 100.0
+	for _, parts := range []int{16, 0} {
+		for _, workers := range []int{1, 2, 4, -1} {
+			name := fmt.Sprintf("parts=%d/workers=%d", parts, workers)
+			if workers < 0 {
+				name = fmt.Sprintf("parts=%d/churn", parts)
+			}
+			t.Run(name, func(t *testing.T) {
+				conc := measureLimit(t, parts, workers, worker.Limits{Queue: claim.Limit{MaxInFlight: limit}}, 400, 20*time.Millisecond)
+				most, mean, _ := conc.figures(time.Second)
+				rt := measureLimit(t, parts, workers, worker.Limits{Queue: claim.Limit{Rate: rate}}, 400, 2*time.Millisecond)
+				_, _, burst := rt.figures(time.Second)
+				rt.mu.Lock()
+				achieved := float64(len(rt.starts)-1) / rt.starts[len(rt.starts)-1].Sub(rt.starts[0]).Seconds()
+				rt.mu.Unlock()
+				t.Logf("FIGURES | %s | in flight: max %d of %d, mean %.2f (%.0f%%) | rate: %.1f/s of %v (%.0f%%), most in 1 s %d",
+					name, most, limit, mean, 100*mean/limit, achieved, rate, 100*achieved/rate, burst)
+				if most > limit {
+					t.Errorf("%d items ran at once; the limit is %d", most, limit)
+				}
+				if b := int(rate) + 5*int(max(1, rate*0.1)); burst > b {
+					t.Errorf("%d items started within one second; the rate is %v/s, the bound %d", burst, rate, b)
+				}
+			})
+		}
+	}
+}
+
+// measureLimit runs n items of about d each under lims with workers
+// workers (negative: 2 to 4 workers, one joining or leaving every second)
+// and returns the meter. The clock starts once the first item runs, so the
+// new sessions' Grace is not counted, except under churn.
+func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d time.Duration) *meter {
+	pool := setup(t)
+	if parts > 0 {
+		if err := partition.SetParts(context.Background(), pool, crsql.Tables{}, "default", parts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(t, pool, "default", n, false)
+	m := &meter{}
+	f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: m.handler(d, d+d/2)}
+	f.set(lims)
+	if workers < 0 {
+		workers = 2
+	}
+	for range workers {
+		f.start()
+	}
+	for m.done.Load() < int64(n) {
+		if workers < 0 {
+			end := time.Now().Add(time.Second)
+			waitFor(t, "a second or every item done", time.Minute, func() bool { return m.done.Load() >= int64(n) || time.Now().After(end) })
+			if m.done.Load() < int64(n) {
+				f.churn()
+			}
+			continue
+		}
+		waitFor(t, "every item done", time.Minute, func() bool { return m.done.Load() >= int64(n) })
+	}
+	for _, r := range f.live {
+		r.Stop(t)
+	}
+	return m
 }
