@@ -288,3 +288,82 @@ func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d
 	}
 	return m
 }
+
+// TestTenantLimitsHoldUnderChurn enqueues items of several tenants without
+// keys: one tenant with its own limit of 2, the others under the queue's
+// default of 3 per tenant, one of them exempt (its own limit of zero).
+// Workers join and leave; the items of each tenant running at once never
+// exceed its limit, and every item ends.
+func TestTenantLimitsHoldUnderChurn(t *testing.T) {
+	for _, parts := range []int{8, 0} {
+		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+			const perTenant = 100
+			tenants := []string{"big", "t1", "t2", "t3", "free"}
+			limits := map[string]int{"big": 2, "t1": 3, "t2": 3, "t3": 3}
+			pool := setup(t)
+			ctx := context.Background()
+			if parts > 0 {
+				if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q, err := claim.New(pool, claim.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var items []claim.NewItem
+			for i := range perTenant {
+				for _, tn := range tenants {
+					items = append(items, claim.NewItem{Tenant: tn, Payload: []byte(fmt.Sprint(i))})
+				}
+			}
+			if _, err := q.Enqueue(ctx, items...); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			cur, most := map[string]int{}, map[string]int{}
+			var done atomic.Int64
+			h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+				mu.Lock()
+				cur[it.Tenant]++
+				most[it.Tenant] = max(most[it.Tenant], cur[it.Tenant])
+				mu.Unlock()
+				select {
+				case <-time.After(5*time.Millisecond + rand.N(15*time.Millisecond)):
+				case <-ctx.Done():
+				}
+				mu.Lock()
+				cur[it.Tenant]--
+				mu.Unlock()
+				done.Add(1)
+				return nil, ctx.Err()
+			}
+			f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: h}
+			f.set(worker.Limits{Tenant: claim.Limit{MaxInFlight: 3},
+				Tenants: map[string]claim.Limit{"big": {MaxInFlight: 2}, "free": {}}})
+			f.start()
+			f.start()
+			n := int64(len(items))
+			for next := int64(50); next < n; next += 50 {
+				waitFor(t, fmt.Sprintf("%d items done", next), time.Minute, func() bool { return done.Load() >= next })
+				f.churn()
+			}
+			waitFor(t, "every item done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+			var refused int64
+			for _, r := range f.live {
+				refused += r.w.Stats().Limits.Refused
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("most at once per tenant: %v; %d joins, %d leaves; %d items refused and released by the live workers", most, f.joins, f.leaves, refused)
+			for tn, l := range limits {
+				if most[tn] > l {
+					t.Errorf("tenant %s: %d items ran at once; its limit is %d", tn, most[tn], l)
+				}
+			}
+			if most["free"] <= 3 {
+				t.Errorf("the exempt tenant ran at most %d at once: it was held to the default limit", most["free"])
+			}
+		})
+	}
+}
