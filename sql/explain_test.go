@@ -82,6 +82,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	ds := st.ForDialect(dialect)
+	ls := crsql.NewLimitStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
 	cases := []struct {
 		name string
@@ -108,6 +109,10 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"QueueLimits", ls.QueueLimits, []any{"q"}},
+		{"TenantLimits", ls.TenantLimits, []any{"q"}},
+		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
+		{"RemoveTenantLimit", ls.RemoveTenantLimit, []any{"q", "t"}},
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
