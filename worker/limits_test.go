@@ -367,3 +367,27 @@ func TestTenantLimitsHoldUnderChurn(t *testing.T) {
 		})
 	}
 }
+
+// TestLimitHandOverFigures measures the hand-over bound: with items that
+// run longer than Grace (3 s against 400 ms) and a worker joining or
+// leaving every second, a session whose share shrank still runs the items
+// it claimed under its old share while the session whose share grew uses
+// it. The most items at once exceed the limit by at most the shares that
+// moved while those items ran; it logs the figure (README, "Fleet-wide
+// limits") and checks that it stays under twice the limit.
+func TestLimitHandOverFigures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measurement")
+	}
+	const limit = 8
+	for _, parts := range []int{16, 0} {
+		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+			m := measureLimit(t, parts, -1, worker.Limits{Queue: claim.Limit{MaxInFlight: limit}}, 48, 3*time.Second)
+			most, mean, _ := m.figures(time.Second)
+			t.Logf("FIGURES | parts=%d/churn, 3 s items | in flight: max %d of %d, mean %.2f (%.0f%%)", parts, most, limit, mean, 100*mean/limit)
+			if most >= 2*limit {
+				t.Errorf("%d items ran at once; the limit is %d", most, limit)
+			}
+		})
+	}
+}
