@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -231,7 +232,7 @@ func TestLimitFigures(t *testing.T) {
 				name = fmt.Sprintf("parts=%d/churn", parts)
 			}
 			t.Run(name, func(t *testing.T) {
-				conc := measureLimit(t, parts, workers, worker.Limits{Queue: claim.Limit{MaxInFlight: limit}}, 400, 20*time.Millisecond)
+				conc := measureLimit(t, parts, workers, worker.Limits{Queue: claim.Limit{MaxInFlight: limit}}, 1000, 20*time.Millisecond)
 				most, mean, _ := conc.figures(time.Second)
 				rt := measureLimit(t, parts, workers, worker.Limits{Queue: claim.Limit{Rate: rate}}, 400, 2*time.Millisecond)
 				_, _, burst := rt.figures(time.Second)
@@ -251,10 +252,10 @@ func TestLimitFigures(t *testing.T) {
 	}
 }
 
-// measureLimit runs n items of about d each under lims with workers
-// workers (negative: 2 to 4 workers, one joining or leaving every second)
-// and returns the meter. The clock starts once the first item runs, so the
-// new sessions' Grace is not counted, except under churn.
+// measureLimit starts workers workers (negative: 2 to 4 workers, one
+// joining or leaving every second) under lims, waits until each has its
+// share, then enqueues n items of about d each and works them off. It
+// returns the meter, whose clock starts with the first item.
 func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d time.Duration) *meter {
 	pool := setup(t)
 	if parts > 0 {
@@ -262,18 +263,28 @@ func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d
 			t.Fatal(err)
 		}
 	}
-	enqueue(t, pool, "default", n, false)
 	m := &meter{}
 	f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: m.handler(d, d+d/2)}
 	f.set(lims)
-	if workers < 0 {
+	churn := workers < 0
+	if churn {
 		workers = 2
 	}
 	for range workers {
 		f.start()
 	}
+	waitFor(t, "every worker to have its share", time.Minute, func() bool {
+		var share int64
+		var rate float64
+		for _, r := range f.live {
+			st := r.w.Stats().Limits
+			share, rate = share+st.Share, rate+st.RateShare
+		}
+		return share == int64(lims.Queue.MaxInFlight) && math.Abs(rate-lims.Queue.Rate) < 1e-6
+	})
+	enqueue(t, pool, "default", n, false)
 	for m.done.Load() < int64(n) {
-		if workers < 0 {
+		if churn {
 			end := time.Now().Add(time.Second)
 			waitFor(t, "a second or every item done", time.Minute, func() bool { return m.done.Load() >= int64(n) || time.Now().After(end) })
 			if m.done.Load() < int64(n) {
@@ -287,85 +298,6 @@ func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d
 		r.Stop(t)
 	}
 	return m
-}
-
-// TestTenantLimitsHoldUnderChurn enqueues items of several tenants without
-// keys: one tenant with its own limit of 2, the others under the queue's
-// default of 3 per tenant, one of them exempt (its own limit of zero).
-// Workers join and leave; the items of each tenant running at once never
-// exceed its limit, and every item ends.
-func TestTenantLimitsHoldUnderChurn(t *testing.T) {
-	for _, parts := range []int{8, 0} {
-		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
-			const perTenant = 100
-			tenants := []string{"big", "t1", "t2", "t3", "free"}
-			limits := map[string]int{"big": 2, "t1": 3, "t2": 3, "t3": 3}
-			pool := setup(t)
-			ctx := context.Background()
-			if parts > 0 {
-				if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
-					t.Fatal(err)
-				}
-			}
-			q, err := claim.New(pool, claim.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var items []claim.NewItem
-			for i := range perTenant {
-				for _, tn := range tenants {
-					items = append(items, claim.NewItem{Tenant: tn, Payload: []byte(fmt.Sprint(i))})
-				}
-			}
-			if _, err := q.Enqueue(ctx, items...); err != nil {
-				t.Fatal(err)
-			}
-			var mu sync.Mutex
-			cur, most := map[string]int{}, map[string]int{}
-			var done atomic.Int64
-			h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
-				mu.Lock()
-				cur[it.Tenant]++
-				most[it.Tenant] = max(most[it.Tenant], cur[it.Tenant])
-				mu.Unlock()
-				select {
-				case <-time.After(5*time.Millisecond + rand.N(15*time.Millisecond)):
-				case <-ctx.Done():
-				}
-				mu.Lock()
-				cur[it.Tenant]--
-				mu.Unlock()
-				done.Add(1)
-				return nil, ctx.Err()
-			}
-			f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: h}
-			f.set(worker.Limits{Tenant: claim.Limit{MaxInFlight: 3},
-				Tenants: map[string]claim.Limit{"big": {MaxInFlight: 2}, "free": {}}})
-			f.start()
-			f.start()
-			n := int64(len(items))
-			for next := int64(50); next < n; next += 50 {
-				waitFor(t, fmt.Sprintf("%d items done", next), time.Minute, func() bool { return done.Load() >= next })
-				f.churn()
-			}
-			waitFor(t, "every item done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
-			var refused int64
-			for _, r := range f.live {
-				refused += r.w.Stats().Limits.Refused
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			t.Logf("most at once per tenant: %v; %d joins, %d leaves; %d items refused and released by the live workers", most, f.joins, f.leaves, refused)
-			for tn, l := range limits {
-				if most[tn] > l {
-					t.Errorf("tenant %s: %d items ran at once; its limit is %d", tn, most[tn], l)
-				}
-			}
-			if most["free"] <= 3 {
-				t.Errorf("the exempt tenant ran at most %d at once: it was held to the default limit", most["free"])
-			}
-		})
-	}
 }
 
 // TestLimitHandOverFigures measures the hand-over bound: with items that
