@@ -18,8 +18,8 @@ func cmdCleanup(ctx context.Context, name string, args []string, out *console) e
 	var c common
 	var dropSchema bool
 	f := newFlagSet(name, `Removes what the demo left in a database given with --database-url: the
-items, dead items and part count of --queue and the demo's tables
-(demo_results, demo_enqueued). With --drop-schema it then drops the crdbwork
+items, dead items, part count and limits of --queue and the demo's tables
+(demo_results, demo_enqueued, demo_runs). With --drop-schema it then drops the crdbwork
 tables too, if no other queue has items or dead items. Refuses while live
 sessions own parts of the queue (stop the workers first).`)
 	c.register(f, urlRequired)
@@ -51,12 +51,13 @@ sessions own parts of the queue (stop the workers first).`)
 	for _, stmt := range []string{
 		`DELETE FROM ` + tables.Table("session_parts") + ` WHERE queue = $1`,
 		`DELETE FROM ` + tables.Table("queues") + ` WHERE name = $1`,
+		`DELETE FROM ` + tables.Table("tenant_limits") + ` WHERE queue = $1`,
 	} {
 		if _, err := pool.Exec(ctx, stmt, c.queue); err != nil {
 			return failf(1, "removing queue %q: %v", c.queue, err)
 		}
 	}
-	for _, t := range []string{"demo_results", "demo_enqueued"} {
+	for _, t := range []string{"demo_results", "demo_enqueued", "demo_runs"} {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
 			return failf(1, "dropping %s: %v", t, err)
 		}

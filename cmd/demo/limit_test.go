@@ -116,3 +116,45 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 		t.Errorf("%d handler runs at once; the limit is %d", most, limit)
 	}
 }
+
+// TestLimitCommand sets the queue's, the default tenant and one tenant's
+// limits with `demo limit`, reads them back as JSON, removes the tenant's,
+// and checks that bad input exits 2 and changes nothing.
+func TestLimitCommand(t *testing.T) {
+	env := demoEnv("DATABASE_URL=" + testdb.NewURL(t))
+	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
+	}
+	for _, args := range [][]string{
+		{"limit", "--max-in-flight", "7"},
+		{"limit", "--rate", "12.5"},
+		{"limit", "--each-tenant", "--max-in-flight", "3"},
+		{"limit", "--tenant", "acme", "--max-in-flight", "2", "--rate", "1.5"},
+		{"limit", "--tenant", "gone", "--rate", "1"},
+		{"limit", "--tenant", "gone", "--remove"},
+	} {
+		if r := demo(t, time.Minute, env, args...); r.code != 0 {
+			t.Fatalf("demo %s: exit status %d\n%s", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	want := `{"max_in_flight":7,"rate":12.5,"tenant_max_in_flight":3,"tenant_rate":0,"tenants":{"acme":{"max_in_flight":2,"rate":1.5}}}`
+	if r := demo(t, time.Minute, env, "limit", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != want {
+		t.Fatalf("demo limit --json: exit status %d, %s\nwant %s", r.code, r.stdout, want)
+	}
+	for _, args := range [][]string{
+		{"limit", "--rate", "-1"},
+		{"limit", "--rate", "fast"},
+		{"limit", "--max-in-flight", "-2"},
+		{"limit", "--remove"},
+		{"limit", "--tenant", "acme"},
+		{"limit", "--tenant", "acme", "--each-tenant", "--rate", "1"},
+		{"limit", "--tenant", "acme", "--remove", "--rate", "1"},
+	} {
+		if r := demo(t, time.Minute, env, args...); r.code != 2 {
+			t.Errorf("demo %s: exit status %d, want 2\n%s", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	if r := demo(t, time.Minute, env, "limit", "--json"); strings.TrimSpace(r.stdout) != want {
+		t.Fatalf("bad input changed the limits: %s", r.stdout)
+	}
+}
