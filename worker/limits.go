@@ -34,9 +34,9 @@ package worker
 // LimitOptions.Refresh, which Grace exceeds) and stopped claiming beyond its
 // own new share. So the limit holds, except for items that a session
 // claimed under its old, larger share and that are still running Grace
-// after the change: the fleet may exceed the limit by at most the share
-// that moved, and only while such items run (at most ItemTimeout +
-// HangGrace). In parts mode a part given up first drains (its items end, or
+// after the change: the fleet may exceed the limit by at most the shares
+// that moved while such items ran, and only until they end (at most
+// ItemTimeout + HangGrace). In parts mode a part given up first drains (its items end, or
 // Partition.DrainTimeout passes) before another session can acquire it, so
 // items shorter than the drain plus Grace never overlap.
 //

@@ -306,7 +306,8 @@ func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d
 // it claimed under its old share while the session whose share grew uses
 // it. The most items at once exceed the limit by at most the shares that
 // moved while those items ran; it logs the figure (README, "Fleet-wide
-// limits") and checks that it stays under twice the limit.
+// limits") and checks that it stays under three times the limit (several
+// moves may add up while one item runs).
 func TestLimitHandOverFigures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement")
@@ -317,7 +318,7 @@ func TestLimitHandOverFigures(t *testing.T) {
 			m := measureLimit(t, parts, -1, worker.Limits{Queue: claim.Limit{MaxInFlight: limit}}, 48, 3*time.Second)
 			most, mean, _ := m.figures(time.Second)
 			t.Logf("FIGURES | parts=%d/churn, 3 s items | in flight: max %d of %d, mean %.2f (%.0f%%)", parts, most, limit, mean, 100*mean/limit)
-			if most >= 2*limit {
+			if most >= 3*limit {
 				t.Errorf("%d items ran at once; the limit is %d", most, limit)
 			}
 		})
