@@ -45,7 +45,7 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 		i := rand.IntN(len(procs))
 		victim := procs[i]
 		if err := victim.cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
+			t.Fatalf("killing %s: %v; its stderr:\n%s", victim.name, err, victim.stderr.String())
 		}
 		<-victim.exited
 		var now time.Time

@@ -252,8 +252,12 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			return err
 		}
 		defer rp.Close()
+		// Processes starting together race on CREATE TABLE IF NOT EXISTS,
+		// which PostgreSQL may refuse to the loser: a second try finds it.
 		if _, err := rp.Exec(ctx, runsTable); err != nil {
-			return failf(1, "creating demo_runs: %v", err)
+			if _, err := rp.Exec(ctx, runsTable); err != nil {
+				return failf(1, "creating demo_runs: %v", err)
+			}
 		}
 		c.wrap = func(h worker.Handler) worker.Handler { return recordRuns(rp, out, h) }
 	}
