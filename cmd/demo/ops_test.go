@@ -551,10 +551,10 @@ func TestMigrateUpgrade(t *testing.T) {
 		}
 	}
 	for _, cmd := range []string{"status", "dead", "work", "pause"} {
-		wantExit(t, demo(t, time.Minute, env, cmd), 2, "at version 1, this demo needs 2: run `demo migrate`")
+		wantExit(t, demo(t, time.Minute, env, cmd), 2, fmt.Sprintf("at version 1, this demo needs %d: run `demo migrate`", crsql.Version))
 	}
 	r := demo(t, time.Minute, env, "migrate")
-	if r.code != 0 || !strings.Contains(r.stdout, "upgraded the crdbwork schema from version 1 to 2") {
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("upgraded the crdbwork schema from version 1 to %d", crsql.Version)) {
 		t.Fatalf("migrate: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	var m struct {
@@ -562,8 +562,8 @@ func TestMigrateUpgrade(t *testing.T) {
 		Previous int `json:"previous_version"`
 	}
 	jsonOut(t, demo(t, time.Minute, env, "migrate", "--json"), &m)
-	if m.Version != 2 || m.Previous != 2 {
-		t.Errorf("second migrate: %+v, want version 2 from 2", m)
+	if m.Version != crsql.Version || m.Previous != crsql.Version {
+		t.Errorf("second migrate: %+v, want version %d from %[2]d", m, crsql.Version)
 	}
 	if r := demo(t, time.Minute, env, "status"); r.code != 0 {
 		t.Errorf("status after the upgrade: %d\n%s", r.code, r.stderr)
