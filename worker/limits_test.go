@@ -143,8 +143,14 @@ func (f *fleet) churn() {
 // items while a handler counts the items running at once: never more than
 // the queue's limit, and every item ends.
 func TestLimitHoldsUnderChurn(t *testing.T) {
-	for _, parts := range []int{16, 0} {
-		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+	for _, parts := range []int{16, 0, -16} {
+		urgent := parts < 0
+		parts = max(parts, -parts)
+		name := fmt.Sprintf("parts=%d", parts)
+		if urgent {
+			name += "/urgent-lane" // every item is urgent: all come through the lane
+		}
+		t.Run(name, func(t *testing.T) {
 			const n, limit = 600, 6
 			pool := setup(t)
 			if parts > 0 {
@@ -155,6 +161,7 @@ func TestLimitHoldsUnderChurn(t *testing.T) {
 			enqueue(t, pool, "default", n, false)
 			m := &meter{}
 			f := &fleet{t: t, pool: pool, opts: limitOpts(parts), h: m.handler(10*time.Millisecond, 40*time.Millisecond)}
+			f.opts.UrgentLane = urgent
 			f.set(worker.Limits{Queue: claim.Limit{MaxInFlight: limit}})
 			f.start()
 			f.start()
