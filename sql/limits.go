@@ -5,6 +5,11 @@ package sql
 // of table names. Every one reads or writes rows by primary key (the
 // queues table's name, the tenant limits table's (queue, tenant)), so each
 // is a point lookup or a range of one queue's tenants on both engines.
+// CockroachDB accepts each form: INSERT … ON CONFLICT (pk) DO UPDATE SET c
+// = excluded.c is its documented equivalent of UPSERT
+// (https://www.cockroachlabs.com/docs/v21.2/upsert, "UPSERT vs. INSERT ON
+// CONFLICT"), and a LEFT JOIN of a one-row FROM subquery is plain SQL it
+// plans as a lookup join on the primary key.
 type LimitStatements struct {
 	// QueueLimits returns queue $1's max_in_flight, rate_limit,
 	// tenant_max_in_flight and tenant_rate_limit (zeros when the queue has
