@@ -8,8 +8,9 @@ package sql
 // CockroachDB accepts each form: INSERT … ON CONFLICT (pk) DO UPDATE SET c
 // = excluded.c is its documented equivalent of UPSERT
 // (https://www.cockroachlabs.com/docs/v21.2/upsert, "UPSERT vs. INSERT ON
-// CONFLICT"), and a LEFT JOIN of a one-row FROM subquery is plain SQL it
-// plans as a lookup join on the primary key.
+// CONFLICT"); the LEFT JOIN of a one-row subquery constrains the queues
+// table by its primary key (q.name = $1), checked here on PostgreSQL's plans
+// (sql/explain_test.go), not on CockroachDB's, which cannot run here.
 type LimitStatements struct {
 	// QueueLimits returns queue $1's max_in_flight, rate_limit,
 	// tenant_max_in_flight and tenant_rate_limit (zeros when the queue has
