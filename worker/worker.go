@@ -33,6 +33,17 @@
 // does not work on it comes back within its lease — and at once after a
 // claim whose answer was lost (ReleaseForgotten).
 //
+// # Fleet-wide limits
+//
+// A queue's stored limits (claim.Settings.MaxInFlight and Rate, and the
+// tenants' limits) hold across all its workers without a shared counter:
+// each session reads them every LimitOptions.Refresh and enforces its share,
+// computed from the parts it owns (or its rank among the live sessions), so
+// that the shares add up to the limit. A share that shrinks applies at once;
+// one that grows waits LimitOptions.Grace. The limit can be exceeded only by
+// items that were claimed under a share that has since moved and that still
+// run Grace later; see limits.go and the README for the exact bound.
+//
 // # Connections
 //
 // A worker process uses Connections(opts) connections whatever its
