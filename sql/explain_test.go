@@ -87,6 +87,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	ds := st.ForDialect(dialect)
+	ls := crsql.NewLimitStatements(crsql.Tables{})
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
@@ -118,6 +119,10 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"QueueLimits", ls.QueueLimits, []any{"q"}},
+		{"TenantLimits", ls.TenantLimits, []any{"q"}},
+		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
+		{"RemoveTenantLimit", ls.RemoveTenantLimit, []any{"q", "t"}},
 		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
 		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
 	}

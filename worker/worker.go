@@ -33,6 +33,17 @@
 // does not work on it comes back within its lease — and at once after a
 // claim whose answer was lost (ReleaseForgotten).
 //
+// # Fleet-wide limits
+//
+// A queue's stored limits (claim.Settings.MaxInFlight and Rate, and the
+// tenants' limits) hold across all its workers without a shared counter:
+// each session reads them every LimitOptions.Refresh and enforces its share,
+// computed from the parts it owns (or its rank among the live sessions), so
+// that the shares add up to the limit. A share that shrinks applies at once;
+// one that grows waits LimitOptions.Grace. The limit can be exceeded only by
+// items that were claimed under a share that has since moved and that still
+// run Grace later; see limits.go and the README for the exact bound.
+//
 // # Connections
 //
 // A worker process uses Connections(opts) connections whatever its
@@ -201,6 +212,11 @@ type Options struct {
 	// (the demo's --measure-order counts each item's place in the queue's
 	// order with it). Default: none.
 	OnClaim func(ctx context.Context, items []claim.Item)
+	// Limits configure how the worker enforces the queue's fleet-wide
+	// limits, which are stored in the database (see "Fleet-wide limits"
+	// in limits.go). The worker reads them by itself; there is nothing to
+	// turn on.
+	Limits LimitOptions
 }
 
 // Observer watches a worker's handlers and acks. Its methods are called from
@@ -313,6 +329,10 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
 	}
+	var err error
+	if o.Limits, err = o.Limits.withDefaults(); err != nil {
+		return o, err
+	}
 	if o.Claim.Lease == 0 {
 		o.Claim.Lease = defaultLease(o)
 	}
@@ -396,6 +416,9 @@ type Stats struct {
 	Parts partition.Stats
 	// Session is the id of the current session ("" between sessions).
 	Session string
+	// Limits is the current session's view of the queue's fleet-wide
+	// limits (zero between sessions), with Refused summed over sessions.
+	Limits LimitStats
 }
 
 // Worker runs a worker process. Create it with New and call Run once.
@@ -416,6 +439,9 @@ type Worker struct {
 	partsRebalances, partsRetries              atomic.Int64
 	current                                    atomic.Value                         // string
 	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
+	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
+	limitSource                                limitSource
+	refusedTotal                               atomic.Int64 // Refused of past sessions
 }
 
 // New returns a worker that handles the items of opts.Queue with h.
@@ -432,6 +458,7 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
+	w.limitSource = w.storedLimits
 	w.current.Store("")
 	return w, nil
 }
@@ -448,7 +475,13 @@ func (w *Worker) Stats() Stats {
 		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
 		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
 	}
+	var ls LimitStats
+	if lim := w.lim.Load(); lim != nil {
+		ls = lim.stats(time.Now())
+	}
+	ls.Refused += w.refusedTotal.Load()
 	return Stats{
+		Limits:   ls,
 		Stats:    w.queue.Stats(),
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
@@ -641,9 +674,16 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	}
 	maintDone := make(chan struct{})
 	fl := newFlights(w.lease)
+	lim := newLimiter(w.opts.Limits)
+	w.lim.Store(lim)
+	defer func() {
+		w.lim.Store(nil) // a snapshot between these lines may miss this session's refusals, never count them twice
+		w.refusedTotal.Add(lim.stats(time.Now()).Refused)
+	}()
+	w.refreshLimits(sess.Context(), sess, lim, log)
 	go func() {
 		defer close(maintDone)
-		w.maintain(sess, fl, log)
+		w.maintain(sess, fl, lim, log)
 	}()
 
 	var observe func(int)
@@ -657,7 +697,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
-	w.claimLoop(claimCtx, sess, reb, fl, slots, &handlers, handlerCtx, settleCtx, a, log)
+	w.claimLoop(claimCtx, sess, reb, fl, lim, slots, &handlers, handlerCtx, settleCtx, a, log)
 	stopClaiming()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
@@ -713,7 +753,7 @@ const queueReapHeartbeats = 5
 // the queue's expired leases and moving crash-looping items to the dead
 // items (claim.Queue.Reap). A reap that fails is tried again at the next
 // heartbeat. Any live session may reap; both are idempotent.
-func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
+func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log *zap.Logger) {
 	ctx := sess.Context()
 	hb := sess.Options().Heartbeat
 	reapEvery := w.opts.Session.ReapEvery
@@ -723,13 +763,18 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
 	now := time.Now()
 	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
-	t := time.NewTicker(hb)
+	nextLimits := now.Add(w.opts.Limits.Refresh)
+	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if now := time.Now(); !now.Before(nextLimits) {
+			nextLimits = now.Add(w.opts.Limits.Refresh)
+			w.refreshLimits(ctx, sess, lim, log)
 		}
 		w.extendLeases(ctx, fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
@@ -771,7 +816,7 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, log *zap.Logger) {
 // one freed, rather than for each slot as it frees: a claim then takes
 // several items, and the database runs a fraction of the claim statements,
 // at the cost of a few milliseconds of idle slots.
-func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights,
+func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *partition.Rebalancer, fl *flights, lim *limiter,
 	slots chan struct{}, handlers *sync.WaitGroup, handlerCtx, settleCtx context.Context, a *acker, log *zap.Logger) {
 	freed := make(chan struct{}, 1) // a handler gave its slot back
 	gather := max(1, cap(slots)/2)
@@ -824,17 +869,21 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
+		var pl plan
 		claimedAt := time.Now()
 		switch {
 		case free == 0:
 		case reb != nil:
-			var urgent []claim.Item
-			if w.opts.UrgentLane {
-				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: free, MaxPriority: w.opts.UrgentPriority})
-			}
 			parts, claimed := reb.Lease()
-			if err == nil && len(urgent) < free {
-				items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free-len(urgent))
+			pl = lim.plan(claimedAt, free, parts)
+			var urgent []claim.Item
+			if w.opts.UrgentLane && pl.n > 0 {
+				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority, SkipTenants: pl.skip})
+			}
+			if err == nil && len(urgent) < pl.n && len(parts) > 0 {
+				rest := pl
+				rest.n -= len(urgent)
+				items, err = w.claim(ctx, sess, parts, rest)
 			}
 			ps := make([]int, len(items))
 			for i, it := range items {
@@ -844,7 +893,10 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			holds = append(make([]partition.Hold, len(urgent)), claimed(ps)...)
 			items = append(urgent, items...)
 		default:
-			items, err = w.queue.Claim(ctx, sess.ID(), free)
+			pl = lim.plan(claimedAt, free, nil)
+			if pl.n > 0 {
+				items, err = w.claim(ctx, sess, nil, pl)
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("claim failed", zap.Error(err))
@@ -857,6 +909,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
+			admitted := lim.admit(claimedAt, itemTenant(it))
 			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
 			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
@@ -876,7 +929,12 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 						reb.Done(holds[i])
 					}
 				}()
-				w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+				if admitted {
+					w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
+					lim.done(itemTenant(it))
+				} else {
+					w.giveBack(itemCtx, settleCtx, it, a, log)
+				}
 				fl.done(it.ID)
 				cancelItem(nil)
 			}()
@@ -884,6 +942,14 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
+		}
+		if free > 0 && err == nil && (pl.full || pl.wait > 0) && len(items) == pl.n {
+			// Held back by the limits, not by an empty queue: claim again
+			// when an item ends or a token comes.
+			if !w.limitWait(ctx, freed, pl) {
+				return
+			}
+			continue
 		}
 		if !pause() {
 			return

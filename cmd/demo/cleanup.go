@@ -19,8 +19,8 @@ func cmdCleanup(ctx context.Context, name string, args []string, out *console) e
 	var dropSchema bool
 	f := newFlagSet(name, `Removes what the demo left in a database given with --database-url: the
 items, dead items, part count, settings, tenant limits and schedules of
---queue and the demo's tables
-(demo_results, demo_enqueued). With --drop-schema it then drops the crdbwork
+--queue and the demo's tables (demo_results, demo_enqueued, demo_runs). With
+--drop-schema it then drops the crdbwork
 tables too, if no other queue has items or dead items. Refuses while live
 sessions own parts of the queue (stop the workers first).`)
 	c.register(f, urlRequired)
@@ -59,7 +59,7 @@ sessions own parts of the queue (stop the workers first).`)
 			return failf(1, "removing queue %q: %v", c.queue, err)
 		}
 	}
-	for _, t := range []string{"demo_results", "demo_enqueued"} {
+	for _, t := range []string{"demo_results", "demo_enqueued", "demo_runs"} {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
 			return failf(1, "dropping %s: %v", t, err)
 		}

@@ -26,6 +26,7 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
+	limits             limitFlags
 	items, workers     int
 	killEvery, timeout time.Duration
 	progress           bool
@@ -123,6 +124,7 @@ human line on stderr.`
 	c.common.register(f, "PostgreSQL or CockroachDB URL; without one, an embedded server is started")
 	c.workerSettings.register(f, "parts the queue is divided into (set before the enqueue, replacing a stored number)")
 	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
+	c.limits.register(f, "the queue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
@@ -166,15 +168,16 @@ human line on stderr.`
 		return err
 	}
 	defer log.Sync()
-	r := &demoRun{c: &c, out: out, log: log, watch: watch}
+	r := &demoRun{c: &c, out: out, log: log, watch: watch, flags: f}
 	return r.run(ctx)
 }
 
 // demoRun is one run of the demo.
 type demoRun struct {
-	c   *runConfig
-	out *console
-	log *zap.Logger
+	c     *runConfig
+	flags *flagSet // to tell the flags given from their defaults
+	out   *console
+	log   *zap.Logger
 	// watch reports outages and recoveries once.
 	watch *outageWatch
 	// recent are the progress samples of the last rateWindow, oldest first.
@@ -254,6 +257,9 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	}
 	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 		return failf(1, "%v", err)
+	}
+	if err := c.limits.apply(ctx, r.flags, pool, c.queue); err != nil {
+		return failf(1, "setting the limits: %v", err)
 	}
 
 	runID := uuid.New()

@@ -90,6 +90,8 @@ type status struct {
 	// ItemsPerSecond is the throughput over the last few seconds (--watch
 	// only; -1 until two reads are in).
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
+	// Limits are the queue's stored fleet-wide limits (demo limit).
+	Limits *limitsJSON `json:"limits"`
 }
 
 // readStatus gathers the status of queue.
@@ -99,6 +101,9 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}}
 	var err error
 	if s.NumParts, err = partition.Parts(ctx, db, tables, queue); err != nil {
+		return nil, err
+	}
+	if s.Limits, err = readLimits(ctx, db, queue); err != nil {
 		return nil, err
 	}
 	infos, err := session.List(ctx, db, tables)
@@ -394,6 +399,9 @@ func formatStatus(s *status, compact bool) string {
 		fmt.Fprintf(&b, " (oldest due for %s)", round(age))
 	}
 	fmt.Fprintf(&b, ", %d claimed\n", claimed)
+	if s.Limits != nil && !s.Limits.none() {
+		b.WriteString(s.Limits.format())
+	}
 	if !s.Known {
 		var names []string
 		for _, t := range s.Queues {

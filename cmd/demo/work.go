@@ -80,6 +80,8 @@ type workerSettings struct {
 	expiry      time.Duration
 	rebalance   time.Duration
 	metricsAddr string
+	// wrap, if not nil, wraps the demo handler (demo work --record-runs).
+	wrap func(worker.Handler) worker.Handler
 	// urgentPriority is the urgent lane's threshold, used when urgentLane
 	// (--urgent-priority given).
 	urgentPriority int
@@ -125,7 +127,11 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 	if m != nil {
 		obs = m.collector
 	}
-	wk, err := worker.New(db, demoHandler(w.taskTime), worker.Options{
+	h := demoHandler(w.taskTime)
+	if w.wrap != nil {
+		h = w.wrap(h)
+	}
+	wk, err := worker.New(db, h, worker.Options{
 		Queue:           queue,
 		Tables:          tables,
 		Concurrency:     w.concurrency,
@@ -153,6 +159,7 @@ type workConfig struct {
 	name        string
 	reportEvery time.Duration
 	waitDB      time.Duration
+	recordRuns  bool
 	every       time.Duration
 	skipMissed  bool
 }
@@ -196,6 +203,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
+	f.boolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
 	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
 	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
 	if err := f.parse(args, out.stdout); err != nil {
@@ -275,6 +283,21 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		defer ms.close()
 	}
 	warm(ctx, pool)
+	if c.recordRuns {
+		rp, err := connect(ctx, c.databaseURL, 2)
+		if err != nil {
+			return err
+		}
+		defer rp.Close()
+		// Processes starting together race on CREATE TABLE IF NOT EXISTS,
+		// which PostgreSQL may refuse to the loser: a second try finds it.
+		if _, err := rp.Exec(ctx, runsTable); err != nil {
+			if _, err := rp.Exec(ctx, runsTable); err != nil {
+				return failf(1, "creating demo_runs: %v", err)
+			}
+		}
+		c.wrap = func(h worker.Handler) worker.Handler { return recordRuns(rp, out, h) }
+	}
 	w, err := c.newWorker(pool, c.queue, c.name, log, ms)
 	if err != nil {
 		return failf(2, "%v", err)

@@ -1,0 +1,129 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Limit is a fleet-wide limit on a queue's items, or on one tenant's: at
+// most MaxInFlight items claimed at once across all workers, and at most
+// Rate items claimed per second. Zero means no limit, for each field.
+//
+// The database stores the limits; workers enforce them without a shared
+// counter (see package worker, "Fleet-wide limits").
+type Limit struct {
+	// MaxInFlight is the most items claimed at once (0: no limit).
+	MaxInFlight int
+	// Rate is the most items claimed per second (0: no limit).
+	Rate float64
+}
+
+// maxLimitInFlight bounds Limit.MaxInFlight: far above any fleet's
+// handlers, it keeps the workers' share arithmetic from overflowing.
+const maxLimitInFlight = 1 << 40
+
+// Validate reports a limit that cannot be stored: negative, not a number,
+// infinite, or MaxInFlight beyond 2^40.
+func (l Limit) Validate() error {
+	switch {
+	case l.MaxInFlight < 0 || l.MaxInFlight > maxLimitInFlight:
+		return fmt.Errorf("claim: max in flight %d is out of range (0: no limit, up to %d)", l.MaxInFlight, maxLimitInFlight)
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate < 0:
+		return fmt.Errorf("claim: rate %v is not a number of items per second (0: no limit)", l.Rate)
+	}
+	return nil
+}
+
+// Unlimited reports whether l limits nothing.
+func (l Limit) Unlimited() bool { return l.MaxInFlight == 0 && l.Rate == 0 }
+
+// SetTenantLimit stores tenant's own limit on the queue, which replaces the
+// queue's default for each tenant (Settings.TenantMaxInFlight and
+// Settings.TenantRate) for that tenant; a zero Limit makes the tenant
+// unlimited. Workers pick it up within their limits' refresh interval
+// (worker.LimitOptions.Refresh).
+func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) error {
+	if tenant == "" {
+		return errors.New("claim: a tenant limit needs a tenant name")
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if err := q.ready(ctx); err != nil {
+		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
+	}
+	st := crsql.NewLimitStatements(q.opts.Tables)
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		_, err := q.db.Exec(ctx, st.SetTenantLimit, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
+	}
+	return nil
+}
+
+// RemoveTenantLimit deletes tenant's own limit: the queue's default for
+// each tenant applies to it again. It reports whether there was one.
+func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, error) {
+	if err := q.ready(ctx); err != nil {
+		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
+	}
+	st := crsql.NewLimitStatements(q.opts.Tables)
+	var n int64
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		tag, err := q.db.Exec(ctx, st.RemoveTenantLimit, q.opts.Queue, tenant)
+		n = tag.RowsAffected()
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
+	}
+	return n > 0, nil
+}
+
+// TenantLimits returns the tenants' own limits on the queue (those set with
+// SetTenantLimit), by tenant.
+func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
+	if err := q.ready(ctx); err != nil {
+		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
+	}
+	out, err := ReadTenantLimits(ctx, q.db, q.opts.Tables, q.opts.Queue)
+	if err != nil {
+		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
+	}
+	return out, nil
+}
+
+// ReadTenantLimits reads queue's tenant limits from db, as TenantLimits does,
+// without checking the schema (for workers, which checked it already).
+func ReadTenantLimits(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (map[string]Limit, error) {
+	st := crsql.NewLimitStatements(t)
+	out := map[string]Limit{}
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		clear(out)
+		rows, err := db.Query(ctx, st.TenantLimits, queue)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		var tenant string
+		var maxIn int64
+		var rate float64
+		_, err = pgx.ForEachRow(rows, []any{&tenant, &maxIn, &rate}, func() error {
+			out[tenant] = Limit{MaxInFlight: int(maxIn), Rate: rate}
+			return nil
+		})
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

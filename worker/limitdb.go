@@ -1,0 +1,43 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// itemTenant returns the tenant of an item ("" for none).
+func itemTenant(it claim.Item) string { return it.Tenant }
+
+// storedLimits reads the queue's stored limits (claim.Queue.Configure,
+// claim.Queue.SetTenantLimit) and the database clock: two reads by primary
+// key on the maintenance connection.
+func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
+	st := crsql.NewLimitStatements(w.opts.Tables)
+	var l Limits
+	var dbNow time.Time
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var maxIn, tenantMaxIn int64
+		err := w.db.QueryRow(ctx, st.QueueLimits, w.opts.Queue).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
+		l.Queue.MaxInFlight, l.Tenant.MaxInFlight = int(maxIn), int(tenantMaxIn)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.opts.Queue, err)
+	}
+	if l.Tenants, err = claim.ReadTenantLimits(ctx, w.db, w.opts.Tables, w.opts.Queue); err != nil {
+		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the tenant limits of %q: %w", w.opts.Queue, err)
+	}
+	return l, dbNow, nil
+}
+
+// claim claims up to pl.n items in parts (nil: without parts), leaving out
+// the tenants at their share.
+func (w *Worker) claim(ctx context.Context, sess *session.Session, parts []int, pl plan) ([]claim.Item, error) {
+	return w.queue.ClaimWith(ctx, sess.ID(), claim.ClaimRequest{Max: pl.n, Parts: parts, SkipTenants: pl.skip})
+}

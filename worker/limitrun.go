@@ -1,0 +1,95 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
+)
+
+// limitSource reads a queue's limits and the database clock (zero: unknown).
+type limitSource func(ctx context.Context) (Limits, time.Time, error)
+
+// errAtLimit is why an item of a tenant at its share is given back.
+var errAtLimit = errors.New("worker: the item's tenant is at its share of its limit")
+
+// refreshLimits reads the stored limits and what the session's shares
+// derive from (the queue's parts, or the live sessions), and hands them to
+// lim. A failure keeps the last limits read (none before the first read,
+// when the session claims nothing) and is logged.
+func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *limiter, log *zap.Logger) {
+	lims, dbNow, err := w.limitSource(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("reading the queue's limits failed; keeping the last ones read", zap.Error(err))
+		}
+		return
+	}
+	parts, rank, k := 0, -1, 0
+	if !lims.none() {
+		if w.opts.Parts > 0 {
+			parts, err = partition.Parts(ctx, w.db, w.opts.Tables, w.opts.Queue)
+		} else {
+			var live []uuid.UUID
+			live, err = session.LiveIDs(ctx, w.db, w.opts.Tables)
+			k, rank = len(live), slices.Index(live, sess.ID())
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("reading the queue's parts or live sessions for its limits failed", zap.Error(err))
+			}
+			return
+		}
+	} else if w.opts.Parts > 0 {
+		parts = w.opts.Parts // unused while nothing is limited
+	}
+	lim.set(time.Now(), lims, dbNow, parts, rank, k)
+}
+
+// limitWait waits, after a claim held back by the limits, until an item
+// ends, the rate allows another item, Poll passes (the shares may have
+// changed), or ctx ends (false).
+func (w *Worker) limitWait(ctx context.Context, freed chan struct{}, pl plan) bool {
+	d := w.opts.Poll
+	if pl.wait > 0 {
+		d = min(d, pl.wait)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	var ended <-chan struct{}
+	if pl.full {
+		ended = freed
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-ended:
+	case <-t.C:
+	}
+	return true
+}
+
+// giveBack releases an item the limits refused, without running it and
+// without counting the attempt, retrying like any settle.
+func (w *Worker) giveBack(itemCtx, settleCtx context.Context, it claim.Item, a *acker, log *zap.Logger) {
+	defer w.running.Add(-1)
+	refuse := func(context.Context, claim.Item) (func(context.Context, pgx.Tx) error, error) { return nil, errAtLimit }
+	attempt.Run(itemCtx, w.queue, it, refuse, attempt.Options{
+		Timeout:   w.opts.ItemTimeout,
+		Grace:     w.opts.HangGrace,
+		Settle:    a,
+		SettleCtx: settleCtx,
+		OnRetry:   func() { w.settleRetries.Add(1) },
+		GiveBack:  func() bool { return true },
+		Log:       log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.String("why", "tenant at its limit")),
+	})
+}
