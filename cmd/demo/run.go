@@ -24,6 +24,7 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
+	tenantConfig
 	items, workers     int
 	killEvery, timeout time.Duration
 	progress           bool
@@ -70,6 +71,8 @@ type summary struct {
 	ClaimsLost      *int64 `json:"claims_lost,omitempty"`
 	// Retries counts serialization-failure retries by kind (in-process only).
 	Retries map[string]int64 `json:"retries,omitempty"`
+	// With --tenants: the tenant figures (tenants.go).
+	*TenantReport
 }
 
 func cmdRun(ctx context.Context, name string, args []string, out *console) error {
@@ -107,6 +110,8 @@ human line on stderr.`
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
 	f.durationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
 	f.durationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
+	c.tenantConfig.register(f)
+	f.boolVar(&c.anyPart, "any-part", false, "the workers claim in any part (no part ownership) instead of their own parts")
 	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -124,6 +129,12 @@ human line on stderr.`
 	}
 	if err := c.validate(f); err != nil {
 		return err
+	}
+	if err := c.tenantConfig.validateTenants(f, c.items, c.killEvery); err != nil {
+		return err
+	}
+	if c.anyPart && c.killEvery > 0 {
+		return f.usageError("--any-part runs the workers in this process: it cannot be combined with --kill-every")
 	}
 	if c.restartDBEvery > 0 && c.databaseURL != "" {
 		return f.usageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
@@ -229,7 +240,12 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	runID := uuid.New()
 	s.RunID = runID.String()
 	enqStart := time.Now()
-	if err := enqueueDemo(ctx, pool, c.queue, runID, c.items); err != nil {
+	var tl *tenantLoad
+	if c.tenants > 0 {
+		if tl, err = startTenants(ctx, pool, c, runID); err != nil {
+			return failf(1, "%v", err)
+		}
+	} else if err := enqueueDemo(ctx, pool, c.queue, runID, c.items); err != nil {
 		return failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
@@ -264,7 +280,11 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		restarter = startRestarter(srv, c.restartDBEvery, c.restartDBDown, r.out)
 	}
 	start := time.Now()
+	if tl != nil {
+		tl.startTrickle(ctx, pool, c.queue, runID, r.out)
+	}
 	outcome, runErr := r.wait(ctx, pool, group, start)
+	tl.stopTrickle()
 	var restartErr error
 	s.DBRestarts, restartErr = restarter.finish()
 	if runErr == nil && restartErr != nil {
@@ -294,6 +314,9 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	s.ElapsedSeconds = elapsed.Seconds()
 	if elapsed > 0 {
 		s.ItemsPerSecond = float64(v.Acked) / elapsed.Seconds()
+	}
+	if tl != nil {
+		s.TenantReport = tl.report()
 	}
 	s.OK = v.ok() && !s.TimedOut && !s.Interrupted && runErr == nil
 	r.printSummary(s)
@@ -512,6 +535,7 @@ func (r *demoRun) printSummary(s summary) {
 	if len(s.Retries) > 0 {
 		fmt.Fprintf(tw, "  retries\t%s\n", formatCounts(s.Retries))
 	}
+	printTenantLines(tw, s.TenantReport)
 	fmt.Fprintf(tw, "  elapsed\t%.2fs\n", s.ElapsedSeconds)
 	fmt.Fprintf(tw, "  throughput\t%.0f items/s\n", s.ItemsPerSecond)
 	fmt.Fprintf(tw, "  run id\t%s\n", s.RunID)
