@@ -55,7 +55,7 @@ type tenantConfig struct {
 func (c *tenantConfig) register(f *flagSet) {
 	f.intVar(&c.tenants, "tenants", 0, 0, 1_000_000, "spread --items over this many tenants with Pareto-distributed backlogs, add a trickle of small tenants' items while the workers run, and report small tenants' waits and Jain's fairness index (0: no tenants)")
 	f.boolVar(&c.fair, "fair", false, "with --tenants: make the queue fair (claims take the backlogged tenants' items in turn); default true with --tenants, --fair=false for a plain first-in-first-out queue")
-	f.intVar(&c.trickleRate, "trickle-rate", 50, 0, 100_000, "with --tenants: single items of random small tenants enqueued per second while the workers run, until 80% of the up-front items are claimed (0: none)")
+	f.intVar(&c.trickleRate, "trickle-rate", 50, 0, 10_000, "with --tenants: single items of random small tenants enqueued per second (each in its own transaction, up to 16 at once) while the workers run, until 80% of the up-front items are claimed (0: none)")
 	f.intVar(&c.seed, "seed", 1, 0, math.MaxInt32, "with --tenants: seed of the backlog sizes, the enqueue order and the trickle's tenants")
 }
 
@@ -215,22 +215,32 @@ func (l *tenantLoad) observe(it claim.Item) {
 	}
 }
 
+// trickleInFlight bounds the trickle's enqueues in flight: the trickle is
+// an open loop (an item every 1/rate, however long enqueues take), as
+// independent producers are, unless enqueues fall this far behind.
+const trickleInFlight = 16
+
 // startTrickle starts the producer of single small-tenant items: one at
-// once, then one every 1/rate, until trickleUntil of the up-front items
-// are claimed or stopTrickle.
+// once, then one every 1/rate, each in its own goroutine, until
+// trickleUntil of the up-front items are claimed or stopTrickle.
 func (l *tenantLoad) startTrickle(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, out *console) {
 	l.stop, l.done = make(chan struct{}), make(chan struct{})
 	if l.cfg.trickleRate == 0 || len(l.small) == 0 {
 		close(l.done)
 		return
 	}
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		out.errorf("demo: trickle: %v", err)
+		close(l.done)
+		return
+	}
 	go func() {
-		defer close(l.done)
-		q, err := claim.New(pool, claim.Options{Queue: queue})
-		if err != nil {
-			out.errorf("demo: trickle: %v", err)
-			return
-		}
+		var wg sync.WaitGroup
+		defer func() { wg.Wait(); close(l.done) }()
+		slots := make(chan struct{}, trickleInFlight)
+		failed := make(chan struct{})
+		var once sync.Once
 		rng := rand.New(rand.NewPCG(uint64(l.cfg.seed), 0x71c1e))
 		tick := time.NewTicker(time.Second / time.Duration(l.cfg.trickleRate))
 		defer tick.Stop()
@@ -241,21 +251,31 @@ func (l *tenantLoad) startTrickle(ctx context.Context, pool *pgxpool.Pool, queue
 			if float64(claimed) >= trickleUntil*float64(l.upfront) {
 				return
 			}
-			tenant := l.small[rng.IntN(len(l.small))]
-			it := claim.NewItem{Payload: []byte(trickle), Tenant: l.names[tenant]}
-			if err := enqueueChunkTx(ctx, pool, q, runID, []claim.NewItem{it}); err != nil {
-				if ctx.Err() == nil {
-					out.errorf("demo: trickle: %v", err)
-				}
-				return
+			select {
+			case slots <- struct{}{}:
+				tenant := l.small[rng.IntN(len(l.small))]
+				it := claim.NewItem{Payload: []byte(trickle), Tenant: l.names[tenant]}
+				wg.Add(1)
+				go func() {
+					defer func() { <-slots; wg.Done() }()
+					if err := enqueueChunkTx(ctx, pool, q, runID, []claim.NewItem{it}); err != nil {
+						if ctx.Err() == nil {
+							once.Do(func() { out.errorf("demo: trickle: %v", err); close(failed) })
+						}
+						return
+					}
+					l.mu.Lock()
+					l.trickled++
+					l.mu.Unlock()
+				}()
+			default: // enqueues are trickleInFlight behind: skip this tick
 			}
-			l.mu.Lock()
-			l.trickled++
-			l.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
 			case <-l.stop:
+				return
+			case <-failed:
 				return
 			case <-tick.C:
 			}
