@@ -320,6 +320,14 @@ type TenantReport struct {
 	SmallP99WaitClaims      int `json:"small_tenant_p99_wait_claims"`
 	TrickleMedianWaitClaims int `json:"trickle_median_wait_claims"`
 	TrickleP99WaitClaims    int `json:"trickle_p99_wait_claims"`
+	// Newcomers are the trickle items whose tenant had nothing else
+	// queued when they were enqueued (the others wait behind their own
+	// tenant's items): in a fair queue they wait about one round.
+	NewcomerItems            int     `json:"newcomer_items"`
+	NewcomerMedianWait       float64 `json:"newcomer_median_wait_seconds"`
+	NewcomerP99Wait          float64 `json:"newcomer_p99_wait_seconds"`
+	NewcomerMedianWaitClaims int     `json:"newcomer_median_wait_claims"`
+	NewcomerP99WaitClaims    int     `json:"newcomer_p99_wait_claims"`
 }
 
 // report computes the run's figures from the claims the workers noted.
@@ -339,8 +347,22 @@ func (l *tenantLoad) report() *TenantReport {
 	for i, c := range claims {
 		times[i] = c.claimed
 	}
-	var small, trick, all []float64
-	var smallN, trickN []int
+	// A trickle item is a newcomer's if no other item of its tenant was
+	// enqueued before it and claimed after it was enqueued.
+	byTenant := map[int][]tenantClaim{}
+	for _, c := range claims {
+		byTenant[c.tenant] = append(byTenant[c.tenant], c)
+	}
+	newcomer := func(c tenantClaim) bool {
+		for _, o := range byTenant[c.tenant] {
+			if o != c && o.enqueued.Before(c.enqueued) && o.claimed.After(c.enqueued) {
+				return false
+			}
+		}
+		return true
+	}
+	var small, trick, fresh, all []float64
+	var smallN, trickN, freshN []int
 	for i, c := range claims {
 		w := max(c.claimed.Sub(c.enqueued).Seconds(), 0)
 		// Claims made after the item's enqueue, before its own.
@@ -352,11 +374,17 @@ func (l *tenantLoad) report() *TenantReport {
 		}
 		if c.trickle {
 			trick, trickN = append(trick, w), append(trickN, n)
+			if newcomer(c) {
+				fresh, freshN = append(fresh, w), append(freshN, n)
+			}
 		}
 	}
 	r.SmallMedianWait, r.SmallP99Wait = quantile(small, 0.5), quantile(small, 0.99)
 	r.TrickleMedianWait, r.TrickleP99Wait = quantile(trick, 0.5), quantile(trick, 0.99)
 	r.AllMedianWait, r.AllP99Wait = quantile(all, 0.5), quantile(all, 0.99)
+	r.NewcomerItems = len(fresh)
+	r.NewcomerMedianWait, r.NewcomerP99Wait = quantile(fresh, 0.5), quantile(fresh, 0.99)
+	r.NewcomerMedianWaitClaims, r.NewcomerP99WaitClaims = quantileInt(freshN, 0.5), quantileInt(freshN, 0.99)
 	r.SmallMedianWaitClaims, r.SmallP99WaitClaims = quantileInt(smallN, 0.5), quantileInt(smallN, 0.99)
 	r.TrickleMedianWaitClaims, r.TrickleP99WaitClaims = quantileInt(trickN, 0.5), quantileInt(trickN, 0.99)
 	var served []int
@@ -466,6 +494,8 @@ func printTenantLines(tw *tabwriter.Writer, r *TenantReport) {
 		round(secs(r.SmallMedianWait)), round(secs(r.SmallP99Wait)), r.SmallMedianWaitClaims, r.SmallP99WaitClaims)
 	fmt.Fprintf(tw, "  trickle's wait\tmedian %s, p99 %s (in claims: median %d, p99 %d)\n",
 		round(secs(r.TrickleMedianWait)), round(secs(r.TrickleP99Wait)), r.TrickleMedianWaitClaims, r.TrickleP99WaitClaims)
+	fmt.Fprintf(tw, "  newcomers' wait\tmedian %s, p99 %s (in claims: median %d, p99 %d; %d trickle items of tenants with nothing else queued)\n",
+		round(secs(r.NewcomerMedianWait)), round(secs(r.NewcomerP99Wait)), r.NewcomerMedianWaitClaims, r.NewcomerP99WaitClaims, r.NewcomerItems)
 	fmt.Fprintf(tw, "  every item's wait\tmedian %s, p99 %s\n", round(secs(r.AllMedianWait)), round(secs(r.AllP99Wait)))
 	fmt.Fprintf(tw, "  tenant fairness\t%.3f (Jain's index of backlogged tenants' service, %d windows)\n", r.TenantFairness, r.FairnessWindows)
 }
