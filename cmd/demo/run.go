@@ -281,7 +281,11 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	}
 	start := time.Now()
 	if tl != nil {
-		tl.startTrickle(ctx, pool, c.queue, runID, r.out)
+		if err := tl.startTrickle(ctx, url, c.queue, runID, r.out); err != nil {
+			restarter.finish()
+			group.stop(20 * time.Second)
+			return failf(1, "%v", err)
+		}
 	}
 	outcome, runErr := r.wait(ctx, pool, group, start)
 	tl.stopTrickle()

@@ -222,22 +222,34 @@ const trickleInFlight = 16
 
 // startTrickle starts the producer of single small-tenant items: one at
 // once, then one every 1/rate, each in its own goroutine, until
-// trickleUntil of the up-front items are claimed or stopTrickle.
-func (l *tenantLoad) startTrickle(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, out *console) {
+// trickleUntil of the up-front items are claimed or stopTrickle. It has a
+// pool of its own, of trickleInFlight connections, so that its enqueues
+// never wait for the run's other statements nor hold them up.
+func (l *tenantLoad) startTrickle(ctx context.Context, url, queue string, runID uuid.UUID, out *console) error {
 	l.stop, l.done = make(chan struct{}), make(chan struct{})
 	if l.cfg.trickleRate == 0 || len(l.small) == 0 {
 		close(l.done)
-		return
+		return nil
+	}
+	pool, err := connect(ctx, url, trickleInFlight)
+	if err != nil {
+		close(l.done)
+		return err
 	}
 	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err == nil {
+		// The first call checks the schema through the pool: not inside
+		// an enqueue's transaction, which holds a connection of it.
+		_, err = q.Settings(ctx)
+	}
 	if err != nil {
-		out.errorf("demo: trickle: %v", err)
+		pool.Close()
 		close(l.done)
-		return
+		return fmt.Errorf("starting the trickle: %w", err)
 	}
 	go func() {
 		var wg sync.WaitGroup
-		defer func() { wg.Wait(); close(l.done) }()
+		defer func() { wg.Wait(); pool.Close(); close(l.done) }()
 		slots := make(chan struct{}, trickleInFlight)
 		failed := make(chan struct{})
 		var once sync.Once
@@ -281,6 +293,7 @@ func (l *tenantLoad) startTrickle(ctx context.Context, pool *pgxpool.Pool, queue
 			}
 		}
 	}()
+	return nil
 }
 
 // stopTrickle stops the producer and waits for it.
