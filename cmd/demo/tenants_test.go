@@ -44,8 +44,10 @@ func TestRunTenantsFairness(t *testing.T) {
 		runs[fair] = s
 	}
 	on, off := runs[true], runs[false]
-	if j := num(t, on, "tenant_fairness"); j < 0.8 {
-		t.Errorf("fair queue: Jain's index %.3f, want at least 0.8", j)
+	// With parts, service is even within each session's parts, and across
+	// the two sessions only as even as their backlogs (see the README).
+	if j := num(t, on, "tenant_fairness"); j < 0.6 {
+		t.Errorf("fair queue: Jain's index %.3f, want at least 0.6", j)
 	}
 	if jOn, jOff := num(t, on, "tenant_fairness"), num(t, off, "tenant_fairness"); jOn < jOff+0.3 {
 		t.Errorf("Jain's index %.3f fair, %.3f plain: want the fair one higher by 0.3 at least", jOn, jOff)
