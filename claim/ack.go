@@ -213,8 +213,26 @@ func recovered(fn func() error) (err error) {
 
 // deleteClaimed deletes, in one statement, each item whose claim still
 // holds (same session, same token), and reports which were deleted.
+// At-most-once items count as deleted without a statement: their claim
+// deleted them, and holding the claimed Item is what entitles the caller to
+// record its result.
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
-	ids, sessions, tokens := claimArrays(items)
+	deleted := make([]bool, len(items))
+	held := items
+	if atMostOnce(items) {
+		held = nil
+		for i, it := range items {
+			if it.AtMostOnce {
+				deleted[i] = true
+			} else {
+				held = append(held, it)
+			}
+		}
+		if len(held) == 0 {
+			return deleted, nil
+		}
+	}
+	ids, sessions, tokens := claimArrays(held)
 	rows, err := tx.Query(ctx, q.engine.Load().st.AckMany, ids, sessions, tokens)
 	if err != nil {
 		return nil, crsql.Classify(err)
@@ -227,11 +245,22 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 	for _, id := range gone {
 		set[id] = true
 	}
-	deleted := make([]bool, len(items))
 	for i, it := range items {
+		if it.AtMostOnce {
+			continue
+		}
 		// An item listed twice counts once: its first request.
 		deleted[i] = set[it.ID]
 		delete(set, it.ID)
 	}
 	return deleted, nil
+}
+
+func atMostOnce(items []Item) bool {
+	for _, it := range items {
+		if it.AtMostOnce {
+			return true
+		}
+	}
+	return false
 }

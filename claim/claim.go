@@ -49,8 +49,11 @@ type Item struct {
 	// Claims never hand the item out past it; a claim made before it may
 	// still ack it.
 	ExpiresAt time.Time
-	// AtMostOnce reports an at-most-once item: its claim deleted it, so
-	// there is nothing to ack, nack or release (they report ErrClaimLost).
+	// AtMostOnce reports an at-most-once item: its claim deleted it. Ack
+	// only runs its record, in a transaction of its own (there is no claim
+	// left to check: call it once, and never again after an unknown
+	// outcome, or the record may commit twice); Nack, Release and Extend
+	// report ErrClaimLost. The item is never handed out again.
 	AtMostOnce bool
 	// TurnAt is the item's place in claim order within its priority: its
 	// vesting time, or in a fair queue the turn enqueue stamped.
@@ -139,6 +142,14 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		args = append(args, ps)
 	}
 	args = append(args, skip)
+	return q.runClaim(ctx, e, session, "claiming", stmt, args)
+}
+
+// runClaim runs one of the claim statements (ClaimWith's, or ClaimUrgent's)
+// with args, takes the at-most-once items among what it claimed, and
+// returns the items in claim order. what says what the claim does, for
+// errors.
+func (q *Queue) runClaim(ctx context.Context, e *engine, session uuid.UUID, what, stmt string, args []any) ([]Item, error) {
 	var items []Item
 	run := func(ctx context.Context, db crsql.DB) error {
 		rows, err := db.Query(ctx, stmt, args...)
@@ -166,9 +177,9 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23503" {
-			return nil, fmt.Errorf("claim: claiming in %q for session %s: %w (%v)", q.opts.Queue, session, ErrNotOwner, pgErr.Message)
+			return nil, fmt.Errorf("claim: %s in %q for session %s: %w (%v)", what, q.opts.Queue, session, ErrNotOwner, pgErr.Message)
 		}
-		return nil, fmt.Errorf("claim: claiming in %q for session %s: %w", q.opts.Queue, session, crsql.Classify(err))
+		return nil, fmt.Errorf("claim: %s in %q for session %s: %w", what, q.opts.Queue, session, crsql.Classify(err))
 	}
 	sort.Slice(items, func(i, j int) bool {
 		if items[i].Priority != items[j].Priority {

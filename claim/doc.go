@@ -27,4 +27,7 @@
 // item's key. A failed item is requeued with exponential backoff and jitter,
 // or moved to the dead-items table when it runs out of attempts or its
 // error is marked Permanent.
+//
+// A Buffer lets many goroutines that enqueue one item each share statements
+// (group commit for producers), each still told only what committed.
 package claim

@@ -109,8 +109,15 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids[0]); n != 0 {
 		t.Fatal("the at-most-once item is still in the items table after its claim")
 	}
-	if err := q.Ack(ctx, got[0], nil); !errors.Is(err, claim.ErrClaimLost) {
-		t.Fatalf("ack of an at-most-once item = %v, want ErrClaimLost (nothing to ack)", err)
+	if _, err := q.Nack(ctx, got[0], errors.New("x")); !errors.Is(err, claim.ErrClaimLost) {
+		t.Fatalf("nack of an at-most-once item = %v, want ErrClaimLost (nothing to put back)", err)
+	}
+	// Ack only records its result.
+	if err := q.Ack(ctx, got[0], record(got[0])); err != nil {
+		t.Fatalf("ack of an at-most-once item: %v", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, ids[0]); n != 1 {
+		t.Fatalf("%d result rows for the at-most-once item, want 1", n)
 	}
 	// The claimer dies: the ordinary item comes back, the other never does.
 	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_sessions WHERE id = $1`, crashed); err != nil {

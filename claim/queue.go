@@ -87,6 +87,9 @@ type Queue struct {
 	// engine is set once the schema version was found to be this code's,
 	// for the server's engine; nil until then.
 	engine atomic.Pointer[engine]
+	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
+	// rendered on its first use.
+	urgent atomic.Pointer[string]
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,8 @@ import (
 // EXPLAINs every claim, ack, nack, release, extend and reap statement: none
 // may scan the items table sequentially, and the set-based acks and extends
 // must find their rows by primary key (not, say, by merging with every item
-// the session holds). On PostgreSQL it checks both the plan for the given
+// the session holds). The schedules' statements (10k schedule rows seeded)
+// may not scan crdbwork_schedules. On PostgreSQL it checks both the plan for the given
 // parameters and the generic plan a long-lived prepared statement ends up
 // with.
 func TestStatementPlansUseIndexes(t *testing.T) {
@@ -57,6 +59,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		 FROM generate_series(1, ` + fmt.Sprint(total) + `) AS g`,
 		`INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`,
 		`ANALYZE crdbwork_items`,
+		`INSERT INTO crdbwork_schedules (queue, name, last_period)
+		 SELECT 'q' || (g % 10), 'schedule-' || g, now() - g * INTERVAL '1 minute' FROM generate_series(1, 10000) AS g`,
+		`ANALYZE crdbwork_schedules`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
@@ -82,7 +87,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	ds := st.ForDialect(dialect)
+	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
+	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	cases := []struct {
 		name string
 		stmt string
@@ -91,6 +98,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimAny", claimAny, []any{session, "q", 64, int64(300e6), []string{}}},
 		{"ClaimAny (1000)", claimAny, []any{session, "q", 1000, int64(300e6), []string{}}},
 		{"ClaimAny (tenants skipped)", claimAny, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}}},
+		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1)}},
+		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3)}},
+		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1)}},
 		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
@@ -108,6 +118,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
+		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -155,9 +167,12 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			switch {
 			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
+			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
+				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
 			case c.name == "FairTurns" && (!strings.Contains(text, "crdbwork_items_tenant_turn") || !strings.Contains(text, "crdbwork_items_turn_next")):
 				t.Errorf("%s (%s) does not seek the head and the tenant's last turn by index:\n%s", c.name, mode, text)
-			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "FULL SCAN") ||
+			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
+				strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
 			case byKey && testdb.Kind(t) == "postgres" &&
@@ -181,6 +196,8 @@ func literals(args []any) string {
 			out[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
 		case int, int64:
 			out[i] = fmt.Sprint(v)
+		case time.Time:
+			out[i] = "'" + v.Format(time.RFC3339Nano) + "'::TIMESTAMPTZ"
 		case []string:
 			q := make([]string, len(v))
 			for j, s := range v {

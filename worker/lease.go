@@ -113,7 +113,9 @@ func (f *flights) due(now time.Time) []extension {
 	var near []*flight
 	nearD := f.lease
 	for _, fl := range f.m {
-		if now.Before(fl.leaseEnd.Add(-f.lease/2)) || !fl.leaseEnd.Before(fl.bound) {
+		// An at-most-once item has no claim left to extend: its claim
+		// deleted it.
+		if fl.item.AtMostOnce || now.Before(fl.leaseEnd.Add(-f.lease/2)) || !fl.leaseEnd.Before(fl.bound) {
 			continue
 		}
 		if left := fl.bound.Sub(now); left >= f.lease {

@@ -182,6 +182,25 @@ type Options struct {
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer
+	// UrgentLane turns the urgent lane on (parts mode only): each claim
+	// first takes, from any part, items with priority at most
+	// UrgentPriority (claim.Queue.ClaimUrgent), then fills its free slots
+	// from the session's own parts. An urgent item then waits for the first
+	// session with a free slot, not for its part's owner, which bounds how
+	// far out of order urgent items run (see the README's "How relaxed is
+	// the order"). Lane claims name no part: giving up a part does not
+	// release them. Without parts every claim is already in strict order
+	// and the lane is not used. Default off.
+	UrgentLane bool
+	// UrgentPriority is the lane's threshold: items with priority <= it
+	// are urgent. Only read with UrgentLane.
+	UrgentPriority int
+	// OnClaim, if not nil, is called by the claim loop right after every
+	// claim that returned items, with those items, before their handlers
+	// start. The next claim waits for it: keep it quick. For measurements
+	// (the demo's --measure-order counts each item's place in the queue's
+	// order with it). Default: none.
+	OnClaim func(ctx context.Context, items []claim.Item)
 }
 
 // Observer watches a worker's handlers and acks. Its methods are called from
@@ -213,12 +232,15 @@ const (
 	// the session ended while it was retried, or an ack whose outcome stayed
 	// unknown).
 	OutcomeUnsettled = "unsettled"
+	// OutcomeDropped: an at-most-once item whose handler failed or whose
+	// record could not be written; it is gone (claim.Item.AtMostOnce).
+	OutcomeDropped = "dropped"
 )
 
 // outcomeNames names attempt's outcomes for Observer.
 var outcomeNames = map[attempt.Outcome]string{
 	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
-	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled,
+	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled, attempt.Dropped: OutcomeDropped,
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
@@ -356,6 +378,9 @@ type Stats struct {
 	// Unknown counts acks whose outcome stayed unknown (see
 	// attempt.Result.Unknown): neither acked nor lost.
 	Unknown int64
+	// Dropped counts at-most-once items whose handler failed or whose
+	// record could not be written: they are gone, not retried.
+	Dropped int64
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
@@ -383,6 +408,7 @@ type Worker struct {
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
+	dropped                                    atomic.Int64
 	settleRetries, running                     atomic.Int64
 	extended, forgotten, reaped                atomic.Int64
 	lease                                      time.Duration // of every claim
@@ -427,7 +453,7 @@ func (w *Worker) Stats() Stats {
 		Sessions: w.sessions.Load(), SessionsLost: w.lost.Load(),
 		Panics: w.panics.Load(), Timeouts: w.timeouts.Load(), InFlight: w.inflight.Load(),
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
-		Unknown: w.unknown.Load(), SettleRetries: w.settleRetries.Load(),
+		Unknown: w.unknown.Load(), Dropped: w.dropped.Load(), SettleRetries: w.settleRetries.Load(),
 		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
@@ -802,13 +828,21 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		switch {
 		case free == 0:
 		case reb != nil:
+			var urgent []claim.Item
+			if w.opts.UrgentLane {
+				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: free, MaxPriority: w.opts.UrgentPriority})
+			}
 			parts, claimed := reb.Lease()
-			items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free)
+			if err == nil && len(urgent) < free {
+				items, err = w.queue.ClaimParts(ctx, sess.ID(), parts, free-len(urgent))
+			}
 			ps := make([]int, len(items))
 			for i, it := range items {
 				ps[i] = it.Part
 			}
-			holds = claimed(ps)
+			// Lane claims name no part: they hold none (the zero Hold).
+			holds = append(make([]partition.Hold, len(urgent)), claimed(ps)...)
+			items = append(urgent, items...)
 		default:
 			items, err = w.queue.Claim(ctx, sess.ID(), free)
 		}
@@ -817,6 +851,9 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		}
 		if errors.Is(err, claim.ErrOutcomeUnknown) {
 			forgotten = true
+		}
+		if len(items) > 0 && w.opts.OnClaim != nil {
+			w.opts.OnClaim(ctx, items)
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
@@ -909,6 +946,9 @@ func (w *Worker) handle(itemCtx, handlerCtx, claimCtx, settleCtx context.Context
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)
+	}
+	if res.Outcome == attempt.Dropped {
+		w.dropped.Add(1)
 	}
 	if !res.Abandoned {
 		w.running.Add(-1)

@@ -18,7 +18,8 @@ func cmdCleanup(ctx context.Context, name string, args []string, out *console) e
 	var c common
 	var dropSchema bool
 	f := newFlagSet(name, `Removes what the demo left in a database given with --database-url: the
-items, dead items and part count of --queue and the demo's tables
+items, dead items, part count, settings, tenant limits and schedules of
+--queue and the demo's tables
 (demo_results, demo_enqueued). With --drop-schema it then drops the crdbwork
 tables too, if no other queue has items or dead items. Refuses while live
 sessions own parts of the queue (stop the workers first).`)
@@ -51,6 +52,8 @@ sessions own parts of the queue (stop the workers first).`)
 	for _, stmt := range []string{
 		`DELETE FROM ` + tables.Table("session_parts") + ` WHERE queue = $1`,
 		`DELETE FROM ` + tables.Table("queues") + ` WHERE name = $1`,
+		`DELETE FROM ` + tables.Table("tenant_limits") + ` WHERE queue = $1`,
+		`DELETE FROM ` + tables.Table("schedules") + ` WHERE queue = $1`,
 	} {
 		if _, err := pool.Exec(ctx, stmt, c.queue); err != nil {
 			return failf(1, "removing queue %q: %v", c.queue, err)
@@ -141,7 +144,7 @@ func dropCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
 		return failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first)", len(infos))
 	}
 	// Children before parents (foreign keys).
-	for _, t := range []string{"items", "dead_items", "session_parts", "sessions", "queues", "schema_version"} {
+	for _, t := range []string{"items", "dead_items", "session_parts", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+tables.Table(t)); err != nil {
 			return failf(1, "dropping %s: %v", tables.Table(t), err)
 		}

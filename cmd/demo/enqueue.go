@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +29,20 @@ const keySpace = 1000
 // demo_enqueued under runID, chunk by chunk, each chunk in one transaction
 // with its record, so that verify knows exactly what was enqueued.
 func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int) error {
+	return enqueueDemoShaped(ctx, pool, queue, runID, n, itemShape{})
+}
+
+// itemShape is what demo enqueue's flags give every item.
+type itemShape struct {
+	ttl        time.Duration // NewItem.TTL
+	atMostOnce bool          // NewItem.AtMostOnce
+	// priorities > 1 gives each item a uniformly random priority in [0,
+	// priorities); otherwise 0.
+	priorities int
+}
+
+// enqueueDemoShaped is enqueueDemo with every item shaped by shape.
+func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape) error {
 	q, err := claim.New(pool, claim.Options{Queue: queue})
 	if err != nil {
 		return err
@@ -33,10 +50,16 @@ func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uu
 	for start := 0; start < n; start += enqueueChunk {
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
-			items = append(items, claim.NewItem{
-				Payload: []byte(strconv.Itoa(i)),
-				Key:     fmt.Sprintf("key-%d", i%keySpace),
-			})
+			it := claim.NewItem{
+				Payload:    []byte(strconv.Itoa(i)),
+				Key:        fmt.Sprintf("key-%d", i%keySpace),
+				TTL:        shape.ttl,
+				AtMostOnce: shape.atMostOnce,
+			}
+			if shape.priorities > 1 {
+				it.Priority = rand.IntN(shape.priorities)
+			}
+			items = append(items, it)
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
 			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
@@ -83,22 +106,143 @@ func retryable(err error) bool {
 
 type enqueueConfig struct {
 	common
-	count int
-	parts int
+	count     int
+	parts     int
+	shape     itemShape
+	producers int
+	buffered  bool
+}
+
+// recordChunk is the number of ids the producers' recorder writes into
+// demo_enqueued per statement.
+const recordChunk = 1000
+
+// enqueueProducers enqueues n demo items from producers goroutines, one
+// item per call: straight Queue.Enqueue calls, or, with buffered, calls of
+// one claim.Buffer (group commit). Each id is recorded in demo_enqueued
+// under runID once its enqueue committed (an unknown outcome is retried
+// with the same id first). Every item is shaped by shape. It returns the
+// buffer's flushes (0 without).
+func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, producers int, buffered bool, shape itemShape) (flushes int64, err error) {
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		return 0, err
+	}
+	var buf *claim.Buffer
+	if buffered {
+		if buf, err = claim.NewBuffer(q, claim.BufferOptions{}); err != nil {
+			return 0, err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ids := make(chan uuid.UUID, recordChunk)
+	recorded := make(chan error, 1)
+	go func() {
+		// The recorder: ids in chunks, each chunk one INSERT.
+		var chunk []uuid.UUID
+		flush := func() error {
+			if len(chunk) == 0 {
+				return nil
+			}
+			_, err := pool.Exec(ctx, `INSERT INTO demo_enqueued (item_id, run_id) SELECT unnest($1::UUID[]), $2::UUID`, chunk, runID)
+			chunk = chunk[:0]
+			return err
+		}
+		for id := range ids {
+			chunk = append(chunk, id)
+			if len(chunk) == recordChunk {
+				if err := flush(); err != nil {
+					cancel()
+					recorded <- fmt.Errorf("recording enqueued ids: %w", err)
+					for range ids {
+					}
+					return
+				}
+			}
+		}
+		recorded <- flush()
+	}()
+	var next atomic.Int64
+	errs := make(chan error, producers)
+	var wg sync.WaitGroup
+	for range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				it := claim.NewItem{Payload: []byte(strconv.FormatInt(i, 10)), Key: fmt.Sprintf("key-%d", i%keySpace),
+					TTL: shape.ttl, AtMostOnce: shape.atMostOnce}
+				for attempt := 1; ; attempt++ {
+					var id uuid.UUID
+					var err error
+					if buf != nil {
+						id, _, err = buf.Enqueue(ctx, it)
+					} else {
+						var got []uuid.UUID
+						if got, err = q.Enqueue(ctx, it); len(got) == 1 {
+							id = got[0]
+						}
+					}
+					if err == nil {
+						ids <- id
+						break
+					}
+					if !errors.Is(err, claim.ErrOutcomeUnknown) || attempt == 20 || ctx.Err() != nil {
+						errs <- fmt.Errorf("enqueueing item %d: %w", i, err)
+						cancel()
+						return
+					}
+					it.ID = id // the same id again: added once, whatever happened
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	if buf != nil {
+		if err := buf.Close(context.WithoutCancel(ctx)); err != nil {
+			return 0, err
+		}
+		flushes = buf.Stats().Flushes
+	}
+	close(errs)
+	if err := <-errs; err != nil {
+		return flushes, err
+	}
+	return flushes, <-recorded
 }
 
 func cmdEnqueue(ctx context.Context, name string, args []string, out *console) error {
 	var c enqueueConfig
 	f := newFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
 queue, and records their ids in demo_enqueued under a new run id, in the same
-transactions, so that "demo verify" can check them. Needs "demo migrate" first.`)
+transactions, so that "demo verify" can check them. Needs "demo migrate" first.
+With --ttl, items not acked within it end dead with reason "expired" ("demo
+dead"); with --at-most-once, the claim that hands an item out deletes it.`)
 	c.register(f, urlRequired)
 	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
+	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
+	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
+	f.flagOnly("at-most-once")
 	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
+	f.intVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
+	f.boolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	pool, err := openChecked(ctx, &c.common, f, 4)
+	if c.buffered && c.producers == 0 {
+		return f.usageError("--buffered needs --producers")
+	}
+	conns := 4
+	if c.producers > 0 && !c.buffered {
+		conns = min(c.producers, 32) + 1 // the producers' statements, the recorder
+	}
+	pool, err := openChecked(ctx, &c.common, f, conns)
 	if err != nil {
 		return err
 	}
@@ -117,19 +261,40 @@ transactions, so that "demo verify" can check them. Needs "demo migrate" first.`
 	}
 	runID := uuid.New()
 	start := time.Now()
-	if err := enqueueDemo(ctx, pool, c.queue, runID, c.count); err != nil {
+	var flushes int64
+	if c.producers > 0 {
+		flushes, err = enqueueProducers(ctx, pool, c.queue, runID, c.count, c.producers, c.buffered, c.shape)
+	} else {
+		err = enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return failf(130, "interrupted: %v", err)
 		}
 		return failf(1, "%v", err)
 	}
 	elapsed := time.Since(start)
+	rate := float64(c.count) / elapsed.Seconds()
 	if c.json {
-		return printJSON(out, map[string]any{
+		m := map[string]any{
 			"enqueued": c.count, "queue": c.queue, "parts": parts, "run_id": runID.String(),
-			"elapsed_seconds": elapsed.Seconds(),
-		})
+			"elapsed_seconds": elapsed.Seconds(), "items_per_second": rate,
+		}
+		if c.producers > 0 {
+			m["producers"], m["buffered"] = c.producers, c.buffered
+		}
+		if c.buffered {
+			m["flushes"] = flushes
+		}
+		return printJSON(out, m)
 	}
-	out.printf("enqueued %d items into queue %q (%d parts) in %s; run id %s\n", c.count, c.queue, parts, round(elapsed), runID)
+	how := ""
+	switch {
+	case c.buffered:
+		how = fmt.Sprintf(" from %d producers through a buffer (%d flushes, %.1f items each)", c.producers, flushes, float64(c.count)/float64(max(flushes, 1)))
+	case c.producers > 0:
+		how = fmt.Sprintf(" from %d producers, one statement per item", c.producers)
+	}
+	out.printf("enqueued %d items into queue %q (%d parts)%s in %s (%.0f items/s); run id %s\n", c.count, c.queue, parts, how, round(elapsed), rate, runID)
 	return nil
 }

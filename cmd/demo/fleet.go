@@ -169,6 +169,9 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 			"--wait-db", workerWaitDB.String()},
 		fail: make(chan error, 1), stopKill: make(chan struct{}), killDone: make(chan struct{}),
 	}
+	if c.urgentLane {
+		f.args = append(f.args, "--urgent-priority", fmt.Sprint(c.urgentPriority))
+	}
 	go f.killLoop(c.killEvery)
 	for range c.workers {
 		if err := f.spawn(); err != nil {

@@ -68,6 +68,8 @@ type deadJSON struct {
 	Attempts    int       `json:"attempts"`
 	MaxAttempts int       `json:"max_attempts"`
 	LastError   string    `json:"last_error"`
+	Reason      string    `json:"reason"`
+	Tenant      string    `json:"tenant,omitempty"`
 	Payload     []byte    `json:"payload"` // base64 in JSON
 	EnqueuedAt  time.Time `json:"enqueued_at"`
 	DiedAt      time.Time `json:"died_at"`
@@ -76,9 +78,10 @@ type deadJSON struct {
 func cmdDead(ctx context.Context, name string, args []string, out *console) error {
 	var c common
 	var limit int
-	f := newFlagSet(name, `Lists the dead items of --queue, the most recent first: items that used up
-their attempts or failed with a permanent error. Requeue them with
-"demo requeue ID" or "demo requeue --all".`)
+	f := newFlagSet(name, `Lists the dead items of --queue, the most recent first, with why they died:
+"failed" (attempts used up), "permanent" (a permanent error), "crash loop"
+(attempts used up without an ack or nack) or "expired" (past its deadline,
+--ttl). Requeue them with "demo requeue ID" or "demo requeue --all".`)
 	c.register(f, urlRequired)
 	f.intVar(&limit, "limit", 20, 1, 100_000, "most items to list")
 	if err := f.parse(args, out.stdout); err != nil {
@@ -101,7 +104,8 @@ their attempts or failed with a permanent error. Requeue them with
 		list := make([]deadJSON, len(items))
 		for i, d := range items {
 			list[i] = deadJSON{ID: d.ID.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
-				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Payload: d.Payload, EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
+				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Payload: d.Payload,
+				EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
 		}
 		return printJSON(out, map[string]any{"queue": c.queue, "total": total, "items": list})
 	}
@@ -116,10 +120,14 @@ their attempts or failed with a permanent error. Requeue them with
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPART\tATTEMPTS\tDIED\tPAYLOAD\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tPART\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
 	for _, d := range items {
-		fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%s\t%s\t%s\n", d.ID, d.Part, d.Attempts, d.MaxAttempts,
-			d.DiedAt.UTC().Format(time.RFC3339), preview(d.Payload, 24), shorten(oneLine(d.LastError), 60))
+		reason := d.Reason
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Part, d.Attempts, d.MaxAttempts,
+			d.DiedAt.UTC().Format(time.RFC3339), reason, preview(d.Payload, 24), shorten(oneLine(d.LastError), 60))
 	}
 	tw.Flush()
 	out.printf("%s", b.String())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/schedule"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -84,6 +86,13 @@ type workerSettings struct {
 	anyPart bool
 	observe func(claim.Item)
 	lease   time.Duration
+	// urgentPriority is the urgent lane's threshold, used when urgentLane
+	// (--urgent-priority given).
+	urgentPriority int
+	urgentLane     bool
+	// onClaim, if set (not a flag: demo run --measure-order), is the
+	// workers' worker.Options.OnClaim.
+	onClaim func(ctx context.Context, items []claim.Item)
 }
 
 // register adds the flags; partsUsage says what --parts does for the command.
@@ -95,11 +104,13 @@ func (w *workerSettings) register(f *flagSet, partsUsage string) {
 	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
 	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
 	f.durationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
+	f.intVar(&w.urgentPriority, "urgent-priority", 0, math.MinInt32, math.MaxInt32, "turn the urgent lane on: items with priority <= N are claimed by any worker with a free handler, not only by their part's owner (not given: off)")
 	f.stringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
 }
 
 // validate checks what the flags alone cannot.
 func (w *workerSettings) validate(f *flagSet) error {
+	w.urgentLane = f.isSet("urgent-priority")
 	if w.expiry < session.MinExpiryFactor*w.heartbeat {
 		return f.usageError("--expiry %v must be at least %d heartbeats (%v): raise --expiry or lower --heartbeat",
 			w.expiry, session.MinExpiryFactor, session.MinExpiryFactor*w.heartbeat)
@@ -145,6 +156,9 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Logger:          log.With(zap.String("worker", name)),
 		Observer:        obs,
 		BatchRecord:     recordResults,
+		UrgentLane:      w.urgentLane,
+		UrgentPriority:  w.urgentPriority,
+		OnClaim:         w.onClaim,
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)
@@ -158,7 +172,12 @@ type workConfig struct {
 	name        string
 	reportEvery time.Duration
 	waitDB      time.Duration
+	every       time.Duration
+	skipMissed  bool
 }
+
+// demoSchedule is the name of the periodic schedule of `demo work --every`.
+const demoSchedule = "demo-every"
 
 // statsPrefix starts the lines of --report-every on stderr.
 const statsPrefix = "demo-work-stats "
@@ -196,6 +215,8 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
+	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
+	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -204,6 +225,19 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	}
 	if err := c.validate(f); err != nil {
 		return err
+	}
+	var sched *schedule.Schedule
+	if c.every > 0 {
+		missed := schedule.CatchUp
+		if c.skipMissed {
+			missed = schedule.Skip
+		}
+		sched = &schedule.Schedule{Name: demoSchedule, Every: c.every, Missed: missed, Make: func(p time.Time) claim.NewItem {
+			return claim.NewItem{Payload: []byte("periodic " + p.Format(time.RFC3339Nano))}
+		}}
+		if _, err := schedule.PeriodAt(*sched, time.Now()); err != nil {
+			return f.usageError("--every %v: %v", c.every, err)
+		}
 	}
 	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
@@ -221,6 +255,9 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	poolSize := c.poolSize()
 	if c.metricsAddr != "" {
 		poolSize++ // the scrapes' database reads
+	}
+	if sched != nil {
+		poolSize++ // the schedule's transactions
 	}
 	// With --wait-db, a database that is restarting is waited for.
 	var pool *pgxpool.Pool
@@ -298,8 +335,27 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			}
 		}()
 	}
+	var runnerDone chan struct{}
+	rctx, stopRunner := context.WithCancel(ctx)
+	defer stopRunner()
+	if sched != nil {
+		r, err := schedule.New(pool, schedule.Options{Queue: c.queue, Tables: tables,
+			Logger: log.With(zap.String("worker", c.name))}, *sched)
+		if err != nil {
+			return failf(2, "%v", err)
+		}
+		runnerDone = make(chan struct{})
+		go func() {
+			defer close(runnerDone)
+			_ = r.Run(rctx)
+		}()
+	}
 	runErr := w.Run(ctx)
 	close(started)
+	stopRunner()
+	if runnerDone != nil {
+		<-runnerDone // it stops at once
+	}
 	if c.reportEvery > 0 {
 		b, _ := json.Marshal(statsOf(w.Stats()))
 		out.errorLine(statsPrefix + string(b))

@@ -45,6 +45,11 @@ const (
 	// the settling gave up because the session ended; see Result.SettleErr
 	// and Result.Unknown.
 	Unsettled
+	// Dropped: an at-most-once item (claim.Item.AtMostOnce) whose handler
+	// failed, or whose record could not be written: its claim deleted it,
+	// so it is not retried, and nothing of it was recorded (or, after an
+	// unknown outcome, possibly was, once).
+	Dropped
 )
 
 // Settler acks, nacks and releases claimed items; *claim.Queue is one.
@@ -218,6 +223,8 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	err := hr.err
 	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
 	switch {
+	case it.AtMostOnce:
+		st.atMostOnce(hr, err, box)
 	case err == nil:
 		v, hasValue := box.get()
 		st.ack(recoverRecord(hr.record, &res), v, hasValue)
@@ -402,6 +409,36 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 			}
 		}
 	}
+}
+
+// atMostOnce settles an at-most-once item: its claim deleted it, so a
+// failed handler drops it, and a successful one's record is written by one
+// ack try, never retried (with no claim left to fence it, a retry after an
+// unknown outcome could write the record twice).
+func (st *settling) atMostOnce(hr handlerResult, err error, box *valueBox) {
+	res := st.res
+	if err == nil {
+		v, hasValue := box.get()
+		record := recoverRecord(hr.record, res)
+		va, withValue := st.s.(ValueAcker)
+		err = st.try(func(ctx context.Context) error {
+			if withValue && hasValue {
+				return va.AckValue(ctx, st.it, record, v)
+			}
+			return st.s.Ack(ctx, st.it, record)
+		})
+		if err == nil {
+			res.Outcome, res.Err = Acked, nil
+			return
+		}
+		res.Unknown = Unknown(err)
+		var panicErr *RecordPanicError
+		if errors.As(err, &panicErr) || errors.Is(err, claim.ErrRecordPanic) {
+			res.Panicked = true
+		}
+	}
+	res.Outcome, res.Err = Dropped, err
+	st.log.Warn("at-most-once item dropped: it is not retried", zap.Error(err), zap.Bool("outcome_unknown", res.Unknown))
 }
 
 // nack nacks the item with cause, retrying until it is settled.
