@@ -71,6 +71,7 @@ func TestTenantFlagsBadInput(t *testing.T) {
 		{[]string{"run", "--database-url", url, "--tenants", "100", "--items", "50"}, "--items 50 is fewer than --tenants 100"},
 		{[]string{"run", "--database-url", url, "--tenants", "10", "--kill-every", "1s"}, "--kill-every"},
 		{[]string{"run", "--database-url", url, "--any-part", "--kill-every", "1s"}, "--kill-every"},
+		{[]string{"run", "--database-url", url, "--tenants", "10", "--measure-order"}, "--measure-order"},
 		{[]string{"fair", "--database-url", url, "maybe"}, `unexpected argument "maybe"`},
 	} {
 		r := demo(t, time.Minute, nil, c.args...)
