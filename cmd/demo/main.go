@@ -5,7 +5,7 @@
 // killing worker processes as it goes), and proves that every item was
 // acknowledged exactly once. The other commands operate a queue by hand:
 // migrate, enqueue, work, status, verify, dead, requeue, cancel, parts,
-// pause, resume, cleanup and limit. Run `demo -h` for the list.
+// pause, resume, fair, cleanup and limit. Run `demo -h` for the list.
 package main
 
 import (
@@ -39,6 +39,7 @@ var commands = []command{
 	{"cancel", "delete an item from its queue, claimed or not", cmdCancel},
 	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
 	{"resume", "let the workers claim from a paused queue again", cmdResume},
+	{"fair", "show or set whether a queue serves its tenants in turn (on, off)", cmdFair},
 	{"cleanup", "remove the demo's queue and tables from a database (--drop-schema: the crdbwork tables too)", cmdCleanup},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 	{"limit", "set or show a queue's (or a tenant's) fleet-wide limits: --max-in-flight N, --rate R", cmdLimit},

@@ -26,7 +26,8 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
-	limits             limitFlags
+	limits limitFlags
+	tenantConfig
 	items, workers     int
 	killEvery, timeout time.Duration
 	progress           bool
@@ -77,6 +78,8 @@ type summary struct {
 	ClaimsLost      *int64 `json:"claims_lost,omitempty"`
 	// Retries counts serialization-failure retries by kind (in-process only).
 	Retries map[string]int64 `json:"retries,omitempty"`
+	// With --tenants: the tenant figures (tenants.go).
+	*TenantReport
 	// With --measure-order: the popped element index (PEI) of the claimed
 	// items (see "How relaxed is the order" in the README), over PEICount
 	// items; PEIUrgent* over the urgent items (with --urgent-priority).
@@ -131,6 +134,8 @@ human line on stderr.`
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
 	f.durationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
 	f.durationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
+	c.tenantConfig.register(f)
+	f.boolVar(&c.anyPart, "any-part", false, "the workers claim in any part (no part ownership) instead of their own parts")
 	f.boolVar(&c.measureOrder, "measure-order", false, "measure how relaxed the claim order is: for each claimed item, count right after its claim the claimable items before it in the queue's strict order (its popped element index, PEI); prints the median, mean, p90 and p99 (needs in-process workers: no --kill-every)")
 	f.intVar(&c.priorities, "priorities", 1, 1, 1<<30, "give items uniformly random priorities in [0, N) (1: all 0; with --measure-order and not given: 1000)")
 	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
@@ -150,6 +155,15 @@ human line on stderr.`
 	}
 	if err := c.validate(f); err != nil {
 		return err
+	}
+	if err := c.tenantConfig.validateTenants(f, c.items, c.killEvery); err != nil {
+		return err
+	}
+	if c.tenants > 0 && (c.measureOrder || f.isSet("priorities")) {
+		return f.usageError("--tenants gives every item priority 0 and measures waits, not the order: it cannot be combined with --measure-order or --priorities")
+	}
+	if c.anyPart && c.killEvery > 0 {
+		return f.usageError("--any-part runs the workers in this process: it cannot be combined with --kill-every")
 	}
 	if c.restartDBEvery > 0 && c.databaseURL != "" {
 		return f.usageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
@@ -265,7 +279,12 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	runID := uuid.New()
 	s.RunID = runID.String()
 	enqStart := time.Now()
-	if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}); err != nil {
+	var tl *tenantLoad
+	if c.tenants > 0 {
+		if tl, err = startTenants(ctx, pool, c, runID); err != nil {
+			return failf(1, "%v", err)
+		}
+	} else if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}); err != nil {
 		return failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
@@ -318,7 +337,15 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		restarter = startRestarter(srv, c.restartDBEvery, c.restartDBDown, r.out)
 	}
 	start := time.Now()
+	if tl != nil {
+		if err := tl.startTrickle(ctx, url, c.queue, runID, r.out); err != nil {
+			restarter.finish()
+			group.stop(20 * time.Second)
+			return failf(1, "%v", err)
+		}
+	}
 	outcome, runErr := r.wait(ctx, pool, group, start)
+	tl.stopTrickle()
 	var restartErr error
 	s.DBRestarts, restartErr = restarter.finish()
 	if runErr == nil && restartErr != nil {
@@ -354,6 +381,9 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	s.ElapsedSeconds = elapsed.Seconds()
 	if elapsed > 0 {
 		s.ItemsPerSecond = float64(v.Acked) / elapsed.Seconds()
+	}
+	if tl != nil {
+		s.TenantReport = tl.report()
 	}
 	s.OK = v.ok() && !s.TimedOut && !s.Interrupted && runErr == nil
 	if c.urgentLane {
@@ -578,6 +608,7 @@ func (r *demoRun) printSummary(s summary) {
 	if len(s.Retries) > 0 {
 		fmt.Fprintf(tw, "  retries\t%s\n", formatCounts(s.Retries))
 	}
+	printTenantLines(tw, s.TenantReport)
 	if s.UrgentPriority != nil {
 		fmt.Fprintf(tw, "  urgent lane\titems with priority <= %d claimed by any worker\n", *s.UrgentPriority)
 	}

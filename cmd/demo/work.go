@@ -82,6 +82,12 @@ type workerSettings struct {
 	metricsAddr string
 	// wrap, if not nil, wraps the demo handler (demo work --record-runs).
 	wrap func(worker.Handler) worker.Handler
+	// anyPart runs the workers without parts (any session claims any
+	// item); observe, if set, sees every item its handler gets, and lease,
+	// if set, is the claims' lease (`demo run --tenants`).
+	anyPart bool
+	observe func(claim.Item)
+	lease   time.Duration
 	// urgentPriority is the urgent lane's threshold, used when urgentLane
 	// (--urgent-priority given).
 	urgentPriority int
@@ -131,12 +137,24 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 	if w.wrap != nil {
 		h = w.wrap(h)
 	}
+	if w.observe != nil {
+		inner, observe := h, w.observe
+		h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
+			observe(it)
+			return inner(ctx, it)
+		}
+	}
+	parts := w.parts
+	if w.anyPart {
+		parts = 0
+	}
 	wk, err := worker.New(db, h, worker.Options{
 		Queue:           queue,
 		Tables:          tables,
 		Concurrency:     w.concurrency,
 		MaxAckBatch:     w.ackBatch,
-		Parts:           w.parts,
+		Parts:           parts,
+		Claim:           claim.Options{Lease: w.lease},
 		ShutdownTimeout: 5 * time.Second,
 		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
 		Partition:       partition.Options{Poll: w.rebalance},
