@@ -193,7 +193,7 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
-	if err := q.ready(ctx); err != nil {
+	if err := q.readyOn(ctx, db); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
 	}
 	res := b.result()

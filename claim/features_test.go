@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -292,5 +294,38 @@ func TestDeadItemReasons(t *testing.T) {
 	}
 	if reasons[ids[0]] != claim.ReasonFailed || reasons[ids[1]] != claim.ReasonPermanent {
 		t.Fatalf("reasons %v", reasons)
+	}
+}
+
+// A queue's first EnqueueTx checks the schema in the caller's transaction:
+// on a pool of one connection, held by that transaction, it does not wait
+// for a second one.
+func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q := newQueue(t, pool, claim.Options{})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := q.EnqueueTx(ctx, tx, claim.NewItem{Payload: []byte("x"), Tenant: "t"}); err != nil {
+		t.Fatalf("first EnqueueTx on a one-connection pool: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

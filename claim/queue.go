@@ -87,6 +87,8 @@ type Queue struct {
 	// engine is set once the schema version was found to be this code's,
 	// for the server's engine; nil until then.
 	engine atomic.Pointer[engine]
+	// heads caches the fair queue's head per priority (see stamp).
+	heads headCache
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
@@ -161,14 +163,19 @@ func New(db DB, opts Options) (*Queue, error) {
 // row is claimed by one transaction only: the claim locks it and re-checks
 // claim IS NULL. Acks, nacks and everything else that fences on a claim are
 // SERIALIZABLE transactions or single statements on both.
-func (q *Queue) ready(ctx context.Context) error {
+func (q *Queue) ready(ctx context.Context) error { return q.readyOn(ctx, q.db) }
+
+// readyOn is ready with the checks run through db: EnqueueTx runs them in
+// the caller's transaction, so that a first call made while the caller holds
+// a connection of a small pool does not wait for a second one.
+func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if q.engine.Load() != nil {
 		return nil
 	}
-	if err := crsql.Check(ctx, q.db, q.opts.Tables); err != nil {
+	if err := crsql.Check(ctx, db, q.opts.Tables); err != nil {
 		return err
 	}
-	dialect, err := crsql.DetectDialect(ctx, q.db)
+	dialect, err := crsql.DetectDialect(ctx, db)
 	if err != nil {
 		return err
 	}

@@ -107,7 +107,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
 		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
-		{"FairTurns", st.FairTurns, []any{"q", []string{"tenant-3", "tenant-6", "new"}, []int64{0, 1, 2}}},
+		{"FairTurns", st.FairTurns, []any{"q", []string{"tenant-3", "tenant-6", "new"}, []int64{0, 1, 2}, []bool{true, true, false}}},
 		{"AckMany", ds.AckMany, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"AckMany (512)", ds.AckMany, []any{ids, sessions, tokens}},
 		{"AckMany (one item)", ds.AckMany, []any{ids[:1], sessions[:1], tokens[:1]}},
@@ -211,6 +211,8 @@ func literals(args []any) string {
 			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::TEXT[]"
 		case []int64:
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BIGINT[]"
+		case []bool:
+			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BOOL[]"
 		case []uuid.UUID:
 			parts := make([]string, len(v))
 			for j, u := range v {

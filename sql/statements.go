@@ -58,10 +58,11 @@ type Statements struct {
 	ReapExpired string // $1 queue, $2 limit → ids moved to the dead items
 	// FairTurns returns, for a fair queue (no rows otherwise), one row per
 	// (tenant, priority) pair: the database's now(), the earliest turn of
-	// the queue's unclaimed items of that priority (the head; NULL if none)
-	// and the latest turn of the tenant's unclaimed items of that priority
-	// (NULL if none). Enqueue stamps a tenant's new items from these.
-	FairTurns string // $1 queue, $2 tenants, $3 priorities → tenant, priority, now, head, last
+	// the queue's unclaimed items of that priority (the head; NULL if none,
+	// or if the pair's $4 is false: the caller has a recent one) and the
+	// latest turn of the tenant's unclaimed items of that priority (NULL if
+	// none). Enqueue stamps a tenant's new items from these.
+	FairTurns string // $1 queue, $2 tenants, $3 priorities, $4 read the head → tenant, priority, now, head, last
 	// QueueSettings reads a queue's settings (no row: all off).
 	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
 	// ConfigureQueue writes them (a queue without a row gets one, with one part).
@@ -340,15 +341,20 @@ RETURNING id`),
 		// The head is read through crdbwork_items_turn_next, the tenant's
 		// last turn through crdbwork_items_tenant_turn (backwards): two index
 		// seeks per pair. Nothing is locked: the stamps only order claims,
-		// so a stale read costs some fairness, never an item.
+		// so a stale read costs some fairness, never an item. The head's
+		// seek may step over many index entries of items claimed or acked
+		// moments ago (not yet vacuumed on PostgreSQL, not yet garbage
+		// collected on CockroachDB) while a backlog drains, so callers read
+		// it only when their copy is old ($4; the CASE evaluates the
+		// subquery only when it is true).
 		FairTurns: r(`SELECT v.t, v.p, now(),
-       (SELECT turn_at FROM crdbwork_items
+       CASE WHEN v.h THEN (SELECT turn_at FROM crdbwork_items
         WHERE queue = $1 AND priority = v.p AND claim IS NULL
-        ORDER BY turn_at LIMIT 1),
+        ORDER BY turn_at LIMIT 1) END,
        (SELECT turn_at FROM crdbwork_items
         WHERE queue = $1 AND tenant = v.t AND priority = v.p AND claim IS NULL
         ORDER BY turn_at DESC LIMIT 1)
-FROM unnest($2::TEXT[], $3::BIGINT[]) AS v (t, p)
+FROM unnest($2::TEXT[], $3::BIGINT[], $4::BOOL[]) AS v (t, p, h)
 WHERE EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $1 AND fair)`),
 		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
 FROM crdbwork_queues WHERE name = $1`),
