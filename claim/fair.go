@@ -65,7 +65,7 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 			cached[k.priority] = nil
 		}
 	}
-	if len(tenants) == 0 {
+	if len(tenants) == 0 || time.Now().UnixNano() < q.plainUntil.Load() {
 		return nil
 	}
 	rows, err := db.Query(ctx, q.st.FairTurns, q.opts.Queue, tenants, priorities, readHead)
@@ -90,8 +90,14 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 		got = append(got, r)
 		return nil
 	})
-	if err != nil || len(got) == 0 {
+	if err != nil {
 		return err
+	}
+	if len(got) == 0 {
+		// Not a fair queue: enqueues of tenants' items skip the read for
+		// a while (Configure making it fair applies within plainTTL).
+		q.plainUntil.Store(time.Now().Add(plainTTL).UnixNano())
+		return nil
 	}
 	reader := map[tp]bool{} // the pair that reads its priority's head
 	for i := range tenants {
@@ -143,6 +149,10 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 // PostgreSQL); a head this stale puts a newcomer's first item a little
 // earlier than the current head, which is still the front of the queue.
 const headTTL = 100 * time.Millisecond
+
+// plainTTL is how long a queue found not fair is taken to stay so: its
+// enqueues of tenants' items then cost no read at all.
+const plainTTL = time.Second
 
 // headCache holds the last head read per priority.
 type headCache struct {

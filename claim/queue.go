@@ -87,8 +87,11 @@ type Queue struct {
 	// engine is set once the schema version was found to be this code's,
 	// for the server's engine; nil until then.
 	engine atomic.Pointer[engine]
-	// heads caches the fair queue's head per priority (see stamp).
-	heads headCache
+	// heads caches the fair queue's head per priority (see stamp);
+	// plainUntil, in Unix nanoseconds, is until when the queue is taken
+	// to be not fair without asking again.
+	heads      headCache
+	plainUntil atomic.Int64
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]

@@ -22,7 +22,9 @@ type Settings struct {
 	// queue's head, so claims take one item of every backlogged tenant in
 	// turn, and a tenant with ten items is not kept waiting behind one with
 	// a million. Items without a tenant keep their vesting time as their
-	// turn. It applies to items enqueued while it is on.
+	// turn. It applies to items enqueued while it is on (by other
+	// processes' Queues from at most a second after Configure: a Queue
+	// that found its queue not fair asks again after a second).
 	Fair bool
 	// AtMostOnce makes every item enqueued while it is on at-most-once
 	// (NewItem.AtMostOnce): its claim deletes it.
@@ -94,5 +96,6 @@ func (q *Queue) Configure(ctx context.Context, s Settings) error {
 	if err != nil {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
 	}
+	q.plainUntil.Store(0) // this Queue sees the change at once
 	return nil
 }
