@@ -110,6 +110,7 @@ func TestRacingRunnersEnqueueOneItemPerPeriod(t *testing.T) {
 	reported := map[uuid.UUID]int{}
 	var tickErrs atomic.Int64
 	var wg sync.WaitGroup
+	start := dbNow(t, pool) // before the runners: none enqueues a period before start's
 	for range 4 {
 		r := newRunner(t, pool, schedule.Options{Queue: "periodic", OnEnqueue: func(f schedule.Fired) {
 			mu.Lock()
@@ -129,7 +130,6 @@ func TestRacingRunnersEnqueueOneItemPerPeriod(t *testing.T) {
 			}
 		}()
 	}
-	start := dbNow(t, pool)
 	waitDB(t, pool, start.Add(16*every))
 	cancel()
 	wg.Wait()
@@ -424,6 +424,10 @@ func TestRunnersThroughDatabaseRestarts(t *testing.T) {
 	}
 	const every = 300 * time.Millisecond
 	s := schedule.Schedule{Name: "s", Every: every, Item: claim.NewItem{Payload: []byte("x")}}
+	// Read before the runners start: their first period is this one or a
+	// later one (read after, a period boundary in between left the first
+	// item before it).
+	start := dbNow(t, pool)
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range 3 {
@@ -447,7 +451,6 @@ func TestRunnersThroughDatabaseRestarts(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	start := dbNow(t, pool)
 	waitNext("before the restarts")
 	for i := range 2 {
 		if err := srv.Restart(ctx); err != nil {
