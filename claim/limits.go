@@ -59,9 +59,8 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 	if err := q.ready(ctx); err != nil {
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
-	st := crsql.NewLimitStatements(q.opts.Tables)
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := q.db.Exec(ctx, st.SetTenantLimit, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate)
+		_, err := q.db.Exec(ctx, q.lst.SetTenantLimit, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate)
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -76,10 +75,9 @@ func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, err
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
-	st := crsql.NewLimitStatements(q.opts.Tables)
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		tag, err := q.db.Exec(ctx, st.RemoveTenantLimit, q.opts.Queue, tenant)
+		tag, err := q.db.Exec(ctx, q.lst.RemoveTenantLimit, q.opts.Queue, tenant)
 		n = tag.RowsAffected()
 		return crsql.Classify(err)
 	})
@@ -95,7 +93,7 @@ func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
 	}
-	out, err := ReadTenantLimits(ctx, q.db, q.opts.Tables, q.opts.Queue)
+	out, err := readTenantLimits(ctx, q.db, q.lst, q.opts.Queue)
 	if err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
 	}
@@ -105,7 +103,10 @@ func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
 // ReadTenantLimits reads queue's tenant limits from db, as TenantLimits does,
 // without checking the schema (for workers, which checked it already).
 func ReadTenantLimits(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (map[string]Limit, error) {
-	st := crsql.NewLimitStatements(t)
+	return readTenantLimits(ctx, db, crsql.NewLimitStatements(t), queue)
+}
+
+func readTenantLimits(ctx context.Context, db crsql.DB, st *crsql.LimitStatements, queue string) (map[string]Limit, error) {
 	out := map[string]Limit{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		clear(out)

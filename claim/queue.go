@@ -81,6 +81,7 @@ type Options struct {
 type Queue struct {
 	db    DB
 	st    *crsql.Statements
+	lst   *crsql.LimitStatements
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
@@ -145,7 +146,7 @@ func New(db DB, opts Options) (*Queue, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), opts: opts}
+	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts}
 	q.next.Store(rand.Uint64())
 	return q, nil
 }

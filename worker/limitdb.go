@@ -11,27 +11,23 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// itemTenant returns the tenant of an item ("" for none).
-func itemTenant(it claim.Item) string { return it.Tenant }
-
 // storedLimits reads the queue's stored limits (claim.Queue.Configure,
 // claim.Queue.SetTenantLimit) and the database clock: two reads by primary
 // key on the maintenance connection.
 func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
-	st := crsql.NewLimitStatements(w.opts.Tables)
 	var l Limits
 	var dbNow time.Time
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var maxIn, tenantMaxIn int64
-		err := w.db.QueryRow(ctx, st.QueueLimits, w.opts.Queue).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
+		err := w.db.QueryRow(ctx, w.limitSQL.QueueLimits, w.opts.Queue).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
 		l.Queue.MaxInFlight, l.Tenant.MaxInFlight = int(maxIn), int(tenantMaxIn)
 		return crsql.Classify(err)
 	})
 	if err != nil {
 		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.opts.Queue, err)
 	}
-	if l.Tenants, err = claim.ReadTenantLimits(ctx, w.db, w.opts.Tables, w.opts.Queue); err != nil {
-		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the tenant limits of %q: %w", w.opts.Queue, err)
+	if l.Tenants, err = w.queue.TenantLimits(ctx); err != nil {
+		return Limits{}, time.Time{}, fmt.Errorf("worker: %w", err)
 	}
 	return l, dbNow, nil
 }

@@ -427,7 +427,9 @@ type Worker struct {
 	handler Handler
 	opts    Options
 	queue   *claim.Queue
-	log     *zap.Logger
+	// limitSQL reads the stored limits (see storedLimits).
+	limitSQL *crsql.LimitStatements
+	log      *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
@@ -457,7 +459,8 @@ func New(db DB, h Handler, opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	w := &Worker{db: db, handler: h, opts: opts, queue: q, log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
+	w := &Worker{db: db, handler: h, opts: opts, queue: q, limitSQL: crsql.NewLimitStatements(opts.Tables),
+		log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
 	w.limitSource = w.storedLimits
 	w.current.Store("")
 	return w, nil
@@ -909,7 +912,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		for i, it := range items {
-			admitted := lim.admit(claimedAt, itemTenant(it))
+			admitted := lim.admit(claimedAt, it.Tenant)
 			itemCtx, cancelItem := context.WithCancelCause(handlerCtx)
 			fl.add(it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
@@ -931,7 +934,7 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 				}()
 				if admitted {
 					w.handle(itemCtx, handlerCtx, ctx, settleCtx, it, a, log)
-					lim.done(itemTenant(it))
+					lim.done(it.Tenant)
 				} else {
 					w.giveBack(itemCtx, settleCtx, it, a, log)
 				}
