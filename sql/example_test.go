@@ -55,11 +55,13 @@ func ExampleApply() {
 	// after Apply: <nil>
 	// items table: "work"."jobs_items"
 	// jobs_dead_items
+	// jobs_ended
 	// jobs_items
 	// jobs_queues
 	// jobs_schedules
 	// jobs_schema_version
 	// jobs_session_parts
+	// jobs_session_queues
 	// jobs_sessions
 	// jobs_tenant_limits
 }

@@ -17,8 +17,17 @@ import (
 )
 
 // Version is the schema version this code expects. Apply brings a database
-// to it; Check reports a database at any other version.
-const Version = 3
+// to it; Check accepts a database at this version, or at a newer one that
+// still serves this code (see Serves).
+const Version = 4
+
+// Serves is the oldest code version that a database at Version still
+// serves: code of that version and newer keeps working on it, through
+// session losses and restarts, so a rolling upgrade never stops old
+// workers. The version row stores it in its `version` column, the column
+// that code of versions 1 to 3 compares with its own version, and the
+// schema's own version in `installed`.
+const Serves = 3
 
 //go:embed schema.sql
 var schemaFile string
@@ -77,11 +86,12 @@ func CockroachSQL() string { return cockroachFile }
 // a statement fails because the schema is not in place.
 var (
 	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
-	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply in Go, `demo migrate`, or `psql -f sql/schema.sql` / `cockroach sql --file sql/schema.sql`)")
+	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or sql/schema.sql with psql or cockroach sql)")
 	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply or `demo migrate`)")
-	// ErrSchemaNewer means the tables were created by a newer crdbwork.
-	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code: upgrade crdbwork")
+	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or sql/schema.sql)")
+	// ErrSchemaNewer means the tables were created by a newer crdbwork that
+	// no longer serves this code.
+	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: upgrade crdbwork")
 )
 
 // DB is what this package needs of a connection: a *pgxpool.Pool, *pgx.Conn
@@ -110,7 +120,7 @@ const defaultPrefix = "crdbwork_"
 var tableNames = map[string]bool{
 	"sessions": true, "queues": true, "session_parts": true,
 	"items": true, "dead_items": true, "schema_version": true,
-	"tenant_limits": true, "schedules": true,
+	"tenant_limits": true, "schedules": true, "session_queues": true, "ended": true,
 }
 
 var identPattern = regexp.MustCompile(`\bcrdbwork_[a-z_]+\b`)
@@ -269,7 +279,7 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 		warn = func(msg string) { log.Printf("crdbwork: warning: %s", msg) }
 	}
 	var stmts []string
-	current, err := installedVersion(ctx, db, t)
+	current, serves, err := installedVersion(ctx, db, t)
 	switch {
 	case errors.Is(err, ErrSchemaMissing):
 		if t.Schema != "" {
@@ -278,8 +288,12 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 		stmts = append(stmts, statements(t.rewrite(schemaFile))...)
 	case err != nil:
 		return err
+	case serves > Version:
+		return fmt.Errorf("%w (database has version %d and serves code of version %d and newer, this code %d)", ErrSchemaNewer, current, serves, Version)
 	case current > Version:
-		return fmt.Errorf("%w (database has version %d, this code %d)", ErrSchemaNewer, current, Version)
+		// A newer schema that still serves this code is left as it is:
+		// this code must not apply its older file over it.
+		return nil
 	case current == Version:
 		stmts = statements(t.rewrite(schemaFile))
 	default:
@@ -309,32 +323,72 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 	return nil
 }
 
-// Check reports whether the schema is in place at this code's version:
-// nil, or an error wrapping ErrSchemaMissing, ErrSchemaOutdated or ErrSchemaNewer.
+// Check reports whether the schema serves this code: nil for a database at
+// Version, or at a newer version that still serves it (a rolling upgrade in
+// progress); otherwise an error wrapping ErrSchemaMissing, ErrSchemaOutdated
+// or ErrSchemaNewer.
 func Check(ctx context.Context, db DB, t Tables) error {
-	v, err := installedVersion(ctx, db, t)
+	v, serves, err := installedVersion(ctx, db, t)
 	if err != nil {
 		return err
 	}
 	switch {
 	case v < Version:
 		return fmt.Errorf("%w (database has version %d, this code %d)", ErrSchemaOutdated, v, Version)
-	case v > Version:
-		return fmt.Errorf("%w (database has version %d, this code %d)", ErrSchemaNewer, v, Version)
+	case serves > Version:
+		return fmt.Errorf("%w (database has version %d and serves code of version %d and newer, this code %d)", ErrSchemaNewer, v, serves, Version)
 	}
 	return nil
 }
 
-func installedVersion(ctx context.Context, db DB, t Tables) (int64, error) {
-	var v int64
-	err := db.QueryRow(ctx, "SELECT version FROM "+t.Table("schema_version")).Scan(&v)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, fmt.Errorf("%w (the version table %s is empty)", ErrSchemaMissing, t.Table("schema_version"))
-	case err != nil:
-		return 0, Classify(err)
+// Installed returns the database's schema version and the oldest code
+// version it serves (an error wrapping ErrSchemaMissing if there is none).
+func Installed(ctx context.Context, db DB, t Tables) (version, serves int64, err error) {
+	return installedVersion(ctx, db, t)
+}
+
+// installedVersion reads the version row. Databases of versions 1 to 3 have
+// no `installed` column (their `version` is both); from version 4 on,
+// `version` is the oldest code served and `installed` the schema's version.
+// The row is read with SELECT * so that one query serves both.
+func installedVersion(ctx context.Context, db DB, t Tables) (version, serves int64, err error) {
+	// The simple protocol: a prepared SELECT * cached by the connection
+	// would fail once an upgrade adds the column.
+	rows, err := db.Query(ctx, "SELECT * FROM "+t.Table("schema_version"), pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		return 0, 0, Classify(err)
 	}
-	return v, nil
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return 0, 0, Classify(err)
+		}
+		return 0, 0, fmt.Errorf("%w (the version table %s is empty)", ErrSchemaMissing, t.Table("schema_version"))
+	}
+	vals, err := rows.Values()
+	if err != nil {
+		return 0, 0, fmt.Errorf("crdbwork: reading the schema version: %w", err)
+	}
+	var installed int64
+	for i, f := range rows.FieldDescriptions() {
+		n, ok := vals[i].(int64)
+		switch {
+		case !ok:
+		case f.Name == "version":
+			serves = n
+		case f.Name == "installed":
+			installed = n
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, Classify(err)
+	}
+	version = installed
+	if version == 0 { // versions 1 to 3, or a version-4 upgrade interrupted before its last statement
+		version = serves
+	}
+	return version, serves, nil
 }
 
 // Classify turns a "relation does not exist" error into one that wraps

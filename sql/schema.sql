@@ -1,4 +1,4 @@
--- crdbwork schema, version 3: the complete current schema.
+-- crdbwork schema, version 4: the complete current schema.
 --
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
@@ -47,8 +47,26 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     rate_limit           FLOAT8 NOT NULL DEFAULT 0,
     tenant_max_in_flight BIGINT NOT NULL DEFAULT 0,
     tenant_rate_limit    FLOAT8 NOT NULL DEFAULT 0,
+    -- How long ended ids are remembered for deduplication (0: not at all);
+    -- a queue without a row has the default.
+    dedup_window         INTERVAL NOT NULL DEFAULT INTERVAL '24 hours',
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
+
+-- Which sessions work which queue (schema version 4). A queue's parts and
+-- its fleet-wide limit shares are divided among the live sessions that work
+-- it, and only those. A session may work several queues.
+CREATE TABLE IF NOT EXISTS crdbwork_session_queues (
+    queue      TEXT        NOT NULL,
+    session_id UUID        NOT NULL,
+    joined_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, session_id),
+    CONSTRAINT crdbwork_session_queues_session FOREIGN KEY (session_id)
+        REFERENCES crdbwork_sessions (id) ON DELETE CASCADE
+);
+-- Serves the foreign key's cascade when a session row is deleted.
+CREATE INDEX IF NOT EXISTS crdbwork_session_queues_by_session
+    ON crdbwork_session_queues (session_id);
 
 -- Which session owns which part of which queue. Deleting a session deletes
 -- its parts (CASCADE); the unique constraint makes the database, not Go code,
@@ -115,9 +133,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
 CREATE INDEX IF NOT EXISTS crdbwork_items_claimed
     ON crdbwork_items (claim, claim_queue, claim_part) WHERE claim IS NOT NULL;
 
--- Items that ran out of attempts or failed permanently, with their last error.
+-- Items that ran out of attempts or failed permanently, with their last
+-- error: one row per death (an id enqueued again after it died may die
+-- again; each death has its own key).
 CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
-    id           UUID        NOT NULL PRIMARY KEY,
+    id           UUID        NOT NULL,
+    death        UUID        NOT NULL DEFAULT gen_random_uuid(),
     queue        TEXT        NOT NULL,
     part         BIGINT      NOT NULL,
     item_key     TEXT,
@@ -134,7 +155,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     tenant       TEXT,
     -- Why it died: 'failed' (attempts used up), 'permanent', 'crash loop',
     -- 'expired'.
-    reason       TEXT        NOT NULL DEFAULT ''
+    reason       TEXT        NOT NULL DEFAULT '',
+    CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death)
 );
 
 -- Limits of single tenants, overriding the queue's per-tenant defaults.
@@ -157,6 +179,22 @@ CREATE TABLE IF NOT EXISTS crdbwork_schedules (
     updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, name)
 );
+
+-- Items that ended (acked, dead, cancelled, dropped), kept for their
+-- queue's dedup window: an enqueue of an id found here within the window is
+-- a duplicate although the item has left the items table, so a producer's
+-- retry after an unknown outcome never runs work twice. Pruned in bounded
+-- batches by every session's reaper.
+CREATE TABLE IF NOT EXISTS crdbwork_ended (
+    queue    TEXT        NOT NULL,
+    id       UUID        NOT NULL,
+    ended_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- 'acked', 'dead', 'cancelled' or 'dropped'.
+    outcome  TEXT        NOT NULL,
+    PRIMARY KEY (queue, id)
+);
+CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age
+    ON crdbwork_ended (queue, ended_at);
 
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_by_queue
     ON crdbwork_dead_items (queue, died_at);
@@ -189,6 +227,12 @@ ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS rate_limit FLOAT8 NOT NULL 
 ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_max_in_flight BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_rate_limit FLOAT8 NOT NULL DEFAULT 0;
 UPDATE crdbwork_items SET turn_at = vesting_at WHERE turn_at <> vesting_at AND tenant IS NULL;
+-- Version 4 (sql/migrations/0004): see there. The primary key swap runs on
+-- every application of this file (it changes nothing the second time).
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS dedup_window INTERVAL NOT NULL DEFAULT INTERVAL '24 hours';
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS death UUID NOT NULL DEFAULT gen_random_uuid();
+ALTER TABLE crdbwork_dead_items DROP CONSTRAINT crdbwork_dead_items_pkey,
+    ADD CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death);
 
 -- Unclaimed items in claim order (priority, turn), two ways. By queue (the
 -- part last): the any-part claim reads (and locks) through it, in order,
@@ -219,14 +263,20 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
     ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
 
 -- The schema version, written last so that its presence means the schema is
--- complete. Applying an older file never lowers it.
+-- complete. Applying an older file never lowers it. `installed` is the
+-- schema's version; `version` is the oldest code version the schema still
+-- serves (code of versions 1 to 3 checks that it equals their own, so an
+-- upgrade that keeps serving them leaves it at 3).
 CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
     singleton  BOOL        NOT NULL DEFAULT true PRIMARY KEY,
     version    BIGINT      NOT NULL,
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    installed  BIGINT      NOT NULL DEFAULT 0,
     CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
 );
+ALTER TABLE crdbwork_schema_version ADD COLUMN IF NOT EXISTS installed BIGINT NOT NULL DEFAULT 0;
 
-INSERT INTO crdbwork_schema_version AS v (singleton, version) VALUES (true, 3)
+INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 4)
     ON CONFLICT (singleton) DO UPDATE
-    SET version = GREATEST(v.version, excluded.version), applied_at = now();
+    SET version = GREATEST(v.version, excluded.version),
+        installed = GREATEST(v.installed, excluded.installed), applied_at = now();

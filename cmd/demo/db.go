@@ -242,8 +242,8 @@ func migrate(ctx context.Context, db crsql.DB) (migration, error) {
 
 // installedVersion reads the schema version row: 0 when there is none.
 func installedVersion(ctx context.Context, db crsql.DB) int64 {
-	var v int64
-	if err := db.QueryRow(ctx, "SELECT version FROM "+tables.Table("schema_version")).Scan(&v); err != nil {
+	v, _, err := crsql.Installed(ctx, db, tables)
+	if err != nil {
 		return 0
 	}
 	return v
