@@ -144,7 +144,7 @@ func dropCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
 		return failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first)", len(infos))
 	}
 	// Children before parents (foreign keys).
-	for _, t := range []string{"items", "dead_items", "session_parts", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
+	for _, t := range []string{"items", "dead_items", "ended", "session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+tables.Table(t)); err != nil {
 			return failf(1, "dropping %s: %v", tables.Table(t), err)
 		}
