@@ -625,10 +625,21 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`) > 0
 	})
 	r := mustRun(t, demoBin, f.env, "migrate")
-	if want := fmt.Sprintf("from version %d to %d", crsql.Version-1, crsql.Version); !strings.Contains(r.stdout, want) {
-		t.Errorf("migrate does not say it upgraded %s:\n%s", want, r.stdout)
+	for _, want := range []string{fmt.Sprintf("from version %d to %d", crsql.Version-1, crsql.Version),
+		fmt.Sprintf("serves code of version %d and newer", crsql.Serves)} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("migrate does not say %q:\n%s", want, r.stdout)
+		}
 	}
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
+	var m struct {
+		Version int64 `json:"schema_version"`
+		Serves  int64 `json:"serves"`
+	}
+	jsonOut(t, runBin(t, demoBin, f.env, "migrate", "--json"), &m)
+	if m.Version != crsql.Version || m.Serves != crsql.Serves {
+		t.Errorf("migrate --json: version %d serving %d, want %d serving %d", m.Version, m.Serves, crsql.Version, crsql.Serves)
+	}
 	f.drained()
 
 	// Session losses on the upgraded schema, and a restart.
