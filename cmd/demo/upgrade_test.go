@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -262,11 +263,13 @@ func newFleet(t *testing.T, url string) *mixedFleet {
 }
 
 // start starts a `demo work` process of bin named name (a name already used
-// is taken over: its earlier process must be gone).
-func (f *mixedFleet) start(bin, name string) {
+// is taken over: its earlier process must be gone), with the workers' flags
+// and extra.
+func (f *mixedFleet) start(bin, name string, extra ...string) {
 	f.t.Helper()
-	cmd := exec.Command(bin, "work", "--queue", upgradeQueue, "--name", name, "--task-time", "10ms", "--concurrency", "4",
-		"--heartbeat", "250ms", "--expiry", "2s", "--rebalance", "200ms", "--json")
+	args := append([]string{"work", "--queue", upgradeQueue, "--name", name, "--task-time", "10ms", "--concurrency", "4",
+		"--heartbeat", "250ms", "--expiry", "2s", "--rebalance", "200ms", "--json"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Env = f.env
 	w := &fleetWorker{name: name, bin: bin, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = w.stderr
@@ -766,6 +769,92 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = v.id)
 		t.Errorf("old cancel left the item")
 	}
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
+}
+
+// TestMixedFleetLimit: a queue's fleet-wide limit (at most 5 in flight)
+// holds across a fleet of two workers of the previous release and two of
+// this code, 8 handlers each, recording every handler run's start and end
+// (database clock), while an old worker is SIGKILLed and restarted (a
+// killed process's unfinished runs end at its kill). Every worker's share
+// counts: the sessions of one version must not take the whole limit among
+// themselves beside those of the other.
+func TestMixedFleetLimit(t *testing.T) {
+	old := previousDemo(t)
+	const items, limit = 600, 5
+	f := newFleet(t, testdb.NewURL(t))
+	mustRun(t, demoBin, f.env, "migrate")
+	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
+	mustRun(t, old, f.env, "limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))
+	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
+	names := []string{"old-1", "old-2", "new-1", "new-2"}
+	for _, n := range names {
+		bin := demoBin
+		if strings.HasPrefix(n, "old") {
+			bin = old
+		}
+		f.start(bin, n, extra...)
+	}
+	f.settled(names, nil)
+	f.enqueue(old, items/2)
+	f.enqueue(demoBin, items/2)
+	f.waitFor("a third of the results", 2*time.Minute, func() bool {
+		return f.count(`SELECT count(*) FROM demo_results`) >= items/3
+	})
+	f.mu.Lock()
+	pid := f.workers["old-1"].cmd.Process.Pid
+	f.mu.Unlock()
+	f.kill("old-1")
+	var killedAt time.Time
+	if err := f.pool.QueryRow(context.Background(), `SELECT now()`).Scan(&killedAt); err != nil {
+		t.Fatal(err)
+	}
+	f.start(old, "old-1", extra...)
+	f.drained()
+	f.stop()
+	f.exactlyOnce(old, demoBin)
+
+	rows, err := f.pool.Query(context.Background(), `SELECT pid, started_at, COALESCE(ended_at, $1) FROM demo_runs`, killedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type event struct {
+		at    time.Time
+		delta int
+	}
+	var events []event
+	for rows.Next() {
+		var p int64
+		var start, end time.Time
+		if err := rows.Scan(&p, &start, &end); err != nil {
+			t.Fatal(err)
+		}
+		if end.Equal(killedAt) && p != int64(pid) {
+			t.Fatalf("a run of process %d has no end, and only process %d was killed", p, pid)
+		}
+		events = append(events, event{start, 1}, event{end, -1})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Ends sort before starts at the same instant.
+	slices.SortFunc(events, func(a, b event) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta
+	})
+	cur, most := 0, 0
+	for _, e := range events {
+		cur += e.delta
+		most = max(most, cur)
+	}
+	t.Logf("%d handler runs, at most %d at once (limit %d)", len(events)/2, most, limit)
+	if len(events)/2 < items {
+		t.Errorf("%d runs recorded for %d items", len(events)/2, items)
+	}
+	if most > limit {
+		t.Errorf("%d handler runs at once across the old and new workers; the limit is %d", most, limit)
+	}
 }
 
 // TestPreviousReleaseBuilds: the previous release's demo is built from
