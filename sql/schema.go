@@ -262,9 +262,16 @@ func Apply(ctx context.Context, db DB, t Tables) error {
 // It refuses a schema newer than Version.
 //
 // Upgrading is safe while workers of the previous version run: migrations
-// only add columns with constant defaults and indexes (see each file's
-// header), the old workers' statements keep working, and new code refuses
-// to run (crsql.Check, ErrSchemaOutdated) until the upgrade is done.
+// add tables, columns and indexes and change nothing that code of version
+// Serves and newer reads or writes (see each file's header); the version
+// row keeps saying that this code is served (Installed), so that code keeps
+// working through session losses and restarts; and new code refuses to run
+// (Check, ErrSchemaOutdated) until the upgrade is done. cmd/demo's
+// upgrade_test.go runs the previous release's binary beside this code and
+// under this upgrade. Some statements hold their table's lock for a time
+// that grows with its rows on PostgreSQL (migration 4 rewrites the dead
+// items: a new column with a volatile default and a new primary key), so
+// moves of items to the dead items wait for them.
 //
 // On CockroachDB, ApplyWith then applies sql/cockroach.sql (zone
 // configurations) best-effort: if the cluster refuses it, the schema is
