@@ -315,3 +315,55 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 		t.Fatalf("dead items %+v, %v", dead, err)
 	}
 }
+
+// Requeue takes the newest death of an id that died twice and keeps the
+// other as history; while the id is live it moves nothing and the dead item
+// stays; once the live item ended, the older death can be requeued too.
+// (Schema version 4 before the fix: the requeue moved both deaths, and the
+// second insert failed on the items' primary key.)
+func TestRequeueTakesTheNewestDeath(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	allowReuse(t, pool, q.Name())
+	s := startSession(t, ctx, pool)
+	id := uuid.New()
+	dieOnce(t, q, s.ID(), id)
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: id, Payload: []byte("second life")}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := q.Nack(ctx, claimOne(t, q, s.ID()), claim.Permanent(errors.New("second death"))); err != nil || out != claim.Dead {
+		t.Fatalf("second death: %v %v", out, err)
+	}
+
+	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
+		t.Fatalf("Requeue of an id with two deaths = %v, %v; want true, nil", ok, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND last_error = 'first death'`, id); n != 1 ||
+		count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, id) != 1 {
+		t.Fatalf("after the requeue: want only the first death left as history")
+	}
+	it := claimOne(t, q, s.ID())
+	if string(it.Payload) != "second life" || it.LastError != "second death" {
+		t.Fatalf("requeued %q (last error %q), want the newest death", it.Payload, it.LastError)
+	}
+	// Live: refused, nothing moves.
+	if ok, err := q.Requeue(ctx, id); err == nil || ok {
+		t.Fatalf("Requeue while the id is live = %v, %v; want a refusal", ok, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, id); n != 1 {
+		t.Fatalf("%d deaths left after a refused requeue, want 1", n)
+	}
+	if err := q.Ack(ctx, it, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
+		t.Fatalf("Requeue of the older death once the live item ended = %v, %v", ok, err)
+	}
+	if it := claimOne(t, q, s.ID()); string(it.Payload) != "first life" {
+		t.Fatalf("requeued %q, want the first death's item", it.Payload)
+	}
+	if ok, err := q.Requeue(ctx, id); err != nil || ok {
+		t.Fatalf("Requeue with no death left (the id live) = %v, %v; want false, nil: not a dead item", ok, err)
+	}
+}
