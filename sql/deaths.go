@@ -18,18 +18,18 @@ package sql
 //
 // CockroachDB: the by-id moves have the batches' shape (a MATERIALIZED CTE
 // that selects FOR UPDATE SKIP LOCKED, a DELETE ... RETURNING, an INSERT
-// from it), which the batches' comments cite the docs for. Their list of
-// keys is id = ANY($2::UUID[]) with a placeholder array: DESIGN.md (section
-// 7) notes that = ANY of a constant array becomes index spans (only an
-// ARRAY(subquery) does not), and a placeholder is a constant once the
-// statement's values are bound (the optimizer assigns placeholders before it
-// explores the plan). Not checked on a cluster (no CockroachDB binary here).
-// The page of dead items compares row values, (a, b, c) < (x, y, z), which
-// both engines order lexicographically, and bounds the leading column
-// (died_at <= $2) so that the index on (queue, died_at) is seeked, not
-// scanned, whichever way the engine treats the row comparison.
+// from it), which the batches' comments cite the docs for, and take their
+// list of keys as id IN (SELECT unnest($2::UUID[])), the form of the fenced
+// acks (see fenced in statements.go: a lookup semi-join by primary key).
+// Not checked on a cluster (no CockroachDB binary here). The page of dead
+// items compares row values, (a, b, c) < (x, y, z), which both engines order
+// lexicographically, and bounds the leading column (died_at <= $2) so that
+// the index on (queue, died_at) is seeked, not scanned, whichever way the
+// engine treats the row comparison.
 // PostgreSQL checked: the plans of every statement here are in
-// sql/explain_test.go (no sequential scan of the items or dead items).
+// sql/explain_test.go (no sequential scan of the items or dead items; the
+// by-id moves look their ids up by primary key, or, when the planner expects
+// few candidates, read them from the step's partial index).
 type DeathStatements struct {
 	// ExhaustedIDs lists up to $2 ids of queue $1's unclaimed items whose
 	// attempts are used up (the candidates of ReapExhausted), through
@@ -75,7 +75,7 @@ ORDER BY expires_at
 LIMIT $2`),
 		ReapExhaustedIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id = ANY($2::UUID[]) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
@@ -86,7 +86,7 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`),
 		ReapExpiredIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id = ANY($2::UUID[]) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
