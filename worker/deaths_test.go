@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/worker"
@@ -194,5 +196,46 @@ func TestWorkerNackEndsWhenTheMoveFails(t *testing.T) {
 	}
 	if n := w.w.Stats().SettleRetries; n != 0 {
 		t.Errorf("%d settle retries, want 0: the nack is settled by its first try", n)
+	}
+}
+
+// A worker's reaper moves every expired item but one it cannot move, and
+// logs that one with its id, pass after pass, without stopping its other
+// work. (Schema version 3: the failing batch moved nothing, and the reaper
+// logged only the batch's error.)
+func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	const queue = "stuck"
+	bad := uuid.New()
+	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_dead_items ADD CONSTRAINT test_refuse CHECK (id <> '`+bad.String()+`')`); err != nil {
+		t.Fatal(err)
+	}
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := []claim.NewItem{{ID: bad, Payload: []byte("bad"), Delay: time.Hour, TTL: time.Millisecond}}
+	for i := range 20 {
+		items = append(items, claim.NewItem{Payload: []byte(fmt.Sprint("expire ", i)), Delay: time.Hour, TTL: 100 * time.Millisecond})
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	start(t, pool, (&runs{n: map[string]int{}}).handler, worker.Options{Queue: queue, Logger: zap.New(core)})
+	logged := func() bool {
+		for _, e := range logs.All() {
+			if e.ContextMap()["item"] == bad.String() && strings.Contains(e.Message, "cannot move") {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, "the other expired items moved and the stuck one logged with its id", 30*time.Second, func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_dead_items`) == 20 && logged()
+	})
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NULL`, bad); n != 1 {
+		t.Fatalf("the stuck item is not in the items table, unclaimed")
 	}
 }
