@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
 // Every death of an id is listed with its own Death key, DeadBefore pages
@@ -111,8 +112,8 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 }
 
 // Nack's error wraps ErrDeadLetterFailed when the move is refused; Reap's
-// error lists the items it could not move, with their ids, and each failed
-// step; the steps after a failed one still run.
+// error names, with its id, each item a step could not release or move, and
+// every other item of those steps is reaped.
 func TestReapErrorsNameStepsAndItems(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
@@ -120,7 +121,8 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 	s := startSession(t, ctx, pool)
 	bad := uuid.New()
 	refuse(t, pool, bad)
-	ids, err := q.Enqueue(ctx, claim.NewItem{ID: bad, Payload: []byte("bad"), Priority: -1}, claim.NewItem{Payload: []byte("hung")})
+	ids, err := q.Enqueue(ctx, claim.NewItem{ID: bad, Payload: []byte("bad"), Priority: -1},
+		claim.NewItem{Payload: []byte("hung")}, claim.NewItem{Payload: []byte("hung too")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,19 +130,74 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 	if _, err := q.Nack(ctx, it, claim.Permanent(errors.New("broken"))); !errors.Is(err, claim.ErrDeadLetterFailed) {
 		t.Fatalf("Nack whose move is refused = %v, want ErrDeadLetterFailed", err)
 	}
-	// The leases step fails as a whole: the database refuses to release
-	// the hung item's claim.
-	hung := claimOne(t, q, s.ID())
-	if hung.ID != ids[1] {
-		t.Fatalf("claimed %s, want %s", hung.ID, ids[1])
+	// Two hung items; the database refuses to release the first one's claim.
+	hung, err := q.Claim(ctx, s.ID(), 2)
+	if err != nil || len(hung) != 2 {
+		t.Fatalf("claimed %d, %v", len(hung), err)
 	}
-	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_items ADD CONSTRAINT test_hold CHECK (claim IS NOT NULL OR id <> '`+hung.ID.String()+`')`); err != nil {
+	held := ids[1]
+	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_items ADD CONSTRAINT test_hold CHECK (claim IS NOT NULL OR id <> '`+held.String()+`')`); err != nil {
 		t.Fatal(err)
 	}
-	// An expired item the expiry step moves all the same.
 	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("expires"), Delay: time.Hour, TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
+	deadline := time.Now().Add(30 * time.Second)
+	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the leases and the deadline never passed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := q.Reap(ctx)
+	if st != (claim.ReapStats{Released: 1, Expired: 1, Stuck: 2}) {
+		t.Fatalf("Reap = %+v (%v); want 1 released, 1 expired, 2 stuck", st, err)
+	}
+	list := claim.ReapErrors(err)
+	if len(list) != 2 {
+		t.Fatalf("ReapErrors = %v (from %v), want 2", list, err)
+	}
+	if e := list[0]; e.Step != claim.StepLeases || e.ID != held || e.Queue != q.Name() || e.Err == nil {
+		t.Errorf("first failure %+v: want item %s in the leases step", e, held)
+	}
+	if e := list[1]; e.Step != claim.StepExhausted || e.ID != bad || e.Err == nil {
+		t.Errorf("second failure %+v: want item %s in the exhausted step", e, bad)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NOT NULL`, held); n != 1 {
+		t.Error("the item whose release was refused is not as it was")
+	}
+	if claim.ReapErrors(nil) != nil {
+		t.Error("ReapErrors(nil) is not nil")
+	}
+}
+
+// A step that fails as a whole (not for one item: here a trigger that
+// fails every move to the dead items with a system error) is reported, and
+// the other steps still run.
+func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("the failure is injected with a PL/pgSQL trigger")
+	}
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Lease: 50 * time.Millisecond})
+	s := startSession(t, ctx, pool)
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN RAISE EXCEPTION 'disk on fire' USING ERRCODE = '58030'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TRIGGER test_fail BEFORE INSERT ON crdbwork_dead_items FOR EACH ROW EXECUTE FUNCTION test_fail()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("hung")}); err != nil {
+		t.Fatal(err)
+	}
+	claimOne(t, q, s.ID())
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("expires"), Delay: time.Hour, TTL: time.Millisecond},
+		claim.NewItem{Payload: []byte("loops"), MaxAttempts: 1}); err != nil {
+		t.Fatal(err)
+	}
+	crashClaim(t, pool, q, 1)
 	deadline := time.Now().Add(30 * time.Second)
 	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`) < 2 {
 		if time.Now().After(deadline) {
@@ -149,20 +206,18 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	st, err := q.Reap(ctx)
-	if st.Expired != 1 || st.Stuck != 1 || st.Released != 0 || st.Dead != 0 {
-		t.Fatalf("Reap = %+v (%v); want 1 expired, 1 stuck", st, err)
+	if st != (claim.ReapStats{Released: 1}) {
+		t.Fatalf("Reap = %+v (%v); want the lease released", st, err)
 	}
 	list := claim.ReapErrors(err)
-	if len(list) != 2 {
-		t.Fatalf("ReapErrors = %v (from %v), want 2", list, err)
+	if len(list) != 2 || list[0].Step != claim.StepExhausted || list[1].Step != claim.StepExpired ||
+		list[0].ID != uuid.Nil || list[1].ID != uuid.Nil {
+		t.Fatalf("ReapErrors = %v (from %v); want the exhausted and expired steps, each as a whole", list, err)
 	}
-	if e := list[0]; e.Step != claim.StepLeases || e.ID != uuid.Nil || e.Queue != q.Name() {
-		t.Errorf("first failure %+v: want the leases step", e)
+	if _, err := pool.Exec(ctx, `DROP TRIGGER test_fail ON crdbwork_dead_items`); err != nil {
+		t.Fatal(err)
 	}
-	if e := list[1]; e.Step != claim.StepExhausted || e.ID != bad || e.Err == nil {
-		t.Errorf("second failure %+v: want item %s in the exhausted step", e, bad)
-	}
-	if claim.ReapErrors(nil) != nil {
-		t.Error("ReapErrors(nil) is not nil")
+	if st, err := q.Reap(ctx); err != nil || st.Dead != 1 || st.Expired != 1 {
+		t.Fatalf("Reap once the moves work = %+v, %v; want both moved", st, err)
 	}
 }

@@ -82,10 +82,10 @@ type ReapStats struct {
 	// Expired counts unclaimed items past their deadline (NewItem.TTL),
 	// moved to the dead items with reason "expired".
 	Expired int
-	// Stuck counts items that a step could not move even alone (the
-	// database refused the move for something about the item): each is in
-	// Reap's error as a ReapError with its id, and stays in the items
-	// table, never handed out, until a later Reap can move it.
+	// Stuck counts items that a step could not release or move even alone
+	// (the database refused it for something about the item): each is in
+	// Reap's error as a ReapError with its id, and stays as it is (an
+	// unclaimed one never handed out) until a later Reap can do it.
 	Stuck int
 }
 
@@ -104,8 +104,8 @@ type ReapStats struct {
 // that the database refuses for something about one of its items (an
 // integrity constraint, a trigger, a row over a size limit: see
 // ErrDeadLetterFailed) is done again by id, the list split in halves until
-// each refused item fails alone: every other item moves, and each refused
-// one stays in the items table, counted in ReapStats.Stuck. The error joins
+// each refused item fails alone: every other item is released or moved, and
+// each refused one stays as it is, counted in ReapStats.Stuck. The error joins
 // (errors.Join) one ReapError per failed step and per stuck item, with its
 // id; ReapErrors lists them. The stats count what was done, failures or not.
 func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
@@ -114,20 +114,9 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
 	var errs []error
-	// Releasing a lease writes only the claim columns of the item's own
-	// row, nothing another table could refuse: a failure is the step's.
-	for {
-		n, err := q.reapStep(ctx, q.engine.Load().st.ReapLeases, q.opts.Queue, reapBatch)
-		st.Released += n
-		if err != nil {
-			errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepLeases, Err: err})
-			break
-		}
-		if n < reapBatch {
-			break
-		}
-	}
 	moves := []reapMove{
+		{step: StepLeases, batch: q.engine.Load().st.ReapLeases, candidates: q.dst.ExpiredLeaseIDs, byID: q.dst.ReapLeasesIDs,
+			count: &st.Released},
 		{step: StepExhausted, batch: q.st.ReapExhausted, candidates: q.dst.ExhaustedIDs, byID: q.dst.ReapExhaustedIDs,
 			extra: []any{CrashLoopError}, count: &st.Dead},
 		{step: StepExpired, batch: q.st.ReapExpired, candidates: q.dst.ExpiredIDs, byID: q.dst.ReapExpiredIDs,
@@ -152,8 +141,8 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	return st, errors.Join(errs...)
 }
 
-// reapMove is a step of Reap that moves items to the dead items: its batch
-// statement ($1 queue, $2 limit, then extra), the statement that lists the
+// reapMove is a step of Reap, which releases items or moves them to the dead
+// items: its batch statement ($1 queue, $2 limit, then extra), the statement that lists the
 // batch's candidates ($1 queue, $2 limit → id), the by-id form of the batch
 // ($1 queue, $2 ids, then extra), and the count it adds to.
 type reapMove struct {
@@ -163,7 +152,7 @@ type reapMove struct {
 	count                   *int
 }
 
-// reapMoves runs a moving step in bounded batches until nothing is left. A
+// reapMoves runs a step in bounded batches until nothing is left. A
 // batch refused for something about one of its items (itemFault) is done
 // again by id (moveByID); the items that fail alone are returned, once each,
 // and the step goes on while it moves something. Any other failure ends the
@@ -204,7 +193,7 @@ func (q *Queue) reapMoves(ctx context.Context, m reapMove) ([]*ReapError, error)
 	}
 }
 
-// reapCandidates lists up to reapBatch ids of a moving step's candidates.
+// reapCandidates lists up to reapBatch ids of a step's candidates.
 func (q *Queue) reapCandidates(ctx context.Context, stmt string) ([][16]byte, error) {
 	var ids [][16]byte
 	err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
@@ -226,7 +215,7 @@ func (q *Queue) reapCandidates(ctx context.Context, stmt string) ([][16]byte, er
 	return ids, err
 }
 
-// moveByID moves the given candidates of a moving step in one statement; if
+// moveByID releases or moves the given candidates of a step in one statement; if
 // the database refuses it for something about one of them, it splits the
 // list in halves and moves each, down to single items: each refused item
 // fails alone (returned with its error), every other one moves, in about

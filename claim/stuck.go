@@ -31,10 +31,10 @@ const (
 //
 // ID is uuid.Nil when the step itself failed (the database, a connection, a
 // context ended): the step's remaining batches are left for the next Reap.
-// Otherwise ID is an item the step could not move even alone, for something
-// about that item: it stays in the items table, unclaimed and never handed
-// out, and every other item of the step was moved without it. The next Reap
-// tries it again.
+// Otherwise ID is an item the step could not release or move even alone,
+// for something about that item: it stays as it is (in the items table; an
+// unclaimed one is never handed out), and every other item of the step was
+// released or moved without it. The next Reap tries it again.
 type ReapError struct {
 	Queue string
 	Step  string    // StepLeases, StepExhausted or StepExpired
@@ -46,13 +46,14 @@ func (e *ReapError) Error() string {
 	if e.ID == uuid.Nil {
 		return fmt.Sprintf("claim: reaping %q, step %s: %v", e.Queue, e.Step, e.Err)
 	}
-	return fmt.Sprintf("claim: reaping %q, step %s: item %s cannot be moved: %v", e.Queue, e.Step, e.ID, e.Err)
+	return fmt.Sprintf("claim: reaping %q, step %s: item %s cannot be released or moved: %v", e.Queue, e.Step, e.ID, e.Err)
 }
 
 func (e *ReapError) Unwrap() error { return e.Err }
 
 // ReapErrors returns the ReapErrors in err, Reap's error, in order: each
-// step's failure or each item that could not be moved, once each. It returns
+// step's failure or each item that could not be released or moved, once
+// each. It returns
 // nil for a nil err.
 func ReapErrors(err error) []*ReapError {
 	var out []*ReapError

@@ -7,10 +7,12 @@ package sql
 // trigger, a row over a size limit), and that page through every death of
 // the dead items. Rendered for one set of table names.
 //
-// The reaper's batches (Statements.ReapExhausted and ReapExpired) stay as
-// they are; when one fails for an item, claim.Queue.Reap reads the batch's
-// candidates (ExhaustedIDs, ExpiredIDs) and moves them by id (ReapExhaustedIDs,
-// ReapExpiredIDs), splitting the list until each refused item fails alone.
+// The reaper's batches (Statements.ReapLeases, ReapExhausted and
+// ReapExpired) stay as they are; when one fails for an item,
+// claim.Queue.Reap reads the batch's candidates (ExpiredLeaseIDs,
+// ExhaustedIDs, ExpiredIDs) and releases or moves them by id
+// (ReapLeasesIDs, ReapExhaustedIDs, ReapExpiredIDs), splitting the list
+// until each refused item fails alone.
 // The by-id moves are the batches' statements with the candidates given
 // instead of picked: the same conditions (rechecked on the locked rows), the
 // same columns, the same reasons. Any CTE added to the batch statements (the
@@ -39,6 +41,14 @@ type DeathStatements struct {
 	// their deadline, earliest deadline first (the candidates of
 	// ReapExpired), through crdbwork_items_expiry. It locks nothing.
 	ExpiredIDs string // $1 queue, $2 limit → id
+	// ExpiredLeaseIDs lists up to $2 ids of queue $1's claimed items whose
+	// lease ended, oldest lease first (the candidates of ReapLeases),
+	// through crdbwork_items_lease. It locks nothing.
+	ExpiredLeaseIDs string // $1 queue, $2 limit → id
+	// ReapLeasesIDs is ReapLeases for the given ids: it releases those
+	// that are still claimed with an ended lease, skipping rows another
+	// transaction holds.
+	ReapLeasesIDs string // $1 queue, $2 ids → ids released
 	// ReapExhaustedIDs is ReapExhausted for the given ids: it moves those
 	// that are still unclaimed with their attempts used up, skipping rows
 	// another transaction holds.
@@ -73,6 +83,18 @@ LIMIT $2`),
 WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
 ORDER BY expires_at
 LIMIT $2`),
+		ExpiredLeaseIDs: r(`SELECT id FROM crdbwork_items
+WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
+ORDER BY lease_until
+LIMIT $2`),
+		ReapLeasesIDs: r(`WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now()
+    FOR UPDATE SKIP LOCKED)
+UPDATE crdbwork_items AS i
+SET ` + released + `
+WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
+RETURNING i.id`),
 		ReapExhaustedIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts

@@ -130,6 +130,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapLeases", reapLeases, []any{"q", 1000}},
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
+		{"ExpiredLeaseIDs", deaths.ExpiredLeaseIDs, []any{"q", 1000}},
+		{"ReapLeasesIDs", deaths.ReapLeasesIDs, []any{"q", ids[:64]}},
+		{"ReapLeasesIDs (one item)", deaths.ReapLeasesIDs, []any{"q", ids[:1]}},
 		{"ExhaustedIDs", deaths.ExhaustedIDs, []any{"q", 1000}},
 		{"ExpiredIDs", deaths.ExpiredIDs, []any{"q", 1000}},
 		{"ReapExhaustedIDs", deaths.ReapExhaustedIDs, []any{"q", ids[:64], "crash loop"}},
@@ -193,7 +196,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
 			// scan" of the table's primary index.
 			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") ||
-				strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
+				strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
 			switch {
 			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)

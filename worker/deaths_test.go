@@ -226,7 +226,7 @@ func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
 	start(t, pool, (&runs{n: map[string]int{}}).handler, worker.Options{Queue: queue, Logger: zap.New(core)})
 	logged := func() bool {
 		for _, e := range logs.All() {
-			if e.ContextMap()["item"] == bad.String() && strings.Contains(e.Message, "cannot move") {
+			if e.ContextMap()["item"] == bad.String() && strings.Contains(e.Message, "cannot release or move") {
 				return true
 			}
 		}

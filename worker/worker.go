@@ -816,10 +816,10 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log 
 }
 
 // logReapErrors logs the failures of a Reap, one line per failed step and
-// per item that could not be moved (with its id), and reports whether a
-// step failed: then the reaper runs again sooner. An item that cannot be
-// moved does not make it run sooner: it stays where it is until the database
-// lets it move, and every other item moved without it.
+// per item that could not be released or moved (with its id), and reports
+// whether a step failed: then the reaper runs again sooner. Such an item
+// does not make it run sooner: it stays as it is until the database lets it
+// go, and every other item was reaped without it.
 func (w *Worker) logReapErrors(err error, log *zap.Logger) (stepFailed bool) {
 	if err == nil {
 		return false
@@ -835,7 +835,7 @@ func (w *Worker) logReapErrors(err error, log *zap.Logger) (stepFailed bool) {
 			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
 			continue
 		}
-		log.Error("the reaper cannot move an item to the dead items; it stays in the items table, never handed out, and every other item moved without it",
+		log.Error("the reaper cannot release or move an item; it stays as it is (in the items table), and every other item was reaped without it",
 			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
 	}
 	return stepFailed
