@@ -142,9 +142,10 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 }
 
 // reapMove is a step of Reap, which releases items or moves them to the dead
-// items: its batch statement ($1 queue, $2 limit, then extra), the statement that lists the
-// batch's candidates ($1 queue, $2 limit → id), the by-id form of the batch
-// ($1 queue, $2 ids, then extra), and the count it adds to.
+// items: its batch statement ($1 queue, $2 limit, then extra), the statement
+// that lists the batch's candidates ($1 queue, $2 limit → id), the by-id
+// form of the batch ($1 queue, $2 ids, then extra), and the count it adds
+// to.
 type reapMove struct {
 	step                    string
 	batch, candidates, byID string

@@ -239,3 +239,47 @@ func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
 		t.Fatalf("the stuck item is not in the items table, unclaimed")
 	}
 }
+
+// A nack that fails for a reason a retry cannot fix (here the move to the
+// dead items and the hold that replaces it are both refused) is not retried
+// for ever: the attempt ends at once, logged, and the item's lease is left
+// to release it. (Before: the worker retried the nack with backoff for as
+// long as its session lived.)
+func TestWorkerNackGivesUpWhenNothingCanSettleIt(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	const queue = "unsettled"
+	bad := uuid.New()
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: bad, Payload: []byte("permanent bad")}); err != nil {
+		t.Fatal(err)
+	}
+	// The item may be claimed, never released again (NOT VALID: the
+	// unclaimed row already there is not checked).
+	for _, stmt := range []string{
+		`ALTER TABLE crdbwork_dead_items ADD CONSTRAINT test_refuse CHECK (id <> '` + bad.String() + `')`,
+		`ALTER TABLE crdbwork_items ADD CONSTRAINT test_hold CHECK (claim IS NOT NULL OR id <> '` + bad.String() + `') NOT VALID`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	r := &runs{n: map[string]int{}}
+	w := start(t, pool, r.handler, worker.Options{Queue: queue, Logger: zap.New(core)})
+	waitFor(t, "the nack given up, logged", 30*time.Second, func() bool {
+		return logs.FilterMessageSnippet("a retry will not fix").Len() > 0
+	})
+	if st := w.w.Stats(); st.SettleRetries != 0 || st.InFlight != 0 {
+		t.Errorf("settle retries %d, in flight %d; want 0 and 0: the nack was not retried and the slot is free", st.SettleRetries, st.InFlight)
+	}
+	if n := r.of("permanent bad"); n != 1 {
+		t.Errorf("the handler ran %d times, want 1", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NOT NULL`, bad); n != 1 {
+		t.Errorf("the item is not left claimed for its lease to release")
+	}
+}
