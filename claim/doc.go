@@ -28,6 +28,15 @@
 // or moved to the dead-items table when it runs out of attempts or its
 // error is marked Permanent.
 //
+// The dead-items table keeps every death: ids are the caller's, so an id may
+// be enqueued again after its item died, and die again; each death is its
+// own row (DeadItem.Death), listed by Dead and DeadBefore, and Requeue puts
+// back the newest (RequeueDeath a given one) while the others stay as
+// history. A move the database refuses for something about one item never
+// holds up the rest: Reap runs all its steps and moves every other item,
+// reporting the one it could not move (ReapError, with its id), and a Nack
+// whose move is refused still ends the claim (ErrDeadLetterFailed).
+//
 // A Buffer lets many goroutines that enqueue one item each share statements
 // (group commit for producers), each still told only what committed.
 package claim

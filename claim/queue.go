@@ -82,6 +82,7 @@ type Queue struct {
 	db    DB
 	st    *crsql.Statements
 	lst   *crsql.LimitStatements
+	dst   *crsql.DeathStatements
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
@@ -146,7 +147,8 @@ func New(db DB, opts Options) (*Queue, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts}
+	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
+		dst: crsql.NewDeathStatements(opts.Tables)}
 	q.next.Store(rand.Uint64())
 	return q, nil
 }

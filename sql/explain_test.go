@@ -62,6 +62,12 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		`INSERT INTO crdbwork_schedules (queue, name, last_period)
 		 SELECT 'q' || (g % 10), 'schedule-' || g, now() - g * INTERVAL '1 minute' FROM generate_series(1, 10000) AS g`,
 		`ANALYZE crdbwork_schedules`,
+		// Dead items: 20k deaths over two queues, some ids dead several times.
+		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
+		 SELECT md5((g % 15000)::TEXT)::UUID, CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, g % 16, 0, 1, 1, '\x00'::BYTEA,
+		        now() - INTERVAL '1 day', now() - g * INTERVAL '1 second', 'failed'
+		 FROM generate_series(1, 20000) AS g`,
+		`ANALYZE crdbwork_dead_items`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
@@ -91,6 +97,12 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
+	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	var deadID, deadDeath uuid.UUID
+	var diedAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT id, death, died_at FROM crdbwork_dead_items WHERE queue = 'q' ORDER BY died_at DESC LIMIT 1 OFFSET 5000`).Scan(&deadID, &deadDeath, &diedAt); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		stmt string
@@ -118,6 +130,21 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapLeases", reapLeases, []any{"q", 1000}},
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
+		{"ExpiredLeaseIDs", deaths.ExpiredLeaseIDs, []any{"q", 1000}},
+		{"ReapLeasesIDs", deaths.ReapLeasesIDs, []any{"q", ids[:64]}},
+		{"ReapLeasesIDs (one item)", deaths.ReapLeasesIDs, []any{"q", ids[:1]}},
+		{"ExhaustedIDs", deaths.ExhaustedIDs, []any{"q", 1000}},
+		{"ExpiredIDs", deaths.ExpiredIDs, []any{"q", 1000}},
+		{"ReapExhaustedIDs", deaths.ReapExhaustedIDs, []any{"q", ids[:64], "crash loop"}},
+		{"ReapExhaustedIDs (one item)", deaths.ReapExhaustedIDs, []any{"q", ids[:1], "crash loop"}},
+		{"ReapExpiredIDs", deaths.ReapExpiredIDs, []any{"q", ids[:64]}},
+		{"ReapExpiredIDs (one item)", deaths.ReapExpiredIDs, []any{"q", ids[:1]}},
+		{"Exhaust", deaths.Exhaust, []any{ids[0], session, int64(1), "boom"}},
+		{"DeadItems", st.DeadItems, []any{"q", 100}},
+		{"DeadItemsBefore", deaths.DeadItemsBefore, []any{"q", diedAt, deadID, deadDeath, 100}},
+		{"Requeue", st.Requeue, []any{deadID, "q", nil}},
+		{"Requeue (a death)", st.Requeue, []any{deadID, "q", deadDeath}},
+		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},
@@ -168,7 +195,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			text := strings.Join(plan, "\n")
 			// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
 			// scan" of the table's primary index.
-			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce")
+			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") ||
+				strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
 			switch {
 			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
@@ -177,6 +205,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			case c.name == "FairTurns" && (!strings.Contains(text, "crdbwork_items_tenant_turn") || !strings.Contains(text, "crdbwork_items_turn_next")):
 				t.Errorf("%s (%s) does not seek the head and the tenant's last turn by index:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
+				strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
 				strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
@@ -195,6 +224,8 @@ func literals(args []any) string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		switch v := a.(type) {
+		case nil:
+			out[i] = "NULL"
 		case uuid.UUID:
 			out[i] = "'" + v.String() + "'::UUID"
 		case string:

@@ -72,11 +72,19 @@ type Statements struct {
 	QueuePaused     string // $1 queue → paused
 	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
 	Cancel          string // $1 id, $2 queue → rows affected
-	DeadItems       string // $1 queue, $2 limit → dead item columns (with tenant and reason), newest first
-	Requeue         string // $1 id, $2 queue → id of the item put back
-	Backlog         string // → queue, part, unclaimed, vested, claimed
-	DeadCount       string // $1 queue → count
-	ItemColumns     string
+	// DeadItems lists every death of the queue's dead items (an id may have
+	// died several times: each death is a row, keyed by (id, death)),
+	// newest first: died_at, id, death, all descending
+	// (DeathStatements.DeadItemsBefore pages on from a row).
+	DeadItems string // $1 queue, $2 limit → dead item columns (with tenant, reason and death), newest first
+	// Requeue moves one death of a dead item back into the items table:
+	// death $3, or the newest death of the id if $3 is NULL. The other
+	// deaths stay as history. It moves nothing while an item with that id
+	// is in the items table (DeathStatements.RequeueState tells why).
+	Requeue     string // $1 id, $2 queue, $3 death or NULL → id of the item put back
+	Backlog     string // → queue, part, unclaimed, vested, claimed
+	DeadCount   string // $1 queue → count
+	ItemColumns string
 }
 
 // itemColumns are the columns every claim statement returns, in order.
@@ -376,16 +384,26 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`),
 		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
-		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason
+		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
 FROM crdbwork_dead_items WHERE queue = $1
-ORDER BY died_at DESC, id
+ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $2`),
 		// A requeued item keeps its id, key, tenant, priority, enqueue time
 		// and claim token (so tokens keep growing), gets fresh attempts, no
 		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
-		Requeue: r(`WITH gone AS (
-    DELETE FROM crdbwork_dead_items WHERE id = $1 AND queue = $2
+		// The death is picked only if no item has the id (the check and the
+		// DELETE see one snapshot; an item inserted since makes the INSERT
+		// fail, and the whole statement with it): a refused requeue deletes
+		// nothing.
+		Requeue: r(`WITH victim AS MATERIALIZED (
+    SELECT death FROM crdbwork_dead_items
+    WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
+    ORDER BY died_at DESC, death DESC
+    LIMIT 1),
+gone AS (
+    DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
     RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)

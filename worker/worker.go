@@ -62,6 +62,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
@@ -796,20 +797,48 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log 
 		if now := time.Now(); !now.Before(nextQueueReap) {
 			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
 			st, err := w.queue.Reap(ctx)
-			switch {
-			case ctx.Err() != nil:
+			if ctx.Err() != nil {
 				return
-			case err != nil:
-				log.Warn("reaping expired leases failed", zap.Error(err))
+			}
+			// Every step of Reap runs whatever the others did, so what it
+			// did counts even when it reports failures.
+			if st.Released > 0 || st.Dead > 0 || st.Expired > 0 {
+				w.reaped.Add(int64(st.Released + st.Dead))
+				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead), zap.Int("expired", st.Expired))
+			}
+			if w.logReapErrors(err, log) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)
-			case st.Released > 0 || st.Dead > 0:
-				w.reaped.Add(int64(st.Released + st.Dead))
-				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
 			}
 		}
 	}
+}
+
+// logReapErrors logs the failures of a Reap, one line per failed step and
+// per item that could not be released or moved (with its id), and reports
+// whether a step failed: then the reaper runs again sooner. Such an item
+// does not make it run sooner: it stays as it is until the database lets it
+// go, and every other item was reaped without it.
+func (w *Worker) logReapErrors(err error, log *zap.Logger) (stepFailed bool) {
+	if err == nil {
+		return false
+	}
+	list := claim.ReapErrors(err)
+	if len(list) == 0 {
+		log.Warn("reaping expired leases failed", zap.Error(err))
+		return true
+	}
+	for _, e := range list {
+		if e.ID == uuid.Nil {
+			stepFailed = true
+			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
+			continue
+		}
+		log.Error("the reaper cannot release or move an item; it stays as it is (in the items table), and every other item was reaped without it",
+			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
+	}
+	return stepFailed
 }
 
 // claimLoop claims while there are free handler slots, until ctx ends.
