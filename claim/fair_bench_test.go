@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // benchTenants is the number of tenants of the fairness benchmarks.
@@ -43,7 +44,7 @@ func BenchmarkEnqueueFair(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+				if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 					b.Fatal(err)
 				}
 				calls := make([][]claim.NewItem, b.N)
@@ -82,7 +83,7 @@ func BenchmarkClaimTenants(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+			if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 				b.Fatal(err)
 			}
 			s := startSession(b, ctx, pool)

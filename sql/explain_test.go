@@ -42,21 +42,30 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	claimed := fmt.Sprintf("g %% 10 BETWEEN 1 AND %d", claimedTenths)
+	// Every expression of the seed has the same type on both engines: on
+	// CockroachDB INT / INT is DECIMAL (docs checked: "Operators", / on
+	// two INTs), so a session's number is floor(g / 10.0)::INT, an INT on
+	// both (PostgreSQL has no // operator, CockroachDB's integer division).
+	// The seed is checked below: every session holds claimed items.
 	session := uuid.New()
 	seed := []string{
 		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
 		`INSERT INTO crdbwork_sessions (id, expiry) SELECT gen_random_uuid(), INTERVAL '1 hour' FROM generate_series(1, 15)`,
-		`CREATE TEMPORARY TABLE seed_sessions AS SELECT row_number() OVER (ORDER BY id) - 1 AS n, id FROM crdbwork_sessions`,
+		// A regular table, dropped below: CockroachDB refuses temporary
+		// tables unless experimental_enable_temp_tables is set (docs
+		// checked: "Temporary Tables").
+		`CREATE TABLE seed_sessions AS SELECT row_number() OVER (ORDER BY id) - 1 AS n, id FROM crdbwork_sessions`,
 		`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, tenant, expires_at, payload, attempts, claim, claim_token, lease_until)
 		 SELECT gen_random_uuid(), CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, g % 16, g % 5,
 		        now() - g * INTERVAL '1 millisecond', now() - g * INTERVAL '1 millisecond',
 		        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 1000)::TEXT END,
 		        CASE WHEN g % 7 = 0 THEN now() + (g % 100 - 10) * INTERVAL '1 second' END, '\x00'::BYTEA,
 		        CASE WHEN ` + claimed + ` THEN 1 ELSE 0 END,
-		        CASE WHEN ` + claimed + ` THEN (SELECT id FROM seed_sessions WHERE n = (g / 10) % 16) END,
+		        CASE WHEN ` + claimed + ` THEN (SELECT id FROM seed_sessions WHERE n = floor(g / 10.0)::INT % 16) END,
 		        CASE WHEN ` + claimed + ` THEN 1 ELSE 0 END,
 		        CASE WHEN ` + claimed + ` THEN now() + (g % 600) * INTERVAL '1 second' END
 		 FROM generate_series(1, ` + fmt.Sprint(total) + `) AS g`,
+		`DROP TABLE seed_sessions`,
 		`INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`,
 		`ANALYZE crdbwork_items`,
 		`INSERT INTO crdbwork_schedules (queue, name, last_period)
@@ -67,6 +76,13 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		if _, err := pool.Exec(ctx, s); err != nil {
 			t.Fatalf("%v\n%s", err, s)
 		}
+	}
+	var holders, orphans int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT claim), count(*) FILTER (WHERE attempts = 1 AND claim IS NULL) FROM crdbwork_items`).Scan(&holders, &orphans); err != nil {
+		t.Fatal(err)
+	}
+	if holders != 16 || orphans != 0 {
+		t.Fatalf("the seed gave claimed items to %d sessions, want 16, and left %d claimed items without a session", holders, orphans)
 	}
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items WHERE claim = $1 LIMIT 512`, session)
 	if err != nil {
