@@ -96,10 +96,13 @@ type Queue struct {
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
+	// parts renders the per-part claims (see ClaimWith).
+	parts *crsql.PartClaimStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
+	dialect   crsql.Dialect
 	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
 	st        crsql.DialectStatements // sql.Statements.ForDialect
 }
@@ -147,6 +150,7 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts}
+	q.parts = crsql.NewPartClaimStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }
@@ -183,7 +187,7 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if err != nil {
 		return err
 	}
-	e := &engine{claimInTx: dialect == crsql.Cockroach}
+	e := &engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach}
 	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
 	return nil

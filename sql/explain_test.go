@@ -105,7 +105,15 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	ds := st.ForDialect(dialect)
 	ls := crsql.NewLimitStatements(crsql.Tables{})
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
-	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
+	claimAny, reapLeases := ds.ClaimAny, ds.ReapLeases
+	parts := crsql.NewPartClaimStatements(crsql.Tables{})
+	claimParts := parts.Claim(dialect, 4)
+	// A pick over MaxPartBranches parts, and the claim of what it picked.
+	many := make([]any, 0, 3+crsql.MaxPartBranches)
+	many = append(many, "q", 64, []string{})
+	for p := range crsql.MaxPartBranches {
+		many = append(many, int64(p))
+	}
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	cases := []struct {
 		name string
@@ -118,9 +126,12 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1)}},
 		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3)}},
 		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1)}},
-		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
-		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
-		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
+		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []string{"tenant-3"}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (one part)", parts.Claim(dialect, 1), []any{session, "q", 64, int64(300e6), []string{}, int64(7)}},
+		{"PickParts", parts.Pick(crsql.MaxPartBranches), many},
+		{"ClaimPicked", parts.ClaimPickedFor(dialect), []any{session, int64(300e6), ids[:64]}},
 		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
 		{"FairLast", st.FairLast, []any{"q", "tenant-3", int64(0)}},
@@ -186,9 +197,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			text := strings.Join(plan, "\n")
 			// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
 			// scan" of the table's primary index.
-			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce")
+			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") || c.name == "ClaimPicked"
 			switch {
-			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
+			case (strings.HasPrefix(c.name, "ClaimParts") || c.name == "PickParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
 			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
 				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
@@ -273,12 +284,11 @@ func TestPartClaimReadsStayFlat(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ds := crsql.NewStatements(crsql.Tables{})
 	dialect, err := crsql.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimParts := ds.ForDialect(dialect).ClaimParts
+	claimParts := crsql.NewPartClaimStatements(crsql.Tables{}).Claim(dialect, len(own))
 	const limit = 64
 	bound := 2*limit*len(own) + 8
 	modes := []bool{false}
@@ -339,7 +349,10 @@ func explainReads(t *testing.T, pool *pgxpool.Pool, stmt string, session uuid.UU
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	args := []any{session, "q", limit, int64(300e6), parts, []string{}}
+	args := []any{session, "q", limit, int64(300e6), []string{}}
+	for _, p := range parts {
+		args = append(args, p)
+	}
 	if testdb.Kind(t) != "postgres" {
 		// CockroachDB: EXPLAIN ANALYZE reports the rows the statement
 		// decoded from KV (every index entry and row it read).
