@@ -307,6 +307,9 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 	if err != nil {
 		return err
 	}
+	if dialect == Cockroach {
+		stmts = cockroachForms(stmts, t)
+	}
 	for _, s := range stmts {
 		if _, err := db.Exec(ctx, s); err != nil {
 			return fmt.Errorf("crdbwork: applying schema: %w\nstatement: %s", err, s)
