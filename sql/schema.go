@@ -266,7 +266,10 @@ func Apply(ctx context.Context, db DB, t Tables) error {
 // header), the old workers' statements keep working, and new code refuses
 // to run (crsql.Check, ErrSchemaOutdated) until the upgrade is done.
 //
-// On CockroachDB, ApplyWith then applies sql/cockroach.sql (zone
+// On CockroachDB, the two claim indexes are created covering the claims'
+// filter columns, under their own names (the statements of
+// sql/cockroach.go's cockroachIndexes replace schema.sql's), and ApplyWith
+// then applies sql/cockroach.sql (the same indexes, and zone
 // configurations) best-effort: if the cluster refuses it, the schema is
 // still complete, ApplyWith returns nil and reports the refusal to
 // opts.Warn.
