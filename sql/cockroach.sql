@@ -25,3 +25,7 @@ DROP INDEX IF EXISTS crdbwork_items_part_turn;
 ALTER TABLE crdbwork_sessions CONFIGURE ZONE USING gc.ttlseconds = 600;
 ALTER TABLE crdbwork_session_parts CONFIGURE ZONE USING gc.ttlseconds = 600;
 ALTER TABLE crdbwork_items CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Every ack, cancel and death writes a row here and the reaper's pruning
+-- deletes it once the queue's dedup window has passed, from the head of
+-- crdbwork_ended_by_age, where the deleted entries would otherwise wait.
+ALTER TABLE crdbwork_ended CONFIGURE ZONE USING gc.ttlseconds = 600;
