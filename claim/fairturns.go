@@ -2,7 +2,6 @@ package claim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -23,8 +22,8 @@ type fairTurn struct {
 }
 
 // fairBatch bounds the statements of one pgx.Batch of fairTurns: a call
-// with more pairs sends several batches.
-const fairBatch = 512
+// with more sends several batches.
+const fairBatch = 64
 
 // batcher is what a pgx.Batch needs: *pgxpool.Pool, *pgx.Conn and pgx.Tx
 // have it.
@@ -32,73 +31,103 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
+// fairQuery is one statement of fairTurns: the tenants' latest turns of
+// the pairs from first on (n of them), or the head of pair first's
+// priority.
+type fairQuery struct {
+	first, n int
+	head     bool
+	sql      string
+	args     []any
+}
+
 // fairTurns reads, for the pairs (tenants[i], priorities[i]), the turns
-// stamp needs: one crsql.Statements.FairLast per pair and one FairHead per
-// pair with readHead[i], each a single index seek (see there), sent as
-// pgx.Batches of at most fairBatch statements when db has SendBatch and
-// one by one otherwise. It returns one fairTurn per pair, or none if the
-// queue is not fair.
+// stamp needs: crsql.FairStatements.Lasts per group of at most
+// crsql.MaxFairPairs pairs and crsql.Statements.FairHead per pair with
+// readHead[i], each made of single index seeks (see there), sent as
+// pgx.Batches when db has SendBatch (one round trip each) and one by one
+// otherwise. It returns one fairTurn per pair, or none if the queue is not
+// fair.
 func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, priorities []int64, readHead []bool) ([]fairTurn, error) {
 	out := make([]fairTurn, len(tenants))
-	type pending struct {
-		i    int
-		head bool // FairHead of pair i; FairLast otherwise
+	var queries []fairQuery
+	for first := 0; first < len(tenants); first += crsql.MaxFairPairs {
+		n := min(crsql.MaxFairPairs, len(tenants)-first)
+		args := make([]any, 0, 1+2*n)
+		args = append(args, q.opts.Queue)
+		for i := first; i < first+n; i++ {
+			args = append(args, tenants[i], priorities[i])
+		}
+		queries = append(queries, fairQuery{first: first, n: n, sql: q.fair.Lasts(n), args: args})
 	}
-	var jobs []pending
 	for i := range tenants {
 		out[i].t, out[i].p = tenants[i], priorities[i]
-		jobs = append(jobs, pending{i, false})
 		if readHead[i] {
-			jobs = append(jobs, pending{i, true})
+			queries = append(queries, fairQuery{first: i, head: true, sql: q.st.FairHead, args: []any{q.opts.Queue, priorities[i]}})
 		}
 	}
 	fair := true
-	// read scans the answer of one job from rows (no row: not fair, for
-	// FairLast; no head, for FairHead).
-	read := func(j pending, row pgx.Row) error {
-		var err error
-		if j.head {
-			err = row.Scan(&out[j.i].head)
-		} else {
-			err = row.Scan(&out[j.i].now, &out[j.i].last)
+	// read takes the answer of one query from rows (no row: not fair, for
+	// a read of the lasts; no head, for a head).
+	read := func(f fairQuery, rows pgx.Rows) error {
+		defer rows.Close()
+		got := 0
+		for rows.Next() {
+			var err error
+			if f.head {
+				err = rows.Scan(&out[f.first].head)
+			} else {
+				var i int
+				var now time.Time
+				var last *time.Time
+				if err = rows.Scan(&i, &now, &last); err == nil {
+					if i < 0 || i >= f.n {
+						return fmt.Errorf("the fair turns read answered for pair %d of %d", i, f.n)
+					}
+					out[f.first+i].now, out[f.first+i].last = now, last
+				}
+			}
+			if err != nil {
+				return err
+			}
+			got++
 		}
-		switch {
-		case errors.Is(err, pgx.ErrNoRows) && j.head:
-			return nil
-		case errors.Is(err, pgx.ErrNoRows):
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if !f.head && got == 0 {
 			fair = false
-			return nil
-		case err != nil:
-			return fmt.Errorf("reading the turns of tenant %q, priority %d: %w", out[j.i].t, out[j.i].p, err)
+		} else if !f.head && got != f.n {
+			return fmt.Errorf("the fair turns read answered %d rows for %d pairs", got, f.n)
 		}
 		return nil
 	}
-	args := func(j pending) (string, []any) {
-		if j.head {
-			return q.st.FairHead, []any{q.opts.Queue, out[j.i].p}
-		}
-		return q.st.FairLast, []any{q.opts.Queue, out[j.i].t, out[j.i].p}
-	}
 	bdb, canBatch := db.(batcher)
-	for start := 0; start < len(jobs) && fair; start += fairBatch {
-		chunk := jobs[start:min(start+fairBatch, len(jobs))]
+	for start := 0; start < len(queries) && fair; start += fairBatch {
+		chunk := queries[start:min(start+fairBatch, len(queries))]
 		if !canBatch {
-			for _, j := range chunk {
-				stmt, a := args(j)
-				if err := read(j, db.QueryRow(ctx, stmt, a...)); err != nil {
+			for _, f := range chunk {
+				rows, err := db.Query(ctx, f.sql, f.args...)
+				if err != nil {
+					return nil, err
+				}
+				if err := read(f, rows); err != nil {
 					return nil, err
 				}
 			}
 			continue
 		}
 		b := &pgx.Batch{}
-		for _, j := range chunk {
-			stmt, a := args(j)
-			b.Queue(stmt, a...)
+		for _, f := range chunk {
+			b.Queue(f.sql, f.args...)
 		}
 		res := bdb.SendBatch(ctx, b)
-		for _, j := range chunk {
-			if err := read(j, res.QueryRow()); err != nil {
+		for _, f := range chunk {
+			rows, err := res.Query()
+			if err == nil {
+				err = read(f, rows)
+			}
+			if err != nil {
 				_ = res.Close()
 				return nil, err
 			}

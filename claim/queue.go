@@ -96,8 +96,10 @@ type Queue struct {
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
-	// parts renders the per-part claims (see ClaimWith).
+	// parts renders the per-part claims (see ClaimWith), fair the fair
+	// turns' reads (see stamp).
 	parts *crsql.PartClaimStatements
+	fair  *crsql.FairStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
@@ -150,7 +152,7 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts}
-	q.parts = crsql.NewPartClaimStatements(opts.Tables)
+	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }

@@ -107,6 +107,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
 	claimAny, reapLeases := ds.ClaimAny, ds.ReapLeases
 	parts := crsql.NewPartClaimStatements(crsql.Tables{})
+	fair := crsql.NewFairStatements(crsql.Tables{})
 	claimParts := parts.Claim(dialect, 4)
 	// A pick over MaxPartBranches parts, and the claim of what it picked.
 	many := make([]any, 0, 3+crsql.MaxPartBranches)
@@ -134,8 +135,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimPicked", parts.ClaimPickedFor(dialect), []any{session, int64(300e6), ids[:64]}},
 		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
-		{"FairLast", st.FairLast, []any{"q", "tenant-3", int64(0)}},
-		{"FairLast (new tenant)", st.FairLast, []any{"q", "new", int64(2)}},
+		{"FairLasts", fair.Lasts(1), []any{"q", "tenant-3", int64(0)}},
+		{"FairLasts (3 pairs)", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
 		{"FairHead", st.FairHead, []any{"q", int64(1)}},
 		{"AckMany", ds.AckMany, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"AckMany (512)", ds.AckMany, []any{ids, sessions, tokens}},
@@ -203,7 +204,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
 			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
 				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
-			case strings.HasPrefix(c.name, "FairLast") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
+			case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
 				t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
 			case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
 				t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)

@@ -41,7 +41,15 @@ func TestClaimShapesAreUncorrelated(t *testing.T) {
 			t.Errorf("Pick(%d) reads %d parts", k, got)
 		}
 	}
-	check("FairLast", st.FairLast)
+	fair := crsql.NewFairStatements(crsql.Tables{})
+	tenantEq := regexp.MustCompile(`tenant = \$(\d+)`)
+	for k := 1; k <= crsql.MaxFairPairs; k++ {
+		s := fair.Lasts(k)
+		check("Lasts", s)
+		if got := len(tenantEq.FindAllString(s, -1)); got != k {
+			t.Errorf("Lasts(%d) reads %d tenants", k, got)
+		}
+	}
 	check("FairHead", st.FairHead)
 	for _, k := range []int{0, crsql.MaxPartBranches + 1} {
 		func() {

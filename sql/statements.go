@@ -57,30 +57,15 @@ type Statements struct {
 	// items (reason 'expired'), in bounded batches, through
 	// crdbwork_items_expiry.
 	ReapExpired string // $1 queue, $2 limit → ids moved to the dead items
-	// FairLast and FairHead are what a fair queue's enqueue reads to stamp
-	// a tenant's new items (claim.Queue.Enqueue): one FairLast per (tenant,
-	// priority) pair of the call and one FairHead per priority whose head
-	// the caller has no recent copy of, sent together (a pgx.Batch: one
-	// round trip). Each is a single index seek with constants only, a shape
-	// no decorrelation rule applies to: the former one statement over
-	// unnest of the pairs with correlated ORDER BY ... LIMIT 1 subqueries
-	// matches CockroachDB's rules that hoist a correlated limited subquery
-	// into a join (cockroachdb/cockroach#68299 for limits above one; limits
-	// of one have their own rule), which may read every unclaimed item of
-	// the tenants instead of one entry each.
-	//
-	// FairLast returns the database's now() and the latest turn of the
-	// tenant's unclaimed items of that priority (NULL if none), read
-	// backwards through crdbwork_items_tenant_turn; no row if the queue is
-	// not fair. FairHead returns the earliest turn of the queue's unclaimed
-	// items of that priority (no row if none), through
-	// crdbwork_items_turn_next; its seek may step over many index entries of
-	// items claimed or acked moments ago (not yet vacuumed on PostgreSQL,
-	// not yet garbage collected on CockroachDB) while a backlog drains, so
-	// callers read it only when their copy is old. Nothing is locked: the
-	// stamps only order claims, so a stale read costs some fairness, never
-	// an item.
-	FairLast string // $1 queue, $2 tenant, $3 priority → now, last
+	// FairHead is what a fair queue's enqueue reads, beside
+	// FairStatements.Lasts, for each priority whose head the caller has no
+	// recent copy of: the earliest turn of the queue's unclaimed items of
+	// that priority (no row if none), a single seek through
+	// crdbwork_items_turn_next with parameters only (no decorrelation
+	// applies; see FairStatements). The seek may step over many index
+	// entries of items claimed or acked moments ago (not yet vacuumed on
+	// PostgreSQL, not yet garbage collected on CockroachDB) while a backlog
+	// drains, so callers read it only when their copy is old.
 	FairHead string // $1 queue, $2 priority → head
 	// QueueSettings reads a queue's settings (no row: all off).
 	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
@@ -123,7 +108,7 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // the claim still stops at its limit. An empty list skips nothing (x =
 // ANY of an empty array is false on both engines). Items are taken in
 // (priority, turn_at) order: turn_at is the vesting time, except in fair
-// queues (FairLast, FairHead). The
+// queues (FairStatements, FairHead). The
 // UPDATE rechecks i.claim IS NULL. Run it in an explicit transaction,
 // SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ COMMITTED
 // (the default of some 23.2+ clusters).
@@ -315,12 +300,6 @@ INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
 RETURNING id`),
-		// Uncorrelated subquery and constants only (see the fields).
-		FairLast: r(`SELECT now(),
-       (SELECT turn_at FROM crdbwork_items
-        WHERE queue = $1 AND tenant = $2 AND priority = $3 AND claim IS NULL
-        ORDER BY turn_at DESC LIMIT 1)
-WHERE EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $1 AND fair)`),
 		FairHead: r(`SELECT turn_at FROM crdbwork_items
 WHERE queue = $1 AND priority = $2 AND claim IS NULL
 ORDER BY turn_at LIMIT 1`),
