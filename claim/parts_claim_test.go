@@ -132,3 +132,46 @@ func TestClaimManyPartsNotOwner(t *testing.T) {
 		t.Fatalf("%d items claimed after the refused claim (%v)", held, err)
 	}
 }
+
+// TestClaimManyPartsAtMostOnce: at-most-once items claimed by a session
+// that owns more parts than one statement reads are deleted by the claim,
+// in its transaction, and handed out once.
+func TestClaimManyPartsAtMostOnce(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	s := startSession(t, ctx, pool)
+	k := crsql.MaxPartBranches + 3
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ('q', $1)`, k); err != nil {
+		t.Fatal(err)
+	}
+	parts := make([]int, k)
+	for p := range k {
+		parts[p] = p
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, 'q', $2)`, s.ID(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_items (id, queue, part, vesting_at, turn_at, payload, at_most_once, max_attempts)
+		SELECT gen_random_uuid(), 'q', g % $1, now(), now() - g * INTERVAL '1 millisecond', '\x00'::BYTEA, g % 2 = 0, CASE WHEN g % 2 = 0 THEN 1 ELSE 25 END
+		FROM generate_series(1, $1 * 2) AS g`, k); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{Queue: "q"})
+	got, err := q.ClaimParts(ctx, s.ID(), parts, 2*k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	amo := 0
+	for _, it := range got {
+		if it.AtMostOnce {
+			amo++
+		}
+	}
+	var left, leftAMO int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE at_most_once) FROM crdbwork_items`).Scan(&left, &leftAMO); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2*k || amo != k || left != k || leftAMO != 0 {
+		t.Fatalf("claimed %d items (%d at most once); %d left in the table (%d at most once); want %d claimed, %d at most once and deleted, %d left", len(got), amo, left, leftAMO, 2*k, k, k)
+	}
+}
