@@ -119,8 +119,9 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // priority, turn_at) once per owned part, each part with its own limit, and
 // keep the best across parts: their cost is at most the limit's entries per
 // owned part, however long the backlog of the other parts
-// (TestPartClaimReadsStayFlat); PartClaimStatements says why they are a UNION ALL of
-// per-part scans and not a LATERAL subquery (CockroachDB's decorrelation).
+// (TestPartClaimReadsStayFlat). PartClaimStatements says why they are a
+// UNION ALL of per-part scans and not a LATERAL subquery (CockroachDB's
+// decorrelation).
 //
 // The two claims scan different indexes, and CockroachDB's SKIP LOCKED sees
 // only the locks of the index it scans (cockroachdb/cockroach#57031). They
