@@ -254,13 +254,21 @@ func catalog(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 // pg_indexes: CockroachDB releases without cockroachdb/cockroach#167134
 // (merged 2026-03-31) write "CREATE INDEX i ON db.public.t ...", where
 // PostgreSQL writes "ON public.t"; the databases compared have different
-// names. Other lines are returned unchanged.
+// names. A foreign key's "REFERENCES db.t" in a constraint line loses it
+// too, in case a release qualifies those the same way. Other lines are
+// returned unchanged.
 func withoutDatabase(line, db string) string {
-	if !strings.HasPrefix(line, "index ") {
+	var prefix string
+	switch {
+	case strings.HasPrefix(line, "index "):
+		prefix = " ON "
+	case strings.HasPrefix(line, "constraint "):
+		prefix = "REFERENCES "
+	default:
 		return line
 	}
 	for _, name := range []string{db, pgx.Identifier{db}.Sanitize()} {
-		line = strings.Replace(line, " ON "+name+".", " ON ", 1)
+		line = strings.ReplaceAll(line, prefix+name+".", prefix)
 	}
 	return line
 }
@@ -278,6 +286,10 @@ func TestCatalogIgnoresDatabaseName(t *testing.T) {
 		if got := withoutDatabase(c.line, c.db); got != pg {
 			t.Errorf("database %q:\n%s\nnormalised to\n%s\nwant\n%s", c.db, c.line, got, pg)
 		}
+	}
+	fk := "constraint crdbwork_items crdbwork_items_claim_session FOREIGN KEY (claim) REFERENCES crdbwork_sessions(id) ON DELETE SET NULL"
+	if got := withoutDatabase("constraint crdbwork_items crdbwork_items_claim_session FOREIGN KEY (claim) REFERENCES test_a_1.crdbwork_sessions(id) ON DELETE SET NULL", "test_a_1"); got != fk {
+		t.Errorf("a foreign key normalised to\n%s\nwant\n%s", got, fk)
 	}
 	// Other lines, and a column that happens to mention the name, stay.
 	col := "column crdbwork_items.queue text default - nullable NO ON test_a_1.x"
