@@ -97,10 +97,15 @@ type Queue struct {
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
+	// parts renders the per-part claims (see ClaimWith), fair the fair
+	// turns' reads (see stamp).
+	parts *crsql.PartClaimStatements
+	fair  *crsql.FairStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
+	dialect   crsql.Dialect
 	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
 	st        crsql.DialectStatements // sql.Statements.ForDialect
 }
@@ -149,6 +154,7 @@ func New(db DB, opts Options) (*Queue, error) {
 	}
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
 		dst: crsql.NewDeathStatements(opts.Tables)}
+	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }
@@ -185,7 +191,7 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if err != nil {
 		return err
 	}
-	e := &engine{claimInTx: dialect == crsql.Cockroach}
+	e := &engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach}
 	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
 	return nil

@@ -273,7 +273,10 @@ func Apply(ctx context.Context, db DB, t Tables) error {
 // items: a new column with a volatile default and a new primary key), so
 // moves of items to the dead items wait for them.
 //
-// On CockroachDB, ApplyWith then applies sql/cockroach.sql (zone
+// On CockroachDB, the two claim indexes are created covering the claims'
+// filter columns, under their own names (the statements of
+// sql/cockroach.go's cockroachIndexes replace schema.sql's), and ApplyWith
+// then applies sql/cockroach.sql (the same indexes, and zone
 // configurations) best-effort: if the cluster refuses it, the schema is
 // still complete, ApplyWith returns nil and reports the refusal to
 // opts.Warn.
@@ -313,6 +316,9 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 	dialect, err := DetectDialect(ctx, db)
 	if err != nil {
 		return err
+	}
+	if dialect == Cockroach {
+		stmts = cockroachForms(stmts, t)
 	}
 	for _, s := range stmts {
 		if _, err := db.Exec(ctx, s); err != nil {
