@@ -9,10 +9,12 @@ package sql
 // text is identical on CockroachDB and PostgreSQL.
 //
 // Checked against CockroachDB's documentation: INSERT … ON CONFLICT
-// (columns) DO NOTHING ("INSERT", "ON CONFLICT clause"); UNION of two
-// SELECTs in a FROM subquery ("Selection queries", set operations); a join
-// on the sessions table's primary key, planned as a lookup join. Both
-// engines accept every statement as written.
+// (columns) DO NOTHING (https://www.cockroachlabs.com/docs/v23.1/insert,
+// "on_conflict"; it needs the SELECT privilege besides INSERT, as on
+// PostgreSQL); UNION of two SELECTs in a FROM subquery ("Selection
+// queries", set operations); a join on the sessions table's primary key,
+// which its optimizer may plan as a lookup join (not checked on a server:
+// none runs here). Both engines accept every statement as written.
 type MemberStatements struct {
 	// JoinQueue makes session $2 a member of queue $1 → rows affected (0:
 	// it already was). It fails with a foreign-key violation (SQLSTATE
