@@ -40,12 +40,13 @@
 // each session reads them every LimitOptions.Refresh and enforces its share,
 // computed from the parts it owns (or its rank among the queue's live
 // members: the sessions that work the queue), so that the shares add up to
-// the limit. Limits that cannot be re-read are enforced with their last
-// values for at most LimitOptions.StaleAfter; then the worker claims
-// nothing they govern until a read succeeds. A share that shrinks applies at once;
-// one that grows waits LimitOptions.Grace. The limit can be exceeded only by
-// items that were claimed under a share that has since moved and that still
-// run Grace later; see limits.go and the README for the exact bound.
+// the limit. A share that shrinks applies at once; one that grows waits
+// LimitOptions.Grace. The limit can be exceeded only by items that were
+// claimed under a share that has since moved and that still run Grace
+// later; see limits.go and the README for the exact bound. Limits that
+// cannot be re-read are enforced with their last values for at most
+// LimitOptions.StaleAfter; then the worker claims nothing they govern until
+// a read succeeds.
 //
 // # Connections
 //
@@ -235,7 +236,9 @@ type Options struct {
 	// session's expiry resume, when it continues, beside the items its
 	// peers claimed meanwhile under its moved share; their contexts are
 	// already cancelled and their acks cannot commit, but a handler runs
-	// until it returns. See limits.go for the exact bounds.
+	// until it returns. (Their items do not wait for them: a claim ends
+	// with its session's expiry or its lease, claim.Options.Lease,
+	// whichever comes first.) See limits.go for the exact bounds.
 	Limits LimitOptions
 }
 
