@@ -372,16 +372,19 @@ func (f *mixedFleet) session(name string) uuid.UUID {
 // each session holding at least one part of the queue, and returns their
 // sessions by name. Sessions in not are not accepted (ones the test
 // deleted, or of a killed process).
-func (f *mixedFleet) settled(names []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
+func (f *mixedFleet) settled(names, holders []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
 	f.t.Helper()
 	got := map[string]uuid.UUID{}
-	f.waitFor(fmt.Sprintf("sessions of %v, each holding a part of %q", names, upgradeQueue), 90*time.Second, func() bool {
+	f.waitFor(fmt.Sprintf("sessions of %v, with %v each holding a part of %q", names, holders, upgradeQueue), 90*time.Second, func() bool {
 		if f.count(`SELECT count(*) FROM crdbwork_sessions`) != len(names) {
 			return false
 		}
 		for _, n := range names {
 			id := f.session(n)
-			if id == uuid.Nil || not[id] ||
+			if id == uuid.Nil || not[id] {
+				return false
+			}
+			if slices.Contains(holders, n) &&
 				f.count(`SELECT count(*) FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2`, id, upgradeQueue) < 1 {
 				return false
 			}
@@ -408,21 +411,29 @@ func (f *mixedFleet) drained() {
 }
 
 // round enqueues a batch with each binary once the named workers have
-// settled, waits until it is done, and checks that every one of those
-// sessions acked some of it: every worker, old or new, takes part.
-func (f *mixedFleet) round(what string, bins []string, names []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
+// settled (each with a live session, the holders each with a part),
+// waits until it is done, and checks that every holder acked some of it.
+//
+// Not every old worker is a holder: a previous-release worker that starts
+// a new session while this code's workers hold the queue's parts takes
+// parts only as they come free. This code leaves such a session exactly
+// the parts it holds (it cannot know which queue a session that owns
+// nothing works, and a part left to a session that never takes it would
+// have no owner), so it may wait, idle but running, until the new workers
+// stop (the last round of TestRollingUpgradeMixedFleet).
+func (f *mixedFleet) round(what string, bins, names, holders []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
 	f.t.Helper()
-	sessions := f.settled(names, not)
+	sessions := f.settled(names, holders, not)
 	for _, bin := range bins {
 		f.enqueue(bin, 200)
 	}
 	f.drained()
-	for _, n := range names {
+	for _, n := range holders {
 		if got := f.count(`SELECT count(*) FROM demo_results WHERE session_id = $1`, sessions[n]); got < 1 {
 			f.t.Fatalf("%s: worker %s (session %s) acked none of the batch\n%s", what, n, sessions[n], f.describe())
 		}
 	}
-	f.t.Logf("%s: every worker of %v acked items of the batch", what, names)
+	f.t.Logf("%s: every worker of %v acked items of the batch", what, holders)
 	return sessions
 }
 
@@ -459,6 +470,20 @@ func (f *mixedFleet) kill(name string) uuid.UUID {
 	}
 	<-w.exited
 	return id
+}
+
+// terminate stops the named worker with SIGTERM (a graceful stop, which
+// deletes its session) and waits for it to exit.
+func (f *mixedFleet) terminate(name string) {
+	f.t.Helper()
+	f.mu.Lock()
+	w := f.workers[name]
+	w.expected = true
+	f.mu.Unlock()
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		f.t.Fatal(err)
+	}
+	<-w.exited
 }
 
 // workerReport is the last line `demo work --json` writes on stderr.
@@ -564,23 +589,24 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
 	bins := []string{old, demoBin}
 	names := []string{"old-1", "old-2", "new-1", "new-2"}
+	oldNames, newNames := names[:2], names[2:]
 
 	f.start(old, "old-1")
 	f.start(old, "old-2")
 	f.start(demoBin, "new-1")
 	f.start(demoBin, "new-2")
-	f.round("old and new workers together", bins, names, nil)
+	f.round("old and new workers together", bins, names, names, nil)
 
 	// Session loss: the old workers' rows are deleted; each starts a new
 	// session (which must accept the newer schema) and works on.
 	gone := f.loseSessions("old-1", "old-2")
-	f.round("after the old workers lost their sessions", bins, names, gone)
+	f.round("after the old workers lost their sessions", bins, names, newNames, gone)
 
 	// SIGKILL and restart of an old worker: the new process's session
 	// starts on the newer schema; the dead one's row expires.
 	killed := f.kill("old-2")
 	f.start(old, "old-2")
-	f.round("after an old worker was killed and restarted", bins, names, map[uuid.UUID]bool{killed: true})
+	f.round("after an old worker was killed and restarted", bins, names, newNames, map[uuid.UUID]bool{killed: true})
 
 	// Session loss with items in an old worker's hands: its acks of them
 	// are refused, others take them over, none is acked twice.
@@ -591,7 +617,14 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	})
 	gone = f.loseSessions("old-1")
 	f.drained()
-	f.round("after old-1 lost its session with items claimed", bins, names, gone)
+	f.round("after old-1 lost its session with items claimed", bins, names, newNames, gone)
+
+	// The new workers stop: the old ones, each on a session started after
+	// the upgrade, take every part and work the queue alone.
+	for _, n := range newNames {
+		f.terminate(n)
+	}
+	f.round("old workers alone after the new ones stopped", bins, oldNames, oldNames, nil)
 
 	reports := f.stop()
 	for n, r := range reports {
@@ -620,7 +653,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	oldNames := []string{"old-1", "old-2"}
 	f.start(old, "old-1")
 	f.start(old, "old-2")
-	f.round("old workers on the old schema", []string{old}, oldNames, nil)
+	f.round("old workers on the old schema", []string{old}, oldNames, oldNames, nil)
 
 	// The upgrade, with claims held.
 	f.enqueue(old, 2000)
@@ -647,12 +680,12 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 
 	// Session losses on the upgraded schema, and a restart.
 	gone := f.loseSessions("old-1", "old-2")
-	f.round("old workers after losing their sessions on the upgraded schema", []string{old, demoBin}, oldNames, gone)
+	f.round("old workers after losing their sessions on the upgraded schema", []string{old, demoBin}, oldNames, oldNames, gone)
 	killed := f.kill("old-1")
 	f.start(old, "old-1")
 	f.start(demoBin, "new-1")
 	all := []string{"old-1", "old-2", "new-1"}
-	f.round("a restarted old worker beside an old and a new one", []string{old, demoBin}, all, map[uuid.UUID]bool{killed: true})
+	f.round("a restarted old worker beside an old and a new one", []string{old, demoBin}, all, []string{"old-2", "new-1"}, map[uuid.UUID]bool{killed: true})
 
 	// The previous release's migrate on the upgraded schema: it finds the
 	// version it knows and applies its own file again, which must leave
@@ -662,7 +695,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	if err := crsql.Check(context.Background(), f.pool, crsql.Tables{}); err != nil {
 		t.Fatalf("after the old migrate: %v", err)
 	}
-	f.round("after the old migrate ran again", []string{old, demoBin}, all, map[uuid.UUID]bool{killed: true})
+	f.round("after the old migrate ran again", []string{old, demoBin}, all, []string{"old-2", "new-1"}, map[uuid.UUID]bool{killed: true})
 
 	reports := f.stop()
 	for n, r := range reports {
@@ -787,14 +820,20 @@ func TestMixedFleetLimit(t *testing.T) {
 	mustRun(t, old, f.env, "limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))
 	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
 	names := []string{"old-1", "old-2", "new-1", "new-2"}
+	// The old workers first: this code's workers leave a previous-release
+	// session exactly the parts it holds (see round), so old workers that
+	// start after the new ones hold every part may wait idle.
 	for _, n := range names {
 		bin := demoBin
 		if strings.HasPrefix(n, "old") {
 			bin = old
 		}
 		f.start(bin, n, extra...)
+		if n == "old-2" {
+			f.settled(names[:2], names[:2], nil)
+		}
 	}
-	f.settled(names, nil)
+	f.settled(names, names, nil)
 	f.enqueue(old, items/2)
 	f.enqueue(demoBin, items/2)
 	f.waitFor("a third of the results", 2*time.Minute, func() bool {
