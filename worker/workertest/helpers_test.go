@@ -335,10 +335,14 @@ func TestTablesIsolatesParallelTests(t *testing.T) {
 }
 
 // workQueue enqueues n items in queue "shared" of tables, runs a worker
-// until it handled them all, and checks the counts.
+// until it handled them all, and checks the counts. The items' payloads and
+// the table of handled items (outside the crdbwork tables) are the test's
+// own, named after n, so a worker of another test that took one of them
+// shows.
 func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 	ctx := context.Background()
-	done := pgx.Identifier{tables.Schema, "done"}.Sanitize()
+	tag := fmt.Sprintf("items%d", n)
+	done := pgx.Identifier{"done_" + tag}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+done+` (id UUID PRIMARY KEY, payload TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +352,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 	}
 	items := make([]claim.NewItem, n)
 	for i := range items {
-		items[i] = claim.NewItem{Payload: []byte(fmt.Sprintf("%s/%d", tables.Schema, i))}
+		items[i] = claim.NewItem{Payload: []byte(fmt.Sprintf("%s/%d", tag, i))}
 	}
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
@@ -357,7 +361,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 
 	var handled, foreign atomic.Int64
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
-		if !strings.HasPrefix(string(it.Payload), tables.Schema+"/") {
+		if !strings.HasPrefix(string(it.Payload), tag+"/") {
 			foreign.Add(1)
 		}
 		return func(ctx context.Context, tx pgx.Tx) error {
@@ -400,7 +404,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 	if got := count(t, pool, `SELECT count(*) FROM `+done); got != n || handled.Load() < int64(n) || foreign.Load() != 0 {
 		t.Errorf("handled %d rows (%d records run, %d items of other tests), want exactly %d", got, handled.Load(), foreign.Load(), n)
 	}
-	if got := count(t, pool, `SELECT count(*) FROM `+done+` WHERE payload NOT LIKE $1`, tables.Schema+"/%"); got != 0 {
+	if got := count(t, pool, `SELECT count(*) FROM `+done+` WHERE payload NOT LIKE $1`, tag+"/%"); got != 0 {
 		t.Errorf("%d handled items came from other tests", got)
 	}
 	workertest.RequireNotEnqueued(t, pool, tables, "shared")
