@@ -18,6 +18,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -300,9 +301,11 @@ func schemaExists(t *testing.T, pool *pgxpool.Pool, name string) bool {
 }
 
 // TestTablesIsolatesParallelTests runs four parallel subtests on one
-// database, each with its own Tables and the same queue name: each enqueues
-// its own number of items, works them with a worker, and must see exactly
-// its items handled, its one session, and nothing left; the default tables
+// database, each with its own Tables and the same queue name (two of them
+// in parts mode, with a different number of parts): each enqueues its own
+// number of items and one that fails for good, works them with a worker,
+// and must see exactly its items handled, its one dead item, its one
+// session, its own number of parts, and nothing left; the default tables
 // are never created, and every schema is gone once the subtests end.
 func TestTablesIsolatesParallelTests(t *testing.T) {
 	pool := testdb.New(t)
@@ -317,7 +320,7 @@ func TestTablesIsolatesParallelTests(t *testing.T) {
 				mu.Lock()
 				schemas = append(schemas, tables.Schema)
 				mu.Unlock()
-				workQueue(t, pool, tables, n)
+				workQueue(t, pool, tables, n, []int{0, 4, 0, 7}[i-1])
 			})
 		}
 	})
@@ -339,7 +342,7 @@ func TestTablesIsolatesParallelTests(t *testing.T) {
 // the table of handled items (outside the crdbwork tables) are the test's
 // own, named after n, so a worker of another test that took one of them
 // shows.
-func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
+func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts int) {
 	ctx := context.Background()
 	tag := fmt.Sprintf("items%d", n)
 	done := pgx.Identifier{"done_" + tag}.Sanitize()
@@ -354,15 +357,19 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 	for i := range items {
 		items[i] = claim.NewItem{Payload: []byte(fmt.Sprintf("%s/%d", tag, i))}
 	}
+	items = append(items, claim.NewItem{Payload: []byte(tag + "/dead")})
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	workertest.RequireEnqueuedN(t, pool, tables, "shared", n)
+	workertest.RequireEnqueuedN(t, pool, tables, "shared", n+1)
 
 	var handled, foreign atomic.Int64
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		if !strings.HasPrefix(string(it.Payload), tag+"/") {
 			foreign.Add(1)
+		}
+		if strings.HasSuffix(string(it.Payload), "/dead") {
+			return nil, claim.Permanent(errors.New("no such address"))
 		}
 		return func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+done+` (id, payload) VALUES ($1, $2)`, it.ID, string(it.Payload))
@@ -372,7 +379,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 			return err
 		}, nil
 	}
-	w, err := worker.New(pool, h, worker.Options{Queue: "shared", Tables: tables, Concurrency: 2, Poll: 20 * time.Millisecond})
+	w, err := worker.New(pool, h, worker.Options{Queue: "shared", Tables: tables, Concurrency: 2, Parts: parts, Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +388,8 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 	go func() { ran <- w.Run(runCtx) }()
 	deadline := time.Now().Add(time.Minute)
 	var sessions []session.Info
-	for count(t, pool, `SELECT count(*) FROM `+done) < n || len(sessions) == 0 {
+	var dead []claim.DeadItem
+	for count(t, pool, `SELECT count(*) FROM `+done) < n || len(dead) == 0 || len(sessions) == 0 {
 		if time.Now().After(deadline) {
 			stop()
 			<-ran
@@ -390,10 +398,19 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n int) {
 		if sessions, err = session.List(ctx, pool, tables); err != nil {
 			t.Fatal(err)
 		}
+		if dead, err = q.Dead(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	if len(sessions) != 1 {
 		t.Errorf("the test's tables list %d sessions, want its worker's one", len(sessions))
+	}
+	if len(dead) != 1 || string(dead[0].Payload) != tag+"/dead" {
+		t.Errorf("dead items %v, want the test's one", dead)
+	}
+	if got, err := partition.Parts(ctx, pool, tables, "shared"); err != nil || got != max(parts, 1) {
+		t.Errorf("queue shared has %d parts (%v), want %d", got, err, max(parts, 1))
 	}
 	stop()
 	if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
@@ -450,6 +467,13 @@ func TestTablesNames(t *testing.T) {
 		seen[tables.Schema] = true
 		if err := crsql.Check(context.Background(), pool, tables); err != nil {
 			t.Errorf("Check(%s) = %v", tables.Schema, err)
+		}
+		// Every table of the schema is in the test's schema: sessions,
+		// queues, parts, items, dead items, ended ids and the rest.
+		if got := count(t, pool, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN
+			('crdbwork_sessions', 'crdbwork_queues', 'crdbwork_session_queues', 'crdbwork_session_parts', 'crdbwork_items',
+			 'crdbwork_dead_items', 'crdbwork_tenant_limits', 'crdbwork_schedules', 'crdbwork_ended', 'crdbwork_schema_version')`, tables.Schema); got != 10 {
+			t.Errorf("schema %s holds %d of the 10 crdbwork tables", tables.Schema, got)
 		}
 	}
 	t.Run(strings.Repeat("a very long name, with spaces/and slashes ", 4), func(t *testing.T) {
