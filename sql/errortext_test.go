@@ -20,6 +20,11 @@ import (
 // program is renamed or is not installed where the library runs.
 var binaryNames = regexp.MustCompile("(?i)\\bdemo\\b|\\bpsql\\b|cockroach sql|crdbwork (migrate|status)|cmd/")
 
+// commandFlag matches a command-line flag named in prose ("run it with
+// --download-cockroach"); a lone "--flag" literal is an argument the
+// library passes to a program it runs, and is fine.
+var commandFlag = regexp.MustCompile(`\s.*(^|[\s(])--[a-z]|(^|[\s(])--[a-z].*\s`)
+
 // TestSentinelErrorsNameNoBinary checks the schema errors' texts: they say
 // what to do through the library (sql.Apply) or the schema file, and name no
 // program.
@@ -71,6 +76,9 @@ func TestLibraryStringsNameNoBinary(t *testing.T) {
 			}
 			if m := binaryNames.FindString(s); m != "" {
 				t.Errorf("%s: string %s names a program (%q)", fset.Position(lit.Pos()), lit.Value, m)
+			}
+			if commandFlag.MatchString(s) {
+				t.Errorf("%s: string %s names a command-line flag", fset.Position(lit.Pos()), lit.Value)
 			}
 			return true
 		})
