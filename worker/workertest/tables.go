@@ -45,7 +45,13 @@ const tablesTimeout = 2 * time.Minute
 // is reported with t.Errorf, with the statement to run by hand.
 //
 // It works on PostgreSQL and CockroachDB (v20.2 and later have user-defined
-// schemas and DROP SCHEMA ... CASCADE).
+// schemas and DROP SCHEMA ... CASCADE; see sql.TestStatements). On
+// CockroachDB every statement of the schema is an online schema change, so
+// making a test's tables takes noticeably longer than on PostgreSQL.
+//
+// It takes a *pgxpool.Pool rather than any connection: the schema must
+// outlive a transaction the test may roll back, and the pool's
+// configuration gives the drop a connection of its own when needed.
 func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 	t.Helper()
 	if pool == nil {
