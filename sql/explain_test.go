@@ -176,6 +176,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"Requeue", st.Requeue, []any{deadID, "q", nil}},
 		{"Requeue (a death)", st.Requeue, []any{deadID, "q", deadDeath}},
 		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
+		{"TestItems", crsql.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},

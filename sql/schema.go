@@ -86,12 +86,12 @@ func CockroachSQL() string { return cockroachFile }
 // a statement fails because the schema is not in place.
 var (
 	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
-	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or sql/schema.sql with psql or cockroach sql)")
+	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or the file sql/schema.sql)")
 	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or sql/schema.sql)")
+	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or the file sql/schema.sql)")
 	// ErrSchemaNewer means the tables were created by a newer crdbwork that
 	// no longer serves this code.
-	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: upgrade crdbwork")
+	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")
 )
 
 // DB is what this package needs of a connection: a *pgxpool.Pool, *pgx.Conn
