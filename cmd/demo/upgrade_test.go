@@ -591,8 +591,11 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	names := []string{"old-1", "old-2", "new-1", "new-2"}
 	oldNames, newNames := names[:2], names[2:]
 
+	// The old workers hold the queue first, as in a real rollout; this
+	// code's workers then take the parts the old ones give up.
 	f.start(old, "old-1")
 	f.start(old, "old-2")
+	f.settled(oldNames, oldNames, nil)
 	f.start(demoBin, "new-1")
 	f.start(demoBin, "new-2")
 	f.round("old and new workers together", bins, names, names, nil)
@@ -608,6 +611,13 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	f.start(old, "old-2")
 	f.round("after an old worker was killed and restarted", bins, names, newNames, map[uuid.UUID]bool{killed: true})
 
+	// The new workers stop: the old ones, each on a session started after
+	// the upgrade, take every part and work the queue alone.
+	for _, n := range newNames {
+		f.terminate(n)
+	}
+	f.round("old workers alone after the new ones stopped", bins, oldNames, oldNames, nil)
+
 	// Session loss with items in an old worker's hands: its acks of them
 	// are refused, others take them over, none is acked twice.
 	f.enqueue(old, 2000)
@@ -617,14 +627,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	})
 	gone = f.loseSessions("old-1")
 	f.drained()
-	f.round("after old-1 lost its session with items claimed", bins, names, newNames, gone)
-
-	// The new workers stop: the old ones, each on a session started after
-	// the upgrade, take every part and work the queue alone.
-	for _, n := range newNames {
-		f.terminate(n)
-	}
-	f.round("old workers alone after the new ones stopped", bins, oldNames, oldNames, nil)
+	f.round("after old-1 lost its session with items claimed", bins, oldNames, oldNames, gone)
 
 	reports := f.stop()
 	for n, r := range reports {
