@@ -109,6 +109,15 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 					t.Error(err)
 				}
 			}
+			res, err := q.EnqueueReport(ctx, item(0), item(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, done := range res.Done {
+				if res.New[i] || !done {
+					t.Errorf("EnqueueReport of handled item %d: new %v, done %v; want done", i, res.New[i], done)
+				}
+			}
 			sentinel, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("sentinel"), Priority: 1})
 			if err != nil {
 				t.Fatal(err)
