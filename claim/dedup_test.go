@@ -442,7 +442,7 @@ func TestFairEnqueueLostTurnsReadIsAPlainFailure(t *testing.T) {
 	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
 		t.Fatal(err)
 	}
-	proxy.Arm(faultproxy.Rule{Match: faultproxy.Contains("unnest($2::TEXT[], $3::BIGINT[], $4::BOOL[])"), Action: faultproxy.DropAnswer})
+	proxy.Arm(faultproxy.Rule{Match: faultproxy.Contains("ORDER BY turn_at DESC LIMIT 1"), Action: faultproxy.DropAnswer})
 	items := []claim.NewItem{{Payload: []byte("a"), Tenant: "t1"}, {Payload: []byte("b"), Tenant: "t2"}}
 	ids, err := q.Enqueue(ctx, items...)
 	if proxy.Fired() != 1 {
