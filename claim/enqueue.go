@@ -226,7 +226,12 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 // retry: retrying the caller's transaction is the caller's business. Given a
 // pool or a connection instead (a DB), it does what Enqueue does on it;
 // given any other crsql.DB, it runs its statements one by one (atomic only
-// when the items fit in one). Ids and idempotence are as for Enqueue.
+// when the items fit in one). Ids and idempotence are as for Enqueue; in
+// the caller's transaction, the check against ended ids is as isolated as
+// that transaction: run it SERIALIZABLE (CockroachDB's default; on
+// PostgreSQL, BEGIN ISOLATION LEVEL SERIALIZABLE) so that an ack of the same
+// id committing at the same moment cannot slip between the check and the
+// insert; under READ COMMITTED such a race can add the id again.
 func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
 	res, err := q.EnqueueReportTx(ctx, db, items...)
 	return res.IDs, err
@@ -558,7 +563,10 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
-// generated ids go by COPY when there are enough of them. Caller-given ids
+// generated ids go by COPY when there are enough of them: their ids are
+// random, never in the items table nor among the ended ids, so the COPY
+// needs no dedup (a retry after an unknown outcome gives those ids back as
+// caller-given ids, which go by INSERT and are checked). Caller-given ids
 // always go by INSERT … ON CONFLICT DO NOTHING, which needs no lookup of the
 // ids already present (a lookup whose cached plan, on PostgreSQL, may scan
 // the table when it was made while the table was small).
