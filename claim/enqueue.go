@@ -525,9 +525,11 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // fixed ones (rowOverhead). A column left out here could push one
 // statement past CockroachDB's 16 MiB bound on a message: 5,000 tenants of
 // MaxKeyLength bytes alone take 20 MB (TestRowBytesCountsEveryVariableField
-// checks that every string and byte slice of NewItem counts).
+// checks that every string and byte slice of NewItem counts). UniqueKey is
+// not sent (the id derived from it is) but counts all the same: an
+// overestimate of at most MaxKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows
