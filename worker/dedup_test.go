@@ -94,12 +94,12 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 			// The documented recovery: enqueue again with the same ids.
 			for i := range n {
 				go func() {
-					id, isNew, err := buf.Enqueue(ctx, item(i))
+					res, err := buf.EnqueueReport(ctx, item(i))
 					switch {
-					case err != nil || id != ids[i]:
-						err = fmt.Errorf("retry of item %d: %s, %v", i, id, err)
-					case isNew:
-						err = fmt.Errorf("retry of item %d: reported new; its first copy was already handled", i)
+					case err != nil || len(res.IDs) != 1 || res.IDs[0] != ids[i]:
+						err = fmt.Errorf("retry of item %d: %+v, %v", i, res, err)
+					case res.New[0] || !res.Done[0]:
+						err = fmt.Errorf("retry of item %d: new %v, done %v; its first copy was already handled", i, res.New[0], res.Done[0])
 					}
 					errs <- err
 				}()
