@@ -87,6 +87,9 @@ type ReapStats struct {
 	// Reap's error as a ReapError with its id, and stays as it is (an
 	// unclaimed one never handed out) until a later Reap can do it.
 	Stuck int
+	// Pruned counts ended ids forgotten because they ended before the
+	// queue's dedup window (see PruneEnded).
+	Pruned int
 }
 
 // Reap releases the queue's items whose lease expired, whoever claimed them
@@ -94,7 +97,9 @@ type ReapStats struct {
 // item), and moves its unclaimed items whose attempts are used up to the
 // dead items with CrashLoopError as their last error, and its unclaimed
 // items past their deadline with reason "expired". It works in bounded
-// batches until nothing is left. Any session may run it at any time; it is
+// batches until nothing is left, and then forgets, in bounded batches, the
+// ended ids older than the queue's dedup window (PruneEnded). Any session
+// may run it at any time; it is
 // idempotent, and acks of reaped claims are refused (ErrClaimLost: the token
 // fences them).
 //
@@ -138,6 +143,12 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	}
 	q.stats.reaped.Add(int64(st.Released))
 	q.stats.dead.Add(int64(st.Dead + st.Expired))
+	// A step of its own: the ended ids past the dedup window.
+	n, err := q.PruneEnded(ctx)
+	st.Pruned = n
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
+	}
 	return st, errors.Join(errs...)
 }
 

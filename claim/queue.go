@@ -41,7 +41,13 @@ var (
 	// or the connection was lost while the statement or COMMIT was in
 	// flight. The work may or may not have been done: such a call is never
 	// reported as done, nor as failed. An ack with an unknown outcome may
-	// have committed; a claim may have claimed items (see ReleaseForgotten).
+	// have committed; a claim may have claimed items (see ReleaseForgotten);
+	// an enqueue may have added its items: it returns their ids, and
+	// enqueueing the same items again with NewItem.ID set to them adds
+	// nothing twice, even if they were acked meanwhile, within the queue's
+	// dedup window (see the package documentation). An enqueue that failed
+	// before writing anything (its fair turns read, its schema check) is a
+	// plain failure, never an unknown outcome.
 	// It is the same value as the internal retry package's, so errors.Is
 	// works on every error of this package.
 	ErrOutcomeUnknown = retry.ErrOutcomeUnknown

@@ -24,6 +24,9 @@ const (
 	StepLeases    = "leases"    // releasing expired leases
 	StepExhausted = "exhausted" // moving crash-looped items (attempts used up)
 	StepExpired   = "expired"   // moving items past their deadline
+	// StepPruneEnded: forgetting ended ids past the dedup window
+	// (PruneEnded).
+	StepPruneEnded = "prune ended"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another
@@ -37,7 +40,7 @@ const (
 // released or moved without it. The next Reap tries it again.
 type ReapError struct {
 	Queue string
-	Step  string    // StepLeases, StepExhausted or StepExpired
+	Step  string    // StepLeases, StepExhausted, StepExpired or StepPruneEnded
 	ID    uuid.UUID // the item, or uuid.Nil for a failure of the whole step
 	Err   error
 }

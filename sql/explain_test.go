@@ -77,6 +77,12 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		        now() - INTERVAL '1 day', now() - g * INTERVAL '1 second', 'failed'
 		 FROM generate_series(1, 20000) AS g`,
 		`ANALYZE crdbwork_dead_items`,
+		// Ended ids: 100k of queue q over a day and a half (a third past
+		// the default window), 20k of another queue.
+		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+		 SELECT CASE WHEN g % 6 = 0 THEN 'other' ELSE 'q' END, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked'
+		 FROM generate_series(1, 120000) AS g`,
+		`ANALYZE crdbwork_ended`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
@@ -98,6 +104,24 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	if err != nil || len(ids) != 512 {
 		t.Fatalf("seeded claimed ids: %d, %v", len(ids), err)
 	}
+	rows, err = pool.Query(ctx, `SELECT id FROM crdbwork_ended WHERE queue = 'q' ORDER BY ended_at DESC LIMIT 64`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endedIDs, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(endedIDs) != 64 {
+		t.Fatalf("seeded ended ids: %d, %v", len(endedIDs), err)
+	}
+	// An enqueue of 64 rows: 32 ended ids and 32 fresh ones.
+	enqueueIDs := append(append([]uuid.UUID{}, endedIDs[:32]...), ids[:32]...)
+	n64 := make([]int64, 64)
+	texts, payloads := make([]string, 64), make([][]byte, 64)
+	amo, turns := make([]bool, 64), make([]*time.Time, 64)
+	for i := range texts {
+		texts[i], payloads[i], n64[i] = fmt.Sprint("k", i), []byte{0}, int64(i)
+	}
+	es := crsql.NewEnqueueStatements(crsql.Tables{})
+	dedup := crsql.NewDedupStatements(crsql.Tables{})
 	sessions := make([]uuid.UUID, len(ids))
 	tokens := make([]int64, len(ids))
 	for i := range ids {
@@ -178,6 +202,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
 		{"TestItems", crsql.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns}},
+		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
+		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
@@ -239,7 +266,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
 				t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
-				strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
+				strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
 				strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
@@ -278,6 +305,21 @@ func literals(args []any) string {
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BIGINT[]"
 		case []bool:
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BOOL[]"
+		case [][]byte:
+			q := make([]string, len(v))
+			for j, b := range v {
+				q[j] = fmt.Sprintf("'\\x%x'::BYTEA", b)
+			}
+			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::BYTEA[]"
+		case []*time.Time:
+			q := make([]string, len(v))
+			for j, t := range v {
+				q[j] = "NULL"
+				if t != nil {
+					q[j] = "'" + t.Format(time.RFC3339Nano) + "'"
+				}
+			}
+			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::TIMESTAMPTZ[]"
 		case []uuid.UUID:
 			parts := make([]string, len(v))
 			for j, u := range v {

@@ -68,9 +68,9 @@ type Statements struct {
 	// drains, so callers read it only when their copy is old.
 	FairHead string // $1 queue, $2 priority → head
 	// QueueSettings reads a queue's settings (no row: all off).
-	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup window (µs)
 	// ConfigureQueue writes them (a queue without a row gets one, with one part).
-	ConfigureQueue  string // $1 queue, $2 fair, $3 at_most_once, $4 max_in_flight, $5 rate_limit, $6 tenant_max_in_flight, $7 tenant_rate_limit
+	ConfigureQueue  string // $1 queue, $2 fair, $3 at_most_once, $4 max_in_flight, $5 rate_limit, $6 tenant_max_in_flight, $7 tenant_rate_limit, $8 dedup window (µs)
 	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
 	PauseQueue      string // $1 queue, $2 paused
 	QueuePaused     string // $1 queue → paused
@@ -250,14 +250,15 @@ ON CONFLICT DO NOTHING`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
+		// Acks and takes record the ended ids in the same statement (see ended.go).
 		ClaimAny:               r(fmt.Sprintf(claimTemplate, joinPicked)),
 		PostgresClaimAny:       r(fmt.Sprintf(claimTemplate, anyPicked)),
 		ReapLeases:             r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
 		PostgresReapLeases:     r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
-		AckMany:                r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
-		PostgresAckMany:        r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` RETURNING id`),
-		TakeAtMostOnce:         r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` AND at_most_once RETURNING id`),
-		PostgresTakeAtMostOnce: r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` AND at_most_once RETURNING id`),
+		AckMany:                r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced, OutcomeAcked)),
+		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced, OutcomeAcked)),
+		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
+		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced+` AND at_most_once`, OutcomeTaken)),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
@@ -269,7 +270,8 @@ SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE id = $1 AND claim = $2 AND claim_token = $3`),
 		DeadLetter: r(`WITH gone AS (
     DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND claim_token = $3
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant)
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5 FROM gone
@@ -288,7 +290,8 @@ WHERE ` + pgFenced + ` RETURNING id, lease_until`),
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant)
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
@@ -304,7 +307,8 @@ RETURNING id`),
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant)
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
@@ -312,14 +316,16 @@ RETURNING id`),
 		FairHead: r(`SELECT turn_at FROM crdbwork_items
 WHERE queue = $1 AND priority = $2 AND claim IS NULL
 ORDER BY turn_at LIMIT 1`),
-		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit,
+       (EXTRACT(EPOCH FROM dedup_window) * 1000000)::BIGINT
 FROM crdbwork_queues WHERE name = $1`),
 		ConfigureQueue: r(`INSERT INTO crdbwork_queues AS q
-    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup_window)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::BIGINT * INTERVAL '1 microsecond')
 ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
     max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
-    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit`),
+    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
+    dedup_window = excluded.dedup_window`),
 		// Items claimed by the session but not in the keep list: a claim whose
 		// answer was lost. The attempt is given back, as by Release.
 		ReleaseForgot: r(`UPDATE crdbwork_items
@@ -331,7 +337,7 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
 		HeartbeatReport: r(`UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`),
-		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
+		Cancel: r(deleteEnded(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`, OutcomeCancelled)),
 		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
 FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id DESC, death DESC
@@ -343,7 +349,7 @@ LIMIT $2`),
 		// The death is picked only if no item has the id (the check and the
 		// DELETE see one snapshot; an item inserted since makes the INSERT
 		// fail, and the whole statement with it): a refused requeue deletes
-		// nothing.
+		// nothing. The requeued id is no longer ended (revived).
 		Requeue: r(`WITH victim AS MATERIALIZED (
     SELECT death FROM crdbwork_dead_items
     WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
@@ -352,7 +358,8 @@ LIMIT $2`),
     LIMIT 1),
 gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant),
+revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant

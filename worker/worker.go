@@ -840,6 +840,9 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log 
 				w.reaped.Add(int64(st.Released + st.Dead))
 				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead), zap.Int("expired", st.Expired))
 			}
+			if st.Pruned > 0 {
+				log.Debug("forgot ended ids past the dedup window", zap.Int("pruned", st.Pruned))
+			}
 			if w.logReapErrors(err, log) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.

@@ -49,6 +49,9 @@ sessions own parts of the queue (stop the workers first).`)
 	if err != nil {
 		return failf(1, "deleting the dead items of %q: %v", c.queue, err)
 	}
+	if err := deleteEnded(ctx, pool, c.queue); err != nil {
+		return failf(1, "deleting the ended ids of %q: %v", c.queue, err)
+	}
 	for _, stmt := range []string{
 		`DELETE FROM ` + tables.Table("session_parts") + ` WHERE queue = $1`,
 		`DELETE FROM ` + tables.Table("queues") + ` WHERE name = $1`,
@@ -107,6 +110,23 @@ func deleteBatched(ctx context.Context, pool *pgxpool.Pool, table, queue string)
 		n += tag.RowsAffected()
 		if tag.RowsAffected() < cleanupBatch {
 			return n, nil
+		}
+	}
+}
+
+// deleteEnded deletes the queue's ended ids (the dedup window's rows) in
+// bounded batches. Their ids are unique per queue only, hence the queue in
+// the outer condition.
+func deleteEnded(ctx context.Context, pool *pgxpool.Pool, queue string) error {
+	table := tables.Table("ended")
+	for {
+		tag, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE queue = $1 AND id IN (SELECT id FROM `+table+` WHERE queue = $1 LIMIT $2)`,
+			queue, cleanupBatch)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() < cleanupBatch {
+			return nil
 		}
 	}
 }
