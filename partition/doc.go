@@ -8,12 +8,13 @@
 // and the number of parts, the parts each session should own. AssignSticky
 // gives the same balance while moving fewer parts when sessions come and go.
 //
-// A Rebalancer runs beside a session. It joins the session to its queue
-// (session.Session.Join), polls the queue's live members, computes
-// the session's target parts, drains and gives up the parts it must lose
-// (deleting their session-parts rows, which releases their claims through
-// the foreign key) and takes the free parts it should own (inserting rows;
-// a conflict means "not free yet"). The unique constraint on (queue, part)
+// A Rebalancer runs beside a session: a *session.Session, or anything that
+// implements the small Session interface, such as a test's always-alive
+// fake. It joins the session to its queue (Session.Join), polls the
+// queue's live members, computes the session's target parts, drains and
+// gives up the parts it must lose (deleting their session-parts rows,
+// which releases their claims through the foreign key) and takes the free
+// parts it should own (inserting rows; a conflict means "not free yet"). The unique constraint on (queue, part)
 // in the database, not this package, guarantees one owner per part.
 //
 // Each queue's number of parts is stored in the database (SetParts, Parts),

@@ -98,7 +98,7 @@ type Hold struct {
 // works.
 type Rebalancer struct {
 	db   DB
-	sess *session.Session
+	sess Session
 	st   *crsql.Statements
 	opts Options
 	log  *zap.Logger
@@ -114,8 +114,10 @@ type Rebalancer struct {
 	acquired, released, rebalances, retries atomic.Int64
 }
 
-// New returns a rebalancer for sess. It does no I/O until Run.
-func New(db DB, sess *session.Session, opts Options) (*Rebalancer, error) {
+// New returns a rebalancer for sess, which reads and writes the queue's
+// parts through db. sess is usually a *session.Session; see Session for
+// what a fake must provide. New does no I/O until Run.
+func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 	if opts.Queue == "" {
 		opts.Queue = "default"
 	}
@@ -132,7 +134,7 @@ func New(db DB, sess *session.Session, opts Options) (*Rebalancer, error) {
 		opts.Logger = zap.NewNop()
 	}
 	switch {
-	case db == nil || sess == nil:
+	case db == nil || sess == nil || isNilSession(sess):
 		return nil, errors.New("partition: nil database or session")
 	case opts.Poll < 0 || opts.DrainTimeout < 0:
 		return nil, fmt.Errorf("partition: negative poll %v or drain timeout %v", opts.Poll, opts.DrainTimeout)
@@ -145,6 +147,13 @@ func New(db DB, sess *session.Session, opts Options) (*Rebalancer, error) {
 		log:   opts.Logger.With(zap.Stringer("session", sess.ID()), zap.String("queue", opts.Queue)),
 		owned: map[int]*part{},
 	}, nil
+}
+
+// isNilSession reports whether sess is a nil *session.Session, which a nil
+// check of the interface does not catch.
+func isNilSession(sess Session) bool {
+	s, ok := sess.(*session.Session)
+	return ok && s == nil
 }
 
 // Stats returns the rebalancer's counters.
@@ -230,7 +239,7 @@ func (r *Rebalancer) newPartLocked() *part {
 	return &part{epoch: r.epoch}
 }
 
-// Run joins the session to the queue (session.Session.Join: from then on
+// Run joins the session to the queue (Session.Join: from then on
 // it counts among the queue's members, which share its parts), then
 // rebalances every Poll until ctx is cancelled or the session ends. It
 // returns nil on a cancelled context and the session's error when the
@@ -273,7 +282,7 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 // Only the queue's members share its parts: sessions that work other
 // queues of the same database take no part of this one. A session that
 // is not a member (it never joined, or its membership row was deleted)
-// joins first (session.Session.Join) and reads the members again.
+// joins first (Session.Join) and reads the members again.
 func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	me := r.sess.ID()
 	var live, joined []uuid.UUID
