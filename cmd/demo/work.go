@@ -210,9 +210,9 @@ func statsOf(st worker.Stats) workStats {
 
 func cmdWork(ctx context.Context, name string, args []string, out *console) error {
 	var c workConfig
-	f := newFlagSet(name, `Runs one worker process on --queue in parts mode until SIGINT or SIGTERM, then
-stops gracefully (in-flight items finish, the session is deleted, which releases
-its parts at once). The handler waits --task-time and records the item in
+	f := newFlagSet(name, `Runs one worker process on --queue in parts mode (--any-part: without parts)
+until SIGINT or SIGTERM, then stops gracefully (in-flight items finish, the
+session is deleted, which releases its parts at once). The handler waits --task-time and records the item in
 demo_results inside the ack transaction. A final line with the worker's
 counters goes to stderr. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
@@ -222,6 +222,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
 	f.boolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
+	f.boolVar(&c.anyPart, "any-part", false, "claim in any part of --queue: the worker owns no parts (a queue without parts), every worker of the queue claims any of its items")
 	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
 	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
 	if err := f.parse(args, out.stdout); err != nil {
@@ -337,7 +338,11 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			case <-t.C:
 			}
 			if id := w.Stats().Session; id != "" {
-				out.errorf("demo work: %s working on queue %q (%s, %d parts, session %s)", c.name, c.queue, engine, parts, id)
+				how := fmt.Sprintf("%d parts", parts)
+				if c.anyPart {
+					how = "any part"
+				}
+				out.errorf("demo work: %s working on queue %q (%s, %s, session %s)", c.name, c.queue, engine, how, id)
 				return
 			}
 		}
