@@ -19,6 +19,18 @@ type UrgentRequest struct {
 	// SkipTenants lists tenants whose items are left unclaimed, as in
 	// ClaimRequest.
 	SkipTenants []string
+	// OwnedParts, AllTenantsLimited and LimitedTenants keep the lane
+	// within tenant limits enforced per part (package worker in parts
+	// mode: the owner of a tenant's part enforces the tenant's whole
+	// limit). Items of limited tenants are claimed only from OwnedParts
+	// (the parts the session owns): items of every tenant if
+	// AllTenantsLimited (the queue has a default tenant limit), otherwise
+	// those of the tenants in LimitedTenants. Items without a tenant, and
+	// of tenants not limited, come from any part. The zero values restrict
+	// nothing.
+	OwnedParts        []int
+	AllTenantsLimited bool
+	LimitedTenants    []string
 }
 
 // ClaimUrgent is the urgent lane: it claims up to req.Max vested, unclaimed
@@ -32,6 +44,11 @@ type UrgentRequest struct {
 // order"). A session that runs ClaimUrgent before ClaimParts takes the
 // queue's most urgent items wherever they are, so an urgent item waits for
 // the first session with a free slot rather than for its part's owner.
+//
+// Items of limited tenants come only from the session's own parts when the
+// request says which tenants are limited (UrgentRequest.OwnedParts,
+// AllTenantsLimited, LimitedTenants): a tenant's limit is then enforced by
+// its part's owner alone, as without the lane.
 //
 // The claims name no part, like Claim's: giving up the part does not
 // release them; the lease, the session's end, Ack, Nack and Release do, as
@@ -55,8 +72,17 @@ func (q *Queue) ClaimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 	if skip == nil {
 		skip = []string{}
 	}
+	limited := req.LimitedTenants
+	if limited == nil {
+		limited = []string{}
+	}
+	owned := make([]int64, len(req.OwnedParts))
+	for i, p := range req.OwnedParts {
+		owned[i] = int64(p)
+	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds(), skip, int64(req.MaxPriority)}
+	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds(), skip, int64(req.MaxPriority),
+		req.AllTenantsLimited, limited, owned}
 	return q.runClaim(ctx, e, session, "claiming urgent items", q.urgentStatement(e), args)
 }
 

@@ -25,8 +25,8 @@ const (
 )
 
 // Strategy computes the target assignment from the current owners of the
-// parts (prev, live sessions only), the sorted live session ids and the
-// number of parts.
+// parts (prev, live members only), the sorted ids of the queue's live
+// members (session.Members) and the number of parts.
 type Strategy func(prev map[uuid.UUID][]int, live []uuid.UUID, numParts int) map[uuid.UUID][]int
 
 // Contiguous is the strategy of the recipe: contiguous runs of parts in the
@@ -92,8 +92,10 @@ type Hold struct {
 	epoch uint64
 }
 
-// Rebalancer keeps one session's share of a queue's parts. Use Lease and
-// Done from the claiming loop, and Run on its own goroutine.
+// Rebalancer keeps one session's share of a queue's parts, among the
+// queue's live members. Use Lease and Done from the claiming loop, and Run
+// on its own goroutine. A session may run one Rebalancer per queue it
+// works.
 type Rebalancer struct {
 	db   DB
 	sess *session.Session
@@ -228,15 +230,20 @@ func (r *Rebalancer) newPartLocked() *part {
 	return &part{epoch: r.epoch}
 }
 
-// Run rebalances every Poll until ctx is cancelled or the session ends. It
+// Run joins the session to the queue (session.Session.Join: from then on
+// it counts among the queue's members, which share its parts), then
+// rebalances every Poll until ctx is cancelled or the session ends. It
 // returns nil on a cancelled context and the session's error when the
-// session was lost. Parts are not given back on return: closing the
-// session releases them all at once.
+// session was lost. Parts are not given back on return, nor is the
+// membership: closing the session releases them all at once.
 func (r *Rebalancer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(r.sess.Context(), cancel)
 	defer stop()
+	if err := r.withDB(func() error { return r.sess.Join(ctx, r.opts.Queue) }); err != nil && ctx.Err() == nil {
+		r.log.Warn("joining the queue failed; the first rebalance joins it", zap.Error(err))
+	}
 	defer r.drain.Wait()
 	t := time.NewTicker(r.opts.Poll)
 	defer t.Stop()
@@ -258,9 +265,15 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 	}
 }
 
-// Rebalance runs one poll: it reads the live sessions, the owners and the
-// number of parts, starts draining the parts this session must give up and
-// takes the free parts it should own. Run calls it; tests may too.
+// Rebalance runs one poll: it reads the queue's live members
+// (session.Members), the owners and the number of parts, starts draining
+// the parts this session must give up and takes the free parts it should
+// own. Run calls it; tests may too.
+//
+// Only the queue's members share its parts: sessions that work other
+// queues of the same database take no part of this one. A session that
+// is not a member (it never joined, or its membership row was deleted)
+// joins first (session.Session.Join) and reads the members again.
 func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	me := r.sess.ID()
 	var live []uuid.UUID
@@ -268,8 +281,16 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	var owners map[int]uuid.UUID
 	err := r.withDB(func() error {
 		var err error
-		if live, err = session.LiveIDs(ctx, r.db, r.opts.Tables); err != nil {
+		if live, err = session.Members(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
 			return err
+		}
+		if !slices.Contains(live, me) {
+			if err := r.sess.Join(ctx, r.opts.Queue); err != nil {
+				return fmt.Errorf("partition: %w", err)
+			}
+			if live, err = session.Members(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
+				return err
+			}
 		}
 		if n, err = Parts(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
 			return err
@@ -281,7 +302,8 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		return err
 	}
 	if !slices.Contains(live, me) {
-		// Our row is gone or expired: the session reports its loss; claim nothing.
+		// A member, but our row is gone or expired: the session reports
+		// its loss; claim nothing.
 		return nil
 	}
 	prev := map[uuid.UUID][]int{}

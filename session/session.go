@@ -22,6 +22,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -454,7 +455,9 @@ func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
 	return out, nil
 }
 
-// LiveIDs returns the ids of the live sessions, ordered, by the database clock.
+// LiveIDs returns the ids of the live sessions, ordered, by the database
+// clock: every queue's. To divide a queue's work, use Members: the
+// sessions that work that queue.
 func LiveIDs(ctx context.Context, db crsql.DB, t crsql.Tables) ([]uuid.UUID, error) {
 	st := crsql.NewStatements(t)
 	rows, err := db.Query(ctx, st.LiveSessionIDs)
@@ -466,4 +469,117 @@ func LiveIDs(ctx context.Context, db crsql.DB, t crsql.Tables) ([]uuid.UUID, err
 		return nil, fmt.Errorf("session: reading live sessions: %w", err)
 	}
 	return ids, nil
+}
+
+// Join makes the session a member of queue: from then on, as long as the
+// session is live, it counts in the division of the queue's parts (package
+// partition) and of its fleet-wide limit shares (package worker), and
+// sessions that have not joined a queue do not (unless they own one of its
+// parts: see Members). A session may join any number of queues. Joining
+// again is harmless. Membership ends with the session (its row's deletion
+// deletes the membership) or with Leave.
+//
+// It fails with an error wrapping ErrLost when the session's row is gone.
+func (s *Session) Join(ctx context.Context, queue string) error {
+	if _, err := s.join(ctx, queue); err != nil {
+		return err
+	}
+	return nil
+}
+
+// join makes the session a member of queue and reports whether it was
+// not one before.
+func (s *Session) join(ctx context.Context, queue string) (bool, error) {
+	ms := memberStatements(s.opts.Tables)
+	var rows int64
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		tag, err := s.db.Exec(ctx, ms.JoinQueue, queue, s.id)
+		rows = tag.RowsAffected()
+		return err
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23503":
+		return false, fmt.Errorf("session: joining queue %q: the row of session %s is gone: %w", queue, s.id, ErrLost)
+	case err != nil:
+		return false, fmt.Errorf("session: joining queue %q: %w", queue, crsql.Classify(err))
+	}
+	return rows == 1, nil
+}
+
+// Leave ends the session's membership of queue (see Join). Parts of the
+// queue that the session still owns keep it counted until they are
+// released. Leaving a queue the session is not a member of does nothing.
+func (s *Session) Leave(ctx context.Context, queue string) error {
+	ms := memberStatements(s.opts.Tables)
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		_, err := s.db.Exec(ctx, ms.LeaveQueue, queue, s.id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("session: leaving queue %q: %w", queue, crsql.Classify(err))
+	}
+	return nil
+}
+
+// Members returns the ids of queue's live members, ordered, by the
+// database clock: the live sessions that joined the queue (Join) or that
+// own one of its parts. The latter keeps the sessions of code older than
+// queue membership (schema version 3, which never joins) counted during a
+// rolling upgrade, once they hold parts. Packages partition and worker
+// divide a queue's parts and limit shares among these sessions only, so
+// sessions of other queues in the same database never take a share.
+func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
+	ms := memberStatements(t)
+	rows, err := db.Query(ctx, ms.QueueMembers, queue)
+	if err != nil {
+		return nil, fmt.Errorf("session: listing the members of queue %q: %w", queue, crsql.Classify(err))
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("session: reading the members of queue %q: %w", queue, crsql.Classify(err))
+	}
+	return ids, nil
+}
+
+// Membership is one session's membership of one queue (see Join).
+type Membership struct {
+	Queue    string
+	Session  uuid.UUID
+	JoinedAt time.Time
+}
+
+// Memberships returns every queue membership in the database, live
+// sessions or not (an expired session's memberships go when a peer reaps
+// it), ordered by queue and session: for operators. It reads the whole
+// membership table.
+func Memberships(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Membership, error) {
+	ms := memberStatements(t)
+	rows, err := db.Query(ctx, ms.Memberships)
+	if err != nil {
+		return nil, fmt.Errorf("session: listing queue memberships: %w", crsql.Classify(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Membership, error) {
+		var m Membership
+		err := row.Scan(&m.Queue, &m.Session, &m.JoinedAt)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("session: reading queue memberships: %w", crsql.Classify(err))
+	}
+	return out, nil
+}
+
+// rendered holds the membership statements rendered for each set of table
+// names seen, so that the rebalancers' and workers' frequent reads of a
+// queue's members do not render them again each time.
+var rendered sync.Map // crsql.Tables -> *crsql.MemberStatements
+
+// memberStatements returns the membership statements for t.
+func memberStatements(t crsql.Tables) *crsql.MemberStatements {
+	if ms, ok := rendered.Load(t); ok {
+		return ms.(*crsql.MemberStatements)
+	}
+	ms, _ := rendered.LoadOrStore(t, crsql.NewMemberStatements(t))
+	return ms.(*crsql.MemberStatements)
 }

@@ -99,9 +99,10 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimAny", claimAny, []any{session, "q", 64, int64(300e6), []string{}}},
 		{"ClaimAny (1000)", claimAny, []any{session, "q", 1000, int64(300e6), []string{}}},
 		{"ClaimAny (tenants skipped)", claimAny, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}}},
-		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1)}},
-		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3)}},
-		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1)}},
+		{"ClaimUrgent", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1), false, []string{}, []int64{}}},
+		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3), false, []string{}, []int64{}}},
+		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1), false, []string{"tenant-9"}, []int64{3, 4}}},
+		{"ClaimUrgent (every tenant limited)", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1), true, []string{}, []int64{3, 4}}},
 		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
 		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
@@ -199,7 +200,7 @@ func literals(args []any) string {
 			out[i] = "'" + v.String() + "'::UUID"
 		case string:
 			out[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
-		case int, int64:
+		case int, int64, bool:
 			out[i] = fmt.Sprint(v)
 		case time.Time:
 			out[i] = "'" + v.Format(time.RFC3339Nano) + "'::TIMESTAMPTZ"

@@ -19,6 +19,16 @@ type UrgentStatements struct {
 	// claims name no part (claim_queue and claim_part NULL, as Claim's):
 	// giving up a part does not release them, deleting the session does.
 	//
+	// Items of limited tenants are taken only from the parts in $9
+	// (BIGINT[]: the parts the session owns): every tenant's if $7 (BOOL:
+	// a default tenant limit applies to all), otherwise those of the
+	// tenants in $8 (TEXT[]). In parts mode a tenant's limit is enforced
+	// by the owner of the tenant's part, which sees all of the tenant's
+	// items there; a lane claim from any part would let every session run
+	// up to the whole limit. Items without a tenant, and of tenants not
+	// limited, come from any part. Empty $8 and $9 with $7 false restrict
+	// nothing.
+	//
 	// It is the any-part claim with one more condition, priority <= $6, a
 	// range on the second column of crdbwork_items_turn_next (queue,
 	// priority, turn_at, part) WHERE claim IS NULL: the scan reads the
@@ -43,10 +53,13 @@ type UrgentStatements struct {
 }
 
 // urgentCondition is the lane's condition, added to the any-part claim's
-// WHERE clause after claim IS NULL.
+// WHERE clause after claim IS NULL: the priority bound, and the parts the
+// items of limited tenants may come from. (Residual filters on the rows
+// the scan of crdbwork_items_turn_next reads: the scan is still bounded by
+// the priority range, as TestStatementPlansUseIndexes checks.)
 const (
 	urgentAnchor    = "WHERE queue = $2 AND claim IS NULL AND "
-	urgentCondition = "priority <= $6 AND "
+	urgentCondition = "priority <= $6 AND (tenant IS NULL OR part = ANY($9::BIGINT[]) OR (NOT $7::BOOL AND NOT (tenant = ANY($8::TEXT[])))) AND "
 )
 
 // urgentTemplate returns the any-part claim template with the lane's

@@ -8,7 +8,8 @@ import (
 )
 
 // TestUrgentClaimStatement: the lane's claim is the any-part claim with the
-// priority bound, on both engines, and follows the table names.
+// priority bound and the limited tenants' parts, on both engines, and
+// follows the table names.
 func TestUrgentClaimStatement(t *testing.T) {
 	st := crsql.NewStatements(crsql.Tables{})
 	u := crsql.NewUrgentStatements(crsql.Tables{})
@@ -19,7 +20,11 @@ func TestUrgentClaimStatement(t *testing.T) {
 		if strings.Count(c.lane, "priority <= $6") != 1 {
 			t.Errorf("%s: the lane's claim has no single priority bound:\n%s", c.name, c.lane)
 		}
-		if got := strings.Replace(c.lane, "priority <= $6 AND ", "", 1); got != c.any {
+		const limited = "(tenant IS NULL OR part = ANY($9::BIGINT[]) OR (NOT $7::BOOL AND NOT (tenant = ANY($8::TEXT[])))) AND "
+		if strings.Count(c.lane, limited) != 1 {
+			t.Errorf("%s: the lane's claim does not keep limited tenants' items to owned parts:\n%s", c.name, c.lane)
+		}
+		if got := strings.Replace(c.lane, "priority <= $6 AND "+limited, "", 1); got != c.any {
 			t.Errorf("%s: the lane's claim is not the any-part claim plus its bound:\n%s\nwant:\n%s", c.name, c.lane, c.any)
 		}
 	}

@@ -23,14 +23,18 @@ type limitSource func(ctx context.Context) (Limits, time.Time, error)
 var errAtLimit = errors.New("worker: the item's tenant is at its share of its limit")
 
 // refreshLimits reads the stored limits and what the session's shares
-// derive from (the queue's parts, or the live sessions), and hands them to
-// lim. A failure keeps the last limits read (none before the first read,
-// when the session claims nothing) and is logged.
+// derive from (the queue's parts, or the queue's live members), and hands
+// them to lim. A failure is counted and logged; the last limits read stay
+// in force (none before the first read, when the session claims nothing)
+// until they are LimitOptions.StaleAfter old: then lim claims nothing they
+// govern until a read succeeds (see "When the limits cannot be read" in
+// limits.go).
 func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *limiter, log *zap.Logger) {
 	lims, dbNow, err := w.limitSource(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			log.Warn("reading the queue's limits failed; keeping the last ones read", zap.Error(err))
+			lim.failed()
+			log.Warn("reading the queue's limits failed; keeping the last ones read until they are LimitOptions.StaleAfter old, then claiming nothing they govern", zap.Error(err))
 		}
 		return
 	}
@@ -39,13 +43,23 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 		if w.opts.Parts > 0 {
 			parts, err = partition.Parts(ctx, w.db, w.opts.Tables, w.opts.Queue)
 		} else {
+			// The queue's members share its limits: sessions of other
+			// queues in the database take no share.
 			var live []uuid.UUID
-			live, err = session.LiveIDs(ctx, w.db, w.opts.Tables)
+			live, err = session.Members(ctx, w.db, w.opts.Tables, w.opts.Queue)
+			if err == nil && !slices.Contains(live, sess.ID()) {
+				// Not a member (the membership row was deleted, or the
+				// session expired): join again, and read again.
+				if err = sess.Join(ctx, w.opts.Queue); err == nil {
+					live, err = session.Members(ctx, w.db, w.opts.Tables, w.opts.Queue)
+				}
+			}
 			k, rank = len(live), slices.Index(live, sess.ID())
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				log.Warn("reading the queue's parts or live sessions for its limits failed", zap.Error(err))
+				lim.failed()
+				log.Warn("reading the queue's parts or members for its limits failed", zap.Error(err))
 			}
 			return
 		}

@@ -18,9 +18,9 @@ package worker
 //     owner at a time (a unique row in the database), so the shares of the
 //     owners add up to at most L. The rate is divided the same way, as a
 //     real number: R·(parts owned)/n.
-//   - Without parts, the limit is spread the same way over the live
-//     sessions in the order of their ids: the session of rank i of k gets
-//     the units of slot i.
+//   - Without parts, the limit is spread the same way over the queue's
+//     live members (session.Members) in the order of their ids: the
+//     session of rank i of k gets the units of slot i.
 //   - When L is smaller than the number of slots, some slots get no unit; so
 //     that no part (or session) waits for ever, the offset moves by one slot
 //     every LimitOptions.Rotate by the database clock (every session derives
@@ -47,7 +47,9 @@ package worker
 // follows the tenant), so the owner of that part sees all of them and
 // enforces the tenant's whole limit; other sessions see none of them. Items
 // with a key are spread by key: for them the tenant's limit holds per
-// session. A session leaves the tenants at their share out of its claims
+// session. The urgent lane (Options.UrgentLane), which claims from any
+// part, takes items of limited tenants only from the session's own parts,
+// so that it never multiplies a tenant's limit by the number of sessions. A session leaves the tenants at their share out of its claims
 // (claim.ClaimRequest.SkipTenants, for the tenants it knows about: those
 // with stored limits and those whose items it has claimed recently); an
 // item of a tenant at its share that a claim still returns is released at
@@ -57,6 +59,55 @@ package worker
 // share's rate, holding at most max(1, rate·LimitOptions.Burst) tokens, and
 // empty when the session starts: over any window of w seconds the fleet
 // claims at most R·w plus one bucket per session.
+//
+// Only a queue's members count (session.Members: the live sessions that
+// work the queue): sessions of other queues in the same database take no
+// share, so a queue's shares are neither diluted nor multiplied by them.
+//
+// # When the limits cannot be read
+//
+// A session re-reads the limits (and the queue's parts or members) every
+// LimitOptions.Refresh. While that fails, it goes on with the last values
+// read, but for at most LimitOptions.StaleAfter after its last successful
+// read (default 5 s). Past that the limits are stale (LimitStats.Stale) and
+// the session fails safe, until a read succeeds:
+//
+//   - if the last values limit the queue (in flight or rate) or every
+//     tenant (a default tenant limit), it claims nothing at all;
+//   - if they limit only some tenants, it leaves those tenants out of its
+//     claims and releases, without running, any item of theirs a claim
+//     still returns;
+//   - if they limit nothing, it claims on: a limit stored while the
+//     reads fail takes effect with the first read that succeeds, as any
+//     new limit does.
+//
+// So a limit lowered (or added to a limited queue) while a session cannot
+// read it is exceeded by that session's claims for at most StaleAfter
+// (plus one Refresh, the time the other sessions need to see the change),
+// and by the items claimed before then until they end (at most their
+// ItemTimeout + HangGrace). Items already running are never stopped by
+// staleness. Before its first successful read a session claims nothing
+// from any queue.
+//
+// # What is not bounded: frozen processes
+//
+// Shares are counted per live session. A process that is frozen (SIGSTOP,
+// a paused VM, a stall of the whole process) for longer than its session's
+// expiry loses its session while it cannot notice: peers reap the row
+// (releasing its claims and parts at once, through the foreign keys),
+// divide its parts and shares among themselves, and claim its items again.
+// When the process continues, its handlers resume where they stopped: for
+// them the limits do not count any more. Within a heartbeat the session
+// finds itself lost and cancels their contexts, and none of their acks can
+// commit (their claims are gone), so each such handler overlaps the fleet's
+// new work only until it returns on its cancelled context: a handler that
+// honours its context adds at most the time it takes to stop; one that
+// ignores it runs on (the worker abandons it after HangGrace, but cannot
+// stop the goroutine). The claim of every item the frozen process held
+// ends with its session's expiry or its lease (claim.Options.Lease),
+// whichever comes first, so no item waits on a frozen process for longer
+// than that. A process frozen for less than its session's expiry keeps
+// its session and its share, and nothing moves.
 
 import (
 	"fmt"
@@ -75,6 +126,9 @@ const (
 	DefaultLimitGrace   = 2500 * time.Millisecond
 	DefaultLimitRotate  = 5 * time.Second
 	DefaultLimitBurst   = 100 * time.Millisecond
+	// DefaultLimitStaleAfter is LimitOptions.StaleAfter when left zero
+	// (unless three Refresh intervals are longer: then those).
+	DefaultLimitStaleAfter = 5 * time.Second
 )
 
 // maxSkipTenants bounds the tenants one claim leaves out by name; items of
@@ -89,7 +143,7 @@ const tenantIdle = time.Minute
 // claim.Queue.SetTenantLimit). The zero value is valid.
 type LimitOptions struct {
 	// Refresh is how often the worker reads the stored limits (and,
-	// without parts, the live sessions). Default 1 s.
+	// without parts, the queue's live members). Default 1 s.
 	Refresh time.Duration
 	// Grace is how long a share that grows waits before the worker uses
 	// it; it must exceed Refresh. A new session claims nothing from a
@@ -101,6 +155,13 @@ type LimitOptions struct {
 	// Burst sizes the token buckets: each holds at most max(1, rate·Burst)
 	// tokens. Default 100 ms.
 	Burst time.Duration
+	// StaleAfter bounds how long the worker goes on enforcing the limits
+	// it last read while re-reading them fails: once its last successful
+	// read is StaleAfter old, it claims nothing that those limits govern
+	// until a read succeeds (see "When the limits cannot be read" in
+	// limits.go). It must exceed Refresh. Default 5 s, or three Refresh
+	// intervals if longer.
+	StaleAfter time.Duration
 }
 
 func (o LimitOptions) withDefaults() (LimitOptions, error) {
@@ -116,13 +177,19 @@ func (o LimitOptions) withDefaults() (LimitOptions, error) {
 	if o.Burst == 0 {
 		o.Burst = DefaultLimitBurst
 	}
+	if o.StaleAfter == 0 {
+		o.StaleAfter = max(DefaultLimitStaleAfter, 3*o.Refresh)
+	}
 	switch {
-	case o.Refresh < 0 || o.Rotate < 0 || o.Burst < 0 || o.Grace < 0:
-		return o, fmt.Errorf("worker: negative Limits durations (refresh %v, grace %v, rotate %v, burst %v)", o.Refresh, o.Grace, o.Rotate, o.Burst)
-	case o.Refresh > MaxDuration || o.Grace > MaxDuration || o.Rotate > MaxDuration || o.Burst > MaxDuration:
+	case o.Refresh < 0 || o.Rotate < 0 || o.Burst < 0 || o.Grace < 0 || o.StaleAfter < 0:
+		return o, fmt.Errorf("worker: negative Limits durations (refresh %v, grace %v, rotate %v, burst %v, stale after %v)",
+			o.Refresh, o.Grace, o.Rotate, o.Burst, o.StaleAfter)
+	case o.Refresh > MaxDuration || o.Grace > MaxDuration || o.Rotate > MaxDuration || o.Burst > MaxDuration || o.StaleAfter > MaxDuration:
 		return o, fmt.Errorf("worker: Limits durations must be at most %v", MaxDuration)
 	case o.Grace <= o.Refresh:
 		return o, fmt.Errorf("worker: Limits.Grace %v must exceed Limits.Refresh %v", o.Grace, o.Refresh)
+	case o.StaleAfter <= o.Refresh:
+		return o, fmt.Errorf("worker: Limits.StaleAfter %v must exceed Limits.Refresh %v", o.StaleAfter, o.Refresh)
 	}
 	return o, nil
 }
@@ -276,6 +343,8 @@ type limiter struct {
 	mu       sync.Mutex
 	lims     Limits
 	loaded   bool
+	readAt   time.Time     // local time of the last successful read
+	fails    int64         // failed reads
 	dbOffset time.Duration // database clock minus local clock
 	parts    int           // the queue's number of parts (0: no parts)
 	rank     view          // without parts: the session's rank view from the last refresh
@@ -298,7 +367,7 @@ func newLimiter(opts LimitOptions) *limiter {
 func (l *limiter) set(now time.Time, lims Limits, dbNow time.Time, parts, rank, k int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lims, l.loaded, l.parts = lims, true, parts
+	l.lims, l.loaded, l.parts, l.readAt = lims, true, parts, now
 	if !dbNow.IsZero() {
 		l.dbOffset = dbNow.Sub(now)
 	}
@@ -308,6 +377,20 @@ func (l *limiter) set(now time.Time, lims Limits, dbNow time.Time, parts, rank, 
 			delete(l.tenants, t)
 		}
 	}
+}
+
+// failed counts a read of the limits (or of what the shares derive from)
+// that failed.
+func (l *limiter) failed() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fails++
+}
+
+// staleLocked reports whether the limits last read are more than
+// StaleAfter old at now.
+func (l *limiter) staleLocked(now time.Time) bool {
+	return l.loaded && now.Sub(l.readAt) > l.opts.StaleAfter
 }
 
 // epoch returns the rotation epoch at local time now, by the database clock.
@@ -374,6 +457,11 @@ func (l *limiter) plan(now time.Time, free int, parts []int) plan {
 	if l.lims.none() {
 		return p
 	}
+	if l.staleLocked(now) && (!l.lims.Queue.Unlimited() || !l.lims.Tenant.Unlimited()) {
+		// Fail safe: the queue's limit, or the default tenant limit,
+		// governs every item (and items of any tenant may come back).
+		return plan{full: true}
+	}
 	q := l.lims.Queue
 	share, rate := l.minShare(now, func(v view) (int64, float64) { return v.queueShare(q) })
 	if q.MaxInFlight > 0 && int64(p.n) > share-l.inFlight {
@@ -412,6 +500,29 @@ func (l *limiter) plan(now time.Time, free int, parts []int) plan {
 	return p
 }
 
+// laneTenants returns the tenants whose items the urgent lane may take only
+// from the session's own parts: every tenant's (all) when a default tenant
+// limit applies, otherwise the tenants with a limit of their own. In parts
+// mode the owner of a tenant's part enforces the tenant's whole limit
+// (tenantShare), which holds only if no other session claims those items:
+// the lane, which claims from any part, must leave them to the owner.
+// Tenants with an explicit unlimited limit under a default one are kept to
+// owned parts too (a harmless restriction).
+func (l *limiter) laneTenants() (all bool, limited []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.lims.Tenant.Unlimited() {
+		return true, nil
+	}
+	for t, lim := range l.lims.Tenants {
+		if !lim.Unlimited() {
+			limited = append(limited, t)
+		}
+	}
+	slices.Sort(limited)
+	return false, limited
+}
+
 // tenant returns tenant t's state, created if new.
 func (l *limiter) tenant(t string, now time.Time) *tenantState {
 	st := l.tenants[t]
@@ -429,6 +540,9 @@ func (l *limiter) tenantRoom(now time.Time, t string, st *tenantState) bool {
 	lim := l.lims.forTenant(t)
 	if lim.Unlimited() {
 		return true
+	}
+	if l.staleLocked(now) {
+		return false // fail safe: nothing a stale limit governs
 	}
 	share, rate := l.minShare(now, func(v view) (int64, float64) { return v.tenantShare(lim, st.salt) })
 	if lim.MaxInFlight > 0 && st.inFlight >= share {
@@ -488,6 +602,13 @@ type LimitStats struct {
 	// Refused counts items a claim returned for tenants at their share,
 	// released without running.
 	Refused int64
+	// Stale reports that the limits were last read more than
+	// LimitOptions.StaleAfter ago (re-reading them keeps failing): the
+	// worker claims nothing they govern until a read succeeds.
+	Stale bool
+	// FailedReads counts the current session's failed reads of the
+	// limits (and of the parts or members the shares derive from).
+	FailedReads int64
 }
 
 // stats returns the limiter's figures at now.
@@ -502,5 +623,5 @@ func (l *limiter) stats(now time.Time) LimitStats {
 	if q.Rate == 0 {
 		rate = 0
 	}
-	return LimitStats{Limits: l.lims, Share: share, RateShare: rate, Refused: l.refused}
+	return LimitStats{Limits: l.lims, Share: share, RateShare: rate, Refused: l.refused, Stale: l.staleLocked(now), FailedReads: l.fails}
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -121,7 +122,8 @@ func TestShareGrowsAfterGraceShrinksAtOnce(t *testing.T) {
 // TestRateBucket checks that a session's token bucket allows at most its
 // share of the rate plus one bucket over a window, starting empty.
 func TestRateBucket(t *testing.T) {
-	opts, _ := LimitOptions{Grace: time.Second, Refresh: 100 * time.Millisecond, Burst: 100 * time.Millisecond}.withDefaults()
+	// Read once: the limits must not go stale during the 11 s simulated.
+	opts, _ := LimitOptions{Grace: time.Second, Refresh: 100 * time.Millisecond, Burst: 100 * time.Millisecond, StaleAfter: time.Hour}.withDefaults()
 	l := newLimiter(opts)
 	t0 := time.Unix(1000, 0)
 	l.set(t0, Limits{Queue: claim.Limit{Rate: 100}}, time.Time{}, 0, 1, 4) // rank 1 of 4: 25 items/s
@@ -184,5 +186,66 @@ func TestTenantShares(t *testing.T) {
 	l.done("slow")
 	if p := l.plan(at, 10, []int{0}); len(p.skip) != 0 {
 		t.Fatalf("plan %+v after an item of slow ended, want no tenant skipped", p)
+	}
+}
+
+// TestStaleLimitsFailSafe checks what a session claims once its last
+// successful read of the limits is StaleAfter old: nothing while the queue
+// or every tenant is limited; nothing of the limited tenants while only
+// some are (they are skipped and their items refused); everything while
+// nothing is limited; and its shares again after a successful read.
+func TestStaleLimitsFailSafe(t *testing.T) {
+	opts, err := LimitOptions{Refresh: 100 * time.Millisecond, Grace: 200 * time.Millisecond, StaleAfter: time.Second}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	fresh, stale := t0.Add(500*time.Millisecond), t0.Add(1001*time.Millisecond)
+	all := []int{0, 1, 2, 3}
+	for _, c := range []struct {
+		name       string
+		lims       Limits
+		fresh      int      // items a plan allows while fresh
+		stale      int      // and once stale
+		staleSkip  []string // tenants skipped once stale
+		refuseSlow bool     // an item of tenant "slow" a claim returns is refused once stale
+	}{
+		// (No claim runs: the plan allows none. Tenants are not limited.)
+		{"queue", Limits{Queue: claim.Limit{MaxInFlight: 8}}, 8, 0, nil, false},
+		{"queue rate", Limits{Queue: claim.Limit{Rate: 1000}}, 10, 0, nil, false},
+		{"every tenant", Limits{Tenant: claim.Limit{MaxInFlight: 3}}, 10, 0, nil, true},
+		{"one tenant", Limits{Tenants: map[string]claim.Limit{"slow": {MaxInFlight: 3}}}, 10, 10, []string{"slow"}, true},
+		{"nothing", Limits{}, 10, 10, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLimiter(opts)
+			l.set(t0, c.lims, time.Time{}, 4, -1, 0)
+			l.plan(t0, 10, all)
+			if p := l.plan(fresh, 10, all); p.n != c.fresh || len(p.skip) != 0 {
+				t.Fatalf("fresh: plan %+v, want %d items and no tenant skipped", p, c.fresh)
+			}
+			l.failed()
+			p := l.plan(stale, 10, all)
+			if p.n != c.stale || !slices.Equal(p.skip, c.staleSkip) {
+				t.Fatalf("stale: plan %+v, want %d items, tenants %v skipped", p, c.stale, c.staleSkip)
+			}
+			if c.stale == 0 && !p.full {
+				t.Errorf("stale: plan %+v does not wait for a read (full)", p)
+			}
+			if admitted := l.admit(stale, "slow"); admitted == c.refuseSlow {
+				t.Errorf("stale: an item of tenant slow admitted: %v", admitted)
+			}
+			if st := l.stats(stale); !st.Stale || st.FailedReads != 1 {
+				t.Errorf("stale: stats %+v, want Stale and 1 failed read", st)
+			}
+			again := stale.Add(time.Millisecond)
+			l.set(again, c.lims, time.Time{}, 4, -1, 0)
+			if p := l.plan(again, 10, all); p.n < c.fresh-1 || len(p.skip) != 0 {
+				t.Fatalf("read again: plan %+v, want the fresh share back", p)
+			}
+			if st := l.stats(again); st.Stale {
+				t.Errorf("read again: stats %+v still stale", st)
+			}
+		})
 	}
 }

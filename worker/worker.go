@@ -38,8 +38,11 @@
 // A queue's stored limits (claim.Settings.MaxInFlight and Rate, and the
 // tenants' limits) hold across all its workers without a shared counter:
 // each session reads them every LimitOptions.Refresh and enforces its share,
-// computed from the parts it owns (or its rank among the live sessions), so
-// that the shares add up to the limit. A share that shrinks applies at once;
+// computed from the parts it owns (or its rank among the queue's live
+// members: the sessions that work the queue), so that the shares add up to
+// the limit. Limits that cannot be re-read are enforced with their last
+// values for at most LimitOptions.StaleAfter; then the worker claims
+// nothing they govern until a read succeeds. A share that shrinks applies at once;
 // one that grows waits LimitOptions.Grace. The limit can be exceeded only by
 // items that were claimed under a share that has since moved and that still
 // run Grace later; see limits.go and the README for the exact bound.
@@ -200,8 +203,12 @@ type Options struct {
 	// session with a free slot, not for its part's owner, which bounds how
 	// far out of order urgent items run (see the README's "How relaxed is
 	// the order"). Lane claims name no part: giving up a part does not
-	// release them. Without parts every claim is already in strict order
-	// and the lane is not used. Default off.
+	// release them; a lane item of a part the session owns delays the
+	// part's hand-over like the part's own items. The lane stays within
+	// tenant limits: it takes items of limited tenants only from the
+	// session's own parts (whose owner enforces a tenant's whole limit),
+	// and other items from any part. Without parts every claim is already
+	// in strict order and the lane is not used. Default off.
 	UrgentLane bool
 	// UrgentPriority is the lane's threshold: items with priority <= it
 	// are urgent. Only read with UrgentLane.
@@ -215,7 +222,20 @@ type Options struct {
 	// Limits configure how the worker enforces the queue's fleet-wide
 	// limits, which are stored in the database (see "Fleet-wide limits"
 	// in limits.go). The worker reads them by itself; there is nothing to
-	// turn on.
+	// turn on. The queue's shares are divided among the sessions that
+	// work it (its members), whatever other queues the database holds.
+	//
+	// What is bounded: a share that moves (a session joining or leaving,
+	// a part changing hands) can be exceeded only by items claimed under
+	// the old share that still run Grace later; a limit that cannot be
+	// re-read is enforced with its last values for at most
+	// Limits.StaleAfter, after which the worker claims nothing the limit
+	// governs until a read succeeds (LimitStats.Stale). What is not
+	// bounded: the handlers of a process frozen (SIGSTOP) past its
+	// session's expiry resume, when it continues, beside the items its
+	// peers claimed meanwhile under its moved share; their contexts are
+	// already cancelled and their acks cannot commit, but a handler runs
+	// until it returns. See limits.go for the exact bounds.
 	Limits LimitOptions
 }
 
@@ -611,6 +631,17 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 		}
 	}
 	sess, err = session.Start(sctx, w.db, sopts)
+	if err == nil {
+		// The session works the queue: it counts among the queue's members
+		// (its parts and, without parts, its limit shares are divided
+		// among them) before its first claim.
+		if jerr := sess.Join(sctx, w.opts.Queue); jerr != nil {
+			closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
+			sess.Close(closeCtx)
+			cancelClose()
+			sess, err = nil, fmt.Errorf("worker: %w", jerr)
+		}
+	}
 	if !stop() {
 		// ctx ended during the start: the session, if any, is already lost.
 		if err == nil {
@@ -881,20 +912,26 @@ func (w *Worker) claimLoop(ctx context.Context, sess *session.Session, reb *part
 			pl = lim.plan(claimedAt, free, parts)
 			var urgent []claim.Item
 			if w.opts.UrgentLane && pl.n > 0 {
-				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority, SkipTenants: pl.skip})
+				// Items of limited tenants only from the session's own
+				// parts: their owner alone enforces a tenant's limit.
+				all, limited := lim.laneTenants()
+				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority,
+					SkipTenants: pl.skip, OwnedParts: parts, AllTenantsLimited: all, LimitedTenants: limited})
 			}
 			if err == nil && len(urgent) < pl.n && len(parts) > 0 {
 				rest := pl
 				rest.n -= len(urgent)
 				items, err = w.claim(ctx, sess, parts, rest)
 			}
+			items = append(urgent, items...)
 			ps := make([]int, len(items))
 			for i, it := range items {
 				ps[i] = it.Part
 			}
-			// Lane claims name no part: they hold none (the zero Hold).
-			holds = append(make([]partition.Hold, len(urgent)), claimed(ps)...)
-			items = append(urgent, items...)
+			// Lane items of the session's own parts hold their part like
+			// the part's own items (a part is given up once they end);
+			// those of other parts hold nothing (the zero Hold).
+			holds = claimed(ps)
 		default:
 			pl = lim.plan(claimedAt, free, nil)
 			if pl.n > 0 {

@@ -50,6 +50,27 @@ type ownerStatus struct {
 	Count   int    `json:"count"`
 }
 
+// queueMembers are the sessions that work one queue (its members, which
+// share its parts and limits) and the parts each owns.
+type queueMembers struct {
+	Queue   string         `json:"queue"`
+	Members []memberStatus `json:"members"`
+}
+
+type memberStatus struct {
+	Session string `json:"session"`
+	Name    string `json:"name,omitempty"`
+	// Joined: the session joined the queue. A live session that owns
+	// parts of the queue without having joined it (code older than queue
+	// membership) counts as a member too.
+	Joined bool `json:"joined"`
+	// Live: the session is live; an expired session's rows stay until a
+	// peer reaps it, and it counts in no division meanwhile.
+	Live     bool   `json:"live"`
+	Parts    string `json:"parts"` // owned parts of the queue, as ranges ("0-3,8")
+	NumParts int    `json:"num_parts"`
+}
+
 type backlogRow struct {
 	Queue     string `json:"queue"`
 	Part      int64  `json:"part"`
@@ -92,13 +113,16 @@ type status struct {
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
 	// Limits are the queue's stored fleet-wide limits (demo limit).
 	Limits *limitsJSON `json:"limits"`
+	// QueueMembers lists every queue that has members or owned parts,
+	// by name, with its members (live or not yet reaped) by session id.
+	QueueMembers []queueMembers `json:"queue_members"`
 }
 
 // readStatus gathers the status of queue.
 func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error) {
 	st := crsql.NewStatements(tables)
 	s := &status{Engine: engineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
-		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}}
+		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}}
 	var err error
 	if s.NumParts, err = partition.Parts(ctx, db, tables, queue); err != nil {
 		return nil, err
@@ -201,6 +225,10 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 		})
 	}
 
+	if s.QueueMembers, err = readMembers(ctx, db, infos); err != nil {
+		return nil, err
+	}
+
 	// Backlog, every queue.
 	rows, err = db.Query(ctx, st.Backlog)
 	if err != nil {
@@ -256,6 +284,75 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	return s, nil
 }
 
+// readMembers returns every queue's members (session.Memberships) and
+// part owners, by queue and session; live are the live sessions.
+func readMembers(ctx context.Context, db crsql.DB, live []session.Info) ([]queueMembers, error) {
+	joined, err := session.Memberships(ctx, db, tables)
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		queue string
+		id    uuid.UUID
+	}
+	members := map[key]*memberStatus{}
+	names, alive := map[uuid.UUID]string{}, map[uuid.UUID]bool{}
+	for _, in := range live {
+		names[in.ID], alive[in.ID] = in.Name, true
+	}
+	member := func(q string, id uuid.UUID) *memberStatus {
+		m := members[key{q, id}]
+		if m == nil {
+			m = &memberStatus{Session: id.String(), Name: names[id], Live: alive[id]}
+			members[key{q, id}] = m
+		}
+		return m
+	}
+	for _, j := range joined {
+		member(j.Queue, j.Session).Joined = true
+	}
+	rows, err := db.Query(ctx, crsql.NewMemberStatements(tables).AllPartOwners)
+	if err != nil {
+		return nil, fmt.Errorf("reading the part owners: %w", crsql.Classify(err))
+	}
+	parts := map[key][]int{}
+	for rows.Next() {
+		var q string
+		var p int64
+		var id uuid.UUID
+		if err := rows.Scan(&q, &p, &id); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("reading the part owners: %w", err)
+		}
+		member(q, id)
+		parts[key{q, id}] = append(parts[key{q, id}], int(p))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the part owners: %w", err)
+	}
+	keys := make([]key, 0, len(members))
+	for k := range members {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].queue != keys[j].queue {
+			return keys[i].queue < keys[j].queue
+		}
+		return keys[i].id.String() < keys[j].id.String()
+	})
+	out := []queueMembers{}
+	for _, k := range keys {
+		m := members[k]
+		m.Parts, m.NumParts = ranges(parts[k]), len(parts[k])
+		if n := len(out); n == 0 || out[n-1].Queue != k.queue {
+			out = append(out, queueMembers{Queue: k.queue})
+		}
+		out[len(out)-1].Members = append(out[len(out)-1].Members, *m)
+	}
+	return out, nil
+}
+
 // ranges writes sorted parts compactly: [0 1 2 3 8] is "0-3,8".
 func ranges(parts []int) string {
 	if len(parts) == 0 {
@@ -290,8 +387,9 @@ past its vesting time, claimed), the age of its oldest due item and its dead
 items; the live sessions (items acked and handlers running as of their last
 heartbeat, items held now, parts of --queue owned, and a ! after the heartbeat
 age of a session that has missed two heartbeats and is probably dead), the parts
-nobody owns, and the backlog of every queue by part. Warns when nobody has
-enqueued to --queue (a mistyped name).
+nobody owns, which sessions work which queue (each queue's members, which alone
+share its parts and limits) and own which of its parts, and the backlog of every
+queue by part. Warns when nobody has enqueued to --queue (a mistyped name).
 
 With --watch it redraws every --interval until Ctrl-C (plain snapshots, one
 after another, when stdout is not a terminal), adding the throughput over the
@@ -442,6 +540,7 @@ func formatStatus(s *status, compact bool) string {
 		}
 	}
 	writeOwners(&b, s)
+	writeMembers(&b, s, compact)
 	b.WriteString("\n")
 	if len(s.Backlog) == 0 {
 		b.WriteString("backlog: no items in any queue\n")
@@ -508,6 +607,35 @@ func writeOwners(b *strings.Builder, s *status) {
 		word = "part"
 	}
 	fmt.Fprintf(b, "parts of %q owned by nobody: %d (%s %s)\n", s.Queue, n, word, s.UnownedParts)
+}
+
+// writeMembers writes which sessions work which queue and own which of
+// its parts.
+func writeMembers(b *strings.Builder, s *status, compact bool) {
+	if len(s.QueueMembers) == 0 {
+		b.WriteString("queues worked: none (no session has joined a queue)\n")
+		return
+	}
+	b.WriteString("\nqueues worked")
+	if !compact {
+		b.WriteString(" (each queue's parts and limits are shared by its live members only)")
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tSESSION\tNAME\tPARTS")
+	for _, q := range s.QueueMembers {
+		for _, m := range q.Members {
+			id := m.Session[:8]
+			switch {
+			case !m.Live:
+				id += " (expired)"
+			case !m.Joined:
+				id += " (not joined: older code)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", q.Queue, id, shorten(orDash(m.Name), 15), partList(m.Parts))
+		}
+	}
+	tw.Flush()
 }
 
 func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }

@@ -1,0 +1,101 @@
+package partition_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// rebalance runs a rebalancer of sess for queue until the test ends.
+func rebalance(t *testing.T, pool *pgxpool.Pool, sess *session.Session, queue string) {
+	t.Helper()
+	r, err := partition.New(pool, sess, partition.Options{Queue: queue, Poll: 100 * time.Millisecond, DrainTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// ownersOf returns how many parts of queue each session owns.
+func ownersOf(t *testing.T, pool *pgxpool.Pool, queue string) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT session_id::TEXT, count(*) FROM crdbwork_session_parts WHERE queue = $1 GROUP BY session_id`, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+// TestQueuesDivideTheirOwnParts runs rebalancers for two queues of 8 parts
+// in one database: two sessions work alpha, one works beta, and one
+// session works both (a rebalancer per queue). Each queue's parts must all
+// be owned, balanced, by its own members only; sessions of the other queue
+// take none. (When parts were divided among every live session, alpha's
+// target gave parts to beta's session, which never took them: they stayed
+// owned by nobody.)
+func TestQueuesDivideTheirOwnParts(t *testing.T) {
+	pool := setup(t, 8)
+	ctx := context.Background()
+	for _, q := range []string{"alpha", "beta"} {
+		if err := partition.SetParts(ctx, pool, crsql.Tables{}, q, 8); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}
+	newSession := func() *session.Session {
+		s, err := session.Start(ctx, pool, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(context.Background()) })
+		return s
+	}
+	a1, a2, b1, both := newSession(), newSession(), newSession(), newSession()
+	rebalance(t, pool, a1, "alpha")
+	rebalance(t, pool, a2, "alpha")
+	rebalance(t, pool, b1, "beta")
+	rebalance(t, pool, both, "alpha")
+	rebalance(t, pool, both, "beta")
+	settled := func(queue string, members ...*session.Session) bool {
+		got := ownersOf(t, pool, queue)
+		total, lo, hi := 0, 8, 0
+		for _, n := range got {
+			total += n
+		}
+		for _, m := range members {
+			n := got[m.ID().String()]
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		return total == 8 && len(got) == len(members) && hi-lo <= 1 && lo > 0
+	}
+	waitFor(t, "each queue's parts owned by its own members, balanced", 30*time.Second, func() bool {
+		return settled("alpha", a1, a2, both) && settled("beta", b1, both)
+	})
+	for _, s := range []*session.Session{a1, a2} {
+		if n := ownersOf(t, pool, "beta")[s.ID().String()]; n != 0 {
+			t.Errorf("session %s of alpha owns %d parts of beta", s.ID(), n)
+		}
+	}
+	if n := ownersOf(t, pool, "alpha")[b1.ID().String()]; n != 0 {
+		t.Errorf("session %s of beta owns %d parts of alpha", b1.ID(), n)
+	}
+}

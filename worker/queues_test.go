@@ -1,0 +1,320 @@
+package worker_test
+
+// Several queues in one database (issue 16): a queue's parts and limit
+// shares are divided among the sessions that work it, and only those; the
+// urgent lane stays within tenant limits; limits that cannot be re-read
+// fail safe.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// queueOpts are fast worker options for queue with parts (0: none).
+func queueOpts(queue string, parts int) worker.Options {
+	o := limitOpts(parts)
+	o.Queue = queue
+	return o
+}
+
+// remainingIn counts the items of queue still in the table.
+func remainingIn(t testing.TB, pool *pgxpool.Pool, queue string) int {
+	return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = $1`, queue)
+}
+
+// TestQueuesShareADatabase works two queues side by side in one database,
+// each with its own workers (one worker per queue, then two): parts and
+// parts (8 each), and a parts queue beside a queue without parts. Every
+// item of both queues must end within the deadline, each recorded once.
+// Before queues had members, each queue's parts were divided among every
+// live session of the database, and the parts given to the other queue's
+// sessions stayed unclaimed for ever.
+func TestQueuesShareADatabase(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		alpha, beta int // parts (0: none)
+		perQueue    int
+	}{
+		{"parts+parts", 8, 8, 1},
+		{"parts+parts/two-workers-each", 8, 8, 2},
+		{"parts+none", 8, 0, 1},
+		{"parts+none/two-workers-each", 8, 0, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const n = 200
+			pool := setup(t)
+			ctx := context.Background()
+			for q, parts := range map[string]int{"alpha": c.alpha, "beta": c.beta} {
+				if parts > 0 {
+					if err := partition.SetParts(ctx, pool, crsql.Tables{}, q, parts); err != nil {
+						t.Fatal(err)
+					}
+				}
+				enqueue(t, pool, q, n, true)
+			}
+			for range c.perQueue {
+				start(t, pool, recordHandler(0), queueOpts("alpha", c.alpha))
+				start(t, pool, recordHandler(0), queueOpts("beta", c.beta))
+			}
+			waitFor(t, "every item of both queues to end", 30*time.Second, func() bool {
+				return remainingIn(t, pool, "alpha") == 0 && remainingIn(t, pool, "beta") == 0
+			})
+			assertExactlyOnce(t, pool, 2*n)
+			if c.alpha > 0 {
+				// Only alpha's sessions own alpha's parts.
+				if bad := count(t, pool, `SELECT count(*) FROM crdbwork_session_parts AS p
+					WHERE p.queue = 'alpha' AND NOT EXISTS (SELECT 1 FROM crdbwork_session_queues AS m
+						WHERE m.queue = 'alpha' AND m.session_id = p.session_id)`); bad != 0 {
+					t.Errorf("%d parts of alpha owned by sessions that do not work alpha", bad)
+				}
+			}
+		})
+	}
+}
+
+// TestOneProcessManyQueues runs, in one process on one pool, a worker per
+// queue for three queues (8 parts, 4 parts, none) and checks that every
+// item of every queue ends.
+func TestOneProcessManyQueues(t *testing.T) {
+	const n = 150
+	pool := setup(t)
+	ctx := context.Background()
+	queues := map[string]int{"q8": 8, "q4": 4, "q0": 0}
+	for q, parts := range queues {
+		if parts > 0 {
+			if err := partition.SetParts(ctx, pool, crsql.Tables{}, q, parts); err != nil {
+				t.Fatal(err)
+			}
+		}
+		enqueue(t, pool, q, n, true)
+		start(t, pool, recordHandler(0), queueOpts(q, parts))
+	}
+	waitFor(t, "every item of every queue to end", 30*time.Second, func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	assertExactlyOnce(t, pool, 3*n)
+}
+
+// TestLimitHoldsBesideOtherQueues sets an in-flight limit of 4 on queue
+// alpha, worked by two workers, while two workers of queue beta are live
+// in the same database. The shares of alpha's workers must add up to the
+// limit (not diluted by beta's sessions, as when shares were divided among
+// every live session: 2 of 4), alpha must reach its limit, and never go
+// past it.
+func TestLimitHoldsBesideOtherQueues(t *testing.T) {
+	for _, parts := range []int{0, 8} {
+		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+			const n, limit = 120, 4
+			pool := setup(t)
+			ctx := context.Background()
+			for _, q := range []string{"alpha", "beta"} {
+				if parts > 0 {
+					if err := partition.SetParts(ctx, pool, crsql.Tables{}, q, parts); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			setLimits(t, pool, "alpha", worker.Limits{Queue: claim.Limit{MaxInFlight: limit}})
+			m := &meter{}
+			var alpha []*running
+			for range 2 {
+				alpha = append(alpha, start(t, pool, m.handler(100*time.Millisecond, 150*time.Millisecond), queueOpts("alpha", parts)))
+				start(t, pool, recordHandler(0), queueOpts("beta", parts))
+			}
+			waitFor(t, "alpha's workers' shares to add up to its limit", 30*time.Second, func() bool {
+				var share int64
+				for _, r := range alpha {
+					share += r.w.Stats().Limits.Share
+				}
+				return share == limit
+			})
+			enqueue(t, pool, "alpha", n, false)
+			enqueue(t, pool, "beta", n, false)
+			waitFor(t, "every item to end", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+			most, mean, _ := m.figures(time.Second)
+			t.Logf("limit %d: at most %d at once, mean %.2f", limit, most, mean)
+			if most > limit {
+				t.Errorf("%d items of alpha ran at once; its limit is %d", most, limit)
+			}
+			if most < limit {
+				t.Errorf("at most %d items of alpha ran at once; its limit %d was never reached (shares diluted)", most, limit)
+			}
+		})
+	}
+}
+
+// tenantMeter counts the items of each tenant running at once.
+type tenantMeter struct {
+	mu       sync.Mutex
+	cur, max map[string]int
+	done     int
+}
+
+func (m *tenantMeter) handler(d time.Duration) worker.Handler {
+	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		m.mu.Lock()
+		m.cur[it.Tenant]++
+		m.max[it.Tenant] = max(m.max[it.Tenant], m.cur[it.Tenant])
+		m.mu.Unlock()
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		m.mu.Lock()
+		m.cur[it.Tenant]--
+		m.done++
+		m.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// TestUrgentLaneKeepsTenantLimits: three workers with the urgent lane on,
+// a tenant limited to 2 items in flight, and every item of the tenant
+// urgent. In parts mode each session enforces a tenant's whole limit for
+// the tenant's part it owns; lane claims used to take the tenant's items
+// from any part, so each of the three sessions ran up to 2 (6 at once).
+// Never more than 2 may run at once; another tenant's items, unlimited,
+// still go through the lane.
+func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lims worker.Limits
+	}{
+		{"tenant-limit", worker.Limits{Tenants: map[string]claim.Limit{"slow": {MaxInFlight: 2}}}},
+		{"default-tenant-limit", worker.Limits{Tenant: claim.Limit{MaxInFlight: 2}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const parts, n = 6, 60
+			pool := setup(t)
+			ctx := context.Background()
+			if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+				t.Fatal(err)
+			}
+			setLimits(t, pool, "default", c.lims)
+			m := &tenantMeter{cur: map[string]int{}, max: map[string]int{}}
+			opts := limitOpts(parts)
+			opts.UrgentLane, opts.UrgentPriority = true, 0
+			var ws []*running
+			for range 3 {
+				ws = append(ws, start(t, pool, m.handler(100*time.Millisecond), opts))
+			}
+			waitFor(t, "every worker to own parts and have read the limits", 30*time.Second, func() bool {
+				for _, r := range ws {
+					st := r.w.Stats()
+					if st.Session == "" || st.Limits.Limits.Tenant != c.lims.Tenant || len(st.Limits.Limits.Tenants) != len(c.lims.Tenants) {
+						return false
+					}
+				}
+				return count(t, pool, `SELECT count(DISTINCT session_id) FROM crdbwork_session_parts`) == 3
+			})
+			q, err := claim.New(pool, claim.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			items := make([]claim.NewItem, n)
+			for i := range items {
+				items[i] = claim.NewItem{Payload: []byte(fmt.Sprint(i)), Tenant: "slow", Priority: 0}
+			}
+			if _, err := q.Enqueue(ctx, items...); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "every item to end", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+			m.mu.Lock()
+			most := m.max["slow"]
+			m.mu.Unlock()
+			t.Logf("tenant limited to 2: at most %d at once", most)
+			if most > 2 {
+				t.Errorf("%d items of the tenant ran at once; its limit is 2", most)
+			}
+		})
+	}
+}
+
+// TestLimitsFailSafe lowers a queue's limit from 4 to 1 while the worker
+// cannot re-read its limits (the tenant limits table is renamed away, so
+// every re-read fails; claims do not read that table). Keeping the last
+// values read, the worker would run 4 items at once for as long as the
+// reads fail. After LimitOptions.StaleAfter without a successful read it
+// claims nothing the limits govern: its items in flight drop to none
+// while the backlog waits, and Stats says the limits are stale. Once the
+// table is back, the new limit of 1 applies and every item ends.
+func TestLimitsFailSafe(t *testing.T) {
+	const n = 1000
+	pool := setup(t)
+	ctx := context.Background()
+	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 4}})
+	m := &meter{}
+	opts := limitOpts(0)
+	opts.Limits.StaleAfter = time.Second
+	r := start(t, pool, m.handler(100*time.Millisecond, 120*time.Millisecond), opts)
+	enqueue(t, pool, "default", n, false)
+	waitFor(t, "4 items in flight", 30*time.Second, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.cur == 4
+	})
+	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_tenant_limits RENAME TO crdbwork_tenant_limits_away`); err != nil {
+		t.Fatal(err)
+	}
+	renamed := true
+	t.Cleanup(func() {
+		if renamed {
+			pool.Exec(ctx, `ALTER TABLE crdbwork_tenant_limits_away RENAME TO crdbwork_tenant_limits`)
+		}
+	})
+	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
+	waitFor(t, "the worker to run nothing while the backlog waits", 20*time.Second, func() bool {
+		m.mu.Lock()
+		cur := m.cur
+		m.mu.Unlock()
+		return cur == 0 && r.w.Stats().InFlight == 0 && count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`) > 0
+	})
+	st := r.w.Stats().Limits
+	if !st.Stale || st.FailedReads == 0 {
+		t.Errorf("limit stats %+v: want Stale and failed reads counted", st)
+	}
+	// It stays that way while the reads fail: a few more failed reads, no
+	// new handler.
+	m.mu.Lock()
+	started := len(m.starts)
+	m.mu.Unlock()
+	waitFor(t, "three more failed reads", 20*time.Second, func() bool { return r.w.Stats().Limits.FailedReads >= st.FailedReads+3 })
+	m.mu.Lock()
+	later := len(m.starts)
+	m.mu.Unlock()
+	if later != started {
+		t.Errorf("%d handlers started while the limits were stale", later-started)
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_tenant_limits_away RENAME TO crdbwork_tenant_limits`); err != nil {
+		t.Fatal(err)
+	}
+	renamed = false
+	m.mu.Lock()
+	m.max = 0
+	m.mu.Unlock()
+	waitFor(t, "the worker to work again", 30*time.Second, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.starts) > later
+	})
+	if st := r.w.Stats().Limits; st.Stale {
+		t.Errorf("limit stats %+v after a successful read: still stale", st)
+	}
+	waitFor(t, "20 more items done", time.Minute, func() bool { return m.done.Load() >= int64(later+20) })
+	m.mu.Lock()
+	most := m.max
+	m.mu.Unlock()
+	if most > 1 {
+		t.Errorf("%d items ran at once after the reads came back; the lowered limit is 1", most)
+	}
+}
