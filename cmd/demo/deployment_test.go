@@ -193,6 +193,13 @@ func (d *deployment) statusOf(q string) map[string]any {
 	if s["queue"] != q {
 		d.t.Errorf("demo status --queue %s --json: queue %v", q, s["queue"])
 	}
+	// A queue's parts are owned by its own workers only (named <queue>-wN).
+	owners, _ := s["part_owners"].([]any)
+	for _, o := range owners {
+		if m, _ := o.(map[string]any); m == nil || !strings.HasPrefix(fmt.Sprint(m["name"]), q+"-w") {
+			d.t.Errorf("demo status --queue %s: parts owned by a session of another queue: %v", q, o)
+		}
+	}
 	return s
 }
 
@@ -235,7 +242,7 @@ func (d *deployment) unended() []string {
 //   - fair: 4 parts, fair, 1,600 items of 12 tenants;
 //   - urgent: 8 parts, the urgent lane (priority <= 2 of 0..9), a queue limit
 //     of 6 items in flight lowered to 4 during the run, a limit of 2 per
-//     tenant, 1,200 items of 5 tenants;
+//     tenant, 1,200 items of 10 tenants;
 //   - ttl: 4 parts, 400 items of 100 ms with a 10 s time to live, paused by
 //     the operator until some have expired (dead), one of which is requeued.
 //
@@ -257,7 +264,7 @@ func TestDeploymentFaults(t *testing.T) {
 			enqueue: []string{"--tenants", "12"}, work: []string{"--task-time", "50ms", "--concurrency", "4"}},
 		{name: "urgent", items: 1200, setup: [][]string{{"parts", "--set", "8"},
 			{"limit", "--max-in-flight", fmt.Sprint(urgentLimit)}, {"limit", "--each-tenant", "--max-in-flight", fmt.Sprint(tenantLimit)}},
-			enqueue: []string{"--tenants", "5", "--priorities", "10"},
+			enqueue: []string{"--tenants", "10", "--priorities", "10"},
 			work:    []string{"--urgent-priority", "2", "--task-time", "50ms", "--concurrency", "8"}},
 		{name: "ttl", items: 400, setup: [][]string{{"parts", "--set", "4"}}, enqueue: []string{"--ttl", "10s"},
 			work: []string{"--task-time", "100ms", "--concurrency", "2"}},
@@ -331,14 +338,6 @@ func TestDeploymentFaults(t *testing.T) {
 		d.startWorker(q)
 	}
 
-	// The operator lowers urgent's queue limit.
-	r := d.run(urgent.name, "limit", "--max-in-flight", fmt.Sprint(urgentLowered), "--json")
-	var lim limitsJSON
-	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &lim); err != nil || lim.MaxInFlight != urgentLowered || lim.TenantMaxInFlight != tenantLimit {
-		t.Errorf("demo limit --max-in-flight %d: %s (%v)", urgentLowered, r.stdout, err)
-	}
-	loweredAt := d.dbNow()
-
 	// SIGSTOP a worker of fair while it holds items, until a peer deleted its
 	// session; the operator looks at the status meanwhile; SIGCONT.
 	frozen := fair.procs[1]
@@ -359,8 +358,8 @@ func TestDeploymentFaults(t *testing.T) {
 			t.Errorf("demo status --queue ttl: paused = %v while paused", s["paused"])
 		}
 		if q == urgent {
-			if l, _ := s["limits"].(map[string]any); l == nil || l["max_in_flight"] != float64(urgentLowered) {
-				t.Errorf("demo status --queue urgent: limits %v, want max_in_flight %d", s["limits"], urgentLowered)
+			if l, _ := s["limits"].(map[string]any); l == nil || l["max_in_flight"] != float64(urgentLimit) || l["tenant_max_in_flight"] != float64(tenantLimit) {
+				t.Errorf("demo status --queue urgent: limits %v, want max_in_flight %d, tenant_max_in_flight %d", s["limits"], urgentLimit, tenantLimit)
 			}
 		}
 		sessions, _ := s["sessions"].([]any)
@@ -373,6 +372,15 @@ func TestDeploymentFaults(t *testing.T) {
 	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
+
+	// The operator lowers urgent's queue limit, just before the database
+	// restart (sessions may not read it before the server goes away).
+	r := d.run(urgent.name, "limit", "--max-in-flight", fmt.Sprint(urgentLowered), "--json")
+	var lim limitsJSON
+	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &lim); err != nil || lim.MaxInFlight != urgentLowered || lim.TenantMaxInFlight != tenantLimit {
+		t.Errorf("demo limit --max-in-flight %d: %s (%v)", urgentLowered, r.stdout, err)
+	}
+	loweredAt := d.dbNow()
 
 	// A producer enqueues more into noparts while the fleet recovers.
 	d.enqueue(noparts, 300)
@@ -422,6 +430,9 @@ func TestDeploymentFaults(t *testing.T) {
 	}
 	if s := d.statusOf(ttl.name); s["paused"] != false {
 		t.Errorf("demo status --queue ttl: paused = %v after resume", s["paused"])
+	}
+	if l, _ := d.statusOf(urgent.name)["limits"].(map[string]any); l == nil || l["max_in_flight"] != float64(urgentLowered) {
+		t.Errorf("demo status --queue urgent: limits %v after the limit was lowered to %d", l, urgentLowered)
 	}
 
 	// Every item of every queue ends within the bound.
@@ -522,11 +533,16 @@ func TestDeploymentFaults(t *testing.T) {
 	}
 
 	// The limits of urgent: items in flight never exceed the queue's limit
-	// (6, then 4), nor a tenant's (2). The README's bound: no excess for
-	// items shorter than worker.DefaultLimitGrace except when a share moves,
-	// and a share that shrinks takes effect at once; workers read the
-	// limits every worker.DefaultLimitRefresh. A killed process's runs end
-	// at its death.
+	// (6, then 4), nor a tenant's (2). The bounds (README, "Fleet-wide
+	// limits", and the worker package's doc): no excess for items shorter
+	// than worker.DefaultLimitGrace except when a share moves; a share that
+	// shrinks takes effect at once; workers read the limits every
+	// worker.DefaultLimitRefresh, and a limit lowered while a session
+	// cannot read it (the database restart) is exceeded for at most
+	// worker.DefaultLimitStaleAfter plus one refresh, and by the items
+	// claimed before then until they end (50 ms here: a second is allowed).
+	// A killed process's runs end at its death; the frozen process works
+	// another queue.
 	var urgentRuns []runSpan
 	byTenant := map[string][]runSpan{}
 	for _, rr := range runs {
@@ -535,12 +551,19 @@ func TestDeploymentFaults(t *testing.T) {
 			byTenant[urgent.tenant[rr.item]] = append(byTenant[urgent.tenant[rr.item]], rr)
 		}
 	}
-	settled := loweredAt.Add(worker.DefaultLimitRefresh + time.Second)
+	settled := loweredAt.Add(worker.DefaultLimitStaleAfter + worker.DefaultLimitRefresh + time.Second)
 	most, mostAt := mostAtOnce(urgentRuns, time.Time{})
+	var early []runSpan
+	for _, rr := range urgentRuns {
+		if rr.start.Before(loweredAt) {
+			early = append(early, rr)
+		}
+	}
+	before, _ := mostAtOnce(early, time.Time{})
 	after, afterAt := mostAtOnce(urgentRuns, settled)
-	t.Logf("urgent: %d runs, at most %d at once (limit %d) at %v; at most %d at once from %v on (limit lowered to %d at %v)",
-		len(urgentRuns), most, urgentLimit, mostAt.Format("15:04:05.000"), after, settled.Format("15:04:05.000"), urgentLowered,
-		loweredAt.Format("15:04:05.000"))
+	t.Logf("urgent: %d runs, at most %d at once (limit %d) at %v; %d at once among those started before the limit was lowered to %d at %v; at most %d at once from %v on",
+		len(urgentRuns), most, urgentLimit, mostAt.Format("15:04:05.000"), before, urgentLowered, loweredAt.Format("15:04:05.000"),
+		after, settled.Format("15:04:05.000"))
 	if most > urgentLimit {
 		t.Errorf("urgent: %d handler runs at once at %v; the limit was %d", most, mostAt.Format("15:04:05.000"), urgentLimit)
 	}
