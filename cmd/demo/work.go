@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -214,7 +215,10 @@ func cmdWork(ctx context.Context, name string, args []string, out *console) erro
 until SIGINT or SIGTERM, then stops gracefully (in-flight items finish, the
 session is deleted, which releases its parts at once). The handler waits --task-time and records the item in
 demo_results inside the ack transaction. A final line with the worker's
-counters goes to stderr. Needs "demo migrate" first.`)
+counters goes to stderr. Its connections end a transaction left idle longer
+than --expiry (idle_in_transaction_session_timeout), so that a frozen
+worker's open transaction cannot hold its locks, and its peers' reapers, for
+ever. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
@@ -271,7 +275,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		p, err := connect(ctx, c.databaseURL, poolSize)
+		p, err := connectWith(ctx, c.databaseURL, poolSize, idleTxTimeout(c.expiry, out))
 		if err != nil {
 			return err
 		}
@@ -408,6 +412,33 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		return failf(1, "%v", runErr)
 	}
 	return nil
+}
+
+// idleTxTimeout returns the AfterConnect of the worker's pool: it sets the
+// connection's idle_in_transaction_session_timeout to d (the session
+// expiry; PostgreSQL and CockroachDB both have the variable). A process
+// frozen (SIGSTOP, a paused VM) or cut off in the middle of a transaction
+// otherwise keeps the transaction open, and its row locks, until its
+// connection dies: the items it was acking stay locked, and every peer's
+// reaper of expired sessions waits on them (deleting the frozen session
+// touches those items), so no expired session of the database is reaped
+// meanwhile. With the timeout, the server ends such a transaction and its
+// connection after d idle: no worker transaction waits on its client that
+// long. If the server refuses the variable, one warning goes to stderr and
+// the connection is used as it is.
+func idleTxTimeout(d time.Duration, out *console) func(context.Context, *pgx.Conn) error {
+	var warned atomic.Bool
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", d.Milliseconds()))
+		switch {
+		case err == nil:
+		case conn.IsClosed():
+			return fmt.Errorf("setting idle_in_transaction_session_timeout: %w", err)
+		case !warned.Swap(true):
+			out.errorf("demo work: the server refused idle_in_transaction_session_timeout (%v): a frozen worker's open transaction keeps its locks until its connection dies", err)
+		}
+		return nil
+	}
 }
 
 func errString(err error) string {
