@@ -250,8 +250,9 @@ const runsTable = `CREATE TABLE IF NOT EXISTS demo_runs (
 // Both writes are retried until they succeed (the database may be
 // restarting), inside the handler, so the recorded interval holds the run
 // and is what the worker counted as running: the start is written before h
-// starts (if ctx ends first, h does not run), the end after h returned
-// (tried for at most runEndPatience). A failed write is logged on stderr.
+// starts (if ctx ends first, h does not run and the start, if it was
+// written, is deleted), the end after h returned (tried for at most
+// runEndPatience). A failed write is logged on stderr.
 func recordRuns(db *pgxpool.Pool, out *console, h worker.Handler) worker.Handler {
 	pid := int64(os.Getpid())
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
@@ -262,6 +263,14 @@ func recordRuns(db *pgxpool.Pool, out *console, h worker.Handler) worker.Handler
 ON CONFLICT (run_id) DO NOTHING`, id, it.ID, pid)
 			return err
 		}); err != nil {
+			// The start may have been written all the same (the answer
+			// lost to the cancellation): h does not run, so no run stays.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runEndPatience)
+			defer cancel()
+			_ = retryRecord(dctx, out, "withdrawal", func(ctx context.Context) error {
+				_, err := db.Exec(ctx, `DELETE FROM demo_runs WHERE run_id = $1`, id)
+				return err
+			})
 			return nil, err
 		}
 		rec, err := h(ctx, it)
