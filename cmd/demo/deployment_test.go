@@ -66,7 +66,7 @@ type deployQueue struct {
 	runIDs  []string             // the runs (demo enqueue processes) that enqueued its items
 	total   int                  // items enqueued into it
 	procs   []*proc              // its worker processes now running
-	pids    map[int]string       // every worker process it had: pid → name
+	pids    map[int]*proc        // every worker process it had, by pid
 	started int                  // worker processes started, for their names
 	tenant  map[uuid.UUID]string // item → tenant, read before any worker ran
 }
@@ -100,7 +100,7 @@ func newDeployment(t *testing.T, dbURL string, queues []*deployQueue) *deploymen
 	f := &faultDemo{t: t, url: dbURL, env: env, db: db, lastSeen: map[uuid.UUID]time.Time{}}
 	d := &deployment{t: t, f: f, queues: queues, byName: map[string]*deployQueue{}}
 	for _, q := range queues {
-		q.pids = map[int]string{}
+		q.pids = map[int]*proc{}
 		q.tenant = map[uuid.UUID]string{}
 		d.byName[q.name] = q
 	}
@@ -146,7 +146,7 @@ func (d *deployment) startWorker(q *deployQueue) *proc {
 	args := append([]string{"--queue", q.name, "--record-runs"}, q.work...)
 	p := d.f.work(name, deployHeartbeat, deployExpiry, args...)
 	q.procs = append(q.procs, p)
-	q.pids[p.cmd.Process.Pid] = name
+	q.pids[p.cmd.Process.Pid] = p
 	return p
 }
 
@@ -196,7 +196,8 @@ func (d *deployment) statusOf(q string) map[string]any {
 	// A queue's parts are owned by its own workers only (named <queue>-wN).
 	owners, _ := s["part_owners"].([]any)
 	for _, o := range owners {
-		if m, _ := o.(map[string]any); m == nil || !strings.HasPrefix(fmt.Sprint(m["name"]), q+"-w") {
+		// A session that started after status read the sessions has no name.
+		if m, _ := o.(map[string]any); m == nil || m["name"] != nil && !strings.HasPrefix(fmt.Sprint(m["name"]), q+"-w") {
 			d.t.Errorf("demo status --queue %s: parts owned by a session of another queue: %v", q, o)
 		}
 	}
@@ -204,15 +205,17 @@ func (d *deployment) statusOf(q string) map[string]any {
 }
 
 // unended returns, per queue, the items not ended yet, those of them
-// claimed, and how many of the queue's parts have no owner, one line per
-// queue with items left (empty when every item ended; nil if the database
+// claimed, and the parts of the unclaimed ones and how many of those have
+// no owner, one line per queue with items left (empty when every item ended; nil if the database
 // did not answer).
 func (d *deployment) unended() []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rows, err := d.f.db.Query(ctx, `SELECT queue, count(*), count(*) FILTER (WHERE claim IS NOT NULL),
-		count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)), count(DISTINCT part) FILTER (WHERE claim IS NULL)
-		FROM crdbwork_items GROUP BY queue ORDER BY queue`)
+		count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)), count(DISTINCT part) FILTER (WHERE claim IS NULL),
+		count(DISTINCT part) FILTER (WHERE claim IS NULL AND NOT EXISTS (
+			SELECT 1 FROM crdbwork_session_parts AS p WHERE p.queue = i.queue AND p.part = i.part))
+		FROM crdbwork_items AS i GROUP BY queue ORDER BY queue`)
 	if err != nil {
 		return nil
 	}
@@ -220,12 +223,12 @@ func (d *deployment) unended() []string {
 	lines := []string{}
 	for rows.Next() {
 		var q string
-		var n, claimed, live, parts int
-		if err := rows.Scan(&q, &n, &claimed, &live, &parts); err != nil {
+		var n, claimed, live, parts, unowned int
+		if err := rows.Scan(&q, &n, &claimed, &live, &parts, &unowned); err != nil {
 			return nil
 		}
-		lines = append(lines, fmt.Sprintf("queue %s: %d items not ended (%d claimed, %d of them by a live session; the unclaimed ones in %d parts)",
-			q, n, claimed, live, parts))
+		lines = append(lines, fmt.Sprintf("queue %s: %d items not ended (%d claimed, %d of them by a live session; the unclaimed ones in %d parts, %d of them owned by nobody)",
+			q, n, claimed, live, parts, unowned))
 	}
 	if rows.Err() != nil {
 		return nil
@@ -348,9 +351,12 @@ func TestDeploymentFaults(t *testing.T) {
 	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	d.f.waitFor("the frozen worker's session to be deleted by a peer", time.Minute, func() bool {
-		return d.f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, frozenSID) == 0
-	})
+	for deadline := time.Now().Add(time.Minute); d.f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, frozenSID) != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the frozen worker's session was not deleted by a peer within a minute; the database's transactions:\n%s", d.transactions())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	gone := d.dbNow()
 	for _, q := range queues {
 		s := d.statusOf(q.name)
@@ -499,6 +505,9 @@ func TestDeploymentFaults(t *testing.T) {
 	// frozen session's at all after its deletion; no claim of a live
 	// session past its lease.
 	d.checkSessions()
+	if strings.Contains(frozen.stderr.String(), "25P03") {
+		t.Logf("the frozen worker was frozen in a transaction: the server ended it (idle_in_transaction_session_timeout)")
+	}
 	if n := d.f.count(`SELECT count(*) FROM demo_results WHERE session_id = $1 AND done_at >= $2`, frozenSID, gone); n != 0 {
 		t.Errorf("%d results written by the frozen session after its session was gone", n)
 	}
@@ -587,6 +596,32 @@ func TestDeploymentFaults(t *testing.T) {
 		took.Round(time.Millisecond), bound, restartedAt.Format("15:04:05.000"), acked, dead2)
 }
 
+// transactions lists the database's open transactions, oldest first: who
+// (application, client port, state, what it waits for), since when, and
+// its last statement; for the failures of waits.
+func (d *deployment) transactions() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := d.f.db.Query(ctx, `SELECT pid, COALESCE(client_port, 0), state, COALESCE(wait_event_type || ':' || wait_event, ''),
+		now() - xact_start, left(regexp_replace(query, '\s+', ' ', 'g'), 160)
+		FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid() ORDER BY xact_start`)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var pid, port int
+		var state, wait, query string
+		var age time.Duration
+		if err := rows.Scan(&pid, &port, &state, &wait, &age, &query); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "  backend %d (client port %d): %s %v, waiting for %q: %s\n", pid, port, state, age.Round(time.Millisecond), wait, query)
+	}
+	return b.String()
+}
+
 // runSpan is one recorded handler run (demo_runs) of an item.
 type runSpan struct {
 	item       uuid.UUID
@@ -611,7 +646,9 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	defer rows.Close()
 	var out []runSpan
+	unended := map[int]int{} // pid → runs without an end
 	for rows.Next() {
 		var s runSpan
 		var run string
@@ -627,12 +664,24 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 		case killed:
 			s.end = at
 		default:
-			d.t.Fatalf("a run of item %s in process %d has no end, and the process was not killed", s.item, pid)
+			unended[s.pid]++
 		}
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
 		d.t.Fatal(err)
+	}
+	for pid, n := range unended {
+		name, tail := "not a worker", ""
+		for _, q := range d.queues {
+			if p := q.pids[pid]; p != nil {
+				name, tail = p.name, lastLines(p.stderr.String(), 30)
+			}
+		}
+		d.t.Errorf("%d runs in process %d (%s) have no end, and the process was not killed; its last lines:\n%s", n, pid, name, tail)
+	}
+	if len(unended) > 0 {
+		d.t.FailNow()
 	}
 	return out
 }
