@@ -157,7 +157,7 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 			return result{}, fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+	if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 		return result{}, err
 	}
 

@@ -123,7 +123,7 @@ SELECT gen_random_uuid(), $1, '\x'::BYTEA FROM generate_series(1, $2)`, growthQu
 	if !vacuum {
 		return nil
 	}
-	_, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`)
+	err := crsql.RefreshStats(ctx, pool, "crdbwork_items")
 	return err
 }
 

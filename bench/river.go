@@ -10,6 +10,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // noopArgs is River plain's job: no work, no result row.
@@ -87,7 +89,7 @@ func (r riverSystem) run(ctx context.Context, url string, items int, m marks) (r
 	if _, err := pool.Exec(ctx, `TRUNCATE river_job, bench_river_results`); err != nil {
 		return result{}, err
 	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE river_job`); err != nil {
+	if err := crsql.RefreshStats(ctx, pool, "river_job"); err != nil {
 		return result{}, err
 	}
 	workers := river.NewWorkers()

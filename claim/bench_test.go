@@ -12,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // BenchmarkClaimAck measures claim + exactly-once ack throughput on the test
@@ -129,7 +130,7 @@ func BenchmarkClaim(b *testing.B) {
 			if _, err := q.Enqueue(ctx, payloads(b.N)...); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := pool.Exec(ctx, `VACUUM ANALYZE crdbwork_items`); err != nil {
+			if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 				b.Fatal(err)
 			}
 			s := startSession(b, ctx, pool)

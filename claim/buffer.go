@@ -84,8 +84,8 @@ type BufferStats struct {
 // its id then (NewItem.ID, or a generated one), so that the flush's rows
 // are fixed across its retries. Outcomes per caller:
 //
-//   - the flush committed: the item's id, and whether it was new (see
-//     Enqueued.New);
+//   - the flush committed: the item's id, whether it was new, and if not,
+//     whether it had already ended (see Enqueued);
 //   - the flush's outcome is unknown (ErrOutcomeUnknown): every caller of
 //     that flush gets an error wrapping ErrOutcomeUnknown and its item's id;
 //     enqueueing again with NewItem.ID set to it is idempotent;
@@ -138,8 +138,8 @@ const (
 )
 
 type bufResult struct {
-	isNew bool
-	err   error
+	isNew, done bool
+	err         error
 }
 
 // NewBuffer returns a Buffer that enqueues into q, and starts its flushers.
@@ -176,25 +176,55 @@ func NewBuffer(q *Queue, opts BufferOptions) (*Buffer, error) {
 
 // Enqueue adds item to the queue, sharing a statement with the items of
 // other callers that wait at the same time, and returns its id and whether
-// this call added it (false: an item with that id was already in the
-// items table, as for Queue.EnqueueReport). See Buffer for the outcomes:
-// on an error wrapping ErrOutcomeUnknown, id is the item's id (enqueue it
-// again with NewItem.ID set to it to make sure); on any other error nothing
-// was enqueued and id is zero.
+// this call added it (false: its id was a duplicate, of an item still in
+// the items table or of one that ended within the queue's dedup window, as
+// for Queue.EnqueueReport; EnqueueReport tells them apart). See Buffer for
+// the outcomes: on an error wrapping ErrOutcomeUnknown, id is the item's id
+// (enqueue it again with NewItem.ID set to it to make sure: within the
+// queue's dedup window that adds nothing that was already added, even if a
+// worker already acked it); on any other error nothing was enqueued and id
+// is zero.
 func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew bool, err error) {
+	res, err := b.EnqueueReport(ctx, item)
+	if len(res.IDs) == 1 {
+		id = res.IDs[0]
+	}
+	if len(res.New) == 1 {
+		isNew = res.New[0]
+	}
+	return id, isNew, err
+}
+
+// EnqueueReport is Enqueue, reporting what happened to the item as
+// Queue.EnqueueReport does for one item: its id, whether this call added
+// it, and if not, whether its id had already ended in the queue within the
+// dedup window (Done) or is still queued. On an error wrapping
+// ErrOutcomeUnknown, only the id is set; on any other error, nothing.
+func (b *Buffer) EnqueueReport(ctx context.Context, item NewItem) (Enqueued, error) {
+	id, isNew, done, err := b.enqueue(ctx, item)
+	switch {
+	case err == nil:
+		return Enqueued{IDs: []uuid.UUID{id}, New: []bool{isNew}, Done: []bool{done}}, nil
+	case id != uuid.UUID{}:
+		return Enqueued{IDs: []uuid.UUID{id}}, err
+	}
+	return Enqueued{}, err
+}
+
+func (b *Buffer) enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew, done bool, err error) {
 	if err := ctx.Err(); err != nil {
-		return uuid.UUID{}, false, fmt.Errorf("claim: buffered enqueue: %w", err)
+		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: %w", err)
 	}
 	pb, err := b.q.prepare([]NewItem{item})
 	if err != nil {
-		return uuid.UUID{}, false, err
+		return uuid.UUID{}, false, false, err
 	}
 	r := &bufRequest{item: item, id: pb.ids[0], hash: pb.hashes[0], given: len(pb.given) == 1,
 		arrived: time.Now(), result: make(chan bufResult, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return uuid.UUID{}, false, ErrBufferClosed
+		return uuid.UUID{}, false, false, ErrBufferClosed
 	}
 	b.pending = append(b.pending, r)
 	b.waiting.Add(1)
@@ -219,21 +249,21 @@ func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew
 	default:
 	}
 	if state == reqPending {
-		return uuid.UUID{}, false, fmt.Errorf("claim: buffered enqueue: withdrawn before its flush: %w", ctx.Err())
+		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: withdrawn before its flush: %w", ctx.Err())
 	}
-	return r.id, false, fmt.Errorf("claim: buffered enqueue of item %s: the caller gave up while its flush was in flight: %w: %w",
+	return r.id, false, false, fmt.Errorf("claim: buffered enqueue of item %s: the caller gave up while its flush was in flight: %w: %w",
 		r.id, ErrOutcomeUnknown, ctx.Err())
 }
 
 // answer turns a flush's result into Enqueue's.
-func (b *Buffer) answer(r *bufRequest, res bufResult) (uuid.UUID, bool, error) {
+func (b *Buffer) answer(r *bufRequest, res bufResult) (uuid.UUID, bool, bool, error) {
 	switch {
 	case res.err == nil:
-		return r.id, res.isNew, nil
+		return r.id, res.isNew, res.done, nil
 	case errors.Is(res.err, ErrOutcomeUnknown):
-		return r.id, false, fmt.Errorf("claim: buffered enqueue of item %s: %w", r.id, res.err)
+		return r.id, false, false, fmt.Errorf("claim: buffered enqueue of item %s: %w", r.id, res.err)
 	default:
-		return uuid.UUID{}, false, fmt.Errorf("claim: buffered enqueue: %w", res.err)
+		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: %w", res.err)
 	}
 }
 
@@ -378,7 +408,7 @@ func (b *Buffer) flush(ctx context.Context, reqs []*bufRequest) {
 		if err != nil {
 			r.result <- bufResult{err: err}
 		} else {
-			r.result <- bufResult{isNew: res.New[i]}
+			r.result <- bufResult{isNew: res.New[i], done: res.Done[i]}
 		}
 	}
 }
@@ -398,7 +428,7 @@ func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error
 		}
 	}
 	if err := b.q.ready(ctx); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", b.q.opts.Queue, err)
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", b.q.opts.Queue, plain(err))
 	}
 	res, err := b.q.enqueueOn(ctx, b.q.db, eb)
 	if err == nil {

@@ -125,24 +125,97 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		skip = []string{}
 	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds()}
-	stmt := e.st.ClaimAny
-	if req.Parts != nil {
-		// Each part once: the statement reads every listed part with its
-		// own limit, and a part listed twice would pick its rows twice.
-		ps := make([]int64, 0, len(req.Parts))
-		seen := make(map[int]bool, len(req.Parts))
-		for _, p := range req.Parts {
-			if !seen[p] {
-				seen[p] = true
-				ps = append(ps, int64(p))
+	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds(), skip}
+	if req.Parts == nil {
+		return q.runClaim(ctx, e, session, "claiming", e.st.ClaimAny, args)
+	}
+	// Each part once: the statement reads every listed part with its own
+	// limit, and a part listed twice would pick its rows twice.
+	ps := make([]int64, 0, len(req.Parts))
+	seen := make(map[int]bool, len(req.Parts))
+	for _, p := range req.Parts {
+		if !seen[p] {
+			seen[p] = true
+			ps = append(ps, int64(p))
+		}
+	}
+	if len(ps) > crsql.MaxPartBranches {
+		return q.claimManyParts(ctx, e, session, req.Max, ps, skip)
+	}
+	for _, p := range ps {
+		args = append(args, p)
+	}
+	return q.runClaim(ctx, e, session, "claiming", q.parts.Claim(e.dialect, len(ps)), args)
+}
+
+// claimManyParts is ClaimWith for a session that lists more parts than one
+// per-part claim statement reads (crsql.MaxPartBranches): in one
+// transaction, a Pick per group of parts locks the best n claimable items
+// of each group, the best n of them all in (priority, turn_at) order are
+// claimed by ClaimPicked, and the other picked rows are left as they were
+// (their locks end with the transaction, which commits at once). So the
+// claim hands out what one statement over every part would: the best n
+// across the parts, each part read up to n entries. The transaction is
+// SERIALIZABLE on CockroachDB (which refuses SKIP LOCKED under READ
+// COMMITTED) and at the server's default isolation on PostgreSQL, as the
+// single-statement claims are (see Queue.ready).
+func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID, n int, parts []int64, skip []string) ([]Item, error) {
+	opts := pgx.TxOptions{}
+	if e.dialect == crsql.Cockroach {
+		opts.IsoLevel = pgx.Serializable
+	}
+	type picked struct {
+		id       uuid.UUID
+		priority int64
+		turn     time.Time
+	}
+	var items []Item
+	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
+		var all []picked
+		for start := 0; start < len(parts); start += crsql.MaxPartBranches {
+			group := parts[start:min(start+crsql.MaxPartBranches, len(parts))]
+			args := []any{q.opts.Queue, n, skip}
+			for _, p := range group {
+				args = append(args, p)
+			}
+			rows, err := tx.Query(ctx, q.parts.Pick(len(group)), args...)
+			if err != nil {
+				return err
+			}
+			var r picked
+			if _, err := pgx.ForEachRow(rows, []any{&r.id, &r.priority, &r.turn}, func() error {
+				all = append(all, r)
+				return nil
+			}); err != nil {
+				return err
 			}
 		}
-		stmt = e.st.ClaimParts
-		args = append(args, ps)
-	}
-	args = append(args, skip)
-	return q.runClaim(ctx, e, session, "claiming", stmt, args)
+		sort.Slice(all, func(i, j int) bool {
+			if all[i].priority != all[j].priority {
+				return all[i].priority < all[j].priority
+			}
+			return all[i].turn.Before(all[j].turn)
+		})
+		all = all[:min(n, len(all))]
+		if len(all) == 0 {
+			items = nil
+			return nil
+		}
+		ids := make([]uuid.UUID, len(all))
+		for i, r := range all {
+			ids[i] = r.id
+		}
+		rows, err := tx.Query(ctx, q.parts.ClaimPickedFor(e.dialect), session, q.opts.Lease.Microseconds(), ids)
+		if err != nil {
+			return err
+		}
+		if items, err = scanItems(rows, session); err != nil {
+			return err
+		}
+		items, err = q.takeAtMostOnce(ctx, tx, e, items)
+		return err
+	})
+	return q.claimed(session, "claiming", items, err)
 }
 
 // runClaim runs one of the claim statements (ClaimWith's, or ClaimUrgent's)
@@ -174,6 +247,13 @@ func (q *Queue) runClaim(ctx context.Context, e *engine, session uuid.UUID, what
 			items = q.takeAtMostOnceAlone(ctx, e, items)
 		}
 	}
+	return q.claimed(session, what, items, err)
+}
+
+// claimed finishes a claim that returned items and err: it reports a
+// foreign-key violation as ErrNotOwner (a part the session does not own),
+// or sorts the items in claim order and counts them.
+func (q *Queue) claimed(session uuid.UUID, what string, items []Item, err error) ([]Item, error) {
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23503" {

@@ -28,6 +28,38 @@
 // or moved to the dead-items table when it runs out of attempts or its
 // error is marked Permanent.
 //
+// The dead-items table keeps every death: ids are the caller's, so an id may
+// be enqueued again after its item died, and die again; each death is its
+// own row (DeadItem.Death), listed by Dead and DeadBefore, and Requeue puts
+// back the newest (RequeueDeath a given one) while the others stay as
+// history. A move the database refuses for something about one item never
+// holds up the rest: Reap runs all its steps and moves every other item,
+// reporting the one it could not move (ReapError, with its id), and a Nack
+// whose move is refused still ends the claim (ErrDeadLetterFailed).
+//
 // A Buffer lets many goroutines that enqueue one item each share statements
 // (group commit for producers), each still told only what committed.
+//
+// # Enqueues are idempotent on ids, beyond the item's life
+//
+// An enqueue (Enqueue, EnqueueReport, EnqueueTx, EnqueueReportTx, a Buffer,
+// package schedule) whose outcome is unknown returns ErrOutcomeUnknown with
+// the items' ids. Enqueue the same items again with NewItem.ID set to those
+// ids: nothing is added twice, whatever happened meanwhile. An item still
+// queued or running is found in the items table; one that already ended —
+// acked, moved to the dead items, cancelled, or taken by the claim of an
+// at-most-once item — is found among the queue's ended ids, which every
+// statement that ends an item records in the same statement, and is not
+// run again (Enqueued.Done reports it). Ended ids are kept for the queue's
+// dedup window (Settings.DedupWindow, DefaultDedupWindow — a day — unless
+// set otherwise; Settings.DedupOff keeps none) and then pruned, in bounded
+// batches, by every worker session's Reap (PruneEnded): a retry must come
+// within the window. Ids are per queue: the same id may be an item of one
+// queue and, after it ended, be enqueued into another.
+//
+// NewItem.UniqueKey (with NewItem.UniquePeriod) uses the same mechanism for
+// unique jobs: the item's id is derived from the queue, the key and the
+// period (UniqueID), so a second enqueue of the key in the same period is
+// a duplicate while the first is queued and for the dedup window after it
+// ended.
 package claim

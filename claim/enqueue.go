@@ -37,7 +37,7 @@ const (
 	// one COPY: half of CockroachDB's default limit on a message.
 	chunkBytes = 8 << 20
 	// rowOverhead estimates the bytes a row takes besides its payload,
-	// metadata and key: the id, five integers and the length words of the
+	// metadata, key and tenant: the id, five integers and the length words of the
 	// array or COPY encoding.
 	rowOverhead = 96
 	// insertRows bounds the rows of one INSERT; copyRows those of one COPY.
@@ -56,11 +56,38 @@ var ErrIDInOtherQueue = errors.New("the id belongs to an item of another queue")
 // NewItem is an item to enqueue. Only Payload is required.
 type NewItem struct {
 	// ID, if not zero, is the item's id, chosen by the caller; zero means a
-	// random one is generated. Enqueue is idempotent on ids: an item whose id
-	// is already in the queue's items table is left as it is and not added
-	// again, so that an enqueue retried after an unknown outcome never
-	// creates duplicates.
+	// random one is generated (or, with a UniqueKey, one derived from it).
+	// Enqueue is idempotent on ids: an item whose id is already in the
+	// queue's items table is left as it is and not added again, and neither
+	// is one whose id ended in this queue (acked, dead, cancelled, or taken
+	// by the claim of an at-most-once item) within the queue's dedup window
+	// (Settings.DedupWindow, a day by default). So an enqueue retried after
+	// an unknown outcome never creates a duplicate, nor runs work again
+	// that a worker already finished, as long as the retry comes within
+	// the window.
 	ID uuid.UUID
+	// UniqueKey, if set, makes the item unique by this key in its queue
+	// (within UniquePeriod, if set), in the manner of River's unique jobs:
+	// its id is derived from the queue's name, the key and the start of the
+	// period (see UniqueID), so enqueues of the same key in the same period
+	// get the same id and the dedup of ids applies: while an item of that
+	// key and period is queued or running, and for the queue's dedup window
+	// after it ended, another is not added (Enqueued.New is false, and
+	// Enqueued.Done says whether it ended). Make the dedup window at least
+	// UniquePeriod for the key to stay unique for its whole period. It may
+	// not be given together with ID (the derived id is the item's id: retry
+	// an unknown outcome with the returned id in ID, or with the same
+	// UniqueKey within the same period). At most MaxKeyLength bytes of
+	// valid UTF-8, without NUL bytes.
+	UniqueKey string
+	// UniquePeriod, if positive, divides time into periods of this length
+	// (counted from the Unix epoch, by this process's clock: processes whose
+	// clocks disagree may see a boundary at slightly different instants):
+	// a UniqueKey is unique within each period, and the next period's
+	// enqueue of the key adds a new item. Zero: one period for ever (the
+	// key is unique while an item of it is queued or within the dedup
+	// window). Only with UniqueKey; at least a microsecond.
+	UniquePeriod time.Duration
 	// Payload is the item's data, at most Options.MaxPayload bytes.
 	Payload []byte
 	// Metadata is optional data kept beside the payload (headers, tracing).
@@ -102,13 +129,24 @@ type Enqueued struct {
 	// IDs are the items' ids, in the order of the items: the caller's
 	// NewItem.ID, or the one generated.
 	IDs []uuid.UUID
-	// New[i] reports whether this call added item i. False means an item
-	// with that id was already in the queue's items table (enqueued earlier
-	// and not yet acked, cancelled or dead-lettered), and was left as it
-	// was. An id is "new" whenever it is not in the items table now: an id
-	// whose item was acked, cancelled or moved to the dead-items table is
-	// enqueued again, as a new item.
+	// New[i] reports whether this call added item i. False means the id
+	// was a duplicate and nothing was added for it: either an item with
+	// that id is in the queue's items table (enqueued earlier, not yet
+	// ended: Done[i] is false), or one ended in this queue within its dedup
+	// window (Done[i] is true). An id whose item ended longer ago than the
+	// window (or in a queue whose window is off) is enqueued again, as a
+	// new item.
 	New []bool
+	// Done[i] reports whether item i's id ended in this queue (acked, moved
+	// to the dead items, cancelled, or taken by the claim of an
+	// at-most-once item) within the queue's dedup window and is not in the
+	// items table: its work is done (or dead) and was not enqueued again.
+	// Always false when New[i] is true. When the call's statements ran
+	// outside one transaction (a single item through a pool on
+	// CockroachDB, or EnqueueTx given neither a transaction nor a pool),
+	// Done is read by a second statement: an item acked in between is then
+	// reported done rather than queued.
+	Done []bool
 }
 
 // Added returns the number of items the call added.
@@ -132,22 +170,27 @@ func (e Enqueued) Added() int {
 //
 // If err wraps ErrOutcomeUnknown, the items may or may not have been
 // enqueued; the ids are returned all the same: enqueue the same items with
-// NewItem.ID set to them to make sure, without creating duplicates. On any
-// other error nothing was enqueued and ids is nil.
+// NewItem.ID set to them to make sure (EnqueueReport says which were new).
+// That adds no duplicate whatever happened meanwhile, provided the retry
+// comes within the queue's dedup window (Settings.DedupWindow, a day by
+// default): an item still queued is found in the items table, and one that
+// a worker already acked (or that died, was cancelled, or was taken as an
+// at-most-once item) is found among the ended ids, and is not run again.
+// On any other error nothing was enqueued and ids is nil.
 func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) (ids []uuid.UUID, err error) {
 	res, err := q.EnqueueReport(ctx, items...)
 	return res.IDs, err
 }
 
-// EnqueueReport is Enqueue, reporting which items were added by this call
-// and which were already present.
+// EnqueueReport is Enqueue, reporting which items were added by this call,
+// which were already queued and which had already ended (see Enqueued).
 func (q *Queue) EnqueueReport(ctx context.Context, items ...NewItem) (Enqueued, error) {
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
 	if err := q.ready(ctx); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
 	}
 	return q.enqueueOn(ctx, q.db, b)
 }
@@ -158,9 +201,12 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 	var res Enqueued
 	err := retry.Do(ctx, nil, func(ctx context.Context) error { return crsql.Classify(q.stamp(ctx, db, b)) })
 	if err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(b.items), q.opts.Queue, err)
+		// The turns are only read: nothing was written, whatever the
+		// connection did. A plain failure, never an unknown outcome.
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns (nothing was enqueued): %w",
+			len(b.items), q.opts.Queue, plain(err))
 	}
-	single := !b.needsTx(true)
+	single := !b.needsTx(true, q.isolated())
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
@@ -180,7 +226,12 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 // retry: retrying the caller's transaction is the caller's business. Given a
 // pool or a connection instead (a DB), it does what Enqueue does on it;
 // given any other crsql.DB, it runs its statements one by one (atomic only
-// when the items fit in one). Ids and idempotence are as for Enqueue.
+// when the items fit in one). Ids and idempotence are as for Enqueue; in
+// the caller's transaction, the check against ended ids is as isolated as
+// that transaction: run it SERIALIZABLE (CockroachDB's default; on
+// PostgreSQL, BEGIN ISOLATION LEVEL SERIALIZABLE) so that an ack of the same
+// id committing at the same moment cannot slip between the check and the
+// insert; under READ COMMITTED such a race can add the id again.
 func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
 	res, err := q.EnqueueReportTx(ctx, db, items...)
 	return res.IDs, err
@@ -194,13 +245,13 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 		return Enqueued{}, err
 	}
 	if err := q.readyOn(ctx, db); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, err)
+		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
 	}
 	res := b.result()
 	_, canCopy := db.(copier)
 	if _, isTx := db.(pgx.Tx); isTx {
 		if err := q.stamp(ctx, db, b); err != nil {
-			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, crsql.Classify(err))
+			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(crsql.Classify(err)))
 		}
 		// Nothing commits here: on error, the caller's transaction must be
 		// rolled back, and nothing is unknown.
@@ -216,7 +267,8 @@ func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewIt
 	// Neither a transaction nor a pool: the statements run one by one, and
 	// one that fails in flight leaves the outcome unknown.
 	if err := q.stamp(ctx, db, b); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, crsql.Classify(err))
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns (nothing was enqueued): %w",
+			len(items), q.opts.Queue, plain(crsql.Classify(err)))
 	}
 	err = q.write(ctx, db, b, false, &res)
 	return q.finish(b, res, err, true)
@@ -262,18 +314,93 @@ type batch struct {
 	generated []int // items whose id was generated
 }
 
-// needsTx reports whether writing b takes more than one statement.
+// needsTx reports whether writing b takes more than one statement, or a
+// transaction of its own.
 //
 // Caller-given ids need one, since an id of another queue's item must fail
-// the whole call (checkForeign runs after the INSERT) — unless the call has
-// a single item: then there is nothing else to undo.
-func (b *batch) needsTx(canCopy bool) bool {
-	return (len(b.given) > 0 && len(b.items) > 1) || (canCopy && len(b.generated) >= copyMinRows) ||
+// the whole call (checkFound runs after the INSERT) — unless the call has
+// a single item: then there is nothing else to undo. Except where a single
+// statement is not isolated (!isolated: PostgreSQL, whose statements
+// outside a transaction run at READ COMMITTED): there an INSERT of a given
+// id that an ack deletes and records as ended at the same moment could miss
+// both (its ON CONFLICT waits for the ack and then finds no conflict, while
+// its read of the ended ids predates the ack); a SERIALIZABLE transaction
+// turns that race into a serialization failure, retried.
+func (b *batch) needsTx(canCopy, isolated bool) bool {
+	return (len(b.given) > 0 && (len(b.items) > 1 || !isolated)) || (canCopy && len(b.generated) >= copyMinRows) ||
 		len(chunks(b.items, all(len(b.items)), insertRows)) > 1
 }
 
+// plain strips ErrOutcomeUnknown from err: for failures of work that wrote
+// nothing (a read, a check), whose outcome is known whatever the
+// connection did. The other errors err wraps stay reachable.
+func plain(err error) error {
+	if err == nil || !errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
+	return knownOutcome{msg: strings.ReplaceAll(err.Error(), ErrOutcomeUnknown.Error()+": ", ""), errs: stripUnknown(err)}
+}
+
+// knownOutcome is an error whose tree had ErrOutcomeUnknown taken out.
+type knownOutcome struct {
+	msg  string
+	errs []error
+}
+
+func (e knownOutcome) Error() string   { return e.msg }
+func (e knownOutcome) Unwrap() []error { return e.errs }
+
+// stripUnknown returns the errors of err's tree that do not lead to
+// ErrOutcomeUnknown, in place of the wrappers that do.
+func stripUnknown(err error) []error {
+	if err == nil || err == ErrOutcomeUnknown {
+		return nil
+	}
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		return []error{err}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		var out []error
+		for _, e := range u.Unwrap() {
+			out = append(out, stripUnknown(e)...)
+		}
+		return out
+	case interface{ Unwrap() error }:
+		return stripUnknown(u.Unwrap())
+	}
+	return nil
+}
+
+// uniqueNamespace is the UUID namespace of the ids derived from unique keys.
+var uniqueNamespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/crdbwork/crdbwork/claim/unique"))
+
+// UniqueID returns the id Enqueue gives an item of queue with unique key
+// key (NewItem.UniqueKey) enqueued at t, with periods of length period
+// (NewItem.UniquePeriod; 0: one period for ever): a name-based (version 5)
+// UUID of the queue, the key and the start of t's period, counted in whole
+// periods from the Unix epoch. Callers may use it to look the item up, or
+// to cancel it.
+func UniqueID(queue, key string, period time.Duration, t time.Time) uuid.UUID {
+	var start int64
+	if period > 0 {
+		ns := t.UnixNano()
+		start = ns - ((ns%int64(period))+int64(period))%int64(period) // floor, before the epoch too
+	}
+	name := fmt.Sprintf("%d:%s|%d:%s|%d|%d", len(queue), queue, len(key), key, period.Nanoseconds(), start)
+	return uuid.NewSHA1(uniqueNamespace, []byte(name))
+}
+
 func (b *batch) result() Enqueued {
-	return Enqueued{IDs: b.ids, New: make([]bool, len(b.items))}
+	return Enqueued{IDs: b.ids, New: make([]bool, len(b.items)), Done: make([]bool, len(b.items))}
+}
+
+// isolated reports whether a single statement outside a transaction is
+// serializable: on CockroachDB (whose only isolation of such statements,
+// unless a cluster changes its default, is SERIALIZABLE). ready has run.
+func (q *Queue) isolated() bool {
+	e := q.engine.Load()
+	return e != nil && e.claimInTx
 }
 
 func all(n int) []int {
@@ -288,12 +415,24 @@ func all(n int) []int {
 func (q *Queue) prepare(items []NewItem) (*batch, error) {
 	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items))}
 	var seen map[uuid.UUID]int
+	now := time.Now() // the unique keys' periods, one instant for the call
 	for i := range items {
 		it := &items[i]
 		if err := q.validate(i, it); err != nil {
 			return nil, err
 		}
-		if it.ID == (uuid.UUID{}) {
+		if it.UniqueKey != "" {
+			if seen == nil {
+				seen = make(map[uuid.UUID]int)
+			}
+			id := UniqueID(q.opts.Queue, it.UniqueKey, it.UniquePeriod, now)
+			if j, dup := seen[id]; dup {
+				return nil, fmt.Errorf("claim: items %d and %d: %w: both have unique key %q in the same period (id %s)", j, i, errBadInput, it.UniqueKey, id)
+			}
+			seen[id] = i
+			b.given = append(b.given, i)
+			b.ids[i] = id
+		} else if it.ID == (uuid.UUID{}) {
 			b.generated = append(b.generated, i)
 		} else {
 			if seen == nil {
@@ -352,6 +491,16 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: the key is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.Key), MaxKeyLength)
 	case !utf8.ValidString(it.Key) || strings.ContainsRune(it.Key, 0):
 		err = fmt.Errorf("%w: the key must be valid UTF-8 without NUL bytes", errBadInput)
+	case it.UniqueKey != "" && it.ID != (uuid.UUID{}):
+		err = fmt.Errorf("%w: both ID and UniqueKey are set: the id of an item with a unique key is derived from it (retry an unknown outcome with the returned id in ID and no UniqueKey, or with the same UniqueKey)", errBadInput)
+	case len(it.UniqueKey) > MaxKeyLength:
+		err = fmt.Errorf("%w: the unique key is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.UniqueKey), MaxKeyLength)
+	case !utf8.ValidString(it.UniqueKey) || strings.ContainsRune(it.UniqueKey, 0):
+		err = fmt.Errorf("%w: the unique key must be valid UTF-8 without NUL bytes", errBadInput)
+	case it.UniquePeriod < 0 || (it.UniquePeriod > 0 && it.UniquePeriod < time.Microsecond):
+		err = fmt.Errorf("%w: UniquePeriod %v must be 0 (one period) or at least 1µs", errBadInput, it.UniquePeriod)
+	case it.UniquePeriod != 0 && it.UniqueKey == "":
+		err = fmt.Errorf("%w: UniquePeriod %v without a UniqueKey", errBadInput, it.UniquePeriod)
 	case len(it.Tenant) > MaxKeyLength:
 		err = fmt.Errorf("%w: the tenant is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.Tenant), MaxKeyLength)
 	case !utf8.ValidString(it.Tenant) || strings.ContainsRune(it.Tenant, 0):
@@ -371,9 +520,16 @@ func (q *Queue) validate(i int, it *NewItem) error {
 	return nil
 }
 
-// rowBytes estimates the bytes item it takes in a statement or COPY.
+// rowBytes estimates the bytes item it takes in a statement or COPY: every
+// variable-length column it fills (payload, metadata, key, tenant) and the
+// fixed ones (rowOverhead). A column left out here could push one
+// statement past CockroachDB's 16 MiB bound on a message: 5,000 tenants of
+// MaxKeyLength bytes alone take 20 MB (TestRowBytesCountsEveryVariableField
+// checks that every string and byte slice of NewItem counts). UniqueKey is
+// not sent (the id derived from it is) but counts all the same: an
+// overestimate of at most MaxKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows
@@ -409,7 +565,10 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
-// generated ids go by COPY when there are enough of them. Caller-given ids
+// generated ids go by COPY when there are enough of them: their ids are
+// random, never in the items table nor among the ended ids, so the COPY
+// needs no dedup (a retry after an unknown outcome gives those ids back as
+// caller-given ids, which go by INSERT and are checked). Caller-given ids
 // always go by INSERT … ON CONFLICT DO NOTHING, which needs no lookup of the
 // ids already present (a lookup whose cached plan, on PostgreSQL, may scan
 // the table when it was made while the table was small).
@@ -427,7 +586,7 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 			return err
 		}
 	}
-	return q.checkForeign(ctx, db, st, b, res)
+	return q.checkFound(ctx, db, st, b, res)
 }
 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
@@ -557,33 +716,50 @@ func (s *copySource) Values() ([]any, error) {
 	return s.row, nil
 }
 
-// checkForeign fails if a caller-given id that was not added belongs to
-// another queue.
-func (q *Queue) checkForeign(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
+// checkFound looks up the caller-given ids that were not added: it fails
+// if one belongs to another queue's item, and marks in res.Done those that
+// ended in this queue within its dedup window. (Generated ids are random:
+// never present.)
+func (q *Queue) checkFound(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
 	var present [][16]byte
+	at := map[uuid.UUID]int{}
 	for _, i := range b.given {
 		if !res.New[i] {
 			present = append(present, b.ids[i])
+			at[b.ids[i]] = i
 		}
 	}
 	if len(present) == 0 {
 		return nil
 	}
-	var id [16]byte
-	var queue string
-	err := db.QueryRow(ctx, st.Foreign, q.opts.Queue, present).Scan(&id, &queue)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
+	rows, err := db.Query(ctx, st.Found, q.opts.Queue, present)
+	if err != nil {
 		return err
 	}
-	for _, i := range b.given {
-		if b.ids[i] == id {
-			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], queue)
-		}
+	type found struct {
+		id    [16]byte
+		queue string
+		ended bool
 	}
-	return fmt.Errorf("%w: id %s is an item of queue %q", ErrIDInOtherQueue, uuid.UUID(id), queue)
+	var f found
+	var all []found
+	if _, err := pgx.ForEachRow(rows, []any{&f.id, &f.queue, &f.ended}, func() error {
+		all = append(all, f)
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, f := range all {
+		i, ok := at[f.id]
+		switch {
+		case !ok:
+			return fmt.Errorf("the lookup of present ids returned id %s, which it was not given", uuid.UUID(f.id))
+		case !f.ended:
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], f.queue)
+		}
+		res.Done[i] = true
+	}
+	return nil
 }
 
 func (q *Queue) maxAttempts(it *NewItem) int {

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -29,7 +27,7 @@ import (
 // same indexes, in (priority, turn_at) order.
 
 // stamp computes b.turns for the items with a tenant, if the queue is fair
-// (FairTurns returns no rows otherwise). It runs once per call, before the
+// (fairTurns returns no rows otherwise). It runs once per call, before the
 // enqueue's first attempt, so that retries write the same turns.
 func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 	type tp struct {
@@ -68,7 +66,7 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 	if len(tenants) == 0 || time.Now().UnixNano() < q.plainUntil.Load() {
 		return nil
 	}
-	rows, err := db.Query(ctx, q.st.FairTurns, q.opts.Queue, tenants, priorities, readHead)
+	got, err := q.fairTurns(ctx, db, tenants, priorities, readHead)
 	if err != nil {
 		return err
 	}
@@ -77,21 +75,6 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 		if !readHead[i] {
 			heads[p] = cached[p]
 		}
-	}
-	type row struct {
-		t          string
-		p          int64
-		now        time.Time
-		head, last *time.Time
-	}
-	var got []row
-	var r row
-	_, err = pgx.ForEachRow(rows, []any{&r.t, &r.p, &r.now, &r.head, &r.last}, func() error {
-		got = append(got, r)
-		return nil
-	})
-	if err != nil {
-		return err
 	}
 	if len(got) == 0 {
 		// Not a fair queue: enqueues of tenants' items skip the read for

@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -81,6 +82,14 @@ type ReapStats struct {
 	// Expired counts unclaimed items past their deadline (NewItem.TTL),
 	// moved to the dead items with reason "expired".
 	Expired int
+	// Stuck counts items that a step could not release or move even alone
+	// (the database refused it for something about the item): each is in
+	// Reap's error as a ReapError with its id, and stays as it is (an
+	// unclaimed one never handed out) until a later Reap can do it.
+	Stuck int
+	// Pruned counts ended ids forgotten because they ended before the
+	// queue's dedup window (see PruneEnded).
+	Pruned int
 }
 
 // Reap releases the queue's items whose lease expired, whoever claimed them
@@ -88,47 +97,161 @@ type ReapStats struct {
 // item), and moves its unclaimed items whose attempts are used up to the
 // dead items with CrashLoopError as their last error, and its unclaimed
 // items past their deadline with reason "expired". It works in bounded
-// batches until nothing is left. Any session may run it at any time; it is
+// batches until nothing is left, and then forgets, in bounded batches, the
+// ended ids older than the queue's dedup window (PruneEnded). Any session
+// may run it at any time; it is
 // idempotent, and acks of reaped claims are refused (ErrClaimLost: the token
 // fences them).
+//
+// No failure stops the rest of the work. Every step runs whatever the
+// others did: a step that fails (the database, a connection) leaves its
+// remaining batches for the next Reap, and the other steps go on. A batch
+// that the database refuses for something about one of its items (an
+// integrity constraint, a trigger, a row over a size limit: see
+// ErrDeadLetterFailed) is done again by id, the list split in halves until
+// each refused item fails alone: every other item is released or moved, and
+// each refused one stays as it is, counted in ReapStats.Stuck. The error joins
+// (errors.Join) one ReapError per failed step and per stuck item, with its
+// id; ReapErrors lists them. The stats count what was done, failures or not.
 func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	var st ReapStats
 	if err := q.ready(ctx); err != nil {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
-	for {
-		n, err := q.reapStep(ctx, q.engine.Load().st.ReapLeases, q.opts.Queue, reapBatch)
-		st.Released += n
-		if err != nil {
-			return st, fmt.Errorf("claim: releasing expired leases in %q: %w", q.opts.Queue, err)
-		}
-		if n < reapBatch {
-			break
-		}
+	var errs []error
+	moves := []reapMove{
+		{step: StepLeases, batch: q.engine.Load().st.ReapLeases, candidates: q.dst.ExpiredLeaseIDs, byID: q.dst.ReapLeasesIDs,
+			count: &st.Released},
+		{step: StepExhausted, batch: q.st.ReapExhausted, candidates: q.dst.ExhaustedIDs, byID: q.dst.ReapExhaustedIDs,
+			extra: []any{CrashLoopError}, count: &st.Dead},
+		{step: StepExpired, batch: q.st.ReapExpired, candidates: q.dst.ExpiredIDs, byID: q.dst.ReapExpiredIDs,
+			count: &st.Expired},
 	}
-	for {
-		n, err := q.reapStep(ctx, q.st.ReapExhausted, q.opts.Queue, reapBatch, CrashLoopError)
-		st.Dead += n
+	for _, m := range moves {
+		if ctx.Err() != nil {
+			errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: m.step, Err: ctx.Err()})
+			continue
+		}
+		stuck, err := q.reapMoves(ctx, m)
+		st.Stuck += len(stuck)
+		for _, e := range stuck {
+			errs = append(errs, e)
+		}
 		if err != nil {
-			return st, fmt.Errorf("claim: dead-lettering exhausted items of %q: %w", q.opts.Queue, err)
-		}
-		if n < reapBatch {
-			break
-		}
-	}
-	for {
-		n, err := q.reapStep(ctx, q.st.ReapExpired, q.opts.Queue, reapBatch)
-		st.Expired += n
-		if err != nil {
-			return st, fmt.Errorf("claim: dead-lettering expired items of %q: %w", q.opts.Queue, err)
-		}
-		if n < reapBatch {
-			break
+			errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: m.step, Err: err})
 		}
 	}
 	q.stats.reaped.Add(int64(st.Released))
 	q.stats.dead.Add(int64(st.Dead + st.Expired))
-	return st, nil
+	// A step of its own: the ended ids past the dedup window.
+	n, err := q.PruneEnded(ctx)
+	st.Pruned = n
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
+	}
+	return st, errors.Join(errs...)
+}
+
+// reapMove is a step of Reap, which releases items or moves them to the dead
+// items: its batch statement ($1 queue, $2 limit, then extra), the statement
+// that lists the batch's candidates ($1 queue, $2 limit → id), the by-id
+// form of the batch ($1 queue, $2 ids, then extra), and the count it adds
+// to.
+type reapMove struct {
+	step                    string
+	batch, candidates, byID string
+	extra                   []any
+	count                   *int
+}
+
+// reapMoves runs a step in bounded batches until nothing is left. A
+// batch refused for something about one of its items (itemFault) is done
+// again by id (moveByID); the items that fail alone are returned, once each,
+// and the step goes on while it moves something. Any other failure ends the
+// step.
+func (q *Queue) reapMoves(ctx context.Context, m reapMove) ([]*ReapError, error) {
+	var stuck []*ReapError
+	seen := map[uuid.UUID]bool{}
+	for {
+		n, err := q.reapStep(ctx, m.batch, append([]any{q.opts.Queue, reapBatch}, m.extra...)...)
+		*m.count += n
+		if err == nil {
+			if n < reapBatch {
+				return stuck, nil
+			}
+			continue
+		}
+		if !itemFault(err) {
+			return stuck, err
+		}
+		ids, err := q.reapCandidates(ctx, m.candidates)
+		if err != nil {
+			return stuck, err
+		}
+		moved, bad, err := q.moveByID(ctx, m, ids)
+		*m.count += moved
+		for _, b := range bad {
+			if !seen[b.ID] {
+				seen[b.ID] = true
+				stuck = append(stuck, b)
+			}
+		}
+		if err != nil {
+			return stuck, err
+		}
+		if moved == 0 || len(ids) < reapBatch {
+			return stuck, nil
+		}
+	}
+}
+
+// reapCandidates lists up to reapBatch ids of a step's candidates.
+func (q *Queue) reapCandidates(ctx context.Context, stmt string) ([][16]byte, error) {
+	var ids [][16]byte
+	err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
+		ids = ids[:0]
+		rows, err := q.db.Query(ctx, stmt, q.opts.Queue, reapBatch)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id [16]byte
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return crsql.Classify(rows.Err())
+	})
+	return ids, err
+}
+
+// moveByID releases or moves the given candidates of a step in one statement; if
+// the database refuses it for something about one of them, it splits the
+// list in halves and moves each, down to single items: each refused item
+// fails alone (returned with its error), every other one moves, in about
+// 2·log2(len(ids)) statements per refused item. Any other failure stops it.
+func (q *Queue) moveByID(ctx context.Context, m reapMove, ids [][16]byte) (int, []*ReapError, error) {
+	if len(ids) == 0 {
+		return 0, nil, nil
+	}
+	n, err := q.reapStep(ctx, m.byID, append([]any{q.opts.Queue, ids}, m.extra...)...)
+	switch {
+	case err == nil:
+		return n, nil, nil
+	case !itemFault(err):
+		return 0, nil, err
+	case len(ids) == 1:
+		return 0, []*ReapError{{Queue: q.opts.Queue, Step: m.step, ID: ids[0], Err: err}}, nil
+	}
+	half := len(ids) / 2
+	n1, bad1, err := q.moveByID(ctx, m, ids[:half])
+	if err != nil {
+		return n1, bad1, err
+	}
+	n2, bad2, err := q.moveByID(ctx, m, ids[half:])
+	return n1 + n2, append(bad1, bad2...), err
 }
 
 // reapStep runs one batch of Reap in a SERIALIZABLE transaction (its

@@ -23,7 +23,9 @@ type Outcome int
 const (
 	// Retried: the item was released and will vest again after a backoff.
 	Retried Outcome = iota
-	// Dead: the item was moved to the dead-items table.
+	// Dead: the item was moved to the dead-items table (or, if Nack's error
+	// wraps ErrDeadLetterFailed, it is held out of claims for the reaper to
+	// move).
 	Dead
 )
 
@@ -31,7 +33,10 @@ const (
 // its attempt counted and becomes claimable again after an exponential
 // backoff with jitter (or the delay of a RetryAfter error); when it has used
 // its attempts, or cause is Permanent, it is moved to the dead-items table
-// with cause as its last error. The claim is checked as in Ack.
+// with cause as its last error. The claim is checked as in Ack. If the
+// database refuses that move for something about the item, the item is held
+// out of claims for the reaper instead, and the error wraps
+// ErrDeadLetterFailed: the nack is settled, do not retry it.
 //
 // The error text is stored safely whatever bytes it holds: invalid UTF-8 is
 // replaced, NUL bytes become the text \x00, and it is cut to
@@ -58,6 +63,9 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 			}
 			return crsql.Classify(err)
 		})
+		if itemFault(err) {
+			return Dead, q.holdForReaper(ctx, it, msg, err)
+		}
 		if err != nil {
 			return Dead, q.claimErr("dead-lettering", it, err)
 		}
@@ -74,6 +82,20 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	}
 	q.stats.nacked.Add(1)
 	return Retried, nil
+}
+
+// holdForReaper is Nack's way out when the database refused the item's move
+// to the dead items for something about the item (moveErr; see itemFault):
+// retrying the move would fail the same way for ever. It releases the claim
+// with the item's attempts used up and msg as its last error, so that no
+// claim hands the item out again and the reaper moves it once it can, and
+// returns an error wrapping ErrDeadLetterFailed and moveErr (or, if the
+// release failed too, that failure).
+func (q *Queue) holdForReaper(ctx context.Context, it Item, msg string, moveErr error) error {
+	if err := q.update(ctx, "nack", q.dst.Exhaust, it.ID, it.Session, it.Token, msg); err != nil {
+		return q.claimErr("dead-lettering", it, fmt.Errorf("the move to the dead items was refused (%w), and holding the item for the reaper failed: %w", moveErr, err))
+	}
+	return q.claimErr("dead-lettering", it, fmt.Errorf("%w: %w", ErrDeadLetterFailed, moveErr))
 }
 
 // Release gives the item back without counting the attempt, for example when

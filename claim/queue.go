@@ -41,7 +41,13 @@ var (
 	// or the connection was lost while the statement or COMMIT was in
 	// flight. The work may or may not have been done: such a call is never
 	// reported as done, nor as failed. An ack with an unknown outcome may
-	// have committed; a claim may have claimed items (see ReleaseForgotten).
+	// have committed; a claim may have claimed items (see ReleaseForgotten);
+	// an enqueue may have added its items: it returns their ids, and
+	// enqueueing the same items again with NewItem.ID set to them adds
+	// nothing twice, even if they were acked meanwhile, within the queue's
+	// dedup window (see the package documentation). An enqueue that failed
+	// before writing anything (its fair turns read, its schema check) is a
+	// plain failure, never an unknown outcome.
 	// It is the same value as the internal retry package's, so errors.Is
 	// works on every error of this package.
 	ErrOutcomeUnknown = retry.ErrOutcomeUnknown
@@ -82,6 +88,7 @@ type Queue struct {
 	db    DB
 	st    *crsql.Statements
 	lst   *crsql.LimitStatements
+	dst   *crsql.DeathStatements
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
@@ -96,10 +103,15 @@ type Queue struct {
 	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
+	// parts renders the per-part claims (see ClaimWith), fair the fair
+	// turns' reads (see stamp).
+	parts *crsql.PartClaimStatements
+	fair  *crsql.FairStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
+	dialect   crsql.Dialect
 	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
 	st        crsql.DialectStatements // sql.Statements.ForDialect
 }
@@ -146,7 +158,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts}
+	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
+		dst: crsql.NewDeathStatements(opts.Tables)}
+	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }
@@ -183,7 +197,7 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if err != nil {
 		return err
 	}
-	e := &engine{claimInTx: dialect == crsql.Cockroach}
+	e := &engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach}
 	e.st = q.st.ForDialect(dialect)
 	q.engine.Store(e)
 	return nil

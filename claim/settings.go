@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -40,6 +41,34 @@ type Settings struct {
 	// of the queue (0: none).
 	TenantMaxInFlight int
 	TenantRate        float64
+	// DedupWindow is how long the queue remembers the ids of items that
+	// ended (acked, dead, cancelled, or taken by the claim of an
+	// at-most-once item): an enqueue of such an id within the window adds
+	// nothing and reports it done (Enqueued.Done), so that an enqueue
+	// retried after an unknown outcome never runs its work twice. 0 means
+	// the default, DefaultDedupWindow (a day); set DedupOff to remember
+	// nothing. Make it longer than producers may retry, and at least the
+	// period of the unique keys enqueued (NewItem.UniqueKey). At
+	// microsecond precision; negative values are refused.
+	DedupWindow time.Duration
+	// DedupOff turns the dedup window off: ended ids are not recorded, and
+	// an id is deduplicated only while its item is in the items table.
+	DedupOff bool
+}
+
+// DefaultDedupWindow is the dedup window of a queue that does not set one
+// (Settings.DedupWindow), and of a queue never configured.
+const DefaultDedupWindow = 24 * time.Hour
+
+// dedupWindow returns the window to store, in microseconds.
+func (s Settings) dedupWindow() int64 {
+	switch {
+	case s.DedupOff:
+		return 0
+	case s.DedupWindow == 0:
+		return DefaultDedupWindow.Microseconds()
+	}
+	return s.DedupWindow.Microseconds()
 }
 
 // Validate reports settings that cannot be stored.
@@ -50,25 +79,33 @@ func (s Settings) Validate() error {
 	case s.Rate < 0 || s.TenantRate < 0 || math.IsNaN(s.Rate) || math.IsNaN(s.TenantRate) ||
 		math.IsInf(s.Rate, 0) || math.IsInf(s.TenantRate, 0):
 		return fmt.Errorf("claim: settings: rates must be finite and not negative (%v, tenant %v)", s.Rate, s.TenantRate)
+	case s.DedupWindow < 0:
+		return fmt.Errorf("claim: settings: negative dedup window %v (use DedupOff to remember no ended ids)", s.DedupWindow)
+	case s.DedupWindow > 0 && s.DedupWindow < time.Microsecond:
+		return fmt.Errorf("claim: settings: dedup window %v is below the database's precision of 1µs", s.DedupWindow)
+	case s.DedupOff && s.DedupWindow != 0:
+		return fmt.Errorf("claim: settings: DedupOff with a dedup window of %v: set one or the other", s.DedupWindow)
 	}
 	return nil
 }
 
 // Settings reads the queue's settings (the zero Settings if it was never
-// configured).
+// configured). DedupWindow is the stored window (DefaultDedupWindow unless
+// set otherwise), or 0 with DedupOff.
 func (q *Queue) Settings(ctx context.Context) (Settings, error) {
 	if err := q.ready(ctx); err != nil {
 		return Settings{}, fmt.Errorf("claim: reading the settings of %q: %w", q.opts.Queue, err)
 	}
 	var s Settings
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var maxIn, tenantMaxIn int64
-		err := q.db.QueryRow(ctx, q.st.QueueSettings, q.opts.Queue).Scan(&s.Fair, &s.AtMostOnce, &maxIn, &s.Rate, &tenantMaxIn, &s.TenantRate)
+		var maxIn, tenantMaxIn, window int64
+		err := q.db.QueryRow(ctx, q.st.QueueSettings, q.opts.Queue).Scan(&s.Fair, &s.AtMostOnce, &maxIn, &s.Rate, &tenantMaxIn, &s.TenantRate, &window)
 		if errors.Is(err, pgx.ErrNoRows) {
 			s = Settings{}
 			return nil
 		}
 		s.MaxInFlight, s.TenantMaxInFlight = int(maxIn), int(tenantMaxIn)
+		s.DedupWindow, s.DedupOff = time.Duration(window)*time.Microsecond, window <= 0
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -90,7 +127,7 @@ func (q *Queue) Configure(ctx context.Context, s Settings) error {
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		_, err := q.db.Exec(ctx, q.st.ConfigureQueue, q.opts.Queue, s.Fair, s.AtMostOnce,
-			int64(s.MaxInFlight), s.Rate, int64(s.TenantMaxInFlight), s.TenantRate)
+			int64(s.MaxInFlight), s.Rate, int64(s.TenantMaxInFlight), s.TenantRate, s.dedupWindow())
 		return crsql.Classify(err)
 	})
 	if err != nil {

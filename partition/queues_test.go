@@ -99,3 +99,45 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 		t.Errorf("session %s of beta owns %d parts of alpha", b1.ID(), n)
 	}
 }
+
+// TestRebalancerJoinsAgain: a rebalancer whose session's membership of its
+// queue was deleted (by hand) while it owns no part finds itself missing
+// from the queue's members and joins again.
+func TestRebalancerJoinsAgain(t *testing.T) {
+	pool := setup(t, 1)
+	ctx := context.Background()
+	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}
+	var sessions []*session.Session
+	for range 2 {
+		s, err := session.Start(ctx, pool, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(context.Background()) })
+		sessions = append(sessions, s)
+		rebalance(t, pool, s, "default")
+	}
+	memberRows := func(s *session.Session) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_session_queues WHERE queue = 'default' AND session_id = $1`, s.ID()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var idle *session.Session
+	waitFor(t, "one session to own the part, both to have joined", 30*time.Second, func() bool {
+		got := ownersOf(t, pool, "default")
+		if len(got) != 1 || memberRows(sessions[0]) != 1 || memberRows(sessions[1]) != 1 {
+			return false
+		}
+		idle = sessions[0]
+		if got[idle.ID().String()] == 1 {
+			idle = sessions[1]
+		}
+		return true
+	})
+	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_session_queues WHERE session_id = $1`, idle.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the idle session to join again", 30*time.Second, func() bool { return memberRows(idle) == 1 })
+}

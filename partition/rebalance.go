@@ -276,19 +276,26 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 // joins first (session.Session.Join) and reads the members again.
 func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	me := r.sess.ID()
-	var live []uuid.UUID
+	var live, joined []uuid.UUID
 	var n int
 	var owners map[int]uuid.UUID
 	err := r.withDB(func() error {
 		var err error
-		if live, err = session.Members(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
+		read := func() (err error) {
+			if live, err = session.Members(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
+				return err
+			}
+			joined, err = session.JoinedMembers(ctx, r.db, r.opts.Tables, r.opts.Queue)
 			return err
 		}
-		if !slices.Contains(live, me) {
+		if err := read(); err != nil {
+			return err
+		}
+		if !slices.Contains(joined, me) {
 			if err := r.sess.Join(ctx, r.opts.Queue); err != nil {
 				return fmt.Errorf("partition: %w", err)
 			}
-			if live, err = session.Members(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
+			if err := read(); err != nil {
 				return err
 			}
 		}
@@ -320,7 +327,7 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		slices.Sort(ps)
 	}
 	target := map[int]bool{}
-	for _, p := range r.opts.Strategy(prev, live, n)[me] {
+	for _, p := range divide(r.opts.Strategy, prev, live, joined, n)[me] {
 		target[p] = true
 	}
 
@@ -377,6 +384,66 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 	}
 	r.rebalances.Add(1)
 	return nil
+}
+
+// divide computes the target assignment of a queue's n parts among its live
+// members. Members that did not join the queue (sessions of code older than
+// queue membership, counted because they own parts) divide parts by rules
+// of their own, which this session cannot predict: they keep exactly the
+// parts they hold, and strategy divides the other parts among the joined
+// members. Leaving such a session a part it would not take could leave the
+// part without an owner for ever; this way every part is held by an old
+// session or targeted by a joined one. Without such sessions it is
+// strategy(prev, joined, n).
+func divide(strategy Strategy, prev map[uuid.UUID][]int, live, joined []uuid.UUID, n int) map[uuid.UUID][]int {
+	pinned := map[uuid.UUID]bool{}
+	for _, s := range live {
+		if !slices.Contains(joined, s) {
+			pinned[s] = true
+		}
+	}
+	if len(pinned) == 0 {
+		return strategy(prev, joined, n)
+	}
+	out := map[uuid.UUID][]int{}
+	held := map[int]bool{}
+	for s := range pinned {
+		for _, p := range prev[s] {
+			if p < n {
+				held[p] = true
+				out[s] = append(out[s], p)
+			}
+		}
+	}
+	// The other parts, renumbered 0..len(rest)-1 for the strategy.
+	var rest []int
+	pos := map[int]int{}
+	for p := range n {
+		if !held[p] {
+			pos[p] = len(rest)
+			rest = append(rest, p)
+		}
+	}
+	mapped := map[uuid.UUID][]int{}
+	for s, ps := range prev {
+		if pinned[s] {
+			continue
+		}
+		for _, p := range ps {
+			if i, ok := pos[p]; ok {
+				mapped[s] = append(mapped[s], i)
+			}
+		}
+	}
+	for s, idx := range strategy(mapped, joined, len(rest)) {
+		for _, i := range idx {
+			out[s] = append(out[s], rest[i])
+		}
+	}
+	for _, ps := range out {
+		slices.Sort(ps)
+	}
+	return out
 }
 
 // withDB runs fn while no other statement of the rebalancer runs, so that a

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -530,14 +531,37 @@ func (s *Session) Leave(ctx context.Context, queue string) error {
 // divide a queue's parts and limit shares among these sessions only, so
 // sessions of other queues in the same database never take a share.
 func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	ms := memberStatements(t)
-	rows, err := db.Query(ctx, ms.QueueMembers, queue)
+	return readIDs(ctx, db, memberStatements(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
+}
+
+// JoinedMembers returns the ids of the live sessions that joined queue,
+// ordered: Members less the sessions that only own parts of it (those of
+// code older than queue membership). The partition rebalancer leaves such
+// sessions exactly the parts they hold, since they divide parts by rules
+// of their own.
+func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
+	return readIDs(ctx, db, memberStatements(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
+}
+
+// LimitSharers returns the ids of the live sessions among which a queue
+// worked without parts divides its fleet-wide limits, ordered: its Members
+// and every live session that joined no queue at all. Code older than
+// queue membership divides a limit among every live session of the
+// database; counting its sessions here too keeps the sum of all shares
+// within the limit while old and new workers share a queue.
+func LimitSharers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
+	return readIDs(ctx, db, memberStatements(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
+}
+
+// readIDs runs a statement that returns session ids.
+func readIDs(ctx context.Context, db crsql.DB, stmt, what string, args ...any) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, stmt, args...)
 	if err != nil {
-		return nil, fmt.Errorf("session: listing the members of queue %q: %w", queue, crsql.Classify(err))
+		return nil, fmt.Errorf("session: listing %s: %w", what, crsql.Classify(err))
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
-		return nil, fmt.Errorf("session: reading the members of queue %q: %w", queue, crsql.Classify(err))
+		return nil, fmt.Errorf("session: reading %s: %w", what, crsql.Classify(err))
 	}
 	return ids, nil
 }

@@ -3,9 +3,29 @@
 -- PostgreSQL has no twin for these statements and needs none: its VACUUM
 -- reclaims the dead rows that heartbeats, claims and acks leave behind.
 --
+-- The claim indexes, covering the claims' filter columns (see
+-- cockroachIndexes in sql/cockroach.go for why PostgreSQL keeps the plain
+-- ones). The Go API (sql.Apply) creates these in place of schema.sql's
+-- crdbwork_items_turn_next and crdbwork_items_part_turn, so that applying
+-- the schema again builds nothing; with the cockroach CLI, apply schema.sql
+-- once and then this file (applying schema.sql again recreates the plain
+-- indexes, which this file then drops). Idempotent.
+CREATE INDEX IF NOT EXISTS crdbwork_items_turn_next_stored
+    ON crdbwork_items (queue, priority, turn_at, part)
+    STORING (vesting_at, attempts, max_attempts, expires_at, tenant) WHERE claim IS NULL;
+DROP INDEX IF EXISTS crdbwork_items_turn_next;
+CREATE INDEX IF NOT EXISTS crdbwork_items_part_turn_stored
+    ON crdbwork_items (queue, part, priority, turn_at)
+    STORING (vesting_at, attempts, max_attempts, expires_at, tenant) WHERE claim IS NULL;
+DROP INDEX IF EXISTS crdbwork_items_part_turn;
+
 -- Heartbeats rewrite session rows every second and every ack deletes an item,
 -- so these tables collect MVCC garbage quickly. A short garbage-collection
 -- TTL keeps scans of them fast. Idempotent.
 ALTER TABLE crdbwork_sessions CONFIGURE ZONE USING gc.ttlseconds = 600;
 ALTER TABLE crdbwork_session_parts CONFIGURE ZONE USING gc.ttlseconds = 600;
 ALTER TABLE crdbwork_items CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Every ack, cancel and death writes a row here and the reaper's pruning
+-- deletes it once the queue's dedup window has passed, from the head of
+-- crdbwork_ended_by_age, where the deleted entries would otherwise wait.
+ALTER TABLE crdbwork_ended CONFIGURE ZONE USING gc.ttlseconds = 600;

@@ -15,8 +15,10 @@ import (
 type EnqueueStatements struct {
 	// Insert adds rows to queue $1 and returns the id of each row it added;
 	// a row whose id is already in the items table is skipped (ON CONFLICT
-	// DO NOTHING), so running it again after an unknown outcome adds no
-	// duplicates. Parameters, one array element per row: $2 ids (UUID[]),
+	// DO NOTHING), and so is a row whose id ended in queue $1 within the
+	// queue's dedup window (crdbwork_ended: a lookup by primary key per
+	// row), so running it again after an unknown outcome adds no
+	// duplicates, even once the first copy was acked. Parameters, one array element per row: $2 ids (UUID[]),
 	// $3 key hashes (BIGINT[], non-negative), $4 keys (TEXT[], NULL for
 	// none), $5 priorities (BIGINT[]), $6 delays in microseconds
 	// (BIGINT[]), $7 max attempts (BIGINT[]), $8 payloads (BYTEA[]), $9
@@ -39,6 +41,12 @@ type EnqueueStatements struct {
 	// Foreign returns the id and queue of the rows among ids $2 (UUID[])
 	// that belong to a queue other than $1.
 	Foreign string
+	// Found returns, for the ids $2 (UUID[]) that an Insert into queue $1
+	// did not add, those that belong to another queue's item (false, the
+	// item's queue) and those that ended in queue $1 within its dedup
+	// window and are not in the items table (true, $1): the others are
+	// items of queue $1. Ordered by kind, then id.
+	Found string
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
 	// payload, metadata, tenant, turn_at, expires_at, at_most_once.
@@ -62,15 +70,23 @@ SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond'
        CASE WHEN v.ttl > 0 THEN now() + v.ttl * INTERVAL '1 microsecond' END,
        v.amo OR n.amo
 FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
-             COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo) AS n,
+             COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo,
+             ` + dedupWindow + ` AS win) AS n,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
             $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[])
          AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn)
+WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)
 ON CONFLICT (id) DO NOTHING
 RETURNING id`),
 		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
        COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false)`),
-		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		Foreign: r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		Found: r(`SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
+UNION ALL
+SELECT e.id, e.queue, true FROM crdbwork_ended AS e
+WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
+  AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
+ORDER BY 3, 1`),
 		CopyTable: t.identifier("items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
 			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once"},

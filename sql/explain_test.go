@@ -42,31 +42,59 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		t.Fatal(err)
 	}
 	claimed := fmt.Sprintf("g %% 10 BETWEEN 1 AND %d", claimedTenths)
+	// Every expression of the seed has the same type on both engines: on
+	// CockroachDB INT / INT is DECIMAL (docs checked: "Operators", / on
+	// two INTs), so a session's number is floor(g / 10.0)::INT, an INT on
+	// both (PostgreSQL has no // operator, CockroachDB's integer division).
+	// The seed is checked below: every session holds claimed items.
 	session := uuid.New()
 	seed := []string{
 		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
 		`INSERT INTO crdbwork_sessions (id, expiry) SELECT gen_random_uuid(), INTERVAL '1 hour' FROM generate_series(1, 15)`,
-		`CREATE TEMPORARY TABLE seed_sessions AS SELECT row_number() OVER (ORDER BY id) - 1 AS n, id FROM crdbwork_sessions`,
+		// A regular table, dropped below: CockroachDB refuses temporary
+		// tables unless experimental_enable_temp_tables is set (docs
+		// checked: "Temporary Tables").
+		`CREATE TABLE seed_sessions AS SELECT row_number() OVER (ORDER BY id) - 1 AS n, id FROM crdbwork_sessions`,
 		`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, tenant, expires_at, payload, attempts, claim, claim_token, lease_until)
 		 SELECT gen_random_uuid(), CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, g % 16, g % 5,
 		        now() - g * INTERVAL '1 millisecond', now() - g * INTERVAL '1 millisecond',
 		        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 1000)::TEXT END,
 		        CASE WHEN g % 7 = 0 THEN now() + (g % 100 - 10) * INTERVAL '1 second' END, '\x00'::BYTEA,
 		        CASE WHEN ` + claimed + ` THEN 1 ELSE 0 END,
-		        CASE WHEN ` + claimed + ` THEN (SELECT id FROM seed_sessions WHERE n = (g / 10) % 16) END,
+		        CASE WHEN ` + claimed + ` THEN (SELECT id FROM seed_sessions WHERE n = floor(g / 10.0)::INT % 16) END,
 		        CASE WHEN ` + claimed + ` THEN 1 ELSE 0 END,
 		        CASE WHEN ` + claimed + ` THEN now() + (g % 600) * INTERVAL '1 second' END
 		 FROM generate_series(1, ` + fmt.Sprint(total) + `) AS g`,
+		`DROP TABLE seed_sessions`,
 		`INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`,
 		`ANALYZE crdbwork_items`,
 		`INSERT INTO crdbwork_schedules (queue, name, last_period)
 		 SELECT 'q' || (g % 10), 'schedule-' || g, now() - g * INTERVAL '1 minute' FROM generate_series(1, 10000) AS g`,
 		`ANALYZE crdbwork_schedules`,
+		// Dead items: 20k deaths over two queues, some ids dead several times.
+		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
+		 SELECT md5((g % 15000)::TEXT)::UUID, CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, g % 16, 0, 1, 1, '\x00'::BYTEA,
+		        now() - INTERVAL '1 day', now() - g * INTERVAL '1 second', 'failed'
+		 FROM generate_series(1, 20000) AS g`,
+		`ANALYZE crdbwork_dead_items`,
+		// Ended ids: 100k of queue q over a day and a half (a third past
+		// the default window), 20k of another queue.
+		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+		 SELECT CASE WHEN g % 6 = 0 THEN 'other' ELSE 'q' END, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked'
+		 FROM generate_series(1, 120000) AS g`,
+		`ANALYZE crdbwork_ended`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
 			t.Fatalf("%v\n%s", err, s)
 		}
+	}
+	var holders, orphans int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT claim), count(*) FILTER (WHERE attempts = 1 AND claim IS NULL) FROM crdbwork_items`).Scan(&holders, &orphans); err != nil {
+		t.Fatal(err)
+	}
+	if holders != 16 || orphans != 0 {
+		t.Fatalf("the seed gave claimed items to %d sessions, want 16, and left %d claimed items without a session", holders, orphans)
 	}
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items WHERE claim = $1 LIMIT 512`, session)
 	if err != nil {
@@ -76,6 +104,24 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	if err != nil || len(ids) != 512 {
 		t.Fatalf("seeded claimed ids: %d, %v", len(ids), err)
 	}
+	rows, err = pool.Query(ctx, `SELECT id FROM crdbwork_ended WHERE queue = 'q' ORDER BY ended_at DESC LIMIT 64`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	endedIDs, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(endedIDs) != 64 {
+		t.Fatalf("seeded ended ids: %d, %v", len(endedIDs), err)
+	}
+	// An enqueue of 64 rows: 32 ended ids and 32 fresh ones.
+	enqueueIDs := append(append([]uuid.UUID{}, endedIDs[:32]...), ids[:32]...)
+	n64 := make([]int64, 64)
+	texts, payloads := make([]string, 64), make([][]byte, 64)
+	amo, turns := make([]bool, 64), make([]*time.Time, 64)
+	for i := range texts {
+		texts[i], payloads[i], n64[i] = fmt.Sprint("k", i), []byte{0}, int64(i)
+	}
+	es := crsql.NewEnqueueStatements(crsql.Tables{})
+	dedup := crsql.NewDedupStatements(crsql.Tables{})
 	sessions := make([]uuid.UUID, len(ids))
 	tokens := make([]int64, len(ids))
 	for i := range ids {
@@ -89,8 +135,23 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	ds := st.ForDialect(dialect)
 	ls := crsql.NewLimitStatements(crsql.Tables{})
 	sched := crsql.NewScheduleStatements(crsql.Tables{})
-	claimAny, claimParts, reapLeases := ds.ClaimAny, ds.ClaimParts, ds.ReapLeases
+	claimAny, reapLeases := ds.ClaimAny, ds.ReapLeases
+	parts := crsql.NewPartClaimStatements(crsql.Tables{})
+	fair := crsql.NewFairStatements(crsql.Tables{})
+	claimParts := parts.Claim(dialect, 4)
+	// A pick over MaxPartBranches parts, and the claim of what it picked.
+	many := make([]any, 0, 3+crsql.MaxPartBranches)
+	many = append(many, "q", 64, []string{})
+	for p := range crsql.MaxPartBranches {
+		many = append(many, int64(p))
+	}
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
+	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	var deadID, deadDeath uuid.UUID
+	var diedAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT id, death, died_at FROM crdbwork_dead_items WHERE queue = 'q' ORDER BY died_at DESC LIMIT 1 OFFSET 5000`).Scan(&deadID, &deadDeath, &diedAt); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name string
 		stmt string
@@ -103,12 +164,17 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimUrgent (1000)", urgent, []any{session, "q", 1000, int64(300e6), []string{}, int64(3), false, []string{}, []int64{}}},
 		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}, int64(1), false, []string{"tenant-9"}, []int64{3, 4}}},
 		{"ClaimUrgent (every tenant limited)", urgent, []any{session, "q", 64, int64(300e6), []string{}, int64(1), true, []string{}, []int64{3, 4}}},
-		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
-		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []int64{3, 4, 5, 6}, []string{}}},
-		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []int64{3, 4, 5, 6}, []string{"tenant-3"}}},
+		{"ClaimParts", claimParts, []any{session, "q", 64, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []string{"tenant-3"}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (one part)", parts.Claim(dialect, 1), []any{session, "q", 64, int64(300e6), []string{}, int64(7)}},
+		{"PickParts", parts.Pick(crsql.MaxPartBranches), many},
+		{"ClaimPicked", parts.ClaimPickedFor(dialect), []any{session, int64(300e6), ids[:64]}},
 		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
-		{"FairTurns", st.FairTurns, []any{"q", []string{"tenant-3", "tenant-6", "new"}, []int64{0, 1, 2}, []bool{true, true, false}}},
+		{"FairLasts", fair.Lasts(1), []any{"q", "tenant-3", int64(0)}},
+		{"FairLasts (3 pairs)", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
+		{"FairHead", st.FairHead, []any{"q", int64(1)}},
 		{"AckMany", ds.AckMany, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"AckMany (512)", ds.AckMany, []any{ids, sessions, tokens}},
 		{"AckMany (one item)", ds.AckMany, []any{ids[:1], sessions[:1], tokens[:1]}},
@@ -119,7 +185,26 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ReapLeases", reapLeases, []any{"q", 1000}},
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReleaseForgotten", st.ReleaseForgot, []any{"q", session, ids[:64]}},
+		{"ExpiredLeaseIDs", deaths.ExpiredLeaseIDs, []any{"q", 1000}},
+		{"ReapLeasesIDs", deaths.ReapLeasesIDs, []any{"q", ids[:64]}},
+		{"ReapLeasesIDs (one item)", deaths.ReapLeasesIDs, []any{"q", ids[:1]}},
+		{"ExhaustedIDs", deaths.ExhaustedIDs, []any{"q", 1000}},
+		{"ExpiredIDs", deaths.ExpiredIDs, []any{"q", 1000}},
+		{"ReapExhaustedIDs", deaths.ReapExhaustedIDs, []any{"q", ids[:64], "crash loop"}},
+		{"ReapExhaustedIDs (one item)", deaths.ReapExhaustedIDs, []any{"q", ids[:1], "crash loop"}},
+		{"ReapExpiredIDs", deaths.ReapExpiredIDs, []any{"q", ids[:64]}},
+		{"ReapExpiredIDs (one item)", deaths.ReapExpiredIDs, []any{"q", ids[:1]}},
+		{"Exhaust", deaths.Exhaust, []any{ids[0], session, int64(1), "boom"}},
+		{"DeadItems", st.DeadItems, []any{"q", 100}},
+		{"DeadItemsBefore", deaths.DeadItemsBefore, []any{"q", diedAt, deadID, deadDeath, 100}},
+		{"Requeue", st.Requeue, []any{deadID, "q", nil}},
+		{"Requeue (a death)", st.Requeue, []any{deadID, "q", deadDeath}},
+		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
+		{"TestItems", crsql.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns}},
+		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
+		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
@@ -169,15 +254,19 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			text := strings.Join(plan, "\n")
 			// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
 			// scan" of the table's primary index.
-			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce")
+			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") || c.name == "ClaimPicked" ||
+				strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
 			switch {
-			case strings.HasPrefix(c.name, "ClaimParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
+			case (strings.HasPrefix(c.name, "ClaimParts") || c.name == "PickParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
 			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
 				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
-			case c.name == "FairTurns" && (!strings.Contains(text, "crdbwork_items_tenant_turn") || !strings.Contains(text, "crdbwork_items_turn_next")):
-				t.Errorf("%s (%s) does not seek the head and the tenant's last turn by index:\n%s", c.name, mode, text)
+			case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
+				t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
+			case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
+				t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
 			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
+				strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
 				strings.Contains(text, "FULL SCAN") ||
 				strings.Contains(text, "full scan"):
 				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
@@ -196,6 +285,8 @@ func literals(args []any) string {
 	out := make([]string, len(args))
 	for i, a := range args {
 		switch v := a.(type) {
+		case nil:
+			out[i] = "NULL"
 		case uuid.UUID:
 			out[i] = "'" + v.String() + "'::UUID"
 		case string:
@@ -214,6 +305,21 @@ func literals(args []any) string {
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BIGINT[]"
 		case []bool:
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BOOL[]"
+		case [][]byte:
+			q := make([]string, len(v))
+			for j, b := range v {
+				q[j] = fmt.Sprintf("'\\x%x'::BYTEA", b)
+			}
+			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::BYTEA[]"
+		case []*time.Time:
+			q := make([]string, len(v))
+			for j, t := range v {
+				q[j] = "NULL"
+				if t != nil {
+					q[j] = "'" + t.Format(time.RFC3339Nano) + "'"
+				}
+			}
+			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::TIMESTAMPTZ[]"
 		case []uuid.UUID:
 			parts := make([]string, len(v))
 			for j, u := range v {
@@ -254,12 +360,11 @@ func TestPartClaimReadsStayFlat(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ds := crsql.NewStatements(crsql.Tables{})
 	dialect, err := crsql.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimParts := ds.ForDialect(dialect).ClaimParts
+	claimParts := crsql.NewPartClaimStatements(crsql.Tables{}).Claim(dialect, len(own))
 	const limit = 64
 	bound := 2*limit*len(own) + 8
 	modes := []bool{false}
@@ -320,7 +425,10 @@ func explainReads(t *testing.T, pool *pgxpool.Pool, stmt string, session uuid.UU
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	args := []any{session, "q", limit, int64(300e6), parts, []string{}}
+	args := []any{session, "q", limit, int64(300e6), []string{}}
+	for _, p := range parts {
+		args = append(args, p)
+	}
 	if testdb.Kind(t) != "postgres" {
 		// CockroachDB: EXPLAIN ANALYZE reports the rows the statement
 		// decoded from KV (every index entry and row it read).

@@ -94,6 +94,9 @@ func TestStatementPlansMembers(t *testing.T) {
 		indexed bool // must read no table whole
 	}{
 		{"QueueMembers", ms.QueueMembers, []any{"q7"}, true},
+		{"JoinedMembers", ms.JoinedMembers, []any{"q7"}, true},
+		// It reads the sessions table whole by design (see its doc).
+		{"LimitSharers", ms.LimitSharers, []any{"q7"}, false},
 		{"JoinQueue", ms.JoinQueue, []any{"q7", someone}, true},
 		{"LeaveQueue", ms.LeaveQueue, []any{"q7", someone}, true},
 		// For operators: they read the whole (small) tables by design.

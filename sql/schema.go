@@ -86,12 +86,12 @@ func CockroachSQL() string { return cockroachFile }
 // a statement fails because the schema is not in place.
 var (
 	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
-	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or sql/schema.sql with psql or cockroach sql)")
+	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or the file sql/schema.sql)")
 	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or sql/schema.sql)")
+	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or the file sql/schema.sql)")
 	// ErrSchemaNewer means the tables were created by a newer crdbwork that
 	// no longer serves this code.
-	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: upgrade crdbwork")
+	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")
 )
 
 // DB is what this package needs of a connection: a *pgxpool.Pool, *pgx.Conn
@@ -262,11 +262,21 @@ func Apply(ctx context.Context, db DB, t Tables) error {
 // It refuses a schema newer than Version.
 //
 // Upgrading is safe while workers of the previous version run: migrations
-// only add columns with constant defaults and indexes (see each file's
-// header), the old workers' statements keep working, and new code refuses
-// to run (crsql.Check, ErrSchemaOutdated) until the upgrade is done.
+// add tables, columns and indexes and change nothing that code of version
+// Serves and newer reads or writes (see each file's header); the version
+// row keeps saying that this code is served (Installed), so that code keeps
+// working through session losses and restarts; and new code refuses to run
+// (Check, ErrSchemaOutdated) until the upgrade is done. cmd/demo's
+// upgrade_test.go runs the previous release's binary beside this code and
+// under this upgrade. Some statements hold their table's lock for a time
+// that grows with its rows on PostgreSQL (migration 4 rewrites the dead
+// items: a new column with a volatile default and a new primary key), so
+// moves of items to the dead items wait for them.
 //
-// On CockroachDB, ApplyWith then applies sql/cockroach.sql (zone
+// On CockroachDB, the two claim indexes are created covering the claims'
+// filter columns, under their own names (the statements of
+// sql/cockroach.go's cockroachIndexes replace schema.sql's), and ApplyWith
+// then applies sql/cockroach.sql (the same indexes, and zone
 // configurations) best-effort: if the cluster refuses it, the schema is
 // still complete, ApplyWith returns nil and reports the refusal to
 // opts.Warn.
@@ -306,6 +316,9 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 	dialect, err := DetectDialect(ctx, db)
 	if err != nil {
 		return err
+	}
+	if dialect == Cockroach {
+		stmts = cockroachForms(stmts, t)
 	}
 	for _, s := range stmts {
 		if _, err := db.Exec(ctx, s); err != nil {

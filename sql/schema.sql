@@ -180,7 +180,7 @@ CREATE TABLE IF NOT EXISTS crdbwork_schedules (
     PRIMARY KEY (queue, name)
 );
 
--- Items that ended (acked, dead, cancelled, dropped), kept for their
+-- Items that ended (acked, dead, cancelled, taken at most once), kept for their
 -- queue's dedup window: an enqueue of an id found here within the window is
 -- a duplicate although the item has left the items table, so a producer's
 -- retry after an unknown outcome never runs work twice. Pruned in bounded
@@ -189,7 +189,7 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     queue    TEXT        NOT NULL,
     id       UUID        NOT NULL,
     ended_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    -- 'acked', 'dead', 'cancelled' or 'dropped'.
+    -- 'acked', 'dead', 'cancelled' or 'taken' (an at-most-once item handed out by a claim).
     outcome  TEXT        NOT NULL,
     PRIMARY KEY (queue, id)
 );

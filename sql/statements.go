@@ -33,12 +33,13 @@ type Statements struct {
 	// first in, first out, so deleting a session nulls claim through the
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
-	ClaimAny   string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 tenants to skip → item columns
-	ClaimParts string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 parts, $6 tenants to skip → item columns
-	// The PostgreSQL twins of ClaimAny, ClaimParts, ReapLeases, AckMany,
-	// Extend and TakeAtMostOnce (same parameters, same results): see
-	// claimTemplate and fenced. Use ForDialect.
-	PostgresClaimAny, PostgresClaimParts, PostgresReapLeases, PostgresAckMany, PostgresExtend, PostgresTakeAtMostOnce string
+	// ClaimAny claims in any part; the per-part claims are
+	// PartClaimStatements, rendered per number of parts.
+	ClaimAny string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 tenants to skip → item columns
+	// The PostgreSQL twins of ClaimAny, ReapLeases, AckMany, Extend and
+	// TakeAtMostOnce (same parameters, same results): see claimTemplate and
+	// fenced. Use ForDialect.
+	PostgresClaimAny, PostgresReapLeases, PostgresAckMany, PostgresExtend, PostgresTakeAtMostOnce string
 	// TakeAtMostOnce deletes the given claimed items that are at-most-once
 	// (fenced like AckMany), right after the claim that handed them out.
 	TakeAtMostOnce string // $1 ids, $2 sessions, $3 tokens → deleted ids
@@ -56,35 +57,46 @@ type Statements struct {
 	// items (reason 'expired'), in bounded batches, through
 	// crdbwork_items_expiry.
 	ReapExpired string // $1 queue, $2 limit → ids moved to the dead items
-	// FairTurns returns, for a fair queue (no rows otherwise), one row per
-	// (tenant, priority) pair: the database's now(), the earliest turn of
-	// the queue's unclaimed items of that priority (the head; NULL if none,
-	// or if the pair's $4 is false: the caller has a recent one) and the
-	// latest turn of the tenant's unclaimed items of that priority (NULL if
-	// none). Enqueue stamps a tenant's new items from these.
-	FairTurns string // $1 queue, $2 tenants, $3 priorities, $4 read the head → tenant, priority, now, head, last
+	// FairHead is what a fair queue's enqueue reads, beside
+	// FairStatements.Lasts, for each priority whose head the caller has no
+	// recent copy of: the earliest turn of the queue's unclaimed items of
+	// that priority (no row if none), a single seek through
+	// crdbwork_items_turn_next with parameters only (no decorrelation
+	// applies; see FairStatements). The seek may step over many index
+	// entries of items claimed or acked moments ago (not yet vacuumed on
+	// PostgreSQL, not yet garbage collected on CockroachDB) while a backlog
+	// drains, so callers read it only when their copy is old.
+	FairHead string // $1 queue, $2 priority → head
 	// QueueSettings reads a queue's settings (no row: all off).
-	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup window (µs)
 	// ConfigureQueue writes them (a queue without a row gets one, with one part).
-	ConfigureQueue  string // $1 queue, $2 fair, $3 at_most_once, $4 max_in_flight, $5 rate_limit, $6 tenant_max_in_flight, $7 tenant_rate_limit
+	ConfigureQueue  string // $1 queue, $2 fair, $3 at_most_once, $4 max_in_flight, $5 rate_limit, $6 tenant_max_in_flight, $7 tenant_rate_limit, $8 dedup window (µs)
 	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
 	PauseQueue      string // $1 queue, $2 paused
 	QueuePaused     string // $1 queue → paused
 	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
 	Cancel          string // $1 id, $2 queue → rows affected
-	DeadItems       string // $1 queue, $2 limit → dead item columns (with tenant and reason), newest first
-	Requeue         string // $1 id, $2 queue → id of the item put back
-	Backlog         string // → queue, part, unclaimed, vested, claimed
-	DeadCount       string // $1 queue → count
-	ItemColumns     string
+	// DeadItems lists every death of the queue's dead items (an id may have
+	// died several times: each death is a row, keyed by (id, death)),
+	// newest first: died_at, id, death, all descending
+	// (DeathStatements.DeadItemsBefore pages on from a row).
+	DeadItems string // $1 queue, $2 limit → dead item columns (with tenant, reason and death), newest first
+	// Requeue moves one death of a dead item back into the items table:
+	// death $3, or the newest death of the id if $3 is NULL. The other
+	// deaths stay as history. It moves nothing while an item with that id
+	// is in the items table (DeathStatements.RequeueState tells why).
+	Requeue     string // $1 id, $2 queue, $3 death or NULL → id of the item put back
+	Backlog     string // → queue, part, unclaimed, vested, claimed
+	DeadCount   string // $1 queue → count
+	ItemColumns string
 }
 
 // itemColumns are the columns every claim statement returns, in order.
 const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at`
 
-// claimTemplate is the any-part claim statement and partClaimTemplate the
-// per-part one; the %s are how the UPDATE finds the picked rows (joinPicked,
-// or anyPicked on PostgreSQL).
+// claimTemplate is the any-part claim statement (the per-part ones are
+// PartClaimStatements, built the same way); the %s is how the UPDATE finds
+// the picked rows (joinPicked, or anyPicked on PostgreSQL).
 //
 // Their shape is chosen for both optimizers (CockroachDB docs checked:
 // "Common Table Expressions": AS MATERIALIZED overrides the optimizer's
@@ -104,39 +116,20 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // the claim still stops at its limit. An empty list skips nothing (x =
 // ANY of an empty array is false on both engines). Items are taken in
 // (priority, turn_at) order: turn_at is the vesting time, except in fair
-// queues (FairTurns). The
+// queues (FairStatements, FairHead). The
 // UPDATE rechecks i.claim IS NULL. Run it in an explicit transaction,
 // SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ COMMITTED
 // (the default of some 23.2+ clusters).
 //
-// The any-part claim reads crdbwork_items_claim_next (queue, priority,
-// vesting_at, part) in order and stops at its limit. The per-part claim
-// reads crdbwork_items_unclaimed (queue, part, priority, vesting_at) once
-// per owned part, in order, each part with its own limit $3 (a LATERAL
-// subquery over unnest($5)), and keeps the best $3 across parts: its cost is
-// at most $3 entries per owned part, however long the backlog of the other
-// parts (filtering parts on the queue-wide index instead walked every vested
-// entry of the queue when the session's own parts were empty;
-// TestPartClaimReadsStayFlat). On PostgreSQL (checked, custom and generic
-// plans) no plan sorts or locks every unclaimed row of several parts: each
-// part's scan stops at $3. It may lock up to $3 rows per
-// owned part and hand out only $3 in all; that is harmless: a part is owned
-// by one session, so no other claimer is kept from the extra rows (its own
-// claims only skip them), and the locks end with the statement (PostgreSQL)
-// or the claim's transaction (CockroachDB), which commits at once.
-// CockroachDB checked: its "Subqueries" page documents LATERAL subqueries
-// (a correlated subquery in FROM, evaluated for each row on its left) and
-// says the optimizer supports correlated subqueries except those with side
-// effects inside a CASE; "SELECT FOR UPDATE" (22.2+) documents SKIP LOCKED;
-// a locking clause locks the tables of its own SELECT's FROM, here the
-// LATERAL subquery's items table (cockroachdb/cockroach#111662, review).
-// Not checked on a cluster (no CockroachDB binary here): since 21.2 its
-// optimizer may decorrelate LATERAL ... ORDER BY ... LIMIT n (n > 1) into a
-// row_number window over every row of the listed parts
-// (cockroachdb/cockroach#68299; #165983, open, shows it for a LATERAL over
-// unnest of an array), which would read and lock every unclaimed row of the
-// owned parts. TestPartClaimReadsStayFlat runs on CockroachDB too and fails
-// on such a plan (its balanced case: 25,000 items in the owned parts).
+// The any-part claim reads crdbwork_items_turn_next (queue, priority,
+// turn_at, part) in order and stops at its limit. The per-part claims
+// (PartClaimStatements) read crdbwork_items_part_turn (queue, part,
+// priority, turn_at) once per owned part, each part with its own limit, and
+// keep the best across parts: their cost is at most the limit's entries per
+// owned part, however long the backlog of the other parts
+// (TestPartClaimReadsStayFlat). PartClaimStatements says why they are a
+// UNION ALL of per-part scans and not a LATERAL subquery (CockroachDB's
+// decorrelation).
 //
 // The two claims scan different indexes, and CockroachDB's SKIP LOCKED sees
 // only the locks of the index it scans (cockroachdb/cockroach#57031). They
@@ -164,16 +157,16 @@ WHERE i.id = picked.id`
 
 // DialectStatements are the statements that have a PostgreSQL twin.
 type DialectStatements struct {
-	ClaimAny, ClaimParts, ReapLeases, AckMany, Extend, TakeAtMostOnce string
+	ClaimAny, ReapLeases, AckMany, Extend, TakeAtMostOnce string
 }
 
 // ForDialect returns the statements for d that differ between the engines:
 // the common text, or on PostgreSQL its twins.
 func (s *Statements) ForDialect(d Dialect) DialectStatements {
 	if d == Postgres {
-		return DialectStatements{s.PostgresClaimAny, s.PostgresClaimParts, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
+		return DialectStatements{s.PostgresClaimAny, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
 	}
-	return DialectStatements{s.ClaimAny, s.ClaimParts, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
+	return DialectStatements{s.ClaimAny, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
 }
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
@@ -186,26 +179,6 @@ const claimTemplate = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
 SET claim = $1, claim_queue = NULL, claim_part = NULL, claimed_at = now(),
-    attempts = i.attempts + 1, claim_token = i.claim_token + 1,
-    lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
-%s AND i.claim IS NULL
-RETURNING ` + itemColumns
-
-const partClaimTemplate = `WITH picked AS MATERIALIZED (
-    SELECT c.id
-    FROM unnest($5::BIGINT[]) AS p (part),
-    LATERAL (
-        SELECT id, priority, turn_at FROM crdbwork_items
-        WHERE queue = $2 AND part = p.part AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
-          AND (expires_at IS NULL OR expires_at > now()) AND (tenant IS NULL OR NOT (tenant = ANY($6::TEXT[])))
-        ORDER BY priority, turn_at
-        LIMIT $3
-        FOR UPDATE SKIP LOCKED) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $2 AND paused)
-    ORDER BY c.priority, c.turn_at
-    LIMIT $3)
-UPDATE crdbwork_items AS i
-SET claim = $1, claim_queue = i.queue, claim_part = i.part, claimed_at = now(),
     attempts = i.attempts + 1, claim_token = i.claim_token + 1,
     lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 %s AND i.claim IS NULL
@@ -277,16 +250,15 @@ ON CONFLICT DO NOTHING`),
 		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
+		// Acks and takes record the ended ids in the same statement (see ended.go).
 		ClaimAny:               r(fmt.Sprintf(claimTemplate, joinPicked)),
-		ClaimParts:             r(fmt.Sprintf(partClaimTemplate, joinPicked)),
 		PostgresClaimAny:       r(fmt.Sprintf(claimTemplate, anyPicked)),
-		PostgresClaimParts:     r(fmt.Sprintf(partClaimTemplate, anyPicked)),
 		ReapLeases:             r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
 		PostgresReapLeases:     r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
-		AckMany:                r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` RETURNING id`),
-		PostgresAckMany:        r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` RETURNING id`),
-		TakeAtMostOnce:         r(`DELETE FROM crdbwork_items WHERE ` + fenced + ` AND at_most_once RETURNING id`),
-		PostgresTakeAtMostOnce: r(`DELETE FROM crdbwork_items WHERE ` + pgFenced + ` AND at_most_once RETURNING id`),
+		AckMany:                r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced, OutcomeAcked)),
+		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced, OutcomeAcked)),
+		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
+		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced+` AND at_most_once`, OutcomeTaken)),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
@@ -298,7 +270,8 @@ SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE id = $1 AND claim = $2 AND claim_token = $3`),
 		DeadLetter: r(`WITH gone AS (
     DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND claim_token = $3
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant)
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5 FROM gone
@@ -317,7 +290,8 @@ WHERE ` + pgFenced + ` RETURNING id, lease_until`),
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant)
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
@@ -333,37 +307,25 @@ RETURNING id`),
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant)
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
 RETURNING id`),
-		// The head is read through crdbwork_items_turn_next, the tenant's
-		// last turn through crdbwork_items_tenant_turn (backwards): two index
-		// seeks per pair. Nothing is locked: the stamps only order claims,
-		// so a stale read costs some fairness, never an item. The head's
-		// seek may step over many index entries of items claimed or acked
-		// moments ago (not yet vacuumed on PostgreSQL, not yet garbage
-		// collected on CockroachDB) while a backlog drains, so callers read
-		// it only when their copy is old ($4; the CASE evaluates the
-		// subquery only when it is true).
-		FairTurns: r(`SELECT v.t, v.p, now(),
-       CASE WHEN v.h THEN (SELECT turn_at FROM crdbwork_items
-        WHERE queue = $1 AND priority = v.p AND claim IS NULL
-        ORDER BY turn_at LIMIT 1) END,
-       (SELECT turn_at FROM crdbwork_items
-        WHERE queue = $1 AND tenant = v.t AND priority = v.p AND claim IS NULL
-        ORDER BY turn_at DESC LIMIT 1)
-FROM unnest($2::TEXT[], $3::BIGINT[], $4::BOOL[]) AS v (t, p, h)
-WHERE EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $1 AND fair)`),
-		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit
+		FairHead: r(`SELECT turn_at FROM crdbwork_items
+WHERE queue = $1 AND priority = $2 AND claim IS NULL
+ORDER BY turn_at LIMIT 1`),
+		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit,
+       (EXTRACT(EPOCH FROM dedup_window) * 1000000)::BIGINT
 FROM crdbwork_queues WHERE name = $1`),
 		ConfigureQueue: r(`INSERT INTO crdbwork_queues AS q
-    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup_window)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::BIGINT * INTERVAL '1 microsecond')
 ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
     max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
-    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit`),
+    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
+    dedup_window = excluded.dedup_window`),
 		// Items claimed by the session but not in the keep list: a claim whose
 		// answer was lost. The attempt is given back, as by Release.
 		ReleaseForgot: r(`UPDATE crdbwork_items
@@ -375,18 +337,29 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
 		HeartbeatReport: r(`UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`),
-		Cancel: r(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`),
-		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason
+		Cancel: r(deleteEnded(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`, OutcomeCancelled)),
+		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
 FROM crdbwork_dead_items WHERE queue = $1
-ORDER BY died_at DESC, id
+ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $2`),
 		// A requeued item keeps its id, key, tenant, priority, enqueue time
 		// and claim token (so tokens keep growing), gets fresh attempts, no
 		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
-		Requeue: r(`WITH gone AS (
-    DELETE FROM crdbwork_dead_items WHERE id = $1 AND queue = $2
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
+		// The death is picked only if no item has the id (the check and the
+		// DELETE see one snapshot; an item inserted since makes the INSERT
+		// fail, and the whole statement with it): a refused requeue deletes
+		// nothing. The requeued id is no longer ended (revived).
+		Requeue: r(`WITH victim AS MATERIALIZED (
+    SELECT death FROM crdbwork_dead_items
+    WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
+    ORDER BY died_at DESC, death DESC
+    LIMIT 1),
+gone AS (
+    DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant),
+revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant

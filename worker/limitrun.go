@@ -45,13 +45,17 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 		} else {
 			// The queue's members share its limits: sessions of other
 			// queues in the database take no share.
+			// (session.LimitSharers also counts the sessions of code older
+			// than queue membership, which take a share of every queue's
+			// limits: with them counted the shares never add up to more
+			// than the limit during a rolling upgrade.)
 			var live []uuid.UUID
-			live, err = session.Members(ctx, w.db, w.opts.Tables, w.opts.Queue)
+			live, err = session.LimitSharers(ctx, w.db, w.opts.Tables, w.opts.Queue)
 			if err == nil && !slices.Contains(live, sess.ID()) {
 				// Not a member (the membership row was deleted, or the
 				// session expired): join again, and read again.
 				if err = sess.Join(ctx, w.opts.Queue); err == nil {
-					live, err = session.Members(ctx, w.db, w.opts.Tables, w.opts.Queue)
+					live, err = session.LimitSharers(ctx, w.db, w.opts.Tables, w.opts.Queue)
 				}
 			}
 			k, rank = len(live), slices.Index(live, sess.ID())

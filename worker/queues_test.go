@@ -208,14 +208,16 @@ func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
 			for range 3 {
 				ws = append(ws, start(t, pool, m.handler(100*time.Millisecond), opts))
 			}
-			waitFor(t, "every worker to own parts and have read the limits", 30*time.Second, func() bool {
+			waitFor(t, "every worker to own two parts and have read the limits", 30*time.Second, func() bool {
 				for _, r := range ws {
 					st := r.w.Stats()
 					if st.Session == "" || st.Limits.Limits.Tenant != c.lims.Tenant || len(st.Limits.Limits.Tenants) != len(c.lims.Tenants) {
 						return false
 					}
 				}
-				return count(t, pool, `SELECT count(DISTINCT session_id) FROM crdbwork_session_parts`) == 3
+				// Settled: each owns two of the six parts.
+				return count(t, pool, `SELECT count(*) FROM (SELECT session_id FROM crdbwork_session_parts
+					GROUP BY session_id HAVING count(*) = 2) AS settled`) == 3
 			})
 			q, err := claim.New(pool, claim.Options{})
 			if err != nil {

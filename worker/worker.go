@@ -40,12 +40,13 @@
 // each session reads them every LimitOptions.Refresh and enforces its share,
 // computed from the parts it owns (or its rank among the queue's live
 // members: the sessions that work the queue), so that the shares add up to
-// the limit. Limits that cannot be re-read are enforced with their last
-// values for at most LimitOptions.StaleAfter; then the worker claims
-// nothing they govern until a read succeeds. A share that shrinks applies at once;
-// one that grows waits LimitOptions.Grace. The limit can be exceeded only by
-// items that were claimed under a share that has since moved and that still
-// run Grace later; see limits.go and the README for the exact bound.
+// the limit. A share that shrinks applies at once; one that grows waits
+// LimitOptions.Grace. The limit can be exceeded only by items that were
+// claimed under a share that has since moved and that still run Grace
+// later; see limits.go and the README for the exact bound. Limits that
+// cannot be re-read are enforced with their last values for at most
+// LimitOptions.StaleAfter; then the worker claims nothing they govern until
+// a read succeeds.
 //
 // # Connections
 //
@@ -65,6 +66,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
@@ -235,7 +237,9 @@ type Options struct {
 	// session's expiry resume, when it continues, beside the items its
 	// peers claimed meanwhile under its moved share; their contexts are
 	// already cancelled and their acks cannot commit, but a handler runs
-	// until it returns. See limits.go for the exact bounds.
+	// until it returns. (Their items do not wait for them: a claim ends
+	// with its session's expiry or its lease, claim.Options.Lease,
+	// whichever comes first.) See limits.go for the exact bounds.
 	Limits LimitOptions
 }
 
@@ -827,20 +831,51 @@ func (w *Worker) maintain(sess *session.Session, fl *flights, lim *limiter, log 
 		if now := time.Now(); !now.Before(nextQueueReap) {
 			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
 			st, err := w.queue.Reap(ctx)
-			switch {
-			case ctx.Err() != nil:
+			if ctx.Err() != nil {
 				return
-			case err != nil:
-				log.Warn("reaping expired leases failed", zap.Error(err))
+			}
+			// Every step of Reap runs whatever the others did, so what it
+			// did counts even when it reports failures.
+			if st.Released > 0 || st.Dead > 0 || st.Expired > 0 {
+				w.reaped.Add(int64(st.Released + st.Dead))
+				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead), zap.Int("expired", st.Expired))
+			}
+			if st.Pruned > 0 {
+				log.Debug("forgot ended ids past the dedup window", zap.Int("pruned", st.Pruned))
+			}
+			if w.logReapErrors(err, log) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)
-			case st.Released > 0 || st.Dead > 0:
-				w.reaped.Add(int64(st.Released + st.Dead))
-				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead))
 			}
 		}
 	}
+}
+
+// logReapErrors logs the failures of a Reap, one line per failed step and
+// per item that could not be released or moved (with its id), and reports
+// whether a step failed: then the reaper runs again sooner. Such an item
+// does not make it run sooner: it stays as it is until the database lets it
+// go, and every other item was reaped without it.
+func (w *Worker) logReapErrors(err error, log *zap.Logger) (stepFailed bool) {
+	if err == nil {
+		return false
+	}
+	list := claim.ReapErrors(err)
+	if len(list) == 0 {
+		log.Warn("reaping expired leases failed", zap.Error(err))
+		return true
+	}
+	for _, e := range list {
+		if e.ID == uuid.Nil {
+			stepFailed = true
+			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
+			continue
+		}
+		log.Error("the reaper cannot release or move an item; it stays as it is (in the items table), and every other item was reaped without it",
+			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
+	}
+	return stepFailed
 }
 
 // claimLoop claims while there are free handler slots, until ctx ends.

@@ -49,6 +49,9 @@ sessions own parts of the queue (stop the workers first).`)
 	if err != nil {
 		return failf(1, "deleting the dead items of %q: %v", c.queue, err)
 	}
+	if err := deleteEnded(ctx, pool, c.queue); err != nil {
+		return failf(1, "deleting the ended ids of %q: %v", c.queue, err)
+	}
 	for _, stmt := range []string{
 		`DELETE FROM ` + tables.Table("session_parts") + ` WHERE queue = $1`,
 		`DELETE FROM ` + tables.Table("queues") + ` WHERE name = $1`,
@@ -111,6 +114,23 @@ func deleteBatched(ctx context.Context, pool *pgxpool.Pool, table, queue string)
 	}
 }
 
+// deleteEnded deletes the queue's ended ids (the dedup window's rows) in
+// bounded batches. Their ids are unique per queue only, hence the queue in
+// the outer condition.
+func deleteEnded(ctx context.Context, pool *pgxpool.Pool, queue string) error {
+	table := tables.Table("ended")
+	for {
+		tag, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE queue = $1 AND id IN (SELECT id FROM `+table+` WHERE queue = $1 LIMIT $2)`,
+			queue, cleanupBatch)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() < cleanupBatch {
+			return nil
+		}
+	}
+}
+
 // dropCrdbwork drops the crdbwork tables unless another queue still has
 // items or dead items, or a session is live.
 func dropCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
@@ -144,7 +164,7 @@ func dropCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
 		return failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first)", len(infos))
 	}
 	// Children before parents (foreign keys).
-	for _, t := range []string{"items", "dead_items", "session_parts", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
+	for _, t := range []string{"items", "dead_items", "ended", "session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+tables.Table(t)); err != nil {
 			return failf(1, "dropping %s: %v", tables.Table(t), err)
 		}

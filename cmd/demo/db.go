@@ -164,7 +164,7 @@ func requireSchema(ctx context.Context, db crsql.DB) error {
 }
 
 // crdbworkTables are the schema's tables, by the suffix Tables.Table takes.
-var crdbworkTables = []string{"schema_version", "sessions", "queues", "session_parts", "items", "dead_items"}
+var crdbworkTables = []string{"schema_version", "sessions", "queues", "session_parts", "session_queues", "items", "dead_items", "ended"}
 
 // requireTables reports a partly missing schema (a table dropped by hand
 // under a version row that says all is well) as an exit-2 error.

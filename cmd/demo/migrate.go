@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 func cmdMigrate(ctx context.Context, name string, args []string, out *console) error {
@@ -13,7 +15,9 @@ tables (demo_results, demo_enqueued). On CockroachDB it also applies
 sql/cockroach.sql best-effort: a cluster that refuses its zone settings
 (CockroachDB Cloud Basic/Serverless) gets a warning, and the schema is still
 complete. Running it again changes nothing. A schema newer than this binary
-is refused (exit status 2).`)
+is refused (exit status 2), unless it still serves this binary's version.
+It prints the oldest code version the schema serves: workers and commands of
+that version and newer keep working on it (a rolling upgrade).`)
 	c.register(f, urlRequired)
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
@@ -31,12 +35,16 @@ is refused (exit status 2).`)
 		return err
 	}
 	engine := engineName(ctx, pool)
+	_, serves, err := crsql.Installed(ctx, pool, tables)
+	if err != nil {
+		return failf(1, "reading the schema version after migrating: %v", err)
+	}
 	for _, w := range m.Warnings {
 		out.errorf("demo migrate: warning: %s", oneLine(w))
 	}
 	if c.json {
 		return printJSON(out, map[string]any{"migrated": true, "engine": engine, "schema_version": m.To,
-			"previous_version": m.From, "warnings": append([]string{}, m.Warnings...)})
+			"previous_version": m.From, "serves": serves, "warnings": append([]string{}, m.Warnings...)})
 	}
 	switch {
 	case m.From == 0:
@@ -46,5 +54,6 @@ is refused (exit status 2).`)
 	default:
 		out.printf("the crdbwork schema is at version %d and the demo tables are in place (%s)\n", m.To, engine)
 	}
+	out.printf("it serves code of version %d and newer (workers of those versions keep working on it)\n", serves)
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -62,6 +63,7 @@ func parseID(f *flagSet, s string) (uuid.UUID, error) {
 
 type deadJSON struct {
 	ID          string    `json:"id"`
+	Death       string    `json:"death"`
 	Part        int       `json:"part"`
 	Key         string    `json:"key,omitempty"`
 	Priority    int       `json:"priority"`
@@ -81,7 +83,10 @@ func cmdDead(ctx context.Context, name string, args []string, out *console) erro
 	f := newFlagSet(name, `Lists the dead items of --queue, the most recent first, with why they died:
 "failed" (attempts used up), "permanent" (a permanent error), "crash loop"
 (attempts used up without an ack or nack) or "expired" (past its deadline,
---ttl). Requeue them with "demo requeue ID" or "demo requeue --all".`)
+--ttl). An id that died several times (enqueued again, or requeued, after it
+died) is listed once per death, each with its own DEATH key. Requeue them
+with "demo requeue ID" (its newest death), "demo requeue ID --death DEATH"
+or "demo requeue --all".`)
 	c.register(f, urlRequired)
 	f.intVar(&limit, "limit", 20, 1, 100_000, "most items to list")
 	if err := f.parse(args, out.stdout); err != nil {
@@ -103,7 +108,7 @@ func cmdDead(ctx context.Context, name string, args []string, out *console) erro
 	if c.json {
 		list := make([]deadJSON, len(items))
 		for i, d := range items {
-			list[i] = deadJSON{ID: d.ID.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
+			list[i] = deadJSON{ID: d.ID.String(), Death: d.Death.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
 				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Payload: d.Payload,
 				EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
 		}
@@ -120,14 +125,14 @@ func cmdDead(ctx context.Context, name string, args []string, out *console) erro
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tPART\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tDEATH\tPART\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
 	for _, d := range items {
 		reason := d.Reason
 		if reason == "" {
 			reason = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Part, d.Attempts, d.MaxAttempts,
-			d.DiedAt.UTC().Format(time.RFC3339), reason, preview(d.Payload, 24), shorten(oneLine(d.LastError), 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Death, d.Part, d.Attempts, d.MaxAttempts,
+			d.DiedAt.UTC().Format(time.RFC3339Nano), reason, preview(d.Payload, 24), shorten(oneLine(d.LastError), 60))
 	}
 	tw.Flush()
 	out.printf("%s", b.String())
@@ -154,26 +159,39 @@ func shorten(s string, n int) string {
 func cmdRequeue(ctx context.Context, name string, args []string, out *console) error {
 	var c common
 	var all bool
+	var deathArg string
 	f := newFlagSet(name, `Moves a dead item of --queue back into the queue (fresh attempts, no delay):
-the one whose id is given, or every dead item of the queue with --all.
-Exits 1 if the given item is not a dead item of the queue.`)
+the newest death of the id given (or the death given with --death; older
+deaths stay listed, as history), or the newest death of every dead id of the
+queue with --all. An id that is live (in the queue again) is not requeued:
+its dead item stays. Exits 1 if the given item is not a dead item of the
+queue, or is live.`)
 	f.maxArgs, f.argName = 1, "[ID]"
 	c.register(f, urlRequired)
 	f.boolVar(&all, "all", false, "requeue every dead item of the queue")
 	f.flagOnly("all")
+	f.stringVar(&deathArg, "death", "", "DEATH", "requeue this death of the id (the DEATH column of `demo dead`) rather than its newest", nil)
+	f.flagOnly("death")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	var id uuid.UUID
+	var id, death uuid.UUID
 	switch {
 	case all && len(f.args) > 0:
 		return f.usageError("give an item id or --all, not both")
+	case all && deathArg != "":
+		return f.usageError("--death requeues one death of the id given, not --all")
 	case !all && len(f.args) == 0:
 		return f.usageError("give the id of a dead item (see `demo dead`), or --all")
 	case !all:
 		var err error
 		if id, err = parseID(f, f.args[0]); err != nil {
 			return err
+		}
+		if deathArg != "" {
+			if death, err = uuid.Parse(deathArg); err != nil {
+				return f.usageError("--death %q is not a death key (a UUID: the DEATH column of `demo dead`)", deathArg)
+			}
 		}
 	}
 	pool, q, err := opConn(ctx, &c, f)
@@ -182,11 +200,19 @@ Exits 1 if the given item is not a dead item of the queue.`)
 	}
 	defer pool.Close()
 	if !all {
-		ok, err := q.Requeue(ctx, id)
+		var ok bool
+		if deathArg != "" {
+			ok, err = q.RequeueDeath(ctx, id, death)
+		} else {
+			ok, err = q.Requeue(ctx, id)
+		}
 		if err != nil {
 			return failf(1, "%v", err)
 		}
 		if !ok {
+			if deathArg != "" {
+				return failf(1, "item %s has no death %s in queue %q (see `demo dead --queue %s`)", id, death, c.queue, c.queue)
+			}
 			return failf(1, "item %s is not a dead item of queue %q (see `demo dead --queue %s`)", id, c.queue, c.queue)
 		}
 		if c.json {
@@ -195,47 +221,48 @@ Exits 1 if the given item is not a dead item of the queue.`)
 		out.printf("requeued item %s into queue %q\n", id, c.queue)
 		return nil
 	}
-	n, err := requeueAll(ctx, q)
+	n, live, err := requeueAll(ctx, q)
 	if err != nil {
 		return failf(1, "requeued %d items, then: %v", n, err)
 	}
 	if c.json {
-		return printJSON(out, map[string]any{"queue": c.queue, "requeued": n})
+		return printJSON(out, map[string]any{"queue": c.queue, "requeued": n, "live": live})
 	}
 	out.printf("requeued %d dead items into queue %q\n", n, c.queue)
+	if live > 0 {
+		out.printf("%d dead ids not requeued: an item with the id is live (their dead items stay)\n", live)
+	}
 	return nil
 }
 
-// requeueAll requeues the dead items of q in pages. An item that dies again
-// while this runs is not requeued twice.
-func requeueAll(ctx context.Context, q *claim.Queue) (int, error) {
+// requeueAll requeues the newest death of every dead id of q, paging through
+// the dead items (newest first) once: an id is requeued once, its older
+// deaths stay as history, and an item that dies again while this runs is not
+// requeued twice (its new death is newer than the first page). Ids that are
+// live are skipped and counted.
+func requeueAll(ctx context.Context, q *claim.Queue) (requeued, live int, err error) {
 	const page = 500
 	seen := map[uuid.UUID]bool{}
-	n := 0
-	for {
-		items, err := q.Dead(ctx, page)
-		if err != nil {
-			return n, err
-		}
-		fresh := 0
+	items, err := q.Dead(ctx, page)
+	for err == nil && len(items) > 0 {
 		for _, d := range items {
 			if seen[d.ID] {
 				continue
 			}
 			seen[d.ID] = true
-			fresh++
 			ok, err := q.Requeue(ctx, d.ID)
-			if err != nil {
-				return n, err
-			}
-			if ok {
-				n++
+			switch {
+			case errors.Is(err, claim.ErrItemLive):
+				live++
+			case err != nil:
+				return requeued, live, err
+			case ok:
+				requeued++
 			}
 		}
-		if fresh == 0 {
-			return n, nil
-		}
+		items, err = q.DeadBefore(ctx, items[len(items)-1], page)
 	}
+	return requeued, live, err
 }
 
 func cmdCancel(ctx context.Context, name string, args []string, out *console) error {

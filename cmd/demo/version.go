@@ -9,7 +9,7 @@ import (
 )
 
 // version is the crdbwork release this binary belongs to (see CHANGELOG.md).
-const version = "0.3.0"
+const version = "0.4.0"
 
 // versionLine describes the binary: the crdbwork version, plus what the Go
 // toolchain stamped into it (module version, VCS revision, Go version).

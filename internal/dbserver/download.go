@@ -144,7 +144,7 @@ func DownloadCockroach(ctx context.Context, logf func(format string, args ...any
 		c, err := d.DialContext(ctx, "tcp", host)
 		if err != nil {
 			return "", fmt.Errorf("dbserver: cannot download CockroachDB: %s is not reachable from this machine (%w); "+
-				"download a cockroach binary yourself and set COCKROACH_BINARY, or run without the download (%s, --download-cockroach) to use PostgreSQL", host, err, DownloadEnv)
+				"download a cockroach binary yourself and set COCKROACH_BINARY, or run without the download (%s unset, Options.Download false) to use PostgreSQL", host, err, DownloadEnv)
 		}
 		c.Close()
 	}

@@ -43,7 +43,7 @@ ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS death UUID NOT NULL DEF
 ALTER TABLE crdbwork_dead_items DROP CONSTRAINT crdbwork_dead_items_pkey,
     ADD CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death);
 
--- Items that ended (acked, dead, cancelled, dropped), by queue and id, kept
+-- Items that ended (acked, dead, cancelled, taken at most once), by queue and id, kept
 -- for the queue's dedup window: an enqueue of an id found here within the
 -- window is a duplicate, even though the item has left the items table. So
 -- a producer that retries after an unknown outcome never runs work twice.
@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     queue    TEXT        NOT NULL,
     id       UUID        NOT NULL,
     ended_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    -- 'acked', 'dead', 'cancelled' or 'dropped'.
+    -- 'acked', 'dead', 'cancelled' or 'taken' (an at-most-once item handed out by a claim).
     outcome  TEXT        NOT NULL,
     PRIMARY KEY (queue, id)
 );

@@ -16,6 +16,17 @@
 // The item's result, written by the handler's Record, is then in the database
 // for the test to check. Work applies the crdbwork schema if it is missing,
 // so a test needs only a pool on a database it may write to.
+//
+// Tables gives a test crdbwork tables of its own, in a schema dropped when
+// the test ends, so that tests run in parallel on one database; pass them
+// in Options.Tables and to everything else the test builds. RequireEnqueued,
+// RequireEnqueuedN and RequireNotEnqueued check what the code under test
+// enqueued (payload, JSON payload, key, tenant, priority, count):
+//
+//	tables := workertest.Tables(t, pool)
+//	// ... run the producer under test with claim.Options{Tables: tables} ...
+//	workertest.RequireEnqueued(t, pool, tables, "emails",
+//		workertest.HasJSON(welcome{To: "ada@example.com"}), workertest.HasKey("ada@example.com"))
 package workertest
 
 import (
@@ -239,7 +250,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 func dropQueue(db worker.DB, t crsql.Tables, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	for _, table := range []string{"items", "dead_items", "session_parts"} {
+	for _, table := range []string{"items", "dead_items", "ended", "session_parts", "session_queues"} {
 		_, _ = db.Exec(ctx, `DELETE FROM `+t.Table(table)+` WHERE queue = $1`, queue)
 	}
 	_, _ = db.Exec(ctx, `DELETE FROM `+t.Table("queues")+` WHERE name = $1`, queue)

@@ -464,6 +464,20 @@ func (st *settling) nack(cause error) {
 			res.Outcome, res.SettleErr = Unsettled, err
 			st.log.Info("nack refused: the claim was lost", zap.Error(err), zap.NamedError("cause", cause))
 			return
+		case errors.Is(err, claim.ErrDeadLetterFailed):
+			// Settled: the item is out of claims for good, and the reaper
+			// moves it to the dead items once the database lets it.
+			res.Outcome, res.SettleErr = Dead, nil
+			st.log.Error("item failed for good, but the database refused its move to the dead items: it is held out of claims for the reaper",
+				zap.Error(err), zap.NamedError("cause", cause))
+			return
+		case !Transient(err):
+			// A retry would be refused the same way: the item's lease (or
+			// its session's end) releases it, and its attempts bound how
+			// often that can happen.
+			res.Outcome, res.SettleErr = Unsettled, err
+			st.log.Error("nack failed for a reason a retry will not fix; the item's lease releases it", zap.Error(err), zap.NamedError("cause", cause))
+			return
 		case !st.again("nack", err):
 			res.Outcome, res.SettleErr = Unsettled, err
 			return

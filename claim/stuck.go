@@ -1,0 +1,99 @@
+package claim
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrDeadLetterFailed is wrapped by Nack's error when the item's move to the
+// dead items was refused by the database for something about that item (a
+// constraint or a trigger on the dead-items table, a row over a size limit),
+// not for a transient failure. The nack is settled nonetheless: the claim
+// was released with the item's attempts used up and the cause as its last
+// error, so that no claim hands it out again, and the reaper moves it to the
+// dead items (reason "crash loop", last error CrashLoopError) once the move
+// is possible, reporting it (a ReapError with its id) while it is not. Do
+// not retry such a nack: its claim is gone.
+var ErrDeadLetterFailed = errors.New("the move to the dead items was refused; the item is held, out of claims, for the reaper")
+
+// Reap's steps, as named in ReapError.Step.
+const (
+	StepLeases    = "leases"    // releasing expired leases
+	StepExhausted = "exhausted" // moving crash-looped items (attempts used up)
+	StepExpired   = "expired"   // moving items past their deadline
+	// StepPruneEnded: forgetting ended ids past the dedup window
+	// (PruneEnded).
+	StepPruneEnded = "prune ended"
+)
+
+// ReapError is one failure of Reap. Reap runs every step whatever another
+// did, and returns its failures joined (errors.Join); ReapErrors lists them.
+//
+// ID is uuid.Nil when the step itself failed (the database, a connection, a
+// context ended): the step's remaining batches are left for the next Reap.
+// Otherwise ID is an item the step could not release or move even alone,
+// for something about that item: it stays as it is (in the items table; an
+// unclaimed one is never handed out), and every other item of the step was
+// released or moved without it. The next Reap tries it again.
+type ReapError struct {
+	Queue string
+	Step  string    // StepLeases, StepExhausted, StepExpired or StepPruneEnded
+	ID    uuid.UUID // the item, or uuid.Nil for a failure of the whole step
+	Err   error
+}
+
+func (e *ReapError) Error() string {
+	if e.ID == uuid.Nil {
+		return fmt.Sprintf("claim: reaping %q, step %s: %v", e.Queue, e.Step, e.Err)
+	}
+	return fmt.Sprintf("claim: reaping %q, step %s: item %s cannot be released or moved: %v", e.Queue, e.Step, e.ID, e.Err)
+}
+
+func (e *ReapError) Unwrap() error { return e.Err }
+
+// ReapErrors returns the ReapErrors in err, Reap's error, in order: each
+// step's failure or each item that could not be released or moved, once
+// each. It returns
+// nil for a nil err.
+func ReapErrors(err error) []*ReapError {
+	var out []*ReapError
+	var walk func(error)
+	walk = func(err error) {
+		var re *ReapError
+		switch e := err.(type) {
+		case nil:
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		default:
+			if errors.As(err, &re) {
+				out = append(out, re)
+			}
+		}
+	}
+	walk(err)
+	return out
+}
+
+// itemFault reports whether err is the database refusing a statement for
+// something about the rows it wrote, which the same statement without those
+// rows would not meet: a data exception (SQLSTATE class 22), an integrity
+// constraint (23), a program limit such as a row size (54), or an exception
+// raised by a trigger (P0). Serialization failures, connection and server
+// failures, and errors of the statement as a whole (a missing column, class
+// 42) are not: the same rows would pass another time, or none would.
+func itemFault(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54", "P0":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,64 @@
+package sql_test
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// TestClaimShapesAreUncorrelated: the per-part claims and the fair turns'
+// reads must not be correlated subqueries over a set of parts or pairs
+// (LATERAL, or a subquery fed by unnest of a parameter): CockroachDB's
+// optimizer may decorrelate those into scans of every matching row
+// (cockroachdb/cockroach#68299, #165983). Each per-part branch reads one
+// part given as its own parameter, and the k-part claim has k of them.
+func TestClaimShapesAreUncorrelated(t *testing.T) {
+	p := crsql.NewPartClaimStatements(crsql.Tables{})
+	st := crsql.NewStatements(crsql.Tables{})
+	check := func(name, s string) {
+		t.Helper()
+		if strings.Contains(strings.ToUpper(s), "LATERAL") || strings.Contains(s, "unnest(") {
+			t.Errorf("%s is a correlated shape (LATERAL or unnest):\n%s", name, s)
+		}
+	}
+	partEq := regexp.MustCompile(`part = \$(\d+)`)
+	for k := 1; k <= crsql.MaxPartBranches; k++ {
+		for _, d := range []crsql.Dialect{crsql.Postgres, crsql.Cockroach} {
+			s := p.Claim(d, k)
+			check("Claim", s)
+			if got := len(partEq.FindAllString(s, -1)); got != k {
+				t.Errorf("Claim(%v, %d) reads %d parts", d, k, got)
+			}
+			if again := p.Claim(d, k); again != s {
+				t.Errorf("Claim(%v, %d) is not stable", d, k)
+			}
+		}
+		s := p.Pick(k)
+		check("Pick", s)
+		if got := len(partEq.FindAllString(s, -1)); got != k {
+			t.Errorf("Pick(%d) reads %d parts", k, got)
+		}
+	}
+	fair := crsql.NewFairStatements(crsql.Tables{})
+	tenantEq := regexp.MustCompile(`tenant = \$(\d+)`)
+	for k := 1; k <= crsql.MaxFairPairs; k++ {
+		s := fair.Lasts(k)
+		check("Lasts", s)
+		if got := len(tenantEq.FindAllString(s, -1)); got != k {
+			t.Errorf("Lasts(%d) reads %d tenants", k, got)
+		}
+	}
+	check("FairHead", st.FairHead)
+	for _, k := range []int{0, crsql.MaxPartBranches + 1} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Claim of %d parts did not panic", k)
+				}
+			}()
+			p.Claim(crsql.Postgres, k)
+		}()
+	}
+}
