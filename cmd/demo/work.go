@@ -213,9 +213,9 @@ func cmdWork(ctx context.Context, name string, args []string, out *console) erro
 	var c workConfig
 	f := newFlagSet(name, `Runs one worker process on --queue in parts mode (--any-part: without parts)
 until SIGINT or SIGTERM, then stops gracefully (in-flight items finish, the
-session is deleted, which releases its parts at once). The handler waits --task-time and records the item in
-demo_results inside the ack transaction. A final line with the worker's
-counters goes to stderr. Its connections end a transaction left idle longer
+session is deleted, which releases its parts at once). The handler waits
+--task-time and records the item in demo_results inside the ack transaction.
+A final line with the worker's counters goes to stderr. Its connections end a transaction left idle longer
 than --expiry (idle_in_transaction_session_timeout), so that a frozen
 worker's open transaction cannot hold its locks, and its peers' reapers, for
 ever. Needs "demo migrate" first.`)
@@ -416,7 +416,8 @@ ever. Needs "demo migrate" first.`)
 
 // idleTxTimeout returns the AfterConnect of the worker's pool: it sets the
 // connection's idle_in_transaction_session_timeout to d (the session
-// expiry; PostgreSQL and CockroachDB both have the variable). A process
+// expiry; a variable of PostgreSQL since 9.6, and of CockroachDB, which was
+// not run here to check it). A process
 // frozen (SIGSTOP, a paused VM) or cut off in the middle of a transaction
 // otherwise keeps the transaction open, and its row locks, until its
 // connection dies: the items it was acking stay locked, and every peer's
