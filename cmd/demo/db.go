@@ -26,6 +26,12 @@ const pingTimeout = 5 * time.Second
 // the pool size unless the URL sets pool_max_conns itself. A malformed URL
 // or an unreachable server is an exit-2 error.
 func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, error) {
+	return connectWith(ctx, rawURL, maxConns, nil)
+}
+
+// connectWith is connect with afterConnect, if not nil, run on every new
+// connection of the pool (pgxpool.Config.AfterConnect).
+func connectWith(ctx context.Context, rawURL string, maxConns int, afterConnect func(context.Context, *pgx.Conn) error) (*pgxpool.Pool, error) {
 	if scheme, _, ok := strings.Cut(rawURL, "://"); ok && !acceptedSchemes[strings.ToLower(scheme)] {
 		return nil, failf(2, "unsupported scheme %q in the database URL%s: use postgresql:// or postgres:// (CockroachDB speaks the PostgreSQL protocol: postgresql://root@host:26257/db?sslmode=disable)",
 			scheme, quotedURL(rawURL))
@@ -40,6 +46,7 @@ func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, e
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > pingTimeout {
 		cfg.ConnConfig.ConnectTimeout = pingTimeout
 	}
+	cfg.AfterConnect = afterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, failf(2, "invalid database URL%s: %v", quotedURL(rawURL), err)

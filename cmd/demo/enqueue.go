@@ -39,6 +39,26 @@ type itemShape struct {
 	// priorities > 1 gives each item a uniformly random priority in [0,
 	// priorities); otherwise 0.
 	priorities int
+	// tenants > 0 gives item i the tenant "tenant-<i % tenants>" and no
+	// key, so that a tenant's items share its part.
+	tenants int
+}
+
+// item returns demo item i, shaped.
+func (s itemShape) item(i int64) claim.NewItem {
+	it := claim.NewItem{
+		Payload:    []byte(strconv.FormatInt(i, 10)),
+		Key:        fmt.Sprintf("key-%d", i%keySpace),
+		TTL:        s.ttl,
+		AtMostOnce: s.atMostOnce,
+	}
+	if s.priorities > 1 {
+		it.Priority = rand.IntN(s.priorities)
+	}
+	if s.tenants > 0 {
+		it.Tenant, it.Key = fmt.Sprintf("tenant-%d", i%int64(s.tenants)), ""
+	}
+	return it
 }
 
 // enqueueDemoShaped is enqueueDemo with every item shaped by shape.
@@ -50,16 +70,7 @@ func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, ru
 	for start := 0; start < n; start += enqueueChunk {
 		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
 		for i := start; i < min(start+enqueueChunk, n); i++ {
-			it := claim.NewItem{
-				Payload:    []byte(strconv.Itoa(i)),
-				Key:        fmt.Sprintf("key-%d", i%keySpace),
-				TTL:        shape.ttl,
-				AtMostOnce: shape.atMostOnce,
-			}
-			if shape.priorities > 1 {
-				it.Priority = rand.IntN(shape.priorities)
-			}
-			items = append(items, it)
+			items = append(items, shape.item(int64(i)))
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
 			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
@@ -175,8 +186,7 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 				if i >= int64(n) {
 					return
 				}
-				it := claim.NewItem{Payload: []byte(strconv.FormatInt(i, 10)), Key: fmt.Sprintf("key-%d", i%keySpace),
-					TTL: shape.ttl, AtMostOnce: shape.atMostOnce}
+				it := shape.item(i)
 				for attempt := 1; ; attempt++ {
 					var id uuid.UUID
 					var err error
@@ -223,12 +233,16 @@ func cmdEnqueue(ctx context.Context, name string, args []string, out *console) e
 queue, and records their ids in demo_enqueued under a new run id, in the same
 transactions, so that "demo verify" can check them. Needs "demo migrate" first.
 With --ttl, items not acked within it end dead with reason "expired" ("demo
-dead"); with --at-most-once, the claim that hands an item out deletes it.`)
+dead"); with --at-most-once, the claim that hands an item out deletes it.
+With --tenants, the items belong to tenants (for fair queues and tenant
+limits); with --priorities, they get random priorities (for the urgent lane).`)
 	c.register(f, urlRequired)
 	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
 	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
 	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
 	f.flagOnly("at-most-once")
+	f.intVar(&c.shape.tenants, "tenants", 0, 0, 1_000_000, "give item i the tenant \"tenant-<i % N>\" and no key (a tenant's items then share one part; 0: no tenants, keys \"key-<i % 1000>\")")
+	f.intVar(&c.shape.priorities, "priorities", 1, 1, 1<<30, "give every item a uniformly random priority in [0, N) (1: all 0)")
 	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	f.intVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
 	f.boolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")

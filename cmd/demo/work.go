@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -210,11 +211,14 @@ func statsOf(st worker.Stats) workStats {
 
 func cmdWork(ctx context.Context, name string, args []string, out *console) error {
 	var c workConfig
-	f := newFlagSet(name, `Runs one worker process on --queue in parts mode until SIGINT or SIGTERM, then
-stops gracefully (in-flight items finish, the session is deleted, which releases
-its parts at once). The handler waits --task-time and records the item in
-demo_results inside the ack transaction. A final line with the worker's
-counters goes to stderr. Needs "demo migrate" first.`)
+	f := newFlagSet(name, `Runs one worker process on --queue in parts mode (--any-part: without parts)
+until SIGINT or SIGTERM, then stops gracefully (in-flight items finish, the
+session is deleted, which releases its parts at once). The handler waits
+--task-time and records the item in demo_results inside the ack transaction.
+A final line with the worker's counters goes to stderr. Its connections end a transaction left idle longer
+than --expiry (idle_in_transaction_session_timeout), so that a frozen
+worker's open transaction cannot hold its locks, and its peers' reapers, for
+ever. Needs "demo migrate" first.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
@@ -222,6 +226,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
 	f.boolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
+	f.boolVar(&c.anyPart, "any-part", false, "claim in any part of --queue: the worker owns no parts (a queue without parts), every worker of the queue claims any of its items")
 	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
 	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
 	if err := f.parse(args, out.stdout); err != nil {
@@ -270,7 +275,7 @@ counters goes to stderr. Needs "demo migrate" first.`)
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		p, err := connect(ctx, c.databaseURL, poolSize)
+		p, err := connectWith(ctx, c.databaseURL, poolSize, idleTxTimeout(c.expiry, out))
 		if err != nil {
 			return err
 		}
@@ -337,7 +342,11 @@ counters goes to stderr. Needs "demo migrate" first.`)
 			case <-t.C:
 			}
 			if id := w.Stats().Session; id != "" {
-				out.errorf("demo work: %s working on queue %q (%s, %d parts, session %s)", c.name, c.queue, engine, parts, id)
+				how := fmt.Sprintf("%d parts", parts)
+				if c.anyPart {
+					how = "any part"
+				}
+				out.errorf("demo work: %s working on queue %q (%s, %s, session %s)", c.name, c.queue, engine, how, id)
 				return
 			}
 		}
@@ -403,6 +412,34 @@ counters goes to stderr. Needs "demo migrate" first.`)
 		return failf(1, "%v", runErr)
 	}
 	return nil
+}
+
+// idleTxTimeout returns the AfterConnect of the worker's pool: it sets the
+// connection's idle_in_transaction_session_timeout to d (the session
+// expiry; a variable of PostgreSQL since 9.6, and of CockroachDB, which was
+// not run here to check it). A process
+// frozen (SIGSTOP, a paused VM) or cut off in the middle of a transaction
+// otherwise keeps the transaction open, and its row locks, until its
+// connection dies: the items it was acking stay locked, and every peer's
+// reaper of expired sessions waits on them (deleting the frozen session
+// touches those items), so no expired session of the database is reaped
+// meanwhile. With the timeout, the server ends such a transaction and its
+// connection after d idle: no worker transaction waits on its client that
+// long. If the server refuses the variable, one warning goes to stderr and
+// the connection is used as it is.
+func idleTxTimeout(d time.Duration, out *console) func(context.Context, *pgx.Conn) error {
+	var warned atomic.Bool
+	return func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", d.Milliseconds()))
+		switch {
+		case err == nil:
+		case conn.IsClosed():
+			return fmt.Errorf("setting idle_in_transaction_session_timeout: %w", err)
+		case !warned.Swap(true):
+			out.errorf("demo work: the server refused idle_in_transaction_session_timeout (%v): a frozen worker's open transaction keeps its locks until its connection dies", err)
+		}
+		return nil
+	}
 }
 
 func errString(err error) string {
