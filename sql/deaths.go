@@ -99,26 +99,12 @@ RETURNING i.id`),
     SELECT id FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts
     FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
-` + recordEnded(OutcomeDead) + `
-INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
-RETURNING id`),
+` + moveExhausted),
 		ReapExpiredIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
     FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
-` + recordEnded(OutcomeDead) + `
-INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
-RETURNING id`),
+` + moveExpired),
 		Exhaust: r(`UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
 WHERE id = $1 AND claim = $2 AND claim_token = $3`),

@@ -221,6 +221,32 @@ const (
 	pgFenced = `id = ANY(ARRAY(SELECT unnest($1::UUID[]))) AND ` + fenced
 )
 
+// moveExhausted and moveExpired end the reaper's statements that move
+// items to the dead items: given a CTE picked that selected and locked the
+// items' ids, they delete those still unclaimed (and still exhausted, or
+// still past their deadline), record the ids as ended, and insert the
+// dead-item rows ($3 is the crash loop's error). The batch statements
+// (ReapExhausted, ReapExpired) and their by-id forms (DeathStatements'
+// ReapExhaustedIDs, ReapExpiredIDs) differ only in how they pick.
+var (
+	moveExhausted = `gone AS (
+    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
+RETURNING id`
+	moveExpired = `gone AS (
+    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
+RETURNING id`
+)
+
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
@@ -288,14 +314,7 @@ WHERE ` + pgFenced + ` RETURNING id, lease_until`),
     WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
-` + recordEnded(OutcomeDead) + `
-INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
-RETURNING id`),
+` + moveExhausted),
 		// An item past its deadline that no session holds moves to the dead
 		// items. (A claimed one is left to its holder: its ack may still
 		// come; once released, nacked or reaped, it is moved here.)
@@ -305,14 +324,7 @@ RETURNING id`),
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
-` + recordEnded(OutcomeDead) + `
-INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
-RETURNING id`),
+` + moveExpired),
 		FairHead: r(`SELECT turn_at FROM crdbwork_items
 WHERE queue = $1 AND priority = $2 AND claim IS NULL
 ORDER BY turn_at LIMIT 1`),
