@@ -94,7 +94,7 @@ type workerSettings struct {
 	urgentPriority int
 	urgentLane     bool
 	// onClaim, if set (not a flag: demo run --measure-order), is the
-	// workers' worker.Options.OnClaim.
+	// workers' worker.Options.Testing.OnClaim.
 	onClaim func(ctx context.Context, items []claim.Item)
 }
 
@@ -164,7 +164,7 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		BatchRecord:     recordResults,
 		UrgentLane:      w.urgentLane,
 		UrgentPriority:  w.urgentPriority,
-		OnClaim:         w.onClaim,
+		Testing:         worker.TestingOptions{OnClaim: w.onClaim},
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)

@@ -1,0 +1,184 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+)
+
+// claimLoop claims while there are free handler slots, until claimCtx
+// ends, and starts a handler for each claimed item.
+//
+// While the queue has a backlog (the last claim came back full), the loop
+// claims when half of the slots are free, or GatherWait after the first
+// one freed, rather than for each slot as it frees: a claim then takes
+// several items, and the database runs a fraction of the claim statements,
+// at the cost of a few milliseconds of idle slots.
+func (r *sessionRun) claimLoop() {
+	w, ctx, log := r.w, r.claimCtx, r.log
+	sess, reb, fl, lim, slots := r.sess, r.reb, r.fl, r.lim, r.slots
+	gather := max(1, cap(slots)/2)
+	backlog := false
+	limitLogged := false
+	forgotten := false // a claim's outcome was unknown: release what it may have taken first
+	pause := func() bool {
+		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	for ctx.Err() == nil {
+		// Wait for at least one free slot.
+		select {
+		case slots <- struct{}{}:
+			<-slots
+		case <-ctx.Done():
+			return
+		}
+		if forgotten {
+			if err := w.releaseForgotten(ctx, sess.ID(), fl, log); err != nil {
+				if ctx.Err() == nil {
+					log.Warn("claiming waits until it succeeds (the items' leases release them otherwise)", zap.Error(err))
+				}
+				if !pause() {
+					return
+				}
+				continue
+			}
+			forgotten = false
+		}
+		if backlog && w.opts.GatherWait > 0 && cap(slots)-len(slots) < gather {
+			r.waitFree(gather)
+		}
+		free := cap(slots) - len(slots)
+		// Abandoned handlers still running take from the goroutine budget.
+		if budget := w.opts.Concurrency + w.opts.MaxAbandoned - int(w.running.Load()); budget < free {
+			free = max(0, budget)
+			if !limitLogged {
+				log.Error("abandoned handlers that never return use up the goroutine budget: claiming less",
+					zap.Int64("abandoned_running", w.abandonedRunning.Load()), zap.Int("max_abandoned", w.opts.MaxAbandoned))
+				limitLogged = true
+			}
+		}
+		var items []claim.Item
+		var holds []partition.Hold
+		var err error
+		var pl plan
+		claimedAt := time.Now()
+		switch {
+		case free == 0:
+		case reb != nil:
+			parts, claimed := reb.Lease()
+			pl = lim.plan(claimedAt, free, parts)
+			var urgent []claim.Item
+			if w.opts.UrgentLane && pl.n > 0 {
+				// Items of limited tenants only from the session's own
+				// parts: their owner alone enforces a tenant's limit.
+				all, limited := lim.laneTenants()
+				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority,
+					SkipTenants: pl.skip, OwnedParts: parts, AllTenantsLimited: all, LimitedTenants: limited})
+			}
+			if err == nil && len(urgent) < pl.n && len(parts) > 0 {
+				rest := pl
+				rest.n -= len(urgent)
+				items, err = w.claim(ctx, sess, parts, rest)
+			}
+			items = append(urgent, items...)
+			ps := make([]int, len(items))
+			for i, it := range items {
+				ps[i] = it.Part
+			}
+			// Lane items of the session's own parts hold their part like
+			// the part's own items (a part is given up once they end);
+			// those of other parts hold nothing (the zero Hold).
+			holds = claimed(ps)
+		default:
+			pl = lim.plan(claimedAt, free, nil)
+			if pl.n > 0 {
+				items, err = w.claim(ctx, sess, nil, pl)
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Warn("claim failed", zap.Error(err))
+		}
+		if errors.Is(err, claim.ErrOutcomeUnknown) {
+			forgotten = true
+		}
+		if len(items) > 0 && w.opts.Testing.OnClaim != nil {
+			w.opts.Testing.OnClaim(ctx, items)
+		}
+		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
+		for i, it := range items {
+			admitted := lim.admit(claimedAt, it.Tenant)
+			itemCtx, cancelItem := context.WithCancelCause(r.handlerCtx)
+			fl.add(it, claimedAt, bound, cancelItem)
+			slots <- struct{}{}
+			r.handlers.Add(1)
+			w.inflight.Add(1)
+			w.running.Add(1)
+			go func() {
+				defer func() {
+					<-slots
+					select {
+					case r.freed <- struct{}{}:
+					default:
+					}
+					w.inflight.Add(-1)
+					r.handlers.Done()
+					if reb != nil {
+						reb.Done(holds[i])
+					}
+				}()
+				if admitted {
+					r.handle(itemCtx, it)
+					lim.done(it.Tenant)
+				} else {
+					w.giveBack(itemCtx, r.settleCtx, it, r.a, log)
+				}
+				fl.done(it.ID)
+				cancelItem(nil)
+			}()
+		}
+		backlog = err == nil && len(items) == free && free > 0
+		if backlog {
+			continue // a full batch: there is probably more
+		}
+		if free > 0 && err == nil && (pl.full || pl.wait > 0) && len(items) == pl.n {
+			// Held back by the limits, not by an empty queue: claim again
+			// when an item ends or a token comes.
+			if !w.limitWait(ctx, r.freed, pl) {
+				return
+			}
+			continue
+		}
+		if !pause() {
+			return
+		}
+	}
+}
+
+// waitFree waits until n slots are free, GatherWait has passed or claimCtx
+// ends.
+func (r *sessionRun) waitFree(n int) {
+	t := time.NewTimer(r.w.opts.GatherWait)
+	defer t.Stop()
+	for cap(r.slots)-len(r.slots) < n {
+		select {
+		case <-r.freed:
+		case <-t.C:
+			return
+		case <-r.claimCtx.Done():
+			return
+		}
+	}
+}

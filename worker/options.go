@@ -1,0 +1,260 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Defaults for Options.
+const (
+	DefaultConcurrency     = 8
+	DefaultPoll            = 150 * time.Millisecond
+	DefaultItemTimeout     = 5 * time.Minute
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultRestartDelay    = time.Second
+	DefaultStartTimeout    = 30 * time.Second
+	DefaultMaxAckBatch     = 64
+	DefaultAckers          = 2
+	DefaultGatherWait      = 5 * time.Millisecond
+	DefaultHangGrace       = 2 * time.Second
+	DefaultMaxAbandoned    = 8
+)
+
+// MaxDuration bounds every duration of Options: far above any useful value,
+// it keeps the worker's arithmetic on durations from overflowing.
+const MaxDuration = 365 * 24 * time.Hour
+
+// Options configure a Worker. The zero value is valid: 8 handlers, no
+// parts, queue "default", silent.
+type Options struct {
+	// Queue is the queue to work on. Default "default".
+	Queue string
+	// Tables names the crdbwork tables; it overrides the Tables of the
+	// nested options.
+	Tables crsql.Tables
+	// Concurrency is the number of handlers running at once. Default 8.
+	// It does not change the number of connections (see Connections).
+	Concurrency int
+	// Parts is the queue's number of parts; 0 turns parts mode off (any
+	// session claims any item). With parts, the session claims only in the
+	// parts the rebalancer gives it, so claims never contend. A queue with no
+	// stored part count gets Parts; a different stored count wins (with a
+	// warning in the log): change it with partition.SetParts. At most
+	// partition.MaxParts.
+	Parts int
+	// Poll is the claim interval when the queue is idle (a random value
+	// between Poll/2 and Poll·3/2 each time). While claims come back full,
+	// the worker claims again at once. Default 150 ms.
+	Poll time.Duration
+	// ItemTimeout bounds one handler run. Default 5 min.
+	ItemTimeout time.Duration
+	// HangGrace is how long the worker still waits for a handler whose
+	// context ended (ItemTimeout, a lost session, a shutdown) before it
+	// abandons it: it stops waiting, nacks the item as timed out (or
+	// releases it when stopping) and frees its slot. The handler's
+	// goroutine runs on, counted in Stats.Abandoned. Default 2 s.
+	HangGrace time.Duration
+	// MaxAbandoned bounds the abandoned handler goroutines still running:
+	// while that many run, the worker claims only as many items as
+	// Concurrency + MaxAbandoned less the running handler goroutines
+	// allow, so handlers that never return cannot pile up goroutines
+	// without bound (the worker rather stops claiming, and logs why).
+	// Default 8; negative: none.
+	MaxAbandoned int
+	// ShutdownTimeout bounds each step of a graceful stop: waiting for
+	// in-flight handlers (then they are cancelled), waiting for the
+	// cancelled ones and their settles, closing the session. Default 10 s.
+	ShutdownTimeout time.Duration
+	// RestartDelay is the pause before a new session after one was lost,
+	// and between tries of a first start. Default 1 s.
+	RestartDelay time.Duration
+	// StartTimeout bounds how long Run keeps trying to start its first
+	// session while that fails for a transient reason (the database
+	// unreachable or restarting); then Run returns the error. A schema
+	// that is not this code's, bad options or a refused login return at
+	// once. Default 30 s.
+	StartTimeout time.Duration
+	// MaxAckBatch bounds the items acked in one transaction. Handlers that
+	// finish while an ack transaction commits are acked together in the
+	// next (group commit; see claim.Queue.AckEach), which costs no waiting
+	// and far fewer transactions. 1 acks every item in its own transaction.
+	// Default 64.
+	MaxAckBatch int
+	// Ackers is the number of settle goroutines: each acks (in batches),
+	// nacks and releases items on one connection at a time. Two keep the
+	// handlers busy while one transaction commits: items that finish
+	// during a commit are gathered by the other. Default 2.
+	Ackers int
+	// GatherWait bounds how long a busy worker waits, after a handler slot
+	// frees, for more slots to free before it claims, while the queue has
+	// a backlog: a claim then takes several items and the database runs a
+	// fraction of the claim statements, at the cost of a few milliseconds
+	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
+	GatherWait time.Duration
+	// Session, Claim and Partition configure the parts the worker wires.
+	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
+	// extended while a handler runs (see "Every item ends" above).
+	// Session.ReapEvery is the interval of the worker's reaper of expired
+	// sessions (the session itself does not reap: see Connections).
+	Session   session.Options
+	Claim     claim.Options
+	Partition partition.Options
+	// Logger receives structured logs. Default: none.
+	Logger *zap.Logger
+	// BatchRecord, if not nil, records the results of each ack transaction
+	// in one call (one multi-row INSERT or COPY rather than one statement
+	// per item), in that transaction, after the items' own Records: it gets
+	// the requests of the items whose claims held, each with the Value its
+	// handler set with RecordValue (nil if none). Like Record, it may run
+	// more than once; only one run's writes commit. If it fails, the items
+	// of the transaction are acked again one by one (each with a batch of
+	// one), so only an item it cannot record is nacked.
+	BatchRecord claim.BatchRecord
+	// Observer, if not nil, is told of every handler run and every ack
+	// transaction, for metrics (package metrics implements it). Default: none.
+	Observer Observer
+	// UrgentLane turns the urgent lane on (parts mode only): each claim
+	// first takes, from any part, items with priority at most
+	// UrgentPriority (claim.Queue.ClaimUrgent), then fills its free slots
+	// from the session's own parts. An urgent item then waits for the first
+	// session with a free slot, not for its part's owner, which bounds how
+	// far out of order urgent items run (see the README's "How relaxed is
+	// the order"). Lane claims name no part: giving up a part does not
+	// release them; a lane item of a part the session owns delays the
+	// part's hand-over like the part's own items. The lane stays within
+	// tenant limits: it takes items of limited tenants only from the
+	// session's own parts (whose owner enforces a tenant's whole limit),
+	// and other items from any part. Without parts every claim is already
+	// in strict order and the lane is not used. Default off.
+	UrgentLane bool
+	// UrgentPriority is the lane's threshold: items with priority <= it
+	// are urgent. Only read with UrgentLane.
+	UrgentPriority int
+	// Limits configure how the worker enforces the queue's fleet-wide
+	// limits, which are stored in the database (see "Fleet-wide limits"
+	// in limits.go). The worker reads them by itself; there is nothing to
+	// turn on. The queue's shares are divided among the sessions that
+	// work it (its members), whatever other queues the database holds.
+	//
+	// What is bounded: a share that moves (a session joining or leaving,
+	// a part changing hands) can be exceeded only by items claimed under
+	// the old share that still run Grace later; a limit that cannot be
+	// re-read is enforced with its last values for at most
+	// Limits.StaleAfter, after which the worker claims nothing the limit
+	// governs until a read succeeds (LimitStats.Stale). What is not
+	// bounded: the handlers of a process frozen (SIGSTOP) past its
+	// session's expiry resume, when it continues, beside the items its
+	// peers claimed meanwhile under its moved share; their contexts are
+	// already cancelled and their acks cannot commit, but a handler runs
+	// until it returns. (Their items do not wait for them: a claim ends
+	// with its session's expiry or its lease, claim.Options.Lease,
+	// whichever comes first.) See limits.go for the exact bounds.
+	Limits LimitOptions
+	// Testing holds hooks for tests and measurements; not for production.
+	Testing TestingOptions
+}
+
+// TestingOptions are hooks into a worker's internals, for tests and
+// measurements; not for production: they may change in any release. The
+// zero value sets none.
+type TestingOptions struct {
+	// OnClaim, if not nil, is called by the claim loop right after every
+	// claim that returned items, with those items, before their handlers
+	// start. The next claim waits for it: keep it quick. The demo's
+	// --measure-order counts each item's place in the queue's order with
+	// it. Default: none.
+	OnClaim func(ctx context.Context, items []claim.Item)
+}
+
+// withDefaults returns o with zero fields set to their defaults, or an error
+// for values that cannot work.
+func (o Options) withDefaults() (Options, error) {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout}} {
+		if d.v > MaxDuration {
+			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
+		}
+		if d.v < 0 && d.name != "GatherWait" {
+			return o, fmt.Errorf("worker: %s %v is negative", d.name, d.v)
+		}
+	}
+	o.Queue = cmp.Or(o.Queue, claim.DefaultQueue)
+	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
+	o.Poll = cmp.Or(o.Poll, DefaultPoll)
+	o.ItemTimeout = cmp.Or(o.ItemTimeout, DefaultItemTimeout)
+	o.HangGrace = cmp.Or(o.HangGrace, DefaultHangGrace)
+	o.MaxAbandoned = max(0, cmp.Or(o.MaxAbandoned, DefaultMaxAbandoned)) // negative: none
+	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, DefaultShutdownTimeout)
+	o.RestartDelay = cmp.Or(o.RestartDelay, DefaultRestartDelay)
+	o.StartTimeout = cmp.Or(o.StartTimeout, DefaultStartTimeout)
+	o.MaxAckBatch = cmp.Or(o.MaxAckBatch, DefaultMaxAckBatch)
+	o.Ackers = cmp.Or(o.Ackers, DefaultAckers)
+	o.GatherWait = max(0, cmp.Or(o.GatherWait, DefaultGatherWait)) // negative: claim as soon as a slot frees
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	switch {
+	case o.Concurrency < 0:
+		return o, fmt.Errorf("worker: concurrency %d is negative", o.Concurrency)
+	case o.Parts < 0 || o.Parts > partition.MaxParts:
+		return o, fmt.Errorf("worker: Parts %d is out of range (0: no parts, or 1 to %d)", o.Parts, partition.MaxParts)
+	case o.MaxAckBatch < 0:
+		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
+	case o.Ackers < 0 || o.Ackers > maxAckers:
+		return o, fmt.Errorf("worker: Ackers %d must be between 1 and %d", o.Ackers, maxAckers)
+	case o.Session.ReapEvery > session.MaxExpiry:
+		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
+	}
+	var err error
+	if o.Limits, err = o.Limits.withDefaults(); err != nil {
+		return o, err
+	}
+	o.Claim.Lease = cmp.Or(o.Claim.Lease, defaultLease(o))
+	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
+	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
+	o.Session.Logger = cmp.Or(o.Session.Logger, o.Logger)
+	o.Partition.Logger = cmp.Or(o.Partition.Logger, o.Logger)
+	return o, nil
+}
+
+// maxAckers bounds Options.Ackers.
+const maxAckers = 64
+
+// PoolConns returns the number of connections a worker with opts uses from
+// its pool at most, whatever its Concurrency: one for claims, one per settle
+// goroutine (Ackers, default 2), one for the maintenance loop (reaping
+// expired sessions), and in parts mode one for the rebalancer. Handlers
+// never hold one (their Records run in a settle goroutine's transaction).
+// With the defaults: 4, or 5 in parts mode. Size the pool's MaxConns to it
+// (more is harmless; fewer makes the worker's own statements wait for each
+// other). Connections a handler opens itself are not counted.
+func PoolConns(opts Options) int {
+	o, err := opts.withDefaults()
+	if err != nil {
+		o.Ackers = max(opts.Ackers, DefaultAckers)
+	}
+	n := 1 + o.Ackers + 1
+	if o.Parts > 0 {
+		n++
+	}
+	return n
+}
+
+// Connections returns the number of connections to the database a worker
+// process with opts opens at most: PoolConns, plus the session's heartbeat
+// connection, which is its own (outside the pool) so that a busy pool never
+// delays a heartbeat. With the defaults: 5, or 6 in parts mode; 4 workers
+// of 1000 handlers each run within 24 connections.
+func Connections(opts Options) int { return PoolConns(opts) + 1 }
