@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -41,6 +42,8 @@ type QueueInfo struct {
 	// (ties by name), at most InspectTenants of them. Items without a
 	// tenant are in no entry.
 	Tenants []TenantInfo
+	// Holders are the queue's claimed items by the session holding them.
+	Holders map[uuid.UUID]int64
 	// Dead is the number of deaths in the dead items table (an item that
 	// died twice counts twice).
 	Dead int64
@@ -147,8 +150,11 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
 	}
 	var claimed int64
-	_, err = pgx.ForEachRow(rows, []any{&p, &claimed}, func() error {
-		part(int(p)).Claimed = claimed
+	var holder uuid.UUID
+	info.Holders = map[uuid.UUID]int64{}
+	_, err = pgx.ForEachRow(rows, []any{&p, &holder, &claimed}, func() error {
+		part(int(p)).Claimed += claimed
+		info.Holders[holder] += claimed
 		return nil
 	})
 	if err != nil {

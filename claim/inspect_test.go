@@ -81,7 +81,7 @@ func TestInspectQueues(t *testing.T) {
 		state[it.ID] = "dead"
 	}
 	// The expected figures, from each item's part.
-	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: settings,
+	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: settings, Holders: map[uuid.UUID]int64{s.ID(): 2},
 		TenantLimits: map[string]claim.Limit{"t1": {MaxInFlight: 1, Rate: 0.5}}}
 	byPart := map[int]*claim.PartInfo{}
 	for p := range 4 {
@@ -169,12 +169,12 @@ func TestInspectQueues(t *testing.T) {
 	}
 	check(parts, want, true)
 	check(plain, claim.QueueInfo{Name: "plain", NumParts: 1, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 3, Due: 2}},
-		Unclaimed: 3, Due: 2, TenantLimits: map[string]claim.Limit{}}, true)
+		Unclaimed: 3, Due: 2, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, true)
 	check(paused, claim.QueueInfo{Name: "paused", Stored: true, NumParts: 1, Paused: true, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 1, Due: 1}},
-		Unclaimed: 1, Due: 1, Settings: claim.Settings{DedupWindow: claim.DefaultDedupWindow}, TenantLimits: map[string]claim.Limit{}}, true)
-	check(deadOnly, claim.QueueInfo{Name: "deadonly", NumParts: 1, Dead: 1, Parts: []claim.PartInfo{}, TenantLimits: map[string]claim.Limit{}}, false)
+		Unclaimed: 1, Due: 1, Holders: map[uuid.UUID]int64{}, Settings: claim.Settings{DedupWindow: claim.DefaultDedupWindow}, TenantLimits: map[string]claim.Limit{}}, true)
+	check(deadOnly, claim.QueueInfo{Name: "deadonly", NumParts: 1, Dead: 1, Parts: []claim.PartInfo{}, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, false)
 	check(newQueue(t, pool, claim.Options{Queue: "unused"}), claim.QueueInfo{Name: "unused", NumParts: 1, Parts: []claim.PartInfo{},
-		TenantLimits: map[string]claim.Limit{}}, false)
+		Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, false)
 
 	names, err := claim.Queues(ctx, pool, crsql.Tables{})
 	if err != nil {

@@ -28,9 +28,10 @@ type InspectStatements struct {
 	// now(), ordered by part. It reads every unclaimed item of the queue
 	// (crdbwork_items_part_turn and each row's vesting_at).
 	Unclaimed string
-	// Claimed returns queue $1's claimed items by part: part, claimed,
-	// ordered by part. It reads the queue's claimed items only
-	// (crdbwork_items_lease, WHERE claim IS NOT NULL).
+	// Claimed returns queue $1's claimed items by part and session: part,
+	// claim (the session), claimed, ordered by part and claim. It reads
+	// the queue's claimed items only (crdbwork_items_lease, WHERE claim IS
+	// NOT NULL).
 	Claimed string
 	// Tenants returns queue $1's tenants with the most unclaimed items, at
 	// most $2 of them: tenant, unclaimed, due, ordered by unclaimed
@@ -66,8 +67,8 @@ FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
        min(vesting_at) FILTER (WHERE vesting_at <= now()), now()
 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL
 GROUP BY part ORDER BY part`),
-		Claimed: r(`SELECT part, count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL
-GROUP BY part ORDER BY part`),
+		Claimed: r(`SELECT part, claim, count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL
+GROUP BY part, claim ORDER BY part, claim`),
 		Tenants: r(`SELECT tenant, count(*) AS unclaimed, count(*) FILTER (WHERE vesting_at <= now())
 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND tenant IS NOT NULL
 GROUP BY tenant ORDER BY unclaimed DESC, tenant LIMIT $2`),
