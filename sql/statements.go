@@ -16,7 +16,7 @@ type Statements struct {
 	Heartbeat      string // $1 id → rows affected (0: the session is gone)
 	ReapSessions   string // → rows affected
 	DeleteSession  string // $1 id
-	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), acked, failed, in_flight
+	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
 	LiveSessionIDs string // → id, ordered
 
 	// Queues and parts.
@@ -237,7 +237,7 @@ VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`),
        (EXTRACT(EPOCH FROM expiry) * 1000000)::BIGINT,
        (EXTRACT(EPOCH FROM now() - created_at) * 1000000)::BIGINT,
        (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT,
-       acked, failed, in_flight
+       claimed, acked, failed, in_flight
 FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 		LiveSessionIDs: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 

@@ -225,7 +225,7 @@ func readStatus(ctx context.Context, db claim.DB, queue string) (*status, error)
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
 			Claimed: claimedBy[in.ID],
-			Acked:   in.Acked, Failed: in.Failed, InFlight: in.InFlight,
+			Acked:   in.Reported.Acked, Failed: in.Reported.Failed, InFlight: in.Reported.InFlight,
 			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
