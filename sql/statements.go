@@ -85,7 +85,7 @@ type Statements struct {
 	// death $3, or the newest death of the id if $3 is NULL. The other
 	// deaths stay as history. It moves nothing while an item with that id
 	// is in the items table (DeathStatements.RequeueState tells why).
-	Requeue     string // $1 id, $2 queue, $3 death or NULL → id of the item put back
+	Requeue string // $1 id, $2 queue, $3 death or NULL → id of the item put back
 	// Backlog counts every item of every queue (a scan of the whole items
 	// table); metrics and the demo's status read one queue at a time
 	// through InspectStatements (claim.Queue.Inspect) instead.
