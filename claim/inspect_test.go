@@ -62,11 +62,16 @@ func TestInspectQueues(t *testing.T) {
 	if _, err := parts.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	// Claim 4 due items: 2 stay claimed, 2 die (one permanent failure
-	// each).
+	// Claim 5 due items: 2 stay claimed by s, 1 by s2, 2 die (one
+	// permanent failure each).
 	claimed, err := parts.Claim(ctx, s.ID(), 4)
 	if err != nil || len(claimed) != 4 {
 		t.Fatalf("Claim = %d items, %v; want 4", len(claimed), err)
+	}
+	s2 := startSession(t, ctx, pool)
+	other, err := parts.Claim(ctx, s2.ID(), 1)
+	if err != nil || len(other) != 1 {
+		t.Fatalf("Claim by s2 = %d items, %v; want 1", len(other), err)
 	}
 	for _, it := range claimed[2:] {
 		if o, err := parts.Nack(ctx, it, claim.Permanent(errors.New("boom"))); err != nil || o != claim.Dead {
@@ -74,14 +79,14 @@ func TestInspectQueues(t *testing.T) {
 		}
 	}
 	state := map[uuid.UUID]string{}
-	for _, it := range claimed[:2] {
+	for _, it := range append(claimed[:2:2], other...) {
 		state[it.ID] = "claimed"
 	}
 	for _, it := range claimed[2:] {
 		state[it.ID] = "dead"
 	}
 	// The expected figures, from each item's part.
-	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: settings, Holders: map[uuid.UUID]int64{s.ID(): 2},
+	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: settings, Holders: map[uuid.UUID]int64{s.ID(): 2, s2.ID(): 1},
 		TenantLimits: map[string]claim.Limit{"t1": {MaxInFlight: 1, Rate: 0.5}}}
 	byPart := map[int]*claim.PartInfo{}
 	for p := range 4 {

@@ -5,7 +5,11 @@ package sql
 // dashboards, rendered for one set of table names. Each is a read-only
 // single statement; what each reads is said below, and sql/explain_test.go
 // checks on PostgreSQL (custom and generic plans) that none scans a table
-// sequentially. CockroachDB cannot run here: its plans are not checked.
+// sequentially. CockroachDB cannot run here: its plans are not checked. The
+// forms are ones the existing statements already run on CockroachDB:
+// count(*) FILTER (WHERE …) as in Statements.Backlog, the LEFT JOIN of a
+// one-row subquery as in LimitStatements.QueueLimits, and min() over an
+// indexed column, which its optimizer turns into a limited scan.
 //
 // No read here is a count over the whole items table. Counting a queue's
 // backlog cannot avoid reading the backlog, though: Unclaimed reads every
