@@ -107,6 +107,8 @@ type Queue struct {
 	// turns' reads (see stamp).
 	parts *crsql.PartClaimStatements
 	fair  *crsql.FairStatements
+	// ist are Inspect's reads.
+	ist *crsql.InspectStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
@@ -161,6 +163,7 @@ func New(db DB, opts Options) (*Queue, error) {
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
 		dst: crsql.NewDeathStatements(opts.Tables)}
 	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
+	q.ist = crsql.NewInspectStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }

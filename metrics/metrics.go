@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -45,8 +46,9 @@ const (
 type Options struct {
 	// Namespace prefixes every metric name. Default "crdbwork".
 	Namespace string
-	// DB, if not nil, is read at scrape time for the database gauges.
-	DB crsql.DB
+	// DB, if not nil, is read at scrape time for the database gauges,
+	// through claim.Queues, claim.Queue.Inspect and session.List.
+	DB claim.DB
 	// Tables names the crdbwork tables read through DB.
 	Tables crsql.Tables
 	// CacheFor is how long one read of the database gauges is reused.
@@ -83,6 +85,8 @@ type Collector struct {
 	dbCached   []prometheus.Metric
 	dbErrCount float64
 	lastErr    error
+	// inspected are the queues read for the database gauges, by name.
+	inspected map[string]*claim.Queue
 }
 
 // LastDatabaseError returns the error of the last failed read of the
@@ -304,114 +308,62 @@ func (c *Collector) databaseMetrics() []prometheus.Metric {
 	return ms
 }
 
-// readDatabase reads the database gauges.
+// readDatabase reads the database gauges: claim.Queues, then each queue's
+// claim.Queue.Inspect, and session.List for the live sessions.
 func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, error) {
-	t := c.opts.Tables
-	db := c.opts.DB
+	names, err := claim.Queues(ctx, c.opts.DB, c.opts.Tables)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	var ms []prometheus.Metric
-	type partKey struct {
-		queue string
-		part  int64
+	for _, name := range names {
+		q, err := c.queue(name)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		info, err := q.Inspect(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		// Every part of a queue with a stored part count is reported, 0
+		// when empty, so that a drained queue shows 0 rather than no
+		// series; a queue with dead items only has none.
+		for _, p := range info.Parts {
+			part := strconv.Itoa(p.Part)
+			ms = append(ms,
+				prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(p.Unclaimed), name, part),
+				prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(p.Due), name, part))
+		}
+		if info.Stored || info.HasItems() {
+			ms = append(ms,
+				prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(info.Claimed), name),
+				prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, max(0, info.OldestDue.Seconds()), name))
+		}
+		if info.Dead > 0 {
+			ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(info.Dead), name))
+		}
 	}
-	type counts struct{ unclaimed, vested int64 }
-	backlog := map[partKey]counts{}
-	claimedBy := map[string]int64{}
-	// Every part of every queue with a stored part count is reported, 0
-	// when empty, so that a drained queue shows 0 rather than no series.
-	rows, err := db.Query(ctx, `SELECT name, num_parts FROM `+t.Table("queues"))
+	live, err := session.List(ctx, c.opts.DB, c.opts.Tables)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
-	}
-	for rows.Next() {
-		var q string
-		var n int64
-		if err := rows.Scan(&q, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("metrics: reading the queues: %w", err)
-		}
-		for p := range n {
-			backlog[partKey{q, p}] = counts{}
-		}
-		claimedBy[q] = 0
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metrics: reading the queues: %w", err)
-	}
-	rows, err = db.Query(ctx, crsql.NewStatements(t).Backlog)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
-	}
-	for rows.Next() {
-		var q string
-		var part, unclaimed, vested, claimed int64
-		if err := rows.Scan(&q, &part, &unclaimed, &vested, &claimed); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
-		}
-		backlog[partKey{q, part}] = counts{unclaimed, vested}
-		claimedBy[q] += claimed
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metrics: reading the backlog: %w", err)
-	}
-	for k, n := range backlog {
-		p := strconv.FormatInt(k.part, 10)
-		ms = append(ms,
-			prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(n.unclaimed), k.queue, p),
-			prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(n.vested), k.queue, p))
-	}
-	for q, n := range claimedBy {
-		ms = append(ms, prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(n), q))
-	}
-
-	oldest := map[string]float64{}
-	rows, err = db.Query(ctx, `SELECT queue, min(vesting_at), now() FROM `+t.Table("items")+
-		` WHERE claim IS NULL AND vesting_at <= now() GROUP BY queue`)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
-	}
-	for rows.Next() {
-		var q string
-		var first, now time.Time
-		if err := rows.Scan(&q, &first, &now); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
-		}
-		oldest[q] = max(0, now.Sub(first).Seconds())
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metrics: reading the oldest items: %w", err)
-	}
-	for q := range claimedBy {
-		ms = append(ms, prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest[q], q))
-	}
-
-	rows, err = db.Query(ctx, `SELECT queue, count(*) FROM `+t.Table("dead_items")+` GROUP BY queue`)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: counting dead items: %w", err)
-	}
-	for rows.Next() {
-		var q string
-		var n int64
-		if err := rows.Scan(&q, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("metrics: counting dead items: %w", err)
-		}
-		ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(n), q))
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metrics: counting dead items: %w", err)
-	}
-
-	var live int64
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+t.Table("sessions")+
-		` WHERE heartbeat_at + expiry > now()`).Scan(&live); err != nil {
 		return nil, fmt.Errorf("metrics: counting live sessions: %w", err)
 	}
-	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(live)))
+	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(len(live))))
 	return ms, nil
+}
+
+// queue returns the claim.Queue that inspects name, made once per name
+// (called with dbMu held).
+func (c *Collector) queue(name string) (*claim.Queue, error) {
+	if q := c.inspected[name]; q != nil {
+		return q, nil
+	}
+	q, err := claim.New(c.opts.DB, claim.Options{Queue: name, Tables: c.opts.Tables})
+	if err != nil {
+		return nil, err
+	}
+	if c.inspected == nil {
+		c.inspected = map[string]*claim.Queue{}
+	}
+	c.inspected[name] = q
+	return q, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/metrics"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -289,5 +291,86 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	if c.LastDatabaseError() == nil {
 		t.Error("LastDatabaseError is nil after a failed read")
+	}
+}
+
+// TestDatabaseGaugesEveryQueue checks which series the database gauges
+// have for queues in different states: a stored queue with no items has
+// every part's backlog at 0, its claimed items and oldest age at 0, and no
+// dead series; a queue without a stored row has the parts that hold items;
+// a queue with dead items only has a dead series and nothing else.
+func TestDatabaseGaugesEveryQueue(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "stored", 3); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := claim.New(pool, claim.Options{Queue: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Enqueue(ctx, claim.NewItem{Payload: []byte("a")}, claim.NewItem{Payload: []byte("b"), Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	deadOnly, err := claim.New(pool, claim.Options{Queue: "deadonly"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := deadOnly.Enqueue(ctx, claim.NewItem{Payload: []byte("d")}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	its, err := deadOnly.Claim(ctx, s.ID(), 1)
+	if err != nil || len(its) != 1 {
+		t.Fatalf("Claim = %d, %v", len(its), err)
+	}
+	if o, err := deadOnly.Nack(ctx, its[0], claim.Permanent(errors.New("bad"))); err != nil || o != claim.Dead {
+		t.Fatalf("Nack = %v, %v; want Dead", o, err)
+	}
+
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+	fams := scrape(t, srv.URL)
+	if up := mustValue(t, fams, "crdbwork_database_up", nil); up != 1 {
+		t.Fatalf("database_up = %v (%v)", up, c.LastDatabaseError())
+	}
+	series := func(name string) map[string]float64 {
+		out := map[string]float64{}
+		if f := fams[name]; f != nil {
+			for _, m := range f.Metric {
+				key := "" // label values, in label-name order (part, queue)
+				for _, l := range m.Label {
+					key += l.GetValue() + "/"
+				}
+				out[key] = m.GetGauge().GetValue()
+			}
+		}
+		return out
+	}
+	for name, want := range map[string]map[string]float64{
+		"crdbwork_backlog_items":                {"0/plain/": 2, "0/stored/": 0, "1/stored/": 0, "2/stored/": 0},
+		"crdbwork_backlog_due_items":            {"0/plain/": 1, "0/stored/": 0, "1/stored/": 0, "2/stored/": 0},
+		"crdbwork_claimed_items":                {"plain/": 0, "stored/": 0},
+		"crdbwork_dead_items":                   {"deadonly/": 1},
+		"crdbwork_sessions_live":                {"": 1},
+		"crdbwork_oldest_unclaimed_age_seconds": {"plain/": -1, "stored/": 0},
+	} {
+		got := series(name)
+		if name == "crdbwork_oldest_unclaimed_age_seconds" {
+			// plain's one due item waits: more than 0, less than a minute.
+			if a := got["plain/"]; a > 0 && a < 60 {
+				got["plain/"] = -1
+			}
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
 	}
 }

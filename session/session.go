@@ -429,6 +429,9 @@ type Info struct {
 	Expiry         time.Duration
 	Age            time.Duration // since creation, by the database clock
 	SinceHeartbeat time.Duration // since the last heartbeat, by the database clock
+	// Reported are the counters the session reported with its last
+	// heartbeat (Options.Report); zero if it reports none.
+	Reported Counters
 }
 
 // List returns the live sessions (heartbeat within their expiry, by the
@@ -444,7 +447,7 @@ func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
 	for rows.Next() {
 		var in Info
 		var exp, age, since int64
-		if err := rows.Scan(&in.ID, &in.Name, &in.Host, &in.PID, &in.CreatedAt, &in.HeartbeatAt, &exp, &age, &since); err != nil {
+		if err := rows.Scan(&in.ID, &in.Name, &in.Host, &in.PID, &in.CreatedAt, &in.HeartbeatAt, &exp, &age, &since, &in.Reported.Claimed, &in.Reported.Acked, &in.Reported.Failed, &in.Reported.InFlight); err != nil {
 			return nil, fmt.Errorf("session: reading sessions: %w", err)
 		}
 		in.Expiry, in.Age, in.SinceHeartbeat = time.Duration(exp)*time.Microsecond, time.Duration(age)*time.Microsecond, time.Duration(since)*time.Microsecond

@@ -380,3 +380,39 @@ func TestMissingSchema(t *testing.T) {
 		t.Fatalf("Start on an empty database = %v, want ErrSchemaMissing", err)
 	}
 }
+
+// TestListReportsCounters checks that List returns the counters each
+// session reported with its last heartbeat, and zeros for a session that
+// reports none.
+func TestListReportsCounters(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	want := session.Counters{Claimed: 7, Acked: 5, Failed: 2, InFlight: 3}
+	opts := fast
+	opts.Report = func() session.Counters { return want }
+	reporting, err := session.Start(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reporting.Close(ctx)
+	silent, err := session.Start(ctx, pool, fast)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close(ctx)
+	var got map[string]session.Counters
+	waitFor(t, "List to show the reported counters", 10*time.Second, func() bool {
+		live, err := session.List(ctx, pool, crsql.Tables{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = map[string]session.Counters{}
+		for _, in := range live {
+			got[in.ID.String()] = in.Reported
+		}
+		return len(got) == 2 && got[reporting.ID().String()] == want
+	})
+	if c := got[silent.ID().String()]; c != (session.Counters{}) {
+		t.Fatalf("the silent session's counters = %+v, want zeros", c)
+	}
+}

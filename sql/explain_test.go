@@ -147,6 +147,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	}
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	inspect := crsql.NewInspectStatements(crsql.Tables{})
 	var deadID, deadDeath uuid.UUID
 	var diedAt time.Time
 	if err := pool.QueryRow(ctx, `SELECT id, death, died_at FROM crdbwork_dead_items WHERE queue = 'q' ORDER BY died_at DESC LIMIT 1 OFFSET 5000`).Scan(&deadID, &deadDeath, &diedAt); err != nil {
@@ -210,6 +211,25 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
 		{"RemoveTenantLimit", ls.RemoveTenantLimit, []any{"q", "t"}},
 		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
+		{"InspectQueue", inspect.Queue, []any{"q"}},
+		// The backlog counts read every item of the queue they count
+		// (unclaimed, claimed, with a tenant, dead): for a queue that
+		// holds most of a table, as q does, a sequential scan is the
+		// planner's fair choice. What they must not do is read the other
+		// queues' items: they are checked on "other", a tenth of the
+		// items and of the deaths, none claimed, with the plan for the
+		// given parameters only. A generic plan estimates a queue's share
+		// as one over the number of queues, here a half, for which a
+		// sequential scan is right; TestInspectPlans checks their generic
+		// plans with many queues.
+		{"InspectUnclaimed", inspect.Unclaimed, []any{"other"}},
+		{"InspectClaimed", inspect.Claimed, []any{"other"}},
+		{"InspectTenants", inspect.Tenants, []any{"other", 20}},
+		{"InspectDeadCount", inspect.DeadCount, []any{"other"}},
+		{"InspectStoredQueues", inspect.StoredQueues, []any{"", 1000}},
+		{"InspectNextUnclaimedQueue", inspect.NextUnclaimedQueue, []any{"other"}},
+		{"InspectNextClaimedQueue", inspect.NextClaimedQueue, []any{""}},
+		{"InspectNextDeadQueue", inspect.NextDeadQueue, []any{"other"}},
 		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
 	}
 	conn, err := pool.Acquire(ctx)
@@ -226,6 +246,9 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	}
 	for _, mode := range modes {
 		for i, c := range cases {
+			if mode == "generic" && inspectCounts[c.name] {
+				continue
+			}
 			query, args := "EXPLAIN "+c.stmt, c.args
 			if mode == "generic" {
 				// The plan a prepared statement gets once PostgreSQL
@@ -528,4 +551,102 @@ type planNode struct {
 	Hit        float64    `json:"Shared Hit Blocks"`
 	ReadBlocks float64    `json:"Shared Read Blocks"`
 	Plans      []planNode `json:"Plans"`
+}
+
+// inspectCounts are the Inspect statements that count one queue's items
+// (see explainAll and TestInspectPlans).
+var inspectCounts = map[string]bool{"InspectUnclaimed": true, "InspectClaimed": true, "InspectTenants": true, "InspectDeadCount": true}
+
+// TestInspectPlans checks that the reads of claim.Queue.Inspect read only
+// the inspected queue's items, with both the plan for the given parameters
+// and, on PostgreSQL, the generic plan: 40 queues, one of them ("big")
+// holding most items, claims and deaths, and a small one inspected. None
+// may scan the items or dead items table sequentially, and each must use
+// the index its documentation names (the queues table, 39 rows on one
+// page, may be read whole: PostgreSQL does so however it is asked).
+func TestInspectPlans(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	session := uuid.New()
+	// Queue names: "big" for g % 2 = 0, else "q" || g % 39 (39 small
+	// queues). Every tenth item claimed, every third with a tenant.
+	name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
+	seed := []string{
+		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
+		`INSERT INTO crdbwork_items (id, queue, part, vesting_at, turn_at, tenant, payload, claim, lease_until)
+		 SELECT gen_random_uuid(), ` + name + `, g % 16, now() + (g % 3 - 1) * INTERVAL '1 minute', now(),
+		        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 500)::TEXT END, '\x00'::BYTEA,
+		        CASE WHEN g % 10 = 1 THEN '` + session.String() + `'::UUID END,
+		        CASE WHEN g % 10 = 1 THEN now() + INTERVAL '1 minute' END
+		 FROM generate_series(1, 100000) AS g`,
+		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, reason)
+		 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), 'failed' FROM generate_series(1, 20000) AS g`,
+		`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
+		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_queues`,
+	}
+	for _, s := range seed {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	in := crsql.NewInspectStatements(crsql.Tables{})
+	cases := []struct {
+		name, stmt, index string
+		args              []any
+	}{
+		{"Queue", in.Queue, "crdbwork_queues", []any{"q7"}},
+		{"Unclaimed", in.Unclaimed, "crdbwork_items_part_turn", []any{"q7"}},
+		{"Claimed", in.Claimed, "crdbwork_items_lease", []any{"q7"}},
+		{"Tenants", in.Tenants, "crdbwork_items_tenant_turn", []any{"q7", 20}},
+		{"DeadCount", in.DeadCount, "crdbwork_dead_items_by_queue", []any{"q7"}},
+		{"StoredQueues", in.StoredQueues, "crdbwork_queues", []any{"q3", 10}},
+		{"NextUnclaimedQueue", in.NextUnclaimedQueue, "crdbwork_items_", []any{"q7"}},
+		{"NextClaimedQueue", in.NextClaimedQueue, "crdbwork_items_lease", []any{"q7"}},
+		{"NextDeadQueue", in.NextDeadQueue, "crdbwork_dead_items_by_queue", []any{"q7"}},
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	modes := []string{"custom"}
+	if testdb.Kind(t) == "postgres" {
+		modes = append(modes, "generic")
+		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, mode := range modes {
+		for i, c := range cases {
+			query, args := "EXPLAIN "+c.stmt, c.args
+			if mode == "generic" {
+				name := fmt.Sprint("inspect_", i)
+				if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+c.stmt); err != nil {
+					t.Fatalf("%s: PREPARE: %v", c.name, err)
+				}
+				query, args = "EXPLAIN EXECUTE "+name+"("+literals(c.args)+")", nil
+			}
+			rows, err := conn.Query(ctx, query, args...)
+			if err != nil {
+				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
+			}
+			text := strings.Join(lines, "\n")
+			switch {
+			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
+				strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan"):
+				t.Errorf("%s (%s) scans a table:\n%s", c.name, mode, text)
+			case testdb.Kind(t) == "postgres" && !strings.Contains(text, c.index):
+				t.Errorf("%s (%s) does not read %s:\n%s", c.name, mode, c.index, text)
+			default:
+				t.Logf("%s (%s):\n%s", c.name, mode, text)
+			}
+		}
+	}
 }

@@ -16,7 +16,7 @@ type Statements struct {
 	Heartbeat      string // $1 id → rows affected (0: the session is gone)
 	ReapSessions   string // → rows affected
 	DeleteSession  string // $1 id
-	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs)
+	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
 	LiveSessionIDs string // → id, ordered
 
 	// Queues and parts.
@@ -85,7 +85,10 @@ type Statements struct {
 	// death $3, or the newest death of the id if $3 is NULL. The other
 	// deaths stay as history. It moves nothing while an item with that id
 	// is in the items table (DeathStatements.RequeueState tells why).
-	Requeue     string // $1 id, $2 queue, $3 death or NULL → id of the item put back
+	Requeue string // $1 id, $2 queue, $3 death or NULL → id of the item put back
+	// Backlog counts every item of every queue (a scan of the whole items
+	// table); metrics and the demo's status read one queue at a time
+	// through InspectStatements (claim.Queue.Inspect) instead.
 	Backlog     string // → queue, part, unclaimed, vested, claimed
 	DeadCount   string // $1 queue → count
 	ItemColumns string
@@ -262,7 +265,8 @@ VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`),
 		LiveSessions: r(`SELECT id, name, host, pid, created_at, heartbeat_at,
        (EXTRACT(EPOCH FROM expiry) * 1000000)::BIGINT,
        (EXTRACT(EPOCH FROM now() - created_at) * 1000000)::BIGINT,
-       (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT
+       (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT,
+       claimed, acked, failed, in_flight
 FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 		LiveSessionIDs: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/metrics"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // metricsServer serves /metrics for --metrics-addr.
@@ -25,7 +25,7 @@ type metricsServer struct {
 // serveMetrics listens on addr and serves the crdbwork collector (reading
 // the database gauges through db) and the Go runtime's metrics at /metrics.
 // A bad or busy address is an exit-2 error.
-func serveMetrics(addr string, db crsql.DB, out *console) (*metricsServer, error) {
+func serveMetrics(addr string, db claim.DB, out *console) (*metricsServer, error) {
 	c := metrics.New(metrics.Options{DB: db, Tables: tables})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,7 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -118,66 +119,70 @@ type status struct {
 	QueueMembers []queueMembers `json:"queue_members"`
 }
 
-// readStatus gathers the status of queue.
-func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error) {
+// readStatus gathers the status of queue: the queues' state through
+// claim.Queues and claim.Queue.Inspect (every queue, for the backlog of all
+// queues), the sessions through session.List, the part owners and members.
+func readStatus(ctx context.Context, db claim.DB, queue string) (*status, error) {
 	st := crsql.NewStatements(tables)
 	s := &status{Engine: engineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
 		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}}
-	var err error
-	if s.NumParts, err = partition.Parts(ctx, db, tables, queue); err != nil {
+	names, err := claim.Queues(ctx, db, tables)
+	if err != nil {
 		return nil, err
 	}
-	if s.Limits, err = readLimits(ctx, db, queue); err != nil {
-		return nil, err
+	if !slices.Contains(names, queue) {
+		names = append(names, queue)
+		sort.Strings(names)
 	}
+	claimedBy := map[uuid.UUID]int64{}
+	var info claim.QueueInfo
+	for _, name := range names {
+		q, err := claim.New(db, claim.Options{Queue: name, Tables: tables})
+		if err != nil {
+			return nil, err
+		}
+		in, err := q.Inspect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if name == queue {
+			info = in
+		}
+		for id, n := range in.Holders {
+			claimedBy[id] += n
+		}
+		if !in.HasItems() {
+			continue
+		}
+		for _, p := range in.Parts {
+			if p.Unclaimed+p.Claimed > 0 {
+				s.Backlog = append(s.Backlog, backlogRow{Queue: name, Part: int64(p.Part), Unclaimed: p.Unclaimed, Vested: p.Due, Claimed: p.Claimed})
+			}
+		}
+		s.Queues = append(s.Queues, backlogTotal{Queue: name, Items: in.Unclaimed + in.Claimed,
+			Unclaimed: in.Unclaimed, Vested: in.Due, Claimed: in.Claimed})
+	}
+	s.NumParts, s.Paused, s.Dead = info.NumParts, info.Paused, info.Dead
+	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
+	s.PartsStored = info.Stored
+	s.Known = info.Stored || info.HasItems() || info.Dead > 0
+	s.Limits = &limitsJSON{MaxInFlight: info.Settings.MaxInFlight, Rate: info.Settings.Rate,
+		TenantMaxInFlight: info.Settings.TenantMaxInFlight, TenantRate: info.Settings.TenantRate, Tenants: map[string]limitJSON{}}
+	for t, l := range info.TenantLimits {
+		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
+	}
+
 	infos, err := session.List(ctx, db, tables)
 	if err != nil {
 		return nil, err
 	}
-	type reported struct{ acked, failed, inFlight int64 }
-	reports := map[uuid.UUID]reported{}
-	rows, err := db.Query(ctx, `SELECT id, acked, failed, in_flight FROM `+tables.Table("sessions"))
-	if err != nil {
-		return nil, fmt.Errorf("reading the sessions' counters: %w", crsql.Classify(err))
-	}
-	for rows.Next() {
-		var id uuid.UUID
-		var r reported
-		if err := rows.Scan(&id, &r.acked, &r.failed, &r.inFlight); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("reading the sessions' counters: %w", err)
-		}
-		reports[id] = r
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading the sessions' counters: %w", err)
-	}
-	claimedBy := map[uuid.UUID]int64{}
-	rows, err = db.Query(ctx, `SELECT claim, count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL GROUP BY claim`)
-	if err != nil {
-		return nil, fmt.Errorf("counting claimed items: %w", crsql.Classify(err))
-	}
-	for rows.Next() {
-		var id uuid.UUID
-		var n int64
-		if err := rows.Scan(&id, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("counting claimed items: %w", err)
-		}
-		claimedBy[id] = n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("counting claimed items: %w", err)
-	}
-	names := map[uuid.UUID]string{}
+	ownerNames := map[uuid.UUID]string{}
 	for _, in := range infos {
-		names[in.ID] = in.Name
+		ownerNames[in.ID] = in.Name
 	}
 
 	// Part owners.
-	rows, err = db.Query(ctx, st.PartOwners, queue)
+	rows, err := db.Query(ctx, st.PartOwners, queue)
 	if err != nil {
 		return nil, fmt.Errorf("reading part owners: %w", crsql.Classify(err))
 	}
@@ -202,7 +207,7 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 		return nil, fmt.Errorf("reading part owners: %w", err)
 	}
 	for _, id := range order {
-		s.PartOwners = append(s.PartOwners, ownerStatus{Session: id.String(), Name: names[id],
+		s.PartOwners = append(s.PartOwners, ownerStatus{Session: id.String(), Name: ownerNames[id],
 			Parts: ranges(byOwner[id]), Count: len(byOwner[id])})
 	}
 	var unowned []int
@@ -220,7 +225,7 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
 			Claimed: claimedBy[in.ID],
-			Acked:   reports[in.ID].acked, Failed: reports[in.ID].failed, InFlight: reports[in.ID].inFlight,
+			Acked:   in.Reported.Acked, Failed: in.Reported.Failed, InFlight: in.Reported.InFlight,
 			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
@@ -228,59 +233,6 @@ func readStatus(ctx context.Context, db crsql.DB, queue string) (*status, error)
 	if s.QueueMembers, err = readMembers(ctx, db, infos); err != nil {
 		return nil, err
 	}
-
-	// Backlog, every queue.
-	rows, err = db.Query(ctx, st.Backlog)
-	if err != nil {
-		return nil, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
-	}
-	totals := map[string]*backlogTotal{}
-	var queues []string
-	for rows.Next() {
-		var r backlogRow
-		if err := rows.Scan(&r.Queue, &r.Part, &r.Unclaimed, &r.Vested, &r.Claimed); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("reading the backlog: %w", err)
-		}
-		s.Backlog = append(s.Backlog, r)
-		t := totals[r.Queue]
-		if t == nil {
-			t = &backlogTotal{Queue: r.Queue}
-			totals[r.Queue] = t
-			queues = append(queues, r.Queue)
-		}
-		t.Items += r.Unclaimed + r.Claimed
-		t.Unclaimed += r.Unclaimed
-		t.Vested += r.Vested
-		t.Claimed += r.Claimed
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading the backlog: %w", err)
-	}
-	sort.Strings(queues)
-	for _, q := range queues {
-		s.Queues = append(s.Queues, *totals[q])
-	}
-	if err := db.QueryRow(ctx, st.DeadCount, queue).Scan(&s.Dead); err != nil {
-		return nil, fmt.Errorf("counting dead items: %w", crsql.Classify(err))
-	}
-	var oldest *time.Time
-	var now time.Time
-	var stored bool
-	if err := db.QueryRow(ctx, `SELECT (SELECT min(vesting_at) FROM `+tables.Table("items")+
-		` WHERE queue = $1 AND claim IS NULL AND vesting_at <= now()), now(),
-		EXISTS (SELECT 1 FROM `+tables.Table("queues")+` WHERE name = $1),
-		COALESCE((SELECT paused FROM `+tables.Table("queues")+` WHERE name = $1), false)`,
-		queue).Scan(&oldest, &now, &stored, &s.Paused); err != nil {
-		return nil, fmt.Errorf("reading the oldest item: %w", crsql.Classify(err))
-	}
-	if oldest != nil {
-		s.OldestDueSeconds = max(0, now.Sub(*oldest).Seconds())
-	}
-	_, hasItems := totals[queue]
-	s.PartsStored = stored
-	s.Known = stored || hasItems || s.Dead > 0
 	return s, nil
 }
 
@@ -422,7 +374,7 @@ last few seconds.`)
 // watchStatus redraws the status every interval until ctx ends. Read
 // errors are shown in place of the status and retried: a watch outlives a
 // database restart.
-func watchStatus(ctx context.Context, db crsql.DB, c *common, interval time.Duration, out *console) error {
+func watchStatus(ctx context.Context, db claim.DB, c *common, interval time.Duration, out *console) error {
 	tty := isTerminal(out.stdout) && !c.json
 	var tp throughput
 	t := time.NewTicker(interval)

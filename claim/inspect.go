@@ -1,0 +1,247 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// InspectTenants is how many tenants QueueInfo.Tenants lists at most: those
+// with the most unclaimed items.
+const InspectTenants = 20
+
+// QueueInfo is one queue's state, as Inspect reads it. The figures come
+// from several statements, not one snapshot: an item claimed between two of
+// them may be counted in neither or both of Unclaimed and Claimed.
+type QueueInfo struct {
+	// Name is the queue's name.
+	Name string
+	// Stored reports whether the queue has a row in the queues table (a
+	// stored part count, settings, or a pause). A queue without one has
+	// one part and default settings.
+	Stored bool
+	// NumParts is the stored part count, 1 if none is stored.
+	NumParts int
+	// Parts are the queue's parts, by part number: every part below
+	// NumParts when Stored, and any part that holds items (items enqueued
+	// before a change of the part count keep their part).
+	Parts []PartInfo
+	// Unclaimed, Due and Claimed are the totals over Parts.
+	Unclaimed, Due, Claimed int64
+	// OldestDue is the age, by the database clock, of the oldest due
+	// unclaimed item (now minus its vesting time); 0 if none is due.
+	OldestDue time.Duration
+	// Tenants are the tenants with the most unclaimed items, most first
+	// (ties by name), at most InspectTenants of them. Items without a
+	// tenant are in no entry.
+	Tenants []TenantInfo
+	// Holders are the queue's claimed items by the session holding them.
+	Holders map[uuid.UUID]int64
+	// Dead is the number of deaths in the dead items table (an item that
+	// died twice counts twice).
+	Dead int64
+	// Paused reports whether claims of the queue return nothing (Pause).
+	Paused bool
+	// Settings are the queue's settings (Settings).
+	Settings Settings
+	// TenantLimits are the tenants' own limits (TenantLimits), by tenant.
+	TenantLimits map[string]Limit
+}
+
+// PartInfo is one part's backlog.
+type PartInfo struct {
+	Part int
+	// Unclaimed items, of which Due are past their vesting time.
+	Unclaimed, Due int64
+	// Claimed items, held by workers now.
+	Claimed int64
+}
+
+// TenantInfo is one tenant's backlog.
+type TenantInfo struct {
+	Tenant string
+	// Unclaimed items, of which Due are past their vesting time.
+	Unclaimed, Due int64
+}
+
+// HasItems reports whether the queue holds unclaimed or claimed items.
+func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
+
+// Inspect reads the queue's state: the one read behind package metrics,
+// the demo's status and dashboards. What it costs (sql.InspectStatements
+// says which index each statement reads): point reads of the queue's row,
+// settings and tenant limits; the queue's unclaimed items, each read once
+// for the backlog by part and once more, for those with a tenant, for the
+// backlog by tenant (so it grows with this queue's backlog, not with other
+// queues'); the queue's claimed items; and the queue's dead items' index
+// entries. Call it at a scrape's pace, not per item.
+func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
+	if err := q.ready(ctx); err != nil {
+		return QueueInfo{}, fmt.Errorf("claim: inspecting %q: %w", q.opts.Queue, err)
+	}
+	var info QueueInfo
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var err error
+		info, err = q.inspect(ctx)
+		return err
+	})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("claim: inspecting %q: %w", q.opts.Queue, err)
+	}
+	s, err := q.Settings(ctx)
+	if err != nil {
+		return QueueInfo{}, err
+	}
+	info.Settings = s
+	if info.TenantLimits, err = q.TenantLimits(ctx); err != nil {
+		return QueueInfo{}, err
+	}
+	return info, nil
+}
+
+// inspect runs Inspect's reads of the queue's row and items once.
+func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
+	st, name := q.ist, q.opts.Queue
+	info := QueueInfo{Name: name}
+	var numParts int64
+	if err := q.db.QueryRow(ctx, st.Queue, name).Scan(&info.Stored, &numParts, &info.Paused); err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the queue's row: %w", crsql.Classify(err))
+	}
+	info.NumParts = int(numParts)
+	parts := map[int]*PartInfo{}
+	part := func(p int) *PartInfo {
+		if parts[p] == nil {
+			parts[p] = &PartInfo{Part: p}
+		}
+		return parts[p]
+	}
+	if info.Stored {
+		for p := range info.NumParts {
+			part(p)
+		}
+	}
+	rows, err := q.db.Query(ctx, st.Unclaimed, name)
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
+	}
+	var p, unclaimed, due int64
+	var oldest *time.Time
+	var now time.Time
+	_, err = pgx.ForEachRow(rows, []any{&p, &unclaimed, &due, &oldest, &now}, func() error {
+		pi := part(int(p))
+		pi.Unclaimed, pi.Due = unclaimed, due
+		if oldest != nil {
+			info.OldestDue = max(info.OldestDue, now.Sub(*oldest))
+		}
+		return nil
+	})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
+	}
+	rows, err = q.db.Query(ctx, st.Claimed, name)
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
+	}
+	var claimed int64
+	var holder uuid.UUID
+	info.Holders = map[uuid.UUID]int64{}
+	_, err = pgx.ForEachRow(rows, []any{&p, &holder, &claimed}, func() error {
+		part(int(p)).Claimed += claimed
+		info.Holders[holder] += claimed
+		return nil
+	})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
+	}
+	info.Parts = make([]PartInfo, 0, len(parts))
+	for _, pi := range parts {
+		info.Parts = append(info.Parts, *pi)
+		info.Unclaimed += pi.Unclaimed
+		info.Due += pi.Due
+		info.Claimed += pi.Claimed
+	}
+	sort.Slice(info.Parts, func(i, j int) bool { return info.Parts[i].Part < info.Parts[j].Part })
+
+	rows, err = q.db.Query(ctx, st.Tenants, name, InspectTenants)
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", crsql.Classify(err))
+	}
+	var ti TenantInfo
+	_, err = pgx.ForEachRow(rows, []any{&ti.Tenant, &ti.Unclaimed, &ti.Due}, func() error {
+		info.Tenants = append(info.Tenants, ti)
+		return nil
+	})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", crsql.Classify(err))
+	}
+	if err := q.db.QueryRow(ctx, st.DeadCount, name).Scan(&info.Dead); err != nil {
+		return QueueInfo{}, fmt.Errorf("counting the dead items: %w", crsql.Classify(err))
+	}
+	return info, nil
+}
+
+// Queues returns the names of the queues in the database t names on db, in
+// order: those with a row in the queues table, with unclaimed or claimed
+// items, or with dead items. It reads the queues table and one index entry
+// per queue in each of three indexes (sql.InspectStatements'
+// NextUnclaimedQueue, NextClaimedQueue and NextDeadQueue), not the items.
+func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("claim: listing the queues: %w", err)
+	}
+	if err := crsql.Check(ctx, db, t); err != nil {
+		return nil, fmt.Errorf("claim: listing the queues: %w", err)
+	}
+	st := crsql.NewInspectStatements(t)
+	seen := map[string]bool{}
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		clear(seen)
+		const page = 1000
+		for after := ""; ; {
+			rows, err := db.Query(ctx, st.StoredQueues, after, page)
+			if err != nil {
+				return crsql.Classify(err)
+			}
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return crsql.Classify(err)
+			}
+			for _, n := range names {
+				seen[n] = true
+			}
+			if len(names) < page {
+				break
+			}
+			after = names[len(names)-1]
+		}
+		for _, next := range []string{st.NextUnclaimedQueue, st.NextClaimedQueue, st.NextDeadQueue} {
+			for after := ""; ; {
+				var n *string
+				if err := db.QueryRow(ctx, next, after).Scan(&n); err != nil {
+					return crsql.Classify(err)
+				}
+				if n == nil {
+					break
+				}
+				seen[*n], after = true, *n
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claim: listing the queues: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out, nil
+}
