@@ -70,6 +70,13 @@ type Options struct {
 	// Expiry is how long after its last heartbeat a session may be deleted
 	// by a peer. It must be at least MinExpiryFactor heartbeats, and at most
 	// MaxExpiry. Default 5 s (or MinExpiryFactor heartbeats, if more).
+	//
+	// A process frozen while one of its transactions is open keeps that
+	// transaction's locks until the server ends it, and its peers cannot
+	// delete its session meanwhile: configure the pool with ConfigurePool
+	// (idle_in_transaction_session_timeout = Expiry) so that the server
+	// ends it after the expiry; the session is then reaped within twice
+	// the expiry and a reap interval of the freeze.
 	Expiry time.Duration
 	// ClockMargin is how much earlier than its expiry the process considers
 	// its session lost when heartbeats fail: lost at lastSent + Expiry -
@@ -88,6 +95,12 @@ type Options struct {
 	// Default: two heartbeats. Negative: the session never reaps (its
 	// owner calls Reap itself, as package worker does).
 	ReapEvery time.Duration
+	// ReapTimeout bounds each deletion of expired sessions by the session's
+	// reaper (and by package worker's): one that has not finished by then
+	// gives up, logs a warning and is tried again at the next turn (see
+	// ReapWithin and ErrReapTimeout). Default: the heartbeat interval, at
+	// least MinReapTimeout.
+	ReapTimeout time.Duration
 	// Name is stored in the session row for operators (for example "demo-worker-3").
 	Name string
 	// Tables names the crdbwork tables.
@@ -128,6 +141,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("session: clock margin %v is too long (maximum %v)", o.ClockMargin, MaxExpiry)
 	case o.ReapEvery > MaxExpiry:
 		return o, fmt.Errorf("session: reap interval %v is too long (maximum %v)", o.ReapEvery, MaxExpiry)
+	case o.ReapTimeout < 0 || o.ReapTimeout > MaxExpiry:
+		return o, fmt.Errorf("session: reap timeout %v is negative or too long (maximum %v)", o.ReapTimeout, MaxExpiry)
 	}
 	if o.Heartbeat == 0 {
 		o.Heartbeat = DefaultHeartbeat
@@ -137,6 +152,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReapEvery == 0 {
 		o.ReapEvery = 2 * o.Heartbeat
+	}
+	if o.ReapTimeout == 0 {
+		o.ReapTimeout = max(o.Heartbeat, MinReapTimeout)
 	}
 	switch {
 	case o.ClockMargin == 0:
@@ -369,7 +387,7 @@ func (s *Session) reapLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		n, err := Reap(ctx, s.db, s.opts.Tables)
+		n, err := ReapWithin(ctx, s.db, s.opts.Tables, s.opts.ReapTimeout)
 		switch {
 		case ctx.Err() != nil:
 			return

@@ -196,7 +196,7 @@ func (r *sessionRun) maintain() {
 		w.extendLeases(ctx, r.fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
 			nextReap = now.Add(jitter(reapEvery))
-			n, err := session.Reap(ctx, w.db, w.opts.Tables)
+			n, err := session.ReapWithin(ctx, w.db, w.opts.Tables, r.sess.Options().ReapTimeout)
 			switch {
 			case ctx.Err() != nil:
 				return

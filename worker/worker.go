@@ -305,6 +305,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			w.log.Warn("starting a session failed; retrying", zap.Error(err))
 		default:
+			if first {
+				w.checkIdleTimeout(ctx, sess.Options().Expiry, w.log)
+			}
 			first = false
 			w.sessions.Add(1)
 			w.current.Store(sess.ID().String())
