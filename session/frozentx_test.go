@@ -1,0 +1,207 @@
+package session_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// expiredWithLockedChild inserts a session that expired an hour ago, a
+// queue membership of it, and opens a transaction on its own connection
+// that has updated that membership and then waits for its client for ever
+// (a process frozen mid-transaction): deleting the session must lock the
+// membership row (ON DELETE CASCADE), so it waits on that transaction.
+// The transaction is rolled back at cleanup.
+func expiredWithLockedChild(t *testing.T, pool *pgxpool.Pool, cfg *pgx.ConnConfig) (uuid.UUID, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	id := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry, heartbeat_at) VALUES ($1, INTERVAL '1 second', now() - INTERVAL '1 hour')`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ('q', $1)`, id); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE crdbwork_session_queues SET joined_at = now() WHERE session_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	return id, conn
+}
+
+func sessionExists(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) bool {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// TestReapWithinGivesUpOnLocks: a reap blocked by the locks of an expired
+// session's open transaction returns ErrReapTimeout (naming the setting)
+// instead of waiting for as long as the transaction stays open; once the
+// transaction ends, the next reap deletes the session.
+func TestReapWithinGivesUpOnLocks(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	id, conn := expiredWithLockedChild(t, pool, pool.Config().ConnConfig.Copy())
+	done := make(chan error, 1)
+	go func() {
+		_, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, session.ErrReapTimeout) || !strings.Contains(err.Error(), session.IdleInTransactionParam) {
+			t.Fatalf("ReapWithin: %v, want an error wrapping ErrReapTimeout naming %s", err, session.IdleInTransactionParam)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("ReapWithin still waits on the frozen transaction's locks after 30 s")
+	}
+	if !sessionExists(t, pool, id) {
+		t.Fatal("the session was deleted although its child row stayed locked")
+	}
+	if _, err := conn.Exec(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 5*time.Second)
+	if err != nil || n != 1 {
+		t.Fatalf("ReapWithin after the thaw: %d, %v; want 1 session deleted", n, err)
+	}
+}
+
+// TestReapLoopWarnsOnLocks: a session's own reaper, blocked the same way,
+// warns and tries again rather than hanging.
+func TestReapLoopWarnsOnLocks(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	id, _ := expiredWithLockedChild(t, pool, pool.Config().ConnConfig.Copy())
+	core, logs := observer.New(zap.WarnLevel)
+	opts := fast
+	opts.Logger = zap.New(core)
+	s, err := session.Start(ctx, pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	warned := func() int {
+		n := 0
+		for _, l := range logs.All() {
+			for _, f := range l.Context {
+				if e, ok := f.Interface.(error); ok && errors.Is(e, session.ErrReapTimeout) {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	waitFor(t, "two warnings of a reap that gave up", 30*time.Second, func() bool { return warned() >= 2 })
+	if !sessionExists(t, pool, id) {
+		t.Fatal("the locked session was deleted")
+	}
+	if s.Err() != nil {
+		t.Fatalf("the reaping session was lost: %v", s.Err())
+	}
+}
+
+// TestConfigurePoolEndsFrozenTransaction: with a pool configured by
+// ConfigurePool, the server ends a transaction left idle for the expiry,
+// and a reaper then deletes the expired session whose rows it locked.
+func TestConfigurePoolEndsFrozenTransaction(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	cfg := pool.Config()
+	if err := session.ConfigurePool(cfg, fast); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam], "600"; got != want {
+		t.Fatalf("%s = %q, want %q (the expiry in ms)", session.IdleInTransactionParam, got, want)
+	}
+	configured, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer configured.Close()
+	var v string
+	if err := configured.QueryRow(ctx, crsql.IdleInTransactionTimeout).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := session.ParseSetting(v); err != nil || d != fast.Expiry {
+		t.Fatalf("the server shows %s = %q (%v, %v), want %v", session.IdleInTransactionParam, v, d, err, fast.Expiry)
+	}
+	id, _ := expiredWithLockedChild(t, pool, cfg.ConnConfig)
+	waitFor(t, "the expired session to be reaped once the server ended the frozen transaction", 30*time.Second, func() bool {
+		_, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
+		if err != nil && !errors.Is(err, session.ErrReapTimeout) {
+			t.Fatal(err)
+		}
+		return !sessionExists(t, pool, id)
+	})
+}
+
+// TestConfigurePoolKeepsShorterTimeout: a timeout already configured is
+// kept when it is not 0 and not longer than the expiry, replaced
+// otherwise; a nil configuration or bad options are errors.
+func TestConfigurePoolKeepsShorterTimeout(t *testing.T) {
+	for _, c := range []struct{ set, want string }{
+		{"", "600"}, {"0", "600"}, {"200", "200"}, {"250ms", "250ms"}, {"1s", "600"}, {"600", "600"}, {"1min", "600"},
+	} {
+		cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.set != "" {
+			cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam] = c.set
+		}
+		if err := session.ConfigurePool(cfg, fast); err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam]; got != c.want {
+			t.Errorf("set %q: got %q, want %q", c.set, got, c.want)
+		}
+	}
+	if err := session.ConfigurePool(nil, fast); err == nil {
+		t.Error("ConfigurePool(nil) succeeded")
+	}
+	cfg, _ := pgxpool.ParseConfig(testdb.NewURL(t))
+	if err := session.ConfigurePool(cfg, session.Options{Heartbeat: time.Second, Expiry: time.Second}); err == nil {
+		t.Error("ConfigurePool with an expiry shorter than three heartbeats succeeded")
+	}
+}
+
+func TestParseSetting(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"0": 0, "1500": 1500 * time.Millisecond, "1500ms": 1500 * time.Millisecond, "5s": 5 * time.Second,
+		"2min": 2 * time.Minute, "1h": time.Hour, "1d": 24 * time.Hour, "00:00:05": 5 * time.Second,
+		"00:01:01.5": 61500 * time.Millisecond, " 10 s": 10 * time.Second,
+	} {
+		if got, err := session.ParseSetting(in); err != nil || got != want {
+			t.Errorf("ParseSetting(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "x", "-1", "5 parsecs", "1:2"} {
+		if _, err := session.ParseSetting(in); err == nil {
+			t.Errorf("ParseSetting(%q) succeeded", in)
+		}
+	}
+}
