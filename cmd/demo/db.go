@@ -29,9 +29,10 @@ func connect(ctx context.Context, rawURL string, maxConns int) (*pgxpool.Pool, e
 	return connectWith(ctx, rawURL, maxConns, nil)
 }
 
-// connectWith is connect with afterConnect, if not nil, run on every new
-// connection of the pool (pgxpool.Config.AfterConnect).
-func connectWith(ctx context.Context, rawURL string, maxConns int, afterConnect func(context.Context, *pgx.Conn) error) (*pgxpool.Pool, error) {
+// connectWith is connect with configure, if not nil, applied to the pool's
+// configuration before the pool is made (worker.ConfigurePool, say); its
+// error is an exit-2 error.
+func connectWith(ctx context.Context, rawURL string, maxConns int, configure func(*pgxpool.Config) error) (*pgxpool.Pool, error) {
 	if scheme, _, ok := strings.Cut(rawURL, "://"); ok && !acceptedSchemes[strings.ToLower(scheme)] {
 		return nil, failf(2, "unsupported scheme %q in the database URL%s: use postgresql:// or postgres:// (CockroachDB speaks the PostgreSQL protocol: postgresql://root@host:26257/db?sslmode=disable)",
 			scheme, quotedURL(rawURL))
@@ -46,7 +47,11 @@ func connectWith(ctx context.Context, rawURL string, maxConns int, afterConnect 
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > pingTimeout {
 		cfg.ConnConfig.ConnectTimeout = pingTimeout
 	}
-	cfg.AfterConnect = afterConnect
+	if configure != nil {
+		if err := configure(cfg); err != nil {
+			return nil, failf(2, "configuring the pool for the database URL%s: %v", quotedURL(rawURL), err)
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, failf(2, "invalid database URL%s: %v", quotedURL(rawURL), err)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -275,7 +274,13 @@ ever. Needs "demo migrate" first.`)
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		p, err := connectWith(ctx, c.databaseURL, poolSize, idleTxTimeout(c.expiry, out))
+		// The server ends a transaction idle longer than the expiry
+		// (idle_in_transaction_session_timeout, a startup parameter): a
+		// frozen worker's open transaction cannot hold its locks, and its
+		// peers' reapers of expired sessions, for ever.
+		p, err := connectWith(ctx, c.databaseURL, poolSize, func(cfg *pgxpool.Config) error {
+			return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Heartbeat: c.heartbeat, Expiry: c.expiry}})
+		})
 		if err != nil {
 			return err
 		}
@@ -412,34 +417,6 @@ ever. Needs "demo migrate" first.`)
 		return failf(1, "%v", runErr)
 	}
 	return nil
-}
-
-// idleTxTimeout returns the AfterConnect of the worker's pool: it sets the
-// connection's idle_in_transaction_session_timeout to d (the session
-// expiry; a variable of PostgreSQL since 9.6, and of CockroachDB, which was
-// not run here to check it). A process
-// frozen (SIGSTOP, a paused VM) or cut off in the middle of a transaction
-// otherwise keeps the transaction open, and its row locks, until its
-// connection dies: the items it was acking stay locked, and every peer's
-// reaper of expired sessions waits on them (deleting the frozen session
-// touches those items), so no expired session of the database is reaped
-// meanwhile. With the timeout, the server ends such a transaction and its
-// connection after d idle: no worker transaction waits on its client that
-// long. If the server refuses the variable, one warning goes to stderr and
-// the connection is used as it is.
-func idleTxTimeout(d time.Duration, out *console) func(context.Context, *pgx.Conn) error {
-	var warned atomic.Bool
-	return func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", d.Milliseconds()))
-		switch {
-		case err == nil:
-		case conn.IsClosed():
-			return fmt.Errorf("setting idle_in_transaction_session_timeout: %w", err)
-		case !warned.Swap(true):
-			out.errorf("demo work: the server refused idle_in_transaction_session_timeout (%v): a frozen worker's open transaction keeps its locks until its connection dies", err)
-		}
-		return nil
-	}
 }
 
 func errString(err error) string {
