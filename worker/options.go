@@ -105,6 +105,10 @@ type Options struct {
 	// extended while a handler runs (see "Every item ends" above).
 	// Session.ReapEvery is the interval of the worker's reaper of expired
 	// sessions (the session itself does not reap: see Connections).
+	// Session.ReapTimeout bounds each of its reaps. Session.Expiry is also
+	// the idle_in_transaction_session_timeout that ConfigurePool gives the
+	// pool: a Record or BatchRecord must not leave its ack transaction idle
+	// that long between statements.
 	Session   session.Options
 	Claim     claim.Options
 	Partition partition.Options

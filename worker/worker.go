@@ -55,6 +55,20 @@
 // for claims, one per settle goroutine, one for the maintenance loop, one
 // for the rebalancer) and one of the session's own for heartbeats, which a
 // busy pool therefore never delays. Handlers never hold a connection.
+//
+// Configure the pool with ConfigurePool before making it: its connections
+// then start with idle_in_transaction_session_timeout set to the session
+// expiry, so that the server ends a transaction whose process froze while
+// it was open (SIGSTOP, a paused VM, a network cut without a reset). Such
+// a transaction otherwise keeps its row locks until the server drops the
+// connection (hours, with TCP keepalive), and no peer can reap the frozen
+// session meanwhile, since deleting it touches the rows it locked: its
+// items and parts would not move. With it, the frozen session's items end
+// within the expiry, the expiry again (the idle timeout) and a reap
+// interval. Each reap of expired sessions is bounded
+// (session.Options.ReapTimeout): a blocked one gives up, warns, deletes
+// the other expired sessions one by one and is tried again; Run warns once
+// when the pool's setting is missing.
 package worker
 
 import (
