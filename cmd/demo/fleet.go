@@ -49,7 +49,7 @@ func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logg
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g := &inProcess{cancel: cancel, fail: make(chan error, c.workers)}
 	for i := 1; i <= c.workers; i++ {
-		pool, err := connect(ctx, url, c.poolSize())
+		pool, err := connectWith(ctx, url, c.poolSize(), c.configurePool)
 		if err != nil {
 			g.stop(time.Second)
 			return nil, err

@@ -127,6 +127,15 @@ func (w *workerSettings) poolSize() int {
 	return worker.PoolConns(worker.Options{Parts: w.parts, MaxAckBatch: w.ackBatch})
 }
 
+// configurePool prepares a worker pool's configuration for these settings
+// (worker.ConfigurePool): the server ends a transaction idle longer than
+// --expiry (idle_in_transaction_session_timeout, a startup parameter), so
+// that a frozen worker's open transaction cannot hold its locks, and its
+// peers' reapers of expired sessions, for ever.
+func (w *workerSettings) configurePool(cfg *pgxpool.Config) error {
+	return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry}})
+}
+
 // newWorker returns a parts-mode worker with the demo handler.
 func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Logger, m *metricsServer) (*worker.Worker, error) {
 	var obs worker.Observer
@@ -274,13 +283,7 @@ ever. Needs "demo migrate" first.`)
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		// The server ends a transaction idle longer than the expiry
-		// (idle_in_transaction_session_timeout, a startup parameter): a
-		// frozen worker's open transaction cannot hold its locks, and its
-		// peers' reapers of expired sessions, for ever.
-		p, err := connectWith(ctx, c.databaseURL, poolSize, func(cfg *pgxpool.Config) error {
-			return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Heartbeat: c.heartbeat, Expiry: c.expiry}})
-		})
+		p, err := connectWith(ctx, c.databaseURL, poolSize, c.configurePool)
 		if err != nil {
 			return err
 		}
