@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -127,35 +130,95 @@ func ParseSetting(s string) (time.Duration, error) {
 	return time.Duration(v * float64(unit)), nil
 }
 
-// ReapWithin is Reap bounded by d: when deleting the expired sessions has
-// not finished within d (it waits on the locks of a transaction left open
-// by a frozen process, most likely), it gives up and returns an error
-// wrapping ErrReapTimeout that names the likely cause; the caller tries
-// again later. The connection of the abandoned statement is closed (pgx
-// cancels the statement), which ends the wait on the server too. d <= 0:
-// no bound but ctx's.
+// ReapWithin is Reap bounded by d: when deleting every expired session at
+// once has not finished within d (it waits on the locks of a transaction
+// left open by a frozen process, most likely), it deletes the expired
+// sessions one at a time instead, each bounded by d, in random order, for
+// at most 2·d in all: the sessions whose rows are not locked are deleted,
+// those that stay are tried again at the next reap. It returns how many it
+// deleted and, when some expired session could not be deleted in time, an
+// error wrapping ErrReapTimeout that names them and the likely cause. The
+// connection of an abandoned statement is closed (pgx cancels the
+// statement), which ends its wait on the server too. d <= 0: Reap, with no
+// bound but ctx's.
 func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duration) (int64, error) {
 	if d <= 0 {
 		return Reap(ctx, db, t)
 	}
-	rctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
 	st := crsql.NewStatements(t)
-	var n int64
-	err := retry.Do(rctx, nil, func(ctx context.Context) error {
-		tag, err := db.Exec(ctx, st.ReapSessions)
-		n = tag.RowsAffected()
-		return err
-	})
+	n, err := execWithin(ctx, db, d, st.ReapSessions)
 	switch {
 	case err == nil:
 		return n, nil
-	case ctx.Err() == nil && rctx.Err() != nil:
-		return 0, fmt.Errorf("session: reaping expired sessions: %w within %v: most likely a transaction of an expired session's process, "+
-			"frozen while it was open, holds locks on that session's rows; give the workers' connections an %s no longer than the session expiry "+
-			"(session.ConfigurePool, worker.ConfigurePool) so that the server ends it (last error: %v)",
-			ErrReapTimeout, d, IdleInTransactionParam, err)
-	default:
+	case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
 		return 0, fmt.Errorf("session: reaping expired sessions: %w", crsql.Classify(err))
 	}
+	// One at a time: the expired sessions whose rows are not locked go.
+	rs := crsql.NewReapStatements(t)
+	lctx, cancel := context.WithTimeout(ctx, d)
+	rows, lerr := db.Query(lctx, rs.ExpiredSessions)
+	var ids []uuid.UUID
+	if lerr == nil {
+		ids, lerr = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	}
+	cancel()
+	if lerr != nil {
+		return 0, reapTimeoutError(d, nil, fmt.Errorf("%w (then listing the expired sessions: %w)", err, lerr))
+	}
+	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	var deleted int64
+	var blocked []uuid.UUID
+	var last error
+	until := time.Now().Add(2 * d)
+	for i, id := range ids {
+		if ctx.Err() != nil {
+			return deleted, fmt.Errorf("session: reaping expired sessions: %w", ctx.Err())
+		}
+		if time.Now().After(until) {
+			blocked = append(blocked, ids[i:]...)
+			break
+		}
+		k, err := execWithin(ctx, db, d, rs.ReapSession, id)
+		if err != nil {
+			blocked, last = append(blocked, id), err
+			continue
+		}
+		deleted += k
+	}
+	if len(blocked) == 0 {
+		return deleted, nil
+	}
+	if last == nil {
+		last = err
+	}
+	return deleted, reapTimeoutError(d, blocked, last)
+}
+
+// execWithin runs stmt, retried on transient errors, for at most d.
+func execWithin(ctx context.Context, db crsql.DB, d time.Duration, stmt string, args ...any) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var n int64
+	err := retry.Do(rctx, nil, func(ctx context.Context) error {
+		tag, err := db.Exec(ctx, stmt, args...)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil && rctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	}
+	return n, err
+}
+
+// reapTimeoutError is the error of a reap that left expired sessions
+// (blocked, if known) because it could not delete them within d.
+func reapTimeoutError(d time.Duration, blocked []uuid.UUID, last error) error {
+	which := "expired sessions"
+	if len(blocked) > 0 {
+		which = fmt.Sprintf("%d expired session(s) %v", len(blocked), blocked)
+	}
+	return fmt.Errorf("session: reaping expired sessions: %w within %v: %s left; most likely a transaction of such a session's process, "+
+		"frozen while it was open, holds locks on that session's rows; give the workers' connections an %s no longer than the session expiry "+
+		"(session.ConfigurePool, worker.ConfigurePool) so that the server ends it (last error: %v)",
+		ErrReapTimeout, d, which, IdleInTransactionParam, last)
 }

@@ -58,28 +58,52 @@ func sessionExists(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) bool {
 }
 
 // TestReapWithinGivesUpOnLocks: a reap blocked by the locks of an expired
-// session's open transaction returns ErrReapTimeout (naming the setting)
-// instead of waiting for as long as the transaction stays open; once the
-// transaction ends, the next reap deletes the session.
+// session's open transaction returns ErrReapTimeout (naming the setting
+// and the session) instead of waiting for as long as the transaction stays
+// open, and still deletes the other expired sessions (one frozen process
+// does not keep every expired session of the database, whatever its
+// queue, from being reaped); once the transaction ends, the next reap
+// deletes the session.
 func TestReapWithinGivesUpOnLocks(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	id, conn := expiredWithLockedChild(t, pool, pool.Config().ConnConfig.Copy())
-	done := make(chan error, 1)
+	var others []uuid.UUID
+	for range 3 {
+		var other uuid.UUID
+		if err := pool.QueryRow(ctx, `INSERT INTO crdbwork_sessions (expiry, heartbeat_at) VALUES (INTERVAL '1 second', now() - INTERVAL '1 hour') RETURNING id`).Scan(&other); err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, other)
+	}
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
 	go func() {
-		_, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
-		done <- err
+		n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
+		done <- result{n, err}
 	}()
 	select {
-	case err := <-done:
-		if !errors.Is(err, session.ErrReapTimeout) || !strings.Contains(err.Error(), session.IdleInTransactionParam) {
-			t.Fatalf("ReapWithin: %v, want an error wrapping ErrReapTimeout naming %s", err, session.IdleInTransactionParam)
+	case r := <-done:
+		if !errors.Is(r.err, session.ErrReapTimeout) || !strings.Contains(r.err.Error(), session.IdleInTransactionParam) ||
+			!strings.Contains(r.err.Error(), id.String()) {
+			t.Fatalf("ReapWithin: %v, want an error wrapping ErrReapTimeout naming %s and session %s", r.err, session.IdleInTransactionParam, id)
+		}
+		if r.n != int64(len(others)) {
+			t.Errorf("ReapWithin deleted %d sessions, want the %d expired ones whose rows are not locked", r.n, len(others))
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("ReapWithin still waits on the frozen transaction's locks after 30 s")
 	}
 	if !sessionExists(t, pool, id) {
 		t.Fatal("the session was deleted although its child row stayed locked")
+	}
+	for _, other := range others {
+		if sessionExists(t, pool, other) {
+			t.Errorf("expired session %s, whose rows nothing locks, was not reaped", other)
+		}
 	}
 	if _, err := conn.Exec(ctx, `ROLLBACK`); err != nil {
 		t.Fatal(err)

@@ -10,3 +10,29 @@ package sql
 // variable and the current_setting builtin (docs checked: "Session
 // Variables" and "Functions and Operators", System info functions).
 const IdleInTransactionTimeout = `SELECT current_setting('idle_in_transaction_session_timeout')`
+
+// ReapStatements delete expired sessions one at a time: the fallback of a
+// reap of every expired session (Statements.ReapSessions) that could not
+// finish because one expired session's rows are locked (by a transaction
+// its frozen process left open), so that the other expired sessions are
+// still deleted. Both are plain on CockroachDB and PostgreSQL.
+type ReapStatements struct {
+	// ExpiredSessions returns the ids of the expired sessions (heartbeat_at
+	// + expiry < now(), as ReapSessions). It reads the sessions table,
+	// whose size is the fleet's, as ReapSessions does.
+	ExpiredSessions string
+	// ReapSession deletes session $1 if it is still expired → rows
+	// affected (0: it heartbeat meanwhile, or is gone). It finds the row by
+	// primary key; the expiry is checked again so that a session that came
+	// back since the list was read is never deleted.
+	ReapSession string
+}
+
+// NewReapStatements renders the ReapStatements for t.
+func NewReapStatements(t Tables) *ReapStatements {
+	r := t.rewrite
+	return &ReapStatements{
+		ExpiredSessions: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`),
+		ReapSession:     r(`DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`),
+	}
+}
