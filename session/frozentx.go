@@ -63,12 +63,17 @@ var ErrReapTimeout = errors.New("deleting the expired sessions did not finish in
 // claim.Record (or BatchRecord) that keeps an ack transaction idle longer
 // than the expiry between its statements has it ended too.
 //
-// PostgreSQL takes the setting as a startup parameter; so does
-// CockroachDB, which accepts session variables in the connection string
-// (docs checked: "Session Variables", and "SET {session variable}": "it is
-// therefore more reliable to configure the session in the client's
-// connection string"). package worker checks the setting once per Run and
-// logs a warning when it is missing or longer than the expiry.
+// PostgreSQL has the setting since 9.6 and takes it as a startup
+// parameter. CockroachDB has it since v20.2 (cockroach#52938, "sql:
+// implement idle_in_transaction_session_timeout": sessions idle in an
+// open or aborted transaction past the threshold are terminated; its docs
+// recommend it, rather than transaction_timeout, against a transaction
+// that holds locks and never ends: docs#19330), and takes any settable
+// session variable as a startup parameter since v2.1 (cockroach#31021:
+// "provide initial/default values for any customizable session variable
+// in the client connection URL"); not run against a CockroachDB server
+// here. Package worker checks the setting once per Run and logs a warning
+// when it is missing or longer than the expiry.
 func ConfigurePool(cfg *pgxpool.Config, opts Options) error {
 	if cfg == nil || cfg.ConnConfig == nil {
 		return errors.New("session: ConfigurePool: nil pool configuration (make one with pgxpool.ParseConfig)")

@@ -7,8 +7,10 @@ package sql
 // "5s", "0"); package worker reads it once per Run to warn when a frozen
 // process's open transaction could hold its locks for ever (see
 // session.ConfigurePool). It reads no table. CockroachDB has the session
-// variable and the current_setting builtin (docs checked: "Session
-// Variables" and "Functions and Operators", System info functions).
+// variable since v20.2 (cockroach#52938) and the current_setting builtin
+// (its "Functions and Operators", system info functions); it shows
+// durations in its own format, which session.ParseSetting also reads
+// (milliseconds, units, or an interval "HH:MM:SS").
 const IdleInTransactionTimeout = `SELECT current_setting('idle_in_transaction_session_timeout')`
 
 // ReapStatements delete expired sessions one at a time: the fallback of a
