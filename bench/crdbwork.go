@@ -59,7 +59,7 @@ func (c *crdbworkSystem) options() worker.Options {
 		Ackers:      c.ackers,
 		Parts:       c.parts,
 		Poll:        10 * time.Millisecond,
-		Partition:   partition.Options{Poll: 100 * time.Millisecond},
+		Partition:   partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond}},
 		BatchRecord: c.batchRecord(),
 	}
 }

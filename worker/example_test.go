@@ -40,7 +40,7 @@ func ExampleWorker_Run() {
 		Queue:       "greetings",
 		Concurrency: 2,
 		Poll:        20 * time.Millisecond,
-		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+		Session:     session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -107,7 +107,7 @@ func ExampleRecordValue() {
 		Queue:       "words",
 		BatchRecord: batch,
 		Poll:        20 * time.Millisecond,
-		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+		Session:     session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -43,7 +43,7 @@ import (
 var (
 	// faultSession is the sessions' timing in the cases where connections
 	// are cut for less than the expiry.
-	faultSession = session.Options{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	faultSession = session.Options{Tuning: session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}}
 	// faultLease is the item lease of the cases (the backstop for an item
 	// whose worker forgot it).
 	faultLease = 3 * time.Second
@@ -412,7 +412,7 @@ func TestFaultDatabaseRestart(t *testing.T) {
 				return work(3*time.Millisecond)(ctx, it)
 			}
 			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 8, Concurrency: 6,
-				Session: session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
+				Session: session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}}})
 			// Late in the run, so that the time to the last item is mostly
 			// the recovery, not the remaining work.
 			e.waitProgress(n * 3 / 5)

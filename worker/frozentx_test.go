@@ -53,7 +53,7 @@ func frozenInAck(t *testing.T, configured bool) {
 	e := newFaultEnv(t, testdb.NewURL(t))
 	const items = 200
 	e.enqueue(items, "x", 0)
-	sopts := session.Options{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	sopts := session.Options{Tuning: session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}}
 	opts := worker.Options{Session: sopts, Concurrency: 4, RestartDelay: 100 * time.Millisecond}
 	opts.Claim.Lease = time.Minute // the lease is not what frees the frozen items here
 

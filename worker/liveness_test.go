@@ -38,7 +38,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		{worker.Options{Poll: -time.Second}, "negative"},
 		{worker.Options{Concurrency: -1}, "concurrency -1 is negative"},
 		{worker.Options{Ackers: 1000}, "Ackers 1000"},
-		{worker.Options{Session: session.Options{ReapEvery: math.MaxInt64}}, "ReapEvery"},
+		{worker.Options{Session: session.Options{Tuning: session.Tuning{ReapEvery: math.MaxInt64}}}, "ReapEvery"},
 	} {
 		_, err := worker.New(pool, recordHandler(0), tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -46,7 +46,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		}
 	}
 	// A huge session heartbeat is refused by Run, with the session's error.
-	w, err := worker.New(pool, recordHandler(0), worker.Options{Session: session.Options{Heartbeat: math.MaxInt64}})
+	w, err := worker.New(pool, recordHandler(0), worker.Options{Session: session.Options{Tuning: session.Tuning{Heartbeat: math.MaxInt64}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestShutdownIsBoundedDuringAnOutage(t *testing.T) {
 	}
 	w, err := worker.New(pool, h, worker.Options{
 		ShutdownTimeout: 300 * time.Millisecond, HangGrace: 100 * time.Millisecond,
-		Session: session.Options{Heartbeat: time.Second, Expiry: time.Minute}, // the session outlives the test
+		Session: session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: time.Minute}}, // the session outlives the test
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +176,7 @@ func TestDatabaseBlipDuringAcksLosesNoResult(t *testing.T) {
 		return recordHandler(0)(ctx, it)
 	}
 	r := start(t, pool, h, worker.Options{Concurrency: n,
-		Session: session.Options{Heartbeat: 200 * time.Millisecond, Expiry: time.Minute}})
+		Session: session.Options{Tuning: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: time.Minute}}})
 	waitFor(t, "every handler to start", time.Minute, func() bool { return started.Load() == n })
 	p.Cut()
 	close(release) // the handlers finish during the outage
@@ -301,7 +301,7 @@ func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	enqueue(t, direct, "default", n, true)
-	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
+	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Options{Tuning: partition.Tuning{Poll: 200 * time.Millisecond}}}
 	var rs []*running
 	for range workers {
 		cfg := direct.Config().Copy()

@@ -23,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-var fastSession = session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
+var fastSession = session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}}
 
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
@@ -176,7 +176,7 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 			var workers []*running
 			for range 3 {
 				workers = append(workers, start(t, pool, recordHandler(0), worker.Options{
-					Parts: nParts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Poll: 200 * time.Millisecond},
+					Parts: nParts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Tuning: partition.Tuning{Poll: 200 * time.Millisecond}},
 				}))
 			}
 			waitFor(t, "the queue to drain", 2*time.Minute, func() bool {

@@ -133,7 +133,7 @@ func (w *workerSettings) poolSize() int {
 // that a frozen worker's open transaction cannot hold its locks, and its
 // peers' reapers of expired sessions, for ever.
 func (w *workerSettings) configurePool(cfg *pgxpool.Config) error {
-	return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry}})
+	return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Tuning: session.Tuning{Heartbeat: w.heartbeat, Expiry: w.expiry}}})
 }
 
 // newWorker returns a parts-mode worker with the demo handler.
@@ -165,8 +165,8 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		Parts:           parts,
 		Claim:           claim.Options{Lease: w.lease},
 		ShutdownTimeout: 5 * time.Second,
-		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
-		Partition:       partition.Options{Poll: w.rebalance},
+		Session:         session.Options{Tuning: session.Tuning{Heartbeat: w.heartbeat, Expiry: w.expiry}, Name: name},
+		Partition:       partition.Options{Tuning: partition.Tuning{Poll: w.rebalance}},
 		Logger:          log.With(zap.String("worker", name)),
 		Observer:        obs,
 		BatchRecord:     recordResults,
