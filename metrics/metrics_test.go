@@ -192,8 +192,12 @@ func TestScrape(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		return func(ctx context.Context, tx pgx.Tx) error { return nil }, nil
 	}
-	w, err := worker.New(pool, handler, worker.Options{Queue: "mq", Parts: parts, Concurrency: 8, Observer: c,
-		Partition: partition.Options{Tuning: partition.Tuning{Poll: 50 * time.Millisecond}}})
+	wq, err := claim.New(pool, claim.Options{Queue: "mq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(wq, handler, worker.Options{Parts: parts, Concurrency: 8, Observer: c,
+		Partition: partition.Tuning{Poll: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
