@@ -78,7 +78,9 @@ type Options struct {
 	// Lease is the lease every claim takes, by the database clock: an item
 	// whose claim is neither acked, nacked, released nor extended within it
 	// is released by any session's Reap (its attempt counted). Default
-	// DefaultLease (5 min).
+	// DefaultLease (5 min). A claim request may ask for another
+	// (ClaimRequest.Lease): a worker on a queue whose Lease is zero claims
+	// with its own default (see package worker).
 	Lease time.Duration
 }
 

@@ -27,7 +27,8 @@
 // A handler that ignores its context is abandoned ItemTimeout + HangGrace
 // after it started: its item is nacked as timed out and its slot freed
 // (MaxAbandoned bounds the goroutines left running). Every claim has a lease
-// (claim.Options.Lease, default min(ItemTimeout, 2 min) + HangGrace + 30 s),
+// (the queue's claim.Options.Lease; if that is zero, min(ItemTimeout, 2 min)
+// + HangGrace + 30 s),
 // extended while its handler runs but never past that bound; any session's
 // reaper releases expired leases, so an item held by a live session that
 // does not work on it comes back within its lease — and at once after a
