@@ -1,9 +1,11 @@
 // Package workertest tests a worker.Handler against a real database, one item
 // at a time, without running a Worker.
 //
-// Work enqueues one item, claims it and runs the handler exactly as a worker
-// does — through the same code — then reports whether the item was acked,
-// retried or dead-lettered, and why:
+// Work enqueues one item in a queue, claims it and runs the handler exactly
+// as a worker on that queue does — through the same code — then reports
+// whether the item was acked, retried or dead-lettered, and why. Give it
+// the handler's *claim.Queue (its name, tables and retry policy), or nil
+// for a fresh queue on Options.DB:
 //
 //	res, err := workertest.Work(ctx, nil, handle, claim.NewItem{Payload: []byte("ada")}, workertest.Options{DB: pool})
 //	if err != nil {
