@@ -53,13 +53,12 @@ type crdbworkSystem struct {
 // options returns the worker options of the runs.
 func (c *crdbworkSystem) options() worker.Options {
 	return worker.Options{
-		Queue:       benchQueue,
 		Concurrency: c.concurrency,
 		MaxAckBatch: c.ackBatch,
 		Ackers:      c.ackers,
 		Parts:       c.parts,
 		Poll:        10 * time.Millisecond,
-		Partition:   partition.Options{Poll: 100 * time.Millisecond},
+		Partition:   partition.Tuning{Poll: 100 * time.Millisecond},
 		BatchRecord: c.batchRecord(),
 	}
 }
@@ -163,7 +162,11 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 
 	ws := make([]*worker.Worker, c.workers)
 	for i := range ws {
-		ws[i], err = worker.New(pools[i], c.handler(), c.options())
+		wq, err := claim.New(pools[i], claim.Options{Queue: benchQueue})
+		if err != nil {
+			return result{}, err
+		}
+		ws[i], err = worker.New(wq, c.handler(), c.options())
 		if err != nil {
 			return result{}, err
 		}

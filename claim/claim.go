@@ -71,6 +71,22 @@ type ClaimRequest struct {
 	// SkipTenants lists tenants whose items are left unclaimed (for
 	// example tenants at their limit).
 	SkipTenants []string
+	// Lease, if not zero, is the lease these claims take instead of
+	// Options.Lease (between 1 ms and a year): package worker claims with
+	// its own default when the queue's Options.Lease was left zero.
+	Lease time.Duration
+}
+
+// leaseFor returns the lease of a claim that asked for d: d, or
+// Options.Lease when d is zero.
+func (q *Queue) leaseFor(d time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return q.opts.Lease, nil
+	case d < time.Millisecond || d > maxLease:
+		return 0, fmt.Errorf("claim: Lease %v must be between 1ms and %v", d, maxLease)
+	}
+	return d, nil
 }
 
 // Claim claims up to n vested, unclaimed items of the queue for session, in
@@ -117,6 +133,10 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	if req.Max <= 0 || (req.Parts != nil && len(req.Parts) == 0) {
 		return nil, nil
 	}
+	lease, err := q.leaseFor(req.Lease)
+	if err != nil {
+		return nil, err
+	}
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: claiming in %q: %w", q.opts.Queue, err)
 	}
@@ -125,7 +145,7 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		skip = []string{}
 	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds(), skip}
+	args := []any{session, q.opts.Queue, req.Max, lease.Microseconds(), skip}
 	if req.Parts == nil {
 		return q.runClaim(ctx, e, session, "claiming", e.st.ClaimAny, args)
 	}
@@ -140,7 +160,7 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		}
 	}
 	if len(ps) > crsql.MaxPartBranches {
-		return q.claimManyParts(ctx, e, session, req.Max, ps, skip)
+		return q.claimManyParts(ctx, e, session, req.Max, ps, skip, lease)
 	}
 	for _, p := range ps {
 		args = append(args, p)
@@ -159,7 +179,7 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 // SERIALIZABLE on CockroachDB (which refuses SKIP LOCKED under READ
 // COMMITTED) and at the server's default isolation on PostgreSQL, as the
 // single-statement claims are (see Queue.ready).
-func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID, n int, parts []int64, skip []string) ([]Item, error) {
+func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID, n int, parts []int64, skip []string, lease time.Duration) ([]Item, error) {
 	opts := pgx.TxOptions{}
 	if e.dialect == crsql.Cockroach {
 		opts.IsoLevel = pgx.Serializable
@@ -205,7 +225,7 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 		for i, r := range all {
 			ids[i] = r.id
 		}
-		rows, err := tx.Query(ctx, q.parts.ClaimPickedFor(e.dialect), session, q.opts.Lease.Microseconds(), ids)
+		rows, err := tx.Query(ctx, q.parts.ClaimPickedFor(e.dialect), session, lease.Microseconds(), ids)
 		if err != nil {
 			return err
 		}

@@ -51,7 +51,7 @@ func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *sessio
 	// A 10 s expiry: long enough that a loaded machine (load averages of 20
 	// on 2 cores were seen) does not lose live sessions. Tests of crashed
 	// sessions start their own, with short expiries.
-	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second})
+	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashCtx, crash := context.WithCancel(ctx)
-	victim, err := session.Start(crashCtx, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond})
+	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

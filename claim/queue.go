@@ -78,7 +78,9 @@ type Options struct {
 	// Lease is the lease every claim takes, by the database clock: an item
 	// whose claim is neither acked, nacked, released nor extended within it
 	// is released by any session's Reap (its attempt counted). Default
-	// DefaultLease (5 min).
+	// DefaultLease (5 min). A claim request may ask for another
+	// (ClaimRequest.Lease): a worker on a queue whose Lease is zero claims
+	// with its own default (see package worker).
 	Lease time.Duration
 }
 
@@ -86,6 +88,7 @@ type Options struct {
 // It is safe for concurrent use.
 type Queue struct {
 	db    DB
+	given Options // as given to New (see Options)
 	st    *crsql.Statements
 	lst   *crsql.LimitStatements
 	dst   *crsql.DeathStatements
@@ -127,6 +130,7 @@ const maxLease = 365 * 24 * time.Hour
 // wrapping crsql.ErrSchemaMissing, ErrSchemaOutdated or ErrSchemaNewer means
 // the schema is not this code's.
 func New(db DB, opts Options) (*Queue, error) {
+	given := opts
 	if opts.Queue == "" {
 		opts.Queue = DefaultQueue
 	}
@@ -161,7 +165,7 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
-		dst: crsql.NewDeathStatements(opts.Tables)}
+		dst: crsql.NewDeathStatements(opts.Tables), given: given}
 	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
 	q.ist = crsql.NewInspectStatements(opts.Tables)
 	q.next.Store(rand.Uint64())
@@ -208,3 +212,14 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 
 // Name returns the queue's name.
 func (q *Queue) Name() string { return q.opts.Queue }
+
+// DB returns the database the queue works on, for what is built on the
+// queue (a worker, a schedule runner) to run its own statements there.
+func (q *Queue) DB() DB { return q.db }
+
+// Options returns the options the queue was created with, as given to New:
+// a zero field stands for its default (Name returns the queue's name with
+// the default filled in). What is built on the queue reads its name, tables
+// and policies here, so they are defined once: a worker takes its lease
+// from Lease, or its own default when Lease is zero (see package worker).
+func (q *Queue) Options() Options { return q.given }

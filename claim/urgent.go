@@ -3,6 +3,7 @@ package claim
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -31,6 +32,9 @@ type UrgentRequest struct {
 	OwnedParts        []int
 	AllTenantsLimited bool
 	LimitedTenants    []string
+	// Lease, if not zero, is the lease these claims take instead of
+	// Options.Lease, as in ClaimRequest.
+	Lease time.Duration
 }
 
 // ClaimUrgent is the urgent lane: it claims up to req.Max vested, unclaimed
@@ -65,6 +69,10 @@ func (q *Queue) ClaimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 	if req.Max <= 0 {
 		return nil, nil
 	}
+	lease, err := q.leaseFor(req.Lease)
+	if err != nil {
+		return nil, err
+	}
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: claiming urgent items in %q: %w", q.opts.Queue, err)
 	}
@@ -81,7 +89,7 @@ func (q *Queue) ClaimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 		owned[i] = int64(p)
 	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, q.opts.Lease.Microseconds(), skip, int64(req.MaxPriority),
+	args := []any{session, q.opts.Queue, req.Max, lease.Microseconds(), skip, int64(req.MaxPriority),
 		req.AllTenantsLimited, limited, owned}
 	return q.runClaim(ctx, e, session, "claiming urgent items", q.urgentStatement(e), args)
 }

@@ -192,8 +192,12 @@ func TestScrape(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		return func(ctx context.Context, tx pgx.Tx) error { return nil }, nil
 	}
-	w, err := worker.New(pool, handler, worker.Options{Queue: "mq", Parts: parts, Concurrency: 8, Observer: c,
-		Partition: partition.Options{Poll: 50 * time.Millisecond}})
+	wq, err := claim.New(pool, claim.Options{Queue: "mq"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(wq, handler, worker.Options{Parts: parts, Concurrency: 8, Observer: c,
+		Partition: partition.Tuning{Poll: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +323,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 	if _, err := deadOnly.Enqueue(ctx, claim.NewItem{Payload: []byte("d")}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := session.Start(ctx, pool, session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second})
+	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestSetPartsWhileWorking(t *testing.T) {
 		t.Fatalf("items in %d parts, want 8", n)
 	}
 
-	sopts := session.Options{Heartbeat: 200 * time.Millisecond, Expiry: 5 * time.Second}
+	sopts := session.Options{Tuning: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: 5 * time.Second}}
 	inParts, err := session.Start(ctx, pool, sopts)
 	if err != nil {
 		t.Fatal(err)

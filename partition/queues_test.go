@@ -15,7 +15,7 @@ import (
 // rebalance runs a rebalancer of sess for queue until the test ends.
 func rebalance(t *testing.T, pool *pgxpool.Pool, sess *session.Session, queue string) {
 	t.Helper()
-	r, err := partition.New(pool, sess, partition.Options{Queue: queue, Poll: 100 * time.Millisecond, DrainTimeout: time.Second})
+	r, err := partition.New(pool, sess, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second}, Queue: queue})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}
+	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}}
 	newSession := func() *session.Session {
 		s, err := session.Start(ctx, pool, opts)
 		if err != nil {
@@ -106,7 +106,7 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 func TestRebalancerJoinsAgain(t *testing.T) {
 	pool := setup(t, 1)
 	ctx := context.Background()
-	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}
+	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}}
 	var sessions []*session.Session
 	for range 2 {
 		s, err := session.Start(ctx, pool, opts)

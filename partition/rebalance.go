@@ -41,12 +41,11 @@ func Sticky(prev map[uuid.UUID][]int, live []uuid.UUID, numParts int) map[uuid.U
 	return AssignSticky(prev, live, numParts)
 }
 
-// Options configure a Rebalancer. The zero value is valid.
-type Options struct {
-	// Queue is the queue whose parts are divided. Default "default".
-	Queue string
-	// Tables names the crdbwork tables.
-	Tables crsql.Tables
+// Tuning holds a rebalancer's timing and strategy. It is the part of a
+// rebalancer's options a worker takes (worker.Options.Partition); Options
+// embeds it. The zero value is valid: polls every second, drains for at
+// most 10 s, Sticky.
+type Tuning struct {
 	// Poll is the interval between rebalances. Default 1 s.
 	Poll time.Duration
 	// DrainTimeout bounds how long a part being given up waits for its
@@ -56,6 +55,17 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Strategy computes the assignment. Default Sticky.
 	Strategy Strategy
+}
+
+// Options configure a Rebalancer. The zero value is valid.
+type Options struct {
+	// Tuning is the rebalancer's timing and strategy (Poll, DrainTimeout,
+	// Strategy), promoted: o.Poll is o.Tuning.Poll.
+	Tuning
+	// Queue is the queue whose parts are divided. Default "default".
+	Queue string
+	// Tables names the crdbwork tables.
+	Tables crsql.Tables
 	// Logger receives the rebalancer's logs. Default: none.
 	Logger *zap.Logger
 }

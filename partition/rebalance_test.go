@@ -48,7 +48,7 @@ func join(t *testing.T, pool *pgxpool.Pool, sopts session.Options) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := partition.New(pool, s, partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: time.Second})
+	r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestSessionsSettleOn64Parts(t *testing.T) {
 	pool := setup(t, parts)
 	// Frequent heartbeats; an expiry that a loaded machine's slow heartbeats
 	// do not reach (the sessions must not churn: nobody leaves here).
-	fast := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}
+	fast := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}}
 	var ms []*member
 	for range 5 {
 		ms = append(ms, join(t, pool, fast))
@@ -148,7 +148,7 @@ func TestSessionsSettleOn64Parts(t *testing.T) {
 func TestGracefulCloseHandsPartsOverAtOnce(t *testing.T) {
 	const parts = 64
 	pool := setup(t, parts)
-	slow := session.Options{Heartbeat: time.Second, Expiry: time.Minute} // expiry far beyond the test's deadline
+	slow := session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: time.Minute}} // expiry far beyond the test's deadline
 	a := join(t, pool, slow)
 	b := join(t, pool, slow)
 	waitFor(t, "two sessions to settle", 30*time.Second, func() bool { return balanced(t, pool, parts, a, b) })
@@ -175,7 +175,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	m := join(t, pool, session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second})
+	m := join(t, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}})
 	waitFor(t, "the session to own all parts", 20*time.Second, func() bool { return len(m.reb.Owned()) == parts })
 	got, err := q.ClaimParts(ctx, m.sess.ID(), []int{1, 2}, 100)
 	if err != nil {
@@ -303,7 +303,7 @@ func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
 	defer s.Close(ctx)
 	var take atomic.Bool
 	take.Store(true)
-	r, err := partition.New(pool, s, partition.Options{DrainTimeout: time.Hour, Strategy: switchable(&take)})
+	r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{DrainTimeout: time.Hour, Strategy: switchable(&take)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,11 +85,11 @@ func TestRebalancerWithAlwaysAliveSession(t *testing.T) {
 	pool := setup(t, parts)
 	ctx := context.Background()
 	a, b := newAliveSession(t, pool), newAliveSession(t, pool)
-	ra, err := partition.New(pool, a, partition.Options{Strategy: partition.Contiguous, DrainTimeout: time.Minute})
+	ra, err := partition.New(pool, a, partition.Options{Tuning: partition.Tuning{Strategy: partition.Contiguous, DrainTimeout: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := partition.New(pool, b, partition.Options{Strategy: partition.Contiguous, DrainTimeout: time.Minute})
+	rb, err := partition.New(pool, b, partition.Options{Tuning: partition.Tuning{Strategy: partition.Contiguous, DrainTimeout: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestRunReturnsWhenSessionEnds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := setup(t, 2)
 			s := newAliveSession(t, pool)
-			r, err := partition.New(pool, s, partition.Options{Poll: 20 * time.Millisecond})
+			r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{Poll: 20 * time.Millisecond}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -49,12 +49,16 @@ func ExampleRunner() {
 			Missed: schedule.Skip, // a missed refresh is worthless later
 		},
 	}
-	opts := schedule.Options{Queue: "maintenance"}
-	a, err := schedule.New(pool, opts, schedules...)
+	q, err := claim.New(pool, claim.Options{Queue: "maintenance"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	b, err := schedule.New(pool, opts, schedules...)
+	// Two runners, as two processes would run them.
+	a, err := schedule.New(q, schedule.Options{}, schedules...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := schedule.New(q, schedule.Options{}, schedules...)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,7 +79,7 @@ func ExampleRunner() {
 	fmt.Println("items:", n)
 
 	// A typo in a cron expression is refused before anything runs.
-	_, err = schedule.New(pool, opts, schedule.Schedule{Name: "typo", Cron: "0 25 * * *"})
+	_, err = schedule.New(q, schedule.Options{}, schedule.Schedule{Name: "typo", Cron: "0 25 * * *"})
 	fmt.Println(err)
 	// Output:
 	// enqueued by a: 2 by b: 0

@@ -28,15 +28,10 @@ const maxSleep = time.Minute
 // running ahead of the database's cannot make it spin.
 const minSleep = 5 * time.Millisecond
 
-// Options configure a Runner. The zero value is valid.
+// Options configure a Runner. The zero value is valid. The queue the items
+// go to, its tables and its policy (MaxAttempts, MaxPayload...) are the
+// claim.Queue's given to New.
 type Options struct {
-	// Queue is the queue the items go to. Default claim.DefaultQueue.
-	Queue string
-	// Tables names the crdbwork tables.
-	Tables crsql.Tables
-	// Claim configures the queue the items are enqueued with (MaxAttempts,
-	// MaxPayload...); its Queue and Tables are set from the fields above.
-	Claim claim.Options
 	// RetryDelay is how long Run waits after a failed attempt (the database
 	// unreachable, an unknown outcome) before it tries again. Default 1 s.
 	RetryDelay time.Duration
@@ -84,15 +79,12 @@ type Runner struct {
 	offset time.Duration        // database clock minus this process's, last measured
 }
 
-// New returns a Runner of schedules on db. It does no I/O. Every schedule
-// is checked: a bad one (see ErrBadSchedule) fails New with an error that
-// names it and says why.
-func New(db claim.DB, opts Options, schedules ...Schedule) (*Runner, error) {
-	if db == nil {
-		return nil, errors.New("schedule: nil database")
-	}
-	if opts.Queue == "" {
-		opts.Queue = claim.DefaultQueue
+// New returns a Runner that enqueues the items of schedules in q, on q's
+// database and tables. It does no I/O. Every schedule is checked: a bad one
+// (see ErrBadSchedule) fails New with an error that names it and says why.
+func New(q *claim.Queue, opts Options, schedules ...Schedule) (*Runner, error) {
+	if q == nil {
+		return nil, errors.New("schedule: nil queue")
 	}
 	if opts.RetryDelay == 0 {
 		opts.RetryDelay = DefaultRetryDelay
@@ -106,8 +98,8 @@ func New(db claim.DB, opts Options, schedules ...Schedule) (*Runner, error) {
 	if len(schedules) == 0 {
 		return nil, errors.New("schedule: no schedules")
 	}
-	r := &Runner{db: db, opts: opts, st: crsql.NewScheduleStatements(opts.Tables), done: map[string]time.Time{},
-		log: opts.Logger.With(zap.String("queue", opts.Queue))}
+	r := &Runner{db: q.DB(), q: q, opts: opts, st: crsql.NewScheduleStatements(q.Options().Tables), done: map[string]time.Time{},
+		log: opts.Logger.With(zap.String("queue", q.Name()))}
 	seen := map[string]bool{}
 	for _, s := range schedules {
 		c, err := compile(s)
@@ -120,13 +112,6 @@ func New(db claim.DB, opts Options, schedules ...Schedule) (*Runner, error) {
 		seen[s.Name] = true
 		r.scheds = append(r.scheds, c)
 	}
-	co := opts.Claim
-	co.Queue, co.Tables = opts.Queue, opts.Tables
-	q, err := claim.New(db, co)
-	if err != nil {
-		return nil, fmt.Errorf("schedule: %w", err)
-	}
-	r.q = q
 	return r, nil
 }
 
@@ -227,7 +212,7 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 	var fired []Fired
 	var cur, dbNow time.Time
 	var sent time.Time
-	queue := r.opts.Queue
+	queue := r.q.Name()
 	if !r.checked.Load() {
 		if _, err := r.q.Settings(ctx); err != nil {
 			return nil, fmt.Errorf("schedule %q of queue %q: %w", c.Name, queue, err)

@@ -33,9 +33,14 @@ func setup(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
-func newRunner(t testing.TB, pool *pgxpool.Pool, opts schedule.Options, s ...schedule.Schedule) *schedule.Runner {
+// newRunner returns a runner of s on queue ("": the default) of pool.
+func newRunner(t testing.TB, pool *pgxpool.Pool, queue string, opts schedule.Options, s ...schedule.Schedule) *schedule.Runner {
 	t.Helper()
-	r, err := schedule.New(pool, opts, s...)
+	q, err := claim.New(pool, claim.Options{Queue: queue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := schedule.New(q, opts, s...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +117,7 @@ func TestRacingRunnersEnqueueOneItemPerPeriod(t *testing.T) {
 	var wg sync.WaitGroup
 	start := dbNow(t, pool) // before the runners: none enqueues a period before start's
 	for range 4 {
-		r := newRunner(t, pool, schedule.Options{Queue: "periodic", OnEnqueue: func(f schedule.Fired) {
+		r := newRunner(t, pool, "periodic", schedule.Options{OnEnqueue: func(f schedule.Fired) {
 			mu.Lock()
 			reported[f.ID]++
 			mu.Unlock()
@@ -189,7 +194,7 @@ func TestAckedPeriodIsNotEnqueuedAgain(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	s := schedule.Schedule{Name: "hourly", Every: time.Hour, Item: claim.NewItem{Payload: []byte("h")}}
-	a := newRunner(t, pool, schedule.Options{}, s)
+	a := newRunner(t, pool, "", schedule.Options{}, s)
 	fired, err := a.Tick(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +213,7 @@ func TestAckedPeriodIsNotEnqueuedAgain(t *testing.T) {
 	if tag, err := pool.Exec(ctx, `DELETE FROM crdbwork_items WHERE id = $1`, fired[0].ID); err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("delete: %v, %v", tag, err)
 	}
-	for _, r := range []*schedule.Runner{a, newRunner(t, pool, schedule.Options{}, s)} {
+	for _, r := range []*schedule.Runner{a, newRunner(t, pool, "", schedule.Options{}, s)} {
 		again, err := r.Tick(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -249,7 +254,7 @@ func TestMissedPeriodsCatchUpOnceOrSkip(t *testing.T) {
 		var once sync.Once
 		var wg sync.WaitGroup
 		for range 3 { // three runners, stopped together
-			r := newRunner(t, pool, schedule.Options{Queue: "m", OnEnqueue: func(f schedule.Fired) {
+			r := newRunner(t, pool, "m", schedule.Options{OnEnqueue: func(f schedule.Fired) {
 				mu.Lock()
 				defer mu.Unlock()
 				fired = append(fired, f)
@@ -348,14 +353,14 @@ func TestRunnerOnOneConnection(t *testing.T) {
 	defer pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	r := newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
+	r := newRunner(t, pool, "", schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
 	if _, err := r.Tick(ctx); !errors.Is(err, crsql.ErrSchemaMissing) {
 		t.Fatalf("Tick without the schema: %v, want ErrSchemaMissing", err)
 	}
 	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
-	r = newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
+	r = newRunner(t, pool, "", schedule.Options{}, schedule.Schedule{Name: "s", Every: time.Hour})
 	fired, err := r.Tick(ctx)
 	if err != nil || len(fired) != 1 {
 		t.Fatalf("Tick on one connection: %v, %v", fired, err)
@@ -387,8 +392,8 @@ func TestTickAfterUnknownOutcome(t *testing.T) {
 	}
 	defer pool.Close()
 	s := schedule.Schedule{Name: "s", Every: time.Hour, Item: claim.NewItem{Payload: []byte("x")}}
-	r := newRunner(t, pool, schedule.Options{}, s)
-	warm := newRunner(t, pool, schedule.Options{}, schedule.Schedule{Name: "warm-up", Every: time.Hour})
+	r := newRunner(t, pool, "", schedule.Options{}, s)
+	warm := newRunner(t, pool, "", schedule.Options{}, schedule.Schedule{Name: "warm-up", Every: time.Hour})
 	if _, err := warm.Tick(ctx); err != nil {
 		t.Fatal(err) // connections and the schema check before the fault
 	}
@@ -431,7 +436,7 @@ func TestRunnersThroughDatabaseRestarts(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range 3 {
-		r := newRunner(t, pool, schedule.Options{Queue: "r", RetryDelay: 100 * time.Millisecond}, s)
+		r := newRunner(t, pool, "r", schedule.Options{RetryDelay: 100 * time.Millisecond}, s)
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = r.Run(rctx) }()
 	}

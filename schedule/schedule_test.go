@@ -84,7 +84,7 @@ func TestBadSchedules(t *testing.T) {
 		{schedule.Schedule{Name: "x", Every: time.Hour, Missed: 7}, "unknown Missed option"},
 		{schedule.Schedule{Name: "bad\x00name", Every: time.Hour}, "NUL"},
 	} {
-		_, err := schedule.New(nilDB{}, schedule.Options{}, c.s)
+		_, err := schedule.New(nilQueue(t), schedule.Options{}, c.s)
 		if !errors.Is(err, schedule.ErrBadSchedule) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want ErrBadSchedule saying %q", c.s, err, c.want)
 		}
@@ -92,7 +92,7 @@ func TestBadSchedules(t *testing.T) {
 			t.Errorf("PeriodAt %+v: %v, want ErrBadSchedule", c.s, err)
 		}
 	}
-	_, err := schedule.New(nilDB{}, schedule.Options{}, schedule.Schedule{Name: "a", Every: time.Hour}, schedule.Schedule{Name: "a", Cron: "@daily"})
+	_, err := schedule.New(nilQueue(t), schedule.Options{}, schedule.Schedule{Name: "a", Every: time.Hour}, schedule.Schedule{Name: "a", Cron: "@daily"})
 	if !errors.Is(err, schedule.ErrBadSchedule) || !strings.Contains(err.Error(), `two schedules are named "a"`) {
 		t.Errorf("two schedules of one name: %v", err)
 	}
@@ -114,4 +114,14 @@ func TestItemID(t *testing.T) {
 	if a.Version() != 5 {
 		t.Fatalf("version %d, want 5", a.Version())
 	}
+}
+
+// nilQueue returns a queue on a database for tests that do no I/O.
+func nilQueue(t *testing.T) *claim.Queue {
+	t.Helper()
+	q, err := claim.New(nilDB{}, claim.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }

@@ -30,9 +30,8 @@ func ExampleStart() {
 	}
 
 	sess, err := session.Start(ctx, pool, session.Options{
-		Name:      "example-worker",
-		Heartbeat: 100 * time.Millisecond,
-		Expiry:    700 * time.Millisecond,
+		Name:   "example-worker",
+		Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
 	})
 	if err != nil {
 		log.Fatal(err)

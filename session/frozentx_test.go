@@ -208,7 +208,7 @@ func TestConfigurePoolKeepsShorterTimeout(t *testing.T) {
 		t.Error("ConfigurePool(nil) succeeded")
 	}
 	cfg, _ := pgxpool.ParseConfig(testdb.NewURL(t))
-	if err := session.ConfigurePool(cfg, session.Options{Heartbeat: time.Second, Expiry: time.Second}); err == nil {
+	if err := session.ConfigurePool(cfg, session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: time.Second}}); err == nil {
 		t.Error("ConfigurePool with an expiry shorter than three heartbeats succeeded")
 	}
 }

@@ -61,9 +61,11 @@ var (
 	ErrClosed = errors.New("session closed")
 )
 
-// Options configure a session. The zero value is valid: 1 s heartbeat,
-// 5 s expiry, 500 ms clock margin, default table names, no logging.
-type Options struct {
+// Tuning holds a session's timing: its heartbeat, its expiry, and how often
+// and how long it reaps. It is the part of a session's options a worker takes
+// (worker.Options.Session); Options embeds it. The zero value is valid: 1 s
+// heartbeat, 5 s expiry, 500 ms clock margin, reaping every two heartbeats.
+type Tuning struct {
 	// Heartbeat is the interval between heartbeats. Default 1 s, at most
 	// MaxHeartbeat.
 	Heartbeat time.Duration
@@ -101,6 +103,14 @@ type Options struct {
 	// ReapWithin and ErrReapTimeout). Default: the heartbeat interval, at
 	// least MinReapTimeout.
 	ReapTimeout time.Duration
+}
+
+// Options configure a session. The zero value is valid: 1 s heartbeat,
+// 5 s expiry, 500 ms clock margin, default table names, no logging.
+type Options struct {
+	// Tuning is the session's timing (Heartbeat, Expiry, ClockMargin,
+	// ReapEvery, ReapTimeout), promoted: o.Heartbeat is o.Tuning.Heartbeat.
+	Tuning
 	// Name is stored in the session row for operators (for example "demo-worker-3").
 	Name string
 	// Tables names the crdbwork tables.

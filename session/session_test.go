@@ -29,7 +29,7 @@ func setup(t *testing.T) *pgxpool.Pool {
 }
 
 // fast are short intervals so that tests of expiry run quickly.
-var fast = session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}
+var fast = session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}}
 
 // waitFor polls cond until it is true or the deadline passes.
 func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
@@ -199,7 +199,7 @@ func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	opts := session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}
+	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}}
 	s, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -353,15 +353,15 @@ func TestBadOptions(t *testing.T) {
 		opts session.Options
 		want string
 	}{
-		{session.Options{Heartbeat: time.Second, Expiry: 2 * time.Second}, "expiry 2s must be at least 3 heartbeats"},
-		{session.Options{Heartbeat: time.Microsecond}, "too short"},
-		{session.Options{Heartbeat: -time.Second}, "negative"},
-		{session.Options{Heartbeat: math.MaxInt64}, "heartbeat 2562047h47m16.854775807s is too long"},
-		{session.Options{Expiry: math.MaxInt64}, "too long"},
-		{session.Options{Heartbeat: time.Hour, Expiry: session.MaxExpiry + time.Nanosecond}, "too long"},
-		{session.Options{ReapEvery: math.MaxInt64}, "too long"},
-		{session.Options{ClockMargin: math.MaxInt64}, "too long"},
-		{session.Options{Heartbeat: time.Second, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}, "leaves less than two heartbeats"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: 2 * time.Second}}, "expiry 2s must be at least 3 heartbeats"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: time.Microsecond}}, "too short"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: -time.Second}}, "negative"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: math.MaxInt64}}, "heartbeat 2562047h47m16.854775807s is too long"},
+		{session.Options{Tuning: session.Tuning{Expiry: math.MaxInt64}}, "too long"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: time.Hour, Expiry: session.MaxExpiry + time.Nanosecond}}, "too long"},
+		{session.Options{Tuning: session.Tuning{ReapEvery: math.MaxInt64}}, "too long"},
+		{session.Options{Tuning: session.Tuning{ClockMargin: math.MaxInt64}}, "too long"},
+		{session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}}, "leaves less than two heartbeats"},
 	} {
 		_, err := session.Start(ctx, pool, tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

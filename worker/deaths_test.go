@@ -139,7 +139,7 @@ func TestWorkerReusedIDsDieAgain(t *testing.T) {
 	}
 
 	r := &runs{n: map[string]int{}}
-	start(t, pool, r.handler, worker.Options{Queue: queue})
+	startOn(t, newQueue(t, pool, claim.Options{Queue: queue}), r.handler, worker.Options{})
 	waitFor(t, "every item to end (acked or dead)", 60*time.Second, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
 	})
@@ -186,7 +186,7 @@ func TestWorkerNackEndsWhenTheMoveFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &runs{n: map[string]int{}}
-	w := start(t, pool, r.handler, worker.Options{Queue: queue})
+	w := startOn(t, newQueue(t, pool, claim.Options{Queue: queue}), r.handler, worker.Options{})
 	waitFor(t, "the refused item released with its attempts used up, the others dead", 30*time.Second, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_dead_items`) == 3 &&
 			count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NULL AND attempts >= max_attempts`, bad) == 1
@@ -223,7 +223,7 @@ func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.WarnLevel)
-	start(t, pool, (&runs{n: map[string]int{}}).handler, worker.Options{Queue: queue, Logger: zap.New(core)})
+	startOn(t, newQueue(t, pool, claim.Options{Queue: queue}), (&runs{n: map[string]int{}}).handler, worker.Options{Logger: zap.New(core)})
 	logged := func() bool {
 		for _, e := range logs.All() {
 			if e.ContextMap()["item"] == bad.String() && strings.Contains(e.Message, "cannot release or move") {
@@ -269,7 +269,7 @@ func TestWorkerNackGivesUpWhenNothingCanSettleIt(t *testing.T) {
 	}
 	core, logs := observer.New(zap.WarnLevel)
 	r := &runs{n: map[string]int{}}
-	w := start(t, pool, r.handler, worker.Options{Queue: queue, Logger: zap.New(core)})
+	w := startOn(t, newQueue(t, pool, claim.Options{Queue: queue}), r.handler, worker.Options{Logger: zap.New(core)})
 	waitFor(t, "the nack given up, logged", 30*time.Second, func() bool {
 		return logs.FilterMessageSnippet("a retry will not fix").Len() > 0
 	})

@@ -86,7 +86,7 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 			// One handler at a time: items are handled in claim order, so
 			// once the sentinel (a later priority) is handled, every item
 			// enqueued before it has been.
-			w := start(t, direct, h, worker.Options{Queue: "dedup", Concurrency: 1, Poll: 50 * time.Millisecond})
+			w := startOn(t, newQueue(t, direct, claim.Options{Queue: "dedup"}), h, worker.Options{Concurrency: 1, Poll: 50 * time.Millisecond})
 			waitFor(t, "the first copies to be handled", time.Minute, func() bool {
 				return count(t, direct, `SELECT count(*) FROM results WHERE item_id = ANY($1)`, ids) == n
 			})

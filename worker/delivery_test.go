@@ -57,7 +57,7 @@ func TestWorkerAtMostOnceItems(t *testing.T) {
 	}
 	var ws []*running
 	for range 2 {
-		ws = append(ws, start(t, pool, h, worker.Options{Queue: "amo", Concurrency: 16}))
+		ws = append(ws, startOn(t, newQueue(t, pool, claim.Options{Queue: "amo"}), h, worker.Options{Concurrency: 16}))
 	}
 	waitFor(t, "the queue to drain", time.Minute, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 &&
@@ -124,7 +124,7 @@ func TestWorkerItemsExpire(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		return nil, nil
 	}
-	r := start(t, pool, h, worker.Options{Queue: "ttl", Concurrency: 2})
+	r := startOn(t, newQueue(t, pool, claim.Options{Queue: "ttl"}), h, worker.Options{Concurrency: 2})
 	waitFor(t, "every item to end", time.Minute, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'ttl'`) == 0
 	})

@@ -36,18 +36,21 @@ func ExampleWorker_Run() {
 			return err
 		}, nil
 	}
-	w, err := worker.New(pool, handle, worker.Options{
-		Queue:       "greetings",
+	q, err := claim.New(pool, claim.Options{Queue: "greetings"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := worker.New(q, handle, worker.Options{
 		Concurrency: 2,
 		Poll:        20 * time.Millisecond,
-		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+		Session:     session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	names := []string{"ada", "bob", "eve"}
 	for _, name := range names {
-		if _, err := w.Queue().Enqueue(ctx, claim.NewItem{Payload: []byte(name)}); err != nil {
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(name)}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -103,18 +106,21 @@ func ExampleRecordValue() {
 		_, err := tx.Exec(ctx, `INSERT INTO lengths (word, length) SELECT * FROM unnest($1::TEXT[], $2::INT[])`, words, lengths)
 		return err
 	}
-	w, err := worker.New(pool, handle, worker.Options{
-		Queue:       "words",
+	q, err := claim.New(pool, claim.Options{Queue: "words"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := worker.New(q, handle, worker.Options{
 		BatchRecord: batch,
 		Poll:        20 * time.Millisecond,
-		Session:     session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
+		Session:     session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	words := []string{"exactly", "once", "in", "bulk"}
 	for _, word := range words {
-		if _, err := w.Queue().Enqueue(ctx, claim.NewItem{Payload: []byte(word)}); err != nil {
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte(word)}); err != nil {
 			log.Fatal(err)
 		}
 	}

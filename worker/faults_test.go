@@ -43,7 +43,7 @@ import (
 var (
 	// faultSession is the sessions' timing in the cases where connections
 	// are cut for less than the expiry.
-	faultSession = session.Options{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	faultSession = session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
 	// faultLease is the item lease of the cases (the backstop for an item
 	// whose worker forgot it).
 	faultLease = 3 * time.Second
@@ -222,17 +222,24 @@ func work(d time.Duration) worker.Handler {
 // separate processes would have).
 func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
 	e.t.Helper()
+	return e.startWorkersOn(n, dbURL, claim.Options{}, h, opts)
+}
+
+// startWorkersOn is startWorkers on a queue with qopts (fault-test leases
+// and backoffs unless qopts set theirs), one per pool.
+func (e *faultEnv) startWorkersOn(n int, dbURL string, qopts claim.Options, h worker.Handler, opts worker.Options) []*running {
+	e.t.Helper()
 	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = faultSession
-	}
-	if opts.Claim.Lease == 0 {
-		opts.Claim.Lease = faultLease
 	}
 	if opts.RestartDelay == 0 {
 		opts.RestartDelay = 100 * time.Millisecond
 	}
-	if opts.Claim.BackoffBase == 0 {
-		opts.Claim.BackoffBase, opts.Claim.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
+	if qopts.Lease == 0 {
+		qopts.Lease = faultLease
+	}
+	if qopts.BackoffBase == 0 {
+		qopts.BackoffBase, qopts.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	}
 	if opts.Partition.Poll == 0 {
 		opts.Partition.Poll = 200 * time.Millisecond
@@ -250,7 +257,7 @@ func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts work
 			e.t.Fatal(err)
 		}
 		e.t.Cleanup(pool.Close)
-		rs = append(rs, start(e.t, pool, h, opts))
+		rs = append(rs, startOn(e.t, newQueue(e.t, pool, qopts), h, opts))
 	}
 	return rs
 }
@@ -412,7 +419,7 @@ func TestFaultDatabaseRestart(t *testing.T) {
 				return work(3*time.Millisecond)(ctx, it)
 			}
 			rs := e.startWorkers(3, dbURL, h, worker.Options{Parts: 8, Concurrency: 6,
-				Session: session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
+				Session: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 5 * time.Second}})
 			// Late in the run, so that the time to the last item is mostly
 			// the recovery, not the remaining work.
 			e.waitProgress(n * 3 / 5)

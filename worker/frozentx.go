@@ -33,9 +33,7 @@ import (
 // bound. Run checks the setting once and logs a warning when it is
 // missing or longer than the expiry.
 func ConfigurePool(cfg *pgxpool.Config, opts Options) error {
-	so := opts.Session
-	so.Tables = opts.Tables
-	if err := session.ConfigurePool(cfg, so); err != nil {
+	if err := session.ConfigurePool(cfg, session.Options{Tuning: opts.Session}); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	return nil

@@ -53,9 +53,9 @@ func frozenInAck(t *testing.T, configured bool) {
 	e := newFaultEnv(t, testdb.NewURL(t))
 	const items = 200
 	e.enqueue(items, "x", 0)
-	sopts := session.Options{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	sopts := session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
 	opts := worker.Options{Session: sopts, Concurrency: 4, RestartDelay: 100 * time.Millisecond}
-	opts.Claim.Lease = time.Minute // the lease is not what frees the frozen items here
+	qopts := claim.Options{Lease: time.Minute} // the lease is not what frees the frozen items here
 
 	proxy, proxyURL, err := faultproxy.ForURL(e.url)
 	if err != nil {
@@ -101,7 +101,7 @@ func frozenInAck(t *testing.T, configured bool) {
 	frozenCore, frozenLogs := observer.New(zap.WarnLevel)
 	fopts := opts
 	fopts.Logger = zap.New(frozenCore)
-	fw := start(t, frozenPool, handler, fopts)
+	fw := startOn(t, newQueue(t, frozenPool, qopts), handler, fopts)
 	// Cleanups run last first: thaw the transaction and the proxy before
 	// the worker is stopped.
 	t.Cleanup(func() {
@@ -130,7 +130,7 @@ func frozenInAck(t *testing.T, configured bool) {
 	peerCore, peerLogs := observer.New(zap.WarnLevel)
 	popts := opts
 	popts.Logger = zap.New(peerCore)
-	peer := e.startWorkers(1, e.url, work(0), popts)
+	peer := e.startWorkersOn(1, e.url, qopts, work(0), popts)
 	_ = peer
 
 	sessionExists := func() bool {

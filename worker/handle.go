@@ -52,7 +52,7 @@ func (r *sessionRun) handle(itemCtx context.Context, it claim.Item) {
 		if res.Abandoned {
 			d = time.Since(start) // it has not returned
 		}
-		obs.HandlerDone(w.opts.Queue, d, outcomeNames[res.Outcome])
+		obs.HandlerDone(w.name, d, outcomeNames[res.Outcome])
 	}
 	if res.Unknown && res.Outcome == attempt.Unsettled {
 		w.unknown.Add(1)

@@ -18,8 +18,10 @@ import (
 // clock): an item neither acked, nacked, released nor extended within it is
 // released by any session's reaper (claim.Queue.Reap), so a live session
 // can hold an item it forgot — a claim whose answer was lost, a bug — for at
-// most its lease. The worker chooses the lease so that the common case costs
-// no statement beyond the claim and the ack:
+// most its lease. Unless the queue sets one (claim.Options.Lease), the
+// worker chooses the lease so that the common case costs no statement beyond
+// the claim and the ack, and passes it with each claim
+// (claim.ClaimRequest.Lease):
 //
 //	lease = min(ItemTimeout, leaseCap) + HangGrace + settleGrace
 //
@@ -39,7 +41,8 @@ const (
 	settleGrace = 30 * time.Second
 )
 
-// defaultLease returns the lease of a worker with opts (defaults filled in).
+// defaultLease returns the lease of a worker with opts (defaults filled in)
+// on a queue whose Options.Lease is zero.
 func defaultLease(o Options) time.Duration {
 	return min(o.ItemTimeout, leaseCap) + o.HangGrace + settleGrace
 }

@@ -19,12 +19,12 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 	var dbNow time.Time
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var maxIn, tenantMaxIn int64
-		err := w.db.QueryRow(ctx, w.limitSQL.QueueLimits, w.opts.Queue).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
+		err := w.db.QueryRow(ctx, w.limitSQL.QueueLimits, w.name).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
 		l.Queue.MaxInFlight, l.Tenant.MaxInFlight = int(maxIn), int(tenantMaxIn)
 		return crsql.Classify(err)
 	})
 	if err != nil {
-		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.opts.Queue, err)
+		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.name, err)
 	}
 	if l.Tenants, err = w.queue.TenantLimits(ctx); err != nil {
 		return Limits{}, time.Time{}, fmt.Errorf("worker: %w", err)
@@ -35,5 +35,5 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 // claim claims up to pl.n items in parts (nil: without parts), leaving out
 // the tenants at their share.
 func (w *Worker) claim(ctx context.Context, sess *session.Session, parts []int, pl plan) ([]claim.Item, error) {
-	return w.queue.ClaimWith(ctx, sess.ID(), claim.ClaimRequest{Max: pl.n, Parts: parts, SkipTenants: pl.skip})
+	return w.queue.ClaimWith(ctx, sess.ID(), claim.ClaimRequest{Max: pl.n, Parts: parts, SkipTenants: pl.skip, Lease: w.lease})
 }

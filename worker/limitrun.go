@@ -41,7 +41,7 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 	parts, rank, k := 0, -1, 0
 	if !lims.none() {
 		if w.opts.Parts > 0 {
-			parts, err = partition.Parts(ctx, w.db, w.opts.Tables, w.opts.Queue)
+			parts, err = partition.Parts(ctx, w.db, w.tables, w.name)
 		} else {
 			// The queue's members share its limits: sessions of other
 			// queues in the database take no share.
@@ -50,12 +50,12 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 			// limits: with them counted the shares never add up to more
 			// than the limit during a rolling upgrade.)
 			var live []uuid.UUID
-			live, err = session.LimitSharers(ctx, w.db, w.opts.Tables, w.opts.Queue)
+			live, err = session.LimitSharers(ctx, w.db, w.tables, w.name)
 			if err == nil && !slices.Contains(live, sess.ID()) {
 				// Not a member (the membership row was deleted, or the
 				// session expired): join again, and read again.
-				if err = sess.Join(ctx, w.opts.Queue); err == nil {
-					live, err = session.LimitSharers(ctx, w.db, w.opts.Tables, w.opts.Queue)
+				if err = sess.Join(ctx, w.name); err == nil {
+					live, err = session.LimitSharers(ctx, w.db, w.tables, w.name)
 				}
 			}
 			k, rank = len(live), slices.Index(live, sess.ID())

@@ -82,7 +82,7 @@ func limitOpts(parts int) worker.Options {
 	return worker.Options{
 		Parts: parts, Concurrency: 8,
 		Limits:    worker.LimitOptions{Refresh: 100 * time.Millisecond, Grace: 400 * time.Millisecond, Rotate: 500 * time.Millisecond},
-		Partition: partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
+		Partition: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
 	}
 }
 

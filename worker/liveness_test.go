@@ -38,15 +38,15 @@ func TestBadOptionsAreRefused(t *testing.T) {
 		{worker.Options{Poll: -time.Second}, "negative"},
 		{worker.Options{Concurrency: -1}, "concurrency -1 is negative"},
 		{worker.Options{Ackers: 1000}, "Ackers 1000"},
-		{worker.Options{Session: session.Options{ReapEvery: math.MaxInt64}}, "ReapEvery"},
+		{worker.Options{Session: session.Tuning{ReapEvery: math.MaxInt64}}, "ReapEvery"},
 	} {
-		_, err := worker.New(pool, recordHandler(0), tc.opts)
+		_, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), tc.opts)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v, want an error containing %q", tc.opts, err, tc.want)
 		}
 	}
 	// A huge session heartbeat is refused by Run, with the session's error.
-	w, err := worker.New(pool, recordHandler(0), worker.Options{Session: session.Options{Heartbeat: math.MaxInt64}})
+	w, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), worker.Options{Session: session.Tuning{Heartbeat: math.MaxInt64}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,9 +108,9 @@ func TestShutdownIsBoundedDuringAnOutage(t *testing.T) {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
-	w, err := worker.New(pool, h, worker.Options{
+	w, err := worker.New(newQueue(t, pool, claim.Options{}), h, worker.Options{
 		ShutdownTimeout: 300 * time.Millisecond, HangGrace: 100 * time.Millisecond,
-		Session: session.Options{Heartbeat: time.Second, Expiry: time.Minute}, // the session outlives the test
+		Session: session.Tuning{Heartbeat: time.Second, Expiry: time.Minute}, // the session outlives the test
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func TestCancelStopsAStuckSessionStart(t *testing.T) {
 	pool, p := proxied(t, direct, 0)
 	p.Stall()
 	defer p.Restore()
-	w, err := worker.New(pool, recordHandler(0), worker.Options{})
+	w, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), worker.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestDatabaseBlipDuringAcksLosesNoResult(t *testing.T) {
 		return recordHandler(0)(ctx, it)
 	}
 	r := start(t, pool, h, worker.Options{Concurrency: n,
-		Session: session.Options{Heartbeat: 200 * time.Millisecond, Expiry: time.Minute}})
+		Session: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: time.Minute}})
 	waitFor(t, "every handler to start", time.Minute, func() bool { return started.Load() == n })
 	p.Cut()
 	close(release) // the handlers finish during the outage
@@ -208,7 +208,7 @@ func TestRecordPanicIsNackedAndCounted(t *testing.T) {
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := start(t, pool, h, worker.Options{Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{})
 	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
 	r.Stop(t)
 	assertExactlyOnce(t, pool, 1)
@@ -232,8 +232,7 @@ func TestHungHandlerIsAbandoned(t *testing.T) {
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := start(t, pool, h, worker.Options{Concurrency: 1, ItemTimeout: 100 * time.Millisecond, HangGrace: 100 * time.Millisecond,
-		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{Concurrency: 1, ItemTimeout: 100 * time.Millisecond, HangGrace: 100 * time.Millisecond})
 	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
 	assertExactlyOnce(t, pool, 1)
 	st := r.w.Stats()
@@ -256,9 +255,8 @@ func TestAbandonedHandlersAreBounded(t *testing.T) {
 		<-hang
 		return recordHandler(0)(ctx, it)
 	}
-	r := start(t, pool, h, worker.Options{Concurrency: 2, MaxAbandoned: 1, Poll: 20 * time.Millisecond,
-		ItemTimeout: 50 * time.Millisecond, HangGrace: 50 * time.Millisecond,
-		Claim: claim.Options{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}})
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}), h, worker.Options{Concurrency: 2, MaxAbandoned: 1, Poll: 20 * time.Millisecond,
+		ItemTimeout: 50 * time.Millisecond, HangGrace: 50 * time.Millisecond})
 	waitFor(t, "three handlers to be abandoned", time.Minute, func() bool { return r.w.Stats().Abandoned == 3 })
 	// The abandoned items vest again at once; the worker does not claim them.
 	waitFor(t, "the abandoned items to be claimable again", time.Minute, func() bool {
@@ -301,7 +299,7 @@ func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	enqueue(t, direct, "default", n, true)
-	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Options{Poll: 200 * time.Millisecond}}
+	opts := worker.Options{Parts: 16, Concurrency: concurrency, Partition: partition.Tuning{Poll: 200 * time.Millisecond}}
 	var rs []*running
 	for range workers {
 		cfg := direct.Config().Copy()
@@ -391,7 +389,7 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := start(t, pool, h, worker.Options{Claim: claim.Options{Lease: 500 * time.Millisecond}})
+	r := startOn(t, newQueue(t, pool, claim.Options{Lease: 500 * time.Millisecond}), h, worker.Options{})
 	done := make(chan struct{})
 	reaped := make(chan int, 1)
 	go func() { // a peer's reaper, as often as it gets
@@ -452,8 +450,7 @@ func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
 		}
 		return nil, worker.RecordValue(ctx, v)
 	}
-	r := start(t, pool, h, worker.Options{Concurrency: 64, BatchRecord: batch,
-		Claim: claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}})
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{Concurrency: 64, BatchRecord: batch})
 	waitFor(t, "the queue to drain", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
 	r.Stop(t)
 	assertExactlyOnce(t, pool, n)
@@ -489,7 +486,7 @@ func TestFirstStartWaitsForTheDatabase(t *testing.T) {
 	r.Stop(t)
 
 	p.Cut()
-	w, err := worker.New(pool, recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: 300 * time.Millisecond})
+	w, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), worker.Options{RestartDelay: 50 * time.Millisecond, StartTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

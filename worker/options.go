@@ -11,7 +11,6 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // Defaults for Options.
@@ -34,13 +33,9 @@ const (
 const MaxDuration = 365 * 24 * time.Hour
 
 // Options configure a Worker. The zero value is valid: 8 handlers, no
-// parts, queue "default", silent.
+// parts, silent. The queue's name, tables, retry policy and lease are the
+// claim.Queue's given to New, not options of the worker.
 type Options struct {
-	// Queue is the queue to work on. Default "default".
-	Queue string
-	// Tables names the crdbwork tables; it overrides the Tables of the
-	// nested options.
-	Tables crsql.Tables
 	// Concurrency is the number of handlers running at once. Default 8.
 	// It does not change the number of connections (see Connections).
 	Concurrency int
@@ -100,18 +95,20 @@ type Options struct {
 	// fraction of the claim statements, at the cost of a few milliseconds
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
-	// Session, Claim and Partition configure the parts the worker wires.
-	// Claim.Lease defaults to min(ItemTimeout, 2 min) + HangGrace + 30 s,
-	// extended while a handler runs (see "Every item ends" above).
-	// Session.ReapEvery is the interval of the worker's reaper of expired
-	// sessions (the session itself does not reap: see Connections).
-	// Session.ReapTimeout bounds each of its reaps. Session.Expiry is also
-	// the idle_in_transaction_session_timeout that ConfigurePool gives the
-	// pool: a Record or BatchRecord must not leave its ack transaction idle
-	// that long between statements.
-	Session   session.Options
-	Claim     claim.Options
-	Partition partition.Options
+	// Session tunes the worker's sessions (heartbeat, expiry, clock
+	// margin); Session.ReapEvery is the interval of the worker's reaper of
+	// expired sessions (the session itself does not reap: see
+	// Connections), Session.ReapTimeout bounds each of its reaps.
+	// Session.Expiry is also the idle_in_transaction_session_timeout that
+	// ConfigurePool gives the pool: a Record or BatchRecord must not leave
+	// its ack transaction idle that long between statements. Partition
+	// tunes the rebalancer of parts mode. The sessions and the rebalancer
+	// take the queue's name and tables, and log to Logger.
+	Session   session.Tuning
+	Partition partition.Tuning
+	// Name is stored in the row of each of the worker's sessions, for
+	// operators (for example "demo-worker-3"; session.Options.Name).
+	Name string
 	// Logger receives structured logs. Default: none.
 	Logger *zap.Logger
 	// BatchRecord, if not nil, records the results of each ack transaction
@@ -194,7 +191,6 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("worker: %s %v is negative", d.name, d.v)
 		}
 	}
-	o.Queue = cmp.Or(o.Queue, claim.DefaultQueue)
 	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
 	o.Poll = cmp.Or(o.Poll, DefaultPoll)
 	o.ItemTimeout = cmp.Or(o.ItemTimeout, DefaultItemTimeout)
@@ -225,11 +221,6 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Limits, err = o.Limits.withDefaults(); err != nil {
 		return o, err
 	}
-	o.Claim.Lease = cmp.Or(o.Claim.Lease, defaultLease(o))
-	o.Claim.Queue, o.Partition.Queue = o.Queue, o.Queue
-	o.Session.Tables, o.Claim.Tables, o.Partition.Tables = o.Tables, o.Tables, o.Tables
-	o.Session.Logger = cmp.Or(o.Session.Logger, o.Logger)
-	o.Partition.Logger = cmp.Or(o.Partition.Logger, o.Logger)
 	return o, nil
 }
 

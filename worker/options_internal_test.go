@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +14,8 @@ import (
 )
 
 // withDefaults fills every zero field with its default, keeps every set
-// field, maps the negative "off" values to zero, wires the nested options
-// and refuses values that cannot work.
+// field, maps the negative "off" values to zero and refuses values that
+// cannot work.
 func TestOptionsWithDefaults(t *testing.T) {
 	zero, err := Options{}.withDefaults()
 	if err != nil {
@@ -24,7 +25,6 @@ func TestOptionsWithDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"Queue", zero.Queue, claim.DefaultQueue},
 		{"Concurrency", zero.Concurrency, DefaultConcurrency},
 		{"Poll", zero.Poll, DefaultPoll},
 		{"ItemTimeout", zero.ItemTimeout, DefaultItemTimeout},
@@ -36,11 +36,6 @@ func TestOptionsWithDefaults(t *testing.T) {
 		{"MaxAckBatch", zero.MaxAckBatch, DefaultMaxAckBatch},
 		{"Ackers", zero.Ackers, DefaultAckers},
 		{"GatherWait", zero.GatherWait, DefaultGatherWait},
-		{"Claim.Lease", zero.Claim.Lease, defaultLease(zero)},
-		{"Claim.Queue", zero.Claim.Queue, claim.DefaultQueue},
-		{"Partition.Queue", zero.Partition.Queue, claim.DefaultQueue},
-		{"Session.Logger", zero.Session.Logger, zero.Logger},
-		{"Partition.Logger", zero.Partition.Logger, zero.Logger},
 	} {
 		if c.got != c.want {
 			t.Errorf("zero Options: %s = %v, want %v", c.name, c.got, c.want)
@@ -50,15 +45,13 @@ func TestOptionsWithDefaults(t *testing.T) {
 		t.Error("zero Options: Logger is nil, want a no-op logger")
 	}
 
-	log, sessLog := zap.NewExample(), zap.NewExample()
-	tables := crsql.Tables{Prefix: "t_"}
+	log := zap.NewExample()
 	set, err := Options{
-		Queue: "q", Tables: tables, Concurrency: 3, Poll: time.Second, ItemTimeout: time.Minute,
+		Concurrency: 3, Poll: time.Second, ItemTimeout: time.Minute,
 		HangGrace: time.Second, MaxAbandoned: 2, ShutdownTimeout: 3 * time.Second,
 		RestartDelay: 4 * time.Second, StartTimeout: 5 * time.Second, MaxAckBatch: 1, Ackers: 3,
 		GatherWait: time.Millisecond, Logger: log,
-		Claim:   claim.Options{Lease: 7 * time.Minute, Queue: "ignored"},
-		Session: session.Options{Logger: sessLog},
+		Session: session.Tuning{Heartbeat: 2 * time.Second}, Name: "n",
 	}.withDefaults()
 	if err != nil {
 		t.Fatalf("set Options: %v", err)
@@ -67,7 +60,6 @@ func TestOptionsWithDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"Queue", set.Queue, "q"},
 		{"Concurrency", set.Concurrency, 3},
 		{"Poll", set.Poll, time.Second},
 		{"ItemTimeout", set.ItemTimeout, time.Minute},
@@ -80,14 +72,8 @@ func TestOptionsWithDefaults(t *testing.T) {
 		{"Ackers", set.Ackers, 3},
 		{"GatherWait", set.GatherWait, time.Millisecond},
 		{"Logger", set.Logger, log},
-		{"Claim.Lease", set.Claim.Lease, 7 * time.Minute},
-		{"Claim.Queue", set.Claim.Queue, "q"},
-		{"Partition.Queue", set.Partition.Queue, "q"},
-		{"Claim.Tables", set.Claim.Tables, tables},
-		{"Session.Tables", set.Session.Tables, tables},
-		{"Partition.Tables", set.Partition.Tables, tables},
-		{"Session.Logger", set.Session.Logger, sessLog},
-		{"Partition.Logger", set.Partition.Logger, log},
+		{"Session.Heartbeat", set.Session.Heartbeat, 2 * time.Second},
+		{"Name", set.Name, "n"},
 	} {
 		if c.got != c.want {
 			t.Errorf("set Options: %s = %v, want %v", c.name, c.got, c.want)
@@ -117,5 +103,41 @@ func TestOptionsWithDefaults(t *testing.T) {
 		if _, err := c.opts.withDefaults(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("withDefaults(%+v) = %v, want an error containing %q", c.opts, err, c.want)
 		}
+	}
+}
+
+// nopDB satisfies claim.DB for a queue that does no I/O.
+type nopDB struct{ claim.DB }
+
+// New takes the queue's name, tables and database, and its lease when set,
+// else the worker's default lease.
+func TestNewTakesTheQueuesPolicy(t *testing.T) {
+	db := nopDB{}
+	tables := crsql.Tables{Prefix: "t_"}
+	h := func(context.Context, claim.Item) (Record, error) { return nil, nil }
+	for _, c := range []struct {
+		qopts claim.Options
+		wopts Options
+		want  time.Duration
+	}{
+		{claim.Options{Queue: "q", Tables: tables}, Options{}, 2*time.Minute + DefaultHangGrace + settleGrace},
+		{claim.Options{Queue: "q", Tables: tables}, Options{ItemTimeout: time.Second, HangGrace: time.Second}, 2*time.Second + settleGrace},
+		{claim.Options{Queue: "q", Tables: tables, Lease: 7 * time.Minute}, Options{}, 7 * time.Minute},
+	} {
+		q, err := claim.New(db, c.qopts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := New(q, h, c.wopts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w.lease != c.want || w.name != "q" || w.tables != tables || w.db != claim.DB(db) || w.Queue() != q {
+			t.Errorf("New(queue %+v, %+v): lease %v, name %q, tables %+v, db %v; want %v, \"q\", %+v, the queue's",
+				c.qopts, c.wopts, w.lease, w.name, w.tables, w.db, c.want, tables)
+		}
+	}
+	if _, err := New(nil, h, Options{}); err == nil {
+		t.Error("New(nil queue) succeeded")
 	}
 }

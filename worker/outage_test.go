@@ -41,7 +41,7 @@ func TestDatabaseOutage(t *testing.T) {
 	for range 2 {
 		workers = append(workers, start(t, proxied, recordHandler(2*time.Millisecond), worker.Options{
 			Parts: 16, Concurrency: 8, RestartDelay: 200 * time.Millisecond,
-			Partition: partition.Options{Poll: 200 * time.Millisecond},
+			Partition: partition.Tuning{Poll: 200 * time.Millisecond},
 		}))
 	}
 	waitFor(t, "some items to be done", time.Minute, func() bool {

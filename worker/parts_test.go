@@ -17,7 +17,7 @@ import (
 
 var partsOpts = worker.Options{
 	Parts: 16, Concurrency: 8,
-	Partition: partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
+	Partition: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
 }
 
 // TestChurnKeepsExactlyOnce has sessions join and leave about every second
@@ -80,11 +80,11 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 
 	// The victim owns every part and claims everything it can, then crashes.
 	crashCtx, crash := context.WithCancel(ctx)
-	victim, err := session.Start(crashCtx, pool, fastSession)
+	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: fastSession})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reb, err := partition.New(pool, victim, partition.Options{Poll: 50 * time.Millisecond})
+	reb, err := partition.New(pool, victim, partition.Options{Tuning: partition.Tuning{Poll: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

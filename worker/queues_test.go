@@ -20,11 +20,10 @@ import (
 	"github.com/crdbwork/crdbwork/worker"
 )
 
-// queueOpts are fast worker options for queue with parts (0: none).
-func queueOpts(queue string, parts int) worker.Options {
-	o := limitOpts(parts)
-	o.Queue = queue
-	return o
+// startQueue starts a worker with fast options on queue with parts (0: none).
+func startQueue(t testing.TB, pool *pgxpool.Pool, queue string, h worker.Handler, parts int) *running {
+	t.Helper()
+	return startOn(t, newQueue(t, pool, claim.Options{Queue: queue}), h, limitOpts(parts))
 }
 
 // remainingIn counts the items of queue still in the table.
@@ -63,8 +62,8 @@ func TestQueuesShareADatabase(t *testing.T) {
 				enqueue(t, pool, q, n, true)
 			}
 			for range c.perQueue {
-				start(t, pool, recordHandler(0), queueOpts("alpha", c.alpha))
-				start(t, pool, recordHandler(0), queueOpts("beta", c.beta))
+				startQueue(t, pool, "alpha", recordHandler(0), c.alpha)
+				startQueue(t, pool, "beta", recordHandler(0), c.beta)
 			}
 			waitFor(t, "every item of both queues to end", 30*time.Second, func() bool {
 				return remainingIn(t, pool, "alpha") == 0 && remainingIn(t, pool, "beta") == 0
@@ -97,7 +96,7 @@ func TestOneProcessManyQueues(t *testing.T) {
 			}
 		}
 		enqueue(t, pool, q, n, true)
-		start(t, pool, recordHandler(0), queueOpts(q, parts))
+		startQueue(t, pool, q, recordHandler(0), parts)
 	}
 	waitFor(t, "every item of every queue to end", 30*time.Second, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
@@ -128,8 +127,8 @@ func TestLimitHoldsBesideOtherQueues(t *testing.T) {
 			m := &meter{}
 			var alpha []*running
 			for range 2 {
-				alpha = append(alpha, start(t, pool, m.handler(100*time.Millisecond, 150*time.Millisecond), queueOpts("alpha", parts)))
-				start(t, pool, recordHandler(0), queueOpts("beta", parts))
+				alpha = append(alpha, startQueue(t, pool, "alpha", m.handler(100*time.Millisecond, 150*time.Millisecond), parts))
+				startQueue(t, pool, "beta", recordHandler(0), parts)
 			}
 			waitFor(t, "alpha's workers' shares to add up to its limit", 30*time.Second, func() bool {
 				var share int64

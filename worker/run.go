@@ -68,7 +68,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	r := &sessionRun{w: w, sess: sess, log: log, handlerCtx: handlerCtx, settleCtx: settleCtx}
 	rebDone := make(chan struct{})
 	if w.opts.Parts > 0 {
-		reb, err := partition.New(w.db, sess, w.opts.Partition)
+		reb, err := partition.New(w.db, sess, partition.Options{Tuning: w.opts.Partition, Queue: w.name, Tables: w.tables, Logger: w.opts.Logger})
 		if err != nil {
 			log.Error("starting the rebalancer failed", zap.Error(err))
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
@@ -103,7 +103,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 
 	var observe func(int)
 	if obs := w.opts.Observer; obs != nil {
-		observe = func(n int) { obs.AckBatch(w.opts.Queue, n) }
+		observe = func(n int) { obs.AckBatch(w.name, n) }
 	}
 	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, w.opts.BatchRecord)
 	defer r.a.stop()
@@ -196,7 +196,7 @@ func (r *sessionRun) maintain() {
 		w.extendLeases(ctx, r.fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
 			nextReap = now.Add(jitter(reapEvery))
-			n, err := session.ReapWithin(ctx, w.db, w.opts.Tables, r.sess.Options().ReapTimeout)
+			n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
 			switch {
 			case ctx.Err() != nil:
 				return

@@ -58,7 +58,7 @@ func TestUrgentLaneTakesBusyOwnersItem(t *testing.T) {
 	}
 	opts := worker.Options{
 		Parts: parts, Concurrency: 1, UrgentLane: true, UrgentPriority: 0,
-		Partition: partition.Options{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
+		Partition: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
 	}
 	a, b := start(t, pool, h, opts), start(t, pool, h, opts)
 	waitFor(t, "each worker to own one part", 20*time.Second, func() bool {

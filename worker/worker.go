@@ -27,7 +27,8 @@
 // A handler that ignores its context is abandoned ItemTimeout + HangGrace
 // after it started: its item is nacked as timed out and its slot freed
 // (MaxAbandoned bounds the goroutines left running). Every claim has a lease
-// (claim.Options.Lease, default min(ItemTimeout, 2 min) + HangGrace + 30 s),
+// (the queue's claim.Options.Lease; if that is zero, min(ItemTimeout, 2 min)
+// + HangGrace + 30 s),
 // extended while its handler runs but never past that bound; any session's
 // reaper releases expired leases, so an item held by a live session that
 // does not work on it comes back within its lease — and at once after a
@@ -72,6 +73,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -191,6 +193,8 @@ type Worker struct {
 	handler Handler
 	opts    Options
 	queue   *claim.Queue
+	name    string       // the queue's
+	tables  crsql.Tables // the queue's
 	// limitSQL reads the stored limits (see storedLimits).
 	limitSQL *crsql.LimitStatements
 	log      *zap.Logger
@@ -210,27 +214,29 @@ type Worker struct {
 	refusedTotal                               atomic.Int64 // Refused of past sessions
 }
 
-// New returns a worker that handles the items of opts.Queue with h.
-func New(db DB, h Handler, opts Options) (*Worker, error) {
-	if db == nil || h == nil {
-		return nil, errors.New("worker: nil database or handler")
+// New returns a worker that handles the items of q with h. The worker
+// works on q's database, with q's name, tables, retry policy and lease
+// (claim.Options.Lease; when q's was left zero, the worker's default:
+// min(ItemTimeout, 2 min) + HangGrace + 30 s), and counts its claims and
+// acks in q's Stats.
+func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
+	if q == nil || h == nil {
+		return nil, errors.New("worker: nil queue or handler")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	q, err := claim.New(db, opts.Claim)
-	if err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
-	}
-	w := &Worker{db: db, handler: h, opts: opts, queue: q, limitSQL: crsql.NewLimitStatements(opts.Tables),
-		log: opts.Logger.With(zap.String("queue", opts.Queue)), lease: opts.Claim.Lease}
+	qo := q.Options()
+	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, name: q.Name(), tables: qo.Tables,
+		limitSQL: crsql.NewLimitStatements(qo.Tables),
+		log:      opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
 	w.limitSource = w.storedLimits
 	w.current.Store("")
 	return w, nil
 }
 
-// Queue returns the claim.Queue the worker uses, for enqueueing and stats.
+// Queue returns the claim.Queue the worker works on (the one given to New).
 func (w *Worker) Queue() *claim.Queue { return w.queue }
 
 // Stats returns a snapshot of the worker's counters.
@@ -344,7 +350,7 @@ func (w *Worker) ensureParts(ctx context.Context) error {
 	if w.opts.Parts == 0 {
 		return nil
 	}
-	stored, err := partition.EnsureParts(ctx, w.db, w.opts.Tables, w.opts.Queue, w.opts.Parts)
+	stored, err := partition.EnsureParts(ctx, w.db, w.tables, w.name, w.opts.Parts)
 	if err != nil {
 		return err
 	}
@@ -362,19 +368,17 @@ func (w *Worker) ensureParts(ctx context.Context) error {
 func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done func(), err error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	sopts := w.opts.Session
+	sopts := session.Options{Tuning: w.opts.Session, Name: w.opts.Name, Tables: w.tables, Logger: w.opts.Logger}
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
-	if sopts.Report == nil {
-		// The session's counters ride on its heartbeats (for operators:
-		// demo status); counted from the session's start.
-		base := w.queue.Stats()
-		sopts.Report = func() session.Counters {
-			st := w.queue.Stats()
-			return session.Counters{
-				Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
-				Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
-				InFlight: w.inflight.Load(),
-			}
+	// The session's counters ride on its heartbeats (for operators:
+	// demo status); counted from the session's start.
+	base := w.queue.Stats()
+	sopts.Report = func() session.Counters {
+		st := w.queue.Stats()
+		return session.Counters{
+			Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
+			Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
+			InFlight: w.inflight.Load(),
 		}
 	}
 	sess, err = session.Start(sctx, w.db, sopts)
@@ -382,7 +386,7 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 		// The session works the queue: it counts among the queue's members
 		// (its parts and, without parts, its limit shares are divided
 		// among them) before its first claim.
-		if jerr := sess.Join(sctx, w.opts.Queue); jerr != nil {
+		if jerr := sess.Join(sctx, w.name); jerr != nil {
 			closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
 			sess.Close(closeCtx)
 			cancelClose()

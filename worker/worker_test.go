@@ -23,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-var fastSession = session.Options{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
+var fastSession = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
 
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
@@ -90,12 +90,30 @@ type running struct {
 	once sync.Once
 }
 
+// start starts a worker on the default queue of pool (fast sessions unless
+// opts set theirs).
 func start(t testing.TB, pool *pgxpool.Pool, h worker.Handler, opts worker.Options) *running {
+	t.Helper()
+	return startOn(t, newQueue(t, pool, claim.Options{}), h, opts)
+}
+
+// newQueue returns a queue on pool with opts.
+func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
+	t.Helper()
+	q, err := claim.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// startOn starts a worker on q (fast sessions unless opts set theirs).
+func startOn(t testing.TB, q *claim.Queue, h worker.Handler, opts worker.Options) *running {
 	t.Helper()
 	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
 		opts.Session = fastSession
 	}
-	w, err := worker.New(pool, h, opts)
+	w, err := worker.New(q, h, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +194,7 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 			var workers []*running
 			for range 3 {
 				workers = append(workers, start(t, pool, recordHandler(0), worker.Options{
-					Parts: nParts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Options{Poll: 200 * time.Millisecond},
+					Parts: nParts, Concurrency: 8, MaxAckBatch: v.ackBatch, Partition: partition.Tuning{Poll: 200 * time.Millisecond},
 				}))
 			}
 			waitFor(t, "the queue to drain", 2*time.Minute, func() bool {
@@ -239,10 +257,8 @@ func TestHandlerFailuresPanicsAndTimeouts(t *testing.T) {
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := start(t, pool, h, worker.Options{
-		ItemTimeout: 300 * time.Millisecond,
-		Claim:       claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond},
-	})
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond}), h, worker.Options{
+		ItemTimeout: 300 * time.Millisecond})
 	waitFor(t, "the queue to drain", time.Minute, func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
 	})
@@ -333,7 +349,7 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 
 func TestMissingSchemaStopsRun(t *testing.T) {
 	pool := testdb.New(t)
-	w, err := worker.New(pool, recordHandler(0), worker.Options{})
+	w, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), worker.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

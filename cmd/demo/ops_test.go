@@ -582,7 +582,7 @@ func TestStaleSession(t *testing.T) {
 	_, env, pool := migrated(t)
 	ctx := context.Background()
 	sctx, stop := context.WithCancel(ctx)
-	sess, err := session.Start(sctx, pool, session.Options{Name: "silent", Expiry: time.Minute, Heartbeat: time.Second})
+	sess, err := session.Start(sctx, pool, session.Options{Tuning: session.Tuning{Expiry: time.Minute, Heartbeat: time.Second}, Name: "silent"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func (w *workerSettings) poolSize() int {
 // that a frozen worker's open transaction cannot hold its locks, and its
 // peers' reapers of expired sessions, for ever.
 func (w *workerSettings) configurePool(cfg *pgxpool.Config) error {
-	return worker.ConfigurePool(cfg, worker.Options{Session: session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry}})
+	return worker.ConfigurePool(cfg, worker.Options{Session: session.Tuning{Heartbeat: w.heartbeat, Expiry: w.expiry}})
 }
 
 // newWorker returns a parts-mode worker with the demo handler.
@@ -157,16 +157,18 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 	if w.anyPart {
 		parts = 0
 	}
-	wk, err := worker.New(db, h, worker.Options{
-		Queue:           queue,
-		Tables:          tables,
+	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables, Lease: w.lease})
+	if err != nil {
+		return nil, err
+	}
+	wk, err := worker.New(q, h, worker.Options{
 		Concurrency:     w.concurrency,
 		MaxAckBatch:     w.ackBatch,
 		Parts:           parts,
-		Claim:           claim.Options{Lease: w.lease},
 		ShutdownTimeout: 5 * time.Second,
-		Session:         session.Options{Heartbeat: w.heartbeat, Expiry: w.expiry, Name: name},
-		Partition:       partition.Options{Poll: w.rebalance},
+		Session:         session.Tuning{Heartbeat: w.heartbeat, Expiry: w.expiry},
+		Name:            name,
+		Partition:       partition.Tuning{Poll: w.rebalance},
 		Logger:          log.With(zap.String("worker", name)),
 		Observer:        obs,
 		BatchRecord:     recordResults,
@@ -378,8 +380,11 @@ ever. Needs "demo migrate" first.`)
 	rctx, stopRunner := context.WithCancel(ctx)
 	defer stopRunner()
 	if sched != nil {
-		r, err := schedule.New(pool, schedule.Options{Queue: c.queue, Tables: tables,
-			Logger: log.With(zap.String("worker", c.name))}, *sched)
+		q, err := claim.New(pool, claim.Options{Queue: c.queue, Tables: tables})
+		if err != nil {
+			return failf(2, "%v", err)
+		}
+		r, err := schedule.New(q, schedule.Options{Logger: log.With(zap.String("worker", c.name))}, *sched)
 		if err != nil {
 			return failf(2, "%v", err)
 		}

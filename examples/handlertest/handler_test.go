@@ -34,7 +34,8 @@ func TestSendEmail(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE sent (item_id UUID PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := workertest.Work(ctx, pool, sendEmail, claim.NewItem{Payload: []byte("Hello")}, workertest.Options{})
+	// No queue: Work makes a fresh one on DB (or pass your *claim.Queue).
+	res, err := workertest.Work(ctx, nil, sendEmail, claim.NewItem{Payload: []byte("Hello")}, workertest.Options{DB: pool})
 	if err != nil {
 		t.Fatal(err) // Work itself failed (database, cancelled ctx); a failing handler is not an error
 	}
@@ -47,7 +48,7 @@ func TestSendEmail(t *testing.T) {
 		t.Fatalf("%d rows for the item (%v), want 1", n, err)
 	}
 
-	res, err = workertest.Work(ctx, pool, sendEmail, claim.NewItem{}, workertest.Options{})
+	res, err = workertest.Work(ctx, nil, sendEmail, claim.NewItem{}, workertest.Options{DB: pool})
 	if err != nil {
 		t.Fatal(err)
 	}

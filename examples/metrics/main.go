@@ -52,7 +52,11 @@ func run(ctx context.Context, url string, l net.Listener) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m, collectors.NewGoCollector())
 
-	w, err := worker.New(pool, handle, worker.Options{Queue: "emails", Parts: 16,
+	q, err := claim.New(pool, claim.Options{Queue: "emails"})
+	if err != nil {
+		return err
+	}
+	w, err := worker.New(q, handle, worker.Options{Parts: 16,
 		Observer: m}) // handler durations and ack batch sizes
 	if err != nil {
 		return err

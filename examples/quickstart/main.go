@@ -70,7 +70,7 @@ func run(ctx context.Context, url string) error {
 	}
 
 	// Consume: slow work outside any transaction, the result inside the ack.
-	w, err := worker.New(pool, func(ctx context.Context, it claim.Item) (worker.Record, error) {
+	w, err := worker.New(q, func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		receipt, err := send(ctx, it.Payload, it.ID.String()) // the item id as idempotency key
 		if err != nil {
 			return nil, err // nack: retried with backoff, dead-lettered after MaxAttempts
@@ -79,7 +79,7 @@ func run(ctx context.Context, url string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
 			return err
 		}, nil
-	}, worker.Options{Queue: "emails", Concurrency: 16, Parts: 16})
+	}, worker.Options{Concurrency: 16, Parts: 16})
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func startSessions(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue 
 	var ss []*session.Session
 	var ids []uuid.UUID
 	for range n {
-		s, err := session.Start(ctx, pool, session.Options{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second})
+		s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -97,7 +97,7 @@ func ExampleTables() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE greetings (item_id UUID PRIMARY KEY, greeting TEXT NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	res, err := workertest.Work(ctx, pool, greet, claim.NewItem{Payload: []byte("Ada")}, workertest.Options{Tables: tables})
+	res, err := workertest.Work(ctx, nil, greet, claim.NewItem{Payload: []byte("Ada")}, workertest.Options{DB: pool, Tables: tables})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -28,8 +28,9 @@ func greet(ctx context.Context, it claim.Item) (worker.Record, error) {
 	}, nil
 }
 
-// Test a handler on one item at a time: Work runs it as a worker would and
-// reports the outcome; the handler's result is then in the database. In a
+// Test a handler on one item at a time: Work runs it as a worker on the
+// queue would (or on a fresh queue when given none) and reports the
+// outcome; the handler's result is then in the database. In a
 // test, pool comes from the test's own database and failures call t.Fatal.
 func ExampleWork() {
 	ctx := context.Background()
@@ -45,7 +46,8 @@ func ExampleWork() {
 		log.Fatal(err)
 	}
 
-	res, err := workertest.Work(ctx, pool, greet, claim.NewItem{Payload: []byte("Ada")}, workertest.Options{})
+	// No queue: Work makes a fresh one on Options.DB.
+	res, err := workertest.Work(ctx, nil, greet, claim.NewItem{Payload: []byte("Ada")}, workertest.Options{DB: pool})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -55,7 +57,12 @@ func ExampleWork() {
 	}
 	fmt.Println(res.Outcome, greeting)
 
-	res, err = workertest.Work(ctx, pool, greet, claim.NewItem{Payload: nil}, workertest.Options{})
+	// On the handler's own queue: its name, tables and retry policy.
+	q, err := claim.New(pool, claim.Options{Queue: "greetings", MaxAttempts: 3})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err = workertest.Work(ctx, q, greet, claim.NewItem{Payload: nil}, workertest.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -379,7 +379,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts i
 			return err
 		}, nil
 	}
-	w, err := worker.New(pool, h, worker.Options{Queue: "shared", Tables: tables, Concurrency: 2, Parts: parts, Poll: 20 * time.Millisecond})
+	w, err := worker.New(q, h, worker.Options{Concurrency: 2, Parts: parts, Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

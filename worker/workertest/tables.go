@@ -25,9 +25,10 @@ const tablesTimeout = 2 * time.Minute
 // returns the Tables that name it. When t ends, the schema is dropped with
 // everything in it (DROP SCHEMA ... CASCADE, at t.Cleanup).
 //
-// Give the Tables to everything the test builds — claim.Options.Tables,
-// worker.Options.Tables, session.Options.Tables, the partition and schedule
-// options, Options.Tables of Work, RequireEnqueued — and all that crdbwork
+// Give the Tables to everything the test builds — claim.Options.Tables (the
+// workers, schedule runners and Work calls built on the queue take them
+// from it), session.Options.Tables, partition.Options.Tables, Options.Tables
+// of a Work call given no queue, RequireEnqueued — and all that crdbwork
 // stores (sessions, queues, parts, items, dead items, ended ids, limits,
 // schedules) lives in the test's schema. Tests that each call Tables may
 // then run in parallel (t.Parallel) on one database, with the same queue

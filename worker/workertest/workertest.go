@@ -1,11 +1,13 @@
 // Package workertest tests a worker.Handler against a real database, one item
 // at a time, without running a Worker.
 //
-// Work enqueues one item, claims it and runs the handler exactly as a worker
-// does — through the same code — then reports whether the item was acked,
-// retried or dead-lettered, and why:
+// Work enqueues one item in a queue, claims it and runs the handler exactly
+// as a worker on that queue does — through the same code — then reports
+// whether the item was acked, retried or dead-lettered, and why. Give it
+// the handler's *claim.Queue (its name, tables and retry policy), or nil
+// for a fresh queue on Options.DB:
 //
-//	res, err := workertest.Work(ctx, pool, handle, claim.NewItem{Payload: []byte("ada")}, workertest.Options{})
+//	res, err := workertest.Work(ctx, nil, handle, claim.NewItem{Payload: []byte("ada")}, workertest.Options{DB: pool})
 //	if err != nil {
 //		t.Fatal(err)
 //	}
@@ -19,7 +21,8 @@
 //
 // Tables gives a test crdbwork tables of its own, in a schema dropped when
 // the test ends, so that tests run in parallel on one database; pass them
-// in Options.Tables and to everything else the test builds. RequireEnqueued,
+// in Options.Tables (or the claim.Options of the queue given to Work) and to
+// everything else the test builds. RequireEnqueued,
 // RequireEnqueuedN and RequireNotEnqueued check what the code under test
 // enqueued (payload, JSON payload, key, tenant, priority, count):
 //
@@ -48,25 +51,24 @@ import (
 // settleTimeout bounds the ack, nack or release, and closing the session.
 const settleTimeout = 30 * time.Second
 
-// Options configure Work. The zero value is valid.
+// Options configure Work. The zero value is valid with a queue; without one
+// (q nil), DB is required.
 type Options struct {
-	// Queue is the queue the item is enqueued in and claimed from; it should
-	// hold no other claimable item. Default: a fresh queue for each call,
-	// named "workertest-" and a random id.
-	Queue string
-	// Tables names the crdbwork tables; it overrides Claim.Tables.
+	// DB is the database of the fresh queue Work makes when it is given
+	// none (q nil): named "workertest-" and a random id, on the tables in
+	// Tables, with claim's default policy (25 attempts, backoff from 1 s).
+	// With a queue, DB and Tables must be left zero: the queue's are used.
+	DB worker.DB
+	// Tables names the crdbwork tables of the fresh queue (see DB).
 	Tables crsql.Tables
 	// ItemTimeout bounds the handler, as worker.Options.ItemTimeout does.
 	// Default worker.DefaultItemTimeout.
 	ItemTimeout time.Duration
-	// Claim configures the queue: MaxAttempts, BackoffBase and BackoffMax
-	// shape what a failure does. Its Queue and Tables are ignored.
-	Claim claim.Options
 	// Cleanup, if set, is given a function that deletes what Work left in
-	// a queue it made (Queue empty): the item (retried or dead) and the
+	// the fresh queue it made (q nil): the item (retried or dead) and the
 	// queue's rows. Pass the test's t.Cleanup, so that the rows stay for
-	// the test to inspect and are gone when it ends. A queue named in
-	// Queue is the caller's, and is left alone.
+	// the test to inspect and are gone when it ends. A queue given to Work
+	// is the caller's, and is left alone; Cleanup must then be nil.
 	Cleanup func(func())
 	// BatchRecord, if set, runs in the ack transaction as
 	// worker.Options.BatchRecord does, with the item's request (and the
@@ -129,47 +131,57 @@ type Result struct {
 	Err error
 }
 
-// Work runs h on one item exactly as a worker does, against a real database:
-// it applies the schema if it is missing, enqueues item (its Delay is
-// ignored: the item is claimable at once) in opts.Queue, starts a session,
+// Work runs h on one item of q exactly as a worker on q does, against a
+// real database: it applies the schema if it is missing, enqueues item (its
+// Delay is ignored: the item is claimable at once) in q, starts a session,
 // claims the item and runs h outside any transaction, bounded by
 // opts.ItemTimeout and with a panic recovered as an error. If h succeeds, the
 // item is acked with h's Record inside the serializable ack transaction;
 // otherwise it is nacked with the error, so it is retried or dead-lettered as
-// a worker's item would be. The session is closed before Work returns.
+// q's retry policy (claim.Options.MaxAttempts, BackoffBase, BackoffMax) says.
+// The session is closed before Work returns.
+//
+// q should hold no other claimable item. With q nil, Work makes a fresh
+// queue on opts.DB (see Options.DB), which holds none:
+//
+//	res, err := workertest.Work(ctx, nil, handle, item, workertest.Options{DB: pool})
 //
 // A failing handler is not an error of Work: it is reported in Result. Work
 // returns an error when it could not run the item as a worker would: a
-// database failure, another item claimed first from opts.Queue, or ctx
-// ending before h returned (the item is then released, as a stopping worker
-// releases it, and the error wraps h's). The handler's context carries ctx's
-// values and ends with ctx.
-func Work(ctx context.Context, db worker.DB, h worker.Handler, item claim.NewItem, opts Options) (Result, error) {
+// database failure, another item claimed first from q, or ctx ending before
+// h returned (the item is then released, as a stopping worker releases it,
+// and the error wraps h's). The handler's context carries ctx's values and
+// ends with ctx.
+func Work(ctx context.Context, q *claim.Queue, h worker.Handler, item claim.NewItem, opts Options) (Result, error) {
 	switch {
-	case db == nil || h == nil:
-		return Result{}, errors.New("workertest: nil database or handler")
+	case h == nil:
+		return Result{}, errors.New("workertest: nil handler")
+	case q == nil && opts.DB == nil:
+		return Result{}, errors.New("workertest: no queue, and no Options.DB to make one on")
+	case q != nil && (opts.DB != nil || opts.Tables != (crsql.Tables{}) || opts.Cleanup != nil):
+		return Result{}, errors.New("workertest: Options.DB, Tables and Cleanup are for the fresh queue of a nil queue; the given queue has its own")
 	case opts.ItemTimeout < 0:
 		return Result{}, fmt.Errorf("workertest: item timeout %v is negative", opts.ItemTimeout)
 	}
 	if opts.ItemTimeout == 0 {
 		opts.ItemTimeout = worker.DefaultItemTimeout
 	}
-	if opts.Queue == "" {
-		opts.Queue = "workertest-" + uuid.NewString()
+	if q == nil {
+		queue, tables := "workertest-"+uuid.NewString(), opts.Tables
+		var err error
+		if q, err = claim.New(opts.DB, claim.Options{Queue: queue, Tables: tables}); err != nil {
+			return Result{}, fmt.Errorf("workertest: %w", err)
+		}
 		if opts.Cleanup != nil {
-			queue, tables := opts.Queue, opts.Tables
+			db := opts.DB
 			opts.Cleanup(func() { dropQueue(db, tables, queue) })
 		}
 	}
-	opts.Claim.Queue, opts.Claim.Tables = opts.Queue, opts.Tables
-	if err := ensureSchema(ctx, db, opts.Tables); err != nil {
+	db, tables := q.DB(), q.Options().Tables
+	if err := ensureSchema(ctx, db, tables); err != nil {
 		return Result{}, err
 	}
-	q, err := claim.New(db, opts.Claim)
-	if err != nil {
-		return Result{}, fmt.Errorf("workertest: %w", err)
-	}
-	sess, err := session.Start(ctx, db, session.Options{Name: "workertest", Tables: opts.Tables})
+	sess, err := session.Start(ctx, db, session.Options{Name: "workertest", Tables: tables})
 	if err != nil {
 		return Result{}, fmt.Errorf("workertest: starting a session: %w", err)
 	}
@@ -192,7 +204,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	id := ids[0]
 	items, err := q.Claim(ctx, sess.ID(), 1)
 	if err == nil && (len(items) == 0 || items[0].ID != id) {
-		err = fmt.Errorf("queue %q holds other items: use an empty queue (or leave Options.Queue empty)", opts.Queue)
+		err = fmt.Errorf("queue %q holds other items: use an empty queue (or none, for a fresh one)", q.Name())
 		if len(items) == 0 {
 			err = fmt.Errorf("item %s was not claimable (claimed by another session?)", id)
 		}

@@ -54,11 +54,29 @@ func record(it claim.Item) worker.Record {
 // work runs Work and fails the test on an error of Work itself.
 func work(t *testing.T, pool *pgxpool.Pool, h worker.Handler, item claim.NewItem, opts workertest.Options) workertest.Result {
 	t.Helper()
-	res, err := workertest.Work(context.Background(), pool, h, item, opts)
+	opts.DB = pool
+	return workOn(t, nil, h, item, opts)
+}
+
+// workOn runs Work on q (nil: a fresh queue on opts.DB) and fails t on an
+// error.
+func workOn(t *testing.T, q *claim.Queue, h worker.Handler, item claim.NewItem, opts workertest.Options) workertest.Result {
+	t.Helper()
+	res, err := workertest.Work(context.Background(), q, h, item, opts)
 	if err != nil {
 		t.Fatalf("Work: %v", err)
 	}
 	return res
+}
+
+// newQueue returns a queue on pool with opts.
+func newQueue(t *testing.T, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
+	t.Helper()
+	q, err := claim.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }
 
 // assertNoSession checks that Work closed its session.
@@ -167,7 +185,8 @@ func TestLastAttemptIsDead(t *testing.T) {
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		return nil, errors.New("still failing")
 	}
-	res := work(t, pool, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{Claim: claim.Options{MaxAttempts: 1}})
+	q := newQueue(t, pool, claim.Options{Queue: "once", MaxAttempts: 1})
+	res := workOn(t, q, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})
 	if res.Outcome != workertest.Dead || res.Item.MaxAttempts != 1 {
 		t.Fatalf("outcome %v (max attempts %d); want dead after the only attempt", res.Outcome, res.Item.MaxAttempts)
 	}
@@ -255,7 +274,7 @@ func TestCancelledContextReleasesTheItem(t *testing.T) {
 		<-hctx.Done()
 		return nil, hctx.Err()
 	}
-	res, err := workertest.Work(ctx, pool, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})
+	res, err := workertest.Work(ctx, nil, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{DB: pool})
 	if err == nil || !errors.Is(err, context.Canceled) || res.Outcome != 0 {
 		t.Fatalf("Work = (%v, %v); want an error wrapping context.Canceled and no outcome", res.Outcome, err)
 	}
@@ -269,8 +288,8 @@ func TestQueueAndTables(t *testing.T) {
 	pool := setup(t)
 	tables := crsql.Tables{Schema: "jobs", Prefix: "wt_"}
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) { return record(it), nil }
-	opts := workertest.Options{Queue: "emails", Tables: tables}
-	res := work(t, pool, h, claim.NewItem{Payload: []byte("ada")}, opts)
+	q := newQueue(t, pool, claim.Options{Queue: "emails", Tables: tables})
+	res := workOn(t, q, h, claim.NewItem{Payload: []byte("ada")}, workertest.Options{})
 	if res.Outcome != workertest.Acked || res.Item.Queue != "emails" {
 		t.Fatalf("outcome %v in queue %q; want acked in emails", res.Outcome, res.Item.Queue)
 	}
@@ -283,14 +302,10 @@ func TestQueueAndTables(t *testing.T) {
 
 	// Another item waiting in the queue is claimed first: Work refuses, and
 	// leaves the queue as it was.
-	q, err := claim.New(pool, claim.Options{Queue: "emails", Tables: tables})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := q.Enqueue(context.Background(), claim.NewItem{Payload: []byte("first"), Priority: -1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := workertest.Work(context.Background(), pool, h, claim.NewItem{Payload: []byte("bob")}, opts); err == nil ||
+	if _, err := workertest.Work(context.Background(), q, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{}); err == nil ||
 		!strings.Contains(err.Error(), "holds other items") {
 		t.Fatalf("Work on a busy queue: %v, want a refusal", err)
 	}
@@ -317,7 +332,7 @@ func TestConcurrentWork(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := workertest.Work(context.Background(), pool, h, claim.NewItem{Payload: []byte(fmt.Sprint(i))}, workertest.Options{})
+			res, err := workertest.Work(context.Background(), nil, h, claim.NewItem{Payload: []byte(fmt.Sprint(i))}, workertest.Options{DB: pool})
 			if err == nil && res.Outcome != workertest.Acked {
 				err = fmt.Errorf("outcome %v: %v", res.Outcome, res.Err)
 			}
@@ -340,14 +355,22 @@ func TestBadArguments(t *testing.T) {
 	pool := setup(t)
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) { return nil, nil }
 	ctx := context.Background()
-	if _, err := workertest.Work(ctx, pool, nil, claim.NewItem{}, workertest.Options{}); err == nil {
+	if _, err := workertest.Work(ctx, nil, nil, claim.NewItem{}, workertest.Options{DB: pool}); err == nil {
 		t.Error("Work with a nil handler succeeded")
 	}
-	if _, err := workertest.Work(ctx, pool, h, claim.NewItem{}, workertest.Options{ItemTimeout: -time.Second}); err == nil {
+	if _, err := workertest.Work(ctx, nil, h, claim.NewItem{}, workertest.Options{}); err == nil {
+		t.Error("Work with neither a queue nor Options.DB succeeded")
+	}
+	q := newQueue(t, pool, claim.Options{Queue: "small", MaxPayload: 5})
+	for _, opts := range []workertest.Options{{DB: pool}, {Tables: crsql.Tables{Prefix: "x_"}}, {Cleanup: t.Cleanup}} {
+		if _, err := workertest.Work(ctx, q, h, claim.NewItem{}, opts); err == nil {
+			t.Errorf("Work with a queue and Options %+v (for a fresh queue) succeeded", opts)
+		}
+	}
+	if _, err := workertest.Work(ctx, nil, h, claim.NewItem{}, workertest.Options{DB: pool, ItemTimeout: -time.Second}); err == nil {
 		t.Error("Work with a negative timeout succeeded")
 	}
-	if _, err := workertest.Work(ctx, pool, h, claim.NewItem{Payload: make([]byte, 10)},
-		workertest.Options{Claim: claim.Options{MaxPayload: 5}}); !errors.Is(err, claim.ErrPayloadTooLarge) {
+	if _, err := workertest.Work(ctx, q, h, claim.NewItem{Payload: make([]byte, 10)}, workertest.Options{}); !errors.Is(err, claim.ErrPayloadTooLarge) {
 		t.Errorf("Work with a payload too large = %v, want ErrPayloadTooLarge", err)
 	}
 	assertNoSession(t, pool)
@@ -360,9 +383,9 @@ func TestCleanupRemovesTheQueuesRows(t *testing.T) {
 	var res workertest.Result
 	t.Run("work", func(t *testing.T) {
 		var err error
-		res, err = workertest.Work(context.Background(), pool, func(context.Context, claim.Item) (worker.Record, error) {
+		res, err = workertest.Work(context.Background(), nil, func(context.Context, claim.Item) (worker.Record, error) {
 			return nil, claim.Permanent(errors.New("gone for good"))
-		}, claim.NewItem{Payload: []byte("x")}, workertest.Options{Cleanup: t.Cleanup})
+		}, claim.NewItem{Payload: []byte("x")}, workertest.Options{DB: pool, Cleanup: t.Cleanup})
 		if err != nil || res.Outcome != workertest.Dead {
 			t.Fatalf("Work = %v, %v; want dead", res.Outcome, err)
 		}
