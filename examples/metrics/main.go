@@ -38,7 +38,17 @@ func main() {
 
 // run works queue "emails" until ctx ends, serving /metrics on l.
 func run(ctx context.Context, url string, l net.Listener) error {
-	pool, err := pgxpool.New(ctx, url)
+	opts := worker.Options{Parts: 16}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	// The server ends a transaction left idle longer than the session
+	// expiry: a frozen worker cannot keep its items locked.
+	if err := worker.ConfigurePool(cfg, opts); err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -56,8 +66,8 @@ func run(ctx context.Context, url string, l net.Listener) error {
 	if err != nil {
 		return err
 	}
-	w, err := worker.New(q, handle, worker.Options{Parts: 16,
-		Observer: m}) // handler durations and ack batch sizes
+	opts.Observer = m // handler durations and ack batch sizes
+	w, err := worker.New(q, handle, opts)
 	if err != nil {
 		return err
 	}

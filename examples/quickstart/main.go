@@ -31,7 +31,18 @@ func main() {
 }
 
 func run(ctx context.Context, url string) error {
-	pool, err := pgxpool.New(ctx, url)
+	// The worker's options come first: ConfigurePool sets up the pool from
+	// them, so that the server ends a transaction left idle longer than the
+	// session expiry (a worker frozen mid-ack would otherwise keep its locks).
+	opts := worker.Options{Concurrency: 16, Parts: 16}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	if err := worker.ConfigurePool(cfg, opts); err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -79,7 +90,7 @@ func run(ctx context.Context, url string) error {
 			_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
 			return err
 		}, nil
-	}, worker.Options{Concurrency: 16, Parts: 16})
+	}, opts)
 	if err != nil {
 		return err
 	}
