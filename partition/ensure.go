@@ -16,14 +16,13 @@ func EnsureParts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string,
 	if n < 1 || n > MaxParts {
 		return 0, fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
-	queues := t.Table("queues")
+	st := crsql.NewStatements(t)
 	var stored int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		if _, err := db.Exec(ctx, `INSERT INTO `+queues+` (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`,
-			queue, int64(n)); err != nil {
+		if _, err := db.Exec(ctx, st.InsertQueueParts, queue, int64(n)); err != nil {
 			return err
 		}
-		return db.QueryRow(ctx, `SELECT num_parts FROM `+queues+` WHERE name = $1`, queue).Scan(&stored)
+		return db.QueryRow(ctx, st.QueueParts, queue).Scan(&stored)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("partition: storing %d parts for %q: %w", n, queue, crsql.Classify(err))

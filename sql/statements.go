@@ -22,6 +22,9 @@ type Statements struct {
 	// Queues and parts.
 	QueueParts       string // $1 queue → num_parts (no row: 1 part)
 	UpsertQueueParts string // $1 queue, $2 num_parts
+	// InsertQueueParts stores a part count for a queue that has none (a
+	// stored count wins: ON CONFLICT DO NOTHING); partition.EnsureParts.
+	InsertQueueParts string // $1 queue, $2 num_parts
 	AcquirePart      string // $1 session, $2 queue, $3 part → rows affected (0: owned by another)
 	ReleasePart      string // $1 session, $2 queue, $3 part
 	OwnedParts       string // $1 session, $2 queue → part
@@ -270,7 +273,8 @@ VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`),
 FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 		LiveSessionIDs: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
 
-		QueueParts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`),
+		QueueParts:       r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`),
+		InsertQueueParts: r(`INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`),
 		UpsertQueueParts: r(`INSERT INTO crdbwork_queues AS q (name, num_parts) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`),
 		AcquirePart: r(`INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)

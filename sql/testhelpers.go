@@ -35,6 +35,11 @@ type TestStatements struct {
 	// lease_until, claim_part, tenant, expires_at, at_most_once, turn_at,
 	// claimed (true in the second branch).
 	Items string // $1 queue, $2 limit per branch → item columns, claimed
+	// DropQueue deletes every row of queue $1, in order: its items, dead
+	// items, ended ids, part owners, memberships, and its row in the queues
+	// table (workertest's cleanup of a fresh queue). Not in the EXPLAIN
+	// test: a test's cleanup may read a table whole.
+	DropQueue []string // each: $1 queue
 }
 
 // NewTestStatements renders the statements for t.
@@ -54,5 +59,9 @@ UNION ALL
 (SELECT ` + cols + `, true AS claimed FROM crdbwork_items
     WHERE queue = $1 AND claim IS NOT NULL
     ORDER BY lease_until, id LIMIT $2)`)
+	for _, table := range []string{"items", "dead_items", "ended", "session_parts", "session_queues"} {
+		st.DropQueue = append(st.DropQueue, `DELETE FROM `+t.Table(table)+` WHERE queue = $1`)
+	}
+	st.DropQueue = append(st.DropQueue, `DELETE FROM `+t.Table("queues")+` WHERE name = $1`)
 	return st
 }

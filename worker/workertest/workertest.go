@@ -262,10 +262,9 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 func dropQueue(db worker.DB, t crsql.Tables, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	for _, table := range []string{"items", "dead_items", "ended", "session_parts", "session_queues"} {
-		_, _ = db.Exec(ctx, `DELETE FROM `+t.Table(table)+` WHERE queue = $1`, queue)
+	for _, stmt := range crsql.NewTestStatements(t).DropQueue {
+		_, _ = db.Exec(ctx, stmt, queue)
 	}
-	_, _ = db.Exec(ctx, `DELETE FROM `+t.Table("queues")+` WHERE name = $1`, queue)
 }
 
 // ensureSchema applies the schema unless it is in place. Apply is idempotent
