@@ -200,7 +200,11 @@ type Session struct {
 	log    *zap.Logger
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	loops  sync.WaitGroup
+	// unregister removes the session's hold on the context given to
+	// Start (idempotent); Close calls it at once, a lost session through
+	// an AfterFunc of its own context.
+	unregister func() bool
+	loops      sync.WaitGroup
 	// connect opens the heartbeat's own connection; nil: heartbeat through db.
 	connect func(ctx context.Context) (*pgx.Conn, error)
 
@@ -253,9 +257,9 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 		}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { s.lose(fmt.Errorf("the context given to Start ended: %w", ctx.Err())) })
+	s.unregister = context.AfterFunc(ctx, func() { s.lose(fmt.Errorf("the context given to Start ended: %w", ctx.Err())) })
 	// Once the session ends, for whatever reason, ctx need not hold on to it.
-	context.AfterFunc(s.ctx, func() { stop() })
+	context.AfterFunc(s.ctx, func() { s.unregister() })
 	// The loops run on the session's own context: a lost or closed session
 	// stops heartbeating and reaping.
 	s.loops.Add(2)
@@ -416,6 +420,7 @@ func (s *Session) reapLoop(ctx context.Context) {
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.cancel(ErrClosed)
+		s.unregister() // at once: the AfterFunc above runs on a goroutine of its own
 		s.loops.Wait()
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			_, err := s.db.Exec(ctx, s.st.DeleteSession, s.id)
