@@ -153,11 +153,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	if err := pool.QueryRow(ctx, `SELECT id, death, died_at FROM crdbwork_dead_items WHERE queue = 'q' ORDER BY died_at DESC LIMIT 1 OFFSET 5000`).Scan(&deadID, &deadDeath, &diedAt); err != nil {
 		t.Fatal(err)
 	}
-	cases := []struct {
-		name string
-		stmt string
-		args []any
-	}{
+	cases := []planCase{
 		{"ClaimAny", claimAny, []any{session, "q", 64, int64(300e6), []string{}}},
 		{"ClaimAny (1000)", claimAny, []any{session, "q", 1000, int64(300e6), []string{}}},
 		{"ClaimAny (tenants skipped)", claimAny, []any{session, "q", 64, int64(300e6), []string{"tenant-3", "tenant-6"}}},
@@ -233,75 +229,34 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"InspectNextDeadQueue", inspect.NextDeadQueue, []any{"other"}},
 		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	modes := []string{"custom"}
-	if testdb.Kind(t) == "postgres" {
-		modes = append(modes, "generic")
-		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
-			t.Fatal(err)
+	skip := func(i int) bool { return inspectCounts[cases[i].name] }
+	explainEach(t, pool, "explained_", cases, skip, func(i int, mode, text string) {
+		c := cases[i]
+		// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
+		// scan" of the table's primary index.
+		byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") || c.name == "ClaimPicked" ||
+			strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
+		switch {
+		case (strings.HasPrefix(c.name, "ClaimParts") || c.name == "PickParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
+			t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
+		case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
+			t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
+		case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
+			t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
+		case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
+			t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
+		case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
+			strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
+			strings.Contains(text, "FULL SCAN") ||
+			strings.Contains(text, "full scan"):
+			t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
+		case byKey && testdb.Kind(t) == "postgres" &&
+			(!strings.Contains(text, "crdbwork_items_pkey") || strings.Contains(text, "Merge") || strings.Contains(text, "crdbwork_items_claimed")):
+			t.Errorf("%s (%s) does not find its rows by primary key:\n%s", c.name, mode, text)
+		default:
+			t.Logf("%s (%s):\n%s", c.name, mode, text)
 		}
-	}
-	for _, mode := range modes {
-		for i, c := range cases {
-			if mode == "generic" && inspectCounts[c.name] {
-				continue
-			}
-			query, args := "EXPLAIN "+c.stmt, c.args
-			if mode == "generic" {
-				// The plan a prepared statement gets once PostgreSQL
-				// stops planning it for each execution's values.
-				name := fmt.Sprint("explained_", i)
-				if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+c.stmt); err != nil {
-					t.Fatalf("%s: PREPARE: %v", c.name, err)
-				}
-				query, args = "EXPLAIN EXECUTE "+name+"("+literals(c.args)+")", nil
-			}
-			rows, err := conn.Query(ctx, query, args...)
-			if err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			var plan []string
-			for rows.Next() {
-				var line string
-				if err := rows.Scan(&line); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, line)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			text := strings.Join(plan, "\n")
-			// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
-			// scan" of the table's primary index.
-			byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") || c.name == "ClaimPicked" ||
-				strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
-			switch {
-			case (strings.HasPrefix(c.name, "ClaimParts") || c.name == "PickParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
-				t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)
-			case strings.HasPrefix(c.name, "ClaimUrgent") && !strings.Contains(text, "crdbwork_items_turn_next"):
-				t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
-			case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
-				t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
-			case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
-				t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
-			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
-				strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
-				strings.Contains(text, "FULL SCAN") ||
-				strings.Contains(text, "full scan"):
-				t.Errorf("%s (%s) scans the items table:\n%s", c.name, mode, text)
-			case byKey && testdb.Kind(t) == "postgres" &&
-				(!strings.Contains(text, "crdbwork_items_pkey") || strings.Contains(text, "Merge") || strings.Contains(text, "crdbwork_items_claimed")):
-				t.Errorf("%s (%s) does not find its rows by primary key:\n%s", c.name, mode, text)
-			default:
-				t.Logf("%s (%s):\n%s", c.name, mode, text)
-			}
-		}
-	}
+	})
 }
 
 // literals renders arguments as SQL literals for EXECUTE.
@@ -608,46 +563,20 @@ func TestInspectPlans(t *testing.T) {
 		{"NextClaimedQueue", in.NextClaimedQueue, "crdbwork_items_lease", []any{"q7"}},
 		{"NextDeadQueue", in.NextDeadQueue, "crdbwork_dead_items_by_queue", []any{"q7"}},
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	pcs := make([]planCase, len(cases))
+	for i, c := range cases {
+		pcs[i] = planCase{c.name, c.stmt, c.args}
 	}
-	defer conn.Release()
-	modes := []string{"custom"}
-	if testdb.Kind(t) == "postgres" {
-		modes = append(modes, "generic")
-		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
-			t.Fatal(err)
+	explainEach(t, pool, "inspect_", pcs, nil, func(i int, mode, text string) {
+		c := cases[i]
+		switch {
+		case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
+			strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan"):
+			t.Errorf("%s (%s) scans a table:\n%s", c.name, mode, text)
+		case testdb.Kind(t) == "postgres" && !strings.Contains(text, c.index):
+			t.Errorf("%s (%s) does not read %s:\n%s", c.name, mode, c.index, text)
+		default:
+			t.Logf("%s (%s):\n%s", c.name, mode, text)
 		}
-	}
-	for _, mode := range modes {
-		for i, c := range cases {
-			query, args := "EXPLAIN "+c.stmt, c.args
-			if mode == "generic" {
-				name := fmt.Sprint("inspect_", i)
-				if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+c.stmt); err != nil {
-					t.Fatalf("%s: PREPARE: %v", c.name, err)
-				}
-				query, args = "EXPLAIN EXECUTE "+name+"("+literals(c.args)+")", nil
-			}
-			rows, err := conn.Query(ctx, query, args...)
-			if err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			text := strings.Join(lines, "\n")
-			switch {
-			case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
-				strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan"):
-				t.Errorf("%s (%s) scans a table:\n%s", c.name, mode, text)
-			case testdb.Kind(t) == "postgres" && !strings.Contains(text, c.index):
-				t.Errorf("%s (%s) does not read %s:\n%s", c.name, mode, c.index, text)
-			default:
-				t.Logf("%s (%s):\n%s", c.name, mode, text)
-			}
-		}
-	}
+	})
 }

@@ -103,51 +103,22 @@ func TestStatementPlansMembers(t *testing.T) {
 		{"Memberships", ms.Memberships, nil, false},
 		{"AllPartOwners", ms.AllPartOwners, nil, false},
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	pcs := make([]planCase, len(cases))
+	for i, c := range cases {
+		pcs[i] = planCase{c.name, c.stmt, c.args}
 	}
-	defer conn.Release()
-	modes := []string{"custom"}
-	if testdb.Kind(t) == "postgres" {
-		modes = append(modes, "generic")
-		if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
-			t.Fatal(err)
+	explainEach(t, pool, "members_", pcs, nil, func(i int, mode, text string) {
+		c := cases[i]
+		whole := strings.Contains(text, "Seq Scan") || strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan")
+		switch {
+		case c.indexed && whole:
+			t.Errorf("%s (%s) reads a whole table:\n%s", c.name, mode, text)
+		case c.name == "QueueMembers" && testdb.Kind(t) == "postgres" &&
+			(!strings.Contains(text, "crdbwork_session_queues_pkey") || !strings.Contains(text, "crdbwork_session_parts_one_owner") ||
+				!strings.Contains(text, "crdbwork_sessions_pkey")):
+			t.Errorf("%s (%s) does not use the membership, part-owner and session keys:\n%s", c.name, mode, text)
+		default:
+			t.Logf("%s (%s):\n%s", c.name, mode, text)
 		}
-	}
-	for _, mode := range modes {
-		for i, c := range cases {
-			query, args := "EXPLAIN "+c.stmt, c.args
-			if mode == "generic" {
-				name := fmt.Sprint("members_", i)
-				if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+c.stmt); err != nil {
-					t.Fatalf("%s: PREPARE: %v", c.name, err)
-				}
-				query, args = "EXPLAIN EXECUTE "+name, nil
-				if len(c.args) > 0 {
-					query += "(" + literals(c.args) + ")"
-				}
-			}
-			rows, err := conn.Query(ctx, query, args...)
-			if err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatalf("%s: EXPLAIN: %v", c.name, err)
-			}
-			text := strings.Join(plan, "\n")
-			whole := strings.Contains(text, "Seq Scan") || strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan")
-			switch {
-			case c.indexed && whole:
-				t.Errorf("%s (%s) reads a whole table:\n%s", c.name, mode, text)
-			case c.name == "QueueMembers" && testdb.Kind(t) == "postgres" &&
-				(!strings.Contains(text, "crdbwork_session_queues_pkey") || !strings.Contains(text, "crdbwork_session_parts_one_owner") ||
-					!strings.Contains(text, "crdbwork_sessions_pkey")):
-				t.Errorf("%s (%s) does not use the membership, part-owner and session keys:\n%s", c.name, mode, text)
-			default:
-				t.Logf("%s (%s):\n%s", c.name, mode, text)
-			}
-		}
-	}
+	})
 }
