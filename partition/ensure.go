@@ -16,16 +16,18 @@ func EnsureParts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string,
 	if n < 1 || n > MaxParts {
 		return 0, fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
-	st := crsql.NewStatements(t)
-	var stored int64
+	store := crsql.NewStore(t)
+	var stored int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		if _, err := db.Exec(ctx, st.InsertQueueParts, queue, int64(n)); err != nil {
+		if _, err := store.InsertQueueParts(ctx, db, queue, n); err != nil {
 			return err
 		}
-		return db.QueryRow(ctx, st.QueueParts, queue).Scan(&stored)
+		var err error
+		stored, err = store.QueueParts(ctx, db, queue)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("partition: storing %d parts for %q: %w", n, queue, crsql.Classify(err))
 	}
-	return int(stored), nil
+	return stored, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -21,14 +22,17 @@ type DB interface {
 
 // Parts returns the number of parts of queue: 1 if it was never set.
 func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int, error) {
-	var n int64
+	store := crsql.NewStore(t)
+	var n int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return db.QueryRow(ctx, crsql.NewStatements(t).QueueParts, queue).Scan(&n)
+		var err error
+		n, err = store.QueueParts(ctx, db, queue)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("partition: reading the number of parts of %q: %w", queue, crsql.Classify(err))
 	}
-	return int(n), nil
+	return n, nil
 }
 
 // MoveBatch is the number of rows SetParts reads (and at most moves) per
@@ -62,27 +66,27 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	if n < 1 || n > MaxParts {
 		return fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
-	st := crsql.NewStatements(t)
+	store := crsql.NewStore(t)
 	// The server's default isolation: READ COMMITTED on PostgreSQL, so that
 	// the upsert waits for the enqueues holding a share lock on the row and
 	// does not fail because of them; SERIALIZABLE on CockroachDB.
 	err := retry.TxWith(ctx, db, pgx.TxOptions{}, nil, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, st.UpsertQueueParts, queue, int64(n)); err != nil {
+		if err := store.UpsertQueueParts(ctx, tx, queue, n); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, st.DropPartsAbove, queue, int64(n))
+		_, err := store.DropPartsAbove(ctx, tx, queue, n)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
 	}
-	if err := moveItems(ctx, db, t, queue, n); err != nil {
+	if err := moveItems(ctx, db, store, queue, n); err != nil {
 		return fmt.Errorf("partition: moving the items of %q to %d parts: %w", queue, n, crsql.Classify(err))
 	}
 	// A rebalancer that had not yet seen the new count may have taken a
 	// removed part again meanwhile.
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := db.Exec(ctx, st.DropPartsAbove, queue, int64(n))
+		_, err := store.DropPartsAbove(ctx, db, queue, n)
 		return err
 	})
 	if err != nil {
@@ -96,21 +100,21 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 // One walk is enough: no item enters a part >= n once the new count is
 // committed (enqueues and requeues read it), and the items enqueued before
 // that committed before it, so the walk, which starts later, sees them.
-func moveItems(ctx context.Context, db DB, t crsql.Tables, queue string, n int) error {
-	st := crsql.NewMoveStatements(t)
-	var after [16]byte // the nil UUID: before every id
+func moveItems(ctx context.Context, db DB, store *crsql.Store, queue string, n int) error {
+	var after uuid.UUID // the nil UUID: before every id
 	for {
-		var moved int64
-		var last *[16]byte
+		var page crsql.MovedPage
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
-			return db.QueryRow(ctx, st.MovePage, queue, int64(n), after, MoveBatch).Scan(&moved, &last)
+			var err error
+			page, err = store.MovePartItems(ctx, db, queue, n, after, MoveBatch)
+			return err
 		})
 		if err != nil {
 			return err
 		}
-		if last == nil {
+		if page.Done {
 			return nil
 		}
-		after = *last
+		after = page.Last
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -107,11 +106,11 @@ type Hold struct {
 // on its own goroutine. A session may run one Rebalancer per queue it
 // works.
 type Rebalancer struct {
-	db   DB
-	sess Session
-	st   *crsql.Statements
-	opts Options
-	log  *zap.Logger
+	db    DB
+	sess  Session
+	store *crsql.Store
+	opts  Options
+	log   *zap.Logger
 
 	mu    sync.Mutex
 	owned map[int]*part
@@ -153,7 +152,7 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 		return nil, fmt.Errorf("partition: %w", err)
 	}
 	return &Rebalancer{
-		db: db, sess: sess, st: crsql.NewStatements(opts.Tables), opts: opts,
+		db: db, sess: sess, store: crsql.NewStore(opts.Tables), opts: opts,
 		log:   opts.Logger.With(zap.Stringer("session", sess.ID()), zap.String("queue", opts.Queue)),
 		owned: map[int]*part{},
 	}, nil
@@ -382,18 +381,18 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		if _, taken := owners[p]; taken {
 			continue // not free yet: its owner drains it, or expires
 		}
-		var rows int64
+		var acquired bool
 		err := r.withDB(func() error {
 			return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-				tag, err := r.db.Exec(ctx, r.st.AcquirePart, me, r.opts.Queue, int64(p))
-				rows = tag.RowsAffected()
+				var err error
+				acquired, err = r.store.AcquirePart(ctx, r.db, me, r.opts.Queue, p)
 				return err
 			})
 		})
 		if err != nil {
 			return fmt.Errorf("partition: acquiring part %d of %q: %w", p, r.opts.Queue, crsql.Classify(err))
 		}
-		if rows == 1 {
+		if acquired {
 			r.mu.Lock()
 			r.owned[p] = r.newPartLocked()
 			r.mu.Unlock()
@@ -475,19 +474,10 @@ func (r *Rebalancer) withDB(fn func() error) error {
 
 // owners reads the current owner of every owned part of the queue.
 func (r *Rebalancer) owners(ctx context.Context) (map[int]uuid.UUID, error) {
-	out := map[int]uuid.UUID{}
+	var out map[int]uuid.UUID
 	err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-		clear(out)
-		rows, err := r.db.Query(ctx, r.st.PartOwners, r.opts.Queue)
-		if err != nil {
-			return err
-		}
-		var s uuid.UUID
-		var p int64
-		_, err = pgx.ForEachRow(rows, []any{&s, &p}, func() error {
-			out[int(p)] = s
-			return nil
-		})
+		var err error
+		out, err = r.store.PartOwners(ctx, r.db, r.opts.Queue)
 		return err
 	})
 	if err != nil {
@@ -513,8 +503,7 @@ func (r *Rebalancer) giveUp(ctx context.Context, p int, st *part) {
 	}
 	err := r.withDB(func() error {
 		return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-			_, err := r.db.Exec(ctx, r.st.ReleasePart, r.sess.ID(), r.opts.Queue, int64(p))
-			return err
+			return r.store.ReleasePart(ctx, r.db, r.sess.ID(), r.opts.Queue, p)
 		})
 	})
 	if err != nil {

@@ -64,7 +64,7 @@ type Fired struct {
 type Runner struct {
 	db     claim.DB
 	q      *claim.Queue
-	st     *crsql.ScheduleStatements
+	store  *crsql.Store
 	opts   Options
 	scheds []*compiled
 	log    *zap.Logger
@@ -98,7 +98,7 @@ func New(q *claim.Queue, opts Options, schedules ...Schedule) (*Runner, error) {
 	if len(schedules) == 0 {
 		return nil, errors.New("schedule: no schedules")
 	}
-	r := &Runner{db: q.DB(), q: q, opts: opts, st: crsql.NewScheduleStatements(q.Options().Tables), done: map[string]time.Time{},
+	r := &Runner{db: q.DB(), q: q, opts: opts, store: crsql.NewStore(q.Options().Tables), done: map[string]time.Time{},
 		log: opts.Logger.With(zap.String("queue", q.Name()))}
 	seen := map[string]bool{}
 	for _, s := range schedules {
@@ -222,18 +222,16 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 	err := retry.Tx(ctx, r.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		fired = nil
 		sent = time.Now()
-		if err := tx.QueryRow(ctx, r.st.Now).Scan(&dbNow); err != nil {
+		var err error
+		if dbNow, err = r.store.ScheduleNow(ctx, tx); err != nil {
 			return err
 		}
 		cur = c.latest(dbNow)
 		if cur.IsZero() {
 			return nil // a cron expression whose first activation is still to come
 		}
-		var last time.Time
-		recorded := true
-		if err := tx.QueryRow(ctx, r.st.Last, queue, c.Name).Scan(&last); errors.Is(err, pgx.ErrNoRows) {
-			recorded = false
-		} else if err != nil {
+		last, recorded, err := r.store.ScheduleLast(ctx, tx, queue, c.Name)
+		if err != nil {
 			return err
 		}
 		if recorded && !last.Before(cur) {
@@ -245,11 +243,10 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 				periods = []time.Time{prev, cur}
 			}
 		}
-		var stored time.Time
-		if err := tx.QueryRow(ctx, r.st.Advance, queue, c.Name, cur).Scan(&stored); errors.Is(err, pgx.ErrNoRows) {
-			return nil // moved past cur meanwhile (not under SERIALIZABLE with the row locked, but never go back)
-		} else if err != nil {
+		if advanced, err := r.store.AdvanceSchedule(ctx, tx, queue, c.Name, cur); err != nil {
 			return err
+		} else if !advanced {
+			return nil // moved past cur meanwhile (not under SERIALIZABLE with the row locked, but never go back)
 		}
 		items := make([]claim.NewItem, len(periods))
 		for i, p := range periods {

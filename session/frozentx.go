@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -150,8 +149,8 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	if d <= 0 {
 		return Reap(ctx, db, t)
 	}
-	st := crsql.NewStatements(t)
-	n, err := execWithin(ctx, db, d, st.ReapSessions)
+	store := crsql.NewStore(t)
+	n, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) { return store.ReapSessions(ctx, db) })
 	switch {
 	case err == nil:
 		return n, nil
@@ -159,13 +158,8 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 		return 0, fmt.Errorf("session: reaping expired sessions: %w", crsql.Classify(err))
 	}
 	// One at a time: the expired sessions whose rows are not locked go.
-	rs := crsql.NewReapStatements(t)
 	lctx, cancel := context.WithTimeout(ctx, d)
-	rows, lerr := db.Query(lctx, rs.ExpiredSessions)
-	var ids []uuid.UUID
-	if lerr == nil {
-		ids, lerr = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	}
+	ids, lerr := store.ExpiredSessionIDs(lctx, db)
 	cancel()
 	if lerr != nil {
 		return 0, reapTimeoutError(d, nil, fmt.Errorf("%w (then listing the expired sessions: %w)", err, lerr))
@@ -183,7 +177,13 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 			blocked = append(blocked, ids[i:]...)
 			break
 		}
-		k, err := execWithin(ctx, db, d, rs.ReapSession, id)
+		k, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) {
+			reaped, err := store.ReapSession(ctx, db, id)
+			if reaped {
+				return 1, err
+			}
+			return 0, err
+		})
 		if err != nil {
 			blocked, last = append(blocked, id), err
 			continue
@@ -199,14 +199,15 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	return deleted, reapTimeoutError(d, blocked, last)
 }
 
-// execWithin runs stmt, retried on transient errors, for at most d.
-func execWithin(ctx context.Context, db crsql.DB, d time.Duration, stmt string, args ...any) (int64, error) {
+// execWithin runs exec (a statement that returns how many rows it
+// deleted), retried on transient errors, for at most d.
+func execWithin(ctx context.Context, d time.Duration, exec func(ctx context.Context) (int64, error)) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	var n int64
 	err := retry.Do(rctx, nil, func(ctx context.Context) error {
-		tag, err := db.Exec(ctx, stmt, args...)
-		n = tag.RowsAffected()
+		var err error
+		n, err = exec(ctx)
 		return err
 	})
 	if err != nil && rctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {

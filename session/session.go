@@ -195,7 +195,7 @@ func (o Options) withDefaults() (Options, error) {
 type Session struct {
 	id     uuid.UUID
 	db     crsql.DB
-	st     *crsql.Statements
+	store  *crsql.Store
 	opts   Options
 	log    *zap.Logger
 	ctx    context.Context
@@ -237,19 +237,21 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := crsql.NewStatements(opts.Tables)
+	store := crsql.NewStore(opts.Tables)
 	if err := crsql.Check(ctx, db, opts.Tables); err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
 	host, _ := os.Hostname()
 	var id uuid.UUID
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
-		return db.QueryRow(ctx, st.CreateSession, opts.Expiry.Microseconds(), host, os.Getpid(), opts.Name).Scan(&id)
+		var err error
+		id, err = store.CreateSession(ctx, db, opts.Expiry, host, os.Getpid(), opts.Name)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("session: creating session row: %w", crsql.Classify(err))
 	}
-	s := &Session{id: id, db: db, st: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
+	s := &Session{id: id, db: db, store: store, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
 	if s.connect == nil {
 		if pool, ok := db.(*pgxpool.Pool); ok {
 			cfg := pool.Config().ConnConfig
@@ -335,7 +337,7 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 		// One heartbeat (with its connect) may take up to two intervals,
 		// but never past the deadline.
 		hbCtx, cancel := context.WithTimeout(ctx, max(time.Millisecond, min(2*s.opts.Heartbeat, budget-time.Since(lastSent))))
-		var rows int64
+		var alive bool
 		var err error
 		if s.connect != nil && conn == nil {
 			if conn, err = s.connect(hbCtx); err != nil {
@@ -348,14 +350,15 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			if conn != nil {
 				db = conn
 			}
-			stmt, args := s.st.Heartbeat, []any{s.id}
+			beat := func(ctx context.Context) (bool, error) { return s.store.Heartbeat(ctx, db, s.id) }
 			if s.opts.Report != nil {
 				c := s.opts.Report()
-				stmt, args = s.st.HeartbeatReport, []any{s.id, c.Claimed, c.Acked, c.Failed, c.InFlight}
+				counters := crsql.SessionCounters{Claimed: c.Claimed, Acked: c.Acked, Failed: c.Failed, InFlight: c.InFlight}
+				beat = func(ctx context.Context) (bool, error) { return s.store.HeartbeatReport(ctx, db, s.id, counters) }
 			}
 			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
-				tag, err := db.Exec(ctx, stmt, args...)
-				rows = tag.RowsAffected()
+				var err error
+				alive, err = beat(ctx)
 				return err
 			})
 			if err != nil && conn != nil {
@@ -378,7 +381,7 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 					budget, s.opts.Expiry, s.opts.ClockMargin, err))
 				return
 			}
-		case rows == 0:
+		case !alive:
 			s.lose(errors.New("the session row was deleted (expired and reaped by a peer, or removed by hand)"))
 			return
 		default:
@@ -423,8 +426,7 @@ func (s *Session) Close(ctx context.Context) error {
 		s.unregister() // at once: the AfterFunc above runs on a goroutine of its own
 		s.loops.Wait()
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
-			_, err := s.db.Exec(ctx, s.st.DeleteSession, s.id)
-			return err
+			return s.store.DeleteSession(ctx, s.db, s.id)
 		})
 		if err != nil {
 			s.closeErr = fmt.Errorf("session: deleting session %s: %w", s.id, err)
@@ -439,11 +441,11 @@ func (s *Session) Close(ctx context.Context) error {
 // by the database clock, and returns how many it deleted. Any process may
 // call it at any time; it is idempotent.
 func Reap(ctx context.Context, db crsql.DB, t crsql.Tables) (int64, error) {
-	st := crsql.NewStatements(t)
+	store := crsql.NewStore(t)
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		tag, err := db.Exec(ctx, st.ReapSessions)
-		n = tag.RowsAffected()
+		var err error
+		n, err = store.ReapSessions(ctx, db)
 		return err
 	})
 	if err != nil {
@@ -470,24 +472,17 @@ type Info struct {
 // List returns the live sessions (heartbeat within their expiry, by the
 // database clock), ordered by id.
 func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
-	st := crsql.NewStatements(t)
-	rows, err := db.Query(ctx, st.LiveSessions)
+	rows, err := crsql.NewStore(t).LiveSessions(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing sessions: %w", crsql.Classify(err))
 	}
-	defer rows.Close()
 	var out []Info
-	for rows.Next() {
-		var in Info
-		var exp, age, since int64
-		if err := rows.Scan(&in.ID, &in.Name, &in.Host, &in.PID, &in.CreatedAt, &in.HeartbeatAt, &exp, &age, &since, &in.Reported.Claimed, &in.Reported.Acked, &in.Reported.Failed, &in.Reported.InFlight); err != nil {
-			return nil, fmt.Errorf("session: reading sessions: %w", err)
-		}
-		in.Expiry, in.Age, in.SinceHeartbeat = time.Duration(exp)*time.Microsecond, time.Duration(age)*time.Microsecond, time.Duration(since)*time.Microsecond
-		out = append(out, in)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("session: reading sessions: %w", err)
+	for _, r := range rows {
+		out = append(out, Info{
+			ID: r.ID, Name: r.Name, Host: r.Host, PID: r.PID, CreatedAt: r.CreatedAt, HeartbeatAt: r.HeartbeatAt,
+			Expiry: r.Expiry, Age: r.Age, SinceHeartbeat: r.SinceHeartbeat,
+			Reported: Counters{Claimed: r.Reported.Claimed, Acked: r.Reported.Acked, Failed: r.Reported.Failed, InFlight: r.Reported.InFlight},
+		})
 	}
 	return out, nil
 }
@@ -496,14 +491,9 @@ func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
 // clock: every queue's. To divide a queue's work, use Members: the
 // sessions that work that queue.
 func LiveIDs(ctx context.Context, db crsql.DB, t crsql.Tables) ([]uuid.UUID, error) {
-	st := crsql.NewStatements(t)
-	rows, err := db.Query(ctx, st.LiveSessionIDs)
+	ids, err := crsql.NewStore(t).LiveSessionIDs(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing live sessions: %w", crsql.Classify(err))
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("session: reading live sessions: %w", err)
 	}
 	return ids, nil
 }
@@ -527,11 +517,10 @@ func (s *Session) Join(ctx context.Context, queue string) error {
 // join makes the session a member of queue and reports whether it was
 // not one before.
 func (s *Session) join(ctx context.Context, queue string) (bool, error) {
-	ms := memberStatements(s.opts.Tables)
-	var rows int64
+	var joined bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		tag, err := s.db.Exec(ctx, ms.JoinQueue, queue, s.id)
-		rows = tag.RowsAffected()
+		var err error
+		joined, err = s.store.JoinQueue(ctx, s.db, queue, s.id)
 		return err
 	})
 	var pgErr *pgconn.PgError
@@ -541,17 +530,15 @@ func (s *Session) join(ctx context.Context, queue string) (bool, error) {
 	case err != nil:
 		return false, fmt.Errorf("session: joining queue %q: %w", queue, crsql.Classify(err))
 	}
-	return rows == 1, nil
+	return joined, nil
 }
 
 // Leave ends the session's membership of queue (see Join). Parts of the
 // queue that the session still owns keep it counted until they are
 // released. Leaving a queue the session is not a member of does nothing.
 func (s *Session) Leave(ctx context.Context, queue string) error {
-	ms := memberStatements(s.opts.Tables)
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := s.db.Exec(ctx, ms.LeaveQueue, queue, s.id)
-		return err
+		return s.store.LeaveQueue(ctx, s.db, queue, s.id)
 	})
 	if err != nil {
 		return fmt.Errorf("session: leaving queue %q: %w", queue, crsql.Classify(err))
@@ -567,7 +554,7 @@ func (s *Session) Leave(ctx context.Context, queue string) error {
 // divide a queue's parts and limit shares among these sessions only, so
 // sessions of other queues in the same database never take a share.
 func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, memberStatements(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, crsql.NewStore(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
 }
 
 // JoinedMembers returns the ids of the live sessions that joined queue,
@@ -576,7 +563,7 @@ func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]
 // sessions exactly the parts they hold, since they divide parts by rules
 // of their own.
 func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, memberStatements(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, crsql.NewStore(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
 }
 
 // LimitSharers returns the ids of the live sessions among which a queue
@@ -586,18 +573,14 @@ func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue strin
 // database; counting its sessions here too keeps the sum of all shares
 // within the limit while old and new workers share a queue.
 func LimitSharers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, memberStatements(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, crsql.NewStore(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
 }
 
-// readIDs runs a statement that returns session ids.
-func readIDs(ctx context.Context, db crsql.DB, stmt, what string, args ...any) ([]uuid.UUID, error) {
-	rows, err := db.Query(ctx, stmt, args...)
+// readIDs reads session ids of queue with read (a Store method).
+func readIDs(ctx context.Context, db crsql.DB, read func(context.Context, crsql.DB, string) ([]uuid.UUID, error), what, queue string) ([]uuid.UUID, error) {
+	ids, err := read(ctx, db, queue)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing %s: %w", what, crsql.Classify(err))
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("session: reading %s: %w", what, crsql.Classify(err))
 	}
 	return ids, nil
 }
@@ -614,32 +597,13 @@ type Membership struct {
 // it), ordered by queue and session: for operators. It reads the whole
 // membership table.
 func Memberships(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Membership, error) {
-	ms := memberStatements(t)
-	rows, err := db.Query(ctx, ms.Memberships)
+	rows, err := crsql.NewStore(t).Memberships(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing queue memberships: %w", crsql.Classify(err))
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Membership, error) {
-		var m Membership
-		err := row.Scan(&m.Queue, &m.Session, &m.JoinedAt)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("session: reading queue memberships: %w", crsql.Classify(err))
+	out := make([]Membership, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, Membership{Queue: r.Queue, Session: r.Session, JoinedAt: r.JoinedAt})
 	}
 	return out, nil
-}
-
-// rendered holds the membership statements rendered for each set of table
-// names seen, so that the rebalancers' and workers' frequent reads of a
-// queue's members do not render them again each time.
-var rendered sync.Map // crsql.Tables -> *crsql.MemberStatements
-
-// memberStatements returns the membership statements for t.
-func memberStatements(t crsql.Tables) *crsql.MemberStatements {
-	if ms, ok := rendered.Load(t); ok {
-		return ms.(*crsql.MemberStatements)
-	}
-	ms, _ := rendered.LoadOrStore(t, crsql.NewMemberStatements(t))
-	return ms.(*crsql.MemberStatements)
 }

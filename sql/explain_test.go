@@ -228,6 +228,10 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"InspectNextClaimedQueue", inspect.NextClaimedQueue, []any{""}},
 		{"InspectNextDeadQueue", inspect.NextDeadQueue, []any{"other"}},
 		{"ScheduleAdvance", sched.Advance, []any{"q3", "schedule-3", time.Now().UTC().Truncate(time.Microsecond)}},
+		// internal/order's measure: TestOrderCountPlan checks it on a
+		// thousand priorities; here the positions are among the first of
+		// q's claim order (priorities 0 and 1 of five).
+		{"OrderCountsBefore", crsql.OrderCountsBeforeText(crsql.NewStore(crsql.Tables{})), []any{"q", []int64{0, 1}, []time.Time{time.Now().Add(-90 * time.Second), time.Now().Add(-99 * time.Second)}}},
 	}
 	skip := func(i int) bool { return inspectCounts[cases[i].name] }
 	explainEach(t, pool, "explained_", cases, skip, func(i int, mode, text string) {
@@ -243,7 +247,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
 		case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
 			t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
-		case c.name == "FairHead" && !strings.Contains(text, "crdbwork_items_turn_next"):
+		case (c.name == "FairHead" || c.name == "OrderCountsBefore") && !strings.Contains(text, "crdbwork_items_turn_next"):
 			t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
 		case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
 			strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
@@ -290,6 +294,12 @@ func literals(args []any) string {
 				q[j] = fmt.Sprintf("'\\x%x'::BYTEA", b)
 			}
 			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::BYTEA[]"
+		case []time.Time:
+			q := make([]string, len(v))
+			for j, t := range v {
+				q[j] = "'" + t.Format(time.RFC3339Nano) + "'"
+			}
+			out[i] = "ARRAY[" + strings.Join(q, ",") + "]::TIMESTAMPTZ[]"
 		case []*time.Time:
 			q := make([]string, len(v))
 			for j, t := range v {

@@ -37,6 +37,8 @@ type Store struct {
 	reap   *ReapStatements
 	urgent *UrgentStatements
 	test   *TestStatements
+
+	order string // OrderCountsBefore's statement (store_order.go)
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -67,6 +69,7 @@ func NewStore(t Tables) *Store {
 		reap:   NewReapStatements(t),
 		urgent: NewUrgentStatements(t),
 		test:   NewTestStatements(t),
+		order:  t.rewrite(orderCountBefore),
 	}
 	actual, _ := stores.LoadOrStore(t, s)
 	return actual.(*Store)

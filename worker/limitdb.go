@@ -18,9 +18,10 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 	var l Limits
 	var dbNow time.Time
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var maxIn, tenantMaxIn int64
-		err := w.db.QueryRow(ctx, w.limitSQL.QueueLimits, w.name).Scan(&maxIn, &l.Queue.Rate, &tenantMaxIn, &l.Tenant.Rate, &dbNow)
-		l.Queue.MaxInFlight, l.Tenant.MaxInFlight = int(maxIn), int(tenantMaxIn)
+		row, err := w.store.QueueLimits(ctx, w.db, w.name)
+		l.Queue = claim.Limit{MaxInFlight: row.MaxInFlight, Rate: row.Rate}
+		l.Tenant = claim.Limit{MaxInFlight: row.TenantMaxInFlight, Rate: row.TenantRate}
+		dbNow = row.Now
 		return crsql.Classify(err)
 	})
 	if err != nil {

@@ -195,9 +195,9 @@ type Worker struct {
 	queue   *claim.Queue
 	name    string       // the queue's
 	tables  crsql.Tables // the queue's
-	// limitSQL reads the stored limits (see storedLimits).
-	limitSQL *crsql.LimitStatements
-	log      *zap.Logger
+	// store reads the stored limits (see storedLimits).
+	store *crsql.Store
+	log   *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64
@@ -229,8 +229,8 @@ func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
 	}
 	qo := q.Options()
 	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, name: q.Name(), tables: qo.Tables,
-		limitSQL: crsql.NewLimitStatements(qo.Tables),
-		log:      opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
+		store: crsql.NewStore(qo.Tables),
+		log:   opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
 	w.limitSource = w.storedLimits
 	w.current.Store("")
 	return w, nil

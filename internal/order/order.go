@@ -18,7 +18,8 @@
 // # What the count sees
 //
 // Meter.Observe counts right after the claim, in one statement with its
-// own snapshot (the claim has committed by then). The count is exact when
+// own snapshot (sql.Store.OrderCountsBefore; the claim has committed by
+// then). The count is exact when
 // nothing else changes the queue between the claim and the count. Under
 // concurrency it errs both ways:
 //
@@ -43,31 +44,10 @@ import (
 	"math"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
-
-// countBefore (%s: the items table) counts, for each claimed item ($2
-// priorities, $3 turns, in order), the claimable items of queue $1 strictly
-// before it in the claim order. The claim's own items are claimed by now, so
-// they do not count. On PostgreSQL each count is a range scan of the
-// unclaimed-items index crdbwork_items_turn_next (queue, priority, turn_at,
-// part) WHERE claim IS NULL over the items before the claimed one: the row
-// comparison is an index condition (TestCountUsesTheClaimOrderIndex).
-// CockroachDB turns a tuple inequality against constants into index spans
-// (its optimizer's idxconstraint, makeSpansForTupleInequality); against the
-// correlated values here it plans a join, whose plan was not checked (no
-// CockroachDB binary here). The statement only measures: it is not on the
-// claim path.
-const countBefore = `SELECT c.ord, (
-    SELECT count(*) FROM %s AS o
-    WHERE o.queue = $1 AND o.claim IS NULL AND o.vesting_at <= now() AND o.attempts < o.max_attempts
-      AND (o.expires_at IS NULL OR o.expires_at > now())
-      AND (o.priority, o.turn_at) < (c.priority, c.turn_at))
-FROM unnest($2::BIGINT[], $3::TIMESTAMPTZ[]) WITH ORDINALITY AS c (priority, turn_at, ord)
-ORDER BY c.ord`
 
 // Sample is the PEI of one claimed item.
 type Sample struct {
@@ -83,7 +63,7 @@ type Sample struct {
 type Meter struct {
 	db    crsql.DB
 	queue string
-	stmt  string
+	store *crsql.Store
 
 	mu      sync.Mutex
 	samples []Sample
@@ -101,23 +81,7 @@ func NewMeter(db crsql.DB, t crsql.Tables, queue string) (*Meter, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}
-	return &Meter{db: db, queue: queue, stmt: fmt.Sprintf(countBefore, t.Table("items"))}, nil
-}
-
-// Statement returns the counting statement, with its arguments for items
-// (for EXPLAIN).
-func (m *Meter) Statement(items []claim.Item) (string, []any) {
-	prios, turns := columns(items)
-	return m.stmt, []any{m.queue, prios, turns}
-}
-
-func columns(items []claim.Item) ([]int64, []time.Time) {
-	prios := make([]int64, len(items))
-	turns := make([]time.Time, len(items))
-	for i, it := range items {
-		prios[i], turns[i] = int64(it.Priority), it.TurnAt
-	}
-	return prios, turns
+	return &Meter{db: db, queue: queue, store: crsql.NewStore(t)}, nil
 }
 
 // Observe counts the PEI of items, which one claim has just returned, in
@@ -129,35 +93,14 @@ func (m *Meter) Observe(ctx context.Context, items []claim.Item) ([]int64, error
 	if len(items) == 0 {
 		return nil, nil
 	}
-	stmt, args := m.Statement(items)
-	rows, err := m.db.Query(ctx, stmt, args...)
+	pos := make([]crsql.OrderPosition, len(items))
+	for i, it := range items {
+		pos[i] = crsql.OrderPosition{Priority: it.Priority, TurnAt: it.TurnAt}
+	}
+	peis, err := m.store.OrderCountsBefore(ctx, m.db, m.queue, pos)
 	if err != nil {
 		m.failed()
 		return nil, fmt.Errorf("order: counting the items before %d claimed items of %q: %w", len(items), m.queue, err)
-	}
-	defer rows.Close()
-	peis := make([]int64, len(items))
-	n := 0
-	for rows.Next() {
-		var ord, pei int64
-		if err := rows.Scan(&ord, &pei); err != nil {
-			m.failed()
-			return nil, fmt.Errorf("order: reading a count of %q: %w", m.queue, err)
-		}
-		if ord < 1 || ord > int64(len(items)) {
-			m.failed()
-			return nil, fmt.Errorf("order: count for item %d of %d", ord, len(items))
-		}
-		peis[ord-1] = pei
-		n++
-	}
-	if err := rows.Err(); err != nil {
-		m.failed()
-		return nil, fmt.Errorf("order: counting the items before %d claimed items of %q: %w", len(items), m.queue, err)
-	}
-	if n != len(items) {
-		m.failed()
-		return nil, fmt.Errorf("order: %d counts for %d claimed items of %q", n, len(items), m.queue)
 	}
 	m.mu.Lock()
 	for i, it := range items {

@@ -329,50 +329,36 @@ func listItems(db crsql.DB, tables crsql.Tables, queue string) ([]claim.Item, er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requireTimeout)
 	defer cancel()
-	rows, err := db.Query(ctx, crsql.NewTestStatements(tables).Items, queue, MaxListed+1)
+	rows, err := crsql.NewStore(tables).QueueItems(ctx, db, queue, MaxListed+1)
 	if err != nil {
 		return nil, fmt.Errorf("reading queue %q: %w", queue, crsql.Classify(err))
 	}
-	defer rows.Close()
 	var items []claim.Item
-	for rows.Next() {
-		var it claim.Item
-		var part, prio, attempts, maxAttempts int64
-		var key, lastErr, tenant *string
-		var session *uuid.UUID
-		var claimPart *int64
-		var lease, expires *time.Time
-		var claimed bool
-		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
-			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &session, &it.Token, &lease,
-			&claimPart, &tenant, &expires, &it.AtMostOnce, &it.TurnAt, &claimed); err != nil {
-			return nil, fmt.Errorf("reading queue %q: %w", queue, err)
+	for _, r := range rows {
+		it := claim.Item{
+			ID: r.ID, Queue: r.Queue, Part: r.Part, Priority: r.Priority, Attempt: r.Attempts, MaxAttempts: r.MaxAttempts,
+			Payload: r.Payload, Metadata: r.Metadata, EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt,
+			AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
 		}
-		it.Part, it.Priority, it.Attempt, it.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
-		if key != nil {
-			it.Key = *key
+		if r.Key != nil {
+			it.Key = *r.Key
 		}
-		if lastErr != nil {
-			it.LastError = *lastErr
+		if r.LastError != nil {
+			it.LastError = *r.LastError
 		}
-		if tenant != nil {
-			it.Tenant = *tenant
+		if r.Tenant != nil {
+			it.Tenant = *r.Tenant
 		}
-		if expires != nil {
-			it.ExpiresAt = *expires
+		if r.ExpiresAt != nil {
+			it.ExpiresAt = *r.ExpiresAt
 		}
-		if claimed && session != nil {
-			it.Session, it.InPart = *session, claimPart != nil
-			if lease != nil {
-				it.LeaseUntil = *lease
+		if r.Claimed && r.Claim != nil {
+			it.Session, it.Token, it.InPart = *r.Claim, r.Token, r.ClaimPart != nil
+			if r.LeaseUntil != nil {
+				it.LeaseUntil = *r.LeaseUntil
 			}
-		} else {
-			it.Token = 0
 		}
 		items = append(items, it)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading queue %q: %w", queue, crsql.Classify(err))
 	}
 	if len(items) > MaxListed {
 		return nil, fmt.Errorf("queue %q holds more than %d items: RequireEnqueued is for the queues of tests", queue, MaxListed)

@@ -46,7 +46,7 @@ const tablesTimeout = 2 * time.Minute
 // is reported with t.Errorf, with the statement to run by hand.
 //
 // It works on PostgreSQL and CockroachDB (v20.2 and later have user-defined
-// schemas and DROP SCHEMA ... CASCADE; see sql.TestStatements). On
+// schemas and DROP SCHEMA ... CASCADE; see sql.Store.DropTestSchema). On
 // CockroachDB every statement of the schema is an online schema change, so
 // making a test's tables takes noticeably longer than on PostgreSQL.
 //
@@ -59,15 +59,15 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 		t.Fatalf("workertest.Tables: nil pool")
 	}
 	tables := crsql.Tables{Schema: schemaName(t.Name())}
-	st := crsql.NewTestStatements(tables)
+	store := crsql.NewStore(tables)
 	ctx, cancel := context.WithTimeout(context.Background(), tablesTimeout)
 	defer cancel()
 	// CREATE SCHEMA without IF NOT EXISTS: the schema the cleanup drops is
 	// surely this test's.
-	if _, err := pool.Exec(ctx, st.CreateSchema); err != nil {
+	if err := store.CreateTestSchema(ctx, pool); err != nil {
 		t.Fatalf("workertest.Tables: creating schema %s: %v", tables.Schema, err)
 	}
-	t.Cleanup(func() { dropSchema(t, pool, tables.Schema, st.DropSchema) })
+	t.Cleanup(func() { dropSchema(t, pool, store) })
 	warn := func(msg string) { t.Logf("workertest.Tables: %s", msg) }
 	if err := crsql.ApplyWith(ctx, pool, tables, crsql.ApplyOptions{Warn: warn}); err != nil {
 		t.Fatalf("workertest.Tables: applying the crdbwork schema in %s: %v", tables.Schema, err)
@@ -77,22 +77,23 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 
 // dropSchema drops the test's schema, on the pool or, if that fails (the
 // pool is closed), on a connection of its own.
-func dropSchema(t testing.TB, pool *pgxpool.Pool, schema, stmt string) {
+func dropSchema(t testing.TB, pool *pgxpool.Pool, store *crsql.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), tablesTimeout)
 	defer cancel()
-	_, err := pool.Exec(ctx, stmt)
+	err := store.DropTestSchema(ctx, pool)
 	if err == nil || databaseGone(err) {
 		return
 	}
 	conn, connErr := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if connErr == nil {
-		_, connErr = conn.Exec(ctx, stmt)
+		connErr = store.DropTestSchema(ctx, conn)
 		_ = conn.Close(ctx)
 		if connErr == nil || databaseGone(connErr) {
 			return
 		}
 	}
-	t.Errorf("workertest.Tables: dropping schema %s: %v (on a connection of its own: %v); drop it by hand: %s", schema, err, connErr, stmt)
+	// err says what to run by hand.
+	t.Errorf("workertest.Tables: %v (on a connection of its own: %v)", err, connErr)
 }
 
 // databaseGone reports the error of a database that no longer exists: the

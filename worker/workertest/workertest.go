@@ -262,9 +262,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 func dropQueue(db worker.DB, t crsql.Tables, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	for _, stmt := range crsql.NewTestStatements(t).DropQueue {
-		_, _ = db.Exec(ctx, stmt, queue)
-	}
+	_ = crsql.NewStore(t).DropQueueRows(ctx, db, queue)
 }
 
 // ensureSchema applies the schema unless it is in place. Apply is idempotent
