@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -17,6 +18,10 @@ var operatorCommands = map[string]bool{
 	"migrate": true, "status": true, "dead": true, "requeue": true, "cancel": true,
 	"pause": true, "resume": true, "fair": true, "parts": true, "limit": true,
 }
+
+// demoLine finds a demo command line: `go run ./cmd/demo` and its arguments
+// (`go test ./cmd/demo/` and the like are not demo command lines).
+var demoLine = regexp.MustCompile(`go run \./cmd/demo(\s|$)`)
 
 // TestREADMECommands runs every demo command line of the shell blocks of
 // README.md and docs/*.md with -h appended: each command and flag must exist
@@ -66,10 +71,11 @@ func checkDemoLines(t *testing.T, doc string) int {
 			inSh = false
 			continue
 		}
-		_, rest, ok := strings.Cut(line, "./cmd/demo")
-		if !inSh || !ok {
+		m := demoLine.FindStringSubmatchIndex(line)
+		if !inSh || m == nil {
 			continue
 		}
+		rest := line[m[1]:]
 		rest, _, _ = strings.Cut(rest, " #")
 		var args []string
 		for _, a := range strings.Fields(rest) {
