@@ -1,6 +1,7 @@
-// Command quickstart is the README's library quick start: it applies the
-// schema, enqueues three e-mails in a transaction of its own, and works them
-// off with a worker that records each receipt inside the ack transaction.
+// Command quickstart is the library quick start of the README and of
+// docs/getting-started.md: it applies the schema, enqueues three e-mails in a
+// transaction of its own, and works them off with a worker that records each
+// receipt inside the ack transaction.
 //
 //	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/quickstart
 package main
