@@ -167,7 +167,7 @@ func TestForeignKeysReleaseClaims(t *testing.T) {
 }
 
 // TestSchemaFileWithClient applies sql/schema.sql twice with the engine's own
-// command-line client, exactly as the README tells operators to.
+// command-line client, exactly as the README and docs/schema.md tell operators to.
 func TestSchemaFileWithClient(t *testing.T) {
 	url := testdb.NewURL(t)
 	var name string
