@@ -8,8 +8,8 @@
 // or schema (always quoted): the schema file for a fresh install, the
 // migrations above the installed version otherwise. The few CockroachDB-only
 // statements live beside it in cockroach.sql and are applied, best-effort,
-// only when the server is CockroachDB. README.md says what running workers
-// see during an upgrade.
+// only when the server is CockroachDB. docs/schema.md says what running
+// workers see during an upgrade.
 //
 // Statements renders the queries of packages session, partition and claim for
 // one set of table names. Keeping the text here is the driver boundary: the

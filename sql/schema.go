@@ -88,7 +88,7 @@ var (
 	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
 	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or the file sql/schema.sql)")
 	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: apply the current schema (sql.Apply, or the file sql/schema.sql)")
+	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: upgrade it in place (sql.Apply, or the files in sql/migrations/ above its version)")
 	// ErrSchemaNewer means the tables were created by a newer crdbwork that
 	// no longer serves this code.
 	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")

@@ -3,13 +3,38 @@
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
 --   cockroach sql --url "$DATABASE_URL" --file sql/schema.sql
--- Every statement is idempotent, so the file may be applied again, and it
--- also upgrades a database created by an older version of it (its last
--- section). CockroachDB-only settings live beside it in sql/cockroach.sql;
--- numbered migrations in sql/migrations/ upgrade a database step by step.
+-- It creates the schema on a database that has none, and may be applied
+-- again to a database at this version (every statement is idempotent). It
+-- creates each table complete, so a fresh install prints no "already exists"
+-- notices. A database created by an older version is upgraded by the
+-- numbered migrations in sql/migrations/ instead (or by package sql's Apply,
+-- which runs them); this file refuses it before changing anything (the check
+-- after the version table below). CockroachDB-only settings live beside it in
+-- sql/cockroach.sql.
 --
 -- The Go API (package sql, Apply) applies this same file with the names
 -- rewritten for a configured prefix or schema.
+
+-- The schema version. `installed` is the schema's version; `version` is the
+-- oldest code version the schema still serves (code of versions 1 to 3
+-- checks that it equals their own, so an upgrade that keeps serving them
+-- leaves it at 3). The table comes first so that the check below can read
+-- it; its row is written last, so that the row's presence means the schema
+-- is complete. Applying an older file never lowers it.
+CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
+    singleton  BOOL        NOT NULL DEFAULT true PRIMARY KEY,
+    version    BIGINT      NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    installed  BIGINT      NOT NULL DEFAULT 0,
+    CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
+);
+
+-- A database with an older crdbwork schema (versions 1 to 3, whose version
+-- table has no column `installed`) STOPS HERE, with an error that the column
+-- "installed" does not exist, before anything was changed: upgrade it with
+-- the files in sql/migrations/ (those above its version, in order) or with
+-- package sql's Apply. On a fresh or current database this changes nothing.
+UPDATE crdbwork_schema_version SET installed = installed WHERE false;
 
 -- One row per live worker process. A session proves it is alive by moving
 -- heartbeat_at forward (with the database clock); any peer deletes the rows
@@ -31,7 +56,7 @@ CREATE TABLE IF NOT EXISTS crdbwork_sessions (
 
 -- Queues that are divided into parts. A queue without a row has one part.
 -- num_parts is fixed per queue; changing it is an explicit operation
--- (claim.SetParts) because it moves keys between parts.
+-- (partition.SetParts) because it moves keys between parts.
 CREATE TABLE IF NOT EXISTS crdbwork_queues (
     name       TEXT        NOT NULL PRIMARY KEY,
     num_parts  BIGINT      NOT NULL DEFAULT 1,
@@ -199,41 +224,6 @@ CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_by_queue
     ON crdbwork_dead_items (queue, died_at);
 
--- Databases created by an older version of this file: the same changes as
--- the migrations in sql/migrations/ (no-ops on a fresh install).
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS claim_token BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS lease_until TIMESTAMPTZ;
-ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS claim_token BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS paused BOOL NOT NULL DEFAULT false;
-ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS claimed BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS acked BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS failed BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_sessions ADD COLUMN IF NOT EXISTS in_flight BIGINT NOT NULL DEFAULT 0;
--- (Superseded by crdbwork_items_turn_next and crdbwork_items_part_turn.)
-DROP INDEX IF EXISTS crdbwork_items_claim_order;
-DROP INDEX IF EXISTS crdbwork_items_claim_next;
-DROP INDEX IF EXISTS crdbwork_items_unclaimed;
--- Version 3 (sql/migrations/0003): see there.
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS tenant TEXT;
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS turn_at TIMESTAMPTZ NOT NULL DEFAULT now();
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS expires_at TIMESTAMPTZ;
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS at_most_once BOOL NOT NULL DEFAULT false;
-ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS tenant TEXT;
-ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS reason TEXT NOT NULL DEFAULT '';
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS fair BOOL NOT NULL DEFAULT false;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS at_most_once BOOL NOT NULL DEFAULT false;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS max_in_flight BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS rate_limit FLOAT8 NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_max_in_flight BIGINT NOT NULL DEFAULT 0;
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS tenant_rate_limit FLOAT8 NOT NULL DEFAULT 0;
-UPDATE crdbwork_items SET turn_at = vesting_at WHERE turn_at <> vesting_at AND tenant IS NULL;
--- Version 4 (sql/migrations/0004): see there. The primary key swap runs on
--- every application of this file (it changes nothing the second time).
-ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS dedup_window INTERVAL NOT NULL DEFAULT INTERVAL '24 hours';
-ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS death UUID NOT NULL DEFAULT gen_random_uuid();
-ALTER TABLE crdbwork_dead_items DROP CONSTRAINT crdbwork_dead_items_pkey,
-    ADD CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death);
-
 -- Unclaimed items in claim order (priority, turn), two ways. By queue (the
 -- part last): the any-part claim reads (and locks) through it, in order,
 -- stopping at its limit however long the backlog. By part: the per-part
@@ -261,20 +251,6 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_lease
 -- them and the reaper moves them to the dead items. Normally empty.
 CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
     ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
-
--- The schema version, written last so that its presence means the schema is
--- complete. Applying an older file never lowers it. `installed` is the
--- schema's version; `version` is the oldest code version the schema still
--- serves (code of versions 1 to 3 checks that it equals their own, so an
--- upgrade that keeps serving them leaves it at 3).
-CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
-    singleton  BOOL        NOT NULL DEFAULT true PRIMARY KEY,
-    version    BIGINT      NOT NULL,
-    applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    installed  BIGINT      NOT NULL DEFAULT 0,
-    CONSTRAINT crdbwork_schema_version_one_row CHECK (singleton)
-);
-ALTER TABLE crdbwork_schema_version ADD COLUMN IF NOT EXISTS installed BIGINT NOT NULL DEFAULT 0;
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 4)
     ON CONFLICT (singleton) DO UPDATE

@@ -167,7 +167,7 @@ func TestForeignKeysReleaseClaims(t *testing.T) {
 }
 
 // TestSchemaFileWithClient applies sql/schema.sql twice with the engine's own
-// command-line client, exactly as the README tells operators to.
+// command-line client, exactly as the README and docs/schema.md tell operators to.
 func TestSchemaFileWithClient(t *testing.T) {
 	url := testdb.NewURL(t)
 	var name string
@@ -190,6 +190,11 @@ func TestSchemaFileWithClient(t *testing.T) {
 		out, err := exec.Command(name, args...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("applying schema.sql with %s (run %d): %v\n%s", name, i+1, err, out)
+		}
+		// A fresh install creates each thing once: no "already exists"
+		// or "does not exist, skipping" notices (there were 26).
+		if i == 0 && strings.Contains(strings.ToUpper(string(out)), "NOTICE") {
+			t.Errorf("schema.sql on a fresh database printed notices:\n%s", out)
 		}
 	}
 	pool, err := pgxpool.New(context.Background(), url)
@@ -417,6 +422,45 @@ func TestMigrationFilesWithClient(t *testing.T) {
 	}
 	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); err != nil {
 		t.Fatalf("migration 1 applied again lowered the version: %v", err)
+	}
+}
+
+// TestSchemaFileRefusesAnOlderSchema applies sql/schema.sql with psql to a
+// version-3 database (built by migrations 1 to 3): the file must stop at its
+// check, before changing anything, since an older database is upgraded by
+// the migrations.
+func TestSchemaFileRefusesAnOlderSchema(t *testing.T) {
+	url := testdb.NewURL(t)
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("psql only")
+	}
+	if _, err := exec.LookPath("psql"); err != nil {
+		t.Skipf("psql not found: %v", err)
+	}
+	for _, m := range crsql.Migrations()[:3] {
+		out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+m.Name, url).CombinedOutput()
+		if err != nil {
+			t.Fatalf("applying %s with psql: %v\n%s", m.Name, err, out)
+		}
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	before := catalog(t, pool, "public")
+	out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "schema.sql", url).CombinedOutput()
+	if err == nil {
+		t.Fatalf("schema.sql applied to a version-3 database succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), `column "installed" does not exist`) {
+		t.Errorf("schema.sql on a version-3 database failed, but not at its check:\n%s", out)
+	}
+	if d := diff(before, catalog(t, pool, "public")); d != "" {
+		t.Errorf("schema.sql changed a version-3 database it refused:\n%s", d)
+	}
+	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaOutdated) {
+		t.Errorf("Check after the refusal = %v, want ErrSchemaOutdated", err)
 	}
 }
 

@@ -9,8 +9,8 @@ import (
 // table names: the any-part claim restricted to items with priority at most
 // a threshold, which any live session may run in parts mode, whoever owns
 // the item's part. It bounds how far out of order urgent items are claimed
-// (their popped element index; see internal/order and the README's "How
-// relaxed is the order").
+// (their popped element index; see internal/order and docs/parts-and-order.md,
+// "How relaxed the order is").
 type UrgentStatements struct {
 	// ClaimUrgent claims for session $1 up to $3 vested, unexpired,
 	// unclaimed items of queue $2 with priority <= $6, leaving out the

@@ -226,7 +226,7 @@ func TestRateLimitHoldsUnderChurn(t *testing.T) {
 // TestLimitFigures measures how close the fleet gets to its limits with 1,
 // 2 and 4 workers and with a worker joining or leaving every second, with
 // and without parts, and checks the limits hold throughout. The figures
-// are in the README ("Fleet-wide limits"); run with -v to see them.
+// are in docs/limits.md ("Measured"); run with -v to see them.
 func TestLimitFigures(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement")
@@ -312,8 +312,8 @@ func measureLimit(t *testing.T, parts, workers int, lims worker.Limits, n int, d
 // leaving every second, a session whose share shrank still runs the items
 // it claimed under its old share while the session whose share grew uses
 // it. The most items at once exceed the limit by at most the shares that
-// moved while those items ran; it logs the figure (README, "Fleet-wide
-// limits") and checks that it stays under three times the limit (several
+// moved while those items ran; it logs the figure (docs/limits.md,
+// "Measured") and checks that it stays under three times the limit (several
 // moves may add up while one item runs).
 func TestLimitHandOverFigures(t *testing.T) {
 	if testing.Short() {

@@ -128,8 +128,8 @@ type Options struct {
 	// UrgentPriority (claim.Queue.ClaimUrgent), then fills its free slots
 	// from the session's own parts. An urgent item then waits for the first
 	// session with a free slot, not for its part's owner, which bounds how
-	// far out of order urgent items run (see the README's "How relaxed is
-	// the order"). Lane claims name no part: giving up a part does not
+	// far out of order urgent items run (see docs/parts-and-order.md,
+	// "How relaxed the order is"). Lane claims name no part: giving up a part does not
 	// release them; a lane item of a part the session owns delays the
 	// part's hand-over like the part's own items. The lane stays within
 	// tenant limits: it takes items of limited tenants only from the

@@ -44,7 +44,7 @@
 // the limit. A share that shrinks applies at once; one that grows waits
 // LimitOptions.Grace. The limit can be exceeded only by items that were
 // claimed under a share that has since moved and that still run Grace
-// later; see limits.go and the README for the exact bound. Limits that
+// later; see limits.go and docs/limits.md for the exact bound. Limits that
 // cannot be re-read are enforced with their last values for at most
 // LimitOptions.StaleAfter; then the worker claims nothing they govern until
 // a read succeeds.

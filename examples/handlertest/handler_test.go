@@ -1,5 +1,5 @@
-// Package handlertest is the README's example of testing a handler with
-// worker/workertest against a real database.
+// Package handlertest is the example of testing a handler with
+// worker/workertest against a real database (docs/getting-started.md).
 package handlertest
 
 import (

@@ -1,5 +1,6 @@
-// Command metrics is the README's metrics example: a worker whose counters,
-// histograms and database gauges are served to Prometheus at /metrics.
+// Command metrics is the metrics example of docs/operations.md: a worker
+// whose counters, histograms and database gauges are served to Prometheus at
+// /metrics.
 //
 //	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/metrics
 package main

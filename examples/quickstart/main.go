@@ -1,6 +1,7 @@
-// Command quickstart is the README's library quick start: it applies the
-// schema, enqueues three e-mails in a transaction of its own, and works them
-// off with a worker that records each receipt inside the ack transaction.
+// Command quickstart is the library quick start of the README and of
+// docs/getting-started.md: it applies the schema, enqueues three e-mails in a
+// transaction of its own, and works them off with a worker that records each
+// receipt inside the ack transaction.
 //
 //	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/quickstart
 package main
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -30,77 +32,31 @@ func main() {
 	}
 }
 
+// workerOptions are the worker's options. ConfigurePool sets up the pool
+// from them, so that the server ends a transaction left idle longer than the
+// session expiry (a worker frozen mid-ack would otherwise keep its locks).
+var workerOptions = worker.Options{Concurrency: 16, Parts: 16}
+
 func run(ctx context.Context, url string) error {
-	// The worker's options come first: ConfigurePool sets up the pool from
-	// them, so that the server ends a transaction left idle longer than the
-	// session expiry (a worker frozen mid-ack would otherwise keep its locks).
-	opts := worker.Options{Concurrency: 16, Parts: 16}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return err
-	}
-	if err := worker.ConfigurePool(cfg, opts); err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := connect(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	// The crdbwork tables (or apply sql/schema.sql yourself), and the
-	// handler's results table.
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		return err
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS sent (
-		item_id UUID PRIMARY KEY, receipt TEXT NOT NULL)`); err != nil {
-		return err
-	}
-
-	// Produce: inside your own transaction, so the items exist only if it
-	// commits.
 	q, err := claim.New(pool, claim.Options{Queue: "emails"})
 	if err != nil {
 		return err
 	}
-	tx, err := pool.Begin(ctx)
+	ids, err := produce(ctx, pool, q)
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(ctx) // a no-op once committed
-	// ... your own writes in tx ...
-	ids, err := q.EnqueueTx(ctx, tx,
-		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
-		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
-		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-
-	// Consume: slow work outside any transaction, the result inside the ack.
-	w, err := worker.New(q, func(ctx context.Context, it claim.Item) (worker.Record, error) {
-		receipt, err := send(ctx, it.Payload, it.ID.String()) // the item id as idempotency key
-		if err != nil {
-			return nil, err // nack: retried with backoff, dead-lettered after MaxAttempts
-		}
-		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
-			return err
-		}, nil
-	}, opts)
-	if err != nil {
-		return err
-	}
+	// A service would run the worker until it is told to stop; this program
+	// stops it once its three e-mails are sent.
 	wctx, stopWorker := context.WithCancel(ctx)
 	defer stopWorker()
 	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }() // until wctx ends; then a graceful stop
-
-	// A service would run the worker until it is told to stop; this program
-	// stops once its three e-mails are sent.
+	go func() { done <- work(wctx, q) }()
 	if err := waitSent(ctx, pool, ids, done); err != nil {
 		return err
 	}
@@ -111,6 +67,81 @@ func run(ctx context.Context, url string) error {
 	fmt.Printf("sent %d e-mails\n", len(ids))
 	return nil
 }
+
+// connect opens the pool, configured for the worker, and applies the
+// crdbwork schema (or apply sql/schema.sql yourself) and the handler's
+// results table.
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if err := worker.ConfigurePool(cfg, workerOptions); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS sent (
+		item_id UUID PRIMARY KEY, receipt TEXT NOT NULL)`); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// README:begin
+// produce enqueues three e-mails inside a transaction of its own: they exist
+// only if it commits. The queue gets its parts first: an item's part is fixed
+// when it is enqueued, and a queue without a stored count has one part.
+func produce(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue) ([]uuid.UUID, error) {
+	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, q.Name(), workerOptions.Parts); err != nil {
+		return nil, err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx) // a no-op once committed
+	// ... your own writes in tx ...
+	ids, err := q.EnqueueTx(ctx, tx,
+		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
+		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
+		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
+	if err != nil {
+		return nil, err
+	}
+	return ids, tx.Commit(ctx)
+}
+
+// work runs a worker on q until ctx ends, then stops gracefully.
+func work(ctx context.Context, q *claim.Queue) error {
+	w, err := worker.New(q, sendEmail, workerOptions)
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+// sendEmail is the handler: the slow work outside any transaction, its
+// result written inside the ack transaction.
+func sendEmail(ctx context.Context, it claim.Item) (worker.Record, error) {
+	receipt, err := send(ctx, it.Payload, it.ID.String()) // the item id as idempotency key
+	if err != nil {
+		return nil, err // nack: retried with backoff, dead-lettered after MaxAttempts
+	}
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
+		return err
+	}, nil
+}
+
+// README:end
 
 // send stands in for a mail provider's API.
 func send(ctx context.Context, body []byte, idempotencyKey string) (receipt string, err error) {

@@ -16,7 +16,7 @@ import (
 //
 //	go test -run '^$' -bench PEI -benchtime 1000x ./internal/order/
 //
-// Each row also logs itself as a line of the README's table.
+// Each row also logs itself as a line of the table in docs/parts-and-order.md.
 func BenchmarkPEI(b *testing.B) {
 	ctx := context.Background()
 	pool := setup(b)
