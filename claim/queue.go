@@ -53,11 +53,10 @@ var (
 	ErrOutcomeUnknown = retry.ErrOutcomeUnknown
 )
 
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database claim works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Options configure a Queue. The zero value is valid.
 type Options struct {

@@ -13,11 +13,10 @@ import (
 // MaxParts is the largest number of parts a queue may have.
 const MaxParts = 4096
 
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database partition works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Parts returns the number of parts of queue: 1 if it was never set.
 func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int, error) {

@@ -84,7 +84,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -143,11 +142,10 @@ var outcomeNames = map[attempt.Outcome]string{
 	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled, attempt.Dropped: OutcomeDropped,
 }
 
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database worker works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Stats counts what a Worker did.
 type Stats struct {
