@@ -16,19 +16,6 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Outcome says what Nack did with an item.
-type Outcome int
-
-// Outcomes of Nack.
-const (
-	// Retried: the item was released and will vest again after a backoff.
-	Retried Outcome = iota
-	// Dead: the item was moved to the dead-items table (or, if Nack's error
-	// wraps ErrDeadLetterFailed, it is held out of claims for the reaper to
-	// move).
-	Dead
-)
-
 // Nack reports that handling it failed with cause. The item is released with
 // its attempt counted and becomes claimable again after an exponential
 // backoff with jitter (or the delay of a RetryAfter error); when it has used

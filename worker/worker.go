@@ -109,37 +109,12 @@ type Observer interface {
 	// HandlerDone reports one handler run on queue: how long the handler
 	// took (not counting the ack, nack or release after it; for an
 	// abandoned handler, until it was abandoned), and how the attempt
-	// ended: OutcomeAcked, OutcomeRetried, OutcomeDead, OutcomeReleased or
-	// OutcomeUnsettled.
-	HandlerDone(queue string, d time.Duration, outcome string)
+	// ended: claim.Acked, Retried, Dead, Released, Unsettled or Dropped
+	// (outcome.String() names it).
+	HandlerDone(queue string, d time.Duration, outcome claim.Outcome)
 	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
 	// one per acked item, n = 1).
 	AckBatch(queue string, n int)
-}
-
-// Outcomes of a handler run, as Observer.HandlerDone reports them.
-const (
-	// OutcomeAcked: the ack, with the handler's record, committed.
-	OutcomeAcked = "acked"
-	// OutcomeRetried: the item was nacked and runs again after a backoff.
-	OutcomeRetried = "retried"
-	// OutcomeDead: the item was nacked into the dead-items table.
-	OutcomeDead = "dead"
-	// OutcomeReleased: the item was given back without counting the attempt.
-	OutcomeReleased = "released"
-	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
-	// the session ended while it was retried, or an ack whose outcome stayed
-	// unknown).
-	OutcomeUnsettled = "unsettled"
-	// OutcomeDropped: an at-most-once item whose handler failed or whose
-	// record could not be written; it is gone (claim.Item.AtMostOnce).
-	OutcomeDropped = "dropped"
-)
-
-// outcomeNames names attempt's outcomes for Observer.
-var outcomeNames = map[attempt.Outcome]string{
-	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
-	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled, attempt.Dropped: OutcomeDropped,
 }
 
 // DB is the database worker works on: a *pgxpool.Pool (or a *pgx.Conn)
