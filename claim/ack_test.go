@@ -41,7 +41,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(n)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), n)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: n})
 	if err != nil || len(got) != n {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -56,7 +56,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 			return err
 		}}
 	}
-	errs := q.AckEach(ctx, reqs)
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{})
 	for i, err := range errs {
 		switch {
 		case i == bad && err == nil:
@@ -86,7 +86,7 @@ func TestAckEachWithBatchRecord(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(6)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 6)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 6})
 	if err != nil || len(got) != 6 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -115,7 +115,7 @@ func TestAckEachWithBatchRecord(t *testing.T) {
 			return nil
 		}}
 	}
-	errs := q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch})
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{Batch: batch})
 	for i, err := range errs {
 		if (i == 2) != errors.Is(err, claim.ErrClaimLost) || i != 2 && err != nil {
 			t.Fatalf("item %d: %v", i, err)
@@ -140,7 +140,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(8)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 8)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 8})
 	if err != nil || len(got) != 8 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -169,7 +169,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 		}
 		return nil
 	}
-	errs := q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch})
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{Batch: batch})
 	for i, err := range errs {
 		switch i {
 		case 2, 5:
@@ -201,7 +201,7 @@ func TestNackStoresAnyErrorText(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 2)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(got) != 2 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}

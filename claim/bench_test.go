@@ -48,7 +48,7 @@ func BenchmarkClaimAck(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					for {
-						got, err := q.Claim(ctx, s.ID(), bc.batch)
+						got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: bc.batch})
 						if err != nil {
 							b.Error(err)
 							return
@@ -71,7 +71,7 @@ func BenchmarkClaimAck(b *testing.B) {
 							for i, it := range got {
 								reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
 							}
-							err = errors.Join(q.AckEach(ctx, reqs)...)
+							err = errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{})...)
 						default:
 							for _, it := range got {
 								if err = q.Ack(ctx, it, record(it)); err != nil {
@@ -107,7 +107,7 @@ func claimAll(b *testing.B, ctx context.Context, q *claim.Queue, s *session.Sess
 	b.Helper()
 	var all []claim.Item
 	for {
-		got, err := q.Claim(ctx, s.ID(), batch)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func BenchmarkClaim(b *testing.B) {
 			start := time.Now()
 			claimed, claims := 0, 0
 			for claimed < b.N {
-				got, err := q.Claim(ctx, s.ID(), batch)
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -233,7 +233,7 @@ func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Ite
 		for i, it := range group {
 			reqs[i] = claim.AckRequest{Item: it}
 		}
-		return errors.Join(q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		return errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{Batch: func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
 			items := make([]claim.Item, len(acked))
 			for i, r := range acked {
 				items[i] = r.Item
@@ -251,7 +251,7 @@ func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Ite
 		for i, it := range group {
 			reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
 		}
-		return errors.Join(q.AckEach(ctx, reqs)...)
+		return errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{})...)
 	default:
 		for _, it := range group {
 			if err := q.Ack(ctx, it, record(it)); err != nil {

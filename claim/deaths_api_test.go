@@ -131,7 +131,7 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 		t.Fatalf("Nack whose move is refused = %v, want ErrDeadLetterFailed", err)
 	}
 	// Two hung items; the database refuses to release the first one's claim.
-	hung, err := q.Claim(ctx, s.ID(), 2)
+	hung, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(hung) != 2 {
 		t.Fatalf("claimed %d, %v", len(hung), err)
 	}

@@ -25,7 +25,7 @@ func claimAndAck(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, n int) {
 	s := startSession(t, ctx, pool)
 	acked := 0
 	for acked < n {
-		items, err := q.Claim(ctx, s.ID(), 1000)
+		items, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +137,7 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 	if err != nil || res.Added() != len(items) {
 		t.Fatalf("first enqueue: added %d, %v", res.Added(), err)
 	}
-	claimed, err := q.Claim(ctx, s.ID(), 10)
+	claimed, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(claimed) != 3 {
 		t.Fatalf("claimed %d, %v; want 3", len(claimed), err)
 	}

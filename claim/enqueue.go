@@ -117,7 +117,7 @@ type NewItem struct {
 	// no claim holds it. A claim made before the deadline may still ack.
 	TTL time.Duration
 	// AtMostOnce makes the item at-most-once: the claim that hands it out
-	// deletes it (see Queue.ClaimWith), so it is never handed out twice,
+	// deletes it (see Claimer.Claim), so it is never handed out twice,
 	// and it is lost if its handler fails or its process dies. Its
 	// MaxAttempts is 1. Settings.AtMostOnce does the same for every item
 	// of the queue.

@@ -92,7 +92,7 @@ func TestFairPartsServeSmallTenantsWithinARound(t *testing.T) {
 			// ack them.
 			round := func() {
 				for _, s := range sessions {
-					got, err := q.ClaimParts(ctx, s.id, s.parts, 4)
+					got, err := q.Claimer(s.id).Claim(ctx, claim.ClaimRequest{Max: 4, Parts: s.parts})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -42,7 +42,7 @@ func TestItemTTLExpires(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	got, err := q.Claim(ctx, s.ID(), 10)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(got) != 1 || got[0].ID != ids[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
 	}
@@ -76,7 +76,7 @@ func TestItemTTLExpires(t *testing.T) {
 	if _, err := q.Nack(ctx, it, claim.RetryAfter(0, errors.New("later"))); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := q.Claim(ctx, s.ID(), 10); err != nil || len(got) != 0 {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("an expired, nacked item was handed out again: %v %v", got, err)
 	}
 	if st, err := q.Reap(ctx); err != nil || st.Expired != 1 {
@@ -104,7 +104,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, crashed, 10)
+	got, err := q.Claimer(crashed).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(got) != 2 || got[0].ID != ids[0] || !got[0].AtMostOnce || got[1].AtMostOnce {
 		t.Fatalf("claim = %+v, %v", got, err)
 	}
@@ -126,7 +126,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startSession(t, ctx, pool)
-	again, err := q.Claim(ctx, s.ID(), 10)
+	again, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(again) != 1 || again[0].ID != ids[1] {
 		t.Fatalf("after the crash: %+v, %v; want only the ordinary item", again, err)
 	}
@@ -154,7 +154,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	}
 	seen := map[uuid.UUID]bool{}
 	for {
-		got, err := q.Claim(ctx, s.ID(), 64)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func TestSkipTenantsAndTenantPart(t *testing.T) {
 		}
 	}
 	s := startSession(t, ctx, pool)
-	got, err := q.ClaimWith(ctx, s.ID(), claim.ClaimRequest{Max: 100, SkipTenants: []string{"t1", "t3"}})
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 100, SkipTenants: []string{"t1", "t3"}})
 	if err != nil || len(got) != 20 {
 		t.Fatalf("claimed %d, %v; want the 20 items of t0 and t2", len(got), err)
 	}

@@ -33,7 +33,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	if cause != nil {
 		msg = cause.Error()
 	}
-	msg = SafeText(msg)
+	msg = safeText(msg)
 	if err := q.ready(ctx); err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}
@@ -59,7 +59,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 		q.stats.dead.Add(1)
 		return Dead, nil
 	}
-	delay := q.Backoff(it.Attempt)
+	delay := q.backoff(it.Attempt)
 	if d, ok := retryAfter(cause); ok {
 		delay = d
 	}
@@ -121,10 +121,10 @@ func (q *Queue) claimErr(what string, it Item, err error) error {
 	return fmt.Errorf("claim: %s item %s: %w", what, it.ID, err)
 }
 
-// Backoff returns the delay before attempt+1 of a failed item:
+// backoff returns the delay before attempt+1 of a failed item:
 // BackoffBase·2^(attempt-1) capped at BackoffMax, with "equal jitter" (a
 // random value between half and all of it).
-func (q *Queue) Backoff(attempt int) time.Duration {
+func (q *Queue) backoff(attempt int) time.Duration {
 	d := q.opts.BackoffMax
 	if attempt < 1 {
 		attempt = 1
@@ -141,11 +141,11 @@ func (q *Queue) Backoff(attempt int) time.Duration {
 // MaxErrorText bounds the bytes of an error text stored with an item.
 const MaxErrorText = 8 << 10
 
-// SafeText returns s as it is stored in an item's or dead item's last error:
+// safeText returns s as it is stored in an item's or dead item's last error:
 // valid UTF-8 (invalid bytes become U+FFFD), without NUL bytes (each becomes
 // the four characters \x00: PostgreSQL's text type refuses NUL), and at
 // most MaxErrorText bytes (cut at a character boundary, with a note).
-func SafeText(s string) string {
+func safeText(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ReplaceAll(s, "\x00", `\x00`)
 	if len(s) <= MaxErrorText {

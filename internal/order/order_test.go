@@ -94,7 +94,7 @@ func TestPartsPEIAsConstructed(t *testing.T) {
 			t.Fatalf("session %d owns parts %v; want one", i, own)
 		}
 		p := own[0]
-		got, err := q.ClaimParts(ctx, s.ID(), own, 1)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1, Parts: own})
 		if err != nil || len(got) != 1 || got[0].ID != ids[p] {
 			t.Fatalf("session owning part %d claimed %v, %v; want its item %s", p, got, err, ids[p])
 		}
@@ -173,7 +173,7 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	got, err := q.Claim(ctx, ss[0].ID(), 1)
+	got, err := q.Claimer(ss[0].ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 || got[0].Priority != 0 {
 		t.Fatalf("claimed %v, %v; want the priority 0 item", got, err)
 	}

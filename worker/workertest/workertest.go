@@ -76,7 +76,7 @@ type Options struct {
 	BatchRecord claim.BatchRecord
 }
 
-// batchSettler acks through claim.Queue.AckEachWith with a batch record, as
+// batchSettler acks through claim.Queue.AckMany with a batch record, as
 // a worker's settle goroutines do.
 type batchSettler struct {
 	*claim.Queue
@@ -88,7 +88,7 @@ func (b batchSettler) Ack(ctx context.Context, it claim.Item, record func(contex
 }
 
 func (b batchSettler) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
-	return b.AckEachWith(ctx, []claim.AckRequest{{Item: it, Record: record, Value: value}}, claim.AckOptions{Batch: b.batch})[0]
+	return b.AckMany(ctx, []claim.AckRequest{{Item: it, Record: record, Value: value}}, claim.AckOptions{Batch: b.batch})[0]
 }
 
 // Result is what Work did with the item.
@@ -174,7 +174,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 		return Result{}, fmt.Errorf("workertest: enqueueing the item: %w", err)
 	}
 	id := ids[0]
-	items, err := q.Claim(ctx, sess.ID(), 1)
+	items, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err == nil && (len(items) == 0 || items[0].ID != id) {
 		err = fmt.Errorf("queue %q holds other items: use an empty queue (or none, for a fresh one)", q.Name())
 		if len(items) == 0 {
