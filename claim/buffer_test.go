@@ -228,7 +228,7 @@ func TestBufferBadItemFailsAlone(t *testing.T) {
 				it.ID = uuid.UUID{} // generated
 			}
 			if i == n/3 {
-				it.ID, it.Payload = foreign[0], []byte("bad")
+				it.ID, it.Payload = foreign.IDs[0], []byte("bad")
 			}
 			id, _, err := buf.Enqueue(ctx, it)
 			out <- outcome{i, id, err}
@@ -402,7 +402,7 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 	if proxy.Fired() != 1 {
 		t.Fatalf("the fault fired %d times, want 1", proxy.Fired())
 	}
-	res, err := q.EnqueueReport(ctx, retry...)
+	res, err := q.Enqueue(ctx, retry...)
 	if err != nil {
 		t.Fatal(err)
 	}

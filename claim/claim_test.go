@@ -232,7 +232,7 @@ func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids, err := q.EnqueueTx(ctx, tx, payloads(3)...)
-	if err != nil || len(ids) != 3 {
+	if err != nil || len(ids.IDs) != 3 {
 		t.Fatalf("EnqueueTx = %v, %v", ids, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
@@ -617,7 +617,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	}
 	var lastErr string
 	var attempts int
-	if err := pool.QueryRow(ctx, `SELECT last_error, attempts FROM crdbwork_dead_items WHERE id = $1`, ids[0]).Scan(&lastErr, &attempts); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT last_error, attempts FROM crdbwork_dead_items WHERE id = $1`, ids.IDs[0]).Scan(&lastErr, &attempts); err != nil {
 		t.Fatalf("dead item: %v", err)
 	}
 	if lastErr != "fail 3" || attempts != 3 {
@@ -768,11 +768,11 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	}
 	var a claim.DeadItem
 	for _, d := range dead {
-		if d.ID == ids[0] {
+		if d.ID == ids.IDs[0] {
 			a = d
 		}
 	}
-	if a.ID != ids[0] || string(a.Payload) != "a" || a.Key != "k" || a.Priority != 3 || a.Attempts != 1 ||
+	if a.ID != ids.IDs[0] || string(a.Payload) != "a" || a.Key != "k" || a.Priority != 3 || a.Attempts != 1 ||
 		a.MaxAttempts != 5 || a.LastError == "" || a.DiedAt.IsZero() {
 		t.Fatalf("dead item %+v", a)
 	}
@@ -784,16 +784,16 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	}
 
 	// Another queue cannot requeue or cancel this queue's items.
-	if ok, err := other.Requeue(ctx, ids[0]); err != nil || ok {
+	if ok, err := other.Requeue(ctx, ids.IDs[0]); err != nil || ok {
 		t.Fatalf("requeue through another queue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids[0]); err != nil || !ok {
+	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || !ok {
 		t.Fatalf("requeue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids[0]); err != nil || ok {
+	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || ok {
 		t.Fatalf("second requeue of one item: %v %v", ok, err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids[0]); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids.IDs[0]); n != 0 {
 		t.Fatalf("requeued item still dead (%d rows)", n)
 	}
 	again, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
@@ -801,7 +801,7 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 		t.Fatalf("claimed %d after requeue, %v", len(again), err)
 	}
 	it := again[0]
-	if it.ID != ids[0] || string(it.Payload) != "a" || it.Key != "k" || it.Priority != 3 || it.Attempt != 1 ||
+	if it.ID != ids.IDs[0] || string(it.Payload) != "a" || it.Key != "k" || it.Priority != 3 || it.Attempt != 1 ||
 		it.MaxAttempts != 5 || it.LastError == "" {
 		t.Fatalf("requeued item %+v", it)
 	}
@@ -811,7 +811,7 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	if err := q.Ack(ctx, it, nil); err != nil {
 		t.Fatalf("ack of the requeued item: %v", err)
 	}
-	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids[1] {
+	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids.IDs[1] {
 		t.Fatalf("dead items after requeue: %+v %v", d, err)
 	}
 }

@@ -135,7 +135,7 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 	if err != nil || len(hung) != 2 {
 		t.Fatalf("claimed %d, %v", len(hung), err)
 	}
-	held := ids[1]
+	held := ids.IDs[1]
 	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_items ADD CONSTRAINT test_hold CHECK (claim IS NOT NULL OR id <> '`+held.String()+`')`); err != nil {
 		t.Fatal(err)
 	}

@@ -49,20 +49,19 @@
 //
 // # Enqueues are idempotent on ids, beyond the item's life
 //
-// An enqueue (Enqueue, EnqueueReport, EnqueueTx, EnqueueReportTx, a Buffer,
-// package schedule) whose outcome is unknown returns ErrOutcomeUnknown with
-// the items' ids. Enqueue the same items again with NewItem.ID set to those
-// ids: nothing is added twice, whatever happened meanwhile. An item still
-// queued or running is found in the items table; one that already ended —
-// acked, moved to the dead items, cancelled, or taken by the claim of an
-// at-most-once item — is found among the queue's ended ids, which every
-// statement that ends an item records in the same statement, and is not
-// run again (Enqueued.Done reports it). Ended ids are kept for the queue's
-// dedup window (Settings.DedupWindow, DefaultDedupWindow — a day — unless
-// set otherwise; Settings.DedupOff keeps none) and then pruned, in bounded
-// batches, by every worker session's Reap (PruneEnded): a retry must come
-// within the window. Ids are per queue: the same id may be an item of one
-// queue and, after it ended, be enqueued into another.
+// An enqueue (Enqueue, a Buffer, package schedule) whose outcome is unknown
+// returns ErrOutcomeUnknown with the items' ids. Enqueue the same items again
+// with NewItem.ID set to those ids: nothing is added twice, whatever happened
+// meanwhile. An item still queued or running is found in the items table; one
+// that already ended — acked, moved to the dead items, cancelled, or taken by
+// the claim of an at-most-once item — is found among the queue's ended ids,
+// which every statement that ends an item records in the same statement, and
+// is not run again (Enqueued.Done reports it). Ended ids are kept for the
+// queue's dedup window (Settings.DedupWindow, DefaultDedupWindow — a day —
+// unless set otherwise; Settings.DedupOff keeps none) and then pruned, in
+// bounded batches, by every worker session's Reap (PruneEnded): a retry must
+// come within the window. Ids are per queue: the same id may be an item of
+// one queue and, after it ended, be enqueued into another.
 //
 // NewItem.UniqueKey (with NewItem.UniquePeriod) uses the same mechanism for
 // unique jobs: the item's id is derived from the queue, the key and the

@@ -32,8 +32,8 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := claimOne(t, q, s.ID())
-	if held.ID != ids[1] || held.ExpiresAt.IsZero() {
-		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids[1])
+	if held.ID != ids.IDs[1] || held.ExpiresAt.IsZero() {
+		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids.IDs[1])
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 2 {
@@ -43,7 +43,7 @@ func TestItemTTLExpires(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
-	if err != nil || len(got) != 1 || got[0].ID != ids[2] {
+	if err != nil || len(got) != 1 || got[0].ID != ids.IDs[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
 	}
 	st, err := q.Reap(ctx)
@@ -51,8 +51,8 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatalf("Reap = %+v, %v; want 1 expired (the claimed one is its holder's)", st, err)
 	}
 	dead, err := q.Dead(ctx, 10)
-	if err != nil || len(dead) != 1 || dead[0].ID != ids[0] || dead[0].Reason != claim.ReasonExpired || dead[0].Tenant != "acme" {
-		t.Fatalf("dead items %+v, %v; want %s expired, tenant acme", dead, err, ids[0])
+	if err != nil || len(dead) != 1 || dead[0].ID != ids.IDs[0] || dead[0].Reason != claim.ReasonExpired || dead[0].Tenant != "acme" {
+		t.Fatalf("dead items %+v, %v; want %s expired, tenant acme", dead, err, ids.IDs[0])
 	}
 	// The claim made before the deadline still acks.
 	if err := q.Ack(ctx, held, nil); err != nil {
@@ -105,10 +105,10 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := q.Claimer(crashed).Claim(ctx, claim.ClaimRequest{Max: 10})
-	if err != nil || len(got) != 2 || got[0].ID != ids[0] || !got[0].AtMostOnce || got[1].AtMostOnce {
+	if err != nil || len(got) != 2 || got[0].ID != ids.IDs[0] || !got[0].AtMostOnce || got[1].AtMostOnce {
 		t.Fatalf("claim = %+v, %v", got, err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids[0]); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids.IDs[0]); n != 0 {
 		t.Fatal("the at-most-once item is still in the items table after its claim")
 	}
 	if _, err := q.Nack(ctx, got[0], errors.New("x")); !errors.Is(err, claim.ErrClaimLost) {
@@ -118,7 +118,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	if err := q.Ack(ctx, got[0], record(got[0])); err != nil {
 		t.Fatalf("ack of an at-most-once item: %v", err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, ids[0]); n != 1 {
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, ids.IDs[0]); n != 1 {
 		t.Fatalf("%d result rows for the at-most-once item, want 1", n)
 	}
 	// The claimer dies: the ordinary item comes back, the other never does.
@@ -127,7 +127,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	}
 	s := startSession(t, ctx, pool)
 	again, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
-	if err != nil || len(again) != 1 || again[0].ID != ids[1] {
+	if err != nil || len(again) != 1 || again[0].ID != ids.IDs[1] {
 		t.Fatalf("after the crash: %+v, %v; want only the ordinary item", again, err)
 	}
 	if err := q.Ack(ctx, again[0], nil); err != nil {
@@ -292,7 +292,7 @@ func TestDeadItemReasons(t *testing.T) {
 	for _, d := range dead {
 		reasons[d.ID] = d.Reason
 	}
-	if reasons[ids[0]] != claim.ReasonFailed || reasons[ids[1]] != claim.ReasonPermanent {
+	if reasons[ids.IDs[0]] != claim.ReasonFailed || reasons[ids.IDs[1]] != claim.ReasonPermanent {
 		t.Fatalf("reasons %v", reasons)
 	}
 }

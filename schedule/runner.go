@@ -255,7 +255,7 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 		for i, p := range periods {
 			items[i] = c.item(queue, p)
 		}
-		res, err := r.q.EnqueueReportTx(ctx, tx, items...)
+		res, err := r.q.EnqueueTx(ctx, tx, items...)
 		if err != nil {
 			return err
 		}

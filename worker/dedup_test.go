@@ -109,7 +109,7 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 					t.Error(err)
 				}
 			}
-			res, err := q.EnqueueReport(ctx, item(0), item(1))
+			res, err := q.Enqueue(ctx, item(0), item(1))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -123,7 +123,7 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, "the sentinel to be handled", time.Minute, func() bool {
-				return count(t, direct, `SELECT count(*) FROM results WHERE item_id = $1`, sentinel[0]) == 1
+				return count(t, direct, `SELECT count(*) FROM results WHERE item_id = $1`, sentinel.IDs[0]) == 1
 			})
 			w.Stop(t)
 			mu.Lock()

@@ -87,7 +87,7 @@ func makeDead(t *testing.T, pool *pgxpool.Pool, queue string, n int) []uuid.UUID
 			t.Fatalf("nack: %v, %v", out, err)
 		}
 	}
-	return ids
+	return ids.IDs
 }
 
 func jsonOut(t *testing.T, r result, v any) {

@@ -69,7 +69,7 @@ func run(ctx context.Context, url string) error {
 	}
 	defer tx.Rollback(ctx) // a no-op once committed
 	// ... your own writes in tx ...
-	ids, err := q.EnqueueTx(ctx, tx,
+	res, err := q.EnqueueTx(ctx, tx,
 		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
 		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
 		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
@@ -101,14 +101,14 @@ func run(ctx context.Context, url string) error {
 
 	// A service would run the worker until it is told to stop; this program
 	// stops once its three e-mails are sent.
-	if err := waitSent(ctx, pool, ids, done); err != nil {
+	if err := waitSent(ctx, pool, res.IDs, done); err != nil {
 		return err
 	}
 	stopWorker()
 	if err := <-done; err != nil {
 		return err
 	}
-	fmt.Printf("sent %d e-mails\n", len(ids))
+	fmt.Printf("sent %d e-mails\n", len(res.IDs))
 	return nil
 }
 

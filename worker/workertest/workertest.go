@@ -173,7 +173,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	if err != nil {
 		return Result{}, fmt.Errorf("workertest: enqueueing the item: %w", err)
 	}
-	id := ids[0]
+	id := ids.IDs[0]
 	items, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err == nil && (len(items) == 0 || items[0].ID != id) {
 		err = fmt.Errorf("queue %q holds other items: use an empty queue (or none, for a fresh one)", q.Name())
