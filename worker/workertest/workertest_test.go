@@ -154,6 +154,30 @@ func TestHandlerErrorRetries(t *testing.T) {
 	assertNoSession(t, pool)
 }
 
+// A handler that asks for a retry delay (claim.RetryAfter) is nacked with
+// it: the test reads the delay back from Result.Err with claim.RetryDelay,
+// and the item vests that late.
+func TestRetryAfterSetsTheDelay(t *testing.T) {
+	pool := setup(t)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return nil, claim.RetryAfter(time.Hour, errors.New("rate limited"))
+	}
+	res := work(t, pool, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{})
+	if d, ok := claim.RetryDelay(res.Err); res.Outcome != claim.Retried || !ok || d != time.Hour {
+		t.Fatalf("outcome %v, retry delay %v, %v (err %v); want retried after 1h", res.Outcome, d, ok, res.Err)
+	}
+	var inHour bool
+	if err := pool.QueryRow(context.Background(),
+		`SELECT vesting_at BETWEEN now() + INTERVAL '59 minutes' AND now() + INTERVAL '61 minutes' FROM crdbwork_items WHERE id = $1`,
+		res.Item.ID).Scan(&inHour); err != nil {
+		t.Fatalf("the retried item is not in the items table: %v", err)
+	}
+	if !inHour {
+		t.Error("the retried item does not vest in about an hour")
+	}
+	assertNoSession(t, pool)
+}
+
 func TestPermanentErrorIsDead(t *testing.T) {
 	pool := setup(t)
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
