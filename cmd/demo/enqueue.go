@@ -189,14 +189,15 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 				it := shape.item(i)
 				for attempt := 1; ; attempt++ {
 					var id uuid.UUID
+					var got claim.Enqueued
 					var err error
 					if buf != nil {
-						id, _, err = buf.Enqueue(ctx, it)
+						got, err = buf.Enqueue(ctx, it)
 					} else {
-						var got claim.Enqueued
-						if got, err = q.Enqueue(ctx, it); len(got.IDs) == 1 {
-							id = got.IDs[0]
-						}
+						got, err = q.Enqueue(ctx, it)
+					}
+					if len(got.IDs) == 1 {
+						id = got.IDs[0]
 					}
 					if err == nil {
 						ids <- id
