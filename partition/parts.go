@@ -50,8 +50,8 @@ const MoveBatch = 1000
 //     (each its own transaction), so that the move never holds more than a
 //     batch of rows and does not conflict with every claim and ack at once. A key's items may thus, once, be spread over two parts,
 //     and their order across that move is not kept. A moved item keeps an
-//     any-part claim (claim.Queue.Claim); a claim naming its part
-//     (ClaimParts), made by a session that had not yet seen the new count,
+//     any-part claim (claim.Claimer.Claim without Parts); a claim naming its part
+//     (with Parts), made by a session that had not yet seen the new count,
 //     is released, and its ack fails with claim.ErrClaimLost.
 //
 // If SetParts fails half-way, some items are still in parts >= n; run it

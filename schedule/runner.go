@@ -70,7 +70,7 @@ type Runner struct {
 	log    *zap.Logger
 
 	// checked is set once the queue checked the schema (outside any
-	// transaction: EnqueueReportTx would check it on a second connection
+	// transaction: EnqueueTx would check it on a second connection
 	// while the transaction holds one).
 	checked atomic.Bool
 
