@@ -15,7 +15,7 @@ import (
 )
 
 // A record that fails only at COMMIT (a deferred unique constraint) inside a
-// group-committed AckEach: the batch falls back to acking each item on its
+// group-committed AckMany: the batch falls back to acking each item on its
 // own, so only the bad item fails; with MaxAttempts 1 it alone ends dead.
 // (CockroachDB has no deferred constraints: there the same fallback path is
 // taken by the other failures of a batch's transaction — a failing record,
@@ -78,7 +78,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 
 // A bulk record hook gets, once per transaction and in it, the requests
 // whose delete succeeded, after their per-item Records, with their Values.
-func TestAckEachWithBatchRecord(t *testing.T) {
+func TestAckManyBatchRecord(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -152,7 +152,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NOT NULL`, got[0].ID); n != 1 {
 		t.Fatal("the item of a panicked record is not still claimed")
 	}
-	// A per-item Record and the batch hook (for one Value) panic in AckEachWith.
+	// A per-item Record and the batch hook (for one Value) panic in AckMany.
 	var reqs []claim.AckRequest
 	for i, it := range got[1:] {
 		r := claim.AckRequest{Item: it, Value: i, Record: record(it)}

@@ -19,7 +19,7 @@ import (
 // database: `sessions` concurrent sessions each claim `batch` items per
 // statement and ack them one transaction per item (ack=each: Ack) or one
 // transaction per batch (ack=batch: AckBatch with one record function;
-// ack=items: AckEach with a record function per item), each recording a
+// ack=items: AckMany with a record function per item), each recording a
 // result row. It reports items/s.
 func BenchmarkClaimAck(b *testing.B) {
 	for _, bc := range []struct {
@@ -160,8 +160,8 @@ func BenchmarkClaim(b *testing.B) {
 // items claimed beforehand (untimed): ack=single is one Ack (one
 // transaction) per item from `goroutines` goroutines; ack=batch is AckBatch
 // of `batch` items recording them all in one multi-row INSERT; ack=each is
-// AckEach of `batch` items, each with its own record function; ack=hook is
-// AckEachWith of `batch` items whose BatchRecord writes all their result rows
+// AckMany of `batch` items, each with its own record function; ack=hook is
+// AckMany of `batch` items whose BatchRecord writes all their result rows
 // in one multi-row INSERT. It reports items/s.
 func BenchmarkAck(b *testing.B) {
 	for _, bc := range []struct {

@@ -266,7 +266,7 @@ func TestDedupWindowSetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.New[0] || !res.Done[0] {
-		t.Fatalf("EnqueueReportTx within the window: %+v; want done", res)
+		t.Fatalf("EnqueueTx within the window: %+v; want done", res)
 	}
 	waitFor(t, "the window to pass", func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND ended_at + INTERVAL '500 milliseconds' < now()`, it.ID) == 1

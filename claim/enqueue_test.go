@@ -176,7 +176,7 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		res, err := q.EnqueueTx(ctx, tx, claim.NewItem{ID: b, Payload: []byte("x")}, claim.NewItem{ID: uuid.New(), Payload: []byte("d")})
 		if err == nil && fmt.Sprint(res.New) != "[false true]" {
-			err = fmt.Errorf("EnqueueReportTx: new %v, want [false true]", res.New)
+			err = fmt.Errorf("EnqueueTx: new %v, want [false true]", res.New)
 		}
 		return err
 	})

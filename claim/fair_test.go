@@ -26,7 +26,7 @@ func tenantsOfPart(prefix string, part, parts, n int) []string {
 }
 
 // In parts mode (4 parts, 2 sessions claiming their own parts with
-// ClaimParts), a fair queue serves a small tenant within one round of its
+// Parts), a fair queue serves a small tenant within one round of its
 // part: its item is claimed among the next (tenants backlogged in the part)
 // claims of that part, whether it came before the claims began or while
 // they went on; in a plain queue it waits behind the part's backlog.

@@ -333,7 +333,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 		t.Fatalf("Claim of a paused queue: %d items, %v", len(got), err)
 	}
 	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5, Parts: []int{0}}); err != nil || len(got) != 0 {
-		t.Fatalf("ClaimParts of a paused queue: %d items, %v", len(got), err)
+		t.Fatalf("Claim of parts of a paused queue: %d items, %v", len(got), err)
 	}
 	if got, err := other.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 1 {
 		t.Fatalf("Claim of another queue: %d items, %v; want 1", len(got), err)
@@ -343,7 +343,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 	}
 	// A part listed twice is read once: both items, not one item twice.
 	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2, Parts: []int{0, 0}}); err != nil || len(got) != 2 {
-		t.Fatalf("ClaimParts after Resume: %d items, %v; want 2", len(got), err)
+		t.Fatalf("Claim of parts after Resume: %d items, %v; want 2", len(got), err)
 	}
 }
 

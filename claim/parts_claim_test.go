@@ -125,7 +125,7 @@ func TestClaimManyPartsNotOwner(t *testing.T) {
 	q := newQueue(t, pool, claim.Options{Queue: "q"})
 	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5, Parts: parts})
 	if !errors.Is(err, claim.ErrNotOwner) || len(got) != 0 {
-		t.Fatalf("ClaimParts with an unowned part = %d items, %v; want ErrNotOwner", len(got), err)
+		t.Fatalf("Claim with an unowned part = %d items, %v; want ErrNotOwner", len(got), err)
 	}
 	var held int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`).Scan(&held); err != nil || held != 0 {

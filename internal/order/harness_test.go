@@ -87,7 +87,7 @@ func randomItems(rng *rand.Rand, n int) []claim.NewItem {
 // item is replaced by a new random one, as in the paper's simulations,
 // which add one element per element popped) worked by sessions.
 type load struct {
-	parts    int  // 0: any-part claims (Claim); else ClaimParts of the session's own parts
+	parts    int  // 0: any-part claims; else claims of the session's own parts
 	sessions int  // claiming sessions
 	backlog  int  // claimable items kept in the queue
 	claims   int  // total claim statements
