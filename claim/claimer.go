@@ -66,8 +66,8 @@ func (c Claimer) Claim(ctx context.Context, req ClaimRequest) ([]Item, error) {
 // In parts mode each session claims the best items of its own parts only,
 // so an urgent item waits for its part's owner, behind whatever that owner
 // is busy with, while other sessions take less urgent items of their own
-// parts: the order is relaxed (see the README's "How relaxed is the
-// order"). A session that runs ClaimUrgent before the Claim of its parts
+// parts: the order is relaxed (see docs/parts-and-order.md, "How relaxed
+// the order is"). A session that runs ClaimUrgent before the Claim of its parts
 // takes the queue's most urgent items wherever they are, so an urgent item
 // waits for the first session with a free slot rather than for its part's
 // owner.
