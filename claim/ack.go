@@ -14,9 +14,9 @@ import (
 )
 
 // ErrRecordPanic is wrapped by the error of an ack whose record function (an
-// AckRequest's Record or a BatchRecord) panicked. The
-// panic was recovered: the transaction was rolled back, and the error holds
-// the panic's value and the stack where it happened.
+// AckRequest's Record or a BatchRecord) panicked. The panic was recovered:
+// the transaction was rolled back, and the error holds the panic's value and
+// the stack where it happened.
 var ErrRecordPanic = errors.New("record function panicked")
 
 // Ack acknowledges it exactly once. In one serializable transaction it

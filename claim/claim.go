@@ -90,14 +90,6 @@ func (q *Queue) leaseFor(d time.Duration) (time.Duration, error) {
 }
 
 // claimWith is Claimer.Claim for session (see its documentation).
-//
-// At-most-once items (NewItem.AtMostOnce, or Settings.AtMostOnce of the
-// queue) are deleted by the claim before it returns them, in the claim's
-// transaction on CockroachDB and by a second statement on PostgreSQL: they
-// are handed out at most once, whatever happens next. If that deletion
-// fails, they are not returned; they stay claimed with their one attempt
-// used, so they are never handed out again (Reap moves them to the dead
-// items as a crash loop once their lease ends).
 func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimRequest) ([]Item, error) {
 	if req.Max <= 0 || (req.Parts != nil && len(req.Parts) == 0) {
 		return nil, nil

@@ -91,8 +91,8 @@ type ReapStats struct {
 // Reap releases the queue's items whose lease expired, whoever claimed them
 // (a hung handler, a claim whose answer was lost, a process that forgot an
 // item), and moves its unclaimed items whose attempts are used up to the
-// dead items with reason "crash loop", and its unclaimed
-// items past their deadline with reason "expired". It works in bounded
+// dead items with reason "crash loop", and its unclaimed items past their
+// deadline with reason "expired". It works in bounded
 // batches until nothing is left, and then forgets, in bounded batches, the
 // ended ids older than the queue's dedup window (PruneEnded). Any session
 // may run it at any time; it is
