@@ -187,7 +187,7 @@ func claimSegment(ctx context.Context, q *claim.Queue, ss []*session.Session, ba
 			defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
 			for time.Now().Before(deadline) && taken.Load() < limit {
 				t0 := time.Now()
-				got, err := q.Claim(ctx, s.ID(), batch)
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 				mine = append(mine, time.Since(t0))
 				if err != nil {
 					errs <- err
@@ -197,7 +197,11 @@ func claimSegment(ctx context.Context, q *claim.Queue, ss []*session.Session, ba
 					errs <- errors.New("a claim found nothing: the backlog ran out")
 					return
 				}
-				if _, err := q.AckBatch(ctx, got, nil); err != nil {
+				reqs := make([]claim.AckRequest, len(got))
+				for i, it := range got {
+					reqs[i] = claim.AckRequest{Item: it}
+				}
+				if err := errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{})...); err != nil {
 					errs <- err
 					return
 				}

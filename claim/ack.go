@@ -14,9 +14,9 @@ import (
 )
 
 // ErrRecordPanic is wrapped by the error of an ack whose record function (an
-// AckRequest's Record, a BatchRecord, or AckBatch's record) panicked. The
-// panic was recovered: the transaction was rolled back, and the error holds
-// the panic's value and the stack where it happened.
+// AckRequest's Record or a BatchRecord) panicked. The panic was recovered:
+// the transaction was rolled back, and the error holds the panic's value and
+// the stack where it happened.
 var ErrRecordPanic = errors.New("record function panicked")
 
 // Ack acknowledges it exactly once. In one serializable transaction it
@@ -33,18 +33,19 @@ var ErrRecordPanic = errors.New("record function panicked")
 // the error wraps ErrOutcomeUnknown: the item may be acked or still claimed,
 // and it is never reported as acked.
 func (q *Queue) Ack(ctx context.Context, it Item, record func(ctx context.Context, tx pgx.Tx) error) error {
-	return q.AckEachWith(ctx, []AckRequest{{Item: it, Record: record}}, AckOptions{})[0]
+	return q.AckMany(ctx, []AckRequest{{Item: it, Record: record}}, AckOptions{})[0]
 }
 
-// AckBatch acknowledges many items in one serializable transaction. Each
+// ackBatch acknowledges many items in one serializable transaction. Each
 // item is deleted only if its claim still holds; record (if not nil) is then
 // called once with the items whose delete succeeded, in the same
 // transaction. It returns those items, only after COMMIT succeeded; the
 // others lost their claims and are left alone. On error nothing was acked
 // (or, if the error wraps ErrOutcomeUnknown, it is unknown whether the whole
-// batch was). Unlike AckEach it never splits the batch: record's failure is
-// the batch's.
-func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx context.Context, tx pgx.Tx, acked []Item) error) ([]Item, error) {
+// batch was). Unlike AckMany it never splits the batch: record's failure is
+// the batch's. Only the package's tests and benchmarks use it (the
+// comparison of one record per batch with one per item).
+func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx context.Context, tx pgx.Tx, acked []Item) error) ([]Item, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
@@ -76,7 +77,7 @@ func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx cont
 	return acked, nil
 }
 
-// AckRequest is one item for AckEach with the function that records its
+// AckRequest is one item for AckMany with the function that records its
 // result (nil: nothing to record).
 type AckRequest struct {
 	Item   Item
@@ -88,26 +89,21 @@ type AckRequest struct {
 }
 
 // BatchRecord records the results of a whole batch in one go (one multi-row
-// INSERT or COPY instead of one statement per item). AckEachWith calls it
+// INSERT or COPY instead of one statement per item). AckMany calls it
 // once per transaction, in that transaction, after the per-item Records,
 // with the requests whose delete succeeded (their claims held), in request
 // order. Like Record it may run more than once (the transaction is retried
 // whole on serialization failures): only one run's writes commit.
 type BatchRecord func(ctx context.Context, tx pgx.Tx, acked []AckRequest) error
 
-// AckOptions configure AckEachWith. The zero value is valid.
+// AckOptions configure AckMany. The zero value is valid.
 type AckOptions struct {
 	// Batch, if not nil, records the results of every transaction's acked
 	// items in one call (see BatchRecord).
 	Batch BatchRecord
 }
 
-// AckEach is AckEachWith without a BatchRecord.
-func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
-	return q.AckEachWith(ctx, reqs, AckOptions{})
-}
-
-// AckEachWith acknowledges many items, each with its own record function,
+// AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
 // It first runs them all in one serializable transaction: one statement
 // deletes every item whose claim still holds, then each deleted item's
@@ -127,7 +123,7 @@ func (q *Queue) AckEach(ctx context.Context, reqs []AckRequest) (errs []error) {
 // item of a transaction whose outcome is unknown, an error wrapping
 // ErrOutcomeUnknown (nothing is retried after it: the batch may have
 // committed).
-func (q *Queue) AckEachWith(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error) {
+func (q *Queue) AckMany(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error) {
 	errs = make([]error, len(reqs))
 	if len(reqs) == 0 {
 		return errs
@@ -158,7 +154,7 @@ func (q *Queue) AckEachWith(ctx context.Context, reqs []AckRequest, opts AckOpti
 	default:
 		// Find out whose record (or COMMIT) fails by acking each on its own.
 		for i := range reqs {
-			errs[i] = q.AckEachWith(ctx, reqs[i:i+1], opts)[0]
+			errs[i] = q.AckMany(ctx, reqs[i:i+1], opts)[0]
 		}
 	}
 	return errs

@@ -15,7 +15,7 @@ import (
 )
 
 // A record that fails only at COMMIT (a deferred unique constraint) inside a
-// group-committed AckEach: the batch falls back to acking each item on its
+// group-committed AckMany: the batch falls back to acking each item on its
 // own, so only the bad item fails; with MaxAttempts 1 it alone ends dead.
 // (CockroachDB has no deferred constraints: there the same fallback path is
 // taken by the other failures of a batch's transaction — a failing record,
@@ -41,7 +41,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(n)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), n)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: n})
 	if err != nil || len(got) != n {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -56,7 +56,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 			return err
 		}}
 	}
-	errs := q.AckEach(ctx, reqs)
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{})
 	for i, err := range errs {
 		switch {
 		case i == bad && err == nil:
@@ -78,7 +78,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 
 // A bulk record hook gets, once per transaction and in it, the requests
 // whose delete succeeded, after their per-item Records, with their Values.
-func TestAckEachWithBatchRecord(t *testing.T) {
+func TestAckManyBatchRecord(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -86,7 +86,7 @@ func TestAckEachWithBatchRecord(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(6)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 6)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 6})
 	if err != nil || len(got) != 6 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -115,7 +115,7 @@ func TestAckEachWithBatchRecord(t *testing.T) {
 			return nil
 		}}
 	}
-	errs := q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch})
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{Batch: batch})
 	for i, err := range errs {
 		if (i == 2) != errors.Is(err, claim.ErrClaimLost) || i != 2 && err != nil {
 			t.Fatalf("item %d: %v", i, err)
@@ -140,7 +140,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(8)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 8)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 8})
 	if err != nil || len(got) != 8 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -152,7 +152,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NOT NULL`, got[0].ID); n != 1 {
 		t.Fatal("the item of a panicked record is not still claimed")
 	}
-	// A per-item Record and the batch hook (for one Value) panic in AckEachWith.
+	// A per-item Record and the batch hook (for one Value) panic in AckMany.
 	var reqs []claim.AckRequest
 	for i, it := range got[1:] {
 		r := claim.AckRequest{Item: it, Value: i, Record: record(it)}
@@ -169,7 +169,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 		}
 		return nil
 	}
-	errs := q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch})
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{Batch: batch})
 	for i, err := range errs {
 		switch i {
 		case 2, 5:
@@ -201,7 +201,7 @@ func TestNackStoresAnyErrorText(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 2)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(got) != 2 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}

@@ -19,7 +19,7 @@ import (
 // database: `sessions` concurrent sessions each claim `batch` items per
 // statement and ack them one transaction per item (ack=each: Ack) or one
 // transaction per batch (ack=batch: AckBatch with one record function;
-// ack=items: AckEach with a record function per item), each recording a
+// ack=items: AckMany with a record function per item), each recording a
 // result row. It reports items/s.
 func BenchmarkClaimAck(b *testing.B) {
 	for _, bc := range []struct {
@@ -48,7 +48,7 @@ func BenchmarkClaimAck(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					for {
-						got, err := q.Claim(ctx, s.ID(), bc.batch)
+						got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: bc.batch})
 						if err != nil {
 							b.Error(err)
 							return
@@ -71,7 +71,7 @@ func BenchmarkClaimAck(b *testing.B) {
 							for i, it := range got {
 								reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
 							}
-							err = errors.Join(q.AckEach(ctx, reqs)...)
+							err = errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{})...)
 						default:
 							for _, it := range got {
 								if err = q.Ack(ctx, it, record(it)); err != nil {
@@ -107,7 +107,7 @@ func claimAll(b *testing.B, ctx context.Context, q *claim.Queue, s *session.Sess
 	b.Helper()
 	var all []claim.Item
 	for {
-		got, err := q.Claim(ctx, s.ID(), batch)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func BenchmarkClaim(b *testing.B) {
 			start := time.Now()
 			claimed, claims := 0, 0
 			for claimed < b.N {
-				got, err := q.Claim(ctx, s.ID(), batch)
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -160,8 +160,8 @@ func BenchmarkClaim(b *testing.B) {
 // items claimed beforehand (untimed): ack=single is one Ack (one
 // transaction) per item from `goroutines` goroutines; ack=batch is AckBatch
 // of `batch` items recording them all in one multi-row INSERT; ack=each is
-// AckEach of `batch` items, each with its own record function; ack=hook is
-// AckEachWith of `batch` items whose BatchRecord writes all their result rows
+// AckMany of `batch` items, each with its own record function; ack=hook is
+// AckMany of `batch` items whose BatchRecord writes all their result rows
 // in one multi-row INSERT. It reports items/s.
 func BenchmarkAck(b *testing.B) {
 	for _, bc := range []struct {
@@ -233,7 +233,7 @@ func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Ite
 		for i, it := range group {
 			reqs[i] = claim.AckRequest{Item: it}
 		}
-		return errors.Join(q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
+		return errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{Batch: func(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) error {
 			items := make([]claim.Item, len(acked))
 			for i, r := range acked {
 				items[i] = r.Item
@@ -251,7 +251,7 @@ func ackGroup(ctx context.Context, q *claim.Queue, ack string, group []claim.Ite
 		for i, it := range group {
 			reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
 		}
-		return errors.Join(q.AckEach(ctx, reqs)...)
+		return errors.Join(q.AckMany(ctx, reqs, claim.AckOptions{})...)
 	default:
 		for _, it := range group {
 			if err := q.Ack(ctx, it, record(it)); err != nil {

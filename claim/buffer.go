@@ -73,7 +73,7 @@ type BufferStats struct {
 // Flushes run on goroutines of the buffer (Options.Flushers of them,
 // default 1). A flush takes every item that arrived since the last one
 // took its items (at most MaxItems and 8 MiB) and writes them with one
-// Queue.EnqueueReport call: one INSERT … ON CONFLICT DO NOTHING statement,
+// Queue.Enqueue call: one INSERT … ON CONFLICT DO NOTHING statement,
 // or one transaction (COPY for many generated ids; several statements for
 // caller-given ids). While it runs, new items wait for the next flush, so
 // batches are as large as the arrival rate times the flush's latency, and
@@ -175,32 +175,16 @@ func NewBuffer(q *Queue, opts BufferOptions) (*Buffer, error) {
 }
 
 // Enqueue adds item to the queue, sharing a statement with the items of
-// other callers that wait at the same time, and returns its id and whether
-// this call added it (false: its id was a duplicate, of an item still in
-// the items table or of one that ended within the queue's dedup window, as
-// for Queue.EnqueueReport; EnqueueReport tells them apart). See Buffer for
-// the outcomes: on an error wrapping ErrOutcomeUnknown, id is the item's id
-// (enqueue it again with NewItem.ID set to it to make sure: within the
-// queue's dedup window that adds nothing that was already added, even if a
-// worker already acked it); on any other error nothing was enqueued and id
-// is zero.
-func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew bool, err error) {
-	res, err := b.EnqueueReport(ctx, item)
-	if len(res.IDs) == 1 {
-		id = res.IDs[0]
-	}
-	if len(res.New) == 1 {
-		isNew = res.New[0]
-	}
-	return id, isNew, err
-}
-
-// EnqueueReport is Enqueue, reporting what happened to the item as
-// Queue.EnqueueReport does for one item: its id, whether this call added
-// it, and if not, whether its id had already ended in the queue within the
-// dedup window (Done) or is still queued. On an error wrapping
-// ErrOutcomeUnknown, only the id is set; on any other error, nothing.
-func (b *Buffer) EnqueueReport(ctx context.Context, item NewItem) (Enqueued, error) {
+// other callers that wait at the same time, and reports what happened to
+// it as Queue.Enqueue does for one item (see Enqueued): its id, whether
+// this call added it, and if not, whether its id had already ended in the
+// queue within the dedup window (Done) or is still queued. See Buffer for
+// the outcomes: on an error wrapping ErrOutcomeUnknown, only the id is set
+// (enqueue the item again with NewItem.ID set to it to make sure: within
+// the queue's dedup window that adds nothing that was already added, even
+// if a worker already acked it); on any other error nothing was enqueued
+// and the Enqueued is zero.
+func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (Enqueued, error) {
 	id, isNew, done, err := b.enqueue(ctx, item)
 	switch {
 	case err == nil:

@@ -37,7 +37,7 @@ func BenchmarkEnqueueConcurrent(b *testing.B) {
 					it := claim.NewItem{Payload: []byte("0123456789abcdef")}
 					var err error
 					if buf != nil {
-						_, _, err = buf.Enqueue(ctx, it)
+						_, err = buf.Enqueue(ctx, it)
 					} else {
 						_, err = q.Enqueue(ctx, it)
 					}

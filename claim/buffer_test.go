@@ -115,11 +115,16 @@ func TestBufferConcurrentEnqueueEachItemOnce(t *testing.T) {
 				case i%3 == 0:
 					it.ID = uuid.New()
 				}
-				id, isNew, err := buf.Enqueue(ctx, it)
+				res, err := buf.Enqueue(ctx, it)
 				if err != nil {
 					errs <- fmt.Errorf("goroutine %d item %d: %w", g, i, err)
 					return
 				}
+				if len(res.IDs) != 1 || len(res.New) != 1 || len(res.Done) != 1 {
+					errs <- fmt.Errorf("goroutine %d item %d: %+v, want one id, New and Done", g, i, res)
+					return
+				}
+				id, isNew := res.IDs[0], res.New[0]
 				if it.ID != (uuid.UUID{}) && id != it.ID {
 					errs <- fmt.Errorf("goroutine %d item %d: id %s, want the caller's %s", g, i, id, it.ID)
 					return
@@ -209,10 +214,10 @@ func TestBufferBadItemFailsAlone(t *testing.T) {
 	// One flush of exactly n items: it waits (up to a minute) for all of them.
 	buf := newBuffer(t, q, claim.BufferOptions{MaxItems: n, MaxWait: time.Minute})
 
-	if _, _, err := buf.Enqueue(ctx, claim.NewItem{Payload: make([]byte, 101)}); !errors.Is(err, claim.ErrPayloadTooLarge) {
+	if _, err := buf.Enqueue(ctx, claim.NewItem{Payload: make([]byte, 101)}); !errors.Is(err, claim.ErrPayloadTooLarge) {
 		t.Fatalf("oversized item: %v, want ErrPayloadTooLarge at once", err)
 	}
-	if _, _, err := buf.Enqueue(ctx, claim.NewItem{Key: "bad\x00key"}); err == nil {
+	if _, err := buf.Enqueue(ctx, claim.NewItem{Key: "bad\x00key"}); err == nil {
 		t.Fatal("a key with a NUL byte was accepted")
 	}
 	type outcome struct {
@@ -228,9 +233,13 @@ func TestBufferBadItemFailsAlone(t *testing.T) {
 				it.ID = uuid.UUID{} // generated
 			}
 			if i == n/3 {
-				it.ID, it.Payload = foreign[0], []byte("bad")
+				it.ID, it.Payload = foreign.IDs[0], []byte("bad")
 			}
-			id, _, err := buf.Enqueue(ctx, it)
+			res, err := buf.Enqueue(ctx, it)
+			var id uuid.UUID
+			if len(res.IDs) == 1 {
+				id = res.IDs[0]
+			}
 			out <- outcome{i, id, err}
 		}()
 	}
@@ -279,7 +288,7 @@ func TestBufferCancelledCaller(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := buf.Enqueue(cctx, claim.NewItem{Payload: []byte("withdrawn")})
+		_, err := buf.Enqueue(cctx, claim.NewItem{Payload: []byte("withdrawn")})
 		done <- err
 	}()
 	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
@@ -303,17 +312,25 @@ func TestBufferCancelledCaller(t *testing.T) {
 		isNew bool
 		err   error
 	}
+	answer := func(res claim.Enqueued, err error) outcome {
+		o := outcome{err: err}
+		if len(res.IDs) == 1 {
+			o.id = res.IDs[0]
+		}
+		if len(res.New) == 1 {
+			o.isNew = res.New[0]
+		}
+		return o
+	}
 	gone, stay := make(chan outcome, 1), make(chan outcome, 2)
 	gctx, gcancel := context.WithCancel(ctx)
 	defer gcancel()
 	go func() {
-		id, isNew, err := buf.Enqueue(gctx, claim.NewItem{Payload: []byte("gone")})
-		gone <- outcome{id, isNew, err}
+		gone <- answer(buf.Enqueue(gctx, claim.NewItem{Payload: []byte("gone")}))
 	}()
 	for _, it := range []claim.NewItem{{ID: x, Payload: []byte("x")}, {Payload: []byte("stay")}} {
 		go func() {
-			id, isNew, err := buf.Enqueue(ctx, it)
-			stay <- outcome{id, isNew, err}
+			stay <- answer(buf.Enqueue(ctx, it))
 		}()
 	}
 	waitFor(t, "a flush", func() bool { return buf.Stats().Flushes > 0 })
@@ -349,7 +366,7 @@ func TestBufferCancelledCaller(t *testing.T) {
 	// Close flushes what waits, then refuses new items.
 	late := make(chan error, 1)
 	go func() {
-		_, _, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("before close")})
+		_, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("before close")})
 		late <- err
 	}()
 	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
@@ -359,7 +376,7 @@ func TestBufferCancelledCaller(t *testing.T) {
 	if err := <-late; err != nil {
 		t.Fatalf("item waiting at Close: %v", err)
 	}
-	if _, _, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("after")}); !errors.Is(err, claim.ErrBufferClosed) {
+	if _, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("after")}); !errors.Is(err, claim.ErrBufferClosed) {
 		t.Fatalf("Enqueue after Close: %v, want ErrBufferClosed", err)
 	}
 	if c := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE payload = 'before close'`); c != 1 {
@@ -387,7 +404,11 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 	out := make(chan outcome, n)
 	for i := range n {
 		go func() {
-			id, _, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte(fmt.Sprint("u", i))})
+			res, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte(fmt.Sprint("u", i))})
+			var id uuid.UUID
+			if len(res.IDs) == 1 {
+				id = res.IDs[0]
+			}
 			out <- outcome{id, err}
 		}()
 	}
@@ -402,7 +423,7 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 	if proxy.Fired() != 1 {
 		t.Fatalf("the fault fired %d times, want 1", proxy.Fired())
 	}
-	res, err := q.EnqueueReport(ctx, retry...)
+	res, err := q.Enqueue(ctx, retry...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,13 +472,13 @@ func TestBufferDatabaseRestart(t *testing.T) {
 				}
 				id := uuid.New()
 				cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-				got, _, err := buf.Enqueue(cctx, claim.NewItem{ID: id, Payload: []byte("r")})
+				got, err := buf.Enqueue(cctx, claim.NewItem{ID: id, Payload: []byte("r")})
 				cancel()
 				mu.Lock()
 				switch {
 				case err == nil:
-					if got != id {
-						t.Errorf("id %s returned for %s", got, id)
+					if len(got.IDs) != 1 || got.IDs[0] != id {
+						t.Errorf("ids %v returned for %s", got.IDs, id)
 					}
 					ok = append(ok, id)
 					okAfter.Add(1)

@@ -60,13 +60,13 @@ type Item struct {
 	TurnAt time.Time
 }
 
-// ClaimRequest says what ClaimWith claims.
+// ClaimRequest says what Claimer.Claim claims.
 type ClaimRequest struct {
 	// Max is the most items to claim.
 	Max int
 	// Parts, if not nil, restricts the claim to these parts, which the
-	// session must own, as ClaimParts does (an empty, non-nil list claims
-	// nothing); nil claims in any part, as Claim does.
+	// session must own (an empty, non-nil list claims nothing); nil claims
+	// in any part.
 	Parts []int
 	// SkipTenants lists tenants whose items are left unclaimed (for
 	// example tenants at their limit).
@@ -89,47 +89,8 @@ func (q *Queue) leaseFor(d time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// Claim claims up to n vested, unclaimed items of the queue for session, in
-// one statement, lowest priority value first, then earliest turn (the
-// vesting time; in a fair queue, the turn enqueue stamped: see Settings).
-// Any session may claim any item (no parts). Concurrent claimers never get
-// the same item: rows locked by one claimer are skipped by the others.
-//
-// Every claim increments the item's token and takes a lease of
-// Options.Lease. A paused queue yields no items, and neither do items whose
-// attempts are used up (Reap moves them to the dead items).
-//
-// The claim commits by itself (in its own transaction; see Queue.ready).
-// If its outcome is
-// unknown (the error wraps ErrOutcomeUnknown), items may be claimed for
-// session without the caller knowing them: call ReleaseForgotten with the
-// ids the session does know, or let their leases expire.
-func (q *Queue) Claim(ctx context.Context, session uuid.UUID, n int) ([]Item, error) {
-	return q.ClaimWith(ctx, session, ClaimRequest{Max: n})
-}
-
-// ClaimParts is Claim restricted to the given parts, which session must own
-// (rows in the session-parts table). The claims name the part, so they are
-// released when the session gives the part up. If a part is no longer owned,
-// it returns an error wrapping ErrNotOwner and claims nothing.
-func (q *Queue) ClaimParts(ctx context.Context, session uuid.UUID, parts []int, n int) ([]Item, error) {
-	if parts == nil {
-		return nil, nil
-	}
-	return q.ClaimWith(ctx, session, ClaimRequest{Max: n, Parts: parts})
-}
-
-// ClaimWith claims as Claim (req.Parts nil) or ClaimParts does, leaving
-// out the items of req.SkipTenants.
-//
-// At-most-once items (NewItem.AtMostOnce, or Settings.AtMostOnce of the
-// queue) are deleted by the claim before it returns them, in the claim's
-// transaction on CockroachDB and by a second statement on PostgreSQL: they
-// are handed out at most once, whatever happens next. If that deletion
-// fails, they are not returned; they stay claimed with their one attempt
-// used, so they are never handed out again (Reap moves them to the dead
-// items as a crash loop once their lease ends).
-func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimRequest) ([]Item, error) {
+// claimWith is Claimer.Claim for session (see its documentation).
+func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimRequest) ([]Item, error) {
 	if req.Max <= 0 || (req.Parts != nil && len(req.Parts) == 0) {
 		return nil, nil
 	}
@@ -168,7 +129,7 @@ func (q *Queue) ClaimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	return q.runClaim(ctx, e, session, "claiming", q.parts.Claim(e.dialect, len(ps)), args)
 }
 
-// claimManyParts is ClaimWith for a session that lists more parts than one
+// claimManyParts is claimWith for a session that lists more parts than one
 // per-part claim statement reads (crsql.MaxPartBranches): in one
 // transaction, a Pick per group of parts locks the best n claimable items
 // of each group, the best n of them all in (priority, turn_at) order are
@@ -238,7 +199,7 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 	return q.claimed(session, "claiming", items, err)
 }
 
-// runClaim runs one of the claim statements (ClaimWith's, or ClaimUrgent's)
+// runClaim runs one of the claim statements (claimWith's, or claimUrgent's)
 // with args, takes the at-most-once items among what it claimed, and
 // returns the items in claim order. what says what the claim does, for
 // errors.
@@ -327,7 +288,7 @@ func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, item
 
 // takeAtMostOnceAlone runs takeAtMostOnce by itself, after a claim that
 // committed (PostgreSQL). If it fails for good, the at-most-once items are
-// left out (see ClaimWith); the others are returned either way.
+// left out (see Claimer.Claim); the others are returned either way.
 func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item) []Item {
 	var out []Item
 	err := retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error {

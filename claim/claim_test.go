@@ -101,7 +101,7 @@ func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				got, err := q.Claim(ctx, s.ID(), batch)
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: batch})
 				if err != nil {
 					errs <- err
 					return
@@ -153,12 +153,12 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := q.Claim(ctx, victim.ID(), 10)
+	claimed, err := q.Claimer(victim.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(claimed) != 10 {
 		t.Fatalf("victim claimed %d items (err %v), want 10", len(claimed), err)
 	}
 	peer := startSession(t, ctx, pool)
-	if got, _ := q.Claim(ctx, peer.ID(), 10); len(got) != 0 {
+	if got, _ := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); len(got) != 0 {
 		t.Fatalf("peer claimed %d items that the live victim holds", len(got))
 	}
 
@@ -166,7 +166,7 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 	var retaken []claim.Item
 	deadline := time.Now().Add(15 * time.Second)
 	for len(retaken) < 10 && time.Now().Before(deadline) {
-		got, err := q.Claim(ctx, peer.ID(), 10)
+		got, err := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,14 +210,14 @@ func TestCloseReleasesClaimsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := q.Claim(ctx, a.ID(), 5); err != nil || len(got) != 5 {
+	if got, err := q.Claimer(a.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 5 {
 		t.Fatalf("claimed %d (err %v), want 5", len(got), err)
 	}
 	b := startSession(t, ctx, pool)
 	if err := a.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, b.ID(), 5)
+	got, err := q.Claimer(b.ID()).Claim(ctx, claim.ClaimRequest{Max: 5})
 	if err != nil || len(got) != 5 {
 		t.Fatalf("after Close, another session claimed %d (err %v), want all 5 at once", len(got), err)
 	}
@@ -232,7 +232,7 @@ func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids, err := q.EnqueueTx(ctx, tx, payloads(3)...)
-	if err != nil || len(ids) != 3 {
+	if err != nil || len(ids.IDs) != 3 {
 		t.Fatalf("EnqueueTx = %v, %v", ids, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
@@ -324,7 +324,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 	}
 	commitFailures := 0
 	for range rounds {
-		got, err := q.Claim(ctx, s.ID(), 1)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %v %v", got, err)
 		}
@@ -353,7 +353,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 1)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("claim: %v %v", got, err)
 	}
@@ -379,7 +379,7 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startSession(t, ctx, pool)
-	got, err := q.Claim(ctx, s.ID(), 6)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 6})
 	if err != nil || len(got) != 6 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -422,7 +422,7 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
-	more, err := q.Claim(ctx, s.ID(), 10)
+	more, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(more) != 3 {
 		t.Fatalf("claimed %d, %v, want 3", len(more), err)
 	}
@@ -454,7 +454,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 		if _, err := q.Enqueue(ctx, payloads(n)...); err != nil {
 			t.Fatal(err)
 		}
-		got, err := q.Claim(ctx, s.ID(), n)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: n})
 		if err != nil || len(got) != n {
 			t.Fatalf("claimed %d, %v, want %d", len(got), err, n)
 		}
@@ -468,7 +468,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 	for i, it := range got {
 		reqs[i] = claim.AckRequest{Item: it, Record: rec(it)}
 	}
-	for i, err := range q.AckEach(ctx, reqs) {
+	for i, err := range q.AckMany(ctx, reqs, claim.AckOptions{}) {
 		if err != nil {
 			t.Fatalf("item %d: %v", i, err)
 		}
@@ -502,7 +502,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 		reqs = append(reqs, r)
 	}
 	before := q.Stats()
-	errs := q.AckEach(ctx, reqs)
+	errs := q.AckMany(ctx, reqs, claim.AckOptions{})
 	if !errors.Is(errs[0], claim.ErrClaimLost) {
 		t.Errorf("lost claim: %v, want ErrClaimLost", errs[0])
 	}
@@ -559,7 +559,7 @@ func TestClaimOrderPriorityThenVesting(t *testing.T) {
 	s := startSession(t, ctx, pool)
 	var order []string
 	for {
-		got, err := q.Claim(ctx, s.ID(), 2)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -592,7 +592,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 			if time.Now().After(waitDeadline) {
 				t.Fatal("item never became claimable again")
 			}
-			got, err = q.Claim(ctx, s.ID(), 1)
+			got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -617,7 +617,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	}
 	var lastErr string
 	var attempts int
-	if err := pool.QueryRow(ctx, `SELECT last_error, attempts FROM crdbwork_dead_items WHERE id = $1`, ids[0]).Scan(&lastErr, &attempts); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT last_error, attempts FROM crdbwork_dead_items WHERE id = $1`, ids.IDs[0]).Scan(&lastErr, &attempts); err != nil {
 		t.Fatalf("dead item: %v", err)
 	}
 	if lastErr != "fail 3" || attempts != 3 {
@@ -631,7 +631,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 2)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(got) != 2 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -641,7 +641,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	if _, err := q.Nack(ctx, got[1], claim.RetryAfter(time.Hour, errors.New("rate limited"))); err != nil {
 		t.Fatal(err)
 	}
-	if later, _ := q.Claim(ctx, s.ID(), 2); len(later) != 0 {
+	if later, _ := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2}); len(later) != 0 {
 		t.Fatalf("an item nacked with RetryAfter(1h) was claimable at once")
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE vesting_at > now() + INTERVAL '50 minutes'`); n != 1 {
@@ -675,7 +675,7 @@ func TestReleaseDoesNotCountAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		got, err := q.Claim(ctx, s.ID(), 1)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %d %v", len(got), err)
 		}
@@ -717,7 +717,7 @@ func TestMissingSchemaIsReported(t *testing.T) {
 	if !errors.Is(err, crsql.ErrSchemaMissing) {
 		t.Fatalf("Enqueue without schema = %v, want ErrSchemaMissing", err)
 	}
-	_, err = q.Claim(context.Background(), uuid.New(), 1)
+	_, err = q.Claimer(uuid.New()).Claim(context.Background(), claim.ClaimRequest{Max: 1})
 	if !errors.Is(err, crsql.ErrSchemaMissing) {
 		t.Fatalf("Claim without schema = %v, want ErrSchemaMissing", err)
 	}
@@ -729,7 +729,7 @@ func TestClaimForDeletedSession(t *testing.T) {
 	if _, err := q.Enqueue(context.Background(), payloads(1)...); err != nil {
 		t.Fatal(err)
 	}
-	_, err := q.Claim(context.Background(), uuid.New(), 1)
+	_, err := q.Claimer(uuid.New()).Claim(context.Background(), claim.ClaimRequest{Max: 1})
 	if !errors.Is(err, claim.ErrNotOwner) {
 		t.Fatalf("Claim for a session that does not exist = %v, want ErrNotOwner", err)
 	}
@@ -750,7 +750,7 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 2)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(got) != 2 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
@@ -768,11 +768,11 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	}
 	var a claim.DeadItem
 	for _, d := range dead {
-		if d.ID == ids[0] {
+		if d.ID == ids.IDs[0] {
 			a = d
 		}
 	}
-	if a.ID != ids[0] || string(a.Payload) != "a" || a.Key != "k" || a.Priority != 3 || a.Attempts != 1 ||
+	if a.ID != ids.IDs[0] || string(a.Payload) != "a" || a.Key != "k" || a.Priority != 3 || a.Attempts != 1 ||
 		a.MaxAttempts != 5 || a.LastError == "" || a.DiedAt.IsZero() {
 		t.Fatalf("dead item %+v", a)
 	}
@@ -784,24 +784,24 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	}
 
 	// Another queue cannot requeue or cancel this queue's items.
-	if ok, err := other.Requeue(ctx, ids[0]); err != nil || ok {
+	if ok, err := other.Requeue(ctx, ids.IDs[0]); err != nil || ok {
 		t.Fatalf("requeue through another queue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids[0]); err != nil || !ok {
+	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || !ok {
 		t.Fatalf("requeue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids[0]); err != nil || ok {
+	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || ok {
 		t.Fatalf("second requeue of one item: %v %v", ok, err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids[0]); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids.IDs[0]); n != 0 {
 		t.Fatalf("requeued item still dead (%d rows)", n)
 	}
-	again, err := q.Claim(ctx, s.ID(), 10)
+	again, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(again) != 1 {
 		t.Fatalf("claimed %d after requeue, %v", len(again), err)
 	}
 	it := again[0]
-	if it.ID != ids[0] || string(it.Payload) != "a" || it.Key != "k" || it.Priority != 3 || it.Attempt != 1 ||
+	if it.ID != ids.IDs[0] || string(it.Payload) != "a" || it.Key != "k" || it.Priority != 3 || it.Attempt != 1 ||
 		it.MaxAttempts != 5 || it.LastError == "" {
 		t.Fatalf("requeued item %+v", it)
 	}
@@ -811,7 +811,7 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 	if err := q.Ack(ctx, it, nil); err != nil {
 		t.Fatalf("ack of the requeued item: %v", err)
 	}
-	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids[1] {
+	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids.IDs[1] {
 		t.Fatalf("dead items after requeue: %+v %v", d, err)
 	}
 }

@@ -41,22 +41,22 @@ func TestClaimRequestLease(t *testing.T) {
 		}
 	}
 	for _, bad := range []time.Duration{time.Microsecond, -time.Second, 366 * 24 * time.Hour} {
-		if got, err := q.ClaimWith(ctx, s.ID(), claim.ClaimRequest{Max: 1, Lease: bad}); err == nil || len(got) != 0 {
-			t.Errorf("ClaimWith Lease %v: %d items, %v; want an error", bad, len(got), err)
+		if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1, Lease: bad}); err == nil || len(got) != 0 {
+			t.Errorf("Claim with Lease %v: %d items, %v; want an error", bad, len(got), err)
 		}
-		if got, err := q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: 1, MaxPriority: 1, Lease: bad}); err == nil || len(got) != 0 {
+		if got, err := q.Claimer(s.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: 1, MaxPriority: 1, Lease: bad}); err == nil || len(got) != 0 {
 			t.Errorf("ClaimUrgent Lease %v: %d items, %v; want an error", bad, len(got), err)
 		}
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`); n != 0 {
 		t.Fatalf("%d items claimed by refused requests, want 0", n)
 	}
-	got, err := q.ClaimWith(ctx, s.ID(), claim.ClaimRequest{Max: 1, Lease: 2 * time.Minute})
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1, Lease: 2 * time.Minute})
 	if err != nil || len(got) != 1 {
-		t.Fatalf("ClaimWith: %d items, %v", len(got), err)
+		t.Fatalf("Claim: %d items, %v", len(got), err)
 	}
-	within("ClaimWith Lease 2m", got[0], 2*time.Minute)
-	got, err = q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: 1, MaxPriority: 1, Lease: 10 * time.Minute})
+	within("Claim with Lease 2m", got[0], 2*time.Minute)
+	got, err = q.Claimer(s.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: 1, MaxPriority: 1, Lease: 10 * time.Minute})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("ClaimUrgent: %d items, %v", len(got), err)
 	}

@@ -131,11 +131,11 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 		t.Fatalf("Nack whose move is refused = %v, want ErrDeadLetterFailed", err)
 	}
 	// Two hung items; the database refuses to release the first one's claim.
-	hung, err := q.Claim(ctx, s.ID(), 2)
+	hung, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(hung) != 2 {
 		t.Fatalf("claimed %d, %v", len(hung), err)
 	}
-	held := ids[1]
+	held := ids.IDs[1]
 	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_items ADD CONSTRAINT test_hold CHECK (claim IS NOT NULL OR id <> '`+held.String()+`')`); err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func crashClaim(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, want int) {
 	}
 	got := 0
 	for got < want {
-		items, err := q.Claim(ctx, crashed, 500)
+		items, err := q.Claimer(crashed).Claim(ctx, claim.ClaimRequest{Max: 500})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +299,7 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NULL AND attempts >= max_attempts`, bad); n != 1 {
 		t.Fatalf("after a nack whose move failed (%v): the item is not released with its attempts used up", nackErr)
 	}
-	if got, err := q.Claim(ctx, s.ID(), 10); err != nil || len(got) != 0 {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("the item was handed out again: %d items, %v", len(got), err)
 	}
 	// A second nack of the same claim is refused: it was settled.

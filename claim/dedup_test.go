@@ -25,7 +25,7 @@ func claimAndAck(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, n int) {
 	s := startSession(t, ctx, pool)
 	acked := 0
 	for acked < n {
-		items, err := q.Claim(ctx, s.ID(), 1000)
+		items, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,21 +47,18 @@ func claimAndAck(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, n int) {
 // every item it committed is claimed and acked, then the documented retry
 // (the same items with the returned ids): it adds nothing and reports every
 // item done, by each enqueue path — one caller-given id, many (a
-// transaction of INSERTs), many generated ids (COPY) retried by id, and
-// EnqueueReportTx given the pool.
+// transaction of INSERTs), and many generated ids (COPY) retried by id.
 func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		match func(string) bool
 		items int
 		given bool
-		tx    bool // EnqueueReportTx on the pool
 	}{
-		{"one-given-id", faultproxy.IsCommit, 1, true, false},
-		{"given-ids", faultproxy.IsCommit, 3, true, false},
-		{"copy", faultproxy.IsCommit, 500, false, false},
-		{"tx-given-ids", faultproxy.IsCommit, 3, true, true},
-		{"statement", faultproxy.Contains("INSERT INTO"), 3, false, false},
+		{"one-given-id", faultproxy.IsCommit, 1, true},
+		{"given-ids", faultproxy.IsCommit, 3, true},
+		{"copy", faultproxy.IsCommit, 500, false},
+		{"statement", faultproxy.Contains("INSERT INTO"), 3, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			direct, pool, proxy := proxied(t)
@@ -75,13 +72,7 @@ func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
 				t.Fatal(err) // the schema check runs before the fault
 			}
 			proxy.Arm(faultproxy.Rule{Match: tc.match, Action: faultproxy.DropAnswer})
-			var res claim.Enqueued
-			var err error
-			if tc.tx {
-				res, err = q.EnqueueReportTx(ctx, pool, items...)
-			} else {
-				res, err = q.EnqueueReport(ctx, items...)
-			}
+			res, err := q.Enqueue(ctx, items...)
 			if proxy.Fired() != 1 {
 				t.Fatalf("the fault fired %d times, want 1 (err %v)", proxy.Fired(), err)
 			}
@@ -92,11 +83,7 @@ func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
 			for i := range items {
 				items[i].ID = res.IDs[i]
 			}
-			if tc.tx {
-				res, err = q.EnqueueReportTx(ctx, pool, items...)
-			} else {
-				res, err = q.EnqueueReport(ctx, items...)
-			}
+			res, err = q.Enqueue(ctx, items...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,11 +120,11 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 		{ID: ids[3], Payload: []byte("cancelled"), Delay: time.Hour},
 		{ID: ids[4], Payload: []byte("queued"), Delay: time.Hour},
 	}
-	res, err := q.EnqueueReport(ctx, items...)
+	res, err := q.Enqueue(ctx, items...)
 	if err != nil || res.Added() != len(items) {
 		t.Fatalf("first enqueue: added %d, %v", res.Added(), err)
 	}
-	claimed, err := q.Claim(ctx, s.ID(), 10)
+	claimed, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(claimed) != 3 {
 		t.Fatalf("claimed %d, %v; want 3", len(claimed), err)
 	}
@@ -169,7 +156,7 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 	if fmt.Sprint(outcomes) != fmt.Sprint(want) {
 		t.Fatalf("ended rows %v, want %v", outcomes, want)
 	}
-	res, err = q.EnqueueReport(ctx, items...)
+	res, err = q.Enqueue(ctx, items...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,14 +182,14 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1`, ids[2]); n != 0 {
 		t.Fatalf("the requeued item is still recorded as ended")
 	}
-	res, err = q.EnqueueReport(ctx, items[2])
+	res, err = q.Enqueue(ctx, items[2])
 	if err != nil || res.New[0] || res.Done[0] {
 		t.Fatalf("enqueue of a requeued item: %+v, %v; want queued (neither new nor done)", res, err)
 	}
 }
 
 func enqueueOne(ctx context.Context, q *claim.Queue, it claim.NewItem) (claim.Enqueued, bool, error) {
-	res, err := q.EnqueueReport(ctx, it)
+	res, err := q.Enqueue(ctx, it)
 	if err != nil {
 		return res, false, err
 	}
@@ -245,7 +232,7 @@ func TestDedupWindowSetting(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_ended`); n != 0 {
 		t.Fatalf("%d ended rows with the window off", n)
 	}
-	if res, err := q.EnqueueReport(ctx, it); err != nil || !res.New[0] {
+	if res, err := q.Enqueue(ctx, it); err != nil || !res.New[0] {
 		t.Fatalf("with the window off, an acked id: %+v, %v; want new", res, err)
 	}
 	claimAndAck(t, pool, q, 1)
@@ -271,7 +258,7 @@ func TestDedupWindowSetting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := q.EnqueueReportTx(ctx, tx, it)
+	res, err := q.EnqueueTx(ctx, tx, it)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,17 +266,17 @@ func TestDedupWindowSetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.New[0] || !res.Done[0] {
-		t.Fatalf("EnqueueReportTx within the window: %+v; want done", res)
+		t.Fatalf("EnqueueTx within the window: %+v; want done", res)
 	}
 	waitFor(t, "the window to pass", func() bool {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND ended_at + INTERVAL '500 milliseconds' < now()`, it.ID) == 1
 	})
-	if res, err := q.EnqueueReport(ctx, it); err != nil || !res.New[0] {
+	if res, err := q.Enqueue(ctx, it); err != nil || !res.New[0] {
 		t.Fatalf("after the window: %+v, %v; want new", res, err)
 	}
 	// Ended again: the old row is refreshed, and the id is done again.
 	claimAndAck(t, pool, q, 1)
-	if res, err := q.EnqueueReport(ctx, it); err != nil || res.New[0] || !res.Done[0] {
+	if res, err := q.Enqueue(ctx, it); err != nil || res.New[0] || !res.Done[0] {
 		t.Fatalf("after its second ack: %+v, %v; want done", res, err)
 	}
 }
@@ -370,16 +357,16 @@ func TestUniqueKeys(t *testing.T) {
 
 	// Without a period.
 	forever := claim.NewItem{UniqueKey: "report:42", Payload: []byte("x")}
-	first, err := q.EnqueueReport(ctx, forever)
+	first, err := q.Enqueue(ctx, forever)
 	if err != nil || !first.New[0] || first.IDs[0] != claim.UniqueID("unique", "report:42", 0, time.Time{}) {
 		t.Fatalf("first unique enqueue: %+v, %v", first, err)
 	}
-	again, err := q.EnqueueReport(ctx, forever)
+	again, err := q.Enqueue(ctx, forever)
 	if err != nil || again.New[0] || again.Done[0] || again.IDs[0] != first.IDs[0] {
 		t.Fatalf("second enqueue while queued: %+v, %v; want the same id, queued", again, err)
 	}
 	claimAndAck(t, pool, q, 1)
-	again, err = q.EnqueueReport(ctx, forever)
+	again, err = q.Enqueue(ctx, forever)
 	if err != nil || again.New[0] || !again.Done[0] {
 		t.Fatalf("enqueue after the ack: %+v, %v; want done", again, err)
 	}
@@ -391,11 +378,11 @@ func TestUniqueKeys(t *testing.T) {
 	// Enqueue twice within one period (retrying if a boundary falls
 	// between the two).
 	for {
-		a, err := q.EnqueueReport(ctx, keyed)
+		a, err := q.Enqueue(ctx, keyed)
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := q.EnqueueReport(ctx, keyed)
+		b, err := q.Enqueue(ctx, keyed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -408,7 +395,7 @@ func TestUniqueKeys(t *testing.T) {
 		}
 	}
 	waitFor(t, "the next period", func() bool { return claim.UniqueID("unique", "digest", period, time.Now()) != firstID })
-	next, err := q.EnqueueReport(ctx, keyed)
+	next, err := q.Enqueue(ctx, keyed)
 	if err != nil || next.IDs[0] == firstID || !next.New[0] {
 		t.Fatalf("enqueue in the next period: %+v, %v; want a new item", next, err)
 	}
@@ -448,13 +435,13 @@ func TestFairEnqueueLostTurnsReadIsAPlainFailure(t *testing.T) {
 	if proxy.Fired() != 1 {
 		t.Fatalf("the fault fired %d times, want 1 (err %v)", proxy.Fired(), err)
 	}
-	if err == nil || errors.Is(err, claim.ErrOutcomeUnknown) || ids != nil {
-		t.Fatalf("enqueue whose turns read was lost: ids %v, %v; want a plain error and no ids", ids, err)
+	if err == nil || errors.Is(err, claim.ErrOutcomeUnknown) || ids.IDs != nil {
+		t.Fatalf("enqueue whose turns read was lost: ids %v, %v; want a plain error and no ids", ids.IDs, err)
 	}
 	if n := count(t, direct, `SELECT count(*) FROM crdbwork_items`); n != 0 {
 		t.Fatalf("%d items after a failed turns read", n)
 	}
-	if ids, err := q.Enqueue(ctx, items...); err != nil || len(ids) != 2 {
+	if ids, err := q.Enqueue(ctx, items...); err != nil || len(ids.IDs) != 2 {
 		t.Fatalf("enqueue after the fault: %v, %v", ids, err)
 	}
 }

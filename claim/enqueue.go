@@ -117,7 +117,7 @@ type NewItem struct {
 	// no claim holds it. A claim made before the deadline may still ack.
 	TTL time.Duration
 	// AtMostOnce makes the item at-most-once: the claim that hands it out
-	// deletes it (see Queue.ClaimWith), so it is never handed out twice,
+	// deletes it (see Claimer.Claim), so it is never handed out twice,
 	// and it is lost if its handler fails or its process dies. Its
 	// MaxAttempts is 1. Settings.AtMostOnce does the same for every item
 	// of the queue.
@@ -142,8 +142,7 @@ type Enqueued struct {
 	// at-most-once item) within the queue's dedup window and is not in the
 	// items table: its work is done (or dead) and was not enqueued again.
 	// Always false when New[i] is true. When the call's statements ran
-	// outside one transaction (a single item through a pool on
-	// CockroachDB, or EnqueueTx given neither a transaction nor a pool),
+	// outside one transaction (a single item of Enqueue on CockroachDB),
 	// Done is read by a second statement: an item acked in between is then
 	// reported done rather than queued.
 	Done []bool
@@ -160,31 +159,26 @@ func (e Enqueued) Added() int {
 	return n
 }
 
-// Enqueue adds items to the queue atomically (all or none) and returns
-// their ids in order. An item whose ID is already in the queue's items table
-// is not added again (see EnqueueReport to learn which were). Many items
-// with generated ids (from 64) are streamed with COPY; caller-given ids, and
-// fewer items, go in multi-row INSERT … ON CONFLICT DO NOTHING statements. A
-// call of any size is split into statements and COPYs of at most 8 MiB, in
-// one transaction.
+// Enqueue adds items to the queue atomically (all or none) and reports
+// what it did (see Enqueued): the items' ids in order, which items this
+// call added, and which were not added because their id was already queued
+// or had ended. An item whose ID is already in the queue's items table is
+// not added again. Many items with generated ids (from 64) are streamed
+// with COPY; caller-given ids, and fewer items, go in multi-row INSERT … ON
+// CONFLICT DO NOTHING statements. A call of any size is split into
+// statements and COPYs of at most 8 MiB, in one transaction.
 //
 // If err wraps ErrOutcomeUnknown, the items may or may not have been
-// enqueued; the ids are returned all the same: enqueue the same items with
-// NewItem.ID set to them to make sure (EnqueueReport says which were new).
-// That adds no duplicate whatever happened meanwhile, provided the retry
-// comes within the queue's dedup window (Settings.DedupWindow, a day by
-// default): an item still queued is found in the items table, and one that
-// a worker already acked (or that died, was cancelled, or was taken as an
-// at-most-once item) is found among the ended ids, and is not run again.
-// On any other error nothing was enqueued and ids is nil.
-func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) (ids []uuid.UUID, err error) {
-	res, err := q.EnqueueReport(ctx, items...)
-	return res.IDs, err
-}
-
-// EnqueueReport is Enqueue, reporting which items were added by this call,
-// which were already queued and which had already ended (see Enqueued).
-func (q *Queue) EnqueueReport(ctx context.Context, items ...NewItem) (Enqueued, error) {
+// enqueued; their ids are returned all the same (Enqueued.IDs; New and Done
+// are nil): enqueue the same items with NewItem.ID set to them to make sure
+// (the retry's Enqueued says which were new). That adds no duplicate
+// whatever happened meanwhile, provided the retry comes within the queue's
+// dedup window (Settings.DedupWindow, a day by default): an item still
+// queued is found in the items table, and one that a worker already acked
+// (or that died, was cancelled, or was taken as an at-most-once item) is
+// found among the ended ids, and is not run again. On any other error
+// nothing was enqueued and the Enqueued is zero.
+func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) (Enqueued, error) {
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
@@ -218,71 +212,42 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 			return q.write(ctx, tx, b, true, &res)
 		})
 	}
-	return q.finish(b, res, err, false) // retry.Do and retry.Tx classify
+	return q.finish(b, res, err) // retry.Do and retry.Tx classify
 }
 
-// EnqueueTx adds items through db, typically the caller's own transaction, so
-// that the items exist if and only if that transaction commits. It does not
-// retry: retrying the caller's transaction is the caller's business. Given a
-// pool or a connection instead (a DB), it does what Enqueue does on it;
-// given any other crsql.DB, it runs its statements one by one (atomic only
-// when the items fit in one). Ids and idempotence are as for Enqueue; in
-// the caller's transaction, the check against ended ids is as isolated as
-// that transaction: run it SERIALIZABLE (CockroachDB's default; on
-// PostgreSQL, BEGIN ISOLATION LEVEL SERIALIZABLE) so that an ack of the same
-// id committing at the same moment cannot slip between the check and the
-// insert; under READ COMMITTED such a race can add the id again.
-func (q *Queue) EnqueueTx(ctx context.Context, db crsql.DB, items ...NewItem) ([]uuid.UUID, error) {
-	res, err := q.EnqueueReportTx(ctx, db, items...)
-	return res.IDs, err
-}
-
-// EnqueueReportTx is EnqueueTx, reporting which items were added by this
-// call and which were already present.
-func (q *Queue) EnqueueReportTx(ctx context.Context, db crsql.DB, items ...NewItem) (Enqueued, error) {
+// EnqueueTx adds items in the caller's transaction tx, so that the items
+// exist if and only if tx commits, and reports what it did as Enqueue does
+// (see Enqueued: the same fields with the same meaning, for what commits
+// with tx). It does not retry, and nothing commits here: on error, roll tx
+// back (nothing of the call is unknown; the Enqueued is zero); retrying the
+// transaction is the caller's business. Ids and idempotence are as for
+// Enqueue; the check against ended ids is as isolated as tx: run it
+// SERIALIZABLE (CockroachDB's default; on PostgreSQL, BEGIN ISOLATION LEVEL
+// SERIALIZABLE) so that an ack of the same id committing at the same moment
+// cannot slip between the check and the insert; under READ COMMITTED such a
+// race can add the id again.
+func (q *Queue) EnqueueTx(ctx context.Context, tx pgx.Tx, items ...NewItem) (Enqueued, error) {
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
-	if err := q.readyOn(ctx, db); err != nil {
+	if err := q.readyOn(ctx, tx); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
 	}
 	res := b.result()
-	_, canCopy := db.(copier)
-	if _, isTx := db.(pgx.Tx); isTx {
-		if err := q.stamp(ctx, db, b); err != nil {
-			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(crsql.Classify(err)))
-		}
-		// Nothing commits here: on error, the caller's transaction must be
-		// rolled back, and nothing is unknown.
-		if err := q.write(ctx, db, b, canCopy, &res); err != nil {
-			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
-		}
-		q.stats.enqueued.Add(int64(res.Added()))
-		return res, nil
+	if err := q.stamp(ctx, tx, b); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(crsql.Classify(err)))
 	}
-	if pool, ok := db.(DB); ok {
-		return q.enqueueOn(ctx, pool, b)
+	if err := q.write(ctx, tx, b, true, &res); err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 	}
-	// Neither a transaction nor a pool: the statements run one by one, and
-	// one that fails in flight leaves the outcome unknown.
-	if err := q.stamp(ctx, db, b); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns (nothing was enqueued): %w",
-			len(items), q.opts.Queue, plain(crsql.Classify(err)))
-	}
-	err = q.write(ctx, db, b, false, &res)
-	return q.finish(b, res, err, true)
+	q.stats.enqueued.Add(int64(res.Added()))
+	return res, nil
 }
 
-// finish wraps an error with context and counts the items added. single
-// says that the items were written by statements outside a transaction,
-// through a db the retry helpers did not run (their errors are classified
-// here).
-func (q *Queue) finish(b *batch, res Enqueued, err error, single bool) (Enqueued, error) {
+// finish wraps an error with context and counts the items added.
+func (q *Queue) finish(b *batch, res Enqueued, err error) (Enqueued, error) {
 	if err != nil {
-		if single && !errors.Is(err, ErrOutcomeUnknown) && (retry.Ambiguous(err) || retry.LostInFlight(err)) {
-			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
-		}
 		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, crsql.Classify(err))
 		if errors.Is(err, ErrOutcomeUnknown) {
 			return Enqueued{IDs: b.ids}, err

@@ -60,7 +60,7 @@ func TestEnqueueMessagesStayUnderCockroachLimit(t *testing.T) {
 		tenant := strings.Repeat(string(rune('a'+i%26)), claim.MaxKeyLength-8) + uuid.NewString()[:8]
 		items[i] = claim.NewItem{ID: uuid.New(), Payload: []byte("x"), Tenant: tenant}
 	}
-	res, err := q.EnqueueReport(ctx, items...)
+	res, err := q.Enqueue(ctx, items...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -133,7 +133,7 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	a, b := uuid.New(), uuid.New()
-	first, err := q.EnqueueReport(ctx,
+	first, err := q.Enqueue(ctx,
 		claim.NewItem{ID: a, Payload: []byte("a")},
 		claim.NewItem{Payload: []byte("generated")},
 		claim.NewItem{ID: b, Payload: []byte("b")})
@@ -149,7 +149,7 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	// Again, with other payloads and a new id among them: only the new one
 	// is added; the present ones keep their payload.
 	c := uuid.New()
-	again, err := q.EnqueueReport(ctx,
+	again, err := q.Enqueue(ctx,
 		claim.NewItem{ID: b, Payload: []byte("changed")},
 		claim.NewItem{ID: c, Payload: []byte("c")},
 		claim.NewItem{ID: a, Payload: []byte("changed")})
@@ -170,13 +170,13 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	}
 	// Enqueue (ids only) is idempotent too, and so is EnqueueTx.
 	ids, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("x")})
-	if err != nil || len(ids) != 1 || ids[0] != a {
+	if err != nil || len(ids.IDs) != 1 || ids.IDs[0] != a {
 		t.Fatalf("Enqueue of a present id: %v, %v", ids, err)
 	}
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-		res, err := q.EnqueueReportTx(ctx, tx, claim.NewItem{ID: b, Payload: []byte("x")}, claim.NewItem{ID: uuid.New(), Payload: []byte("d")})
+		res, err := q.EnqueueTx(ctx, tx, claim.NewItem{ID: b, Payload: []byte("x")}, claim.NewItem{ID: uuid.New(), Payload: []byte("d")})
 		if err == nil && fmt.Sprint(res.New) != "[false true]" {
-			err = fmt.Errorf("EnqueueReportTx: new %v, want [false true]", res.New)
+			err = fmt.Errorf("EnqueueTx: new %v, want [false true]", res.New)
 		}
 		return err
 	})
@@ -217,11 +217,11 @@ func TestEnqueueManyCallerIDsTwice(t *testing.T) {
 		ids[i] = uuid.New()
 	}
 	items := itemsWith(len(ids), func(i int) uuid.UUID { return ids[i] })
-	res, err := q.EnqueueReport(ctx, items[:7000]...)
+	res, err := q.Enqueue(ctx, items[:7000]...)
 	if err != nil || res.Added() != 7000 {
 		t.Fatalf("first: added %d, %v", res.Added(), err)
 	}
-	res, err = q.EnqueueReport(ctx, items...)
+	res, err = q.Enqueue(ctx, items...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestEnqueueSameIDsConcurrently(t *testing.T) {
 				if p == 1 {
 					items = itemsWith(len(ids), func(i int) uuid.UUID { return ids[len(ids)-1-i] })
 				}
-				res, err := q.EnqueueReport(ctx, items...)
+				res, err := q.Enqueue(ctx, items...)
 				added[p], errs[p] = res.Added(), err
 			}()
 		}
@@ -307,8 +307,8 @@ func TestEnqueueBulkMatchesSingle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != n {
-		t.Fatalf("%d ids", len(ids))
+	if len(ids.IDs) != n {
+		t.Fatalf("%d ids", len(ids.IDs))
 	}
 	for _, it := range items[:60] {
 		if _, err := single.Enqueue(ctx, it); err != nil {
@@ -346,7 +346,7 @@ func TestEnqueueBulkMatchesSingle(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&dbNow); err != nil {
 		t.Fatal(err)
 	}
-	for i, id := range ids {
+	for i, id := range ids.IDs {
 		r, it := got[id], items[i]
 		wantMax := int64(it.MaxAttempts)
 		if wantMax == 0 {
@@ -427,7 +427,7 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 			}
 			var sum int64
 			if err := pool.QueryRow(ctx, `SELECT COALESCE(sum(length(payload) + COALESCE(length(metadata), 0)), 0)
-				FROM crdbwork_items WHERE id = ANY($1)`, ids).Scan(&sum); err != nil {
+				FROM crdbwork_items WHERE id = ANY($1)`, ids.IDs).Scan(&sum); err != nil {
 				t.Fatal(err)
 			}
 			if sum != int64(total) {
@@ -488,17 +488,17 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 			if !errors.Is(err, claim.ErrOutcomeUnknown) {
 				t.Fatalf("Enqueue with its answer lost: %v, want ErrOutcomeUnknown", err)
 			}
-			if len(ids) != tc.items {
-				t.Fatalf("%d ids returned with the unknown outcome, want %d", len(ids), tc.items)
+			if len(ids.IDs) != tc.items {
+				t.Fatalf("%d ids returned with the unknown outcome, want %d", len(ids.IDs), tc.items)
 			}
 			const others = `SELECT count(*) FROM crdbwork_items WHERE payload <> 'warm-up'`
 			if n := count(t, pool, others); n != tc.items {
 				t.Fatalf("%d rows after the lost answer, want %d (the server committed)", n, tc.items)
 			}
 			for i := range items {
-				items[i].ID = ids[i]
+				items[i].ID = ids.IDs[i]
 			}
-			res, err := q.EnqueueReport(ctx, items...)
+			res, err := q.Enqueue(ctx, items...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -513,8 +513,8 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 }
 
 // EnqueueTx of many items (COPY) inside the caller's transaction: the items
-// exist if and only if that transaction commits. Given the pool itself, it
-// enqueues atomically on its own.
+// exist if and only if that transaction commits, and the call reports them
+// added as Enqueue does.
 func TestEnqueueTxBulk(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
@@ -525,8 +525,8 @@ func TestEnqueueTxBulk(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids, err := q.EnqueueTx(ctx, tx, payloads(1000)...)
-		if err != nil || len(ids) != 1000 {
-			t.Fatalf("EnqueueTx: %d ids, %v", len(ids), err)
+		if err != nil || len(ids.IDs) != 1000 || ids.Added() != 1000 || len(ids.Done) != 1000 {
+			t.Fatalf("EnqueueTx: %d ids, %d added, %v", len(ids.IDs), ids.Added(), err)
 		}
 		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
 			t.Fatalf("%d items visible before the caller's commit", n)
@@ -543,15 +543,8 @@ func TestEnqueueTxBulk(t *testing.T) {
 		if commit {
 			want = 1000
 		}
-		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, ids); n != want {
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, ids.IDs); n != want {
 			t.Fatalf("commit %v: %d items, want %d", commit, n, want)
 		}
-	}
-	res, err := q.EnqueueReportTx(ctx, pool, payloads(700)...)
-	if err != nil || res.Added() != 700 {
-		t.Fatalf("EnqueueReportTx on the pool: added %d, %v", res.Added(), err)
-	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1700 {
-		t.Fatalf("%d items, want 1700", n)
 	}
 }

@@ -43,6 +43,16 @@ func RetryAfter(delay time.Duration, err error) error {
 	return retryAfterError{err, max(delay, 0)}
 }
 
+// RetryDelay reports the delay err was marked with by RetryAfter (anywhere
+// in its chain), the delay Nack gives the item instead of the backoff, and
+// whether it was marked at all. A handler's test asserts with it what
+// its handler asked for:
+//
+//	if d, ok := claim.RetryDelay(res.Err); !ok || d != time.Minute {
+//		t.Fatalf("retry delay %v, %v; want 1m", d, ok)
+//	}
+func RetryDelay(err error) (time.Duration, bool) { return retryAfter(err) }
+
 func retryAfter(err error) (time.Duration, bool) {
 	var r retryAfterError
 	if errors.As(err, &r) {

@@ -31,9 +31,9 @@ func ExampleBuffer() {
 	enqueue := func(address string) error {
 		it := claim.NewItem{Payload: []byte(address)}
 		for {
-			id, _, err := buf.Enqueue(ctx, it)
+			res, err := buf.Enqueue(ctx, it)
 			if errors.Is(err, claim.ErrOutcomeUnknown) {
-				it.ID = id // the same id again: added once, whatever happened
+				it.ID = res.IDs[0] // the same id again: added once, whatever happened
 				continue
 			}
 			return err
@@ -51,7 +51,7 @@ func ExampleBuffer() {
 	}
 	wg.Wait()
 	// A bad item fails alone, at once.
-	_, _, err = buf.Enqueue(ctx, claim.NewItem{Payload: make([]byte, 2<<20)})
+	_, err = buf.Enqueue(ctx, claim.NewItem{Payload: make([]byte, 2<<20)})
 	fmt.Println("too large:", errors.Is(err, claim.ErrPayloadTooLarge))
 	// Close flushes what still waits.
 	if err := buf.Close(ctx); err != nil {

@@ -15,7 +15,7 @@ import (
 // an enqueue safe to repeat: after an unknown outcome (the connection died
 // while the enqueue was committing) or a crash of the producer, enqueue the
 // same items again; those already in the queue are not added twice.
-func ExampleQueue_EnqueueReport() {
+func ExampleQueue_Enqueue() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -37,7 +37,7 @@ func ExampleQueue_EnqueueReport() {
 	}
 	enqueue := func(items []claim.NewItem) claim.Enqueued {
 		for {
-			res, err := q.EnqueueReport(ctx, items...)
+			res, err := q.Enqueue(ctx, items...)
 			if errors.Is(err, claim.ErrOutcomeUnknown) {
 				continue // the same ids again: no duplicates whatever happened
 			}

@@ -70,7 +70,7 @@ func claimEmailsWith(ctx context.Context, pool *pgxpool.Pool, opts claim.Options
 		log.Fatal(err)
 	}
 	addEmails(ctx, pool, q, addresses...)
-	if items, err = q.Claim(ctx, sess.ID(), len(addresses)); err != nil {
+	if items, err = q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: len(addresses)}); err != nil {
 		log.Fatal(err)
 	}
 	return q, items, func() { sess.Close(ctx) }
@@ -135,7 +135,7 @@ func ExampleQueue_Ack() {
 	}
 	addEmails(ctx, pool, q, "ada@example.com", "bob@example.com", "eve@example.com")
 
-	items, err := q.Claim(ctx, sess.ID(), 10)
+	items, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func ExampleQueue_Ack() {
 // Ack several items, each with its own result, in one transaction when all
 // of them succeed; an item whose record fails is reported alone and the
 // others are still acked.
-func ExampleQueue_AckEach() {
+func ExampleQueue_AckMany() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -186,7 +186,7 @@ func ExampleQueue_AckEach() {
 			return err
 		}})
 	}
-	for i, err := range q.AckEach(ctx, reqs) {
+	for i, err := range q.AckMany(ctx, reqs, claim.AckOptions{}) {
 		switch {
 		case err == nil:
 			fmt.Printf("%s: acked\n", items[i].Payload)
@@ -229,7 +229,7 @@ func ExampleQueue_Nack() {
 	}
 
 	claimOne := func() claim.Item {
-		items, err := q.Claim(ctx, sess.ID(), 1)
+		items, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 		if err != nil || len(items) != 1 {
 			log.Fatalf("claimed %d items: %v", len(items), err)
 		}
@@ -265,10 +265,10 @@ func ExampleQueue_Nack() {
 	// items left: 0
 }
 
-// Record the results of a whole batch with one statement: AckEachWith calls
+// Record the results of a whole batch with one statement: AckMany calls
 // the batch hook once per transaction with the requests whose claims held,
 // each carrying the Value its handler handed on.
-func ExampleQueue_AckEachWith() {
+func ExampleQueue_AckMany_batch() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -293,7 +293,7 @@ func ExampleQueue_AckEachWith() {
 		_, err := tx.Exec(ctx, `INSERT INTO deliveries (address, message_id) SELECT * FROM unnest($1::TEXT[], $2::TEXT[])`, addresses, ids)
 		return err
 	}
-	for _, err := range q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: batch}) {
+	for _, err := range q.AckMany(ctx, reqs, claim.AckOptions{Batch: batch}) {
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -320,7 +320,7 @@ func ExampleQueue_Reap() {
 	defer closeSession()
 
 	// ada's handler is slow but alive: it extends its lease.
-	extended, err := q.Extend(ctx, items[:1], time.Hour)
+	extended, err := q.Claimer(items[0].Session).Extend(ctx, items[:1], time.Hour)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func ExampleQueue_Reap() {
 	fmt.Println("released by Reap:", released)
 	err = q.Ack(ctx, items[1], nil)
 	fmt.Println("the hung handler's late ack lost its claim:", errors.Is(err, claim.ErrClaimLost))
-	again, err := q.Claim(ctx, items[0].Session, 2)
+	again, err := q.Claimer(items[0].Session).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func BenchmarkClaimTenants(b *testing.B) {
 			start := time.Now()
 			claimed := 0
 			for claimed < b.N {
-				got, err := q.Claim(ctx, s.ID(), 64)
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 64})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -25,8 +25,8 @@ func tenantsOfPart(prefix string, part, parts, n int) []string {
 	return names
 }
 
-// In parts mode (4 parts, 2 sessions claiming their own parts with
-// ClaimParts), a fair queue serves a small tenant within one round of its
+// In parts mode (4 parts, 2 sessions each claiming in its own parts), a
+// fair queue serves a small tenant within one round of its
 // part: its item is claimed among the next (tenants backlogged in the part)
 // claims of that part, whether it came before the claims began or while
 // they went on; in a plain queue it waits behind the part's backlog.
@@ -92,7 +92,7 @@ func TestFairPartsServeSmallTenantsWithinARound(t *testing.T) {
 			// ack them.
 			round := func() {
 				for _, s := range sessions {
-					got, err := q.ClaimParts(ctx, s.id, s.parts, 4)
+					got, err := q.Claimer(s.id).Claim(ctx, claim.ClaimRequest{Max: 4, Parts: s.parts})
 					if err != nil {
 						t.Fatal(err)
 					}

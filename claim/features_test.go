@@ -32,8 +32,8 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := claimOne(t, q, s.ID())
-	if held.ID != ids[1] || held.ExpiresAt.IsZero() {
-		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids[1])
+	if held.ID != ids.IDs[1] || held.ExpiresAt.IsZero() {
+		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids.IDs[1])
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 2 {
@@ -42,8 +42,8 @@ func TestItemTTLExpires(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	got, err := q.Claim(ctx, s.ID(), 10)
-	if err != nil || len(got) != 1 || got[0].ID != ids[2] {
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil || len(got) != 1 || got[0].ID != ids.IDs[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
 	}
 	st, err := q.Reap(ctx)
@@ -51,8 +51,8 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatalf("Reap = %+v, %v; want 1 expired (the claimed one is its holder's)", st, err)
 	}
 	dead, err := q.Dead(ctx, 10)
-	if err != nil || len(dead) != 1 || dead[0].ID != ids[0] || dead[0].Reason != claim.ReasonExpired || dead[0].Tenant != "acme" {
-		t.Fatalf("dead items %+v, %v; want %s expired, tenant acme", dead, err, ids[0])
+	if err != nil || len(dead) != 1 || dead[0].ID != ids.IDs[0] || dead[0].Reason != claim.ReasonExpired || dead[0].Tenant != "acme" {
+		t.Fatalf("dead items %+v, %v; want %s expired, tenant acme", dead, err, ids.IDs[0])
 	}
 	// The claim made before the deadline still acks.
 	if err := q.Ack(ctx, held, nil); err != nil {
@@ -76,7 +76,7 @@ func TestItemTTLExpires(t *testing.T) {
 	if _, err := q.Nack(ctx, it, claim.RetryAfter(0, errors.New("later"))); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := q.Claim(ctx, s.ID(), 10); err != nil || len(got) != 0 {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("an expired, nacked item was handed out again: %v %v", got, err)
 	}
 	if st, err := q.Reap(ctx); err != nil || st.Expired != 1 {
@@ -104,11 +104,11 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, crashed, 10)
-	if err != nil || len(got) != 2 || got[0].ID != ids[0] || !got[0].AtMostOnce || got[1].AtMostOnce {
+	got, err := q.Claimer(crashed).Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil || len(got) != 2 || got[0].ID != ids.IDs[0] || !got[0].AtMostOnce || got[1].AtMostOnce {
 		t.Fatalf("claim = %+v, %v", got, err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids[0]); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids.IDs[0]); n != 0 {
 		t.Fatal("the at-most-once item is still in the items table after its claim")
 	}
 	if _, err := q.Nack(ctx, got[0], errors.New("x")); !errors.Is(err, claim.ErrClaimLost) {
@@ -118,7 +118,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	if err := q.Ack(ctx, got[0], record(got[0])); err != nil {
 		t.Fatalf("ack of an at-most-once item: %v", err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, ids[0]); n != 1 {
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, ids.IDs[0]); n != 1 {
 		t.Fatalf("%d result rows for the at-most-once item, want 1", n)
 	}
 	// The claimer dies: the ordinary item comes back, the other never does.
@@ -126,8 +126,8 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := startSession(t, ctx, pool)
-	again, err := q.Claim(ctx, s.ID(), 10)
-	if err != nil || len(again) != 1 || again[0].ID != ids[1] {
+	again, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil || len(again) != 1 || again[0].ID != ids.IDs[1] {
 		t.Fatalf("after the crash: %+v, %v; want only the ordinary item", again, err)
 	}
 	if err := q.Ack(ctx, again[0], nil); err != nil {
@@ -154,7 +154,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 	}
 	seen := map[uuid.UUID]bool{}
 	for {
-		got, err := q.Claim(ctx, s.ID(), 64)
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func TestSkipTenantsAndTenantPart(t *testing.T) {
 		}
 	}
 	s := startSession(t, ctx, pool)
-	got, err := q.ClaimWith(ctx, s.ID(), claim.ClaimRequest{Max: 100, SkipTenants: []string{"t1", "t3"}})
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 100, SkipTenants: []string{"t1", "t3"}})
 	if err != nil || len(got) != 20 {
 		t.Fatalf("claimed %d, %v; want the 20 items of t0 and t2", len(got), err)
 	}
@@ -292,7 +292,7 @@ func TestDeadItemReasons(t *testing.T) {
 	for _, d := range dead {
 		reasons[d.ID] = d.Reason
 	}
-	if reasons[ids[0]] != claim.ReasonFailed || reasons[ids[1]] != claim.ReasonPermanent {
+	if reasons[ids.IDs[0]] != claim.ReasonFailed || reasons[ids.IDs[1]] != claim.ReasonPermanent {
 		t.Fatalf("reasons %v", reasons)
 	}
 }

@@ -64,12 +64,12 @@ func TestInspectQueues(t *testing.T) {
 	}
 	// Claim 5 due items: 2 stay claimed by s, 1 by s2, 2 die (one
 	// permanent failure each).
-	claimed, err := parts.Claim(ctx, s.ID(), 4)
+	claimed, err := parts.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 4})
 	if err != nil || len(claimed) != 4 {
 		t.Fatalf("Claim = %d items, %v; want 4", len(claimed), err)
 	}
 	s2 := startSession(t, ctx, pool)
-	other, err := parts.Claim(ctx, s2.ID(), 1)
+	other, err := parts.Claimer(s2.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(other) != 1 {
 		t.Fatalf("Claim by s2 = %d items, %v; want 1", len(other), err)
 	}
@@ -149,7 +149,7 @@ func TestInspectQueues(t *testing.T) {
 	if _, err := deadOnly.Enqueue(ctx, claim.NewItem{Payload: []byte("d")}); err != nil {
 		t.Fatal(err)
 	}
-	its, err := deadOnly.Claim(ctx, s.ID(), 1)
+	its, err := deadOnly.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(its) != 1 {
 		t.Fatalf("Claim = %d, %v", len(its), err)
 	}

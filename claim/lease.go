@@ -13,20 +13,16 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// CrashLoopError is the last error of an item that Reap moved to the dead
+// crashLoopError is the last error of an item that Reap moved to the dead
 // items because its attempts were used up without an ack or a nack.
-const CrashLoopError = "attempts used up without an ack or nack: the handler or the process died on every attempt"
+const crashLoopError = "attempts used up without an ack or nack: the handler or the process died on every attempt"
 
 // reapBatch bounds the rows one statement of Reap releases or moves.
 const reapBatch = 1000
 
-// Extend moves the leases of items that are still claimed (same session,
-// same token) to now()+d by the database clock, in one statement, and
-// returns those items with their new LeaseUntil. Items missing from the
-// result lost their claims (acked, released, reaped, or their session is
-// gone): stop working on them. A long-running handler's worker calls it
-// well before LeaseUntil.
-func (q *Queue) Extend(ctx context.Context, items []Item, d time.Duration) ([]Item, error) {
+// extend is Claimer.Extend without the check of the items' session (see
+// its documentation).
+func (q *Queue) extend(ctx context.Context, items []Item, d time.Duration) ([]Item, error) {
 	if d < time.Millisecond || d > maxLease {
 		return nil, fmt.Errorf("claim: extending leases in %q: duration %v must be between 1ms and %v", q.opts.Queue, d, maxLease)
 	}
@@ -76,8 +72,8 @@ type ReapStats struct {
 	// attempt counted: they are claimable again.
 	Released int
 	// Dead counts unclaimed items whose attempts were used up, moved to the
-	// dead items with CrashLoopError as their last error (reason "crash
-	// loop").
+	// dead items with reason "crash loop" (ReasonCrashLoop); their last
+	// error says that the attempts were used up without an ack or a nack.
 	Dead int
 	// Expired counts unclaimed items past their deadline (NewItem.TTL),
 	// moved to the dead items with reason "expired".
@@ -95,8 +91,8 @@ type ReapStats struct {
 // Reap releases the queue's items whose lease expired, whoever claimed them
 // (a hung handler, a claim whose answer was lost, a process that forgot an
 // item), and moves its unclaimed items whose attempts are used up to the
-// dead items with CrashLoopError as their last error, and its unclaimed
-// items past their deadline with reason "expired". It works in bounded
+// dead items with reason "crash loop", and its unclaimed items past their
+// deadline with reason "expired". It works in bounded
 // batches until nothing is left, and then forgets, in bounded batches, the
 // ended ids older than the queue's dedup window (PruneEnded). Any session
 // may run it at any time; it is
@@ -123,7 +119,7 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		{step: StepLeases, batch: q.engine.Load().st.ReapLeases, candidates: q.dst.ExpiredLeaseIDs, byID: q.dst.ReapLeasesIDs,
 			count: &st.Released},
 		{step: StepExhausted, batch: q.st.ReapExhausted, candidates: q.dst.ExhaustedIDs, byID: q.dst.ReapExhaustedIDs,
-			extra: []any{CrashLoopError}, count: &st.Dead},
+			extra: []any{crashLoopError}, count: &st.Dead},
 		{step: StepExpired, batch: q.st.ReapExpired, candidates: q.dst.ExpiredIDs, byID: q.dst.ReapExpiredIDs,
 			count: &st.Expired},
 	}
@@ -266,13 +262,9 @@ func (q *Queue) reapStep(ctx context.Context, stmt string, args ...any) (int, er
 	return n, err
 }
 
-// ReleaseForgotten releases the items of this queue claimed by session that
-// are not in keep, giving their attempts back, and returns how many it
-// released. A worker calls it after a claim whose outcome was unknown
-// (ErrOutcomeUnknown), with the ids of the items it is working on: the items
-// that claim may have taken are released at once instead of at the end of
-// their leases.
-func (q *Queue) ReleaseForgotten(ctx context.Context, session uuid.UUID, keep []uuid.UUID) (int, error) {
+// releaseForgotten is Claimer.ReleaseForgotten for session (see its
+// documentation).
+func (q *Queue) releaseForgotten(ctx context.Context, session uuid.UUID, keep []uuid.UUID) (int, error) {
 	if keep == nil {
 		keep = []uuid.UUID{}
 	}

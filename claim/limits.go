@@ -100,12 +100,6 @@ func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
 	return out, nil
 }
 
-// ReadTenantLimits reads queue's tenant limits from db, as TenantLimits does,
-// without checking the schema (for workers, which checked it already).
-func ReadTenantLimits(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (map[string]Limit, error) {
-	return readTenantLimits(ctx, db, crsql.NewLimitStatements(t), queue)
-}
-
 func readTenantLimits(ctx context.Context, db crsql.DB, st *crsql.LimitStatements, queue string) (map[string]Limit, error) {
 	out := map[string]Limit{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {

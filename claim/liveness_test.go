@@ -21,7 +21,7 @@ import (
 // claimOne claims exactly one item or fails the test.
 func claimOne(t *testing.T, q *claim.Queue, session uuid.UUID) claim.Item {
 	t.Helper()
-	got, err := q.Claim(context.Background(), session, 1)
+	got, err := q.Claimer(session).Claim(context.Background(), claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("claimed %d items (err %v), want 1", len(got), err)
 	}
@@ -88,7 +88,7 @@ func TestAnyPartClaimAfterPartsSessionDied(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := q.ClaimParts(ctx, victim, []int{0, 1}, 6)
+	got, err := q.Claimer(victim).Claim(ctx, claim.ClaimRequest{Max: 6, Parts: []int{0, 1}})
 	if err != nil || len(got) != 6 {
 		t.Fatalf("parts claim: %d items, %v", len(got), err)
 	}
@@ -98,7 +98,7 @@ func TestAnyPartClaimAfterPartsSessionDied(t *testing.T) {
 	stale := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL AND claim_part IS NOT NULL`)
 	t.Logf("%d released items kept a stale claim_part", stale)
 	peer := startSession(t, ctx, pool)
-	again, err := q.Claim(ctx, peer.ID(), 6)
+	again, err := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 6})
 	if err != nil || len(again) != 6 {
 		t.Fatalf("any-part claim after the parts session died: %d items, %v; want 6", len(again), err)
 	}
@@ -132,7 +132,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 	if _, err := short.Enqueue(ctx, payloads(3)...); err != nil {
 		t.Fatal(err)
 	}
-	hung, err := short.Claim(ctx, s.ID(), 2)
+	hung, err := short.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
 	if err != nil || len(hung) != 2 {
 		t.Fatalf("claimed %d, %v", len(hung), err)
 	}
@@ -158,7 +158,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 	if err := short.Ack(ctx, hung[0], record(hung[0])); !errors.Is(err, claim.ErrClaimLost) {
 		t.Fatalf("ack after the lease expired = %v, want ErrClaimLost", err)
 	}
-	again, err := long.Claim(ctx, s.ID(), 5)
+	again, err := long.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5})
 	if err != nil || len(again) != 2 {
 		t.Fatalf("re-claimed %d, %v; want the 2 reaped items", len(again), err)
 	}
@@ -199,7 +199,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 		}
 	}
 	s := startSession(t, ctx, pool)
-	if got, err := q.Claim(ctx, s.ID(), 10); err != nil || len(got) != 0 {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("a claim handed out %d items whose attempts are used up (%v)", len(got), err)
 	}
 	st, err := q.Reap(ctx)
@@ -207,7 +207,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 		t.Fatalf("Reap = %+v, %v; want 1 dead", st, err)
 	}
 	dead, err := q.Dead(ctx, 10)
-	if err != nil || len(dead) != 1 || dead[0].ID != ids[0] {
+	if err != nil || len(dead) != 1 || dead[0].ID != ids.IDs[0] {
 		t.Fatalf("dead items %+v, %v", dead, err)
 	}
 	if dead[0].LastError != claim.CrashLoopError || dead[0].Attempts != 2 {
@@ -217,7 +217,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 		t.Fatalf("%d items left", n)
 	}
 	// A requeued item keeps growing its token.
-	if ok, err := q.Requeue(ctx, ids[0]); err != nil || !ok {
+	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || !ok {
 		t.Fatalf("requeue: %v %v", ok, err)
 	}
 	if it := claimOne(t, q, s.ID()); it.Token != 3 || it.Attempt != 1 {
@@ -225,7 +225,8 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	}
 }
 
-// Extend moves the leases of the items still held, and only those.
+// Extend moves the leases of the items still held by the Claimer's session,
+// and only those.
 func TestExtendRefusesLostClaims(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
@@ -234,14 +235,15 @@ func TestExtendRefusesLostClaims(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(3)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 3)
+	c := q.Claimer(s.ID())
+	got, err := c.Claim(ctx, claim.ClaimRequest{Max: 3})
 	if err != nil || len(got) != 3 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
 	if err := q.Release(ctx, got[0]); err != nil {
 		t.Fatal(err)
 	}
-	ext, err := q.Extend(ctx, got, time.Hour)
+	ext, err := c.Extend(ctx, got, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +258,18 @@ func TestExtendRefusesLostClaims(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until > now() + INTERVAL '50 minutes'`); n != 2 {
 		t.Fatalf("%d leases moved in the database, want 2", n)
 	}
-	if ext, err := q.Extend(ctx, got[:1], time.Hour); err != nil || len(ext) != 0 {
+	if ext, err := c.Extend(ctx, got[:1], time.Hour); err != nil || len(ext) != 0 {
 		t.Fatalf("Extend of a released item = %v, %v; want nothing", ext, err)
 	}
-	if _, err := q.Extend(ctx, got, 0); err == nil {
+	if _, err := c.Extend(ctx, got, 0); err == nil {
 		t.Fatal("Extend by 0 accepted")
+	}
+	// Another session's Claimer extends nothing of s's, though the claims hold.
+	if ext, err := q.Claimer(uuid.New()).Extend(ctx, got[1:], 2*time.Hour); err != nil || len(ext) != 0 {
+		t.Fatalf("Extend through another session's Claimer = %v, %v; want nothing", ext, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until > now() + INTERVAL '90 minutes'`); n != 0 {
+		t.Fatalf("%d leases moved by another session's Claimer, want 0", n)
 	}
 }
 
@@ -273,11 +282,11 @@ func TestReleaseForgotten(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(5)...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, s.ID(), 5)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5})
 	if err != nil || len(got) != 5 {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
-	n, err := q.ReleaseForgotten(ctx, s.ID(), []uuid.UUID{got[0].ID, got[1].ID})
+	n, err := q.Claimer(s.ID()).ReleaseForgotten(ctx, []uuid.UUID{got[0].ID, got[1].ID})
 	if err != nil || n != 3 {
 		t.Fatalf("ReleaseForgotten = %d, %v; want 3", n, err)
 	}
@@ -320,21 +329,21 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 	if p, err := other.Paused(ctx); err != nil || p {
 		t.Fatalf("other queue Paused = %v, %v", p, err)
 	}
-	if got, err := q.Claim(ctx, s.ID(), 5); err != nil || len(got) != 0 {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 0 {
 		t.Fatalf("Claim of a paused queue: %d items, %v", len(got), err)
 	}
-	if got, err := q.ClaimParts(ctx, s.ID(), []int{0}, 5); err != nil || len(got) != 0 {
-		t.Fatalf("ClaimParts of a paused queue: %d items, %v", len(got), err)
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5, Parts: []int{0}}); err != nil || len(got) != 0 {
+		t.Fatalf("Claim of parts of a paused queue: %d items, %v", len(got), err)
 	}
-	if got, err := other.Claim(ctx, s.ID(), 5); err != nil || len(got) != 1 {
+	if got, err := other.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 1 {
 		t.Fatalf("Claim of another queue: %d items, %v; want 1", len(got), err)
 	}
 	if err := q.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A part listed twice is read once: both items, not one item twice.
-	if got, err := q.ClaimParts(ctx, s.ID(), []int{0, 0}, 2); err != nil || len(got) != 2 {
-		t.Fatalf("ClaimParts after Resume: %d items, %v; want 2", len(got), err)
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2, Parts: []int{0, 0}}); err != nil || len(got) != 2 {
+		t.Fatalf("Claim of parts after Resume: %d items, %v; want 2", len(got), err)
 	}
 }
 
@@ -414,10 +423,10 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 		lost = faultproxy.IsCommit
 	}
 	proxy.Arm(faultproxy.Rule{Match: lost, Action: faultproxy.DropAnswer})
-	if got, err := q.Claim(ctx, s.ID(), 3); !errors.Is(err, claim.ErrOutcomeUnknown) {
+	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 3}); !errors.Is(err, claim.ErrOutcomeUnknown) {
 		t.Fatalf("claim whose COMMIT answer was lost = %d items, %v; want ErrOutcomeUnknown", len(got), err)
 	}
-	if n, err := q.ReleaseForgotten(ctx, s.ID(), nil); err != nil || n != 3 {
+	if n, err := q.Claimer(s.ID()).ReleaseForgotten(ctx, nil); err != nil || n != 3 {
 		t.Fatalf("ReleaseForgotten = %d, %v; want the 3 items the lost claim took", n, err)
 	}
 
@@ -465,7 +474,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	if _, err := q.Enqueue(ctx, payloads(1)...); !errors.Is(err, crsql.ErrSchemaNewer) {
 		t.Fatalf("Enqueue on a newer database = %v, want ErrSchemaNewer", err)
 	}
-	if _, err := q.Claim(ctx, s.ID(), 1); !errors.Is(err, crsql.ErrSchemaNewer) {
+	if _, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1}); !errors.Is(err, crsql.ErrSchemaNewer) {
 		t.Fatalf("Claim on a newer database = %v, want ErrSchemaNewer", err)
 	}
 	if _, err := session.Start(ctx, pool, session.Options{}); !errors.Is(err, crsql.ErrSchemaNewer) {

@@ -16,19 +16,6 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Outcome says what Nack did with an item.
-type Outcome int
-
-// Outcomes of Nack.
-const (
-	// Retried: the item was released and will vest again after a backoff.
-	Retried Outcome = iota
-	// Dead: the item was moved to the dead-items table (or, if Nack's error
-	// wraps ErrDeadLetterFailed, it is held out of claims for the reaper to
-	// move).
-	Dead
-)
-
 // Nack reports that handling it failed with cause. The item is released with
 // its attempt counted and becomes claimable again after an exponential
 // backoff with jitter (or the delay of a RetryAfter error); when it has used
@@ -46,7 +33,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	if cause != nil {
 		msg = cause.Error()
 	}
-	msg = SafeText(msg)
+	msg = safeText(msg)
 	if err := q.ready(ctx); err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}
@@ -72,7 +59,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 		q.stats.dead.Add(1)
 		return Dead, nil
 	}
-	delay := q.Backoff(it.Attempt)
+	delay := q.backoff(it.Attempt)
 	if d, ok := retryAfter(cause); ok {
 		delay = d
 	}
@@ -134,10 +121,10 @@ func (q *Queue) claimErr(what string, it Item, err error) error {
 	return fmt.Errorf("claim: %s item %s: %w", what, it.ID, err)
 }
 
-// Backoff returns the delay before attempt+1 of a failed item:
+// backoff returns the delay before attempt+1 of a failed item:
 // BackoffBase·2^(attempt-1) capped at BackoffMax, with "equal jitter" (a
 // random value between half and all of it).
-func (q *Queue) Backoff(attempt int) time.Duration {
+func (q *Queue) backoff(attempt int) time.Duration {
 	d := q.opts.BackoffMax
 	if attempt < 1 {
 		attempt = 1
@@ -154,11 +141,11 @@ func (q *Queue) Backoff(attempt int) time.Duration {
 // MaxErrorText bounds the bytes of an error text stored with an item.
 const MaxErrorText = 8 << 10
 
-// SafeText returns s as it is stored in an item's or dead item's last error:
+// safeText returns s as it is stored in an item's or dead item's last error:
 // valid UTF-8 (invalid bytes become U+FFFD), without NUL bytes (each becomes
 // the four characters \x00: PostgreSQL's text type refuses NUL), and at
 // most MaxErrorText bytes (cut at a character boundary, with a note).
-func SafeText(s string) string {
+func safeText(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ReplaceAll(s, "\x00", `\x00`)
 	if len(s) <= MaxErrorText {

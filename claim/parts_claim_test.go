@@ -50,7 +50,7 @@ func TestClaimPartsOrderAcrossParts(t *testing.T) {
 			seen := map[uuid.UUID]bool{}
 			for call := 0; ; call++ {
 				want := bestUnclaimed(t, pool, k, 7)
-				got, err := q.ClaimWith(ctx, s.ID(), claim.ClaimRequest{Max: 7, Parts: owned, SkipTenants: []string{"skip"}})
+				got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 7, Parts: owned, SkipTenants: []string{"skip"}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -123,9 +123,9 @@ func TestClaimManyPartsNotOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := newQueue(t, pool, claim.Options{Queue: "q"})
-	got, err := q.ClaimParts(ctx, s.ID(), parts, 5)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5, Parts: parts})
 	if !errors.Is(err, claim.ErrNotOwner) || len(got) != 0 {
-		t.Fatalf("ClaimParts with an unowned part = %d items, %v; want ErrNotOwner", len(got), err)
+		t.Fatalf("Claim with an unowned part = %d items, %v; want ErrNotOwner", len(got), err)
 	}
 	var held int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`).Scan(&held); err != nil || held != 0 {
@@ -157,7 +157,7 @@ func TestClaimManyPartsAtMostOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := newQueue(t, pool, claim.Options{Queue: "q"})
-	got, err := q.ClaimParts(ctx, s.ID(), parts, 2*k)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2 * k, Parts: parts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Pause pauses the queue: from the next claim on, Claim and ClaimParts of
+// Pause pauses the queue: from the next claim on, the claims (Claimer) of
 // every session return no items, until Resume. Items already claimed are
 // not affected (they are acked, nacked or released as usual), and enqueues
 // go on. It is idempotent.

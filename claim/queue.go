@@ -25,12 +25,12 @@ const (
 )
 
 var (
-	// ErrClaimLost is returned by Ack, AckBatch, Nack and Release when the
+	// ErrClaimLost is returned by Ack, AckMany, Nack and Release when the
 	// item is no longer claimed by this claim: the session was deleted, the
 	// part was given up, or the item was acked, released or cancelled. The
 	// transaction was rolled back; nothing was recorded.
 	ErrClaimLost = errors.New("claim lost: the item is no longer claimed by this session")
-	// ErrNotOwner is returned by Claim and ClaimParts when the session (or
+	// ErrNotOwner is returned by Claimer.Claim when the session (or
 	// one of the parts) no longer exists in the database.
 	ErrNotOwner = errors.New("session or part no longer exists")
 	// ErrPayloadTooLarge is returned by Enqueue for a payload or metadata over
@@ -41,7 +41,8 @@ var (
 	// or the connection was lost while the statement or COMMIT was in
 	// flight. The work may or may not have been done: such a call is never
 	// reported as done, nor as failed. An ack with an unknown outcome may
-	// have committed; a claim may have claimed items (see ReleaseForgotten);
+	// have committed; a claim may have claimed items (see
+	// Claimer.ReleaseForgotten);
 	// an enqueue may have added its items: it returns their ids, and
 	// enqueueing the same items again with NewItem.ID set to them adds
 	// nothing twice, even if they were acked meanwhile, within the queue's
@@ -53,11 +54,10 @@ var (
 	ErrOutcomeUnknown = retry.ErrOutcomeUnknown
 )
 
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database claim works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Options configure a Queue. The zero value is valid.
 type Options struct {
@@ -103,10 +103,10 @@ type Queue struct {
 	// to be not fair without asking again.
 	heads      headCache
 	plainUntil atomic.Int64
-	// urgent is the urgent lane's claim for the engine (see ClaimUrgent),
+	// urgent is the urgent lane's claim for the engine (see claimUrgent),
 	// rendered on its first use.
 	urgent atomic.Pointer[string]
-	// parts renders the per-part claims (see ClaimWith), fair the fair
+	// parts renders the per-part claims (see claimWith), fair the fair
 	// turns' reads (see stamp).
 	parts *crsql.PartClaimStatements
 	fair  *crsql.FairStatements

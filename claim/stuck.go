@@ -14,7 +14,7 @@ import (
 // not for a transient failure. The nack is settled nonetheless: the claim
 // was released with the item's attempts used up and the cause as its last
 // error, so that no claim hands it out again, and the reaper moves it to the
-// dead items (reason "crash loop", last error CrashLoopError) once the move
+// dead items (reason "crash loop") once the move
 // is possible, reporting it (a ReapError with its id) while it is not. Do
 // not retry such a nack: its claim is gone.
 var ErrDeadLetterFailed = errors.New("the move to the dead items was refused; the item is held, out of claims, for the reaper")

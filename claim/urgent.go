@@ -10,7 +10,7 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// UrgentRequest says what ClaimUrgent claims.
+// UrgentRequest says what Claimer.ClaimUrgent claims.
 type UrgentRequest struct {
 	// Max is the most items to claim.
 	Max int
@@ -37,35 +37,8 @@ type UrgentRequest struct {
 	Lease time.Duration
 }
 
-// ClaimUrgent is the urgent lane: it claims up to req.Max vested, unclaimed
-// items of the queue whose priority is at most req.MaxPriority, from any
-// part, for session, lowest priority value first, then earliest turn.
-//
-// In parts mode each session claims the best items of its own parts only,
-// so an urgent item waits for its part's owner, behind whatever that owner
-// is busy with, while other sessions take less urgent items of their own
-// parts: the order is relaxed (see docs/parts-and-order.md, "How relaxed
-// the order is"). A session that runs ClaimUrgent before ClaimParts takes the
-// queue's most urgent items wherever they are, so an urgent item waits for
-// the first session with a free slot rather than for its part's owner.
-//
-// Items of limited tenants come only from the session's own parts when the
-// request says which tenants are limited (UrgentRequest.OwnedParts,
-// AllTenantsLimited, LimitedTenants): a tenant's limit is then enforced by
-// its part's owner alone, as without the lane.
-//
-// The claims name no part, like Claim's: giving up the part does not
-// release them; the lease, the session's end, Ack, Nack and Release do, as
-// for any claim. An urgent item may thus run while its part's owner works
-// on other items of the same key. Otherwise it is ClaimWith: leases,
-// tokens, pausing, expiry, at-most-once items, the commit and an unknown
-// outcome (see Claim) are the same.
-//
-// Concurrent claimers never get the same item. On CockroachDB a lane claim
-// and a part claim may pick the same row and then wait for each other or
-// retry (Stats.Retries["claim"]); on PostgreSQL they skip each other's
-// rows (see sql.UrgentStatements).
-func (q *Queue) ClaimUrgent(ctx context.Context, session uuid.UUID, req UrgentRequest) ([]Item, error) {
+// claimUrgent is Claimer.ClaimUrgent for session (see its documentation).
+func (q *Queue) claimUrgent(ctx context.Context, session uuid.UUID, req UrgentRequest) ([]Item, error) {
 	if req.Max <= 0 {
 		return nil, nil
 	}

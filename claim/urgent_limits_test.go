@@ -42,7 +42,7 @@ func TestClaimUrgentKeepsLimitedTenantsToOwnedParts(t *testing.T) {
 		}
 		req := c.req
 		req.Max, req.MaxPriority, req.OwnedParts = 100, 0, []int{0}
-		got, err := q.ClaimUrgent(ctx, s.ID(), req)
+		got, err := q.Claimer(s.ID()).ClaimUrgent(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,7 +40,7 @@ func TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.ClaimUrgent(ctx, other.ID(), claim.UrgentRequest{Max: 100, MaxPriority: 1, SkipTenants: []string{"skipped"}})
+	got, err := q.Claimer(other.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: 100, MaxPriority: 1, SkipTenants: []string{"skipped"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim = $1 AND claim_part IS NULL`, other.ID()); n != 19 {
 		t.Errorf("%d items claimed by the lane without a part; want 19", n)
 	}
-	rest, err := q.ClaimParts(ctx, owner.ID(), []int{0, 1, 2, 3}, 100)
+	rest, err := q.Claimer(owner.ID()).Claim(ctx, claim.ClaimRequest{Max: 100, Parts: []int{0, 1, 2, 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart(t *testing.T) {
 // Claim urgent items through the lane: a session that owns no part takes
 // the items with priority <= 1 from every part, most urgent first; the
 // others stay for their parts' owners.
-func ExampleQueue_ClaimUrgent() {
+func ExampleClaimer_ClaimUrgent() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -99,7 +99,7 @@ func ExampleQueue_ClaimUrgent() {
 		log.Fatal(err)
 	}
 	defer s.Close(ctx)
-	items, err := q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: 10, MaxPriority: 1})
+	items, err := q.Claimer(s.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: 10, MaxPriority: 1})
 	if err != nil {
 		log.Fatal(err)
 	}

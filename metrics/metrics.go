@@ -184,8 +184,8 @@ func (c *Collector) AddQueue(q *claim.Queue) {
 }
 
 // HandlerDone implements worker.Observer.
-func (c *Collector) HandlerDone(queue string, d time.Duration, outcome string) {
-	c.handler.WithLabelValues(queue, outcome).Observe(d.Seconds())
+func (c *Collector) HandlerDone(queue string, d time.Duration, outcome claim.Outcome) {
+	c.handler.WithLabelValues(queue, outcome.String()).Observe(d.Seconds())
 }
 
 // AckBatch implements worker.Observer.

@@ -328,7 +328,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
-	its, err := deadOnly.Claim(ctx, s.ID(), 1)
+	its, err := deadOnly.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(its) != 1 {
 		t.Fatalf("Claim = %d, %v", len(its), err)
 	}

@@ -14,11 +14,10 @@ import (
 // MaxParts is the largest number of parts a queue may have.
 const MaxParts = 4096
 
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database partition works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Parts returns the number of parts of queue: 1 if it was never set.
 func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int, error) {
@@ -55,8 +54,8 @@ const MoveBatch = 1000
 //     (each its own transaction), so that the move never holds more than a
 //     batch of rows and does not conflict with every claim and ack at once. A key's items may thus, once, be spread over two parts,
 //     and their order across that move is not kept. A moved item keeps an
-//     any-part claim (claim.Queue.Claim); a claim naming its part
-//     (ClaimParts), made by a session that had not yet seen the new count,
+//     any-part claim (claim.Claimer.Claim without Parts); a claim naming its part
+//     (with Parts), made by a session that had not yet seen the new count,
 //     is released, and its ack fails with claim.ErrClaimLost.
 //
 // If SetParts fails half-way, some items are still in parts >= n; run it

@@ -86,12 +86,12 @@ func TestSetPartsWhileWorking(t *testing.T) {
 				if parts, err = pgx.CollectRows(rows, pgx.RowTo[int]); err != nil {
 					return err
 				}
-				got, err = q.ClaimParts(ctx, s.ID(), parts, 50)
+				got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 50, Parts: parts})
 				if errors.Is(err, claim.ErrNotOwner) {
 					continue // SetParts removed a part meanwhile
 				}
 			} else {
-				got, err = q.Claim(ctx, s.ID(), 50)
+				got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 50})
 			}
 			if err != nil {
 				return err

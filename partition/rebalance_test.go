@@ -177,7 +177,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 	}
 	m := join(t, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}})
 	waitFor(t, "the session to own all parts", 20*time.Second, func() bool { return len(m.reb.Owned()) == parts })
-	got, err := q.ClaimParts(ctx, m.sess.ID(), []int{1, 2}, 100)
+	got, err := q.Claimer(m.sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 100, Parts: []int{1, 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close(ctx)
-	if _, err := q.ClaimParts(ctx, other.ID(), []int{0}, 10); !errors.Is(err, claim.ErrNotOwner) {
+	if _, err := q.Claimer(other.ID()).Claim(ctx, claim.ClaimRequest{Max: 10, Parts: []int{0}}); !errors.Is(err, claim.ErrNotOwner) {
 		t.Fatalf("claim in a part owned by another session = %v, want ErrNotOwner", err)
 	}
 }

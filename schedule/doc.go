@@ -22,7 +22,7 @@
 //	SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE
 //	INSERT INTO crdbwork_schedules … ON CONFLICT (queue, name)
 //	    DO UPDATE SET last_period = $3 … WHERE last_period < $3
-//	INSERT INTO crdbwork_items … ON CONFLICT (id) DO NOTHING   -- claim.Queue.EnqueueReportTx
+//	INSERT INTO crdbwork_items … ON CONFLICT (id) DO NOTHING   -- claim.Queue.EnqueueTx
 //
 // Two runners that race for a period serialize on the schedule's row: the
 // second finds the period recorded and enqueues nothing. The recorded

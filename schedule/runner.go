@@ -70,7 +70,7 @@ type Runner struct {
 	log    *zap.Logger
 
 	// checked is set once the queue checked the schema (outside any
-	// transaction: EnqueueReportTx would check it on a second connection
+	// transaction: EnqueueTx would check it on a second connection
 	// while the transaction holds one).
 	checked atomic.Bool
 
@@ -252,7 +252,7 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 		for i, p := range periods {
 			items[i] = c.item(queue, p)
 		}
-		res, err := r.q.EnqueueReportTx(ctx, tx, items...)
+		res, err := r.q.EnqueueTx(ctx, tx, items...)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ var errStopped = errors.New("worker: the session's settle goroutines have stoppe
 // hold a connection, so the connections a worker needs do not grow with its
 // Concurrency. Acks are committed together (group commit): a goroutine takes
 // the acks that are waiting, up to max, and commits them in one transaction
-// with claim.Queue.AckEach. A handler's ack waits only for the transaction it
+// with claim.Queue.AckMany. A handler's ack waits only for the transaction it
 // joins, so batching adds no delay: the batch is whatever finished while the
 // previous transaction ran. Nacks and releases run one by one on the same
 // goroutines.
@@ -109,7 +109,7 @@ func (a *acker) run() {
 			// Each request carries its own bound, the same try timeout from
 			// when it was asked: the last asked has the loosest.
 			ctx := acks[len(acks)-1].ctx
-			errs := a.q.AckEachWith(ctx, reqs, claim.AckOptions{Batch: a.batch})
+			errs := a.q.AckMany(ctx, reqs, claim.AckOptions{Batch: a.batch})
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}

@@ -85,7 +85,7 @@ func (r *sessionRun) claimLoop() {
 				// Items of limited tenants only from the session's own
 				// parts: their owner alone enforces a tenant's limit.
 				all, limited := lim.laneTenants()
-				urgent, err = w.queue.ClaimUrgent(ctx, sess.ID(), claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority,
+				urgent, err = w.queue.Claimer(sess.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: pl.n, MaxPriority: w.opts.UrgentPriority,
 					SkipTenants: pl.skip, OwnedParts: parts, AllTenantsLimited: all, LimitedTenants: limited, Lease: w.lease})
 			}
 			if err == nil && len(urgent) < pl.n && len(parts) > 0 {

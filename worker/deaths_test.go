@@ -98,7 +98,7 @@ func TestWorkerReusedIDsDieAgain(t *testing.T) {
 		if _, err := q.Enqueue(ctx, claim.NewItem{ID: id, Payload: []byte("first life")}); err != nil {
 			t.Fatal(err)
 		}
-		got, err := q.Claim(ctx, first, 1)
+		got, err := q.Claimer(first).Claim(ctx, claim.ClaimRequest{Max: 1})
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %d items, %v", len(got), err)
 		}
@@ -116,7 +116,7 @@ func TestWorkerReusedIDsDieAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashed := sessionRow(t, pool)
-	if got, err := q.Claim(ctx, crashed, 10); err != nil || len(got) != 3 {
+	if got, err := q.Claimer(crashed).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 3 {
 		t.Fatalf("crashed claim: %d items, %v", len(got), err)
 	}
 	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_sessions WHERE id IN ($1, $2)`, crashed, first); err != nil {

@@ -52,9 +52,9 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 			errs := make(chan error, n)
 			for i := range n {
 				go func() {
-					id, _, err := buf.Enqueue(ctx, item(i))
-					if err == nil || id != ids[i] {
-						err = fmt.Errorf("item %d: id %s, %v; want its id and an unknown outcome", i, id, err)
+					res, err := buf.Enqueue(ctx, item(i))
+					if err == nil || len(res.IDs) != 1 || res.IDs[0] != ids[i] {
+						err = fmt.Errorf("item %d: ids %v, %v; want its id and an unknown outcome", i, res.IDs, err)
 					} else if !errors.Is(err, claim.ErrOutcomeUnknown) {
 						err = fmt.Errorf("item %d: %w; want an unknown outcome", i, err)
 					} else {
@@ -94,7 +94,7 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 			// The documented recovery: enqueue again with the same ids.
 			for i := range n {
 				go func() {
-					res, err := buf.EnqueueReport(ctx, item(i))
+					res, err := buf.Enqueue(ctx, item(i))
 					switch {
 					case err != nil || len(res.IDs) != 1 || res.IDs[0] != ids[i]:
 						err = fmt.Errorf("retry of item %d: %+v, %v", i, res, err)
@@ -109,13 +109,13 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 					t.Error(err)
 				}
 			}
-			res, err := q.EnqueueReport(ctx, item(0), item(1))
+			res, err := q.Enqueue(ctx, item(0), item(1))
 			if err != nil {
 				t.Fatal(err)
 			}
 			for i, done := range res.Done {
 				if res.New[i] || !done {
-					t.Errorf("EnqueueReport of handled item %d: new %v, done %v; want done", i, res.New[i], done)
+					t.Errorf("Enqueue of handled item %d: new %v, done %v; want done", i, res.New[i], done)
 				}
 			}
 			sentinel, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("sentinel"), Priority: 1})
@@ -123,7 +123,7 @@ func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, "the sentinel to be handled", time.Minute, func() bool {
-				return count(t, direct, `SELECT count(*) FROM results WHERE item_id = $1`, sentinel[0]) == 1
+				return count(t, direct, `SELECT count(*) FROM results WHERE item_id = $1`, sentinel.IDs[0]) == 1
 			})
 			w.Stop(t)
 			mu.Lock()

@@ -36,7 +36,7 @@ func TestWorkerAtMostOnceItems(t *testing.T) {
 		t.Fatal(err)
 	}
 	fails := map[uuid.UUID]bool{}
-	for i, id := range ids {
+	for i, id := range ids.IDs {
 		if i%10 == 0 { // at-most-once (even) items that fail: dropped
 			fails[id] = true
 		}
@@ -79,7 +79,7 @@ func TestWorkerAtMostOnceItems(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	for i, id := range ids {
+	for i, id := range ids.IDs {
 		if i%2 == 0 && runs[id] != 1 {
 			t.Fatalf("at-most-once item %d ran %d times", i, runs[id])
 		}
@@ -110,7 +110,7 @@ func TestWorkerItemsExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	late := map[uuid.UUID]bool{}
-	for _, id := range ids[40:] {
+	for _, id := range ids.IDs[40:] {
 		late[id] = true
 	}
 	var mu sync.Mutex

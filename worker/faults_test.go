@@ -120,7 +120,7 @@ func (e *faultEnv) enqueue(n int, payload string, maxAttempts int) []uuid.UUID {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		ids = append(ids, got...)
+		ids = append(ids, got.IDs...)
 	}
 	for _, id := range ids {
 		e.ids[id] = true

@@ -52,12 +52,12 @@ func (r *sessionRun) handle(itemCtx context.Context, it claim.Item) {
 		if res.Abandoned {
 			d = time.Since(start) // it has not returned
 		}
-		obs.HandlerDone(w.name, d, outcomeNames[res.Outcome])
+		obs.HandlerDone(w.name, d, res.Outcome)
 	}
-	if res.Unknown && res.Outcome == attempt.Unsettled {
+	if res.Unknown && res.Outcome == claim.Unsettled {
 		w.unknown.Add(1)
 	}
-	if res.Outcome == attempt.Dropped {
+	if res.Outcome == claim.Dropped {
 		w.dropped.Add(1)
 	}
 	if !res.Abandoned {

@@ -27,7 +27,7 @@ import (
 //
 // A handler that runs past half of its lease has it extended, with the
 // other such items of the session in one statement per heartbeat
-// (claim.Queue.Extend), but never past the item's own bound: the handler's
+// (claim.Claimer.Extend), but never past the item's own bound: the handler's
 // start + ItemTimeout + HangGrace + settleGrace. So a hung handler's lease
 // is not extended forever (and the worker abandons it at ItemTimeout +
 // HangGrace anyway).
@@ -165,12 +165,13 @@ func (f *flights) extended(items, kept []claim.Item, sent time.Time, d time.Dura
 	return lost
 }
 
-// extendLeases extends the leases that are due, in one statement (two when
-// some item nears its bound).
-func (w *Worker) extendLeases(ctx context.Context, fl *flights, log *zap.Logger) {
+// extendLeases extends the leases that are due of the items fl holds for
+// the session sessID, in one statement (two when some item nears its
+// bound).
+func (w *Worker) extendLeases(ctx context.Context, sessID uuid.UUID, fl *flights, log *zap.Logger) {
 	sent := time.Now()
 	for _, e := range fl.due(sent) {
-		kept, err := w.queue.Extend(ctx, e.items, e.d)
+		kept, err := w.queue.Claimer(sessID).Extend(ctx, e.items, e.d)
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("extending leases failed; the next heartbeat tries again", zap.Int("items", len(e.items)), zap.Error(err))
@@ -187,7 +188,7 @@ func (w *Worker) extendLeases(ctx context.Context, fl *flights, log *zap.Logger)
 // releaseForgotten releases the items the session holds in the database
 // but not in fl (taken by a claim whose answer was lost).
 func (w *Worker) releaseForgotten(ctx context.Context, sessID uuid.UUID, fl *flights, log *zap.Logger) error {
-	n, err := w.queue.ReleaseForgotten(ctx, sessID, fl.ids())
+	n, err := w.queue.Claimer(sessID).ReleaseForgotten(ctx, fl.ids())
 	if err != nil {
 		return fmt.Errorf("releasing the items of a claim whose outcome is unknown: %w", err)
 	}

@@ -36,5 +36,5 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 // claim claims up to pl.n items in parts (nil: without parts), leaving out
 // the tenants at their share.
 func (w *Worker) claim(ctx context.Context, sess *session.Session, parts []int, pl plan) ([]claim.Item, error) {
-	return w.queue.ClaimWith(ctx, sess.ID(), claim.ClaimRequest{Max: pl.n, Parts: parts, SkipTenants: pl.skip, Lease: w.lease})
+	return w.queue.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: pl.n, Parts: parts, SkipTenants: pl.skip, Lease: w.lease})
 }

@@ -80,7 +80,7 @@ type Options struct {
 	StartTimeout time.Duration
 	// MaxAckBatch bounds the items acked in one transaction. Handlers that
 	// finish while an ack transaction commits are acked together in the
-	// next (group commit; see claim.Queue.AckEach), which costs no waiting
+	// next (group commit; see claim.Queue.AckMany), which costs no waiting
 	// and far fewer transactions. 1 acks every item in its own transaction.
 	// Default 64.
 	MaxAckBatch int
@@ -125,7 +125,7 @@ type Options struct {
 	Observer Observer
 	// UrgentLane turns the urgent lane on (parts mode only): each claim
 	// first takes, from any part, items with priority at most
-	// UrgentPriority (claim.Queue.ClaimUrgent), then fills its free slots
+	// UrgentPriority (claim.Claimer.ClaimUrgent), then fills its free slots
 	// from the session's own parts. An urgent item then waits for the first
 	// session with a free slot, not for its part's owner, which bounds how
 	// far out of order urgent items run (see docs/parts-and-order.md,

@@ -102,7 +102,7 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := q.ClaimParts(ctx, victim.ID(), owned, 50)
+	held, err := q.Claimer(victim.ID()).Claim(ctx, claim.ClaimRequest{Max: 50, Parts: owned})
 	if err != nil || len(held) != 50 {
 		t.Fatalf("victim claimed %d items (%v), want 50", len(held), err)
 	}

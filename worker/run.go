@@ -193,7 +193,7 @@ func (r *sessionRun) maintain() {
 			nextLimits = now.Add(w.opts.Limits.Refresh)
 			w.refreshLimits(ctx, r.sess, r.lim, log)
 		}
-		w.extendLeases(ctx, r.fl, log)
+		w.extendLeases(ctx, r.sess.ID(), r.fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
 			nextReap = now.Add(jitter(reapEvery))
 			n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)

@@ -79,26 +79,26 @@ func TestUrgentLaneTakesBusyOwnersItem(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "part 0's owner to claim the blocking item", 20*time.Second, func() bool {
-		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim = $2`, blocker[0], owner) == 1
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim = $2`, blocker.IDs[0], owner) == 1
 	})
 	urgent, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("urgent"), Key: key, Priority: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := count(t, pool, `SELECT part FROM crdbwork_items WHERE id = $1`, urgent[0]); p != 0 {
+	if p := count(t, pool, `SELECT part FROM crdbwork_items WHERE id = $1`, urgent.IDs[0]); p != 0 {
 		t.Fatalf("the urgent item is in part %d; want 0", p)
 	}
 	waitFor(t, "the urgent item to be handled", 20*time.Second, func() bool {
-		return count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, urgent[0]) == 1
+		return count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, urgent.IDs[0]) == 1
 	})
 	var by uuid.UUID
-	if err := pool.QueryRow(ctx, `SELECT session_id FROM results WHERE item_id = $1`, urgent[0]).Scan(&by); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT session_id FROM results WHERE item_id = $1`, urgent.IDs[0]).Scan(&by); err != nil {
 		t.Fatal(err)
 	}
 	if by == owner {
 		t.Fatalf("the urgent item was handled by its part's owner %s; want the other worker", owner)
 	}
-	if count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim = $2`, blocker[0], owner) != 1 {
+	if count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim = $2`, blocker.IDs[0], owner) != 1 {
 		t.Fatal("the owner's blocking item is no longer claimed by it: the owner was not busy throughout")
 	}
 	close(release)

@@ -84,7 +84,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -110,44 +109,18 @@ type Observer interface {
 	// HandlerDone reports one handler run on queue: how long the handler
 	// took (not counting the ack, nack or release after it; for an
 	// abandoned handler, until it was abandoned), and how the attempt
-	// ended: OutcomeAcked, OutcomeRetried, OutcomeDead, OutcomeReleased or
-	// OutcomeUnsettled.
-	HandlerDone(queue string, d time.Duration, outcome string)
+	// ended: claim.Acked, Retried, Dead, Released, Unsettled or Dropped
+	// (outcome.String() names it).
+	HandlerDone(queue string, d time.Duration, outcome claim.Outcome)
 	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
 	// one per acked item, n = 1).
 	AckBatch(queue string, n int)
 }
 
-// Outcomes of a handler run, as Observer.HandlerDone reports them.
-const (
-	// OutcomeAcked: the ack, with the handler's record, committed.
-	OutcomeAcked = "acked"
-	// OutcomeRetried: the item was nacked and runs again after a backoff.
-	OutcomeRetried = "retried"
-	// OutcomeDead: the item was nacked into the dead-items table.
-	OutcomeDead = "dead"
-	// OutcomeReleased: the item was given back without counting the attempt.
-	OutcomeReleased = "released"
-	// OutcomeUnsettled: the ack, nack or release did not happen (claim lost,
-	// the session ended while it was retried, or an ack whose outcome stayed
-	// unknown).
-	OutcomeUnsettled = "unsettled"
-	// OutcomeDropped: an at-most-once item whose handler failed or whose
-	// record could not be written; it is gone (claim.Item.AtMostOnce).
-	OutcomeDropped = "dropped"
-)
-
-// outcomeNames names attempt's outcomes for Observer.
-var outcomeNames = map[attempt.Outcome]string{
-	attempt.Acked: OutcomeAcked, attempt.Retried: OutcomeRetried, attempt.Dead: OutcomeDead,
-	attempt.Released: OutcomeReleased, attempt.Unsettled: OutcomeUnsettled, attempt.Dropped: OutcomeDropped,
-}
-
-// DB is a connection pool: *pgxpool.Pool satisfies it.
-type DB interface {
-	crsql.DB
-	retry.Beginner
-}
+// DB is the database worker works on: a *pgxpool.Pool (or a *pgx.Conn)
+// satisfies it. It is sql.Pool, the one database type of crdbwork's
+// packages: a value of claim.DB, partition.DB or worker.DB is any of them.
+type DB = crsql.Pool
 
 // Stats counts what a Worker did.
 type Stats struct {

@@ -241,7 +241,7 @@ func TestHandlerFailuresPanicsAndTimeouts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids[kind] = got[0]
+		ids[kind] = got.IDs[0]
 	}
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		switch kind := string(it.Payload); {

@@ -37,7 +37,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if _, err := q.Enqueue(ctx, claim.NewItem{ID: id, Payload: []byte("second life")}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, sess.ID(), 1)
+	got, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("claim: %d, %v", len(got), err)
 	}

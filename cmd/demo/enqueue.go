@@ -89,11 +89,11 @@ func enqueueChunkTx(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, run
 				return err
 			}
 			defer tx.Rollback(context.WithoutCancel(ctx))
-			ids, err := q.EnqueueTx(ctx, tx, items...)
+			res, err := q.EnqueueTx(ctx, tx, items...)
 			if err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO demo_enqueued (item_id, run_id) SELECT unnest($1::UUID[]), $2::UUID`, ids, runID); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO demo_enqueued (item_id, run_id) SELECT unnest($1::UUID[]), $2::UUID`, res.IDs, runID); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)
@@ -189,14 +189,15 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 				it := shape.item(i)
 				for attempt := 1; ; attempt++ {
 					var id uuid.UUID
+					var got claim.Enqueued
 					var err error
 					if buf != nil {
-						id, _, err = buf.Enqueue(ctx, it)
+						got, err = buf.Enqueue(ctx, it)
 					} else {
-						var got []uuid.UUID
-						if got, err = q.Enqueue(ctx, it); len(got) == 1 {
-							id = got[0]
-						}
+						got, err = q.Enqueue(ctx, it)
+					}
+					if len(got.IDs) == 1 {
+						id = got.IDs[0]
 					}
 					if err == nil {
 						ids <- id

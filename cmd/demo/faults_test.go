@@ -451,7 +451,7 @@ func TestVerifyReportsStuckClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.Claim(ctx, sid, 3)
+	got, err := q.Claimer(sid).Claim(ctx, claim.ClaimRequest{Max: 3})
 	if err != nil || len(got) != 3 {
 		t.Fatalf("claim: %d items, %v", len(got), err)
 	}

@@ -69,7 +69,7 @@ type limitJSON struct {
 }
 
 // readLimits reads queue's stored limits.
-func readLimits(ctx context.Context, db crsql.DB, queue string) (*limitsJSON, error) {
+func readLimits(ctx context.Context, db claim.DB, queue string) (*limitsJSON, error) {
 	st := crsql.NewLimitStatements(tables)
 	var l limitsJSON
 	var maxIn, tenantMaxIn int64
@@ -78,9 +78,13 @@ func readLimits(ctx context.Context, db crsql.DB, queue string) (*limitsJSON, er
 		return nil, fmt.Errorf("reading the limits of %q: %w", queue, crsql.Classify(err))
 	}
 	l.MaxInFlight, l.TenantMaxInFlight = int(maxIn), int(tenantMaxIn)
-	tenants, err := claim.ReadTenantLimits(ctx, db, tables, queue)
+	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
-		return nil, fmt.Errorf("reading the tenant limits of %q: %w", queue, err)
+		return nil, err
+	}
+	tenants, err := q.TenantLimits(ctx)
+	if err != nil {
+		return nil, err
 	}
 	l.Tenants = map[string]limitJSON{}
 	for t, tl := range tenants {

@@ -78,7 +78,7 @@ func makeDead(t *testing.T, pool *pgxpool.Pool, queue string, n int) []uuid.UUID
 		t.Fatal(err)
 	}
 	defer sess.Close(ctx)
-	claimed, err := q.Claim(ctx, sess.ID(), n)
+	claimed, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: n})
 	if err != nil || len(claimed) != n {
 		t.Fatalf("claimed %d of %d: %v", len(claimed), n, err)
 	}
@@ -87,7 +87,7 @@ func makeDead(t *testing.T, pool *pgxpool.Pool, queue string, n int) []uuid.UUID
 			t.Fatalf("nack: %v, %v", out, err)
 		}
 	}
-	return ids
+	return ids.IDs
 }
 
 func jsonOut(t *testing.T, r result, v any) {

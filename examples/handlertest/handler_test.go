@@ -39,7 +39,7 @@ func TestSendEmail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err) // Work itself failed (database, cancelled ctx); a failing handler is not an error
 	}
-	if res.Outcome != workertest.Acked {
+	if res.Outcome != claim.Acked {
 		t.Fatalf("item %s: %v: %v", res.Item.ID, res.Outcome, res.Err) // Err: the handler's error, panic or timeout
 	}
 	// The handler's Record has committed: its row is there.
@@ -52,7 +52,7 @@ func TestSendEmail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != workertest.Dead { // a permanent error: straight to the dead items
+	if res.Outcome != claim.Dead { // a permanent error: straight to the dead items
 		t.Fatalf("empty item: %v, want Dead", res.Outcome)
 	}
 }

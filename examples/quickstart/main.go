@@ -109,14 +109,14 @@ func produce(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue) ([]uuid.UU
 	}
 	defer tx.Rollback(ctx) // a no-op once committed
 	// ... your own writes in tx ...
-	ids, err := q.EnqueueTx(ctx, tx,
+	res, err := q.EnqueueTx(ctx, tx,
 		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
 		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
 		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
 	if err != nil {
 		return nil, err
 	}
-	return ids, tx.Commit(ctx)
+	return res.IDs, tx.Commit(ctx)
 }
 
 // work runs a worker on q until ctx ends, then stops gracefully.

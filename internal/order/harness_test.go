@@ -87,7 +87,7 @@ func randomItems(rng *rand.Rand, n int) []claim.NewItem {
 // item is replaced by a new random one, as in the paper's simulations,
 // which add one element per element popped) worked by sessions.
 type load struct {
-	parts    int  // 0: any-part claims (Claim); else ClaimParts of the session's own parts
+	parts    int  // 0: any-part claims; else claims of the session's own parts
 	sessions int  // claiming sessions
 	backlog  int  // claimable items kept in the queue
 	claims   int  // total claim statements
@@ -195,7 +195,7 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 		start := time.Now()
 		var items []claim.Item
 		if l.lane {
-			got, err := q.ClaimUrgent(ctx, s.ID(), claim.UrgentRequest{Max: batch, MaxPriority: *l.urgent})
+			got, err := q.Claimer(s.ID()).ClaimUrgent(ctx, claim.UrgentRequest{Max: batch, MaxPriority: *l.urgent})
 			if err != nil {
 				fail(err)
 				return false
@@ -207,9 +207,9 @@ func (l load) run(t testing.TB, ctx context.Context, pool *pgxpool.Pool, queue s
 			var got []claim.Item
 			var err error
 			if l.parts == 0 {
-				got, err = q.Claim(ctx, s.ID(), rest)
+				got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: rest})
 			} else {
-				got, err = q.ClaimParts(ctx, s.ID(), owned[s.ID()], rest)
+				got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: rest, Parts: owned[s.ID()]})
 			}
 			if err != nil {
 				fail(err)

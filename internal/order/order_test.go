@@ -72,7 +72,7 @@ func TestPartsPEIAsConstructed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for p, id := range ids {
+	for p, id := range ids.IDs {
 		var got int
 		if err := pool.QueryRow(ctx, `SELECT part FROM crdbwork_items WHERE id = $1`, id).Scan(&got); err != nil || got != p {
 			t.Fatalf("item of key %q is in part %d (%v); the test expects part %d", keys[p], got, err, p)
@@ -94,9 +94,9 @@ func TestPartsPEIAsConstructed(t *testing.T) {
 			t.Fatalf("session %d owns parts %v; want one", i, own)
 		}
 		p := own[0]
-		got, err := q.ClaimParts(ctx, s.ID(), own, 1)
-		if err != nil || len(got) != 1 || got[0].ID != ids[p] {
-			t.Fatalf("session owning part %d claimed %v, %v; want its item %s", p, got, err, ids[p])
+		got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1, Parts: own})
+		if err != nil || len(got) != 1 || got[0].ID != ids.IDs[p] {
+			t.Fatalf("session owning part %d claimed %v, %v; want its item %s", p, got, err, ids.IDs[p])
 		}
 		want := int64(0)
 		for o := range unclaimed {
@@ -157,12 +157,12 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 	if _, err := other.Enqueue(ctx, claim.NewItem{Payload: []byte{1}, Priority: -3}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET attempts = max_attempts WHERE id = $1`, ids[7]); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET attempts = max_attempts WHERE id = $1`, ids.IDs[7]); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		var expired bool
-		if err := pool.QueryRow(ctx, `SELECT expires_at < now() FROM crdbwork_items WHERE id = $1`, ids[9]).Scan(&expired); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT expires_at < now() FROM crdbwork_items WHERE id = $1`, ids.IDs[9]).Scan(&expired); err != nil {
 			t.Fatal(err)
 		}
 		if expired {
@@ -173,15 +173,15 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	got, err := q.Claim(ctx, ss[0].ID(), 1)
+	got, err := q.Claimer(ss[0].ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 || got[0].Priority != 0 {
 		t.Fatalf("claimed %v, %v; want the priority 0 item", got, err)
 	}
 	var target claim.Item
-	if err := pool.QueryRow(ctx, `SELECT priority, turn_at FROM crdbwork_items WHERE id = $1`, ids[8]).Scan(&target.Priority, &target.TurnAt); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT priority, turn_at FROM crdbwork_items WHERE id = $1`, ids.IDs[8]).Scan(&target.Priority, &target.TurnAt); err != nil {
 		t.Fatal(err)
 	}
-	target.ID = ids[8]
+	target.ID = ids.IDs[8]
 	meter, err := order.NewMeter(pool, crsql.Tables{}, queue)
 	if err != nil {
 		t.Fatal(err)

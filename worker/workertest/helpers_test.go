@@ -110,7 +110,7 @@ func producer(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables) (ids []uuid
 		t.Fatal(err)
 	}
 	ada, _ := json.Marshal(email{To: "ada@example.com", Subject: "welcome", Tries: 1})
-	ids, err = q.Enqueue(context.Background(),
+	res, err := q.Enqueue(context.Background(),
 		claim.NewItem{Payload: ada, Key: "ada", Tenant: "acme", Priority: 2},
 		claim.NewItem{Payload: []byte("raw bytes"), Key: "bob", Tenant: "acme"},
 		claim.NewItem{Payload: []byte{0xff, 0x00}, Tenant: "other", Priority: -1},
@@ -118,7 +118,7 @@ func producer(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables) (ids []uuid
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ids
+	return res.IDs
 }
 
 func TestRequireEnqueuedFindsWhatWasEnqueued(t *testing.T) {

@@ -11,7 +11,7 @@
 //	if err != nil {
 //		t.Fatal(err)
 //	}
-//	if res.Outcome != workertest.Acked {
+//	if res.Outcome != claim.Acked {
 //		t.Fatalf("outcome %v: %v", res.Outcome, res.Err)
 //	}
 //
@@ -76,7 +76,7 @@ type Options struct {
 	BatchRecord claim.BatchRecord
 }
 
-// batchSettler acks through claim.Queue.AckEachWith with a batch record, as
+// batchSettler acks through claim.Queue.AckMany with a batch record, as
 // a worker's settle goroutines do.
 type batchSettler struct {
 	*claim.Queue
@@ -88,43 +88,15 @@ func (b batchSettler) Ack(ctx context.Context, it claim.Item, record func(contex
 }
 
 func (b batchSettler) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
-	return b.AckEachWith(ctx, []claim.AckRequest{{Item: it, Record: record, Value: value}}, claim.AckOptions{Batch: b.batch})[0]
-}
-
-// Outcome says what happened to the item.
-type Outcome int
-
-// Outcomes of Work. The zero Outcome is none of them.
-const (
-	// Acked: the handler succeeded and the ack, with its Record, committed.
-	Acked Outcome = iota + 1
-	// Retried: the item was nacked; it is back in the items table with its
-	// attempt counted and LastError set, and runs again after a backoff.
-	Retried
-	// Dead: the item was moved to the dead-items table (a claim.Permanent
-	// error, or its last attempt failed).
-	Dead
-)
-
-// String returns "acked", "retried" or "dead".
-func (o Outcome) String() string {
-	switch o {
-	case Acked:
-		return "acked"
-	case Retried:
-		return "retried"
-	case Dead:
-		return "dead"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
+	return b.AckMany(ctx, []claim.AckRequest{{Item: it, Record: record, Value: value}}, claim.AckOptions{Batch: b.batch})[0]
 }
 
 // Result is what Work did with the item.
 type Result struct {
 	// Item is the item as the handler received it (Attempt 1).
 	Item claim.Item
-	// Outcome is Acked, Retried or Dead.
-	Outcome Outcome
+	// Outcome is claim.Acked, claim.Retried or claim.Dead.
+	Outcome claim.Outcome
 	// Err is why the item was not acked: the handler's error, a recovered
 	// panic ("handler panic: ..."), a timeout (wrapping
 	// context.DeadlineExceeded) or the Record's error. Nil when Acked.
@@ -201,8 +173,8 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	if err != nil {
 		return Result{}, fmt.Errorf("workertest: enqueueing the item: %w", err)
 	}
-	id := ids[0]
-	items, err := q.Claim(ctx, sess.ID(), 1)
+	id := ids.IDs[0]
+	items, err := q.Claimer(sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err == nil && (len(items) == 0 || items[0].ID != id) {
 		err = fmt.Errorf("queue %q holds other items: use an empty queue (or none, for a fresh one)", q.Name())
 		if len(items) == 0 {
@@ -241,13 +213,9 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	})
 	res := Result{Item: it, Err: run.Err}
 	switch run.Outcome {
-	case attempt.Acked:
-		res.Outcome = Acked
-	case attempt.Retried:
-		res.Outcome = Retried
-	case attempt.Dead:
-		res.Outcome = Dead
-	case attempt.Released:
+	case claim.Acked, claim.Retried, claim.Dead:
+		res.Outcome = run.Outcome
+	case claim.Released:
 		return res, fmt.Errorf("workertest: item %s released: the context ended before the handler returned (%w): %w",
 			it.ID, context.Cause(sess.Context()), run.Err)
 	default:

@@ -98,7 +98,7 @@ func TestAckedRecordCommitsOnce(t *testing.T) {
 		return record(it), nil
 	}
 	res := work(t, pool, h, claim.NewItem{Payload: []byte("ada"), Key: "k", Priority: 3, Delay: time.Hour}, workertest.Options{})
-	if res.Outcome != workertest.Acked || res.Err != nil {
+	if res.Outcome != claim.Acked || res.Err != nil {
 		t.Fatalf("outcome %v, err %v; want acked, nil", res.Outcome, res.Err)
 	}
 	if calls != 1 {
@@ -131,7 +131,7 @@ func TestHandlerErrorRetries(t *testing.T) {
 		return record(it), errors.New("smtp: 421 try again later")
 	}
 	res := work(t, pool, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{})
-	if res.Outcome != workertest.Retried || res.Err == nil || res.Err.Error() != "smtp: 421 try again later" {
+	if res.Outcome != claim.Retried || res.Err == nil || res.Err.Error() != "smtp: 421 try again later" {
 		t.Fatalf("outcome %v, err %v; want retried with the handler's error", res.Outcome, res.Err)
 	}
 	var attempts int
@@ -154,13 +154,37 @@ func TestHandlerErrorRetries(t *testing.T) {
 	assertNoSession(t, pool)
 }
 
+// A handler that asks for a retry delay (claim.RetryAfter) is nacked with
+// it: the test reads the delay back from Result.Err with claim.RetryDelay,
+// and the item vests that late.
+func TestRetryAfterSetsTheDelay(t *testing.T) {
+	pool := setup(t)
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return nil, claim.RetryAfter(time.Hour, errors.New("rate limited"))
+	}
+	res := work(t, pool, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{})
+	if d, ok := claim.RetryDelay(res.Err); res.Outcome != claim.Retried || !ok || d != time.Hour {
+		t.Fatalf("outcome %v, retry delay %v, %v (err %v); want retried after 1h", res.Outcome, d, ok, res.Err)
+	}
+	var inHour bool
+	if err := pool.QueryRow(context.Background(),
+		`SELECT vesting_at BETWEEN now() + INTERVAL '59 minutes' AND now() + INTERVAL '61 minutes' FROM crdbwork_items WHERE id = $1`,
+		res.Item.ID).Scan(&inHour); err != nil {
+		t.Fatalf("the retried item is not in the items table: %v", err)
+	}
+	if !inHour {
+		t.Error("the retried item does not vest in about an hour")
+	}
+	assertNoSession(t, pool)
+}
+
 func TestPermanentErrorIsDead(t *testing.T) {
 	pool := setup(t)
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		return nil, claim.Permanent(errors.New("invalid address"))
 	}
 	res := work(t, pool, h, claim.NewItem{Payload: []byte("eve")}, workertest.Options{})
-	if res.Outcome != workertest.Dead || !claim.IsPermanent(res.Err) {
+	if res.Outcome != claim.Dead || !claim.IsPermanent(res.Err) {
 		t.Fatalf("outcome %v, err %v; want dead with the permanent error", res.Outcome, res.Err)
 	}
 	q, err := claim.New(pool, claim.Options{Queue: res.Item.Queue})
@@ -187,7 +211,7 @@ func TestLastAttemptIsDead(t *testing.T) {
 	}
 	q := newQueue(t, pool, claim.Options{Queue: "once", MaxAttempts: 1})
 	res := workOn(t, q, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})
-	if res.Outcome != workertest.Dead || res.Item.MaxAttempts != 1 {
+	if res.Outcome != claim.Dead || res.Item.MaxAttempts != 1 {
 		t.Fatalf("outcome %v (max attempts %d); want dead after the only attempt", res.Outcome, res.Item.MaxAttempts)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND last_error = 'still failing'`, res.Item.ID); n != 1 {
@@ -201,7 +225,7 @@ func TestPanicIsAnError(t *testing.T) {
 		panic("kaboom")
 	}
 	res := work(t, pool, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})
-	if res.Outcome != workertest.Retried || res.Err == nil || !strings.Contains(res.Err.Error(), "handler panic: kaboom") {
+	if res.Outcome != claim.Retried || res.Err == nil || !strings.Contains(res.Err.Error(), "handler panic: kaboom") {
 		t.Fatalf("outcome %v, err %v; want retried with the panic", res.Outcome, res.Err)
 	}
 	var lastErr string
@@ -234,7 +258,7 @@ func TestTimeoutCancelsTheHandler(t *testing.T) {
 	if !errors.Is(seen, context.DeadlineExceeded) {
 		t.Errorf("the handler saw %v, want its context's deadline exceeded", seen)
 	}
-	if res.Outcome != workertest.Retried || !errors.Is(res.Err, context.DeadlineExceeded) ||
+	if res.Outcome != claim.Retried || !errors.Is(res.Err, context.DeadlineExceeded) ||
 		!strings.Contains(res.Err.Error(), "timed out after 200ms") {
 		t.Fatalf("outcome %v, err %v; want retried with a timeout", res.Outcome, res.Err)
 	}
@@ -255,7 +279,7 @@ func TestRecordErrorRetries(t *testing.T) {
 		}, nil
 	}
 	res := work(t, pool, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})
-	if res.Outcome != workertest.Retried || res.Err == nil || !strings.Contains(res.Err.Error(), "result rejected") {
+	if res.Outcome != claim.Retried || res.Err == nil || !strings.Contains(res.Err.Error(), "result rejected") {
 		t.Fatalf("outcome %v, err %v; want retried with the record's error", res.Outcome, res.Err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM results`); n != 0 {
@@ -290,7 +314,7 @@ func TestQueueAndTables(t *testing.T) {
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) { return record(it), nil }
 	q := newQueue(t, pool, claim.Options{Queue: "emails", Tables: tables})
 	res := workOn(t, q, h, claim.NewItem{Payload: []byte("ada")}, workertest.Options{})
-	if res.Outcome != workertest.Acked || res.Item.Queue != "emails" {
+	if res.Outcome != claim.Acked || res.Item.Queue != "emails" {
 		t.Fatalf("outcome %v in queue %q; want acked in emails", res.Outcome, res.Item.Queue)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM jobs.wt_sessions`); n != 0 {
@@ -333,7 +357,7 @@ func TestConcurrentWork(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			res, err := workertest.Work(context.Background(), nil, h, claim.NewItem{Payload: []byte(fmt.Sprint(i))}, workertest.Options{DB: pool})
-			if err == nil && res.Outcome != workertest.Acked {
+			if err == nil && res.Outcome != claim.Acked {
 				err = fmt.Errorf("outcome %v: %v", res.Outcome, res.Err)
 			}
 			errs[i] = err
@@ -386,7 +410,7 @@ func TestCleanupRemovesTheQueuesRows(t *testing.T) {
 		res, err = workertest.Work(context.Background(), nil, func(context.Context, claim.Item) (worker.Record, error) {
 			return nil, claim.Permanent(errors.New("gone for good"))
 		}, claim.NewItem{Payload: []byte("x")}, workertest.Options{DB: pool, Cleanup: t.Cleanup})
-		if err != nil || res.Outcome != workertest.Dead {
+		if err != nil || res.Outcome != claim.Dead {
 			t.Fatalf("Work = %v, %v; want dead", res.Outcome, err)
 		}
 		if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`, res.Item.Queue); n != 1 {

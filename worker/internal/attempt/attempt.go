@@ -27,31 +27,6 @@ import (
 // that this package does not import worker.
 type Handler func(ctx context.Context, it claim.Item) (func(ctx context.Context, tx pgx.Tx) error, error)
 
-// Outcome says how an attempt ended for the item.
-type Outcome int
-
-// Outcomes of Run.
-const (
-	// Acked: the ack, with the handler's record, committed.
-	Acked Outcome = iota
-	// Retried: the item was nacked and runs again after a backoff.
-	Retried
-	// Dead: the item was nacked into the dead-items table.
-	Dead
-	// Released: the item was given back without counting the attempt.
-	Released
-	// Unsettled: the claim was lost (another session handles the item, or
-	// the item was acked by an earlier try whose outcome was unknown), or
-	// the settling gave up because the session ended; see Result.SettleErr
-	// and Result.Unknown.
-	Unsettled
-	// Dropped: an at-most-once item (claim.Item.AtMostOnce) whose handler
-	// failed, or whose record could not be written: its claim deleted it,
-	// so it is not retried, and nothing of it was recorded (or, after an
-	// unknown outcome, possibly was, once).
-	Dropped
-)
-
 // Settler acks, nacks and releases claimed items; *claim.Queue is one.
 type Settler interface {
 	Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error
@@ -141,7 +116,8 @@ type Options struct {
 
 // Result is what one attempt did.
 type Result struct {
-	Outcome Outcome
+	// Outcome is how the attempt ended (never the zero Outcome).
+	Outcome claim.Outcome
 	// Err is why the item was not acked: the handler's error (a recovered
 	// panic or a timeout included), or the error of the ack whose record
 	// failed. Nil when acked.
@@ -365,13 +341,13 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 		var panicErr *RecordPanicError
 		switch {
 		case err == nil:
-			res.Outcome, res.Err, res.SettleErr = Acked, nil, nil
+			res.Outcome, res.Err, res.SettleErr = claim.Acked, nil, nil
 			if res.Tries > 1 {
 				st.log.Info("acked after retries", zap.Int("tries", res.Tries))
 			}
 			return
 		case errors.Is(err, claim.ErrClaimLost):
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			if res.Unknown {
 				res.Err = fmt.Errorf("ack outcome unknown: an earlier try's commit had no answer and the item is no longer claimed: %w", err)
 				st.log.Warn("ack outcome unknown: the item is no longer ours; it was acked by the unanswered try, or released", zap.Error(err))
@@ -383,7 +359,7 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 		case Unknown(err):
 			res.Unknown = true
 			if !st.again("ack (outcome unknown)", err) {
-				res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
+				res.Outcome, res.Err, res.SettleErr = claim.Unsettled, err, err
 				return
 			}
 		case errors.As(err, &panicErr), errors.Is(err, claim.ErrRecordPanic):
@@ -404,7 +380,7 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 			return
 		default:
 			if !st.again("ack", err) {
-				res.Outcome, res.Err, res.SettleErr = Unsettled, err, err
+				res.Outcome, res.Err, res.SettleErr = claim.Unsettled, err, err
 				return
 			}
 		}
@@ -428,7 +404,7 @@ func (st *settling) atMostOnce(hr handlerResult, err error, box *valueBox) {
 			return st.s.Ack(ctx, st.it, record)
 		})
 		if err == nil {
-			res.Outcome, res.Err = Acked, nil
+			res.Outcome, res.Err = claim.Acked, nil
 			return
 		}
 		res.Unknown = Unknown(err)
@@ -437,7 +413,7 @@ func (st *settling) atMostOnce(hr handlerResult, err error, box *valueBox) {
 			res.Panicked = true
 		}
 	}
-	res.Outcome, res.Err = Dropped, err
+	res.Outcome, res.Err = claim.Dropped, err
 	st.log.Warn("at-most-once item dropped: it is not retried", zap.Error(err), zap.Bool("outcome_unknown", res.Unknown))
 }
 
@@ -453,21 +429,21 @@ func (st *settling) nack(cause error) {
 		})
 		switch {
 		case err == nil && out == claim.Dead:
-			res.Outcome, res.SettleErr = Dead, nil
+			res.Outcome, res.SettleErr = claim.Dead, nil
 			st.log.Warn("item dead-lettered", zap.Error(cause))
 			return
 		case err == nil:
-			res.Outcome, res.SettleErr = Retried, nil
+			res.Outcome, res.SettleErr = claim.Retried, nil
 			st.log.Info("item failed; will retry", zap.Error(cause))
 			return
 		case errors.Is(err, claim.ErrClaimLost):
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			st.log.Info("nack refused: the claim was lost", zap.Error(err), zap.NamedError("cause", cause))
 			return
 		case errors.Is(err, claim.ErrDeadLetterFailed):
 			// Settled: the item is out of claims for good, and the reaper
 			// moves it to the dead items once the database lets it.
-			res.Outcome, res.SettleErr = Dead, nil
+			res.Outcome, res.SettleErr = claim.Dead, nil
 			st.log.Error("item failed for good, but the database refused its move to the dead items: it is held out of claims for the reaper",
 				zap.Error(err), zap.NamedError("cause", cause))
 			return
@@ -475,11 +451,11 @@ func (st *settling) nack(cause error) {
 			// A retry would be refused the same way: the item's lease (or
 			// its session's end) releases it, and its attempts bound how
 			// often that can happen.
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			st.log.Error("nack failed for a reason a retry will not fix; the item's lease releases it", zap.Error(err), zap.NamedError("cause", cause))
 			return
 		case !st.again("nack", err):
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			return
 		}
 	}
@@ -492,13 +468,13 @@ func (st *settling) release() {
 		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, st.it) })
 		switch {
 		case err == nil:
-			res.Outcome, res.SettleErr = Released, nil
+			res.Outcome, res.SettleErr = claim.Released, nil
 			return
 		case errors.Is(err, claim.ErrClaimLost):
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			return
 		case !st.again("release", err):
-			res.Outcome, res.SettleErr = Unsettled, err
+			res.Outcome, res.SettleErr = claim.Unsettled, err
 			return
 		}
 	}
