@@ -23,7 +23,8 @@ type QueueRow struct {
 	Paused bool
 }
 
-// InspectQueue reads queue's stored row (InspectStatements.Queue).
+// InspectQueue reads queue's stored row (InspectStatements.Queue): a
+// primary-key lookup.
 func (s *Store) InspectQueue(ctx context.Context, db DB, queue string) (QueueRow, error) {
 	var r QueueRow
 	var numParts int64
@@ -48,7 +49,8 @@ type UnclaimedPart struct {
 
 // InspectUnclaimed reads queue's unclaimed items by part, ordered by part
 // (InspectStatements.Unclaimed). It reads every unclaimed item of the
-// queue.
+// queue: its entries in crdbwork_items_part_turn, and each row's
+// vesting_at.
 func (s *Store) InspectUnclaimed(ctx context.Context, db DB, queue string) ([]UnclaimedPart, error) {
 	rows, err := db.Query(ctx, s.insp.Unclaimed, queue)
 	if err != nil {
@@ -81,7 +83,8 @@ type ClaimedPart struct {
 }
 
 // InspectClaimed reads queue's claimed items by part and session, ordered
-// by part and session (InspectStatements.Claimed).
+// by part and session (InspectStatements.Claimed): only the queue's
+// claimed items, through crdbwork_items_lease.
 func (s *Store) InspectClaimed(ctx context.Context, db DB, queue string) ([]ClaimedPart, error) {
 	rows, err := db.Query(ctx, s.insp.Claimed, queue)
 	if err != nil {
@@ -110,7 +113,9 @@ type TenantBacklog struct {
 
 // InspectTenants reads the at most limit tenants of queue with the most
 // unclaimed items, most first, then by name (InspectStatements.Tenants).
-// Items without a tenant are not counted.
+// Items without a tenant are not counted. It reads every unclaimed item of
+// the queue that has a tenant (crdbwork_items_tenant_turn and each row's
+// vesting_at).
 func (s *Store) InspectTenants(ctx context.Context, db DB, queue string, limit int) ([]TenantBacklog, error) {
 	rows, err := db.Query(ctx, s.insp.Tenants, queue, limit)
 	if err != nil {
@@ -127,7 +132,8 @@ func (s *Store) InspectTenants(ctx context.Context, db DB, queue string, limit i
 	return out, nil
 }
 
-// InspectDead counts the deaths of queue (InspectStatements.DeadCount).
+// InspectDead counts the deaths of queue (InspectStatements.DeadCount):
+// the queue's entries of crdbwork_dead_items_by_queue.
 func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.insp.DeadCount, queue).Scan(&n)
