@@ -31,10 +31,9 @@ type batcher interface {
 }
 
 // fairQuery is one statement of fairTurns: the tenants' latest turns of
-// the pairs from first on (n of them), or the head of pair first's
-// priority.
+// the pairs from first on, or the head of pair first's priority.
 type fairQuery struct {
-	first, n int
+	first    int
 	head     bool
 	pairs    []crsql.FairPair // the lasts' pairs
 	priority int64            // the head's priority
@@ -55,7 +54,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 		for i := range pairs {
 			pairs[i] = crsql.FairPair{Tenant: tenants[first+i], Priority: priorities[first+i]}
 		}
-		queries = append(queries, fairQuery{first: first, n: n, pairs: pairs})
+		queries = append(queries, fairQuery{first: first, pairs: pairs})
 	}
 	for i := range tenants {
 		out[i].t, out[i].p = tenants[i], priorities[i]
@@ -115,7 +114,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 			if f.head {
 				head, err = s.ReadFairHead(res)
 			} else {
-				lasts, err = s.ReadFairLasts(res, f.n)
+				lasts, err = s.ReadFairLasts(res, len(f.pairs))
 			}
 			if err != nil {
 				_ = res.Close()
