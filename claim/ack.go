@@ -228,12 +228,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 			return deleted, nil
 		}
 	}
-	ids, sessions, tokens := claimArrays(held)
-	rows, err := tx.Query(ctx, q.engine.Load().st.AckMany, ids, sessions, tokens)
-	if err != nil {
-		return nil, crsql.Classify(err)
-	}
-	gone, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	gone, err := q.store.AckMany(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
 		return nil, crsql.Classify(err)
 	}

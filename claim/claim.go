@@ -101,14 +101,12 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: claiming in %q: %w", q.opts.Queue, err)
 	}
-	skip := req.SkipTenants
-	if skip == nil {
-		skip = []string{}
-	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, lease.Microseconds(), skip}
+	a := crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
 	if req.Parts == nil {
-		return q.runClaim(ctx, e, session, "claiming", e.st.ClaimAny, args)
+		return q.runClaim(ctx, e, session, "claiming", func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+			return q.store.ClaimAny(ctx, db, e.dialect, a)
+		})
 	}
 	// Each part once: the statement reads every listed part with its own
 	// limit, and a part listed twice would pick its rows twice.
@@ -121,12 +119,11 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		}
 	}
 	if len(ps) > crsql.MaxPartBranches {
-		return q.claimManyParts(ctx, e, session, req.Max, ps, skip, lease)
+		return q.claimManyParts(ctx, e, session, req.Max, ps, req.SkipTenants, lease)
 	}
-	for _, p := range ps {
-		args = append(args, p)
-	}
-	return q.runClaim(ctx, e, session, "claiming", q.parts.Claim(e.dialect, len(ps)), args)
+	return q.runClaim(ctx, e, session, "claiming", func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
+	})
 }
 
 // claimManyParts is claimWith for a session that lists more parts than one
@@ -145,37 +142,22 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 	if e.dialect == crsql.Cockroach {
 		opts.IsoLevel = pgx.Serializable
 	}
-	type picked struct {
-		id       uuid.UUID
-		priority int64
-		turn     time.Time
-	}
 	var items []Item
 	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
-		var all []picked
+		var all []crsql.PickedRow
 		for start := 0; start < len(parts); start += crsql.MaxPartBranches {
 			group := parts[start:min(start+crsql.MaxPartBranches, len(parts))]
-			args := []any{q.opts.Queue, n, skip}
-			for _, p := range group {
-				args = append(args, p)
-			}
-			rows, err := tx.Query(ctx, q.parts.Pick(len(group)), args...)
+			picked, err := q.store.PickParts(ctx, tx, q.opts.Queue, n, skip, group)
 			if err != nil {
 				return err
 			}
-			var r picked
-			if _, err := pgx.ForEachRow(rows, []any{&r.id, &r.priority, &r.turn}, func() error {
-				all = append(all, r)
-				return nil
-			}); err != nil {
-				return err
-			}
+			all = append(all, picked...)
 		}
 		sort.Slice(all, func(i, j int) bool {
-			if all[i].priority != all[j].priority {
-				return all[i].priority < all[j].priority
+			if all[i].Priority != all[j].Priority {
+				return all[i].Priority < all[j].Priority
 			}
-			return all[i].turn.Before(all[j].turn)
+			return all[i].TurnAt.Before(all[j].TurnAt)
 		})
 		all = all[:min(n, len(all))]
 		if len(all) == 0 {
@@ -184,15 +166,13 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 		}
 		ids := make([]uuid.UUID, len(all))
 		for i, r := range all {
-			ids[i] = r.id
+			ids[i] = r.ID
 		}
-		rows, err := tx.Query(ctx, q.parts.ClaimPickedFor(e.dialect), session, lease.Microseconds(), ids)
+		rows, err := q.store.ClaimPicked(ctx, tx, e.dialect, session, lease, ids)
 		if err != nil {
 			return err
 		}
-		if items, err = scanItems(rows, session); err != nil {
-			return err
-		}
+		items = itemsOf(rows, session)
 		items, err = q.takeAtMostOnce(ctx, tx, e, items)
 		return err
 	})
@@ -203,15 +183,16 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 // with args, takes the at-most-once items among what it claimed, and
 // returns the items in claim order. what says what the claim does, for
 // errors.
-func (q *Queue) runClaim(ctx context.Context, e *engine, session uuid.UUID, what, stmt string, args []any) ([]Item, error) {
+func (q *Queue) runClaim(ctx context.Context, e *engine, session uuid.UUID, what string,
+	claim func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) ([]Item, error) {
 	var items []Item
 	run := func(ctx context.Context, db crsql.DB) error {
-		rows, err := db.Query(ctx, stmt, args...)
+		rows, err := claim(ctx, db)
 		if err != nil {
 			return err
 		}
-		items, err = scanItems(rows, session)
-		return err
+		items = itemsOf(rows, session)
+		return nil
 	}
 	var err error
 	if e.claimInTx {
@@ -255,21 +236,16 @@ func (q *Queue) claimed(session uuid.UUID, what string, items []Item, err error)
 // takeAtMostOnce deletes the at-most-once items among items through db and
 // returns items without those it could not delete.
 func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, items []Item) ([]Item, error) {
-	var ids, sessions []uuid.UUID
-	var tokens []int64
+	var keys []crsql.ClaimKey
 	for _, it := range items {
 		if it.AtMostOnce {
-			ids, sessions, tokens = append(ids, it.ID), append(sessions, it.Session), append(tokens, it.Token)
+			keys = append(keys, it.claimKey())
 		}
 	}
-	if len(ids) == 0 {
+	if len(keys) == 0 {
 		return items, nil
 	}
-	rows, err := db.Query(ctx, e.st.TakeAtMostOnce, ids, sessions, tokens)
-	if err != nil {
-		return nil, err
-	}
-	taken, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	taken, err := q.store.TakeAtMostOnce(ctx, db, e.dialect, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -308,35 +284,33 @@ func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item
 	return out
 }
 
-func scanItems(rows pgx.Rows, session uuid.UUID) ([]Item, error) {
-	defer rows.Close()
-	var items []Item
-	for rows.Next() {
-		var it Item
-		var part, prio, attempts, maxAttempts int64
-		var key, lastErr, tenant *string
-		var claimPart *int64
-		var expires *time.Time
-		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
-			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-			&tenant, &expires, &it.AtMostOnce, &it.TurnAt); err != nil {
-			return nil, err
-		}
-		if tenant != nil {
-			it.Tenant = *tenant
-		}
-		if expires != nil {
-			it.ExpiresAt = *expires
-		}
-		it.Part, it.Priority, it.Attempt, it.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
-		if key != nil {
-			it.Key = *key
-		}
-		if lastErr != nil {
-			it.LastError = *lastErr
-		}
-		it.Session, it.InPart = session, claimPart != nil
-		items = append(items, it)
+// itemsOf returns the claimed rows as session's Items (nil for none).
+func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
+	if len(rows) == 0 {
+		return nil
 	}
-	return items, rows.Err()
+	items := make([]Item, len(rows))
+	for i, r := range rows {
+		items[i] = Item{ID: r.ID, Queue: r.Queue, Part: r.Part, Key: r.Key, Priority: r.Priority,
+			Attempt: r.Attempts, MaxAttempts: r.MaxAttempts, Payload: r.Payload, Metadata: r.Metadata,
+			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
+			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
+			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt}
+	}
+	return items
+}
+
+// claimKey returns the claim that it holds, which the statements that act
+// on a claimed item check.
+func (it Item) claimKey() crsql.ClaimKey {
+	return crsql.ClaimKey{ID: it.ID, Session: it.Session, Token: it.Token}
+}
+
+// claimKeys returns the claims of items.
+func claimKeys(items []Item) []crsql.ClaimKey {
+	keys := make([]crsql.ClaimKey, len(items))
+	for i, it := range items {
+		keys[i] = it.claimKey()
+	}
+	return keys
 }

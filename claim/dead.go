@@ -20,16 +20,16 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
 	}
-	var n int64
+	var existed bool
 	err := retry.Do(ctx, q.stats.retried("cancel"), func(ctx context.Context) error {
-		tag, err := q.db.Exec(ctx, q.st.Cancel, id, q.opts.Queue)
-		n = tag.RowsAffected()
+		var err error
+		existed, err = q.store.Cancel(ctx, q.db, id, q.opts.Queue)
 		return crsql.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
 	}
-	return n == 1, nil
+	return existed, nil
 }
 
 // DeadItem is one death of an item: the item was moved to the dead-items
@@ -89,7 +89,9 @@ func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
 	}
-	return q.listDead(ctx, q.st.DeadItems, q.opts.Queue, limit)
+	return q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
+		return q.store.DeadItems(ctx, q.db, q.opts.Queue, limit)
+	})
 }
 
 // DeadBefore returns up to limit dead items of this queue that come after
@@ -100,46 +102,31 @@ func (q *Queue) DeadBefore(ctx context.Context, last DeadItem, limit int) ([]Dea
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
 	}
-	return q.listDead(ctx, q.dst.DeadItemsBefore, q.opts.Queue, last.DiedAt, last.ID, last.Death, limit)
+	return q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
+		return q.store.DeadItemsBefore(ctx, q.db, q.opts.Queue, last.DiedAt, last.ID, last.Death, limit)
+	})
 }
 
-// listDead runs a statement that returns dead item columns.
-func (q *Queue) listDead(ctx context.Context, stmt string, args ...any) ([]DeadItem, error) {
+// listDead runs list, a read of dead items, and returns them as DeadItems.
+func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]crsql.DeadItemRow, error)) ([]DeadItem, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, err)
 	}
-	var out []DeadItem
+	var rows []crsql.DeadItemRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		out = out[:0]
-		rows, err := q.db.Query(ctx, stmt, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			d := DeadItem{Queue: q.opts.Queue}
-			var key, lastErr, tenant *string
-			var part, prio, attempts, maxAttempts int64
-			if err := rows.Scan(&d.ID, &part, &key, &prio, &attempts, &maxAttempts, &d.Payload, &d.Metadata,
-				&lastErr, &d.EnqueuedAt, &d.DiedAt, &tenant, &d.Reason, &d.Death); err != nil {
-				return err
-			}
-			d.Part, d.Priority, d.Attempts, d.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
-			if key != nil {
-				d.Key = *key
-			}
-			if lastErr != nil {
-				d.LastError = *lastErr
-			}
-			if tenant != nil {
-				d.Tenant = *tenant
-			}
-			out = append(out, d)
-		}
-		return rows.Err()
+		var err error
+		rows, err = list(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, crsql.Classify(err))
+	}
+	var out []DeadItem
+	for _, r := range rows {
+		out = append(out, DeadItem{ID: r.ID, Death: r.Death, Queue: q.opts.Queue, Part: r.Part, Key: r.Key,
+			Priority: r.Priority, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts, Payload: r.Payload,
+			Metadata: r.Metadata, LastError: r.LastError, EnqueuedAt: r.EnqueuedAt, DiedAt: r.DiedAt,
+			Tenant: r.Tenant, Reason: r.Reason})
 	}
 	return out, nil
 }
@@ -172,26 +159,19 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: requeueing %s of %q: %w", what, q.opts.Queue, err)
 	}
-	var moved bool
-	var liveIn *string // the queue of the live item with the id, if any
-	var deaths int64   // the deaths that would have been requeued
+	var r crsql.RequeueResult // moved, or why not: a live item with the id, the deaths that would have moved
 	err := retry.Tx(ctx, q.db, q.stats.retried("requeue"), func(ctx context.Context, tx pgx.Tx) error {
-		moved, liveIn, deaths = false, nil, 0
-		tag, err := tx.Exec(ctx, q.st.Requeue, id, q.opts.Queue, death)
-		if err != nil {
-			return crsql.Classify(err)
-		}
-		if moved = tag.RowsAffected() == 1; moved {
-			return nil
-		}
-		return crsql.Classify(tx.QueryRow(ctx, q.dst.RequeueState, id, q.opts.Queue, death).Scan(&liveIn, &deaths))
+		var err error
+		r, err = q.store.Requeue(ctx, tx, id, q.opts.Queue, death)
+		return crsql.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: requeueing %s of %q: %w", what, q.opts.Queue, err)
 	}
-	if !moved && liveIn != nil && deaths > 0 {
-		return false, fmt.Errorf("claim: requeueing %s of %q: %w (queue %q); the dead item stays", what, q.opts.Queue, ErrItemLive, *liveIn)
+	if !r.Moved && r.Live && r.Deaths > 0 {
+		return false, fmt.Errorf("claim: requeueing %s of %q: %w (queue %q); the dead item stays", what, q.opts.Queue, ErrItemLive, r.LiveQueue)
 	}
+	moved := r.Moved
 	if moved {
 		q.stats.enqueued.Add(1)
 	}

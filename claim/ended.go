@@ -3,9 +3,8 @@ package claim
 import (
 	"context"
 	"fmt"
-	"sync"
 
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/jackc/pgx/v5"
 )
 
 // Bounds of the pruning of ended ids (see Queue.PruneEnded).
@@ -16,17 +15,6 @@ const (
 	// Reap deletes at most pruneBatch·pruneStatements ended rows).
 	pruneStatements = 8
 )
-
-// dedupStatements caches the rendered statements per set of table names.
-var dedupStatements sync.Map // crsql.Tables → *crsql.DedupStatements
-
-func (q *Queue) dedupSQL() *crsql.DedupStatements {
-	if st, ok := dedupStatements.Load(q.opts.Tables); ok {
-		return st.(*crsql.DedupStatements)
-	}
-	st, _ := dedupStatements.LoadOrStore(q.opts.Tables, crsql.NewDedupStatements(q.opts.Tables))
-	return st.(*crsql.DedupStatements)
-}
 
 // PruneEnded forgets the queue's ended ids older than its dedup window
 // (Settings.DedupWindow): enqueues of those ids add new items again. It
@@ -39,10 +27,12 @@ func (q *Queue) PruneEnded(ctx context.Context) (int, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)
 	}
-	st := q.dedupSQL()
 	total := 0
+	prune := func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		return q.store.PruneEnded(ctx, tx, q.opts.Queue, pruneBatch)
+	}
 	for range pruneStatements {
-		n, err := q.reapStep(ctx, st.PruneEnded, q.opts.Queue, pruneBatch)
+		n, err := q.reapStep(ctx, prune)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)

@@ -8,7 +8,6 @@ import (
 	"hash/fnv"
 	"math"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -517,17 +516,6 @@ func chunks(items []NewItem, idx []int, maxRows int) [][]int {
 	return out
 }
 
-// enqueueStatements caches the rendered statements per set of table names.
-var enqueueStatements sync.Map // crsql.Tables → *crsql.EnqueueStatements
-
-func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
-	if st, ok := enqueueStatements.Load(q.opts.Tables); ok {
-		return st.(*crsql.EnqueueStatements)
-	}
-	st, _ := enqueueStatements.LoadOrStore(q.opts.Tables, crsql.NewEnqueueStatements(q.opts.Tables))
-	return st.(*crsql.EnqueueStatements)
-}
-
 // write writes b through db and records in res which items were added. With
 // useCopy (db is then one transaction that has CopyFrom), items with
 // generated ids go by COPY when there are enough of them: their ids are
@@ -538,64 +526,44 @@ func (q *Queue) enqueueSQL() *crsql.EnqueueStatements {
 // ids already present (a lookup whose cached plan, on PostgreSQL, may scan
 // the table when it was made while the table was small).
 func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
-	st := q.enqueueSQL()
 	insert := all(len(b.items))
 	if c, ok := db.(copier); ok && useCopy && len(b.generated) >= copyMinRows {
-		if err := q.copyRows(ctx, db, c, st, b, b.generated, res); err != nil {
+		if err := q.copyRows(ctx, db, c, b, b.generated, res); err != nil {
 			return err
 		}
 		insert = b.given
 	}
 	for _, chunk := range chunks(b.items, insert, insertRows) {
-		if err := q.insertRows(ctx, db, st, b, chunk, res); err != nil {
+		if err := q.insertRows(ctx, db, b, chunk, res); err != nil {
 			return err
 		}
 	}
-	return q.checkFound(ctx, db, st, b, res)
+	return q.checkFound(ctx, db, b, res)
 }
 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
 // NOTHING, and marks those it added in res.
-func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, chunk []int, res *Enqueued) error {
-	n := len(chunk)
-	// Ids as [16]byte, which pgx encodes directly (uuid.UUID would go
-	// through its text form).
-	ids := make([][16]byte, n)
-	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
-	keys, tenants := make([]*string, n), make([]*string, n)
-	ttls, amo, turns := make([]int64, n), make([]bool, n), make([]*time.Time, n)
-	payloads, metadata := make([][]byte, n), make([][]byte, n)
-	at := make(map[uuid.UUID]int, n)
+func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []int, res *Enqueued) error {
+	rows := make([]crsql.EnqueueRow, len(chunk))
+	at := make(map[uuid.UUID]int, len(chunk))
 	for j, i := range chunk {
 		it := &b.items[i]
-		ids[j], hashes[j] = b.ids[i], b.hashes[i]
 		at[b.ids[i]] = i
-		if it.Key != "" {
-			keys[j] = &it.Key
-		}
-		if it.Tenant != "" {
-			tenants[j] = &it.Tenant
-		}
+		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
+			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce}
 		if b.turns != nil {
-			turns[j] = b.turns[i]
+			rows[j].Turn = b.turns[i]
 		}
-		ttls[j], amo[j] = it.TTL.Microseconds(), it.AtMostOnce
-		priorities[j], delays[j], maxAttempts[j] = int64(it.Priority), it.Delay.Microseconds(), int64(q.maxAttempts(it))
-		payloads[j], metadata[j] = payload(it), it.Metadata
 	}
-	rows, err := db.Query(ctx, st.Insert, q.opts.Queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata,
-		tenants, ttls, amo, turns)
-	if err != nil {
-		return err
-	}
-	added, err := pgx.CollectRows(rows, pgx.RowTo[[16]byte])
+	added, err := q.store.EnqueueInsert(ctx, db, q.opts.Queue, rows)
 	if err != nil {
 		return err
 	}
 	for _, id := range added {
-		i, ok := at[uuid.UUID(id)]
+		i, ok := at[id]
 		if !ok {
-			return fmt.Errorf("the insert returned id %s, which it was not given", uuid.UUID(id))
+			return fmt.Errorf("the insert returned id %s, which it was not given", id)
 		}
 		res.New[i] = true
 	}
@@ -606,19 +574,17 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 // bounded bytes, computing their parts and vesting times from the queue's
 // number of parts and the transaction's timestamp, read (under a share
 // lock on the queue's row) in the same transaction.
-func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.EnqueueStatements, b *batch, idx []int, res *Enqueued) error {
-	var parts int64
-	var now time.Time
-	var amo bool
-	if err := db.QueryRow(ctx, st.Parts, q.opts.Queue).Scan(&parts, &now, &amo); err != nil {
+func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, b *batch, idx []int, res *Enqueued) error {
+	parts, now, amo, err := q.store.EnqueueParts(ctx, db, q.opts.Queue)
+	if err != nil {
 		return err
 	}
 	if parts < 1 {
 		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
 	}
 	for _, chunk := range chunks(b.items, idx, copyRows) {
-		src := &copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo, row: make([]any, len(st.CopyColumns)), at: -1}
-		n, err := c.CopyFrom(ctx, st.CopyTable, st.CopyColumns, src)
+		src := copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo}
+		n, err := q.store.CopyItems(ctx, c, q.opts.Queue, len(chunk), src.row)
 		if err != nil {
 			return err
 		}
@@ -632,7 +598,9 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, st *crsql.E
 	return nil
 }
 
-// copySource gives pgx the COPY rows of idx, one at a time.
+// copySource computes the COPY rows of idx (from the queue's number of
+// parts, the transaction's timestamp and whether the queue is
+// at-most-once) as the INSERT computes them in SQL.
 type copySource struct {
 	q     *Queue
 	b     *batch
@@ -640,25 +608,16 @@ type copySource struct {
 	parts int64
 	now   time.Time
 	amo   bool // the queue is at-most-once
-	row   []any
-	at    int
 }
 
-func (s *copySource) Next() bool { s.at++; return s.at < len(s.idx) }
-func (s *copySource) Err() error { return nil }
-
-func (s *copySource) Values() ([]any, error) {
-	i := s.idx[s.at]
+// row returns the COPY row of item idx[n].
+func (s *copySource) row(n int) crsql.CopyRow {
+	i := s.idx[n]
 	it := &s.b.items[i]
-	var key *string
-	if it.Key != "" {
-		key = &it.Key
-	}
 	// The delay at microsecond precision, as the INSERT computes it.
 	vesting := s.now.Add(time.Duration(it.Delay.Microseconds()) * time.Microsecond)
-	s.row[0], s.row[1], s.row[2], s.row[3] = [16]byte(s.b.ids[i]), s.q.opts.Queue, s.b.hashes[i]%s.parts, key
 	amo := it.AtMostOnce || s.amo
-	maxAttempts := int64(s.q.maxAttempts(it))
+	maxAttempts := s.q.maxAttempts(it)
 	if amo {
 		maxAttempts = 1
 	}
@@ -666,27 +625,21 @@ func (s *copySource) Values() ([]any, error) {
 	if s.b.turns != nil && s.b.turns[i] != nil && (it.Delay.Microseconds() == 0 || s.b.turns[i].After(vesting)) {
 		turn = *s.b.turns[i]
 	}
-	var tenant *string
-	if it.Tenant != "" {
-		tenant = &it.Tenant
-	}
-	var expires *time.Time
+	var expires time.Time
 	if it.TTL > 0 {
-		e := s.now.Add(time.Duration(it.TTL.Microseconds()) * time.Microsecond)
-		expires = &e
+		expires = s.now.Add(time.Duration(it.TTL.Microseconds()) * time.Microsecond)
 	}
-	s.row[4], s.row[5], s.row[6] = int64(it.Priority), vesting, maxAttempts
-	s.row[7], s.row[8] = payload(it), it.Metadata
-	s.row[9], s.row[10], s.row[11], s.row[12] = tenant, turn, expires, amo
-	return s.row, nil
+	return crsql.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
+		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
+		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo}
 }
 
 // checkFound looks up the caller-given ids that were not added: it fails
 // if one belongs to another queue's item, and marks in res.Done those that
 // ended in this queue within its dedup window. (Generated ids are random:
 // never present.)
-func (q *Queue) checkFound(ctx context.Context, db crsql.DB, st *crsql.EnqueueStatements, b *batch, res *Enqueued) error {
-	var present [][16]byte
+func (q *Queue) checkFound(ctx context.Context, db crsql.DB, b *batch, res *Enqueued) error {
+	var present []uuid.UUID
 	at := map[uuid.UUID]int{}
 	for _, i := range b.given {
 		if !res.New[i] {
@@ -697,30 +650,17 @@ func (q *Queue) checkFound(ctx context.Context, db crsql.DB, st *crsql.EnqueueSt
 	if len(present) == 0 {
 		return nil
 	}
-	rows, err := db.Query(ctx, st.Found, q.opts.Queue, present)
+	found, err := q.store.EnqueueFound(ctx, db, q.opts.Queue, present)
 	if err != nil {
 		return err
 	}
-	type found struct {
-		id    [16]byte
-		queue string
-		ended bool
-	}
-	var f found
-	var all []found
-	if _, err := pgx.ForEachRow(rows, []any{&f.id, &f.queue, &f.ended}, func() error {
-		all = append(all, f)
-		return nil
-	}); err != nil {
-		return err
-	}
-	for _, f := range all {
-		i, ok := at[f.id]
+	for _, f := range found {
+		i, ok := at[f.ID]
 		switch {
 		case !ok:
-			return fmt.Errorf("the lookup of present ids returned id %s, which it was not given", uuid.UUID(f.id))
-		case !f.ended:
-			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], f.queue)
+			return fmt.Errorf("the lookup of present ids returned id %s, which it was not given", f.ID)
+		case !f.Ended:
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], f.Queue)
 		}
 		res.Done[i] = true
 	}
@@ -732,14 +672,6 @@ func (q *Queue) maxAttempts(it *NewItem) int {
 		return q.opts.MaxAttempts
 	}
 	return it.MaxAttempts
-}
-
-// payload returns the item's payload, never nil (the column is NOT NULL).
-func payload(it *NewItem) []byte {
-	if it.Payload == nil {
-		return []byte{}
-	}
-	return it.Payload
 }
 
 // PartOf returns the part, among parts, of an item with this key or,

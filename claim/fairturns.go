@@ -2,7 +2,6 @@ package claim
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,105 +31,96 @@ type batcher interface {
 }
 
 // fairQuery is one statement of fairTurns: the tenants' latest turns of
-// the pairs from first on (n of them), or the head of pair first's
-// priority.
+// the pairs from first on, or the head of pair first's priority.
 type fairQuery struct {
-	first, n int
+	first    int
 	head     bool
-	sql      string
-	args     []any
+	pairs    []crsql.FairPair // the lasts' pairs
+	priority int64            // the head's priority
 }
 
 // fairTurns reads, for the pairs (tenants[i], priorities[i]), the turns
-// stamp needs: crsql.FairStatements.Lasts per group of at most
-// crsql.MaxFairPairs pairs and crsql.Statements.FairHead per pair with
-// readHead[i], each made of single index seeks (see there), sent as
-// pgx.Batches when db has SendBatch (one round trip each) and one by one
-// otherwise. It returns one fairTurn per pair, or none if the queue is not
-// fair.
+// stamp needs: sql.Store.FairLasts per group of at most crsql.MaxFairPairs
+// pairs and sql.Store.FairHead per pair with readHead[i], each made of
+// single index seeks (see there), sent as pgx.Batches when db has
+// SendBatch (one round trip each) and one by one otherwise. It returns one
+// fairTurn per pair, or none if the queue is not fair.
 func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, priorities []int64, readHead []bool) ([]fairTurn, error) {
 	out := make([]fairTurn, len(tenants))
 	var queries []fairQuery
 	for first := 0; first < len(tenants); first += crsql.MaxFairPairs {
 		n := min(crsql.MaxFairPairs, len(tenants)-first)
-		args := make([]any, 0, 1+2*n)
-		args = append(args, q.opts.Queue)
-		for i := first; i < first+n; i++ {
-			args = append(args, tenants[i], priorities[i])
+		pairs := make([]crsql.FairPair, n)
+		for i := range pairs {
+			pairs[i] = crsql.FairPair{Tenant: tenants[first+i], Priority: priorities[first+i]}
 		}
-		queries = append(queries, fairQuery{first: first, n: n, sql: q.fair.Lasts(n), args: args})
+		queries = append(queries, fairQuery{first: first, pairs: pairs})
 	}
 	for i := range tenants {
 		out[i].t, out[i].p = tenants[i], priorities[i]
 		if readHead[i] {
-			queries = append(queries, fairQuery{first: i, head: true, sql: q.st.FairHead, args: []any{q.opts.Queue, priorities[i]}})
+			queries = append(queries, fairQuery{first: i, head: true, priority: priorities[i]})
 		}
 	}
 	fair := true
-	// read takes the answer of one query from rows (no row: not fair, for
-	// a read of the lasts; no head, for a head).
-	read := func(f fairQuery, rows pgx.Rows) error {
-		defer rows.Close()
-		got := 0
-		for rows.Next() {
-			var err error
-			if f.head {
-				err = rows.Scan(&out[f.first].head)
-			} else {
-				var i int
-				var now time.Time
-				var last *time.Time
-				if err = rows.Scan(&i, &now, &last); err == nil {
-					if i < 0 || i >= f.n {
-						return fmt.Errorf("the fair turns read answered for pair %d of %d", i, f.n)
-					}
-					out[f.first+i].now, out[f.first+i].last = now, last
-				}
-			}
-			if err != nil {
-				return err
-			}
-			got++
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if !f.head && got == 0 {
+	// took takes the answer of one query (no lasts: not fair; no head: the
+	// priority has none).
+	took := func(f fairQuery, head *time.Time, lasts []crsql.FairLast) {
+		switch {
+		case f.head:
+			out[f.first].head = head
+		case lasts == nil:
 			fair = false
-		} else if !f.head && got != f.n {
-			return fmt.Errorf("the fair turns read answered %d rows for %d pairs", got, f.n)
+		default:
+			for i, l := range lasts {
+				out[f.first+i].now, out[f.first+i].last = l.Now, l.Last
+			}
 		}
-		return nil
 	}
+	s, name := q.store, q.opts.Queue
 	bdb, canBatch := db.(batcher)
 	for start := 0; start < len(queries) && fair; start += fairBatch {
 		chunk := queries[start:min(start+fairBatch, len(queries))]
 		if !canBatch {
 			for _, f := range chunk {
-				rows, err := db.Query(ctx, f.sql, f.args...)
+				var head *time.Time
+				var lasts []crsql.FairLast
+				var err error
+				if f.head {
+					head, err = s.FairHead(ctx, db, name, f.priority)
+				} else {
+					lasts, err = s.FairLasts(ctx, db, name, f.pairs)
+				}
 				if err != nil {
 					return nil, err
 				}
-				if err := read(f, rows); err != nil {
-					return nil, err
-				}
+				took(f, head, lasts)
 			}
 			continue
 		}
 		b := &pgx.Batch{}
 		for _, f := range chunk {
-			b.Queue(f.sql, f.args...)
+			if f.head {
+				s.QueueFairHead(b, name, f.priority)
+			} else {
+				s.QueueFairLasts(b, name, f.pairs)
+			}
 		}
 		res := bdb.SendBatch(ctx, b)
 		for _, f := range chunk {
-			rows, err := res.Query()
-			if err == nil {
-				err = read(f, rows)
+			var head *time.Time
+			var lasts []crsql.FairLast
+			var err error
+			if f.head {
+				head, err = s.ReadFairHead(res)
+			} else {
+				lasts, err = s.ReadFairLasts(res, len(f.pairs))
 			}
 			if err != nil {
 				_ = res.Close()
 				return nil, err
 			}
+			took(f, head, lasts)
 		}
 		if err := res.Close(); err != nil {
 			return nil, err

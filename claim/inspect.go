@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -75,8 +74,8 @@ type TenantInfo struct {
 func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
 
 // Inspect reads the queue's state: the one read behind package metrics,
-// the demo's status and dashboards. What it costs (sql.InspectStatements
-// says which index each statement reads): point reads of the queue's row,
+// the demo's status and dashboards. What it costs (sql.Store's Inspect
+// methods say which index each statement reads): point reads of the queue's row,
 // settings and tenant limits; the queue's unclaimed items, each read once
 // for the backlog by part and once more, for those with a tenant, for the
 // backlog by tenant (so it grows with this queue's backlog, not with other
@@ -108,13 +107,13 @@ func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
 
 // inspect runs Inspect's reads of the queue's row and items once.
 func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
-	st, name := q.ist, q.opts.Queue
+	s, name := q.store, q.opts.Queue
 	info := QueueInfo{Name: name}
-	var numParts int64
-	if err := q.db.QueryRow(ctx, st.Queue, name).Scan(&info.Stored, &numParts, &info.Paused); err != nil {
+	row, err := s.InspectQueue(ctx, q.db, name)
+	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the queue's row: %w", crsql.Classify(err))
 	}
-	info.NumParts = int(numParts)
+	info.Stored, info.NumParts, info.Paused = row.Stored, row.NumParts, row.Paused
 	parts := map[int]*PartInfo{}
 	part := func(p int) *PartInfo {
 		if parts[p] == nil {
@@ -127,38 +126,25 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 			part(p)
 		}
 	}
-	rows, err := q.db.Query(ctx, st.Unclaimed, name)
+	unclaimed, err := s.InspectUnclaimed(ctx, q.db, name)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
 	}
-	var p, unclaimed, due int64
-	var oldest *time.Time
-	var now time.Time
-	_, err = pgx.ForEachRow(rows, []any{&p, &unclaimed, &due, &oldest, &now}, func() error {
-		pi := part(int(p))
-		pi.Unclaimed, pi.Due = unclaimed, due
-		if oldest != nil {
-			info.OldestDue = max(info.OldestDue, now.Sub(*oldest))
+	for _, u := range unclaimed {
+		pi := part(u.Part)
+		pi.Unclaimed, pi.Due = u.Unclaimed, u.Due
+		if u.OldestDue != nil {
+			info.OldestDue = max(info.OldestDue, u.Now.Sub(*u.OldestDue))
 		}
-		return nil
-	})
-	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
 	}
-	rows, err = q.db.Query(ctx, st.Claimed, name)
+	claimed, err := s.InspectClaimed(ctx, q.db, name)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
 	}
-	var claimed int64
-	var holder uuid.UUID
 	info.Holders = map[uuid.UUID]int64{}
-	_, err = pgx.ForEachRow(rows, []any{&p, &holder, &claimed}, func() error {
-		part(int(p)).Claimed += claimed
-		info.Holders[holder] += claimed
-		return nil
-	})
-	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
+	for _, c := range claimed {
+		part(c.Part).Claimed += c.Claimed
+		info.Holders[c.Session] += c.Claimed
 	}
 	info.Parts = make([]PartInfo, 0, len(parts))
 	for _, pi := range parts {
@@ -169,19 +155,14 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	}
 	sort.Slice(info.Parts, func(i, j int) bool { return info.Parts[i].Part < info.Parts[j].Part })
 
-	rows, err = q.db.Query(ctx, st.Tenants, name, InspectTenants)
+	tenants, err := s.InspectTenants(ctx, q.db, name, InspectTenants)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", crsql.Classify(err))
 	}
-	var ti TenantInfo
-	_, err = pgx.ForEachRow(rows, []any{&ti.Tenant, &ti.Unclaimed, &ti.Due}, func() error {
-		info.Tenants = append(info.Tenants, ti)
-		return nil
-	})
-	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", crsql.Classify(err))
+	for _, t := range tenants {
+		info.Tenants = append(info.Tenants, TenantInfo{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
-	if err := q.db.QueryRow(ctx, st.DeadCount, name).Scan(&info.Dead); err != nil {
+	if info.Dead, err = s.InspectDead(ctx, q.db, name); err != nil {
 		return QueueInfo{}, fmt.Errorf("counting the dead items: %w", crsql.Classify(err))
 	}
 	return info, nil
@@ -190,8 +171,8 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 // Queues returns the names of the queues in the database t names on db, in
 // order: those with a row in the queues table, with unclaimed or claimed
 // items, or with dead items. It reads the queues table and one index entry
-// per queue in each of three indexes (sql.InspectStatements'
-// NextUnclaimedQueue, NextClaimedQueue and NextDeadQueue), not the items.
+// per queue in each of three indexes (sql.Store's NextUnclaimedQueue,
+// NextClaimedQueue and NextDeadQueue), not the items.
 func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: listing the queues: %w", err)
@@ -199,17 +180,13 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 	if err := crsql.Check(ctx, db, t); err != nil {
 		return nil, fmt.Errorf("claim: listing the queues: %w", err)
 	}
-	st := crsql.NewInspectStatements(t)
+	s := crsql.NewStore(t)
 	seen := map[string]bool{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		clear(seen)
 		const page = 1000
 		for after := ""; ; {
-			rows, err := db.Query(ctx, st.StoredQueues, after, page)
-			if err != nil {
-				return crsql.Classify(err)
-			}
-			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			names, err := s.StoredQueues(ctx, db, after, page)
 			if err != nil {
 				return crsql.Classify(err)
 			}
@@ -221,16 +198,18 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 			}
 			after = names[len(names)-1]
 		}
-		for _, next := range []string{st.NextUnclaimedQueue, st.NextClaimedQueue, st.NextDeadQueue} {
+		for _, next := range []func(context.Context, crsql.DB, string) (string, bool, error){
+			s.NextUnclaimedQueue, s.NextClaimedQueue, s.NextDeadQueue,
+		} {
 			for after := ""; ; {
-				var n *string
-				if err := db.QueryRow(ctx, next, after).Scan(&n); err != nil {
+				n, ok, err := next(ctx, db, after)
+				if err != nil {
 					return crsql.Classify(err)
 				}
-				if n == nil {
+				if !ok {
 					break
 				}
-				seen[*n], after = true, *n
+				seen[n], after = true, n
 			}
 		}
 		return nil

@@ -32,24 +32,12 @@ func (q *Queue) extend(ctx context.Context, items []Item, d time.Duration) ([]It
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: extending leases in %q: %w", q.opts.Queue, err)
 	}
-	ids, sessions, tokens := claimArrays(items)
+	keys := claimKeys(items)
 	var until map[uuid.UUID]time.Time
 	err := retry.Do(ctx, q.stats.retried("extend"), func(ctx context.Context) error {
-		rows, err := q.db.Query(ctx, q.engine.Load().st.Extend, ids, sessions, tokens, d.Microseconds())
-		if err != nil {
-			return crsql.Classify(err)
-		}
-		defer rows.Close()
-		until = make(map[uuid.UUID]time.Time, len(items))
-		for rows.Next() {
-			var id uuid.UUID
-			var t time.Time
-			if err := rows.Scan(&id, &t); err != nil {
-				return err
-			}
-			until[id] = t
-		}
-		return crsql.Classify(rows.Err())
+		var err error
+		until, err = q.store.Extend(ctx, q.db, q.engine.Load().dialect, keys, d)
+		return crsql.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: extending the leases of %d items in %q: %w", len(items), q.opts.Queue, err)
@@ -115,13 +103,28 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
 	var errs []error
+	s, name, d := q.store, q.opts.Queue, q.engine.Load().dialect
 	moves := []reapMove{
-		{step: StepLeases, batch: q.engine.Load().st.ReapLeases, candidates: q.dst.ExpiredLeaseIDs, byID: q.dst.ReapLeasesIDs,
-			count: &st.Released},
-		{step: StepExhausted, batch: q.st.ReapExhausted, candidates: q.dst.ExhaustedIDs, byID: q.dst.ReapExhaustedIDs,
-			extra: []any{crashLoopError}, count: &st.Dead},
-		{step: StepExpired, batch: q.st.ReapExpired, candidates: q.dst.ExpiredIDs, byID: q.dst.ReapExpiredIDs,
-			count: &st.Expired},
+		{step: StepLeases, count: &st.Released,
+			batch:      func(ctx context.Context, tx pgx.Tx) (int64, error) { return s.ReapLeases(ctx, tx, d, name, reapBatch) },
+			candidates: s.ExpiredLeaseIDs,
+			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+				return s.ReapLeasesIDs(ctx, tx, name, ids)
+			}},
+		{step: StepExhausted, count: &st.Dead,
+			batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return s.ReapExhausted(ctx, tx, name, reapBatch, crashLoopError)
+			},
+			candidates: s.ExhaustedIDs,
+			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+				return s.ReapExhaustedIDs(ctx, tx, name, ids, crashLoopError)
+			}},
+		{step: StepExpired, count: &st.Expired,
+			batch:      func(ctx context.Context, tx pgx.Tx) (int64, error) { return s.ReapExpired(ctx, tx, name, reapBatch) },
+			candidates: s.ExpiredIDs,
+			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+				return s.ReapExpiredIDs(ctx, tx, name, ids)
+			}},
 	}
 	for _, m := range moves {
 		if ctx.Err() != nil {
@@ -149,15 +152,15 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 }
 
 // reapMove is a step of Reap, which releases items or moves them to the dead
-// items: its batch statement ($1 queue, $2 limit, then extra), the statement
-// that lists the batch's candidates ($1 queue, $2 limit → id), the by-id
-// form of the batch ($1 queue, $2 ids, then extra), and the count it adds
-// to.
+// items: its batch (up to reapBatch items of the queue), the read that lists
+// the batch's candidates (queue, limit → ids), the by-id form of the batch,
+// and the count it adds to.
 type reapMove struct {
-	step                    string
-	batch, candidates, byID string
-	extra                   []any
-	count                   *int
+	step       string
+	batch      func(ctx context.Context, tx pgx.Tx) (int64, error)
+	candidates func(ctx context.Context, db crsql.DB, queue string, limit int) ([]uuid.UUID, error)
+	byID       func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error)
+	count      *int
 }
 
 // reapMoves runs a step in bounded batches until nothing is left. A
@@ -169,7 +172,7 @@ func (q *Queue) reapMoves(ctx context.Context, m reapMove) ([]*ReapError, error)
 	var stuck []*ReapError
 	seen := map[uuid.UUID]bool{}
 	for {
-		n, err := q.reapStep(ctx, m.batch, append([]any{q.opts.Queue, reapBatch}, m.extra...)...)
+		n, err := q.reapStep(ctx, m.batch)
 		*m.count += n
 		if err == nil {
 			if n < reapBatch {
@@ -202,23 +205,12 @@ func (q *Queue) reapMoves(ctx context.Context, m reapMove) ([]*ReapError, error)
 }
 
 // reapCandidates lists up to reapBatch ids of a step's candidates.
-func (q *Queue) reapCandidates(ctx context.Context, stmt string) ([][16]byte, error) {
-	var ids [][16]byte
+func (q *Queue) reapCandidates(ctx context.Context, list func(ctx context.Context, db crsql.DB, queue string, limit int) ([]uuid.UUID, error)) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
 	err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
-		ids = ids[:0]
-		rows, err := q.db.Query(ctx, stmt, q.opts.Queue, reapBatch)
-		if err != nil {
-			return crsql.Classify(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id [16]byte
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return crsql.Classify(rows.Err())
+		var err error
+		ids, err = list(ctx, q.db, q.opts.Queue, reapBatch)
+		return crsql.Classify(err)
 	})
 	return ids, err
 }
@@ -228,11 +220,11 @@ func (q *Queue) reapCandidates(ctx context.Context, stmt string) ([][16]byte, er
 // list in halves and moves each, down to single items: each refused item
 // fails alone (returned with its error), every other one moves, in about
 // 2·log2(len(ids)) statements per refused item. Any other failure stops it.
-func (q *Queue) moveByID(ctx context.Context, m reapMove, ids [][16]byte) (int, []*ReapError, error) {
+func (q *Queue) moveByID(ctx context.Context, m reapMove, ids []uuid.UUID) (int, []*ReapError, error) {
 	if len(ids) == 0 {
 		return 0, nil, nil
 	}
-	n, err := q.reapStep(ctx, m.byID, append([]any{q.opts.Queue, ids}, m.extra...)...)
+	n, err := q.reapStep(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) { return m.byID(ctx, tx, ids) })
 	switch {
 	case err == nil:
 		return n, nil, nil
@@ -250,13 +242,13 @@ func (q *Queue) moveByID(ctx context.Context, m reapMove, ids [][16]byte) (int, 
 	return n1 + n2, append(bad1, bad2...), err
 }
 
-// reapStep runs one batch of Reap in a SERIALIZABLE transaction (its
-// statements lock with SKIP LOCKED; see sql.Statements) and returns its rows.
-func (q *Queue) reapStep(ctx context.Context, stmt string, args ...any) (int, error) {
+// reapStep runs one batch of Reap, step, in a SERIALIZABLE transaction (its
+// statements lock with SKIP LOCKED; see sql.Store) and returns its rows.
+func (q *Queue) reapStep(ctx context.Context, step func(ctx context.Context, tx pgx.Tx) (int64, error)) (int, error) {
 	var n int
 	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, stmt, args...)
-		n = int(tag.RowsAffected())
+		rows, err := step(ctx, tx)
+		n = int(rows)
 		return crsql.Classify(err)
 	})
 	return n, err
@@ -265,16 +257,13 @@ func (q *Queue) reapStep(ctx context.Context, stmt string, args ...any) (int, er
 // releaseForgotten is Claimer.ReleaseForgotten for session (see its
 // documentation).
 func (q *Queue) releaseForgotten(ctx context.Context, session uuid.UUID, keep []uuid.UUID) (int, error) {
-	if keep == nil {
-		keep = []uuid.UUID{}
-	}
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: releasing forgotten claims in %q: %w", q.opts.Queue, err)
 	}
 	var n int
 	err := retry.Do(ctx, q.stats.retried("release"), func(ctx context.Context) error {
-		tag, err := q.db.Exec(ctx, q.st.ReleaseForgot, q.opts.Queue, session, keep)
-		n = int(tag.RowsAffected())
+		released, err := q.store.ReleaseForgotten(ctx, q.db, q.opts.Queue, session, keep)
+		n = int(released)
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -282,18 +271,4 @@ func (q *Queue) releaseForgotten(ctx context.Context, session uuid.UUID, keep []
 	}
 	q.stats.released.Add(int64(n))
 	return n, nil
-}
-
-// claimArrays returns the ids, sessions and tokens of items, the arrays of
-// the set-based statements. The UUIDs go as [16]byte, which pgx encodes
-// directly (uuid.UUID goes through its text form, a fifth of a worker's
-// client CPU in the bench).
-func claimArrays(items []Item) (ids, sessions [][16]byte, tokens []int64) {
-	ids = make([][16]byte, len(items))
-	sessions = make([][16]byte, len(items))
-	tokens = make([]int64, len(items))
-	for i, it := range items {
-		ids[i], sessions[i], tokens[i] = it.ID, it.Session, it.Token
-	}
-	return ids, sessions, tokens
 }

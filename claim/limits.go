@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -60,8 +58,7 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := q.db.Exec(ctx, q.lst.SetTenantLimit, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate)
-		return crsql.Classify(err)
+		return crsql.Classify(q.store.SetTenantLimit(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
@@ -75,16 +72,16 @@ func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, err
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
-	var n int64
+	var had bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		tag, err := q.db.Exec(ctx, q.lst.RemoveTenantLimit, q.opts.Queue, tenant)
-		n = tag.RowsAffected()
+		var err error
+		had, err = q.store.RemoveTenantLimit(ctx, q.db, q.opts.Queue, tenant)
 		return crsql.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
-	return n > 0, nil
+	return had, nil
 }
 
 // TenantLimits returns the tenants' own limits on the queue (those set with
@@ -93,32 +90,26 @@ func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
 	}
-	out, err := readTenantLimits(ctx, q.db, q.lst, q.opts.Queue)
+	out, err := readTenantLimits(ctx, q.db, q.store, q.opts.Queue)
 	if err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
 	}
 	return out, nil
 }
 
-func readTenantLimits(ctx context.Context, db crsql.DB, st *crsql.LimitStatements, queue string) (map[string]Limit, error) {
-	out := map[string]Limit{}
+func readTenantLimits(ctx context.Context, db crsql.DB, s *crsql.Store, queue string) (map[string]Limit, error) {
+	var rows []crsql.TenantLimitRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		clear(out)
-		rows, err := db.Query(ctx, st.TenantLimits, queue)
-		if err != nil {
-			return crsql.Classify(err)
-		}
-		var tenant string
-		var maxIn int64
-		var rate float64
-		_, err = pgx.ForEachRow(rows, []any{&tenant, &maxIn, &rate}, func() error {
-			out[tenant] = Limit{MaxInFlight: int(maxIn), Rate: rate}
-			return nil
-		})
+		var err error
+		rows, err = s.TenantLimits(ctx, db, queue)
 		return crsql.Classify(err)
 	})
 	if err != nil {
 		return nil, err
+	}
+	out := make(map[string]Limit, len(rows))
+	for _, l := range rows {
+		out[l.Tenant] = Limit{MaxInFlight: int(l.MaxInFlight), Rate: l.Rate}
 	}
 	return out, nil
 }

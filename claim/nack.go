@@ -9,9 +9,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -39,13 +36,12 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	}
 	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) {
 		err := retry.Do(ctx, q.stats.retried("nack"), func(ctx context.Context) error {
-			var id uuid.UUID
 			reason := ReasonFailed
 			if IsPermanent(cause) {
 				reason = ReasonPermanent
 			}
-			err := q.db.QueryRow(ctx, q.st.DeadLetter, it.ID, it.Session, it.Token, msg, reason).Scan(&id)
-			if errors.Is(err, pgx.ErrNoRows) {
+			held, err := q.store.DeadLetter(ctx, q.db, it.claimKey(), msg, reason)
+			if err == nil && !held {
 				return ErrClaimLost
 			}
 			return crsql.Classify(err)
@@ -63,7 +59,9 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 	if d, ok := retryAfter(cause); ok {
 		delay = d
 	}
-	err := q.update(ctx, "nack", q.st.Nack, it.ID, it.Session, it.Token, delay.Microseconds(), msg)
+	err := q.update(ctx, "nack", func(ctx context.Context) (bool, error) {
+		return q.store.Nack(ctx, q.db, it.claimKey(), delay, msg)
+	})
 	if err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}
@@ -79,7 +77,8 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error)
 // returns an error wrapping ErrDeadLetterFailed and moveErr (or, if the
 // release failed too, that failure).
 func (q *Queue) holdForReaper(ctx context.Context, it Item, msg string, moveErr error) error {
-	if err := q.update(ctx, "nack", q.dst.Exhaust, it.ID, it.Session, it.Token, msg); err != nil {
+	exhaust := func(ctx context.Context) (bool, error) { return q.store.Exhaust(ctx, q.db, it.claimKey(), msg) }
+	if err := q.update(ctx, "nack", exhaust); err != nil {
 		return q.claimErr("dead-lettering", it, fmt.Errorf("the move to the dead items was refused (%w), and holding the item for the reaper failed: %w", moveErr, err))
 	}
 	return q.claimErr("dead-lettering", it, fmt.Errorf("%w: %w", ErrDeadLetterFailed, moveErr))
@@ -93,21 +92,23 @@ func (q *Queue) Release(ctx context.Context, it Item) error {
 	if err := q.ready(ctx); err != nil {
 		return q.claimErr("releasing", it, err)
 	}
-	if err := q.update(ctx, "release", q.st.Release, it.ID, it.Session, it.Token); err != nil {
+	release := func(ctx context.Context) (bool, error) { return q.store.Release(ctx, q.db, it.claimKey()) }
+	if err := q.update(ctx, "release", release); err != nil {
 		return q.claimErr("releasing", it, err)
 	}
 	q.stats.released.Add(1)
 	return nil
 }
 
-// update runs a claim-checked single-row statement.
-func (q *Queue) update(ctx context.Context, kind, stmt string, args ...any) error {
+// update runs a claim-checked single-row statement, which reports whether
+// the claim held.
+func (q *Queue) update(ctx context.Context, kind string, stmt func(ctx context.Context) (bool, error)) error {
 	return retry.Do(ctx, q.stats.retried(kind), func(ctx context.Context) error {
-		tag, err := q.db.Exec(ctx, stmt, args...)
+		held, err := stmt(ctx)
 		if err != nil {
 			return crsql.Classify(err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !held {
 			return ErrClaimLost
 		}
 		return nil

@@ -24,7 +24,9 @@ func (q *Queue) Paused(ctx context.Context) (bool, error) {
 	}
 	var paused bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return crsql.Classify(q.db.QueryRow(ctx, q.st.QueuePaused, q.opts.Queue).Scan(&paused))
+		var err error
+		paused, err = q.store.QueuePaused(ctx, q.db, q.opts.Queue)
+		return crsql.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: reading whether %q is paused: %w", q.opts.Queue, err)
@@ -38,8 +40,7 @@ func (q *Queue) setPaused(ctx context.Context, paused bool) error {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, q.stats.retried("pause"), func(ctx context.Context) error {
-		_, err := q.db.Exec(ctx, q.st.PauseQueue, q.opts.Queue, paused)
-		return crsql.Classify(err)
+		return crsql.Classify(q.store.PauseQueue(ctx, q.db, q.opts.Queue, paused))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)

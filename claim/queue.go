@@ -89,9 +89,7 @@ type Options struct {
 type Queue struct {
 	db    DB
 	given Options // as given to New (see Options)
-	st    *crsql.Statements
-	lst   *crsql.LimitStatements
-	dst   *crsql.DeathStatements
+	store *crsql.Store
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
@@ -103,22 +101,12 @@ type Queue struct {
 	// to be not fair without asking again.
 	heads      headCache
 	plainUntil atomic.Int64
-	// urgent is the urgent lane's claim for the engine (see claimUrgent),
-	// rendered on its first use.
-	urgent atomic.Pointer[string]
-	// parts renders the per-part claims (see claimWith), fair the fair
-	// turns' reads (see stamp).
-	parts *crsql.PartClaimStatements
-	fair  *crsql.FairStatements
-	// ist are Inspect's reads.
-	ist *crsql.InspectStatements
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
-	dialect   crsql.Dialect
-	claimInTx bool                    // claims need an explicit SERIALIZABLE transaction
-	st        crsql.DialectStatements // sql.Statements.ForDialect
+	dialect   crsql.Dialect // the statements' twins to run (see sql.Store)
+	claimInTx bool          // claims need an explicit SERIALIZABLE transaction
 }
 
 // maxLease bounds Options.Lease and Extend's duration (a year): far beyond
@@ -164,17 +152,14 @@ func New(db DB, opts Options) (*Queue, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	q := &Queue{db: db, st: crsql.NewStatements(opts.Tables), lst: crsql.NewLimitStatements(opts.Tables), opts: opts,
-		dst: crsql.NewDeathStatements(opts.Tables), given: given}
-	q.parts, q.fair = crsql.NewPartClaimStatements(opts.Tables), crsql.NewFairStatements(opts.Tables)
-	q.ist = crsql.NewInspectStatements(opts.Tables)
+	q := &Queue{db: db, store: crsql.NewStore(opts.Tables), opts: opts, given: given}
 	q.next.Store(rand.Uint64())
 	return q, nil
 }
 
 // ready checks the schema version on the first call (cached after success)
-// and picks the claim statements (see sql.Statements.ForDialect) and the
-// isolation of claim transactions for the engine.
+// and picks the engine's dialect (the statements' twins; see sql.Store) and
+// the isolation of claim transactions.
 //
 // On CockroachDB, claims run in an explicit SERIALIZABLE transaction: it
 // refuses SKIP LOCKED under READ COMMITTED, the default of some 23.2+
@@ -204,9 +189,7 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if err != nil {
 		return err
 	}
-	e := &engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach}
-	e.st = q.st.ForDialect(dialect)
-	q.engine.Store(e)
+	q.engine.Store(&engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach})
 	return nil
 }
 

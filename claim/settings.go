@@ -2,12 +2,9 @@ package claim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -60,15 +57,16 @@ type Settings struct {
 // (Settings.DedupWindow), and of a queue never configured.
 const DefaultDedupWindow = 24 * time.Hour
 
-// dedupWindow returns the window to store, in microseconds.
-func (s Settings) dedupWindow() int64 {
+// dedupWindow returns the window to store (stored at microsecond
+// precision; 0: off).
+func (s Settings) dedupWindow() time.Duration {
 	switch {
 	case s.DedupOff:
 		return 0
 	case s.DedupWindow == 0:
-		return DefaultDedupWindow.Microseconds()
+		return DefaultDedupWindow
 	}
-	return s.DedupWindow.Microseconds()
+	return s.DedupWindow
 }
 
 // Validate reports settings that cannot be stored.
@@ -98,15 +96,15 @@ func (q *Queue) Settings(ctx context.Context) (Settings, error) {
 	}
 	var s Settings
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var maxIn, tenantMaxIn, window int64
-		err := q.db.QueryRow(ctx, q.st.QueueSettings, q.opts.Queue).Scan(&s.Fair, &s.AtMostOnce, &maxIn, &s.Rate, &tenantMaxIn, &s.TenantRate, &window)
-		if errors.Is(err, pgx.ErrNoRows) {
+		r, stored, err := q.store.QueueSettings(ctx, q.db, q.opts.Queue)
+		if err != nil || !stored {
 			s = Settings{}
-			return nil
+			return crsql.Classify(err)
 		}
-		s.MaxInFlight, s.TenantMaxInFlight = int(maxIn), int(tenantMaxIn)
-		s.DedupWindow, s.DedupOff = time.Duration(window)*time.Microsecond, window <= 0
-		return crsql.Classify(err)
+		s = Settings{Fair: r.Fair, AtMostOnce: r.AtMostOnce, MaxInFlight: int(r.MaxInFlight), Rate: r.Rate,
+			TenantMaxInFlight: int(r.TenantMaxInFlight), TenantRate: r.TenantRate,
+			DedupWindow: r.DedupWindow, DedupOff: r.DedupWindow <= 0}
+		return nil
 	})
 	if err != nil {
 		return Settings{}, fmt.Errorf("claim: reading the settings of %q: %w", q.opts.Queue, err)
@@ -126,9 +124,9 @@ func (q *Queue) Configure(ctx context.Context, s Settings) error {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := q.db.Exec(ctx, q.st.ConfigureQueue, q.opts.Queue, s.Fair, s.AtMostOnce,
-			int64(s.MaxInFlight), s.Rate, int64(s.TenantMaxInFlight), s.TenantRate, s.dedupWindow())
-		return crsql.Classify(err)
+		return crsql.Classify(q.store.ConfigureQueue(ctx, q.db, q.opts.Queue, crsql.QueueSettingsRow{
+			Fair: s.Fair, AtMostOnce: s.AtMostOnce, MaxInFlight: int64(s.MaxInFlight), Rate: s.Rate,
+			TenantMaxInFlight: int64(s.TenantMaxInFlight), TenantRate: s.TenantRate, DedupWindow: s.dedupWindow()}))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)

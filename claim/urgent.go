@@ -49,35 +49,13 @@ func (q *Queue) claimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: claiming urgent items in %q: %w", q.opts.Queue, err)
 	}
-	skip := req.SkipTenants
-	if skip == nil {
-		skip = []string{}
-	}
-	limited := req.LimitedTenants
-	if limited == nil {
-		limited = []string{}
-	}
-	owned := make([]int64, len(req.OwnedParts))
-	for i, p := range req.OwnedParts {
-		owned[i] = int64(p)
-	}
 	e := q.engine.Load()
-	args := []any{session, q.opts.Queue, req.Max, lease.Microseconds(), skip, int64(req.MaxPriority),
-		req.AllTenantsLimited, limited, owned}
-	return q.runClaim(ctx, e, session, "claiming urgent items", q.urgentStatement(e), args)
-}
-
-// urgentStatement returns the lane's claim for the engine e, rendering it
-// on first use.
-func (q *Queue) urgentStatement(e *engine) string {
-	if s := q.urgent.Load(); s != nil {
-		return *s
+	a := crsql.UrgentArgs{
+		ClaimArgs:   crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants},
+		MaxPriority: req.MaxPriority, OwnedParts: req.OwnedParts,
+		AllTenantsLimited: req.AllTenantsLimited, LimitedTenants: req.LimitedTenants,
 	}
-	d := crsql.Postgres
-	if e.claimInTx {
-		d = crsql.Cockroach
-	}
-	s := crsql.NewUrgentStatements(q.opts.Tables).ForDialect(d)
-	q.urgent.Store(&s)
-	return s
+	return q.runClaim(ctx, e, session, "claiming urgent items", func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.store.ClaimUrgent(ctx, db, e.dialect, a)
+	})
 }
