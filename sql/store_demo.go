@@ -32,8 +32,8 @@ type demoStatements struct {
 	// outcome cancelled). Items by id (primary key), dead items by id (the
 	// primary key's prefix), ended ids by (queue, id) (primary key).
 	itemFates string // $1 queues, $2 ids → pending, claimed, past lease, oldest claim s, dead, cancelled
-	// workedQueues lists the queues that live or expired-but-unreaped
-	// sessions own parts of or are members of.
+	// workedQueues lists the queues that live sessions (heartbeat within
+	// their expiry, as LiveSessions) own parts of or are members of.
 	workedQueues string // → queue names
 	// deleteItems deletes up to $2 unclaimed and up to $2 claimed items of
 	// queue $1 (through the partial indexes, as countItems);
@@ -85,8 +85,11 @@ FROM (
     LEFT JOIN crdbwork_items AS i ON i.id = e.id
     LEFT JOIN crdbwork_ended AS n ON n.queue = e.queue AND n.id = e.id
 ) AS f`),
-		workedQueues: t.rewrite(`SELECT DISTINCT queue FROM crdbwork_session_parts
-UNION SELECT DISTINCT queue FROM crdbwork_session_queues
+		workedQueues: t.rewrite(`SELECT p.queue FROM crdbwork_session_parts AS p
+    JOIN crdbwork_sessions AS s ON s.id = p.session_id WHERE s.heartbeat_at + s.expiry >= now()
+UNION
+SELECT m.queue FROM crdbwork_session_queues AS m
+    JOIN crdbwork_sessions AS s ON s.id = m.session_id WHERE s.heartbeat_at + s.expiry >= now()
 ORDER BY 1`),
 		deleteItems: t.rewrite(`DELETE FROM crdbwork_items WHERE id IN (
     (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2)
@@ -161,8 +164,9 @@ func (s *Store) ItemFates(ctx context.Context, db DB, items []ItemRef) (ItemFate
 	return f, nil
 }
 
-// WorkedQueues returns, in order, the queues whose parts a session owns or
-// that a session is a member of (sessions not yet reaped included).
+// WorkedQueues returns, in order, the queues whose parts a live session
+// owns or that a live session is a member of (live: its heartbeat within its
+// expiry, by the database clock, as session.List).
 func (s *Store) WorkedQueues(ctx context.Context, db DB) ([]string, error) {
 	rows, err := db.Query(ctx, s.demoSQL().workedQueues)
 	if err != nil {

@@ -25,12 +25,9 @@ const enqueueChunk = 1000
 // keySpace is the number of distinct item keys: item i has key "key-<i%keySpace>".
 const keySpace = 1000
 
-// enqueueDemo enqueues n demo items into queue and records their ids in
-// demo_enqueued under runID, chunk by chunk, each chunk in one transaction
-// with its record, so that verify knows exactly what was enqueued.
-func enqueueDemo(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int) error {
-	return enqueueDemoShaped(ctx, pool, queue, runID, n, itemShape{})
-}
+// recordEnqueued records enqueued ids in demo_enqueued, with their run and
+// queue (verify and cleanup tell queues apart by it).
+const recordEnqueued = `INSERT INTO demo_enqueued (item_id, run_id, queue) SELECT unnest($1::UUID[]), $2::UUID, $3::TEXT`
 
 // itemShape is what demo enqueue's flags give every item.
 type itemShape struct {
@@ -61,9 +58,13 @@ func (s itemShape) item(i int64) claim.NewItem {
 	return it
 }
 
-// enqueueDemoShaped is enqueueDemo with every item shaped by shape.
-func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape) error {
-	q, err := claim.New(pool, claim.Options{Queue: queue})
+// enqueueDemoShaped enqueues n demo items shaped by shape into queue and
+// records their ids in demo_enqueued under runID, chunk by chunk, each chunk
+// in one transaction with its record, so that verify knows exactly what was
+// enqueued. progress, if not nil, is called after each chunk with the items
+// enqueued so far.
+func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape, progress func(done int)) error {
+	q, err := claim.New(pool, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return err
 	}
@@ -74,6 +75,9 @@ func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, ru
 		}
 		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
 			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
+		}
+		if progress != nil {
+			progress(start + len(items))
 		}
 	}
 	return nil
@@ -93,7 +97,7 @@ func enqueueChunkTx(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, run
 			if err != nil {
 				return err
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO demo_enqueued (item_id, run_id) SELECT unnest($1::UUID[]), $2::UUID`, res.IDs, runID); err != nil {
+			if _, err := tx.Exec(ctx, recordEnqueued, res.IDs, runID, q.Name()); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)
@@ -119,10 +123,15 @@ type enqueueConfig struct {
 	common
 	count     int
 	parts     int
+	shared    bool
 	shape     itemShape
 	producers int
 	buffered  bool
 }
+
+// maxEnqueue bounds `demo enqueue --count`: a demo's load, not a bulk load
+// (ten million items take minutes to enqueue, and cleanup as long again).
+const maxEnqueue = 10_000_000
 
 // recordChunk is the number of ids the producers' recorder writes into
 // demo_enqueued per statement.
@@ -132,10 +141,11 @@ const recordChunk = 1000
 // item per call: straight Queue.Enqueue calls, or, with buffered, calls of
 // one claim.Buffer (group commit). Each id is recorded in demo_enqueued
 // under runID once its enqueue committed (an unknown outcome is retried
-// with the same id first). Every item is shaped by shape. It returns the
-// buffer's flushes (0 without).
-func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, producers int, buffered bool, shape itemShape) (flushes int64, err error) {
-	q, err := claim.New(pool, claim.Options{Queue: queue})
+// with the same id first). Every item is shaped by shape. progress, if not
+// nil, is called with the ids recorded so far after each chunk recorded. It
+// returns the buffer's flushes (0 without).
+func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n, producers int, buffered bool, shape itemShape, progress func(done int)) (flushes int64, err error) {
+	q, err := claim.New(pool, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return 0, err
 	}
@@ -152,12 +162,17 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 	go func() {
 		// The recorder: ids in chunks, each chunk one INSERT.
 		var chunk []uuid.UUID
+		saved := 0
 		flush := func() error {
 			if len(chunk) == 0 {
 				return nil
 			}
-			_, err := pool.Exec(ctx, `INSERT INTO demo_enqueued (item_id, run_id) SELECT unnest($1::UUID[]), $2::UUID`, chunk, runID)
+			_, err := pool.Exec(ctx, recordEnqueued, chunk, runID, queue)
+			saved += len(chunk)
 			chunk = chunk[:0]
+			if err == nil && progress != nil {
+				progress(saved)
+			}
 			return err
 		}
 		for id := range ids {
@@ -232,13 +247,16 @@ func cmdEnqueue(ctx context.Context, name string, args []string, out *console) e
 	var c enqueueConfig
 	f := newFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
 queue, and records their ids in demo_enqueued under a new run id, in the same
-transactions, so that "demo verify" can check them. Needs "demo migrate" first.
+transactions, so that "demo verify" can check them. It enqueues only into a
+queue the demo created (or a new one, which it creates), and creates the
+crdbwork schema and the demo's tables if they are missing; a database holding
+other queues needs --shared-database. Long runs show their progress on stderr.
 With --ttl, items not acked within it end dead with reason "expired" ("demo
 dead"); with --at-most-once, the claim that hands an item out deletes it.
 With --tenants, the items belong to tenants (for fair queues and tenant
 limits); with --priorities, they get random priorities (for the urgent lane).`)
 	c.register(f, urlRequired)
-	f.intVar(&c.count, "count", 1000, 1, 100_000_000, "number of items to enqueue")
+	f.intVar(&c.count, "count", 1000, 1, maxEnqueue, "number of items to enqueue (at most 10,000,000)")
 	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
 	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
 	f.flagOnly("at-most-once")
@@ -247,6 +265,8 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	f.intVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
 	f.boolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
+	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.flagOnly("shared-database")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -257,12 +277,15 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	if c.producers > 0 && !c.buffered {
 		conns = min(c.producers, 32) + 1 // the producers' statements, the recorder
 	}
-	pool, err := openChecked(ctx, &c.common, f, conns)
+	if err := c.requireURL(f); err != nil {
+		return err
+	}
+	pool, err := connect(ctx, c.databaseURL, conns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireDemoTables(ctx, pool); err != nil {
+	if err := openDemo(ctx, pool, "enqueue", c.queue, c.shared, out); err != nil {
 		return err
 	}
 	var parts int
@@ -277,11 +300,13 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	runID := uuid.New()
 	start := time.Now()
 	var flushes int64
+	progress := enqueueProgress(out, c.queue, c.count, start)
 	if c.producers > 0 {
-		flushes, err = enqueueProducers(ctx, pool, c.queue, runID, c.count, c.producers, c.buffered, c.shape)
+		flushes, err = enqueueProducers(ctx, pool, c.queue, runID, c.count, c.producers, c.buffered, c.shape, progress)
 	} else {
-		err = enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape)
+		err = enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape, progress)
 	}
+	out.endProgress()
 	if err != nil {
 		if ctx.Err() != nil {
 			return failf(130, "interrupted: %v", err)
@@ -312,4 +337,28 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	}
 	out.printf("enqueued %d items into queue %q (%d parts)%s in %s (%.0f items/s); run id %s\n", c.count, c.queue, parts, how, round(elapsed), rate, runID)
 	return nil
+}
+
+// progressAfter is how long an enqueue or a cleanup runs before it shows
+// its progress: short ones stay quiet.
+const progressAfter = 2 * time.Second
+
+// enqueueProgress returns the progress callback of an enqueue of total
+// items into queue started at start: a line on stderr (redrawn on a
+// terminal, at most one a second otherwise) once it runs longer than
+// progressAfter.
+func enqueueProgress(out *console, queue string, total int, start time.Time) func(done int) {
+	return func(done int) {
+		elapsed := time.Since(start)
+		if elapsed < progressAfter {
+			return
+		}
+		rate := float64(done) / elapsed.Seconds()
+		line := fmt.Sprintf("demo enqueue: %d/%d items into %q (%.0f%%), %.0f items/s, %s", done, total, queue,
+			100*float64(done)/float64(total), rate, elapsed.Round(time.Second))
+		if rate > 0 && done < total {
+			line += fmt.Sprintf(", about %s left", time.Duration(float64(total-done)/rate*float64(time.Second)).Round(time.Second))
+		}
+		out.progress(line, false)
+	}
 }

@@ -161,7 +161,7 @@ func (f *faultDemo) work(name string, heartbeat, expiry time.Duration, extra ...
 	f.t.Helper()
 	args := append([]string{"work", "--name", name, "--task-time", "3ms", "--concurrency", "6",
 		"--heartbeat", heartbeat.String(), "--expiry", expiry.String(), "--rebalance", "200ms"}, extra...)
-	cmd := exec.Command(demoBin, args...)
+	cmd := exec.Command(binFor(f.t, demoBin, args), args...)
 	cmd.Env = f.env
 	p := &proc{name: name, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr

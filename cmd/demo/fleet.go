@@ -172,6 +172,9 @@ func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
 	if c.urgentLane {
 		f.args = append(f.args, "--urgent-priority", fmt.Sprint(c.urgentPriority))
 	}
+	if c.shared {
+		f.args = append(f.args, "--shared-database")
+	}
 	go f.killLoop(c.killEvery)
 	for range c.workers {
 		if err := f.spawn(); err != nil {

@@ -37,6 +37,8 @@ type runConfig struct {
 	measureOrder      bool
 	priorities        int
 	downloadCockroach bool
+	// shared: --shared-database (checkOwnership).
+	shared bool
 	// restartDBEvery and restartDBDown: restarts of the embedded server.
 	restartDBEvery, restartDBDown time.Duration
 }
@@ -139,6 +141,8 @@ human line on stderr.`
 	f.boolVar(&c.measureOrder, "measure-order", false, "measure how relaxed the claim order is: for each claimed item, count right after its claim the claimable items before it in the queue's strict order (its popped element index, PEI); prints the median, mean, p90 and p99 (needs in-process workers: no --kill-every)")
 	f.intVar(&c.priorities, "priorities", 1, 1, 1<<30, "give items uniformly random priorities in [0, N) (1: all 0; with --measure-order and not given: 1000)")
 	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
+	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.flagOnly("shared-database")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -262,12 +266,8 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if s.Engine == "" {
 		s.Engine = engineName(ctx, pool)
 	}
-	m, err := migrate(ctx, pool)
-	if err != nil {
+	if err := openDemo(ctx, pool, "run", c.queue, c.shared, r.out); err != nil {
 		return err
-	}
-	for _, w := range m.Warnings {
-		r.out.errorf("demo: warning: %s", oneLine(w))
 	}
 	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
 		return failf(1, "%v", err)
@@ -284,7 +284,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		if tl, err = startTenants(ctx, pool, c, runID); err != nil {
 			return failf(1, "%v", err)
 		}
-	} else if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}); err != nil {
+	} else if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}, nil); err != nil {
 		return failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
@@ -372,7 +372,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	// Verify with a fresh context: an interrupted run still reports.
 	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	v, err := check(vctx, pool, &runID)
+	v, err := check(vctx, pool, checkFilter{runID: &runID})
 	if err != nil {
 		return failf(1, "%v", err)
 	}
@@ -553,9 +553,7 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 func countItems(ctx context.Context, pool *pgxpool.Pool, queue string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var n int64
-	err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.Table("items")+" WHERE queue = $1", queue).Scan(&n)
-	return n, err
+	return store.CountItems(ctx, pool, queue)
 }
 
 // printSummary prints the summary: a table, or one JSON line.

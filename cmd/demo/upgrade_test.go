@@ -259,6 +259,10 @@ func newFleet(t *testing.T, url string) *mixedFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	// The queue is the demo's, made by the previous release's demo, which
+	// recorded no demo queues: recorded here, as this code's demo would
+	// have, so that this code's demo works on it.
+	adoptDemoQueue(t, pool, upgradeQueue)
 	return &mixedFleet{t: t, env: demoEnv("DATABASE_URL=" + url), pool: pool, workers: map[string]*fleetWorker{}}
 }
 
@@ -269,7 +273,7 @@ func (f *mixedFleet) start(bin, name string, extra ...string) {
 	f.t.Helper()
 	args := append([]string{"work", "--queue", upgradeQueue, "--name", name, "--task-time", "10ms", "--concurrency", "4",
 		"--heartbeat", "250ms", "--expiry", "2s", "--rebalance", "200ms", "--json"}, extra...)
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(binFor(f.t, bin, args), args...)
 	cmd.Env = f.env
 	w := &fleetWorker{name: name, bin: bin, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = w.stderr

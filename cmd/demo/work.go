@@ -188,10 +188,21 @@ type workConfig struct {
 	name        string
 	reportEvery time.Duration
 	waitDB      time.Duration
-	recordRuns  bool
-	every       time.Duration
-	skipMissed  bool
+	// recordRuns is --record-runs, a flag of demotest builds only
+	// (record_demotest.go).
+	recordRuns bool
+	every      time.Duration
+	skipMissed bool
+	shared     bool
 }
+
+// workTestFlags and workTestSetup, set only in demotest builds
+// (record_demotest.go), add the tests' flags to `demo work` and act on them
+// before the worker starts (the returned function runs when it stopped).
+var (
+	workTestFlags func(f *flagSet, c *workConfig)
+	workTestSetup func(ctx context.Context, c *workConfig, out *console) (func(), error)
+)
 
 // demoSchedule is the name of the periodic schedule of `demo work --every`.
 const demoSchedule = "demo-every"
@@ -228,17 +239,23 @@ session is deleted, which releases its parts at once). The handler waits
 A final line with the worker's counters goes to stderr. Its connections end a transaction left idle longer
 than --expiry (idle_in_transaction_session_timeout), so that a frozen
 worker's open transaction cannot hold its locks, and its peers' reapers, for
-ever. Needs "demo migrate" first.`)
+ever. It works only on a queue the demo created (or a new one, which it
+creates), and creates the crdbwork schema and the demo's tables if they are
+missing; a database holding other queues needs --shared-database.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
 	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
 	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
 	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
-	f.boolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
 	f.boolVar(&c.anyPart, "any-part", false, "claim in any part of --queue: the worker owns no parts (a queue without parts), every worker of the queue claims any of its items")
 	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
 	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
+	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.flagOnly("shared-database")
+	if workTestFlags != nil {
+		workTestFlags(f, &c)
+	}
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
@@ -289,11 +306,7 @@ ever. Needs "demo migrate" first.`)
 		if err != nil {
 			return err
 		}
-		if err := requireSchema(ctx, p); err != nil {
-			p.Close()
-			return err
-		}
-		if err := requireDemoTables(ctx, p); err != nil {
+		if err := openDemo(ctx, p, "work", c.queue, c.shared, out); err != nil {
 			p.Close()
 			return err
 		}
@@ -316,20 +329,12 @@ ever. Needs "demo migrate" first.`)
 		defer ms.close()
 	}
 	warm(ctx, pool)
-	if c.recordRuns {
-		rp, err := connect(ctx, c.databaseURL, 2)
+	if workTestSetup != nil {
+		done, err := workTestSetup(ctx, &c, out)
 		if err != nil {
 			return err
 		}
-		defer rp.Close()
-		// Processes starting together race on CREATE TABLE IF NOT EXISTS,
-		// which PostgreSQL may refuse to the loser: a second try finds it.
-		if _, err := rp.Exec(ctx, runsTable); err != nil {
-			if _, err := rp.Exec(ctx, runsTable); err != nil {
-				return failf(1, "creating demo_runs: %v", err)
-			}
-		}
-		c.wrap = func(h worker.Handler) worker.Handler { return recordRuns(rp, out, h) }
+		defer done()
 	}
 	w, err := c.newWorker(pool, c.queue, c.name, log, ms)
 	if err != nil {
