@@ -3,171 +3,251 @@ package main
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // cleanupBatch bounds the rows one DELETE removes.
 const cleanupBatch = 5000
 
+// cleanupPlan is what cleanup found to remove, before it deletes anything.
+type cleanupPlan struct {
+	queue      string
+	demoQueue  bool     // the queue is one the demo created
+	inDatabase bool     // the queue has rows in crdbwork's tables
+	items      int64    // its items, claimed or not
+	dead       int64    // its dead items
+	otherDemo  []string // the other demo queues: they keep the demo tables
+	dropTables bool     // the demo tables go (no other demo queue)
+	dropSchema bool
+}
+
 func cmdCleanup(ctx context.Context, name string, args []string, out *console) error {
 	var c common
 	var dropSchema bool
-	f := newFlagSet(name, `Removes what the demo left in a database given with --database-url: the
-items, dead items, part count, settings, tenant limits and schedules of
---queue and the demo's tables (demo_results, demo_enqueued, demo_runs). With
---drop-schema it then drops the crdbwork
-tables too, if no other queue has items or dead items. Refuses while live
-sessions own parts of the queue (stop the workers first).`)
+	f := newFlagSet(name, `Removes what the demo made in a database given with --database-url: the items,
+dead items, ended ids, part count, settings, tenant limits and schedules of
+--queue, which must be a queue the demo created, and its rows in the demo's
+tables. The demo's tables themselves (demo_results, demo_enqueued, demo_runs,
+demo_queues) are dropped with the last demo queue; while another demo queue
+is recorded they stay. With --drop-schema it then drops the crdbwork tables
+too, only if no other queue (the demo's or not) and no live session is left:
+checked before anything is deleted.
+
+Refuses a queue the demo did not create (operate it with the crdbwork
+command), and a queue live sessions work on (stop the workers first). Says
+what it will delete on stderr, and shows the progress of long deletes.`)
 	c.register(f, urlRequired)
-	f.boolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables")
+	f.boolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables, if no other queue and no live session is left")
 	f.flagOnly("drop-schema")
 	if err := f.parse(args, out.stdout); err != nil {
 		return err
 	}
-	pool, err := openChecked(ctx, &c, f, 2)
+	if err := c.requireURL(f); err != nil {
+		return err
+	}
+	pool, err := connect(ctx, c.databaseURL, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	s, err := readStatus(ctx, pool, c.queue)
+	p, err := planCleanup(ctx, pool, c.queue, dropSchema)
 	if err != nil {
-		return failf(1, "%v", err)
+		return err
 	}
-	if owners := liveOwners(s); len(owners) > 0 {
-		return failf(1, "live sessions own parts of queue %q (%s): stop the workers first", c.queue, strings.Join(owners, ", "))
-	}
-	items, err := deleteBatched(ctx, pool, tables.Table("items"), c.queue)
-	if err != nil {
-		return failf(1, "deleting the items of %q: %v", c.queue, err)
-	}
-	dead, err := deleteBatched(ctx, pool, tables.Table("dead_items"), c.queue)
-	if err != nil {
-		return failf(1, "deleting the dead items of %q: %v", c.queue, err)
-	}
-	if err := deleteEnded(ctx, pool, c.queue); err != nil {
-		return failf(1, "deleting the ended ids of %q: %v", c.queue, err)
-	}
-	for _, stmt := range []string{
-		`DELETE FROM ` + tables.Table("session_parts") + ` WHERE queue = $1`,
-		`DELETE FROM ` + tables.Table("queues") + ` WHERE name = $1`,
-		`DELETE FROM ` + tables.Table("tenant_limits") + ` WHERE queue = $1`,
-		`DELETE FROM ` + tables.Table("schedules") + ` WHERE queue = $1`,
-	} {
-		if _, err := pool.Exec(ctx, stmt, c.queue); err != nil {
-			return failf(1, "removing queue %q: %v", c.queue, err)
-		}
-	}
-	for _, t := range []string{"demo_results", "demo_enqueued", "demo_runs"} {
-		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
-			return failf(1, "dropping %s: %v", t, err)
-		}
-	}
-	dropped := false
-	if dropSchema {
-		if err := dropCrdbwork(ctx, pool); err != nil {
+	out.errorf("demo cleanup: %s", p.describe())
+	start := time.Now()
+	var rows crsql.QueueRows
+	if p.inDatabase {
+		if rows, err = deleteQueue(ctx, pool, p.queue, out, start); err != nil {
 			return err
 		}
-		dropped = true
+	}
+	if p.dropTables {
+		for _, t := range demoTableNames {
+			if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
+				return failf(1, "dropping %s: %v", t, err)
+			}
+		}
+	} else if p.demoQueue {
+		if err := deleteDemoRows(ctx, pool, p.queue, out, start); err != nil {
+			return err
+		}
+	}
+	if p.dropSchema {
+		if err := store.DropTables(ctx, pool); err != nil {
+			return failf(1, "%v", err)
+		}
 	}
 	if c.json {
-		return printJSON(out, map[string]any{"queue": c.queue, "items_deleted": items, "dead_items_deleted": dead,
-			"demo_tables_dropped": true, "schema_dropped": dropped})
+		return printJSON(out, map[string]any{"queue": c.queue, "items_deleted": rows.Items, "dead_items_deleted": rows.DeadItems,
+			"demo_tables_dropped": p.dropTables, "schema_dropped": p.dropSchema})
 	}
-	out.printf("removed queue %q (%d items, %d dead items) and the demo tables", c.queue, items, dead)
-	if dropped {
+	switch {
+	case p.inDatabase || p.demoQueue:
+		out.printf("removed queue %q (%d items, %d dead items)", p.queue, rows.Items, rows.DeadItems)
+	default:
+		out.printf("queue %q: nothing to remove", p.queue)
+	}
+	if p.dropTables {
+		out.printf("; dropped the demo tables")
+	}
+	if p.dropSchema {
 		out.printf("; dropped the crdbwork tables")
 	}
 	out.printf("\n")
 	return nil
 }
 
-// liveOwners names the live sessions that own parts of the status's queue.
-func liveOwners(s *status) []string {
-	var names []string
-	for _, ss := range s.Sessions {
-		if ss.Parts != "" {
-			names = append(names, orDash(ss.Name))
-		}
-	}
-	return names
-}
-
-// deleteBatched deletes the rows of queue from table in bounded batches and
-// returns how many it deleted.
-func deleteBatched(ctx context.Context, pool *pgxpool.Pool, table, queue string) (int64, error) {
-	var n int64
-	for {
-		tag, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE id IN (SELECT id FROM `+table+` WHERE queue = $1 LIMIT $2)`,
-			queue, cleanupBatch)
-		if err != nil {
-			return n, err
-		}
-		n += tag.RowsAffected()
-		if tag.RowsAffected() < cleanupBatch {
-			return n, nil
-		}
-	}
-}
-
-// deleteEnded deletes the queue's ended ids (the dedup window's rows) in
-// bounded batches. Their ids are unique per queue only, hence the queue in
-// the outer condition.
-func deleteEnded(ctx context.Context, pool *pgxpool.Pool, queue string) error {
-	table := tables.Table("ended")
-	for {
-		tag, err := pool.Exec(ctx, `DELETE FROM `+table+` WHERE queue = $1 AND id IN (SELECT id FROM `+table+` WHERE queue = $1 LIMIT $2)`,
-			queue, cleanupBatch)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() < cleanupBatch {
-			return nil
-		}
-	}
-}
-
-// dropCrdbwork drops the crdbwork tables unless another queue still has
-// items or dead items, or a session is live.
-func dropCrdbwork(ctx context.Context, pool *pgxpool.Pool) error {
-	rows, err := pool.Query(ctx, `SELECT DISTINCT queue FROM `+tables.Table("items")+
-		` UNION SELECT DISTINCT queue FROM `+tables.Table("dead_items"))
+// planCleanup checks, without writing, what cleanup may remove: it refuses
+// a queue the demo did not create, a queue live sessions work on, and (with
+// dropSchema) a database where another queue or a live session is left.
+func planCleanup(ctx context.Context, pool *pgxpool.Pool, queue string, dropSchema bool) (cleanupPlan, error) {
+	p := cleanupPlan{queue: queue, dropSchema: dropSchema}
+	s, err := readOwnership(ctx, pool, queue)
 	if err != nil {
-		return failf(1, "listing the queues left: %v", err)
+		return p, err
 	}
-	var left []string
-	for rows.Next() {
-		var q string
-		if err := rows.Scan(&q); err != nil {
-			rows.Close()
-			return failf(1, "listing the queues left: %v", err)
+	if s.hasQueue && !s.isOwn(queue) {
+		return p, notOwnError("cleanup", queue)
+	}
+	p.demoQueue, p.inDatabase = s.isOwn(queue), s.hasQueue
+	if slices.Contains(s.worked, queue) {
+		return p, failf(1, "live sessions work on queue %q: stop its workers first (nothing was deleted)", queue)
+	}
+	for _, q := range s.own {
+		if q != queue {
+			p.otherDemo = append(p.otherDemo, q)
 		}
-		left = append(left, fmt.Sprintf("%q", q))
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return failf(1, "listing the queues left: %v", err)
-	}
-	if len(left) > 0 {
-		sort.Strings(left)
-		return failf(1, "not dropping the crdbwork tables: other queues still have items: %s (clean them up with --queue first)", strings.Join(left, ", "))
-	}
-	infos, err := session.List(ctx, pool, tables)
-	if err != nil {
-		return failf(1, "%v", err)
-	}
-	if len(infos) > 0 {
-		return failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first)", len(infos))
-	}
-	// Children before parents (foreign keys).
-	for _, t := range []string{"items", "dead_items", "ended", "session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"} {
-		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+tables.Table(t)); err != nil {
-			return failf(1, "dropping %s: %v", tables.Table(t), err)
+	p.dropTables = len(p.otherDemo) == 0
+	if dropSchema {
+		if !s.schema {
+			return p, failf(2, "there are no crdbwork tables in this database to drop (nothing was deleted)")
 		}
+		var others []string
+		for _, q := range s.present {
+			if q != queue {
+				others = append(others, q)
+			}
+		}
+		if len(others) > 0 {
+			return p, failf(1, "not dropping the crdbwork tables: other queues are in this database: %s (nothing was deleted; a demo queue's cleanup is `demo cleanup --queue NAME`, other queues are not the demo's)", quoteList(others, 10))
+		}
+		infos, err := session.List(ctx, pool, tables)
+		if err != nil {
+			return p, failf(1, "%v", err)
+		}
+		if len(infos) > 0 {
+			return p, failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first; nothing was deleted)", len(infos))
+		}
+	}
+	if p.inDatabase {
+		q, err := claim.New(pool, claim.Options{Queue: queue, Tables: tables})
+		if err != nil {
+			return p, failf(2, "%v", err)
+		}
+		info, err := q.Inspect(ctx)
+		if err != nil {
+			return p, failf(1, "%v", err)
+		}
+		p.items, p.dead = info.Unclaimed+info.Claimed, info.Dead
+	}
+	return p, nil
+}
+
+// describe says what cleanup will do, in one line.
+func (p cleanupPlan) describe() string {
+	var parts []string
+	switch {
+	case p.inDatabase:
+		parts = append(parts, fmt.Sprintf("removing demo queue %q: %d items, %d dead items, its ended ids, part count, settings, tenant limits and schedules", p.queue, p.items, p.dead))
+	case p.demoQueue:
+		parts = append(parts, fmt.Sprintf("demo queue %q has no rows in the crdbwork tables", p.queue))
+	default:
+		parts = append(parts, fmt.Sprintf("queue %q is not in this database", p.queue))
+	}
+	switch {
+	case p.dropTables:
+		parts = append(parts, "dropping the demo tables (no other demo queue uses them)")
+	case p.demoQueue:
+		parts = append(parts, fmt.Sprintf("deleting its rows in the demo tables, which stay for the demo queues %s", quoteList(p.otherDemo, 5)))
+	default:
+		parts = append(parts, fmt.Sprintf("the demo tables stay for the demo queues %s", quoteList(p.otherDemo, 5)))
+	}
+	if p.dropSchema {
+		parts = append(parts, "then dropping the crdbwork tables")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// deleteQueue deletes queue's rows from crdbwork's tables in batches
+// (sql.Store.DeleteQueueRows), showing the progress once it takes longer
+// than progressAfter, then its part count, settings and the rest.
+func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *console, start time.Time) (crsql.QueueRows, error) {
+	var total crsql.QueueRows
+	for {
+		r, err := store.DeleteQueueRows(ctx, pool, queue, cleanupBatch)
+		if err != nil {
+			out.endProgress()
+			return total, failf(1, "%v (deleted so far: %d items, %d dead items)", err, total.Items, total.DeadItems)
+		}
+		total.Items += r.Items
+		total.DeadItems += r.DeadItems
+		total.Ended += r.Ended
+		if r.Items+r.DeadItems+r.Ended == 0 {
+			break
+		}
+		if elapsed := time.Since(start); elapsed >= progressAfter {
+			out.progress(fmt.Sprintf("demo cleanup: deleted %d items, %d dead items and %d ended ids of %q, %s",
+				total.Items, total.DeadItems, total.Ended, queue, elapsed.Round(time.Second)), false)
+		}
+	}
+	out.endProgress()
+	if err := store.DeleteQueueRest(ctx, pool, queue); err != nil {
+		return total, failf(1, "%v", err)
+	}
+	return total, nil
+}
+
+// demoRowsDeletes delete a batch of a queue's rows from the demo's tables:
+// its items' results, then its recorded items. $1 queue, $2 limit.
+var demoRowsDeletes = []struct{ what, stmt string }{
+	{"results", `DELETE FROM demo_results WHERE row_id IN (SELECT r.row_id FROM demo_results AS r
+    JOIN demo_enqueued AS e ON e.item_id = r.item_id WHERE e.queue = $1 LIMIT $2)`},
+	{"recorded items", `DELETE FROM demo_enqueued WHERE item_id IN (SELECT item_id FROM demo_enqueued WHERE queue = $1 LIMIT $2)`},
+}
+
+// deleteDemoRows deletes queue's rows from the demo's tables, which other
+// demo queues keep using, and its record in demo_queues.
+func deleteDemoRows(ctx context.Context, pool *pgxpool.Pool, queue string, out *console, start time.Time) error {
+	for _, d := range demoRowsDeletes {
+		var n int64
+		for {
+			tag, err := pool.Exec(ctx, d.stmt, queue, cleanupBatch)
+			if err != nil {
+				out.endProgress()
+				return failf(1, "deleting the %s of %q from the demo tables: %v", d.what, queue, err)
+			}
+			n += tag.RowsAffected()
+			if tag.RowsAffected() == 0 {
+				break
+			}
+			if elapsed := time.Since(start); elapsed >= progressAfter {
+				out.progress(fmt.Sprintf("demo cleanup: deleted %d %s of %q from the demo tables, %s", n, d.what, queue, elapsed.Round(time.Second)), false)
+			}
+		}
+	}
+	out.endProgress()
+	if _, err := pool.Exec(ctx, `DELETE FROM demo_queues WHERE queue = $1`, queue); err != nil {
+		return failf(1, "deleting %q from demo_queues: %v", queue, err)
 	}
 	return nil
 }

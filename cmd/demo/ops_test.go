@@ -342,39 +342,6 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
-func TestCleanup(t *testing.T) {
-	url, env, pool := migrated(t)
-	if r := demo(t, time.Minute, env, "enqueue", "--count", "30"); r.code != 0 {
-		t.Fatal(r.stderr)
-	}
-	makeDead(t, pool, "demo", 2)
-	makeDead(t, pool, "keep", 1)
-	var out struct {
-		Items int `json:"items_deleted"`
-		Dead  int `json:"dead_items_deleted"`
-	}
-	jsonOut(t, demo(t, time.Minute, env, "cleanup", "--json"), &out)
-	if out.Items != 30 || out.Dead != 2 {
-		t.Errorf("cleanup deleted %d items and %d dead items, want 30 and 2", out.Items, out.Dead)
-	}
-	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename LIKE 'demo\_%'`); n != 0 {
-		t.Errorf("%d demo tables left", n)
-	}
-	// Another queue's dead item keeps the schema.
-	wantExit(t, demo(t, time.Minute, env, "cleanup", "--drop-schema"), 1, `"keep"`)
-	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'keep'`); n != 1 {
-		t.Errorf("the other queue's dead item is gone")
-	}
-	r := demo(t, time.Minute, env, "cleanup", "--queue", "keep", "--drop-schema")
-	if r.code != 0 {
-		t.Fatalf("cleanup --drop-schema: %d\n%s", r.code, r.stderr)
-	}
-	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename LIKE 'crdbwork\_%'`); n != 0 {
-		t.Errorf("%d crdbwork tables left after --drop-schema", n)
-	}
-	wantExit(t, demo(t, time.Minute, demoEnv(), "status", "--database-url", url), 2, "demo migrate")
-}
-
 func TestOperatorBadInput(t *testing.T) {
 	url, env, pool := migrated(t)
 	u, err := pgx.ParseConfig(url)

@@ -69,6 +69,8 @@ type dbState struct {
 	schema   bool     // the crdbwork schema is there, at this version
 	own      []string // the demo's queues (demo_queues), in order
 	foreign  []string // the other queues, in order
+	present  []string // every queue in the database, in order
+	worked   []string // the queues live sessions work on, in order
 	hasQueue bool     // queue is in the database (items, a row, a session)
 }
 
@@ -103,9 +105,11 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 	if err != nil {
 		return s, failf(1, "%v", err)
 	}
+	s.worked = worked
 	all := append(names, worked...)
 	sort.Strings(all)
-	for _, n := range slices.Compact(all) {
+	s.present = slices.Compact(all)
+	for _, n := range s.present {
 		if n == queue {
 			s.hasQueue = true
 		}
