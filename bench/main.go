@@ -7,6 +7,8 @@
 //	go -C bench run . --help
 //	go -C bench run .                   # River plain, River JobCompleteTx, crdbwork; 30,000 items, 3 rounds
 //	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
+//	go -C bench run . fairness          # small tenants' waits and Jain's index, fair queue against plain
+//	go -C bench run . order             # how relaxed the claim order is (popped element index)
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -34,6 +36,8 @@ import (
 const usage = `Usage:
   go -C bench run . [compare] [flags]   compare throughput with River (the default)
   go -C bench run . growth [flags]      claim cost against backlog and sessions
+  go -C bench run . fairness [flags]    tenants' waits and fairness, fair queue or plain
+  go -C bench run . order [flags]       how relaxed the claim order is (PEI)
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -54,6 +58,21 @@ consumers to the last completion); enqueueing is not.
 growth seeds a backlog of items with INSERT ... SELECT generate_series and
 measures crdbwork's claim latency and claim+ack throughput at each backlog
 and number of concurrent sessions.
+
+fairness spreads --items over --tenants tenants with Pareto-distributed
+backlogs (a fifth of the tenants hold four fifths of the items), lets
+--workers in-process workers drain them from a fair (--fair, the default) or
+plain (--fair=false) queue while single items of small tenants trickle in,
+and reports the small tenants' waits (in seconds and in claims) and Jain's
+index of the backlogged tenants' service.
+
+order enqueues --items items with random priorities (--priorities) and
+counts, for every claimed item, the claimable items before it in the queue's
+strict order (its popped element index, PEI): median, mean, p90, p99, max;
+with --urgent-priority N, the urgent items' apart.
+
+Both check that every item was acked exactly once, and print one JSON line
+with --json.
 
 Flags:
 `
@@ -81,8 +100,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return compare(ctx, args, out)
 	case "growth":
 		return growth(ctx, args, out)
+	case "fairness":
+		return fairness(ctx, args, out)
+	case "order":
+		return orderCmd(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare or growth; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness or order; see --help)", cmd)
 	}
 }
 
