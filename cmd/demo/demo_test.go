@@ -212,7 +212,6 @@ func TestBadInput(t *testing.T) {
 		{"no URL", []string{"verify"}, "DATABASE_URL"},
 		{"unknown command", []string{"frobnicate"}, "unknown command"},
 		{"expiry too short", []string{"work", "--database-url", empty, "--heartbeat", "1s", "--expiry", "1s"}, "--expiry"},
-		{"measure order in processes", []string{"run", "--database-url", empty, "--measure-order", "--kill-every", "1s"}, "--measure-order"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

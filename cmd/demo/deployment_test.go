@@ -103,6 +103,10 @@ func newDeployment(t *testing.T, dbURL string, queues []*deployQueue) *deploymen
 		q.pids = map[int]*proc{}
 		q.tenant = map[uuid.UUID]string{}
 		d.byName[q.name] = q
+		// The queues are the demo's, set up (fair, parts) before their
+		// first enqueue: recorded as the demo's, as its first enqueue
+		// would have.
+		adoptDemoQueue(t, db, q.name)
 	}
 	return d
 }

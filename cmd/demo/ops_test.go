@@ -202,7 +202,7 @@ func TestPartsAndStatus(t *testing.T) {
 	wantExit(t, demo(t, time.Minute, env, "parts", "--queue", "pq", "--set", "5000"), 2, "--set")
 
 	// The enqueue default is the run/work default: a new queue gets 16.
-	r := demo(t, time.Minute, env, "enqueue", "--count", "50", "--json")
+	r := demo(t, time.Minute, env, "enqueue", "--count", "50", "--json", "--shared-database") // beside pq
 	if r.code != 0 || num(t, lastJSON(t, r), "parts") != 16 {
 		t.Fatalf("enqueue into a new queue: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -727,7 +727,8 @@ func fmtBool(b *bool) string {
 // TestStoredPartsWin: a worker asked for 16 parts on a queue stored with 4
 // works with 4, says so in its start line, and warns.
 func TestStoredPartsWin(t *testing.T) {
-	_, env, _ := migrated(t)
+	_, env, pool := migrated(t)
+	adoptDemoQueue(t, pool, "demo") // the demo works only on its own queues
 	if r := demo(t, time.Minute, env, "parts", "--set", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}

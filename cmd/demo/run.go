@@ -13,9 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/dbserver"
-	"github.com/crdbwork/crdbwork/internal/order"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 )
@@ -26,17 +24,12 @@ const demoDatabase = "crdbwork_demo"
 type runConfig struct {
 	common
 	workerSettings
-	limits limitFlags
-	tenantConfig
+	limits             limitFlags
 	items, workers     int
 	killEvery, timeout time.Duration
 	progress           bool
 	bench              bool
-	// measureOrder counts the PEI of every claimed item (--measure-order);
-	// priorities is the number of random priorities items get.
-	measureOrder      bool
-	priorities        int
-	downloadCockroach bool
+	downloadCockroach  bool
 	// shared: --shared-database (checkOwnership).
 	shared bool
 	// restartDBEvery and restartDBDown: restarts of the embedded server.
@@ -80,22 +73,6 @@ type summary struct {
 	ClaimsLost      *int64 `json:"claims_lost,omitempty"`
 	// Retries counts serialization-failure retries by kind (in-process only).
 	Retries map[string]int64 `json:"retries,omitempty"`
-	// With --tenants: the tenant figures (tenants.go).
-	*TenantReport
-	// With --measure-order: the popped element index (PEI) of the claimed
-	// items (see "How relaxed is the order" in the README), over PEICount
-	// items; PEIUrgent* over the urgent items (with --urgent-priority).
-	PEICount        *int     `json:"pei_count,omitempty"`
-	PEIMedian       *int64   `json:"pei_median,omitempty"`
-	PEIMean         *float64 `json:"pei_mean,omitempty"`
-	PEIP90          *int64   `json:"pei_p90,omitempty"`
-	PEIP99          *int64   `json:"pei_p99,omitempty"`
-	PEIMax          *int64   `json:"pei_max,omitempty"`
-	PEIUrgentCount  *int     `json:"pei_urgent_count,omitempty"`
-	PEIUrgentMedian *int64   `json:"pei_urgent_median,omitempty"`
-	PEIUrgentP99    *int64   `json:"pei_urgent_p99,omitempty"`
-	// PEIErrors counts claims whose count failed (their items have no PEI).
-	PEIErrors *int `json:"pei_errors,omitempty"`
 	// UrgentPriority is the urgent lane's threshold, if it was on.
 	UrgentPriority *int `json:"urgent_priority,omitempty"`
 }
@@ -112,6 +89,12 @@ earlier with --download-cockroach), else PostgreSQL's binaries from this
 machine, in a temporary directory, stopped at the end. --download-cockroach
 downloads the latest stable CockroachDB once (about 100 MB, into
 ~/.cache/crdbwork or CRDBWORK_CACHE_DIR) when no cockroach binary is found.
+
+The demo works only on what it made. Given a database, it creates the
+crdbwork schema and its own tables there if they are missing, and refuses
+(exit 2, before writing anything) a --queue it did not create and, unless
+--shared-database is given, a database that holds other queues. Measurements
+live in the bench module: go -C bench run . fairness, go -C bench run . order.
 
 With --kill-every, the workers are child processes ("demo work") and a random
 one is killed with SIGKILL that often and replaced; its claims and parts come
@@ -136,10 +119,6 @@ human line on stderr.`
 	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
 	f.durationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
 	f.durationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
-	c.tenantConfig.register(f)
-	f.boolVar(&c.anyPart, "any-part", false, "the workers claim in any part (no part ownership) instead of their own parts")
-	f.boolVar(&c.measureOrder, "measure-order", false, "measure how relaxed the claim order is: for each claimed item, count right after its claim the claimable items before it in the queue's strict order (its popped element index, PEI); prints the median, mean, p90 and p99 (needs in-process workers: no --kill-every)")
-	f.intVar(&c.priorities, "priorities", 1, 1, 1<<30, "give items uniformly random priorities in [0, N) (1: all 0; with --measure-order and not given: 1000)")
 	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
 	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
 	f.flagOnly("shared-database")
@@ -160,23 +139,8 @@ human line on stderr.`
 	if err := c.validate(f); err != nil {
 		return err
 	}
-	if err := c.tenantConfig.validateTenants(f, c.items, c.killEvery); err != nil {
-		return err
-	}
-	if c.tenants > 0 && (c.measureOrder || f.isSet("priorities")) {
-		return f.usageError("--tenants gives every item priority 0 and measures waits, not the order: it cannot be combined with --measure-order or --priorities")
-	}
-	if c.anyPart && c.killEvery > 0 {
-		return f.usageError("--any-part runs the workers in this process: it cannot be combined with --kill-every")
-	}
 	if c.restartDBEvery > 0 && c.databaseURL != "" {
 		return f.usageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
-	}
-	if c.measureOrder && c.killEvery > 0 {
-		return f.usageError("--measure-order counts in the workers' claim loops, in this process: it cannot be used with --kill-every (child processes)")
-	}
-	if c.measureOrder && !f.isSet("priorities") {
-		c.priorities = 1000
 	}
 	if c.restartDBDown > 0 && c.restartDBEvery == 0 {
 		return f.usageError("--restart-db-down needs --restart-db-every")
@@ -279,12 +243,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	runID := uuid.New()
 	s.RunID = runID.String()
 	enqStart := time.Now()
-	var tl *tenantLoad
-	if c.tenants > 0 {
-		if tl, err = startTenants(ctx, pool, c, runID); err != nil {
-			return failf(1, "%v", err)
-		}
-	} else if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{priorities: c.priorities}, nil); err != nil {
+	if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{}, nil); err != nil {
 		return failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
@@ -305,24 +264,6 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		}
 		defer ms.close()
 	}
-	var meter *order.Meter
-	if c.measureOrder {
-		// Its own connections: counting must not wait behind the demo's
-		// progress queries, nor take the workers' connections.
-		mpool, err := connect(ctx, url, min(c.workers, 8))
-		if err != nil {
-			return err
-		}
-		defer mpool.Close()
-		if meter, err = order.NewMeter(mpool, tables, c.queue); err != nil {
-			return failf(1, "%v", err)
-		}
-		c.onClaim = func(ctx context.Context, items []claim.Item) {
-			// A failed count (a stopping worker, a database blip) leaves
-			// its items out of the figures; PEIErrors says how many.
-			_, _ = meter.Observe(ctx, items)
-		}
-	}
 	var group workerGroup
 	if c.killEvery > 0 {
 		group, err = startFleet(c, url, r.out)
@@ -337,15 +278,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		restarter = startRestarter(srv, c.restartDBEvery, c.restartDBDown, r.out)
 	}
 	start := time.Now()
-	if tl != nil {
-		if err := tl.startTrickle(ctx, url, c.queue, runID, r.out); err != nil {
-			restarter.finish()
-			group.stop(20 * time.Second)
-			return failf(1, "%v", err)
-		}
-	}
 	outcome, runErr := r.wait(ctx, pool, group, start)
-	tl.stopTrickle()
 	var restartErr error
 	s.DBRestarts, restartErr = restarter.finish()
 	if runErr == nil && restartErr != nil {
@@ -382,15 +315,9 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	if elapsed > 0 {
 		s.ItemsPerSecond = float64(v.Acked) / elapsed.Seconds()
 	}
-	if tl != nil {
-		s.TenantReport = tl.report()
-	}
 	s.OK = v.ok() && !s.TimedOut && !s.Interrupted && runErr == nil
 	if c.urgentLane {
 		s.UrgentPriority = &c.urgentPriority
-	}
-	if meter != nil {
-		addPEI(&s, meter, c)
 	}
 	r.printSummary(s)
 	switch {
@@ -606,19 +533,8 @@ func (r *demoRun) printSummary(s summary) {
 	if len(s.Retries) > 0 {
 		fmt.Fprintf(tw, "  retries\t%s\n", formatCounts(s.Retries))
 	}
-	printTenantLines(tw, s.TenantReport)
 	if s.UrgentPriority != nil {
 		fmt.Fprintf(tw, "  urgent lane\titems with priority <= %d claimed by any worker\n", *s.UrgentPriority)
-	}
-	if s.PEICount != nil {
-		fmt.Fprintf(tw, "  order (PEI)\tmedian %d, mean %.1f, p90 %d, p99 %d, max %d over %d claimed items (priorities 0..%d)\n",
-			*s.PEIMedian, *s.PEIMean, *s.PEIP90, *s.PEIP99, *s.PEIMax, *s.PEICount, r.c.priorities-1)
-		if s.PEIUrgentCount != nil {
-			fmt.Fprintf(tw, "  urgent (PEI)\tmedian %d, p99 %d over %d urgent items\n", *s.PEIUrgentMedian, *s.PEIUrgentP99, *s.PEIUrgentCount)
-		}
-		if *s.PEIErrors > 0 {
-			fmt.Fprintf(tw, "  order errors\t%d claims not counted\n", *s.PEIErrors)
-		}
 	}
 	fmt.Fprintf(tw, "  elapsed\t%.2fs\n", s.ElapsedSeconds)
 	fmt.Fprintf(tw, "  throughput\t%.0f items/s\n", s.ItemsPerSecond)
@@ -628,17 +544,6 @@ func (r *demoRun) printSummary(s summary) {
 	}
 	tw.Flush()
 	r.out.printf("%s", b.String())
-}
-
-// addPEI puts the meter's figures in the summary.
-func addPEI(s *summary, m *order.Meter, c *runConfig) {
-	a := m.Summary()
-	errs := m.Errors()
-	s.PEICount, s.PEIMedian, s.PEIMean, s.PEIP90, s.PEIP99, s.PEIMax, s.PEIErrors = &a.Count, &a.Median, &a.Mean, &a.P90, &a.P99, &a.Max, &errs
-	if c.urgentLane {
-		u := m.SummaryWhere(func(p int) bool { return p <= c.urgentPriority })
-		s.PEIUrgentCount, s.PEIUrgentMedian, s.PEIUrgentP99 = &u.Count, &u.Median, &u.P99
-	}
 }
 
 // formatCounts writes counts as "ack 3, claim 1", by name, skipping zeros.

@@ -82,19 +82,13 @@ type workerSettings struct {
 	metricsAddr string
 	// wrap, if not nil, wraps the demo handler (demo work --record-runs).
 	wrap func(worker.Handler) worker.Handler
-	// anyPart runs the workers without parts (any session claims any
-	// item); observe, if set, sees every item its handler gets, and lease,
-	// if set, is the claims' lease (`demo run --tenants`).
+	// anyPart runs the worker without parts (any session claims any
+	// item): demo work --any-part.
 	anyPart bool
-	observe func(claim.Item)
-	lease   time.Duration
 	// urgentPriority is the urgent lane's threshold, used when urgentLane
 	// (--urgent-priority given).
 	urgentPriority int
 	urgentLane     bool
-	// onClaim, if set (not a flag: demo run --measure-order), is the
-	// workers' worker.Options.Testing.OnClaim.
-	onClaim func(ctx context.Context, items []claim.Item)
 }
 
 // register adds the flags; partsUsage says what --parts does for the command.
@@ -146,18 +140,11 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 	if w.wrap != nil {
 		h = w.wrap(h)
 	}
-	if w.observe != nil {
-		inner, observe := h, w.observe
-		h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
-			observe(it)
-			return inner(ctx, it)
-		}
-	}
 	parts := w.parts
 	if w.anyPart {
 		parts = 0
 	}
-	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables, Lease: w.lease})
+	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +161,6 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		BatchRecord:     recordResults,
 		UrgentLane:      w.urgentLane,
 		UrgentPriority:  w.urgentPriority,
-		Testing:         worker.TestingOptions{OnClaim: w.onClaim},
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)
