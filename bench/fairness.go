@@ -480,6 +480,7 @@ func fairness(ctx context.Context, args []string, out io.Writer) error {
 	fs.BoolVar(&tc.fair, "fair", true, "make the queue fair (claims take the backlogged tenants' items in turn); --fair=false: a plain first-in-first-out queue")
 	fs.IntVar(&tc.trickleRate, "trickle-rate", 50, "single items of random small tenants enqueued per second while the workers run, until 80% of the up-front items are claimed (0: none)")
 	fs.IntVar(&tc.seed, "seed", 1, "seed of the backlog sizes, the enqueue order and the trickle's tenants")
+	fs.BoolVar(&c.anyPart, "any-part", false, "the workers claim in any part (no part ownership) instead of their own parts")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
