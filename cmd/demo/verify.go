@@ -70,7 +70,10 @@ const checkPage = 5000
 // selects. The items without a result are classified by the library's read
 // of where they are (pending, dead or cancelled: sql.Store.ItemFates); the
 // others are lost. Everything is read in one read-only transaction, one
-// snapshot of both the demo's tables and crdbwork's.
+// snapshot of both the demo's tables and crdbwork's, so that an item acked
+// between two reads is not taken for lost. CockroachDB accepts ISOLATION
+// LEVEL REPEATABLE READ and READ ONLY (docs: "SET TRANSACTION"; a cluster
+// without repeatable read runs it as SERIALIZABLE, a snapshot too).
 func check(ctx context.Context, pool *pgxpool.Pool, filter checkFilter) (verdict, error) {
 	var v verdict
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
