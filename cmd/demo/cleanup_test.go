@@ -123,6 +123,19 @@ func TestDemoOwnDatabase(t *testing.T) {
 	}
 	r := demo(t, 2*time.Minute, env, "run", "--queue", "c", "--items", "200", "--workers", "2", "--json")
 	checkSummary(t, r, 200)
+	// The tables are whole: the next command's start runs no DDL.
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var ready bool
+	if err := pool.QueryRow(context.Background(), demoTablesReady).Scan(&ready); err != nil || !ready {
+		t.Errorf("the demo tables are not all there after a run: %v, %v", ready, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM demo_queues`); n != 3 {
+		t.Errorf("%d demo queues recorded, want a, b and c", n)
+	}
 }
 
 // TestEnqueueBound: --count is bounded, with the bound in the message.

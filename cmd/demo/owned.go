@@ -187,11 +187,32 @@ func prepareDemo(ctx context.Context, db crsql.DB, s dbState, queue string, warn
 	return nil
 }
 
-// createDemoTables creates the demo's tables that are missing. Processes
-// starting together race on CREATE ... IF NOT EXISTS, which PostgreSQL may
-// refuse to the loser: each statement is tried again, and then finds the
-// table.
+// demoTablesReady reports whether the demo's tables, columns and indexes
+// are all there. information_schema and pg_catalog.pg_indexes are on both
+// engines (CockroachDB docs: "information_schema", "pg_catalog").
+const demoTablesReady = `SELECT
+    (SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()
+        AND table_name IN ('demo_results', 'demo_enqueued', 'demo_queues')) = 3
+    AND (SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()
+        AND table_name = 'demo_enqueued' AND column_name = 'queue') = 1
+    AND (SELECT count(*) FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
+        AND indexname IN ('demo_results_item_id', 'demo_enqueued_run_id', 'demo_enqueued_queue')) = 3`
+
+// createDemoTables creates the demo's tables that are missing. When they
+// are all there it runs no DDL: on PostgreSQL, CREATE INDEX IF NOT EXISTS
+// takes its table's lock before it finds the index, which would stall the
+// running workers' acks (they insert into demo_results) at every worker's
+// start. Processes starting together race on CREATE ... IF NOT EXISTS,
+// which PostgreSQL may refuse to the loser: each statement is tried again,
+// and then finds the table.
 func createDemoTables(ctx context.Context, db crsql.DB) error {
+	var ready bool
+	if err := db.QueryRow(ctx, demoTablesReady).Scan(&ready); err != nil {
+		return failf(1, "looking for the demo tables: %v", err)
+	}
+	if ready {
+		return nil
+	}
 	exec := func(stmt string) error {
 		var err error
 		for range 3 {
