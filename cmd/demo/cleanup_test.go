@@ -310,3 +310,21 @@ func TestVerifyQueueAndCancelled(t *testing.T) {
 		t.Errorf("verify of a deleted item: exit status %d, %s", r.code, r.stdout)
 	}
 }
+
+// TestEnqueueProgress: a short enqueue shows nothing; a long one shows
+// how far it is, its rate and the time left.
+func TestEnqueueProgress(t *testing.T) {
+	var stderr strings.Builder
+	out := newConsole(&strings.Builder{}, &stderr)
+	enqueueProgress(out, "demo", 1000, time.Now())(500)
+	if stderr.Len() != 0 {
+		t.Errorf("a fresh enqueue showed progress: %q", stderr.String())
+	}
+	enqueueProgress(out, "demo", 1000, time.Now().Add(-4*time.Second))(500)
+	line := stderr.String()
+	for _, want := range []string{`500/1000 items into "demo" (50%)`, "items/s", "left"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("progress line %q lacks %q", line, want)
+		}
+	}
+}
