@@ -242,8 +242,10 @@ func createDemoTables(ctx context.Context, db crsql.DB) error {
 	return nil
 }
 
-// openDemo connects (through open) and prepares a demo command on queue:
-// checkOwnership, then prepareDemo.
+// openDemo prepares a demo command (cmd, for messages) on queue in the
+// database db reaches: checkOwnership (refusals, before any write), then
+// prepareDemo (the schema if missing, the demo's tables, the queue's
+// record), with the schema's warnings on stderr.
 func openDemo(ctx context.Context, db crsql.DB, cmd, queue string, shared bool, out *console) error {
 	s, err := checkOwnership(ctx, db, cmd, queue, shared)
 	if err != nil {
