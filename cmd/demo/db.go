@@ -204,26 +204,6 @@ func missingDatabaseMessage(err error) string {
 	return fmt.Sprintf("the database does not exist on the server (%s): create it (CREATE DATABASE ...) or fix the URL's path", pgErr.Message)
 }
 
-// demoTablesSQL creates the demo's own tables. demo_results has no unique
-// constraint on item_id on purpose: a duplicate acknowledgement would show
-// up as a second row, which verify counts.
-var demoTablesSQL = []string{
-	`CREATE TABLE IF NOT EXISTS demo_results (
-    row_id     UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-    item_id    UUID        NOT NULL,
-    session_id UUID        NOT NULL,
-    part       BIGINT      NOT NULL,
-    attempt    BIGINT      NOT NULL,
-    done_at    TIMESTAMPTZ NOT NULL DEFAULT now()
-)`,
-	`CREATE INDEX IF NOT EXISTS demo_results_item_id ON demo_results (item_id)`,
-	`CREATE TABLE IF NOT EXISTS demo_enqueued (
-    item_id UUID NOT NULL PRIMARY KEY,
-    run_id  UUID NOT NULL
-)`,
-	`CREATE INDEX IF NOT EXISTS demo_enqueued_run_id ON demo_enqueued (run_id)`,
-}
-
 // migration is what migrate did.
 type migration struct {
 	From     int64    // the version before (0: no schema)
@@ -259,20 +239,6 @@ func installedVersion(ctx context.Context, db crsql.DB) int64 {
 		return 0
 	}
 	return v
-}
-
-// requireDemoTables reports missing demo tables as an exit-2 error.
-func requireDemoTables(ctx context.Context, db crsql.DB) error {
-	for _, t := range []string{"demo_results", "demo_enqueued"} {
-		_, err := db.Exec(ctx, "SELECT 1 FROM "+t+" LIMIT 1")
-		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
-			return failf(2, "the demo table %s is not in this database: run `demo migrate` first", t)
-		}
-		if err != nil {
-			return failf(1, "reading %s: %v", t, err)
-		}
-	}
-	return nil
 }
 
 // engineName asks the server which engine it is.

@@ -26,6 +26,26 @@ import (
 // (sql/store_demo.go): the demo writes no SQL on them itself.
 var store = crsql.NewStore(tables)
 
+// demoTablesSQL creates the demo's own tables. demo_results has no unique
+// constraint on item_id on purpose: a duplicate acknowledgement would show
+// up as a second row, which verify counts.
+var demoTablesSQL = []string{
+	`CREATE TABLE IF NOT EXISTS demo_results (
+    row_id     UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    item_id    UUID        NOT NULL,
+    session_id UUID        NOT NULL,
+    part       BIGINT      NOT NULL,
+    attempt    BIGINT      NOT NULL,
+    done_at    TIMESTAMPTZ NOT NULL DEFAULT now()
+)`,
+	`CREATE INDEX IF NOT EXISTS demo_results_item_id ON demo_results (item_id)`,
+	`CREATE TABLE IF NOT EXISTS demo_enqueued (
+    item_id UUID NOT NULL PRIMARY KEY,
+    run_id  UUID NOT NULL
+)`,
+	`CREATE INDEX IF NOT EXISTS demo_enqueued_run_id ON demo_enqueued (run_id)`,
+}
+
 // demoOwnTablesSQL adds to demoTablesSQL what this version of the demo
 // keeps: the queues it created, and the queue of every recorded item (so
 // that verify and cleanup can tell queues apart). The column is added only
