@@ -28,7 +28,7 @@ const composeFile = "docker-compose.yml"
 
 var (
 	roachNodes   = []string{"roach1", "roach2", "roach3"}
-	wantServices = []string{"roach1", "roach2", "roach3", "init", "schema", "demo-tables", "worker", "producer"}
+	wantServices = []string{"roach1", "roach2", "roach3", "init", "schema", "worker", "producer"}
 )
 
 // repoRoot is the repository root: go test runs a package's tests in its
@@ -182,15 +182,13 @@ func TestComposeDependencyOrder(t *testing.T) {
 			"roach2": types.ServiceConditionHealthy,
 			"roach3": types.ServiceConditionHealthy,
 		},
-		"demo-tables": {"schema": types.ServiceConditionCompletedSuccessfully},
+		// The producer creates the demo's tables and queue (the demo works
+		// only on queues it created); the workers start after it.
 		"worker": {
-			"schema":      types.ServiceConditionCompletedSuccessfully,
-			"demo-tables": types.ServiceConditionCompletedSuccessfully,
+			"schema":   types.ServiceConditionCompletedSuccessfully,
+			"producer": types.ServiceConditionCompletedSuccessfully,
 		},
-		"producer": {
-			"schema":      types.ServiceConditionCompletedSuccessfully,
-			"demo-tables": types.ServiceConditionCompletedSuccessfully,
-		},
+		"producer": {"schema": types.ServiceConditionCompletedSuccessfully},
 	}
 	for name, deps := range want {
 		s := service(t, p, name)
@@ -384,7 +382,7 @@ func TestComposeDemoServices(t *testing.T) {
 	p := mustLoadCompose(t)
 	dockerfile := filepath.Join(root, "Dockerfile")
 
-	for name, sub := range map[string]string{"demo-tables": "migrate", "worker": "work", "producer": "enqueue"} {
+	for name, sub := range map[string]string{"worker": "work", "producer": "enqueue"} {
 		s := service(t, p, name)
 		if s.Build == nil {
 			t.Errorf("%s: no build section", name)
