@@ -102,7 +102,7 @@ what it will delete on stderr, and shows the progress of long deletes.`)
 	if p.dropSchema {
 		out.printf("; dropped the crdbwork tables")
 	}
-	out.printf("\n")
+	out.Printf("\n")
 	return nil
 }
 

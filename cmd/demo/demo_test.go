@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -387,11 +388,11 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	parse := func(args ...string) runConfig {
 		t.Helper()
 		var c runConfig
-		f := newFlagSet("run", "")
+		f := prog.NewFlagSet("run", "")
 		c.common.register(f, "")
-		f.intVar(&c.items, "items", 10, 1, 100, "")
+		f.IntVar(&c.items, "items", 10, 1, 100, "")
 		c.workerSettings.register(f, "")
-		if err := f.parse(args, io.Discard); err != nil {
+		if err := f.Parse(args, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -406,21 +407,5 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	c = parse("--items", "9", "--database-url", "postgres://flag/db")
 	if c.items != 9 || c.databaseURL != "postgres://flag/db" || c.taskTime != 3*time.Millisecond {
 		t.Errorf("a flag must win over its variable: items %d, URL %q, task time %v", c.items, c.databaseURL, c.taskTime)
-	}
-}
-
-func TestRanges(t *testing.T) {
-	for _, c := range []struct {
-		in   []int
-		want string
-	}{
-		{nil, ""},
-		{[]int{3}, "3"},
-		{[]int{0, 1, 2, 3, 8}, "0-3,8"},
-		{[]int{9, 1, 0, 5, 6, 12}, "0-1,5-6,9,12"},
-	} {
-		if got := ranges(c.in); got != c.want {
-			t.Errorf("ranges(%v) = %q, want %q", c.in, got, c.want)
-		}
 	}
 }

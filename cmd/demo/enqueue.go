@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/partition"
 )
 
@@ -243,9 +244,9 @@ func enqueueProducers(ctx context.Context, pool *pgxpool.Pool, queue string, run
 	return flushes, <-recorded
 }
 
-func cmdEnqueue(ctx context.Context, name string, args []string, out *console) error {
+func cmdEnqueue(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var c enqueueConfig
-	f := newFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
+	f := prog.NewFlagSet(name, `Enqueues demo items (payload: the item's number; key "key-<i % 1000>") into the
 queue, and records their ids in demo_enqueued under a new run id, in the same
 transactions, so that "demo verify" can check them. It enqueues only into a
 queue the demo created (or a new one, which it creates), and creates the
@@ -271,7 +272,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 		return err
 	}
 	if c.buffered && c.producers == 0 {
-		return f.usageError("--buffered needs --producers")
+		return f.UsageError("--buffered needs --producers")
 	}
 	conns := 4
 	if c.producers > 0 && !c.buffered {
@@ -289,13 +290,13 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 		return err
 	}
 	var parts int
-	if f.isSet("parts") {
+	if f.IsSet("parts") {
 		if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
-			return failf(1, "%v", err)
+			return cli.Failf(1, "%v", err)
 		}
 		parts = c.parts
 	} else if parts, err = partition.EnsureParts(ctx, pool, tables, c.queue, c.parts); err != nil {
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	runID := uuid.New()
 	start := time.Now()
@@ -309,9 +310,9 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	out.endProgress()
 	if err != nil {
 		if ctx.Err() != nil {
-			return failf(130, "interrupted: %v", err)
+			return cli.Failf(130, "interrupted: %v", err)
 		}
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	elapsed := time.Since(start)
 	rate := float64(c.count) / elapsed.Seconds()
@@ -326,7 +327,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 		if c.buffered {
 			m["flushes"] = flushes
 		}
-		return printJSON(out, m)
+		return cli.PrintJSON(out, m)
 	}
 	how := ""
 	switch {
@@ -335,7 +336,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	case c.producers > 0:
 		how = fmt.Sprintf(" from %d producers, one statement per item", c.producers)
 	}
-	out.printf("enqueued %d items into queue %q (%d parts)%s in %s (%.0f items/s); run id %s\n", c.count, c.queue, parts, how, round(elapsed), rate, runID)
+	out.Printf("enqueued %d items into queue %q (%d parts)%s in %s (%.0f items/s); run id %s\n", c.count, c.queue, parts, how, round(elapsed), rate, runID)
 	return nil
 }
 

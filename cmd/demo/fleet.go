@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -49,17 +50,17 @@ func startInProcess(ctx context.Context, c *runConfig, url string, log *zap.Logg
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g := &inProcess{cancel: cancel, fail: make(chan error, c.workers)}
 	for i := 1; i <= c.workers; i++ {
-		pool, err := connectWith(ctx, url, c.poolSize(), c.configurePool)
+		pool, err := cli.ConnectWith(ctx, url, c.poolSize(), c.configurePool)
 		if err != nil {
 			g.stop(time.Second)
 			return nil, err
 		}
 		g.pools = append(g.pools, pool)
-		warm(ctx, pool)
+		cli.Warm(ctx, pool)
 		w, err := c.newWorker(pool, c.queue, fmt.Sprintf("demo-worker-%d", i), log, ms)
 		if err != nil {
 			g.stop(time.Second)
-			return nil, failf(2, "%v", err)
+			return nil, cli.Failf(2, "%v", err)
 		}
 		g.stats = append(g.stats, w.Stats)
 		g.wg.Add(1)
@@ -121,7 +122,7 @@ type fleet struct {
 	exe     string
 	args    []string // `work` and its flags, without --name
 	env     []string
-	out     *console
+	out     *cli.Console
 	verbose bool
 
 	mu      sync.Mutex
@@ -147,10 +148,10 @@ type child struct {
 	stopping atomic.Bool // sent SIGTERM at the end
 }
 
-func startFleet(c *runConfig, url string, out *console) (*fleet, error) {
+func startFleet(c *runConfig, url string, out *cli.Console) (*fleet, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, failf(1, "finding this program to start worker processes: %v", err)
+		return nil, cli.Failf(1, "finding this program to start worker processes: %v", err)
 	}
 	// The URL goes in the environment, not on the command line, where any
 	// user of the machine could read its password.
@@ -200,13 +201,13 @@ func (f *fleet) spawn() error {
 	cmd.Env = f.env
 	tail := &tailWriter{max: 20}
 	if f.verbose {
-		tail.forward = f.out.stderrWriter("[" + name + "] ")
+		tail.forward = f.out.StderrWriter("[" + name + "] ")
 	}
 	cmd.Stderr = tail
 	cmd.WaitDelay = 5 * time.Second
 	setParentDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {
-		return failf(1, "starting worker process %s: %v", name, err)
+		return cli.Failf(1, "starting worker process %s: %v", name, err)
 	}
 	c := &child{name: name, cmd: cmd, tail: tail}
 	f.mu.Lock()
@@ -235,7 +236,7 @@ func (f *fleet) watch(c *child) {
 		return
 	case c.stopping.Load():
 		if err != nil && !terminatedBy(err, syscall.SIGTERM) {
-			f.out.errorf("demo: worker %s (pid %d) did not stop cleanly: %v%s", c.name, c.cmd.Process.Pid, err, c.tail.lines())
+			f.out.Errorf("demo: worker %s (pid %d) did not stop cleanly: %v%s", c.name, c.cmd.Process.Pid, err, c.tail.lines())
 		}
 		return
 	}
@@ -243,7 +244,7 @@ func (f *fleet) watch(c *child) {
 	if err != nil {
 		why = "exited unexpectedly: " + err.Error()
 	}
-	f.out.errorf("demo: worker %s (pid %d) %s%s", c.name, c.cmd.Process.Pid, why, c.tail.lines())
+	f.out.Errorf("demo: worker %s (pid %d) %s%s", c.name, c.cmd.Process.Pid, why, c.tail.lines())
 	f.mu.Lock()
 	f.crashes++
 	crashes, closing := f.crashes, f.closing
@@ -252,7 +253,7 @@ func (f *fleet) watch(c *child) {
 		return
 	}
 	if crashes > maxCrashes {
-		f.sendFail(failf(1, "%d worker processes exited unexpectedly; giving up", crashes))
+		f.sendFail(cli.Failf(1, "%d worker processes exited unexpectedly; giving up", crashes))
 		return
 	}
 	if err := f.spawn(); err != nil {
@@ -384,7 +385,7 @@ func (f *fleet) stop(timeout time.Duration) {
 	live = append([]*child(nil), f.live...)
 	f.mu.Unlock()
 	for _, c := range live {
-		f.out.errorf("demo: worker %s (pid %d) did not stop within %v; killing it", c.name, c.cmd.Process.Pid, timeout)
+		f.out.Errorf("demo: worker %s (pid %d) did not stop within %v; killing it", c.name, c.cmd.Process.Pid, timeout)
 		c.cmd.Process.Kill()
 	}
 	<-done

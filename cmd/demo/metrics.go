@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/metrics"
 )
 
@@ -25,13 +26,13 @@ type metricsServer struct {
 // serveMetrics listens on addr and serves the crdbwork collector (reading
 // the database gauges through db) and the Go runtime's metrics at /metrics.
 // A bad or busy address is an exit-2 error.
-func serveMetrics(addr string, db claim.DB, out *console) (*metricsServer, error) {
+func serveMetrics(addr string, db claim.DB, out *cli.Console) (*metricsServer, error) {
 	c := metrics.New(metrics.Options{DB: db, Tables: tables})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, failf(2, "--metrics-addr %s: %v", addr, err)
+		return nil, cli.Failf(2, "--metrics-addr %s: %v", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -39,10 +40,10 @@ func serveMetrics(addr string, db claim.DB, out *console) (*metricsServer, error
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}
 	go func() {
 		if err := m.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			out.errorf("demo: serving metrics on %s: %v", m.addr, err)
+			out.Errorf("demo: serving metrics on %s: %v", m.addr, err)
 		}
 	}()
-	out.errorf("demo: serving metrics on http://%s/metrics", m.addr)
+	out.Errorf("demo: serving metrics on http://%s/metrics", m.addr)
 	return m, nil
 }
 

@@ -10,6 +10,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/crdbwork/crdbwork/internal/cli"
 )
 
 // Log sampling: per message and level, the first samplerFirst entries of
@@ -23,15 +25,15 @@ const (
 
 // newLogger returns a console logger on stderr at level, sampled (see
 // samplerTick) and watched by the returned outageWatch.
-func newLogger(level string, out *console) (*zap.Logger, *outageWatch, error) {
+func newLogger(level string, out *cli.Console) (*zap.Logger, *outageWatch, error) {
 	lvl, err := zapcore.ParseLevel(strings.ToLower(level))
 	if err != nil {
-		return nil, nil, failf(2, "invalid --log-level %q: use debug, info, warn or error", level)
+		return nil, nil, cli.Failf(2, "invalid --log-level %q: use debug, info, warn or error", level)
 	}
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
 	enc.EncodeLevel = zapcore.CapitalLevelEncoder
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.stderrWriter("")), lvl)
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(out.StderrWriter("")), lvl)
 	w := &outageWatch{warned: make(chan time.Time, 1), out: out}
 	// The sampler decides in Check, so it is the outer core; it writes
 	// through shortErrors.
@@ -65,7 +67,7 @@ type pinger interface {
 // how long it was not, and how many warnings were not shown meanwhile.
 type outageWatch struct {
 	log      *zap.Logger
-	out      *console
+	out      *cli.Console
 	warned   chan time.Time
 	warnings atomic.Int64
 	dropped  atomic.Int64
@@ -85,7 +87,7 @@ func (w *outageWatch) run(ctx context.Context, db pinger) {
 			continue // a warning, but the database answers
 		}
 		warningsBefore, droppedBefore := w.warnings.Load(), w.dropped.Load()
-		w.out.errorf("demo: the database is not answering (%s); warnings are rate-limited until it does", oneLine(err.Error()))
+		w.out.Errorf("demo: the database is not answering (%s); warnings are rate-limited until it does", cli.OneLine(err.Error()))
 		t := time.NewTicker(500 * time.Millisecond)
 		for ping(ctx, db) != nil {
 			select {
@@ -101,7 +103,7 @@ func (w *outageWatch) run(ctx context.Context, db pinger) {
 		case <-w.warned:
 		default:
 		}
-		w.out.errorf("demo: database reachable again after %s (%d warnings meanwhile, %d of them not shown)",
+		w.out.Errorf("demo: database reachable again after %s (%d warnings meanwhile, %d of them not shown)",
 			round(time.Since(first)).Round(100*time.Millisecond), w.warnings.Load()-warningsBefore+1, w.dropped.Load()-droppedBefore)
 	}
 }

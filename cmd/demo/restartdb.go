@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/dbserver"
 )
 
@@ -16,7 +17,7 @@ type dbRestarter struct {
 	srv   *dbserver.Server
 	every time.Duration
 	down  time.Duration // 0: a fast restart; else stop, wait down, start
-	out   *console
+	out   *cli.Console
 
 	stop chan struct{}
 	done chan struct{}
@@ -27,7 +28,7 @@ type dbRestarter struct {
 }
 
 // startRestarter starts restarting srv every interval.
-func startRestarter(srv *dbserver.Server, every, down time.Duration, out *console) *dbRestarter {
+func startRestarter(srv *dbserver.Server, every, down time.Duration, out *cli.Console) *dbRestarter {
 	r := &dbRestarter{srv: srv, every: every, down: down, out: out, stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
 	return r
@@ -56,13 +57,13 @@ func (r *dbRestarter) run() {
 		if err != nil {
 			r.failed = err
 			r.mu.Unlock()
-			r.out.errorf("demo: restarting the embedded database server failed: %v", err)
+			r.out.Errorf("demo: restarting the embedded database server failed: %v", err)
 			return
 		}
 		r.restarts++
 		n := r.restarts
 		r.mu.Unlock()
-		r.out.errorf("demo: restarted the embedded %s server (restart %d, took %s)", r.srv.Kind(), n, round(time.Since(begin)))
+		r.out.Errorf("demo: restarted the embedded %s server (restart %d, took %s)", r.srv.Kind(), n, round(time.Since(begin)))
 	}
 }
 

@@ -77,7 +77,7 @@ type summary struct {
 	UrgentPriority *int `json:"urgent_priority,omitempty"`
 }
 
-func cmdRun(ctx context.Context, name string, args []string, out *console) error {
+func cmdRun(ctx context.Context, name string, args []string, out *cli.Console) error {
 	c := runConfig{bench: name == "bench"}
 	what := `Runs the demo: enqueues --items keyed items into --queue (divided into --parts
 parts), works them off with --workers worker sessions in parts mode, each with
@@ -108,10 +108,10 @@ Exits 1 if an item was lost or acknowledged twice, or on --timeout.`
 only the JSON summary, whose items_per_second is the throughput, plus one
 human line on stderr.`
 	}
-	f := newFlagSet(name, what)
+	f := prog.NewFlagSet(name, what)
 	c.common.register(f, "PostgreSQL or CockroachDB URL; without one, an embedded server is started")
 	c.workerSettings.register(f, "parts the queue is divided into (set before the enqueue, replacing a stored number)")
-	f.intVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
+	f.IntVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	c.limits.register(f, "the queue")
 	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
 	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
@@ -129,10 +129,10 @@ human line on stderr.`
 		c.json = true
 	}
 	if c.killEvery > 0 {
-		if !f.isSet("heartbeat") {
+		if !f.IsSet("heartbeat") {
 			c.heartbeat = 250 * time.Millisecond
 		}
-		if !f.isSet("expiry") {
+		if !f.IsSet("expiry") {
 			c.expiry = max(1500*time.Millisecond, session.MinExpiryFactor*c.heartbeat)
 		}
 	}
@@ -140,10 +140,10 @@ human line on stderr.`
 		return err
 	}
 	if c.restartDBEvery > 0 && c.databaseURL != "" {
-		return f.usageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
+		return f.UsageError("--restart-db-every restarts the embedded database server, which the demo starts only without --database-url or DATABASE_URL; it cannot restart a server it did not start")
 	}
 	if c.restartDBDown > 0 && c.restartDBEvery == 0 {
-		return f.usageError("--restart-db-down needs --restart-db-every")
+		return f.UsageError("--restart-db-down needs --restart-db-every")
 	}
 	log, watch, err := newLogger(c.logLevel, out)
 	if err != nil {
@@ -157,8 +157,8 @@ human line on stderr.`
 // demoRun is one run of the demo.
 type demoRun struct {
 	c     *runConfig
-	flags *flagSet // to tell the flags given from their defaults
-	out   *console
+	flags *cli.FlagSet // to tell the flags given from their defaults
+	out   *cli.Console
 	log   *zap.Logger
 	// watch reports outages and recoveries once.
 	watch *outageWatch
@@ -200,7 +200,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	}
 	defer func() {
 		if err != nil && ctx.Err() != nil && !isExit(err) {
-			err = failf(130, "interrupted")
+			err = cli.Failf(130, "interrupted")
 		}
 	}()
 
@@ -213,31 +213,31 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 		}
 		defer func() {
 			if err := srv.Stop(); err != nil {
-				r.out.errorf("demo: stopping the embedded %s server: %v", srv.Kind(), err)
+				r.out.Errorf("demo: stopping the embedded %s server: %v", srv.Kind(), err)
 			}
 		}()
 		s.Engine, s.Embedded = string(srv.Kind()), true
 		url, err = srv.CreateDatabase(ctx, demoDatabase)
 		if err != nil {
-			return failf(1, "creating the database %s in the embedded %s server: %v", demoDatabase, srv.Kind(), err)
+			return cli.Failf(1, "creating the database %s in the embedded %s server: %v", demoDatabase, srv.Kind(), err)
 		}
 	}
-	pool, err := connect(ctx, url, 4)
+	pool, err := cli.Connect(ctx, url, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	if s.Engine == "" {
-		s.Engine = engineName(ctx, pool)
+		s.Engine = cli.EngineName(ctx, pool)
 	}
 	if err := openDemo(ctx, pool, "run", c.queue, c.shared, r.out); err != nil {
 		return err
 	}
 	if err := partition.SetParts(ctx, pool, tables, c.queue, c.parts); err != nil {
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	if err := c.limits.apply(ctx, r.flags, pool, c.queue); err != nil {
-		return failf(1, "setting the limits: %v", err)
+		return cli.Failf(1, "setting the limits: %v", err)
 	}
 
 	runID := uuid.New()
@@ -248,7 +248,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
 	if c.progress {
-		r.out.errorf("demo: enqueued %d items into queue %q (%d parts) in %s; starting %d workers (%s)",
+		r.out.Errorf("demo: enqueued %d items into queue %q (%d parts) in %s; starting %d workers (%s)",
 			c.items, c.queue, c.parts, round(time.Since(enqStart)), c.workers, s.Mode)
 	}
 
@@ -307,7 +307,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	defer cancel()
 	v, err := check(vctx, pool, checkFilter{runID: &runID})
 	if err != nil {
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	s.Enqueued, s.Acked, s.Duplicates, s.Lost, s.Pending, s.Dead = v.Enqueued, v.Acked, v.Duplicates, v.Lost, v.Pending, v.Dead
 	s.Claimed, s.PastLease, s.OldestClaimSeconds = v.Claimed, v.PastLease, v.OldestClaimSeconds
@@ -322,16 +322,16 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	r.printSummary(s)
 	switch {
 	case s.Interrupted:
-		return exitCode(130)
+		return cli.ExitCode(130)
 	case !s.OK:
-		return exitCode(1)
+		return cli.ExitCode(1)
 	}
 	return nil
 }
 
 func isExit(err error) bool {
-	var ee *exitError
-	var code exitCode
+	var ee *cli.ExitError
+	var code cli.ExitCode
 	return errors.As(err, &ee) || errors.As(err, &code)
 }
 
@@ -339,24 +339,24 @@ func isExit(err error) bool {
 func (r *demoRun) startServer(ctx context.Context) (*dbserver.Server, error) {
 	logf := func(string, ...any) {}
 	if verbose(r.c.logLevel) {
-		logf = func(format string, args ...any) { r.out.errorf("dbserver: "+format, args...) }
+		logf = func(format string, args ...any) { r.out.Errorf("dbserver: "+format, args...) }
 	}
-	r.out.errorf("demo: no --database-url or DATABASE_URL given: starting an embedded database server")
+	r.out.Errorf("demo: no --database-url or DATABASE_URL given: starting an embedded database server")
 	if r.c.downloadCockroach {
 		// The download is worth a line even when not verbose.
-		logf = func(format string, args ...any) { r.out.errorf("dbserver: "+format, args...) }
+		logf = func(format string, args ...any) { r.out.Errorf("dbserver: "+format, args...) }
 	}
 	srv, err := dbserver.Start(ctx, dbserver.Options{Logf: logf, Download: r.c.downloadCockroach})
 	if err != nil {
 		if errors.Is(err, dbserver.ErrNoServer) {
-			return nil, &exitError{code: 2, msg: err.Error(), raw: true}
+			return nil, &cli.ExitError{Code: 2, Msg: err.Error(), Raw: true}
 		}
 		if ctx.Err() != nil {
-			return nil, failf(130, "interrupted")
+			return nil, cli.Failf(130, "interrupted")
 		}
-		return nil, failf(1, "starting the embedded database server: %v", err)
+		return nil, cli.Failf(1, "starting the embedded database server: %v", err)
 	}
-	r.out.errorf("demo: started an embedded %s server (%s); it is stopped at the end", srv.Kind(), redactURL(srv.URL(demoDatabase)))
+	r.out.Errorf("demo: started an embedded %s server (%s); it is stopped at the end", srv.Kind(), cli.RedactURL(srv.URL(demoDatabase)))
 	return srv, nil
 }
 
@@ -393,16 +393,16 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 		case <-ctx.Done():
 			o.interrupted = true
 			r.showProgress(pool, group, start, remaining, true)
-			r.out.endProgress()
+			r.out.EndProgress()
 			return o, nil
 		case <-timeout.C:
 			o.timedOut = true
 			r.showProgress(pool, group, start, remaining, true)
-			r.out.endProgress()
-			r.out.errorf("demo: timed out after %v with %d items left", c.timeout, remaining)
+			r.out.EndProgress()
+			r.out.Errorf("demo: timed out after %v with %d items left", c.timeout, remaining)
 			return o, nil
 		case err := <-group.failed():
-			r.out.endProgress()
+			r.out.EndProgress()
 			return o, err
 		case <-tick.C:
 		}
@@ -419,7 +419,7 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 			// A database restart (--restart-db-every) or outage takes
 			// seconds: give up only when counting fails for longer.
 			if failures >= 25 && time.Since(failingSince) >= countFailFor {
-				r.out.endProgress()
+				r.out.EndProgress()
 				return o, fmt.Errorf("counting the items left keeps failing: %w", lastErr)
 			}
 			continue
@@ -429,7 +429,7 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 		if n == 0 {
 			o.finished = time.Since(start)
 			r.showProgress(pool, group, start, 0, true)
-			r.out.endProgress()
+			r.out.EndProgress()
 			return o, nil
 		}
 		if c.progress && time.Since(lastShown) >= 500*time.Millisecond {
@@ -473,7 +473,7 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 	} else {
 		line += fmt.Sprintf(", %s", elapsed.Round(100*time.Millisecond))
 	}
-	r.out.progress(line, force)
+	r.out.Progress(line, force)
 }
 
 // countItems counts the items left in queue.
@@ -486,11 +486,11 @@ func countItems(ctx context.Context, pool *pgxpool.Pool, queue string) (int64, e
 // printSummary prints the summary: a table, or one JSON line.
 func (r *demoRun) printSummary(s summary) {
 	if r.c.bench {
-		r.out.errorf("bench: %d items in %.2fs: %.0f items/s (%s, %d workers × %d handlers, %d parts, task time %v)",
+		r.out.Errorf("bench: %d items in %.2fs: %.0f items/s (%s, %d workers × %d handlers, %d parts, task time %v)",
 			s.Acked, s.ElapsedSeconds, s.ItemsPerSecond, s.Engine, s.Workers, s.Concurrency, s.Parts, r.c.taskTime)
 	}
 	if r.c.json {
-		printJSON(r.out, s)
+		cli.PrintJSON(r.out, s)
 		return
 	}
 	var b strings.Builder
@@ -540,10 +540,10 @@ func (r *demoRun) printSummary(s summary) {
 	fmt.Fprintf(tw, "  throughput\t%.0f items/s\n", s.ItemsPerSecond)
 	fmt.Fprintf(tw, "  run id\t%s\n", s.RunID)
 	if s.Error != "" {
-		fmt.Fprintf(tw, "  error\t%s\n", oneLine(s.Error))
+		fmt.Fprintf(tw, "  error\t%s\n", cli.OneLine(s.Error))
 	}
 	tw.Flush()
-	r.out.printf("%s", b.String())
+	r.out.Printf("%s", b.String())
 }
 
 // formatCounts writes counts as "ack 3, claim 1", by name, skipping zeros.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/cli"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -131,9 +132,9 @@ type verifyConfig struct {
 	runID string
 }
 
-func cmdVerify(ctx context.Context, name string, args []string, out *console) error {
+func cmdVerify(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var c verifyConfig
-	f := newFlagSet(name, `Checks exactly-once: every item recorded in demo_enqueued (by "demo run" or
+	f := prog.NewFlagSet(name, `Checks exactly-once: every item recorded in demo_enqueued (by "demo run" or
 "demo enqueue") must have exactly one row in demo_results, unless it is still
 pending in the items table, was moved to the dead-items table, or was
 cancelled by an operator. With --queue, only that demo queue's items are
@@ -147,7 +148,7 @@ item stuck in a claim shows there. Exits 1 if any item is lost or duplicated;
 pending, dead and cancelled items are not lost (a cancelled item is known as
 such while its queue's dedup window remembers it, 24 hours by default).`)
 	c.register(f, urlRequired)
-	f.stringVar(&c.runID, "run-id", "", "UUID", "check only the items of this run (default: all runs)", func(s string) error {
+	f.StringVar(&c.runID, "run-id", "", "UUID", "check only the items of this run (default: all runs)", func(s string) error {
 		if s == "" {
 			return nil
 		}
@@ -157,18 +158,18 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 		}
 		return nil
 	})
-	if err := f.parse(args, out.stdout); err != nil {
+	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if err := c.requireURL(f); err != nil {
 		return err
 	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := cli.Connect(ctx, c.databaseURL, 2)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
+	if err := cli.RequireSchema(ctx, pool, tables); err != nil {
 		return err
 	}
 	own, err := demoQueues(ctx, pool)
@@ -199,14 +200,14 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 	}
 	v, err := check(ctx, pool, filter)
 	if err != nil {
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	if c.json {
 		type result struct {
 			verdict
 			OK bool `json:"ok"`
 		}
-		if err := printJSON(out, result{v, v.ok()}); err != nil {
+		if err := cli.PrintJSON(out, result{v, v.ok()}); err != nil {
 			return err
 		}
 	} else {
@@ -222,10 +223,10 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 		fmt.Fprintf(tw, "claimed\t%d (%d past their lease; oldest claim %s old)\n", v.Claimed, v.PastLease, round(v.oldestClaim()))
 		tw.Flush()
 		b.WriteString(verdictLine(v) + "\n")
-		out.printf("%s", b.String())
+		out.Printf("%s", b.String())
 	}
 	if !v.ok() {
-		return exitCode(1)
+		return cli.ExitCode(1)
 	}
 	return nil
 }
@@ -256,16 +257,6 @@ func verdictLine(v verdict) string {
 		s += fmt.Sprintf(" (%d still pending, %d of them claimed, the oldest claim %s old)", v.Pending, v.Claimed, round(v.oldestClaim()))
 	}
 	return s
-}
-
-// printJSON prints v as one line of JSON on stdout.
-func printJSON(out *console, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return failf(1, "encoding JSON: %v", err)
-	}
-	out.writeStdout(append(b, '\n'))
-	return nil
 }
 
 // round shortens a duration for people.

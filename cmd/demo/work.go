@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/schedule"
 	"github.com/crdbwork/crdbwork/session"
@@ -92,23 +93,23 @@ type workerSettings struct {
 }
 
 // register adds the flags; partsUsage says what --parts does for the command.
-func (w *workerSettings) register(f *flagSet, partsUsage string) {
-	f.intVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, partsUsage)
-	f.intVar(&w.concurrency, "concurrency", defaultConcurrency, 1, 10_000, "handlers running at once in each worker")
-	f.intVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
-	f.durationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
-	f.durationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
-	f.durationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
-	f.durationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
-	f.intVar(&w.urgentPriority, "urgent-priority", 0, math.MinInt32, math.MaxInt32, "turn the urgent lane on: items with priority <= N are claimed by any worker with a free handler, not only by their part's owner (not given: off)")
-	f.stringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
+func (w *workerSettings) register(f *cli.FlagSet, partsUsage string) {
+	f.IntVar(&w.parts, "parts", defaultParts, 1, partition.MaxParts, partsUsage)
+	f.IntVar(&w.concurrency, "concurrency", defaultConcurrency, 1, 10_000, "handlers running at once in each worker")
+	f.IntVar(&w.ackBatch, "ack-batch", worker.DefaultMaxAckBatch, 1, 10_000, "most items acked in one transaction (1: each item in its own)")
+	f.DurationVar(&w.taskTime, "task-time", 2*time.Millisecond, true, "time the demo handler spends on each item")
+	f.DurationVar(&w.heartbeat, "heartbeat", session.DefaultHeartbeat, false, "session heartbeat interval")
+	f.DurationVar(&w.expiry, "expiry", session.DefaultExpiry, false, "session expiry: a session that has not heartbeaten for this long is deleted by its peers")
+	f.DurationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
+	f.IntVar(&w.urgentPriority, "urgent-priority", 0, math.MinInt32, math.MaxInt32, "turn the urgent lane on: items with priority <= N are claimed by any worker with a free handler, not only by their part's owner (not given: off)")
+	f.StringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
 }
 
 // validate checks what the flags alone cannot.
-func (w *workerSettings) validate(f *flagSet) error {
-	w.urgentLane = f.isSet("urgent-priority")
+func (w *workerSettings) validate(f *cli.FlagSet) error {
+	w.urgentLane = f.IsSet("urgent-priority")
 	if w.expiry < session.MinExpiryFactor*w.heartbeat {
-		return f.usageError("--expiry %v must be at least %d heartbeats (%v): raise --expiry or lower --heartbeat",
+		return f.UsageError("--expiry %v must be at least %d heartbeats (%v): raise --expiry or lower --heartbeat",
 			w.expiry, session.MinExpiryFactor, session.MinExpiryFactor*w.heartbeat)
 	}
 	return nil
@@ -216,9 +217,9 @@ func statsOf(st worker.Stats) workStats {
 	return r
 }
 
-func cmdWork(ctx context.Context, name string, args []string, out *console) error {
+func cmdWork(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var c workConfig
-	f := newFlagSet(name, `Runs one worker process on --queue in parts mode (--any-part: without parts)
+	f := prog.NewFlagSet(name, `Runs one worker process on --queue in parts mode (--any-part: without parts)
 until SIGINT or SIGTERM, then stops gracefully (in-flight items finish, the
 session is deleted, which releases its parts at once). The handler waits
 --task-time and records the item in demo_results inside the ack transaction.
@@ -261,7 +262,7 @@ missing; a database holding other queues needs --shared-database.`)
 			return claim.NewItem{Payload: []byte("periodic " + p.Format(time.RFC3339Nano))}
 		}}
 		if _, err := schedule.PeriodAt(*sched, time.Now()); err != nil {
-			return f.usageError("--every %v: %v", c.every, err)
+			return f.UsageError("--every %v: %v", c.every, err)
 		}
 	}
 	log, watch, err := newLogger(c.logLevel, out)
@@ -272,7 +273,7 @@ missing; a database holding other queues needs --shared-database.`)
 	// SIGINT or SIGTERM while starting is a stop request like any other.
 	stoppedEarly := func(err error) error {
 		if ctx.Err() != nil {
-			out.errorf("demo work: %s stopped before it started working", c.name)
+			out.Errorf("demo work: %s stopped before it started working", c.name)
 			return nil
 		}
 		return err
@@ -288,7 +289,7 @@ missing; a database holding other queues needs --shared-database.`)
 	var pool *pgxpool.Pool
 	var parts int
 	err = retryStartup(ctx, c.waitDB, func() error {
-		p, err := connectWith(ctx, c.databaseURL, poolSize, c.configurePool)
+		p, err := cli.ConnectWith(ctx, c.databaseURL, poolSize, c.configurePool)
 		if err != nil {
 			return err
 		}
@@ -298,7 +299,7 @@ missing; a database holding other queues needs --shared-database.`)
 		}
 		if parts, err = partition.EnsureParts(ctx, p, tables, c.queue, c.parts); err != nil {
 			p.Close()
-			return failf(1, "%v", err)
+			return cli.Failf(1, "%v", err)
 		}
 		pool = p
 		return nil
@@ -324,9 +325,9 @@ missing; a database holding other queues needs --shared-database.`)
 	}
 	w, err := c.newWorker(pool, c.queue, c.name, log, ms)
 	if err != nil {
-		return failf(2, "%v", err)
+		return cli.Failf(2, "%v", err)
 	}
-	engine := engineName(ctx, pool)
+	engine := cli.EngineName(ctx, pool)
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go watch.run(wctx, pool)
@@ -347,7 +348,7 @@ missing; a database holding other queues needs --shared-database.`)
 				if c.anyPart {
 					how = "any part"
 				}
-				out.errorf("demo work: %s working on queue %q (%s, %s, session %s)", c.name, c.queue, engine, how, id)
+				out.Errorf("demo work: %s working on queue %q (%s, %s, session %s)", c.name, c.queue, engine, how, id)
 				return
 			}
 		}
@@ -363,7 +364,7 @@ missing; a database holding other queues needs --shared-database.`)
 				case <-t.C:
 				}
 				b, _ := json.Marshal(statsOf(w.Stats()))
-				out.errorLine(statsPrefix + string(b))
+				out.ErrorLine(statsPrefix + string(b))
 			}
 		}()
 	}
@@ -373,11 +374,11 @@ missing; a database holding other queues needs --shared-database.`)
 	if sched != nil {
 		q, err := claim.New(pool, claim.Options{Queue: c.queue, Tables: tables})
 		if err != nil {
-			return failf(2, "%v", err)
+			return cli.Failf(2, "%v", err)
 		}
 		r, err := schedule.New(q, schedule.Options{Logger: log.With(zap.String("worker", c.name))}, *sched)
 		if err != nil {
-			return failf(2, "%v", err)
+			return cli.Failf(2, "%v", err)
 		}
 		runnerDone = make(chan struct{})
 		go func() {
@@ -393,7 +394,7 @@ missing; a database holding other queues needs --shared-database.`)
 	}
 	if c.reportEvery > 0 {
 		b, _ := json.Marshal(statsOf(w.Stats()))
-		out.errorLine(statsPrefix + string(b))
+		out.ErrorLine(statsPrefix + string(b))
 	}
 	st := w.Stats()
 	elapsed := time.Since(start)
@@ -404,16 +405,16 @@ missing; a database holding other queues needs --shared-database.`)
 			"acked": st.Acked, "nacked": st.Nacked, "released": st.Released, "dead": st.Dead,
 			"claims_lost": st.LostClaims, "retries": st.Retries, "error": errString(runErr),
 		})
-		out.errorLine(string(b))
+		out.ErrorLine(string(b))
 	} else {
-		out.errorf("demo work: %s stopped after %s: acked %d, claimed %d, nacked %d, released %d, dead %d, claims lost %d, sessions %d (%d lost)",
+		out.Errorf("demo work: %s stopped after %s: acked %d, claimed %d, nacked %d, released %d, dead %d, claims lost %d, sessions %d (%d lost)",
 			c.name, round(elapsed), st.Acked, st.Claimed, st.Nacked, st.Released, st.Dead, st.LostClaims, st.Sessions, st.SessionsLost)
 	}
 	if runErr != nil {
 		if errors.Is(runErr, crsql.ErrSchemaMissing) {
-			return failf(2, "the crdbwork schema is not in this database: run `demo migrate` first")
+			return cli.Failf(2, "the crdbwork schema is not in this database: run `demo migrate` first")
 		}
-		return failf(1, "%v", runErr)
+		return cli.Failf(1, "%v", runErr)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -8,14 +8,15 @@ import (
 	"strings"
 )
 
-// version is the crdbwork release this binary belongs to (see CHANGELOG.md).
-const version = "0.4.0"
+// Version is the crdbwork release this binary belongs to (see CHANGELOG.md).
+const Version = "0.4.0"
 
-// versionLine describes the binary: the crdbwork version, plus what the Go
-// toolchain stamped into it (module version, VCS revision, Go version).
-func versionLine() string {
+// VersionLine describes the binary named binary ("crdbwork demo", say): the
+// crdbwork version, plus what the Go toolchain stamped into it (module
+// version, VCS revision, Go version).
+func VersionLine(binary string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "crdbwork demo %s", version)
+	fmt.Fprintf(&b, "%s %s", binary, Version)
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		fmt.Fprintf(&b, " (%s, %s/%s)", runtime.Version(), runtime.GOOS, runtime.GOARCH)
@@ -48,4 +49,5 @@ func versionLine() string {
 	return b.String()
 }
 
-func printVersion(w io.Writer) { fmt.Fprintln(w, versionLine()) }
+// PrintVersion prints VersionLine(binary) on w.
+func PrintVersion(w io.Writer, binary string) { fmt.Fprintln(w, VersionLine(binary)) }

@@ -9,52 +9,9 @@ import (
 	"unicode/utf8"
 
 	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/internal/cli"
 )
-
-// TestProgressFitsWidth: on a terminal the progress line is rewritten in
-// place and never longer than the width less one column (a full line wraps
-// on some terminals and leaves a row behind at each redraw).
-func TestProgressFitsWidth(t *testing.T) {
-	t.Setenv("COLUMNS", "40")
-	var errb bytes.Buffer
-	c := &console{stdout: &bytes.Buffer{}, stderr: &errb, tty: true}
-	long := "demo: 123456/10000000 done, 1795 items/s over 5s, 12 live sessions, 3 killed, 1m2s"
-	c.progress(long, false)
-	c.progress("short", false)
-	out := errb.String()
-	for _, draw := range strings.Split(out, "\r")[1:] {
-		line := strings.TrimSuffix(draw, "\x1b[K")
-		if n := utf8.RuneCountInString(line); n > 39 {
-			t.Errorf("a progress line of %d columns on a 40-column terminal: %q", n, line)
-		}
-	}
-	if !strings.Contains(out, "\rshort\x1b[K") {
-		t.Errorf("the short line does not clear what is left of the long one: %q", out)
-	}
-	if strings.Contains(out, "\n") {
-		t.Errorf("progress on a terminal wrote a newline: %q", out)
-	}
-}
-
-// TestRedrawFits: status --watch's redraw goes home, cuts lines to the
-// width, clears each line's end and what is below.
-func TestRedrawFits(t *testing.T) {
-	t.Setenv("COLUMNS", "20")
-	var out bytes.Buffer
-	c := &console{stdout: &out, stderr: &bytes.Buffer{}}
-	c.redraw("first line that is much too long\nsecond\n")
-	c.redraw("again\n")
-	s := out.String()
-	if !strings.HasPrefix(s, "\x1b[H\x1b[2J") {
-		t.Errorf("the first redraw does not clear the screen: %q", s)
-	}
-	if !strings.Contains(s, "first line that is …\x1b[K\r\n") {
-		t.Errorf("a long line is not cut to 20 columns: %q", s)
-	}
-	if !strings.HasSuffix(s, "\x1b[Hagain\x1b[K\r\n\x1b[J") {
-		t.Errorf("the second redraw does not go home and clear below: %q", s)
-	}
-}
 
 // TestProgressRate: the rate is over the last few seconds, so a stall shows
 // as a stall (the issue: 1795 items/s shown during a 2 s stall).
@@ -78,7 +35,7 @@ func TestProgressRate(t *testing.T) {
 // TestLogErrorsCut: a log line's error text is cut to maxErrorText runes.
 func TestLogErrorsCut(t *testing.T) {
 	var errb bytes.Buffer
-	c := &console{stdout: &bytes.Buffer{}, stderr: &errb}
+	c := cli.NewConsole(&bytes.Buffer{}, &errb)
 	log, _, err := newLogger("warn", c)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -11,10 +11,10 @@ import (
 	"unicode/utf8"
 )
 
-// console serializes writes to stdout and stderr and keeps the live
+// Console serializes writes to stdout and stderr and keeps the live
 // progress line: rewritten in place with \r on a terminal, printed as plain
 // lines (at most once a second) otherwise.
-type console struct {
+type Console struct {
 	mu        sync.Mutex
 	stdout    io.Writer
 	stderr    io.Writer
@@ -24,11 +24,14 @@ type console struct {
 	drawn     bool // redraw has cleared the screen once
 }
 
-func newConsole(stdout, stderr io.Writer) *console {
-	return &console{stdout: stdout, stderr: stderr, tty: isTerminal(stderr)}
+// NewConsole returns a Console writing to stdout and stderr; the progress
+// line is drawn in place when stderr is a terminal.
+func NewConsole(stdout, stderr io.Writer) *Console {
+	return &Console{stdout: stdout, stderr: stderr, tty: IsTerminal(stderr)}
 }
 
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal (a character device).
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
@@ -38,51 +41,51 @@ func isTerminal(w io.Writer) bool {
 }
 
 // clearLocked removes the progress line from a terminal.
-func (c *console) clearLocked() {
+func (c *Console) clearLocked() {
 	if c.tty && c.statusLen > 0 {
 		fmt.Fprint(c.stderr, "\r\x1b[K")
 		c.statusLen = 0
 	}
 }
 
-// errorLine prints one line on stderr.
-func (c *console) errorLine(line string) {
+// ErrorLine prints one line on stderr.
+func (c *Console) ErrorLine(line string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clearLocked()
 	fmt.Fprintln(c.stderr, line)
 }
 
-// errorf prints a formatted line on stderr.
-func (c *console) errorf(format string, args ...any) {
-	c.errorLine(fmt.Sprintf(format, args...))
+// Errorf prints a formatted line on stderr.
+func (c *Console) Errorf(format string, args ...any) {
+	c.ErrorLine(fmt.Sprintf(format, args...))
 }
 
-// printf writes to stdout.
-func (c *console) printf(format string, args ...any) {
+// Printf writes to stdout.
+func (c *Console) Printf(format string, args ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clearLocked()
 	fmt.Fprintf(c.stdout, format, args...)
 }
 
-// writeStdout writes raw bytes to stdout.
-func (c *console) writeStdout(p []byte) {
+// WriteStdout writes raw bytes to stdout.
+func (c *Console) WriteStdout(p []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.clearLocked()
 	c.stdout.Write(p)
 }
 
-// progress shows line as the live progress line. force prints it even if a
+// Progress shows line as the live progress line. force prints it even if a
 // plain line was printed less than a second ago.
-func (c *console) progress(line string, force bool) {
+func (c *Console) Progress(line string, force bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tty {
 		// One column short of the width: a line that fills the last column
 		// wraps on some terminals, and each redraw would leave a row behind.
-		line = fit(line, width(c.stderr)-1)
+		line = Fit(line, Width(c.stderr)-1)
 		fmt.Fprintf(c.stderr, "\r%s\x1b[K", line)
 		c.statusLen = utf8.RuneCountInString(line)
 		return
@@ -94,8 +97,8 @@ func (c *console) progress(line string, force bool) {
 	fmt.Fprintln(c.stderr, line)
 }
 
-// endProgress leaves the last progress line on screen and moves on.
-func (c *console) endProgress() {
+// EndProgress leaves the last progress line on screen and moves on.
+func (c *Console) EndProgress() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tty && c.statusLen > 0 {
@@ -104,15 +107,15 @@ func (c *console) endProgress() {
 	}
 }
 
-// stderrWriter returns a writer of whole lines to stderr that keeps the
+// StderrWriter returns a writer of whole lines to stderr that keeps the
 // progress line intact; prefix is put before each line.
-func (c *console) stderrWriter(prefix string) io.Writer {
+func (c *Console) StderrWriter(prefix string) io.Writer {
 	return &lineWriter{c: c, prefix: prefix}
 }
 
 type lineWriter struct {
 	mu     sync.Mutex
-	c      *console
+	c      *Console
 	prefix string
 	buf    []byte
 }
@@ -126,15 +129,15 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		w.c.errorLine(w.prefix + string(w.buf[:i]))
+		w.c.ErrorLine(w.prefix + string(w.buf[:i]))
 		w.buf = w.buf[i+1:]
 	}
 	return len(p), nil
 }
 
-// width is the terminal's width in columns for w: its size, else $COLUMNS,
+// Width is the terminal's width in columns for w: its size, else $COLUMNS,
 // else 80.
-func width(w io.Writer) int {
+func Width(w io.Writer) int {
 	if f, ok := w.(*os.File); ok {
 		if n := terminalWidth(f); n > 0 {
 			return n
@@ -146,19 +149,19 @@ func width(w io.Writer) int {
 	return 80
 }
 
-// fit cuts line to n columns (runes), marking the cut with "…".
-func fit(line string, n int) string {
+// Fit cuts line to n columns (runes), marking the cut with "…".
+func Fit(line string, n int) string {
 	if n <= 1 || utf8.RuneCountInString(line) <= n {
 		return line
 	}
 	return string([]rune(line)[:n-1]) + "…"
 }
 
-// redraw replaces the screen of a terminal stdout with text: the cursor
+// Redraw replaces the screen of a terminal stdout with text: the cursor
 // goes home, each line is rewritten in place (cut to the terminal's width,
 // so that nothing wraps) and cleared to its end, and what is left below
 // the last line is cleared. No flicker, no scrolling.
-func (c *console) redraw(text string) {
+func (c *Console) Redraw(text string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var b strings.Builder
@@ -168,11 +171,18 @@ func (c *console) redraw(text string) {
 	} else {
 		b.WriteString("\x1b[H")
 	}
-	w := width(c.stdout)
+	w := Width(c.stdout)
 	for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
-		b.WriteString(fit(l, w))
+		b.WriteString(Fit(l, w))
 		b.WriteString("\x1b[K\r\n")
 	}
 	b.WriteString("\x1b[J")
 	io.WriteString(c.stdout, b.String())
 }
+
+// Stdout returns the Console's standard output, for writers that print
+// whole blocks themselves (usage texts, JSON).
+func (c *Console) Stdout() io.Writer { return c.stdout }
+
+// Stderr returns the Console's standard error.
+func (c *Console) Stderr() io.Writer { return c.stderr }

@@ -1,0 +1,259 @@
+package sql
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator statements: dead items filtered, paged and counted, a
+// queue's rows purged in bounded batches, and the part owners. They back
+// claim's admin API (claim/admin.go) and the crdbwork command.
+//
+// Both engines: the filters are written so that an empty filter value means
+// "any" ($n = ” OR column = $n), which keeps one statement text per
+// purpose; strpos(string, substring) is in PostgreSQL and CockroachDB (docs
+// checked: CockroachDB "Functions and Operators", String and byte
+// functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
+// as DeathStatements.DeadItemsBefore does, with the leading column bounded
+// so that crdbwork_dead_items_by_queue (queue, died_at) is seeked. Each
+// purge batch deletes rows picked by a LIMIT subquery on an index that
+// leads with the queue: the items in two halves (unclaimed through
+// crdbwork_items_turn_next, claimed through crdbwork_items_lease, the two
+// partial indexes that together hold every item), the dead items through
+// crdbwork_dead_items_by_queue and the ended ids through their primary key
+// (queue, id). A DELETE with a subquery on its own table is accepted by
+// both engines (CockroachDB docs checked: "DELETE", "Delete specific rows"
+// with a subquery). PostgreSQL plans are checked in sql/store_admin_test.go.
+type adminStatements struct {
+	deadFirst   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 limit → dead item columns
+	deadAfter   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 died_at, $6 id, $7 death, $8 limit → dead item columns
+	deadCount   string // $1 queue, $2 tenant, $3 reason, $4 error text → count
+	endedCount  string // $1 queue → count
+	schedCount  string // $1 queue → count
+	ownerCount  string // $1 queue → count
+	purgeFree   string // $1 queue, $2 limit → rows affected
+	purgeHeld   string // $1 queue, $2 limit → rows affected
+	purgeDead   string // $1 queue, $2 limit → rows affected
+	purgeEnded  string // $1 queue, $2 limit → rows affected
+	purgeRest   []string
+	partOwners  string // $1 queue or '' → queue, part, session_id
+	purgeQueues string // $1 queue → rows affected
+}
+
+const deadColumns = `id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death`
+
+const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR reason = $3) AND ($4 = '' OR strpos(last_error, $4) > 0)`
+
+func newAdminStatements(t Tables) *adminStatements {
+	r := t.rewrite
+	return &adminStatements{
+		deadFirst: r(`SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + `
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $5`),
+		deadAfter: r(`SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $7)
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $8`),
+		deadCount:  r(`SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter),
+		endedCount: r(`SELECT count(*) FROM crdbwork_ended WHERE queue = $1`),
+		schedCount: r(`SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`),
+		ownerCount: r(`SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`),
+		purgeFree: r(`DELETE FROM crdbwork_items
+WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2)`),
+		purgeHeld: r(`DELETE FROM crdbwork_items
+WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2)`),
+		purgeDead: r(`DELETE FROM crdbwork_dead_items
+WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2)`),
+		purgeEnded: r(`DELETE FROM crdbwork_ended
+WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2)`),
+		purgeRest: []string{
+			r(`DELETE FROM crdbwork_session_parts WHERE queue = $1`),
+			r(`DELETE FROM crdbwork_tenant_limits WHERE queue = $1`),
+			r(`DELETE FROM crdbwork_schedules WHERE queue = $1`),
+		},
+		purgeQueues: r(`DELETE FROM crdbwork_queues WHERE name = $1`),
+		partOwners: r(`SELECT queue, part, session_id FROM crdbwork_session_parts
+WHERE $1 = '' OR queue = $1
+ORDER BY queue, part`),
+	}
+}
+
+// adminTexts caches the rendered admin statements by table set, beside the
+// Store cache (stores).
+var adminTexts sync.Map // Tables → *adminStatements
+
+func (s *Store) admin() *adminStatements {
+	if a, ok := adminTexts.Load(s.t); ok {
+		return a.(*adminStatements)
+	}
+	a, _ := adminTexts.LoadOrStore(s.t, newAdminStatements(s.t))
+	return a.(*adminStatements)
+}
+
+// DeadFilter selects dead items: each field set must match (an empty field
+// matches any).
+type DeadFilter struct {
+	// Tenant is the tenant's name, exactly.
+	Tenant string
+	// Reason is the reason of death, exactly ("failed", "permanent",
+	// "crash loop", "expired").
+	Reason string
+	// ErrorContains is a substring of the last error (case-sensitive).
+	ErrorContains string
+}
+
+// DeadRow is one death as the dead-item statements return it.
+type DeadRow struct {
+	ID, Death              uuid.UUID
+	Part, Priority         int64
+	Attempts, MaxAttempts  int64
+	Key, LastError, Tenant *string
+	Payload, Metadata      []byte
+	EnqueuedAt, DiedAt     time.Time
+	Reason                 string
+}
+
+// DeadPosition is a place in the order of dead items (died_at, id, death,
+// all descending): the last row of a page.
+type DeadPosition struct {
+	DiedAt    time.Time
+	ID, Death uuid.UUID
+}
+
+// DeadItemsPage returns up to limit deaths of queue that match f, newest
+// first, after the position after (nil: from the newest).
+func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadRow, error) {
+	a := s.admin()
+	var rows pgx.Rows
+	var err error
+	if after == nil {
+		rows, err = db.Query(ctx, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
+	} else {
+		rows, err = db.Query(ctx, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []DeadRow
+	var d DeadRow
+	_, err = pgx.ForEachRow(rows, []any{&d.ID, &d.Part, &d.Key, &d.Priority, &d.Attempts, &d.MaxAttempts, &d.Payload, &d.Metadata,
+		&d.LastError, &d.EnqueuedAt, &d.DiedAt, &d.Tenant, &d.Reason, &d.Death}, func() error {
+		out = append(out, d)
+		d = DeadRow{}
+		return nil
+	})
+	return out, err
+}
+
+// CountDead counts the deaths of queue that match f.
+func (s *Store) CountDead(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.Reason, f.ErrorContains).Scan(&n)
+	return n, err
+}
+
+// QueueRowCounts are the rows of one queue outside its items and dead
+// items, as CountQueueRows reads them.
+type QueueRowCounts struct {
+	// Ended ids remembered for deduplication.
+	Ended int64
+	// Schedules with a stored period mark.
+	Schedules int64
+	// OwnedParts are the parts sessions own now.
+	OwnedParts int64
+}
+
+// CountQueueRows counts queue's ended ids, schedule marks and owned parts.
+func (s *Store) CountQueueRows(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
+	a := s.admin()
+	var c QueueRowCounts
+	for _, q := range []struct {
+		text string
+		n    *int64
+	}{{a.endedCount, &c.Ended}, {a.schedCount, &c.Schedules}, {a.ownerCount, &c.OwnedParts}} {
+		if err := db.QueryRow(ctx, q.text, queue).Scan(q.n); err != nil {
+			return QueueRowCounts{}, err
+		}
+	}
+	return c, nil
+}
+
+// PurgeTable names what one PurgeBatch deletes.
+type PurgeTable int
+
+// The tables PurgeBatch deletes from, a batch at a time.
+const (
+	PurgeUnclaimed PurgeTable = iota // the queue's unclaimed items
+	PurgeClaimed                     // the queue's claimed items
+	PurgeDead                        // the queue's dead items (oldest deaths first)
+	PurgeEnded                       // the queue's ended ids
+)
+
+// PurgeBatch deletes up to limit of queue's rows of one table and returns
+// how many it deleted; 0 means none is left.
+func (s *Store) PurgeBatch(ctx context.Context, db DB, queue string, t PurgeTable, limit int) (int64, error) {
+	a := s.admin()
+	var text string
+	switch t {
+	case PurgeUnclaimed:
+		text = a.purgeFree
+	case PurgeClaimed:
+		text = a.purgeHeld
+	case PurgeDead:
+		text = a.purgeDead
+	case PurgeEnded:
+		text = a.purgeEnded
+	default:
+		return 0, fmt.Errorf("unknown purge table %d", t)
+	}
+	tag, err := db.Exec(ctx, text, queue, limit)
+	return tag.RowsAffected(), err
+}
+
+// PurgeQueueRows deletes queue's small rows in one transaction the caller
+// gives: its part owners, tenant limits, schedule marks, and its row in the
+// queues table (part count, settings, pause). It reports whether the queue
+// had a row.
+func (s *Store) PurgeQueueRows(ctx context.Context, tx pgx.Tx, queue string) (bool, error) {
+	a := s.admin()
+	for _, text := range a.purgeRest {
+		if _, err := tx.Exec(ctx, text, queue); err != nil {
+			return false, err
+		}
+	}
+	tag, err := tx.Exec(ctx, a.purgeQueues, queue)
+	return tag.RowsAffected() == 1, err
+}
+
+// PartOwner is one owned part.
+type PartOwner struct {
+	Queue   string
+	Part    int
+	Session uuid.UUID
+}
+
+// PartOwners returns the owned parts of queue, or of every queue when queue
+// is "", by queue and part.
+func (s *Store) PartOwners(ctx context.Context, db DB, queue string) ([]PartOwner, error) {
+	rows, err := db.Query(ctx, s.admin().partOwners, queue)
+	if err != nil {
+		return nil, err
+	}
+	var out []PartOwner
+	var o PartOwner
+	var part int64
+	_, err = pgx.ForEachRow(rows, []any{&o.Queue, &part, &o.Session}, func() error {
+		o.Part = int(part)
+		out = append(out, o)
+		return nil
+	})
+	return out, err
+}
