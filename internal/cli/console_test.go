@@ -2,13 +2,9 @@ package cli
 
 import (
 	"bytes"
-	"errors"
 	"strings"
 	"testing"
-	"time"
 	"unicode/utf8"
-
-	"go.uber.org/zap"
 )
 
 // TestProgressFitsWidth: on a terminal the progress line is rewritten in

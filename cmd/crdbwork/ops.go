@@ -1,0 +1,461 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
+	"github.com/crdbwork/crdbwork/partition"
+)
+
+// parseID reads an item id argument.
+func parseID(f *cli.FlagSet, s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, f.UsageError("%q is not an item id (a UUID like 0b9c1f0e-6f0c-4d2a-9d7e-1c2b3a4d5e6f)", s)
+	}
+	return id, nil
+}
+
+type deadJSON struct {
+	ID          string    `json:"id"`
+	Death       string    `json:"death"`
+	Part        int       `json:"part"`
+	Key         string    `json:"key,omitempty"`
+	Priority    int       `json:"priority"`
+	Attempts    int       `json:"attempts"`
+	MaxAttempts int       `json:"max_attempts"`
+	LastError   string    `json:"last_error"`
+	Reason      string    `json:"reason"`
+	Tenant      string    `json:"tenant,omitempty"`
+	Payload     []byte    `json:"payload"` // base64 in JSON
+	EnqueuedAt  time.Time `json:"enqueued_at"`
+	DiedAt      time.Time `json:"died_at"`
+}
+
+// filterFlags are the dead-item filters of dead and requeue.
+type filterFlags struct{ f claim.DeadFilter }
+
+func (d *filterFlags) register(f *cli.FlagSet) {
+	f.StringVar(&d.f.Tenant, "tenant", "", "NAME", "only the dead items of this tenant", nil)
+	f.StringVar(&d.f.Reason, "reason", "", "REASON", "only the dead items that died for this reason: failed, permanent, crash loop or expired", func(s string) error {
+		switch s {
+		case "", claim.ReasonFailed, claim.ReasonPermanent, claim.ReasonCrashLoop, claim.ReasonExpired:
+			return nil
+		}
+		return fmt.Errorf("must be %s, %s, %q or %s", claim.ReasonFailed, claim.ReasonPermanent, claim.ReasonCrashLoop, claim.ReasonExpired)
+	})
+	f.StringVar(&d.f.ErrorContains, "error", "", "TEXT", "only the dead items whose last error contains this text", nil)
+}
+
+func (d *filterFlags) any() bool { return d.f != claim.DeadFilter{} }
+
+func cmdDead(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var ff filterFlags
+	var limit int
+	var after string
+	var count bool
+	f := prog.NewFlagSet(name, `Lists the dead items of --queue, the most recent first, with why they died:
+"failed" (attempts used up), "permanent" (a permanent error), "crash loop"
+(attempts used up without an ack or nack) or "expired" (past its deadline).
+--tenant, --reason and --error filter them. A page holds --limit items; when
+more follow, it ends with the cursor of the next page, for --after. An id that
+died several times is listed once per death, each with its own DEATH key.
+With --count it prints only how many match. Requeue them with
+"crdbwork requeue ID", "crdbwork requeue ID --death DEATH", by filter or --all.`)
+	g.register(f, queueRequired)
+	ff.register(f)
+	f.IntVar(&limit, "limit", 20, 1, 100_000, "most items to list")
+	f.StringVar(&after, "after", "", "CURSOR", "list the page after this cursor (printed at the end of the previous page)", nil)
+	f.BoolVar(&count, "count", false, "print only the number of dead items that match")
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	total, err := q.DeadCount(ctx, ff.f)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if count {
+		if g.json {
+			return cli.PrintJSON(out, map[string]any{"queue": g.queue, "count": total})
+		}
+		out.Printf("%d\n", total)
+		return nil
+	}
+	page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: ff.f, After: after, Limit: limit})
+	if err != nil {
+		if strings.Contains(err.Error(), claim.ErrBadCursor.Error()) {
+			return f.UsageError("--after %q is not a cursor printed by crdbwork dead", after)
+		}
+		return cli.Failf(1, "%v", err)
+	}
+	if g.json {
+		list := make([]deadJSON, len(page.Items))
+		for i, d := range page.Items {
+			list[i] = deadJSON{ID: d.ID.String(), Death: d.Death.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
+				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Payload: d.Payload,
+				EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
+		}
+		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "total": total, "items": list, "next": page.Next})
+	}
+	if total == 0 {
+		out.Printf("queue %q has no dead items%s\n", g.queue, map[bool]string{true: " that match"}[ff.any()])
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "queue %q: %d dead items%s", g.queue, total, map[bool]string{true: " match"}[ff.any()])
+	if len(page.Items) > 0 {
+		fmt.Fprintf(&b, " (%d shown)", len(page.Items))
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tDEATH\tPART\tTENANT\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
+	for _, d := range page.Items {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Death, d.Part, orDash(d.Tenant), d.Attempts, d.MaxAttempts,
+			d.DiedAt.UTC().Format(time.RFC3339Nano), orDash(d.Reason), preview(d.Payload, 24), cli.Fit(cli.OneLine(d.LastError), 60))
+	}
+	tw.Flush()
+	if page.Next != "" {
+		fmt.Fprintf(&b, "more: --after %s\n", page.Next)
+	}
+	out.Printf("%s", b.String())
+	return nil
+}
+
+// preview shows a payload briefly: quoted text, or its size when binary.
+func preview(p []byte, n int) string {
+	if !utf8.Valid(p) {
+		return fmt.Sprintf("(%d bytes)", len(p))
+	}
+	return fmt.Sprintf("%q", cli.Fit(string(p), n))
+}
+
+func cmdRequeue(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var ff filterFlags
+	var cf confirmFlags
+	var all bool
+	var deathArg string
+	f := prog.NewFlagSet(name, `Moves dead items of --queue back into the queue (fresh attempts, no delay):
+the newest death of the id given (or the death given with --death; older
+deaths stay listed, as history); or, with --all or a filter (--tenant,
+--reason, --error), the newest death of every dead id that matches. An id that
+is live (in the queue again) is not requeued: its dead item stays. Requeueing
+more than one item needs --yes (--dry-run counts them). Exits 1 if the given
+item is not a dead item of the queue, or is live.`)
+	f.MaxArgs, f.ArgName = 1, "[ID]"
+	g.register(f, queueRequired)
+	ff.register(f)
+	cf.register(f)
+	f.BoolVar(&all, "all", false, "requeue every dead item of the queue")
+	f.FlagOnly("all")
+	f.StringVar(&deathArg, "death", "", "DEATH", "requeue this death of the id (the DEATH column of `crdbwork dead`) rather than its newest", nil)
+	f.FlagOnly("death")
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	if err := cf.check(f); err != nil {
+		return err
+	}
+	many := all || ff.any()
+	var id, death uuid.UUID
+	switch {
+	case many && len(f.Args) > 0:
+		return f.UsageError("give an item id, or --all or a filter, not both")
+	case all && ff.any():
+		return f.UsageError("--all requeues every dead item: give it no filter")
+	case many && deathArg != "":
+		return f.UsageError("--death requeues one death of the id given")
+	case !many && len(f.Args) == 0:
+		return f.UsageError("give the id of a dead item (see `crdbwork dead`), --all, or a filter")
+	case !many:
+		var err error
+		if id, err = parseID(f, f.Args[0]); err != nil {
+			return err
+		}
+		if deathArg != "" {
+			if death, err = uuid.Parse(deathArg); err != nil {
+				return f.UsageError("--death %q is not a death key (a UUID: the DEATH column of `crdbwork dead`)", deathArg)
+			}
+		}
+	}
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if !many {
+		if cf.dryRun {
+			return report(out, &g, map[string]any{"queue": g.queue, "dry_run": true, "would_requeue": 1, "ids": []string{id.String()}},
+				fmt.Sprintf("would requeue item %s into queue %q\n", id, g.queue))
+		}
+		var ok bool
+		if deathArg != "" {
+			ok, err = q.RequeueDeath(ctx, id, death)
+		} else {
+			ok, err = q.Requeue(ctx, id)
+		}
+		if err != nil {
+			return cli.Failf(1, "%v", err)
+		}
+		if !ok {
+			if deathArg != "" {
+				return cli.Failf(1, "item %s has no death %s in queue %q (see `crdbwork dead --queue %s`)", id, death, g.queue, g.queue)
+			}
+			return cli.Failf(1, "item %s is not a dead item of queue %q (see `crdbwork dead --queue %s`)", id, g.queue, g.queue)
+		}
+		return report(out, &g, map[string]any{"queue": g.queue, "requeued": 1, "ids": []string{id.String()}},
+			fmt.Sprintf("requeued item %s into queue %q\n", id, g.queue))
+	}
+	n, err := q.DeadCount(ctx, ff.f)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	what := fmt.Sprintf("requeue the %d dead items (deaths) of queue %q that match", n, g.queue)
+	if all {
+		what = fmt.Sprintf("requeue all %d dead items (deaths) of queue %q", n, g.queue)
+	}
+	if cf.dryRun || !cf.yes && n > 1 {
+		if g.json && cf.dryRun {
+			return cli.PrintJSON(out, map[string]any{"queue": g.queue, "dry_run": true, "would_requeue": n})
+		}
+		if cf.dryRun {
+			out.Printf("would %s (each id's newest death; live ids are skipped)\n", what)
+			return nil
+		}
+		out.Errorf("crdbwork requeue: this would %s", what)
+		return refuse(f)
+	}
+	res, err := q.RequeueWhere(ctx, ff.f, func(r claim.RequeueResult) {
+		if !g.json {
+			out.Progress(fmt.Sprintf("requeued %d of up to %d…", r.Requeued, n), false)
+		}
+	})
+	out.EndProgress()
+	if err != nil {
+		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
+	}
+	msg := fmt.Sprintf("requeued %d dead items into queue %q\n", res.Requeued, g.queue)
+	if res.Live > 0 {
+		msg += fmt.Sprintf("%d dead ids not requeued: an item with the id is live (their dead items stay)\n", res.Live)
+	}
+	return report(out, &g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live}, msg)
+}
+
+// report prints v as JSON with --json, else text.
+func report(out *cli.Console, g *globals, v any, text string) error {
+	if g.json {
+		return cli.PrintJSON(out, v)
+	}
+	out.Printf("%s", text)
+	return nil
+}
+
+func cmdCancel(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var cf confirmFlags
+	f := prog.NewFlagSet(name, `Deletes the items given of --queue, claimed or not: they will not be handled
+(again). If a worker holds one, that worker's ack fails and records nothing.
+It needs --yes (--dry-run shows what it would do). Exits 1 if the queue has
+no item with one of the ids (the others are cancelled).`)
+	f.MaxArgs, f.ArgName = 1000, "ID..."
+	g.register(f, queueRequired)
+	cf.register(f)
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	if err := cf.check(f); err != nil {
+		return err
+	}
+	if len(f.Args) == 0 {
+		return f.UsageError("give the ids of the items to cancel")
+	}
+	ids := make([]uuid.UUID, len(f.Args))
+	for i, a := range f.Args {
+		var err error
+		if ids[i], err = parseID(f, a); err != nil {
+			return err
+		}
+	}
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if cf.dryRun || !cf.yes {
+		if g.json && cf.dryRun {
+			return cli.PrintJSON(out, map[string]any{"queue": g.queue, "dry_run": true, "would_cancel": f.Args})
+		}
+		line := fmt.Sprintf("would cancel %d items of queue %q: %s", len(ids), g.queue, strings.Join(f.Args, ", "))
+		if cf.dryRun {
+			out.Printf("%s\n", line)
+			return nil
+		}
+		out.Errorf("crdbwork cancel: %s", line)
+		return refuse(f)
+	}
+	var done, missing []string
+	for _, id := range ids {
+		ok, err := q.Cancel(ctx, id)
+		if err != nil {
+			return cli.Failf(1, "cancelled %d items, then: %v", len(done), err)
+		}
+		if ok {
+			done = append(done, id.String())
+		} else {
+			missing = append(missing, id.String())
+		}
+	}
+	if g.json {
+		if err := cli.PrintJSON(out, map[string]any{"queue": g.queue, "cancelled": append([]string{}, done...), "missing": append([]string{}, missing...)}); err != nil {
+			return err
+		}
+	} else {
+		for _, id := range done {
+			out.Printf("cancelled item %s of queue %q\n", id, g.queue)
+		}
+	}
+	if len(missing) > 0 {
+		return cli.Failf(1, "queue %q has no item %s (already done, dead, cancelled, or in another queue)", g.queue, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func cmdParts(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var cf confirmFlags
+	var set int
+	f := prog.NewFlagSet(name, `Shows the number of parts of --queue and who owns them, or changes the
+number with --set N and --yes (safe while workers run: items in removed parts
+move to part % N, and the workers' rebalancers follow at their next poll).`)
+	g.register(f, queueRequired)
+	cf.register(f)
+	f.IntVar(&set, "set", 0, 1, partition.MaxParts, "set the queue's number of parts")
+	f.FlagOnly("set")
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	if err := cf.check(f); err != nil {
+		return err
+	}
+	pool, _, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	t := g.tables()
+	before, err := partition.Parts(ctx, pool, t, g.queue)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if f.IsSet("set") && (cf.dryRun || !cf.yes) {
+		line := fmt.Sprintf("would change the parts of queue %q from %d to %d", g.queue, before, set)
+		if before > set {
+			line += fmt.Sprintf(" (the items of parts %d-%d move)", set, before-1)
+		}
+		switch {
+		case cf.dryRun && g.json:
+			return cli.PrintJSON(out, map[string]any{"queue": g.queue, "dry_run": true, "parts": before, "would_set": set})
+		case cf.dryRun:
+			out.Printf("%s\n", line)
+			return nil
+		}
+		out.Errorf("crdbwork parts: %s", line)
+		return refuse(f)
+	}
+	if f.IsSet("set") {
+		if err := partition.SetParts(ctx, pool, t, g.queue, set); err != nil {
+			return cli.Failf(1, "%v", err)
+		}
+	}
+	s, err := readStatus(ctx, pool, t, g.queue)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if g.json {
+		m := map[string]any{"queue": g.queue, "parts": s.NumParts, "stored": s.PartsStored, "owners": s.PartOwners,
+			"unowned": s.UnownedParts}
+		if f.IsSet("set") {
+			m["previous"] = before
+		}
+		return cli.PrintJSON(out, m)
+	}
+	var b strings.Builder
+	if f.IsSet("set") {
+		fmt.Fprintf(&b, "queue %q: %d parts (was %d)\n", g.queue, s.NumParts, before)
+	} else {
+		fmt.Fprintf(&b, "queue %q: %d parts%s\n", g.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
+	}
+	writeOwners(&b, s)
+	out.Printf("%s", b.String())
+	return nil
+}
+
+func cmdPause(ctx context.Context, name string, args []string, out *cli.Console) error {
+	return pauseResume(ctx, name, args, out, true)
+}
+
+func cmdResume(ctx context.Context, name string, args []string, out *cli.Console) error {
+	return pauseResume(ctx, name, args, out, false)
+}
+
+// pauseResume pauses or resumes --queue: every claim of a paused queue
+// returns nothing; items already claimed finish as usual; enqueues go on.
+func pauseResume(ctx context.Context, name string, args []string, out *cli.Console, pause bool) error {
+	var g globals
+	what := `Pauses --queue: from the next claim on, no worker claims its items, until
+"crdbwork resume". Items already claimed finish (acked, nacked or released as
+usual) and enqueues go on. Idempotent.`
+	if !pause {
+		what = `Resumes --queue after "crdbwork pause": workers claim its items again at their
+next poll. Idempotent.`
+	}
+	f := prog.NewFlagSet(name, what)
+	g.register(f, queueRequired)
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	was, err := q.Paused(ctx)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if pause {
+		err = q.Pause(ctx)
+	} else {
+		err = q.Resume(ctx)
+	}
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if g.json {
+		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "paused": pause, "was_paused": was})
+	}
+	verb := map[bool]string{true: "paused", false: "resumed"}[pause]
+	switch {
+	case was == pause:
+		out.Printf("queue %q was already %s\n", g.queue, verb)
+	case pause:
+		out.Printf("paused queue %q: workers claim none of its items until `crdbwork resume --queue %s`\n", g.queue, g.queue)
+	default:
+		out.Printf("resumed queue %q\n", g.queue)
+	}
+	return nil
+}

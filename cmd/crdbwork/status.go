@@ -1,0 +1,663 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+type sessionStatus struct {
+	ID                    string  `json:"id"`
+	Name                  string  `json:"name"`
+	Host                  string  `json:"host"`
+	PID                   int64   `json:"pid"`
+	CreatedAt             string  `json:"created_at"`
+	HeartbeatAt           string  `json:"heartbeat_at"`
+	AgeSeconds            float64 `json:"age_seconds"`
+	SinceHeartbeatSeconds float64 `json:"since_heartbeat_seconds"`
+	ExpirySeconds         float64 `json:"expiry_seconds"`
+	Parts                 string  `json:"parts"` // owned parts of --queue, as ranges ("0-3,8")
+	NumParts              int     `json:"num_parts"`
+	// Claimed is the number of items of any queue the session holds now.
+	Claimed int64 `json:"claimed"`
+	// Acked, Failed and InFlight are the session's counters as of its last
+	// heartbeat: items acked and failed (nacked or dead-lettered) since it
+	// started, handlers running.
+	Acked    int64 `json:"acked"`
+	Failed   int64 `json:"failed"`
+	InFlight int64 `json:"in_flight"`
+	// Stale: no heartbeat for more than two of the longest heartbeat
+	// intervals its expiry allows (expiry / 3): probably dead, not yet
+	// expired.
+	Stale bool `json:"stale"`
+}
+
+type ownerStatus struct {
+	Session string `json:"session"`
+	Name    string `json:"name,omitempty"`
+	Parts   string `json:"parts"`
+	Count   int    `json:"count"`
+}
+
+// queueMembers are the sessions that work one queue (its members, which
+// share its parts and limits) and the parts each owns.
+type queueMembers struct {
+	Queue   string         `json:"queue"`
+	Members []memberStatus `json:"members"`
+}
+
+type memberStatus struct {
+	Session string `json:"session"`
+	Name    string `json:"name,omitempty"`
+	// Joined: the session joined the queue. A live session that owns
+	// parts of the queue without having joined it (code older than queue
+	// membership) counts as a member too.
+	Joined bool `json:"joined"`
+	// Live: the session is live; an expired session's rows stay until a
+	// peer reaps it, and it counts in no division meanwhile.
+	Live     bool   `json:"live"`
+	Parts    string `json:"parts"` // owned parts of the queue, as ranges ("0-3,8")
+	NumParts int    `json:"num_parts"`
+}
+
+type backlogRow struct {
+	Queue     string `json:"queue"`
+	Part      int64  `json:"part"`
+	Unclaimed int64  `json:"unclaimed"`
+	Vested    int64  `json:"vested"`
+	Claimed   int64  `json:"claimed"`
+}
+
+type backlogTotal struct {
+	Queue     string `json:"queue"`
+	Items     int64  `json:"items"`
+	Unclaimed int64  `json:"unclaimed"`
+	Vested    int64  `json:"vested"`
+	Claimed   int64  `json:"claimed"`
+}
+
+// settingsJSON are a queue's settings other than its limits.
+type settingsJSON struct {
+	Fair              bool    `json:"fair"`
+	AtMostOnce        bool    `json:"at_most_once"`
+	DedupWindowSecond float64 `json:"dedup_window_seconds"`
+}
+
+// tenantRow is one tenant's backlog.
+type tenantRow struct {
+	Tenant    string `json:"tenant"`
+	Unclaimed int64  `json:"unclaimed"`
+	Due       int64  `json:"due"`
+}
+
+type status struct {
+	Engine   string `json:"engine"`
+	Queue    string `json:"queue"`
+	NumParts int    `json:"num_parts"`
+	// Known: the queue has a stored part count, items or dead items; a
+	// queue nobody has enqueued to is probably a mistyped --queue.
+	Known bool `json:"known"`
+	// PartsStored: the queue has a stored part count (else it has 1, the
+	// count of a queue nobody set up).
+	PartsStored bool `json:"parts_stored"`
+	// Paused: claims of the queue return nothing (crdbwork pause / resume).
+	Paused bool `json:"paused"`
+	// OldestDueSeconds is the age of the queue's oldest unclaimed item that
+	// is due (now minus its vesting time, database clock); 0 if none.
+	OldestDueSeconds float64         `json:"oldest_due_seconds"`
+	Sessions         []sessionStatus `json:"sessions"`
+	PartOwners       []ownerStatus   `json:"part_owners"`
+	UnownedParts     string          `json:"unowned_parts"`
+	Backlog          []backlogRow    `json:"backlog"`
+	Queues           []backlogTotal  `json:"queues"`
+	Dead             int64           `json:"dead"`
+	// ItemsPerSecond is the throughput over the last few seconds (--watch
+	// only; -1 until two reads are in).
+	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
+	// Limits are the queue's stored fleet-wide limits (crdbwork limit).
+	Limits *limitsJSON `json:"limits"`
+	// Settings are the queue's other settings.
+	Settings settingsJSON `json:"settings"`
+	// Tenants are the tenants with the most unclaimed items (at most
+	// claim.InspectTenants), most first.
+	Tenants []tenantRow `json:"tenants"`
+	// QueueMembers lists every queue that has members or owned parts,
+	// by name, with its members (live or not yet reaped) by session id.
+	QueueMembers []queueMembers `json:"queue_members"`
+}
+
+// readStatus gathers the status of queue: the queues' state through
+// claim.Queues and claim.Queue.Inspect (every queue, for the backlog of all
+// queues), the sessions through session.List, the part owners and members.
+func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue string) (*status, error) {
+	s := &status{Engine: cli.EngineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
+		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}, Tenants: []tenantRow{}}
+	names, err := claim.Queues(ctx, db, tables)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(names, queue) {
+		names = append(names, queue)
+		sort.Strings(names)
+	}
+	claimedBy := map[uuid.UUID]int64{}
+	var info claim.QueueInfo
+	for _, name := range names {
+		q, err := claim.New(db, claim.Options{Queue: name, Tables: tables})
+		if err != nil {
+			return nil, err
+		}
+		in, err := q.Inspect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if name == queue {
+			info = in
+		}
+		for id, n := range in.Holders {
+			claimedBy[id] += n
+		}
+		if !in.HasItems() {
+			continue
+		}
+		for _, p := range in.Parts {
+			if p.Unclaimed+p.Claimed > 0 {
+				s.Backlog = append(s.Backlog, backlogRow{Queue: name, Part: int64(p.Part), Unclaimed: p.Unclaimed, Vested: p.Due, Claimed: p.Claimed})
+			}
+		}
+		s.Queues = append(s.Queues, backlogTotal{Queue: name, Items: in.Unclaimed + in.Claimed,
+			Unclaimed: in.Unclaimed, Vested: in.Due, Claimed: in.Claimed})
+	}
+	s.NumParts, s.Paused, s.Dead = info.NumParts, info.Paused, info.Dead
+	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
+	s.PartsStored = info.Stored
+	s.Known = info.Stored || info.HasItems() || info.Dead > 0
+	s.Limits = &limitsJSON{MaxInFlight: info.Settings.MaxInFlight, Rate: info.Settings.Rate,
+		TenantMaxInFlight: info.Settings.TenantMaxInFlight, TenantRate: info.Settings.TenantRate, Tenants: map[string]limitJSON{}}
+	for t, l := range info.TenantLimits {
+		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
+	}
+	s.Settings = settingsJSON{Fair: info.Settings.Fair, AtMostOnce: info.Settings.AtMostOnce, DedupWindowSecond: info.Settings.DedupWindow.Seconds()}
+	for _, t := range info.Tenants {
+		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
+	}
+
+	infos, err := session.List(ctx, db, tables)
+	if err != nil {
+		return nil, err
+	}
+	ownerNames := map[uuid.UUID]string{}
+	for _, in := range infos {
+		ownerNames[in.ID] = in.Name
+	}
+
+	// Part owners.
+	owners, err := claim.PartOwners(ctx, db, tables, queue)
+	if err != nil {
+		return nil, err
+	}
+	byOwner := map[uuid.UUID][]int{}
+	owned := map[int]bool{}
+	var order []uuid.UUID
+	for _, o := range owners {
+		if _, ok := byOwner[o.Session]; !ok {
+			order = append(order, o.Session)
+		}
+		byOwner[o.Session] = append(byOwner[o.Session], o.Part)
+		owned[o.Part] = true
+	}
+	for _, id := range order {
+		s.PartOwners = append(s.PartOwners, ownerStatus{Session: id.String(), Name: ownerNames[id],
+			Parts: ranges(byOwner[id]), Count: len(byOwner[id])})
+	}
+	var unowned []int
+	for p := 0; p < s.NumParts; p++ {
+		if !owned[p] {
+			unowned = append(unowned, p)
+		}
+	}
+	s.UnownedParts = ranges(unowned)
+
+	for _, in := range infos {
+		s.Sessions = append(s.Sessions, sessionStatus{
+			ID: in.ID.String(), Name: in.Name, Host: in.Host, PID: in.PID,
+			CreatedAt: in.CreatedAt.UTC().Format(time.RFC3339Nano), HeartbeatAt: in.HeartbeatAt.UTC().Format(time.RFC3339Nano),
+			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
+			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
+			Claimed: claimedBy[in.ID],
+			Acked:   in.Reported.Acked, Failed: in.Reported.Failed, InFlight: in.Reported.InFlight,
+			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
+		})
+	}
+
+	if s.QueueMembers, err = readMembers(ctx, db, tables, infos); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// readMembers returns every queue's members (session.Memberships) and
+// part owners, by queue and session; live are the live sessions.
+func readMembers(ctx context.Context, db crsql.DB, tables crsql.Tables, live []session.Info) ([]queueMembers, error) {
+	joined, err := session.Memberships(ctx, db, tables)
+	if err != nil {
+		return nil, err
+	}
+	type key struct {
+		queue string
+		id    uuid.UUID
+	}
+	members := map[key]*memberStatus{}
+	names, alive := map[uuid.UUID]string{}, map[uuid.UUID]bool{}
+	for _, in := range live {
+		names[in.ID], alive[in.ID] = in.Name, true
+	}
+	member := func(q string, id uuid.UUID) *memberStatus {
+		m := members[key{q, id}]
+		if m == nil {
+			m = &memberStatus{Session: id.String(), Name: names[id], Live: alive[id]}
+			members[key{q, id}] = m
+		}
+		return m
+	}
+	for _, j := range joined {
+		member(j.Queue, j.Session).Joined = true
+	}
+	owners, err := claim.PartOwners(ctx, db, tables, "")
+	if err != nil {
+		return nil, err
+	}
+	parts := map[key][]int{}
+	for _, o := range owners {
+		member(o.Queue, o.Session)
+		parts[key{o.Queue, o.Session}] = append(parts[key{o.Queue, o.Session}], o.Part)
+	}
+	keys := make([]key, 0, len(members))
+	for k := range members {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].queue != keys[j].queue {
+			return keys[i].queue < keys[j].queue
+		}
+		return keys[i].id.String() < keys[j].id.String()
+	})
+	out := []queueMembers{}
+	for _, k := range keys {
+		m := members[k]
+		m.Parts, m.NumParts = ranges(parts[k]), len(parts[k])
+		if n := len(out); n == 0 || out[n-1].Queue != k.queue {
+			out = append(out, queueMembers{Queue: k.queue})
+		}
+		out[len(out)-1].Members = append(out[len(out)-1].Members, *m)
+	}
+	return out, nil
+}
+
+// ranges writes sorted parts compactly: [0 1 2 3 8] is "0-3,8".
+func ranges(parts []int) string {
+	if len(parts) == 0 {
+		return ""
+	}
+	ps := append([]int(nil), parts...)
+	sort.Ints(ps)
+	var b strings.Builder
+	for i := 0; i < len(ps); {
+		j := i
+		for j+1 < len(ps) && ps[j+1] == ps[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(ps[i]))
+		if j > i {
+			b.WriteString("-" + strconv.Itoa(ps[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
+}
+
+func cmdStatus(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var watch bool
+	var interval time.Duration
+	f := prog.NewFlagSet(name, `Shows the state of --queue, or of every queue without it: parts, backlog
+(unclaimed, due = unclaimed and past its vesting time, claimed) by part and by
+tenant, the age of the oldest due item, dead items, pause, settings and
+limits; the live sessions (items acked and handlers running as of their last
+heartbeat, items held now, parts owned, and a ! after the heartbeat age of a
+session that has missed two heartbeats and is probably dead), the parts nobody
+owns, and which sessions work which queue. With --json: one object (with
+--queue) or {"engine", "queues": [one object per queue]}.
+
+With --watch it redraws every --interval until Ctrl-C (plain snapshots, one
+after another, when stdout is not a terminal), adding the throughput over the
+last few seconds.`)
+	g.register(f, "the queue to show (default: every queue)")
+	f.BoolVar(&watch, "watch", false, "redraw every --interval until interrupted")
+	f.DurationVar(&interval, "interval", 2*time.Second, false, "time between redraws with --watch")
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	pool, err := g.open(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if g.queue != "" {
+		if err := requireQueue(ctx, pool, g.tables(), g.queue); err != nil {
+			return err
+		}
+	}
+	if watch {
+		return watchStatus(ctx, pool, &g, interval, out)
+	}
+	text, v, err := readAll(ctx, pool, &g, nil)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if g.json {
+		return cli.PrintJSON(out, v)
+	}
+	out.Printf("%s", text)
+	return nil
+}
+
+// allStatus is status without --queue, as JSON.
+type allStatus struct {
+	Engine string    `json:"engine"`
+	Queues []*status `json:"queues"`
+}
+
+// readAll reads the status of --queue, or of every queue, and renders it
+// for people; v is what --json prints. tp, if not nil, adds the throughput
+// (of --queue, or of the first queue: the sessions are the same).
+func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (string, any, error) {
+	names := []string{g.queue}
+	if g.queue == "" {
+		var err error
+		if names, err = claim.Queues(ctx, db, g.tables()); err != nil {
+			return "", nil, err
+		}
+	}
+	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}}
+	var b strings.Builder
+	if len(names) == 0 {
+		b.WriteString("no queues: the crdbwork tables hold no queue row, item or dead item\n")
+	}
+	for i, n := range names {
+		s, err := readStatus(ctx, db, g.tables(), n)
+		if err != nil {
+			return "", nil, err
+		}
+		if tp != nil && i == 0 {
+			rate := tp.add(time.Now(), s)
+			s.ItemsPerSecond = rate
+			if r := tp.describe(rate); r != "" {
+				b.WriteString(r + "\n")
+			}
+		}
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(formatStatus(s, tp != nil || len(names) > 1))
+		all.Queues = append(all.Queues, s)
+	}
+	if g.queue != "" {
+		return b.String(), all.Queues[0], nil
+	}
+	return b.String(), all, nil
+}
+
+// watchStatus redraws the status every interval until ctx ends. Read
+// errors are shown in place of the status and retried: a watch outlives a
+// database restart.
+func watchStatus(ctx context.Context, db claim.DB, g *globals, interval time.Duration, out *cli.Console) error {
+	tty := cli.IsTerminal(out.Stdout()) && !g.json
+	var tp throughput
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
+		text, v, err := readAll(rctx, db, g, &tp)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		now := time.Now()
+		switch {
+		case err != nil:
+			text = fmt.Sprintf("cannot read the status: %s\n", cli.OneLine(err.Error()))
+		case g.json:
+			b, _ := json.Marshal(v)
+			text = string(b) + "\n"
+		}
+		if tty {
+			header := fmt.Sprintf("crdbwork status --watch: every %v, %s (Ctrl-C to stop)\n", interval, now.Format("15:04:05"))
+			out.Redraw(header + text)
+		} else if g.json {
+			out.Printf("%s", text)
+		} else {
+			out.Printf("--- %s\n%s", now.Format(time.RFC3339), text)
+		}
+		select {
+		case <-ctx.Done():
+			if tty {
+				out.Printf("\n")
+			}
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// formatStatus writes the status for people. compact leaves out the
+// backlog by part (for --watch, which must fit a screen).
+func formatStatus(s *status, compact bool) string {
+	var b strings.Builder
+	var unclaimed, due, claimed int64
+	for _, t := range s.Queues {
+		if t.Queue == s.Queue {
+			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
+		}
+	}
+	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items", s.Queue, s.Engine, s.NumParts, s.Dead)
+	if s.Paused {
+		b.WriteString(", PAUSED (nothing is claimed; `crdbwork resume` ends it)")
+	}
+	b.WriteString("\n")
+	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
+	if due > 0 {
+		age := secs(s.OldestDueSeconds)
+		if age >= time.Second {
+			age = age.Round(100 * time.Millisecond)
+		}
+		fmt.Fprintf(&b, " (oldest due for %s)", round(age))
+	}
+	fmt.Fprintf(&b, ", %d claimed\n", claimed)
+	if s.Limits != nil && !s.Limits.none() {
+		b.WriteString(s.Limits.format())
+	}
+	if len(s.Tenants) > 0 && !compact {
+		b.WriteString("tenants (most unclaimed first):")
+		for _, t := range s.Tenants {
+			fmt.Fprintf(&b, " %s %d (%d due);", t.Tenant, t.Unclaimed, t.Due)
+		}
+		b.WriteString("\n")
+	}
+	if s.Settings.Fair || s.Settings.AtMostOnce {
+		fmt.Fprintf(&b, "settings: fair %v, at most once %v\n", s.Settings.Fair, s.Settings.AtMostOnce)
+	}
+	if !s.Known {
+		var names []string
+		for _, t := range s.Queues {
+			names = append(names, strconv.Quote(t.Queue))
+		}
+		others := "no queue has items"
+		if len(names) > 0 {
+			others = "queues with items: " + strings.Join(names, ", ")
+		}
+		fmt.Fprintf(&b, "warning: nobody has enqueued to queue %q or set its parts: is --queue right? (%s)\n", s.Queue, others)
+	}
+	b.WriteString("\n")
+	stale := 0
+	for _, ss := range s.Sessions {
+		if ss.Stale {
+			stale++
+		}
+	}
+	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
+	if stale > 0 {
+		fmt.Fprintf(&b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
+	}
+	b.WriteString("\n")
+	if len(s.Sessions) > 0 {
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
+		for _, ss := range s.Sessions {
+			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
+			if ss.Stale {
+				hb += "!"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], cli.Fit(orDash(ss.Name), 15), ss.PID,
+				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
+		}
+		tw.Flush()
+		if !compact {
+			b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items it holds now)\n")
+		}
+	}
+	writeOwners(&b, s)
+	writeMembers(&b, s, compact)
+	b.WriteString("\n")
+	if len(s.Backlog) == 0 {
+		b.WriteString("backlog: no items in any queue\n")
+		return b.String()
+	}
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	if compact {
+		fmt.Fprintln(tw, "QUEUE\tUNCLAIMED\tDUE\tCLAIMED")
+		for _, t := range s.Queues {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", t.Queue, t.Unclaimed, t.Vested, t.Claimed)
+		}
+		tw.Flush()
+		return b.String()
+	}
+	b.WriteString("backlog (due: unclaimed and past its vesting time)\n")
+	fmt.Fprintln(tw, "QUEUE\tPART\tUNCLAIMED\tDUE\tCLAIMED")
+	for _, r := range s.Backlog {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", r.Queue, r.Part, r.Unclaimed, r.Vested, r.Claimed)
+	}
+	for _, t := range s.Queues {
+		fmt.Fprintf(tw, "%s\tall\t%d\t%d\t%d\n", t.Queue, t.Unclaimed, t.Vested, t.Claimed)
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// partList writes a part list for a table cell: "none" when empty, so that
+// it cannot be read as part 0.
+func partList(r string) string {
+	if r == "" {
+		return "none"
+	}
+	return r
+}
+
+// writeOwners writes the parts held by expired sessions and the parts
+// owned by nobody, naming the parts so that "0" can only mean part 0.
+func writeOwners(b *strings.Builder, s *status) {
+	live := map[string]bool{}
+	for _, ss := range s.Sessions {
+		live[ss.ID] = true
+	}
+	for _, o := range s.PartOwners {
+		if !live[o.Session] {
+			fmt.Fprintf(b, "parts %s of %q: held by expired session %s (until a peer reaps it)\n", o.Parts, s.Queue, o.Session[:8])
+		}
+	}
+	if s.UnownedParts == "" {
+		fmt.Fprintf(b, "parts of %q owned by nobody: none\n", s.Queue)
+		return
+	}
+	n := 0
+	for _, r := range strings.Split(s.UnownedParts, ",") {
+		lo, hi, found := strings.Cut(r, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if found {
+			z, _ = strconv.Atoi(hi)
+		}
+		n += z - a + 1
+	}
+	word := "parts"
+	if n == 1 {
+		word = "part"
+	}
+	fmt.Fprintf(b, "parts of %q owned by nobody: %d (%s %s)\n", s.Queue, n, word, s.UnownedParts)
+}
+
+// writeMembers writes which sessions work which queue and own which of
+// its parts.
+func writeMembers(b *strings.Builder, s *status, compact bool) {
+	if len(s.QueueMembers) == 0 {
+		b.WriteString("queues worked: none (no session has joined a queue)\n")
+		return
+	}
+	b.WriteString("\nqueues worked")
+	if !compact {
+		b.WriteString(" (each queue's parts and limits are shared by its live members only)")
+	}
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tSESSION\tNAME\tPARTS")
+	for _, q := range s.QueueMembers {
+		for _, m := range q.Members {
+			id := m.Session[:8]
+			switch {
+			case !m.Live:
+				id += " (expired)"
+			case !m.Joined:
+				id += " (not joined: older code)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", q.Queue, id, cli.Fit(orDash(m.Name), 15), partList(m.Parts))
+		}
+	}
+	tw.Flush()
+}
+
+func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// round shortens a duration for people.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Minute:
+		return d.Round(time.Second)
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond)
+	default:
+		return d.Round(time.Millisecond)
+	}
+}
