@@ -21,14 +21,17 @@ import (
 // functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
 // as DeathStatements.DeadItemsBefore does, with the leading column bounded
 // so that crdbwork_dead_items_by_queue (queue, died_at) is seeked. Each
-// purge batch deletes rows picked by a LIMIT subquery on an index that
-// leads with the queue: the items in two halves (unclaimed through
-// crdbwork_items_turn_next, claimed through crdbwork_items_lease, the two
-// partial indexes that together hold every item), the dead items through
-// crdbwork_dead_items_by_queue and the ended ids through their primary key
-// (queue, id). A DELETE with a subquery on its own table is accepted by
-// both engines (CockroachDB docs checked: "DELETE", "Delete specific rows"
-// with a subquery). PostgreSQL plans are checked in sql/store_admin_test.go.
+// purge batch picks up to a limit of ids through an index that leads with
+// the queue (the items in two halves: unclaimed through one of the partial
+// indexes WHERE claim IS NULL, claimed through crdbwork_items_lease, which
+// together hold every item; the dead items through
+// crdbwork_dead_items_by_queue; the ended ids through their primary key
+// (queue, id)), then deletes them by key, the list given as
+// id IN (SELECT unnest($2::UUID[])) as the reaper's by-id moves do (see
+// DeathStatements: a lookup join by primary key on both engines). A DELETE
+// whose subquery reads its own table was planned as a sequential scan and a
+// hash join by PostgreSQL; the two steps are not. the part owners of one queue through the unique constraint
+// on (queue, part). PostgreSQL plans are checked in sql/store_admin_test.go.
 type adminStatements struct {
 	deadFirst   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 limit → dead item columns
 	deadAfter   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 died_at, $6 id, $7 death, $8 limit → dead item columns
@@ -36,12 +39,16 @@ type adminStatements struct {
 	endedCount  string // $1 queue → count
 	schedCount  string // $1 queue → count
 	ownerCount  string // $1 queue → count
-	purgeFree   string // $1 queue, $2 limit → rows affected
-	purgeHeld   string // $1 queue, $2 limit → rows affected
-	purgeDead   string // $1 queue, $2 limit → rows affected
-	purgeEnded  string // $1 queue, $2 limit → rows affected
+	pickFree    string // $1 queue, $2 limit → id
+	pickHeld    string // $1 queue, $2 limit → id
+	pickDead    string // $1 queue, $2 limit → id
+	pickEnded   string // $1 queue, $2 limit → id
+	purgeItems  string // $1 queue, $2 ids → rows affected
+	purgeDead   string // $1 queue, $2 ids → rows affected
+	purgeEnded  string // $1 queue, $2 ids → rows affected
 	purgeRest   []string
-	partOwners  string // $1 queue or '' → queue, part, session_id
+	ownersOne   string // $1 queue → queue, part, session_id
+	ownersAll   string // → queue, part, session_id
 	purgeQueues string // $1 queue → rows affected
 }
 
@@ -66,23 +73,21 @@ LIMIT $8`),
 		endedCount: r(`SELECT count(*) FROM crdbwork_ended WHERE queue = $1`),
 		schedCount: r(`SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`),
 		ownerCount: r(`SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`),
-		purgeFree: r(`DELETE FROM crdbwork_items
-WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2)`),
-		purgeHeld: r(`DELETE FROM crdbwork_items
-WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2)`),
-		purgeDead: r(`DELETE FROM crdbwork_dead_items
-WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2)`),
-		purgeEnded: r(`DELETE FROM crdbwork_ended
-WHERE queue = $1 AND id IN (SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2)`),
+		pickFree:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2`),
+		pickHeld:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2`),
+		pickDead:   r(`SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2`),
+		pickEnded:  r(`SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2`),
+		purgeItems: r(`DELETE FROM crdbwork_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
+		purgeDead:  r(`DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
+		purgeEnded: r(`DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`),
 		purgeRest: []string{
 			r(`DELETE FROM crdbwork_session_parts WHERE queue = $1`),
 			r(`DELETE FROM crdbwork_tenant_limits WHERE queue = $1`),
 			r(`DELETE FROM crdbwork_schedules WHERE queue = $1`),
 		},
 		purgeQueues: r(`DELETE FROM crdbwork_queues WHERE name = $1`),
-		partOwners: r(`SELECT queue, part, session_id FROM crdbwork_session_parts
-WHERE $1 = '' OR queue = $1
-ORDER BY queue, part`),
+		ownersOne:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts WHERE queue = $1 ORDER BY queue, part`),
+		ownersAll:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts ORDER BY queue, part`),
 	}
 }
 
@@ -198,23 +203,33 @@ const (
 )
 
 // PurgeBatch deletes up to limit of queue's rows of one table and returns
-// how many it deleted; 0 means none is left.
+// how many it deleted; 0 means none was left. It picks the rows, then
+// deletes them by key (two statements, no transaction: a row that went
+// meanwhile is not counted).
 func (s *Store) PurgeBatch(ctx context.Context, db DB, queue string, t PurgeTable, limit int) (int64, error) {
 	a := s.admin()
-	var text string
+	var pick, del string
 	switch t {
 	case PurgeUnclaimed:
-		text = a.purgeFree
+		pick, del = a.pickFree, a.purgeItems
 	case PurgeClaimed:
-		text = a.purgeHeld
+		pick, del = a.pickHeld, a.purgeItems
 	case PurgeDead:
-		text = a.purgeDead
+		pick, del = a.pickDead, a.purgeDead
 	case PurgeEnded:
-		text = a.purgeEnded
+		pick, del = a.pickEnded, a.purgeEnded
 	default:
 		return 0, fmt.Errorf("unknown purge table %d", t)
 	}
-	tag, err := db.Exec(ctx, text, queue, limit)
+	rows, err := db.Query(ctx, pick, queue, limit)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, del, queue, ids)
 	return tag.RowsAffected(), err
 }
 
@@ -243,7 +258,14 @@ type PartOwner struct {
 // PartOwners returns the owned parts of queue, or of every queue when queue
 // is "", by queue and part.
 func (s *Store) PartOwners(ctx context.Context, db DB, queue string) ([]PartOwner, error) {
-	rows, err := db.Query(ctx, s.admin().partOwners, queue)
+	a := s.admin()
+	var rows pgx.Rows
+	var err error
+	if queue == "" {
+		rows, err = db.Query(ctx, a.ownersAll)
+	} else {
+		rows, err = db.Query(ctx, a.ownersOne, queue)
+	}
 	if err != nil {
 		return nil, err
 	}
