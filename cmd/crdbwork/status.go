@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -31,7 +30,7 @@ type sessionStatus struct {
 	ExpirySeconds         float64 `json:"expiry_seconds"`
 	Parts                 string  `json:"parts"` // owned parts of --queue, as ranges ("0-3,8")
 	NumParts              int     `json:"num_parts"`
-	// Claimed is the number of items of any queue the session holds now.
+	// Claimed is the number of items of the queue the session holds now.
 	Claimed int64 `json:"claimed"`
 	// Acked, Failed and InFlight are the session's counters as of its last
 	// heartbeat: items acked and failed (nacked or dead-lettered) since it
@@ -139,47 +138,29 @@ type status struct {
 	QueueMembers []queueMembers `json:"queue_members"`
 }
 
-// readStatus gathers the status of queue: the queues' state through
-// claim.Queues and claim.Queue.Inspect (every queue, for the backlog of all
-// queues), the sessions through session.List, the part owners and members.
+// readStatus gathers the status of queue: its state through
+// claim.Queue.Inspect, the sessions through session.List, the part owners
+// through claim.PartOwners and every queue's members.
 func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue string) (*status, error) {
 	s := &status{Engine: cli.EngineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
 		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}, Tenants: []tenantRow{}}
-	names, err := claim.Queues(ctx, db, tables)
+	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return nil, err
 	}
-	if !slices.Contains(names, queue) {
-		names = append(names, queue)
-		sort.Strings(names)
+	info, err := q.Inspect(ctx)
+	if err != nil {
+		return nil, err
 	}
-	claimedBy := map[uuid.UUID]int64{}
-	var info claim.QueueInfo
-	for _, name := range names {
-		q, err := claim.New(db, claim.Options{Queue: name, Tables: tables})
-		if err != nil {
-			return nil, err
+	claimedBy := info.Holders
+	for _, p := range info.Parts {
+		if p.Unclaimed+p.Claimed > 0 {
+			s.Backlog = append(s.Backlog, backlogRow{Queue: queue, Part: int64(p.Part), Unclaimed: p.Unclaimed, Vested: p.Due, Claimed: p.Claimed})
 		}
-		in, err := q.Inspect(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if name == queue {
-			info = in
-		}
-		for id, n := range in.Holders {
-			claimedBy[id] += n
-		}
-		if !in.HasItems() {
-			continue
-		}
-		for _, p := range in.Parts {
-			if p.Unclaimed+p.Claimed > 0 {
-				s.Backlog = append(s.Backlog, backlogRow{Queue: name, Part: int64(p.Part), Unclaimed: p.Unclaimed, Vested: p.Due, Claimed: p.Claimed})
-			}
-		}
-		s.Queues = append(s.Queues, backlogTotal{Queue: name, Items: in.Unclaimed + in.Claimed,
-			Unclaimed: in.Unclaimed, Vested: in.Due, Claimed: in.Claimed})
+	}
+	if info.HasItems() {
+		s.Queues = append(s.Queues, backlogTotal{Queue: queue, Items: info.Unclaimed + info.Claimed,
+			Unclaimed: info.Unclaimed, Vested: info.Due, Claimed: info.Claimed})
 	}
 	s.NumParts, s.Paused, s.Dead = info.NumParts, info.Paused, info.Dead
 	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
@@ -546,7 +527,7 @@ func formatStatus(s *status, compact bool) string {
 	writeMembers(&b, s, compact)
 	b.WriteString("\n")
 	if len(s.Backlog) == 0 {
-		b.WriteString("backlog: no items in any queue\n")
+		fmt.Fprintf(&b, "backlog: queue %q has no items\n", s.Queue)
 		return b.String()
 	}
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
