@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -379,6 +381,7 @@ func TestStatusQueuesAndUnknownQueue(t *testing.T) {
 	if m := jsonOf(t, must(t, append(d.env, "CRDBWORK_QUEUE=reports"), "status", "--json")); m["queue"] != "reports" {
 		t.Errorf("status with CRDBWORK_QUEUE=reports: %v", m["queue"])
 	}
+	checkWatch(t, d)
 	// A mistyped queue is refused by every command but migrate, with the
 	// close name suggested, and changes nothing.
 	before := d.snapshot(t, "emials") + d.snapshot(t, "emails")
@@ -635,4 +638,41 @@ func TestSchemaAndPrefix(t *testing.T) {
 	// The default tables do not exist here.
 	want(t, d.env, 2, []string{"crdbwork migrate"}, "status", "--queue", "jobs")
 	want(t, d.env, 2, []string{"--schema or --prefix", "too long"}, "status", "--prefix", strings.Repeat("p", 60))
+}
+
+// checkWatch runs status --watch until it has printed two snapshots, then
+// interrupts it: it exits 0.
+func checkWatch(t *testing.T, d *db) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "status", "--watch", "--interval", "100ms")
+	cmd.Env = d.env
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	snapshots, queues := 0, 0
+	for snapshots < 3 && sc.Scan() {
+		switch l := sc.Text(); {
+		case strings.HasPrefix(l, "--- "):
+			snapshots++
+		case strings.HasPrefix(l, "emails ") || strings.HasPrefix(l, "reports "):
+			queues++
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, out)
+	err = cmd.Wait()
+	if snapshots < 3 || queues < 4 || err != nil {
+		t.Errorf("status --watch: %d snapshots with %d queue lines, then %v\n%s", snapshots, queues, err, stderr.String())
+	}
 }

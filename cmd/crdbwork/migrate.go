@@ -63,7 +63,7 @@ workers and commands of that version and newer keep working on it.`)
 			return cli.PrintJSON(out, map[string]any{"dry_run": true, "engine": engine, "schema_version": from, "target_version": crsql.Version,
 				"steps": steps, "tables": t.Table("items")})
 		}
-		out.Printf("would migrate %s (%s) from version %d to %d:\n", t.Table("items"), engine, from, crsql.Version)
+		out.Printf("would bring the crdbwork schema (tables like %s, on %s) from version %d to %d:\n", t.Table("items"), engine, from, crsql.Version)
 		for _, s := range steps {
 			out.Printf("  %s\n", s)
 		}

@@ -377,32 +377,80 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (stri
 		}
 	}
 	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}}
-	var b strings.Builder
-	if len(names) == 0 {
-		b.WriteString("no queues: the crdbwork tables hold no queue row, item or dead item\n")
-	}
-	for i, n := range names {
+	for _, n := range names {
 		s, err := readStatus(ctx, db, g.tables(), n)
 		if err != nil {
 			return "", nil, err
 		}
-		if tp != nil && i == 0 {
-			rate := tp.add(time.Now(), s)
-			s.ItemsPerSecond = rate
-			if r := tp.describe(rate); r != "" {
-				b.WriteString(r + "\n")
-			}
-		}
-		if i > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString(formatStatus(s, tp != nil || len(names) > 1))
 		all.Queues = append(all.Queues, s)
 	}
+	var b strings.Builder
+	if tp != nil && len(all.Queues) > 0 {
+		rate := tp.add(time.Now(), all.Queues[0])
+		all.Queues[0].ItemsPerSecond = rate
+		if r := tp.describe(rate); r != "" {
+			b.WriteString(r + "\n")
+		}
+	}
 	if g.queue != "" {
+		b.WriteString(formatStatus(all.Queues[0], tp != nil))
 		return b.String(), all.Queues[0], nil
 	}
+	b.WriteString(formatAll(all, tp != nil))
 	return b.String(), all, nil
+}
+
+// formatAll writes every queue's status for people: one line per queue,
+// then the sessions and members once.
+func formatAll(all *allStatus, compact bool) string {
+	var b strings.Builder
+	if len(all.Queues) == 0 {
+		fmt.Fprintf(&b, "no queues on %s: the crdbwork tables hold no queue row, item or dead item\n", all.Engine)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "%d queues on %s (crdbwork status --queue NAME for one)\n", len(all.Queues), all.Engine)
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tPARTS\tUNCLAIMED\tDUE\tOLDEST DUE\tCLAIMED\tDEAD\tMEMBERS\tSTATE")
+	for _, s := range all.Queues {
+		var unclaimed, due, claimed int64
+		for _, t := range s.Queues {
+			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
+		}
+		members := 0
+		for _, m := range s.QueueMembers {
+			if m.Queue == s.Queue {
+				members = len(m.Members)
+			}
+		}
+		state := []string{}
+		if s.Paused {
+			state = append(state, "PAUSED")
+		}
+		if s.Settings.Fair {
+			state = append(state, "fair")
+		}
+		if s.Limits != nil && !s.Limits.none() {
+			state = append(state, "limited")
+		}
+		oldest := "-"
+		if due > 0 {
+			oldest = round(secs(s.OldestDueSeconds)).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", s.Queue, s.NumParts, unclaimed, due, oldest, claimed, s.Dead, members,
+			orDash(strings.Join(state, ",")))
+	}
+	tw.Flush()
+	// The sessions and members are the same in every queue's status; the
+	// CLAIMED column counts the first queue's items only, so it is left out.
+	first := *all.Queues[0]
+	first.Sessions = append([]sessionStatus(nil), first.Sessions...)
+	for i := range first.Sessions {
+		first.Sessions[i].Claimed = -1
+	}
+	b.WriteString("\n")
+	writeSessions(&b, &first, compact)
+	writeMembers(&b, &first, compact)
+	return b.String()
 }
 
 // watchStatus redraws the status every interval until ctx ends. Read
@@ -485,44 +533,10 @@ func formatStatus(s *status, compact bool) string {
 		fmt.Fprintf(&b, "settings: fair %v, at most once %v\n", s.Settings.Fair, s.Settings.AtMostOnce)
 	}
 	if !s.Known {
-		var names []string
-		for _, t := range s.Queues {
-			names = append(names, strconv.Quote(t.Queue))
-		}
-		others := "no queue has items"
-		if len(names) > 0 {
-			others = "queues with items: " + strings.Join(names, ", ")
-		}
-		fmt.Fprintf(&b, "warning: nobody has enqueued to queue %q or set its parts: is --queue right? (%s)\n", s.Queue, others)
+		fmt.Fprintf(&b, "warning: queue %q has no stored row, no items and no dead items\n", s.Queue)
 	}
 	b.WriteString("\n")
-	stale := 0
-	for _, ss := range s.Sessions {
-		if ss.Stale {
-			stale++
-		}
-	}
-	fmt.Fprintf(&b, "%d live sessions", len(s.Sessions))
-	if stale > 0 {
-		fmt.Fprintf(&b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
-	}
-	b.WriteString("\n")
-	if len(s.Sessions) > 0 {
-		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
-		for _, ss := range s.Sessions {
-			hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
-			if ss.Stale {
-				hb += "!"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], cli.Fit(orDash(ss.Name), 15), ss.PID,
-				round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, partList(ss.Parts))
-		}
-		tw.Flush()
-		if !compact {
-			b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items it holds now)\n")
-		}
-	}
+	writeSessions(&b, s, compact)
 	writeOwners(&b, s)
 	writeMembers(&b, s, compact)
 	b.WriteString("\n")
@@ -549,6 +563,43 @@ func formatStatus(s *status, compact bool) string {
 	}
 	tw.Flush()
 	return b.String()
+}
+
+// writeSessions writes the live sessions: counters, heartbeat age, items
+// held (of the status's queue; - when Claimed is negative) and parts owned.
+func writeSessions(b *strings.Builder, s *status, compact bool) {
+	stale := 0
+	for _, ss := range s.Sessions {
+		if ss.Stale {
+			stale++
+		}
+	}
+	fmt.Fprintf(b, "%d live sessions", len(s.Sessions))
+	if stale > 0 {
+		fmt.Fprintf(b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
+	}
+	b.WriteString("\n")
+	if len(s.Sessions) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
+	for _, ss := range s.Sessions {
+		hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
+		if ss.Stale {
+			hb += "!"
+		}
+		claimed := "-"
+		if ss.Claimed >= 0 {
+			claimed = strconv.FormatInt(ss.Claimed, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", ss.ID[:8], cli.Fit(orDash(ss.Name), 15), ss.PID,
+			round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, claimed, partList(ss.Parts))
+	}
+	tw.Flush()
+	if !compact {
+		b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items of the queue it holds now; PARTS: parts of the queue it owns)\n")
+	}
 }
 
 // partList writes a part list for a table cell: "none" when empty, so that
