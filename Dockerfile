@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
 
-# Builds the crdbwork demo binary (./cmd/demo) into a small static image.
+# Builds the crdbwork demo binary (./cmd/demo) and the operator command
+# (./cmd/crdbwork) into a small static image. The entrypoint is the demo;
+# /crdbwork is beside it.
 #
 #   docker build -t crdbwork-demo .
 #   docker run --rm -e DATABASE_URL=postgresql://root@host:26257/crdbwork?sslmode=disable crdbwork-demo work --queue demo
+#   docker run --rm -e DATABASE_URL=... --entrypoint /crdbwork crdbwork-demo status
 #
 # docker-compose.yml in this directory runs it against a 3-node CockroachDB
 # cluster. The golang tag follows go.mod's `go` line (major.minor); the image
@@ -20,11 +23,13 @@ RUN go mod download && go mod verify
 
 COPY . .
 RUN --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -o /out/demo ./cmd/demo
+    CGO_ENABLED=0 go build -trimpath -o /out/demo ./cmd/demo && \
+    CGO_ENABLED=0 go build -trimpath -o /out/crdbwork ./cmd/crdbwork
 
 # distroless/static: CA certificates, tzdata and a nonroot user, no shell.
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/demo /demo
+COPY --from=build /out/crdbwork /crdbwork
 USER nonroot:nonroot
 ENTRYPOINT ["/demo"]
 CMD ["work"]

@@ -397,6 +397,15 @@ func TestComposeDemoServices(t *testing.T) {
 		if len(s.Command) == 0 || s.Command[0] != sub {
 			t.Errorf("%s: command %q, want subcommand %q first", name, s.Command, sub)
 		}
+		// migrate is the operator's command (the image's /crdbwork); the
+		// others are the demo's, the image's entrypoint.
+		wantEntry := []string(nil)
+		if name == "migrate" {
+			wantEntry = []string{"/crdbwork"}
+		}
+		if !slices.Equal([]string(s.Entrypoint), wantEntry) {
+			t.Errorf("%s: entrypoint %q, want %q", name, s.Entrypoint, wantEntry)
+		}
 
 		raw, ok := s.Environment["DATABASE_URL"]
 		if !ok || raw == nil || *raw == "" {
@@ -504,6 +513,8 @@ func TestDockerfile(t *testing.T) {
 	for _, want := range []string{
 		"go mod download",
 		"CGO_ENABLED=0 go build -trimpath -o /out/demo ./cmd/demo",
+		"CGO_ENABLED=0 go build -trimpath -o /out/crdbwork ./cmd/crdbwork",
+		"COPY --from=build /out/crdbwork /crdbwork",
 		"COPY --from=",
 		`ENTRYPOINT ["/demo"]`,
 		`CMD ["work"]`,
