@@ -23,6 +23,7 @@ queue's other settings are kept. A queue without parts yet gets the default
 number first (16), as the other commands give it.`)
 	f.MaxArgs, f.ArgName = 1, "[on|off]"
 	g.register(f, queueRequired)
+	g.registerCreate(f)
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}

@@ -94,6 +94,7 @@ given keep their stored values. Without a limit flag it shows the limits.
 Running workers pick changes up within a second; each enforces its share (see
 docs/limits.md).`)
 	g.register(f, queueRequired)
+	g.registerCreate(f)
 	f.IntVar(&maxInFlight, "max-in-flight", 0, 0, 1<<40, "most items of the queue (or the tenant) in flight at once across all workers (0: no limit)")
 	f.FloatVar(&rate, "rate", "R", "most items of the queue (or the tenant) started per second across all workers (0: no limit)")
 	f.StringVar(&tenant, "tenant", "", "NAME", "set (or --remove) this tenant's own limit", nil)

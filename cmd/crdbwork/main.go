@@ -120,7 +120,8 @@ read from the command line only.
 
 A queue that is not in the database (no row in the queues table, no items, no
 dead items) is refused, with a suggestion when a known queue's name is close;
-migrate and status without --queue excepted. The commands that delete or move
+migrate and status without --queue excepted. To set a new queue up before its
+first item, give --create to parts, limit, fair or pause. The commands that delete or move
 many rows (requeue of more than one item, cancel, purge, parts --set) say what
 they will do and need --yes; --dry-run shows it and changes nothing.
 
@@ -142,6 +143,9 @@ type globals struct {
 	prefix      string
 	queue       string
 	json        bool
+	// create accepts a queue the database does not know yet (--create, on
+	// the commands that set a queue up).
+	create bool
 }
 
 func (g *globals) register(f *cli.FlagSet, queueUsage string) {
@@ -153,6 +157,13 @@ func (g *globals) register(f *cli.FlagSet, queueUsage string) {
 }
 
 const queueRequired = "the queue; required"
+
+// registerCreate adds --create, for the commands that set a queue up before
+// its first item (its parts, limits, fairness, pause).
+func (g *globals) registerCreate(f *cli.FlagSet) {
+	f.BoolVar(&g.create, "create", false, "accept a queue that does not exist yet, and set it up (else an unknown queue is refused)")
+	f.FlagOnly("create")
+}
 
 // tables returns the table names of --schema and --prefix.
 func (g *globals) tables() crsql.Tables { return crsql.Tables{Schema: g.schema, Prefix: g.prefix} }
@@ -166,7 +177,7 @@ func (g *globals) open(ctx context.Context, f *cli.FlagSet) (*pgxpool.Pool, erro
 }
 
 // openQueue is open for a command on one existing queue: --queue must be
-// given and name a queue the database knows.
+// given and name a queue the database knows (or, with --create, any name).
 func (g *globals) openQueue(ctx context.Context, f *cli.FlagSet) (*pgxpool.Pool, *claim.Queue, error) {
 	if g.queue == "" {
 		return nil, nil, f.UsageError("no queue given: pass --queue or set CRDBWORK_QUEUE")
@@ -175,9 +186,11 @@ func (g *globals) openQueue(ctx context.Context, f *cli.FlagSet) (*pgxpool.Pool,
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := requireQueue(ctx, pool, g.tables(), g.queue); err != nil {
-		pool.Close()
-		return nil, nil, err
+	if !g.create {
+		if err := requireQueue(ctx, pool, g.tables(), g.queue); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
 	}
 	q, err := claim.New(pool, claim.Options{Queue: g.queue, Tables: g.tables()})
 	if err != nil {

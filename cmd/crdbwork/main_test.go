@@ -574,6 +574,19 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 		t.Errorf("tenant limits after --remove: %v", tl)
 	}
 	want(t, d.env, 2, []string{"--remove needs --tenant"}, "limit", "--queue", "emails", "--remove")
+
+	// A new queue is set up before its first item with --create (and is
+	// refused without it).
+	want(t, d.env, 2, []string{`unknown queue "fresh"`}, "parts", "--queue", "fresh", "--set", "8", "--yes")
+	must(t, d.env, "parts", "--queue", "fresh", "--set", "8", "--yes", "--create")
+	must(t, d.env, "fair", "on", "--queue", "fresh", "--create")
+	must(t, d.env, "limit", "--queue", "fresh2", "--max-in-flight", "3", "--create")
+	must(t, d.env, "pause", "--queue", "fresh3", "--create")
+	if got := d.snapshot(t, "fresh") + " " + d.snapshot(t, "fresh2") + " " + d.snapshot(t, "fresh3"); !strings.Contains(got, "queue=8,f,t,0,0") ||
+		!strings.Contains(got, "queue=1,f,f,3,0") || !strings.Contains(got, "queue=1,t,f,0,0") {
+		t.Errorf("queues set up with --create: %s", got)
+	}
+	want(t, d.env, 2, []string{"unknown flag --create"}, "resume", "--queue", "fresh9", "--create")
 	want(t, d.env, 2, []string{"exclude each other"}, "limit", "--queue", "emails", "--tenant", "x", "--each-tenant", "--rate", "1")
 	if after := d.snapshot(t, "reports"); after != reports {
 		t.Errorf("commands on emails changed reports: %s, was %s", after, reports)

@@ -342,6 +342,7 @@ func cmdParts(ctx context.Context, name string, args []string, out *cli.Console)
 number with --set N and --yes (safe while workers run: items in removed parts
 move to part % N, and the workers' rebalancers follow at their next poll).`)
 	g.register(f, queueRequired)
+	g.registerCreate(f)
 	cf.register(f)
 	f.IntVar(&set, "set", 0, 1, partition.MaxParts, "set the queue's number of parts")
 	f.FlagOnly("set")
@@ -425,6 +426,9 @@ next poll. Idempotent.`
 	}
 	f := prog.NewFlagSet(name, what)
 	g.register(f, queueRequired)
+	if pause {
+		g.registerCreate(f)
+	}
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/crdbwork/crdbwork/internal/cli"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -41,7 +43,11 @@ func migrate(ctx context.Context, db crsql.DB) (migration, error) {
 
 // ensureDemoTables creates the demo's own tables (demo_results,
 // demo_enqueued) if they are missing: the demo makes what it uses, and an
-// operator's `crdbwork migrate` creates only crdbwork's schema.
+// operator's `crdbwork migrate` creates only crdbwork's schema. Processes
+// that start together (a producer and workers) may race to create them:
+// PostgreSQL then fails the loser's CREATE ... IF NOT EXISTS with a unique
+// violation on its catalog, and the statement is tried again (it finds the
+// table then).
 func ensureDemoTables(ctx context.Context, db crsql.DB) error {
 	for _, s := range demoTablesSQL {
 		if _, err := db.Exec(ctx, s); err != nil {
@@ -67,6 +73,21 @@ func engineName(ctx context.Context, db crsql.DB) string {
 		return "unknown"
 	}
 	return d.String()
+}
+
+// raced reports an error of a CREATE ... IF NOT EXISTS that lost a race
+// with the same statement: a unique violation (23505), a duplicate table or
+// object (42P07, 42710), or a retryable transaction error (40001).
+func raced(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "23505", "42P07", "42710", "40001":
+		return true
+	}
+	return false
 }
 
 // verbose reports whether level shows info logs.
