@@ -180,7 +180,7 @@ item is not a dead item of the queue, or is live.`)
 	case many && deathArg != "":
 		return f.UsageError("--death requeues one death of the id given")
 	case !many && len(f.Args) == 0:
-		return f.UsageError("give the id of a dead item (see `crdbwork dead`), --all, or a filter")
+		return f.UsageError("give the id of a dead item (see `crdbwork dead`), or --all, or a filter (--tenant, --reason, --error)")
 	case !many:
 		var err error
 		if id, err = parseID(f, f.Args[0]); err != nil {

@@ -53,13 +53,13 @@ func TestDeadListsEveryDeath(t *testing.T) {
 			LastError string `json:"last_error"`
 		} `json:"items"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "dead", "--queue", "q2", "--json"), &dead)
+	jsonOut(t, op(t, time.Minute, env, "dead", "--queue", "q2", "--json"), &dead)
 	if dead.Total != 2 || len(dead.Items) != 2 || dead.Items[0].ID != id.String() || dead.Items[1].ID != id.String() ||
 		dead.Items[0].Death == dead.Items[1].Death || dead.Items[0].LastError != "second death" {
 		t.Fatalf("dead --json: %+v; want both deaths of %s, the newest first, each with its key", dead, id)
 	}
 	newest, oldest := dead.Items[0].Death, dead.Items[1].Death
-	if r := demo(t, time.Minute, env, "dead", "--queue", "q2"); r.code != 0 || !strings.Contains(r.stdout, "DEATH") ||
+	if r := op(t, time.Minute, env, "dead", "--queue", "q2"); r.code != 0 || !strings.Contains(r.stdout, "DEATH") ||
 		!strings.Contains(r.stdout, newest) || !strings.Contains(r.stdout, oldest) {
 		t.Errorf("dead: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -68,12 +68,12 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if _, err := q.Enqueue(ctx, claim.NewItem{ID: id, Payload: []byte("third life")}); err != nil {
 		t.Fatal(err)
 	}
-	wantExit(t, demo(t, time.Minute, env, "requeue", id.String(), "--queue", "q2"), 1, "items table")
+	wantExit(t, op(t, time.Minute, env, "requeue", id.String(), "--queue", "q2"), 1, "items table")
 	var all struct {
 		Requeued int `json:"requeued"`
 		Live     int `json:"live"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
+	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
 	if all.Requeued != 0 || all.Live != 1 {
 		t.Errorf("requeue --all with the id live: %+v, want 0 requeued, 1 live", all)
 	}
@@ -85,10 +85,10 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
-	wantExit(t, demo(t, time.Minute, env, "requeue", id.String(), "--death", "not-a-uuid", "--queue", "q2"), 2, "not a death key")
-	wantExit(t, demo(t, time.Minute, env, "requeue", "--all", "--death", oldest, "--queue", "q2"), 2, "not --all")
-	wantExit(t, demo(t, time.Minute, env, "requeue", id.String(), "--death", uuid.New().String(), "--queue", "q2"), 1, "has no death")
-	if r := demo(t, time.Minute, env, "requeue", id.String(), "--death", oldest, "--queue", "q2"); r.code != 0 {
+	wantExit(t, op(t, time.Minute, env, "requeue", id.String(), "--death", "not-a-uuid", "--queue", "q2"), 2, "not a death key")
+	wantExit(t, op(t, time.Minute, env, "requeue", "--all", "--death", oldest, "--queue", "q2"), 2, "not --all")
+	wantExit(t, op(t, time.Minute, env, "requeue", id.String(), "--death", uuid.New().String(), "--queue", "q2"), 1, "has no death")
+	if r := op(t, time.Minute, env, "requeue", id.String(), "--death", oldest, "--queue", "q2"); r.code != 0 {
 		t.Fatalf("requeue --death: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND death = $2`, id, newest); n != 1 ||
@@ -101,7 +101,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
-	jsonOut(t, demo(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
+	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
 	if all.Requeued != 1 || all.Live != 0 {
 		t.Errorf("requeue --all: %+v, want 1 requeued", all)
 	}

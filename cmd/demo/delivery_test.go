@@ -47,7 +47,7 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 			Reason string `json:"reason"`
 		} `json:"items"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "dead", "--json", "--limit", "1000"), &dead)
+	jsonOut(t, op(t, time.Minute, env, "dead", "--json", "--limit", "1000"), &dead)
 	reasons := map[string]int{}
 	for _, d := range dead.Items {
 		reasons[d.Reason]++
@@ -66,7 +66,7 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 		t.Fatalf("%d of %d at-most-once items handled, %d crash loops; %d lost, want between 1 (the killed worker's) and 200",
 			done, n, reasons["crash loop"], lost)
 	}
-	if r := demo(t, time.Minute, env, "dead"); r.code != 0 || !strings.Contains(r.stdout, "REASON") || !strings.Contains(r.stdout, "expired") {
+	if r := op(t, time.Minute, env, "dead"); r.code != 0 || !strings.Contains(r.stdout, "REASON") || !strings.Contains(r.stdout, "expired") {
 		t.Fatalf("demo dead: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,12 +19,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
-// demoBin is the demo binary built by TestMain.
-var demoBin string
+// demoBin is the demo binary built by TestMain; crdbworkBin is the
+// operator command (cmd/crdbwork), built beside it: the tests operate the
+// demo's queues with it, as an operator would.
+var demoBin, crdbworkBin string
 
 func TestMain(m *testing.M) {
 	// testdb.Main exits when the tests end, so nothing runs after them: under
@@ -41,21 +43,28 @@ func TestMain(m *testing.M) {
 	if runtime.GOOS == "windows" {
 		demoBin += ".exe"
 	}
-	build := exec.Command("go", "build", "-o", demoBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "demo test: building the demo binary:", err)
-		os.Exit(1)
+	crdbworkBin = filepath.Join(dir, "crdbwork")
+	if runtime.GOOS == "windows" {
+		crdbworkBin += ".exe"
+	}
+	for bin, pkg := range map[string]string{demoBin: ".", crdbworkBin: "../crdbwork"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "demo test: building %s: %v\n", pkg, err)
+			os.Exit(1)
+		}
 	}
 	testdb.Main(m)
 }
 
 // demoEnv is the environment of the demo processes: this process's, without
-// the variables the demo reads, so that only the test's flags count.
+// the variables the demo and crdbwork read, so that only the test's flags
+// count.
 func demoEnv(extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "DEMO_") {
+		if strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "DEMO_") || strings.HasPrefix(kv, "CRDBWORK_") {
 			continue
 		}
 		env = append(env, kv)
@@ -71,9 +80,48 @@ type result struct {
 // demo runs the demo binary with args and waits for it (at most timeout).
 func demo(t *testing.T, timeout time.Duration, env []string, args ...string) result {
 	t.Helper()
+	return runProgram(t, demoBin, timeout, env, args...)
+}
+
+// op runs the operator command (crdbwork) with args in the demo's env, as
+// the demo's operator commands ran before 0.4: on queue "demo" unless args
+// or DEMO_QUEUE name another (DEMO_QUEUE is passed as CRDBWORK_QUEUE), and
+// on the demo's default tables. migrate and status of all queues take no
+// queue.
+func op(t *testing.T, timeout time.Duration, env []string, args ...string) result {
+	t.Helper()
+	env, args = opArgs(env, args)
+	return runProgram(t, crdbworkBin, timeout, env, args...)
+}
+
+// opArgs translates a demo environment and an operator command's arguments
+// for crdbwork (see op).
+func opArgs(env, args []string) ([]string, []string) {
+	if env == nil {
+		env = demoEnv()
+	}
+	queue := "demo"
+	var opEnv []string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "DEMO_QUEUE="); ok {
+			queue = v
+			continue
+		}
+		opEnv = append(opEnv, kv)
+	}
+	if len(args) > 0 && args[0] != "migrate" && !slices.Contains(args, "--queue") && !slices.Contains(args, "-h") {
+		args = append(slices.Clone(args), "--queue", queue)
+	}
+	return opEnv, args
+}
+
+// runProgram runs bin with args in env (nil: demoEnv()) and waits for it
+// (at most timeout).
+func runProgram(t *testing.T, bin string, timeout time.Duration, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, demoBin, args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env
 	if cmd.Env == nil {
 		cmd.Env = demoEnv()
@@ -89,10 +137,10 @@ func demo(t *testing.T, timeout time.Duration, env []string, args ...string) res
 	case errors.As(err, &exitErr):
 		r.code = exitErr.ExitCode()
 	default:
-		t.Fatalf("demo %s: %v\nstderr:\n%s", strings.Join(args, " "), err, r.stderr)
+		t.Fatalf("%s %s: %v\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), err, r.stderr)
 	}
 	if ctx.Err() != nil {
-		t.Fatalf("demo %s: did not finish within %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), timeout, r.stdout, r.stderr)
+		t.Fatalf("%s %s: did not finish within %v\nstdout:\n%s\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), timeout, r.stdout, r.stderr)
 	}
 	return r
 }
@@ -257,7 +305,7 @@ func TestBadInput(t *testing.T) {
 func TestOperatorCommands(t *testing.T) {
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url) // the URL from the environment
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	r := demo(t, time.Minute, env, "enqueue", "--count", "500", "--parts", "4", "--json")
@@ -310,7 +358,7 @@ func TestOperatorCommands(t *testing.T) {
 	if got := backlogItems(st); got != 0 {
 		t.Errorf("backlog %d items after the work, want 0", got)
 	}
-	if r := demo(t, time.Minute, env, "status"); r.code != 0 || !strings.Contains(r.stdout, "test-worker") {
+	if r := op(t, time.Minute, env, "status"); r.code != 0 || !strings.Contains(r.stdout, "test-worker") {
 		t.Errorf("status: exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
 
@@ -361,7 +409,7 @@ type statusOut struct {
 
 func readStatusJSON(t *testing.T, env []string) statusOut {
 	t.Helper()
-	r := demo(t, time.Minute, env, "status", "--json")
+	r := op(t, time.Minute, env, "status", "--json")
 	if r.code != 0 {
 		t.Fatalf("status: exit status %d\nstderr:\n%s", r.code, r.stderr)
 	}
@@ -408,4 +456,21 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	if c.items != 9 || c.databaseURL != "postgres://flag/db" || c.taskTime != 3*time.Millisecond {
 		t.Errorf("a flag must win over its variable: items %d, URL %q, task time %v", c.items, c.databaseURL, c.taskTime)
 	}
+}
+
+// deadJSON is one dead item as `crdbwork dead --json` prints it.
+type deadJSON struct {
+	ID          string    `json:"id"`
+	Death       string    `json:"death"`
+	Part        int       `json:"part"`
+	Key         string    `json:"key,omitempty"`
+	Priority    int       `json:"priority"`
+	Attempts    int       `json:"attempts"`
+	MaxAttempts int       `json:"max_attempts"`
+	LastError   string    `json:"last_error"`
+	Reason      string    `json:"reason"`
+	Tenant      string    `json:"tenant,omitempty"`
+	Payload     []byte    `json:"payload"`
+	EnqueuedAt  time.Time `json:"enqueued_at"`
+	DiedAt      time.Time `json:"died_at"`
 }

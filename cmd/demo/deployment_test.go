@@ -59,7 +59,7 @@ const deployBacklog = 90 * time.Second
 type deployQueue struct {
 	name    string
 	items   int        // enqueued up front
-	setup   [][]string // demo commands run before the enqueue (--queue added)
+	setup   [][]string // crdbwork commands run before the enqueue (--queue added)
 	enqueue []string   // demo enqueue's flags besides --queue and --count
 	work    []string   // its demo work processes' flags besides --queue
 
@@ -84,7 +84,7 @@ type deployment struct {
 func newDeployment(t *testing.T, dbURL string, queues []*deployQueue) *deployment {
 	t.Helper()
 	env := demoEnv("DATABASE_URL=" + dbURL)
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	cfg, err := pgxpool.ParseConfig(dbURL)
@@ -119,13 +119,19 @@ func (d *deployment) watch() {
 	d.t.Cleanup(d.f.stopWatching)
 }
 
-// run runs a demo command on queue q and fails the test unless it exits 0.
+// run runs a command on queue q and fails the test unless it exits 0: a
+// demo command, or an operator command (those that moved from the demo to
+// crdbwork) with crdbwork.
 func (d *deployment) run(q string, args ...string) result {
 	d.t.Helper()
 	args = append(args, "--queue", q)
-	r := demo(d.t, 2*time.Minute, d.f.env, args...)
+	run := demo
+	if slices.Contains(movedCommands, args[0]) {
+		run = op
+	}
+	r := run(d.t, 2*time.Minute, d.f.env, args...)
 	if r.code != 0 {
-		d.t.Fatalf("demo %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+		d.t.Fatalf("%s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
 	}
 	return r
 }
@@ -267,13 +273,13 @@ func TestDeploymentFaults(t *testing.T) {
 	queues := []*deployQueue{
 		{name: "plain", items: 2000, enqueue: []string{"--parts", "8"}, work: []string{"--parts", "8", "--task-time", "50ms", "--concurrency", "4"}},
 		{name: "noparts", items: 1500, work: []string{"--any-part", "--task-time", "50ms", "--concurrency", "4"}},
-		{name: "fair", items: 1600, setup: [][]string{{"parts", "--set", "4"}, {"fair", "on"}},
+		{name: "fair", items: 1600, setup: [][]string{{"parts", "--set", "4", "--yes", "--create"}, {"fair", "on"}},
 			enqueue: []string{"--tenants", "12"}, work: []string{"--task-time", "50ms", "--concurrency", "4"}},
-		{name: "urgent", items: 1200, setup: [][]string{{"parts", "--set", "8"},
+		{name: "urgent", items: 1200, setup: [][]string{{"parts", "--set", "8", "--yes", "--create"},
 			{"limit", "--max-in-flight", fmt.Sprint(urgentLimit)}, {"limit", "--each-tenant", "--max-in-flight", fmt.Sprint(tenantLimit)}},
 			enqueue: []string{"--tenants", "10", "--priorities", "10"},
 			work:    []string{"--urgent-priority", "2", "--task-time", "50ms", "--concurrency", "8"}},
-		{name: "ttl", items: 400, setup: [][]string{{"parts", "--set", "4"}}, enqueue: []string{"--ttl", "10s"},
+		{name: "ttl", items: 400, setup: [][]string{{"parts", "--set", "4", "--yes", "--create"}}, enqueue: []string{"--ttl", "10s"},
 			work: []string{"--task-time", "100ms", "--concurrency", "2"}},
 	}
 	d := newDeployment(t, dbURL, queues)
@@ -386,7 +392,10 @@ func TestDeploymentFaults(t *testing.T) {
 	// The operator lowers urgent's queue limit, just before the database
 	// restart (sessions may not read it before the server goes away).
 	r := d.run(urgent.name, "limit", "--max-in-flight", fmt.Sprint(urgentLowered), "--json")
-	var lim limitsJSON
+	var lim struct {
+		MaxInFlight       int `json:"max_in_flight"`
+		TenantMaxInFlight int `json:"tenant_max_in_flight"`
+	}
 	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &lim); err != nil || lim.MaxInFlight != urgentLowered || lim.TenantMaxInFlight != tenantLimit {
 		t.Errorf("demo limit --max-in-flight %d: %s (%v)", urgentLowered, r.stdout, err)
 	}

@@ -52,7 +52,7 @@ type faultDemo struct {
 func newFaultDemo(t *testing.T, dbURL string, items int) *faultDemo {
 	t.Helper()
 	env := demoEnv("DATABASE_URL=" + dbURL)
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", fmt.Sprint(items), "--parts", "8"); r.code != 0 {
@@ -431,7 +431,7 @@ func TestFaultDemoSigstop(t *testing.T) {
 func TestVerifyReportsStuckClaims(t *testing.T) {
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: %s", r.stderr)
 	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "4"); r.code != 0 {

@@ -21,11 +21,11 @@ import (
 func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 	const items, limit = 800, 5
 	f := newFaultDemo(t, testdb.NewURL(t), items)
-	r := demo(t, time.Minute, f.env, "limit", "--max-in-flight", fmt.Sprint(limit))
+	r := op(t, time.Minute, f.env, "limit", "--max-in-flight", fmt.Sprint(limit))
 	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("at most %d in flight", limit)) {
 		t.Fatalf("demo limit: exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 	}
-	if r := demo(t, time.Minute, f.env, "status"); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("limits: queue: at most %d in flight", limit)) {
+	if r := op(t, time.Minute, f.env, "status"); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("limits: queue: at most %d in flight", limit)) {
 		t.Fatalf("demo status does not show the limit: exit status %d\nstdout:\n%s", r.code, r.stdout)
 	}
 	args := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
@@ -122,7 +122,7 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 // and checks that bad input exits 2 and changes nothing.
 func TestLimitCommand(t *testing.T) {
 	env := demoEnv("DATABASE_URL=" + testdb.NewURL(t))
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	for _, args := range [][]string{
@@ -138,7 +138,7 @@ func TestLimitCommand(t *testing.T) {
 		}
 	}
 	want := `{"max_in_flight":7,"rate":12.5,"tenant_max_in_flight":3,"tenant_rate":0,"tenants":{"acme":{"max_in_flight":2,"rate":1.5}}}`
-	if r := demo(t, time.Minute, env, "limit", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != want {
+	if r := op(t, time.Minute, env, "limit", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != want {
 		t.Fatalf("demo limit --json: exit status %d, %s\nwant %s", r.code, r.stdout, want)
 	}
 	for _, args := range [][]string{
@@ -154,7 +154,7 @@ func TestLimitCommand(t *testing.T) {
 			t.Errorf("demo %s: exit status %d, want 2\n%s", strings.Join(args, " "), r.code, r.stderr)
 		}
 	}
-	if r := demo(t, time.Minute, env, "limit", "--json"); strings.TrimSpace(r.stdout) != want {
+	if r := op(t, time.Minute, env, "limit", "--json"); strings.TrimSpace(r.stdout) != want {
 		t.Fatalf("bad input changed the limits: %s", r.stdout)
 	}
 }

@@ -36,7 +36,7 @@ func migrated(t *testing.T) (string, []string, *pgxpool.Pool) {
 	t.Helper()
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	pool, err := pgxpool.New(context.Background(), url)
@@ -121,38 +121,39 @@ func TestDeadRequeueCancel(t *testing.T) {
 			Payload   []byte `json:"payload"`
 		} `json:"items"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "dead", "--queue", "q1", "--json"), &dead)
+	jsonOut(t, op(t, time.Minute, env, "dead", "--queue", "q1", "--json"), &dead)
 	if dead.Total != 3 || len(dead.Items) != 3 {
 		t.Fatalf("dead: total %d, %d items; want 3", dead.Total, len(dead.Items))
 	}
 	if !strings.Contains(dead.Items[0].LastError, "cannot parse") || string(dead.Items[0].Payload) != "poison" {
 		t.Errorf("dead item %+v: want its last error and payload", dead.Items[0])
 	}
-	if r := demo(t, time.Minute, env, "dead", "--queue", "q1", "--limit", "2"); r.code != 0 ||
-		!strings.Contains(r.stdout, "3 dead items (the 2 most recent") || !strings.Contains(r.stdout, "cannot parse") {
+	if r := op(t, time.Minute, env, "dead", "--queue", "q1", "--limit", "2"); r.code != 0 ||
+		!strings.Contains(r.stdout, "3 dead items (2 shown)") || !strings.Contains(r.stdout, "more: --after ") || !strings.Contains(r.stdout, "cannot parse") {
 		t.Errorf("dead --limit 2: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
 	// One id.
-	r := demo(t, time.Minute, env, "requeue", ids[0].String(), "--queue", "q1")
+	r := op(t, time.Minute, env, "requeue", ids[0].String(), "--queue", "q1")
 	if r.code != 0 || !strings.Contains(r.stdout, "requeued item "+ids[0].String()) {
 		t.Fatalf("requeue ID: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND queue = 'q1'`, ids[0]); n != 1 {
 		t.Errorf("the requeued item is in the items table %d times, want 1", n)
 	}
-	wantExit(t, demo(t, time.Minute, env, "requeue", ids[0].String(), "--queue", "q1"), 1, "is not a dead item")
+	wantExit(t, op(t, time.Minute, env, "requeue", ids[0].String(), "--queue", "q1"), 1, "is not a dead item")
 	// Bad input.
-	wantExit(t, demo(t, time.Minute, env, "requeue", "--queue", "q1"), 2, "or --all")
-	wantExit(t, demo(t, time.Minute, env, "requeue", "not-a-uuid", "--queue", "q1"), 2, "is not an item id")
-	wantExit(t, demo(t, time.Minute, env, "requeue", ids[1].String(), "--all", "--queue", "q1"), 2, "not both")
-	wantExit(t, demo(t, time.Minute, env, "requeue", ids[1].String(), ids[2].String()), 2, "unexpected argument")
+	wantExit(t, op(t, time.Minute, env, "requeue", "--queue", "q1"), 2, "or --all")
+	wantExit(t, op(t, time.Minute, env, "requeue", "not-a-uuid", "--queue", "q1"), 2, "is not an item id")
+	wantExit(t, op(t, time.Minute, env, "requeue", ids[1].String(), "--all", "--queue", "q1"), 2, "not both")
+	wantExit(t, op(t, time.Minute, env, "requeue", ids[1].String(), ids[2].String()), 2, "unexpected argument")
 
 	// All the rest.
 	var all struct {
 		Requeued int `json:"requeued"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "requeue", "--all", "--queue", "q1", "--json"), &all)
+	wantExit(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q1"), 2, "--yes")
+	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q1", "--yes", "--json"), &all)
 	if all.Requeued != 2 {
 		t.Errorf("requeue --all requeued %d, want 2", all.Requeued)
 	}
@@ -162,21 +163,22 @@ func TestDeadRequeueCancel(t *testing.T) {
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'other'`); n != 1 {
 		t.Errorf("%d dead items of the other queue, want 1 (untouched)", n)
 	}
-	if r := demo(t, time.Minute, env, "dead", "--queue", "q1"); r.code != 0 || !strings.Contains(r.stdout, "no dead items") {
+	if r := op(t, time.Minute, env, "dead", "--queue", "q1"); r.code != 0 || !strings.Contains(r.stdout, "no dead items") {
 		t.Errorf("dead after requeue --all: %d\n%s", r.code, r.stdout)
 	}
 
 	// Cancel.
-	r = demo(t, time.Minute, env, "cancel", ids[1].String(), "--queue", "q1", "--json")
+	wantExit(t, op(t, time.Minute, env, "cancel", ids[1].String(), "--queue", "q1"), 2, "--yes")
+	r = op(t, time.Minute, env, "cancel", ids[1].String(), "--queue", "q1", "--yes", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, ids[1].String()) {
 		t.Fatalf("cancel: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, ids[1]); n != 0 {
 		t.Errorf("the cancelled item is still there")
 	}
-	wantExit(t, demo(t, time.Minute, env, "cancel", ids[1].String(), "--queue", "q1"), 1, "has no item")
-	wantExit(t, demo(t, time.Minute, env, "cancel", ids[2].String(), "--queue", "other"), 1, "has no item")
-	wantExit(t, demo(t, time.Minute, env, "cancel"), 2, "give the id")
+	wantExit(t, op(t, time.Minute, env, "cancel", ids[1].String(), "--queue", "q1", "--yes"), 1, "has no item")
+	wantExit(t, op(t, time.Minute, env, "cancel", ids[2].String(), "--queue", "other", "--yes"), 1, "has no item")
+	wantExit(t, op(t, time.Minute, env, "cancel"), 2, "give the id")
 }
 
 func TestPartsAndStatus(t *testing.T) {
@@ -187,19 +189,20 @@ func TestPartsAndStatus(t *testing.T) {
 		Previous int    `json:"previous"`
 		Unowned  string `json:"unowned"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "parts", "--queue", "pq", "--json"), &p)
+	wantExit(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--json"), 2, `unknown queue "pq"`)
+	jsonOut(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--create", "--json"), &p)
 	if p.Parts != 1 || p.Stored {
 		t.Errorf("parts of a new queue: %+v, want 1, not stored", p)
 	}
-	jsonOut(t, demo(t, time.Minute, env, "parts", "--queue", "pq", "--set", "8", "--json"), &p)
+	jsonOut(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--set", "8", "--yes", "--create", "--json"), &p)
 	if p.Parts != 8 || p.Previous != 1 || !p.Stored || p.Unowned != "0-7" {
 		t.Errorf("parts --set 8: %+v", p)
 	}
 	if n := countRows(t, pool, `SELECT num_parts FROM crdbwork_queues WHERE name = 'pq'`); n != 8 {
 		t.Errorf("stored parts %d, want 8", n)
 	}
-	wantExit(t, demo(t, time.Minute, env, "parts", "--queue", "pq", "--set", "0"), 2, "--set")
-	wantExit(t, demo(t, time.Minute, env, "parts", "--queue", "pq", "--set", "5000"), 2, "--set")
+	wantExit(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--set", "0"), 2, "--set")
+	wantExit(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--set", "5000"), 2, "--set")
 
 	// The enqueue default is the run/work default: a new queue gets 16.
 	r := demo(t, time.Minute, env, "enqueue", "--count", "50", "--json", "--shared-database") // beside pq
@@ -208,17 +211,15 @@ func TestPartsAndStatus(t *testing.T) {
 	}
 
 	// Status: the parts nobody owns are named; a mistyped queue warns.
-	r = demo(t, time.Minute, env, "status")
+	r = op(t, time.Minute, env, "status")
 	if r.code != 0 || !strings.Contains(r.stdout, `owned by nobody: 16 (parts 0-15)`) || strings.Contains(r.stdout, "warning") {
 		t.Errorf("status:\n%s%s", r.stdout, r.stderr)
 	}
 	if !regexp.MustCompile(`backlog: 50 unclaimed, 50 due \(oldest due for [0-9.]+m?s\), 0 claimed`).MatchString(r.stdout) {
 		t.Errorf("status does not show the due backlog and its oldest item's age:\n%s", r.stdout)
 	}
-	r = demo(t, time.Minute, env, "status", "--queue", "demo-typo")
-	if r.code != 0 || !strings.Contains(r.stdout, `warning: nobody has enqueued to queue "demo-typo"`) {
-		t.Errorf("status of an unknown queue does not warn:\n%s", r.stdout)
-	}
+	wantExit(t, op(t, time.Minute, env, "status", "--queue", "deom"), 2, `unknown queue "deom"`)
+	wantExit(t, op(t, time.Minute, env, "status", "--queue", "deom"), 2, `did you mean "demo"?`)
 }
 
 // TestStatusWatch runs status --watch with stdout a pipe: plain snapshots,
@@ -228,7 +229,7 @@ func TestStatusWatch(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "20"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	watch, out := startDemo(t, env, true, "status", "--watch", "--interval", "100ms")
+	watch, out := startOp(t, env, true, "status", "--watch", "--interval", "100ms")
 	waitCond(t, "a snapshot with the backlog", time.Minute, func() bool { return out.count("backlog: 20 unclaimed") > 0 })
 	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_items`); err != nil {
 		t.Fatal(err)
@@ -353,13 +354,13 @@ func TestOperatorBadInput(t *testing.T) {
 		return strings.Replace(c, "://"+u.User+"@", "://"+user+"@", 1)
 	}
 	wantExit(t, demo(t, time.Minute, nil, "run", "--items", "99999999999999999999"), 2, "too large (must be between 1 and 100000000)")
-	r := demo(t, time.Minute, nil, "status", "--database-url", "mysql://u:secret@host/db")
+	r := op(t, time.Minute, nil, "status", "--database-url", "mysql://u:secret@host/db")
 	wantExit(t, r, 2, `unsupported scheme "mysql"`)
 	if strings.Contains(r.stderr, "secret") || !strings.Contains(r.stderr, "postgresql://") {
 		t.Errorf("the message shows the password or does not list the accepted schemes: %s", r.stderr)
 	}
-	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other("no_such_db", u.User)), 2, `the database "no_such_db" does not exist`)
-	wantExit(t, demo(t, time.Minute, nil, "status", "--database-url", other(u.Database, "no_such_user")), 2, `refused user "no_such_user"`)
+	wantExit(t, op(t, time.Minute, nil, "status", "--database-url", other("no_such_db", u.User)), 2, `the database "no_such_db" does not exist`)
+	wantExit(t, op(t, time.Minute, nil, "status", "--database-url", other(u.Database, "no_such_user")), 2, `refused user "no_such_user"`)
 	// A busy metrics address.
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -372,7 +373,7 @@ func TestOperatorBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, cmd := range []string{"status", "dead", "parts"} {
-		wantExit(t, demo(t, time.Minute, env, cmd), 2, `"crdbwork_dead_items" is missing`)
+		wantExit(t, op(t, time.Minute, env, cmd), 2, `"crdbwork_dead_items" is missing`)
 	}
 	r = demo(t, time.Minute, nil, "--version")
 	if r.code != 0 || !regexp.MustCompile(`^crdbwork demo \d+\.\d+\.\d+ \(.*go1\.\d+`).MatchString(r.stdout) {
@@ -401,7 +402,7 @@ type statusJSON struct {
 func statusOf(t *testing.T, env []string) statusJSON {
 	t.Helper()
 	var s statusJSON
-	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &s)
+	jsonOut(t, op(t, time.Minute, env, "status", "--json"), &s)
 	return s
 }
 
@@ -414,7 +415,7 @@ func TestPauseResume(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "300"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	r := demo(t, time.Minute, env, "pause")
+	r := op(t, time.Minute, env, "pause")
 	if r.code != 0 || !strings.Contains(r.stdout, `paused queue "demo"`) {
 		t.Fatalf("pause: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -422,14 +423,14 @@ func TestPauseResume(t *testing.T) {
 		Paused    bool `json:"paused"`
 		WasPaused bool `json:"was_paused"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "pause", "--json"), &p)
+	jsonOut(t, op(t, time.Minute, env, "pause", "--json"), &p)
 	if !p.WasPaused {
 		t.Errorf("a second pause does not say the queue was paused")
 	}
 	if s := statusOf(t, env); !s.Paused {
 		t.Errorf("status does not show the pause")
 	}
-	if r := demo(t, time.Minute, env, "status"); !strings.Contains(r.stdout, "PAUSED") {
+	if r := op(t, time.Minute, env, "status"); !strings.Contains(r.stdout, "PAUSED") {
 		t.Errorf("status text does not show the pause:\n%s", r.stdout)
 	}
 
@@ -445,8 +446,8 @@ func TestPauseResume(t *testing.T) {
 	}
 
 	// Resume, and watch the throughput while the items go.
-	watch, out := startDemo(t, env, true, "status", "--watch", "--json", "--interval", "200ms")
-	if r := demo(t, time.Minute, env, "resume"); r.code != 0 || !strings.Contains(r.stdout, `resumed queue "demo"`) {
+	watch, out := startOp(t, env, true, "status", "--watch", "--json", "--interval", "200ms")
+	if r := op(t, time.Minute, env, "resume"); r.code != 0 || !strings.Contains(r.stdout, `resumed queue "demo"`) {
 		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	sawRate := false
@@ -517,10 +518,11 @@ func TestMigrateUpgrade(t *testing.T) {
 			t.Fatalf("%v\n%s", err, s)
 		}
 	}
-	for _, cmd := range []string{"status", "dead", "work", "pause"} {
-		wantExit(t, demo(t, time.Minute, env, cmd), 2, fmt.Sprintf("at version 1, this demo needs %d: run `demo migrate`", crsql.Version))
+	for _, cmd := range []string{"status", "dead", "pause"} {
+		wantExit(t, op(t, time.Minute, env, cmd), 2, fmt.Sprintf("at version 1, this binary needs %d: run `crdbwork migrate`", crsql.Version))
 	}
-	r := demo(t, time.Minute, env, "migrate")
+	wantExit(t, demo(t, time.Minute, env, "work"), 2, fmt.Sprintf("at version 1, this binary needs %d: run `crdbwork migrate`", crsql.Version))
+	r := op(t, time.Minute, env, "migrate")
 	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("upgraded the crdbwork schema from version 1 to %d", crsql.Version)) {
 		t.Fatalf("migrate: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -528,19 +530,19 @@ func TestMigrateUpgrade(t *testing.T) {
 		Version  int `json:"schema_version"`
 		Previous int `json:"previous_version"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "migrate", "--json"), &m)
+	jsonOut(t, op(t, time.Minute, env, "migrate", "--json"), &m)
 	if m.Version != crsql.Version || m.Previous != crsql.Version {
 		t.Errorf("second migrate: %+v, want version %d from %[2]d", m, crsql.Version)
 	}
-	if r := demo(t, time.Minute, env, "status"); r.code != 0 {
-		t.Errorf("status after the upgrade: %d\n%s", r.code, r.stderr)
+	if r := runProgram(t, crdbworkBin, time.Minute, env, "status"); r.code != 0 || !strings.Contains(r.stdout, "no queues") {
+		t.Errorf("status (of every queue) after the upgrade: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// A newer schema is refused.
 	if _, err := pool.Exec(context.Background(), `UPDATE crdbwork_schema_version SET version = 99`); err != nil {
 		t.Fatal(err)
 	}
-	wantExit(t, demo(t, time.Minute, env, "migrate"), 2, "newer")
-	wantExit(t, demo(t, time.Minute, env, "status"), 2, "newer")
+	wantExit(t, op(t, time.Minute, env, "migrate"), 2, "newer")
+	wantExit(t, op(t, time.Minute, env, "status"), 2, "newer")
 }
 
 // TestStaleSession: a session that stopped heartbeating shows as stale
@@ -565,18 +567,18 @@ func TestStaleSession(t *testing.T) {
 			Stale bool   `json:"stale"`
 		} `json:"sessions"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	jsonOut(t, op(t, time.Minute, env, "status", "--json"), &st)
 	if len(st.Sessions) != 1 || st.Sessions[0].Stale {
 		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want live and not stale", st.Sessions)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '45 seconds' WHERE id = $1`, sess.ID()); err != nil {
 		t.Fatal(err)
 	}
-	jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+	jsonOut(t, op(t, time.Minute, env, "status", "--json"), &st)
 	if len(st.Sessions) != 1 || !st.Sessions[0].Stale {
 		t.Fatalf("45s after the last heartbeat of a 1 min expiry: %+v, want stale", st.Sessions)
 	}
-	r := demo(t, time.Minute, env, "status")
+	r := op(t, time.Minute, env, "status")
 	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
 		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
 	}
@@ -627,7 +629,21 @@ func (l *lineLog) snapshot() []string {
 // killed when the test ends, if it has not been waited for.
 func startDemo(t *testing.T, env []string, fromStdout bool, args ...string) (*exec.Cmd, *lineLog) {
 	t.Helper()
-	cmd := exec.Command(demoBin, args...)
+	return startProgram(t, demoBin, env, fromStdout, args...)
+}
+
+// startOp is startDemo for an operator command, run with crdbwork (see op).
+func startOp(t *testing.T, env []string, fromStdout bool, args ...string) (*exec.Cmd, *lineLog) {
+	t.Helper()
+	env, args = opArgs(env, args)
+	return startProgram(t, crdbworkBin, env, fromStdout, args...)
+}
+
+// startProgram starts bin with args in env and logs its stdout (or stderr)
+// by line; the test's cleanup kills it.
+func startProgram(t *testing.T, bin string, env []string, fromStdout bool, args ...string) (*exec.Cmd, *lineLog) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = env
 	log := &lineLog{}
 	if fromStdout {
@@ -745,7 +761,7 @@ func TestStoredPartsWin(t *testing.T) {
 			} `json:"sessions"`
 			NumParts int `json:"num_parts"`
 		}
-		jsonOut(t, demo(t, time.Minute, env, "status", "--json"), &st)
+		jsonOut(t, op(t, time.Minute, env, "status", "--json"), &st)
 		return st.NumParts == 4 && len(st.Sessions) == 1 && st.Sessions[0].Parts == "0-3"
 	})
 	work.Process.Signal(syscall.SIGTERM)
@@ -754,22 +770,27 @@ func TestStoredPartsWin(t *testing.T) {
 	}
 }
 
-// TestDestructiveFlagsNotFromEnvironment: a DEMO_ALL, DEMO_SET or
-// DEMO_DROP_SCHEMA left in the environment turns nothing on.
+// TestDestructiveFlagsNotFromEnvironment: a CRDBWORK_ALL, CRDBWORK_SET,
+// CRDBWORK_YES, CRDBWORK_CREATE or DEMO_DROP_SCHEMA left in the environment
+// turns nothing on.
 func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
 	url, _, pool := migrated(t)
-	makeDead(t, pool, "demo", 1)
-	env := demoEnv("DATABASE_URL="+url, "DEMO_ALL=true", "DEMO_SET=9", "DEMO_DROP_SCHEMA=true")
-	wantExit(t, demo(t, time.Minute, env, "requeue"), 2, "or --all")
-	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items`); n != 1 {
-		t.Errorf("DEMO_ALL requeued the dead item")
+	makeDead(t, pool, "demo", 2)
+	env := demoEnv("DATABASE_URL="+url, "CRDBWORK_ALL=true", "CRDBWORK_SET=9", "CRDBWORK_YES=true", "CRDBWORK_CREATE=true",
+		"DEMO_DROP_SCHEMA=true")
+	wantExit(t, op(t, time.Minute, env, "requeue"), 2, "or --all")
+	wantExit(t, op(t, time.Minute, env, "requeue", "--tenant", ""), 2, "or --all")
+	wantExit(t, op(t, time.Minute, env, "pause", "--queue", "never-made"), 2, `unknown queue "never-made"`)
+	wantExit(t, op(t, time.Minute, env, "requeue", "--all"), 2, "--yes")
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items`); n != 2 {
+		t.Errorf("CRDBWORK_ALL or CRDBWORK_YES requeued a dead item")
 	}
 	var p struct {
 		Parts int `json:"parts"`
 	}
-	jsonOut(t, demo(t, time.Minute, env, "parts", "--json"), &p)
+	jsonOut(t, op(t, time.Minute, env, "parts", "--json"), &p)
 	if p.Parts == 9 {
-		t.Errorf("DEMO_SET changed the parts")
+		t.Errorf("CRDBWORK_SET changed the parts")
 	}
 	if r := demo(t, time.Minute, env, "cleanup", "--queue", "other"); r.code != 0 {
 		t.Fatalf("cleanup: %d %s", r.code, r.stderr)

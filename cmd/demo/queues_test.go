@@ -62,7 +62,7 @@ func TestTwoQueuesOneDatabase(t *testing.T) {
 			} `json:"members"`
 		} `json:"queue_members"`
 	}
-	r := demo(t, time.Minute, env, "status", "--queue", "alpha", "--json")
+	r := op(t, time.Minute, env, "status", "--queue", "alpha", "--json")
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 {
 		t.Fatalf("status --json: exit status %d, %v\n%s", r.code, err, r.stdout)
 	}
@@ -80,7 +80,7 @@ func TestTwoQueuesOneDatabase(t *testing.T) {
 			t.Errorf("status --json: member of %q: %+v; want %s-worker, joined, live, owning parts 0-7", q, m, q)
 		}
 	}
-	r = demo(t, time.Minute, env, "status", "--queue", "alpha")
+	r = op(t, time.Minute, env, "status", "--queue", "alpha")
 	t.Logf("status:\n%s", r.stdout)
 	for _, q := range queues {
 		if !strings.Contains(r.stdout, "queues worked") || !containsLine(r.stdout, q, q+"-worker", "0-7") {

@@ -45,7 +45,7 @@ func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
 	const every = time.Second
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := demo(t, time.Minute, env, "migrate"); r.code != 0 {
+	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	db, err := pgxpool.New(context.Background(), url)

@@ -32,7 +32,7 @@ func TestTenantFlagsBadInput(t *testing.T) {
 // demo fair shows and changes the queue's setting, keeping the others.
 func TestFairCommand(t *testing.T) {
 	url := testdb.NewURL(t)
-	if r := demo(t, time.Minute, nil, "migrate", "--database-url", url); r.code != 0 {
+	if r := op(t, time.Minute, nil, "migrate", "--database-url", url); r.code != 0 {
 		t.Fatalf("migrate: %d\n%s", r.code, r.stderr)
 	}
 	state := func(args ...string) map[string]any {
@@ -53,11 +53,11 @@ func TestFairCommand(t *testing.T) {
 		t.Fatalf("after on: %v", s)
 	}
 	// The other queue is untouched; the queue got the default parts.
-	r := demo(t, time.Minute, nil, "fair", "--database-url", url, "--queue", "q2")
+	r := op(t, time.Minute, nil, "fair", "--database-url", url, "--queue", "q2")
 	if r.code != 0 || !strings.Contains(r.stdout, "plain") {
 		t.Fatalf("queue q2: %d %q", r.code, r.stdout)
 	}
-	r = demo(t, time.Minute, nil, "parts", "--database-url", url, "--queue", "q1", "--json")
+	r = op(t, time.Minute, nil, "parts", "--database-url", url, "--queue", "q1", "--json")
 	if r.code != 0 || num(t, lastJSON(t, r), "parts") != defaultParts {
 		t.Fatalf("parts of q1 after fair on: %d %s", r.code, r.stdout)
 	}

@@ -679,7 +679,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 		Version int64 `json:"schema_version"`
 		Serves  int64 `json:"serves"`
 	}
-	jsonOut(t, runBin(t, demoBin, f.env, "migrate", "--json"), &m)
+	jsonOut(t, runBin(t, crdbworkBin, f.env, "migrate", "--json"), &m)
 	if m.Version != crsql.Version || m.Serves != crsql.Serves {
 		t.Errorf("migrate --json: version %d serving %d, want %d serving %d", m.Version, m.Serves, crsql.Version, crsql.Serves)
 	}
