@@ -21,6 +21,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -341,9 +342,21 @@ func TestMigrate(t *testing.T) {
 
 func TestStatusQueuesAndUnknownQueue(t *testing.T) {
 	d := newDB(t, crsql.Tables{})
-	// An empty database: no queues.
-	if r := must(t, d.env, "status"); !strings.Contains(r.stdout, "no queues") {
+	// An empty database: no queues, and the live sessions all the same.
+	sess, err := session.Start(context.Background(), d.pool, session.Options{Name: "lonely"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := must(t, d.env, "status"); !strings.Contains(r.stdout, "no queues") || !strings.Contains(r.stdout, "1 live sessions") ||
+		!strings.Contains(r.stdout, "lonely") {
 		t.Errorf("status of an empty database:\n%s", r)
+	}
+	empty := jsonOf(t, must(t, d.env, "status", "--json"))
+	if ss, _ := empty["sessions"].([]any); len(ss) != 1 || ss[0].(map[string]any)["name"] != "lonely" {
+		t.Errorf("status --json of an empty database: %v", empty)
+	}
+	if err := sess.Close(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	d.enqueue(t, "emails", 7)
 	d.enqueue(t, "reports", 3)

@@ -178,7 +178,7 @@ item is not a dead item of the queue, or is live.`)
 	case all && ff.any():
 		return f.UsageError("--all requeues every dead item: give it no filter")
 	case many && deathArg != "":
-		return f.UsageError("--death requeues one death of the id given")
+		return f.UsageError("--death requeues one death of the id given, not --all nor a filter")
 	case !many && len(f.Args) == 0:
 		return f.UsageError("give the id of a dead item (see `crdbwork dead`), or --all, or a filter (--tenant, --reason, --error)")
 	case !many:

@@ -212,8 +212,20 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 	}
 	s.UnownedParts = ranges(unowned)
 
+	s.Sessions = sessionRows(infos, byOwner, claimedBy)
+
+	if s.QueueMembers, err = readMembers(ctx, db, tables, infos); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// sessionRows describes the live sessions, with the parts each owns
+// (byOwner) and the items each holds (claimedBy).
+func sessionRows(infos []session.Info, byOwner map[uuid.UUID][]int, claimedBy map[uuid.UUID]int64) []sessionStatus {
+	out := []sessionStatus{}
 	for _, in := range infos {
-		s.Sessions = append(s.Sessions, sessionStatus{
+		out = append(out, sessionStatus{
 			ID: in.ID.String(), Name: in.Name, Host: in.Host, PID: in.PID,
 			CreatedAt: in.CreatedAt.UTC().Format(time.RFC3339Nano), HeartbeatAt: in.HeartbeatAt.UTC().Format(time.RFC3339Nano),
 			AgeSeconds: in.Age.Seconds(), SinceHeartbeatSeconds: in.SinceHeartbeat.Seconds(), ExpirySeconds: in.Expiry.Seconds(),
@@ -223,11 +235,7 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
 		})
 	}
-
-	if s.QueueMembers, err = readMembers(ctx, db, tables, infos); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return out
 }
 
 // readMembers returns every queue's members (session.Memberships) and
@@ -363,6 +371,35 @@ last few seconds.`)
 type allStatus struct {
 	Engine string    `json:"engine"`
 	Queues []*status `json:"queues"`
+	// Sessions are the live sessions; their parts (Parts is "") and
+	// claimed items are counted over every queue.
+	Sessions []sessionStatus `json:"sessions"`
+	// QueueMembers lists every queue's members.
+	QueueMembers []queueMembers `json:"queue_members"`
+}
+
+// readSessionsAll reads the live sessions with their parts and claimed
+// items over every queue (holders: the items each session holds, summed
+// over the queues' Inspect), and every queue's members.
+func readSessionsAll(ctx context.Context, db claim.DB, tables crsql.Tables, holders map[uuid.UUID]int64) ([]sessionStatus, []queueMembers, error) {
+	infos, err := session.List(ctx, db, tables)
+	if err != nil {
+		return nil, nil, err
+	}
+	owners, err := claim.PartOwners(ctx, db, tables, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	byOwner := map[uuid.UUID][]int{}
+	for _, o := range owners {
+		byOwner[o.Session] = append(byOwner[o.Session], o.Part)
+	}
+	rows := sessionRows(infos, byOwner, holders)
+	for i := range rows {
+		rows[i].Parts = "" // parts of several queues: a count only
+	}
+	members, err := readMembers(ctx, db, tables, infos)
+	return rows, members, err
 }
 
 // readAll reads the status of --queue, or of every queue, and renders it
@@ -377,17 +414,33 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (stri
 		}
 	}
 	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}}
+	holders := map[uuid.UUID]int64{}
 	for _, n := range names {
 		s, err := readStatus(ctx, db, g.tables(), n)
 		if err != nil {
 			return "", nil, err
 		}
 		all.Queues = append(all.Queues, s)
+		for _, ss := range s.Sessions {
+			holders[uuid.MustParse(ss.ID)] += ss.Claimed
+		}
+	}
+	if g.queue == "" {
+		var err error
+		if all.Sessions, all.QueueMembers, err = readSessionsAll(ctx, db, g.tables(), holders); err != nil {
+			return "", nil, err
+		}
 	}
 	var b strings.Builder
-	if tp != nil && len(all.Queues) > 0 {
-		rate := tp.add(time.Now(), all.Queues[0])
-		all.Queues[0].ItemsPerSecond = rate
+	if tp != nil {
+		sessions := all.Sessions
+		if g.queue != "" {
+			sessions = all.Queues[0].Sessions
+		}
+		rate := tp.add(time.Now(), sessions)
+		if g.queue != "" {
+			all.Queues[0].ItemsPerSecond = rate
+		}
 		if r := tp.describe(rate); r != "" {
 			b.WriteString(r + "\n")
 		}
@@ -405,7 +458,8 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (stri
 func formatAll(all *allStatus, compact bool) string {
 	var b strings.Builder
 	if len(all.Queues) == 0 {
-		fmt.Fprintf(&b, "no queues on %s: the crdbwork tables hold no queue row, item or dead item\n", all.Engine)
+		fmt.Fprintf(&b, "no queues on %s: the crdbwork tables hold no queue row, item or dead item\n\n", all.Engine)
+		writeSessions(&b, all.Sessions, compact, true)
 		return b.String()
 	}
 	fmt.Fprintf(&b, "%d queues on %s (crdbwork status --queue NAME for one)\n", len(all.Queues), all.Engine)
@@ -440,16 +494,9 @@ func formatAll(all *allStatus, compact bool) string {
 			orDash(strings.Join(state, ",")))
 	}
 	tw.Flush()
-	// The sessions and members are the same in every queue's status; the
-	// CLAIMED column counts the first queue's items only, so it is left out.
-	first := *all.Queues[0]
-	first.Sessions = append([]sessionStatus(nil), first.Sessions...)
-	for i := range first.Sessions {
-		first.Sessions[i].Claimed = -1
-	}
 	b.WriteString("\n")
-	writeSessions(&b, &first, compact)
-	writeMembers(&b, &first, compact)
+	writeSessions(&b, all.Sessions, compact, true)
+	writeMembers(&b, all.QueueMembers, compact)
 	return b.String()
 }
 
@@ -536,9 +583,9 @@ func formatStatus(s *status, compact bool) string {
 		fmt.Fprintf(&b, "warning: queue %q has no stored row, no items and no dead items\n", s.Queue)
 	}
 	b.WriteString("\n")
-	writeSessions(&b, s, compact)
+	writeSessions(&b, s.Sessions, compact, false)
 	writeOwners(&b, s)
-	writeMembers(&b, s, compact)
+	writeMembers(&b, s.QueueMembers, compact)
 	b.WriteString("\n")
 	if len(s.Backlog) == 0 {
 		fmt.Fprintf(&b, "backlog: queue %q has no items\n", s.Queue)
@@ -566,39 +613,43 @@ func formatStatus(s *status, compact bool) string {
 }
 
 // writeSessions writes the live sessions: counters, heartbeat age, items
-// held (of the status's queue; - when Claimed is negative) and parts owned.
-func writeSessions(b *strings.Builder, s *status, compact bool) {
+// held and parts owned, of one queue or (allQueues) of every queue.
+func writeSessions(b *strings.Builder, sessions []sessionStatus, compact, allQueues bool) {
 	stale := 0
-	for _, ss := range s.Sessions {
+	for _, ss := range sessions {
 		if ss.Stale {
 			stale++
 		}
 	}
-	fmt.Fprintf(b, "%d live sessions", len(s.Sessions))
+	fmt.Fprintf(b, "%d live sessions", len(sessions))
 	if stale > 0 {
 		fmt.Fprintf(b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
 	}
 	b.WriteString("\n")
-	if len(s.Sessions) == 0 {
+	if len(sessions) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SESSION\tNAME\tPID\tAGE\tBEAT\tACKED\tRUN\tCLAIMED\tPARTS")
-	for _, ss := range s.Sessions {
+	for _, ss := range sessions {
 		hb := secs(ss.SinceHeartbeatSeconds).Round(10 * time.Millisecond).String()
 		if ss.Stale {
 			hb += "!"
 		}
-		claimed := "-"
-		if ss.Claimed >= 0 {
-			claimed = strconv.FormatInt(ss.Claimed, 10)
+		parts := partList(ss.Parts)
+		if allQueues {
+			parts = strconv.Itoa(ss.NumParts)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", ss.ID[:8], cli.Fit(orDash(ss.Name), 15), ss.PID,
-			round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, claimed, partList(ss.Parts))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\n", ss.ID[:8], cli.Fit(orDash(ss.Name), 15), ss.PID,
+			round(secs(ss.AgeSeconds)).Round(time.Second), hb, ss.Acked, ss.InFlight, ss.Claimed, parts)
 	}
 	tw.Flush()
 	if !compact {
-		b.WriteString("(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items of the queue it holds now; PARTS: parts of the queue it owns)\n")
+		what := "of the queue"
+		if allQueues {
+			what = "of every queue"
+		}
+		fmt.Fprintf(b, "(BEAT: time since its last heartbeat; ACKED and RUN: items acked since it started and handlers\nrunning, as of that heartbeat; CLAIMED: items %s it holds now; PARTS: parts %[1]s it owns)\n", what)
 	}
 }
 
@@ -646,8 +697,8 @@ func writeOwners(b *strings.Builder, s *status) {
 
 // writeMembers writes which sessions work which queue and own which of
 // its parts.
-func writeMembers(b *strings.Builder, s *status, compact bool) {
-	if len(s.QueueMembers) == 0 {
+func writeMembers(b *strings.Builder, queues []queueMembers, compact bool) {
+	if len(queues) == 0 {
 		b.WriteString("queues worked: none (no session has joined a queue)\n")
 		return
 	}
@@ -658,7 +709,7 @@ func writeMembers(b *strings.Builder, s *status, compact bool) {
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "QUEUE\tSESSION\tNAME\tPARTS")
-	for _, q := range s.QueueMembers {
+	for _, q := range queues {
 		for _, m := range q.Members {
 			id := m.Session[:8]
 			switch {

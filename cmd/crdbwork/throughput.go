@@ -20,11 +20,11 @@ type sample struct {
 	acked map[string]int64 // by session id
 }
 
-// add records the counters of s read at now and returns the rate over the
+// add records the counters of the sessions read at now and returns the rate over the
 // window, or -1 while there is no earlier sample.
-func (t *throughput) add(now time.Time, s *status) float64 {
+func (t *throughput) add(now time.Time, sessions []sessionStatus) float64 {
 	cur := sample{at: now, acked: map[string]int64{}}
-	for _, ss := range s.Sessions {
+	for _, ss := range sessions {
 		cur.acked[ss.ID] = ss.Acked
 	}
 	t.samples = append(t.samples, cur)

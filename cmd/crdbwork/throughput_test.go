@@ -11,10 +11,10 @@ import (
 // and samples older than the window drop out.
 func TestThroughput(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	st := func(acked map[string]int64) *status {
-		s := &status{}
+	st := func(acked map[string]int64) []sessionStatus {
+		var s []sessionStatus
 		for id, n := range acked {
-			s.Sessions = append(s.Sessions, sessionStatus{ID: id, Acked: n})
+			s = append(s, sessionStatus{ID: id, Acked: n})
 		}
 		return s
 	}

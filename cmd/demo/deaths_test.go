@@ -73,7 +73,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 		Requeued int `json:"requeued"`
 		Live     int `json:"live"`
 	}
-	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
+	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--yes", "--json"), &all)
 	if all.Requeued != 0 || all.Live != 1 {
 		t.Errorf("requeue --all with the id live: %+v, want 0 requeued, 1 live", all)
 	}
@@ -101,7 +101,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
-	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--json"), &all)
+	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--yes", "--json"), &all)
 	if all.Requeued != 1 || all.Live != 0 {
 		t.Errorf("requeue --all: %+v, want 1 requeued", all)
 	}

@@ -257,7 +257,7 @@ func TestBadInput(t *testing.T) {
 		{"bad duration", []string{"run", "--task-time", "banana"}, "--task-time"},
 		{"malformed URL", []string{"run", "--database-url", "postgres://%zz"}, "invalid database URL"},
 		{"unreachable", []string{"run", "--database-url", "postgres://127.0.0.1:1/x"}, "cannot reach the database"},
-		{"schema missing", []string{"status", "--database-url", empty}, "demo migrate"},
+		{"schema missing", []string{"verify", "--database-url", empty}, "crdbwork migrate"},
 		{"no URL", []string{"verify"}, "DATABASE_URL"},
 		{"unknown command", []string{"frobnicate"}, "unknown command"},
 		{"expiry too short", []string{"work", "--database-url", empty, "--heartbeat", "1s", "--expiry", "1s"}, "--expiry"},
@@ -288,8 +288,29 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("exit status %d, stderr %q; want 2 and a message naming DEMO_ITEMS", r.code, r.stderr)
 		}
 	})
+	// The operator commands moved to crdbwork in 0.4; their old names stay
+	// one version and say where they went, on one line, without echoing the
+	// arguments (a URL may hold a password), and change nothing.
+	t.Run("moved commands", func(t *testing.T) {
+		for _, name := range movedCommands {
+			r := demo(t, time.Minute, nil, name, "--database-url", "postgres://u:secret@127.0.0.1:1/x", "--queue", "demo")
+			want := fmt.Sprintf("demo %s moved to the crdbwork command: crdbwork %s ... (see `crdbwork %s -h`)\n", name, name, name)
+			if r.code != 2 || r.stderr != want || r.stdout != "" {
+				t.Errorf("demo %s: exit status %d, stdout %q, stderr %q; want 2 and %q", name, r.code, r.stdout, r.stderr, want)
+			}
+		}
+		if len(movedCommands) != 10 {
+			t.Errorf("%d moved commands, want the 10 of 0.3: %v", len(movedCommands), movedCommands)
+		}
+		r := demo(t, time.Minute, nil, "-h")
+		for _, name := range movedCommands {
+			if strings.Contains(r.stdout, "\n  "+name+" ") {
+				t.Errorf("demo -h still lists %s:\n%s", name, r.stdout)
+			}
+		}
+	})
 	t.Run("help", func(t *testing.T) {
-		for _, args := range [][]string{{"-h"}, {"run", "-h"}, {"work", "--help"}, {"help", "status"}} {
+		for _, args := range [][]string{{"-h"}, {"run", "-h"}, {"work", "--help"}, {"help", "verify"}} {
 			r := demo(t, time.Minute, nil, args...)
 			if r.code != 0 || !strings.Contains(r.stdout, "Usage: demo") {
 				t.Errorf("demo %v: exit status %d, stdout:\n%s", args, r.code, r.stdout)

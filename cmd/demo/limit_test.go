@@ -118,7 +118,7 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 }
 
 // TestLimitCommand sets the queue's, the default tenant and one tenant's
-// limits with `demo limit`, reads them back as JSON, removes the tenant's,
+// limits with `crdbwork limit`, reads them back as JSON, removes the tenant's,
 // and checks that bad input exits 2 and changes nothing.
 func TestLimitCommand(t *testing.T) {
 	env := demoEnv("DATABASE_URL=" + testdb.NewURL(t))
@@ -126,15 +126,15 @@ func TestLimitCommand(t *testing.T) {
 		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
 	}
 	for _, args := range [][]string{
-		{"limit", "--max-in-flight", "7"},
+		{"limit", "--max-in-flight", "7", "--create"},
 		{"limit", "--rate", "12.5"},
 		{"limit", "--each-tenant", "--max-in-flight", "3"},
 		{"limit", "--tenant", "acme", "--max-in-flight", "2", "--rate", "1.5"},
 		{"limit", "--tenant", "gone", "--rate", "1"},
 		{"limit", "--tenant", "gone", "--remove"},
 	} {
-		if r := demo(t, time.Minute, env, args...); r.code != 0 {
-			t.Fatalf("demo %s: exit status %d\n%s", strings.Join(args, " "), r.code, r.stderr)
+		if r := op(t, time.Minute, env, args...); r.code != 0 {
+			t.Fatalf("crdbwork %s: exit status %d\n%s", strings.Join(args, " "), r.code, r.stderr)
 		}
 	}
 	want := `{"max_in_flight":7,"rate":12.5,"tenant_max_in_flight":3,"tenant_rate":0,"tenants":{"acme":{"max_in_flight":2,"rate":1.5}}}`
@@ -150,8 +150,8 @@ func TestLimitCommand(t *testing.T) {
 		{"limit", "--tenant", "acme", "--each-tenant", "--rate", "1"},
 		{"limit", "--tenant", "acme", "--remove", "--rate", "1"},
 	} {
-		if r := demo(t, time.Minute, env, args...); r.code != 2 {
-			t.Errorf("demo %s: exit status %d, want 2\n%s", strings.Join(args, " "), r.code, r.stderr)
+		if r := op(t, time.Minute, env, args...); r.code != 2 {
+			t.Errorf("crdbwork %s: exit status %d, want 2\n%s", strings.Join(args, " "), r.code, r.stderr)
 		}
 	}
 	if r := op(t, time.Minute, env, "limit", "--json"); strings.TrimSpace(r.stdout) != want {

@@ -29,7 +29,7 @@ func TestTenantFlagsBadInput(t *testing.T) {
 	}
 }
 
-// demo fair shows and changes the queue's setting, keeping the others.
+// crdbwork fair shows and changes the queue's setting, keeping the others.
 func TestFairCommand(t *testing.T) {
 	url := testdb.NewURL(t)
 	if r := op(t, time.Minute, nil, "migrate", "--database-url", url); r.code != 0 {
@@ -37,9 +37,9 @@ func TestFairCommand(t *testing.T) {
 	}
 	state := func(args ...string) map[string]any {
 		t.Helper()
-		r := demo(t, time.Minute, nil, append([]string{"fair", "--database-url", url, "--queue", "q1", "--json"}, args...)...)
+		r := op(t, time.Minute, nil, append([]string{"fair", "--database-url", url, "--queue", "q1", "--create", "--json"}, args...)...)
 		if r.code != 0 {
-			t.Fatalf("demo fair %v: exit status %d\n%s", args, r.code, r.stderr)
+			t.Fatalf("crdbwork fair %v: exit status %d\n%s", args, r.code, r.stderr)
 		}
 		return lastJSON(t, r)
 	}
@@ -52,12 +52,10 @@ func TestFairCommand(t *testing.T) {
 	if s := state(); s["fair"] != true {
 		t.Fatalf("after on: %v", s)
 	}
-	// The other queue is untouched; the queue got the default parts.
-	r := op(t, time.Minute, nil, "fair", "--database-url", url, "--queue", "q2")
-	if r.code != 0 || !strings.Contains(r.stdout, "plain") {
-		t.Fatalf("queue q2: %d %q", r.code, r.stdout)
-	}
-	r = op(t, time.Minute, nil, "parts", "--database-url", url, "--queue", "q1", "--json")
+	// The other queue is untouched (still unknown); the queue got the
+	// default parts.
+	wantExit(t, op(t, time.Minute, nil, "fair", "--database-url", url, "--queue", "q2"), 2, `unknown queue "q2"`)
+	r := op(t, time.Minute, nil, "parts", "--database-url", url, "--queue", "q1", "--json")
 	if r.code != 0 || num(t, lastJSON(t, r), "parts") != defaultParts {
 		t.Fatalf("parts of q1 after fair on: %d %s", r.code, r.stdout)
 	}
