@@ -219,6 +219,17 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 }
 
 // mustRun runs bin with args and fails the test unless it exits 0.
+// migrate creates this code's schema with crdbwork migrate and the demo's
+// tables, which the previous release's demo processes need made before them
+// (its migrate made both).
+func (f *mixedFleet) migrate() {
+	f.t.Helper()
+	mustRun(f.t, crdbworkBin, f.env, "migrate")
+	if err := ensureDemoTables(context.Background(), f.pool); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func mustRun(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
 	r := runBin(t, bin, env, args...)
@@ -588,7 +599,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
-	mustRun(t, demoBin, f.env, "migrate")
+	f.migrate()
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
 	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
 	bins := []string{old, demoBin}
@@ -667,7 +678,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	f.waitFor("the old workers to hold claims", time.Minute, func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`) > 0
 	})
-	r := mustRun(t, demoBin, f.env, "migrate")
+	r := mustRun(t, crdbworkBin, f.env, "migrate")
 	for _, want := range []string{fmt.Sprintf("from version %d to %d", crsql.Version-1, crsql.Version),
 		fmt.Sprintf("serves code of version %d and newer", crsql.Serves)} {
 		if !strings.Contains(r.stdout, want) {
@@ -724,7 +735,7 @@ func TestPreviousReleaseOperatorCommands(t *testing.T) {
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
-	mustRun(t, demoBin, f.env, "migrate")
+	f.migrate()
 	ctx := context.Background()
 
 	// Items that expire at once, dead-lettered by an old worker's reaper.
@@ -822,7 +833,7 @@ func TestMixedFleetLimit(t *testing.T) {
 	old := previousDemo(t)
 	const items, limit = 600, 5
 	f := newFleet(t, testdb.NewURL(t))
-	mustRun(t, demoBin, f.env, "migrate")
+	f.migrate()
 	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
 	mustRun(t, old, f.env, "limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))
 	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
