@@ -115,8 +115,8 @@ Flags of every command (but version):
 
 Every flag can also be set in the environment: CRDBWORK_ and the flag's name in
 capitals with _ for -. A flag on the command line wins over its variable. The
-flags that move or delete data (--yes, --all, --set, --remove, --death) are
-read from the command line only.
+flags that move or delete data (--yes, --all, --set, --remove, --death,
+--create, and requeue's filters) are read from the command line only.
 
 A queue that is not in the database (no row in the queues table, no items, no
 dead items) is refused, with a suggestion when a known queue's name is close;

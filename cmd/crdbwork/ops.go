@@ -43,7 +43,9 @@ type deadJSON struct {
 // filterFlags are the dead-item filters of dead and requeue.
 type filterFlags struct{ f claim.DeadFilter }
 
-func (d *filterFlags) register(f *cli.FlagSet) {
+// register adds --tenant, --reason and --error; flagOnly makes them
+// unreadable from the environment (for requeue: they choose what moves).
+func (d *filterFlags) register(f *cli.FlagSet, flagOnly bool) {
 	f.StringVar(&d.f.Tenant, "tenant", "", "NAME", "only the dead items of this tenant", nil)
 	f.StringVar(&d.f.Reason, "reason", "", "REASON", "only the dead items that died for this reason: failed, permanent, crash loop or expired", func(s string) error {
 		switch s {
@@ -53,6 +55,11 @@ func (d *filterFlags) register(f *cli.FlagSet) {
 		return fmt.Errorf("must be %s, %s, %q or %s", claim.ReasonFailed, claim.ReasonPermanent, claim.ReasonCrashLoop, claim.ReasonExpired)
 	})
 	f.StringVar(&d.f.ErrorContains, "error", "", "TEXT", "only the dead items whose last error contains this text", nil)
+	if flagOnly {
+		for _, name := range []string{"tenant", "reason", "error"} {
+			f.FlagOnly(name)
+		}
+	}
 }
 
 func (d *filterFlags) any() bool { return d.f != claim.DeadFilter{} }
@@ -72,7 +79,7 @@ died several times is listed once per death, each with its own DEATH key.
 With --count it prints only how many match. Requeue them with
 "crdbwork requeue ID", "crdbwork requeue ID --death DEATH", by filter or --all.`)
 	g.register(f, queueRequired)
-	ff.register(f)
+	ff.register(f, false)
 	f.IntVar(&limit, "limit", 20, 1, 100_000, "most items to list")
 	f.StringVar(&after, "after", "", "CURSOR", "list the page after this cursor (printed at the end of the previous page)", nil)
 	f.BoolVar(&count, "count", false, "print only the number of dead items that match")
@@ -158,7 +165,7 @@ more than one item needs --yes (--dry-run counts them). Exits 1 if the given
 item is not a dead item of the queue, or is live.`)
 	f.MaxArgs, f.ArgName = 1, "[ID]"
 	g.register(f, queueRequired)
-	ff.register(f)
+	ff.register(f, true)
 	cf.register(f)
 	f.BoolVar(&all, "all", false, "requeue every dead item of the queue")
 	f.FlagOnly("all")
