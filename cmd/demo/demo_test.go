@@ -478,20 +478,3 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		t.Errorf("a flag must win over its variable: items %d, URL %q, task time %v", c.items, c.databaseURL, c.taskTime)
 	}
 }
-
-// deadJSON is one dead item as `crdbwork dead --json` prints it.
-type deadJSON struct {
-	ID          string    `json:"id"`
-	Death       string    `json:"death"`
-	Part        int       `json:"part"`
-	Key         string    `json:"key,omitempty"`
-	Priority    int       `json:"priority"`
-	Attempts    int       `json:"attempts"`
-	MaxAttempts int       `json:"max_attempts"`
-	LastError   string    `json:"last_error"`
-	Reason      string    `json:"reason"`
-	Tenant      string    `json:"tenant,omitempty"`
-	Payload     []byte    `json:"payload"`
-	EnqueuedAt  time.Time `json:"enqueued_at"`
-	DiedAt      time.Time `json:"died_at"`
-}

@@ -428,8 +428,11 @@ func TestDeploymentFaults(t *testing.T) {
 	})
 	r = d.run(ttl.name, "dead", "--json", "--limit", "5")
 	var dead struct {
-		Total int64      `json:"total"`
-		Items []deadJSON `json:"items"`
+		Total int64 `json:"total"`
+		Items []struct {
+			ID     string `json:"id"`
+			Reason string `json:"reason"`
+		} `json:"items"`
 	}
 	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &dead); err != nil || dead.Total == 0 || len(dead.Items) == 0 {
 		t.Fatalf("demo dead --queue ttl --json: %v\n%s", err, r.stdout)
