@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -104,7 +105,7 @@ With --count it prints only how many match. Requeue them with
 	}
 	page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: ff.f, After: after, Limit: limit})
 	if err != nil {
-		if strings.Contains(err.Error(), claim.ErrBadCursor.Error()) {
+		if errors.Is(err, claim.ErrBadCursor) {
 			return f.UsageError("--after %q is not a cursor printed by crdbwork dead", after)
 		}
 		return cli.Failf(1, "%v", err)

@@ -412,7 +412,7 @@ missing; a database holding other queues needs --shared-database.`)
 	}
 	if runErr != nil {
 		if errors.Is(runErr, crsql.ErrSchemaMissing) {
-			return cli.Failf(2, "the crdbwork schema is not in this database: run `demo migrate` first")
+			return cli.Failf(2, "the crdbwork schema is not in this database: run `crdbwork migrate` first")
 		}
 		return cli.Failf(1, "%v", runErr)
 	}
