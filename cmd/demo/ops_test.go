@@ -31,7 +31,7 @@ import (
 )
 
 // migrated returns the URL and environment of a fresh database after
-// `demo migrate`, and a pool on it.
+// `crdbwork migrate`, and a pool on it.
 func migrated(t *testing.T) (string, []string, *pgxpool.Pool) {
 	t.Helper()
 	url := testdb.NewURL(t)
@@ -503,8 +503,9 @@ func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) 
 	}
 }
 
-// TestMigrateUpgrade builds a version-1 database, checks that the demo
-// refuses it with the versions named, and upgrades it with demo migrate.
+// TestMigrateUpgrade builds a version-1 database, checks that crdbwork and
+// the demo refuse it with the versions named, and upgrades it with crdbwork
+// migrate.
 func TestMigrateUpgrade(t *testing.T) {
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
