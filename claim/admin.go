@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -68,47 +69,18 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 		}
 		after = &p
 	}
-	if err := q.ready(ctx); err != nil {
-		return DeadPage{}, fmt.Errorf("%s: %w", what, err)
-	}
-	store := crsql.NewStore(q.opts.Tables)
-	var rows []crsql.DeadRow
 	// One more than asked: whether a next page exists.
-	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var err error
-		rows, err = store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter, after, dq.Limit+1)
-		return crsql.Classify(err)
+	items, err := q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
+		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter, after, dq.Limit+1)
 	})
 	if err != nil {
-		return DeadPage{}, fmt.Errorf("%s: %w", what, err)
+		return DeadPage{}, err
 	}
-	var page DeadPage
-	for i, r := range rows {
-		if i == dq.Limit {
-			last := rows[i-1]
-			page.Next = encodeCursor(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
-			break
-		}
-		page.Items = append(page.Items, q.deadItem(r))
+	if len(items) <= dq.Limit {
+		return DeadPage{Items: items}, nil
 	}
-	return page, nil
-}
-
-// deadItem converts a statement's row.
-func (q *Queue) deadItem(r crsql.DeadRow) DeadItem {
-	d := DeadItem{ID: r.ID, Death: r.Death, Queue: q.opts.Queue, Part: int(r.Part), Priority: int(r.Priority),
-		Attempts: int(r.Attempts), MaxAttempts: int(r.MaxAttempts), Payload: r.Payload, Metadata: r.Metadata,
-		EnqueuedAt: r.EnqueuedAt, DiedAt: r.DiedAt, Reason: r.Reason}
-	if r.Key != nil {
-		d.Key = *r.Key
-	}
-	if r.LastError != nil {
-		d.LastError = *r.LastError
-	}
-	if r.Tenant != nil {
-		d.Tenant = *r.Tenant
-	}
-	return d
+	last := items[dq.Limit-1]
+	return DeadPage{Items: items[:dq.Limit], Next: encodeCursor(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})}, nil
 }
 
 // encodeCursor writes a position as an opaque token.
@@ -146,11 +118,10 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: counting dead items of %q: %w", q.opts.Queue, err)
 	}
-	store := crsql.NewStore(q.opts.Tables)
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = store.CountDead(ctx, q.db, q.opts.Queue, f)
+		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f)
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -253,11 +224,10 @@ func (q *Queue) PurgePlan(ctx context.Context) (PurgeCounts, error) {
 	if err != nil {
 		return PurgeCounts{}, err
 	}
-	store := crsql.NewStore(q.opts.Tables)
 	var rc crsql.QueueRowCounts
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rc, err = store.CountQueueRows(ctx, q.db, q.opts.Queue)
+		rc, err = q.store.CountQueueRows(ctx, q.db, q.opts.Queue)
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -289,7 +259,6 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 	if err != nil {
 		return done, err
 	}
-	store := crsql.NewStore(q.opts.Tables)
 	for _, step := range []struct {
 		table crsql.PurgeTable
 		n     *int64
@@ -298,7 +267,7 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 			var n int64
 			err := retry.Do(ctx, nil, func(ctx context.Context) error {
 				var err error
-				n, err = store.PurgeBatch(ctx, q.db, q.opts.Queue, step.table, PurgeBatch)
+				n, err = q.store.PurgeBatch(ctx, q.db, q.opts.Queue, step.table, PurgeBatch)
 				return crsql.Classify(err)
 			})
 			if err != nil {
@@ -314,7 +283,7 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 		}
 	}
 	err = retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
-		stored, err := store.PurgeQueueRows(ctx, tx, q.opts.Queue)
+		stored, err := q.store.PurgeQueueRows(ctx, tx, q.opts.Queue)
 		done.Stored = stored
 		return crsql.Classify(err)
 	})
@@ -369,7 +338,7 @@ func QueueExists(ctx context.Context, db crsql.DB, t crsql.Tables, name string) 
 }
 
 // PartOwner is one part of a queue and the session that owns it.
-type PartOwner = crsql.PartOwner
+type PartOwner = crsql.PartOwnerRow
 
 // PartOwners returns the owned parts of queue (every queue's when queue is
 // ""), by queue and part. A part nobody owns is not listed; an owner may
@@ -381,9 +350,21 @@ func PartOwners(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) 
 	store := crsql.NewStore(t)
 	var out []PartOwner
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var err error
-		out, err = store.PartOwners(ctx, db, queue)
-		return crsql.Classify(err)
+		if queue == "" {
+			var err error
+			out, err = store.AllPartOwners(ctx, db)
+			return crsql.Classify(err)
+		}
+		owners, err := store.PartOwners(ctx, db, queue)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		out = out[:0]
+		for part, s := range owners {
+			out = append(out, PartOwner{Queue: queue, Part: part, Session: s})
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Part < out[j].Part })
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: listing the part owners: %w", err)

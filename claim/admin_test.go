@@ -285,7 +285,7 @@ func TestAdminPurge(t *testing.T) {
 		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_schedules (queue, name, last_period) VALUES ($1, 'nightly', now())`, name); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := q.Claim(ctx, s.ID(), 3); err != nil || len(got) != 3 {
+		if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 3}); err != nil || len(got) != 3 {
 			t.Fatalf("claim: %d, %v", len(got), err)
 		}
 		return q
@@ -360,11 +360,12 @@ func TestAdminWaitDrained(t *testing.T) {
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
 	q := newQueue(t, pool, claim.Options{Queue: "q"})
-	ids, err := q.Enqueue(ctx, payloads(3)...)
+	enq, err := q.Enqueue(ctx, payloads(3)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.Claim(ctx, s.ID(), 1); err != nil {
+	ids := enq.IDs
+	if _, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1}); err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)

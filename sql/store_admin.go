@@ -10,15 +10,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The operator statements: dead items filtered, paged and counted, a
-// queue's rows purged in bounded batches, and the part owners. They back
-// claim's admin API (claim/admin.go) and the crdbwork command.
+// The operator statements: dead items filtered, paged and counted, and a
+// queue's rows counted and purged in bounded batches. They back claim's
+// admin API (claim/admin.go) and the crdbwork command.
 //
 // Both engines: the filters are written so that an empty filter value means
-// "any" ($n = ” OR column = $n), which keeps one statement text per
-// purpose; strpos(string, substring) is in PostgreSQL and CockroachDB (docs
-// checked: CockroachDB "Functions and Operators", String and byte
-// functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
+// "any" (each compares $n with the empty string first, then the column with
+// $n), which keeps one statement text per purpose; strpos(string,
+// substring) is in PostgreSQL and CockroachDB (docs checked: CockroachDB
+// "Functions and Operators", String and byte functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
 // as DeathStatements.DeadItemsBefore does, with the leading column bounded
 // so that crdbwork_dead_items_by_queue (queue, died_at) is seeked. Each
 // purge batch picks up to a limit of ids through an index that leads with
@@ -30,8 +30,8 @@ import (
 // id IN (SELECT unnest($2::UUID[])) as the reaper's by-id moves do (see
 // DeathStatements: a lookup join by primary key on both engines). A DELETE
 // whose subquery reads its own table was planned as a sequential scan and a
-// hash join by PostgreSQL; the two steps are not. the part owners of one queue through the unique constraint
-// on (queue, part). PostgreSQL plans are checked in sql/store_admin_test.go.
+// hash join by PostgreSQL; the two steps are not. PostgreSQL plans are
+// checked in sql/store_admin_test.go.
 type adminStatements struct {
 	deadFirst   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 limit → dead item columns
 	deadAfter   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 died_at, $6 id, $7 death, $8 limit → dead item columns
@@ -115,17 +115,6 @@ type DeadFilter struct {
 	ErrorContains string
 }
 
-// DeadRow is one death as the dead-item statements return it.
-type DeadRow struct {
-	ID, Death              uuid.UUID
-	Part, Priority         int64
-	Attempts, MaxAttempts  int64
-	Key, LastError, Tenant *string
-	Payload, Metadata      []byte
-	EnqueuedAt, DiedAt     time.Time
-	Reason                 string
-}
-
 // DeadPosition is a place in the order of dead items (died_at, id, death,
 // all descending): the last row of a page.
 type DeadPosition struct {
@@ -135,27 +124,12 @@ type DeadPosition struct {
 
 // DeadItemsPage returns up to limit deaths of queue that match f, newest
 // first, after the position after (nil: from the newest).
-func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadRow, error) {
+func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
 	a := s.admin()
-	var rows pgx.Rows
-	var err error
 	if after == nil {
-		rows, err = db.Query(ctx, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
-	} else {
-		rows, err = db.Query(ctx, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
+		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
 	}
-	if err != nil {
-		return nil, err
-	}
-	var out []DeadRow
-	var d DeadRow
-	_, err = pgx.ForEachRow(rows, []any{&d.ID, &d.Part, &d.Key, &d.Priority, &d.Attempts, &d.MaxAttempts, &d.Payload, &d.Metadata,
-		&d.LastError, &d.EnqueuedAt, &d.DiedAt, &d.Tenant, &d.Reason, &d.Death}, func() error {
-		out = append(out, d)
-		d = DeadRow{}
-		return nil
-	})
-	return out, err
+	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
 }
 
 // CountDead counts the deaths of queue that match f.
@@ -246,36 +220,4 @@ func (s *Store) PurgeQueueRows(ctx context.Context, tx pgx.Tx, queue string) (bo
 	}
 	tag, err := tx.Exec(ctx, a.purgeQueues, queue)
 	return tag.RowsAffected() == 1, err
-}
-
-// PartOwner is one owned part.
-type PartOwner struct {
-	Queue   string
-	Part    int
-	Session uuid.UUID
-}
-
-// PartOwners returns the owned parts of queue, or of every queue when queue
-// is "", by queue and part.
-func (s *Store) PartOwners(ctx context.Context, db DB, queue string) ([]PartOwner, error) {
-	a := s.admin()
-	var rows pgx.Rows
-	var err error
-	if queue == "" {
-		rows, err = db.Query(ctx, a.ownersAll)
-	} else {
-		rows, err = db.Query(ctx, a.ownersOne, queue)
-	}
-	if err != nil {
-		return nil, err
-	}
-	var out []PartOwner
-	var o PartOwner
-	var part int64
-	_, err = pgx.ForEachRow(rows, []any{&o.Queue, &part, &o.Session}, func() error {
-		o.Part = int(part)
-		out = append(out, o)
-		return nil
-	})
-	return out, err
 }

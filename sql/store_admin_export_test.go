@@ -7,8 +7,7 @@ func AdminStatementsForTest(t Tables) map[string]string {
 	m := map[string]string{
 		"DeadFirst": a.deadFirst, "DeadAfter": a.deadAfter, "DeadCount": a.deadCount, "EndedCount": a.endedCount,
 		"ScheduleCount": a.schedCount, "OwnerCount": a.ownerCount, "PickUnclaimed": a.pickFree, "PickClaimed": a.pickHeld,
-		"PickDead": a.pickDead, "PickEnded": a.pickEnded, "PurgeItems": a.purgeItems, "PurgeDead": a.purgeDead, "PurgeEnded": a.purgeEnded, "PurgeQueueRow": a.purgeQueues, "PartOwnersOne": a.ownersOne,
-		"PartOwnersAll": a.ownersAll,
+		"PickDead": a.pickDead, "PickEnded": a.pickEnded, "PurgeItems": a.purgeItems, "PurgeDead": a.purgeDead, "PurgeEnded": a.purgeEnded, "PurgeQueueRow": a.purgeQueues,
 	}
 	for i, s := range a.purgeRest {
 		m[[]string{"PurgeOwnedParts", "PurgeTenantLimits", "PurgeSchedules"}[i]] = s

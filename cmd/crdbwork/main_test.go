@@ -187,11 +187,11 @@ func (d *db) enqueue(t *testing.T, queue string, n int) []uuid.UUID {
 			items[i].Tenant = "t1"
 		}
 	}
-	ids, err := d.queue(t, queue, crsql.Tables{}).Enqueue(context.Background(), items...)
+	enq, err := d.queue(t, queue, crsql.Tables{}).Enqueue(context.Background(), items...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ids
+	return enq.IDs
 }
 
 // kill inserts n deaths of queue: tenant a for the even ones, reason
