@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -29,10 +30,10 @@ type cleanupPlan struct {
 	dropSchema bool
 }
 
-func cmdCleanup(ctx context.Context, name string, args []string, out *console) error {
+func cmdCleanup(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var c common
 	var dropSchema bool
-	f := newFlagSet(name, `Removes what the demo made in a database given with --database-url: the items,
+	f := prog.NewFlagSet(name, `Removes what the demo made in a database given with --database-url: the items,
 dead items, ended ids, part count, settings, tenant limits and schedules of
 --queue, which must be a queue the demo created, and its rows in the demo's
 tables. The demo's tables themselves (demo_results, demo_enqueued, demo_runs,
@@ -45,15 +46,15 @@ Refuses a queue the demo did not create (operate it with the crdbwork
 command), and a queue live sessions work on (stop the workers first). Says
 what it will delete on stderr, and shows the progress of long deletes.`)
 	c.register(f, urlRequired)
-	f.boolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables, if no other queue and no live session is left")
-	f.flagOnly("drop-schema")
-	if err := f.parse(args, out.stdout); err != nil {
+	f.BoolVar(&dropSchema, "drop-schema", false, "also drop the crdbwork tables, if no other queue and no live session is left")
+	f.FlagOnly("drop-schema")
+	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if err := c.requireURL(f); err != nil {
 		return err
 	}
-	pool, err := connect(ctx, c.databaseURL, 2)
+	pool, err := cli.Connect(ctx, c.databaseURL, 2)
 	if err != nil {
 		return err
 	}
@@ -62,7 +63,7 @@ what it will delete on stderr, and shows the progress of long deletes.`)
 	if err != nil {
 		return err
 	}
-	out.errorf("demo cleanup: %s", p.describe())
+	out.Errorf("demo cleanup: %s", p.describe())
 	start := time.Now()
 	var rows crsql.QueueRows
 	if p.inDatabase {
@@ -73,7 +74,7 @@ what it will delete on stderr, and shows the progress of long deletes.`)
 	if p.dropTables {
 		for _, t := range demoTableNames {
 			if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+t); err != nil {
-				return failf(1, "dropping %s: %v", t, err)
+				return cli.Failf(1, "dropping %s: %v", t, err)
 			}
 		}
 	} else if p.demoQueue {
@@ -83,24 +84,24 @@ what it will delete on stderr, and shows the progress of long deletes.`)
 	}
 	if p.dropSchema {
 		if err := store.DropTables(ctx, pool); err != nil {
-			return failf(1, "%v", err)
+			return cli.Failf(1, "%v", err)
 		}
 	}
 	if c.json {
-		return printJSON(out, map[string]any{"queue": c.queue, "items_deleted": rows.Items, "dead_items_deleted": rows.DeadItems,
+		return cli.PrintJSON(out, map[string]any{"queue": c.queue, "items_deleted": rows.Items, "dead_items_deleted": rows.DeadItems,
 			"demo_tables_dropped": p.dropTables, "schema_dropped": p.dropSchema})
 	}
 	switch {
 	case p.inDatabase || p.demoQueue:
-		out.printf("removed queue %q (%d items, %d dead items)", p.queue, rows.Items, rows.DeadItems)
+		out.Printf("removed queue %q (%d items, %d dead items)", p.queue, rows.Items, rows.DeadItems)
 	default:
-		out.printf("queue %q: nothing to remove", p.queue)
+		out.Printf("queue %q: nothing to remove", p.queue)
 	}
 	if p.dropTables {
-		out.printf("; dropped the demo tables")
+		out.Printf("; dropped the demo tables")
 	}
 	if p.dropSchema {
-		out.printf("; dropped the crdbwork tables")
+		out.Printf("; dropped the crdbwork tables")
 	}
 	out.Printf("\n")
 	return nil
@@ -120,7 +121,7 @@ func planCleanup(ctx context.Context, pool *pgxpool.Pool, queue string, dropSche
 	}
 	p.demoQueue, p.inDatabase = s.isOwn(queue), s.hasQueue
 	if slices.Contains(s.worked, queue) {
-		return p, failf(1, "live sessions work on queue %q: stop its workers first (nothing was deleted)", queue)
+		return p, cli.Failf(1, "live sessions work on queue %q: stop its workers first (nothing was deleted)", queue)
 	}
 	for _, q := range s.own {
 		if q != queue {
@@ -130,7 +131,7 @@ func planCleanup(ctx context.Context, pool *pgxpool.Pool, queue string, dropSche
 	p.dropTables = len(p.otherDemo) == 0
 	if dropSchema {
 		if !s.schema {
-			return p, failf(2, "there are no crdbwork tables in this database to drop (nothing was deleted)")
+			return p, cli.Failf(2, "there are no crdbwork tables in this database to drop (nothing was deleted)")
 		}
 		var others []string
 		for _, q := range s.present {
@@ -139,24 +140,24 @@ func planCleanup(ctx context.Context, pool *pgxpool.Pool, queue string, dropSche
 			}
 		}
 		if len(others) > 0 {
-			return p, failf(1, "not dropping the crdbwork tables: other queues are in this database: %s (nothing was deleted; a demo queue's cleanup is `demo cleanup --queue NAME`, other queues are not the demo's)", quoteList(others, 10))
+			return p, cli.Failf(1, "not dropping the crdbwork tables: other queues are in this database: %s (nothing was deleted; a demo queue's cleanup is `demo cleanup --queue NAME`, other queues are not the demo's)", quoteList(others, 10))
 		}
 		infos, err := session.List(ctx, pool, tables)
 		if err != nil {
-			return p, failf(1, "%v", err)
+			return p, cli.Failf(1, "%v", err)
 		}
 		if len(infos) > 0 {
-			return p, failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first; nothing was deleted)", len(infos))
+			return p, cli.Failf(1, "not dropping the crdbwork tables: %d sessions are live (stop the workers first; nothing was deleted)", len(infos))
 		}
 	}
 	if p.inDatabase {
 		q, err := claim.New(pool, claim.Options{Queue: queue, Tables: tables})
 		if err != nil {
-			return p, failf(2, "%v", err)
+			return p, cli.Failf(2, "%v", err)
 		}
 		info, err := q.Inspect(ctx)
 		if err != nil {
-			return p, failf(1, "%v", err)
+			return p, cli.Failf(1, "%v", err)
 		}
 		p.items, p.dead = info.Unclaimed+info.Claimed, info.Dead
 	}
@@ -191,13 +192,13 @@ func (p cleanupPlan) describe() string {
 // deleteQueue deletes queue's rows from crdbwork's tables in batches
 // (sql.Store.DeleteQueueRows), showing the progress once it takes longer
 // than progressAfter, then its part count, settings and the rest.
-func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *console, start time.Time) (crsql.QueueRows, error) {
+func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *cli.Console, start time.Time) (crsql.QueueRows, error) {
 	var total crsql.QueueRows
 	for {
 		r, err := store.DeleteQueueRows(ctx, pool, queue, cleanupBatch)
 		if err != nil {
-			out.endProgress()
-			return total, failf(1, "%v (deleted so far: %d items, %d dead items)", err, total.Items, total.DeadItems)
+			out.EndProgress()
+			return total, cli.Failf(1, "%v (deleted so far: %d items, %d dead items)", err, total.Items, total.DeadItems)
 		}
 		total.Items += r.Items
 		total.DeadItems += r.DeadItems
@@ -206,13 +207,13 @@ func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *con
 			break
 		}
 		if elapsed := time.Since(start); elapsed >= progressAfter {
-			out.progress(fmt.Sprintf("demo cleanup: deleted %d items, %d dead items and %d ended ids of %q, %s",
+			out.Progress(fmt.Sprintf("demo cleanup: deleted %d items, %d dead items and %d ended ids of %q, %s",
 				total.Items, total.DeadItems, total.Ended, queue, elapsed.Round(time.Second)), false)
 		}
 	}
-	out.endProgress()
+	out.EndProgress()
 	if err := store.DeleteQueueRest(ctx, pool, queue); err != nil {
-		return total, failf(1, "%v", err)
+		return total, cli.Failf(1, "%v", err)
 	}
 	return total, nil
 }
@@ -227,27 +228,27 @@ var demoRowsDeletes = []struct{ what, stmt string }{
 
 // deleteDemoRows deletes queue's rows from the demo's tables, which other
 // demo queues keep using, and its record in demo_queues.
-func deleteDemoRows(ctx context.Context, pool *pgxpool.Pool, queue string, out *console, start time.Time) error {
+func deleteDemoRows(ctx context.Context, pool *pgxpool.Pool, queue string, out *cli.Console, start time.Time) error {
 	for _, d := range demoRowsDeletes {
 		var n int64
 		for {
 			tag, err := pool.Exec(ctx, d.stmt, queue, cleanupBatch)
 			if err != nil {
-				out.endProgress()
-				return failf(1, "deleting the %s of %q from the demo tables: %v", d.what, queue, err)
+				out.EndProgress()
+				return cli.Failf(1, "deleting the %s of %q from the demo tables: %v", d.what, queue, err)
 			}
 			n += tag.RowsAffected()
 			if tag.RowsAffected() == 0 {
 				break
 			}
 			if elapsed := time.Since(start); elapsed >= progressAfter {
-				out.progress(fmt.Sprintf("demo cleanup: deleted %d %s of %q from the demo tables, %s", n, d.what, queue, elapsed.Round(time.Second)), false)
+				out.Progress(fmt.Sprintf("demo cleanup: deleted %d %s of %q from the demo tables, %s", n, d.what, queue, elapsed.Round(time.Second)), false)
 			}
 		}
 	}
-	out.endProgress()
+	out.EndProgress()
 	if _, err := pool.Exec(ctx, `DELETE FROM demo_queues WHERE queue = $1`, queue); err != nil {
-		return failf(1, "deleting %q from demo_queues: %v", queue, err)
+		return cli.Failf(1, "deleting %q from demo_queues: %v", queue, err)
 	}
 	return nil
 }

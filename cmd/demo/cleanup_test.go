@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -315,7 +316,7 @@ func TestVerifyQueueAndCancelled(t *testing.T) {
 // how far it is, its rate and the time left.
 func TestEnqueueProgress(t *testing.T) {
 	var stderr strings.Builder
-	out := newConsole(&strings.Builder{}, &stderr)
+	out := cli.NewConsole(&strings.Builder{}, &stderr)
 	enqueueProgress(out, "demo", 1000, time.Now())(500)
 	if stderr.Len() != 0 {
 		t.Errorf("a fresh enqueue showed progress: %q", stderr.String())

@@ -257,18 +257,18 @@ dead"); with --at-most-once, the claim that hands an item out deletes it.
 With --tenants, the items belong to tenants (for fair queues and tenant
 limits); with --priorities, they get random priorities (for the urgent lane).`)
 	c.register(f, urlRequired)
-	f.intVar(&c.count, "count", 1000, 1, maxEnqueue, "number of items to enqueue (at most 10,000,000)")
-	f.durationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
-	f.boolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
-	f.flagOnly("at-most-once")
-	f.intVar(&c.shape.tenants, "tenants", 0, 0, 1_000_000, "give item i the tenant \"tenant-<i % N>\" and no key (a tenant's items then share one part; 0: no tenants, keys \"key-<i % 1000>\")")
-	f.intVar(&c.shape.priorities, "priorities", 1, 1, 1<<30, "give every item a uniformly random priority in [0, N) (1: all 0)")
-	f.intVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
-	f.intVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
-	f.boolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
-	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
-	f.flagOnly("shared-database")
-	if err := f.parse(args, out.stdout); err != nil {
+	f.IntVar(&c.count, "count", 1000, 1, maxEnqueue, "number of items to enqueue (at most 10,000,000)")
+	f.DurationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
+	f.BoolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
+	f.FlagOnly("at-most-once")
+	f.IntVar(&c.shape.tenants, "tenants", 0, 0, 1_000_000, "give item i the tenant \"tenant-<i % N>\" and no key (a tenant's items then share one part; 0: no tenants, keys \"key-<i % 1000>\")")
+	f.IntVar(&c.shape.priorities, "priorities", 1, 1, 1<<30, "give every item a uniformly random priority in [0, N) (1: all 0)")
+	f.IntVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
+	f.IntVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
+	f.BoolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
+	f.BoolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.FlagOnly("shared-database")
+	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if c.buffered && c.producers == 0 {
@@ -281,7 +281,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	if err := c.requireURL(f); err != nil {
 		return err
 	}
-	pool, err := connect(ctx, c.databaseURL, conns)
+	pool, err := cli.Connect(ctx, c.databaseURL, conns)
 	if err != nil {
 		return err
 	}
@@ -307,7 +307,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	} else {
 		err = enqueueDemoShaped(ctx, pool, c.queue, runID, c.count, c.shape, progress)
 	}
-	out.endProgress()
+	out.EndProgress()
 	if err != nil {
 		if ctx.Err() != nil {
 			return cli.Failf(130, "interrupted: %v", err)
@@ -348,7 +348,7 @@ const progressAfter = 2 * time.Second
 // items into queue started at start: a line on stderr (redrawn on a
 // terminal, at most one a second otherwise) once it runs longer than
 // progressAfter.
-func enqueueProgress(out *console, queue string, total int, start time.Time) func(done int) {
+func enqueueProgress(out *cli.Console, queue string, total int, start time.Time) func(done int) {
 	return func(done int) {
 		elapsed := time.Since(start)
 		if elapsed < progressAfter {
@@ -360,6 +360,6 @@ func enqueueProgress(out *console, queue string, total int, start time.Time) fun
 		if rate > 0 && done < total {
 			line += fmt.Sprintf(", about %s left", time.Duration(float64(total-done)/rate*float64(time.Second)).Round(time.Second))
 		}
-		out.progress(line, false)
+		out.Progress(line, false)
 	}
 }

@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"math"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/cli"
 )
 
 // limitFlags are the limit flags of `demo run` (`crdbwork limit` has the same).

@@ -747,7 +747,7 @@ func fmtBool(b *bool) string {
 func TestStoredPartsWin(t *testing.T) {
 	_, env, pool := migrated(t)
 	adoptDemoQueue(t, pool, "demo") // the demo works only on its own queues
-	if r := demo(t, time.Minute, env, "parts", "--set", "4"); r.code != 0 {
+	if r := op(t, time.Minute, env, "parts", "--set", "4", "--yes", "--create"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	work, log := startDemo(t, env, false, "work", "--name", "w16", "--parts", "16")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -101,10 +102,10 @@ type dbState struct {
 func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, error) {
 	var s dbState
 	err := crsql.Check(ctx, db, tables)
-	if !(errors.Is(err, crsql.ErrSchemaMissing) && !isMissingDatabase(err) && installedVersion(ctx, db) == 0) {
+	if !(errors.Is(err, crsql.ErrSchemaMissing) && !cli.IsMissingDatabase(err) && cli.InstalledVersion(ctx, db, tables) == 0) {
 		// There is a schema (or an error): it must be whole and at this
 		// version (requireSchema's exit-2 errors say what to do).
-		if err := requireSchema(ctx, db); err != nil {
+		if err := cli.RequireSchema(ctx, db, tables); err != nil {
 			return s, err
 		}
 		s.schema = true
@@ -119,11 +120,11 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 	}
 	names, err := claim.Queues(ctx, db, tables)
 	if err != nil {
-		return s, failf(1, "listing the queues: %v", err)
+		return s, cli.Failf(1, "listing the queues: %v", err)
 	}
 	worked, err := store.WorkedQueues(ctx, db)
 	if err != nil {
-		return s, failf(1, "%v", err)
+		return s, cli.Failf(1, "%v", err)
 	}
 	s.worked = worked
 	all := append(names, worked...)
@@ -147,14 +148,14 @@ func demoQueues(ctx context.Context, db crsql.DB) ([]string, error) {
 		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
 			return nil, nil
 		}
-		return nil, failf(1, "reading demo_queues: %v", err)
+		return nil, cli.Failf(1, "reading demo_queues: %v", err)
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
 			return nil, nil
 		}
-		return nil, failf(1, "reading demo_queues: %v", err)
+		return nil, cli.Failf(1, "reading demo_queues: %v", err)
 	}
 	return names, nil
 }
@@ -164,7 +165,7 @@ func (s dbState) isOwn(queue string) bool { return slices.Contains(s.own, queue)
 
 // notOwnError is the refusal to touch a queue the demo did not create.
 func notOwnError(cmd, queue string) error {
-	return &exitError{code: 2, msg: fmt.Sprintf("queue %q was not created by the demo: demo %s works only on the demo's own queues (its handler acks items without doing their work); pick another --queue, or operate this queue with the crdbwork command", queue, cmd)}
+	return &cli.ExitError{Code: 2, Msg: fmt.Sprintf("queue %q was not created by the demo: demo %s works only on the demo's own queues (its handler acks items without doing their work); pick another --queue, or operate this queue with the crdbwork command", queue, cmd)}
 }
 
 // checkOwnership refuses, before anything is written, a queue the demo did
@@ -179,7 +180,7 @@ func checkOwnership(ctx context.Context, db crsql.DB, cmd, queue string, shared 
 		return s, notOwnError(cmd, queue)
 	}
 	if len(s.foreign) > 0 && !shared {
-		return s, &exitError{code: 2, msg: fmt.Sprintf("this database holds queues the demo did not create (%s): the demo runs on a database of its own; use another database (without --database-url the demo starts its own), or pass --shared-database to work beside them (they are left alone)",
+		return s, &cli.ExitError{Code: 2, Msg: fmt.Sprintf("this database holds queues the demo did not create (%s): the demo runs on a database of its own; use another database (without --database-url the demo starts its own), or pass --shared-database to work beside them (they are left alone)",
 			quoteList(s.foreign, 5))}
 	}
 	return s, nil
@@ -193,16 +194,16 @@ func prepareDemo(ctx context.Context, db crsql.DB, s dbState, queue string, warn
 		err := crsql.ApplyWith(ctx, db, tables, crsql.ApplyOptions{Warn: warn})
 		if err != nil {
 			if errors.Is(err, crsql.ErrSchemaNewer) {
-				return failf(2, "%v", err)
+				return cli.Failf(2, "%v", err)
 			}
-			return failf(1, "creating the crdbwork schema: %v", err)
+			return cli.Failf(1, "creating the crdbwork schema: %v", err)
 		}
 	}
 	if err := createDemoTables(ctx, db); err != nil {
 		return err
 	}
 	if _, err := db.Exec(ctx, `INSERT INTO demo_queues (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING`, queue); err != nil {
-		return failf(1, "recording the demo queue %q: %v", queue, err)
+		return cli.Failf(1, "recording the demo queue %q: %v", queue, err)
 	}
 	return nil
 }
@@ -228,7 +229,7 @@ const demoTablesReady = `SELECT
 func createDemoTables(ctx context.Context, db crsql.DB) error {
 	var ready bool
 	if err := db.QueryRow(ctx, demoTablesReady).Scan(&ready); err != nil {
-		return failf(1, "looking for the demo tables: %v", err)
+		return cli.Failf(1, "looking for the demo tables: %v", err)
 	}
 	if ready {
 		return nil
@@ -244,20 +245,20 @@ func createDemoTables(ctx context.Context, db crsql.DB) error {
 	}
 	for _, stmt := range append(append([]string(nil), demoTablesSQL...), demoOwnTablesSQL...) {
 		if err := exec(stmt); err != nil {
-			return failf(1, "creating the demo tables: %v", err)
+			return cli.Failf(1, "creating the demo tables: %v", err)
 		}
 	}
 	var n int
 	if err := db.QueryRow(ctx, hasQueueColumn).Scan(&n); err != nil {
-		return failf(1, "reading the columns of demo_enqueued: %v", err)
+		return cli.Failf(1, "reading the columns of demo_enqueued: %v", err)
 	}
 	if n == 0 {
 		if err := exec(addQueueColumn); err != nil {
-			return failf(1, "adding the queue column to demo_enqueued: %v", err)
+			return cli.Failf(1, "adding the queue column to demo_enqueued: %v", err)
 		}
 	}
 	if err := exec(demoEnqueuedByQueue); err != nil {
-		return failf(1, "creating the demo tables: %v", err)
+		return cli.Failf(1, "creating the demo tables: %v", err)
 	}
 	return nil
 }
@@ -266,12 +267,12 @@ func createDemoTables(ctx context.Context, db crsql.DB) error {
 // database db reaches: checkOwnership (refusals, before any write), then
 // prepareDemo (the schema if missing, the demo's tables, the queue's
 // record), with the schema's warnings on stderr.
-func openDemo(ctx context.Context, db crsql.DB, cmd, queue string, shared bool, out *console) error {
+func openDemo(ctx context.Context, db crsql.DB, cmd, queue string, shared bool, out *cli.Console) error {
 	s, err := checkOwnership(ctx, db, cmd, queue, shared)
 	if err != nil {
 		return err
 	}
-	return prepareDemo(ctx, db, s, queue, func(msg string) { out.errorf("demo: warning: %s", oneLine(msg)) })
+	return prepareDemo(ctx, db, s, queue, func(msg string) { out.Errorf("demo: warning: %s", cli.OneLine(msg)) })
 }
 
 // quoteList quotes names for a message, at most max of them.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -22,8 +23,8 @@ import (
 // (demoTestBin).
 
 func init() {
-	workTestFlags = func(f *flagSet, c *workConfig) {
-		f.boolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
+	workTestFlags = func(f *cli.FlagSet, c *workConfig) {
+		f.BoolVar(&c.recordRuns, "record-runs", false, "record each handler run's start and end (database clock) in the table demo_runs, for the limit tests")
 	}
 	workTestSetup = setupRecordRuns
 }
@@ -31,11 +32,11 @@ func init() {
 // setupRecordRuns, with --record-runs, opens the recording's own pool,
 // creates demo_runs and wraps the demo handler; the returned function
 // closes the pool.
-func setupRecordRuns(ctx context.Context, c *workConfig, out *console) (func(), error) {
+func setupRecordRuns(ctx context.Context, c *workConfig, out *cli.Console) (func(), error) {
 	if !c.recordRuns {
 		return func() {}, nil
 	}
-	rp, err := connect(ctx, c.databaseURL, 2)
+	rp, err := cli.Connect(ctx, c.databaseURL, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +45,7 @@ func setupRecordRuns(ctx context.Context, c *workConfig, out *console) (func(), 
 	if _, err := rp.Exec(ctx, runsTable); err != nil {
 		if _, err := rp.Exec(ctx, runsTable); err != nil {
 			rp.Close()
-			return nil, failf(1, "creating demo_runs: %v", err)
+			return nil, cli.Failf(1, "creating demo_runs: %v", err)
 		}
 	}
 	c.wrap = func(h worker.Handler) worker.Handler { return recordRuns(rp, out, h) }
@@ -59,7 +60,7 @@ func setupRecordRuns(ctx context.Context, c *workConfig, out *console) (func(), 
 // starts (if ctx ends first, h does not run and the start, if it was
 // written, is deleted), the end after h returned (tried for at most
 // runEndPatience). A failed write is logged on stderr.
-func recordRuns(db *pgxpool.Pool, out *console, h worker.Handler) worker.Handler {
+func recordRuns(db *pgxpool.Pool, out *cli.Console, h worker.Handler) worker.Handler {
 	pid := int64(os.Getpid())
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		id := uuid.New()
@@ -95,21 +96,21 @@ const runEndPatience = 2 * time.Minute
 
 // retryRecord runs write until it succeeds or ctx ends, 100 ms apart,
 // logging the first failure and the last.
-func retryRecord(ctx context.Context, out *console, what string, write func(context.Context) error) error {
+func retryRecord(ctx context.Context, out *cli.Console, what string, write func(context.Context) error) error {
 	for try := 1; ; try++ {
 		err := write(ctx)
 		if err == nil {
 			if try > 1 {
-				out.errorf("demo work: recorded a run's %s after %d tries", what, try)
+				out.Errorf("demo work: recorded a run's %s after %d tries", what, try)
 			}
 			return nil
 		}
 		if try == 1 {
-			out.errorf("demo work: recording a run's %s: %v (trying again)", what, err)
+			out.Errorf("demo work: recording a run's %s: %v (trying again)", what, err)
 		}
 		select {
 		case <-ctx.Done():
-			out.errorf("demo work: recording a run's %s: gave up after %d tries: %v", what, try, err)
+			out.Errorf("demo work: recording a run's %s: gave up after %d tries: %v", what, try, err)
 			return fmt.Errorf("recording a run's %s: %w", what, err)
 		case <-time.After(100 * time.Millisecond):
 		}

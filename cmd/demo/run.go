@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/dbserver"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -113,16 +114,16 @@ human line on stderr.`
 	c.workerSettings.register(f, "parts the queue is divided into (set before the enqueue, replacing a stored number)")
 	f.IntVar(&c.items, "items", 10_000, 1, 100_000_000, "items to enqueue")
 	c.limits.register(f, "the queue")
-	f.intVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
-	f.durationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
-	f.durationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
-	f.boolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
-	f.durationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
-	f.durationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
-	f.boolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
-	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
-	f.flagOnly("shared-database")
-	if err := f.parse(args, out.stdout); err != nil {
+	f.IntVar(&c.workers, "workers", 4, 1, 1000, "worker sessions (in this process; child processes with --kill-every)")
+	f.DurationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
+	f.DurationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
+	f.BoolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
+	f.DurationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
+	f.DurationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
+	f.BoolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
+	f.BoolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.FlagOnly("shared-database")
+	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if c.bench {
@@ -244,7 +245,7 @@ func (r *demoRun) run(ctx context.Context) (err error) {
 	s.RunID = runID.String()
 	enqStart := time.Now()
 	if err := enqueueDemoShaped(ctx, pool, c.queue, runID, c.items, itemShape{}, nil); err != nil {
-		return failf(1, "%v", err)
+		return cli.Failf(1, "%v", err)
 	}
 	s.EnqueueSeconds = time.Since(enqStart).Seconds()
 	if c.progress {

@@ -225,7 +225,7 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 func (f *mixedFleet) migrate() {
 	f.t.Helper()
 	mustRun(f.t, crdbworkBin, f.env, "migrate")
-	if err := ensureDemoTables(context.Background(), f.pool); err != nil {
+	if err := createDemoTables(context.Background(), f.pool); err != nil {
 		f.t.Fatal(err)
 	}
 }

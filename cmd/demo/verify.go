@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -178,9 +177,9 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 	}
 	if _, err := pool.Exec(ctx, `SELECT 1 FROM demo_enqueued LIMIT 1`); err != nil {
 		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
-			return failf(2, "the demo's tables are not in this database: nothing to verify (`demo run` and `demo enqueue` record what they enqueue)")
+			return cli.Failf(2, "the demo's tables are not in this database: nothing to verify (`demo run` and `demo enqueue` record what they enqueue)")
 		}
-		return failf(1, "reading demo_enqueued: %v", err)
+		return cli.Failf(1, "reading demo_enqueued: %v", err)
 	}
 	// The tables are the demo's: bring those of an earlier demo up to date
 	// (the queue of each recorded item).
@@ -192,9 +191,9 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 		id := uuid.MustParse(c.runID)
 		filter.runID = &id
 	}
-	if f.isSet("queue") {
+	if f.IsSet("queue") {
 		if !slices.Contains(own, c.queue) {
-			return failf(2, "queue %q is not one the demo created: nothing of it to verify (the demo's queues: %s)", c.queue, orNone(quoteList(own, 10)))
+			return cli.Failf(2, "queue %q is not one the demo created: nothing of it to verify (the demo's queues: %s)", c.queue, orNone(quoteList(own, 10)))
 		}
 		filter.queue = c.queue
 	}

@@ -187,8 +187,8 @@ type workConfig struct {
 // (record_demotest.go), add the tests' flags to `demo work` and act on them
 // before the worker starts (the returned function runs when it stopped).
 var (
-	workTestFlags func(f *flagSet, c *workConfig)
-	workTestSetup func(ctx context.Context, c *workConfig, out *console) (func(), error)
+	workTestFlags func(f *cli.FlagSet, c *workConfig)
+	workTestSetup func(ctx context.Context, c *workConfig, out *cli.Console) (func(), error)
 )
 
 // demoSchedule is the name of the periodic schedule of `demo work --every`.
@@ -232,18 +232,18 @@ missing; a database holding other queues needs --shared-database.`)
 	c.common.register(f, urlRequired)
 	c.workerSettings.register(f, "parts the queue is divided into, if it has no stored number yet (a stored number wins, with a warning)")
 	host, _ := os.Hostname()
-	f.durationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
-	f.durationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
-	f.stringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
-	f.boolVar(&c.anyPart, "any-part", false, "claim in any part of --queue: the worker owns no parts (a queue without parts), every worker of the queue claims any of its items")
-	f.durationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
-	f.boolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
-	f.boolVar(&c.shared, "shared-database", false, sharedUsage)
-	f.flagOnly("shared-database")
+	f.DurationVar(&c.reportEvery, "report-every", 0, true, "print the worker's counters as a JSON line on stderr this often (used by `demo run --kill-every`; 0: off)")
+	f.DurationVar(&c.waitDB, "wait-db", 0, true, "at start, keep trying this long to reach a database that refuses connections or is restarting (0: fail at once)")
+	f.StringVar(&c.name, "name", fmt.Sprintf("demo-work-%s-%d", host, os.Getpid()), "NAME", "session name shown by `demo status`", nil)
+	f.BoolVar(&c.anyPart, "any-part", false, "claim in any part of --queue: the worker owns no parts (a queue without parts), every worker of the queue claims any of its items")
+	f.DurationVar(&c.every, "every", 0, true, "also run the periodic schedule \"demo-every\": one item on --queue per period of this length, however many `demo work` processes run it (0: off)")
+	f.BoolVar(&c.skipMissed, "skip-missed", false, "with --every: periods missed while no process ran get no item (default: one item for the latest missed period)")
+	f.BoolVar(&c.shared, "shared-database", false, sharedUsage)
+	f.FlagOnly("shared-database")
 	if workTestFlags != nil {
 		workTestFlags(f, &c)
 	}
-	if err := f.parse(args, out.stdout); err != nil {
+	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if err := c.requireURL(f); err != nil {
@@ -315,7 +315,7 @@ missing; a database holding other queues needs --shared-database.`)
 		}
 		defer ms.close()
 	}
-	warm(ctx, pool)
+	cli.Warm(ctx, pool)
 	if workTestSetup != nil {
 		done, err := workTestSetup(ctx, &c, out)
 		if err != nil {

@@ -152,7 +152,7 @@ func RequireSchema(ctx context.Context, db crsql.DB, tables crsql.Tables) error 
 	switch {
 	case err == nil:
 		return requireTables(ctx, db, tables)
-	case isMissingDatabase(err):
+	case IsMissingDatabase(err):
 		return Failf(2, "%s", missingDatabaseMessage(err))
 	case errors.Is(err, crsql.ErrSchemaMissing):
 		return Failf(2, "the crdbwork schema is not in this database: run `crdbwork migrate` first (or apply sql/schema.sql)")
@@ -188,9 +188,9 @@ func requireTables(ctx context.Context, db crsql.DB, tables crsql.Tables) error 
 	return nil
 }
 
-// isMissingDatabase reports the server's "database does not exist" (3D000;
+// IsMissingDatabase reports the server's "database does not exist" (3D000;
 // CockroachDB accepts the connection and says so at the first statement).
-func isMissingDatabase(err error) bool {
+func IsMissingDatabase(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "3D000"
 }
