@@ -14,7 +14,6 @@ func TestTenantFlagsBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"fair", "--database-url", url, "maybe"}, `unexpected argument "maybe"`},
 		// The measurements moved to the bench module (go -C bench run . fairness, order).
 		{[]string{"run", "--database-url", url, "--tenants", "10"}, "unknown flag --tenants"},
 		{[]string{"run", "--database-url", url, "--measure-order"}, "unknown flag --measure-order"},
@@ -27,6 +26,8 @@ func TestTenantFlagsBadInput(t *testing.T) {
 			t.Errorf("demo %s: exit status %d, stderr %q; want 2 and %q", strings.Join(c.args, " "), r.code, r.stderr, c.want)
 		}
 	}
+	// fair moved to crdbwork, with its checks.
+	wantExit(t, op(t, time.Minute, nil, "fair", "--database-url", url, "maybe"), 2, `unexpected argument "maybe"`)
 }
 
 // crdbwork fair shows and changes the queue's setting, keeping the others.
