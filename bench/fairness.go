@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/cli"
 )
 
 // The fairness experiment (go -C bench run . fairness): many tenants with
@@ -566,5 +565,3 @@ func secs(s float64) time.Duration {
 	}
 	return d
 }
-
-func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
