@@ -1,13 +1,13 @@
 package sql
 
-// DeathStatements are the statements that keep the reaper and the nacks
+// deathStatements are the statements that keep the reaper and the nacks
 // going when an item cannot be moved to the dead items (schema version 4
 // keys dead items by (id, death), so a reused id no longer conflicts; a
 // move may still be refused for something about one item: a constraint, a
 // trigger, a row over a size limit), and that page through every death of
 // the dead items. Rendered for one set of table names.
 //
-// The reaper's batches (Statements.ReapLeases, ReapExhausted and
+// The reaper's batches (coreStatements.ReapLeases, ReapExhausted and
 // ReapExpired) stay as they are; when one fails for an item,
 // claim.Queue.Reap reads the batch's candidates (ExpiredLeaseIDs,
 // ExhaustedIDs, ExpiredIDs) and releases or moves them by id
@@ -32,7 +32,7 @@ package sql
 // sql/explain_test.go (no sequential scan of the items or dead items; the
 // by-id moves look their ids up by primary key, or, when the planner expects
 // few candidates, read them from the step's partial index).
-type DeathStatements struct {
+type deathStatements struct {
 	// ExhaustedIDs lists up to $2 ids of queue $1's unclaimed items whose
 	// attempts are used up (the candidates of ReapExhausted), through
 	// crdbwork_items_exhausted. It locks nothing.
@@ -61,7 +61,7 @@ type DeathStatements struct {
 	// set, so that no claim hands it out again and the reaper moves it
 	// once it can.
 	Exhaust string // $1 id, $2 session, $3 token, $4 error → rows affected
-	// DeadItemsBefore is Statements.DeadItems' next page: the dead items
+	// DeadItemsBefore is coreStatements.DeadItems' next page: the dead items
 	// of queue $1 after the death ($2 died_at, $3 id, $4 death) in its
 	// order (died_at, id, death, all descending), through
 	// crdbwork_dead_items_by_queue.
@@ -72,10 +72,10 @@ type DeathStatements struct {
 	RequeueState string // $1 id, $2 queue, $3 death or NULL → live queue, deaths
 }
 
-// NewDeathStatements renders the statements for t.
-func NewDeathStatements(t Tables) *DeathStatements {
+// newDeathStatements renders the statements for t.
+func newDeathStatements(t Tables) *deathStatements {
 	r := t.rewrite
-	return &DeathStatements{
+	return &deathStatements{
 		ExhaustedIDs: r(`SELECT id FROM crdbwork_items
 WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
 LIMIT $2`),

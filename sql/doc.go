@@ -11,7 +11,11 @@
 // only when the server is CockroachDB. docs/schema.md says what running
 // workers see during an upgrade.
 //
-// Statements renders the queries of packages session, partition and claim for
-// one set of table names. Keeping the text here is the driver boundary: the
-// business logic in those packages never builds SQL itself.
+// Store is the driver boundary: every statement crdbwork runs on its tables
+// (sessions, parts, claims, acks, the reaper, enqueue, inspection, the
+// operator commands, the demo's checks) is a typed method of Store, rendered
+// once per set of table names, with its text unexported. The business logic
+// in the other packages never builds SQL; the EXPLAIN tests of this package
+// check every statement's plan. Store is low-level and unstable: applications
+// use the claim, session, partition and worker packages.
 package sql

@@ -11,7 +11,7 @@ package sql
 // DefaultDedupWindow) and does not add it again, so that a producer that
 // retries after an unknown outcome never runs work twice, even when a worker
 // already finished the first copy. Every session's reaper prunes the rows
-// older than the window in bounded batches (DedupStatements.PruneEnded),
+// older than the window in bounded batches (dedupStatements.PruneEnded),
 // through crdbwork_ended_by_age.
 //
 // CockroachDB checked: its "Common Table Expressions" page documents
@@ -21,7 +21,7 @@ package sql
 // each statement modifies each table once (CockroachDB refuses several
 // modifications of one table in a statement unless they are all INSERTs
 // without ON CONFLICT); INSERT ... ON CONFLICT (cols) DO UPDATE with
-// excluded and a table alias is accepted (see ScheduleStatements.Advance).
+// excluded and a table alias is accepted (see scheduleStatements.Advance).
 
 // Outcomes recorded in crdbwork_ended.outcome.
 const (
@@ -63,10 +63,10 @@ func deleteEnded(del, outcome string) string {
 	return "WITH gone AS (" + del + " RETURNING id, queue),\n" + recordEnded(outcome) + "\nSELECT id FROM gone"
 }
 
-// DedupStatements are the statements of the dedup window that are not part
+// dedupStatements are the statements of the dedup window that are not part
 // of an ack, a move or an enqueue, rendered for one set of table names. The
 // text is identical on CockroachDB and PostgreSQL.
-type DedupStatements struct {
+type dedupStatements struct {
 	// PruneEnded deletes up to $2 rows of queue $1 that ended before its
 	// dedup window, oldest first, through crdbwork_ended_by_age (queue,
 	// ended_at), and returns their ids. Rows another pruner holds are
@@ -76,10 +76,10 @@ type DedupStatements struct {
 	PruneEnded string // $1 queue, $2 limit → ids pruned
 }
 
-// NewDedupStatements renders the dedup statements for t.
-func NewDedupStatements(t Tables) *DedupStatements {
+// newDedupStatements renders the dedup statements for t.
+func newDedupStatements(t Tables) *dedupStatements {
 	r := t.rewrite
-	return &DedupStatements{
+	return &dedupStatements{
 		PruneEnded: r(`WITH old AS MATERIALIZED (
     SELECT id FROM crdbwork_ended
     WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `

@@ -6,13 +6,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// EnqueueStatements are the statements of claim.Queue's enqueue, rendered
+// enqueueStatements are the statements of claim.Queue's enqueue, rendered
 // for one set of table names. The text is identical on CockroachDB and
 // PostgreSQL. Rows are passed as one array per column (unnest), so that a
 // statement takes the same nine parameters whatever its number of rows, and
 // as a COPY in binary format, which both engines accept (CockroachDB
 // requires the INSERT privilege on the table, as PostgreSQL does).
-type EnqueueStatements struct {
+type enqueueStatements struct {
 	// Insert adds rows to queue $1 and returns the id of each row it added;
 	// a row whose id is already in the items table is skipped (ON CONFLICT
 	// DO NOTHING), and so is a row whose id ended in queue $1 within the
@@ -55,10 +55,10 @@ type EnqueueStatements struct {
 	CopyColumns []string
 }
 
-// NewEnqueueStatements renders the enqueue statements for t.
-func NewEnqueueStatements(t Tables) *EnqueueStatements {
+// newEnqueueStatements renders the enqueue statements for t.
+func newEnqueueStatements(t Tables) *enqueueStatements {
 	r := t.rewrite
-	return &EnqueueStatements{
+	return &enqueueStatements{
 		Insert: r(`INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
      tenant, turn_at, expires_at, at_most_once)

@@ -6,13 +6,13 @@ import (
 	"sync/atomic"
 )
 
-// MaxFairPairs bounds the (tenant, priority) pairs one FairStatements.Lasts
+// MaxFairPairs bounds the (tenant, priority) pairs one fairStatements.Lasts
 // statement reads; a fair enqueue with more pairs sends several, in one
 // pipelined batch.
 const MaxFairPairs = 32
 
-// FairStatements are the reads a fair queue's enqueue stamps its items
-// from (claim.Queue.Enqueue), beside Statements.FairHead: the tenants'
+// fairStatements are the reads a fair queue's enqueue stamps its items
+// from (claim.Queue.Enqueue), beside coreStatements.FairHead: the tenants'
 // latest turns, rendered for a number of (tenant, priority) pairs.
 //
 // Each pair's read is an uncorrelated scalar subquery whose tenant and
@@ -25,13 +25,13 @@ const MaxFairPairs = 32
 // rule; cockroachdb/cockroach#68299 added one for larger limits), which may
 // read every unclaimed item of the tenants instead of one entry each.
 // Rendered texts are cached per number of pairs (at most MaxFairPairs).
-type FairStatements struct {
+type fairStatements struct {
 	t     Tables
 	lasts [MaxFairPairs + 1]atomic.Pointer[string]
 }
 
-// NewFairStatements returns the fair reads for t.
-func NewFairStatements(t Tables) *FairStatements { return &FairStatements{t: t} }
+// newFairStatements returns the fair reads for t.
+func newFairStatements(t Tables) *fairStatements { return &fairStatements{t: t} }
 
 // Lasts returns the read of k pairs (1 to MaxFairPairs; it panics
 // otherwise): $1 queue, then $(2i+2) the tenant and $(2i+3) the priority of
@@ -40,7 +40,7 @@ func NewFairStatements(t Tables) *FairStatements { return &FairStatements{t: t} 
 // if the queue is not fair. Nothing is locked: the stamps only order
 // claims, so a stale read costs some fairness, never an item. The same text
 // on both engines.
-func (f *FairStatements) Lasts(k int) string {
+func (f *fairStatements) Lasts(k int) string {
 	if k < 1 || k > MaxFairPairs {
 		panic(fmt.Sprintf("sql: a fair read of %d pairs (1 to %d)", k, MaxFairPairs))
 	}

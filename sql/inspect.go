@@ -1,14 +1,14 @@
 package sql
 
-// InspectStatements are the reads behind claim.Queue.Inspect and
+// inspectStatements are the reads behind claim.Queue.Inspect and
 // claim.Queues: one queue's state for metrics, the demo's status and
 // dashboards, rendered for one set of table names. Each is a read-only
 // single statement; what each reads is said below, and sql/explain_test.go
 // checks on PostgreSQL (custom and generic plans) that none scans a table
 // sequentially. CockroachDB cannot run here: its plans are not checked. The
 // forms are ones the existing statements already run on CockroachDB:
-// count(*) FILTER (WHERE …) as in Statements.Backlog, the LEFT JOIN of a
-// one-row subquery as in LimitStatements.QueueLimits, and min() over an
+// count(*) FILTER (WHERE …) as in coreStatements.Backlog, the LEFT JOIN of a
+// one-row subquery as in limitStatements.QueueLimits, and min() over an
 // indexed column, which its optimizer turns into a limited scan.
 //
 // No read here is a count over the whole items table. Counting a queue's
@@ -21,7 +21,7 @@ package sql
 // (crdbwork_items_lease), as many as its workers hold. The dead count reads
 // the queue's entries of crdbwork_dead_items_by_queue. The queue list seeks
 // one index entry per queue (see NextUnclaimedQueue).
-type InspectStatements struct {
+type inspectStatements struct {
 	// Queue returns queue $1's stored row: stored (whether the queue has a
 	// row in the queues table), num_parts (1 without a row) and paused
 	// (false without a row). A primary-key lookup.
@@ -61,10 +61,10 @@ type InspectStatements struct {
 	NextUnclaimedQueue, NextClaimedQueue, NextDeadQueue string
 }
 
-// NewInspectStatements renders the inspection statements for t.
-func NewInspectStatements(t Tables) *InspectStatements {
+// newInspectStatements renders the inspection statements for t.
+func newInspectStatements(t Tables) *inspectStatements {
 	r := t.rewrite
-	return &InspectStatements{
+	return &inspectStatements{
 		Queue: r(`SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false)
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
 		Unclaimed: r(`SELECT part, count(*), count(*) FILTER (WHERE vesting_at <= now()),

@@ -1,6 +1,6 @@
 package sql
 
-// LimitStatements are the statements of the queues' fleet-wide limits
+// limitStatements are the statements of the queues' fleet-wide limits
 // (claim.Queue.SetTenantLimit and the workers' reads), rendered for one set
 // of table names. Every one reads or writes rows by primary key (the
 // queues table's name, the tenant limits table's (queue, tenant)), so each
@@ -11,7 +11,7 @@ package sql
 // CONFLICT"); the LEFT JOIN of a one-row subquery constrains the queues
 // table by its primary key (q.name = $1), checked here on PostgreSQL's plans
 // (sql/explain_test.go), not on CockroachDB's, which cannot run here.
-type LimitStatements struct {
+type limitStatements struct {
 	// QueueLimits returns queue $1's max_in_flight, rate_limit,
 	// tenant_max_in_flight and tenant_rate_limit (zeros when the queue has
 	// no row) and the database clock, now().
@@ -28,10 +28,10 @@ type LimitStatements struct {
 	RemoveTenantLimit string
 }
 
-// NewLimitStatements renders the limit statements for t.
-func NewLimitStatements(t Tables) *LimitStatements {
+// newLimitStatements renders the limit statements for t.
+func newLimitStatements(t Tables) *limitStatements {
 	r := t.rewrite
-	return &LimitStatements{
+	return &limitStatements{
 		QueueLimits: r(`SELECT COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
        COALESCE(q.tenant_max_in_flight, 0), COALESCE(q.tenant_rate_limit, 0), now()
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),

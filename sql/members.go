@@ -1,6 +1,6 @@
 package sql
 
-// MemberStatements are the statements of queue membership (schema version
+// memberStatements are the statements of queue membership (schema version
 // 4, crdbwork_session_queues): which sessions work which queue. A queue's
 // parts (package partition) and its fleet-wide limit shares (package
 // worker) are divided among the queue's live members only, so that many
@@ -15,7 +15,7 @@ package sql
 // queries", set operations); a join on the sessions table's primary key,
 // which its optimizer may plan as a lookup join (not checked on a server:
 // none runs here). Both engines accept every statement as written.
-type MemberStatements struct {
+type memberStatements struct {
 	// JoinQueue makes session $2 a member of queue $1 → rows affected (0:
 	// it already was). It fails with a foreign-key violation (SQLSTATE
 	// 23503) when the session row is gone. Idempotent: it runs again
@@ -68,10 +68,10 @@ type MemberStatements struct {
 	AllPartOwners string
 }
 
-// NewMemberStatements renders the membership statements for t.
-func NewMemberStatements(t Tables) *MemberStatements {
+// newMemberStatements renders the membership statements for t.
+func newMemberStatements(t Tables) *memberStatements {
 	r := t.rewrite
-	return &MemberStatements{
+	return &memberStatements{
 		JoinQueue: r(`INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ($1, $2)
 ON CONFLICT (queue, session_id) DO NOTHING`),
 		LeaveQueue: r(`DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2`),

@@ -7,12 +7,12 @@ import (
 )
 
 // MaxPartBranches bounds the owned parts one per-part claim statement
-// reads (PartClaimStatements.Claim and Pick take 1 to MaxPartBranches
+// reads (partClaimStatements.Claim and Pick take 1 to MaxPartBranches
 // parts). A session that owns more parts claims in one transaction with
 // Pick per group of MaxPartBranches parts and ClaimPicked (claim.Queue does).
 const MaxPartBranches = 16
 
-// PartClaimStatements are the per-part claim statements, rendered for one
+// partClaimStatements are the per-part claim statements, rendered for one
 // set of table names and a number of parts: one limited, locked index scan
 // per owned part, combined by UNION ALL.
 //
@@ -40,7 +40,7 @@ const MaxPartBranches = 16
 // part is owned by one session, and the locks end with the claim's
 // transaction). Rendered texts are cached per number of parts, so at most
 // MaxPartBranches texts per dialect exist.
-type PartClaimStatements struct {
+type partClaimStatements struct {
 	t Tables
 	// claims[d][k] is the claim for k parts in dialect d; picks[k] the pick.
 	claims [2][MaxPartBranches + 1]atomic.Pointer[string]
@@ -52,9 +52,9 @@ type PartClaimStatements struct {
 	ClaimPicked, PostgresClaimPicked string
 }
 
-// NewPartClaimStatements returns the per-part claim statements for t.
-func NewPartClaimStatements(t Tables) *PartClaimStatements {
-	p := &PartClaimStatements{t: t}
+// newPartClaimStatements returns the per-part claim statements for t.
+func newPartClaimStatements(t Tables) *partClaimStatements {
+	p := &partClaimStatements{t: t}
 	p.ClaimPicked = t.rewrite(fmt.Sprintf(claimPickedTemplate, `FROM (SELECT unnest($3::UUID[]) AS id) AS picked
 WHERE i.id = picked.id`))
 	p.PostgresClaimPicked = t.rewrite(fmt.Sprintf(claimPickedTemplate, `WHERE i.id = ANY(ARRAY(SELECT unnest($3::UUID[])))`))
@@ -62,7 +62,7 @@ WHERE i.id = picked.id`))
 }
 
 // ClaimPickedFor returns ClaimPicked, or its PostgreSQL twin on PostgreSQL.
-func (p *PartClaimStatements) ClaimPickedFor(d Dialect) string {
+func (p *partClaimStatements) ClaimPickedFor(d Dialect) string {
 	if d == Postgres {
 		return p.PostgresClaimPicked
 	}
@@ -77,7 +77,7 @@ func (p *PartClaimStatements) ClaimPickedFor(d Dialect) string {
 // is run (see claimTemplate): in an explicit SERIALIZABLE transaction on
 // CockroachDB. On PostgreSQL the UPDATE finds the picked rows by
 // id = ANY(ARRAY(SELECT id FROM picked)), as the other PostgreSQL twins do.
-func (p *PartClaimStatements) Claim(d Dialect, k int) string {
+func (p *partClaimStatements) Claim(d Dialect, k int) string {
 	checkParts(k)
 	slot := &p.claims[d][k]
 	if s := slot.Load(); s != nil {
@@ -98,7 +98,7 @@ func (p *PartClaimStatements) Claim(d Dialect, k int) string {
 // to $(3+k) the parts → id, priority, turn_at of at most $2 rows, the best
 // in (priority, turn_at) order, locked (FOR UPDATE SKIP LOCKED) until the
 // transaction ends. The same text on both engines.
-func (p *PartClaimStatements) Pick(k int) string {
+func (p *partClaimStatements) Pick(k int) string {
 	checkParts(k)
 	slot := &p.picks[k]
 	if s := slot.Load(); s != nil {

@@ -1,9 +1,9 @@
 package sql
 
-// MoveStatements move the items of removed parts (partition.SetParts), in
+// moveStatements move the items of removed parts (partition.SetParts), in
 // batches of bounded size, rendered for one set of table names. The text is
 // identical on CockroachDB and PostgreSQL.
-type MoveStatements struct {
+type moveStatements struct {
 	// MovePage reads the next page of at most $4 rows of the items table in
 	// primary-key order, after id $3, and moves those of queue $1 in parts
 	// >= $2 to part % $2 → rows moved, last id of the page (NULL when the
@@ -19,10 +19,10 @@ type MoveStatements struct {
 	MovePage string
 }
 
-// NewMoveStatements renders the move statements for t.
-func NewMoveStatements(t Tables) *MoveStatements {
+// newMoveStatements renders the move statements for t.
+func newMoveStatements(t Tables) *moveStatements {
 	r := t.rewrite
-	return &MoveStatements{
+	return &moveStatements{
 		MovePage: r(`WITH page AS MATERIALIZED (
     SELECT id FROM crdbwork_items WHERE id > $3 ORDER BY id LIMIT $4),
 moved AS (

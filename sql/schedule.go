@@ -1,10 +1,10 @@
 package sql
 
-// ScheduleStatements are the statements of package schedule, rendered for
+// scheduleStatements are the statements of package schedule, rendered for
 // one set of table names. The text is identical on CockroachDB and
 // PostgreSQL; each statement reads or writes one row of crdbwork_schedules
 // by its primary key (queue, name).
-type ScheduleStatements struct {
+type scheduleStatements struct {
 	// Now returns the transaction's timestamp, now(), which decides the
 	// current period: one clock for every process.
 	Now string
@@ -25,10 +25,10 @@ type ScheduleStatements struct {
 	Advance string
 }
 
-// NewScheduleStatements renders the schedule statements for t.
-func NewScheduleStatements(t Tables) *ScheduleStatements {
+// newScheduleStatements renders the schedule statements for t.
+func newScheduleStatements(t Tables) *scheduleStatements {
 	r := t.rewrite
-	return &ScheduleStatements{
+	return &scheduleStatements{
 		Last: r(`SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE`),
 		Now:  `SELECT now()`,
 		Advance: r(`INSERT INTO crdbwork_schedules AS s (queue, name, last_period) VALUES ($1, $2, $3)

@@ -47,7 +47,7 @@ type Migration struct {
 	SQL     string // the file's text, with the default table names
 }
 
-// Statements returns the migration's statements with the names of t.
+// coreStatements returns the migration's statements with the names of t.
 func (m Migration) Statements(t Tables) []string { return statements(t.rewrite(m.SQL)) }
 
 // Migrations returns every migration, in order. Migration 1 creates the

@@ -13,12 +13,12 @@ package sql
 // (milliseconds, units, or an interval "HH:MM:SS").
 const IdleInTransactionTimeout = `SELECT current_setting('idle_in_transaction_session_timeout')`
 
-// ReapStatements delete expired sessions one at a time: the fallback of a
-// reap of every expired session (Statements.ReapSessions) that could not
+// reapStatements delete expired sessions one at a time: the fallback of a
+// reap of every expired session (coreStatements.ReapSessions) that could not
 // finish because one expired session's rows are locked (by a transaction
 // its frozen process left open), so that the other expired sessions are
 // still deleted. Both are plain on CockroachDB and PostgreSQL.
-type ReapStatements struct {
+type reapStatements struct {
 	// ExpiredSessions returns the ids of the expired sessions (heartbeat_at
 	// + expiry < now(), as ReapSessions). It reads the sessions table,
 	// whose size is the fleet's, as ReapSessions does.
@@ -30,10 +30,10 @@ type ReapStatements struct {
 	ReapSession string
 }
 
-// NewReapStatements renders the ReapStatements for t.
-func NewReapStatements(t Tables) *ReapStatements {
+// newReapStatements renders the reapStatements for t.
+func newReapStatements(t Tables) *reapStatements {
 	r := t.rewrite
-	return &ReapStatements{
+	return &reapStatements{
 		ExpiredSessions: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`),
 		ReapSession:     r(`DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`),
 	}

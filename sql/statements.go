@@ -4,13 +4,13 @@ import (
 	"fmt"
 )
 
-// Statements holds every statement of packages session, partition and claim,
+// coreStatements holds every statement of packages session, partition and claim,
 // rendered for one set of table names. The text is identical on CockroachDB
 // and PostgreSQL: each statement uses only forms both engines accept
 // (a MATERIALIZED CTE that selects FOR UPDATE SKIP LOCKED ... LIMIT n,
 // joined by primary key, instead of CockroachDB's UPDATE ... LIMIT, for
 // instance).
-type Statements struct {
+type coreStatements struct {
 	// Sessions.
 	CreateSession  string // $1 expiry (microseconds), $2 host, $3 pid, $4 name → id
 	Heartbeat      string // $1 id → rows affected (0: the session is gone)
@@ -37,7 +37,7 @@ type Statements struct {
 	// single-column key before the composite key's SET NULL runs and matches
 	// nothing, which can leave a stale claim_queue/claim_part behind.
 	// ClaimAny claims in any part; the per-part claims are
-	// PartClaimStatements, rendered per number of parts.
+	// partClaimStatements, rendered per number of parts.
 	ClaimAny string // $1 session, $2 queue, $3 limit, $4 lease(µs), $5 tenants to skip → item columns
 	// The PostgreSQL twins of ClaimAny, ReapLeases, AckMany, Extend and
 	// TakeAtMostOnce (same parameters, same results): see claimTemplate and
@@ -61,11 +61,11 @@ type Statements struct {
 	// crdbwork_items_expiry.
 	ReapExpired string // $1 queue, $2 limit → ids moved to the dead items
 	// FairHead is what a fair queue's enqueue reads, beside
-	// FairStatements.Lasts, for each priority whose head the caller has no
+	// fairStatements.Lasts, for each priority whose head the caller has no
 	// recent copy of: the earliest turn of the queue's unclaimed items of
 	// that priority (no row if none), a single seek through
 	// crdbwork_items_turn_next with parameters only (no decorrelation
-	// applies; see FairStatements). The seek may step over many index
+	// applies; see fairStatements). The seek may step over many index
 	// entries of items claimed or acked moments ago (not yet vacuumed on
 	// PostgreSQL, not yet garbage collected on CockroachDB) while a backlog
 	// drains, so callers read it only when their copy is old.
@@ -82,16 +82,16 @@ type Statements struct {
 	// DeadItems lists every death of the queue's dead items (an id may have
 	// died several times: each death is a row, keyed by (id, death)),
 	// newest first: died_at, id, death, all descending
-	// (DeathStatements.DeadItemsBefore pages on from a row).
+	// (deathStatements.DeadItemsBefore pages on from a row).
 	DeadItems string // $1 queue, $2 limit → dead item columns (with tenant, reason and death), newest first
 	// Requeue moves one death of a dead item back into the items table:
 	// death $3, or the newest death of the id if $3 is NULL. The other
 	// deaths stay as history. It moves nothing while an item with that id
-	// is in the items table (DeathStatements.RequeueState tells why).
+	// is in the items table (deathStatements.RequeueState tells why).
 	Requeue string // $1 id, $2 queue, $3 death or NULL → id of the item put back
 	// Backlog counts every item of every queue (a scan of the whole items
 	// table); metrics and the demo's status read one queue at a time
-	// through InspectStatements (claim.Queue.Inspect) instead.
+	// through inspectStatements (claim.Queue.Inspect) instead.
 	Backlog     string // → queue, part, unclaimed, vested, claimed
 	DeadCount   string // $1 queue → count
 	ItemColumns string
@@ -101,7 +101,7 @@ type Statements struct {
 const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at`
 
 // claimTemplate is the any-part claim statement (the per-part ones are
-// PartClaimStatements, built the same way); the %s is how the UPDATE finds
+// partClaimStatements, built the same way); the %s is how the UPDATE finds
 // the picked rows (joinPicked, or anyPicked on PostgreSQL).
 //
 // Their shape is chosen for both optimizers (CockroachDB docs checked:
@@ -122,18 +122,18 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // the claim still stops at its limit. An empty list skips nothing (x =
 // ANY of an empty array is false on both engines). Items are taken in
 // (priority, turn_at) order: turn_at is the vesting time, except in fair
-// queues (FairStatements, FairHead). The
+// queues (fairStatements, FairHead). The
 // UPDATE rechecks i.claim IS NULL. Run it in an explicit transaction,
 // SERIALIZABLE on CockroachDB: it refuses SKIP LOCKED under READ COMMITTED
 // (the default of some 23.2+ clusters).
 //
 // The any-part claim reads crdbwork_items_turn_next (queue, priority,
 // turn_at, part) in order and stops at its limit. The per-part claims
-// (PartClaimStatements) read crdbwork_items_part_turn (queue, part,
+// (partClaimStatements) read crdbwork_items_part_turn (queue, part,
 // priority, turn_at) once per owned part, each part with its own limit, and
 // keep the best across parts: their cost is at most the limit's entries per
 // owned part, however long the backlog of the other parts
-// (TestPartClaimReadsStayFlat). PartClaimStatements says why they are a
+// (TestPartClaimReadsStayFlat). partClaimStatements says why they are a
 // UNION ALL of per-part scans and not a LATERAL subquery (CockroachDB's
 // decorrelation).
 //
@@ -161,18 +161,18 @@ WHERE i.id = picked.id`
 	anyPicked = `WHERE i.id = ANY(ARRAY(SELECT id FROM picked))`
 )
 
-// DialectStatements are the statements that have a PostgreSQL twin.
-type DialectStatements struct {
+// dialectStatements are the statements that have a PostgreSQL twin.
+type dialectStatements struct {
 	ClaimAny, ReapLeases, AckMany, Extend, TakeAtMostOnce string
 }
 
 // ForDialect returns the statements for d that differ between the engines:
 // the common text, or on PostgreSQL its twins.
-func (s *Statements) ForDialect(d Dialect) DialectStatements {
+func (s *coreStatements) ForDialect(d Dialect) dialectStatements {
 	if d == Postgres {
-		return DialectStatements{s.PostgresClaimAny, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
+		return dialectStatements{s.PostgresClaimAny, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
 	}
-	return DialectStatements{s.ClaimAny, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
+	return dialectStatements{s.ClaimAny, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
 }
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
@@ -232,7 +232,7 @@ const (
 // items' ids, they delete those still unclaimed (and still exhausted, or
 // still past their deadline), record the ids as ended, and insert the
 // dead-item rows ($3 is the crash loop's error). The batch statements
-// (ReapExhausted, ReapExpired) and their by-id forms (DeathStatements'
+// (ReapExhausted, ReapExpired) and their by-id forms (deathStatements'
 // ReapExhaustedIDs, ReapExpiredIDs) differ only in how they pick.
 var (
 	moveExhausted = `gone AS (
@@ -256,10 +256,10 @@ RETURNING id`
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
-// NewStatements renders the statements for t.
-func NewStatements(t Tables) *Statements {
+// newCoreStatements renders the statements for t.
+func newCoreStatements(t Tables) *coreStatements {
 	r := t.rewrite
-	return &Statements{
+	return &coreStatements{
 		CreateSession: r(`INSERT INTO crdbwork_sessions (expiry, host, pid, name)
 VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`),
 		Heartbeat:     r(`UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1`),

@@ -23,20 +23,20 @@ import (
 type Store struct {
 	t Tables
 
-	st     *Statements
-	lim    *LimitStatements
-	death  *DeathStatements
-	dedup  *DedupStatements
-	enq    *EnqueueStatements
-	fair   *FairStatements
-	insp   *InspectStatements
-	member *MemberStatements
-	parts  *PartClaimStatements
-	move   *MoveStatements
-	sched  *ScheduleStatements
-	reap   *ReapStatements
-	urgent *UrgentStatements
-	test   *TestStatements
+	st     *coreStatements
+	lim    *limitStatements
+	death  *deathStatements
+	dedup  *dedupStatements
+	enq    *enqueueStatements
+	fair   *fairStatements
+	insp   *inspectStatements
+	member *memberStatements
+	parts  *partClaimStatements
+	move   *moveStatements
+	sched  *scheduleStatements
+	reap   *reapStatements
+	urgent *urgentStatements
+	test   *testStatements
 
 	order string // OrderCountsBefore's statement (store_order.go)
 }
@@ -55,20 +55,20 @@ func NewStore(t Tables) *Store {
 	}
 	s := &Store{
 		t:      t,
-		st:     NewStatements(t),
-		lim:    NewLimitStatements(t),
-		death:  NewDeathStatements(t),
-		dedup:  NewDedupStatements(t),
-		enq:    NewEnqueueStatements(t),
-		fair:   NewFairStatements(t),
-		insp:   NewInspectStatements(t),
-		member: NewMemberStatements(t),
-		parts:  NewPartClaimStatements(t),
-		move:   NewMoveStatements(t),
-		sched:  NewScheduleStatements(t),
-		reap:   NewReapStatements(t),
-		urgent: NewUrgentStatements(t),
-		test:   NewTestStatements(t),
+		st:     newCoreStatements(t),
+		lim:    newLimitStatements(t),
+		death:  newDeathStatements(t),
+		dedup:  newDedupStatements(t),
+		enq:    newEnqueueStatements(t),
+		fair:   newFairStatements(t),
+		insp:   newInspectStatements(t),
+		member: newMemberStatements(t),
+		parts:  newPartClaimStatements(t),
+		move:   newMoveStatements(t),
+		sched:  newScheduleStatements(t),
+		reap:   newReapStatements(t),
+		urgent: newUrgentStatements(t),
+		test:   newTestStatements(t),
 		order:  t.rewrite(orderCountBefore),
 	}
 	actual, _ := stores.LoadOrStore(t, s)

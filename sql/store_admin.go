@@ -19,7 +19,7 @@ import (
 // $n), which keeps one statement text per purpose; strpos(string,
 // substring) is in PostgreSQL and CockroachDB (docs checked: CockroachDB
 // "Functions and Operators", String and byte functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
-// as DeathStatements.DeadItemsBefore does, with the leading column bounded
+// as deathStatements.DeadItemsBefore does, with the leading column bounded
 // so that crdbwork_dead_items_by_queue (queue, died_at) is seeked. Each
 // purge batch picks up to a limit of ids through an index that leads with
 // the queue (the items in two halves: unclaimed through one of the partial
@@ -28,7 +28,7 @@ import (
 // crdbwork_dead_items_by_queue; the ended ids through their primary key
 // (queue, id)), then deletes them by key, the list given as
 // id IN (SELECT unnest($2::UUID[])) as the reaper's by-id moves do (see
-// DeathStatements: a lookup join by primary key on both engines). A DELETE
+// deathStatements: a lookup join by primary key on both engines). A DELETE
 // whose subquery reads its own table was planned as a sequential scan and a
 // hash join by PostgreSQL; the two steps are not. PostgreSQL plans are
 // checked in sql/store_admin_test.go.

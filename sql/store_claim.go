@@ -178,7 +178,7 @@ func (a ClaimArgs) params() []any {
 }
 
 // ClaimAny claims up to a.Limit claimable items of a.Queue in any part
-// (Statements.ClaimAny, or its PostgreSQL twin), in claim order per
+// (coreStatements.ClaimAny, or its PostgreSQL twin), in claim order per
 // statement (not sorted here). Run it in an explicit SERIALIZABLE
 // transaction on CockroachDB, and by itself on PostgreSQL (see
 // claimTemplate).
@@ -187,7 +187,7 @@ func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]
 }
 
 // ClaimParts claims up to a.Limit claimable items of a.Queue in the given
-// parts, which the session must own (PartClaimStatements.Claim): 1 to
+// parts, which the session must own (partClaimStatements.Claim): 1 to
 // MaxPartBranches distinct parts (it panics otherwise). Run it as ClaimAny.
 func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
 	args := a.params()
@@ -200,7 +200,7 @@ func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, p
 // PickParts locks, in tx, up to limit claimable items of queue in the given
 // parts (1 to MaxPartBranches of them; it panics otherwise), the best in
 // claim order, skipping the items of skipTenants, and returns them
-// (PartClaimStatements.Pick). ClaimPicked claims those chosen.
+// (partClaimStatements.Pick). ClaimPicked claims those chosen.
 func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit int, skipTenants []string, parts []int64) ([]PickedRow, error) {
 	args := []any{queue, limit, orEmpty(skipTenants)}
 	for _, p := range parts {
@@ -223,12 +223,12 @@ func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit in
 
 // ClaimPicked claims for session, with lease, the items with the given ids
 // that PickParts locked in the same transaction
-// (PartClaimStatements.ClaimPickedFor).
+// (partClaimStatements.ClaimPickedFor).
 func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
 	return queryClaimed(ctx, tx, s.parts.ClaimPickedFor(d), session, lease.Microseconds(), ids)
 }
 
-// ClaimUrgent is the urgent lane's claim (UrgentStatements): ClaimAny
+// ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
 // restricted to items with priority at most a.MaxPriority, and the items of
 // limited tenants to the session's own parts. Run it as ClaimAny.
 func (s *Store) ClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
@@ -280,7 +280,7 @@ func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]Claim
 
 // TakeAtMostOnce deletes the at-most-once items among the given claims
 // that are still held, recording them as taken, and returns their ids
-// (Statements.TakeAtMostOnce, or its PostgreSQL twin).
+// (coreStatements.TakeAtMostOnce, or its PostgreSQL twin).
 func (s *Store) TakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
 	ids, sessions, tokens := fenceArrays(keys)
 	rows, err := db.Query(ctx, byDialect(d, s.st.TakeAtMostOnce, s.st.PostgresTakeAtMostOnce), ids, sessions, tokens)
@@ -291,7 +291,7 @@ func (s *Store) TakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []Cla
 }
 
 // AckMany deletes, in tx, the items whose claims are still held, recording
-// them as acked, and returns their ids (Statements.AckMany, or its
+// them as acked, and returns their ids (coreStatements.AckMany, or its
 // PostgreSQL twin).
 func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
 	ids, sessions, tokens := fenceArrays(keys)
@@ -303,7 +303,7 @@ func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimK
 }
 
 // Extend moves to now()+lease the leases of the given claims that are still
-// held and returns their new ends by id (Statements.Extend, or its
+// held and returns their new ends by id (coreStatements.Extend, or its
 // PostgreSQL twin).
 func (s *Store) Extend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, lease time.Duration) (map[uuid.UUID]time.Time, error) {
 	ids, sessions, tokens := fenceArrays(keys)
@@ -326,20 +326,20 @@ func (s *Store) Extend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, l
 
 // Nack releases a held claim with its attempt counted: the item vests again
 // after delay (at microsecond precision), with lastError. It reports whether
-// the claim was held (Statements.Nack).
+// the claim was held (coreStatements.Nack).
 func (s *Store) Nack(ctx context.Context, db DB, k ClaimKey, delay time.Duration, lastError string) (bool, error) {
 	return execOne(ctx, db, s.st.Nack, k.ID, k.Session, k.Token, delay.Microseconds(), lastError)
 }
 
 // Release releases a held claim and gives its attempt back. It reports
-// whether the claim was held (Statements.Release).
+// whether the claim was held (coreStatements.Release).
 func (s *Store) Release(ctx context.Context, db DB, k ClaimKey) (bool, error) {
 	return execOne(ctx, db, s.st.Release, k.ID, k.Session, k.Token)
 }
 
 // Exhaust releases a held claim with the item's attempts used up and
 // lastError set, for the reaper to move it to the dead items. It reports
-// whether the claim was held (DeathStatements.Exhaust).
+// whether the claim was held (deathStatements.Exhaust).
 func (s *Store) Exhaust(ctx context.Context, db DB, k ClaimKey, lastError string) (bool, error) {
 	return execOne(ctx, db, s.death.Exhaust, k.ID, k.Session, k.Token, lastError)
 }
@@ -355,7 +355,7 @@ func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error)
 
 // DeadLetter moves a held claim's item to the dead items with lastError and
 // reason, recording it as ended. It reports whether the claim was held
-// (Statements.DeadLetter).
+// (coreStatements.DeadLetter).
 func (s *Store) DeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, reason string) (bool, error) {
 	var id uuid.UUID
 	err := db.QueryRow(ctx, s.st.DeadLetter, k.ID, k.Session, k.Token, lastError, reason).Scan(&id)
@@ -367,14 +367,14 @@ func (s *Store) DeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, re
 
 // ReleaseForgotten releases the items of queue claimed by session whose ids
 // are not in keep, giving their attempts back, and returns how many it
-// released (Statements.ReleaseForgot).
+// released (coreStatements.ReleaseForgot).
 func (s *Store) ReleaseForgotten(ctx context.Context, db DB, queue string, session uuid.UUID, keep []uuid.UUID) (int64, error) {
 	tag, err := db.Exec(ctx, s.st.ReleaseForgot, queue, session, orEmpty(keep))
 	return tag.RowsAffected(), err
 }
 
 // Cancel deletes item id of queue, claimed or not, recording it as
-// cancelled, and reports whether it existed (Statements.Cancel).
+// cancelled, and reports whether it existed (coreStatements.Cancel).
 func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue string) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.Cancel, id, queue)
 	return tag.RowsAffected() == 1, err
@@ -385,7 +385,7 @@ func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue string) (
 // released or moved; the candidates' reads lock nothing.
 
 // ReapLeases releases up to limit of queue's claims whose lease ended, their
-// attempts counted (Statements.ReapLeases, or its PostgreSQL twin).
+// attempts counted (coreStatements.ReapLeases, or its PostgreSQL twin).
 func (s *Store) ReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, byDialect(d, s.st.ReapLeases, s.st.PostgresReapLeases), queue, limit)
 	return tag.RowsAffected(), err
@@ -393,33 +393,33 @@ func (s *Store) ReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue stri
 
 // ReapExhausted moves up to limit of queue's unclaimed items whose attempts
 // are used up to the dead items, with lastError and reason 'crash loop'
-// (Statements.ReapExhausted).
+// (coreStatements.ReapExhausted).
 func (s *Store) ReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limit int, lastError string) (int64, error) {
 	tag, err := tx.Exec(ctx, s.st.ReapExhausted, queue, limit, lastError)
 	return tag.RowsAffected(), err
 }
 
 // ReapExpired moves up to limit of queue's unclaimed items past their
-// deadline to the dead items, with reason 'expired' (Statements.ReapExpired).
+// deadline to the dead items, with reason 'expired' (coreStatements.ReapExpired).
 func (s *Store) ReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, s.st.ReapExpired, queue, limit)
 	return tag.RowsAffected(), err
 }
 
 // ExpiredLeaseIDs lists up to limit candidates of ReapLeases
-// (DeathStatements.ExpiredLeaseIDs).
+// (deathStatements.ExpiredLeaseIDs).
 func (s *Store) ExpiredLeaseIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredLeaseIDs, queue, limit)
 }
 
 // ExhaustedIDs lists up to limit candidates of ReapExhausted
-// (DeathStatements.ExhaustedIDs).
+// (deathStatements.ExhaustedIDs).
 func (s *Store) ExhaustedIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExhaustedIDs, queue, limit)
 }
 
 // ExpiredIDs lists up to limit candidates of ReapExpired
-// (DeathStatements.ExpiredIDs).
+// (deathStatements.ExpiredIDs).
 func (s *Store) ExpiredIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredIDs, queue, limit)
 }
@@ -433,35 +433,35 @@ func queryIDs(ctx context.Context, db DB, stmt string, args ...any) ([]uuid.UUID
 }
 
 // ReapLeasesIDs is ReapLeases for the given candidates
-// (DeathStatements.ReapLeasesIDs).
+// (deathStatements.ReapLeasesIDs).
 func (s *Store) ReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapLeasesIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }
 
 // ReapExhaustedIDs is ReapExhausted for the given candidates
-// (DeathStatements.ReapExhaustedIDs).
+// (deathStatements.ReapExhaustedIDs).
 func (s *Store) ReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, lastError string) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExhaustedIDs, queue, rawIDs(ids), lastError)
 	return tag.RowsAffected(), err
 }
 
 // ReapExpiredIDs is ReapExpired for the given candidates
-// (DeathStatements.ReapExpiredIDs).
+// (deathStatements.ReapExpiredIDs).
 func (s *Store) ReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExpiredIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }
 
 // DeadItems returns up to limit deaths of queue's dead items, newest first
-// (Statements.DeadItems).
+// (coreStatements.DeadItems).
 func (s *Store) DeadItems(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.st.DeadItems, queue, limit)
 }
 
 // DeadItemsBefore returns up to limit deaths of queue's dead items after
 // the death (diedAt, id, death) in DeadItems' order
-// (DeathStatements.DeadItemsBefore).
+// (deathStatements.DeadItemsBefore).
 func (s *Store) DeadItemsBefore(ctx context.Context, db DB, queue string, diedAt time.Time, id, death uuid.UUID, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.death.DeadItemsBefore, queue, diedAt, id, death, limit)
 }
@@ -497,8 +497,8 @@ func queryDead(ctx context.Context, db DB, stmt string, args ...any) ([]DeadItem
 }
 
 // Requeue moves, in tx, a death of dead item id of queue back into the
-// items table (Statements.Requeue): death, or the newest death of id if
-// death is nil. If nothing moved, it reads why (DeathStatements.RequeueState):
+// items table (coreStatements.Requeue): death, or the newest death of id if
+// death is nil. If nothing moved, it reads why (deathStatements.RequeueState):
 // the queue of a live item with the id, and how many deaths matched. Run it
 // in a SERIALIZABLE transaction.
 func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string, death *uuid.UUID) (RequeueResult, error) {

@@ -14,7 +14,7 @@ import (
 // pruning of the ended ids that the dedup window remembers. Errors are the
 // driver's, as in store_claim.go.
 
-// EnqueueRow is one item for EnqueueInsert (see EnqueueStatements.Insert
+// EnqueueRow is one item for EnqueueInsert (see enqueueStatements.Insert
 // for what the statement computes from it).
 type EnqueueRow struct {
 	ID uuid.UUID
@@ -36,7 +36,7 @@ type EnqueueRow struct {
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
-// ids it added (EnqueueStatements.Insert).
+// ids it added (enqueueStatements.Insert).
 func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
 	n := len(rows)
 	// Ids as [16]byte, which pgx encodes directly (see rawIDs).
@@ -70,14 +70,14 @@ func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []E
 // EnqueueParts returns, for a COPY of new items into queue in the same
 // transaction, the queue's number of parts (read under a share lock on its
 // row), the transaction's timestamp and whether the queue is at-most-once
-// (EnqueueStatements.Parts).
+// (enqueueStatements.Parts).
 func (s *Store) EnqueueParts(ctx context.Context, db DB, queue string) (parts int64, now time.Time, atMostOnce bool, err error) {
 	err = db.QueryRow(ctx, s.enq.Parts, queue).Scan(&parts, &now, &atMostOnce)
 	return parts, now, atMostOnce, err
 }
 
 // CopyRow is one item for CopyItems, every column computed by the caller
-// as EnqueueStatements.Insert computes it in SQL (from EnqueueParts).
+// as enqueueStatements.Insert computes it in SQL (from EnqueueParts).
 type CopyRow struct {
 	ID          uuid.UUID
 	Part        int64
@@ -99,7 +99,7 @@ type Copier interface {
 }
 
 // CopyItems streams n new items of queue with COPY through c (in binary
-// format; EnqueueStatements.CopyTable and CopyColumns), row(i) giving item
+// format; enqueueStatements.CopyTable and CopyColumns), row(i) giving item
 // i, and returns the rows written. The ids must not be in the items table
 // (the COPY has no ON CONFLICT) nor ended (it does not look).
 func (s *Store) CopyItems(ctx context.Context, c Copier, queue string, n int, row func(i int) CopyRow) (int64, error) {
@@ -122,7 +122,7 @@ func (c *copySource) Next() bool { c.at++; return c.at < c.n }
 func (c *copySource) Err() error { return nil }
 
 // Values returns the current row in the order of
-// EnqueueStatements.CopyColumns.
+// enqueueStatements.CopyColumns.
 func (c *copySource) Values() ([]any, error) {
 	c.cur = c.row(c.at)
 	r := &c.cur
@@ -158,7 +158,7 @@ type FoundRow struct {
 
 // EnqueueFound returns, among ids that an EnqueueInsert into queue did not
 // add, those of another queue's items and those that ended in queue within
-// its dedup window, ordered by kind, then id (EnqueueStatements.Found). The
+// its dedup window, ordered by kind, then id (enqueueStatements.Found). The
 // others are items of queue.
 func (s *Store) EnqueueFound(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]FoundRow, error) {
 	rows, err := db.Query(ctx, s.enq.Found, queue, rawIDs(ids))
@@ -180,7 +180,7 @@ func (s *Store) EnqueueFound(ctx context.Context, db DB, queue string, ids []uui
 
 // PruneEnded deletes, in tx, up to limit of queue's ended ids older than
 // its dedup window, oldest first, and returns how many it deleted
-// (DedupStatements.PruneEnded). Run it in an explicit SERIALIZABLE
+// (dedupStatements.PruneEnded). Run it in an explicit SERIALIZABLE
 // transaction (it locks with SKIP LOCKED).
 func (s *Store) PruneEnded(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, s.dedup.PruneEnded, queue, limit)
@@ -202,7 +202,7 @@ type FairLast struct {
 }
 
 // FairLasts reads the latest turns of 1 to MaxFairPairs pairs (it panics
-// otherwise) of queue (FairStatements.Lasts): one FairLast per pair, in the
+// otherwise) of queue (fairStatements.Lasts): one FairLast per pair, in the
 // order of pairs, or nil if the queue is not fair. Nothing is locked.
 func (s *Store) FairLasts(ctx context.Context, db DB, queue string, pairs []FairPair) ([]FairLast, error) {
 	rows, err := db.Query(ctx, s.fair.Lasts(len(pairs)), fairArgs(queue, pairs)...)
@@ -237,7 +237,7 @@ func fairArgs(queue string, pairs []FairPair) []any {
 	return args
 }
 
-// readFairLasts reads the rows of FairStatements.Lasts for n pairs: one per
+// readFairLasts reads the rows of fairStatements.Lasts for n pairs: one per
 // pair, or none if the queue is not fair.
 func readFairLasts(rows pgx.Rows, n int) ([]FairLast, error) {
 	defer rows.Close()
@@ -269,7 +269,7 @@ func readFairLasts(rows pgx.Rows, n int) ([]FairLast, error) {
 }
 
 // FairHead reads the earliest turn of queue's unclaimed items of priority
-// (nil if none; Statements.FairHead).
+// (nil if none; coreStatements.FairHead).
 func (s *Store) FairHead(ctx context.Context, db DB, queue string, priority int64) (*time.Time, error) {
 	rows, err := db.Query(ctx, s.st.FairHead, queue, priority)
 	if err != nil {

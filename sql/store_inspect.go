@@ -23,7 +23,7 @@ type QueueRow struct {
 	Paused bool
 }
 
-// InspectQueue reads queue's stored row (InspectStatements.Queue): a
+// InspectQueue reads queue's stored row (inspectStatements.Queue): a
 // primary-key lookup.
 func (s *Store) InspectQueue(ctx context.Context, db DB, queue string) (QueueRow, error) {
 	var r QueueRow
@@ -48,7 +48,7 @@ type UnclaimedPart struct {
 }
 
 // InspectUnclaimed reads queue's unclaimed items by part, ordered by part
-// (InspectStatements.Unclaimed). It reads every unclaimed item of the
+// (inspectStatements.Unclaimed). It reads every unclaimed item of the
 // queue: its entries in crdbwork_items_part_turn, and each row's
 // vesting_at.
 func (s *Store) InspectUnclaimed(ctx context.Context, db DB, queue string) ([]UnclaimedPart, error) {
@@ -83,7 +83,7 @@ type ClaimedPart struct {
 }
 
 // InspectClaimed reads queue's claimed items by part and session, ordered
-// by part and session (InspectStatements.Claimed): only the queue's
+// by part and session (inspectStatements.Claimed): only the queue's
 // claimed items, through crdbwork_items_lease.
 func (s *Store) InspectClaimed(ctx context.Context, db DB, queue string) ([]ClaimedPart, error) {
 	rows, err := db.Query(ctx, s.insp.Claimed, queue)
@@ -112,7 +112,7 @@ type TenantBacklog struct {
 }
 
 // InspectTenants reads the at most limit tenants of queue with the most
-// unclaimed items, most first, then by name (InspectStatements.Tenants).
+// unclaimed items, most first, then by name (inspectStatements.Tenants).
 // Items without a tenant are not counted. It reads every unclaimed item of
 // the queue that has a tenant (crdbwork_items_tenant_turn and each row's
 // vesting_at).
@@ -132,7 +132,7 @@ func (s *Store) InspectTenants(ctx context.Context, db DB, queue string, limit i
 	return out, nil
 }
 
-// InspectDead counts the deaths of queue (InspectStatements.DeadCount):
+// InspectDead counts the deaths of queue (inspectStatements.DeadCount):
 // the queue's entries of crdbwork_dead_items_by_queue.
 func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
@@ -142,7 +142,7 @@ func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, er
 
 // StoredQueues returns the names of the queues with a row in the queues
 // table after after, in order, at most limit of them
-// (InspectStatements.StoredQueues).
+// (inspectStatements.StoredQueues).
 func (s *Store) StoredQueues(ctx context.Context, db DB, after string, limit int) ([]string, error) {
 	rows, err := db.Query(ctx, s.insp.StoredQueues, after, limit)
 	if err != nil {
@@ -153,19 +153,19 @@ func (s *Store) StoredQueues(ctx context.Context, db DB, after string, limit int
 
 // NextUnclaimedQueue returns the smallest queue name after after that has
 // unclaimed items, and false if there is none: one index seek
-// (InspectStatements.NextUnclaimedQueue).
+// (inspectStatements.NextUnclaimedQueue).
 func (s *Store) NextUnclaimedQueue(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextUnclaimedQueue, after)
 }
 
 // NextClaimedQueue is NextUnclaimedQueue for claimed items
-// (InspectStatements.NextClaimedQueue).
+// (inspectStatements.NextClaimedQueue).
 func (s *Store) NextClaimedQueue(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextClaimedQueue, after)
 }
 
 // NextDeadQueue is NextUnclaimedQueue for dead items
-// (InspectStatements.NextDeadQueue).
+// (inspectStatements.NextDeadQueue).
 func (s *Store) NextDeadQueue(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextDeadQueue, after)
 }
@@ -191,7 +191,7 @@ type QueueSettingsRow struct {
 }
 
 // QueueSettings reads queue's settings, and false if it has no row
-// (Statements.QueueSettings).
+// (coreStatements.QueueSettings).
 func (s *Store) QueueSettings(ctx context.Context, db DB, queue string) (QueueSettingsRow, bool, error) {
 	var r QueueSettingsRow
 	var window int64
@@ -208,21 +208,21 @@ func (s *Store) QueueSettings(ctx context.Context, db DB, queue string) (QueueSe
 }
 
 // ConfigureQueue stores queue's settings, replacing all of them; a queue
-// without a row gets one, with one part (Statements.ConfigureQueue).
+// without a row gets one, with one part (coreStatements.ConfigureQueue).
 func (s *Store) ConfigureQueue(ctx context.Context, db DB, queue string, r QueueSettingsRow) error {
 	_, err := db.Exec(ctx, s.st.ConfigureQueue, queue, r.Fair, r.AtMostOnce,
 		r.MaxInFlight, r.Rate, r.TenantMaxInFlight, r.TenantRate, r.DedupWindow.Microseconds())
 	return err
 }
 
-// QueuePaused reads whether queue is paused (Statements.QueuePaused).
+// QueuePaused reads whether queue is paused (coreStatements.QueuePaused).
 func (s *Store) QueuePaused(ctx context.Context, db DB, queue string) (bool, error) {
 	var paused bool
 	err := db.QueryRow(ctx, s.st.QueuePaused, queue).Scan(&paused)
 	return paused, err
 }
 
-// PauseQueue pauses or resumes queue (Statements.PauseQueue).
+// PauseQueue pauses or resumes queue (coreStatements.PauseQueue).
 func (s *Store) PauseQueue(ctx context.Context, db DB, queue string, paused bool) error {
 	_, err := db.Exec(ctx, s.st.PauseQueue, queue, paused)
 	return err
@@ -236,7 +236,7 @@ type TenantLimitRow struct {
 }
 
 // TenantLimits reads queue's tenant limits, ordered by tenant
-// (LimitStatements.TenantLimits).
+// (limitStatements.TenantLimits).
 func (s *Store) TenantLimits(ctx context.Context, db DB, queue string) ([]TenantLimitRow, error) {
 	rows, err := db.Query(ctx, s.lim.TenantLimits, queue)
 	if err != nil {
@@ -254,14 +254,14 @@ func (s *Store) TenantLimits(ctx context.Context, db DB, queue string) ([]Tenant
 }
 
 // SetTenantLimit stores tenant's own limit on queue
-// (LimitStatements.SetTenantLimit).
+// (limitStatements.SetTenantLimit).
 func (s *Store) SetTenantLimit(ctx context.Context, db DB, queue, tenant string, maxInFlight int64, rate float64) error {
 	_, err := db.Exec(ctx, s.lim.SetTenantLimit, queue, tenant, maxInFlight, rate)
 	return err
 }
 
 // RemoveTenantLimit deletes tenant's own limit on queue and reports whether
-// there was one (LimitStatements.RemoveTenantLimit).
+// there was one (limitStatements.RemoveTenantLimit).
 func (s *Store) RemoveTenantLimit(ctx context.Context, db DB, queue, tenant string) (bool, error) {
 	tag, err := db.Exec(ctx, s.lim.RemoveTenantLimit, queue, tenant)
 	return tag.RowsAffected() > 0, err

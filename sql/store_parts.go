@@ -10,8 +10,8 @@ import (
 // The Store methods of package partition: a queue's stored number of parts,
 // part ownership, and the move of the items of removed parts. Each runs one
 // statement, once, and returns the driver's error unwrapped (see
-// store_session.go). The statements are those of Statements and
-// MoveStatements.
+// store_session.go). The statements are those of coreStatements and
+// moveStatements.
 
 // QueueParts returns queue's stored number of parts: 1 when it has none.
 func (s *Store) QueueParts(ctx context.Context, db DB, queue string) (int, error) {
@@ -103,7 +103,7 @@ type MovedPage struct {
 // MovePartItems reads the next page of at most limit rows of the items
 // table in primary-key order, after id after (the nil UUID: from the
 // start), and moves those of queue in parts n and above to part % n (see
-// MoveStatements.MovePage for what happens to their claims).
+// moveStatements.MovePage for what happens to their claims).
 func (s *Store) MovePartItems(ctx context.Context, db DB, queue string, n int, after uuid.UUID, limit int) (MovedPage, error) {
 	var page MovedPage
 	var last *uuid.UUID

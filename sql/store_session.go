@@ -14,7 +14,7 @@ import (
 // Like every Store method, each runs one statement, once: retrying
 // transient errors, classifying them (Classify) and saying what failed is
 // the caller's job, so the errors returned are the driver's, unwrapped. The statements are those of
-// Statements, ReapStatements and MemberStatements, whose comments say what
+// coreStatements, reapStatements and memberStatements, whose comments say what
 // each reads and which engines accept it.
 
 // SessionCounters are the counters a session reports with its heartbeats
@@ -143,20 +143,20 @@ func (s *Store) LeaveQueue(ctx context.Context, db DB, queue string, session uui
 
 // QueueMembers returns the ids of queue's live members, ordered: the live
 // sessions that joined it or own one of its parts (see
-// MemberStatements.QueueMembers).
+// memberStatements.QueueMembers).
 func (s *Store) QueueMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.QueueMembers, queue)
 }
 
 // JoinedMembers returns the ids of the live sessions that joined queue,
-// ordered (see MemberStatements.JoinedMembers).
+// ordered (see memberStatements.JoinedMembers).
 func (s *Store) JoinedMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.JoinedMembers, queue)
 }
 
 // LimitSharers returns the ids of the live sessions that take a share of
 // queue's fleet-wide limits when it is worked without parts, ordered (see
-// MemberStatements.LimitSharers).
+// memberStatements.LimitSharers).
 func (s *Store) LimitSharers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.LimitSharers, queue)
 }

@@ -13,7 +13,7 @@ import (
 // The Store methods of the test helpers (package worker/workertest): a
 // schema made for one test, the cleanup of a test's queue, and the read of
 // a queue's items. Not for production code paths. The statements are those
-// of TestStatements; except for DropQueueRows, each runs one statement,
+// of testStatements; except for DropQueueRows, each runs one statement,
 // once, and returns the driver's error unwrapped (see store_session.go).
 
 // errNoSchema is the error of the schema methods on a Store whose Tables
@@ -33,7 +33,7 @@ func (s *Store) CreateTestSchema(ctx context.Context, db DB) error {
 
 // DropTestSchema drops the Store's schema (Tables.Schema) with everything
 // in it, if it exists (DROP SCHEMA ... CASCADE, which CockroachDB has since
-// v20.2: see TestStatements). It fails when Tables.Schema is empty. Its error
+// v20.2: see testStatements). It fails when Tables.Schema is empty. Its error
 // wraps the driver's and gives the statement to run by hand.
 func (s *Store) DropTestSchema(ctx context.Context, db DB) error {
 	if s.test.DropSchema == "" {

@@ -2,7 +2,7 @@ package sql
 
 import "github.com/jackc/pgx/v5"
 
-// TestStatements are the statements of the test helpers in package
+// testStatements are the statements of the test helpers in package
 // worker/workertest: a schema made for one test and dropped with everything
 // in it, and the read of a queue's items that RequireEnqueued matches.
 // Rendered for one set of table names. Not for production code paths.
@@ -17,7 +17,7 @@ import "github.com/jackc/pgx/v5"
 // Queries"). Not run on a cluster here (no CockroachDB binary).
 // PostgreSQL checked: the plans are in sql/explain_test.go (each branch
 // reads its queue's rows through a partial index, never the whole table).
-type TestStatements struct {
+type testStatements struct {
 	// CreateSchema creates Tables.Schema, failing if it exists, so that
 	// the caller knows the schema, and whatever DropSchema removes, is its
 	// own. Empty when Tables.Schema is empty.
@@ -42,9 +42,9 @@ type TestStatements struct {
 	DropQueue []string // each: $1 queue
 }
 
-// NewTestStatements renders the statements for t.
-func NewTestStatements(t Tables) *TestStatements {
-	st := &TestStatements{}
+// newTestStatements renders the statements for t.
+func newTestStatements(t Tables) *testStatements {
+	st := &testStatements{}
 	if t.Schema != "" {
 		schema := pgx.Identifier{t.Schema}.Sanitize()
 		st.CreateSchema = "CREATE SCHEMA " + schema

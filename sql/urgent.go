@@ -5,13 +5,13 @@ import (
 	"strings"
 )
 
-// UrgentStatements are the urgent lane's claim, rendered for one set of
+// urgentStatements are the urgent lane's claim, rendered for one set of
 // table names: the any-part claim restricted to items with priority at most
 // a threshold, which any live session may run in parts mode, whoever owns
 // the item's part. It bounds how far out of order urgent items are claimed
 // (their popped element index; see internal/order and docs/parts-and-order.md,
 // "How relaxed the order is").
-type UrgentStatements struct {
+type urgentStatements struct {
 	// ClaimUrgent claims for session $1 up to $3 vested, unexpired,
 	// unclaimed items of queue $2 with priority <= $6, leaving out the
 	// tenants of $5 (TEXT[]), lowest priority first, then earliest turn,
@@ -48,7 +48,7 @@ type UrgentStatements struct {
 	ClaimUrgent string
 	// PostgresClaimUrgent is its PostgreSQL twin: the UPDATE finds the
 	// picked rows by id = ANY(ARRAY(SELECT id FROM picked)), as the other
-	// PostgreSQL claims do (see DialectStatements).
+	// PostgreSQL claims do (see dialectStatements).
 	PostgresClaimUrgent string
 }
 
@@ -73,17 +73,17 @@ func urgentTemplate() string {
 	return strings.Replace(claimTemplate, urgentAnchor, urgentAnchor+urgentCondition, 1)
 }
 
-// NewUrgentStatements renders the urgent lane's statements for t.
-func NewUrgentStatements(t Tables) *UrgentStatements {
+// newUrgentStatements renders the urgent lane's statements for t.
+func newUrgentStatements(t Tables) *urgentStatements {
 	tmpl := urgentTemplate()
-	return &UrgentStatements{
+	return &urgentStatements{
 		ClaimUrgent:         t.rewrite(fmt.Sprintf(tmpl, joinPicked)),
 		PostgresClaimUrgent: t.rewrite(fmt.Sprintf(tmpl, anyPicked)),
 	}
 }
 
 // ForDialect returns the lane's claim for d.
-func (u *UrgentStatements) ForDialect(d Dialect) string {
+func (u *urgentStatements) ForDialect(d Dialect) string {
 	if d == Postgres {
 		return u.PostgresClaimUrgent
 	}

@@ -1,0 +1,20 @@
+package sql
+
+// The statement sets are unexported (callers use Store); the plan and text
+// tests of package sql_test reach them through these.
+var (
+	NewStatements          = newCoreStatements
+	NewLimitStatements     = newLimitStatements
+	NewDeathStatements     = newDeathStatements
+	NewDedupStatements     = newDedupStatements
+	NewEnqueueStatements   = newEnqueueStatements
+	NewFairStatements      = newFairStatements
+	NewInspectStatements   = newInspectStatements
+	NewMemberStatements    = newMemberStatements
+	NewPartClaimStatements = newPartClaimStatements
+	NewMoveStatements      = newMoveStatements
+	NewScheduleStatements  = newScheduleStatements
+	NewReapStatements      = newReapStatements
+	NewUrgentStatements    = newUrgentStatements
+	NewTestStatements      = newTestStatements
+)
