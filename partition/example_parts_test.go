@@ -45,7 +45,7 @@ func ExampleSetParts() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ids, err := q.Enqueue(ctx,
+	res, err := q.Enqueue(ctx,
 		claim.NewItem{Key: "customer-42", Payload: []byte("order 1")},
 		claim.NewItem{Key: "customer-42", Payload: []byte("order 2")},
 	)
@@ -53,7 +53,7 @@ func ExampleSetParts() {
 		log.Fatal(err)
 	}
 	var parts int
-	err = pool.QueryRow(ctx, `SELECT count(DISTINCT part) FROM crdbwork_items WHERE id = ANY($1)`, ids).Scan(&parts)
+	err = pool.QueryRow(ctx, `SELECT count(DISTINCT part) FROM crdbwork_items WHERE id = ANY($1)`, res.IDs).Scan(&parts)
 	if err != nil {
 		log.Fatal(err)
 	}
