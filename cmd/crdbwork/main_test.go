@@ -10,8 +10,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -29,40 +27,19 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	// testdb.Main exits when the tests end: under `go test`, build into the
-	// directory of the test binary, which go test removes afterwards.
-	dir := filepath.Dir(os.Args[0])
-	if !strings.Contains(dir, "go-build") {
-		var err error
-		if dir, err = os.MkdirTemp("", "crdbwork-test-"); err != nil {
-			fmt.Fprintln(os.Stderr, "crdbwork test:", err)
-			os.Exit(1)
-		}
-	}
-	bin = filepath.Join(dir, "crdbwork")
-	if runtime.GOOS == "windows" {
-		bin += ".exe"
-	}
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "crdbwork test: building the binary:", err)
+	bins, err := testdb.Build("crdbwork", map[string]string{".": "crdbwork"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	bin = bins["."]
 	testdb.Main(m)
 }
 
 // env is this process's environment without the variables crdbwork reads,
 // plus extra.
 func env(extra ...string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "CRDBWORK_") {
-			continue
-		}
-		out = append(out, kv)
-	}
-	return append(out, extra...)
+	return testdb.Environ([]string{"DATABASE_URL=", "CRDBWORK_"}, extra...)
 }
 
 type result struct {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -28,33 +27,12 @@ import (
 var demoBin, crdbworkBin string
 
 func TestMain(m *testing.M) {
-	// testdb.Main exits when the tests end, so nothing runs after them: under
-	// `go test`, build into the directory of the test binary, which go test
-	// removes afterwards; otherwise into a new temporary directory.
-	dir := filepath.Dir(os.Args[0])
-	if !strings.Contains(dir, "go-build") {
-		var err error
-		if dir, err = os.MkdirTemp("", "crdbwork-demo-test-"); err != nil {
-			fmt.Fprintln(os.Stderr, "demo test:", err)
-			os.Exit(1)
-		}
+	bins, err := testdb.Build("demo", map[string]string{".": "demo", "../crdbwork": "crdbwork"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	demoBin = filepath.Join(dir, "demo")
-	if runtime.GOOS == "windows" {
-		demoBin += ".exe"
-	}
-	crdbworkBin = filepath.Join(dir, "crdbwork")
-	if runtime.GOOS == "windows" {
-		crdbworkBin += ".exe"
-	}
-	for bin, pkg := range map[string]string{demoBin: ".", crdbworkBin: "../crdbwork"} {
-		build := exec.Command("go", "build", "-o", bin, pkg)
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "demo test: building %s: %v\n", pkg, err)
-			os.Exit(1)
-		}
-	}
+	demoBin, crdbworkBin = bins["."], bins["../crdbwork"]
 	testdb.Main(m)
 }
 
@@ -62,14 +40,7 @@ func TestMain(m *testing.M) {
 // the variables the demo and crdbwork read, so that only the test's flags
 // count.
 func demoEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "DATABASE_URL=") || strings.HasPrefix(kv, "DEMO_") || strings.HasPrefix(kv, "CRDBWORK_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
+	return testdb.Environ([]string{"DATABASE_URL=", "DEMO_", "CRDBWORK_"}, extra...)
 }
 
 type result struct {
