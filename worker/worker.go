@@ -183,17 +183,19 @@ type Worker struct {
 	dropped                                    atomic.Int64
 	settleRetries, running                     atomic.Int64
 	extended, forgotten, reaped                atomic.Int64
-	wakeups                                    atomic.Int64
-	// wake receives the queue's wake-ups (nil with NoWake); Run subscribes.
-	wake                          <-chan struct{}
-	lease                         time.Duration // of every claim
-	partsAcquired, partsReleased  atomic.Int64
-	partsRebalances, partsRetries atomic.Int64
-	current                       atomic.Value                         // string
-	reb                           atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
-	lim                           atomic.Pointer[limiter]              // the current session's, for Stats
-	limitSource                   limitSource
-	refusedTotal                  atomic.Int64 // Refused of past sessions
+	lease                                      time.Duration // of every claim
+	partsAcquired, partsReleased               atomic.Int64
+	partsRebalances, partsRetries              atomic.Int64
+	current                                    atomic.Value                         // string
+	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
+	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
+	limitSource                                limitSource
+	refusedTotal                               atomic.Int64 // Refused of past sessions
+
+	// wakeups counts the idle waits a wake-up ended (Stats.Wakeups);
+	// wake receives the queue's wake-ups (nil with NoWake): Run subscribes.
+	wakeups atomic.Int64
+	wake    <-chan struct{}
 }
 
 // New returns a worker that handles the items of q with h. The worker
