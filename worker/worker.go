@@ -302,7 +302,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		channel := w.store.NotifyChannel(w.name)
 		sub := wake.Subscribe(channel)
 		defer sub.Close()
-		stopListening, _ := wake.Listen(w.db, channel, w.log)
+		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
 		defer stopListening()
 		w.wake = sub.C()
 	}
