@@ -9,6 +9,7 @@
 //	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
 //	go -C bench run . fairness          # small tenants' waits and Jain's index, fair queue against plain
 //	go -C bench run . order             # how relaxed the claim order is (popped element index)
+//	go -C bench run . latency           # pickup latency on an idle queue: River, crdbwork with and without parts and wake-ups
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -38,6 +39,7 @@ const usage = `Usage:
   go -C bench run . growth [flags]      claim cost against backlog and sessions
   go -C bench run . fairness [flags]    tenants' waits and fairness, fair queue or plain
   go -C bench run . order [flags]       how relaxed the claim order is (PEI)
+  go -C bench run . latency [flags]     pickup latency on an idle queue, beside River's
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -54,6 +56,14 @@ the ratios within each round, with their range), and the peak
 number of client connections to the server during its runs (pg_stat_activity),
 with the machine's load average. Only the drain is timed (from starting the
 consumers to the last completion); enqueueing is not.
+
+latency has another process (this program again) enqueue one item at a
+time into an idle queue, --gap to 2·--gap apart, and measures from the return
+of its enqueue (the commit acknowledged) to the start of its handler, for River
+(LISTEN/NOTIFY, its defaults) and crdbwork (its defaults: wake-ups on; with
+--parts parts; and with wake-ups off, the poll alone), alternating the systems
+in each round; it prints p50 and p99 and their ratios to River's in the same
+round.
 
 growth seeds a backlog of items with INSERT ... SELECT generate_series and
 measures crdbwork's claim latency and claim+ack throughput at each backlog
@@ -104,8 +114,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return fairness(ctx, args, out)
 	case "order":
 		return orderCmd(ctx, args, out)
+	case "latency":
+		return latency(ctx, args, out)
+	case "produce": // the producer process of latency (not for users)
+		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness or order; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order or latency; see --help)", cmd)
 	}
 }
 

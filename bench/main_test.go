@@ -2,12 +2,52 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestMain runs the produce command instead of the tests in the producer
+// processes that latency starts from the test binary.
+func TestMain(m *testing.M) {
+	if os.Getenv(producerEnv) != "" {
+		if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench produce:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestLatencyMeasuresEverySystem runs a tiny latency table: one row per
+// system, River at 1.00×. Each sample fails the
+// run unless its item's handler started.
+func TestLatencyMeasuresEverySystem(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, []string{"latency", "--samples", "5", "--rounds", "2", "--gap", "110ms", "--parts", "4"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	row := regexp.MustCompile(`(?m)^\| (River|crdbwork|crdbwork, 4 parts|crdbwork, no wake-ups) +\| +([0-9.]+) \| +([0-9.]+) \| +([0-9.]+)× \| +([0-9.]+)× \|$`)
+	rows := row.FindAllStringSubmatch(out.String(), -1)
+	if len(rows) != 4 {
+		t.Fatalf("want 4 table rows, got %d:\n%s", len(rows), out.String())
+	}
+	for _, r := range rows {
+		if r[1] == "River" && (r[4] != "1.00" || r[5] != "1.00") {
+			t.Errorf("River's ratios to itself are %s× and %s×", r[4], r[5])
+		}
+	}
+	if n := strings.Count(out.String(), "\nround "); n != 8 {
+		t.Errorf("want 8 runs (4 systems × 2 rounds), got %d:\n%s", n, out.String())
+	}
+}
 
 // TestCompareDrainsEverySystem runs a small comparison on a throwaway server
 // and checks its table: one row per system with a positive rate, River plain
@@ -65,6 +105,8 @@ func TestBadFlags(t *testing.T) {
 		{"--items", "0"},
 		{"--systems", "river,kafka"},
 		{"growth", "--backlogs", "10,x"},
+		{"latency", "--samples", "0"},
+		{"latency", "--systems", "river,kafka"},
 		{"frobnicate"},
 	} {
 		if err := run(context.Background(), args, &strings.Builder{}); err == nil {

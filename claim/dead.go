@@ -163,6 +163,9 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 	err := retry.Tx(ctx, q.db, q.stats.retried("requeue"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		r, err = q.store.Requeue(ctx, tx, id, q.opts.Queue, death)
+		if err == nil && r.Moved && q.notifies() {
+			err = q.store.Notify(ctx, tx, q.channel)
+		}
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -174,6 +177,7 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 	moved := r.Moved
 	if moved {
 		q.stats.enqueued.Add(1)
+		q.Wake()
 	}
 	return moved, nil
 }

@@ -200,18 +200,53 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 			len(b.items), q.opts.Queue, plain(err))
 	}
 	single := !b.needsTx(true, q.isolated())
+	notify := q.notifies() && b.dueNow()
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
-			return q.write(ctx, db, b, false, &res)
+			if bd, ok := db.(crsql.Batcher); ok && notify && len(b.given) == 0 {
+				// The INSERT and its notification in one round trip and
+				// one implicit transaction.
+				return q.insertNotify(ctx, bd, b, &res)
+			}
+			if err := q.write(ctx, db, b, false, &res); err != nil || !notify {
+				return err
+			}
+			// Committed already: the notification follows in a statement
+			// of its own (a database value that cannot pipeline).
+			// Its failure is no enqueue's failure (a retry would add
+			// the items again): a lost wake-up costs a poll interval.
+			_ = q.store.Notify(ctx, db, q.channel)
+			return nil
 		})
 	} else {
 		err = retry.Tx(ctx, db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
 			res = b.result()
-			return q.write(ctx, tx, b, true, &res)
+			if err := q.write(ctx, tx, b, true, &res); err != nil {
+				return err
+			}
+			if notify && res.Added() > 0 {
+				return q.store.Notify(ctx, tx, q.channel)
+			}
+			return nil
 		})
 	}
-	return q.finish(b, res, err) // retry.Do and retry.Tx classify
+	res, err = q.finish(b, res, err) // retry.Do and retry.Tx classify
+	if err == nil && res.Added() > 0 && b.dueNow() {
+		q.Wake()
+	}
+	return res, err
+}
+
+// insertNotify writes b, whose ids are all generated and which fits one
+// INSERT, together with the queue's wake-up notification.
+func (q *Queue) insertNotify(ctx context.Context, db crsql.Batcher, b *batch, res *Enqueued) error {
+	rows := q.enqueueRows(b, all(len(b.items)))
+	added, err := q.store.EnqueueInsertNotify(ctx, db, q.opts.Queue, rows, q.channel)
+	if err != nil {
+		return err
+	}
+	return markAdded(b, all(len(b.items)), added, res)
 }
 
 // EnqueueTx adds items in the caller's transaction tx, so that the items
@@ -239,6 +274,11 @@ func (q *Queue) EnqueueTx(ctx context.Context, tx pgx.Tx, items ...NewItem) (Enq
 	}
 	if err := q.write(ctx, tx, b, true, &res); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
+	}
+	if q.notifies() && b.dueNow() && res.Added() > 0 {
+		if err := q.store.Notify(ctx, tx, q.channel); err != nil {
+			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: sending the wake-up notification: %w", len(items), q.opts.Queue, crsql.Classify(err))
+		}
 	}
 	q.stats.enqueued.Add(int64(res.Added()))
 	return res, nil
@@ -544,11 +584,18 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
 // NOTHING, and marks those it added in res.
 func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []int, res *Enqueued) error {
+	added, err := q.store.EnqueueInsert(ctx, db, q.opts.Queue, q.enqueueRows(b, chunk))
+	if err != nil {
+		return err
+	}
+	return markAdded(b, chunk, added, res)
+}
+
+// enqueueRows returns the INSERT rows of the items chunk of b.
+func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
 	rows := make([]crsql.EnqueueRow, len(chunk))
-	at := make(map[uuid.UUID]int, len(chunk))
 	for j, i := range chunk {
 		it := &b.items[i]
-		at[b.ids[i]] = i
 		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
 			TTL: it.TTL, AtMostOnce: it.AtMostOnce}
@@ -556,9 +603,15 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []i
 			rows[j].Turn = b.turns[i]
 		}
 	}
-	added, err := q.store.EnqueueInsert(ctx, db, q.opts.Queue, rows)
-	if err != nil {
-		return err
+	return rows
+}
+
+// markAdded marks in res the items of chunk whose ids the INSERT returned
+// (added).
+func markAdded(b *batch, chunk []int, added []uuid.UUID, res *Enqueued) error {
+	at := make(map[uuid.UUID]int, len(chunk))
+	for _, i := range chunk {
+		at[b.ids[i]] = i
 	}
 	for _, id := range added {
 		i, ok := at[id]

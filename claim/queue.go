@@ -82,6 +82,16 @@ type Options struct {
 	// (ClaimRequest.Lease): a worker on a queue whose Lease is zero claims
 	// with its own default (see package worker).
 	Lease time.Duration
+	// NoNotify turns off the PostgreSQL notification (pg_notify) that every
+	// enqueue sends in its transaction to wake idle workers of other
+	// processes at commit (see package worker's Options.NoWake). Without
+	// it, those workers claim the items at their next poll. Enqueues still
+	// wake this process's own workers. A notifying commit takes a lock
+	// that serializes the commits of notifying transactions on the server:
+	// turn it off for producers that commit many small transactions at
+	// once and whose workers need no quick pickup. Ignored on CockroachDB,
+	// which has no notifications. Default: on.
+	NoNotify bool
 }
 
 // Queue enqueues, claims and acknowledges the items of one queue.
@@ -101,6 +111,8 @@ type Queue struct {
 	// to be not fair without asking again.
 	heads      headCache
 	plainUntil atomic.Int64
+	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
+	channel string
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
@@ -153,6 +165,7 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	q := &Queue{db: db, store: crsql.NewStore(opts.Tables), opts: opts, given: given}
+	q.channel = q.store.NotifyChannel(opts.Queue)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }

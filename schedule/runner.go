@@ -271,6 +271,14 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 	}
 	r.mu.Unlock()
 	for _, f := range fired {
+		if f.New {
+			// Committed: wake this process's idle workers (EnqueueTx's
+			// notification wakes those of every process on PostgreSQL).
+			r.q.Wake()
+			break
+		}
+	}
+	for _, f := range fired {
 		r.log.Debug("periodic item enqueued", zap.String("schedule", f.Schedule), zap.Time("period", f.Period),
 			zap.Stringer("id", f.ID), zap.Bool("catch_up", f.CatchUp))
 		if r.opts.OnEnqueue != nil {

@@ -150,6 +150,10 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		if err != nil || len(added) != 0 {
 			t.Errorf("EnqueueInsert answered with no rows: %v, %v", added, err)
 		}
+		if added, err := s.EnqueueInsertNotify(ctx, r, "q", []EnqueueRow{{ID: id}}, s.NotifyChannel("q")); err != nil || len(added) != 0 {
+			t.Errorf("EnqueueInsertNotify answered with no rows: %v, %v", added, err)
+		}
+		_ = s.Notify(ctx, r, s.NotifyChannel("q"))
 		_, _, _, _ = s.EnqueueParts(ctx, r, "q")
 		if n, err := s.CopyItems(ctx, r, "q", 2, func(int) CopyRow { return CopyRow{ID: uuid.New()} }); n != 2 || err != nil {
 			t.Errorf("CopyItems of 2 rows: %d, %v", n, err)
@@ -230,8 +234,8 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			"ReapExhaustedIDs": s.death.ReapExhaustedIDs, "ReapExpiredIDs": s.death.ReapExpiredIDs,
 			"Exhaust": s.death.Exhaust, "DeadItemsBefore": s.death.DeadItemsBefore, "RequeueState": s.death.RequeueState,
 
-			"PruneEnded": s.dedup.PruneEnded,
-			"Insert":     s.enq.Insert, "Parts": s.enq.Parts, "Found": s.enq.Found, "COPY": s.enq.CopyTable.Sanitize(),
+			"PruneEnded": s.dedup.PruneEnded, "Notify": notifyStatement,
+			"Insert": s.enq.Insert, "Parts": s.enq.Parts, "Found": s.enq.Found, "COPY": s.enq.CopyTable.Sanitize(),
 
 			"Queue": s.insp.Queue, "Unclaimed": s.insp.Unclaimed, "Claimed": s.insp.Claimed,
 			"Tenants": s.insp.Tenants, "InspectDeadCount": s.insp.DeadCount, "StoredQueues": s.insp.StoredQueues,

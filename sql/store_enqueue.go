@@ -38,6 +38,15 @@ type EnqueueRow struct {
 // that skips the ids ended within the queue's dedup window, and returns the
 // ids it added (enqueueStatements.Insert).
 func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
+	res, err := db.Query(ctx, s.enq.Insert, s.enqueueArgs(queue, rows)...)
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(res)
+}
+
+// enqueueArgs returns the arguments of EnqueueStatements.Insert for rows.
+func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	n := len(rows)
 	// Ids as [16]byte, which pgx encodes directly (see rawIDs).
 	ids := make([][16]byte, n)
@@ -59,12 +68,7 @@ func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []E
 		priorities[j], delays[j], maxAttempts[j] = int64(r.Priority), r.Delay.Microseconds(), int64(r.MaxAttempts)
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
-	res, err := db.Query(ctx, s.enq.Insert, queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata,
-		tenants, ttls, amo, turns)
-	if err != nil {
-		return nil, err
-	}
-	return collectIDs(res)
+	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns}
 }
 
 // EnqueueParts returns, for a COPY of new items into queue in the same

@@ -35,6 +35,12 @@ func (r *sessionRun) claimLoop() {
 			return false
 		case <-t.C:
 			return true
+		case <-w.wake: // nil with NoWake: never
+			// Items were enqueued (a wake-up that came during the last
+			// claim is kept until here: its items may have committed
+			// after that claim looked).
+			w.wakeups.Add(1)
+			return true
 		}
 	}
 	for ctx.Err() == nil {

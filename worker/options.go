@@ -48,8 +48,26 @@ type Options struct {
 	Parts int
 	// Poll is the claim interval when the queue is idle (a random value
 	// between Poll/2 and Poll·3/2 each time). While claims come back full,
-	// the worker claims again at once. Default 150 ms.
+	// the worker claims again at once. Default 150 ms. Wake-ups (see
+	// NoWake) end an idle wait early; Poll stays the fallback.
 	Poll time.Duration
+	// NoWake turns wake-ups off: the idle worker then claims only at its
+	// Poll interval. With wake-ups (the default), an idle worker claims at
+	// once when items are enqueued: by an enqueue through a claim.Queue of
+	// the same queue and tables in this process (after its commit, on
+	// both engines), and on PostgreSQL by the notification that every
+	// enqueue of any process sends at commit (claim.Options.NoNotify),
+	// which the process's listener receives: one connection of its own
+	// per process and database, shared by all its workers (see
+	// Connections), opened by the first worker's Run and closed after the
+	// last one's. The listener never delays claims: while its connection
+	// is down (it reconnects with backoff, from 100 ms to 10 s) or silent
+	// (checked every 10 s), workers claim at their Poll interval. The
+	// listener needs the pool's connection settings: with a database that
+	// is neither a *pgxpool.Pool nor a *pgx.Conn, only in-process
+	// wake-ups remain. CockroachDB has no LISTEN: there, only enqueues in
+	// the worker's own process wake it, and Poll finds the others.
+	NoWake bool
 	// ItemTimeout bounds one handler run. Default 5 min.
 	ItemTimeout time.Duration
 	// HangGrace is how long the worker still waits for a handler whose
@@ -250,6 +268,15 @@ func PoolConns(opts Options) int {
 // Connections returns the number of connections to the database a worker
 // process with opts opens at most: PoolConns, plus the session's heartbeat
 // connection, which is its own (outside the pool) so that a busy pool never
-// delays a heartbeat. With the defaults: 5, or 6 in parts mode; 4 workers
-// of 1000 handlers each run within 24 connections.
-func Connections(opts Options) int { return PoolConns(opts) + 1 }
+// delays a heartbeat, plus (unless NoWake) the wake-up listener's
+// connection, which all the workers of a process on one database share.
+// With the defaults: 6, or 7 in parts mode; 4 workers of 1000 handlers
+// each in one process run within 4 × 6 + 1 = 25 connections (Connections
+// counts the shared listener once per worker, an upper bound).
+func Connections(opts Options) int {
+	n := PoolConns(opts) + 1
+	if !opts.NoWake {
+		n++
+	}
+	return n
+}

@@ -52,10 +52,12 @@
 // # Connections
 //
 // A worker process uses Connections(opts) connections whatever its
-// Concurrency (5 by default, 6 in parts mode): PoolConns from its pool (one
+// Concurrency (6 by default, 7 in parts mode): PoolConns from its pool (one
 // for claims, one per settle goroutine, one for the maintenance loop, one
-// for the rebalancer) and one of the session's own for heartbeats, which a
-// busy pool therefore never delays. Handlers never hold a connection.
+// for the rebalancer), one of the session's own for heartbeats, which a
+// busy pool therefore never delays, and on PostgreSQL the wake-up
+// listener's, which all the process's workers on one database share (see
+// Options.NoWake). Handlers never hold a connection.
 //
 // Configure the pool with ConfigurePool before making it: its connections
 // then start with idle_in_transaction_session_timeout set to the session
@@ -84,6 +86,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/wake"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -143,6 +146,9 @@ type Stats struct {
 	// SettleRetries counts the retries of acks, nacks and releases that
 	// failed for a reason other than a lost claim.
 	SettleRetries int64
+	// Wakeups counts the idle waits that a wake-up ended before the poll
+	// interval (see Options.NoWake).
+	Wakeups int64
 	// LeasesExtended counts lease extensions of items whose handlers ran
 	// past half their lease; Forgotten counts items released after claims
 	// whose answers were lost; Reaped counts items whose expired leases
@@ -185,6 +191,11 @@ type Worker struct {
 	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
 	limitSource                                limitSource
 	refusedTotal                               atomic.Int64 // Refused of past sessions
+
+	// wakeups counts the idle waits a wake-up ended (Stats.Wakeups);
+	// wake receives the queue's wake-ups (nil with NoWake): Run subscribes.
+	wakeups atomic.Int64
+	wake    <-chan struct{}
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -234,6 +245,7 @@ func (w *Worker) Stats() Stats {
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), Dropped: w.dropped.Load(), SettleRetries: w.settleRetries.Load(),
 		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
+		Wakeups: w.wakeups.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
@@ -285,6 +297,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		w.log.Warn("reaching the database failed; retrying", zap.Error(err))
 		pause()
+	}
+	if !w.opts.NoWake {
+		channel := w.store.NotifyChannel(w.name)
+		sub := wake.Subscribe(channel)
+		defer sub.Close()
+		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
+		defer stopListening()
+		w.wake = sub.C()
 	}
 	first := true
 	for ctx.Err() == nil {

@@ -1,0 +1,47 @@
+package claim
+
+import (
+	"github.com/crdbwork/crdbwork/internal/wake"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Wake-ups. On PostgreSQL every enqueue path (Enqueue, EnqueueTx, Buffer's
+// flushes, Requeue and RequeueDeath, and through EnqueueTx the schedule
+// runner) sends one notification on the queue's channel in its own
+// transaction, unless Options.NoNotify: PostgreSQL delivers it at commit
+// and never for a transaction that rolls back, and merges the identical
+// notifications of one transaction into one. Workers of every process
+// listen for it (package worker) and claim at once instead of at their
+// next poll. After its commit, an enqueue also signals this process's own
+// workers of the queue directly (Wake), on both engines: CockroachDB has no
+// LISTEN, so there only enqueues made in the worker's own process wake it,
+// and the others are found by the poll.
+
+// notifies reports whether enqueues send the PostgreSQL notification
+// (ready has run).
+func (q *Queue) notifies() bool {
+	e := q.engine.Load()
+	return e != nil && e.dialect == crsql.Postgres && !q.opts.NoNotify
+}
+
+// Wake wakes this process's idle workers of the queue (those of any Queue
+// with the same name and tables): they claim at once rather than at their
+// next poll. Enqueue, Buffer and Requeue call it after they commit. Call it
+// after committing a transaction in which EnqueueTx added items that are
+// due at once: EnqueueTx cannot know when, or whether, the caller commits.
+// (On PostgreSQL the notification EnqueueTx sends in the transaction wakes
+// the workers of every process at commit anyway; on CockroachDB, which has
+// no notifications, Wake is what wakes this process's workers.) A Wake with
+// nothing to claim costs one claim statement per idle worker.
+func (q *Queue) Wake() { wake.Signal(q.channel) }
+
+// dueNow reports whether an item of b is due at once (no Delay): only then
+// is a wake-up of any use.
+func (b *batch) dueNow() bool {
+	for i := range b.items {
+		if b.items[i].Delay <= 0 {
+			return true
+		}
+	}
+	return false
+}
