@@ -651,6 +651,18 @@ type runSpan struct {
 // at its death.
 func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	d.t.Helper()
+	// A live process may still be writing the end of a run whose item
+	// ended meanwhile (the demo records the end after the handler returned,
+	// retrying through database restarts): wait, with a deadline, until no
+	// run of a process that was not killed lacks its end.
+	var killed []int64
+	for pid := range killedAt {
+		killed = append(killed, int64(pid))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at IS NULL AND NOT (pid = ANY($1))`, killed) > 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
 	queueOf := map[string]string{}
 	for _, q := range d.queues {
 		for _, id := range q.runIDs {
