@@ -655,7 +655,7 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	// ended meanwhile (the demo records the end after the handler returned,
 	// retrying through database restarts): wait, with a deadline, until no
 	// run of a process that was not killed lacks its end.
-	var killed []int64
+	killed := []int64{}
 	for pid := range killedAt {
 		killed = append(killed, int64(pid))
 	}
