@@ -19,11 +19,16 @@ import (
 // the stack where it happened.
 var ErrRecordPanic = errors.New("record function panicked")
 
-// Ack acknowledges it exactly once. In one serializable transaction it
-// deletes the item, only if the claim is still its claim (same session,
-// same token), and then calls record (if not nil) to write the result in the
-// same transaction. The transaction is retried whole on serialization
-// failures, so record may run more than once; only one run's writes commit.
+// Ack acknowledges it exactly once. In one transaction it deletes the item,
+// only if the claim is still its claim (same session, same token), and then
+// calls record (if not nil) to write the result in the same transaction.
+// The transaction is retried whole on serialization failures and
+// deadlocks, so record may run more than once; only one run's writes commit.
+//
+// The transaction is SERIALIZABLE on CockroachDB and READ COMMITTED on
+// PostgreSQL (see AckMany): on PostgreSQL each statement of record sees
+// the data committed before that statement began, not one snapshot for the
+// whole transaction.
 //
 // Ack returns nil only if the transaction committed. If the claim was lost,
 // it returns an error wrapping ErrClaimLost and nothing was written. If
@@ -36,7 +41,7 @@ func (q *Queue) Ack(ctx context.Context, it Item, record func(ctx context.Contex
 	return q.AckMany(ctx, []AckRequest{{Item: it, Record: record}}, AckOptions{})[0]
 }
 
-// ackBatch acknowledges many items in one serializable transaction. Each
+// ackBatch acknowledges many items in one ack transaction (see AckMany). Each
 // item is deleted only if its claim still holds; record (if not nil) is then
 // called once with the items whose delete succeeded, in the same
 // transaction. It returns those items, only after COMMIT succeeded; the
@@ -53,7 +58,7 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 		return nil, fmt.Errorf("claim: batch ack of %d items: %w", len(items), err)
 	}
 	var acked []Item
-	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		deleted, err := q.deleteClaimed(ctx, tx, items)
 		if err != nil {
 			return err
@@ -80,7 +85,11 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 // AckRequest is one item for AckMany with the function that records its
 // result (nil: nothing to record).
 type AckRequest struct {
-	Item   Item
+	Item Item
+	// Record writes the item's result in the ack's transaction, after the
+	// item's delete. On PostgreSQL that transaction is READ COMMITTED: each
+	// of Record's statements sees what was committed before it began (see
+	// AckMany).
 	Record func(ctx context.Context, tx pgx.Tx) error
 	// Value is whatever the handler hands on to a BatchRecord (for example
 	// its result, to be written with the batch's other results in one
@@ -93,7 +102,9 @@ type AckRequest struct {
 // once per transaction, in that transaction, after the per-item Records,
 // with the requests whose delete succeeded (their claims held), in request
 // order. Like Record it may run more than once (the transaction is retried
-// whole on serialization failures): only one run's writes commit.
+// whole on serialization failures and deadlocks): only one run's writes
+// commit. On PostgreSQL it runs at READ COMMITTED, as Record does (see
+// AckMany).
 type BatchRecord func(ctx context.Context, tx pgx.Tx, acked []AckRequest) error
 
 // AckOptions configure AckMany. The zero value is valid.
@@ -105,9 +116,23 @@ type AckOptions struct {
 
 // AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
-// It first runs them all in one serializable transaction: one statement
-// deletes every item whose claim still holds, then each deleted item's
-// Record is called in order, then opts.Batch (if set) once with all of them.
+// It first runs them all in one transaction: one statement deletes every
+// item whose claim still holds, then each deleted item's Record is called
+// in order, then opts.Batch (if set) once with all of them.
+//
+// The transaction is SERIALIZABLE on CockroachDB and READ COMMITTED on
+// PostgreSQL. Exactly-once does not depend on it: the delete is checked on
+// the newest version of each row (PostgreSQL re-evaluates the claim and
+// token of a row that changed while the delete waited for it), a deleted
+// item stays deleted, and the records commit with the delete or not at all
+// (sql.AckTxOptions gives the reasoning). What it changes on PostgreSQL is
+// what the records see: each of their statements reads the data committed
+// before it began, so two statements of one record may see different data,
+// and a value read by one statement may have changed by the next. A record
+// whose writes depend on its reads should lock what it reads (SELECT ...
+// FOR UPDATE) or do the read and the write in one statement (an UPDATE
+// with the arithmetic in SQL, INSERT ... ON CONFLICT), or run its own
+// checks in a transaction of its own.
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or
@@ -169,7 +194,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		items[i] = r.Item
 	}
 	var deleted []bool
-	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err
