@@ -80,7 +80,7 @@ func NewDeathStatements(t Tables) *DeathStatements {
 WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
 LIMIT $2`),
 		ExpiredIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+WHERE ` + expiredUnclaimed + `
 ORDER BY expires_at
 LIMIT $2`),
 		ExpiredLeaseIDs: r(`SELECT id FROM crdbwork_items

@@ -191,9 +191,19 @@ SET claim = $1, claim_queue = NULL, claim_part = NULL, claimed_at = now(),
 RETURNING ` + itemColumns
 
 // reapLeasesTemplate releases expired leases; %s is how the UPDATE finds the
-// picked rows, as in claimTemplate. The rows are locked by the CTE, so
-// their tokens cannot change before the UPDATE; the recheck of the lease is
-// for READ COMMITTED.
+// picked rows and rechecks their leases (reapJoin, or pgReapJoin on
+// PostgreSQL). The rows are locked by the CTE, so their tokens cannot change
+// before the UPDATE; the recheck of the lease is for READ COMMITTED.
+//
+// PostgreSQL's twin finds the rows as the fenced twins do (see fenced): a
+// nested loop over the picked ids with a primary-key lookup each, through
+// i.id = ANY(ARRAY[picked.id]), which no hash join can use; the recheck is
+// wrapped in IS TRUE (the same truth, as a WHERE clause) so that it is
+// neither an index condition nor a proof of a partial index's predicate,
+// and does not make a scan of the whole table look cheap. With the form of
+// the claims, id = ANY(ARRAY(SELECT id FROM picked)) and a plain recheck,
+// PostgreSQL scanned the table whenever it believed it small (an empty,
+// never analyzed one; TestHotPlansInEveryState).
 const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
@@ -202,7 +212,7 @@ const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
 SET ` + released + `
-%s AND i.claim IS NOT NULL AND i.lease_until < now()
+%s
 RETURNING i.id`
 
 // fenced is the condition of every statement that acts on a batch of claimed
@@ -250,6 +260,12 @@ const (
 	pgKeys   = `unnest($1::UUID[], $2::UUID[], $3::BIGINT[]) AS k (key_id, key_claim, key_token)`
 	pgFenced = `i.id = ANY(ARRAY[k.key_id]) AND k.key_claim IS NOT NULL
   AND (i.claim, i.claim_token) IS NOT DISTINCT FROM (k.key_claim, k.key_token)`
+	// pgFencedTake is pgFenced for the at-most-once items only. The flag
+	// is checked in a condition that names k too (k.key_id is never NULL
+	// where i.id matched it, so it adds no row): a join condition, not a
+	// filter on the table alone, which made a scan of an empty table look
+	// cheaper than the lookups.
+	pgFencedTake = pgFenced + ` AND (i.at_most_once OR k.key_id IS NULL)`
 )
 
 // heldBy is the condition of the statements that act on one claimed item
@@ -291,6 +307,16 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`
 )
 
+// expiredUnclaimed is how the reaper's expiry step finds its candidates in
+// queue $1: items past their deadline that no session holds, read through
+// crdbwork_items_expiry (queue, expires_at). The claim is checked in IS
+// TRUE, the same truth in a WHERE clause: a plain claim IS NULL proves the
+// predicate of the partial indexes of unclaimed items, and with statistics
+// that make them look empty (taken on an empty table) PostgreSQL read the
+// candidates through crdbwork_items_part_turn, every unclaimed item of the
+// queue, to sort out the few with a deadline (TestHotPlansInEveryState).
+const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE`
+
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
@@ -323,14 +349,15 @@ ON CONFLICT DO NOTHING`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
 		// Acks and takes record the ended ids in the same statement (see ended.go).
-		ClaimAny:               r(fmt.Sprintf(claimTemplate, joinPicked)),
-		PostgresClaimAny:       r(fmt.Sprintf(claimTemplate, anyPicked)),
-		ReapLeases:             r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
-		PostgresReapLeases:     r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
+		ClaimAny:         r(fmt.Sprintf(claimTemplate, joinPicked)),
+		PostgresClaimAny: r(fmt.Sprintf(claimTemplate, anyPicked)),
+		ReapLeases:       r(fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)),
+		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, `FROM picked
+WHERE i.id = ANY(ARRAY[picked.id]) AND (i.claim IS NOT NULL AND i.lease_until < now()) IS TRUE`)),
 		AckMany:                r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced, OutcomeAcked)),
 		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFenced, OutcomeAcked)),
 		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
-		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFenced+` AND i.at_most_once`, OutcomeTaken)),
+		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
@@ -364,10 +391,12 @@ WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`),
 ` + moveExhausted),
 		// An item past its deadline that no session holds moves to the dead
 		// items. (A claimed one is left to its holder: its ack may still
-		// come; once released, nacked or reaped, it is moved here.)
+		// come; once released, nacked or reaped, it is moved here.) The
+		// candidates are read through crdbwork_items_expiry
+		// (expiredUnclaimed).
 		ReapExpired: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+    WHERE ` + expiredUnclaimed + `
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
