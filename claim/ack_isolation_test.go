@@ -454,3 +454,99 @@ END $$`,
 		}
 	}
 }
+
+// TestEnqueueOfAnIDBeingAckedAddsNothing races the enqueue of a
+// caller-given id with the ack of the item that has it: the ack has deleted
+// the item and recorded the id as ended, and holds its transaction open
+// (its record waits) while the enqueue starts and waits for the item's row;
+// then the ack commits. The enqueue must not add the id again (a producer's
+// retry after an unknown outcome would run the work twice): it reports the
+// item done. At READ COMMITTED the ack's writes take part in no
+// serializable conflict check, so the enqueue's transaction must find the
+// conflict itself (sql: the Insert locks the ids' existing rows).
+// PostgreSQL only: it finds the waiting enqueue in pg_stat_activity.
+func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("reads pg_stat_activity; CockroachDB acks are SERIALIZABLE")
+	}
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	s := startSession(t, ctx, pool)
+	for _, n := range []int{1, 3} { // one given id (one statement), several (a transaction)
+		t.Run(fmt.Sprint(n, " ids"), func(t *testing.T) {
+			news := payloads(n)
+			for i := range news {
+				news[i].ID = uuid.New()
+			}
+			if _, err := q.Enqueue(ctx, news...); err != nil {
+				t.Fatal(err)
+			}
+			got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: n})
+			if err != nil || len(got) != n {
+				t.Fatalf("claim: %v %v", got, err)
+			}
+			inRecord, release := make(chan struct{}), make(chan struct{})
+			reqs := make([]claim.AckRequest, n)
+			for i, it := range got {
+				reqs[i] = claim.AckRequest{Item: it, Record: record(it)}
+			}
+			once := false
+			reqs[n-1].Record = func(ctx context.Context, tx pgx.Tx) error {
+				if !once {
+					once = true
+					close(inRecord)
+					<-release
+				}
+				return record(got[n-1])(ctx, tx)
+			}
+			acked := make(chan []error, 1)
+			go func() { acked <- q.AckMany(ctx, reqs, claim.AckOptions{}) }()
+			<-inRecord
+			type result struct {
+				res claim.Enqueued
+				err error
+			}
+			enqueued := make(chan result, 1)
+			go func() {
+				res, err := q.Enqueue(ctx, news...)
+				enqueued <- result{res, err}
+			}()
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				var waiting int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO "crdbwork_items"%'`).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+				if waiting > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					close(release)
+					t.Fatal("the enqueue never waited for the acked item's row")
+				}
+				time.Sleep(5 * time.Millisecond) // polling the condition
+			}
+			close(release)
+			for i, err := range <-acked {
+				if err != nil {
+					t.Fatalf("ack %d: %v", i, err)
+				}
+			}
+			r := <-enqueued
+			if r.err != nil {
+				t.Fatalf("enqueue: %v", r.err)
+			}
+			left := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, r.res.IDs)
+			if r.res.Added() != 0 || left != 0 {
+				t.Fatalf("the enqueue of ids being acked added %d items (%d in the table); want 0: they were acked", r.res.Added(), left)
+			}
+			for i := range news {
+				if !r.res.Done[i] {
+					t.Fatalf("item %d: Done is false; it was acked", i)
+				}
+			}
+		})
+	}
+}
