@@ -131,8 +131,7 @@ type AckOptions struct {
 // and a value read by one statement may have changed by the next. A record
 // whose writes depend on its reads should lock what it reads (SELECT ...
 // FOR UPDATE) or do the read and the write in one statement (an UPDATE
-// with the arithmetic in SQL, INSERT ... ON CONFLICT), or run its own
-// checks in a transaction of its own.
+// with the arithmetic in SQL, INSERT ... ON CONFLICT).
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or

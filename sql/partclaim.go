@@ -173,9 +173,8 @@ LIMIT $2`
 // a scan of the table look cheap. With id = ANY(ARRAY(...)) and a plain
 // claim IS NULL, PostgreSQL read an empty table's rows through
 // crdbwork_items_part_turn, whole; with the recheck alone in IS TRUE, it
-// scanned the table.) The rows are locked by
-// the Picks of the same transaction; the recheck of claim IS NULL is for
-// READ COMMITTED.
+// scanned the table.) The rows are locked by the Picks of the same
+// transaction; the recheck of claim IS NULL is for READ COMMITTED.
 const claimPickedTemplate = `UPDATE crdbwork_items AS i
 SET claim = $1, claim_queue = i.queue, claim_part = i.part, claimed_at = now(),
     attempts = i.attempts + 1, claim_token = i.claim_token + 1,

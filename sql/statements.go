@@ -191,8 +191,8 @@ SET claim = $1, claim_queue = NULL, claim_part = NULL, claimed_at = now(),
 RETURNING ` + itemColumns
 
 // reapLeasesTemplate releases expired leases; %s is how the UPDATE finds the
-// picked rows and rechecks their leases (reapJoin, or pgReapJoin on
-// PostgreSQL). The rows are locked by the CTE, so their tokens cannot change
+// picked rows and rechecks their leases (joinPicked and the recheck, or
+// PostgreSQL's form below). The rows are locked by the CTE, so their tokens cannot change
 // before the UPDATE; the recheck of the lease is for READ COMMITTED.
 //
 // PostgreSQL's twin finds the rows as the fenced twins do (see fenced): a
@@ -276,9 +276,9 @@ const (
 // indexes over claimed items and, with statistics that make them look
 // small (taken before the claims, or on an empty table), reads every item
 // the session holds through crdbwork_items_claimed instead of one row by
-// primary key. The same text runs on CockroachDB (docs checked:
-// "Comparison operators" lists IS NOT DISTINCT FROM), which finds the row
-// by primary key either way.
+// primary key. The same text runs on CockroachDB, whose grammar has IS
+// [NOT] DISTINCT FROM (pkg/sql/parser/sql.y) and which finds the row by
+// primary key either way (not run here: no CockroachDB server).
 const heldBy = `id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND $2::UUID IS NOT NULL AND claim_token = $3`
 
 // moveExhausted and moveExpired end the reaper's statements that move
@@ -315,6 +315,9 @@ RETURNING id`
 // that make them look empty (taken on an empty table) PostgreSQL read the
 // candidates through crdbwork_items_part_turn, every unclaimed item of the
 // queue, to sort out the few with a deadline (TestHotPlansInEveryState).
+// The same text runs on CockroachDB, whose grammar has IS [NOT] TRUE
+// (pkg/sql/parser/sql.y); its plan still reads crdbwork_items_expiry,
+// whose predicate the other conditions imply (not run here: no server).
 const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE`
 
 // released are the assignments that release a claim, all claim columns at once.
