@@ -19,16 +19,12 @@ import (
 // the stack where it happened.
 var ErrRecordPanic = errors.New("record function panicked")
 
-// Ack acknowledges it exactly once. In one transaction it deletes the item,
-// only if the claim is still its claim (same session, same token), and then
-// calls record (if not nil) to write the result in the same transaction.
-// The transaction is retried whole on serialization failures and
-// deadlocks, so record may run more than once; only one run's writes commit.
-//
-// The transaction is SERIALIZABLE on CockroachDB and READ COMMITTED on
-// PostgreSQL (see AckMany): on PostgreSQL each statement of record sees
-// the data committed before that statement began, not one snapshot for the
-// whole transaction.
+// Ack acknowledges it exactly once. In one SERIALIZABLE transaction (on
+// both engines) it deletes the item, only if the claim is still its claim
+// (same session, same token), and then calls record (if not nil) to write
+// the result in the same transaction. The transaction is retried whole on
+// serialization failures and deadlocks, so record may run more than once;
+// only one run's writes commit.
 //
 // Ack returns nil only if the transaction committed. If the claim was lost,
 // it returns an error wrapping ErrClaimLost and nothing was written. If
@@ -41,7 +37,7 @@ func (q *Queue) Ack(ctx context.Context, it Item, record func(ctx context.Contex
 	return q.AckMany(ctx, []AckRequest{{Item: it, Record: record}}, AckOptions{})[0]
 }
 
-// ackBatch acknowledges many items in one ack transaction (see AckMany). Each
+// ackBatch acknowledges many items in one serializable transaction. Each
 // item is deleted only if its claim still holds; record (if not nil) is then
 // called once with the items whose delete succeeded, in the same
 // transaction. It returns those items, only after COMMIT succeeded; the
@@ -86,10 +82,8 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 // result (nil: nothing to record).
 type AckRequest struct {
 	Item Item
-	// Record writes the item's result in the ack's transaction, after the
-	// item's delete. On PostgreSQL that transaction is READ COMMITTED: each
-	// of Record's statements sees what was committed before it began (see
-	// AckMany).
+	// Record writes the item's result in the ack's SERIALIZABLE
+	// transaction, after the item's delete.
 	Record func(ctx context.Context, tx pgx.Tx) error
 	// Value is whatever the handler hands on to a BatchRecord (for example
 	// its result, to be written with the batch's other results in one
@@ -103,8 +97,7 @@ type AckRequest struct {
 // with the requests whose delete succeeded (their claims held), in request
 // order. Like Record it may run more than once (the transaction is retried
 // whole on serialization failures and deadlocks): only one run's writes
-// commit. On PostgreSQL it runs at READ COMMITTED, as Record does (see
-// AckMany).
+// commit.
 type BatchRecord func(ctx context.Context, tx pgx.Tx, acked []AckRequest) error
 
 // AckOptions configure AckMany. The zero value is valid.
@@ -116,22 +109,10 @@ type AckOptions struct {
 
 // AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
-// It first runs them all in one transaction: one statement deletes every
-// item whose claim still holds, then each deleted item's Record is called
-// in order, then opts.Batch (if set) once with all of them.
-//
-// The transaction is SERIALIZABLE on CockroachDB and READ COMMITTED on
-// PostgreSQL. Exactly-once does not depend on it: the delete is checked on
-// the newest version of each row (PostgreSQL re-evaluates the claim and
-// token of a row that changed while the delete waited for it), a deleted
-// item stays deleted, and the records commit with the delete or not at all
-// (sql.AckTxOptions gives the reasoning). What it changes on PostgreSQL is
-// what the records see: each of their statements reads the data committed
-// before it began, so two statements of one record may see different data,
-// and a value read by one statement may have changed by the next. A record
-// whose writes depend on its reads should lock what it reads (SELECT ...
-// FOR UPDATE) or do the read and the write in one statement (an UPDATE
-// with the arithmetic in SQL, INSERT ... ON CONFLICT).
+// It first runs them all in one SERIALIZABLE transaction (on both engines;
+// sql.AckTxOptions gives the reasoning): one statement deletes every item
+// whose claim still holds, then each deleted item's Record is called in
+// order, then opts.Batch (if set) once with all of them.
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or

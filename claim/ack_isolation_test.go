@@ -17,8 +17,10 @@ import (
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
-// The ack's transaction is READ COMMITTED on PostgreSQL and SERIALIZABLE on
-// CockroachDB (sql.AckTxOptions): the records run in it, so they see it.
+// The ack's transaction is SERIALIZABLE on both engines (sql.AckTxOptions;
+// DESIGN.md section 3): the records run in it, so they see it. On
+// PostgreSQL, whose default is READ COMMITTED, this fails if the ack stops
+// asking for SERIALIZABLE.
 func TestAckIsolationLevel(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
@@ -37,28 +39,25 @@ func TestAckIsolationLevel(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	want := "serializable"
-	if testdb.Kind(t) == "postgres" {
-		want = "read committed"
-	}
-	if level != want {
-		t.Fatalf("the ack's transaction runs at %q, want %q", level, want)
+	if level != "serializable" {
+		t.Fatalf("the ack's transaction runs at %q, want \"serializable\"", level)
 	}
 }
 
 // TestAckRechecksTheClaimOnTheNewestRow makes another transaction change
 // the claimed item's row and hold its lock while the ack's delete runs: the
-// delete waits for the lock, and when the other transaction commits, the
-// claim and the token are checked again on the row as that transaction
-// left it (PostgreSQL's EvalPlanQual at READ COMMITTED). A release, a
-// release followed by a new claim of the same session (same claim, a new
-// token) and a Cancel make the ack report ErrClaimLost with nothing
-// written; a lease extension (same claim, same token) and a change that
-// rolls back let it commit. PostgreSQL only: it finds the waiting ack in
-// pg_stat_activity.
+// delete waits for the lock. When the other transaction commits, the
+// SERIALIZABLE ack's delete fails with a serialization failure (the row
+// changed after its snapshot), the ack is retried whole, and the retry
+// checks the claim and the token on the row as that transaction left it.
+// A release, a release followed by a new claim of the same session (same
+// claim, a new token) and a Cancel make the ack report ErrClaimLost with
+// nothing written; a lease extension (same claim, same token) and a change
+// that rolls back let it commit, once. PostgreSQL only: it finds the
+// waiting ack in pg_stat_activity.
 func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
 	if testdb.Kind(t) != "postgres" {
-		t.Skip("reads pg_stat_activity; CockroachDB acks are SERIALIZABLE")
+		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}
 	pool := setup(t)
 	ctx := context.Background()
@@ -93,6 +92,7 @@ func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
 			if tag, err := other.Exec(ctx, c.change, it.ID); err != nil || tag.RowsAffected() != 1 {
 				t.Fatalf("%s: %v, %d rows", c.change, err, tag.RowsAffected())
 			}
+			retriesBefore := q.Stats().Retries["ack"]
 			var runs atomic.Int64
 			done := make(chan error, 1)
 			go func() {
@@ -114,7 +114,11 @@ func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
 			results := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, it.ID)
 			items := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, it.ID)
 			acked := count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND outcome = 'acked'`, it.ID)
-			t.Logf("ack: %v (record ran %d times); results %d, items %d, recorded as acked %d", err, runs.Load(), results, items, acked)
+			retries := q.Stats().Retries["ack"] - retriesBefore
+			t.Logf("ack: %v (record ran %d times, %d retries); results %d, items %d, recorded as acked %d", err, runs.Load(), retries, results, items, acked)
+			if !c.rollback && retries == 0 {
+				t.Fatalf("the ack's delete waited for a row changed by a transaction that then committed, and was not retried: was it SERIALIZABLE?")
+			}
 			if c.lost {
 				if !errors.Is(err, claim.ErrClaimLost) || results != 0 || acked != 0 {
 					t.Fatalf("the ack of a claim that was %s: err %v, %d results, %d acked records; want ErrClaimLost and nothing written", c.name, err, results, acked)
@@ -357,10 +361,11 @@ func TestAckWithFailingRecordKeepsTheClaim(t *testing.T) {
 // its record ran, with a deferred constraint trigger on the results: once
 // with a serialization failure (the ack is retried and commits once), then
 // with a serialization failure at every COMMIT and with a refusal (the ack
-// fails, nothing is written, no ack is counted). At READ COMMITTED no other transaction can make the
-// ack's COMMIT fail (TestAckCommitTimeSerializationFailure provokes it
-// through SERIALIZABLE reads on CockroachDB); a deferred check can, on
-// PostgreSQL.
+// fails, nothing is written, no ack is counted). The trigger makes the
+// COMMIT fail at will, every time, and with errors no other transaction
+// can provoke (a refusal); TestAckCommitTimeSerializationFailure provokes
+// the serialization failure through a conflicting SERIALIZABLE
+// transaction.
 func TestAckCommitTimeFailure(t *testing.T) {
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("constraint triggers are PostgreSQL's")
@@ -461,13 +466,13 @@ END $$`,
 // (its record waits) while the enqueue starts and waits for the item's row;
 // then the ack commits. The enqueue must not add the id again (a producer's
 // retry after an unknown outcome would run the work twice): it reports the
-// item done. At READ COMMITTED the ack's writes take part in no
-// serializable conflict check, so the enqueue's transaction must find the
-// conflict itself (sql: the Insert locks the ids' existing rows).
-// PostgreSQL only: it finds the waiting enqueue in pg_stat_activity.
+// item done. PostgreSQL's SERIALIZABLE conflict checks do not catch this
+// race by themselves, so the enqueue's transaction finds the conflict
+// itself (sql: PostgresInsert locks the ids' existing rows). PostgreSQL
+// only: it finds the waiting enqueue in pg_stat_activity.
 func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
 	if testdb.Kind(t) != "postgres" {
-		t.Skip("reads pg_stat_activity; CockroachDB acks are SERIALIZABLE")
+		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}
 	pool := setup(t)
 	ctx := context.Background()

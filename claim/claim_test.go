@@ -266,14 +266,7 @@ func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 // writes what the ack read, and commits first. On PostgreSQL the ack's COMMIT
 // then fails with 40001. The ack must be retried (and commit once) or
 // reported as failed, never reported as acked without its writes.
-//
-// On PostgreSQL acks run at READ COMMITTED (sql.AckTxOptions), where no
-// serializable reader can fail their COMMIT: TestAckCommitTimeFailure
-// provokes the same failures there, with a deferred constraint trigger.
 func TestAckCommitTimeSerializationFailure(t *testing.T) {
-	if testdb.Kind(t) == "postgres" {
-		t.Skip("acks are READ COMMITTED on PostgreSQL; TestAckCommitTimeFailure makes their COMMIT fail")
-	}
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE tally (id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY, who TEXT NOT NULL)`); err != nil {
