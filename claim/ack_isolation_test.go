@@ -466,18 +466,10 @@ END $$`,
 // (its record waits) while the enqueue starts and waits for the item's row;
 // then the ack commits. The enqueue must not add the id again (a producer's
 // retry after an unknown outcome would run the work twice): it reports the
-// item done. On PostgreSQL the insert's read of the ended ids predates the
-// ack's record, and its ON CONFLICT, once the ack committed, finds the row
-// gone: what stops it is that both transactions are SERIALIZABLE (the ack:
-// sql.AckTxOptions; an enqueue of given ids: claim's needsTx). The insert
-// read an ended id the ack then wrote, and the ack's delete read the item
-// through the primary key (TestHotPlansInEveryState), predicate-locking
-// the part of the index the insert writes the id into again: the enqueue
-// fails with a serialization failure and its retry finds the id ended. With acks at
-// READ COMMITTED (tried: the ids were added again), or with the ack's
-// former plan, which read the claimed items through a partial index, the
-// race was lost. PostgreSQL only: it finds the waiting enqueue in
-// pg_stat_activity.
+// item done. PostgreSQL's SERIALIZABLE conflict checks do not catch this
+// race by themselves, so the enqueue's transaction finds the conflict
+// itself (sql: PostgresInsert locks the ids' existing rows). PostgreSQL
+// only: it finds the waiting enqueue in pg_stat_activity.
 func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads pg_stat_activity, PostgreSQL's")
@@ -551,7 +543,6 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 			if r.err != nil {
 				t.Fatalf("enqueue: %v", r.err)
 			}
-			t.Logf("retries: %v", q.Stats().Retries)
 			left := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, r.res.IDs)
 			if r.res.Added() != 0 || left != 0 {
 				t.Fatalf("the enqueue of ids being acked added %d items (%d in the table); want 0: they were acked", r.res.Added(), left)

@@ -556,7 +556,7 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []i
 			rows[j].Turn = b.turns[i]
 		}
 	}
-	added, err := q.store.EnqueueInsert(ctx, db, q.opts.Queue, rows)
+	added, err := q.store.EnqueueInsert(ctx, db, q.engine.Load().dialect, q.opts.Queue, rows)
 	if err != nil {
 		return err
 	}

@@ -36,8 +36,8 @@ type EnqueueRow struct {
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
-// ids it added (EnqueueStatements.Insert).
-func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
+// ids it added (EnqueueStatements.Insert, or PostgresInsert on PostgreSQL).
+func (s *Store) EnqueueInsert(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
 	n := len(rows)
 	// Ids as [16]byte, which pgx encodes directly (see rawIDs).
 	ids := make([][16]byte, n)
@@ -59,7 +59,7 @@ func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []E
 		priorities[j], delays[j], maxAttempts[j] = int64(r.Priority), r.Delay.Microseconds(), int64(r.MaxAttempts)
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
-	res, err := db.Query(ctx, s.enq.Insert, queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata,
+	res, err := db.Query(ctx, byDialect(d, s.enq.Insert, s.enq.PostgresInsert), queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata,
 		tenants, ttls, amo, turns)
 	if err != nil {
 		return nil, err
