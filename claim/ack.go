@@ -19,11 +19,12 @@ import (
 // the stack where it happened.
 var ErrRecordPanic = errors.New("record function panicked")
 
-// Ack acknowledges it exactly once. In one serializable transaction it
-// deletes the item, only if the claim is still its claim (same session,
-// same token), and then calls record (if not nil) to write the result in the
-// same transaction. The transaction is retried whole on serialization
-// failures, so record may run more than once; only one run's writes commit.
+// Ack acknowledges it exactly once. In one SERIALIZABLE transaction (on
+// both engines) it deletes the item, only if the claim is still its claim
+// (same session, same token), and then calls record (if not nil) to write
+// the result in the same transaction. The transaction is retried whole on
+// serialization failures and deadlocks, so record may run more than once;
+// only one run's writes commit.
 //
 // Ack returns nil only if the transaction committed. If the claim was lost,
 // it returns an error wrapping ErrClaimLost and nothing was written. If
@@ -53,7 +54,7 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 		return nil, fmt.Errorf("claim: batch ack of %d items: %w", len(items), err)
 	}
 	var acked []Item
-	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		deleted, err := q.deleteClaimed(ctx, tx, items)
 		if err != nil {
 			return err
@@ -80,7 +81,9 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 // AckRequest is one item for AckMany with the function that records its
 // result (nil: nothing to record).
 type AckRequest struct {
-	Item   Item
+	Item Item
+	// Record writes the item's result in the ack's SERIALIZABLE
+	// transaction, after the item's delete.
 	Record func(ctx context.Context, tx pgx.Tx) error
 	// Value is whatever the handler hands on to a BatchRecord (for example
 	// its result, to be written with the batch's other results in one
@@ -93,7 +96,8 @@ type AckRequest struct {
 // once per transaction, in that transaction, after the per-item Records,
 // with the requests whose delete succeeded (their claims held), in request
 // order. Like Record it may run more than once (the transaction is retried
-// whole on serialization failures): only one run's writes commit.
+// whole on serialization failures and deadlocks): only one run's writes
+// commit.
 type BatchRecord func(ctx context.Context, tx pgx.Tx, acked []AckRequest) error
 
 // AckOptions configure AckMany. The zero value is valid.
@@ -105,9 +109,10 @@ type AckOptions struct {
 
 // AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
-// It first runs them all in one serializable transaction: one statement
-// deletes every item whose claim still holds, then each deleted item's
-// Record is called in order, then opts.Batch (if set) once with all of them.
+// It first runs them all in one SERIALIZABLE transaction (on both engines;
+// sql.AckTxOptions gives the reasoning): one statement deletes every item
+// whose claim still holds, then each deleted item's Record is called in
+// order, then opts.Batch (if set) once with all of them.
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or
@@ -169,7 +174,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		items[i] = r.Item
 	}
 	var deleted []bool
-	err := retry.Tx(ctx, q.db, q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err

@@ -584,7 +584,7 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
 // NOTHING, and marks those it added in res.
 func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []int, res *Enqueued) error {
-	added, err := q.store.EnqueueInsert(ctx, db, q.opts.Queue, q.enqueueRows(b, chunk))
+	added, err := q.store.EnqueueInsert(ctx, db, q.engine.Load().dialect, q.opts.Queue, q.enqueueRows(b, chunk))
 	if err != nil {
 		return err
 	}

@@ -80,7 +80,7 @@ func newDeathStatements(t Tables) *deathStatements {
 WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
 LIMIT $2`),
 		ExpiredIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+WHERE ` + expiredUnclaimed + `
 ORDER BY expires_at
 LIMIT $2`),
 		ExpiredLeaseIDs: r(`SELECT id FROM crdbwork_items
@@ -107,7 +107,7 @@ RETURNING i.id`),
 ` + moveExpired),
 		Exhaust: r(`UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
-WHERE id = $1 AND claim = $2 AND claim_token = $3`),
+WHERE ` + heldBy),
 		DeadItemsBefore: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
 FROM crdbwork_dead_items
 WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)

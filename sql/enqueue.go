@@ -32,6 +32,27 @@ type enqueueStatements struct {
 	// delayed item's turn is never before its vesting time (so that claims,
 	// which read in turn order, do not walk over items not yet vested).
 	Insert string
+	// PostgresInsert is Insert on PostgreSQL: the same parameters and
+	// results, and a row whose id is an item of the table is skipped by a
+	// locking read of that item (FOR KEY SHARE) before the insert. The
+	// lock closes a race the dedup check alone leaves open there: an ack
+	// of the id that commits while the insert waits for the item's row has
+	// recorded the id as ended after the insert's snapshot, so the insert
+	// neither sees the record nor, once the acked row is gone, a conflict,
+	// and added the id again (TestEnqueueOfAnIDBeingAckedAddsNothing). The
+	// locking read waits for the ack instead, and in the SERIALIZABLE
+	// transaction an enqueue of caller-given ids runs in on PostgreSQL
+	// (claim's needsTx) a row deleted by a transaction that committed after
+	// the snapshot is a serialization failure ("could not serialize access
+	// due to concurrent delete"): the enqueue is retried, and its new
+	// snapshot finds the ended id. Acks do not prevent it on PostgreSQL:
+	// they run at READ COMMITTED (AckTxOptions), whose writes take part in
+	// no serializable conflict check — and under SERIALIZABLE acks the
+	// check did not catch it either (the test failed on the former code
+	// too). CockroachDB's SERIALIZABLE transactions serialize the insert
+	// after the ack (or fail it), and its FOR KEY SHARE is no lock by
+	// default under SERIALIZABLE: it keeps Insert.
+	PostgresInsert string
 	// Parts returns the queue $1's number of parts (1 when it has no row),
 	// taking a share lock on its row, the transaction's timestamp (now())
 	// and whether the queue is at-most-once. A COPY that follows it in the
@@ -59,7 +80,27 @@ type enqueueStatements struct {
 func newEnqueueStatements(t Tables) *enqueueStatements {
 	r := t.rewrite
 	return &enqueueStatements{
-		Insert: r(`INSERT INTO crdbwork_items
+		Insert:         r(insertTemplate + insertTail),
+		PostgresInsert: r(insertTemplate + ` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail),
+
+		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
+       COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false)`),
+		Foreign: r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		Found: r(`SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
+UNION ALL
+SELECT e.id, e.queue, true FROM crdbwork_ended AS e
+WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
+  AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
+ORDER BY 3, 1`),
+		CopyTable: t.identifier("items"),
+		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
+			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once"},
+	}
+}
+
+// insertTemplate is Insert without its ON CONFLICT clause, insertTail:
+// PostgresInsert adds a condition to its WHERE clause between them.
+const insertTemplate = `INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
      tenant, turn_at, expires_at, at_most_once)
 SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond',
@@ -75,23 +116,11 @@ FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
             $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[])
          AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn)
-WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)
+WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)`
+
+const insertTail = `
 ON CONFLICT (id) DO NOTHING
-RETURNING id`),
-		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
-       COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false)`),
-		Foreign: r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
-		Found: r(`SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
-UNION ALL
-SELECT e.id, e.queue, true FROM crdbwork_ended AS e
-WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
-  AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
-ORDER BY 3, 1`),
-		CopyTable: t.identifier("items"),
-		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
-			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once"},
-	}
-}
+RETURNING id`
 
 // identifier returns the unquoted parts of one table's name, by its default
 // name without the prefix, for APIs that quote names themselves (CopyFrom).

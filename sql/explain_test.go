@@ -201,6 +201,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"InsertQueueParts", st.InsertQueueParts, []any{"q-new", int64(4)}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},
 		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns}},
+		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},

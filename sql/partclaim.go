@@ -56,8 +56,9 @@ type partClaimStatements struct {
 func newPartClaimStatements(t Tables) *partClaimStatements {
 	p := &partClaimStatements{t: t}
 	p.ClaimPicked = t.rewrite(fmt.Sprintf(claimPickedTemplate, `FROM (SELECT unnest($3::UUID[]) AS id) AS picked
-WHERE i.id = picked.id`))
-	p.PostgresClaimPicked = t.rewrite(fmt.Sprintf(claimPickedTemplate, `WHERE i.id = ANY(ARRAY(SELECT unnest($3::UUID[])))`))
+WHERE i.id = picked.id AND i.claim IS NULL`))
+	p.PostgresClaimPicked = t.rewrite(fmt.Sprintf(claimPickedTemplate, `FROM unnest($3::UUID[]) AS k (key_id)
+WHERE i.id = ANY(ARRAY[k.key_id]) AND (i.claim IS NULL OR k.key_id IS NULL)`))
 	return p
 }
 
@@ -163,13 +164,20 @@ ORDER BY c.priority, c.turn_at
 LIMIT $2`
 
 // claimPickedTemplate claims picked rows by id (%s: how the UPDATE finds
-// them; on CockroachDB a join with the unnested ids, which it plans as
-// primary-key lookups, on PostgreSQL an index condition on a computed
-// array, as pgFenced). The rows are locked by the Picks of the same
+// them and rechecks claim IS NULL; on CockroachDB a join with the unnested
+// ids, which it plans as primary-key lookups, on PostgreSQL a nested loop of
+// primary-key lookups shaped as the fenced twins are (see fenced in
+// statements.go), with the recheck in a condition that names k too (k.key_id
+// is never NULL where i.id matched it): a join condition, which neither
+// proves the predicate of the partial indexes of unclaimed items nor makes
+// a scan of the table look cheap. With id = ANY(ARRAY(...)) and a plain
+// claim IS NULL, PostgreSQL read an empty table's rows through
+// crdbwork_items_part_turn, whole; with the recheck alone in IS TRUE, it
+// scanned the table.) The rows are locked by the Picks of the same
 // transaction; the recheck of claim IS NULL is for READ COMMITTED.
 const claimPickedTemplate = `UPDATE crdbwork_items AS i
 SET claim = $1, claim_queue = i.queue, claim_part = i.part, claimed_at = now(),
     attempts = i.attempts + 1, claim_token = i.claim_token + 1,
     lease_until = now() + $2::BIGINT * INTERVAL '1 microsecond'
-%s AND i.claim IS NULL
+%s
 RETURNING ` + itemColumns

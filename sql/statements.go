@@ -191,9 +191,19 @@ SET claim = $1, claim_queue = NULL, claim_part = NULL, claimed_at = now(),
 RETURNING ` + itemColumns
 
 // reapLeasesTemplate releases expired leases; %s is how the UPDATE finds the
-// picked rows, as in claimTemplate. The rows are locked by the CTE, so
-// their tokens cannot change before the UPDATE; the recheck of the lease is
-// for READ COMMITTED.
+// picked rows and rechecks their leases (joinPicked and the recheck, or
+// PostgreSQL's form below). The rows are locked by the CTE, so their tokens cannot change
+// before the UPDATE; the recheck of the lease is for READ COMMITTED.
+//
+// PostgreSQL's twin finds the rows as the fenced twins do (see fenced): a
+// nested loop over the picked ids with a primary-key lookup each, through
+// i.id = ANY(ARRAY[picked.id]), which no hash join can use; the recheck is
+// wrapped in IS TRUE (the same truth, as a WHERE clause) so that it is
+// neither an index condition nor a proof of a partial index's predicate,
+// and does not make a scan of the whole table look cheap. With the form of
+// the claims, id = ANY(ARRAY(SELECT id FROM picked)) and a plain recheck,
+// PostgreSQL scanned the table whenever it believed it small (an empty,
+// never analyzed one; TestHotPlansInEveryState).
 const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
@@ -202,7 +212,7 @@ const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
 SET ` + released + `
-%s AND i.claim IS NOT NULL AND i.lease_until < now()
+%s
 RETURNING i.id`
 
 // fenced is the condition of every statement that acts on a batch of claimed
@@ -214,18 +224,62 @@ RETURNING i.id`
 // (CockroachDB checked: its unnest builtin is variadic, "Returns the input
 // arrays as a set of rows"; tuple IN (subquery) is standard).
 //
-// PostgreSQL's twin, pgFenced, adds id = ANY(ARRAY(SELECT unnest($1))): an
-// index condition on the primary key whose array size the planner cannot
-// see, so it always looks the ids up by key. Without it, PostgreSQL's plans
-// for the same statement depended on its estimates for claim = $session:
-// a merge join over every item the session holds (found by the bench: 9 ms
-// for 64 items of a session holding 512), a sequential scan of a drained
-// queue's table (TestStatementPlansUseIndexes/drained), or a scan of every
-// claimed item (with a plain id = ANY($1), for large batches).
+// PostgreSQL's twins join the target table, aliased i, with the triples,
+// unnested as k (key_id, key_claim, key_token) — pgKeys, in the FROM of an
+// UPDATE or the USING of a DELETE — on pgFenced. That condition is shaped
+// so that PostgreSQL has one plan left whatever its statistics say: a
+// nested loop over the triples that looks each id up by primary key
+// (TestHotPlansInEveryState checks it on an empty table, on tables whose
+// statistics are stale, and on a 1M-row table, with the plans for the
+// given parameters and the generic plans of prepared statements):
+//
+//   - i.id = ANY(ARRAY[k.key_id]) is an index condition on the primary key
+//     for each outer row, but not an equality a hash or merge join can use:
+//     with i.id = k.key_id PostgreSQL hashes the triples and scans the
+//     table whenever it believes the table small (an empty or never
+//     analyzed one: its generic plan, cached by a prepared statement, then
+//     stays a sequential scan as the table grows);
+//   - the claim and the token are compared by IS NOT DISTINCT FROM, with
+//     the given claim required to be non-NULL, which matches exactly what
+//     = matches. = is strict, so from "claim = x" the planner proves
+//     "claim IS NOT NULL", the predicate of the partial indexes over
+//     claimed items (crdbwork_items_lease, crdbwork_items_claimed), and may
+//     read the rows through one of them: with statistics taken while no
+//     item was claimed those indexes look empty and win on cost, and the
+//     statement reads every claimed item of the queue (issue #19: every ack
+//     read all ~900 claimed rows, and under SERIALIZABLE the ackers' reads
+//     made them abort each other); earlier forms gave a merge join over
+//     every item the session holds, or a scan of a drained queue's table.
+//     IS NOT DISTINCT FROM is not strict, proves nothing, and cannot drive
+//     a hash join either.
+//
+// An id listed twice joins its row twice; PostgreSQL updates or deletes a
+// row once per statement, and returns it once.
 const (
 	fenced   = `(id, claim, claim_token) IN (SELECT * FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]))`
-	pgFenced = `id = ANY(ARRAY(SELECT unnest($1::UUID[]))) AND ` + fenced
+	pgKeys   = `unnest($1::UUID[], $2::UUID[], $3::BIGINT[]) AS k (key_id, key_claim, key_token)`
+	pgFenced = `i.id = ANY(ARRAY[k.key_id]) AND k.key_claim IS NOT NULL
+  AND (i.claim, i.claim_token) IS NOT DISTINCT FROM (k.key_claim, k.key_token)`
+	// pgFencedTake is pgFenced for the at-most-once items only. The flag
+	// is checked in a condition that names k too (k.key_id is never NULL
+	// where i.id matched it, so it adds no row): a join condition, not a
+	// filter on the table alone, which made a scan of an empty table look
+	// cheaper than the lookups.
+	pgFencedTake = pgFenced + ` AND (i.at_most_once OR k.key_id IS NULL)`
 )
+
+// heldBy is the condition of the statements that act on one claimed item
+// ($1 id, $2 session, $3 token): the item's claim is still ($2, $3). The
+// claim is compared by IS NOT DISTINCT FROM with a non-NULL $2, which
+// matches exactly what claim = $2 matches, for the reason given at
+// fenced: from claim = $2 PostgreSQL proves the predicate of the partial
+// indexes over claimed items and, with statistics that make them look
+// small (taken before the claims, or on an empty table), reads every item
+// the session holds through crdbwork_items_claimed instead of one row by
+// primary key. The same text runs on CockroachDB, whose grammar has IS
+// [NOT] DISTINCT FROM (pkg/sql/parser/sql.y) and which finds the row by
+// primary key either way (not run here: no CockroachDB server).
+const heldBy = `id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND $2::UUID IS NOT NULL AND claim_token = $3`
 
 // moveExhausted and moveExpired end the reaper's statements that move
 // items to the dead items: given a CTE picked that selected and locked the
@@ -252,6 +306,19 @@ INSERT INTO crdbwork_dead_items
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
 RETURNING id`
 )
+
+// expiredUnclaimed is how the reaper's expiry step finds its candidates in
+// queue $1: items past their deadline that no session holds, read through
+// crdbwork_items_expiry (queue, expires_at). The claim is checked in IS
+// TRUE, the same truth in a WHERE clause: a plain claim IS NULL proves the
+// predicate of the partial indexes of unclaimed items, and with statistics
+// that make them look empty (taken on an empty table) PostgreSQL read the
+// candidates through crdbwork_items_part_turn, every unclaimed item of the
+// queue, to sort out the few with a deadline (TestHotPlansInEveryState).
+// The same text runs on CockroachDB, whose grammar has IS [NOT] TRUE
+// (pkg/sql/parser/sql.y); its plan still reads crdbwork_items_expiry,
+// whose predicate the other conditions imply (not run here: no server).
+const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE`
 
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
@@ -285,25 +352,26 @@ ON CONFLICT DO NOTHING`),
 		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
 
 		// Acks and takes record the ended ids in the same statement (see ended.go).
-		ClaimAny:               r(fmt.Sprintf(claimTemplate, joinPicked)),
-		PostgresClaimAny:       r(fmt.Sprintf(claimTemplate, anyPicked)),
-		ReapLeases:             r(fmt.Sprintf(reapLeasesTemplate, joinPicked)),
-		PostgresReapLeases:     r(fmt.Sprintf(reapLeasesTemplate, anyPicked)),
+		ClaimAny:         r(fmt.Sprintf(claimTemplate, joinPicked)),
+		PostgresClaimAny: r(fmt.Sprintf(claimTemplate, anyPicked)),
+		ReapLeases:       r(fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)),
+		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, `FROM picked
+WHERE i.id = ANY(ARRAY[picked.id]) AND (i.claim IS NOT NULL AND i.lease_until < now()) IS TRUE`)),
 		AckMany:                r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced, OutcomeAcked)),
-		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced, OutcomeAcked)),
+		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFenced, OutcomeAcked)),
 		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
-		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+pgFenced+` AND at_most_once`, OutcomeTaken)),
+		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)),
 		Nack: r(`UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
     turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
-WHERE id = $1 AND claim = $2 AND claim_token = $3`),
+WHERE ` + heldBy),
 		// Release gives the attempt back (retry accounting); the token stays.
 		Release: r(`UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
-WHERE id = $1 AND claim = $2 AND claim_token = $3`),
+WHERE ` + heldBy),
 		DeadLetter: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE id = $1 AND claim = $2 AND claim_token = $3
+    DELETE FROM crdbwork_items WHERE ` + heldBy + `
     RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
@@ -312,8 +380,9 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`),
 		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + fenced + ` RETURNING id, lease_until`),
-		PostgresExtend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
-WHERE ` + pgFenced + ` RETURNING id, lease_until`),
+		PostgresExtend: r(`UPDATE crdbwork_items AS i SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+FROM ` + pgKeys + `
+WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`),
 		// Unclaimed items whose attempts are used up (a crash loop: every claim
 		// ended without an ack or a nack) move to the dead items, through
 		// crdbwork_items_exhausted.
@@ -325,10 +394,12 @@ WHERE ` + pgFenced + ` RETURNING id, lease_until`),
 ` + moveExhausted),
 		// An item past its deadline that no session holds moves to the dead
 		// items. (A claimed one is left to its holder: its ack may still
-		// come; once released, nacked or reaped, it is moved here.)
+		// come; once released, nacked or reaped, it is moved here.) The
+		// candidates are read through crdbwork_items_expiry
+		// (expiredUnclaimed).
 		ReapExpired: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+    WHERE ` + expiredUnclaimed + `
     ORDER BY expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED),

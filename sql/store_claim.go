@@ -290,6 +290,38 @@ func (s *Store) TakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []Cla
 	return collectIDs(rows)
 }
 
+// AckTxOptions returns the options of an ack's transaction on d (claim.Queue
+// runs AckMany and the handlers' records in it): SERIALIZABLE on both
+// engines. The function stays so that the ack's isolation is decided in one
+// place, beside the ack's statements.
+//
+// SERIALIZABLE is what the ack promises (DESIGN.md section 3): the item's
+// delete, checked against the claim and token the acker holds, and the
+// records that write its result commit in one SERIALIZABLE transaction or
+// not at all, and the records see one snapshot, as any serializable
+// transaction does. On PostgreSQL, whose default is READ COMMITTED, it must
+// be asked for explicitly (DESIGN.md section 7).
+//
+// What made SERIALIZABLE acks slow on PostgreSQL (issue #19: 6–7 rollbacks
+// and re-prepares per 1,000 items) was the delete's plan, not the
+// isolation level: the old plan scanned every claimed row, so the SIRead
+// (predicate) locks of one acker's read covered the rows the other ackers
+// deleted, and two ackers aborted each other at COMMIT though they never
+// touched the same item. PostgresAckMany is a primary-key nested loop
+// (TestHotPlansInEveryState), so an ack reads, and predicate-locks, only
+// the rows of its own items, and concurrent ackers no longer conflict.
+//
+// A row the delete finds changed or deleted by a transaction that
+// committed after the ack's snapshot (a reaper's release, a re-claim, a
+// nack, a Cancel, another ack) is a serialization failure on PostgreSQL
+// ("could not serialize access due to concurrent update/delete"): the ack
+// is retried whole, and the retry's snapshot checks the claim and token on
+// the newest row, so a claim released and taken again (every claim bumps
+// the token) is reported lost and nothing is written.
+func AckTxOptions(d Dialect) pgx.TxOptions {
+	return pgx.TxOptions{IsoLevel: pgx.Serializable}
+}
+
 // AckMany deletes, in tx, the items whose claims are still held, recording
 // them as acked, and returns their ids (coreStatements.AckMany, or its
 // PostgreSQL twin).

@@ -146,9 +146,11 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.DeadItemsBefore(ctx, r, "q", now, id, id, 10)
 		_, _ = s.Requeue(ctx, r, id, "q", nil)
 
-		added, err := s.EnqueueInsert(ctx, r, "q", []EnqueueRow{{ID: id, Payload: nil}})
-		if err != nil || len(added) != 0 {
-			t.Errorf("EnqueueInsert answered with no rows: %v, %v", added, err)
+		for _, d := range []Dialect{Postgres, Cockroach} {
+			added, err := s.EnqueueInsert(ctx, r, d, "q", []EnqueueRow{{ID: id, Payload: nil}})
+			if err != nil || len(added) != 0 {
+				t.Errorf("EnqueueInsert answered with no rows: %v, %v", added, err)
+			}
 		}
 		if added, err := s.EnqueueInsertNotify(ctx, r, "q", []EnqueueRow{{ID: id}}, s.NotifyChannel("q")); err != nil || len(added) != 0 {
 			t.Errorf("EnqueueInsertNotify answered with no rows: %v, %v", added, err)
@@ -235,7 +237,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			"Exhaust": s.death.Exhaust, "DeadItemsBefore": s.death.DeadItemsBefore, "RequeueState": s.death.RequeueState,
 
 			"PruneEnded": s.dedup.PruneEnded, "Notify": notifyStatement,
-			"Insert": s.enq.Insert, "Parts": s.enq.Parts, "Found": s.enq.Found, "COPY": s.enq.CopyTable.Sanitize(),
+			"Insert": s.enq.Insert, "PostgresInsert": s.enq.PostgresInsert, "Parts": s.enq.Parts, "Found": s.enq.Found, "COPY": s.enq.CopyTable.Sanitize(),
 
 			"Queue": s.insp.Queue, "Unclaimed": s.insp.Unclaimed, "Claimed": s.insp.Claimed,
 			"Tenants": s.insp.Tenants, "InspectDeadCount": s.insp.DeadCount, "StoredQueues": s.insp.StoredQueues,

@@ -36,16 +36,17 @@ type EnqueueRow struct {
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
-// ids it added (enqueueStatements.Insert).
-func (s *Store) EnqueueInsert(ctx context.Context, db DB, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
-	res, err := db.Query(ctx, s.enq.Insert, s.enqueueArgs(queue, rows)...)
+// ids it added (enqueueStatements.Insert, or PostgresInsert on PostgreSQL).
+func (s *Store) EnqueueInsert(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
+	res, err := db.Query(ctx, byDialect(d, s.enq.Insert, s.enq.PostgresInsert), s.enqueueArgs(queue, rows)...)
 	if err != nil {
 		return nil, err
 	}
 	return collectIDs(res)
 }
 
-// enqueueArgs returns the arguments of EnqueueStatements.Insert for rows.
+// enqueueArgs returns the arguments of enqueueStatements.Insert (and
+// PostgresInsert) for rows.
 func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	n := len(rows)
 	// Ids as [16]byte, which pgx encodes directly (see rawIDs).

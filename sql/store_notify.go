@@ -64,7 +64,7 @@ type Batcher interface {
 // delivered only if the insert commits). PostgreSQL only.
 func (s *Store) EnqueueInsertNotify(ctx context.Context, db Batcher, queue string, rows []EnqueueRow, channel string) (ids []uuid.UUID, err error) {
 	b := &pgx.Batch{}
-	b.Queue(s.enq.Insert, s.enqueueArgs(queue, rows)...)
+	b.Queue(s.enq.PostgresInsert, s.enqueueArgs(queue, rows)...)
 	b.Queue(notifyStatement, channel)
 	br := db.SendBatch(ctx, b)
 	defer func() {

@@ -1,0 +1,315 @@
+package sql_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// stableRows is the size of the large state of TestHotPlansInEveryState: a
+// million items, which the test seeds in about ten seconds here.
+const stableRows = 1000000
+
+// TestHotPlansInEveryState EXPLAINs every hot statement (the claims, acks,
+// nacks, releases, extends, the reaper's batches, the enqueue and the fair
+// reads) in each state a table goes through, whatever moment ANALYZE ran
+// at, and requires the same index-backed shape in all of them:
+//
+//   - empty: a fresh schema, never analyzed;
+//   - filled after ANALYZE of the empty table: 20k items, 2k of them
+//     claimed, with statistics that say the table is empty;
+//   - claimed after ANALYZE: the statistics were taken while no item was
+//     claimed, then 2k were claimed (the partial indexes over claimed items
+//     look empty to the planner: the ack's plan in issue #19 read every
+//     claimed item through crdbwork_items_lease);
+//   - 1M rows, stale statistics: a million items, a tenth claimed, with the
+//     statistics of the 20k-item table;
+//   - 1M rows, analyzed.
+//
+// Autovacuum is off for the tables, so that no ANALYZE runs but the test's.
+// On PostgreSQL each state is checked with the plan for the given
+// parameters and with the generic plan a prepared statement settles on.
+func TestHotPlansInEveryState(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	postgres := testdb.Kind(t) == "postgres"
+	sessions := make([]uuid.UUID, 16)
+	lits := make([]string, len(sessions))
+	for i := range sessions {
+		sessions[i] = uuid.New()
+		lits[i] = "'" + sessions[i].String() + "'"
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if postgres {
+		for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues"} {
+			if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// items seeds the items g in [from, to]: every tenth in queue "other",
+	// spread over 16 parts and 5 priorities, a third with a tenant, a
+	// seventh with a deadline, a few exhausted; claimed (by the 16 sessions
+	// in turn, with a lease) where the condition on g holds.
+	sessionArray := "ARRAY[" + strings.Join(lits, ",") + "]::UUID[]"
+	items := func(from, to int, claimed string) string {
+		return fmt.Sprintf(`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, tenant, expires_at, payload,
+    attempts, max_attempts, claim, claim_token, claimed_at, lease_until)
+SELECT gen_random_uuid(), CASE WHEN g %% 10 = 0 THEN 'other' ELSE 'q' END, g %% 16, g %% 5,
+       now() - g * INTERVAL '1 millisecond', now() - g * INTERVAL '1 millisecond',
+       CASE WHEN g %% 3 = 0 THEN 'tenant-' || (g %% 1000)::TEXT END,
+       CASE WHEN g %% 7 = 0 THEN now() + (g %% 100 - 10) * INTERVAL '1 second' END, '\x00'::BYTEA,
+       CASE WHEN %[3]s THEN 1 WHEN g %% 997 = 0 THEN 3 ELSE 0 END, 3,
+       CASE WHEN %[3]s THEN (%[4]s)[g %% 16 + 1] END,
+       CASE WHEN %[3]s THEN 1 ELSE 0 END,
+       CASE WHEN %[3]s THEN now() END,
+       CASE WHEN %[3]s THEN now() + (g %% 600 - 60) * INTERVAL '1 second' END
+FROM generate_series(%[1]d, %[2]d) AS g`, from, to, claimed, sessionArray)
+	}
+	ended := func(from, to int) string {
+		return fmt.Sprintf(`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+SELECT CASE WHEN g %% 6 = 0 THEN 'other' ELSE 'q' END, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked'
+FROM generate_series(%d, %d) AS g`, from, to)
+	}
+	analyze := []string{`ANALYZE crdbwork_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_dead_items`}
+	states := []struct {
+		name string
+		prep []string
+	}{
+		{"empty", nil},
+		{"filled after ANALYZE of the empty table", append(append([]string{}, analyze...),
+			items(1, 20000, "g % 10 = 1"), ended(1, 20000))},
+		{"claimed after ANALYZE", append(append([]string{
+			`UPDATE crdbwork_items SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL, attempts = 0 WHERE claim IS NOT NULL`},
+			analyze...),
+			`UPDATE crdbwork_items SET claim = (`+sessionArray+`)[part + 1], claim_token = claim_token + 1, attempts = attempts + 1,
+    claimed_at = now(), lease_until = now() + (part * 10 - 30) * INTERVAL '1 second'
+WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHERE queue = 'q' ORDER BY id LIMIT 2000)`)},
+		{fmt.Sprintf("%dk rows, stale statistics", stableRows/1000), []string{
+			items(20001, stableRows, "g % 10 = 1"), ended(20001, 120000)}},
+		{fmt.Sprintf("%dk rows, analyzed", stableRows/1000), analyze},
+	}
+	for n, st := range states {
+		start := time.Now()
+		for _, s := range st.prep {
+			if _, err := pool.Exec(ctx, s); err != nil {
+				t.Fatalf("%s: %v\n%s", st.name, err, s)
+			}
+		}
+		t.Logf("state %q prepared in %v", st.name, time.Since(start).Round(time.Millisecond))
+		cases := hotCases(t, pool, sessions[0])
+		explainEach(t, pool, fmt.Sprintf("stable_%d_", n), cases, nil, func(i int, mode, plan string) {
+			c := cases[i]
+			msg := hotPlanProblem(c.name, plan, postgres)
+			if known := knownFlips[c.name]; postgres && known.states[st.name+"/"+mode] {
+				if msg == "" || !strings.Contains(plan, known.reads) {
+					t.Errorf("%s, %s (%s): the known flip (%s) is gone (%q): remove it from knownFlips:\n%s", st.name, c.name, mode, known.reads, msg, plan)
+				} else {
+					t.Logf("%s, %s (%s): known flip: %s", st.name, c.name, mode, msg)
+				}
+				return
+			}
+			if msg != "" {
+				t.Errorf("%s, %s (%s): %s:\n%s", st.name, c.name, mode, msg, plan)
+			}
+		})
+	}
+}
+
+// hotCases are the hot statements (the reaper's by-id steps, which run only
+// when a batch fails, and the enqueue's Found, which runs only when an
+// enqueue skipped ids, are left to TestStatementPlansUseIndexes) with arguments for the table's current
+// rows: the keys of up to 512 items session holds (random ids where it
+// holds fewer).
+func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT id, claim_token FROM crdbwork_items WHERE claim = $1 LIMIT 512`, session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, 0, 512)
+	tokens := make([]int64, 0, 512)
+	var id uuid.UUID
+	var token int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &token}, func() error {
+		ids, tokens = append(ids, id), append(tokens, token)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for len(ids) < 512 {
+		ids, tokens = append(ids, uuid.New()), append(tokens, 1)
+	}
+	holders := make([]uuid.UUID, len(ids))
+	for i := range holders {
+		holders[i] = session
+	}
+	dialect, err := crsql.DetectDialect(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := crsql.NewStatements(crsql.Tables{})
+	ds := st.ForDialect(dialect)
+	parts := crsql.NewPartClaimStatements(crsql.Tables{})
+	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	fair := crsql.NewFairStatements(crsql.Tables{})
+	es := crsql.NewEnqueueStatements(crsql.Tables{})
+	dedup := crsql.NewDedupStatements(crsql.Tables{})
+	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
+	pick := []any{"q", 64, []string{}}
+	for p := range crsql.MaxPartBranches {
+		pick = append(pick, int64(p))
+	}
+	// An enqueue of 64 rows, half of them ids that may have ended.
+	var endedIDs []uuid.UUID
+	rows, err = pool.Query(ctx, `SELECT id FROM crdbwork_ended WHERE queue = 'q' LIMIT 32`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if endedIDs, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
+		t.Fatal(err)
+	}
+	enqueueIDs := append([]uuid.UUID{}, endedIDs...)
+	for len(enqueueIDs) < 64 {
+		enqueueIDs = append(enqueueIDs, uuid.New())
+	}
+	n64 := make([]int64, 64)
+	texts, payloads := make([]string, 64), make([][]byte, 64)
+	amo, turns := make([]bool, 64), make([]*time.Time, 64)
+	for i := range texts {
+		texts[i], payloads[i], n64[i] = fmt.Sprint("k", i), []byte{0}, int64(i)
+	}
+	lease := int64(300e6)
+	enqueueInsert := es.Insert
+	if dialect == crsql.Postgres {
+		enqueueInsert = es.PostgresInsert
+	}
+	return []planCase{
+		{"ClaimAny", ds.ClaimAny, []any{session, "q", 64, lease, []string{}}},
+		{"ClaimAny (1000)", ds.ClaimAny, []any{session, "q", 1000, lease, []string{}}},
+		{"ClaimParts", parts.Claim(dialect, 4), []any{session, "q", 64, lease, []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimParts (one part)", parts.Claim(dialect, 1), []any{session, "q", 64, lease, []string{}, int64(7)}},
+		{"PickParts", parts.Pick(crsql.MaxPartBranches), pick},
+		{"ClaimPicked", parts.ClaimPickedFor(dialect), []any{session, lease, ids[:64]}},
+		{"ClaimUrgent", urgent, []any{session, "q", 64, lease, []string{}, int64(1), false, []string{}, []int64{}}},
+		{"AckMany (one item)", ds.AckMany, []any{ids[:1], holders[:1], tokens[:1]}},
+		{"AckMany", ds.AckMany, []any{ids[:64], holders[:64], tokens[:64]}},
+		{"AckMany (512)", ds.AckMany, []any{ids, holders, tokens}},
+		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], holders[:64], tokens[:64]}},
+		{"Extend", ds.Extend, []any{ids[:64], holders[:64], tokens[:64], lease}},
+		{"Nack", st.Nack, []any{ids[0], session, tokens[0], int64(1e6), "boom"}},
+		{"Release", st.Release, []any{ids[0], session, tokens[0]}},
+		{"Exhaust", deaths.Exhaust, []any{ids[0], session, tokens[0], "boom"}},
+		{"DeadLetter", st.DeadLetter, []any{ids[0], session, tokens[0], "boom", "failed"}},
+		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"ReapLeases", ds.ReapLeases, []any{"q", 1000}},
+		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
+		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
+		{"ExpiredLeaseIDs", deaths.ExpiredLeaseIDs, []any{"q", 1000}},
+		{"ExhaustedIDs", deaths.ExhaustedIDs, []any{"q", 1000}},
+		{"ExpiredIDs", deaths.ExpiredIDs, []any{"q", 1000}},
+		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
+		{"EnqueueInsert", enqueueInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns}},
+		{"FairLasts", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
+		{"FairHead", st.FairHead, []any{"q", int64(1)}},
+	}
+}
+
+// knownFlips are the plans of TestHotPlansInEveryState that still depend on
+// when ANALYZE ran, on PostgreSQL, with the states and modes ("state/mode")
+// where they flip and the index they then read (the test requires exactly
+// that, so that a fix shows).
+//
+// EnqueueInsert: while the statistics of crdbwork_ended say it is empty
+// (never analyzed, or analyzed empty), the NOT EXISTS of the dedup check
+// becomes a hash anti-join over every ended id of the queue within the
+// dedup window, read through crdbwork_ended_by_age (queue, ended_at),
+// instead of one primary-key lookup (queue, id) per row; on a busy queue
+// that is up to a day of acks per enqueue until autovacuum analyzes the
+// table. Both indexes lead with the queue, so no spelling of the condition
+// leaves only the primary key usable (id = ANY(ARRAY[v.id]) with the window
+// check in IS TRUE was tried: a materialized scan of the queue's range of
+// crdbwork_ended_by_age). It needs a change of the schema (an index the
+// planner cannot use for a queue-wide range) or of the statement's
+// structure, outside this change.
+var knownFlips = map[string]struct {
+	states map[string]bool
+	reads  string
+}{
+	"EnqueueInsert": {
+		states: map[string]bool{"empty/custom": true, "empty/generic": true, "filled after ANALYZE of the empty table/custom": true},
+		reads:  "crdbwork_ended_by_age",
+	},
+}
+
+// hotIndexes are the indexes each hot statement must read (on both
+// engines, the index's name appears in the plan); the statements not listed
+// act on items they name by id, through the primary key.
+var hotIndexes = map[string][]string{
+	"ClaimAny":              {"crdbwork_items_turn_next"},
+	"ClaimAny (1000)":       {"crdbwork_items_turn_next"},
+	"ClaimUrgent":           {"crdbwork_items_turn_next"},
+	"ClaimParts":            {"crdbwork_items_part_turn"},
+	"ClaimParts (one part)": {"crdbwork_items_part_turn"},
+	"PickParts":             {"crdbwork_items_part_turn"},
+	"ReapLeases":            {"crdbwork_items_lease"},
+	"ExpiredLeaseIDs":       {"crdbwork_items_lease"},
+	"ReapExhausted":         {"crdbwork_items_exhausted"},
+	"ExhaustedIDs":          {"crdbwork_items_exhausted"},
+	"ReapExpired":           {"crdbwork_items_expiry"},
+	"ExpiredIDs":            {"crdbwork_items_expiry"},
+	"PruneEnded":            {"crdbwork_ended_by_age"},
+	"EnqueueInsert":         {"crdbwork_ended_pkey"},
+	"FairLasts":             {"crdbwork_items_tenant_turn"},
+	"FairHead":              {"crdbwork_items_turn_next"},
+}
+
+// hotPlanProblem says what is wrong with a hot statement's plan ("" if
+// nothing): a sequential (full) scan of a large table, a missing index, or,
+// for the statements that act on items by id, a read through anything but
+// the primary key (a secondary index over claimed items holds every item
+// some session holds, and a merge join reads all of them).
+func hotPlanProblem(name, plan string, postgres bool) string {
+	for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items"} {
+		if strings.Contains(plan, "Seq Scan on "+table) {
+			return "a sequential scan of " + table
+		}
+	}
+	if strings.Contains(plan, "FULL SCAN") || strings.Contains(plan, "full scan") {
+		return "a full scan"
+	}
+	want, ok := hotIndexes[name]
+	if !ok {
+		want = []string{"crdbwork_items_pkey"}
+		if postgres && (strings.Contains(plan, "crdbwork_items_claimed") || strings.Contains(plan, "crdbwork_items_lease") || strings.Contains(plan, "Merge")) {
+			return "it reads the items of a statement that names them by id through an index of claimed items or a merge"
+		}
+	}
+	if !postgres {
+		return "" // CockroachDB's plans name indexes as table@index: checked by the scans above
+	}
+	for _, index := range want {
+		if !strings.Contains(plan, index) {
+			return "it does not read " + index
+		}
+	}
+	return ""
+}
