@@ -125,7 +125,7 @@ type Options struct {
 	// Report, if not nil, is called before each heartbeat, and the counters
 	// it returns are written into the session row with the heartbeat (one
 	// statement, so reporting costs nothing extra): operators read them
-	// (demo status --watch derives throughput from them). It must be quick
+	// (crdbwork status --watch derives throughput from them). It must be quick
 	// and safe to call from the heartbeat goroutine.
 	Report func() Counters
 }

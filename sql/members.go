@@ -59,11 +59,11 @@ type memberStatements struct {
 	// fleet's, and workers read it once per limit refresh.
 	LimitSharers string
 	// Memberships returns every membership: queue, session_id, joined_at,
-	// ordered by queue and session (for operators: demo status). It reads
+	// ordered by queue and session (for operators: crdbwork status). It reads
 	// the whole (small) table.
 	Memberships string
 	// AllPartOwners returns every owned part: queue, part, session_id,
-	// ordered by queue and part (for operators: demo status). It reads the
+	// ordered by queue and part (for operators: crdbwork status). It reads the
 	// whole (small) table.
 	AllPartOwners string
 }

@@ -364,7 +364,7 @@ func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done 
 	sopts := session.Options{Tuning: w.opts.Session, Name: w.opts.Name, Tables: w.tables, Logger: w.opts.Logger}
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
 	// The session's counters ride on its heartbeats (for operators:
-	// demo status); counted from the session's start.
+	// crdbwork status); counted from the session's start.
 	base := w.queue.Stats()
 	sopts.Report = func() session.Counters {
 		st := w.queue.Stats()
