@@ -421,12 +421,15 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 			return o, nil
 		case <-timeout.C:
 			o.timedOut = true
+			// The items left as the database counts them now (the
+			// counters may be ahead of it); what is known if it fails.
+			left := remaining()
 			if n, err := countItems(ctx, pool, c.queue); err == nil {
-				counted = n
+				left = n
 			}
-			r.showProgress(pool, group, start, remaining(), true)
+			r.showProgress(pool, group, start, left, true)
 			r.out.EndProgress()
-			r.out.Errorf("demo: timed out after %v with %d items left", c.timeout, remaining())
+			r.out.Errorf("demo: timed out after %v with %d items left", c.timeout, left)
 			return o, nil
 		case err := <-group.failed():
 			r.out.EndProgress()
