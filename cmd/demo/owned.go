@@ -33,7 +33,7 @@ var store = crsql.NewStore(tables)
 // run_id (earlier demos made demo_enqueued_run_id, which is left alone):
 // every enqueued item is a row of it, written in the enqueue's transaction,
 // so each index on it costs "demo enqueue" a write per item, and verify
-// --run reads the table through, as verify without --run does.
+// --run-id reads the table through, as verify without it does.
 var demoTablesSQL = []string{
 	`CREATE TABLE IF NOT EXISTS demo_results (
     row_id     UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
