@@ -21,7 +21,7 @@ import (
 )
 
 // enqueueChunk is the number of items enqueued per transaction.
-const enqueueChunk = 1000
+const enqueueChunk = 10_000
 
 // keySpace is the number of distinct item keys: item i has key "key-<i%keySpace>".
 const keySpace = 1000
@@ -59,29 +59,66 @@ func (s itemShape) item(i int64) claim.NewItem {
 	return it
 }
 
+// enqueueStreams is the number of chunks enqueueDemoShaped has in flight at
+// once, each in its own transaction on its own connection: while one
+// chunk's transaction writes its items and its record on the server, the
+// next chunk is built and sent. Chunks are independent (each records its own
+// ids with them), so their order of commit does not matter to verify.
+const enqueueStreams = 2
+
 // enqueueDemoShaped enqueues n demo items shaped by shape into queue and
 // records their ids in demo_enqueued under runID, chunk by chunk, each chunk
 // in one transaction with its record, so that verify knows exactly what was
-// enqueued. progress, if not nil, is called after each chunk with the items
-// enqueued so far.
+// enqueued. Up to enqueueStreams chunks are in flight at once. progress, if
+// not nil, is called after each chunk with the items enqueued so far (in
+// chunks committed).
 func enqueueDemoShaped(ctx context.Context, pool *pgxpool.Pool, queue string, runID uuid.UUID, n int, shape itemShape, progress func(done int)) error {
 	q, err := claim.New(pool, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return err
 	}
-	for start := 0; start < n; start += enqueueChunk {
-		items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
-		for i := start; i < min(start+enqueueChunk, n); i++ {
-			items = append(items, shape.item(int64(i)))
-		}
-		if err := enqueueChunkTx(ctx, pool, q, runID, items); err != nil {
-			return fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
-		}
-		if progress != nil {
-			progress(start + len(items))
-		}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next     atomic.Int64 // the first item of the next chunk to take
+		mu       sync.Mutex
+		done     int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range enqueueStreams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				start := int(next.Add(enqueueChunk) - enqueueChunk)
+				if start >= n || ctx.Err() != nil {
+					return
+				}
+				items := make([]claim.NewItem, 0, min(enqueueChunk, n-start))
+				for i := start; i < min(start+enqueueChunk, n); i++ {
+					items = append(items, shape.item(int64(i)))
+				}
+				err := enqueueChunkTx(ctx, pool, q, runID, items)
+				mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = fmt.Errorf("enqueueing items %d..%d: %w", start, start+len(items)-1, err)
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+				done += len(items)
+				if progress != nil {
+					progress(done)
+				}
+				mu.Unlock()
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	return firstErr
 }
 
 // enqueueChunkTx enqueues items and records their ids in one transaction,
@@ -264,7 +301,7 @@ limits); with --priorities, they get random priorities (for the urgent lane).`)
 	f.IntVar(&c.shape.tenants, "tenants", 0, 0, 1_000_000, "give item i the tenant \"tenant-<i % N>\" and no key (a tenant's items then share one part; 0: no tenants, keys \"key-<i % 1000>\")")
 	f.IntVar(&c.shape.priorities, "priorities", 1, 1, 1<<30, "give every item a uniformly random priority in [0, N) (1: all 0)")
 	f.IntVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
-	f.IntVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 1000 items per transaction)")
+	f.IntVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 10,000 items per transaction, two at a time)")
 	f.BoolVar(&c.buffered, "buffered", false, "with --producers: the calls share statements through one claim.Buffer (group commit)")
 	f.BoolVar(&c.shared, "shared-database", false, sharedUsage)
 	f.FlagOnly("shared-database")

@@ -32,6 +32,10 @@ type workerGroup interface {
 	killed() int
 	// counters adds what only in-process workers know to s.
 	counters(s *summary)
+	// settled is the number of items the workers say they took out of
+	// the queue for good (acked, dead, dropped): a hint of when to count
+	// the items left, not a count (a killed worker's last report lags).
+	settled() int64
 }
 
 // inProcess runs the workers as goroutines of this process, each with its
@@ -88,6 +92,15 @@ func (g *inProcess) stop(timeout time.Duration) {
 	for _, p := range g.pools {
 		p.Close()
 	}
+}
+
+func (g *inProcess) settled() int64 {
+	var n int64
+	for _, f := range g.stats {
+		st := f()
+		n += st.Acked + st.Dead + st.Dropped
+	}
+	return n
 }
 
 func (g *inProcess) counters(s *summary) {
@@ -352,6 +365,22 @@ func (f *fleet) counters(s *summary) {
 		}
 	}
 	s.SessionsStarted, s.SessionsLost, s.ClaimsLost, s.Retries = &sessions, &lost, &claimsLost, retries
+}
+
+// settled adds up the items acked in the workers' last reports.
+func (f *fleet) settled() int64 {
+	f.mu.Lock()
+	all := append([]*child(nil), f.all...)
+	f.mu.Unlock()
+	var n int64
+	for _, c := range all {
+		c.tail.mu.Lock()
+		if st := c.tail.stats; st != nil {
+			n += st.Acked
+		}
+		c.tail.mu.Unlock()
+	}
+	return n
 }
 
 // stop ends the kill loop, sends SIGTERM to every worker and waits for them

@@ -29,7 +29,11 @@ var store = crsql.NewStore(tables)
 
 // demoTablesSQL creates the demo's own tables. demo_results has no unique
 // constraint on item_id on purpose: a duplicate acknowledgement would show
-// up as a second row, which verify counts.
+// up as a second row, which verify counts. demo_enqueued has no index on
+// run_id (earlier demos made demo_enqueued_run_id, which is left alone):
+// every enqueued item is a row of it, written in the enqueue's transaction,
+// so each index on it costs "demo enqueue" a write per item, and verify
+// --run-id reads the table through, as verify without it does.
 var demoTablesSQL = []string{
 	`CREATE TABLE IF NOT EXISTS demo_results (
     row_id     UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
@@ -44,7 +48,6 @@ var demoTablesSQL = []string{
     item_id UUID NOT NULL PRIMARY KEY,
     run_id  UUID NOT NULL
 )`,
-	`CREATE INDEX IF NOT EXISTS demo_enqueued_run_id ON demo_enqueued (run_id)`,
 }
 
 // demoOwnTablesSQL adds to demoTablesSQL what this version of the demo
@@ -217,7 +220,7 @@ const demoTablesReady = `SELECT
     AND (SELECT count(*) FROM information_schema.columns WHERE table_schema = current_schema()
         AND table_name = 'demo_enqueued' AND column_name = 'queue') = 1
     AND (SELECT count(*) FROM pg_catalog.pg_indexes WHERE schemaname = current_schema()
-        AND indexname IN ('demo_results_item_id', 'demo_enqueued_run_id', 'demo_enqueued_queue')) = 3`
+        AND indexname IN ('demo_results_item_id', 'demo_enqueued_queue')) = 2`
 
 // createDemoTables creates the demo's tables that are missing. When they
 // are all there it runs no DDL: on PostgreSQL, CREATE INDEX IF NOT EXISTS

@@ -371,12 +371,26 @@ type waitOutcome struct {
 // before the run gives up.
 const countFailFor = 30 * time.Second
 
-// pollEvery is how often the demo counts the items left; it bounds the
-// error of the measured elapsed time.
+// pollEvery is how often the demo reads the workers' own counters (no
+// query); it bounds the error of the measured elapsed time.
 const pollEvery = 50 * time.Millisecond
 
-// wait polls the items table until the queue is empty, the timeout hits,
-// ctx is cancelled or the workers fail, showing progress.
+// countEvery is how often the demo counts the items left in the database
+// while the workers' counters do not say they are all done: the counters
+// of killed worker processes lag (their last report), and items can leave
+// the queue in ways no worker counts, so the count is what ends a run, but
+// once a second keeps no backend busy.
+const countEvery = time.Second
+
+// confirmEvery is how often the demo counts the items left while the
+// workers' counters say every item is done but the count still finds some.
+const confirmEvery = 250 * time.Millisecond
+
+// wait waits until the queue is empty, the timeout hits, ctx is cancelled
+// or the workers fail, showing progress. It reads the workers' counters
+// every pollEvery and counts the items left in the database only when the
+// counters say that every item is done (to confirm it), or every
+// countEvery.
 func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGroup, start time.Time) (waitOutcome, error) {
 	c := r.c
 	var o waitOutcome
@@ -384,58 +398,77 @@ func (r *demoRun) wait(ctx context.Context, pool *pgxpool.Pool, group workerGrou
 	defer timeout.Stop()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
-	var lastShown time.Time
+	var lastShown, lastCount time.Time
 	var lastErr error
 	failures := 0
 	var failingSince time.Time
-	remaining := int64(-1)
+	counted := int64(-1) // the last count of the items left (-1: none yet)
+	// remaining is what is known of the items left: the last count, or
+	// less if the workers' counters say so since.
+	remaining := func() int64 {
+		left := max(int64(c.items)-group.settled(), 0)
+		if counted >= 0 {
+			left = min(left, counted)
+		}
+		return left
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			o.interrupted = true
-			r.showProgress(pool, group, start, remaining, true)
+			r.showProgress(pool, group, start, remaining(), true)
 			r.out.EndProgress()
 			return o, nil
 		case <-timeout.C:
 			o.timedOut = true
-			r.showProgress(pool, group, start, remaining, true)
+			// The items left as the database counts them now (the
+			// counters may be ahead of it); what is known if it fails.
+			left := remaining()
+			if n, err := countItems(ctx, pool, c.queue); err == nil {
+				left = n
+			}
+			r.showProgress(pool, group, start, left, true)
 			r.out.EndProgress()
-			r.out.Errorf("demo: timed out after %v with %d items left", c.timeout, remaining)
+			r.out.Errorf("demo: timed out after %v with %d items left", c.timeout, left)
 			return o, nil
 		case err := <-group.failed():
 			r.out.EndProgress()
 			return o, err
 		case <-tick.C:
 		}
-		n, err := countItems(ctx, pool, c.queue)
-		if err != nil {
-			if ctx.Err() != nil {
+		since := time.Since(lastCount)
+		if since >= countEvery || (group.settled() >= int64(c.items) && since >= confirmEvery) {
+			lastCount = time.Now()
+			n, err := countItems(ctx, pool, c.queue)
+			if err != nil {
+				if ctx.Err() != nil {
+					continue
+				}
+				if failures == 0 {
+					failingSince = time.Now()
+				}
+				failures++
+				lastErr = err
+				// A database restart (--restart-db-every) or outage takes
+				// seconds: give up only when counting fails for longer.
+				if failures >= 3 && time.Since(failingSince) >= countFailFor {
+					r.out.EndProgress()
+					return o, fmt.Errorf("counting the items left keeps failing: %w", lastErr)
+				}
 				continue
 			}
-			if failures == 0 {
-				failingSince = time.Now()
-			}
-			failures++
-			lastErr = err
-			// A database restart (--restart-db-every) or outage takes
-			// seconds: give up only when counting fails for longer.
-			if failures >= 25 && time.Since(failingSince) >= countFailFor {
+			failures = 0
+			counted = n
+			if n == 0 {
+				o.finished = time.Since(start)
+				r.showProgress(pool, group, start, 0, true)
 				r.out.EndProgress()
-				return o, fmt.Errorf("counting the items left keeps failing: %w", lastErr)
+				return o, nil
 			}
-			continue
 		}
-		failures = 0
-		remaining = n
-		if n == 0 {
-			o.finished = time.Since(start)
-			r.showProgress(pool, group, start, 0, true)
-			r.out.EndProgress()
-			return o, nil
-		}
-		if c.progress && time.Since(lastShown) >= 500*time.Millisecond {
+		if c.progress && counted >= 0 && time.Since(lastShown) >= 500*time.Millisecond {
 			lastShown = time.Now()
-			r.showProgress(pool, group, start, n, false)
+			r.showProgress(pool, group, start, remaining(), false)
 		}
 	}
 }
