@@ -336,22 +336,11 @@ func latency(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("--systems: unknown system %q", s)
 		}
 	}
-	url, stopServer, err := c.database(ctx, out)
+	url, _, done, err := c.prepare(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupRiver(ctx, setup); err != nil {
-		return err
-	}
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	fmt.Fprintf(out, "pickup latency: enqueue (its commit returned, in another process) → handler start, idle queue; %d items per run, %d rounds, load %s\n",
 		*samples, *rounds, loadavg())
 	type stat struct{ p50, p99 time.Duration }

@@ -200,6 +200,30 @@ func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) 
 	return openPool(ctx, url, conns, appName)
 }
 
+// prepare starts or connects to the database (see database), opens the
+// setup pool and creates River's and crdbwork's tables there; done closes the
+// pool and stops the server it started.
+func (c *commonFlags) prepare(ctx context.Context, out io.Writer) (url string, setup *pgxpool.Pool, done func(), err error) {
+	url, stopServer, err := c.database(ctx, out)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if setup, err = newSetupPool(ctx, url); err != nil {
+		stopServer()
+		return "", nil, nil, err
+	}
+	done = func() { setup.Close(); stopServer() }
+	if err := setupRiver(ctx, setup); err != nil {
+		done()
+		return "", nil, nil, err
+	}
+	if err := setupCrdbwork(ctx, setup); err != nil {
+		done()
+		return "", nil, nil, err
+	}
+	return url, setup, done, nil
+}
+
 // newSetupPool opens a pool for set-up and checks, which the connection
 // monitor does not count.
 func newSetupPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -267,22 +291,11 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 
-	url, stopServer, err := c.database(ctx, out)
+	url, setup, done, err := c.prepare(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupRiver(ctx, setup); err != nil {
-		return err
-	}
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	stmts := statements{}
 	if c.statements {
 		if stmts = newStatements(ctx, setup); !stmts.on {
