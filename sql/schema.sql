@@ -1,4 +1,4 @@
--- crdbwork schema, version 4: the complete current schema.
+-- crdbwork schema, version 5: the complete current schema.
 --
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
@@ -252,7 +252,7 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_lease
 CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
     ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
 
-INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 4)
+INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
         installed = GREATEST(v.installed, excluded.installed), applied_at = now();

@@ -242,6 +242,10 @@ func mustRun(t *testing.T, bin string, env []string, args ...string) result {
 // upgradeQueue is the queue the fleets of these tests work.
 const upgradeQueue = "upgrade"
 
+// previousServes is the oldest code version that the previous release's
+// schema (version crsql.Version-1) serves.
+const previousServes = 3
+
 // mixedFleet is a set of `demo work` processes of both versions on one queue.
 type mixedFleet struct {
 	t    *testing.T
@@ -666,7 +670,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
 	mustRun(t, old, f.env, "migrate")
-	wantSchema(t, f.pool, crsql.Version-1, crsql.Version-1)
+	wantSchema(t, f.pool, crsql.Version-1, previousServes)
 	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
 	oldNames := []string{"old-1", "old-2"}
 	f.start(old, "old-1")

