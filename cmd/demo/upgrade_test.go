@@ -38,7 +38,8 @@ import (
 // once per test binary (by the first test that needs it).
 var previousRelease struct {
 	once   sync.Once
-	bin    string // the binary's path
+	bin    string // the demo binary's path
+	ops    string // its operator command (cmd/crdbwork), or bin if it had none
 	commit string // the commit it was built from
 	skip   string // why it cannot be built here (no git history)
 	err    error
@@ -50,7 +51,7 @@ var previousRelease struct {
 func previousDemo(t *testing.T) string {
 	t.Helper()
 	p := &previousRelease
-	p.once.Do(func() { p.bin, p.commit, p.skip, p.err = buildPreviousDemo() })
+	p.once.Do(func() { p.bin, p.ops, p.commit, p.skip, p.err = buildPreviousDemo() })
 	if p.skip != "" {
 		t.Skip(p.skip)
 	}
@@ -128,35 +129,64 @@ func insideGitCheckout() bool {
 // buildPreviousDemo extracts the previous release's tree from git into a
 // temporary directory and builds its cmd/demo next to the current demo
 // binary (the build takes modules from the module cache or proxy, like any
-// build). It returns a reason to skip, not an error, only when this
-// checkout has no history to build from.
-func buildPreviousDemo() (bin, commit, skip string, err error) {
+// build), with the demotest tag where that release had it, and its operator
+// command (cmd/crdbwork, from release 0.4 on; before it, the demo was the
+// operator command too: ops is then bin). It returns a reason to skip, not
+// an error, only when this checkout has no history to build from.
+
+// previousOps returns the previous release's operator command: its
+// crdbwork binary, or its demo if it had none.
+func previousOps(t *testing.T) string {
+	t.Helper()
+	previousDemo(t)
+	return previousRelease.ops
+}
+
+// opsArgs adapts an operator command line to the previous release's
+// operator command: crdbwork asks for --yes before it changes parts or
+// requeues or cancels, where the old demo did not.
+func opsArgs(args ...string) []string {
+	if previousRelease.ops == previousRelease.bin {
+		return args
+	}
+	switch args[0] {
+	case "parts":
+		return append(args, "--yes", "--create")
+	case "limit":
+		return append(args, "--create")
+	case "requeue", "cancel":
+		return append(args, "--yes")
+	}
+	return args
+}
+
+func buildPreviousDemo() (bin, ops, commit, skip string, err error) {
 	prev := crsql.Version - 1
 	if _, err := exec.LookPath("git"); err != nil {
-		return "", "", fmt.Sprintf("git is not installed, so the previous release (schema version %d) cannot be built from history: %v", prev, err), nil
+		return "", "", "", fmt.Sprintf("git is not installed, so the previous release (schema version %d) cannot be built from history: %v", prev, err), nil
 	}
 	top, err := git("", "rev-parse", "--show-toplevel")
 	if err != nil {
 		if !insideGitCheckout() {
-			return "", "", fmt.Sprintf("not in a git checkout, so the previous release (schema version %d) cannot be built from history: %v", prev, err), nil
+			return "", "", "", fmt.Sprintf("not in a git checkout, so the previous release (schema version %d) cannot be built from history: %v", prev, err), nil
 		}
 		// A checkout that git cannot read (an unsafe owner, a broken
 		// repository) must not pass for one without history.
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	commit, err = findPreviousRelease(top, prev)
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	if commit == "" {
 		if shallow, _ := git(top, "rev-parse", "--is-shallow-repository"); shallow == "true" {
-			return "", "", fmt.Sprintf("this clone is shallow and does not hold the last commit at schema version %d: fetch the full history (git fetch --unshallow) to run the rolling-upgrade tests", prev), nil
+			return "", "", "", fmt.Sprintf("this clone is shallow and does not hold the last commit at schema version %d: fetch the full history (git fetch --unshallow) to run the rolling-upgrade tests", prev), nil
 		}
-		return "", "", "", fmt.Errorf("no commit in HEAD's history raises sql/schema.go from `const Version = %d` to %d", prev, prev+1)
+		return "", "", "", "", fmt.Errorf("no commit in HEAD's history raises sql/schema.go from `const Version = %d` to %d", prev, prev+1)
 	}
 	src, err := os.MkdirTemp("", "crdbwork-previous-release-")
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	defer os.RemoveAll(src)
 	// git archive <commit> | tar -x -C src
@@ -165,32 +195,45 @@ func buildPreviousDemo() (bin, commit, skip string, err error) {
 	untar := exec.Command("tar", "-x", "-C", src)
 	pipe, err := archive.StdoutPipe()
 	if err != nil {
-		return "", "", "", err
+		return "", "", "", "", err
 	}
 	untar.Stdin = pipe
 	var archiveErr, untarErr bytes.Buffer
 	archive.Stderr, untar.Stderr = &archiveErr, &untarErr
 	if err := untar.Start(); err != nil {
-		return "", "", "", fmt.Errorf("tar: %w", err)
+		return "", "", "", "", fmt.Errorf("tar: %w", err)
 	}
 	if err := archive.Run(); err != nil {
 		untar.Wait()
-		return "", "", "", fmt.Errorf("git archive %s: %w: %s", commit, err, archiveErr.String())
+		return "", "", "", "", fmt.Errorf("git archive %s: %w: %s", commit, err, archiveErr.String())
 	}
 	if err := untar.Wait(); err != nil {
-		return "", "", "", fmt.Errorf("tar -x: %w: %s", err, untarErr.String())
+		return "", "", "", "", fmt.Errorf("tar -x: %w: %s", err, untarErr.String())
 	}
 	bin = filepath.Join(filepath.Dir(demoBin), fmt.Sprintf("demo-schema-v%d", prev))
 	if runtime.GOOS == "windows" {
 		bin += ".exe"
 	}
-	build := exec.Command("go", "build", "-buildvcs=false", "-o", bin, "./cmd/demo")
+	build := exec.Command("go", "build", "-buildvcs=false", "-tags", "demotest", "-o", bin, "./cmd/demo")
 	build.Dir = src
 	build.Env = append(os.Environ(), "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
-		return "", "", "", fmt.Errorf("go build ./cmd/demo of %s: %w\n%s", commit, err, out)
+		return "", "", "", "", fmt.Errorf("go build ./cmd/demo of %s: %w\n%s", commit, err, out)
 	}
-	return bin, commit, "", nil
+	ops = bin
+	if _, err := os.Stat(filepath.Join(src, "cmd", "crdbwork")); err == nil {
+		ops = filepath.Join(filepath.Dir(demoBin), fmt.Sprintf("crdbwork-schema-v%d", prev))
+		if runtime.GOOS == "windows" {
+			ops += ".exe"
+		}
+		build := exec.Command("go", "build", "-buildvcs=false", "-o", ops, "./cmd/crdbwork")
+		build.Dir = src
+		build.Env = append(os.Environ(), "GOWORK=off")
+		if out, err := build.CombinedOutput(); err != nil {
+			return "", "", "", "", fmt.Errorf("go build ./cmd/crdbwork of %s: %w\n%s", commit, err, out)
+		}
+	}
+	return bin, ops, commit, "", nil
 }
 
 // runBin runs a demo binary (bin) with args and waits for it.
@@ -605,7 +648,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	f := newFleet(t, url)
 	f.migrate()
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
-	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
+	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	bins := []string{old, demoBin}
 	names := []string{"old-1", "old-2", "new-1", "new-2"}
 	oldNames, newNames := names[:2], names[2:]
@@ -663,15 +706,15 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 // previous release's `demo migrate` is upgraded by this code's while that
 // release's workers run and hold claims; they work on through session
 // losses and a restart, beside a worker of this code, and every item is
-// acked exactly once. The previous release's `demo migrate` run again on
+// acked exactly once. The previous release's migrate run again on
 // the upgraded database changes nothing.
 func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
-	mustRun(t, old, f.env, "migrate")
+	mustRun(t, previousOps(t), f.env, opsArgs("migrate")...)
 	wantSchema(t, f.pool, crsql.Version-1, previousServes)
-	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
+	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	oldNames := []string{"old-1", "old-2"}
 	f.start(old, "old-1")
 	f.start(old, "old-2")
@@ -712,7 +755,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 	// The previous release's migrate on the upgraded schema: it finds the
 	// version it knows and applies its own file again, which must leave
 	// the newer schema and its version row as they are.
-	mustRun(t, old, f.env, "migrate")
+	mustRun(t, previousOps(t), f.env, opsArgs("migrate")...)
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
 	if err := crsql.Check(context.Background(), f.pool, crsql.Tables{}); err != nil {
 		t.Fatalf("after the old migrate: %v", err)
@@ -768,6 +811,7 @@ FROM crdbwork_dead_items WHERE id = $1`, twice); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing is lost: every id is in the items or the dead items.
+	twiceDeaths := 2 // the deaths of twice still in the dead items
 	accounted := func(what string) {
 		t.Helper()
 		q := `SELECT count(*) FROM unnest($1::UUID[]) AS v (id)
@@ -776,8 +820,8 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = v.id)
 		if lost := f.count(q, ids); lost != 0 {
 			t.Fatalf("after %s: %d items are neither queued nor dead", what, lost)
 		}
-		if d := f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, twice); d != 2 {
-			t.Fatalf("after %s: the id that died twice has %d deaths, want its 2", what, d)
+		if d := f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, twice); d != twiceDeaths {
+			t.Fatalf("after %s: the id that died twice has %d deaths, want %d", what, d, twiceDeaths)
 		}
 	}
 	accounted("the second death")
@@ -788,38 +832,59 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = v.id)
 			ID string `json:"id"`
 		} `json:"items"`
 	}
-	jsonOut(t, runBin(t, old, f.env, "dead", "--queue", upgradeQueue, "--json", "--limit", "100"), &dead)
+	jsonOut(t, runBin(t, previousOps(t), f.env, opsArgs("dead", "--queue", upgradeQueue, "--json", "--limit", "100")...), &dead)
 	if dead.Total != n+1 || len(dead.Items) != n+1 {
 		t.Errorf("old dead: total %d, %d listed; want every death, %d", dead.Total, len(dead.Items), n+1)
 	}
 	var st struct {
 		Queue string `json:"queue"`
 	}
-	jsonOut(t, runBin(t, old, f.env, "status", "--queue", upgradeQueue, "--json"), &st)
+	jsonOut(t, runBin(t, previousOps(t), f.env, opsArgs("status", "--queue", upgradeQueue, "--json")...), &st)
 	if st.Queue != upgradeQueue {
 		t.Errorf("old status --json names queue %q, want %q", st.Queue, upgradeQueue)
 	}
 
 	// An id that died once is requeued.
-	r := runBin(t, old, f.env, "requeue", once.String(), "--queue", upgradeQueue)
+	r := runBin(t, previousOps(t), f.env, opsArgs("requeue", once.String(), "--queue", upgradeQueue)...)
 	if r.code != 0 || f.count(`SELECT count(*) FROM crdbwork_items WHERE id = $1`, once) != 1 ||
 		f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, once) != 0 {
 		t.Fatalf("old requeue of an id that died once: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	accounted("requeueing an id that died once")
 
-	// An id that died twice: both deaths would become one item; refused.
-	wantExit(t, runBin(t, old, f.env, "requeue", twice.String(), "--queue", upgradeQueue), 1, "duplicate key")
-	if f.count(`SELECT count(*) FROM crdbwork_items WHERE id = $1`, twice) != 0 {
-		t.Errorf("the refused requeue left the id that died twice in the items")
+	if previousRelease.ops == old {
+		// A release before 0.4 (operator commands in the demo, deaths not
+		// yet told apart by its requeue). An id that died twice: both
+		// deaths would become one item; refused.
+		wantExit(t, runBin(t, old, f.env, "requeue", twice.String(), "--queue", upgradeQueue), 1, "duplicate key")
+		if f.count(`SELECT count(*) FROM crdbwork_items WHERE id = $1`, twice) != 0 {
+			t.Errorf("the refused requeue left the id that died twice in the items")
+		}
+		accounted("requeueing the id that died twice")
+		// --all stops at it (the newest death, first), nothing lost.
+		wantExit(t, runBin(t, old, f.env, "requeue", "--all", "--queue", upgradeQueue), 1, "requeued 0 items, then")
+		accounted("requeue --all")
+	} else {
+		// Release 0.4 and later requeue an id's newest death and keep the
+		// older one among the dead items.
+		mustRun(t, previousOps(t), f.env, opsArgs("requeue", twice.String(), "--queue", upgradeQueue)...)
+		if f.count(`SELECT count(*) FROM crdbwork_items WHERE id = $1`, twice) != 1 {
+			t.Errorf("the requeue of the id that died twice did not put it back")
+		}
+		twiceDeaths = 1
+		accounted("requeueing the id that died twice")
+		r := runBin(t, previousOps(t), f.env, opsArgs("requeue", "--all", "--queue", upgradeQueue)...)
+		t.Logf("requeue --all: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		accounted("requeue --all")
+		// Every id that died once is back in the items; only twice's
+		// older death may remain dead (its id is live again).
+		if left := f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1 AND id <> $2`, upgradeQueue, twice); left != 0 {
+			t.Errorf("requeue --all left %d deaths of ids that died once", left)
+		}
 	}
-	accounted("requeueing the id that died twice")
-	// --all stops at it (the newest death, first), nothing lost.
-	wantExit(t, runBin(t, old, f.env, "requeue", "--all", "--queue", upgradeQueue), 1, "requeued 0 items, then")
-	accounted("requeue --all")
 
 	// Cancel of the requeued item.
-	mustRun(t, old, f.env, "cancel", once.String(), "--queue", upgradeQueue)
+	mustRun(t, previousOps(t), f.env, opsArgs("cancel", once.String(), "--queue", upgradeQueue)...)
 	if f.count(`SELECT count(*) FROM crdbwork_items WHERE id = $1`, once) != 0 {
 		t.Errorf("old cancel left the item")
 	}
@@ -838,8 +903,8 @@ func TestMixedFleetLimit(t *testing.T) {
 	const items, limit = 600, 5
 	f := newFleet(t, testdb.NewURL(t))
 	f.migrate()
-	mustRun(t, old, f.env, "parts", "--queue", upgradeQueue, "--set", "8")
-	mustRun(t, old, f.env, "limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))
+	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
+	mustRun(t, previousOps(t), f.env, opsArgs("limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))...)
 	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
 	names := []string{"old-1", "old-2", "new-1", "new-2"}
 	// The old workers first: this code's workers leave a previous-release
