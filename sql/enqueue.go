@@ -33,7 +33,8 @@ type enqueueStatements struct {
 	// which read in turn order, do not walk over items not yet vested).
 	Insert string
 	// PostgresInsert is Insert on PostgreSQL: the same parameters and
-	// results, and a row whose id is an item of the table is skipped by a
+	// results, its dedup check kept a per-row primary-key probe
+	// (postgresDedupCheck), and a row whose id is an item of the table is skipped by a
 	// locking read of that item (FOR KEY SHARE) before the insert. The
 	// lock closes a race the dedup check alone leaves open there: an ack
 	// of the id that commits while the insert waits for the item's row has
@@ -80,8 +81,9 @@ type enqueueStatements struct {
 func newEnqueueStatements(t Tables) *enqueueStatements {
 	r := t.rewrite
 	return &enqueueStatements{
-		Insert:         r(insertTemplate + insertTail),
-		PostgresInsert: r(insertTemplate + ` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail),
+		Insert: r(insertTemplate + insertTail),
+		PostgresInsert: r(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1) +
+			` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail),
 
 		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
        COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false)`),
@@ -116,7 +118,24 @@ FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
             $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[])
          AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn)
-WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)`
+WHERE ` + dedupCheck
+
+// dedupCheck is the insert's dedup check: no row of the id ended in queue
+// $1 within its window.
+const dedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)`
+
+// postgresDedupCheck is dedupCheck on PostgreSQL: OFFSET 0 keeps the
+// planner from pulling the subquery up into an anti-join (PostgreSQL
+// turns an EXISTS into a join only when the subquery has no OFFSET; see
+// simplify_EXISTS_query in its planner, subselect.c), so it stays a
+// subplan run per inserted row, which can only look the id up: one
+// primary-key probe (queue, id) per row whatever the statistics say. As a
+// join, while the statistics of crdbwork_ended said it was empty (never
+// analyzed, or analyzed empty), the planner chose a hash anti-join over
+// every id the queue ended within its window, read through
+// crdbwork_ended_by_age: up to a day of acks per enqueue on a busy queue,
+// until autovacuum analyzed the table (TestHotPlansInEveryState).
+const postgresDedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win OFFSET 0)`
 
 const insertTail = `
 ON CONFLICT (id) DO NOTHING

@@ -118,14 +118,6 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 		explainEach(t, pool, fmt.Sprintf("stable_%d_", n), cases, nil, func(i int, mode, plan string) {
 			c := cases[i]
 			msg := hotPlanProblem(c.name, plan, postgres)
-			if known := knownFlips[c.name]; postgres && known.states[st.name+"/"+mode] {
-				if msg == "" || !strings.Contains(plan, known.reads) {
-					t.Errorf("%s, %s (%s): the known flip (%s) is gone (%q): remove it from knownFlips:\n%s", st.name, c.name, mode, known.reads, msg, plan)
-				} else {
-					t.Logf("%s, %s (%s): known flip: %s", st.name, c.name, mode, msg)
-				}
-				return
-			}
 			if msg != "" {
 				t.Errorf("%s, %s (%s): %s:\n%s", st.name, c.name, mode, msg, plan)
 			}
@@ -233,33 +225,6 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 	}
 }
 
-// knownFlips are the plans of TestHotPlansInEveryState that still depend on
-// when ANALYZE ran, on PostgreSQL, with the states and modes ("state/mode")
-// where they flip and the index they then read (the test requires exactly
-// that, so that a fix shows).
-//
-// EnqueueInsert: while the statistics of crdbwork_ended say it is empty
-// (never analyzed, or analyzed empty), the NOT EXISTS of the dedup check
-// becomes a hash anti-join over every ended id of the queue within the
-// dedup window, read through crdbwork_ended_by_age (queue, ended_at),
-// instead of one primary-key lookup (queue, id) per row; on a busy queue
-// that is up to a day of acks per enqueue until autovacuum analyzes the
-// table. Both indexes lead with the queue, so no spelling of the condition
-// leaves only the primary key usable (id = ANY(ARRAY[v.id]) with the window
-// check in IS TRUE was tried: a materialized scan of the queue's range of
-// crdbwork_ended_by_age). It needs a change of the schema (an index the
-// planner cannot use for a queue-wide range) or of the statement's
-// structure, outside this change.
-var knownFlips = map[string]struct {
-	states map[string]bool
-	reads  string
-}{
-	"EnqueueInsert": {
-		states: map[string]bool{"empty/custom": true, "empty/generic": true, "filled after ANALYZE of the empty table/custom": true},
-		reads:  "crdbwork_ended_by_age",
-	},
-}
-
 // hotIndexes are the indexes each hot statement must read (on both
 // engines, the index's name appears in the plan); the statements not listed
 // act on items they name by id, through the primary key.
@@ -302,6 +267,12 @@ func hotPlanProblem(name, plan string, postgres bool) string {
 		if postgres && (strings.Contains(plan, "crdbwork_items_claimed") || strings.Contains(plan, "crdbwork_items_lease") || strings.Contains(plan, "Merge")) {
 			return "it reads the items of a statement that names them by id through an index of claimed items or a merge"
 		}
+	}
+	if postgres && name == "EnqueueInsert" && strings.Contains(plan, "crdbwork_ended_by_age") {
+		// The dedup check as a join over the queue's ended ids (the
+		// planner's choice while crdbwork_ended looked empty, before
+		// postgresDedupCheck): it must look each id up by primary key.
+		return "its dedup check reads the queue's ended ids through crdbwork_ended_by_age"
 	}
 	if !postgres {
 		return "" // CockroachDB's plans name indexes as table@index: checked by the scans above
