@@ -164,7 +164,7 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 		var err error
 		r, err = q.store.Requeue(ctx, tx, id, q.opts.Queue, death)
 		if err == nil && r.Moved && q.notifies() {
-			err = q.store.Notify(ctx, tx, q.channel)
+			err = q.store.Notify(ctx, tx, q.channel, "")
 		}
 		return crsql.Classify(err)
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -216,7 +217,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 			// of its own (a database value that cannot pipeline).
 			// Its failure is no enqueue's failure (a retry would add
 			// the items again): a lost wake-up costs a poll interval.
-			_ = q.store.Notify(ctx, db, q.channel)
+			_ = q.store.Notify(ctx, db, q.channel, b.payload())
 			return nil
 		})
 	} else {
@@ -226,14 +227,14 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 				return err
 			}
 			if notify && res.Added() > 0 {
-				return q.store.Notify(ctx, tx, q.channel)
+				return q.store.Notify(ctx, tx, q.channel, b.payload())
 			}
 			return nil
 		})
 	}
 	res, err = q.finish(b, res, err) // retry.Do and retry.Tx classify
 	if err == nil && res.Added() > 0 && b.dueNow() {
-		q.Wake()
+		wake.SignalHashes(q.channel, wake.ParsePayload(b.payload()))
 	}
 	return res, err
 }
@@ -242,7 +243,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 // INSERT, together with the queue's wake-up notification.
 func (q *Queue) insertNotify(ctx context.Context, db crsql.Batcher, b *batch, res *Enqueued) error {
 	rows := q.enqueueRows(b, all(len(b.items)))
-	added, err := q.store.EnqueueInsertNotify(ctx, db, q.opts.Queue, rows, q.channel)
+	added, err := q.store.EnqueueInsertNotify(ctx, db, q.opts.Queue, rows, q.channel, b.payload())
 	if err != nil {
 		return err
 	}
@@ -276,7 +277,10 @@ func (q *Queue) EnqueueTx(ctx context.Context, tx pgx.Tx, items ...NewItem) (Enq
 		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 	}
 	if q.notifies() && b.dueNow() && res.Added() > 0 {
-		if err := q.store.Notify(ctx, tx, q.channel); err != nil {
+		// No part hint (""): the notifications of several EnqueueTx calls
+		// in one transaction are then identical, and PostgreSQL merges
+		// them into one.
+		if err := q.store.Notify(ctx, tx, q.channel, ""); err != nil {
 			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: sending the wake-up notification: %w", len(items), q.opts.Queue, crsql.Classify(err))
 		}
 	}

@@ -1,6 +1,8 @@
 package claim
 
 import (
+	"slices"
+
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -34,6 +36,22 @@ func (q *Queue) notifies() bool {
 // no notifications, Wake is what wakes this process's workers.) A Wake with
 // nothing to claim costs one claim statement per idle worker.
 func (q *Queue) Wake() { wake.Signal(q.channel) }
+
+// payload is the wake-up hint of b's items that are due at once: their key
+// hashes, which give their parts (see package internal/wake), or "" (any
+// part) for more than wake.MaxHints of them.
+func (b *batch) payload() string {
+	var hs []int64
+	for i := range b.items {
+		if b.items[i].Delay > 0 || slices.Contains(hs, b.hashes[i]) {
+			continue
+		}
+		if hs = append(hs, b.hashes[i]); len(hs) > wake.MaxHints {
+			return "" // items of many parts
+		}
+	}
+	return wake.Payload(hs)
+}
 
 // dueNow reports whether an item of b is due at once (no Delay): only then
 // is a wake-up of any use.

@@ -121,6 +121,7 @@ type Rebalancer struct {
 	dbMu sync.Mutex
 
 	acquired, released, rebalances, retries atomic.Int64
+	numParts                                atomic.Int64 // as the last rebalance read it
 }
 
 // New returns a rebalancer for sess, which reads and writes the queue's
@@ -169,6 +170,10 @@ func isNilSession(sess Session) bool {
 func (r *Rebalancer) Stats() Stats {
 	return Stats{Acquired: r.acquired.Load(), Released: r.released.Load(), Rebalances: r.rebalances.Load(), Retries: r.retries.Load()}
 }
+
+// NumParts returns the queue's number of parts as the last rebalance read
+// it, or 0 before the first.
+func (r *Rebalancer) NumParts() int { return int(r.numParts.Load()) }
 
 // Owned returns the parts this session owns now, draining ones included, sorted.
 func (r *Rebalancer) Owned() []int {
@@ -320,6 +325,7 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		if n, err = Parts(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
 			return err
 		}
+		r.numParts.Store(int64(n))
 		owners, err = r.owners(ctx)
 		return err
 	})

@@ -18,10 +18,12 @@ import (
 // or NOTIFY (its parser refuses both): these statements run on PostgreSQL
 // only, and crdbwork's callers check the Dialect first.
 
-// notifyStatement sends the wake-up of one queue: a notification with an
-// empty payload (the channel names the queue; the claim that follows finds
-// the items). Its plan is a Result node: no table is read.
-const notifyStatement = `SELECT pg_notify($1, '')`
+// notifyStatement sends the wake-up of one queue: a notification on $1
+// with payload $2, a hint of the items' key hashes (package internal/wake:
+// "" for items of any part; the channel names the queue, and the claim
+// that follows finds the items). Its plan is a Result node: no table is
+// read.
+const notifyStatement = `SELECT pg_notify($1, $2)`
 
 // maxChannel is PostgreSQL's bound on a channel name (NAMEDATALEN - 1 bytes):
 // longer names are truncated by LISTEN but not by pg_notify, so they would
@@ -46,9 +48,11 @@ func (s *Store) NotifyChannel(queue string) string {
 }
 
 // Notify sends the wake-up notification on channel (see NotifyChannel)
-// through db, in db's transaction when db is one (PostgreSQL only).
-func (s *Store) Notify(ctx context.Context, db DB, channel string) error {
-	_, err := db.Exec(ctx, notifyStatement, channel)
+// with payload through db, in db's transaction when db is one (PostgreSQL
+// only). PostgreSQL merges the notifications of one transaction that have
+// the same channel and payload.
+func (s *Store) Notify(ctx context.Context, db DB, channel, payload string) error {
+	_, err := db.Exec(ctx, notifyStatement, channel, payload)
 	return err
 }
 
@@ -59,13 +63,13 @@ type Batcher interface {
 }
 
 // EnqueueInsertNotify is EnqueueInsert followed by the wake-up
-// notification on channel, sent together in one round trip (a pipeline
+// notification on channel with payload, sent together in one round trip (a pipeline
 // with one Sync: one implicit transaction, so the notification is
 // delivered only if the insert commits). PostgreSQL only.
-func (s *Store) EnqueueInsertNotify(ctx context.Context, db Batcher, queue string, rows []EnqueueRow, channel string) (ids []uuid.UUID, err error) {
+func (s *Store) EnqueueInsertNotify(ctx context.Context, db Batcher, queue string, rows []EnqueueRow, channel, payload string) (ids []uuid.UUID, err error) {
 	b := &pgx.Batch{}
 	b.Queue(s.enq.PostgresInsert, s.enqueueArgs(queue, rows)...)
-	b.Queue(notifyStatement, channel)
+	b.Queue(notifyStatement, channel, payload)
 	br := db.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {

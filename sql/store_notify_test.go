@@ -61,7 +61,7 @@ func TestNotifyPlanAndDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := crsql.NewStore(crsql.Tables{})
-	explainEach(t, pool, "notify_", []planCase{{"Notify", crsql.NotifyText(), []any{"chan"}}}, nil, func(i int, mode, plan string) {
+	explainEach(t, pool, "notify_", []planCase{{"Notify", crsql.NotifyText(), []any{"chan", "1,2"}}}, nil, func(i int, mode, plan string) {
 		if !strings.HasPrefix(plan, "Result") || strings.Contains(plan, "Scan") {
 			t.Errorf("Notify's plan (%s) is not a bare Result:\n%s", mode, plan)
 		}
@@ -89,7 +89,7 @@ func TestNotifyPlanAndDelivery(t *testing.T) {
 		}
 		defer tx.Rollback(ctx)
 		for range 3 {
-			if err := store.Notify(ctx, tx, ch); err != nil {
+			if err := store.Notify(ctx, tx, ch, ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -103,13 +103,13 @@ func TestNotifyPlanAndDelivery(t *testing.T) {
 	inTx(committed, true)
 	inTx(dropped, true)
 	id := uuid.New()
-	added, err := store.EnqueueInsertNotify(ctx, pool, "q", []crsql.EnqueueRow{{ID: id, MaxAttempts: 1}}, enqueued)
+	added, err := store.EnqueueInsertNotify(ctx, pool, "q", []crsql.EnqueueRow{{ID: id, MaxAttempts: 1}}, enqueued, "")
 	if err != nil || len(added) != 1 || added[0] != id {
 		t.Fatalf("EnqueueInsertNotify = %v, %v; want [%s]", added, err, id)
 	}
 	// An insert that fails (max_attempts' CHECK) takes its notification
 	// with it: they are one transaction.
-	if _, err := store.EnqueueInsertNotify(ctx, pool, "q", []crsql.EnqueueRow{{ID: uuid.New(), MaxAttempts: -1}}, rolled); err == nil {
+	if _, err := store.EnqueueInsertNotify(ctx, pool, "q", []crsql.EnqueueRow{{ID: uuid.New(), MaxAttempts: -1}}, rolled, ""); err == nil {
 		t.Fatal("EnqueueInsertNotify with MaxAttempts -1 succeeded, want the CHECK's violation")
 	}
 	inTx(barrier, true)

@@ -176,20 +176,47 @@ func awaitListening(t *testing.T, r *running) {
 // and without parts: its poll interval is ten minutes, so only the
 // notification can explain the claim.
 func TestWakeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
-	for _, parts := range []int{0, 4} {
-		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+	// With parts, a wake-up names the items' key hashes and each worker
+	// claims only in the parts of those it owns: with two workers, each
+	// item is claimed at once by the owner of its part, whichever it is.
+	for _, c := range []struct{ parts, workers, items int }{{0, 1, 3}, {4, 1, 3}, {8, 2, 8}} {
+		t.Run(fmt.Sprintf("parts=%d,workers=%d", c.parts, c.workers), func(t *testing.T) {
 			url, pool := wakeSetup(t)
 			h, started := startedHandler()
-			r := start(t, pool, h, worker.Options{Poll: sleepyPoll, Parts: parts, Partition: partition.Tuning{Poll: 50 * time.Millisecond}})
-			awaitListening(t, r)
-			if parts > 0 {
-				waitFor(t, "the worker to own every part", wakeDeadline, func() bool { return r.w.Stats().Parts.Acquired == int64(parts) })
+			var rs []*running
+			for i := range c.workers {
+				r := start(t, pool, h, worker.Options{Poll: sleepyPoll, Parts: c.parts, Partition: partition.Tuning{Poll: 50 * time.Millisecond}})
+				if i == 0 {
+					// The process's listener then listens on the channel
+					// the other workers subscribe to.
+					awaitListening(t, r)
+				}
+				rs = append(rs, r)
 			}
-			for i := range 3 {
-				before := r.w.Stats().Wakeups
+			if c.parts > 0 {
+				waitFor(t, "the workers to share every part", wakeDeadline, func() bool {
+					owned := 0
+					for _, r := range rs {
+						st := r.w.Stats().Parts
+						if st.Acquired == st.Released {
+							return false // one owns none yet
+						}
+						owned += int(st.Acquired - st.Released)
+					}
+					return owned == c.parts
+				})
+			}
+			wakeups := func() (n int64) {
+				for _, r := range rs {
+					n += r.w.Stats().Wakeups
+				}
+				return n
+			}
+			for i := range c.items {
+				before := wakeups()
 				produce(t, url, "enqueue::default")
 				awaitItem(t, started, fmt.Sprintf("item %d", i))
-				if w := r.w.Stats().Wakeups; w <= before {
+				if w := wakeups(); w <= before {
 					t.Errorf("item %d was claimed without a wake-up (wake-ups %d, before %d)", i, w, before)
 				}
 			}

@@ -193,9 +193,11 @@ type Worker struct {
 	refusedTotal                               atomic.Int64 // Refused of past sessions
 
 	// wakeups counts the idle waits a wake-up ended (Stats.Wakeups);
-	// wake receives the queue's wake-ups (nil with NoWake): Run subscribes.
+	// wake receives the queue's wake-ups (nil with NoWake): Run subscribes;
+	// wakeSub is its subscription, which also holds their part hints.
 	wakeups atomic.Int64
 	wake    <-chan struct{}
+	wakeSub *wake.Sub
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -304,7 +306,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer sub.Close()
 		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
 		defer stopListening()
-		w.wake = sub.C()
+		w.wake, w.wakeSub = sub.C(), sub
 	}
 	first := true
 	for ctx.Err() == nil {

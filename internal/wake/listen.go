@@ -226,7 +226,7 @@ func (l *listener) session(ctx context.Context) (connected bool, err error) {
 		cancelWait()
 		switch {
 		case err == nil:
-			Signal(n.Channel)
+			SignalHashes(n.Channel, ParsePayload(n.Payload))
 			if !change {
 				continue
 			}
