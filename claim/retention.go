@@ -133,22 +133,29 @@ func (q *Queue) Retention(ctx context.Context) (Retention, error) {
 // before its last exact check a later count of new deaths starts, so that a
 // death whose transaction started before the check (its died_at is its
 // transaction's time) but committed after it is counted.
-const (
+var (
 	deadCountCheckEvery = time.Minute
 	deadCountMargin     = time.Minute
 )
 
 // deadCountState is a Queue's upper bound on its queue's dead items, between
 // exact checks: at (database clock) the queue held known dead items (with
-// bound max); deaths since then can only have added to it, and prunes and
-// requeues only taken away.
+// bound max), recent of which had died since at minus deadCountMargin.
+// Deaths since then can only have added to it, and prunes and requeues only
+// taken away: the deaths counted now since at minus the margin, less
+// recent, are at least the deaths added since (a death that committed after
+// the check with an earlier died_at included), less any of the recent ones
+// removed since, so known - recent + that count is an upper bound of the
+// queue's dead items.
 type deadCountState struct {
 	mu      sync.Mutex
 	valid   bool
 	at      time.Time
 	known   int64
+	recent  int64
 	max     int64
 	checked time.Time // local clock of the last exact check
+	exact   int64     // exact checks made (for tests)
 }
 
 func (s *deadCountState) forget() {
@@ -230,20 +237,21 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64) (int, error)
 		if err != nil {
 			return 0, err
 		}
-		if s.known+since <= maxCount || time.Since(s.checked) < deadCountCheckEvery {
+		if s.known-s.recent+since <= maxCount || time.Since(s.checked) < deadCountCheckEvery {
 			return 0, nil
 		}
 	}
 	var newest crsql.DeadNewestRow
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 		var err error
-		newest, err = q.store.DeadNewest(ctx, q.db, name, maxCount)
+		newest, err = q.store.DeadNewest(ctx, q.db, name, maxCount, deadCountMargin)
 		return crsql.Classify(err)
 	})
 	if err != nil {
 		return 0, err
 	}
-	s.valid, s.at, s.known, s.max, s.checked = true, newest.Now, newest.Count, maxCount, time.Now()
+	s.valid, s.at, s.known, s.recent, s.max, s.checked = true, newest.Now, newest.Count, newest.Recent, maxCount, time.Now()
+	s.exact++
 	if newest.Count < maxCount {
 		return 0, nil
 	}

@@ -57,10 +57,12 @@ type retentionStatements struct {
 	// before $2, oldest first, as PruneDeadOlder.
 	PruneDeadBefore string // $1 queue, $2 died before, $3 limit → ids pruned
 	// DeadNewest reads queue $1's newest $2 deaths: how many there are (at
-	// most $2), the oldest died_at among them (NULL if none), and the
-	// database clock.
-	DeadNewest string // $1 queue, $2 count → count, min died_at, now()
-	// DeadSince counts queue $1's deaths since $2, at most $3.
+	// most $2), the oldest died_at among them (NULL if none), how many of
+	// them died in the last $3 µs, and the database clock.
+	DeadNewest string // $1 queue, $2 count, $3 recent (µs) → count, min died_at, recent count, now()
+	// DeadSince counts queue $1's deaths since $2, at most $3, newest
+	// first (the order makes the index the only cheap plan, also when a
+	// generic plan cannot tell how many rows $2 leaves).
 	DeadSince string // $1 queue, $2 since, $3 limit → count
 }
 
@@ -88,10 +90,10 @@ VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
 ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`),
 		PruneDeadOlder:  r(fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
 		PruneDeadBefore: r(fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)),
-		DeadNewest: r(`SELECT count(*), min(died_at), now()
+		DeadNewest: r(`SELECT count(*), min(died_at), count(*) FILTER (WHERE died_at >= now() - $3::BIGINT * INTERVAL '1 microsecond'), now()
 FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at DESC LIMIT $2) AS newest`),
 		DeadSince: r(`SELECT count(*)
-FROM (SELECT 1 FROM crdbwork_dead_items WHERE queue = $1 AND died_at >= $2 LIMIT $3) AS recent`),
+FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 AND died_at >= $2 ORDER BY died_at DESC LIMIT $3) AS recent`),
 	}
 }
 
@@ -142,15 +144,18 @@ type DeadNewestRow struct {
 	Count int64
 	// Oldest is the died_at of the oldest of them (zero if none).
 	Oldest time.Time
+	// Recent is how many of them died within the recent duration asked.
+	Recent int64
 	// Now is the database clock.
 	Now time.Time
 }
 
-// DeadNewest reads queue's newest n deaths (retentionStatements.DeadNewest).
-func (s *Store) DeadNewest(ctx context.Context, db DB, queue string, n int64) (DeadNewestRow, error) {
+// DeadNewest reads queue's newest n deaths, and how many of them died
+// within recent (retentionStatements.DeadNewest).
+func (s *Store) DeadNewest(ctx context.Context, db DB, queue string, n int64, recent time.Duration) (DeadNewestRow, error) {
 	var r DeadNewestRow
 	var oldest *time.Time
-	if err := db.QueryRow(ctx, s.ret.DeadNewest, queue, n).Scan(&r.Count, &oldest, &r.Now); err != nil {
+	if err := db.QueryRow(ctx, s.ret.DeadNewest, queue, n, recent.Microseconds()).Scan(&r.Count, &oldest, &r.Recent, &r.Now); err != nil {
 		return DeadNewestRow{}, err
 	}
 	if oldest != nil {
