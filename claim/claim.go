@@ -58,6 +58,12 @@ type Item struct {
 	// TurnAt is the item's place in claim order within its priority: its
 	// vesting time, or in a fair queue the turn enqueue stamped.
 	TurnAt time.Time
+	// Checkpoint is the checkpoint an earlier attempt saved
+	// (Queue.SaveCheckpoint, worker.SaveCheckpoint), nil if none: resume
+	// from it. Progress is the progress last reported (Queue.ReportProgress),
+	// zero if none.
+	Checkpoint []byte
+	Progress   Progress
 }
 
 // ClaimRequest says what Claimer.Claim claims.
@@ -295,7 +301,11 @@ func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
 			Attempt: r.Attempts, MaxAttempts: r.MaxAttempts, Payload: r.Payload, Metadata: r.Metadata,
 			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
 			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
-			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt}
+			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
+			Checkpoint: r.Checkpoint}
+		if r.HasProgress {
+			items[i].Progress = Progress{Done: r.ProgressDone, Total: r.ProgressTotal}
+		}
 	}
 	return items
 }

@@ -23,3 +23,18 @@ func (q *Queue) Backoff(attempt int) time.Duration { return q.backoff(attempt) }
 func (q *Queue) AckBatch(ctx context.Context, items []Item, record func(ctx context.Context, tx pgx.Tx, acked []Item) error) ([]Item, error) {
 	return q.ackBatch(ctx, items, record)
 }
+
+// SetDeadCountCheckEvery sets how often a Queue may read its queue's newest
+// dead items for the count bound, and returns a function that restores it.
+func SetDeadCountCheckEvery(d time.Duration) (restore func()) {
+	old := deadCountCheckEvery
+	deadCountCheckEvery = d
+	return func() { deadCountCheckEvery = old }
+}
+
+// DeadCountChecks returns how many exact checks of the count bound q made.
+func (q *Queue) DeadCountChecks() int64 {
+	q.deadCount.mu.Lock()
+	defer q.deadCount.mu.Unlock()
+	return q.deadCount.exact
+}

@@ -52,6 +52,9 @@ type QueueInfo struct {
 	Settings Settings
 	// TenantLimits are the tenants' own limits (TenantLimits), by tenant.
 	TenantLimits map[string]Limit
+	// Retention is how long and how many dead items the queue keeps
+	// (Retention).
+	Retention Retention
 }
 
 // PartInfo is one part's backlog.
@@ -100,6 +103,9 @@ func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
 	}
 	info.Settings = s
 	if info.TenantLimits, err = q.TenantLimits(ctx); err != nil {
+		return QueueInfo{}, err
+	}
+	if info.Retention, err = q.Retention(ctx); err != nil {
 		return QueueInfo{}, err
 	}
 	return info, nil

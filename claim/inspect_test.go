@@ -172,14 +172,17 @@ func TestInspectQueues(t *testing.T) {
 			t.Errorf("%s: Inspect =\n%+v\nwant\n%+v", want.Name, got, want)
 		}
 	}
+	// Every queue here keeps the default retention of dead items.
+	def := claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}
+	want.Retention = def
 	check(parts, want, true)
 	check(plain, claim.QueueInfo{Name: "plain", NumParts: 1, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 3, Due: 2}},
-		Unclaimed: 3, Due: 2, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, true)
+		Unclaimed: 3, Due: 2, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, true)
 	check(paused, claim.QueueInfo{Name: "paused", Stored: true, NumParts: 1, Paused: true, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 1, Due: 1}},
-		Unclaimed: 1, Due: 1, Holders: map[uuid.UUID]int64{}, Settings: claim.Settings{DedupWindow: claim.DefaultDedupWindow}, TenantLimits: map[string]claim.Limit{}}, true)
-	check(deadOnly, claim.QueueInfo{Name: "deadonly", NumParts: 1, Dead: 1, Parts: []claim.PartInfo{}, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, false)
+		Unclaimed: 1, Due: 1, Holders: map[uuid.UUID]int64{}, Settings: claim.Settings{DedupWindow: claim.DefaultDedupWindow}, TenantLimits: map[string]claim.Limit{}, Retention: def}, true)
+	check(deadOnly, claim.QueueInfo{Name: "deadonly", NumParts: 1, Dead: 1, Parts: []claim.PartInfo{}, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, false)
 	check(newQueue(t, pool, claim.Options{Queue: "unused"}), claim.QueueInfo{Name: "unused", NumParts: 1, Parts: []claim.PartInfo{},
-		Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}}, false)
+		Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, false)
 
 	names, err := claim.Queues(ctx, pool, crsql.Tables{})
 	if err != nil {

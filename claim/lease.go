@@ -74,6 +74,9 @@ type ReapStats struct {
 	// Pruned counts ended ids forgotten because they ended before the
 	// queue's dedup window (see PruneEnded).
 	Pruned int
+	// DeadPruned counts dead items deleted under the queue's retention
+	// (see PruneDead).
+	DeadPruned int
 }
 
 // Reap releases the queue's items whose lease expired, whoever claimed them
@@ -82,7 +85,8 @@ type ReapStats struct {
 // dead items with reason "crash loop", and its unclaimed items past their
 // deadline with reason "expired". It works in bounded
 // batches until nothing is left, and then forgets, in bounded batches, the
-// ended ids older than the queue's dedup window (PruneEnded). Any session
+// ended ids older than the queue's dedup window (PruneEnded) and deletes
+// the dead items beyond the queue's retention (PruneDead). Any session
 // may run it at any time; it is
 // idempotent, and acks of reaped claims are refused (ErrClaimLost: the token
 // fences them).
@@ -147,6 +151,12 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	st.Pruned = n
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
+	}
+	// And the dead items beyond the queue's retention.
+	n, err = q.PruneDead(ctx)
+	st.DeadPruned = n
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneDead, Err: err})
 	}
 	return st, errors.Join(errs...)
 }

@@ -113,6 +113,9 @@ type Queue struct {
 	plainUntil atomic.Int64
 	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
 	channel string
+	// deadCount bounds the queue's dead items between PruneDead's exact
+	// checks (retention.go).
+	deadCount deadCountState
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

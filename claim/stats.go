@@ -17,14 +17,22 @@ type Stats struct {
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.
 	LostClaims int64
+	// Checkpoints and ProgressReports count the checkpoints and progress
+	// reports saved (SaveCheckpoint, ReportProgress; refused saves not
+	// counted).
+	Checkpoints, ProgressReports int64
+	// DeadPruned counts dead items this Queue's reaps deleted under the
+	// queue's retention (SetRetention).
+	DeadPruned int64
 	// Retries counts serialization-failure retries by statement kind:
 	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue",
-	// "extend", "reap", "pause".
+	// "extend", "reap", "pause", "checkpoint", "progress", "retention".
 	Retries map[string]int64
 }
 
 type counters struct {
 	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
+	checkpoints, progress, deadPruned                              atomic.Int64
 	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
@@ -43,6 +51,7 @@ func (q *Queue) Stats() Stats {
 		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
 		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Retries: map[string]int64{},
+		Checkpoints: c.checkpoints.Load(), ProgressReports: c.progress.Load(), DeadPruned: c.deadPruned.Load(),
 	}
 	c.retries.Range(func(k, v any) bool {
 		s.Retries[k.(string)] = v.(*atomic.Int64).Load()

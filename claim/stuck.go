@@ -27,6 +27,9 @@ const (
 	// StepPruneEnded: forgetting ended ids past the dedup window
 	// (PruneEnded).
 	StepPruneEnded = "prune ended"
+	// StepPruneDead: deleting dead items beyond the queue's retention
+	// (PruneDead).
+	StepPruneDead = "prune dead"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another
@@ -40,7 +43,7 @@ const (
 // released or moved without it. The next Reap tries it again.
 type ReapError struct {
 	Queue string
-	Step  string    // StepLeases, StepExhausted, StepExpired or StepPruneEnded
+	Step  string    // StepLeases, StepExhausted, StepExpired, StepPruneEnded or StepPruneDead
 	ID    uuid.UUID // the item, or uuid.Nil for a failure of the whole step
 	Err   error
 }

@@ -7,7 +7,9 @@
 //     snapshots of the workers and queues added with AddWorker and AddQueue:
 //     items enqueued, claimed, acked, nacked, released and dead-lettered,
 //     claims lost, serialization-failure retries by statement, sessions
-//     started and lost, parts acquired and released, handlers in flight;
+//     started and lost, parts acquired and released, handlers in flight,
+//     checkpoints and progress reports saved, dead items pruned under the
+//     queues' retention;
 //   - histograms of handler durations (by outcome) and of the number of
 //     items per ack transaction, fed by the workers themselves: pass the
 //     Collector as worker.Options.Observer;
@@ -103,20 +105,23 @@ var _ worker.Observer = (*Collector)(nil)
 
 // counterHelp are the process counters, by name (without the namespace).
 var counterHelp = map[string]string{
-	"items_enqueued_total":   "Items enqueued by this process.",
-	"items_claimed_total":    "Items claimed by this process.",
-	"items_acked_total":      "Items acknowledged by this process (committed acks only).",
-	"items_nacked_total":     "Items nacked for a retry by this process.",
-	"items_released_total":   "Items released without counting the attempt by this process.",
-	"items_dead_total":       "Items moved to the dead-items table by this process.",
-	"claims_lost_total":      "Acks, nacks and releases refused because the claim was gone.",
-	"sessions_started_total": "Sessions started by this process's workers.",
-	"sessions_lost_total":    "Sessions of this process's workers that were lost.",
-	"parts_acquired_total":   "Parts acquired by this process's workers.",
-	"parts_released_total":   "Parts released by this process's workers.",
-	"part_rebalances_total":  "Part rebalances run by this process's workers.",
-	"handler_panics_total":   "Handler runs that panicked.",
-	"handler_timeouts_total": "Handler runs that outlived the item timeout.",
+	"items_enqueued_total":    "Items enqueued by this process.",
+	"items_claimed_total":     "Items claimed by this process.",
+	"items_acked_total":       "Items acknowledged by this process (committed acks only).",
+	"items_nacked_total":      "Items nacked for a retry by this process.",
+	"items_released_total":    "Items released without counting the attempt by this process.",
+	"items_dead_total":        "Items moved to the dead-items table by this process.",
+	"claims_lost_total":       "Acks, nacks and releases refused because the claim was gone.",
+	"sessions_started_total":  "Sessions started by this process's workers.",
+	"sessions_lost_total":     "Sessions of this process's workers that were lost.",
+	"parts_acquired_total":    "Parts acquired by this process's workers.",
+	"parts_released_total":    "Parts released by this process's workers.",
+	"part_rebalances_total":   "Part rebalances run by this process's workers.",
+	"handler_panics_total":    "Handler runs that panicked.",
+	"handler_timeouts_total":  "Handler runs that outlived the item timeout.",
+	"checkpoints_saved_total": "Checkpoints saved by this process's handlers (worker.SaveCheckpoint, claim.Queue.SaveCheckpoint).",
+	"progress_reports_total":  "Progress reports saved by this process's handlers (worker.ReportProgress, claim.Queue.ReportProgress).",
+	"dead_items_pruned_total": "Dead items this process's reapers deleted under their queue's retention.",
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer, add the
@@ -251,6 +256,9 @@ func (c *Collector) collectProcess(ch chan<- prometheus.Metric) {
 		p.counts["items_released_total"] += s.Released
 		p.counts["items_dead_total"] += s.Dead
 		p.counts["claims_lost_total"] += s.LostClaims
+		p.counts["checkpoints_saved_total"] += s.Checkpoints
+		p.counts["progress_reports_total"] += s.ProgressReports
+		p.counts["dead_items_pruned_total"] += s.DeadPruned
 		for k, v := range s.Retries {
 			p.retries[k] += v
 		}

@@ -18,3 +18,9 @@ var (
 	NewUrgentStatements    = newUrgentStatements
 	NewTestStatements      = newTestStatements
 )
+
+// The statements of checkpoints and retention, for the plan tests.
+var (
+	NewCheckpointStatements = newCheckpointStatements
+	NewRetentionStatements  = newRetentionStatements
+)

@@ -75,6 +75,11 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     -- How long ended ids are remembered for deduplication (0: not at all);
     -- a queue without a row has the default.
     dedup_window         INTERVAL NOT NULL DEFAULT INTERVAL '24 hours',
+    -- Retention (version 5): how long and how many dead items the queue
+    -- keeps (0: no such bound); a queue without a row keeps 30 days and
+    -- 100,000.
+    dead_max_age         INTERVAL NOT NULL DEFAULT INTERVAL '720 hours',
+    dead_max_count       BIGINT   NOT NULL DEFAULT 100000,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -141,6 +146,14 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     turn_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     expires_at   TIMESTAMPTZ,
     at_most_once BOOL        NOT NULL DEFAULT false,
+    -- Checkpoints and progress (version 5): the handler's checkpoint (at
+    -- most 64 KiB) and progress (done of total; total 0: unknown), kept
+    -- across attempts; NULL until first saved.
+    checkpoint     BYTEA,
+    checkpoint_at  TIMESTAMPTZ,
+    progress_done  BIGINT,
+    progress_total BIGINT,
+    progress_at    TIMESTAMPTZ,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -251,6 +264,12 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_lease
 -- them and the reaper moves them to the dead items. Normally empty.
 CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
     ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
+
+-- checkpoints and progress (version 5)
+-- Items with a saved progress, by queue and time: crdbwork status lists
+-- them without reading the queue's other items.
+CREATE INDEX IF NOT EXISTS crdbwork_items_progress
+    ON crdbwork_items (queue, progress_at) WHERE progress_at IS NOT NULL;
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE

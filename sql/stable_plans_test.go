@@ -209,6 +209,8 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"Extend", ds.Extend, []any{ids[:64], holders[:64], tokens[:64], lease}},
 		{"Nack", st.Nack, []any{ids[0], session, tokens[0], int64(1e6), "boom"}},
 		{"Release", st.Release, []any{ids[0], session, tokens[0]}},
+		{"SaveCheckpoint", crsql.NewCheckpointStatements(crsql.Tables{}).SaveCheckpoint, []any{ids[0], session, tokens[0], nil}},
+		{"SaveProgress", crsql.NewCheckpointStatements(crsql.Tables{}).SaveProgress, []any{ids[0], session, tokens[0], int64(5), int64(10)}},
 		{"Exhaust", deaths.Exhaust, []any{ids[0], session, tokens[0], "boom"}},
 		{"DeadLetter", st.DeadLetter, []any{ids[0], session, tokens[0], "boom", "failed"}},
 		{"Cancel", st.Cancel, []any{ids[0], "q"}},

@@ -37,6 +37,8 @@ type Store struct {
 	reap   *reapStatements
 	urgent *urgentStatements
 	test   *testStatements
+	ckpt   *checkpointStatements
+	ret    *retentionStatements
 
 	order string // OrderCountsBefore's statement (store_order.go)
 }
@@ -69,6 +71,8 @@ func NewStore(t Tables) *Store {
 		reap:   newReapStatements(t),
 		urgent: newUrgentStatements(t),
 		test:   newTestStatements(t),
+		ckpt:   newCheckpointStatements(t),
+		ret:    newRetentionStatements(t),
 		order:  t.rewrite(orderCountBefore),
 	}
 	actual, _ := stores.LoadOrStore(t, s)

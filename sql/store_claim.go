@@ -75,6 +75,12 @@ type ClaimedRow struct {
 	ExpiresAt  time.Time // zero if none
 	AtMostOnce bool
 	TurnAt     time.Time
+	// Checkpoint is the item's saved checkpoint (nil if none), and
+	// ProgressDone and ProgressTotal its saved progress (HasProgress false
+	// if none): see store_checkpoint.go.
+	Checkpoint                  []byte
+	HasProgress                 bool
+	ProgressDone, ProgressTotal int64
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim
@@ -254,10 +260,14 @@ func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]Claim
 		var key, lastErr, tenant *string
 		var claimPart *int64
 		var expires *time.Time
+		var done, total *int64
 		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
 			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-			&tenant, &expires, &it.AtMostOnce, &it.TurnAt); err != nil {
+			&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Checkpoint, &done, &total); err != nil {
 			return nil, err
+		}
+		if done != nil && total != nil {
+			it.HasProgress, it.ProgressDone, it.ProgressTotal = true, *done, *total
 		}
 		if tenant != nil {
 			it.Tenant = *tenant

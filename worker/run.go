@@ -222,6 +222,9 @@ func (r *sessionRun) maintain() {
 			if st.Pruned > 0 {
 				log.Debug("forgot ended ids past the dedup window", zap.Int("pruned", st.Pruned))
 			}
+			if st.DeadPruned > 0 {
+				log.Info("deleted dead items beyond the queue's retention", zap.Int("pruned", st.DeadPruned))
+			}
 			if r.logReapErrors(err) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.

@@ -46,6 +46,7 @@ var commands = []command{
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
 	{"limit", "set or show a queue's (or a tenant's) fleet-wide limits: --max-in-flight N, --rate R", cmdLimit},
 	{"fair", "show or set whether a queue serves its tenants in turn (on, off)", cmdFair},
+	{"retention", "show or set how long and how many dead items a queue keeps (--dead-max-age, --dead-max-count)", cmdRetention},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
 	{"version", "print the version", cmdVersion},
 }
@@ -103,7 +104,7 @@ tables. It calls the crdbwork library; it writes no SQL of its own.
 Commands:
 `)
 	for _, c := range commands {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `
 Flags of every command (but version):

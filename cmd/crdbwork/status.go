@@ -136,6 +136,11 @@ type status struct {
 	// QueueMembers lists every queue that has members or owned parts,
 	// by name, with its members (live or not yet reaped) by session id.
 	QueueMembers []queueMembers `json:"queue_members"`
+	// Progress lists the items that reported a progress, the most recent
+	// report first (at most claim.DefaultProgressing), and Retention the
+	// queue's retention of dead items (progress.go).
+	Progress  []progressRow `json:"progress"`
+	Retention retentionJSON `json:"retention"`
 }
 
 // readStatus gathers the status of queue: its state through
@@ -143,7 +148,8 @@ type status struct {
 // through claim.PartOwners and every queue's members.
 func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue string) (*status, error) {
 	s := &status{Engine: cli.EngineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
-		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}, Tenants: []tenantRow{}}
+		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}, Tenants: []tenantRow{},
+		Progress: []progressRow{}}
 	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return nil, err
@@ -174,6 +180,10 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 	s.Settings = settingsJSON{Fair: info.Settings.Fair, AtMostOnce: info.Settings.AtMostOnce, DedupWindowSecond: info.Settings.DedupWindow.Seconds()}
 	for _, t := range info.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
+	}
+	s.Retention = retentionOf(info.Retention)
+	if s.Progress, err = readProgress(ctx, q); err != nil {
+		return nil, err
 	}
 
 	infos, err := session.List(ctx, db, tables)
@@ -579,6 +589,9 @@ func formatStatus(s *status, compact bool) string {
 	if s.Settings.Fair || s.Settings.AtMostOnce {
 		fmt.Fprintf(&b, "settings: fair %v, at most once %v\n", s.Settings.Fair, s.Settings.AtMostOnce)
 	}
+	if s.Retention != retentionOf(claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+		fmt.Fprintf(&b, "retention: %s\n", s.Retention.format())
+	}
 	if !s.Known {
 		fmt.Fprintf(&b, "warning: queue %q has no stored row, no items and no dead items\n", s.Queue)
 	}
@@ -586,6 +599,7 @@ func formatStatus(s *status, compact bool) string {
 	writeSessions(&b, s.Sessions, compact, false)
 	writeOwners(&b, s)
 	writeMembers(&b, s.QueueMembers, compact)
+	writeProgress(&b, s.Progress, compact)
 	b.WriteString("\n")
 	if len(s.Backlog) == 0 {
 		fmt.Fprintf(&b, "backlog: queue %q has no items\n", s.Queue)

@@ -8,7 +8,29 @@
 
 -- == checkpoints and progress ==
 
+-- A claimed item's checkpoint (at most 64 KiB; claim.MaxCheckpointSize) and
+-- progress (done of total; total 0: unknown), saved by its handler with a
+-- statement fenced on its claim, kept across attempts and returned by the
+-- claims (claim.Item.Checkpoint, Progress). NULL until first saved: items
+-- that never checkpoint cost nothing more. Progress saves are listed per
+-- queue by time (crdbwork status) through crdbwork_items_progress.
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS checkpoint BYTEA;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS checkpoint_at TIMESTAMPTZ;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS progress_done BIGINT;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS progress_total BIGINT;
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS progress_at TIMESTAMPTZ;
+CREATE INDEX IF NOT EXISTS crdbwork_items_progress
+    ON crdbwork_items (queue, progress_at) WHERE progress_at IS NOT NULL;
+
 -- == retention ==
+
+-- How long and how many dead items each queue keeps (claim.SetRetention):
+-- every session's reaper prunes the older ones and those beyond the count,
+-- oldest first, in bounded batches, through crdbwork_dead_items_by_queue.
+-- 0 keeps them without that bound. A queue without a row keeps 30 days and
+-- 100,000 (the columns' defaults).
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS dead_max_age INTERVAL NOT NULL DEFAULT INTERVAL '720 hours';
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS dead_max_count BIGINT NOT NULL DEFAULT 100000;
 
 -- == sequences ==
 

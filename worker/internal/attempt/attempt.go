@@ -43,11 +43,14 @@ type ValueAcker interface {
 // valueKey is the context key of an attempt's value box.
 type valueKey struct{}
 
-// valueBox holds the value a handler set with SetValue.
+// valueBox holds the value a handler set with SetValue, and the queue and
+// item its checkpoints are saved on (checkpoint.go).
 type valueBox struct {
 	mu  sync.Mutex
 	v   any
 	set bool
+	q   *claim.Queue
+	it  claim.Item
 }
 
 // SetValue hands v on to the item's ack, for a batch record (see
@@ -170,7 +173,7 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	if settleCtx == nil {
 		settleCtx = ctx
 	}
-	box := &valueBox{}
+	box := &valueBox{q: q, it: it}
 	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
 	defer cancel()
 	var res Result
