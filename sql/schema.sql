@@ -36,6 +36,13 @@ CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
 -- package sql's Apply. On a fresh or current database this changes nothing.
 UPDATE crdbwork_schema_version SET installed = installed WHERE false;
 
+-- A database at version 4 (or with an interrupted migration) STOPS HERE
+-- too, before anything was changed, with an error that quotes this message
+-- (as text that is not a number): upgrade it as above.
+SELECT CAST('crdbwork: the database has an older crdbwork schema, version ' || installed::TEXT ||
+            ': upgrade it with `crdbwork migrate`, package sql''s Apply or the files in sql/migrations/' AS BIGINT)
+FROM crdbwork_schema_version WHERE installed < 5;
+
 -- One row per live worker process. A session proves it is alive by moving
 -- heartbeat_at forward (with the database clock); any peer deletes the rows
 -- whose heartbeat_at + expiry lies in the past.

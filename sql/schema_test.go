@@ -3,6 +3,7 @@ package sql_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"sort"
@@ -425,42 +426,50 @@ func TestMigrationFilesWithClient(t *testing.T) {
 	}
 }
 
-// TestSchemaFileRefusesAnOlderSchema applies sql/schema.sql with psql to a
-// version-3 database (built by migrations 1 to 3): the file must stop at its
-// check, before changing anything, since an older database is upgraded by
-// the migrations.
+// TestSchemaFileRefusesAnOlderSchema applies sql/schema.sql with psql to
+// databases at each older version (built by the migrations up to it): the
+// file must stop at its checks, before changing anything, since an older
+// database is upgraded by the migrations.
 func TestSchemaFileRefusesAnOlderSchema(t *testing.T) {
-	url := testdb.NewURL(t)
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("psql only")
 	}
 	if _, err := exec.LookPath("psql"); err != nil {
 		t.Skipf("psql not found: %v", err)
 	}
-	for _, m := range crsql.Migrations()[:3] {
-		out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+m.Name, url).CombinedOutput()
-		if err != nil {
-			t.Fatalf("applying %s with psql: %v\n%s", m.Name, err, out)
-		}
-	}
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	before := catalog(t, pool, "public")
-	out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "schema.sql", url).CombinedOutput()
-	if err == nil {
-		t.Fatalf("schema.sql applied to a version-3 database succeeded:\n%s", out)
-	}
-	if !strings.Contains(string(out), `column "installed" does not exist`) {
-		t.Errorf("schema.sql on a version-3 database failed, but not at its check:\n%s", out)
-	}
-	if d := diff(before, catalog(t, pool, "public")); d != "" {
-		t.Errorf("schema.sql changed a version-3 database it refused:\n%s", d)
-	}
-	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaOutdated) {
-		t.Errorf("Check after the refusal = %v, want ErrSchemaOutdated", err)
+	for v := 1; v < crsql.Version; v++ {
+		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) {
+			url := testdb.NewURL(t)
+			for _, m := range crsql.Migrations()[:v] {
+				out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+m.Name, url).CombinedOutput()
+				if err != nil {
+					t.Fatalf("applying %s with psql: %v\n%s", m.Name, err, out)
+				}
+			}
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			before := catalog(t, pool, "public")
+			out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "schema.sql", url).CombinedOutput()
+			if err == nil {
+				t.Fatalf("schema.sql applied to a version-%d database succeeded:\n%s", v, out)
+			}
+			want := `column "installed" does not exist` // versions 1 to 3
+			if v >= 4 {
+				want = fmt.Sprintf("crdbwork: the database has an older crdbwork schema, version %d: upgrade it", v)
+			}
+			if !strings.Contains(string(out), want) {
+				t.Errorf("schema.sql on a version-%d database failed, but not at its check (%q):\n%s", v, want, out)
+			}
+			if d := diff(before, catalog(t, pool, "public")); d != "" {
+				t.Errorf("schema.sql changed a version-%d database it refused:\n%s", v, d)
+			}
+			if err := crsql.Check(context.Background(), pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaOutdated) {
+				t.Errorf("Check after the refusal = %v, want ErrSchemaOutdated", err)
+			}
+		})
 	}
 }
 
