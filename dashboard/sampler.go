@@ -33,11 +33,11 @@ type sampler struct {
 	seen    time.Time // the last page served
 	snap    *snapshot
 	hist    map[string]*history
-	fleet   []ratePoint       // the sessions' acks per second
-	acked   map[string]int64  // by session, at the last round
+	fleet   []ratePoint      // the sessions' acks per second
+	acked   map[string]int64 // by session, at the last round
 	owners  map[partKey]uuid.UUID
-	events  []rebalance       // the newest last
-	ready   chan struct{}     // closed at the first round's end
+	events  []rebalance   // the newest last
+	ready   chan struct{} // closed at the first round's end
 	readyOK bool
 }
 
