@@ -47,6 +47,7 @@ var commands = []command{
 	{"limit", "set or show a queue's (or a tenant's) fleet-wide limits: --max-in-flight N, --rate R", cmdLimit},
 	{"fair", "show or set whether a queue serves its tenants in turn (on, off)", cmdFair},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
+	{"dashboard", "serve the live web dashboard (--addr, default 127.0.0.1 only; --read-only; basic auth)", cmdDashboard},
 	{"version", "print the version", cmdVersion},
 }
 
