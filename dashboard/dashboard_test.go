@@ -299,6 +299,9 @@ func TestActionsChangeTheDatabaseAndAreAudited(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_queues WHERE name = 'mail' AND max_in_flight = 4 AND rate_limit = 2.5 AND paused`); n != 1 {
 		t.Fatal("the limits are not stored (or the pause was lost)")
 	}
+	if got := cell(b.get("/"), "mail", "limits"); got != "≤4 in flight, ≤2.5/s" {
+		t.Errorf("the overview shows the limits %q", got)
+	}
 	if code, text, _ := act(t, b, url.Values{"act": {"parts"}, "queue": {"mail"}, "parts": {"4"}}); code != http.StatusSeeOther {
 		t.Fatalf("parts: %d %s", code, text)
 	}

@@ -81,7 +81,7 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 	key := map[string]func(q queueFigures) float64{
 		"backlog": func(q queueFigures) float64 { return float64(q.Unclaimed + q.Claimed) },
 		"dead":    func(q queueFigures) float64 { return float64(q.Dead) },
-		"rate":    func(q queueFigures) float64 { return q.Rate },
+		"rate":    func(q queueFigures) float64 { return q.EndRate },
 		"oldest": func(q queueFigures) float64 {
 			if q.OldestDue == nil {
 				return 0

@@ -53,9 +53,9 @@ type snapshot struct {
 // queueFigures are one queue's figures and its history.
 type queueFigures struct {
 	crsql.QueueSummary
-	// Rate is the items ended per second since the previous round (-1
-	// while unknown).
-	Rate float64
+	// EndRate is the items ended per second since the previous round
+	// (-1 while unknown). (Rate is the queue's limit.)
+	EndRate float64
 	// Rates and Backlogs are the history, oldest first.
 	Rates    []float64
 	Backlogs []float64
@@ -193,7 +193,7 @@ func (s *sampler) read(ctx context.Context) (*snapshot, error) {
 			return nil, fmt.Errorf("reading the figures of %q: %w", n, err)
 		}
 		sum.Name = n
-		snap.Queues = append(snap.Queues, queueFigures{QueueSummary: sum, Rate: -1})
+		snap.Queues = append(snap.Queues, queueFigures{QueueSummary: sum, EndRate: -1})
 	}
 	if snap.Sessions, err = session.List(ctx, h.db, h.opts.Tables); err != nil {
 		return nil, err
@@ -216,8 +216,8 @@ func (s *sampler) record(snap *snapshot) {
 			hs = &history{}
 			s.hist[q.Name] = hs
 		} else if d := q.Now.Sub(hs.last).Seconds(); d > 0 {
-			q.Rate = float64(q.Ended) / d
-			hs.rates = appendCapped(hs.rates, q.Rate)
+			q.EndRate = float64(q.Ended) / d
+			hs.rates = appendCapped(hs.rates, q.EndRate)
 		}
 		hs.last = q.Now
 		hs.backlogs = appendCapped(hs.backlogs, float64(q.Unclaimed+q.Claimed))
