@@ -610,6 +610,9 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 		}
 		d.Queue = d.Fair[0]
 	}
+	if !contains(d.Fair, d.Queue) {
+		d.Fair = append([]string{d.Queue}, d.Fair...) // not fair, or set fair since the last reading
+	}
 	q, err := h.queue(d.Queue)
 	if err != nil {
 		return "", nil, badRequest("%v", err)
