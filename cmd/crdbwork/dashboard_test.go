@@ -95,6 +95,14 @@ func TestDashboardCommand(t *testing.T) {
 		t.Errorf("the right password: %d, want 200", c)
 	}
 
+	// The command line's actions are in the audit list too.
+	must(t, d.env, "pause", "--queue", "mail")
+	must(t, d.env, "pause", "--queue", "mail") // already paused: nothing done, nothing recorded
+	must(t, d.env, "resume", "--queue", "mail")
+	if n := d.count(t, `SELECT count(*) FROM crdbwork_audit WHERE source = 'cli' AND queue = 'mail' AND action IN ('pause', 'resume') AND actor <> ''`); n != 2 {
+		t.Errorf("%d audit rows of the command line's pause and resume, want 2", n)
+	}
+
 	// Read-only: actions are refused.
 	ro := startDashboard(t, d.env, "--read-only")
 	if c := httpStatus(t, "GET", ro, "", ""); c != http.StatusOK {
