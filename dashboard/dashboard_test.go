@@ -517,3 +517,58 @@ func TestItemSearchFiltersPagesAndShowsAnItem(t *testing.T) {
 		t.Errorf("the item page does not show the payload and attempts:\n%s", item)
 	}
 }
+
+func TestAThousandQueuesArePaged(t *testing.T) {
+	pool, srv := setup(t, dashboard.Options{})
+	if _, err := pool.Exec(context.Background(), `INSERT INTO crdbwork_queues (name, num_parts, paused)
+		SELECT 'queue-' || lpad(g::TEXT, 4, '0'), 1 + g % 4, g % 7 = 0 FROM generate_series(1, 1000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, "queue-0999", 3, nil)
+	b := newBrowser(t, srv.URL)
+	first := b.get("/")
+	if n := strings.Count(first, `<tr data-queue=`); n != 50 || !strings.Contains(first, "page 1 of 20") || !strings.Contains(first, `id="total-queues">1000<`) {
+		t.Fatalf("the first page lists %d queues (want 50 of 1000, page 1 of 20)", n)
+	}
+	// Sorted by backlog, the queue with items comes first; the pages'
+	// links keep the sort.
+	byBacklog := b.get("/?sort=backlog")
+	if i := strings.Index(byBacklog, `<tr data-queue="queue-0999">`); i < 0 || i > strings.Index(byBacklog, `<tr data-queue="queue-0001">`) && strings.Contains(byBacklog, `<tr data-queue="queue-0001">`) {
+		t.Error("sorted by backlog, queue-0999 does not come first")
+	}
+	if !strings.Contains(byBacklog, `href="?page=2&amp;sort=backlog"`) {
+		t.Error("the next page's link drops the sort")
+	}
+	last := b.get("/?page=20")
+	if !strings.Contains(last, `<tr data-queue="queue-1000">`) || cell(last, "queue-0994", "state") != "paused" {
+		t.Error("the last page does not show queue-1000, or queue-0994's pause")
+	}
+}
+
+func TestOtherTables(t *testing.T) {
+	tables := crsql.Tables{Schema: "work", Prefix: "jobs_"}
+	pool, srv := setup(t, dashboard.Options{Tables: tables})
+	q, err := claim.New(pool, claim.Options{Queue: "mail", Tables: tables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(context.Background(), claim.NewItem{Payload: []byte("x")}, claim.NewItem{Payload: []byte("y")}); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, srv.URL)
+	if got := cell(b.get("/"), "mail", "unclaimed"); got != "2" {
+		t.Fatalf("unclaimed shows %q, want 2", got)
+	}
+	for _, p := range []string{"/sessions", "/items?queue=mail", "/tenants?queue=mail", "/audit", "/queue?name=mail"} {
+		b.get(p)
+	}
+	if code, text, _ := act(t, b, url.Values{"act": {"pause"}, "queue": {"mail"}}); code != http.StatusSeeOther {
+		t.Fatalf("pause: %d %s", code, text)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM work.jobs_audit WHERE action = 'pause'`); n != 1 {
+		t.Fatalf("%d audit rows in work.jobs_audit, want 1", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM work.jobs_queues WHERE paused`); n != 1 {
+		t.Fatal("the queue is not paused in work.jobs_queues")
+	}
+}

@@ -33,18 +33,24 @@ func pageNum(r *http.Request) int {
 // pager is a page of a list that is held in memory.
 type pager struct {
 	Page, Pages, Total int
-	Prev, Next         int // 0: none
+	Prev, Next         int    // 0: none
+	PrevURL, NextURL   string // the query strings of those pages, the request's other parameters kept
 }
 
-func paginate(total, page, size int) (pager, int, int) {
+func paginate(r *http.Request, total, size int) (pager, int, int) {
 	pages := max(1, (total+size-1)/size)
-	page = min(page, pages)
+	page := min(pageNum(r), pages)
 	p := pager{Page: page, Pages: pages, Total: total}
+	link := func(n int) string {
+		q := r.URL.Query()
+		q.Set("page", strconv.Itoa(n))
+		return "?" + q.Encode()
+	}
 	if page > 1 {
-		p.Prev = page - 1
+		p.Prev, p.PrevURL = page-1, link(page-1)
 	}
 	if page < pages {
-		p.Next = page + 1
+		p.Next, p.NextURL = page+1, link(page+1)
 	}
 	from := (page - 1) * size
 	return p, from, min(total, from+size)
@@ -93,7 +99,7 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 		sort.SliceStable(qs, func(i, j int) bool { return key(qs[i]) > key(qs[j]) })
 	}
 	var from, to int
-	d.Pager, from, to = paginate(len(qs), pageNum(r), h.opts.PageSize)
+	d.Pager, from, to = paginate(r, len(qs), h.opts.PageSize)
 	d.Queues = qs[from:to]
 	for _, s := range snap.Sessions {
 		d.Sessions++
@@ -254,7 +260,7 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 		}
 	}
 	var from, to int
-	d.Pager, from, to = paginate(len(names), pageNum(r), 20)
+	d.Pager, from, to = paginate(r, len(names), 20)
 	d.Rebalances = h.sampler.rebalances()
 	recent := map[partKey]bool{}
 	for _, e := range d.Rebalances {

@@ -429,8 +429,9 @@ func TestActionsFromThePage(t *testing.T) {
 	}
 	shot(t, ctx, "audit")
 
-	// The tenants page and the phone-sized overview, for the screenshots.
-	if os.Getenv("CRDBWORK_SCREENSHOTS") != "" {
+	// A fair queue's tenants, and the pages at a phone's width: nothing
+	// wider than the screen.
+	{
 		fq, _ := claim.New(pool, claim.Options{Queue: "reports"})
 		if err := fq.Configure(context.Background(), claim.Settings{Fair: true, TenantMaxInFlight: 2}); err != nil {
 			t.Fatal(err)
@@ -443,12 +444,26 @@ func TestActionsFromThePage(t *testing.T) {
 			t.Fatal(err)
 		}
 		run(t, ctx, "opening the tenants", chromedp.Navigate(base+"/tenants?queue=reports"), chromedp.WaitVisible(`table.tenants`))
+		eventuallyText(t, ctx, `tr[data-tenant="tenant-0"] td[data-k="unclaimed"]`, strconv.Itoa(
+			count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'reports' AND tenant = 'tenant-0'`)))
 		shot(t, ctx, "tenants")
 		phone := newBrowser(t, 390, 844)
-		run(t, phone, "opening the overview on a phone", chromedp.Navigate(base+"/"), chromedp.WaitVisible(`tr[data-queue="mail"]`))
-		shot(t, phone, "overview-phone")
-		run(t, phone, "opening the items on a phone", chromedp.Navigate(base+"/items?queue=reports"), chromedp.WaitVisible(`table.items`))
-		shot(t, phone, "items-phone")
+		for _, p := range []struct{ name, path, sel string }{
+			{"overview-phone", "/", `tr[data-queue="mail"]`},
+			{"items-phone", "/items?queue=reports", `table.items`},
+			{"queue-phone", "/queue?name=reports", `#q-unclaimed`},
+			{"sessions-phone", "/sessions", `table.sessions`},
+		} {
+			run(t, phone, "opening "+p.path+" on a phone", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateTouch),
+				chromedp.Navigate(base+p.path), chromedp.WaitVisible(p.sel))
+			if w := eval[int](t, phone, `window.innerWidth`); w != 390 {
+				t.Fatalf("the phone's viewport is %dpx wide, want 390", w)
+			}
+			if over := eval[int](t, phone, `document.documentElement.scrollWidth - window.innerWidth`); over > 0 {
+				t.Errorf("%s on a phone: %dpx wider than the screen", p.path, over)
+			}
+			shot(t, phone, p.name)
+		}
 	}
 }
 
