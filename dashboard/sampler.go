@@ -94,7 +94,12 @@ func (s *sampler) current(ctx context.Context) *snapshot {
 	s.mu.Lock()
 	s.seen = time.Now()
 	if !s.running {
+		// (Re)started: the first page waits for a fresh round rather than
+		// showing the reading of before the pause.
 		s.running = true
+		if s.readyOK {
+			s.ready, s.readyOK = make(chan struct{}), false
+		}
 		go s.run()
 	}
 	ready := s.ready
@@ -122,13 +127,17 @@ func (s *sampler) refresh() {
 	}
 }
 
-// run samples every Refresh until nobody has watched for idleAfter.
+// run samples every Refresh until nobody has watched for idleAfter. A
+// round that takes long (many queues, a slow database) spaces the rounds
+// out: the next one starts at least three times its duration after its
+// end, so that the sampler keeps a connection busy a quarter of the time
+// at most.
 func (s *sampler) run() {
-	t := time.NewTicker(s.h.opts.Refresh)
-	defer t.Stop()
 	for {
+		start := time.Now()
 		s.round()
-		<-t.C
+		took := time.Since(start)
+		time.Sleep(max(s.h.opts.Refresh-took, 3*took))
 		s.mu.Lock()
 		if time.Since(s.seen) > idleAfter {
 			s.running = false
