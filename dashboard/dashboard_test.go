@@ -572,3 +572,67 @@ func TestOtherTables(t *testing.T) {
 		t.Fatal("the queue is not paused in work.jobs_queues")
 	}
 }
+
+func TestSessionsPartsAndTenants(t *testing.T) {
+	pool, srv := setup(t, dashboard.Options{})
+	ctx := context.Background()
+	live, stale := uuid.New(), uuid.New()
+	for _, s := range []string{
+		`INSERT INTO crdbwork_sessions (id, expiry, host, pid, name) VALUES ('` + live.String() + `', INTERVAL '1 hour', 'host-a', 41, 'fresh')`,
+		// Two heartbeats missed (expiry 1 h: heartbeats at most every 20
+		// min), not yet expired.
+		`INSERT INTO crdbwork_sessions (id, expiry, host, pid, name, heartbeat_at) VALUES ('` + stale.String() + `', INTERVAL '1 hour', 'host-b', 42, 'quiet', now() - INTERVAL '50 minutes')`,
+		`INSERT INTO crdbwork_queues (name, num_parts) VALUES ('mail', 4)`,
+		`INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ('` + live.String() + `', 'mail', 0), ('` + stale.String() + `', 'mail', 1)`,
+	} {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(t, pool, "mail", 6, func(i int, it *claim.NewItem) {
+		it.Key = fmt.Sprintf("key-%d", i)
+		if i < 4 {
+			it.Tenant = "acme"
+		} else {
+			it.Tenant = "zeta"
+		}
+	})
+	page := newBrowser(t, srv.URL).get("/sessions")
+	staleRow := regexp.MustCompile(`(?s)<tr data-session="` + stale.String() + `" class="stale">.*?</tr>`).FindString(page)
+	if !strings.Contains(staleRow, "host-b") || !strings.Contains(staleRow, ">42<") || !strings.Contains(staleRow, "stale</b>") {
+		t.Errorf("the quiet session is not marked stale with its host and pid:\n%s", staleRow)
+	}
+	if strings.Contains(page, `<tr data-session="`+live.String()+`" class="stale">`) {
+		t.Error("the fresh session is marked stale")
+	}
+	if !strings.Contains(page, `data-k="unowned">2 owned by nobody`) {
+		t.Error("the part map does not say that 2 parts are owned by nobody")
+	}
+	var backlog int
+	for p := range 4 {
+		m := regexp.MustCompile(`(?s)<div class="part[^"]*" data-part="` + fmt.Sprint(p) + `" data-owner="[^"]*"[^>]*><b>\d+</b><span class="mono">[^<]*</span><span>(\d+)</span>`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatalf("no cell of part %d", p)
+		}
+		var n int
+		fmt.Sscan(m[1], &n)
+		backlog += n
+	}
+	if backlog != 6 {
+		t.Errorf("the part map's backlogs add up to %d, want 6", backlog)
+	}
+
+	// Tenants of a fair queue: most unclaimed first, with their wait.
+	q, _ := claim.New(pool, claim.Options{Queue: "mail"})
+	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+		t.Fatal(err)
+	}
+	tp := newBrowser(t, srv.URL).get("/tenants?queue=mail")
+	acme, zeta := strings.Index(tp, `<tr data-tenant="acme">`), strings.Index(tp, `<tr data-tenant="zeta">`)
+	if acme < 0 || zeta < acme {
+		t.Fatalf("the tenants page does not list acme before zeta:\n%s", tp)
+	}
+	if !strings.Contains(tp, `data-k="unclaimed" data-label="unclaimed">4<`) || !strings.Contains(tp, `data-k="unclaimed" data-label="unclaimed">2<`) {
+		t.Error("the tenants page does not show 4 and 2 unclaimed items")
+	}
+}
