@@ -240,13 +240,19 @@ func (f *fleet) start(name string) {
 }
 
 func (f *fleet) enqueue(payloads ...string) {
+	if err := f.tryEnqueue(payloads...); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// tryEnqueue is enqueue for other goroutines than the test's.
+func (f *fleet) tryEnqueue(payloads ...string) error {
 	items := make([]claim.NewItem, len(payloads))
 	for i, p := range payloads {
 		items[i] = claim.NewItem{Payload: []byte(p), Key: "k" + strconv.Itoa(i)}
 	}
-	if _, err := f.q.Enqueue(context.Background(), items...); err != nil {
-		f.t.Fatal(err)
-	}
+	_, err := f.q.Enqueue(context.Background(), items...)
+	return err
 }
 
 func repeat(s string, n int) []string {
@@ -314,12 +320,29 @@ func TestPagesFollowTheWorkers(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {
 		t.Fatalf("%d items left", n)
 	}
-	// More work: the ended-per-second figure shows it.
-	f.enqueue(repeat("ok", 30)...)
+	// A steady stream of work: the ended-per-second figure shows it.
+	stop := make(chan struct{})
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+				if err := f.tryEnqueue(repeat("ok", 5)...); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
 	eventually(t, "the throughput shows", func() (bool, string) {
 		got := text(t, ctx, `tr[data-queue="mail"] td[data-k="rate"]`)
 		return got != "—" && got != "0.0/s" && got != "", got
 	})
+	close(stop)
+	<-fed
 	if !eval[bool](t, ctx, `window.notReloaded === true`) {
 		t.Fatal("the page was reloaded: the figures must change in place")
 	}
