@@ -494,14 +494,13 @@ func decode(s string, v any) error {
 
 // itemData is one item's page: the live item, its deaths, or both.
 type itemData struct {
-	ID          uuid.UUID
-	Live        *crsql.ItemDetail
-	Payload     preview
-	Metadata    preview
-	Deaths      []deathView
-	Now         time.Time
-	Found       bool
-	HolderAlive bool
+	ID       uuid.UUID
+	Live     *crsql.ItemDetail
+	Payload  preview
+	Metadata preview
+	Deaths   []deathView
+	Now      time.Time
+	Found    bool
 }
 
 type deathView struct {
