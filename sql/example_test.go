@@ -54,6 +54,7 @@ func ExampleApply() {
 	// before Apply, missing: true
 	// after Apply: <nil>
 	// items table: "work"."jobs_items"
+	// jobs_audit
 	// jobs_dead_items
 	// jobs_ended
 	// jobs_items

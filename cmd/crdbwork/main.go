@@ -48,6 +48,7 @@ var commands = []command{
 	{"fair", "show or set whether a queue serves its tenants in turn (on, off)", cmdFair},
 	{"retention", "show or set how long and how many dead items a queue keeps (--dead-max-age, --dead-max-count)", cmdRetention},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
+	{"dashboard", "serve the live web dashboard (--addr, default 127.0.0.1 only; --read-only; basic auth)", cmdDashboard},
 	{"version", "print the version", cmdVersion},
 }
 

@@ -225,6 +225,7 @@ item is not a dead item of the queue, or is live.`)
 			}
 			return cli.Failf(1, "item %s is not a dead item of queue %q (see `crdbwork dead --queue %s`)", id, g.queue, g.queue)
 		}
+		recordAudit(ctx, pool, &g, out, "requeue", fmt.Sprintf("requeued item %s", id))
 		return report(out, &g, map[string]any{"queue": g.queue, "requeued": 1, "ids": []string{id.String()}},
 			fmt.Sprintf("requeued item %s into queue %q\n", id, g.queue))
 	}
@@ -256,6 +257,7 @@ item is not a dead item of the queue, or is live.`)
 	if err != nil {
 		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
 	}
+	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already)", res.Requeued, res.Live))
 	msg := fmt.Sprintf("requeued %d dead items into queue %q\n", res.Requeued, g.queue)
 	if res.Live > 0 {
 		msg += fmt.Sprintf("%d dead ids not requeued: an item with the id is live (their dead items stay)\n", res.Live)
@@ -327,6 +329,9 @@ no item with one of the ids (the others are cancelled).`)
 			missing = append(missing, id.String())
 		}
 	}
+	if len(done) > 0 {
+		recordAudit(ctx, pool, &g, out, "cancel", fmt.Sprintf("cancelled %d items: %s", len(done), strings.Join(done, ", ")))
+	}
 	if g.json {
 		if err := cli.PrintJSON(out, map[string]any{"queue": g.queue, "cancelled": append([]string{}, done...), "missing": append([]string{}, missing...)}); err != nil {
 			return err
@@ -389,6 +394,7 @@ move to part % N, and the workers' rebalancers follow at their next poll).`)
 		if err := partition.SetParts(ctx, pool, t, g.queue, set); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
+		recordAudit(ctx, pool, &g, out, "parts", fmt.Sprintf("set the parts to %d (were %d)", set, before))
 	}
 	s, err := readStatus(ctx, pool, t, g.queue)
 	if err != nil {
@@ -456,6 +462,10 @@ next poll. Idempotent.`
 	}
 	if err != nil {
 		return cli.Failf(1, "%v", err)
+	}
+	if was != pause {
+		verb := map[bool]string{true: "pause", false: "resume"}[pause]
+		recordAudit(ctx, pool, &g, out, verb, verb+"d the queue")
 	}
 	if g.json {
 		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "paused": pause, "was_paused": was})

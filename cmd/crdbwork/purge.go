@@ -96,6 +96,7 @@ the queue's workers first: running ones set the queue up again.`)
 	if err != nil {
 		return cli.Failf(1, "%v (deleted so far: %s)", err, describePurge(done))
 	}
+	recordAudit(ctx, pool, &g, out, "purge", "deleted "+describePurge(done))
 	return report(out, &g, map[string]any{"queue": g.queue, "deleted": toPurgeJSON(done)},
 		fmt.Sprintf("purged queue %q: deleted %s\n", g.queue, describePurge(done)))
 }

@@ -40,6 +40,19 @@ ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS dead_max_count BIGINT NOT N
 
 -- == audit ==
 
+-- Operators' actions (the dashboard's, and destructive crdbwork commands'):
+-- who did what to which queue, and when. Read newest first, a page at a time.
+CREATE TABLE IF NOT EXISTS crdbwork_audit (
+    id      UUID        NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+    at      TIMESTAMPTZ NOT NULL DEFAULT now(),
+    actor   TEXT        NOT NULL,
+    source  TEXT        NOT NULL,
+    action  TEXT        NOT NULL,
+    queue   TEXT        NOT NULL DEFAULT '',
+    detail  TEXT        NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS crdbwork_audit_by_time ON crdbwork_audit (at, id);
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),

@@ -1,0 +1,203 @@
+// Package dashboard serves a live web dashboard of crdbwork queues: every
+// queue's backlog, due, claimed and dead items, oldest age, throughput over
+// time, pause and limits; the live sessions and each queue's part map, with
+// the rebalances as they happen; items and dead items, searched and paged;
+// the tenants of fair queues; and the operator's actions (requeue, cancel,
+// delete dead items, pause and resume, limits and parts), each confirmed
+// in the page and recorded in an audit list.
+//
+// New returns an http.Handler to mount in a service of one's own (see the
+// example); the crdbwork command serves it with `crdbwork dashboard`.
+// Everything it serves is embedded: it loads nothing from the internet.
+// Pages refresh themselves by polling their own address for their live
+// part, a few hundred bytes to a few kilobytes, every Options.Refresh.
+//
+// Reads. The queue figures of the overview come from one sampler per
+// handler, shared by every viewer, that runs only while someone watches:
+// each round lists the queues (claim.Queues: a few index seeks per queue)
+// and reads each queue's figures with one statement of bounded reads
+// (sql.Store.QueueSummary): counts stop at Options.CountCap and show as
+// "≥ cap". The other pages read what they show on request, each read
+// index-backed and bounded by its page size or scan window, except a
+// queue's own page, which calls claim.Queue.Inspect (its cost grows with
+// that one queue's backlog; see Inspect).
+//
+// Safety. Actions are POST requests only, refused in read-only mode (403),
+// and each needs a CSRF token tied to the browser's dashboard cookie and
+// the user, and a same-origin request by the browser's Sec-Fetch-Site and
+// Origin headers (net/http's CrossOriginProtection). Options.Auth decides
+// who may see the dashboard at all: without it, everyone who reaches the
+// handler may, as "anonymous" — mount it behind your own authentication,
+// or give the hook.
+package dashboard
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/crdbwork/crdbwork/claim"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Options configure a dashboard. The zero value serves the default tables
+// at the root of the handler, with actions on, to everyone.
+type Options struct {
+	// Tables names the crdbwork tables.
+	Tables crsql.Tables
+	// ReadOnly refuses every action (403) and shows no action forms.
+	ReadOnly bool
+	// Auth, if not nil, is asked for every request: it returns the user's
+	// name (recorded in the audit list) and whether the request may be
+	// served; a refused request gets 401. Nil lets every request in as
+	// "anonymous".
+	Auth func(*http.Request) (user string, ok bool)
+	// BasePath is the path the handler is mounted at, such as
+	// "/crdbwork" (no trailing slash); "" for the root. Mount the handler
+	// with the prefix stripped: mux.Handle("/crdbwork/",
+	// http.StripPrefix("/crdbwork", h)).
+	BasePath string
+	// Refresh is how often pages update themselves and the sampler reads
+	// the queues' figures. Default 2 s.
+	Refresh time.Duration
+	// CountCap is where the overview's counts stop (shown as "≥ cap").
+	// Default 10,000.
+	CountCap int
+	// PageSize is how many rows a page lists. Default 50.
+	PageSize int
+	// ScanWindow is how many index entries one page of a filtered item
+	// search reads at most: a page may then hold fewer matches than
+	// PageSize, with a link to search on. Default 2,000.
+	ScanWindow int
+	// CSRFKey signs the CSRF tokens. Give the same key to every replica
+	// behind one address; default: random per New, so tokens end with the
+	// process (pages reload to get a new one).
+	CSRFKey []byte
+}
+
+// Defaults of Options.
+const (
+	DefaultRefresh    = 2 * time.Second
+	DefaultCountCap   = 10000
+	DefaultPageSize   = 50
+	DefaultScanWindow = 2000
+)
+
+// handler serves the dashboard.
+type handler struct {
+	db      claim.DB
+	opts    Options
+	store   *crsql.Store
+	pages   map[string]*pageTemplate
+	mux     *http.ServeMux
+	cop     *http.CrossOriginProtection
+	sampler *sampler
+
+	queuesMu sync.Mutex
+	queues   map[string]*claim.Queue
+}
+
+// New returns the dashboard of the queues in db's tables, as an
+// http.Handler. It does no I/O: the schema is checked by the first page.
+func New(db claim.DB, opts Options) (http.Handler, error) {
+	if db == nil {
+		return nil, errors.New("dashboard: nil database")
+	}
+	if err := opts.Tables.Validate(); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if opts.BasePath != "" && (!strings.HasPrefix(opts.BasePath, "/") || strings.HasSuffix(opts.BasePath, "/")) {
+		return nil, fmt.Errorf("dashboard: base path %q must start with / and not end with one", opts.BasePath)
+	}
+	if opts.Refresh == 0 {
+		opts.Refresh = DefaultRefresh
+	}
+	if opts.CountCap == 0 {
+		opts.CountCap = DefaultCountCap
+	}
+	if opts.PageSize == 0 {
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.ScanWindow == 0 {
+		opts.ScanWindow = DefaultScanWindow
+	}
+	switch {
+	case opts.Refresh < 100*time.Millisecond:
+		return nil, fmt.Errorf("dashboard: refresh %v is below 100ms", opts.Refresh)
+	case opts.CountCap < 1 || opts.PageSize < 1 || opts.PageSize > 1000 || opts.ScanWindow < opts.PageSize:
+		return nil, fmt.Errorf("dashboard: count cap %d, page size %d (1 to 1000) and scan window %d (at least the page size) must be positive",
+			opts.CountCap, opts.PageSize, opts.ScanWindow)
+	}
+	if len(opts.CSRFKey) == 0 {
+		opts.CSRFKey = make([]byte, 32)
+		if _, err := rand.Read(opts.CSRFKey); err != nil {
+			return nil, fmt.Errorf("dashboard: making a CSRF key: %w", err)
+		}
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	h := &handler{db: db, opts: opts, store: crsql.NewStore(opts.Tables), pages: pages,
+		cop: http.NewCrossOriginProtection(), queues: map[string]*claim.Queue{}}
+	h.sampler = newSampler(h)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", h.page("overview", h.overview))
+	mux.HandleFunc("GET /queue", h.page("queue", h.queuePage))
+	mux.HandleFunc("GET /sessions", h.page("sessions", h.sessionsPage))
+	mux.HandleFunc("GET /items", h.page("items", h.itemsPage))
+	mux.HandleFunc("GET /item", h.page("item", h.itemPage))
+	mux.HandleFunc("GET /tenants", h.page("tenants", h.tenantsPage))
+	mux.HandleFunc("GET /audit", h.page("audit", h.auditPage))
+	mux.HandleFunc("GET /static/", h.static)
+	mux.HandleFunc("POST /action", h.action)
+	h.mux = mux
+	return h, nil
+}
+
+// ServeHTTP authenticates the request, sets the security headers and
+// routes it.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("Cache-Control", "no-store")
+	user := "anonymous"
+	if h.opts.Auth != nil {
+		u, ok := h.opts.Auth(r)
+		if !ok {
+			http.Error(w, "not authorized", http.StatusUnauthorized)
+			return
+		}
+		user = u
+	}
+	r = r.WithContext(withUser(r.Context(), user))
+	h.mux.ServeHTTP(w, r)
+}
+
+// queue returns the claim.Queue of name, made once per handler.
+func (h *handler) queue(name string) (*claim.Queue, error) {
+	h.queuesMu.Lock()
+	defer h.queuesMu.Unlock()
+	if q := h.queues[name]; q != nil {
+		return q, nil
+	}
+	q, err := claim.New(h.db, claim.Options{Queue: name, Tables: h.opts.Tables})
+	if err != nil {
+		return nil, err
+	}
+	if len(h.queues) > 10000 {
+		clear(h.queues)
+	}
+	h.queues[name] = q
+	return q, nil
+}
+
+// path returns the handler's path p (which starts with /) under BasePath.
+func (h *handler) path(p string) string { return h.opts.BasePath + p }

@@ -1,0 +1,692 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// pageNum reads the page number of a request (1 on).
+func pageNum(r *http.Request) int {
+	p, err := strconv.Atoi(r.URL.Query().Get("page"))
+	if err != nil || p < 1 {
+		return 1
+	}
+	return p
+}
+
+// pager is a page of a list that is held in memory.
+type pager struct {
+	Page, Pages, Total int
+	Prev, Next         int    // 0: none
+	PrevURL, NextURL   string // the query strings of those pages, the request's other parameters kept
+}
+
+func paginate(r *http.Request, total, size int) (pager, int, int) {
+	pages := max(1, (total+size-1)/size)
+	page := min(pageNum(r), pages)
+	p := pager{Page: page, Pages: pages, Total: total}
+	link := func(n int) string {
+		q := r.URL.Query()
+		q.Set("page", strconv.Itoa(n))
+		return "?" + q.Encode()
+	}
+	if page > 1 {
+		p.Prev, p.PrevURL = page-1, link(page-1)
+	}
+	if page < pages {
+		p.Next, p.NextURL = page+1, link(page+1)
+	}
+	from := (page - 1) * size
+	return p, from, min(total, from+size)
+}
+
+// overviewData is the overview page.
+type overviewData struct {
+	At       time.Time
+	Err      string
+	Queues   []queueFigures
+	Pager    pager
+	Filter   string
+	Sort     string
+	Sessions int
+	Stale    int
+	Fleet    []float64
+	FleetNow float64
+	Totals   struct{ Unclaimed, Due, Claimed, Dead int64 }
+}
+
+func (h *handler) overview(r *http.Request) (string, any, error) {
+	snap := h.sampler.current(r.Context())
+	d := &overviewData{At: snap.At, Err: snap.Err, Filter: r.URL.Query().Get("q"), Sort: r.URL.Query().Get("sort"), FleetNow: -1}
+	var qs []queueFigures
+	for _, q := range snap.Queues {
+		if d.Filter == "" || strings.Contains(q.Name, d.Filter) {
+			qs = append(qs, q)
+		}
+		d.Totals.Unclaimed += q.Unclaimed
+		d.Totals.Due += q.Due
+		d.Totals.Claimed += q.Claimed
+		d.Totals.Dead += q.Dead
+	}
+	key := map[string]func(q queueFigures) float64{
+		"backlog": func(q queueFigures) float64 { return float64(q.Unclaimed + q.Claimed) },
+		"dead":    func(q queueFigures) float64 { return float64(q.Dead) },
+		"rate":    func(q queueFigures) float64 { return q.EndRate },
+		"oldest": func(q queueFigures) float64 {
+			if q.OldestDue == nil {
+				return 0
+			}
+			return q.Now.Sub(*q.OldestDue).Seconds()
+		},
+	}[d.Sort]
+	if key != nil {
+		sort.SliceStable(qs, func(i, j int) bool { return key(qs[i]) > key(qs[j]) })
+	}
+	var from, to int
+	d.Pager, from, to = paginate(r, len(qs), h.opts.PageSize)
+	d.Queues = qs[from:to]
+	for _, s := range snap.Sessions {
+		d.Sessions++
+		if stale(s) {
+			d.Stale++
+		}
+	}
+	for _, p := range h.sampler.fleetRates() {
+		d.Fleet = append(d.Fleet, p.Rate)
+		d.FleetNow = p.Rate
+	}
+	return "Queues", d, nil
+}
+
+// stale reports a session that has missed two heartbeats (as crdbwork
+// status marks it): probably dead, not yet expired.
+func stale(in session.Info) bool {
+	return in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor
+}
+
+// queueData is one queue's page.
+type queueData struct {
+	Name     string
+	Info     claim.QueueInfo
+	Figures  *queueFigures
+	Holders  []holder
+	Limits   []tenantLimit
+	Dead     []crsql.DeadPageRow
+	Settings claim.Settings
+}
+
+type holder struct {
+	Session uuid.UUID
+	Claimed int64
+}
+
+type tenantLimit struct {
+	Tenant string
+	Limit  claim.Limit
+}
+
+func (h *handler) queueName(r *http.Request, param string) (string, error) {
+	name := r.URL.Query().Get(param)
+	if name == "" {
+		return "", badRequest("no queue given (?%s=NAME)", param)
+	}
+	if len(name) > 1000 {
+		return "", badRequest("queue name too long")
+	}
+	return name, nil
+}
+
+func (h *handler) queuePage(r *http.Request) (string, any, error) {
+	name, err := h.queueName(r, "name")
+	if err != nil {
+		return "", nil, err
+	}
+	q, err := h.queue(name)
+	if err != nil {
+		return "", nil, badRequest("%v", err)
+	}
+	snap := h.sampler.current(r.Context())
+	d := &queueData{Name: name}
+	for i := range snap.Queues {
+		if snap.Queues[i].Name == name {
+			d.Figures = &snap.Queues[i]
+		}
+	}
+	if d.Info, err = q.Inspect(r.Context()); err != nil {
+		return "", nil, err
+	}
+	d.Settings = d.Info.Settings
+	for s, n := range d.Info.Holders {
+		d.Holders = append(d.Holders, holder{s, n})
+	}
+	sort.Slice(d.Holders, func(i, j int) bool { return d.Holders[i].Claimed > d.Holders[j].Claimed })
+	for t, l := range d.Info.TenantLimits {
+		d.Limits = append(d.Limits, tenantLimit{t, l})
+	}
+	sort.Slice(d.Limits, func(i, j int) bool { return d.Limits[i].Tenant < d.Limits[j].Tenant })
+	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
+		var err error
+		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	return "Queue " + name, d, nil
+}
+
+// sessionsData is the sessions page.
+type sessionsData struct {
+	At         time.Time
+	Err        string
+	Sessions   []sessionRow
+	Maps       []partMap
+	Pager      pager
+	Rebalances []rebalance
+	Now        time.Time
+}
+
+type sessionRow struct {
+	session.Info
+	Stale  bool
+	Parts  int
+	Queues string
+}
+
+// partMap is a queue's parts, with their owners and backlogs.
+type partMap struct {
+	Queue    string
+	NumParts int
+	Parts    []partCell
+	Unowned  int
+	Members  int
+}
+
+type partCell struct {
+	Part    int
+	Owner   uuid.UUID
+	Backlog int64
+	Moved   bool // its owner changed within the last few refreshes
+}
+
+func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
+	snap := h.sampler.current(r.Context())
+	d := &sessionsData{At: snap.At, Err: snap.Err, Now: time.Now()}
+	byOwner := map[uuid.UUID]int{}
+	queuesOf := map[uuid.UUID]map[string]bool{}
+	owners := map[string]map[int]uuid.UUID{}
+	for _, o := range snap.Owners {
+		byOwner[o.Session]++
+		if queuesOf[o.Session] == nil {
+			queuesOf[o.Session] = map[string]bool{}
+		}
+		queuesOf[o.Session][o.Queue] = true
+		if owners[o.Queue] == nil {
+			owners[o.Queue] = map[int]uuid.UUID{}
+		}
+		owners[o.Queue][o.Part] = o.Session
+	}
+	for _, in := range snap.Sessions {
+		var qs []string
+		for q := range queuesOf[in.ID] {
+			qs = append(qs, q)
+		}
+		sort.Strings(qs)
+		d.Sessions = append(d.Sessions, sessionRow{Info: in, Stale: stale(in), Parts: byOwner[in.ID], Queues: strings.Join(qs, ", ")})
+	}
+	// The part maps of the queues that have parts (stored) or owners.
+	var names []string
+	parts := map[string]int{}
+	for _, q := range snap.Queues {
+		if q.Stored || owners[q.Name] != nil {
+			names = append(names, q.Name)
+			parts[q.Name] = q.NumParts
+		}
+	}
+	var from, to int
+	d.Pager, from, to = paginate(r, len(names), 20)
+	d.Rebalances = h.sampler.rebalances()
+	recent := map[partKey]bool{}
+	for _, e := range d.Rebalances {
+		if time.Since(e.At) < 5*h.opts.Refresh {
+			recent[partKey{e.Queue, e.Part}] = true
+		}
+	}
+	if len(d.Rebalances) > 50 {
+		d.Rebalances = d.Rebalances[:50]
+	}
+	for _, n := range names[from:to] {
+		m := partMap{Queue: n, NumParts: parts[n]}
+		var backlog []int64
+		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
+			var err error
+			backlog, err = h.store.PartBacklog(ctx, h.db, n, m.NumParts, h.opts.CountCap)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return "", nil, err
+		}
+		members := map[uuid.UUID]bool{}
+		for p := 0; p < m.NumParts; p++ {
+			c := partCell{Part: p, Owner: owners[n][p], Backlog: backlog[p], Moved: recent[partKey{n, p}]}
+			if c.Owner == uuid.Nil {
+				m.Unowned++
+			} else {
+				members[c.Owner] = true
+			}
+			m.Parts = append(m.Parts, c)
+		}
+		m.Members = len(members)
+		d.Maps = append(d.Maps, m)
+	}
+	return "Sessions and parts", d, nil
+}
+
+// itemsQuery is an item search.
+type itemsQuery struct {
+	Queue, State, Tenant, Key, Error, Reason, After string
+}
+
+// States of the item search.
+var itemStates = []string{"unclaimed", "due", "scheduled", "claimed", "dead"}
+
+type itemsData struct {
+	Q       itemsQuery
+	Queues  []string
+	States  []string
+	Items   []crsql.ItemRow
+	Dead    []crsql.DeadPageRow
+	Scanned int
+	Next    string
+	Now     time.Time
+	Cap     int
+	Window  int
+	Filters bool
+}
+
+func (h *handler) itemsPage(r *http.Request) (string, any, error) {
+	v := r.URL.Query()
+	q := itemsQuery{Queue: v.Get("queue"), State: v.Get("state"), Tenant: v.Get("tenant"), Key: v.Get("key"),
+		Error: v.Get("error"), Reason: v.Get("reason"), After: v.Get("after")}
+	if q.State == "" {
+		q.State = "unclaimed"
+	}
+	d := &itemsData{Q: q, States: itemStates, Now: time.Now(), Window: h.opts.ScanWindow}
+	snap := h.sampler.current(r.Context())
+	for _, f := range snap.Queues {
+		d.Queues = append(d.Queues, f.Name)
+	}
+	if q.Queue == "" {
+		return "Items", d, nil
+	}
+	d.Filters = q.Key != "" || q.Error != "" || q.Reason != "" || q.State == "due" || q.State == "scheduled" ||
+		(q.Tenant != "" && q.State == "claimed")
+	if q.State == "dead" {
+		d.Filters = d.Filters || q.Tenant != ""
+		return "Dead items of " + q.Queue, d, h.searchDead(r, d)
+	}
+	if !contains(itemStates, q.State) {
+		return "", nil, badRequest("unknown state %q", q.State)
+	}
+	return "Items of " + q.Queue, d, h.searchItems(r, d)
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// searchItems reads pages of the queue's items from the cursor, keeping
+// the matches, until a page is full or the scan window is read.
+func (h *handler) searchItems(r *http.Request, d *itemsData) error {
+	q := d.Q
+	var after *crsql.ItemPosition
+	if q.After != "" {
+		var p crsql.ItemPosition
+		if err := decode(q.After, &p); err != nil {
+			return badRequest("bad cursor")
+		}
+		after = &p
+	}
+	claimed := q.State == "claimed"
+	tenant := q.Tenant
+	if claimed {
+		tenant = "" // filtered below: no index of claimed items by tenant
+	}
+	size := h.opts.PageSize
+	for d.Scanned < h.opts.ScanWindow {
+		want := size + 1
+		if d.Filters {
+			want = min(h.opts.ScanWindow-d.Scanned, 500)
+		}
+		var rows []crsql.ItemRow
+		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
+			var err error
+			rows, err = h.store.ItemsPage(ctx, h.db, q.Queue, tenant, claimed, after, want)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return err
+		}
+		for _, it := range rows {
+			if len(d.Items) == size {
+				d.Next = encode(position(d.Items[size-1]))
+				return nil
+			}
+			d.Scanned++
+			pos := position(it)
+			after = &pos
+			if matchItem(q, it, d.Now) {
+				d.Items = append(d.Items, it)
+			}
+		}
+		if len(rows) < want {
+			return nil // the end
+		}
+	}
+	if after != nil {
+		d.Next = encode(*after)
+	}
+	return nil
+}
+
+func position(it crsql.ItemRow) crsql.ItemPosition {
+	p := crsql.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
+	if it.LeaseUntil != nil {
+		p.LeaseUntil = *it.LeaseUntil
+	}
+	return p
+}
+
+func matchItem(q itemsQuery, it crsql.ItemRow, now time.Time) bool {
+	switch {
+	case q.Tenant != "" && it.Tenant != q.Tenant,
+		q.Key != "" && it.Key != q.Key,
+		q.Error != "" && !strings.Contains(it.LastError, q.Error),
+		q.State == "due" && it.VestingAt.After(now),
+		q.State == "scheduled" && !it.VestingAt.After(now):
+		return false
+	}
+	return true
+}
+
+// searchDead is searchItems for the dead items.
+func (h *handler) searchDead(r *http.Request, d *itemsData) error {
+	q := d.Q
+	var after *crsql.DeadPosition
+	if q.After != "" {
+		var p crsql.DeadPosition
+		if err := decode(q.After, &p); err != nil {
+			return badRequest("bad cursor")
+		}
+		after = &p
+	}
+	size := h.opts.PageSize
+	for d.Scanned < h.opts.ScanWindow {
+		want := size + 1
+		if d.Filters {
+			want = min(h.opts.ScanWindow-d.Scanned, 500)
+		}
+		var rows []crsql.DeadPageRow
+		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
+			var err error
+			rows, err = h.store.DeadWindow(ctx, h.db, q.Queue, after, want)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return err
+		}
+		for _, it := range rows {
+			if len(d.Dead) == size {
+				last := d.Dead[size-1]
+				d.Next = encode(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
+				return nil
+			}
+			d.Scanned++
+			after = &crsql.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
+			if (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
+				(q.Reason == "" || it.Reason == q.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
+				d.Dead = append(d.Dead, it)
+			}
+		}
+		if len(rows) < want {
+			return nil
+		}
+	}
+	if after != nil {
+		d.Next = encode(*after)
+	}
+	return nil
+}
+
+func encode(v any) string {
+	b, _ := json.Marshal(v)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decode(s string, v any) error {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// itemData is one item's page: the live item, its deaths, or both.
+type itemData struct {
+	ID       uuid.UUID
+	Live     *crsql.ItemDetail
+	Payload  preview
+	Metadata preview
+	Deaths   []deathView
+	Now      time.Time
+	Found    bool
+}
+
+type deathView struct {
+	crsql.DeadItemRow
+	Queue   string
+	Payload preview
+}
+
+// preview is a payload shown to people: text (JSON indented) or hex.
+type preview struct {
+	Text  string
+	Kind  string // "json", "text", "hex", "empty"
+	Size  int
+	Trunc bool
+}
+
+const previewMax = 4096
+
+func makePreview(b []byte) preview {
+	p := preview{Size: len(b)}
+	switch {
+	case len(b) == 0:
+		p.Kind = "empty"
+		return p
+	case json.Valid(b):
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, b, "", "  "); err != nil {
+			buf.Reset()
+			buf.Write(b)
+		}
+		p.Kind, p.Text = "json", buf.String()
+	case utf8.Valid(b):
+		p.Kind, p.Text = "text", string(b)
+	default:
+		n := min(len(b), 512)
+		p.Kind, p.Text, p.Trunc = "hex", hex.Dump(b[:n]), n < len(b)
+		return p
+	}
+	if len(p.Text) > previewMax {
+		cut := previewMax
+		for cut > 0 && !utf8.RuneStart(p.Text[cut]) {
+			cut--
+		}
+		p.Text, p.Trunc = p.Text[:cut], true
+	}
+	return p
+}
+
+func (h *handler) itemPage(r *http.Request) (string, any, error) {
+	id, err := uuid.Parse(r.URL.Query().Get("id"))
+	if err != nil {
+		return "", nil, badRequest("not an item id: %q", r.URL.Query().Get("id"))
+	}
+	d := &itemData{ID: id, Now: time.Now()}
+	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
+		it, ok, err := h.store.Item(ctx, h.db, id)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		d.Live = nil
+		if ok {
+			d.Live = &it
+			d.Now = it.Now
+		}
+		deaths, queues, err := h.store.Deaths(ctx, h.db, id, 20)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		d.Deaths = d.Deaths[:0]
+		for i, x := range deaths {
+			d.Deaths = append(d.Deaths, deathView{DeadItemRow: x, Queue: queues[i], Payload: makePreview(x.Payload)})
+		}
+		return nil
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	if d.Live != nil {
+		d.Payload, d.Metadata = makePreview(d.Live.Payload), makePreview(d.Live.Metadata)
+	}
+	d.Found = d.Live != nil || len(d.Deaths) > 0
+	return "Item " + id.String(), d, nil
+}
+
+// tenantsData is the tenants page of a queue.
+type tenantsData struct {
+	Queue    string
+	Fair     []string // the fair queues
+	Tenants  []tenantRow
+	Settings claim.Settings
+	Now      time.Time
+}
+
+type tenantRow struct {
+	claim.TenantInfo
+	Wait   time.Duration // how long its next item has been due (0: none due)
+	Queued bool          // it has an unclaimed item
+	Limit  *claim.Limit
+}
+
+func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
+	snap := h.sampler.current(r.Context())
+	d := &tenantsData{Queue: r.URL.Query().Get("queue"), Now: time.Now()}
+	for _, q := range snap.Queues {
+		if q.Fair {
+			d.Fair = append(d.Fair, q.Name)
+		}
+	}
+	if d.Queue == "" {
+		if len(d.Fair) == 0 {
+			return "Tenants", d, nil
+		}
+		d.Queue = d.Fair[0]
+	}
+	if !contains(d.Fair, d.Queue) {
+		d.Fair = append([]string{d.Queue}, d.Fair...) // not fair, or set fair since the last reading
+	}
+	q, err := h.queue(d.Queue)
+	if err != nil {
+		return "", nil, badRequest("%v", err)
+	}
+	info, err := q.Inspect(r.Context())
+	if err != nil {
+		return "", nil, err
+	}
+	d.Settings = info.Settings
+	var names []string
+	for _, t := range info.Tenants {
+		names = append(names, t.Tenant)
+	}
+	var heads []crsql.TenantHead
+	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
+		var err error
+		heads, err = h.store.TenantHeads(ctx, h.db, d.Queue, names)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	byName := map[string]crsql.TenantHead{}
+	for _, hd := range heads {
+		byName[hd.Tenant] = hd
+	}
+	for _, t := range info.Tenants {
+		row := tenantRow{TenantInfo: t}
+		if hd, ok := byName[t.Tenant]; ok && hd.Head != nil {
+			row.Queued = true
+			row.Wait = max(0, hd.Now.Sub(*hd.Head))
+		}
+		if l, ok := info.TenantLimits[t.Tenant]; ok {
+			row.Limit = &l
+		}
+		d.Tenants = append(d.Tenants, row)
+	}
+	return "Tenants of " + d.Queue, d, nil
+}
+
+// auditData is a page of the audit list.
+type auditData struct {
+	Rows []crsql.AuditRow
+	Next string
+}
+
+func (h *handler) auditPage(r *http.Request) (string, any, error) {
+	d := &auditData{}
+	var after *crsql.AuditRow
+	if a := r.URL.Query().Get("after"); a != "" {
+		var p crsql.AuditRow
+		if err := decode(a, &p); err != nil {
+			return "", nil, badRequest("bad cursor")
+		}
+		after = &p
+	}
+	size := h.opts.PageSize
+	err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
+		var err error
+		d.Rows, err = h.store.AuditPage(ctx, h.db, after, size+1)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	if len(d.Rows) > size {
+		d.Rows = d.Rows[:size]
+		last := d.Rows[size-1]
+		d.Next = encode(crsql.AuditRow{At: last.At, ID: last.ID})
+	}
+	return "Audit", d, nil
+}

@@ -1,0 +1,16 @@
+package sql
+
+// DashboardStatementsForTest returns the texts of the Store's dashboard
+// statements for t, by name, for the EXPLAIN tests of package sql_test.
+func DashboardStatementsForTest(t Tables) map[string]string {
+	d := newDashboardStatements(t)
+	return map[string]string{
+		"Summaries": d.summaries, "PartBacklog": d.partBacklog,
+		"UnclaimedFirst": d.unclaimedFirst, "UnclaimedAfter": d.unclaimedAfter,
+		"TenantFirst": d.tenantFirst, "TenantAfter": d.tenantAfter,
+		"ClaimedFirst": d.claimedFirst, "ClaimedAfter": d.claimedAfter,
+		"DeadFirst": d.deadFirst, "DeadAfter": d.deadAfter,
+		"Item": d.item, "Deaths": d.deaths, "DeleteDead": d.deleteDead, "TenantHeads": d.tenantHeads,
+		"AuditInsert": d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
+	}
+}
