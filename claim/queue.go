@@ -113,6 +113,8 @@ type Queue struct {
 	plainUntil atomic.Int64
 	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
 	channel string
+	// seq is what the Queue last read of its queue's sequencing (sequence.go).
+	seq sequenceState
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

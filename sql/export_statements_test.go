@@ -16,5 +16,6 @@ var (
 	NewScheduleStatements  = newScheduleStatements
 	NewReapStatements      = newReapStatements
 	NewUrgentStatements    = newUrgentStatements
+	NewSequenceStatements  = newSequenceStatements
 	NewTestStatements      = newTestStatements
 )

@@ -75,6 +75,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     -- How long ended ids are remembered for deduplication (0: not at all);
     -- a queue without a row has the default.
     dedup_window         INTERVAL NOT NULL DEFAULT INTERVAL '24 hours',
+    -- Sequences (version 5): one item in flight per key, claimed in
+    -- enqueue order (docs/sequences.md).
+    sequenced            BOOL   NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -141,6 +144,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     turn_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     expires_at   TIMESTAMPTZ,
     at_most_once BOOL        NOT NULL DEFAULT false,
+    -- Sequences (version 5): the item's place among its key's items in a
+    -- sequenced queue (NULL: not sequenced).
+    seq_order    BIGINT,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -251,6 +257,14 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_lease
 -- them and the reaper moves them to the dead items. Normally empty.
 CREATE INDEX IF NOT EXISTS crdbwork_items_exhausted
     ON crdbwork_items (queue) WHERE claim IS NULL AND attempts >= max_attempts;
+
+-- sequences (version 5): a sequenced queue's keys run one item at a time,
+-- in order (docs/sequences.md). The key's items in order, and at most one
+-- claimed item per key of sequenced items (the database enforces it).
+CREATE INDEX IF NOT EXISTS crdbwork_items_sequence_order
+    ON crdbwork_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_order IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS crdbwork_items_sequence_claimed
+    ON crdbwork_items (queue, item_key) WHERE claim IS NOT NULL AND seq_order IS NOT NULL;
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE

@@ -36,6 +36,7 @@ type Store struct {
 	sched  *scheduleStatements
 	reap   *reapStatements
 	urgent *urgentStatements
+	seq    *sequenceStatements
 	test   *testStatements
 
 	order string // OrderCountsBefore's statement (store_order.go)
@@ -68,6 +69,7 @@ func NewStore(t Tables) *Store {
 		sched:  newScheduleStatements(t),
 		reap:   newReapStatements(t),
 		urgent: newUrgentStatements(t),
+		seq:    newSequenceStatements(t),
 		test:   newTestStatements(t),
 		order:  t.rewrite(orderCountBefore),
 	}
