@@ -72,7 +72,10 @@ type sequenceStatements struct {
 	SetSequenced string
 	// Sequenced reads $1 queue → whether it is sequenced (no row: false)
 	// and whether it holds sequenced items (an item with seq_order, read
-	// through crdbwork_items_sequence_order: one entry).
+	// through crdbwork_items_sequence_order: one entry; the ORDER BY, which
+	// the index gives, keeps PostgreSQL from a scan of the table that it
+	// expects to find such an item early in, when most items are
+	// sequenced: in a queue with none, that scan would read every item).
 	Sequenced string
 }
 
@@ -129,7 +132,8 @@ func newSequenceStatements(t Tables) *sequenceStatements {
 		SetSequenced: r(`INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`),
 		Sequenced: r(`SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),
-       EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL)`),
+       EXISTS (SELECT 1 FROM (SELECT item_key FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL
+                              ORDER BY item_key LIMIT 1) AS first)`),
 	}
 }
 
