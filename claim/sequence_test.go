@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -195,10 +196,23 @@ func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
 // refuses that second claim of the key (the unique index), and nothing
 // changes.
 func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
+	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
+		t.Run(fmt.Sprintf("%+v", tables), func(t *testing.T) { lateItem(t, tables) })
+	}
+}
+
+func lateItem(t *testing.T, tables crsql.Tables) {
 	pool := setup(t)
 	ctx := context.Background()
-	q := sequencedQueue(t, pool, claim.Options{})
-	s := startSession(t, ctx, pool)
+	if err := crsql.Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	q := sequencedQueue(t, pool, claim.Options{Tables: tables})
+	s, err := session.Start(ctx, pool, session.Options{Tables: tables, Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
 	c := q.Claimer(s.ID())
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{})
 	if err != nil {
@@ -221,7 +235,7 @@ func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
 	if got, err := c.Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("claimed %v (%v) while an item of the key is held", payloadsOf(got), err)
 	}
-	store := crsql.NewStore(crsql.Tables{})
+	store := crsql.NewStore(tables)
 	d, err := crsql.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +245,7 @@ func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
 		t.Fatalf("a plain claim of the early item while the late one is held: %v, want a unique violation on the sequence index", err)
 	}
 	var claimed int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`).Scan(&claimed); err != nil || claimed != 1 {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.Table("items")+` WHERE claim IS NOT NULL`).Scan(&claimed); err != nil || claimed != 1 {
 		t.Fatalf("%d items claimed (%v), want 1", claimed, err)
 	}
 	if err := q.Ack(ctx, held[0], nil); err != nil {
