@@ -419,3 +419,63 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 		})
 	}
 }
+
+// A session owning more parts than one per-part claim statement reads
+// (several statements), and the urgent lane, hand out heads only, in a
+// sequenced queue: each key's first item, then its next once it is acked.
+func TestSequencedManyPartsAndUrgentLaneTakeHeadsOnly(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	const parts = crsql.MaxPartBranches + 5
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2)`, claim.DefaultQueue, parts); err != nil {
+		t.Fatal(err)
+	}
+	q := sequencedQueue(t, pool, claim.Options{})
+	s := startSession(t, ctx, pool)
+	owned := make([]int, parts)
+	for p := range parts {
+		owned[p] = p
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)`, s.ID(), claim.DefaultQueue, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const keys, perKey = 30, 3
+	var items []claim.NewItem
+	for n := range perKey {
+		for k := range keys {
+			items = append(items, claim.NewItem{Key: fmt.Sprint("k", k), Payload: []byte(fmt.Sprint(n))})
+		}
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	c := q.Claimer(s.ID())
+	for n := range perKey {
+		// Half of each round by the urgent lane (every item is urgent:
+		// priority 0), the rest by the part claims.
+		urgent, err := c.ClaimUrgent(ctx, claim.UrgentRequest{Max: keys / 2, MaxPriority: 0, OwnedParts: owned})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest, err := c.Claim(ctx, claim.ClaimRequest{Max: 100, Parts: owned})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := append(urgent, rest...)
+		seen := map[string]bool{}
+		for _, it := range got {
+			if string(it.Payload) != fmt.Sprint(n) || seen[it.Key] {
+				t.Fatalf("round %d: key %s handed out item %s (twice: %v), want item %d once", n, it.Key, it.Payload, seen[it.Key], n)
+			}
+			seen[it.Key] = true
+		}
+		if len(urgent) != keys/2 || len(got) != keys {
+			t.Fatalf("round %d: %d urgent and %d in all, want %d and %d (each key's head)", n, len(urgent), len(got), keys/2, keys)
+		}
+		for _, it := range got {
+			if err := q.Ack(ctx, it, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
