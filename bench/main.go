@@ -10,6 +10,7 @@
 //	go -C bench run . fairness          # small tenants' waits and Jain's index, fair queue against plain
 //	go -C bench run . order             # how relaxed the claim order is (popped element index)
 //	go -C bench run . latency           # pickup latency on an idle queue: River, crdbwork with and without parts and wake-ups
+//	go -C bench run . sequences         # throughput of a sequenced queue (one item per key at a time) against the same queue plain
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -40,6 +41,7 @@ const usage = `Usage:
   go -C bench run . fairness [flags]    tenants' waits and fairness, fair queue or plain
   go -C bench run . order [flags]       how relaxed the claim order is (PEI)
   go -C bench run . latency [flags]     pickup latency on an idle queue, beside River's
+  go -C bench run . sequences [flags]   a sequenced queue's throughput against the same queue plain
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -81,6 +83,12 @@ counts, for every claimed item, the claimable items before it in the queue's
 strict order (its popped element index, PEI): median, mean, p90, p99, max;
 with --urgent-priority N, the urgent items' apart.
 
+sequences drains --items items spread over --keys keys from a plain queue
+and from a sequenced one (docs/sequences.md: one item in flight per key, in
+enqueue order), alternating which goes first in each round, and prints each
+drain's jobs/s, the medians and the median ratio sequenced/plain, with the
+machine's load.
+
 Both check that every item was acked exactly once, and print one JSON line
 with --json.
 
@@ -116,10 +124,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return orderCmd(ctx, args, out)
 	case "latency":
 		return latency(ctx, args, out)
+	case "sequences":
+		return sequences(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order or latency; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency or sequences; see --help)", cmd)
 	}
 }
 

@@ -110,9 +110,11 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	e := q.engine.Load()
 	a := crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
 	if req.Parts == nil {
-		return q.runClaim(ctx, e, session, "claiming", func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+			return q.store.ClaimAnySequenced(ctx, db, e.dialect, a)
+		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimAny(ctx, db, e.dialect, a)
-		})
+		}))
 	}
 	// Each part once: the statement reads every listed part with its own
 	// limit, and a part listed twice would pick its rows twice.
@@ -125,11 +127,16 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		}
 	}
 	if len(ps) > crsql.MaxPartBranches {
+		if q.sequenced(ctx) {
+			return q.claimManyPartsSequenced(ctx, e, session, a, ps)
+		}
 		return q.claimManyParts(ctx, e, session, req.Max, ps, req.SkipTenants, lease)
 	}
-	return q.runClaim(ctx, e, session, "claiming", func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+	return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
+	}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 		return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
-	})
+	}))
 }
 
 // claimManyParts is claimWith for a session that lists more parts than one

@@ -320,6 +320,9 @@ type batch struct {
 	turns     []*time.Time
 	given     []int // items whose id the caller chose
 	generated []int // items whose id was generated
+	// orders is the sequence order of item 0; item i's is orders+i (see
+	// sequenceOrders).
+	orders int64
 }
 
 // needsTx reports whether writing b takes more than one statement, or a
@@ -421,7 +424,8 @@ func all(n int) []int {
 
 // prepare validates items and fixes their ids and key hashes.
 func (q *Queue) prepare(items []NewItem) (*batch, error) {
-	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items))}
+	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items)),
+		orders: sequenceOrders.Add(int64(len(items))) - int64(len(items))}
 	var seen map[uuid.UUID]int
 	now := time.Now() // the unique keys' periods, one instant for the call
 	for i := range items {
@@ -602,7 +606,7 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
 		it := &b.items[i]
 		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
-			TTL: it.TTL, AtMostOnce: it.AtMostOnce}
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.orders + int64(i)}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}
@@ -632,7 +636,7 @@ func markAdded(b *batch, chunk []int, added []uuid.UUID, res *Enqueued) error {
 // number of parts and the transaction's timestamp, read (under a share
 // lock on the queue's row) in the same transaction.
 func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, b *batch, idx []int, res *Enqueued) error {
-	parts, now, amo, err := q.store.EnqueueParts(ctx, db, q.opts.Queue)
+	parts, now, amo, sequenced, err := q.store.EnqueueParts(ctx, db, q.opts.Queue)
 	if err != nil {
 		return err
 	}
@@ -640,7 +644,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, b *batch, i
 		return fmt.Errorf("queue %q has %d parts", q.opts.Queue, parts)
 	}
 	for _, chunk := range chunks(b.items, idx, copyRows) {
-		src := copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo}
+		src := copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo, sequenced: sequenced}
 		n, err := q.store.CopyItems(ctx, c, q.opts.Queue, len(chunk), src.row)
 		if err != nil {
 			return err
@@ -665,6 +669,8 @@ type copySource struct {
 	parts int64
 	now   time.Time
 	amo   bool // the queue is at-most-once
+	// sequenced: the queue is sequenced (items with a key get a seq_order)
+	sequenced bool
 }
 
 // row returns the COPY row of item idx[n].
@@ -686,9 +692,14 @@ func (s *copySource) row(n int) crsql.CopyRow {
 	if it.TTL > 0 {
 		expires = s.now.Add(time.Duration(it.TTL.Microseconds()) * time.Microsecond)
 	}
+	var order *int64
+	if s.sequenced && it.Key != "" {
+		o := s.b.orders + int64(i)
+		order = &o
+	}
 	return crsql.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
 		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
-		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo}
+		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order}
 }
 
 // checkFound looks up the caller-given ids that were not added: it fails

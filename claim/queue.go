@@ -116,6 +116,9 @@ type Queue struct {
 	// deadCount bounds the queue's dead items between PruneDead's exact
 	// checks (retention.go).
 	deadCount deadCountState
+
+	// seq is what the Queue last read of its queue's sequencing (sequence.go).
+	seq sequenceState
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

@@ -16,6 +16,7 @@ var (
 	NewScheduleStatements  = newScheduleStatements
 	NewReapStatements      = newReapStatements
 	NewUrgentStatements    = newUrgentStatements
+	NewSequenceStatements  = newSequenceStatements
 	NewTestStatements      = newTestStatements
 )
 

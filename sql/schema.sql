@@ -87,6 +87,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     -- 100,000.
     dead_max_age         INTERVAL NOT NULL DEFAULT INTERVAL '720 hours',
     dead_max_count       BIGINT   NOT NULL DEFAULT 100000,
+
+    -- Sequences (version 5): one item in flight per key, claimed in
+    -- enqueue order (docs/sequences.md).
+    sequenced            BOOL   NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -161,6 +165,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     progress_done  BIGINT,
     progress_total BIGINT,
     progress_at    TIMESTAMPTZ,
+
+    -- Sequences (version 5): the item's place among its key's items in a
+    -- sequenced queue (NULL: not sequenced).
+    seq_order    BIGINT,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -291,6 +299,14 @@ CREATE TABLE IF NOT EXISTS crdbwork_audit (
     detail  TEXT        NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS crdbwork_audit_by_time ON crdbwork_audit (at, id);
+
+-- sequences (version 5): a sequenced queue's keys run one item at a time,
+-- in order (docs/sequences.md). The key's items in order, and at most one
+-- claimed item per key of sequenced items (the database enforces it).
+CREATE INDEX IF NOT EXISTS crdbwork_items_sequence_order
+    ON crdbwork_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_order IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS crdbwork_items_sequence_claimed
+    ON crdbwork_items (queue, item_key) WHERE claim IS NOT NULL AND seq_order IS NOT NULL;
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE

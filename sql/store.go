@@ -36,6 +36,7 @@ type Store struct {
 	sched  *scheduleStatements
 	reap   *reapStatements
 	urgent *urgentStatements
+	seq    *sequenceStatements
 	test   *testStatements
 	ckpt   *checkpointStatements
 	ret    *retentionStatements
@@ -70,6 +71,7 @@ func NewStore(t Tables) *Store {
 		sched:  newScheduleStatements(t),
 		reap:   newReapStatements(t),
 		urgent: newUrgentStatements(t),
+		seq:    newSequenceStatements(t),
 		test:   newTestStatements(t),
 		ckpt:   newCheckpointStatements(t),
 		ret:    newRetentionStatements(t),

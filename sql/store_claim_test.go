@@ -156,7 +156,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			t.Errorf("EnqueueInsertNotify answered with no rows: %v, %v", added, err)
 		}
 		_ = s.Notify(ctx, r, s.NotifyChannel("q"), "")
-		_, _, _, _ = s.EnqueueParts(ctx, r, "q")
+		_, _, _, _, _ = s.EnqueueParts(ctx, r, "q")
 		if n, err := s.CopyItems(ctx, r, "q", 2, func(int) CopyRow { return CopyRow{ID: uuid.New()} }); n != 2 || err != nil {
 			t.Errorf("CopyItems of 2 rows: %d, %v", n, err)
 		}

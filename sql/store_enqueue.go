@@ -32,6 +32,10 @@ type EnqueueRow struct {
 	AtMostOnce  bool
 	// Turn is the fair turn enqueue stamped (nil: the vesting time).
 	Turn *time.Time
+	// Order is the item's sequence order, stored (as seq_order) if the
+	// item has a key and the queue is sequenced: items of one key with the
+	// same enqueue time are claimed in this order (see sequenceStatements).
+	Order int64
 }
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
@@ -53,7 +57,7 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	ids := make([][16]byte, n)
 	hashes, priorities, delays, maxAttempts := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	keys, tenants := make([]*string, n), make([]*string, n)
-	ttls, amo, turns := make([]int64, n), make([]bool, n), make([]*time.Time, n)
+	ttls, amo, turns, orders := make([]int64, n), make([]bool, n), make([]*time.Time, n), make([]int64, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	for j := range rows {
 		r := &rows[j]
@@ -64,21 +68,21 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 		if r.Tenant != "" {
 			tenants[j] = &r.Tenant
 		}
-		turns[j] = r.Turn
+		turns[j], orders[j] = r.Turn, r.Order
 		ttls[j], amo[j] = r.TTL.Microseconds(), r.AtMostOnce
 		priorities[j], delays[j], maxAttempts[j] = int64(r.Priority), r.Delay.Microseconds(), int64(r.MaxAttempts)
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
-	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns}
+	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders}
 }
 
 // EnqueueParts returns, for a COPY of new items into queue in the same
 // transaction, the queue's number of parts (read under a share lock on its
-// row), the transaction's timestamp and whether the queue is at-most-once
-// (enqueueStatements.Parts).
-func (s *Store) EnqueueParts(ctx context.Context, db DB, queue string) (parts int64, now time.Time, atMostOnce bool, err error) {
-	err = db.QueryRow(ctx, s.enq.Parts, queue).Scan(&parts, &now, &atMostOnce)
-	return parts, now, atMostOnce, err
+// row), the transaction's timestamp, whether the queue is at-most-once and
+// whether it is sequenced (enqueueStatements.Parts).
+func (s *Store) EnqueueParts(ctx context.Context, db DB, queue string) (parts int64, now time.Time, atMostOnce, sequenced bool, err error) {
+	err = db.QueryRow(ctx, s.enq.Parts, queue).Scan(&parts, &now, &atMostOnce, &sequenced)
+	return parts, now, atMostOnce, sequenced, err
 }
 
 // CopyRow is one item for CopyItems, every column computed by the caller
@@ -96,6 +100,8 @@ type CopyRow struct {
 	TurnAt      time.Time
 	ExpiresAt   time.Time // zero: no deadline
 	AtMostOnce  bool
+	// SeqOrder is the item's seq_order (nil: not sequenced).
+	SeqOrder *int64
 }
 
 // Copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
@@ -146,6 +152,7 @@ func (c *copySource) Values() ([]any, error) {
 	c.vals[4], c.vals[5], c.vals[6] = int64(r.Priority), r.VestingAt, int64(r.MaxAttempts)
 	c.vals[7], c.vals[8] = orEmpty(r.Payload), r.Metadata
 	c.vals[9], c.vals[10], c.vals[11], c.vals[12] = tenant, r.TurnAt, expires, r.AtMostOnce
+	c.vals[13] = r.SeqOrder
 	return c.vals, nil
 }
 

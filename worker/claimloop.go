@@ -36,10 +36,19 @@ func (r *sessionRun) claimLoop() {
 	pause := func() bool {
 		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
 		defer t.Stop()
+		// In a sequenced queue an item that ends may unblock its key's
+		// next item: claim again then (docs/sequences.md). Nil otherwise:
+		// never.
+		var ended chan struct{}
+		if w.queue.ClaimsSequenced() {
+			ended = r.freed
+		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
+			return true
+		case <-ended:
 			return true
 		case <-w.wake: // nil with NoWake: never
 			// Items were enqueued (a wake-up that came during the last

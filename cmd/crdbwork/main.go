@@ -1,7 +1,7 @@
 // Command crdbwork is the operator's command for crdbwork queues: it
 // creates and upgrades the schema, shows a queue's state, lists and
 // requeues dead items, cancels items, pauses and resumes queues, sets their
-// parts, limits and fairness, and purges a queue. It writes no SQL of its
+// parts, limits, fairness and sequencing, and purges a queue. It writes no SQL of its
 // own: every command calls the library (claim, session, partition, sql).
 //
 // Run `crdbwork -h` for the commands, `crdbwork <command> -h` for a
@@ -47,6 +47,8 @@ var commands = []command{
 	{"limit", "set or show a queue's (or a tenant's) fleet-wide limits: --max-in-flight N, --rate R", cmdLimit},
 	{"fair", "show or set whether a queue serves its tenants in turn (on, off)", cmdFair},
 	{"retention", "show or set how long and how many dead items a queue keeps (--dead-max-age, --dead-max-count)", cmdRetention},
+
+	{"sequence", "show or set whether a queue runs one item per key at a time, in order (on, off)", cmdSequence},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
 	{"dashboard", "serve the live web dashboard (--addr, default 127.0.0.1 only; --read-only; basic auth)", cmdDashboard},
 	{"version", "print the version", cmdVersion},
@@ -123,7 +125,7 @@ flags that move or delete data (--yes, --all, --set, --remove, --death,
 A queue that is not in the database (no row in the queues table, no items, no
 dead items) is refused, with a suggestion when a known queue's name is close;
 migrate and status without --queue excepted. To set a new queue up before its
-first item, give --create to parts, limit, fair or pause. The commands that delete or move
+first item, give --create to parts, limit, fair, sequence or pause. The commands that delete or move
 many rows (requeue of more than one item, cancel, purge, parts --set) say what
 they will do and need --yes; --dry-run shows it and changes nothing.
 

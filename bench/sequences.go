@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// The sequences experiment (go -C bench run . sequences): the throughput
+// cost of a sequenced queue (docs/sequences.md). The same items, spread
+// round-robin over --keys keys, are drained from a plain queue and from a
+// sequenced one (one item in flight per key, in enqueue order), alternating
+// which goes first in each round, by the same in-process workers; each run
+// writes a result row per item in its ack transaction (exactly-once) and
+// checks that every item was acked once, and in the sequenced runs that
+// each key's items were acked in enqueue order.
+
+// seqRun is one drain.
+type seqRun struct {
+	Sequenced bool    `json:"sequenced"`
+	Round     int     `json:"round"`
+	Seconds   float64 `json:"seconds"`
+	JobsPerS  float64 `json:"jobs_per_s"`
+	Load      string  `json:"load"`
+	Retries   int64   `json:"claim_retries"`
+}
+
+// seqSummary is the experiment's JSON line.
+type seqSummary struct {
+	Items       int      `json:"items"`
+	Keys        int      `json:"keys"`
+	Workers     int      `json:"workers"`
+	Concurrency int      `json:"concurrency"`
+	Parts       int      `json:"parts"`
+	HandlerMs   float64  `json:"handler_ms"`
+	Runs        []seqRun `json:"runs"`
+	PlainJobsS  float64  `json:"plain_jobs_per_s"`
+	SeqJobsS    float64  `json:"sequenced_jobs_per_s"`
+	Ratio       float64  `json:"ratio"` // median over rounds of sequenced/plain in the same round
+	RatioMin    float64  `json:"ratio_min"`
+	RatioMax    float64  `json:"ratio_max"`
+	LoadBefore  string   `json:"load_before"`
+	LoadAfter   string   `json:"load_after"`
+	GOMAXPROCS  int      `json:"gomaxprocs"`
+}
+
+func sequences(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlagSet("sequences", out)
+	var c commonFlags
+	c.register(fs)
+	items := fs.Int("items", 20_000, "items drained per run")
+	keys := fs.Int("keys", 100, "keys the items are spread over, round-robin")
+	rounds := fs.Int("rounds", 3, "rounds; each drains the plain queue and the sequenced one, in an order that alternates")
+	workers := fs.Int("workers", 2, "in-process workers (one session each)")
+	concurrency := fs.Int("concurrency", 64, "handlers per worker")
+	parts := fs.Int("parts", 0, "parts of both queues (0: no parts mode)")
+	handler := fs.Duration("handler", 0, "how long each handler sleeps (0: none)")
+	asJSON := fs.Bool("json", false, "print one JSON line with every run and the summary")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("sequences: unexpected arguments %q", fs.Args())
+	case *items < 1 || *keys < 1 || *rounds < 1 || *workers < 1 || *concurrency < 1 || *parts < 0 || *handler < 0:
+		return errors.New("sequences: --items, --keys, --rounds, --workers and --concurrency must be at least 1, --parts and --handler at least 0")
+	}
+	url, stop, err := c.database(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	setup, err := newSetupPool(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer setup.Close()
+	if err := setupCrdbwork(ctx, setup); err != nil {
+		return err
+	}
+	if _, err := setup.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_seq_results (
+    item_key TEXT NOT NULL, n BIGINT NOT NULL, done BIGSERIAL PRIMARY KEY)`); err != nil {
+		return err
+	}
+	sum := seqSummary{Items: *items, Keys: *keys, Workers: *workers, Concurrency: *concurrency, Parts: *parts,
+		HandlerMs: float64(*handler) / float64(time.Millisecond), LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	if !*asJSON {
+		fmt.Fprintf(out, "%d items over %d keys per run, %d rounds, %d workers × %d handlers, %d parts, handler %v, GOMAXPROCS %d, load %s\n",
+			*items, *keys, *rounds, *workers, *concurrency, *parts, *handler, sum.GOMAXPROCS, sum.LoadBefore)
+	}
+	var plain, seq, ratios []float64
+	for round := range *rounds {
+		order := []bool{false, true}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		var rates [2]float64
+		for _, sequenced := range order {
+			r, err := seqDrain(ctx, url, setup, sequenced, *items, *keys, *workers, *concurrency, *parts, *handler)
+			if err != nil {
+				return fmt.Errorf("round %d, sequenced %v: %w", round+1, sequenced, err)
+			}
+			r.Round = round + 1
+			sum.Runs = append(sum.Runs, r)
+			if sequenced {
+				rates[1] = r.JobsPerS
+				seq = append(seq, r.JobsPerS)
+			} else {
+				rates[0] = r.JobsPerS
+				plain = append(plain, r.JobsPerS)
+			}
+			if !*asJSON {
+				name := map[bool]string{false: "plain", true: "sequenced"}[sequenced]
+				fmt.Fprintf(out, "round %d  %-10s %8.0f jobs/s  %6.2fs  claim retries %d  load %s\n", round+1, name, r.JobsPerS, r.Seconds, r.Retries, r.Load)
+			}
+		}
+		ratios = append(ratios, rates[1]/rates[0])
+	}
+	sum.PlainJobsS, sum.SeqJobsS = median(plain), median(seq)
+	sum.Ratio, sum.RatioMin, sum.RatioMax = median(ratios), slices.Min(ratios), slices.Max(ratios)
+	sum.LoadAfter = loadavg()
+	if *asJSON {
+		return json.NewEncoder(out).Encode(sum)
+	}
+	fmt.Fprintf(out, "\nmedian of %d rounds: plain %.0f jobs/s, sequenced %.0f jobs/s; sequenced/plain %.2f (rounds' range %.2f–%.2f); load %s\n",
+		*rounds, sum.PlainJobsS, sum.SeqJobsS, sum.Ratio, sum.RatioMin, sum.RatioMax, sum.LoadAfter)
+	return nil
+}
+
+// seqDrain enqueues items over keys into a fresh plain or sequenced queue
+// and drains it with in-process workers, timing the drain only.
+func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bool, items, keys, workers, concurrency, parts int, handler time.Duration) (seqRun, error) {
+	name := map[bool]string{false: "bench-plain", true: "bench-seq"}[sequenced]
+	if _, err := setup.Exec(ctx, `TRUNCATE bench_seq_results`); err != nil {
+		return seqRun{}, err
+	}
+	if _, err := setup.Exec(ctx, `DELETE FROM crdbwork_items WHERE queue = $1`, name); err != nil {
+		return seqRun{}, err
+	}
+	if err := partition.SetParts(ctx, setup, crsql.Tables{}, name, max(parts, 1)); err != nil {
+		return seqRun{}, err
+	}
+	q, err := claim.New(setup, claim.Options{Queue: name})
+	if err != nil {
+		return seqRun{}, err
+	}
+	if err := q.SetSequenced(ctx, sequenced); err != nil {
+		return seqRun{}, err
+	}
+	batch := make([]claim.NewItem, 0, 5000)
+	for done := 0; done < items; done += len(batch) {
+		batch = batch[:0]
+		for i := done; i < min(done+cap(batch), items); i++ {
+			batch = append(batch, claim.NewItem{Key: fmt.Sprint("key-", i%keys), Payload: []byte(fmt.Sprint(i / keys))})
+		}
+		if _, err := q.Enqueue(ctx, batch...); err != nil {
+			return seqRun{}, fmt.Errorf("enqueue: %w", err)
+		}
+	}
+	if err := crsql.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
+		return seqRun{}, err
+	}
+	opts := worker.Options{Concurrency: concurrency, Parts: parts, Poll: 10 * time.Millisecond, Partition: partition.Tuning{Poll: 100 * time.Millisecond}}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if handler > 0 {
+			select {
+			case <-time.After(handler):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO bench_seq_results (item_key, n) VALUES ($1, $2::BIGINT)`, it.Key, string(it.Payload))
+			return err
+		}, nil
+	}
+	ws := make([]*worker.Worker, workers)
+	for i := range ws {
+		pool, err := newPool(ctx, url, worker.PoolConns(opts))
+		if err != nil {
+			return seqRun{}, err
+		}
+		defer pool.Close()
+		wq, err := claim.New(pool, claim.Options{Queue: name})
+		if err != nil {
+			return seqRun{}, err
+		}
+		if ws[i], err = worker.New(wq, h, opts); err != nil {
+			return seqRun{}, err
+		}
+	}
+	acked := func() int64 {
+		var n int64
+		for _, w := range ws {
+			n += w.Stats().Acked
+		}
+		return n
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(ws))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
+	}
+	var runErr error
+	deadline := time.Now().Add(runTimeout(items))
+	t := time.NewTicker(time.Millisecond)
+	for acked() < int64(items) && runErr == nil {
+		select {
+		case err := <-errs:
+			runErr = fmt.Errorf("a worker stopped: %v", err)
+		case <-ctx.Done():
+			runErr = ctx.Err()
+		case <-t.C:
+			if time.Now().After(deadline) {
+				runErr = fmt.Errorf("timed out with %d of %d items acked", acked(), items)
+			}
+		}
+	}
+	t.Stop()
+	elapsed := time.Since(start)
+	cancel()
+	wg.Wait()
+	if runErr != nil {
+		return seqRun{}, runErr
+	}
+	var n, distinct, left, disorder int
+	if err := setup.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_seq_results),
+	       (SELECT count(DISTINCT (item_key, n)) FROM bench_seq_results),
+	       (SELECT count(*) FROM crdbwork_items WHERE queue = $1),
+	       (SELECT count(*) FROM (SELECT n < lag(n) OVER (PARTITION BY item_key ORDER BY done) AS back FROM bench_seq_results) AS r WHERE back)`,
+		name).Scan(&n, &distinct, &left, &disorder); err != nil {
+		return seqRun{}, err
+	}
+	if n != items || distinct != items || left != 0 {
+		return seqRun{}, fmt.Errorf("%d result rows (%d distinct) and %d items left for %d items", n, distinct, left, items)
+	}
+	if sequenced && disorder != 0 {
+		return seqRun{}, fmt.Errorf("%d items acked before an earlier item of their key", disorder)
+	}
+	var retries int64
+	for _, w := range ws {
+		for _, r := range w.Stats().Retries {
+			retries += r
+		}
+	}
+	return seqRun{Sequenced: sequenced, Seconds: elapsed.Seconds(), JobsPerS: float64(items) / elapsed.Seconds(), Load: loadavg(), Retries: retries}, nil
+}

@@ -1,0 +1,174 @@
+package sql
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+)
+
+// SequenceClaimedIndex is the unique index that holds at most one claimed
+// item per key of a queue's sequenced items (seq_order not NULL), without
+// its prefix: a claim that would take a second one fails on it with SQLSTATE
+// 23505 (see IsSequenceConflict).
+const SequenceClaimedIndex = "items_sequence_claimed"
+
+// sequenceStatements are the statements of sequenced queues (docs/sequences.md),
+// rendered for one set of table names.
+//
+// An item is sequenced when its seq_order is set: enqueue stamps it on the
+// items with a key of a queue whose crdbwork_queues.sequenced is on. A
+// sequenced item is claimable only if, besides everything a plain claim
+// requires, it is its key's head, the first of the key's sequenced items in
+// (enqueued_at, seq_order, id) order, whether claimed, waiting for a retry
+// or vested, and no sequenced item of its key is claimed. So a key runs one
+// item at a time, in enqueue order, and a head waiting for a retry after a
+// nack holds its key until it is acked or dead. Items without seq_order in
+// the same queue are claimed as in any queue.
+//
+// The sequenced claims are the plain claims (claimTemplate, partBranch, the
+// urgent lane's) with seqCondition added to the scan's WHERE clause, so
+// they follow every change made to those: sequenceTemplate panics if the
+// anchor it is added after is gone (TestSequencedStatements fails first).
+// seqCondition is two anti-joins by index, each a seek that stops at its
+// first entry: crdbwork_items_sequence_order (queue, item_key, enqueued_at,
+// seq_order, id) finds an earlier item of the key, the unique
+// crdbwork_items_sequence_claimed (queue, item_key) a claimed one. The scan
+// of the claim order stops at its limit as the plain claim's does, but it
+// steps over the items of keys that are claimed or whose head waits (those
+// are not claimable): a claim reads at most the unclaimable items ahead of
+// the heads it hands out (docs/sequences.md, "Cost").
+//
+// The unique index is the guarantee, the anti-joins only keep claims from
+// running into it: if two claims of one key's items ever run at once (an
+// item enqueued late with an earlier enqueued_at than an item already
+// claimed, or concurrent claims that both saw no claimed item under READ
+// COMMITTED), the second claim's UPDATE fails with a unique violation
+// (PostgreSQL waits for the first's transaction to end, then fails) and
+// changes nothing; package claim retries it, and the retry's anti-join
+// skips the key. This holds at every isolation level, for old workers'
+// plain claims too (docs/sequences.md, "Rolling upgrades").
+//
+// CockroachDB docs checked: "Partial Indexes" (CREATE UNIQUE INDEX ...
+// WHERE: uniqueness among the rows that satisfy the predicate, since
+// v20.2); "SELECT FOR UPDATE": the locking clause locks the rows of the
+// tables in its SELECT's FROM, so the subqueries' reads lock nothing (and
+// under SERIALIZABLE they are ordinary reads, checked at commit).
+// CockroachDB plans a correlated NOT EXISTS as an anti-join ("Cost-Based
+// Optimizer": decorrelation of subqueries), here lookup anti-joins into the
+// two indexes; not run here (no CockroachDB server).
+type sequenceStatements struct {
+	t Tables
+	// ClaimAny is coreStatements.ClaimAny for a sequenced queue (same
+	// parameters and results); PostgresClaimAny its PostgreSQL twin.
+	ClaimAny, PostgresClaimAny string
+	// ClaimUrgent is urgentStatements.ClaimUrgent for a sequenced queue;
+	// PostgresClaimUrgent its twin.
+	ClaimUrgent, PostgresClaimUrgent string
+	// claims[d][k] is the per-part claim of k parts (partClaimStatements.Claim
+	// for a sequenced queue) in dialect d.
+	claims [2][MaxPartBranches + 1]atomic.Pointer[string]
+	// SetSequenced turns sequencing on or off: $1 queue, $2 on. A queue
+	// without a row gets one, with one part.
+	SetSequenced string
+	// Sequenced reads $1 queue → whether it is sequenced (no row: false)
+	// and whether it holds sequenced items (an item with seq_order, read
+	// through crdbwork_items_sequence_order: one entry; the ORDER BY, which
+	// the index gives, keeps PostgreSQL from a scan of the table that it
+	// expects to find such an item early in, when most items are
+	// sequenced: in a queue with none, that scan would read every item).
+	Sequenced string
+}
+
+// seqAnchor is where seqCondition goes, in the plain claims' scans; the
+// scan's table gets the alias h there.
+const (
+	seqAnchor  = "FROM crdbwork_items\n"
+	seqAliased = "FROM crdbwork_items AS h\n"
+)
+
+// seqCondition is what a sequenced claim adds to the plain claim's scan of
+// crdbwork_items AS h: an item with seq_order is claimable only if no
+// sequenced item of its key comes before it, and no sequenced item of its
+// key is claimed. (h.seq_order IS NOT NULL is inside each subquery, so that
+// an item without it passes both without an OR, which could keep the
+// planners from an anti-join.)
+const seqCondition = `NOT EXISTS (SELECT 1 FROM crdbwork_items AS sb
+                WHERE h.seq_order IS NOT NULL AND sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
+                  AND (sb.enqueued_at, sb.seq_order, sb.id) < (h.enqueued_at, h.seq_order, h.id))
+              AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS sc
+                WHERE h.seq_order IS NOT NULL AND sc.queue = h.queue AND sc.item_key = h.item_key AND sc.seq_order IS NOT NULL
+                  AND sc.claim IS NOT NULL)
+              AND `
+
+// sequenceTemplate returns template (a plain claim, or one branch of the
+// per-part claim) with the scan aliased h and seqCondition added as the
+// first condition of its WHERE clause. It panics if the template's scan
+// does not have the expected shape.
+func sequenceTemplate(template string) string {
+	if strings.Count(template, seqAnchor) != 1 {
+		panic("sql: a claim template changed: the sequenced claim's condition has no place")
+	}
+	at := strings.Index(template, seqAnchor) + len(seqAnchor)
+	where := strings.Index(template[at:], "WHERE ")
+	if where < 0 || strings.TrimSpace(template[at:at+where]) != "" {
+		panic("sql: a claim template changed: its scan has no WHERE clause after the table")
+	}
+	at += where + len("WHERE ")
+	out := template[:at] + seqCondition + template[at:]
+	return strings.Replace(out, seqAnchor, seqAliased, 1)
+}
+
+// newSequenceStatements renders the statements of sequenced queues for t.
+func newSequenceStatements(t Tables) *sequenceStatements {
+	claim := sequenceTemplate(claimTemplate)
+	urgent := sequenceTemplate(urgentTemplate())
+	r := t.rewrite
+	return &sequenceStatements{
+		t:                   t,
+		ClaimAny:            r(fmt.Sprintf(claim, joinPicked)),
+		PostgresClaimAny:    r(fmt.Sprintf(claim, anyPicked)),
+		ClaimUrgent:         r(fmt.Sprintf(urgent, joinPicked)),
+		PostgresClaimUrgent: r(fmt.Sprintf(urgent, anyPicked)),
+		SetSequenced: r(`INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`),
+		Sequenced: r(`SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),
+       EXISTS (SELECT 1 FROM (SELECT item_key FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL
+                              ORDER BY item_key LIMIT 1) AS first)`),
+	}
+}
+
+// ClaimAnyFor returns ClaimAny, or its twin on PostgreSQL.
+func (s *sequenceStatements) ClaimAnyFor(d Dialect) string {
+	return byDialect(d, s.ClaimAny, s.PostgresClaimAny)
+}
+
+// ClaimUrgentFor returns ClaimUrgent, or its twin on PostgreSQL.
+func (s *sequenceStatements) ClaimUrgentFor(d Dialect) string {
+	return byDialect(d, s.ClaimUrgent, s.PostgresClaimUrgent)
+}
+
+// ClaimParts returns the sequenced per-part claim for k owned parts (1 to
+// MaxPartBranches; it panics otherwise) in dialect d: partClaimStatements.Claim
+// with seqCondition in every branch, and the same parameters.
+func (s *sequenceStatements) ClaimParts(d Dialect, k int) string {
+	checkParts(k)
+	slot := &s.claims[d][k]
+	if p := slot.Load(); p != nil {
+		return *p
+	}
+	how := joinPicked
+	if d == Postgres {
+		how = anyPicked
+	}
+	branch := sequenceTemplate(partBranch)
+	var b strings.Builder
+	for j := range k {
+		if j > 0 {
+			b.WriteString("\n        UNION ALL\n")
+		}
+		fmt.Fprintf(&b, branch, "$2", 6+j, "$5", "$3", j)
+	}
+	text := s.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, b.String(), how))
+	slot.Store(&text)
+	return text
+}
