@@ -58,6 +58,10 @@ type Item struct {
 	// TurnAt is the item's place in claim order within its priority: its
 	// vesting time, or in a fair queue the turn enqueue stamped.
 	TurnAt time.Time
+	// Headers are the headers the producer gave (NewItem.Headers), such as
+	// trace context; nil if none. Values that are not strings (written by
+	// hand into the column) are left out.
+	Headers map[string]string
 }
 
 // ClaimRequest says what Claimer.Claim claims.
@@ -295,7 +299,8 @@ func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
 			Attempt: r.Attempts, MaxAttempts: r.MaxAttempts, Payload: r.Payload, Metadata: r.Metadata,
 			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
 			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
-			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt}
+			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
+			Headers: headersOf(r.Headers)}
 	}
 	return items
 }

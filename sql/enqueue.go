@@ -24,7 +24,8 @@ type enqueueStatements struct {
 	// (BIGINT[]), $7 max attempts (BIGINT[]), $8 payloads (BYTEA[]), $9
 	// metadata (BYTEA[]), $10 tenants (TEXT[], NULL for none), $11 time to
 	// live in microseconds (BIGINT[], 0 for none), $12 at-most-once
-	// (BOOL[]), $13 fair turns (TIMESTAMPTZ[], NULL: the vesting time). Each
+	// (BOOL[]), $13 fair turns (TIMESTAMPTZ[], NULL: the vesting time), $14
+	// headers (TEXT[] of JSON objects, NULL for none; cast to JSONB). Each
 	// row's part is its key hash modulo the queue's number of parts, read in
 	// the same statement under a share lock, so that no enqueue can slip an
 	// item into a part that SetParts removes. An item is at-most-once if it
@@ -70,7 +71,7 @@ type enqueueStatements struct {
 	Found string
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
-	// payload, metadata, tenant, turn_at, expires_at, at_most_once.
+	// payload, metadata, tenant, turn_at, expires_at, at_most_once, headers.
 	// enqueued_at takes its default, now().
 	CopyTable   pgx.Identifier
 	CopyColumns []string
@@ -94,7 +95,7 @@ WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedup
 ORDER BY 3, 1`),
 		CopyTable: t.identifier("items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
-			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once"},
+			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "headers"},
 	}
 }
 
@@ -102,20 +103,20 @@ ORDER BY 3, 1`),
 // PostgresInsert adds a condition to its WHERE clause between them.
 const insertTemplate = `INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-     tenant, turn_at, expires_at, at_most_once)
+     tenant, turn_at, expires_at, at_most_once, headers)
 SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond',
        CASE WHEN v.amo OR n.amo THEN 1 ELSE v.m END, v.b, v.meta, v.t,
        CASE WHEN v.turn IS NULL THEN now() + v.d * INTERVAL '1 microsecond'
             WHEN v.d > 0 THEN GREATEST(v.turn, now() + v.d * INTERVAL '1 microsecond')
             ELSE v.turn END,
        CASE WHEN v.ttl > 0 THEN now() + v.ttl * INTERVAL '1 microsecond' END,
-       v.amo OR n.amo
+       v.amo OR n.amo, v.hd::JSONB
 FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo,
              ` + dedupWindow + ` AS win) AS n,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[])
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn)
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::TEXT[])
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, hd)
 WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - n.win)`
 
 const insertTail = `

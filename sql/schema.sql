@@ -141,6 +141,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     turn_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     expires_at   TIMESTAMPTZ,
     at_most_once BOOL        NOT NULL DEFAULT false,
+    -- Trace context and other headers (version 5): a JSON object of string
+    -- values that travels from the producer to the handler; NULL: none.
+    headers      JSONB,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)

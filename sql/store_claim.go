@@ -75,6 +75,7 @@ type ClaimedRow struct {
 	ExpiresAt  time.Time // zero if none
 	AtMostOnce bool
 	TurnAt     time.Time
+	Headers    []byte // the JSON object of the headers column; nil if NULL
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim
@@ -256,7 +257,7 @@ func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]Claim
 		var expires *time.Time
 		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
 			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-			&tenant, &expires, &it.AtMostOnce, &it.TurnAt); err != nil {
+			&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers); err != nil {
 			return nil, err
 		}
 		if tenant != nil {

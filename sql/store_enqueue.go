@@ -32,6 +32,8 @@ type EnqueueRow struct {
 	AtMostOnce  bool
 	// Turn is the fair turn enqueue stamped (nil: the vesting time).
 	Turn *time.Time
+	// Headers is a JSON object of string values (nil: none).
+	Headers []byte
 }
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
@@ -55,6 +57,7 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	keys, tenants := make([]*string, n), make([]*string, n)
 	ttls, amo, turns := make([]int64, n), make([]bool, n), make([]*time.Time, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
+	headers := make([]*string, n)
 	for j := range rows {
 		r := &rows[j]
 		ids[j], hashes[j] = r.ID, r.Hash
@@ -68,8 +71,12 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 		ttls[j], amo[j] = r.TTL.Microseconds(), r.AtMostOnce
 		priorities[j], delays[j], maxAttempts[j] = int64(r.Priority), r.Delay.Microseconds(), int64(r.MaxAttempts)
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
+		if r.Headers != nil {
+			h := string(r.Headers)
+			headers[j] = &h
+		}
 	}
-	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns}
+	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, headers}
 }
 
 // EnqueueParts returns, for a COPY of new items into queue in the same
@@ -96,6 +103,7 @@ type CopyRow struct {
 	TurnAt      time.Time
 	ExpiresAt   time.Time // zero: no deadline
 	AtMostOnce  bool
+	Headers     []byte // a JSON object of string values; nil: none
 }
 
 // Copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
@@ -146,6 +154,10 @@ func (c *copySource) Values() ([]any, error) {
 	c.vals[4], c.vals[5], c.vals[6] = int64(r.Priority), r.VestingAt, int64(r.MaxAttempts)
 	c.vals[7], c.vals[8] = orEmpty(r.Payload), r.Metadata
 	c.vals[9], c.vals[10], c.vals[11], c.vals[12] = tenant, r.TurnAt, expires, r.AtMostOnce
+	c.vals[13] = nil
+	if r.Headers != nil {
+		c.vals[13] = r.Headers // raw JSON, which pgx sends as is
+	}
 	return c.vals, nil
 }
 

@@ -16,6 +16,13 @@
 
 -- == trace context and enqueue from SQL ==
 
+-- Trace context and other headers that travel with an item from its
+-- producer to its handler (claim.NewItem.Headers, claim.Item.Headers): a
+-- JSON object of string values, NULL when there are none. Nullable and
+-- without a default, so adding it rewrites nothing, and code of versions 3
+-- and 4, which neither writes nor reads it, leaves it NULL.
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS headers JSONB;
+
 -- == audit ==
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
