@@ -23,6 +23,12 @@
 -- and 4, which neither writes nor reads it, leaves it NULL.
 ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS headers JSONB;
 
+-- The SQL function crdbwork_enqueue (enqueue from any language) is not in
+-- this file: each engine has its form, sql/enqueue_function.sql
+-- (PostgreSQL) and sql/cockroach_enqueue_function.sql (CockroachDB 24.1+).
+-- Package sql's Apply installs it; with psql or the cockroach CLI, apply
+-- that file after this one (docs/enqueue-from-sql.md).
+
 -- == audit ==
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
