@@ -26,8 +26,12 @@ import (
 // RETURNING … INTO it uses), DEFAULT expressions of routine parameters
 // (cockroachdb/cockroach#121811, in 24.1), and named arguments in calls,
 // which it does not have (cockroachdb/cockroach#122264): call it with
-// positional arguments there. None of this could be run here (no
-// CockroachDB binary): the CockroachDB form is checked only as text.
+// positional arguments there. The builtins the CockroachDB form calls exist
+// there (its pkg/sql/sem/builtins: convert_to with 'UTF8', get_byte;
+// "Functions and Operators": # is XOR, with <<, >>, & and |, whose
+// precedences differ from PostgreSQL's, so every such expression is
+// parenthesized). None of this could be run here (no CockroachDB binary):
+// the CockroachDB form is checked only as text.
 
 //go:embed enqueue_function.sql
 var enqueueFunctionFile string
