@@ -96,6 +96,13 @@ func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn 
 	if err != nil {
 		return err
 	}
+	// Unchanged: nothing to do. CREATE OR REPLACE rewrites the function's
+	// catalog row even when it is the same, and two processes doing so at
+	// once fail one of them on PostgreSQL ("tuple concurrently updated"):
+	// services that apply the schema as they start must not.
+	if body, ok := installedBody(ctx, db, t); ok && body == functionBody(stmt) {
+		return nil
+	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
 		if d == Cockroach {
 			warn(fmt.Sprintf("the cluster refused the SQL function crdbwork_enqueue (it needs CockroachDB 24.1 or later); enqueue from Go, or upgrade the cluster and apply the schema again: %v", err))
@@ -104,4 +111,32 @@ func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn 
 		return fmt.Errorf("crdbwork: creating the SQL function crdbwork_enqueue: %w", err)
 	}
 	return nil
+}
+
+// functionBody returns the body of a CREATE FUNCTION statement: the text
+// between its dollar quotes.
+func functionBody(stmt string) string {
+	const tag = "$crdbwork$"
+	i, j := strings.Index(stmt, tag), strings.LastIndex(stmt, tag)
+	if i < 0 || j <= i {
+		return ""
+	}
+	return stmt[i+len(tag) : j]
+}
+
+// installedBodyStatement reads the body of the function $1 in the schema
+// $2 (the current schema if empty) from the catalog, which both engines
+// have.
+const installedBodyStatement = `SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+WHERE p.proname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema())`
+
+// installedBody returns the body of t's enqueue function as installed
+// (false if it is not, or cannot be read).
+func installedBody(ctx context.Context, db DB, t Tables) (string, bool) {
+	var body string
+	if err := db.QueryRow(ctx, installedBodyStatement, t.prefix()+"enqueue", t.Schema).Scan(&body); err != nil {
+		return "", false
+	}
+	return body, true
 }

@@ -1,8 +1,12 @@
 package sql
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
 // The CockroachDB form of the enqueue function is the PostgreSQL form
@@ -54,5 +58,55 @@ func TestEnqueueFunctionRenamed(t *testing.T) {
 	}
 	if _, err := enqueueFunction(Postgres, Tables{Prefix: "x$crdbwork$"}); err == nil {
 		t.Error("a prefix holding the dollar quote's tag was accepted")
+	}
+}
+
+// Applying the schema again leaves an unchanged enqueue function alone, so
+// that processes applying it at once as they start do not fail each other
+// (PostgreSQL refuses concurrent rewrites of one catalog row); a changed
+// function is replaced.
+func TestEnqueueFunctionAppliedOnce(t *testing.T) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tables := Tables{Prefix: "once_"}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	stmt, err := enqueueFunction(Postgres, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, ok := installedBody(ctx, pool, tables); !ok || body != functionBody(stmt) {
+		t.Fatalf("installed body (%v) differs from the file's", ok)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- Apply(ctx, pool, tables)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Apply: %v", err)
+		}
+	}
+	// A changed function is replaced by the next Apply.
+	if _, err := pool.Exec(ctx, `CREATE OR REPLACE FUNCTION once_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
+		priority BIGINT DEFAULT 0, delay INTERVAL DEFAULT NULL, run_at TIMESTAMPTZ DEFAULT NULL, max_attempts BIGINT DEFAULT NULL,
+		tenant TEXT DEFAULT NULL, ttl INTERVAL DEFAULT NULL, metadata BYTEA DEFAULT NULL, headers JSONB DEFAULT NULL,
+		at_most_once BOOL DEFAULT false, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
+		LANGUAGE plpgsql AS $$ BEGIN item_id := NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	if body, ok := installedBody(ctx, pool, tables); !ok || body != functionBody(stmt) {
+		t.Fatal("Apply did not replace a changed function")
 	}
 }
