@@ -133,6 +133,14 @@ func (q *Queue) AckMany(ctx context.Context, reqs []AckRequest, opts AckOptions)
 	if len(reqs) == 0 {
 		return errs
 	}
+	if q.opts.Hooks != nil {
+		items := make([]Item, len(reqs))
+		for i := range reqs {
+			items[i] = reqs[i].Item
+		}
+		end := q.startStep(ctx, StepAck, items)
+		defer func() { end(nil, errors.Join(errs...)) }()
+	}
 	if err := q.ready(ctx); err != nil {
 		for i, r := range reqs {
 			errs[i] = fmt.Errorf("claim: ack of item %s: %w", r.Item.ID, err)

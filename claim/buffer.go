@@ -125,6 +125,7 @@ type bufRequest struct {
 	item    NewItem
 	id      uuid.UUID
 	hash    int64
+	headers []byte    // the item's headers as JSON (nil: none)
 	given   bool      // the caller chose the id
 	arrived time.Time // when Enqueue queued it
 	state   int       // reqPending, reqInFlight or reqWithdrawn; under Buffer.mu
@@ -185,6 +186,13 @@ func NewBuffer(q *Queue, opts BufferOptions) (*Buffer, error) {
 // if a worker already acked it); on any other error nothing was enqueued
 // and the Enqueued is zero.
 func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (Enqueued, error) {
+	return b.q.hooked(ctx, []NewItem{item}, func(ctx context.Context, items []NewItem) (Enqueued, error) {
+		return b.enqueueOne(ctx, items[0])
+	})
+}
+
+// enqueueOne is Enqueue without the queue's Hooks.
+func (b *Buffer) enqueueOne(ctx context.Context, item NewItem) (Enqueued, error) {
 	id, isNew, done, err := b.enqueue(ctx, item)
 	switch {
 	case err == nil:
@@ -203,7 +211,7 @@ func (b *Buffer) enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew
 	if err != nil {
 		return uuid.UUID{}, false, false, err
 	}
-	r := &bufRequest{item: item, id: pb.ids[0], hash: pb.hashes[0], given: len(pb.given) == 1,
+	r := &bufRequest{item: item, id: pb.ids[0], hash: pb.hashes[0], headers: pb.headers[0], given: len(pb.given) == 1,
 		arrived: time.Now(), result: make(chan bufResult, 1)}
 	b.mu.Lock()
 	if b.closed {
@@ -401,9 +409,9 @@ func (b *Buffer) flush(ctx context.Context, reqs []*bufRequest) {
 func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error) {
 	b.flushes.Add(1)
 	n := len(reqs)
-	eb := &batch{items: make([]NewItem, n), ids: make([]uuid.UUID, n), hashes: make([]int64, n)}
+	eb := &batch{items: make([]NewItem, n), ids: make([]uuid.UUID, n), hashes: make([]int64, n), headers: make([][]byte, n)}
 	for i, r := range reqs {
-		eb.items[i], eb.ids[i], eb.hashes[i] = r.item, r.id, r.hash
+		eb.items[i], eb.ids[i], eb.hashes[i], eb.headers[i] = r.item, r.id, r.hash, r.headers
 		if r.given {
 			eb.given = append(eb.given, i)
 		} else {

@@ -64,6 +64,10 @@ type Item struct {
 	// zero if none.
 	Checkpoint []byte
 	Progress   Progress
+	// Headers are the headers the producer gave (NewItem.Headers), such as
+	// trace context; nil if none. Values that are not strings (written by
+	// hand into the column) are left out.
+	Headers map[string]string
 }
 
 // ClaimRequest says what Claimer.Claim claims.
@@ -309,7 +313,7 @@ func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
 			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
 			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
 			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
-			Checkpoint: r.Checkpoint}
+			Checkpoint: r.Checkpoint, Headers: headersOf(r.Headers)}
 		if r.HasProgress {
 			items[i].Progress = Progress{Done: r.ProgressDone, Total: r.ProgressTotal}
 		}

@@ -55,7 +55,10 @@ func (q *Queue) Claimer(session uuid.UUID) Claimer {
 // fails, they are not returned; they stay claimed with their one attempt
 // used, so they are never handed out again (Reap moves them to the dead
 // items as a crash loop once their lease ends).
-func (c Claimer) Claim(ctx context.Context, req ClaimRequest) ([]Item, error) {
+func (c Claimer) Claim(ctx context.Context, req ClaimRequest) (items []Item, err error) {
+	if end := c.q.startStep(ctx, StepClaim, nil); end != nil {
+		defer func() { end(items, err) }()
+	}
 	return c.q.claimWith(ctx, c.session, req)
 }
 
@@ -88,7 +91,10 @@ func (c Claimer) Claim(ctx context.Context, req ClaimRequest) ([]Item, error) {
 // and a part claim may pick the same row and then wait for each other or
 // retry (Stats.Retries["claim"]); on PostgreSQL they skip each other's
 // rows.
-func (c Claimer) ClaimUrgent(ctx context.Context, req UrgentRequest) ([]Item, error) {
+func (c Claimer) ClaimUrgent(ctx context.Context, req UrgentRequest) (items []Item, err error) {
+	if end := c.q.startStep(ctx, StepClaim, nil); end != nil {
+		defer func() { end(items, err) }()
+	}
 	return c.q.claimUrgent(ctx, c.session, req)
 }
 

@@ -29,6 +29,9 @@ const (
 	MaxPayloadLimit = 3 << 20
 	// MaxKeyLength bounds the length in bytes of NewItem.Key.
 	MaxKeyLength = 4096
+	// MaxHeadersBytes bounds the bytes of NewItem.Headers: the sum of the
+	// lengths of its keys and values.
+	MaxHeadersBytes = 16 << 10
 )
 
 // Bounds of one enqueue statement or COPY.
@@ -116,6 +119,13 @@ type NewItem struct {
 	// again, and Reap moves it to the dead items with reason "expired" once
 	// no claim holds it. A claim made before the deadline may still ack.
 	TTL time.Duration
+	// Headers travel with the item from its producer to its handler
+	// (Item.Headers): trace context (the module otelcrdbwork fills them
+	// through Options.Hooks) or any other small string
+	// pairs. Stored as a JSON object; nil or empty: none. Keys must not be
+	// empty; keys and values are valid UTF-8 without NUL bytes, at most
+	// MaxHeadersBytes in all.
+	Headers map[string]string
 	// AtMostOnce makes the item at-most-once: the claim that hands it out
 	// deletes it (see Claimer.Claim), so it is never handed out twice,
 	// and it is lost if its handler fails or its process dies. Its
@@ -179,6 +189,11 @@ func (e Enqueued) Added() int {
 // found among the ended ids, and is not run again. On any other error
 // nothing was enqueued and the Enqueued is zero.
 func (q *Queue) Enqueue(ctx context.Context, items ...NewItem) (Enqueued, error) {
+	return q.hooked(ctx, items, q.enqueue)
+}
+
+// enqueue is Enqueue without the Hooks.
+func (q *Queue) enqueue(ctx context.Context, items []NewItem) (Enqueued, error) {
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
@@ -262,6 +277,13 @@ func (q *Queue) insertNotify(ctx context.Context, db crsql.Batcher, b *batch, re
 // cannot slip between the check and the insert; under READ COMMITTED such a
 // race can add the id again.
 func (q *Queue) EnqueueTx(ctx context.Context, tx pgx.Tx, items ...NewItem) (Enqueued, error) {
+	return q.hooked(ctx, items, func(ctx context.Context, items []NewItem) (Enqueued, error) {
+		return q.enqueueTx(ctx, tx, items)
+	})
+}
+
+// enqueueTx is EnqueueTx without the Hooks.
+func (q *Queue) enqueueTx(ctx context.Context, tx pgx.Tx, items []NewItem) (Enqueued, error) {
 	b, err := q.prepare(items)
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
@@ -317,7 +339,9 @@ type batch struct {
 	hashes []int64
 	// turns are the fair turns of the items with a tenant in a fair queue
 	// (nil otherwise; see Queue.stamp).
-	turns     []*time.Time
+	turns []*time.Time
+	// headers are the items' headers as JSON objects (nil: none).
+	headers   [][]byte
 	given     []int // items whose id the caller chose
 	generated []int // items whose id was generated
 	// orders is the sequence order of item 0; item i's is orders+i (see
@@ -424,7 +448,7 @@ func all(n int) []int {
 
 // prepare validates items and fixes their ids and key hashes.
 func (q *Queue) prepare(items []NewItem) (*batch, error) {
-	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items)),
+	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items)), headers: make([][]byte, len(items)),
 		orders: sequenceOrders.Add(int64(len(items))) - int64(len(items))}
 	var seen map[uuid.UUID]int
 	now := time.Now() // the unique keys' periods, one instant for the call
@@ -433,6 +457,11 @@ func (q *Queue) prepare(items []NewItem) (*batch, error) {
 		if err := q.validate(i, it); err != nil {
 			return nil, err
 		}
+		h, err := headersJSON(it.Headers)
+		if err != nil {
+			return nil, fmt.Errorf("claim: item %d: %w", i, err)
+		}
+		b.headers[i] = h
 		if it.UniqueKey != "" {
 			if seen == nil {
 				seen = make(map[uuid.UUID]int)
@@ -541,7 +570,7 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // not sent (the id derived from it is) but counts all the same: an
 // overestimate of at most MaxKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + headersBytes(it.Headers)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows
@@ -606,7 +635,7 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
 		it := &b.items[i]
 		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
-			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.orders + int64(i)}
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.orders + int64(i), Headers: b.headers[i]}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}
@@ -699,7 +728,7 @@ func (s *copySource) row(n int) crsql.CopyRow {
 	}
 	return crsql.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
 		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
-		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order}
+		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order, Headers: s.b.headers[i]}
 }
 
 // checkFound looks up the caller-given ids that were not added: it fails

@@ -74,6 +74,8 @@ func TestRowBytesCountsEveryVariableField(t *testing.T) {
 			v.SetString(string(make([]byte, size)))
 		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Uint8:
 			v.SetBytes(make([]byte, size))
+		case f.Type == reflect.TypeFor[map[string]string]():
+			v.Set(reflect.ValueOf(map[string]string{"k": string(make([]byte, size))}))
 		default:
 			continue
 		}

@@ -25,7 +25,10 @@ import (
 // The error text is stored safely whatever bytes it holds: invalid UTF-8 is
 // replaced, NUL bytes become the text \x00, and it is cut to
 // MaxErrorText bytes.
-func (q *Queue) Nack(ctx context.Context, it Item, cause error) (Outcome, error) {
+func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nackErr error) {
+	if end := q.startStep(ctx, StepNack, []Item{it}); end != nil {
+		defer func() { end(nil, nackErr) }()
+	}
 	msg := "unknown error"
 	if cause != nil {
 		msg = cause.Error()
@@ -88,7 +91,10 @@ func (q *Queue) holdForReaper(ctx context.Context, it Item, msg string, moveErr 
 // a worker shuts down before handling it. The claim is checked as in Ack.
 // The attempt is given back, but the claim token is not: the next claim gets
 // a new one, so this Item can never act on that claim.
-func (q *Queue) Release(ctx context.Context, it Item) error {
+func (q *Queue) Release(ctx context.Context, it Item) (err error) {
+	if end := q.startStep(ctx, StepRelease, []Item{it}); end != nil {
+		defer func() { end(nil, err) }()
+	}
 	if err := q.ready(ctx); err != nil {
 		return q.claimErr("releasing", it, err)
 	}

@@ -92,6 +92,12 @@ type Options struct {
 	// once and whose workers need no quick pickup. Ignored on CockroachDB,
 	// which has no notifications. Default: on.
 	NoNotify bool
+	// Hooks, if not nil, wrap every enqueue of the queue (Enqueue,
+	// EnqueueTx, Buffer.Enqueue) and are told of every claim, ack
+	// transaction, nack and release (see Hooks). Package otelcrdbwork's
+	// add the producer's trace context to the items' Headers and make
+	// the steps spans. Default: none.
+	Hooks Hooks
 }
 
 // Queue enqueues, claims and acknowledges the items of one queue.

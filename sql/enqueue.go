@@ -27,7 +27,8 @@ type enqueueStatements struct {
 	// (BOOL[]), $13 fair turns (TIMESTAMPTZ[], NULL: the vesting time), $14
 	// sequence orders (BIGINT[]: stored as seq_order for the items with a
 	// key of a sequenced queue, read in the same statement; see
-	// sequenceStatements). Each
+	// sequenceStatements), $15 headers (TEXT[] of JSON objects, NULL for
+	// none; cast to JSONB). Each
 	// row's part is its key hash modulo the queue's number of parts, read in
 	// the same statement under a share lock, so that no enqueue can slip an
 	// item into a part that SetParts removes. An item is at-most-once if it
@@ -75,7 +76,7 @@ type enqueueStatements struct {
 	Found string
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
-	// payload, metadata, tenant, turn_at, expires_at, at_most_once, seq_order.
+	// payload, metadata, tenant, turn_at, expires_at, at_most_once, seq_order, headers.
 	// enqueued_at takes its default, now().
 	CopyTable   pgx.Identifier
 	CopyColumns []string
@@ -101,7 +102,7 @@ WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedup
 ORDER BY 3, 1`),
 		CopyTable: t.identifier("items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
-			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "seq_order"},
+			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "seq_order", "headers"},
 	}
 }
 
@@ -109,21 +110,21 @@ ORDER BY 3, 1`),
 // PostgresInsert adds a condition to its WHERE clause between them.
 const insertTemplate = `INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-     tenant, turn_at, expires_at, at_most_once, seq_order)
+     tenant, turn_at, expires_at, at_most_once, seq_order, headers)
 SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond',
        CASE WHEN v.amo OR n.amo THEN 1 ELSE v.m END, v.b, v.meta, v.t,
        CASE WHEN v.turn IS NULL THEN now() + v.d * INTERVAL '1 microsecond'
             WHEN v.d > 0 THEN GREATEST(v.turn, now() + v.d * INTERVAL '1 microsecond')
             ELSE v.turn END,
        CASE WHEN v.ttl > 0 THEN now() + v.ttl * INTERVAL '1 microsecond' END,
-       v.amo OR n.amo, CASE WHEN n.seq AND v.k IS NOT NULL THEN v.o END
+       v.amo OR n.amo, CASE WHEN n.seq AND v.k IS NOT NULL THEN v.o END, v.hd::JSONB
 FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq,
              ` + dedupWindow + ` AS win) AS n,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::BIGINT[])
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o)
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::BIGINT[], $15::TEXT[])
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd)
 WHERE ` + dedupCheck
 
 // dedupCheck is the insert's dedup check: no row of the id ended in queue

@@ -124,6 +124,10 @@ var tableNames = map[string]bool{
 	"audit": true,
 }
 
+// routineNames are the schema's functions, by suffix: qualified with the
+// schema like the tables.
+var routineNames = map[string]bool{"enqueue": true}
+
 var identPattern = regexp.MustCompile(`\bcrdbwork_[a-z_]+\b`)
 
 func (t Tables) prefix() string {
@@ -150,7 +154,7 @@ func (t Tables) Validate() error {
 func (t Tables) name(ident string) string {
 	suffix := strings.TrimPrefix(ident, defaultPrefix)
 	id := pgx.Identifier{t.prefix() + suffix}
-	if t.Schema != "" && tableNames[suffix] {
+	if t.Schema != "" && (tableNames[suffix] || routineNames[suffix]) {
 		id = pgx.Identifier{t.Schema, t.prefix() + suffix}
 	}
 	return id.Sanitize()
@@ -325,6 +329,9 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 		if _, err := db.Exec(ctx, s); err != nil {
 			return fmt.Errorf("crdbwork: applying schema: %w\nstatement: %s", err, s)
 		}
+	}
+	if err := applyEnqueueFunction(ctx, db, dialect, t, warn); err != nil {
+		return err
 	}
 	if dialect == Cockroach {
 		for _, s := range statements(t.rewrite(cockroachFile)) {

@@ -169,6 +169,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     -- Sequences (version 5): the item's place among its key's items in a
     -- sequenced queue (NULL: not sequenced).
     seq_order    BIGINT,
+
+    -- Trace context and other headers (version 5): a JSON object of string
+    -- values that travels from the producer to the handler; NULL: none.
+    headers      JSONB,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)

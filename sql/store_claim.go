@@ -81,6 +81,7 @@ type ClaimedRow struct {
 	Checkpoint                  []byte
 	HasProgress                 bool
 	ProgressDone, ProgressTotal int64
+	Headers    []byte // the JSON object of the headers column; nil if NULL
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim
@@ -263,7 +264,7 @@ func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]Claim
 		var done, total *int64
 		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
 			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-			&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Checkpoint, &done, &total); err != nil {
+			&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total); err != nil {
 			return nil, err
 		}
 		if done != nil && total != nil {

@@ -36,6 +36,8 @@ type EnqueueRow struct {
 	// item has a key and the queue is sequenced: items of one key with the
 	// same enqueue time are claimed in this order (see sequenceStatements).
 	Order int64
+	// Headers is a JSON object of string values (nil: none).
+	Headers []byte
 }
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
@@ -59,6 +61,7 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	keys, tenants := make([]*string, n), make([]*string, n)
 	ttls, amo, turns, orders := make([]int64, n), make([]bool, n), make([]*time.Time, n), make([]int64, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
+	headers := make([]*string, n)
 	for j := range rows {
 		r := &rows[j]
 		ids[j], hashes[j] = r.ID, r.Hash
@@ -72,8 +75,12 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 		ttls[j], amo[j] = r.TTL.Microseconds(), r.AtMostOnce
 		priorities[j], delays[j], maxAttempts[j] = int64(r.Priority), r.Delay.Microseconds(), int64(r.MaxAttempts)
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
+		if r.Headers != nil {
+			h := string(r.Headers)
+			headers[j] = &h
+		}
 	}
-	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders}
+	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders, headers}
 }
 
 // EnqueueParts returns, for a COPY of new items into queue in the same
@@ -102,6 +109,7 @@ type CopyRow struct {
 	AtMostOnce  bool
 	// SeqOrder is the item's seq_order (nil: not sequenced).
 	SeqOrder *int64
+	Headers     []byte // a JSON object of string values; nil: none
 }
 
 // Copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
@@ -153,6 +161,10 @@ func (c *copySource) Values() ([]any, error) {
 	c.vals[7], c.vals[8] = orEmpty(r.Payload), r.Metadata
 	c.vals[9], c.vals[10], c.vals[11], c.vals[12] = tenant, r.TurnAt, expires, r.AtMostOnce
 	c.vals[13] = r.SeqOrder
+	c.vals[14] = nil
+	if r.Headers != nil {
+		c.vals[14] = r.Headers // raw JSON, which pgx sends as is
+	}
 	return c.vals, nil
 }
 

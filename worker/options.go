@@ -141,6 +141,14 @@ type Options struct {
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer
+	// Middleware, if not nil, wraps the handler once, when New is called:
+	// the worker runs Middleware(handler) for every item. The wrapper gets
+	// the handler's context and item and must call the handler it wraps
+	// (or fail the item) and return what it returned: for example start a
+	// span from the trace context in claim.Item.Headers (package
+	// otelcrdbwork's Middleware), log, or recover in its own way. Compose
+	// several by nesting them. Default: none.
+	Middleware func(Handler) Handler
 	// UrgentLane turns the urgent lane on (parts mode only): each claim
 	// first takes, from any part, items with priority at most
 	// UrgentPriority (claim.Claimer.ClaimUrgent), then fills its free slots

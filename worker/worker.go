@@ -213,6 +213,11 @@ func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.Middleware != nil {
+		if h = opts.Middleware(h); h == nil {
+			return nil, errors.New("worker: Middleware returned a nil handler")
+		}
+	}
 	qo := q.Options()
 	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, name: q.Name(), tables: qo.Tables,
 		store: crsql.NewStore(qo.Tables),

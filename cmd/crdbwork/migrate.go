@@ -18,7 +18,10 @@ sql/migrations above its version, each idempotent; workers of the old version
 may keep running meanwhile). It creates crdbwork's tables only, never the
 demo's. On CockroachDB it also applies sql/cockroach.sql best-effort: a
 cluster that refuses its zone settings (CockroachDB Cloud Basic/Serverless)
-gets a warning, and the schema is still complete. Running it again changes
+gets a warning, and the schema is still complete. It also creates (or
+replaces) the SQL function crdbwork_enqueue, which enqueues from any language
+(docs/enqueue-from-sql.md); a CockroachDB cluster older than 24.1 refuses it
+with a warning. Running it again changes
 nothing. A schema newer than this binary is refused (exit status 2), unless
 it still serves this binary's version. With --dry-run it says what it would
 do and changes nothing. It prints the oldest code version the schema serves:
@@ -58,6 +61,9 @@ workers and commands of that version and newer keep working on it.`)
 			if len(steps) == 0 {
 				steps = append(steps, fmt.Sprintf("nothing: the schema is at version %d", from))
 			}
+		}
+		if from < crsql.Version {
+			steps = append(steps, "create the SQL function crdbwork_enqueue (sql/enqueue_function.sql; on CockroachDB sql/cockroach_enqueue_function.sql, best-effort)")
 		}
 		if g.json {
 			return cli.PrintJSON(out, map[string]any{"dry_run": true, "engine": engine, "schema_version": from, "target_version": crsql.Version,

@@ -1,0 +1,142 @@
+package sql
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+)
+
+// The SQL function crdbwork_enqueue (docs/enqueue-from-sql.md): an enqueue
+// from any language, with the validation and deduplication of
+// claim.Queue.Enqueue. It is not part of schema.sql, whose plain SQL the
+// cockroach CLI of 23.1 accepts: a PL/pgSQL function needs CockroachDB
+// 23.2 (its DEFAULT parameters 24.1), and pg_notify is PostgreSQL's only.
+// So each engine has its form: sql/enqueue_function.sql on PostgreSQL, and
+// on CockroachDB sql/cockroach_enqueue_function.sql, the same text without
+// the lines marked "postgres only" (the wake-up notification, which
+// CockroachDB does not have, and the locking read that closes a race of
+// PostgreSQL's READ COMMITTED; TestCockroachEnqueueFunctionMatches).
+// ApplyWith installs the engine's form after the schema, on every call
+// (CREATE OR REPLACE). CockroachDB docs checked: "User-Defined Functions"
+// (mutations in UDF bodies since 23.2), "PL/pgSQL" and "Known
+// Limitations" (23.2: no nested blocks, FOR loops, CASE statements,
+// PERFORM, GET DIAGNOSTICS, RECORD variables or STRICT INTO: the function
+// uses none; IF, WHILE, RAISE with ERRCODE, SELECT … INTO and INSERT …
+// RETURNING … INTO it uses), DEFAULT expressions of routine parameters
+// (cockroachdb/cockroach#121811, in 24.1), and named arguments in calls,
+// which it does not have (cockroachdb/cockroach#122264): call it with
+// positional arguments there. The builtins the CockroachDB form calls exist
+// there (its pkg/sql/sem/builtins: convert_to with 'UTF8', get_byte;
+// "Functions and Operators": # is XOR, with <<, >>, & and |, whose
+// precedences differ from PostgreSQL's, so every such expression is
+// parenthesized). None of this could be run here (no CockroachDB binary):
+// the CockroachDB form is checked only as text.
+
+//go:embed enqueue_function.sql
+var enqueueFunctionFile string
+
+//go:embed cockroach_enqueue_function.sql
+var cockroachEnqueueFunctionFile string
+
+// postgresOnly marks the lines of the PostgreSQL form that the CockroachDB
+// form leaves out.
+const postgresOnly = "-- postgres only"
+
+// channelHead is the text of the wake-up channel's hash input that names
+// the tables (see Store.NotifyChannel): the schema's and the prefix's
+// lengths and texts. The file has the default names' (both empty).
+const channelHead = `'0:|0:|'`
+
+// EnqueueFunctionSQL returns the statement that creates (or replaces) the
+// function crdbwork_enqueue on dialect d, exactly as shipped in
+// sql/enqueue_function.sql or sql/cockroach_enqueue_function.sql (default
+// table names).
+func EnqueueFunctionSQL(d Dialect) string {
+	if d == Cockroach {
+		return cockroachEnqueueFunctionFile
+	}
+	return enqueueFunctionFile
+}
+
+// enqueueFunction returns the statement that creates the enqueue function
+// on d for the tables t: the names rewritten, the function qualified with
+// t.Schema like the tables, and the channel of its wake-up that of
+// Store.NotifyChannel for t.
+func enqueueFunction(d Dialect, t Tables) (string, error) {
+	text := t.rewrite(EnqueueFunctionSQL(d))
+	if strings.Count(text, channelHead) > 1 {
+		return "", fmt.Errorf("crdbwork: the enqueue function names the channel's tables more than once")
+	}
+	head := fmt.Sprintf("%d:%s|%d:%s|", len(t.Schema), t.Schema, len(t.Prefix), t.Prefix)
+	if strings.Contains(head, "$crdbwork$") {
+		return "", fmt.Errorf("crdbwork: a schema or prefix containing $crdbwork$ cannot name the enqueue function's tables")
+	}
+	return strings.Replace(text, channelHead, "'"+strings.ReplaceAll(head, "'", "''")+"'", 1), nil
+}
+
+// cockroachForm returns the PostgreSQL form of the function without its
+// lines marked postgresOnly: what sql/cockroach_enqueue_function.sql must
+// hold from its CREATE on.
+func cockroachForm(postgres string) string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(postgres, "\n") {
+		if !strings.Contains(line, postgresOnly) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+// applyEnqueueFunction creates the enqueue function of t on d: on
+// PostgreSQL an error fails the schema's Apply; on CockroachDB a refusal
+// (a version before 24.1) is a warning: everything but the function works.
+func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn func(string)) error {
+	stmt, err := enqueueFunction(d, t)
+	if err != nil {
+		return err
+	}
+	// Unchanged: nothing to do. CREATE OR REPLACE rewrites the function's
+	// catalog row even when it is the same, and two processes doing so at
+	// once fail one of them on PostgreSQL ("tuple concurrently updated"):
+	// services that apply the schema as they start must not.
+	if body, ok := installedBody(ctx, db, t); ok && body == functionBody(stmt) {
+		return nil
+	}
+	if _, err := db.Exec(ctx, stmt); err != nil {
+		if d == Cockroach {
+			warn(fmt.Sprintf("the cluster refused the SQL function crdbwork_enqueue (it needs CockroachDB 24.1 or later); enqueue from Go, or upgrade the cluster and apply the schema again: %v", err))
+			return nil
+		}
+		return fmt.Errorf("crdbwork: creating the SQL function crdbwork_enqueue: %w", err)
+	}
+	return nil
+}
+
+// functionBody returns the body of a CREATE FUNCTION statement: the text
+// between its dollar quotes.
+func functionBody(stmt string) string {
+	const tag = "$crdbwork$"
+	i, j := strings.Index(stmt, tag), strings.LastIndex(stmt, tag)
+	if i < 0 || j <= i {
+		return ""
+	}
+	return stmt[i+len(tag) : j]
+}
+
+// installedBodyStatement reads the body of the function $1 in the schema
+// $2 (the current schema if empty) from the catalog, which both engines
+// have.
+const installedBodyStatement = `SELECT p.prosrc FROM pg_catalog.pg_proc AS p
+JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+WHERE p.proname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema())`
+
+// installedBody returns the body of t's enqueue function as installed
+// (false if it is not, or cannot be read).
+func installedBody(ctx context.Context, db DB, t Tables) (string, bool) {
+	var body string
+	if err := db.QueryRow(ctx, installedBodyStatement, t.prefix()+"enqueue", t.Schema).Scan(&body); err != nil {
+		return "", false
+	}
+	return body, true
+}

@@ -1,0 +1,228 @@
+-- crdbwork_enqueue: enqueue an item from SQL (psql, Python, Node, any
+-- client), with the validation and deduplication of the Go API's
+-- claim.Queue.Enqueue. PostgreSQL form (PL/pgSQL); the CockroachDB form is
+-- sql/cockroach_enqueue_function.sql, this same function without the lines
+-- marked "postgres only". Package sql's Apply installs the engine's form;
+-- by hand (default table names):
+--   psql -v ON_ERROR_STOP=1 -f sql/enqueue_function.sql "$DATABASE_URL"
+-- Documented in docs/enqueue-from-sql.md. Call it in the caller's own
+-- transaction to enqueue atomically with other writes:
+--   SELECT * FROM crdbwork_enqueue('mail', convert_to('{"to":"ada"}', 'UTF8'));
+--   SELECT * FROM crdbwork_enqueue('mail', '\x01'::BYTEA, key => 'user-7', delay => INTERVAL '5 minutes');
+-- It returns the item's id, whether this call added it, and whether its id
+-- ended in the queue within the dedup window (then nothing was added).
+--
+-- Every column below is qualified by its table's alias and every value is
+-- a v_ variable: PL/pgSQL refuses names that could be a column or a
+-- parameter. Written in the subset of PL/pgSQL that CockroachDB accepts
+-- (no nested blocks, no FOR loops, no CASE statements, no PERFORM, no
+-- GET DIAGNOSTICS, no FOUND, no RECORD variables, no STRICT INTO).
+CREATE OR REPLACE FUNCTION crdbwork_enqueue(
+    queue        TEXT,
+    payload      BYTEA,
+    id           UUID        DEFAULT NULL,
+    key          TEXT        DEFAULT NULL,
+    priority     BIGINT      DEFAULT 0,
+    delay        INTERVAL    DEFAULT NULL,
+    run_at       TIMESTAMPTZ DEFAULT NULL,
+    max_attempts BIGINT      DEFAULT NULL,
+    tenant       TEXT        DEFAULT NULL,
+    ttl          INTERVAL    DEFAULT NULL,
+    metadata     BYTEA       DEFAULT NULL,
+    headers      JSONB       DEFAULT NULL,
+    at_most_once BOOL        DEFAULT false,
+    OUT item_id  UUID,
+    OUT added    BOOL,
+    OUT done     BOOL)
+LANGUAGE plpgsql VOLATILE AS $crdbwork$
+DECLARE
+    v_queue    TEXT;
+    v_payload  BYTEA;
+    v_id       UUID;
+    v_key      TEXT;
+    v_tenant   TEXT;
+    v_priority BIGINT;
+    v_delay_us BIGINT;
+    v_ttl_us   BIGINT;
+    v_max      BIGINT;
+    v_metadata BYTEA;
+    v_headers  JSONB;
+    v_amo      BOOL;
+    v_bytes    BYTEA;
+    v_n        BIGINT;
+    v_i        BIGINT;
+    v_hi       BIGINT;
+    v_lo       BIGINT;
+    v_t        BIGINT;
+    v_hash     BIGINT;
+    v_turn     TIMESTAMPTZ;
+    v_head     TIMESTAMPTZ;
+    v_last     TIMESTAMPTZ;
+    v_got      UUID;
+    v_other    TEXT;
+    v_ended    BOOL;
+BEGIN
+    -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
+    -- nothing is written when an argument is refused.
+    IF queue IS NULL OR queue = '' THEN
+        RAISE EXCEPTION 'enqueue: the queue name is required (the Go API''s default queue is named ''default'')'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(payload) > 1048576 THEN
+        RAISE EXCEPTION 'enqueue: the payload is % bytes, the limit is 1048576 (store large data elsewhere and enqueue a reference)',
+            octet_length(payload) USING ERRCODE = '54000';
+    END IF;
+    IF octet_length(metadata) > 1048576 THEN
+        RAISE EXCEPTION 'enqueue: the metadata is % bytes, the limit is 1048576', octet_length(metadata) USING ERRCODE = '54000';
+    END IF;
+    IF octet_length(key) > 4096 THEN
+        RAISE EXCEPTION 'enqueue: the key is % bytes, the limit is 4096', octet_length(key) USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(tenant) > 4096 THEN
+        RAISE EXCEPTION 'enqueue: the tenant is % bytes, the limit is 4096', octet_length(tenant) USING ERRCODE = '22023';
+    END IF;
+    IF delay IS NOT NULL AND run_at IS NOT NULL THEN
+        RAISE EXCEPTION 'enqueue: give delay or run_at, not both' USING ERRCODE = '22023';
+    END IF;
+    IF delay < INTERVAL '0 seconds' THEN
+        RAISE EXCEPTION 'enqueue: negative delay %', delay USING ERRCODE = '22023';
+    END IF;
+    IF max_attempts < 0 THEN
+        RAISE EXCEPTION 'enqueue: negative max_attempts %', max_attempts USING ERRCODE = '22023';
+    END IF;
+    IF ttl < INTERVAL '0 seconds' OR ttl > INTERVAL '8760 hours' THEN
+        RAISE EXCEPTION 'enqueue: ttl % must be between 0 (none) and 8760 hours', ttl USING ERRCODE = '22023';
+    END IF;
+    IF priority IS NULL THEN
+        RAISE EXCEPTION 'enqueue: priority must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'enqueue: headers must be a JSON object of strings, not %', jsonb_typeof(headers) USING ERRCODE = '22023';
+    END IF;
+    IF headers IS NOT NULL AND EXISTS (SELECT 1 FROM jsonb_each(headers) AS h (k, v) WHERE h.k = '' OR jsonb_typeof(h.v) <> 'string') THEN
+        RAISE EXCEPTION 'enqueue: headers must be a JSON object of strings with non-empty names' USING ERRCODE = '22023';
+    END IF;
+    IF headers IS NOT NULL AND (SELECT COALESCE(sum(octet_length(h.k) + octet_length(h.v)), 0) FROM jsonb_each_text(headers) AS h (k, v)) > 16384 THEN
+        RAISE EXCEPTION 'enqueue: the headers are over 16384 bytes' USING ERRCODE = '22023';
+    END IF;
+
+    v_queue := queue;
+    v_payload := COALESCE(payload, ''::BYTEA);
+    v_id := COALESCE(id, gen_random_uuid());
+    v_key := NULLIF(key, '');
+    v_tenant := NULLIF(tenant, '');
+    v_priority := priority;
+    v_amo := COALESCE(at_most_once, false);
+    v_metadata := metadata;
+    v_headers := headers;
+    IF v_headers = '{}'::JSONB THEN
+        v_headers := NULL;
+    END IF;
+    v_max := COALESCE(NULLIF(max_attempts, 0), 25);
+    -- Durations in microseconds, as the Go API sends them.
+    v_delay_us := 0;
+    IF delay IS NOT NULL THEN
+        v_delay_us := (EXTRACT(EPOCH FROM delay) * 1000000)::BIGINT;
+    END IF;
+    IF run_at IS NOT NULL THEN
+        v_delay_us := GREATEST((EXTRACT(EPOCH FROM run_at - now()) * 1000000)::BIGINT, 0);
+    END IF;
+    v_ttl_us := 0;
+    IF ttl IS NOT NULL THEN
+        v_ttl_us := (EXTRACT(EPOCH FROM ttl) * 1000000)::BIGINT;
+    END IF;
+
+    -- The part: the key's hash (or, without a key, the tenant's) modulo
+    -- the queue's parts, with the Go API's hash (64-bit FNV-1a of the
+    -- UTF-8 bytes, its top bit cleared), so that SQL and Go put a key in
+    -- the same part. Computed in two 32-bit halves: BIGINT arithmetic
+    -- must not overflow. Without either, a random part.
+    IF v_key IS NOT NULL OR v_tenant IS NOT NULL THEN
+        v_bytes := convert_to(COALESCE(v_key, v_tenant), 'UTF8');
+        v_n := octet_length(v_bytes);
+        v_hi := 3421674724; -- the offset basis 0xcbf29ce484222325
+        v_lo := 2216829733;
+        v_i := 0;
+        WHILE v_i < v_n LOOP
+            v_lo := v_lo # get_byte(v_bytes, v_i::INT);
+            -- times the prime 2^40 + 435, modulo 2^64
+            v_t := v_lo * 435;
+            v_hi := ((v_hi * 435) + (v_t >> 32) + ((v_lo & 16777215) << 8)) & 4294967295;
+            v_lo := v_t & 4294967295;
+            v_i := v_i + 1;
+        END LOOP;
+        v_hash := ((v_hi & 2147483647) << 32) | v_lo;
+    ELSE
+        v_hash := floor(random() * 4294967296)::BIGINT;
+    END IF;
+
+    -- A fair queue's turn (claim's stamp): after the tenant's latest
+    -- unclaimed turn of this priority, never before the priority's head.
+    v_turn := NULL;
+    IF v_tenant IS NOT NULL AND EXISTS (SELECT 1 FROM crdbwork_queues AS q WHERE q.name = v_queue AND q.fair) THEN
+        v_turn := now();
+        SELECT x.turn_at INTO v_head FROM crdbwork_items AS x
+            WHERE x.queue = v_queue AND x.priority = v_priority AND x.claim IS NULL ORDER BY x.turn_at LIMIT 1;
+        IF v_head IS NOT NULL AND v_head < v_turn THEN
+            v_turn := v_head;
+        END IF;
+        SELECT x.turn_at INTO v_last FROM crdbwork_items AS x
+            WHERE x.queue = v_queue AND x.tenant = v_tenant AND x.priority = v_priority AND x.claim IS NULL
+            ORDER BY x.turn_at DESC LIMIT 1;
+        IF v_last IS NOT NULL AND v_last >= v_turn THEN
+            v_turn := v_last + INTERVAL '1 microsecond';
+        END IF;
+    END IF;
+
+    -- The insert of claim's enqueue (sql/enqueue.go, Insert and
+    -- PostgresInsert): the part under a share lock on the queue's row,
+    -- nothing if the id is in the items table or ended in the queue
+    -- within its dedup window.
+    INSERT INTO crdbwork_items AS i
+        (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
+         tenant, turn_at, expires_at, at_most_once, headers)
+    SELECT v_id, v_queue, v_hash % n.parts, v_key, v_priority, now() + v_delay_us * INTERVAL '1 microsecond',
+           CASE WHEN v_amo OR n.amo THEN 1 ELSE v_max END, v_payload, v_metadata, v_tenant,
+           CASE WHEN v_turn IS NULL THEN now() + v_delay_us * INTERVAL '1 microsecond'
+                WHEN v_delay_us > 0 THEN GREATEST(v_turn, now() + v_delay_us * INTERVAL '1 microsecond')
+                ELSE v_turn END,
+           CASE WHEN v_ttl_us > 0 THEN now() + v_ttl_us * INTERVAL '1 microsecond' END,
+           v_amo OR n.amo, v_headers
+    FROM (SELECT COALESCE((SELECT q.num_parts FROM crdbwork_queues AS q WHERE q.name = v_queue FOR SHARE), 1) AS parts,
+                 COALESCE((SELECT q.at_most_once FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS amo,
+                 COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = v_id AND e.ended_at > now() - n.win)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id FOR KEY SHARE OF x) -- postgres only
+    ON CONFLICT DO NOTHING
+    RETURNING i.id INTO v_got;
+
+    -- Is the id ended in the queue within its window? Under READ
+    -- COMMITTED (PostgreSQL's default) this statement sees an ack of the
+    -- same id that committed while the insert waited for the acked row:
+    -- the insert's own check could not, and the copy it added is taken
+    -- back. (Under SERIALIZABLE the insert's locking read fails with a
+    -- serialization error instead, to be retried.)
+    SELECT EXISTS (SELECT 1 FROM crdbwork_ended AS e
+        WHERE e.queue = v_queue AND e.id = v_id
+          AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours'))
+        INTO v_ended;
+    IF v_got IS NOT NULL AND v_ended THEN
+        DELETE FROM crdbwork_items AS x WHERE x.id = v_got;
+        v_got := NULL;
+    END IF;
+
+    IF v_got IS NULL THEN
+        SELECT x.queue INTO v_other FROM crdbwork_items AS x WHERE x.id = v_id;
+        IF v_other IS NOT NULL AND v_other <> v_queue THEN
+            RAISE EXCEPTION 'enqueue: id % is an item of queue %', v_id, v_other USING ERRCODE = '23505';
+        END IF;
+    ELSIF v_delay_us = 0 THEN -- postgres only
+        -- Wake idle workers of every process at commit (sql.Store.NotifyChannel). -- postgres only
+        PERFORM pg_notify('crdbwork_' || left(encode(sha256(convert_to('0:|0:|' || octet_length(v_queue)::TEXT || ':' || v_queue, 'UTF8')), 'hex'), 32), ''); -- postgres only
+    END IF;
+
+    item_id := v_id;
+    added := v_got IS NOT NULL;
+    done := v_got IS NULL AND v_other IS NULL AND v_ended;
+END
+$crdbwork$;
