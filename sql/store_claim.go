@@ -81,7 +81,7 @@ type ClaimedRow struct {
 	Checkpoint                  []byte
 	HasProgress                 bool
 	ProgressDone, ProgressTotal int64
-	Headers    []byte // the JSON object of the headers column; nil if NULL
+	Headers                     []byte // the JSON object of the headers column; nil if NULL
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim

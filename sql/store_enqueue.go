@@ -109,7 +109,7 @@ type CopyRow struct {
 	AtMostOnce  bool
 	// SeqOrder is the item's seq_order (nil: not sequenced).
 	SeqOrder *int64
-	Headers     []byte // a JSON object of string values; nil: none
+	Headers  []byte // a JSON object of string values; nil: none
 }
 
 // Copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
