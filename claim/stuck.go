@@ -27,6 +27,9 @@ const (
 	// StepPruneEnded: forgetting ended ids past the dedup window
 	// (PruneEnded).
 	StepPruneEnded = "prune ended"
+	// StepCancelled: ending cancelled items whose handlers are gone (their
+	// claims released, or their leases run out).
+	StepCancelled = "cancelled"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another

@@ -117,6 +117,10 @@ var counterHelp = map[string]string{
 	"part_rebalances_total":  "Part rebalances run by this process's workers.",
 	"handler_panics_total":   "Handler runs that panicked.",
 	"handler_timeouts_total": "Handler runs that outlived the item timeout.",
+	// Cancel and snooze (docs/cancel-and-snooze.md).
+	"items_cancelled_total":         "Items ended as cancelled by this process.",
+	"items_cancelled_running_total": "Items ended as cancelled by this process whose handler was running when the cancel was asked for.",
+	"items_snoozed_total":           "Snoozes by this process's handlers (items handed back with a delay, their attempt not counted).",
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer, add the
@@ -251,6 +255,9 @@ func (c *Collector) collectProcess(ch chan<- prometheus.Metric) {
 		p.counts["items_released_total"] += s.Released
 		p.counts["items_dead_total"] += s.Dead
 		p.counts["claims_lost_total"] += s.LostClaims
+		p.counts["items_cancelled_total"] += s.Cancelled
+		p.counts["items_cancelled_running_total"] += s.CancelledRunning
+		p.counts["items_snoozed_total"] += s.Snoozed
 		for k, v := range s.Retries {
 			p.retries[k] += v
 		}

@@ -219,7 +219,7 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"Release", st.Release, []any{ids[0], session, tokens[0]}},
 		{"Exhaust", deaths.Exhaust, []any{ids[0], session, tokens[0], "boom"}},
 		{"DeadLetter", st.DeadLetter, []any{ids[0], session, tokens[0], "boom", "failed"}},
-		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
 		{"ReapLeases", ds.ReapLeases, []any{"q", 1000}},
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},

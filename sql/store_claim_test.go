@@ -133,7 +133,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			t.Errorf("DeadLetter without a row: held %v, error %v; want false, nil", held, err)
 		}
 		_, _ = s.ReleaseForgotten(ctx, r, "q", session, nil)
-		_, _ = s.Cancel(ctx, r, id, "q")
+		_, _ = s.Cancel(ctx, r, id, "q", "ops", "why")
 		_, _ = s.ReapExhausted(ctx, r, "q", 10, "e")
 		_, _ = s.ReapExpired(ctx, r, "q", 10)
 		_, _ = s.ExpiredLeaseIDs(ctx, r, "q", 10)
