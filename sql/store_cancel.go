@@ -41,16 +41,16 @@ import (
 // timestamp 'infinity', whose handling changed between CockroachDB versions
 // (cockroachdb/cockroach#127141).
 type cancelStatements struct {
-	request     string // $1 id, $2 queue, $3 by, $4 reason → id
-	state       string // $1 id, $2 queue → cancel requested, claimed
-	session     string // $1 queue, $2 session, $3 limit → id, claim_token, by, reason, requested at
-	end         string // $1 id, $2 session, $3 token (the bumped one) → id
-	reap        string // $1 queue, $2 limit → id
-	list        string // $1 queue, $2 limit → cancelled columns, newest first
-	listBefore  string // $1 queue, $2 ended_at, $3 id, $4 limit → cancelled columns
-	ended       string // $1 queue, $2 id → live (0 or 1), outcome ('' if none)
-	snooze      string // $1 id, $2 session, $3 token, $4 delay (µs), $5 max snoozes → rows affected
-	counts      string // $1 queue → snoozed and waiting, cancel requested
+	request    string // $1 id, $2 queue, $3 by, $4 reason → id
+	state      string // $1 id, $2 queue → cancel requested, claimed
+	session    string // $1 queue, $2 session, $3 limit → id, claim_token, by, reason, requested at
+	end        string // $1 id, $2 session, $3 token (the bumped one) → id
+	reap       string // $1 queue, $2 limit → id
+	list       string // $1 queue, $2 limit → cancelled columns, newest first
+	listBefore string // $1 queue, $2 ended_at, $3 id, $4 limit → cancelled columns
+	ended      string // $1 queue, $2 id → live (0 or 1), outcome ('' if none)
+	snooze     string // $1 id, $2 session, $3 token, $4 delay (µs), $5 max snoozes → rows affected
+	counts     string // $1 queue → snoozed and waiting, cancel requested
 }
 
 // farVesting is the vesting time RequestCancel gives an item.
