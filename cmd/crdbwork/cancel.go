@@ -178,6 +178,9 @@ as the queue's dedup window (default 24 h).`)
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
+	// A queue whose every item ended has no row the unknown-queue check
+	// finds, yet its cancelled items are listed.
+	g.create = true
 	pool, q, err := g.openQueue(ctx, f)
 	if err != nil {
 		return err
