@@ -32,6 +32,13 @@ import (
 // and records it in crdbwork_ended with outcome 'cancelled', who, why and
 // when (unless the queue's dedup window is zero, as for every outcome).
 //
+// The statements on one item by id test the claim and the request inside
+// IS TRUE (the same truth in a WHERE clause), as expiredUnclaimed does: a
+// plain claim IS NULL (or cancel_requested_at IS NOT NULL) proves the
+// predicate of a partial index, and on a table whose statistics make that
+// index look empty PostgreSQL read the item through it — every unclaimed
+// item of the queue — instead of by primary key (TestHotPlansInEveryState).
+//
 // CockroachDB checked (docs, "Partial indexes": CREATE INDEX ... WHERE,
 // since v20.2, used when the query's filter implies the predicate; "Common
 // Table Expressions": data-modifying statements in WITH, one modification
@@ -87,7 +94,7 @@ const cancelledColumns = `id, ended_at, COALESCE(cancel_by, ''), COALESCE(cancel
 // while it was claimed, and whose claim was released since, keeps that
 // request's author, reason and time.
 const cancelUnclaimed = `WITH gone AS (
-    DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2 AND claim IS NULL
+    DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2 AND (claim IS NULL) IS TRUE
     ` + cancelledGone + `),
 ` + `ended AS (
     INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, cancel_by, cancel_reason, cancel_requested_at, was_running)
@@ -106,7 +113,7 @@ func newCancelStatements(t Tables) *cancelStatements {
 		request: r(`UPDATE crdbwork_items
 SET cancel_requested_at = now(), cancel_by = $3, cancel_reason = $4,
     claim_token = claim_token + 1, vesting_at = ` + farVesting + `
-WHERE id = $1 AND queue = $2 AND claim IS NOT NULL AND cancel_requested_at IS NULL
+WHERE id = $1 AND queue = $2 AND (claim IS NOT NULL) IS TRUE AND cancel_requested_at IS NULL
 RETURNING id`),
 		state: r(`SELECT cancel_requested_at IS NOT NULL, claim IS NOT NULL FROM crdbwork_items WHERE id = $1 AND queue = $2`),
 		// The claim is compared by IS NOT DISTINCT FROM for the reason
@@ -118,7 +125,7 @@ WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND claim IS NOT DISTINCT F
 ORDER BY cancel_requested_at
 LIMIT $3`),
 		end: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE ` + heldBy + ` AND cancel_requested_at IS NOT NULL
+    DELETE FROM crdbwork_items WHERE ` + heldBy + ` AND (cancel_requested_at IS NOT NULL) IS TRUE
     ` + cancelledGone + `),
 ` + fromRow + `
 SELECT id FROM gone`),
