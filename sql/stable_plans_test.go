@@ -261,7 +261,11 @@ var knownFlips = map[string]struct {
 	reads  string
 }{
 	"EnqueueInsert": {
-		states: map[string]bool{"empty/custom": true, "empty/generic": true, "filled after ANALYZE of the empty table/custom": true},
+		// The generic plan after ANALYZE of the empty table flips too since
+		// crdbwork_ended gained the cancel columns and the partial index
+		// crdbwork_ended_cancelled (schema version 5).
+		states: map[string]bool{"empty/custom": true, "empty/generic": true, "filled after ANALYZE of the empty table/custom": true,
+			"filled after ANALYZE of the empty table/generic": true},
 		reads:  "crdbwork_ended_by_age",
 	},
 }
