@@ -49,12 +49,12 @@ func Cancelled(ctx context.Context) (*claim.CancelledError, bool) {
 }
 
 // cancelled cancels the handlers of the items fl holds that the requests
-// name (for the same claim), with the request's cause, and returns how
-// many it cancelled.
-func (f *flights) cancelled(reqs []claim.CancelRequest) int {
+// name (for the same claim), with the request's cause, and returns the
+// requests it acted on (not those it acted on before).
+func (f *flights) cancelled(reqs []claim.CancelRequest) []claim.CancelRequest {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := 0
+	var done []claim.CancelRequest
 	for _, r := range reqs {
 		fl := f.m[r.ID]
 		if fl == nil || fl.item.Token != r.Token || fl.cancelAsked {
@@ -62,9 +62,9 @@ func (f *flights) cancelled(reqs []claim.CancelRequest) int {
 		}
 		fl.cancelAsked = true
 		fl.cancel(r.Cause)
-		n++
+		done = append(done, r)
 	}
-	return n
+	return done
 }
 
 // empty reports whether fl holds no items.
@@ -87,9 +87,9 @@ func (w *Worker) checkCancels(ctx context.Context, sessID uuid.UUID, fl *flights
 		}
 		return
 	}
-	if n := fl.cancelled(reqs); n > 0 {
-		w.cancelsSeen.Add(int64(n))
-		for _, r := range reqs {
+	if done := fl.cancelled(reqs); len(done) > 0 {
+		w.cancelsSeen.Add(int64(len(done)))
+		for _, r := range done {
 			log.Info("item cancelled while its handler ran: cancelling the handler", zap.Stringer("item", r.ID),
 				zap.String("by", r.Cause.By), zap.String("reason", r.Cause.Reason))
 		}

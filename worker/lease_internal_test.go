@@ -62,10 +62,10 @@ func TestLeaseExtensionsStayWithinBounds(t *testing.T) {
 	asked := claim.Item{ID: uuid.New(), Token: 4}
 	f.add(asked, t0, t0.Add(time.Hour), cancel2)
 	why := &claim.CancelledError{By: "ops", Reason: "wrong input"}
-	if n := f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 3, Cause: why}}); n != 0 {
+	if n := len(f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 3, Cause: why}})); n != 0 {
 		t.Fatalf("a request of another claim (token 3) cancelled %d handlers", n)
 	}
-	if n := f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 4, Cause: why}}); n != 1 {
+	if n := len(f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 4, Cause: why}})); n != 1 {
 		t.Fatalf("cancel request: %d handlers cancelled, want 1", n)
 	}
 	f.lose(f.extended([]claim.Item{asked}, nil, now, lease))

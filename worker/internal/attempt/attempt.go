@@ -513,12 +513,20 @@ func (st *settling) release() {
 // endCancelled ends the item as cancelled if the Settler can
 // (CancelEnder) and the item is one whose cancel was asked for while this
 // claim held it, retrying failures as the other settles do; it reports
-// whether it did (then the outcome is Cancelled).
-func (st *settling) endCancelled() bool {
+// whether it did (then the outcome is Cancelled). Its tries count in
+// Result.Tries only when it did: after a lost claim that was no cancel,
+// the result reads as before.
+func (st *settling) endCancelled() (ended bool) {
 	ce, ok := st.s.(CancelEnder)
 	if !ok {
 		return false
 	}
+	tries := st.res.Tries
+	defer func() {
+		if !ended {
+			st.res.Tries = tries
+		}
+	}()
 	for {
 		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, st.it) })
 		switch {
