@@ -151,7 +151,7 @@ func New(opts Options) *Collector {
 	c.inFlight = prometheus.NewDesc(name("handlers_in_flight"), "Handlers running now.", []string{"queue"}, nil)
 	c.handler = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "handler_duration_seconds",
-		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled.",
+		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled, dropped, snoozed, cancelled.",
 		Buckets: opts.HandlerBuckets,
 	}, []string{"queue", "outcome"})
 	c.ackBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
