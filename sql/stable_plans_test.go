@@ -266,7 +266,7 @@ var knownFlips = map[string]struct {
 		// crdbwork_ended_cancelled (schema version 5).
 		states: map[string]bool{"empty/custom": true, "empty/generic": true, "filled after ANALYZE of the empty table/custom": true,
 			"filled after ANALYZE of the empty table/generic": true},
-		reads:  "crdbwork_ended_by_age",
+		reads: "crdbwork_ended_by_age",
 	},
 }
 
