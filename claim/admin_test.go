@@ -365,8 +365,9 @@ func TestAdminWaitDrained(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := enq.IDs
-	if _, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1}); err != nil {
-		t.Fatal(err)
+	held, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
+	if err != nil || len(held) != 1 {
+		t.Fatal(held, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	err = q.WaitDrained(short, 20*time.Millisecond)
@@ -382,6 +383,10 @@ func TestAdminWaitDrained(t *testing.T) {
 		if ok, err := q.Cancel(ctx, id); err != nil || !ok {
 			t.Fatalf("cancel %s: %v %v", id, ok, err)
 		}
+	}
+	// The claimed item ends when its holder (a worker) ends it.
+	if err := q.EndCancelled(ctx, held[0]); err != nil {
+		t.Fatal(err)
 	}
 	if err := <-result; err != nil {
 		t.Fatalf("WaitDrained after the queue drained: %v", err)

@@ -415,6 +415,10 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM results`); n != 4 {
 		t.Fatalf("%d results, want 4", n)
 	}
+	// The cancelled item ends when its holder ends it, as a worker does.
+	if err := q.EndCancelled(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1 {
 		t.Fatalf("%d items left, want 1 (the released one)", n)
 	}
@@ -519,6 +523,10 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 	}
 	if n := count(t, pool, `SELECT count(*) FROM each_results`); n != 8 {
 		t.Fatalf("%d results in all, want 8", n)
+	}
+	// The cancelled item ends when its holder ends it, as a worker does.
+	if err := q.EndCancelled(ctx, got[0]); err != nil {
+		t.Fatal(err)
 	}
 	var left []uuid.UUID
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items`)

@@ -13,25 +13,6 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Cancel deletes an item of this queue whether or not it is claimed, and
-// reports whether it existed. A claimed item's pending ack then fails with
-// ErrClaimLost.
-func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
-	if err := q.ready(ctx); err != nil {
-		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
-	}
-	var existed bool
-	err := retry.Do(ctx, q.stats.retried("cancel"), func(ctx context.Context) error {
-		var err error
-		existed, err = q.store.Cancel(ctx, q.db, id, q.opts.Queue)
-		return crsql.Classify(err)
-	})
-	if err != nil {
-		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
-	}
-	return existed, nil
-}
-
 // DeadItem is one death of an item: the item was moved to the dead-items
 // table because it used up its attempts, failed with a Permanent error or
 // passed its deadline. An id may die several times (ids are the caller's, and

@@ -77,9 +77,14 @@ type ReapStats struct {
 	// DeadPruned counts dead items deleted under the queue's retention
 	// (see PruneDead).
 	DeadPruned int
+	// Cancelled counts items whose cancel was asked for while they ran,
+	// ended as cancelled because their handler's session was gone (the
+	// claim released) or their lease had run out (see CancelItem).
+	Cancelled int
 }
 
-// Reap releases the queue's items whose lease expired, whoever claimed them
+// Reap ends the queue's cancelled items that no handler will end (see
+// CancelItem), releases the queue's items whose lease expired, whoever claimed them
 // (a hung handler, a claim whose answer was lost, a process that forgot an
 // item), and moves its unclaimed items whose attempts are used up to the
 // dead items with reason "crash loop", and its unclaimed items past their
@@ -107,6 +112,13 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)
 	}
 	var errs []error
+	// Cancelled items first: a cancelled item whose lease ran out ends
+	// here rather than being released by the lease step.
+	n, err := q.reapCancelled(ctx)
+	st.Cancelled = n
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepCancelled, Err: err})
+	}
 	s, name, d := q.store, q.opts.Queue, q.engine.Load().dialect
 	moves := []reapMove{
 		{step: StepLeases, count: &st.Released,
@@ -147,7 +159,7 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	q.stats.reaped.Add(int64(st.Released))
 	q.stats.dead.Add(int64(st.Dead + st.Expired))
 	// A step of its own: the ended ids past the dedup window.
-	n, err := q.PruneEnded(ctx)
+	n, err = q.PruneEnded(ctx)
 	st.Pruned = n
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})

@@ -13,7 +13,10 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Nack reports that handling it failed with cause. The item is released with
+// Nack reports that handling it failed with cause. A cause that is (or
+// wraps) a *SnoozeError snoozes the item instead (see Queue.Snooze: its
+// attempt is not counted; it returns Snoozed, or Dead when the item was
+// snoozed too often). Otherwise the item is released with
 // its attempt counted and becomes claimable again after an exponential
 // backoff with jitter (or the delay of a RetryAfter error); when it has used
 // its attempts, or cause is Permanent, it is moved to the dead-items table
@@ -34,6 +37,9 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 		msg = cause.Error()
 	}
 	msg = safeText(msg)
+	if d, ok := snoozeOf(cause); ok {
+		return q.Snooze(ctx, it, d)
+	}
 	if err := q.ready(ctx); err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}

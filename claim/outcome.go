@@ -7,7 +7,8 @@ import "fmt"
 // report. The zero Outcome is none of them (no outcome yet).
 type Outcome int
 
-// Outcomes of an attempt. Nack returns Retried or Dead.
+// Outcomes of an attempt. Nack returns Retried or Dead (or, for a
+// snooze, Snoozed or Dead).
 const (
 	// Acked: the ack, with the handler's record, committed.
 	Acked Outcome = iota + 1
@@ -30,11 +31,17 @@ const (
 	// or whose record could not be written: its claim deleted it, so it is
 	// not retried.
 	Dropped
+	// Snoozed: the handler snoozed the item (Snooze): it is claimable
+	// again after the snooze's delay, its attempt not counted.
+	Snoozed
+	// Cancelled: the item was cancelled while its handler ran
+	// (Queue.CancelItem): it ended as cancelled, its result not written.
+	Cancelled
 )
 
 // String returns the outcome's name: "acked", "retried", "dead",
-// "released", "unsettled" or "dropped" (the label values of package
-// metrics).
+// "released", "unsettled", "dropped", "snoozed" or "cancelled" (the label
+// values of package metrics).
 func (o Outcome) String() string {
 	switch o {
 	case Acked:
@@ -49,6 +56,10 @@ func (o Outcome) String() string {
 		return "unsettled"
 	case Dropped:
 		return "dropped"
+	case Snoozed:
+		return "snoozed"
+	case Cancelled:
+		return "cancelled"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

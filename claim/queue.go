@@ -98,6 +98,10 @@ type Options struct {
 	// add the producer's trace context to the items' Headers and make
 	// the steps spans. Default: none.
 	Hooks Hooks
+	// MaxSnoozes is how often one item may be snoozed (Snooze): the
+	// snooze after that moves it to the dead items with reason
+	// ReasonSnoozedTooOften. Default DefaultMaxSnoozes (100).
+	MaxSnoozes int
 }
 
 // Queue enqueues, claims and acknowledges the items of one queue.
@@ -161,6 +165,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	if opts.Lease == 0 {
 		opts.Lease = DefaultLease
 	}
+	if opts.MaxSnoozes == 0 {
+		opts.MaxSnoozes = DefaultMaxSnoozes
+	}
 	switch {
 	case db == nil:
 		return nil, errors.New("claim: nil database")
@@ -170,6 +177,8 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: MaxPayload %d is negative", opts.MaxPayload)
 	case opts.BackoffBase < 0 || opts.BackoffMax < opts.BackoffBase:
 		return nil, fmt.Errorf("claim: backoff base %v and max %v must satisfy 0 <= base <= max", opts.BackoffBase, opts.BackoffMax)
+	case opts.MaxSnoozes < 0:
+		return nil, fmt.Errorf("claim: MaxSnoozes %d is negative", opts.MaxSnoozes)
 	case opts.Lease < time.Millisecond || opts.Lease > maxLease:
 		return nil, fmt.Errorf("claim: Lease %v must be between 1ms and %v", opts.Lease, maxLease)
 	}

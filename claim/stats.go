@@ -24,15 +24,25 @@ type Stats struct {
 	// DeadPruned counts dead items this Queue's reaps deleted under the
 	// queue's retention (SetRetention).
 	DeadPruned int64
+	// Cancelled counts items this Queue ended as cancelled: unclaimed items
+	// CancelItem deleted, and running ones it ended after their cancel
+	// (EndCancelled, Reap); CancelledRunning counts the latter.
+	Cancelled, CancelledRunning int64
+	// Snoozed counts snoozes (see Snooze): items handed back with a delay,
+	// their attempt not counted. An item snoozed too often is moved to the
+	// dead items and counted in Dead instead.
+	Snoozed int64
 	// Retries counts serialization-failure retries by statement kind:
 	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue",
-	// "extend", "reap", "pause", "checkpoint", "progress", "retention".
+	// "extend", "reap", "pause", "checkpoint", "progress", "retention",
+	// "snooze".
 	Retries map[string]int64
 }
 
 type counters struct {
 	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
 	checkpoints, progress, deadPruned                              atomic.Int64
+	cancelled, cancelledRunning, snoozed                           atomic.Int64
 	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
@@ -52,6 +62,7 @@ func (q *Queue) Stats() Stats {
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
 		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Retries: map[string]int64{},
 		Checkpoints: c.checkpoints.Load(), ProgressReports: c.progress.Load(), DeadPruned: c.deadPruned.Load(),
+		Cancelled: c.cancelled.Load(), CancelledRunning: c.cancelledRunning.Load(), Snoozed: c.snoozed.Load(),
 	}
 	c.retries.Range(func(k, v any) bool {
 		s.Retries[k.(string)] = v.(*atomic.Int64).Load()

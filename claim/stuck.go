@@ -30,6 +30,9 @@ const (
 	// StepPruneDead: deleting dead items beyond the queue's retention
 	// (PruneDead).
 	StepPruneDead = "prune dead"
+	// StepCancelled: ending cancelled items whose handlers are gone (their
+	// claims released, or their leases run out).
+	StepCancelled = "cancelled"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another

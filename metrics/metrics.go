@@ -122,6 +122,10 @@ var counterHelp = map[string]string{
 	"checkpoints_saved_total": "Checkpoints saved by this process's handlers (worker.SaveCheckpoint, claim.Queue.SaveCheckpoint).",
 	"progress_reports_total":  "Progress reports saved by this process's handlers (worker.ReportProgress, claim.Queue.ReportProgress).",
 	"dead_items_pruned_total": "Dead items this process's reapers deleted under their queue's retention.",
+	// Cancel and snooze (docs/cancel-and-snooze.md).
+	"items_cancelled_total":         "Items ended as cancelled by this process.",
+	"items_cancelled_running_total": "Items ended as cancelled by this process whose handler was running when the cancel was asked for.",
+	"items_snoozed_total":           "Snoozes by this process's handlers (items handed back with a delay, their attempt not counted).",
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer, add the
@@ -152,7 +156,7 @@ func New(opts Options) *Collector {
 	c.inFlight = prometheus.NewDesc(name("handlers_in_flight"), "Handlers running now.", []string{"queue"}, nil)
 	c.handler = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "handler_duration_seconds",
-		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled.",
+		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled, dropped, snoozed, cancelled.",
 		Buckets: opts.HandlerBuckets,
 	}, []string{"queue", "outcome"})
 	c.ackBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -259,6 +263,9 @@ func (c *Collector) collectProcess(ch chan<- prometheus.Metric) {
 		p.counts["checkpoints_saved_total"] += s.Checkpoints
 		p.counts["progress_reports_total"] += s.ProgressReports
 		p.counts["dead_items_pruned_total"] += s.DeadPruned
+		p.counts["items_cancelled_total"] += s.Cancelled
+		p.counts["items_cancelled_running_total"] += s.CancelledRunning
+		p.counts["items_snoozed_total"] += s.Snoozed
 		for k, v := range s.Retries {
 			p.retries[k] += v
 		}

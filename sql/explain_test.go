@@ -199,7 +199,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
 		{"TestItems", crsql.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"InsertQueueParts", st.InsertQueueParts, []any{"q-new", int64(4)}},
-		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
 		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},

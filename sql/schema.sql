@@ -157,6 +157,14 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     turn_at      TIMESTAMPTZ NOT NULL DEFAULT now(),
     expires_at   TIMESTAMPTZ,
     at_most_once BOOL        NOT NULL DEFAULT false,
+    -- Cancel and snooze (schema version 5): a cancel asked of the item while
+    -- it was claimed (when, by whom, why; NULL: none asked), and how often
+    -- its handlers snoozed it.
+    cancel_requested_at TIMESTAMPTZ,
+    cancel_by           TEXT,
+    cancel_reason       TEXT,
+    snoozes             BIGINT      NOT NULL DEFAULT 0,
+
     -- Checkpoints and progress (version 5): the handler's checkpoint (at
     -- most 64 KiB) and progress (done of total; total 0: unknown), kept
     -- across attempts; NULL until first saved.
@@ -248,6 +256,13 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     ended_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- 'acked', 'dead', 'cancelled' or 'taken' (an at-most-once item handed out by a claim).
     outcome  TEXT        NOT NULL,
+    -- Cancel and snooze (schema version 5), for outcome 'cancelled': who
+    -- cancelled it and why, when the cancel was asked for, and whether a
+    -- handler was running it then.
+    cancel_by           TEXT,
+    cancel_reason       TEXT,
+    cancel_requested_at TIMESTAMPTZ,
+    was_running         BOOL,
     PRIMARY KEY (queue, id)
 );
 CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age
@@ -311,6 +326,19 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_sequence_order
     ON crdbwork_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_order IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS crdbwork_items_sequence_claimed
     ON crdbwork_items (queue, item_key) WHERE claim IS NOT NULL AND seq_order IS NOT NULL;
+
+-- cancel and snooze (version 5)
+-- Items a cancel was asked of while they were claimed: each session looks
+-- for its own at every heartbeat, and the reaper ends those whose handler
+-- is gone. Normally empty.
+CREATE INDEX IF NOT EXISTS crdbwork_items_cancel_requested
+    ON crdbwork_items (queue, cancel_requested_at) WHERE cancel_requested_at IS NOT NULL;
+-- Unclaimed items that were snoozed (counted by Inspect and status).
+CREATE INDEX IF NOT EXISTS crdbwork_items_snoozed
+    ON crdbwork_items (queue) WHERE snoozes > 0 AND claim IS NULL;
+-- Cancelled items, newest last, for the operators' list (crdbwork cancelled).
+CREATE INDEX IF NOT EXISTS crdbwork_ended_cancelled
+    ON crdbwork_ended (queue, ended_at) WHERE outcome = 'cancelled';
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
     ON CONFLICT (singleton) DO UPDATE

@@ -194,6 +194,7 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 	if dialect == crsql.Postgres {
 		enqueueInsert = es.PostgresInsert
 	}
+	cs := crsql.CancelStatementsForTest(crsql.Tables{})
 	return []planCase{
 		{"ClaimAny", ds.ClaimAny, []any{session, "q", 64, lease, []string{}}},
 		{"ClaimAny (1000)", ds.ClaimAny, []any{session, "q", 1000, lease, []string{}}},
@@ -213,7 +214,12 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"SaveProgress", crsql.NewCheckpointStatements(crsql.Tables{}).SaveProgress, []any{ids[0], session, tokens[0], int64(5), int64(10)}},
 		{"Exhaust", deaths.Exhaust, []any{ids[0], session, tokens[0], "boom"}},
 		{"DeadLetter", st.DeadLetter, []any{ids[0], session, tokens[0], "boom", "failed"}},
-		{"Cancel", st.Cancel, []any{ids[0], "q"}},
+		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
+		{"CancelRequest", cs["Request"], []any{ids[0], "q", "ops", "no longer needed"}},
+		{"SessionCancels", cs["SessionCancels"], []any{"q", session, 1000}},
+		{"EndCancelled", cs["EndCancelled"], []any{ids[0], session, tokens[0]}},
+		{"Snooze", cs["Snooze"], []any{ids[0], session, tokens[0], int64(1e6), int64(100)}},
+		{"ReapCancelled", cs["ReapCancelled"], []any{"q", 1000}},
 		{"ReapLeases", ds.ReapLeases, []any{"q", 1000}},
 		{"ReapExhausted", st.ReapExhausted, []any{"q", 1000, "crash loop"}},
 		{"ReapExpired", st.ReapExpired, []any{"q", 1000}},
@@ -247,6 +253,8 @@ var hotIndexes = map[string][]string{
 	"EnqueueInsert":         {"crdbwork_ended_pkey"},
 	"FairLasts":             {"crdbwork_items_tenant_turn"},
 	"FairHead":              {"crdbwork_items_turn_next"},
+	"SessionCancels":        {"crdbwork_items_cancel_requested"},
+	"ReapCancelled":         {"crdbwork_items_cancel_requested"},
 }
 
 // hotPlanProblem says what is wrong with a hot statement's plan ("" if

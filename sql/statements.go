@@ -78,7 +78,9 @@ type coreStatements struct {
 	PauseQueue      string // $1 queue, $2 paused
 	QueuePaused     string // $1 queue → paused
 	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
-	Cancel          string // $1 id, $2 queue → rows affected
+	// Cancel deletes an unclaimed item (cancelStatements: a claimed one
+	// is asked to stop instead).
+	Cancel string // $1 id, $2 queue, $3 by, $4 reason → id
 	// DeadItems lists every death of the queue's dead items (an id may have
 	// died several times: each death is a row, keyed by (id, death)),
 	// newest first: died_at, id, death, all descending
@@ -428,7 +430,7 @@ ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
 		HeartbeatReport: r(`UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`),
-		Cancel: r(deleteEnded(`DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2`, OutcomeCancelled)),
+		Cancel: r(cancelUnclaimed),
 		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
 FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id DESC, death DESC

@@ -416,10 +416,11 @@ func (s *Store) ReleaseForgotten(ctx context.Context, db DB, queue string, sessi
 	return tag.RowsAffected(), err
 }
 
-// Cancel deletes item id of queue, claimed or not, recording it as
-// cancelled, and reports whether it existed (coreStatements.Cancel).
-func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue string) (bool, error) {
-	tag, err := db.Exec(ctx, s.st.Cancel, id, queue)
+// Cancel deletes item id of queue if no session holds it, recording it as
+// cancelled by by for reason, and reports whether it did
+// (coreStatements.Cancel). CancelItem asks a claimed item to stop.
+func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reason string) (bool, error) {
+	tag, err := db.Exec(ctx, s.st.Cancel, id, queue, by, reason)
 	return tag.RowsAffected() == 1, err
 }
 

@@ -133,7 +133,16 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			t.Errorf("DeadLetter without a row: held %v, error %v; want false, nil", held, err)
 		}
 		_, _ = s.ReleaseForgotten(ctx, r, "q", session, nil)
-		_, _ = s.Cancel(ctx, r, id, "q")
+		_, _ = s.Cancel(ctx, r, id, "q", "ops", "why")
+		_, _ = s.CancelItem(ctx, r, id, "q", "ops", "why")
+		_, _ = s.SessionCancels(ctx, r, "q", session, 10)
+		_, _ = s.EndCancelled(ctx, r, keys[0])
+		_, _ = s.ReapCancelled(ctx, r, "q", 10)
+		_, _ = s.ListCancelled(ctx, r, "q", nil, 10)
+		_, _ = s.ListCancelled(ctx, r, "q", &CancelledRow{ID: id, EndedAt: now}, 10)
+		_, _, _ = s.ItemEnded(ctx, r, "q", id)
+		_, _ = s.Snooze(ctx, r, keys[0], time.Second, 100)
+		_, _, _ = s.CancelSnoozeCounts(ctx, r, "q")
 		_, _ = s.ReapExhausted(ctx, r, "q", 10, "e")
 		_, _ = s.ReapExpired(ctx, r, "q", 10)
 		_, _ = s.ExpiredLeaseIDs(ctx, r, "q", 10)
@@ -249,6 +258,11 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 
 			"ClaimPicked": s.parts.ClaimPicked, "PostgresClaimPicked": s.parts.PostgresClaimPicked,
 			"ClaimUrgent": s.urgent.ClaimUrgent, "PostgresClaimUrgent": s.urgent.PostgresClaimUrgent,
+		}
+		for name, text := range CancelStatementsForTest(tables) {
+			if name != "State" { // read only after a request that changed nothing: the recorder's rows change nothing
+				want["cancel "+name] = text
+			}
 		}
 		for k := 1; k <= MaxPartBranches; k++ {
 			want["Claim/"+strconv.Itoa(k)] = s.parts.Claim(Cockroach, k)

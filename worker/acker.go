@@ -42,6 +42,7 @@ const (
 	ackKind settleKind = iota
 	nackKind
 	releaseKind
+	endCancelKind
 )
 
 type settleReq struct {
@@ -119,9 +120,12 @@ func (a *acker) run() {
 		}
 		for _, r := range others {
 			var ans settleAnswer
-			if r.kind == nackKind {
+			switch r.kind {
+			case nackKind:
 				ans.out, ans.err = a.q.Nack(r.ctx, r.item, r.cause)
-			} else {
+			case endCancelKind:
+				ans.err = a.q.EndCancelled(r.ctx, r.item)
+			default:
 				ans.err = a.q.Release(r.ctx, r.item)
 			}
 			r.done <- ans
@@ -164,6 +168,11 @@ func (a *acker) Nack(ctx context.Context, it claim.Item, cause error) (claim.Out
 // Release is claim.Queue.Release on a settle goroutine.
 func (a *acker) Release(ctx context.Context, it claim.Item) error {
 	return a.do(settleReq{ctx: ctx, kind: releaseKind, item: it}).err
+}
+
+// EndCancelled is claim.Queue.EndCancelled on a settle goroutine.
+func (a *acker) EndCancelled(ctx context.Context, it claim.Item) error {
+	return a.do(settleReq{ctx: ctx, kind: endCancelKind, item: it}).err
 }
 
 // stop ends the settle goroutines once they finish what they are doing;

@@ -55,6 +55,9 @@ type flight struct {
 	leaseEnd time.Time // a conservative estimate of its lease's end, by this process's clock
 	bound    time.Time // the latest its lease may be extended to
 	cancel   context.CancelCauseFunc
+	// cancelAsked is set once the handler was cancelled for a cancel
+	// request.
+	cancelAsked bool
 }
 
 // flights are a session's claimed items.
@@ -145,9 +148,9 @@ func (f *flights) due(now time.Time) []extension {
 }
 
 // extended records the outcome of an extension of items sent at sent by d:
-// the items in kept are held until sent+d; the others lost their claims and
-// their handlers are cancelled.
-func (f *flights) extended(items, kept []claim.Item, sent time.Time, d time.Duration) (lost int) {
+// the items in kept are held until sent+d; the others lost their claims,
+// and are returned: their handlers are to be cancelled (lose).
+func (f *flights) extended(items, kept []claim.Item, sent time.Time, d time.Duration) (lost []claim.Item) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, it := range items {
@@ -159,10 +162,22 @@ func (f *flights) extended(items, kept []claim.Item, sent time.Time, d time.Dura
 			fl.leaseEnd = sent.Add(d)
 			continue
 		}
-		lost++
-		fl.cancel(errLeaseLost)
+		lost = append(lost, it)
 	}
 	return lost
+}
+
+// lose cancels the handlers of items whose claims were found lost, with
+// errLeaseLost (a handler already cancelled keeps its first cause: a
+// cancel request found just before).
+func (f *flights) lose(items []claim.Item) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, it := range items {
+		if fl := f.m[it.ID]; fl != nil && fl.item.Token == it.Token {
+			fl.cancel(errLeaseLost)
+		}
+	}
 }
 
 // extendLeases extends the leases that are due of the items fl holds for
@@ -179,8 +194,13 @@ func (w *Worker) extendLeases(ctx context.Context, sessID uuid.UUID, fl *flights
 			return
 		}
 		w.extended.Add(int64(len(kept)))
-		if lost := fl.extended(e.items, kept, sent, e.d); lost > 0 {
-			log.Warn("items lost their claims while their handlers ran: cancelling them", zap.Int("items", lost))
+		if lost := fl.extended(e.items, kept, sent, e.d); len(lost) > 0 {
+			// A cancel request moves the claim's token on, which fails the
+			// extension: look for requests first, so that their handlers
+			// see the cancel as their cause.
+			w.checkCancels(ctx, sessID, fl, log)
+			fl.lose(lost)
+			log.Warn("items lost their claims while their handlers ran: cancelling them", zap.Int("items", len(lost)))
 		}
 	}
 }

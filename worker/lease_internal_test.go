@@ -52,7 +52,24 @@ func TestLeaseExtensionsStayWithinBounds(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lost := claim.Item{ID: uuid.New(), Token: 1}
 	f.add(lost, t0, t0.Add(time.Hour), cancel)
-	if n := f.extended([]claim.Item{lost}, nil, now, lease); n != 1 || !errors.Is(context.Cause(ctx), errLeaseLost) {
+	gone := f.extended([]claim.Item{lost}, nil, now, lease)
+	f.lose(gone)
+	if n := len(gone); n != 1 || !errors.Is(context.Cause(ctx), errLeaseLost) {
 		t.Fatalf("lost claim: %d lost, cause %v; want 1 and errLeaseLost", n, context.Cause(ctx))
+	}
+	// A cancel request found first stays the handler's cause.
+	ctx2, cancel2 := context.WithCancelCause(context.Background())
+	asked := claim.Item{ID: uuid.New(), Token: 4}
+	f.add(asked, t0, t0.Add(time.Hour), cancel2)
+	why := &claim.CancelledError{By: "ops", Reason: "wrong input"}
+	if n := len(f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 3, Cause: why}})); n != 0 {
+		t.Fatalf("a request of another claim (token 3) cancelled %d handlers", n)
+	}
+	if n := len(f.cancelled([]claim.CancelRequest{{ID: asked.ID, Token: 4, Cause: why}})); n != 1 {
+		t.Fatalf("cancel request: %d handlers cancelled, want 1", n)
+	}
+	f.lose(f.extended([]claim.Item{asked}, nil, now, lease))
+	if ce, ok := Cancelled(ctx2); !ok || ce != why || !errors.Is(context.Cause(ctx2), claim.ErrCancelled) {
+		t.Fatalf("cause after a cancel request and a failed extension: %v", context.Cause(ctx2))
 	}
 }

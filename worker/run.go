@@ -163,7 +163,9 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 const queueReapHeartbeats = 5
 
 // maintain runs the session's periodic chores on one connection, one at a
-// time, until the session ends: every heartbeat, extending the leases of
+// time, until the session ends: every heartbeat (and at once on the queue's
+// cancel notification), cancelling the handlers of items whose cancel was
+// asked for (checkCancels), and extending the leases of
 // long-running handlers' items; every Session.ReapEvery (default two
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
@@ -187,8 +189,14 @@ func (r *sessionRun) maintain() {
 		select {
 		case <-ctx.Done():
 			return
+		case <-w.cancelWake:
+			// A cancel was asked for in the queue: look at once (nil
+			// without a listener: never ready).
+			w.checkCancels(ctx, r.sess.ID(), r.fl, log)
+			continue
 		case <-t.C:
 		}
+		w.checkCancels(ctx, r.sess.ID(), r.fl, log)
 		if now := time.Now(); !now.Before(nextLimits) {
 			nextLimits = now.Add(w.opts.Limits.Refresh)
 			w.refreshLimits(ctx, r.sess, r.lim, log)

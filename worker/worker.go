@@ -157,6 +157,11 @@ type Stats struct {
 	LeasesExtended, Forgotten, Reaped int64
 	// InFlight is the number of handlers running now.
 	InFlight int64
+	// CancelRequests counts handlers whose contexts were cancelled because
+	// their items were cancelled from outside (claim.Queue.CancelItem);
+	// the items they ended as cancelled count in Cancelled and
+	// CancelledRunning.
+	CancelRequests int64
 	// Parts is the rebalancers' part movements, summed over sessions (the current one included).
 	Parts partition.Stats
 	// Session is the id of the current session ("" between sessions).
@@ -198,6 +203,11 @@ type Worker struct {
 	wakeups atomic.Int64
 	wake    <-chan struct{}
 	wakeSub *wake.Sub
+	// cancelWake receives the queue's cancel notifications (nil with
+	// NoWake); cancelsSeen counts the handlers cancelled for a cancel
+	// request (Stats.CancelRequests).
+	cancelWake  <-chan struct{}
+	cancelsSeen atomic.Int64
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -252,7 +262,7 @@ func (w *Worker) Stats() Stats {
 		Abandoned: w.abandoned.Load(), AbandonedRunning: w.abandonedRunning.Load(),
 		Unknown: w.unknown.Load(), Dropped: w.dropped.Load(), SettleRetries: w.settleRetries.Load(),
 		LeasesExtended: w.extended.Load(), Forgotten: w.forgotten.Load(), Reaped: w.reaped.Load(),
-		Wakeups: w.wakeups.Load(),
+		Wakeups: w.wakeups.Load(), CancelRequests: w.cancelsSeen.Load(),
 		Parts:   parts,
 		Session: w.current.Load().(string),
 	}
@@ -312,6 +322,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
 		defer stopListening()
 		w.wake, w.wakeSub = sub.C(), sub
+		// Cancel requests of running items, on their own channel so that
+		// they do not wake idle claimers.
+		cancels := w.queue.CancelChannel()
+		csub := wake.Subscribe(cancels)
+		defer csub.Close()
+		stopCancels, _ := wake.Listen(w.db, cancels, w.opts.Logger)
+		defer stopCancels()
+		w.cancelWake = csub.C()
 	}
 	first := true
 	for ctx.Err() == nil {

@@ -123,6 +123,11 @@ type status struct {
 	Backlog          []backlogRow    `json:"backlog"`
 	Queues           []backlogTotal  `json:"queues"`
 	Dead             int64           `json:"dead"`
+	// Snoozed counts unclaimed items a handler snoozed; Cancelling counts
+	// running items whose cancel was asked for and which have not ended
+	// (docs/cancel-and-snooze.md).
+	Snoozed    int64 `json:"snoozed"`
+	Cancelling int64 `json:"cancelling"`
 	// ItemsPerSecond is the throughput over the last few seconds (--watch
 	// only; -1 until two reads are in).
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
@@ -169,6 +174,11 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 			Unclaimed: info.Unclaimed, Vested: info.Due, Claimed: info.Claimed})
 	}
 	s.NumParts, s.Paused, s.Dead = info.NumParts, info.Paused, info.Dead
+	cs, err := q.CancelSnoozeCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Snoozed, s.Cancelling = cs.Snoozed, cs.Cancelling
 	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
 	s.PartsStored = info.Stored
 	s.Known = info.Stored || info.HasItems() || info.Dead > 0
@@ -575,7 +585,14 @@ func formatStatus(s *status, compact bool) string {
 		}
 		fmt.Fprintf(&b, " (oldest due for %s)", round(age))
 	}
-	fmt.Fprintf(&b, ", %d claimed\n", claimed)
+	fmt.Fprintf(&b, ", %d claimed", claimed)
+	if s.Snoozed > 0 {
+		fmt.Fprintf(&b, ", %d snoozed", s.Snoozed)
+	}
+	if s.Cancelling > 0 {
+		fmt.Fprintf(&b, ", %d cancelling (asked to stop)", s.Cancelling)
+	}
+	b.WriteString("\n")
 	if s.Limits != nil && !s.Limits.none() {
 		b.WriteString(s.Limits.format())
 	}

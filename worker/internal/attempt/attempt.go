@@ -34,6 +34,12 @@ type Settler interface {
 	Release(ctx context.Context, it claim.Item) error
 }
 
+// CancelEnder is a Settler that can also end an item cancelled while its
+// handler ran (claim.Queue.EndCancelled); *claim.Queue is one.
+type CancelEnder interface {
+	EndCancelled(ctx context.Context, it claim.Item) error
+}
+
 // ValueAcker is a Settler that can also hand a value of the handler's (see
 // SetValue) to a batch record with the item's ack.
 type ValueAcker interface {
@@ -204,6 +210,17 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 	switch {
 	case it.AtMostOnce:
 		st.atMostOnce(hr, err, box)
+	case errors.Is(context.Cause(ctx), claim.ErrCancelled):
+		// The item was cancelled while the handler ran: whatever it
+		// returned, its result cannot be acked (the cancel moved the
+		// claim's token on); the item ends as cancelled.
+		res.Err = context.Cause(ctx)
+		if !st.endCancelled() {
+			res.Outcome = claim.Unsettled
+			if res.SettleErr == nil {
+				res.SettleErr = claim.ErrClaimLost
+			}
+		}
 	case err == nil:
 		v, hasValue := box.get()
 		st.ack(recoverRecord(hr.record, &res), v, hasValue)
@@ -350,6 +367,12 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 			}
 			return
 		case errors.Is(err, claim.ErrClaimLost):
+			if st.endCancelled() {
+				// Cancelled after the handler returned: the ack was
+				// refused and nothing of it committed.
+				res.Err = fmt.Errorf("%w: %w", claim.ErrCancelled, err)
+				return
+			}
 			res.Outcome, res.SettleErr = claim.Unsettled, err
 			if res.Unknown {
 				res.Err = fmt.Errorf("ack outcome unknown: an earlier try's commit had no answer and the item is no longer claimed: %w", err)
@@ -435,11 +458,18 @@ func (st *settling) nack(cause error) {
 			res.Outcome, res.SettleErr = claim.Dead, nil
 			st.log.Warn("item dead-lettered", zap.Error(cause))
 			return
+		case err == nil && out == claim.Snoozed:
+			res.Outcome, res.SettleErr = claim.Snoozed, nil
+			st.log.Debug("item snoozed", zap.Error(cause))
+			return
 		case err == nil:
 			res.Outcome, res.SettleErr = claim.Retried, nil
 			st.log.Info("item failed; will retry", zap.Error(cause))
 			return
 		case errors.Is(err, claim.ErrClaimLost):
+			if st.endCancelled() {
+				return
+			}
 			res.Outcome, res.SettleErr = claim.Unsettled, err
 			st.log.Info("nack refused: the claim was lost", zap.Error(err), zap.NamedError("cause", cause))
 			return
@@ -479,6 +509,39 @@ func (st *settling) release() {
 		case !st.again("release", err):
 			res.Outcome, res.SettleErr = claim.Unsettled, err
 			return
+		}
+	}
+}
+
+// endCancelled ends the item as cancelled if the Settler can
+// (CancelEnder) and the item is one whose cancel was asked for while this
+// claim held it, retrying failures as the other settles do; it reports
+// whether it did (then the outcome is Cancelled). Its tries count in
+// Result.Tries only when it did: after a lost claim that was no cancel,
+// the result reads as before.
+func (st *settling) endCancelled() (ended bool) {
+	ce, ok := st.s.(CancelEnder)
+	if !ok {
+		return false
+	}
+	tries := st.res.Tries
+	defer func() {
+		if !ended {
+			st.res.Tries = tries
+		}
+	}()
+	for {
+		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, st.it) })
+		switch {
+		case err == nil:
+			st.res.Outcome, st.res.SettleErr = claim.Cancelled, nil
+			st.log.Info("item cancelled while its handler ran: ended as cancelled, its result not written")
+			return true
+		case errors.Is(err, claim.ErrClaimLost):
+			return false
+		case !st.again("ending the cancelled item", err):
+			st.res.SettleErr = err
+			return false
 		}
 	}
 }

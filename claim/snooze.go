@@ -1,0 +1,102 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// DefaultMaxSnoozes is the most snoozes of one item unless
+// Options.MaxSnoozes says otherwise.
+const DefaultMaxSnoozes = 100
+
+// maxSnoozeDelay bounds a snooze's delay (a year, as a lease).
+const maxSnoozeDelay = maxLease
+
+// ReasonSnoozedTooOften is the reason of an item moved to the dead items
+// because a handler snoozed it once more after it had been snoozed
+// Options.MaxSnoozes times.
+const ReasonSnoozedTooOften = "snoozed too often"
+
+// SnoozeError is the error a handler returns to hand its item back for
+// Delay without spending an attempt (see Snooze, which makes one). Nack
+// recognises it, also wrapped.
+type SnoozeError struct {
+	// Delay is how long the item waits before it is claimable again.
+	Delay time.Duration
+}
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
+
+// Snooze returns the error that hands an item back for d without counting
+// its attempt: a handler ends with
+//
+//	return nil, claim.Snooze(time.Minute) // not ready yet: look again in a minute
+//
+// (worker.Snooze is the same). The item is released and claimable again
+// after d (0: at once), its attempts as they were before this claim, its
+// last error unchanged, and its snoozes counted. Snoozes are bounded: the
+// snooze after Options.MaxSnoozes moves the item to the dead items with
+// reason ReasonSnoozedTooOften. A snooze is fenced on the claim as a nack:
+// a lost claim (or a cancel) refuses it. d is cut to [0, 1 year].
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: min(max(d, 0), maxSnoozeDelay)} }
+
+// snoozeOf returns the snooze cause carries, if any.
+func snoozeOf(cause error) (time.Duration, bool) {
+	var s *SnoozeError
+	if errors.As(cause, &s) {
+		return min(max(s.Delay, 0), maxSnoozeDelay), true
+	}
+	return 0, false
+}
+
+// Snooze hands it back for d without counting its attempt (see the
+// function Snooze): it is claimable again after d, and its snoozes are
+// counted. It returns Snoozed, or Dead when the item had been snoozed
+// Options.MaxSnoozes times already: it is then moved to the dead items
+// with reason ReasonSnoozedTooOften. The claim is checked as in Ack (an
+// error wrapping ErrClaimLost: nothing was done). Nack does the same for a
+// cause that is a *SnoozeError.
+func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, error) {
+	d = min(max(d, 0), maxSnoozeDelay)
+	if err := q.ready(ctx); err != nil {
+		return Snoozed, q.claimErr("snoozing", it, err)
+	}
+	limit := q.opts.MaxSnoozes
+	var snoozed bool
+	err := retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
+		var err error
+		snoozed, err = q.store.Snooze(ctx, q.db, it.claimKey(), d, limit)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return Snoozed, q.claimErr("snoozing", it, err)
+	}
+	if snoozed {
+		q.stats.snoozed.Add(1)
+		return Snoozed, nil
+	}
+	// Not snoozed: the claim was lost, or the item used its snoozes. The
+	// move to the dead items is fenced on the claim too, so it tells them
+	// apart: it moves only an item this claim still holds.
+	msg := fmt.Sprintf("snoozed %d times, the most Options.MaxSnoozes allows, and snoozed again", limit)
+	err = retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
+		held, err := q.store.DeadLetter(ctx, q.db, it.claimKey(), msg, ReasonSnoozedTooOften)
+		if err == nil && !held {
+			return ErrClaimLost
+		}
+		return crsql.Classify(err)
+	})
+	if itemFault(err) {
+		return Dead, q.holdForReaper(ctx, it, msg, err)
+	}
+	if err != nil {
+		return Snoozed, q.claimErr("snoozing", it, err)
+	}
+	q.stats.dead.Add(1)
+	return Dead, nil
+}
