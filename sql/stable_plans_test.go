@@ -118,6 +118,17 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 		explainEach(t, pool, fmt.Sprintf("stable_%d_", n), cases, nil, func(i int, mode, plan string) {
 			c := cases[i]
 			msg := hotPlanProblem(c.name, plan, postgres)
+			if postgres && c.name == "ClaimPicked" && st.name == "empty" && msg == "a sequential scan of crdbwork_items" {
+				// On a table PostgreSQL believes tiny (never analyzed,
+				// empty), scanning it is the cheapest way to find the
+				// picked rows, and right. Store.ClaimPicked never lets
+				// such a plan outlive the table's size: it is planned at
+				// every run (QueryExecModeDescribeExec, no cached generic plan),
+				// and a never-analyzed table's size is read from its
+				// files; the other states check its plan on large tables.
+				t.Logf("%s, %s (%s): %s (a table believed empty; ClaimPicked is planned per run)", st.name, c.name, mode, msg)
+				return
+			}
 			if msg != "" {
 				t.Errorf("%s, %s (%s): %s:\n%s", st.name, c.name, mode, msg, plan)
 			}

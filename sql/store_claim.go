@@ -232,7 +232,13 @@ func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit in
 // that PickParts locked in the same transaction
 // (partClaimStatements.ClaimPickedFor).
 func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
-	return queryClaimed(ctx, tx, s.parts.ClaimPickedFor(d), session, lease.Microseconds(), ids)
+	// Planned for its parameters at every run (no cached generic plan):
+	// on PostgreSQL the plan of this join depends on the table's size, and
+	// a generic plan made while the table was small (a scan, then the
+	// cheapest) would be kept as it grows. A custom plan reads the table's
+	// size at each run (one round trip more, to describe it). It serves only sessions owning more than
+	// MaxPartBranches parts, once per claim.
+	return queryClaimed(ctx, tx, s.parts.ClaimPickedFor(d), pgx.QueryExecModeDescribeExec, session, lease.Microseconds(), ids)
 }
 
 // ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
