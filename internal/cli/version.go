@@ -9,7 +9,7 @@ import (
 )
 
 // Version is the crdbwork release this binary belongs to (see CHANGELOG.md).
-const Version = "0.4.0"
+const Version = "0.5.0"
 
 // VersionLine describes the binary named binary ("crdbwork demo", say): the
 // crdbwork version, plus what the Go toolchain stamped into it (module
