@@ -74,6 +74,13 @@ type ReapStats struct {
 	// Pruned counts ended ids forgotten because they ended before the
 	// queue's dedup window (see PruneEnded).
 	Pruned int
+	// Unblocked counts waiting items (NewItem.After) released because
+	// their last prerequisite was acked by an ack that did not release
+	// them itself (an older worker's, or one of a process that had not
+	// seen dependencies in the queue yet); DependencyDead counts waiting
+	// items ended, dead with reason "dependency died: <id>", because a
+	// prerequisite ended without an ack (docs/dependencies.md).
+	Unblocked, DependencyDead int
 }
 
 // Reap releases the queue's items whose lease expired, whoever claimed them
@@ -147,6 +154,11 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	st.Pruned = n
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
+	}
+	// A step of its own: the waiting items whose prerequisites ended.
+	st.Unblocked, st.DependencyDead, err = q.sweepDeps(ctx)
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepDependencies, Err: err})
 	}
 	return st, errors.Join(errs...)
 }

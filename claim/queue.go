@@ -113,6 +113,8 @@ type Queue struct {
 	plainUntil atomic.Int64
 	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
 	channel string
+	// deps is the state of dependencies (depends.go).
+	deps depsState
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

@@ -14,6 +14,11 @@ type Stats struct {
 	// Reaped counts items whose expired leases Reap released (the items it
 	// moved to the dead items count in Dead).
 	Reaped int64
+	// Unblocked counts waiting items (NewItem.After) moved into the items
+	// table because their last prerequisite was acked, by this Queue's
+	// acks or its Reap. Dependents that died with a prerequisite count in
+	// Dead.
+	Unblocked int64
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.
 	LostClaims int64
@@ -25,6 +30,7 @@ type Stats struct {
 
 type counters struct {
 	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
+	unblocked                                                      atomic.Int64
 	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
@@ -42,7 +48,7 @@ func (q *Queue) Stats() Stats {
 	s := Stats{
 		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
-		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Retries: map[string]int64{},
+		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Unblocked: c.unblocked.Load(), Retries: map[string]int64{},
 	}
 	c.retries.Range(func(k, v any) bool {
 		s.Retries[k.(string)] = v.(*atomic.Int64).Load()

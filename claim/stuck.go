@@ -27,6 +27,9 @@ const (
 	// StepPruneEnded: forgetting ended ids past the dedup window
 	// (PruneEnded).
 	StepPruneEnded = "prune ended"
+	// StepDependencies: releasing or ending waiting items whose
+	// prerequisites ended (NewItem.After).
+	StepDependencies = "dependencies"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another

@@ -121,6 +121,7 @@ var tableNames = map[string]bool{
 	"sessions": true, "queues": true, "session_parts": true,
 	"items": true, "dead_items": true, "schema_version": true,
 	"tenant_limits": true, "schedules": true, "session_queues": true, "ended": true,
+	"waiting": true, "waits_for": true, // dependencies (version 5)
 }
 
 var identPattern = regexp.MustCompile(`\bcrdbwork_[a-z_]+\b`)
