@@ -478,7 +478,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			released = len(moved)
 		}
 		if len(ended) > 0 {
-			killed, err = q.store.KillDependents(ctx, tx, q.opts.Queue, ended, outcomes)
+			killed, err = q.store.KillDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, ended, outcomes)
 			if err != nil {
 				return crsql.Classify(err)
 			}

@@ -37,6 +37,19 @@ import (
 // inserts items; KillDependents deletes waiting rows and inserts ended and
 // dead rows), and = ANY(placeholder array) constrains an index scan.
 // min(TEXT) is used where PostgreSQL has no min(UUID).
+//
+// Plans (TestDependsPlans, on empty and on large analyzed tables): every
+// lookup of a given id is a primary-key lookup per id. The NOT EXISTS
+// subqueries end in OFFSET 0, which keeps PostgreSQL from turning them into
+// anti-joins (it does not pull up a sublink with an OFFSET), which it ran
+// as a hash over a scan of the table when it believed the table small;
+// CockroachDB drops the OFFSET 0 and plans a lookup anti-join by primary
+// key. The dead items' queue is compared in IS TRUE so that it is no index
+// condition (as the waiting items' queue in MoveReady, which PostgreSQL
+// otherwise read through crdbwork_waiting_by_queue, every waiting item of
+// the queue, to intersect with the ids), and the lookup is ordered by the dead items' key (id, death)
+// and limited to a row, so that it goes by that key, never through
+// crdbwork_dead_items_by_queue nor, on an empty table, by a scan.
 
 // Prerequisite states that Classify reports.
 const (
@@ -73,15 +86,18 @@ type dependsStatements struct {
 	Release, PostgresRelease string
 	// MoveReady moves the waiting rows of queue $1 among ids $2 whose
 	// remaining count is zero into the items table and returns their ids.
-	MoveReady string
+	// PostgresMoveReady is its twin (the rows looked up one id at a time,
+	// as in PostgresRelease).
+	MoveReady, PostgresMoveReady string
 	// SweepPrereqs: $1 queue, $2 after, $3 limit → the prerequisite of
 	// each of the next $3 edges after prerequisite $2, in order.
 	SweepPrereqs string
 	// KillDependents moves the waiting dependents of the prerequisites $2
 	// (with their outcomes $3) of queue $1 to the dead items, reason
 	// 'dependency died: <prerequisite>', records them as ended (dead) and
-	// returns their ids.
-	KillDependents string
+	// returns their ids. PostgresKillDependents is its twin (the waiting
+	// rows looked up one dependent at a time).
+	KillDependents, PostgresKillDependents string
 	// DeleteEdgesFrom deletes the edges of queue $1 whose prerequisite is
 	// one of $2; DeleteEdgesTo those whose dependent is one of $2.
 	DeleteEdgesFrom, DeleteEdgesTo string
@@ -91,7 +107,7 @@ type dependsStatements struct {
 	Prereqs, Dependents string
 	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
 	// waiting). WaitingCount: $1 queue → number of waiting items.
-	// HasEdges: $1 queue → whether any item of the queue waits.
+	// HasEdges: $1 queue → a row if any item of the queue waits.
 	Waiting, WaitingCount, HasEdges string
 }
 
@@ -109,12 +125,12 @@ RETURNING w.id, w.remaining`
 // enqueue's delay counted from the enqueue, never before now), the deadline
 // from the enqueue, at-most-once from the item or its queue.
 const moveReady = `WITH moved AS (
-    DELETE FROM crdbwork_waiting WHERE queue = $1 AND id = ANY($2::UUID[]) AND remaining <= 0
+    DELETE FROM crdbwork_waiting AS w %s
     RETURNING id, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, enqueued_at)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, enqueued_at, max_attempts, payload, metadata,
      tenant, expires_at, at_most_once)
-SELECT m.id, $1, m.hash % n.parts, m.item_key, m.priority,
+SELECT m.id, $1, m.hash %% n.parts, m.item_key, m.priority,
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        m.enqueued_at, CASE WHEN m.at_most_once OR n.amo THEN 1 ELSE m.max_attempts END, m.payload, m.metadata,
@@ -132,7 +148,7 @@ const killDependents = `WITH d AS (
     WHERE e.queue = $1 AND e.prereq = ANY($2::UUID[])
     GROUP BY e.dependent),
 gone AS (
-    DELETE FROM crdbwork_waiting AS w WHERE w.queue = $1 AND w.id IN (SELECT dependent FROM d)
+    DELETE FROM crdbwork_waiting AS w %s AND (w.queue = $1) IS TRUE
     RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant),
 ` + `%s,
 o AS (SELECT id::TEXT AS id, outcome FROM unnest($2::UUID[], $3::TEXT[]) AS u (id, outcome))
@@ -153,7 +169,7 @@ func newDependsStatements(t Tables) *dependsStatements {
        (SELECT i.queue FROM crdbwork_items AS i WHERE i.id = v.id),
        (SELECT w.queue FROM crdbwork_waiting AS w WHERE w.id = v.id),
        (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id),
-       EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = v.id AND d.queue = $1)
+       (SELECT d.queue FROM crdbwork_dead_items AS d WHERE d.id = v.id AND (d.queue = $1) IS TRUE ORDER BY d.id, d.death LIMIT 1) IS NOT NULL
 FROM unnest($2::UUID[]) AS v (id)`),
 		InsertWaiting: r(`INSERT INTO crdbwork_waiting
     (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining)
@@ -161,8 +177,8 @@ SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n
 FROM unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
             $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[])
          AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n)
-WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id)
-  AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + `)
+WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
+  AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + ` OFFSET 0)
 ON CONFLICT (id) DO NOTHING
 RETURNING id`),
 		InsertEdges: r(`INSERT INTO crdbwork_waits_for (queue, prereq, dependent)
@@ -170,20 +186,30 @@ SELECT $1, v.p, v.d FROM unnest($2::UUID[], $3::UUID[]) AS v (p, d)
 ON CONFLICT (queue, prereq, dependent) DO NOTHING`),
 		Release:         r(fmt.Sprintf(releaseTemplate, `w.id = c.dependent`)),
 		PostgresRelease: r(fmt.Sprintf(releaseTemplate, `w.id = ANY(ARRAY[c.dependent])`)),
-		MoveReady:       r(moveReady),
+		MoveReady:       r(fmt.Sprintf(moveReady, `WHERE w.id = ANY($2::UUID[]) AND (w.queue = $1) IS TRUE AND w.remaining <= 0`)),
+		// The checks name k too (k.key_id is never NULL where w.id matched
+		// it): join conditions, not filters on the table alone, which made
+		// a scan of an empty table look cheaper than the lookups (as
+		// pgFencedTake).
+		PostgresMoveReady: r(fmt.Sprintf(moveReady, `USING unnest($2::UUID[]) AS k (key_id)
+    WHERE w.id = ANY(ARRAY[k.key_id]) AND ((w.queue = $1 AND w.remaining <= 0) OR k.key_id IS NULL)`)),
 		SweepPrereqs: r(`SELECT prereq FROM crdbwork_waits_for
 WHERE queue = $1 AND prereq > $2
 ORDER BY prereq
 LIMIT $3`),
-		KillDependents:  r(fmt.Sprintf(killDependents, recordEnded(OutcomeDead))),
-		DeleteEdgesFrom: r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND prereq = ANY($2::UUID[])`),
-		DeleteEdgesTo:   r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = ANY($2::UUID[])`),
-		Prereqs:         r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2 ORDER BY prereq`),
+		KillDependents:         r(fmt.Sprintf(killDependents, `WHERE w.id IN (SELECT dependent FROM d)`, recordEnded(OutcomeDead))),
+		PostgresKillDependents: r(fmt.Sprintf(killDependents, `USING d WHERE w.id = ANY(ARRAY[d.dependent])`, recordEnded(OutcomeDead))),
+		DeleteEdgesFrom:        r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND prereq = ANY($2::UUID[])`),
+		DeleteEdgesTo:          r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = ANY($2::UUID[])`),
+		Prereqs:                r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2 ORDER BY prereq`),
 		Dependents: r(`SELECT dependent FROM crdbwork_waits_for WHERE queue = $1 AND prereq = $2
 ORDER BY dependent LIMIT $3`),
 		Waiting:      r(`SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND queue = $1`),
 		WaitingCount: r(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`),
-		HasEdges:     r(`SELECT EXISTS (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1)`),
+		// In primary-key order with a limit, not EXISTS: PostgreSQL ran an
+		// EXISTS as a scan of the table, expecting to meet the queue's
+		// edges early.
+		HasEdges: r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
 	}
 }
 

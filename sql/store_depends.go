@@ -110,7 +110,7 @@ func (s *Store) InsertEdges(ctx context.Context, db DB, queue string, prereqs, d
 // ReleaseDependents deletes, in tx, the edges of queue from the acked items prereqs,
 // lowers their dependents' remaining counts, then moves the dependents
 // whose count reached zero into the items table (dependsStatements.Release
-// and MoveReady) and returns the ids it moved. Run it in the transaction
+// and MoveReady, or their PostgreSQL twins) and returns the ids it moved. Run it in the transaction
 // that acked prereqs (or, for the reaper, one that found them acked).
 func (s *Store) ReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, byDialect(d, s.deps().Release, s.deps().PostgresRelease), queue, rawIDs(prereqs))
@@ -131,7 +131,7 @@ func (s *Store) ReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, que
 	if len(ready) == 0 {
 		return nil, nil
 	}
-	moved, err := tx.Query(ctx, s.deps().MoveReady, queue, rawIDs(ready))
+	moved, err := tx.Query(ctx, byDialect(d, s.deps().MoveReady, s.deps().PostgresMoveReady), queue, rawIDs(ready))
 	if err != nil {
 		return nil, err
 	}
@@ -156,8 +156,8 @@ func (s *Store) SweepPrereqs(ctx context.Context, db DB, queue string, after uui
 // prereqs and those to the ended dependents are deleted. It returns the
 // ids of the dependents it ended (dependsStatements.KillDependents,
 // DeleteEdgesFrom, DeleteEdgesTo).
-func (s *Store) KillDependents(ctx context.Context, tx pgx.Tx, queue string, prereqs []uuid.UUID, outcomes []string) ([]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, s.deps().KillDependents, queue, rawIDs(prereqs), outcomes)
+func (s *Store) KillDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, outcomes []string) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, byDialect(d, s.deps().KillDependents, s.deps().PostgresKillDependents), queue, rawIDs(prereqs), outcomes)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +218,10 @@ func (s *Store) WaitingCount(ctx context.Context, db DB, queue string) (int64, e
 // HasEdges reports whether any item of queue waits for another
 // (dependsStatements.HasEdges).
 func (s *Store) HasEdges(ctx context.Context, db DB, queue string) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, s.deps().HasEdges, queue).Scan(&ok)
-	return ok, err
+	rows, err := db.Query(ctx, s.deps().HasEdges, queue)
+	if err != nil {
+		return false, err
+	}
+	found, err := collectIDs(rows)
+	return len(found) > 0, err
 }
