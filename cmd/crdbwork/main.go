@@ -41,6 +41,7 @@ var commands = []command{
 	{"dead", "list a queue's dead items (filters, --limit, --after cursor, --count)", cmdDead},
 	{"requeue", "move dead items back into their queue: one ID, --all, or by filter", cmdRequeue},
 	{"cancel", "delete items from a queue, claimed or not", cmdCancel},
+	{"deps", "show what an item waits for, and which items wait for it", cmdDeps},
 	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
 	{"resume", "let the workers claim from a paused queue again", cmdResume},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
