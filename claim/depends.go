@@ -46,11 +46,20 @@ var (
 // prerequisite ended without an ack: "dependency died: <id>".
 const ReasonDependencyDied = "dependency died: "
 
-// depsFresh is how long an enqueue with prerequisites, or a Reap that found
-// waiting items, makes this Queue's acks look for dependents to release
-// (depsUntil). An ack outside it runs no extra statement; a dependent it
-// satisfies is released by the next Reap instead.
-const depsFresh = 2 * time.Minute
+// depsFresh is how long an enqueue with prerequisites, a Reap or an ack
+// that found waiting items make this Queue's acks look for dependents to
+// release. Outside it, an ack runs no extra statement, except that at most
+// once per depsProbe one ack transaction of the Queue first probes the
+// queue's edges (one index seek, LIMIT 1): so a worker process finds out
+// within depsProbe that another process enqueued dependents, and a queue
+// that nobody uses dependencies in pays one probe per depsProbe per
+// process. A dependent whose last prerequisite an ack acked without
+// releasing it (a process that had not found out yet, or a version-4
+// worker) is released by the next Reap.
+const (
+	depsFresh = 2 * time.Minute
+	depsProbe = time.Second
+)
 
 // sweepBatch and sweepBatches bound the dependency step of one Reap: it
 // reads at most sweepBatches batches of sweepBatch edges, going on from
@@ -60,8 +69,28 @@ const (
 	sweepBatches = 10
 )
 
-// depsActive reports whether acks of this Queue look for dependents.
-func (q *Queue) depsActive() bool { return time.Now().UnixNano() < q.deps.until.Load() }
+// depsActive reports whether acks of this Queue look for dependents: yes
+// within depsFresh of the last sign of dependencies; otherwise, once per
+// depsProbe, a probe of the queue's edges in db decides.
+func (q *Queue) depsActive(ctx context.Context, db crsql.DB) (bool, error) {
+	now := time.Now().UnixNano()
+	if now < q.deps.until.Load() {
+		return true, nil
+	}
+	next := q.deps.next.Load()
+	if now < next || !q.deps.next.CompareAndSwap(next, now+int64(depsProbe)) {
+		return false, nil
+	}
+	has, err := q.store.HasEdges(ctx, db, q.opts.Queue)
+	if err != nil {
+		q.deps.next.Store(0) // probe again at the next ack
+		return false, err
+	}
+	if has {
+		q.markDeps()
+	}
+	return has, nil
+}
 
 // markDeps makes acks look for dependents for depsFresh from now.
 func (q *Queue) markDeps() {
@@ -378,11 +407,14 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 }
 
 // releaseAcked releases, in the ack's transaction tx, the dependents of the
-// items acked, if this Queue has seen dependencies lately (depsActive), and
-// returns how many it moved into the items table.
+// items acked, if the queue has dependencies (depsActive), and returns how
+// many it moved into the items table.
 func (q *Queue) releaseAcked(ctx context.Context, tx pgx.Tx, acked []uuid.UUID) (int, error) {
-	if len(acked) == 0 || !q.depsActive() {
+	if len(acked) == 0 {
 		return 0, nil
+	}
+	if active, err := q.depsActive(ctx, tx); err != nil || !active {
+		return 0, err
 	}
 	moved, err := q.store.ReleaseDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, acked)
 	return len(moved), err
@@ -573,10 +605,11 @@ func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
 }
 
 // depsState is a Queue's state of dependencies: until when its acks look
-// for dependents (Unix nanoseconds; see depsFresh), and where its sweep
+// for dependents (Unix nanoseconds; see depsFresh and depsProbe), and where its sweep
 // goes on (cursor, the last prerequisite swept; mu serializes sweeps).
 type depsState struct {
 	until  atomic.Int64
+	next   atomic.Int64 // when the next probe may run (Unix nanoseconds)
 	mu     sync.Mutex
 	cursor uuid.UUID
 }

@@ -136,9 +136,9 @@ func TestDependsFanInReleasesAfterEveryAck(t *testing.T) {
 	}
 }
 
-// An ack that runs no release (an older worker's, or a process that has
-// not seen dependencies in the queue) leaves the dependent waiting; the
-// next Reap releases it. The same for a chain: every level in turn.
+// An ack that runs no release (a version-4 worker's: the ack statement
+// alone, in its own transaction) leaves the dependent waiting; the next
+// Reap releases it.
 func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
@@ -147,9 +147,26 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	if _, err := producer.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}, claim.NewItem{ID: b, Payload: []byte("b"), After: []uuid.UUID{a}}); err != nil {
 		t.Fatal(err)
 	}
-	old := newQueue(t, pool, claim.Options{Queue: "old"}) // has seen no dependencies
+	old := newQueue(t, pool, claim.Options{Queue: "old"})
 	s := startSession(t, ctx, pool)
-	ackAll(t, old, claimEvery(t, old, s.ID()))
+	got := claimEvery(t, old, s.ID())
+	if len(got) != 1 {
+		t.Fatalf("claimed %d items, want a", len(got))
+	}
+	d, err := crsql.DetectDialect(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := crsql.NewStore(crsql.Tables{}).AckMany(ctx, tx, d, []crsql.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}}); err != nil || len(gone) != 1 {
+		t.Fatalf("the version-4 ack: %v, %v", gone, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if got := claimEvery(t, old, s.ID()); len(got) != 0 {
 		t.Fatalf("claimed %d items before any release", len(got))
 	}
