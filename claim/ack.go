@@ -54,10 +54,8 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 		return nil, fmt.Errorf("claim: batch ack of %d items: %w", len(items), err)
 	}
 	var acked []Item
-	var released int
 	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		deleted, rel, err := q.deleteClaimed(ctx, tx, items)
-		released = rel
+		deleted, err := q.deleteClaimed(ctx, tx, items)
 		if err != nil {
 			return err
 		}
@@ -77,7 +75,13 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	q.stats.acked.Add(int64(len(acked)))
 	q.stats.lost.Add(int64(len(items) - len(acked)))
-	q.unblocked(released)
+	ids := make([]uuid.UUID, 0, len(acked))
+	for _, it := range acked {
+		if !it.AtMostOnce {
+			ids = append(ids, it.ID)
+		}
+	}
+	q.releaseAcked(ctx, ids)
 	return acked, nil
 }
 
@@ -177,10 +181,9 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		items[i] = r.Item
 	}
 	var deleted []bool
-	var released int
 	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		if deleted, released, err = q.deleteClaimed(ctx, tx, items); err != nil {
+		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err
 		}
 		var acked []AckRequest
@@ -203,7 +206,14 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		return nil
 	})
 	if err == nil {
-		q.unblocked(released)
+		// The acked items' dependents (depends.go), once the ack committed.
+		ids := make([]uuid.UUID, 0, len(items))
+		for i, it := range items {
+			if deleted[i] && !it.AtMostOnce {
+				ids = append(ids, it.ID)
+			}
+		}
+		q.releaseAcked(ctx, ids)
 	}
 	return deleted, err
 }
@@ -220,12 +230,11 @@ func recovered(fn func() error) (err error) {
 }
 
 // deleteClaimed deletes, in one statement, each item whose claim still
-// holds (same session, same token), and reports which were deleted, and
-// how many waiting dependents their acks released (releaseAcked).
+// holds (same session, same token), and reports which were deleted.
 // At-most-once items count as deleted without a statement: their claim
 // deleted them, and holding the claimed Item is what entitles the caller to
 // record its result.
-func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, int, error) {
+func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
 	deleted := make([]bool, len(items))
 	held := items
 	if atMostOnce(items) {
@@ -238,18 +247,14 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 			}
 		}
 		if len(held) == 0 {
-			return deleted, 0, nil
+			return deleted, nil
 		}
 	}
 	gone, err := q.store.AckMany(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
-		return nil, 0, crsql.Classify(err)
+		return nil, crsql.Classify(err)
 	}
-	// The acked items' dependents (depends.go), in this transaction.
-	released, err := q.releaseAcked(ctx, tx, gone)
-	if err != nil {
-		return nil, 0, crsql.Classify(err)
-	}
+
 	set := make(map[uuid.UUID]bool, len(gone))
 	for _, id := range gone {
 		set[id] = true
@@ -262,7 +267,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 		deleted[i] = set[it.ID]
 		delete(set, it.ID)
 	}
-	return deleted, released, nil
+	return deleted, nil
 }
 
 func atMostOnce(items []Item) bool {

@@ -40,6 +40,12 @@ var (
 	// ErrPrerequisiteOtherQueue: a prerequisite is an item of another queue.
 	// Prerequisites must be items of the dependent's own queue.
 	ErrPrerequisiteOtherQueue = errors.New("prerequisite is an item of another queue")
+	// ErrNoDedupWindow: the queue's dedup window is zero
+	// (Settings.DedupWindow): it keeps no memory of ended ids, which is how
+	// a prerequisite acked without releasing its dependents at once (by a
+	// version-4 worker, or an ack whose release failed) is told apart from
+	// one that died.
+	ErrNoDedupWindow = errors.New("dependencies need the queue's dedup window (Settings.DedupWindow) above zero")
 )
 
 // ReasonDependencyDied starts the reason of an item that died because a
@@ -244,6 +250,11 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 		}
 	}
+	if st, stored, err := q.store.QueueSettings(ctx, db, name); err != nil {
+		return err
+	} else if stored && st.DedupWindow <= 0 {
+		return fmt.Errorf("%w: queue %q", ErrNoDedupWindow, name)
+	}
 	// 2. Items without prerequisites.
 	var plainIdx, depIdx []int
 	for i := range b.items {
@@ -406,18 +417,46 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 	return nil
 }
 
-// releaseAcked releases, in the ack's transaction tx, the dependents of the
-// items acked, if the queue has dependencies (depsActive), and returns how
-// many it moved into the items table.
-func (q *Queue) releaseAcked(ctx context.Context, tx pgx.Tx, acked []uuid.UUID) (int, error) {
+// releaseAcked releases the dependents of the items acked (by an ack that
+// committed), if the queue has dependencies (depsActive), in a short
+// transaction of its own right after the ack's: the edges from the acked
+// items are deleted, their dependents' remaining counts lowered, and those
+// at zero moved into the items table. On PostgreSQL it runs at READ
+// COMMITTED: the acks of a fan-in's prerequisites all lower the join's
+// count, and at READ COMMITTED each waits for the row lock of the one
+// before and then counts from its committed value, where SERIALIZABLE
+// transactions would fail and retry one another (the count stays exact:
+// each edge is deleted, and counted, by one transaction only). On
+// CockroachDB it is SERIALIZABLE.
+//
+// Its failure (the database, a lost connection, a crash right after the
+// ack) loses nothing: the edges of an acked prerequisite stay until a
+// session's Reap finds it acked among the ended ids and releases its
+// dependents (sweepDeps). So a dependent is released exactly once (the
+// move deletes its waiting row) and at the latest by the next Reap.
+func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	if len(acked) == 0 {
-		return 0, nil
+		return
 	}
-	if active, err := q.depsActive(ctx, tx); err != nil || !active {
-		return 0, err
+	if active, err := q.depsActive(ctx, q.db); err != nil || !active {
+		return
 	}
-	moved, err := q.store.ReleaseDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, acked)
-	return len(moved), err
+	d := q.engine.Load().dialect
+	opts := pgx.TxOptions{IsoLevel: pgx.Serializable}
+	if d == crsql.Postgres {
+		opts.IsoLevel = pgx.ReadCommitted
+	}
+	var moved []uuid.UUID
+	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		moved, err = q.store.ReleaseDependents(ctx, tx, d, q.opts.Queue, acked)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		q.stats.releaseFailed.Add(1)
+		return
+	}
+	q.unblocked(len(moved))
 }
 
 // sweepDeps is Reap's dependency step: it walks up to sweepBatches ·

@@ -409,3 +409,30 @@ func TestDependsRenamedTables(t *testing.T) {
 		t.Fatalf("%d rows left", n)
 	}
 }
+
+// A queue whose dedup window is zero refuses dependencies: it could not
+// tell an acked prerequisite from a dead one.
+func TestDependsNeedTheDedupWindow(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "forgetful"})
+	st, err := q.Settings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.DedupWindow, st.DedupOff = 0, true
+	if err := q.Configure(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	a := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("b"), After: []uuid.UUID{a}})
+	if !errors.Is(err, claim.ErrNoDedupWindow) {
+		t.Fatalf("enqueue after an item of a queue without a dedup window: %v", err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1 {
+		t.Fatalf("%d items, want the first alone", n)
+	}
+}

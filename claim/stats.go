@@ -19,18 +19,22 @@ type Stats struct {
 	// acks or its Reap. Dependents that died with a prerequisite count in
 	// Dead.
 	Unblocked int64
+	// ReleaseFailures counts releases of an ack's dependents that failed
+	// after the ack committed (the database, a connection): the next Reap
+	// releases those dependents instead.
+	ReleaseFailures int64
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.
 	LostClaims int64
 	// Retries counts serialization-failure retries by statement kind:
 	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue",
-	// "extend", "reap", "pause".
+	// "extend", "reap", "pause", "unblock" (the release of an ack's dependents).
 	Retries map[string]int64
 }
 
 type counters struct {
 	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
-	unblocked                                                      atomic.Int64
+	unblocked, releaseFailed                                       atomic.Int64
 	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
@@ -48,7 +52,7 @@ func (q *Queue) Stats() Stats {
 	s := Stats{
 		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
-		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Unblocked: c.unblocked.Load(), Retries: map[string]int64{},
+		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Unblocked: c.unblocked.Load(), ReleaseFailures: c.releaseFailed.Load(), Retries: map[string]int64{},
 	}
 	c.retries.Range(func(k, v any) bool {
 		s.Retries[k.(string)] = v.(*atomic.Int64).Load()

@@ -1,0 +1,52 @@
+package claim_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+)
+
+// A fan-out / fan-in: one item fetches a file, three resize it in
+// parallel once it is done, and one publishes once all three are done.
+// Prerequisites come first, in the same call or enqueued before; an item
+// with prerequisites not yet acked waits (Enqueued.Waiting) outside the
+// queue until the ack of the last one releases it.
+func ExampleNewItem_after() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	q, err := claim.New(pool, claim.Options{Queue: "images"})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// README:begin depends
+	fetch := uuid.New()
+	items := []claim.NewItem{{ID: fetch, Payload: []byte("fetch photo.jpg")}}
+	var sizes []uuid.UUID
+	for _, size := range []string{"small", "medium", "large"} {
+		id := uuid.New()
+		sizes = append(sizes, id)
+		items = append(items, claim.NewItem{ID: id, Payload: []byte("resize " + size), After: []uuid.UUID{fetch}})
+	}
+	items = append(items, claim.NewItem{Payload: []byte("publish"), After: sizes})
+	res, err := q.Enqueue(ctx, items...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting:", res.Waiting)
+	// README:end depends
+
+	n, err := q.WaitingCount(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting items:", n)
+	// Output:
+	// waiting: [false true true true true]
+	// waiting items: 4
+}
