@@ -436,3 +436,29 @@ func TestDependsNeedTheDedupWindow(t *testing.T) {
 		t.Fatalf("%d items, want the first alone", n)
 	}
 }
+
+// Purge deletes a queue's waiting items and edges with the rest.
+func TestDependsPurge(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "gone"})
+	a := uuid.New()
+	items := []claim.NewItem{{ID: a, Payload: []byte("a")}}
+	for range 3 {
+		items = append(items, claim.NewItem{Payload: []byte("b"), After: []uuid.UUID{a}})
+	}
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.PurgePlan(ctx)
+	if err != nil || plan.Waiting != 3 {
+		t.Fatalf("PurgePlan: %+v, %v; want 3 waiting", plan, err)
+	}
+	done, err := q.Purge(ctx, nil)
+	if err != nil || done.Waiting != 3 || done.Items != 1 {
+		t.Fatalf("Purge: %+v, %v", done, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_waiting`) + countRows(t, pool, `SELECT count(*) FROM crdbwork_waits_for`); n != 0 {
+		t.Fatalf("%d waiting or edge rows left", n)
+	}
+}

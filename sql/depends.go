@@ -109,6 +109,11 @@ type dependsStatements struct {
 	// waiting). WaitingCount: $1 queue → number of waiting items.
 	// HasEdges: $1 queue → a row if any item of the queue waits.
 	Waiting, WaitingCount, HasEdges string
+	// PurgeEdges deletes up to $2 edges of queue $1 (Purge). PickWaiting
+	// returns up to $2 waiting items of queue $1, oldest first, and
+	// DeleteWaiting (PostgresDeleteWaiting on PostgreSQL) deletes those of
+	// them, $2, still there.
+	PurgeEdges, PickWaiting, DeleteWaiting, PostgresDeleteWaiting string
 }
 
 const releaseTemplate = `WITH e AS (
@@ -210,6 +215,13 @@ ORDER BY dependent LIMIT $3`),
 		// EXISTS as a scan of the table, expecting to meet the queue's
 		// edges early.
 		HasEdges: r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
+		PurgeEdges: r(`DELETE FROM crdbwork_waits_for
+WHERE queue = $1 AND (prereq, dependent) IN (
+    SELECT prereq, dependent FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq, dependent LIMIT $2)`),
+		PickWaiting:   r(`SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`),
+		DeleteWaiting: r(`DELETE FROM crdbwork_waiting WHERE id = ANY($2::UUID[]) AND queue = $1`),
+		PostgresDeleteWaiting: r(`DELETE FROM crdbwork_waiting AS w USING unnest($2::UUID[]) AS k (key_id)
+WHERE w.id = ANY(ARRAY[k.key_id]) AND (w.queue = $1 OR k.key_id IS NULL)`),
 	}
 }
 

@@ -60,8 +60,12 @@ func TestDependsPlans(t *testing.T) {
 		{"Waiting", ds.Waiting, []any{"q7", some[0]}},
 		{"WaitingCount", ds.WaitingCount, []any{"q7"}},
 		{"HasEdges", ds.HasEdges, []any{"q7"}},
+		{"PurgeEdges", ds.PurgeEdges, []any{"q7", 1000}},
+		{"PickWaiting", ds.PickWaiting, []any{"q7", 1000}},
+		{"DeleteWaiting", ds.DeleteWaiting, []any{"q7", ids}},
+		{"PostgresDeleteWaiting", ds.PostgresDeleteWaiting, []any{"q7", ids}},
 	}
-	twinned := map[string]bool{"Release": true, "MoveReady": true, "KillDependents": true}
+	twinned := map[string]bool{"Release": true, "MoveReady": true, "KillDependents": true, "DeleteWaiting": true}
 	scan := regexp.MustCompile(`Seq Scan on crdbwork_(items|waiting|waits_for|ended|dead_items)\b|FULL SCAN|full scan`)
 	check := func(state string) {
 		explainEach(t, pool, "deps_"+state+"_", cases, nil, func(i int, mode, plan string) {
@@ -73,7 +77,7 @@ func TestDependsPlans(t *testing.T) {
 				t.Errorf("%s (%s, %s) scans a table:\n%s", c.name, state, mode, plan)
 				return
 			}
-			if c.name != "WaitingCount" && strings.Contains(plan, "crdbwork_waiting_by_queue") {
+			if c.name != "WaitingCount" && c.name != "PickWaiting" && strings.Contains(plan, "crdbwork_waiting_by_queue") {
 				t.Errorf("%s (%s, %s) reads the queue's waiting items:\n%s", c.name, state, mode, plan)
 				return
 			}

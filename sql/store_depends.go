@@ -225,3 +225,27 @@ func (s *Store) HasEdges(ctx context.Context, db DB, queue string) (bool, error)
 	found, err := collectIDs(rows)
 	return len(found) > 0, err
 }
+
+// PurgeDependsBatch deletes up to limit of queue's edges and, once it has
+// none, up to limit of its waiting items, and returns how many waiting
+// items it deleted and whether anything was deleted
+// (dependsStatements.PurgeEdges, PickWaiting, DeleteWaiting).
+func (s *Store) PurgeDependsBatch(ctx context.Context, db DB, d Dialect, queue string, limit int) (waiting int64, more bool, err error) {
+	tag, err := db.Exec(ctx, s.deps().PurgeEdges, queue, limit)
+	if err != nil || tag.RowsAffected() > 0 {
+		return 0, err == nil, err
+	}
+	rows, err := db.Query(ctx, s.deps().PickWaiting, queue, limit)
+	if err != nil {
+		return 0, false, err
+	}
+	ids, err := collectIDs(rows)
+	if err != nil || len(ids) == 0 {
+		return 0, false, err
+	}
+	tag, err = db.Exec(ctx, byDialect(d, s.deps().DeleteWaiting, s.deps().PostgresDeleteWaiting), queue, rawIDs(ids))
+	if err != nil {
+		return 0, false, err
+	}
+	return tag.RowsAffected(), true, nil
+}
