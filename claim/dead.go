@@ -15,7 +15,8 @@ import (
 
 // Cancel deletes an item of this queue whether or not it is claimed, and
 // reports whether it existed. A claimed item's pending ack then fails with
-// ErrClaimLost.
+// ErrClaimLost. A waiting item (NewItem.After) is cancelled too; the items
+// that wait for a cancelled item end, dead (see docs/dependencies.md).
 func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
@@ -26,6 +27,9 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
 		existed, err = q.store.Cancel(ctx, q.db, id, q.opts.Queue)
 		return crsql.Classify(err)
 	})
+	if err == nil && !existed {
+		existed, err = q.cancelWaiting(ctx, id) // a waiting item (depends.go)
+	}
 	if err != nil {
 		return false, fmt.Errorf("claim: cancelling item %s: %w", id, err)
 	}

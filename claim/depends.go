@@ -661,3 +661,14 @@ func (q *Queue) unblocked(n int) {
 		q.Wake()
 	}
 }
+
+// cancelWaiting cancels the waiting item id, if it is one (Cancel).
+func (q *Queue) cancelWaiting(ctx context.Context, id uuid.UUID) (bool, error) {
+	var existed bool
+	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		existed, err = q.store.CancelWaiting(ctx, tx, id, q.opts.Queue)
+		return crsql.Classify(err)
+	})
+	return existed, err
+}

@@ -462,3 +462,36 @@ func TestDependsPurge(t *testing.T) {
 		t.Fatalf("%d waiting or edge rows left", n)
 	}
 }
+
+// A waiting item can be cancelled: it is recorded as cancelled, and the
+// items that wait for it end, dead, at the next Reap.
+func TestDependsCancelWaiting(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "cw"})
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}, claim.NewItem{ID: b, Payload: []byte("b"), After: []uuid.UUID{a}},
+		claim.NewItem{ID: c, Payload: []byte("c"), After: []uuid.UUID{b}}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := q.Cancel(ctx, b); err != nil || !ok {
+		t.Fatalf("Cancel of a waiting item: %v, %v", ok, err)
+	}
+	if ok, err := q.Cancel(ctx, b); err != nil || ok {
+		t.Fatalf("Cancel again: %v, %v; want false", ok, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND outcome = 'cancelled'`, b); n != 1 {
+		t.Fatalf("%d cancelled records of b", n)
+	}
+	st, err := q.Reap(ctx)
+	if err != nil || st.DependencyDead != 1 {
+		t.Fatalf("Reap: %+v, %v; want c dead", st, err)
+	}
+	dead, err := q.Dead(ctx, 10)
+	if err != nil || len(dead) != 1 || dead[0].ID != c || dead[0].Reason != claim.ReasonDependencyDied+b.String() {
+		t.Fatalf("dead items: %+v, %v", dead, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_waiting`) + countRows(t, pool, `SELECT count(*) FROM crdbwork_waits_for`); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}

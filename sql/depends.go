@@ -114,6 +114,9 @@ type dependsStatements struct {
 	// DeleteWaiting (PostgresDeleteWaiting on PostgreSQL) deletes those of
 	// them, $2, still there.
 	PurgeEdges, PickWaiting, DeleteWaiting, PostgresDeleteWaiting string
+	// CancelWaiting deletes the waiting item $1 of queue $2, records it
+	// as ended (cancelled) and returns its id.
+	CancelWaiting string
 }
 
 const releaseTemplate = `WITH e AS (
@@ -218,6 +221,7 @@ ORDER BY dependent LIMIT $3`),
 		PurgeEdges: r(`DELETE FROM crdbwork_waits_for
 WHERE queue = $1 AND (prereq, dependent) IN (
     SELECT prereq, dependent FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq, dependent LIMIT $2)`),
+		CancelWaiting: r(deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND queue = $2`, OutcomeCancelled)),
 		PickWaiting:   r(`SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`),
 		DeleteWaiting: r(`DELETE FROM crdbwork_waiting WHERE id = ANY($2::UUID[]) AND queue = $1`),
 		PostgresDeleteWaiting: r(`DELETE FROM crdbwork_waiting AS w USING unnest($2::UUID[]) AS k (key_id)

@@ -62,6 +62,7 @@ func TestDependsPlans(t *testing.T) {
 		{"HasEdges", ds.HasEdges, []any{"q7"}},
 		{"PurgeEdges", ds.PurgeEdges, []any{"q7", 1000}},
 		{"PickWaiting", ds.PickWaiting, []any{"q7", 1000}},
+		{"CancelWaiting", ds.CancelWaiting, []any{some[0], "q7"}},
 		{"DeleteWaiting", ds.DeleteWaiting, []any{"q7", ids}},
 		{"PostgresDeleteWaiting", ds.PostgresDeleteWaiting, []any{"q7", ids}},
 	}

@@ -249,3 +249,20 @@ func (s *Store) PurgeDependsBatch(ctx context.Context, db DB, d Dialect, queue s
 	}
 	return tag.RowsAffected(), true, nil
 }
+
+// CancelWaiting deletes, in tx, the waiting item id of queue and the edges
+// to it, records it as ended (cancelled), and reports whether it was there
+// (dependsStatements.CancelWaiting, DeleteEdgesTo). The items that wait for
+// it are ended by the reaper, as for any cancelled prerequisite.
+func (s *Store) CancelWaiting(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string) (bool, error) {
+	rows, err := tx.Query(ctx, s.deps().CancelWaiting, [16]byte(id), queue)
+	if err != nil {
+		return false, err
+	}
+	gone, err := collectIDs(rows)
+	if err != nil || len(gone) == 0 {
+		return false, err
+	}
+	_, err = tx.Exec(ctx, s.deps().DeleteEdgesTo, queue, rawIDs(gone))
+	return err == nil, err
+}

@@ -710,6 +710,11 @@ func TestDepsCommand(t *testing.T) {
 	if r := must(t, d.env, "status", "--queue", "pipeline"); !strings.Contains(r.stdout, "waiting: 1 items") {
 		t.Errorf("status does not count the waiting item:\n%s", r)
 	}
+	// A waiting item is cancelled like any other.
+	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", dep.String())
+	if n, err := q.WaitingCount(ctx); err != nil || n != 0 {
+		t.Errorf("after crdbwork cancel of the waiting item: %d waiting, %v", n, err)
+	}
 	want(t, d.env, 2, []string{"not an item id"}, "deps", "--queue", "pipeline", "nope")
 	want(t, d.env, 2, []string{"give the id"}, "deps", "--queue", "pipeline")
 }
