@@ -450,6 +450,10 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		moved, err = q.store.ReleaseDependents(ctx, tx, d, q.opts.Queue, acked)
+		if err == nil && len(moved) > 0 && q.notifies() {
+			// Other processes' idle workers claim them at once.
+			err = q.store.Notify(ctx, tx, q.channel)
+		}
 		return crsql.Classify(err)
 	})
 	if err != nil {
@@ -543,6 +547,9 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 		}
 		if len(acked) > 0 {
 			moved, err := q.store.ReleaseDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, acked)
+			if err == nil && len(moved) > 0 && q.notifies() {
+				err = q.store.Notify(ctx, tx, q.channel)
+			}
 			if err != nil {
 				return crsql.Classify(err)
 			}
