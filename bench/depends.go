@@ -41,8 +41,13 @@ type depsResult struct {
 	Items   int     `json:"items"`
 	Seconds float64 `json:"seconds"`
 	PerSec  float64 `json:"items_per_second"`
-	// Unblocked: dependents released by the workers' acks and reaps.
-	Unblocked int64 `json:"unblocked"`
+	// Unblocked: dependents released by the workers' acks and reaps;
+	// ReleaseFailures: releases after an ack that failed (left to the
+	// reaper); Retries: serialization-failure retries of the workers' acks
+	// and releases.
+	Unblocked       int64 `json:"unblocked"`
+	ReleaseFailures int64 `json:"release_failures"`
+	Retries         int64 `json:"retries"`
 }
 
 func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
@@ -107,8 +112,8 @@ func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
 				fmt.Fprintln(out, string(b))
 				continue
 			}
-			fmt.Fprintf(out, "round %d  %-6s %6d items  %7.2fs  %7.0f items/s  %5d unblocked  load %s\n",
-				round+1, shape, r.Items, r.Seconds, r.PerSec, r.Unblocked, loadavg())
+			fmt.Fprintf(out, "round %d  %-6s %6d items  %7.2fs  %7.0f items/s  %5d unblocked  %d release failures  %d retries  load %s\n",
+				round+1, shape, r.Items, r.Seconds, r.PerSec, r.Unblocked, r.ReleaseFailures, r.Retries, loadavg())
 		}
 	}
 	if *jsonOut {
@@ -199,14 +204,17 @@ func drainShape(ctx context.Context, url string, setup *pgxpool.Pool, shape stri
 	}
 	elapsed := time.Since(start)
 	cancel()
-	var unblocked int64
+	var unblocked, failures, retries int64
 	for range ws {
 		if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
 			return depsResult{}, err
 		}
 	}
 	for _, w := range ws {
-		unblocked += w.Stats().Unblocked
+		st := w.Stats()
+		unblocked += st.Unblocked
+		failures += st.ReleaseFailures
+		retries += st.Retries["ack"] + st.Retries["unblock"]
 	}
 	var left int
 	if err := setup.QueryRow(ctx, `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1) + (SELECT count(*) FROM crdbwork_waiting WHERE queue = $1)
@@ -217,7 +225,7 @@ func drainShape(ctx context.Context, url string, setup *pgxpool.Pool, shape stri
 		return depsResult{}, fmt.Errorf("%d result rows for %d items, %d rows left in the queue's tables", done, len(items), left)
 	}
 	return depsResult{Shape: shape, Round: round + 1, Items: len(items), Seconds: elapsed.Seconds(),
-		PerSec: float64(len(items)) / elapsed.Seconds(), Unblocked: unblocked}, nil
+		PerSec: float64(len(items)) / elapsed.Seconds(), Unblocked: unblocked, ReleaseFailures: failures, Retries: retries}, nil
 }
 
 // shapeItems returns the items of a shape, prerequisites first.

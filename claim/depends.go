@@ -83,15 +83,23 @@ func (q *Queue) depsActive(ctx context.Context, db crsql.DB) (bool, error) {
 	if now < q.deps.until.Load() {
 		return true, nil
 	}
-	next := q.deps.next.Load()
-	if now < next || !q.deps.next.CompareAndSwap(next, now+int64(depsProbe)) {
+	if now < q.deps.next.Load() {
+		return false, nil
+	}
+	// A probe is due: one at a time, and the acks that come meanwhile wait
+	// for its answer (rather than skip their release).
+	q.deps.probe.Lock()
+	defer q.deps.probe.Unlock()
+	if now := time.Now().UnixNano(); now < q.deps.until.Load() {
+		return true, nil
+	} else if now < q.deps.next.Load() {
 		return false, nil
 	}
 	has, err := q.store.HasEdges(ctx, db, q.opts.Queue)
 	if err != nil {
-		q.deps.next.Store(0) // probe again at the next ack
-		return false, err
+		return false, err // probed again by the next ack
 	}
+	q.deps.next.Store(time.Now().Add(depsProbe).UnixNano())
 	if has {
 		q.markDeps()
 	}
@@ -656,6 +664,7 @@ func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
 type depsState struct {
 	until  atomic.Int64
 	next   atomic.Int64 // when the next probe may run (Unix nanoseconds)
+	probe  sync.Mutex   // held while a probe runs
 	mu     sync.Mutex
 	cursor uuid.UUID
 }
