@@ -17,11 +17,12 @@ import (
 
 // Dependencies (NewItem.After; docs/dependencies.md). An item whose
 // prerequisites are not all acked is kept out of the items table, in
-// crdbwork_waiting, so that no claim of any version can hand it out. The ack
-// of its last prerequisite moves it into the items table in the ack's own
-// transaction (deleteClaimed); anything else that ends a prerequisite (a
-// death, a cancel, an ack by an older worker) is found by Reap's
-// dependency step, which releases or ends the dependents.
+// crdbwork_waiting, so that no claim of any version can hand it out. The
+// ack of its last prerequisite moves it into the items table, in a short
+// transaction right after the ack's (releaseAcked); anything else that ends
+// a prerequisite (a death, a cancel, an ack by an older worker, a release
+// that failed or never ran) is found by Reap's dependency step (sweepDeps),
+// which releases or ends the dependents.
 
 // MaxAfter bounds the prerequisites of one item (NewItem.After).
 const MaxAfter = 10000
@@ -52,11 +53,11 @@ var (
 // prerequisite ended without an ack: "dependency died: <id>".
 const ReasonDependencyDied = "dependency died: "
 
-// depsFresh is how long an enqueue with prerequisites, a Reap or an ack
-// that found waiting items make this Queue's acks look for dependents to
-// release. Outside it, an ack runs no extra statement, except that at most
-// once per depsProbe one ack transaction of the Queue first probes the
-// queue's edges (one index seek, LIMIT 1): so a worker process finds out
+// depsFresh is how long an enqueue with prerequisites, a Reap or a probe
+// that found waiting items make this Queue's acks release dependents.
+// Outside it, an ack runs no extra statement, except that at most once per
+// depsProbe an ack of the Queue first probes the queue's edges (one index
+// seek, LIMIT 1): so a worker process finds out
 // within depsProbe that another process enqueued dependents, and a queue
 // that nobody uses dependencies in pays one probe per depsProbe per
 // process. A dependent whose last prerequisite an ack acked without
@@ -446,7 +447,12 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	if len(acked) == 0 {
 		return
 	}
-	if active, err := q.depsActive(ctx, q.db); err != nil || !active {
+	active, err := q.depsActive(ctx, q.db)
+	if err != nil {
+		q.stats.releaseFailed.Add(1) // left to the reaper
+		return
+	}
+	if !active {
 		return
 	}
 	d := q.engine.Load().dialect
@@ -455,7 +461,7 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 		opts.IsoLevel = pgx.ReadCommitted
 	}
 	var moved []uuid.UUID
-	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
+	err = retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		moved, err = q.store.ReleaseDependents(ctx, tx, d, q.opts.Queue, acked)
 		if err == nil && len(moved) > 0 && q.notifies() {
