@@ -10,19 +10,22 @@ import (
 // A dependent whose prerequisites are not all acked is a row of
 // crdbwork_waiting, never of crdbwork_items, so no claim statement of any
 // version can hand it out; each of its unsatisfied prerequisites is an edge
-// of crdbwork_waits_for, and its remaining column counts them. An ack whose
-// queue has edges runs Release in its own transaction, after its delete:
-// the edges of the acked items are deleted and their dependents' remaining
-// counts go down; MoveReady then moves the dependents at zero into the
-// items table, in the same transaction, so that a dependent is released
-// exactly once, with the ack that satisfied it (a row of crdbwork_waiting
-// can be deleted once). The decrement is an UPDATE of the waiting row: two
-// acks of a dependent's last two prerequisites both write that row, so
-// they conflict (a lock wait, then a serialization failure and a retry of
-// one of them) instead of each seeing the other's edge still there.
+// of crdbwork_waits_for, and its remaining column counts them. Right after
+// an ack commits, the acking process runs Release and MoveReady in a short
+// transaction of its own (READ COMMITTED on PostgreSQL; claim's
+// releaseAcked): the edges of the acked items are deleted, their
+// dependents' remaining counts go down, and the dependents at zero move
+// into the items table in the same transaction. A dependent is released
+// exactly once: a row of crdbwork_waiting can be deleted once. The count is
+// exact: each edge is deleted, and counted, by one transaction, and the
+// decrement is an UPDATE of the waiting row, so the releases of a
+// dependent's last two prerequisites queue on that row's lock (and at READ
+// COMMITTED the second counts from the first's committed value) instead of
+// each seeing the other's edge still there.
 //
 // Everything else that ends a prerequisite (a death, a cancel, an ack by a
-// version-4 worker, which runs no Release) is found by every session's
+// version-4 worker, which runs no Release, or a Release that failed or
+// never ran) is found by every session's
 // reaper: it walks the queue's edges by prerequisite (SweepPrereqs),
 // classifies the prerequisites (Classify: queued or waiting, or how they
 // ended, from crdbwork_ended, the dedup memory, and the dead items) and
