@@ -107,11 +107,14 @@ func (s *Store) InsertEdges(ctx context.Context, db DB, queue string, prereqs, d
 	return err
 }
 
-// ReleaseDependents deletes, in tx, the edges of queue from the acked items prereqs,
-// lowers their dependents' remaining counts, then moves the dependents
-// whose count reached zero into the items table (dependsStatements.Release
-// and MoveReady, or their PostgreSQL twins) and returns the ids it moved. Run it in the transaction
-// that acked prereqs (or, for the reaper, one that found them acked).
+// ReleaseDependents deletes, in tx, the edges of queue from the acked
+// items prereqs, lowers their dependents' remaining counts, then moves the
+// dependents whose count reached zero into the items table
+// (dependsStatements.Release and MoveReady, or their PostgreSQL twins) and
+// returns the ids it moved. Run it once the acks of prereqs committed: in
+// a transaction of its own (READ COMMITTED on PostgreSQL, so that the
+// releases of a fan-in queue on the join's row rather than fail each
+// other), or in the reaper's that found them acked.
 func (s *Store) ReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, byDialect(d, s.deps().Release, s.deps().PostgresRelease), queue, rawIDs(prereqs))
 	if err != nil {
