@@ -50,3 +50,38 @@ func ExampleNewItem_after() {
 	// waiting: [false true true true true]
 	// waiting items: 4
 }
+
+// Dependencies shows what a waiting item still waits for, with each
+// prerequisite's state, and which items wait for a given one.
+func ExampleQueue_Dependencies() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	q, err := claim.New(pool, claim.Options{Queue: "reports"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	extract, report := uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx,
+		claim.NewItem{ID: extract, Payload: []byte("extract")},
+		claim.NewItem{ID: report, Payload: []byte("report"), After: []uuid.UUID{extract}}); err != nil {
+		log.Fatal(err)
+	}
+	d, err := q.Dependencies(ctx, report, 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting:", d.Waiting, "remaining:", d.Remaining)
+	for _, p := range d.Prereqs {
+		fmt.Println("after the extract:", p.ID == extract, p.State)
+	}
+	d, err = q.Dependencies(ctx, extract, 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("the report waits for the extract:", len(d.Dependents) == 1 && d.Dependents[0] == report)
+	// Output:
+	// waiting: true remaining: 1
+	// after the extract: true queued
+	// the report waits for the extract: true
+}
