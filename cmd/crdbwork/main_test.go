@@ -715,6 +715,18 @@ func TestDepsCommand(t *testing.T) {
 	if n, err := q.WaitingCount(ctx); err != nil || n != 0 {
 		t.Errorf("after crdbwork cancel of the waiting item: %d waiting, %v", n, err)
 	}
+	// A cancelled prerequisite ends its dependents, visible in crdbwork dead.
+	dep2 := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: dep2, Payload: []byte("d2"), After: []uuid.UUID{root}}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", root.String())
+	if st, err := q.Reap(ctx); err != nil || st.DependencyDead != 1 {
+		t.Fatalf("Reap: %+v, %v", st, err)
+	}
+	if r := must(t, d.env, "dead", "--queue", "pipeline"); !strings.Contains(r.stdout, dep2.String()) || !strings.Contains(r.stdout, "dependency died: "+root.String()) {
+		t.Errorf("crdbwork dead does not show the dependent's death:\n%s", r)
+	}
 	want(t, d.env, 2, []string{"not an item id"}, "deps", "--queue", "pipeline", "nope")
 	want(t, d.env, 2, []string{"give the id"}, "deps", "--queue", "pipeline")
 }
