@@ -408,6 +408,39 @@ func TestDependsRenamedTables(t *testing.T) {
 	if n := countRows(t, pool, `SELECT count(*) FROM deps.dq_waiting`) + countRows(t, pool, `SELECT count(*) FROM deps.dq_waits_for`); n != 0 {
 		t.Fatalf("%d rows left", n)
 	}
+	// A cancelled prerequisite, the reaper's kill, a cancelled waiting
+	// item, and the purge, on the renamed tables.
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}, claim.NewItem{ID: b, Payload: []byte("b"), After: []uuid.UUID{a}},
+		claim.NewItem{ID: c, Payload: []byte("c"), After: []uuid.UUID{a}}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := q.Cancel(ctx, c); err != nil || !ok {
+		t.Fatalf("Cancel of the waiting c: %v, %v", ok, err)
+	}
+	if ok, err := q.Cancel(ctx, a); err != nil || !ok {
+		t.Fatalf("Cancel of a: %v, %v", ok, err)
+	}
+	if st, err := q.Reap(ctx); err != nil || st.DependencyDead != 1 {
+		t.Fatalf("Reap: %+v, %v; want b dead", st, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM deps.dq_dead_items WHERE id = $1 AND reason = $2`, b, claim.ReasonDependencyDied+a.String()); n != 1 {
+		t.Fatalf("b died %d times with the reason", n)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}); err != nil { // done: a duplicate
+		t.Fatal(err)
+	}
+	d := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: d, Payload: []byte("d"), After: []uuid.UUID{items[0].ID}}); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := q.Purge(ctx, nil); err != nil || done.Dead != 1 {
+		t.Fatalf("Purge: %+v, %v", done, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM deps.dq_waiting`) + countRows(t, pool, `SELECT count(*) FROM deps.dq_waits_for`) +
+		countRows(t, pool, `SELECT count(*) FROM deps.dq_items`); n != 0 {
+		t.Fatalf("%d rows left after the purge", n)
+	}
 }
 
 // A queue whose dedup window is zero refuses dependencies: it could not
