@@ -128,6 +128,9 @@ type status struct {
 	// (docs/cancel-and-snooze.md).
 	Snoozed    int64 `json:"snoozed"`
 	Cancelling int64 `json:"cancelling"`
+	// Waiting counts the items that wait for prerequisites (NewItem.After;
+	// docs/dependencies.md), kept out of the backlog until released.
+	Waiting int64 `json:"waiting"`
 	// ItemsPerSecond is the throughput over the last few seconds (--watch
 	// only; -1 until two reads are in).
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
@@ -179,9 +182,12 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 		return nil, err
 	}
 	s.Snoozed, s.Cancelling = cs.Snoozed, cs.Cancelling
+	if s.Waiting, err = q.WaitingCount(ctx); err != nil {
+		return nil, err
+	}
 	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
 	s.PartsStored = info.Stored
-	s.Known = info.Stored || info.HasItems() || info.Dead > 0
+	s.Known = info.Stored || info.HasItems() || info.Dead > 0 || s.Waiting > 0
 	s.Limits = &limitsJSON{MaxInFlight: info.Settings.MaxInFlight, Rate: info.Settings.Rate,
 		TenantMaxInFlight: info.Settings.TenantMaxInFlight, TenantRate: info.Settings.TenantRate, Tenants: map[string]limitJSON{}}
 	for t, l := range info.TenantLimits {
@@ -506,6 +512,9 @@ func formatAll(all *allStatus, compact bool) string {
 		if s.Limits != nil && !s.Limits.none() {
 			state = append(state, "limited")
 		}
+		if s.Waiting > 0 {
+			state = append(state, fmt.Sprintf("waiting=%d", s.Waiting))
+		}
 		oldest := "-"
 		if due > 0 {
 			oldest = round(secs(s.OldestDueSeconds)).String()
@@ -577,6 +586,9 @@ func formatStatus(s *status, compact bool) string {
 		b.WriteString(", PAUSED (nothing is claimed; `crdbwork resume` ends it)")
 	}
 	b.WriteString("\n")
+	if s.Waiting > 0 {
+		fmt.Fprintf(&b, "waiting: %d items wait for prerequisites (`crdbwork deps ID` shows one)\n", s.Waiting)
+	}
 	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
 		age := secs(s.OldestDueSeconds)
