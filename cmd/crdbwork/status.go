@@ -93,6 +93,12 @@ type settingsJSON struct {
 	Fair              bool    `json:"fair"`
 	AtMostOnce        bool    `json:"at_most_once"`
 	DedupWindowSecond float64 `json:"dedup_window_seconds"`
+	// Sequenced: items enqueued with a key run one at a time per key, in
+	// enqueue order (crdbwork sequence; docs/sequences.md). SequencedItems:
+	// the queue holds sequenced items (they keep their order even after
+	// sequencing is turned off).
+	Sequenced      bool `json:"sequenced"`
+	SequencedItems bool `json:"sequenced_items"`
 }
 
 // tenantRow is one tenant's backlog.
@@ -194,6 +200,11 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
 	}
 	s.Settings = settingsJSON{Fair: info.Settings.Fair, AtMostOnce: info.Settings.AtMostOnce, DedupWindowSecond: info.Settings.DedupWindow.Seconds()}
+	seq, err := q.Sequencing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Settings.Sequenced, s.Settings.SequencedItems = seq.On, seq.Items
 	for _, t := range info.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
@@ -615,8 +626,11 @@ func formatStatus(s *status, compact bool) string {
 		}
 		b.WriteString("\n")
 	}
-	if s.Settings.Fair || s.Settings.AtMostOnce {
-		fmt.Fprintf(&b, "settings: fair %v, at most once %v\n", s.Settings.Fair, s.Settings.AtMostOnce)
+	if s.Settings.Fair || s.Settings.AtMostOnce || s.Settings.Sequenced {
+		fmt.Fprintf(&b, "settings: fair %v, at most once %v, sequenced %v\n", s.Settings.Fair, s.Settings.AtMostOnce, s.Settings.Sequenced)
+	}
+	if s.Settings.SequencedItems && !s.Settings.Sequenced {
+		b.WriteString("sequencing: off, but sequenced items remain: they keep one item in flight per key, in order, until they end\n")
 	}
 	if s.Retention != retentionOf(claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
 		fmt.Fprintf(&b, "retention: %s\n", s.Retention.format())
