@@ -134,7 +134,7 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 	if strings.Contains(page, `id="not-found"`) || field(page, "item-state") != "waiting for 1 prerequisite(s)" {
 		t.Fatalf("the waiting item's page does not show it waiting:\n%s", page)
 	}
-	if row := regexp.MustCompile(`(?s)<tr data-prereq="`+keyed.String()+`">.*?</tr>`).FindString(page); !strings.Contains(row, "<td>queued</td>") {
+	if row := regexp.MustCompile(`(?s)<tr data-prereq="` + keyed.String() + `">.*?</tr>`).FindString(page); !strings.Contains(row, "<td>queued</td>") {
 		t.Errorf("the waiting item's page does not show its prerequisite queued: %q", row)
 	}
 
