@@ -138,6 +138,9 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 		t.Errorf("the waiting item's page does not show its prerequisite queued: %q", row)
 	}
 
+	if !strings.Contains(page, "Cancel this waiting item") {
+		t.Error("the waiting item's page has no cancel button")
+	}
 	page = b.get("/queue?name=jobs")
 	for id, want := range map[string]string{
 		"q-sequenced": "on",
@@ -154,6 +157,16 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 	}
 	if got := field(page, "q-retention"); strings.Contains(got, "no limit") {
 		t.Errorf("queue page, retention %q: the age bound is missing", got)
+	}
+	// The waiting item cancelled from its page: it ends at once.
+	if code, text, _ := act(t, b, url.Values{"act": {"cancel"}, "queue": {"jobs"}, "sel": {waiting.String()}}); code != http.StatusSeeOther {
+		t.Fatalf("cancel of the waiting item: %d %s", code, text)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_waiting WHERE id = $1`, waiting); n != 0 {
+		t.Fatal("the cancelled waiting item is still waiting")
+	}
+	if got := field(b.get("/queue?name=jobs"), "q-waiting"); got != "0" {
+		t.Errorf("queue page after the cancel of the waiting item: waiting %q, want 0", got)
 	}
 	// Another queue: nothing sequenced, waiting, snoozed or cancelling,
 	// the default retention.
