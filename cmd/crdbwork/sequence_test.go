@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -40,6 +41,9 @@ func TestSequence(t *testing.T) {
 	if st := jsonOf(t, must(t, d.env, "status", "--queue", "orders", "--json")); st["settings"].(map[string]any)["sequenced"] != true ||
 		st["settings"].(map[string]any)["sequenced_items"] != true {
 		t.Errorf("status --json of a sequenced queue: settings %v", st["settings"])
+	}
+	if r := must(t, d.env, "status"); !regexp.MustCompile(`(?m)^orders .*sequenced$`).MatchString(r.stdout) {
+		t.Errorf("status of every queue does not mark orders sequenced:\n%s", r)
 	}
 	r := must(t, d.env, "sequence", "off", "--queue", "orders")
 	if !strings.Contains(r.stdout, "is now not sequenced") || !strings.Contains(r.stdout, "still holds sequenced items") {

@@ -520,6 +520,9 @@ func formatAll(all *allStatus, compact bool) string {
 		if s.Settings.Fair {
 			state = append(state, "fair")
 		}
+		if s.Settings.Sequenced {
+			state = append(state, "sequenced")
+		}
 		if s.Limits != nil && !s.Limits.none() {
 			state = append(state, "limited")
 		}
