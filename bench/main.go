@@ -11,6 +11,7 @@
 //	go -C bench run . order             # how relaxed the claim order is (popped element index)
 //	go -C bench run . latency           # pickup latency on an idle queue: River, crdbwork with and without parts and wake-ups
 //	go -C bench run . sequences         # throughput of a sequenced queue (one item per key at a time) against the same queue plain
+//	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in and 100 chains of 100 against 10k plain items
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -42,6 +43,7 @@ const usage = `Usage:
   go -C bench run . order [flags]       how relaxed the claim order is (PEI)
   go -C bench run . latency [flags]     pickup latency on an idle queue, beside River's
   go -C bench run . sequences [flags]   a sequenced queue's throughput against the same queue plain
+  go -C bench run . depends [flags]     dependencies: fan-out/fan-in and chains against plain items
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -77,6 +79,12 @@ backlogs (a fifth of the tenants hold four fifths of the items), lets
 plain (--fair=false) queue while single items of small tenants trickle in,
 and reports the small tenants' waits (in seconds and in claims) and Jain's
 index of the backlogged tenants' service.
+
+depends drains the same number of no-op items (--width·--depth + 2) three
+ways with the same in-process workers: plain, as a fan-out/fan-in (one root,
+the children after it, one join after every child) and as --width chains of
+--depth items, each enqueued before the workers start; it prints each drain's
+time and items/s and its time over the plain drain's in the same round.
 
 order enqueues --items items with random priorities (--priorities) and
 counts, for every claimed item, the claimable items before it in the queue's
@@ -126,10 +134,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return latency(ctx, args, out)
 	case "sequences":
 		return sequences(ctx, args, out)
+	case "depends":
+		return dependsCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency or sequences; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences or depends; see --help)", cmd)
 	}
 }
 

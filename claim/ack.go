@@ -75,6 +75,13 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	q.stats.acked.Add(int64(len(acked)))
 	q.stats.lost.Add(int64(len(items) - len(acked)))
+	ids := make([]uuid.UUID, 0, len(acked))
+	for _, it := range acked {
+		if !it.AtMostOnce {
+			ids = append(ids, it.ID)
+		}
+	}
+	q.releaseAcked(ctx, ids)
 	return acked, nil
 }
 
@@ -206,6 +213,16 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		}
 		return nil
 	})
+	if err == nil {
+		// The acked items' dependents (depends.go), once the ack committed.
+		ids := make([]uuid.UUID, 0, len(items))
+		for i, it := range items {
+			if deleted[i] && !it.AtMostOnce {
+				ids = append(ids, it.ID)
+			}
+		}
+		q.releaseAcked(ctx, ids)
+	}
 	return deleted, err
 }
 
@@ -245,6 +262,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 	if err != nil {
 		return nil, crsql.Classify(err)
 	}
+
 	set := make(map[uuid.UUID]bool, len(gone))
 	for _, id := range gone {
 		set[id] = true

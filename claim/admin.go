@@ -207,11 +207,14 @@ type PurgeCounts struct {
 	// Stored reports whether the queue has a row in the queues table (its
 	// part count, settings and pause).
 	Stored bool
+	// Waiting are its waiting items (NewItem.After; their edges go with
+	// them).
+	Waiting int64
 }
 
 // Total is the number of rows counted.
 func (c PurgeCounts) Total() int64 {
-	n := c.Items + c.Dead + c.Ended + c.OwnedParts + c.TenantLimits + c.Schedules
+	n := c.Items + c.Dead + c.Ended + c.OwnedParts + c.TenantLimits + c.Schedules + c.Waiting
 	if c.Stored {
 		n++
 	}
@@ -233,15 +236,20 @@ func (q *Queue) PurgePlan(ctx context.Context) (PurgeCounts, error) {
 	if err != nil {
 		return PurgeCounts{}, fmt.Errorf("claim: counting the rows of %q: %w", q.opts.Queue, err)
 	}
+	waiting, err := q.WaitingCount(ctx)
+	if err != nil {
+		return PurgeCounts{}, err
+	}
 	return PurgeCounts{Items: info.Unclaimed + info.Claimed, Dead: info.Dead, Ended: rc.Ended, OwnedParts: rc.OwnedParts,
-		TenantLimits: int64(len(info.TenantLimits)), Schedules: rc.Schedules, Stored: info.Stored}, nil
+		TenantLimits: int64(len(info.TenantLimits)), Schedules: rc.Schedules, Stored: info.Stored, Waiting: waiting}, nil
 }
 
 // PurgeBatch is how many rows one of Purge's statements deletes at most.
 const PurgeBatch = 1000
 
 // Purge deletes everything of this queue: its items (claimed ones too:
-// their acks then fail with ErrClaimLost), dead items, ended ids, owned
+// their acks then fail with ErrClaimLost), waiting items and their edges,
+// dead items, ended ids, owned
 // parts, tenant limits, schedule marks and its row in the queues table
 // (part count, settings, pause). Other queues' rows are not touched. The
 // large tables are deleted PurgeBatch rows per statement, so no statement
@@ -280,6 +288,26 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 			if n == 0 {
 				break
 			}
+		}
+	}
+	// The waiting items and their edges (depends.go), edges first.
+	for {
+		var n int64
+		var more bool
+		err := retry.Do(ctx, nil, func(ctx context.Context) error {
+			var err error
+			n, more, err = q.store.PurgeDependsBatch(ctx, q.db, q.engine.Load().dialect, q.opts.Queue, PurgeBatch)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return done, fmt.Errorf("claim: purging %q: %w", q.opts.Queue, err)
+		}
+		done.Waiting += n
+		if progress != nil && n > 0 {
+			progress(done)
+		}
+		if !more {
+			break
 		}
 	}
 	err = retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {

@@ -121,7 +121,13 @@ func (q *Queue) CancelItem(ctx context.Context, id uuid.UUID, o CancelOptions) (
 	case crsql.CancelAlreadyRequested:
 		return CancelResult{Found: true, Running: true, AlreadyRequested: true}, nil
 	}
-	return CancelResult{}, nil
+	// Not in the items: a waiting item (NewItem.After) is cancelled too,
+	// and the items that wait for it end, dead (depends.go).
+	existed, err := q.cancelWaiting(ctx, id)
+	if err != nil {
+		return CancelResult{}, fmt.Errorf("claim: cancelling item %s: %w", id, err)
+	}
+	return CancelResult{Found: existed}, nil
 }
 
 // Cancel is CancelItem without an author or a reason: it reports whether

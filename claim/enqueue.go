@@ -132,6 +132,14 @@ type NewItem struct {
 	// MaxAttempts is 1. Settings.AtMostOnce does the same for every item
 	// of the queue.
 	AtMostOnce bool
+	// After lists the items, of this queue, that this one waits for (see
+	// docs/dependencies.md): it becomes claimable only once every one of
+	// them is acked, and it ends, dead with reason "dependency died: <id>",
+	// if one of them dies or is cancelled. Each must exist when the call
+	// runs: queued, waiting, or ended within the queue's dedup window, or
+	// be an earlier item of the same call. At most MaxAfter ids, none
+	// repeated, none the item's own. Nil: the item waits for nothing.
+	After []uuid.UUID
 }
 
 // Enqueued reports what an enqueue did.
@@ -156,6 +164,10 @@ type Enqueued struct {
 	// Done is read by a second statement: an item acked in between is then
 	// reported done rather than queued.
 	Done []bool
+	// Waiting[i] reports whether this call added item i as a waiting item
+	// (NewItem.After named prerequisites not yet acked): it is not
+	// claimable until they are. Nil when no item of the call has After.
+	Waiting []bool
 }
 
 // Added returns the number of items the call added.
@@ -200,6 +212,9 @@ func (q *Queue) enqueue(ctx context.Context, items []NewItem) (Enqueued, error) 
 	}
 	if err := q.ready(ctx); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
+	}
+	if b.deps {
+		return q.enqueueDeps(ctx, b)
 	}
 	return q.enqueueOn(ctx, q.db, b)
 }
@@ -295,7 +310,11 @@ func (q *Queue) enqueueTx(ctx context.Context, tx pgx.Tx, items []NewItem) (Enqu
 	if err := q.stamp(ctx, tx, b); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(crsql.Classify(err)))
 	}
-	if err := q.write(ctx, tx, b, true, &res); err != nil {
+	write := q.write
+	if b.deps {
+		write = q.writeDeps
+	}
+	if err := write(ctx, tx, b, true, &res); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
 	}
 	if q.notifies() && b.dueNow() && res.Added() > 0 {
@@ -347,6 +366,7 @@ type batch struct {
 	// orders is the sequence order of item 0; item i's is orders+i (see
 	// sequenceOrders).
 	orders int64
+	deps   bool // some item has NewItem.After
 }
 
 // needsTx reports whether writing b takes more than one statement, or a
@@ -427,7 +447,11 @@ func UniqueID(queue, key string, period time.Duration, t time.Time) uuid.UUID {
 }
 
 func (b *batch) result() Enqueued {
-	return Enqueued{IDs: b.ids, New: make([]bool, len(b.items)), Done: make([]bool, len(b.items))}
+	res := Enqueued{IDs: b.ids, New: make([]bool, len(b.items)), Done: make([]bool, len(b.items))}
+	if b.deps {
+		res.Waiting = make([]bool, len(b.items))
+	}
+	return res
 }
 
 // isolated reports whether a single statement outside a transaction is
@@ -495,6 +519,9 @@ func (q *Queue) prepare(items []NewItem) (*batch, error) {
 		b.hashes[i] = int64(hash & math.MaxInt64)
 	}
 	if err := randomIDs(b.ids, b.generated); err != nil {
+		return nil, err
+	}
+	if err := b.checkAfter(); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -570,7 +597,7 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // not sent (the id derived from it is) but counts all the same: an
 // overestimate of at most MaxKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + headersBytes(it.Headers)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + headersBytes(it.Headers) + 16*len(it.After)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows

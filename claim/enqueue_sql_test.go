@@ -367,8 +367,9 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 }
 
 // The function's statements are index-backed: on tables with thousands of
-// items and ended ids (analyzed), calls of every path (keys, a fair
-// queue's tenants, a duplicate, an ended id, another queue's id) scan
+// items and ended ids (analyzed), calls of every path (keys of a
+// sequenced queue, a fair queue's tenants, a duplicate, an ended id,
+// another queue's id) scan
 // neither the items nor the ended ids sequentially (PostgreSQL's per-table
 // counters).
 func TestSQLEnqueueScansNoTable(t *testing.T) {
@@ -378,9 +379,17 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
 		t.Fatal(err)
 	}
+	// Sequenced, half of the items with a key: a keyed call reads the
+	// key's sequence order too.
+	if err := q.SetSequenced(ctx, true); err != nil {
+		t.Fatal(err)
+	}
 	items := payloads(5000)
 	for i := range items {
 		items[i].Tenant = fmt.Sprint("t", i%50)
+		if i%2 == 0 {
+			items[i].Key = fmt.Sprint("k", i%100)
+		}
 	}
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
@@ -432,6 +441,7 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 		vals []any
 	}{
 		{`'big', ''::BYTEA, key => 'k1'`, nil},
+		{`'big', ''::BYTEA, key => 'k2', tenant => 't2'`, nil},
 		{`'big', ''::BYTEA, tenant => 't7'`, nil},
 		{`'big', ''::BYTEA, tenant => 'newcomer', priority => 3`, nil},
 		{`'big', ''::BYTEA, id => $1`, []any{queued}},
@@ -446,6 +456,9 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 		}
 	}
 	after := scans()
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'big' AND item_key IN ('k1', 'k2') AND seq_order IS NULL`); n != 0 {
+		t.Errorf("%d keyed items of the sequenced queue without a sequence order", n)
+	}
 	// crdbwork_queues holds two rows: PostgreSQL rightly scans it whole
 	// (so do the Go API's statements); its reads are by primary key.
 	for _, table := range []string{"crdbwork_items", "crdbwork_ended"} {

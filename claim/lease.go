@@ -81,6 +81,14 @@ type ReapStats struct {
 	// ended as cancelled because their handler's session was gone (the
 	// claim released) or their lease had run out (see CancelItem).
 	Cancelled int
+
+	// Unblocked counts waiting items (NewItem.After) released because
+	// their last prerequisite was acked by an ack that did not release
+	// them itself (an older worker's, or one of a process that had not
+	// seen dependencies in the queue yet); DependencyDead counts waiting
+	// items ended, dead with reason "dependency died: <id>", because a
+	// prerequisite ended without an ack (docs/dependencies.md).
+	Unblocked, DependencyDead int
 }
 
 // Reap ends the queue's cancelled items that no handler will end (see
@@ -169,6 +177,11 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	st.DeadPruned = n
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneDead, Err: err})
+	}
+	// A step of its own: the waiting items whose prerequisites ended.
+	st.Unblocked, st.DependencyDead, err = q.sweepDeps(ctx)
+	if err != nil {
+		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepDependencies, Err: err})
 	}
 	return st, errors.Join(errs...)
 }

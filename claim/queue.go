@@ -129,6 +129,9 @@ type Queue struct {
 
 	// seq is what the Queue last read of its queue's sequencing (sequence.go).
 	seq sequenceState
+
+	// deps is the state of dependencies (depends.go).
+	deps depsState
 }
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.

@@ -14,6 +14,15 @@ type Stats struct {
 	// Reaped counts items whose expired leases Reap released (the items it
 	// moved to the dead items count in Dead).
 	Reaped int64
+	// Unblocked counts waiting items (NewItem.After) moved into the items
+	// table because their last prerequisite was acked, by this Queue's
+	// acks or its Reap. Dependents that died with a prerequisite count in
+	// Dead.
+	Unblocked int64
+	// ReleaseFailures counts releases of an ack's dependents that failed
+	// after the ack committed (the database, a connection): the next Reap
+	// releases those dependents instead.
+	ReleaseFailures int64
 	// LostClaims counts acks, nacks and releases refused because the claim
 	// was gone.
 	LostClaims int64
@@ -35,7 +44,7 @@ type Stats struct {
 	// Retries counts serialization-failure retries by statement kind:
 	// "enqueue", "claim", "ack", "nack", "release", "cancel", "requeue",
 	// "extend", "reap", "pause", "checkpoint", "progress", "retention",
-	// "snooze".
+	// "snooze", "unblock" (the release of an ack's dependents).
 	Retries map[string]int64
 }
 
@@ -43,6 +52,7 @@ type counters struct {
 	enqueued, claimed, acked, nacked, released, dead, lost, reaped atomic.Int64
 	checkpoints, progress, deadPruned                              atomic.Int64
 	cancelled, cancelledRunning, snoozed                           atomic.Int64
+	unblocked, releaseFailed                                       atomic.Int64
 	retries                                                        sync.Map // kind → *atomic.Int64
 }
 
@@ -60,7 +70,7 @@ func (q *Queue) Stats() Stats {
 	s := Stats{
 		Enqueued: c.enqueued.Load(), Claimed: c.claimed.Load(), Acked: c.acked.Load(),
 		Nacked: c.nacked.Load(), Released: c.released.Load(), Dead: c.dead.Load(),
-		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Retries: map[string]int64{},
+		LostClaims: c.lost.Load(), Reaped: c.reaped.Load(), Unblocked: c.unblocked.Load(), ReleaseFailures: c.releaseFailed.Load(), Retries: map[string]int64{},
 		Checkpoints: c.checkpoints.Load(), ProgressReports: c.progress.Load(), DeadPruned: c.deadPruned.Load(),
 		Cancelled: c.cancelled.Load(), CancelledRunning: c.cancelledRunning.Load(), Snoozed: c.snoozed.Load(),
 	}

@@ -33,6 +33,10 @@ const (
 	// StepCancelled: ending cancelled items whose handlers are gone (their
 	// claims released, or their leases run out).
 	StepCancelled = "cancelled"
+
+	// StepDependencies: releasing or ending waiting items whose
+	// prerequisites ended (NewItem.After).
+	StepDependencies = "dependencies"
 )
 
 // ReapError is one failure of Reap. Reap runs every step whatever another

@@ -44,6 +44,7 @@ type actionReq struct {
 	Parts  int
 	Return string
 	Fields url.Values // the form, for the confirmation's resubmission
+	User   string     // the dashboard user (Options.Auth), recorded as a cancel's author
 }
 
 type selected struct {
@@ -70,6 +71,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	a.User = userOf(r)
 	browser := h.browserID(w, r)
 	if r.PostFormValue("confirm") != "yes" {
 		what, err := h.describe(r.Context(), a)
@@ -212,7 +214,9 @@ func (h *handler) describe(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("Requeue every dead item of queue %q%s: %d death(s) match now (each id is requeued once).",
 			a.Queue, describeFilter(a.Filter), n), nil
 	case "cancel":
-		return fmt.Sprintf("Cancel (delete) %d item(s) of queue %q, claimed or not: a worker holding one loses its claim.", len(a.Sel), a.Queue), nil
+		return fmt.Sprintf("Cancel %d item(s) of queue %q: an unclaimed or waiting item ends at once, recorded as cancelled; "+
+			"a running item is asked to stop (its handler's context is cancelled, it is never claimed again, and it ends as cancelled "+
+			"when its handler returns). Items waiting for a cancelled one end, dead.", len(a.Sel), a.Queue), nil
 	case "delete-dead":
 		return fmt.Sprintf("Delete %d dead item(s) of queue %q for good.", len(a.Sel), a.Queue), nil
 	case "pause":
@@ -296,17 +300,26 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("requeued %d dead item(s) of %q%s (%d live already, %d gone)", res.Requeued, a.Queue,
 			describeFilter(a.Filter), res.Live, res.Gone), err
 	case "cancel":
-		n := 0
+		var ended, asked, already int
+		said := func() string {
+			return fmt.Sprintf("cancelled %d of %d item(s) of %q: %d ended, %d running asked to stop, %d already asked to stop",
+				ended+asked+already, len(a.Sel), a.Queue, ended, asked, already)
+		}
 		for _, s := range a.Sel {
-			ok, err := q.Cancel(ctx, s.ID)
+			res, err := q.CancelItem(ctx, s.ID, claim.CancelOptions{By: a.User, Reason: "cancelled from the dashboard"})
 			if err != nil {
-				return fmt.Sprintf("cancelled %d of %d item(s) of %q;", n, len(a.Sel), a.Queue), err
+				return said() + ";", err
 			}
-			if ok {
-				n++
+			switch {
+			case res.AlreadyRequested:
+				already++
+			case res.Running:
+				asked++
+			case res.Found:
+				ended++
 			}
 		}
-		return fmt.Sprintf("cancelled %d of %d item(s) of %q", n, len(a.Sel), a.Queue), nil
+		return said(), nil
 	case "delete-dead":
 		n := 0
 		for _, s := range a.Sel {

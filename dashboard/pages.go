@@ -129,6 +129,12 @@ type queueData struct {
 	Limits   []tenantLimit
 	Dead     []crsql.DeadPageRow
 	Settings claim.Settings
+	// State is the queue's sequencing and its waiting, snoozed and
+	// cancelling items (counts stop at Cap); KeepAge and KeepCount say
+	// how long and how many dead items it keeps (its retention).
+	State              crsql.QueueState
+	Cap                int64
+	KeepAge, KeepCount string
 }
 
 type holder struct {
@@ -180,8 +186,13 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 		d.Limits = append(d.Limits, tenantLimit{t, l})
 	}
 	sort.Slice(d.Limits, func(i, j int) bool { return d.Limits[i].Tenant < d.Limits[j].Tenant })
+	d.Cap = int64(h.opts.CountCap)
+	d.KeepAge, d.KeepCount = retentionText(d.Info.Retention)
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
+		if d.State, err = h.store.QueueState(ctx, h.db, name, h.opts.CountCap); err != nil {
+			return crsql.Classify(err)
+		}
 		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
 		return crsql.Classify(err)
 	})
@@ -189,6 +200,26 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 		return "", nil, err
 	}
 	return "Queue " + name, d, nil
+}
+
+// retentionText says how long and how many dead items a retention keeps.
+func retentionText(r claim.Retention) (age, count string) {
+	age, count = "no limit", "no limit"
+	if !r.NoDeadMaxAge {
+		a := r.DeadMaxAge
+		if a == 0 {
+			a = claim.DefaultDeadMaxAge
+		}
+		age = dur(a)
+	}
+	if !r.NoDeadMaxCount {
+		n := r.DeadMaxCount
+		if n == 0 {
+			n = claim.DefaultDeadMaxCount
+		}
+		count = num(n)
+	}
+	return age, count
 }
 
 // sessionsData is the sessions page.
@@ -501,6 +532,15 @@ type itemData struct {
 	Deaths   []deathView
 	Now      time.Time
 	Found    bool
+	// Waiting is set when the id is a waiting item (enqueued with
+	// prerequisites not yet all acked): its queue and what it waits for.
+	Waiting *waitingView
+}
+
+// waitingView is a waiting item: its queue and dependencies.
+type waitingView struct {
+	Queue string
+	claim.Dependencies
 }
 
 type deathView struct {
@@ -580,9 +620,39 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 	}
 	if d.Live != nil {
 		d.Payload, d.Metadata = makePreview(d.Live.Payload), makePreview(d.Live.Metadata)
+	} else if err := h.readWaiting(r.Context(), d); err != nil {
+		return "", nil, err
 	}
-	d.Found = d.Live != nil || len(d.Deaths) > 0
+	d.Found = d.Live != nil || len(d.Deaths) > 0 || d.Waiting != nil
 	return "Item " + id.String(), d, nil
+}
+
+// readWaiting sets d.Waiting if d.ID is a waiting item: its queue (a
+// primary-key read) and its dependencies (claim.Queue.Dependencies: the
+// prerequisites it still waits for, and up to 20 of its dependents).
+func (h *handler) readWaiting(ctx context.Context, d *itemData) error {
+	var queue string
+	var ok bool
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var err error
+		queue, ok, err = h.store.WaitingQueue(ctx, h.db, d.ID)
+		return crsql.Classify(err)
+	})
+	if err != nil || !ok {
+		return err
+	}
+	q, err := h.queue(queue)
+	if err != nil {
+		return err
+	}
+	deps, err := q.Dependencies(ctx, d.ID, 20)
+	if err != nil {
+		return err
+	}
+	if deps.Waiting { // not released between the two reads
+		d.Waiting = &waitingView{Queue: queue, Dependencies: deps}
+	}
+	return nil
 }
 
 // tenantsData is the tenants page of a queue.

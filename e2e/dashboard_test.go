@@ -352,6 +352,8 @@ func TestPagesFollowTheWorkers(t *testing.T) {
 	run(t, ctx, "opening the queue page", chromedp.Navigate(base+"/queue?name=mail"), chromedp.WaitVisible(`#q-unclaimed`))
 	eventuallyText(t, ctx, `#q-unclaimed`, "0")
 	eventuallyText(t, ctx, `#q-parts`, "4")
+	eventuallyText(t, ctx, `#q-sequenced`, "off")
+	eventuallyText(t, ctx, `#q-cancelling`, "0")
 	shot(t, ctx, "queue")
 
 	// Sessions and parts: one session owns the 4 parts; a second worker

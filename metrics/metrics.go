@@ -5,7 +5,8 @@
 //
 //   - counters of what this process did, read at scrape time from the Stats
 //     snapshots of the workers and queues added with AddWorker and AddQueue:
-//     items enqueued, claimed, acked, nacked, released and dead-lettered,
+//     items enqueued, claimed, acked, nacked, released, dead-lettered and
+//     unblocked (waiting items released by their last prerequisite's ack),
 //     claims lost, serialization-failure retries by statement, sessions
 //     started and lost, parts acquired and released, handlers in flight,
 //     checkpoints and progress reports saved, dead items pruned under the
@@ -16,6 +17,7 @@
 //   - gauges of the whole database, with Options.DB, read at scrape time and
 //     cached for Options.CacheFor (so that many scrapers cost one read):
 //     unclaimed and due items per queue and part, claimed items, dead items,
+//     waiting items (enqueued with prerequisites not yet acked),
 //     the age of the oldest due unclaimed item per queue, and live sessions.
 //
 // Every metric name starts with Options.Namespace ("crdbwork" by default).
@@ -80,6 +82,7 @@ type Collector struct {
 	ackBatch *prometheus.HistogramVec
 
 	unclaimed, vested, claimed, dead, oldest, sessions, dbUp *prometheus.Desc
+	waiting                                                  *prometheus.Desc
 	dbErrors                                                 *prometheus.Desc
 
 	dbMu       sync.Mutex
@@ -126,6 +129,7 @@ var counterHelp = map[string]string{
 	"items_cancelled_total":         "Items ended as cancelled by this process.",
 	"items_cancelled_running_total": "Items ended as cancelled by this process whose handler was running when the cancel was asked for.",
 	"items_snoozed_total":           "Snoozes by this process's handlers (items handed back with a delay, their attempt not counted).",
+	"items_unblocked_total":         "Waiting items (enqueued with prerequisites) released into their queue by this process's acks and reaps.",
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer, add the
@@ -168,6 +172,7 @@ func New(opts Options) *Collector {
 	c.vested = prometheus.NewDesc(name("backlog_due_items"), "Unclaimed items whose vesting time has come, by queue and part.", []string{"queue", "part"}, nil)
 	c.claimed = prometheus.NewDesc(name("claimed_items"), "Claimed items in the database, by queue.", []string{"queue"}, nil)
 	c.dead = prometheus.NewDesc(name("dead_items"), "Items in the dead-items table, by queue.", []string{"queue"}, nil)
+	c.waiting = prometheus.NewDesc(name("waiting_items"), "Items waiting for prerequisites (not yet claimable), by queue.", []string{"queue"}, nil)
 	c.oldest = prometheus.NewDesc(name("oldest_unclaimed_age_seconds"),
 		"Age of the oldest unclaimed item that is due (now minus its vesting time, by the database clock); 0 when none is due.",
 		[]string{"queue"}, nil)
@@ -213,7 +218,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handler.Describe(ch)
 	c.ackBatch.Describe(ch)
 	if c.opts.DB != nil {
-		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.oldest, c.sessions, c.dbUp, c.dbErrors} {
+		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.waiting, c.oldest, c.sessions, c.dbUp, c.dbErrors} {
 			ch <- d
 		}
 	}
@@ -259,6 +264,7 @@ func (c *Collector) collectProcess(ch chan<- prometheus.Metric) {
 		p.counts["items_nacked_total"] += s.Nacked
 		p.counts["items_released_total"] += s.Released
 		p.counts["items_dead_total"] += s.Dead
+		p.counts["items_unblocked_total"] += s.Unblocked
 		p.counts["claims_lost_total"] += s.LostClaims
 		p.counts["checkpoints_saved_total"] += s.Checkpoints
 		p.counts["progress_reports_total"] += s.ProgressReports
@@ -356,6 +362,13 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 		}
 		if info.Dead > 0 {
 			ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(info.Dead), name))
+		}
+		waiting, err := q.WaitingCount(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		if info.Stored || info.HasItems() || waiting > 0 {
+			ms = append(ms, prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(waiting), name))
 		}
 	}
 	live, err := session.List(ctx, c.opts.DB, c.opts.Tables)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -313,7 +314,11 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := plain.Enqueue(ctx, claim.NewItem{Payload: []byte("a")}, claim.NewItem{Payload: []byte("b"), Delay: time.Hour}); err != nil {
+	first := uuid.New()
+	// The third waits for the first (dependencies): a waiting item, not in
+	// the backlog.
+	if _, err := plain.Enqueue(ctx, claim.NewItem{ID: first, Payload: []byte("a")}, claim.NewItem{Payload: []byte("b"), Delay: time.Hour},
+		claim.NewItem{Payload: []byte("c"), After: []uuid.UUID{first}}); err != nil {
 		t.Fatal(err)
 	}
 	deadOnly, err := claim.New(pool, claim.Options{Queue: "deadonly"})
@@ -363,6 +368,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 		"crdbwork_backlog_due_items":            {"0/plain/": 1, "0/stored/": 0, "1/stored/": 0, "2/stored/": 0},
 		"crdbwork_claimed_items":                {"plain/": 0, "stored/": 0},
 		"crdbwork_dead_items":                   {"deadonly/": 1},
+		"crdbwork_waiting_items":                {"plain/": 1, "stored/": 0},
 		"crdbwork_sessions_live":                {"": 1},
 		"crdbwork_oldest_unclaimed_age_seconds": {"plain/": -1, "stored/": 0},
 	} {

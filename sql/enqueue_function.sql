@@ -61,6 +61,7 @@ DECLARE
     v_got      UUID;
     v_other    TEXT;
     v_ended    BOOL;
+    v_seq      BIGINT;
 BEGIN
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
@@ -174,23 +175,43 @@ BEGIN
         END IF;
     END IF;
 
+    -- A sequenced queue's order (docs/sequences.md): claims take a key's
+    -- items in (enqueued_at, seq_order, id) order, and enqueued_at is the
+    -- transaction's now(), the same for every call of one transaction. So
+    -- the order is one more than the highest of the key's sequenced items
+    -- enqueued at this now(): within one transaction successive calls keep
+    -- their order (each sees the rows of the calls before it, and of Go
+    -- enqueues of the same transaction before it), whatever the clock's
+    -- resolution; another transaction has another now(), which orders it.
+    -- One seek of crdbwork_items_sequence_order (queue, item_key,
+    -- enqueued_at, seq_order, id). Stored only if the queue is sequenced,
+    -- read by the insert below as the Go enqueue reads it.
+    v_seq := NULL;
+    IF v_key IS NOT NULL THEN
+        SELECT x.seq_order + 1 INTO v_seq FROM crdbwork_items AS x
+            WHERE x.queue = v_queue AND x.item_key = v_key AND x.enqueued_at = now() AND x.seq_order IS NOT NULL
+            ORDER BY x.seq_order DESC LIMIT 1;
+        v_seq := COALESCE(v_seq, 0);
+    END IF;
+
     -- The insert of claim's enqueue (sql/enqueue.go, Insert and
     -- PostgresInsert): the part under a share lock on the queue's row,
     -- nothing if the id is in the items table or ended in the queue
     -- within its dedup window.
     INSERT INTO crdbwork_items AS i
         (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-         tenant, turn_at, expires_at, at_most_once, headers)
+         tenant, turn_at, expires_at, at_most_once, headers, seq_order)
     SELECT v_id, v_queue, v_hash % n.parts, v_key, v_priority, now() + v_delay_us * INTERVAL '1 microsecond',
            CASE WHEN v_amo OR n.amo THEN 1 ELSE v_max END, v_payload, v_metadata, v_tenant,
            CASE WHEN v_turn IS NULL THEN now() + v_delay_us * INTERVAL '1 microsecond'
                 WHEN v_delay_us > 0 THEN GREATEST(v_turn, now() + v_delay_us * INTERVAL '1 microsecond')
                 ELSE v_turn END,
            CASE WHEN v_ttl_us > 0 THEN now() + v_ttl_us * INTERVAL '1 microsecond' END,
-           v_amo OR n.amo, v_headers
+           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END
     FROM (SELECT COALESCE((SELECT q.num_parts FROM crdbwork_queues AS q WHERE q.name = v_queue FOR SHARE), 1) AS parts,
                  COALESCE((SELECT q.at_most_once FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS amo,
-                 COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win) AS n
+                 COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win,
+                 COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS seq) AS n
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = v_id AND e.ended_at > now() - n.win)
       AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id FOR KEY SHARE OF x) -- postgres only
     ON CONFLICT DO NOTHING

@@ -65,4 +65,6 @@ func ExampleApply() {
 	// jobs_session_queues
 	// jobs_sessions
 	// jobs_tenant_limits
+	// jobs_waiting
+	// jobs_waits_for
 }

@@ -121,7 +121,8 @@ var tableNames = map[string]bool{
 	"sessions": true, "queues": true, "session_parts": true,
 	"items": true, "dead_items": true, "schema_version": true,
 	"tenant_limits": true, "schedules": true, "session_queues": true, "ended": true,
-	"audit": true,
+	"audit":   true,
+	"waiting": true, "waits_for": true, // dependencies (version 5)
 }
 
 // routineNames are the schema's functions, by suffix: qualified with the

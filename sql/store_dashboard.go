@@ -59,6 +59,13 @@ type dashboardStatements struct {
 	// time of its next unclaimed item in claim order (NULL: none): one
 	// seek of crdbwork_items_tenant_turn per tenant.
 	tenantHeads string
+	// queueState: $1 queue, $2 cap → sequenced (the queue's row; false
+	// without one), waiting items (≤ cap, crdbwork_waiting_by_queue),
+	// snoozed unclaimed items (≤ cap, crdbwork_items_snoozed), items asked
+	// to stop (≤ cap, crdbwork_items_cancel_requested).
+	queueState string
+	// waitingQueue: $1 id → the queue of the waiting item id (primary key).
+	waitingQueue string
 	// auditInsert: $1 actor, $2 source, $3 action, $4 queue, $5 detail.
 	auditInsert string
 	// auditFirst/After: [$1 at, $2 id,] $n limit → audit rows, newest
@@ -132,8 +139,16 @@ ORDER BY died_at DESC, id DESC, death DESC LIMIT $2`),
 WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
 ORDER BY died_at DESC, id DESC, death DESC LIMIT $5`),
 		item: r(`SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
-       last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now()
+       last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
+       cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
+       progress_done, progress_total, progress_at, seq_order, headers
 FROM crdbwork_items WHERE id = $1`),
+		queueState: r(`SELECT COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = $1), false),
+       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_waiting AS w WHERE w.queue = $1 ORDER BY w.enqueued_at LIMIT $2) AS x),
+       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.snoozes > 0 AND i.claim IS NULL LIMIT $2) AS x),
+       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.cancel_requested_at IS NOT NULL
+                              ORDER BY i.cancel_requested_at LIMIT $2) AS x)`),
+		waitingQueue: r(`SELECT queue FROM crdbwork_waiting WHERE id = $1`),
 		deaths: r(`SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
        enqueued_at, died_at, tenant, reason, payload, metadata
 FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`),
@@ -369,6 +384,25 @@ type ItemDetail struct {
 	AtMostOnce            bool
 	Payload, Metadata     []byte
 	Now                   time.Time
+	// CancelRequestedAt is when a cancel was asked of the item while it
+	// ran (nil: none), CancelBy and CancelReason by whom and why.
+	CancelRequestedAt      *time.Time
+	CancelBy, CancelReason string
+	// Snoozes counts the snoozes of its handlers.
+	Snoozes int64
+	// CheckpointSize is the size of its saved checkpoint (nil: none),
+	// CheckpointAt when it was saved.
+	CheckpointSize *int64
+	CheckpointAt   *time.Time
+	// ProgressDone and ProgressTotal are its last reported progress (nil:
+	// none; total 0: unknown), ProgressAt when it was reported.
+	ProgressDone, ProgressTotal *int64
+	ProgressAt                  *time.Time
+	// SeqOrder is its order among its key's items of a sequenced queue
+	// (nil: not sequenced).
+	SeqOrder *int64
+	// Headers are its headers (nil: none).
+	Headers map[string]string
 }
 
 // Item reads the item id, and false if it is not in the items table
@@ -376,10 +410,12 @@ type ItemDetail struct {
 func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
 	var d ItemDetail
 	var part int64
-	var key, lastErr, ten *string
+	var key, lastErr, ten, by, reason *string
 	err := db.QueryRow(ctx, s.dash().item, id).Scan(&d.ID, &d.Queue, &part, &key, &d.Priority, &d.TurnAt, &d.VestingAt,
 		&d.EnqueuedAt, &d.Attempts, &d.MaxAttempts, &lastErr, &ten, &d.Claim, &d.ClaimedAt, &d.ClaimToken, &d.LeaseUntil,
-		&d.ExpiresAt, &d.AtMostOnce, &d.Payload, &d.Metadata, &d.Now)
+		&d.ExpiresAt, &d.AtMostOnce, &d.Payload, &d.Metadata, &d.Now,
+		&d.CancelRequestedAt, &by, &reason, &d.Snoozes, &d.CheckpointSize, &d.CheckpointAt,
+		&d.ProgressDone, &d.ProgressTotal, &d.ProgressAt, &d.SeqOrder, &d.Headers)
 	if err == pgx.ErrNoRows {
 		return ItemDetail{}, false, nil
 	}
@@ -387,7 +423,43 @@ func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool
 		return ItemDetail{}, false, err
 	}
 	d.Part, d.Key, d.LastError, d.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
+	d.CancelBy, d.CancelReason = deref(by), deref(reason)
 	return d, true, nil
+}
+
+// QueueState is the state of a queue's version-5 features, as
+// Store.QueueState reads it. The counts stop at the cap given.
+type QueueState struct {
+	// Sequenced: the queue is sequenced (docs/sequences.md).
+	Sequenced bool
+	// Waiting counts items waiting for prerequisites, Snoozed unclaimed
+	// items that were snoozed, Cancelling items asked to stop (each ≤ cap).
+	Waiting, Snoozed, Cancelling int64
+}
+
+// QueueState reads whether queue is sequenced and counts its waiting,
+// snoozed and cancelling items, each count stopping at capAt
+// (dashboardStatements.queueState: limited reads of partial or leading
+// indexes).
+func (s *Store) QueueState(ctx context.Context, db DB, queue string, capAt int) (QueueState, error) {
+	var q QueueState
+	err := db.QueryRow(ctx, s.dash().queueState, queue, capAt).Scan(&q.Sequenced, &q.Waiting, &q.Snoozed, &q.Cancelling)
+	return q, err
+}
+
+// WaitingQueue returns the queue of the waiting item id (an item enqueued
+// with prerequisites not yet all acked), and false if id is not waiting
+// (dashboardStatements.waitingQueue).
+func (s *Store) WaitingQueue(ctx context.Context, db DB, id uuid.UUID) (string, bool, error) {
+	var queue string
+	err := db.QueryRow(ctx, s.dash().waitingQueue, id).Scan(&queue)
+	if err == pgx.ErrNoRows {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return queue, true, nil
 }
 
 // Deaths reads up to limit deaths of the id, newest first

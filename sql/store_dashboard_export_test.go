@@ -11,6 +11,7 @@ func DashboardStatementsForTest(t Tables) map[string]string {
 		"ClaimedFirst": d.claimedFirst, "ClaimedAfter": d.claimedAfter,
 		"DeadFirst": d.deadFirst, "DeadAfter": d.deadAfter,
 		"Item": d.item, "Deaths": d.deaths, "DeleteDead": d.deleteDead, "TenantHeads": d.tenantHeads,
+		"QueueState": d.queueState, "WaitingQueue": d.waitingQueue,
 		"AuditInsert": d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
 	}
 }

@@ -44,6 +44,11 @@ func TestExplainDashboardStatements(t *testing.T) {
 		`INSERT INTO crdbwork_audit (actor, source, action, queue, detail, at)
 		 SELECT 'op', 'cli', 'pause', 'q1', '', now() - g * INTERVAL '1 second' FROM generate_series(1, 20000) AS g`,
 		`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
+		`UPDATE crdbwork_items SET snoozes = 1 WHERE claim IS NULL AND right(item_key, 2) = '07'`,
+		`UPDATE crdbwork_items SET cancel_requested_at = now() WHERE claim IS NOT NULL AND right(item_key, 2) = '11'`,
+		`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining, enqueued_at)
+		 SELECT gen_random_uuid(), ` + name + `, 0, '\x00'::BYTEA, 1, now() - g * INTERVAL '1 millisecond' FROM generate_series(1, 20000) AS g`,
+		`ANALYZE crdbwork_waiting`,
 		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_audit`, `ANALYZE crdbwork_queues`,
 	}
 	for _, s := range seed {
@@ -74,6 +79,9 @@ func TestExplainDashboardStatements(t *testing.T) {
 		{"Deaths", []string{"crdbwork_dead_items_pkey"}, []any{id, 20}},
 		{"DeleteDead", []string{"crdbwork_dead_items_pkey"}, []any{id, death, "q7"}},
 		{"TenantHeads", []string{"crdbwork_items_tenant_turn"}, []any{"big", []string{"tenant-3", "tenant-6"}}},
+		{"QueueState", []string{"crdbwork_waiting_by_queue", "crdbwork_items_snoozed", "crdbwork_items_cancel_requested"}, []any{"big", 1000}},
+		{"QueueState", nil, []any{"q7", 1000}},
+		{"WaitingQueue", []string{"crdbwork_waiting_pkey"}, []any{id}},
 		{"AuditInsert", []string{"crdbwork_audit"}, []any{"op", "dashboard", "pause", "q7", "paused"}},
 		{"AuditFirst", []string{"crdbwork_audit_by_time"}, []any{50}},
 		{"AuditAfter", []string{"crdbwork_audit_by_time"}, []any{now.Add(-time.Hour), id, 50}},

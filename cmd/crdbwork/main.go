@@ -42,6 +42,7 @@ var commands = []command{
 	{"requeue", "move dead items back into their queue: one ID, --all, or by filter", cmdRequeue},
 	{"cancel", "cancel items of a queue: unclaimed ones end at once, running ones are stopped (--reason, --wait)", cmdCancel},
 	{"cancelled", "list a queue's cancelled items: who cancelled them, why, when, whether they were running", cmdCancelled},
+	{"deps", "show what an item waits for, and which items wait for it", cmdDeps},
 	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
 	{"resume", "let the workers claim from a paused queue again", cmdResume},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},

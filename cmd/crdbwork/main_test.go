@@ -679,3 +679,54 @@ func checkWatch(t *testing.T, d *db) {
 		t.Errorf("status --watch: %d snapshots with %d queue lines, then %v\n%s", snapshots, queues, err, stderr.String())
 	}
 }
+
+// crdbwork deps shows what an item waits for and what waits for it, and
+// status counts the waiting items.
+func TestDepsCommand(t *testing.T) {
+	d := newDB(t, crsql.Tables{})
+	ctx := context.Background()
+	q, err := claim.New(d.pool, claim.Options{Queue: "pipeline"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, dep := uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: root, Payload: []byte("r")}, claim.NewItem{ID: dep, Payload: []byte("d"), After: []uuid.UUID{root}}); err != nil {
+		t.Fatal(err)
+	}
+	j := jsonOf(t, must(t, d.env, "deps", "--queue", "pipeline", "--json", dep.String()))
+	prereqs, _ := j["prereqs"].([]any)
+	if j["waiting"] != true || j["remaining"] != float64(1) || len(prereqs) != 1 ||
+		prereqs[0].(map[string]any)["id"] != root.String() || prereqs[0].(map[string]any)["state"] != "queued" {
+		t.Errorf("deps --json of the dependent: %v", j)
+	}
+	r := must(t, d.env, "deps", "--queue", "pipeline", root.String())
+	if !strings.Contains(r.stdout, "is not waiting") || !strings.Contains(r.stdout, "1 items wait for it") || !strings.Contains(r.stdout, dep.String()) {
+		t.Errorf("deps of the root:\n%s", r)
+	}
+	s := jsonOf(t, must(t, d.env, "status", "--queue", "pipeline", "--json"))
+	if s["waiting"] != float64(1) {
+		t.Errorf("status --json: waiting = %v, want 1", s["waiting"])
+	}
+	if r := must(t, d.env, "status", "--queue", "pipeline"); !strings.Contains(r.stdout, "waiting: 1 items") {
+		t.Errorf("status does not count the waiting item:\n%s", r)
+	}
+	// A waiting item is cancelled like any other.
+	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", dep.String())
+	if n, err := q.WaitingCount(ctx); err != nil || n != 0 {
+		t.Errorf("after crdbwork cancel of the waiting item: %d waiting, %v", n, err)
+	}
+	// A cancelled prerequisite ends its dependents, visible in crdbwork dead.
+	dep2 := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: dep2, Payload: []byte("d2"), After: []uuid.UUID{root}}); err != nil {
+		t.Fatal(err)
+	}
+	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", root.String())
+	if st, err := q.Reap(ctx); err != nil || st.DependencyDead != 1 {
+		t.Fatalf("Reap: %+v, %v", st, err)
+	}
+	if r := must(t, d.env, "dead", "--queue", "pipeline"); !strings.Contains(r.stdout, dep2.String()) || !strings.Contains(r.stdout, "dependency died: "+root.String()) {
+		t.Errorf("crdbwork dead does not show the dependent's death:\n%s", r)
+	}
+	want(t, d.env, 2, []string{"not an item id"}, "deps", "--queue", "pipeline", "nope")
+	want(t, d.env, 2, []string{"give the id"}, "deps", "--queue", "pipeline")
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -33,12 +34,31 @@ func TestSequence(t *testing.T) {
 	if _, err := q.Enqueue(ctx, claim.NewItem{Key: "k", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
+	// status shows the sequencing, in text and JSON.
+	if r := must(t, d.env, "status", "--queue", "orders"); !strings.Contains(r.stdout, "sequenced true") {
+		t.Errorf("status of a sequenced queue:\n%s", r)
+	}
+	if st := jsonOf(t, must(t, d.env, "status", "--queue", "orders", "--json")); st["settings"].(map[string]any)["sequenced"] != true ||
+		st["settings"].(map[string]any)["sequenced_items"] != true {
+		t.Errorf("status --json of a sequenced queue: settings %v", st["settings"])
+	}
+	if r := must(t, d.env, "status"); !regexp.MustCompile(`(?m)^orders .*sequenced$`).MatchString(r.stdout) {
+		t.Errorf("status of every queue does not mark orders sequenced:\n%s", r)
+	}
 	r := must(t, d.env, "sequence", "off", "--queue", "orders")
 	if !strings.Contains(r.stdout, "is now not sequenced") || !strings.Contains(r.stdout, "still holds sequenced items") {
 		t.Errorf("sequence off with a sequenced item left:\n%s", r)
 	}
 	if info, err := q.Sequencing(ctx); err != nil || info.On || !info.Items {
 		t.Errorf("after sequence off: %+v, %v", info, err)
+	}
+	r = must(t, d.env, "status", "--queue", "orders")
+	if strings.Contains(r.stdout, "sequenced true") || !strings.Contains(r.stdout, "sequenced items remain") {
+		t.Errorf("status after sequence off, with a sequenced item left:\n%s", r)
+	}
+	if st := jsonOf(t, must(t, d.env, "status", "--queue", "orders", "--json")); st["settings"].(map[string]any)["sequenced"] != false ||
+		st["settings"].(map[string]any)["sequenced_items"] != true {
+		t.Errorf("status --json after sequence off: settings %v", st["settings"])
 	}
 	want(t, d.env, 2, []string{"say on or off"}, "sequence", "maybe", "--queue", "orders")
 	want(t, d.env, 2, []string{`unknown queue "ordrs"`, `did you mean "orders"?`}, "sequence", "on", "--queue", "ordrs")

@@ -93,6 +93,12 @@ type settingsJSON struct {
 	Fair              bool    `json:"fair"`
 	AtMostOnce        bool    `json:"at_most_once"`
 	DedupWindowSecond float64 `json:"dedup_window_seconds"`
+	// Sequenced: items enqueued with a key run one at a time per key, in
+	// enqueue order (crdbwork sequence; docs/sequences.md). SequencedItems:
+	// the queue holds sequenced items (they keep their order even after
+	// sequencing is turned off).
+	Sequenced      bool `json:"sequenced"`
+	SequencedItems bool `json:"sequenced_items"`
 }
 
 // tenantRow is one tenant's backlog.
@@ -128,6 +134,9 @@ type status struct {
 	// (docs/cancel-and-snooze.md).
 	Snoozed    int64 `json:"snoozed"`
 	Cancelling int64 `json:"cancelling"`
+	// Waiting counts the items that wait for prerequisites (NewItem.After;
+	// docs/dependencies.md), kept out of the backlog until released.
+	Waiting int64 `json:"waiting"`
 	// ItemsPerSecond is the throughput over the last few seconds (--watch
 	// only; -1 until two reads are in).
 	ItemsPerSecond float64 `json:"items_per_second,omitempty"`
@@ -179,15 +188,23 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 		return nil, err
 	}
 	s.Snoozed, s.Cancelling = cs.Snoozed, cs.Cancelling
+	if s.Waiting, err = q.WaitingCount(ctx); err != nil {
+		return nil, err
+	}
 	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
 	s.PartsStored = info.Stored
-	s.Known = info.Stored || info.HasItems() || info.Dead > 0
+	s.Known = info.Stored || info.HasItems() || info.Dead > 0 || s.Waiting > 0
 	s.Limits = &limitsJSON{MaxInFlight: info.Settings.MaxInFlight, Rate: info.Settings.Rate,
 		TenantMaxInFlight: info.Settings.TenantMaxInFlight, TenantRate: info.Settings.TenantRate, Tenants: map[string]limitJSON{}}
 	for t, l := range info.TenantLimits {
 		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
 	}
 	s.Settings = settingsJSON{Fair: info.Settings.Fair, AtMostOnce: info.Settings.AtMostOnce, DedupWindowSecond: info.Settings.DedupWindow.Seconds()}
+	seq, err := q.Sequencing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Settings.Sequenced, s.Settings.SequencedItems = seq.On, seq.Items
 	for _, t := range info.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
@@ -503,8 +520,14 @@ func formatAll(all *allStatus, compact bool) string {
 		if s.Settings.Fair {
 			state = append(state, "fair")
 		}
+		if s.Settings.Sequenced {
+			state = append(state, "sequenced")
+		}
 		if s.Limits != nil && !s.Limits.none() {
 			state = append(state, "limited")
+		}
+		if s.Waiting > 0 {
+			state = append(state, fmt.Sprintf("waiting=%d", s.Waiting))
 		}
 		oldest := "-"
 		if due > 0 {
@@ -577,6 +600,9 @@ func formatStatus(s *status, compact bool) string {
 		b.WriteString(", PAUSED (nothing is claimed; `crdbwork resume` ends it)")
 	}
 	b.WriteString("\n")
+	if s.Waiting > 0 {
+		fmt.Fprintf(&b, "waiting: %d items wait for prerequisites (`crdbwork deps ID` shows one)\n", s.Waiting)
+	}
 	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
 		age := secs(s.OldestDueSeconds)
@@ -603,8 +629,11 @@ func formatStatus(s *status, compact bool) string {
 		}
 		b.WriteString("\n")
 	}
-	if s.Settings.Fair || s.Settings.AtMostOnce {
-		fmt.Fprintf(&b, "settings: fair %v, at most once %v\n", s.Settings.Fair, s.Settings.AtMostOnce)
+	if s.Settings.Fair || s.Settings.AtMostOnce || s.Settings.Sequenced {
+		fmt.Fprintf(&b, "settings: fair %v, at most once %v, sequenced %v\n", s.Settings.Fair, s.Settings.AtMostOnce, s.Settings.Sequenced)
+	}
+	if s.Settings.SequencedItems && !s.Settings.Sequenced {
+		b.WriteString("sequencing: off, but sequenced items remain: they keep one item in flight per key, in order, until they end\n")
 	}
 	if s.Retention != retentionOf(claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
 		fmt.Fprintf(&b, "retention: %s\n", s.Retention.format())

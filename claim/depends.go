@@ -1,0 +1,696 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Dependencies (NewItem.After; docs/dependencies.md). An item whose
+// prerequisites are not all acked is kept out of the items table, in
+// crdbwork_waiting, so that no claim of any version can hand it out. The
+// ack of its last prerequisite moves it into the items table, in a short
+// transaction right after the ack's (releaseAcked); anything else that ends
+// a prerequisite (a death, a cancel, an ack by an older worker, a release
+// that failed or never ran) is found by Reap's dependency step (sweepDeps),
+// which releases or ends the dependents.
+
+// MaxAfter bounds the prerequisites of one item (NewItem.After).
+const MaxAfter = 10000
+
+// Errors of an enqueue with prerequisites (NewItem.After). Nothing of the
+// call is enqueued.
+var (
+	// ErrPrerequisiteUnknown: a prerequisite is not an item of the queue
+	// (queued or waiting), did not end in it within its dedup window, is
+	// not among its dead items, and is not an earlier item of the call:
+	// never enqueued, or ended so long ago that the queue forgot it.
+	ErrPrerequisiteUnknown = errors.New("prerequisite unknown: not queued, waiting, or ended within the queue's dedup window")
+	// ErrPrerequisiteDied: a prerequisite already ended without an ack (dead
+	// or cancelled): the item could never run.
+	ErrPrerequisiteDied = errors.New("prerequisite ended without an ack (dead or cancelled)")
+	// ErrPrerequisiteOtherQueue: a prerequisite is an item of another queue.
+	// Prerequisites must be items of the dependent's own queue.
+	ErrPrerequisiteOtherQueue = errors.New("prerequisite is an item of another queue")
+	// ErrNoDedupWindow: the queue's dedup window is zero
+	// (Settings.DedupWindow): it keeps no memory of ended ids, which is how
+	// a prerequisite acked without releasing its dependents at once (by a
+	// version-4 worker, or an ack whose release failed) is told apart from
+	// one that died.
+	ErrNoDedupWindow = errors.New("dependencies need the queue's dedup window (Settings.DedupWindow) above zero")
+)
+
+// ReasonDependencyDied starts the reason of an item that died because a
+// prerequisite ended without an ack: "dependency died: <id>".
+const ReasonDependencyDied = "dependency died: "
+
+// depsFresh is how long an enqueue with prerequisites, a Reap or a probe
+// that found waiting items make this Queue's acks release dependents.
+// Outside it, an ack runs no extra statement, except that at most once per
+// depsProbe an ack of the Queue first probes the queue's edges (one index
+// seek, LIMIT 1): so a worker process finds out
+// within depsProbe that another process enqueued dependents, and a queue
+// that nobody uses dependencies in pays one probe per depsProbe per
+// process. A dependent whose last prerequisite an ack acked without
+// releasing it (a process that had not found out yet, or a version-4
+// worker) is released by the next Reap.
+const (
+	depsFresh = 2 * time.Minute
+	depsProbe = time.Second
+)
+
+// sweepBatch and sweepBatches bound the dependency step of one Reap: it
+// reads at most sweepBatches batches of sweepBatch edges, going on from
+// where the previous Reap stopped.
+const (
+	sweepBatch   = 1000
+	sweepBatches = 10
+)
+
+// depsActive reports whether acks of this Queue look for dependents: yes
+// within depsFresh of the last sign of dependencies; otherwise, once per
+// depsProbe, a probe of the queue's edges in db decides.
+func (q *Queue) depsActive(ctx context.Context, db crsql.DB) (bool, error) {
+	now := time.Now().UnixNano()
+	if now < q.deps.until.Load() {
+		return true, nil
+	}
+	if now < q.deps.next.Load() {
+		return false, nil
+	}
+	// A probe is due: one at a time, and the acks that come meanwhile wait
+	// for its answer (rather than skip their release).
+	q.deps.probe.Lock()
+	defer q.deps.probe.Unlock()
+	if now := time.Now().UnixNano(); now < q.deps.until.Load() {
+		return true, nil
+	} else if now < q.deps.next.Load() {
+		return false, nil
+	}
+	has, err := q.store.HasEdges(ctx, db, q.opts.Queue)
+	if err != nil {
+		return false, err // probed again by the next ack
+	}
+	q.deps.next.Store(time.Now().Add(depsProbe).UnixNano())
+	if has {
+		q.markDeps()
+	}
+	return has, nil
+}
+
+// markDeps makes acks look for dependents for depsFresh from now.
+func (q *Queue) markDeps() {
+	until := time.Now().Add(depsFresh).UnixNano()
+	for {
+		cur := q.deps.until.Load()
+		if cur >= until || q.deps.until.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// checkAfter validates the items' prerequisites (once their ids are
+// fixed): at most MaxAfter each, no zero id, none repeated, not the item's
+// own, and an item of the call only if it comes earlier (so no cycle can
+// form: every prerequisite exists before its dependent).
+func (b *batch) checkAfter() error {
+	var at map[uuid.UUID]int
+	for i := range b.items {
+		after := b.items[i].After
+		if len(after) == 0 {
+			continue
+		}
+		b.deps = true
+		if len(after) > MaxAfter {
+			return fmt.Errorf("claim: item %d: %w: %d prerequisites, the limit is %d (MaxAfter)", i, errBadInput, len(after), MaxAfter)
+		}
+		if at == nil {
+			at = make(map[uuid.UUID]int, len(b.ids))
+			for j, id := range b.ids {
+				at[id] = j
+			}
+		}
+		seen := make(map[uuid.UUID]bool, len(after))
+		for _, p := range after {
+			switch j, inCall := at[p]; {
+			case p == uuid.Nil:
+				return fmt.Errorf("claim: item %d: %w: a prerequisite is the zero id", i, errBadInput)
+			case seen[p]:
+				return fmt.Errorf("claim: item %d: %w: prerequisite %s is listed twice", i, errBadInput, p)
+			case p == b.ids[i]:
+				return fmt.Errorf("claim: item %d: %w: the item waits for itself (%s)", i, errBadInput, p)
+			case inCall && j > i:
+				return fmt.Errorf("claim: item %d: %w: prerequisite %s is item %d of the call, which comes after it (list prerequisites first)", i, errBadInput, p, j)
+			}
+			seen[p] = true
+		}
+	}
+	return nil
+}
+
+// enqueueDeps is Enqueue for a batch with prerequisites: one transaction,
+// retried whole.
+func (q *Queue) enqueueDeps(ctx context.Context, b *batch) (Enqueued, error) {
+	err := retry.Do(ctx, nil, func(ctx context.Context) error { return crsql.Classify(q.stamp(ctx, q.db, b)) })
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns (nothing was enqueued): %w",
+			len(b.items), q.opts.Queue, plain(err))
+	}
+	var res Enqueued
+	err = retry.Tx(ctx, q.db, q.stats.retried("enqueue"), func(ctx context.Context, tx pgx.Tx) error {
+		res = b.result()
+		if err := q.writeDeps(ctx, tx, b, true, &res); err != nil {
+			return err
+		}
+		if q.notifies() && b.dueNow() && res.Added() > 0 {
+			return q.store.Notify(ctx, tx, q.channel, "")
+		}
+		return nil
+	})
+	res, err = q.finish(b, res, err)
+	if err == nil && res.Added() > 0 && b.dueNow() {
+		q.Wake()
+	}
+	return res, err
+}
+
+// subset returns the batch of b's items idx, with their ids, hashes and
+// turns, and the positions (in idx) of given and generated ids.
+func (b *batch) subset(idx []int) *batch {
+	given := make(map[int]bool, len(b.given))
+	for _, i := range b.given {
+		given[i] = true
+	}
+	s := &batch{items: make([]NewItem, len(idx)), ids: make([]uuid.UUID, len(idx)), hashes: make([]int64, len(idx))}
+	if b.turns != nil {
+		s.turns = make([]*time.Time, len(idx))
+	}
+	for n, i := range idx {
+		s.items[n], s.ids[n], s.hashes[n] = b.items[i], b.ids[i], b.hashes[i]
+		s.items[n].After = nil
+		if b.turns != nil {
+			s.turns[n] = b.turns[i]
+		}
+		if given[i] {
+			s.given = append(s.given, n)
+		} else {
+			s.generated = append(s.generated, n)
+		}
+	}
+	return s
+}
+
+// writeSubset writes b's items idx (all without prerequisites left to
+// wait for) as plain items, and copies what happened into res.
+func (q *Queue) writeSubset(ctx context.Context, db crsql.DB, b *batch, idx []int, useCopy bool, res *Enqueued) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	s := b.subset(idx)
+	sres := s.result()
+	if err := q.write(ctx, db, s, useCopy, &sres); err != nil {
+		return err
+	}
+	for n, i := range idx {
+		res.New[i], res.Done[i] = sres.New[n], sres.Done[n]
+	}
+	return nil
+}
+
+// writeDeps writes a batch with prerequisites through db, a transaction:
+//
+//  1. caller-given ids that are waiting items already are duplicates;
+//  2. the items without prerequisites are written as Enqueue writes them;
+//  3. every prerequisite is classified (Store.Classify): queued or
+//     waiting (or an item of the call being added) counts as pending,
+//     acked (or taken, for an at-most-once item: delivered) as satisfied;
+//     dead, cancelled, another queue's or unknown fails the call;
+//  4. items with no pending prerequisite are written as plain items, the
+//     others as waiting items with their edges.
+func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bool, res *Enqueued) error {
+	name := q.opts.Queue
+	// 1. Ids already waiting.
+	dup := map[int]bool{}
+	if len(b.given) > 0 {
+		ids := make([]uuid.UUID, len(b.given))
+		for n, i := range b.given {
+			ids[n] = b.ids[i]
+		}
+		states, err := q.store.Classify(ctx, db, name, ids)
+		if err != nil {
+			return err
+		}
+		for n, st := range states {
+			i := b.given[n]
+			switch st.State {
+			case crsql.PrereqWaiting:
+				dup[i] = true
+			case crsql.PrereqOther:
+				return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
+			}
+		}
+	}
+	if st, stored, err := q.store.QueueSettings(ctx, db, name); err != nil {
+		return err
+	} else if stored && st.DedupWindow <= 0 {
+		return fmt.Errorf("%w: queue %q", ErrNoDedupWindow, name)
+	}
+	// 2. Items without prerequisites.
+	var plainIdx, depIdx []int
+	for i := range b.items {
+		switch {
+		case dup[i]:
+		case len(b.items[i].After) == 0:
+			plainIdx = append(plainIdx, i)
+		default:
+			depIdx = append(depIdx, i)
+		}
+	}
+	if err := q.writeSubset(ctx, db, b, plainIdx, useCopy, res); err != nil {
+		return err
+	}
+	if len(depIdx) == 0 {
+		return nil
+	}
+	// 3. The prerequisites.
+	inCall := make(map[uuid.UUID]int, len(b.ids))
+	for i, id := range b.ids {
+		inCall[id] = i
+	}
+	var prereqs []uuid.UUID
+	seen := map[uuid.UUID]bool{}
+	for _, i := range depIdx {
+		for _, p := range b.items[i].After {
+			if !seen[p] {
+				seen[p] = true
+				prereqs = append(prereqs, p)
+			}
+		}
+	}
+	state := make(map[uuid.UUID]string, len(prereqs))
+	for start := 0; start < len(prereqs); start += insertRows {
+		chunk := prereqs[start:min(start+insertRows, len(prereqs))]
+		states, err := q.store.Classify(ctx, db, name, chunk)
+		if err != nil {
+			return err
+		}
+		for _, st := range states {
+			state[st.ID] = st.State
+			if st.State == crsql.PrereqOther {
+				return fmt.Errorf("%w: %s is an item of queue %q", ErrPrerequisiteOtherQueue, st.ID, st.Queue)
+			}
+		}
+	}
+	// 4. Each item's pending prerequisites.
+	var now, later []int
+	var remaining []int
+	var edgeFrom, edgeTo []uuid.UUID
+	for _, i := range depIdx {
+		pending := 0
+		for _, p := range b.items[i].After {
+			switch st := state[p]; st {
+			case crsql.PrereqQueued, crsql.PrereqWaiting:
+				pending++
+			case crsql.OutcomeAcked, crsql.OutcomeTaken:
+			case crsql.OutcomeDead, crsql.OutcomeCancelled:
+				return fmt.Errorf("item %d: %w: %s ended as %s", i, ErrPrerequisiteDied, p, st)
+			default:
+				// Not found: an earlier item of the call, being added now
+				// (a duplicate of the call would have been found), or
+				// unknown.
+				if j, ok := inCall[p]; !ok || j >= i || dup[j] {
+					return fmt.Errorf("item %d: %w: %s", i, ErrPrerequisiteUnknown, p)
+				}
+				pending++
+			}
+		}
+		if pending == 0 {
+			now = append(now, i)
+			continue
+		}
+		later = append(later, i)
+		remaining = append(remaining, pending)
+	}
+	if err := q.writeSubset(ctx, db, b, now, useCopy, res); err != nil {
+		return err
+	}
+	if len(later) == 0 {
+		return nil
+	}
+	q.markDeps()
+	for start := 0; start < len(later); {
+		end := start
+		bytes := 0
+		for end < len(later) && end-start < insertRows && (end == start || bytes+rowBytes(&b.items[later[end]]) <= chunkBytes) {
+			bytes += rowBytes(&b.items[later[end]])
+			end++
+		}
+		rows := make([]crsql.WaitingRow, 0, end-start)
+		for n := start; n < end; n++ {
+			i := later[n]
+			it := &b.items[i]
+			rows = append(rows, crsql.WaitingRow{EnqueueRow: crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
+				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
+				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce}, Remaining: remaining[n]})
+		}
+		added, err := q.store.InsertWaiting(ctx, db, name, rows)
+		if err != nil {
+			return err
+		}
+		got := make(map[uuid.UUID]bool, len(added))
+		for _, id := range added {
+			got[id] = true
+		}
+		var notAdded []int
+		for n := start; n < end; n++ {
+			i := later[n]
+			if !got[b.ids[i]] {
+				notAdded = append(notAdded, i)
+				continue
+			}
+			res.New[i], res.Waiting[i] = true, true
+			for _, p := range b.items[i].After {
+				if st := state[p]; st != crsql.OutcomeAcked && st != crsql.OutcomeTaken {
+					edgeFrom, edgeTo = append(edgeFrom, p), append(edgeTo, b.ids[i])
+				}
+			}
+		}
+		if err := q.explainNotAdded(ctx, db, b, notAdded, res); err != nil {
+			return err
+		}
+		start = end
+	}
+	for start := 0; start < len(edgeFrom); start += insertRows {
+		end := min(start+insertRows, len(edgeFrom))
+		if err := q.store.InsertEdges(ctx, db, name, edgeFrom[start:end], edgeTo[start:end]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// explainNotAdded finds out why the waiting items idx were not added: an
+// item of another queue fails the call; an ended id is done; the others
+// are duplicates of queued or waiting items.
+func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx []int, res *Enqueued) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(idx))
+	for n, i := range idx {
+		ids[n] = b.ids[i]
+	}
+	states, err := q.store.Classify(ctx, db, q.opts.Queue, ids)
+	if err != nil {
+		return err
+	}
+	for n, st := range states {
+		i := idx[n]
+		switch st.State {
+		case crsql.PrereqQueued, crsql.PrereqWaiting:
+		case crsql.PrereqOther:
+			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
+		default:
+			res.Done[i] = true
+		}
+	}
+	return nil
+}
+
+// releaseAcked releases the dependents of the items acked (by an ack that
+// committed), if the queue has dependencies (depsActive), in a short
+// transaction of its own right after the ack's: the edges from the acked
+// items are deleted, their dependents' remaining counts lowered, and those
+// at zero moved into the items table. On PostgreSQL it runs at READ
+// COMMITTED: the acks of a fan-in's prerequisites all lower the join's
+// count, and at READ COMMITTED each waits for the row lock of the one
+// before and then counts from its committed value, where SERIALIZABLE
+// transactions would fail and retry one another (the count stays exact:
+// each edge is deleted, and counted, by one transaction only). On
+// CockroachDB it is SERIALIZABLE.
+//
+// Its failure (the database, a lost connection, a crash right after the
+// ack) loses nothing: the edges of an acked prerequisite stay until a
+// session's Reap finds it acked among the ended ids and releases its
+// dependents (sweepDeps). So a dependent is released exactly once (the
+// move deletes its waiting row) and at the latest by the next Reap.
+func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
+	if len(acked) == 0 {
+		return
+	}
+	active, err := q.depsActive(ctx, q.db)
+	if err != nil {
+		q.stats.releaseFailed.Add(1) // left to the reaper
+		return
+	}
+	if !active {
+		return
+	}
+	d := q.engine.Load().dialect
+	opts := pgx.TxOptions{IsoLevel: pgx.Serializable}
+	if d == crsql.Postgres {
+		opts.IsoLevel = pgx.ReadCommitted
+	}
+	var moved []uuid.UUID
+	err = retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		moved, err = q.store.ReleaseDependents(ctx, tx, d, q.opts.Queue, acked)
+		if err == nil && len(moved) > 0 && q.notifies() {
+			// Other processes' idle workers claim them at once.
+			err = q.store.Notify(ctx, tx, q.channel, "")
+		}
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		q.stats.releaseFailed.Add(1)
+		return
+	}
+	q.unblocked(len(moved))
+}
+
+// sweepDeps is Reap's dependency step: it walks up to sweepBatches ·
+// sweepBatch edges of the queue, from where the last sweep stopped, and
+// for each prerequisite that is neither queued nor waiting, releases its
+// dependents (it was acked, or taken) or ends them, dead with reason
+// "dependency died: <id>" (it died, was cancelled, or is unknown), then
+// the dependents of those, and so on. Every batch is one SERIALIZABLE
+// transaction that classifies and acts on the same snapshot.
+func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
+	var has bool
+	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
+		var err error
+		has, err = q.store.HasEdges(ctx, q.db, q.opts.Queue)
+		return crsql.Classify(err)
+	})
+	if err != nil || !has {
+		return 0, 0, err
+	}
+	q.markDeps()
+	q.deps.mu.Lock()
+	defer q.deps.mu.Unlock()
+	for range sweepBatches {
+		var edges []uuid.UUID
+		err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
+			var err error
+			edges, err = q.store.SweepPrereqs(ctx, q.db, q.opts.Queue, q.deps.cursor, sweepBatch)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return released, died, err
+		}
+		var prereqs []uuid.UUID
+		for n, p := range edges {
+			if n == 0 || p != edges[n-1] {
+				prereqs = append(prereqs, p)
+			}
+		}
+		for len(prereqs) > 0 {
+			r, killed, err := q.settle(ctx, prereqs)
+			released += r
+			died += len(killed)
+			if err != nil {
+				return released, died, err
+			}
+			prereqs = killed // their own dependents, the next level
+		}
+		if len(edges) < sweepBatch {
+			q.deps.cursor = uuid.Nil
+			break
+		}
+		q.deps.cursor = edges[len(edges)-1]
+	}
+	q.stats.unblocked.Add(int64(released))
+	q.stats.dead.Add(int64(died))
+	if released > 0 {
+		q.Wake()
+	}
+	return released, died, nil
+}
+
+// settle classifies prereqs and, in the same transaction, releases the
+// dependents of the acked (or taken) ones and ends those of the ones that
+// ended otherwise; it returns how many it released and the ids it ended.
+func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UUID, error) {
+	var released int
+	var killed []uuid.UUID
+	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
+		released, killed = 0, nil
+		states, err := q.store.Classify(ctx, tx, q.opts.Queue, prereqs)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		var acked, ended []uuid.UUID
+		var outcomes []string
+		for _, st := range states {
+			switch st.State {
+			case crsql.PrereqQueued, crsql.PrereqWaiting:
+			case crsql.OutcomeAcked, crsql.OutcomeTaken:
+				acked = append(acked, st.ID)
+			default: // dead, cancelled, another queue's, unknown
+				ended, outcomes = append(ended, st.ID), append(outcomes, st.State)
+			}
+		}
+		if len(acked) > 0 {
+			moved, err := q.store.ReleaseDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, acked)
+			if err == nil && len(moved) > 0 && q.notifies() {
+				err = q.store.Notify(ctx, tx, q.channel, "")
+			}
+			if err != nil {
+				return crsql.Classify(err)
+			}
+			released = len(moved)
+		}
+		if len(ended) > 0 {
+			killed, err = q.store.KillDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, ended, outcomes)
+			if err != nil {
+				return crsql.Classify(err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return released, killed, nil
+}
+
+// PrereqStatus is one prerequisite of a waiting item, as Dependencies
+// reports it.
+type PrereqStatus struct {
+	ID uuid.UUID
+	// State is "queued" (an item of the queue, not yet acked), "waiting"
+	// (itself waiting for others), or how it ended ("acked", "taken",
+	// "dead", "cancelled"; the reaper then settles the dependent soon), or
+	// "unknown".
+	State string
+}
+
+// Dependencies is what Queue.Dependencies reports about one id.
+type Dependencies struct {
+	// Waiting reports whether the id is a waiting item of the queue.
+	Waiting bool
+	// Remaining is the number of its prerequisites not yet acked, and
+	// EnqueuedAt its enqueue time (when Waiting).
+	Remaining  int64
+	EnqueuedAt time.Time
+	// Prereqs are the prerequisites it still waits for, with their states.
+	Prereqs []PrereqStatus
+	// Dependents are up to the limit given of the items that wait for it.
+	Dependents []uuid.UUID
+}
+
+// Dependencies reports what id waits for and, up to limit (at least 1),
+// which items wait for it, in this queue.
+func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Dependencies, error) {
+	var d Dependencies
+	if limit < 1 {
+		return d, fmt.Errorf("claim: dependencies of %s: limit %d must be at least 1", id, limit)
+	}
+	if err := q.ready(ctx); err != nil {
+		return d, fmt.Errorf("claim: dependencies of %s: %w", id, err)
+	}
+	err := retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
+		d = Dependencies{}
+		var err error
+		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.Waiting(ctx, tx, q.opts.Queue, id); err != nil {
+			return crsql.Classify(err)
+		}
+		prereqs, err := q.store.Prereqs(ctx, tx, q.opts.Queue, id)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		if len(prereqs) > 0 {
+			states, err := q.store.Classify(ctx, tx, q.opts.Queue, prereqs)
+			if err != nil {
+				return crsql.Classify(err)
+			}
+			for _, st := range states {
+				d.Prereqs = append(d.Prereqs, PrereqStatus{ID: st.ID, State: st.State})
+			}
+		}
+		d.Dependents, err = q.store.Dependents(ctx, tx, q.opts.Queue, id, limit)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return Dependencies{}, fmt.Errorf("claim: dependencies of %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// WaitingCount returns the number of the queue's waiting items: enqueued
+// with prerequisites not yet all acked.
+func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
+	if err := q.ready(ctx); err != nil {
+		return 0, fmt.Errorf("claim: counting waiting items: %w", err)
+	}
+	var n int64
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var err error
+		n, err = q.store.WaitingCount(ctx, q.db, q.opts.Queue)
+		return crsql.Classify(err)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("claim: counting waiting items: %w", err)
+	}
+	return n, nil
+}
+
+// depsState is a Queue's state of dependencies: until when its acks look
+// for dependents (Unix nanoseconds; see depsFresh and depsProbe), and where its sweep
+// goes on (cursor, the last prerequisite swept; mu serializes sweeps).
+type depsState struct {
+	until  atomic.Int64
+	next   atomic.Int64 // when the next probe may run (Unix nanoseconds)
+	probe  sync.Mutex   // held while a probe runs
+	mu     sync.Mutex
+	cursor uuid.UUID
+}
+
+// unblocked counts n dependents released by a committed ack, and wakes
+// this process's workers to claim them.
+func (q *Queue) unblocked(n int) {
+	if n > 0 {
+		q.stats.unblocked.Add(int64(n))
+		q.Wake()
+	}
+}
+
+// cancelWaiting cancels the waiting item id, if it is one (Cancel).
+func (q *Queue) cancelWaiting(ctx context.Context, id uuid.UUID) (bool, error) {
+	var existed bool
+	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		existed, err = q.store.CancelWaiting(ctx, tx, id, q.opts.Queue)
+		return crsql.Classify(err)
+	})
+	return existed, err
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/crdbwork/crdbwork/internal/cli"
+)
+
+// depsJSON is what `crdbwork deps --json` prints.
+type depsJSON struct {
+	Queue      string       `json:"queue"`
+	ID         string       `json:"id"`
+	Waiting    bool         `json:"waiting"`
+	Remaining  int64        `json:"remaining"`
+	EnqueuedAt string       `json:"enqueued_at,omitempty"`
+	Prereqs    []prereqJSON `json:"prereqs"`
+	Dependents []string     `json:"dependents"`
+}
+
+type prereqJSON struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+}
+
+func cmdDeps(ctx context.Context, name string, args []string, out *cli.Console) error {
+	var g globals
+	var limit int
+	f := prog.NewFlagSet(name, `Shows an item's dependencies in --queue (see docs/dependencies.md): whether it
+waits, how many of its prerequisites are not yet acked, each of them with its
+state (queued, waiting, or how it ended: acked, taken, dead, cancelled;
+an ended one is settled by the workers' reaper within seconds), and up to
+--limit of the items that wait for it. Reads only.`)
+	f.MaxArgs, f.ArgName = 1, "ID"
+	g.register(f, queueRequired)
+	f.IntVar(&limit, "limit", 100, 1, 100_000, "most dependents to list")
+	if err := f.Parse(args, out.Stdout()); err != nil {
+		return err
+	}
+	if len(f.Args) == 0 {
+		return f.UsageError("give the id of an item")
+	}
+	id, err := parseID(f, f.Args[0])
+	if err != nil {
+		return err
+	}
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	d, err := q.Dependencies(ctx, id, limit)
+	if err != nil {
+		return cli.Failf(1, "%v", err)
+	}
+	if g.json {
+		j := depsJSON{Queue: g.queue, ID: id.String(), Waiting: d.Waiting, Remaining: d.Remaining,
+			Prereqs: []prereqJSON{}, Dependents: []string{}}
+		if d.Waiting {
+			j.EnqueuedAt = d.EnqueuedAt.UTC().Format(time.RFC3339Nano)
+		}
+		for _, p := range d.Prereqs {
+			j.Prereqs = append(j.Prereqs, prereqJSON{ID: p.ID.String(), State: p.State})
+		}
+		for _, dep := range d.Dependents {
+			j.Dependents = append(j.Dependents, dep.String())
+		}
+		return cli.PrintJSON(out, j)
+	}
+	var b strings.Builder
+	if d.Waiting {
+		fmt.Fprintf(&b, "item %s of queue %q waits for %d prerequisites (enqueued %s)\n", id, g.queue, d.Remaining,
+			d.EnqueuedAt.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(&b, "item %s of queue %q is not waiting\n", id, g.queue)
+	}
+	for _, p := range d.Prereqs {
+		fmt.Fprintf(&b, "  after %s  %s\n", p.ID, p.State)
+	}
+	switch n := len(d.Dependents); {
+	case n == 0:
+		b.WriteString("no item waits for it\n")
+	case n == limit:
+		fmt.Fprintf(&b, "at least %d items wait for it (--limit):\n", n)
+	default:
+		fmt.Fprintf(&b, "%d items wait for it:\n", n)
+	}
+	for _, dep := range d.Dependents {
+		fmt.Fprintf(&b, "  %s\n", dep)
+	}
+	out.Printf("%s", b.String())
+	return nil
+}

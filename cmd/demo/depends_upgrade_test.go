@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+)
+
+// TestRollingDependenciesUnderPreviousReleaseWorkers: the previous
+// release's workers (schema version 4, which know nothing of dependencies)
+// work a queue that has a fan-out / fan-in enqueued by this code. They
+// never run a waiting item: the children run only after the root's ack and
+// a reap by this code (the old acks release nothing), the join only after
+// every child's ack; every item runs exactly once and nothing is left.
+func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
+	old := previousDemo(t)
+	url := testdb.NewURL(t)
+	f := newFleet(t, url)
+	f.migrate()
+	ctx := context.Background()
+	f.start(old, "old-1")
+	f.start(old, "old-2")
+	f.settled([]string{"old-1", "old-2"}, []string{"old-1", "old-2"}, nil)
+	q, err := claim.New(f.pool, claim.Options{Queue: upgradeQueue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const children = 20
+	root, join := uuid.New(), uuid.New()
+	items := []claim.NewItem{{ID: root, Payload: []byte("0")}}
+	var kids []uuid.UUID
+	for i := range children {
+		id := uuid.New()
+		kids = append(kids, id)
+		items = append(items, claim.NewItem{ID: id, Payload: []byte{byte('1' + i%9)}, After: []uuid.UUID{root}})
+	}
+	items = append(items, claim.NewItem{ID: join, Payload: []byte("9"), After: kids})
+	if _, err := q.Enqueue(ctx, items...); err != nil {
+		t.Fatal(err)
+	}
+	all := append([]uuid.UUID{root, join}, kids...)
+	results := func(ids []uuid.UUID) int {
+		return f.count(`SELECT count(*) FROM demo_results WHERE item_id = ANY($1)`, ids)
+	}
+	f.waitFor("the root to be acked by an old worker", time.Minute, func() bool { return results([]uuid.UUID{root}) == 1 })
+	// Only the old workers run: nothing releases the children. Give them
+	// a few of their polls to show it.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if n := results(all); n != 1 {
+			t.Fatalf("%d items ran before any release, want the root alone", n)
+		}
+		if n := f.count(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`, upgradeQueue); n != children+1 {
+			t.Fatalf("%d waiting items, want %d", n, children+1)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// This code's reaps (a version-5 session's) release what the old acks
+	// satisfied: the children, then the join.
+	f.waitFor("every item to run", 2*time.Minute, func() bool {
+		if _, err := q.Reap(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return results(all) == len(all)
+	})
+	f.checkAlive()
+	if n := f.count(`SELECT count(DISTINCT item_id) FROM demo_results WHERE item_id = ANY($1)`, all); n != len(all) || results(all) != len(all) {
+		t.Fatalf("%d distinct items of %d ran, %d result rows", n, len(all), results(all))
+	}
+	if n := f.count(`SELECT count(*) FROM crdbwork_ended AS j, crdbwork_ended AS c
+		WHERE j.queue = $1 AND j.id = $2 AND c.queue = $1 AND c.id = ANY($3) AND c.outcome = 'acked' AND j.ended_at > c.ended_at`,
+		upgradeQueue, join, kids); n != children {
+		t.Fatalf("the join was acked after %d of its %d prerequisites' acks", n, children)
+	}
+	if n := f.count(`SELECT count(*) FROM crdbwork_ended AS r, crdbwork_ended AS c
+		WHERE r.queue = $1 AND r.id = $2 AND c.queue = $1 AND c.id = ANY($3) AND c.ended_at > r.ended_at`,
+		upgradeQueue, root, kids); n != children {
+		t.Fatalf("%d of %d children were acked after the root", n, children)
+	}
+	if n := f.count(`SELECT count(*) FROM crdbwork_waiting`) + f.count(`SELECT count(*) FROM crdbwork_waits_for`) +
+		f.count(`SELECT count(*) FROM crdbwork_items`) + f.count(`SELECT count(*) FROM crdbwork_dead_items`); n != 0 {
+		t.Fatalf("%d rows left", n)
+	}
+}
