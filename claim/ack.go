@@ -204,7 +204,12 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 					return err
 				}
 			}
-			acked = append(acked, r)
+			if batch != nil { // the batch record's list (nothing else reads it)
+				if acked == nil {
+					acked = make([]AckRequest, 0, len(reqs))
+				}
+				acked = append(acked, r)
+			}
 		}
 		if batch != nil && len(acked) > 0 {
 			if err := recovered(func() error { return batch(ctx, tx, acked) }); err != nil {

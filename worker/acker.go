@@ -133,16 +133,24 @@ func (a *acker) run() {
 	}
 }
 
+// answers recycles the answer channels of settle requests (one per item
+// otherwise).
+var answers = sync.Pool{New: func() any { return make(chan settleAnswer, 1) }}
+
 // do hands r to a settle goroutine and waits for its answer. If ctx ends
 // before a goroutine took it, or the acker stopped, nothing was done.
 func (a *acker) do(r settleReq) settleAnswer {
-	r.done = make(chan settleAnswer, 1)
+	r.done = answers.Get().(chan settleAnswer)
 	select {
 	case a.reqs <- r:
-		return <-r.done
+		ans := <-r.done
+		answers.Put(r.done) // empty again: a settle goroutine answers each request once
+		return ans
 	case <-r.ctx.Done():
+		answers.Put(r.done) // never sent: nobody answers on it
 		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, r.ctx.Err())}
 	case <-a.quit:
+		answers.Put(r.done) // never sent either
 		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
 	}
 }
