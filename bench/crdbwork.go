@@ -119,7 +119,8 @@ func (c *crdbworkSystem) settings() string {
 		c.poolConns(), worker.Connections(c.options()))
 }
 
-func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
+func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) (result, error) {
+	items, total := d.items, d.items+d.backlog
 	pool, err := newSetupPool(ctx, url)
 	if err != nil {
 		return result{}, err
@@ -147,9 +148,9 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 		return result{}, err
 	}
 	batch := make([]claim.NewItem, 0, 5000)
-	for done := 0; done < items; done += len(batch) {
+	for done := 0; done < total; done += len(batch) {
 		batch = batch[:0]
-		for range min(cap(batch), items-done) {
+		for range min(cap(batch), total-done) {
 			batch = append(batch, claim.NewItem{Payload: []byte{}})
 		}
 		if _, err := q.Enqueue(ctx, batch...); err != nil {
@@ -231,13 +232,15 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 	if runErr != nil {
 		return result{}, runErr
 	}
+	// Exactly once: one result row per acked item (the results' primary
+	// key refuses a second), every other item still queued.
 	var n, left int
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(*) FROM crdbwork_items WHERE queue = $1)`,
 		benchQueue).Scan(&n, &left); err != nil {
 		return result{}, err
 	}
-	if n != items || left != 0 {
-		return result{}, fmt.Errorf("%d result rows and %d items left for %d items", n, left, items)
+	if got := acked(); int64(n) != got || n < items || n+left != total {
+		return result{}, fmt.Errorf("%d result rows, %d acked and %d items left for %d items", n, got, left, total)
 	}
 	var retries int64
 	for _, w := range ws {
