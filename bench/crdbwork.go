@@ -44,7 +44,7 @@ type crdbworkSystem struct {
 	concurrency int
 	ackBatch    int
 	ackers      int    // 0: the worker's default
-	record      string // "batch": one INSERT per ack transaction (Options.BatchRecord); "each": one per item
+	record      string // "statement": one INSERT per ack transaction as SQL (Options.BatchStatement); "batch": the same by Options.BatchRecord; "each": one per item
 	parts       int    // 0: no parts mode
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
@@ -53,13 +53,30 @@ type crdbworkSystem struct {
 // options returns the worker options of the runs.
 func (c *crdbworkSystem) options() worker.Options {
 	return worker.Options{
-		Concurrency: c.concurrency,
-		MaxAckBatch: c.ackBatch,
-		Ackers:      c.ackers,
-		Parts:       c.parts,
-		Poll:        10 * time.Millisecond,
-		Partition:   partition.Tuning{Poll: 100 * time.Millisecond},
-		BatchRecord: c.batchRecord(),
+		Concurrency:    c.concurrency,
+		MaxAckBatch:    c.ackBatch,
+		Ackers:         c.ackers,
+		Parts:          c.parts,
+		Poll:           10 * time.Millisecond,
+		Partition:      partition.Tuning{Poll: 100 * time.Millisecond},
+		BatchRecord:    c.batchRecord(),
+		BatchStatement: c.batchStatement(),
+	}
+}
+
+// batchStatement writes the result rows of an ack transaction with one
+// INSERT given as SQL (with --cw-record statement): the worker sends the
+// whole ack transaction in one round trip.
+func (c *crdbworkSystem) batchStatement() claim.BatchStatement {
+	if c.record != "statement" {
+		return nil
+	}
+	return func(acked []claim.AckRequest) (string, []any) {
+		ids := make([][16]byte, len(acked))
+		for i, r := range acked {
+			ids[i] = r.Value.([16]byte)
+		}
+		return insertResults, []any{ids}
 	}
 }
 
@@ -82,7 +99,7 @@ func (c *crdbworkSystem) batchRecord() claim.BatchRecord {
 // handler is the no-op handler: it hands its result (the item's id) to the
 // batch record, or returns a Record that inserts it.
 func (c *crdbworkSystem) handler() worker.Handler {
-	if c.record == "batch" {
+	if c.record != "each" {
 		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 			return nil, worker.RecordValue(ctx, [16]byte(it.ID))
 		}
@@ -115,7 +132,7 @@ func (c *crdbworkSystem) settings() string {
 		ackers = fmt.Sprintf("%d ackers", c.ackers)
 	}
 	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
-		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"batch": "in one INSERT per ack transaction", "each": "by one INSERT per item"}[c.record],
+		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item"}[c.record],
 		c.poolConns(), worker.Connections(c.options()))
 }
 
