@@ -48,6 +48,7 @@ type crdbworkSystem struct {
 	parts       int    // 0: no parts mode
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
+	label       string // the name in the output ("": crdbwork exactly-once)
 }
 
 // options returns the worker options of the runs.
@@ -120,7 +121,12 @@ func (c *crdbworkSystem) poolConns() int {
 	return worker.PoolConns(c.options())
 }
 
-func (c *crdbworkSystem) name() string { return "crdbwork exactly-once" }
+func (c *crdbworkSystem) name() string {
+	if c.label != "" {
+		return c.label
+	}
+	return "crdbwork exactly-once"
+}
 
 func (c *crdbworkSystem) settings() string {
 	parts := "no parts"

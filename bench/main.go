@@ -269,7 +269,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	items := fs.Int("items", 30_000, "jobs drained by each system in each round")
 	backlog := fs.Int("backlog", 0, "jobs enqueued beyond --items before each timed drain (e.g. 1000000): the drain of --items runs against that backlog")
 	rounds := fs.Int("rounds", 3, "rounds; each runs every system once, in an order that alternates between rounds")
-	only := fs.String("systems", "river,river-tx,crdbwork", "systems to run, comma-separated: river, river-tx, crdbwork")
+	only := fs.String("systems", "river,river-tx,crdbwork", "systems to run, comma-separated: river, river-tx, crdbwork, crdbwork-batch (crdbwork with --cw-record batch)")
 	riverWorkers := fs.Int("river-workers", 1000, "River's MaxWorkers")
 	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
 	cw := &crdbworkSystem{}
@@ -307,8 +307,15 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			systems = append(systems, riverSystem{tx: true, maxWorkers: *riverWorkers, conns: *riverConns})
 		case "crdbwork":
 			systems = append(systems, cw)
+		case "crdbwork-batch":
+			// The same workers with the results written by Go code in
+			// the ack transaction (BatchRecord: four round trips per ack
+			// transaction), beside the pipelined default in the same run.
+			alt := *cw
+			alt.record, alt.label, alt.profile = "batch", "crdbwork BatchRecord", ""
+			systems = append(systems, &alt)
 		default:
-			return fmt.Errorf("--systems: unknown system %q (want river, river-tx, crdbwork)", s)
+			return fmt.Errorf("--systems: unknown system %q (want river, river-tx, crdbwork, crdbwork-batch)", s)
 		}
 	}
 

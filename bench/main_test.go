@@ -68,7 +68,7 @@ func TestCompareDrainsEverySystem(t *testing.T) {
 
 // compareRow is a row of compare's table: system, jobs/s, ratio,
 // connections, statements and round trips per 1,000 jobs.
-var compareRow = regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \| +([0-9.]+) / ([0-9.]+) \|$`)
+var compareRow = regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once|crdbwork BatchRecord) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \| +([0-9.]+) / ([0-9.]+) \|$`)
 
 // checkCompareTable checks that compare's table has want rows, each with a
 // positive rate, connections, statements and round trips, and River plain
@@ -94,13 +94,14 @@ func checkCompareTable(t *testing.T, out string, want int) {
 }
 
 // TestCompareBacklogOnDurableServer drains 300 jobs of 1,300 on a durable
-// server (fsync on): each run fails unless the jobs completed, once each,
-// number at least those counted and the rest are still queued.
+// server (fsync on), with River and both of crdbwork's ways of recording
+// results: each run fails unless the jobs completed, once each, number at
+// least those counted and the rest are still queued.
 func TestCompareBacklogOnDurableServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var out strings.Builder
-	if err := run(ctx, []string{"--items", "300", "--backlog", "1000", "--fsync", "--rounds", "1", "--systems", "river,crdbwork", "--cw-concurrency", "32"}, &out); err != nil {
+	if err := run(ctx, []string{"--items", "300", "--backlog", "1000", "--fsync", "--rounds", "1", "--systems", "river,crdbwork,crdbwork-batch", "--cw-concurrency", "32"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	for _, want := range []string{"fsync on: durable commits", "300 items per run (backlog 1000 more)"} {
@@ -108,7 +109,7 @@ func TestCompareBacklogOnDurableServer(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	checkCompareTable(t, out.String(), 2)
+	checkCompareTable(t, out.String(), 3)
 }
 
 // TestGrowthMeasuresEveryCell runs a tiny cost-growth table.
