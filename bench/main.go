@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -157,7 +158,13 @@ func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func
 	if c.fsync {
 		durability = "fsync on: durable commits"
 	}
-	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: %s) at %s\n", durability, url)
+	// The server's own word for it, so that a run shows what it ran on.
+	var fsync, syncCommit string
+	if conn, err := pgx.Connect(ctx, url); err == nil {
+		_ = conn.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&fsync, &syncCommit)
+		conn.Close(ctx)
+	}
+	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: %s; the server says fsync=%s, synchronous_commit=%s) at %s\n", durability, fsync, syncCommit, url)
 	postmaster = pid
 	return url, stop, nil
 }

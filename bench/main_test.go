@@ -104,7 +104,7 @@ func TestCompareBacklogOnDurableServer(t *testing.T) {
 	if err := run(ctx, []string{"--items", "300", "--backlog", "1000", "--fsync", "--rounds", "1", "--systems", "river,crdbwork,crdbwork-batch", "--cw-concurrency", "32"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	for _, want := range []string{"fsync on: durable commits", "300 items per run (backlog 1000 more)"} {
+	for _, want := range []string{"fsync on: durable commits; the server says fsync=on, synchronous_commit=on", "300 items per run (backlog 1000 more)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
