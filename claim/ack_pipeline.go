@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -23,6 +24,9 @@ import (
 // send a whole ack transaction in one round trip on PostgreSQL (see
 // AckOptions.Statement).
 type BatchStatement func(acked []AckRequest) (sql string, args []any)
+
+// pipelineRollbackTimeout bounds the ROLLBACK after a failed pipelined ack.
+const pipelineRollbackTimeout = 5 * time.Second
 
 // ackPipelined tries to ack reqs in one round trip: one pgx batch holding
 // BEGIN ISOLATION LEVEL SERIALIZABLE, the fenced delete of every item, the
@@ -96,7 +100,14 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 		q.stats.acked.Add(int64(len(reqs)))
 		return make([]error, len(reqs)), true
 	}
-	_ = crsql.RollbackPipeline(context.WithoutCancel(ctx), conn)
+	// A context that ended mid-batch has closed the connection already
+	// (pgx closes it to interrupt the query): then there is nothing to roll
+	// back. Otherwise the ROLLBACK is bounded, so that a frozen server
+	// cannot hold this goroutine (the pool drops a connection left in a
+	// transaction).
+	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pipelineRollbackTimeout)
+	_ = crsql.RollbackPipeline(rbCtx, conn)
+	cancel()
 	var pgErr interface{ SQLState() string }
 	if retry.Ambiguous(err) || (!errors.As(err, &pgErr) && retry.LostInFlight(err)) {
 		errs = make([]error, len(reqs))
