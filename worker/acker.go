@@ -32,8 +32,9 @@ type acker struct {
 	once sync.Once
 	// observe, if not nil, is told the size of each ack transaction.
 	observe func(n int)
-	// batch, if not nil, records the results of each ack transaction in one call.
-	batch claim.BatchRecord
+	// ackOpts record the results of each ack transaction in one call or
+	// statement (claim.AckOptions.Batch and Statement).
+	ackOpts claim.AckOptions
 }
 
 type settleKind int
@@ -62,9 +63,9 @@ type settleAnswer struct {
 
 // startAcker starts n settle goroutines, each acking up to max items in one
 // transaction, telling observe (if not nil) the size of each, and recording
-// each transaction's results with batch (if not nil). Stop them with stop.
-func startAcker(q *claim.Queue, n, max int, observe func(n int), batch claim.BatchRecord) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, batch: batch}
+// each transaction's results with ackOpts. Stop them with stop.
+func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts}
 	a.wg.Add(n)
 	for range n {
 		go a.run()
@@ -110,7 +111,7 @@ func (a *acker) run() {
 			// Each request carries its own bound, the same try timeout from
 			// when it was asked: the last asked has the loosest.
 			ctx := acks[len(acks)-1].ctx
-			errs := a.q.AckMany(ctx, reqs, claim.AckOptions{Batch: a.batch})
+			errs := a.q.AckMany(ctx, reqs, a.ackOpts)
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}

@@ -107,7 +107,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if obs := w.opts.Observer; obs != nil {
 		observe = func(n int) { obs.AckBatch(w.name, n) }
 	}
-	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, w.opts.BatchRecord)
+	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, claim.AckOptions{Batch: w.opts.BatchRecord, Statement: w.opts.BatchStatement})
 	defer r.a.stop()
 	r.slots = make(chan struct{}, w.opts.Concurrency)
 	r.freed = make(chan struct{}, 1)
