@@ -44,22 +44,40 @@ type crdbworkSystem struct {
 	concurrency int
 	ackBatch    int
 	ackers      int    // 0: the worker's default
-	record      string // "batch": one INSERT per ack transaction (Options.BatchRecord); "each": one per item
+	record      string // "statement": one INSERT per ack transaction as SQL (Options.BatchStatement); "batch": the same by Options.BatchRecord; "each": one per item
 	parts       int    // 0: no parts mode
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
+	label       string // the name in the output ("": crdbwork exactly-once)
 }
 
 // options returns the worker options of the runs.
 func (c *crdbworkSystem) options() worker.Options {
 	return worker.Options{
-		Concurrency: c.concurrency,
-		MaxAckBatch: c.ackBatch,
-		Ackers:      c.ackers,
-		Parts:       c.parts,
-		Poll:        10 * time.Millisecond,
-		Partition:   partition.Tuning{Poll: 100 * time.Millisecond},
-		BatchRecord: c.batchRecord(),
+		Concurrency:    c.concurrency,
+		MaxAckBatch:    c.ackBatch,
+		Ackers:         c.ackers,
+		Parts:          c.parts,
+		Poll:           10 * time.Millisecond,
+		Partition:      partition.Tuning{Poll: 100 * time.Millisecond},
+		BatchRecord:    c.batchRecord(),
+		BatchStatement: c.batchStatement(),
+	}
+}
+
+// batchStatement writes the result rows of an ack transaction with one
+// INSERT given as SQL (with --cw-record statement): the worker sends the
+// whole ack transaction in one round trip.
+func (c *crdbworkSystem) batchStatement() claim.BatchStatement {
+	if c.record != "statement" {
+		return nil
+	}
+	return func(acked []claim.AckRequest) (string, []any) {
+		ids := make([][16]byte, len(acked))
+		for i, r := range acked {
+			ids[i] = r.Value.([16]byte)
+		}
+		return insertResults, []any{ids}
 	}
 }
 
@@ -82,7 +100,7 @@ func (c *crdbworkSystem) batchRecord() claim.BatchRecord {
 // handler is the no-op handler: it hands its result (the item's id) to the
 // batch record, or returns a Record that inserts it.
 func (c *crdbworkSystem) handler() worker.Handler {
-	if c.record == "batch" {
+	if c.record != "each" {
 		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 			return nil, worker.RecordValue(ctx, [16]byte(it.ID))
 		}
@@ -103,7 +121,12 @@ func (c *crdbworkSystem) poolConns() int {
 	return worker.PoolConns(c.options())
 }
 
-func (c *crdbworkSystem) name() string { return "crdbwork exactly-once" }
+func (c *crdbworkSystem) name() string {
+	if c.label != "" {
+		return c.label
+	}
+	return "crdbwork exactly-once"
+}
 
 func (c *crdbworkSystem) settings() string {
 	parts := "no parts"
@@ -115,11 +138,12 @@ func (c *crdbworkSystem) settings() string {
 		ackers = fmt.Sprintf("%d ackers", c.ackers)
 	}
 	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
-		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"batch": "in one INSERT per ack transaction", "each": "by one INSERT per item"}[c.record],
+		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item"}[c.record],
 		c.poolConns(), worker.Connections(c.options()))
 }
 
-func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks) (result, error) {
+func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) (result, error) {
+	items, total := d.items, d.items+d.backlog
 	pool, err := newSetupPool(ctx, url)
 	if err != nil {
 		return result{}, err
@@ -147,9 +171,9 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 		return result{}, err
 	}
 	batch := make([]claim.NewItem, 0, 5000)
-	for done := 0; done < items; done += len(batch) {
+	for done := 0; done < total; done += len(batch) {
 		batch = batch[:0]
-		for range min(cap(batch), items-done) {
+		for range min(cap(batch), total-done) {
 			batch = append(batch, claim.NewItem{Payload: []byte{}})
 		}
 		if _, err := q.Enqueue(ctx, batch...); err != nil {
@@ -231,13 +255,15 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, items int, m marks
 	if runErr != nil {
 		return result{}, runErr
 	}
+	// Exactly once: one result row per acked item (the results' primary
+	// key refuses a second), every other item still queued.
 	var n, left int
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(*) FROM crdbwork_items WHERE queue = $1)`,
 		benchQueue).Scan(&n, &left); err != nil {
 		return result{}, err
 	}
-	if n != items || left != 0 {
-		return result{}, fmt.Errorf("%d result rows and %d items left for %d items", n, left, items)
+	if got := acked(); int64(n) != got || n < items || n+left != total {
+		return result{}, fmt.Errorf("%d result rows, %d acked and %d items left for %d items", n, got, left, total)
 	}
 	var retries int64
 	for _, w := range ws {

@@ -33,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -147,11 +148,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 type commonFlags struct {
 	databaseURL string
 	statements  bool
+	fsync       bool
+	// preload loads pg_stat_statements in the throwaway server even
+	// without --statements (compare counts statements per item).
+	preload bool
 }
 
 func (c *commonFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL server to use (its database is changed: River's and crdbwork's tables are created and emptied); default: start a throwaway server")
 	fs.BoolVar(&c.statements, "statements", false, "print the statements each system ran per item, with server time (pg_stat_statements; preloaded in the throwaway server)")
+	fs.BoolVar(&c.fsync, "fsync", false, "start the throwaway server durable: fsync, synchronous_commit and full_page_writes on (default: off, the tests' server)")
 }
 
 // postmaster is the pid of the server started by this command (0: none),
@@ -164,11 +170,21 @@ func (c *commonFlags) database(ctx context.Context, out io.Writer) (string, func
 	if c.databaseURL != "" {
 		return c.databaseURL, func() {}, nil
 	}
-	url, pid, stop, err := startServer(ctx, out, c.statements)
+	url, pid, stop, err := startServer(ctx, out, c.statements || c.preload, c.fsync)
 	if err != nil {
 		return "", nil, fmt.Errorf("starting PostgreSQL: %w", err)
 	}
-	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: fsync off) at %s\n", url)
+	durability := "fsync off"
+	if c.fsync {
+		durability = "fsync on: durable commits"
+	}
+	// The server's own word for it, so that a run shows what it ran on.
+	var fsync, syncCommit string
+	if conn, err := pgx.Connect(ctx, url); err == nil {
+		_ = conn.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('synchronous_commit')`).Scan(&fsync, &syncCommit)
+		conn.Close(ctx)
+	}
+	fmt.Fprintf(out, "throwaway PostgreSQL (internal/dbserver: %s; the server says fsync=%s, synchronous_commit=%s) at %s\n", durability, fsync, syncCommit, url)
 	postmaster = pid
 	return url, stop, nil
 }
@@ -186,7 +202,14 @@ func newFlagSet(name string, out io.Writer) *flag.FlagSet {
 // system is one of the systems compared.
 type system interface {
 	name() string
-	run(ctx context.Context, url string, items int, m marks) (result, error)
+	run(ctx context.Context, url string, d drain, m marks) (result, error)
+}
+
+// drain is what one run does: enqueue items+backlog jobs (untimed), then
+// time the completion of items of them; the backlog stays in the queue
+// while they drain (and is emptied, untimed, before the next run).
+type drain struct {
+	items, backlog int
 }
 
 // marks are called by a system's run just before it starts its consumers
@@ -206,6 +229,7 @@ type result struct {
 	poolConns int
 	retries   int64
 	cpu       cpuTimes // from start to done
+	count     counts   // from start to done
 }
 
 // runTimeout bounds one drain: at least a minute, or 1 ms per item.
@@ -259,6 +283,9 @@ func openPool(ctx context.Context, url string, conns int, name string) (*pgxpool
 		cfg.MaxConns = int32(conns)
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	if name == appName {
+		countTrips(cfg.ConnConfig)
+	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
@@ -267,8 +294,9 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	var c commonFlags
 	c.register(fs)
 	items := fs.Int("items", 30_000, "jobs drained by each system in each round")
+	backlog := fs.Int("backlog", 0, "jobs enqueued beyond --items before each timed drain (e.g. 1000000): the drain of --items runs against that backlog")
 	rounds := fs.Int("rounds", 3, "rounds; each runs every system once, in an order that alternates between rounds")
-	only := fs.String("systems", "river,river-tx,crdbwork", "systems to run, comma-separated: river, river-tx, crdbwork")
+	only := fs.String("systems", "river,river-tx,crdbwork", "systems to run, comma-separated: river, river-tx, crdbwork, crdbwork-batch (crdbwork with --cw-record batch)")
 	riverWorkers := fs.Int("river-workers", 1000, "River's MaxWorkers")
 	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
 	cw := &crdbworkSystem{}
@@ -277,7 +305,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
 	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
-	fs.StringVar(&cw.record, "cw-record", "batch", "how crdbwork's handler records its result row: batch (worker.Options.BatchRecord: one INSERT per ack transaction) or each (a Record per item: one INSERT per item)")
+	fs.StringVar(&cw.record, "cw-record", "statement", "how crdbwork's handler records its result row: statement (worker.Options.BatchStatement: one INSERT per ack transaction, given as SQL, so the ack transaction is one round trip), batch (worker.Options.BatchRecord: the same INSERT run by Go code in the transaction) or each (a Record per item: one INSERT per item)")
 	fs.IntVar(&cw.conns, "cw-conns", 0, "pool size of each crdbwork worker (0: worker.PoolConns)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -287,12 +315,12 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch {
-	case *items < 1 || *rounds < 1:
-		return errors.New("--items and --rounds must be at least 1")
+	case *items < 1 || *rounds < 1 || *backlog < 0:
+		return errors.New("--items and --rounds must be at least 1, --backlog at least 0")
 	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
 		return errors.New("--cw-workers, --cw-concurrency and --cw-ack-batch must be at least 1, --cw-parts, --cw-conns and --cw-ackers at least 0")
-	case cw.record != "batch" && cw.record != "each":
-		return fmt.Errorf("--cw-record %q: want batch or each", cw.record)
+	case cw.record != "statement" && cw.record != "batch" && cw.record != "each":
+		return fmt.Errorf("--cw-record %q: want statement, batch or each", cw.record)
 	case *riverWorkers < 1 || *riverConns < 0:
 		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
 	}
@@ -306,24 +334,30 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			systems = append(systems, riverSystem{tx: true, maxWorkers: *riverWorkers, conns: *riverConns})
 		case "crdbwork":
 			systems = append(systems, cw)
+		case "crdbwork-batch":
+			// The same workers with the results written by Go code in
+			// the ack transaction (BatchRecord: four round trips per ack
+			// transaction), beside the pipelined default in the same run.
+			alt := *cw
+			alt.record, alt.label, alt.profile = "batch", "crdbwork BatchRecord", ""
+			systems = append(systems, &alt)
 		default:
-			return fmt.Errorf("--systems: unknown system %q (want river, river-tx, crdbwork)", s)
+			return fmt.Errorf("--systems: unknown system %q (want river, river-tx, crdbwork, crdbwork-batch)", s)
 		}
 	}
 
+	c.preload = true
 	url, setup, done, err := c.prepare(ctx, out)
 	if err != nil {
 		return err
 	}
 	defer done()
-	stmts := statements{}
-	if c.statements {
-		if stmts = newStatements(ctx, setup); !stmts.on {
-			fmt.Fprintln(out, "pg_stat_statements is not available on this server: --statements shows nothing")
-		}
+	stmts := newStatements(ctx, setup)
+	if !stmts.on {
+		fmt.Fprintln(out, "pg_stat_statements is not available on this server: statements per item show as —")
 	}
 
-	fmt.Fprintf(out, "%d items per run, %d rounds, GOMAXPROCS %d, load %s\n", *items, *rounds, runtime.GOMAXPROCS(0), loadavg())
+	fmt.Fprintf(out, "%d items per run (backlog %d more), %d rounds, GOMAXPROCS %d, load %s\n", *items, *backlog, *rounds, runtime.GOMAXPROCS(0), loadavg())
 	fmt.Fprintf(out, "crdbwork: %s\n", cw.settings())
 	runs := make(map[string][]result)
 	for round := range *rounds {
@@ -334,37 +368,44 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		for _, s := range order {
 			var report strings.Builder
 			var cpu0, cpu cpuTimes
+			var count0, count counts
 			m := marks{
-				start: func() { stmts.reset(ctx, setup); cpu0 = readCPU(postmaster) },
+				start: func() {
+					stmts.reset(ctx, setup)
+					count0 = readCounts()
+					cpu0 = readCPU(postmaster)
+				},
 				done: func() {
 					cpu = readCPU(postmaster).sub(cpu0)
-					if round == 0 && stmts.on {
+					count = readCounts().sub(count0)
+					count.statements = stmts.calls(ctx, setup)
+					if round == 0 && c.statements && stmts.on {
 						if err := stmts.print(ctx, &report, setup, s.name(), *items); err != nil {
 							fmt.Fprintln(&report, err)
 						}
 					}
 				},
 			}
-			res, err := s.run(ctx, url, *items, m)
+			res, err := s.run(ctx, url, drain{items: *items, backlog: *backlog}, m)
 			if err != nil {
 				return fmt.Errorf("%s, round %d: %w", s.name(), round+1, err)
 			}
-			res.cpu = cpu
+			res.cpu, res.count = cpu, count
 			runs[s.name()] = append(runs[s.name()], res)
 			retries := ""
 			if res.retries > 0 {
 				retries = fmt.Sprintf("  %.3f retries/job", float64(res.retries)/float64(*items))
 			}
-			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  load %s%s\n",
+			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  per 1,000 jobs: %s  load %s%s\n",
 				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
-				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), loadavg(), retries)
+				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), res.count.per1000(*items), loadavg(), retries)
 			fmt.Fprint(out, report.String())
 		}
 	}
 
 	fmt.Fprintf(out, "\nmedian of %d rounds, %d items each, load %s:\n\n", *rounds, *items, loadavg())
-	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s | %17s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections", "CPU µs/job cl+srv")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18), strings.Repeat("-", 19))
+	fmt.Fprintf(out, "| %-22s | %8s | %14s | %13s | %16s | %17s | %24s |\n", "system", "jobs/s", "× River plain", "rounds' range", "connections", "CPU µs/job cl+srv", "statements / trips per 1k")
+	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 18), strings.Repeat("-", 19), strings.Repeat("-", 26))
 	base := runs["River plain"]
 	for _, s := range systems {
 		rs := runs[s.name()]
@@ -378,18 +419,27 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			spread = fmt.Sprintf("%.2f–%.2f", slices.Min(ratios), slices.Max(ratios))
 		}
 		peak := 0
-		var client, server []float64
+		var client, server, st, trips []float64
 		for _, r := range rs {
 			peak = max(peak, r.peakConns)
 			client = append(client, perItem(r.cpu.client, *items))
 			server = append(server, perItem(r.cpu.server, *items))
+			st = append(st, per1000(r.count.statements, *items))
+			trips = append(trips, per1000(r.count.trips, *items))
 		}
-		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) | %7.0f + %7.0f |\n", s.name(), medianRate(rs, *items), ratio, spread,
-			peak, rs[0].poolConns, median(client), median(server))
+		stmtCol := fmt.Sprintf("%.1f", median(st))
+		if !stmts.on {
+			stmtCol = "—"
+		}
+		fmt.Fprintf(out, "| %-22s | %8.0f | %14s | %13s | %4d (pool %3d) | %7.0f + %7.0f | %24s |\n", s.name(), medianRate(rs, *items), ratio, spread,
+			peak, rs[0].poolConns, median(client), median(server), fmt.Sprintf("%s / %.1f", stmtCol, median(trips)))
 	}
 	fmt.Fprintln(out, "\n× River plain: the median over rounds of the ratio of the two systems' rates in the same round.")
 	fmt.Fprintln(out, "connections: the peak seen in pg_stat_activity (pool: the pool's limit; River adds a listener outside it).")
 	fmt.Fprintln(out, "CPU: medians of this process (client) and of the server (0 with --database-url) per job while draining.")
+	fmt.Fprintln(out, "per 1k: medians per 1,000 jobs drained of the statements the server ran (pg_stat_statements calls, BEGIN and")
+	fmt.Fprintln(out, "  COMMIT included) and of the system's round trips (its connections' turns from reading to writing: a batch or")
+	fmt.Fprintln(out, "  pipeline of statements sent together is one).")
 	return nil
 }
 

@@ -60,24 +60,56 @@ func TestCompareDrainsEverySystem(t *testing.T) {
 	if err := run(ctx, []string{"--items", "500", "--rounds", "2", "--cw-concurrency", "64"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	row := regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \|$`)
-	rows := row.FindAllStringSubmatch(out.String(), -1)
-	if len(rows) != 3 {
-		t.Fatalf("want 3 table rows, got %d:\n%s", len(rows), out.String())
+	checkCompareTable(t, out.String(), 3)
+	if n := strings.Count(out.String(), "\nround "); n != 6 {
+		t.Errorf("want 6 runs (3 systems × 2 rounds), got %d:\n%s", n, out.String())
+	}
+}
+
+// compareRow is a row of compare's table: system, jobs/s, ratio,
+// connections, statements and round trips per 1,000 jobs.
+var compareRow = regexp.MustCompile(`(?m)^\| (River plain|River JobCompleteTx|crdbwork exactly-once|crdbwork BatchRecord) +\| +(\d+) \| +([0-9.]+)× \| +[0-9.]+–[0-9.]+ \| +(\d+) \(pool +\d+\) \| +\d+ \+ +\d+ \| +([0-9.]+) / ([0-9.]+) \|$`)
+
+// checkCompareTable checks that compare's table has want rows, each with a
+// positive rate, connections, statements and round trips, and River plain
+// at 1.00×.
+func checkCompareTable(t *testing.T, out string, want int) {
+	t.Helper()
+	rows := compareRow.FindAllStringSubmatch(out, -1)
+	if len(rows) != want {
+		t.Fatalf("want %d table rows, got %d:\n%s", want, len(rows), out)
 	}
 	for _, r := range rows {
 		rate, _ := strconv.Atoi(r[2])
 		conns, _ := strconv.Atoi(r[4])
-		if rate <= 0 || conns <= 0 {
-			t.Errorf("%s: rate %d jobs/s, %d connections; want both positive", r[1], rate, conns)
+		stmts, _ := strconv.ParseFloat(r[5], 64)
+		trips, _ := strconv.ParseFloat(r[6], 64)
+		if rate <= 0 || conns <= 0 || stmts <= 0 || trips <= 0 {
+			t.Errorf("%s: rate %d jobs/s, %d connections, %v statements and %v round trips per 1,000 jobs; want all positive", r[1], rate, conns, stmts, trips)
 		}
 		if r[1] == "River plain" && r[3] != "1.00" {
 			t.Errorf("River plain's ratio to itself is %s×", r[3])
 		}
 	}
-	if n := strings.Count(out.String(), "\nround "); n != 6 {
-		t.Errorf("want 6 runs (3 systems × 2 rounds), got %d:\n%s", n, out.String())
+}
+
+// TestCompareBacklogOnDurableServer drains 300 jobs of 1,300 on a durable
+// server (fsync on), with River and both of crdbwork's ways of recording
+// results: each run fails unless the jobs completed, once each, number at
+// least those counted and the rest are still queued.
+func TestCompareBacklogOnDurableServer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, []string{"--items", "300", "--backlog", "1000", "--fsync", "--rounds", "1", "--systems", "river,crdbwork,crdbwork-batch", "--cw-concurrency", "32"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
 	}
+	for _, want := range []string{"fsync on: durable commits; the server says fsync=on, synchronous_commit=on", "300 items per run (backlog 1000 more)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	checkCompareTable(t, out.String(), 3)
 }
 
 // TestGrowthMeasuresEveryCell runs a tiny cost-growth table.
@@ -103,6 +135,7 @@ func TestGrowthMeasuresEveryCell(t *testing.T) {
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--items", "0"},
+		{"--backlog", "-1"},
 		{"--systems", "river,kafka"},
 		{"growth", "--backlogs", "10,x"},
 		{"latency", "--samples", "0"},

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -204,4 +206,85 @@ func ticks(f []string, fields ...int) time.Duration {
 
 func (t cpuTimes) sub(u cpuTimes) cpuTimes {
 	return cpuTimes{client: t.client - u.client, server: t.server - u.server}
+}
+
+// counts are the statements and round trips of a measured system.
+type counts struct {
+	statements int64 // pg_stat_statements calls (0 without it)
+	trips      int64 // round trips of the system's connections
+}
+
+func (c counts) sub(d counts) counts {
+	return counts{statements: c.statements - d.statements, trips: c.trips - d.trips}
+}
+
+// per1000 formats the counts per 1,000 of items.
+func (c counts) per1000(items int) string {
+	return fmt.Sprintf("%.1f statements, %.1f round trips", per1000(c.statements, items), per1000(c.trips, items))
+}
+
+// per1000 is n per 1,000 of items.
+func per1000(n int64, items int) float64 {
+	return float64(n) * 1000 / float64(items)
+}
+
+// trips counts the round trips of every connection opened by newPool: the
+// times a connection writes after it read (or writes first), so that a
+// batch or pipeline sent in one go counts once, however many writes it
+// takes.
+var trips atomic.Int64
+
+// readCounts returns the round trips so far (statements: see
+// statements.calls).
+func readCounts() counts { return counts{trips: trips.Load()} }
+
+// countTrips makes cfg's connections count their round trips in trips.
+func countTrips(cfg *pgx.ConnConfig) {
+	dial := cfg.DialFunc
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &tripConn{Conn: c}, nil
+	}
+}
+
+// tripConn counts a round trip at the first write after a read.
+type tripConn struct {
+	net.Conn
+	sent atomic.Bool // written since the last read
+}
+
+func (c *tripConn) Write(b []byte) (int, error) {
+	if !c.sent.Swap(true) {
+		trips.Add(1)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *tripConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.sent.Store(false)
+	}
+	return n, err
+}
+
+// calls returns the statements run since the last reset, but the
+// connection monitor's and this package's reads of pg_stat_* views (0 when
+// pg_stat_statements is not loaded).
+func (s statements) calls(ctx context.Context, pool *pgxpool.Pool) int64 {
+	if !s.on {
+		return 0
+	}
+	var n int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::BIGINT FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%'`).Scan(&n); err != nil {
+		return 0
+	}
+	return n
 }

@@ -16,10 +16,11 @@ import (
 // startServer starts a throwaway PostgreSQL server with the library's
 // internal/dbserver (the tests' server: fsync off, asynchronous commit). With
 // statements, it preloads pg_stat_statements when the server has it (a
-// restart). It returns the URL, the postmaster's pid (0 if unknown) and the
-// function that stops the server and removes its files.
-func startServer(ctx context.Context, out io.Writer, statements bool) (string, int, func(), error) {
-	s, err := dbserver.Start(ctx, dbserver.Options{Prefer: dbserver.Postgres})
+// restart). With durable, fsync, synchronous_commit and full_page_writes
+// are on (dbserver.Options.Durable). It returns the URL, the postmaster's pid
+// (0 if unknown) and the function that stops the server and removes its files.
+func startServer(ctx context.Context, out io.Writer, statements, durable bool) (string, int, func(), error) {
+	s, err := dbserver.Start(ctx, dbserver.Options{Prefer: dbserver.Postgres, Durable: durable})
 	if err != nil {
 		return "", 0, nil, err
 	}

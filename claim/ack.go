@@ -112,6 +112,15 @@ type AckOptions struct {
 	// Batch, if not nil, records the results of every transaction's acked
 	// items in one call (see BatchRecord).
 	Batch BatchRecord
+	// Statement, if not nil, records them with one SQL statement (see
+	// BatchStatement), after Batch if both are set. With Statement alone
+	// (no Batch, and no per-item Record, at-most-once or repeated item in
+	// the call), on PostgreSQL AckMany sends the whole transaction —
+	// BEGIN, the fenced delete, the statement and COMMIT — in one round
+	// trip; if a claim was lost or the transaction failed, it acks the
+	// items again the ordinary way, so the results and errors are the same
+	// as with the equivalent BatchRecord.
+	Statement BatchStatement
 }
 
 // AckMany acknowledges many items, each with its own record function,
@@ -119,7 +128,9 @@ type AckOptions struct {
 // It first runs them all in one SERIALIZABLE transaction (on both engines;
 // sql.AckTxOptions gives the reasoning): one statement deletes every item
 // whose claim still holds, then each deleted item's Record is called in
-// order, then opts.Batch (if set) once with all of them.
+// order, then opts.Batch and opts.Statement (if set) once with all of them
+// (with opts.Statement alone, in one round trip on PostgreSQL: see
+// AckOptions.Statement).
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or
@@ -154,7 +165,10 @@ func (q *Queue) AckMany(ctx context.Context, reqs []AckRequest, opts AckOptions)
 		}
 		return errs
 	}
-	deleted, err := q.ackTx(ctx, reqs, opts.Batch)
+	if errs, ok := q.ackPipelined(ctx, reqs, opts); ok {
+		return errs
+	}
+	deleted, err := q.ackTx(ctx, reqs, opts.batchRecord())
 	switch {
 	case err == nil:
 		for i, r := range reqs {
@@ -204,7 +218,12 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 					return err
 				}
 			}
-			acked = append(acked, r)
+			if batch != nil { // the batch record's list (nothing else reads it)
+				if acked == nil {
+					acked = make([]AckRequest, 0, len(reqs))
+				}
+				acked = append(acked, r)
+			}
 		}
 		if batch != nil && len(acked) > 0 {
 			if err := recovered(func() error { return batch(ctx, tx, acked) }); err != nil {

@@ -283,6 +283,9 @@ func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, item
 // committed (PostgreSQL). If it fails for good, the at-most-once items are
 // left out (see Claimer.Claim); the others are returned either way.
 func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item) []Item {
+	if !atMostOnce(items) {
+		return items // nothing to take (and no copy of the items to make)
+	}
 	var out []Item
 	err := retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error {
 		var err error

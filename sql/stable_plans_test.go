@@ -206,7 +206,7 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		enqueueInsert = es.PostgresInsert
 	}
 	cs := crsql.CancelStatementsForTest(crsql.Tables{})
-	return []planCase{
+	cases := []planCase{
 		{"ClaimAny", ds.ClaimAny, []any{session, "q", 64, lease, []string{}}},
 		{"ClaimAny (1000)", ds.ClaimAny, []any{session, "q", 1000, lease, []string{}}},
 		{"ClaimParts", parts.Claim(dialect, 4), []any{session, "q", 64, lease, []string{}, int64(3), int64(4), int64(5), int64(6)}},
@@ -242,6 +242,10 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"FairLasts", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
 		{"FairHead", st.FairHead, []any{"q", int64(1)}},
 	}
+	if dialect == crsql.Postgres { // the pipelined ack runs on PostgreSQL only
+		cases = append(cases, planCase{"AckAll (pipelined)", crsql.AckAllStatement(crsql.Tables{}), []any{ids[:64], holders[:64], tokens[:64], int64(64)}})
+	}
+	return cases
 }
 
 // hotIndexes are the indexes each hot statement must read (on both

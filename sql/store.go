@@ -42,6 +42,9 @@ type Store struct {
 	ret    *retentionStatements
 
 	order string // OrderCountsBefore's statement (store_order.go)
+	// ackAll is the all-or-nothing PostgreSQL ack of the pipelined ack
+	// (store_ackpipeline.go).
+	ackAll string
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -77,6 +80,7 @@ func NewStore(t Tables) *Store {
 		ret:    newRetentionStatements(t),
 		order:  t.rewrite(orderCountBefore),
 	}
+	s.ackAll = ackAllOf(s.st.PostgresAckMany)
 	actual, _ := stores.LoadOrStore(t, s)
 	return actual.(*Store)
 }

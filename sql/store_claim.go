@@ -155,9 +155,9 @@ func rawIDs(ids []uuid.UUID) [][16]byte {
 
 // fenceArrays returns the arrays of the fenced statements ($1 ids, $2
 // sessions, $3 tokens).
-func fenceArrays(keys []ClaimKey) (ids, sessions [][16]byte, tokens []int64) {
-	ids = make([][16]byte, len(keys))
-	sessions = make([][16]byte, len(keys))
+func fenceArrays(keys []ClaimKey) (ids, sessions uuidArray, tokens []int64) {
+	ids = make(uuidArray, len(keys))
+	sessions = make(uuidArray, len(keys))
 	tokens = make([]int64, len(keys))
 	for i, k := range keys {
 		ids[i], sessions[i], tokens[i] = k.ID, k.Session, k.Token
@@ -169,9 +169,10 @@ func fenceArrays(keys []ClaimKey) (ids, sessions [][16]byte, tokens []int64) {
 func collectIDs(rows pgx.Rows) ([]uuid.UUID, error) {
 	defer rows.Close()
 	var ids []uuid.UUID
+	var id [16]byte
+	dst := []any{&id} // once per statement, not per row
 	for rows.Next() {
-		var id [16]byte
-		if err := rows.Scan(&id); err != nil {
+		if err := rows.Scan(dst...); err != nil {
 			return nil, err
 		}
 		ids = append(ids, id)
@@ -190,7 +191,7 @@ func (a ClaimArgs) params() []any {
 // transaction on CockroachDB, and by itself on PostgreSQL (see
 // claimTemplate).
 func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
-	return queryClaimed(ctx, db, byDialect(d, s.st.ClaimAny, s.st.PostgresClaimAny), a.params()...)
+	return queryClaimed(ctx, db, a.Limit, byDialect(d, s.st.ClaimAny, s.st.PostgresClaimAny), a.params()...)
 }
 
 // ClaimParts claims up to a.Limit claimable items of a.Queue in the given
@@ -201,7 +202,7 @@ func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, p
 	for _, p := range parts {
 		args = append(args, p)
 	}
-	return queryClaimed(ctx, db, s.parts.Claim(d, len(parts)), args...)
+	return queryClaimed(ctx, db, a.Limit, s.parts.Claim(d, len(parts)), args...)
 }
 
 // PickParts locks, in tx, up to limit claimable items of queue in the given
@@ -238,7 +239,7 @@ func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session u
 	// cheapest) would be kept as it grows. A custom plan reads the table's
 	// size at each run (one round trip more, to describe it). It serves only sessions owning more than
 	// MaxPartBranches parts, once per claim.
-	return queryClaimed(ctx, tx, s.parts.ClaimPickedFor(d), pgx.QueryExecModeDescribeExec, session, lease.Microseconds(), ids)
+	return queryClaimed(ctx, tx, len(ids), s.parts.ClaimPickedFor(d), pgx.QueryExecModeDescribeExec, session, lease.Microseconds(), ids)
 }
 
 // ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
@@ -250,27 +251,35 @@ func (s *Store) ClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs)
 		owned[i] = int64(p)
 	}
 	args := append(a.params(), int64(a.MaxPriority), a.AllTenantsLimited, orEmpty(a.LimitedTenants), owned)
-	return queryClaimed(ctx, db, s.urgent.ForDialect(d), args...)
+	return queryClaimed(ctx, db, a.Limit, s.urgent.ForDialect(d), args...)
 }
 
-// queryClaimed runs a claim statement and reads its item columns.
-func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]ClaimedRow, error) {
+// queryClaimed runs a claim statement and reads its item columns. The
+// scan's destinations are declared once per statement, not per row (each
+// would be a heap allocation per item), and the id is scanned as 16 bytes
+// (uuid.UUID's sql.Scanner goes through a string). limit, the most rows the
+// statement returns, sizes the result once the first row came (up to
+// maxClaimHint rows).
+func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...any) ([]ClaimedRow, error) {
 	rows, err := db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	var out []ClaimedRow
+	var it ClaimedRow
+	var part, prio, attempts, maxAttempts int64
+	var key, lastErr, tenant *string
+	var claimPart *int64
+	var expires *time.Time
+	var done, total *int64
+	dst := []any{(*[16]byte)(&it.ID), &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
+		&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
+		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total}
 	for rows.Next() {
-		var it ClaimedRow
-		var part, prio, attempts, maxAttempts int64
-		var key, lastErr, tenant *string
-		var claimPart *int64
-		var expires *time.Time
-		var done, total *int64
-		if err := rows.Scan(&it.ID, &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
-			&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-			&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total); err != nil {
+		it = ClaimedRow{}
+		key, lastErr, tenant, claimPart, expires, done, total = nil, nil, nil, nil, nil, nil, nil
+		if err := rows.Scan(dst...); err != nil {
 			return nil, err
 		}
 		if done != nil && total != nil {
@@ -290,10 +299,16 @@ func queryClaimed(ctx context.Context, db DB, stmt string, args ...any) ([]Claim
 			it.LastError = *lastErr
 		}
 		it.InPart = claimPart != nil
+		if out == nil {
+			out = make([]ClaimedRow, 0, max(1, min(limit, maxClaimHint)))
+		}
 		out = append(out, it)
 	}
 	return out, rows.Err()
 }
+
+// maxClaimHint bounds the rows queryClaimed makes room for up front.
+const maxClaimHint = 1024
 
 // TakeAtMostOnce deletes the at-most-once items among the given claims
 // that are still held, recording them as taken, and returns their ids

@@ -212,6 +212,11 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			if c.sql == s.enq.CopyTable.Sanitize() {
 				continue
 			}
+			if len(c.args) > 0 {
+				if _, ok := c.args[0].(pgx.QueryExecMode); ok {
+					c.args = c.args[1:] // how pgx runs it (Store.ClaimPicked), not a parameter
+				}
+			}
 			if n := params(c.sql); n != len(c.args) {
 				t.Errorf("%d arguments for %d placeholders:\n%s", len(c.args), n, c.sql)
 			}

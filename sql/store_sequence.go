@@ -19,7 +19,7 @@ import (
 // took an item of the same key at the same time: nothing was claimed, run it
 // again.
 func (s *Store) ClaimAnySequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
-	return queryClaimed(ctx, db, s.seq.ClaimAnyFor(d), a.params()...)
+	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimAnyFor(d), a.params()...)
 }
 
 // ClaimPartsSequenced is ClaimParts for a sequenced queue
@@ -30,7 +30,7 @@ func (s *Store) ClaimPartsSequenced(ctx context.Context, db DB, d Dialect, a Cla
 	for _, p := range parts {
 		args = append(args, p)
 	}
-	return queryClaimed(ctx, db, s.seq.ClaimParts(d, len(parts)), args...)
+	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimParts(d, len(parts)), args...)
 }
 
 // ClaimUrgentSequenced is ClaimUrgent for a sequenced queue
@@ -41,7 +41,7 @@ func (s *Store) ClaimUrgentSequenced(ctx context.Context, db DB, d Dialect, a Ur
 		owned[i] = int64(p)
 	}
 	args := append(a.params(), int64(a.MaxPriority), a.AllTenantsLimited, orEmpty(a.LimitedTenants), owned)
-	return queryClaimed(ctx, db, s.seq.ClaimUrgentFor(d), args...)
+	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimUrgentFor(d), args...)
 }
 
 // SetSequenced turns sequencing of queue on or off

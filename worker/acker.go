@@ -32,8 +32,9 @@ type acker struct {
 	once sync.Once
 	// observe, if not nil, is told the size of each ack transaction.
 	observe func(n int)
-	// batch, if not nil, records the results of each ack transaction in one call.
-	batch claim.BatchRecord
+	// ackOpts record the results of each ack transaction in one call or
+	// statement (claim.AckOptions.Batch and Statement).
+	ackOpts claim.AckOptions
 }
 
 type settleKind int
@@ -62,9 +63,9 @@ type settleAnswer struct {
 
 // startAcker starts n settle goroutines, each acking up to max items in one
 // transaction, telling observe (if not nil) the size of each, and recording
-// each transaction's results with batch (if not nil). Stop them with stop.
-func startAcker(q *claim.Queue, n, max int, observe func(n int), batch claim.BatchRecord) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, batch: batch}
+// each transaction's results with ackOpts. Stop them with stop.
+func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts}
 	a.wg.Add(n)
 	for range n {
 		go a.run()
@@ -110,7 +111,7 @@ func (a *acker) run() {
 			// Each request carries its own bound, the same try timeout from
 			// when it was asked: the last asked has the loosest.
 			ctx := acks[len(acks)-1].ctx
-			errs := a.q.AckMany(ctx, reqs, claim.AckOptions{Batch: a.batch})
+			errs := a.q.AckMany(ctx, reqs, a.ackOpts)
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}
@@ -133,16 +134,24 @@ func (a *acker) run() {
 	}
 }
 
+// answers recycles the answer channels of settle requests (one per item
+// otherwise).
+var answers = sync.Pool{New: func() any { return make(chan settleAnswer, 1) }}
+
 // do hands r to a settle goroutine and waits for its answer. If ctx ends
 // before a goroutine took it, or the acker stopped, nothing was done.
 func (a *acker) do(r settleReq) settleAnswer {
-	r.done = make(chan settleAnswer, 1)
+	r.done = answers.Get().(chan settleAnswer)
 	select {
 	case a.reqs <- r:
-		return <-r.done
+		ans := <-r.done
+		answers.Put(r.done) // empty again: a settle goroutine answers each request once
+		return ans
 	case <-r.ctx.Done():
+		answers.Put(r.done) // never sent: nobody answers on it
 		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, r.ctx.Err())}
 	case <-a.quit:
+		answers.Put(r.done) // never sent either
 		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
 	}
 }

@@ -156,10 +156,12 @@ func (r *sessionRun) claimLoop() {
 			w.opts.Testing.OnClaim(ctx, items)
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
-		for i, it := range items {
+		batch := items // the handlers' goroutines read their items here (one variable per claim, not per item)
+		for i := range batch {
+			it := &batch[i]
 			admitted := lim.admit(claimedAt, it.Tenant)
 			itemCtx, cancelItem := context.WithCancelCause(r.handlerCtx)
-			fl.add(it, claimedAt, bound, cancelItem)
+			fl.add(*it, claimedAt, bound, cancelItem)
 			slots <- struct{}{}
 			r.handlers.Add(1)
 			w.inflight.Add(1)
@@ -177,11 +179,12 @@ func (r *sessionRun) claimLoop() {
 						reb.Done(holds[i])
 					}
 				}()
+				it := &batch[i]
 				if admitted {
-					r.handle(itemCtx, it)
+					r.handle(itemCtx, *it)
 					lim.done(it.Tenant)
 				} else {
-					w.giveBack(itemCtx, r.settleCtx, it, r.a, log)
+					w.giveBack(itemCtx, r.settleCtx, *it, r.a, log)
 				}
 				fl.done(it.ID)
 				cancelItem(nil)

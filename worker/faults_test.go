@@ -218,6 +218,32 @@ func work(d time.Duration) worker.Handler {
 	}
 }
 
+// pipelinedWork is work whose result goes to recordStatement (through
+// RecordValue) instead of a Record.
+func pipelinedWork(d time.Duration) worker.Handler {
+	w := work(d)
+	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if _, err := w(ctx, it); err != nil {
+			return nil, err
+		}
+		return nil, worker.RecordValue(ctx, it)
+	}
+}
+
+// recordStatement is record for a whole ack transaction, as one statement.
+func recordStatement(acked []claim.AckRequest) (string, []any) {
+	ids := make([]uuid.UUID, len(acked))
+	sessions := make([]uuid.UUID, len(acked))
+	attempts := make([]int64, len(acked))
+	for i, r := range acked {
+		it := r.Value.(claim.Item)
+		ids[i], sessions[i], attempts[i] = it.ID, it.Session, int64(it.Attempt)
+	}
+	return `INSERT INTO results (item_id, session_id, attempt, alive)
+		SELECT i, s, a, EXISTS (SELECT 1 FROM crdbwork_sessions WHERE id = s) FROM unnest($1::UUID[], $2::UUID[], $3::BIGINT[]) AS u (i, s, a)`,
+		[]any{ids, sessions, attempts}
+}
+
 // startWorkers starts n workers, each with its own pool on dbURL (as
 // separate processes would have).
 func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts worker.Options) []*running {
@@ -483,6 +509,9 @@ func TestFaultConnectionCut(t *testing.T) {
 		// shutdown: one worker is stopped mid-run with handlers in flight,
 		// so releases run.
 		shutdown bool
+		// pipelined: results are recorded by Options.BatchStatement, so
+		// each ack transaction is one pipelined batch (claim.AckOptions.Statement).
+		pipelined bool
 	}{
 		{name: "claim-answer-lost", cuts: []cut{{isClaim, faultproxy.DropAnswer, 3}}},
 		{name: "claim-cut", cuts: []cut{{isClaim, faultproxy.DropStatement, 2}}},
@@ -490,6 +519,9 @@ func TestFaultConnectionCut(t *testing.T) {
 		{name: "commit-answer-lost", cuts: []cut{{faultproxy.IsCommit, faultproxy.DropAnswer, 5}}},
 		{name: "nack-cut", failFirst: true, cuts: []cut{{isNack, faultproxy.DropAnswer, 3}, {isNack, faultproxy.DropStatement, 2}}},
 		{name: "release-cut", shutdown: true, cuts: []cut{{isRelease, faultproxy.DropStatement, 1}}},
+		{name: "pipelined-ack-answer-lost", pipelined: true, cuts: []cut{{isAck, faultproxy.DropAnswer, 3}}},
+		{name: "pipelined-ack-cut", pipelined: true, cuts: []cut{{isAck, faultproxy.DropStatement, 2}}},
+		{name: "pipelined-commit-answer-lost", pipelined: true, cuts: []cut{{faultproxy.IsCommit, faultproxy.DropAnswer, 5}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -503,6 +535,10 @@ func TestFaultConnectionCut(t *testing.T) {
 			e.enqueue(n, "", 0)
 			e.monitor()
 			h := work(5 * time.Millisecond)
+			opts := worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond}
+			if c.pipelined {
+				h, opts.BatchStatement = pipelinedWork(5*time.Millisecond), recordStatement
+			}
 			var armed atomic.Bool
 			if c.failFirst {
 				h = func(ctx context.Context, it claim.Item) (worker.Record, error) {
@@ -517,7 +553,7 @@ func TestFaultConnectionCut(t *testing.T) {
 			// not the fault under test), before the first nacks.
 			var fired []<-chan struct{}
 			want := int64(0)
-			rs := e.startWorkers(2, proxied, h, worker.Options{Concurrency: 8, ShutdownTimeout: 100 * time.Millisecond})
+			rs := e.startWorkers(2, proxied, h, opts)
 			waitSessions(t, rs)
 			if !c.shutdown {
 				for _, k := range c.cuts {

@@ -23,24 +23,22 @@ import (
 // the item's claim is found lost.
 func (r *sessionRun) handle(itemCtx context.Context, it claim.Item) {
 	w := r.w
-	h := w.attemptHandler
-	var took atomic.Int64 // the handler's duration, in nanoseconds
+	o := r.attemptOpts // what every item of the session shares (see itemOptions)
+	h := o.handler
+	var took *atomic.Int64 // the handler's duration, in nanoseconds (with an Observer)
 	start := time.Now()
 	if w.opts.Observer != nil {
+		took = new(atomic.Int64)
 		h = func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 			defer func() { took.Store(int64(time.Since(start))) }() // also when it panics
 			return w.handler(ctx, it)
 		}
 	}
-	res := attempt.Run(itemCtx, w.queue, it, h, attempt.Options{
-		Timeout:   w.opts.ItemTimeout,
-		Grace:     w.opts.HangGrace,
-		Settle:    r.a,
-		SettleCtx: r.settleCtx,
-		OnRetry:   func() { w.settleRetries.Add(1) },
-		GiveBack:  func() bool { return r.handlerCtx.Err() != nil && r.claimCtx.Err() != nil },
-		Log:       r.log.With(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt)),
-	})
+	if o.logs {
+		// Lazily: the fields are encoded only if the attempt logs.
+		o.Log = r.log.WithLazy(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt))
+	}
+	res := attempt.Run(itemCtx, w.queue, it, h, o.Options)
 	if res.Panicked {
 		w.panics.Add(1)
 	}
@@ -89,4 +87,35 @@ func RecordValue(ctx context.Context, v any) error {
 // attemptHandler is the handler as package attempt takes it.
 func (w *Worker) attemptHandler(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 	return w.handler(ctx, it)
+}
+
+// itemOptions are the attempt options every item of a session shares, made
+// once per session rather than once per item (each closure, and the
+// handler's method value, would be an allocation per item).
+type itemOptions struct {
+	attempt.Options
+	// handler is w.attemptHandler.
+	handler attempt.Handler
+	// logs: the session's logger writes something at the levels an attempt
+	// logs at; if not, items get it without their fields.
+	logs bool
+}
+
+// newItemOptions returns r's itemOptions.
+func (r *sessionRun) newItemOptions() itemOptions {
+	w := r.w
+	core := r.log.Core()
+	return itemOptions{
+		Options: attempt.Options{
+			Timeout:   w.opts.ItemTimeout,
+			Grace:     w.opts.HangGrace,
+			Settle:    r.a,
+			SettleCtx: r.settleCtx,
+			OnRetry:   func() { w.settleRetries.Add(1) },
+			GiveBack:  func() bool { return r.handlerCtx.Err() != nil && r.claimCtx.Err() != nil },
+			Log:       r.log,
+		},
+		handler: w.attemptHandler,
+		logs:    core.Enabled(zap.InfoLevel) || core.Enabled(zap.WarnLevel) || core.Enabled(zap.ErrorLevel),
+	}
 }

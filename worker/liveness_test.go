@@ -470,6 +470,59 @@ func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
 	}
 }
 
+// Handlers hand their results to a BatchStatement: each ack transaction
+// goes to PostgreSQL as one pipelined batch. Every item is recorded exactly
+// once; a statement that fails (a result row that exists already) rolls its
+// transaction back and the items are acked again one by one, so only the
+// item it cannot record is nacked, and recorded at its next attempt.
+func TestBatchStatementRecordsExactlyOnce(t *testing.T) {
+	const n = 1000
+	pool := setup(t)
+	enqueue(t, pool, "default", n, false)
+	var calls atomic.Int64
+	stmt := func(acked []claim.AckRequest) (string, []any) {
+		calls.Add(1)
+		ids := make([]uuid.UUID, len(acked))
+		sessions := make([]uuid.UUID, len(acked))
+		for i, r := range acked {
+			ids[i], sessions[i] = r.Value.(claim.Item).ID, r.Item.Session
+		}
+		// The item with payload 7 is refused at its first attempt: its
+		// row conflicts with the one planted below, until it is removed.
+		return `INSERT INTO results (item_id, session_id, part, owned)
+			SELECT i, s, 0, true FROM unnest($1::UUID[], $2::UUID[]) AS u(i, s)`, []any{ids, sessions}
+	}
+	if _, err := pool.Exec(context.Background(), `CREATE UNIQUE INDEX results_once ON results (item_id)`); err != nil {
+		t.Fatal(err)
+	}
+	var planted uuid.UUID
+	if err := pool.QueryRow(context.Background(), `INSERT INTO results (item_id, session_id, part, owned)
+		SELECT id, gen_random_uuid(), -1, false FROM crdbwork_items WHERE payload = '7' RETURNING item_id`).Scan(&planted); err != nil {
+		t.Fatal(err)
+	}
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if it.ID == planted && it.Attempt > 1 {
+			if _, err := pool.Exec(ctx, `DELETE FROM results WHERE item_id = $1 AND part = -1`, it.ID); err != nil {
+				return nil, err
+			}
+		}
+		return nil, worker.RecordValue(ctx, it)
+	}
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{Concurrency: 64, BatchStatement: stmt})
+	waitFor(t, "the queue to drain", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	r.Stop(t)
+	assertExactlyOnce(t, pool, n)
+	st := r.w.Stats()
+	txs := count(t, pool, `SELECT count(DISTINCT tx_at) FROM results`)
+	t.Logf("%d items recorded in %d transactions, %d statement calls", n, txs, calls.Load())
+	if st.Acked != n || st.Nacked != 1 {
+		t.Errorf("stats %+v: want %d acks and the one refused item nacked once", st, n)
+	}
+	if txs > n/2 {
+		t.Errorf("%d ack transactions for %d items: results should be written a batch at a time", txs, n)
+	}
+}
+
 // A database that cannot be reached when Run starts (here: a proxy that
 // refuses connections) is retried within StartTimeout; once it is back the
 // worker works. Past StartTimeout, Run returns the error.

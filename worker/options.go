@@ -138,6 +138,14 @@ type Options struct {
 	// of the transaction are acked again one by one (each with a batch of
 	// one), so only an item it cannot record is nacked.
 	BatchRecord claim.BatchRecord
+	// BatchStatement, if not nil, records the results of each ack
+	// transaction with one SQL statement (claim.BatchStatement), after
+	// BatchRecord if both are set; it gets the same requests. Used alone
+	// (and with handlers that return no Record), it lets each ack
+	// transaction go to PostgreSQL in one round trip instead of four
+	// (claim.AckOptions.Statement). If its statement fails, the items are
+	// acked again one by one, as with BatchRecord.
+	BatchStatement claim.BatchStatement
 	// Observer, if not nil, is told of every handler run and every ack
 	// transaction, for metrics (package metrics implements it). Default: none.
 	Observer Observer

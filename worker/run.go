@@ -27,6 +27,8 @@ type sessionRun struct {
 	log  *zap.Logger // the worker's, with the session's id
 	// reb gives the session its parts; nil without parts.
 	reb *partition.Rebalancer
+	// attemptOpts are the attempt options its items share.
+	attemptOpts itemOptions
 	// fl holds the session's claimed items, for lease extensions and
 	// releases after a claim whose answer was lost.
 	fl *flights
@@ -105,12 +107,13 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if obs := w.opts.Observer; obs != nil {
 		observe = func(n int) { obs.AckBatch(w.name, n) }
 	}
-	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, w.opts.BatchRecord)
+	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, claim.AckOptions{Batch: w.opts.BatchRecord, Statement: w.opts.BatchStatement})
 	defer r.a.stop()
 	r.slots = make(chan struct{}, w.opts.Concurrency)
 	r.freed = make(chan struct{}, 1)
 	claimCtx, stopClaiming := context.WithCancel(sess.Context())
 	r.claimCtx = claimCtx
+	r.attemptOpts = r.newItemOptions()
 	stopOnShutdown := context.AfterFunc(ctx, stopClaiming)
 	defer stopOnShutdown()
 	r.claimLoop()

@@ -54,6 +54,11 @@ type Options struct {
 	// Setting the environment variable CRDBWORK_DOWNLOAD_COCKROACH=1 does
 	// the same. A failed download is an error.
 	Download bool
+	// Durable starts PostgreSQL with fsync, synchronous_commit and
+	// full_page_writes on (its defaults: every commit waits for its WAL
+	// to reach the disk) instead of off, for benchmarks of a durable
+	// server. CockroachDB ignores it.
+	Durable bool
 }
 
 // defaultStartTimeout bounds Start when its context has no deadline.
@@ -127,7 +132,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	if opts.Prefer != Cockroach {
 		if binDir := findPostgres(); binDir != "" {
-			return startPostgres(startCtx, binDir, logf)
+			return startPostgres(startCtx, binDir, logf, opts.Durable)
 		}
 		searched = append(searched, "initdb/pg_ctl/postgres on PATH")
 		searched = append(searched, pgSearchGlobs...)

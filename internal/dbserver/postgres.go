@@ -275,7 +275,7 @@ rm -rf "$3"`
 
 // startPostgres creates a cluster with initdb in a new temp dir and starts it
 // with pg_ctl on a free port of 127.0.0.1.
-func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)) (*Server, error) {
+func startPostgres(ctx context.Context, binDir string, logf func(string, ...any), durable bool) (*Server, error) {
 	as, err := pgAccount()
 	if err != nil {
 		return nil, fmt.Errorf("dbserver: %w", err)
@@ -342,9 +342,13 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 		if fi, err := os.Stat(p.logPath); err == nil {
 			logSize = fi.Size()
 		}
-		opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off "+
-			"-c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=128MB",
-			port, shellQuote(dir))
+		durability := "off"
+		if durable {
+			durability = "on"
+		}
+		opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=%s "+
+			"-c synchronous_commit=%[3]s -c full_page_writes=%[3]s -c max_connections=400 -c shared_buffers=128MB",
+			port, shellQuote(dir), durability)
 		started = true // from here on, Stop must stop a postmaster that may be running
 		err = p.run(ctx, "pg_ctl", "-D", p.dataDir, "-w", "-t", "120", "-l", p.logPath, "-o", opts, "start")
 		if err == nil {

@@ -357,8 +357,6 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 			}
 			return st.s.Ack(ctx, st.it, record)
 		})
-		var recErr *recordError
-		var panicErr *RecordPanicError
 		switch {
 		case err == nil:
 			res.Outcome, res.Err, res.SettleErr = claim.Acked, nil, nil
@@ -388,17 +386,17 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 				res.Outcome, res.Err, res.SettleErr = claim.Unsettled, err, err
 				return
 			}
-		case errors.As(err, &panicErr), errors.Is(err, claim.ErrRecordPanic):
+		case recordPanicked(err), errors.Is(err, claim.ErrRecordPanic):
 			res.Panicked = true
 			res.Err = err
 			st.nack(err)
 			return
-		case errors.As(err, &recErr) && !Transient(recErr.err):
+		case recordFailure(err) != nil && !Transient(recordFailure(err).err):
 			// The result could not be recorded: the item runs again.
-			res.Err = recErr.err
-			st.nack(recErr.err)
+			res.Err = recordFailure(err).err
+			st.nack(res.Err)
 			return
-		case !Transient(err) && !errors.As(err, &recErr):
+		case !Transient(err) && recordFailure(err) == nil:
 			// The database refused the transaction for what it wrote (a
 			// constraint checked at COMMIT, say): the record's failure.
 			res.Err = err
@@ -411,6 +409,22 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 			}
 		}
 	}
+}
+
+// recordPanicked reports whether err is a Record's panic. (A function, so
+// that the target errors.As needs is allocated on failures only.)
+func recordPanicked(err error) bool {
+	var p *RecordPanicError
+	return errors.As(err, &p)
+}
+
+// recordFailure returns the Record's error in err's tree, or nil.
+func recordFailure(err error) *recordError {
+	var r *recordError
+	if errors.As(err, &r) {
+		return r
+	}
+	return nil
 }
 
 // atMostOnce settles an at-most-once item: its claim deleted it, so a
