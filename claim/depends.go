@@ -190,12 +190,14 @@ func (b *batch) subset(idx []int) *batch {
 	for _, i := range b.given {
 		given[i] = true
 	}
-	s := &batch{items: make([]NewItem, len(idx)), ids: make([]uuid.UUID, len(idx)), hashes: make([]int64, len(idx))}
+	s := &batch{items: make([]NewItem, len(idx)), ids: make([]uuid.UUID, len(idx)), hashes: make([]int64, len(idx)),
+		headers: make([][]byte, len(idx)), orders: b.orders, pos: make([]int, len(idx))}
 	if b.turns != nil {
 		s.turns = make([]*time.Time, len(idx))
 	}
 	for n, i := range idx {
-		s.items[n], s.ids[n], s.hashes[n] = b.items[i], b.ids[i], b.hashes[i]
+		s.items[n], s.ids[n], s.hashes[n], s.headers[n] = b.items[i], b.ids[i], b.hashes[i], b.headers[i]
+		s.pos[n] = b.pos0(i)
 		s.items[n].After = nil
 		if b.turns != nil {
 			s.turns[n] = b.turns[i]

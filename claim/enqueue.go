@@ -366,7 +366,10 @@ type batch struct {
 	// orders is the sequence order of item 0; item i's is orders+i (see
 	// sequenceOrders).
 	orders int64
-	deps   bool // some item has NewItem.After
+	// pos, in a batch made of some of another's items (subset), is each
+	// item's place in that batch: its sequence order is orders+pos[i].
+	pos  []int
+	deps bool // some item has NewItem.After
 }
 
 // needsTx reports whether writing b takes more than one statement, or a
@@ -655,6 +658,20 @@ func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []i
 	return markAdded(b, chunk, added, res)
 }
 
+// pos0 returns item i's place in the batch b was made from (itself if
+// none).
+func (b *batch) pos0(i int) int {
+	if b.pos != nil {
+		return b.pos[i]
+	}
+	return i
+}
+
+// order returns item i's sequence order (see orders).
+func (b *batch) order(i int) int64 {
+	return b.orders + int64(b.pos0(i))
+}
+
 // enqueueRows returns the INSERT rows of the items chunk of b.
 func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
 	rows := make([]crsql.EnqueueRow, len(chunk))
@@ -662,7 +679,7 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
 		it := &b.items[i]
 		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
-			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.orders + int64(i), Headers: b.headers[i]}
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i]}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}
@@ -750,7 +767,7 @@ func (s *copySource) row(n int) crsql.CopyRow {
 	}
 	var order *int64
 	if s.sequenced && it.Key != "" {
-		o := s.b.orders + int64(i)
+		o := s.b.order(i)
 		order = &o
 	}
 	return crsql.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
