@@ -52,7 +52,8 @@ type demoStatements struct {
 
 // demoTableOrder is the order the crdbwork tables are dropped in: children
 // before the tables their foreign keys name.
-var demoTableOrder = []string{"items", "dead_items", "ended", "session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"}
+var demoTableOrder = []string{"items", "dead_items", "ended", "waits_for", "waiting", "audit",
+	"session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"}
 
 // demoStatementsByTables caches the rendered demo statements per table set.
 var demoStatementsByTables sync.Map // Tables → *demoStatements
@@ -107,6 +108,12 @@ ORDER BY 1`),
 	for _, table := range demoTableOrder {
 		d.dropTables = append(d.dropTables, `DROP TABLE IF EXISTS `+t.Table(table))
 	}
+	// And the SQL enqueue function (enqueue_function.go), which names them.
+	fn := pgx.Identifier{t.prefix() + "enqueue"}
+	if t.Schema != "" {
+		fn = pgx.Identifier{t.Schema, t.prefix() + "enqueue"}
+	}
+	d.dropTables = append(d.dropTables, `DROP FUNCTION IF EXISTS `+fn.Sanitize())
 	actual, _ := demoStatementsByTables.LoadOrStore(t, d)
 	return actual.(*demoStatements)
 }
