@@ -27,16 +27,9 @@ number first (16), as the other commands give it.`)
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
-	set, fair := false, false
-	if len(f.Args) == 1 {
-		switch strings.ToLower(f.Args[0]) {
-		case "on", "true":
-			set, fair = true, true
-		case "off", "false":
-			set = true
-		default:
-			return f.UsageError("unexpected argument %q: say on or off (or nothing, to show the setting)", f.Args[0])
-		}
+	set, fair, err := onOff(f)
+	if err != nil {
+		return err
 	}
 	pool, q, err := g.openQueue(ctx, f)
 	if err != nil {
@@ -70,4 +63,19 @@ number first (16), as the other commands give it.`)
 		out.Printf("queue %q is now %s, for the items enqueued from now on\n", g.queue, word[fair])
 	}
 	return nil
+}
+
+// onOff reads the optional on|off argument of a command that shows or sets
+// a queue setting (fair, sequence): set reports whether one was given.
+func onOff(f *cli.FlagSet) (set, on bool, err error) {
+	if len(f.Args) == 0 {
+		return false, false, nil
+	}
+	switch strings.ToLower(f.Args[0]) {
+	case "on", "true":
+		return true, true, nil
+	case "off", "false":
+		return true, false, nil
+	}
+	return false, false, f.UsageError("unexpected argument %q: say on or off (or nothing, to show the setting)", f.Args[0])
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"strings"
 
 	"github.com/crdbwork/crdbwork/internal/cli"
 )
@@ -25,16 +24,9 @@ settings are kept.`)
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
-	set, on := false, false
-	if len(f.Args) == 1 {
-		switch strings.ToLower(f.Args[0]) {
-		case "on", "true":
-			set, on = true, true
-		case "off", "false":
-			set = true
-		default:
-			return f.UsageError("unexpected argument %q: say on or off (or nothing, to show the setting)", f.Args[0])
-		}
+	set, on, err := onOff(f)
+	if err != nil {
+		return err
 	}
 	pool, q, err := g.openQueue(ctx, f)
 	if err != nil {
