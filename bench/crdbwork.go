@@ -219,11 +219,41 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) 
 	if err != nil {
 		return result{}, err
 	}
+	var peak int
+	var monErr error
+	elapsed, runErr := drainWorkers(ctx, ws, items, acked, m.start, func(ok bool) {
+		peak, monErr = mon.stop()
+		if ok {
+			m.done()
+		}
+	})
+	if runErr != nil {
+		return result{}, runErr
+	}
+	// Exactly once: one result row per acked item (the results' primary
+	// key refuses a second), every other item still queued.
+	var n, left int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(*) FROM crdbwork_items WHERE queue = $1)`,
+		benchQueue).Scan(&n, &left); err != nil {
+		return result{}, err
+	}
+	if got := acked(); int64(n) != got || n < items || n+left != total {
+		return result{}, fmt.Errorf("%d result rows, %d acked and %d items left for %d items", n, got, left, total)
+	}
+	return result{elapsed: elapsed, peakConns: peak, poolConns: c.workers * c.poolConns(), retries: workerRetries(ws)}, monErr
+}
+
+// drainWorkers runs the workers ws until acked reports items, a worker
+// stops, ctx ends or runTimeout(items) passes, then stops them and waits
+// for them. started runs just before the clock starts; stopped (ok: every
+// item was acked) just after it stops, before the workers are stopped.
+// It returns the time from starting the workers to the last ack.
+func drainWorkers(ctx context.Context, ws []*worker.Worker, items int, acked func() int64, started func(), stopped func(ok bool)) (time.Duration, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	errs := make(chan error, len(ws))
 	var wg sync.WaitGroup
-	m.start()
+	started()
 	start := time.Now()
 	for _, w := range ws {
 		wg.Add(1)
@@ -246,30 +276,19 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) 
 	}
 	t.Stop()
 	elapsed := time.Since(start)
-	peak, monErr := mon.stop()
-	if runErr == nil {
-		m.done()
-	}
+	stopped(runErr == nil)
 	stop()
 	wg.Wait()
-	if runErr != nil {
-		return result{}, runErr
-	}
-	// Exactly once: one result row per acked item (the results' primary
-	// key refuses a second), every other item still queued.
-	var n, left int
-	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(*) FROM crdbwork_items WHERE queue = $1)`,
-		benchQueue).Scan(&n, &left); err != nil {
-		return result{}, err
-	}
-	if got := acked(); int64(n) != got || n < items || n+left != total {
-		return result{}, fmt.Errorf("%d result rows, %d acked and %d items left for %d items", n, got, left, total)
-	}
-	var retries int64
+	return elapsed, runErr
+}
+
+// workerRetries sums the serialization-failure retries of the workers ws.
+func workerRetries(ws []*worker.Worker) int64 {
+	var n int64
 	for _, w := range ws {
 		for _, r := range w.Stats().Retries {
-			retries += r
+			n += r
 		}
 	}
-	return result{elapsed: elapsed, peakConns: peak, poolConns: c.workers * c.poolConns(), retries: retries}, monErr
+	return n
 }

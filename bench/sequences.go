@@ -8,7 +8,6 @@ import (
 	"io"
 	"runtime"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -210,34 +209,7 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 		}
 		return n
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(ws))
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, w := range ws {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
-	}
-	var runErr error
-	deadline := time.Now().Add(runTimeout(items))
-	t := time.NewTicker(time.Millisecond)
-	for acked() < int64(items) && runErr == nil {
-		select {
-		case err := <-errs:
-			runErr = fmt.Errorf("a worker stopped: %v", err)
-		case <-ctx.Done():
-			runErr = ctx.Err()
-		case <-t.C:
-			if time.Now().After(deadline) {
-				runErr = fmt.Errorf("timed out with %d of %d items acked", acked(), items)
-			}
-		}
-	}
-	t.Stop()
-	elapsed := time.Since(start)
-	cancel()
-	wg.Wait()
+	elapsed, runErr := drainWorkers(ctx, ws, items, acked, func() {}, func(bool) {})
 	if runErr != nil {
 		return seqRun{}, runErr
 	}
@@ -255,11 +227,6 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 	if sequenced && disorder != 0 {
 		return seqRun{}, fmt.Errorf("%d items acked before an earlier item of their key", disorder)
 	}
-	var retries int64
-	for _, w := range ws {
-		for _, r := range w.Stats().Retries {
-			retries += r
-		}
-	}
+	retries := workerRetries(ws)
 	return seqRun{Sequenced: sequenced, Seconds: elapsed.Seconds(), JobsPerS: float64(items) / elapsed.Seconds(), Load: loadavg(), Retries: retries}, nil
 }
