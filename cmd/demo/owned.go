@@ -113,26 +113,31 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 		}
 		s.schema = true
 	}
+	// The queues first, then the demo's records of them: a demo process
+	// records its queue before the queue has a row or a worker, so every
+	// demo queue this listing finds is recorded by the time the records
+	// are read. (Read the other way round, a queue another demo process
+	// recorded and started between the two reads looked foreign, and this
+	// process refused to start.)
+	if s.schema {
+		names, err := claim.Queues(ctx, db, tables)
+		if err != nil {
+			return s, cli.Failf(1, "listing the queues: %v", err)
+		}
+		worked, err := store.WorkedQueues(ctx, db)
+		if err != nil {
+			return s, cli.Failf(1, "%v", err)
+		}
+		s.worked = worked
+		all := append(names, worked...)
+		sort.Strings(all)
+		s.present = slices.Compact(all)
+	}
 	own, err := demoQueues(ctx, db)
 	if err != nil {
 		return s, err
 	}
 	s.own = own
-	if !s.schema {
-		return s, nil
-	}
-	names, err := claim.Queues(ctx, db, tables)
-	if err != nil {
-		return s, cli.Failf(1, "listing the queues: %v", err)
-	}
-	worked, err := store.WorkedQueues(ctx, db)
-	if err != nil {
-		return s, cli.Failf(1, "%v", err)
-	}
-	s.worked = worked
-	all := append(names, worked...)
-	sort.Strings(all)
-	s.present = slices.Compact(all)
 	for _, n := range s.present {
 		if n == queue {
 			s.hasQueue = true
