@@ -137,8 +137,12 @@ func (c *crdbworkSystem) settings() string {
 	if c.ackers > 0 {
 		ackers = fmt.Sprintf("%d ackers", c.ackers)
 	}
-	return fmt.Sprintf("%d workers × %d handlers, ack batch %d, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
-		c.workers, c.concurrency, c.ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item"}[c.record],
+	ackBatch := fmt.Sprintf("ack batch %d", c.ackBatch)
+	if c.ackBatch == 0 {
+		ackBatch = "ack batch: the worker's default (a quarter of the handlers, 64 to 256)"
+	}
+	return fmt.Sprintf("%d workers × %d handlers, %s, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
+		c.workers, c.concurrency, ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item"}[c.record],
 		c.poolConns(), worker.Connections(c.options()))
 }
 

@@ -301,8 +301,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	riverConns := fs.Int("river-conns", 0, "River's pool size (0: pgxpool's default, max(4, CPUs))")
 	cw := &crdbworkSystem{}
 	fs.IntVar(&cw.workers, "cw-workers", 1, "crdbwork worker processes (in-process, one session each)")
-	fs.IntVar(&cw.concurrency, "cw-concurrency", 256, "crdbwork handlers per worker")
-	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 64, "most items acked in one transaction (worker.Options.MaxAckBatch)")
+	fs.IntVar(&cw.concurrency, "cw-concurrency", 0, "crdbwork handlers per worker (0: --river-workers, as many handlers as River runs)")
+	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 0, "most items acked in one transaction (worker.Options.MaxAckBatch; 0: its default, a quarter of the handlers, 64 to 256)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
 	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
 	fs.StringVar(&cw.record, "cw-record", "statement", "how crdbwork's handler records its result row: statement (worker.Options.BatchStatement: one INSERT per ack transaction, given as SQL, so the ack transaction is one round trip), batch (worker.Options.BatchRecord: the same INSERT run by Go code in the transaction) or each (a Record per item: one INSERT per item)")
@@ -317,14 +317,17 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case *items < 1 || *rounds < 1 || *backlog < 0:
 		return errors.New("--items and --rounds must be at least 1, --backlog at least 0")
-	case cw.workers < 1 || cw.concurrency < 1 || cw.ackBatch < 1 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
-		return errors.New("--cw-workers, --cw-concurrency and --cw-ack-batch must be at least 1, --cw-parts, --cw-conns and --cw-ackers at least 0")
+	case cw.workers < 1 || cw.concurrency < 0 || cw.ackBatch < 0 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
+		return errors.New("--cw-workers must be at least 1, --cw-concurrency, --cw-ack-batch, --cw-parts, --cw-conns and --cw-ackers at least 0")
 	case cw.record != "statement" && cw.record != "batch" && cw.record != "each":
 		return fmt.Errorf("--cw-record %q: want statement, batch or each", cw.record)
 	case *riverWorkers < 1 || *riverConns < 0:
 		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
 	}
 	cw.profile = *cpuprofile
+	if cw.concurrency == 0 {
+		cw.concurrency = *riverWorkers
+	}
 	var systems []system
 	for _, s := range strings.Split(*only, ",") {
 		switch strings.TrimSpace(s) {

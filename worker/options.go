@@ -21,11 +21,15 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultRestartDelay    = time.Second
 	DefaultStartTimeout    = 30 * time.Second
-	DefaultMaxAckBatch     = 64
-	DefaultAckers          = 2
-	DefaultGatherWait      = 5 * time.Millisecond
-	DefaultHangGrace       = 2 * time.Second
-	DefaultMaxAbandoned    = 8
+	// DefaultMaxAckBatch is the least default of Options.MaxAckBatch:
+	// the default is a quarter of Concurrency, at least this and at most
+	// MaxDefaultAckBatch.
+	DefaultMaxAckBatch  = 64
+	MaxDefaultAckBatch  = 256
+	DefaultAckers       = 2
+	DefaultGatherWait   = 5 * time.Millisecond
+	DefaultHangGrace    = 2 * time.Second
+	DefaultMaxAbandoned = 8
 )
 
 // MaxDuration bounds every duration of Options: far above any useful value,
@@ -100,7 +104,10 @@ type Options struct {
 	// finish while an ack transaction commits are acked together in the
 	// next (group commit; see claim.Queue.AckMany), which costs no waiting
 	// and far fewer transactions. 1 acks every item in its own transaction.
-	// Default 64.
+	// Default: a quarter of Concurrency, at least DefaultMaxAckBatch (64)
+	// and at most MaxDefaultAckBatch (256), so that many handlers finishing
+	// together are acked in few transactions (the ack is one statement per
+	// transaction, whatever its size).
 	MaxAckBatch int
 	// Ackers is the number of settle goroutines: each acks (in batches),
 	// nacks and releases items on one connection at a time. Two keep the
@@ -233,7 +240,7 @@ func (o Options) withDefaults() (Options, error) {
 	o.ShutdownTimeout = cmp.Or(o.ShutdownTimeout, DefaultShutdownTimeout)
 	o.RestartDelay = cmp.Or(o.RestartDelay, DefaultRestartDelay)
 	o.StartTimeout = cmp.Or(o.StartTimeout, DefaultStartTimeout)
-	o.MaxAckBatch = cmp.Or(o.MaxAckBatch, DefaultMaxAckBatch)
+	o.MaxAckBatch = cmp.Or(o.MaxAckBatch, min(max(DefaultMaxAckBatch, o.Concurrency/4), MaxDefaultAckBatch))
 	o.Ackers = cmp.Or(o.Ackers, DefaultAckers)
 	o.GatherWait = max(0, cmp.Or(o.GatherWait, DefaultGatherWait)) // negative: claim as soon as a slot frees
 	if o.Logger == nil {

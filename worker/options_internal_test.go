@@ -80,6 +80,20 @@ func TestOptionsWithDefaults(t *testing.T) {
 		}
 	}
 
+	// The ack batch's default follows Concurrency: a quarter of it,
+	// between DefaultMaxAckBatch and MaxDefaultAckBatch.
+	for _, c := range []struct{ concurrency, want int }{
+		{1, DefaultMaxAckBatch}, {256, DefaultMaxAckBatch}, {512, 128}, {1000, 250}, {1024, MaxDefaultAckBatch}, {10_000, MaxDefaultAckBatch},
+	} {
+		o, err := Options{Concurrency: c.concurrency}.withDefaults()
+		if err != nil {
+			t.Fatalf("Concurrency %d: %v", c.concurrency, err)
+		}
+		if o.MaxAckBatch != c.want {
+			t.Errorf("Concurrency %d: MaxAckBatch defaults to %d, want %d", c.concurrency, o.MaxAckBatch, c.want)
+		}
+	}
+
 	off, err := Options{MaxAbandoned: -1, GatherWait: -time.Millisecond}.withDefaults()
 	if err != nil {
 		t.Fatalf("negative MaxAbandoned and GatherWait: %v", err)
