@@ -528,3 +528,42 @@ func TestDependsCancelWaiting(t *testing.T) {
 		t.Fatalf("%d rows left", n)
 	}
 }
+
+// The retry of an enqueue whose outcome was unknown may come without
+// After (or from other code): an id that is waiting is a duplicate, never a
+// second, claimable copy; the waiting item is released once, when its
+// prerequisite is acked.
+func TestDependsWaitingIDIsADuplicate(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "dupwait"})
+	s := startSession(t, ctx, pool)
+	root, dep := uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: root, Payload: []byte("root")}, claim.NewItem{ID: dep, Payload: []byte("dep"), After: []uuid.UUID{root}}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Enqueue(ctx, claim.NewItem{ID: dep, Payload: []byte("again")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.New[0] {
+		t.Fatal("enqueue of a waiting id without After: New[0] is true, want a duplicate")
+	}
+	other := newQueue(t, pool, claim.Options{Queue: "dupwait-other"})
+	if _, err := other.Enqueue(ctx, claim.NewItem{ID: dep, Payload: []byte("x")}); !errors.Is(err, claim.ErrIDInOtherQueue) {
+		t.Fatalf("enqueue of another queue's waiting id: %v; want ErrIDInOtherQueue", err)
+	}
+	got := claimEvery(t, q, s.ID())
+	if len(got) != 1 || got[0].ID != root {
+		t.Fatalf("first claim: %d items, want the root alone (a waiting id was made claimable)", len(got))
+	}
+	ackAll(t, q, got)
+	got = claimEvery(t, q, s.ID())
+	if len(got) != 1 || got[0].ID != dep || string(got[0].Payload) != "dep" {
+		t.Fatalf("after the root's ack: claimed %d items, want the dependent once with its first payload", len(got))
+	}
+	ackAll(t, q, got)
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE queue = 'dupwait' AND outcome = 'acked'`); n != 2 {
+		t.Fatalf("%d items acked, want 2", n)
+	}
+}

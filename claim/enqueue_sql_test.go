@@ -467,3 +467,30 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 		}
 	}
 }
+
+// The function treats the id of a waiting item (enqueued from Go with
+// After) as a duplicate, as Enqueue does: no second, claimable copy; and
+// the id of another queue's waiting item is refused like another queue's
+// item's.
+func TestSQLEnqueueOfAWaitingIDIsADuplicate(t *testing.T) {
+	pool, _ := sqlSetup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "sqlwait"})
+	root, dep := uuid.New(), uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: root, Payload: []byte("root")}, claim.NewItem{ID: dep, Payload: []byte("dep"), After: []uuid.UUID{root}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sqlEnqueue(ctx, pool, `'sqlwait', ''::BYTEA, id => $1`, dep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Added || r.Done {
+		t.Fatalf("crdbwork_enqueue of a waiting id: added %v, done %v; want neither", r.Added, r.Done)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, dep); n != 0 {
+		t.Fatalf("the waiting id is in the items table %d times, want 0 until its prerequisite is acked", n)
+	}
+	if _, err := sqlEnqueue(ctx, pool, `'other', ''::BYTEA, id => $1`, dep); err == nil || !strings.Contains(err.Error(), "is an item of queue sqlwait") {
+		t.Fatalf("crdbwork_enqueue of another queue's waiting id: %v; want it refused", err)
+	}
+}

@@ -204,6 +204,7 @@ BEGIN
                  COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win,
                  COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS seq) AS n
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = v_id AND e.ended_at > now() - n.win)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = v_id)
     ON CONFLICT DO NOTHING
     RETURNING i.id INTO v_got;
 
@@ -224,6 +225,9 @@ BEGIN
 
     IF v_got IS NULL THEN
         SELECT x.queue INTO v_other FROM crdbwork_items AS x WHERE x.id = v_id;
+        IF v_other IS NULL THEN
+            SELECT w.queue INTO v_other FROM crdbwork_waiting AS w WHERE w.id = v_id;
+        END IF;
         IF v_other IS NOT NULL AND v_other <> v_queue THEN
             RAISE EXCEPTION 'enqueue: id % is an item of queue %', v_id, v_other USING ERRCODE = '23505';
         END IF;

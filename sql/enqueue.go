@@ -15,7 +15,8 @@ import (
 type enqueueStatements struct {
 	// Insert adds rows to queue $1 and returns the id of each row it added;
 	// a row whose id is already in the items table is skipped (ON CONFLICT
-	// DO NOTHING), and so is a row whose id ended in queue $1 within the
+	// DO NOTHING), and so is a row whose id is a waiting item's
+	// (crdbwork_waiting, of any queue) or ended in queue $1 within the
 	// queue's dedup window (crdbwork_ended: a lookup by primary key per
 	// row), so running it again after an unknown outcome adds no
 	// duplicates, even once the first copy was acked. Parameters, one array element per row: $2 ids (UUID[]),
@@ -69,8 +70,8 @@ type enqueueStatements struct {
 	// that belong to a queue other than $1.
 	Foreign string
 	// Found returns, for the ids $2 (UUID[]) that an Insert into queue $1
-	// did not add, those that belong to another queue's item (false, the
-	// item's queue) and those that ended in queue $1 within its dedup
+	// did not add, those that belong to another queue's item or waiting
+	// item (false, the item's queue) and those that ended in queue $1 within its dedup
 	// window and are not in the items table (true, $1): the others are
 	// items of queue $1. Ordered by kind, then id.
 	Found string
@@ -87,7 +88,7 @@ func newEnqueueStatements(t Tables) *enqueueStatements {
 	r := t.rewrite
 	return &enqueueStatements{
 		Insert: r(insertTemplate + insertTail),
-		PostgresInsert: r(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1) +
+		PostgresInsert: r(strings.Replace(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1), waitingCheck, postgresWaitingCheck, 1) +
 			` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail),
 
 		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
@@ -95,6 +96,8 @@ func newEnqueueStatements(t Tables) *enqueueStatements {
        COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false)`),
 		Foreign: r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
 		Found: r(`SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
+UNION ALL
+SELECT id, queue, false FROM crdbwork_waiting WHERE id = ANY($2::UUID[]) AND queue <> $1
 UNION ALL
 SELECT e.id, e.queue, true FROM crdbwork_ended AS e
 WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
@@ -125,7 +128,19 @@ FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
             $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::BIGINT[], $15::TEXT[])
          AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd)
-WHERE ` + dedupCheck
+WHERE ` + dedupCheck + ` AND ` + waitingCheck
+
+// waitingCheck is the insert's check that the id is not a waiting item's
+// (crdbwork_waiting, docs/dependencies.md), of any queue: an enqueue of
+// such an id, with or without NewItem.After, is a duplicate, never a second,
+// claimable copy next to the item that waits (a primary-key lookup per row).
+// A waiting item that moves into the items table while the insert runs is
+// caught by the insert's ON CONFLICT on the items' primary key instead.
+const waitingCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = v.id)`
+
+// postgresWaitingCheck is waitingCheck on PostgreSQL, kept a per-row probe
+// for the reason of postgresDedupCheck.
+const postgresWaitingCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = v.id OFFSET 0)`
 
 // dedupCheck is the insert's dedup check: no row of the id ended in queue
 // $1 within its window.
