@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -35,6 +36,12 @@ type acker struct {
 	// ackOpts record the results of each ack transaction in one call or
 	// statement (claim.AckOptions.Batch and Statement).
 	ackOpts claim.AckOptions
+	// base is the parent of the contexts of the tries (the session's
+	// settle context, without its cancellation: a try runs whatever it
+	// says); tryTimeout bounds each try from the moment it is asked (the
+	// acker is an attempt.TryBounder: no context per try).
+	base       context.Context
+	tryTimeout time.Duration
 }
 
 type settleKind int
@@ -47,7 +54,8 @@ const (
 )
 
 type settleReq struct {
-	ctx    context.Context
+	// deadline bounds the try: tryTimeout after it was asked.
+	deadline time.Time
 	kind   settleKind
 	item   claim.Item
 	record func(context.Context, pgx.Tx) error
@@ -63,9 +71,12 @@ type settleAnswer struct {
 
 // startAcker starts n settle goroutines, each acking up to max items in one
 // transaction, telling observe (if not nil) the size of each, and recording
-// each transaction's results with ackOpts. Stop them with stop.
-func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts}
+// each transaction's results with ackOpts; each try is bounded by
+// tryTimeout from when it was asked, with a context derived from base.
+// Stop them with stop.
+func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions, base context.Context, tryTimeout time.Duration) *acker {
+	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts,
+		base: base, tryTimeout: tryTimeout}
 	a.wg.Add(n)
 	for range n {
 		go a.run()
@@ -86,10 +97,16 @@ func (a *acker) run() {
 			return
 		}
 		acks, others = acks[:0], others[:0]
+		now := time.Now()
 		add := func(r settleReq) {
-			if r.kind == ackKind {
+			switch {
+			case now.After(r.deadline):
+				// It waited for a settle goroutine past its try's bound:
+				// the try timed out before it started.
+				r.done <- settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, context.DeadlineExceeded)}
+			case r.kind == ackKind:
 				acks = append(acks, r)
-			} else {
+			default:
 				others = append(others, r)
 			}
 		}
@@ -108,29 +125,34 @@ func (a *acker) run() {
 			for _, r := range acks {
 				reqs = append(reqs, claim.AckRequest{Item: r.item, Record: r.record, Value: r.value})
 			}
-			// Each request carries its own bound, the same try timeout from
+			// Each request carries its own bound, the try timeout from
 			// when it was asked: the last asked has the loosest.
-			ctx := acks[len(acks)-1].ctx
+			ctx, cancel := context.WithDeadline(a.base, acks[len(acks)-1].deadline)
 			errs := a.q.AckMany(ctx, reqs, a.ackOpts)
+			cancel()
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}
 			for i, r := range acks {
 				r.done <- settleAnswer{err: errs[i]}
 			}
+			clear(acks) // the records and values are not kept past their transaction
 		}
 		for _, r := range others {
 			var ans settleAnswer
+			ctx, cancel := context.WithDeadline(a.base, r.deadline)
 			switch r.kind {
 			case nackKind:
-				ans.out, ans.err = a.q.Nack(r.ctx, r.item, r.cause)
+				ans.out, ans.err = a.q.Nack(ctx, r.item, r.cause)
 			case endCancelKind:
-				ans.err = a.q.EndCancelled(r.ctx, r.item)
+				ans.err = a.q.EndCancelled(ctx, r.item)
 			default:
-				ans.err = a.q.Release(r.ctx, r.item)
+				ans.err = a.q.Release(ctx, r.item)
 			}
+			cancel()
 			r.done <- ans
 		}
+		clear(others)
 	}
 }
 
@@ -138,50 +160,54 @@ func (a *acker) run() {
 // otherwise).
 var answers = sync.Pool{New: func() any { return make(chan settleAnswer, 1) }}
 
-// do hands r to a settle goroutine and waits for its answer. If ctx ends
-// before a goroutine took it, or the acker stopped, nothing was done.
+// do hands r to a settle goroutine and waits for its answer. The try is
+// bounded by tryTimeout from now: a settle goroutine that takes it later
+// answers with context.DeadlineExceeded without trying. If the acker
+// stopped before a goroutine took it, nothing was done.
 func (a *acker) do(r settleReq) settleAnswer {
+	r.deadline = time.Now().Add(a.tryTimeout)
 	r.done = answers.Get().(chan settleAnswer)
 	select {
 	case a.reqs <- r:
 		ans := <-r.done
 		answers.Put(r.done) // empty again: a settle goroutine answers each request once
 		return ans
-	case <-r.ctx.Done():
-		answers.Put(r.done) // never sent: nobody answers on it
-		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, r.ctx.Err())}
 	case <-a.quit:
-		answers.Put(r.done) // never sent either
+		answers.Put(r.done) // never sent: nobody answers on it
 		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
 	}
 }
 
+// BoundsTries marks the acker as an attempt.TryBounder: it bounds each try
+// itself (do), and the contexts its methods are given only carry values.
+func (*acker) BoundsTries() {}
+
 // Ack acknowledges it with record in the next transaction of a settle
 // goroutine, with the contract of claim.Queue.Ack.
 func (a *acker) Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
-	return a.do(settleReq{ctx: ctx, kind: ackKind, item: it, record: record}).err
+	return a.do(settleReq{kind: ackKind, item: it, record: record}).err
 }
 
 // AckValue is Ack with the value the handler set with RecordValue, handed to
 // the batch record.
 func (a *acker) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
-	return a.do(settleReq{ctx: ctx, kind: ackKind, item: it, record: record, value: value}).err
+	return a.do(settleReq{kind: ackKind, item: it, record: record, value: value}).err
 }
 
 // Nack is claim.Queue.Nack on a settle goroutine.
 func (a *acker) Nack(ctx context.Context, it claim.Item, cause error) (claim.Outcome, error) {
-	ans := a.do(settleReq{ctx: ctx, kind: nackKind, item: it, cause: cause})
+	ans := a.do(settleReq{kind: nackKind, item: it, cause: cause})
 	return ans.out, ans.err
 }
 
 // Release is claim.Queue.Release on a settle goroutine.
 func (a *acker) Release(ctx context.Context, it claim.Item) error {
-	return a.do(settleReq{ctx: ctx, kind: releaseKind, item: it}).err
+	return a.do(settleReq{kind: releaseKind, item: it}).err
 }
 
 // EndCancelled is claim.Queue.EndCancelled on a settle goroutine.
 func (a *acker) EndCancelled(ctx context.Context, it claim.Item) error {
-	return a.do(settleReq{ctx: ctx, kind: endCancelKind, item: it}).err
+	return a.do(settleReq{kind: endCancelKind, item: it}).err
 }
 
 // stop ends the settle goroutines once they finish what they are doing;

@@ -40,6 +40,14 @@ type CancelEnder interface {
 	EndCancelled(ctx context.Context, it claim.Item) error
 }
 
+// TryBounder is a Settler that bounds each try itself, by the try timeout
+// from the moment the try is asked, whatever the context it is called with
+// says (Run calls it with Options.SettleCtx, whose end must not stop a try):
+// Run then makes no context per try.
+type TryBounder interface {
+	BoundsTries()
+}
+
 // ValueAcker is a Settler that can also hand a value of the handler's (see
 // SetValue) to a batch record with the item's ack.
 type ValueAcker interface {
@@ -161,24 +169,7 @@ type handlerResult struct {
 // Run runs h on it and settles the item on q (or o.Settle). ctx is the
 // handler's parent context; the handler gets it bounded by o.Timeout.
 func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Options) Result {
-	log := o.Log
-	if log == nil {
-		log = zap.NewNop()
-	}
-	if o.Grace <= 0 {
-		o.Grace = DefaultGrace
-	}
-	if o.TryTimeout <= 0 {
-		o.TryTimeout = DefaultTryTimeout
-	}
-	s := o.Settle
-	if s == nil {
-		s = q
-	}
-	settleCtx := o.SettleCtx
-	if settleCtx == nil {
-		settleCtx = ctx
-	}
+	s, settleCtx, log := o.fill(q, ctx)
 	box := &valueBox{q: q, it: it}
 	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
 	defer cancel()
@@ -204,17 +195,28 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 		}
 		grace.Stop()
 	}
-	res.Panicked = hr.panicked
+	conclude(s, settleCtx, it, hr, box, o, &res, log, hctx.Err() != nil, context.Cause(ctx))
+	return res
+}
+
+// conclude settles the item after its handler: hr is what the handler
+// returned (or the abandonment's error), box its value box, hctxEnded
+// whether the handler's own context had ended, and parentCause the cause of
+// the end of the handler's parent context (the item's: a lost claim, a
+// cancel, the session's end), nil while it is live. It fills res.
+func conclude(s Settler, settleCtx context.Context, it claim.Item, hr handlerResult, box *valueBox, o Options, res *Result, log *zap.Logger, hctxEnded bool, parentCause error) {
+	res.Panicked = res.Panicked || hr.panicked
 	err := hr.err
-	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
+	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry}
+	_, st.bounded = s.(TryBounder)
 	switch {
 	case it.AtMostOnce:
 		st.atMostOnce(hr, err, box)
-	case errors.Is(context.Cause(ctx), claim.ErrCancelled):
+	case errors.Is(parentCause, claim.ErrCancelled):
 		// The item was cancelled while the handler ran: whatever it
 		// returned, its result cannot be acked (the cancel moved the
 		// claim's token on); the item ends as cancelled.
-		res.Err = context.Cause(ctx)
+		res.Err = parentCause
 		if !st.endCancelled() {
 			res.Outcome = claim.Unsettled
 			if res.SettleErr == nil {
@@ -223,21 +225,20 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 		}
 	case err == nil:
 		v, hasValue := box.get()
-		st.ack(recoverRecord(hr.record, &res), v, hasValue)
+		st.ack(recoverRecord(hr.record, res), v, hasValue)
 	case o.GiveBack != nil && o.GiveBack():
 		// Shutdown gave up waiting, or the session was lost: give the item
 		// back without counting the attempt (refused if the claim is gone).
 		res.Err = err
 		st.release()
 	default:
-		if errors.Is(err, context.DeadlineExceeded) && hctx.Err() != nil && ctx.Err() == nil {
+		if errors.Is(err, context.DeadlineExceeded) && hctxEnded && parentCause == nil {
 			res.TimedOut = true
 			err = fmt.Errorf("item timed out after %v: %w", o.Timeout, err)
 		}
 		res.Err = err
 		st.nack(err)
 	}
-	return res
 }
 
 // call runs the handler, turning a panic into an error.
@@ -298,6 +299,8 @@ type settling struct {
 	log        *zap.Logger
 	backoff    time.Duration
 	onRetry    func()
+	// bounded: s is a TryBounder, which bounds each try itself.
+	bounded bool
 }
 
 // try runs one try of op, bounded by tryTimeout, whatever the settle
@@ -305,6 +308,9 @@ type settling struct {
 // gets its answer.
 func (st *settling) try(op func(ctx context.Context) error) error {
 	st.res.Tries++
+	if st.bounded {
+		return op(st.ctx)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), st.tryTimeout)
 	defer cancel()
 	return op(ctx)
