@@ -56,12 +56,12 @@ const (
 type settleReq struct {
 	// deadline bounds the try: tryTimeout after it was asked.
 	deadline time.Time
-	kind   settleKind
-	item   claim.Item
-	record func(context.Context, pgx.Tx) error
-	value  any
-	cause  error
-	done   chan settleAnswer
+	kind     settleKind
+	item     claim.Item
+	record   func(context.Context, pgx.Tx) error
+	value    any
+	cause    error
+	done     chan settleAnswer
 }
 
 type settleAnswer struct {
