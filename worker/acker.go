@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,12 +26,18 @@ var errStopped = errors.New("worker: the session's settle goroutines have stoppe
 // previous transaction ran. Nacks and releases run one by one on the same
 // goroutines.
 type acker struct {
-	q    *claim.Queue
-	max  int
-	reqs chan settleReq
-	quit chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	q   *claim.Queue
+	max int
+	// queue holds the requests no settle goroutine has taken yet, in the
+	// order asked; ready is signalled (without blocking) when it may hold
+	// some: a request waits for its answer only, never for a goroutine to
+	// take it.
+	mu    sync.Mutex
+	queue []settleReq
+	ready chan struct{}
+	quit  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
 	// observe, if not nil, is told the size of each ack transaction.
 	observe func(n int)
 	// ackOpts record the results of each ack transaction in one call or
@@ -75,7 +82,7 @@ type settleAnswer struct {
 // tryTimeout from when it was asked, with a context derived from base.
 // Stop them with stop.
 func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions, base context.Context, tryTimeout time.Duration) *acker {
-	a := &acker{q: q, max: max, reqs: make(chan settleReq), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts,
+	a := &acker{q: q, max: max, ready: make(chan struct{}, 1), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts,
 		base: base, tryTimeout: tryTimeout}
 	a.wg.Add(n)
 	for range n {
@@ -89,16 +96,25 @@ func (a *acker) run() {
 	acks := make([]settleReq, 0, a.max)
 	var others []settleReq
 	reqs := make([]claim.AckRequest, 0, a.max)
+	var taken []settleReq
 	for {
-		var first settleReq
 		select {
-		case first = <-a.reqs:
 		case <-a.quit:
-			return
+			return // the requests still waiting are taken back by their askers
+		default:
+		}
+		taken = a.take(taken[:0])
+		if len(taken) == 0 {
+			select {
+			case <-a.ready:
+				continue
+			case <-a.quit:
+				return
+			}
 		}
 		acks, others = acks[:0], others[:0]
 		now := time.Now()
-		add := func(r settleReq) {
+		for _, r := range taken {
 			switch {
 			case now.After(r.deadline):
 				// It waited for a settle goroutine past its try's bound:
@@ -110,16 +126,7 @@ func (a *acker) run() {
 				others = append(others, r)
 			}
 		}
-		add(first)
-	gather:
-		for len(acks)+len(others) < a.max {
-			select {
-			case r := <-a.reqs:
-				add(r)
-			default:
-				break gather
-			}
-		}
+		clear(taken)
 		if len(acks) > 0 {
 			reqs = reqs[:0]
 			for _, r := range acks {
@@ -137,6 +144,7 @@ func (a *acker) run() {
 				r.done <- settleAnswer{err: errs[i]}
 			}
 			clear(acks) // the records and values are not kept past their transaction
+			clear(reqs)
 		}
 		for _, r := range others {
 			var ans settleAnswer
@@ -160,6 +168,30 @@ func (a *acker) run() {
 // otherwise).
 var answers = sync.Pool{New: func() any { return make(chan settleAnswer, 1) }}
 
+// take moves up to max of the waiting requests to buf (the first asked
+// first), and signals ready again if some are left, for another settle
+// goroutine.
+func (a *acker) take(buf []settleReq) []settleReq {
+	a.mu.Lock()
+	n := min(len(a.queue), a.max)
+	buf = append(buf, a.queue[:n]...)
+	rest := copy(a.queue, a.queue[n:])
+	clear(a.queue[rest:])
+	a.queue = a.queue[:rest]
+	a.mu.Unlock()
+	if rest > 0 {
+		a.signal()
+	}
+	return buf
+}
+
+func (a *acker) signal() {
+	select {
+	case a.ready <- struct{}{}:
+	default:
+	}
+}
+
 // do hands r to a settle goroutine and waits for its answer. The try is
 // bounded by tryTimeout from now: a settle goroutine that takes it later
 // answers with context.DeadlineExceeded without trying. If the acker
@@ -167,15 +199,31 @@ var answers = sync.Pool{New: func() any { return make(chan settleAnswer, 1) }}
 func (a *acker) do(r settleReq) settleAnswer {
 	r.deadline = time.Now().Add(a.tryTimeout)
 	r.done = answers.Get().(chan settleAnswer)
+	a.mu.Lock()
+	a.queue = append(a.queue, r)
+	a.mu.Unlock()
+	a.signal()
 	select {
-	case a.reqs <- r:
-		ans := <-r.done
+	case ans := <-r.done:
 		answers.Put(r.done) // empty again: a settle goroutine answers each request once
 		return ans
 	case <-a.quit:
-		answers.Put(r.done) // never sent: nobody answers on it
-		return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
 	}
+	// Stopped: take it back if no goroutine took it; a goroutine that did
+	// answers it.
+	a.mu.Lock()
+	for i := range a.queue {
+		if a.queue[i].done == r.done {
+			a.queue = slices.Delete(a.queue, i, i+1)
+			a.mu.Unlock()
+			answers.Put(r.done) // never sent: nobody answers on it
+			return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
+		}
+	}
+	a.mu.Unlock()
+	ans := <-r.done
+	answers.Put(r.done)
+	return ans
 }
 
 // BoundsTries marks the acker as an attempt.TryBounder: it bounds each try

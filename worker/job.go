@@ -95,8 +95,9 @@ type job struct {
 	hold partition.Hold
 	// admitted: the limits let it run; otherwise it is given back.
 	admitted bool
-	// start is when its handler started (with an Observer only).
-	start time.Time
+	// start is when its handler started, since monoBase (with an Observer
+	// only; atomic: an abandonment reads it from another goroutine).
+	start atomic.Int64
 	a     attempt.Inline
 
 	// state is jobRunning until its handler returns (jobReturned) or the
@@ -110,6 +111,9 @@ type job struct {
 	prev, next *job
 	linked     bool
 }
+
+// monoBase is the origin of job.start (a monotonic clock reading).
+var monoBase = time.Now()
 
 const (
 	jobRunning int32 = iota
@@ -129,11 +133,12 @@ func (r *sessionRun) runJob(j *job) {
 		return
 	}
 	o := r.attemptOpts // what every item of the session shares (see itemOptions)
-	j.a.Context(j.ctx, w.queue, *it)
 	if w.opts.Observer != nil {
-		j.start = time.Now()
+		j.start.Store(int64(time.Since(monoBase)))
 	}
-	j.a.Call(o.handler, *it)
+	if j.state.Load() == jobRunning { // not abandoned before it started
+		j.a.Call(o.handler, *it)
+	}
 	if !r.sup.returned(j) {
 		// Abandoned meanwhile: its item was settled without it.
 		<-j.counted
@@ -143,7 +148,7 @@ func (r *sessionRun) runJob(j *job) {
 	}
 	var took time.Duration
 	if w.opts.Observer != nil {
-		took = time.Since(j.start)
+		took = time.Since(monoBase) - time.Duration(j.start.Load())
 	}
 	if o.logs {
 		// Lazily: the fields are encoded only if the attempt logs.
@@ -167,7 +172,7 @@ func (r *sessionRun) abandonJob(j *job) {
 	res := j.a.Abandon(w.queue, *it, o.Options, r.fl.parentCause(&j.fl))
 	var took time.Duration
 	if w.opts.Observer != nil {
-		took = time.Since(j.start) // it has not returned
+		took = time.Since(monoBase) - time.Duration(j.start.Load()) // it has not returned
 	}
 	r.report(res, took)
 	w.abandoned.Add(1)
