@@ -167,7 +167,7 @@ func (r *sessionRun) claimLoop() {
 				j.admitted = lim.admit(claimedAt, items[i].Tenant)
 				j.bucket = r.bucketFor(now)
 				j.ctx, j.fl.cancel = context.WithCancelCause(j.bucket.ctx)
-				j.a.Context(j.ctx, w.queue, items[i]) // before the supervisor may abandon it
+				j.a.Context(j.ctx, w.queue, &j.fl.item) // before the supervisor may abandon it
 				if w.opts.Observer != nil {
 					j.start.Store(int64(now.Sub(monoBase))) // its goroutine's start, if abandoned before it runs
 				}

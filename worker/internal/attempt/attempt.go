@@ -64,7 +64,7 @@ type valueBox struct {
 	v   any
 	set bool
 	q   *claim.Queue
-	it  claim.Item
+	it  *claim.Item // not copied: the caller's, unchanged while the attempt runs
 }
 
 // SetValue hands v on to the item's ack, for a batch record (see
@@ -170,7 +170,7 @@ type handlerResult struct {
 // handler's parent context; the handler gets it bounded by o.Timeout.
 func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Options) Result {
 	s, settleCtx, log := o.fill(q, ctx)
-	box := &valueBox{q: q, it: it}
+	box := &valueBox{q: q, it: &it}
 	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
 	defer cancel()
 	var res Result

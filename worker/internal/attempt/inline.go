@@ -50,8 +50,8 @@ func (c *handlerCtx) Value(key any) any {
 // handler's deadline (Options.Timeout from its start, or later) with
 // context.DeadlineExceeded and when the item's claim is lost, with the
 // attempt's value box (SetValue, SaveCheckpoint, ReportProgress) for item
-// it of q.
-func (a *Inline) Context(ctx context.Context, q *claim.Queue, it claim.Item) context.Context {
+// *it of q (not copied: *it must not change while the attempt runs).
+func (a *Inline) Context(ctx context.Context, q *claim.Queue, it *claim.Item) context.Context {
 	a.hctx.Context = ctx
 	a.hctx.box.q, a.hctx.box.it = q, it
 	return &a.hctx
