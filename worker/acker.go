@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // errStopped is returned for a settle asked of an acker that has stopped.
@@ -34,10 +34,12 @@ type acker struct {
 	// take it.
 	mu    sync.Mutex
 	queue []settleReq
-	ready chan struct{}
-	quit  chan struct{}
-	wg    sync.WaitGroup
-	once  sync.Once
+	// stopped: stop has run; requests asked later are answered at once.
+	stopped bool
+	ready   chan struct{}
+	quit    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
 	// observe, if not nil, is told the size of each ack transaction.
 	observe func(n int)
 	// ackOpts record the results of each ack transaction in one call or
@@ -64,11 +66,23 @@ type settleReq struct {
 	// deadline bounds the try: tryTimeout after it was asked.
 	deadline time.Time
 	kind     settleKind
-	item     claim.Item
+	item     *claim.Item // unchanged until the request is answered
 	record   func(context.Context, pgx.Tx) error
 	value    any
 	cause    error
-	done     chan settleAnswer
+	// done receives the answer; or, for an ack asked with AckAsync,
+	// waiter is told it.
+	done   chan settleAnswer
+	waiter attempt.AckWaiter
+}
+
+// answer hands r its answer.
+func (r *settleReq) answer(ans settleAnswer) {
+	if r.waiter != nil {
+		r.waiter.AckAnswered(ans.err)
+		return
+	}
+	r.done <- ans
 }
 
 type settleAnswer struct {
@@ -100,7 +114,7 @@ func (a *acker) run() {
 	for {
 		select {
 		case <-a.quit:
-			return // the requests still waiting are taken back by their askers
+			return // stop answers the requests still waiting
 		default:
 		}
 		taken = a.take(taken[:0])
@@ -119,7 +133,7 @@ func (a *acker) run() {
 			case now.After(r.deadline):
 				// It waited for a settle goroutine past its try's bound:
 				// the try timed out before it started.
-				r.done <- settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, context.DeadlineExceeded)}
+				r.answer(settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, context.DeadlineExceeded)})
 			case r.kind == ackKind:
 				acks = append(acks, r)
 			default:
@@ -130,7 +144,7 @@ func (a *acker) run() {
 		if len(acks) > 0 {
 			reqs = reqs[:0]
 			for _, r := range acks {
-				reqs = append(reqs, claim.AckRequest{Item: r.item, Record: r.record, Value: r.value})
+				reqs = append(reqs, claim.AckRequest{Item: *r.item, Record: r.record, Value: r.value})
 			}
 			// Each request carries its own bound, the try timeout from
 			// when it was asked: the last asked has the loosest.
@@ -140,8 +154,8 @@ func (a *acker) run() {
 			if a.observe != nil {
 				a.observe(len(reqs))
 			}
-			for i, r := range acks {
-				r.done <- settleAnswer{err: errs[i]}
+			for i := range acks {
+				acks[i].answer(settleAnswer{err: errs[i]})
 			}
 			clear(acks) // the records and values are not kept past their transaction
 			clear(reqs)
@@ -151,14 +165,14 @@ func (a *acker) run() {
 			ctx, cancel := context.WithDeadline(a.base, r.deadline)
 			switch r.kind {
 			case nackKind:
-				ans.out, ans.err = a.q.Nack(ctx, r.item, r.cause)
+				ans.out, ans.err = a.q.Nack(ctx, *r.item, r.cause)
 			case endCancelKind:
-				ans.err = a.q.EndCancelled(ctx, r.item)
+				ans.err = a.q.EndCancelled(ctx, *r.item)
 			default:
-				ans.err = a.q.Release(ctx, r.item)
+				ans.err = a.q.Release(ctx, *r.item)
 			}
 			cancel()
-			r.done <- ans
+			r.answer(ans)
 		}
 		clear(others)
 	}
@@ -192,74 +206,87 @@ func (a *acker) signal() {
 	}
 }
 
-// do hands r to a settle goroutine and waits for its answer. The try is
-// bounded by tryTimeout from now: a settle goroutine that takes it later
-// answers with context.DeadlineExceeded without trying. If the acker
-// stopped before a goroutine took it, nothing was done.
-func (a *acker) do(r settleReq) settleAnswer {
+// ask queues r for a settle goroutine, bounding its try by tryTimeout from
+// now (a settle goroutine that takes it later answers with
+// context.DeadlineExceeded without trying), or answers it with errStopped
+// if the acker has stopped.
+func (a *acker) ask(r settleReq) {
 	r.deadline = time.Now().Add(a.tryTimeout)
-	r.done = answers.Get().(chan settleAnswer)
 	a.mu.Lock()
+	if a.stopped {
+		a.mu.Unlock()
+		r.answer(settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)})
+		return
+	}
 	a.queue = append(a.queue, r)
 	a.mu.Unlock()
 	a.signal()
-	select {
-	case ans := <-r.done:
-		answers.Put(r.done) // empty again: a settle goroutine answers each request once
-		return ans
-	case <-a.quit:
-	}
-	// Stopped: take it back if no goroutine took it; a goroutine that did
-	// answers it.
-	a.mu.Lock()
-	for i := range a.queue {
-		if a.queue[i].done == r.done {
-			a.queue = slices.Delete(a.queue, i, i+1)
-			a.mu.Unlock()
-			answers.Put(r.done) // never sent: nobody answers on it
-			return settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", r.item.ID, errStopped)}
-		}
-	}
-	a.mu.Unlock()
+}
+
+// do hands r to a settle goroutine and waits for its answer (see ask).
+func (a *acker) do(r settleReq) settleAnswer {
+	r.done = answers.Get().(chan settleAnswer)
+	a.ask(r)
 	ans := <-r.done
-	answers.Put(r.done)
+	answers.Put(r.done) // empty again: each request is answered once
 	return ans
 }
 
 // BoundsTries marks the acker as an attempt.TryBounder: it bounds each try
-// itself (do), and the contexts its methods are given only carry values.
+// itself (ask), and the contexts its methods are given only carry values.
 func (*acker) BoundsTries() {}
+
+// AckAsync asks for it to be acked with record (and value, if hasValue) in
+// the next transaction of a settle goroutine, which then tells w the
+// outcome (attempt.AsyncAcker).
+func (a *acker) AckAsync(it *claim.Item, record func(context.Context, pgx.Tx) error, value any, hasValue bool, w attempt.AckWaiter) {
+	if !hasValue {
+		value = nil
+	}
+	a.ask(settleReq{kind: ackKind, item: it, record: record, value: value, waiter: w})
+}
 
 // Ack acknowledges it with record in the next transaction of a settle
 // goroutine, with the contract of claim.Queue.Ack.
-func (a *acker) Ack(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
-	return a.do(settleReq{kind: ackKind, item: it, record: record}).err
+func (a *acker) Ack(_ context.Context, it claim.Item, record func(context.Context, pgx.Tx) error) error {
+	return a.do(settleReq{kind: ackKind, item: &it, record: record}).err
 }
 
 // AckValue is Ack with the value the handler set with RecordValue, handed to
 // the batch record.
-func (a *acker) AckValue(ctx context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
-	return a.do(settleReq{kind: ackKind, item: it, record: record, value: value}).err
+func (a *acker) AckValue(_ context.Context, it claim.Item, record func(context.Context, pgx.Tx) error, value any) error {
+	return a.do(settleReq{kind: ackKind, item: &it, record: record, value: value}).err
 }
 
 // Nack is claim.Queue.Nack on a settle goroutine.
-func (a *acker) Nack(ctx context.Context, it claim.Item, cause error) (claim.Outcome, error) {
-	ans := a.do(settleReq{kind: nackKind, item: it, cause: cause})
+func (a *acker) Nack(_ context.Context, it claim.Item, cause error) (claim.Outcome, error) {
+	ans := a.do(settleReq{kind: nackKind, item: &it, cause: cause})
 	return ans.out, ans.err
 }
 
 // Release is claim.Queue.Release on a settle goroutine.
-func (a *acker) Release(ctx context.Context, it claim.Item) error {
-	return a.do(settleReq{kind: releaseKind, item: it}).err
+func (a *acker) Release(_ context.Context, it claim.Item) error {
+	return a.do(settleReq{kind: releaseKind, item: &it}).err
 }
 
 // EndCancelled is claim.Queue.EndCancelled on a settle goroutine.
-func (a *acker) EndCancelled(ctx context.Context, it claim.Item) error {
-	return a.do(settleReq{kind: endCancelKind, item: it}).err
+func (a *acker) EndCancelled(_ context.Context, it claim.Item) error {
+	return a.do(settleReq{kind: endCancelKind, item: &it}).err
 }
 
-// stop ends the settle goroutines once they finish what they are doing;
-// later settles fail with errStopped. It does not wait for them.
+// stop ends the settle goroutines once they finish what they are doing,
+// and answers the requests none has taken, and those asked later, with
+// errStopped. It does not wait for the goroutines.
 func (a *acker) stop() {
-	a.once.Do(func() { close(a.quit) })
+	a.once.Do(func() {
+		a.mu.Lock()
+		a.stopped = true
+		left := a.queue
+		a.queue = nil
+		a.mu.Unlock()
+		close(a.quit)
+		for i := range left {
+			left[i].answer(settleAnswer{err: fmt.Errorf("claim: settling item %s: %w", left[i].item.ID, errStopped)})
+		}
+	})
 }

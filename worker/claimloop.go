@@ -162,7 +162,7 @@ func (r *sessionRun) claimLoop() {
 			now := time.Now()
 			jobs, running := r.jobs[:0], r.running[:0]
 			for i := range items {
-				j := &job{fl: flight{item: items[i], started: claimedAt, bound: bound}}
+				j := &job{r: r, fl: flight{item: items[i], started: claimedAt, bound: bound}}
 				j.fl.job = j
 				j.admitted = lim.admit(claimedAt, items[i].Tenant)
 				j.bucket = r.bucketFor(now)

@@ -85,6 +85,7 @@ func (r *sessionRun) bucketFor(now time.Time) *deadlineBucket {
 // flight (the session's record of it), its context, its attempt, and its
 // place in the supervisor's list. One allocation holds it all.
 type job struct {
+	r  *sessionRun
 	fl flight
 	// ctx is the item's context, the parent of its handler's: its bucket's
 	// child, cancelled with a cause when its claim is lost or it is
@@ -98,7 +99,9 @@ type job struct {
 	// start is when its handler started, since monoBase (with an Observer
 	// only; atomic: an abandonment reads it from another goroutine).
 	start atomic.Int64
-	a     attempt.Inline
+	// took is how long its handler ran (with an Observer only).
+	took time.Duration
+	a    attempt.Inline
 
 	// state is jobRunning until its handler returns (jobReturned) or the
 	// supervisor abandons it (jobAbandoned), whichever comes first.
@@ -146,17 +149,35 @@ func (r *sessionRun) runJob(j *job) {
 		w.running.Add(-1)
 		return
 	}
-	var took time.Duration
 	if w.opts.Observer != nil {
-		took = time.Since(monoBase) - time.Duration(j.start.Load())
+		j.took = time.Since(monoBase) - time.Duration(j.start.Load())
 	}
 	if o.logs {
 		// Lazily: the fields are encoded only if the attempt logs.
 		o.Log = r.log.WithLazy(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt))
 	}
-	res := j.a.Conclude(w.queue, *it, o.Options, r.fl.parentCause(&j.fl))
-	r.report(res, took)
-	w.running.Add(-1)
+	// An ack is only asked here: the settle goroutine that commits it
+	// ends the job (AckAnswered), and this goroutine ends now.
+	if res := j.a.Start(w.queue, it, &o.Options, r.fl.parentCause(&j.fl), j); res != nil {
+		r.end(j, res)
+	}
+}
+
+// AckAnswered ends j once the first try of its ack is answered, on the
+// settle goroutine that answered it (attempt.AckWaiter); the rare failed
+// try goes on (retries, a nack) on a goroutine of its own.
+func (j *job) AckAnswered(err error) {
+	if j.a.Answered(err) {
+		j.r.end(j, j.a.Result())
+		return
+	}
+	go func() { j.r.end(j, j.a.Continue()) }()
+}
+
+// end ends j, whose attempt is over with res.
+func (r *sessionRun) end(j *job, res *attempt.Result) {
+	r.report(res, j.took)
+	r.w.running.Add(-1)
 	r.finish(j)
 }
 
@@ -169,7 +190,7 @@ func (r *sessionRun) abandonJob(j *job) {
 	if o.logs {
 		o.Log = r.log.WithLazy(zap.Stringer("item", it.ID), zap.Int("part", it.Part), zap.Int("attempt", it.Attempt))
 	}
-	res := j.a.Abandon(w.queue, *it, o.Options, r.fl.parentCause(&j.fl))
+	res := j.a.Abandon(w.queue, it, &o.Options, r.fl.parentCause(&j.fl))
 	var took time.Duration
 	if w.opts.Observer != nil {
 		took = time.Since(monoBase) - time.Duration(j.start.Load()) // it has not returned

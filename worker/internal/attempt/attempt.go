@@ -195,7 +195,8 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 		}
 		grace.Stop()
 	}
-	conclude(s, settleCtx, it, hr, box, o, &res, log, hctx.Err() != nil, context.Cause(ctx))
+	var st settling
+	conclude(&st, s, settleCtx, &it, hr, box, &o, &res, log, hctx.Err() != nil, context.Cause(ctx))
 	return res
 }
 
@@ -204,10 +205,10 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 // whether the handler's own context had ended, and parentCause the cause of
 // the end of the handler's parent context (the item's: a lost claim, a
 // cancel, the session's end), nil while it is live. It fills res.
-func conclude(s Settler, settleCtx context.Context, it claim.Item, hr handlerResult, box *valueBox, o Options, res *Result, log *zap.Logger, hctxEnded bool, parentCause error) {
+func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item, hr handlerResult, box *valueBox, o *Options, res *Result, log *zap.Logger, hctxEnded bool, parentCause error) {
 	res.Panicked = res.Panicked || hr.panicked
 	err := hr.err
-	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry}
+	*st = settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry}
 	_, st.bounded = s.(TryBounder)
 	switch {
 	case it.AtMostOnce:
@@ -292,7 +293,7 @@ func recoverRecord(record func(context.Context, pgx.Tx) error, res *Result) func
 // settling acks, nacks or releases one item, retrying failed tries.
 type settling struct {
 	s          Settler
-	it         claim.Item
+	it         *claim.Item
 	ctx        context.Context
 	tryTimeout time.Duration
 	res        *Result
@@ -353,16 +354,26 @@ func Unknown(err error) bool {
 // record with it); only a failure of record itself (its error, its panic, or
 // a COMMIT refused because of what it wrote) nacks the item.
 func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, hasValue bool) {
-	res := st.res
+	st.ackFrom(st.tryAck(record, value, hasValue), record, value, hasValue)
+}
+
+// tryAck runs one try of the ack.
+func (st *settling) tryAck(record func(context.Context, pgx.Tx) error, value any, hasValue bool) error {
 	va, withValue := st.s.(ValueAcker)
 	withValue = withValue && hasValue
+	return st.try(func(ctx context.Context) error {
+		if withValue {
+			return va.AckValue(ctx, *st.it, record, value)
+		}
+		return st.s.Ack(ctx, *st.it, record)
+	})
+}
+
+// ackFrom goes on with the ack after a try that returned err: it settles
+// the item, trying again as ack says.
+func (st *settling) ackFrom(err error, record func(context.Context, pgx.Tx) error, value any, hasValue bool) {
+	res := st.res
 	for {
-		err := st.try(func(ctx context.Context) error {
-			if withValue {
-				return va.AckValue(ctx, st.it, record, value)
-			}
-			return st.s.Ack(ctx, st.it, record)
-		})
 		switch {
 		case err == nil:
 			res.Outcome, res.Err, res.SettleErr = claim.Acked, nil, nil
@@ -414,6 +425,7 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 				return
 			}
 		}
+		err = st.tryAck(record, value, hasValue)
 	}
 }
 
@@ -445,9 +457,9 @@ func (st *settling) atMostOnce(hr handlerResult, err error, box *valueBox) {
 		va, withValue := st.s.(ValueAcker)
 		err = st.try(func(ctx context.Context) error {
 			if withValue && hasValue {
-				return va.AckValue(ctx, st.it, record, v)
+				return va.AckValue(ctx, *st.it, record, v)
 			}
-			return st.s.Ack(ctx, st.it, record)
+			return st.s.Ack(ctx, *st.it, record)
 		})
 		if err == nil {
 			res.Outcome, res.Err = claim.Acked, nil
@@ -470,7 +482,7 @@ func (st *settling) nack(cause error) {
 		var out claim.Outcome
 		err := st.try(func(ctx context.Context) error {
 			var err error
-			out, err = st.s.Nack(ctx, st.it, cause)
+			out, err = st.s.Nack(ctx, *st.it, cause)
 			return err
 		})
 		switch {
@@ -518,7 +530,7 @@ func (st *settling) nack(cause error) {
 func (st *settling) release() {
 	res := st.res
 	for {
-		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, st.it) })
+		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, *st.it) })
 		switch {
 		case err == nil:
 			res.Outcome, res.SettleErr = claim.Released, nil
@@ -551,7 +563,7 @@ func (st *settling) endCancelled() (ended bool) {
 		}
 	}()
 	for {
-		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, st.it) })
+		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, *st.it) })
 		switch {
 		case err == nil:
 			st.res.Outcome, st.res.SettleErr = claim.Cancelled, nil

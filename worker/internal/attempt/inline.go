@@ -2,7 +2,10 @@ package attempt
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 
 	"go.uber.org/zap"
 
@@ -25,6 +28,28 @@ type Inline struct {
 	hctx handlerCtx
 	hr   handlerResult
 	res  Result
+	st   settling
+	// For an ack asked with Start: its record and value, and the error of
+	// its first try.
+	record   func(context.Context, pgx.Tx) error
+	value    any
+	hasValue bool
+	firstErr error
+}
+
+// AckWaiter is told the outcome of one try of an ack asked of an
+// AsyncAcker: err as the Settler's Ack would have returned it.
+type AckWaiter interface {
+	AckAnswered(err error)
+}
+
+// AsyncAcker is a TryBounder that can take one try of an ack without its
+// asker waiting for it: it calls w.AckAnswered once the try is done, on a
+// goroutine of its own (never before AckAsync returns). *it must not
+// change until then. value, if hasValue, is handed on as AckValue does.
+type AsyncAcker interface {
+	TryBounder
+	AckAsync(it *claim.Item, record func(context.Context, pgx.Tx) error, value any, hasValue bool, w AckWaiter)
 }
 
 // handlerCtx is a handler's context under Inline: the item's context (which
@@ -69,22 +94,65 @@ func (a *Inline) Call(h Handler, it claim.Item) {
 // lost, it was cancelled, the session ended), nil if there was none: a
 // handler that failed with context.DeadlineExceeded is counted as timed out
 // only without one. The result lives in a.
-func (a *Inline) Conclude(q *claim.Queue, it claim.Item, o Options, parentCause error) *Result {
+func (a *Inline) Conclude(q *claim.Queue, it *claim.Item, o *Options, parentCause error) *Result {
 	s, settleCtx, log := o.fill(q, a.hctx.Context)
-	conclude(s, settleCtx, it, a.hr, &a.hctx.box, o, &a.res, log, a.hctx.Err() != nil, parentCause)
+	conclude(&a.st, s, settleCtx, it, a.hr, &a.hctx.box, o, &a.res, log, a.hctx.Err() != nil, parentCause)
 	return &a.res
 }
+
+// Start is Conclude without waiting for the ack of a handler that
+// succeeded, when the item is acked on an AsyncAcker (o.Settle) and is
+// neither at most once nor cancelled: it asks the ack's first try and
+// returns nil; the AsyncAcker then calls w.AckAnswered, which must call
+// Answered, and Continue if that reports the attempt not over. Otherwise
+// it is Conclude, and returns its result.
+func (a *Inline) Start(q *claim.Queue, it *claim.Item, o *Options, parentCause error, w AckWaiter) *Result {
+	aa, async := o.Settle.(AsyncAcker)
+	if !async || a.hr.err != nil || it.AtMostOnce || errors.Is(parentCause, claim.ErrCancelled) {
+		return a.Conclude(q, it, o, parentCause)
+	}
+	s, settleCtx, log := o.fill(q, a.hctx.Context)
+	a.res.Panicked = a.hr.panicked
+	a.st = settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &a.res, log: log, onRetry: o.OnRetry, bounded: true}
+	a.value, a.hasValue = a.hctx.box.get()
+	a.record = recoverRecord(a.hr.record, &a.res)
+	a.res.Tries++
+	aa.AckAsync(it, a.record, a.value, a.hasValue, w)
+	return nil
+}
+
+// Answered takes the outcome of the ack's first try that Start asked, and
+// reports whether the attempt is over (then its result is Result): if
+// not, call Continue, on a goroutine that may wait (it retries).
+func (a *Inline) Answered(err error) bool {
+	if err == nil {
+		a.res.Outcome, a.res.Err, a.res.SettleErr = claim.Acked, nil, nil
+		return true
+	}
+	a.firstErr = err
+	return false
+}
+
+// Continue settles the item after a first try of its ack that failed, as
+// Conclude would have, and returns the attempt's result.
+func (a *Inline) Continue() *Result {
+	a.st.ackFrom(a.firstErr, a.record, a.value, a.hasValue)
+	return &a.res
+}
+
+// Result returns the attempt's result once it is over.
+func (a *Inline) Result() *Result { return &a.res }
 
 // Abandon settles item it without its handler's result, as Run does with a
 // handler that had not returned o.Grace after its context ended: call it
 // (instead of Conclude) from another goroutine than the handler's, which
 // runs on and whose result is ignored. parentCause is as for Conclude.
-func (a *Inline) Abandon(q *claim.Queue, it claim.Item, o Options, parentCause error) *Result {
+func (a *Inline) Abandon(q *claim.Queue, it *claim.Item, o *Options, parentCause error) *Result {
 	s, settleCtx, log := o.fill(q, a.hctx.Context)
 	a.res.Abandoned = true
 	hr := handlerResult{err: fmt.Errorf("the handler did not return within %v after its context ended (%w); abandoned", o.Grace, context.Cause(&a.hctx))}
 	log.Error("handler abandoned: it ignores its context; its goroutine runs on", zap.Duration("grace", o.Grace))
-	conclude(s, settleCtx, it, hr, &a.hctx.box, o, &a.res, log, true, parentCause)
+	conclude(&a.st, s, settleCtx, it, hr, &a.hctx.box, o, &a.res, log, true, parentCause)
 	return &a.res
 }
 
