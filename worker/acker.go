@@ -21,10 +21,11 @@ var errStopped = errors.New("worker: the session's settle goroutines have stoppe
 // hold a connection, so the connections a worker needs do not grow with its
 // Concurrency. Acks are committed together (group commit): a goroutine takes
 // the acks that are waiting, up to max, and commits them in one transaction
-// with claim.Queue.AckMany. A handler's ack waits only for the transaction it
-// joins, so batching adds no delay: the batch is whatever finished while the
-// previous transaction ran. Nacks and releases run one by one on the same
-// goroutines.
+// with claim.Queue.AckMany. An ack waits only for the transaction it joins,
+// so batching adds no delay: the batch is whatever finished while the
+// previous transaction ran. An item's ack asked with AckAsync is not waited
+// for at all: the goroutine that commits it ends the item. Nacks and
+// releases run one by one on the same goroutines.
 type acker struct {
 	q   *claim.Queue
 	max int
