@@ -61,7 +61,7 @@ func (f *flights) cancelled(reqs []claim.CancelRequest) []claim.CancelRequest {
 			continue
 		}
 		fl.cancelAsked = true
-		fl.cancel(r.Cause)
+		f.end(fl, r.Cause)
 		done = append(done, r)
 	}
 	return done

@@ -156,39 +156,41 @@ func (r *sessionRun) claimLoop() {
 			w.opts.Testing.OnClaim(ctx, items)
 		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
-		batch := items // the handlers' goroutines read their items here (one variable per claim, not per item)
-		for i := range batch {
-			it := &batch[i]
-			admitted := lim.admit(claimedAt, it.Tenant)
-			itemCtx, cancelItem := context.WithCancelCause(r.handlerCtx)
-			fl.add(*it, claimedAt, bound, cancelItem)
-			slots <- struct{}{}
-			r.handlers.Add(1)
-			w.inflight.Add(1)
-			w.running.Add(1)
-			go func() {
-				defer func() {
-					<-slots
-					select {
-					case r.freed <- struct{}{}:
-					default:
-					}
-					w.inflight.Add(-1)
-					r.handlers.Done()
-					if reb != nil {
-						reb.Done(holds[i])
-					}
-				}()
-				it := &batch[i]
-				if admitted {
-					r.handle(itemCtx, *it)
-					lim.done(it.Tenant)
-				} else {
-					w.giveBack(itemCtx, r.settleCtx, *it, r.a, log)
+		if len(items) > 0 {
+			// One allocation per item (its job) besides its context and
+			// goroutine; the handlers' deadlines from now (see job.go).
+			now := time.Now()
+			jobs, running := r.jobs[:0], r.running[:0]
+			for i := range items {
+				j := &job{r: r, fl: flight{item: items[i], started: claimedAt, bound: bound}}
+				j.fl.job = j
+				j.admitted = lim.admit(claimedAt, items[i].Tenant)
+				j.bucket = r.bucketFor(now)
+				j.ctx, j.fl.cancel = context.WithCancelCause(j.bucket.ctx)
+				j.a.Context(j.ctx, w.queue, &j.fl.item) // before the supervisor may abandon it
+				if w.opts.Observer != nil {
+					j.start.Store(int64(now.Sub(monoBase))) // its goroutine's start, if abandoned before it runs
 				}
-				fl.done(it.ID)
-				cancelItem(nil)
-			}()
+				if reb != nil {
+					j.hold = holds[i]
+				}
+				jobs = append(jobs, j)
+				if j.admitted {
+					running = append(running, j)
+				}
+			}
+			fl.addJobs(jobs)
+			r.sup.add(running)
+			for _, j := range jobs {
+				slots <- struct{}{}
+				r.handlers.Add(1)
+				w.inflight.Add(1)
+				w.running.Add(1)
+				go r.runJob(j)
+			}
+			clear(jobs)
+			clear(running)
+			r.jobs, r.running = jobs[:0], running[:0]
 		}
 		hinted = nil // one claim per wake-up's hint
 		backlog = err == nil && len(items) == free && free > 0

@@ -58,6 +58,11 @@ type flight struct {
 	// cancelAsked is set once the handler was cancelled for a cancel
 	// request.
 	cancelAsked bool
+	// job is the item's job (nil for flights added with add); cause is the
+	// first cause its context was cancelled with while the session's
+	// handler context was live (a cancel request, a lost claim).
+	job   *job
+	cause error
 }
 
 // flights are a session's claimed items.
@@ -65,6 +70,11 @@ type flights struct {
 	mu    sync.Mutex
 	lease time.Duration
 	m     map[uuid.UUID]*flight
+	// parent is the session's handler context, the parent of the items'
+	// contexts; sup, if not nil, abandons the handlers of the items whose
+	// contexts end early. Set before the first item is added.
+	parent context.Context
+	sup    *supervisor
 }
 
 func newFlights(lease time.Duration) *flights {
@@ -77,6 +87,47 @@ func (f *flights) add(it claim.Item, claimedAt time.Time, bound time.Time, cance
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.m[it.ID] = &flight{item: it, started: claimedAt, leaseEnd: claimedAt.Add(f.lease), bound: bound, cancel: cancel}
+}
+
+// addJobs records the claimed items of js (their flights filled in but
+// for the lease's end), in one lock.
+func (f *flights) addJobs(js []*job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, j := range js {
+		j.fl.leaseEnd = j.fl.started.Add(f.lease)
+		f.m[j.fl.item.ID] = &j.fl
+	}
+}
+
+// end cancels fl's handler with cause; f.mu is held. The first cause that
+// comes while the session's handler context is live is kept for the
+// attempt (parentCause), and the supervisor abandons the handler HangGrace
+// later if it has not returned.
+func (f *flights) end(fl *flight, cause error) {
+	if fl.cause == nil && (f.parent == nil || f.parent.Err() == nil) {
+		fl.cause = cause
+	}
+	fl.cancel(cause)
+	if fl.job != nil && f.sup != nil {
+		f.sup.ended(fl.job, time.Now())
+	}
+}
+
+// parentCause returns the cause of the end of j's context other than its
+// deadline: the cause it was cancelled with (end), else the cause of the
+// session's handler context; nil if neither ended.
+func (f *flights) parentCause(fl *flight) error {
+	if fl.job != nil && fl.job.ctx.Err() == nil {
+		return nil // end sets the cause before it cancels
+	}
+	f.mu.Lock()
+	c := fl.cause
+	f.mu.Unlock()
+	if c == nil && f.parent != nil {
+		c = context.Cause(f.parent)
+	}
+	return c
 }
 
 // done forgets an item once it is settled (or given up).
@@ -175,7 +226,7 @@ func (f *flights) lose(items []claim.Item) {
 	defer f.mu.Unlock()
 	for _, it := range items {
 		if fl := f.m[it.ID]; fl != nil && fl.item.Token == it.Token {
-			fl.cancel(errLeaseLost)
+			f.end(fl, errLeaseLost)
 		}
 	}
 }

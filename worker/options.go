@@ -72,7 +72,11 @@ type Options struct {
 	// wake-ups remain. CockroachDB has no LISTEN: there, only enqueues in
 	// the worker's own process wake it, and Poll finds the others.
 	NoWake bool
-	// ItemTimeout bounds one handler run. Default 5 min.
+	// ItemTimeout bounds one handler run. Default 5 min. The handlers of
+	// items claimed within a short window share one deadline, the latest
+	// of theirs: a handler's context may end up to a thousandth of
+	// ItemTimeout (at most 5 ms) after ItemTimeout from its start, never
+	// sooner.
 	ItemTimeout time.Duration
 	// HangGrace is how long the worker still waits for a handler whose
 	// context ended (ItemTimeout, a lost session, a shutdown) before it

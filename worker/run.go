@@ -13,6 +13,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // sessionRun is what the loops of one session share: the session and its
@@ -52,6 +53,12 @@ type sessionRun struct {
 	// with the session (its end releases the items), or when a shutdown
 	// stops waiting for them.
 	settleCtx context.Context
+	// sup abandons the handlers that outlive their contexts by HangGrace
+	// (job.go); bucket is the claim loop's current deadline bucket.
+	sup    *supervisor
+	bucket *deadlineBucket
+	// jobs and running are the claim loop's buffers for one claim's jobs.
+	jobs, running []*job
 }
 
 // runSession runs one session until it is lost or ctx is cancelled; on
@@ -91,6 +98,9 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	}
 	maintDone := make(chan struct{})
 	r.fl = newFlights(w.lease)
+	r.sup = newSupervisor(w.opts.HangGrace, r.abandonJob)
+	r.fl.parent, r.fl.sup = handlerCtx, r.sup
+	go r.sup.run(handlerCtx)
 	r.lim = newLimiter(w.opts.Limits)
 	w.lim.Store(r.lim)
 	defer func() {
@@ -107,7 +117,8 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if obs := w.opts.Observer; obs != nil {
 		observe = func(n int) { obs.AckBatch(w.name, n) }
 	}
-	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, claim.AckOptions{Batch: w.opts.BatchRecord, Statement: w.opts.BatchStatement})
+	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, claim.AckOptions{Batch: w.opts.BatchRecord, Statement: w.opts.BatchStatement},
+		context.WithoutCancel(settleCtx), attempt.DefaultTryTimeout)
 	defer r.a.stop()
 	r.slots = make(chan struct{}, w.opts.Concurrency)
 	r.freed = make(chan struct{}, 1)
@@ -118,6 +129,10 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	defer stopOnShutdown()
 	r.claimLoop()
 	stopClaiming()
+	if r.bucket != nil {
+		r.bucket.release() // the claim loop's reference
+	}
+	r.sup.stop()
 
 	// Wait for in-flight handlers: at once if the session is lost (their
 	// contexts are already cancelled), within ShutdownTimeout otherwise;

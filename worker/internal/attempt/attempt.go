@@ -40,6 +40,14 @@ type CancelEnder interface {
 	EndCancelled(ctx context.Context, it claim.Item) error
 }
 
+// TryBounder is a Settler that bounds each try itself, by the try timeout
+// from the moment the try is asked, whatever the context it is called with
+// says (Run calls it with Options.SettleCtx, whose end must not stop a try):
+// Run then makes no context per try.
+type TryBounder interface {
+	BoundsTries()
+}
+
 // ValueAcker is a Settler that can also hand a value of the handler's (see
 // SetValue) to a batch record with the item's ack.
 type ValueAcker interface {
@@ -56,7 +64,7 @@ type valueBox struct {
 	v   any
 	set bool
 	q   *claim.Queue
-	it  claim.Item
+	it  *claim.Item // not copied: the caller's, unchanged while the attempt runs
 }
 
 // SetValue hands v on to the item's ack, for a batch record (see
@@ -161,25 +169,8 @@ type handlerResult struct {
 // Run runs h on it and settles the item on q (or o.Settle). ctx is the
 // handler's parent context; the handler gets it bounded by o.Timeout.
 func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Options) Result {
-	log := o.Log
-	if log == nil {
-		log = zap.NewNop()
-	}
-	if o.Grace <= 0 {
-		o.Grace = DefaultGrace
-	}
-	if o.TryTimeout <= 0 {
-		o.TryTimeout = DefaultTryTimeout
-	}
-	s := o.Settle
-	if s == nil {
-		s = q
-	}
-	settleCtx := o.SettleCtx
-	if settleCtx == nil {
-		settleCtx = ctx
-	}
-	box := &valueBox{q: q, it: it}
+	s, settleCtx, log := o.fill(q, ctx)
+	box := &valueBox{q: q, it: &it}
 	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
 	defer cancel()
 	var res Result
@@ -204,17 +195,29 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 		}
 		grace.Stop()
 	}
-	res.Panicked = hr.panicked
+	var st settling
+	conclude(&st, s, settleCtx, &it, hr, box, &o, &res, log, hctx.Err() != nil, context.Cause(ctx))
+	return res
+}
+
+// conclude settles the item after its handler: hr is what the handler
+// returned (or the abandonment's error), box its value box, hctxEnded
+// whether the handler's own context had ended, and parentCause the cause of
+// the end of the handler's parent context (the item's: a lost claim, a
+// cancel, the session's end), nil while it is live. It fills res.
+func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item, hr handlerResult, box *valueBox, o *Options, res *Result, log *zap.Logger, hctxEnded bool, parentCause error) {
+	res.Panicked = res.Panicked || hr.panicked
 	err := hr.err
-	st := &settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: &res, log: log, onRetry: o.OnRetry}
+	*st = settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry}
+	_, st.bounded = s.(TryBounder)
 	switch {
 	case it.AtMostOnce:
 		st.atMostOnce(hr, err, box)
-	case errors.Is(context.Cause(ctx), claim.ErrCancelled):
+	case errors.Is(parentCause, claim.ErrCancelled):
 		// The item was cancelled while the handler ran: whatever it
 		// returned, its result cannot be acked (the cancel moved the
 		// claim's token on); the item ends as cancelled.
-		res.Err = context.Cause(ctx)
+		res.Err = parentCause
 		if !st.endCancelled() {
 			res.Outcome = claim.Unsettled
 			if res.SettleErr == nil {
@@ -223,21 +226,20 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 		}
 	case err == nil:
 		v, hasValue := box.get()
-		st.ack(recoverRecord(hr.record, &res), v, hasValue)
+		st.ack(recoverRecord(hr.record, res), v, hasValue)
 	case o.GiveBack != nil && o.GiveBack():
 		// Shutdown gave up waiting, or the session was lost: give the item
 		// back without counting the attempt (refused if the claim is gone).
 		res.Err = err
 		st.release()
 	default:
-		if errors.Is(err, context.DeadlineExceeded) && hctx.Err() != nil && ctx.Err() == nil {
+		if errors.Is(err, context.DeadlineExceeded) && hctxEnded && parentCause == nil {
 			res.TimedOut = true
 			err = fmt.Errorf("item timed out after %v: %w", o.Timeout, err)
 		}
 		res.Err = err
 		st.nack(err)
 	}
-	return res
 }
 
 // call runs the handler, turning a panic into an error.
@@ -291,13 +293,15 @@ func recoverRecord(record func(context.Context, pgx.Tx) error, res *Result) func
 // settling acks, nacks or releases one item, retrying failed tries.
 type settling struct {
 	s          Settler
-	it         claim.Item
+	it         *claim.Item
 	ctx        context.Context
 	tryTimeout time.Duration
 	res        *Result
 	log        *zap.Logger
 	backoff    time.Duration
 	onRetry    func()
+	// bounded: s is a TryBounder, which bounds each try itself.
+	bounded bool
 }
 
 // try runs one try of op, bounded by tryTimeout, whatever the settle
@@ -305,6 +309,9 @@ type settling struct {
 // gets its answer.
 func (st *settling) try(op func(ctx context.Context) error) error {
 	st.res.Tries++
+	if st.bounded {
+		return op(st.ctx)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), st.tryTimeout)
 	defer cancel()
 	return op(ctx)
@@ -347,16 +354,26 @@ func Unknown(err error) bool {
 // record with it); only a failure of record itself (its error, its panic, or
 // a COMMIT refused because of what it wrote) nacks the item.
 func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, hasValue bool) {
-	res := st.res
+	st.ackFrom(st.tryAck(record, value, hasValue), record, value, hasValue)
+}
+
+// tryAck runs one try of the ack.
+func (st *settling) tryAck(record func(context.Context, pgx.Tx) error, value any, hasValue bool) error {
 	va, withValue := st.s.(ValueAcker)
 	withValue = withValue && hasValue
+	return st.try(func(ctx context.Context) error {
+		if withValue {
+			return va.AckValue(ctx, *st.it, record, value)
+		}
+		return st.s.Ack(ctx, *st.it, record)
+	})
+}
+
+// ackFrom goes on with the ack after a try that returned err: it settles
+// the item, trying again as ack says.
+func (st *settling) ackFrom(err error, record func(context.Context, pgx.Tx) error, value any, hasValue bool) {
+	res := st.res
 	for {
-		err := st.try(func(ctx context.Context) error {
-			if withValue {
-				return va.AckValue(ctx, st.it, record, value)
-			}
-			return st.s.Ack(ctx, st.it, record)
-		})
 		switch {
 		case err == nil:
 			res.Outcome, res.Err, res.SettleErr = claim.Acked, nil, nil
@@ -408,6 +425,7 @@ func (st *settling) ack(record func(context.Context, pgx.Tx) error, value any, h
 				return
 			}
 		}
+		err = st.tryAck(record, value, hasValue)
 	}
 }
 
@@ -439,9 +457,9 @@ func (st *settling) atMostOnce(hr handlerResult, err error, box *valueBox) {
 		va, withValue := st.s.(ValueAcker)
 		err = st.try(func(ctx context.Context) error {
 			if withValue && hasValue {
-				return va.AckValue(ctx, st.it, record, v)
+				return va.AckValue(ctx, *st.it, record, v)
 			}
-			return st.s.Ack(ctx, st.it, record)
+			return st.s.Ack(ctx, *st.it, record)
 		})
 		if err == nil {
 			res.Outcome, res.Err = claim.Acked, nil
@@ -464,7 +482,7 @@ func (st *settling) nack(cause error) {
 		var out claim.Outcome
 		err := st.try(func(ctx context.Context) error {
 			var err error
-			out, err = st.s.Nack(ctx, st.it, cause)
+			out, err = st.s.Nack(ctx, *st.it, cause)
 			return err
 		})
 		switch {
@@ -512,7 +530,7 @@ func (st *settling) nack(cause error) {
 func (st *settling) release() {
 	res := st.res
 	for {
-		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, st.it) })
+		err := st.try(func(ctx context.Context) error { return st.s.Release(ctx, *st.it) })
 		switch {
 		case err == nil:
 			res.Outcome, res.SettleErr = claim.Released, nil
@@ -545,7 +563,7 @@ func (st *settling) endCancelled() (ended bool) {
 		}
 	}()
 	for {
-		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, st.it) })
+		err := st.try(func(ctx context.Context) error { return ce.EndCancelled(ctx, *st.it) })
 		switch {
 		case err == nil:
 			st.res.Outcome, st.res.SettleErr = claim.Cancelled, nil

@@ -25,7 +25,7 @@ func SaveCheckpoint(ctx context.Context, data []byte) error {
 	if !ok {
 		return ErrNotHandler
 	}
-	return b.q.SaveCheckpoint(ctx, b.it, data)
+	return b.q.SaveCheckpoint(ctx, *b.it, data)
 }
 
 // ReportProgress saves p as the progress of the item whose handler runs
@@ -35,5 +35,5 @@ func ReportProgress(ctx context.Context, p claim.Progress) error {
 	if !ok {
 		return ErrNotHandler
 	}
-	return b.q.ReportProgress(ctx, b.it, p)
+	return b.q.ReportProgress(ctx, *b.it, p)
 }
