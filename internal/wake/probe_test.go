@@ -163,3 +163,60 @@ func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 		}
 	}
 }
+
+// With CockroachOnly (worker.WakeAuto), the prober does not connect until
+// the engine is known to be CockroachDB (the listener's first connection
+// finds it: simulated here by recording it as the listener does). Then it
+// connects, finds the engine itself (PostgreSQL here: the record was
+// wrong) and probes nothing.
+func TestProbeCockroachOnlyWaitsForTheEngine(t *testing.T) {
+	ctx := context.Background()
+	url := testdb.NewURL(t)
+	direct, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	p, pu, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	proxied, err := pgxpool.New(ctx, pu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	// Counts every statement on the proxy: the prober's would be the only ones.
+	p.Arm(faultproxy.Rule{Match: func(string) bool { return true }, Action: faultproxy.Pass, Times: 1 << 30})
+	store := crsql.NewStore(crsql.Tables{})
+	ch := store.NotifyChannel("q")
+	stop, _ := Probe(proxied, ch, ProbeSpec{Store: store, Queue: "q", Every: 10 * time.Millisecond, Again: time.Hour, CockroachOnly: true}, nil)
+	defer stop()
+	idled := Idle(ch)
+	defer idled()
+	key := dbKey(connConfig(proxied))
+	t.Cleanup(func() { dialects.Delete(key) })
+	// Recorded as PostgreSQL: still nothing.
+	dialects.Store(key, crsql.Postgres)
+	kickProbers()
+	waitUntil(t, "five intervals", func() bool {
+		time.Sleep(50 * time.Millisecond)
+		return true
+	})
+	if n := p.Fired(); n != 0 || Probing(ch) {
+		t.Fatalf("%d statements (probing %v) before the engine was known to be CockroachDB", n, Probing(ch))
+	}
+	dialects.Store(key, crsql.Cockroach)
+	kickProbers()
+	waitUntil(t, "the prober to connect and find PostgreSQL", func() bool {
+		d, _ := dialects.Load(key)
+		return p.Fired() > 0 && d == crsql.Postgres
+	})
+	if Probing(ch) {
+		t.Error("a CockroachOnly channel probed on PostgreSQL")
+	}
+}
