@@ -18,7 +18,7 @@ import (
 // workers of the queue directly (Wake), on both engines: CockroachDB has no
 // LISTEN, so there enqueues made in the worker's own process wake it at
 // once, and the others are found by the worker process's idle probe
-// (worker.WakeProbe, one read per queue every 40 ms while workers idle)
+// (worker.WakeProbe, one read per queue every 30 ms while workers idle)
 // or by the poll.
 
 // notifies reports whether enqueues send the PostgreSQL notification

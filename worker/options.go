@@ -26,7 +26,7 @@ const (
 	DefaultGatherWait      = 5 * time.Millisecond
 	DefaultHangGrace       = 2 * time.Second
 	DefaultMaxAbandoned    = 8
-	DefaultProbeEvery      = 40 * time.Millisecond
+	DefaultProbeEvery      = 30 * time.Millisecond
 	DefaultProbePoll       = 2 * time.Second
 )
 
@@ -74,7 +74,7 @@ type Options struct {
 	// processes enqueued (see WakeMode): by default LISTEN on PostgreSQL
 	// and the idle probe on CockroachDB. Not used with NoWake.
 	Wake WakeMode
-	// ProbeEvery is the idle probe's interval: default 40 ms (see
+	// ProbeEvery is the idle probe's interval: default 30 ms (see
 	// WakeProbe). ProbePoll is an idle worker's claim interval while the
 	// probe answers, in place of Poll (drawn between half and one and a
 	// half of it): default 2 s, never below Poll.

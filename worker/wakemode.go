@@ -25,7 +25,7 @@ const (
 	WakeListen
 	// WakeProbe: the idle probe, on either engine, without LISTEN. While
 	// a worker of the queue idles, its process runs one read-only,
-	// index-backed statement per queue every ProbeEvery (40 ms by
+	// index-backed statement per queue every ProbeEvery (30 ms by
 	// default, jittered by a fifth) on one connection of its own per
 	// database (the claim's read of up to 8 items, without locks or
 	// writes), and wakes its idle workers of the queue when it finds items
