@@ -26,8 +26,6 @@ const (
 	DefaultGatherWait      = 5 * time.Millisecond
 	DefaultHangGrace       = 2 * time.Second
 	DefaultMaxAbandoned    = 8
-	DefaultProbeEvery      = 30 * time.Millisecond
-	DefaultProbePoll       = 2 * time.Second
 )
 
 // MaxDuration bounds every duration of Options: far above any useful value,

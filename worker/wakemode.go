@@ -7,6 +7,12 @@ import (
 	"github.com/crdbwork/crdbwork/internal/wake"
 )
 
+// Defaults of Options.ProbeEvery and Options.ProbePoll (see WakeProbe).
+const (
+	DefaultProbeEvery = 30 * time.Millisecond
+	DefaultProbePoll  = 2 * time.Second
+)
+
 // WakeMode selects how an idle worker learns of items that other processes
 // enqueued (Options.Wake). Enqueues through a claim.Queue in the worker's
 // own process wake it directly in every mode, and its poll stays the
