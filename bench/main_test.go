@@ -140,6 +140,7 @@ func TestBadFlags(t *testing.T) {
 		{"growth", "--backlogs", "10,x"},
 		{"latency", "--samples", "0"},
 		{"latency", "--systems", "river,kafka"},
+		{"latency", "--probe-every", "0s"},
 		{"frobnicate"},
 	} {
 		if err := run(context.Background(), args, &strings.Builder{}); err == nil {
