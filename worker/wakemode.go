@@ -43,7 +43,9 @@ const (
 	// the probe reconnects with backoff (100 ms to 10 s). Cost: per
 	// process, at most one such read per queue per ProbeEvery while some
 	// worker of the queue idles, none while all are busy; see
-	// docs/operations.md, "Wake-ups".
+	// docs/operations.md, "Wake-ups". Without the listener, cancel
+	// requests of running items (claim.Queue.CancelItem) are found at the
+	// session's next heartbeat, as on CockroachDB.
 	WakeProbe
 )
 
