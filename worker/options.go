@@ -68,15 +68,6 @@ type Options struct {
 	// wake-ups remain. CockroachDB has no LISTEN: there the process's idle
 	// probe (see Wake) finds what other processes enqueued.
 	NoWake bool
-	// Wake selects how an idle worker learns of items that other
-	// processes enqueued (see WakeMode): by default LISTEN on PostgreSQL
-	// and the idle probe on CockroachDB. Not used with NoWake.
-	Wake WakeMode
-	// ProbeEvery is the idle probe's interval: default 30 ms (see
-	// WakeProbe). ProbePoll is an idle worker's claim interval while the
-	// probe answers, in place of Poll (drawn between half and one and a
-	// half of it): default 2 s, never below Poll.
-	ProbeEvery, ProbePoll time.Duration
 	// ItemTimeout bounds one handler run. Default 5 min.
 	ItemTimeout time.Duration
 	// HangGrace is how long the worker still waits for a handler whose
@@ -133,6 +124,16 @@ type Options struct {
 	// take the queue's name and tables, and log to Logger.
 	Session   session.Tuning
 	Partition partition.Tuning
+	// Wake selects how an idle worker learns of items that other
+	// processes enqueued (see WakeMode): by default LISTEN on PostgreSQL
+	// and the idle probe on CockroachDB. Not used with NoWake (see
+	// NoWake, Poll).
+	Wake WakeMode
+	// ProbeEvery is the idle probe's interval: default 30 ms (see
+	// WakeProbe). ProbePoll is an idle worker's claim interval while the
+	// probe answers, in place of Poll (drawn between half and one and a
+	// half of it): default 2 s, never below Poll.
+	ProbeEvery, ProbePoll time.Duration
 	// Name is stored in the row of each of the worker's sessions, for
 	// operators (for example "demo-worker-3"; session.Options.Name).
 	Name string
