@@ -88,18 +88,33 @@ func riverConsumer() consumer {
 	}}
 }
 
+// Wake-ups of a crdbwork consumer: the default (LISTEN on PostgreSQL),
+// none (the poll alone), or the idle probe without LISTEN (what runs on
+// CockroachDB; worker.WakeProbe).
+const (
+	wakeDefault = iota
+	wakeNone
+	wakeProbe
+)
+
 // crdbworkConsumer is one crdbwork worker with the default options (8
-// handlers, Poll 150 ms), parts parts (0: none), wake-ups on unless noWake.
-func crdbworkConsumer(parts int, noWake bool) consumer {
+// handlers, Poll 150 ms), parts parts (0: none), and the wake-ups wake
+// (with wakeProbe, the probe's interval probeEvery; 0: the default).
+func crdbworkConsumer(parts int, wake int, probeEvery time.Duration) consumer {
 	name := "crdbwork"
 	if parts > 0 {
 		name += fmt.Sprintf(", %d parts", parts)
 	}
-	if noWake {
+	opts := worker.Options{Parts: parts, Partition: partition.Tuning{Poll: 100 * time.Millisecond}}
+	switch wake {
+	case wakeNone:
 		name += ", no wake-ups"
+		opts.NoWake = true
+	case wakeProbe:
+		name += ", probe"
+		opts.Wake, opts.ProbeEvery = worker.WakeProbe, probeEvery
 	}
 	return consumer{name: name, producer: "crdbwork", start: func(ctx context.Context, url string, started chan<- time.Time) (func() error, error) {
-		opts := worker.Options{Parts: parts, NoWake: noWake, Partition: partition.Tuning{Poll: 100 * time.Millisecond}}
 		pool, err := newPool(ctx, url, worker.PoolConns(opts))
 		if err != nil {
 			return nil, err
@@ -311,7 +326,9 @@ func latency(ctx context.Context, args []string, out io.Writer) error {
 	rounds := fs.Int("rounds", 3, "rounds; each runs every system once, in an order that alternates between rounds")
 	gap := fs.Duration("gap", 150*time.Millisecond, "idle time before each item: a random value between gap and 2·gap (River's producer notifies at most once per 100 ms, its FetchCooldown)")
 	parts := fs.Int("parts", 16, "parts of the crdbwork run with parts")
-	only := fs.String("systems", "river,crdbwork,crdbwork-parts,crdbwork-poll", "systems to run, comma-separated: river, crdbwork, crdbwork-parts, crdbwork-poll (wake-ups off: the poll alone)")
+	probeEvery := fs.Duration("probe-every", worker.DefaultProbeEvery, "the idle probe's interval in the crdbwork-probe systems (worker.Options.ProbeEvery)")
+	only := fs.String("systems", "river,crdbwork,crdbwork-parts,crdbwork-poll,crdbwork-probe,crdbwork-parts-probe",
+		"systems to run, comma-separated: river, crdbwork, crdbwork-parts, crdbwork-poll (wake-ups off: the poll alone), crdbwork-probe and crdbwork-parts-probe (the idle probe instead of LISTEN, as on CockroachDB)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -320,6 +337,8 @@ func latency(ctx context.Context, args []string, out io.Writer) error {
 		return errors.New("--samples, --rounds and --parts must be at least 1")
 	case *gap < 0:
 		return errors.New("--gap must not be negative")
+	case *probeEvery <= 0:
+		return errors.New("--probe-every must be positive")
 	}
 	var systems []consumer
 	for _, s := range strings.Split(*only, ",") {
@@ -327,11 +346,15 @@ func latency(ctx context.Context, args []string, out io.Writer) error {
 		case "river":
 			systems = append(systems, riverConsumer())
 		case "crdbwork":
-			systems = append(systems, crdbworkConsumer(0, false))
+			systems = append(systems, crdbworkConsumer(0, wakeDefault, 0))
 		case "crdbwork-parts":
-			systems = append(systems, crdbworkConsumer(*parts, false))
+			systems = append(systems, crdbworkConsumer(*parts, wakeDefault, 0))
 		case "crdbwork-poll":
-			systems = append(systems, crdbworkConsumer(0, true))
+			systems = append(systems, crdbworkConsumer(0, wakeNone, 0))
+		case "crdbwork-probe":
+			systems = append(systems, crdbworkConsumer(0, wakeProbe, *probeEvery))
+		case "crdbwork-parts-probe":
+			systems = append(systems, crdbworkConsumer(*parts, wakeProbe, *probeEvery))
 		default:
 			return fmt.Errorf("--systems: unknown system %q", s)
 		}

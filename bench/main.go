@@ -66,7 +66,8 @@ latency has another process (this program again) enqueue one item at a
 time into an idle queue, --gap to 2·--gap apart, and measures from the return
 of its enqueue (the commit acknowledged) to the start of its handler, for River
 (LISTEN/NOTIFY, its defaults) and crdbwork (its defaults: wake-ups on; with
---parts parts; and with wake-ups off, the poll alone), alternating the systems
+--parts parts; with wake-ups off, the poll alone; and with the idle probe
+instead of LISTEN, as on CockroachDB, without and with parts), alternating the systems
 in each round; it prints p50 and p99 and their ratios to River's in the same
 round.
 

@@ -34,18 +34,18 @@ func TestLatencyMeasuresEverySystem(t *testing.T) {
 	if err := run(ctx, []string{"latency", "--samples", "5", "--rounds", "2", "--gap", "110ms", "--parts", "4"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	row := regexp.MustCompile(`(?m)^\| (River|crdbwork|crdbwork, 4 parts|crdbwork, no wake-ups) +\| +([0-9.]+) \| +([0-9.]+) \| +([0-9.]+)× \| +([0-9.]+)× \|$`)
+	row := regexp.MustCompile(`(?m)^\| (River|crdbwork|crdbwork, 4 parts|crdbwork, no wake-ups|crdbwork, probe|crdbwork, 4 parts, probe) +\| +([0-9.]+) \| +([0-9.]+) \| +([0-9.]+)× \| +([0-9.]+)× \|$`)
 	rows := row.FindAllStringSubmatch(out.String(), -1)
-	if len(rows) != 4 {
-		t.Fatalf("want 4 table rows, got %d:\n%s", len(rows), out.String())
+	if len(rows) != 6 {
+		t.Fatalf("want 6 table rows, got %d:\n%s", len(rows), out.String())
 	}
 	for _, r := range rows {
 		if r[1] == "River" && (r[4] != "1.00" || r[5] != "1.00") {
 			t.Errorf("River's ratios to itself are %s× and %s×", r[4], r[5])
 		}
 	}
-	if n := strings.Count(out.String(), "\nround "); n != 8 {
-		t.Errorf("want 8 runs (4 systems × 2 rounds), got %d:\n%s", n, out.String())
+	if n := strings.Count(out.String(), "\nround "); n != 12 {
+		t.Errorf("want 12 runs (6 systems × 2 rounds), got %d:\n%s", n, out.String())
 	}
 }
 
@@ -140,6 +140,7 @@ func TestBadFlags(t *testing.T) {
 		{"growth", "--backlogs", "10,x"},
 		{"latency", "--samples", "0"},
 		{"latency", "--systems", "river,kafka"},
+		{"latency", "--probe-every", "0s"},
 		{"frobnicate"},
 	} {
 		if err := run(context.Background(), args, &strings.Builder{}); err == nil {

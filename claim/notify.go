@@ -16,8 +16,10 @@ import (
 // listen for it (package worker) and claim at once instead of at their
 // next poll. After its commit, an enqueue also signals this process's own
 // workers of the queue directly (Wake), on both engines: CockroachDB has no
-// LISTEN, so there only enqueues made in the worker's own process wake it,
-// and the others are found by the poll.
+// LISTEN, so there enqueues made in the worker's own process wake it at
+// once, and the others are found by the worker process's idle probe
+// (worker.WakeProbe, one read per queue every 30 ms while workers idle)
+// or by the poll.
 
 // notifies reports whether enqueues send the PostgreSQL notification
 // (ready has run).
@@ -33,7 +35,8 @@ func (q *Queue) notifies() bool {
 // due at once: EnqueueTx cannot know when, or whether, the caller commits.
 // (On PostgreSQL the notification EnqueueTx sends in the transaction wakes
 // the workers of every process at commit anyway; on CockroachDB, which has
-// no notifications, Wake is what wakes this process's workers.) A Wake with
+// no notifications, Wake wakes this process's workers at once, before the
+// idle probe's next round, worker.WakeProbe, finds the items.) A Wake with
 // nothing to claim costs one claim statement per idle worker.
 func (q *Queue) Wake() { wake.Signal(q.channel) }
 

@@ -17,7 +17,7 @@ import (
 // handler's context through the session's maintenance loop: at every
 // heartbeat (session Tuning.Heartbeat, default 1 s) while the session
 // holds items, and at once when the queue's cancel notification arrives
-// (PostgreSQL, unless NoWake), the loop reads the session's items whose
+// (PostgreSQL, unless NoWake or WakeProbe), the loop reads the session's items whose
 // cancel was asked for (claim.Claimer.CancelRequests) and cancels their
 // handlers' contexts with a *claim.CancelledError as the cause. When the
 // handler returns, its item ends as cancelled (claim.Queue.EndCancelled)

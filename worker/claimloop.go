@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -34,7 +33,9 @@ func (r *sessionRun) claimLoop() {
 	// session owns them). nil: every owned part.
 	var hinted map[int]bool
 	pause := func() bool {
-		t := time.NewTimer(w.opts.Poll/2 + rand.N(w.opts.Poll+1))
+		wait, idled := w.idleWait()
+		defer idled()
+		t := time.NewTimer(wait)
 		defer t.Stop()
 		// In a sequenced queue an item that ends may unblock its key's
 		// next item: claim again then (docs/sequences.md). Nil otherwise:

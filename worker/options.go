@@ -69,8 +69,8 @@ type Options struct {
 	// (checked every 10 s), workers claim at their Poll interval. The
 	// listener needs the pool's connection settings: with a database that
 	// is neither a *pgxpool.Pool nor a *pgx.Conn, only in-process
-	// wake-ups remain. CockroachDB has no LISTEN: there, only enqueues in
-	// the worker's own process wake it, and Poll finds the others.
+	// wake-ups remain. CockroachDB has no LISTEN: there the process's idle
+	// probe (see Wake) finds what other processes enqueued.
 	NoWake bool
 	// ItemTimeout bounds one handler run. Default 5 min. The handlers of
 	// items claimed within a short window share one deadline, the latest
@@ -135,6 +135,16 @@ type Options struct {
 	// take the queue's name and tables, and log to Logger.
 	Session   session.Tuning
 	Partition partition.Tuning
+	// Wake selects how an idle worker learns of items that other
+	// processes enqueued (see WakeMode): by default LISTEN on PostgreSQL
+	// and the idle probe on CockroachDB. Not used with NoWake (see
+	// NoWake, Poll).
+	Wake WakeMode
+	// ProbeEvery is the idle probe's interval: default 30 ms (see
+	// WakeProbe). ProbePoll is an idle worker's claim interval while the
+	// probe answers, in place of Poll (drawn between half and one and a
+	// half of it): default 2 s, never below Poll.
+	ProbeEvery, ProbePoll time.Duration
 	// Name is stored in the row of each of the worker's sessions, for
 	// operators (for example "demo-worker-3"; session.Options.Name).
 	Name string
@@ -228,7 +238,8 @@ func (o Options) withDefaults() (Options, error) {
 		name string
 		v    time.Duration
 	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
-		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout}} {
+		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout},
+		{"ProbeEvery", o.ProbeEvery}, {"ProbePoll", o.ProbePoll}} {
 		if d.v > MaxDuration {
 			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
 		}
@@ -247,6 +258,8 @@ func (o Options) withDefaults() (Options, error) {
 	o.MaxAckBatch = cmp.Or(o.MaxAckBatch, min(max(DefaultMaxAckBatch, o.Concurrency/4), MaxDefaultAckBatch))
 	o.Ackers = cmp.Or(o.Ackers, DefaultAckers)
 	o.GatherWait = max(0, cmp.Or(o.GatherWait, DefaultGatherWait)) // negative: claim as soon as a slot frees
+	o.ProbeEvery = cmp.Or(o.ProbeEvery, DefaultProbeEvery)
+	o.ProbePoll = max(o.Poll, cmp.Or(o.ProbePoll, DefaultProbePoll))
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -259,6 +272,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("worker: MaxAckBatch %d is negative", o.MaxAckBatch)
 	case o.Ackers < 0 || o.Ackers > maxAckers:
 		return o, fmt.Errorf("worker: Ackers %d must be between 1 and %d", o.Ackers, maxAckers)
+	case o.Wake < WakeAuto || o.Wake > WakeProbe:
+		return o, fmt.Errorf("worker: Wake %d is not a WakeMode", o.Wake)
 	case o.Session.ReapEvery > session.MaxExpiry:
 		return o, fmt.Errorf("worker: Session.ReapEvery %v is too long (maximum %v)", o.Session.ReapEvery, session.MaxExpiry)
 	}
@@ -296,7 +311,8 @@ func PoolConns(opts Options) int {
 // process with opts opens at most: PoolConns, plus the session's heartbeat
 // connection, which is its own (outside the pool) so that a busy pool never
 // delays a heartbeat, plus (unless NoWake) the wake-up listener's
-// connection, which all the workers of a process on one database share.
+// connection or, on CockroachDB or with WakeProbe, the idle probe's (see
+// WakeMode), which all the workers of a process on one database share.
 // With the defaults: 6, or 7 in parts mode; 4 workers of 1000 handlers
 // each in one process run within 4 × 6 + 1 = 25 connections (Connections
 // counts the shared listener once per worker, an upper bound).

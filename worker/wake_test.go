@@ -223,6 +223,10 @@ func TestWakeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
 			if pid := listenerPid(t, pool); pid == 0 {
 				t.Error("no listener connection")
 			}
+			// WakeAuto on PostgreSQL: LISTEN, and no idle probe.
+			if pids := probePids(t, pool); len(pids) != 0 {
+				t.Errorf("probe connections %v on PostgreSQL with the default WakeAuto", pids)
+			}
 		})
 	}
 }

@@ -203,6 +203,10 @@ type Worker struct {
 	wakeups atomic.Int64
 	wake    <-chan struct{}
 	wakeSub *wake.Sub
+	// channel is the queue's wake-up channel; probing reports whether the
+	// process's idle probe probes it (Options.Wake; see idleWait).
+	channel string
+	probing bool
 	// cancelWake receives the queue's cancel notifications (nil with
 	// NoWake); cancelsSeen counts the handlers cancelled for a cancel
 	// request (Stats.CancelRequests).
@@ -319,16 +323,29 @@ func (w *Worker) Run(ctx context.Context) error {
 		channel := w.store.NotifyChannel(w.name)
 		sub := wake.Subscribe(channel)
 		defer sub.Close()
-		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
-		defer stopListening()
+		if w.opts.Wake != WakeProbe {
+			stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
+			defer stopListening()
+		}
+		if w.opts.Wake != WakeListen {
+			// The idle probe (wakemode.go): with WakeAuto, once the
+			// listener found CockroachDB.
+			stopProbe, ok := wake.Probe(w.db, channel, wake.ProbeSpec{Store: w.store, Queue: w.name,
+				Every: w.opts.ProbeEvery, Again: w.opts.Poll, CockroachOnly: w.opts.Wake == WakeAuto}, w.opts.Logger)
+			defer stopProbe()
+			w.channel, w.probing = channel, ok
+		}
 		w.wake, w.wakeSub = sub.C(), sub
 		// Cancel requests of running items, on their own channel so that
-		// they do not wake idle claimers.
+		// they do not wake idle claimers. (Without the listener, the
+		// session's heartbeat finds them.)
 		cancels := w.queue.CancelChannel()
 		csub := wake.Subscribe(cancels)
 		defer csub.Close()
-		stopCancels, _ := wake.Listen(w.db, cancels, w.opts.Logger)
-		defer stopCancels()
+		if w.opts.Wake != WakeProbe {
+			stopCancels, _ := wake.Listen(w.db, cancels, w.opts.Logger)
+			defer stopCancels()
+		}
 		w.cancelWake = csub.C()
 	}
 	first := true

@@ -81,7 +81,7 @@ func Listen(db any, channel string, log *zap.Logger) (stop func(), ok bool) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	key := fmt.Sprintf("%s|%s:%d/%s/%s", cfg.ConnString(), cfg.Host, cfg.Port, cfg.Database, cfg.User)
+	key := dbKey(cfg)
 	listeners.mu.Lock()
 	if listeners.m == nil {
 		listeners.m = make(map[string]*listener)
@@ -161,7 +161,7 @@ func (l *listener) run(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, errNoListen) {
-			l.log.Info("no wake-up notifications on CockroachDB: idle workers poll, and enqueues in this process wake them")
+			l.log.Info("no wake-up notifications on CockroachDB: the idle probe (unless turned off) and enqueues in this process wake idle workers, and they poll")
 			return
 		}
 		if connected {
@@ -197,6 +197,9 @@ func (l *listener) session(ctx context.Context) (connected bool, err error) {
 	dialect, err := crsql.DetectDialect(cctx, conn)
 	if err != nil {
 		return false, fmt.Errorf("wake: listener: %w", err)
+	}
+	if _, known := dialects.Swap(l.key, dialect); !known && dialect == crsql.Cockroach {
+		kickProbers() // they may probe now (see Probe)
 	}
 	if dialect == crsql.Cockroach {
 		return false, errNoListen

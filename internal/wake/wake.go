@@ -2,7 +2,10 @@
 // in-process hub, which an enqueue through package claim signals after its
 // commit, and on PostgreSQL one listener connection per process and
 // database, which turns the notifications that enqueues of every process
-// send (see sql.Store.Notify) into signals of the same hub.
+// send (see sql.Store.Notify) into signals of the same hub; and, where
+// there is no LISTEN (CockroachDB, or when asked), one idle probe per
+// process and database (probe.go), which reads the queues of idle workers
+// at a short interval and signals the hub when it finds new items.
 //
 // A wake-up only shortens an idle wait: a worker claims as it would after
 // its poll interval, and the poll stays its fallback. Nothing here is
