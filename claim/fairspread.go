@@ -17,9 +17,10 @@ import (
 // its turns faster than one whose parts hold many, and its tenants would get
 // more than their share: fair within each session, not across the fleet.
 // So in a fair queue, enqueue spreads a tenant's items without a key over
-// the parts by their turns: the item with turn t goes to part (h + t) mod
-// parts, where h is the tenant's hash and t counts microseconds, and a
-// tenant's consecutive turns (1 µs apart) land in consecutive parts. Every
+// the parts by their turns: the item with turn t goes to part (h + t·s) mod
+// parts, where h is the tenant's hash, t counts microseconds and s is
+// spreadStride, so a tenant's consecutive turns (1 µs apart) land in parts
+// far apart, and any `parts` consecutive turns in all of them. Every
 // part then holds about 1/parts of each backlogged tenant's items, in the
 // same turn order as the queue, and every session's claims, whatever their
 // size and pace, serve all backlogged tenants evenly. No row is shared and
@@ -82,11 +83,25 @@ func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool
 	return !all, limited, nil
 }
 
+// spreadStride is the step, in key hash, between a tenant's consecutive
+// turns: a prime (so coprime with any number of parts up to it: a tenant's
+// P consecutive turns land in P different parts) whose residues modulo the
+// usual numbers of parts are near the golden section of the parts (5 of
+// 16, 5 of 8, 21 of 32 and of 64, 13 of 24), so that consecutive turns land
+// far apart. Sessions own runs of neighbouring parts (partition.Sticky and
+// Contiguous); with a step of 1, a session's parts would hold a tenant's
+// items in bursts of consecutive turns followed by long gaps, and the
+// session's claims of a few rounds would serve some tenants several times
+// and others not at all. With 16 parts in four runs of four, any four
+// consecutive turns of a tenant land in all four runs.
+const spreadStride = 1_986_133
+
 // spreadHash is the key hash of a tenant's item without a key stamped with
 // turn in a fair queue: the part is the hash modulo the queue's parts, so
-// consecutive turns of the tenant go to consecutive parts.
+// the tenant's consecutive turns go to parts spreadStride apart (modulo the
+// parts).
 func spreadHash(tenant string, turn time.Time) int64 {
-	return int64((keyHash("", tenant) + uint64(turn.UnixMicro())) & math.MaxInt64)
+	return int64((keyHash("", tenant) + uint64(turn.UnixMicro())*spreadStride) & math.MaxInt64)
 }
 
 // forget drops the cached limits: the next fair enqueue reads them again.

@@ -11,7 +11,7 @@ import (
 )
 
 // In a fair queue, a tenant's items without a key are spread over the parts
-// by turn (consecutive turns, consecutive parts), so every part holds its
+// by turn (consecutive turns in parts claim.SpreadStride apart), so every part holds its
 // share of every tenant's backlog; a tenant with a limit (its own, or the
 // queue's default tenant limit) keeps its one part, as do items with a key,
 // and in a plain queue nothing changes.
@@ -76,11 +76,11 @@ func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 	if counts := perPart("spread"); fmt.Sprint(counts) != fmt.Sprint([]int{5, 5, 5, 5, 5, 5, 5, 5}) {
 		t.Errorf("spread: items per part %v; want 5 in each of the %d parts", counts, parts)
 	}
-	// Consecutive turns go to consecutive parts.
+	// Consecutive turns go to parts SpreadStride apart.
 	var bad int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (
 		SELECT part, lag(part) OVER (ORDER BY turn_at) AS prev FROM crdbwork_items WHERE tenant = 'spread') AS s
-		WHERE prev IS NOT NULL AND part <> (prev + 1) % $1`, parts).Scan(&bad); err != nil {
+		WHERE prev IS NOT NULL AND part <> (prev + $2) % $1`, parts, claim.SpreadStride%parts).Scan(&bad); err != nil {
 		t.Fatal(err)
 	}
 	if bad != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"time"
 
@@ -27,6 +28,9 @@ type sessionRun struct {
 	log  *zap.Logger // the worker's, with the session's id
 	// reb gives the session its parts; nil without parts.
 	reb *partition.Rebalancer
+	// pace keeps the session's claims in a fair queue within a few claims
+	// of the queue's head; nil without parts.
+	pace *fairPace
 	// attemptOpts are the attempt options its items share.
 	attemptOpts itemOptions
 	// fl holds the session's claimed items, for lease extensions and
@@ -79,6 +83,9 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 			return
 		}
 		r.reb = reb
+		if os.Getenv("FAIR2_NOPACE") == "" {
+			r.pace = &fairPace{w: w}
+		} // DEBUGFAIR2
 		w.reb.Store(reb)
 		go func() {
 			defer close(rebDone)
