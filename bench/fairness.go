@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,7 +86,6 @@ type tenantClaim struct {
 	enqueued time.Time // database clock
 	claimed  time.Time // database clock: the lease's end less the lease
 	turn     time.Time // the item's place in claim order (ties within a claim)
-	part     int       // DEBUGFAIR2
 }
 
 // newTenantLoad draws the backlogs of items items over cfg.tenants tenants.
@@ -172,7 +170,7 @@ func (l *tenantLoad) observe(it claim.Item) {
 		return
 	}
 	c := tenantClaim{tenant: t, trickle: string(it.Payload) == trickle, enqueued: it.EnqueuedAt,
-		claimed: it.LeaseUntil.Add(-tenantLease), turn: it.TurnAt, part: it.Part}
+		claimed: it.LeaseUntil.Add(-tenantLease), turn: it.TurnAt}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.seen[it.ID] {
@@ -380,13 +378,6 @@ func (l *tenantLoad) report() *TenantReport {
 		}
 	}
 	r.TenantFairness, r.FairnessWindows = jain(served, l.cfg.tenants)
-	if p := os.Getenv("FAIR2_DUMP"); p != "" { // DEBUGFAIR2
-		f, _ := os.Create(p)
-		for _, c := range claims {
-			fmt.Fprintf(f, "%d,%d,%d,%d,%v\n", c.claimed.UnixMicro(), c.tenant, c.turn.UnixMicro(), c.part, c.trickle)
-		}
-		f.Close()
-	}
 	return r
 }
 

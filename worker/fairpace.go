@@ -29,11 +29,10 @@ import (
 //     when a session claims, not on how much.
 //   - A session may claim while the turn its claim would reach (its last
 //     claim's front plus the free slots' worth of its parts' items, by the
-//     density of its last claim) is at most paceClaims claims of its full
-//     concurrency past the queue's head. That slack is the spread of turns
-//     that sessions claiming any part at once have anyway (each holds a
-//     claim's worth of consecutive turns), so within it the fleet is as fair
-//     as with any-part claims.
+//     density of its last claim) is at most paceClaims such claims past the
+//     queue's head: a session may lead the slowest by paceClaims-1 claims.
+//     Sessions that claim any part at once spread over a few claims' worth
+//     of turns anyway (each takes a claim's worth of consecutive turns).
 //   - The head only moves forward while a backlog drains, so a head read
 //     earlier is at or behind the current one: a session that is within the
 //     slack of the last head it read is within it of the current one, and
@@ -50,8 +49,8 @@ import (
 //     paceMax. A read that fails, or a queue that is not fair, leaves claims
 //     unpaced: pacing costs fairness when it does not apply, never an item.
 const (
-	// paceClaims is how many claims of a session's full concurrency its
-	// claims may reach past the queue's head.
+	// paceClaims is how many claims of the size at hand a session's claim
+	// may reach past the queue's head.
 	paceClaims = 2
 	// paceMinSlack is the least slack, in turns (1 µs a round).
 	paceMinSlack = 4 * time.Microsecond
@@ -60,7 +59,7 @@ const (
 	// moments ago, an item just released) do not hold the fleet back.
 	paceSkip = 16
 	// paceStep is how often a session that is ahead re-reads the head.
-	paceStep = 3 * time.Millisecond
+	paceStep = 5 * time.Millisecond
 	// paceStuck is the longest a session waits for a head that does not
 	// move.
 	paceStuck = 50 * time.Millisecond
@@ -74,7 +73,11 @@ const (
 // fairPace paces one session's parts-mode claims (see paceClaims). It is
 // used by the session's claim loop only.
 type fairPace struct {
-	w *Worker
+	// readFront reads the queue's front at a priority past skip items and
+	// its part (sql.Store.FairFront); isFairNow reads the queue's fair
+	// setting. Both are set by newFairPace (tests replace them).
+	readFront func(ctx context.Context, priority int64, skip int) (time.Time, int, bool, error)
+	isFairNow func(ctx context.Context) (bool, error)
 	// fair is the queue's setting, read at fairRead.
 	fair     bool
 	fairRead time.Time
@@ -91,11 +94,24 @@ type fairPace struct {
 	headPrio int
 	headOK   bool
 	stuck    time.Time
-	// waited counts the waits, for the tests.
-	waited int
+	// reads and waits count the head reads and the waits (for the tests).
+	reads, waits int
 }
 
-// slack returns how far past the head, in turns, the session's claims may
+// newFairPace returns the pacing of a session of w's queue.
+func newFairPace(w *Worker) *fairPace {
+	return &fairPace{
+		readFront: func(ctx context.Context, priority int64, skip int) (time.Time, int, bool, error) {
+			return w.store.FairFront(ctx, w.db, w.name, priority, skip)
+		},
+		isFairNow: func(ctx context.Context) (bool, error) {
+			s, err := w.queue.Settings(ctx)
+			return s.Fair, err
+		},
+	}
+}
+
+// slack returns how far past the head, in turns, a claim of n items may
 // reach.
 func (p *fairPace) slack(n int) time.Duration {
 	span := float64(n) * paceClaims / p.density
@@ -113,9 +129,9 @@ func (p *fairPace) ahead(n int, head time.Time) bool {
 	return p.reach(n).Sub(head) > p.slack(n)
 }
 
-// wait returns when the session may claim n items, at once unless it is
-// ahead of the queue's head (see paceClaims). It never changes how many
-// the claim takes.
+// wait returns when the session may claim n items: at once unless it is
+// ahead of the queue's head (see paceClaims). owned returns the session's
+// parts. It never changes how many items the claim takes.
 func (p *fairPace) wait(ctx context.Context, n int, owned func() []int) {
 	if !p.known || n <= 0 {
 		return
@@ -157,7 +173,7 @@ func (p *fairPace) wait(ctx context.Context, n int, owned func() []int) {
 			return
 		}
 		if t == nil {
-			p.waited++
+			p.waits++
 			t = time.NewTimer(paceStep)
 		} else {
 			t.Reset(paceStep)
@@ -177,7 +193,8 @@ func (p *fairPace) readHead(ctx context.Context) (time.Time, int, bool) {
 	// At most as many as the session's parts hold in a round: with few
 	// backlogged tenants, 16 items are many rounds.
 	skip := min(paceSkip, int(p.density))
-	turn, part, ok, err := p.w.store.FairFront(ctx, p.w.db, p.w.name, int64(p.prio), skip)
+	p.reads++
+	turn, part, ok, err := p.readFront(ctx, int64(p.prio), skip)
 	if err != nil || !ok {
 		p.headOK = false
 		return time.Time{}, 0, false
@@ -189,12 +206,12 @@ func (p *fairPace) readHead(ctx context.Context) (time.Time, int, bool) {
 // isFair reports the queue's fair setting, read at most every
 // paceSettings (a failed read keeps the last value).
 func (p *fairPace) isFair(ctx context.Context) bool {
-	if time.Since(p.fairRead) < paceSettings {
+	if !p.fairRead.IsZero() && time.Since(p.fairRead) < paceSettings {
 		return p.fair
 	}
 	p.fairRead = time.Now()
-	if s, err := p.w.queue.Settings(ctx); err == nil {
-		p.fair = s.Fair
+	if fair, err := p.isFairNow(ctx); err == nil {
+		p.fair = fair
 	}
 	return p.fair
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -83,9 +82,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 			return
 		}
 		r.reb = reb
-		if os.Getenv("FAIR2_NOPACE") == "" {
-			r.pace = &fairPace{w: w}
-		} // DEBUGFAIR2
+		r.pace = newFairPace(w)
 		w.reb.Store(reb)
 		go func() {
 			defer close(rebDone)
