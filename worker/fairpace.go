@@ -35,12 +35,14 @@ import (
 //     of turns anyway (each takes a claim's worth of consecutive turns).
 //   - The head only moves forward while a backlog drains, so a head read
 //     earlier is at or behind the current one: a session that is within the
-//     slack of the last head it read is within it of the current one, and
-//     reads nothing. Only a session that looks ahead reads the head (one
-//     index seek past a few stragglers, sql.Store.FairFront).
+//     slack of the last head it read (moved on by half its recent pace,
+//     for at most paceMaxStep) is within it of the current one, and reads
+//     nothing. Only a session that looks ahead reads the head (one index
+//     seek past a few stragglers, sql.Store.FairFront).
 //   - A session that is ahead waits (its handlers keep working on what it
-//     holds) until the head comes within the slack, re-reading it every
-//     paceStep. It waits only while the head is in a part another session
+//     holds) until the head comes within the slack, re-reading it when the
+//     head, at half its recent pace, would be there (paceStep to
+//     paceMaxStep). It waits only while the head is in a part another session
 //     owns, that is, while a session behind it has the items to claim, so
 //     the wait hands the database and the machine to the sessions behind
 //     rather than idling them. A head that does not move for paceStuck (a
@@ -60,6 +62,13 @@ const (
 	paceSkip = 16
 	// paceStep is how often a session that is ahead re-reads the head.
 	paceStep = 5 * time.Millisecond
+	// paceMaxStep bounds how long a session that is ahead waits before it
+	// reads the head again, and how far ahead of the last read it
+	// predicts the head.
+	paceMaxStep = 25 * time.Millisecond
+	// paceTrust is the share of the head's recent pace that predictions
+	// of it count on.
+	paceTrust = 0.5
 	// paceStuck is the longest a session waits for a head that does not
 	// move.
 	paceStuck = 50 * time.Millisecond
@@ -94,6 +103,10 @@ type fairPace struct {
 	headPrio int
 	headOK   bool
 	stuck    time.Time
+	// headAt is when head was read, and speed how fast the head moved
+	// between reads lately, in µs of turns per second (0: not known).
+	headAt time.Time
+	speed  float64
 	// reads and waits count the head reads and the waits (for the tests).
 	reads, waits int
 }
@@ -136,7 +149,7 @@ func (p *fairPace) wait(ctx context.Context, n int, owned func() []int) {
 	if !p.known || n <= 0 {
 		return
 	}
-	if p.headOK && p.headPrio == p.prio && !p.ahead(n, p.head) {
+	if p.headOK && p.headPrio == p.prio && !p.ahead(n, p.predicted(time.Now())) {
 		return // within the slack of a head at or behind the current one
 	}
 	if !p.isFair(ctx) {
@@ -172,11 +185,19 @@ func (p *fairPace) wait(ctx context.Context, n int, owned func() []int) {
 			p.stuck = head // it does not move: stop waiting for it
 			return
 		}
+		// Until the head, at half the pace it moved lately, comes within
+		// reach (paceStep to paceMaxStep): each read costs the database
+		// an index seek past the entries of items just claimed.
+		d := paceStep
+		if p.speed > 0 {
+			lead := float64(p.reach(n).Sub(head.Add(p.slack(n))).Microseconds())
+			d = min(max(time.Duration(lead/(p.speed*paceTrust)*float64(time.Second)), paceStep), paceMaxStep)
+		}
 		if t == nil {
 			p.waits++
-			t = time.NewTimer(paceStep)
+			t = time.NewTimer(d)
 		} else {
-			t.Reset(paceStep)
+			t.Reset(d)
 		}
 		select {
 		case <-ctx.Done():
@@ -199,8 +220,28 @@ func (p *fairPace) readHead(ctx context.Context) (time.Time, int, bool) {
 		p.headOK = false
 		return time.Time{}, 0, false
 	}
-	p.head, p.headPrio, p.headOK = turn, p.prio, true
+	now := time.Now()
+	if dt := now.Sub(p.headAt); p.headOK && p.headPrio == p.prio && dt >= time.Millisecond && turn.After(p.head) {
+		v := float64(turn.Sub(p.head).Microseconds()) / dt.Seconds()
+		if p.speed > 0 {
+			v = (p.speed + v) / 2
+		}
+		p.speed = v
+	}
+	p.head, p.headPrio, p.headOK, p.headAt = turn, p.prio, true, now
 	return turn, part, true
+}
+
+// predicted returns where the head is at now, by the last read and half
+// the pace the head moved at lately: a conservative guess (the head moves
+// forward while a backlog drains), so that a session that is not ahead
+// need not read it.
+func (p *fairPace) predicted(now time.Time) time.Time {
+	if p.speed <= 0 {
+		return p.head
+	}
+	moved := p.speed * paceTrust * min(now.Sub(p.headAt), paceMaxStep).Seconds()
+	return p.head.Add(time.Duration(moved) * time.Microsecond)
 }
 
 // isFair reports the queue's fair setting, read at most every
