@@ -22,9 +22,11 @@ import (
 // spreadStride, so a tenant's consecutive turns (1 µs apart) land in parts
 // far apart, and any `parts` consecutive turns in all of them. Every
 // part then holds about 1/parts of each backlogged tenant's items, in the
-// same turn order as the queue, and every session's claims, whatever their
-// size and pace, serve all backlogged tenants evenly. No row is shared and
-// nothing is locked: the part is a function of the item's own turn.
+// same turn order as the queue, and sessions that are at the same place in
+// turn order serve all backlogged tenants evenly, whatever the size of
+// their claims (the worker's fair pacing keeps parts-mode sessions near one
+// another). No row is shared and nothing is locked: the part is a function
+// of the item's own turn.
 //
 // Tenant limits in parts mode are enforced by the owner of the tenant's
 // part, which must then see all of the tenant's items (worker.Limits). So
