@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/google/uuid"
 	"io"
 	"sync"
 	"time"
@@ -42,6 +43,7 @@ type expConfig struct {
 	taskTime                           time.Duration
 	timeout                            time.Duration
 	json                               bool
+	settle                             bool
 	// Set by the experiment, not flags: anyPart runs the workers without
 	// parts; lease is the claims' lease (0: the default); observe sees
 	// every item its handler gets; onClaim is worker.Options.Testing.OnClaim;
@@ -63,6 +65,7 @@ func (c *expConfig) register(fs *flag.FlagSet, items int) {
 	fs.DurationVar(&c.taskTime, "task-time", 2*time.Millisecond, "time the handler spends on each item")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up if items remain this long after the workers started")
 	fs.BoolVar(&c.json, "json", false, "print the result as one JSON object on one line")
+	fs.BoolVar(&c.settle, "settle", false, "in parts mode, keep the queue paused until the workers own the parts evenly, and time the drain from then (the steady fleet, not its start)")
 }
 
 // validate checks the shared flags.
@@ -94,6 +97,7 @@ type expOutcome struct {
 	Concurrency    int     `json:"concurrency"`
 	Parts          int     `json:"parts"`
 	TaskTimeMS     float64 `json:"task_time_ms"`
+	Settled        bool    `json:"settled,omitempty"` // the drain started once the parts were divided evenly
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	ItemsPerSecond float64 `json:"items_per_second"`
 }
@@ -168,6 +172,14 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 			return o, err
 		}
 	}
+	settle := c.settle && !c.anyPart
+	if settle {
+		// Paused: the workers start, divide the parts and claim nothing
+		// until the drain starts.
+		if err := q.Pause(ctx); err != nil {
+			return o, err
+		}
+	}
 	n, err := h.enqueue(ctx, pool, q)
 	if err != nil {
 		return o, fmt.Errorf("enqueueing: %w", err)
@@ -200,6 +212,19 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 				errs <- err
 			}
 		}()
+	}
+	if settle {
+		if err := waitSettled(ctx, pool, store, c, errs); err != nil {
+			stopWorkers()
+			wg.Wait()
+			return o, err
+		}
+		if err := q.Resume(ctx); err != nil {
+			stopWorkers()
+			wg.Wait()
+			return o, err
+		}
+		o.Settled = true
 	}
 	start := time.Now()
 	stopped := func() int { return 0 }
@@ -234,6 +259,42 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 		return o, fmt.Errorf("not exactly once: %d items enqueued, %d acked, %d acked twice", o.Enqueued, o.Acked, o.Duplicates)
 	}
 	return o, nil
+}
+
+// waitSettled waits until every part of the queue is owned and each of the
+// c.workers sessions owns parts/workers of them (rounded down or up), a
+// worker fails, ctx ends or c.timeout passes.
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, c *expConfig, errs <-chan error) error {
+	deadline := time.NewTimer(c.timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	lo, hi := c.parts/c.workers, (c.parts+c.workers-1)/c.workers
+	for {
+		owners, err := store.PartOwners(ctx, pool, expQueue)
+		if err == nil && len(owners) == c.parts {
+			per := map[uuid.UUID]int{}
+			for _, s := range owners {
+				per[s]++
+			}
+			even := len(per) == min(c.workers, c.parts)
+			for _, k := range per {
+				even = even && k >= lo && k <= hi
+			}
+			if even {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errs:
+			return fmt.Errorf("a worker failed: %w", err)
+		case <-deadline.C:
+			return fmt.Errorf("the workers did not divide the parts evenly within %v", c.timeout)
+		case <-tick.C:
+		}
+	}
 }
 
 // waitEmpty waits until the queue holds no item, a worker fails, ctx ends

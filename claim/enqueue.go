@@ -111,8 +111,11 @@ type NewItem struct {
 	// Fair queues (Settings.Fair) spread claims over tenants, and limits
 	// may be set per tenant. Without a Key, a tenant's items share one part
 	// (the tenant fixes the part as a key would), so that the part's owner
-	// sees all of the tenant's work. At most MaxKeyLength bytes of valid
-	// UTF-8, without NUL bytes.
+	// sees all of the tenant's work — except in a fair queue, where the
+	// items of a tenant without a limit (its own or the queue's default)
+	// are spread over the parts by turn, so that every part holds its
+	// share of every tenant's backlog (docs/fairness.md). At most
+	// MaxKeyLength bytes of valid UTF-8, without NUL bytes.
 	Tenant string
 	// TTL, if not zero, gives the item a deadline this long after the
 	// enqueue, by the database clock: past it, no claim hands the item out
@@ -817,8 +820,9 @@ func (q *Queue) maxAttempts(it *NewItem) int {
 
 // PartOf returns the part, among parts, of an item with this key or,
 // without a key, of this tenant, as Enqueue computes it. (Items with
-// neither are spread round-robin.) Workers use it to find the part that
-// holds a tenant's items.
+// neither are spread round-robin, and so are, by turn, the items without a
+// key of a fair queue's tenants that have no limit: see NewItem.Tenant.)
+// Workers use it to find the part that holds a limited tenant's items.
 func PartOf(key, tenant string, parts int) int {
 	if parts < 1 {
 		return 0

@@ -112,6 +112,10 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 		}
 		next[tp{g.t, g.p}] = turn
 	}
+	spread, limited, err := q.spreads(ctx, db)
+	if err != nil {
+		return err
+	}
 	b.turns = make([]*time.Time, len(b.items))
 	for i := range b.items {
 		it := &b.items[i]
@@ -122,6 +126,9 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 		turn := next[k]
 		b.turns[i] = &turn
 		next[k] = turn.Add(time.Microsecond)
+		if spread && it.Key == "" && !limited[it.Tenant] {
+			b.hashes[i] = spreadHash(it.Tenant, turn) // see spreads
+		}
 	}
 	return nil
 }

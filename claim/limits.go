@@ -60,6 +60,7 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		return crsql.Classify(q.store.SetTenantLimit(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
 	})
+	q.spread.forget() // this process's enqueues see the limit at once
 	if err != nil {
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}

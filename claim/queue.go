@@ -121,6 +121,9 @@ type Queue struct {
 	// to be not fair without asking again.
 	heads      headCache
 	plainUntil atomic.Int64
+	// spread caches which tenants a fair enqueue spreads over the parts
+	// (see spreads).
+	spread spreadCache
 	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
 	channel string
 	// deadCount bounds the queue's dead items between PruneDead's exact

@@ -132,5 +132,6 @@ func (q *Queue) Configure(ctx context.Context, s Settings) error {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
 	}
 	q.plainUntil.Store(0) // this Queue sees the change at once
+	q.spread.forget()     // this process's enqueues see the new tenant limit at once
 	return nil
 }

@@ -175,6 +175,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		// The idle probe (internal/wake): the claim's read, without locks.
 		{"Probe", crsql.ProbeText(crsql.Tables{}), []any{"q", crsql.ProbeLimit}},
 		{"Probe (drained queue)", crsql.ProbeText(crsql.Tables{}), []any{"drained", crsql.ProbeLimit}},
+		{"FairFront", crsql.FairFrontText(crsql.NewStore(crsql.Tables{})), []any{"q", int64(1), int64(16)}},
 		{"AckMany", ds.AckMany, []any{ids[:64], sessions[:64], tokens[:64]}},
 		{"AckMany (512)", ds.AckMany, []any{ids, sessions, tokens}},
 		{"AckMany (one item)", ds.AckMany, []any{ids[:1], sessions[:1], tokens[:1]}},
@@ -251,7 +252,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 			t.Errorf("%s (%s) does not read the claim-order index crdbwork_items_turn_next:\n%s", c.name, mode, text)
 		case strings.HasPrefix(c.name, "FairLasts") && !strings.Contains(text, "crdbwork_items_tenant_turn"):
 			t.Errorf("%s (%s) does not seek the tenant's last turn by index:\n%s", c.name, mode, text)
-		case (c.name == "FairHead" || c.name == "OrderCountsBefore" || strings.HasPrefix(c.name, "Probe")) && !strings.Contains(text, "crdbwork_items_turn_next"):
+		case (c.name == "FairHead" || c.name == "FairFront" || c.name == "OrderCountsBefore" || strings.HasPrefix(c.name, "Probe")) && !strings.Contains(text, "crdbwork_items_turn_next"):
 			t.Errorf("%s (%s) does not seek the head by index:\n%s", c.name, mode, text)
 		case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
 			strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||

@@ -242,6 +242,7 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"FairLasts", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
 		{"FairHead", st.FairHead, []any{"q", int64(1)}},
 		{"Probe", crsql.ProbeText(crsql.Tables{}), []any{"q", crsql.ProbeLimit}},
+		{"FairFront", crsql.FairFrontText(crsql.NewStore(crsql.Tables{})), []any{"q", int64(1), int64(16)}},
 	}
 	if dialect == crsql.Postgres { // the pipelined ack runs on PostgreSQL only
 		cases = append(cases, planCase{"AckAll (pipelined)", crsql.AckAllStatement(crsql.Tables{}), []any{ids[:64], holders[:64], tokens[:64], int64(64)}})
@@ -272,6 +273,7 @@ var hotIndexes = map[string][]string{
 	"Probe":                 {"crdbwork_items_turn_next"},
 	"SessionCancels":        {"crdbwork_items_cancel_requested"},
 	"ReapCancelled":         {"crdbwork_items_cancel_requested"},
+	"FairFront":             {"crdbwork_items_turn_next"},
 }
 
 // hotPlanProblem says what is wrong with a hot statement's plan ("" if

@@ -45,6 +45,7 @@ type Store struct {
 	// ackAll is the all-or-nothing PostgreSQL ack of the pipelined ack
 	// (store_ackpipeline.go).
 	ackAll string
+	pace   string // FairFront's statement (store_fairpace.go)
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -79,6 +80,7 @@ func NewStore(t Tables) *Store {
 		ckpt:   newCheckpointStatements(t),
 		ret:    newRetentionStatements(t),
 		order:  t.rewrite(orderCountBefore),
+		pace:   t.rewrite(fairFront),
 	}
 	s.ackAll = ackAllOf(s.st.PostgresAckMany)
 	actual, _ := stores.LoadOrStore(t, s)

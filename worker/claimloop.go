@@ -105,6 +105,9 @@ func (r *sessionRun) claimLoop() {
 				limitLogged = true
 			}
 		}
+		if r.pace != nil && free > 0 {
+			r.pace.wait(ctx, free, r.reb.Owned) // fairness across the fleet: see fairPace
+		}
 		var items []claim.Item
 		var holds []partition.Hold
 		var err error
@@ -124,7 +127,11 @@ func (r *sessionRun) claimLoop() {
 					SkipTenants: pl.skip, OwnedParts: parts, AllTenantsLimited: all, LimitedTenants: limited, Lease: w.lease})
 			}
 			claimParts := parts
-			if hinted != nil {
+			// A fair queue's claims read every owned part: a claim of the
+			// hinted parts alone would take their turns far ahead of the
+			// session's other parts (a tenant's items are spread over
+			// the parts by turn), which is what the pacing bounds.
+			if hinted != nil && (r.pace == nil || !r.pace.isFair(ctx)) {
 				claimParts = slices.DeleteFunc(slices.Clone(parts), func(p int) bool { return !hinted[p] })
 			}
 			if err == nil && len(urgent) < pl.n && len(claimParts) > 0 {
@@ -133,6 +140,9 @@ func (r *sessionRun) claimLoop() {
 				items, err = w.claim(ctx, sess, claimParts, rest)
 			}
 			items = append(urgent, items...)
+			if r.pace != nil {
+				r.pace.claimed(items)
+			}
 			ps := make([]int, len(items))
 			for i, it := range items {
 				ps[i] = it.Part

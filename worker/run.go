@@ -28,6 +28,9 @@ type sessionRun struct {
 	log  *zap.Logger // the worker's, with the session's id
 	// reb gives the session its parts; nil without parts.
 	reb *partition.Rebalancer
+	// pace keeps the session's claims in a fair queue within a few claims
+	// of the queue's head; nil without parts.
+	pace *fairPace
 	// attemptOpts are the attempt options its items share.
 	attemptOpts itemOptions
 	// fl holds the session's claimed items, for lease extensions and
@@ -86,6 +89,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 			return
 		}
 		r.reb = reb
+		r.pace = newFairPace(w)
 		w.reb.Store(reb)
 		go func() {
 			defer close(rebDone)

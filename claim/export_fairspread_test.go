@@ -1,0 +1,4 @@
+package claim
+
+// SpreadStride is spreadStride, for the tests of the spread.
+const SpreadStride = spreadStride

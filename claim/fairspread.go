@@ -1,0 +1,114 @@
+package claim
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Spreading a fair queue's tenants over the parts.
+//
+// With parts, each session claims in its own parts only, in turn order. If
+// a tenant's items all sat in one part (the tenant fixing the part as a key
+// does), a session whose parts hold few backlogged tenants would go through
+// its turns faster than one whose parts hold many, and its tenants would get
+// more than their share: fair within each session, not across the fleet.
+// So in a fair queue, enqueue spreads a tenant's items without a key over
+// the parts by their turns: the item with turn t goes to part (h + t·s) mod
+// parts, where h is the tenant's hash, t counts microseconds and s is
+// spreadStride, so a tenant's consecutive turns (1 µs apart) land in parts
+// far apart, and any `parts` consecutive turns in all of them. Every
+// part then holds about 1/parts of each backlogged tenant's items, in the
+// same turn order as the queue, and sessions that are at the same place in
+// turn order serve all backlogged tenants evenly, whatever the size of
+// their claims (the worker's fair pacing keeps parts-mode sessions near one
+// another). No row is shared and nothing is locked: the part is a function
+// of the item's own turn.
+//
+// Tenant limits in parts mode are enforced by the owner of the tenant's
+// part, which must then see all of the tenant's items (worker.Limits). So
+// the items of a tenant that has a limit when it enqueues (its own, or the
+// queue's default tenant limit) keep the tenant's part, as in a plain
+// queue. The limits are read with the queue's settings at most every
+// spreadTTL per Queue.
+
+// spreadTTL is how long a fair queue's tenant limits, once read, decide
+// which tenants enqueue spreads.
+const spreadTTL = time.Second
+
+// spreadCache holds the tenant limits that decide which tenants' items a
+// fair enqueue spreads over the parts.
+type spreadCache struct {
+	mu   sync.Mutex
+	read time.Time
+	// all: a default tenant limit applies, so no tenant is spread;
+	// limited: the tenants with a limit of their own.
+	all     bool
+	limited map[string]bool
+}
+
+// spreads returns whether the items of tenants without a key are spread
+// over the parts (false for every tenant if a default tenant limit applies)
+// and the tenants that keep their part, read through db at most every
+// spreadTTL.
+func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool, error) {
+	c := &q.spread
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.read.IsZero() && time.Since(c.read) < spreadTTL {
+		return !c.all, c.limited, nil
+	}
+	r, stored, err := q.store.QueueSettings(ctx, db, q.opts.Queue)
+	if err != nil {
+		return false, nil, err
+	}
+	all := stored && (r.TenantMaxInFlight > 0 || r.TenantRate > 0)
+	var limited map[string]bool
+	if !all {
+		rows, err := q.store.TenantLimits(ctx, db, q.opts.Queue)
+		if err != nil {
+			return false, nil, err
+		}
+		for _, row := range rows {
+			if row.MaxInFlight > 0 || row.Rate > 0 {
+				if limited == nil {
+					limited = map[string]bool{}
+				}
+				limited[row.Tenant] = true
+			}
+		}
+	}
+	c.read, c.all, c.limited = time.Now(), all, limited
+	return !all, limited, nil
+}
+
+// spreadStride is the step, in key hash, between a tenant's consecutive
+// turns: a prime (so coprime with any number of parts up to it: a tenant's
+// P consecutive turns land in P different parts) whose residues modulo the
+// usual numbers of parts are near the golden section of the parts (5 of
+// 16, 5 of 8, 21 of 32 and of 64, 13 of 24), so that consecutive turns land
+// far apart. Sessions own runs of neighbouring parts (partition.Sticky and
+// Contiguous); with a step of 1, a session's parts would hold a tenant's
+// items in bursts of consecutive turns followed by long gaps, and the
+// session's claims of a few rounds would serve some tenants several times
+// and others not at all. With 16 parts in four runs of four, any four
+// consecutive turns of a tenant land in all four runs.
+const spreadStride = 1_986_133
+
+// spreadHash is the key hash of a tenant's item without a key stamped with
+// turn in a fair queue: the part is the hash modulo the queue's parts, so
+// the tenant's consecutive turns go to parts spreadStride apart (modulo the
+// parts).
+func spreadHash(tenant string, turn time.Time) int64 {
+	return int64((keyHash("", tenant) + uint64(turn.UnixMicro())*spreadStride) & math.MaxInt64)
+}
+
+// forget drops the cached limits: the next fair enqueue reads them again.
+func (c *spreadCache) forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.read = time.Time{}
+}
