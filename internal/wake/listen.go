@@ -185,19 +185,11 @@ func (l *listener) run(ctx context.Context) {
 func (l *listener) session(ctx context.Context) (connected bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, l.cfg.Copy())
+	conn, dialect, closeConn, err := connectDetect(cctx, l.cfg, "the listener")
 	if err != nil {
-		return false, fmt.Errorf("wake: connecting the listener: %w", err)
+		return false, err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn.Close(closeCtx)
-	}()
-	dialect, err := crsql.DetectDialect(cctx, conn)
-	if err != nil {
-		return false, fmt.Errorf("wake: listener: %w", err)
-	}
+	defer closeConn()
 	if _, known := dialects.Swap(l.key, dialect); !known && dialect == crsql.Cockroach {
 		kickProbers() // they may probe now (see Probe)
 	}
@@ -288,4 +280,23 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 		return fmt.Errorf("wake: checking the listener's connection: %w", err)
 	}
 	return nil
+}
+
+// connectDetect opens a connection of its own for what (the listener, the
+// idle probe) and finds its server's engine; closeConn closes it.
+func connectDetect(ctx context.Context, cfg *pgx.ConnConfig, what string) (conn *pgx.Conn, dialect crsql.Dialect, closeConn func(), err error) {
+	conn, err = pgx.ConnectConfig(ctx, cfg.Copy())
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("wake: connecting %s: %w", what, err)
+	}
+	closeConn = func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn.Close(closeCtx)
+	}
+	if dialect, err = crsql.DetectDialect(ctx, conn); err != nil {
+		closeConn()
+		return nil, 0, nil, fmt.Errorf("wake: %s: %w", what, err)
+	}
+	return conn, dialect, closeConn, nil
 }

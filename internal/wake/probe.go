@@ -376,19 +376,11 @@ func (p *prober) session(ctx context.Context) (connected bool, err error) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, p.cfg.Copy())
+	conn, dialect, closeConn, err := connectDetect(cctx, p.cfg, "the idle probe")
 	if err != nil {
-		return false, fmt.Errorf("wake: connecting the idle probe: %w", err)
+		return false, err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn.Close(closeCtx)
-	}()
-	dialect, err := crsql.DetectDialect(cctx, conn)
-	if err != nil {
-		return false, fmt.Errorf("wake: idle probe: %w", err)
-	}
+	defer closeConn()
 	dialects.Store(p.key, dialect)
 	// READ COMMITTED: a probe never waits for a transaction in flight (see
 	// sql.Store.ProbeSession). Not needed for correctness: a server that
