@@ -50,25 +50,7 @@ func awaitSignal(t *testing.T, sub *Sub, what string) (hashes []int64, ok bool) 
 // again and announces new items.
 func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 	ctx := context.Background()
-	url := testdb.NewURL(t)
-	direct, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	p, pu, err := faultproxy.ForURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	proxied, err := pgxpool.New(ctx, pu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
+	direct, p, proxied := proxiedDB(t)
 	store := crsql.NewStore(crsql.Tables{})
 	ch := store.NotifyChannel("q")
 	sub := Subscribe(ch)
@@ -170,26 +152,7 @@ func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 // connects, finds the engine itself (PostgreSQL here: the record was
 // wrong) and probes nothing.
 func TestProbeCockroachOnlyWaitsForTheEngine(t *testing.T) {
-	ctx := context.Background()
-	url := testdb.NewURL(t)
-	direct, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	p, pu, err := faultproxy.ForURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	proxied, err := pgxpool.New(ctx, pu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
+	_, p, proxied := proxiedDB(t)
 	// Counts every statement on the proxy: the prober's would be the only ones.
 	p.Arm(faultproxy.Rule{Match: func(string) bool { return true }, Action: faultproxy.Pass, Times: 1 << 30})
 	store := crsql.NewStore(crsql.Tables{})
@@ -219,4 +182,32 @@ func TestProbeCockroachOnlyWaitsForTheEngine(t *testing.T) {
 	if Probing(ch) {
 		t.Error("a CockroachOnly channel probed on PostgreSQL")
 	}
+}
+
+// proxiedDB starts a database with crdbwork's schema and returns a pool
+// straight to it, the fault proxy in front of it and a pool through the
+// proxy, all closed when the test ends.
+func proxiedDB(t *testing.T) (direct *pgxpool.Pool, p *faultproxy.Proxy, proxied *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := testdb.NewURL(t)
+	direct, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	p, pu, err := faultproxy.ForURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	proxied, err = pgxpool.New(ctx, pu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	return direct, p, proxied
 }
