@@ -136,11 +136,38 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		}
 		return q.claimManyParts(ctx, e, session, req.Max, ps, req.SkipTenants, lease)
 	}
-	return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
-		return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
-	}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
-		return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
-	}))
+	claimIn := func(a crsql.ClaimArgs, ps []int64) ([]Item, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
+		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+			return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
+		}))
+	}
+	// In a fair queue each part is read up to its share of the claim (see
+	// partShare; sequenced claims read every part whole), and the parts
+	// that gave their whole share are read again for the rest.
+	a.PartLimit = q.claimShare(ctx, req.Max, len(ps))
+	items, err := claimIn(a, ps)
+	if err != nil || a.PartLimit == 0 || len(items) >= req.Max {
+		return items, err
+	}
+	gave := make(map[int]int, len(ps))
+	for _, it := range items {
+		gave[it.Part]++
+	}
+	full := make([]int64, 0, len(ps))
+	for _, p := range ps {
+		if gave[int(p)] >= a.PartLimit {
+			full = append(full, p)
+		}
+	}
+	if len(full) == 0 {
+		return items, nil // every part gave all it had
+	}
+	rest := a
+	rest.Limit, rest.PartLimit = req.Max-len(items), 0
+	more, err := claimIn(rest, full)
+	return append(items, more...), err
 }
 
 // claimManyParts is claimWith for a session that lists more parts than one

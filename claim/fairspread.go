@@ -44,8 +44,9 @@ const spreadTTL = time.Second
 type spreadCache struct {
 	mu   sync.Mutex
 	read time.Time
-	// all: a default tenant limit applies, so no tenant is spread;
-	// limited: the tenants with a limit of their own.
+	// fair: the queue is fair; all: a default tenant limit applies, so no
+	// tenant is spread; limited: the tenants with a limit of their own.
+	fair    bool
 	all     bool
 	limited map[string]bool
 }
@@ -58,19 +59,29 @@ func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool
 	c := &q.spread
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := q.readSpread(ctx, db); err != nil {
+		return false, nil, err
+	}
+	return !c.all, c.limited, nil
+}
+
+// readSpread reads the queue's fair setting and tenant limits into
+// q.spread, at most every spreadTTL; the caller holds q.spread.mu.
+func (q *Queue) readSpread(ctx context.Context, db crsql.DB) error {
+	c := &q.spread
 	if !c.read.IsZero() && time.Since(c.read) < spreadTTL {
-		return !c.all, c.limited, nil
+		return nil
 	}
 	r, stored, err := q.store.QueueSettings(ctx, db, q.opts.Queue)
 	if err != nil {
-		return false, nil, err
+		return err
 	}
 	all := stored && (r.TenantMaxInFlight > 0 || r.TenantRate > 0)
 	var limited map[string]bool
 	if !all {
 		rows, err := q.store.TenantLimits(ctx, db, q.opts.Queue)
 		if err != nil {
-			return false, nil, err
+			return err
 		}
 		for _, row := range rows {
 			if row.MaxInFlight > 0 || row.Rate > 0 {
@@ -81,8 +92,52 @@ func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool
 			}
 		}
 	}
-	c.read, c.all, c.limited = time.Now(), all, limited
-	return !all, limited, nil
+	c.read, c.fair, c.all, c.limited = time.Now(), stored && r.Fair, all, limited
+	return nil
+}
+
+// A claim over several parts of a fair queue reads each part up to its
+// share of the claim, not up to the whole claim.
+//
+// The per-part claim reads every owned part in (priority, turn_at) order
+// and keeps the best n of what it read (crsql's partClaimStatements). Read
+// up to n from each of k parts, it locks up to k·n rows to hand out n, and a
+// fair queue's rows, taken in turn order, lie on as many heap pages as rows.
+// In a fair queue whose tenants' items are spread over the parts by turn,
+// every part holds an even share of the turns, so the best n across k parts
+// are about n/k of each: the claim reads each part up to partShare(n, k),
+// half as much again as that, and locks about 1.5·n rows. A part that holds
+// more of the best items than its share (a tenant with a limit keeps its
+// part, keyed items keep theirs) gives its share, and the claim then reads
+// the parts that gave their whole share again for the rest (claimWith), so a
+// claim still comes back short only when the parts hold fewer claimable
+// items. The order across parts is then relaxed within one claim: a part's
+// items past its share wait for the claim that follows, as items of parts
+// other sessions own always do.
+func partShare(n, k int) int {
+	return (3*n + 2*k - 1) / (2 * k) // ⌈1.5·n/k⌉
+}
+
+// claimShare returns how many items a claim of n items over k parts reads
+// from each part (see partShare), or 0 for n from each: in a queue that is
+// not fair, in one whose tenants are not spread (a default tenant limit),
+// with one part, or when the settings cannot be read.
+func (q *Queue) claimShare(ctx context.Context, n, k int) int {
+	if k < 2 {
+		return 0
+	}
+	c := &q.spread
+	c.mu.Lock()
+	err := q.readSpread(ctx, q.db)
+	spread := c.fair && !c.all
+	c.mu.Unlock()
+	if err != nil || !spread {
+		return 0
+	}
+	if share := partShare(n, k); share < n {
+		return share
+	}
+	return 0
 }
 
 // spreadStride is the step, in key hash, between a tenant's consecutive

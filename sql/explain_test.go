@@ -165,6 +165,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"ClaimParts (1000)", claimParts, []any{session, "q", 1000, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6)}},
 		{"ClaimParts (tenants skipped)", claimParts, []any{session, "q", 64, int64(300e6), []string{"tenant-3"}, int64(3), int64(4), int64(5), int64(6)}},
 		{"ClaimParts (one part)", parts.Claim(dialect, 1), []any{session, "q", 64, int64(300e6), []string{}, int64(7)}},
+		{"ClaimParts (shares)", parts.ClaimShares(dialect, 4), []any{session, "q", 128, int64(300e6), []string{}, int64(3), int64(4), int64(5), int64(6), int64(48)}},
 		{"PickParts", parts.Pick(crsql.MaxPartBranches), many},
 		{"ClaimPicked", parts.ClaimPickedFor(dialect), []any{session, int64(300e6), ids[:64]}},
 		{"TakeAtMostOnce", ds.TakeAtMostOnce, []any{ids[:64], sessions[:64], tokens[:64]}},

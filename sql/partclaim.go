@@ -42,8 +42,10 @@ const MaxPartBranches = 16
 // MaxPartBranches texts per dialect exist.
 type partClaimStatements struct {
 	t Tables
-	// claims[d][k] is the claim for k parts in dialect d; picks[k] the pick.
+	// claims[d][k] is the claim for k parts in dialect d, shares[d][k] the
+	// same with a limit per part (ClaimShares); picks[k] the pick.
 	claims [2][MaxPartBranches + 1]atomic.Pointer[string]
+	shares [2][MaxPartBranches + 1]atomic.Pointer[string]
 	picks  [MaxPartBranches + 1]atomic.Pointer[string]
 	// ClaimPicked claims the items Pick returned (chosen by the caller
 	// across several Picks), in the transaction that picked them:
@@ -89,6 +91,29 @@ func (p *partClaimStatements) Claim(d Dialect, k int) string {
 		how = anyPicked
 	}
 	s := p.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", "$3", "$5", 6), how))
+	slot.Store(&s)
+	return s
+}
+
+// ClaimShares returns Claim for k owned parts in dialect d with each
+// part's branch limited to its own parameter, $(6+k) (its share, at most
+// $3), instead of $3: the claim locks at most k·$(6+k) rows rather than
+// k·$3, and still hands out the best $3 of them in (priority, turn_at)
+// order. It serves claims over parts that each hold an even share of the
+// queue's turns (a fair queue's spread tenants, claim's fairspread.go), where
+// the best $3 across the parts are about $3/k of each. The parameters are
+// Claim's, then the share; the text is the same but for each branch's LIMIT.
+func (p *partClaimStatements) ClaimShares(d Dialect, k int) string {
+	checkParts(k)
+	slot := &p.shares[d][k]
+	if s := slot.Load(); s != nil {
+		return *s
+	}
+	how := joinPicked
+	if d == Postgres {
+		how = anyPicked
+	}
+	s := p.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", fmt.Sprintf("$%d", 6+k), "$5", 6), how))
 	slot.Store(&s)
 	return s
 }

@@ -1,6 +1,7 @@
 package sql_test
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -33,6 +34,17 @@ func TestClaimShapesAreUncorrelated(t *testing.T) {
 			}
 			if again := p.Claim(d, k); again != s {
 				t.Errorf("Claim(%v, %d) is not stable", d, k)
+			}
+			shares := p.ClaimShares(d, k)
+			check("ClaimShares", shares)
+			if got := len(partEq.FindAllString(shares, -1)); got != k {
+				t.Errorf("ClaimShares(%v, %d) reads %d parts", d, k, got)
+			}
+			// The same statement but for each branch's limit: its own
+			// parameter after the parts.
+			share := fmt.Sprintf("LIMIT $%d\n", 6+k)
+			if got := strings.Count(shares, share); got != k || strings.ReplaceAll(shares, share, "LIMIT $3\n") != s {
+				t.Errorf("ClaimShares(%v, %d) is not Claim with each branch's limit %q (%d branches):\n%s", d, k, share, got, shares)
 			}
 		}
 		s := p.Pick(k)

@@ -36,6 +36,10 @@ type ClaimArgs struct {
 	Lease time.Duration
 	// SkipTenants lists tenants whose items are left unclaimed (nil: none).
 	SkipTenants []string
+	// PartLimit, if above zero and below Limit, is the most items
+	// ClaimParts reads from each part (partClaimStatements.ClaimShares);
+	// zero: Limit. The other claims ignore it.
+	PartLimit int
 }
 
 // UrgentArgs are the parameters of the urgent lane's claim (ClaimUrgent).
@@ -195,12 +199,16 @@ func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]
 }
 
 // ClaimParts claims up to a.Limit claimable items of a.Queue in the given
-// parts, which the session must own (partClaimStatements.Claim): 1 to
-// MaxPartBranches distinct parts (it panics otherwise). Run it as ClaimAny.
+// parts, which the session must own (partClaimStatements.Claim, or
+// ClaimShares with a.PartLimit): 1 to MaxPartBranches distinct parts (it
+// panics otherwise). Run it as ClaimAny.
 func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
 	args := a.params()
 	for _, p := range parts {
 		args = append(args, p)
+	}
+	if a.PartLimit > 0 && a.PartLimit < a.Limit {
+		return queryClaimed(ctx, db, a.Limit, s.parts.ClaimShares(d, len(parts)), append(args, a.PartLimit)...)
 	}
 	return queryClaimed(ctx, db, a.Limit, s.parts.Claim(d, len(parts)), args...)
 }

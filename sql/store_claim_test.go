@@ -115,6 +115,9 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			_, _ = s.ClaimAny(ctx, r, d, a)
 			for k := 1; k <= MaxPartBranches; k++ {
 				_, _ = s.ClaimParts(ctx, r, d, a, make([]int64, k))
+				shared := a
+				shared.PartLimit = 2
+				_, _ = s.ClaimParts(ctx, r, d, shared, make([]int64, k))
 			}
 			_, _ = s.ClaimPicked(ctx, r, d, session, time.Second, ids)
 			_, _ = s.ClaimUrgent(ctx, r, d, UrgentArgs{ClaimArgs: a, MaxPriority: 1})
@@ -272,6 +275,8 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		for k := 1; k <= MaxPartBranches; k++ {
 			want["Claim/"+strconv.Itoa(k)] = s.parts.Claim(Cockroach, k)
 			want["PostgresClaim/"+strconv.Itoa(k)] = s.parts.Claim(Postgres, k)
+			want["ClaimShares/"+strconv.Itoa(k)] = s.parts.ClaimShares(Cockroach, k)
+			want["PostgresClaimShares/"+strconv.Itoa(k)] = s.parts.ClaimShares(Postgres, k)
 			want["Pick/"+strconv.Itoa(k)] = s.parts.Pick(k)
 		}
 		for k := 1; k <= MaxFairPairs; k++ {
