@@ -82,17 +82,7 @@ func (p *partClaimStatements) ClaimPickedFor(d Dialect) string {
 // id = ANY(ARRAY(SELECT id FROM picked)), as the other PostgreSQL twins do.
 func (p *partClaimStatements) Claim(d Dialect, k int) string {
 	checkParts(k)
-	slot := &p.claims[d][k]
-	if s := slot.Load(); s != nil {
-		return *s
-	}
-	how := joinPicked
-	if d == Postgres {
-		how = anyPicked
-	}
-	s := p.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", "$3", "$5", 6), how))
-	slot.Store(&s)
-	return s
+	return p.claim(&p.claims[d][k], d, k, "$3")
 }
 
 // ClaimShares returns Claim for k owned parts in dialect d with each
@@ -105,7 +95,12 @@ func (p *partClaimStatements) Claim(d Dialect, k int) string {
 // Claim's, then the share; the text is the same but for each branch's LIMIT.
 func (p *partClaimStatements) ClaimShares(d Dialect, k int) string {
 	checkParts(k)
-	slot := &p.shares[d][k]
+	return p.claim(&p.shares[d][k], d, k, fmt.Sprintf("$%d", 6+k))
+}
+
+// claim returns the claim for k parts in dialect d whose branches are
+// limited to limit (a parameter), rendered once into slot.
+func (p *partClaimStatements) claim(slot *atomic.Pointer[string], d Dialect, k int, limit string) string {
 	if s := slot.Load(); s != nil {
 		return *s
 	}
@@ -113,7 +108,7 @@ func (p *partClaimStatements) ClaimShares(d Dialect, k int) string {
 	if d == Postgres {
 		how = anyPicked
 	}
-	s := p.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", fmt.Sprintf("$%d", 6+k), "$5", 6), how))
+	s := p.t.rewrite(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), how))
 	slot.Store(&s)
 	return s
 }

@@ -4,13 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
-
-	"github.com/google/uuid"
-
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // TestHotPlansWhenTheStatisticsMissAQueue checks the hot statements'
@@ -33,32 +27,8 @@ import (
 // (an ANALYZE after 50 changed rows of a table believed empty;
 // docs/operations.md).
 func TestHotPlansWhenTheStatisticsMissAQueue(t *testing.T) {
-	pool := testdb.New(t)
+	pool, sessions, sessionArray, postgres := hotPlanSetup(t, "q", "other")
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	postgres := testdb.Kind(t) == "postgres"
-	sessions := make([]uuid.UUID, 16)
-	lits := make([]string, len(sessions))
-	for i := range sessions {
-		sessions[i] = uuid.New()
-		lits[i] = "'" + sessions[i].String() + "'"
-		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true), ('other', true)`); err != nil {
-		t.Fatal(err)
-	}
-	if postgres {
-		for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues"} {
-			if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	sessionArray := "ARRAY[" + strings.Join(lits, ",") + "]::UUID[]"
 	// items seeds the items g in [from, to] of queue: over 16 parts and 5
 	// priorities, each with one of 1,000 tenants, in turn order; claimed
 	// (by the 16 sessions in turn, with a lease) where g % 10 = 1.

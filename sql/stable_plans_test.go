@@ -39,36 +39,12 @@ const stableRows = 1000000
 // On PostgreSQL each state is checked with the plan for the given
 // parameters and with the generic plan a prepared statement settles on.
 func TestHotPlansInEveryState(t *testing.T) {
-	pool := testdb.New(t)
+	pool, sessions, sessionArray, postgres := hotPlanSetup(t, "q")
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	postgres := testdb.Kind(t) == "postgres"
-	sessions := make([]uuid.UUID, 16)
-	lits := make([]string, len(sessions))
-	for i := range sessions {
-		sessions[i] = uuid.New()
-		lits[i] = "'" + sessions[i].String() + "'"
-		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ('q', true)`); err != nil {
-		t.Fatal(err)
-	}
-	if postgres {
-		for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues"} {
-			if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	// items seeds the items g in [from, to]: every tenth in queue "other",
 	// spread over 16 parts and 5 priorities, a third with a tenant, a
 	// seventh with a deadline, a few exhausted; claimed (by the 16 sessions
 	// in turn, with a lease) where the condition on g holds.
-	sessionArray := "ARRAY[" + strings.Join(lits, ",") + "]::UUID[]"
 	items := func(from, to int, claimed string) string {
 		return fmt.Sprintf(`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, tenant, expires_at, payload,
     attempts, max_attempts, claim, claim_token, claimed_at, lease_until)
@@ -134,6 +110,43 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 			}
 		})
 	}
+}
+
+// hotPlanSetup applies the schema to a fresh database and adds 16 live
+// sessions and the given fair queues, with autovacuum off for the tables
+// on PostgreSQL (so that no ANALYZE runs but the test's). It returns the
+// pool, the sessions, an SQL array literal of them, and whether the server
+// is PostgreSQL.
+func hotPlanSetup(t *testing.T, queues ...string) (*pgxpool.Pool, []uuid.UUID, string, bool) {
+	t.Helper()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	postgres := testdb.Kind(t) == "postgres"
+	sessions := make([]uuid.UUID, 16)
+	lits := make([]string, len(sessions))
+	for i := range sessions {
+		sessions[i] = uuid.New()
+		lits[i] = "'" + sessions[i].String() + "'"
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range queues {
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ($1, true)`, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if postgres {
+		for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues"} {
+			if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return pool, sessions, "ARRAY[" + strings.Join(lits, ",") + "]::UUID[]", postgres
 }
 
 // hotCases are the hot statements (the reaper's by-id steps, which run only
