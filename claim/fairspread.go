@@ -52,7 +52,8 @@ type spreadCache struct {
 }
 
 // spreads returns whether the items of tenants without a key are spread
-// over the parts (false for every tenant if a default tenant limit applies)
+// over the parts (false for every tenant if the queue is not fair, as last
+// read, or a default tenant limit applies)
 // and the tenants that keep their part, read through db at most every
 // spreadTTL.
 func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool, error) {
@@ -62,7 +63,7 @@ func (q *Queue) spreads(ctx context.Context, db crsql.DB) (bool, map[string]bool
 	if err := q.readSpread(ctx, db); err != nil {
 		return false, nil, err
 	}
-	return !c.all, c.limited, nil
+	return c.fair && !c.all, c.limited, nil
 }
 
 // readSpread reads the queue's fair setting and tenant limits into
@@ -76,9 +77,10 @@ func (q *Queue) readSpread(ctx context.Context, db crsql.DB) error {
 	if err != nil {
 		return err
 	}
-	all := stored && (r.TenantMaxInFlight > 0 || r.TenantRate > 0)
+	fair := stored && r.Fair
+	all := fair && (r.TenantMaxInFlight > 0 || r.TenantRate > 0)
 	var limited map[string]bool
-	if !all {
+	if fair && !all { // a queue that is not fair spreads nothing: no limits to read
 		rows, err := q.store.TenantLimits(ctx, db, q.opts.Queue)
 		if err != nil {
 			return err
@@ -92,7 +94,7 @@ func (q *Queue) readSpread(ctx context.Context, db crsql.DB) error {
 			}
 		}
 	}
-	c.read, c.fair, c.all, c.limited = time.Now(), stored && r.Fair, all, limited
+	c.read, c.fair, c.all, c.limited = time.Now(), fair, all, limited
 	return nil
 }
 

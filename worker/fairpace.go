@@ -36,7 +36,8 @@ import (
 //     slots run dry while they wait: a lead of three claims kept Jain's
 //     index at 0.93–0.94 in the fairness bench (1,000 tenants, 16 parts, 4
 //     sessions) where a lead of one claim kept 0.95, and halved the time
-//     sessions spent waiting (docs/fairness.md).
+//     sessions spent waiting; at 200 tenants it kept 0.88–0.92 where one
+//     claim kept 0.89–0.93 (docs/fairness.md).
 //     Sessions that claim any part at once spread over a few claims' worth
 //     of turns anyway (each takes a claim's worth of consecutive turns).
 //   - The head only moves forward while a backlog drains, so a head read
