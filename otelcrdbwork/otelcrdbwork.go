@@ -30,7 +30,8 @@
 //     conventions recommend for consumers that do not run in the
 //     producer's call. Baggage is carried over either way.
 //   - "claim <queue>" (kind Client) for every claim that returned items or
-//     failed (empty claims of an idle worker make no span unless
+//     failed (empty claims of an idle worker, and claims cut short by the
+//     end of their context as a worker stops, make no span unless
 //     Options.EmptyClaims), linked to the producer span of every claimed
 //     item; "ack <queue>" for every ack transaction (items acked together
 //     share one), "nack <queue>" and "release <queue>". They carry the
@@ -84,8 +85,9 @@ type Options struct {
 	// the default.
 	ChildOfProducer bool
 	// EmptyClaims records claims that returned no item (an idle worker
-	// claims every poll interval). Default: only claims that returned
-	// items or failed make spans.
+	// claims every poll interval), and those its context cut short.
+	// Default: only claims that returned items or failed with their
+	// context alive make spans.
 	EmptyClaims bool
 }
 
@@ -168,7 +170,9 @@ func (t *Tracing) Enqueue(ctx context.Context, queue string, items []claim.NewIt
 func (t *Tracing) Step(ctx context.Context, s *claim.Step) func(error) {
 	start := time.Now()
 	return func(err error) {
-		if s.Kind == claim.StepClaim && len(s.Items) == 0 && err == nil && !t.opts.EmptyClaims {
+		// An empty claim, or one cut short by its context (a worker that
+		// stops), is no event of the queue's.
+		if s.Kind == claim.StepClaim && len(s.Items) == 0 && (err == nil || ctx.Err() != nil) && !t.opts.EmptyClaims {
 			return
 		}
 		opType := "settle"

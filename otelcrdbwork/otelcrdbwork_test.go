@@ -298,3 +298,40 @@ func TestEmptyClaimsAndItemsWithoutContext(t *testing.T) {
 	}
 	runWorker(t, q2, tr2, handle, func(*worker.Worker) bool { return len(spanNamed(t, rec2.Ended(), "claim idle")) >= 2 })
 }
+
+// A claim cut short by the end of its context (a worker stopping while it
+// polls) makes no span; one that fails with its context alive does, with
+// the error, and so does a cut-short one with EmptyClaims.
+func TestClaimCutShortByItsContextMakesNoSpan(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		empty    bool
+		cancel   bool
+		wantSpan bool
+	}{
+		{"context ended", false, true, false},
+		{"failed, context alive", false, false, true},
+		{"context ended, EmptyClaims", true, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tr := otelcrdbwork.New(otelcrdbwork.Options{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)), EmptyClaims: c.empty})
+			ctx, cancel := context.WithCancel(context.Background())
+			end := tr.Step(ctx, &claim.Step{Kind: claim.StepClaim, Queue: "q"})
+			err := errors.New("connection reset")
+			if c.cancel {
+				cancel()
+				err = context.Canceled
+			}
+			end(err)
+			cancel()
+			spans := spanNamed(t, rec.Ended(), "claim q")
+			if got := len(spans) == 1; got != c.wantSpan {
+				t.Fatalf("%d claim spans; want a span: %v", len(spans), c.wantSpan)
+			}
+			if c.wantSpan && spans[0].Status().Code != codes.Error {
+				t.Errorf("span status %v; want an error", spans[0].Status())
+			}
+		})
+	}
+}
