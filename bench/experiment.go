@@ -288,15 +288,27 @@ func waitSettled(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, c 
 				return nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errs:
-			return fmt.Errorf("a worker failed: %w", err)
-		case <-deadline.C:
+		if err := nextTick(ctx, errs, deadline, tick, func() error {
 			return fmt.Errorf("the workers did not divide the parts evenly within %v", c.timeout)
-		case <-tick.C:
+		}); err != nil {
+			return err
 		}
+	}
+}
+
+// nextTick waits for tick's next tick; it returns ctx's error if ctx ends
+// first, a worker's failure if one comes on errs, and late() if deadline
+// fires.
+func nextTick(ctx context.Context, errs <-chan error, deadline *time.Timer, tick *time.Ticker, late func() error) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-errs:
+		return fmt.Errorf("a worker failed: %w", err)
+	case <-deadline.C:
+		return late()
+	case <-tick.C:
+		return nil
 	}
 }
 
@@ -328,14 +340,10 @@ func waitEmpty(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, time
 				return nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-errs:
-			return fmt.Errorf("a worker failed: %w", err)
-		case <-deadline.C:
+		if err := nextTick(ctx, errs, deadline, tick, func() error {
 			return fmt.Errorf("timed out after %v with %d items left", timeout, n)
-		case <-tick.C:
+		}); err != nil {
+			return err
 		}
 	}
 }

@@ -9,8 +9,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/partition"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // A fair queue is fair across sessions that claim in parts, not only
@@ -22,15 +20,8 @@ import (
 // twelfth of its claims each and the others' 4 tenants a quarter each.)
 func TestFairQueueServesTenantsEvenlyAcrossSessions(t *testing.T) {
 	const parts, sessions, perSession, rounds = 16, 4, 6, 16
-	pool := setup(t)
+	pool, q := fairQueueWithParts(t, parts)
 	ctx := context.Background()
-	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
-		t.Fatal(err)
-	}
-	q := newQueue(t, pool, claim.Options{})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
-		t.Fatal(err)
-	}
 	// 24 tenants: 12 whose part is in the first session's run (0-3), 4 in
 	// each of the others', with backlogs of 20 to 43 items, each
 	// enqueued in two calls.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -18,15 +20,8 @@ import (
 // and in a plain queue nothing changes.
 func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 	const parts, n = 8, 40
-	pool := setup(t)
+	pool, q := fairQueueWithParts(t, parts)
 	ctx := context.Background()
-	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
-		t.Fatal(err)
-	}
-	q := newQueue(t, pool, claim.Options{})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
-		t.Fatal(err)
-	}
 	if err := q.SetTenantLimit(ctx, "limited", claim.Limit{MaxInFlight: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -190,4 +185,20 @@ func TestFairClaimReadsEachPartUpToItsShare(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fairQueueWithParts returns a fresh database's pool and its default
+// queue, made fair with the given number of parts.
+func fairQueueWithParts(t *testing.T, parts int) (*pgxpool.Pool, *claim.Queue) {
+	t.Helper()
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{})
+	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+		t.Fatal(err)
+	}
+	return pool, q
 }
