@@ -3,6 +3,8 @@ package sql
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // RefreshStats refreshes the planner's statistics of table (a name as it
@@ -23,6 +25,60 @@ func RefreshStats(ctx context.Context, db DB, table string) error {
 	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
 		return fmt.Errorf("crdbwork: refreshing the statistics of %s: %w", table, err)
+	}
+	return nil
+}
+
+// statisticsBehind lists, of the tables $1 (names as in SQL), those
+// PostgreSQL's planner believes hold next to nothing while they hold a
+// backlog: never analyzed nor vacuumed (reltuples -1) with at least $3 bytes
+// of rows, or holding at least $2 live rows and ten times what the last
+// ANALYZE or VACUUM found (reltuples). n_live_tup is what the server
+// counted since, as the backends report it (within seconds); the size is
+// read from the table's files at once. Only PostgreSQL has these catalogs
+// (a PostgreSQL-only statement: CockroachDB refreshes its statistics
+// itself, see Store.StatisticsBehind).
+const statisticsBehind = `SELECT t.name
+FROM unnest($1::TEXT[]) AS t (name)
+JOIN pg_class AS c ON c.oid = to_regclass(t.name)
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE (c.reltuples < 0 AND pg_relation_size(c.oid) >= $3)
+   OR (s.n_live_tup >= $2 AND s.n_live_tup > 10 * greatest(c.reltuples, 0))`
+
+// StatisticsBehind returns the tables, of the items and the ended ids (the
+// ones the hot statements read), whose PostgreSQL statistics say they hold
+// next to nothing while they hold a backlog: never analyzed and at least
+// minBytes in size, or holding at least minRows rows and ten times what the
+// statistics say (analyzed while drained, then filled). The names are as
+// they appear in SQL, for Analyze. Until the next ANALYZE the planner
+// estimates every condition on such a table at its default selectivity, the
+// plans of the hot statements depend on the indexes' heights
+// (sql/stable_plans_queues_test.go), and autovacuum may take a minute to
+// come (docs/operations.md). PostgreSQL only: it fails on CockroachDB, whose
+// automatic statistics refresh a table once a share of its rows changed.
+func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes int64) ([]string, error) {
+	names := []string{s.t.identifier("items").Sanitize(), s.t.identifier("ended").Sanitize()}
+	rows, err := db.Query(ctx, statisticsBehind, names, minRows, minBytes)
+	if err != nil {
+		return nil, fmt.Errorf("crdbwork: reading the tables' statistics: %w", err)
+	}
+	behind, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("crdbwork: reading the tables' statistics: %w", err)
+	}
+	return behind, nil
+}
+
+// Analyze refreshes PostgreSQL's statistics of table, a name returned by
+// StatisticsBehind, unless another ANALYZE or VACUUM of it is running
+// (SKIP_LOCKED: that one refreshes them). A role that does not own the table
+// gets a warning from the server and no error: nothing is refreshed.
+func (s *Store) Analyze(ctx context.Context, db DB, table string) error {
+	if table != s.t.identifier("items").Sanitize() && table != s.t.identifier("ended").Sanitize() {
+		return fmt.Errorf("crdbwork: analyze %s: not a table StatisticsBehind reads", table)
+	}
+	if _, err := db.Exec(ctx, "ANALYZE (SKIP_LOCKED) "+table); err != nil {
+		return fmt.Errorf("crdbwork: analyze %s: %w", table, err)
 	}
 	return nil
 }

@@ -33,11 +33,14 @@ import (
 //     queue's head: a session may lead the slowest by paceClaims-1 claims.
 //     The head moves in steps (a claim of the slowest session), so with a
 //     tight bound sessions wait on one another at every step, and their
-//     slots run dry while they wait: a lead of three claims kept Jain's
-//     index at 0.93–0.94 in the fairness bench (1,000 tenants, 16 parts, 4
-//     sessions) where a lead of one claim kept 0.95, and halved the time
-//     sessions spent waiting; at 200 tenants it kept 0.88–0.92 where one
-//     claim kept 0.89–0.93 (docs/fairness.md).
+//     slots run dry while they wait. A lead of one claim kept Jain's index
+//     at 0.92–0.93 in the fairness bench at 200 tenants and 0.95–0.96 at
+//     1,000 (16 parts, 4 sessions) and drains at 0.93× plain; a lead of two
+//     or three claims drained at 0.98× but kept 0.90–0.92 and 0.89–0.91 at
+//     200 tenants (docs/fairness.md). A lead of three claims was chosen
+//     before, while the bench's claims ran on a table PostgreSQL had never
+//     analyzed and walked the whole queue's index (now analyzed at once:
+//     claim.Queue.RefreshStatistics); a lead of one claim cost 0.875× then.
 //     Sessions that claim any part at once spread over a few claims' worth
 //     of turns anyway (each takes a claim's worth of consecutive turns).
 //   - The head only moves forward while a backlog drains, so a head read
@@ -60,7 +63,7 @@ import (
 const (
 	// paceClaims is how many claims of the size at hand a session's claim
 	// may reach past the queue's head.
-	paceClaims = 4
+	paceClaims = 2
 	// paceMinSlack is the least slack, in turns (1 µs a round).
 	paceMinSlack = 4 * time.Microsecond
 	// paceSkip is how many of the earliest unclaimed items the head read

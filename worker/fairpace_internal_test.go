@@ -49,7 +49,7 @@ func TestFairPaceBoundsTheLead(t *testing.T) {
 	us := time.Microsecond
 
 	// Front at 99 µs, a claim of 100 reaches 199 µs; the slack of
-	// paceClaims such claims is 400 µs: a head at 0 is within it.
+	// paceClaims (2) such claims is 200 µs: a head at 0 is within it.
 	p := paceAt(t, base, 0)
 	p.wait(ctx, 100, other)
 	if p.reads != 1 || p.waits != 0 {
@@ -62,12 +62,12 @@ func TestFairPaceBoundsTheLead(t *testing.T) {
 		t.Errorf("head read before within reach: %d reads; want no new one", p.reads)
 	}
 
-	// A claim of 10 reaches 109 µs, with a slack of 40 µs: a head at 50 µs
-	// is too far behind; it moves to 60, then 75 µs, within reach.
-	p = paceAt(t, base, 50*us, 60*us, 75*us)
+	// A claim of 10 reaches 109 µs, with a slack of 20 µs: a head at 50 µs
+	// is too far behind; it moves to 60, then 90 µs, within reach.
+	p = paceAt(t, base, 50*us, 60*us, 90*us)
 	p.wait(ctx, 10, other)
-	if p.reads != 3 || p.waits != 1 || !p.head.Equal(base.Add(75*us)) {
-		t.Errorf("session ahead: %d reads, %d waits, head at %v; want 3 reads, one wait, until the head reached 75µs", p.reads, p.waits, p.head.Sub(base))
+	if p.reads != 3 || p.waits != 1 || !p.head.Equal(base.Add(90*us)) {
+		t.Errorf("session ahead: %d reads, %d waits, head at %v; want 3 reads, one wait, until the head reached 90µs", p.reads, p.waits, p.head.Sub(base))
 	}
 
 	// The head in the session's own parts: its claim takes it.

@@ -205,6 +205,8 @@ func (r *sessionRun) maintain() {
 	now := time.Now()
 	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
 	nextLimits := now.Add(w.opts.Limits.Refresh)
+	var nextStats time.Time // the statistics' check is due (zero: at once)
+	r.refreshStatistics(ctx, &nextStats)
 	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
@@ -260,8 +262,36 @@ func (r *sessionRun) maintain() {
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)
 			}
+			r.refreshStatistics(ctx, &nextStats)
 		}
 	}
+}
+
+// statisticsPause is how long a session leaves the tables' statistics
+// alone after it analyzed a table or the check failed: the ANALYZE settles
+// them (or the role may not analyze: the server warns and nothing changes).
+const statisticsPause = time.Minute
+
+// refreshStatistics has PostgreSQL analyze the queue's tables when its
+// statistics say they are empty while they hold a backlog
+// (claim.Queue.RefreshStatistics), unless the session did so, or failed
+// to, less than statisticsPause ago (next).
+func (r *sessionRun) refreshStatistics(ctx context.Context, next *time.Time) {
+	if time.Now().Before(*next) {
+		return
+	}
+	done, err := r.w.queue.RefreshStatistics(ctx)
+	switch {
+	case ctx.Err() != nil:
+		return
+	case err != nil:
+		r.log.Debug("refreshing the tables' statistics failed", zap.Error(err))
+	case len(done) > 0:
+		r.log.Info("analyzed tables whose statistics said they were empty", zap.Strings("tables", done))
+	default:
+		return
+	}
+	*next = time.Now().Add(statisticsPause)
 }
 
 // logReapErrors logs the failures of a Reap, one line per failed step and
