@@ -20,18 +20,18 @@ const (
 // RefreshStatistics runs ANALYZE, on PostgreSQL, of the items and ended-ids
 // tables that the planner believes hold next to nothing while they hold a
 // backlog (5,000 rows and ten times what the planner believes, or 1 MiB of
-// a table never analyzed), and returns the tables it analyzed, as named in SQL. Such a table was
-// never analyzed (a new deployment's first backlog) or was analyzed while
-// drained; until autovacuum comes, within about a minute, the planner
-// estimates every condition at its default selectivity, all the partial
-// indexes look alike, and claims in parts mode may walk the whole queue's
-// index instead of their part's (issue #19; docs/operations.md). Workers
-// call it when their session starts and with each reap of the queue's
-// leases, so the window lasts seconds. It reads two rows of the server's
-// statistics views when there is nothing to do. On CockroachDB it does
-// nothing: its automatic statistics refresh a table once a share of its
-// rows changed. A role that does not own the tables analyzes nothing (the
-// server warns; no error).
+// a table never analyzed), and returns the tables it analyzed, as named in
+// SQL. Such a table was never analyzed (a new deployment's first backlog)
+// or was analyzed while drained; until autovacuum comes, within about a
+// minute, the planner estimates every condition at its default
+// selectivity, all the partial indexes look alike, and claims in parts mode
+// may walk the whole queue's index instead of their part's (issue #19;
+// docs/operations.md). Workers call it when their session starts and with
+// each reap of the queue's leases, so the window lasts seconds. It reads
+// two rows of the server's statistics views when there is nothing to do.
+// On CockroachDB it does nothing: its automatic statistics refresh a table
+// once a share of its rows changed. A role that does not own the tables
+// analyzes nothing (the server warns; no error).
 func (q *Queue) RefreshStatistics(ctx context.Context) ([]string, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, err

@@ -192,7 +192,10 @@ const queueReapHeartbeats = 5
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
 // items (claim.Queue.Reap). A reap that fails is tried again at the next
-// heartbeat. Any live session may reap; both are idempotent.
+// heartbeat. Any live session may reap; both are idempotent. When it starts
+// and with each lease reap, it has PostgreSQL analyze the queue's tables if
+// their statistics say they are empty while they hold a backlog
+// (refreshStatistics).
 func (r *sessionRun) maintain() {
 	w, log := r.w, r.log
 	ctx := r.sess.Context()
@@ -270,7 +273,13 @@ func (r *sessionRun) maintain() {
 // statisticsPause is how long a session leaves the tables' statistics
 // alone after it analyzed a table or the check failed: the ANALYZE settles
 // them (or the role may not analyze: the server warns and nothing changes).
-const statisticsPause = time.Minute
+// statisticsTimeout bounds the check and its ANALYZE (it samples 30,000
+// rows: a fraction of a second here on a million), which hold up the
+// session's other chores (lease extensions, cancels) meanwhile.
+const (
+	statisticsPause   = time.Minute
+	statisticsTimeout = 30 * time.Second
+)
 
 // refreshStatistics has PostgreSQL analyze the queue's tables when its
 // statistics say they are empty while they hold a backlog
@@ -280,7 +289,9 @@ func (r *sessionRun) refreshStatistics(ctx context.Context, next *time.Time) {
 	if time.Now().Before(*next) {
 		return
 	}
-	done, err := r.w.queue.RefreshStatistics(ctx)
+	sctx, cancel := context.WithTimeout(ctx, statisticsTimeout)
+	defer cancel()
+	done, err := r.w.queue.RefreshStatistics(sctx)
 	switch {
 	case ctx.Err() != nil:
 		return
