@@ -31,7 +31,7 @@ const (
 // two rows of the server's statistics views when there is nothing to do.
 // On CockroachDB it does nothing: its automatic statistics refresh a table
 // once a share of its rows changed. A role that does not own the tables
-// analyzes nothing (the server warns; no error).
+// (nor belongs to their owner) leaves them to autovacuum.
 func (q *Queue) RefreshStatistics(ctx context.Context) ([]string, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
@@ -47,15 +49,21 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if !postgres {
+		if done, err := b.RefreshStatistics(ctx); err != nil || len(done) != 0 {
+			t.Fatalf("CockroachDB: RefreshStatistics = %q, %v; want nothing done", done, err)
+		}
+		return
+	}
+	// A role that may use the tables but does not own them leaves them to
+	// autovacuum (PostgreSQL would skip them with a warning).
+	notOwner := newQueue(t, otherRole(t, pool), claim.Options{Queue: "a"})
+	if done, err := notOwner.RefreshStatistics(ctx); err != nil || len(done) != 0 || analyzed() {
+		t.Fatalf("a role that does not own the tables: RefreshStatistics = %q, %v (analyzed: %v); want nothing done", done, err, analyzed())
+	}
 	done, err := b.RefreshStatistics(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if !postgres {
-		if len(done) != 0 {
-			t.Fatalf("CockroachDB: RefreshStatistics = %q, want nothing done", done)
-		}
-		return
 	}
 	if want := []string{`"crdbwork_items"`}; !slices.Equal(done, want) || !analyzed() {
 		t.Fatalf("20,100 items never analyzed: RefreshStatistics = %q (analyzed: %v), want %q", done, analyzed(), want)
@@ -70,4 +78,28 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 	if done, err := a.RefreshStatistics(ctx); err != nil || len(done) != 0 {
 		t.Fatalf("once analyzed: RefreshStatistics = %q, %v; want nothing done", done, err)
 	}
+}
+
+// otherRole returns a pool of a new PostgreSQL role that may read and
+// change crdbwork's tables but owns none of them.
+func otherRole(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	for _, stmt := range []string{
+		`CREATE ROLE crdbwork_user LOGIN`,
+		`GRANT USAGE ON SCHEMA public TO crdbwork_user`,
+		`GRANT ALL ON ALL TABLES IN SCHEMA public TO crdbwork_user`,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	cfg := pool.Config().Copy()
+	cfg.ConnConfig.User = "crdbwork_user"
+	other, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Close)
+	return other
 }

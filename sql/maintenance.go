@@ -35,21 +35,25 @@ func RefreshStats(ctx context.Context, db DB, table string) error {
 // of rows, or holding at least $2 live rows and ten times what the last
 // ANALYZE or VACUUM found (reltuples). n_live_tup is what the server
 // counted since, as the backends report it (within seconds); the size is
-// read from the table's files at once. Only PostgreSQL has these catalogs
+// read from the table's files at once. Tables the role may not analyze (it
+// is not, nor has the rights of, their owner) are left out: PostgreSQL would
+// skip them with a warning. Only PostgreSQL has these catalogs
 // (a PostgreSQL-only statement: CockroachDB refreshes its statistics
 // itself, see Store.StatisticsBehind).
 const statisticsBehind = `SELECT t.name
 FROM unnest($1::TEXT[]) AS t (name)
 JOIN pg_class AS c ON c.oid = to_regclass(t.name)
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
-WHERE (c.reltuples < 0 AND pg_relation_size(c.oid) >= $3)
-   OR (s.n_live_tup >= $2 AND s.n_live_tup > 10 * greatest(c.reltuples, 0))`
+WHERE pg_has_role(c.relowner, 'USAGE')
+  AND ((c.reltuples < 0 AND pg_relation_size(c.oid) >= $3)
+    OR (s.n_live_tup >= $2 AND s.n_live_tup > 10 * greatest(c.reltuples, 0)))`
 
 // StatisticsBehind returns the tables, of the items and the ended ids (the
 // ones the hot statements read), whose PostgreSQL statistics say they hold
 // next to nothing while they hold a backlog: never analyzed and at least
 // minBytes in size, or holding at least minRows rows and ten times what the
-// statistics say (analyzed while drained, then filled). The names are as
+// statistics say (analyzed while drained, then filled), and that the role
+// may analyze (it owns them, or is a member of their owner). The names are as
 // they appear in SQL, for Analyze. Until the next ANALYZE the planner
 // estimates every condition on such a table at its default selectivity, the
 // plans of the hot statements depend on the indexes' heights
@@ -71,8 +75,7 @@ func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes i
 
 // Analyze refreshes PostgreSQL's statistics of table, a name returned by
 // StatisticsBehind, unless another ANALYZE or VACUUM of it is running
-// (SKIP_LOCKED: that one refreshes them). A role that does not own the table
-// gets a warning from the server and no error: nothing is refreshed.
+// (SKIP_LOCKED: that one refreshes them).
 func (s *Store) Analyze(ctx context.Context, db DB, table string) error {
 	if table != s.t.identifier("items").Sanitize() && table != s.t.identifier("ended").Sanitize() {
 		return fmt.Errorf("crdbwork: analyze %s: not a table StatisticsBehind reads", table)
