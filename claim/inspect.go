@@ -73,7 +73,10 @@ type TenantInfo struct {
 	Unclaimed, Due int64
 }
 
-// HasItems reports whether the queue holds unclaimed or claimed items.
+// HasItems reports whether the queue holds unclaimed or claimed items, as
+// Inspect read them: in separate statements, so an item handed back between
+// them (a snooze, a nack) may be in neither. To wait for a queue to drain,
+// use Queue.WaitDrained, which counts them in one.
 func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
 
 // Inspect reads the queue's state: the one read behind package metrics,
