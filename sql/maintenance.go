@@ -3,6 +3,7 @@ package sql
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -61,8 +62,7 @@ WHERE pg_has_role(c.relowner, 'USAGE')
 // come (docs/operations.md). PostgreSQL only: it fails on CockroachDB, whose
 // automatic statistics refresh a table once a share of its rows changed.
 func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes int64) ([]string, error) {
-	names := []string{s.t.identifier("items").Sanitize(), s.t.identifier("ended").Sanitize()}
-	rows, err := db.Query(ctx, statisticsBehind, names, minRows, minBytes)
+	rows, err := db.Query(ctx, statisticsBehind, s.statisticsTables(), minRows, minBytes)
 	if err != nil {
 		return nil, fmt.Errorf("crdbwork: reading the tables' statistics: %w", err)
 	}
@@ -77,11 +77,17 @@ func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes i
 // StatisticsBehind, unless another ANALYZE or VACUUM of it is running
 // (SKIP_LOCKED: that one refreshes them).
 func (s *Store) Analyze(ctx context.Context, db DB, table string) error {
-	if table != s.t.identifier("items").Sanitize() && table != s.t.identifier("ended").Sanitize() {
+	if !slices.Contains(s.statisticsTables(), table) {
 		return fmt.Errorf("crdbwork: analyze %s: not a table StatisticsBehind reads", table)
 	}
 	if _, err := db.Exec(ctx, "ANALYZE (SKIP_LOCKED) "+table); err != nil {
 		return fmt.Errorf("crdbwork: analyze %s: %w", table, err)
 	}
 	return nil
+}
+
+// statisticsTables are the tables StatisticsBehind reads and Analyze
+// refreshes, named as in SQL: the items and the ended ids.
+func (s *Store) statisticsTables() []string {
+	return []string{s.t.identifier("items").Sanitize(), s.t.identifier("ended").Sanitize()}
 }
