@@ -4,6 +4,8 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -17,8 +19,9 @@ import (
 // the lines marked "postgres only" (the wake-up notification, which
 // CockroachDB does not have, and the locking read that closes a race of
 // PostgreSQL's READ COMMITTED; TestCockroachEnqueueFunctionMatches).
-// ApplyWith installs the engine's form after the schema, on every call
-// (CREATE OR REPLACE). CockroachDB docs checked: "User-Defined Functions"
+// ApplyWith installs the engine's form after the schema (CREATE OR
+// REPLACE) unless the installed function is of the same revision or a newer
+// one (revisionMarker). CockroachDB docs checked: "User-Defined Functions"
 // (mutations in UDF bodies since 23.2), "PL/pgSQL" and "Known
 // Limitations" (23.2: no nested blocks, FOR loops, CASE statements,
 // PERFORM, GET DIAGNOSTICS, RECORD variables or STRICT INTO: the function
@@ -88,9 +91,62 @@ func cockroachForm(postgres string) string {
 	return b.String()
 }
 
-// applyEnqueueFunction creates the enqueue function of t on d: on
-// PostgreSQL an error fails the schema's Apply; on CockroachDB a refusal
-// (a version before 24.1) is a warning: everything but the function works.
+// The enqueue function carries its revision: both files assign the text
+// revisionMarker followed by a number to a variable (v_revision), the
+// first statement of the body. ApplyWith reads the installed function's
+// body from the catalog and replaces the function only if its revision is
+// older than the files' (a function without the marker, as versions before
+// it installed, is revision 0), or if it cannot read it.
+//
+// The body itself cannot be compared: CockroachDB stores a routine's body
+// as it formats the parsed statements, with every table reference
+// qualified (cockroachdb/cockroach pkg/sql/opt/optbuilder/create_function.go:
+// "Override the function body so that references are fully qualified",
+// tree.FmtParsable), so the installed text never equals the file's and a
+// comparison replaced the function at every start. Comments are not kept
+// either (they are not in the parsed statements); a string constant is, in
+// whatever quoting the formatter gives it, so the marker is matched as a
+// bare word (revisionPattern). The same mechanism runs on PostgreSQL,
+// where the tests check it.
+//
+// Rolling upgrades: a process never replaces a function of a newer
+// revision, so old and new code do not take turns replacing it. Code of
+// schema version 5 and older compared the whole body and replaced any
+// other; it leaves the function alone on a database of a newer schema
+// version (its ApplyWith returns before the function when the database is
+// newer than its Version), so a change of the function ships with a new
+// schema version. TestEnqueueFunctionRevisionPinned keeps the revision
+// moving with the files.
+const revisionMarker = "crdbwork-enqueue-revision-"
+
+// revisionPattern finds the revision marker and its number in a body.
+var revisionPattern = regexp.MustCompile(regexp.QuoteMeta(revisionMarker) + `([0-9]+)`)
+
+// bodyRevision returns the revision a function body (or file) carries: 0
+// if it has no marker.
+func bodyRevision(body string) int {
+	m := revisionPattern.FindStringSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// EnqueueFunctionRevision is the revision of the SQL function
+// crdbwork_enqueue that this code installs (see ApplyWith): Apply replaces
+// an installed function of an older revision, and leaves alone one of the
+// same or a newer revision.
+func EnqueueFunctionRevision() int { return bodyRevision(enqueueFunctionFile) }
+
+// applyEnqueueFunction creates the enqueue function of t on d unless a
+// function of the same or a newer revision is installed (see
+// revisionMarker): on PostgreSQL an error fails the schema's Apply; on
+// CockroachDB a refusal (a version before 24.1) is a warning: everything
+// but the function works.
 func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn func(string)) error {
 	stmt, err := enqueueFunction(d, t)
 	if err != nil {
@@ -100,7 +156,7 @@ func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn 
 	// catalog row even when it is the same, and two processes doing so at
 	// once fail one of them on PostgreSQL ("tuple concurrently updated"):
 	// services that apply the schema as they start must not.
-	if body, ok := installedBody(ctx, db, t); ok && body == functionBody(stmt) {
+	if body, ok := installedBody(ctx, db, t); ok && bodyRevision(body) >= bodyRevision(stmt) {
 		return nil
 	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
@@ -126,7 +182,9 @@ func functionBody(stmt string) string {
 
 // installedBodyStatement reads the body of the function $1 in the schema
 // $2 (the current schema if empty) from the catalog, which both engines
-// have.
+// have (CockroachDB lists user-defined functions in pg_catalog.pg_proc,
+// with their stored body as prosrc, since 22.2: cockroachdb/cockroach#83239,
+// done by #85656).
 const installedBodyStatement = `SELECT p.prosrc FROM pg_catalog.pg_proc AS p
 JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
 WHERE p.proname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema())`

@@ -62,7 +62,12 @@ DECLARE
     v_other    TEXT;
     v_ended    BOOL;
     v_seq      BIGINT;
+    v_revision TEXT;
 BEGIN
+    -- This function's revision (package sql's Apply reads it back from the
+    -- catalog, and replaces the function only if it is older).
+    v_revision := 'crdbwork-enqueue-revision-1';
+
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
     IF queue IS NULL OR queue = '' THEN

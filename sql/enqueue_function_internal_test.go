@@ -2,6 +2,9 @@ package sql
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -108,5 +111,158 @@ func TestEnqueueFunctionAppliedOnce(t *testing.T) {
 	}
 	if body, ok := installedBody(ctx, pool, tables); !ok || body != functionBody(stmt) {
 		t.Fatal("Apply did not replace a changed function")
+	}
+}
+
+// functionRow reads the catalog row of t's enqueue function: its oid, its
+// xmin (the transaction that last wrote the row: CREATE OR REPLACE writes
+// a new one even for the same text) and its body. PostgreSQL's catalog.
+func functionRow(t *testing.T, db DB, tables Tables) (oid int64, xmin, body string) {
+	t.Helper()
+	err := db.QueryRow(context.Background(), `SELECT p.oid::BIGINT, p.xmin::TEXT, p.prosrc FROM pg_catalog.pg_proc AS p
+JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+WHERE p.proname = $1 AND n.nspname = COALESCE(NULLIF($2, ''), current_schema())`, tables.prefix()+"enqueue", tables.Schema).Scan(&oid, &xmin, &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return oid, xmin, body
+}
+
+// reformatted returns the statement stmt creating the function with its
+// body as CockroachDB stores one (pkg/sql/opt/optbuilder/create_function.go
+// formats the parsed body): the comments gone, the white space changed, the
+// table references qualified with the schema. The revision marker is kept,
+// as a string constant is.
+func reformatted(stmt string, tables Tables) string {
+	const tag = "$crdbwork$"
+	i, j := strings.Index(stmt, tag)+len(tag), strings.LastIndex(stmt, tag)
+	var lines []string
+	for _, line := range strings.Split(stmt[i:j], "\n") {
+		if k := strings.Index(line, "--"); k >= 0 {
+			line = line[:k]
+		}
+		lines = append(lines, strings.Fields(line)...)
+	}
+	body := strings.ReplaceAll(strings.Join(lines, " "), `"`+tables.prefix(), `public."`+tables.prefix())
+	return stmt[:i] + "\n" + body + "\n" + stmt[j:]
+}
+
+// With its body stored otherwise than the file has it (as CockroachDB
+// stores every body) but of the same revision, the installed function is
+// left alone by the next Apply: the catalog row is not rewritten. Before
+// the revision marker, Apply compared the bodies and replaced the
+// function at every start on CockroachDB. PostgreSQL only: it checks the
+// row's xmin.
+func TestEnqueueFunctionKeptWhenStoredReformatted(t *testing.T) {
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("reads the function's xmin, PostgreSQL's; CockroachDB reformats the body by itself")
+	}
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tables := Tables{Prefix: "fmt_"}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	stmt, err := enqueueFunction(Postgres, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oid, xmin, body := functionRow(t, pool, tables)
+	if body != functionBody(stmt) || bodyRevision(body) != EnqueueFunctionRevision() || EnqueueFunctionRevision() < 1 {
+		t.Fatalf("installed revision %d (body as the file's: %v), the files' %d", bodyRevision(body), body == functionBody(stmt), EnqueueFunctionRevision())
+	}
+	// Applied again, unchanged: the same row.
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	if o, x, _ := functionRow(t, pool, tables); o != oid || x != xmin {
+		t.Fatalf("the second Apply rewrote the function (oid %d→%d, xmin %s→%s)", oid, o, xmin, x)
+	}
+	// Stored reformatted: still the same revision, so left alone.
+	if _, err := pool.Exec(ctx, reformatted(stmt, tables)); err != nil {
+		t.Fatal(err)
+	}
+	oid, xmin, stored := functionRow(t, pool, tables)
+	if stored == functionBody(stmt) || bodyRevision(stored) != EnqueueFunctionRevision() {
+		t.Fatalf("the reformatted body is the file's, or lost its revision:\n%s", stored)
+	}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	if o, x, b := functionRow(t, pool, tables); o != oid || x != xmin || b != stored {
+		t.Fatalf("Apply replaced a function of its own revision stored reformatted (oid %d→%d, xmin %s→%s, body kept: %v)", oid, o, xmin, x, b == stored)
+	}
+}
+
+// A function of an older revision (or without a marker, as versions
+// before the marker installed it) is replaced by Apply; one of a newer
+// revision is left alone, so that old and new code applying the schema in
+// a rolling upgrade do not take turns replacing it.
+func TestEnqueueFunctionRevisionUpgrades(t *testing.T) {
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("reads the function's xmin, PostgreSQL's")
+	}
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tables := Tables{Prefix: "rev_"}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	stmt, err := enqueueFunction(Postgres, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := EnqueueFunctionRevision()
+	mine := fmt.Sprint(revisionMarker, current)
+	if !strings.Contains(stmt, mine) {
+		t.Fatalf("the statement lacks its marker %q", mine)
+	}
+	for _, c := range []struct {
+		name     string
+		body     string // what the statement installs instead of the marker
+		replaced bool
+	}{
+		{"older revision", fmt.Sprint(revisionMarker, current-1), true},
+		{"no marker", "no revision", true},
+		{"newer revision", fmt.Sprint(revisionMarker, current+1), false},
+		{"much newer revision", fmt.Sprint(revisionMarker, current+10), false},
+	} {
+		if _, err := pool.Exec(ctx, strings.Replace(stmt, mine, c.body, 1)); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		_, xmin, _ := functionRow(t, pool, tables)
+		if err := Apply(ctx, pool, tables); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		_, x, body := functionRow(t, pool, tables)
+		switch {
+		case c.replaced && (body != functionBody(stmt) || x == xmin):
+			t.Errorf("%s: Apply did not replace the function (now revision %d)", c.name, bodyRevision(body))
+		case !c.replaced && (x != xmin || !strings.Contains(body, c.body)):
+			t.Errorf("%s: Apply replaced a function newer than its own (now revision %d)", c.name, bodyRevision(body))
+		}
+	}
+}
+
+// enqueueFunctionPins pins the files of each revision of the enqueue
+// function: the SHA-256 of the PostgreSQL file followed by the CockroachDB
+// file. A change of either file must raise the revision in both (the
+// marker's number): databases replace the function only for a newer
+// revision.
+var enqueueFunctionPins = map[int]string{
+	1: "e9642d719a6f4235bcb8e7033e773ba44d103d9016acd586cc7845c474f08fca",
+}
+
+// The files are those pinned for their revision, and both carry it.
+func TestEnqueueFunctionRevisionPinned(t *testing.T) {
+	pg, crdb := EnqueueFunctionSQL(Postgres), EnqueueFunctionSQL(Cockroach)
+	rev := EnqueueFunctionRevision()
+	if rev < 1 || bodyRevision(crdb) != rev || strings.Count(pg, revisionMarker) != 1 || strings.Count(crdb, revisionMarker) != 1 {
+		t.Fatalf("revisions: PostgreSQL file %d, CockroachDB file %d (one marker each, from 1)", rev, bodyRevision(crdb))
+	}
+	sum := sha256.Sum256([]byte(pg + crdb))
+	if got := hex.EncodeToString(sum[:]); enqueueFunctionPins[rev] != got {
+		t.Fatalf("the enqueue function's files changed (SHA-256 %s) but not its revision (%d): raise %s%d to %d in sql/enqueue_function.sql and sql/cockroach_enqueue_function.sql, and pin the new files here",
+			got, rev, revisionMarker, rev, rev+1)
 	}
 }
