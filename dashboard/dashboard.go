@@ -32,12 +32,14 @@
 package dashboard
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -99,6 +101,24 @@ type handler struct {
 
 	queuesMu sync.Mutex
 	queues   map[string]*claim.Queue
+
+	// engine is the database's dialect once detected (see dialect).
+	engine atomic.Pointer[crsql.Dialect]
+}
+
+// dialect returns the database's engine, asked once (sql.DetectDialect)
+// and kept after the first answer: the reads whose statement differs
+// between the engines take it.
+func (h *handler) dialect(ctx context.Context) (crsql.Dialect, error) {
+	if d := h.engine.Load(); d != nil {
+		return *d, nil
+	}
+	d, err := crsql.DetectDialect(ctx, h.db)
+	if err != nil {
+		return d, err
+	}
+	h.engine.Store(&d)
+	return d, nil
 }
 
 // New returns the dashboard of the queues in db's tables, as an

@@ -307,7 +307,11 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 		var backlog []int64
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
-			backlog, err = h.store.PartBacklog(ctx, h.db, n, m.NumParts, h.opts.CountCap)
+			d, err := h.dialect(ctx)
+			if err != nil {
+				return err
+			}
+			backlog, err = h.store.PartBacklog(ctx, h.db, d, n, m.NumParts, h.opts.CountCap)
 			return crsql.Classify(err)
 		})
 		if err != nil {
@@ -704,7 +708,11 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	var heads []crsql.TenantHead
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
-		heads, err = h.store.TenantHeads(ctx, h.db, d.Queue, names)
+		dialect, err := h.dialect(ctx)
+		if err != nil {
+			return err
+		}
+		heads, err = h.store.TenantHeads(ctx, h.db, dialect, d.Queue, names)
 		return crsql.Classify(err)
 	})
 	if err != nil {

@@ -15,3 +15,15 @@ func DashboardStatementsForTest(t Tables) map[string]string {
 		"AuditInsert": d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
 	}
 }
+
+// DashboardPartBacklogForTest returns CockroachDB's backlog read of k parts
+// for t.
+func DashboardPartBacklogForTest(t Tables, k int) string {
+	return newDashboardStatements(t).crdbPartBacklog(k)
+}
+
+// DashboardTenantHeadsForTest returns CockroachDB's head read of k tenants
+// for t.
+func DashboardTenantHeadsForTest(t Tables, k int) string {
+	return newDashboardStatements(t).crdbTenantHeads(k)
+}
