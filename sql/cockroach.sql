@@ -29,3 +29,16 @@ ALTER TABLE crdbwork_items CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- deletes it once the queue's dedup window has passed, from the head of
 -- crdbwork_ended_by_age, where the deleted entries would otherwise wait.
 ALTER TABLE crdbwork_ended CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- A death inserts a row here; retention (the reapers' pruning, oldest
+-- first through crdbwork_dead_items_by_queue), requeues and purges delete
+-- them. The pruning and the dashboard's dead count read that index from the
+-- oldest end, where the deleted entries lie.
+ALTER TABLE crdbwork_dead_items CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Dependencies: an item enqueued with prerequisites waits here and is
+-- deleted when it moves to crdbwork_items (or dies); every ack of a
+-- prerequisite lowers its dependents' remaining count (a new version of
+-- their rows) and deletes its edges. The sweeps read both tables in order
+-- from the start of each queue (crdbwork_waiting_by_queue, the edges'
+-- primary key), where the moved rows and released edges lie.
+ALTER TABLE crdbwork_waiting CONFIGURE ZONE USING gc.ttlseconds = 600;
+ALTER TABLE crdbwork_waits_for CONFIGURE ZONE USING gc.ttlseconds = 600;

@@ -1,6 +1,9 @@
 package sql
 
 import (
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -51,6 +54,80 @@ func TestCockroachIndexesMatchFiles(t *testing.T) {
 			}
 			if !strings.Contains(out, "STORING (vesting_at, attempts, max_attempts, expires_at, tenant)") {
 				t.Errorf("%+v: no covering index in the CockroachDB schema", tb)
+			}
+		}
+	}
+}
+
+// gcTables are the tables sql/cockroach.sql gives a short garbage-collection
+// TTL: those whose rows are deleted (or rewritten) at the rate of the work,
+// and read from where the deleted entries lie (see the file's comments).
+// writtenRarely are the others, with why they need none. A new table must
+// be one or the other.
+var (
+	gcTables = []string{"sessions", "session_parts", "items", "ended", "dead_items", "waiting", "waits_for"}
+
+	writtenRarely = map[string]string{
+		"queues":         "settings, written by operators",
+		"tenant_limits":  "limits, written by operators",
+		"schedules":      "one update per schedule run",
+		"session_queues": "one row per session and queue, written when a session joins or leaves",
+		"schema_version": "one row, written by upgrades",
+		"audit":          "inserts by operators' actions, pruned rarely",
+	}
+)
+
+// zoneStatement is the only form of the zone settings in sql/cockroach.sql.
+var zoneStatement = regexp.MustCompile(`^ALTER TABLE (.+) CONFIGURE ZONE USING gc\.ttlseconds = ([0-9]+);$`)
+
+// sql/cockroach.sql is made of the statements it should be, each
+// well-formed (CockroachDB's grammar cannot be run here; the forms are
+// those of its docs, "ALTER TABLE … CONFIGURE ZONE" and "CREATE INDEX …
+// STORING"): the covering claim indexes and the drops of the plain ones
+// (TestCockroachIndexesMatchFiles), and one zone setting per table whose
+// rows churn, with a TTL of at least the 600 s CockroachDB's docs advise as
+// the lowest, each on a table of the schema; the tables classified, every
+// one, as churned or written rarely. Rendered for a schema and a prefix,
+// every name is renamed and the tables qualified.
+func TestCockroachSettingsWellFormed(t *testing.T) {
+	var indexForms []string
+	for _, c := range cockroachIndexes {
+		indexForms = append(indexForms, c.with...)
+	}
+	for name := range tableNames {
+		_, rare := writtenRarely[name]
+		if rare == slices.Contains(gcTables, name) {
+			t.Errorf("table %s is in neither or both of gcTables and writtenRarely: decide whether sql/cockroach.sql gives it a GC TTL", name)
+		}
+	}
+	for _, tb := range []Tables{{}, {Schema: "Work Queue", Prefix: "app_"}} {
+		configured := map[string]bool{}
+		for _, s := range statements(tb.rewrite(cockroachFile)) {
+			if slices.ContainsFunc(indexForms, func(f string) bool { return sameStatement(s, tb.rewrite(f)) }) {
+				continue
+			}
+			m := zoneStatement.FindStringSubmatch(s)
+			if m == nil {
+				t.Errorf("%+v: sql/cockroach.sql has a statement of no known form:\n%s", tb, s)
+				continue
+			}
+			if ttl, _ := strconv.Atoi(m[2]); ttl < 600 {
+				t.Errorf("%+v: %s: a GC TTL of %d s, below 600", tb, m[1], ttl)
+			}
+			var table string
+			for _, name := range gcTables {
+				if m[1] == tb.Table(name) {
+					table = name
+				}
+			}
+			if table == "" || configured[table] {
+				t.Errorf("%+v: a zone setting of %s, not a table of gcTables or set twice", tb, m[1])
+			}
+			configured[table] = true
+		}
+		for _, name := range gcTables {
+			if !configured[name] {
+				t.Errorf("%+v: sql/cockroach.sql gives %s no GC TTL", tb, tb.Table(name))
 			}
 		}
 	}
