@@ -37,7 +37,15 @@ import (
 // probe's connection therefore sets its default isolation to READ COMMITTED
 // (probeSessionStatement; PostgreSQL's default already): a probe never
 // waits for an enqueue or claim in flight, and where the level is off it
-// waits at most as long as those short transactions run.
+// waits at most as long as those short transactions run. It does not wait
+// because it pushes: a READ COMMITTED read that meets the intent of a
+// pending SERIALIZABLE transaction of the same priority moves that
+// transaction's timestamp above its own read (cockroachdb/cockroach
+// pkg/kv/kvserver/txnwait/queue.go, CanPushWithPriority, since #103267),
+// and the claim (or enqueue) so pushed must refresh its reads at commit,
+// and retries if they changed meanwhile. docs/cockroachdb.md ("Isolation
+// and locking", and "Reads of the claim index head that are not claims" for
+// the tombstones a probe of a drained queue steps over) weighs it.
 //
 // Changefeeds (CockroachDB's push alternative) were weighed and not used;
 // see docs/operations.md, "Wake-ups".
