@@ -2,12 +2,12 @@ package claim_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
 // Items enqueued from psql with a key into a sequenced queue are sequenced
@@ -24,7 +24,7 @@ func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	call := func(key, payload string) string {
-		return fmt.Sprintf(`SELECT added FROM crdbwork_enqueue('seq', convert_to('%s', 'UTF8'), key => '%s');`, payload, key)
+		return `SELECT added FROM crdbwork_enqueue(` + testdb.EnqueueArgs("'seq'", "convert_to('"+payload+"', 'UTF8')", "key", "'"+key+"'") + `);`
 	}
 	// One transaction, keys interleaved.
 	tx := "BEGIN;" + call("a", "a/0") + call("b", "b/0") + call("a", "a/1") + call("a", "a/2") + call("b", "b/1") + "COMMIT;"
@@ -32,7 +32,7 @@ func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
 		t.Fatalf("psql transaction: %q, %v %s; want 5 added", out, err, stderr)
 	}
 	// One statement of five calls.
-	if out, stderr, err := psql(t, url, `SELECT count(*) FILTER (WHERE (e).added) FROM (SELECT crdbwork_enqueue('seq', convert_to('c/' || g, 'UTF8'), key => 'c') AS e FROM generate_series(0, 4) AS g) AS s`); err != nil || out != "5" {
+	if out, stderr, err := psql(t, url, `SELECT count(*) FILTER (WHERE (e).added) FROM (SELECT crdbwork_enqueue(`+testdb.EnqueueArgs("'seq'", "convert_to('c/' || g, 'UTF8')", "key", "'c'")+`) AS e FROM generate_series(0, 4) AS g) AS s`); err != nil || out != "5" {
 		t.Fatalf("psql statement: %q, %v %s; want 5 added", out, err, stderr)
 	}
 	// Separate transactions.
@@ -42,7 +42,7 @@ func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
 		}
 	}
 	if out, stderr, err := psql(t, url, `SELECT added FROM crdbwork_enqueue('seq', convert_to('free', 'UTF8'));
-		SELECT added FROM crdbwork_enqueue('plain', convert_to('p', 'UTF8'), key => 'a')`); err != nil || out != "t\nt" {
+		SELECT added FROM crdbwork_enqueue(`+testdb.EnqueueArgs("'plain'", "convert_to('p', 'UTF8')", "key", "'a'")+`)`); err != nil || out != "t\nt" {
 		t.Fatalf("psql unsequenced items: %q, %v %s", out, err, stderr)
 	}
 	var wrong int

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -264,5 +266,52 @@ func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 	if got := hex.EncodeToString(sum[:]); enqueueFunctionPins[rev] != got {
 		t.Fatalf("the enqueue function's files changed (SHA-256 %s) but not its revision (%d): raise %s%d to %d in sql/enqueue_function.sql and sql/cockroach_enqueue_function.sql, and pin the new files here",
 			got, rev, revisionMarker, rev, rev+1)
+	}
+}
+
+// testdb.EnqueueParams, which the tests use to call the function by
+// position (CockroachDB takes no named arguments), is the function's
+// parameter list, in order, with its defaults; and EnqueueArgs puts each
+// named argument at its place.
+func TestEnqueueParamsMatchTheFunction(t *testing.T) {
+	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\s+DEFAULT\s+(\S+?))?,$`)
+	for _, d := range []Dialect{Postgres, Cockroach} {
+		text := EnqueueFunctionSQL(d)
+		head := text[strings.Index(text, "CREATE OR REPLACE FUNCTION"):strings.Index(text, "OUT item_id")]
+		var got []string
+		for _, m := range decl.FindAllStringSubmatch(head, -1) {
+			got = append(got, m[1]+"="+m[2])
+		}
+		var want []string
+		for _, p := range testdb.EnqueueParams {
+			want = append(want, p.Name+"="+p.Default)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%v: the function's parameters are\n%q\ntestdb.EnqueueParams\n%q", d, got, want)
+		}
+	}
+	for _, c := range []struct {
+		named []string
+		want  string
+	}{
+		{nil, `'q', p`},
+		{[]string{"key", "'k'"}, `'q', p, NULL, 'k'`},
+		{[]string{"delay", "$1", "key", "'k'"}, `'q', p, NULL, 'k', 0, $1`},
+		{[]string{"at_most_once", "true"}, `'q', p, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true`},
+		{[]string{"priority", "NULL"}, `'q', p, NULL, NULL, NULL`},
+	} {
+		if got := testdb.EnqueueArgs("'q'", "p", c.named...); got != c.want {
+			t.Errorf("EnqueueArgs(%q) = %s, want %s", c.named, got, c.want)
+		}
+	}
+	for _, bad := range [][]string{{"nope", "1"}, {"queue", "'x'"}, {"key", "'a'", "key", "'b'"}, {"key"}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("EnqueueArgs(%q) did not panic", bad)
+				}
+			}()
+			testdb.EnqueueArgs("'q'", "p", bad...)
+		}()
 	}
 }

@@ -15,7 +15,8 @@ import (
 // Enqueue from SQL, as a program in any language would: Apply installs the
 // function crdbwork_enqueue with the schema (EnqueueFunctionSQL returns its
 // text, for psql or the cockroach CLI). The same id enqueued twice is
-// added once.
+// added once. The call passes its arguments by position, as CockroachDB
+// needs; PostgreSQL also takes them by name (key => 'ada@example.com').
 func ExampleEnqueueFunctionSQL() {
 	ctx := context.Background()
 	url, drop := testdb.ExampleURL()
@@ -32,8 +33,12 @@ func ExampleEnqueueFunctionSQL() {
 	id := uuid.MustParse("6f1c1c8e-4a59-4c36-9c52-3e8d2c1f0a77")
 	for range 2 {
 		var added, done bool
+		// Arguments by position (CockroachDB takes no named arguments):
+		// queue, payload, id, key, priority, delay, run_at, max_attempts,
+		// tenant, ttl, metadata, headers.
 		err := pool.QueryRow(ctx, `SELECT added, done FROM crdbwork_enqueue('mail', convert_to('welcome ada', 'UTF8'),
-			id => $1, key => 'ada@example.com', headers => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}')`, id).
+			$1, 'ada@example.com', 0, NULL, NULL, NULL, NULL, NULL, NULL,
+			'{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}')`, id).
 			Scan(&added, &done)
 		if err != nil {
 			log.Fatal(err)

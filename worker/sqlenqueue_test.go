@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -40,7 +41,8 @@ func TestWorkerRunsItemsEnqueuedFromPsql(t *testing.T) {
 	var script strings.Builder
 	script.WriteString("BEGIN;\n")
 	for i := range n {
-		fmt.Fprintf(&script, "SELECT added FROM crdbwork_enqueue('psql', convert_to('%d', 'UTF8'), key => 'k%d', priority => %d);\n", i, i%3, i)
+		fmt.Fprintf(&script, "SELECT added FROM crdbwork_enqueue(%s);\n",
+			testdb.EnqueueArgs("'psql'", fmt.Sprintf("convert_to('%d', 'UTF8')", i), "key", fmt.Sprintf("'k%d'", i%3), "priority", fmt.Sprint(i)))
 	}
 	script.WriteString("COMMIT;\n")
 	cmd := exec.Command(bin, "-X", "-v", "ON_ERROR_STOP=1", "-At", "-d", conn)
