@@ -118,13 +118,19 @@ func frozenInAck(t *testing.T, configured bool) {
 	}
 	proxy.Stall()
 	frozeAt := time.Now()
-	var open int
-	if err := e.direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL AND datname = current_database()`).Scan(&open); err != nil {
-		t.Fatal(err)
-	}
-	if open == 0 {
-		t.Fatal("no transaction of the frozen worker is idle in transaction with writes")
+	// The frozen worker's transaction, seen from the server: PostgreSQL's
+	// pg_stat_activity (CockroachDB's is an empty table kept for
+	// compatibility, cockroachdb/docs#18264: there the peer's recovery below
+	// is what shows the frozen transaction was ended).
+	if testdb.Kind(t) == "postgres" {
+		var open int
+		if err := e.direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL AND datname = current_database()`).Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if open == 0 {
+			t.Fatal("no transaction of the frozen worker is idle in transaction with writes")
+		}
 	}
 
 	peerCore, peerLogs := observer.New(zap.WarnLevel)

@@ -29,6 +29,9 @@ import (
 // timeout (the expiry) and deployRecovery's reaping and slack; then every
 // item ends within 30 s of the thaw, exactly once.
 func TestFaultDemoFrozenInTransaction(t *testing.T) {
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("catches the frozen process with a transaction open in pg_stat_activity (its client ports and transaction id), PostgreSQL's; CockroachDB's is an empty table kept for compatibility")
+	}
 	const items = 3000
 	const heartbeat, expiry = 250 * time.Millisecond, 1500 * time.Millisecond
 	f := newFaultDemo(t, testdb.NewURL(t), items)
