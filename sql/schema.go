@@ -279,6 +279,12 @@ func Apply(ctx context.Context, db DB, t Tables) error {
 // items: a new column with a volatile default and a new primary key), so
 // moves of items to the dead items wait for them.
 //
+// After the schema it creates the SQL function crdbwork_enqueue, or
+// replaces an installed one of an older revision, and leaves alone one of
+// the same or a newer revision (EnqueueFunctionRevision): on CockroachDB,
+// which stores a function's body re-formatted, comparing bodies would
+// replace it at every start.
+//
 // On CockroachDB, the two claim indexes are created covering the claims'
 // filter columns, under their own names (the statements of
 // sql/cockroach.go's cockroachIndexes replace schema.sql's), and ApplyWith
