@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/lived"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -33,8 +34,10 @@ import (
 // (an ANALYZE after 50 changed rows of a table believed empty;
 // docs/operations.md).
 func TestHotPlansWhenTheStatisticsMissAQueue(t *testing.T) {
-	pool, sessions, sessionArray, postgres := hotPlanSetup(t, "q", "other")
-	items := func(queue string, from, to int) string { return queueItems(queue, from, to, sessionArray) }
+	pool, sessions, _, postgres := hotPlanSetup(t, "q", "other")
+	items := func(queue string, from, to int) string {
+		return lived.Items(queue, from, to, lived.ItemShape{Tenants: 1000, Claimed: 10})
+	}
 	analyze := []string{`ANALYZE crdbwork_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_dead_items`}
 	fill := []string{items("q", 1, 40000), `INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
 SELECT 'q', gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 20000) AS g`}
@@ -129,22 +132,6 @@ FROM generate_series(1, 20000) AS g`}}
 type queueState struct {
 	name string
 	prep []string
-}
-
-// queueItems seeds the items g in [from, to] of queue: over 16 parts and 5
-// priorities, each with one of 1,000 tenants, in turn order; claimed (by the
-// 16 sessions of sessionArray in turn, with a lease) where g % 10 = 1.
-func queueItems(queue string, from, to int, sessionArray string) string {
-	return fmt.Sprintf(`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, tenant, payload,
-    attempts, max_attempts, claim, claim_token, claimed_at, lease_until)
-SELECT gen_random_uuid(), '%[3]s', g %% 16, g %% 5,
-       now() - INTERVAL '1 hour', now() + g * INTERVAL '1 microsecond', 'tenant-' || (g %% 1000)::TEXT, '\x00'::BYTEA,
-       CASE WHEN g %% 10 = 1 THEN 1 ELSE 0 END, 3,
-       CASE WHEN g %% 10 = 1 THEN (%[4]s)[g %% 16 + 1] END,
-       CASE WHEN g %% 10 = 1 THEN 1 ELSE 0 END,
-       CASE WHEN g %% 10 = 1 THEN now() END,
-       CASE WHEN g %% 10 = 1 THEN now() + INTERVAL '5 minutes' END
-FROM generate_series(%[1]d, %[2]d) AS g`, from, to, queue, sessionArray)
 }
 
 // checkQueueStates brings the tables to each state in turn and checks every

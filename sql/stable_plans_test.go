@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -113,7 +114,8 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 }
 
 // hotPlanSetup applies the schema to a fresh database and adds 16 live
-// sessions and the given fair queues, with autovacuum off for the tables
+// sessions (those of a lived database, internal/lived: lived.Items claims
+// for them) and the given fair queues, with autovacuum off for the tables
 // on PostgreSQL (so that no ANALYZE runs but the test's). It returns the
 // pool, the sessions, an SQL array literal of them, and whether the server
 // is PostgreSQL.
@@ -125,11 +127,8 @@ func hotPlanSetup(t *testing.T, queues ...string) (*pgxpool.Pool, []uuid.UUID, s
 		t.Fatal(err)
 	}
 	postgres := testdb.Kind(t) == "postgres"
-	sessions := make([]uuid.UUID, 16)
-	lits := make([]string, len(sessions))
+	sessions := lived.Sessions()
 	for i := range sessions {
-		sessions[i] = uuid.New()
-		lits[i] = "'" + sessions[i].String() + "'"
 		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +145,7 @@ func hotPlanSetup(t *testing.T, queues ...string) (*pgxpool.Pool, []uuid.UUID, s
 			}
 		}
 	}
-	return pool, sessions, "ARRAY[" + strings.Join(lits, ",") + "]::UUID[]", postgres
+	return pool, sessions, lived.SessionArray(), postgres
 }
 
 // hotCases are the hot statements (the reaper's by-id steps, which run only

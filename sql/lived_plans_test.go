@@ -1,0 +1,325 @@
+package sql_test
+
+import (
+	"context"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/internal/lived"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// applySchema installs the schema with the default table names: the
+// schema step of testdb.NewLived.
+func applySchema(ctx context.Context, pool *pgxpool.Pool) error {
+	return crsql.Apply(ctx, pool, crsql.Tables{})
+}
+
+// livedOptions are the lived state of this package's tests: "q" is the
+// quiet queue that held a handful of items when the statistics were taken,
+// "qs" (sequenced) one that did not exist yet.
+var livedOptions = lived.Options{Quiet: []string{"q"}}
+
+// TestHotPlansInALivedDatabase checks every hot statement's plan in a
+// database that has lived (internal/lived): four other queues with 120k
+// items, 120k ended ids, dead items, waiting items and edges, analyzed
+// before the queues under test existed, then a third of their rows ended
+// and a tenth updated without a VACUUM; and then a burst on the quiet
+// queues: "q" (fair, 16 parts: 40k items of 1,000 tenants, a tenth claimed,
+// 20k ended ids, 2k dead items, 5k waiting items after 10k of its items) and "qs"
+// (sequenced: 20k items over 500 keys). The statistics say both hold next
+// to nothing.
+//
+// Every statement must keep the shape of a per-row seek: the claims
+// (plain, parts, shares, urgent, sequenced, the fair heads), the acks and
+// nacks, the reaper's batches, the enqueue's dedup probe, the dependency
+// release and sweep, retention's prunes, the idle probe and the limits'
+// reads; on PostgreSQL, in the plan for the arguments and in the generic
+// plan. livedKnown lists those still waiting for their fix.
+func TestHotPlansInALivedDatabase(t *testing.T) {
+	pool := testdb.NewLived(t, applySchema, livedOptions)
+	ctx := context.Background()
+	postgres := testdb.Kind(t) == "postgres"
+	sessions := lived.Sessions()
+	burst := []string{
+		`INSERT INTO crdbwork_queues (name, num_parts, fair) VALUES ('q', 16, true)`,
+		`INSERT INTO crdbwork_queues (name, num_parts, sequenced) VALUES ('qs', 16, true)`,
+		lived.Items("q", 1, 40000, lived.ItemShape{Tenants: 1000, Claimed: 10, Deadline: true}),
+		lived.Items("qs", 1, 20000, lived.ItemShape{Keys: 500, Claimed: 2}),
+		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+SELECT 'q', gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 20000) AS g`,
+		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
+SELECT gen_random_uuid(), 'q', g % 16, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '41 days', now() - g * INTERVAL '10 minutes', 'failed'
+FROM generate_series(1, 2000) AS g`,
+	}
+	burst = append(burst, lived.Waiting("q", 10000, 5000)...)
+	start := time.Now()
+	for _, s := range burst {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	t.Logf("burst seeded in %v", time.Since(start).Round(time.Millisecond))
+	cases := append(hotCases(t, pool, sessions[0]), livedCases(t, pool, sessions[0])...)
+	explainEach(t, pool, "lived_", cases, nil, func(i int, mode, plan string) {
+		c := cases[i]
+		msg := livedPlanProblem(c.name, plan, postgres)
+		if why, known := livedKnown[c.name]; known && msg != "" {
+			// TODO(seq, deps): the helpers reshaping these statements turn
+			// them on (delete their livedKnown entries) once they land.
+			t.Logf("known (%s): %s (%s): %s\n%s", why, c.name, mode, msg, plan)
+			return
+		}
+		if msg != "" {
+			t.Errorf("lived, %s (%s): %s:\n%s", c.name, mode, msg, plan)
+			return
+		}
+		t.Logf("%s (%s):\n%s", c.name, mode, plan)
+	})
+}
+
+// livedKnown are the statements whose plans TestHotPlansInALivedDatabase
+// finds wrong and that other work is reshaping: a plan problem of theirs
+// is logged, not failed. Each entry names that work's topic.
+var livedKnown = map[string]string{
+	// TODO(seq): the helper reshaping the sequenced claims (topic "seq")
+	// deletes these entries when its statements seek each candidate's key.
+	"ClaimAnySequenced":              "seq: the per-key anti-join reads the queue's sequenced items by queue",
+	"ClaimPartsSequenced":            "seq: the per-key anti-join reads the queue's sequenced items by queue",
+	"ClaimPartsSequenced (one part)": "seq: the per-key anti-join reads the queue's sequenced items by queue",
+	"ClaimUrgentSequenced":           "seq: the per-key anti-join reads the queue's sequenced items by queue",
+	// TODO(deps): the helper reshaping the dependency release and sweep
+	// (topic "deps") deletes these entries when its statements seek the
+	// edges of the ids they are given.
+	"Release (dependents)": "deps: the release reads the queue's edges by queue, filtering the prerequisites",
+	"DeleteEdgesFrom":      "deps: it reads the queue's edges by queue, filtering the prerequisites",
+	"KillDependents":       "deps: it reads the queue's edges by queue, filtering the prerequisites",
+	"SweepPrereqs":         "deps",
+	"MoveReady":            "deps",
+	"Classify":             "deps",
+	// Fixed by the next commit (retention and limits in a lived database).
+	"PruneDeadOlder":  "retention: the generic plan hashes the batch and scans the dead items",
+	"PruneDeadBefore": "retention: the generic plan hashes the batch and scans the dead items",
+	"TenantLimits":    "limits: a sequential scan of the tenant limits",
+}
+
+// livedCases are the statements of the lived plan test beyond hotCases:
+// the sequenced claims (queue "qs"), the dependency statements, retention,
+// the limits' reads, the enqueue's Found and the reaper's by-id steps, on
+// queue "q".
+func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
+	t.Helper()
+	ctx := context.Background()
+	dialect, err := crsql.DetectDialect(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(query string, n int) []uuid.UUID {
+		rows, err := pool.Query(ctx, query, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil || len(out) != n {
+			t.Fatalf("%d ids, %v\n%s", len(out), err, query)
+		}
+		return out
+	}
+	// Prerequisites of q's waiting items (the release's arguments), and
+	// some of q's claimed items.
+	prereqs := ids(`SELECT prereq FROM crdbwork_waits_for WHERE queue = 'q' LIMIT $1`, 64)
+	claimed := ids(`SELECT id FROM crdbwork_items WHERE queue = 'q' AND claim IS NOT NULL LIMIT $1`, 64)
+	waiting := ids(`SELECT id FROM crdbwork_waiting WHERE queue = 'q' LIMIT $1`, 64)
+	seq := crsql.NewSequenceStatements(crsql.Tables{})
+	ds := crsql.NewDependsStatements(crsql.Tables{})
+	ret := crsql.NewRetentionStatements(crsql.Tables{})
+	ls := crsql.NewLimitStatements(crsql.Tables{})
+	ms := crsql.NewMemberStatements(crsql.Tables{})
+	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	es := crsql.NewEnqueueStatements(crsql.Tables{})
+	lease := int64(300e6)
+	release, moveReady, kill := ds.Release, ds.MoveReady, ds.KillDependents
+	if dialect == crsql.Postgres {
+		release, moveReady, kill = ds.PostgresRelease, ds.PostgresMoveReady, ds.PostgresKillDependents
+	}
+	return []planCase{
+		{"ClaimAnySequenced", seq.ClaimAnyFor(dialect), []any{session, "qs", 64, lease, []string{}}},
+		{"ClaimPartsSequenced", seq.ClaimParts(dialect, 4), []any{session, "qs", 64, lease, []string{}, int64(3), int64(4), int64(5), int64(6)}},
+		{"ClaimPartsSequenced (one part)", seq.ClaimParts(dialect, 1), []any{session, "qs", 64, lease, []string{}, int64(7)}},
+		{"ClaimUrgentSequenced", seq.ClaimUrgentFor(dialect), []any{session, "qs", 64, lease, []string{}, int64(1), false, []string{}, []int64{}}},
+		{"Release (dependents)", release, []any{"q", prereqs}},
+		{"MoveReady", moveReady, []any{"q", waiting}},
+		{"SweepPrereqs", ds.SweepPrereqs, []any{"q", prereqs[0], 1000}},
+		{"KillDependents", kill, []any{"q", prereqs[:3], []string{"dead", "cancelled", "unknown"}}},
+		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q", prereqs}},
+		{"Classify", ds.Classify, []any{"q", append(append([]uuid.UUID{}, prereqs[:32]...), claimed[:32]...)}},
+		{"PruneDeadOlder", ret.PruneDeadOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
+		{"PruneDeadBefore", ret.PruneDeadBefore, []any{"q", time.Now().Add(-time.Hour), 1000}},
+		{"DeadNewest", ret.DeadNewest, []any{"q", int64(1000), int64(60e6)}},
+		{"DeadSince", ret.DeadSince, []any{"q", time.Now().Add(-time.Hour), int64(1001)}},
+		{"QueueLimits", ls.QueueLimits, []any{"q"}},
+		{"TenantLimits", ls.TenantLimits, []any{"q"}},
+		{"LimitSharers", ms.LimitSharers, []any{"q"}},
+		{"QueueMembers", ms.QueueMembers, []any{"q"}},
+		{"EnqueueFound", es.Found, []any{"q", claimed}},
+		{"ReapLeasesIDs", deaths.ReapLeasesIDs, []any{"q", claimed}},
+		{"ReapExpiredIDs", deaths.ReapExpiredIDs, []any{"q", claimed}},
+	}
+}
+
+// livedIndexes are the indexes the statements of livedCases must read on
+// PostgreSQL (hotIndexes has those of hotCases).
+var livedIndexes = map[string][]string{
+	"ClaimAnySequenced":              {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimUrgentSequenced":           {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimPartsSequenced":            {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimPartsSequenced (one part)": {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"Release (dependents)":           {"crdbwork_waits_for_pkey"},
+	"MoveReady":                      {"crdbwork_waiting_pkey"},
+	"SweepPrereqs":                   {"crdbwork_waits_for_pkey"},
+	"DeleteEdgesFrom":                {"crdbwork_waits_for_pkey"},
+	"PruneDeadOlder":                 {"crdbwork_dead_items_by_queue"},
+	"PruneDeadBefore":                {"crdbwork_dead_items_by_queue"},
+	"DeadNewest":                     {"crdbwork_dead_items_by_queue"},
+	"DeadSince":                      {"crdbwork_dead_items_by_queue"},
+	"TenantLimits":                   {"crdbwork_tenant_limits_pkey"},
+	"EnqueueFound":                   {"crdbwork_items_pkey"},
+	"ReapLeasesIDs":                  {"crdbwork_items_pkey"},
+	"ReapExpiredIDs":                 {"crdbwork_items_pkey"},
+}
+
+// livedDepends are the dependency statements of livedCases.
+var livedDepends = map[string]bool{"Release (dependents)": true, "MoveReady": true, "SweepPrereqs": true,
+	"KillDependents": true, "DeleteEdgesFrom": true, "Classify": true}
+
+// livedScan is a read of a whole table a hot statement must not make.
+var livedScan = regexp.MustCompile(`Seq Scan on crdbwork_(items|ended|dead_items|waiting|waits_for|tenant_limits)\b|FULL SCAN|full scan`)
+
+// livedPlanProblem says what is wrong with a plan in the lived state (""
+// if nothing): hotPlanProblem's checks for the statements of hotCases; for
+// the others, a read of a whole table, a missing index, or (the sequenced
+// claims) a hash of a side of their anti-joins.
+func livedPlanProblem(name, plan string, postgres bool) string {
+	want, ok := livedIndexes[name]
+	if !ok && name != "Classify" && name != "KillDependents" && name != "QueueLimits" && name != "LimitSharers" && name != "QueueMembers" {
+		return hotPlanProblem(name, plan, postgres)
+	}
+	if m := livedScan.FindString(plan); m != "" {
+		return "a whole-table read: " + m
+	}
+	if livedDepends[name] {
+		// A dependency statement acts on the edges and waiting items of
+		// the ids it is given: reading them by queue alone reads every
+		// edge or waiting item of the queue.
+		for _, index := range []string{"crdbwork_waits_for_pkey", "crdbwork_waits_for_by_dependent", "crdbwork_waiting_by_queue"} {
+			for _, cond := range indexConds(plan, index) {
+				if !strings.Contains(cond, "prereq") && !strings.Contains(cond, "dependent") && !strings.Contains(cond, "id") {
+					return "it reads " + index + " by queue alone (" + strings.TrimSpace(cond) + "): every edge or waiting item of the queue"
+				}
+			}
+		}
+	}
+	if !postgres {
+		return ""
+	}
+	if strings.HasSuffix(name, "Sequenced") || strings.Contains(name, "Sequenced (") {
+		if strings.Contains(plan, "Hash") {
+			return "it hashes a side of its anti-joins (a scan of every sequenced item)"
+		}
+		// Each candidate's test must seek its key: a scan of a sequence
+		// index by queue alone, the key a join filter, reads every
+		// sequenced item of the queue per candidate (issue #29, item 5).
+		for _, index := range []string{"crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"} {
+			for _, cond := range indexConds(plan, index) {
+				if !strings.Contains(cond, "item_key") {
+					return "it reads " + index + " by queue alone (" + strings.TrimSpace(cond) + "), filtering the key: every sequenced item of the queue per candidate"
+				}
+			}
+		}
+	}
+	for _, index := range want {
+		if !strings.Contains(plan, index) {
+			return "it does not read " + index
+		}
+	}
+	return ""
+}
+
+// indexConds returns the Index Cond line of each scan of index in plan (""
+// for a scan without one).
+func indexConds(plan, index string) []string {
+	var out []string
+	lines := strings.Split(plan, "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, "Scan using "+index+" ") && !strings.HasSuffix(l, "Scan using "+index) && !strings.Contains(l, "Scan on "+index+" ") {
+			continue
+		}
+		cond := ""
+		for _, next := range lines[i+1:] {
+			if strings.Contains(next, "->") {
+				break
+			}
+			if strings.Contains(next, "Index Cond:") {
+				cond = next
+				break
+			}
+		}
+		out = append(out, cond)
+	}
+	return out
+}
+
+// TestLivedState checks the harness itself: the copy holds the other
+// queues' rows, their statistics predate the deletions (PostgreSQL believes
+// more rows than there are) and know nothing of the quiet queue.
+func TestLivedState(t *testing.T) {
+	pool := testdb.NewLived(t, applySchema, livedOptions)
+	ctx := context.Background()
+	var items, ended, dead, waiting, edges, quiet int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM crdbwork_items), (SELECT count(*) FROM crdbwork_ended),
+       (SELECT count(*) FROM crdbwork_dead_items), (SELECT count(*) FROM crdbwork_waiting), (SELECT count(*) FROM crdbwork_waits_for),
+       (SELECT count(*) FROM crdbwork_items WHERE queue = 'q')`).Scan(&items, &ended, &dead, &waiting, &edges, &quiet); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("items %d, ended %d, dead %d, waiting %d, edges %d", items, ended, dead, waiting, edges)
+	if items < 70_000 || ended < 70_000 || dead < 10_000 || waiting != 20_000 || edges < 10_000 || quiet != 0 {
+		t.Fatalf("lived state: items %d, ended %d, dead %d, waiting %d, edges %d, quiet queue %d", items, ended, dead, waiting, edges, quiet)
+	}
+	if testdb.Kind(t) != "postgres" {
+		return
+	}
+	// The statistics: taken before a third of the items were deleted; the
+	// quiet queue, if among the most common values at all, at a frequency
+	// that makes it a handful of rows.
+	var reltuples float64
+	var vals []string
+	var freqs []float64
+	if err := pool.QueryRow(ctx, `SELECT c.reltuples, s.most_common_vals::TEXT::TEXT[], s.most_common_freqs
+FROM pg_class c JOIN pg_stats s ON s.tablename = c.relname AND s.attname = 'queue'
+WHERE c.relname = 'crdbwork_items'`).Scan(&reltuples, &vals, &freqs); err != nil {
+		t.Fatal(err)
+	}
+	if reltuples < float64(items)*1.2 {
+		t.Errorf("crdbwork_items: statistics of %.0f rows for %d: not taken before the deletions", reltuples, items)
+	}
+	for _, q := range lived.Queues {
+		if !slices.Contains(vals, q) {
+			t.Errorf("the statistics' most common queues %q lack %s", vals, q)
+		}
+	}
+	if i := slices.Index(vals, "q"); i >= 0 && freqs[i] > 0.001 {
+		t.Errorf("the statistics give the quiet queue a frequency of %g", freqs[i])
+	}
+	var autovacuum bool
+	if err := pool.QueryRow(ctx, `SELECT COALESCE('autovacuum_enabled=false' = ANY(reloptions), false) FROM pg_class WHERE relname = 'crdbwork_items'`).Scan(&autovacuum); err != nil || !autovacuum {
+		t.Errorf("crdbwork_items: autovacuum not off in the copy (%v)", err)
+	}
+}
