@@ -207,7 +207,7 @@ func (q *Queue) pruneDead(ctx context.Context) (int, error) {
 	total := 0
 	if r.MaxAge > 0 {
 		n, _, err := q.pruneBatches(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			return q.store.PruneDeadOlder(ctx, tx, name, r.MaxAge, pruneBatch)
+			return q.store.PruneDeadOlder(ctx, tx, q.engine.Load().dialect, name, r.MaxAge, pruneBatch)
 		})
 		total += n
 		if err != nil {
@@ -256,7 +256,7 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64) (int, error)
 		return 0, nil
 	}
 	n, done, err := q.pruneBatches(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		return q.store.PruneDeadBefore(ctx, tx, name, newest.Oldest, pruneBatch)
+		return q.store.PruneDeadBefore(ctx, tx, q.engine.Load().dialect, name, newest.Oldest, pruneBatch)
 	})
 	if err != nil || !done {
 		// More may be left than the bound says: check again next time.

@@ -72,6 +72,10 @@ FROM generate_series(1, 2000) AS g`,
 	explainEach(t, pool, "lived_", cases, nil, func(i int, mode, plan string) {
 		c := cases[i]
 		msg := livedPlanProblem(c.name, plan, postgres)
+		if why, ok := livedAccepted[c.name+" ("+mode+")"]; ok && msg != "" {
+			t.Logf("accepted (%s): %s (%s): %s", why, c.name, mode, msg)
+			return
+		}
 		if why, known := livedKnown[c.name]; known && msg != "" {
 			// TODO(seq, deps): the helpers reshaping these statements turn
 			// them on (delete their livedKnown entries) once they land.
@@ -105,10 +109,17 @@ var livedKnown = map[string]string{
 	"SweepPrereqs":         "deps",
 	"MoveReady":            "deps",
 	"Classify":             "deps",
-	// Fixed by the next commit (retention and limits in a lived database).
-	"PruneDeadOlder":  "retention: the generic plan hashes the batch and scans the dead items",
-	"PruneDeadBefore": "retention: the generic plan hashes the batch and scans the dead items",
-	"TenantLimits":    "limits: a sequential scan of the tenant limits",
+}
+
+// livedAccepted are plans that read more than a seek would, and why that
+// is right, by statement and mode.
+var livedAccepted = map[string]string{
+	// The read of a queue's tenant limits returns all of them (a range of
+	// the primary key, not a seek per row), once per Refresh per worker.
+	// Its generic plan takes a queue's share of the table as one over the
+	// number of queues with limits, here one (FairQueue's 1,000): the whole
+	// table, which a sequential scan reads as cheaply as the range would.
+	"TenantLimits (generic)": "the generic plan believes the queue holds every tenant limit",
 }
 
 // livedCases are the statements of the lived plan test beyond hotCases:
@@ -147,8 +158,10 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 	es := crsql.NewEnqueueStatements(crsql.Tables{})
 	lease := int64(300e6)
 	release, moveReady, kill := ds.Release, ds.MoveReady, ds.KillDependents
+	pruneOlder, pruneBefore := ret.PruneDeadOlder, ret.PruneDeadBefore
 	if dialect == crsql.Postgres {
 		release, moveReady, kill = ds.PostgresRelease, ds.PostgresMoveReady, ds.PostgresKillDependents
+		pruneOlder, pruneBefore = ret.PostgresPruneDeadOlder, ret.PostgresPruneDeadBefore
 	}
 	return []planCase{
 		{"ClaimAnySequenced", seq.ClaimAnyFor(dialect), []any{session, "qs", 64, lease, []string{}}},
@@ -161,8 +174,8 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"KillDependents", kill, []any{"q", prereqs[:3], []string{"dead", "cancelled", "unknown"}}},
 		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q", prereqs}},
 		{"Classify", ds.Classify, []any{"q", append(append([]uuid.UUID{}, prereqs[:32]...), claimed[:32]...)}},
-		{"PruneDeadOlder", ret.PruneDeadOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
-		{"PruneDeadBefore", ret.PruneDeadBefore, []any{"q", time.Now().Add(-time.Hour), 1000}},
+		{"PruneDeadOlder", pruneOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
+		{"PruneDeadBefore", pruneBefore, []any{"q", time.Now().Add(-time.Hour), 1000}},
 		{"DeadNewest", ret.DeadNewest, []any{"q", int64(1000), int64(60e6)}},
 		{"DeadSince", ret.DeadSince, []any{"q", time.Now().Add(-time.Hour), int64(1001)}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
@@ -186,8 +199,8 @@ var livedIndexes = map[string][]string{
 	"MoveReady":                      {"crdbwork_waiting_pkey"},
 	"SweepPrereqs":                   {"crdbwork_waits_for_pkey"},
 	"DeleteEdgesFrom":                {"crdbwork_waits_for_pkey"},
-	"PruneDeadOlder":                 {"crdbwork_dead_items_by_queue"},
-	"PruneDeadBefore":                {"crdbwork_dead_items_by_queue"},
+	"PruneDeadOlder":                 {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
+	"PruneDeadBefore":                {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
 	"DeadNewest":                     {"crdbwork_dead_items_by_queue"},
 	"DeadSince":                      {"crdbwork_dead_items_by_queue"},
 	"TenantLimits":                   {"crdbwork_tenant_limits_pkey"},

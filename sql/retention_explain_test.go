@@ -67,11 +67,15 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 	ret := crsql.NewRetentionStatements(crsql.Tables{})
 	ck := crsql.NewCheckpointStatements(crsql.Tables{})
 	recent := time.Now().Add(-time.Hour)
+	pruneOlder, pruneBefore := ret.PruneDeadOlder, ret.PruneDeadBefore
+	if testdb.Kind(t) == "postgres" {
+		pruneOlder, pruneBefore = ret.PostgresPruneDeadOlder, ret.PostgresPruneDeadBefore
+	}
 	cases := []planCase{
 		{"Retention", ret.Retention, []any{"q"}},
 		{"SetRetention", ret.SetRetention, []any{"q", int64(3600e6), int64(500)}},
-		{"PruneDeadOlder", ret.PruneDeadOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
-		{"PruneDeadBefore", ret.PruneDeadBefore, []any{"q", recent, 1000}},
+		{"PruneDeadOlder", pruneOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
+		{"PruneDeadBefore", pruneBefore, []any{"q", recent, 1000}},
 		{"DeadNewest", ret.DeadNewest, []any{"q", int64(1000), int64(60e6)}},
 		{"DeadSince", ret.DeadSince, []any{"q", recent, int64(1001)}},
 		{"SaveCheckpoint", ck.SaveCheckpoint, []any{id, session, int64(1), nil}},
@@ -106,8 +110,8 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 	// row of the table is read.
 	actualRows := regexp.MustCompile(`actual time=[0-9.]+\.\.[0-9.]+ rows=([0-9]+)`)
 	for _, c := range []planCase{
-		{"PruneDeadOlder (nothing older)", ret.PruneDeadOlder, []any{"q", int64(100 * 24 * 3600e6), 1000}},
-		{"PruneDeadBefore (nothing before)", ret.PruneDeadBefore, []any{"q", time.Now().Add(-100 * 24 * time.Hour), 1000}},
+		{"PruneDeadOlder (nothing older)", pruneOlder, []any{"q", int64(100 * 24 * 3600e6), 1000}},
+		{"PruneDeadBefore (nothing before)", pruneBefore, []any{"q", time.Now().Add(-100 * 24 * time.Hour), 1000}},
 		{"DeadSince (nothing since)", ret.DeadSince, []any{"q", time.Now(), int64(1001)}},
 	} {
 		tx, err := pool.Begin(ctx)

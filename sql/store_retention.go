@@ -25,7 +25,8 @@ import (
 // upper bound of the queue's deaths between reaps from them and reads
 // DeadNewest only when that bound passes the count (see claim/retention.go).
 //
-// The text is identical on CockroachDB and PostgreSQL: the deletes have the
+// The text is identical on CockroachDB and PostgreSQL but for the deletes'
+// join (PostgreSQL's twins, pgPruneDeadTemplate): the deletes have the
 // shape of dedupStatements.PruneEnded (a MATERIALIZED CTE that selects FOR
 // UPDATE SKIP LOCKED ... ORDER BY ... LIMIT n, then a DELETE of its rows by
 // primary key; CockroachDB docs checked there), the reads are a count and
@@ -56,6 +57,9 @@ type retentionStatements struct {
 	// PruneDeadBefore deletes up to $3 of queue $1's dead items that died
 	// before $2, oldest first, as PruneDeadOlder.
 	PruneDeadBefore string // $1 queue, $2 died before, $3 limit → ids pruned
+	// PostgresPruneDeadOlder and PostgresPruneDeadBefore are their
+	// PostgreSQL twins (see pgPruneDeadTemplate).
+	PostgresPruneDeadOlder, PostgresPruneDeadBefore string
 	// DeadNewest reads queue $1's newest $2 deaths: how many there are (at
 	// most $2), the oldest died_at among them (NULL if none), how many of
 	// them died in the last $3 µs, and the database clock.
@@ -78,6 +82,27 @@ DELETE FROM crdbwork_dead_items AS d
 WHERE (d.id, d.death) IN (SELECT id, death FROM old)
 RETURNING d.id`
 
+// pgPruneDeadTemplate is pruneDeadTemplate on PostgreSQL: the DELETE finds
+// each selected row by its primary key (id, death) through
+// d.id = ANY(ARRAY[old.id]) AND d.death = ANY(ARRAY[old.death]), index
+// conditions for each row of the batch that no hash or merge join can use,
+// as the fenced acks do (statements.go, pgFenced). With (id, death) IN
+// (SELECT ...), a generic plan, which cannot see the batch's limit, hashed
+// the batch and read every dead item of every queue (a sequential scan of
+// crdbwork_dead_items) as soon as the table looked small beside the batch
+// it guessed: in a database that has lived, on every reap
+// (TestHotPlansInALivedDatabase).
+const pgPruneDeadTemplate = `WITH old AS MATERIALIZED (
+    SELECT id, death FROM crdbwork_dead_items
+    WHERE queue = $1 AND died_at < %s
+    ORDER BY died_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM crdbwork_dead_items AS d
+USING old
+WHERE d.id = ANY(ARRAY[old.id]) AND d.death = ANY(ARRAY[old.death])
+RETURNING d.id`
+
 func newRetentionStatements(t Tables) *retentionStatements {
 	r := t.rewrite
 	return &retentionStatements{
@@ -88,8 +113,10 @@ FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
 		SetRetention: r(`INSERT INTO crdbwork_queues AS q (name, dead_max_age, dead_max_count)
 VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
 ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`),
-		PruneDeadOlder:  r(fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
-		PruneDeadBefore: r(fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)),
+		PruneDeadOlder:          r(fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
+		PruneDeadBefore:         r(fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)),
+		PostgresPruneDeadOlder:  r(fmt.Sprintf(pgPruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
+		PostgresPruneDeadBefore: r(fmt.Sprintf(pgPruneDeadTemplate, `$2::TIMESTAMPTZ`)),
 		DeadNewest: r(`SELECT count(*), min(died_at), count(*) FILTER (WHERE died_at >= now() - $3::BIGINT * INTERVAL '1 microsecond'), now()
 FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at DESC LIMIT $2) AS newest`),
 		DeadSince: r(`SELECT count(*)
@@ -125,16 +152,26 @@ func (s *Store) SetRetention(ctx context.Context, db DB, queue string, maxAge ti
 }
 
 // PruneDeadOlder deletes, in tx, up to limit of queue's dead items older
-// than age and returns how many (retentionStatements.PruneDeadOlder).
-func (s *Store) PruneDeadOlder(ctx context.Context, tx pgx.Tx, queue string, age time.Duration, limit int) (int64, error) {
-	tag, err := tx.Exec(ctx, s.ret.PruneDeadOlder, queue, age.Microseconds(), limit)
+// than age and returns how many (retentionStatements.PruneDeadOlder, or its
+// PostgreSQL twin for d).
+func (s *Store) PruneDeadOlder(ctx context.Context, tx pgx.Tx, d Dialect, queue string, age time.Duration, limit int) (int64, error) {
+	stmt := s.ret.PruneDeadOlder
+	if d == Postgres {
+		stmt = s.ret.PostgresPruneDeadOlder
+	}
+	tag, err := tx.Exec(ctx, stmt, queue, age.Microseconds(), limit)
 	return tag.RowsAffected(), err
 }
 
 // PruneDeadBefore deletes, in tx, up to limit of queue's dead items that
-// died before t and returns how many (retentionStatements.PruneDeadBefore).
-func (s *Store) PruneDeadBefore(ctx context.Context, tx pgx.Tx, queue string, t time.Time, limit int) (int64, error) {
-	tag, err := tx.Exec(ctx, s.ret.PruneDeadBefore, queue, t, limit)
+// died before t and returns how many (retentionStatements.PruneDeadBefore,
+// or its PostgreSQL twin for d).
+func (s *Store) PruneDeadBefore(ctx context.Context, tx pgx.Tx, d Dialect, queue string, t time.Time, limit int) (int64, error) {
+	stmt := s.ret.PruneDeadBefore
+	if d == Postgres {
+		stmt = s.ret.PostgresPruneDeadBefore
+	}
+	tag, err := tx.Exec(ctx, stmt, queue, t, limit)
 	return tag.RowsAffected(), err
 }
 
