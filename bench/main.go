@@ -12,6 +12,7 @@
 //	go -C bench run . latency           # pickup latency on an idle queue: River, crdbwork with and without parts and wake-ups
 //	go -C bench run . sequences         # throughput of a sequenced queue (one item per key at a time) against the same queue plain
 //	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in and 100 chains of 100 against 10k plain items
+//	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -45,6 +46,7 @@ const usage = `Usage:
   go -C bench run . latency [flags]     pickup latency on an idle queue, beside River's
   go -C bench run . sequences [flags]   a sequenced queue's throughput against the same queue plain
   go -C bench run . depends [flags]     dependencies: fan-out/fan-in and chains against plain items
+  go -C bench run . lived [flags]       one drain per feature on a fresh database and on one that has lived
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -87,6 +89,16 @@ ways with the same in-process workers: plain, as a fan-out/fan-in (one root,
 the children after it, one join after every child) and as --width chains of
 --depth items, each enqueued before the workers start; it prints each drain's
 time and items/s and its time over the plain drain's in the same round.
+
+lived drains, for each feature (plain, fair, sequenced, dependencies as a
+fan-out/fan-in and as chains, the urgent lane, a fleet-wide limit), --items
+items on a fresh database and on one that has lived (other queues with
+--rows items analyzed before the queue under test existed, dead tuples,
+ended ids, dead and waiting items; internal/lived), each in a database of
+its own on one server; it prints each drain's time, the time to the first
+ack, the longest stretch without an ack from the first ack to the last, and
+whether every item ended exactly once, then per feature the median lived/
+fresh ratio (goals: within 2×, no stretch over 2 s).
 
 order enqueues --items items with random priorities (--priorities) and
 counts, for every claimed item, the claimable items before it in the queue's
@@ -138,10 +150,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return sequences(ctx, args, out)
 	case "depends":
 		return dependsCmd(ctx, args, out)
+	case "lived":
+		return livedCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences or depends; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences, depends or lived; see --help)", cmd)
 	}
 }
 
