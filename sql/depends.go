@@ -106,7 +106,18 @@ type dependsStatements struct {
 	DeleteEdgesFrom, DeleteEdgesTo string
 	// Prereqs: $1 queue, $2 dependent → its prerequisites not yet
 	// satisfied. Dependents: $1 queue, $2 prerequisite, $3 limit → the
-	// dependents that wait for it.
+	// dependents that wait for it. Both take the queue and the id as
+	// columns of a one-row subquery (OFFSET 0 keeps PostgreSQL from
+	// folding them into constants) that the edges are joined to: the
+	// queue is then a join condition, whose share of the table the planner
+	// takes as one over the number of queues, and the seek on both key
+	// columns is the cheapest plan whatever the statistics say of the
+	// queue. With queue = $1, in a database whose statistics predate the
+	// queue (TestHotPlansInALivedDatabase), PostgreSQL believed the queue
+	// held about one edge and read all of its edges through whichever index
+	// gave the order, filtering the id. CockroachDB accepts the form (a
+	// subquery with OFFSET in FROM, a join on two columns) and plans it as
+	// a lookup join on the same key.
 	Prereqs, Dependents string
 	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
 	// waiting). WaitingCount: $1 queue → number of waiting items.
@@ -212,9 +223,12 @@ LIMIT $3`),
 		PostgresKillDependents: r(fmt.Sprintf(killDependents, `USING d WHERE w.id = ANY(ARRAY[d.dependent])`, recordEnded(OutcomeDead))),
 		DeleteEdgesFrom:        r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND prereq = ANY($2::UUID[])`),
 		DeleteEdgesTo:          r(`DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = ANY($2::UUID[])`),
-		Prereqs:                r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2 ORDER BY prereq`),
-		Dependents: r(`SELECT dependent FROM crdbwork_waits_for WHERE queue = $1 AND prereq = $2
-ORDER BY dependent LIMIT $3`),
+		Prereqs: r(`SELECT e.prereq FROM (SELECT $1::TEXT AS q, $2::UUID AS d OFFSET 0) AS k
+JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.dependent = k.d
+ORDER BY e.prereq`),
+		Dependents: r(`SELECT e.dependent FROM (SELECT $1::TEXT AS q, $2::UUID AS p OFFSET 0) AS k
+JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.prereq = k.p
+ORDER BY e.dependent LIMIT $3`),
 		Waiting:      r(`SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND queue = $1`),
 		WaitingCount: r(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`),
 		// In primary-key order with a limit, not EXISTS: PostgreSQL ran an

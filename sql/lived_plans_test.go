@@ -45,29 +45,9 @@ var livedOptions = lived.Options{Quiet: []string{"q"}}
 // reads; on PostgreSQL, in the plan for the arguments and in the generic
 // plan. livedKnown lists those still waiting for their fix.
 func TestHotPlansInALivedDatabase(t *testing.T) {
-	pool := testdb.NewLived(t, applySchema, livedOptions)
-	ctx := context.Background()
+	pool := livedBurst(t)
 	postgres := testdb.Kind(t) == "postgres"
 	sessions := lived.Sessions()
-	burst := []string{
-		`INSERT INTO crdbwork_queues (name, num_parts, fair) VALUES ('q', 16, true)`,
-		`INSERT INTO crdbwork_queues (name, num_parts, sequenced) VALUES ('qs', 16, true)`,
-		lived.Items("q", 1, 40000, lived.ItemShape{Tenants: 1000, Claimed: 10, Deadline: true}),
-		lived.Items("qs", 1, 20000, lived.ItemShape{Keys: 500, Claimed: 2}),
-		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
-SELECT 'q', gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 20000) AS g`,
-		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
-SELECT gen_random_uuid(), 'q', g % 16, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '41 days', now() - g * INTERVAL '10 minutes', 'failed'
-FROM generate_series(1, 2000) AS g`,
-	}
-	burst = append(burst, lived.Waiting("q", 10000, 5000)...)
-	start := time.Now()
-	for _, s := range burst {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
-	t.Logf("burst seeded in %v", time.Since(start).Round(time.Millisecond))
 	cases := append(hotCases(t, pool, sessions[0]), livedCases(t, pool, sessions[0])...)
 	explainEach(t, pool, "lived_", cases, nil, func(i int, mode, plan string) {
 		c := cases[i]
@@ -88,6 +68,34 @@ FROM generate_series(1, 2000) AS g`,
 		}
 		t.Logf("%s (%s):\n%s", c.name, mode, plan)
 	})
+}
+
+// livedBurst returns a copy of the lived database after the burst of
+// TestHotPlansInALivedDatabase on its quiet queues "q" and "qs".
+func livedBurst(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testdb.NewLived(t, applySchema, livedOptions)
+	ctx := context.Background()
+	burst := []string{
+		`INSERT INTO crdbwork_queues (name, num_parts, fair) VALUES ('q', 16, true)`,
+		`INSERT INTO crdbwork_queues (name, num_parts, sequenced) VALUES ('qs', 16, true)`,
+		lived.Items("q", 1, 40000, lived.ItemShape{Tenants: 1000, Claimed: 10, Deadline: true}),
+		lived.Items("qs", 1, 20000, lived.ItemShape{Keys: 500, Claimed: 2}),
+		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+SELECT 'q', gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 20000) AS g`,
+		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
+SELECT gen_random_uuid(), 'q', g % 16, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '41 days', now() - g * INTERVAL '10 minutes', 'failed'
+FROM generate_series(1, 2000) AS g`,
+	}
+	burst = append(burst, lived.Waiting("q", 10000, 5000)...)
+	start := time.Now()
+	for _, s := range burst {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%v\n%s", err, s)
+		}
+	}
+	t.Logf("burst seeded in %v", time.Since(start).Round(time.Millisecond))
+	return pool
 }
 
 // livedKnown are the statements whose plans TestHotPlansInALivedDatabase
@@ -157,6 +165,14 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 	deaths := crsql.NewDeathStatements(crsql.Tables{})
 	es := crsql.NewEnqueueStatements(crsql.Tables{})
 	lease := int64(300e6)
+	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
+	// An enqueue of 50 waiting items, each after one of q's items.
+	n := 50
+	fresh := make([]uuid.UUID, n)
+	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	for i := range fresh {
+		fresh[i], texts[i], bytes[i], ints[i] = uuid.New(), "k", []byte("x"), 1
+	}
 	release, moveReady, kill := ds.Release, ds.MoveReady, ds.KillDependents
 	pruneOlder, pruneBefore := ret.PruneDeadOlder, ret.PruneDeadBefore
 	if dialect == crsql.Postgres {
@@ -164,6 +180,9 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		pruneOlder, pruneBefore = ret.PostgresPruneDeadOlder, ret.PostgresPruneDeadBefore
 	}
 	return []planCase{
+		{"ClaimUrgent (tenants skipped)", urgent, []any{session, "q", 64, lease, []string{"tenant-3", "tenant-6"}, int64(1), false, []string{"tenant-9"}, []int64{3, 4}}},
+		{"ClaimUrgent (every tenant limited)", urgent, []any{session, "q", 64, lease, []string{}, int64(1), true, []string{}, []int64{3, 4}}},
+		{"ClaimAny (tenants skipped)", crsql.NewStatements(crsql.Tables{}).ForDialect(dialect).ClaimAny, []any{session, "q", 64, lease, []string{"tenant-3", "tenant-6"}}},
 		{"ClaimAnySequenced", seq.ClaimAnyFor(dialect), []any{session, "qs", 64, lease, []string{}}},
 		{"ClaimPartsSequenced", seq.ClaimParts(dialect, 4), []any{session, "qs", 64, lease, []string{}, int64(3), int64(4), int64(5), int64(6)}},
 		{"ClaimPartsSequenced (one part)", seq.ClaimParts(dialect, 1), []any{session, "qs", 64, lease, []string{}, int64(7)}},
@@ -173,6 +192,13 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"SweepPrereqs", ds.SweepPrereqs, []any{"q", prereqs[0], 1000}},
 		{"KillDependents", kill, []any{"q", prereqs[:3], []string{"dead", "cancelled", "unknown"}}},
 		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q", prereqs}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
+		{"HasEdges", ds.HasEdges, []any{"q"}},
+		{"HasEdges (a queue without edges)", ds.HasEdges, []any{"qs"}},
+		{"Prereqs", ds.Prereqs, []any{"q", waiting[0]}},
+		{"Dependents", ds.Dependents, []any{"q", prereqs[0], 100}},
+		{"PickWaiting", ds.PickWaiting, []any{"q", 1000}},
 		{"Classify", ds.Classify, []any{"q", append(append([]uuid.UUID{}, prereqs[:32]...), claimed[:32]...)}},
 		{"PruneDeadOlder", pruneOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
 		{"PruneDeadBefore", pruneBefore, []any{"q", time.Now().Add(-time.Hour), 1000}},
@@ -191,27 +217,38 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 // livedIndexes are the indexes the statements of livedCases must read on
 // PostgreSQL (hotIndexes has those of hotCases).
 var livedIndexes = map[string][]string{
-	"ClaimAnySequenced":              {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
-	"ClaimUrgentSequenced":           {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
-	"ClaimPartsSequenced":            {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
-	"ClaimPartsSequenced (one part)": {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
-	"Release (dependents)":           {"crdbwork_waits_for_pkey"},
-	"MoveReady":                      {"crdbwork_waiting_pkey"},
-	"SweepPrereqs":                   {"crdbwork_waits_for_pkey"},
-	"DeleteEdgesFrom":                {"crdbwork_waits_for_pkey"},
-	"PruneDeadOlder":                 {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
-	"PruneDeadBefore":                {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
-	"DeadNewest":                     {"crdbwork_dead_items_by_queue"},
-	"DeadSince":                      {"crdbwork_dead_items_by_queue"},
-	"TenantLimits":                   {"crdbwork_tenant_limits_pkey"},
-	"EnqueueFound":                   {"crdbwork_items_pkey"},
-	"ReapLeasesIDs":                  {"crdbwork_items_pkey"},
-	"ReapExpiredIDs":                 {"crdbwork_items_pkey"},
+	"ClaimAnySequenced":                  {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimUrgentSequenced":               {"crdbwork_items_turn_next", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimPartsSequenced":                {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"ClaimPartsSequenced (one part)":     {"crdbwork_items_part_turn", "crdbwork_items_sequence_order", "crdbwork_items_sequence_claimed"},
+	"Release (dependents)":               {"crdbwork_waits_for_pkey"},
+	"ClaimUrgent (tenants skipped)":      {"crdbwork_items_turn_next"},
+	"ClaimUrgent (every tenant limited)": {"crdbwork_items_turn_next"},
+	"ClaimAny (tenants skipped)":         {"crdbwork_items_turn_next"},
+	"InsertWaiting":                      {"crdbwork_waiting_pkey"},
+	"InsertEdges":                        {"crdbwork_waits_for_pkey"},
+	"HasEdges":                           {"crdbwork_waits_for_pkey"},
+	"HasEdges (a queue without edges)":   {"crdbwork_waits_for_pkey"},
+	"Prereqs":                            {"crdbwork_waits_for_by_dependent"},
+	"Dependents":                         {"crdbwork_waits_for_pkey"},
+	"PickWaiting":                        {"crdbwork_waiting_by_queue"},
+	"MoveReady":                          {"crdbwork_waiting_pkey"},
+	"SweepPrereqs":                       {"crdbwork_waits_for_pkey"},
+	"DeleteEdgesFrom":                    {"crdbwork_waits_for_pkey"},
+	"PruneDeadOlder":                     {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
+	"PruneDeadBefore":                    {"crdbwork_dead_items_by_queue", "crdbwork_dead_items_pkey"},
+	"DeadNewest":                         {"crdbwork_dead_items_by_queue"},
+	"DeadSince":                          {"crdbwork_dead_items_by_queue"},
+	"TenantLimits":                       {"crdbwork_tenant_limits_pkey"},
+	"EnqueueFound":                       {"crdbwork_items_pkey"},
+	"ReapLeasesIDs":                      {"crdbwork_items_pkey"},
+	"ReapExpiredIDs":                     {"crdbwork_items_pkey"},
 }
 
 // livedDepends are the dependency statements of livedCases.
 var livedDepends = map[string]bool{"Release (dependents)": true, "MoveReady": true, "SweepPrereqs": true,
-	"KillDependents": true, "DeleteEdgesFrom": true, "Classify": true}
+	"KillDependents": true, "DeleteEdgesFrom": true, "Classify": true, "InsertWaiting": true, "InsertEdges": true,
+	"Prereqs": true, "Dependents": true}
 
 // livedScan is a read of a whole table a hot statement must not make.
 var livedScan = regexp.MustCompile(`Seq Scan on crdbwork_(items|ended|dead_items|waiting|waits_for|tenant_limits)\b|FULL SCAN|full scan`)
