@@ -55,8 +55,12 @@ type livedRun struct {
 	FirstAck       float64 `json:"first_ack_seconds"`
 	LongestStretch float64 `json:"longest_stretch_seconds"`
 	ExactlyOnce    bool    `json:"exactly_once"`
-	Retries        int64   `json:"retries"`
-	Load           string  `json:"load"`
+	// TimedOut: the drain did not end within --timeout (Seconds is then
+	// the timeout, and Acked how many items were acked by then).
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Acked    int64  `json:"acked"`
+	Retries  int64  `json:"retries"`
+	Load     string `json:"load"`
 }
 
 // livedSummary is one feature's figures over the rounds.
@@ -69,8 +73,9 @@ type livedSummary struct {
 	LivedSeconds float64 `json:"lived_seconds"`
 	FreshStretch float64 `json:"fresh_longest_stretch_seconds"` // the longest of the rounds
 	LivedStretch float64 `json:"lived_longest_stretch_seconds"`
-	ExactlyOnce  bool    `json:"exactly_once"` // every drain of the feature, fresh and lived
-	WithinGoals  bool    `json:"within_goals"` // ratio ≤ 2 and no lived stretch over 2 s
+	ExactlyOnce  bool    `json:"exactly_once"`        // every drain of the feature, fresh and lived
+	TimedOut     bool    `json:"timed_out,omitempty"` // some drain of the feature did not end within --timeout
+	WithinGoals  bool    `json:"within_goals"`        // ratio ≤ 2 and no lived stretch over 2 s
 }
 
 // livedReport is the experiment's JSON line.
@@ -96,6 +101,7 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 	rounds := fs.Int("rounds", 1, "rounds; each drains every feature on a fresh database and on a lived one, in an order that alternates")
 	workers := fs.Int("workers", 2, "in-process workers (one session each)")
 	concurrency := fs.Int("concurrency", 64, "handlers per worker")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give a drain up after this long (it is reported as timed out, with the items acked by then)")
 	features := fs.String("features", strings.Join(livedFeatures, ","), "features to drain, comma-separated: "+strings.Join(livedFeatures, ", "))
 	asJSON := fs.Bool("json", false, "print one JSON line with every run and the summary")
 	if err := fs.Parse(args); err != nil {
@@ -104,8 +110,8 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case fs.NArg() > 0:
 		return fmt.Errorf("lived: unexpected arguments %q", fs.Args())
-	case *items < 100 || *rows < 1000 || *rounds < 1 || *workers < 1 || *concurrency < 1:
-		return errors.New("lived: --items must be at least 100, --rows at least 1000, --rounds, --workers and --concurrency at least 1")
+	case *items < 100 || *rows < 1000 || *rounds < 1 || *workers < 1 || *concurrency < 1 || *timeout <= 0:
+		return errors.New("lived: --items must be at least 100, --rows at least 1000, --rounds, --workers and --concurrency at least 1, --timeout positive")
 	}
 	var order []string
 	for _, f := range strings.Split(*features, ",") {
@@ -146,14 +152,18 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 				slices.Reverse(kinds)
 			}
 			for _, isLived := range kinds {
-				r, err := livedDrain(ctx, dbs, f, isLived, *items, *workers, *concurrency)
+				r, err := livedDrain(ctx, dbs, f, isLived, *items, *workers, *concurrency, *timeout)
 				if err != nil {
 					return fmt.Errorf("%s, %s, round %d: %w", f, map[bool]string{false: "fresh", true: "lived"}[isLived], round+1, err)
 				}
 				r.Round = round + 1
 				rep.Runs = append(rep.Runs, r)
-				fmt.Fprintf(out, "round %d  %-9s %-5s %6d items  %7.2fs  first ack %5.2fs  longest stretch %5.2fs  exactly once %-5v  retries %d  load %s\n",
-					r.Round, f, map[bool]string{false: "fresh", true: "lived"}[isLived], r.Items, r.Seconds, r.FirstAck, r.LongestStretch, r.ExactlyOnce, r.Retries, r.Load)
+				ended := fmt.Sprintf("exactly once %-5v", r.ExactlyOnce)
+				if r.TimedOut {
+					ended = fmt.Sprintf("TIMED OUT with %d of %d acked", r.Acked, r.Items)
+				}
+				fmt.Fprintf(out, "round %d  %-9s %-5s %6d items  %7.2fs  first ack %5.2fs  longest stretch %5.2fs  %s  retries %d  load %s\n",
+					r.Round, f, map[bool]string{false: "fresh", true: "lived"}[isLived], r.Items, r.Seconds, r.FirstAck, r.LongestStretch, ended, r.Retries, r.Load)
 			}
 		}
 	}
@@ -170,9 +180,14 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 		if !s.WithinGoals {
 			goals = "missed"
 		}
-		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f× | %.2f / %.2f | %v | %s |\n", s.Feature, s.FreshSeconds, s.LivedSeconds, s.Ratio, s.FreshStretch, s.LivedStretch, s.ExactlyOnce, goals)
+		ended := fmt.Sprint(s.ExactlyOnce)
+		if s.TimedOut {
+			ended = "timed out"
+		}
+		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f× | %.2f / %.2f | %s | %s |\n", s.Feature, s.FreshSeconds, s.LivedSeconds, s.Ratio, s.FreshStretch, s.LivedStretch, ended, goals)
 	}
-	fmt.Fprintln(out, "\ngoals (issue #29): lived within 2× of fresh, no stretch over 2 s without an ack while items are claimable.")
+	fmt.Fprintf(out, "\nlived/fresh: median over rounds of the lived drain's time over the fresh one's in the same round (a timed-out drain counts as --timeout, %v).\n", *timeout)
+	fmt.Fprintln(out, "goals (issue #29): lived within 2× of fresh, no stretch over 2 s without an ack while items are claimable.")
 	return nil
 }
 
@@ -188,6 +203,7 @@ func summarizeLived(order []string, runs []livedRun) []livedSummary {
 				continue
 			}
 			s.ExactlyOnce = s.ExactlyOnce && r.ExactlyOnce
+			s.TimedOut = s.TimedOut || r.TimedOut
 			pair := byRound[r.Round]
 			if r.Lived {
 				lv = append(lv, r.Seconds)
@@ -214,7 +230,7 @@ func summarizeLived(order []string, runs []livedRun) []livedSummary {
 		if len(ratios) > 0 {
 			s.Ratio = median(ratios)
 		}
-		s.WithinGoals = s.Ratio <= 2 && s.LivedStretch <= 2 && s.ExactlyOnce
+		s.WithinGoals = s.Ratio <= 2 && s.LivedStretch <= 2 && s.ExactlyOnce && !s.TimedOut
 		out = append(out, s)
 	}
 	return out
@@ -334,7 +350,7 @@ func (d *livedDBs) close() {
 const livedQueue = "bench-burst"
 
 // livedDrain drains one feature's items on a new database, fresh or lived.
-func livedDrain(ctx context.Context, dbs *livedDBs, feature string, isLived bool, n, workers, concurrency int) (livedRun, error) {
+func livedDrain(ctx context.Context, dbs *livedDBs, feature string, isLived bool, n, workers, concurrency int, timeout time.Duration) (livedRun, error) {
 	run := livedRun{Feature: feature, Lived: isLived}
 	u, drop, err := dbs.create(ctx, isLived)
 	if err != nil {
@@ -413,11 +429,11 @@ func livedDrain(ctx context.Context, dbs *livedDBs, feature string, isLived bool
 		ws = append(ws, w)
 	}
 	// The acks as the workers count them (committed acks), watched every
-	// millisecond by drainWorkers: the stretches between them.
+	// millisecond: the stretches between them.
 	var (
-		start, first, last time.Time
-		seen               int64
-		longest            time.Duration
+		first, last time.Time
+		seen        int64
+		longest     time.Duration
 	)
 	acked := func() int64 {
 		var total int64
@@ -435,12 +451,46 @@ func livedDrain(ctx context.Context, dbs *livedDBs, feature string, isLived bool
 		}
 		return total
 	}
-	elapsed, err := drainWorkers(ctx, ws, len(items), acked, func() { start = time.Now() }, func(bool) {})
-	if err != nil {
-		return run, err
+	runCtx, stopWorkers := context.WithCancel(ctx)
+	errs := make(chan error, len(ws))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- w.Run(runCtx) }()
 	}
-	run.Seconds, run.FirstAck, run.LongestStretch = elapsed.Seconds(), first.Sub(start).Seconds(), longest.Seconds()
+	deadline := time.NewTimer(timeout)
+	tick := time.NewTicker(time.Millisecond)
+	var runErr error
+	for acked() < int64(len(items)) && runErr == nil && !run.TimedOut {
+		select {
+		case err := <-errs:
+			runErr = fmt.Errorf("a worker stopped: %v", err)
+		case <-ctx.Done():
+			runErr = ctx.Err()
+		case <-deadline.C:
+			run.TimedOut = true
+			// A stall that lasts until the timeout is a stretch too.
+			longest = max(longest, time.Since(last))
+		case <-tick.C:
+		}
+	}
+	tick.Stop()
+	deadline.Stop()
+	elapsed := time.Since(start)
+	stopWorkers()
+	wg.Wait()
+	if runErr != nil {
+		return run, runErr
+	}
+	run.Seconds, run.LongestStretch, run.Acked = elapsed.Seconds(), longest.Seconds(), seen
+	if !first.IsZero() {
+		run.FirstAck = first.Sub(start).Seconds()
+	}
 	run.Retries, run.Load = workerRetries(ws), loadavg()
+	if run.TimedOut {
+		return run, nil
+	}
 	var rows, distinct, left int
 	if err := setup.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_cw_results), (SELECT count(DISTINCT item_id) FROM bench_cw_results),
        (SELECT count(*) FROM crdbwork_items WHERE queue = $1) + (SELECT count(*) FROM crdbwork_waiting WHERE queue = $1)
