@@ -202,8 +202,6 @@ var knownFlips = map[string]string{
 	"first 0 ClaimParts (one part) (generic)": partsWalkQueue,
 	"first 0 ClaimParts (shares) (generic)":   partsWalkQueue,
 	"first 0 PickParts (generic)":             partsWalkQueue,
-	"queues 0 EnqueueInsert (custom)": "the dedup probe per row reads the queue's ended ids through crdbwork_ended_by_age, " +
-		"which the statistics say holds none of the queue's",
 	"queues 1 AckMany (512) (custom)":    "a sequential scan of a table believed empty, joined to the 512 keys",
 	"queues 1 ClaimAny (generic)":        "a bitmap scan of crdbwork_items_part_turn and a sort of the queue's unclaimed items",
 	"queues 1 ClaimAny (1000) (generic)": "a bitmap scan of crdbwork_items_part_turn and a sort of the queue's unclaimed items",
