@@ -73,6 +73,8 @@ type livedSummary struct {
 	LivedSeconds float64 `json:"lived_seconds"`
 	FreshStretch float64 `json:"fresh_longest_stretch_seconds"` // the longest of the rounds
 	LivedStretch float64 `json:"lived_longest_stretch_seconds"`
+	FreshFirst   float64 `json:"fresh_first_ack_seconds"` // the longest of the rounds
+	LivedFirst   float64 `json:"lived_first_ack_seconds"`
 	ExactlyOnce  bool    `json:"exactly_once"`        // every drain of the feature, fresh and lived
 	TimedOut     bool    `json:"timed_out,omitempty"` // some drain of the feature did not end within --timeout
 	WithinGoals  bool    `json:"within_goals"`        // ratio ≤ 2 and no lived stretch over 2 s
@@ -85,6 +87,7 @@ type livedReport struct {
 	Workers     int            `json:"workers"`
 	Concurrency int            `json:"concurrency"`
 	Rounds      int            `json:"rounds"`
+	Autovacuum  bool           `json:"autovacuum"`
 	Runs        []livedRun     `json:"runs"`
 	Features    []livedSummary `json:"features"`
 	LoadBefore  string         `json:"load_before"`
@@ -101,6 +104,7 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 	rounds := fs.Int("rounds", 1, "rounds; each drains every feature on a fresh database and on a lived one, in an order that alternates")
 	workers := fs.Int("workers", 2, "in-process workers (one session each)")
 	concurrency := fs.Int("concurrency", 64, "handlers per worker")
+	autovacuum := fs.Bool("autovacuum", false, "leave autovacuum on for the lived database's tables (by default it is off, so that the statistics stay those of before the burst, and nothing vacuums the burst's dead rows)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give a drain up after this long (it is reported as timed out, with the items acked by then)")
 	features := fs.String("features", strings.Join(livedFeatures, ","), "features to drain, comma-separated: "+strings.Join(livedFeatures, ", "))
 	asJSON := fs.Bool("json", false, "print one JSON line with every run and the summary")
@@ -134,12 +138,12 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer admin.Close()
-	dbs := &livedDBs{admin: admin, server: serverURL, rows: *rows}
+	dbs := &livedDBs{admin: admin, server: serverURL, opts: lived.Options{Rows: *rows, Autovacuum: *autovacuum}}
 	defer dbs.close()
-	rep := livedReport{Items: *items, Rows: *rows, Workers: *workers, Concurrency: *concurrency, Rounds: *rounds,
+	rep := livedReport{Items: *items, Rows: *rows, Workers: *workers, Concurrency: *concurrency, Rounds: *rounds, Autovacuum: *autovacuum,
 		LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
-	fmt.Fprintf(out, "lived: %d items per drain, lived database of %d other items, %d workers × %d handlers, %d rounds, GOMAXPROCS %d, load %s\n",
-		*items, *rows, *workers, *concurrency, *rounds, rep.GOMAXPROCS, rep.LoadBefore)
+	fmt.Fprintf(out, "lived: %d items per drain, lived database of %d other items (autovacuum %s), %d workers × %d handlers, %d rounds, GOMAXPROCS %d, load %s\n",
+		*items, *rows, map[bool]string{false: "off", true: "on"}[*autovacuum], *workers, *concurrency, *rounds, rep.GOMAXPROCS, rep.LoadBefore)
 	start := time.Now()
 	if err := dbs.buildTemplate(ctx); err != nil {
 		return err
@@ -173,8 +177,8 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 		return printJSON(fs.Output(), rep)
 	}
 	fmt.Fprintf(out, "\nmedian of %d rounds, load %s:\n\n", *rounds, rep.LoadAfter)
-	fmt.Fprintln(out, "| feature | fresh s | lived s | lived/fresh | longest stretch fresh / lived (s) | exactly once | goals |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| feature | fresh s | lived s | lived/fresh | first ack fresh / lived (s) | longest stretch fresh / lived (s) | exactly once | goals |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|")
 	for _, s := range rep.Features {
 		goals := "met"
 		if !s.WithinGoals {
@@ -184,9 +188,11 @@ func livedCmd(ctx context.Context, args []string, out io.Writer) error {
 		if s.TimedOut {
 			ended = "timed out"
 		}
-		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f× | %.2f / %.2f | %s | %s |\n", s.Feature, s.FreshSeconds, s.LivedSeconds, s.Ratio, s.FreshStretch, s.LivedStretch, ended, goals)
+		fmt.Fprintf(out, "| %s | %.2f | %.2f | %.2f× | %.2f / %.2f | %.2f / %.2f | %s | %s |\n", s.Feature, s.FreshSeconds, s.LivedSeconds, s.Ratio,
+			s.FreshFirst, s.LivedFirst, s.FreshStretch, s.LivedStretch, ended, goals)
 	}
 	fmt.Fprintf(out, "\nlived/fresh: median over rounds of the lived drain's time over the fresh one's in the same round (a timed-out drain counts as --timeout, %v).\n", *timeout)
+	fmt.Fprintln(out, "first ack: the longest time from starting the workers to the first ack (sessions and parts; with a limit, its Grace; with dependencies, the root's ack and its release); longest stretch: the longest time without an ack from the first ack to the last, the longest of the rounds.")
 	fmt.Fprintln(out, "goals (issue #29): lived within 2× of fresh, no stretch over 2 s without an ack while items are claimable.")
 	return nil
 }
@@ -208,10 +214,12 @@ func summarizeLived(order []string, runs []livedRun) []livedSummary {
 			if r.Lived {
 				lv = append(lv, r.Seconds)
 				s.LivedStretch = max(s.LivedStretch, r.LongestStretch)
+				s.LivedFirst = max(s.LivedFirst, r.FirstAck)
 				pair[1] = r.Seconds
 			} else {
 				fresh = append(fresh, r.Seconds)
 				s.FreshStretch = max(s.FreshStretch, r.LongestStretch)
+				s.FreshFirst = max(s.FreshFirst, r.FirstAck)
 				pair[0] = r.Seconds
 			}
 			byRound[r.Round] = pair
@@ -241,7 +249,7 @@ func summarizeLived(order []string, runs []livedRun) []livedSummary {
 type livedDBs struct {
 	admin     *pgxpool.Pool
 	server    string
-	rows      int
+	opts      lived.Options
 	template  string // "" until built
 	cockroach bool
 	mu        sync.Mutex
@@ -297,7 +305,7 @@ func (d *livedDBs) build(ctx context.Context, name string, isLived bool) error {
 		return err
 	}
 	if isLived {
-		if err := lived.Build(ctx, pool, lived.Options{Rows: d.rows}); err != nil {
+		if err := lived.Build(ctx, pool, d.opts); err != nil {
 			return err
 		}
 	}
