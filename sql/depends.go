@@ -115,9 +115,11 @@ type dependsStatements struct {
 	// queue. With queue = $1, in a database whose statistics predate the
 	// queue (TestHotPlansInALivedDatabase), PostgreSQL believed the queue
 	// held about one edge and read all of its edges through whichever index
-	// gave the order, filtering the id. CockroachDB accepts the form (a
-	// subquery with OFFSET in FROM, a join on two columns) and plans it as
-	// a lookup join on the same key.
+	// gave the order, filtering the id. CockroachDB accepts the form (docs
+	// checked: "Selection Queries", a selection query with its OFFSET
+	// clause between parentheses as a subquery; "Limit Query Results");
+	// its optimizer drops an OFFSET of 0 and constrains the scan by the
+	// projected values, the same key seek (not run here: no binary).
 	Prereqs, Dependents string
 	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
 	// waiting). WaitingCount: $1 queue → number of waiting items.
