@@ -119,13 +119,12 @@ var livedKnown = map[string]string{
 	"ClaimUrgentSequenced":           "seq: the per-key anti-join reads the queue's sequenced items by queue",
 	// TODO(deps): the helper reshaping the dependency release and sweep
 	// (topic "deps") deletes these entries when its statements seek the
-	// edges of the ids they are given.
+	// edges of the ids they are given (docs/operations.md, "A database that
+	// has lived", names two shapes that do: the ids as the outer side of a
+	// nested loop, and the queue as a value the planner cannot see).
 	"Release (dependents)": "deps: the release reads the queue's edges by queue, filtering the prerequisites",
 	"DeleteEdgesFrom":      "deps: it reads the queue's edges by queue, filtering the prerequisites",
 	"KillDependents":       "deps: it reads the queue's edges by queue, filtering the prerequisites",
-	"SweepPrereqs":         "deps",
-	"MoveReady":            "deps",
-	"Classify":             "deps",
 }
 
 // livedAccepted are plans that read more than a seek would, and why that
