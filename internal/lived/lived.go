@@ -67,8 +67,9 @@ const SessionCount = 16
 // Options say how large the lived state is. The zero value is the default.
 type Options struct {
 	// Rows is the number of items of the other queues (default 120,000),
-	// spread evenly over Queues. As many ended ids, a sixth as many dead
-	// items and waiting items (with two edges each) go with them.
+	// spread evenly over Queues. As many ended ids, and a sixth as many
+	// dead items and waiting items (each after one or two of DependsQueue's
+	// items) go with them.
 	Rows int
 	// Quiet are queues that hold a handful of items (and ended ids and
 	// dead items) when the statistics are taken, deleted afterwards: the
@@ -124,15 +125,17 @@ var Tables = []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items",
 //  2. Options.Rows items over Queues: a tenth of them claimed (with a
 //     lease; SequencedQueue: the first item of each of its keys), five
 //     priorities, a seventh with a deadline; as many ended ids over the
-//     last day, dead items, waiting items of DependsQueue (after one or two of its
-//     items each: Waiting);
+//     last day, dead items, waiting items of DependsQueue (after one or
+//     two of its items each: Waiting);
 //  3. the quiet queues' handful of rows (Options.Quiet);
 //  4. autovacuum off for the tables (unless Options.Autovacuum), ANALYZE
 //     of every table;
-//  5. what a database does after: a third of the other queues' items
-//     ended (deleted), a tenth nacked (updated), the ended ids older than
-//     16 hours pruned, half the edges deleted, the quiet queues' rows
-//     gone; none of it vacuumed or analyzed.
+//  5. what a database does after: half of DependsQueue's edges deleted
+//     (the waiting items' counts are left as they were: no statement of
+//     another queue reads them), a third of the other queues' items ended
+//     (deleted), a tenth nacked (updated), the ended ids older than 16
+//     hours and the dead items older than 20 hours pruned, the quiet
+//     queues' rows gone; none of it vacuumed or analyzed.
 //
 // It takes a few seconds for the default size; testdb.NewLived builds it
 // once per test binary and copies it.
@@ -182,11 +185,11 @@ SELECT gen_random_uuid(), '`+q+`', 0, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '
 		// A third of the items ended, a tenth nacked (pushed back, one
 		// more attempt), a third of the ended ids pruned, half the edges
 		// satisfied: dead tuples in every table and index, unvacuumed.
+		`DELETE FROM crdbwork_waits_for WHERE prereq IN (SELECT id FROM crdbwork_items WHERE queue = '`+DependsQueue+`' AND part < 8)`,
 		`DELETE FROM crdbwork_items WHERE queue IN ('`+PlainQueue+`', '`+FairQueue+`', '`+DependsQueue+`') AND part < 5`,
 		`UPDATE crdbwork_items SET vesting_at = vesting_at + INTERVAL '1 second', attempts = attempts + 1
 WHERE queue IN ('`+PlainQueue+`', '`+FairQueue+`') AND part BETWEEN 5 AND 6 AND claim IS NULL`,
 		`DELETE FROM crdbwork_ended WHERE ended_at < now() - INTERVAL '16 hours'`,
-		`DELETE FROM crdbwork_waits_for WHERE prereq IN (SELECT id FROM crdbwork_items WHERE queue = '`+DependsQueue+`' AND part < 8)`,
 		`DELETE FROM crdbwork_dead_items WHERE died_at < now() - INTERVAL '20 hours'`)
 	for _, q := range o.Quiet {
 		for _, t := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items"} {
