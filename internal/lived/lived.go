@@ -64,6 +64,13 @@ const Tenants = 1000
 // them for its own claims.
 const SessionCount = 16
 
+// QuietRows is the number of items and ended ids a quiet queue of
+// Options.Quiet holds when the statistics are taken: enough that
+// PostgreSQL's sample of the default 120,000 items (30,000 rows) finds it,
+// so that it is among the most common values at a frequency that makes it a
+// handful of rows (a queue the sample misses is the "empty" form).
+const QuietRows = 20
+
 // Options say how large the lived state is. The zero value is the default.
 type Options struct {
 	// Rows is the number of items of the other queues (default 120,000),
@@ -71,8 +78,8 @@ type Options struct {
 	// dead items and waiting items (each after one or two of DependsQueue's
 	// items) go with them.
 	Rows int
-	// Quiet are queues that hold a handful of items (and ended ids and
-	// dead items) when the statistics are taken, deleted afterwards: the
+	// Quiet are queues that hold QuietRows items (and as many ended ids,
+	// and two dead items) when the statistics are taken, deleted afterwards: the
 	// "tiny when analyzed" form of a quiet queue. A queue not named here
 	// and not among Queues is the "empty when analyzed" form.
 	Quiet []string
@@ -164,8 +171,8 @@ SELECT '`+FairQueue+`', 'tenant-' || g::TEXT, 2, 10 FROM generate_series(0, `+fm
 	steps = append(steps, Waiting(DependsQueue, n/4, n/6)...)
 	for _, q := range o.Quiet {
 		steps = append(steps,
-			Items(q, 1, 5, ItemShape{Claimed: 2}),
-			`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome) SELECT '`+q+`', gen_random_uuid(), now() - g * INTERVAL '1 minute', 'acked' FROM generate_series(1, 5) AS g`,
+			Items(q, 1, QuietRows, ItemShape{Claimed: 2}),
+			`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome) SELECT '`+q+`', gen_random_uuid(), now() - g * INTERVAL '1 minute', 'acked' FROM generate_series(1, `+fmt.Sprint(QuietRows)+`) AS g`,
 			`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
 SELECT gen_random_uuid(), '`+q+`', 0, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '1 day', now() - g * INTERVAL '1 minute', 'failed' FROM generate_series(1, 2) AS g`)
 	}
