@@ -134,8 +134,9 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 type RequeueResult struct {
 	// Requeued is the number of ids moved back into the queue.
 	Requeued int
-	// Live is the number of dead ids left where they are because an item
-	// with the id is in the items table (see ErrItemLive).
+	// Live is the number of dead ids left where they are because the id is
+	// live: an item with the id is in the items table, or a waiting item
+	// has it (see ErrItemLive).
 	Live int
 	// Gone is the number of dead ids that were requeued or purged by
 	// someone else between the read of their page and their requeue.

@@ -88,8 +88,9 @@ type coreStatements struct {
 	DeadItems string // $1 queue, $2 limit → dead item columns (with tenant, reason and death), newest first
 	// Requeue moves one death of a dead item back into the items table:
 	// death $3, or the newest death of the id if $3 is NULL. The other
-	// deaths stay as history. It moves nothing while an item with that id
-	// is in the items table (deathStatements.RequeueState tells why).
+	// deaths stay as history. It moves nothing while the id is live: an
+	// item with that id is in the items table, or a waiting item has it
+	// (deathStatements.RequeueState tells why).
 	Requeue string // $1 id, $2 queue, $3 death or NULL → id of the item put back
 	// Backlog counts every item of every queue (a scan of the whole items
 	// table); metrics and the demo's status read one queue at a time
@@ -439,14 +440,20 @@ LIMIT $2`),
 		// and claim token (so tokens keep growing), gets fresh attempts, no
 		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
-		// The death is picked only if no item has the id (the check and the
-		// DELETE see one snapshot; an item inserted since makes the INSERT
-		// fail, and the whole statement with it): a refused requeue deletes
-		// nothing. The requeued id is no longer ended (revived).
+		// The death is picked only if the id is not live anywhere: no item
+		// has it, and no waiting item (an item enqueued again with
+		// prerequisites, in any queue), which the move would otherwise
+		// shadow: its release would find the id taken and be lost. The
+		// checks and the DELETE see one snapshot (an item inserted since
+		// makes the INSERT fail, and the whole statement with it; a waiting
+		// item inserted since is a serialization failure of the
+		// SERIALIZABLE transaction Requeue runs in): a refused requeue
+		// deletes nothing. The requeued id is no longer ended (revived).
 		Requeue: r(`WITH victim AS MATERIALIZED (
     SELECT death FROM crdbwork_dead_items
     WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
       AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting WHERE id = $1)
     ORDER BY died_at DESC, death DESC
     LIMIT 1),
 gone AS (
