@@ -213,6 +213,17 @@ func (q *Queue) enqueue(ctx context.Context, items []NewItem) (Enqueued, error) 
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
+	return q.enqueueBatch(ctx, b)
+}
+
+// enqueueBatch writes b, prepared (validated, its ids, hashes, headers and
+// sequence orders fixed), outside any transaction of the caller's: the
+// write path that Enqueue and a Buffer's flushes share, so that every
+// option of NewItem means the same through both. Items with prerequisites
+// (NewItem.After) make it one transaction that routes them to the waiting
+// items (enqueueDeps); otherwise it is one statement or one transaction
+// (enqueueOn).
+func (q *Queue) enqueueBatch(ctx context.Context, b *batch) (Enqueued, error) {
 	if err := q.ready(ctx); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
 	}
