@@ -162,7 +162,7 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 			return false, fmt.Errorf("claim: requeueing %s of %q: %w: it is a waiting item of queue %q (enqueued again with prerequisites not yet acked); the dead item stays",
 				what, q.opts.Queue, ErrItemLive, r.LiveQueue)
 		}
-		return false, fmt.Errorf("claim: requeueing %s of %q: %w: it is an item of queue %q (enqueued again, or requeued already); the dead item stays",
+		return false, fmt.Errorf("claim: requeueing %s of %q: %w: it is an item of queue %q, in the items table (enqueued again, or requeued already); the dead item stays",
 			what, q.opts.Queue, ErrItemLive, r.LiveQueue)
 	}
 	moved := r.Moved
