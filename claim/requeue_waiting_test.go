@@ -139,3 +139,78 @@ func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
 		t.Fatalf("Requeue once the second life ended = %v, %v", ok, err)
 	}
 }
+
+// A requeue and an enqueue with prerequisites of the same dead id, at the
+// same moment, in two queues' worth of traffic: exactly one of them takes
+// the id (the other is refused, or finds the id present), never both —
+// the id is never both an item and a waiting item — whatever order their
+// transactions commit in (each SERIALIZABLE: a conflict is retried).
+func TestRequeueRacesAnEnqueueOfTheID(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	s := startSession(t, ctx, pool)
+	q := newQueue(t, pool, claim.Options{Queue: "race"})
+	producer := newQueue(t, pool, claim.Options{Queue: "race"})
+	noise := newQueue(t, pool, claim.Options{Queue: "noise"})
+	if err := q.Configure(ctx, claim.Settings{DedupOff: true}); err != nil {
+		t.Fatal(err)
+	}
+	const rounds = 20
+	ids := make([]uuid.UUID, rounds)
+	for i := range ids {
+		ids[i] = uuid.New()
+		dieOnce(t, q, s.ID(), ids[i])
+	}
+	if err := q.Configure(ctx, claim.Settings{}); err != nil {
+		t.Fatal(err)
+	}
+	p := uuid.New()
+	if _, err := producer.Enqueue(ctx, claim.NewItem{ID: p, Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	requeued, waiting := 0, 0
+	for _, id := range ids {
+		start := make(chan struct{})
+		var moved bool
+		var rqErr, enqErr error
+		var res claim.Enqueued
+		done := make(chan struct{}, 3)
+		go func() {
+			<-start
+			moved, rqErr = q.Requeue(ctx, id)
+			done <- struct{}{}
+		}()
+		go func() {
+			<-start
+			res, enqErr = producer.Enqueue(ctx, claim.NewItem{ID: id, Payload: []byte("again"), After: []uuid.UUID{p}})
+			done <- struct{}{}
+		}()
+		go func() {
+			<-start
+			_, _ = noise.Enqueue(ctx, payloads(10)...)
+			done <- struct{}{}
+		}()
+		close(start)
+		for range 3 {
+			<-done
+		}
+		if enqErr != nil || (rqErr != nil && !errors.Is(rqErr, claim.ErrItemLive)) {
+			t.Fatalf("id %s: requeue %v, %v; enqueue %v", id, moved, rqErr, enqErr)
+		}
+		added := res.New[0] && res.Waiting[0]
+		if moved == added {
+			t.Fatalf("id %s: requeued %v and added as a waiting item %v: want exactly one", id, moved, added)
+		}
+		inItems := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, id)
+		inWaiting := countRows(t, pool, `SELECT count(*) FROM crdbwork_waiting WHERE id = $1`, id)
+		if inItems+inWaiting != 1 || moved != (inItems == 1) {
+			t.Fatalf("id %s: %d items and %d waiting items (requeued %v)", id, inItems, inWaiting, moved)
+		}
+		if moved {
+			requeued++
+		} else {
+			waiting++
+		}
+	}
+	t.Logf("%d requeues won, %d enqueues won", requeued, waiting)
+}
