@@ -61,7 +61,8 @@ type DB = crsql.Pool
 
 // Options configure a Queue. The zero value is valid.
 type Options struct {
-	// Queue is the queue's name. Default "default".
+	// Queue is the queue's name. Default "default". At most
+	// MaxQueueNameLength bytes of valid UTF-8, without NUL bytes.
 	Queue string
 	// Tables names the crdbwork tables.
 	Tables crsql.Tables
@@ -190,6 +191,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	}
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if err := crsql.CheckQueueName(opts.Queue); err != nil {
+		return nil, fmt.Errorf("claim: %w (MaxQueueNameLength)", err)
 	}
 	q := &Queue{db: db, store: crsql.NewStore(opts.Tables), opts: opts, given: given}
 	q.channel = q.store.NotifyChannel(opts.Queue)
