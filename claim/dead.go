@@ -36,8 +36,9 @@ type DeadItem struct {
 	DiedAt      time.Time
 	Tenant      string // "" if none
 	// Reason says why it died: ReasonFailed, ReasonPermanent,
-	// ReasonCrashLoop or ReasonExpired ("" for items that died before
-	// schema version 3).
+	// ReasonCrashLoop, ReasonExpired, ReasonRefused or, for a dependent,
+	// ReasonDependencyDied and the prerequisite's id ("" for items that
+	// died before schema version 3).
 	Reason string
 }
 
@@ -63,6 +64,7 @@ const (
 	// ReasonExpired: its deadline (NewItem.TTL) passed before it was acked
 	// (Reap).
 	ReasonExpired = "expired"
+	// (ReasonRefused, in refused.go: the database refused to move it.)
 )
 
 // Dead returns up to limit dead items of this queue, the most recent death

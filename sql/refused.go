@@ -1,0 +1,136 @@
+package sql
+
+import (
+	"context"
+	"sync"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Rows the database refuses. A row written past the bounds of the schema's
+// indexes (by raw SQL, by a version that allowed longer keys and tenants:
+// see MaxKeyLength) may be accepted by one table and refused by the next
+// one a move writes it into: a waiting item, whose table has no index on
+// the tenant, released into the items table, which has one. The movers
+// that work in batches isolate such a row (claim's Reap and dependency
+// sweep) and end it with these statements: it goes to the dead items, with
+// reason ReasonRefused and the database's error in its last error, and is
+// recorded as ended (dead), so that its own dependents end too and nothing
+// waits for it. The dead-items table has no index on the key or the
+// tenant, so the move is accepted where the release was not.
+//
+// Both statements take one id: they run only for rows already found
+// refused, one at a time. They have the shapes of the reaper's by-id moves
+// (deaths.go): the row locked by primary key, a DELETE … RETURNING, the
+// inserts from it; the same text on both engines.
+
+// ReasonRefused is the reason of a dead item that the database refused to
+// move (claim.ReasonRefused).
+const ReasonRefused = "refused by the database"
+
+type refusedStatements struct {
+	// KillItem moves item $2 of queue $1 to the dead items with reason
+	// ReasonRefused and last error $3 (followed by the item's own last
+	// error), if no live claim holds it (unclaimed, or its lease ended),
+	// records it as ended (dead) and returns its id.
+	KillItem string // $1 queue, $2 id, $3 error → id
+	// KillWaiting moves the waiting item $2 of queue $1 to the dead items
+	// with reason ReasonRefused and last error $3, deletes its edges,
+	// records it as ended (dead) and returns its id.
+	KillWaiting string // $1 queue, $2 id, $3 error → id
+}
+
+func newRefusedStatements(t Tables) *refusedStatements {
+	r := t.rewrite
+	return &refusedStatements{
+		KillItem: r(`WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id = $2 AND queue = $1 AND (claim IS NULL OR lease_until < now())
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND (i.claim IS NULL OR i.lease_until < now())
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error,
+              i.enqueued_at, i.claim_token, i.tenant),
+` + recordEnded(OutcomeDead) + `
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata,
+       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `'
+FROM gone
+RETURNING id`),
+		KillWaiting: r(`WITH gone AS (
+    DELETE FROM crdbwork_waiting AS w WHERE w.id = $2 AND (w.queue = $1) IS TRUE
+    RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant),
+edges AS (
+    DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2
+    RETURNING prereq),
+` + recordEnded(OutcomeDead) + `
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason)
+SELECT g.id, g.queue, g.hash % n.parts, g.item_key, g.priority, 0, g.max_attempts, g.payload, g.metadata, $3::TEXT,
+       g.enqueued_at, g.tenant, '` + ReasonRefused + `'
+FROM gone AS g,
+     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
+RETURNING id`),
+	}
+}
+
+// refusedByTables caches the rendered statements per table set.
+var refusedByTables sync.Map // Tables → *refusedStatements
+
+func (s *Store) refused() *refusedStatements {
+	if r, ok := refusedByTables.Load(s.t); ok {
+		return r.(*refusedStatements)
+	}
+	r, _ := refusedByTables.LoadOrStore(s.t, newRefusedStatements(s.t))
+	return r.(*refusedStatements)
+}
+
+// KillRefusedItem moves item id of queue to the dead items with reason
+// ReasonRefused and lastError, unless a live claim holds it, and reports
+// whether it did (refusedStatements.KillItem).
+func (s *Store) KillRefusedItem(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
+	ids, err := queryIDs(ctx, tx, s.refused().KillItem, queue, [16]byte(id), lastError)
+	return len(ids) > 0, err
+}
+
+// KillRefusedWaiting moves the waiting item id of queue to the dead items
+// with reason ReasonRefused and lastError, deleting its edges, and reports
+// whether it did (refusedStatements.KillWaiting).
+func (s *Store) KillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
+	ids, err := queryIDs(ctx, tx, s.refused().KillWaiting, queue, [16]byte(id), lastError)
+	return len(ids) > 0, err
+}
+
+// ReleaseEdges is the first half of ReleaseDependents: it deletes, in tx,
+// the edges of queue from the acked items prereqs, lowers their
+// dependents' remaining counts and returns the dependents whose count
+// reached zero, without moving them (MoveReady does).
+func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, byDialect(d, s.deps().Release, s.deps().PostgresRelease), queue, rawIDs(prereqs))
+	if err != nil {
+		return nil, err
+	}
+	var ready []uuid.UUID
+	var id [16]byte
+	var remaining int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &remaining}, func() error {
+		if remaining <= 0 {
+			ready = append(ready, id)
+		}
+		return nil
+	})
+	return ready, err
+}
+
+// MoveReady is the second half of ReleaseDependents: it moves, in tx, the
+// waiting items ids of queue whose remaining count is zero into the items
+// table and returns the ids it moved.
+func (s *Store) MoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, byDialect(d, s.deps().MoveReady, s.deps().PostgresMoveReady), queue, rawIDs(ids))
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(rows)
+}
