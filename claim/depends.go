@@ -520,7 +520,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 			// reported), and the batch goes on without it (refused.go).
 			r, killed, bad, err := q.settleIsolated(ctx, prereqs)
 			released += r
-			died += len(killed)
+			died += len(killed) - countEnded(bad) // the refused rows ended are no dependency deaths
 			refused = append(refused, bad...)
 			if err != nil {
 				return released, died, refused, err

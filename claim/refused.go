@@ -61,7 +61,9 @@ func (q *Queue) endRefusedItem(ctx context.Context, step string, id uuid.UUID, r
 // (itemFault), each half is settled apart, down to single prerequisites,
 // and one whose settle is still refused has its dependents moved apart
 // (settleOne). It returns how many it released, the ids it ended (whose
-// own dependents end next), and the refused rows.
+// own dependents end next: the dependents of dead prerequisites, and the
+// refused rows it ended), and the refused rows (those ended with Ended
+// set).
 func (q *Queue) settleIsolated(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UUID, []*ReapError, error) {
 	released, killed, err := q.settle(ctx, prereqs)
 	switch {
@@ -139,6 +141,17 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 	}
 	q.stats.dead.Add(int64(len(ended)))
 	return moved, ended, bad, nil
+}
+
+// countEnded returns how many of errs report an item ended as refused.
+func countEnded(errs []*ReapError) int {
+	n := 0
+	for _, e := range errs {
+		if e.Ended {
+			n++
+		}
+	}
+	return n
 }
 
 // errKeep ends settleOne's transaction when it has nothing to isolate.
