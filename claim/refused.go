@@ -30,6 +30,14 @@ import (
 // "refused by the database" and gives the step and the database's error.
 const ReasonRefused = crsql.ReasonRefused
 
+// IsRefusal reports whether err (of Requeue, say) is the database refusing
+// the statement for something about the rows it wrote (a data exception,
+// an integrity constraint, a row over a size limit such as an index
+// entry's, an exception raised by a trigger), which the same statement
+// without those rows would not meet: retrying it changes nothing. Bulk
+// operations skip such a row and go on (RequeueWhere).
+func IsRefusal(err error) bool { return itemFault(err) }
+
 // refusedText is the last error of an item ended because the database
 // refused its move in step: the step and the database's error.
 func refusedText(step string, err error) string {

@@ -258,12 +258,16 @@ not a dead item of the queue, or is live.`)
 	if err != nil {
 		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
 	}
-	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already)", res.Requeued, res.Live))
+	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already, %d refused)", res.Requeued, res.Live, res.Refused))
 	msg := fmt.Sprintf("requeued %d dead items into queue %q\n", res.Requeued, g.queue)
 	if res.Live > 0 {
 		msg += fmt.Sprintf("%d dead ids not requeued: the id is live, an item or a waiting item has it (their dead items stay)\n", res.Live)
 	}
-	return report(out, &g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live}, msg)
+	if res.Refused > 0 {
+		msg += fmt.Sprintf("%d dead ids not requeued: the database refused their rows (they stay dead; `crdbwork requeue ID` says why), first: %s\n",
+			res.Refused, res.RefusedIDs[0])
+	}
+	return report(out, &g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live, "refused": res.Refused}, msg)
 }
 
 // report prints v as JSON with --json, else text.
