@@ -133,8 +133,16 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	var errs []error
 	// Cancelled items first: a cancelled item whose lease ran out ends
 	// here rather than being released by the lease step.
-	n, err := q.reapCancelled(ctx)
+	n, stuck, err := q.reapCancelled(ctx)
 	st.Cancelled = n
+	for _, e := range stuck {
+		errs = append(errs, e)
+		if e.Ended {
+			st.Refused++
+		} else {
+			st.Stuck++
+		}
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepCancelled, Err: err})
 	}

@@ -269,3 +269,48 @@ func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
 		t.Fatalf("Requeue of the refused row: %v; want the database's error", err)
 	}
 }
+
+// The reaper's cancel step ends every cancelled item whose handler is gone
+// but one whose end the database refuses (here a constraint on the ended
+// ids, which its move to the dead items meets too): that one stays,
+// reported with its id, and the step goes on without it. On the code before
+// the fix, the step failed as a whole at every Reap and ended none.
+func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "cancels"})
+	s := startSession(t, ctx, pool)
+	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("a")}, claim.NewItem{Payload: []byte("b")}, claim.NewItem{Payload: []byte("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := claimEvery(t, q, s.ID())
+	if len(items) != 3 {
+		t.Fatalf("claimed %d, want 3", len(items))
+	}
+	for _, it := range items {
+		if r, err := q.CancelItem(ctx, it.ID, claim.CancelOptions{By: "test"}); err != nil || !r.Running {
+			t.Fatalf("CancelItem: %+v, %v; want running", r, err)
+		}
+	}
+	held := res.IDs[1]
+	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_ended ADD CONSTRAINT test_hold CHECK (id <> '`+held.String()+`')`); err != nil {
+		t.Fatal(err)
+	}
+	// Their handlers are gone: the claims released (as the session's
+	// expiry releases them).
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL
+		WHERE queue = 'cancels'`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q.Reap(ctx)
+	if st.Cancelled != 2 || st.Stuck != 1 || st.Refused != 0 {
+		t.Fatalf("Reap = %+v (%v); want 2 cancelled, 1 stuck", st, err)
+	}
+	if list := claim.ReapErrors(err); len(list) != 1 || list[0].ID != held || list[0].Step != claim.StepCancelled || list[0].Ended {
+		t.Fatalf("ReapErrors = %v; want %s in the cancel step, not ended", list, held)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'cancels'`); n != 1 {
+		t.Fatalf("%d items left, want the refused one alone", n)
+	}
+}

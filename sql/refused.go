@@ -39,6 +39,15 @@ type refusedStatements struct {
 	// with reason ReasonRefused and last error $3, deletes its edges,
 	// records it as ended (dead) and returns its id.
 	KillWaiting string // $1 queue, $2 id, $3 error → id
+	// CancelledIDs lists up to $2 of queue $1's cancel-requested items
+	// that no live handler will end (the candidates of the cancel step of
+	// the reaper, cancelStatements.reap), earliest request first. It locks
+	// nothing.
+	CancelledIDs string // $1 queue, $2 limit → id
+	// ReapCancelledIDs is cancelStatements.reap for the given ids: the
+	// same conditions, rechecked on the locked rows, the same rows
+	// written.
+	ReapCancelledIDs string // $1 queue, $2 ids → ids ended
 }
 
 func newRefusedStatements(t Tables) *refusedStatements {
@@ -73,6 +82,20 @@ SELECT g.id, g.queue, g.hash % n.parts, g.item_key, g.priority, 0, g.max_attempt
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
 RETURNING id`),
+		CancelledIDs: r(`SELECT id FROM crdbwork_items
+WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
+ORDER BY cancel_requested_at
+LIMIT $2`),
+		ReapCancelledIDs: r(`WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i
+    WHERE i.id IN (SELECT id FROM picked) AND i.cancel_requested_at IS NOT NULL AND (i.claim IS NULL OR i.lease_until < now())
+    ` + cancelledGone + `),
+` + fromRow + `
+SELECT id FROM gone`),
 	}
 }
 
@@ -101,6 +124,19 @@ func (s *Store) KillRefusedItem(ctx context.Context, tx pgx.Tx, queue string, id
 func (s *Store) KillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
 	ids, err := queryIDs(ctx, tx, s.refused().KillWaiting, queue, [16]byte(id), lastError)
 	return len(ids) > 0, err
+}
+
+// CancelledIDs lists up to limit candidates of ReapCancelled
+// (refusedStatements.CancelledIDs).
+func (s *Store) CancelledIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.refused().CancelledIDs, queue, limit)
+}
+
+// ReapCancelledIDs is ReapCancelled for the given candidates
+// (refusedStatements.ReapCancelledIDs).
+func (s *Store) ReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+	got, err := queryIDs(ctx, tx, s.refused().ReapCancelledIDs, queue, rawIDs(ids))
+	return int64(len(got)), err
 }
 
 // ReleaseEdges is the first half of ReleaseDependents: it deletes, in tx,
