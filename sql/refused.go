@@ -46,7 +46,10 @@ type refusedStatements struct {
 	CancelledIDs string // $1 queue, $2 limit → id
 	// ReapCancelledIDs is cancelStatements.reap for the given ids: the
 	// same conditions, rechecked on the locked rows, the same rows
-	// written.
+	// written. The request is tested inside IS TRUE, as in the cancel
+	// statements on one item (store_cancel.go): a plain IS NOT NULL
+	// proves the predicate of crdbwork_items_cancel_requested, which
+	// PostgreSQL then read instead of looking the ids up by primary key.
 	ReapCancelledIDs string // $1 queue, $2 ids → ids ended
 }
 
@@ -88,11 +91,11 @@ ORDER BY cancel_requested_at
 LIMIT $2`),
 		ReapCancelledIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND (cancel_requested_at IS NOT NULL) IS TRUE AND (claim IS NULL OR lease_until < now())
     FOR UPDATE SKIP LOCKED),
 gone AS (
     DELETE FROM crdbwork_items AS i
-    WHERE i.id IN (SELECT id FROM picked) AND i.cancel_requested_at IS NOT NULL AND (i.claim IS NULL OR i.lease_until < now())
+    WHERE i.id IN (SELECT id FROM picked) AND (i.cancel_requested_at IS NOT NULL) IS TRUE AND (i.claim IS NULL OR i.lease_until < now())
     ` + cancelledGone + `),
 ` + fromRow + `
 SELECT id FROM gone`),
