@@ -5,7 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // ErrDeadLetterFailed is wrapped by Nack's error when the item's move to the
@@ -107,14 +108,4 @@ func ReapErrors(err error) []*ReapError {
 // raised by a trigger (P0). Serialization failures, connection and server
 // failures, and errors of the statement as a whole (a missing column, class
 // 42) are not: the same rows would pass another time, or none would.
-func itemFault(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "22", "23", "54", "P0":
-		return true
-	}
-	return false
-}
+func itemFault(err error) bool { return crsql.IsRefusal(err) }

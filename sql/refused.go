@@ -2,10 +2,12 @@ package sql
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Rows the database refuses. A row written past the bounds of the schema's
@@ -24,6 +26,27 @@ import (
 // refused, one at a time. They have the shapes of the reaper's by-id moves
 // (deaths.go): the row locked by primary key, a DELETE … RETURNING, the
 // inserts from it; the same text on both engines.
+
+// IsRefusal reports whether err is the database refusing a statement for
+// something about the rows it wrote, which the same statement without those
+// rows would not meet: a data exception (SQLSTATE class 22), an integrity
+// constraint (23), a program limit such as a row or index entry over its
+// size (54), or an exception raised by a trigger or function (P0).
+// Serialization failures, connection and server failures, and errors of
+// the statement as a whole (a missing column, class 42) are not: the same
+// rows would pass another time, or none would. Batched work isolates the
+// rows such an error is about and goes on without them.
+func IsRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54", "P0":
+		return true
+	}
+	return false
+}
 
 // ReasonRefused is the reason of a dead item that the database refused to
 // move (claim.ReasonRefused).
