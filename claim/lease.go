@@ -190,14 +190,22 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	q.stats.reaped.Add(int64(st.Released))
 	q.stats.dead.Add(int64(st.Dead + st.Expired))
 	// A step of its own: the ended ids past the dedup window.
-	n, err = q.PruneEnded(ctx)
+	n, refusedRows, err := q.pruneEnded(ctx)
 	st.Pruned = n
+	for _, e := range refusedRows {
+		errs = append(errs, e)
+		st.Stuck++
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
 	}
 	// And the dead items beyond the queue's retention.
-	n, err = q.PruneDead(ctx)
+	n, refusedRows, err = q.pruneDead(ctx)
 	st.DeadPruned = n
+	for _, e := range refusedRows {
+		errs = append(errs, e)
+		st.Stuck++
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneDead, Err: err})
 	}

@@ -205,3 +205,68 @@ func (q *Queue) moveApart(ctx context.Context, tx pgx.Tx, d crsql.Dialect, ids [
 	n2, bad2, err := q.moveApart(ctx, tx, d, ids[half:])
 	return n1 + n2, append(bad1, bad2...), err
 }
+
+// pruneIsolated runs m.batch, a pruning statement of up to pruneBatch rows,
+// at most pruneStatements times, while it deletes full batches, and
+// reports how many rows it deleted and whether the last batch found fewer
+// than a batch (nothing left). A batch that the database refuses for
+// something about a row (a trigger, a foreign key a user added) is done
+// again by key: the batch's candidates (m.candidates) are deleted in halves
+// down to single rows (moveByID), and each row refused alone is returned
+// and left where it is (it ended already: there is nothing to end), while
+// the others go. Any other failure ends it.
+func (q *Queue) pruneIsolated(ctx context.Context, m reapMove) (int, bool, []*ReapError, error) {
+	total := 0
+	var refused []*ReapError
+	seen := map[uuid.UUID]bool{}
+	for range pruneStatements {
+		n, err := q.reapStep(ctx, m.batch)
+		total += n
+		switch {
+		case err == nil && n < pruneBatch:
+			return total, true, refused, nil
+		case err == nil:
+			continue
+		case !itemFault(err):
+			return total, false, refused, err
+		}
+		var ids []uuid.UUID
+		err = retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
+			var err error
+			ids, err = m.candidates(ctx, q.db, q.opts.Queue, pruneBatch)
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			return total, false, refused, err
+		}
+		moved, bad, err := q.moveByID(ctx, m, ids)
+		total += moved
+		for _, b := range bad {
+			if !seen[b.ID] {
+				seen[b.ID] = true
+				refused = append(refused, b)
+			}
+		}
+		if err != nil {
+			return total, false, refused, err
+		}
+		if moved == 0 || len(ids) < pruneBatch {
+			// Only refused rows left in reach of the batch, or nothing.
+			return total, len(ids) < pruneBatch, refused, nil
+		}
+	}
+	return total, false, refused, nil
+}
+
+// joinRefused joins err and the refused rows (ReapErrors with their ids)
+// into one error whose ReapErrors lists them (nil if neither).
+func joinRefused(err error, refused []*ReapError) error {
+	errs := make([]error, 0, len(refused)+1)
+	for _, r := range refused {
+		errs = append(errs, r)
+	}
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -314,3 +314,57 @@ func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
 		t.Fatalf("%d items left, want the refused one alone", n)
 	}
 }
+
+// Pruning goes on past a row whose delete the database refuses (here a
+// trigger, as a user may add one; a foreign key that references the table
+// does the same): the ended ids past the dedup window and the dead items
+// past the retention are deleted but that one, which stays, reported with
+// its id. On the code before the fix, the oldest-first batch failed at
+// every Reap and nothing of the queue was pruned again.
+func TestRefusedPruneDoesNotHoldUpOthers(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "prune"})
+	held := uuid.New()
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'held by a test'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"crdbwork_ended", "crdbwork_dead_items"} {
+		if _, err := pool.Exec(ctx, `CREATE TRIGGER test_hold BEFORE DELETE ON `+table+`
+FOR EACH ROW WHEN (OLD.id = '`+held.String()+`') EXECUTE FUNCTION test_hold()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The held row is the oldest of each table: every batch meets it.
+	ids := []uuid.UUID{held}
+	for range 5 {
+		ids = append(ids, uuid.New())
+	}
+	for i, id := range ids {
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_ended (queue, id, ended_at, outcome) VALUES ('prune', $1, now() - INTERVAL '48 hours' + $2 * INTERVAL '1 second', 'acked')`, id, i); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason)
+			VALUES ($1, 'prune', 0, 0, 1, 1, 'x', now() - INTERVAL '61 days', now() - INTERVAL '60 days' + $2 * INTERVAL '1 second', 'failed')`, id, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := q.Reap(ctx)
+	if st.Pruned != len(ids)-1 || st.DeadPruned != len(ids)-1 || st.Stuck != 2 {
+		t.Fatalf("Reap = %+v (%v); want %d ended ids and %d dead items pruned, 2 rows stuck", st, err, len(ids)-1, len(ids)-1)
+	}
+	list := claim.ReapErrors(err)
+	if len(list) != 2 || list[0].ID != held || list[0].Step != claim.StepPruneEnded || list[1].ID != held || list[1].Step != claim.StepPruneDead ||
+		!strings.Contains(list[0].Err.Error(), "held by a test") {
+		t.Fatalf("ReapErrors = %v; want the held row in both pruning steps", list)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE queue = 'prune'`) +
+		countRows(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'prune'`); n != 2 {
+		t.Fatalf("%d rows left, want the held ones alone", n)
+	}
+	// The public forms report it too.
+	if _, err := q.PruneEnded(ctx); len(claim.ReapErrors(err)) != 1 || claim.ReapErrors(err)[0].ID != held {
+		t.Fatalf("PruneEnded: %v; want the held row reported", err)
+	}
+}

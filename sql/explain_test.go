@@ -215,6 +215,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
+		{"PruneEndedCandidates", refused.PruneEndedCandidates, []any{"q", 1000}},
+		{"PruneEndedIDs", refused.PruneEndedIDs, []any{"q", ids[:64]}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},

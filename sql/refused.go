@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -74,6 +75,22 @@ type refusedStatements struct {
 	// proves the predicate of crdbwork_items_cancel_requested, which
 	// PostgreSQL then read instead of looking the ids up by primary key.
 	ReapCancelledIDs string // $1 queue, $2 ids → ids ended
+	// PruneEndedCandidates lists up to $2 ids of queue $1's ended ids
+	// past its dedup window, oldest first (the candidates of
+	// dedupStatements.PruneEnded); PruneEndedIDs deletes those of the ids
+	// $2 still past it. A DELETE is refused only by what a user adds to
+	// the tables (a trigger, a foreign key that references them), but a
+	// refused row must not stop the pruning of every later one.
+	PruneEndedCandidates string // $1 queue, $2 limit → id
+	PruneEndedIDs        string // $1 queue, $2 ids → rows deleted
+	// PruneDeadCandidates lists up to $4 ids of queue $1's dead items that
+	// died before $2 (NULL: $3 µs ago), oldest first (the candidates of
+	// retentionStatements.PruneDeadOlder and PruneDeadBefore);
+	// PruneDeadIDs deletes the deaths of the ids $2 of queue $1 that died
+	// before $3 (NULL: $4 µs ago): every death of an id that old is past
+	// the retention, so the key's death is not needed.
+	PruneDeadCandidates string // $1 queue, $2 before or NULL, $3 age (µs), $4 limit → id
+	PruneDeadIDs        string // $1 queue, $2 ids, $3 before or NULL, $4 age (µs) → rows deleted
 }
 
 func newRefusedStatements(t Tables) *refusedStatements {
@@ -112,6 +129,18 @@ RETURNING id`),
 WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
 ORDER BY cancel_requested_at
 LIMIT $2`),
+		PruneEndedCandidates: r(`SELECT id FROM crdbwork_ended
+WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
+ORDER BY ended_at
+LIMIT $2`),
+		PruneEndedIDs: r(`DELETE FROM crdbwork_ended
+WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow),
+		PruneDeadCandidates: r(`SELECT id FROM crdbwork_dead_items
+WHERE queue = $1 AND died_at < COALESCE($2::TIMESTAMPTZ, now() - $3::BIGINT * INTERVAL '1 microsecond')
+ORDER BY died_at
+LIMIT $4`),
+		PruneDeadIDs: r(`DELETE FROM crdbwork_dead_items
+WHERE id = ANY($2::UUID[]) AND queue = $1 AND died_at < COALESCE($3::TIMESTAMPTZ, now() - $4::BIGINT * INTERVAL '1 microsecond')`),
 		ReapCancelledIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND (cancel_requested_at IS NOT NULL) IS TRUE AND (claim IS NULL OR lease_until < now())
@@ -163,6 +192,42 @@ func (s *Store) CancelledIDs(ctx context.Context, db DB, queue string, limit int
 func (s *Store) ReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	got, err := queryIDs(ctx, tx, s.refused().ReapCancelledIDs, queue, rawIDs(ids))
 	return int64(len(got)), err
+}
+
+// PruneEndedCandidates lists up to limit candidates of PruneEnded
+// (refusedStatements.PruneEndedCandidates).
+func (s *Store) PruneEndedCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.refused().PruneEndedCandidates, queue, limit)
+}
+
+// PruneEndedIDs is PruneEnded for the given candidates
+// (refusedStatements.PruneEndedIDs).
+func (s *Store) PruneEndedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+	tag, err := tx.Exec(ctx, s.refused().PruneEndedIDs, queue, rawIDs(ids))
+	return tag.RowsAffected(), err
+}
+
+// PruneDeadCandidates lists up to limit candidates of PruneDeadBefore
+// (before) or, with before zero, of PruneDeadOlder (age)
+// (refusedStatements.PruneDeadCandidates).
+func (s *Store) PruneDeadCandidates(ctx context.Context, db DB, queue string, before time.Time, age time.Duration, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.refused().PruneDeadCandidates, queue, nullTime(before), age.Microseconds(), limit)
+}
+
+// PruneDeadIDs is PruneDeadBefore (before) or, with before zero,
+// PruneDeadOlder (age) for the given candidates
+// (refusedStatements.PruneDeadIDs).
+func (s *Store) PruneDeadIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, before time.Time, age time.Duration) (int64, error) {
+	tag, err := tx.Exec(ctx, s.refused().PruneDeadIDs, queue, rawIDs(ids), nullTime(before), age.Microseconds())
+	return tag.RowsAffected(), err
+}
+
+// nullTime is t, or NULL for the zero time.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // ReleaseEdges is the first half of ReleaseDependents: it deletes, in tx,
