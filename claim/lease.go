@@ -75,9 +75,11 @@ type ReapStats struct {
 	Refused int
 	// Stuck counts items that a step could not release or move even
 	// alone, nor end as refused (the database refused their move to the
-	// dead items too): each is in Reap's error as a ReapError with its id,
-	// and stays as it is (an unclaimed one never handed out) until a later
-	// Reap can do it; every other item was reaped without it.
+	// dead items too), and ended ids and dead items whose delete by the
+	// pruning steps the database refused: each is in Reap's error as a
+	// ReapError with its id, and stays as it is (an unclaimed item never
+	// handed out) until a later Reap can do it; every other row was reaped
+	// without it.
 	Stuck int
 	// Pruned counts ended ids forgotten because they ended before the
 	// queue's dedup window (see PruneEnded).
