@@ -57,7 +57,7 @@ DECLARE
 BEGIN
     -- This function's revision (package sql's Apply reads it back from the
     -- catalog, and replaces the function only if it is older).
-    v_revision := 'crdbwork-enqueue-revision-1';
+    v_revision := 'crdbwork-enqueue-revision-2';
 
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
