@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
 // Every bound of docs/enqueue.md ("Bounds") at the bound and one past it,
@@ -57,10 +58,10 @@ func TestBoundsAtAndOver(t *testing.T) {
 		bigPrereq bool // its After names MaxAfter prerequisites, enqueued first
 	}{
 		{field: "key", at: claim.NewItem{Key: key}, over: claim.NewItem{Key: key + "k"}, limit: "MaxKeyLength", moves: true,
-			sqlAt: &sqlArgs{`$1, ''::BYTEA, key => $2`, []any{name, key}}, sqlOver: &sqlArgs{`$1, ''::BYTEA, key => $2`, []any{name, key + "k"}},
+			sqlAt: &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "key", "$2"), []any{name, key}}, sqlOver: &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "key", "$2"), []any{name, key + "k"}},
 			sqlLimit: "the key is 2049 bytes, the limit is 2048"},
 		{field: "tenant", at: claim.NewItem{Tenant: tenant}, over: claim.NewItem{Tenant: tenant + "t"}, limit: "MaxKeyLength", moves: true,
-			sqlAt: &sqlArgs{`$1, ''::BYTEA, tenant => $2`, []any{name, tenant}}, sqlOver: &sqlArgs{`$1, ''::BYTEA, tenant => $2`, []any{name, tenant + "t"}},
+			sqlAt: &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "tenant", "$2"), []any{name, tenant}}, sqlOver: &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "tenant", "$2"), []any{name, tenant + "t"}},
 			sqlLimit: "the tenant is 2049 bytes, the limit is 2048"},
 		{field: "unique key", at: claim.NewItem{UniqueKey: incompressible(claim.MaxUniqueKeyLength)},
 			over: claim.NewItem{UniqueKey: incompressible(claim.MaxUniqueKeyLength + 1)}, limit: "MaxUniqueKeyLength"},
@@ -71,13 +72,13 @@ func TestBoundsAtAndOver(t *testing.T) {
 			sqlLimit: "the payload is 1048577 bytes"},
 		{field: "metadata", at: claim.NewItem{Metadata: make([]byte, claim.DefaultMaxPayload)},
 			over: claim.NewItem{Metadata: make([]byte, claim.DefaultMaxPayload+1)}, limit: "MaxPayload",
-			sqlAt:    &sqlArgs{`$1, ''::BYTEA, metadata => $2`, []any{name, make([]byte, claim.DefaultMaxPayload)}},
-			sqlOver:  &sqlArgs{`$1, ''::BYTEA, metadata => $2`, []any{name, make([]byte, claim.DefaultMaxPayload+1)}},
+			sqlAt:    &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "metadata", "$2"), []any{name, make([]byte, claim.DefaultMaxPayload)}},
+			sqlOver:  &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "metadata", "$2"), []any{name, make([]byte, claim.DefaultMaxPayload+1)}},
 			sqlLimit: "the metadata is 1048577 bytes"},
 		{field: "headers", at: claim.NewItem{Headers: map[string]string{"h": strings.Repeat("v", claim.MaxHeadersBytes-1)}},
 			over: claim.NewItem{Headers: map[string]string{"h": strings.Repeat("v", claim.MaxHeadersBytes)}}, limit: "MaxHeadersBytes",
-			sqlAt:    &sqlArgs{`$1, ''::BYTEA, headers => jsonb_build_object('h', repeat('v', 16383))`, []any{name}},
-			sqlOver:  &sqlArgs{`$1, ''::BYTEA, headers => jsonb_build_object('h', repeat('v', 16384))`, []any{name}},
+			sqlAt:    &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "headers", "jsonb_build_object('h', repeat('v', 16383))"), []any{name}},
+			sqlOver:  &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "headers", "jsonb_build_object('h', repeat('v', 16384))"), []any{name}},
 			sqlLimit: "over 16384 bytes"},
 		{field: "after", at: claim.NewItem{After: prereqs[:claim.MaxAfter]}, over: claim.NewItem{After: prereqs}, limit: "MaxAfter",
 			skipBuf: true, bigPrereq: true},
