@@ -53,7 +53,6 @@ func TestBoundsAtAndOver(t *testing.T) {
 		sqlAt     *sqlArgs
 		sqlOver   *sqlArgs
 		sqlLimit  string
-		skipBuf   bool // Buffer does not take it at the bound (After: issue 29, item 1)
 		moves     bool // the item at the bound is moved through every table
 		bigPrereq bool // its After names MaxAfter prerequisites, enqueued first
 	}{
@@ -81,7 +80,7 @@ func TestBoundsAtAndOver(t *testing.T) {
 			sqlOver:  &sqlArgs{testdb.EnqueueArgs("$1", "''::BYTEA", "headers", "jsonb_build_object('h', repeat('v', 16384))"), []any{name}},
 			sqlLimit: "over 16384 bytes"},
 		{field: "after", at: claim.NewItem{After: prereqs[:claim.MaxAfter]}, over: claim.NewItem{After: prereqs}, limit: "MaxAfter",
-			skipBuf: true, bigPrereq: true},
+			bigPrereq: true},
 	} {
 		t.Run(c.field, func(t *testing.T) {
 			if c.bigPrereq {
@@ -137,7 +136,7 @@ func TestBoundsAtAndOver(t *testing.T) {
 					continue // a caller-given or derived id, or dependencies: not the COPY
 				}
 				before := rowsOf(t, pool, name)
-				if !(p.name == "Buffer" && c.skipBuf) {
+				{
 					at := c.at
 					if at.UniqueKey != "" {
 						at.UniqueKey = at.UniqueKey[:len(at.UniqueKey)-1] + p.name[len(p.name)-1:] // one item per path
