@@ -16,6 +16,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -249,15 +250,28 @@ func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
 // claims nothing the limits govern: its items in flight drop to none
 // while the backlog waits, and Stats says the limits are stale. Once the
 // table is back, the new limit of 1 applies and every item ends.
+//
+// The handlers hold their items until the test lets them go, so no claim
+// can run (the share of 4 is used up) from before the limits are stale
+// until after: every claim the test sees afterwards was planned with stale
+// or new limits. (It used to let items run for 100 ms and take a moment
+// with nothing in flight for the fail-safe; under CPU load such a moment
+// also came between two claims while the last good read was younger than
+// StaleAfter, and the test failed a third of its runs, on code that did
+// what it should.)
 func TestLimitsFailSafe(t *testing.T) {
-	const n = 1000
+	const n = 200
 	pool := setup(t)
 	ctx := context.Background()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 4}})
 	m := &meter{}
+	hold := make(chan struct{})
 	opts := limitOpts(0)
 	opts.Limits.StaleAfter = time.Second
-	r := start(t, pool, m.handler(100*time.Millisecond, 120*time.Millisecond), opts)
+	// A session lost on a busy machine would start again without limits
+	// (claiming nothing, never stale): not what this test is about.
+	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	r := start(t, pool, m.held(hold), opts)
 	enqueue(t, pool, "default", n, false)
 	waitFor(t, "4 items in flight", 30*time.Second, func() bool {
 		m.mu.Lock()
@@ -274,44 +288,53 @@ func TestLimitsFailSafe(t *testing.T) {
 		}
 	})
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
-	waitFor(t, "the worker to run nothing while the backlog waits", 20*time.Second, func() bool {
-		m.mu.Lock()
-		cur := m.cur
-		m.mu.Unlock()
-		return cur == 0 && r.w.Stats().InFlight == 0 && count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`) > 0
-	})
+	waitFor(t, "the limits to be stale", 30*time.Second, func() bool { return r.w.Stats().Limits.Stale })
 	st := r.w.Stats().Limits
-	if !st.Stale || st.FailedReads == 0 {
-		t.Errorf("limit stats %+v: want Stale and failed reads counted", st)
+	if st.FailedReads == 0 || st.Limits.Queue.MaxInFlight != 4 {
+		t.Errorf("limit stats %+v: want the last limit read (4) kept and the failed reads counted", st)
 	}
-	// It stays that way while the reads fail: a few more failed reads, no
-	// new handler.
 	m.mu.Lock()
 	started := len(m.starts)
 	m.mu.Unlock()
-	waitFor(t, "three more failed reads", 20*time.Second, func() bool { return r.w.Stats().Limits.FailedReads >= st.FailedReads+3 })
+	if started != 4 {
+		t.Fatalf("%d handlers started before the limits were stale; the limit was 4 and the first 4 hold", started)
+	}
+	close(hold) // the 4 end; the items run later end at once
+	waitFor(t, "the worker to run nothing while the backlog waits", 30*time.Second, func() bool {
+		m.mu.Lock()
+		cur := m.cur
+		m.mu.Unlock()
+		return cur == 0 && r.w.Stats().InFlight == 0
+	})
+	// It stays that way while the reads fail: a few more failed reads, no
+	// new handler.
+	fails := r.w.Stats().Limits.FailedReads
+	waitFor(t, "three more failed reads", 30*time.Second, func() bool { return r.w.Stats().Limits.FailedReads >= fails+3 })
 	m.mu.Lock()
 	later := len(m.starts)
 	m.mu.Unlock()
 	if later != started {
 		t.Errorf("%d handlers started while the limits were stale", later-started)
 	}
+	if st := r.w.Stats(); !st.Limits.Stale || st.SessionsLost != 0 {
+		t.Errorf("stats %+v while the reads fail: want the limits stale, no session lost", st)
+	}
+	if left := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`); left != n-started {
+		t.Errorf("%d items unclaimed, want %d: the backlog waits", left, n-started)
+	}
+	// Nothing runs now: every item from here on was claimed with the new
+	// limit, read once the table is back.
+	m.mu.Lock()
+	m.max = 0
+	m.mu.Unlock()
 	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_tenant_limits_away RENAME TO crdbwork_tenant_limits`); err != nil {
 		t.Fatal(err)
 	}
 	renamed = false
-	m.mu.Lock()
-	m.max = 0
-	m.mu.Unlock()
-	waitFor(t, "the worker to work again", 30*time.Second, func() bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return len(m.starts) > later
-	})
-	if st := r.w.Stats().Limits; st.Stale {
-		t.Errorf("limit stats %+v after a successful read: still stale", st)
+	waitFor(t, "every item to end", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	if st := r.w.Stats().Limits; st.Stale || st.Limits.Queue.MaxInFlight != 1 {
+		t.Errorf("limit stats %+v after a successful read: want the new limit (1), not stale", st)
 	}
-	waitFor(t, "20 more items done", time.Minute, func() bool { return m.done.Load() >= int64(later+20) })
 	m.mu.Lock()
 	most := m.max
 	m.mu.Unlock()
