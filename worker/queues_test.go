@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -340,5 +341,71 @@ func TestLimitsFailSafe(t *testing.T) {
 	m.mu.Unlock()
 	if most > 1 {
 		t.Errorf("%d items ran at once after the reads came back; the lowered limit is 1", most)
+	}
+}
+
+// TestLimitReadsBehindALock holds a lock on the tenant limits table for
+// longer than StaleAfter, as a migration's ALTER TABLE does while it waits
+// for its own lock, while two items of a limited queue run with a lease of
+// a second. Each re-read of the limits waits behind the lock. It used to
+// wait for as long as the lock was held, and so did the chores that share
+// its loop: no lease was extended (the running items' leases ran out), no
+// cancel was looked for, no reap ran, and no failed read was counted. A
+// read is bounded by StaleAfter: while the table is locked the reads fail,
+// the limits go stale, the running items keep their claims and their
+// leases are extended.
+func TestLimitReadsBehindALock(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 2}})
+	m := &meter{}
+	hold := make(chan struct{})
+	opts := limitOpts(0)
+	opts.Limits.StaleAfter = time.Second
+	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	r := startOn(t, newQueue(t, pool, claim.Options{Lease: time.Second}), m.held(hold), opts)
+	enqueue(t, pool, "default", 10, false)
+	waitFor(t, "2 items in flight", 30*time.Second, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.cur == 2
+	})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	lock := `LOCK TABLE crdbwork_tenant_limits IN ACCESS EXCLUSIVE MODE`
+	if testdb.Kind(t) != "postgres" {
+		// CockroachDB has no table locks; a reader waits for a
+		// conflicting write of an open transaction.
+		lock = `INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight) VALUES ('default', 'locker', 1)`
+	}
+	if _, err := tx.Exec(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	before := r.w.Stats()
+	waitFor(t, "failed reads and lease extensions while the table is locked", 30*time.Second, func() bool {
+		st := r.w.Stats()
+		return st.Limits.FailedReads >= before.Limits.FailedReads+2 && st.LeasesExtended >= before.LeasesExtended+4
+	})
+	if st := r.w.Stats().Limits; !st.Stale {
+		t.Errorf("limit stats %+v after reads failed for longer than StaleAfter: want stale", st)
+	}
+	if held := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`); held != 2 {
+		t.Errorf("%d items claimed while the table is locked, want the 2 running", held)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(hold)
+	waitFor(t, "every item to end and the limits to be read again", time.Minute, func() bool {
+		return !r.w.Stats().Limits.Stale && count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	m.mu.Lock()
+	most := m.max
+	m.mu.Unlock()
+	if most > 2 {
+		t.Errorf("%d items ran at once; the limit is 2", most)
 	}
 }
