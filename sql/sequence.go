@@ -70,13 +70,37 @@ type sequenceStatements struct {
 	// SetSequenced turns sequencing on or off: $1 queue, $2 on. A queue
 	// without a row gets one, with one part.
 	SetSequenced string
-	// Sequenced reads $1 queue → whether it is sequenced (no row: false)
-	// and whether it holds sequenced items (an item with seq_order, read
+	// Sequenced reads $1 queue → whether it is sequenced (no row: false),
+	// whether it holds sequenced items (an item with seq_order, read
 	// through crdbwork_items_sequence_order: one entry; the ORDER BY, which
 	// the index gives, keeps PostgreSQL from a scan of the table that it
 	// expects to find such an item early in, when most items are
-	// sequenced: in a queue with none, that scan would read every item).
+	// sequenced: in a queue with none, that scan would read every item),
+	// and whether a death holds its key (sequence_hold; no row: false).
 	Sequenced string
+	// SetHold sets what a death of a sequenced item does to its key: $1
+	// queue, $2 hold (true: the key's later items wait; false: the key
+	// advances). A queue without a row gets one, with one part. Turning it
+	// off releases the keys its dead items hold (ReleaseAll, in the same
+	// transaction: see Store.SetSequenceHold).
+	SetHold string
+	// ReleaseAll releases every key the dead items of queue $1 hold (their
+	// seq_hold is cleared; the dead items stay) → the dead items released.
+	ReleaseAll string
+	// Release releases key $2 of queue $1: the dead items of the key that
+	// hold it no longer do (they stay in the dead items) → their ids.
+	Release string
+	// Blocked lists up to $2 keys of queue $1 that cannot run although
+	// they have items: each held dead item (kind 'dead', its death's
+	// reason and error, when it died), through
+	// crdbwork_dead_items_sequence_held; and each key whose head waits to
+	// be claimable (kind 'retry' after a failed attempt, 'delayed' before
+	// the first; its last error, when it vests): the queue's unclaimed
+	// sequenced items not yet vested that are their key's head, read
+	// through crdbwork_items_sequence_order (the queue's sequenced items,
+	// one head test each: an operator's read, not a claim's).
+	// → key, id, kind, reason, last error, at, attempts; by key, then id.
+	Blocked string
 }
 
 // seqAnchor is where seqCondition goes, in the plain claims' scans; the
@@ -87,17 +111,56 @@ const (
 )
 
 // seqCondition is what a sequenced claim adds to the plain claim's scan of
-// crdbwork_items AS h: an item with seq_order is claimable only if no
-// sequenced item of its key comes before it, and no sequenced item of its
-// key is claimed. (h.seq_order IS NOT NULL is inside each subquery, so that
-// an item without it passes both without an OR, which could keep the
-// planners from an anti-join.)
-const seqCondition = `NOT EXISTS (SELECT 1 FROM crdbwork_items AS sb
-                WHERE h.seq_order IS NOT NULL AND sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
-                  AND (sb.enqueued_at, sb.seq_order, sb.id) < (h.enqueued_at, h.seq_order, h.id))
-              AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS sc
-                WHERE h.seq_order IS NOT NULL AND sc.queue = h.queue AND sc.item_key = h.item_key AND sc.seq_order IS NOT NULL
-                  AND sc.claim IS NOT NULL)
+// crdbwork_items AS h: an item with seq_order is claimable only if it is
+// its key's head (the first of the key's sequenced items), no sequenced
+// item of its key is claimed, and no dead item holds its key (a sequenced
+// item of the key, earlier in the key's order, that died in a queue whose
+// sequence holds on a death: seq_hold; docs/sequences.md, "After a
+// death").
+//
+// Each test is a scalar subquery with LIMIT 1, correlated with the
+// candidate, so that it can only run as one index seek per candidate that
+// stops at its first entry, whatever the planner believes of the queue
+// (TestSequencedPlansInLivedDatabase):
+//
+//   - PostgreSQL never pulls a scalar subquery up into a join: it runs it as
+//     a SubPlan, once per candidate that reaches it (after the scan's cheap
+//     filters: SubPlans are costed last, and the OR stops at an item
+//     without seq_order), with the candidate's queue and key as parameters.
+//     Its only plan is a read of the index whose order is the ORDER BY's
+//     (crdbwork_items_sequence_order), the unique
+//     crdbwork_items_sequence_claimed, or crdbwork_dead_items_sequence_held,
+//     stopped by the LIMIT. The earlier form, NOT EXISTS anti-joins, was
+//     pulled up into joins: in a database whose statistics predate the
+//     queue (the queue believed to hold one row), PostgreSQL read the whole
+//     queue's sequenced items once per candidate, as the inner side of a
+//     nested loop with the key as a join filter (issue 29, item 5: a claim
+//     of 4½ minutes over 5,000 items).
+//   - CockroachDB decorrelates correlated subqueries (its rules hoist them
+//     into joins; a LIMIT 1 becomes a DistinctOn), and its lookup joins
+//     read every entry of each lookup (no per-lookup limit:
+//     cockroachdb/cockroach#62471). Its plan is a lookup join per
+//     candidate into the same indexes, by (queue, key): it reads the
+//     candidate key's sequenced items, not the queue's, and the claimed and
+//     held lookups read at most one entry (unique) or the key's held dead
+//     items (few). docs/cockroachdb.md, "Sequenced claims", has the
+//     reasoning; not run here (no CockroachDB server).
+//
+// The LIMIT 1 subqueries compare ids, never rows: the head is the key's
+// first (enqueued_at, seq_order, id) and h is claimable only if it is that
+// item. (A head's ties cannot exist: id breaks them.)
+const seqCondition = `(h.seq_order IS NULL OR (
+                h.id = (SELECT sb.id FROM crdbwork_items AS sb
+                    WHERE sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
+                    ORDER BY sb.enqueued_at, sb.seq_order, sb.id
+                    LIMIT 1)
+                AND (SELECT sc.id FROM crdbwork_items AS sc
+                    WHERE sc.queue = h.queue AND sc.item_key = h.item_key AND sc.seq_order IS NOT NULL AND sc.claim IS NOT NULL
+                    LIMIT 1) IS NULL
+                AND (SELECT sd.id FROM crdbwork_dead_items AS sd
+                    WHERE sd.queue = h.queue AND sd.item_key = h.item_key AND sd.seq_hold
+                      AND (sd.enqueued_at, sd.seq_order, sd.id) < (h.enqueued_at, h.seq_order, h.id)
+                    LIMIT 1) IS NULL))
               AND `
 
 // sequenceTemplate returns template (a plain claim, or one branch of the
@@ -133,7 +196,30 @@ func newSequenceStatements(t Tables) *sequenceStatements {
 ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`),
 		Sequenced: r(`SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),
        EXISTS (SELECT 1 FROM (SELECT item_key FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL
-                              ORDER BY item_key LIMIT 1) AS first)`),
+                              ORDER BY item_key LIMIT 1) AS first),
+       COALESCE((SELECT sequence_hold FROM crdbwork_queues WHERE name = $1), false)`),
+		SetHold: r(`INSERT INTO crdbwork_queues AS q (name, sequence_hold) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET sequence_hold = excluded.sequence_hold`),
+		ReleaseAll: r(`UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND seq_hold RETURNING id`),
+		Release:    r(`UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND item_key = $2 AND seq_hold RETURNING id`),
+		Blocked: r(`SELECT key, id, kind, reason, last_error, at, attempts FROM (
+    (SELECT d.item_key AS key, d.id, 'dead' AS kind, d.reason, COALESCE(d.last_error, '') AS last_error, d.died_at AS at, d.attempts
+     FROM crdbwork_dead_items AS d
+     WHERE d.queue = $1 AND d.seq_hold
+     ORDER BY d.item_key, d.enqueued_at, d.seq_order, d.id
+     LIMIT $2)
+    UNION ALL
+    (SELECT h.item_key, h.id, CASE WHEN h.attempts > 0 THEN 'retry' ELSE 'delayed' END, '', COALESCE(h.last_error, ''), h.vesting_at, h.attempts
+     FROM crdbwork_items AS h
+     WHERE h.queue = $1 AND h.seq_order IS NOT NULL AND h.claim IS NULL AND h.vesting_at > now()
+       AND h.id = (SELECT sb.id FROM crdbwork_items AS sb
+                   WHERE sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
+                   ORDER BY sb.enqueued_at, sb.seq_order, sb.id
+                   LIMIT 1)
+     ORDER BY h.item_key, h.enqueued_at, h.seq_order, h.id
+     LIMIT $2)) AS b
+ORDER BY key, kind, id
+LIMIT $2`),
 	}
 }
 
