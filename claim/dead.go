@@ -36,9 +36,9 @@ type DeadItem struct {
 	DiedAt      time.Time
 	Tenant      string // "" if none
 	// Reason says why it died: ReasonFailed, ReasonPermanent,
-	// ReasonCrashLoop, ReasonExpired, ReasonRefused or, for a dependent,
-	// ReasonDependencyDied and the prerequisite's id ("" for items that
-	// died before schema version 3).
+	// ReasonCrashLoop, ReasonExpired, ReasonRefused, ReasonCancelled or,
+	// for a dependent, ReasonDependencyDied and the prerequisite's id (""
+	// for items that died before schema version 3).
 	Reason string
 }
 
@@ -65,6 +65,11 @@ const (
 	// (Reap).
 	ReasonExpired = "expired"
 	// (ReasonRefused, in refused.go: the database refused to move it.)
+	// ReasonCancelled: a sequenced item cancelled in a queue whose
+	// sequences hold on a death (Queue.SetSequenceHold): it is kept here,
+	// holding its key, so that it can be requeued or deleted. (Other
+	// cancelled items are not dead items: see Queue.Cancelled.)
+	ReasonCancelled = "cancelled"
 )
 
 // Dead returns up to limit dead items of this queue, the most recent death
