@@ -93,6 +93,12 @@ func TestSequenceHoldBlockedRelease(t *testing.T) {
 	if info, err := q.Sequencing(ctx); err != nil || !info.Hold {
 		t.Fatalf("after sequence hold: %+v, %v", info, err)
 	}
+	if st := jsonOf(t, must(t, d.env, "status", "--queue", "ledger", "--json")); st["settings"].(map[string]any)["sequence_on_death"] != "hold" {
+		t.Errorf("status --json of a hold queue: settings %v", st["settings"])
+	}
+	if r := must(t, d.env, "status", "--queue", "ledger"); !strings.Contains(r.stdout, "(on a death: hold)") {
+		t.Errorf("status of a hold queue:\n%s", r)
+	}
 	res, err := q.Enqueue(ctx, claim.NewItem{Key: "acct-1", Payload: []byte("1")}, claim.NewItem{Key: "acct-1", Payload: []byte("2")},
 		claim.NewItem{Key: "acct-2", Payload: []byte("3")}, claim.NewItem{Key: "acct-2", Payload: []byte("4")})
 	if err != nil {
