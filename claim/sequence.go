@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -279,17 +280,31 @@ var ErrSequencedClaimTimeout = errors.New("the sequenced claim ran past its boun
 // boundedSequenced runs the sequenced claim through db under the Queue's
 // SequencedClaimTimeout: SET LOCAL statement_timeout in db's transaction
 // (CockroachDB's claims run in one, claimInTx), or in a transaction of its
-// own whose BEGIN carries the setting (PostgreSQL's single-statement
+// own whose BEGIN carries the settings (PostgreSQL's single-statement
 // claims: one more round trip, the COMMIT). PostgreSQL and CockroachDB
 // stop a statement past statement_timeout with SQLSTATE 57014, which rolls
 // the claim back: the heads it locked are free again. (CockroachDB docs
 // checked: "SET {session variable}", SET LOCAL since v21.2.)
-func (q *Queue) boundedSequenced(ctx context.Context, db crsql.DB, claim func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) ([]crsql.ClaimedRow, error) {
+//
+// On PostgreSQL the transaction also turns JIT compilation off: the
+// planner costs a sequenced claim as if it read the queue's whole backlog
+// (its per-candidate SubPlans times every candidate; the LIMIT ends it
+// sooner), which passes jit_above_cost on a backlog of a few thousand
+// items, and compiling the statement then cost more than running it (a
+// measured 100–600 ms per claim).
+func (q *Queue) boundedSequenced(ctx context.Context, e *engine, db crsql.DB, claim func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) ([]crsql.ClaimedRow, error) {
 	bound := q.opts.SequencedClaimTimeout
-	if bound < 0 {
+	var sets []string
+	if bound >= 0 {
+		sets = append(sets, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(bound.Milliseconds(), 1)))
+	}
+	if e.dialect == crsql.Postgres {
+		sets = append(sets, "SET LOCAL jit = off")
+	}
+	if len(sets) == 0 {
 		return claim(ctx, db)
 	}
-	set := fmt.Sprintf("SET LOCAL statement_timeout = %d", max(bound.Milliseconds(), 1))
+	set := strings.Join(sets, "; ")
 	var rows []crsql.ClaimedRow
 	var err error
 	if tx, ok := db.(pgx.Tx); ok {
@@ -308,7 +323,7 @@ func (q *Queue) boundedSequenced(ctx context.Context, db crsql.DB, claim func(ct
 		}
 	}
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil {
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil && bound >= 0 {
 		return nil, fmt.Errorf("%w (%v): %w", ErrSequencedClaimTimeout, bound, err)
 	}
 	return rows, err
@@ -320,12 +335,12 @@ func (q *Queue) boundedSequenced(ctx context.Context, db crsql.DB, claim func(ct
 // index of claimed sequenced keys into a retryable sequenceConflict, after
 // which the Queue claims sequenced (until its next read of the queue's
 // sequencing).
-func (q *Queue) sequenceGuard(sequenced, plain func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 	return func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 		claim := plain
 		if q.sequenced(ctx) {
 			claim = func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
-				return q.boundedSequenced(ctx, db, sequenced)
+				return q.boundedSequenced(ctx, e, db, sequenced)
 			}
 		}
 		rows, err := claim(ctx, db)
@@ -349,7 +364,7 @@ func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session 
 		group := parts[start:min(start+crsql.MaxPartBranches, len(parts))]
 		ga := a
 		ga.Limit = a.Limit - len(all)
-		items, err := q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		items, err := q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, ga, group)
 		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimParts(ctx, db, e.dialect, ga, group)

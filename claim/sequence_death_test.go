@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -344,6 +345,9 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 	if _, err := q.SetSequenceHold(ctx, hold); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE seq_acks (n BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	const keys, perKey = 6, 12
 	var items []claim.NewItem
 	for i := range perKey {
@@ -417,12 +421,19 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 						}
 						continue
 					}
-					if err := wq.Ack(ctx, it, nil); err != nil {
+					// The ack's order is the database's: a serial taken in
+					// the ack transaction, before the key's next item can
+					// be claimed (the order of appends to a list is not).
+					payload := string(it.Payload)
+					if err := wq.Ack(ctx, it, func(ctx context.Context, tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, `INSERT INTO seq_acks (payload) VALUES ($1)`, payload)
+						return err
+					}); err != nil {
 						fail("ack %s: %v", it.Payload, err)
 						continue
 					}
 					mu.Lock()
-					acked = append(acked, string(it.Payload))
+					acked = append(acked, payload)
 					mu.Unlock()
 				}
 			}
@@ -456,6 +467,13 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 	}
 	if len(acked) != keys*perKey {
 		t.Fatalf("%d of %d items acked", len(acked), keys*perKey)
+	}
+	rows, err := pool.Query(ctx, `SELECT payload FROM seq_acks ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acked, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(acked) != keys*perKey {
+		t.Fatalf("%d acks recorded (%v), want %d", len(acked), err, keys*perKey)
 	}
 	// Order per key: in hold mode strictly in enqueue order; in advance
 	// mode the requeued /03 may come later than its place, but never

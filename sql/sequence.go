@@ -29,33 +29,34 @@ const SequenceClaimedIndex = "items_sequence_claimed"
 // urgent lane's) with seqCondition added to the scan's WHERE clause, so
 // they follow every change made to those: sequenceTemplate panics if the
 // anchor it is added after is gone (TestSequencedStatements fails first).
-// seqCondition is two anti-joins by index, each a seek that stops at its
+// seqCondition tests each candidate with a probe of the queue's claimed
+// keys (read once per statement) and two index seeks that stop at their
 // first entry: crdbwork_items_sequence_order (queue, item_key, enqueued_at,
-// seq_order, id) finds an earlier item of the key, the unique
-// crdbwork_items_sequence_claimed (queue, item_key) a claimed one. The scan
-// of the claim order stops at its limit as the plain claim's does, but it
-// steps over the items of keys that are claimed or whose head waits (those
-// are not claimable): a claim reads at most the unclaimable items ahead of
-// the heads it hands out (docs/sequences.md, "Cost").
+// seq_order, id) gives the key's head, crdbwork_dead_items_sequence_held a
+// dead item that holds the key. The scan of the claim order stops at its
+// limit as the plain claim's does, but it steps over the items of keys
+// that are claimed, held or whose head waits (those are not claimable): a
+// claim reads at most the unclaimable items ahead of the heads it hands out
+// (docs/sequences.md, "Cost").
 //
-// The unique index is the guarantee, the anti-joins only keep claims from
-// running into it: if two claims of one key's items ever run at once (an
-// item enqueued late with an earlier enqueued_at than an item already
-// claimed, or concurrent claims that both saw no claimed item under READ
-// COMMITTED), the second claim's UPDATE fails with a unique violation
-// (PostgreSQL waits for the first's transaction to end, then fails) and
-// changes nothing; package claim retries it, and the retry's anti-join
-// skips the key. This holds at every isolation level, for old workers'
-// plain claims too (docs/sequences.md, "Rolling upgrades").
+// The unique index crdbwork_items_sequence_claimed (queue, item_key) is
+// the guarantee, the tests only keep claims from running into it: if two
+// claims of one key's items ever run at once (an item enqueued late with an
+// earlier enqueued_at than an item already claimed, or concurrent claims
+// that both saw no claimed item under READ COMMITTED), the second claim's
+// UPDATE fails with a unique violation (PostgreSQL waits for the first's
+// transaction to end, then fails) and changes nothing; package claim
+// retries it, and the retry's test skips the key. This holds at every
+// isolation level, for old workers' plain claims too (docs/sequences.md,
+// "Rolling upgrades").
 //
 // CockroachDB docs checked: "Partial Indexes" (CREATE UNIQUE INDEX ...
 // WHERE: uniqueness among the rows that satisfy the predicate, since
 // v20.2); "SELECT FOR UPDATE": the locking clause locks the rows of the
 // tables in its SELECT's FROM, so the subqueries' reads lock nothing (and
 // under SERIALIZABLE they are ordinary reads, checked at commit).
-// CockroachDB plans a correlated NOT EXISTS as an anti-join ("Cost-Based
-// Optimizer": decorrelation of subqueries), here lookup anti-joins into the
-// two indexes; not run here (no CockroachDB server).
+// CockroachDB decorrelates the subqueries (see seqCondition); not run here
+// (no CockroachDB server).
 type sequenceStatements struct {
 	t Tables
 	// ClaimAny is coreStatements.ClaimAny for a sequenced queue (same
@@ -111,56 +112,72 @@ const (
 )
 
 // seqCondition is what a sequenced claim adds to the plain claim's scan of
-// crdbwork_items AS h: an item with seq_order is claimable only if it is
-// its key's head (the first of the key's sequenced items), no sequenced
-// item of its key is claimed, and no dead item holds its key (a sequenced
-// item of the key, earlier in the key's order, that died in a queue whose
-// sequence holds on a death: seq_hold; docs/sequences.md, "After a
-// death").
+// crdbwork_items AS h: an item with seq_order is claimable only if no
+// sequenced item of its key is claimed, it is its key's head (the first of
+// the key's sequenced items in (enqueued_at, seq_order, id) order), and no
+// dead item holds its key (a sequenced item of the key, earlier in the
+// key's order, that died in a queue whose sequence holds on a death:
+// seq_hold; docs/sequences.md, "After a death").
 //
-// Each test is a scalar subquery with LIMIT 1, correlated with the
-// candidate, so that it can only run as one index seek per candidate that
-// stops at its first entry, whatever the planner believes of the queue
-// (TestSequencedPlansInLivedDatabase):
+// Its shape keeps every plan PostgreSQL may choose, whatever its
+// statistics, to reading the claim order through the claim index and
+// stopping at the limit, with a bounded cost per candidate
+// (TestSequencedPlansUseIndexes, TestSequencedPlansInLivedDatabase,
+// TestSequencedPlansWhileDraining):
 //
-//   - PostgreSQL never pulls a scalar subquery up into a join: it runs it as
-//     a SubPlan, once per candidate that reaches it (after the scan's cheap
-//     filters: SubPlans are costed last, and the OR stops at an item
-//     without seq_order), with the candidate's queue and key as parameters.
-//     Its only plan is a read of the index whose order is the ORDER BY's
-//     (crdbwork_items_sequence_order), the unique
-//     crdbwork_items_sequence_claimed, or crdbwork_dead_items_sequence_held,
-//     stopped by the LIMIT. The earlier form, NOT EXISTS anti-joins, was
-//     pulled up into joins: in a database whose statistics predate the
-//     queue (the queue believed to hold one row), PostgreSQL read the whole
-//     queue's sequenced items once per candidate, as the inner side of a
-//     nested loop with the key as a join filter (issue 29, item 5: a claim
-//     of 4½ minutes over 5,000 items).
-//   - CockroachDB decorrelates correlated subqueries (its rules hoist them
-//     into joins; a LIMIT 1 becomes a DistinctOn), and its lookup joins
-//     read every entry of each lookup (no per-lookup limit:
-//     cockroachdb/cockroach#62471). Its plan is a lookup join per
-//     candidate into the same indexes, by (queue, key): it reads the
-//     candidate key's sequenced items, not the queue's, and the claimed and
-//     held lookups read at most one entry (unique) or the key's held dead
-//     items (few). docs/cockroachdb.md, "Sequenced claims", has the
-//     reasoning; not run here (no CockroachDB server).
+//   - The claimed keys are read once per statement, uncorrelated
+//     (sc.queue = $2: every sequenced claim's scan names its queue $2), into
+//     a hashed SubPlan that each candidate probes (NOT IN; sc.item_key is
+//     never NULL). Whichever index PostgreSQL reads them through (the
+//     unique crdbwork_items_sequence_claimed, or crdbwork_items_lease, which
+//     it took when its statistics held no claimed item), it reads the
+//     queue's claimed items, once. Asked per candidate, a read through
+//     crdbwork_items_lease read every claimed item of the queue per
+//     candidate.
+//   - The head and the held tests are scalar subqueries with LIMIT 1,
+//     correlated with the candidate: PostgreSQL never pulls a scalar
+//     subquery up into a join; it runs it as a SubPlan, once per candidate
+//     that reaches it (the AND stops at the first false), with the
+//     candidate's queue and key as parameters, and its only plan is a read
+//     of the index whose predicate the subquery names
+//     (crdbwork_items_sequence_order, whose order is the ORDER BY;
+//     crdbwork_dead_items_sequence_held), stopped by the LIMIT. Version 5
+//     wrote them as NOT EXISTS anti-joins, which PostgreSQL pulls up into
+//     joins: in a database whose statistics predate the queue (the queue
+//     believed to hold one row), it read the whole queue's sequenced items
+//     once per candidate, as the inner side of a nested loop with the key as
+//     a join filter (issue 29, item 5: a claim of 4½ minutes over 5,000
+//     items).
+//   - The tests return booleans (h.id compared inside the subquery,
+//     COALESCE of the held one) under one CASE, which PostgreSQL estimates
+//     to pass half the candidates. An equality with a SubPlan's id, or IS
+//     NULL of a SubPlan, it estimates to pass almost none: it then expected
+//     to read the whole queue anyway and chose a sequential or bitmap scan
+//     of it, sorted, over the ordered read that stops at the limit (a drain
+//     at a fifth of the speed).
 //
-// The LIMIT 1 subqueries compare ids, never rows: the head is the key's
-// first (enqueued_at, seq_order, id) and h is claimable only if it is that
-// item. (A head's ties cannot exist: id breaks them.)
-const seqCondition = `(h.seq_order IS NULL OR (
-                h.id = (SELECT sb.id FROM crdbwork_items AS sb
+// CockroachDB decorrelates correlated subqueries (its rules hoist them
+// into joins; a LIMIT 1 becomes a DistinctOn), and its lookup joins read
+// every entry of each lookup (no per-lookup limit yet:
+// cockroachdb/cockroach#62471). Its plan is expected to be a lookup join
+// per candidate into crdbwork_items_sequence_order by (queue, key), which
+// reads the candidate key's sequenced items, not the queue's, and into
+// crdbwork_dead_items_sequence_held (the key's few held dead items); the
+// claimed keys an anti-join with the queue's claimed items read once.
+// docs/cockroachdb.md, "Statement shapes chosen for CockroachDB", has the
+// reasoning; not run here (no CockroachDB server). Both engines evaluate a
+// CASE's branch only when its condition selects it.
+const seqCondition = `CASE WHEN h.seq_order IS NULL THEN true ELSE
+                h.item_key NOT IN (SELECT sc.item_key FROM crdbwork_items AS sc
+                    WHERE sc.queue = $2 AND sc.seq_order IS NOT NULL AND sc.claim IS NOT NULL AND sc.item_key IS NOT NULL)
+                AND (SELECT sb.id = h.id FROM crdbwork_items AS sb
                     WHERE sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
                     ORDER BY sb.enqueued_at, sb.seq_order, sb.id
                     LIMIT 1)
-                AND (SELECT sc.id FROM crdbwork_items AS sc
-                    WHERE sc.queue = h.queue AND sc.item_key = h.item_key AND sc.seq_order IS NOT NULL AND sc.claim IS NOT NULL
-                    LIMIT 1) IS NULL
-                AND (SELECT sd.id FROM crdbwork_dead_items AS sd
+                AND COALESCE((SELECT false FROM crdbwork_dead_items AS sd
                     WHERE sd.queue = h.queue AND sd.item_key = h.item_key AND sd.seq_hold
                       AND (sd.enqueued_at, sd.seq_order, sd.id) < (h.enqueued_at, h.seq_order, h.id)
-                    LIMIT 1) IS NULL))
+                    LIMIT 1), true) END
               AND `
 
 // sequenceTemplate returns template (a plain claim, or one branch of the
