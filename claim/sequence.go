@@ -35,7 +35,11 @@ import (
 //     SQS FIFO message groups and pg-boss's key_strict_fifo);
 //   - a claim lost with its session (a killed process) or its part (a
 //     rebalance) is released by the foreign keys, and the next claim of the
-//     key takes the same item again, its attempt counted.
+//     key takes the same item again, its attempt counted;
+//   - a dead item lets its key advance, or, in a queue that holds on a
+//     death (SetSequenceHold), holds the key's later items until it is
+//     requeued, deleted or released; requeued, it runs at its original
+//     place in the key's order, never beside another item of its key.
 //
 // Items without a key, and items enqueued while the queue was not
 // sequenced, are claimed as in any queue. Priorities order the heads of
