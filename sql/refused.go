@@ -103,12 +103,12 @@ func newRefusedStatements(t Tables) *refusedStatements {
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND (i.claim IS NULL OR i.lease_until < now())
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error,
-              i.enqueued_at, i.claim_token, i.tenant),
+              i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata,
-       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `'
+       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `
 FROM gone
 RETURNING id`),
 		KillWaiting: r(`WITH gone AS (
@@ -149,7 +149,8 @@ gone AS (
     DELETE FROM crdbwork_items AS i
     WHERE i.id IN (SELECT id FROM picked) AND (i.cancel_requested_at IS NOT NULL) IS TRUE AND (i.claim IS NULL OR i.lease_until < now())
     ` + cancelledGone + `),
-` + fromRow + `
+` + fromRow + `,
+` + cancelHolds + `
 SELECT id FROM gone`),
 	}
 }
