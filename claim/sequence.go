@@ -100,7 +100,7 @@ type SequenceInfo struct {
 
 // SetSequenceHold sets what a death of one of the queue's sequenced items
 // (moved to the dead items: attempts used up, Permanent, a crash loop,
-// expired; or cancelled) does to its key:
+// expired, refused by the database; or cancelled) does to its key:
 //
 //   - hold false (the default), advance: the key's next item runs, as if
 //     the dead one had been acked;
