@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/agedb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -36,6 +37,9 @@ type seqRun struct {
 	JobsPerS  float64 `json:"jobs_per_s"`
 	Load      string  `json:"load"`
 	Retries   int64   `json:"claim_retries"`
+	// MaxGap is the longest stretch between two acks (by the database
+	// clock), and from the drain's start to the first ack.
+	MaxGap float64 `json:"max_gap_s"`
 }
 
 // seqSummary is the experiment's JSON line.
@@ -46,6 +50,7 @@ type seqSummary struct {
 	Concurrency int      `json:"concurrency"`
 	Parts       int      `json:"parts"`
 	HandlerMs   float64  `json:"handler_ms"`
+	Lived       bool     `json:"lived"`
 	Runs        []seqRun `json:"runs"`
 	PlainJobsS  float64  `json:"plain_jobs_per_s"`
 	SeqJobsS    float64  `json:"sequenced_jobs_per_s"`
@@ -68,6 +73,7 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 	concurrency := fs.Int("concurrency", 64, "handlers per worker")
 	parts := fs.Int("parts", 0, "parts of both queues (0: no parts mode)")
 	handler := fs.Duration("handler", 0, "how long each handler sleeps (0: none)")
+	lived := fs.Bool("lived", false, "drain in a database that has lived (internal/agedb: other queues with 120,000 items analyzed before, dead tuples); each run's queue is new, its burst in no statistics")
 	asJSON := fs.Bool("json", false, "print one JSON line with every run and the summary")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -92,14 +98,23 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if _, err := setup.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_seq_results (
-    item_key TEXT NOT NULL, n BIGINT NOT NULL, done BIGSERIAL PRIMARY KEY)`); err != nil {
+    item_key TEXT NOT NULL, n BIGINT NOT NULL, done BIGSERIAL PRIMARY KEY, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		return err
 	}
+	if *lived {
+		if err := agedb.Age(ctx, setup, agedb.Options{}); err != nil {
+			return err
+		}
+	}
 	sum := seqSummary{Items: *items, Keys: *keys, Workers: *workers, Concurrency: *concurrency, Parts: *parts,
-		HandlerMs: float64(*handler) / float64(time.Millisecond), LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+		HandlerMs: float64(*handler) / float64(time.Millisecond), Lived: *lived, LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 	if !*asJSON {
-		fmt.Fprintf(out, "%d items over %d keys per run, %d rounds, %d workers × %d handlers, %d parts, handler %v, GOMAXPROCS %d, load %s\n",
-			*items, *keys, *rounds, *workers, *concurrency, *parts, *handler, sum.GOMAXPROCS, sum.LoadBefore)
+		state := "a fresh database"
+		if *lived {
+			state = "a database that has lived"
+		}
+		fmt.Fprintf(out, "%d items over %d keys per run, %d rounds, %d workers × %d handlers, %d parts, handler %v, in %s, GOMAXPROCS %d, load %s\n",
+			*items, *keys, *rounds, *workers, *concurrency, *parts, *handler, state, sum.GOMAXPROCS, sum.LoadBefore)
 	}
 	var plain, seq, ratios []float64
 	for round := range *rounds {
@@ -109,7 +124,7 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 		}
 		var rates [2]float64
 		for _, sequenced := range order {
-			r, err := seqDrain(ctx, url, setup, sequenced, *items, *keys, *workers, *concurrency, *parts, *handler)
+			r, err := seqDrain(ctx, url, setup, sequenced, round, *lived, *items, *keys, *workers, *concurrency, *parts, *handler)
 			if err != nil {
 				return fmt.Errorf("round %d, sequenced %v: %w", round+1, sequenced, err)
 			}
@@ -124,7 +139,8 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 			}
 			if !*asJSON {
 				name := map[bool]string{false: "plain", true: "sequenced"}[sequenced]
-				fmt.Fprintf(out, "round %d  %-10s %8.0f jobs/s  %6.2fs  claim retries %d  load %s\n", round+1, name, r.JobsPerS, r.Seconds, r.Retries, r.Load)
+				fmt.Fprintf(out, "round %d  %-10s %8.0f jobs/s  %6.2fs  longest without an ack %5.2fs  claim retries %d  load %s\n",
+					round+1, name, r.JobsPerS, r.Seconds, r.MaxGap, r.Retries, r.Load)
 			}
 		}
 		ratios = append(ratios, rates[1]/rates[0])
@@ -141,9 +157,16 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // seqDrain enqueues items over keys into a fresh plain or sequenced queue
-// and drains it with in-process workers, timing the drain only.
-func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bool, items, keys, workers, concurrency, parts int, handler time.Duration) (seqRun, error) {
+// and drains it with in-process workers, timing the drain only. In a
+// lived database (lived) the queue is new in every run (its name has the
+// round) and the items table is not analyzed after the enqueue: the burst
+// is in no statistics, as a quiet queue's burst in a database with other
+// queues. Otherwise the table is analyzed (RefreshStats) before the drain.
+func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bool, round int, lived bool, items, keys, workers, concurrency, parts int, handler time.Duration) (seqRun, error) {
 	name := map[bool]string{false: "bench-plain", true: "bench-seq"}[sequenced]
+	if lived {
+		name = fmt.Sprintf("%s-%d", name, round+1)
+	}
 	if _, err := setup.Exec(ctx, `TRUNCATE bench_seq_results`); err != nil {
 		return seqRun{}, err
 	}
@@ -170,7 +193,13 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 			return seqRun{}, fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	if err := crsql.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
+	if !lived {
+		if err := crsql.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
+			return seqRun{}, err
+		}
+	}
+	var began time.Time
+	if err := setup.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&began); err != nil {
 		return seqRun{}, err
 	}
 	opts := worker.Options{Concurrency: concurrency, Parts: parts, Poll: 10 * time.Millisecond, Partition: partition.Tuning{Poll: 100 * time.Millisecond}}
@@ -214,11 +243,14 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 		return seqRun{}, runErr
 	}
 	var n, distinct, left, disorder int
+	var maxGap float64
 	if err := setup.QueryRow(ctx, `SELECT (SELECT count(*) FROM bench_seq_results),
 	       (SELECT count(DISTINCT (item_key, n)) FROM bench_seq_results),
 	       (SELECT count(*) FROM crdbwork_items WHERE queue = $1),
-	       (SELECT count(*) FROM (SELECT n < lag(n) OVER (PARTITION BY item_key ORDER BY done) AS back FROM bench_seq_results) AS r WHERE back)`,
-		name).Scan(&n, &distinct, &left, &disorder); err != nil {
+	       (SELECT count(*) FROM (SELECT n < lag(n) OVER (PARTITION BY item_key ORDER BY done) AS back FROM bench_seq_results) AS r WHERE back),
+	       (SELECT COALESCE(max(EXTRACT(EPOCH FROM at - prev)), 0)::FLOAT8 FROM
+	            (SELECT at, COALESCE(lag(at) OVER (ORDER BY at), $2::TIMESTAMPTZ) AS prev FROM bench_seq_results) AS g)`,
+		name, began).Scan(&n, &distinct, &left, &disorder, &maxGap); err != nil {
 		return seqRun{}, err
 	}
 	if n != items || distinct != items || left != 0 {
@@ -228,5 +260,10 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 		return seqRun{}, fmt.Errorf("%d items acked before an earlier item of their key", disorder)
 	}
 	retries := workerRetries(ws)
-	return seqRun{Sequenced: sequenced, Seconds: elapsed.Seconds(), JobsPerS: float64(items) / elapsed.Seconds(), Load: loadavg(), Retries: retries}, nil
+	if lived {
+		if _, err := setup.Exec(ctx, `DELETE FROM crdbwork_queues WHERE name = $1`, name); err != nil {
+			return seqRun{}, err
+		}
+	}
+	return seqRun{Sequenced: sequenced, Seconds: elapsed.Seconds(), JobsPerS: float64(items) / elapsed.Seconds(), Load: loadavg(), Retries: retries, MaxGap: maxGap}, nil
 }

@@ -75,14 +75,26 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	q.stats.acked.Add(int64(len(acked)))
 	q.stats.lost.Add(int64(len(items) - len(acked)))
-	ids := make([]uuid.UUID, 0, len(acked))
-	for _, it := range acked {
-		if !it.AtMostOnce {
+	q.afterAck(ctx, acked, nil)
+	return acked, nil
+}
+
+// afterAck runs what follows every committed ack, whatever way it went
+// (ackTx, ackPipelined, ackBatch): the release of the dependents of the
+// items it acked (those of items whose deleted[i] is true; deleted nil:
+// all), in a short transaction of its own (releaseAcked). At-most-once
+// items count too: their claim took them (their end is recorded as taken,
+// which satisfies their dependents), and their ack says that their handler
+// succeeded. Every ack path calls it, so that none leaves the dependents
+// of what it acked to the reaper.
+func (q *Queue) afterAck(ctx context.Context, items []Item, deleted []bool) {
+	ids := make([]uuid.UUID, 0, len(items))
+	for i, it := range items {
+		if deleted == nil || deleted[i] {
 			ids = append(ids, it.ID)
 		}
 	}
 	q.releaseAcked(ctx, ids)
-	return acked, nil
 }
 
 // AckRequest is one item for AckMany with the function that records its
@@ -146,6 +158,11 @@ type AckOptions struct {
 // item of a transaction whose outcome is unknown, an error wrapping
 // ErrOutcomeUnknown (nothing is retried after it: the batch may have
 // committed).
+//
+// Whichever way the items were acked (one transaction, one pipelined round
+// trip, or one by one), the items that wait for them (NewItem.After) are
+// released right after the commit, in a short transaction of their own, as
+// after Ack; at-most-once items' dependents too (docs/dependencies.md).
 func (q *Queue) AckMany(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error) {
 	errs = make([]error, len(reqs))
 	if len(reqs) == 0 {
@@ -234,13 +251,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 	})
 	if err == nil {
 		// The acked items' dependents (depends.go), once the ack committed.
-		ids := make([]uuid.UUID, 0, len(items))
-		for i, it := range items {
-			if deleted[i] && !it.AtMostOnce {
-				ids = append(ids, it.ID)
-			}
-		}
-		q.releaseAcked(ctx, ids)
+		q.afterAck(ctx, items, deleted)
 	}
 	return deleted, err
 }

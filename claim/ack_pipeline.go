@@ -98,6 +98,9 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	}
 	if err == nil {
 		q.stats.acked.Add(int64(len(reqs)))
+		// The acked items' dependents, as after every ack (the pipeline
+		// committed only if every claim held: every item was deleted).
+		q.afterAck(ctx, items, nil)
 		return make([]error, len(reqs)), true
 	}
 	// A context that ended mid-batch has closed the connection already

@@ -108,7 +108,11 @@ func pipeRequests(items []claim.Item) []claim.AckRequest {
 
 // With its results given as one statement, an ack transaction is one
 // batch — BEGIN, the fenced delete, the statement, COMMIT — and nothing
-// else: every item is deleted and its result written once.
+// else but what follows every committed ack, whatever its path: the
+// release of the acked items' dependents, which in a queue without
+// dependencies is one probe of its edges (one index seek, LIMIT 1) at most
+// once a second per process: every item is deleted and its result written
+// once.
 func TestAckPipelineIsOneBatch(t *testing.T) {
 	pool, tr, q, got := pipelineSetup(t, 8)
 	ctx := context.Background()
@@ -121,8 +125,14 @@ func TestAckPipelineIsOneBatch(t *testing.T) {
 		}
 	}
 	batches, queries := tr.seen()
-	if len(batches) != 1 || batches[0] != 4 || len(queries) != 0 {
-		t.Fatalf("sent batches of %v statements and the statements %q; want one batch of 4 and nothing else", batches, queries)
+	var others []string
+	for _, sql := range queries {
+		if !strings.Contains(sql, "crdbwork_waits_for") || !strings.Contains(sql, "LIMIT 1") {
+			others = append(others, sql) // not the probe of the queue's edges
+		}
+	}
+	if len(batches) != 1 || batches[0] != 4 || len(others) != 0 || len(queries) > 1 {
+		t.Fatalf("sent batches of %v statements and the statements %q; want one batch of 4 and at most the probe of the queue's edges", batches, queries)
 	}
 	if len(calls) != 1 || strings.Join(calls[0], " ") != "v0 v1 v2 v3 v4 v5 v6 v7" {
 		t.Fatalf("statement calls %v; want one with v0 … v7", calls)

@@ -134,13 +134,25 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 type RequeueResult struct {
 	// Requeued is the number of ids moved back into the queue.
 	Requeued int
-	// Live is the number of dead ids left where they are because an item
-	// with the id is in the items table (see ErrItemLive).
+	// Live is the number of dead ids left where they are because the id is
+	// live: an item with the id is in the items table, or a waiting item
+	// has it (see ErrItemLive).
 	Live int
 	// Gone is the number of dead ids that were requeued or purged by
 	// someone else between the read of their page and their requeue.
 	Gone int
+	// Refused is the number of dead ids whose move the database refused
+	// for something about the row (a key or tenant too long for the
+	// items' indexes, written by raw SQL or an older version; a
+	// constraint; a trigger): each stays dead, and the requeue goes on
+	// with the others. RefusedIDs are the first MaxRefusedIDs of them
+	// (Requeue of one says why it is refused).
+	Refused    int
+	RefusedIDs []uuid.UUID
 }
+
+// MaxRefusedIDs bounds RequeueResult.RefusedIDs.
+const MaxRefusedIDs = 100
 
 // RequeueBatch is how many dead items RequeueWhere reads per page.
 const RequeueBatch = 500
@@ -151,9 +163,10 @@ const RequeueBatch = 500
 // and moving each id in its own short transaction, so that no transaction
 // grows with the number of dead items. An id is requeued once; ids that are
 // live are skipped and counted. Items that die while it runs are newer than
-// its first page and are not requeued. progress, if not nil, is called
-// after each page with the totals so far. On an error the result says what
-// was done before it.
+// its first page and are not requeued. An id whose move the database
+// refuses for something about its row stays dead, counted in Refused, and
+// the requeue goes on. progress, if not nil, is called after each page with
+// the totals so far. On an error the result says what was done before it.
 func (q *Queue) RequeueWhere(ctx context.Context, f DeadFilter, progress func(RequeueResult)) (RequeueResult, error) {
 	var res RequeueResult
 	seen := map[uuid.UUID]bool{}
@@ -172,6 +185,13 @@ func (q *Queue) RequeueWhere(ctx context.Context, f DeadFilter, progress func(Re
 			switch {
 			case errors.Is(err, ErrItemLive):
 				res.Live++
+			case itemFault(err):
+				// This row alone is refused: it stays dead, the rest
+				// goes on.
+				res.Refused++
+				if len(res.RefusedIDs) < MaxRefusedIDs {
+					res.RefusedIDs = append(res.RefusedIDs, d.ID)
+				}
 			case err != nil:
 				return res, err
 			case ok:

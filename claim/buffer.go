@@ -72,10 +72,12 @@ type BufferStats struct {
 //
 // Flushes run on goroutines of the buffer (Options.Flushers of them,
 // default 1). A flush takes every item that arrived since the last one
-// took its items (at most MaxItems and 8 MiB) and writes them with one
-// Queue.Enqueue call: one INSERT … ON CONFLICT DO NOTHING statement,
-// or one transaction (COPY for many generated ids; several statements for
-// caller-given ids). While it runs, new items wait for the next flush, so
+// took its items (at most MaxItems and 8 MiB) and writes them as one
+// Queue.Enqueue call does, through the same code: one INSERT … ON CONFLICT
+// DO NOTHING statement, or one transaction (COPY for many generated ids;
+// several statements for caller-given ids; items with prerequisites,
+// NewItem.After, added as waiting items). Every option of NewItem means what
+// it means to Enqueue. While it runs, new items wait for the next flush, so
 // batches are as large as the arrival rate times the flush's latency, and
 // a lone caller's item is written at once.
 //
@@ -94,7 +96,9 @@ type BufferStats struct {
 //     down, the flush timing out before anything was sent): nothing of it
 //     committed, and every caller gets that error;
 //   - the flush failed otherwise (the server refused a statement: for
-//     example one item's caller-given id belongs to another queue): the
+//     example one item's caller-given id belongs to another queue; or an
+//     item's prerequisites were refused: ErrPrerequisiteUnknown,
+//     ErrPrerequisiteDied, ErrPrerequisiteOtherQueue, ErrNoDedupWindow): the
 //     batch is split into halves, each flushed again, down to single items,
 //     so that only the items at fault fail (a bad item among n costs about
 //     2·log2(n) statements);
@@ -105,8 +109,12 @@ type BufferStats struct {
 //     for the other callers.
 //
 // Two waiting items with the same caller-given id never share a flush (the
-// second waits for the next one, which finds it present). A Buffer is safe
-// for concurrent use; Close it to stop its flushers.
+// second waits for the next one, which finds it present). An item's
+// prerequisites must exist when its flush runs, as for Enqueue: items of
+// earlier flushes, or items of the same flush that came before it (a
+// producer that waits for Enqueue's answer before it enqueues the
+// dependent is always in order). A Buffer is safe for concurrent use; Close
+// it to stop its flushers.
 type Buffer struct {
 	q    *Queue
 	opts BufferOptions
@@ -140,6 +148,7 @@ const (
 
 type bufResult struct {
 	isNew, done bool
+	waiting     bool // added as a waiting item (NewItem.After)
 	err         error
 }
 
@@ -179,7 +188,9 @@ func NewBuffer(q *Queue, opts BufferOptions) (*Buffer, error) {
 // other callers that wait at the same time, and reports what happened to
 // it as Queue.Enqueue does for one item (see Enqueued): its id, whether
 // this call added it, and if not, whether its id had already ended in the
-// queue within the dedup window (Done) or is still queued. See Buffer for
+// queue within the dedup window (Done) or is still queued; for an item with
+// prerequisites (NewItem.After), whether it was added as a waiting item
+// (Waiting, nil otherwise, as from Enqueue). See Buffer for
 // the outcomes: on an error wrapping ErrOutcomeUnknown, only the id is set
 // (enqueue the item again with NewItem.ID set to it to make sure: within
 // the queue's dedup window that adds nothing that was already added, even
@@ -193,30 +204,34 @@ func (b *Buffer) Enqueue(ctx context.Context, item NewItem) (Enqueued, error) {
 
 // enqueueOne is Enqueue without the queue's Hooks.
 func (b *Buffer) enqueueOne(ctx context.Context, item NewItem) (Enqueued, error) {
-	id, isNew, done, err := b.enqueue(ctx, item)
+	id, res, err := b.enqueue(ctx, item)
 	switch {
 	case err == nil:
-		return Enqueued{IDs: []uuid.UUID{id}, New: []bool{isNew}, Done: []bool{done}}, nil
+		e := Enqueued{IDs: []uuid.UUID{id}, New: []bool{res.isNew}, Done: []bool{res.done}}
+		if len(item.After) > 0 {
+			e.Waiting = []bool{res.waiting} // as Enqueue: nil without After
+		}
+		return e, nil
 	case id != uuid.UUID{}:
 		return Enqueued{IDs: []uuid.UUID{id}}, err
 	}
 	return Enqueued{}, err
 }
 
-func (b *Buffer) enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew, done bool, err error) {
+func (b *Buffer) enqueue(ctx context.Context, item NewItem) (uuid.UUID, bufResult, error) {
 	if err := ctx.Err(); err != nil {
-		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: %w", err)
+		return uuid.UUID{}, bufResult{}, fmt.Errorf("claim: buffered enqueue: %w", err)
 	}
 	pb, err := b.q.prepare([]NewItem{item})
 	if err != nil {
-		return uuid.UUID{}, false, false, err
+		return uuid.UUID{}, bufResult{}, err
 	}
 	r := &bufRequest{item: item, id: pb.ids[0], hash: pb.hashes[0], headers: pb.headers[0], given: len(pb.given) == 1,
 		arrived: time.Now(), result: make(chan bufResult, 1)}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return uuid.UUID{}, false, false, ErrBufferClosed
+		return uuid.UUID{}, bufResult{}, ErrBufferClosed
 	}
 	b.pending = append(b.pending, r)
 	b.waiting.Add(1)
@@ -241,21 +256,21 @@ func (b *Buffer) enqueue(ctx context.Context, item NewItem) (id uuid.UUID, isNew
 	default:
 	}
 	if state == reqPending {
-		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: withdrawn before its flush: %w", ctx.Err())
+		return uuid.UUID{}, bufResult{}, fmt.Errorf("claim: buffered enqueue: withdrawn before its flush: %w", ctx.Err())
 	}
-	return r.id, false, false, fmt.Errorf("claim: buffered enqueue of item %s: the caller gave up while its flush was in flight: %w: %w",
+	return r.id, bufResult{}, fmt.Errorf("claim: buffered enqueue of item %s: the caller gave up while its flush was in flight: %w: %w",
 		r.id, ErrOutcomeUnknown, ctx.Err())
 }
 
 // answer turns a flush's result into Enqueue's.
-func (b *Buffer) answer(r *bufRequest, res bufResult) (uuid.UUID, bool, bool, error) {
+func (b *Buffer) answer(r *bufRequest, res bufResult) (uuid.UUID, bufResult, error) {
 	switch {
 	case res.err == nil:
-		return r.id, res.isNew, res.done, nil
+		return r.id, res, nil
 	case errors.Is(res.err, ErrOutcomeUnknown):
-		return r.id, false, false, fmt.Errorf("claim: buffered enqueue of item %s: %w", r.id, res.err)
+		return r.id, bufResult{}, fmt.Errorf("claim: buffered enqueue of item %s: %w", r.id, res.err)
 	default:
-		return uuid.UUID{}, false, false, fmt.Errorf("claim: buffered enqueue: %w", res.err)
+		return uuid.UUID{}, bufResult{}, fmt.Errorf("claim: buffered enqueue: %w", res.err)
 	}
 }
 
@@ -400,16 +415,23 @@ func (b *Buffer) flush(ctx context.Context, reqs []*bufRequest) {
 		if err != nil {
 			r.result <- bufResult{err: err}
 		} else {
-			r.result <- bufResult{isNew: res.New[i], done: res.Done[i]}
+			r.result <- bufResult{isNew: res.New[i], done: res.Done[i], waiting: res.Waiting != nil && res.Waiting[i]}
 		}
 	}
 }
 
-// write enqueues the items of reqs, with their fixed ids and hashes.
+// write enqueues the items of reqs, with their fixed ids and hashes,
+// through the write path Enqueue takes (Queue.enqueueBatch): every option
+// of NewItem means the same through both (After included: items with
+// prerequisites make the flush one transaction that adds them as waiting
+// items). The flush's items take their sequence orders (a sequenced
+// queue's order among items that share an enqueue time) in the order they
+// arrived.
 func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error) {
 	b.flushes.Add(1)
 	n := len(reqs)
-	eb := &batch{items: make([]NewItem, n), ids: make([]uuid.UUID, n), hashes: make([]int64, n), headers: make([][]byte, n)}
+	eb := &batch{items: make([]NewItem, n), ids: make([]uuid.UUID, n), hashes: make([]int64, n), headers: make([][]byte, n),
+		orders: sequenceOrders.Add(int64(n)) - int64(n)}
 	for i, r := range reqs {
 		eb.items[i], eb.ids[i], eb.hashes[i], eb.headers[i] = r.item, r.id, r.hash, r.headers
 		if r.given {
@@ -418,11 +440,14 @@ func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error
 			// A random version 4 id, never in the table: COPY may write it.
 			eb.generated = append(eb.generated, i)
 		}
+		if len(r.item.After) > 0 {
+			// Each item's prerequisites were checked alone by Enqueue
+			// (prepare); an item of the flush that names a later one
+			// of it fails alone (ErrPrerequisiteUnknown, split off).
+			eb.deps = true
+		}
 	}
-	if err := b.q.ready(ctx); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", b.q.opts.Queue, plain(err))
-	}
-	res, err := b.q.enqueueOn(ctx, b.q.db, eb)
+	res, err := b.q.enqueueBatch(ctx, eb)
 	if err == nil {
 		b.items.Add(int64(n))
 		for l := b.largest.Load(); int64(n) > l && !b.largest.CompareAndSwap(l, int64(n)); l = b.largest.Load() {
@@ -433,7 +458,9 @@ func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error
 
 // itemsMayBeAtFault reports whether a failed flush may have failed because
 // of some of its items, so that smaller flushes may succeed: the server
-// refused a statement (ErrIDInOtherQueue, a data or constraint error).
+// refused a statement (ErrIDInOtherQueue, a data or constraint error), or
+// the write refused some items' prerequisites (ErrPrerequisiteUnknown,
+// ErrPrerequisiteDied, ErrPrerequisiteOtherQueue, ErrNoDedupWindow).
 // Unknown outcomes are never split (the items may be in the table), nor are
 // failures that would fail any flush: nothing answered (the connection, the
 // pool, the flush's deadline), or the server refused service (connection
@@ -442,7 +469,10 @@ func itemsMayBeAtFault(err error) bool {
 	if errors.Is(err, ErrOutcomeUnknown) {
 		return false
 	}
-	if errors.Is(err, ErrIDInOtherQueue) {
+	if errors.Is(err, ErrIDInOtherQueue) || errors.Is(err, ErrPrerequisiteUnknown) || errors.Is(err, ErrPrerequisiteDied) ||
+		errors.Is(err, ErrPrerequisiteOtherQueue) || errors.Is(err, ErrNoDedupWindow) {
+		// Refusals of some items' ids or prerequisites (ErrNoDedupWindow
+		// refuses only the items with prerequisites): the others go on.
 		return true
 	}
 	var pgErr *pgconn.PgError

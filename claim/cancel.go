@@ -332,18 +332,20 @@ func (q *Queue) CancelSnoozeCounts(ctx context.Context) (CancelSnoozeInfo, error
 
 // reapCancelled ends, in bounded batches, the queue's cancel-requested
 // items that no handler will end (their claim released, or their lease
-// run out), and returns how many.
-func (q *Queue) reapCancelled(ctx context.Context) (int, error) {
+// run out), and returns how many, with the items the database refused to
+// end (see reapMoves: each is ended as refused, or left, reported).
+func (q *Queue) reapCancelled(ctx context.Context) (int, []*ReapError, error) {
 	total := 0
-	for {
-		n, err := q.reapStep(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			return q.store.ReapCancelled(ctx, tx, q.opts.Queue, reapBatch)
-		})
-		total += n
-		if err != nil || n < reapBatch {
-			q.stats.cancelled.Add(int64(total))
-			q.stats.cancelledRunning.Add(int64(total))
-			return total, err
-		}
-	}
+	s, name := q.store, q.opts.Queue
+	stuck, err := q.reapMoves(ctx, reapMove{step: StepCancelled, count: &total,
+		batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			return s.ReapCancelled(ctx, tx, name, reapBatch)
+		},
+		candidates: s.CancelledIDs,
+		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+			return s.ReapCancelledIDs(ctx, tx, name, ids)
+		}})
+	q.stats.cancelled.Add(int64(total))
+	q.stats.cancelledRunning.Add(int64(total))
+	return total, stuck, err
 }

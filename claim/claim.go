@@ -114,7 +114,7 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	e := q.engine.Load()
 	a := crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
 	if req.Parts == nil {
-		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimAnySequenced(ctx, db, e.dialect, a)
 		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimAny(ctx, db, e.dialect, a)
@@ -137,7 +137,7 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		return q.claimManyParts(ctx, e, session, req.Max, ps, req.SkipTenants, lease)
 	}
 	claimIn := func(a crsql.ClaimArgs, ps []int64) ([]Item, error) {
-		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
 		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 			return q.store.ClaimParts(ctx, db, e.dialect, a, ps)

@@ -36,17 +36,21 @@ type DeadItem struct {
 	DiedAt      time.Time
 	Tenant      string // "" if none
 	// Reason says why it died: ReasonFailed, ReasonPermanent,
-	// ReasonCrashLoop or ReasonExpired ("" for items that died before
-	// schema version 3).
+	// ReasonCrashLoop, ReasonExpired, ReasonRefused, ReasonCancelled or,
+	// for a dependent, ReasonDependencyDied and the prerequisite's id (""
+	// for items that died before schema version 3).
 	Reason string
 }
 
-// ErrItemLive is returned by Requeue and RequeueDeath when an item with the
-// dead item's id is in the items table (it was enqueued again, or requeued
-// already): an id is in the items table at most once. Nothing was moved;
-// the dead item stays. Requeue it once the live item has ended, or leave it
-// as history.
-var ErrItemLive = errors.New("an item with this id is in the items table")
+// ErrItemLive is returned by Requeue and RequeueDeath when the dead item's
+// id is live: an item with the id is in the items table (it was enqueued
+// again, or requeued already), or a waiting item has it (it was enqueued
+// again with prerequisites not yet acked: NewItem.After), in this queue or
+// another. An id is live at most once, and the move would take the id from
+// the live item (a waiting item's release would then find it taken, and
+// be lost). Nothing was moved; the dead item stays. Requeue it once the live
+// item has ended, or leave it as history.
+var ErrItemLive = errors.New("the id is live: an item or a waiting item has it")
 
 // Reasons of dead items (DeadItem.Reason).
 const (
@@ -60,6 +64,12 @@ const (
 	// ReasonExpired: its deadline (NewItem.TTL) passed before it was acked
 	// (Reap).
 	ReasonExpired = "expired"
+	// (ReasonRefused, in refused.go: the database refused to move it.)
+	// ReasonCancelled: a sequenced item cancelled in a queue whose
+	// sequences hold on a death (Queue.SetSequenceHold): it is kept here,
+	// holding its key, so that it can be requeued or deleted. (Other
+	// cancelled items are not dead items: see Queue.Cancelled.)
+	ReasonCancelled = "cancelled"
 )
 
 // Dead returns up to limit dead items of this queue, the most recent death
@@ -118,10 +128,12 @@ func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]
 // the queue's current number of parts. Older deaths of the id stay in the
 // dead items, as history (Dead lists them; RequeueDeath requeues one).
 //
-// If an item with that id is in the items table (live: enqueued again, or
-// requeued already), nothing moves and the error wraps ErrItemLive. The move
-// is one statement in a SERIALIZABLE transaction: the item is never in both
-// tables, nor in neither.
+// If the id is live — an item with that id is in the items table (enqueued
+// again, or requeued already), or a waiting item has it (enqueued again
+// with prerequisites not yet acked), in any queue — nothing moves and the
+// error wraps ErrItemLive, saying which. The move is one statement in a
+// SERIALIZABLE transaction: the item is never in both tables, nor in
+// neither, and never beside a live item or waiting item of its id.
 func (q *Queue) Requeue(ctx context.Context, id uuid.UUID) (bool, error) {
 	return q.requeue(ctx, id, nil)
 }
@@ -153,7 +165,12 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 		return false, fmt.Errorf("claim: requeueing %s of %q: %w", what, q.opts.Queue, err)
 	}
 	if !r.Moved && r.Live && r.Deaths > 0 {
-		return false, fmt.Errorf("claim: requeueing %s of %q: %w (queue %q); the dead item stays", what, q.opts.Queue, ErrItemLive, r.LiveQueue)
+		if r.Waiting {
+			return false, fmt.Errorf("claim: requeueing %s of %q: %w: it is a waiting item of queue %q (enqueued again with prerequisites not yet acked); the dead item stays",
+				what, q.opts.Queue, ErrItemLive, r.LiveQueue)
+		}
+		return false, fmt.Errorf("claim: requeueing %s of %q: %w: it is an item of queue %q, in the items table (enqueued again, or requeued already); the dead item stays",
+			what, q.opts.Queue, ErrItemLive, r.LiveQueue)
 	}
 	moved := r.Moved
 	if moved {

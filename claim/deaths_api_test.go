@@ -150,21 +150,30 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	st, err := q.Reap(ctx)
-	if st != (claim.ReapStats{Released: 1, Expired: 1, Stuck: 2}) {
-		t.Fatalf("Reap = %+v (%v); want 1 released, 1 expired, 2 stuck", st, err)
+	if st != (claim.ReapStats{Released: 1, Expired: 1, Refused: 1, Stuck: 1}) {
+		t.Fatalf("Reap = %+v (%v); want 1 released, 1 expired, 1 refused (ended), 1 stuck", st, err)
 	}
 	list := claim.ReapErrors(err)
 	if len(list) != 2 {
 		t.Fatalf("ReapErrors = %v (from %v), want 2", list, err)
 	}
-	if e := list[0]; e.Step != claim.StepLeases || e.ID != held || e.Queue != q.Name() || e.Err == nil {
-		t.Errorf("first failure %+v: want item %s in the leases step", e, held)
+	if e := list[0]; e.Step != claim.StepLeases || e.ID != held || e.Queue != q.Name() || e.Err == nil || !e.Ended {
+		t.Errorf("first failure %+v: want item %s in the leases step, ended", e, held)
 	}
-	if e := list[1]; e.Step != claim.StepExhausted || e.ID != bad || e.Err == nil {
-		t.Errorf("second failure %+v: want item %s in the exhausted step", e, bad)
+	if e := list[1]; e.Step != claim.StepExhausted || e.ID != bad || e.Err == nil || e.Ended {
+		t.Errorf("second failure %+v: want item %s in the exhausted step, not ended", e, bad)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NOT NULL`, held); n != 1 {
-		t.Error("the item whose release was refused is not as it was")
+	// The item whose release was refused ended, dead as refused; the one
+	// whose every move to the dead items is refused stays as it was.
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, held); n != 0 {
+		t.Error("the item whose release was refused is still in the items table")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND reason = $2 AND last_error LIKE 'refused by the database (leases): %test_hold%'`,
+		held, claim.ReasonRefused); n != 1 {
+		t.Error("the item whose release was refused is not dead as refused, with the database's error")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, bad); n != 1 {
+		t.Error("the item whose every move to the dead items is refused is not in the items table")
 	}
 	if claim.ReapErrors(nil) != nil {
 		t.Error("ReapErrors(nil) is not nil")

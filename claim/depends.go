@@ -486,7 +486,7 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 // "dependency died: <id>" (it died, was cancelled, or is unknown), then
 // the dependents of those, and so on. Every batch is one SERIALIZABLE
 // transaction that classifies and acts on the same snapshot.
-func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
+func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*ReapError, err error) {
 	var has bool
 	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 		var err error
@@ -494,7 +494,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
 		return crsql.Classify(err)
 	})
 	if err != nil || !has {
-		return 0, 0, err
+		return 0, 0, nil, err
 	}
 	q.markDeps()
 	q.deps.mu.Lock()
@@ -507,7 +507,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
 			return crsql.Classify(err)
 		})
 		if err != nil {
-			return released, died, err
+			return released, died, refused, err
 		}
 		var prereqs []uuid.UUID
 		for n, p := range edges {
@@ -516,11 +516,14 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
 			}
 		}
 		for len(prereqs) > 0 {
-			r, killed, err := q.settle(ctx, prereqs)
+			// A row the database refuses is isolated and ended (or left,
+			// reported), and the batch goes on without it (refused.go).
+			r, killed, bad, err := q.settleIsolated(ctx, prereqs)
 			released += r
-			died += len(killed)
+			died += len(killed) - countEnded(bad) // the refused rows ended are no dependency deaths
+			refused = append(refused, bad...)
 			if err != nil {
-				return released, died, err
+				return released, died, refused, err
 			}
 			prereqs = killed // their own dependents, the next level
 		}
@@ -535,7 +538,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, err error) {
 	if released > 0 {
 		q.Wake()
 	}
-	return released, died, nil
+	return released, died, refused, nil
 }
 
 // settle classifies prereqs and, in the same transaction, releases the

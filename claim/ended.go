@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -22,24 +23,33 @@ const (
 // short transaction) and at most 8,000 per call, and returns how many it
 // deleted; a call that returns 8,000 left more behind for the next one.
 // Every worker session's reaper calls it through Reap; any process may
-// call it at any time (concurrent pruners skip each other's rows).
+// call it at any time (concurrent pruners skip each other's rows). An
+// ended id whose delete the database refuses (a trigger, a foreign key a
+// user added) is left, and the others are deleted: the error then joins a
+// ReapError with its id (ReapErrors lists them).
 func (q *Queue) PruneEnded(ctx context.Context) (int, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)
 	}
-	total := 0
-	prune := func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		return q.store.PruneEnded(ctx, tx, q.opts.Queue, pruneBatch)
+	total, refused, err := q.pruneEnded(ctx)
+	if err != nil {
+		err = fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)
 	}
-	for range pruneStatements {
-		n, err := q.reapStep(ctx, prune)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)
-		}
-		if n < pruneBatch {
-			break
-		}
-	}
-	return total, nil
+	return total, joinRefused(err, refused)
+}
+
+// pruneEnded is PruneEnded once ready: it returns how many ended ids it
+// deleted and those the database refused to delete (left, reported; see
+// pruneIsolated).
+func (q *Queue) pruneEnded(ctx context.Context) (int, []*ReapError, error) {
+	s, name := q.store, q.opts.Queue
+	total, _, refused, err := q.pruneIsolated(ctx, reapMove{step: StepPruneEnded,
+		batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			return s.PruneEnded(ctx, tx, name, pruneBatch)
+		},
+		candidates: s.PruneEndedCandidates,
+		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+			return s.PruneEndedIDs(ctx, tx, name, ids)
+		}})
+	return total, refused, err
 }

@@ -19,16 +19,29 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Limits of one item, whatever Options say. CockroachDB refuses protocol
-// messages over 16 MiB by default (sql.conn.max_read_buffer_message_size), so
-// an item must fit, with room to spare, in the 8 MiB that enqueue puts in one
-// statement or COPY.
+// Limits of one item, whatever Options say, each checked before anything
+// is written. CockroachDB refuses protocol messages over 16 MiB by default
+// (sql.conn.max_read_buffer_message_size), so an item must fit, with room
+// to spare, in the 8 MiB that enqueue puts in one statement or COPY; and
+// the texts that the items' indexes hold must fit in PostgreSQL's bound on
+// an index entry (see package sql's MaxKeyLength), or the database would
+// refuse the item's row later, when a move of the item writes it into the
+// items table (docs/enqueue.md, "Bounds").
 const (
 	// MaxPayloadLimit bounds Options.MaxPayload: no payload, and no
 	// metadata, may exceed it.
 	MaxPayloadLimit = 3 << 20
-	// MaxKeyLength bounds the length in bytes of NewItem.Key.
-	MaxKeyLength = 4096
+	// MaxKeyLength bounds the length in bytes of NewItem.Key and of
+	// NewItem.Tenant (and of the tenant of SetTenantLimit): 2,048, which,
+	// with a queue name of up to MaxQueueNameLength bytes, fits in
+	// PostgreSQL's bound on the entry of the indexes that hold them.
+	MaxKeyLength = crsql.MaxKeyLength
+	// MaxUniqueKeyLength bounds the length in bytes of NewItem.UniqueKey,
+	// which is not stored (the item's id is derived from it).
+	MaxUniqueKeyLength = 4096
+	// MaxQueueNameLength bounds the length in bytes of a queue's name
+	// (Options.Queue).
+	MaxQueueNameLength = crsql.MaxQueueNameLength
 	// MaxHeadersBytes bounds the bytes of NewItem.Headers: the sum of the
 	// lengths of its keys and values.
 	MaxHeadersBytes = 16 << 10
@@ -80,8 +93,8 @@ type NewItem struct {
 	// UniquePeriod for the key to stay unique for its whole period. It may
 	// not be given together with ID (the derived id is the item's id: retry
 	// an unknown outcome with the returned id in ID, or with the same
-	// UniqueKey within the same period). At most MaxKeyLength bytes of
-	// valid UTF-8, without NUL bytes.
+	// UniqueKey within the same period). At most MaxUniqueKeyLength bytes
+	// of valid UTF-8, without NUL bytes.
 	UniqueKey string
 	// UniquePeriod, if positive, divides time into periods of this length
 	// (counted from the Unix epoch, by this process's clock: processes whose
@@ -213,6 +226,17 @@ func (q *Queue) enqueue(ctx context.Context, items []NewItem) (Enqueued, error) 
 	if err != nil || len(items) == 0 {
 		return Enqueued{}, err
 	}
+	return q.enqueueBatch(ctx, b)
+}
+
+// enqueueBatch writes b, prepared (validated, its ids, hashes, headers and
+// sequence orders fixed), outside any transaction of the caller's: the
+// write path that Enqueue and a Buffer's flushes share, so that every
+// option of NewItem means the same through both. Items with prerequisites
+// (NewItem.After) make it one transaction that routes them to the waiting
+// items (enqueueDeps); otherwise it is one statement or one transaction
+// (enqueueOn).
+func (q *Queue) enqueueBatch(ctx context.Context, b *batch) (Enqueued, error) {
 	if err := q.ready(ctx); err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing into %q: %w", q.opts.Queue, plain(err))
 	}
@@ -567,8 +591,8 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: the key must be valid UTF-8 without NUL bytes", errBadInput)
 	case it.UniqueKey != "" && it.ID != (uuid.UUID{}):
 		err = fmt.Errorf("%w: both ID and UniqueKey are set: the id of an item with a unique key is derived from it (retry an unknown outcome with the returned id in ID and no UniqueKey, or with the same UniqueKey)", errBadInput)
-	case len(it.UniqueKey) > MaxKeyLength:
-		err = fmt.Errorf("%w: the unique key is %d bytes, the limit is %d (MaxKeyLength)", errBadInput, len(it.UniqueKey), MaxKeyLength)
+	case len(it.UniqueKey) > MaxUniqueKeyLength:
+		err = fmt.Errorf("%w: the unique key is %d bytes, the limit is %d (MaxUniqueKeyLength)", errBadInput, len(it.UniqueKey), MaxUniqueKeyLength)
 	case !utf8.ValidString(it.UniqueKey) || strings.ContainsRune(it.UniqueKey, 0):
 		err = fmt.Errorf("%w: the unique key must be valid UTF-8 without NUL bytes", errBadInput)
 	case it.UniquePeriod < 0 || (it.UniquePeriod > 0 && it.UniquePeriod < time.Microsecond):
@@ -597,11 +621,11 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // rowBytes estimates the bytes item it takes in a statement or COPY: every
 // variable-length column it fills (payload, metadata, key, tenant) and the
 // fixed ones (rowOverhead). A column left out here could push one
-// statement past CockroachDB's 16 MiB bound on a message: 5,000 tenants of
-// MaxKeyLength bytes alone take 20 MB (TestRowBytesCountsEveryVariableField
+// statement past CockroachDB's 16 MiB bound on a message: 5,000 keys and
+// tenants of MaxKeyLength bytes alone take 20 MB (TestRowBytesCountsEveryVariableField
 // checks that every string and byte slice of NewItem counts). UniqueKey is
 // not sent (the id derived from it is) but counts all the same: an
-// overestimate of at most MaxKeyLength bytes, on the safe side.
+// overestimate of at most MaxUniqueKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
 	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + headersBytes(it.Headers) + 16*len(it.After)
 }

@@ -21,8 +21,8 @@ import (
 const cockroachMessageLimit = 16 << 20
 
 // TestEnqueueMessagesStayUnderCockroachLimit enqueues one batch whose
-// tenants alone exceed 16 MiB (5,000 items with tenants of MaxKeyLength
-// bytes and tiny payloads), through connections that measure every
+// keys and tenants alone exceed 16 MiB (5,000 items with keys and tenants
+// of MaxKeyLength bytes and tiny payloads), through connections that measure every
 // protocol message the client sends: none may exceed CockroachDB's default
 // bound, which PostgreSQL does not have (so only the measurement can see
 // it here). Every item must be enqueued.
@@ -58,7 +58,7 @@ func TestEnqueueMessagesStayUnderCockroachLimit(t *testing.T) {
 	for i := range items {
 		// Caller-given ids: the INSERT path (generated ids may go by COPY).
 		tenant := strings.Repeat(string(rune('a'+i%26)), claim.MaxKeyLength-8) + uuid.NewString()[:8]
-		items[i] = claim.NewItem{ID: uuid.New(), Payload: []byte("x"), Tenant: tenant}
+		items[i] = claim.NewItem{ID: uuid.New(), Payload: []byte("x"), Tenant: tenant, Key: "k" + tenant[1:]}
 	}
 	res, err := q.Enqueue(ctx, items...)
 	if err != nil {

@@ -20,7 +20,7 @@ func TestEnqueueChunkPlan(t *testing.T) {
 		{"20 items of 1 MiB + 1 MiB metadata", repeatItem(NewItem{Payload: mib, Metadata: mib}, 20), copyRows, 7},
 		{"12001 small items", repeatItem(NewItem{Payload: []byte("x"), Key: "k"}, 12001), insertRows, 3},
 		{"one item at the limits", []NewItem{{Payload: make([]byte, MaxPayloadLimit), Metadata: make([]byte, MaxPayloadLimit), Key: string(make([]byte, MaxKeyLength)), Tenant: string(make([]byte, MaxKeyLength))}}, insertRows, 1},
-		{"5000 items with long tenants", repeatItem(NewItem{Payload: []byte("x"), Tenant: string(make([]byte, MaxKeyLength))}, 5000), insertRows, 3},
+		{"5000 items with long keys and tenants", repeatItem(NewItem{Payload: []byte("x"), Key: string(make([]byte, MaxKeyLength)), Tenant: string(make([]byte, MaxKeyLength))}, 5000), insertRows, 3},
 		{"none", nil, insertRows, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

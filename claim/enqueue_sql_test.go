@@ -130,9 +130,9 @@ func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
 func TestSQLEnqueueRefusesBadInput(t *testing.T) {
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
-	_, stderr, err := psql(t, url, `SELECT * FROM crdbwork_enqueue(`+testdb.EnqueueArgs("'q'", "''::BYTEA", "key", "repeat('k', 4097)")+`)`)
+	_, stderr, err := psql(t, url, `SELECT * FROM crdbwork_enqueue(`+testdb.EnqueueArgs("'q'", "''::BYTEA", "key", "repeat('k', 2049)")+`)`)
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || !strings.Contains(stderr, "the key is 4097 bytes, the limit is 4096") {
+	if !errors.As(err, &exit) || !strings.Contains(stderr, "the key is 2049 bytes, the limit is 2048") {
 		t.Fatalf("psql with a long key: %v, stderr %q; want a failure naming the limit", err, stderr)
 	}
 	other, err := sqlEnqueue(ctx, pool, `'other', ''::BYTEA`)
@@ -147,7 +147,8 @@ func TestSQLEnqueueRefusesBadInput(t *testing.T) {
 		{`'', ''::BYTEA`, "22023", "the queue name is required", nil},
 		{`'q', $1`, "54000", "the payload is 1048577 bytes", []any{make([]byte, 1<<20+1)}},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "metadata", "$1"), "54000", "the metadata is 1048577 bytes", []any{make([]byte, 1<<20+1)}},
-		{testdb.EnqueueArgs("'q'", "''::BYTEA", "tenant", "repeat('t', 4097)"), "22023", "the tenant is 4097 bytes", nil},
+		{testdb.EnqueueArgs("'q'", "''::BYTEA", "tenant", "repeat('t', 2049)"), "22023", "the tenant is 2049 bytes", nil},
+		{`repeat('q', 513), ''::BYTEA`, "22023", "the queue name is 513 bytes", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "delay", "INTERVAL '-1 second'"), "22023", "negative delay", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "delay", "INTERVAL '1 second'", "run_at", "now()"), "22023", "not both", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "max_attempts", "-1"), "22023", "negative max_attempts", nil},
@@ -185,7 +186,7 @@ func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "p", 64); err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{"a", "user-7", "ключ", "🙂 emoji", strings.Repeat("long", 1000), "ten"}
+	keys := []string{"a", "user-7", "ключ", "🙂 emoji", strings.Repeat("long", 512), "ten"}
 	for _, k := range keys {
 		for _, args := range []string{testdb.EnqueueArgs("'p'", "''::BYTEA", "key", "$1"), testdb.EnqueueArgs("'p'", "''::BYTEA", "tenant", "$1")} {
 			r, err := sqlEnqueue(ctx, pool, args, k)

@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 
@@ -63,4 +64,72 @@ func ExampleQueue_SetSequenced() {
 	// account-1: deposit 100
 	// account-2: deposit 5
 	// account-1: withdraw 30
+}
+
+// In a queue that holds on a death, a dead head blocks its key until it is
+// requeued (it then runs first), deleted or released. BlockedKeys lists
+// the blocked keys with the item that blocks each.
+func ExampleQueue_SetSequenceHold() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	s, err := session.Start(ctx, pool, session.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close(ctx)
+	q, err := claim.New(pool, claim.Options{Queue: "ledger"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := q.SetSequenced(ctx, true); err != nil {
+		log.Fatal(err)
+	}
+	_, err = q.Enqueue(ctx,
+		claim.NewItem{Key: "account-1", Payload: []byte("deposit 100")},
+		claim.NewItem{Key: "account-1", Payload: []byte("withdraw 30")},
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// README:begin hold
+	// A dead head holds its key until it is requeued, deleted or released.
+	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+		log.Fatal(err)
+	}
+	c := q.Claimer(s.ID())
+	first, err := c.Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, it := range first { // "deposit 100" fails for good: it dies
+		if _, err := q.Nack(ctx, it, claim.Permanent(errors.New("bank offline"))); err != nil {
+			log.Fatal(err)
+		}
+	}
+	blocked, err := q.BlockedKeys(ctx, 100) // account-1, held by its dead head
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, b := range blocked {
+		fmt.Printf("%s: %s (%s)\n", b.Key, b.Kind, b.LastError)
+		if b.Kind == claim.BlockedDead {
+			// Run it again, first: the key goes on after it.
+			if _, err := q.Requeue(ctx, b.ID); err != nil {
+				log.Fatal(err)
+			}
+		}
+	}
+	// README:end hold
+	again, err := c.Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, it := range again {
+		fmt.Printf("%s: %s\n", it.Key, it.Payload)
+	}
+	// Output:
+	// account-1: dead (bank offline)
+	// account-1: deposit 100
 }

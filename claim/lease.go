@@ -66,10 +66,20 @@ type ReapStats struct {
 	// Expired counts unclaimed items past their deadline (NewItem.TTL),
 	// moved to the dead items with reason "expired".
 	Expired int
-	// Stuck counts items that a step could not release or move even alone
-	// (the database refused it for something about the item): each is in
-	// Reap's error as a ReapError with its id, and stays as it is (an
-	// unclaimed one never handed out) until a later Reap can do it.
+	// Refused counts items (and waiting items) that the database refused
+	// to release or move even alone, for something about the item (a
+	// row written past the schema's bounds, a constraint, a trigger),
+	// and that were ended instead: moved to the dead items with reason
+	// ReasonRefused, the database's error in their last error. Each is in
+	// Reap's error as a ReapError with its id and Ended set.
+	Refused int
+	// Stuck counts items that a step could not release or move even
+	// alone, nor end as refused (the database refused their move to the
+	// dead items too), and ended ids and dead items whose delete by the
+	// pruning steps the database refused: each is in Reap's error as a
+	// ReapError with its id, and stays as it is (an unclaimed item never
+	// handed out) until a later Reap can do it; every other row was reaped
+	// without it.
 	Stuck int
 	// Pruned counts ended ids forgotten because they ended before the
 	// queue's dedup window (see PruneEnded).
@@ -111,7 +121,10 @@ type ReapStats struct {
 // integrity constraint, a trigger, a row over a size limit: see
 // ErrDeadLetterFailed) is done again by id, the list split in halves until
 // each refused item fails alone: every other item is released or moved, and
-// each refused one stays as it is, counted in ReapStats.Stuck. The error joins
+// each refused one is ended, dead with reason ReasonRefused (counted in
+// ReapStats.Refused), or, if its move to the dead items is refused too,
+// stays as it is (counted in ReapStats.Stuck). The dependency step isolates
+// refused waiting items in the same way. The error joins
 // (errors.Join) one ReapError per failed step and per stuck item, with its
 // id; ReapErrors lists them. The stats count what was done, failures or not.
 func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
@@ -122,8 +135,16 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	var errs []error
 	// Cancelled items first: a cancelled item whose lease ran out ends
 	// here rather than being released by the lease step.
-	n, err := q.reapCancelled(ctx)
+	n, stuck, err := q.reapCancelled(ctx)
 	st.Cancelled = n
+	for _, e := range stuck {
+		errs = append(errs, e)
+		if e.Ended {
+			st.Refused++
+		} else {
+			st.Stuck++
+		}
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepCancelled, Err: err})
 	}
@@ -156,9 +177,13 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 			continue
 		}
 		stuck, err := q.reapMoves(ctx, m)
-		st.Stuck += len(stuck)
 		for _, e := range stuck {
 			errs = append(errs, e)
+			if e.Ended {
+				st.Refused++
+			} else {
+				st.Stuck++
+			}
 		}
 		if err != nil {
 			errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: m.step, Err: err})
@@ -167,19 +192,36 @@ func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
 	q.stats.reaped.Add(int64(st.Released))
 	q.stats.dead.Add(int64(st.Dead + st.Expired))
 	// A step of its own: the ended ids past the dedup window.
-	n, err = q.PruneEnded(ctx)
+	n, refusedRows, err := q.pruneEnded(ctx)
 	st.Pruned = n
+	for _, e := range refusedRows {
+		errs = append(errs, e)
+		st.Stuck++
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneEnded, Err: err})
 	}
 	// And the dead items beyond the queue's retention.
-	n, err = q.PruneDead(ctx)
+	n, refusedRows, err = q.pruneDead(ctx)
 	st.DeadPruned = n
+	for _, e := range refusedRows {
+		errs = append(errs, e)
+		st.Stuck++
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepPruneDead, Err: err})
 	}
 	// A step of its own: the waiting items whose prerequisites ended.
-	st.Unblocked, st.DependencyDead, err = q.sweepDeps(ctx)
+	var refused []*ReapError
+	st.Unblocked, st.DependencyDead, refused, err = q.sweepDeps(ctx)
+	for _, e := range refused {
+		errs = append(errs, e)
+		if e.Ended {
+			st.Refused++
+		} else {
+			st.Stuck++
+		}
+	}
 	if err != nil {
 		errs = append(errs, &ReapError{Queue: q.opts.Queue, Step: StepDependencies, Err: err})
 	}
@@ -227,7 +269,9 @@ func (q *Queue) reapMoves(ctx context.Context, m reapMove) ([]*ReapError, error)
 		for _, b := range bad {
 			if !seen[b.ID] {
 				seen[b.ID] = true
-				stuck = append(stuck, b)
+				// Refused alone: ended, dead with reason ReasonRefused,
+				// unless its move to the dead items is refused too.
+				stuck = append(stuck, q.endRefusedItem(ctx, m.step, b.ID, b.Err))
 			}
 		}
 		if err != nil {

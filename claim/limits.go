@@ -46,10 +46,14 @@ func (l Limit) Unlimited() bool { return l.MaxInFlight == 0 && l.Rate == 0 }
 // queue's default for each tenant (Settings.TenantMaxInFlight and
 // Settings.TenantRate) for that tenant; a zero Limit makes the tenant
 // unlimited. Workers pick it up within their limits' refresh interval
-// (worker.LimitOptions.Refresh).
+// (worker.LimitOptions.Refresh). The tenant is at most MaxKeyLength bytes
+// of valid UTF-8, without NUL bytes, as NewItem.Tenant.
 func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) error {
 	if tenant == "" {
 		return errors.New("claim: a tenant limit needs a tenant name")
+	}
+	if err := crsql.CheckText("the tenant", tenant, MaxKeyLength); err != nil {
+		return fmt.Errorf("claim: setting a tenant's limit: %w (MaxKeyLength)", err)
 	}
 	if err := l.Validate(); err != nil {
 		return err

@@ -494,3 +494,110 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAckRacesTheDeletionOfItsSession runs an ack and the deletion of its
+// session's row (a peer's reap, or the session's close) against each other,
+// in both orders, each side waiting in the database on the other (invariants
+// 1, 3 and 6). A deletion that locked the item's claim first (its foreign
+// key's SET NULL) makes the ack wait, then fail as lost, writing nothing;
+// an ack that deleted the item first makes the deletion wait, and the
+// ack's result commits before the row is gone. So no result can commit after
+// the deletion of the session that claimed its item; a test that saw a
+// result stamped later than the last time it saw the row (cmd/demo,
+// faultDemo.checkFence) saw the gap in its own sampling.
+func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
+		t.Fatal(err)
+	}
+	// waiting waits until a statement of the database waits for a lock
+	// (PostgreSQL; CockroachDB has no pg_stat_activity wait events: there
+	// the order is whichever comes first, and the outcome is checked alike).
+	waiting := func(what string) {
+		if testdb.Kind(t) != "postgres" {
+			return
+		}
+		deadline := time.Now().Add(time.Minute)
+		for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not wait for a lock within a minute", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// The deletion first: it holds the claim's row until it commits.
+	first, err := startSessionNoCleanup(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := claimOne(t, q, first)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `DELETE FROM crdbwork_sessions WHERE id = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	acked := make(chan error, 1)
+	go func() { acked <- q.Ack(ctx, lost, record(lost)) }()
+	waiting("the ack of an item whose session is being deleted")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-acked; !errors.Is(err, claim.ErrClaimLost) {
+		t.Errorf("ack after its session's deletion committed: %v, want ErrClaimLost", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1`, lost.ID); n != 0 {
+		t.Errorf("the ack that lost its claim to the deletion of its session wrote %d results", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NULL`, lost.ID); n != 1 {
+		t.Errorf("the item whose ack lost is not back in the queue, unclaimed")
+	}
+
+	// The ack first: it has deleted the item and writes its result while
+	// the session's row is being deleted.
+	second, err := startSessionNoCleanup(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := q.Claimer(second).Claim(ctx, claim.ClaimRequest{Max: 1})
+	if err != nil || len(it) != 1 {
+		t.Fatalf("claimed %d items (err %v), want 1", len(it), err)
+	}
+	inAck, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	go func() {
+		acked <- q.Ack(ctx, it[0], func(ctx context.Context, tx pgx.Tx) error {
+			if !once {
+				once = true
+				close(inAck)
+				<-release
+			}
+			return record(it[0])(ctx, tx)
+		})
+	}()
+	<-inAck
+	deleted := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, `DELETE FROM crdbwork_sessions WHERE id = $1`, second)
+		deleted <- err
+	}()
+	waiting("the deletion of a session whose item is being acked")
+	close(release)
+	if err := <-acked; err != nil {
+		t.Errorf("ack before its session's deletion: %v, want it committed", err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = $1 AND session_id = $2`, it[0].ID, second); n != 1 {
+		t.Errorf("%d results of the ack that came first, want 1", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 1 {
+		t.Errorf("%d items left, want the one whose ack lost", n)
+	}
+}

@@ -61,7 +61,8 @@ type DB = crsql.Pool
 
 // Options configure a Queue. The zero value is valid.
 type Options struct {
-	// Queue is the queue's name. Default "default".
+	// Queue is the queue's name. Default "default". At most
+	// MaxQueueNameLength bytes of valid UTF-8, without NUL bytes.
 	Queue string
 	// Tables names the crdbwork tables.
 	Tables crsql.Tables
@@ -102,6 +103,14 @@ type Options struct {
 	// snooze after that moves it to the dead items with reason
 	// ReasonSnoozedTooOften. Default DefaultMaxSnoozes (100).
 	MaxSnoozes int
+	// SequencedClaimTimeout bounds how long one claim statement of a
+	// sequenced queue may run (and so hold the key heads it has locked,
+	// which other claims skip): past it the database stops the statement,
+	// nothing is claimed, and the claim fails with ErrSequencedClaimTimeout
+	// (package worker logs it and claims again at its next poll). Default
+	// DefaultSequencedClaimTimeout (10 s); negative: no bound.
+	// docs/sequences.md, "Cost", says what makes a sequenced claim long.
+	SequencedClaimTimeout time.Duration
 }
 
 // Queue enqueues, claims and acknowledges the items of one queue.
@@ -174,6 +183,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	if opts.MaxSnoozes == 0 {
 		opts.MaxSnoozes = DefaultMaxSnoozes
 	}
+	if opts.SequencedClaimTimeout == 0 {
+		opts.SequencedClaimTimeout = DefaultSequencedClaimTimeout
+	}
 	switch {
 	case db == nil:
 		return nil, errors.New("claim: nil database")
@@ -190,6 +202,9 @@ func New(db DB, opts Options) (*Queue, error) {
 	}
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
+	}
+	if err := crsql.CheckQueueName(opts.Queue); err != nil {
+		return nil, fmt.Errorf("claim: %w (MaxQueueNameLength)", err)
 	}
 	q := &Queue{db: db, store: crsql.NewStore(opts.Tables), opts: opts, given: given}
 	q.channel = q.store.NotifyChannel(opts.Queue)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -185,15 +186,24 @@ func (q *Queue) PruneDead(ctx context.Context) (int, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: pruning the dead items of %q: %w", q.opts.Queue, err)
 	}
-	total, err := q.pruneDead(ctx)
-	q.stats.deadPruned.Add(int64(total))
+	total, refused, err := q.pruneDead(ctx)
 	if err != nil {
-		return total, fmt.Errorf("claim: pruning the dead items of %q: %w", q.opts.Queue, err)
+		err = fmt.Errorf("claim: pruning the dead items of %q: %w", q.opts.Queue, err)
 	}
-	return total, nil
+	return total, joinRefused(err, refused)
 }
 
-func (q *Queue) pruneDead(ctx context.Context) (int, error) {
+// pruneDead is PruneDead once ready: it returns how many dead items it
+// deleted and those the database refused to delete (left, reported; see
+// pruneIsolated).
+func (q *Queue) pruneDead(ctx context.Context) (int, []*ReapError, error) {
+	var refused []*ReapError
+	total, err := q.pruneDeadAll(ctx, &refused)
+	q.stats.deadPruned.Add(int64(total))
+	return total, refused, err
+}
+
+func (q *Queue) pruneDeadAll(ctx context.Context, refused *[]*ReapError) (int, error) {
 	name := q.opts.Queue
 	var r crsql.RetentionRow
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
@@ -206,9 +216,9 @@ func (q *Queue) pruneDead(ctx context.Context) (int, error) {
 	}
 	total := 0
 	if r.MaxAge > 0 {
-		n, _, err := q.pruneBatches(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+		n, _, err := q.pruneBatches(ctx, refused, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 			return q.store.PruneDeadOlder(ctx, tx, q.engine.Load().dialect, name, r.MaxAge, pruneBatch)
-		})
+		}, time.Time{}, r.MaxAge)
 		total += n
 		if err != nil {
 			return total, err
@@ -217,13 +227,13 @@ func (q *Queue) pruneDead(ctx context.Context) (int, error) {
 	if r.MaxCount <= 0 {
 		return total, nil
 	}
-	n, err := q.pruneDeadCount(ctx, r.MaxCount)
+	n, err := q.pruneDeadCount(ctx, r.MaxCount, refused)
 	return total + n, err
 }
 
 // pruneDeadCount deletes the queue's dead items beyond the newest max, when
 // its upper bound of the queue's dead items (deadCountState) passes max.
-func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64) (int, error) {
+func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64, refused *[]*ReapError) (int, error) {
 	s, name := &q.deadCount, q.opts.Queue
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -255,9 +265,9 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64) (int, error)
 	if newest.Count < maxCount {
 		return 0, nil
 	}
-	n, done, err := q.pruneBatches(ctx, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+	n, done, err := q.pruneBatches(ctx, refused, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 		return q.store.PruneDeadBefore(ctx, tx, q.engine.Load().dialect, name, newest.Oldest, pruneBatch)
-	})
+	}, newest.Oldest, 0)
 	if err != nil || !done {
 		// More may be left than the bound says: check again next time.
 		s.valid, s.checked = false, time.Time{}
@@ -265,21 +275,23 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64) (int, error)
 	return n, err
 }
 
-// pruneBatches runs a pruning statement in batches of pruneBatch rows, each
-// in its own transaction, at most pruneStatements of them, and reports how
-// many rows they deleted and whether the last batch found fewer than a
-// batch (nothing left).
-func (q *Queue) pruneBatches(ctx context.Context, batch func(ctx context.Context, tx pgx.Tx) (int64, error)) (int, bool, error) {
-	total := 0
-	for range pruneStatements {
-		n, err := q.reapStep(ctx, batch)
-		total += n
-		if err != nil {
-			return total, false, err
-		}
-		if n < pruneBatch {
-			return total, true, nil
-		}
-	}
-	return total, false, nil
+// pruneBatches runs a pruning statement of the dead items in batches of
+// pruneBatch rows, each in its own transaction, at most pruneStatements of
+// them, and reports how many rows they deleted and whether the last batch
+// found fewer than a batch (nothing left). The rows of the batch's
+// condition (died before before or, with before zero, more than age ago)
+// that the database refuses to delete are left and added to refused (see
+// pruneIsolated).
+func (q *Queue) pruneBatches(ctx context.Context, refused *[]*ReapError, batch func(ctx context.Context, tx pgx.Tx) (int64, error),
+	before time.Time, age time.Duration) (int, bool, error) {
+	s, name := q.store, q.opts.Queue
+	n, done, bad, err := q.pruneIsolated(ctx, reapMove{step: StepPruneDead, batch: batch,
+		candidates: func(ctx context.Context, db crsql.DB, queue string, limit int) ([]uuid.UUID, error) {
+			return s.PruneDeadCandidates(ctx, db, queue, before, age, limit)
+		},
+		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
+			return s.PruneDeadIDs(ctx, tx, name, ids, before, age)
+		}})
+	*refused = append(*refused, bad...)
+	return n, done, err
 }

@@ -73,6 +73,15 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	deaths := func(queue string) int {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`, queue)
 	}
+	// The death time of the 1,000th newest of a, as the database stamped
+	// it: the count bound keeps it and the newer ones. (Counting the deaths
+	// of the last 1,001 seconds by the clock of the check failed whenever
+	// the prunes took more than the one second between the seeded deaths.)
+	var keepFrom time.Time
+	if err := pool.QueryRow(ctx, `SELECT died_at FROM crdbwork_dead_items WHERE queue = 'a'
+		ORDER BY died_at DESC LIMIT 1 OFFSET 999`).Scan(&keepFrom); err != nil {
+		t.Fatal(err)
+	}
 	// The first prune: the 50 old deaths (one batch), then 8 batches of
 	// the 9,000 beyond the count, the most one call deletes for a bound.
 	n, err := a.PruneDead(ctx)
@@ -91,7 +100,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 		t.Fatalf("Reap pruned %d dead items (%d left), want 1,000 (1,000 left)", st.DeadPruned, deaths("a"))
 	}
 	// The newest 1,000 are kept.
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'a' AND died_at > now() - INTERVAL '1001 seconds'`); n != 1000 {
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'a' AND died_at >= $1`, keepFrom); n != 1000 {
 		t.Fatalf("%d of the newest 1,000 deaths kept", n)
 	}
 	if got := a.Stats().DeadPruned; got != 9050 {

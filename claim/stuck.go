@@ -5,7 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // ErrDeadLetterFailed is wrapped by Nack's error when the item's move to the
@@ -44,20 +45,31 @@ const (
 //
 // ID is uuid.Nil when the step itself failed (the database, a connection, a
 // context ended): the step's remaining batches are left for the next Reap.
-// Otherwise ID is an item the step could not release or move even alone,
-// for something about that item: it stays as it is (in the items table; an
-// unclaimed one is never handed out), and every other item of the step was
-// released or moved without it. The next Reap tries it again.
+// Otherwise ID is an item (or a waiting item, or, in StepDependencies, a
+// prerequisite whose dependents could not be settled) that the step could
+// not release or move even alone, for something about that item; every
+// other item of the step was released or moved without it. If Ended, the
+// item was ended instead: moved to the dead items with reason
+// ReasonRefused, Err in its last error. Otherwise it stays as it is (in the
+// items table; an unclaimed one is never handed out), and the next Reap
+// tries it again.
 type ReapError struct {
 	Queue string
-	Step  string    // StepLeases, StepExhausted, StepExpired, StepPruneEnded or StepPruneDead
+	Step  string    // StepLeases, StepExhausted, StepExpired, StepPruneEnded, StepPruneDead, StepCancelled or StepDependencies
 	ID    uuid.UUID // the item, or uuid.Nil for a failure of the whole step
 	Err   error
+	// Ended reports that the refused item was moved to the dead items
+	// (reason ReasonRefused).
+	Ended bool
 }
 
 func (e *ReapError) Error() string {
-	if e.ID == uuid.Nil {
+	switch {
+	case e.ID == uuid.Nil:
 		return fmt.Sprintf("claim: reaping %q, step %s: %v", e.Queue, e.Step, e.Err)
+	case e.Ended:
+		return fmt.Sprintf("claim: reaping %q, step %s: the database refused item %s, which was moved to the dead items (reason %q): %v",
+			e.Queue, e.Step, e.ID, ReasonRefused, e.Err)
 	}
 	return fmt.Sprintf("claim: reaping %q, step %s: item %s cannot be released or moved: %v", e.Queue, e.Step, e.ID, e.Err)
 }
@@ -96,14 +108,4 @@ func ReapErrors(err error) []*ReapError {
 // raised by a trigger (P0). Serialization failures, connection and server
 // failures, and errors of the statement as a whole (a missing column, class
 // 42) are not: the same rows would pass another time, or none would.
-func itemFault(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "22", "23", "54", "P0":
-		return true
-	}
-	return false
-}
+func itemFault(err error) bool { return crsql.IsRefusal(err) }

@@ -55,7 +55,7 @@ func (q *Queue) claimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 		MaxPriority: req.MaxPriority, OwnedParts: req.OwnedParts,
 		AllTenantsLimited: req.AllTenantsLimited, LimitedTenants: req.LimitedTenants,
 	}
-	return q.runClaim(ctx, e, session, "claiming urgent items", q.sequenceGuard(func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+	return q.runClaim(ctx, e, session, "claiming urgent items", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 		return q.store.ClaimUrgentSequenced(ctx, db, e.dialect, a)
 	}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
 		return q.store.ClaimUrgent(ctx, db, e.dialect, a)

@@ -274,7 +274,7 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 	}
 	switch a.Act {
 	case "requeue":
-		var moved, live, gone int
+		var moved, live, gone, refused int
 		for _, s := range a.Sel {
 			var ok bool
 			var err error
@@ -286,6 +286,8 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 			switch {
 			case errors.Is(err, claim.ErrItemLive):
 				live++
+			case claim.IsRefusal(err):
+				refused++ // this row alone: it stays dead, the others go on
 			case err != nil:
 				return fmt.Sprintf("requeued %d of %d dead item(s) of %q;", moved, len(a.Sel), a.Queue), err
 			case ok:
@@ -294,11 +296,12 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 				gone++
 			}
 		}
-		return fmt.Sprintf("requeued %d of %d dead item(s) of %q (%d live already, %d gone)", moved, len(a.Sel), a.Queue, live, gone), nil
+		return fmt.Sprintf("requeued %d of %d dead item(s) of %q (%d live already, %d gone%s)", moved, len(a.Sel), a.Queue, live, gone,
+			refusedNote(refused)), nil
 	case "requeue-filter":
 		res, err := q.RequeueWhere(ctx, a.Filter, nil)
-		return fmt.Sprintf("requeued %d dead item(s) of %q%s (%d live already, %d gone)", res.Requeued, a.Queue,
-			describeFilter(a.Filter), res.Live, res.Gone), err
+		return fmt.Sprintf("requeued %d dead item(s) of %q%s (%d live already, %d gone%s)", res.Requeued, a.Queue,
+			describeFilter(a.Filter), res.Live, res.Gone, refusedNote(res.Refused)), err
 	case "cancel":
 		var ended, asked, already int
 		said := func() string {
@@ -357,4 +360,13 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("set the parts of %q to %d (were %d)", a.Queue, a.Parts, n), partition.SetParts(ctx, h.db, h.opts.Tables, a.Queue, a.Parts)
 	}
 	return "", fmt.Errorf("unknown action %q", a.Act)
+}
+
+// refusedNote says how many dead items the database refused to move back
+// (they stay dead), if any.
+func refusedNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d refused by the database and left dead", n)
 }

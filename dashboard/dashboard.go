@@ -22,7 +22,10 @@
 // queue's own page, which calls claim.Queue.Inspect (its cost grows with
 // that one queue's backlog; see Inspect).
 //
-// Safety. Actions are POST requests only, refused in read-only mode (403),
+// Safety. The dashboard answers only requests whose Host is a loopback
+// name or address or one of Options.AllowedHosts (403 otherwise: a guard
+// against DNS rebinding). Actions are POST requests only, refused in
+// read-only mode (403),
 // and each needs a CSRF token tied to the browser's dashboard cookie and
 // the user, and a same-origin request by the browser's Sec-Fetch-Site and
 // Origin headers (net/http's CrossOriginProtection). Options.Auth decides
@@ -79,6 +82,22 @@ type Options struct {
 	// behind one address; default: random per New, so tokens end with the
 	// process (pages reload to get a new one).
 	CSRFKey []byte
+	// AllowedHosts are the names and addresses, besides the loopback
+	// ones, that the dashboard answers to as a request's Host. A request
+	// for any other Host is refused with 403 before anything is read or
+	// done (and before Auth is asked): otherwise a page of another site
+	// whose name was made to resolve to this machine (DNS rebinding) could
+	// read the dashboard and use its actions, as its own origin in the
+	// browser. Loopback names and addresses ("localhost", names under it,
+	// 127.0.0.0/8, ::1) are always served, with any port (an SSH tunnel or
+	// a port forward changes it). An entry is a name or an address,
+	// optionally with a port to allow that port only ("ops.example.com",
+	// "10.0.0.5:7433", "[fd00::5]:7433"); "*.example.com" for every name
+	// under example.com; or "*" for any Host, only when something in front
+	// of the handler checks the Host itself. So a dashboard mounted in a
+	// service that is reached by name must list that name: by default it
+	// answers loopback Hosts only.
+	AllowedHosts []string
 }
 
 // Defaults of Options.
@@ -97,6 +116,7 @@ type handler struct {
 	pages   map[string]*pageTemplate
 	mux     *http.ServeMux
 	cop     *http.CrossOriginProtection
+	hosts   hosts // the Host headers it answers
 	sampler *sampler
 
 	queuesMu sync.Mutex
@@ -158,12 +178,16 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 			return nil, fmt.Errorf("dashboard: making a CSRF key: %w", err)
 		}
 	}
+	allowed, err := newHosts(opts.AllowedHosts)
+	if err != nil {
+		return nil, err
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
 	}
 	h := &handler{db: db, opts: opts, store: crsql.NewStore(opts.Tables), pages: pages,
-		cop: http.NewCrossOriginProtection(), queues: map[string]*claim.Queue{}}
+		cop: http.NewCrossOriginProtection(), hosts: allowed, queues: map[string]*claim.Queue{}}
 	h.sampler = newSampler(h)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", h.page("overview", h.overview))
@@ -179,8 +203,9 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP authenticates the request, sets the security headers and
-// routes it.
+// ServeHTTP sets the security headers, refuses a Host the dashboard does
+// not serve (Options.AllowedHosts), authenticates the request and routes
+// it.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
@@ -188,6 +213,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("X-Frame-Options", "DENY")
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("Cache-Control", "no-store")
+	if !h.hosts.allows(r.Host) {
+		refuseHost(w, r)
+		return
+	}
 	user := "anonymous"
 	if h.opts.Auth != nil {
 		u, ok := h.opts.Auth(r)

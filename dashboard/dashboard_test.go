@@ -74,6 +74,10 @@ func (b *browser) do(method, path string, form url.Values, hdr map[string]string
 		req.Header[k] = vs
 	}
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v // sent as the Host header (and the jar's cookies are Host's); the connection stays to base
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := b.c.Do(req)

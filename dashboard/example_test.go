@@ -16,7 +16,8 @@ import (
 
 // Mount the dashboard under a prefix of a service of your own, behind the
 // service's own login: the Auth hook names the user for the audit list and
-// refuses everyone else.
+// refuses everyone else; AllowedHosts names the host the service is reached
+// by, and any other Host is refused (DNS rebinding).
 func ExampleNew() {
 	ctx := context.Background()
 	url, drop := testdb.ExampleURL()
@@ -37,6 +38,8 @@ func ExampleNew() {
 			user, ok := loggedIn(r) // your service's session check
 			return user, ok && isOperator(user)
 		},
+		// The names your service is reached by (loopback ones are always served).
+		AllowedHosts: []string{"ops.example.com"},
 		// ReadOnly: true, // to show everything and change nothing
 	})
 	if err != nil {
@@ -48,19 +51,21 @@ func ExampleNew() {
 
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	for _, user := range []string{"ada", "mallory"} {
+	for _, c := range []struct{ user, host string }{{"ada", "ops.example.com"}, {"mallory", "ops.example.com"}, {"ada", "attacker.example"}} {
 		req, _ := http.NewRequest("GET", srv.URL+"/ops/queues/", nil)
-		req.Header.Set("X-Demo-User", user)
+		req.Host = c.host // as a browser at https://ops.example.com/ops/queues/ sends it
+		req.Header.Set("X-Demo-User", c.user)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			log.Fatal(err)
 		}
 		resp.Body.Close()
-		fmt.Println(user, resp.StatusCode)
+		fmt.Println(c.user, c.host, resp.StatusCode)
 	}
 	// Output:
-	// ada 200
-	// mallory 401
+	// ada ops.example.com 200
+	// mallory ops.example.com 401
+	// ada attacker.example 403
 }
 
 // loggedIn stands for a service's own authentication.

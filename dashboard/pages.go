@@ -135,7 +135,15 @@ type queueData struct {
 	State              crsql.QueueState
 	Cap                int64
 	KeepAge, KeepCount string
+	// Sequencing is the queue's sequencing (with what a death does to a
+	// key); Blocked its first blockedRows blocked keys (read only when the
+	// queue is sequenced or holds sequenced items).
+	Sequencing claim.SequenceInfo
+	Blocked    []claim.BlockedKey
 }
+
+// blockedRows is how many blocked keys a queue's page lists.
+const blockedRows = 20
 
 type holder struct {
 	Session uuid.UUID
@@ -198,6 +206,14 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 	})
 	if err != nil {
 		return "", nil, err
+	}
+	if d.Sequencing, err = q.Sequencing(r.Context()); err != nil {
+		return "", nil, err
+	}
+	if d.Sequencing.On || d.Sequencing.Items || d.Sequencing.Hold {
+		if d.Blocked, err = q.BlockedKeys(r.Context(), blockedRows); err != nil {
+			return "", nil, err
+		}
 	}
 	return "Queue " + name, d, nil
 }

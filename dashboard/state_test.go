@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"errors"
 	"html"
 	"net/http"
 	"net/url"
@@ -179,5 +180,66 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 	}
 	if got := field(page, "q-retention"); !strings.HasPrefix(got, "for ") || !strings.Contains(got, ", at most ") || strings.Contains(got, "no limit") {
 		t.Errorf("plain queue page, retention %q", got)
+	}
+}
+
+// The queue page of a sequenced queue says what a death does to a key and
+// lists the blocked keys with the item that blocks each: a dead head in a
+// hold queue, and a head waiting for its retry.
+func TestQueuePageShowsBlockedKeys(t *testing.T) {
+	pool, srv := setup(t, dashboard.Options{Auth: func(r *http.Request) (string, bool) { return "ada", true }})
+	ctx := context.Background()
+	q, err := claim.New(pool, claim.Options{Queue: "ledger", BackoffBase: time.Hour, BackoffMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.SetSequenced(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, srv.URL)
+	page := b.get("/queue?name=ledger")
+	if got := field(page, "q-on-death"); !strings.HasPrefix(got, "advance") {
+		t.Errorf("on a death: %q, want advance", got)
+	}
+	if !strings.Contains(page, `id="q-blocked-none"`) {
+		t.Errorf("a sequenced queue without blocked keys does not say so:\n%s", page)
+	}
+	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	res, err := q.Enqueue(ctx, claim.NewItem{Key: "acct-1", Payload: []byte("a")}, claim.NewItem{Key: "acct-1", Payload: []byte("b")},
+		claim.NewItem{Key: "acct-2", Payload: []byte("c")}, claim.NewItem{Key: "acct-2", Payload: []byte("d")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(context.Background()) })
+	items, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil || len(items) != 2 {
+		t.Fatalf("claim: %v, %d items", err, len(items))
+	}
+	for _, it := range items {
+		cause := errors.New("card declined")
+		if it.ID == res.IDs[0] {
+			cause = claim.Permanent(cause)
+		}
+		if _, err := q.Nack(ctx, it, cause); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page = b.get("/queue?name=ledger")
+	if got := field(page, "q-on-death"); !strings.HasPrefix(got, "hold") {
+		t.Errorf("on a death: %q, want hold", got)
+	}
+	dead := regexp.MustCompile(`(?s)<tr data-key="acct-1">.*?</tr>`).FindString(page)
+	if !strings.Contains(dead, "held by a dead item (permanent)") || !strings.Contains(dead, "card declined") || !strings.Contains(dead, res.IDs[0].String()) {
+		t.Errorf("acct-1's row: %q", dead)
+	}
+	retry := regexp.MustCompile(`(?s)<tr data-key="acct-2">.*?</tr>`).FindString(page)
+	if !strings.Contains(retry, "head waits for its retry") || !strings.Contains(retry, res.IDs[2].String()) {
+		t.Errorf("acct-2's row: %q", retry)
 	}
 }

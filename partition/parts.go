@@ -65,6 +65,9 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	if n < 1 || n > MaxParts {
 		return fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
+	if err := crsql.CheckQueueName(queue); err != nil {
+		return fmt.Errorf("partition: setting the parts of a queue: %w (sql.MaxQueueNameLength)", err)
+	}
 	store := crsql.NewStore(t)
 	// The server's default isolation: READ COMMITTED on PostgreSQL, so that
 	// the upsert waits for the enqueues holding a share lock on the row and

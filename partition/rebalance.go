@@ -143,6 +143,9 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	if err := crsql.CheckQueueName(opts.Queue); err != nil {
+		return nil, fmt.Errorf("partition: %w (sql.MaxQueueNameLength)", err)
+	}
 	switch {
 	case db == nil || sess == nil || isNilSession(sess):
 		return nil, errors.New("partition: nil database or session")

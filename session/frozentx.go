@@ -139,7 +139,12 @@ func ParseSetting(s string) (time.Duration, error) {
 // left open by a frozen process, most likely), it deletes the expired
 // sessions one at a time instead, each bounded by d, in random order, for
 // at most 2·d in all: the sessions whose rows are not locked are deleted,
-// those that stay are tried again at the next reap. It returns how many it
+// those that stay are tried again at the next reap. It does the same when
+// the database refuses the delete for something about a row it changes
+// (sql.IsRefusal: a claim whose release would write an item past the
+// schema's bounds, say): one session's row never keeps the others of the
+// database, whatever their queues, from being reaped; the refused ones are
+// named in the error. It returns how many it
 // deleted and, when some expired session could not be deleted in time, an
 // error wrapping ErrReapTimeout that names them and the likely cause. The
 // connection of an abandoned statement is closed (pgx cancels the
@@ -154,6 +159,11 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	switch {
 	case err == nil:
 		return n, nil
+	case crsql.IsRefusal(err):
+		// The delete of one expired session is refused for something
+		// about a row it changes (the release of one of its claims would
+		// write an item past the schema's bounds; a constraint; a
+		// trigger): one at a time too, so that the others go.
 	case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
 		return 0, fmt.Errorf("session: reaping expired sessions: %w", crsql.Classify(err))
 	}
@@ -166,8 +176,8 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	}
 	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 	var deleted int64
-	var blocked []uuid.UUID
-	var last error
+	var blocked, refused []uuid.UUID
+	var last, lastRefusal error
 	until := time.Now().Add(2 * d)
 	for i, id := range ids {
 		if ctx.Err() != nil {
@@ -184,11 +194,25 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 			}
 			return 0, err
 		})
-		if err != nil {
+		switch {
+		case crsql.IsRefusal(err):
+			refused, lastRefusal = append(refused, id), err
+			continue
+		case err != nil:
 			blocked, last = append(blocked, id), err
 			continue
 		}
 		deleted += k
+	}
+	if len(refused) > 0 {
+		err := fmt.Errorf("session: reaping expired sessions: the database refused to delete %d expired session(s) %v for something about a row "+
+			"their delete changes (the release of a claim that would write an item past the schema's bounds, a constraint, a trigger); "+
+			"they stay until that row is gone (a queue's reaper ends such an item, dead as refused, once its lease runs out), and every other "+
+			"expired session was deleted: %w", len(refused), refused, lastRefusal)
+		if len(blocked) > 0 {
+			err = errors.Join(err, reapTimeoutError(d, blocked, last))
+		}
+		return deleted, err
 	}
 	if len(blocked) == 0 {
 		return deleted, nil

@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"errors"
+	"math/rand"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,52 @@ func TestParseSetting(t *testing.T) {
 		if _, err := session.ParseSetting(in); err == nil {
 			t.Errorf("ParseSetting(%q) succeeded", in)
 		}
+	}
+}
+
+// TestReapWithinGoesOnPastRefusedDeletes: the delete of an expired session
+// releases its claims (ON DELETE SET NULL), and the database refuses the
+// release of an item whose tenant, written by raw SQL, is too long for the
+// index of unclaimed items. That session stays, named in the error; the
+// other expired sessions (whatever their queues) are deleted and their
+// claims released. On the code before the fix, the one statement that
+// deletes every expired session failed, at every reap, and deleted none.
+func TestReapWithinGoesOnPastRefusedDeletes(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	expired := func() uuid.UUID {
+		var id uuid.UUID
+		if err := pool.QueryRow(ctx, `INSERT INTO crdbwork_sessions (expiry, heartbeat_at) VALUES (INTERVAL '1 second', now() - INTERVAL '1 hour') RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	bad, good := expired(), expired()
+	// Random letters and digits: PostgreSQL cannot compress them into
+	// the index entry.
+	r := rand.New(rand.NewSource(1))
+	tenant := make([]byte, 3000)
+	for i := range tenant {
+		tenant[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[r.Intn(36)]
+	}
+	claimed := `INSERT INTO crdbwork_items (id, queue, payload, tenant, claim, claimed_at, lease_until) VALUES ($1, $2, 'x', $3, $4, now(), now() + INTERVAL '1 hour')`
+	badItem, goodItem := uuid.New(), uuid.New()
+	if _, err := pool.Exec(ctx, claimed, badItem, "a", string(tenant), bad); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, claimed, goodItem, "b", "t", good); err != nil {
+		t.Fatal(err)
+	}
+	n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 5*time.Second)
+	if n != 1 || err == nil || !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), "refused") ||
+		errors.Is(err, session.ErrReapTimeout) {
+		t.Fatalf("ReapWithin = %d, %v; want 1 deleted and an error naming the refused session %s", n, err, bad)
+	}
+	if !sessionExists(t, pool, bad) || sessionExists(t, pool, good) {
+		t.Fatalf("after the reap: refused session there %v (want true), other there %v (want false)", sessionExists(t, pool, bad), sessionExists(t, pool, good))
+	}
+	var claim *uuid.UUID
+	if err := pool.QueryRow(ctx, `SELECT claim FROM crdbwork_items WHERE id = $1`, goodItem).Scan(&claim); err != nil || claim != nil {
+		t.Fatalf("the other session's item: claim %v, %v; want released", claim, err)
 	}
 }

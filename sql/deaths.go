@@ -67,9 +67,10 @@ type deathStatements struct {
 	// crdbwork_dead_items_by_queue.
 	DeadItemsBefore string // $1 queue, $2 died_at, $3 id, $4 death, $5 limit → dead item columns
 	// RequeueState says why Requeue moved nothing: the queue of the live
-	// item with id $1 (NULL if none) and how many deaths of $1 in queue $2
-	// match $3 (NULL: any).
-	RequeueState string // $1 id, $2 queue, $3 death or NULL → live queue, deaths
+	// item with id $1 (NULL if none), the queue of the waiting item with id
+	// $1 (NULL if none) and how many deaths of $1 in queue $2 match $3
+	// (NULL: any).
+	RequeueState string // $1 id, $2 queue, $3 death or NULL → live queue, waiting queue, deaths
 }
 
 // newDeathStatements renders the statements for t.
@@ -114,6 +115,7 @@ WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
 ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $5`),
 		RequeueState: r(`SELECT (SELECT queue FROM crdbwork_items WHERE id = $1),
+       (SELECT queue FROM crdbwork_waiting WHERE id = $1),
        (SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3))`),
 	}
 }

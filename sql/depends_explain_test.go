@@ -58,6 +58,8 @@ func TestDependsPlans(t *testing.T) {
 		{"Prereqs", ds.Prereqs, []any{"q7", some[0]}},
 		{"Dependents", ds.Dependents, []any{"q7", some[0], 100}},
 		{"Waiting", ds.Waiting, []any{"q7", some[0]}},
+		// A waiting row the database refused to move (refused.go).
+		{"KillRefusedWaiting", crsql.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{"q7", some[0], "refused by the database (dependencies): boom"}},
 		{"WaitingCount", ds.WaitingCount, []any{"q7"}},
 		{"HasEdges", ds.HasEdges, []any{"q7"}},
 		{"PurgeEdges", ds.PurgeEdges, []any{"q7", 1000}},

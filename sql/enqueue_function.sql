@@ -66,7 +66,7 @@ DECLARE
 BEGIN
     -- This function's revision (package sql's Apply reads it back from the
     -- catalog, and replaces the function only if it is older).
-    v_revision := 'crdbwork-enqueue-revision-1';
+    v_revision := 'crdbwork-enqueue-revision-2';
 
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
@@ -81,11 +81,17 @@ BEGIN
     IF octet_length(metadata) > 1048576 THEN
         RAISE EXCEPTION 'enqueue: the metadata is % bytes, the limit is 1048576', octet_length(metadata) USING ERRCODE = '54000';
     END IF;
-    IF octet_length(key) > 4096 THEN
-        RAISE EXCEPTION 'enqueue: the key is % bytes, the limit is 4096', octet_length(key) USING ERRCODE = '22023';
+    -- The texts that the items' indexes hold: their bounds are the Go
+    -- API's (package sql's MaxQueueNameLength and MaxKeyLength), which
+    -- keep every index entry within PostgreSQL's bound of 2,704 bytes.
+    IF octet_length(queue) > 512 THEN
+        RAISE EXCEPTION 'enqueue: the queue name is % bytes, the limit is 512', octet_length(queue) USING ERRCODE = '22023';
     END IF;
-    IF octet_length(tenant) > 4096 THEN
-        RAISE EXCEPTION 'enqueue: the tenant is % bytes, the limit is 4096', octet_length(tenant) USING ERRCODE = '22023';
+    IF octet_length(key) > 2048 THEN
+        RAISE EXCEPTION 'enqueue: the key is % bytes, the limit is 2048', octet_length(key) USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(tenant) > 2048 THEN
+        RAISE EXCEPTION 'enqueue: the tenant is % bytes, the limit is 2048', octet_length(tenant) USING ERRCODE = '22023';
     END IF;
     IF delay IS NOT NULL AND run_at IS NOT NULL THEN
         RAISE EXCEPTION 'enqueue: give delay or run_at, not both' USING ERRCODE = '22023';

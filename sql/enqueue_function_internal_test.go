@@ -253,6 +253,9 @@ func TestEnqueueFunctionRevisionUpgrades(t *testing.T) {
 // revision.
 var enqueueFunctionPins = map[int]string{
 	1: "e9642d719a6f4235bcb8e7033e773ba44d103d9016acd586cc7845c474f08fca",
+	// 2: the bounds of the queue's name (512 bytes), the key and the
+	// tenant (2,048) that the items' indexes hold (docs/enqueue.md).
+	2: "21fe27ae2e31e232916340157db4c0dca2b23837f04a9c94492cc05af7f2ae35",
 }
 
 // The files are those pinned for their revision, and both carry it.

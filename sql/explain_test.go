@@ -147,6 +147,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 	}
 	urgent := crsql.NewUrgentStatements(crsql.Tables{}).ForDialect(dialect)
 	deaths := crsql.NewDeathStatements(crsql.Tables{})
+	refused := crsql.NewRefusedStatements(crsql.Tables{})
 	inspect := crsql.NewInspectStatements(crsql.Tables{})
 	var deadID, deadDeath uuid.UUID
 	var diedAt time.Time
@@ -202,6 +203,11 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"Requeue", st.Requeue, []any{deadID, "q", nil}},
 		{"Requeue (a death)", st.Requeue, []any{deadID, "q", deadDeath}},
 		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
+		// Rows the database refuses (refused.go): one item by id.
+		{"KillRefusedItem", refused.KillItem, []any{"q", ids[0], "refused by the database (leases): boom"}},
+		{"CancelledIDs", refused.CancelledIDs, []any{"q", 1000}},
+		{"ReapCancelledIDs", refused.ReapCancelledIDs, []any{"q", ids[:64]}},
+		{"ReapCancelledIDs (one item)", refused.ReapCancelledIDs, []any{"q", ids[:1]}},
 		{"TestItems", crsql.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"InsertQueueParts", st.InsertQueueParts, []any{"q-new", int64(4)}},
 		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
@@ -209,6 +215,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
+		{"PruneEndedCandidates", refused.PruneEndedCandidates, []any{"q", 1000}},
+		{"PruneEndedIDs", refused.PruneEndedIDs, []any{"q", ids[:64]}},
 		{"QueueLimits", ls.QueueLimits, []any{"q"}},
 		{"TenantLimits", ls.TenantLimits, []any{"q"}},
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
@@ -245,7 +253,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		// PostgreSQL: "Seq Scan on crdbwork_items"; CockroachDB: a "full
 		// scan" of the table's primary index.
 		byKey := strings.HasPrefix(c.name, "AckMany") || strings.HasPrefix(c.name, "Extend") || strings.HasPrefix(c.name, "TakeAtMostOnce") || c.name == "ClaimPicked" ||
-			strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust"
+			strings.HasPrefix(c.name, "ReapLeasesIDs") || strings.HasPrefix(c.name, "ReapExhaustedIDs") || strings.HasPrefix(c.name, "ReapExpiredIDs") || c.name == "Exhaust" ||
+			c.name == "KillRefusedItem" || strings.HasPrefix(c.name, "ReapCancelledIDs")
 		switch {
 		case (strings.HasPrefix(c.name, "ClaimParts") || c.name == "PickParts") && !strings.Contains(text, "crdbwork_items_part_turn"):
 			t.Errorf("%s (%s) does not read the per-part index crdbwork_items_part_turn:\n%s", c.name, mode, text)

@@ -71,6 +71,22 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 	if testdb.Kind(t) == "postgres" {
 		pruneOlder, pruneBefore = ret.PostgresPruneDeadOlder, ret.PostgresPruneDeadBefore
 	}
+	refused := crsql.NewRefusedStatements(crsql.Tables{})
+	var ids []uuid.UUID
+	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_dead_items WHERE queue = 'q' ORDER BY died_at LIMIT 64`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var d uuid.UUID
+		if err := rows.Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, d)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	cases := []planCase{
 		{"Retention", ret.Retention, []any{"q"}},
 		{"SetRetention", ret.SetRetention, []any{"q", int64(3600e6), int64(500)}},
@@ -81,12 +97,19 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 		{"SaveCheckpoint", ck.SaveCheckpoint, []any{id, session, int64(1), nil}},
 		{"SaveProgress", ck.SaveProgress, []any{id, session, int64(1), int64(3), int64(10)}},
 		{"Progressing", ck.Progressing, []any{"q", 20}},
+		// The by-id fallback of the pruning (refused.go).
+		{"PruneDeadCandidates", refused.PruneDeadCandidates, []any{"q", nil, int64(30 * 24 * 3600e6), 1000}},
+		{"PruneDeadCandidates (before)", refused.PruneDeadCandidates, []any{"q", recent, int64(0), 1000}},
+		{"PruneDeadIDs", refused.PruneDeadIDs, []any{"q", ids, nil, int64(30 * 24 * 3600e6)}},
+		{"PruneDeadIDs (before)", refused.PruneDeadIDs, []any{"q", ids, recent, int64(0)}},
 	}
 	want := map[string]string{
 		"PruneDeadOlder": "crdbwork_dead_items_by_queue", "PruneDeadBefore": "crdbwork_dead_items_by_queue",
 		"DeadNewest": "crdbwork_dead_items_by_queue", "DeadSince": "crdbwork_dead_items_by_queue",
 		"SaveCheckpoint": "crdbwork_items_pkey", "SaveProgress": "crdbwork_items_pkey",
-		"Progressing": "crdbwork_items_progress",
+		"Progressing":         "crdbwork_items_progress",
+		"PruneDeadCandidates": "crdbwork_dead_items_by_queue", "PruneDeadCandidates (before)": "crdbwork_dead_items_by_queue",
+		"PruneDeadIDs": "crdbwork_dead_items_pkey", "PruneDeadIDs (before)": "crdbwork_dead_items_pkey",
 		// Retention and SetRetention read the queues table by its key,
 		// which PostgreSQL may read whole while it is a few rows.
 	}

@@ -19,7 +19,7 @@ import (
 // Version is the schema version this code expects. Apply brings a database
 // to it; Check accepts a database at this version, or at a newer one that
 // still serves this code (see Serves).
-const Version = 5
+const Version = 6
 
 // Serves is the oldest code version that a database at Version still
 // serves: code of that version and newer keeps working on it, through

@@ -36,12 +36,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_schema_version (
 -- package sql's Apply. On a fresh or current database this changes nothing.
 UPDATE crdbwork_schema_version SET installed = installed WHERE false;
 
--- A database at version 4 (or with an interrupted migration) STOPS HERE
+-- A database at version 4 or 5 (or with an interrupted migration) STOPS HERE
 -- too, before anything was changed, with an error that quotes this message
 -- (as text that is not a number): upgrade it as above.
 SELECT CAST('crdbwork: the database has an older crdbwork schema, version ' || installed::TEXT ||
             ': upgrade it with `crdbwork migrate`, package sql''s Apply or the files in sql/migrations/' AS BIGINT)
-FROM crdbwork_schema_version WHERE installed < 5;
+FROM crdbwork_schema_version WHERE installed < 6;
 
 -- One row per live worker process. A session proves it is alive by moving
 -- heartbeat_at forward (with the database clock); any peer deletes the rows
@@ -89,8 +89,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     dead_max_count       BIGINT   NOT NULL DEFAULT 100000,
 
     -- Sequences (version 5): one item in flight per key, claimed in
-    -- enqueue order (docs/sequences.md).
+    -- enqueue order (docs/sequences.md); and (version 6) whether a death of
+    -- a sequenced item holds its key (true) or lets it advance (false).
     sequenced            BOOL   NOT NULL DEFAULT false,
+    sequence_hold        BOOL   NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 
@@ -221,6 +223,11 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     -- Why it died: 'failed' (attempts used up), 'permanent', 'crash loop',
     -- 'expired'.
     reason       TEXT        NOT NULL DEFAULT '',
+    -- Sequences (version 6): the item's place in its key's sequence (NULL:
+    -- not sequenced), given back by a requeue, and whether it holds its key
+    -- (it died in a queue whose sequence_hold was on).
+    seq_order    BIGINT,
+    seq_hold     BOOL        NOT NULL DEFAULT false,
     CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death)
 );
 
@@ -326,6 +333,11 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_sequence_order
     ON crdbwork_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_order IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS crdbwork_items_sequence_claimed
     ON crdbwork_items (queue, item_key) WHERE claim IS NOT NULL AND seq_order IS NOT NULL;
+-- (version 6) The dead items that hold their keys, in their keys' order: the
+-- sequenced claims' test that no earlier dead item holds a candidate's key,
+-- and the list of blocked keys. Normally empty.
+CREATE INDEX IF NOT EXISTS crdbwork_dead_items_sequence_held
+    ON crdbwork_dead_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_hold;
 
 -- cancel and snooze (version 5)
 -- Items a cancel was asked of while they were claimed: each session looks
@@ -380,7 +392,7 @@ CREATE TABLE IF NOT EXISTS crdbwork_waits_for (
 CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent
     ON crdbwork_waits_for (queue, dependent);
 
-INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 5)
+INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
         installed = GREATEST(v.installed, excluded.installed), applied_at = now();

@@ -52,8 +52,8 @@ func setVersionRow(t *testing.T, pool *pgxpool.Pool, serves, installed int64) {
 // Apply read both.
 func TestCheckServes(t *testing.T) {
 	ctx := context.Background()
-	if crsql.Version != 5 || crsql.Serves != 3 {
-		t.Fatalf("this test is written for schema version 5 serving version-3 code, the code says version %d serving %d: update it", crsql.Version, crsql.Serves)
+	if crsql.Version != 6 || crsql.Serves != 3 {
+		t.Fatalf("this test is written for schema version 6 serving version-3 code, the code says version %d serving %d: update it", crsql.Version, crsql.Serves)
 	}
 
 	t.Run("current", func(t *testing.T) {
@@ -63,7 +63,7 @@ func TestCheckServes(t *testing.T) {
 		}
 		wantInstalled(t, pool, crsql.Version, crsql.Serves)
 		if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
-			t.Fatalf("Check of a database at version 5 serving 3: %v", err)
+			t.Fatalf("Check of a database at version 6 serving 3: %v", err)
 		}
 		// What version-3 code reads and compares with its own Version (3).
 		var old int64
@@ -98,7 +98,7 @@ func TestCheckServes(t *testing.T) {
 		if !errors.Is(err, crsql.ErrSchemaNewer) {
 			t.Fatalf("Check of a database serving version %d and newer = %v, want ErrSchemaNewer", crsql.Version+1, err)
 		}
-		if !strings.Contains(err.Error(), "serves code of version 6 and newer") {
+		if !strings.Contains(err.Error(), "serves code of version 7 and newer") {
 			t.Errorf("the error does not name the oldest version served: %v", err)
 		}
 		if err := crsql.Apply(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaNewer) {

@@ -88,8 +88,9 @@ type coreStatements struct {
 	DeadItems string // $1 queue, $2 limit → dead item columns (with tenant, reason and death), newest first
 	// Requeue moves one death of a dead item back into the items table:
 	// death $3, or the newest death of the id if $3 is NULL. The other
-	// deaths stay as history. It moves nothing while an item with that id
-	// is in the items table (deathStatements.RequeueState tells why).
+	// deaths stay as history. It moves nothing while the id is live: an
+	// item with that id is in the items table, or a waiting item has it
+	// (deathStatements.RequeueState tells why).
 	Requeue string // $1 id, $2 queue, $3 death or NULL → id of the item put back
 	// Backlog counts every item of every queue (a scan of the whole items
 	// table); metrics and the demo's status read one queue at a time
@@ -299,19 +300,19 @@ const heldBy = `id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND $2::UUID IS 
 var (
 	moveExhausted = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant),
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop' FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop', ` + deadSeqValues + ` FROM gone
 RETURNING id`
 	moveExpired = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant),
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired' FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired', ` + deadSeqValues + ` FROM gone
 RETURNING id`
 )
 
@@ -327,6 +328,29 @@ RETURNING id`
 // (pkg/sql/parser/sql.y); its plan still reads crdbwork_items_expiry,
 // whose predicate the other conditions imply (not run here: no server).
 const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE`
+
+// deadSeqColumns and deadSeqValues are what every move of an item to the
+// dead items writes of its sequence (docs/sequences.md, "After a death"),
+// from the moved row's seq_order (in the CTE gone, beside the row's queue):
+// its place in its key's sequence, and whether it holds its key, which it
+// does if it was sequenced and its queue's sequence_hold is on. (Code of
+// versions 3 to 5 writes neither: its deaths never hold.)
+const (
+	deadSeqColumns = `seq_order, seq_hold`
+	deadSeqValues  = `seq_order, (seq_order IS NOT NULL AND item_key IS NOT NULL AND COALESCE((SELECT w.sequence_hold FROM crdbwork_queues AS w WHERE w.name = gone.queue), false))`
+)
+
+// requeuedSeqOrder is the seq_order a requeue gives the item (in
+// coreStatements.Requeue, from the dead row g and the queue's settings n):
+// the place in its key's sequence it died with, so that with its enqueue
+// time, which it keeps, it runs before the key's later items and never
+// beside one (the head test and the unique index of claimed keys see it
+// again). An item of a sequenced queue that died without one (under code
+// older than version 6) but has a key is sequenced anew with 0: by its
+// enqueue time, first among the items of its enqueue call. Other items
+// stay unsequenced.
+const requeuedSeqOrder = `CASE WHEN g.seq_order IS NOT NULL THEN g.seq_order
+            WHEN n.sequenced AND g.item_key IS NOT NULL THEN 0 END`
 
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
@@ -380,11 +404,11 @@ SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE ` + heldBy),
 		DeadLetter: r(`WITH gone AS (
     DELETE FROM crdbwork_items WHERE ` + heldBy + `
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant),
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5 FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
 RETURNING id`),
 		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + fenced + ` RETURNING id, lease_until`),
@@ -445,25 +469,33 @@ LIMIT $2`),
 		// and claim token (so tokens keep growing), gets fresh attempts, no
 		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
 		// the queue's current number of parts, as SetParts does for items.
-		// The death is picked only if no item has the id (the check and the
-		// DELETE see one snapshot; an item inserted since makes the INSERT
-		// fail, and the whole statement with it): a refused requeue deletes
-		// nothing. The requeued id is no longer ended (revived).
+		// The death is picked only if the id is not live anywhere: no item
+		// has it, and no waiting item (an item enqueued again with
+		// prerequisites, in any queue), which the move would otherwise
+		// shadow: its release would find the id taken and be lost. The
+		// checks and the DELETE see one snapshot (an item inserted since
+		// makes the INSERT fail, and the whole statement with it; a waiting
+		// item inserted since is a serialization failure of the
+		// SERIALIZABLE transaction Requeue runs in): a refused requeue
+		// deletes nothing. The requeued id is no longer ended (revived).
 		Requeue: r(`WITH victim AS MATERIALIZED (
     SELECT death FROM crdbwork_dead_items
     WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
       AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting WHERE id = $1)
     ORDER BY died_at DESC, death DESC
     LIMIT 1),
 gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant),
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order),
 revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant)
-SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order)
+SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
+       ` + requeuedSeqOrder + `
 FROM gone AS g,
-     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts) AS n
+     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
+             COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n
 RETURNING id`),
 		Backlog: r(`SELECT queue, part,
        count(*) FILTER (WHERE claim IS NULL),

@@ -65,7 +65,25 @@ const farVesting = `now() + INTERVAL '100 years'`
 
 // cancelledGone is the RETURNING list of the deletes that end cancelled
 // items, read by recordCancelled.
-const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason`
+const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason,
+        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order`
+
+// cancelHolds is the CTE, named held, that keeps the cancelled items of
+// the CTE gone that hold their key (docs/sequences.md, "After a death"):
+// a sequenced item of a queue whose sequence_hold is on goes to the dead
+// items too, reason 'cancelled', holding its key's later items until it
+// is requeued, deleted or released, as a dead one would. The ended row
+// ('cancelled') is written as for any cancel. Other cancelled items are
+// not kept.
+const cancelHolds = `held AS (
+    INSERT INTO crdbwork_dead_items
+        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold)
+    SELECT g.id, g.queue, g.part, g.item_key, g.priority, g.attempts, g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
+           '` + OutcomeCancelled + `', g.seq_order, true
+    FROM gone AS g
+    WHERE g.seq_order IS NOT NULL AND g.item_key IS NOT NULL
+      AND EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.sequence_hold)
+    RETURNING id)`
 
 // recordCancelled returns the CTE, named ended, that records the rows of
 // the CTE gone as ended with outcome 'cancelled', with who cancelled them
@@ -104,7 +122,8 @@ const cancelUnclaimed = `WITH gone AS (
     ON CONFLICT (queue, id) DO UPDATE SET ended_at = excluded.ended_at, outcome = excluded.outcome,
         cancel_by = excluded.cancel_by, cancel_reason = excluded.cancel_reason,
         cancel_requested_at = excluded.cancel_requested_at, was_running = excluded.was_running
-    RETURNING e.id)
+    RETURNING e.id),
+` + cancelHolds + `
 SELECT id FROM gone`
 
 func newCancelStatements(t Tables) *cancelStatements {
@@ -127,7 +146,8 @@ LIMIT $3`),
 		end: r(`WITH gone AS (
     DELETE FROM crdbwork_items WHERE ` + heldBy + ` AND (cancel_requested_at IS NOT NULL) IS TRUE
     ` + cancelledGone + `),
-` + fromRow + `
+` + fromRow + `,
+` + cancelHolds + `
 SELECT id FROM gone`),
 		// Candidates are read through crdbwork_items_cancel_requested; the
 		// rows are locked (SKIP LOCKED: run it in an explicit SERIALIZABLE
@@ -142,7 +162,8 @@ gone AS (
     DELETE FROM crdbwork_items AS i
     WHERE i.id IN (SELECT id FROM picked) AND i.cancel_requested_at IS NOT NULL AND (i.claim IS NULL OR i.lease_until < now())
     ` + cancelledGone + `),
-` + fromRow + `
+` + fromRow + `,
+` + cancelHolds + `
 SELECT id FROM gone`),
 		list: r(`SELECT ` + cancelledColumns + `
 FROM crdbwork_ended

@@ -120,10 +120,13 @@ type RequeueResult struct {
 	// Moved reports that the death went back into the items table.
 	Moved bool
 	// LiveQueue is the queue of the item with the id that is in the items
-	// table, if any ("" and Live false otherwise); read only when nothing
-	// moved.
+	// table, or else of the waiting item with the id (Waiting true), if any
+	// ("" and Live false otherwise); read only when nothing moved.
 	LiveQueue string
 	Live      bool
+	// Waiting reports that the live id is a waiting item's (an item
+	// enqueued again with prerequisites not yet acked), not an item's.
+	Waiting bool
 	// Deaths counts the deaths of the id in the queue that matched the
 	// request; read only when nothing moved.
 	Deaths int64
@@ -572,8 +575,8 @@ func queryDead(ctx context.Context, db DB, stmt string, args ...any) ([]DeadItem
 // Requeue moves, in tx, a death of dead item id of queue back into the
 // items table (coreStatements.Requeue): death, or the newest death of id if
 // death is nil. If nothing moved, it reads why (deathStatements.RequeueState):
-// the queue of a live item with the id, and how many deaths matched. Run it
-// in a SERIALIZABLE transaction.
+// the queue of a live item, or waiting item, with the id, and how many
+// deaths matched. Run it in a SERIALIZABLE transaction.
 func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string, death *uuid.UUID) (RequeueResult, error) {
 	var r RequeueResult
 	tag, err := tx.Exec(ctx, s.st.Requeue, id, queue, death)
@@ -583,12 +586,15 @@ func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue stri
 	if r.Moved = tag.RowsAffected() == 1; r.Moved {
 		return r, nil
 	}
-	var live *string
-	if err := tx.QueryRow(ctx, s.death.RequeueState, id, queue, death).Scan(&live, &r.Deaths); err != nil {
+	var live, waiting *string
+	if err := tx.QueryRow(ctx, s.death.RequeueState, id, queue, death).Scan(&live, &waiting, &r.Deaths); err != nil {
 		return RequeueResult{}, err
 	}
-	if live != nil {
+	switch {
+	case live != nil:
 		r.LiveQueue, r.Live = *live, true
+	case waiting != nil:
+		r.LiveQueue, r.Live, r.Waiting = *waiting, true, true
 	}
 	return r, nil
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -54,8 +57,78 @@ func (s *Store) SetSequenced(ctx context.Context, db DB, queue string, on bool) 
 // QueueSequenced reports whether queue is sequenced and whether it holds
 // sequenced items (sequenceStatements.Sequenced).
 func (s *Store) QueueSequenced(ctx context.Context, db DB, queue string) (on, items bool, err error) {
-	err = db.QueryRow(ctx, s.seq.Sequenced, queue).Scan(&on, &items)
+	var hold bool
+	err = db.QueryRow(ctx, s.seq.Sequenced, queue).Scan(&on, &items, &hold)
 	return on, items, err
+}
+
+// SequenceSettings is what QueueSequencing reads of a queue's sequencing.
+type SequenceSettings struct {
+	On    bool // the queue is sequenced
+	Items bool // it holds sequenced items
+	Hold  bool // a death of a sequenced item holds its key
+}
+
+// QueueSequencing reads the sequencing of queue
+// (sequenceStatements.Sequenced).
+func (s *Store) QueueSequencing(ctx context.Context, db DB, queue string) (SequenceSettings, error) {
+	var st SequenceSettings
+	err := db.QueryRow(ctx, s.seq.Sequenced, queue).Scan(&st.On, &st.Items, &st.Hold)
+	return st, err
+}
+
+// SetSequenceHold sets what a death of one of queue's sequenced items does
+// to its key (sequenceStatements.SetHold); with hold false it also releases
+// the keys the queue's dead items hold (ReleaseAll) and returns how many
+// dead items it released. Run it in a transaction, so that both change
+// together.
+func (s *Store) SetSequenceHold(ctx context.Context, db DB, queue string, hold bool) (released int, err error) {
+	if _, err := db.Exec(ctx, s.seq.SetHold, queue, hold); err != nil {
+		return 0, err
+	}
+	if hold {
+		return 0, nil
+	}
+	tag, err := db.Exec(ctx, s.seq.ReleaseAll, queue)
+	return int(tag.RowsAffected()), err
+}
+
+// ReleaseSequenceKey releases key of queue from the dead items that hold
+// it (sequenceStatements.Release) and returns their ids (none: the key was
+// not held).
+func (s *Store) ReleaseSequenceKey(ctx context.Context, db DB, queue, key string) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, s.seq.Release, queue, key)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// BlockedKeyRow is one row of BlockedKeys.
+type BlockedKeyRow struct {
+	Key       string
+	ID        uuid.UUID
+	Kind      string // "dead", "retry" or "delayed"
+	Reason    string // the death's reason (kind "dead")
+	LastError string
+	At        time.Time // when it died (dead), or when it vests (retry, delayed)
+	Attempts  int
+}
+
+// BlockedKeys lists up to limit blocked keys of queue
+// (sequenceStatements.Blocked).
+func (s *Store) BlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]BlockedKeyRow, error) {
+	rows, err := db.Query(ctx, s.seq.Blocked, queue, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (BlockedKeyRow, error) {
+		var b BlockedKeyRow
+		var attempts int64
+		err := r.Scan(&b.Key, &b.ID, &b.Kind, &b.Reason, &b.LastError, &b.At, &attempts)
+		b.Attempts = int(attempts)
+		return b, err
+	})
 }
 
 // IsSequenceConflict reports whether err is a unique violation on the index

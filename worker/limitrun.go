@@ -29,10 +29,22 @@ var errAtLimit = errors.New("worker: the item's tenant is at its share of its li
 // until they are LimitOptions.StaleAfter old: then lim claims nothing they
 // govern until a read succeeds (see "When the limits cannot be read" in
 // limits.go).
+//
+// The values read are dated from the start of the read, not its end: a
+// read held up (behind a lock, by retries, on a busy machine) returns
+// values at least that old, and a limit lowered meanwhile is not in them.
+// A read is bounded by StaleAfter, since what it returns later is stale on
+// arrival: a read that cannot finish (a table locked by a migration)
+// counts as a failure, and it does not hold up the session's other chores
+// that share its loop (lease extensions, cancels, reaps; see maintain).
 func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *limiter, log *zap.Logger) {
+	readAt := time.Now()
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, w.opts.Limits.StaleAfter)
+	defer cancel()
 	lims, dbNow, err := w.limitSource(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
+		if parent.Err() == nil {
 			lim.failed()
 			log.Warn("reading the queue's limits failed; keeping the last ones read until they are LimitOptions.StaleAfter old, then claiming nothing they govern", zap.Error(err))
 		}
@@ -61,7 +73,7 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 			k, rank = len(live), slices.Index(live, sess.ID())
 		}
 		if err != nil {
-			if ctx.Err() == nil {
+			if parent.Err() == nil {
 				lim.failed()
 				log.Warn("reading the queue's parts or members for its limits failed", zap.Error(err))
 			}
@@ -70,7 +82,7 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 	} else if w.opts.Parts > 0 {
 		parts = w.opts.Parts // unused while nothing is limited
 	}
-	lim.set(time.Now(), lims, dbNow, parts, rank, k)
+	lim.set(readAt, lims, dbNow, parts, rank, k)
 }
 
 // limitWait waits, after a claim held back by the limits, until an item

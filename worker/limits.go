@@ -69,8 +69,10 @@ package worker
 // A session re-reads the limits (and the queue's parts or members) every
 // LimitOptions.Refresh. While that fails, it goes on with the last values
 // read, but for at most LimitOptions.StaleAfter after its last successful
-// read (default 5 s). Past that the limits are stale (LimitStats.Stale) and
-// the session fails safe, until a read succeeds:
+// read began (default 5 s): values are as old as the read's start, however
+// long it took. A read is given at most StaleAfter; one that takes longer
+// (waiting for a lock) fails. Past that the limits are stale
+// (LimitStats.Stale) and the session fails safe, until a read succeeds:
 //
 //   - if the last values limit the queue (in flight or rate) or every
 //     tenant (a default tenant limit), it claims nothing at all;

@@ -57,6 +57,27 @@ func (m *meter) handler(lo, hi time.Duration) worker.Handler {
 	}
 }
 
+// held returns a handler that runs until hold is closed (or its context
+// ends), so that a test decides when items end rather than a clock.
+func (m *meter) held(hold <-chan struct{}) worker.Handler {
+	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		m.mu.Lock()
+		m.cur++
+		m.max = max(m.max, m.cur)
+		m.starts = append(m.starts, time.Now())
+		m.mu.Unlock()
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+		m.mu.Lock()
+		m.cur--
+		m.mu.Unlock()
+		m.done.Add(1)
+		return nil, ctx.Err()
+	}
+}
+
 // figures returns the most handlers that ran at once, the mean number
 // running, and the most that started within any window of w.
 func (m *meter) figures(w time.Duration) (most int, mean float64, burst int) {

@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -249,15 +251,28 @@ func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
 // claims nothing the limits govern: its items in flight drop to none
 // while the backlog waits, and Stats says the limits are stale. Once the
 // table is back, the new limit of 1 applies and every item ends.
+//
+// The handlers hold their items until the test lets them go, so no claim
+// can run (the share of 4 is used up) from before the limits are stale
+// until after: every claim the test sees afterwards was planned with stale
+// or new limits. (It used to let items run for 100 ms and take a moment
+// with nothing in flight for the fail-safe; under CPU load such a moment
+// also came between two claims while the last good read was younger than
+// StaleAfter, and the test failed a third of its runs, on code that did
+// what it should.)
 func TestLimitsFailSafe(t *testing.T) {
-	const n = 1000
+	const n = 200
 	pool := setup(t)
 	ctx := context.Background()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 4}})
 	m := &meter{}
+	hold := make(chan struct{})
 	opts := limitOpts(0)
 	opts.Limits.StaleAfter = time.Second
-	r := start(t, pool, m.handler(100*time.Millisecond, 120*time.Millisecond), opts)
+	// A session lost on a busy machine would start again without limits
+	// (claiming nothing, never stale): not what this test is about.
+	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	r := start(t, pool, m.held(hold), opts)
 	enqueue(t, pool, "default", n, false)
 	waitFor(t, "4 items in flight", 30*time.Second, func() bool {
 		m.mu.Lock()
@@ -274,48 +289,123 @@ func TestLimitsFailSafe(t *testing.T) {
 		}
 	})
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
-	waitFor(t, "the worker to run nothing while the backlog waits", 20*time.Second, func() bool {
-		m.mu.Lock()
-		cur := m.cur
-		m.mu.Unlock()
-		return cur == 0 && r.w.Stats().InFlight == 0 && count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`) > 0
-	})
+	waitFor(t, "the limits to be stale", 30*time.Second, func() bool { return r.w.Stats().Limits.Stale })
 	st := r.w.Stats().Limits
-	if !st.Stale || st.FailedReads == 0 {
-		t.Errorf("limit stats %+v: want Stale and failed reads counted", st)
+	if st.FailedReads == 0 || st.Limits.Queue.MaxInFlight != 4 {
+		t.Errorf("limit stats %+v: want the last limit read (4) kept and the failed reads counted", st)
 	}
-	// It stays that way while the reads fail: a few more failed reads, no
-	// new handler.
 	m.mu.Lock()
 	started := len(m.starts)
 	m.mu.Unlock()
-	waitFor(t, "three more failed reads", 20*time.Second, func() bool { return r.w.Stats().Limits.FailedReads >= st.FailedReads+3 })
+	if started != 4 {
+		t.Fatalf("%d handlers started before the limits were stale; the limit was 4 and the first 4 hold", started)
+	}
+	close(hold) // the 4 end; the items run later end at once
+	waitFor(t, "the worker to run nothing while the backlog waits", 30*time.Second, func() bool {
+		m.mu.Lock()
+		cur := m.cur
+		m.mu.Unlock()
+		return cur == 0 && r.w.Stats().InFlight == 0
+	})
+	// It stays that way while the reads fail: a few more failed reads, no
+	// new handler.
+	fails := r.w.Stats().Limits.FailedReads
+	waitFor(t, "three more failed reads", 30*time.Second, func() bool { return r.w.Stats().Limits.FailedReads >= fails+3 })
 	m.mu.Lock()
 	later := len(m.starts)
 	m.mu.Unlock()
 	if later != started {
 		t.Errorf("%d handlers started while the limits were stale", later-started)
 	}
+	if st := r.w.Stats(); !st.Limits.Stale || st.SessionsLost != 0 {
+		t.Errorf("stats %+v while the reads fail: want the limits stale, no session lost", st)
+	}
+	if left := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`); left != n-started {
+		t.Errorf("%d items unclaimed, want %d: the backlog waits", left, n-started)
+	}
+	// Nothing runs now: every item from here on was claimed with the new
+	// limit, read once the table is back.
+	m.mu.Lock()
+	m.max = 0
+	m.mu.Unlock()
 	if _, err := pool.Exec(ctx, `ALTER TABLE crdbwork_tenant_limits_away RENAME TO crdbwork_tenant_limits`); err != nil {
 		t.Fatal(err)
 	}
 	renamed = false
-	m.mu.Lock()
-	m.max = 0
-	m.mu.Unlock()
-	waitFor(t, "the worker to work again", 30*time.Second, func() bool {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return len(m.starts) > later
-	})
-	if st := r.w.Stats().Limits; st.Stale {
-		t.Errorf("limit stats %+v after a successful read: still stale", st)
+	waitFor(t, "every item to end", 2*time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
+	if st := r.w.Stats().Limits; st.Stale || st.Limits.Queue.MaxInFlight != 1 {
+		t.Errorf("limit stats %+v after a successful read: want the new limit (1), not stale", st)
 	}
-	waitFor(t, "20 more items done", time.Minute, func() bool { return m.done.Load() >= int64(later+20) })
 	m.mu.Lock()
 	most := m.max
 	m.mu.Unlock()
 	if most > 1 {
 		t.Errorf("%d items ran at once after the reads came back; the lowered limit is 1", most)
+	}
+}
+
+// TestLimitReadsBehindALock holds a lock on the tenant limits table for
+// longer than StaleAfter, as a migration's ALTER TABLE does while it waits
+// for its own lock, while two items of a limited queue run with a lease of
+// a second. Each re-read of the limits waits behind the lock. It used to
+// wait for as long as the lock was held, and so did the chores that share
+// its loop: no lease was extended (the running items' leases ran out), no
+// cancel was looked for, no reap ran, and no failed read was counted. A
+// read is bounded by StaleAfter: while the table is locked the reads fail,
+// the limits go stale, the running items keep their claims and their
+// leases are extended.
+func TestLimitReadsBehindALock(t *testing.T) {
+	pool := setup(t)
+	ctx := context.Background()
+	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 2}})
+	m := &meter{}
+	hold := make(chan struct{})
+	opts := limitOpts(0)
+	opts.Limits.StaleAfter = time.Second
+	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	r := startOn(t, newQueue(t, pool, claim.Options{Lease: time.Second}), m.held(hold), opts)
+	enqueue(t, pool, "default", 10, false)
+	waitFor(t, "2 items in flight", 30*time.Second, func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.cur == 2
+	})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	lock := `LOCK TABLE crdbwork_tenant_limits IN ACCESS EXCLUSIVE MODE`
+	if testdb.Kind(t) != "postgres" {
+		// CockroachDB has no table locks; a reader waits for a
+		// conflicting write of an open transaction.
+		lock = `INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight) VALUES ('default', 'locker', 1)`
+	}
+	if _, err := tx.Exec(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	before := r.w.Stats()
+	waitFor(t, "failed reads and lease extensions while the table is locked", 30*time.Second, func() bool {
+		st := r.w.Stats()
+		return st.Limits.FailedReads >= before.Limits.FailedReads+2 && st.LeasesExtended >= before.LeasesExtended+4
+	})
+	if st := r.w.Stats().Limits; !st.Stale {
+		t.Errorf("limit stats %+v after reads failed for longer than StaleAfter: want stale", st)
+	}
+	if held := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`); held != 2 {
+		t.Errorf("%d items claimed while the table is locked, want the 2 running", held)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(hold)
+	waitFor(t, "every item to end and the limits to be read again", time.Minute, func() bool {
+		return !r.w.Stats().Limits.Stale && count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
+	})
+	m.mu.Lock()
+	most := m.max
+	m.mu.Unlock()
+	if most > 2 {
+		t.Errorf("%d items ran at once; the limit is 2", most)
 	}
 }

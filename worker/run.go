@@ -308,8 +308,9 @@ func (r *sessionRun) refreshStatistics(ctx context.Context, next *time.Time) {
 // logReapErrors logs the failures of a Reap, one line per failed step and
 // per item that could not be released or moved (with its id), and reports
 // whether a step failed: then the reaper runs again sooner. Such an item
-// does not make it run sooner: it stays as it is until the database lets it
-// go, and every other item was reaped without it.
+// does not make it run sooner: it was ended, dead with reason
+// claim.ReasonRefused, or stays as it is until the database lets it go, and
+// every other item was reaped without it.
 func (r *sessionRun) logReapErrors(err error) (stepFailed bool) {
 	log := r.log
 	if err == nil {
@@ -326,7 +327,12 @@ func (r *sessionRun) logReapErrors(err error) (stepFailed bool) {
 			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
 			continue
 		}
-		log.Error("the reaper cannot release or move an item; it stays as it is (in the items table), and every other item was reaped without it",
+		if e.Ended {
+			log.Error("the database refused to move an item; it was moved to the dead items (reason \""+claim.ReasonRefused+"\"), and every other item was reaped without it",
+				zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
+			continue
+		}
+		log.Error("the reaper cannot release or move an item; it stays as it is, and every other item was reaped without it",
 			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
 	}
 	return stepFailed

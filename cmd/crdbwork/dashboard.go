@@ -40,7 +40,12 @@ refuses an address other machines can reach unless basic auth is on (a
 password in `+passwordVar+` or --auth-password-file) or
 --allow-remote-without-auth is given. Basic auth over plain HTTP sends the
 password readable: put a TLS proxy in front for remote use. --read-only
-refuses every action. With --json it prints {"url": ...} once it listens.`)
+refuses every action. It answers only requests for the names it serves
+(403 otherwise, a guard against DNS rebinding): loopback names and
+addresses, the address it listens on (every address of this machine when it
+listens on all of them), and the names given with --allow-host, such as the
+name a proxy in front of it passes on. With --json it prints {"url": ...}
+once it listens.`)
 	f.StringVar(&g.databaseURL, "database-url", "", "URL", cli.URLUsage, nil)
 	f.StringVar(&g.schema, "schema", "", "NAME", "schema of the crdbwork tables (default: the connection's search path)", nil)
 	f.StringVar(&g.prefix, "prefix", "", "PREFIX", "prefix of the crdbwork tables, in place of crdbwork_", nil)
@@ -50,6 +55,8 @@ refuses every action. With --json it prints {"url": ...} once it listens.`)
 	f.StringVar(&user, "auth-user", "admin", "NAME", "the basic-auth user name (with a password)", nil)
 	f.StringVar(&passwordFile, "auth-password-file", "", "FILE", "a file holding the basic-auth password (else "+passwordVar+"; none: no auth)", nil)
 	f.BoolVar(&openRemote, "allow-remote-without-auth", false, "listen on an address other machines can reach without basic auth")
+	var allowHosts hostList
+	f.Add(&allowHosts, "allow-host", "NAME[:PORT]", "also answer requests for this host name or address (repeat, or separate with commas; *.DOMAIN for the names under DOMAIN)")
 	f.FlagOnly("allow-remote-without-auth")
 	f.DurationVar(&refresh, "refresh", dashboard.DefaultRefresh, false, "how often the pages update")
 	if err := f.Parse(args, out.Stdout()); err != nil {
@@ -82,7 +89,16 @@ refuses every action. With --json it prints {"url": ...} once it listens.`)
 		return err
 	}
 	defer pool.Close()
-	opts := dashboard.Options{Tables: g.tables(), ReadOnly: readOnly, Refresh: refresh}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return cli.Failf(1, "listening on %s: %v", addr, err)
+	}
+	defer ln.Close()
+	served, err := listenHosts(host, ln.Addr())
+	if err != nil {
+		return cli.Failf(1, "listing the addresses of this machine: %v", err)
+	}
+	opts := dashboard.Options{Tables: g.tables(), ReadOnly: readOnly, Refresh: refresh, AllowedHosts: append(served, allowHosts...)}
 	if password != "" {
 		opts.Auth = func(r *http.Request) (string, bool) {
 			u, _, _ := r.BasicAuth()
@@ -91,14 +107,10 @@ refuses every action. With --json it prints {"url": ...} once it listens.`)
 	}
 	h, err := dashboard.New(pool, opts)
 	if err != nil {
-		return cli.Failf(2, "%v", err)
+		return f.UsageError("%v", err)
 	}
 	if password != "" {
 		h = basicAuth(h, user, password)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return cli.Failf(1, "listening on %s: %v", addr, err)
 	}
 	url := "http://" + ln.Addr().String() + "/"
 	if g.json {
@@ -129,6 +141,47 @@ refuses every action. With --json it prints {"url": ...} once it listens.`)
 		return cli.Failf(1, "stopping: %v", err)
 	}
 	return nil
+}
+
+// hostList is a flag of host names, repeated or separated by commas.
+type hostList []string
+
+func (l *hostList) String() string { return strings.Join(*l, ",") }
+
+func (l *hostList) Set(s string) error {
+	for _, h := range strings.Split(s, ",") {
+		if h = strings.TrimSpace(h); h == "" {
+			return errors.New("an empty host name")
+		}
+		*l = append(*l, h)
+	}
+	return nil
+}
+
+// listenHosts returns the hosts a dashboard listening at ln (asked for as
+// host) answers besides the loopback ones, which it always answers: the
+// host it was told to listen on, with the port it got, or every address
+// of this machine when it listens on all of them.
+func listenHosts(host string, ln net.Addr) ([]string, error) {
+	tcp, ok := ln.(*net.TCPAddr)
+	if !ok {
+		return nil, fmt.Errorf("not a TCP address: %v", ln)
+	}
+	port := fmt.Sprint(tcp.Port)
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return []string{net.JoinHostPort(host, port)}, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() {
+			out = append(out, net.JoinHostPort(n.IP.String(), port))
+		}
+	}
+	return out, nil
 }
 
 // loopback reports whether host names this machine only: a loopback

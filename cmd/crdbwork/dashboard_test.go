@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
+	neturl "net/url"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -111,4 +113,77 @@ func TestDashboardCommand(t *testing.T) {
 	if c := httpStatus(t, "POST", ro+"action", "", ""); c != http.StatusForbidden {
 		t.Errorf("read-only action: %d, want 403", c)
 	}
+}
+
+// hostStatus sends a GET to url with host as its Host header.
+func hostStatus(t *testing.T, url, host string) int {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", url, nil)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestDashboardCommandHosts: crdbwork dashboard answers its loopback names,
+// the address it listens on and the names given with --allow-host, and
+// refuses any other Host with 403 (DNS rebinding: before, a page of
+// attacker.example pointed at 127.0.0.1 was served). Listening on every
+// address, it answers each address of this machine. A --allow-host that
+// cannot be a host is a usage error.
+func TestDashboardCommandHosts(t *testing.T) {
+	d := newDB(t, crsql.Tables{})
+	d.enqueue(t, "mail", 1)
+	u := startDashboard(t, d.env, "--allow-host", "ops.example.com,*.corp.example", "--allow-host", "10.9.8.7:7433")
+	parsed, err := neturl.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := parsed.Port()
+	for host, code := range map[string]int{
+		"127.0.0.1:" + port:            http.StatusOK,
+		"localhost:" + port:            http.StatusOK,
+		"[::1]:" + port:                http.StatusOK,
+		"ops.example.com":              http.StatusOK,
+		"a.corp.example:" + port:       http.StatusOK,
+		"10.9.8.7:7433":                http.StatusOK,
+		"10.9.8.7:" + port:             http.StatusForbidden,
+		"attacker.example:" + port:     http.StatusForbidden,
+		"attacker.example":             http.StatusForbidden,
+		"ops.example.com.evil.example": http.StatusForbidden,
+	} {
+		if got := hostStatus(t, u+"item?id=00000000-0000-0000-0000-000000000000", host); got != code && !(code == http.StatusOK && got == http.StatusNotFound) {
+			t.Errorf("GET with Host %q: %d, want %d", host, got, code)
+		}
+		if got := hostStatus(t, u, host); got != code {
+			t.Errorf("GET / with Host %q: %d, want %d", host, got, code)
+		}
+	}
+
+	// Listening on every address: this machine's addresses are its own.
+	all := startDashboard(t, d.env, "--addr", "0.0.0.0:0", "--allow-remote-without-auth")
+	parsed, err = neturl.Parse(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			if got := hostStatus(t, all, net.JoinHostPort(n.IP.String(), parsed.Port())); got != http.StatusOK {
+				t.Errorf("listening on 0.0.0.0: GET / with Host %s: %d, want 200", n.IP, got)
+			}
+		}
+	}
+	if got := hostStatus(t, all, "attacker.example:"+parsed.Port()); got != http.StatusForbidden {
+		t.Errorf("listening on 0.0.0.0: GET / with Host attacker.example: %d, want 403", got)
+	}
+
+	want(t, d.env, 2, []string{"allowed host"}, "dashboard", "--addr", "127.0.0.1:0", "--allow-host", "http://ops.example.com")
+	want(t, d.env, 2, []string{"allow-host"}, "dashboard", "--addr", "127.0.0.1:0", "--allow-host", "a,,b")
 }

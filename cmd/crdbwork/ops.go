@@ -161,9 +161,10 @@ func cmdRequeue(ctx context.Context, name string, args []string, out *cli.Consol
 the newest death of the id given (or the death given with --death; older
 deaths stay listed, as history); or, with --all or a filter (--tenant,
 --reason, --error), the newest death of every dead id that matches. An id that
-is live (in the queue again) is not requeued: its dead item stays. Requeueing
-more than one item needs --yes (--dry-run counts them). Exits 1 if the given
-item is not a dead item of the queue, or is live.`)
+is live (enqueued again: an item, or a waiting item whose prerequisites are not
+yet acked, of any queue) is not requeued: its dead item stays. Requeueing more
+than one item needs --yes (--dry-run counts them). Exits 1 if the given item is
+not a dead item of the queue, or is live.`)
 	f.MaxArgs, f.ArgName = 1, "[ID]"
 	g.register(f, queueRequired)
 	ff.register(f, true)
@@ -257,12 +258,16 @@ item is not a dead item of the queue, or is live.`)
 	if err != nil {
 		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
 	}
-	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already)", res.Requeued, res.Live))
+	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already, %d refused)", res.Requeued, res.Live, res.Refused))
 	msg := fmt.Sprintf("requeued %d dead items into queue %q\n", res.Requeued, g.queue)
 	if res.Live > 0 {
-		msg += fmt.Sprintf("%d dead ids not requeued: an item with the id is live (their dead items stay)\n", res.Live)
+		msg += fmt.Sprintf("%d dead ids not requeued: the id is live, an item or a waiting item has it (their dead items stay)\n", res.Live)
 	}
-	return report(out, &g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live}, msg)
+	if res.Refused > 0 {
+		msg += fmt.Sprintf("%d dead ids not requeued: the database refused their rows (they stay dead; `crdbwork requeue ID` says why), first: %s\n",
+			res.Refused, res.RefusedIDs[0])
+	}
+	return report(out, &g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live, "refused": res.Refused}, msg)
 }
 
 // report prints v as JSON with --json, else text.

@@ -99,6 +99,9 @@ type settingsJSON struct {
 	// sequencing is turned off).
 	Sequenced      bool `json:"sequenced"`
 	SequencedItems bool `json:"sequenced_items"`
+	// SequenceOnDeath is what a death of a sequenced item does to its key:
+	// "advance" or "hold" (crdbwork sequence hold).
+	SequenceOnDeath string `json:"sequence_on_death"`
 }
 
 // tenantRow is one tenant's backlog.
@@ -204,7 +207,7 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 	if err != nil {
 		return nil, err
 	}
-	s.Settings.Sequenced, s.Settings.SequencedItems = seq.On, seq.Items
+	s.Settings.Sequenced, s.Settings.SequencedItems, s.Settings.SequenceOnDeath = seq.On, seq.Items, onDeath(seq.Hold)
 	for _, t := range info.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
@@ -630,7 +633,11 @@ func formatStatus(s *status, compact bool) string {
 		b.WriteString("\n")
 	}
 	if s.Settings.Fair || s.Settings.AtMostOnce || s.Settings.Sequenced {
-		fmt.Fprintf(&b, "settings: fair %v, at most once %v, sequenced %v\n", s.Settings.Fair, s.Settings.AtMostOnce, s.Settings.Sequenced)
+		fmt.Fprintf(&b, "settings: fair %v, at most once %v, sequenced %v", s.Settings.Fair, s.Settings.AtMostOnce, s.Settings.Sequenced)
+		if s.Settings.Sequenced || s.Settings.SequencedItems {
+			fmt.Fprintf(&b, " (on a death: %s)", s.Settings.SequenceOnDeath)
+		}
+		b.WriteString("\n")
 	}
 	if s.Settings.SequencedItems && !s.Settings.Sequenced {
 		b.WriteString("sequencing: off, but sequenced items remain: they keep one item in flight per key, in order, until they end\n")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // TestRollingDependenciesUnderPreviousReleaseWorkers: the previous
@@ -17,7 +18,14 @@ import (
 // never run a waiting item: the children run only after the root's ack and
 // a reap by this code (the old acks release nothing), the join only after
 // every child's ack; every item runs exactly once and nothing is left.
+//
+// It is about workers that predate dependencies: from schema version 6 on,
+// the previous release (version 5) has them, and its acks release the
+// dependents themselves, so the test has nothing left to show.
 func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
+	if crsql.Version-1 >= 5 {
+		t.Skipf("the previous release (schema version %d) knows dependencies: its workers release dependents as this code's do", crsql.Version-1)
+	}
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -70,4 +71,71 @@ func ExampleWork() {
 	// Output:
 	// acked Hello, Ada!
 	// dead no name
+}
+
+// Work reports every outcome a worker can give an attempt, and where the
+// item is afterwards (Result.State): here a handler that snoozes, one whose
+// item is cancelled while it runs (its context is cancelled with the
+// cancel's cause, as in a worker), and an at-most-once item whose handler
+// fails (dropped: its claim took it).
+func ExampleWork_outcomes() {
+	ctx := context.Background()
+	url, drop := testdb.ExampleURL()
+	defer drop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	q, err := claim.New(pool, claim.Options{Queue: "reports"})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Not ready yet: come back in an hour, without spending an attempt.
+	notYet := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return nil, worker.Snooze(time.Hour)
+	}
+	res, err := workertest.Work(ctx, q, notYet, claim.NewItem{Payload: []byte("report 1")}, workertest.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%v: queued %v, attempts %d, snoozes %d\n", res.Outcome, res.State.Queued, res.State.Attempts, res.State.Snoozes)
+
+	// Cancelled while it runs (here by the handler itself; in a test, by
+	// anything that calls CancelItem): the handler sees why and stops.
+	// The snoozed item is cancelled first, so that the queue holds none.
+	if _, err := q.Cancel(ctx, res.Item.ID); err != nil {
+		log.Fatal(err)
+	}
+	long := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		if _, err := q.CancelItem(ctx, it.ID, claim.CancelOptions{By: "ada", Reason: "duplicate"}); err != nil {
+			return nil, err
+		}
+		<-ctx.Done()
+		if c, ok := worker.Cancelled(ctx); ok {
+			fmt.Println("handler stopped:", c)
+		}
+		return nil, ctx.Err()
+	}
+	res, err = workertest.Work(ctx, q, long, claim.NewItem{Payload: []byte("report 2")}, workertest.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%v: ended %q\n", res.Outcome, res.State.Ended)
+
+	// At most once: a failure drops the item; nothing retries it.
+	failing := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		return nil, errors.New("printer on fire")
+	}
+	res, err = workertest.Work(ctx, q, failing, claim.NewItem{Payload: []byte("report 3"), AtMostOnce: true}, workertest.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%v: %v; queued %v, ended %q\n", res.Outcome, res.Err, res.State.Queued, res.State.Ended)
+	// Output:
+	// snoozed: queued true, attempts 0, snoozes 1
+	// handler stopped: the item was cancelled by ada: duplicate
+	// cancelled: ended "cancelled"
+	// dropped: printer on fire; queued false, ended "taken"
 }

@@ -3,9 +3,10 @@
 //
 // Work enqueues one item in a queue, claims it and runs the handler exactly
 // as a worker on that queue does — through the same code — then reports
-// whether the item was acked, retried or dead-lettered, and why. Give it
-// the handler's *claim.Queue (its name, tables and retry policy), or nil
-// for a fresh queue on Options.DB:
+// how the attempt ended, as a worker would (acked, retried, dead, snoozed,
+// cancelled, or dropped for an at-most-once item), why, and where the item
+// is now (Result.State). Give it the handler's *claim.Queue (its name,
+// tables and retry policy), or nil for a fresh queue on Options.DB:
 //
 //	res, err := workertest.Work(ctx, nil, handle, claim.NewItem{Payload: []byte("ada")}, workertest.Options{DB: pool})
 //	if err != nil {
@@ -51,6 +52,11 @@ import (
 // settleTimeout bounds the ack, nack or release, and closing the session.
 const settleTimeout = 30 * time.Second
 
+// cancelPoll is how often Work looks for a cancel of the item while its
+// handler runs (a worker looks at every heartbeat and on the queue's
+// cancel notification).
+const cancelPoll = 25 * time.Millisecond
+
 // Options configure Work. The zero value is valid with a queue; without one
 // (q nil), DB is required.
 type Options struct {
@@ -95,12 +101,58 @@ func (b batchSettler) AckValue(ctx context.Context, it claim.Item, record func(c
 type Result struct {
 	// Item is the item as the handler received it (Attempt 1).
 	Item claim.Item
-	// Outcome is claim.Acked, claim.Retried or claim.Dead.
+	// Outcome is how the attempt ended, as a worker reports it
+	// (worker.Observer):
+	//
+	//   - claim.Acked: the ack, with the handler's Record, committed;
+	//   - claim.Retried: the item was nacked, and is claimable again after
+	//     a backoff (or a claim.RetryAfter delay), its attempt counted;
+	//   - claim.Dead: it was moved to the dead items (a claim.Permanent
+	//     error, its last attempt, or its last allowed snooze);
+	//   - claim.Snoozed: the handler returned worker.Snooze: the item is
+	//     claimable again after the delay, its attempt not counted;
+	//   - claim.Cancelled: the item was cancelled while its handler ran
+	//     (claim.Queue.CancelItem, from the handler or from anywhere else):
+	//     as in a worker, the handler's context was cancelled with a
+	//     *claim.CancelledError (worker.Cancelled tells), and the item
+	//     ended as cancelled, its result not written;
+	//   - claim.Dropped: an at-most-once item (NewItem.AtMostOnce) whose
+	//     handler or Record failed: its claim deleted it, so it is not
+	//     retried.
 	Outcome claim.Outcome
 	// Err is why the item was not acked: the handler's error, a recovered
 	// panic ("handler panic: ..."), a timeout (wrapping
-	// context.DeadlineExceeded) or the Record's error. Nil when Acked.
+	// context.DeadlineExceeded), the Record's error, or the cancel's cause
+	// (wrapping claim.ErrCancelled). Nil when Acked.
 	Err error
+	// State is where the item is after the attempt, read from the database
+	// once it settled.
+	State State
+}
+
+// State is where an item is, as Work reads it after the attempt: in its
+// queue again (Queued), among the dead items (Dead), or ended (Ended
+// says how); an acked or dropped item is neither queued nor dead.
+type State struct {
+	// Queued reports that the item is in its queue's items table (retried
+	// or snoozed): claimable from VestingAt (database clock), with Attempts
+	// counted so far, its LastError and its Snoozes.
+	Queued    bool
+	VestingAt time.Time
+	Attempts  int
+	LastError string
+	Snoozes   int
+	// Dead reports that the item is among the queue's dead items; Reason
+	// is its death's reason (claim.ReasonFailed, ReasonPermanent, or
+	// "snoozed too often", for instance) and LastError its last error.
+	Dead   bool
+	Reason string
+	// Ended is the outcome recorded when the item left the items table, as
+	// the queue's ended ids hold it: "acked", "dead", "cancelled", or
+	// "taken" (an at-most-once item, which its claim took, whatever its
+	// handler did). "" while the item is queued, or when the queue keeps
+	// no ended ids (claim.Settings.DedupOff).
+	Ended string
 }
 
 // Work runs h on one item of q exactly as a worker on q does, against a
@@ -110,8 +162,14 @@ type Result struct {
 // opts.ItemTimeout and with a panic recovered as an error. If h succeeds, the
 // item is acked with h's Record inside the serializable ack transaction;
 // otherwise it is nacked with the error, so it is retried or dead-lettered as
-// q's retry policy (claim.Options.MaxAttempts, BackoffBase, BackoffMax) says.
-// The session is closed before Work returns.
+// q's retry policy (claim.Options.MaxAttempts, BackoffBase, BackoffMax) says,
+// or snoozed (worker.Snooze). An at-most-once item (NewItem.AtMostOnce, or
+// the queue's claim.Settings.AtMostOnce) is taken by its claim and dropped if
+// h fails. While h runs, Work looks for a cancel of the item every 25 ms and
+// cancels h's context as a worker does (claim.Queue.CancelItem, called by h
+// itself or by the test). Result.Outcome says how the attempt ended and
+// Result.State where the item is now. The session is closed before Work
+// returns.
 //
 // q should hold no other claimable item. With q nil, Work makes a fresh
 // queue on opts.DB (see Options.DB), which holds none:
@@ -120,10 +178,13 @@ type Result struct {
 //
 // A failing handler is not an error of Work: it is reported in Result. Work
 // returns an error when it could not run the item as a worker would: a
-// database failure, another item claimed first from q, or ctx ending before
+// database failure, another item claimed first from q, ctx ending before
 // h returned (the item is then released, as a stopping worker releases it,
-// and the error wraps h's). The handler's context carries ctx's values and
-// ends with ctx.
+// and the error wraps h's), or an ack, nack or snooze that did not settle
+// the item (its claim was lost other than by a cancel, or the database
+// failed for the whole settle timeout: the error says why, and the item's
+// lease or session releases it). The handler's context carries ctx's values
+// and ends with ctx.
 func Work(ctx context.Context, q *claim.Queue, h worker.Handler, item claim.NewItem, opts Options) (Result, error) {
 	switch {
 	case h == nil:
@@ -202,8 +263,12 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 	}
 	// The handler runs as in a worker: its parent context is the session's,
 	// which ends when ctx does (or the session is lost), and then the item
-	// is given back rather than nacked.
-	run := attempt.Run(sess.Context(), q, it, func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
+	// is given back rather than nacked; a cancel of the item cancels it with
+	// the cancel's cause, as a worker's maintenance loop does.
+	parent, cancel := context.WithCancelCause(sess.Context())
+	defer cancel(nil)
+	stop := watchCancels(parent, q.Claimer(sess.ID()), it, cancel)
+	run := attempt.Run(parent, q, it, func(ctx context.Context, it claim.Item) (func(context.Context, pgx.Tx) error, error) {
 		return h(ctx, it)
 	}, attempt.Options{
 		Settle:     settler,
@@ -211,17 +276,102 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 		TryTimeout: settleTimeout,
 		GiveBack:   func() bool { return sess.Context().Err() != nil },
 	})
+	stop()
 	res := Result{Item: it, Err: run.Err}
 	switch run.Outcome {
-	case claim.Acked, claim.Retried, claim.Dead:
+	case claim.Acked, claim.Retried, claim.Dead, claim.Snoozed, claim.Cancelled, claim.Dropped:
 		res.Outcome = run.Outcome
 	case claim.Released:
 		return res, fmt.Errorf("workertest: item %s released: the context ended before the handler returned (%w): %w",
 			it.ID, context.Cause(sess.Context()), run.Err)
 	default:
-		return res, fmt.Errorf("workertest: item %s was neither acked nor nacked: %w", it.ID, run.SettleErr)
+		why := run.SettleErr
+		if why == nil {
+			why = run.Err
+		}
+		if why == nil {
+			why = errors.New("no outcome")
+		}
+		return res, fmt.Errorf("workertest: item %s was not settled (outcome %v, the ack, nack or snooze did not take): %w", it.ID, run.Outcome, why)
 	}
+	bg, cancelRead := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancelRead()
+	st, err := readState(bg, q, it.ID)
+	if err != nil {
+		return res, err
+	}
+	res.State = st
 	return res, nil
+}
+
+// watchCancels looks for a cancel of it, the item the session of c holds,
+// every cancelPoll until stop is called, and cancels the handler's parent
+// context with the cancel's cause when it finds one (as a worker's
+// checkCancels does). A failed read is tried again at the next poll.
+func watchCancels(ctx context.Context, c claim.Claimer, it claim.Item, cancel context.CancelCauseFunc) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(cancelPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			reqs, err := c.CancelRequests(ctx)
+			if err != nil {
+				continue
+			}
+			for _, r := range reqs {
+				if r.ID == it.ID && r.Token == it.Token {
+					cancel(r.Cause)
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// readState reads where item id of q is after its attempt.
+func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error) {
+	store := crsql.NewStore(q.Options().Tables)
+	db := q.DB()
+	var st State
+	err := func() error {
+		d, found, err := store.Item(ctx, db, id)
+		if err != nil {
+			return err
+		}
+		if found && d.Queue == q.Name() {
+			st.Queued, st.VestingAt, st.Attempts, st.LastError, st.Snoozes = true, d.VestingAt, int(d.Attempts), d.LastError, int(d.Snoozes)
+			return nil
+		}
+		deaths, queues, err := store.Deaths(ctx, db, id, 10)
+		if err != nil {
+			return err
+		}
+		for i, d := range deaths {
+			if queues[i] == q.Name() {
+				st.Dead, st.Reason, st.LastError, st.Attempts = true, d.Reason, d.LastError, d.Attempts
+				break
+			}
+		}
+		_, st.Ended, err = store.ItemEnded(ctx, db, q.Name(), id)
+		return err
+	}()
+	if err != nil {
+		return State{}, fmt.Errorf("workertest: reading the state of item %s: %w", id, crsql.Classify(err))
+	}
+	return st, nil
 }
 
 // dropQueue deletes the rows of queue: its items, dead items, owned parts

@@ -1,0 +1,30 @@
+-- crdbwork schema version 6 (issue 29, "depth"): what a long-lived shared
+-- database and every combination of features need. Every statement is
+-- idempotent; the last one raises the version row. Version-3, -4 and -5
+-- code keeps working on this schema (it serves version 3 and newer).
+
+-- == sequences after a death ==
+-- A sequenced queue chooses what a death of one of its sequenced items does
+-- to the item's key (docs/sequences.md, "After a death"): advance (false,
+-- the default: the key's next item runs) or hold (true: the key's later
+-- items wait until the dead item is requeued, deleted from the dead items
+-- or released).
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS sequence_hold BOOL NOT NULL DEFAULT false;
+-- A dead item keeps its place in its key's sequence (seq_order, NULL: it
+-- was not sequenced, or died under code older than version 6), so that a
+-- requeue puts it back where it was; seq_hold marks a dead item that holds
+-- its key (it died in a queue whose sequence_hold was on). Code of versions
+-- 3 to 5 writes neither: its deaths never hold (docs/sequences.md,
+-- "Rolling upgrades").
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS seq_order BIGINT;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS seq_hold BOOL NOT NULL DEFAULT false;
+-- The dead items that hold their keys, in their keys' order: a sequenced
+-- claim's test that no earlier dead item holds a candidate's key (one seek
+-- per candidate), and the list of blocked keys. Normally empty.
+CREATE INDEX IF NOT EXISTS crdbwork_dead_items_sequence_held
+    ON crdbwork_dead_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_hold;
+
+INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
+    ON CONFLICT (singleton) DO UPDATE
+    SET version = GREATEST(v.version, excluded.version),
+        installed = GREATEST(v.installed, excluded.installed), applied_at = now();
