@@ -116,12 +116,6 @@ FROM generate_series(1, 2000) AS g`,
 // finds wrong and that other work is reshaping: a plan problem of theirs
 // is logged, not failed. Each entry names that work's topic.
 var livedKnown = map[string]string{
-	// TODO(seq): the helper reshaping the sequenced claims (topic "seq")
-	// deletes these entries when its statements seek each candidate's key.
-	"ClaimAnySequenced":              "seq: the per-key anti-join reads the queue's sequenced items by queue",
-	"ClaimPartsSequenced":            "seq: the per-key anti-join reads the queue's sequenced items by queue",
-	"ClaimPartsSequenced (one part)": "seq: the per-key anti-join reads the queue's sequenced items by queue",
-	"ClaimUrgentSequenced":           "seq: the per-key anti-join reads the queue's sequenced items by queue",
 	// TODO(deps): the helper reshaping the dependency release and sweep
 	// (topic "deps") deletes these entries when its statements seek the
 	// edges of the ids they are given (docs/operations.md, "A database that
