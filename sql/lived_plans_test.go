@@ -142,9 +142,9 @@ var livedKnown = map[string]string{
 // queue = (SELECT $2::TEXT) in the PostgreSQL twins, keeps them seeks here
 // (checked on ClaimAny: its plan reads crdbwork_items_turn_next in order,
 // the generic plan's estimate). It is not applied yet: the sequenced claims
-// are the plain claims' text plus their condition (TestSequencedStatements)
-// and are being reshaped by the "seq" work; the probe, FairHead and
-// FairFront share one text with CockroachDB and need PostgreSQL twins.
+// are the plain claims' text plus their condition (TestSequencedStatements),
+// so both change together; the probe, FairHead and FairFront share one text
+// with CockroachDB and need PostgreSQL twins.
 var livedKnownTiny = map[string]string{
 	"ClaimAny (custom)":                           claimOrderSorted,
 	"ClaimAny (1000) (custom)":                    claimOrderSorted,
