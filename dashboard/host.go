@@ -116,6 +116,6 @@ func (h hosts) allows(hostport string) bool {
 // refuseHost answers a request whose Host the dashboard does not serve.
 func refuseHost(w http.ResponseWriter, r *http.Request) {
 	http.Error(w, fmt.Sprintf("refused: the dashboard does not answer to the host %q (a guard against DNS rebinding): "+
-		"reach it by a name it serves, or allow this one (dashboard.Options.AllowedHosts, crdbwork dashboard --allow-host)", r.Host),
+		"reach it by a name it serves, or allow this one (Options.AllowedHosts of package dashboard)", r.Host),
 		http.StatusForbidden)
 }
