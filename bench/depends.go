@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	livedpkg "github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -27,6 +28,8 @@ import (
 //	plain   the items without dependencies;
 //	fan     one root, --width·--depth children after it, one join after
 //	        every child (a fan-out then a fan-in);
+//	fanins  --width fan-ins of --depth items each: a root, --depth-2
+//	        children after it, a join after the children;
 //	chains  --width chains of --depth items, each after the one before.
 //
 // Each shape is enqueued in one call before the workers start, and the
@@ -59,7 +62,8 @@ func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
 	rounds := fs.Int("rounds", 3, "rounds; each drains every shape once")
 	workers := fs.Int("workers", 2, "in-process workers (one session each)")
 	concurrency := fs.Int("concurrency", 64, "handlers per worker")
-	shapes := fs.String("shapes", "plain,fan,chains", "shapes to drain, comma-separated: plain, fan, chains")
+	shapes := fs.String("shapes", "plain,fan,fanins,chains", "shapes to drain, comma-separated: plain, fan, fanins, chains")
+	lived := fs.Bool("lived", false, "drain in a database that has lived (internal/lived): other queues' rows analyzed before the experiment's queues existed, then a third of them ended")
 	jsonOut := fs.Bool("json", false, "print one JSON line per drain")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,10 +77,10 @@ func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
 	var order []string
 	for _, s := range strings.Split(*shapes, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case "plain", "fan", "chains":
+		case "plain", "fan", "fanins", "chains":
 			order = append(order, s)
 		default:
-			return fmt.Errorf("--shapes: unknown shape %q (want plain, fan, chains)", s)
+			return fmt.Errorf("--shapes: unknown shape %q (want plain, fan, fanins, chains)", s)
 		}
 	}
 	url, stop, err := c.database(ctx, out)
@@ -92,9 +96,19 @@ func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err := setupCrdbwork(ctx, setup); err != nil {
 		return err
 	}
+	state := "fresh database"
+	if *lived {
+		// Other queues' rows, analyzed before the experiment's queues
+		// exist, then ended, nacked and pruned unvacuumed (internal/lived,
+		// autovacuum off for its tables).
+		if err := livedpkg.Build(ctx, setup, livedpkg.Options{}); err != nil {
+			return fmt.Errorf("building the lived state: %w", err)
+		}
+		state = "lived database (internal/lived)"
+	}
 	n := *width * *depth
-	fmt.Fprintf(out, "dependencies: %d no-op items per drain (fan: 1 + %d + 1; chains: %d × %d), %d workers × %d handlers, %d rounds, GOMAXPROCS %d, load %s\n",
-		n, n, *width, *depth, *workers, *concurrency, *rounds, runtime.GOMAXPROCS(0), loadavg())
+	fmt.Fprintf(out, "dependencies, %s: %d no-op items per drain (fan: 1 + %d + 1; fanins: %d × (1 + %d + 1); chains: %d × %d), %d workers × %d handlers, %d rounds, GOMAXPROCS %d, load %s\n",
+		state, n+2, n, *width, max(*depth-2, 0), *width, *depth, *workers, *concurrency, *rounds, runtime.GOMAXPROCS(0), loadavg())
 	runs := map[string][]depsResult{}
 	for round := range *rounds {
 		o := slices.Clone(order)
@@ -246,6 +260,23 @@ func shapeItems(shape string, width, depth int) []claim.NewItem {
 			items = append(items, claim.NewItem{ID: kids[i], Payload: []byte(fmt.Sprint(i)), After: []uuid.UUID{root}})
 		}
 		items = append(items, claim.NewItem{ID: uuid.New(), Payload: []byte("join"), After: kids})
+	case "fanins":
+		for f := range width {
+			root := uuid.New()
+			items = append(items, claim.NewItem{ID: root, Payload: []byte(fmt.Sprintf("root %d", f))})
+			kids := make([]uuid.UUID, max(depth-2, 0))
+			for i := range kids {
+				kids[i] = uuid.New()
+				items = append(items, claim.NewItem{ID: kids[i], Payload: []byte(fmt.Sprintf("%d.%d", f, i)), After: []uuid.UUID{root}})
+			}
+			after := kids
+			if len(after) == 0 {
+				after = []uuid.UUID{root}
+			}
+			items = append(items, claim.NewItem{ID: uuid.New(), Payload: []byte(fmt.Sprintf("join %d", f)), After: after})
+		}
+		// Two more, so that every shape has the same count as fan's.
+		items = append(items, claim.NewItem{ID: uuid.New(), Payload: []byte("a")}, claim.NewItem{ID: uuid.New(), Payload: []byte("b")})
 	case "chains":
 		for c := range width {
 			var prev uuid.UUID
