@@ -247,7 +247,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		for n, i := range b.given {
 			ids[n] = b.ids[i]
 		}
-		states, err := q.store.Classify(ctx, db, name, ids)
+		states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, name, ids)
 		if err != nil {
 			return err
 		}
@@ -301,7 +301,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	state := make(map[uuid.UUID]string, len(prereqs))
 	for start := 0; start < len(prereqs); start += insertRows {
 		chunk := prereqs[start:min(start+insertRows, len(prereqs))]
-		states, err := q.store.Classify(ctx, db, name, chunk)
+		states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, name, chunk)
 		if err != nil {
 			return err
 		}
@@ -364,7 +364,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
 				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce}, Remaining: remaining[n]})
 		}
-		added, err := q.store.InsertWaiting(ctx, db, name, rows)
+		added, err := q.store.InsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)
 		if err != nil {
 			return err
 		}
@@ -411,7 +411,7 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 	for n, i := range idx {
 		ids[n] = b.ids[i]
 	}
-	states, err := q.store.Classify(ctx, db, q.opts.Queue, ids)
+	states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, q.opts.Queue, ids)
 	if err != nil {
 		return err
 	}
@@ -428,17 +428,36 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 	return nil
 }
 
+// releaseBatch bounds one release transaction: the edges it reads, and so
+// the dependents it locks and moves. A release of more edges (the root of a
+// wide fan-out) takes several transactions, each committed before the next
+// starts, so that its first dependents are claimable while it goes on and
+// no transaction holds a dependent for long.
+const releaseBatch = 1000
+
+// releaseTxOptions are the options of the transactions that release and
+// end dependents: READ COMMITTED on PostgreSQL, where the releases of a
+// fan-in's prerequisites all lower the join's count: each waits for the
+// row lock of the one before and then counts from its committed value,
+// where SERIALIZABLE transactions would fail and retry one another (the
+// count stays exact: each edge is deleted, and counted, by one transaction
+// only, under its dependent's lock). SERIALIZABLE on CockroachDB.
+func releaseTxOptions(d crsql.Dialect) pgx.TxOptions {
+	if d == crsql.Postgres {
+		return pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+	}
+	return pgx.TxOptions{IsoLevel: pgx.Serializable}
+}
+
 // releaseAcked releases the dependents of the items acked (by an ack that
-// committed), if the queue has dependencies (depsActive), in a short
-// transaction of its own right after the ack's: the edges from the acked
-// items are deleted, their dependents' remaining counts lowered, and those
-// at zero moved into the items table. On PostgreSQL it runs at READ
-// COMMITTED: the acks of a fan-in's prerequisites all lower the join's
-// count, and at READ COMMITTED each waits for the row lock of the one
-// before and then counts from its committed value, where SERIALIZABLE
-// transactions would fail and retry one another (the count stays exact:
-// each edge is deleted, and counted, by one transaction only). On
-// CockroachDB it is SERIALIZABLE.
+// committed), if the queue has dependencies (depsActive), in short
+// transactions of their own right after the ack's (releaseTxOptions), each
+// of at most releaseBatch edges: the edges from the acked items are
+// deleted, their dependents' remaining counts lowered, and those at zero
+// moved into the items table. It locks the dependents in id order and waits
+// for those another transaction holds: a release, a cancel or a purge,
+// which hold them for one batch at most, or a reap's batch (sql/depends.go,
+// "Lock order": no two of them can wait for each other in a cycle).
 //
 // Its failure (the database, a lost connection, a crash right after the
 // ack) loses nothing: the edges of an acked prerequisite stay until a
@@ -458,25 +477,32 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 		return
 	}
 	d := q.engine.Load().dialect
-	opts := pgx.TxOptions{IsoLevel: pgx.Serializable}
-	if d == crsql.Postgres {
-		opts.IsoLevel = pgx.ReadCommitted
-	}
-	var moved []uuid.UUID
-	err = retry.TxWith(ctx, q.db, opts, q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		moved, err = q.store.ReleaseDependents(ctx, tx, d, q.opts.Queue, acked)
-		if err == nil && len(moved) > 0 && q.notifies() {
-			// Other processes' idle workers claim them at once.
-			err = q.store.Notify(ctx, tx, q.channel, "")
+	for {
+		var res crsql.ReleaseResult
+		err = retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			res, err = q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, false)
+			if err == nil && len(res.Left) > 0 {
+				// Edges of dependents that are gone (none normally).
+				var n int64
+				n, err = q.store.DeleteEdgesGone(ctx, tx, d, q.opts.Queue, res.Left)
+				res.Edges += int(n)
+			}
+			if err == nil && len(res.Moved) > 0 && q.notifies() {
+				// Other processes' idle workers claim them at once.
+				err = q.store.Notify(ctx, tx, q.channel, "")
+			}
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			q.stats.releaseFailed.Add(1)
+			return
 		}
-		return crsql.Classify(err)
-	})
-	if err != nil {
-		q.stats.releaseFailed.Add(1)
-		return
+		q.unblocked(len(res.Moved))
+		if !res.More || res.Edges == 0 {
+			return
+		}
 	}
-	q.unblocked(len(moved))
 }
 
 // sweepDeps is Reap's dependency step: it walks up to sweepBatches ·
@@ -484,8 +510,11 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 // for each prerequisite that is neither queued nor waiting, releases its
 // dependents (it was acked, or taken) or ends them, dead with reason
 // "dependency died: <id>" (it died, was cancelled, or is unknown), then
-// the dependents of those, and so on. Every batch is one SERIALIZABLE
-// transaction that classifies and acts on the same snapshot.
+// the dependents of those, and so on (settle). It never waits for a
+// dependent another transaction holds (a release after an ack, a cancel,
+// another session's reap): it leaves it, with its edges, to that
+// transaction or to the next sweep, and never fails behind it. A row the
+// database refuses is isolated and reported (refused.go).
 func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*ReapError, err error) {
 	var has bool
 	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
@@ -499,11 +528,12 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 	q.markDeps()
 	q.deps.mu.Lock()
 	defer q.deps.mu.Unlock()
+	d := q.engine.Load().dialect
 	for range sweepBatches {
 		var edges []uuid.UUID
 		err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 			var err error
-			edges, err = q.store.SweepPrereqs(ctx, q.db, q.opts.Queue, q.deps.cursor, sweepBatch)
+			edges, err = q.store.SweepPrereqs(ctx, q.db, d, q.opts.Queue, q.deps.cursor, sweepBatch)
 			return crsql.Classify(err)
 		})
 		if err != nil {
@@ -543,49 +573,76 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 
 // settle classifies prereqs and, in the same transaction, releases the
 // dependents of the acked (or taken) ones and ends those of the ones that
-// ended otherwise; it returns how many it released and the ids it ended.
+// ended otherwise, up to releaseBatch edges of each kind per transaction
+// (releaseTxOptions), going on while there are more and the last
+// transaction did something; it returns how many it released and the ids
+// it ended. It skips the dependents another transaction holds (FOR UPDATE
+// SKIP LOCKED): a sweep never waits for a release, and never fails behind
+// one. Its edges of dependents that are gone are deleted last, in one
+// statement, in key order (the lock order of sql/depends.go).
 func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UUID, error) {
+	d := q.engine.Load().dialect
 	var released int
 	var killed []uuid.UUID
-	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
-		released, killed = 0, nil
-		states, err := q.store.Classify(ctx, tx, q.opts.Queue, prereqs)
+	for {
+		var moved int
+		var ended []uuid.UUID
+		var more, progress bool
+		err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
+			moved, ended, more, progress = 0, nil, false, false
+			states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, prereqs)
+			if err != nil {
+				return crsql.Classify(err)
+			}
+			var acked, gone []uuid.UUID
+			var outcomes []string
+			for _, st := range states {
+				switch st.State {
+				case crsql.PrereqQueued, crsql.PrereqWaiting:
+				case crsql.OutcomeAcked, crsql.OutcomeTaken:
+					acked = append(acked, st.ID)
+				default: // dead, cancelled, another queue's, unknown
+					gone, outcomes = append(gone, st.ID), append(outcomes, st.State)
+				}
+			}
+			var left []crsql.Edge
+			if len(acked) > 0 {
+				res, err := q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, true)
+				if err != nil {
+					return crsql.Classify(err)
+				}
+				moved, more, left = len(res.Moved), res.More, res.Left
+				progress = res.Edges > 0
+			}
+			if len(gone) > 0 {
+				res, err := q.store.KillBatch(ctx, tx, d, q.opts.Queue, gone, outcomes, releaseBatch)
+				if err != nil {
+					return crsql.Classify(err)
+				}
+				ended, more, left = res.Killed, more || res.More, append(left, res.Left...)
+				progress = progress || len(res.Killed) > 0
+			}
+			if len(left) > 0 {
+				n, err := q.store.DeleteEdgesGone(ctx, tx, d, q.opts.Queue, left)
+				if err != nil {
+					return crsql.Classify(err)
+				}
+				progress = progress || n > 0
+			}
+			if moved > 0 && q.notifies() {
+				return crsql.Classify(q.store.Notify(ctx, tx, q.channel, ""))
+			}
+			return nil
+		})
 		if err != nil {
-			return crsql.Classify(err)
+			return released, killed, err
 		}
-		var acked, ended []uuid.UUID
-		var outcomes []string
-		for _, st := range states {
-			switch st.State {
-			case crsql.PrereqQueued, crsql.PrereqWaiting:
-			case crsql.OutcomeAcked, crsql.OutcomeTaken:
-				acked = append(acked, st.ID)
-			default: // dead, cancelled, another queue's, unknown
-				ended, outcomes = append(ended, st.ID), append(outcomes, st.State)
-			}
+		released += moved
+		killed = append(killed, ended...)
+		if !more || !progress {
+			return released, killed, nil
 		}
-		if len(acked) > 0 {
-			moved, err := q.store.ReleaseDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, acked)
-			if err == nil && len(moved) > 0 && q.notifies() {
-				err = q.store.Notify(ctx, tx, q.channel, "")
-			}
-			if err != nil {
-				return crsql.Classify(err)
-			}
-			released = len(moved)
-		}
-		if len(ended) > 0 {
-			killed, err = q.store.KillDependents(ctx, tx, q.engine.Load().dialect, q.opts.Queue, ended, outcomes)
-			if err != nil {
-				return crsql.Classify(err)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, nil, err
 	}
-	return released, killed, nil
 }
 
 // PrereqStatus is one prerequisite of a waiting item, as Dependencies
@@ -634,7 +691,7 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 			return crsql.Classify(err)
 		}
 		if len(prereqs) > 0 {
-			states, err := q.store.Classify(ctx, tx, q.opts.Queue, prereqs)
+			states, err := q.store.Classify(ctx, tx, q.engine.Load().dialect, q.opts.Queue, prereqs)
 			if err != nil {
 				return crsql.Classify(err)
 			}
@@ -694,7 +751,7 @@ func (q *Queue) cancelWaiting(ctx context.Context, id uuid.UUID) (bool, error) {
 	var existed bool
 	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		existed, err = q.store.CancelWaiting(ctx, tx, id, q.opts.Queue)
+		existed, err = q.store.CancelWaiting(ctx, tx, q.engine.Load().dialect, id, q.opts.Queue)
 		return crsql.Classify(err)
 	})
 	return existed, err

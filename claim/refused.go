@@ -105,9 +105,9 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 	var ended []uuid.UUID
 	var bad []*ReapError
 	d := q.engine.Load().dialect
-	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 		moved, ended, bad = 0, nil, nil
-		states, err := q.store.Classify(ctx, tx, q.opts.Queue, []uuid.UUID{p})
+		states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
 		if err != nil {
 			return crsql.Classify(err)
 		}

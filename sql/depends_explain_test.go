@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -18,16 +19,20 @@ import (
 // 200,000 edges, 100,000 ended ids and 20,000 dead items, analyzed. No plan
 // may read a whole table of items, waiting items, edges, ended ids or dead
 // items: each statement's cost follows its arguments (the ids given, the
-// limit), not the tables' sizes. Release runs in the ack's transaction of
-// queues that use dependencies, so its plan matters as much as the ack's.
+// limit), not the tables' sizes. Release runs after every ack of queues
+// that use dependencies, so its plan matters as much as the ack's. The
+// statements are those of the server's engine (the PostgreSQL forms here);
+// TestDependsPlansLived runs them all in a database that has lived.
 func TestDependsPlans(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
-	ds := crsql.NewDependsStatements(crsql.Tables{})
-	some := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	d := crsql.Cockroach
+	if testdb.Kind(t) == "postgres" {
+		d = crsql.Postgres
+	}
 	arr := func(n int) []uuid.UUID {
 		out := make([]uuid.UUID, n)
 		for i := range out {
@@ -35,56 +40,20 @@ func TestDependsPlans(t *testing.T) {
 		}
 		return out
 	}
-	ids := arr(50)
-	n := len(ids)
-	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
-	for i := range bytes {
-		bytes[i], texts[i] = []byte("x"), "k"
-		ints[i] = 1
-	}
-	cases := []planCase{
-		{"Classify", ds.Classify, []any{"q7", ids}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q7", ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
-		{"InsertEdges", ds.InsertEdges, []any{"q7", ids, arr(50)}},
-		{"Release", ds.Release, []any{"q7", ids}},
-		{"PostgresRelease", ds.PostgresRelease, []any{"q7", ids}},
-		{"MoveReady", ds.MoveReady, []any{"q7", ids}},
-		{"PostgresMoveReady", ds.PostgresMoveReady, []any{"q7", ids}},
-		{"SweepPrereqs", ds.SweepPrereqs, []any{"q7", some[0], 1000}},
-		{"KillDependents", ds.KillDependents, []any{"q7", some, []string{"dead", "cancelled", "unknown"}}},
-		{"PostgresKillDependents", ds.PostgresKillDependents, []any{"q7", some, []string{"dead", "cancelled", "unknown"}}},
-		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q7", ids}},
-		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{"q7", ids}},
-		{"Prereqs", ds.Prereqs, []any{"q7", some[0]}},
-		{"Dependents", ds.Dependents, []any{"q7", some[0], 100}},
-		{"Waiting", ds.Waiting, []any{"q7", some[0]}},
-		// A waiting row the database refused to move (refused.go).
-		{"KillRefusedWaiting", crsql.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{"q7", some[0], "refused by the database (dependencies): boom"}},
-		{"WaitingCount", ds.WaitingCount, []any{"q7"}},
-		{"HasEdges", ds.HasEdges, []any{"q7"}},
-		{"PurgeEdges", ds.PurgeEdges, []any{"q7", 1000}},
-		{"PickWaiting", ds.PickWaiting, []any{"q7", 1000}},
-		{"CancelWaiting", ds.CancelWaiting, []any{some[0], "q7"}},
-		{"DeleteWaiting", ds.DeleteWaiting, []any{"q7", ids}},
-		{"PostgresDeleteWaiting", ds.PostgresDeleteWaiting, []any{"q7", ids}},
-	}
-	twinned := map[string]bool{"Release": true, "MoveReady": true, "KillDependents": true, "DeleteWaiting": true}
+	cases := dependsCases(t, pool, d, "q7", arr(36), arr(50))
 	scan := regexp.MustCompile(`Seq Scan on crdbwork_(items|waiting|waits_for|ended|dead_items)\b|FULL SCAN|full scan`)
 	check := func(state string) {
 		explainEach(t, pool, "deps_"+state+"_", cases, nil, func(i int, mode, plan string) {
 			c := cases[i]
-			if testdb.Kind(t) == "postgres" && twinned[c.name] {
-				return // the CockroachDB form; its Postgres twin is PostgreSQL's
-			}
 			if scan.MatchString(plan) {
 				t.Errorf("%s (%s, %s) scans a table:\n%s", c.name, state, mode, plan)
 				return
 			}
-			if c.name != "WaitingCount" && c.name != "PickWaiting" && strings.Contains(plan, "crdbwork_waiting_by_queue") {
+			if c.name != "WaitingCount" && c.name != "PickWaiting" && c.name != "PickOrphans" && strings.Contains(plan, "crdbwork_waiting_by_queue") {
 				t.Errorf("%s (%s, %s) reads the queue's waiting items:\n%s", c.name, state, mode, plan)
 				return
 			}
-			if (strings.Contains(plan, "Hash Join") || strings.Contains(plan, "Hash Semi Join")) && strings.Contains(plan, "crdbwork_waiting") {
+			if hashesTable(plan, "crdbwork_waiting") {
 				t.Errorf("%s (%s, %s) hashes the waiting items:\n%s", c.name, state, mode, plan)
 				return
 			}
@@ -108,4 +77,97 @@ func TestDependsPlans(t *testing.T) {
 		}
 	}
 	check("seeded")
+}
+
+// dependsCases are the dependency statements of engine d with arguments
+// for queue: prereqs as the prerequisites (their edges, read from the
+// table, or made up where they have none, as the edges' pairs), ids as
+// the ids looked up.
+func dependsCases(t *testing.T, pool *pgxpool.Pool, d crsql.Dialect, queue string, prereqs, ids []uuid.UUID) []planCase {
+	t.Helper()
+	ctx := context.Background()
+	ds := crsql.NewDependsStatements(crsql.Tables{}, d)
+	rows, err := pool.Query(ctx, `SELECT prereq, dependent FROM crdbwork_waits_for WHERE queue = $1 AND prereq = ANY($2) ORDER BY 1, 2 LIMIT 1000`, queue, prereqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps, deps []uuid.UUID
+	for rows.Next() {
+		var p, dep uuid.UUID
+		if err := rows.Scan(&p, &dep); err != nil {
+			t.Fatal(err)
+		}
+		ps, deps = append(ps, p), append(deps, dep)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) == 0 {
+		for i, id := range ids {
+			ps, deps = append(ps, prereqs[i%len(prereqs)]), append(deps, id)
+		}
+	}
+	n := len(ids)
+	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	for i := range bytes {
+		bytes[i], texts[i] = []byte("x"), "k"
+		ints[i] = 1
+	}
+	some := prereqs[:3]
+	outcomes := []string{"dead", "cancelled", "unknown"}
+	return []planCase{
+		{"Classify", ds.Classify, []any{queue, ids}},
+		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertEdges", ds.InsertEdges, []any{queue, ids, ids}},
+		{"EdgesFrom", ds.EdgesFrom, []any{queue, prereqs, 1000}},
+		{"Release", ds.Release, []any{queue, ps, deps}},
+		{"SweepRelease", ds.SweepRelease, []any{queue, ps, deps}},
+		{"MoveReady", ds.MoveReady, []any{queue, deps}},
+		{"SweepPrereqs", ds.SweepPrereqs, []any{queue, some[0], 1000}},
+		{"KillDependents", ds.KillDependents, []any{queue, ps, deps, prereqs, repeat(outcomes, len(prereqs))}},
+		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{queue, deps}},
+		{"DeleteEdgesGone", ds.DeleteEdgesGone, []any{queue, ps, deps}},
+		{"Prereqs", ds.Prereqs, []any{queue, deps[0]}},
+		{"Dependents", ds.Dependents, []any{queue, some[0], 100}},
+		{"Waiting", ds.Waiting, []any{queue, deps[0]}},
+		// A waiting row the database refused to move (refused.go).
+		{"KillRefusedWaiting", crsql.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{queue, deps[0], "refused by the database (dependencies): boom"}},
+		{"WaitingCount", ds.WaitingCount, []any{queue}},
+		{"HasEdges", ds.HasEdges, []any{queue}},
+		{"PickWaiting", ds.PickWaiting, []any{queue, 1000}},
+		{"PurgeWaiting", ds.PurgeWaiting, []any{queue, deps}},
+		{"PickOrphans", ds.PickOrphans, []any{queue, 1000}},
+		{"CancelWaiting", ds.CancelWaiting, []any{deps[0], queue}},
+	}
+}
+
+// repeat returns n elements of vals, round and round.
+func repeat(vals []string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = vals[i%len(vals)]
+	}
+	return out
+}
+
+// hashesTable reports whether a hash join of plan (PostgreSQL's EXPLAIN
+// text) reads table: a hash over a read of the table, where each row
+// should be looked up by key.
+func hashesTable(plan, table string) bool {
+	lines := strings.Split(plan, "\n")
+	indent := func(l string) int { return len(l) - len(strings.TrimLeft(l, " ->")) }
+	for i, l := range lines {
+		if !strings.Contains(l, "Hash Join") && !strings.Contains(l, "Hash Semi Join") && !strings.Contains(l, "Hash Anti Join") {
+			continue
+		}
+		for _, sub := range lines[i+1:] {
+			if indent(sub) <= indent(l) {
+				break
+			}
+			if strings.Contains(sub, " on "+table+" ") || strings.Contains(sub, " using "+table+"_") {
+				return true
+			}
+		}
+	}
+	return false
 }

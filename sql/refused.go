@@ -230,35 +230,3 @@ func nullTime(t time.Time) *time.Time {
 	}
 	return &t
 }
-
-// ReleaseEdges is the first half of ReleaseDependents: it deletes, in tx,
-// the edges of queue from the acked items prereqs, lowers their
-// dependents' remaining counts and returns the dependents whose count
-// reached zero, without moving them (MoveReady does).
-func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, byDialect(d, s.deps().Release, s.deps().PostgresRelease), queue, rawIDs(prereqs))
-	if err != nil {
-		return nil, err
-	}
-	var ready []uuid.UUID
-	var id [16]byte
-	var remaining int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &remaining}, func() error {
-		if remaining <= 0 {
-			ready = append(ready, id)
-		}
-		return nil
-	})
-	return ready, err
-}
-
-// MoveReady is the second half of ReleaseDependents: it moves, in tx, the
-// waiting items ids of queue whose remaining count is zero into the items
-// table and returns the ids it moved.
-func (s *Store) MoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, byDialect(d, s.deps().MoveReady, s.deps().PostgresMoveReady), queue, rawIDs(ids))
-	if err != nil {
-		return nil, err
-	}
-	return collectIDs(rows)
-}

@@ -1,4 +1,4 @@
--- crdbwork schema, version 5: the complete current schema.
+-- crdbwork schema, version 6: the complete current schema.
 --
 -- Plain SQL accepted unchanged by PostgreSQL 15+ and CockroachDB 23.1+:
 --   psql -v ON_ERROR_STOP=1 -f sql/schema.sql "$DATABASE_URL"
@@ -388,9 +388,11 @@ CREATE TABLE IF NOT EXISTS crdbwork_waits_for (
     dependent UUID NOT NULL,
     PRIMARY KEY (queue, prereq, dependent)
 );
--- A dependent's prerequisites: crdbwork deps, and ending a dependent.
-CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent
-    ON crdbwork_waits_for (queue, dependent);
+-- A dependent's edges: crdbwork deps, ending a dependent, and (with the
+-- prerequisite, version 6) an exact seek of one edge, as in the primary
+-- key, whichever of the two the planner takes.
+CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent_prereq
+    ON crdbwork_waits_for (queue, dependent, prereq);
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE

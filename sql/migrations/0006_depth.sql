@@ -24,6 +24,20 @@ ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS seq_hold BOOL NOT NULL 
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_sequence_held
     ON crdbwork_dead_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_hold;
 
+-- == dependencies: the edges by dependent ==
+-- The edges by dependent, with the prerequisite: one edge (queue,
+-- dependent, prerequisite) is an exact seek in this index as in the
+-- primary key, whichever the planner takes. It replaces
+-- crdbwork_waits_for_by_dependent (queue, dependent), which looked as
+-- cheap to PostgreSQL when its statistics predated the queue, and read all
+-- of a fan-in join's edges for each edge a release deleted. Version-5 code
+-- reads a dependent's edges through the new index as through the old one.
+-- (On CockroachDB the old index held the prerequisite already, as the
+-- primary key's suffix; the new one is the same index under a new name.)
+CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent_prereq
+    ON crdbwork_waits_for (queue, dependent, prereq);
+DROP INDEX IF EXISTS crdbwork_waits_for_by_dependent;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
