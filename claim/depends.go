@@ -18,8 +18,8 @@ import (
 // Dependencies (NewItem.After; docs/dependencies.md). An item whose
 // prerequisites are not all acked is kept out of the items table, in
 // crdbwork_waiting, so that no claim of any version can hand it out. The
-// ack of its last prerequisite moves it into the items table, in a short
-// transaction right after the ack's (releaseAcked); anything else that ends
+// ack of its last prerequisite moves it into the items table, in short
+// bounded transactions right after the ack's (releaseAcked); anything else that ends
 // a prerequisite (a death, a cancel, an ack by an older worker, a release
 // that failed or never ran) is found by Reap's dependency step (sweepDeps),
 // which releases or ends the dependents.

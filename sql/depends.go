@@ -235,11 +235,26 @@ RETURNING w.id, w.remaining, c.n`
 // (queue, dependent, prerequisite) (schema version 6: the version-5 index
 // by (queue, dependent) alone, one condition fewer, looked as cheap to
 // PostgreSQL with statistics that believe the queue holds a row, and read
-// all of a fan-in join's edges for each edge). %[1]s is the queue's value,
-// %[2]s and %[3]s the joins by id.
+// all of a fan-in join's edges for each edge). %[1]s and %[2]s are the
+// edges read and the queue's condition (edgeKeys), %[3]s and %[4]s the
+// joins by id.
 const releaseEdges = `DELETE FROM crdbwork_waits_for AS x
-    USING unnest($2::UUID[], $3::UUID[]) AS k (p, dep), d
-    WHERE k.dep = d.id AND x.queue = %[1]s AND %[2]s AND %[3]s`
+    USING %[1]s, d
+    WHERE k.dep = d.id AND %[2]s AND %[3]s AND %[4]s`
+
+// edgeKeys returns, for engine d, a relation k of the rows of arrays (SQL
+// of array parameters, named cols) to join the edges x to, and the
+// condition on x's queue. On PostgreSQL k carries the queue too, so that
+// the condition is a join condition, x.queue = ANY(ARRAY[k.q]), which
+// cannot be applied to the table alone: a queue condition on x alone let
+// PostgreSQL read the queue's edges once into a Materialize and join them
+// all to every row of k (on a table believed empty).
+func edgeKeys(d Dialect, arrays, cols string) (source, queue string) {
+	if d == Postgres {
+		return `(SELECT u.*, $1::TEXT AS q FROM unnest(` + arrays + `) AS u (` + cols + `) OFFSET 0) AS k`, `x.queue = ANY(ARRAY[k.q])`
+	}
+	return `unnest(` + arrays + `) AS k (` + cols + `)`, `x.queue = $1`
+}
 
 // moveColumns are what MoveReady computes, as enqueue's Insert does: the
 // part from the hash and the queue's current parts, the vesting time (the
@@ -299,7 +314,13 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
 		byID = func(col, other string) string { return col + " = ANY(ARRAY[" + other + "])" }
 	}
 	ids := lockIDs(d, "$3")
-	edges := fmt.Sprintf(releaseEdges, queueKey, byID("x.prereq", "k.p"), byID("x.dependent", "k.dep"))
+	pairs, pairsQueue := edgeKeys(d, "$2::UUID[], $3::UUID[]", "p, dep")
+	edges := fmt.Sprintf(releaseEdges, pairs, pairsQueue, byID("x.prereq", "k.p"), byID("x.dependent", "k.dep"))
+	to, toQueue := edgeKeys(d, "$2::UUID[]", "id")
+	locked, lockedQueue := `d AS k`, `x.queue = $1`
+	if d == Postgres {
+		locked, lockedQueue = `(SELECT d.id, $1::TEXT AS q FROM d OFFSET 0) AS k`, `x.queue = ANY(ARRAY[k.q])`
+	}
 	counted := `w.id = c.dependent AND (w.queue = $1) IS TRUE`
 	if d == Postgres {
 		counted = `w.id = ANY(ARRAY[c.dependent]) AND (w.queue = $1 OR c.dependent IS NULL)`
@@ -328,7 +349,7 @@ RETURNING id`),
 SELECT $1, v.p, v.d FROM unnest($2::UUID[], $3::UUID[]) AS v (p, d)
 ON CONFLICT (queue, prereq, dependent) DO NOTHING`),
 		EdgesFrom: r(`SELECT prereq, dependent FROM crdbwork_waits_for
-WHERE queue = ` + queueKey + ` AND prereq = ANY($2::UUID[])
+WHERE queue = $1 AND prereq = ANY($2::UUID[])
 ORDER BY prereq, dependent
 LIMIT $3`),
 		Release:      release(""),
@@ -339,11 +360,11 @@ WHERE queue = ` + queueKey + ` AND prereq > $2
 ORDER BY prereq
 LIMIT $3`),
 		KillDependents: r(fmt.Sprintf(killDependents, fmt.Sprintf(lockDependents, ids, " SKIP LOCKED"), byID("w.id", "d.id"), recordEnded(OutcomeDead))),
-		DeleteEdgesTo: r(`DELETE FROM crdbwork_waits_for AS x USING unnest($2::UUID[]) AS k (id)
-WHERE x.queue = ` + queueKey + ` AND ` + byID("x.dependent", "k.id")),
+		DeleteEdgesTo: r(`DELETE FROM crdbwork_waits_for AS x USING ` + to + `
+WHERE ` + toQueue + ` AND ` + byID("x.dependent", "k.id")),
 		DeleteEdgesGone: r(`DELETE FROM crdbwork_waits_for AS x
-USING unnest($2::UUID[], $3::UUID[]) AS k (p, dep)
-WHERE x.queue = ` + queueKey + ` AND ` + byID("x.prereq", "k.p") + ` AND ` + byID("x.dependent", "k.dep") + `
+USING ` + pairs + `
+WHERE ` + pairsQueue + ` AND ` + byID("x.prereq", "k.p") + ` AND ` + byID("x.dependent", "k.dep") + `
   AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.id = k.dep OFFSET 0)`),
 		Prereqs: r(`SELECT e.prereq FROM (SELECT $1::TEXT AS q, $2::UUID AS d OFFSET 0) AS k
 JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.dependent = k.d
@@ -360,8 +381,8 @@ ORDER BY e.dependent LIMIT $3`),
 		PickWaiting: r(`SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`),
 		PurgeWaiting: r(`WITH ` + fmt.Sprintf(lockDependents, lockIDs(d, "$2"), "") + `,
 edges AS (
-    DELETE FROM crdbwork_waits_for AS x USING d
-    WHERE x.queue = ` + queueKey + ` AND ` + byID("x.dependent", "d.id") + `
+    DELETE FROM crdbwork_waits_for AS x USING ` + locked + `
+    WHERE ` + lockedQueue + ` AND ` + byID("x.dependent", "k.id") + `
     RETURNING x.dependent),
 gone AS (
     DELETE FROM crdbwork_waiting AS w USING d
@@ -375,6 +396,20 @@ LIMIT $2`),
 		CancelWaiting: r(deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE`, OutcomeCancelled)),
 	}
 	if d == Postgres {
+		// One prerequisite at a time, each read in the primary key's order
+		// up to the limit; then the first of all. PostgreSQL cannot keep
+		// the key's order through = ANY on its second column, and its
+		// generic plan for the form above read all of the queue's edges
+		// in that order, filtering the prerequisites, to stop at the limit
+		// (on tables never analyzed, where that looked cheap).
+		s.EdgesFrom = r(`SELECT e.prereq, e.dependent
+FROM (SELECT DISTINCT u.p FROM unnest($2::UUID[]) AS u (p)) AS k,
+     LATERAL (SELECT x.prereq, x.dependent FROM crdbwork_waits_for AS x
+              WHERE x.queue = (SELECT $1::TEXT) AND x.prereq = k.p
+              ORDER BY x.dependent
+              LIMIT $3) AS e
+ORDER BY e.prereq, e.dependent
+LIMIT $3`)
 		// The rows looked up one id at a time; the checks name k too
 		// (k.key_id is never NULL where w.id matched it): join conditions,
 		// not filters on the table alone, which made a scan of an empty

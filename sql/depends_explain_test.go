@@ -49,6 +49,10 @@ func TestDependsPlans(t *testing.T) {
 				t.Errorf("%s (%s, %s) scans a table:\n%s", c.name, state, mode, plan)
 				return
 			}
+			if !byQueue[c.name] && queueOnlyIn(plan) {
+				t.Errorf("%s (%s, %s) reads the queue's rows through an index by the queue alone:\n%s", c.name, state, mode, plan)
+				return
+			}
 			if c.name != "WaitingCount" && c.name != "PickWaiting" && c.name != "PickOrphans" && strings.Contains(plan, "crdbwork_waiting_by_queue") {
 				t.Errorf("%s (%s, %s) reads the queue's waiting items:\n%s", c.name, state, mode, plan)
 				return

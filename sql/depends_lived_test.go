@@ -97,6 +97,10 @@ func burstDeps(t *testing.T, pool *pgxpool.Pool, queue string) (roots, kids []uu
 		ids(`SELECT id FROM crdbwork_waiting WHERE queue = $1 AND hash < 1000000 ORDER BY id`)
 }
 
+// byQueue are the statements that read a queue's rows by the queue, by
+// design.
+var byQueue = map[string]bool{"WaitingCount": true, "PickWaiting": true, "HasEdges": true, "PickOrphans": true}
+
 // queueOnly matches an index condition on the queue alone: a read of all
 // of a queue's rows in that index.
 var queueOnly = regexp.MustCompile(`Index Cond: \(queue = [^()]*\)\s*$`)
@@ -128,8 +132,6 @@ func TestDependsPlansLived(t *testing.T) {
 		d = crsql.Postgres
 	}
 	cases := dependsCases(t, pool, d, q, roots[:36], kids[:1000])
-	// Statements that read a queue's rows by the queue by design.
-	byQueue := map[string]bool{"WaitingCount": true, "PickWaiting": true, "HasEdges": true, "PurgeEdges": true, "PurgeWaiting": true, "PickOrphans": true}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package sql
 import (
 	"bytes"
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -246,52 +247,46 @@ func (s *Store) DeleteEdgesGone(ctx context.Context, db DB, d Dialect, queue str
 }
 
 // ReleaseEdges deletes, in tx, every edge of queue from the acked items
-// prereqs (in batches of sweepEdges), lowers their dependents' remaining
-// counts and returns the dependents whose count reached zero, without
-// moving them (MoveReady does). It waits for dependents other transactions
-// hold; edges of dependents that are gone are deleted too.
+// prereqs, lowers their dependents' remaining counts and returns the
+// dependents whose count reached zero, without moving them (MoveReady
+// does). It waits for dependents other transactions hold, and takes them
+// all in one statement (the lock order of depends.go), so it is unbounded:
+// for prerequisites with many dependents, use ReleaseBatch in transactions
+// of their own. Edges of dependents that are gone are deleted too.
 func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
+	edges, err := s.EdgesFrom(ctx, tx, d, queue, prereqs, math.MaxInt32)
+	if err != nil || len(edges) == 0 {
+		return nil, err
+	}
+	ps, ds := edgeArrays(edges)
+	rows, err := tx.Query(ctx, s.deps(d).Release, queue, ps, ds)
+	if err != nil {
+		return nil, err
+	}
 	var ready []uuid.UUID
-	for {
-		edges, err := s.EdgesFrom(ctx, tx, d, queue, prereqs, releaseEdgeBatch)
-		if err != nil || len(edges) == 0 {
-			return ready, err
+	held := make(map[uuid.UUID]bool, len(edges))
+	var id [16]byte
+	var remaining, n int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &remaining, &n}, func() error {
+		held[id] = true
+		if remaining <= 0 {
+			ready = append(ready, id)
 		}
-		ps, ds := edgeArrays(edges)
-		rows, err := tx.Query(ctx, s.deps(d).Release, queue, ps, ds)
-		if err != nil {
-			return nil, err
-		}
-		held := make(map[uuid.UUID]bool, len(edges))
-		var id [16]byte
-		var remaining, n int64
-		if _, err := pgx.ForEachRow(rows, []any{&id, &remaining, &n}, func() error {
-			held[id] = true
-			if remaining <= 0 {
-				ready = append(ready, id)
-			}
-			return nil
-		}); err != nil {
-			return nil, err
-		}
-		var left []Edge
-		for _, e := range edges {
-			if !held[e.Dependent] {
-				left = append(left, e)
-			}
-		}
-		gone, err := s.DeleteEdgesGone(ctx, tx, d, queue, left)
-		if err != nil {
-			return nil, err
-		}
-		if len(edges) < releaseEdgeBatch || (len(held) == 0 && gone == 0) {
-			return ready, nil
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	var left []Edge
+	for _, e := range edges {
+		if !held[e.Dependent] {
+			left = append(left, e)
 		}
 	}
+	if _, err := s.DeleteEdgesGone(ctx, tx, d, queue, left); err != nil {
+		return nil, err
+	}
+	return ready, nil
 }
-
-// releaseEdgeBatch is how many edges ReleaseEdges reads at a time.
-const releaseEdgeBatch = 1000
 
 // ReleaseDependents releases, in tx, every dependent of the acked items
 // prereqs of queue: ReleaseEdges, then MoveReady. It returns the ids it
