@@ -22,7 +22,7 @@ import (
 
 // The dependencies experiment (go -C bench run . depends): how much
 // dependencies (claim.NewItem.After) cost. In each round it drains, with
-// the same in-process workers, the same number of no-op items three ways,
+// the same in-process workers, the same number of no-op items four ways,
 // in an order that alternates between rounds:
 //
 //	plain   the items without dependencies;
@@ -32,7 +32,7 @@ import (
 //	        children after it, a join after the children;
 //	chains  --width chains of --depth items, each after the one before.
 //
-// Each shape is enqueued in one call before the workers start, and the
+// Each shape is enqueued (in calls of 1,000) before the workers start, and the
 // drain is timed from starting the workers to the last item's ack. Every
 // item must be acked exactly once (its result row is written in its ack
 // transaction), and no waiting item or edge may be left.

@@ -11,7 +11,7 @@
 //	go -C bench run . order             # how relaxed the claim order is (popped element index)
 //	go -C bench run . latency           # pickup latency on an idle queue: River, crdbwork with and without parts and wake-ups
 //	go -C bench run . sequences         # throughput of a sequenced queue (one item per key at a time) against the same queue plain
-//	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in and 100 chains of 100 against 10k plain items
+//	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in, 100 fan-ins and 100 chains of 100 against 10k plain items
 //	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
@@ -84,11 +84,15 @@ plain (--fair=false) queue while single items of small tenants trickle in,
 and reports the small tenants' waits (in seconds and in claims) and Jain's
 index of the backlogged tenants' service.
 
-depends drains the same number of no-op items (--width·--depth + 2) three
+depends drains the same number of no-op items (--width·--depth + 2) four
 ways with the same in-process workers: plain, as a fan-out/fan-in (one root,
-the children after it, one join after every child) and as --width chains of
---depth items, each enqueued before the workers start; it prints each drain's
-time and items/s and its time over the plain drain's in the same round.
+the children after it, one join after every child), as --width fan-ins of
+--depth items (a root, children after it, a join after them) and as --width
+chains of --depth items, each enqueued before the workers start; it prints
+each drain's time and items/s and its time over the plain drain's in the
+same round. With --lived it first brings the database to the state of one
+that has lived (internal/lived): other queues' rows, analyzed before the
+experiment's queues exist, a third of them ended since.
 
 lived drains, for each feature (plain, fair, sequenced, dependencies as a
 fan-out/fan-in and as chains, the urgent lane, a fleet-wide limit), --items

@@ -79,7 +79,14 @@ import (
 //   - rows of one table joined by id to rows of another are joined, on
 //     PostgreSQL, with id = ANY(ARRAY[other.id]), which cannot be hashed or
 //     merged: a nested loop of primary-key lookups, never a hash over a
-//     scan; CockroachDB plans the plain equality as a lookup join;
+//     scan; CockroachDB plans the plain equality as a lookup join; where
+//     the joined table's key starts with the queue, PostgreSQL gets the
+//     queue from the joined rows too (edgeKeys), a join condition, never a
+//     condition on the table alone that it could read once into a
+//     Materialize;
+//   - a batch read in key order is read one prerequisite at a time on
+//     PostgreSQL (EdgesFrom), whose index scans lose the key's order under
+//     = ANY on a column after the first;
 //   - the NOT EXISTS subqueries end in OFFSET 0, which keeps PostgreSQL
 //     from turning them into anti-joins (it does not pull up a sublink
 //     with an OFFSET; CockroachDB drops the OFFSET 0 and plans a lookup
