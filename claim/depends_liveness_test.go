@@ -12,47 +12,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// seedLivedDeps brings the tables of a fresh schema to the state of a
-// database that has lived (issue 29): 20 other queues hold 120,000 items,
-// 45,000 waiting items with 4 edges each, 120,000 ended ids and 20,000
-// dead items, analyzed; then a third of the items, waiting items and edges
-// are deleted (dead tuples), and autovacuum is off for the tables. A queue
-// the test fills afterwards is one the statistics know nothing of. (A
-// stand-in for the shared lived-state harness; sql's tests have its twin.)
-func seedLivedDeps(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	ctx := context.Background()
-	name := `'lived-' || (g % 20)::TEXT`
-	var stmts []string
-	if testdb.Kind(t) == "postgres" {
-		for _, table := range []string{"crdbwork_items", "crdbwork_waiting", "crdbwork_waits_for", "crdbwork_ended", "crdbwork_dead_items"} {
-			stmts = append(stmts, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`)
-		}
-	}
-	stmts = append(stmts,
-		`INSERT INTO crdbwork_items (id, queue, part, priority, payload) SELECT gen_random_uuid(), `+name+`, g % 16, g % 5, '\x00'::BYTEA FROM generate_series(1, 120000) AS g`,
-		`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining) SELECT gen_random_uuid(), `+name+`, g, '\x00'::BYTEA, 4 FROM generate_series(1, 45000) AS g`,
-		`INSERT INTO crdbwork_waits_for (queue, prereq, dependent) SELECT w.queue, gen_random_uuid(), w.id FROM crdbwork_waiting AS w, generate_series(1, 4)`,
-		`INSERT INTO crdbwork_ended (queue, id, outcome) SELECT `+name+`, gen_random_uuid(), 'acked' FROM generate_series(1, 120000) AS g`,
-		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, reason)
-		 SELECT gen_random_uuid(), `+name+`, 0, 0, 1, 1, '\x00'::BYTEA, now(), 'failed' FROM generate_series(1, 20000) AS g`,
-		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_waiting`, `ANALYZE crdbwork_waits_for`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_dead_items`,
-		`DELETE FROM crdbwork_items WHERE part % 3 = 0`,
-		`DELETE FROM crdbwork_waits_for WHERE dependent IN (SELECT id FROM crdbwork_waiting WHERE hash % 3 = 0)`,
-		`DELETE FROM crdbwork_waiting WHERE hash % 3 = 0`,
-	)
-	for _, s := range stmts {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
-}
-
 // Every dependent of an acked prerequisite ends without a reap: in a
-// database that has lived, a queue the statistics never saw gets 20
+// database that has lived (internal/lived), a queue the statistics never saw gets 20
 // fan-ins (a root, 48 children after it, a join after the children) and
 // 20 chains of 25, drained by three workers (a pool and a session each)
 // that claim and ack batches, and no Reap runs at all, so that only the
@@ -63,9 +29,14 @@ func seedLivedDeps(t *testing.T, pool *pgxpool.Pool) {
 // Every dependent is counted released by an ack's release, and no release
 // failed.
 func TestDependsReleasedWithoutReap(t *testing.T) {
-	pool := setup(t)
+	pool := testdb.NewLived(t, func(ctx context.Context, pool *pgxpool.Pool) error {
+		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`)
+		return err
+	}, lived.Options{})
 	ctx := context.Background()
-	seedLivedDeps(t, pool)
 	const queue = "burst"
 	var items []claim.NewItem
 	dependents := 0

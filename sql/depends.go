@@ -244,10 +244,20 @@ RETURNING w.id, w.remaining, c.n`
 // PostgreSQL with statistics that believe the queue holds a row, and read
 // all of a fan-in join's edges for each edge). %[1]s and %[2]s are the
 // edges read and the queue's condition (edgeKeys), %[3]s and %[4]s the
-// joins by id.
+// joins by id, %[5]s the test that the dependent is locked.
 const releaseEdges = `DELETE FROM crdbwork_waits_for AS x
-    USING %[1]s, d
-    WHERE k.dep = d.id AND %[2]s AND %[3]s AND %[4]s`
+    USING %[1]s
+    WHERE %[5]s AND %[2]s AND %[3]s AND %[4]s`
+
+// The test that an edge's dependent is one the statement locked (d): a
+// join on CockroachDB; on PostgreSQL a hashed subplan over all of d, built
+// before the first edge is deleted (IS TRUE keeps it from becoming a join,
+// which PostgreSQL's generic plan made a nested loop rescanning d for
+// every edge: a million comparisons for a batch of 1,000).
+const (
+	lockedDep         = `k.dep IN (SELECT d.id FROM d)`
+	postgresLockedDep = `(k.dep IN (SELECT d.id FROM d)) IS TRUE`
+)
 
 // edgeKeys returns, for engine d, a relation k of the rows of arrays (SQL
 // of array parameters, named cols) to join the edges x to, and the
@@ -322,7 +332,11 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
 	}
 	ids := lockIDs(d, "$3")
 	pairs, pairsQueue := edgeKeys(d, "$2::UUID[], $3::UUID[]", "p, dep")
-	edges := fmt.Sprintf(releaseEdges, pairs, pairsQueue, byID("x.prereq", "k.p"), byID("x.dependent", "k.dep"))
+	locks := lockedDep
+	if d == Postgres {
+		locks = postgresLockedDep
+	}
+	edges := fmt.Sprintf(releaseEdges, pairs, pairsQueue, byID("x.prereq", "k.p"), byID("x.dependent", "k.dep"), locks)
 	to, toQueue := edgeKeys(d, "$2::UUID[]", "id")
 	locked, lockedQueue := `d AS k`, `x.queue = $1`
 	if d == Postgres {

@@ -12,49 +12,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// seedLivedDeps brings the tables of a fresh schema to the state of a
-// database that has lived (issue 29): 20 other queues hold 120,000 items,
-// 45,000 waiting items with 4 edges each, 120,000 ended ids and 20,000
-// dead items, analyzed; then a third of the items, waiting items and edges
-// are deleted (dead tuples the statistics do not know of), and autovacuum
-// is off for the tables, so that no ANALYZE runs but the seed's. The queue
-// under test gets its rows afterwards: the statistics know nothing of it
-// and estimate each of its lookups at about one row, whatever it holds.
-// (A stand-in for the shared lived-state harness.)
-func seedLivedDeps(t *testing.T, pool *pgxpool.Pool) {
-	t.Helper()
-	ctx := context.Background()
-	name := `'lived-' || (g % 20)::TEXT`
-	stmts := []string{
-		`INSERT INTO crdbwork_items (id, queue, part, priority, payload) SELECT gen_random_uuid(), ` + name + `, g % 16, g % 5, '\x00'::BYTEA FROM generate_series(1, 120000) AS g`,
-		`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining) SELECT gen_random_uuid(), ` + name + `, g, '\x00'::BYTEA, 4 FROM generate_series(1, 45000) AS g`,
-		`INSERT INTO crdbwork_waits_for (queue, prereq, dependent) SELECT w.queue, gen_random_uuid(), w.id FROM crdbwork_waiting AS w, generate_series(1, 4)`,
-		`INSERT INTO crdbwork_ended (queue, id, outcome) SELECT ` + name + `, gen_random_uuid(), 'acked' FROM generate_series(1, 120000) AS g`,
-		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, reason)
-		 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), 'failed' FROM generate_series(1, 20000) AS g`,
-		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_waiting`, `ANALYZE crdbwork_waits_for`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_dead_items`,
-		`DELETE FROM crdbwork_items WHERE part % 3 = 0`,
-		`DELETE FROM crdbwork_waits_for WHERE dependent IN (SELECT id FROM crdbwork_waiting WHERE hash % 3 = 0)`,
-		`DELETE FROM crdbwork_waiting WHERE hash % 3 = 0`,
-	}
-	if testdb.Kind(t) == "postgres" {
-		for _, table := range []string{"crdbwork_items", "crdbwork_waiting", "crdbwork_waits_for", "crdbwork_ended", "crdbwork_dead_items"} {
-			stmts = append([]string{`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`}, stmts...)
-		}
-	}
-	for _, s := range stmts {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
-}
-
-// burstDeps gives queue, in the lived state, 100 fan-ins as the
-// dependencies benchmark drains them: 100 roots (items), 98 children
+// burstDeps gives queue, in a database that has lived (internal/lived:
+// other queues' items, ended ids, dead and waiting items and edges,
+// analyzed before queue existed, then a third of them ended, unvacuumed),
+// 100 fan-ins as the dependencies benchmark drains them: 100 roots (items), 98 children
 // waiting for each root, a join waiting for each root's children; 5,000
 // acked ids and 500 dead items. It returns the roots and the children.
 func burstDeps(t *testing.T, pool *pgxpool.Pool, queue string) (roots, kids []uuid.UUID) {
@@ -101,6 +67,15 @@ func burstDeps(t *testing.T, pool *pgxpool.Pool, queue string) (roots, kids []uu
 // design.
 var byQueue = map[string]bool{"WaitingCount": true, "PickWaiting": true, "HasEdges": true, "PickOrphans": true}
 
+// livedDependsAccepted are plans that read more than a seek would, and why
+// that is right, by statement and mode.
+var livedDependsAccepted = map[string]string{
+	// The count of a queue's waiting items (crdbwork status) reads them all
+	// whichever way; its generic plan takes the queue for the average of
+	// the few queues with waiting items, most of the table.
+	"WaitingCount (generic)": "a count of the queue's waiting items; the generic plan believes they are most of the table",
+}
+
 // queueOnly matches an index condition on the queue alone: a read of all
 // of a queue's rows in that index.
 var queueOnly = regexp.MustCompile(`Index Cond: \(queue = [^()]*\)\s*$`)
@@ -109,7 +84,7 @@ var queueOnly = regexp.MustCompile(`Index Cond: \(queue = [^()]*\)\s*$`)
 var removed = regexp.MustCompile(`Rows Removed by (?:Join )?Filter: (\d+)`)
 
 // TestDependsPlansLived runs every dependency statement, EXPLAIN ANALYZE in
-// a transaction rolled back, on a database that has lived (seedLivedDeps)
+// a transaction rolled back, on a database that has lived (internal/lived)
 // after a burst of 100 fan-ins on a queue the statistics never saw, with
 // the plan for the arguments and (PostgreSQL) the generic plan. No plan may
 // scan a table, read a queue's rows through an index by the queue alone
@@ -118,13 +93,9 @@ var removed = regexp.MustCompile(`Rows Removed by (?:Join )?Filter: (\d+)`)
 // read the queue's 16,000 edges to find 3,332 and joined 9,802 waiting
 // rows to each of them (32 million rows thrown away).
 func TestDependsPlansLived(t *testing.T) {
-	pool := testdb.New(t)
+	pool := testdb.NewLived(t, applySchema, lived.Options{})
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	postgres := testdb.Kind(t) == "postgres"
-	seedLivedDeps(t, pool)
 	const q = "burst"
 	roots, kids := burstDeps(t, pool, q)
 	d := crsql.Cockroach
@@ -144,6 +115,10 @@ func TestDependsPlansLived(t *testing.T) {
 	for _, mode := range modes {
 		for i, c := range cases {
 			plan := explainAnalyze(t, conn.Conn(), mode, fmt.Sprintf("lived_%s_%d", mode, i), c)
+			if why, ok := livedDependsAccepted[c.name+" ("+mode+")"]; ok {
+				t.Logf("accepted (%s): %s (%s):\n%s", why, c.name, mode, plan)
+				continue
+			}
 			switch {
 			case regexp.MustCompile(`Seq Scan on crdbwork_(items|waiting|waits_for|ended|dead_items)\b|FULL SCAN|full scan`).MatchString(plan):
 				t.Errorf("%s (%s) scans a table:\n%s", c.name, mode, plan)
