@@ -232,11 +232,6 @@ var mxBroken = map[string]string{
 	"After|cancel":                           "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
 	"After|dead":                             "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
 	"After|retention":                        "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
-	"AtMostOnce*|nack":                       "a nack of an at-most-once item says \"dead-lettering … claim lost\", not why",
-	"AtMostOnce*|snooze":                     "a snooze of an at-most-once item says \"claim lost\", not why",
-	"AtMostOnce*|dead":                       "a nack of an at-most-once item says \"dead-lettering … claim lost\", not why",
-	"AtMostOnce*|requeue":                    "a nack of an at-most-once item says \"dead-lettering … claim lost\", not why",
-	"AtMostOnce*|retention":                  "a nack of an at-most-once item says \"dead-lettering … claim lost\", not why",
 	"Headers after a prerequisite|*":         "a waiting item keeps no headers: released, it runs without them",
 	"Key (sequenced) after a prerequisite|*": "a waiting item keeps no sequence order: released, it runs outside its key's order",
 }
