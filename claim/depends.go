@@ -230,7 +230,10 @@ func (q *Queue) writeSubset(ctx context.Context, db crsql.DB, b *batch, idx []in
 
 // writeDeps writes a batch with prerequisites through db, a transaction:
 //
-//  1. caller-given ids that are waiting items already are duplicates;
+//  1. caller-given ids that are waiting items already are duplicates, and so
+//     are those of items with prerequisites that are items of the queue or
+//     ended in it within its dedup window (done): a retried enqueue answers
+//     what happened to its items, whatever their prerequisites became since;
 //  2. the items without prerequisites are written as Enqueue writes them;
 //  3. every prerequisite is classified (Store.Classify): queued or
 //     waiting (or an item of the call being added) counts as pending,
@@ -251,6 +254,8 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		if err != nil {
 			return err
 		}
+		var ended []uuid.UUID
+		at := make(map[uuid.UUID]int)
 		for n, st := range states {
 			i := b.given[n]
 			switch st.State {
@@ -258,6 +263,32 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				dup[i] = true
 			case crsql.PrereqOther:
 				return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
+			case crsql.PrereqQueued:
+				// In the items table: a duplicate (Enqueue's insert would
+				// skip it), not to be refused for prerequisites that have
+				// died since it was added.
+				if len(b.items[i].After) > 0 {
+					dup[i] = true
+				}
+			case crsql.PrereqUnknown:
+			default:
+				// Ended (acked, dead, cancelled, taken): done, if within
+				// the dedup window (EnqueueFound applies it).
+				if len(b.items[i].After) > 0 {
+					ended = append(ended, b.ids[i])
+					at[b.ids[i]] = i
+				}
+			}
+		}
+		if len(ended) > 0 {
+			found, err := q.store.EnqueueFound(ctx, db, name, ended)
+			if err != nil {
+				return err
+			}
+			for _, f := range found {
+				if i, ok := at[f.ID]; ok && f.Ended {
+					dup[i], res.Done[i] = true, true
+				}
 			}
 		}
 	}

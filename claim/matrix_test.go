@@ -229,9 +229,6 @@ var mxBroken = map[string]string{
 	"After|ack":                              "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
 	"After|BatchRecord":                      "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
 	"After|BatchStatement":                   "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
-	"After|cancel":                           "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
-	"After|dead":                             "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
-	"After|retention":                        "an enqueue retried after its item ended because a prerequisite ended fails with ErrPrerequisiteDied instead of answering done",
 	"Headers after a prerequisite|*":         "a waiting item keeps no headers: released, it runs without them",
 	"Key (sequenced) after a prerequisite|*": "a waiting item keeps no sequence order: released, it runs outside its key's order",
 }
