@@ -393,7 +393,8 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			it := &b.items[i]
 			rows = append(rows, crsql.WaitingRow{EnqueueRow: crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
-				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce}, Remaining: remaining[n]})
+				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
+				Headers: b.headers[i], Order: b.order(i)}, Remaining: remaining[n]})
 		}
 		added, err := q.store.InsertWaiting(ctx, db, name, rows)
 		if err != nil {

@@ -37,14 +37,14 @@ func TestDependsPlans(t *testing.T) {
 	}
 	ids := arr(50)
 	n := len(ids)
-	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	texts, ints, bytes, bools, jsons := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n), make([]string, n)
 	for i := range bytes {
-		bytes[i], texts[i] = []byte("x"), "k"
+		bytes[i], texts[i], jsons[i] = []byte("x"), "k", `{"k": "v"}`
 		ints[i] = 1
 	}
 	cases := []planCase{
 		{"Classify", ds.Classify, []any{"q7", ids}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q7", ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q7", ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
 		{"InsertEdges", ds.InsertEdges, []any{"q7", ids, arr(50)}},
 		{"Release", ds.Release, []any{"q7", ids}},
 		{"PostgresRelease", ds.PostgresRelease, []any{"q7", ids}},

@@ -211,9 +211,9 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 	// An enqueue of 50 waiting items, each after one of q's items.
 	n := 50
 	fresh := make([]uuid.UUID, n)
-	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	texts, ints, bytes, bools, jsons := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n), make([]string, n)
 	for i := range fresh {
-		fresh[i], texts[i], bytes[i], ints[i] = uuid.New(), "k", []byte("x"), 1
+		fresh[i], texts[i], bytes[i], ints[i], jsons[i] = uuid.New(), "k", []byte("x"), 1, `{"k": "v"}`
 	}
 	release, moveReady, kill := ds.Release, ds.MoveReady, ds.KillDependents
 	pruneOlder, pruneBefore := ret.PruneDeadOlder, ret.PruneDeadBefore
@@ -234,7 +234,7 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"SweepPrereqs", ds.SweepPrereqs, []any{"q", prereqs[0], 1000}},
 		{"KillDependents", kill, []any{"q", prereqs[:3], []string{"dead", "cancelled", "unknown"}}},
 		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q", prereqs}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
 		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
 		{"HasEdges", ds.HasEdges, []any{"q"}},
 		{"HasEdges (a queue without edges)", ds.HasEdges, []any{"qs"}},

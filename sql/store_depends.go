@@ -71,7 +71,9 @@ type WaitingRow struct {
 
 // InsertWaiting adds rows to queue's waiting items, skipping ids that are
 // items, waiting items, or ended in queue within its dedup window, and
-// returns the ids it added (dependsStatements.InsertWaiting).
+// returns the ids it added (dependsStatements.InsertWaiting). A row keeps
+// its Headers and, with a key in a sequenced queue, its Order, which its
+// move into the items table carries over.
 func (s *Store) InsertWaiting(ctx context.Context, db DB, queue string, rows []WaitingRow) ([]uuid.UUID, error) {
 	n := len(rows)
 	ids := make([][16]byte, n)
@@ -79,11 +81,16 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, queue string, rows []W
 	keys, tenants := make([]*string, n), make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	amo := make([]bool, n)
+	headers, orders := make([]*string, n), make([]int64, n)
 	for j := range rows {
 		r := &rows[j]
 		ids[j], hashes[j], priorities[j] = r.ID, r.Hash, int64(r.Priority)
 		delays[j], maxAttempts[j], ttls[j] = r.Delay.Microseconds(), int64(r.MaxAttempts), r.TTL.Microseconds()
-		remaining[j], amo[j] = int64(r.Remaining), r.AtMostOnce
+		remaining[j], amo[j], orders[j] = int64(r.Remaining), r.AtMostOnce, r.Order
+		if r.Headers != nil {
+			h := string(r.Headers)
+			headers[j] = &h
+		}
 		if r.Key != "" {
 			keys[j] = &r.Key
 		}
@@ -93,7 +100,7 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, queue string, rows []W
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
 	res, err := db.Query(ctx, s.deps().InsertWaiting, queue, ids, hashes, keys, priorities, delays, maxAttempts,
-		payloads, metadata, tenants, ttls, amo, remaining)
+		payloads, metadata, tenants, ttls, amo, remaining, headers, orders)
 	if err != nil {
 		return nil, err
 	}

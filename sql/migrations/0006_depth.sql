@@ -24,6 +24,16 @@ ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS seq_hold BOOL NOT NULL 
 CREATE INDEX IF NOT EXISTS crdbwork_dead_items_sequence_held
     ON crdbwork_dead_items (queue, item_key, enqueued_at, seq_order, id) WHERE seq_hold;
 
+-- == waiting items keep their headers and sequence order ==
+-- A waiting item (NewItem.After) keeps its headers (the producer's trace
+-- context) and, with a key in a sequenced queue, its sequence order; its
+-- move into the items table carries both over, so that released it runs
+-- with the producer's trace link and in its key's order. Version-5 code
+-- neither writes nor reads them: its waiting items run without them, as
+-- before.
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS headers JSONB;
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS seq_order BIGINT;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
