@@ -225,11 +225,7 @@ func mxSettleCell(o mxOption, s mxSettle) (string, string) {
 // prerequisite" for the waiting variant, "*" for both) and settle path
 // ("*": every one), with what breaks. Each fix removes its entries: the
 // cells it makes run are its regression tests.
-var mxBroken = map[string]string{
-	"After|ack":            "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
-	"After|BatchRecord":    "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
-	"After|BatchStatement": "a process that acked in the queue a moment before skips the release (stale edge probe): the item waits for a reap",
-}
+var mxBroken = map[string]string{}
 
 // mxBrokenCell returns why the cell is known to be broken ("" if it is not).
 func mxBrokenCell(option string, waits bool, settle string) string {

@@ -128,7 +128,9 @@ type dependsStatements struct {
 	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
 	// waiting). WaitingCount: $1 queue → number of waiting items.
 	// HasEdges: $1 queue → a row if any item of the queue waits.
-	Waiting, WaitingCount, HasEdges string
+	// WaitedFor: $1 queue, $2 ids → those of the ids that items wait for
+	// (one seek of the edges' primary key per id).
+	Waiting, WaitingCount, HasEdges, WaitedFor string
 	// PurgeEdges deletes up to $2 edges of queue $1 (Purge). PickWaiting
 	// returns up to $2 waiting items of queue $1, oldest first, and
 	// DeleteWaiting (PostgresDeleteWaiting on PostgreSQL) deletes those of
@@ -253,6 +255,12 @@ ORDER BY e.dependent LIMIT $3`),
 		// EXISTS as a scan of the table, expecting to meet the queue's
 		// edges early.
 		HasEdges: r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
+		// As the ack's hasDependents, a subplan per id, the queue a
+		// column of a one-row subquery as in Prereqs (a constant queue
+		// made PostgreSQL read the queue's every edge per id when its
+		// statistics predated the queue).
+		WaitedFor: r(`SELECT g.id FROM (SELECT $1::TEXT AS q OFFSET 0) AS k, unnest($2::UUID[]) AS g (id)
+WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.prereq = g.id OFFSET 0)`),
 		PurgeEdges: r(`DELETE FROM crdbwork_waits_for
 WHERE queue = $1 AND (prereq, dependent) IN (
     SELECT prereq, dependent FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq, dependent LIMIT $2)`),

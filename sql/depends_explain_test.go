@@ -62,6 +62,7 @@ func TestDependsPlans(t *testing.T) {
 		{"KillRefusedWaiting", crsql.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{"q7", some[0], "refused by the database (dependencies): boom"}},
 		{"WaitingCount", ds.WaitingCount, []any{"q7"}},
 		{"HasEdges", ds.HasEdges, []any{"q7"}},
+		{"WaitedFor", ds.WaitedFor, []any{"q7", ids}},
 		{"PurgeEdges", ds.PurgeEdges, []any{"q7", 1000}},
 		{"PickWaiting", ds.PickWaiting, []any{"q7", 1000}},
 		{"CancelWaiting", ds.CancelWaiting, []any{some[0], "q7"}},

@@ -235,6 +235,7 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"KillDependents", kill, []any{"q", prereqs[:3], []string{"dead", "cancelled", "unknown"}}},
 		{"DeleteEdgesFrom", ds.DeleteEdgesFrom, []any{"q", prereqs}},
 		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
+		{"WaitedFor", ds.WaitedFor, []any{"q", prereqs}},
 		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
 		{"HasEdges", ds.HasEdges, []any{"q"}},
 		{"HasEdges (a queue without edges)", ds.HasEdges, []any{"qs"}},
@@ -269,6 +270,7 @@ var livedIndexes = map[string][]string{
 	"ClaimAny (tenants skipped)":         {"crdbwork_items_turn_next"},
 	"InsertWaiting":                      {"crdbwork_waiting_pkey"},
 	"InsertEdges":                        {"crdbwork_waits_for_pkey"},
+	"WaitedFor":                          {"crdbwork_waits_for_pkey"},
 	"HasEdges":                           {"crdbwork_waits_for_pkey"},
 	"HasEdges (a queue without edges)":   {"crdbwork_waits_for_pkey"},
 	"Prereqs":                            {"crdbwork_waits_for_by_dependent"},
@@ -290,7 +292,7 @@ var livedIndexes = map[string][]string{
 // livedDepends are the dependency statements of livedCases.
 var livedDepends = map[string]bool{"Release (dependents)": true, "MoveReady": true, "SweepPrereqs": true,
 	"KillDependents": true, "DeleteEdgesFrom": true, "Classify": true, "InsertWaiting": true, "InsertEdges": true,
-	"Prereqs": true, "Dependents": true}
+	"Prereqs": true, "Dependents": true, "WaitedFor": true}
 
 // livedScan is a read of a whole table a hot statement must not make.
 var livedScan = regexp.MustCompile(`Seq Scan on crdbwork_(items|ended|dead_items|waiting|waits_for|tenant_limits)\b|FULL SCAN|full scan`)

@@ -107,6 +107,17 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, queue string, rows []W
 	return collectIDs(res)
 }
 
+// WaitedFor returns those of ids, items of queue that ended, that other
+// items wait for (dependsStatements.WaitedFor): the at-most-once items'
+// acks, which delete nothing, ask it to release their dependents.
+func (s *Store) WaitedFor(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, s.deps().WaitedFor, queue, rawIDs(ids))
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(rows)
+}
+
 // InsertEdges records that dependents[i] waits for prereqs[i], in queue
 // (dependsStatements.InsertEdges).
 func (s *Store) InsertEdges(ctx context.Context, db DB, queue string, prereqs, dependents []uuid.UUID) error {
