@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -55,6 +56,7 @@ var mxPaths = []mxPath{
 // of queue it needs.
 type mxOption struct {
 	name   string
+	label  string   // the docs table's row
 	fields []string // the NewItem fields it sets (Payload: every item)
 	kind   string   // "plain", "sequenced" or "fair"
 	item   func(c *mxCell) claim.NewItem
@@ -65,33 +67,33 @@ type mxOption struct {
 const mxUrgent = -1
 
 var mxOptions = []mxOption{
-	{name: "After", fields: []string{"After"}, kind: "plain",
+	{name: "After", label: "`After`", fields: []string{"After"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{After: []uuid.UUID{c.pre}} }},
-	{name: "UniqueKey", fields: []string{"UniqueKey", "UniquePeriod"}, kind: "plain",
+	{name: "UniqueKey", label: "`UniqueKey`, `UniquePeriod`", fields: []string{"UniqueKey", "UniquePeriod"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem {
 			return claim.NewItem{UniqueKey: "nightly:" + c.queue, UniquePeriod: 24 * time.Hour}
 		}},
-	{name: "Key (sequenced)", fields: []string{"Key"}, kind: "sequenced",
+	{name: "Key (sequenced)", label: "`Key` in a sequenced queue", fields: []string{"Key"}, kind: "sequenced",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Key: "account-7"} }},
-	{name: "Tenant (fair)", fields: []string{"Tenant"}, kind: "fair",
+	{name: "Tenant (fair)", label: "`Tenant` in a fair queue", fields: []string{"Tenant"}, kind: "fair",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Tenant: "acme"} }},
-	{name: "AtMostOnce", fields: []string{"AtMostOnce"}, kind: "plain",
+	{name: "AtMostOnce", label: "`AtMostOnce`", fields: []string{"AtMostOnce"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{AtMostOnce: true} }},
-	{name: "TTL", fields: []string{"TTL"}, kind: "plain",
+	{name: "TTL", label: "`TTL`", fields: []string{"TTL"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{TTL: 90 * time.Minute} }},
-	{name: "Delay", fields: []string{"Delay"}, kind: "plain",
+	{name: "Delay", label: "`Delay`", fields: []string{"Delay"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Delay: 700 * time.Millisecond} }},
-	{name: "urgent Priority", fields: []string{"Priority"}, kind: "plain",
+	{name: "urgent Priority", label: "`Priority` of the urgent lane (`ClaimUrgent`)", fields: []string{"Priority"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Priority: mxUrgent - 4} }},
-	{name: "Headers", fields: []string{"Headers"}, kind: "plain",
+	{name: "Headers", label: "`Headers`", fields: []string{"Headers"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem {
 			return claim.NewItem{Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tenant-tier": "gold"}}
 		}},
-	{name: "Metadata", fields: []string{"Metadata"}, kind: "plain",
+	{name: "Metadata", label: "`Metadata`", fields: []string{"Metadata"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Metadata: []byte("meta\x00data")} }},
-	{name: "MaxAttempts", fields: []string{"MaxAttempts"}, kind: "plain",
+	{name: "MaxAttempts", label: "`MaxAttempts`", fields: []string{"MaxAttempts"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{MaxAttempts: 2} }},
-	{name: "ID", fields: []string{"ID"}, kind: "plain",
+	{name: "ID", label: "`ID`", fields: []string{"ID"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem {
 			return claim.NewItem{ID: uuid.NewSHA1(uuid.NameSpaceOID, []byte(c.queue))}
 		}},
@@ -162,7 +164,7 @@ const (
 func mxEnqueueCell(p mxPath, o mxOption, waits bool) (string, string) {
 	switch {
 	case p.name == "SQL" && (o.name == "After" || waits):
-		return mxNA, "no argument: enqueue it from Go"
+		return mxNA, "no argument ([enqueue-from-sql.md](enqueue-from-sql.md#what-sql-cannot-do-that-go-does))"
 	case p.name == "SQL" && o.name == "UniqueKey":
 		return mxOK, "`id` = `claim.UniqueID(…)`"
 	case p.name == "COPY" && (o.name == "UniqueKey" || o.name == "ID"):
@@ -175,9 +177,9 @@ func mxEnqueueCell(p mxPath, o mxOption, waits bool) (string, string) {
 
 // mxRequeueDrops lists what a requeue does not carry back, as documented.
 var mxRequeueDrops = map[string]string{
-	"TTL":             "no deadline (guarantees.md)",
-	"Headers":         "no headers (tracing.md)",
-	"Key (sequenced)": "runs unsequenced (sequences.md)",
+	"TTL":             "no deadline ([above](#deadlines-and-at-most-once-items))",
+	"Headers":         "no headers ([tracing.md](tracing.md#limits))",
+	"Key (sequenced)": "runs unsequenced ([sequences.md](sequences.md#how-it-works))",
 	"Delay":           "claimable at once",
 }
 
@@ -1252,4 +1254,96 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// The docs table (docs/guarantees.md), between these markers.
+const (
+	mxDocsFile  = "../docs/guarantees.md"
+	mxDocsBegin = "<!-- combination matrix: begin (generated from claim/matrix_test.go; CRDBWORK_UPDATE_DOCS=1 go test -run TestCombinationMatrixDocs ./claim/ rewrites it) -->"
+	mxDocsEnd   = "<!-- combination matrix: end -->"
+)
+
+// mxDocs renders the matrix's tables.
+func mxDocs() string {
+	var b strings.Builder
+	cell := func(kind, note string) string {
+		switch kind {
+		case mxNA:
+			return "— " + note
+		case mxRefused:
+			return "refused: " + note
+		}
+		if note == "" {
+			return "✓"
+		}
+		return "✓ " + note
+	}
+	row := func(cells ...string) { b.WriteString("| " + strings.Join(cells, " | ") + " |\n") }
+	rule := func(n int) { b.WriteString("|" + strings.Repeat("---|", n) + "\n") }
+	b.WriteString("\n\n✓: works as documented (the option holds after the settle, or the item ends as the settle says; a note says what the documentation says otherwise); refused: refused with that error, nothing written; —: cannot be said or cannot happen.\n")
+	b.WriteString("\nEnqueue paths:\n\n")
+	for _, p := range mxPaths {
+		fmt.Fprintf(&b, "- **%s**: %s\n", p.name, p.doc)
+	}
+	b.WriteString("\nSettle paths (each on the claimed item; for `After`, on its prerequisite):\n\n")
+	for _, s := range mxSettles {
+		fmt.Fprintf(&b, "- **%s**: %s\n", s.name, s.doc)
+	}
+	b.WriteString("\nEach option by enqueue path (the item alone; waiting for a prerequisite, every path but SQL):\n\n")
+	head := []string{"option"}
+	for _, p := range mxPaths {
+		head = append(head, p.name)
+	}
+	row(head...)
+	rule(len(head))
+	for _, o := range mxOptions {
+		cells := []string{o.label}
+		for _, p := range mxPaths {
+			cells = append(cells, cell(mxEnqueueCell(p, o, false)))
+		}
+		row(cells...)
+	}
+	b.WriteString("\nEach option by settle path (the same whatever the enqueue path, alone and after a prerequisite):\n\n")
+	head = []string{"option"}
+	for _, s := range mxSettles {
+		head = append(head, s.name)
+	}
+	row(head...)
+	rule(len(head))
+	for _, o := range mxOptions {
+		cells := []string{o.label}
+		for _, s := range mxSettles {
+			cells = append(cells, cell(mxSettleCell(o, s)))
+		}
+		row(cells...)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// TestCombinationMatrixDocs: docs/guarantees.md holds the matrix's tables
+// as the test's tables say (CRDBWORK_UPDATE_DOCS=1 rewrites them).
+func TestCombinationMatrixDocs(t *testing.T) {
+	raw, err := os.ReadFile(mxDocsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	i, j := strings.Index(doc, mxDocsBegin), strings.Index(doc, mxDocsEnd)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no combination matrix between %q and %q", mxDocsFile, mxDocsBegin, mxDocsEnd)
+	}
+	want := mxDocs()
+	got := doc[i+len(mxDocsBegin) : j]
+	if got == want {
+		return
+	}
+	if os.Getenv("CRDBWORK_UPDATE_DOCS") == "1" {
+		if err := os.WriteFile(mxDocsFile, []byte(doc[:i+len(mxDocsBegin)]+want+doc[j:]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rewrote the combination matrix of %s", mxDocsFile)
+		return
+	}
+	t.Errorf("%s's combination matrix differs from the test's tables; run CRDBWORK_UPDATE_DOCS=1 go test -run TestCombinationMatrixDocs ./claim/\n got:\n%s\nwant:\n%s", mxDocsFile, got, want)
 }
