@@ -112,7 +112,8 @@ var mxSettles = []mxSettle{
 	{name: "BatchStatement", doc: "`Queue.AckMany` with `AckOptions.Statement` (`worker.Options.BatchStatement`: one round trip on PostgreSQL)", api: []string{"AckOptions.Statement"}},
 	{name: "nack", doc: "`Queue.Nack`: retried after its backoff", api: []string{"Queue.Nack"}},
 	{name: "snooze", doc: "`Queue.Snooze`", api: []string{"Queue.Snooze"}},
-	{name: "cancel", doc: "`Queue.CancelItem` while it runs, then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.Cancel", "Queue.EndCancelled"}},
+	{name: "release", doc: "`Queue.Release`: given back without using an attempt", api: []string{"Queue.Release"}},
+	{name: "cancel", doc: "`Queue.CancelItem` while it runs (while it waits, for an item after a prerequisite), then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.Cancel", "Queue.EndCancelled"}},
 	{name: "dead", doc: "`Queue.Nack` with `claim.Permanent`", api: []string{}},
 	{name: "requeue", doc: "dead, then `Queue.Requeue`", api: []string{"Queue.Requeue", "Queue.RequeueDeath", "Queue.RequeueWhere"}},
 	{name: "retention", doc: "dead, then deleted by `Queue.PruneDead` (`Retention.DeadMaxCount`)", api: []string{"Queue.PruneDead", "Queue.SetRetention"}},
@@ -138,8 +139,7 @@ var mxNotPaths = map[string]string{
 	"Queue.Sequencing": "reads", "Queue.SetSequenced": "queue settings", "Queue.SetTenantLimit": "queue settings",
 	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.TenantLimits": "reads",
 	"Queue.WaitDrained": "reads", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
-	"Queue.Release": "gives a claim back without using an attempt: the item is claimed again (every cell's stray claims)",
-	"Buffer.Close":  "flushes what Enqueue took", "Buffer.Stats": "reads",
+	"Buffer.Close": "flushes what Enqueue took", "Buffer.Stats": "reads",
 	"Claimer.Claim": "claims", "Claimer.ClaimUrgent": "claims (the urgent lane)", "Claimer.Extend": "extends a claim",
 	"Claimer.ReleaseForgotten": "gives claims back (see Release)", "Claimer.CancelRequests": "reads",
 }
@@ -192,7 +192,7 @@ func mxSettleCell(o mxOption, s mxSettle) (string, string) {
 		switch {
 		case ack:
 			return mxOK, "its ack releases the item at once"
-		case s.name == "nack" || s.name == "snooze":
+		case s.name == "nack" || s.name == "snooze" || s.name == "release":
 			return mxOK, "the item waits on"
 		case s.name == "requeue":
 			return mxOK, "requeued before a reap: the item waits on"
@@ -204,7 +204,7 @@ func mxSettleCell(o mxOption, s mxSettle) (string, string) {
 		case ack:
 			return mxOK, "its record, once"
 		case s.name == "cancel":
-			return mxOK, "nothing to cancel: its claim took it"
+			return mxOK, "nothing to cancel once claimed: its claim took it"
 		case s.name == "requeue" || s.name == "retention":
 			return mxNA, "never dead: its claim took it"
 		default:
@@ -484,6 +484,27 @@ func (c *mxCell) runItem() {
 		// if it does: released, the item comes first, by its enqueue).
 		c.sibling = c.enqueuePlain("sibling", claim.NewItem{Key: c.item.Key})
 	}
+	if c.waits && c.settle.name == "cancel" {
+		// Cancelled while it waits: it ends at once, and the
+		// prerequisite's ack releases nothing.
+		c.expectRow("waiting", c.want("waiting"))
+		r, err := c.work.CancelItem(c.ctx, c.id, claim.CancelOptions{By: "matrix"})
+		if err != nil || !r.Found || r.Running {
+			c.fatalf("cancel of the waiting item = %+v, %v; want found, not running", r, err)
+		}
+		c.done[c.id] = true
+		c.expectRow("absent", "absent")
+		c.expectEnded(crsql.OutcomeCancelled)
+		c.enqueueAgain()
+		p := c.claimID(c.pre)
+		if err := c.work.Ack(c.ctx, p, nil); err != nil {
+			c.fatalf("ack of the prerequisite: %v", err)
+		}
+		c.done[c.pre] = true
+		c.expectRow("absent", "absent")
+		c.drainSibling()
+		return
+	}
 	if c.waits {
 		c.expectRow("waiting", c.want("waiting"))
 		// The prerequisite runs (the item is not claimable), and its ack
@@ -533,8 +554,12 @@ func (c *mxCell) runAfter() {
 		// Released by that ack, before it returned: no reap.
 		c.expectRow("item", c.want("item"))
 		c.ackX()
-	case "nack", "snooze", "requeue":
+	case "nack", "snooze", "release", "requeue":
 		switch c.settle.name {
+		case "release":
+			if err := c.work.Release(ctx, p); err != nil {
+				c.fatalf("release of the prerequisite: %v", err)
+			}
 		case "nack":
 			if out, err := c.work.Nack(ctx, p, errors.New("boom")); err != nil || out != claim.Retried {
 				c.fatalf("nack of the prerequisite: %v, %v", out, err)
@@ -583,6 +608,8 @@ func (c *mxCell) runAfter() {
 			c.prune(2)
 		}
 		c.enqueueAgain()
+	default:
+		c.fatalf("no settle path %q for the prerequisite", c.settle.name)
 	}
 }
 
@@ -599,27 +626,34 @@ func (c *mxCell) settleItem(x claim.Item) {
 		c.expectEnded(map[bool]string{true: crsql.OutcomeTaken, false: crsql.OutcomeAcked}[amo])
 		c.enqueueAgain()
 		c.drainSibling()
-	case "nack", "snooze":
-		var out claim.Outcome
+	case "nack", "snooze", "release":
+		out, want := claim.Released, claim.Released
 		var err error
-		if c.settle.name == "nack" {
+		switch c.settle.name {
+		case "nack":
 			out, err = c.work.Nack(ctx, x, errors.New("boom"))
-		} else {
+			want = claim.Retried
+		case "snooze":
 			out, err = c.work.Snooze(ctx, x, 0)
+			want = claim.Snoozed
+		default:
+			err = c.work.Release(ctx, x)
 		}
 		if kind == mxRefused {
 			c.expectRefused(err)
 			return
 		}
-		want := map[string]claim.Outcome{"nack": claim.Retried, "snooze": claim.Snoozed}[c.settle.name]
 		if err != nil || out != want {
 			c.fatalf("%s = %v, %v; want %v", c.settle.name, out, err, want)
 		}
 		row := c.want("item")
-		if c.settle.name == "nack" {
+		switch c.settle.name {
+		case "nack":
 			row += " attempts=1 error=boom"
-		} else {
+		case "snooze":
 			row += " attempts=0 snoozes=1"
+		default:
+			row += " attempts=0"
 		}
 		c.expectRowDetail("item", row)
 		x = c.claimX()
