@@ -75,6 +75,8 @@ var mxOptions = []mxOption{
 		}},
 	{name: "Key (sequenced)", label: "`Key` in a sequenced queue", fields: []string{"Key"}, kind: "sequenced",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Key: "account-7"} }},
+	{name: "Key (sequenced, hold)", label: "`Key` in a sequenced queue that holds its keys on a death", fields: []string{"Key"}, kind: "sequenced-hold",
+		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Key: "account-7"} }},
 	{name: "Tenant (fair)", label: "`Tenant` in a fair queue", fields: []string{"Tenant"}, kind: "fair",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Tenant: "acme"} }},
 	{name: "AtMostOnce", label: "`AtMostOnce`", fields: []string{"AtMostOnce"}, kind: "plain",
@@ -138,7 +140,8 @@ var mxNotPaths = map[string]string{
 	"Queue.Retention": "reads", "Queue.SaveCheckpoint": "progress of a running item (no end)",
 	"Queue.Sequencing": "reads", "Queue.SetSequenced": "queue settings", "Queue.SetTenantLimit": "queue settings",
 	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.TenantLimits": "reads",
-	"Queue.WaitDrained": "reads", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
+	"Queue.WaitDrained": "reads", "Queue.BlockedKeys": "reads", "Queue.SetSequenceHold": "queue settings",
+	"Queue.ReleaseSequenceKey": "releases a key that dead items hold: no item ends (the hold cells call it)", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
 	"Buffer.Close": "flushes what Enqueue took", "Buffer.Stats": "reads",
 	"Claimer.Claim": "claims", "Claimer.ClaimUrgent": "claims (the urgent lane)", "Claimer.Extend": "extends a claim",
 	"Claimer.ReleaseForgotten": "gives claims back (see Release)", "Claimer.CancelRequests": "reads",
@@ -177,10 +180,9 @@ func mxEnqueueCell(p mxPath, o mxOption, waits bool) (string, string) {
 
 // mxRequeueDrops lists what a requeue does not carry back, as documented.
 var mxRequeueDrops = map[string]string{
-	"TTL":             "no deadline ([above](#deadlines-and-at-most-once-items))",
-	"Headers":         "no headers ([tracing.md](tracing.md#limits))",
-	"Key (sequenced)": "runs unsequenced ([sequences.md](sequences.md#how-it-works))",
-	"Delay":           "claimable at once",
+	"TTL":     "no deadline ([above](#deadlines-and-at-most-once-items))",
+	"Headers": "no headers ([tracing.md](tracing.md#limits))",
+	"Delay":   "claimable at once",
 }
 
 // mxSettleCell says what settle s does to an item with option o (for
@@ -349,6 +351,10 @@ func (c *mxCell) setup() {
 	switch c.opt.kind {
 	case "sequenced":
 		err = c.work.SetSequenced(ctx, true)
+	case "sequenced-hold":
+		if err = c.work.SetSequenced(ctx, true); err == nil {
+			_, err = c.work.SetSequenceHold(ctx, true)
+		}
 	case "fair":
 		err = c.work.Configure(ctx, claim.Settings{Fair: true})
 	}
@@ -479,7 +485,7 @@ func (c *mxCell) runItem() {
 		c.fatalf("Enqueued.Waiting = %v, want waiting %v", res.Waiting, c.waits)
 	}
 	c.checkID()
-	if c.opt.name == "Key (sequenced)" {
+	if c.opt.kind == "sequenced" || c.opt.kind == "sequenced-hold" {
 		// The key's next item, enqueued after the item (while it waits,
 		// if it does: released, the item comes first, by its enqueue).
 		c.sibling = c.enqueuePlain("sibling", claim.NewItem{Key: c.item.Key})
@@ -695,7 +701,14 @@ func (c *mxCell) settleItem(x claim.Item) {
 		}
 		c.done[c.id] = true
 		c.expectEnded(crsql.OutcomeCancelled)
+		if c.opt.kind == "sequenced-hold" {
+			// Kept among the dead items, holding its key.
+			c.expectRow("dead", c.want("dead")+" reason=cancelled")
+		} else {
+			c.expectRow("absent", "absent")
+		}
 		c.enqueueAgain()
+		c.unhold()
 		c.drainSibling()
 	case "dead", "requeue", "retention":
 		out, err := c.work.Nack(ctx, x, claim.Permanent(errors.New("fatal")))
@@ -712,6 +725,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 		case "dead":
 			c.done[c.id] = true
 			c.enqueueAgain()
+			c.unhold()
 			c.drainSibling()
 		case "requeue":
 			if ok, err := c.work.Requeue(ctx, c.id); err != nil || !ok {
@@ -721,10 +735,11 @@ func (c *mxCell) settleItem(x claim.Item) {
 			x = c.claimX()
 			c.ackX2(x)
 		case "retention":
+			// Pruned, the dead item holds its key no more.
 			c.done[c.id] = true
-			c.drainSibling()
 			c.prune(1)
 			c.enqueueAgain()
+			c.drainSibling()
 		}
 	default:
 		c.fatalf("no settle path %q", c.settle.name)
@@ -940,6 +955,32 @@ func (c *mxCell) released() bool {
 	return countRows(c.t, c.pool, `SELECT count(*) FROM crdbwork_waiting WHERE id = $1`, c.id) == 0
 }
 
+// unhold: in a queue that holds its keys on a death, the key's next item
+// is not claimable after the item's death (or cancel), until the key is
+// released (ReleaseSequenceKey), which the dead item then no longer holds.
+func (c *mxCell) unhold() {
+	c.t.Helper()
+	if c.opt.kind != "sequenced-hold" || c.sibling == uuid.Nil {
+		return
+	}
+	got, err := c.work.Claimer(c.session).Claim(c.ctx, claim.ClaimRequest{Max: 10, Parts: []int{0, 1, 2, 3}})
+	if err != nil {
+		c.fatalf("claim: %v", err)
+	}
+	for _, g := range got {
+		if g.ID == c.sibling {
+			c.fatalf("the key's next item was claimed while the dead item held the key")
+		}
+		if err := c.work.Release(c.ctx, g); err != nil {
+			c.fatalf("release of %s: %v", g.ID, err)
+		}
+	}
+	released, err := c.work.ReleaseSequenceKey(c.ctx, c.item.Key)
+	if err != nil || !slices.Contains(released, c.id) {
+		c.fatalf("ReleaseSequenceKey = %v, %v; want the dead item %s", released, err, c.id)
+	}
+}
+
 // drainSibling acks the key's next item (Key (sequenced)), now claimable.
 func (c *mxCell) drainSibling() {
 	c.t.Helper()
@@ -997,10 +1038,11 @@ func (c *mxCell) wantFields(stage string, stored bool) string {
 		ttl = it.TTL.String()
 	}
 	headers := mxHeaders(it.Headers)
-	sequenced := c.opt.kind == "sequenced" && it.Key != ""
+	sequenced := strings.HasPrefix(c.opt.kind, "sequenced") && it.Key != ""
 	if stage == "requeued" {
-		// What a requeue documents not carrying back (mxRequeueDrops).
-		ttl, headers, sequenced, amo = "-", "-", false, false
+		// What a requeue documents not carrying back (mxRequeueDrops):
+		// it keeps its place in its key's sequence.
+		ttl, headers, amo = "-", "-", false
 	}
 	s := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", orNone(it.Key), orNone(it.Tenant),
 		it.Priority, maxAttempts, it.Payload, it.Metadata)

@@ -34,7 +34,6 @@ var itemWriters = map[string]map[string]string{
 		"expires_at":   "no deadline (docs/guarantees.md)",
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
 		"headers":      "dead items keep no headers (docs/tracing.md, limits)",
-		"seq_order":    "runs unsequenced (docs/sequences.md)",
 	},
 }
 
