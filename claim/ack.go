@@ -54,11 +54,13 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 		return nil, fmt.Errorf("claim: batch ack of %d items: %w", len(items), err)
 	}
 	var acked []Item
+	var waitedFor []uuid.UUID
 	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		deleted, err := q.deleteClaimed(ctx, tx, items)
+		deleted, w, err := q.deleteClaimed(ctx, tx, items)
 		if err != nil {
 			return err
 		}
+		waitedFor = w
 		acked = acked[:0]
 		for i, it := range items {
 			if deleted[i] {
@@ -75,26 +77,41 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	q.stats.acked.Add(int64(len(acked)))
 	q.stats.lost.Add(int64(len(items) - len(acked)))
-	q.afterAck(ctx, acked, nil)
+	q.afterAck(ctx, acked, waitedFor)
 	return acked, nil
 }
 
 // afterAck runs what follows every committed ack, whatever way it went
 // (ackTx, ackPipelined, ackBatch): the release of the dependents of the
-// items it acked (those of items whose deleted[i] is true; deleted nil:
-// all), in a short transaction of its own (releaseAcked). At-most-once
-// items count too: their claim took them (their end is recorded as taken,
-// which satisfies their dependents), and their ack says that their handler
-// succeeded. Every ack path calls it, so that none leaves the dependents
-// of what it acked to the reaper.
-func (q *Queue) afterAck(ctx context.Context, items []Item, deleted []bool) {
-	ids := make([]uuid.UUID, 0, len(items))
-	for i, it := range items {
-		if deleted == nil || deleted[i] {
-			ids = append(ids, it.ID)
+// items it acked that items wait for — waitedFor, which the ack's own
+// statement reported (AckManyDependents, ReadAckPipeline), and those of
+// the at-most-once items among acked (the items the ack acked), which it
+// asks the database for — in a short transaction of its own
+// (releaseAcked). At-most-once items count too: their claim took them
+// (their end is recorded as taken, which satisfies their dependents), and
+// their ack says that their handler succeeded. Every ack path calls it, so
+// that none leaves the dependents of what it acked to the reaper, and an
+// ack of items nothing waits for runs nothing more.
+func (q *Queue) afterAck(ctx context.Context, acked []Item, waitedFor []uuid.UUID) {
+	if atMostOnce(acked) {
+		var taken []uuid.UUID
+		for _, it := range acked {
+			if it.AtMostOnce {
+				taken = append(taken, it.ID)
+			}
+		}
+		err := retry.Do(ctx, q.stats.retried("unblock"), func(ctx context.Context) error {
+			w, err := q.store.WaitedFor(ctx, q.db, q.opts.Queue, taken)
+			if err == nil {
+				waitedFor = append(waitedFor, w...)
+			}
+			return crsql.Classify(err)
+		})
+		if err != nil {
+			q.stats.releaseFailed.Add(1) // left to the reaper
 		}
 	}
-	q.releaseAcked(ctx, ids)
+	q.releaseAcked(ctx, waitedFor)
 }
 
 // AckRequest is one item for AckMany with the function that records its
@@ -220,9 +237,10 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 		items[i] = r.Item
 	}
 	var deleted []bool
+	var waitedFor []uuid.UUID
 	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		if deleted, err = q.deleteClaimed(ctx, tx, items); err != nil {
+		if deleted, waitedFor, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err
 		}
 		var acked []AckRequest
@@ -251,7 +269,13 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 	})
 	if err == nil {
 		// The acked items' dependents (depends.go), once the ack committed.
-		q.afterAck(ctx, items, deleted)
+		acked := make([]Item, 0, len(items))
+		for i, it := range items {
+			if deleted[i] {
+				acked = append(acked, it)
+			}
+		}
+		q.afterAck(ctx, acked, waitedFor)
 	}
 	return deleted, err
 }
@@ -268,11 +292,12 @@ func recovered(fn func() error) (err error) {
 }
 
 // deleteClaimed deletes, in one statement, each item whose claim still
-// holds (same session, same token), and reports which were deleted.
-// At-most-once items count as deleted without a statement: their claim
-// deleted them, and holding the claimed Item is what entitles the caller to
-// record its result.
-func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, error) {
+// holds (same session, same token), and reports which were deleted and the
+// ids of those that items wait for (NewItem.After). At-most-once items
+// count as deleted without a statement: their claim deleted them, and
+// holding the claimed Item is what entitles the caller to record its
+// result (afterAck asks whether items wait for them).
+func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, []uuid.UUID, error) {
 	deleted := make([]bool, len(items))
 	held := items
 	if atMostOnce(items) {
@@ -285,12 +310,12 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 			}
 		}
 		if len(held) == 0 {
-			return deleted, nil
+			return deleted, nil, nil
 		}
 	}
-	gone, err := q.store.AckMany(ctx, tx, q.engine.Load().dialect, claimKeys(held))
+	gone, waitedFor, err := q.store.AckManyDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
-		return nil, crsql.Classify(err)
+		return nil, nil, crsql.Classify(err)
 	}
 
 	set := make(map[uuid.UUID]bool, len(gone))
@@ -305,7 +330,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 		deleted[i] = set[it.ID]
 		delete(set, it.ID)
 	}
-	return deleted, nil
+	return deleted, waitedFor, nil
 }
 
 func atMostOnce(items []Item) bool {

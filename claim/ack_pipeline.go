@@ -87,12 +87,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	}
 	b := q.store.AckPipeline(claimKeys(items), stmt, args)
 	br := conn.SendBatch(ctx, b)
-	var err error
-	for range b.Len() {
-		if _, err = br.Exec(); err != nil {
-			break
-		}
-	}
+	waitedFor, err := crsql.ReadAckPipeline(br, b)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -100,7 +95,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 		q.stats.acked.Add(int64(len(reqs)))
 		// The acked items' dependents, as after every ack (the pipeline
 		// committed only if every claim held: every item was deleted).
-		q.afterAck(ctx, items, nil)
+		q.afterAck(ctx, items, waitedFor)
 		return make([]error, len(reqs)), true
 	}
 	// A context that ended mid-batch has closed the connection already

@@ -226,15 +226,31 @@ func moveEverywhere(t *testing.T, q *claim.Queue, session uuid.UUID, it claim.Ne
 	if err != nil || !res.Waiting[1] {
 		t.Fatalf("enqueue as a waiting item: %+v, %v", res, err)
 	}
-	next := func() claim.Item {
+	// next claims want. The queue is sequenced: a keyed item released or
+	// requeued keeps its place in its key's order, behind the items of its
+	// key enqueued before it (the item at the bound), which are acked
+	// first.
+	next := func(want uuid.UUID) claim.Item {
 		t.Helper()
-		items, err := q.Claimer(session).Claim(ctx, claim.ClaimRequest{Max: 1})
-		if err != nil || len(items) != 1 {
-			t.Fatalf("claim: %d items, %v", len(items), err)
+		for range 10 {
+			items, err := q.Claimer(session).Claim(ctx, claim.ClaimRequest{Max: 1})
+			if err != nil || len(items) != 1 {
+				t.Fatalf("claim: %d items, %v; want %s", len(items), err, want)
+			}
+			if items[0].ID == want {
+				return items[0]
+			}
+			if items[0].Key != it.Key || items[0].Tenant != it.Tenant {
+				t.Fatalf("claimed %s, not an item of the bound's key, before %s", items[0].ID, want)
+			}
+			if err := q.Ack(ctx, items[0], nil); err != nil {
+				t.Fatal(err)
+			}
 		}
-		return items[0]
+		t.Fatalf("%s was not claimed (its move was refused?)", want)
+		return claim.Item{}
 	}
-	if p := next(); p.ID != prereq {
+	if p := next(prereq); p.ID != prereq {
 		t.Fatalf("claimed %s, want the prerequisite", p.ID)
 	} else if err := q.Ack(ctx, p, nil); err != nil {
 		t.Fatal(err)
@@ -242,17 +258,14 @@ func moveEverywhere(t *testing.T, q *claim.Queue, session uuid.UUID, it claim.Ne
 	if st, err := q.Reap(ctx); err != nil || st.Refused != 0 || st.Stuck != 0 {
 		t.Fatalf("Reap after the release: %+v, %v", st, err)
 	}
-	got := next()
-	if got.ID != id {
-		t.Fatalf("claimed %s, want the released item %s (its release was refused?)", got.ID, id)
-	}
+	got := next(id)
 	if _, err := q.Nack(ctx, got, claim.Permanent(errors.New("to the dead items"))); err != nil {
 		t.Fatalf("nack to the dead items: %v", err)
 	}
 	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
 		t.Fatalf("requeue: %v, %v", ok, err)
 	}
-	got = next()
+	got = next(id)
 	if got.ID != id || got.Key != it.Key || got.Tenant != it.Tenant {
 		t.Fatalf("claimed %s (key %d bytes, tenant %d bytes) after the requeue, want %s as enqueued", got.ID, len(got.Key), len(got.Tenant), id)
 	}

@@ -52,8 +52,11 @@ type Item struct {
 	// AtMostOnce reports an at-most-once item: its claim deleted it. Ack
 	// only runs its record, in a transaction of its own (there is no claim
 	// left to check: call it once, and never again after an unknown
-	// outcome, or the record may commit twice); Nack, Release and Extend
-	// report ErrClaimLost. The item is never handed out again.
+	// outcome, or the record may commit twice); Nack, Snooze and Release
+	// report, at once and without writing anything, an error wrapping
+	// ErrClaimLost that says the item is at-most-once (Nack and Snooze with
+	// the outcome Dropped), and Extend leaves it out. The item is never
+	// handed out again.
 	AtMostOnce bool
 	// TurnAt is the item's place in claim order within its priority: its
 	// vesting time, or in a fair queue the turn enqueue stamped.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,7 +18,10 @@ import (
 // prerequisites are not all acked is kept out of the items table, in
 // crdbwork_waiting, so that no claim of any version can hand it out. The
 // ack of its last prerequisite moves it into the items table, in short
-// bounded transactions right after the ack's (releaseAcked); anything else that ends
+// bounded transactions right after the ack's (releaseAcked), which run for the acked
+// items the ack's own statement found waited for (one seek of the edges per
+// acked item: an ack of items nothing waits for runs nothing more, and no
+// process skips a release it needs); anything else that ends
 // a prerequisite (a death, a cancel, an ack by an older worker, a release
 // that failed or never ran) is found by Reap's dependency step (sweepDeps),
 // which releases or ends the dependents.
@@ -53,21 +55,6 @@ var (
 // prerequisite ended without an ack: "dependency died: <id>".
 const ReasonDependencyDied = "dependency died: "
 
-// depsFresh is how long an enqueue with prerequisites, a Reap or a probe
-// that found waiting items make this Queue's acks release dependents.
-// Outside it, an ack runs no extra statement, except that at most once per
-// depsProbe an ack of the Queue first probes the queue's edges (one index
-// seek, LIMIT 1): so a worker process finds out
-// within depsProbe that another process enqueued dependents, and a queue
-// that nobody uses dependencies in pays one probe per depsProbe per
-// process. A dependent whose last prerequisite an ack acked without
-// releasing it (a process that had not found out yet, or a version-4
-// worker) is released by the next Reap.
-const (
-	depsFresh = 2 * time.Minute
-	depsProbe = time.Second
-)
-
 // sweepBatch and sweepBatches bound the dependency step of one Reap: it
 // reads at most sweepBatches batches of sweepBatch edges, going on from
 // where the previous Reap stopped.
@@ -75,48 +62,6 @@ const (
 	sweepBatch   = 1000
 	sweepBatches = 10
 )
-
-// depsActive reports whether acks of this Queue look for dependents: yes
-// within depsFresh of the last sign of dependencies; otherwise, once per
-// depsProbe, a probe of the queue's edges in db decides.
-func (q *Queue) depsActive(ctx context.Context, db crsql.DB) (bool, error) {
-	now := time.Now().UnixNano()
-	if now < q.deps.until.Load() {
-		return true, nil
-	}
-	if now < q.deps.next.Load() {
-		return false, nil
-	}
-	// A probe is due: one at a time, and the acks that come meanwhile wait
-	// for its answer (rather than skip their release).
-	q.deps.probe.Lock()
-	defer q.deps.probe.Unlock()
-	if now := time.Now().UnixNano(); now < q.deps.until.Load() {
-		return true, nil
-	} else if now < q.deps.next.Load() {
-		return false, nil
-	}
-	has, err := q.store.HasEdges(ctx, db, q.opts.Queue)
-	if err != nil {
-		return false, err // probed again by the next ack
-	}
-	q.deps.next.Store(time.Now().Add(depsProbe).UnixNano())
-	if has {
-		q.markDeps()
-	}
-	return has, nil
-}
-
-// markDeps makes acks look for dependents for depsFresh from now.
-func (q *Queue) markDeps() {
-	until := time.Now().Add(depsFresh).UnixNano()
-	for {
-		cur := q.deps.until.Load()
-		if cur >= until || q.deps.until.CompareAndSwap(cur, until) {
-			return
-		}
-	}
-}
 
 // checkAfter validates the items' prerequisites (once their ids are
 // fixed): at most MaxAfter each, no zero id, none repeated, not the item's
@@ -230,7 +175,10 @@ func (q *Queue) writeSubset(ctx context.Context, db crsql.DB, b *batch, idx []in
 
 // writeDeps writes a batch with prerequisites through db, a transaction:
 //
-//  1. caller-given ids that are waiting items already are duplicates;
+//  1. caller-given ids that are waiting items already are duplicates, and so
+//     are those of items with prerequisites that are items of the queue or
+//     ended in it within its dedup window (done): a retried enqueue answers
+//     what happened to its items, whatever their prerequisites became since;
 //  2. the items without prerequisites are written as Enqueue writes them;
 //  3. every prerequisite is classified (Store.Classify): queued or
 //     waiting (or an item of the call being added) counts as pending,
@@ -251,6 +199,8 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		if err != nil {
 			return err
 		}
+		var ended []uuid.UUID
+		at := make(map[uuid.UUID]int)
 		for n, st := range states {
 			i := b.given[n]
 			switch st.State {
@@ -258,6 +208,32 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				dup[i] = true
 			case crsql.PrereqOther:
 				return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
+			case crsql.PrereqQueued:
+				// In the items table: a duplicate (Enqueue's insert would
+				// skip it), not to be refused for prerequisites that have
+				// died since it was added.
+				if len(b.items[i].After) > 0 {
+					dup[i] = true
+				}
+			case crsql.PrereqUnknown:
+			default:
+				// Ended (acked, dead, cancelled, taken): done, if within
+				// the dedup window (EnqueueFound applies it).
+				if len(b.items[i].After) > 0 {
+					ended = append(ended, b.ids[i])
+					at[b.ids[i]] = i
+				}
+			}
+		}
+		if len(ended) > 0 {
+			found, err := q.store.EnqueueFound(ctx, db, name, ended)
+			if err != nil {
+				return err
+			}
+			for _, f := range found {
+				if i, ok := at[f.ID]; ok && f.Ended {
+					dup[i], res.Done[i] = true, true
+				}
 			}
 		}
 	}
@@ -348,7 +324,6 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	if len(later) == 0 {
 		return nil
 	}
-	q.markDeps()
 	for start := 0; start < len(later); {
 		end := start
 		bytes := 0
@@ -362,7 +337,8 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			it := &b.items[i]
 			rows = append(rows, crsql.WaitingRow{EnqueueRow: crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
-				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce}, Remaining: remaining[n]})
+				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
+				Headers: b.headers[i], Order: b.order(i)}, Remaining: remaining[n]})
 		}
 		added, err := q.store.InsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)
 		if err != nil {
@@ -450,7 +426,9 @@ func releaseTxOptions(d crsql.Dialect) pgx.TxOptions {
 }
 
 // releaseAcked releases the dependents of the items acked (by an ack that
-// committed), if the queue has dependencies (depsActive), in short
+// committed) that items wait for, as the ack itself found (afterAck: one
+// seek of the edges per acked item, so an ack of items nothing waits for
+// runs nothing more, and no process skips a release it needs), in short
 // transactions of their own right after the ack's (releaseTxOptions), each
 // of at most releaseBatch edges: the edges from the acked items are
 // deleted, their dependents' remaining counts lowered, and those at zero
@@ -468,18 +446,10 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	if len(acked) == 0 {
 		return
 	}
-	active, err := q.depsActive(ctx, q.db)
-	if err != nil {
-		q.stats.releaseFailed.Add(1) // left to the reaper
-		return
-	}
-	if !active {
-		return
-	}
 	d := q.engine.Load().dialect
 	for {
 		var res crsql.ReleaseResult
-		err = retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
+		err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			res, err = q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, false)
 			if err == nil && len(res.Left) > 0 {
@@ -525,7 +495,6 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 	if err != nil || !has {
 		return 0, 0, nil, err
 	}
-	q.markDeps()
 	q.deps.mu.Lock()
 	defer q.deps.mu.Unlock()
 	d := q.engine.Load().dialect
@@ -726,13 +695,9 @@ func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// depsState is a Queue's state of dependencies: until when its acks look
-// for dependents (Unix nanoseconds; see depsFresh and depsProbe), and where its sweep
-// goes on (cursor, the last prerequisite swept; mu serializes sweeps).
+// depsState is a Queue's state of dependencies: where its sweep goes on
+// (cursor, the last prerequisite swept; mu serializes sweeps).
 type depsState struct {
-	until  atomic.Int64
-	next   atomic.Int64 // when the next probe may run (Unix nanoseconds)
-	probe  sync.Mutex   // held while a probe runs
 	mu     sync.Mutex
 	cursor uuid.UUID
 }

@@ -94,8 +94,8 @@ type ReapStats struct {
 
 	// Unblocked counts waiting items (NewItem.After) released because
 	// their last prerequisite was acked by an ack that did not release
-	// them itself (an older worker's, or one of a process that had not
-	// seen dependencies in the queue yet); DependencyDead counts waiting
+	// them itself (an older worker's, or one whose release failed or
+	// never ran: its process died); DependencyDead counts waiting
 	// items ended, dead with reason "dependency died: <id>", because a
 	// prerequisite ended without an ack (docs/dependencies.md).
 	Unblocked, DependencyDead int

@@ -28,9 +28,16 @@ import (
 // The error text is stored safely whatever bytes it holds: invalid UTF-8 is
 // replaced, NUL bytes become the text \x00, and it is cut to
 // MaxErrorText bytes.
+//
+// An at-most-once item (Item.AtMostOnce) has nothing to nack: the claim
+// that handed it out deleted it. Nack returns Dropped and an error wrapping
+// ErrClaimLost that says so, at once, without a statement.
 func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nackErr error) {
 	if end := q.startStep(ctx, StepNack, []Item{it}); end != nil {
 		defer func() { end(nil, nackErr) }()
+	}
+	if it.AtMostOnce {
+		return Dropped, takenErr("nacking", it)
 	}
 	msg := "unknown error"
 	if cause != nil {
@@ -96,10 +103,15 @@ func (q *Queue) holdForReaper(ctx context.Context, it Item, msg string, moveErr 
 // Release gives the item back without counting the attempt, for example when
 // a worker shuts down before handling it. The claim is checked as in Ack.
 // The attempt is given back, but the claim token is not: the next claim gets
-// a new one, so this Item can never act on that claim.
+// a new one, so this Item can never act on that claim. An at-most-once
+// item cannot be given back (its claim deleted it): the error wraps
+// ErrClaimLost and says so.
 func (q *Queue) Release(ctx context.Context, it Item) (err error) {
 	if end := q.startStep(ctx, StepRelease, []Item{it}); end != nil {
 		defer func() { end(nil, err) }()
+	}
+	if it.AtMostOnce {
+		return takenErr("releasing", it)
 	}
 	if err := q.ready(ctx); err != nil {
 		return q.claimErr("releasing", it, err)
@@ -125,6 +137,14 @@ func (q *Queue) update(ctx context.Context, kind string, stmt func(ctx context.C
 		}
 		return nil
 	})
+}
+
+// takenErr is the error of a nack, snooze or release of the at-most-once
+// item it: the claim that handed it out deleted it (recorded as taken), so
+// nothing is left to settle, and nothing is written.
+func takenErr(what string, it Item) error {
+	return fmt.Errorf("claim: %s item %s: %w: it is an at-most-once item, which the claim that handed it out deleted (it is never retried, snoozed or dead-lettered)",
+		what, it.ID, ErrClaimLost)
 }
 
 func (q *Queue) claimErr(what string, it Item, err error) error {

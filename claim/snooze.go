@@ -60,8 +60,13 @@ func snoozeOf(cause error) (time.Duration, bool) {
 // Options.MaxSnoozes times already: it is then moved to the dead items
 // with reason ReasonSnoozedTooOften. The claim is checked as in Ack (an
 // error wrapping ErrClaimLost: nothing was done). Nack does the same for a
-// cause that is a *SnoozeError.
+// cause that is a *SnoozeError. An at-most-once item cannot be snoozed (its
+// claim deleted it): Snooze returns Dropped and an error wrapping
+// ErrClaimLost that says so.
 func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, error) {
+	if it.AtMostOnce {
+		return Dropped, takenErr("snoozing", it)
+	}
 	d = min(max(d, 0), maxSnoozeDelay)
 	if err := q.ready(ctx); err != nil {
 		return Snoozed, q.claimErr("snoozing", it, err)

@@ -126,7 +126,11 @@ type dependsStatements struct {
 	// the queue within its dedup window is skipped. Parameters, one
 	// element per row: $2 ids, $3 hashes, $4 keys, $5 priorities, $6
 	// delays (µs), $7 max attempts, $8 payloads, $9 metadata, $10 tenants,
-	// $11 ttl (µs), $12 at-most-once, $13 remaining.
+	// $11 ttl (µs), $12 at-most-once, $13 remaining, $14 headers (TEXT[]
+	// of JSON objects, NULL for none), $15 sequence orders (stored as
+	// seq_order for the rows with a key while the queue is sequenced, read
+	// in the same statement, as enqueue's Insert does: the move into the
+	// items table carries both over).
 	InsertWaiting string
 	// InsertEdges adds the edges $2[i] → $3[i] (prerequisite, dependent)
 	// of queue $1.
@@ -183,7 +187,9 @@ type dependsStatements struct {
 	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
 	// waiting). WaitingCount: $1 queue → number of waiting items.
 	// HasEdges: $1 queue → a row if any item of the queue waits.
-	Waiting, WaitingCount, HasEdges string
+	// WaitedFor: $1 queue, $2 ids → those of the ids that items wait for
+	// (one seek of the edges' primary key per id).
+	Waiting, WaitingCount, HasEdges, WaitedFor string
 	// PickWaiting returns up to $2 waiting items of queue $1, oldest
 	// first; PurgeWaiting locks those of them ($2) still there in id
 	// order, deletes their edges and them, and returns how many it
@@ -277,18 +283,23 @@ func edgeKeys(d Dialect, arrays, cols string) (source, queue string) {
 // part from the hash and the queue's current parts, the vesting time (the
 // enqueue's delay counted from the enqueue, never before now), the deadline
 // from the enqueue, at-most-once from the item or its queue.
+// The item keeps its headers (the producer's trace context) and its
+// sequence order (schema version 6): with its enqueue time, its place among
+// its key's items in a sequenced queue. (A row written by version-5 code
+// has neither: its item runs without them, as it did.)
 const moveReady = `WITH moved AS (
     DELETE FROM crdbwork_waiting AS w %s
-    RETURNING id, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, enqueued_at)
+    RETURNING id, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, enqueued_at,
+              headers, seq_order)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, enqueued_at, max_attempts, payload, metadata,
-     tenant, expires_at, at_most_once)
+     tenant, expires_at, at_most_once, headers, seq_order)
 SELECT m.id, $1, m.hash %% n.parts, m.item_key, m.priority,
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        m.enqueued_at, CASE WHEN m.at_most_once OR n.amo THEN 1 ELSE m.max_attempts END, m.payload, m.metadata,
        m.tenant, CASE WHEN m.ttl_us > 0 THEN m.enqueued_at + m.ttl_us * INTERVAL '1 microsecond' END,
-       m.at_most_once OR n.amo
+       m.at_most_once OR n.amo, m.headers, m.seq_order
 FROM moved AS m,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo) AS n
@@ -357,11 +368,13 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
        (SELECT d.queue FROM crdbwork_dead_items AS d WHERE d.id = v.id AND (d.queue = $1) IS TRUE ORDER BY d.id, d.death LIMIT 1) IS NOT NULL
 FROM unnest($2::UUID[]) AS v (id)`),
 		InsertWaiting: r(`INSERT INTO crdbwork_waiting
-    (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining)
-SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n
-FROM unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[])
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n)
+    (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining,
+     headers, seq_order)
+SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END
+FROM (SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq) AS q,
+     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[])
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o)
 WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
   AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = ` + queueKey + ` AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + ` OFFSET 0)
 ON CONFLICT (id) DO NOTHING
@@ -398,7 +411,13 @@ ORDER BY e.dependent LIMIT $3`),
 		// In primary-key order with a limit, not EXISTS: PostgreSQL ran an
 		// EXISTS as a scan of the table, expecting to meet the queue's
 		// edges early.
-		HasEdges:    r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
+		HasEdges: r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
+		// As the ack's hasDependents, a subplan per id, the queue a
+		// column of a one-row subquery as in Prereqs (a constant queue
+		// made PostgreSQL read the queue's every edge per id when its
+		// statistics predated the queue).
+		WaitedFor: r(`SELECT g.id FROM (SELECT $1::TEXT AS q OFFSET 0) AS k, unnest($2::UUID[]) AS g (id)
+WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.prereq = g.id OFFSET 0)`),
 		PickWaiting: r(`SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`),
 		PurgeWaiting: r(`WITH ` + fmt.Sprintf(lockDependents, lockIDs(d, "$2"), "") + `,
 edges AS (

@@ -112,16 +112,16 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d crsql.Dialect, queue strin
 		}
 	}
 	n := len(ids)
-	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	texts, ints, bytes, bools, jsons := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n), make([]string, n)
 	for i := range bytes {
-		bytes[i], texts[i] = []byte("x"), "k"
+		bytes[i], texts[i], jsons[i] = []byte("x"), "k", `{"k": "v"}`
 		ints[i] = 1
 	}
 	some := prereqs[:3]
 	outcomes := []string{"dead", "cancelled", "unknown"}
 	return []planCase{
 		{"Classify", ds.Classify, []any{queue, ids}},
-		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
 		{"InsertEdges", ds.InsertEdges, []any{queue, ids, ids}},
 		{"EdgesFrom", ds.EdgesFrom, []any{queue, prereqs, 1000}},
 		{"Release", ds.Release, []any{queue, ps, deps}},
@@ -138,6 +138,7 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d crsql.Dialect, queue strin
 		{"KillRefusedWaiting", crsql.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{queue, deps[0], "refused by the database (dependencies): boom"}},
 		{"WaitingCount", ds.WaitingCount, []any{queue}},
 		{"HasEdges", ds.HasEdges, []any{queue}},
+		{"WaitedFor", ds.WaitedFor, []any{queue, ids}},
 		{"PickWaiting", ds.PickWaiting, []any{queue, 1000}},
 		{"PurgeWaiting", ds.PurgeWaiting, []any{queue, deps}},
 		{"PickOrphans", ds.PickOrphans, []any{queue, 1000}},

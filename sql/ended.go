@@ -63,6 +63,29 @@ func deleteEnded(del, outcome string) string {
 	return "WITH gone AS (" + del + " RETURNING id, queue),\n" + recordEnded(outcome) + "\nSELECT id FROM gone"
 }
 
+// hasDependents is the condition, on a row g (columns id and queue) of an
+// item that ended, that some waiting item waits for it (an edge of
+// crdbwork_waits_for from it): one seek of the edges' primary key (queue,
+// prereq), its queue and id both from the row. The OFFSET 0 keeps it a
+// subplan run per row on PostgreSQL (which otherwise may hash the whole
+// table of edges for an EXISTS it believes cheap to hash: see
+// postgresDedupCheck); CockroachDB drops it and plans a lookup semi-join.
+const hasDependents = `EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = g.queue AND x.prereq = g.id OFFSET 0)`
+
+// ackedSelect is the final SELECT of an ack: each deleted item's id and
+// whether items wait for it, so that the ack releases the dependents of
+// exactly those (claim's releaseAcked), in the ack's own snapshot: an
+// enqueue of a dependent that commits before the ack is seen, and one that
+// races it conflicts with it (both SERIALIZABLE: the enqueue read the item
+// the ack deletes, the ack the edges the enqueue writes), and is retried.
+const ackedSelect = "\nSELECT g.id, " + hasDependents + " FROM gone AS g"
+
+// deleteEndedAck is deleteEnded for an ack: it returns, with each deleted
+// item's id, whether items wait for it (ackedSelect).
+func deleteEndedAck(del string) string {
+	return "WITH gone AS (" + del + " RETURNING id, queue),\n" + recordEnded(OutcomeAcked) + ackedSelect
+}
+
 // dedupStatements are the statements of the dedup window that are not part
 // of an ack, a move or an enqueue, rendered for one set of table names. The
 // text is identical on CockroachDB and PostgreSQL.

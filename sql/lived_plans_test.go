@@ -204,9 +204,9 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 	// An enqueue of 50 waiting items, each after one of q's items.
 	n := 50
 	fresh := make([]uuid.UUID, n)
-	texts, ints, bytes, bools := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n)
+	texts, ints, bytes, bools, jsons := make([]string, n), make([]int64, n), make([][]byte, n), make([]bool, n), make([]string, n)
 	for i := range fresh {
-		fresh[i], texts[i], bytes[i], ints[i] = uuid.New(), "k", []byte("x"), 1
+		fresh[i], texts[i], bytes[i], ints[i], jsons[i] = uuid.New(), "k", []byte("x"), 1, `{"k": "v"}`
 	}
 	pruneOlder, pruneBefore := ret.PruneDeadOlder, ret.PruneDeadBefore
 	if dialect == crsql.Postgres {
@@ -249,7 +249,8 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"KillDependents", ds.KillDependents, []any{"q", edgePre, edgeDep, prereqs, outcomes}},
 		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{"q", edgeDep}},
 		{"DeleteEdgesGone", ds.DeleteEdgesGone, []any{"q", edgePre, edgeDep}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
+		{"WaitedFor", ds.WaitedFor, []any{"q", prereqs}},
 		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
 		{"HasEdges", ds.HasEdges, []any{"q"}},
 		{"HasEdges (a queue without edges)", ds.HasEdges, []any{"qs"}},
@@ -289,6 +290,7 @@ var livedIndexes = map[string][]string{
 	"ClaimAny (tenants skipped)":         {"crdbwork_items_turn_next"},
 	"InsertWaiting":                      {"crdbwork_waiting_pkey"},
 	"InsertEdges":                        {"crdbwork_waits_for_pkey"},
+	"WaitedFor":                          {"crdbwork_waits_for_pkey"},
 	"HasEdges":                           {"crdbwork_waits_for_pkey"},
 	"HasEdges (a queue without edges)":   {"crdbwork_waits_for_pkey"},
 	"Prereqs":                            {"crdbwork_waits_for_by_dependent_prereq"},
@@ -309,7 +311,7 @@ var livedIndexes = map[string][]string{
 // livedDepends are the dependency statements of livedCases.
 var livedDepends = map[string]bool{"EdgesFrom": true, "Release (dependents)": true, "SweepRelease": true, "MoveReady": true,
 	"SweepPrereqs": true, "KillDependents": true, "DeleteEdgesTo": true, "DeleteEdgesGone": true, "Classify": true,
-	"InsertWaiting": true, "InsertEdges": true, "Prereqs": true, "Dependents": true}
+	"InsertWaiting": true, "InsertEdges": true, "Prereqs": true, "Dependents": true, "WaitedFor": true}
 
 // livedScan is a read of a whole table a hot statement must not make.
 var livedScan = regexp.MustCompile(`Seq Scan on crdbwork_(items|ended|dead_items|waiting|waits_for|tenant_limits)\b|FULL SCAN|full scan`)

@@ -374,7 +374,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_waiting (
     ttl_us       BIGINT      NOT NULL DEFAULT 0,
     at_most_once BOOL        NOT NULL DEFAULT false,
     enqueued_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
-    remaining    BIGINT      NOT NULL
+    remaining    BIGINT      NOT NULL,
+    -- What the item keeps through its wait (version 6): its headers (the
+    -- producer's trace context) and its sequence order (with a key in a
+    -- sequenced queue), carried into the items table by the move.
+    headers      JSONB,
+    seq_order    BIGINT
 );
 -- Waiting items by queue: status counts.
 CREATE INDEX IF NOT EXISTS crdbwork_waiting_by_queue

@@ -46,7 +46,7 @@ type coreStatements struct {
 	// TakeAtMostOnce deletes the given claimed items that are at-most-once
 	// (fenced like AckMany), right after the claim that handed them out.
 	TakeAtMostOnce string // $1 ids, $2 sessions, $3 tokens → deleted ids
-	AckMany        string // $1 ids, $2 sessions, $3 tokens → deleted ids
+	AckMany        string // $1 ids, $2 sessions, $3 tokens → deleted ids, each with whether items wait for it
 	Nack           string // $1 id, $2 session, $3 token, $4 delay(µs), $5 error
 	Release        string // $1 id, $2 session, $3 token
 	DeadLetter     string // $1 id, $2 session, $3 token, $4 error, $5 reason → id
@@ -389,8 +389,8 @@ ON CONFLICT DO NOTHING`),
 		ReapLeases:       r(fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)),
 		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, `FROM picked
 WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until < now()) OR picked.id IS NULL) IS TRUE`)),
-		AckMany:                r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced, OutcomeAcked)),
-		PostgresAckMany:        r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFenced, OutcomeAcked)),
+		AckMany:                r(deleteEndedAck(`DELETE FROM crdbwork_items WHERE ` + fenced)),
+		PostgresAckMany:        r(deleteEndedAck(`DELETE FROM crdbwork_items AS i USING ` + pgKeys + ` WHERE ` + pgFenced)),
 		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
 		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)),
 		Nack: r(`UPDATE crdbwork_items

@@ -82,7 +82,7 @@ func NewStore(t Tables) *Store {
 		order:  t.rewrite(orderCountBefore),
 		pace:   t.rewrite(fairFront),
 	}
-	s.ackAll = ackAllOf(s.st.PostgresAckMany)
+	s.ackAll = ackAllOf(t, s.st.PostgresAckMany)
 	actual, _ := stores.LoadOrStore(t, s)
 	return actual.(*Store)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -30,18 +31,19 @@ import (
 // server here, so on CockroachDB acks keep their one-statement-per-round-
 // trip transaction.
 
-// ackAllGuard replaces the final SELECT of the ack's statement: 1 if the
-// statement deleted $4 items, a division by zero otherwise.
-const ackAllGuard = "\nSELECT 1 / ((SELECT count(*) FROM gone) = $4::BIGINT)::INT"
+// ackAllGuard replaces the final SELECT of the ack's statement: one row, 1
+// if the statement deleted $4 items (a division by zero otherwise), and the
+// ids of the deleted items that items wait for (hasDependents).
+const ackAllGuard = "\nSELECT 1 / ((SELECT count(*) FROM gone) = $4::BIGINT)::INT, ARRAY(SELECT g.id FROM gone AS g WHERE " + hasDependents + ")"
 
-// ackAllOf returns the all-or-nothing form of an ack statement that ends
-// with the SELECT of the deleted ids (deleteEnded).
-func ackAllOf(ackMany string) string {
-	body, ok := strings.CutSuffix(ackMany, "\nSELECT id FROM gone")
+// ackAllOf returns the all-or-nothing form of an ack statement rendered
+// for t that ends with the SELECT of the deleted ids (deleteEndedAck).
+func ackAllOf(t Tables, ackMany string) string {
+	body, ok := strings.CutSuffix(ackMany, t.rewrite(ackedSelect))
 	if !ok {
 		panic("sql: the ack statement no longer ends with the SELECT of its deleted ids")
 	}
-	return body + ackAllGuard
+	return body + t.rewrite(ackAllGuard)
 }
 
 // ackAllLost is the SQLSTATE of AckAll's guard: a claim was lost.
@@ -65,6 +67,31 @@ func (s *Store) AckPipeline(keys []ClaimKey, record string, args []any) *pgx.Bat
 	}
 	b.Queue("COMMIT")
 	return b
+}
+
+// ReadAckPipeline reads the results of the batch AckPipeline returned, in
+// order, and returns the ids of the acked items that items wait for (whose
+// dependents the caller releases once it committed). Its error is the
+// first statement's that failed (AckPipelineLost tells a lost claim).
+func ReadAckPipeline(br pgx.BatchResults, b *pgx.Batch) ([]uuid.UUID, error) {
+	var waitedFor [][16]byte
+	for i := range b.Len() {
+		var err error
+		if i == 1 {
+			var one int64
+			err = br.QueryRow().Scan(&one, &waitedFor)
+		} else {
+			_, err = br.Exec()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	ids := make([]uuid.UUID, len(waitedFor))
+	for i, id := range waitedFor {
+		ids[i] = id
+	}
+	return ids, nil
 }
 
 // AckPipelineLost reports whether err is AckAll's guard: some claim of the

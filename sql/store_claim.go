@@ -369,12 +369,33 @@ func AckTxOptions(d Dialect) pgx.TxOptions {
 // them as acked, and returns their ids (coreStatements.AckMany, or its
 // PostgreSQL twin).
 func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
+	acked, _, err := s.AckManyDependents(ctx, tx, d, keys)
+	return acked, err
+}
+
+// AckManyDependents is AckMany that also returns which of the acked items
+// other items wait for (NewItem.After in package claim): read by the same
+// statement, in the ack's snapshot, one primary-key seek of the edges per
+// acked item. Release their dependents once tx committed.
+func (s *Store) AckManyDependents(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) (acked, waitedFor []uuid.UUID, err error) {
 	ids, sessions, tokens := fenceArrays(keys)
 	rows, err := tx.Query(ctx, byDialect(d, s.st.AckMany, s.st.PostgresAckMany), ids, sessions, tokens)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return collectIDs(rows)
+	var id [16]byte
+	var deps bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &deps}, func() error {
+		acked = append(acked, id)
+		if deps {
+			waitedFor = append(waitedFor, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return acked, waitedFor, nil
 }
 
 // Extend moves to now()+lease the leases of the given claims that are still

@@ -74,7 +74,9 @@ type WaitingRow struct {
 
 // InsertWaiting adds rows to queue's waiting items, skipping ids that are
 // items, waiting items, or ended in queue within its dedup window, and
-// returns the ids it added (dependsStatements.InsertWaiting).
+// returns the ids it added (dependsStatements.InsertWaiting). A row keeps
+// its Headers and, with a key in a sequenced queue, its Order, which its
+// move into the items table carries over.
 func (s *Store) InsertWaiting(ctx context.Context, db DB, d Dialect, queue string, rows []WaitingRow) ([]uuid.UUID, error) {
 	n := len(rows)
 	ids := make([][16]byte, n)
@@ -82,11 +84,16 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, d Dialect, queue strin
 	keys, tenants := make([]*string, n), make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	amo := make([]bool, n)
+	headers, orders := make([]*string, n), make([]int64, n)
 	for j := range rows {
 		r := &rows[j]
 		ids[j], hashes[j], priorities[j] = r.ID, r.Hash, int64(r.Priority)
 		delays[j], maxAttempts[j], ttls[j] = r.Delay.Microseconds(), int64(r.MaxAttempts), r.TTL.Microseconds()
-		remaining[j], amo[j] = int64(r.Remaining), r.AtMostOnce
+		remaining[j], amo[j], orders[j] = int64(r.Remaining), r.AtMostOnce, r.Order
+		if r.Headers != nil {
+			h := string(r.Headers)
+			headers[j] = &h
+		}
 		if r.Key != "" {
 			keys[j] = &r.Key
 		}
@@ -96,11 +103,22 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, d Dialect, queue strin
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
 	res, err := db.Query(ctx, s.deps(d).InsertWaiting, queue, ids, hashes, keys, priorities, delays, maxAttempts,
-		payloads, metadata, tenants, ttls, amo, remaining)
+		payloads, metadata, tenants, ttls, amo, remaining, headers, orders)
 	if err != nil {
 		return nil, err
 	}
 	return collectIDs(res)
+}
+
+// WaitedFor returns those of ids, items of queue that ended, that other
+// items wait for (dependsStatements.WaitedFor): the at-most-once items'
+// acks, which delete nothing, ask it to release their dependents.
+func (s *Store) WaitedFor(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, s.common().WaitedFor, queue, rawIDs(ids))
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(rows)
 }
 
 // InsertEdges records that dependents[i] waits for prereqs[i], in queue

@@ -37,6 +37,15 @@ CREATE INDEX IF NOT EXISTS crdbwork_dead_items_sequence_held
 CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent_prereq
     ON crdbwork_waits_for (queue, dependent, prereq);
 DROP INDEX IF EXISTS crdbwork_waits_for_by_dependent;
+-- == waiting items keep their headers and sequence order ==
+-- A waiting item (NewItem.After) keeps its headers (the producer's trace
+-- context) and, with a key in a sequenced queue, its sequence order; its
+-- move into the items table carries both over, so that released it runs
+-- with the producer's trace link and in its key's order. Version-5 code
+-- neither writes nor reads them: its waiting items run without them, as
+-- before.
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS headers JSONB;
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS seq_order BIGINT;
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
