@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -58,6 +59,13 @@ const MoveBatch = 1000
 //     (with Parts), made by a session that had not yet seen the new count,
 //     is released, and its ack fails with claim.ErrClaimLost.
 //
+// Once the items have moved, SetParts wakes the queue's idle workers (a
+// notification on the queue's channel on PostgreSQL, and this process's
+// workers directly), as an enqueue does: the moved items, and the items
+// whose claims the deletion released, are in parts that no wake-up named
+// (and a worker that had not yet seen the new count mapped the hints of
+// items enqueued meanwhile to other parts).
+//
 // If SetParts fails half-way, some items are still in parts >= n; run it
 // again (it is idempotent) to move them. Raising n only affects items
 // enqueued afterwards.
@@ -94,7 +102,22 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	if err != nil {
 		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
 	}
+	wakeWorkers(ctx, db, store, queue)
 	return nil
+}
+
+// wakeWorkers wakes the idle workers of queue: those of this process at
+// once, and on PostgreSQL those of every process by the queue's
+// notification. A failure to notify is not SetParts' failure (the parts
+// are set and the items moved): the workers' rebalancers read the new
+// count within their poll and then claim in every part they own, which
+// finds the moved items unless the move was still running.
+func wakeWorkers(ctx context.Context, db DB, store *crsql.Store, queue string) {
+	channel := store.NotifyChannel(queue)
+	wake.Signal(channel)
+	if d, err := crsql.DetectDialect(ctx, db); err == nil && d == crsql.Postgres {
+		_ = store.Notify(ctx, db, channel, "")
+	}
 }
 
 // moveItems moves the items of queue in parts >= n to part % n, walking

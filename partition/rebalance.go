@@ -122,6 +122,10 @@ type Rebalancer struct {
 
 	acquired, released, rebalances, retries atomic.Int64
 	numParts                                atomic.Int64 // as the last rebalance read it
+	// changed is signalled (without blocking; one value is kept while
+	// pending) by a rebalance that gained parts or read a new number of
+	// parts (see Changed).
+	changed chan struct{}
 }
 
 // New returns a rebalancer for sess, which reads and writes the queue's
@@ -158,7 +162,7 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 	return &Rebalancer{
 		db: db, sess: sess, store: crsql.NewStore(opts.Tables), opts: opts,
 		log:   opts.Logger.With(zap.Stringer("session", sess.ID()), zap.String("queue", opts.Queue)),
-		owned: map[int]*part{},
+		owned: map[int]*part{}, changed: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -177,6 +181,26 @@ func (r *Rebalancer) Stats() Stats {
 // NumParts returns the queue's number of parts as the last rebalance read
 // it, or 0 before the first.
 func (r *Rebalancer) NumParts() int { return int(r.numParts.Load()) }
+
+// Changed returns a channel that receives a value after a rebalance in
+// which the session gained parts (it acquired them, or found rows of its
+// own it did not know) or read a number of parts other than the one it
+// had (its first read included). Values do not queue up: one is kept
+// while pending. A claiming loop should then claim in every part it owns
+// at once, whatever it waits for: the items of a part it just gained may
+// have been announced (a wake-up, whose hint named the part) while
+// another session or none owned it, and nothing announces them again; with
+// a new number of parts, the hints of later wake-ups map to other parts,
+// and items moved by SetParts are in parts their hints never named.
+func (r *Rebalancer) Changed() <-chan struct{} { return r.changed }
+
+// signalChanged signals Changed without blocking.
+func (r *Rebalancer) signalChanged() {
+	select {
+	case r.changed <- struct{}{}:
+	default: // one is pending already
+	}
+}
 
 // Owned returns the parts this session owns now, draining ones included, sorted.
 func (r *Rebalancer) Owned() []int {
@@ -328,7 +352,9 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		if n, err = Parts(ctx, r.db, r.opts.Tables, r.opts.Queue); err != nil {
 			return err
 		}
-		r.numParts.Store(int64(n))
+		if r.numParts.Swap(int64(n)) != int64(n) {
+			r.signalChanged()
+		}
 		owners, err = r.owners(ctx)
 		return err
 	})
@@ -366,9 +392,11 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 			delete(r.owned, p)
 		}
 	}
+	gained := false
 	for p := range mine {
 		if r.owned[p] == nil {
 			r.owned[p] = r.newPartLocked()
+			gained = true
 		}
 		if st := r.owned[p]; !target[p] && !st.draining {
 			st.draining, st.closed = true, false
@@ -382,6 +410,9 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
+	if gained {
+		r.signalChanged()
+	}
 
 	for p := range target {
 		if mine[p] {
@@ -407,6 +438,7 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 			r.mu.Unlock()
 			r.acquired.Add(1)
 			r.log.Debug("part acquired", zap.Int("part", p))
+			r.signalChanged()
 		}
 	}
 	r.rebalances.Add(1)

@@ -78,19 +78,19 @@ func newDeathStatements(t Tables) *deathStatements {
 	r := t.rewrite
 	return &deathStatements{
 		ExhaustedIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
+WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
 LIMIT $2`),
 		ExpiredIDs: r(`SELECT id FROM crdbwork_items
 WHERE ` + expiredUnclaimed + `
 ORDER BY expires_at
 LIMIT $2`),
 		ExpiredLeaseIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
+WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
 ORDER BY lease_until
 LIMIT $2`),
 		ReapLeasesIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now()
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
 SET ` + released + `
@@ -98,12 +98,12 @@ WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until 
 RETURNING i.id`),
 		ReapExhaustedIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
     FOR UPDATE SKIP LOCKED),
 ` + moveExhausted),
 		ReapExpiredIDs: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL AND ` + noCancelAsked + `
     FOR UPDATE SKIP LOCKED),
 ` + moveExpired),
 		Exhaust: r(`UPDATE crdbwork_items

@@ -215,7 +215,7 @@ RETURNING ` + itemColumns
 // never analyzed one; TestHotPlansInEveryState).
 const reapLeasesTemplate = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now()
+    WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
     ORDER BY lease_until
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
@@ -327,7 +327,19 @@ RETURNING id`
 // The same text runs on CockroachDB, whose grammar has IS [NOT] TRUE
 // (pkg/sql/parser/sql.y); its plan still reads crdbwork_items_expiry,
 // whose predicate the other conditions imply (not run here: no server).
-const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE`
+const expiredUnclaimed = `queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND (claim IS NULL) IS TRUE AND ` + noCancelAsked
+
+// noCancelAsked keeps the reaper's lease, exhaustion and expiry steps (and
+// their by-id forms) away from items whose cancel was asked for: those end
+// cancelled, by the cancel step (ReapCancelled) or their holder, whatever
+// happens to their claim. The steps run in transactions of their own, after
+// the cancel step: a lease that ran out, or a holder whose session was
+// deleted, between the cancel step and these would otherwise release the
+// item (counted as released, ended cancelled by the next reap), move it to
+// the dead items as a crash loop when that claim had used its last
+// attempt, or as expired past its deadline — a dead item, which an
+// operator may requeue and run again, for an item whose cancel was asked.
+const noCancelAsked = `cancel_requested_at IS NULL`
 
 // deadSeqColumns and deadSeqValues are what every move of an item to the
 // dead items writes of its sequence (docs/sequences.md, "After a death"),
@@ -420,7 +432,7 @@ WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`),
 		// crdbwork_items_exhausted.
 		ReapExhausted: r(`WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts
+    WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
 ` + moveExhausted),

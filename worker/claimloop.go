@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -27,14 +29,26 @@ func (r *sessionRun) claimLoop() {
 	backlog := false
 	limitLogged := false
 	forgotten := false // a claim's outcome was unknown: release what it may have taken first
-	// hinted, after a wake-up that named the key hashes of the items it
-	// announced, holds their parts: the next claim in parts mode reads
-	// only those it owns (fewer branches, and none at all when another
-	// session owns them). nil: every owned part.
-	var hinted map[int]bool
+	// hints are the parts the wake-ups since the last claim named (see
+	// partHints); the next claim in parts mode reads only those it owns.
+	var hints partHints
+	// failed counts the claims (or releases of forgotten items) in a row
+	// that failed: the next is tried within claimRetryWait(failed), not a
+	// whole poll interval later, for the items a wake-up announced may be
+	// waiting for that claim (with a long Poll, for minutes).
+	failed := 0
+	// changed is signalled when the rebalancer gained parts or read a new
+	// number of parts (nil without parts: never).
+	var changed <-chan struct{}
+	if reb != nil {
+		changed = reb.Changed()
+	}
 	pause := func() bool {
 		wait, idled := w.idleWait()
 		defer idled()
+		if failed > 0 {
+			wait = min(wait, claimRetryWait(failed))
+		}
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		// In a sequenced queue an item that ends may unblock its key's
@@ -48,8 +62,16 @@ func (r *sessionRun) claimLoop() {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
+			hints.add(nil)
 			return true
 		case <-ended:
+			hints.add(nil)
+			return true
+		case <-changed:
+			// Parts gained, or a new number of parts: the wake-ups of
+			// their items may have come before (and been spent on a
+			// claim that could not read them), so claim in every part.
+			hints.add(nil)
 			return true
 		case <-w.wake: // nil with NoWake: never
 			// Items were enqueued (a wake-up that came during the last
@@ -58,17 +80,19 @@ func (r *sessionRun) claimLoop() {
 			w.wakeups.Add(1)
 			// The part of an item is its key hash modulo the queue's
 			// number of parts; if SetParts changed that number since the
-			// last rebalance, a hint may name the wrong part, and the
-			// poll finds the item.
+			// last rebalance, a hint may name the wrong part: the next
+			// rebalance reads the new number and signals changed.
 			hashes, ok := w.wakeSub.Hints()
+			var parts map[int]bool
 			if ok && reb != nil {
 				if n := reb.NumParts(); n > 0 {
-					hinted = make(map[int]bool, len(hashes))
+					parts = make(map[int]bool, len(hashes))
 					for _, h := range hashes {
-						hinted[int(h%int64(n))] = true
+						parts[int(h%int64(n))] = true
 					}
 				}
 			}
+			hints.add(parts)
 			return true
 		}
 	}
@@ -83,6 +107,7 @@ func (r *sessionRun) claimLoop() {
 		if forgotten {
 			if err := w.releaseForgotten(ctx, sess.ID(), fl, log); err != nil {
 				if ctx.Err() == nil {
+					failed++
 					log.Warn("claiming waits until it succeeds (the items' leases release them otherwise)", zap.Error(err))
 				}
 				if !pause() {
@@ -117,6 +142,7 @@ func (r *sessionRun) claimLoop() {
 		case free == 0:
 		case reb != nil:
 			parts, claimed := reb.Lease()
+			hinted := hints.take()
 			pl = lim.plan(claimedAt, free, parts)
 			var urgent []claim.Item
 			if w.opts.UrgentLane && pl.n > 0 {
@@ -157,8 +183,12 @@ func (r *sessionRun) claimLoop() {
 				items, err = w.claim(ctx, sess, nil, pl)
 			}
 		}
-		if err != nil && ctx.Err() == nil {
-			log.Warn("claim failed", zap.Error(err))
+		switch {
+		case err == nil:
+			failed = 0
+		case ctx.Err() == nil:
+			failed++
+			log.Warn("claim failed; claiming again soon", zap.Error(err), zap.Int("failures_in_a_row", failed))
 		}
 		if errors.Is(err, claim.ErrOutcomeUnknown) {
 			forgotten = true
@@ -203,7 +233,7 @@ func (r *sessionRun) claimLoop() {
 			clear(running)
 			r.jobs, r.running = jobs[:0], running[:0]
 		}
-		hinted = nil // one claim per wake-up's hint
+		hints.take() // one claim per wake-up's hint
 		backlog = err == nil && len(items) == free && free > 0
 		if backlog {
 			continue // a full batch: there is probably more
@@ -220,6 +250,59 @@ func (r *sessionRun) claimLoop() {
 			return
 		}
 	}
+}
+
+// partHints are the parts that the pauses of a claim loop since its last
+// claim named: after a wake-up that named the key hashes of the items it
+// announced, their parts, so that the claim reads only those it owns
+// (fewer branches, and none at all when another session owns them). A
+// pause that ended otherwise (its poll, a freed key, parts gained, a
+// wake-up for any part) stands for every part. Several pauses may come
+// before one claim (a failed release of forgotten items repeats them):
+// their parts add up, and one that stands for every part makes it every
+// part.
+type partHints struct {
+	parts map[int]bool // nil: every part
+	set   bool         // a pause since the last take
+}
+
+// add records a pause that named parts (nil: every part).
+func (h *partHints) add(parts map[int]bool) {
+	switch {
+	case !h.set:
+		h.parts = parts
+	case h.parts == nil || parts == nil:
+		h.parts = nil
+	default:
+		maps.Copy(h.parts, parts)
+	}
+	h.set = true
+}
+
+// take returns the parts to claim in (nil: every part) and forgets them.
+func (h *partHints) take() map[int]bool {
+	parts := h.parts
+	*h = partHints{}
+	return parts
+}
+
+// Bounds of the wait before claiming again after a failed claim: it
+// doubles with each failure in a row, from claimRetryMin to claimRetryMax
+// (each drawn between half and one and a half of it), or is the poll
+// interval's wait if that is shorter.
+const (
+	claimRetryMin = 100 * time.Millisecond
+	claimRetryMax = 2 * time.Second
+)
+
+// claimRetryWait returns the wait before the claim that follows failed
+// failures in a row.
+func claimRetryWait(failed int) time.Duration {
+	d := claimRetryMax
+	if failed < 6 {
+		d = min(claimRetryMax, claimRetryMin<<(failed-1))
+	}
+	return d/2 + rand.N(d+1)
 }
 
 // waitFree waits until n slots are free, GatherWait has passed or claimCtx

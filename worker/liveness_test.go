@@ -60,12 +60,12 @@ func TestConnectionCounts(t *testing.T) {
 		opts       worker.Options
 		pool, conn int
 	}{
-		{worker.Options{}, 4, 6},
-		{worker.Options{Parts: 16}, 5, 7},
-		{worker.Options{Parts: 16, Concurrency: 1000}, 5, 7},
-		{worker.Options{Ackers: 4}, 6, 8},
-		{worker.Options{NoWake: true}, 4, 5},
-		{worker.Options{Parts: 16, NoWake: true}, 5, 6},
+		{worker.Options{}, 5, 7},
+		{worker.Options{Parts: 16}, 6, 8},
+		{worker.Options{Parts: 16, Concurrency: 1000}, 6, 8},
+		{worker.Options{Ackers: 4}, 7, 9},
+		{worker.Options{NoWake: true}, 5, 6},
+		{worker.Options{Parts: 16, NoWake: true}, 6, 7},
 	} {
 		if p, c := worker.PoolConns(tc.opts), worker.Connections(tc.opts); p != tc.pool || c != tc.conn {
 			t.Errorf("PoolConns, Connections(%+v) = %d, %d; want %d, %d", tc.opts, p, c, tc.pool, tc.conn)

@@ -229,6 +229,13 @@ type TestingOptions struct {
 	// --measure-order counts each item's place in the queue's order with
 	// it. Default: none.
 	OnClaim func(ctx context.Context, items []claim.Item)
+	// OnStatistics, if not nil, is called before each check of the queue's
+	// tables' statistics (claim.Queue.RefreshStatistics, which on
+	// PostgreSQL may run an ANALYZE), on the goroutine that runs the
+	// check, with the session's context: the check waits for it, so a
+	// hook that blocks holds the check up as a slow ANALYZE would. Default:
+	// none.
+	OnStatistics func(ctx context.Context)
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error
@@ -289,18 +296,22 @@ const maxAckers = 64
 
 // PoolConns returns the number of connections a worker with opts uses from
 // its pool at most, whatever its Concurrency: one for claims, one per settle
-// goroutine (Ackers, default 2), one for the maintenance loop (reaping
-// expired sessions), and in parts mode one for the rebalancer. Handlers
-// never hold one (their Records run in a settle goroutine's transaction).
-// With the defaults: 4, or 5 in parts mode. Size the pool's MaxConns to it
-// (more is harmless; fewer makes the worker's own statements wait for each
-// other). Connections a handler opens itself are not counted.
+// goroutine (Ackers, default 2), one for the maintenance loop (lease
+// extensions, limit reads, cancels, reaps), one for the check of the
+// tables' statistics, which runs beside it (on PostgreSQL: a few short
+// reads every few heartbeats, and an ANALYZE when they say the statistics
+// are behind), and in parts mode one for the rebalancer. Handlers never
+// hold one (their Records run in a settle goroutine's transaction). With
+// the defaults: 5, or 6 in parts mode. Size the pool's MaxConns to it (more
+// is harmless; fewer makes the worker's own statements wait for each
+// other: an ANALYZE would then hold up a lease extension). Connections a
+// handler opens itself are not counted.
 func PoolConns(opts Options) int {
 	o, err := opts.withDefaults()
 	if err != nil {
 		o.Ackers = max(opts.Ackers, DefaultAckers)
 	}
-	n := 1 + o.Ackers + 1
+	n := 1 + o.Ackers + 1 + 1
 	if o.Parts > 0 {
 		n++
 	}
@@ -313,8 +324,8 @@ func PoolConns(opts Options) int {
 // delays a heartbeat, plus (unless NoWake) the wake-up listener's
 // connection or, on CockroachDB or with WakeProbe, the idle probe's (see
 // WakeMode), which all the workers of a process on one database share.
-// With the defaults: 6, or 7 in parts mode; 4 workers of 1000 handlers
-// each in one process run within 4 × 6 + 1 = 25 connections (Connections
+// With the defaults: 7, or 8 in parts mode; 4 workers of 1000 handlers
+// each in one process run within 4 × 7 + 1 = 29 connections (Connections
 // counts the shared listener once per worker, an upper bound).
 func Connections(opts Options) int {
 	n := PoolConns(opts) + 1

@@ -116,6 +116,11 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		defer close(maintDone)
 		r.maintain()
 	}()
+	statsDone := make(chan struct{})
+	go func() {
+		defer close(statsDone)
+		r.checkStatistics()
+	}()
 
 	var observe func(int)
 	if obs := w.opts.Observer; obs != nil {
@@ -175,6 +180,9 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if !waitBounded(maintDone, w.opts.ShutdownTimeout) {
 		log.Warn("the maintenance loop did not stop within the shutdown timeout")
 	}
+	if !waitBounded(statsDone, w.opts.ShutdownTimeout) {
+		log.Warn("the statistics check did not stop within the shutdown timeout")
+	}
 	log.Info("session ended")
 }
 
@@ -192,10 +200,9 @@ const queueReapHeartbeats = 5
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
 // items (claim.Queue.Reap). A reap that fails is tried again at the next
-// heartbeat. Any live session may reap; both are idempotent. When it starts
-// and with each lease reap, it has PostgreSQL analyze the queue's tables if
-// their statistics say they are empty while they hold a backlog
-// (refreshStatistics).
+// heartbeat. Any live session may reap; both are idempotent. The check of
+// the tables' statistics runs beside it (checkStatistics): its ANALYZE may
+// take seconds, which these chores must not wait for.
 func (r *sessionRun) maintain() {
 	w, log := r.w, r.log
 	ctx := r.sess.Context()
@@ -208,8 +215,6 @@ func (r *sessionRun) maintain() {
 	now := time.Now()
 	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
 	nextLimits := now.Add(w.opts.Limits.Refresh)
-	var nextStats time.Time // the statistics' check is due (zero: at once)
-	r.refreshStatistics(ctx, &nextStats)
 	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
@@ -265,7 +270,6 @@ func (r *sessionRun) maintain() {
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)
 			}
-			r.refreshStatistics(ctx, &nextStats)
 		}
 	}
 }
@@ -274,12 +278,36 @@ func (r *sessionRun) maintain() {
 // alone after it analyzed a table or the check failed: the ANALYZE settles
 // them (or the role may not analyze: the server warns and nothing changes).
 // statisticsTimeout bounds the check and its ANALYZE (it samples 30,000
-// rows: a fraction of a second here on a million), which hold up the
-// session's other chores (lease extensions, cancels) meanwhile.
+// rows: a fraction of a second here on a million, seconds on a slow disk).
 const (
 	statisticsPause   = time.Minute
 	statisticsTimeout = 30 * time.Second
 )
+
+// checkStatistics runs the check of the queue's tables' statistics
+// (refreshStatistics) on a goroutine of its own, one check at a time: when
+// the session starts, then about every queueReapHeartbeats heartbeats
+// (drawn between half and one and a half of it, as the queue's reaps),
+// until the session ends. It is not on the maintenance loop: a check and
+// its ANALYZE may take up to statisticsTimeout, during which the lease
+// extensions, limit reads, cancels and reaps must go on (an item whose
+// lease is not extended loses its claim while its handler runs). It uses
+// one connection of the pool while it runs (PoolConns counts it).
+func (r *sessionRun) checkStatistics() {
+	ctx := r.sess.Context()
+	every := queueReapHeartbeats * r.sess.Options().Heartbeat
+	var next time.Time // the check is due (zero: at once)
+	for {
+		r.refreshStatistics(ctx, &next)
+		t := time.NewTimer(every/2 + rand.N(every+1))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
 
 // refreshStatistics has PostgreSQL analyze the queue's tables when its
 // statistics say they are empty while they hold a backlog
@@ -288,6 +316,9 @@ const (
 func (r *sessionRun) refreshStatistics(ctx context.Context, next *time.Time) {
 	if time.Now().Before(*next) {
 		return
+	}
+	if hook := r.w.opts.Testing.OnStatistics; hook != nil {
+		hook(ctx)
 	}
 	sctx, cancel := context.WithTimeout(ctx, statisticsTimeout)
 	defer cancel()

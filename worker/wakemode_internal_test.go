@@ -43,3 +43,64 @@ func TestWakeOptions(t *testing.T) {
 		}
 	}
 }
+
+// The parts that several pauses before one claim named add up (the claim
+// loop kept only the last wake-up's before partHints, so the items of an
+// earlier one were left to the poll), and one that stands for every part
+// makes the claim read every part.
+func TestPartHintsAddUp(t *testing.T) {
+	set := func(ps ...int) map[int]bool {
+		m := map[int]bool{}
+		for _, p := range ps {
+			m[p] = true
+		}
+		return m
+	}
+	same := func(got, want map[int]bool) bool {
+		if (got == nil) != (want == nil) || len(got) != len(want) {
+			return false
+		}
+		for p := range want {
+			if !got[p] {
+				return false
+			}
+		}
+		return true
+	}
+	for _, c := range []struct {
+		name  string
+		pause []map[int]bool
+		want  map[int]bool
+	}{
+		{"none", nil, nil},
+		{"one wake-up", []map[int]bool{set(1, 2)}, set(1, 2)},
+		{"two wake-ups", []map[int]bool{set(1), set(3)}, set(1, 3)},
+		{"a wake-up, then the poll", []map[int]bool{set(1), nil}, nil},
+		{"the poll, then a wake-up", []map[int]bool{nil, set(1)}, nil},
+	} {
+		var h partHints
+		for _, p := range c.pause {
+			h.add(p)
+		}
+		if got := h.take(); !same(got, c.want) {
+			t.Errorf("%s: parts %v, want %v (nil: every part)", c.name, got, c.want)
+		}
+		if got := h.take(); got != nil {
+			t.Errorf("%s: a second take returned %v, want every part", c.name, got)
+		}
+	}
+}
+
+// The waits before claiming again after failed claims grow from
+// claimRetryMin and never exceed one and a half claimRetryMax.
+func TestClaimRetryWaitIsBounded(t *testing.T) {
+	for n := 1; n < 100; n++ {
+		d := claimRetryWait(n)
+		if d < claimRetryMin/2 || d > claimRetryMax*3/2 {
+			t.Fatalf("after %d failures: %v, want within [%v, %v]", n, d, claimRetryMin/2, claimRetryMax*3/2)
+		}
+	}
+	if d := claimRetryWait(1); d > claimRetryMin*3/2 {
+		t.Errorf("after one failure: %v, want at most %v", d, claimRetryMin*3/2)
+	}
+}

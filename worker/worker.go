@@ -52,12 +52,12 @@
 // # Connections
 //
 // A worker process uses Connections(opts) connections whatever its
-// Concurrency (6 by default, 7 in parts mode): PoolConns from its pool (one
+// Concurrency (7 by default, 8 in parts mode): PoolConns from its pool (one
 // for claims, one per settle goroutine, one for the maintenance loop, one
-// for the rebalancer), one of the session's own for heartbeats, which a
-// busy pool therefore never delays, and on PostgreSQL the wake-up
-// listener's, which all the process's workers on one database share (see
-// Options.NoWake). Handlers never hold a connection.
+// for the statistics check, one for the rebalancer), one of the session's
+// own for heartbeats, which a busy pool therefore never delays, and on
+// PostgreSQL the wake-up listener's, which all the process's workers on one
+// database share (see Options.NoWake). Handlers never hold a connection.
 //
 // Configure the pool with ConfigurePool before making it: its connections
 // then start with idle_in_transaction_session_timeout set to the session

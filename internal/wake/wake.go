@@ -9,7 +9,12 @@
 //
 // A wake-up only shortens an idle wait: a worker claims as it would after
 // its poll interval, and the poll stays its fallback. Nothing here is
-// needed for correctness; a lost signal costs at most one poll interval.
+// needed for correctness. A signal is never lost while a worker waits: one
+// that comes during a claim is kept until the claim ends. The listener,
+// after a lost connection, signals every channel once it listens again. A
+// worker whose woken claim failed, or could not read an item's part (its
+// session did not own it yet), claims again by itself (package worker's
+// claim loop, and partition.Rebalancer.Changed), not at its next poll.
 //
 // A signal may name the key hashes of the items it announces (a hint):
 // a worker in parts mode then claims in those items' parts only, with a
