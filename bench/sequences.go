@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/agedb"
+	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -73,7 +73,7 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 	concurrency := fs.Int("concurrency", 64, "handlers per worker")
 	parts := fs.Int("parts", 0, "parts of both queues (0: no parts mode)")
 	handler := fs.Duration("handler", 0, "how long each handler sleeps (0: none)")
-	lived := fs.Bool("lived", false, "drain in a database that has lived (internal/agedb: other queues with 120,000 items analyzed before, dead tuples); each run's queue is new, its burst in no statistics")
+	isLived := fs.Bool("lived", false, "drain in a database that has lived (internal/lived, as the lived experiment: other queues with 120,000 items analyzed before, dead tuples); each run's queue is new, its burst in no statistics")
 	asJSON := fs.Bool("json", false, "print one JSON line with every run and the summary")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,16 +101,16 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
     item_key TEXT NOT NULL, n BIGINT NOT NULL, done BIGSERIAL PRIMARY KEY, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		return err
 	}
-	if *lived {
-		if err := agedb.Age(ctx, setup, agedb.Options{}); err != nil {
+	if *isLived {
+		if err := buildLived(ctx, setup); err != nil {
 			return err
 		}
 	}
 	sum := seqSummary{Items: *items, Keys: *keys, Workers: *workers, Concurrency: *concurrency, Parts: *parts,
-		HandlerMs: float64(*handler) / float64(time.Millisecond), Lived: *lived, LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
+		HandlerMs: float64(*handler) / float64(time.Millisecond), Lived: *isLived, LoadBefore: loadavg(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
 	if !*asJSON {
 		state := "a fresh database"
-		if *lived {
+		if *isLived {
 			state = "a database that has lived"
 		}
 		fmt.Fprintf(out, "%d items over %d keys per run, %d rounds, %d workers × %d handlers, %d parts, handler %v, in %s, GOMAXPROCS %d, load %s\n",
@@ -124,7 +124,7 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 		}
 		var rates [2]float64
 		for _, sequenced := range order {
-			r, err := seqDrain(ctx, url, setup, sequenced, round, *lived, *items, *keys, *workers, *concurrency, *parts, *handler)
+			r, err := seqDrain(ctx, url, setup, sequenced, round, *isLived, *items, *keys, *workers, *concurrency, *parts, *handler)
 			if err != nil {
 				return fmt.Errorf("round %d, sequenced %v: %w", round+1, sequenced, err)
 			}
@@ -153,6 +153,24 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "\nmedian of %d rounds: plain %.0f jobs/s, sequenced %.0f jobs/s; sequenced/plain %.2f (rounds' range %.2f–%.2f); load %s\n",
 		*rounds, sum.PlainJobsS, sum.SeqJobsS, sum.Ratio, sum.RatioMin, sum.RatioMax, sum.LoadAfter)
+	return nil
+}
+
+// buildLived brings the experiment's database to the state of one that has
+// lived, the lived experiment's (lived.Build with its default options),
+// unless an earlier run on the same database (--database-url) did: its
+// other queues are there, and their statistics as that run left them.
+func buildLived(ctx context.Context, db *pgxpool.Pool) error {
+	var done bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM crdbwork_queues WHERE name = $1)`, lived.PlainQueue).Scan(&done); err != nil {
+		return fmt.Errorf("sequences: %w", err)
+	}
+	if done {
+		return nil
+	}
+	if err := lived.Build(ctx, db, lived.Options{}); err != nil {
+		return fmt.Errorf("sequences: %w", err)
+	}
 	return nil
 }
 

@@ -77,7 +77,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 			}
 		}
 	}
-	s, name := q.store, q.opts.Queue
+	s, name, d := q.store, q.opts.Queue, q.engine.Load().dialect // set by ready, which every enqueue path runs first
 	bdb, canBatch := db.(batcher)
 	for start := 0; start < len(queries) && fair; start += fairBatch {
 		chunk := queries[start:min(start+fairBatch, len(queries))]
@@ -87,7 +87,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 				var lasts []crsql.FairLast
 				var err error
 				if f.head {
-					head, err = s.FairHead(ctx, db, name, f.priority)
+					head, err = s.FairHead(ctx, db, d, name, f.priority)
 				} else {
 					lasts, err = s.FairLasts(ctx, db, name, f.pairs)
 				}
@@ -101,7 +101,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 		b := &pgx.Batch{}
 		for _, f := range chunk {
 			if f.head {
-				s.QueueFairHead(b, name, f.priority)
+				s.QueueFairHead(b, d, name, f.priority)
 			} else {
 				s.QueueFairLasts(b, name, f.pairs)
 			}

@@ -4,5 +4,9 @@ package sql
 // package sql_test: the text is unexported.
 func NotifyText() string { return notifyStatement }
 
-// ProbeText returns the statement of Store.Probe, for the plan tests.
-func ProbeText(t Tables) string { return newProbeStatements(t).probe }
+// ProbeText returns the statement of Store.Probe in dialect d, for the
+// plan tests.
+func ProbeText(t Tables, d Dialect) string {
+	p := newProbeStatements(t)
+	return byDialect(d, p.probe, p.pgProbe)
+}

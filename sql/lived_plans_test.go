@@ -24,10 +24,9 @@ func applySchema(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // livedOptions are the lived states of this package's tests: the quiet
-// queue "q" held a handful of items when the statistics were taken
-// ("tiny"), or did not exist yet ("empty"); "qs" (sequenced) did not exist
-// in either.
-var livedOptions = map[string]lived.Options{"tiny": {Quiet: []string{"q"}}, "empty": {}}
+// queues "q" and "qs" (sequenced) held a handful of items when the
+// statistics were taken ("tiny"), or did not exist yet ("empty").
+var livedOptions = map[string]lived.Options{"tiny": {Quiet: []string{"q", "qs"}}, "empty": {}}
 
 // TestHotPlansInALivedDatabase checks every hot statement's plan in a
 // database that has lived (internal/lived): four other queues with 120k
@@ -44,7 +43,10 @@ var livedOptions = map[string]lived.Options{"tiny": {Quiet: []string{"q"}}, "emp
 // nacks, the reaper's batches, the enqueue's dedup probe, the dependency
 // release and sweep, retention's prunes, the idle probe and the limits'
 // reads; on PostgreSQL, in the plan for the arguments and in the generic
-// plan. livedKnown lists those still waiting for their fix.
+// plan. The reads of a whole queue in claim order (claimOrderProblem) must
+// also not let the planner see the queue: a plan for a queue the
+// statistics believe holds a handful of items sorted them (the "tiny"
+// state). livedKnown lists those still waiting for their fix.
 func TestHotPlansInALivedDatabase(t *testing.T) {
 	for _, state := range []string{"tiny", "empty"} {
 		t.Run("q "+state+" when analyzed", func(t *testing.T) { checkLivedPlans(t, state) })
@@ -63,11 +65,6 @@ func checkLivedPlans(t *testing.T, state string) {
 		msg := livedPlanProblem(c.name, plan, postgres)
 		if why, ok := livedAccepted[c.name+" ("+mode+")"]; ok && msg != "" {
 			t.Logf("accepted (%s): %s (%s): %s", why, c.name, mode, msg)
-			return
-		}
-		if why, known := livedKnownTiny[c.name+" ("+mode+")"]; state == "tiny" && known && msg != "" {
-			// TODO(claims): see livedKnownTiny.
-			t.Logf("known in the tiny state (%s): %s (%s): %s\n%s", why, c.name, mode, msg, plan)
 			return
 		}
 		if why, known := livedKnown[c.name]; known && msg != "" {
@@ -118,41 +115,6 @@ FROM generate_series(1, 2000) AS g`,
 // the dependency statements, the last ones listed, seek the edges of the
 // ids they are given since the topic "deps".)
 var livedKnown = map[string]string{}
-
-// livedKnownTiny are the plans TestHotPlansInALivedDatabase may find wrong
-// in its "tiny" state only, by statement and mode: the reads in claim order
-// of the whole queue (crdbwork_items_turn_next). When ANALYZE's sample met
-// the quiet queue's handful of rows, the queue is among the most common
-// values at a frequency of about 20 rows, and the plans for the given
-// queue (a prepared statement's first five runs on a connection) may read
-// the queue's unclaimed items through crdbwork_items_part_turn and sort
-// them, which costs little for 20 rows and reads the whole burst for 40k.
-// Which of them flip depends on the sample (ClaimAny's three forms and the
-// probe did in these runs); their generic plans, and every plan in the
-// "empty" state, keep the ordered seek.
-//
-// TODO(claims): comparing the queue with a value the planner cannot see,
-// queue = (SELECT $2::TEXT) in the PostgreSQL twins, keeps them seeks here
-// (checked on ClaimAny: its plan reads crdbwork_items_turn_next in order,
-// the generic plan's estimate). It is not applied yet: the sequenced claims
-// are the plain claims' text plus their condition (TestSequencedStatements),
-// so both change together; the probe, FairHead and FairFront share one text
-// with CockroachDB and need PostgreSQL twins.
-var livedKnownTiny = map[string]string{
-	"ClaimAny (custom)":                           claimOrderSorted,
-	"ClaimAny (1000) (custom)":                    claimOrderSorted,
-	"ClaimAny (tenants skipped) (custom)":         claimOrderSorted,
-	"ClaimUrgent (custom)":                        claimOrderSorted,
-	"ClaimUrgent (tenants skipped) (custom)":      claimOrderSorted,
-	"ClaimUrgent (every tenant limited) (custom)": claimOrderSorted,
-	"Probe (custom)":                              claimOrderSorted,
-	"FairHead (custom)":                           claimOrderSorted,
-	"FairFront (custom)":                          claimOrderSorted,
-}
-
-// claimOrderSorted is what the reads of livedKnownTiny do instead.
-const claimOrderSorted = "a bitmap scan of crdbwork_items_part_turn and a sort of the queue's unclaimed items, " +
-	"which the statistics estimate at about 20"
 
 // livedAccepted are plans that read more than a seek would, and why that
 // is right, by statement and mode.
@@ -321,6 +283,9 @@ var livedScan = regexp.MustCompile(`Seq Scan on crdbwork_(items|ended|dead_items
 // the others, a read of a whole table, a missing index, or (the sequenced
 // claims) a hash of a side of their anti-joins.
 func livedPlanProblem(name, plan string, postgres bool) string {
+	if msg := claimOrderProblem(name, plan, postgres); msg != "" {
+		return msg
+	}
 	want, ok := livedIndexes[name]
 	if !ok && name != "Classify" && name != "KillDependents" && name != "QueueLimits" && name != "LimitSharers" && name != "QueueMembers" {
 		return hotPlanProblem(name, plan, postgres)
@@ -366,6 +331,48 @@ func livedPlanProblem(name, plan string, postgres bool) string {
 	return ""
 }
 
+// claimOrderReads are the name prefixes of the statements that read a
+// whole queue in claim order through crdbwork_items_turn_next: the
+// any-part claim, the urgent lane's, their sequenced forms, the idle probe
+// and the fair heads.
+var claimOrderReads = []string{"ClaimAny", "ClaimUrgent", "Probe", "FairHead", "FairFront"}
+
+// sortNode is a sort in a PostgreSQL plan.
+var sortNode = regexp.MustCompile(`(?m)(^|-> +)(Incremental )?Sort +\(`)
+
+// claimOrderProblem says what is wrong ("" if nothing) with the
+// PostgreSQL plan of a read in claim order (claimOrderReads): it must read
+// crdbwork_items_turn_next in order, stopping at its limit (an index scan,
+// not a bitmap scan, and no sort), and compare the queue there with a
+// value the planner cannot see (an InitPlan's, or the generic plan's
+// parameter), so that no estimate of the queue can change the plan: with
+// the queue a constant of the plan, the statistics that believed a quiet
+// queue held a handful of items made PostgreSQL read them all through
+// crdbwork_items_part_turn and sort them (sql.pgClaimOrder).
+func claimOrderProblem(name, plan string, postgres bool) string {
+	if !postgres || !slices.ContainsFunc(claimOrderReads, func(p string) bool { return strings.HasPrefix(name, p) }) {
+		return ""
+	}
+	if sortNode.MatchString(plan) {
+		return "it sorts what it read: not a read in claim order that stops at its limit"
+	}
+	for _, index := range []string{"crdbwork_items_turn_next", "crdbwork_items_part_turn"} {
+		if strings.Contains(plan, "Bitmap Index Scan on "+index) {
+			return "a bitmap scan of " + index + ": every entry of the queue, not a read in claim order"
+		}
+	}
+	conds := indexConds(plan, "crdbwork_items_turn_next")
+	if len(conds) == 0 {
+		return "it does not scan crdbwork_items_turn_next"
+	}
+	for _, cond := range conds {
+		if strings.Contains(cond, "queue = '") {
+			return "it compares the queue with a constant of the plan (" + strings.TrimSpace(cond) + "): the plan depends on what the statistics say of that queue"
+		}
+	}
+	return ""
+}
+
 // indexConds returns the Index Cond line of each scan of index in plan (""
 // for a scan without one).
 func indexConds(plan, index string) []string {
@@ -392,7 +399,8 @@ func indexConds(plan, index string) []string {
 
 // TestLivedState checks the harness itself: the copy holds the other
 // queues' rows, their statistics predate the deletions (PostgreSQL believes
-// more rows than there are) and know nothing of the quiet queue.
+// more rows than there are) and believe the quiet queues hold a handful of
+// rows (the "tiny" state; none left in the copy).
 func TestLivedState(t *testing.T) {
 	pool := testdb.NewLived(t, applySchema, livedOptions["tiny"])
 	ctx := context.Background()
@@ -410,8 +418,8 @@ func TestLivedState(t *testing.T) {
 		return
 	}
 	// The statistics: taken before a third of the items were deleted; the
-	// quiet queue, if among the most common values at all, at a frequency
-	// that makes it a handful of rows.
+	// quiet queues among the most common values at a frequency that makes
+	// them a handful of rows.
 	var reltuples float64
 	var vals []string
 	var freqs []float64
@@ -428,8 +436,17 @@ WHERE c.relname = 'crdbwork_items'`).Scan(&reltuples, &vals, &freqs); err != nil
 			t.Errorf("the statistics' most common queues %q lack %s", vals, q)
 		}
 	}
-	if i := slices.Index(vals, "q"); i >= 0 && freqs[i] > 0.001 {
-		t.Errorf("the statistics give the quiet queue a frequency of %g", freqs[i])
+	// The quiet queues: among them at lived.QuietRows rows each, exactly
+	// (every row sampled), whichever build this is.
+	for _, q := range livedOptions["tiny"].Quiet {
+		i := slices.Index(vals, q)
+		if i < 0 {
+			t.Errorf("the statistics' most common queues %q lack the quiet queue %s", vals, q)
+			continue
+		}
+		if rows := freqs[i] * reltuples; rows < lived.QuietRows-0.5 || rows > lived.QuietRows+0.5 {
+			t.Errorf("the statistics give the quiet queue %s %.1f rows (a frequency of %g), want %d", q, rows, freqs[i], lived.QuietRows)
+		}
 	}
 	var autovacuum bool
 	if err := pool.QueryRow(ctx, `SELECT COALESCE('autovacuum_enabled=false' = ANY(reloptions), false) FROM pg_class WHERE relname = 'crdbwork_items'`).Scan(&autovacuum); err != nil || !autovacuum {

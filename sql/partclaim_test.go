@@ -63,6 +63,7 @@ func TestClaimShapesAreUncorrelated(t *testing.T) {
 		}
 	}
 	check("FairHead", st.FairHead)
+	check("PostgresFairHead", st.PostgresFairHead)
 	for _, k := range []int{0, crsql.MaxPartBranches + 1} {
 		func() {
 			defer func() {

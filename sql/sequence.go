@@ -206,9 +206,9 @@ func newSequenceStatements(t Tables) *sequenceStatements {
 	return &sequenceStatements{
 		t:                   t,
 		ClaimAny:            r(fmt.Sprintf(claim, joinPicked)),
-		PostgresClaimAny:    r(fmt.Sprintf(claim, anyPicked)),
+		PostgresClaimAny:    r(fmt.Sprintf(pgClaimOrder(claim), anyPicked)),
 		ClaimUrgent:         r(fmt.Sprintf(urgent, joinPicked)),
-		PostgresClaimUrgent: r(fmt.Sprintf(urgent, anyPicked)),
+		PostgresClaimUrgent: r(fmt.Sprintf(pgClaimOrder(urgent), anyPicked)),
 		SetSequenced: r(`INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`),
 		Sequenced: r(`SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),

@@ -263,9 +263,9 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"EnqueueInsert", enqueueInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"FairLasts", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
-		{"FairHead", st.FairHead, []any{"q", int64(1)}},
-		{"Probe", crsql.ProbeText(crsql.Tables{}), []any{"q", crsql.ProbeLimit}},
-		{"FairFront", crsql.FairFrontText(crsql.NewStore(crsql.Tables{})), []any{"q", int64(1), int64(16)}},
+		{"FairHead", ds.FairHead, []any{"q", int64(1)}},
+		{"Probe", crsql.ProbeText(crsql.Tables{}, dialect), []any{"q", crsql.ProbeLimit}},
+		{"FairFront", crsql.FairFrontText(crsql.NewStore(crsql.Tables{}), dialect), []any{"q", int64(1), int64(16)}},
 	}
 	if dialect == crsql.Postgres { // the pipelined ack runs on PostgreSQL only
 		cases = append(cases, planCase{"AckAll (pipelined)", crsql.AckAllStatement(crsql.Tables{}), []any{ids[:64], holders[:64], tokens[:64], int64(64)}})

@@ -2,6 +2,7 @@ package sql
 
 import (
 	"fmt"
+	"strings"
 )
 
 // coreStatements holds every statement of packages session, partition and claim,
@@ -69,7 +70,9 @@ type coreStatements struct {
 	// entries of items claimed or acked moments ago (not yet vacuumed on
 	// PostgreSQL, not yet garbage collected on CockroachDB) while a backlog
 	// drains, so callers read it only when their copy is old.
-	FairHead string // $1 queue, $2 priority → head
+	// PostgresFairHead is its PostgreSQL twin, which compares the queue with
+	// (SELECT $1::TEXT) (pgClaimOrder says why). Use ForDialect.
+	FairHead, PostgresFairHead string // $1 queue, $2 priority → head
 	// QueueSettings reads a queue's settings (no row: all off).
 	QueueSettings string // $1 queue → fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup window (µs)
 	// ConfigureQueue writes them (a queue without a row gets one, with one part).
@@ -158,24 +161,86 @@ const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, 
 // (TestStatementPlansUseIndexes caught it), and the claim's cost then grows
 // with the backlog. The ANY form is the one CockroachDB cannot turn into
 // index spans, hence the twins.
+//
+// PostgreSQL's twins also compare the queue of their scan with
+// (SELECT $2::TEXT) instead of $2 (pgClaimOrder).
 const (
 	joinPicked = `FROM picked
 WHERE i.id = picked.id`
 	anyPicked = `WHERE i.id = ANY(ARRAY(SELECT id FROM picked))`
 )
 
+// claimQueueAnchor is the claims' test of their scan's queue (claimTemplate,
+// and so the urgent lane's and the sequenced claims, which are built from
+// it), where pgClaimOrder hides the queue.
+const claimQueueAnchor = "queue = $2 AND claim IS NULL AND "
+
+// pgClaimOrder returns a claim built from claimTemplate (the any-part
+// claim, the urgent lane's, and their sequenced forms) as PostgreSQL's twin
+// runs it: the scan in claim order compares the queue with (SELECT
+// $2::TEXT), the value of an InitPlan, which the planner cannot see when it
+// plans the statement (pgHideQueue). The idle probe, FairHead and FairFront,
+// the other reads of a whole queue in claim order, do the same on
+// PostgreSQL.
+//
+// Why: the plan for a given queue is costed with that queue's statistics.
+// When ANALYZE's sample met a few of a quiet queue's rows, the queue is
+// among the most common values at a frequency of a handful of rows, and a
+// plan for that queue (a prepared statement's first five runs on a
+// connection, and every run while the generic plan looks costlier) read
+// the queue's unclaimed items through crdbwork_items_part_turn, sorted them
+// and took the first: cheap for the 20 rows the statistics promised, a read
+// and a sort of the whole burst for the 40k the queue held (the "tiny"
+// state of TestHotPlansInALivedDatabase). Against a value it cannot see,
+// PostgreSQL takes the queue's share of the table as one over the number of
+// queues, as in the generic plan, and reads crdbwork_items_turn_next in
+// claim order, stopping at the limit, whatever it believes of the queue
+// (TestHotPlansInALivedDatabase checks that no plan of these reads compares
+// the queue with a value the planner sees). The InitPlan runs once per
+// statement and costs nothing measurable (docs/operations.md).
+//
+// CockroachDB keeps $2 (docs/cockroachdb.md, "Statement shapes chosen for
+// CockroachDB"). Since 23.2 its EliminateConstValueSubquery rule
+// (cockroachdb/cockroach#107133) folds a subquery of one constant into the
+// constant, and a custom plan's placeholders are constants by then, so the
+// form would change nothing there. But in a generic plan (plan_cache_mode
+// force_generic_plan, or auto, the default since 25.2) the placeholder is
+// no constant, nor is anything on 23.1, which crdbwork supports, and the
+// subquery stays: evaluated before the query, it cannot constrain the scan,
+// a full scan of the index filtered by queue (cockroachdb/cockroach#83392);
+// hoisted into a join (optimizer_hoist_uncorrelated_equality_subqueries,
+// on by default since 23.2), the scan becomes a lookup join, which may read
+// every entry of the queue before the order and the limit apply ("hard
+// limits cannot be pushed into lookup joins", the generic plans' RFC,
+// docs/RFCS/20240103_generic_query_plans.md).
+func pgClaimOrder(claim string) string { return pgHideQueue(claim, claimQueueAnchor, "$2") }
+
+// pgHideQueue returns text with anchor, which must occur in it once and
+// compare the queue with the placeholder param ("queue = $1 AND ..."),
+// comparing it with (SELECT param::TEXT) instead: the form of PostgreSQL's
+// reads in claim order (pgClaimOrder). It panics otherwise (a change to a
+// statement's text that its twin must follow; the plan tests fail first).
+func pgHideQueue(text, anchor, param string) string {
+	cond := "queue = " + param + " "
+	if strings.Count(text, anchor) != 1 || !strings.HasPrefix(anchor, cond) {
+		panic(fmt.Sprintf("sql: a read in claim order changed: its test of the queue %q has no place", anchor))
+	}
+	hidden := "queue = (SELECT " + param + "::TEXT) " + strings.TrimPrefix(anchor, cond)
+	return strings.Replace(text, anchor, hidden, 1)
+}
+
 // dialectStatements are the statements that have a PostgreSQL twin.
 type dialectStatements struct {
-	ClaimAny, ReapLeases, AckMany, Extend, TakeAtMostOnce string
+	ClaimAny, ReapLeases, AckMany, Extend, TakeAtMostOnce, FairHead string
 }
 
 // ForDialect returns the statements for d that differ between the engines:
 // the common text, or on PostgreSQL its twins.
 func (s *coreStatements) ForDialect(d Dialect) dialectStatements {
 	if d == Postgres {
-		return dialectStatements{s.PostgresClaimAny, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce}
+		return dialectStatements{s.PostgresClaimAny, s.PostgresReapLeases, s.PostgresAckMany, s.PostgresExtend, s.PostgresTakeAtMostOnce, s.PostgresFairHead}
 	}
-	return dialectStatements{s.ClaimAny, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce}
+	return dialectStatements{s.ClaimAny, s.ReapLeases, s.AckMany, s.Extend, s.TakeAtMostOnce, s.FairHead}
 }
 
 const claimTemplate = `WITH picked AS MATERIALIZED (
@@ -364,6 +429,15 @@ const (
 const requeuedSeqOrder = `CASE WHEN g.seq_order IS NOT NULL THEN g.seq_order
             WHEN n.sequenced AND g.item_key IS NOT NULL THEN 0 END`
 
+// fairHead is coreStatements.FairHead; fairHeadAnchor its test of the
+// queue, which PostgreSQL's twin hides (pgHideQueue).
+const (
+	fairHead = `SELECT turn_at FROM crdbwork_items
+WHERE queue = $1 AND priority = $2 AND claim IS NULL
+ORDER BY turn_at LIMIT 1`
+	fairHeadAnchor = "queue = $1 AND priority = $2 AND claim IS NULL"
+)
+
 // released are the assignments that release a claim, all claim columns at once.
 const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_at = NULL, lease_until = NULL`
 
@@ -397,7 +471,7 @@ ON CONFLICT DO NOTHING`),
 
 		// Acks and takes record the ended ids in the same statement (see ended.go).
 		ClaimAny:         r(fmt.Sprintf(claimTemplate, joinPicked)),
-		PostgresClaimAny: r(fmt.Sprintf(claimTemplate, anyPicked)),
+		PostgresClaimAny: r(fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)),
 		ReapLeases:       r(fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)),
 		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, `FROM picked
 WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until < now()) OR picked.id IS NULL) IS TRUE`)),
@@ -448,9 +522,8 @@ WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`),
     LIMIT $2
     FOR UPDATE SKIP LOCKED),
 ` + moveExpired),
-		FairHead: r(`SELECT turn_at FROM crdbwork_items
-WHERE queue = $1 AND priority = $2 AND claim IS NULL
-ORDER BY turn_at LIMIT 1`),
+		FairHead:         r(fairHead),
+		PostgresFairHead: r(pgHideQueue(fairHead, fairHeadAnchor, "$1")),
 		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit,
        (EXTRACT(EPOCH FROM dedup_window) * 1000000)::BIGINT
 FROM crdbwork_queues WHERE name = $1`),

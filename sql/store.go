@@ -46,6 +46,7 @@ type Store struct {
 	// (store_ackpipeline.go).
 	ackAll string
 	pace   string // FairFront's statement (store_fairpace.go)
+	pgPace string // and its PostgreSQL twin
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -81,6 +82,7 @@ func NewStore(t Tables) *Store {
 		ret:    newRetentionStatements(t),
 		order:  t.rewrite(orderCountBefore),
 		pace:   t.rewrite(fairFront),
+		pgPace: t.rewrite(pgHideQueue(fairFront, fairHeadAnchor, "$1")),
 	}
 	s.ackAll = ackAllOf(t, s.st.PostgresAckMany)
 	actual, _ := stores.LoadOrStore(t, s)

@@ -180,7 +180,9 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 				t.Errorf("FairLasts without rows: %v, %v; want nil (not fair)", lasts, err)
 			}
 		}
-		_, _ = s.FairHead(ctx, r, "q", 0)
+		for _, d := range []Dialect{Postgres, Cockroach} {
+			_, _ = s.FairHead(ctx, r, d, "q", 0)
+		}
 
 		_, _ = s.InspectQueue(ctx, r, "q")
 		_, _ = s.InspectUnclaimed(ctx, r, "q")
@@ -204,7 +206,8 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		// The batched fair reads queue the same texts and arguments.
 		b := &pgx.Batch{}
 		s.QueueFairLasts(b, "q", make([]FairPair, 3))
-		s.QueueFairHead(b, "q", 0)
+		s.QueueFairHead(b, Postgres, "q", 0)
+		s.QueueFairHead(b, Cockroach, "q", 0)
 		for _, qq := range b.QueuedQueries {
 			r.calls = append(r.calls, call{qq.SQL, qq.Arguments})
 		}
@@ -243,7 +246,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			"Extend": s.st.Extend, "PostgresExtend": s.st.PostgresExtend,
 			"TakeAtMostOnce": s.st.TakeAtMostOnce, "PostgresTakeAtMostOnce": s.st.PostgresTakeAtMostOnce,
 			"Nack": s.st.Nack, "Release": s.st.Release, "DeadLetter": s.st.DeadLetter,
-			"ReapExhausted": s.st.ReapExhausted, "ReapExpired": s.st.ReapExpired, "FairHead": s.st.FairHead,
+			"ReapExhausted": s.st.ReapExhausted, "ReapExpired": s.st.ReapExpired, "FairHead": s.st.FairHead, "PostgresFairHead": s.st.PostgresFairHead,
 			"QueueSettings": s.st.QueueSettings, "ConfigureQueue": s.st.ConfigureQueue,
 			"ReleaseForgot": s.st.ReleaseForgot, "PauseQueue": s.st.PauseQueue, "QueuePaused": s.st.QueuePaused,
 			"Cancel": s.st.Cancel, "DeadItems": s.st.DeadItems, "Requeue": s.st.Requeue,

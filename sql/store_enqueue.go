@@ -293,9 +293,9 @@ func readFairLasts(rows pgx.Rows, n int) ([]FairLast, error) {
 }
 
 // FairHead reads the earliest turn of queue's unclaimed items of priority
-// (nil if none; coreStatements.FairHead).
-func (s *Store) FairHead(ctx context.Context, db DB, queue string, priority int64) (*time.Time, error) {
-	rows, err := db.Query(ctx, s.st.FairHead, queue, priority)
+// (nil if none; coreStatements.FairHead, or its PostgreSQL twin).
+func (s *Store) FairHead(ctx context.Context, db DB, d Dialect, queue string, priority int64) (*time.Time, error) {
+	rows, err := db.Query(ctx, byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
 	if err != nil {
 		return nil, err
 	}
@@ -303,8 +303,8 @@ func (s *Store) FairHead(ctx context.Context, db DB, queue string, priority int6
 }
 
 // QueueFairHead queues FairHead onto b; ReadFairHead reads its answer.
-func (s *Store) QueueFairHead(b *pgx.Batch, queue string, priority int64) {
-	b.Queue(s.st.FairHead, queue, priority)
+func (s *Store) QueueFairHead(b *pgx.Batch, d Dialect, queue string, priority int64) {
+	b.Queue(byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
 }
 
 // ReadFairHead reads the answer of a FairHead queued by QueueFairHead.

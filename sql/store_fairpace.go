@@ -15,17 +15,19 @@ import (
 // standing for the front of the queue. The same text on both engines
 // (CockroachDB docs checked: "LIMIT/OFFSET" — OFFSET skips rows of the
 // ordered result; "Indexes: selection" — equality on the leading columns
-// and ORDER BY on the next one read the index in order, with no sort).
+// and ORDER BY on the next one read the index in order, with no sort), but
+// for the test of the queue, which PostgreSQL's twin compares with (SELECT
+// $1::TEXT) as the claims' twins do (pgClaimOrder).
 const fairFront = `SELECT turn_at, part FROM crdbwork_items
 WHERE queue = $1 AND priority = $2 AND claim IS NULL
 ORDER BY turn_at LIMIT 1 OFFSET $3`
 
 // FairFront returns the (skip+1)-th earliest turn of the queue's unclaimed
 // items of priority and that item's part; ok is false if there are not
-// that many. Nothing is locked: the answer only paces claims. Its errors
-// are the driver's.
-func (s *Store) FairFront(ctx context.Context, db DB, queue string, priority int64, skip int) (turn time.Time, part int, ok bool, err error) {
-	rows, err := db.Query(ctx, s.pace, queue, priority, int64(skip))
+// that many. Nothing is locked: the answer only paces claims. d picks the
+// statement's twin. Its errors are the driver's.
+func (s *Store) FairFront(ctx context.Context, db DB, d Dialect, queue string, priority int64, skip int) (turn time.Time, part int, ok bool, err error) {
+	rows, err := db.Query(ctx, byDialect(d, s.pace, s.pgPace), queue, priority, int64(skip))
 	if err != nil {
 		return time.Time{}, 0, false, err
 	}

@@ -12,8 +12,10 @@ import (
 // worker process that has idle workers of a queue asks, at a short
 // interval and on one connection of its own, whether the queue has items a
 // claim would take, and wakes its idle workers when it finds new ones. It
-// is the same statement on both engines (PostgreSQL runs it when LISTEN is
-// turned off, which is how the tests run it).
+// is the same statement on both engines but for the test of the queue,
+// which PostgreSQL's twin compares with (SELECT $1::TEXT) as the claims'
+// twins do (pgClaimOrder; PostgreSQL runs it when LISTEN is turned off,
+// which is how the tests run it).
 //
 // The probe reads; it never locks or writes. It is the claim's first step
 // (the picked CTE of claimTemplate, with the same conditions and the same
@@ -51,13 +53,19 @@ import (
 // see docs/operations.md, "Wake-ups".
 type probeStatements struct {
 	probe string // $1 queue, $2 limit → id, part
+	// pgProbe is its PostgreSQL twin, which compares the queue with
+	// (SELECT $1::TEXT), as the claims' twins do (pgClaimOrder).
+	pgProbe string
 }
 
 // ProbeLimit is the number of items a probe returns at most: as many as a
 // wake-up names hints for (internal/wake.MaxHints).
 const ProbeLimit = 8
 
-// probeTemplate is the probe: claimTemplate's picked CTE, read-only.
+// probeTemplate is the probe: claimTemplate's picked CTE, read-only;
+// probeQueueAnchor its test of the queue, which PostgreSQL's twin hides.
+const probeQueueAnchor = "queue = $1 AND claim IS NULL AND "
+
 const probeTemplate = `SELECT id, part FROM crdbwork_items
 WHERE queue = $1 AND claim IS NULL AND vesting_at <= now() AND attempts < max_attempts
   AND (expires_at IS NULL OR expires_at > now())
@@ -70,7 +78,7 @@ LIMIT $2`
 const probeSessionStatement = `SET default_transaction_isolation = 'read committed'`
 
 func newProbeStatements(t Tables) *probeStatements {
-	return &probeStatements{probe: t.rewrite(probeTemplate)}
+	return &probeStatements{probe: t.rewrite(probeTemplate), pgProbe: t.rewrite(pgHideQueue(probeTemplate, probeQueueAnchor, "$1"))}
 }
 
 var probeTexts sync.Map // Tables → *probeStatements
@@ -91,9 +99,11 @@ type ProbeRow struct {
 
 // Probe returns up to ProbeLimit items of queue that a claim would take
 // now, first in claim order, without locking or changing anything (see
-// probeStatements): an empty result for an idle or paused queue.
-func (s *Store) Probe(ctx context.Context, db DB, queue string) ([]ProbeRow, error) {
-	rows, err := db.Query(ctx, s.probes().probe, queue, ProbeLimit)
+// probeStatements): an empty result for an idle or paused queue. d picks
+// the statement's twin.
+func (s *Store) Probe(ctx context.Context, db DB, d Dialect, queue string) ([]ProbeRow, error) {
+	p := s.probes()
+	rows, err := db.Query(ctx, byDialect(d, p.probe, p.pgProbe), queue, ProbeLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -47,8 +47,9 @@ type urgentStatements struct {
 	// No item is ever claimed twice.
 	ClaimUrgent string
 	// PostgresClaimUrgent is its PostgreSQL twin: the UPDATE finds the
-	// picked rows by id = ANY(ARRAY(SELECT id FROM picked)), as the other
-	// PostgreSQL claims do (see dialectStatements).
+	// picked rows by id = ANY(ARRAY(SELECT id FROM picked)), and the scan
+	// compares the queue with (SELECT $2::TEXT), as the other PostgreSQL
+	// claims do (see dialectStatements and pgClaimOrder).
 	PostgresClaimUrgent string
 }
 
@@ -78,7 +79,7 @@ func newUrgentStatements(t Tables) *urgentStatements {
 	tmpl := urgentTemplate()
 	return &urgentStatements{
 		ClaimUrgent:         t.rewrite(fmt.Sprintf(tmpl, joinPicked)),
-		PostgresClaimUrgent: t.rewrite(fmt.Sprintf(tmpl, anyPicked)),
+		PostgresClaimUrgent: t.rewrite(fmt.Sprintf(pgClaimOrder(tmpl), anyPicked)),
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // Fair pacing keeps the parts-mode sessions of a fair queue within a few
@@ -125,13 +126,31 @@ type fairPace struct {
 func newFairPace(w *Worker) *fairPace {
 	return &fairPace{
 		readFront: func(ctx context.Context, priority int64, skip int) (time.Time, int, bool, error) {
-			return w.store.FairFront(ctx, w.db, w.name, priority, skip)
+			d, err := w.engine(ctx)
+			if err != nil {
+				return time.Time{}, 0, false, err
+			}
+			return w.store.FairFront(ctx, w.db, d, w.name, priority, skip)
 		},
 		isFairNow: func(ctx context.Context) (bool, error) {
 			s, err := w.queue.Settings(ctx)
 			return s.Fair, err
 		},
 	}
+}
+
+// engine returns the dialect of the worker's database, asked of the server
+// once (a failed attempt is made again at the next call).
+func (w *Worker) engine(ctx context.Context) (crsql.Dialect, error) {
+	if d := w.dialect.Load(); d != nil {
+		return *d, nil
+	}
+	d, err := crsql.DetectDialect(ctx, w.db)
+	if err != nil {
+		return d, err
+	}
+	w.dialect.Store(&d)
+	return d, nil
 }
 
 // slack returns how far past the head, in turns, a claim of n items may

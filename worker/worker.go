@@ -179,9 +179,12 @@ type Worker struct {
 	queue   *claim.Queue
 	name    string       // the queue's
 	tables  crsql.Tables // the queue's
-	// store reads the stored limits (see storedLimits).
-	store *crsql.Store
-	log   *zap.Logger
+	// store reads the stored limits (see storedLimits) and the fair
+	// pacing's front (sql.Store.FairFront, whose twin dialect picks:
+	// detected at its first read, see engine).
+	store   *crsql.Store
+	dialect atomic.Pointer[crsql.Dialect]
+	log     *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64

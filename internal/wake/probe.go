@@ -404,7 +404,7 @@ func (p *prober) session(ctx context.Context) (connected bool, err error) {
 			continue
 		}
 		for _, d := range ds {
-			if err := p.probe(ctx, conn, d); err != nil {
+			if err := p.probe(ctx, conn, dialect, d); err != nil {
 				if ctx.Err() != nil {
 					return true, ctx.Err()
 				}
@@ -435,10 +435,11 @@ func (p *prober) onlyCockroach() bool {
 	return true
 }
 
-// probe runs one channel's probe and signals its new items.
-func (p *prober) probe(ctx context.Context, conn *pgx.Conn, d due) error {
+// probe runs one channel's probe, in the statement's twin of dialect, and
+// signals its new items.
+func (p *prober) probe(ctx context.Context, conn *pgx.Conn, dialect crsql.Dialect, d due) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	rows, err := d.spec.Store.Probe(pctx, conn, d.spec.Queue)
+	rows, err := d.spec.Store.Probe(pctx, conn, dialect, d.spec.Queue)
 	cancel()
 	if err != nil {
 		setHealth(d.channel, false)
