@@ -50,6 +50,9 @@ type env struct {
 	admin     *pgxpool.Pool    // connected to the server's default database
 	urlFor    func(database string) (string, error)
 	forceDrop bool // PostgreSQL 13+: DROP DATABASE ... WITH (FORCE)
+
+	mu        sync.Mutex
+	templates []string // template databases built (NewFromTemplate), dropped by shutdown
 }
 
 var (
@@ -77,25 +80,9 @@ func Main(m *testing.M) {
 // dropped when the test ends.
 func New(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	u := NewURL(t)
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		t.Fatalf("testdb: parse %s: %v", u, err)
-	}
-	cfg.MaxConns = DefaultMaxConns
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("testdb: open pool: %v", err)
-	}
-	// Registered after NewURL's cleanup, so it runs first: the pool is
-	// closed before the database is dropped.
-	t.Cleanup(pool.Close)
-	if err := pool.Ping(ctx); err != nil {
-		t.Fatalf("testdb: ping %s: %v", u, err)
-	}
-	return pool
+	// openPool registers its cleanup after NewURL's, so it runs first: the
+	// pool is closed before the database is dropped.
+	return openPool(t, NewURL(t))
 }
 
 // NewURL is like New but returns only the URL of the fresh database, for
@@ -262,6 +249,11 @@ func shutdown() error {
 	setupOnce.Do(func() {})
 	if shared == nil {
 		return nil
+	}
+	for _, name := range shared.templates {
+		if err := shared.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
 	}
 	shared.admin.Close()
 	if shared.server != nil {
