@@ -53,6 +53,53 @@ type env struct {
 
 	mu        sync.Mutex
 	templates []string // template databases built (NewFromTemplate), dropped by shutdown
+
+	// bg counts the background work (drops, spare copies) that shutdown
+	// waits for; once closing is set (under mu), none starts.
+	bg      sync.WaitGroup
+	closing bool
+	drops   chan struct{} // a slot per concurrent drop
+}
+
+// maxConcurrentDrops bounds the drops running in the background at once.
+const maxConcurrentDrops = 2
+
+// background registers a piece of background work, or reports false once
+// shutdown began. The work calls e.bg.Done when it ends.
+func (e *env) background() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return false
+	}
+	e.bg.Add(1)
+	return true
+}
+
+func (e *env) isClosing() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
+}
+
+// dropLater drops a test's database in the background, so that the test
+// ends without waiting for it (a drop takes tens of milliseconds quiet,
+// more under load); Main waits for every drop before it stops the server.
+func (e *env) dropLater(name string) {
+	if !e.background() {
+		if err := e.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
+		return
+	}
+	go func() {
+		defer e.bg.Done()
+		e.drops <- struct{}{}
+		defer func() { <-e.drops }()
+		if err := e.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
+	}()
 }
 
 var (
@@ -96,11 +143,7 @@ func NewURL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := e.drop(name); err != nil {
-			t.Logf("testdb: %v (ignored)", err)
-		}
-	})
+	t.Cleanup(func() { e.dropLater(name) })
 	return u
 }
 
@@ -151,7 +194,7 @@ func getEnv() (*env, error) {
 func setup() (*env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	e := &env{}
+	e := &env{drops: make(chan struct{}, maxConcurrentDrops)}
 	var adminURL string
 	if raw := os.Getenv("TEST_DATABASE_URL"); raw != "" {
 		adminURL = raw
@@ -185,7 +228,7 @@ func (e *env) connect(ctx context.Context, adminURL string) error {
 	if err != nil {
 		return fmt.Errorf("parse database URL: %w", err)
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = 8 // tests creating databases, and the background drops and copies
 	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -250,6 +293,20 @@ func shutdown() error {
 	if shared == nil {
 		return nil
 	}
+	shared.mu.Lock()
+	shared.closing = true
+	shared.mu.Unlock()
+	shared.bg.Wait()
+	templatesMu.Lock()
+	for _, tpl := range templates {
+		for _, name := range tpl.spares {
+			if err := shared.drop(name); err != nil {
+				fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+			}
+		}
+		tpl.spares = nil
+	}
+	templatesMu.Unlock()
 	for _, name := range shared.templates {
 		if err := shared.drop(name); err != nil {
 			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
