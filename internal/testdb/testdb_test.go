@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -252,4 +253,37 @@ func TestPanickingTestDoesNotLeakServer(t *testing.T) {
 	}
 	// Main never ran its cleanup; dbserver's watchdog stops the server.
 	waitNotListening(t, u, time.Minute)
+}
+
+const parallelHelperEnv = "TESTDB_TEST_PARALLEL_HELPER"
+
+// TestParallelHelper, run in a child test binary, prints the parallel
+// flag's value.
+func TestParallelHelper(t *testing.T) {
+	if os.Getenv(parallelHelperEnv) == "" {
+		t.Skip("helper for TestMainSetsParallel")
+	}
+	fmt.Printf("PARALLEL %s\n", flag.Lookup("test.parallel").Value)
+}
+
+// Main runs DefaultParallel parallel tests at once unless -parallel is
+// given (go test's default would be GOMAXPROCS).
+func TestMainSetsParallel(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, fmt.Sprint(DefaultParallel)},
+		{[]string{"-test.parallel=3"}, "3"},
+	} {
+		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestParallelHelper$", "-test.count=1"}, c.args...)...)
+		cmd.Env = append(os.Environ(), parallelHelperEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper %v: %v\n%s", c.args, err, out)
+		}
+		if !strings.Contains(string(out), "PARALLEL "+c.want+"\n") {
+			t.Errorf("helper with %v printed %q, want PARALLEL %s", c.args, out, c.want)
+		}
+	}
 }
