@@ -18,10 +18,11 @@ import (
 // its parts; not sessions of other queues, not expired sessions, not a
 // session that left; and that a session whose row is gone cannot join.
 func TestQueueMembers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	start := func() *session.Session {
-		s, err := session.Start(ctx, pool, fast)
+		s, err := session.Start(ctx, pool, fast())
 		if err != nil {
 			t.Fatal(err)
 		}

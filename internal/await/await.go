@@ -292,11 +292,14 @@ func (r *Rounds) WaitFor(t testing.TB, total int64, opts ...Option) {
 	}
 }
 
-// Stretch returns d multiplied by Scale: for durations a test gives the
-// code under test that must hold on a busy machine (a session expiry that
-// its heartbeats must beat while the machine is loaded), not for a wait.
+// Stretch returns d multiplied by Scale, or d if Scale is below 1 (a
+// CRDBWORK_TEST_SCALE below 1 shortens the waits, to see a failure sooner,
+// never the durations given to the code under test): for durations a test
+// gives the code under test that must hold on a busy machine (a session
+// expiry that its heartbeats must beat while the machine is loaded), not
+// for a wait.
 func Stretch(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * Scale())
+	return time.Duration(float64(d) * max(1, Scale()))
 }
 
 // Scale returns the factor deadlines are multiplied by now: the
