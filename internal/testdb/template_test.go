@@ -6,7 +6,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -23,6 +22,7 @@ func applySchema(ctx context.Context, pool *pgxpool.Pool) error {
 // build left the template; spare copies are made ahead, and the tests take
 // them.
 func TestTemplateCopiesAndSpares(t *testing.T) {
+	t.Parallel()
 	if Kind(t) == dbserver.Cockroach {
 		t.Skip("CockroachDB has no template databases: each test's database is built (see NewFromTemplate)")
 	}
@@ -66,52 +66,82 @@ func TestTemplateCopiesAndSpares(t *testing.T) {
 	})
 }
 
-// What a test's database with the crdbwork schema costs: an empty
-// database with the schema applied (each test's database, before
-// templates), a copy of the template made for the test, and a spare copy
-// taken (logged, not asserted: speed is measured, never asserted in tests).
-func TestCostOfADatabaseWithTheSchema(t *testing.T) {
-	if Kind(t) == dbserver.Cockroach {
-		t.Skip("no template databases on CockroachDB")
+// What a test's database with the crdbwork schema costs, created and
+// dropped: an empty database with the schema applied (each test's database
+// before templates: BenchmarkDatabaseWithSchema/apply), a copy of the
+// template made for the test (/copy), and a spare copy taken (/spare: what
+// NewFromTemplate costs a test while the spares keep up).
+//
+//	go test -run '^$' -bench DatabaseWithSchema -benchtime 10x ./internal/testdb/
+func BenchmarkDatabaseWithSchema(b *testing.B) {
+	if Kind(b) == dbserver.Cockroach {
+		b.Skip("no template databases on CockroachDB")
 	}
-	const key, n = "cost", 5
-	for range 2 { // the template, built once; then the spares are wanted
-		t.Run("build", func(t *testing.T) { NewFromTemplate(t, key, applySchema) })
-	}
+	const key = "benchmark"
+	NewFromTemplate(b, key, applySchema) // the template, built once
 	templatesMu.Lock()
 	tpl := templates[key]
 	templatesMu.Unlock()
-	e := mustSetup(t)
-	var applied, copied, spare time.Duration
-	for range n {
-		start := time.Now()
-		t.Run("apply", func(t *testing.T) {
-			if err := applySchema(context.Background(), New(t)); err != nil {
-				t.Fatal(err)
+	e := mustSetup(b)
+	b.Run("apply", func(b *testing.B) {
+		for range b.N {
+			name, u, err := e.create()
+			if err != nil {
+				b.Fatal(err)
 			}
-		})
-		applied += time.Since(start)
-		start = time.Now()
-		name, err := e.copyOf(tpl.name)
-		if err != nil {
-			t.Fatal(err)
+			pool, err := pgxpool.New(context.Background(), u)
+			if err != nil {
+				b.Fatal(err)
+			}
+			err = applySchema(context.Background(), pool)
+			pool.Close()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := e.drop(name); err != nil {
+				b.Fatal(err)
+			}
 		}
-		copied += time.Since(start)
-		if err := e.drop(name); err != nil {
-			t.Fatal(err)
+	})
+	b.Run("copy", func(b *testing.B) {
+		for range b.N {
+			name, err := e.copyOf(tpl.name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := e.drop(name); err != nil {
+				b.Fatal(err)
+			}
 		}
-		await.Until(t, "a spare copy", func() bool {
-			tpl.mu.Lock()
-			defer tpl.mu.Unlock()
-			return len(tpl.spares) > 0
-		})
-		start = time.Now()
-		t.Run("spare", func(t *testing.T) { NewFromTemplate(t, key, applySchema) })
-		spare += time.Since(start)
-	}
+	})
+	b.Run("spare", func(b *testing.B) {
+		for range 2 { // spares are made once a template was taken twice
+			name, err := tpl.take(e)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e.dropLater(name)
+		}
+		b.ResetTimer()
+		for range b.N {
+			b.StopTimer()
+			tpl.refill(e)
+			await.Until(b, "a spare copy", func() bool {
+				tpl.mu.Lock()
+				defer tpl.mu.Unlock()
+				return len(tpl.spares) > 0
+			})
+			b.StartTimer()
+			name, err := tpl.take(e)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			e.dropLater(name)
+		}
+	})
 	load, _ := loadAvgForLog()
-	t.Logf("a test's database with the schema, created and dropped (mean of %d, load %s): schema applied %v, template copied %v, spare taken %v",
-		n, load, applied/n, copied/n, spare/n)
+	b.Logf("load average %s", load)
 }
 
 // loadAvgForLog returns the machine's load averages, for logs.

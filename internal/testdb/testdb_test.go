@@ -40,6 +40,7 @@ func currentDatabase(t *testing.T, pool *pgxpool.Pool) string {
 }
 
 func TestIsolation(t *testing.T) {
+	t.Parallel()
 	ctx := ctxFor(t)
 	begin := time.Now()
 	a := New(t)
@@ -73,6 +74,7 @@ func TestIsolation(t *testing.T) {
 }
 
 func TestNewURL(t *testing.T) {
+	t.Parallel()
 	ctx := ctxFor(t)
 	u := NewURL(t)
 	conn, err := pgx.Connect(ctx, u)
@@ -94,6 +96,7 @@ func TestNewURL(t *testing.T) {
 }
 
 func TestKind(t *testing.T) {
+	t.Parallel()
 	k := Kind(t)
 	if k != dbserver.Cockroach && k != dbserver.Postgres {
 		t.Fatalf("Kind = %q", k)
@@ -130,6 +133,7 @@ func TestParallel(t *testing.T) {
 }
 
 func TestDroppedAtCleanup(t *testing.T) {
+	t.Parallel()
 	var name string
 	t.Run("user", func(t *testing.T) {
 		pool := New(t)
@@ -151,6 +155,7 @@ func TestDroppedAtCleanup(t *testing.T) {
 }
 
 func TestWithDatabase(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"postgres://u:p@h:26257/defaultdb?sslmode=disable", "postgres://u:p@h:26257/x_1?sslmode=disable"},
 		{"postgresql://u@h", "postgresql://u@h/x_1"},
@@ -218,18 +223,14 @@ func waitNotListening(t *testing.T, rawURL string, within time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(within)
-	for {
+	await.Until(t, "the server at "+u.Host+" to refuse connections once its test binary exited", func() bool {
 		c, err := net.DialTimeout("tcp", u.Host, time.Second)
 		if err != nil {
-			break
+			return true
 		}
 		c.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("server at %s still accepts connections %v after its test binary exited", u.Host, within)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval, not a fixed wait
-	}
+		return false
+	}, await.Within(within))
 	ctx := ctxFor(t)
 	if conn, err := pgx.Connect(ctx, rawURL); err == nil {
 		conn.Close(ctx)
@@ -238,6 +239,7 @@ func waitNotListening(t *testing.T, rawURL string, within time.Duration) {
 }
 
 func TestMainStopsServer(t *testing.T) {
+	t.Parallel()
 	u, err := runHelper(t, "return")
 	if err != nil {
 		t.Fatalf("helper failed: %v", err)
@@ -247,6 +249,7 @@ func TestMainStopsServer(t *testing.T) {
 }
 
 func TestPanickingTestDoesNotLeakServer(t *testing.T) {
+	t.Parallel()
 	u, err := runHelper(t, "panic")
 	if err == nil {
 		t.Fatal("helper did not fail")
@@ -269,6 +272,7 @@ func TestParallelHelper(t *testing.T) {
 // Main runs DefaultParallel parallel tests at once unless -parallel is
 // given (go test's default would be GOMAXPROCS).
 func TestMainSetsParallel(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string
