@@ -157,8 +157,9 @@ func TestStartCreateIsolateStop(t *testing.T) {
 	}
 }
 
+// Not parallel: it replaces pickPort, which every Start calls (parallel
+// tests run after the sequential ones).
 func TestPortClashRetried(t *testing.T) {
-	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
