@@ -90,7 +90,7 @@ func itemIDs(t testing.TB, pool *pgxpool.Pool, queue string) map[uuid.UUID]int {
 
 // Four runners (each with its Run loop, plus a goroutine calling Tick as
 // fast as it can) race on two schedules of 300 ms (stretched with the
-// machine's load) for at least 15 periods.
+// machine's load) for at least 10 periods.
 // Every item in the table is the item of one period, with that period's id,
 // and no period has two; each item was reported enqueued by exactly one
 // runner; almost every period between the first and the last has its item
@@ -133,7 +133,7 @@ func TestRacingRunnersEnqueueOneItemPerPeriod(t *testing.T) {
 			}
 		}()
 	}
-	waitDB(t, pool, start.Add(16*every))
+	waitDB(t, pool, start.Add(11*every))
 	cancel()
 	wg.Wait()
 
@@ -144,7 +144,7 @@ func TestRacingRunnersEnqueueOneItemPerPeriod(t *testing.T) {
 			t.Fatal(err)
 		}
 		present, total := 0, 0
-		for p := first; p.Before(start.Add(15 * every)); p = p.Add(every) {
+		for p := first; p.Before(start.Add(10 * every)); p = p.Add(every) {
 			total++
 			id := schedule.ItemID("periodic", s.Name, p)
 			switch ids[id] {
