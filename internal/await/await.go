@@ -21,7 +21,11 @@
 // waits five times longer before failing. CRDBWORK_TEST_SCALE multiplies
 // that for machines whose slowness the load does not show (a slow disk, a
 // throttled container): CRDBWORK_TEST_SCALE=3 go test ./... . Where the
-// load average cannot be read (not Linux), only the variable counts. A wait
+// load average cannot be read (not Linux), only the variable counts. The
+// load is read at each deadline rather than measured once by a calibration
+// loop at start: the load of a shared machine moves during a run, and a
+// calibration needs a reference speed that differs from machine to
+// machine. A wait
 // never outlasts the test binary's own deadline (go test -timeout): it fails
 // with its message a little before, rather than leaving the binary to panic
 // without one.
