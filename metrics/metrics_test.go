@@ -38,6 +38,12 @@ func setup(t *testing.T) *pgxpool.Pool {
 	return testschema.New(t)
 }
 
+// queryTimeout is the collector's bound on one read of the database
+// gauges, stretched with the machine's load: the tests assert
+// database_up = 1 while the database is up, which a loaded machine's slow
+// read past the default 3 s would make 0.
+func queryTimeout() time.Duration { return await.Stretch(metrics.DefaultQueryTimeout) }
+
 // scrape fetches url and parses the Prometheus text exposition format.
 func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 	t.Helper()
@@ -148,7 +154,7 @@ func TestScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	c.AddQueue(producer)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
@@ -270,7 +276,7 @@ func TestScrape(t *testing.T) {
 func TestDatabaseDown(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -334,7 +340,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 		t.Fatalf("Nack = %v, %v; want Dead", o, err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
