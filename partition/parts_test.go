@@ -65,7 +65,8 @@ func TestSetPartsWhileWorking(t *testing.T) {
 		t.Fatalf("items in %d parts, want 8", n)
 	}
 
-	sopts := session.Options{Tuning: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: await.Stretch(5 * time.Second)}}
+	hb := await.Stretch(200 * time.Millisecond) // with the expiry: see fastSession
+	sopts := session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 25 * hb}}
 	inParts, err := session.Start(ctx, pool, sopts)
 	if err != nil {
 		t.Fatal(err)

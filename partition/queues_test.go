@@ -69,7 +69,7 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	opts := fastSession(time.Second)
+	opts := fastSession()
 	newSession := func() *session.Session {
 		s, err := session.Start(ctx, pool, opts)
 		if err != nil {
@@ -116,7 +116,7 @@ func TestRebalancerJoinsAgain(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, 1)
 	ctx := context.Background()
-	opts := fastSession(time.Second)
+	opts := fastSession()
 	var sessions []*session.Session
 	for range 2 {
 		s, err := session.Start(ctx, pool, opts)

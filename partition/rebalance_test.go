@@ -38,10 +38,16 @@ func setup(t *testing.T, parts int) *pgxpool.Pool {
 }
 
 // fastSession returns frequent heartbeats and an expiry that a loaded
-// machine's slow heartbeats do not reach (await.Stretch): the sessions
-// of these tests must not churn, nobody leaves unless the test says so.
-func fastSession(expiry time.Duration) session.Options {
-	return session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: await.Stretch(expiry)}}
+// machine's slow heartbeats do not reach: the sessions of these tests must
+// not churn, nobody leaves unless the test says so (gracefully, which
+// hands the parts over at once), so a long expiry costs nothing. Both are
+// stretched with the load (await.Stretch), the heartbeat too: each
+// heartbeat gives up after two intervals, and with 8 CPU-burning processes
+// beside the suite the unstretched 100 ms heartbeats of two of six sessions
+// kept timing out until their sessions were lost.
+func fastSession() session.Options {
+	hb := await.Stretch(100 * time.Millisecond)
+	return session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 50 * hb}}
 }
 
 type member struct {
@@ -139,11 +145,18 @@ func ownership(t *testing.T, pool *pgxpool.Pool) string {
 	return b.String()
 }
 
-// settled is balanced as an await condition that reports the owners.
+// settled is balanced as an await condition that reports the owners, and
+// the members whose session ended.
 func settled(t *testing.T, pool *pgxpool.Pool, parts int, members ...*member) func() (bool, string) {
 	return func() (bool, string) {
 		got, total := owners(t, pool)
-		return balanced(t, pool, parts, members...), fmt.Sprintf("%d of %d parts owned: %v", total, parts, got)
+		state := fmt.Sprintf("%d of %d parts owned: %v", total, parts, got)
+		for _, m := range members {
+			if err := m.sess.Err(); err != nil {
+				state += fmt.Sprintf("; session %s ended: %v", m.sess.ID(), err)
+			}
+		}
+		return balanced(t, pool, parts, members...), state
 	}
 }
 
@@ -153,7 +166,7 @@ func TestSessionsSettleOn64Parts(t *testing.T) {
 	pool := setup(t, parts)
 	var ms []*member
 	for range 5 {
-		ms = append(ms, join(t, pool, fastSession(2*time.Second)))
+		ms = append(ms, join(t, pool, fastSession()))
 	}
 	took := await.Until(t, "5 sessions to settle on 64 parts", settled(t, pool, parts, ms...))
 	t.Logf("settled in %v", took)
@@ -182,7 +195,7 @@ func TestSessionsSettleOn64Parts(t *testing.T) {
 		t.Fatalf("rebalancers believe they own %d parts in all, want %d", sum, parts)
 	}
 	// A sixth session joins: the group settles again.
-	ms = append(ms, join(t, pool, fastSession(2*time.Second)))
+	ms = append(ms, join(t, pool, fastSession()))
 	await.Until(t, "6 sessions to settle", settled(t, pool, parts, ms...))
 }
 
@@ -218,7 +231,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	m := join(t, pool, fastSession(2*time.Second))
+	m := join(t, pool, fastSession())
 	await.Until(t, "the session to own all parts", func() (bool, string) {
 		owned := m.reb.Owned()
 		return len(owned) == parts, fmt.Sprint("owns ", owned)
@@ -344,7 +357,7 @@ func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, 2)
 	ctx := context.Background()
-	s, err := session.Start(ctx, pool, session.Options{})
+	s, err := session.Start(ctx, pool, fastSession())
 	if err != nil {
 		t.Fatal(err)
 	}

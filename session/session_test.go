@@ -28,21 +28,26 @@ func setup(t *testing.T) *pgxpool.Pool {
 	return testschema.New(t)
 }
 
-// fastExpiry is the expiry of the tests' sessions on a quiet machine: short,
-// so that tests of expiry run quickly.
-const fastExpiry = 600 * time.Millisecond
+// fastHeartbeat and fastExpiry are the intervals of the tests' sessions on
+// a quiet machine: short, so that tests of expiry run quickly.
+const (
+	fastHeartbeat = 100 * time.Millisecond
+	fastExpiry    = 600 * time.Millisecond
+)
 
 // fast returns short intervals for sessions that must stay alive while the
-// machine is busy: the expiry stretches with the machine's load
-// (await.Stretch), so that a heartbeat delayed by a loaded scheduler does
-// not lose the session; the tests of expiry then only take longer.
+// machine is busy: the heartbeat and the expiry stretch together with the
+// machine's load (await.Stretch, read once), so that heartbeats delayed by
+// a loaded scheduler (each gives up after two intervals) do not lose the
+// session; the tests of expiry then only take longer.
 func fast() session.Options {
-	return session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: await.Stretch(fastExpiry)}}
+	hb := await.Stretch(fastHeartbeat)
+	return session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: hb * (fastExpiry / fastHeartbeat)}}
 }
 
 // fixed are the fast intervals unstretched, for the tests of the values
 // the options turn into (nothing there depends on the machine's speed).
-var fixed = session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: fastExpiry}}
+var fixed = session.Options{Tuning: session.Tuning{Heartbeat: fastHeartbeat, Expiry: fastExpiry}}
 
 func countSessions(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
