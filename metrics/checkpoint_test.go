@@ -18,6 +18,7 @@ import (
 // progress reports and dead items pruned under retention, for a queue
 // added with AddQueue.
 func TestCheckpointAndRetentionCounters(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{Queue: "cq"})

@@ -20,7 +20,9 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/metrics"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -30,14 +32,17 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// setup returns a pool on a fresh database of the test with the schema.
 func setup(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testschema.New(t)
 }
+
+// queryTimeout is the collector's bound on one read of the database
+// gauges, stretched with the machine's load: the tests assert
+// database_up = 1 while the database is up, which a loaded machine's slow
+// read past the default 3 s would make 0.
+func queryTimeout() time.Duration { return await.Stretch(metrics.DefaultQueryTimeout) }
 
 // scrape fetches url and parses the Prometheus text exposition format.
 func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
@@ -117,21 +122,11 @@ func histogramSum(fams map[string]*dto.MetricFamily, name string, want map[strin
 	return sum
 }
 
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestScrape runs a worker with the collector as its observer, serves
 // /metrics over real HTTP, and checks the scraped values against what
 // happened and what the database holds.
 func TestScrape(t *testing.T) {
+	t.Parallel()
 	const n, failing, parts = 300, 7, 4
 	pool := setup(t)
 	ctx := context.Background()
@@ -159,7 +154,7 @@ func TestScrape(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	c.AddQueue(producer)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
@@ -190,15 +185,17 @@ func TestScrape(t *testing.T) {
 		if string(it.Payload) == "fail" {
 			return nil, claim.Permanent(errors.New("bad item"))
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the handler's work, which the duration histogram must show
 		return func(ctx context.Context, tx pgx.Tx) error { return nil }, nil
 	}
 	wq, err := claim.New(pool, claim.Options{Queue: "mq"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An expiry stretched with the machine's load: the scrape counts the
+	// sessions started and lost, and a loaded machine must not lose one.
 	w, err := worker.New(wq, handler, worker.Options{Parts: parts, Concurrency: 8, Observer: c,
-		Partition: partition.Tuning{Poll: 50 * time.Millisecond}})
+		Partition: partition.Tuning{Poll: 50 * time.Millisecond}, Session: session.Tuning{Expiry: await.Stretch(session.DefaultExpiry)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,10 +203,10 @@ func TestScrape(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
-	waitFor(t, "the due items to be handled", 2*time.Minute, func() bool {
+	await.Until(t, "the due items to be handled", func() (bool, string) {
 		st := w.Stats()
-		return st.Acked+st.Dead == n+failing
-	})
+		return st.Acked+st.Dead == n+failing, fmt.Sprintf("%d acked, %d dead, of %d", st.Acked, st.Dead, n+failing)
+	}, await.Within(2*time.Minute))
 	// During the run: the worker's counters are in the scrape.
 	during := scrape(t, srv.URL)
 	if got := mustValue(t, during, "crdbwork_sessions_started_total", map[string]string{"queue": "mq"}); got != 1 {
@@ -277,8 +274,9 @@ func TestScrape(t *testing.T) {
 // database_up 0 and an error count, and that the process metrics are still
 // served.
 func TestDatabaseDown(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -305,6 +303,7 @@ func TestDatabaseDown(t *testing.T) {
 // dead series; a queue without a stored row has the parts that hold items;
 // a queue with dead items only has a dead series and nothing else.
 func TestDatabaseGaugesEveryQueue(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "stored", 3); err != nil {
@@ -341,7 +340,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 		t.Fatalf("Nack = %v, %v; want Dead", o, err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))

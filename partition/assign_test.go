@@ -114,6 +114,7 @@ func randCase(rng *rand.Rand) (k, n int) {
 }
 
 func TestAssignProperties(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 3000 {
 		k, n := randCase(rng)
@@ -166,6 +167,7 @@ func TestAssignProperties(t *testing.T) {
 }
 
 func TestOwnerNoSessions(t *testing.T) {
+	t.Parallel()
 	if _, ok := partition.Owner(nil, 8, 0); ok {
 		t.Fatal("Owner with no sessions reported an owner")
 	}
@@ -174,6 +176,7 @@ func TestOwnerNoSessions(t *testing.T) {
 // TestLexicalOrderIsStringOrder pins that ids are ordered as their
 // canonical strings, the order a database returns for ORDER BY id.
 func TestLexicalOrderIsStringOrder(t *testing.T) {
+	t.Parallel()
 	a := uuid.MustParse("0fffffff-ffff-ffff-ffff-ffffffffffff")
 	b := uuid.MustParse("a0000000-0000-0000-0000-000000000000")
 	c := uuid.MustParse("a0000000-0000-0000-0000-000000000001")
@@ -244,6 +247,7 @@ func clonePrev(prev map[uuid.UUID][]int) map[uuid.UUID][]int {
 }
 
 func TestAssignStickyProperties(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 3000 {
 		k, n := randCase(rng)
@@ -297,6 +301,7 @@ func TestAssignStickyProperties(t *testing.T) {
 }
 
 func TestAssignStickyDropsHighestAndFillsLowest(t *testing.T) {
+	t.Parallel()
 	a := uuid.MustParse("10000000-0000-0000-0000-000000000000")
 	b := uuid.MustParse("20000000-0000-0000-0000-000000000000")
 	c := uuid.MustParse("30000000-0000-0000-0000-000000000000")
@@ -322,6 +327,7 @@ func TestAssignStickyDropsHighestAndFillsLowest(t *testing.T) {
 }
 
 func TestMoved(t *testing.T) {
+	t.Parallel()
 	a, b := uuid.New(), uuid.New()
 	before := map[uuid.UUID][]int{a: {0, 1}, b: {2}}
 	after := map[uuid.UUID][]int{a: {0}, b: {1, 2, 3}}
@@ -348,6 +354,7 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // average, and, per trial, only what the change forces: on a join, the
 // newcomer's share (at most ceil(n/(k+1))); on a leave, the leaver's parts.
 func TestMovement(t *testing.T) {
+	t.Parallel()
 	const (
 		n      = 64
 		trials = 200

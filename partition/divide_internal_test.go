@@ -13,6 +13,7 @@ import (
 // one joined member, and without such members the strategy's own division
 // is returned.
 func TestDivideLeavesOldSessionsTheirParts(t *testing.T) {
+	t.Parallel()
 	ids := make([]uuid.UUID, 4)
 	for i := range ids {
 		ids[i] = uuid.New()

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -14,11 +14,9 @@ import (
 // a stored count wins over later calls; racing callers all get the same
 // count; bad counts are refused.
 func TestEnsureParts(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := testschema.New(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	if n, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "new", 12); err != nil || n != 12 {
 		t.Fatalf("EnsureParts on a new queue: %d, %v; want 12", n, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -29,10 +30,15 @@ func countRows(t *testing.T, pool *pgxpool.Pool, query string) int {
 
 // SetParts from 8 parts to 3 while two sessions claim and ack (one in
 // parts mode, owning every part, one with any-part claims): no item is left
-// in a removed part, and every item ends acked exactly once.
+// in a removed part, and every item ends acked exactly once. SetParts runs
+// once a tenth of the items are acked; the workers never take the last
+// fifth before it returned, so that it always runs while they work,
+// however the machine schedules them.
 func TestSetPartsWhileWorking(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 8)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Bounds the workers, should the test fail; stretched with the load.
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(3*time.Minute))
 	defer cancel()
 	if _, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, part_mode BOOL NOT NULL)`); err != nil {
 		t.Fatal(err)
@@ -41,7 +47,10 @@ func TestSetPartsWhileWorking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const total = 20000
+	// Enough items for both sessions to be busy claiming and acking while
+	// SetParts moves them (it was 20,000: 162 s of single acks on a loaded
+	// machine, for the same races).
+	const total = 3000
 	items := make([]claim.NewItem, total)
 	for i := range items {
 		items[i] = claim.NewItem{Payload: []byte(fmt.Sprint(i))}
@@ -56,7 +65,8 @@ func TestSetPartsWhileWorking(t *testing.T) {
 		t.Fatalf("items in %d parts, want 8", n)
 	}
 
-	sopts := session.Options{Tuning: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: 5 * time.Second}}
+	hb := await.Stretch(200 * time.Millisecond) // with the expiry: see fastSession
+	sopts := session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 25 * hb}}
 	inParts, err := session.Start(ctx, pool, sopts)
 	if err != nil {
 		t.Fatal(err)
@@ -73,8 +83,16 @@ func TestSetPartsWhileWorking(t *testing.T) {
 	}
 
 	var acked, lost atomic.Int64
+	setPartsDone := make(chan struct{})
 	work := func(partMode bool, s *session.Session) error {
 		for ctx.Err() == nil {
+			if acked.Load() >= total*8/10 {
+				select { // the last fifth waits for SetParts
+				case <-setPartsDone:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			var got []claim.Item
 			var err error
 			if partMode {
@@ -97,7 +115,11 @@ func TestSetPartsWhileWorking(t *testing.T) {
 				return err
 			}
 			if len(got) == 0 {
-				if countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 {
+				var left int
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items`).Scan(&left); err != nil {
+					return err
+				}
+				if left == 0 {
 					return nil
 				}
 				continue
@@ -126,10 +148,13 @@ func TestSetPartsWhileWorking(t *testing.T) {
 		go func() { defer wg.Done(); errs[i] = work(i == 0, s) }()
 	}
 
-	for acked.Load() < total/10 && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond) // polling a condition, with the test's deadline
-	}
-	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", 3); err != nil {
+	await.Until(t, "a tenth of the items acked", func() (bool, string) {
+		n := acked.Load()
+		return n >= total/10 || ctx.Err() != nil, fmt.Sprintf("%d acked", n)
+	}, await.Within(2*time.Minute))
+	err = partition.SetParts(ctx, pool, crsql.Tables{}, "default", 3)
+	close(setPartsDone)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE part >= 3`); n != 0 {

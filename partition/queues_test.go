@@ -2,20 +2,28 @@ package partition_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// rebalance runs a rebalancer of sess for queue until the test ends.
-func rebalance(t *testing.T, pool *pgxpool.Pool, sess *session.Session, queue string) {
+// rebalance runs a rebalancer of sess for queue until the test ends; polls,
+// if not nil, counts its polls.
+func rebalance(t *testing.T, pool *pgxpool.Pool, sess *session.Session, queue string, polls *await.Rounds) {
 	t.Helper()
-	r, err := partition.New(pool, sess, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second}, Queue: queue})
+	var hooks partition.TestingOptions
+	if polls != nil {
+		hooks.AfterRebalance = func([]int, error) { polls.Tick() }
+	}
+	r, err := partition.New(pool, sess, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second}, Queue: queue,
+		Testing: hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,6 +61,7 @@ func ownersOf(t *testing.T, pool *pgxpool.Pool, queue string) map[string]int {
 // target gave parts to beta's session, which never took them: they stayed
 // owned by nobody.)
 func TestQueuesDivideTheirOwnParts(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 8)
 	ctx := context.Background()
 	for _, q := range []string{"alpha", "beta"} {
@@ -60,7 +69,7 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}}
+	opts := fastSession()
 	newSession := func() *session.Session {
 		s, err := session.Start(ctx, pool, opts)
 		if err != nil {
@@ -70,11 +79,12 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 		return s
 	}
 	a1, a2, b1, both := newSession(), newSession(), newSession(), newSession()
-	rebalance(t, pool, a1, "alpha")
-	rebalance(t, pool, a2, "alpha")
-	rebalance(t, pool, b1, "beta")
-	rebalance(t, pool, both, "alpha")
-	rebalance(t, pool, both, "beta")
+	alphaPolls := await.NewRounds("polls of a rebalancer of alpha")
+	rebalance(t, pool, a1, "alpha", alphaPolls)
+	rebalance(t, pool, a2, "alpha", nil)
+	rebalance(t, pool, b1, "beta", nil)
+	rebalance(t, pool, both, "alpha", nil)
+	rebalance(t, pool, both, "beta", nil)
 	settled := func(queue string, members ...*session.Session) bool {
 		got := ownersOf(t, pool, queue)
 		total, lo, hi := 0, 8, 0
@@ -87,26 +97,26 @@ func TestQueuesDivideTheirOwnParts(t *testing.T) {
 		}
 		return total == 8 && len(got) == len(members) && hi-lo <= 1 && lo > 0
 	}
-	waitFor(t, "each queue's parts owned by its own members, balanced", 30*time.Second, func() bool {
-		return settled("alpha", a1, a2, both) && settled("beta", b1, both)
+	await.Until(t, "each queue's parts owned by its own members, balanced", func() (bool, string) {
+		return settled("alpha", a1, a2, both) && settled("beta", b1, both),
+			fmt.Sprintf("alpha %v, beta %v", ownersOf(t, pool, "alpha"), ownersOf(t, pool, "beta"))
 	})
-	for _, s := range []*session.Session{a1, a2} {
-		if n := ownersOf(t, pool, "beta")[s.ID().String()]; n != 0 {
-			t.Errorf("session %s of alpha owns %d parts of beta", s.ID(), n)
-		}
-	}
-	if n := ownersOf(t, pool, "alpha")[b1.ID().String()]; n != 0 {
-		t.Errorf("session %s of beta owns %d parts of alpha", b1.ID(), n)
-	}
+	// Through three more polls of a session of alpha, none takes a part
+	// of beta, nor beta's session a part of alpha.
+	await.Never(t, "a session owns parts of a queue it does not work", alphaPolls, 3, func() (bool, string) {
+		alpha, beta := ownersOf(t, pool, "alpha"), ownersOf(t, pool, "beta")
+		return beta[a1.ID().String()]+beta[a2.ID().String()]+alpha[b1.ID().String()] != 0, fmt.Sprintf("alpha %v, beta %v", alpha, beta)
+	})
 }
 
 // TestRebalancerJoinsAgain: a rebalancer whose session's membership of its
 // queue was deleted (by hand) while it owns no part finds itself missing
 // from the queue's members and joins again.
 func TestRebalancerJoinsAgain(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 1)
 	ctx := context.Background()
-	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: time.Second}}
+	opts := fastSession()
 	var sessions []*session.Session
 	for range 2 {
 		s, err := session.Start(ctx, pool, opts)
@@ -115,7 +125,7 @@ func TestRebalancerJoinsAgain(t *testing.T) {
 		}
 		t.Cleanup(func() { s.Close(context.Background()) })
 		sessions = append(sessions, s)
-		rebalance(t, pool, s, "default")
+		rebalance(t, pool, s, "default", nil)
 	}
 	memberRows := func(s *session.Session) int {
 		var n int
@@ -125,7 +135,7 @@ func TestRebalancerJoinsAgain(t *testing.T) {
 		return n
 	}
 	var idle *session.Session
-	waitFor(t, "one session to own the part, both to have joined", 30*time.Second, func() bool {
+	await.Until(t, "one session to own the part, both to have joined", func() bool {
 		got := ownersOf(t, pool, "default")
 		if len(got) != 1 || memberRows(sessions[0]) != 1 || memberRows(sessions[1]) != 1 {
 			return false
@@ -139,5 +149,5 @@ func TestRebalancerJoinsAgain(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_session_queues WHERE session_id = $1`, idle.ID()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the idle session to join again", 30*time.Second, func() bool { return memberRows(idle) == 1 })
+	await.Until(t, "the idle session to join again", func() bool { return memberRows(idle) == 1 })
 }

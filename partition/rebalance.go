@@ -67,6 +67,22 @@ type Options struct {
 	Tables crsql.Tables
 	// Logger receives the rebalancer's logs. Default: none.
 	Logger *zap.Logger
+	// Testing holds hooks for tests; not for production.
+	Testing TestingOptions
+}
+
+// TestingOptions are hooks into a rebalancer's loop, for tests that wait
+// for its rounds instead of sleeping (package internal/await's Rounds); not
+// for production: they may change in any release. The zero value sets
+// none, and a hook left nil costs nothing. Hooks run on the loop's
+// goroutine, which waits for them: keep them quick.
+type TestingOptions struct {
+	// AfterRebalance, if not nil, is called by Run after each poll
+	// (Rebalance), with the parts the session owns then (Owned: draining
+	// ones included; a part being given up is released by a goroutine of
+	// its own, later) and the poll's error. Not called once Run's context
+	// or the session ended.
+	AfterRebalance func(owned []int, err error)
 }
 
 // Stats counts a rebalancer's part movements.
@@ -298,8 +314,12 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 	t := time.NewTicker(r.opts.Poll)
 	defer t.Stop()
 	for {
-		if err := r.Rebalance(ctx); err != nil && ctx.Err() == nil {
+		err := r.Rebalance(ctx)
+		if err != nil && ctx.Err() == nil {
 			r.log.Warn("rebalance failed", zap.Error(err))
+		}
+		if h := r.opts.Testing.AfterRebalance; h != nil && ctx.Err() == nil {
+			h(r.Owned(), err)
 		}
 		select {
 		case <-ctx.Done():

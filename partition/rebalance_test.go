@@ -3,7 +3,9 @@ package partition_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -21,17 +25,29 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// setup returns a pool on a fresh database of the test with the schema
+// and the default queue in parts.
 func setup(t *testing.T, parts int) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
+	pool := testschema.New(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
 		t.Fatal(err)
 	}
 	return pool
+}
+
+// fastSession returns frequent heartbeats and an expiry that a loaded
+// machine's slow heartbeats do not reach: the sessions of these tests must
+// not churn, nobody leaves unless the test says so (gracefully, which
+// hands the parts over at once), so a long expiry costs nothing. Both are
+// stretched with the load (await.Stretch), the heartbeat too: each
+// heartbeat gives up after two intervals, and with 8 CPU-burning processes
+// beside the suite the unstretched 100 ms heartbeats of two of six sessions
+// kept timing out until their sessions were lost.
+func fastSession() session.Options {
+	hb := await.Stretch(100 * time.Millisecond)
+	return session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 50 * hb}}
 }
 
 type member struct {
@@ -39,6 +55,8 @@ type member struct {
 	reb  *partition.Rebalancer
 	stop context.CancelFunc
 	done chan struct{}
+	// polls counts the rebalancer's polls (Options.Testing.AfterRebalance).
+	polls *await.Rounds
 }
 
 func join(t *testing.T, pool *pgxpool.Pool, sopts session.Options) *member {
@@ -48,11 +66,13 @@ func join(t *testing.T, pool *pgxpool.Pool, sopts session.Options) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second}})
+	polls := await.NewRounds("rebalances of " + s.ID().String())
+	r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: time.Second},
+		Testing: partition.TestingOptions{AfterRebalance: func([]int, error) { polls.Tick() }}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &member{sess: s, reb: r, stop: cancel, done: make(chan struct{})}
+	m := &member{sess: s, reb: r, stop: cancel, done: make(chan struct{}), polls: polls}
 	go func() { defer close(m.done); r.Run(ctx) }()
 	t.Cleanup(func() { m.leave() })
 	return m
@@ -101,30 +121,64 @@ func balanced(t *testing.T, pool *pgxpool.Pool, parts int, members ...*member) b
 	return hi-lo <= 1
 }
 
-func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) time.Duration {
+// ownership returns the owner of each part of the default queue, from the
+// database, as a string for failure messages and comparisons.
+func ownership(t *testing.T, pool *pgxpool.Pool) string {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > deadline {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
+	rows, err := pool.Query(context.Background(), `SELECT part, session_id::TEXT FROM crdbwork_session_parts WHERE queue = 'default' ORDER BY part`)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return time.Since(start)
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var p int
+		var s string
+		if err := rows.Scan(&p, &s); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%d:%s ", p, s[:8])
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// settled is balanced as an await condition that reports the owners, and
+// the members whose session ended.
+func settled(t *testing.T, pool *pgxpool.Pool, parts int, members ...*member) func() (bool, string) {
+	return func() (bool, string) {
+		got, total := owners(t, pool)
+		state := fmt.Sprintf("%d of %d parts owned: %v", total, parts, got)
+		for _, m := range members {
+			if err := m.sess.Err(); err != nil {
+				state += fmt.Sprintf("; session %s ended: %v", m.sess.ID(), err)
+			}
+		}
+		return balanced(t, pool, parts, members...), state
+	}
 }
 
 func TestSessionsSettleOn64Parts(t *testing.T) {
+	t.Parallel()
 	const parts = 64
 	pool := setup(t, parts)
-	// Frequent heartbeats; an expiry that a loaded machine's slow heartbeats
-	// do not reach (the sessions must not churn: nobody leaves here).
-	fast := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}}
 	var ms []*member
 	for range 5 {
-		ms = append(ms, join(t, pool, fast))
+		ms = append(ms, join(t, pool, fastSession()))
 	}
-	took := waitFor(t, "5 sessions to settle on 64 parts", 30*time.Second, func() bool { return balanced(t, pool, parts, ms...) })
+	took := await.Until(t, "5 sessions to settle on 64 parts", settled(t, pool, parts, ms...))
 	t.Logf("settled in %v", took)
+	// Settled means stable: through three more polls of every member, no
+	// part changes hands.
+	before := ownership(t, pool)
+	for _, m := range ms {
+		await.Never(t, "a part changes hands once the sessions settled", m.polls, 3, func() (bool, string) {
+			now := ownership(t, pool)
+			return now != before, now
+		})
+	}
 	var distinct int
 	if err := pool.QueryRow(context.Background(), `SELECT count(DISTINCT part) FROM crdbwork_session_parts WHERE queue = 'default'`).Scan(&distinct); err != nil {
 		t.Fatal(err)
@@ -141,19 +195,20 @@ func TestSessionsSettleOn64Parts(t *testing.T) {
 		t.Fatalf("rebalancers believe they own %d parts in all, want %d", sum, parts)
 	}
 	// A sixth session joins: the group settles again.
-	ms = append(ms, join(t, pool, fast))
-	waitFor(t, "6 sessions to settle", 30*time.Second, func() bool { return balanced(t, pool, parts, ms...) })
+	ms = append(ms, join(t, pool, fastSession()))
+	await.Until(t, "6 sessions to settle", settled(t, pool, parts, ms...))
 }
 
 func TestGracefulCloseHandsPartsOverAtOnce(t *testing.T) {
+	t.Parallel()
 	const parts = 64
 	pool := setup(t, parts)
 	slow := session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: time.Minute}} // expiry far beyond the test's deadline
 	a := join(t, pool, slow)
 	b := join(t, pool, slow)
-	waitFor(t, "two sessions to settle", 30*time.Second, func() bool { return balanced(t, pool, parts, a, b) })
+	await.Until(t, "two sessions to settle", settled(t, pool, parts, a, b))
 	a.leave()
-	took := waitFor(t, "the survivor to own every part", 20*time.Second, func() bool { return balanced(t, pool, parts, b) })
+	took := await.Until(t, "the survivor to own every part", settled(t, pool, parts, b))
 	t.Logf("survivor owned all %d parts %v after the graceful close (expiry %v)", parts, took, slow.Expiry)
 	if st := b.reb.Stats(); st.Acquired < parts/2+parts/2 {
 		t.Fatalf("survivor acquired %d parts in all, want %d", st.Acquired, parts)
@@ -161,6 +216,7 @@ func TestGracefulCloseHandsPartsOverAtOnce(t *testing.T) {
 }
 
 func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
+	t.Parallel()
 	const parts = 4
 	pool := setup(t, parts)
 	ctx := context.Background()
@@ -175,8 +231,11 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	m := join(t, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 2 * time.Second}})
-	waitFor(t, "the session to own all parts", 20*time.Second, func() bool { return len(m.reb.Owned()) == parts })
+	m := join(t, pool, fastSession())
+	await.Until(t, "the session to own all parts", func() (bool, string) {
+		owned := m.reb.Owned()
+		return len(owned) == parts, fmt.Sprint("owns ", owned)
+	})
 	got, err := q.Claimer(m.sess.ID()).Claim(ctx, claim.ClaimRequest{Max: 100, Parts: []int{1, 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +272,7 @@ func TestClaimPartsOnlyInOwnedParts(t *testing.T) {
 }
 
 func TestSetParts(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 8)
 	ctx := context.Background()
 	if n, err := partition.Parts(ctx, pool, crsql.Tables{}, "default"); err != nil || n != 8 {
@@ -294,9 +354,10 @@ func partRows(t *testing.T, pool *pgxpool.Pool) []int {
 // against the new ownership: its Done must neither end the new ownership's
 // drain early nor, as it did, close the drain channel twice (a panic).
 func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 2)
 	ctx := context.Background()
-	s, err := session.Start(ctx, pool, session.Options{})
+	s, err := session.Start(ctx, pool, fastSession())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +408,10 @@ func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
 	cur := claimed([]int{1})
 	// Part 0 has nothing in flight and is released; part 1 waits for the
 	// new item (the drain timeout is an hour).
-	waitFor(t, "part 0 to be released", 20*time.Second, func() bool { return slices.Equal(r.Owned(), []int{1}) })
+	await.Until(t, "part 0 to be released", func() (bool, string) {
+		owned := r.Owned()
+		return slices.Equal(owned, []int{1}), fmt.Sprint("owns ", owned)
+	})
 	if got := partRows(t, pool); !slices.Equal(got, []int{1}) {
 		t.Fatalf("rows of parts %v, want [1]: part 1 must wait for its item in flight", got)
 	}
@@ -356,8 +420,9 @@ func TestStaleDoneDoesNotCountAgainstNewOwnership(t *testing.T) {
 		t.Fatalf("rows of parts %v after a stale Done, want [1]", got)
 	}
 	r.Done(cur[0])
-	waitFor(t, "part 1 to be released once its item is done", 20*time.Second, func() bool {
-		return len(r.Owned()) == 0 && len(partRows(t, pool)) == 0
+	await.Until(t, "part 1 to be released once its item is done", func() (bool, string) {
+		owned, rows := r.Owned(), partRows(t, pool)
+		return len(owned) == 0 && len(rows) == 0, fmt.Sprintf("owns %v, rows of parts %v", owned, rows)
 	})
 	r.Done(cur[0]) // a repeated Done is harmless
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 )
@@ -81,6 +82,7 @@ func ownersByID(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]int {
 // part and joins the queue once; after the second joins, the first gives up
 // half of the parts and the second takes them.
 func TestRebalancerWithAlwaysAliveSession(t *testing.T) {
+	t.Parallel()
 	const parts = 4
 	pool := setup(t, parts)
 	ctx := context.Background()
@@ -125,7 +127,10 @@ func TestRebalancerWithAlwaysAliveSession(t *testing.T) {
 	if err := ra.Rebalance(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a to give up two parts", 10*time.Second, func() bool { return ra.Stats().Released == 2 })
+	await.Until(t, "a to give up two parts", func() (bool, string) {
+		st := ra.Stats()
+		return st.Released == 2, fmt.Sprintf("%+v", st)
+	})
 	if err := rb.Rebalance(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +157,7 @@ func TestRebalancerWithAlwaysAliveSession(t *testing.T) {
 // error when it was lost and nil when it was closed, although its own
 // context is never cancelled.
 func TestRunReturnsWhenSessionEnds(t *testing.T) {
+	t.Parallel()
 	errGone := fmt.Errorf("%w: the fake's row was deleted", session.ErrLost)
 	for _, tc := range []struct {
 		name  string
@@ -162,6 +168,7 @@ func TestRunReturnsWhenSessionEnds(t *testing.T) {
 		{"closed", session.ErrClosed, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t, 2)
 			s := newAliveSession(t, pool)
 			r, err := partition.New(pool, s, partition.Options{Tuning: partition.Tuning{Poll: 20 * time.Millisecond}})
@@ -170,19 +177,18 @@ func TestRunReturnsWhenSessionEnds(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { done <- r.Run(context.Background()) }()
-			waitFor(t, "the rebalancer to own both parts", 10*time.Second, func() bool { return len(r.Owned()) == 2 })
+			await.Until(t, "the rebalancer to own both parts", func() (bool, string) {
+				owned := r.Owned()
+				return len(owned) == 2, fmt.Sprint("owns ", owned)
+			})
 
 			s.end(tc.cause)
-			select {
-			case err := <-done:
-				if tc.want == nil && err != nil {
-					t.Fatalf("Run after the session closed = %v; want nil", err)
-				}
-				if tc.want != nil && !errors.Is(err, tc.want) {
-					t.Fatalf("Run after the session was lost = %v; want an error wrapping %v", err, tc.want)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("Run did not return within 10 s of its session ending")
+			err = await.Recv(t, "Run to return once its session ended", done)
+			if tc.want == nil && err != nil {
+				t.Fatalf("Run after the session closed = %v; want nil", err)
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Fatalf("Run after the session was lost = %v; want an error wrapping %v", err, tc.want)
 			}
 			if got := r.Owned(); len(got) != 0 {
 				t.Fatalf("after Run returned, Owned = %v; want none", got)
@@ -194,6 +200,7 @@ func TestRunReturnsWhenSessionEnds(t *testing.T) {
 // TestNewRejectsNilSession: a nil *session.Session inside the Session
 // interface is refused like a nil interface, not dereferenced.
 func TestNewRejectsNilSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t, 1)
 	for name, s := range map[string]partition.Session{"nil interface": nil, "nil *session.Session": (*session.Session)(nil)} {
 		if r, err := partition.New(pool, s, partition.Options{}); err == nil || r != nil {

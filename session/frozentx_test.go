@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -66,6 +66,7 @@ func sessionExists(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) bool {
 // queue, from being reaped); once the transaction ends, the next reap
 // deletes the session.
 func TestReapWithinGivesUpOnLocks(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	id, conn := expiredWithLockedChild(t, pool, pool.Config().ConnConfig.Copy())
@@ -83,20 +84,18 @@ func TestReapWithinGivesUpOnLocks(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
+		// Bound stretched with the machine's load: each of the sessions
+		// whose rows are not locked is deleted within it.
+		n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, await.Stretch(300*time.Millisecond))
 		done <- result{n, err}
 	}()
-	select {
-	case r := <-done:
-		if !errors.Is(r.err, session.ErrReapTimeout) || !strings.Contains(r.err.Error(), session.IdleInTransactionParam) ||
-			!strings.Contains(r.err.Error(), id.String()) {
-			t.Fatalf("ReapWithin: %v, want an error wrapping ErrReapTimeout naming %s and session %s", r.err, session.IdleInTransactionParam, id)
-		}
-		if r.n != int64(len(others)) {
-			t.Errorf("ReapWithin deleted %d sessions, want the %d expired ones whose rows are not locked", r.n, len(others))
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("ReapWithin still waits on the frozen transaction's locks after 30 s")
+	r := await.Recv(t, "ReapWithin to give up on the frozen transaction's locks", done)
+	if !errors.Is(r.err, session.ErrReapTimeout) || !strings.Contains(r.err.Error(), session.IdleInTransactionParam) ||
+		!strings.Contains(r.err.Error(), id.String()) {
+		t.Fatalf("ReapWithin: %v, want an error wrapping ErrReapTimeout naming %s and session %s", r.err, session.IdleInTransactionParam, id)
+	}
+	if r.n != int64(len(others)) {
+		t.Errorf("ReapWithin deleted %d sessions, want the %d expired ones whose rows are not locked", r.n, len(others))
 	}
 	if !sessionExists(t, pool, id) {
 		t.Fatal("the session was deleted although its child row stayed locked")
@@ -118,12 +117,19 @@ func TestReapWithinGivesUpOnLocks(t *testing.T) {
 // TestReapLoopWarnsOnLocks: a session's own reaper, blocked the same way,
 // warns and tries again rather than hanging.
 func TestReapLoopWarnsOnLocks(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	id, _ := expiredWithLockedChild(t, pool, pool.Config().ConnConfig.Copy())
 	core, logs := observer.New(zap.WarnLevel)
-	opts := fast
+	opts := fast()
 	opts.Logger = zap.New(core)
+	gaveUp := await.NewRounds("reaps that gave up on the locks")
+	opts.Testing.AfterReap = func(_ int64, err error) {
+		if errors.Is(err, session.ErrReapTimeout) {
+			gaveUp.Tick()
+		}
+	}
 	s, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +146,12 @@ func TestReapLoopWarnsOnLocks(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "two warnings of a reap that gave up", 30*time.Second, func() bool { return warned() >= 2 })
+	// The hook runs before the reap's warning is logged: after the third
+	// reap that gave up, the first two have warned.
+	gaveUp.Wait(t, 3)
+	if n := warned(); n < 2 {
+		t.Fatalf("%d warnings of a reap that gave up after 3 such reaps, want at least 2", n)
+	}
 	if !sessionExists(t, pool, id) {
 		t.Fatal("the locked session was deleted")
 	}
@@ -153,10 +164,13 @@ func TestReapLoopWarnsOnLocks(t *testing.T) {
 // ConfigurePool, the server ends a transaction left idle for the expiry,
 // and a reaper then deletes the expired session whose rows it locked.
 func TestConfigurePoolEndsFrozenTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	cfg := pool.Config()
-	if err := session.ConfigurePool(cfg, fast); err != nil {
+	// Unstretched: the server ends the transaction after the expiry by its
+	// own clock, whatever the load.
+	if err := session.ConfigurePool(cfg, fixed); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam], "600"; got != want {
@@ -171,11 +185,11 @@ func TestConfigurePoolEndsFrozenTransaction(t *testing.T) {
 	if err := configured.QueryRow(ctx, crsql.IdleInTransactionTimeout).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := session.ParseSetting(v); err != nil || d != fast.Expiry {
-		t.Fatalf("the server shows %s = %q (%v, %v), want %v", session.IdleInTransactionParam, v, d, err, fast.Expiry)
+	if d, err := session.ParseSetting(v); err != nil || d != fixed.Expiry {
+		t.Fatalf("the server shows %s = %q (%v, %v), want %v", session.IdleInTransactionParam, v, d, err, fixed.Expiry)
 	}
 	id, _ := expiredWithLockedChild(t, pool, cfg.ConnConfig)
-	waitFor(t, "the expired session to be reaped once the server ended the frozen transaction", 30*time.Second, func() bool {
+	await.Until(t, "the expired session to be reaped once the server ended the frozen transaction", func() bool {
 		_, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 300*time.Millisecond)
 		if err != nil && !errors.Is(err, session.ErrReapTimeout) {
 			t.Fatal(err)
@@ -188,33 +202,37 @@ func TestConfigurePoolEndsFrozenTransaction(t *testing.T) {
 // kept when it is not 0 and not longer than the expiry, replaced
 // otherwise; a nil configuration or bad options are errors.
 func TestConfigurePoolKeepsShorterTimeout(t *testing.T) {
+	t.Parallel()
+	// ConfigurePool only edits a configuration: no database is needed.
+	const url = "postgres://crdbwork@127.0.0.1:1/none"
 	for _, c := range []struct{ set, want string }{
 		{"", "600"}, {"0", "600"}, {"200", "200"}, {"250ms", "250ms"}, {"1s", "600"}, {"600", "600"}, {"1min", "600"},
 	} {
-		cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+		cfg, err := pgxpool.ParseConfig(url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if c.set != "" {
 			cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam] = c.set
 		}
-		if err := session.ConfigurePool(cfg, fast); err != nil {
+		if err := session.ConfigurePool(cfg, fixed); err != nil {
 			t.Fatal(err)
 		}
 		if got := cfg.ConnConfig.RuntimeParams[session.IdleInTransactionParam]; got != c.want {
 			t.Errorf("set %q: got %q, want %q", c.set, got, c.want)
 		}
 	}
-	if err := session.ConfigurePool(nil, fast); err == nil {
+	if err := session.ConfigurePool(nil, fixed); err == nil {
 		t.Error("ConfigurePool(nil) succeeded")
 	}
-	cfg, _ := pgxpool.ParseConfig(testdb.NewURL(t))
+	cfg, _ := pgxpool.ParseConfig(url)
 	if err := session.ConfigurePool(cfg, session.Options{Tuning: session.Tuning{Heartbeat: time.Second, Expiry: time.Second}}); err == nil {
 		t.Error("ConfigurePool with an expiry shorter than three heartbeats succeeded")
 	}
 }
 
 func TestParseSetting(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]time.Duration{
 		"0": 0, "1500": 1500 * time.Millisecond, "1500ms": 1500 * time.Millisecond, "5s": 5 * time.Second,
 		"2min": 2 * time.Minute, "1h": time.Hour, "1d": 24 * time.Hour, "00:00:05": 5 * time.Second,
@@ -239,6 +257,7 @@ func TestParseSetting(t *testing.T) {
 // claims released. On the code before the fix, the one statement that
 // deletes every expired session failed, at every reap, and deleted none.
 func TestReapWithinGoesOnPastRefusedDeletes(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	expired := func() uuid.UUID {
@@ -264,7 +283,8 @@ func TestReapWithinGoesOnPastRefusedDeletes(t *testing.T) {
 	if _, err := pool.Exec(ctx, claimed, goodItem, "b", "t", good); err != nil {
 		t.Fatal(err)
 	}
-	n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, 5*time.Second)
+	// A bound stretched with the load: the refusal, not the bound, must end it.
+	n, err := session.ReapWithin(ctx, pool, crsql.Tables{}, await.Stretch(5*time.Second))
 	if n != 1 || err == nil || !strings.Contains(err.Error(), bad.String()) || !strings.Contains(err.Error(), "refused") ||
 		errors.Is(err, session.ErrReapTimeout) {
 		t.Fatalf("ReapWithin = %d, %v; want 1 deleted and an error naming the refused session %s", n, err, bad)

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -18,10 +19,11 @@ import (
 // its parts; not sessions of other queues, not expired sessions, not a
 // session that left; and that a session whose row is gone cannot join.
 func TestQueueMembers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	start := func() *session.Session {
-		s, err := session.Start(ctx, pool, fast)
+		s, err := session.Start(ctx, pool, fast())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +42,14 @@ func TestQueueMembers(t *testing.T) {
 		slices.SortFunc(ids, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
 		return ids
 	}
-	a, b, c, v3 := start(), start(), start(), start()
+	a, b, v3 := start(), start(), start()
+	cctx, crashC := context.WithCancel(ctx)
+	defer crashC()
+	c, err := session.Start(cctx, pool, fast())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
 	for _, j := range []struct {
 		s     *session.Session
 		queue string
@@ -77,7 +86,11 @@ func TestQueueMembers(t *testing.T) {
 		t.Errorf("members of alpha after b left: %v, want %v", got, want)
 	}
 	// An expired session (no heartbeat since long before its expiry) is
-	// not a member, though its rows are still there.
+	// not a member, though its rows are still there. Its heartbeats stop
+	// first (as when its process dies), or the next one would make it live
+	// again before the test reads the members.
+	crashC()
+	await.Recv(t, "c to stop heartbeating", c.Done())
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - INTERVAL '1 hour' WHERE id = $1`, c.ID()); err != nil {
 		t.Fatal(err)
 	}

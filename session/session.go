@@ -128,6 +128,25 @@ type Options struct {
 	// (crdbwork status --watch derives throughput from them). It must be quick
 	// and safe to call from the heartbeat goroutine.
 	Report func() Counters
+	// Testing holds hooks for tests; not for production.
+	Testing TestingOptions
+}
+
+// TestingOptions are hooks into a session's loops, for tests that wait for
+// a loop's rounds instead of sleeping (package internal/await's Rounds);
+// not for production: they may change in any release. The zero value sets
+// none, and a hook left nil costs nothing. Hooks run on the loop's
+// goroutine, which waits for them: keep them quick.
+type TestingOptions struct {
+	// AfterHeartbeat, if not nil, is called after each heartbeat: with
+	// alive true when it updated the session's row, alive false and a nil
+	// error when it found the row gone (the session is then lost), or the
+	// heartbeat's error. It is not called once the session ended.
+	AfterHeartbeat func(alive bool, err error)
+	// AfterReap, if not nil, is called after each deletion of expired
+	// sessions by the session's own reaper (not with ReapEvery negative),
+	// with how many it deleted and its error.
+	AfterReap func(n int64, err error)
 }
 
 // Counters are what a session's process reports with its heartbeats: the
@@ -371,6 +390,9 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			}
 		}
 		cancel()
+		if h := s.opts.Testing.AfterHeartbeat; h != nil && ctx.Err() == nil {
+			h(alive, err)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -405,6 +427,9 @@ func (s *Session) reapLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 		n, err := ReapWithin(ctx, s.db, s.opts.Tables, s.opts.ReapTimeout)
+		if h := s.opts.Testing.AfterReap; h != nil && ctx.Err() == nil {
+			h(n, err)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return

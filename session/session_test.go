@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -11,37 +12,42 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// setup returns a pool on a fresh database of the test with the schema.
 func setup(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testschema.New(t)
 }
 
-// fast are short intervals so that tests of expiry run quickly.
-var fast = session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}}
+// fastHeartbeat and fastExpiry are the intervals of the tests' sessions on
+// a quiet machine: short, so that tests of expiry run quickly.
+const (
+	fastHeartbeat = 100 * time.Millisecond
+	fastExpiry    = 600 * time.Millisecond
+)
 
-// waitFor polls cond until it is true or the deadline passes.
-func waitFor(t *testing.T, what string, deadline time.Duration, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+// fast returns short intervals for sessions that must stay alive while the
+// machine is busy: the heartbeat and the expiry stretch together with the
+// machine's load (await.Stretch, read once), so that heartbeats delayed by
+// a loaded scheduler (each gives up after two intervals) do not lose the
+// session; the tests of expiry then only take longer.
+func fast() session.Options {
+	hb := await.Stretch(fastHeartbeat)
+	return session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: hb * (fastExpiry / fastHeartbeat)}}
 }
+
+// fixed are the fast intervals unstretched, for the tests of the values
+// the options turn into (nothing there depends on the machine's speed).
+var fixed = session.Options{Tuning: session.Tuning{Heartbeat: fastHeartbeat, Expiry: fastExpiry}}
 
 func countSessions(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
@@ -53,9 +59,10 @@ func countSessions(t *testing.T, pool *pgxpool.Pool) int {
 }
 
 func TestStartWritesRowAndHeartbeats(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	opts := fast
+	opts := fast()
 	opts.Name = "worker-a"
 	s, err := session.Start(ctx, pool, opts)
 	if err != nil {
@@ -73,7 +80,7 @@ func TestStartWritesRowAndHeartbeats(t *testing.T) {
 	if name != "worker-a" || host == "" || pid == 0 {
 		t.Fatalf("row = (%q, %q, %d), want name worker-a and host, pid set", name, host, pid)
 	}
-	waitFor(t, "a heartbeat to move heartbeat_at", 5*time.Second, func() bool {
+	await.Until(t, "a heartbeat to move heartbeat_at", func() bool {
 		var hb time.Time
 		if err := pool.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&hb); err != nil {
 			t.Fatal(err)
@@ -84,8 +91,8 @@ func TestStartWritesRowAndHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(live) != 1 || live[0].ID != s.ID() || live[0].Expiry != fast.Expiry {
-		t.Fatalf("List = %+v, want one session %s with expiry %v", live, s.ID(), fast.Expiry)
+	if len(live) != 1 || live[0].ID != s.ID() || live[0].Expiry != opts.Expiry {
+		t.Fatalf("List = %+v, want one session %s with expiry %v", live, s.ID(), opts.Expiry)
 	}
 	if s.Err() != nil {
 		t.Fatalf("live session has Err %v", s.Err())
@@ -93,9 +100,10 @@ func TestStartWritesRowAndHeartbeats(t *testing.T) {
 }
 
 func TestCloseDeletesRow(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	s, err := session.Start(ctx, pool, fast)
+	s, err := session.Start(ctx, pool, fast())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,9 +127,11 @@ func TestCloseDeletesRow(t *testing.T) {
 }
 
 func TestDeletedRowIsReportedLost(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	s, err := session.Start(ctx, pool, fast)
+	opts := fast()
+	s, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,12 +140,8 @@ func TestDeletedRowIsReportedLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted := time.Now()
-	select {
-	case <-s.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("session did not report the loss of its row")
-	}
-	t.Logf("loss reported %v after the row was deleted (heartbeat %v)", time.Since(deleted), fast.Heartbeat)
+	await.Recv(t, "the session to report the loss of its row", s.Done())
+	t.Logf("loss reported %v after the row was deleted (heartbeat %v)", time.Since(deleted), opts.Heartbeat)
 	if !errors.Is(s.Err(), session.ErrLost) || !strings.Contains(s.Err().Error(), "deleted") {
 		t.Fatalf("Err = %v, want ErrLost saying the row was deleted", s.Err())
 	}
@@ -145,28 +151,30 @@ func TestDeletedRowIsReportedLost(t *testing.T) {
 }
 
 func TestCrashedSessionIsReapedByPeer(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	crashCtx, crash := context.WithCancel(ctx)
-	dead, err := session.Start(crashCtx, pool, fast)
+	opts := fast()
+	dead, err := session.Start(crashCtx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer, err := session.Start(ctx, pool, fast)
+	peer, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer peer.Close(ctx)
 	crash() // stops heartbeating without deleting the row
 	crashed := time.Now()
-	waitFor(t, "the peer to reap the crashed session", 15*time.Second, func() bool {
+	await.Until(t, "the peer to reap the crashed session", func() bool {
 		var n int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, dead.ID()).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 0
 	})
-	t.Logf("crashed session reaped %v after its last heartbeat (expiry %v)", time.Since(crashed), fast.Expiry)
+	t.Logf("crashed session reaped %v after its last heartbeat (expiry %v)", time.Since(crashed), opts.Expiry)
 	if !errors.Is(dead.Err(), session.ErrLost) {
 		t.Fatalf("crashed session Err = %v, want ErrLost", dead.Err())
 	}
@@ -187,6 +195,7 @@ func TestCrashedSessionIsReapedByPeer(t *testing.T) {
 // less the clock margin — while its row, by the database clock, has not yet
 // expired, so no peer may already have taken over its work.
 func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
+	t.Parallel()
 	direct := setup(t)
 	ctx := context.Background()
 	p, pu, err := faultproxy.ForURL(direct.Config().ConnString())
@@ -199,20 +208,19 @@ func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 3 * time.Second, ClockMargin: 2 * time.Second}}
+	// The margin leaves the test two thirds of the expiry, stretched with
+	// the machine's load, to read the row after the loss.
+	margin := await.Stretch(2 * time.Second)
+	opts := session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: margin * 3 / 2, ClockMargin: margin}}
 	s, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close(ctx)
 	p.Cut() // every later heartbeat fails
-	select {
-	case <-s.Done():
-	case <-time.After(30 * time.Second):
-		t.Fatal("session kept going without heartbeats")
-	}
+	await.Recv(t, "the session to count itself lost without heartbeats", s.Done())
 	if !errors.Is(s.Err(), session.ErrLost) || !strings.Contains(s.Err().Error(), "no heartbeat succeeded") ||
-		!strings.Contains(s.Err().Error(), "clock margin 2s") {
+		!strings.Contains(s.Err().Error(), fmt.Sprintf("clock margin %v", margin)) {
 		t.Fatalf("Err = %v, want ErrLost for failed heartbeats, naming the clock margin", s.Err())
 	}
 	var expired bool
@@ -228,7 +236,8 @@ func TestUnreachableDatabaseLosesSessionBeforeItsRowExpires(t *testing.T) {
 // busy (here held by the test, as by acks that take long) must not starve
 // it, or a session working fine would be lost.
 func TestHeartbeatDoesNotWaitForABusyPool(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -240,10 +249,14 @@ func TestHeartbeatDoesNotWaitForABusyPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
+	beats := await.NewRounds("heartbeats that updated the row")
+	opts := fast()
+	opts.Testing.AfterHeartbeat = func(alive bool, err error) {
+		if alive && err == nil {
+			beats.Tick()
+		}
 	}
-	s, err := session.Start(ctx, pool, fast)
+	s, err := session.Start(ctx, pool, opts) // the row's insert takes the pool
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,33 +265,23 @@ func TestHeartbeatDoesNotWaitForABusyPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer busy.Release() // before the Close deferred above, which needs the pool
 	var first time.Time
 	if err := busy.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	// Hold the pool for three expiries, watching the heartbeats land.
-	var beats int
-	last := first
-	for end := time.Now().Add(3 * fast.Expiry); time.Now().Before(end); {
-		var hb time.Time
-		if err := busy.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&hb); err != nil {
-			t.Fatal(err)
-		}
-		if hb.After(last) {
-			beats++
-			last = hb
-		}
-		if s.Err() != nil {
-			break
-		}
-		time.Sleep(fast.Heartbeat / 2)
+	// Three heartbeats land while the test holds the pool's only
+	// connection: a heartbeat that needed the pool would wait for ever.
+	beats.Wait(t, 3)
+	var last time.Time
+	if err := busy.QueryRow(ctx, `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, s.ID()).Scan(&last); err != nil {
+		t.Fatal(err)
 	}
-	busy.Release()
+	if !last.After(first) {
+		t.Fatalf("heartbeat_at %v did not move from %v while the heartbeats reported success", last, first)
+	}
 	if err := s.Err(); err != nil {
 		t.Fatalf("session lost while the pool was busy: %v", err)
-	}
-	if beats < 3 {
-		t.Fatalf("%d heartbeats landed in three expiries with the pool busy, want at least 3", beats)
 	}
 }
 
@@ -315,11 +318,12 @@ func (c *countingCtx) AfterFunc(func()) (stop func() bool) {
 // A session closed or lost under a long-lived context leaves nothing
 // registered on that context (each registration held ~6.5 KiB).
 func TestEndedSessionsLeaveNothingOnTheirContext(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := &countingCtx{done: make(chan struct{})}
 	var sessions []*session.Session
 	for range 3 {
-		s, err := session.Start(ctx, pool, fast)
+		s, err := session.Start(ctx, pool, fast())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,15 +342,22 @@ func TestEndedSessionsLeaveNothingOnTheirContext(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_sessions WHERE id = $1`, sessions[1].ID()); err != nil {
 		t.Fatal(err)
 	}
-	<-sessions[1].Done()
-	waitFor(t, "the lost session's registration to be stopped", 10*time.Second, func() bool { return ctx.registered() == 1 })
+	await.Recv(t, "the session whose row was deleted to be lost", sessions[1].Done())
+	await.Until(t, "the lost session's registration to be stopped", func() (bool, string) {
+		n := ctx.registered()
+		return n == 1, fmt.Sprint(n, " registrations")
+	})
 	if err := sessions[2].Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "no registration left", 10*time.Second, func() bool { return ctx.registered() == 0 })
+	await.Until(t, "no registration left", func() (bool, string) {
+		n := ctx.registered()
+		return n == 0, fmt.Sprint(n, " registrations")
+	})
 }
 
 func TestBadOptions(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -374,6 +385,7 @@ func TestBadOptions(t *testing.T) {
 }
 
 func TestMissingSchema(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t) // no schema applied
 	_, err := session.Start(context.Background(), pool, session.Options{})
 	if !errors.Is(err, crsql.ErrSchemaMissing) {
@@ -385,23 +397,24 @@ func TestMissingSchema(t *testing.T) {
 // session reported with its last heartbeat, and zeros for a session that
 // reports none.
 func TestListReportsCounters(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	want := session.Counters{Claimed: 7, Acked: 5, Failed: 2, InFlight: 3}
-	opts := fast
+	opts := fast()
 	opts.Report = func() session.Counters { return want }
 	reporting, err := session.Start(ctx, pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer reporting.Close(ctx)
-	silent, err := session.Start(ctx, pool, fast)
+	silent, err := session.Start(ctx, pool, fast())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close(ctx)
 	var got map[string]session.Counters
-	waitFor(t, "List to show the reported counters", 10*time.Second, func() bool {
+	await.Until(t, "List to show the reported counters", func() (bool, string) {
 		live, err := session.List(ctx, pool, crsql.Tables{})
 		if err != nil {
 			t.Fatal(err)
@@ -410,7 +423,7 @@ func TestListReportsCounters(t *testing.T) {
 		for _, in := range live {
 			got[in.ID.String()] = in.Reported
 		}
-		return len(got) == 2 && got[reporting.ID().String()] == want
+		return len(got) == 2 && got[reporting.ID().String()] == want, fmt.Sprintf("%+v", got)
 	})
 	if c := got[silent.ID().String()]; c != (session.Counters{}) {
 		t.Fatalf("the silent session's counters = %+v, want zeros", c)

@@ -41,8 +41,9 @@ type acker struct {
 	quit    chan struct{}
 	wg      sync.WaitGroup
 	once    sync.Once
-	// observe, if not nil, is told the size of each ack transaction.
-	observe func(n int)
+	// observe, if not nil, is told of each ack transaction: its requests
+	// and their errors.
+	observe func(reqs []claim.AckRequest, errs []error)
 	// ackOpts record the results of each ack transaction in one call or
 	// statement (claim.AckOptions.Batch and Statement).
 	ackOpts claim.AckOptions
@@ -92,11 +93,11 @@ type settleAnswer struct {
 }
 
 // startAcker starts n settle goroutines, each acking up to max items in one
-// transaction, telling observe (if not nil) the size of each, and recording
+// transaction, telling observe (if not nil) of each, and recording
 // each transaction's results with ackOpts; each try is bounded by
 // tryTimeout from when it was asked, with a context derived from base.
 // Stop them with stop.
-func startAcker(q *claim.Queue, n, max int, observe func(n int), ackOpts claim.AckOptions, base context.Context, tryTimeout time.Duration) *acker {
+func startAcker(q *claim.Queue, n, max int, observe func(reqs []claim.AckRequest, errs []error), ackOpts claim.AckOptions, base context.Context, tryTimeout time.Duration) *acker {
 	a := &acker{q: q, max: max, ready: make(chan struct{}, 1), quit: make(chan struct{}), observe: observe, ackOpts: ackOpts,
 		base: base, tryTimeout: tryTimeout}
 	a.wg.Add(n)
@@ -153,7 +154,7 @@ func (a *acker) run() {
 			errs := a.q.AckMany(ctx, reqs, a.ackOpts)
 			cancel()
 			if a.observe != nil {
-				a.observe(len(reqs))
+				a.observe(reqs, errs)
 			}
 			for i := range acks {
 				acks[i].answer(settleAnswer{err: errs[i]})

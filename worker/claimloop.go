@@ -196,6 +196,9 @@ func (r *sessionRun) claimLoop() {
 		if len(items) > 0 && w.opts.Testing.OnClaim != nil {
 			w.opts.Testing.OnClaim(ctx, items)
 		}
+		if h := w.opts.Testing.AfterIdleClaim; h != nil && len(items) == 0 && free > 0 && ctx.Err() == nil {
+			h(err)
+		}
 		bound := claimedAt.Add(w.opts.ItemTimeout + w.opts.HangGrace + settleGrace)
 		if len(items) > 0 {
 			// One allocation per item (its job) besides its context and

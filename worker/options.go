@@ -236,6 +236,45 @@ type TestingOptions struct {
 	// hook that blocks holds the check up as a slow ANALYZE would. Default:
 	// none.
 	OnStatistics func(ctx context.Context)
+
+	// The hooks below let a test wait for a round of one of the worker's
+	// loops instead of sleeping (package internal/await's Rounds), and show
+	// that something does not happen by watching it through rounds that
+	// could have done it. A hook left nil costs nothing. Each runs on the
+	// loop's goroutine, which waits for it: keep them quick.
+
+	// AfterIdleClaim, if not nil, is called by the claim loop after each
+	// round that had a free handler slot and claimed nothing (the queue had
+	// nothing this session may claim now, or the limits held everything
+	// back), with the claim's error, before the loop waits.
+	AfterIdleClaim func(err error)
+	// AfterAck, if not nil, is called after each ack transaction of the
+	// worker, with its items and each one's error (nil: acked), once the
+	// dependents of the acked items were released (or their release failed
+	// and was left to the reaper: see claim.Queue.Reap), before the
+	// handlers are told.
+	AfterAck func(items []claim.Item, errs []error)
+	// AfterLimitRefresh, if not nil, is called after each refresh of the
+	// session's view of the queue's limits and shares (every
+	// Limits.Refresh, and when a session starts), whether its reads
+	// succeeded or not (LimitStats says).
+	AfterLimitRefresh func()
+	// AfterSessionReap, if not nil, is called after each deletion of
+	// expired sessions by the maintenance loop (every Session.ReapEvery),
+	// with how many it deleted and its error.
+	AfterSessionReap func(n int64, err error)
+	// AfterQueueReap, if not nil, is called after each reap of the queue
+	// by the maintenance loop (claim.Queue.Reap, every few heartbeats:
+	// expired leases, crash loops, expired items, prunes, and the
+	// dependency sweep), with what it did and its error.
+	AfterQueueReap func(st claim.ReapStats, err error)
+	// Session holds the hooks of the worker's sessions (each heartbeat);
+	// the sessions' own reaper does not run in a worker (AfterSessionReap
+	// is the worker's).
+	Session session.TestingOptions
+	// Partition holds the hooks of the worker's rebalancers, in parts mode
+	// (each rebalance).
+	Partition partition.TestingOptions
 }
 
 // withDefaults returns o with zero fields set to their defaults, or an error

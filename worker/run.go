@@ -80,7 +80,8 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	r := &sessionRun{w: w, sess: sess, log: log, handlerCtx: handlerCtx, settleCtx: settleCtx}
 	rebDone := make(chan struct{})
 	if w.opts.Parts > 0 {
-		reb, err := partition.New(w.db, sess, partition.Options{Tuning: w.opts.Partition, Queue: w.name, Tables: w.tables, Logger: w.opts.Logger})
+		reb, err := partition.New(w.db, sess, partition.Options{Tuning: w.opts.Partition, Queue: w.name, Tables: w.tables, Logger: w.opts.Logger,
+			Testing: w.opts.Testing.Partition})
 		if err != nil {
 			log.Error("starting the rebalancer failed", zap.Error(err))
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
@@ -112,6 +113,9 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		w.refusedTotal.Add(r.lim.stats(time.Now()).Refused)
 	}()
 	w.refreshLimits(sess.Context(), sess, r.lim, log)
+	if h := w.opts.Testing.AfterLimitRefresh; h != nil {
+		h()
+	}
 	go func() {
 		defer close(maintDone)
 		r.maintain()
@@ -122,9 +126,20 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		r.checkStatistics()
 	}()
 
-	var observe func(int)
-	if obs := w.opts.Observer; obs != nil {
-		observe = func(n int) { obs.AckBatch(w.name, n) }
+	var observe func(reqs []claim.AckRequest, errs []error)
+	if obs, after := w.opts.Observer, w.opts.Testing.AfterAck; obs != nil || after != nil {
+		observe = func(reqs []claim.AckRequest, errs []error) {
+			if obs != nil {
+				obs.AckBatch(w.name, len(reqs))
+			}
+			if after != nil {
+				items := make([]claim.Item, len(reqs))
+				for i, r := range reqs {
+					items[i] = r.Item
+				}
+				after(items, errs)
+			}
+		}
 	}
 	r.a = startAcker(w.queue, w.opts.Ackers, max(1, w.opts.MaxAckBatch), observe, claim.AckOptions{Batch: w.opts.BatchRecord, Statement: w.opts.BatchStatement},
 		context.WithoutCancel(settleCtx), attempt.DefaultTryTimeout)
@@ -232,11 +247,17 @@ func (r *sessionRun) maintain() {
 		if now := time.Now(); !now.Before(nextLimits) {
 			nextLimits = now.Add(w.opts.Limits.Refresh)
 			w.refreshLimits(ctx, r.sess, r.lim, log)
+			if h := w.opts.Testing.AfterLimitRefresh; h != nil && ctx.Err() == nil {
+				h()
+			}
 		}
 		w.extendLeases(ctx, r.sess.ID(), r.fl, log)
 		if now := time.Now(); !now.Before(nextReap) {
 			nextReap = now.Add(jitter(reapEvery))
 			n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
+			if h := w.opts.Testing.AfterSessionReap; h != nil && ctx.Err() == nil {
+				h(n, err)
+			}
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -252,6 +273,9 @@ func (r *sessionRun) maintain() {
 			st, err := w.queue.Reap(ctx)
 			if ctx.Err() != nil {
 				return
+			}
+			if h := w.opts.Testing.AfterQueueReap; h != nil {
+				h(st, err)
 			}
 			// Every step of Reap runs whatever the others did, so what it
 			// did counts even when it reports failures.

@@ -406,7 +406,7 @@ func (w *Worker) ensureParts(ctx context.Context) error {
 func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done func(), err error) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, cancel)
-	sopts := session.Options{Tuning: w.opts.Session, Name: w.opts.Name, Tables: w.tables, Logger: w.opts.Logger}
+	sopts := session.Options{Tuning: w.opts.Session, Name: w.opts.Name, Tables: w.tables, Logger: w.opts.Logger, Testing: w.opts.Testing.Session}
 	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
 	// The session's counters ride on its heartbeats (for operators:
 	// crdbwork status); counted from the session's start.

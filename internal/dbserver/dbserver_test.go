@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -68,7 +70,7 @@ func hostPort(t *testing.T, rawURL string) string {
 // waitRefused waits until nothing listens at hostport.
 func waitRefused(t *testing.T, hostport string, within time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(within))
 	defer cancel()
 	if err := waitPortClosed(ctx, hostport); err != nil {
 		t.Fatal(err)
@@ -77,7 +79,7 @@ func waitRefused(t *testing.T, hostport string, within time.Duration) {
 
 func waitGone(t *testing.T, path string, within time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(within))
 	defer cancel()
 	err := poll(ctx, 50*time.Millisecond, func() (bool, error) {
 		_, err := os.Stat(path)
@@ -89,6 +91,7 @@ func waitGone(t *testing.T, path string, within time.Duration) {
 }
 
 func TestStartCreateIsolateStop(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, Options{})
 	ctx := testCtx(t)
 	if s.Kind() != Cockroach && s.Kind() != Postgres {
@@ -154,6 +157,8 @@ func TestStartCreateIsolateStop(t *testing.T) {
 	}
 }
 
+// Not parallel: it replaces pickPort, which every Start calls (parallel
+// tests run after the sequential ones).
 func TestPortClashRetried(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -296,7 +301,7 @@ func processGone(pid int) bool {
 
 func waitProcessGone(t *testing.T, pid int, within time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(within))
 	defer cancel()
 	if err := poll(ctx, 50*time.Millisecond, func() (bool, error) { return processGone(pid), nil }); err != nil {
 		t.Fatalf("process %d still running: %v", pid, err)
@@ -378,6 +383,7 @@ func TestCrashHelper(t *testing.T) {
 }
 
 func TestServerDoesNotOutliveCrash(t *testing.T) {
+	t.Parallel()
 	run := func(t *testing.T, env ...string) (dir, rawURL string) {
 		t.Helper()
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1")

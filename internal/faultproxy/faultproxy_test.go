@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
@@ -55,6 +56,7 @@ func connect(t *testing.T, u string) *pgx.Conn {
 // The answer of a COMMIT is dropped: the client gets an error, the
 // transaction committed.
 func TestDropCommitAnswer(t *testing.T) {
+	t.Parallel()
 	direct, p, proxied := setup(t)
 	ctx := context.Background()
 	c := connect(t, proxied)
@@ -78,6 +80,7 @@ func TestDropCommitAnswer(t *testing.T) {
 // A statement dropped before it reaches the server never runs; a prepared
 // statement (extended protocol) is matched by its text.
 func TestDropStatement(t *testing.T) {
+	t.Parallel()
 	direct, p, proxied := setup(t)
 	ctx := context.Background()
 	c := connect(t, proxied)
@@ -104,6 +107,7 @@ func TestDropStatement(t *testing.T) {
 // Cut refuses connections until Restore; an Outage rule cuts on its own and
 // restores after the outage.
 func TestCutAndOutage(t *testing.T) {
+	t.Parallel()
 	_, p, proxied := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -125,16 +129,11 @@ func TestCutAndOutage(t *testing.T) {
 		c4.Close(ctx)
 		t.Fatal("connected during the outage")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await.Until(t, "the proxy to come back after the outage", func() error {
 		c5, err := pgx.Connect(ctx, proxied)
 		if err == nil {
 			c5.Close(ctx)
-			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the proxy did not come back after the outage: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }

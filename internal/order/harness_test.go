@@ -15,6 +15,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/order"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -26,13 +27,10 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // that ties are rare, as with the paper's uniformly distributed priorities.
 const maxPriority = 1_000_000
 
+// setup returns a pool on a fresh database of the test with the schema.
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testschema.New(t)
 }
 
 // startSessions starts n sessions and, with parts > 0, gives them the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/order"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -19,6 +20,7 @@ import (
 // then batches of 7 (each item of a batch has only the batch's own items
 // before it).
 func TestStrictClaimsHavePEIZero(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	for _, batch := range []int{1, 7} {
@@ -48,6 +50,7 @@ func partOf(key string, n int) int {
 // in a random order. Each item's PEI must be exactly the number of items
 // still unclaimed with a lower priority.
 func TestPartsPEIAsConstructed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	const parts, queue = 16, "constructed"
@@ -127,6 +130,7 @@ func TestPartsPEIAsConstructed(t *testing.T) {
 // TestMeterCountsOnlyClaimableItems: items that are claimed, not yet vested,
 // out of attempts or in another queue do not count.
 func TestMeterCountsOnlyClaimableItems(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t)
 	const queue = "claimable"
@@ -160,19 +164,13 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET attempts = max_attempts WHERE id = $1`, ids.IDs[7]); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	await.Until(t, "the item with a 1 ms TTL to expire", func() bool {
 		var expired bool
 		if err := pool.QueryRow(ctx, `SELECT expires_at < now() FROM crdbwork_items WHERE id = $1`, ids.IDs[9]).Scan(&expired); err != nil {
 			t.Fatal(err)
 		}
-		if expired {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the item with a 1 ms TTL did not expire")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return expired
+	})
 	got, err := q.Claimer(ss[0].ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(got) != 1 || got[0].Priority != 0 {
 		t.Fatalf("claimed %v, %v; want the priority 0 item", got, err)
@@ -197,6 +195,7 @@ func TestMeterCountsOnlyClaimableItems(t *testing.T) {
 
 // TestSummarize checks the percentiles (nearest rank), mean and zero share.
 func TestSummarize(t *testing.T) {
+	t.Parallel()
 	var peis []int64
 	for i := range 100 {
 		peis = append(peis, int64(99-i)) // 99..0

@@ -23,6 +23,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // (PostgreSQL aborts one with 40P01 after deadlock_timeout; CockroachDB with
 // 40001). Tx runs the victim again, so both commit, each exactly once.
 func TestDeadlockedTransactionIsRetried(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -79,6 +80,7 @@ func TestDeadlockedTransactionIsRetried(t *testing.T) {
 }
 
 func TestRetryableCodes(t *testing.T) {
+	t.Parallel()
 	for code, want := range map[string]bool{"40001": true, "40P01": true, "23505": false, "57014": false} {
 		if got := retry.Retryable(&pgconn.PgError{Code: code}); got != want {
 			t.Errorf("Retryable(%s) = %v, want %v", code, got, want)
@@ -92,6 +94,7 @@ func TestRetryableCodes(t *testing.T) {
 // Do retries a retryable error until fn succeeds, gives up after MaxRetries,
 // and returns any other error at once, unchanged.
 func TestDoRetriesOnlyRetryableErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	calls := 0
 	err := retry.Do(ctx, nil, func(context.Context) error {
@@ -128,6 +131,7 @@ func TestDoRetriesOnlyRetryableErrors(t *testing.T) {
 // Do, and from COMMIT (a deferred constraint trigger fires at COMMIT) in Tx.
 // Both are outcome unknown and run exactly once, never retried.
 func TestAmbiguousResultIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	if testdb.Kind(t) != "postgres" {
@@ -173,6 +177,7 @@ func TestAmbiguousResultIsOutcomeUnknown(t *testing.T) {
 // got it) is outcome unknown; one that never left (the database refuses
 // connections) is a plain failure.
 func TestLostConnectionOutcomes(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	p, purl, err := faultproxy.ForURL(url)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 )
 
 func TestExampleURL(t *testing.T) {
+	t.Parallel()
 	ctx := ctxFor(t)
 	u, cleanup := ExampleURL()
 	conn, err := pgx.Connect(ctx, u)

@@ -7,10 +7,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // A test restarts the server of its database and goes on with the same
-// pool; a server of its own keeps its data across a restart.
+// pool; a server of its own keeps its data across a restart. Not parallel:
+// it restarts the server every test of the binary uses (parallel tests run
+// after the sequential ones).
 func TestServerRestart(t *testing.T) {
 	if os.Getenv("TEST_DATABASE_URL") != "" {
 		t.Skip("the databases are on the TEST_DATABASE_URL server, which tests may not restart")
@@ -25,17 +29,10 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The pool's connections died with the restart; the pool reconnects.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await.Until(t, "the pool to work after the restart", func() error {
 		_, err := pool.Exec(ctx, `INSERT INTO kept VALUES (1)`)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool does not work after the restart: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 
 	srv, dbURL := NewServer(t)
 	conn, err := pgx.Connect(ctx, dbURL)

@@ -23,12 +23,110 @@ type template struct {
 	once sync.Once
 	name string // the template database; "" until built
 	err  error
+
+	size int64 // of the template database, in bytes
+
+	// spares are copies made ahead of the tests that will take them (see
+	// sparesWanted), by one goroutine at a time (filling).
+	mu      sync.Mutex
+	spares  []string
+	filling bool
+	taken   int // copies handed out
+}
+
+// Spare copies. A test takes a spare in the time of a lookup, while the
+// next is copied in the background: a copy takes a quarter of a second to
+// a second, as PostgreSQL writes the whole database, catalogs included
+// (about 8 MB with the crdbwork schema). A template is kept with up to
+// spareCopies spares, one fewer than the copies taken so far (a binary
+// that takes one copy makes no spare), and none if it is larger than
+// maxSpareSize (copying it ahead would cost more than it saves).
+const (
+	spareCopies  = 2
+	maxSpareSize = 32 << 20
+)
+
+// sparesWanted is how many spares tpl should have now. Call with tpl.mu
+// held.
+func (tpl *template) sparesWanted() int {
+	if tpl.size > maxSpareSize {
+		return 0
+	}
+	return min(spareCopies, tpl.taken-1)
 }
 
 var (
 	templatesMu sync.Mutex
 	templates   = map[string]*template{}
 )
+
+// take returns a copy of the template for a test: a spare if one is
+// ready, otherwise a new copy. Then it has the spares made up again in the
+// background.
+func (tpl *template) take(e *env) (string, error) {
+	tpl.mu.Lock()
+	tpl.taken++
+	var name string
+	if n := len(tpl.spares); n > 0 {
+		name, tpl.spares = tpl.spares[n-1], tpl.spares[:n-1]
+	}
+	tpl.mu.Unlock()
+	if name == "" {
+		var err error
+		if name, err = e.copyOf(tpl.name); err != nil {
+			return "", err
+		}
+	}
+	tpl.refill(e)
+	return name, nil
+}
+
+// refill starts making spares, unless a fill is under way or the tests
+// are over.
+func (tpl *template) refill(e *env) {
+	tpl.mu.Lock()
+	defer tpl.mu.Unlock()
+	if tpl.filling || len(tpl.spares) >= tpl.sparesWanted() || !e.background() {
+		return
+	}
+	tpl.filling = true
+	go func() {
+		defer e.bg.Done()
+		for {
+			tpl.mu.Lock()
+			if len(tpl.spares) >= tpl.sparesWanted() || e.isClosing() {
+				tpl.filling = false
+				tpl.mu.Unlock()
+				return
+			}
+			tpl.mu.Unlock()
+			name, err := e.copyOf(tpl.name)
+			tpl.mu.Lock()
+			if err == nil {
+				tpl.spares = append(tpl.spares, name)
+			}
+			if err != nil || e.isClosing() {
+				// A failed copy is made again, and reported, by the test
+				// that needs it; shutdown drops the spares left.
+				tpl.filling = false
+				tpl.mu.Unlock()
+				return
+			}
+			tpl.mu.Unlock()
+		}
+	}()
+}
+
+// copyOf makes a new database copied from the template database tplName.
+func (e *env) copyOf(tplName string) (string, error) {
+	name := newName()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tplName}.Sanitize()); err != nil {
+		return "", fmt.Errorf("copying template %s: %w", tplName, err)
+	}
+	return name, nil
+}
 
 // NewFromTemplate returns a pool on a fresh database made for this test
 // that starts as build left a database: on PostgreSQL, a copy of a template
@@ -40,15 +138,30 @@ var (
 // the binary's tests end (Main).
 func NewFromTemplate(t testing.TB, key string, build func(ctx context.Context, pool *pgxpool.Pool) error) *pgxpool.Pool {
 	t.Helper()
+	return openPool(t, NewURLFromTemplate(t, key, build))
+}
+
+// NewURLFromTemplate is NewFromTemplate for tests that open their own
+// pools or start processes: it returns the URL of the test's database,
+// which is dropped when the test ends (close connections to it in
+// cleanups registered after this call).
+func NewURLFromTemplate(t testing.TB, key string, build func(ctx context.Context, pool *pgxpool.Pool) error) string {
+	t.Helper()
 	e := mustSetup(t)
 	if e.kind == dbserver.Cockroach {
-		pool := New(t)
+		u := NewURL(t)
 		ctx, cancel := context.WithTimeout(context.Background(), templateTimeout)
 		defer cancel()
-		if err := build(ctx, pool); err != nil {
+		pool, err := pgxpool.New(ctx, u)
+		if err != nil {
+			t.Fatalf("testdb: connect: %v", err)
+		}
+		err = build(ctx, pool)
+		pool.Close()
+		if err != nil {
 			t.Fatalf("testdb: building %s: %v", key, err)
 		}
-		return pool
+		return u
 	}
 	templatesMu.Lock()
 	tpl := templates[key]
@@ -57,52 +170,50 @@ func NewFromTemplate(t testing.TB, key string, build func(ctx context.Context, p
 		templates[key] = tpl
 	}
 	templatesMu.Unlock()
-	tpl.once.Do(func() { tpl.name, tpl.err = e.buildTemplate(key, build) })
+	tpl.once.Do(func() { tpl.name, tpl.size, tpl.err = e.buildTemplate(key, build) })
 	if tpl.err != nil {
 		t.Fatalf("testdb: template %s: %v", key, tpl.err)
 	}
-	name := newName()
+	name, err := tpl.take(e)
+	if err != nil {
+		t.Fatalf("testdb: %s: %v", key, err)
+	}
+	t.Cleanup(func() { e.dropLater(name) })
 	u, err := e.urlFor(name)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tpl.name}.Sanitize()); err != nil {
-		t.Fatalf("testdb: copying template %s: %v", key, err)
-	}
-	t.Cleanup(func() {
-		if err := e.drop(name); err != nil {
-			t.Logf("testdb: %v (ignored)", err)
-		}
-	})
-	return openPool(t, u)
+	return u
 }
 
 // buildTemplate makes a database, runs build on it and closes every
 // connection to it, so that CREATE DATABASE may copy it.
-func (e *env) buildTemplate(key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, error) {
+func (e *env) buildTemplate(key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, int64, error) {
 	name, u, err := e.create()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), templateTimeout)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		_ = e.drop(name)
-		return "", fmt.Errorf("connect: %w", err)
+		return "", 0, fmt.Errorf("connect: %w", err)
 	}
 	err = build(ctx, pool)
 	pool.Close()
 	if err != nil {
 		_ = e.drop(name)
-		return "", err
+		return "", 0, err
 	}
 	e.mu.Lock()
 	e.templates = append(e.templates, name)
 	e.mu.Unlock()
-	return name, nil
+	var size int64
+	if err := e.admin.QueryRow(ctx, `SELECT pg_database_size($1)`, name).Scan(&size); err != nil {
+		size = maxSpareSize + 1 // unknown: no spares
+	}
+	return name, size, nil
 }
 
 // livedKey names NewLived's templates by their options.

@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -37,6 +38,23 @@ import (
 // DefaultMaxConns is the MaxConns of pools returned by New.
 const DefaultMaxConns = 32
 
+// DefaultParallel is how many tests that call t.Parallel run at once in a
+// test binary whose TestMain calls Main, unless go test's -parallel flag
+// says otherwise (go test's own default is GOMAXPROCS, 2 on a 2-core
+// machine, while such tests mostly wait for the database). The sizing
+// rule: the parallel tests' pools must fit in the server's connections,
+//
+//	DefaultParallel × DefaultMaxConns + what else connects ≤ max_connections
+//
+// The server Main starts (dbserver) has max_connections 400: 8 × 32 = 256,
+// leaving 144 for the connections outside the tests' pools (each session's
+// heartbeat connection, processes a test starts, the admin pool of 8, the
+// template copies). A test that needs more connections than its pool's 32
+// opens its own pool on NewURL's database and must not be parallel. With
+// TEST_DATABASE_URL on a server with fewer connections (PostgreSQL's
+// default is 100), pass -parallel 2.
+const DefaultParallel = 8
+
 // setupTimeout bounds starting (or reaching) the server.
 const setupTimeout = 3 * time.Minute
 
@@ -53,6 +71,53 @@ type env struct {
 
 	mu        sync.Mutex
 	templates []string // template databases built (NewFromTemplate), dropped by shutdown
+
+	// bg counts the background work (drops, spare copies) that shutdown
+	// waits for; once closing is set (under mu), none starts.
+	bg      sync.WaitGroup
+	closing bool
+	drops   chan struct{} // a slot per concurrent drop
+}
+
+// maxConcurrentDrops bounds the drops running in the background at once.
+const maxConcurrentDrops = 2
+
+// background registers a piece of background work, or reports false once
+// shutdown began. The work calls e.bg.Done when it ends.
+func (e *env) background() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return false
+	}
+	e.bg.Add(1)
+	return true
+}
+
+func (e *env) isClosing() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
+}
+
+// dropLater drops a test's database in the background, so that the test
+// ends without waiting for it (a drop takes tens of milliseconds quiet,
+// more under load); Main waits for every drop before it stops the server.
+func (e *env) dropLater(name string) {
+	if !e.background() {
+		if err := e.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
+		return
+	}
+	go func() {
+		defer e.bg.Done()
+		e.drops <- struct{}{}
+		defer func() { <-e.drops }()
+		if err := e.drop(name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+		}
+	}()
 }
 
 var (
@@ -63,8 +128,11 @@ var (
 )
 
 // Main runs the tests, then stops the shared server if one was started, and
-// exits with the tests' status (or 1 if stopping the server failed).
+// exits with the tests' status (or 1 if stopping the server failed). Unless
+// go test's -parallel flag is given, it runs DefaultParallel parallel tests
+// at once.
 func Main(m *testing.M) {
+	setParallel()
 	code := m.Run()
 	if err := shutdown(); err != nil {
 		fmt.Fprintf(os.Stderr, "testdb: %v\n", err)
@@ -73,6 +141,19 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// setParallel sets the -test.parallel flag to DefaultParallel unless it
+// was given.
+func setParallel() {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given && flag.Lookup("test.parallel") != nil {
+		_ = flag.Set("test.parallel", strconv.Itoa(DefaultParallel))
+	}
 }
 
 // New returns a pool connected to a fresh, empty database made for this
@@ -96,11 +177,7 @@ func NewURL(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := e.drop(name); err != nil {
-			t.Logf("testdb: %v (ignored)", err)
-		}
-	})
+	t.Cleanup(func() { e.dropLater(name) })
 	return u
 }
 
@@ -151,7 +228,7 @@ func getEnv() (*env, error) {
 func setup() (*env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	e := &env{}
+	e := &env{drops: make(chan struct{}, maxConcurrentDrops)}
 	var adminURL string
 	if raw := os.Getenv("TEST_DATABASE_URL"); raw != "" {
 		adminURL = raw
@@ -176,7 +253,35 @@ func setup() (*env, error) {
 		}
 		return nil, err
 	}
+	if e.kind == dbserver.Cockroach && e.server != nil {
+		e.tuneCockroach(ctx)
+	}
 	return e, nil
+}
+
+// cockroachTestSettings are the cluster settings CockroachDB's documentation
+// recommends for unit tests ("Test Your Application Locally"), which make
+// the many CREATE and DROP DATABASE of a test binary cheaper: ranges of
+// dropped tables merged sooner, the jobs of schema changes kept and scanned
+// less. Its advice to turn automatic statistics off is not followed: the
+// plans under test depend on them.
+var cockroachTestSettings = []string{
+	`SET CLUSTER SETTING kv.range_merge.queue_interval = '50ms'`,
+	`SET CLUSTER SETTING jobs.registry.interval.gc = '30s'`,
+	`SET CLUSTER SETTING jobs.registry.interval.cancel = '180s'`,
+	`SET CLUSTER SETTING jobs.retention_time = '15s'`,
+	`SET CLUSTER SETTING kv.range_split.by_load_merge_delay = '5s'`,
+}
+
+// tuneCockroach applies cockroachTestSettings to the throwaway CockroachDB
+// server of this binary (never to a TEST_DATABASE_URL server), best effort:
+// a setting a version does not know is skipped.
+func (e *env) tuneCockroach(ctx context.Context) {
+	for _, stmt := range cockroachTestSettings {
+		if _, err := e.admin.Exec(ctx, stmt); err != nil && testing.Verbose() {
+			fmt.Fprintf(os.Stderr, "testdb: %s: %v (skipped)\n", stmt, err)
+		}
+	}
 }
 
 // connect opens the admin pool and detects the engine.
@@ -185,7 +290,7 @@ func (e *env) connect(ctx context.Context, adminURL string) error {
 	if err != nil {
 		return fmt.Errorf("parse database URL: %w", err)
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = 8 // tests creating databases, and the background drops and copies
 	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -250,6 +355,20 @@ func shutdown() error {
 	if shared == nil {
 		return nil
 	}
+	shared.mu.Lock()
+	shared.closing = true
+	shared.mu.Unlock()
+	shared.bg.Wait()
+	templatesMu.Lock()
+	for _, tpl := range templates {
+		for _, name := range tpl.spares {
+			if err := shared.drop(name); err != nil {
+				fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)
+			}
+		}
+		tpl.spares = nil
+	}
+	templatesMu.Unlock()
 	for _, name := range shared.templates {
 		if err := shared.drop(name); err != nil {
 			fmt.Fprintf(os.Stderr, "testdb: %v (ignored)\n", err)

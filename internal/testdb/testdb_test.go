@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/dbserver"
 )
 
@@ -38,6 +40,7 @@ func currentDatabase(t *testing.T, pool *pgxpool.Pool) string {
 }
 
 func TestIsolation(t *testing.T) {
+	t.Parallel()
 	ctx := ctxFor(t)
 	begin := time.Now()
 	a := New(t)
@@ -71,6 +74,7 @@ func TestIsolation(t *testing.T) {
 }
 
 func TestNewURL(t *testing.T) {
+	t.Parallel()
 	ctx := ctxFor(t)
 	u := NewURL(t)
 	conn, err := pgx.Connect(ctx, u)
@@ -92,6 +96,7 @@ func TestNewURL(t *testing.T) {
 }
 
 func TestKind(t *testing.T) {
+	t.Parallel()
 	k := Kind(t)
 	if k != dbserver.Cockroach && k != dbserver.Postgres {
 		t.Fatalf("Kind = %q", k)
@@ -128,6 +133,7 @@ func TestParallel(t *testing.T) {
 }
 
 func TestDroppedAtCleanup(t *testing.T) {
+	t.Parallel()
 	var name string
 	t.Run("user", func(t *testing.T) {
 		pool := New(t)
@@ -136,18 +142,20 @@ func TestDroppedAtCleanup(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	var n int
-	err := New(t).QueryRow(ctxFor(t),
-		"SELECT count(*) FROM pg_catalog.pg_database WHERE datname = $1", name).Scan(&n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Fatalf("database %s still exists after its test ended", name)
-	}
+	// Dropped in the background once the test ended.
+	pool := New(t)
+	await.Until(t, "the database of the ended test to be dropped", func() (bool, string) {
+		var n int
+		err := pool.QueryRow(ctxFor(t), "SELECT count(*) FROM pg_catalog.pg_database WHERE datname = $1", name).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 0, fmt.Sprintf("%s exists", name)
+	})
 }
 
 func TestWithDatabase(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"postgres://u:p@h:26257/defaultdb?sslmode=disable", "postgres://u:p@h:26257/x_1?sslmode=disable"},
 		{"postgresql://u@h", "postgresql://u@h/x_1"},
@@ -215,18 +223,14 @@ func waitNotListening(t *testing.T, rawURL string, within time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(within)
-	for {
+	await.Until(t, "the server at "+u.Host+" to refuse connections once its test binary exited", func() bool {
 		c, err := net.DialTimeout("tcp", u.Host, time.Second)
 		if err != nil {
-			break
+			return true
 		}
 		c.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("server at %s still accepts connections %v after its test binary exited", u.Host, within)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval, not a fixed wait
-	}
+		return false
+	}, await.Within(within))
 	ctx := ctxFor(t)
 	if conn, err := pgx.Connect(ctx, rawURL); err == nil {
 		conn.Close(ctx)
@@ -235,6 +239,7 @@ func waitNotListening(t *testing.T, rawURL string, within time.Duration) {
 }
 
 func TestMainStopsServer(t *testing.T) {
+	t.Parallel()
 	u, err := runHelper(t, "return")
 	if err != nil {
 		t.Fatalf("helper failed: %v", err)
@@ -244,10 +249,45 @@ func TestMainStopsServer(t *testing.T) {
 }
 
 func TestPanickingTestDoesNotLeakServer(t *testing.T) {
+	t.Parallel()
 	u, err := runHelper(t, "panic")
 	if err == nil {
 		t.Fatal("helper did not fail")
 	}
 	// Main never ran its cleanup; dbserver's watchdog stops the server.
 	waitNotListening(t, u, time.Minute)
+}
+
+const parallelHelperEnv = "TESTDB_TEST_PARALLEL_HELPER"
+
+// TestParallelHelper, run in a child test binary, prints the parallel
+// flag's value.
+func TestParallelHelper(t *testing.T) {
+	if os.Getenv(parallelHelperEnv) == "" {
+		t.Skip("helper for TestMainSetsParallel")
+	}
+	fmt.Printf("PARALLEL %s\n", flag.Lookup("test.parallel").Value)
+}
+
+// Main runs DefaultParallel parallel tests at once unless -parallel is
+// given (go test's default would be GOMAXPROCS).
+func TestMainSetsParallel(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, fmt.Sprint(DefaultParallel)},
+		{[]string{"-test.parallel=3"}, "3"},
+	} {
+		cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestParallelHelper$", "-test.count=1"}, c.args...)...)
+		cmd.Env = append(os.Environ(), parallelHelperEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("helper %v: %v\n%s", c.args, err, out)
+		}
+		if !strings.Contains(string(out), "PARALLEL "+c.want+"\n") {
+			t.Errorf("helper with %v printed %q, want PARALLEL %s", c.args, out, c.want)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -16,31 +17,19 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// deadline bounds every wait of the probe tests: the probe runs every
-// 10 ms there, and gives up a statement after probeTimeout.
-const deadline = 30 * time.Second
+// The tests of this package share the process's probers, idle counts and
+// engines (package variables): they do not run in parallel.
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	await.Until(t, what, cond)
 }
 
 // awaitSignal waits for a wake-up of sub and returns its hints.
 func awaitSignal(t *testing.T, sub *Sub, what string) (hashes []int64, ok bool) {
 	t.Helper()
-	select {
-	case <-sub.C():
-		return sub.Hints()
-	case <-time.After(deadline):
-		t.Fatalf("no wake-up within %v: %s", deadline, what)
-		return nil, false
-	}
+	await.Recv(t, "a wake-up: "+what, sub.C())
+	return sub.Hints()
 }
 
 // The probe announces each claimable item once, naming its part, and only
