@@ -259,9 +259,7 @@ func TestFaultModelTemplate(t *testing.T) {
 
 func injected(t *testing.T, db *pgxpool.Pool) (stmts, commits int64) {
 	t.Helper()
-	err := db.QueryRow(context.Background(), `SELECT
-		(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM crdbwork_test_faults.statement_faults),
-		(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM crdbwork_test_faults.commit_faults)`).Scan(&stmts, &commits)
+	stmts, commits, err := injectedFaults(context.Background(), db)
 	if err != nil {
 		t.Fatal(err)
 	}
