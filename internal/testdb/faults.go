@@ -213,6 +213,20 @@ func SetFaultRate(t testing.TB, db interface {
 	}
 }
 
+// Quiet turns the fault model off (SetFaultRate 0, 0) for the database db
+// is connected to, for a test that commits transactions of its own
+// without retrying them (a caller's transaction around EnqueueTx: on
+// CockroachDB its caller must retry it), or that asserts one exact
+// interleaving or outcome of the server (an injected 40001 at a COMMIT
+// whose answer a proxy drops makes it not commit). It does nothing when
+// the fault model is off.
+func Quiet(t testing.TB, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}) {
+	t.Helper()
+	SetFaultRate(t, db, 0, 0)
+}
+
 // Queryer runs a query that returns one row: *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx have it.
 type Queryer interface {
