@@ -202,6 +202,7 @@ func enqueueOne(ctx context.Context, q *claim.Queue, it claim.NewItem) (claim.En
 // caller's transaction sees the ended ids too.
 func TestDedupWindowSetting(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "window"})
 	if err := q.Configure(ctx, claim.Settings{DedupWindow: -time.Second}); err == nil {

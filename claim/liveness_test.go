@@ -389,6 +389,7 @@ func TestAckCommitAmbiguous(t *testing.T) {
 	}{{"committed", faultproxy.AmbiguousForward, true}, {"rolled-back", faultproxy.AmbiguousDrop, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			direct, pool, proxy := proxied(t)
+			testdb.Quiet(t, direct) // the forwarded COMMIT commits (no injected 40001)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
 			s := startSession(t, ctx, direct)
@@ -440,6 +441,7 @@ func TestAckCommitAmbiguous(t *testing.T) {
 // and not run again: the ack did commit, and its record ran once.
 func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 	direct, pool, proxy := proxied(t)
+	testdb.Quiet(t, direct) // the COMMIT whose answer is dropped commits (no injected 40001)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	s := startSession(t, ctx, direct)
