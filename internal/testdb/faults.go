@@ -198,16 +198,37 @@ func FaultEnviron() []string {
 	return []string{"DEMO_WAKE=probe"}
 }
 
-// SetFaultRate changes the fault rates of the database db is connected to,
-// for the statements that start after it: a test that needs a quiet
-// stretch sets 0, 0. It does nothing when the fault model is off.
-func SetFaultRate(t testing.TB, db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}, rate, implicit float64) {
+// execQueryer runs statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
+type execQueryer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// InstallFaults installs the fault model in the database at dbURL with c's
+// rates and seed, whatever CRDBWORK_TEST_FAULTS says (or replaces the
+// rates and seed of the one there), so that a test of the fault paths
+// runs in the normal mode too. It does not turn LISTEN off (that is the
+// whole test binary's, with CRDBWORK_TEST_FAULTS). It reports false, and
+// installs nothing, when the server is CockroachDB, whose own faults are
+// the real thing.
+func InstallFaults(t testing.TB, dbURL string, c FaultConfig) bool {
 	t.Helper()
-	if !FaultsOn() {
-		return
+	if Kind(t) != dbserver.Postgres {
+		return false
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if err := install(ctx, dbURL, c.Rate, c.Implicit, int64(c.Seed)); err != nil {
+		t.Fatalf("testdb: InstallFaults: %v", err)
+	}
+	return true
+}
+
+// SetFaultRate changes the fault rates of the database db is connected to,
+// for the statements that start after it. It fails the test if the fault
+// model is not installed there.
+func SetFaultRate(t testing.TB, db execQueryer, rate, implicit float64) {
+	t.Helper()
 	if _, err := db.Exec(context.Background(), `UPDATE crdbwork_test_faults.settings SET rate = $1, implicit = $2`, rate, implicit); err != nil {
 		t.Fatalf("testdb: SetFaultRate: %v", err)
 	}
@@ -218,27 +239,32 @@ func SetFaultRate(t testing.TB, db interface {
 // without retrying them (a caller's transaction around EnqueueTx: on
 // CockroachDB its caller must retry it), or that asserts one exact
 // interleaving or outcome of the server (an injected 40001 at a COMMIT
-// whose answer a proxy drops makes it not commit). It does nothing when
-// the fault model is off.
-func Quiet(t testing.TB, db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}) {
+// whose answer a proxy drops makes it not commit). It does nothing where
+// the model is not installed.
+func Quiet(t testing.TB, db execQueryer) {
 	t.Helper()
-	SetFaultRate(t, db, 0, 0)
+	if installed(t, db) {
+		SetFaultRate(t, db, 0, 0)
+	}
 }
 
-// Queryer runs a query that returns one row: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx have it.
-type Queryer interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+// installed reports whether the fault model is installed in the database
+// db is connected to.
+func installed(t testing.TB, db execQueryer) bool {
+	t.Helper()
+	var ok bool
+	if err := db.QueryRow(context.Background(), `SELECT to_regclass('crdbwork_test_faults.settings') IS NOT NULL`).Scan(&ok); err != nil {
+		t.Fatalf("testdb: is the fault model installed: %v", err)
+	}
+	return ok
 }
 
 // InjectedFaults returns how many 40001 errors the fault model raised so
 // far in the database db is connected to, at statements and at commits
-// (0, 0 when the model is off).
-func InjectedFaults(t testing.TB, db Queryer) (statements, commits int64) {
+// (0, 0 where it is not installed).
+func InjectedFaults(t testing.TB, db execQueryer) (statements, commits int64) {
 	t.Helper()
-	if !FaultsOn() {
+	if !installed(t, db) {
 		return 0, 0
 	}
 	statements, commits, err := injectedFaults(context.Background(), db)
@@ -248,7 +274,7 @@ func InjectedFaults(t testing.TB, db Queryer) (statements, commits int64) {
 	return statements, commits
 }
 
-func injectedFaults(ctx context.Context, db Queryer) (statements, commits int64, err error) {
+func injectedFaults(ctx context.Context, db execQueryer) (statements, commits int64, err error) {
 	err = db.QueryRow(ctx, `SELECT
 		(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM crdbwork_test_faults.statement_faults),
 		(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM crdbwork_test_faults.commit_faults)`).Scan(&statements, &commits)
@@ -262,14 +288,18 @@ func installFaults(ctx context.Context, dbURL string, n uint64, kind dbserver.Ki
 	if err != nil || !c.On || kind != dbserver.Postgres {
 		return err
 	}
+	// The database's seed: the binary's, mixed with the database's number.
+	return install(ctx, dbURL, c.Rate, c.Implicit, int64(mix(c.Seed^mix(n))))
+}
+
+// install runs faultStatements in the database at dbURL.
+func install(ctx context.Context, dbURL string, rate, implicit float64, seed int64) error {
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("fault model: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	// The database's seed: the binary's, mixed with the database's number.
-	seed := int64(mix(c.Seed ^ mix(n)))
-	for _, s := range faultStatements(c.Rate, c.Implicit, seed) {
+	for _, s := range faultStatements(rate, implicit, seed) {
 		if _, err := conn.Exec(ctx, s); err != nil {
 			return fmt.Errorf("fault model: %w\nstatement: %s", err, s)
 		}

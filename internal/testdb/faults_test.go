@@ -1,7 +1,6 @@
 package testdb
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -66,12 +65,23 @@ func faultDB(t *testing.T, rate, implicit float64, seed int64) *pgxpool.Pool {
 	if Kind(t) != dbserver.Postgres {
 		t.Skip("the fault model is PostgreSQL's: CockroachDB raises its own")
 	}
-	pool := New(t)
+	u := NewURL(t)
+	if !InstallFaults(t, u, FaultConfig{On: true, Rate: rate, Implicit: implicit, Seed: uint64(seed)}) {
+		t.Fatal("InstallFaults on PostgreSQL installed nothing")
+	}
+	pool, err := pgxpool.New(ctxFor(t), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if !installed(t, pool) {
+		t.Fatal("the fault model is not installed")
+	}
 	ctx := ctxFor(t)
-	for _, s := range append(faultStatements(rate, implicit, seed),
+	for _, s := range []string{
 		`CREATE TABLE crdbwork_schema_version (v INT)`,
 		`CREATE TABLE crdbwork_items (id INT PRIMARY KEY)`,
-		`CREATE TABLE other_items (id INT PRIMARY KEY)`) {
+		`CREATE TABLE other_items (id INT PRIMARY KEY)`} {
 		if _, err := pool.Exec(ctx, s); err != nil {
 			t.Fatalf("%v\n%s", err, s)
 		}
@@ -259,9 +269,5 @@ func TestFaultModelTemplate(t *testing.T) {
 
 func injected(t *testing.T, db *pgxpool.Pool) (stmts, commits int64) {
 	t.Helper()
-	stmts, commits, err := injectedFaults(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return stmts, commits
+	return InjectedFaults(t, db)
 }
