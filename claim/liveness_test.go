@@ -348,7 +348,9 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 }
 
 // proxied returns a pool on a fresh database with the schema, through a
-// fault proxy.
+// fault proxy. The fault model is quiet there: the proxy's faults are the
+// subject, and the tests assert what the server did (a COMMIT whose answer
+// the proxy drops commits, unless an injected 40001 refused it).
 func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
 	url := testdb.NewURL(t)
@@ -357,6 +359,7 @@ func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
+	testdb.Quiet(t, direct)
 	if err := crsql.Apply(context.Background(), direct, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +392,6 @@ func TestAckCommitAmbiguous(t *testing.T) {
 	}{{"committed", faultproxy.AmbiguousForward, true}, {"rolled-back", faultproxy.AmbiguousDrop, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			direct, pool, proxy := proxied(t)
-			testdb.Quiet(t, direct) // the forwarded COMMIT commits (no injected 40001)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
 			s := startSession(t, ctx, direct)
@@ -441,7 +443,6 @@ func TestAckCommitAmbiguous(t *testing.T) {
 // and not run again: the ack did commit, and its record ran once.
 func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 	direct, pool, proxy := proxied(t)
-	testdb.Quiet(t, direct) // the COMMIT whose answer is dropped commits (no injected 40001)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	s := startSession(t, ctx, direct)
