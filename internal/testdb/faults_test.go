@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -270,4 +271,44 @@ func TestFaultModelTemplate(t *testing.T) {
 func injected(t *testing.T, db *pgxpool.Pool) (stmts, commits int64) {
 	t.Helper()
 	return InjectedFaults(t, db)
+}
+
+// TestFaultModelTemplateCopies: a database copied from a template
+// (NewFromTemplate) has the fault model when it is on, with its triggers
+// on the tables the template holds, and none otherwise; the template's
+// build ran without it.
+func TestFaultModelTemplateCopies(t *testing.T) {
+	buildSaw := make(chan bool, 1)
+	pool := NewFromTemplate(t, "fault model", func(ctx context.Context, pool *pgxpool.Pool) error {
+		for _, s := range []string{
+			`CREATE TABLE crdbwork_schema_version (v INT)`,
+			`CREATE TABLE crdbwork_items (id INT PRIMARY KEY)`,
+		} {
+			if _, err := pool.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		var has bool
+		err := pool.QueryRow(ctx, `SELECT to_regclass('crdbwork_test_faults.settings') IS NOT NULL`).Scan(&has)
+		buildSaw <- has
+		return err
+	})
+	select {
+	case has := <-buildSaw:
+		if has {
+			t.Error("the template was built with the fault model installed")
+		}
+	default: // built by an earlier test of the binary
+	}
+	var triggers int
+	if err := pool.QueryRow(ctxFor(t), `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'crdbwork_items'::regclass AND tgname LIKE 'crdbwork_test_fault%'`).Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	if FaultsOn() {
+		want = 2
+	}
+	if installed(t, pool) != FaultsOn() || triggers != want {
+		t.Errorf("the copy: model installed %v, %d fault triggers on crdbwork_items; want %v, %d", installed(t, pool), triggers, FaultsOn(), want)
+	}
 }

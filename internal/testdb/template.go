@@ -61,7 +61,7 @@ func NewFromTemplate(t testing.TB, key string, build func(ctx context.Context, p
 	if tpl.err != nil {
 		t.Fatalf("testdb: template %s: %v", key, tpl.err)
 	}
-	name := newName()
+	name, n := newName()
 	u, err := e.urlFor(name)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
@@ -76,13 +76,20 @@ func NewFromTemplate(t testing.TB, key string, build func(ctx context.Context, p
 			t.Logf("testdb: %v (ignored)", err)
 		}
 	})
+	// The copy gets what every test database gets (the fault model); the
+	// template was built without it.
+	if err := created(ctx, u, n, e.kind); err != nil {
+		t.Fatalf("testdb: copying template %s: %v", key, err)
+	}
 	return openPool(t, u)
 }
 
 // buildTemplate makes a database, runs build on it and closes every
 // connection to it, so that CREATE DATABASE may copy it.
 func (e *env) buildTemplate(key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, error) {
-	name, u, err := e.create()
+	// Without the fault model: building the template is the harness's own
+	// work (the copies get the model).
+	name, u, _, err := e.createPlain()
 	if err != nil {
 		return "", err
 	}

@@ -221,20 +221,33 @@ func (e *env) connect(ctx context.Context, adminURL string) error {
 // ("Empty": the fault model's schema, crdbwork_test_faults, is there when
 // it is on.)
 func (e *env) create() (name, dbURL string, err error) {
-	name, n := newName()
-	if dbURL, err = e.urlFor(name); err != nil {
+	name, dbURL, n, err := e.createPlain()
+	if err != nil {
 		return "", "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return "", "", fmt.Errorf("create database %s: %w", name, err)
-	}
 	if err := created(ctx, dbURL, n, e.kind); err != nil {
 		_ = e.drop(name)
 		return "", "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	return name, dbURL, nil
+}
+
+// createPlain makes a fresh, empty database without what created adds (a
+// template's, which the copies get instead), and returns its name, URL and
+// number in the binary.
+func (e *env) createPlain() (name, dbURL string, n uint64, err error) {
+	name, n = newName()
+	if dbURL, err = e.urlFor(name); err != nil {
+		return "", "", 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", "", 0, fmt.Errorf("create database %s: %w", name, err)
+	}
+	return name, dbURL, n, nil
 }
 
 // created is called with every database this package makes (the n-th of
