@@ -24,6 +24,7 @@ import (
 // of it is written. One row per field.
 func TestBoundsAtAndOver(t *testing.T) {
 	pool, _ := sqlSetup(t)
+	testdb.Quiet(t, pool) // its EnqueueTx path commits the test's own transaction once
 	ctx := context.Background()
 	name := incompressible(claim.MaxQueueNameLength)
 	if _, err := claim.New(pool, claim.Options{Queue: name + "x"}); err == nil || !strings.Contains(err.Error(), "MaxQueueNameLength") {

@@ -225,6 +225,7 @@ func TestCloseReleasesClaimsAtOnce(t *testing.T) {
 
 func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	tx, err := pool.Begin(ctx)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -141,6 +142,7 @@ func TestDependsFanInReleasesAfterEveryAck(t *testing.T) {
 // Reap releases it.
 func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
 	producer := newQueue(t, pool, claim.Options{Queue: "old"})
 	a, b := uuid.New(), uuid.New()

@@ -7,6 +7,7 @@ import (
 	"log"
 	"time"
 
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -77,7 +78,10 @@ func claimEmailsWith(ctx context.Context, pool *pgxpool.Pool, opts claim.Options
 }
 
 // Enqueue an item in the same transaction as the application's own write:
-// the item exists if and only if that transaction commits.
+// the item exists if and only if that transaction commits. On CockroachDB
+// any transaction may have to run again (SQLSTATE 40001, at any statement
+// or at COMMIT): cockroach-go's crdb.ExecuteCtx runs it again, whole, while
+// it fails so.
 func ExampleQueue_EnqueueTx() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
@@ -88,21 +92,25 @@ func ExampleQueue_EnqueueTx() {
 		log.Fatal(err)
 	}
 	signUp := func(address string, commit bool) {
-		tx, err := pool.Begin(ctx)
+		err := crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, address); err != nil {
+				return err
+			}
+			if _, err := q.EnqueueTx(ctx, tx, claim.NewItem{Payload: []byte(address)}); err != nil {
+				return err
+			}
+			if !commit {
+				return nil // rolled back
+			}
+			return tx.Commit(ctx)
+		})
 		if err != nil {
 			log.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := tx.Exec(ctx, `INSERT INTO emails (address) VALUES ($1)`, address); err != nil {
-			log.Fatal(err)
-		}
-		if _, err := q.EnqueueTx(ctx, tx, claim.NewItem{Payload: []byte(address)}); err != nil {
-			log.Fatal(err)
-		}
-		if commit {
-			if err := tx.Commit(ctx); err != nil {
-				log.Fatal(err)
-			}
 		}
 	}
 	signUp("ada@example.com", true)

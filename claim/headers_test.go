@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
 // Headers given at enqueue come back with the claim, by every enqueue path:
@@ -19,6 +20,7 @@ import (
 // generated ids, EnqueueTx and a Buffer; items without headers have none.
 func TestHeadersTravelFromEnqueueToClaim(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "hdr"})
 	want := map[uuid.UUID]map[string]string{}
@@ -195,6 +197,7 @@ func (h *recHooks) got() []string {
 // with their items and errors.
 func TestHooksSeeEnqueuesAndSteps(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
 	h := &recHooks{}
 	q := newQueue(t, pool, claim.Options{Queue: "hooked", Hooks: h})

@@ -348,7 +348,9 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 }
 
 // proxied returns a pool on a fresh database with the schema, through a
-// fault proxy.
+// fault proxy. The fault model is quiet there: the proxy's faults are the
+// subject, and the tests assert what the server did (a COMMIT whose answer
+// the proxy drops commits, unless an injected 40001 refused it).
 func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
 	url := testdb.NewURL(t)
@@ -357,6 +359,7 @@ func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
+	testdb.Quiet(t, direct)
 	if err := crsql.Apply(context.Background(), direct, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
@@ -374,6 +377,65 @@ func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 	}
 	t.Cleanup(pool.Close)
 	return direct, pool, p
+}
+
+// An ack whose COMMIT CockroachDB answers with 40003 ("result is
+// ambiguous"), whether it committed or not, is reported as
+// ErrOutcomeUnknown, not run again and not counted as acked (invariants 7
+// and 10); acked again, it writes the result only if the first did not
+// (invariant 13).
+func TestAckCommitAmbiguous(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		action    faultproxy.Action
+		committed bool
+	}{{"committed", faultproxy.AmbiguousForward, true}, {"rolled-back", faultproxy.AmbiguousDrop, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			direct, pool, proxy := proxied(t)
+			ctx := context.Background()
+			q := newQueue(t, pool, claim.Options{})
+			s := startSession(t, ctx, direct)
+			if _, err := q.Enqueue(ctx, payloads(1)...); err != nil {
+				t.Fatal(err)
+			}
+			it := claimOne(t, q, s.ID())
+			runs := 0
+			fired := proxy.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: c.action})
+			err := q.Ack(ctx, it, func(ctx context.Context, tx pgx.Tx) error {
+				runs++
+				return record(it)(ctx, tx)
+			})
+			select {
+			case <-fired:
+			default:
+				t.Fatal("the fault did not fire")
+			}
+			if !errors.Is(err, claim.ErrOutcomeUnknown) || errors.Is(err, claim.ErrClaimLost) {
+				t.Fatalf("ack answered 40003 = %v, want ErrOutcomeUnknown", err)
+			}
+			if runs != 1 {
+				t.Fatalf("record ran %d times: an unknown outcome was retried", runs)
+			}
+			want := map[bool]int{true: 1, false: 0}[c.committed]
+			if n := count(t, direct, `SELECT count(*) FROM results`); n != want {
+				t.Fatalf("%d results after the ambiguous COMMIT, want %d", n, want)
+			}
+			if got := q.Stats().Acked; got != 0 {
+				t.Fatalf("Stats.Acked = %d for an unknown outcome", got)
+			}
+			// The same ack again: it writes the result once in all.
+			err = q.Ack(ctx, it, record(it))
+			switch {
+			case c.committed && !errors.Is(err, claim.ErrClaimLost):
+				t.Fatalf("the ack again, after it committed: %v, want ErrClaimLost", err)
+			case !c.committed && err != nil:
+				t.Fatalf("the ack again, after it did not commit: %v", err)
+			}
+			if n := count(t, direct, `SELECT count(*) FROM results`); n != 1 {
+				t.Fatalf("%d results after the ack again, want 1", n)
+			}
+		})
+	}
 }
 
 // A COMMIT whose answer is lost (the connection dropped after the server got

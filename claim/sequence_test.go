@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -203,6 +204,7 @@ func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
 
 func lateItem(t *testing.T, tables crsql.Tables) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
 	if err := crsql.Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)

@@ -384,9 +384,29 @@ func TestRunnerOnOneConnection(t *testing.T) {
 
 // A schedule transaction whose COMMIT answer is lost returns an error
 // wrapping ErrOutcomeUnknown; the next Tick finds the period recorded and
-// enqueues nothing: the period has its one item.
+// enqueues nothing: the period has its one item. The same when the COMMIT
+// is answered with CockroachDB's 40003, committed or not: the next Tick
+// enqueues the period's item only if the first did not, and the period has
+// one item in all (invariants 10 and 13).
 func TestTickAfterUnknownOutcome(t *testing.T) {
 	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		action    faultproxy.Action
+		committed bool
+	}{
+		{"answer-lost", faultproxy.DropAnswer, true},
+		{"40003-committed", faultproxy.AmbiguousForward, true},
+		{"40003-rolled-back", faultproxy.AmbiguousDrop, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			tickAfterUnknownOutcome(t, c.action, c.committed)
+		})
+	}
+}
+
+func tickAfterUnknownOutcome(t *testing.T, action faultproxy.Action, committed bool) {
 	url := testschema.NewURL(t)
 	direct, err := pgxpool.New(context.Background(), url)
 	if err != nil {
@@ -394,6 +414,7 @@ func TestTickAfterUnknownOutcome(t *testing.T) {
 	}
 	defer direct.Close()
 	ctx := context.Background()
+	testdb.Quiet(t, direct) // the proxy decides whether the COMMIT commits (no injected 40001)
 	proxy, purl, err := faultproxy.ForURL(url)
 	if err != nil {
 		t.Fatal(err)
@@ -410,14 +431,15 @@ func TestTickAfterUnknownOutcome(t *testing.T) {
 	if _, err := warm.Tick(ctx); err != nil {
 		t.Fatal(err) // connections and the schema check before the fault
 	}
-	proxy.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: faultproxy.DropAnswer})
+	proxy.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: action})
 	fired, err := r.Tick(ctx)
 	if !errors.Is(err, claim.ErrOutcomeUnknown) || len(fired) != 0 {
-		t.Fatalf("Tick whose COMMIT answer was lost: %v, %v; want ErrOutcomeUnknown and nothing reported", fired, err)
+		t.Fatalf("Tick whose COMMIT's outcome is unknown: %v, %v; want ErrOutcomeUnknown and nothing reported", fired, err)
 	}
 	again, err := r.Tick(ctx)
-	if err != nil || len(again) != 0 {
-		t.Fatalf("Tick after the unknown outcome: %v, %v; want nothing (the first one committed)", again, err)
+	want := map[bool]int{true: 0, false: 1}[committed]
+	if err != nil || len(again) != want {
+		t.Fatalf("Tick after the unknown outcome: %v, %v; want %d fired (the first one committed: %v)", again, err, want, committed)
 	}
 	p, _ := schedule.PeriodAt(s, dbNow(t, direct))
 	if ids := itemIDs(t, direct, claim.DefaultQueue); ids[schedule.ItemID(claim.DefaultQueue, "s", p)] != 1 || len(ids) != 2 {

@@ -492,7 +492,8 @@ var (
 // for less than the session expiry, at chosen statements: the claim (its
 // answer lost: the items are claimed in the database and unknown to the
 // worker), the ack, the COMMIT (forwarded, its answer dropped: the outcome
-// is unknown to the worker), the nack and the release. Every rule must fire
+// is unknown to the worker), the nack and the release; and answers COMMITs
+// with 40003 after forwarding them or in place of them. Every rule must fire
 // (else the case proves nothing), and every item must end within 30 s of the
 // last cut.
 func TestFaultConnectionCut(t *testing.T) {
@@ -522,6 +523,10 @@ func TestFaultConnectionCut(t *testing.T) {
 		{name: "pipelined-ack-answer-lost", pipelined: true, cuts: []cut{{isAck, faultproxy.DropAnswer, 3}}},
 		{name: "pipelined-ack-cut", pipelined: true, cuts: []cut{{isAck, faultproxy.DropStatement, 2}}},
 		{name: "pipelined-commit-answer-lost", pipelined: true, cuts: []cut{{faultproxy.IsCommit, faultproxy.DropAnswer, 5}}},
+		// CockroachDB's 40003 ("result is ambiguous") to a COMMIT that
+		// committed, and to one that did not: the connection stays.
+		{name: "commit-ambiguous-committed", cuts: []cut{{faultproxy.IsCommit, faultproxy.AmbiguousForward, 5}}},
+		{name: "commit-ambiguous-rolled-back", cuts: []cut{{faultproxy.IsCommit, faultproxy.AmbiguousDrop, 5}}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -592,6 +597,17 @@ func TestFaultConnectionCut(t *testing.T) {
 			lastCut := time.Now()
 			e.assertEnded(lastCut, 30*time.Second)
 			stopAll(t, rs)
+			// Invariant 7: no ack reported that did not commit. An ack
+			// reported after an unknown outcome that had not committed
+			// would run its item again, and that item's one result would
+			// then be reported twice.
+			var reported int64
+			for _, r := range rs {
+				reported += r.w.Stats().Acked
+			}
+			if results := int64(count(t, e.direct, `SELECT count(*) FROM results`)); reported > results {
+				t.Errorf("the workers reported %d acks, and %d results committed", reported, results)
+			}
 			t.Logf("the proxy fired %d cuts", p.Fired())
 		})
 	}

@@ -165,21 +165,25 @@ func listenerPid(t *testing.T, pool *pgxpool.Pool) int {
 }
 
 // listenOnly skips a test of LISTEN/NOTIFY on CockroachDB, which has
-// neither: its workers are woken by the idle probe (probe_test.go).
+// neither, and in the CockroachDB fault model (which has none either): the
+// workers are woken by the idle probe (probe_test.go).
 func listenOnly(t *testing.T) {
 	t.Helper()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("LISTEN/NOTIFY are PostgreSQL's; on CockroachDB the idle probe wakes workers (probe_test.go)")
 	}
+	if testdb.FaultsOn() {
+		t.Skip("LISTEN/NOTIFY: the CockroachDB fault model (CRDBWORK_TEST_FAULTS) has none, as CockroachDB; the idle probe wakes workers (probe_test.go)")
+	}
 }
 
 // awaitListening waits until r's channel is listened on: the listener
 // signals each channel once right after its LISTEN, which counts as one of
-// r's wake-ups. On CockroachDB there is no listener, and nothing to wait
-// for.
+// r's wake-ups. On CockroachDB, and in the CockroachDB fault model, there
+// is no listener, and nothing to wait for.
 func awaitListening(t *testing.T, r *running) {
 	t.Helper()
-	if testdb.Kind(t) != "postgres" {
+	if testdb.Kind(t) != "postgres" || testdb.FaultsOn() {
 		return
 	}
 	waitFor(t, "the worker's first wake-up (its channel listened on)", wakeDeadline, func() bool { return r.w.Stats().Wakeups >= 1 })

@@ -38,9 +38,10 @@ func TestMain(m *testing.M) {
 
 // demoEnv is the environment of the demo processes: this process's, without
 // the variables the demo and crdbwork read, so that only the test's flags
-// count.
+// count — but for the fault model's (testdb.FaultEnviron: workers without
+// LISTEN, as on CockroachDB), which extra can override.
 func demoEnv(extra ...string) []string {
-	return testdb.Environ([]string{"DATABASE_URL=", "DEMO_", "CRDBWORK_"}, extra...)
+	return testdb.Environ([]string{"DATABASE_URL=", "DEMO_", "CRDBWORK_"}, append(testdb.FaultEnviron(), extra...)...)
 }
 
 type result struct {

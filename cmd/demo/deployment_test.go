@@ -147,6 +147,20 @@ func (d *deployment) enqueue(q *deployQueue, n int) {
 	q.total += n
 }
 
+// keepBusy enqueues more items of q when it is about to run dry, so that
+// a fault step that needs one of its workers holding items finds some
+// however long the steps before took: the queues drain in about ten
+// seconds, and on a loaded machine, or with the CockroachDB fault model's
+// retries, the steps before took longer (fair-w1 held no item within 30 s
+// because every item of fair had its result). (Not for urgent, whose
+// items' tenants are read once, before the workers start.)
+func (d *deployment) keepBusy(q *deployQueue) {
+	d.t.Helper()
+	if d.f.count(`SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL`, q.name) < 100 {
+		d.enqueue(q, 400)
+	}
+}
+
 // startWorker starts one more `demo work` process for q.
 func (d *deployment) startWorker(q *deployQueue) *proc {
 	d.t.Helper()
@@ -338,6 +352,9 @@ func TestDeploymentFaults(t *testing.T) {
 	killedAt := map[int]time.Time{} // pid → a database time just after its death
 	for _, q := range []*deployQueue{urgent, plain} {
 		victim := q.procs[0]
+		if q == plain {
+			d.keepBusy(q)
+		}
 		if _, ok := d.holding(victim, 30*time.Second); !ok {
 			t.Errorf("%s held no item of %s within 30 s (%d of its %d items have results)", victim.name, q.name, d.results(q), q.total)
 		}
@@ -353,6 +370,7 @@ func TestDeploymentFaults(t *testing.T) {
 	// SIGSTOP a worker of fair while it holds items, until a peer deleted its
 	// session; the operator looks at the status meanwhile; SIGCONT.
 	frozen := fair.procs[1]
+	d.keepBusy(fair)
 	frozenSID, ok := d.holding(frozen, 30*time.Second)
 	if !ok {
 		t.Errorf("%s held no item of %s within 30 s (%d of its %d items have results)", frozen.name, fair.name, d.results(fair), fair.total)

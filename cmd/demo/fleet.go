@@ -180,7 +180,7 @@ func startFleet(c *runConfig, url string, out *cli.Console) (*fleet, error) {
 			"--ack-batch", fmt.Sprint(c.ackBatch),
 			"--task-time", c.taskTime.String(), "--heartbeat", c.heartbeat.String(), "--expiry", c.expiry.String(),
 			"--rebalance", c.rebalance.String(), "--log-level", c.logLevel, "--report-every", reportEvery.String(),
-			"--wait-db", workerWaitDB.String()},
+			"--wait-db", workerWaitDB.String(), "--wake", c.wake},
 		fail: make(chan error, 1), stopKill: make(chan struct{}), killDone: make(chan struct{}),
 	}
 	if c.urgentLane {

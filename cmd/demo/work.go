@@ -90,7 +90,12 @@ type workerSettings struct {
 	// (--urgent-priority given).
 	urgentPriority int
 	urgentLane     bool
+	// wake is --wake: how idle workers learn of other processes' items.
+	wake string
 }
+
+// wakeModes are --wake's values.
+var wakeModes = map[string]worker.WakeMode{"auto": worker.WakeAuto, "listen": worker.WakeListen, "probe": worker.WakeProbe}
 
 // register adds the flags; partsUsage says what --parts does for the command.
 func (w *workerSettings) register(f *cli.FlagSet, partsUsage string) {
@@ -103,6 +108,12 @@ func (w *workerSettings) register(f *cli.FlagSet, partsUsage string) {
 	f.DurationVar(&w.rebalance, "rebalance", 500*time.Millisecond, false, "interval between part rebalances")
 	f.IntVar(&w.urgentPriority, "urgent-priority", 0, math.MinInt32, math.MaxInt32, "turn the urgent lane on: items with priority <= N are claimed by any worker with a free handler, not only by their part's owner (not given: off)")
 	f.StringVar(&w.metricsAddr, "metrics-addr", "", "HOST:PORT", "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty; :0 picks a free port)", nil)
+	f.StringVar(&w.wake, "wake", "auto", "MODE", "how idle workers learn of items other processes enqueue: auto (LISTEN on PostgreSQL, the idle probe on CockroachDB), listen or probe (the idle probe on either engine, as on CockroachDB)", func(s string) error {
+		if _, ok := wakeModes[s]; !ok {
+			return errors.New("must be auto, listen or probe")
+		}
+		return nil
+	})
 }
 
 // validate checks what the flags alone cannot.
@@ -162,6 +173,7 @@ func (w *workerSettings) newWorker(db worker.DB, queue, name string, log *zap.Lo
 		BatchRecord:     recordResults,
 		UrgentLane:      w.urgentLane,
 		UrgentPriority:  w.urgentPriority,
+		Wake:            wakeModes[w.wake],
 	})
 	if err == nil && m != nil {
 		m.collector.AddWorker(wk)

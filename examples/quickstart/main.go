@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,25 +99,31 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // README:begin
 // produce enqueues three e-mails inside a transaction of its own: they exist
 // only if it commits. The queue gets its parts first: an item's part is fixed
-// when it is enqueued, and a queue without a stored count has one part.
-func produce(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue) ([]uuid.UUID, error) {
+// when it is enqueued, and a queue without a stored count has one part. On
+// CockroachDB any transaction may have to run again (SQLSTATE 40001, at any
+// statement or at COMMIT): crdb.ExecuteCtx runs it again, whole.
+func produce(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue) (ids []uuid.UUID, err error) {
 	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, q.Name(), workerOptions.Parts); err != nil {
 		return nil, err
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(ctx) // a no-op once committed
-	// ... your own writes in tx ...
-	res, err := q.EnqueueTx(ctx, tx,
-		claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
-		claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
-		claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
-	if err != nil {
-		return nil, err
-	}
-	return res.IDs, tx.Commit(ctx)
+	err = crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) // a no-op once committed
+		// ... your own writes in tx ...
+		res, err := q.EnqueueTx(ctx, tx,
+			claim.NewItem{Payload: []byte("Hello Ada"), Key: "ada"},
+			claim.NewItem{Payload: []byte("Hello Grace"), Key: "grace"},
+			claim.NewItem{Payload: []byte("Hello Edsger"), Key: "edsger", Priority: -1})
+		if err != nil {
+			return err
+		}
+		ids = res.IDs
+		return tx.Commit(ctx)
+	})
+	return ids, err
 }
 
 // work runs a worker on q until ctx ends, then stops gracefully.

@@ -12,7 +12,9 @@
 //     connection before the statement reaches the server (it never runs),
 //     or forward it and drop the connection before the server's answer comes
 //     back (it ran — a COMMIT committed — and the client cannot know), and
-//     optionally cut every connection for a while from that moment.
+//     optionally cut every connection for a while from that moment; or
+//     answer it with CockroachDB's SQLSTATE 40003 ("result is ambiguous")
+//     whether it ran (AmbiguousForward) or not (AmbiguousDrop).
 //
 // The proxy reads the client's messages to find the statements; it does not
 // support TLS (use sslmode=disable).
@@ -47,7 +49,25 @@ const (
 	// Pass forwards the statement untouched (use it with Rule.Outage to cut
 	// every connection right after the statement was sent).
 	Pass
+	// AmbiguousForward forwards the statement, swallows the server's
+	// answer and answers the client with SQLSTATE 40003 ("result is
+	// ambiguous"), as CockroachDB does when it cannot tell whether a
+	// COMMIT took effect: the statement ran (a COMMIT committed, unless
+	// the server refused it), the connection stays usable and idle, and
+	// the client cannot know. Only statements sent with the simple
+	// protocol match it (pgx sends COMMIT so); Outage is ignored.
+	AmbiguousForward
+	// AmbiguousDrop sends ROLLBACK to the server in the statement's place
+	// and answers the client with SQLSTATE 40003: the statement (a COMMIT)
+	// did not take effect, the connection stays usable and idle, and the
+	// client cannot know. Only statements sent with the simple protocol
+	// match it; Outage is ignored.
+	AmbiguousDrop
 )
+
+// AmbiguousCode is the SQLSTATE of the answer of AmbiguousForward and
+// AmbiguousDrop (CockroachDB's "result is ambiguous").
+const AmbiguousCode = "40003"
 
 // Rule is a fault triggered by a statement.
 type Rule struct {
@@ -246,8 +266,12 @@ func (p *Proxy) serve() {
 type conn struct {
 	client, server net.Conn
 	dropAnswer     atomic.Bool
-	once           sync.Once
-	closed         chan struct{} // closed by close
+	// ambiguous: the server's next answer (up to its ReadyForQuery) is
+	// swallowed and replaced by a 40003 error (AmbiguousForward,
+	// AmbiguousDrop).
+	ambiguous atomic.Bool
+	once      sync.Once
+	closed    chan struct{} // closed by close
 }
 
 func (c *conn) close() {
@@ -266,30 +290,96 @@ func (p *Proxy) forget(c *conn) {
 }
 
 // fromServer copies the server's bytes to the client, unless an answer is
-// to be dropped.
+// to be dropped or replaced.
 func (p *Proxy) fromServer(c *conn) {
 	defer p.wg.Done()
 	defer p.forget(c)
 	buf := make([]byte, 32<<10)
+	var swallowed []byte // an answer being replaced (c.ambiguous), so far
 	for {
 		n, err := c.server.Read(buf)
 		if n > 0 {
 			if c.dropAnswer.Load() {
 				return
 			}
-			p.mu.Lock()
-			for p.stalled && !p.down && !p.closed {
-				p.flowing.Wait()
+			out := buf[:n]
+			if c.ambiguous.Load() {
+				// The answer starts at a message boundary: the client
+				// sent the statement after it had read every earlier
+				// answer (a simple-protocol query: nothing was pending).
+				swallowed = append(swallowed, out...)
+				var done bool
+				if out, done = replaceAnswer(&swallowed); done {
+					c.ambiguous.Store(false)
+				}
 			}
-			p.mu.Unlock()
-			if _, werr := c.client.Write(buf[:n]); werr != nil {
-				return
+			if len(out) > 0 {
+				p.mu.Lock()
+				for p.stalled && !p.down && !p.closed {
+					p.flowing.Wait()
+				}
+				p.mu.Unlock()
+				if _, werr := c.client.Write(out); werr != nil {
+					return
+				}
 			}
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// replaceAnswer reads the server's messages buffered in *b: once a
+// ReadyForQuery is among them it returns the 40003 answer that replaces
+// them (followed by whatever came after it) and done; until then nothing,
+// keeping the partial answer in *b.
+func replaceAnswer(b *[]byte) (out []byte, done bool) {
+	for off := 0; len(*b)-off >= 5; {
+		typ := (*b)[off]
+		n := int(binary.BigEndian.Uint32((*b)[off+1:]))
+		if n < 4 || len(*b)-off < 1+n {
+			return nil, false
+		}
+		off += 1 + n
+		if typ == 'Z' {
+			out = append(ambiguousAnswer(), (*b)[off:]...)
+			*b = nil
+			return out, true
+		}
+	}
+	return nil, false
+}
+
+// ambiguousAnswer is an ErrorResponse with SQLSTATE 40003 followed by
+// ReadyForQuery (idle): what CockroachDB answers to a COMMIT whose outcome
+// it cannot know.
+func ambiguousAnswer() []byte {
+	var body []byte
+	for _, f := range []struct {
+		code byte
+		val  string
+	}{
+		{'S', "ERROR"}, {'V', "ERROR"}, {'C', AmbiguousCode},
+		{'M', "result is ambiguous (injected by faultproxy: the statement may or may not have taken effect)"},
+	} {
+		body = append(body, f.code)
+		body = append(append(body, f.val...), 0)
+	}
+	body = append(body, 0)
+	msg := []byte{'E', 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(msg[1:], uint32(4+len(body)))
+	msg = append(msg, body...)
+	return append(msg, 'Z', 0, 0, 0, 5, 'I')
+}
+
+// rollbackQuery is the simple-protocol query that AmbiguousDrop sends in
+// place of the statement.
+func rollbackQuery() []byte {
+	msg := []byte{'Q', 0, 0, 0, 0}
+	msg = append(append(msg, "ROLLBACK"...), 0)
+	binary.BigEndian.PutUint32(msg[1:], uint32(len(msg)-1))
+	return msg
 }
 
 // Protocol codes of the untyped first messages.
@@ -359,7 +449,7 @@ func (p *Proxy) fromClient(c *conn) {
 			return
 		}
 		if sql != "" {
-			if rule := p.match(sql); rule != nil {
+			if rule := p.match(sql, typ == 'Q'); rule != nil {
 				if !p.apply(c, rule, msg) {
 					return
 				}
@@ -395,6 +485,15 @@ func (p *Proxy) apply(c *conn, rule *armed, msg []byte) bool {
 			}()
 		}
 		return true
+	case AmbiguousForward, AmbiguousDrop:
+		c.ambiguous.Store(true)
+		if rule.Action == AmbiguousDrop {
+			msg = rollbackQuery()
+		}
+		if _, err := c.server.Write(msg); err != nil {
+			return false
+		}
+		return true
 	default: // Pass
 		if _, err := c.server.Write(msg); err != nil {
 			return false
@@ -408,11 +507,15 @@ func (p *Proxy) apply(c *conn, rule *armed, msg []byte) bool {
 }
 
 // match returns the first armed rule matching sql, counting the firing, or
-// nil.
-func (p *Proxy) match(sql string) *armed {
+// nil. simple says whether sql came in a simple-protocol query, the only
+// kind the ambiguous actions apply to.
+func (p *Proxy) match(sql string, simple bool) *armed {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, a := range p.rules {
+		if (a.Action == AmbiguousForward || a.Action == AmbiguousDrop) && !simple {
+			continue
+		}
 		if !a.Match(sql) {
 			continue
 		}

@@ -2,10 +2,12 @@ package faultproxy_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
@@ -74,6 +76,65 @@ func TestDropCommitAnswer(t *testing.T) {
 	<-fired
 	if n := rows(t, direct, 1); n != 1 {
 		t.Errorf("%d rows after the commit whose answer was lost, want 1 (it committed)", n)
+	}
+}
+
+// A COMMIT answered with 40003: forwarded (it committed) or replaced by a
+// ROLLBACK (it did not); either way the client gets SQLSTATE 40003 and its
+// connection stays usable, idle.
+func TestAmbiguousCommit(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		action    faultproxy.Action
+		committed int
+	}{
+		{"forward", faultproxy.AmbiguousForward, 1},
+		{"drop", faultproxy.AmbiguousDrop, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			direct, p, proxied := setup(t)
+			ctx := context.Background()
+			conn := connect(t, proxied)
+			fired := p.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: c.action})
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO t VALUES ($1)`, 7); err != nil {
+				t.Fatal(err)
+			}
+			err = tx.Commit(ctx)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != faultproxy.AmbiguousCode {
+				t.Fatalf("Commit: %v, want SQLSTATE 40003", err)
+			}
+			<-fired
+			if n := rows(t, direct, 7); n != c.committed {
+				t.Errorf("%d rows after the ambiguous COMMIT, want %d", n, c.committed)
+			}
+			// The connection goes on, outside any transaction, with the
+			// extended protocol too.
+			if st := conn.PgConn().TxStatus(); st != 'I' {
+				t.Errorf("transaction status %q after the ambiguous COMMIT, want idle", st)
+			}
+			if _, err := conn.Exec(ctx, `INSERT INTO t VALUES ($1)`, 8); err != nil {
+				t.Fatalf("the connection after the ambiguous COMMIT: %v", err)
+			}
+			if n := rows(t, direct, 8); n != 1 {
+				t.Errorf("%d rows of the statement after, want 1 (committed on its own)", n)
+			}
+			// A prepared COMMIT (extended protocol) is not matched.
+			p.Arm(faultproxy.Rule{Match: faultproxy.IsCommit, Action: c.action})
+			if _, err := conn.Exec(ctx, `BEGIN`); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.PgConn().ExecParams(ctx, `COMMIT`, nil, nil, nil, nil).Read().Err; err != nil {
+				t.Fatalf("a COMMIT sent with the extended protocol: %v", err)
+			}
+			if p.Fired() != 1 {
+				t.Errorf("Fired = %d, want 1", p.Fired())
+			}
+		})
 	}
 }
 

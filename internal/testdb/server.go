@@ -46,8 +46,12 @@ func NewServer(t testing.TB) (srv *dbserver.Server, dbURL string) {
 			t.Errorf("testdb: %v", err)
 		}
 	})
-	dbURL, err = srv.CreateDatabase(ctx, newName())
+	name, n := newName()
+	dbURL, err = srv.CreateDatabase(ctx, name)
 	if err != nil {
+		t.Fatalf("testdb: NewServer: %v", err)
+	}
+	if err := created(ctx, dbURL, n, srv.Kind()); err != nil {
 		t.Fatalf("testdb: NewServer: %v", err)
 	}
 	return srv, dbURL

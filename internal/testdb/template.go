@@ -118,11 +118,21 @@ func (tpl *template) refill(e *env) {
 }
 
 // copyOf makes a new database copied from the template database tplName.
+// The copy gets what every test database gets (the fault model, when it is
+// on: created); the template was built without it.
 func (e *env) copyOf(tplName string) (string, error) {
-	name := newName()
+	name, n := newName()
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{tplName}.Sanitize()); err != nil {
+		return "", fmt.Errorf("copying template %s: %w", tplName, err)
+	}
+	u, err := e.urlFor(name)
+	if err == nil {
+		err = created(ctx, u, n, e.kind)
+	}
+	if err != nil {
+		_ = e.drop(name)
 		return "", fmt.Errorf("copying template %s: %w", tplName, err)
 	}
 	return name, nil
@@ -189,7 +199,9 @@ func NewURLFromTemplate(t testing.TB, key string, build func(ctx context.Context
 // buildTemplate makes a database, runs build on it and closes every
 // connection to it, so that CREATE DATABASE may copy it.
 func (e *env) buildTemplate(key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, int64, error) {
-	name, u, err := e.create()
+	// Without the fault model: building the template is the harness's own
+	// work (the copies get the model).
+	name, u, _, err := e.createPlain()
 	if err != nil {
 		return "", 0, err
 	}

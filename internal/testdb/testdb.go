@@ -256,6 +256,13 @@ func setup() (*env, error) {
 	if e.kind == dbserver.Cockroach && e.server != nil {
 		e.tuneCockroach(ctx)
 	}
+	if _, err := loadFaults(); err != nil {
+		if e.server != nil {
+			_ = e.server.Stop()
+		}
+		e.admin.Close()
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -316,17 +323,43 @@ func (e *env) connect(ctx context.Context, adminURL string) error {
 }
 
 // create makes a fresh, empty database and returns its name and URL.
+// ("Empty": the fault model's schema, crdbwork_test_faults, is there when
+// it is on.)
 func (e *env) create() (name, dbURL string, err error) {
-	name = newName()
-	if dbURL, err = e.urlFor(name); err != nil {
+	name, dbURL, n, err := e.createPlain()
+	if err != nil {
 		return "", "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
-	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	if err := created(ctx, dbURL, n, e.kind); err != nil {
+		_ = e.drop(name)
 		return "", "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	return name, dbURL, nil
+}
+
+// createPlain makes a fresh, empty database without what created adds (a
+// template's, which the copies get instead), and returns its name, URL and
+// number in the binary.
+func (e *env) createPlain() (name, dbURL string, n uint64, err error) {
+	name, n = newName()
+	if dbURL, err = e.urlFor(name); err != nil {
+		return "", "", 0, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	if _, err := e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", "", 0, fmt.Errorf("create database %s: %w", name, err)
+	}
+	return name, dbURL, n, nil
+}
+
+// created is called with every database this package makes (the n-th of
+// the binary), once it exists: the place for what every test database
+// gets (today the fault model, when it is on).
+func created(ctx context.Context, dbURL string, n uint64, kind dbserver.Kind) error {
+	return installFaults(ctx, dbURL, n, kind)
 }
 
 // drop removes a test database. Callers treat a failure as best effort:
@@ -382,11 +415,12 @@ func shutdown() error {
 }
 
 // newName returns a database name unique to this test: lowercase, with a
-// per-binary counter and a random suffix (binaries can share a server).
-func newName() string {
+// per-binary counter (n) and a random suffix (binaries can share a server).
+func newName() (name string, n uint64) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("crdbwork_test_%d_%s", seq.Add(1), hex.EncodeToString(b[:]))
+	n = seq.Add(1)
+	return fmt.Sprintf("crdbwork_test_%d_%s", n, hex.EncodeToString(b[:])), n
 }
 
 // withDatabase returns the connection string raw with its database replaced,

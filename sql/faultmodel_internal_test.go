@@ -1,0 +1,25 @@
+package sql
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/crdbwork/crdbwork/internal/testdb"
+)
+
+// The test harness's CockroachDB fault model (internal/testdb) reaches
+// every crdbwork table but the version table: its list is the schema's.
+func TestFaultModelTables(t *testing.T) {
+	var want []string
+	for name := range tableNames {
+		if name != "schema_version" {
+			want = append(want, name)
+		}
+	}
+	got := testdb.FaultTableSuffixes()
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("testdb.FaultTableSuffixes() = %v, want the schema's tables but the version table: %v", got, want)
+	}
+}
