@@ -13,6 +13,7 @@
 //	go -C bench run . sequences         # throughput of a sequenced queue (one item per key at a time) against the same queue plain
 //	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in, 100 fan-ins and 100 chains of 100 against 10k plain items
 //	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
+//	go -C bench run . limits            # how much of a queue's limits a fleet uses: 1, 2, 4 workers and churn, with and without parts
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -47,6 +48,7 @@ const usage = `Usage:
   go -C bench run . sequences [flags]   a sequenced queue's throughput against the same queue plain
   go -C bench run . depends [flags]     dependencies: fan-out/fan-in and chains against plain items
   go -C bench run . lived [flags]       one drain per feature on a fresh database and on one that has lived
+  go -C bench run . limits [flags]      how much of a queue's limits (in flight, rate) a fleet uses; --handover: the hand-over bound
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -104,6 +106,15 @@ ack, the longest stretch without an ack from the first ack to the last, and
 whether every item ended exactly once, then per feature the median lived/
 fresh ratio (goals: within 2×, no stretch over 2 s).
 
+limits runs in-process workers under a queue's limit of --limit items in
+flight (items of --item-time) and then under a rate of --rate items per
+second (items of --rate-item-time), with 1, 2 and 4 workers and with a worker
+joining or leaving every second, with and without parts, each on a fresh
+database, and prints per cell the most and the mean running at once and the
+rate achieved and the most started within any second (docs/limits.md,
+"Measured"); with --handover, items longer than the shares' Grace under
+churn (the hand-over bound). It fails if a bound was exceeded.
+
 order enqueues --items items with random priorities (--priorities) and
 counts, for every claimed item, the claimable items before it in the queue's
 strict order (its popped element index, PEI): median, mean, p90, p99, max;
@@ -156,10 +167,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return dependsCmd(ctx, args, out)
 	case "lived":
 		return livedCmd(ctx, args, out)
+	case "limits":
+		return limitsCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences, depends or lived; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences, depends, lived or limits; see --help)", cmd)
 	}
 }
 
