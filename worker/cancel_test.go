@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -94,10 +95,11 @@ func TestCancelWorkerProcess(t *testing.T) {
 	opts := worker.Options{Concurrency: 2, Poll: 50 * time.Millisecond, ShutdownTimeout: 500 * time.Millisecond}
 	switch os.Getenv(cancelProcMode) {
 	case "notify":
-		// Heartbeats (and so the heartbeat's cancel check) 20 s apart: a
-		// cancel seen sooner came through the notification.
-		opts.Session = session.Tuning{Heartbeat: 20 * time.Second, Expiry: time.Minute}
-		opts.Limits.Refresh = 30 * time.Second
+		// Heartbeats (and so the heartbeat's cancel check) ten minutes
+		// apart: a cancel seen sooner — the test's wait is 10 s, stretched
+		// with the machine's load — came through the notification.
+		opts.Session = session.Tuning{Heartbeat: 10 * time.Minute, Expiry: 30 * time.Minute}
+		opts.Limits.Refresh = 30 * time.Minute
 	default:
 		opts.Session = session.Tuning{Heartbeat: 300 * time.Millisecond, Expiry: 1500 * time.Millisecond}
 		opts.NoWake = true
@@ -135,18 +137,6 @@ func startCancelWorker(t *testing.T, url, mode string) (*exec.Cmd, io.WriteClose
 	return cmd, stdin, out
 }
 
-// waitCancelCond polls cond every 20 ms until it holds, failing the test after d.
-func waitCancelCond(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the condition
-	}
-}
-
 func countRows(t *testing.T, pool *pgxpool.Pool, query string, args ...any) int {
 	t.Helper()
 	var n int
@@ -159,18 +149,20 @@ func countRows(t *testing.T, pool *pgxpool.Pool, query string, args ...any) int 
 // A cancel asked in this process reaches the handler running in another
 // (the worker process), whose context's cause says it was cancelled and by
 // whom, within the bound: at once through the notification (the worker's
-// heartbeats are 20 s apart, so the heartbeat cannot be what told it), or
+// heartbeats are ten minutes apart, so the heartbeat cannot be what told it), or
 // within a heartbeat without notifications. The handler's attempted ack
 // commits nothing, and the item ends as cancelled with who and why.
 func TestCancelReachesHandlerInAnotherProcess(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		mode  string
-		bound time.Duration // the stated bound plus a loaded machine's slack
+		bound time.Duration // the stated bound plus slack (the wait stretches it with the load)
 	}{
-		{"notify", 10 * time.Second},                         // notification; the heartbeat would take 20 s
+		{"notify", 10 * time.Second},                         // notification; the heartbeat would take ten minutes
 		{"heartbeat", 300*time.Millisecond + 10*time.Second}, // one heartbeat
 	} {
 		t.Run(c.mode, func(t *testing.T) {
+			t.Parallel()
 			url, pool := wakeSetup(t)
 			cancelTables(t, pool)
 			ctx := context.Background()
@@ -184,7 +176,7 @@ func TestCancelReachesHandlerInAnotherProcess(t *testing.T) {
 			}
 			id := enq.IDs[0]
 			cmd, stdin, out := startCancelWorker(t, url, c.mode)
-			waitCancelCond(t, time.Minute, "both handlers start in the worker process", func() bool {
+			await.Until(t, "both handlers to start in the worker process", func() bool {
 				return countRows(t, pool, `SELECT count(*) FROM cancel_log WHERE event = 'started' AND pid = $1`, cmd.Process.Pid) == 2
 			})
 			asked := time.Now()
@@ -192,9 +184,9 @@ func TestCancelReachesHandlerInAnotherProcess(t *testing.T) {
 			if err != nil || !res.Running {
 				t.Fatalf("cancel: %+v %v", res, err)
 			}
-			waitCancelCond(t, c.bound, "the handler's context is cancelled", func() bool {
+			await.Until(t, "the handler's context to be cancelled", func() bool {
 				return countRows(t, pool, `SELECT count(*) FROM cancel_log WHERE item_id = $1 AND event = 'stopped'`, id) == 1
-			})
+			}, await.Within(c.bound))
 			t.Logf("the handler saw the cancel %v after it was asked", time.Since(asked).Round(time.Millisecond))
 			var cancelled bool
 			var by, cause string
@@ -233,6 +225,7 @@ func TestCancelReachesHandlerInAnotherProcess(t *testing.T) {
 // cancelled — by another worker's reaper once the dead session expires —
 // and is never run again.
 func TestCancelOfKilledWorkersItem(t *testing.T) {
+	t.Parallel()
 	url, pool := wakeSetup(t)
 	cancelTables(t, pool)
 	ctx := context.Background()
@@ -246,7 +239,7 @@ func TestCancelOfKilledWorkersItem(t *testing.T) {
 	}
 	id := enq.IDs[0]
 	cmd, _, _ := startCancelWorker(t, url, "heartbeat")
-	waitCancelCond(t, time.Minute, "the handler starts in the worker process", func() bool {
+	await.Until(t, "the handler to start in the worker process", func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM cancel_log WHERE event = 'started'`) == 1
 	})
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -311,6 +304,7 @@ func ctxWithin(t *testing.T, d time.Duration) context.Context {
 // snoozes for ever ends its item dead ("snoozed too often") after the
 // queue's MaxSnoozes.
 func TestWorkerSnooze(t *testing.T) {
+	t.Parallel()
 	_, pool := wakeSetup(t)
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{MaxSnoozes: 5})

@@ -14,8 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -86,7 +85,7 @@ func TestCheckpointHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(q, stepHandler(pool, stop), worker.Options{Session: fastSession, Poll: 50 * time.Millisecond})
+	w, err := worker.New(q, stepHandler(pool, stop), worker.Options{Session: fastSession(), Poll: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,16 +100,14 @@ func TestCheckpointHelperProcess(t *testing.T) {
 // 500 with the progress of 500: no step below 500 runs twice, every step
 // runs, and the item is acked once.
 func TestCheckpointSurvivesSIGKILL(t *testing.T) {
-	u := testdb.NewURL(t)
+	t.Parallel()
+	u := testschema.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, ddl := range []string{
 		`CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`,
 		`CREATE TABLE resumes (item_id UUID NOT NULL, attempt INT NOT NULL, start INT NOT NULL, progress_done BIGINT NOT NULL)`,
@@ -147,7 +144,7 @@ func TestCheckpointSurvivesSIGKILL(t *testing.T) {
 	}
 	helper.Wait()
 
-	w, err := worker.New(q, stepHandler(pool, 0), worker.Options{Session: fastSession, Poll: 50 * time.Millisecond})
+	w, err := worker.New(q, stepHandler(pool, 0), worker.Options{Session: fastSession(), Poll: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,12 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -15,6 +17,7 @@ import (
 // own default (min(ItemTimeout, 2 min) + HangGrace + 30 s), not claim's
 // DefaultLease.
 func TestWorkerTakesTheQueuesLease(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	for _, c := range []struct {
 		lease time.Duration // the queue's
@@ -36,12 +39,7 @@ func TestWorkerTakesTheQueuesLease(t *testing.T) {
 			return recordHandler(0)(ctx, it)
 		}
 		r := startOn(t, newQueue(t, pool, claim.Options{Queue: queue, Lease: c.lease}), h, c.opts)
-		var it claim.Item
-		select {
-		case it = <-got:
-		case <-time.After(time.Minute):
-			t.Fatalf("queue lease %v: no item handled within a minute", c.lease)
-		}
+		it := await.Recv(t, fmt.Sprintf("queue lease %v: an item to be handled", c.lease), got)
 		r.Stop(t)
 		if it.Queue != queue {
 			t.Errorf("handled an item of %q, want %q", it.Queue, queue)
@@ -56,6 +54,7 @@ func TestWorkerTakesTheQueuesLease(t *testing.T) {
 
 // The worker's sessions carry Options.Name, on the queue's tables.
 func TestWorkerSessionName(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	r := start(t, pool, recordHandler(0), worker.Options{Name: "named-worker"})
 	waitFor(t, "the worker's session", time.Minute, func() bool {

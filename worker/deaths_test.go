@@ -84,6 +84,7 @@ func (r *runs) of(payload string) int {
 // reaper's crash-loop step failed on every pass, so that nothing of those
 // steps was ever moved.)
 func TestWorkerReusedIDsDieAgain(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const queue = "deaths"
@@ -167,6 +168,7 @@ func TestWorkerReusedIDsDieAgain(t *testing.T) {
 // with a reused id: the worker retried the nack for ever while the item
 // stayed claimed.)
 func TestWorkerNackEndsWhenTheMoveFails(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const queue = "refused"
@@ -204,6 +206,7 @@ func TestWorkerNackEndsWhenTheMoveFails(t *testing.T) {
 // work. (Schema version 3: the failing batch moved nothing, and the reaper
 // logged only the batch's error.)
 func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const queue = "stuck"
@@ -246,6 +249,7 @@ func TestWorkerReaperLogsAnItemItCannotMove(t *testing.T) {
 // to release it. (Before: the worker retried the nack with backoff for as
 // long as its session lived.)
 func TestWorkerNackGivesUpWhenNothingCanSettleIt(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const queue = "unsettled"

@@ -24,8 +24,10 @@ import (
 // every id done: each handler ran exactly once and wrote one result. An
 // at-most-once item (whose claim deletes it) is never started twice either.
 func TestRetryAfterUnknownBufferedEnqueueRunsOnce(t *testing.T) {
+	t.Parallel()
 	for _, atMostOnce := range []bool{false, true} {
 		t.Run(fmt.Sprintf("at-most-once=%v", atMostOnce), func(t *testing.T) {
+			t.Parallel()
 			direct := setup(t)
 			ctx := context.Background()
 			pool, proxy := proxied(t, direct, 4)

@@ -20,6 +20,7 @@ import (
 // are dropped, not retried and not dead-lettered, and every item ends: the
 // items table drains.
 func TestWorkerAtMostOnceItems(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{Queue: "amo"})
@@ -90,6 +91,7 @@ func TestWorkerAtMostOnceItems(t *testing.T) {
 // with reason "expired" and are never handled; the rest are acked: every
 // item ends, in bound.
 func TestWorkerItemsExpire(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{Queue: "ttl"})
@@ -121,7 +123,7 @@ func TestWorkerItemsExpire(t *testing.T) {
 			handledLate++
 			mu.Unlock()
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the handler's work: the late items expire meanwhile
 		return nil, nil
 	}
 	r := startOn(t, newQueue(t, pool, claim.Options{Queue: "ttl"}), h, worker.Options{Concurrency: 2})

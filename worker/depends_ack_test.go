@@ -25,6 +25,7 @@ import (
 // Before the fix the pipelined ack returned before the release, and each
 // link waited for a reap.
 func TestBatchStatementAcksReleaseDependents(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	enqueue(t, pool, "bystander", 200, true)

@@ -13,8 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -38,7 +37,8 @@ func TestDependsWorkerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := claim.New(pool, claim.Options{Queue: "deps", Lease: faultLease, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
+	tm := faultTimings()
+	q, err := claim.New(pool, claim.Options{Queue: "deps", Lease: tm.lease, BackoffBase: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestDependsWorkerProcess(t *testing.T) {
 			return err
 		}, nil
 	}
-	w, err := worker.New(q, h, worker.Options{Concurrency: 8, Session: faultSession, RestartDelay: 100 * time.Millisecond})
+	w, err := worker.New(q, h, worker.Options{Concurrency: 8, Session: tm.session, RestartDelay: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,16 +73,14 @@ func TestDependsWorkerProcess(t *testing.T) {
 // after every child's ack. A second join waits for the first and for a
 // child, so the chain goes two levels past the fan-in.
 func TestDependsKillMidChain(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	ctx := context.Background()
 	direct, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := direct.Exec(ctx, `CREATE TABLE dep_results (
 		row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
 		item_id UUID NOT NULL, started_at TIMESTAMPTZ NOT NULL, acked_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {

@@ -43,6 +43,7 @@ func paceAt(t *testing.T, base time.Time, heads ...time.Duration) *fairPace {
 // so), one further ahead waits until the head comes within reach, unless
 // the head is in its own parts, does not move, or the queue is not fair.
 func TestFairPaceBoundsTheLead(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	base := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 	other := func() []int { return []int{0, 1, 2, 3} }

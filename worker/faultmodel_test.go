@@ -15,6 +15,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -30,9 +31,11 @@ import (
 // statements and at COMMITs, and no 40001 may reach the workers' logs:
 // the retries absorb them all.
 func TestFaultModelEveryItemEnds(t *testing.T) {
+	t.Parallel()
 	for _, parts := range []int{0, 4} {
 		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
-			url := testdb.NewURL(t)
+			t.Parallel()
+			url := testschema.NewURL(t)
 			installed := testdb.InstallFaults(t, url, testdb.FaultConfig{On: true, Seed: 7})
 			e := newFaultEnv(t, url)
 			if parts > 0 {

@@ -31,19 +31,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
-// Timings of the fault suite: short, so that each case takes seconds.
-var (
-	// faultSession is the sessions' timing in the cases where connections
-	// are cut for less than the expiry.
-	faultSession = session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+// Timings of the fault suite on a quiet machine: short, so that each case
+// takes seconds. A case reads them stretched with the machine's load, all
+// from one reading (faultTimings).
+const (
+	// faultHeartbeat is the sessions' heartbeat in the cases where
+	// connections are cut for less than the expiry, ten heartbeats.
+	faultHeartbeat = 150 * time.Millisecond
 	// faultLease is the item lease of the cases (the backstop for an item
 	// whose worker forgot it).
 	faultLease = 3 * time.Second
@@ -51,14 +55,31 @@ var (
 	// live session before the monitor counts it: the reaper's period and a
 	// loaded machine's delays.
 	leaseSlack = 3 * time.Second
-	// cutOutage is how long a cut lasts: well under faultSession.Expiry.
+	// cutOutage is how long a cut lasts: well under the sessions' expiry.
 	cutOutage = 400 * time.Millisecond
 )
+
+// faultTiming is the fault suite's timings as one case uses them.
+type faultTiming struct {
+	session              session.Tuning
+	lease, slack, outage time.Duration
+}
+
+// faultTimings returns the fault suite's timings stretched together with
+// the machine's load (one await.Stretch): heartbeats delayed by a busy
+// machine must not lose sessions, and leases must be extended in time;
+// the outage of a cut stays well under the expiry.
+func faultTimings() faultTiming {
+	hb := await.Stretch(faultHeartbeat)
+	k := func(d time.Duration) time.Duration { return d * hb / faultHeartbeat }
+	return faultTiming{session: session.Tuning{Heartbeat: hb, Expiry: 10 * hb}, lease: k(faultLease), slack: k(leaseSlack), outage: k(cutOutage)}
+}
 
 // faultEnv is one fault case: a database with the crdbwork schema, the
 // enqueued items, and a monitor of overdue claims.
 type faultEnv struct {
 	t      *testing.T
+	tm     faultTiming   // the case's timings, read once
 	url    string        // the database, directly
 	direct *pgxpool.Pool // for checks, never through a fault
 	ids    map[uuid.UUID]bool
@@ -70,8 +91,25 @@ type faultEnv struct {
 	monFirst atomic.Value // string: the first overdue sighting
 }
 
-// newFaultEnv sets up the schema and the results table in the database at
-// dbURL.
+// newFaultEnv sets up the results table in the database at dbURL, which
+// has crdbwork's schema (testschema.NewURL, or withSchema).
+// withSchema applies crdbwork's schema to the database at dbURL (a
+// database of a server of the test's own, which has no template) and
+// returns dbURL.
+func withSchema(t *testing.T, dbURL string) string {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	return dbURL
+}
+
 func newFaultEnv(t *testing.T, dbURL string) *faultEnv {
 	t.Helper()
 	ctx := context.Background()
@@ -85,9 +123,6 @@ func newFaultEnv(t *testing.T, dbURL string) *faultEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
-	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	// alive: the acking session's row existed inside the ack transaction.
 	if _, err := direct.Exec(ctx, `CREATE TABLE results (
 		row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
@@ -95,7 +130,7 @@ func newFaultEnv(t *testing.T, dbURL string) *faultEnv {
 		tx_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
-	e := &faultEnv{t: t, url: dbURL, direct: direct, ids: map[uuid.UUID]bool{}}
+	e := &faultEnv{t: t, tm: faultTimings(), url: dbURL, direct: direct, ids: map[uuid.UUID]bool{}}
 	e.monFirst.Store("")
 	return e
 }
@@ -136,9 +171,9 @@ func (e *faultEnv) monitor() {
 	e.stopMon, e.monDone = cancel, make(chan struct{})
 	// Without a lease column (schema v1), the lease is the claim time plus
 	// faultLease.
-	deadline, grace := "i.claimed_at", faultLease+leaseSlack
+	deadline, grace := "i.claimed_at", e.tm.lease+e.tm.slack
 	if hasColumn(e.t, e.direct, "crdbwork_items", "lease_until") {
-		deadline, grace = "i.lease_until", leaseSlack
+		deadline, grace = "i.lease_until", e.tm.slack
 	}
 	q := `SELECT count(*), COALESCE(max(i.id::TEXT), '') FROM crdbwork_items AS i JOIN crdbwork_sessions AS s ON s.id = i.claim
 		WHERE ` + deadline + ` + $1::BIGINT * INTERVAL '1 microsecond' < now()`
@@ -256,13 +291,13 @@ func (e *faultEnv) startWorkers(n int, dbURL string, h worker.Handler, opts work
 func (e *faultEnv) startWorkersOn(n int, dbURL string, qopts claim.Options, h worker.Handler, opts worker.Options) []*running {
 	e.t.Helper()
 	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
-		opts.Session = faultSession
+		opts.Session = e.tm.session
 	}
 	if opts.RestartDelay == 0 {
 		opts.RestartDelay = 100 * time.Millisecond
 	}
 	if qopts.Lease == 0 {
-		qopts.Lease = faultLease
+		qopts.Lease = e.tm.lease
 	}
 	if qopts.BackoffBase == 0 {
 		qopts.BackoffBase, qopts.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
@@ -296,13 +331,13 @@ func (e *faultEnv) waitProgress(n int) {
 	})
 }
 
-// assertEnded waits, at most bound from since, until no item is left, then
-// checks the contract for every enqueued item. It returns how long after
-// since the last item ended.
+// assertEnded waits until no item is left, at most bound (stretched with
+// the machine's load, as every await budget) from now, then checks the
+// contract for every enqueued item. It returns how long after since (the
+// fault's end) the last item ended.
 func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Duration {
 	e.t.Helper()
 	t := e.t
-	deadline := since.Add(bound)
 	atFault := -1
 	_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FROM crdbwork_items`).Scan(&atFault)
 	// The items claimed when the fault ended: the ones a fault can strand.
@@ -312,24 +347,21 @@ func (e *faultEnv) assertEnded(since time.Time, bound time.Duration) time.Durati
 		held, _ = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
 	var recovered time.Duration
-	for {
+	await.Until(t, "every item to end after the fault", func() (bool, string) {
 		var left, heldLeft int
 		err := e.direct.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE id = ANY($1)) FROM crdbwork_items`, held).Scan(&left, &heldLeft)
 		if err == nil && heldLeft == 0 && recovered == 0 {
 			recovered = time.Since(since)
 		}
 		if err == nil && left == 0 {
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			var claimed, live int
-			_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE claim IS NOT NULL),
-				count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)) FROM crdbwork_items`).Scan(&claimed, &live)
-			t.Fatalf("%d items had not ended %v after the fault (%d claimed, %d by a live session; last error %v); monitor: %d overdue claims (%s)",
-				left, bound, claimed, live, err, e.overdue.Load(), e.monFirst.Load())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		var claimed, live int
+		_ = e.direct.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE claim IS NOT NULL),
+			count(*) FILTER (WHERE claim IN (SELECT id FROM crdbwork_sessions)) FROM crdbwork_items`).Scan(&claimed, &live)
+		return false, fmt.Sprintf("%d items left %v after the fault (%d claimed, %d by a live session; last error %v); monitor: %d overdue claims (%s)",
+			left, time.Since(since).Round(time.Millisecond), claimed, live, err, e.overdue.Load(), e.monFirst.Load())
+	}, await.Within(bound), await.Every(50*time.Millisecond))
 	took := time.Since(since)
 	e.stopMonitor()
 	e.checkOutcomes()
@@ -391,7 +423,7 @@ func (e *faultEnv) checkOutcomes() {
 			len(e.ids), lost, dups, both, stale)
 	}
 	if n := e.overdue.Load(); n != 0 {
-		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", n, leaseSlack, e.monFirst.Load())
+		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", n, e.tm.slack, e.monFirst.Load())
 	}
 }
 
@@ -423,13 +455,15 @@ func stopAll(t *testing.T, rs []*running) {
 // failed during the restart must still end. Bound: 60 s after the server is
 // back.
 func TestFaultDatabaseRestart(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		down time.Duration // 0: pg_ctl restart -m fast
 	}{{"restart-fast", 0}, {"stop-3s-start", 3 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			srv, dbURL := testdb.NewServer(t)
-			e := newFaultEnv(t, dbURL)
+			e := newFaultEnv(t, withSchema(t, dbURL))
 			ctx := context.Background()
 			if err := partition.SetParts(ctx, e.direct, crsql.Tables{}, "default", 8); err != nil {
 				t.Fatal(err)
@@ -497,6 +531,7 @@ var (
 // (else the case proves nothing), and every item must end within 30 s of the
 // last cut.
 func TestFaultConnectionCut(t *testing.T) {
+	t.Parallel()
 	type cut struct {
 		match  func(string) bool
 		action faultproxy.Action
@@ -530,7 +565,8 @@ func TestFaultConnectionCut(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newFaultEnv(t, testdb.NewURL(t))
+			t.Parallel()
+			e := newFaultEnv(t, testschema.NewURL(t))
 			p, proxied, err := faultproxy.ForURL(e.url)
 			if err != nil {
 				t.Fatal(err)
@@ -562,7 +598,7 @@ func TestFaultConnectionCut(t *testing.T) {
 			waitSessions(t, rs)
 			if !c.shutdown {
 				for _, k := range c.cuts {
-					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: e.tm.outage, Times: k.times}))
 					want += int64(k.times)
 				}
 				armed.Store(true)
@@ -575,21 +611,18 @@ func TestFaultConnectionCut(t *testing.T) {
 				waitSessions(t, extra)
 				waitFor(t, "the extra worker to hold items", time.Minute, func() bool { return extra[0].w.Stats().InFlight > 0 })
 				for _, k := range c.cuts {
-					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: cutOutage, Times: k.times}))
+					fired = append(fired, p.Arm(faultproxy.Rule{Match: k.match, Action: k.action, Outage: e.tm.outage, Times: k.times}))
 					want += int64(k.times)
 				}
 				go extra[0].Stop(t)
 				rs = append(rs, extra...)
 			}
 			for i, f := range fired {
-				select {
-				case <-f:
-				case <-time.After(time.Minute):
-					t.Fatalf("cut %d never fired: the workers ran no matching statement", i)
-				}
+				await.Recv(t, fmt.Sprintf("cut %d to fire (the workers to run a matching statement)", i), f)
 			}
 			// Let the rules that fire more than once do so (a cut can make
-			// the next matching statements fail before they reach the proxy).
+			// the next matching statements fail before they reach the proxy):
+			// a best-effort wait of at most 10 s, not an assertion.
 			for end := time.Now().Add(10 * time.Second); p.Fired() < want && time.Now().Before(end) && e.remaining() > 0; {
 				time.Sleep(20 * time.Millisecond)
 			}
@@ -633,6 +666,7 @@ func (e *faultEnv) remaining() int {
 // TestFaultHandlers runs handlers that misbehave. Each kind has its own
 // items among normal ones; the bound is stated per kind.
 func TestFaultHandlers(t *testing.T) {
+	t.Parallel()
 	const itemTimeout = 500 * time.Millisecond
 	hung := make(chan struct{}) // never closed before the test ends
 	t.Cleanup(func() { close(hung) })
@@ -697,7 +731,8 @@ func TestFaultHandlers(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.kind, func(t *testing.T) {
-			e := newFaultEnv(t, testdb.NewURL(t))
+			t.Parallel()
+			e := newFaultEnv(t, testschema.NewURL(t))
 			normal := e.enqueue(50, "ok", maxAttempts)
 			bad := e.enqueue(4, c.kind, maxAttempts)
 			e.monitor()

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -14,8 +16,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -39,21 +43,25 @@ import (
 //     setting, and the frozen worker warned at its start that its pool
 //     lacks it.
 func TestFrozenInAckTransaction(t *testing.T) {
+	t.Parallel()
 	for _, configured := range []bool{true, false} {
 		name := "unconfigured"
 		if configured {
 			name = "configured"
 		}
-		t.Run(name, func(t *testing.T) { frozenInAck(t, configured) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			frozenInAck(t, configured)
+		})
 	}
 }
 
 func frozenInAck(t *testing.T, configured bool) {
 	ctx := context.Background()
-	e := newFaultEnv(t, testdb.NewURL(t))
+	e := newFaultEnv(t, testschema.NewURL(t))
 	const items = 200
 	e.enqueue(items, "x", 0)
-	sopts := session.Tuning{Heartbeat: 150 * time.Millisecond, Expiry: 1500 * time.Millisecond}
+	sopts := e.tm.session // stretched with the machine's load: the peer's session must not expire
 	opts := worker.Options{Session: sopts, Concurrency: 4, RestartDelay: 100 * time.Millisecond}
 	qopts := claim.Options{Lease: time.Minute} // the lease is not what frees the frozen items here
 
@@ -110,12 +118,7 @@ func frozenInAck(t *testing.T, configured bool) {
 	})
 	_ = fw
 
-	var sid uuid.UUID
-	select {
-	case sid = <-blocked:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the frozen worker never reached an ack transaction")
-	}
+	sid := await.Recv(t, "the frozen worker to reach an ack transaction", blocked)
 	proxy.Stall()
 	frozeAt := time.Now()
 	// The frozen worker's transaction, seen from the server: PostgreSQL's
@@ -136,6 +139,13 @@ func frozenInAck(t *testing.T, configured bool) {
 	peerCore, peerLogs := observer.New(zap.WarnLevel)
 	popts := opts
 	popts.Logger = zap.New(peerCore)
+	// The peer's reaps that gave up on the frozen transaction's locks.
+	giveUps := await.NewRounds("the peer's session reaps that gave up (session.ErrReapTimeout)")
+	popts.Testing.AfterSessionReap = func(_ int64, err error) {
+		if errors.Is(err, session.ErrReapTimeout) {
+			giveUps.Tick()
+		}
+	}
 	peer := e.startWorkersOn(1, e.url, qopts, work(0), popts)
 	_ = peer
 
@@ -168,31 +178,20 @@ func frozenInAck(t *testing.T, configured bool) {
 	}
 
 	if configured {
-		bound := sopts.Expiry + sopts.Expiry + 2*sopts.Heartbeat + leaseSlack
-		for sessionExists() {
-			if time.Since(frozeAt) > bound {
-				t.Fatalf("the frozen session was not reaped within %v of the freeze (peer's warnings: %v)", bound, peerLogs.All())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Logf("the frozen session was reaped %v after the freeze (bound %v)", time.Since(frozeAt).Round(time.Millisecond), bound)
+		// Its bound: the expiry, the server's idle timeout (of an expiry
+		// too), two heartbeats and the slack of a loaded machine; the
+		// wait's budget stretches with the load.
+		bound := sopts.Expiry + sopts.Expiry + 2*sopts.Heartbeat + e.tm.slack
+		await.Until(t, "the frozen session to be reaped", func() bool { return !sessionExists() },
+			await.Within(bound), await.Show(func() string { return fmt.Sprintf("peer's warnings: %v", peerLogs.All()) }))
+		t.Logf("the frozen session was reaped %v after the freeze (bound %v, stretched with the load)", time.Since(frozeAt).Round(time.Millisecond), bound)
 		if idleWarning(frozenLogs) {
 			t.Errorf("the configured worker warned about its idle_in_transaction_session_timeout: %v", frozenLogs.All())
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			var left int
-			if err := e.direct.QueryRow(ctx, `SELECT count(*) FROM crdbwork_items`).Scan(&left); err != nil {
-				t.Fatal(err)
-			}
-			if left == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d items did not end within 30 s of the frozen session's reaping", left, items)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		await.Until(t, "every item to end after the frozen session's reaping", func() (bool, string) {
+			left := count(t, e.direct, `SELECT count(*) FROM crdbwork_items`)
+			return left == 0, fmt.Sprintf("%d of %d items left", left, items)
+		})
 		var results, distinct int
 		if err := e.direct.QueryRow(ctx, `SELECT count(*), count(DISTINCT item_id) FROM results`).Scan(&results, &distinct); err != nil {
 			t.Fatal(err)
@@ -205,13 +204,8 @@ func frozenInAck(t *testing.T, configured bool) {
 
 	// Unconfigured: the peer's reaper gives up and warns, again and again,
 	// rather than waiting on the frozen transaction.
-	deadline := time.Now().Add(30 * time.Second)
-	for reapWarning() == "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("the peer's reaper never gave up on the frozen transaction's locks within 30 s (its warnings: %v)", peerLogs.All())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	giveUps.WaitFor(t, 1, await.Show(func() string { return fmt.Sprintf("the peer's warnings: %v", peerLogs.All()) }))
+	await.Until(t, "the peer's warning of the give-up", func() bool { return reapWarning() != "" }) // logged before the hook runs
 	msg := reapWarning()
 	if !strings.Contains(msg, session.IdleInTransactionParam) {
 		t.Errorf("the reaper's warning does not name %s: %s", session.IdleInTransactionParam, msg)
@@ -222,21 +216,6 @@ func frozenInAck(t *testing.T, configured bool) {
 	if !idleWarning(frozenLogs) {
 		t.Errorf("the unconfigured worker did not warn about its idle_in_transaction_session_timeout: %v", frozenLogs.All())
 	}
-	// The reaper keeps trying (a second warning), so it is not stuck either.
-	deadline = time.Now().Add(30 * time.Second)
-	for {
-		n := 0
-		for _, l := range peerLogs.All() {
-			if strings.Contains(l.Message, "reaping expired sessions failed") {
-				n++
-			}
-		}
-		if n >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the peer's reaper warned %d times in 30 s, want it to try again", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// The reaper keeps trying (a second give-up), so it is not stuck either.
+	giveUps.WaitFor(t, 2)
 }

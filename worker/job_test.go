@@ -18,6 +18,7 @@ import (
 // contexts derived from it end the same way; and the item is counted as
 // timed out and runs again.
 func TestHandlerContextEndsAtItsDeadline(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	const n, timeout = 8, 300 * time.Millisecond
 	enqueue(t, pool, "default", n, false)

@@ -14,6 +14,7 @@ import (
 // Extensions start at half the lease, are grouped in one statement, and
 // never take a lease past its item's bound.
 func TestLeaseExtensionsStayWithinBounds(t *testing.T) {
+	t.Parallel()
 	const lease = time.Second
 	t0 := time.Now()
 	f := newFlights(lease)

@@ -8,8 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestLimitsAreDatedFromTheirRead has a read of the limits take half of
@@ -19,11 +18,9 @@ import (
 // the read's end, which stretched the time a session went on with a limit
 // lowered meanwhile by however long its reads took.
 func TestLimitsAreDatedFromTheirRead(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := testschema.New(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	q, err := claim.New(pool, claim.Options{})
 	if err != nil {
 		t.Fatal(err)

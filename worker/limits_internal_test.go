@@ -14,6 +14,7 @@ import (
 // up, whatever the offset, and that a run of consecutive slots gets its
 // proportional share within one.
 func TestSpreadAddsUpToTheLimit(t *testing.T) {
+	t.Parallel()
 	for total := int64(0); total <= 70; total++ {
 		for n := 1; n <= 40; n++ {
 			for _, off := range []int{0, 1, n / 2, n - 1, n + 3, -2} {
@@ -50,6 +51,7 @@ func TestSpreadAddsUpToTheLimit(t *testing.T) {
 // of slots gives every slot a unit within n epochs, and that shares add up
 // to the limit in every epoch.
 func TestRotationVisitsEverySlot(t *testing.T) {
+	t.Parallel()
 	const n = 16
 	for _, total := range []int{1, 3, 15} {
 		got := make([]bool, n)
@@ -77,6 +79,7 @@ func TestRotationVisitsEverySlot(t *testing.T) {
 // session claims nothing for Grace, a share that grows is used only after
 // Grace, and a share that shrinks is used at once.
 func TestShareGrowsAfterGraceShrinksAtOnce(t *testing.T) {
+	t.Parallel()
 	opts, err := LimitOptions{Refresh: 100 * time.Millisecond, Grace: time.Second, Rotate: time.Hour}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -122,6 +125,7 @@ func TestShareGrowsAfterGraceShrinksAtOnce(t *testing.T) {
 // TestRateBucket checks that a session's token bucket allows at most its
 // share of the rate plus one bucket over a window, starting empty.
 func TestRateBucket(t *testing.T) {
+	t.Parallel()
 	// Read once: the limits must not go stale during the 11 s simulated.
 	opts, _ := LimitOptions{Grace: time.Second, Refresh: 100 * time.Millisecond, Burst: 100 * time.Millisecond, StaleAfter: time.Hour}.withDefaults()
 	l := newLimiter(opts)
@@ -150,6 +154,7 @@ func TestRateBucket(t *testing.T) {
 // whole limit applies, and that a tenant at its share is skipped and its
 // items refused.
 func TestTenantShares(t *testing.T) {
+	t.Parallel()
 	lim := claim.Limit{MaxInFlight: 5}
 	for _, tenant := range []string{"a", "b", "tenant-42"} {
 		h := newLimiter(LimitOptions{}).tenant(tenant, time.Time{}).salt
@@ -195,6 +200,7 @@ func TestTenantShares(t *testing.T) {
 // some are (they are skipped and their items refused); everything while
 // nothing is limited; and its shares again after a successful read.
 func TestStaleLimitsFailSafe(t *testing.T) {
+	t.Parallel()
 	opts, err := LimitOptions{Refresh: 100 * time.Millisecond, Grace: 200 * time.Millisecond, StaleAfter: time.Second}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -218,6 +224,7 @@ func TestStaleLimitsFailSafe(t *testing.T) {
 		{"nothing", Limits{}, 10, 10, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			l := newLimiter(opts)
 			l.set(t0, c.lims, time.Time{}, 4, -1, 0)
 			l.plan(t0, 10, all)

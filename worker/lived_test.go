@@ -12,6 +12,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -27,10 +28,12 @@ import (
 // fast is the benchmarks' (go -C bench run . lived); the deadline is a
 // bound for a stall, not a measure.
 func TestDrainsInALivedDatabase(t *testing.T) {
+	t.Parallel()
 	for _, feature := range []string{"plain", "fair", "sequenced", "fan", "chains", "urgent", "limits"} {
 		t.Run(feature, func(t *testing.T) {
+			t.Parallel()
 			pool := testdb.NewLived(t, func(ctx context.Context, pool *pgxpool.Pool) error {
-				return crsql.Apply(ctx, pool, crsql.Tables{})
+				return testschema.Apply(ctx, pool)
 			}, lived.Options{})
 			ctx := context.Background()
 			if _, err := pool.Exec(ctx, `CREATE TABLE results (

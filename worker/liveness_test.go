@@ -17,8 +17,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -26,7 +28,8 @@ import (
 )
 
 func TestBadOptionsAreRefused(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := testschema.New(t) // worker.New reads nothing: any database
 	for _, tc := range []struct {
 		opts worker.Options
 		want string
@@ -56,6 +59,7 @@ func TestBadOptionsAreRefused(t *testing.T) {
 }
 
 func TestConnectionCounts(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		opts       worker.Options
 		pool, conn int
@@ -101,6 +105,7 @@ func proxied(t *testing.T, direct *pgxpool.Pool, maxConns int32) (*pgxpool.Pool,
 // fails): Run still returns, each step of the shutdown bounded by
 // ShutdownTimeout.
 func TestShutdownIsBoundedDuringAnOutage(t *testing.T) {
+	t.Parallel()
 	direct := setup(t)
 	enqueue(t, direct, "default", 4, false)
 	pool, p := proxied(t, direct, 0)
@@ -126,19 +131,15 @@ func TestShutdownIsBoundedDuringAnOutage(t *testing.T) {
 	cancel()
 	cancelled := time.Now()
 	// Waiting, cancelling, closing, each bounded by 300 ms.
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		t.Logf("Run returned %v after its context ended", time.Since(cancelled))
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30 s of its context's end while the database was unreachable")
+	if err := await.Recv(t, "Run to return after its context ended while the database was unreachable", done); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
+	t.Logf("Run returned %v after its context ended", time.Since(cancelled))
 }
 
 // A session start stuck on a partitioned database ends when ctx does.
 func TestCancelStopsAStuckSessionStart(t *testing.T) {
+	t.Parallel()
 	direct := setup(t)
 	pool, p := proxied(t, direct, 0)
 	p.Stall()
@@ -151,13 +152,8 @@ func TestCancelStopsAStuckSessionStart(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run stopped while starting its first session = %v, want nil (a requested stop)", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run kept trying to start a session after its context ended")
+	if err := await.Recv(t, "Run to stop trying to start a session after its context ended", done); err != nil {
+		t.Fatalf("Run stopped while starting its first session = %v, want nil (a requested stop)", err)
 	}
 }
 
@@ -166,6 +162,7 @@ func TestCancelStopsAStuckSessionStart(t *testing.T) {
 // nacked or left claimed, and the session (which survives the short cut)
 // not lost.
 func TestDatabaseBlipDuringAcksLosesNoResult(t *testing.T) {
+	t.Parallel()
 	const n = 40
 	direct := setup(t)
 	enqueue(t, direct, "default", n, false)
@@ -199,6 +196,7 @@ func TestDatabaseBlipDuringAcksLosesNoResult(t *testing.T) {
 // A Record that panics is recovered: the item is nacked with the panic's
 // text, counted as a panic, and the next attempt succeeds.
 func TestRecordPanicIsNackedAndCounted(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 1, false)
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
@@ -223,6 +221,7 @@ func TestRecordPanicIsNackedAndCounted(t *testing.T) {
 // item: after ItemTimeout plus HangGrace the worker stops waiting, nacks the
 // item as timed out and frees the slot; the next attempt acks it.
 func TestHungHandlerIsAbandoned(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 1, false)
 	hang := make(chan struct{})
@@ -234,7 +233,12 @@ func TestHungHandlerIsAbandoned(t *testing.T) {
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{Concurrency: 1, ItemTimeout: 100 * time.Millisecond, HangGrace: 100 * time.Millisecond})
+	// The timeout and the grace stretch with the machine's load: the
+	// handler context's deadline fires on a goroutine of its own, which a
+	// loaded machine may run after the supervisor's sweep a grace later
+	// (the abandonment is then not counted as a timeout).
+	d := await.Stretch(100 * time.Millisecond)
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}), h, worker.Options{Concurrency: 1, ItemTimeout: d, HangGrace: d})
 	waitFor(t, "the item to be done", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 })
 	assertExactlyOnce(t, pool, 1)
 	st := r.w.Stats()
@@ -248,6 +252,7 @@ func TestHungHandlerIsAbandoned(t *testing.T) {
 // bounded: the worker claims no more than Concurrency + MaxAbandoned
 // handlers whose goroutines have not returned.
 func TestAbandonedHandlersAreBounded(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 20, false)
 	hang := make(chan struct{})
@@ -257,7 +262,8 @@ func TestAbandonedHandlersAreBounded(t *testing.T) {
 		<-hang
 		return recordHandler(0)(ctx, it)
 	}
-	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}), h, worker.Options{Concurrency: 2, MaxAbandoned: 1, Poll: 20 * time.Millisecond,
+	sess := fastSession()
+	r := startOn(t, newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: time.Millisecond}), h, worker.Options{Session: sess, Concurrency: 2, MaxAbandoned: 1, Poll: 20 * time.Millisecond,
 		ItemTimeout: 50 * time.Millisecond, HangGrace: 50 * time.Millisecond})
 	waitFor(t, "three handlers to be abandoned", time.Minute, func() bool { return r.w.Stats().Abandoned == 3 })
 	// The abandoned items vest again at once; the worker does not claim them.
@@ -267,17 +273,17 @@ func TestAbandonedHandlersAreBounded(t *testing.T) {
 	claimedBefore := r.w.Stats().Claimed
 	// Several more polls pass (each reads the budget); count them by the
 	// database's view of the worker's session heartbeats.
-	sess := r.w.Stats().Session
+	sid := r.w.Stats().Session
 	var hb0 time.Time
-	if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sess).Scan(&hb0); err != nil {
+	if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sid).Scan(&hb0); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a few heartbeats", time.Minute, func() bool {
 		var hb time.Time
-		if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sess).Scan(&hb); err != nil {
+		if err := pool.QueryRow(context.Background(), `SELECT heartbeat_at FROM crdbwork_sessions WHERE id = $1`, sid).Scan(&hb); err != nil {
 			t.Fatal(err)
 		}
-		return hb.Sub(hb0) >= 3*fastSession.Heartbeat
+		return hb.Sub(hb0) >= 3*sess.Heartbeat
 	})
 	if c, st := calls.Load(), r.w.Stats(); c != 3 || st.Claimed != claimedBefore || st.AbandonedRunning != 3 {
 		t.Fatalf("%d handler calls, stats %+v: want 3 calls (2 + 1 abandoned) and no further claim", c, st)
@@ -294,6 +300,7 @@ func TestAbandonedHandlersAreBounded(t *testing.T) {
 // is acked exactly once, and the server never sees more than 4 ×
 // Connections connections from them.
 func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
+	t.Parallel()
 	const n, workers, concurrency = 8000, 4, 1000
 	direct := setup(t)
 	ctx := context.Background()
@@ -342,6 +349,7 @@ func TestConnectionsBoundedWhateverTheConcurrency(t *testing.T) {
 // transaction outlasts the session expiry) do not starve the heartbeat: the
 // session is not lost.
 func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
+	t.Parallel()
 	const n = 200
 	direct := setup(t)
 	enqueue(t, direct, "default", n, false)
@@ -377,23 +385,28 @@ func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
 // worker extends the lease while it runs (here a peer reaps expired leases
 // all the time), so the item is claimed once and acked once.
 func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 1, false)
 	q, err := claim.New(pool, claim.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lease stretches with the machine's load: its extensions must
+	// come in time on a busy machine (the peer's reaper releases a lapsed
+	// claim at once).
+	lease := await.Stretch(500 * time.Millisecond)
 	var ran atomic.Int32
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		ran.Add(1)
 		select {
-		case <-time.After(2 * time.Second): // four leases
+		case <-time.After(4 * lease): // four leases
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 		return recordHandler(0)(ctx, it)
 	}
-	r := startOn(t, newQueue(t, pool, claim.Options{Lease: 500 * time.Millisecond}), h, worker.Options{})
+	r := startOn(t, newQueue(t, pool, claim.Options{Lease: lease}), h, worker.Options{})
 	done := make(chan struct{})
 	reaped := make(chan int, 1)
 	go func() { // a peer's reaper, as often as it gets
@@ -409,7 +422,7 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 			if err == nil {
 				n += st.Released
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // a peer's reaper period, not a wait
 		}
 	}()
 	waitFor(t, "the item to be acked", time.Minute, func() bool { return count(t, pool, `SELECT count(*) FROM results`) == 1 })
@@ -427,6 +440,7 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 // once, in far fewer statements than items; a batch that fails is retried
 // item by item, so only the item it cannot record is nacked.
 func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
+	t.Parallel()
 	const n = 1000
 	pool := setup(t)
 	enqueue(t, pool, "default", n, false)
@@ -478,6 +492,7 @@ func TestBatchRecordWritesResultsInOneStatement(t *testing.T) {
 // transaction back and the items are acked again one by one, so only the
 // item it cannot record is nacked, and recorded at its next attempt.
 func TestBatchStatementRecordsExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const n = 1000
 	pool := setup(t)
 	enqueue(t, pool, "default", n, false)
@@ -529,6 +544,7 @@ func TestBatchStatementRecordsExactlyOnce(t *testing.T) {
 // refuses connections) is retried within StartTimeout; once it is back the
 // worker works. Past StartTimeout, Run returns the error.
 func TestFirstStartWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
 	direct := setup(t)
 	enqueue(t, direct, "default", 1, false)
 	pool, p := proxied(t, direct, 0)
@@ -549,13 +565,8 @@ func TestFirstStartWaitsForTheDatabase(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(context.Background()) }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("Run returned nil without ever reaching the database")
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("Run kept trying past its StartTimeout")
+	if err := await.Recv(t, "Run to give up past its StartTimeout", done); err == nil {
+		t.Fatal("Run returned nil without ever reaching the database")
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 // field, maps the negative "off" values to zero and refuses values that
 // cannot work.
 func TestOptionsWithDefaults(t *testing.T) {
+	t.Parallel()
 	zero, err := Options{}.withDefaults()
 	if err != nil {
 		t.Fatalf("zero Options: %v", err)
@@ -126,6 +127,7 @@ type nopDB struct{ claim.DB }
 // New takes the queue's name, tables and database, and its lease when set,
 // else the worker's default lease.
 func TestNewTakesTheQueuesPolicy(t *testing.T) {
+	t.Parallel()
 	db := nopDB{}
 	tables := crsql.Tables{Prefix: "t_"}
 	h := func(context.Context, claim.Item) (Record, error) { return nil, nil }

@@ -18,6 +18,7 @@ import (
 // is back, and every item is still recorded exactly once, each by a session
 // that owned its part.
 func TestDatabaseOutage(t *testing.T) {
+	t.Parallel()
 	const n = 3000
 	direct := setup(t)
 	ctx := context.Background()
@@ -37,10 +38,11 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	t.Cleanup(proxied.Close)
 
+	sess := fastSession()
 	var workers []*running
 	for range 2 {
 		workers = append(workers, start(t, proxied, recordHandler(2*time.Millisecond), worker.Options{
-			Parts: 16, Concurrency: 8, RestartDelay: 200 * time.Millisecond,
+			Session: sess, Parts: 16, Concurrency: 8, RestartDelay: 200 * time.Millisecond,
 			Partition: partition.Tuning{Poll: 200 * time.Millisecond},
 		}))
 	}
@@ -48,8 +50,8 @@ func TestDatabaseOutage(t *testing.T) {
 		return count(t, direct, `SELECT count(*) FROM results`) >= n/5
 	})
 	p.Cut()
-	outage := 3 * fastSession.Expiry
-	time.Sleep(outage) // the outage itself, not a wait for a condition
+	outage := 3 * sess.Expiry // stretched with the sessions' intervals
+	time.Sleep(outage)        // the outage itself, not a wait for a condition
 	p.Restore()
 	t.Logf("database unreachable for %v", outage)
 

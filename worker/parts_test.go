@@ -2,13 +2,16 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -21,35 +24,68 @@ var partsOpts = worker.Options{
 	Partition: partition.Tuning{Poll: 100 * time.Millisecond, DrainTimeout: 2 * time.Second},
 }
 
-// TestChurnKeepsExactlyOnce has sessions join and leave about every second
-// while 20,000 keyed items are processed.
+// TestChurnKeepsExactlyOnce has sessions join and leave while keyed items
+// are processed in 32 parts: six membership changes, each made while items
+// remain (the items come in batches, and a change follows each batch but
+// the last once all but half a batch is done), the next one after
+// every live worker rebalanced twice more (its rebalancer's rounds, not a
+// sleep). Every item is acked once, by the owner of its part.
 func TestChurnKeepsExactlyOnce(t *testing.T) {
-	const n, parts = 20000, 32
+	t.Parallel()
+	const n, batch, parts = 2100, 300, 32
 	pool := setup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {
 		t.Fatal(err)
 	}
-	enqueue(t, pool, "default", n, true)
 	var live []*running
+	var rebalances []*await.Rounds // live[i]'s rebalances
+	joined := 0
+	join := func() {
+		joined++
+		rounds := await.NewRounds(fmt.Sprintf("rebalances of worker %d", joined))
+		opts := partsOpts
+		opts.Testing.Partition.AfterRebalance = func([]int, error) { rounds.Tick() }
+		live = append(live, start(t, pool, recordHandler(0), opts))
+		rebalances = append(rebalances, rounds)
+	}
 	for range 3 {
-		live = append(live, start(t, pool, recordHandler(0), partsOpts))
+		join()
 	}
 	joins, leaves := 0, 0
 	var stopped []*running
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items`) > 0 {
-		time.Sleep(time.Duration(700+rand.IntN(600)) * time.Millisecond)
+	var remained []int
+	for enqueued := 0; ; {
+		enqueue(t, pool, "default", batch, true)
+		enqueued += batch
+		if enqueued >= n {
+			break
+		}
+		half := enqueued - batch/2
+		await.Until(t, fmt.Sprintf("%d items done", half), func() (bool, string) {
+			done := count(t, pool, `SELECT count(*) FROM results`)
+			return done >= half, fmt.Sprintf("%d done", done)
+		})
+		remained = append(remained, count(t, pool, `SELECT count(*) FROM crdbwork_items`))
 		if len(live) > 1 && (len(live) >= 5 || rand.IntN(2) == 0) {
 			i := rand.IntN(len(live))
 			live[i].Stop(t)
 			stopped = append(stopped, live[i])
 			live = append(live[:i], live[i+1:]...)
+			rebalances = append(rebalances[:i], rebalances[i+1:]...)
 			leaves++
 		} else {
-			live = append(live, start(t, pool, recordHandler(0), partsOpts))
+			join()
 			joins++
 		}
+		for _, r := range rebalances {
+			r.Wait(t, 3) // a round under way counts: three for two whole ones
+		}
 	}
+	await.Until(t, "every item to be handled", func() (bool, string) {
+		left := count(t, pool, `SELECT count(*) FROM crdbwork_items`)
+		return left == 0, fmt.Sprintf("%d items left", left)
+	}, await.Within(2*time.Minute))
 	var retries, lost int64
 	for _, r := range append(live, stopped...) {
 		r.Stop(t)
@@ -57,9 +93,9 @@ func TestChurnKeepsExactlyOnce(t *testing.T) {
 		retries += st.Retries["claim"]
 		lost += st.LostClaims
 	}
-	t.Logf("%d joins, %d leaves; claim retries %d; acks refused for lost claims %d", joins, leaves, retries, lost)
-	if joins+leaves < 3 {
-		t.Fatalf("only %d membership changes: the test did not churn", joins+leaves)
+	t.Logf("%d joins, %d leaves; items left at each change %v; claim retries %d; acks refused for lost claims %d", joins, leaves, remained, retries, lost)
+	if len(remained) != n/batch-1 || slices.Contains(remained, 0) {
+		t.Fatalf("items left at each membership change: %v; want %d changes, each with items left", remained, n/batch-1)
 	}
 	assertExactlyOnce(t, pool, n)
 	if bad := count(t, pool, `SELECT count(*) FROM results WHERE NOT owned`); bad != 0 {
@@ -71,6 +107,7 @@ func TestChurnKeepsExactlyOnce(t *testing.T) {
 // claims (it stops heartbeating, no close): after its expiry, the survivors
 // take its parts and handle its items.
 func TestCrashedSessionPartsFailOver(t *testing.T) {
+	t.Parallel()
 	const n, parts = 400, 8
 	pool := setup(t)
 	ctx := context.Background()
@@ -81,7 +118,8 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 
 	// The victim owns every part and claims everything it can, then crashes.
 	crashCtx, crash := context.WithCancel(ctx)
-	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: fastSession})
+	sess := fastSession()
+	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: sess})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +136,7 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 	waitFor(t, "the victim to own every part", 20*time.Second, func() bool { return len(reb.Owned()) == parts })
 	owned := reb.Owned()
 	stopReb()
-	<-rebDone
+	await.Recv(t, "the victim's rebalancer to stop", rebDone)
 	q, err := claim.New(pool, claim.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -112,14 +150,19 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 		ids[i] = it.ID
 	}
 
+	// The survivors are up but own nothing while the victim is alive: no
+	// item is handled through three rebalances of each.
 	var survivors []*running
+	rebalanced := await.NewRounds("the survivors' rebalances")
 	for range 2 {
-		survivors = append(survivors, start(t, pool, recordHandler(0), partsOpts))
+		opts := partsOpts
+		opts.Testing.Partition.AfterRebalance = func([]int, error) { rebalanced.Tick() }
+		survivors = append(survivors, start(t, pool, recordHandler(0), opts))
 	}
-	time.Sleep(300 * time.Millisecond) // survivors are up but own nothing: the victim is alive
-	if got := count(t, pool, `SELECT count(*) FROM results`); got != 0 {
-		t.Fatalf("survivors handled %d items while the victim owned every part", got)
-	}
+	await.Never(t, "a survivor handles an item while the victim owns every part", rebalanced, 2*3, func() (bool, string) {
+		got := count(t, pool, `SELECT count(*) FROM results`)
+		return got != 0, fmt.Sprintf("%d handled", got)
+	})
 	crash()
 	killed := time.Now()
 	firstReclaim := waitFor(t, "a survivor to re-claim one of the victim's items", time.Minute, func() bool {
@@ -130,7 +173,7 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 		return count(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0
 	})
 	t.Logf("failover: kill → first re-claim %v, kill → all %d items done %v (heartbeat %v, expiry %v)",
-		firstReclaim, n, time.Since(killed), fastSession.Heartbeat, fastSession.Expiry)
+		firstReclaim, n, time.Since(killed), sess.Heartbeat, sess.Expiry)
 	for _, r := range survivors {
 		r.Stop(t)
 	}
@@ -146,6 +189,7 @@ func TestCrashedSessionPartsFailOver(t *testing.T) {
 // TestPartsClaimWithoutRetries runs the same load with and without parts and
 // compares the claim statement's serialization-failure retries.
 func TestPartsClaimWithoutRetries(t *testing.T) {
+	t.Parallel()
 	for _, parts := range []int{16, 0} {
 		pool := setup(t)
 		testdb.Quiet(t, pool) // it counts the claims' retries: the fault model's would count too

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
@@ -74,11 +75,13 @@ func awaitProbing(t *testing.T, pool *pgxpool.Pool) int {
 // poll interval (and the longer one it uses while the probe answers) is ten
 // minutes, and LISTEN is off.
 func TestProbeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
+	t.Parallel()
 	// With parts, the probe names the items' parts and each worker claims
 	// only in those it owns: with two workers, each item is claimed at
 	// once by the owner of its part, whichever it is.
 	for _, c := range []struct{ parts, workers, items int }{{0, 1, 3}, {4, 1, 3}, {8, 2, 8}} {
 		t.Run(fmt.Sprintf("parts=%d,workers=%d", c.parts, c.workers), func(t *testing.T) {
+			t.Parallel()
 			url, pool := wakeSetup(t)
 			h, started := startedHandler()
 			var rs []*running
@@ -133,6 +136,7 @@ func TestProbeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
 // another process enqueued; once the connection works again, the probe
 // reconnects and wakes the worker again.
 func TestProbeConnectionCutFallsBackToPoll(t *testing.T) {
+	t.Parallel()
 	url, _ := wakeSetup(t)
 	p, pu, err := faultproxy.ForURL(url)
 	if err != nil {
@@ -152,11 +156,7 @@ func TestProbeConnectionCutFallsBackToPoll(t *testing.T) {
 	// either engine.
 	probed := func(what string) {
 		t.Helper()
-		select {
-		case <-p.Arm(faultproxy.Rule{Match: faultproxy.Contains(probeText), Action: faultproxy.Pass}):
-		case <-time.After(wakeDeadline):
-			t.Fatalf("no probe statement %s", what)
-		}
+		await.Recv(t, "a probe statement "+what, p.Arm(faultproxy.Rule{Match: faultproxy.Contains(probeText), Action: faultproxy.Pass}), await.Within(wakeDeadline))
 	}
 	r := startOn(t, newQueue(t, proxied, claim.Options{}), h, worker.Options{Poll: 100 * time.Millisecond, ProbePoll: sleepyPoll,
 		Wake: worker.WakeProbe})
@@ -168,11 +168,7 @@ func TestProbeConnectionCutFallsBackToPoll(t *testing.T) {
 	// statement never reaches the server); the worker's own statements go
 	// through.
 	fired := p.Arm(faultproxy.Rule{Match: faultproxy.Contains(probeText), Action: faultproxy.DropStatement, Times: 1 << 30})
-	select {
-	case <-fired:
-	case <-time.After(wakeDeadline):
-		t.Fatal("the probe ran no statement after its item was claimed")
-	}
+	await.Recv(t, "a probe statement after its item was claimed", fired, await.Within(wakeDeadline))
 	produce(t, url, "quiet::default")
 	awaitItem(t, started, "the item enqueued while the probe's connection is cut (found by the poll)")
 	claimed := r.w.Stats().Claimed

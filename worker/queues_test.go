@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -41,6 +42,7 @@ func remainingIn(t testing.TB, pool *pgxpool.Pool, queue string) int {
 // live session of the database, and the parts given to the other queue's
 // sessions stayed unclaimed for ever.
 func TestQueuesShareADatabase(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name        string
 		alpha, beta int // parts (0: none)
@@ -52,6 +54,7 @@ func TestQueuesShareADatabase(t *testing.T) {
 		{"parts+none/two-workers-each", 8, 0, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			const n = 200
 			pool := setup(t)
 			ctx := context.Background()
@@ -87,6 +90,7 @@ func TestQueuesShareADatabase(t *testing.T) {
 // queue for three queues (8 parts, 4 parts, none) and checks that every
 // item of every queue ends.
 func TestOneProcessManyQueues(t *testing.T) {
+	t.Parallel()
 	const n = 150
 	pool := setup(t)
 	ctx := context.Background()
@@ -113,8 +117,10 @@ func TestOneProcessManyQueues(t *testing.T) {
 // every live session: 2 of 4), alpha must reach its limit, and never go
 // past it.
 func TestLimitHoldsBesideOtherQueues(t *testing.T) {
+	t.Parallel()
 	for _, parts := range []int{0, 8} {
 		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
+			t.Parallel()
 			const n, limit = 120, 4
 			pool := setup(t)
 			ctx := context.Background()
@@ -187,6 +193,7 @@ func (m *tenantMeter) handler(d time.Duration) worker.Handler {
 // Never more than 2 may run at once; another tenant's items, unlimited,
 // still go through the lane.
 func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		lims worker.Limits
@@ -195,6 +202,7 @@ func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
 		{"default-tenant-limit", worker.Limits{Tenant: claim.Limit{MaxInFlight: 2}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			const parts, n = 6, 60
 			pool := setup(t)
 			ctx := context.Background()
@@ -261,6 +269,7 @@ func TestUrgentLaneKeepsTenantLimits(t *testing.T) {
 // StaleAfter, and the test failed a third of its runs, on code that did
 // what it should.)
 func TestLimitsFailSafe(t *testing.T) {
+	t.Parallel()
 	const n = 200
 	pool := setup(t)
 	ctx := context.Background()
@@ -268,10 +277,13 @@ func TestLimitsFailSafe(t *testing.T) {
 	m := &meter{}
 	hold := make(chan struct{})
 	opts := limitOpts(0)
-	opts.Limits.StaleAfter = time.Second
 	// A session lost on a busy machine would start again without limits
-	// (claiming nothing, never stale): not what this test is about.
-	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	// (claiming nothing, never stale): not what this test is about. The
+	// heartbeat and StaleAfter stretch with the machine's load (one
+	// reading), so that slow reads alone do not make the limits stale.
+	hb := await.Stretch(100 * time.Millisecond)
+	opts.Limits.StaleAfter = 10 * hb
+	opts.Session = session.Tuning{Heartbeat: hb, Expiry: 100 * hb}
 	r := start(t, pool, m.held(hold), opts)
 	enqueue(t, pool, "default", n, false)
 	waitFor(t, "4 items in flight", 30*time.Second, func() bool {
@@ -289,7 +301,10 @@ func TestLimitsFailSafe(t *testing.T) {
 		}
 	})
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
-	waitFor(t, "the limits to be stale", 30*time.Second, func() bool { return r.w.Stats().Limits.Stale })
+	await.Until(t, "the limits to be stale after failed reads", func() (bool, string) {
+		st := r.w.Stats().Limits
+		return st.Stale && st.FailedReads > 0, fmt.Sprintf("%+v", st)
+	})
 	st := r.w.Stats().Limits
 	if st.FailedReads == 0 || st.Limits.Queue.MaxInFlight != 4 {
 		t.Errorf("limit stats %+v: want the last limit read (4) kept and the failed reads counted", st)
@@ -355,6 +370,7 @@ func TestLimitsFailSafe(t *testing.T) {
 // the limits go stale, the running items keep their claims and their
 // leases are extended.
 func TestLimitReadsBehindALock(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 2}})
@@ -362,7 +378,7 @@ func TestLimitReadsBehindALock(t *testing.T) {
 	hold := make(chan struct{})
 	opts := limitOpts(0)
 	opts.Limits.StaleAfter = time.Second
-	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	opts.Session = longSession()
 	r := startOn(t, newQueue(t, pool, claim.Options{Lease: time.Second}), m.held(hold), opts)
 	enqueue(t, pool, "default", 10, false)
 	waitFor(t, "2 items in flight", 30*time.Second, func() bool {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -110,19 +110,17 @@ func TestSequencedDeathWorkerProcess(t *testing.T) {
 //     place; nothing after 03 started before 03's requeued run ended;
 //   - advance: the items other than 03 were acked in enqueue order.
 func TestSequencedDeathsInProcesses(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(seqDeathChildURL) != "" || os.Getenv(seqChildURL) != "" {
 		t.Skip("in a worker process")
 	}
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, s := range []string{
 		`CREATE SEQUENCE seq_clock`,
 		`CREATE TABLE seq_starts (queue TEXT NOT NULL, item_key TEXT NOT NULL, n TEXT NOT NULL, attempt INT NOT NULL, started BIGINT NOT NULL)`,

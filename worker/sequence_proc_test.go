@@ -17,6 +17,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -105,25 +106,26 @@ func TestSequencedWorkerProcess(t *testing.T) {
 //     had ended, nor after its own ack; an item's retries (after the kill)
 //     come before the next item, with their attempts counted.
 func TestSequencedWorkersInProcesses(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(seqChildURL) != "" {
 		t.Skip("in a worker process")
 	}
 	for _, parts := range []int{4, 0} {
-		t.Run(fmt.Sprint(parts, " parts"), func(t *testing.T) { sequencedProcesses(t, parts) })
+		t.Run(fmt.Sprint(parts, " parts"), func(t *testing.T) {
+			t.Parallel()
+			sequencedProcesses(t, parts)
+		})
 	}
 }
 
 func sequencedProcesses(t *testing.T, parts int) {
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, s := range []string{
 		`CREATE SEQUENCE seq_clock`,
 		`CREATE TABLE seq_starts (item_key TEXT NOT NULL, n TEXT NOT NULL, attempt INT NOT NULL, started BIGINT NOT NULL)`,

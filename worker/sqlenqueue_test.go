@@ -22,6 +22,7 @@ import (
 // worker in parts mode, their results recorded by its acks, in the order
 // of their key within each part.
 func TestWorkerRunsItemsEnqueuedFromPsql(t *testing.T) {
+	t.Parallel()
 	bin, err := exec.LookPath("psql")
 	if err != nil {
 		t.Skip("no psql binary")
@@ -77,7 +78,7 @@ func TestWorkerRunsItemsEnqueuedFromPsql(t *testing.T) {
 			return err
 		}, nil
 	}
-	w, err := worker.New(q, handle, worker.Options{Parts: 4, Concurrency: 1, Poll: 20 * time.Millisecond, Session: fastSession})
+	w, err := worker.New(q, handle, worker.Options{Parts: 4, Concurrency: 1, Poll: 20 * time.Millisecond, Session: fastSession()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -20,6 +20,7 @@ import (
 // index rather than the whole queue's (issue #19). CockroachDB refreshes its
 // statistics itself.
 func TestWorkerAnalyzesABacklogNeverAnalyzed(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("CockroachDB's automatic statistics need no worker")
@@ -56,12 +57,13 @@ func TestWorkerAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 // the limits, neither happened until it ended: the items lost their leases
 // while their handlers ran, and the limits went stale.)
 func TestSlowStatisticsCheckHoldsUpNoChore(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 5}})
 	held := make(chan struct{}, 1)
 	release := make(chan struct{})
 	opts := limitOpts(0)
-	opts.Session = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 10 * time.Second}
+	opts.Session = longSession()
 	opts.Testing.OnStatistics = func(ctx context.Context) {
 		select {
 		case held <- struct{}{}:
@@ -83,11 +85,7 @@ func TestSlowStatisticsCheckHoldsUpNoChore(t *testing.T) {
 		defer m.mu.Unlock()
 		return m.cur == 2
 	})
-	select {
-	case <-held:
-	case <-time.After(time.Minute):
-		t.Fatal("the session did not check the tables' statistics within a minute of its start")
-	}
+	await.Recv(t, "the session to check the tables' statistics", held)
 	before := r.w.Stats()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 3}})
 	waitFor(t, "lease extensions and the lowered limit read while the statistics check is held", time.Minute, func() bool {

@@ -15,6 +15,7 @@ import (
 // Options.Testing.OnClaim sees every claimed item once, before its handler
 // starts.
 func TestTestingOnClaimSeesEveryClaimBeforeItsHandler(t *testing.T) {
+	t.Parallel()
 	const n = 200
 	pool := setup(t)
 	enqueue(t, pool, "default", n, false)

@@ -38,6 +38,7 @@ func keyInPart(p, n int) string {
 // priorities (a third urgent) go through both workers: each is handled and
 // recorded exactly once.
 func TestUrgentLaneTakesBusyOwnersItem(t *testing.T) {
+	t.Parallel()
 	const parts = 2
 	pool := setup(t)
 	ctx := context.Background()

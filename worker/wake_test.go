@@ -13,19 +13,23 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
-// The wake-up tests run their workers with a poll interval of ten minutes
-// (an idle wait of at least five), so that within their deadlines only a
-// wake-up can make a worker claim what another process enqueued.
+// The wake-up tests run their workers with a poll interval of a day (an
+// idle wait of at least half of it), so that within their deadlines, even
+// stretched with a loaded machine's load, only a wake-up can make a worker
+// claim what another process enqueued.
 const (
-	sleepyPoll = 10 * time.Minute
-	// wakeDeadline is generous: a wake-up takes milliseconds, the poll
-	// five minutes at least.
+	sleepyPoll = 24 * time.Hour
+	// wakeDeadline is generous (and stretched with the load, as every
+	// await budget): a wake-up takes milliseconds, the poll twelve hours
+	// at least.
 	wakeDeadline = 60 * time.Second
 )
 
@@ -101,15 +105,12 @@ func produce(t *testing.T, url string, steps ...string) {
 // and a pool on it.
 func wakeSetup(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	return url, pool
 }
 
@@ -126,13 +127,7 @@ func startedHandler() (worker.Handler, chan uuid.UUID) {
 // awaitItem waits for a handler to start on one item, and returns it.
 func awaitItem(t *testing.T, started <-chan uuid.UUID, what string) uuid.UUID {
 	t.Helper()
-	select {
-	case id := <-started:
-		return id
-	case <-time.After(wakeDeadline):
-		t.Fatalf("%s: no handler started within %v (the poll interval is %v: only a wake-up claims sooner)", what, wakeDeadline, sleepyPoll)
-		return uuid.Nil
-	}
+	return await.Recv(t, fmt.Sprintf("%s: a handler to start (the poll interval is %v: only a wake-up claims sooner)", what, sleepyPoll), started, await.Within(wakeDeadline))
 }
 
 // listenerPid returns the backend pid of the process's wake-up listener on
@@ -193,12 +188,14 @@ func awaitListening(t *testing.T, r *running) {
 // and without parts: its poll interval is ten minutes, so only the
 // notification can explain the claim.
 func TestWakeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
+	t.Parallel()
 	listenOnly(t)
 	// With parts, a wake-up names the items' key hashes and each worker
 	// claims only in the parts of those it owns: with two workers, each
 	// item is claimed at once by the owner of its part, whichever it is.
 	for _, c := range []struct{ parts, workers, items int }{{0, 1, 3}, {4, 1, 3}, {8, 2, 8}} {
 		t.Run(fmt.Sprintf("parts=%d,workers=%d", c.parts, c.workers), func(t *testing.T) {
+			t.Parallel()
 			url, pool := wakeSetup(t)
 			h, started := startedHandler()
 			var rs []*running
@@ -252,6 +249,7 @@ func TestWakeClaimsItemEnqueuedByAnotherProcess(t *testing.T) {
 // With its listener's connection terminated, a worker still claims (by its
 // poll), the listener reconnects, and wake-ups work again.
 func TestWakeListenerKilledFallsBackToPollAndReconnects(t *testing.T) {
+	t.Parallel()
 	listenOnly(t)
 	url, pool := wakeSetup(t)
 	hFast, startedFast := startedHandler()
@@ -283,6 +281,7 @@ func TestWakeListenerKilledFallsBackToPollAndReconnects(t *testing.T) {
 // Notifications of another queue, of the same queue on another table set,
 // and of an enqueue that rolled back do not wake a worker.
 func TestWakeOnlyForItsQueueAndCommits(t *testing.T) {
+	t.Parallel()
 	listenOnly(t)
 	url, pool := wakeSetup(t)
 	if err := crsql.Apply(context.Background(), pool, crsql.Tables{Prefix: "other_"}); err != nil {
@@ -318,6 +317,7 @@ func TestWakeOnlyForItsQueueAndCommits(t *testing.T) {
 // An enqueue through a claim.Queue in the worker's process wakes it
 // directly, without the notification (NoNotify).
 func TestWakeInProcessWithoutNotification(t *testing.T) {
+	t.Parallel()
 	_, pool := wakeSetup(t)
 	h, started := startedHandler()
 	r := start(t, pool, h, worker.Options{Poll: sleepyPoll})
@@ -338,6 +338,7 @@ func TestWakeInProcessWithoutNotification(t *testing.T) {
 
 // With NoWake, a worker opens no listener connection and is never woken.
 func TestNoWakeOpensNoListener(t *testing.T) {
+	t.Parallel()
 	_, pool := wakeSetup(t)
 	h, started := startedHandler()
 	r := start(t, pool, h, worker.Options{Poll: 50 * time.Millisecond, NoWake: true})

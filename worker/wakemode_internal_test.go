@@ -9,6 +9,7 @@ import (
 // The probe's options: defaults, ProbePoll never below Poll, and the
 // values refused.
 func TestWakeOptions(t *testing.T) {
+	t.Parallel()
 	zero, err := Options{}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +50,7 @@ func TestWakeOptions(t *testing.T) {
 // earlier one were left to the poll), and one that stands for every part
 // makes the claim read every part.
 func TestPartHintsAddUp(t *testing.T) {
+	t.Parallel()
 	set := func(ps ...int) map[int]bool {
 		m := map[int]bool{}
 		for _, p := range ps {
@@ -94,6 +96,7 @@ func TestPartHintsAddUp(t *testing.T) {
 // The waits before claiming again after failed claims grow from
 // claimRetryMin and never exceed one and a half claimRetryMax.
 func TestClaimRetryWaitIsBounded(t *testing.T) {
+	t.Parallel()
 	for n := 1; n < 100; n++ {
 		d := claimRetryWait(n)
 		if d < claimRetryMin/2 || d > claimRetryMax*3/2 {

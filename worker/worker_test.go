@@ -14,7 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -23,22 +25,32 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-var fastSession = session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}
+// fastSession returns the short session intervals of the tests' workers:
+// a heartbeat of 100 ms and an expiry of 7 heartbeats on a quiet machine,
+// stretched together with the machine's load (one await.Stretch), so that
+// heartbeats delayed by a busy scheduler (each gives up after two
+// intervals) do not lose the session. A test that derives a duration from
+// them (an outage of 3 expiries) calls it once and uses that value.
+func fastSession() session.Tuning {
+	hb := await.Stretch(100 * time.Millisecond)
+	return session.Tuning{Heartbeat: hb, Expiry: 7 * hb}
+}
 
+// setup returns a pool on a fresh database of the test with crdbwork's
+// schema and the results table of recordHandler: a copy of a template
+// built once per test binary (testdb.NewFromTemplate).
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE results (
-		row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
-		item_id UUID NOT NULL, session_id UUID NOT NULL, part BIGINT NOT NULL, owned BOOL NOT NULL,
-		tx_at TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testdb.NewFromTemplate(t, "worker: crdbwork schema and results", func(ctx context.Context, pool *pgxpool.Pool) error {
+		if err := testschema.Apply(ctx, pool); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, `CREATE TABLE results (
+			row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY,
+			item_id UUID NOT NULL, session_id UUID NOT NULL, part BIGINT NOT NULL, owned BOOL NOT NULL,
+			tx_at TIMESTAMPTZ NOT NULL DEFAULT now())`)
+		return err
+	})
 }
 
 func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
@@ -50,17 +62,19 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	return n
 }
 
-func waitFor(t testing.TB, what string, deadline time.Duration, cond func() bool) time.Duration {
+// waitFor is await.Until with a budget of d (stretched with the machine's
+// load, as every await budget).
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	end := start.Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out after %v waiting for %s", deadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	return await.Until(t, what, cond, await.Within(d))
+}
+
+// longSession returns a session that a busy machine does not lose: a
+// heartbeat of 100 ms stretched with the machine's load, and an expiry of
+// 100 heartbeats.
+func longSession() session.Tuning {
+	hb := await.Stretch(100 * time.Millisecond)
+	return session.Tuning{Heartbeat: hb, Expiry: 100 * hb}
 }
 
 // recordHandler records, inside the ack transaction, which session acked the
@@ -111,7 +125,7 @@ func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue
 func startOn(t testing.TB, q *claim.Queue, h worker.Handler, opts worker.Options) *running {
 	t.Helper()
 	if opts.Session.Heartbeat == 0 && opts.Session.Expiry == 0 {
-		opts.Session = fastSession
+		opts.Session = fastSession()
 	}
 	w, err := worker.New(q, h, opts)
 	if err != nil {
@@ -128,13 +142,8 @@ func startOn(t testing.TB, q *claim.Queue, h worker.Handler, opts worker.Options
 func (r *running) Stop(t testing.TB) {
 	r.once.Do(func() {
 		r.stop()
-		select {
-		case err := <-r.done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("worker did not stop")
+		if err := await.Recv(t, "the worker to stop", r.done); err != nil {
+			t.Errorf("Run: %v", err)
 		}
 	})
 }
@@ -171,6 +180,7 @@ func assertExactlyOnce(t testing.TB, pool *pgxpool.Pool, n int) {
 }
 
 func TestWorkersProcessEveryItemOnce(t *testing.T) {
+	t.Parallel()
 	type variant struct {
 		parts    bool
 		ackBatch int
@@ -178,6 +188,7 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 	for _, v := range []variant{{false, 0}, {true, 0}, {false, 1}, {true, 1}} {
 		parts := v.parts
 		t.Run(fmt.Sprintf("parts=%v/ack-batch=%d", parts, v.ackBatch), func(t *testing.T) {
+			t.Parallel()
 			const n = 2000
 			pool := setup(t)
 			ctx := context.Background()
@@ -229,6 +240,7 @@ func TestWorkersProcessEveryItemOnce(t *testing.T) {
 }
 
 func TestHandlerFailuresPanicsAndTimeouts(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	q, err := claim.New(pool, claim.Options{})
 	if err != nil {
@@ -279,6 +291,7 @@ func TestHandlerFailuresPanicsAndTimeouts(t *testing.T) {
 }
 
 func TestSessionLossCancelsHandlersAndStartsNewSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 1, false)
 	var calls atomic.Int32
@@ -297,11 +310,7 @@ func TestSessionLossCancelsHandlersAndStartsNewSession(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_sessions WHERE id = $1`, first); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-cancelled:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler's context was not cancelled when its session was lost")
-	}
+	await.Recv(t, "the handler's context to be cancelled when its session was lost", cancelled)
 	waitFor(t, "the item to be handled by a new session", time.Minute, func() bool {
 		return count(t, pool, `SELECT count(*) FROM results`) == 1
 	})
@@ -316,6 +325,7 @@ func TestSessionLossCancelsHandlersAndStartsNewSession(t *testing.T) {
 }
 
 func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	enqueue(t, pool, "default", 4, false)
 	var started atomic.Int32
@@ -348,6 +358,7 @@ func TestGracefulShutdownFinishesOrReleases(t *testing.T) {
 }
 
 func TestMissingSchemaStopsRun(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	w, err := worker.New(newQueue(t, pool, claim.Options{}), recordHandler(0), worker.Options{})
 	if err != nil {
