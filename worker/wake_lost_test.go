@@ -197,8 +197,11 @@ func TestWakeOfAPartGainedAfterwards(t *testing.T) {
 // A claim that a wake-up started and that fails (here its connection is
 // terminated while it waits for a lock) is tried again within seconds, not
 // at the next poll: the item it was woken for is not announced again.
+//
+// Not parallel: it counts the worker's wake-ups, and another test's
+// enqueue into its own queue "default" wakes this worker too (in-process
+// wake-ups are process-wide, keyed by the queue's channel).
 func TestWakeClaimFailsAndIsTriedAgain(t *testing.T) {
-	t.Parallel()
 	url, pool := wakeSetup(t)
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("holds a claim with a table lock and ends its backend (pg_terminate_backend): PostgreSQL's")
@@ -278,10 +281,10 @@ func TestWakeClaimFailsAndIsTriedAgain(t *testing.T) {
 // again), and the worker idles; SetParts, run again, moves them into the
 // worker's parts.
 //
-// Not parallel: beside the package's parallel tests, the items were
-// sometimes claimed before the test moved them (by what, not found yet:
-// the session was not lost, the poll is a day), and the test then had
-// nothing to move.
+// Not parallel: in-process wake-ups (internal/wake's hub) are process-wide
+// and keyed by the channel, the queue's name and tables, not by database:
+// another test's enqueue into its own queue "default" wakes this worker,
+// which then claims the items before the test moved them.
 func TestWakeAfterSetPartsMovesItems(t *testing.T) {
 	url, pool := wakeSetup(t)
 	ctx := context.Background()
