@@ -71,7 +71,8 @@ type faultTiming struct {
 // the outage of a cut stays well under the expiry.
 func faultTimings() faultTiming {
 	hb := await.Stretch(faultHeartbeat)
-	k := func(d time.Duration) time.Duration { return d * hb / faultHeartbeat }
+	f := float64(hb) / float64(faultHeartbeat)
+	k := func(d time.Duration) time.Duration { return time.Duration(float64(d) * f) }
 	return faultTiming{session: session.Tuning{Heartbeat: hb, Expiry: 10 * hb}, lease: k(faultLease), slack: k(leaseSlack), outage: k(cutOutage)}
 }
 
