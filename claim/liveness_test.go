@@ -569,6 +569,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 // faultDemo.checkFence) saw the gap in its own sampling.
 func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
 	pool := setup(t)
+	testdb.Quiet(t, pool) // one exact interleaving, its transactions committed once
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {

@@ -202,16 +202,12 @@ func TestWakeOfAPartGainedAfterwards(t *testing.T) {
 // enqueue into its own queue "default" wakes this worker too (in-process
 // wake-ups are process-wide, keyed by the queue's channel).
 func TestWakeClaimFailsAndIsTriedAgain(t *testing.T) {
+	// An item that wakes nobody must wait in the queue: with the idle
+	// probe (CockroachDB, the fault model) the probe finds it itself.
+	listenOnly(t)
 	url, pool := wakeSetup(t)
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("holds a claim with a table lock and ends its backend (pg_terminate_backend): PostgreSQL's")
-	}
-	if testdb.FaultsOn() {
-		// The idle probe (no LISTEN in the fault model) wakes the worker
-		// for the quiet item too: the wake-ups counted are not the Wake's
-		// alone. (It passed on main in this mode; on this branch it failed
-		// one or two runs of four, cause not isolated.)
-		t.Skip("counts the wake-ups of one Wake: with the idle probe (CRDBWORK_TEST_FAULTS) the probe wakes the worker too")
 	}
 	ctx := context.Background()
 	h, started := startedHandler()
@@ -291,10 +287,10 @@ func TestWakeClaimFailsAndIsTriedAgain(t *testing.T) {
 // Not parallel: in-process wake-ups (internal/wake's hub) are process-wide
 // and keyed by the channel, the queue's name and tables, not by database:
 // another test's enqueue into its own queue "default" wakes this worker,
-// which then claims the items before the test moved them. With the idle
-// probe instead of LISTEN (CockroachDB, and its fault model) the probe
-// finds the quiet items before they are moved: LISTEN only.
+// which then claims the items before the test moved them.
 func TestWakeAfterSetPartsMovesItems(t *testing.T) {
+	// Items that wake nobody must wait in the queue until SetParts: with
+	// the idle probe (CockroachDB, the fault model) the probe finds them.
 	listenOnly(t)
 	url, pool := wakeSetup(t)
 	ctx := context.Background()
