@@ -25,10 +25,7 @@ import (
 // (an idle wait of at least five), so that within their deadlines only a
 // wake-up can make a worker claim what another process enqueued. (Under a
 // load that stretches wakeDeadline past five minutes a poll could claim
-// too: a missing wake-up would then pass unseen, never fail a test. A
-// longer poll is not an option: with the idle probe, TestWakeClaimFailsAndIsTriedAgain's
-// woken claim never came with a poll of an hour or a day; see the report
-// of the suite's worker conversion.)
+// too: a missing wake-up would then pass unseen, never fail a test.)
 const (
 	sleepyPoll = 10 * time.Minute
 	// wakeDeadline is generous, and stretched with the load as every await
