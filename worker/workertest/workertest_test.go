@@ -132,7 +132,14 @@ func TestHandlerErrorRetries(t *testing.T) {
 		// The Record returned beside an error must not run.
 		return record(it), errors.New("smtp: 421 try again later")
 	}
-	res := work(t, pool, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{})
+	// The queue's first backoff is an hour, not the default second: the item
+	// must still wait when the test reads it below, however long Work's
+	// cleanup takes on a busy machine.
+	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, pool, claim.Options{Queue: "retries", BackoffBase: time.Hour, BackoffMax: time.Hour})
+	res := workOn(t, q, h, claim.NewItem{Payload: []byte("bob")}, workertest.Options{})
 	if res.Outcome != claim.Retried || res.Err == nil || res.Err.Error() != "smtp: 421 try again later" {
 		t.Fatalf("outcome %v, err %v; want retried with the handler's error", res.Outcome, res.Err)
 	}
