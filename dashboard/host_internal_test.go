@@ -5,6 +5,7 @@ import "testing"
 // TestHostsAllows checks the Host values the default (loopback only)
 // answers, including the odd ones a client other than a browser may send.
 func TestHostsAllows(t *testing.T) {
+	t.Parallel()
 	h, err := newHosts(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 // through.) The dashboard's own names still work: 127.0.0.1, localhost and
 // [::1], with the server's port or another (a tunnel's), or none.
 func TestForgedHostIsRefused(t *testing.T) {
+	t.Parallel()
 	pool, srv := setup(t, dashboard.Options{})
 	ids := enqueue(t, pool, "mail", 2, func(i int, it *claim.NewItem) { it.Payload = []byte(`{"secret":"s3cret"}`) })
 	u, err := url.Parse(srv.URL)
@@ -112,6 +113,7 @@ func TestForgedHostIsRefused(t *testing.T) {
 // still refused; "*" serves every Host; entries that cannot be a host are
 // refused by New.
 func TestAllowedHosts(t *testing.T) {
+	t.Parallel()
 	pool, srv := setup(t, dashboard.Options{AllowedHosts: []string{"Ops.Example.com", "10.0.0.5:7433", "[fd00::5]:7433", "fd00::6", "*.corp.example"}})
 	enqueue(t, pool, "mail", 1, nil)
 	b := newBrowser(t, srv.URL)

@@ -37,6 +37,7 @@ func field(page, id string) string {
 // action says that a running item is asked to stop, and leaves it in the
 // items table, asked to stop, as claim.Queue.CancelItem does.
 func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
+	t.Parallel()
 	pool, srv := setup(t, dashboard.Options{Auth: func(r *http.Request) (string, bool) { return "ada", true }})
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{Queue: "jobs"})
@@ -187,6 +188,7 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 // lists the blocked keys with the item that blocks each: a dead head in a
 // hold queue, and a head waiting for its retry.
 func TestQueuePageShowsBlockedKeys(t *testing.T) {
+	t.Parallel()
 	pool, srv := setup(t, dashboard.Options{Auth: func(r *http.Request) (string, bool) { return "ada", true }})
 	ctx := context.Background()
 	q, err := claim.New(pool, claim.Options{Queue: "ledger", BackoffBase: time.Hour, BackoffMax: time.Hour})

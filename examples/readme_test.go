@@ -32,6 +32,7 @@ const root = ".."
 // region of the example files is shown somewhere, and that the README's
 // quick start is one.
 func TestREADMEMirrorsExamples(t *testing.T) {
+	t.Parallel()
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)

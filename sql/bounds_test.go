@@ -33,11 +33,9 @@ func incompressible(r *rand.Rand, n int) string {
 // index entry: there the inserts at the bounds must pass, and nothing is
 // measured.
 func TestIndexBoundsMeasured(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	r := rand.New(rand.NewSource(1))
 	queue := incompressible(r, crsql.MaxQueueNameLength)
 	cockroach := testdb.Kind(t) == dbserver.Cockroach

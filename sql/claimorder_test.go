@@ -16,6 +16,7 @@ import (
 // would not fold the subquery into a constant everywhere (on 23.1, in
 // generic plans), and its scan would then not be constrained by the queue.
 func TestClaimOrderTwins(t *testing.T) {
+	t.Parallel()
 	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
 		st := crsql.NewStatements(tables)
 		urgent := crsql.NewUrgentStatements(tables)

@@ -16,6 +16,7 @@ import (
 // for CockroachDB creates no plain claim index, with default names and with
 // a schema and prefix.
 func TestCockroachIndexesMatchFiles(t *testing.T) {
+	t.Parallel()
 	count := func(list []string, s string) int {
 		n := 0
 		for _, l := range list {
@@ -90,6 +91,7 @@ var zoneStatement = regexp.MustCompile(`^ALTER TABLE (.+) CONFIGURE ZONE USING g
 // one, as churned or written rarely. Rendered for a schema and a prefix,
 // every name is renamed and the tables qualified.
 func TestCockroachSettingsWellFormed(t *testing.T) {
+	t.Parallel()
 	var indexForms []string
 	for _, c := range cockroachIndexes {
 		indexForms = append(indexForms, c.with...)

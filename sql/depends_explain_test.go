@@ -24,11 +24,9 @@ import (
 // statements are those of the server's engine (the PostgreSQL forms here);
 // TestDependsPlansLived runs them all in a database that has lived.
 func TestDependsPlans(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	d := crsql.Cockroach
 	if testdb.Kind(t) == "postgres" {
 		d = crsql.Postgres

@@ -93,6 +93,7 @@ var removed = regexp.MustCompile(`Rows Removed by (?:Join )?Filter: (\d+)`)
 // read the queue's 16,000 edges to find 3,332 and joined 9,802 waiting
 // rows to each of them (32 million rows thrown away).
 func TestDependsPlansLived(t *testing.T) {
+	t.Parallel()
 	pool := testdb.NewLived(t, applySchema, lived.Options{})
 	ctx := context.Background()
 	postgres := testdb.Kind(t) == "postgres"

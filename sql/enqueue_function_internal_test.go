@@ -20,6 +20,7 @@ import (
 // the locking read, nothing else; and neither form uses what CockroachDB's
 // PL/pgSQL refuses (its known limitations, 23.2 and later).
 func TestCockroachEnqueueFunctionMatches(t *testing.T) {
+	t.Parallel()
 	body := func(s string) string { return s[strings.Index(s, "CREATE OR REPLACE FUNCTION"):] }
 	pg, crdb := EnqueueFunctionSQL(Postgres), EnqueueFunctionSQL(Cockroach)
 	if got, want := body(crdb), cockroachForm(body(pg)); got != want {
@@ -48,6 +49,7 @@ func TestCockroachEnqueueFunctionMatches(t *testing.T) {
 // renamed, the function qualified with the schema, and the wake-up's
 // channel that of Store.NotifyChannel (its hash input's table part).
 func TestEnqueueFunctionRenamed(t *testing.T) {
+	t.Parallel()
 	tables := Tables{Schema: "it's", Prefix: "p_"}
 	for _, d := range []Dialect{Postgres, Cockroach} {
 		s, err := enqueueFunction(d, tables)
@@ -71,6 +73,7 @@ func TestEnqueueFunctionRenamed(t *testing.T) {
 // (PostgreSQL refuses concurrent rewrites of one catalog row); a changed
 // function is replaced.
 func TestEnqueueFunctionAppliedOnce(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	tables := Tables{Prefix: "once_"}
@@ -156,6 +159,7 @@ func reformatted(stmt string, tables Tables) string {
 // function at every start on CockroachDB. PostgreSQL only: it checks the
 // row's xmin.
 func TestEnqueueFunctionKeptWhenStoredReformatted(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads the function's xmin, PostgreSQL's; CockroachDB reformats the body by itself")
 	}
@@ -201,6 +205,7 @@ func TestEnqueueFunctionKeptWhenStoredReformatted(t *testing.T) {
 // revision is left alone, so that old and new code applying the schema in
 // a rolling upgrade do not take turns replacing it.
 func TestEnqueueFunctionRevisionUpgrades(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads the function's xmin, PostgreSQL's")
 	}
@@ -260,6 +265,7 @@ var enqueueFunctionPins = map[int]string{
 
 // The files are those pinned for their revision, and both carry it.
 func TestEnqueueFunctionRevisionPinned(t *testing.T) {
+	t.Parallel()
 	pg, crdb := EnqueueFunctionSQL(Postgres), EnqueueFunctionSQL(Cockroach)
 	rev := EnqueueFunctionRevision()
 	if rev < 1 || bodyRevision(crdb) != rev || strings.Count(pg, revisionMarker) != 1 || strings.Count(crdb, revisionMarker) != 1 {
@@ -277,6 +283,7 @@ func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 // parameter list, in order, with its defaults; and EnqueueArgs puts each
 // named argument at its place.
 func TestEnqueueParamsMatchTheFunction(t *testing.T) {
+	t.Parallel()
 	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\s+DEFAULT\s+(\S+?))?,$`)
 	for _, d := range []Dialect{Postgres, Cockroach} {
 		text := EnqueueFunctionSQL(d)

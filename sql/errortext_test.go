@@ -29,6 +29,7 @@ var commandFlag = regexp.MustCompile(`\s.*(^|[\s(])--[a-z]|(^|[\s(])--[a-z].*\s`
 // what to do through the library (sql.Apply) or the schema file, and name no
 // program.
 func TestSentinelErrorsNameNoBinary(t *testing.T) {
+	t.Parallel()
 	for _, err := range []error{crsql.ErrSchemaMissing, crsql.ErrSchemaOutdated, crsql.ErrSchemaNewer} {
 		if m := binaryNames.FindString(err.Error()); m != "" {
 			t.Errorf("error %q names a program (%q)", err, m)
@@ -43,6 +44,7 @@ func TestSentinelErrorsNameNoBinary(t *testing.T) {
 // messages and hints of a library must stay true whichever binary uses it.
 // Comments are not checked.
 func TestLibraryStringsNameNoBinary(t *testing.T) {
+	t.Parallel()
 	root := ".."
 	fset := token.NewFileSet()
 	checked := 0

@@ -27,20 +27,18 @@ import (
 // parameters and the generic plan a long-lived prepared statement ends up
 // with.
 func TestStatementPlansUseIndexes(t *testing.T) {
+	t.Parallel()
 	// A long backlog, and a drained queue whose rows are mostly claimed
 	// (where PostgreSQL's estimates for "claim = $session" change).
-	t.Run("backlog", func(t *testing.T) { explainAll(t, 100000, 1) })
-	t.Run("drained", func(t *testing.T) { explainAll(t, 12000, 8) })
+	t.Run("backlog", func(t *testing.T) { t.Parallel(); explainAll(t, 100000, 1) })
+	t.Run("drained", func(t *testing.T) { t.Parallel(); explainAll(t, 12000, 8) })
 }
 
 // explainAll seeds total items, claimedTenths tenths of them claimed by 16
 // sessions, and checks every statement's plans.
 func explainAll(t *testing.T, total, claimedTenths int) {
-	pool := testdb.New(t)
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	claimed := fmt.Sprintf("g %% 10 BETWEEN 1 AND %d", claimedTenths)
 	// Every expression of the seed has the same type on both engines: on
 	// CockroachDB INT / INT is DECIMAL (docs checked: "Operators", / on
@@ -349,11 +347,9 @@ func literals(args []any) string {
 // claim ends up with. Each claim runs in a transaction that is rolled back,
 // so the seeded rows stay as they are.
 func TestPartClaimReadsStayFlat(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, session); err != nil {
 		t.Fatal(err)
@@ -546,11 +542,9 @@ var inspectCounts = map[string]bool{"InspectUnclaimed": true, "InspectClaimed": 
 // the index its documentation names (the queues table, 39 rows on one
 // page, may be read whole: PostgreSQL does so however it is asked).
 func TestInspectPlans(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	// Queue names: "big" for g % 2 = 0, else "q" || g % 39 (39 small
 	// queues). Every tenth item claimed, every third with a tenant.

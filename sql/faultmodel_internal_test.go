@@ -10,6 +10,7 @@ import (
 // The test harness's CockroachDB fault model (internal/testdb) reaches
 // every crdbwork table but the version table: its list is the schema's.
 func TestFaultModelTables(t *testing.T) {
+	t.Parallel()
 	var want []string
 	for name := range tableNames {
 		if name != "schema_version" {

@@ -45,6 +45,7 @@ var itemWriters = map[string]map[string]string{
 // it drops: the way a waiting item's release once dropped its headers and
 // sequence order.
 func TestEveryWriterOfItemsKeepsTheOptions(t *testing.T) {
+	t.Parallel()
 	found := map[string][]string{} // writer → its columns
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")

@@ -48,8 +48,9 @@ var livedOptions = map[string]lived.Options{"tiny": {Quiet: []string{"q", "qs"}}
 // statistics believe holds a handful of items sorted them (the "tiny"
 // state). livedKnown lists those still waiting for their fix.
 func TestHotPlansInALivedDatabase(t *testing.T) {
+	t.Parallel()
 	for _, state := range []string{"tiny", "empty"} {
-		t.Run("q "+state+" when analyzed", func(t *testing.T) { checkLivedPlans(t, state) })
+		t.Run("q "+state+" when analyzed", func(t *testing.T) { t.Parallel(); checkLivedPlans(t, state) })
 	}
 }
 
@@ -402,6 +403,7 @@ func indexConds(plan, index string) []string {
 // more rows than there are) and believe the quiet queues hold a handful of
 // rows (the "tiny" state; none left in the copy).
 func TestLivedState(t *testing.T) {
+	t.Parallel()
 	pool := testdb.NewLived(t, applySchema, livedOptions["tiny"])
 	ctx := context.Background()
 	var items, ended, dead, waiting, edges, quiet int64

@@ -24,11 +24,9 @@ import (
 // It also checks what QueueMembers returns: the live sessions that joined
 // the queue or own one of its parts, in id order.
 func TestStatementPlansMembers(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	seed := []string{
 		// Sessions s1..s50000: every seventh expired.
 		`INSERT INTO crdbwork_sessions (id, expiry, heartbeat_at, name)

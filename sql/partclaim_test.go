@@ -16,6 +16,7 @@ import (
 // (cockroachdb/cockroach#68299, #165983). Each per-part branch reads one
 // part given as its own parameter, and the k-part claim has k of them.
 func TestClaimShapesAreUncorrelated(t *testing.T) {
+	t.Parallel()
 	p := crsql.NewPartClaimStatements(crsql.Tables{})
 	st := crsql.NewStatements(crsql.Tables{})
 	check := func(name, s string) {

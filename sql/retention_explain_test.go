@@ -27,11 +27,9 @@ import (
 // the count of deaths since a recent time, must read no row of the table
 // (the index seek finds nothing), whatever the queue holds.
 func TestRetentionAndProgressPlans(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	seed := []string{
 		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,

@@ -37,6 +37,7 @@ func tables(t *testing.T, pool *pgxpool.Pool, schema string) []string {
 }
 
 func TestApplyIsIdempotentAndVersioned(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	if err := crsql.Check(ctx, pool, crsql.Tables{}); !errors.Is(err, crsql.ErrSchemaMissing) {
@@ -80,6 +81,7 @@ func TestApplyIsIdempotentAndVersioned(t *testing.T) {
 }
 
 func TestApplyWithSchemaAndPrefix(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	tb := crsql.Tables{Schema: "Work Queue", Prefix: "app_"}
@@ -111,11 +113,9 @@ func TestApplyWithSchemaAndPrefix(t *testing.T) {
 }
 
 func TestForeignKeysReleaseClaims(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, q, args...); err != nil {
@@ -170,6 +170,7 @@ func TestForeignKeysReleaseClaims(t *testing.T) {
 // TestSchemaFileWithClient applies sql/schema.sql twice with the engine's own
 // command-line client, exactly as the README and docs/schema.md tell operators to.
 func TestSchemaFileWithClient(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	var name string
 	var args []string
@@ -209,6 +210,7 @@ func TestSchemaFileWithClient(t *testing.T) {
 }
 
 func TestStatementsSplit(t *testing.T) {
+	t.Parallel()
 	if !strings.Contains(crsql.SchemaSQL(), "CREATE TABLE IF NOT EXISTS crdbwork_items") {
 		t.Fatal("embedded schema does not look like schema.sql")
 	}
@@ -283,6 +285,7 @@ func withoutDatabase(line, db string) string {
 // releases without cockroachdb/cockroach#167134 write it compares equal to
 // PostgreSQL's, whatever the database is called.
 func TestCatalogIgnoresDatabaseName(t *testing.T) {
+	t.Parallel()
 	pg := "index crdbwork_items CREATE INDEX crdbwork_items_lease ON public.crdbwork_items USING btree (queue ASC, lease_until ASC) WHERE (claim IS NOT NULL)"
 	for _, c := range []struct{ db, line string }{
 		{"test_a_1", "index crdbwork_items CREATE INDEX crdbwork_items_lease ON test_a_1.public.crdbwork_items USING btree (queue ASC, lease_until ASC) WHERE (claim IS NOT NULL)"},
@@ -310,6 +313,7 @@ func TestCatalogIgnoresDatabaseName(t *testing.T) {
 // migrations cannot drift apart. It does so with default names and with a
 // schema and prefix (where DROP INDEX must name the schema's index).
 func TestMigrationsMatchSchema(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tb := range []crsql.Tables{{}, {Schema: "Work Queue", Prefix: "app_"}} {
 		schema := tb.Schema
@@ -393,6 +397,7 @@ func diff(want, got []string) string {
 // TestMigrationFilesWithClient applies migration 1 and then migration 2 with
 // the engine's own client, twice each (idempotent), and checks the version.
 func TestMigrationFilesWithClient(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("psql only; TestSchemaFileWithClient covers cockroach sql")
@@ -431,6 +436,7 @@ func TestMigrationFilesWithClient(t *testing.T) {
 // file must stop at its checks, before changing anything, since an older
 // database is upgraded by the migrations.
 func TestSchemaFileRefusesAnOlderSchema(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("psql only")
 	}
@@ -439,6 +445,7 @@ func TestSchemaFileRefusesAnOlderSchema(t *testing.T) {
 	}
 	for v := 1; v < crsql.Version; v++ {
 		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) {
+			t.Parallel()
 			url := testdb.NewURL(t)
 			for _, m := range crsql.Migrations()[:v] {
 				out, err := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "migrations/"+m.Name, url).CombinedOutput()
@@ -476,6 +483,7 @@ func TestSchemaFileRefusesAnOlderSchema(t *testing.T) {
 // TestApplyWarnsOnlyForCockroachSettings: on PostgreSQL Apply never runs
 // cockroach.sql, so it reports no warning.
 func TestApplyWarnsOnlyForCockroachSettings(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	var warnings []string
 	err := crsql.ApplyWith(context.Background(), pool, crsql.Tables{}, crsql.ApplyOptions{Warn: func(m string) { warnings = append(warnings, m) }})
@@ -508,6 +516,7 @@ RETURNING id, attempts`
 // and acks keep working on the new schema, and the lease reaper leaves its
 // lease-less claims alone.
 func TestUpgradeWhileVersion1WorkersRun(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	for _, s := range crsql.Migrations()[0].Statements(crsql.Tables{}) {

@@ -19,6 +19,7 @@ import (
 // it follows every change made to the plain claims; the texts are rendered
 // for other table names too.
 func TestSequencedStatements(t *testing.T) {
+	t.Parallel()
 	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
 		seq := crsql.NewSequenceStatements(tables)
 		st := crsql.NewStatements(tables)
@@ -227,11 +228,9 @@ func checkSequencedPlan(t *testing.T, c planCase, state, mode, text string) {
 // (checkSequencedPlan), in the plans for the given parameters and, on
 // PostgreSQL, the generic plans.
 func TestSequencedPlansUseIndexes(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	cases := sequencedPlanCases(t, pool, session, "q")
 	check := func(state, prefix string) {
@@ -292,8 +291,10 @@ func TestSequencedPlansUseIndexes(t *testing.T) {
 // failed here: PostgreSQL read every sequenced item of the queue once per
 // candidate, the key being a join filter (issue 29, item 5).
 func TestSequencedPlansInLivedDatabase(t *testing.T) {
+	t.Parallel()
 	for _, state := range []string{"tiny", "empty"} {
 		t.Run(state, func(t *testing.T) {
+			t.Parallel()
 			pool := testdb.NewLived(t, applySchema, livedOptions[state])
 			ctx := context.Background()
 			session := lived.Sessions()[0]
@@ -340,11 +341,9 @@ func TestSequencedPlansInLivedDatabase(t *testing.T) {
 // limit (a drain at a fifth of the speed). Every sequenced claim must keep
 // the shape of checkSequencedPlan.
 func TestSequencedPlansWhileDraining(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	for _, s := range []string{
 		`ALTER TABLE crdbwork_items SET (autovacuum_enabled = false)`,

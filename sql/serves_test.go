@@ -51,12 +51,14 @@ func setVersionRow(t *testing.T, pool *pgxpool.Pool, serves, installed int64) {
 // code of versions 1 to 3 compares with its own version), and Check and
 // Apply read both.
 func TestCheckServes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	if crsql.Version != 6 || crsql.Serves != 3 {
 		t.Fatalf("this test is written for schema version 6 serving version-3 code, the code says version %d serving %d: update it", crsql.Version, crsql.Serves)
 	}
 
 	t.Run("current", func(t *testing.T) {
+		t.Parallel()
 		pool := testdb.New(t)
 		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 			t.Fatal(err)
@@ -73,10 +75,8 @@ func TestCheckServes(t *testing.T) {
 	})
 
 	t.Run("newer, still serving this code", func(t *testing.T) {
-		pool := testdb.New(t)
-		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-			t.Fatal(err)
-		}
+		t.Parallel()
+		pool := newSchemaDB(t)
 		setVersionRow(t, pool, crsql.Version, crsql.Version+2)
 		if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
 			t.Fatalf("Check of a database at version %d serving %d: %v", crsql.Version+2, crsql.Version, err)
@@ -89,10 +89,8 @@ func TestCheckServes(t *testing.T) {
 	})
 
 	t.Run("newer, no longer serving this code", func(t *testing.T) {
-		pool := testdb.New(t)
-		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-			t.Fatal(err)
-		}
+		t.Parallel()
+		pool := newSchemaDB(t)
 		setVersionRow(t, pool, crsql.Version+1, crsql.Version+1)
 		err := crsql.Check(ctx, pool, crsql.Tables{})
 		if !errors.Is(err, crsql.ErrSchemaNewer) {
@@ -108,6 +106,7 @@ func TestCheckServes(t *testing.T) {
 	})
 
 	t.Run("version 3", func(t *testing.T) {
+		t.Parallel()
 		pool := testdb.New(t)
 		applyMigrationsUpTo(t, pool, 3)
 		wantInstalled(t, pool, 3, 3) // no `installed` column: version is both
@@ -124,6 +123,7 @@ func TestCheckServes(t *testing.T) {
 	})
 
 	t.Run("version 4 migration interrupted", func(t *testing.T) {
+		t.Parallel()
 		pool := testdb.New(t)
 		applyMigrationsUpTo(t, pool, 3)
 		// Migration 4 up to, not including, its last statement (the one that

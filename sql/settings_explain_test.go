@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -16,11 +15,9 @@ import (
 // exactly the expired ones, and IdleInTransactionTimeout reads a setting
 // the server knows.
 func TestExplainReapStatements(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (expiry, heartbeat_at)
 		SELECT INTERVAL '5 seconds', CASE WHEN g % 10 = 0 THEN now() - INTERVAL '1 hour' ELSE now() + INTERVAL '1 hour' END
 		FROM generate_series(1, 20000) AS g`); err != nil {

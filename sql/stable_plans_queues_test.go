@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/lived"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -34,6 +35,7 @@ import (
 // (an ANALYZE after 50 changed rows of a table believed empty;
 // docs/operations.md).
 func TestHotPlansWhenTheStatisticsMissAQueue(t *testing.T) {
+	t.Parallel()
 	pool, sessions, _, postgres := hotPlanSetup(t, "q", "other")
 	items := func(queue string, from, to int) string {
 		return lived.Items(queue, from, to, lived.ItemShape{Tenants: 1000, Claimed: 10})
@@ -64,31 +66,22 @@ SELECT 'other', gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM
 }
 
 // analyzeBehind waits until Store.StatisticsBehind lists the tables want
-// (the server's row counts come within seconds), then analyzes them.
+// (the server counts the changes as the backends report them: at once here,
+// as checkQueueStates flushes them after each statement), then analyzes
+// them, as claim.Queue.RefreshStatistics would.
 func analyzeBehind(t *testing.T, pool *pgxpool.Pool, want []string) {
 	t.Helper()
 	ctx := context.Background()
 	store := crsql.NewStore(crsql.Tables{})
 	var behind []string
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	await.Until(t, fmt.Sprintf("StatisticsBehind to list %q", want), func() (bool, string) {
 		var err error
 		if behind, err = store.StatisticsBehind(ctx, pool, 5000, 1<<20); err != nil {
 			t.Fatal(err)
 		}
 		slices.Sort(behind)
-		if slices.Equal(behind, want) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if !slices.Equal(behind, want) {
-		rows, _ := pool.Query(ctx, `SELECT c.relname, c.reltuples, c.relpages, s.n_live_tup, s.n_dead_tup, pg_relation_size(c.oid) FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.relname IN ('crdbwork_items', 'crdbwork_ended')`)
-		for rows.Next() {
-			v, _ := rows.Values()
-			t.Log(v...)
-		}
-		t.Fatalf("StatisticsBehind = %q, want %q", behind, want)
-	}
+		return slices.Equal(behind, want), fmt.Sprintf("%q; %s", behind, tableCounts(ctx, pool))
+	})
 	for _, table := range behind {
 		if err := store.Analyze(ctx, pool, table); err != nil {
 			t.Fatal(err)
@@ -113,6 +106,7 @@ func analyzeBehind(t *testing.T, pool *pgxpool.Pool, want []string) {
 // Store.StatisticsBehind must find the table (workers then analyze it:
 // claim.Queue.RefreshStatistics). Once analyzed, every plan is as written.
 func TestHotPlansBeforeTheFirstAnalyze(t *testing.T) {
+	t.Parallel()
 	pool, sessions, _, postgres := hotPlanSetup(t, "q")
 	// A fair queue's backlog as the fairness benchmark enqueues it: 200
 	// tenants, one priority, nothing claimed yet.
@@ -125,6 +119,30 @@ FROM generate_series(1, 20000) AS g`}}
 	}
 	analyzeBehind(t, pool, []string{`"crdbwork_items"`}) // the ended ids are empty
 	checkQueueStates(t, pool, sessions, postgres, "analyzed", []queueState{{"analyzed as StatisticsBehind asked", nil}})
+}
+
+// tableCounts is what the server knows of the items and ended ids: rows
+// and pages in the statistics, live and dead rows counted since.
+func tableCounts(ctx context.Context, pool *pgxpool.Pool) string {
+	rows, err := pool.Query(ctx, `SELECT c.relname, c.reltuples, c.relpages, s.n_live_tup, s.n_dead_tup, s.n_mod_since_analyze, pg_relation_size(c.oid)
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.relname IN ('crdbwork_items', 'crdbwork_ended') ORDER BY c.relname`)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for rows.Next() {
+		var name string
+		var reltuples float64
+		var relpages, live, dead, mod, size int64
+		if err := rows.Scan(&name, &reltuples, &relpages, &live, &dead, &mod, &size); err != nil {
+			return err.Error()
+		}
+		out = append(out, fmt.Sprintf("%s: reltuples %.0f, relpages %d, live %d, dead %d, changed since ANALYZE %d, %d bytes", name, reltuples, relpages, live, dead, mod, size))
+	}
+	if err := rows.Err(); err != nil {
+		return err.Error()
+	}
+	return strings.Join(out, "; ")
 }
 
 // queueState is a state of the tables: its name and the statements that

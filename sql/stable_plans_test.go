@@ -40,8 +40,8 @@ const stableRows = 1000000
 // On PostgreSQL each state is checked with the plan for the given
 // parameters and with the generic plan a prepared statement settles on.
 func TestHotPlansInEveryState(t *testing.T) {
-	pool, sessions, sessionArray, postgres := hotPlanSetup(t, "q")
-	ctx := context.Background()
+	t.Parallel()
+	sessionArray := lived.SessionArray()
 	// items seeds the items g in [from, to]: every tenth in queue "other",
 	// spread over 16 parts and 5 priorities, a third with a tenant, a
 	// seventh with a deadline, a few exhausted; claimed (by the 16 sessions
@@ -93,14 +93,30 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 			items(20001, stableRows, "g % 10 = 1"), ended(20001, 120000), edges(100000, false)}},
 		{fmt.Sprintf("%dk rows, analyzed", stableRows/1000), analyze},
 	}
+	// Each state of 20k items is a template built on the one before it
+	// (testdb.NewFromSteps: a copy keeps the statistics and dead tuples of
+	// the state it copies), checked by its own parallel subtest; the large
+	// states are built from a copy of the last of them by the last subtest,
+	// which checks both in turn (copying a million items would cost more than
+	// inserting them, and no other test reads them).
+	steps := []testdb.Step{hotPlanStep("q")}
 	for n, st := range states {
-		start := time.Now()
-		for _, s := range st.prep {
-			if _, err := pool.Exec(ctx, s); err != nil {
-				t.Fatalf("%s: %v\n%s", st.name, err, s)
-			}
+		if n > 0 {
+			steps = append(steps, testdb.Step{Key: st.name, Build: func(ctx context.Context, pool *pgxpool.Pool) error {
+				for _, s := range st.prep {
+					if _, err := pool.Exec(ctx, s); err != nil {
+						return fmt.Errorf("%s: %w\n%s", st.name, err, s)
+					}
+				}
+				return nil
+			}})
 		}
-		t.Logf("state %q prepared in %v", st.name, time.Since(start).Round(time.Millisecond))
+	}
+	const small = 3 // the states of 20k items
+	check := func(t *testing.T, pool *pgxpool.Pool, n int) {
+		st := states[n]
+		sessions := lived.Sessions()
+		postgres := testdb.Kind(t) == "postgres"
 		cases := hotCases(t, pool, sessions[0])
 		explainEach(t, pool, fmt.Sprintf("stable_%d_", n), cases, nil, func(i int, mode, plan string) {
 			c := cases[i]
@@ -121,41 +137,74 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 			}
 		})
 	}
+	for n := range small {
+		t.Run(states[n].name, func(t *testing.T) {
+			t.Parallel()
+			check(t, testdb.NewFromSteps(t, steps[:n+1]...), n)
+		})
+	}
+	t.Run("large", func(t *testing.T) {
+		t.Parallel()
+		pool := testdb.NewFromSteps(t, steps[:small]...)
+		ctx := context.Background()
+		for n := small; n < len(states); n++ {
+			start := time.Now()
+			for _, s := range states[n].prep {
+				if _, err := pool.Exec(ctx, s); err != nil {
+					t.Fatalf("%s: %v\n%s", states[n].name, err, s)
+				}
+			}
+			t.Logf("state %q prepared in %v", states[n].name, time.Since(start).Round(time.Millisecond))
+			check(t, pool, n)
+		}
+	})
 }
 
-// hotPlanSetup applies the schema to a fresh database and adds 16 live
-// sessions (those of a lived database, internal/lived: lived.Items claims
-// for them) and the given fair queues, with autovacuum off for the tables
-// on PostgreSQL (so that no ANALYZE runs but the test's). It returns the
-// pool, the sessions, an SQL array literal of them, and whether the server
-// is PostgreSQL.
+// hotPlanStep is the first state of the hot-plan tests (testdb.Step, the
+// template the other states are built on): the schema, 16 live sessions
+// (those of a lived database, internal/lived: lived.Items claims for them)
+// and the given fair queues, with autovacuum off for the tables on
+// PostgreSQL (so that no ANALYZE runs but the test's).
+func hotPlanStep(queues ...string) testdb.Step {
+	return testdb.Step{
+		Key: "hot plans: schema, 16 sessions, fair queues " + strings.Join(queues, ", "),
+		Build: func(ctx context.Context, pool *pgxpool.Pool) error {
+			if err := applySchema(ctx, pool); err != nil {
+				return err
+			}
+			for _, s := range lived.Sessions() {
+				if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, s); err != nil {
+					return err
+				}
+			}
+			for _, q := range queues {
+				if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ($1, true)`, q); err != nil {
+					return err
+				}
+			}
+			dialect, err := crsql.DetectDialect(ctx, pool)
+			if err != nil {
+				return err
+			}
+			if dialect == crsql.Postgres {
+				for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues", "crdbwork_waits_for"} {
+					if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+	}
+}
+
+// hotPlanSetup returns a fresh database of the test in hotPlanStep's state
+// (a copy of its template), the sessions, an SQL array literal of them,
+// and whether the server is PostgreSQL.
 func hotPlanSetup(t *testing.T, queues ...string) (*pgxpool.Pool, []uuid.UUID, string, bool) {
 	t.Helper()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	postgres := testdb.Kind(t) == "postgres"
-	sessions := lived.Sessions()
-	for i := range sessions {
-		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_sessions (id, expiry) VALUES ($1, INTERVAL '1 hour')`, sessions[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, q := range queues {
-		if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, fair) VALUES ($1, true)`, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if postgres {
-		for _, table := range []string{"crdbwork_items", "crdbwork_ended", "crdbwork_dead_items", "crdbwork_sessions", "crdbwork_queues", "crdbwork_waits_for"} {
-			if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	return pool, sessions, lived.SessionArray(), postgres
+	pool := testdb.NewFromSteps(t, hotPlanStep(queues...))
+	return pool, lived.Sessions(), lived.SessionArray(), testdb.Kind(t) == "postgres"
 }
 
 // hotCases are the hot statements (the reaper's by-id steps, which run only

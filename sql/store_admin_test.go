@@ -17,45 +17,16 @@ import (
 // (dead items filtered, paged and counted; a queue's rows counted and
 // purged in batches) as TestInspectPlans does: 40 queues, one
 // of them ("big") holding half of 100k items, 200k deaths and 100k ended
-// ids, and a small one ("q7") the statements run on; the deletes by key of
+// ids (dashboardSeed's state, shared with the dashboard's plan tests), and
+// a small one ("q7") the statements run on; the deletes by key of
 // a purge's batch run on "big" (a batch of 1,000 keys). None may scan the items, dead
 // items, ended ids or schedules sequentially (they must read only q7's
 // entries), and each must use the index named. PostgreSQL checks both the
 // plan for the given parameters and the generic plan.
 func TestExplainAdminStatements(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := dashboardSeed(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	session := uuid.New()
-	name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
-	seed := []string{
-		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
-		`INSERT INTO crdbwork_items (id, queue, part, vesting_at, turn_at, tenant, payload, claim, lease_until)
-		 SELECT gen_random_uuid(), ` + name + `, g % 16, now(), now(),
-		        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 500)::TEXT END, '\x00'::BYTEA,
-		        CASE WHEN g % 10 = 1 THEN '` + session.String() + `'::UUID END,
-		        CASE WHEN g % 10 = 1 THEN now() + INTERVAL '1 minute' END
-		 FROM generate_series(1, 100000) AS g`,
-		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason, tenant, last_error)
-		 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), now() - g * INTERVAL '1 second',
-		        CASE WHEN g % 4 = 0 THEN 'permanent' ELSE 'failed' END, 'tenant-' || (g % 50)::TEXT, 'error ' || g::TEXT
-		 FROM generate_series(1, 200000) AS g`,
-		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
-		 SELECT ` + name + `, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 100000) AS g`,
-		`INSERT INTO crdbwork_schedules (queue, name, last_period)
-		 SELECT ` + name + `, 'schedule-' || g::TEXT, now() FROM generate_series(1, 10000) AS g`,
-		`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
-		`INSERT INTO crdbwork_session_parts (session_id, queue, part) SELECT '` + session.String() + `', 'q' || (g / 16)::TEXT, g % 16 FROM generate_series(0, 623) AS g`,
-		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_schedules`,
-		`ANALYZE crdbwork_queues`, `ANALYZE crdbwork_session_parts`,
-	}
-	for _, s := range seed {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
-	}
 	var diedAt time.Time
 	var id, death uuid.UUID
 	if err := pool.QueryRow(ctx, `SELECT died_at, id, death FROM crdbwork_dead_items WHERE queue = 'q7' ORDER BY died_at DESC LIMIT 1 OFFSET 20`).Scan(&diedAt, &id, &death); err != nil {

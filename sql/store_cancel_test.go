@@ -24,11 +24,9 @@ import (
 // of their queue, the list only its cancelled ids, and the single-item
 // statements one row by primary key.
 func TestExplainCancelStatements(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
 	seed := []string{

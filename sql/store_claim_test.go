@@ -102,6 +102,7 @@ func params(sql string) int {
 // EXPLAIN tests, which cover the statement texts, cover what the methods
 // run).
 func TestStoreRunsPackageClaimsStatements(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tables := range []Tables{{}, {Schema: "w", Prefix: "x_"}} {
 		s := NewStore(tables)

@@ -22,6 +22,7 @@ import (
 // big's index entries, not its whole backlog). None may scan a table
 // sequentially, and each must read the index named.
 func TestExplainDashboardStatements(t *testing.T) {
+	t.Parallel()
 	pool := dashboardSeed(t)
 	now := time.Now()
 	id, death := uuid.New(), uuid.New()
@@ -86,47 +87,58 @@ func TestExplainDashboardStatements(t *testing.T) {
 	})
 }
 
-// dashboardSeed returns a database with the schema and the rows of
-// TestExplainDashboardStatements, analyzed.
+// dashboardSeed returns a fresh database of the test in the state of the
+// operator statements' plan tests (TestExplainDashboardStatements,
+// TestExplainAdminStatements, TestDashboardPerPartReadsAreUncorrelatedSeeks):
+// the schema and 40 queues, one of them ("big") holding half of 100k items
+// (a tenth claimed, a third with a tenant, some snoozed or asked to cancel),
+// 200k deaths, 100k ended ids, 20k waiting items and 10k schedules; 20k
+// audit entries; 624 owned parts of the small queues; every table analyzed.
+// The state is built once per test binary and copied for each test (a copy
+// keeps the statistics and the dead tuples of the updates alike).
 func dashboardSeed(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	session := uuid.New()
-	name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
-	seed := []string{
-		`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
-		`INSERT INTO crdbwork_items (id, queue, part, vesting_at, turn_at, tenant, item_key, payload, claim, lease_until)
-		 SELECT gen_random_uuid(), ` + name + `, g % 16, now(), now() + g * INTERVAL '1 millisecond',
-		        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 500)::TEXT END, 'key-' || g::TEXT, '\x00'::BYTEA,
-		        CASE WHEN g % 10 = 1 THEN '` + session.String() + `'::UUID END,
-		        CASE WHEN g % 10 = 1 THEN now() + g * INTERVAL '1 millisecond' END
-		 FROM generate_series(1, 100000) AS g`,
-		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason, tenant, last_error)
-		 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), now() - g * INTERVAL '1 second',
-		        'failed', 'tenant-' || (g % 50)::TEXT, 'error ' || g::TEXT
-		 FROM generate_series(1, 200000) AS g`,
-		`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
-		 SELECT ` + name + `, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 100000) AS g`,
-		`INSERT INTO crdbwork_audit (actor, source, action, queue, detail, at)
-		 SELECT 'op', 'cli', 'pause', 'q1', '', now() - g * INTERVAL '1 second' FROM generate_series(1, 20000) AS g`,
-		`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
-		`UPDATE crdbwork_items SET snoozes = 1 WHERE claim IS NULL AND right(item_key, 2) = '07'`,
-		`UPDATE crdbwork_items SET cancel_requested_at = now() WHERE claim IS NOT NULL AND right(item_key, 2) = '11'`,
-		`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining, enqueued_at)
-		 SELECT gen_random_uuid(), ` + name + `, 0, '\x00'::BYTEA, 1, now() - g * INTERVAL '1 millisecond' FROM generate_series(1, 20000) AS g`,
-		`ANALYZE crdbwork_waiting`,
-		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_audit`, `ANALYZE crdbwork_queues`,
-	}
-	for _, s := range seed {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
+	return testdb.NewFromTemplate(t, "operator statements' plan state", func(ctx context.Context, pool *pgxpool.Pool) error {
+		if err := applySchema(ctx, pool); err != nil {
+			return err
 		}
-	}
-	return pool
+		session := uuid.New()
+		name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
+		seed := []string{
+			`INSERT INTO crdbwork_sessions (id, expiry) VALUES ('` + session.String() + `', INTERVAL '1 hour')`,
+			`INSERT INTO crdbwork_items (id, queue, part, vesting_at, turn_at, tenant, item_key, payload, claim, lease_until)
+			 SELECT gen_random_uuid(), ` + name + `, g % 16, now(), now() + g * INTERVAL '1 millisecond',
+			        CASE WHEN g % 3 = 0 THEN 'tenant-' || (g % 500)::TEXT END, 'key-' || g::TEXT, '\x00'::BYTEA,
+			        CASE WHEN g % 10 = 1 THEN '` + session.String() + `'::UUID END,
+			        CASE WHEN g % 10 = 1 THEN now() + g * INTERVAL '1 millisecond' END
+			 FROM generate_series(1, 100000) AS g`,
+			`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, died_at, reason, tenant, last_error)
+			 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), now() - g * INTERVAL '1 second',
+			        CASE WHEN g % 4 = 0 THEN 'permanent' ELSE 'failed' END, 'tenant-' || (g % 50)::TEXT, 'error ' || g::TEXT
+			 FROM generate_series(1, 200000) AS g`,
+			`INSERT INTO crdbwork_ended (queue, id, ended_at, outcome)
+			 SELECT ` + name + `, gen_random_uuid(), now() - g * INTERVAL '1 second', 'acked' FROM generate_series(1, 100000) AS g`,
+			`INSERT INTO crdbwork_audit (actor, source, action, queue, detail, at)
+			 SELECT 'op', 'cli', 'pause', 'q1', '', now() - g * INTERVAL '1 second' FROM generate_series(1, 20000) AS g`,
+			`INSERT INTO crdbwork_schedules (queue, name, last_period)
+			 SELECT ` + name + `, 'schedule-' || g::TEXT, now() FROM generate_series(1, 10000) AS g`,
+			`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
+			`INSERT INTO crdbwork_session_parts (session_id, queue, part) SELECT '` + session.String() + `', 'q' || (g / 16)::TEXT, g % 16 FROM generate_series(0, 623) AS g`,
+			`UPDATE crdbwork_items SET snoozes = 1 WHERE claim IS NULL AND right(item_key, 2) = '07'`,
+			`UPDATE crdbwork_items SET cancel_requested_at = now() WHERE claim IS NOT NULL AND right(item_key, 2) = '11'`,
+			`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining, enqueued_at)
+			 SELECT gen_random_uuid(), ` + name + `, 0, '\x00'::BYTEA, 1, now() - g * INTERVAL '1 millisecond' FROM generate_series(1, 20000) AS g`,
+			`ANALYZE crdbwork_waiting`,
+			`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_ended`, `ANALYZE crdbwork_audit`, `ANALYZE crdbwork_queues`,
+			`ANALYZE crdbwork_schedules`, `ANALYZE crdbwork_session_parts`,
+		}
+		for _, s := range seed {
+			if _, err := pool.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%w\n%s", err, s)
+			}
+		}
+		return nil
+	})
 }
 
 // partArgs returns the parts first to first+n-1, as arguments.
@@ -150,6 +162,7 @@ func partArgs(first, n int) []any {
 // loop over a function scan, with one index scan node run once per outer
 // row: it fails this test).
 func TestDashboardPerPartReadsAreUncorrelatedSeeks(t *testing.T) {
+	t.Parallel()
 	pool := dashboardSeed(t)
 	tenants := []any{"big"}
 	for i := range crsql.MaxHeadTenants {
@@ -206,11 +219,9 @@ type plainDB struct{ crsql.DB }
 // then turn), none for a tenant whose items are all claimed or who has
 // none, in the order the tenants were given (duplicates too).
 func TestDashboardBacklogAndHeadsAnswerTheItems(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	const parts, capAt = crsql.MaxBacklogParts + 6, 5
 	for _, s := range []string{

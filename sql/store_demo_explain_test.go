@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -16,11 +15,9 @@ import (
 // none scans the items, dead items or ended table whole. The part owners
 // and memberships (workedQueues) are small tables, read whole.
 func TestDemoPlans(t *testing.T) {
-	pool := testdb.New(t)
+	t.Parallel()
+	pool := newSchemaDB(t)
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	session := uuid.New()
 	name := `CASE WHEN g % 2 = 0 THEN 'big' ELSE 'q' || (g % 39)::TEXT END`
 	seed := []string{

@@ -9,6 +9,7 @@ import (
 // schema (a table added to tableNames but not to demoTableOrder was left
 // behind: cmd/demo's TestCleanup found three after schema version 5).
 func TestDemoDropsEveryTable(t *testing.T) {
+	t.Parallel()
 	for name := range tableNames {
 		if !slices.Contains(demoTableOrder, name) {
 			t.Errorf("demoTableOrder does not drop the table %q", name)

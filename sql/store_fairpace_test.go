@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -13,11 +12,9 @@ import (
 // items of one priority and that item's part, leaving out claimed items,
 // other priorities and other queues; with fewer items, nothing.
 func TestFairFront(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.New(t)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
+	pool := newSchemaDB(t)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	// q, priority 0: turns base+0..9 µs in parts 0..9; the first two
 	// claimed; priority 1 and queue "other" have earlier turns.

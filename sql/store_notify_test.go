@@ -18,6 +18,7 @@ import (
 // bytes whatever the queue's name and tables, the same for the same ones,
 // and different when the queue, the schema or the prefix differs.
 func TestNotifyChannel(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("ü\"; DROP TABLE x; ", 100)
 	valid := regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 	seen := map[string]string{}
@@ -52,14 +53,12 @@ func TestNotifyChannel(t *testing.T) {
 // insert and notification commit together; Listen and Unlisten take a
 // channel's name as an identifier.
 func TestNotifyPlanAndDelivery(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("notifications are PostgreSQL's only")
 	}
 	ctx := context.Background()
-	pool := testdb.New(t)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
+	pool := newSchemaDB(t)
 	store := crsql.NewStore(crsql.Tables{})
 	explainEach(t, pool, "notify_", []planCase{{"Notify", crsql.NotifyText(), []any{"chan", "1,2"}}}, nil, func(i int, mode, plan string) {
 		if !strings.HasPrefix(plan, "Result") || strings.Contains(plan, "Scan") {

@@ -17,11 +17,9 @@ import (
 // on PostgreSQL, in the generic plan. Its counts are the items strictly
 // before each position, checked against a count by hand.
 func TestOrderCountPlan(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.New(t)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
+	pool := newSchemaDB(t)
 	for _, s := range []string{
 		`INSERT INTO crdbwork_items (id, queue, part, priority, vesting_at, turn_at, payload)
 		 SELECT gen_random_uuid(), CASE WHEN g % 10 = 0 THEN 'other' ELSE 'q' END, g % 16, g % 1000,

@@ -19,10 +19,7 @@ import (
 // applied returns a fresh database with the crdbwork schema and its Store.
 func applied(t *testing.T) (*pgxpool.Pool, *crsql.Store) {
 	t.Helper()
-	pool := testdb.New(t)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
+	pool := newSchemaDB(t)
 	return pool, crsql.NewStore(crsql.Tables{})
 }
 
@@ -37,6 +34,7 @@ func expire(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
 // TestStoreSessions runs the session and membership methods of Store and
 // checks what each returns against the rows the others wrote.
 func TestStoreSessions(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, store := applied(t)
 	if crsql.NewStore(crsql.Tables{}) != store {
@@ -187,6 +185,7 @@ func sorted(ids ...uuid.UUID) []uuid.UUID {
 // TestStoreParts: the part count methods, and MovePartItems walking the
 // items table page by page, moving only the queue's items of removed parts.
 func TestStoreParts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, store := applied(t)
 	if n, err := store.QueueParts(ctx, pool, "q"); err != nil || n != 1 {
@@ -261,6 +260,7 @@ func TestStoreParts(t *testing.T) {
 // TestStoreSchedule: ScheduleLast and AdvanceSchedule never move a
 // schedule's period backward, in a transaction as the runner uses them.
 func TestStoreSchedule(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, store := applied(t)
 	t1 := time.Now().UTC().Truncate(time.Minute)
@@ -297,6 +297,7 @@ func TestStoreSchedule(t *testing.T) {
 // TestStoreQueueLimits: a queue without a row has no limits; a stored row's
 // limits come back in their fields.
 func TestStoreQueueLimits(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, store := applied(t)
 	l, err := store.QueueLimits(ctx, pool, "q")
@@ -317,6 +318,7 @@ func TestStoreQueueLimits(t *testing.T) {
 // it holds; QueueItems reads a queue's items, claimed or not; DropQueueRows
 // leaves other queues alone.
 func TestStoreTestHelpers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
 	if err := crsql.NewStore(crsql.Tables{}).CreateTestSchema(ctx, pool); err == nil {

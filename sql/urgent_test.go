@@ -11,6 +11,7 @@ import (
 // priority bound and the limited tenants' parts, on both engines, and
 // follows the table names.
 func TestUrgentClaimStatement(t *testing.T) {
+	t.Parallel()
 	st := crsql.NewStatements(crsql.Tables{})
 	u := crsql.NewUrgentStatements(crsql.Tables{})
 	for _, c := range []struct{ name, lane, any string }{

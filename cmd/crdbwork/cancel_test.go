@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -20,6 +21,7 @@ import (
 // cancelled it and why, its result is not written, and crdbwork cancelled
 // lists it. An unclaimed item ends at once; status counts a snoozed item.
 func TestCancelRunningItemFromTheCLI(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	if _, err := d.pool.Exec(ctx, `CREATE TABLE cli_results (item_id UUID NOT NULL)`); err != nil {
@@ -42,8 +44,11 @@ func TestCancelRunningItemFromTheCLI(t *testing.T) {
 			return err
 		}, nil
 	}
+	// The session must outlive the test on a busy machine: heartbeat and
+	// expiry stretched together (internal/await).
+	hb := await.Stretch(300 * time.Millisecond)
 	w, err := worker.New(q, h, worker.Options{Concurrency: 1, Poll: 50 * time.Millisecond,
-		Session: session.Tuning{Heartbeat: 300 * time.Millisecond, Expiry: 3 * time.Second}})
+		Session: session.Tuning{Heartbeat: hb, Expiry: 10 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,11 +61,7 @@ func TestCancelRunningItemFromTheCLI(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	select {
-	case <-started:
-	case <-time.After(time.Minute):
-		t.Fatal("the handler did not start")
-	}
+	await.Recv(t, "the handler to start", started)
 	m := jsonOf(t, must(t, d.env, "cancel", "--queue", "jobs", "--yes", "--wait", "--wait-timeout", "1m", "--reason", "wrong input", "--json", running.String()))
 	items, _ := m["items"].([]any)
 	if len(items) != 1 {
@@ -71,14 +72,9 @@ func TestCancelRunningItemFromTheCLI(t *testing.T) {
 		t.Fatalf("cancel --wait --json: %v", m)
 	}
 	by := m["by"].(string)
-	select {
-	case cause := <-causes:
-		ce, ok := cause.(*claim.CancelledError)
-		if !ok || ce.By != by || ce.Reason != "wrong input" {
-			t.Fatalf("the handler's cause: %v", cause)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the handler's context was not cancelled")
+	cause := await.Recv(t, "the handler's context to be cancelled", causes)
+	if ce, ok := cause.(*claim.CancelledError); !ok || ce.By != by || ce.Reason != "wrong input" {
+		t.Fatalf("the handler's cause: %v", cause)
 	}
 	if n := d.count(t, `SELECT count(*) FROM cli_results`); n != 0 {
 		t.Fatalf("%d results written for the cancelled item", n)

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -39,20 +39,22 @@ func startDashboard(t *testing.T, e []string, args ...string) string {
 		lines <- line
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
-	var line string
-	select {
-	case line = <-lines:
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		t.Fatalf("crdbwork dashboard printed no address: %s", stderr.String())
-	}
+	up := false
+	t.Cleanup(func() { // unless it came up: then the cleanup below stops it
+		if !up {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Logf("crdbwork dashboard's stderr: %s", stderr.String())
+		}
+	})
+	line := await.Recv(t, "crdbwork dashboard to print its address", lines)
 	var v struct {
 		URL string `json:"url"`
 	}
 	if err := json.Unmarshal([]byte(line), &v); err != nil || v.URL == "" {
-		_ = cmd.Process.Kill()
-		t.Fatalf("crdbwork dashboard printed %q (%v): %s", line, err, stderr.String())
+		t.Fatalf("crdbwork dashboard printed %q (%v)", line, err)
 	}
+	up = true
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		if err := cmd.Wait(); err != nil {
@@ -77,6 +79,7 @@ func httpStatus(t *testing.T, method, url, user, password string) int {
 }
 
 func TestDashboardCommand(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	d.enqueue(t, "mail", 3)
 
@@ -135,6 +138,7 @@ func hostStatus(t *testing.T, url, host string) int {
 // address, it answers each address of this machine. A --allow-host that
 // cannot be a host is a usage error.
 func TestDashboardCommandHosts(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	d.enqueue(t, "mail", 1)
 	u := startDashboard(t, d.env, "--allow-host", "ops.example.com,*.corp.example", "--allow-host", "10.9.8.7:7433")

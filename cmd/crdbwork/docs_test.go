@@ -14,6 +14,7 @@ import (
 // binary. docs/cli.md, the reference, must have a section for every command
 // and name every flag each command's -h shows.
 func TestDocsCommandLines(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +141,7 @@ func shellWords(s string) []string {
 }
 
 func TestShellWords(t *testing.T) {
+	t.Parallel()
 	got := shellWords(`dead --queue emails --error "disk full" --reason 'crash loop' $X # a comment`)
 	want := []string{"dead", "--queue", "emails", "--error", "disk full", "--reason", "crash loop", "$X"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {

@@ -18,7 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -54,7 +56,7 @@ func (r result) String() string {
 // run runs the binary with args in environment e (nil: env()).
 func run(t *testing.T, e []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = e
@@ -116,8 +118,10 @@ func jsonOf(t *testing.T, r result) map[string]any {
 	return m
 }
 
-// db is a fresh database with the schema (applied by crdbwork migrate) and
-// its URL's environment.
+// db is a fresh database with the schema (a copy of the schema's template,
+// internal/testschema; with other table names, applied by crdbwork migrate:
+// TestMigrate checks the command on the default ones) and its URL's
+// environment.
 type db struct {
 	url  string
 	pool *pgxpool.Pool
@@ -126,6 +130,12 @@ type db struct {
 
 func newDB(t *testing.T, tables crsql.Tables) *db {
 	t.Helper()
+	if tables == (crsql.Tables{}) {
+		url := testschema.NewURL(t)
+		d := &db{url: url, env: env("DATABASE_URL=" + url)}
+		d.open(t)
+		return d
+	}
 	url := testdb.NewURL(t)
 	d := &db{url: url, env: env("DATABASE_URL=" + url)}
 	args := []string{"migrate"}
@@ -136,13 +146,20 @@ func newDB(t *testing.T, tables crsql.Tables) *db {
 		args = append(args, "--prefix", tables.Prefix)
 	}
 	must(t, d.env, args...)
+	d.open(t)
+	return d
+}
+
+// open opens d's pool, closed when the test ends.
+func (d *db) open(t *testing.T) {
+	t.Helper()
+	url := d.url
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	d.pool = pool
-	return d
 }
 
 func (d *db) queue(t *testing.T, name string, tables crsql.Tables) *claim.Queue {
@@ -228,6 +245,7 @@ func (d *db) snapshot(t *testing.T, queue string) string {
 }
 
 func TestHelpVersionAndBadInput(t *testing.T) {
+	t.Parallel()
 	r := must(t, nil, "-h")
 	for _, s := range []string{"migrate", "status", "dead", "requeue", "cancel", "pause", "resume", "parts", "limit", "fair", "purge", "version",
 		"Exit status", "0  success", "1  the operation failed", "2  bad input", "CRDBWORK_DATABASE_URL", "--yes"} {
@@ -282,6 +300,7 @@ func TestHelpVersionAndBadInput(t *testing.T) {
 }
 
 func TestMigrate(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	e := env("CRDBWORK_DATABASE_URL=" + url)
 	r := must(t, e, "migrate", "--dry-run")
@@ -318,6 +337,7 @@ func TestMigrate(t *testing.T) {
 }
 
 func TestStatusQueuesAndUnknownQueue(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	// An empty database: no queues, and the live sessions all the same.
 	sess, err := session.Start(context.Background(), d.pool, session.Options{Name: "lonely"})
@@ -390,6 +410,7 @@ func TestStatusQueuesAndUnknownQueue(t *testing.T) {
 }
 
 func TestDeadAndRequeue(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	d.kill(t, "emails", 10)
 	d.kill(t, "reports", 4)
@@ -485,6 +506,7 @@ func TestDeadAndRequeue(t *testing.T) {
 }
 
 func TestCancelPauseFairLimitParts(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ids := d.enqueue(t, "emails", 5)
 	d.enqueue(t, "reports", 2)
@@ -584,6 +606,7 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 }
 
 func TestPurge(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	d.enqueue(t, "emails", 2500)
 	d.kill(t, "emails", 3)
@@ -620,6 +643,7 @@ func TestPurge(t *testing.T) {
 // --schema and --prefix (and their variables) reach tables other than the
 // defaults, and the default tables are not touched.
 func TestSchemaAndPrefix(t *testing.T) {
+	t.Parallel()
 	tables := crsql.Tables{Schema: "ops", Prefix: "w_"}
 	d := newDB(t, tables)
 	if err := crsql.Check(context.Background(), d.pool, tables); err != nil {
@@ -683,6 +707,7 @@ func checkWatch(t *testing.T, d *db) {
 // crdbwork deps shows what an item waits for and what waits for it, and
 // status counts the waiting items.
 func TestDepsCommand(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	q, err := claim.New(d.pool, claim.Options{Queue: "pipeline"})

@@ -15,6 +15,7 @@ import (
 // says so, and keeps both the dead copy and the waiting item; the other
 // dead ids are requeued.
 func TestRequeueRefusesAWaitingID(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	dead := d.kill(t, "emails", 3)

@@ -15,6 +15,7 @@ import (
 // --yes (--dry-run changes nothing), "off" and "default" work, --json
 // reports it, and the library reads back what the command set.
 func TestRetention(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	d.kill(t, "emails", 3)
 	ctx := context.Background()
@@ -66,6 +67,7 @@ func TestRetention(t *testing.T) {
 // TestStatusShowsProgress checks that the progress a handler reported
 // shows in status, as text and in --json, with its checkpoint's size.
 func TestStatusShowsProgress(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	d.enqueue(t, "emails", 3)

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -17,6 +18,7 @@ import (
 // refuses an unknown queue and a bad argument, and says when sequenced
 // items are left after "off"; the library sees what it set.
 func TestSequence(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	d.enqueue(t, "orders", 1)
@@ -79,6 +81,7 @@ func TestSequence(t *testing.T) {
 // retry), release lets the key go on, advance releases every held key;
 // each in text and JSON, with bad flags refused.
 func TestSequenceHoldBlockedRelease(t *testing.T) {
+	t.Parallel()
 	d := newDB(t, crsql.Tables{})
 	ctx := context.Background()
 	must(t, d.env, "sequence", "on", "--queue", "ledger", "--create")
@@ -113,9 +116,12 @@ func TestSequenceHoldBlockedRelease(t *testing.T) {
 		t.Fatalf("claim: %d items, %v", len(got), err)
 	}
 	for _, it := range got {
-		cause := errors.New("insufficient funds")
+		// acct-2's head retries in an hour, not at the default back-off: it
+		// must still wait when the test claims again below, however long
+		// the commands in between take on a busy machine.
+		cause := claim.RetryAfter(time.Hour, errors.New("insufficient funds"))
 		if it.Key == "acct-1" {
-			cause = claim.Permanent(cause)
+			cause = claim.Permanent(errors.New("insufficient funds"))
 		}
 		if _, err := q.Nack(ctx, it, cause); err != nil {
 			t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 // a killed session keeps the acks it reported, a new one counts from zero,
 // and samples older than the window drop out.
 func TestThroughput(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	st := func(acked map[string]int64) []sessionStatus {
 		var s []sessionStatus
@@ -41,6 +42,7 @@ func TestThroughput(t *testing.T) {
 }
 
 func TestRanges(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   []int
 		want string
@@ -57,6 +59,7 @@ func TestRanges(t *testing.T) {
 }
 
 func TestSuggest(t *testing.T) {
+	t.Parallel()
 	names := []string{"demo", "emails", "reports", "q"}
 	for in, want := range map[string]string{"deom": "demo", "emials": "emails", "report": "reports", "email": "emails",
 		"zzzzzz": "", "x": "", "q": "q", "qq": ""} {

@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -20,12 +21,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // TestMetrics runs the example, enqueues items and scrapes /metrics until
 // the acks show, then stops it.
 func TestMetrics(t *testing.T) {
-	pool := testdb.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	pool := testschema.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(2*time.Minute))
 	defer cancel()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	q, err := claim.New(pool, claim.Options{Queue: "emails"})
 	if err != nil {
 		t.Fatal(err)
@@ -41,25 +39,25 @@ func TestMetrics(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- run(wctx, pool.Config().ConnString(), l) }()
 	acked := regexp.MustCompile(`(?m)^crdbwork_items_acked_total\{queue="emails"\} (\S+)$`)
-	for {
-		resp, err := http.Get("http://" + l.Addr().String() + "/metrics")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if m := acked.FindSubmatch(body); m != nil {
-				if n, _ := strconv.ParseFloat(string(m[1]), 64); n == 50 {
-					break
-				}
-			}
-		}
+	await.Until(t, "50 acks in the scrape of /metrics", func() (bool, string) {
 		select {
 		case err := <-done:
 			t.Fatalf("the example stopped early: %v", err)
-		case <-ctx.Done():
-			t.Fatal("no 50 acks in the scrape within 2 minutes")
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
-	}
+		resp, err := http.Get("http://" + l.Addr().String() + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		m := acked.FindSubmatch(body)
+		if m == nil {
+			return false, "no crdbwork_items_acked_total of queue emails"
+		}
+		n, _ := strconv.ParseFloat(string(m[1]), 64)
+		return n == 50, "crdbwork_items_acked_total " + string(m[1])
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

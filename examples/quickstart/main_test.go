@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -17,8 +18,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // TestQuickstart runs the quick start against a fresh database and checks
 // its outcome: three receipts, no item left, run twice without harm.
 func TestQuickstart(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(2*time.Minute))
 	defer cancel()
 	for range 2 {
 		if err := run(ctx, url); err != nil {
@@ -45,7 +47,8 @@ func TestQuickstart(t *testing.T) {
 // the queue's parts are set before the first item is enqueued (an item's
 // part is fixed at enqueue; before, all three landed in part 0).
 func TestQuickstartItemsLandInTheirKeysParts(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(2*time.Minute))
 	defer cancel()
 	pool, err := connect(ctx, testdb.NewURL(t))
 	if err != nil {

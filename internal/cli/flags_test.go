@@ -108,6 +108,7 @@ func TestFlagsErrors(t *testing.T) {
 // Usage lists each flag with its variables, "(flag only)" for the others,
 // and the defaults.
 func TestFlagsUsage(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	f, _, _ := parseTest(t)
 	f.Usage(&out)
@@ -124,6 +125,7 @@ func TestFlagsUsage(t *testing.T) {
 
 // Report prints one line after the program's name and returns the status.
 func TestReport(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err  error
 		code int
@@ -145,6 +147,7 @@ func TestReport(t *testing.T) {
 }
 
 func TestRedactURL(t *testing.T) {
+	t.Parallel()
 	if got := RedactURL("postgres://u:secret@h:5432/db"); strings.Contains(got, "secret") || !strings.Contains(got, "u:xxxxx@h:5432") {
 		t.Errorf("RedactURL = %q", got)
 	}

@@ -173,6 +173,77 @@ func NewURLFromTemplate(t testing.TB, key string, build func(ctx context.Context
 		}
 		return u
 	}
+	tpl := e.template(t, "", key, build)
+	return e.takeCopy(t, key, tpl)
+}
+
+// A Step is one state of a series of database states built one upon the
+// other (NewFromSteps): Key names it among the states that follow the same
+// steps before it, Build brings a copy of the state before it (an empty
+// database for the first step) to it.
+type Step struct {
+	Key   string
+	Build func(ctx context.Context, pool *pgxpool.Pool) error
+}
+
+// NewFromSteps is NewFromTemplate for states that follow one another (a
+// table filled, then analyzed, then changed again): the template of each
+// step is a copy of the template of the step before it that the step's
+// Build changed, built once per test binary and series of keys, so that
+// tests of different states share the work of the states before theirs.
+// The test's database is a copy of the last step's template. On
+// CockroachDB every Build runs, in order, on the test's database. A series
+// of one step is NewFromTemplate with its key.
+func NewFromSteps(t testing.TB, steps ...Step) *pgxpool.Pool {
+	t.Helper()
+	return openPool(t, NewURLFromSteps(t, steps...))
+}
+
+// NewURLFromSteps is NewFromSteps for tests that open their own pools: it
+// returns the URL of the test's database, which is dropped when the test
+// ends.
+func NewURLFromSteps(t testing.TB, steps ...Step) string {
+	t.Helper()
+	if len(steps) == 0 {
+		t.Fatalf("testdb: NewURLFromSteps without a step")
+	}
+	e := mustSetup(t)
+	if e.kind == dbserver.Cockroach {
+		u := NewURL(t)
+		ctx, cancel := context.WithTimeout(context.Background(), templateTimeout)
+		defer cancel()
+		pool, err := pgxpool.New(ctx, u)
+		if err != nil {
+			t.Fatalf("testdb: connect: %v", err)
+		}
+		defer pool.Close()
+		for _, st := range steps {
+			if err := st.Build(ctx, pool); err != nil {
+				t.Fatalf("testdb: building %s: %v", st.Key, err)
+			}
+		}
+		return u
+	}
+	var tpl *template
+	key := ""
+	for i, st := range steps {
+		if i > 0 {
+			key += " / "
+		}
+		key += st.Key
+		base := ""
+		if tpl != nil {
+			base = tpl.name
+		}
+		tpl = e.template(t, base, key, st.Build)
+	}
+	return e.takeCopy(t, key, tpl)
+}
+
+// template returns the template of key, built by build on a copy of the
+// template database base ("": on an empty database) by the first call.
+func (e *env) template(t testing.TB, base, key string, build func(ctx context.Context, pool *pgxpool.Pool) error) *template {
+	t.Helper()
 	templatesMu.Lock()
 	tpl := templates[key]
 	if tpl == nil {
@@ -180,10 +251,17 @@ func NewURLFromTemplate(t testing.TB, key string, build func(ctx context.Context
 		templates[key] = tpl
 	}
 	templatesMu.Unlock()
-	tpl.once.Do(func() { tpl.name, tpl.size, tpl.err = e.buildTemplate(key, build) })
+	tpl.once.Do(func() { tpl.name, tpl.size, tpl.err = e.buildTemplate(base, key, build) })
 	if tpl.err != nil {
 		t.Fatalf("testdb: template %s: %v", key, tpl.err)
 	}
+	return tpl
+}
+
+// takeCopy gives the test a copy of tpl (the template of key), dropped when
+// the test ends, and returns its URL.
+func (e *env) takeCopy(t testing.TB, key string, tpl *template) string {
+	t.Helper()
 	name, err := tpl.take(e)
 	if err != nil {
 		t.Fatalf("testdb: %s: %v", key, err)
@@ -196,17 +274,29 @@ func NewURLFromTemplate(t testing.TB, key string, build func(ctx context.Context
 	return u
 }
 
-// buildTemplate makes a database, runs build on it and closes every
-// connection to it, so that CREATE DATABASE may copy it.
-func (e *env) buildTemplate(key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, int64, error) {
+// buildTemplate makes a database (empty, or a copy of the template
+// database base), runs build on it and closes every connection to it, so
+// that CREATE DATABASE may copy it.
+func (e *env) buildTemplate(base, key string, build func(ctx context.Context, pool *pgxpool.Pool) error) (string, int64, error) {
 	// Without the fault model: building the template is the harness's own
 	// work (the copies get the model).
-	name, u, _, err := e.createPlain()
+	ctx, cancel := context.WithTimeout(context.Background(), templateTimeout)
+	defer cancel()
+	var name, u string
+	var err error
+	if base == "" {
+		name, u, _, err = e.createPlain()
+	} else {
+		name, _ = newName()
+		if u, err = e.urlFor(name); err == nil {
+			if _, err = e.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{base}.Sanitize()); err != nil {
+				err = fmt.Errorf("copying template %s: %w", base, err)
+			}
+		}
+	}
 	if err != nil {
 		return "", 0, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), templateTimeout)
-	defer cancel()
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		_ = e.drop(name)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -64,6 +65,63 @@ func TestTemplateCopiesAndSpares(t *testing.T) {
 		defer tpl.mu.Unlock()
 		return len(tpl.spares) == spareCopies, fmt.Sprintf("%d spares after %d copies taken", len(tpl.spares), tpl.taken)
 	})
+}
+
+// A series of steps: each step's template is a copy of the step before,
+// changed by its Build, built once per series of keys; a test's copy starts
+// as the last step left its template, statistics included; series that
+// share their first steps share those steps' templates.
+func TestStepsBuildOnEachOther(t *testing.T) {
+	t.Parallel()
+	builds := map[string]int{}
+	var mu sync.Mutex
+	step := func(key, stmt string) Step {
+		return Step{Key: key, Build: func(ctx context.Context, pool *pgxpool.Pool) error {
+			mu.Lock()
+			builds[key]++
+			mu.Unlock()
+			_, err := pool.Exec(ctx, stmt)
+			return err
+		}}
+	}
+	create := step("steps test: table", `CREATE TABLE seeded (v INT) WITH (autovacuum_enabled = false)`) // no ANALYZE but the steps'
+	fill := step("fill", `INSERT INTO seeded SELECT g FROM generate_series(1, 1000) AS g; ANALYZE seeded`)
+	grow := step("grow", `INSERT INTO seeded SELECT g FROM generate_series(1001, 3000) AS g`)
+	for i := range 2 {
+		ctx := ctxFor(t)
+		var rows int
+		var reltuples float64
+		count := func(pool *pgxpool.Pool) {
+			t.Helper()
+			if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM seeded), (SELECT reltuples FROM pg_class WHERE relname = 'seeded')`).Scan(&rows, &reltuples); err != nil {
+				t.Fatal(err)
+			}
+		}
+		count(NewFromSteps(t, create))
+		if rows != 0 {
+			t.Errorf("copy %d of the first step holds %d rows, want 0", i, rows)
+		}
+		count(NewFromSteps(t, create, fill))
+		if rows != 1000 || (Kind(t) != dbserver.Cockroach && reltuples != 1000) {
+			t.Errorf("copy %d of the second step holds %d rows, statistics of %.0f; want 1000 and 1000", i, rows, reltuples)
+		}
+		pool := NewFromSteps(t, create, fill, grow)
+		count(pool)
+		if rows != 3000 || (Kind(t) != dbserver.Cockroach && reltuples != 1000) {
+			t.Errorf("copy %d of the third step holds %d rows, statistics of %.0f; want 3000 and the second step's 1000", i, rows, reltuples)
+		}
+		if _, err := pool.Exec(ctx, `DELETE FROM seeded`); err != nil { // a copy's changes are its own
+			t.Fatal(err)
+		}
+	}
+	if Kind(t) == dbserver.Cockroach {
+		return // each test's database is built: no template
+	}
+	for key, n := range builds {
+		if n != 1 {
+			t.Errorf("step %q built %d times, want once", key, n)
+		}
+	}
 }
 
 // What a test's database with the crdbwork schema costs, created and

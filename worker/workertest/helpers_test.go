@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -122,6 +123,7 @@ func producer(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables) (ids []uuid
 }
 
 func TestRequireEnqueuedFindsWhatWasEnqueued(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	tables := workertest.Tables(t, pool)
 	ids := producer(t, pool, tables)
@@ -181,6 +183,7 @@ func TestRequireEnqueuedFindsWhatWasEnqueued(t *testing.T) {
 // TestRequireEnqueuedSeesATransaction: given the transaction the code under
 // test enqueued in, the assertion sees its items before the commit.
 func TestRequireEnqueuedSeesATransaction(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	tables := workertest.Tables(t, pool)
 	ctx := context.Background()
@@ -208,6 +211,7 @@ func TestRequireEnqueuedSeesATransaction(t *testing.T) {
 // expectations: each must fail, once, with a message that says what was
 // wanted and what the queue holds.
 func TestRequireEnqueuedCatchesMistakes(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	tables := workertest.Tables(t, pool)
 	ids := producer(t, pool, tables)
@@ -274,6 +278,7 @@ func TestRequireEnqueuedCatchesMistakes(t *testing.T) {
 
 // TestRequireEnqueuedListsAtMost20 keeps failure messages readable.
 func TestRequireEnqueuedListsAtMost20(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	tables := workertest.Tables(t, pool)
 	q, err := claim.New(pool, claim.Options{Queue: "bulk", Tables: tables})
@@ -308,6 +313,7 @@ func schemaExists(t *testing.T, pool *pgxpool.Pool, name string) bool {
 // session, its own number of parts, and nothing left; the default tables
 // are never created, and every schema is gone once the subtests end.
 func TestTablesIsolatesParallelTests(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	var mu sync.Mutex
 	var schemas []string
@@ -386,23 +392,29 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts i
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(runCtx) }()
-	deadline := time.Now().Add(time.Minute)
+	var runErr error
+	stopped := false
+	stopWorker := func() error { // once; also when the wait below fails
+		if !stopped {
+			stop()
+			runErr, stopped = <-ran, true
+		}
+		return runErr
+	}
+	t.Cleanup(func() { _ = stopWorker() })
 	var sessions []session.Info
 	var dead []claim.DeadItem
-	for count(t, pool, `SELECT count(*) FROM `+done) < n || len(dead) == 0 || len(sessions) == 0 {
-		if time.Now().After(deadline) {
-			stop()
-			<-ran
-			t.Fatalf("after a minute: %d of %d items handled, %d sessions", count(t, pool, `SELECT count(*) FROM `+done), n, len(sessions))
-		}
+	await.Until(t, "the worker to handle every item, one dead, with its session listed", func() (bool, string) {
 		if sessions, err = session.List(ctx, pool, tables); err != nil {
 			t.Fatal(err)
 		}
 		if dead, err = q.Dead(ctx, 10); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		got := count(t, pool, `SELECT count(*) FROM `+done)
+		return got >= n && len(dead) > 0 && len(sessions) > 0,
+			fmt.Sprintf("%d of %d items handled, %d dead, %d sessions", got, n, len(dead), len(sessions))
+	})
 	if len(sessions) != 1 {
 		t.Errorf("the test's tables list %d sessions, want its worker's one", len(sessions))
 	}
@@ -412,8 +424,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts i
 	if got, err := partition.Parts(ctx, pool, tables, "shared"); err != nil || got != max(parts, 1) {
 		t.Errorf("queue shared has %d parts (%v), want %d", got, err, max(parts, 1))
 	}
-	stop()
-	if err := <-ran; err != nil && !errors.Is(err, context.Canceled) {
+	if err := stopWorker(); err != nil && !errors.Is(err, context.Canceled) {
 		t.Errorf("Run: %v", err)
 	}
 	// (A record may run more than once: an ack transaction is retried on
@@ -431,6 +442,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts i
 // cleanups (closed by a cleanup registered after Tables) does not leave the
 // schema behind.
 func TestTablesDropsOnItsOwnConnection(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	admin, err := pgxpool.New(context.Background(), url)
 	if err != nil {
@@ -457,6 +469,7 @@ func TestTablesDropsOnItsOwnConnection(t *testing.T) {
 }
 
 func TestTablesNames(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t)
 	seen := map[string]bool{}
 	for range 3 {
