@@ -12,6 +12,7 @@ import (
 // at-most-once items worked by a process killed with SIGKILL mid-run and
 // then by a fresh one are each handled at most once, and every item ends.
 func TestDemoTTLAndAtMostOnce(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "40", "--ttl", "1ms", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // demoBin is the demo binary built by TestMain; crdbworkBin is the
@@ -160,7 +161,8 @@ func checkSummary(t *testing.T, r result, items int) map[string]any {
 }
 
 func TestRun(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	r := demo(t, 2*time.Minute, nil, "run", "--database-url", url, "--items", "2000", "--workers", "3", "--json")
 	s := checkSummary(t, r, 2000)
 	if num(t, s, "workers") != 3 {
@@ -172,7 +174,8 @@ func TestRun(t *testing.T) {
 }
 
 func TestRunKillEvery(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	r := demo(t, 3*time.Minute, nil, "run", "--database-url", url, "--kill-every", "700ms", "--items", "3000",
 		"--workers", "3", "--json", "--task-time", "5ms", "--concurrency", "8") // 8 handlers: a run long enough to kill in
 	s := checkSummary(t, r, 3000)
@@ -199,6 +202,7 @@ func TestRunKillEvery(t *testing.T) {
 }
 
 func TestRunEmbedded(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
@@ -216,6 +220,7 @@ func TestRunEmbedded(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	empty := testdb.NewURL(t)
 	cases := []struct {
 		name string
@@ -236,6 +241,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			r := demo(t, time.Minute, nil, c.args...)
 			if r.code != 2 {
 				t.Errorf("exit status %d, want 2\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
@@ -296,6 +302,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url) // the URL from the environment
 	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {

@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -23,13 +23,14 @@ import (
 // the previous release (version 5) has them, and its acks release the
 // dependents themselves, so the test has nothing left to show.
 func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	if crsql.Version-1 >= 5 {
 		t.Skipf("the previous release (schema version %d) knows dependencies: its workers release dependents as this code's do", crsql.Version-1)
 	}
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 	f.start(old, "old-1")
 	f.start(old, "old-2")

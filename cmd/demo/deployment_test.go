@@ -281,6 +281,7 @@ func (d *deployment) unended() []string {
 // deployBacklog of the last fault; on failure the test reports, per queue,
 // the items left.
 func TestDeploymentFaults(t *testing.T) {
+	t.Parallel()
 	srv, dbURL := testdb.NewServer(t)
 	const urgentLimit, urgentLowered, tenantLimit = 6, 4, 2
 	queues := []*deployQueue{

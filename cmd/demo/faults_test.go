@@ -27,6 +27,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // leaseSlack is how long past its lease an item may stay claimed by a live
@@ -57,14 +58,21 @@ type faultDemo struct {
 	done           chan struct{}
 }
 
-// newFaultDemo migrates the database at dbURL, enqueues items into the
-// demo queue (8 parts) and starts watching sessions and claims.
+// migrate runs `crdbwork migrate` on the database at dbURL (one that no
+// template made: a server of the test's own).
+func migrate(t *testing.T, dbURL string) {
+	t.Helper()
+	if r := op(t, time.Minute, demoEnv("DATABASE_URL="+dbURL), "migrate"); r.code != 0 {
+		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
+	}
+}
+
+// newFaultDemo enqueues items into the demo queue (8 parts) of the
+// database at dbURL, which has the crdbwork schema (testschema.NewURL, or
+// migrate), and starts watching sessions and claims.
 func newFaultDemo(t *testing.T, dbURL string, items int) *faultDemo {
 	t.Helper()
 	env := demoEnv("DATABASE_URL=" + dbURL)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", fmt.Sprint(items), "--parts", "8"); r.code != 0 {
 		t.Fatalf("enqueue: exit status %d\n%s", r.code, r.stderr)
 	}
@@ -372,12 +380,15 @@ func lastLines(s string, n int) string {
 // fast` and with stop, 3 s down, start. The sessions' expiry (5 s) outlives
 // the restart. Bound: every item ends within 60 s of the server's return.
 func TestFaultDemoDatabaseRestart(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		down time.Duration
 	}{{"restart-fast", 0}, {"stop-3s-start", 3 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // a server of its own
 			srv, dbURL := testdb.NewServer(t)
+			migrate(t, dbURL)
 			const items = 1500
 			f := newFaultDemo(t, dbURL, items)
 			var procs []*proc
@@ -402,8 +413,9 @@ func TestFaultDemoDatabaseRestart(t *testing.T) {
 // SIGKILL while it holds items. Bound: every item ends within 30 s of the
 // kill (its session expires after 1.5 s; its claims go with it).
 func TestFaultDemoSigkill(t *testing.T) {
+	t.Parallel()
 	const items = 1500
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.work(fmt.Sprintf("kill-worker-%d", i), 250*time.Millisecond, 1500*time.Millisecond))
@@ -427,8 +439,9 @@ func TestFaultDemoSigkill(t *testing.T) {
 // refused: no result row of the frozen session is dated after its session
 // row was gone. Bound: every item ends within 30 s of the thaw.
 func TestFaultDemoSigstop(t *testing.T) {
+	t.Parallel()
 	const items = 1500
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	// Its handlers take 300 ms: frozen mid-work, they finish after the thaw
 	// and try to ack items their session no longer holds.
 	frozen := f.work("frozen-worker", 250*time.Millisecond, 1500*time.Millisecond, "--task-time", "300ms")
@@ -465,11 +478,9 @@ func TestFaultDemoSigstop(t *testing.T) {
 // claimed, those past their lease, the dead ones and the oldest claim's age,
 // and the text output shows them.
 func TestVerifyReportsStuckClaims(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: %s", r.stderr)
-	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "4"); r.code != 0 {
 		t.Fatalf("enqueue: %s", r.stderr)
 	}
@@ -520,6 +531,7 @@ func TestVerifyReportsStuckClaims(t *testing.T) {
 // SIGKILLed every second and the server restarted every 2 s; nothing lost,
 // nothing duplicated, nothing left claimed.
 func TestFaultDemoSoakSmall(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
@@ -542,6 +554,7 @@ func TestFaultDemoSoakSmall(t *testing.T) {
 
 // --restart-db-every needs the embedded server.
 func TestRestartDBNeedsEmbedded(t *testing.T) {
+	t.Parallel()
 	r := demo(t, time.Minute, nil, "run", "--database-url", "postgres://127.0.0.1:1/x", "--restart-db-every", "5s")
 	if r.code != 2 || !strings.Contains(r.stderr, "embedded") {
 		t.Errorf("exit status %d, stderr %q; want 2 and a message about the embedded server", r.code, r.stderr)

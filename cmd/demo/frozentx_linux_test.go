@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestFaultDemoFrozenInTransaction freezes a `demo work` process with
@@ -29,12 +30,13 @@ import (
 // timeout (the expiry) and deployRecovery's reaping and slack; then every
 // item ends within 30 s of the thaw, exactly once.
 func TestFaultDemoFrozenInTransaction(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("catches the frozen process with a transaction open in pg_stat_activity (its client ports and transaction id), PostgreSQL's; CockroachDB's is an empty table kept for compatibility")
 	}
 	const items = 3000
 	const heartbeat, expiry = 250 * time.Millisecond, 1500 * time.Millisecond
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	frozen := f.work("frozen-tx-worker", heartbeat, expiry, "--task-time", "1ms", "--concurrency", "32", "--ack-batch", "8")
 	peer := f.work("peer-worker", heartbeat, expiry)
 	sid := f.sessionOf(frozen.name)

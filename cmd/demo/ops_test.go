@@ -26,19 +26,19 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// migrated returns the URL and environment of a fresh database after
-// `crdbwork migrate`, and a pool on it.
+// migrated returns the URL and environment of a fresh database with the
+// crdbwork schema (what `crdbwork migrate` makes, copied from the test
+// binary's template: TestOperatorCommands and TestMigrateUpgrade run
+// migrate itself), and a pool on it.
 func migrated(t *testing.T) (string, []string, *pgxpool.Pool) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +108,7 @@ func wantExit(t *testing.T, r result, code int, msg string) {
 }
 
 func TestDeadRequeueCancel(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	ids := makeDead(t, pool, "q1", 3)
 	makeDead(t, pool, "other", 1) // another queue's dead item is not listed nor requeued
@@ -182,6 +183,7 @@ func TestDeadRequeueCancel(t *testing.T) {
 }
 
 func TestPartsAndStatus(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	var p struct {
 		Parts    int    `json:"parts"`
@@ -225,6 +227,7 @@ func TestPartsAndStatus(t *testing.T) {
 // TestStatusWatch runs status --watch with stdout a pipe: plain snapshots,
 // each with the current backlog, until SIGINT, then exit 0.
 func TestStatusWatch(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "20"); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -246,6 +249,7 @@ func TestStatusWatch(t *testing.T) {
 
 // TestMetricsEndpoint scrapes `demo work --metrics-addr` while it works.
 func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
 	const n = 400
 	_, env, _ := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "400", "--parts", "4"); r.code != 0 {
@@ -344,6 +348,7 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestOperatorBadInput(t *testing.T) {
+	t.Parallel()
 	url, env, pool := migrated(t)
 	u, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -410,6 +415,7 @@ func statusOf(t *testing.T, env []string) statusJSON {
 // nothing, resumes it, and checks that the work is done and reported by the
 // session's heartbeat counters and status --watch's throughput.
 func TestPauseResume(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "300"); r.code != 0 {
@@ -507,6 +513,7 @@ func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) 
 // the demo refuse it with the versions named, and upgrades it with crdbwork
 // migrate.
 func TestMigrateUpgrade(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
 	pool, err := pgxpool.New(context.Background(), url)
@@ -549,6 +556,7 @@ func TestMigrateUpgrade(t *testing.T) {
 // TestStaleSession: a session that stopped heartbeating shows as stale
 // before it expires, and the progress of the others is not hidden.
 func TestStaleSession(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	ctx := context.Background()
 	sctx, stop := context.WithCancel(ctx)
@@ -672,6 +680,7 @@ func (l *lineLog) String() string {
 // sampled, the outage is said once, the recovery is logged once, and the
 // worker finishes the queue afterwards.
 func TestOutageLogs(t *testing.T) {
+	t.Parallel()
 	url, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "3000"); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -745,6 +754,7 @@ func fmtBool(b *bool) string {
 // TestStoredPartsWin: a worker asked for 16 parts on a queue stored with 4
 // works with 4, says so in its start line, and warns.
 func TestStoredPartsWin(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	adoptDemoQueue(t, pool, "demo") // the demo works only on its own queues
 	if r := op(t, time.Minute, env, "parts", "--set", "4", "--yes", "--create"); r.code != 0 {
@@ -776,6 +786,7 @@ func TestStoredPartsWin(t *testing.T) {
 // CRDBWORK_YES, CRDBWORK_CREATE or DEMO_DROP_SCHEMA left in the environment
 // turns nothing on.
 func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
+	t.Parallel()
 	url, _, pool := migrated(t)
 	makeDead(t, pool, "demo", 2)
 	env := demoEnv("DATABASE_URL="+url, "CRDBWORK_ALL=true", "CRDBWORK_SET=9", "CRDBWORK_YES=true", "CRDBWORK_CREATE=true",

@@ -17,6 +17,7 @@ import (
 // for ever. Then `demo status` must show which sessions work which queue
 // and own which parts, in text and in --json.
 func TestTwoQueuesOneDatabase(t *testing.T) {
+	t.Parallel()
 	const items = 400
 	_, env, pool := migrated(t)
 	queues := []string{"alpha", "beta"}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/schedule"
 )
 
@@ -42,12 +42,10 @@ func startWork(t *testing.T, env []string, name string, extra ...string) *proc {
 // period and the current one, the skip queue only the current one; no other
 // missed period gets an item.
 func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
+	t.Parallel()
 	const every = time.Second
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)

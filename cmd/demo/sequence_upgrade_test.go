@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestSequenceHoldUnderPreviousReleaseWorkers: on a database at this
@@ -21,10 +21,11 @@ import (
 // requeues the dead head, which an old worker then runs once. Every item
 // runs exactly once; no old worker exits.
 func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 	q, err := claim.New(f.pool, claim.Options{Queue: upgradeQueue})
 	if err != nil {

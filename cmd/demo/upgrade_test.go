@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -261,18 +262,18 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	return r
 }
 
-// mustRun runs bin with args and fails the test unless it exits 0.
-// migrate creates this code's schema with crdbwork migrate and the demo's
-// tables, which the previous release's demo processes need made before them
-// (its migrate made both).
-func (f *mixedFleet) migrate() {
+// demoTables creates the demo's tables in a database with this code's
+// schema (testschema.NewURL: what crdbwork migrate makes): the previous
+// release's demo processes need them made before them (its migrate made
+// both).
+func (f *mixedFleet) demoTables() {
 	f.t.Helper()
-	mustRun(f.t, crdbworkBin, f.env, "migrate")
 	if err := createDemoTables(context.Background(), f.pool); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
+// mustRun runs bin with args and fails the test unless it exits 0.
 func mustRun(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
 	r := runBin(t, bin, env, args...)
@@ -643,10 +644,11 @@ func wantSchema(t *testing.T, pool *pgxpool.Pool, version, serves int64) {
 // one is SIGKILLed and restarted: each time they start a new session and
 // work on, none exits, and every item is acked exactly once.
 func TestRollingUpgradeMixedFleet(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
 	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	bins := []string{old, demoBin}
@@ -709,6 +711,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 // acked exactly once. The previous release's migrate run again on
 // the upgraded database changes nothing.
 func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
@@ -779,10 +782,11 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 // losing anything, one that died twice (a state only this code creates),
 // and so does its `requeue --all`, which stops there.
 func TestPreviousReleaseOperatorCommands(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 
 	// Items that expire at once, dead-lettered by an old worker's reaper.
@@ -899,10 +903,11 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = v.id)
 // counts: the sessions of one version must not take the whole limit among
 // themselves beside those of the other.
 func TestMixedFleetLimit(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	const items, limit = 600, 5
-	f := newFleet(t, testdb.NewURL(t))
-	f.migrate()
+	f := newFleet(t, testschema.NewURL(t))
+	f.demoTables()
 	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	mustRun(t, previousOps(t), f.env, opsArgs("limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))...)
 	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
@@ -987,6 +992,7 @@ func TestMixedFleetLimit(t *testing.T) {
 // history and runs; its version is logged, so that a failure of the other
 // tests names what ran.
 func TestPreviousReleaseBuilds(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	r := mustRun(t, old, demoEnv(), "--version")
 	t.Logf("previous release: commit %s, %s", previousRelease.commit, strings.TrimSpace(r.stdout))
