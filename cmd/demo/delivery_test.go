@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // TestDemoTTLAndAtMostOnce: items enqueued with --ttl that no worker
@@ -17,8 +20,9 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "40", "--ttl", "1ms", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	waitCond(t, "the deadlines to pass", time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) == 40
+	await.Until(t, "the deadlines to pass", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`)
+		return n == 40, fmt.Sprintf("%d of 40 expired", n)
 	})
 	const n = 600
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "600", "--at-most-once"); r.code != 0 {
@@ -26,18 +30,20 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 	}
 	// A worker takes items (deleting them as it claims), and is killed while
 	// handlers run: the items in its hands are lost, none runs again.
-	cmd, _ := startDemo(t, env, false, "work", "--name", "amo-1", "--task-time", "20ms", "--concurrency", "8")
-	waitCond(t, "the first results", time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 50
-	})
+	cmd, log1 := startDemo(t, env, false, "work", "--name", "amo-1", "--task-time", "20ms", "--concurrency", "8")
+	await.Until(t, "the first results", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM demo_results`)
+		return n >= 50, fmt.Sprintf("%d results", n)
+	}, await.Show(log1.String))
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	startDemo(t, env, false, "work", "--name", "amo-2", "--task-time", "1ms", "--concurrency", "8")
-	waitCond(t, "every item to end", 2*time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'demo'`) == 0
-	})
+	_, log2 := startDemo(t, env, false, "work", "--name", "amo-2", "--task-time", "1ms", "--concurrency", "8")
+	await.Until(t, "every item to end", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'demo'`)
+		return n == 0, fmt.Sprintf("%d items left", n)
+	}, await.Within(time.Minute), await.Show(log2.String))
 	if d := countRows(t, pool, `SELECT count(*) FROM (SELECT item_id FROM demo_results GROUP BY item_id HAVING count(*) > 1) AS d`); d != 0 {
 		t.Fatalf("%d at-most-once items handled twice", d)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 )
@@ -89,9 +90,10 @@ func opArgs(env, args []string) ([]string, []string) {
 }
 
 // runProgram runs bin with args in env (nil: demoEnv()) and waits for it
-// (at most timeout).
+// (at most timeout, stretched with the machine's load: await.Stretch).
 func runProgram(t *testing.T, bin string, timeout time.Duration, env []string, args ...string) result {
 	t.Helper()
+	timeout = await.Stretch(timeout)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -320,11 +322,11 @@ func TestOperatorCommands(t *testing.T) {
 		t.Errorf("backlog %d items, want 500", got)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(2*time.Minute))
 	defer cancel()
 	work := exec.CommandContext(ctx, demoBin, "work", "--name", "test-worker", "--task-time", "1ms")
 	work.Env = env
-	var workErr bytes.Buffer
+	var workErr syncBuffer
 	work.Stderr = &workErr
 	if err := work.Start(); err != nil {
 		t.Fatal(err)
@@ -336,20 +338,13 @@ func TestOperatorCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	await.Until(t, "the worker to work off every item", func() (bool, string) {
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM crdbwork_items").Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d items left after 90s; worker stderr:\n%s", n, workErr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return n == 0, fmt.Sprintf("%d items left", n)
+	}, await.Show(workErr.String))
 
 	st = readStatusJSON(t, env)
 	if len(st.Sessions) != 1 || st.Sessions[0].Name != "test-worker" || st.Sessions[0].Parts != "0-3" {

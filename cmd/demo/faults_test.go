@@ -26,12 +26,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // leaseSlack is how long past its lease an item may stay claimed by a live
-// session before the case fails: the reaper's period on a loaded machine.
+// session before the case fails, on a quiet machine: the reaper's period,
+// generously. Each case stretches it with the machine's load
+// (faultDemo.leaseSlack).
 const leaseSlack = 5 * time.Second
 
 // faultDemo is one fault case over demo processes.
@@ -41,6 +44,9 @@ type faultDemo struct {
 	env   []string
 	db    *pgxpool.Pool
 	items int
+	// leaseSlack is the package's leaseSlack stretched with the machine's
+	// load (await.Stretch) when the case started.
+	leaseSlack time.Duration
 
 	mu sync.Mutex
 	// lastSeen is, per session, the start (database clock) of the last
@@ -67,6 +73,15 @@ func migrate(t *testing.T, dbURL string) {
 	}
 }
 
+// sessionTiming returns a heartbeat of hb on a quiet machine, stretched
+// with its load (await.Stretch), and an expiry of expiries of it: one
+// reading of the load for both, so that the heartbeats keep up with the
+// expiry (see internal/await).
+func sessionTiming(hb time.Duration, expiries int) (heartbeat, expiry time.Duration) {
+	heartbeat = await.Stretch(hb)
+	return heartbeat, time.Duration(expiries) * heartbeat
+}
+
 // newFaultDemo enqueues items into the demo queue (8 parts) of the
 // database at dbURL, which has the crdbwork schema (testschema.NewURL, or
 // migrate), and starts watching sessions and claims.
@@ -86,7 +101,8 @@ func newFaultDemo(t *testing.T, dbURL string, items int) *faultDemo {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	f := &faultDemo{t: t, url: dbURL, env: env, db: db, items: items, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{}}
+	f := &faultDemo{t: t, url: dbURL, env: env, db: db, items: items, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{},
+		leaseSlack: await.Stretch(leaseSlack)}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.stop, f.done = cancel, make(chan struct{})
 	go f.watch(ctx)
@@ -132,7 +148,7 @@ func (f *faultDemo) watch(ctx context.Context) {
 		var id string
 		err = f.db.QueryRow(qctx, `SELECT count(*), COALESCE(max(i.id::TEXT), '')
 			FROM crdbwork_items AS i JOIN crdbwork_sessions AS s ON s.id = i.claim
-			WHERE i.lease_until + $1::BIGINT * INTERVAL '1 microsecond' < now()`, leaseSlack.Microseconds()).Scan(&n, &id)
+			WHERE i.lease_until + $1::BIGINT * INTERVAL '1 microsecond' < now()`, f.leaseSlack.Microseconds()).Scan(&n, &id)
 		cancel()
 		if err == nil && n > 0 {
 			f.mu.Lock()
@@ -203,20 +219,15 @@ func (p *proc) stopGracefully(t *testing.T) {
 	t.Helper()
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(60 * time.Second):
-		t.Errorf("%s did not stop within 60s of SIGTERM; stderr:\n%s", p.name, p.stderr.String())
-	}
+	await.Recv(t, p.name+" to stop after SIGTERM", p.exited, await.Show(p.stderr.String))
 }
 
 // sessionOf waits for the session of the named worker and returns its id.
 func (f *faultDemo) sessionOf(name string) uuid.UUID {
 	f.t.Helper()
 	var id uuid.UUID
-	f.waitFor("the session of "+name, time.Minute, func() bool {
-		err := f.db.QueryRow(context.Background(), `SELECT id FROM crdbwork_sessions WHERE name = $1`, name).Scan(&id)
-		return err == nil
+	await.Until(f.t, "the session of "+name, func() error {
+		return f.db.QueryRow(context.Background(), `SELECT id FROM crdbwork_sessions WHERE name = $1`, name).Scan(&id)
 	})
 	return id
 }
@@ -232,32 +243,22 @@ func (f *faultDemo) count(q string, args ...any) int {
 	return n
 }
 
-func (f *faultDemo) waitFor(what string, within time.Duration, cond func() bool) {
-	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitProgress waits until at least n results exist.
 func (f *faultDemo) waitProgress(n int) {
 	f.t.Helper()
-	f.waitFor(fmt.Sprintf("%d results", n), 2*time.Minute, func() bool {
-		return f.count(`SELECT count(*) FROM demo_results`) >= n
-	})
+	await.Until(f.t, fmt.Sprintf("%d results", n), func() (bool, string) {
+		got := f.count(`SELECT count(*) FROM demo_results`)
+		return got >= n, fmt.Sprintf("%d results", got)
+	}, await.Within(time.Minute))
 }
 
-// assertEnded waits until no item is left, at most bound after since, and
-// checks the contract; procs are stopped gracefully first. It returns how
-// long after since the last item ended.
+// assertEnded waits until no item is left, at most bound (stretched with
+// the machine's load, as every await budget) after since, and checks the
+// contract; procs are stopped gracefully first. It returns how long after
+// since the last item ended.
 func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*proc) time.Duration {
 	f.t.Helper()
 	t := f.t
-	deadline := since.Add(bound)
 	atFault := f.count(`SELECT count(*) FROM crdbwork_items`)
 	// The items claimed when the fault ended: the ones a fault can strand.
 	// The time until the last of them ended is the recovery.
@@ -266,25 +267,23 @@ func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*
 		held, _ = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
 	var recovered time.Duration
-	for {
+	await.Until(t, fmt.Sprintf("every item to end (bound %v after the fault)", bound), func() (bool, string) {
 		if recovered == 0 && f.count(`SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, held) == 0 {
 			recovered = time.Since(since)
 		}
 		if f.count(`SELECT count(*) FROM crdbwork_items`) == 0 {
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			var tails []string
-			for _, p := range procs {
-				tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
-			}
-			t.Fatalf("%d items had not ended %v after the fault (%d claimed by a live session)\n%s",
-				f.count(`SELECT count(*) FROM crdbwork_items`), bound,
-				f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IN (SELECT id FROM crdbwork_sessions)`),
-				strings.Join(tails, "\n"))
+		return false, fmt.Sprintf("%d items not ended (%d claimed by a live session)",
+			f.count(`SELECT count(*) FROM crdbwork_items`),
+			f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IN (SELECT id FROM crdbwork_sessions)`))
+	}, await.Within(bound), await.Show(func() string {
+		var tails []string
+		for _, p := range procs {
+			tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return f.describe() + strings.Join(tails, "\n")
+	}))
 	took := time.Since(since)
 	for _, p := range procs {
 		p.stopGracefully(t)
@@ -303,7 +302,7 @@ func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.overdue != 0 {
-		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, leaseSlack, f.firstBad)
+		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, f.leaseSlack, f.firstBad)
 	}
 	t.Logf("every item ended %v after the fault (bound %v; %d items were left when the fault ended; the last of the %d claimed then ended after %v); acked %v, dead %v",
 		took.Round(time.Millisecond), bound, atFault, len(held), recovered.Round(time.Millisecond), acked, dead)
@@ -377,8 +376,10 @@ func lastLines(s string, n int) string {
 
 // TestFaultDemoDatabaseRestart restarts the database server (its own, not
 // the shared one) under three `demo work` processes, with `pg_ctl restart -m
-// fast` and with stop, 3 s down, start. The sessions' expiry (5 s) outlives
-// the restart. Bound: every item ends within 60 s of the server's return.
+// fast` and with stop, 3 s down, start. The sessions' expiry (5 s on a
+// quiet machine, stretched with its load: sessionTiming) outlives the
+// restart. Bound: every item ends within 60 s of the server's return
+// (stretched, as every wait).
 func TestFaultDemoDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -392,8 +393,9 @@ func TestFaultDemoDatabaseRestart(t *testing.T) {
 			const items = 1500
 			f := newFaultDemo(t, dbURL, items)
 			var procs []*proc
+			hb, expiry := sessionTiming(500*time.Millisecond, 10)
 			for i := range 3 {
-				procs = append(procs, f.work(fmt.Sprintf("restart-worker-%d", i), 500*time.Millisecond, 5*time.Second))
+				procs = append(procs, f.work(fmt.Sprintf("restart-worker-%d", i), hb, expiry))
 			}
 			f.waitProgress(items * 3 / 5)
 			ctx := context.Background()
@@ -411,20 +413,22 @@ func TestFaultDemoDatabaseRestart(t *testing.T) {
 
 // TestFaultDemoSigkill kills one of three `demo work` processes with
 // SIGKILL while it holds items. Bound: every item ends within 30 s of the
-// kill (its session expires after 1.5 s; its claims go with it).
+// kill (stretched, as every wait; its session expires after 1.5 s on a
+// quiet machine; its claims go with it).
 func TestFaultDemoSigkill(t *testing.T) {
 	t.Parallel()
 	const items = 1500
 	f := newFaultDemo(t, testschema.NewURL(t), items)
 	var procs []*proc
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
 	for i := range 3 {
-		procs = append(procs, f.work(fmt.Sprintf("kill-worker-%d", i), 250*time.Millisecond, 1500*time.Millisecond))
+		procs = append(procs, f.work(fmt.Sprintf("kill-worker-%d", i), hb, expiry))
 	}
 	victim := procs[0]
 	sid := f.sessionOf(victim.name)
-	f.waitFor("the victim to hold items", time.Minute, func() bool {
+	await.Until(t, "the victim to hold items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0
-	})
+	}, await.Show(victim.stderr.String))
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -444,19 +448,20 @@ func TestFaultDemoSigstop(t *testing.T) {
 	f := newFaultDemo(t, testschema.NewURL(t), items)
 	// Its handlers take 300 ms: frozen mid-work, they finish after the thaw
 	// and try to ack items their session no longer holds.
-	frozen := f.work("frozen-worker", 250*time.Millisecond, 1500*time.Millisecond, "--task-time", "300ms")
-	peer := f.work("peer-worker", 250*time.Millisecond, 1500*time.Millisecond)
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
+	frozen := f.work("frozen-worker", hb, expiry, "--task-time", "300ms")
+	peer := f.work("peer-worker", hb, expiry)
 	sid := f.sessionOf(frozen.name)
-	f.waitFor("the frozen worker to hold items", time.Minute, func() bool {
+	await.Until(t, "the frozen worker to hold items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0
-	})
+	}, await.Show(frozen.stderr.String))
 	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	held := f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid)
-	f.waitFor("the frozen worker's session to be deleted by its peer", time.Minute, func() bool {
+	await.Until(t, "the frozen worker's session to be deleted by its peer", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, sid) == 0
-	})
+	}, await.Show(peer.stderr.String))
 	var gone time.Time
 	if err := f.db.QueryRow(context.Background(), `SELECT now()`).Scan(&gone); err != nil {
 		t.Fatal(err)
@@ -559,4 +564,35 @@ func TestRestartDBNeedsEmbedded(t *testing.T) {
 	if r.code != 2 || !strings.Contains(r.stderr, "embedded") {
 		t.Errorf("exit status %d, stderr %q; want 2 and a message about the embedded server", r.code, r.stderr)
 	}
+}
+
+// describe shows the database's view of the case, for failure messages:
+// the sessions, who owns which part, and the items left by part and
+// claim.
+func (f *faultDemo) describe() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	show := func(title, q string) {
+		rows, err := f.db.Query(ctx, q)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", title, err)
+			return
+		}
+		defer rows.Close()
+		fmt.Fprintf(&b, "%s:\n", title)
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				fmt.Fprintf(&b, "  %v\n", err)
+				return
+			}
+			fmt.Fprintf(&b, "  %s\n", line)
+		}
+	}
+	show("sessions", `SELECT concat_ws(' ', id, name, 'heartbeat', (now() - heartbeat_at)::TEXT, 'ago') FROM crdbwork_sessions ORDER BY name`)
+	show("parts", `SELECT concat_ws(' ', queue, part, session_id) FROM crdbwork_session_parts ORDER BY queue, part`)
+	show("items left by part and claim", `SELECT concat_ws(' ', queue, 'part', part, 'claim', COALESCE(claim::TEXT, '-'), count(*), 'items, attempts up to', max(attempts))
+		FROM crdbwork_items GROUP BY queue, part, claim ORDER BY queue, part`)
+	return b.String()
 }

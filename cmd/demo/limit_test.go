@@ -32,8 +32,9 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 	args := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
 	var procs []*proc
 	n := 0
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
 	startOne := func() {
-		procs = append(procs, f.work(fmt.Sprint("limit-worker-", n), 250*time.Millisecond, 1500*time.Millisecond, args...))
+		procs = append(procs, f.work(fmt.Sprint("limit-worker-", n), hb, expiry, args...))
 		n++
 	}
 	for range 3 {

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
@@ -233,11 +234,11 @@ func TestStatusWatch(t *testing.T) {
 		t.Fatal(r.stderr)
 	}
 	watch, out := startOp(t, env, true, "status", "--watch", "--interval", "100ms")
-	waitCond(t, "a snapshot with the backlog", time.Minute, func() bool { return out.count("backlog: 20 unclaimed") > 0 })
+	await.Until(t, "a snapshot with the backlog", func() bool { return out.count("backlog: 20 unclaimed") > 0 }, await.Show(out.String))
 	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_items`); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "a snapshot without it", time.Minute, func() bool { return out.count("backlog: 0 unclaimed") > 0 })
+	await.Until(t, "a snapshot without it", func() bool { return out.count("backlog: 0 unclaimed") > 0 }, await.Show(out.String))
 	watch.Process.Signal(syscall.SIGINT)
 	if err := watch.Wait(); err != nil {
 		t.Errorf("status --watch after SIGINT: %v", err)
@@ -256,9 +257,9 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatal(r.stderr)
 	}
 	cmd, log := startDemo(t, env, false, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
-	waitCond(t, "the start line", time.Minute, func() bool {
+	await.Until(t, "the start line", func() bool {
 		return log.count(`metrics-worker working on queue "demo" (postgres, 4 parts, session `) == 1
-	})
+	}, await.Show(log.String))
 	var addr string
 	for _, l := range log.snapshot() {
 		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(l); m != nil {
@@ -303,23 +304,16 @@ func TestMetricsEndpoint(t *testing.T) {
 		}
 		return vals
 	}
-	deadline := time.Now().Add(90 * time.Second)
 	var v map[string]float64
-	for {
+	await.Until(t, "every item acked, and the database gauges (cached for a few seconds) showing an empty queue", func() (bool, string) {
 		v = scrape()
 		backlog := 0.0
 		for p := range 4 {
 			backlog += v["crdbwork_backlog_items/"+strconv.Itoa(p)]
 		}
-		// The database gauges are cached for a few seconds.
-		if v["crdbwork_items_acked_total"] == n && backlog == 0 && v["crdbwork_claimed_items"] == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("acked_total %v after 90s, want %d", v["crdbwork_items_acked_total"], n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return v["crdbwork_items_acked_total"] == n && backlog == 0 && v["crdbwork_claimed_items"] == 0,
+			fmt.Sprintf("acked_total %v of %d, backlog %v, claimed %v", v["crdbwork_items_acked_total"], n, backlog, v["crdbwork_claimed_items"])
+	}, await.Show(log.String))
 	for key, want := range map[string]float64{
 		"crdbwork_handler_duration_seconds/acked_count": n,
 		"crdbwork_ack_batch_size_sum":                   n,
@@ -443,9 +437,9 @@ func TestPauseResume(t *testing.T) {
 	work, _ := startDemo(t, env, false, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
 	// The worker polls every 150 ms or so: after 2 s of its session, a
 	// claim would have happened.
-	waitCond(t, "the worker's session to be 2s old", time.Minute, func() bool {
+	await.Until(t, "the worker's session to be 2s old", func() (bool, string) {
 		s := statusOf(t, env)
-		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2
+		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2, fmt.Sprintf("sessions %+v", s.Sessions)
 	})
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL OR attempts > 0`); n != 0 {
 		t.Fatalf("%d items claimed from a paused queue", n)
@@ -457,7 +451,7 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	sawRate := false
-	waitCond(t, "the session's heartbeat to report every ack", 2*time.Minute, func() bool {
+	await.Until(t, "the session's heartbeat to report every ack", func() bool {
 		for _, l := range out.snapshot() {
 			var s statusJSON
 			if err := json.Unmarshal([]byte(l), &s); err != nil {
@@ -471,7 +465,7 @@ func TestPauseResume(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}, await.Within(time.Minute), await.Show(out.String))
 	watch.Process.Signal(syscall.SIGINT)
 	watch.Wait()
 	if !sawRate {
@@ -483,29 +477,6 @@ func TestPauseResume(t *testing.T) {
 	work.Process.Signal(syscall.SIGTERM)
 	if err := work.Wait(); err != nil {
 		t.Errorf("work: %v", err)
-	}
-}
-
-// waitLog is waitCond that shows a process's lines when it times out.
-func waitLog(t *testing.T, log *lineLog, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; the process wrote:\n%s", limit, what, log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -692,33 +663,34 @@ func TestOutageLogs(t *testing.T) {
 	defer proxy.Close()
 	ctx := context.Background()
 	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms", "--concurrency", "8")
-	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
-	waitCond(t, "some items to be done", time.Minute, func() bool {
+	show := await.Show(log.String)
+	await.Until(t, "the start line", func() bool { return log.count("cut-worker working on queue") == 1 }, show)
+	await.Until(t, "some items to be done", func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
-	})
+	}, show)
 	proxy.Cut()
-	waitLog(t, log, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
-	cutAt := time.Now()
-	// Let the failures pile up for two seconds of claims, acks and heartbeats.
-	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
+	await.Until(t, "the outage line", func() bool { return log.count("the database is not answering") == 1 }, show)
+	// Let the failures pile up for two seconds of claims, acks and
+	// heartbeats: the fault's duration (the sampling it checks is per
+	// 10 s, so it is not stretched).
+	time.Sleep(2 * time.Second)
 	proxy.Restore()
-	waitLog(t, log, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
-	deadline := time.Now().Add(2 * time.Minute)
-	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
-		if time.Now().After(deadline) {
-			rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
-			var left []string
-			for rows.Next() {
-				var claimed, leased *bool
-				var attempts, n int64
-				rows.Scan(&claimed, &attempts, &leased, &n)
-				left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
-			}
-			rows.Close()
-			t.Fatalf("the queue did not drain within 2 minutes after the outage; left: %v\nstderr:\n%s", left, log.String())
+	await.Until(t, "the recovery line", func() bool { return log.count("database reachable again after") == 1 }, show)
+	await.Until(t, "the queue to drain after the outage", func() (bool, string) {
+		if countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 {
+			return true, ""
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
+		var left []string
+		for rows.Next() {
+			var claimed, leased *bool
+			var attempts, n int64
+			rows.Scan(&claimed, &attempts, &leased, &n)
+			left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
+		}
+		rows.Close()
+		return false, fmt.Sprintf("left: %v", left)
+	}, await.Within(time.Minute), show)
 	work.Process.Signal(syscall.SIGTERM)
 	work.Wait()
 	warns := log.count("\tWARN\t")
@@ -761,12 +733,12 @@ func TestStoredPartsWin(t *testing.T) {
 		t.Fatal(r.stderr)
 	}
 	work, log := startDemo(t, env, false, "work", "--name", "w16", "--parts", "16")
-	waitCond(t, "the start line", time.Minute, func() bool { return log.count(`w16 working on queue "demo"`) == 1 })
-	waitCond(t, "the warning", time.Minute, func() bool { return log.count("different stored number of parts") == 1 })
+	await.Until(t, "the start line", func() bool { return log.count(`w16 working on queue "demo"`) == 1 }, await.Show(log.String))
+	await.Until(t, "the warning", func() bool { return log.count("different stored number of parts") == 1 }, await.Show(log.String))
 	if log.count("(postgres, 4 parts,") != 1 && log.count("(cockroach, 4 parts,") != 1 {
 		t.Errorf("the start line does not say 4 parts:\n%s", log.String())
 	}
-	waitCond(t, "the worker to own parts 0-3", time.Minute, func() bool {
+	await.Until(t, "the worker to own parts 0-3", func() bool {
 		var st struct {
 			Sessions []struct {
 				Parts string `json:"parts"`
@@ -775,7 +747,7 @@ func TestStoredPartsWin(t *testing.T) {
 		}
 		jsonOut(t, op(t, time.Minute, env, "status", "--json"), &st)
 		return st.NumParts == 4 && len(st.Sessions) == 1 && st.Sessions[0].Parts == "0-3"
-	})
+	}, await.Show(log.String))
 	work.Process.Signal(syscall.SIGTERM)
 	if err := work.Wait(); err != nil {
 		t.Errorf("work: %v\n%s", err, log.String())

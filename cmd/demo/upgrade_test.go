@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -240,7 +241,8 @@ func buildPreviousDemo() (bin, ops, commit, skip string, err error) {
 // runBin runs a demo binary (bin) with args and waits for it.
 func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	timeout := await.Stretch(2 * time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env
@@ -252,7 +254,7 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	var exitErr *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("%s %s: did not finish within 2m\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), r.stderr)
+		t.Fatalf("%s %s: did not finish within %v\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), timeout, r.stderr)
 	case err == nil:
 	case errors.As(err, &exitErr):
 		r.code = exitErr.ExitCode()
@@ -366,21 +368,51 @@ func (f *mixedFleet) checkAlive() {
 	}
 }
 
-// waitFor waits until cond holds, failing the test after within or as
-// soon as a worker exits unexpectedly.
-func (f *mixedFleet) waitFor(what string, within time.Duration, cond func() bool) {
+// waitFor waits until cond holds (await.Until), failing the test as soon
+// as a worker exits unexpectedly.
+func (f *mixedFleet) waitFor(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	await.Until(f.t, what, func() bool {
 		f.checkAlive()
-		if cond() {
-			return
+		return cond()
+	}, await.Show(f.describe))
+}
+
+// heartbeats counts rounds of heartbeats of the named workers' sessions
+// (their newest): a round ends when each of them has heartbeated once more
+// (its heartbeat_at moved), seen by a poll of the sessions every 20 ms
+// until the test ends. The old workers' loops cannot be hooked (they are
+// another release's processes); their heartbeats, which they write, pace
+// the rounds that await.Never watches through.
+func (f *mixedFleet) heartbeats(names ...string) *await.Rounds {
+	r := await.NewRounds(fmt.Sprintf("heartbeats of each of %v", names))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	f.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		// mark: the newest heartbeat when the last round ended; the next
+		// ends when the oldest is newer.
+		var mark time.Time
+		for {
+			var oldest, newest *time.Time
+			err := f.pool.QueryRow(ctx, `SELECT min(h), max(h) FROM (
+    SELECT (SELECT heartbeat_at FROM crdbwork_sessions WHERE name = n ORDER BY created_at DESC LIMIT 1) AS h
+    FROM unnest($1::TEXT[]) AS v (n)) AS s`, names).Scan(&oldest, &newest)
+			if err == nil && oldest != nil && newest != nil && oldest.After(mark) {
+				if !mark.IsZero() {
+					r.Tick()
+				}
+				mark = *newest
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for %s\n%s", within, what, f.describe())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	}()
+	return r
 }
 
 // describe shows the sessions, their parts and the workers' last lines,
@@ -438,7 +470,7 @@ func (f *mixedFleet) session(name string) uuid.UUID {
 func (f *mixedFleet) settled(names, holders []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
 	f.t.Helper()
 	got := map[string]uuid.UUID{}
-	f.waitFor(fmt.Sprintf("sessions of %v, with %v each holding a part of %q", names, holders, upgradeQueue), 90*time.Second, func() bool {
+	f.waitFor(fmt.Sprintf("sessions of %v, with %v each holding a part of %q", names, holders, upgradeQueue), func() bool {
 		if f.count(`SELECT count(*) FROM crdbwork_sessions`) != len(names) {
 			return false
 		}
@@ -468,7 +500,7 @@ func (f *mixedFleet) enqueue(bin string, n int) {
 // drained waits until no item of the queue is left.
 func (f *mixedFleet) drained() {
 	f.t.Helper()
-	f.waitFor(fmt.Sprintf("every item of %q to end", upgradeQueue), 2*time.Minute, func() bool {
+	f.waitFor(fmt.Sprintf("every item of %q to end", upgradeQueue), func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE queue = $1`, upgradeQueue) == 0
 	})
 }
@@ -576,11 +608,7 @@ func (f *mixedFleet) stop() map[string]workerReport {
 	}
 	reports := map[string]workerReport{}
 	for _, w := range running {
-		select {
-		case <-w.exited:
-		case <-time.After(time.Minute):
-			f.t.Fatalf("%s did not stop within a minute of SIGTERM\n%s", w.name, lastLines(w.stderr.String(), 10))
-		}
+		await.Recv(f.t, w.name+" to stop after SIGTERM", w.exited, await.Show(func() string { return lastLines(w.stderr.String(), 10) }))
 		if code := w.cmd.ProcessState.ExitCode(); code != 0 {
 			f.t.Errorf("%s (%s) exited with status %d\n%s", w.name, filepath.Base(w.bin), code, lastLines(w.stderr.String(), 10))
 		}
@@ -686,7 +714,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	// are refused, others take them over, none is acked twice.
 	f.enqueue(old, 2000)
 	id := f.session("old-1")
-	f.waitFor("old-1 to hold claims", time.Minute, func() bool {
+	f.waitFor("old-1 to hold claims", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, id) > 0
 	})
 	gone = f.loseSessions("old-1")
@@ -725,7 +753,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 
 	// The upgrade, with claims held.
 	f.enqueue(old, 2000)
-	f.waitFor("the old workers to hold claims", time.Minute, func() bool {
+	f.waitFor("the old workers to hold claims", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`) > 0
 	})
 	r := mustRun(t, crdbworkBin, f.env, "migrate")
@@ -793,7 +821,7 @@ func TestPreviousReleaseOperatorCommands(t *testing.T) {
 	const n = 20
 	mustRun(t, old, f.env, "enqueue", "--queue", upgradeQueue, "--count", strconv.Itoa(n), "--ttl", "1ms", "--parts", "4")
 	f.start(old, "old-reaper")
-	f.waitFor("the old worker to dead-letter the expired items", time.Minute, func() bool {
+	f.waitFor("the old worker to dead-letter the expired items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1 AND reason = 'expired'`, upgradeQueue) == n
 	})
 	f.stop()
@@ -928,7 +956,7 @@ func TestMixedFleetLimit(t *testing.T) {
 	f.settled(names, names, nil)
 	f.enqueue(old, items/2)
 	f.enqueue(demoBin, items/2)
-	f.waitFor("a third of the results", 2*time.Minute, func() bool {
+	f.waitFor("a third of the results", func() bool {
 		return f.count(`SELECT count(*) FROM demo_results`) >= items/3
 	})
 	f.mu.Lock()
