@@ -11,6 +11,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os/exec"
@@ -595,4 +596,32 @@ func (f *faultDemo) describe() string {
 	show("items left by part and claim", `SELECT concat_ws(' ', queue, 'part', part, 'claim', COALESCE(claim::TEXT, '-'), count(*), 'items, attempts up to', max(attempts))
 		FROM crdbwork_items GROUP BY queue, part, claim ORDER BY queue, part`)
 	return b.String()
+}
+
+// TestStartupRetryableAfterRestart: a worker process that `demo run
+// --restart-db-every` starts while the server restarts waits for it
+// (--wait-db) whatever the server said as it went: the errors of its
+// start-up checks on a connection that a fast shutdown terminated (57P01)
+// are a restart's, not a reason to exit. (The small soak failed with "6
+// worker processes exited unexpectedly; giving up" when they were not.)
+func TestStartupRetryableAfterRestart(t *testing.T) {
+	t.Parallel()
+	for _, msg := range []string{
+		"listing the queues: claim: listing the queues: FATAL: terminating connection due to administrator command (SQLSTATE 57P01)",
+		`checking the crdbwork table "crdbwork_items": FATAL: terminating connection due to administrator command (SQLSTATE 57P01)`,
+		"looking for the demo tables: FATAL: the database system is shutting down (SQLSTATE 57P03)",
+		"cannot reach the database at 127.0.0.1:5432: connection refused",
+	} {
+		if !startupRetryable(errors.New(msg)) {
+			t.Errorf("not retried at start-up: %s", msg)
+		}
+	}
+	for _, msg := range []string{
+		`the crdbwork schema is not in this database: run "crdbwork migrate" first`,
+		"password authentication failed for user \"crdbwork\" (SQLSTATE 28P01)",
+	} {
+		if startupRetryable(errors.New(msg)) {
+			t.Errorf("retried at start-up, but no restart explains it: %s", msg)
+		}
+	}
 }
