@@ -175,34 +175,6 @@ func TestRun(t *testing.T) {
 	}
 }
 
-func TestRunKillEvery(t *testing.T) {
-	t.Parallel()
-	url := testschema.NewURL(t)
-	r := demo(t, 3*time.Minute, nil, "run", "--database-url", url, "--kill-every", "700ms", "--items", "3000",
-		"--workers", "3", "--json", "--task-time", "5ms", "--concurrency", "8") // 8 handlers: a run long enough to kill in
-	s := checkSummary(t, r, 3000)
-	if k := num(t, s, "workers_killed"); k < 1 {
-		t.Errorf("workers_killed = %v, want at least 1\nstderr:\n%s", k, r.stderr)
-	}
-	if s["mode"] != "processes" {
-		t.Errorf("mode = %v, want processes", s["mode"])
-	}
-	// The workers' reports: every worker had a session, every kill lost one.
-	if started := num(t, s, "sessions_started"); started < 3 {
-		t.Errorf("sessions_started = %v, want at least the 3 workers'", started)
-	}
-	if lost := num(t, s, "sessions_lost"); lost < 1 {
-		t.Errorf("sessions_lost = %v with %v workers killed", lost, s["workers_killed"])
-	}
-	num(t, s, "claims_lost")
-	if _, ok := s["retries"].(map[string]any); !ok {
-		t.Errorf("no retries in the summary: %v", s)
-	}
-	if strings.Contains(r.stderr, "unexpectedly") || strings.Contains(r.stderr, "did not stop") {
-		t.Errorf("a worker process misbehaved:\n%s", r.stderr)
-	}
-}
-
 func TestRunEmbedded(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {

@@ -534,17 +534,37 @@ func TestVerifyReportsStuckClaims(t *testing.T) {
 
 // TestFaultDemoSoakSmall is the CI-sized version of the soak (see README,
 // "Faults, and the soak"): demo run on its embedded server, worker processes
-// SIGKILLed every second and the server restarted every 2 s; nothing lost,
-// nothing duplicated, nothing left claimed.
+// SIGKILLed every 700 ms and the server restarted every 1.5 s; nothing
+// lost, nothing duplicated, nothing left claimed, every worker process that
+// exited was killed, and the workers' reports add up. It is also the suite's
+// test of `demo run --kill-every` (TestRunKillEvery was the same run
+// without the restarts).
 func TestFaultDemoSoakSmall(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
-	const items = 6000
-	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "1s",
-		"--restart-db-every", "2s", "--task-time", "2ms", "--concurrency", "8", "--json", "--progress=false") // 8 handlers: a run long enough for restarts
+	const items = 3000
+	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "700ms",
+		"--restart-db-every", "1500ms", "--task-time", "5ms", "--concurrency", "8", "--json", "--progress=false") // 8 handlers of 5 ms: a run long enough for kills and restarts
 	s := checkSummary(t, r, items)
+	if s["mode"] != "processes" {
+		t.Errorf("mode = %v, want processes", s["mode"])
+	}
+	// The workers' reports: every worker had a session, every kill lost one.
+	if started := num(t, s, "sessions_started"); started < 3 {
+		t.Errorf("sessions_started = %v, want at least the 3 workers'", started)
+	}
+	if lost := num(t, s, "sessions_lost"); lost < 1 {
+		t.Errorf("sessions_lost = %v with %v workers killed", lost, s["workers_killed"])
+	}
+	num(t, s, "claims_lost")
+	if _, ok := s["retries"].(map[string]any); !ok {
+		t.Errorf("no retries in the summary: %v", s)
+	}
+	if strings.Contains(r.stderr, "unexpectedly") || strings.Contains(r.stderr, "did not stop") {
+		t.Errorf("a worker process misbehaved:\n%s", r.stderr)
+	}
 	if num(t, s, "db_restarts") < 1 {
 		t.Errorf("db_restarts = %v, want at least 1\nstderr:\n%s", s["db_restarts"], r.stderr)
 	}
