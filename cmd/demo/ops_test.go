@@ -536,32 +536,44 @@ func TestStaleSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop() // like a crash: no more heartbeats, the row stays until it expires
-	<-sess.Done()
+	await.Recv(t, "the session to end", sess.Done())
 	// 30 s without a heartbeat (two heartbeats allowed by a 1 min expiry are 40 s: not stale yet).
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '30 seconds' WHERE id = $1`, sess.ID()); err != nil {
 		t.Fatal(err)
 	}
 	var st struct {
 		Sessions []struct {
-			Name  string `json:"name"`
-			Stale bool   `json:"stale"`
+			Name  string  `json:"name"`
+			Stale bool    `json:"stale"`
+			Since float64 `json:"since_heartbeat_seconds"`
 		} `json:"sessions"`
 	}
+	// Stale: more than two heartbeats of the longest interval the expiry
+	// allows (expiry / 3), by the time since the heartbeat that status
+	// read itself (a loaded machine may take seconds to run status).
+	const staleAfter = 40.0
 	// Status of every queue (there is none): the sessions all the same.
 	jsonOut(t, runProgram(t, crdbworkBin, time.Minute, env, "status", "--json"), &st)
-	if len(st.Sessions) != 1 || st.Sessions[0].Stale {
-		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want live and not stale", st.Sessions)
+	if len(st.Sessions) != 1 || st.Sessions[0].Since < 30 || st.Sessions[0].Stale != (st.Sessions[0].Since > staleAfter) {
+		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want stale only past %vs", st.Sessions, staleAfter)
+	}
+	if st.Sessions[0].Stale {
+		t.Logf("status ran %.1fs after the last heartbeat (stale past %vs): the not-yet-stale case went unchecked", st.Sessions[0].Since, staleAfter)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '45 seconds' WHERE id = $1`, sess.ID()); err != nil {
 		t.Fatal(err)
 	}
 	jsonOut(t, runProgram(t, crdbworkBin, time.Minute, env, "status", "--json"), &st)
-	if len(st.Sessions) != 1 || !st.Sessions[0].Stale {
+	if len(st.Sessions) != 1 || st.Sessions[0].Since < 45 || !st.Sessions[0].Stale {
 		t.Fatalf("45s after the last heartbeat of a 1 min expiry: %+v, want stale", st.Sessions)
 	}
 	r := runProgram(t, crdbworkBin, time.Minute, env, "status")
-	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
-		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
+	m := regexp.MustCompile(`silent .* (\d+)\.\d+s!`).FindStringSubmatch(r.stdout)
+	if !strings.Contains(r.stdout, "1 STALE") || m == nil {
+		t.Fatalf("status does not mark the stale session:\n%s", r.stdout)
+	}
+	if beat, _ := strconv.Atoi(m[1]); beat < 45 {
+		t.Errorf("status shows the stale session's last heartbeat %ss ago, want at least 45s:\n%s", m[1], r.stdout)
 	}
 }
 
