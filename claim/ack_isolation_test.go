@@ -22,6 +22,7 @@ import (
 // PostgreSQL, whose default is READ COMMITTED, this fails if the ack stops
 // asking for SERIALIZABLE.
 func TestAckIsolationLevel(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -56,6 +57,7 @@ func TestAckIsolationLevel(t *testing.T) {
 // that rolls back let it commit, once. PostgreSQL only: it finds the
 // waiting ack in pg_stat_activity.
 func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}
@@ -168,6 +170,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 // returned an error wrote nothing. The at-least-once side (a released item
 // is claimed again) makes sure the race happens: some acks must lose.
 func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -309,6 +312,7 @@ func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
 // An ack whose record fails writes nothing and leaves the claim as it was:
 // the same claim acks afterwards.
 func TestAckWithFailingRecordKeepsTheClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -368,6 +372,7 @@ func TestAckWithFailingRecordKeepsTheClaim(t *testing.T) {
 // the serialization failure through a conflicting SERIALIZABLE
 // transaction.
 func TestAckCommitTimeFailure(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("constraint triggers are PostgreSQL's")
 	}
@@ -473,6 +478,7 @@ END $$`,
 // itself (sql: PostgresInsert locks the ids' existing rows). PostgreSQL
 // only: it finds the waiting enqueue in pg_stat_activity.
 func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}

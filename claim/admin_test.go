@@ -132,6 +132,7 @@ func pageAll(t *testing.T, q *claim.Queue, f claim.DeadFilter, limit int) []clai
 // in order, across deaths at the same instant; DeadCount counts them; other
 // queues' deaths never show.
 func TestAdminDeadItemsFilterPageCount(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	deaths := adminSeed(t, pool)
@@ -211,6 +212,7 @@ func TestAdminDeadItemsFilterPageCount(t *testing.T) {
 // RequeueWhere requeues the newest death of each matching id once, skips
 // live ids, leaves the other deaths and queues alone, and reports progress.
 func TestAdminRequeueWhere(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	deaths := adminSeed(t, pool)
@@ -256,6 +258,7 @@ func TestAdminRequeueWhere(t *testing.T) {
 // Purge deletes every row of its queue, in batches, and no other queue's;
 // PurgePlan counted them beforehand.
 func TestAdminPurge(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -356,6 +359,7 @@ func equalCounts(a, b map[string]int) bool {
 // WaitDrained returns ctx's error while items are left, and nil once none
 // is (claimed items count).
 func TestAdminWaitDrained(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

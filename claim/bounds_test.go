@@ -23,6 +23,7 @@ import (
 // past it, the call fails with an error that names the limit and nothing
 // of it is written. One row per field.
 func TestBoundsAtAndOver(t *testing.T) {
+	t.Parallel()
 	pool, _ := sqlSetup(t)
 	testdb.Quiet(t, pool) // its EnqueueTx path commits the test's own transaction once
 	ctx := context.Background()

@@ -92,6 +92,7 @@ func orDash(s *string) string {
 // claimable while its prerequisite was still queued, Enqueued.Waiting
 // empty, no error.
 func TestBufferHonoursEveryItemOption(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -270,6 +271,7 @@ func idOf(name string) uuid.UUID { return uuid.NewSHA1(uuid.NameSpaceOID, []byte
 // acks. (A flush with prerequisites is one transaction; a refused
 // prerequisite splits it, as a refused id does.)
 func TestBufferPrerequisitesInSharedFlushes(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

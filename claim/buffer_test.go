@@ -81,6 +81,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // exactly one of its callers, and the items shared statements (far fewer
 // database calls than items).
 func TestBufferConcurrentEnqueueEachItemOnce(t *testing.T) {
+	t.Parallel()
 	const goroutines, perGoroutine = 64, 40
 	pool := setup(t)
 	db := &countingDB{Pool: pool}
@@ -202,6 +203,7 @@ func TestBufferConcurrentEnqueueEachItemOnce(t *testing.T) {
 // refuses (its caller-given id belongs to another queue's item) fails alone
 // after its flush is split; the good items of the same flush are enqueued.
 func TestBufferBadItemFailsAlone(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	other := newQueue(t, pool, claim.Options{Queue: "other"})
@@ -279,6 +281,7 @@ func TestBufferBadItemFailsAlone(t *testing.T) {
 // others: here it waits on a row lock, commits once the lock goes, and the
 // gone caller's item is in the table.
 func TestBufferCancelledCaller(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
@@ -389,6 +392,7 @@ func TestBufferCancelledCaller(t *testing.T) {
 // and its id; enqueued again with those ids, nothing is added (the flush
 // did commit).
 func TestBufferOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	_, pool, proxy := proxied(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -442,6 +446,7 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 // (plainly) is not, an unknown one is either; enqueues succeed again after
 // each restart.
 func TestBufferDatabaseRestart(t *testing.T) {
+	t.Parallel()
 	srv, url := testdb.NewServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

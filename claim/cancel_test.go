@@ -36,6 +36,7 @@ func endedRow(t *testing.T, ctx context.Context, q *claim.Queue, id uuid.UUID) (
 // the request and ends it as cancelled, with who and why recorded, and
 // its id stays a duplicate for the dedup window.
 func TestCancelRunningItem(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -133,6 +134,7 @@ func TestCancelRunningItem(t *testing.T) {
 
 // An unclaimed item's cancel ends it at once, with who and why.
 func TestCancelUnclaimedItem(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -162,6 +164,7 @@ func TestCancelUnclaimedItem(t *testing.T) {
 // releases the claim) or whose lease ran out ends as cancelled by Reap,
 // never run again.
 func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Lease: 300 * time.Millisecond})
@@ -224,6 +227,7 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 // rows agree with it — acked with one result row, or cancelled (once
 // ended) with none.
 func TestCancelRacesAck(t *testing.T) {
+	t.Parallel()
 	const n = 60
 	pool := setup(t)
 	ctx := context.Background()
@@ -300,6 +304,7 @@ func TestCancelRacesAck(t *testing.T) {
 // A snooze hands the item back without spending an attempt, delays it,
 // counts it, and the snooze past MaxSnoozes kills the item.
 func TestSnooze(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{MaxSnoozes: 2})

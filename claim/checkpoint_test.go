@@ -17,6 +17,7 @@ import (
 // checkpoint, and the bounds: the size limit, a bad progress, an
 // at-most-once item.
 func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond})
@@ -145,6 +146,7 @@ func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
 
 // TestProgressString checks Progress's rendering and fraction.
 func TestProgressString(t *testing.T) {
+	t.Parallel()
 	for p, want := range map[claim.Progress]string{
 		{Done: 3, Total: 4}: "3/4 (75%)", {Done: 12}: "12", {}: "0", {Done: 10, Total: 10}: "10/10 (100%)",
 	} {

@@ -16,25 +16,41 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// setup returns a pool on a fresh database with the schema and a results
-// table that deliberately has no unique constraint, so duplicates would show.
+// templateKey names this binary's template database (testdb.NewFromTemplate):
+// crdbwork's schema with the default table names (testschema.Apply) and the
+// results table.
+const templateKey = "claim tests: " + testschema.Key + " and results"
+
+// buildTemplate fills the template: the schema, and a results table that
+// deliberately has no unique constraint, so duplicates would show.
+func buildTemplate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := testschema.Apply(ctx, pool); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`)
+	return err
+}
+
+// setup returns a pool on a fresh database of the test with the schema and
+// the results table (a copy of the template: a few milliseconds).
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testdb.NewFromTemplate(t, templateKey, buildTemplate)
+}
+
+// setupURL is setup for tests that open their own pools: the URL of the
+// test's database (close connections to it in cleanups registered after
+// this call).
+func setupURL(t testing.TB) string {
+	t.Helper()
+	return testdb.NewURLFromTemplate(t, templateKey, buildTemplate)
 }
 
 func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
@@ -85,6 +101,7 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 }
 
 func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const items, sessions, batch = 5000, 8, 16
 	pool := setup(t)
 	ctx := context.Background()
@@ -142,6 +159,7 @@ func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
 }
 
 func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -200,6 +218,7 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 }
 
 func TestCloseReleasesClaimsAtOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -224,6 +243,7 @@ func TestCloseReleasesClaimsAtOnce(t *testing.T) {
 }
 
 func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
@@ -268,6 +288,7 @@ func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 // then fails with 40001. The ack must be retried (and commit once) or
 // reported as failed, never reported as acked without its writes.
 func TestAckCommitTimeSerializationFailure(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE tally (id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY, who TEXT NOT NULL)`); err != nil {
@@ -373,6 +394,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 }
 
 func TestAckBatchChecksEachClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -441,6 +463,7 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 }
 
 func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE each_results (item_id UUID NOT NULL, tx_at TIMESTAMPTZ NOT NULL)`); err != nil {
@@ -554,6 +577,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 }
 
 func TestClaimOrderPriorityThenVesting(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -585,6 +609,7 @@ func TestClaimOrderPriorityThenVesting(t *testing.T) {
 }
 
 func TestNackBacksOffThenDeadLetters(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond})
@@ -663,6 +688,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 }
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Second, BackoffMax: time.Minute})
 	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
@@ -676,6 +702,7 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 }
 
 func TestReleaseDoesNotCountAttempt(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -698,6 +725,7 @@ func TestReleaseDoesNotCountAttempt(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := claim.New(pool, claim.Options{MaxAttempts: -1}); err == nil {
@@ -720,6 +748,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestMissingSchemaIsReported(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t) // no schema
 	q := newQueue(t, pool, claim.Options{})
 	_, err := q.Enqueue(context.Background(), payloads(1)...)
@@ -733,6 +762,7 @@ func TestMissingSchemaIsReported(t *testing.T) {
 }
 
 func TestClaimForDeletedSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	q := newQueue(t, pool, claim.Options{})
 	if _, err := q.Enqueue(context.Background(), payloads(1)...); err != nil {
@@ -748,6 +778,7 @@ func TestClaimForDeletedSession(t *testing.T) {
 }
 
 func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

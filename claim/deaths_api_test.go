@@ -17,6 +17,7 @@ import (
 // on through every one of them, RequeueDeath takes a given death (not the
 // newest), and a requeue refused because the id is live wraps ErrItemLive.
 func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -115,6 +116,7 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 // error names, with its id, each item a step could not release or move, and
 // every other item of those steps is reaped.
 func TestReapErrorsNameStepsAndItems(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Lease: 50 * time.Millisecond})
@@ -184,6 +186,7 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 // fails every move to the dead items with a system error) is reported, and
 // the other steps still run.
 func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("the failure is injected with a PL/pgSQL trigger")
 	}

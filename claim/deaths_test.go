@@ -101,6 +101,7 @@ func waitExpired(t *testing.T, pool *pgxpool.Pool, queue string, n int) {
 // the second death's move failed on the dead items' primary key, and the
 // nack failed, leaving the item claimed.)
 func TestReusedIDDiesAgainByNack(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -149,6 +150,7 @@ func TestReusedIDDiesAgainByNack(t *testing.T) {
 // queue with them. (Schema version 3: the batch with the reused id failed,
 // and Reap stopped at that step: nothing was moved, ever.)
 func TestReaperMovesReusedIDsAndTheRest(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -225,6 +227,7 @@ func allowAll(t *testing.T, pool *pgxpool.Pool) {
 // version 3: Reap stopped at the first failing step, and the failing batch
 // moved nothing.)
 func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -285,6 +288,7 @@ func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
 // reaper. (Schema version 3, with a reused id: the nack failed, and a
 // worker retried it for ever while the item stayed claimed.)
 func TestNackSettlesWhenTheMoveFails(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -322,6 +326,7 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 // (Schema version 4 before the fix: the requeue moved both deaths, and the
 // second insert failed on the items' primary key.)
 func TestRequeueTakesTheNewestDeath(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

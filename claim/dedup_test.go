@@ -14,7 +14,6 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // claimAndAck claims every vested item of q (at most n) for a new session and
@@ -49,6 +48,7 @@ func claimAndAck(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, n int) {
 // item done, by each enqueue path — one caller-given id, many (a
 // transaction of INSERTs), and many generated ids (COPY) retried by id.
 func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		match func(string) bool
@@ -61,6 +61,7 @@ func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
 		{"statement", faultproxy.Contains("INSERT INTO"), 3, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			direct, pool, proxy := proxied(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
@@ -108,6 +109,7 @@ func TestRetryAfterUnknownOutcomeAndAckAddsNothing(t *testing.T) {
 // reported neither new nor done. Requeue of a dead item makes it live again
 // (its id is no longer done).
 func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "ends"})
@@ -201,6 +203,7 @@ func enqueueOne(ctx context.Context, q *claim.Queue, it claim.NewItem) (claim.En
 // refused; a short window passes and the id is new again; EnqueueTx in the
 // caller's transaction sees the ended ids too.
 func TestDedupWindowSetting(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
@@ -285,6 +288,7 @@ func TestDedupWindowSetting(t *testing.T) {
 // PruneEnded deletes only the rows older than the queue's window, of that
 // queue, at most 8,000 per call, 1,000 per statement; Reap calls it.
 func TestPruneEndedIsBounded(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "prune"})
@@ -340,6 +344,7 @@ func TestPruneEndedIsBounded(t *testing.T) {
 // the window); an ID with a unique key, or the same key twice in one call,
 // is refused.
 func TestUniqueKeys(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "unique"})
@@ -412,16 +417,14 @@ func TestUniqueKeys(t *testing.T) {
 // it fails plainly (no ErrOutcomeUnknown, no ids), and the same enqueue
 // then succeeds.
 func TestFairEnqueueLostTurnsReadIsAPlainFailure(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := setupURL(t)
 	direct, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer direct.Close()
 	ctx := context.Background()
-	if err := crsql.Apply(ctx, direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	proxy, purl, err := faultproxy.ForURL(url)
 	if err != nil {
 		t.Fatal(err)

@@ -98,6 +98,7 @@ func is40P01(err error) bool {
 // dead ("dependency died") otherwise. Three rounds, a queue each: on the
 // code before the fix, about four runs in five of one round deadlocked.
 func TestDependsConcurrentSettleNoDeadlock(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	traced, tracer := tracedPool(t, pool)
 	for round := range 3 {

@@ -29,6 +29,7 @@ import (
 // Every dependent is counted released by an ack's release, and no release
 // failed.
 func TestDependsReleasedWithoutReap(t *testing.T) {
+	t.Parallel()
 	pool := testdb.NewLived(t, func(ctx context.Context, pool *pgxpool.Pool) error {
 		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 			return err

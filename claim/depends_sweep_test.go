@@ -25,6 +25,7 @@ import (
 // the held dependent still waits, the other is released; once the holder
 // ends, the next reap releases it too.
 func TestDependsReapSkipsHeldDependents(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const queue = "held"

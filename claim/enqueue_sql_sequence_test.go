@@ -16,6 +16,7 @@ import (
 // time, after the Go API's items of the key; items without a key, and
 // items of a queue that is not sequenced, get no sequence order.
 func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{Queue: "seq"})

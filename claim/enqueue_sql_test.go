@@ -51,15 +51,12 @@ func psql(t *testing.T, url, command string) (string, string, error) {
 
 func sqlSetup(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := setupURL(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	return pool, url
 }
 
@@ -70,6 +67,7 @@ func sqlSetup(t *testing.T) (*pgxpool.Pool, string) {
 // ended (done true) within the dedup window, exactly as the Go API
 // reports it for the same id.
 func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "mail", 8); err != nil {
@@ -128,6 +126,7 @@ func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
 // nothing, from psql (a non-zero exit) and from Go; an id of another
 // queue's item is refused as the Go API refuses it.
 func TestSQLEnqueueRefusesBadInput(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	_, stderr, err := psql(t, url, `SELECT * FROM crdbwork_enqueue(`+testdb.EnqueueArgs("'q'", "''::BYTEA", "key", "repeat('k', 2049)")+`)`)
@@ -181,6 +180,7 @@ func TestSQLEnqueueRefusesBadInput(t *testing.T) {
 // claimed before a backlogged one's later items; delays, run_at, TTLs and
 // at-most-once land as the Go API puts them.
 func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
+	t.Parallel()
 	pool, _ := sqlSetup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "p", 64); err != nil {
@@ -256,6 +256,7 @@ func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
 // adds nothing: the function sees the ack's record of the ended id and
 // answers done, as the Go API's serializable enqueue does.
 func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("the race is PostgreSQL's READ COMMITTED, and so is its guard (the function's locking read, postgres only); the test finds the waiting call in pg_stat_activity, empty on CockroachDB")
 	}
@@ -295,7 +296,7 @@ func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
 	}()
 	// Wait until the enqueue waits for the ack's lock.
 	deadline := time.Now().Add(20 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) == 0 {
+	for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) == 0 {
 		if time.Now().After(deadline) {
 			close(release)
 			t.Fatal("the enqueue never waited for the ack")
@@ -320,6 +321,7 @@ func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
 // the queue's wake-up on the channel the Go API uses for those tables, at
 // commit (PostgreSQL); a delayed item sends none.
 func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
@@ -388,6 +390,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 // neither the items nor the ended ids sequentially (PostgreSQL's per-table
 // counters).
 func TestSQLEnqueueScansNoTable(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("counts sequential scans in pg_stat_user_tables, PostgreSQL's (an empty table on CockroachDB)")
 	}
@@ -491,6 +494,7 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 // the id of another queue's waiting item is refused like another queue's
 // item's.
 func TestSQLEnqueueOfAWaitingIDIsADuplicate(t *testing.T) {
+	t.Parallel()
 	pool, _ := sqlSetup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "sqlwait"})

@@ -20,6 +20,7 @@ import (
 // reason "expired"; one claimed before its deadline may still be acked, and
 // items without a deadline are untouched.
 func TestItemTTLExpires(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -91,6 +92,7 @@ func TestItemTTLExpires(t *testing.T) {
 // handed out twice, even when the claimer dies at once; by item and by
 // queue setting, through the INSERT and the COPY paths.
 func TestAtMostOnceClaimDeletes(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -177,8 +179,10 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 // tenants: their items are claimed within a round; in a plain queue they
 // wait behind the backlog.
 func TestFairQueueServesSmallTenants(t *testing.T) {
+	t.Parallel()
 	for _, fair := range []bool{true, false} {
 		t.Run(fmt.Sprint("fair=", fair), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
@@ -236,6 +240,7 @@ func TestFairQueueServesSmallTenants(t *testing.T) {
 // SkipTenants leaves a tenant's items unclaimed; a tenant's items without a
 // key land in the part PartOf names.
 func TestSkipTenantsAndTenantPart(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", 8); err != nil {
@@ -270,6 +275,7 @@ func TestSkipTenantsAndTenantPart(t *testing.T) {
 
 // Dead items say why they died.
 func TestDeadItemReasons(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -301,7 +307,8 @@ func TestDeadItemReasons(t *testing.T) {
 // on a pool of one connection, held by that transaction, it does not wait
 // for a second one.
 func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(setupURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,9 +319,6 @@ func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
 	}
 	defer pool.Close()
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	q := newQueue(t, pool, claim.Options{})

@@ -32,6 +32,7 @@ func claimOne(t *testing.T, q *claim.Queue, session uuid.UUID) claim.Item {
 // ack, nack or release the newer claim: the token grew although the attempt
 // did not.
 func TestStaleItemCannotActOnNewerClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -70,6 +71,7 @@ func TestStaleItemCannotActOnNewerClaim(t *testing.T) {
 // matches nothing and claim_queue/claim_part stay behind. An any-part claim
 // must still succeed: it writes all three claim columns.
 func TestAnyPartClaimAfterPartsSessionDied(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -124,6 +126,7 @@ func startSessionNoCleanup(ctx context.Context, pool *pgxpool.Pool) (uuid.UUID, 
 // claim's ack is refused, and the item is claimed again with its attempt
 // counted and a new token.
 func TestReapReleasesExpiredLeases(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	short := newQueue(t, pool, claim.Options{Lease: 50 * time.Millisecond})
@@ -178,6 +181,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 // A crash loop ends dead: claims never hand out an item whose attempts are
 // used up, and Reap moves it to the dead items with a last error saying so.
 func TestCrashLoopEndsDead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -228,6 +232,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 // Extend moves the leases of the items still held by the Claimer's session,
 // and only those.
 func TestExtendRefusesLostClaims(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Lease: time.Minute})
@@ -275,6 +280,7 @@ func TestExtendRefusesLostClaims(t *testing.T) {
 
 // ReleaseForgotten releases what a session holds but does not know about.
 func TestReleaseForgotten(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -302,6 +308,7 @@ func TestReleaseForgotten(t *testing.T) {
 
 // A paused queue hands out nothing, to either kind of claim.
 func TestPausedQueueClaimsNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -385,12 +392,14 @@ func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 // and 10); acked again, it writes the result only if the first did not
 // (invariant 13).
 func TestAckCommitAmbiguous(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name      string
 		action    faultproxy.Action
 		committed bool
 	}{{"committed", faultproxy.AmbiguousForward, true}, {"rolled-back", faultproxy.AmbiguousDrop, false}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			direct, pool, proxy := proxied(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
@@ -442,6 +451,7 @@ func TestAckCommitAmbiguous(t *testing.T) {
 // it) is reported as ErrOutcomeUnknown — never as acked, never as failed —
 // and not run again: the ack did commit, and its record ran once.
 func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	direct, pool, proxy := proxied(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -526,6 +536,7 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 // says Version+1, session.Start, Enqueue and Claim fail with ErrSchemaNewer, and
 // nothing is written.
 func TestNewerSchemaIsRefused(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool) // while the version was current
@@ -568,6 +579,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 // result stamped later than the last time it saw the row (cmd/demo,
 // faultDemo.checkFence) saw the gap in its own sampling.
 func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // one exact interleaving, its transactions committed once
 	ctx := context.Background()
@@ -583,7 +595,7 @@ func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
 			return
 		}
 		deadline := time.Now().Add(time.Minute)
-		for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`) == 0 {
+		for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s did not wait for a lock within a minute", what)
 			}

@@ -247,6 +247,7 @@ func mxBrokenCell(option string, waits bool, settle string) string {
 
 // TestCombinationMatrix runs every cell of the matrix in one database.
 func TestCombinationMatrix(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -1227,6 +1228,7 @@ func (t copyCountingTx) CopyFrom(ctx context.Context, table pgx.Identifier, colu
 // of the SQL function has its place in the matrix: a new one fails here
 // until the matrix covers it.
 func TestCombinationMatrixIsComplete(t *testing.T) {
+	t.Parallel()
 	covered := map[string]bool{"Payload": true}
 	for _, o := range mxOptions {
 		for _, f := range o.fields {
@@ -1400,6 +1402,7 @@ func mxDocs() string {
 // TestCombinationMatrixDocs: docs/guarantees.md holds the matrix's tables
 // as the test's tables say (CRDBWORK_UPDATE_DOCS=1 rewrites them).
 func TestCombinationMatrixDocs(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile(mxDocsFile)
 	if err != nil {
 		t.Fatal(err)

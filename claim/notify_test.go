@@ -23,6 +23,7 @@ import (
 // NoNotify. Enqueue, Buffer and Requeue also wake the process's
 // subscribers after their commit; EnqueueTx does not (the caller commits).
 func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("notifications are PostgreSQL's only")
 	}

@@ -56,6 +56,7 @@ func insertRefusedWaiting(t *testing.T, pool *pgxpool.Pool, queue string, id, pr
 // before the fix, the sweep retried the same failing batch at every Reap:
 // nothing of the queue's dependencies moved again.
 func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "deps"})
@@ -174,6 +175,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 // items) ends dead with reason "refused by the database" at the next Reap;
 // the other expired leases of the batch are released.
 func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "leases", Lease: 50 * time.Millisecond})
@@ -225,6 +227,7 @@ func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
 // refused one stays dead and is counted. On the code before the fix, the
 // requeue stopped at that row with an error.
 func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "rq"})
@@ -276,6 +279,7 @@ func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
 // reported with its id, and the step goes on without it. On the code before
 // the fix, the step failed as a whole at every Reap and ended none.
 func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "cancels"})
@@ -322,6 +326,7 @@ func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
 // its id. On the code before the fix, the oldest-first batch failed at
 // every Reap and nothing of the queue was pruned again.
 func TestRefusedPruneDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "prune"})

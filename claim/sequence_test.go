@@ -51,6 +51,7 @@ func payloadsOf(items []claim.Item) map[string]bool {
 // acked, in enqueue order, whether the items came in one call, in several
 // calls, by INSERT or by COPY.
 func TestSequencedKeysRunOneAtATimeInOrder(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{})
@@ -132,6 +133,7 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 // other keys go on); it is claimed again, attempt 2, then the key goes on
 // once it is acked. A head moved to the dead items unblocks its key.
 func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{BackoffBase: 300 * time.Millisecond, BackoffMax: 300 * time.Millisecond})
@@ -197,8 +199,12 @@ func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
 // refuses that second claim of the key (the unique index), and nothing
 // changes.
 func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
+	t.Parallel()
 	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
-		t.Run(fmt.Sprintf("%+v", tables), func(t *testing.T) { lateItem(t, tables) })
+		t.Run(fmt.Sprintf("%+v", tables), func(t *testing.T) {
+			t.Parallel()
+			lateItem(t, tables)
+		})
 	}
 }
 
@@ -264,6 +270,7 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 // while any is left. A queue never sequenced hands out a key's items
 // together, as before.
 func TestSequencingOffKeepsSequencedItems(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	plain := newQueue(t, pool, claim.Options{Queue: "plain"})
@@ -310,8 +317,10 @@ func TestSequencingOffKeepsSequencedItems(t *testing.T) {
 // with parts (each session owns some) and without; every item is acked
 // once.
 func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
+	t.Parallel()
 	for _, parts := range []int{0, 4} {
 		t.Run(fmt.Sprint(parts, " parts"), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			const sessions, keys, perKey = 6, 12, 15
@@ -426,6 +435,7 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 // (several statements), and the urgent lane, hand out heads only, in a
 // sequenced queue: each key's first item, then its next once it is acked.
 func TestSequencedManyPartsAndUrgentLaneTakeHeadsOnly(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const parts = crsql.MaxPartBranches + 5
