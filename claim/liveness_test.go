@@ -360,19 +360,13 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 // the proxy drops commits, unless an injected 40001 refused it).
 func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := setupURL(t)
 	direct, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
 	testdb.Quiet(t, direct)
-	if err := crsql.Apply(context.Background(), direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := direct.Exec(context.Background(), `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
 	p, purl, err := faultproxy.ForURL(url)
 	if err != nil {
 		t.Skipf("no fault proxy: %v", err)
