@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -380,7 +381,7 @@ func TestAdminWaitDrained(t *testing.T) {
 		t.Fatalf("WaitDrained with items left: %v, want the deadline", err)
 	}
 	result := make(chan error, 1)
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	go func() { result <- q.WaitDrained(wctx, 20*time.Millisecond) }()
 	for _, id := range ids {
@@ -392,7 +393,7 @@ func TestAdminWaitDrained(t *testing.T) {
 	if err := q.EndCancelled(ctx, held[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-result; err != nil {
+	if err := await.Recv(t, "WaitDrained to return once the queue drained", result); err != nil {
 		t.Fatalf("WaitDrained after the queue drained: %v", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -54,25 +55,13 @@ func newBuffer(t testing.TB, q *claim.Queue, opts claim.BufferOptions) *claim.Bu
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(time.Minute))
 		defer cancel()
 		if err := b.Close(ctx); err != nil {
 			t.Error(err)
 		}
 	})
 	return b
-}
-
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // Many goroutines enqueue through one buffer, with generated and
@@ -295,7 +284,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 		_, err := buf.Enqueue(cctx, claim.NewItem{Payload: []byte("withdrawn")})
 		done <- err
 	}()
-	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
+	await.Until(t, "the item waiting in the buffer", func() (bool, string) {
+		st := buf.Stats()
+		return st.Waiting == 1, fmt.Sprintf("%+v", st)
+	})
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) || errors.Is(err, claim.ErrOutcomeUnknown) {
 		t.Fatalf("caller cancelled before its flush: %v, want context.Canceled and not unknown", err)
@@ -337,7 +329,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 			stay <- answer(buf.Enqueue(ctx, it))
 		}()
 	}
-	waitFor(t, "a flush", func() bool { return buf.Stats().Flushes > 0 })
+	await.Until(t, "a flush", func() (bool, string) {
+		st := buf.Stats()
+		return st.Flushes > 0, fmt.Sprintf("%+v", st)
+	})
 	gcancel()
 	g := <-gone
 	if !errors.Is(g.err, claim.ErrOutcomeUnknown) || !errors.Is(g.err, context.Canceled) || g.id == (uuid.UUID{}) {
@@ -373,7 +368,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 		_, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("before close")})
 		late <- err
 	}()
-	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
+	await.Until(t, "the item waiting in the buffer", func() (bool, string) {
+		st := buf.Stats()
+		return st.Waiting == 1, fmt.Sprintf("%+v", st)
+	})
 	if err := buf.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +446,7 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 func TestBufferDatabaseRestart(t *testing.T) {
 	t.Parallel()
 	srv, url := testdb.NewServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(5*time.Minute))
 	defer cancel()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -495,23 +493,29 @@ func TestBufferDatabaseRestart(t *testing.T) {
 				}
 				mu.Unlock()
 				if err != nil {
-					time.Sleep(20 * time.Millisecond) // the database is down: do not spin
+					// A producer's pause, not a wait: the database is
+					// down, and a producer does not spin.
+					time.Sleep(20 * time.Millisecond)
 				}
 			}
 		}()
 	}
+	stopped := false
+	stopProducers := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stopProducers) // a failed wait leaves them running
 	waitOK := func(what string) {
 		t.Helper()
 		okAfter.Store(0)
-		deadline := time.Now().Add(2 * time.Minute)
-		for okAfter.Load() < 200 {
-			if time.Now().After(deadline) {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("%s: only %d enqueues succeeded within 2 minutes", what, okAfter.Load())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await.Until(t, "200 enqueues to succeed "+what, func() (bool, string) {
+			n := okAfter.Load()
+			return n >= 200, fmt.Sprintf("%d succeeded", n)
+		}, await.Within(2*time.Minute))
 	}
 	waitOK("before the restarts")
 	for i := range 2 {
@@ -520,8 +524,7 @@ func TestBufferDatabaseRestart(t *testing.T) {
 		}
 		waitOK(fmt.Sprint("after restart ", i+1))
 	}
-	close(stop)
-	wg.Wait()
+	stopProducers()
 
 	present := map[uuid.UUID]int{}
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items`)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // TestCheckpointAndProgressSurviveRetries saves a checkpoint and a progress
@@ -29,20 +30,18 @@ func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
 	id := ids.IDs[0]
 	claimOne := func() claim.Item {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var it claim.Item
+		await.Until(t, "the item to be claimable again", func() bool {
 			got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if len(got) == 1 {
-				return got[0]
+				it = got[0]
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the item never became claimable again")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return len(got) == 1
+		})
+		return it
 	}
 
 	first := claimOne()

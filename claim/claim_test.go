@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
@@ -64,15 +65,78 @@ func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue
 
 func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *session.Session {
 	t.Helper()
-	// A 10 s expiry: long enough that a loaded machine (load averages of 20
-	// on 2 cores were seen) does not lose live sessions. Tests of crashed
-	// sessions start their own, with short expiries.
-	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
+	// Nobody is meant to leave: an expiry of 20 heartbeats, 10 s on a quiet
+	// machine, both stretched with the machine's load (await.Stretch, read
+	// once), so that a loaded machine does not lose live sessions. Tests of
+	// crashed sessions start their own, with short expiries.
+	hb := await.Stretch(500 * time.Millisecond)
+	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 20 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	return s
+}
+
+// claimLoop claims in a goroutine of its own, one Claim after another,
+// keeping what it claimed, and counts its claims in rounds (a tick after
+// each Claim returned): a test shows with await.Never that a claim does
+// not take something, each claim being a chance to, and waits with
+// await.Until for what it must take. It stops at the test's end, or at
+// stop.
+type claimLoop struct {
+	rounds *await.Rounds
+	halt   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+
+	mu  sync.Mutex
+	got []claim.Item
+	err error
+}
+
+// startClaimLoop starts a claimLoop of c, max items per claim.
+func startClaimLoop(t testing.TB, c claim.Claimer, max int) *claimLoop {
+	l := &claimLoop{rounds: await.NewRounds("claims"), halt: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for {
+			got, err := c.Claim(context.Background(), claim.ClaimRequest{Max: max})
+			l.mu.Lock()
+			l.got = append(l.got, got...)
+			l.err = err
+			l.mu.Unlock()
+			l.rounds.Tick()
+			if err != nil {
+				return
+			}
+			select {
+			case <-l.halt:
+				return
+			case <-time.After(5 * time.Millisecond): // a claimer's pause between claims, not a wait
+			}
+		}
+	}()
+	t.Cleanup(l.stop)
+	return l
+}
+
+// stop stops the loop and waits for its last claim to return.
+func (l *claimLoop) stop() {
+	l.once.Do(func() { close(l.halt) })
+	<-l.done
+}
+
+// claimed returns what the loop claimed so far, failing the test if a
+// claim failed.
+func (l *claimLoop) claimed(t testing.TB) []claim.Item {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		t.Fatalf("claim: %v", l.err)
+	}
+	return append([]claim.Item(nil), l.got...)
 }
 
 func payloads(n int) []claim.NewItem {
@@ -167,7 +231,10 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashCtx, crash := context.WithCancel(ctx)
-	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}})
+	// The victim must live until the crash: its heartbeat and expiry
+	// (6 heartbeats) stretched with the machine's load.
+	hb := await.Stretch(100 * time.Millisecond)
+	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 6 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,22 +243,20 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 		t.Fatalf("victim claimed %d items (err %v), want 10", len(claimed), err)
 	}
 	peer := startSession(t, ctx, pool)
-	if got, _ := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); len(got) != 0 {
-		t.Fatalf("peer claimed %d items that the live victim holds", len(got))
-	}
+	loop := startClaimLoop(t, q.Claimer(peer.ID()), 10)
+	await.Never(t, "the peer claims an item the live victim holds", loop.rounds, 3, func() (bool, string) {
+		got := loop.claimed(t)
+		return len(got) > 0, fmt.Sprintf("%d claimed", len(got))
+	})
 
 	crash() // the victim stops heartbeating; its row stays until a peer reaps it
 	var retaken []claim.Item
-	deadline := time.Now().Add(15 * time.Second)
-	for len(retaken) < 10 && time.Now().Before(deadline) {
-		got, err := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		retaken = append(retaken, got...)
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(retaken) != 10 {
+	await.Until(t, "the peer to claim the crashed session's 10 items", func() (bool, string) {
+		retaken = loop.claimed(t)
+		return len(retaken) >= 10, fmt.Sprintf("%d re-claimed", len(retaken))
+	})
+	loop.stop()
+	if retaken = loop.claimed(t); len(retaken) != 10 {
 		t.Fatalf("peer re-claimed %d of the crashed session's 10 items", len(retaken))
 	}
 	for _, it := range retaken {
@@ -299,7 +364,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 
 	// interfere runs a conflicting serializable transaction to commit.
 	interfere := func(ctx context.Context) {
-		ictx, cancel := context.WithTimeout(ctx, 2*time.Second) // CockroachDB may make it wait on the ack's locks
+		ictx, cancel := context.WithTimeout(ctx, await.Stretch(2*time.Second)) // CockroachDB may make it wait on the ack's locks
 		defer cancel()
 		tx, err := pool.BeginTx(ictx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 		if err != nil {
@@ -621,16 +686,13 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	claimOne := func() claim.Item {
 		t.Helper()
 		var got []claim.Item
-		waitDeadline := time.Now().Add(10 * time.Second)
-		for len(got) == 0 {
-			if time.Now().After(waitDeadline) {
-				t.Fatal("item never became claimable again")
-			}
+		await.Until(t, "the item to be claimable again after its backoff", func() bool {
 			got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-		}
+			return len(got) > 0
+		})
 		return got[0]
 	}
 	for attempt := 1; attempt <= 3; attempt++ {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // Tests of issue 16, "dead items keep every death": an id enqueued again
@@ -87,13 +88,10 @@ func crashClaim(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, want int) {
 // waitExpired waits until n items of the queue are past their deadline.
 func waitExpired(t *testing.T, pool *pgxpool.Pool, queue string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND expires_at <= now()`, queue) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d items of %q passed their deadlines", n, queue)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, fmt.Sprintf("%d items of %q to pass their deadlines by the database's clock", n, queue), func() (bool, string) {
+		got := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND expires_at <= now()`, queue)
+		return got >= n, fmt.Sprintf("%d passed", got)
+	})
 }
 
 // An id that already died dies again through Nack, with a Permanent error

@@ -3,12 +3,12 @@ package claim_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -80,12 +80,13 @@ func TestDependsReapSkipsHeldDependents(t *testing.T) {
 		st, err := reaper.Reap(ctx)
 		done <- result{st, err}
 	}()
+	// Until Reap returns, no statement of the database may wait for a lock
+	// (but the holder's own).
 	var res result
-wait:
-	for {
+	await.Until(t, "Reap to return", func() bool {
 		select {
 		case res = <-done:
-			break wait
+			return true
 		default:
 		}
 		if testdb.Kind(t) == "postgres" {
@@ -100,8 +101,8 @@ wait:
 				t.Fatal("Reap waited for a dependent another transaction held")
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
 	if res.err != nil || res.st.Unblocked != 1 {
 		t.Fatalf("Reap: %+v, %v; want the free dependent released and no error", res.st, res.err)
 	}

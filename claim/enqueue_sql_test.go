@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -295,14 +296,16 @@ func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
 		enqErr <- err
 	}()
 	// Wait until the enqueue waits for the ack's lock.
-	deadline := time.Now().Add(20 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) == 0 {
-		if time.Now().After(deadline) {
+	released := false
+	t.Cleanup(func() { // a failed wait leaves the ack holding its locks
+		if !released {
 			close(release)
-			t.Fatal("the enqueue never waited for the ack")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	})
+	await.Until(t, "the enqueue to wait for the ack's lock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) > 0
+	})
+	released = true
 	close(release)
 	if err := <-ackErr; err != nil {
 		t.Fatal(err)
@@ -357,7 +360,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	if postgres {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, await.Stretch(10*time.Second))
 		defer cancel()
 		n, err := conn.WaitForNotification(wctx)
 		if err != nil || n.Channel != ch {
@@ -375,11 +378,28 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 	if !postgres {
 		return
 	}
-	// Only one notification: the delayed item sent none.
-	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer scancel()
-	if n, err := conn.WaitForNotification(sctx); err == nil {
-		t.Errorf("a second notification %+v", n)
+	// Only one notification: the delayed item sent none. A barrier shows
+	// it without a wait: an item of another queue, due now, enqueued after
+	// both; notifications are delivered in commit order, so one the delayed
+	// item sent would come before the barrier's.
+	barrier := store.NotifyChannel("barrier")
+	if err := store.Listen(ctx, conn, barrier); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT item_id FROM `+fn+`('barrier', convert_to('b', 'UTF8'))`); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, await.Stretch(10*time.Second))
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for the barrier's notification: %v", err)
+		}
+		if n.Channel == barrier {
+			break
+		}
+		t.Errorf("a second notification before the barrier's: %+v", n)
 	}
 }
 
@@ -433,12 +453,26 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// The setup ran on the pool's connections (its reads above scan the
+	// tables), whose counts reach pg_stat_user_tables when their backends
+	// flush them: at most once a second, or when they exit. Close them and
+	// wait until their backends are gone, so that none is counted during
+	// the calls.
+	pool.Reset()
+	await.Until(t, "the pool's backends to exit (their statistics flushed)", func() (bool, string) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0, fmt.Sprintf("%d other backends", n)
+	})
 	scans := func() map[string]int64 {
 		t.Helper()
 		if _, err := conn.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 			t.Fatal(err)
 		}
 		out := map[string]int64{}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -25,9 +26,12 @@ func TestItemTTLExpires(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	s := startSession(t, ctx, pool)
+	// "held" must be claimed before its deadline: stretched with the
+	// machine's load.
+	ttl := await.Stretch(300 * time.Millisecond)
 	ids, err := q.Enqueue(ctx,
-		claim.NewItem{Payload: []byte("short"), TTL: 300 * time.Millisecond, Tenant: "acme"},
-		claim.NewItem{Payload: []byte("held"), TTL: 300 * time.Millisecond, Priority: -1},
+		claim.NewItem{Payload: []byte("short"), TTL: ttl, Tenant: "acme"},
+		claim.NewItem{Payload: []byte("held"), TTL: ttl, Priority: -1},
 		claim.NewItem{Payload: []byte("forever"), Priority: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -36,13 +40,10 @@ func TestItemTTLExpires(t *testing.T) {
 	if held.ID != ids.IDs[1] || held.ExpiresAt.IsZero() {
 		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids.IDs[1])
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the deadlines never passed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the two deadlines to pass by the database's clock", func() (bool, string) {
+		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`)
+		return n >= 2, fmt.Sprintf("%d of 2 passed", n)
+	})
 	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(got) != 1 || got[0].ID != ids.IDs[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
@@ -66,14 +67,14 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatalf("%d items left", n)
 	}
 	// A nacked item past its deadline is not retried: the reaper takes it.
-	ids, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("nacked"), TTL: 200 * time.Millisecond})
+	ids, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("nacked"), TTL: await.Stretch(200 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	it := claimOne(t, q, s.ID())
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 1 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the nacked item's deadline to pass by the database's clock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) >= 1
+	})
 	if _, err := q.Nack(ctx, it, claim.RetryAfter(0, errors.New("later"))); err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
 	}
 	defer pool.Close()
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(20*time.Second))
 	defer cancel()
 	q := newQueue(t, pool, claim.Options{})
 	tx, err := pool.Begin(ctx)

@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
@@ -144,17 +146,14 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 		t.Fatalf("default lease ends in %v, want about %v", d, claim.DefaultLease)
 	}
 	released := 0
-	deadline := time.Now().Add(10 * time.Second)
-	for released < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("Reap released %d of the 2 expired leases", released)
-		}
+	await.Until(t, "Reap to release the 2 expired leases", func() (bool, string) {
 		st, err := long.Reap(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		released += st.Released
-	}
+		return released >= 2, fmt.Sprintf("%d released", released)
+	})
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`); n != 1 {
 		t.Fatalf("%d items claimed after the reap, want 1 (the one with a live lease)", n)
 	}
@@ -518,7 +517,7 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 	// And a refused connection is a plain failure.
 	proxy.Cut()
 	pool.Reset()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, await.Stretch(5*time.Second))
 	defer cancel()
 	_, err = q.Nack(cctx, it3, errors.New("x"))
 	if err == nil || errors.Is(err, claim.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "connect") {
@@ -588,13 +587,9 @@ func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
 		if testdb.Kind(t) != "postgres" {
 			return
 		}
-		deadline := time.Now().Add(time.Minute)
-		for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not wait for a lock within a minute", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await.Until(t, what+" to wait for a lock", func() bool {
+			return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		})
 	}
 
 	// The deletion first: it holds the claim's row until it commits.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
@@ -903,8 +904,8 @@ func (c *mxCell) claimX() claim.Item {
 func (c *mxCell) claimID(id uuid.UUID) claim.Item {
 	c.t.Helper()
 	ctx := c.ctx
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var it claim.Item
+	await.Until(c.t, fmt.Sprintf("item %s to be claimable", id), func() (bool, string) {
 		var got []claim.Item
 		var err error
 		if id == c.id && c.opt.name == "urgent Priority" {
@@ -934,13 +935,12 @@ func (c *mxCell) claimID(id uuid.UUID) claim.Item {
 			}
 		}
 		if found != nil {
-			return *found
+			it = *found
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			c.fatalf("item %s was not claimable within 2 minutes (row: %s)", id, c.row())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, "row: " + c.row()
+	}, await.Every(20*time.Millisecond), await.Within(2*time.Minute))
+	return it
 }
 
 // itemSequenced reports whether the cell's item is a sequenced item still

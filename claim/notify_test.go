@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -59,7 +60,7 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		for {
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			wctx, cancel := context.WithTimeout(ctx, await.Stretch(time.Minute))
 			got, err := conn.WaitForNotification(wctx)
 			cancel()
 			if err != nil {

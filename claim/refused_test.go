@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // incompressible returns n bytes of text that PostgreSQL's compression
@@ -194,13 +196,10 @@ func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
 		VALUES ($1, 'leases', 'raw', $2, $3, now(), now() - INTERVAL '1 second', 1)`, bad, tooLongTenant, s.ID()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now()`) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the leases never ended")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.Until(t, "the three leases to end by the database's clock", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now()`)
+		return n >= 3, fmt.Sprintf("%d of 3 ended", n)
+	})
 	st, err := q.Reap(ctx)
 	if st.Released != 2 || st.Refused != 1 || st.Stuck != 0 {
 		t.Fatalf("Reap = %+v (%v); want 2 released, 1 refused", st, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -349,7 +350,7 @@ func TestSequencedRequeueUnderConcurrentClaimers(t *testing.T) {
 
 func requeueUnderClaimers(t *testing.T, hold bool) {
 	pool := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(5*time.Minute))
 	defer cancel()
 	q := sequencedQueue(t, pool, claim.Options{})
 	if _, err := q.SetSequenceHold(ctx, hold); err != nil {
@@ -404,7 +405,7 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 					return
 				}
 				if len(got) == 0 {
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // an idle claimer's pause, not a wait
 					continue
 				}
 				for _, it := range got {
@@ -468,7 +469,7 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 					requeued++
 				}
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the requeuer's pause between its reads, not a wait
 		}
 	}()
 	wg.Wait()
