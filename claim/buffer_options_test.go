@@ -161,6 +161,7 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // queues of their own, in the shared database
 			var rows [2]string
 			var answers [2]string
 			for n, path := range []string{"direct", "buffer"} {

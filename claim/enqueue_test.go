@@ -240,8 +240,12 @@ func TestEnqueueSameIDsConcurrently(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
-	for round := range 5 {
-		ids := make([]uuid.UUID, 2000)
+	// Three rounds of 500 ids: each producer's enqueue is one statement
+	// (under insertRows), as with more ids, and three producers in their
+	// own orders overlap on their rows at once.
+	const rounds, perRound = 3, 500
+	for round := range rounds {
+		ids := make([]uuid.UUID, perRound)
 		for i := range ids {
 			ids[i] = uuid.New()
 		}
@@ -272,8 +276,8 @@ func TestEnqueueSameIDsConcurrently(t *testing.T) {
 			t.Fatalf("round %d: the producers added %v items, %d in all, want %d", round, added, total, len(ids))
 		}
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 5*2000 {
-		t.Fatalf("%d rows, want %d", n, 5*2000)
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != rounds*perRound {
+		t.Fatalf("%d rows, want %d", n, rounds*perRound)
 	}
 	t.Logf("enqueue transactions run again after a conflict: %d", q.Stats().Retries["enqueue"])
 }
@@ -383,10 +387,7 @@ func TestEnqueueBulkMatchesSingle(t *testing.T) {
 // protocol message carries more than 8 MiB, by INSERT and by COPY.
 func TestEnqueueSplitsByBytes(t *testing.T) {
 	t.Parallel()
-	w := &wire{}
-	pool := w.pool(t)
 	ctx := context.Background()
-	q := newQueue(t, pool, claim.Options{})
 	mib := bytes.Repeat([]byte{'x'}, 1<<20)
 	for _, tc := range []struct {
 		name   string
@@ -400,6 +401,10 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 		{"copy", 100, 300 << 10, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &wire{}
+			pool := w.pool(t)
+			q := newQueue(t, pool, claim.Options{})
 			items := make([]claim.NewItem, tc.items)
 			for i := range items {
 				items[i].Payload = mib[:tc.size]
@@ -437,7 +442,7 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 		})
 	}
 	// The limits hold whatever MaxPayload says.
-	big := newQueue(t, pool, claim.Options{MaxPayload: 64 << 20})
+	big := newQueue(t, setup(t), claim.Options{MaxPayload: 64 << 20})
 	if _, err := big.Enqueue(ctx, claim.NewItem{Payload: make([]byte, claim.MaxPayloadLimit+1)}); !errors.Is(err, claim.ErrPayloadTooLarge) {
 		t.Fatalf("payload over MaxPayloadLimit: %v, want ErrPayloadTooLarge", err)
 	}
