@@ -246,7 +246,10 @@ func mxBrokenCell(option string, waits bool, settle string) string {
 	return ""
 }
 
-// TestCombinationMatrix runs every cell of the matrix in one database.
+// TestCombinationMatrix runs every cell of the matrix in one database. The
+// paths' and options' subtests are parallel too, so that every cell is
+// scheduled on its own (a group of cells waited for its slowest before the
+// next group began).
 func TestCombinationMatrix(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -255,6 +258,7 @@ func TestCombinationMatrix(t *testing.T) {
 	var copies atomic.Int64
 	for _, p := range mxPaths {
 		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
 			for _, o := range mxOptions {
 				for _, waits := range []bool{false, true} {
 					if waits && o.name == "After" {
@@ -265,6 +269,7 @@ func TestCombinationMatrix(t *testing.T) {
 						oname += " after a prerequisite"
 					}
 					t.Run(oname, func(t *testing.T) {
+						t.Parallel()
 						for _, st := range mxSettles {
 							t.Run(st.name, func(t *testing.T) {
 								t.Parallel()
