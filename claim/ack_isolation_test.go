@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -22,6 +23,7 @@ import (
 // PostgreSQL, whose default is READ COMMITTED, this fails if the ack stops
 // asking for SERIALIZABLE.
 func TestAckIsolationLevel(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -56,6 +58,7 @@ func TestAckIsolationLevel(t *testing.T) {
 // that rolls back let it commit, once. PostgreSQL only: it finds the
 // waiting ack in pg_stat_activity.
 func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}
@@ -135,28 +138,25 @@ func TestAckRechecksTheClaimOnTheNewestRow(t *testing.T) {
 
 // waitForLockWait waits until some backend of the test database waits for
 // a row lock in a DELETE of the items (the ack's), failing if done reports
-// first (the ack did not wait) or after a deadline.
+// first (the ack did not wait) or if it does not come (await's deadline).
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool, done <-chan error) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await.Until(t, "the ack's delete to wait for the row's lock", func() (bool, string) {
 		var n int
 		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DELETE FROM "crdbwork_items"%'`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
-			return
+			return true, ""
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("the ack returned (%v) without waiting for the row's lock", err)
-		case <-time.After(5 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the ack's delete never waited for the row's lock")
-		}
-	}
+		return false, "no backend waits for a lock in a DELETE of the items"
+	})
 }
 
 // TestAckRacesReaperReclaimAndCancel races, on many items with leases of a
@@ -168,8 +168,9 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 // returned an error wrote nothing. The at-least-once side (a released item
 // is claimed again) makes sure the race happens: some acks must lose.
 func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(3*time.Minute))
 	defer cancel()
 	const items = 400
 	q := newQueue(t, pool, claim.Options{Lease: 2 * time.Millisecond})
@@ -252,21 +253,20 @@ func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
 			}
 		}
 	}()
+	t.Cleanup(func() { // a failed wait leaves them running
+		stop.Store(true)
+		wg.Wait()
+	})
 	// Run until every item has left the table.
-	for {
-		left := count(t, pool, `SELECT count(*) FROM crdbwork_items`)
+	await.Until(t, "every item to leave the table", func() (bool, string) {
 		select {
 		case err := <-fail:
-			stop.Store(true)
-			wg.Wait()
 			t.Fatal(err)
 		default:
 		}
-		if left == 0 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // polling the condition, not waiting for a guess
-	}
+		left := count(t, pool, `SELECT count(*) FROM crdbwork_items`)
+		return left == 0, fmt.Sprintf("%d of %d items left, %d acks lost", left, items, lost.Load())
+	}, await.Within(3*time.Minute))
 	stop.Store(true)
 	wg.Wait()
 	close(fail)
@@ -309,6 +309,7 @@ func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
 // An ack whose record fails writes nothing and leaves the claim as it was:
 // the same claim acks afterwards.
 func TestAckWithFailingRecordKeepsTheClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -368,6 +369,7 @@ func TestAckWithFailingRecordKeepsTheClaim(t *testing.T) {
 // the serialization failure through a conflicting SERIALIZABLE
 // transaction.
 func TestAckCommitTimeFailure(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("constraint triggers are PostgreSQL's")
 	}
@@ -473,6 +475,7 @@ END $$`,
 // itself (sql: PostgresInsert locks the ids' existing rows). PostgreSQL
 // only: it finds the waiting enqueue in pg_stat_activity.
 func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("reads pg_stat_activity, PostgreSQL's")
 	}
@@ -512,7 +515,7 @@ func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
 			}
 			acked := make(chan []error, 1)
 			go func() { acked <- q.AckMany(ctx, reqs, claim.AckOptions{}) }()
-			<-inRecord
+			await.Recv(t, "the ack to run its record function", inRecord)
 			type result struct {
 				res claim.Enqueued
 				err error
@@ -522,22 +525,21 @@ func TestEnqueueOfAnIDBeingAckedAddsNothing(t *testing.T) {
 				res, err := q.Enqueue(ctx, news...)
 				enqueued <- result{res, err}
 			}()
-			deadline := time.Now().Add(30 * time.Second)
-			for {
+			released := false
+			t.Cleanup(func() { // a failed wait leaves the ack holding its locks
+				if !released {
+					close(release)
+				}
+			})
+			await.Until(t, "the enqueue to wait for the acked item's row", func() bool {
 				var waiting int
 				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO "crdbwork_items"%'`).Scan(&waiting); err != nil {
 					t.Fatal(err)
 				}
-				if waiting > 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					close(release)
-					t.Fatal("the enqueue never waited for the acked item's row")
-				}
-				time.Sleep(5 * time.Millisecond) // polling the condition
-			}
+				return waiting > 0
+			})
+			released = true
 			close(release)
 			for i, err := range <-acked {
 				if err != nil {

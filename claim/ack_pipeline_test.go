@@ -115,6 +115,7 @@ func pipeRequests(items []claim.Item) []claim.AckRequest {
 // once a second per process: every item is deleted and its result written
 // once.
 func TestAckPipelineIsOneBatch(t *testing.T) {
+	t.Parallel()
 	pool, tr, q, got := pipelineSetup(t, 8)
 	ctx := context.Background()
 	var calls [][]string
@@ -151,6 +152,7 @@ func TestAckPipelineIsOneBatch(t *testing.T) {
 // is written, and the ordinary ack then acks the items whose claims held
 // and reports the lost one; its result is never written.
 func TestAckPipelineLostClaimWritesNothingOfIt(t *testing.T) {
+	t.Parallel()
 	pool, tr, q, got := pipelineSetup(t, 6)
 	ctx := context.Background()
 	if err := q.Release(ctx, got[2]); err != nil { // its claim is lost
@@ -189,6 +191,7 @@ func TestAckPipelineLostClaimWritesNothingOfIt(t *testing.T) {
 // already) rolls the pipelined transaction back; the ordinary ack then
 // isolates the item it cannot record, and acks the others.
 func TestAckPipelineFailingStatementIsolatesItsItem(t *testing.T) {
+	t.Parallel()
 	pool, _, q, got := pipelineSetup(t, 5)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `INSERT INTO pipe_results (item_id, value) VALUES ($1, 'taken')`, got[3].ID); err != nil {
@@ -210,6 +213,7 @@ func TestAckPipelineFailingStatementIsolatesItsItem(t *testing.T) {
 // BatchRecord beside the statement) the ordinary transaction runs every
 // record, the statement included.
 func TestAckStatementWithoutPipeline(t *testing.T) {
+	t.Parallel()
 	pool, tr, q, got := pipelineSetup(t, 4)
 	ctx := context.Background()
 	var calls [][]string

@@ -22,6 +22,7 @@ import (
 // TestAckEachCommitsTogetherAndIsolatesFailures — and by COMMIT errors other
 // than serialization failures and unknown outcomes.)
 func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if testdb.Kind(t) != "postgres" {
@@ -79,6 +80,7 @@ func TestAckEachFallsBackWhenCommitFails(t *testing.T) {
 // A bulk record hook gets, once per transaction and in it, the requests
 // whose delete succeeded, after their per-item Records, with their Values.
 func TestAckManyBatchRecord(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -133,6 +135,7 @@ func TestAckManyBatchRecord(t *testing.T) {
 // become that item's error (wrapping ErrRecordPanic, with the stack), and
 // the other items of the batch are acked.
 func TestRecordPanicsAreRecovered(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -194,6 +197,7 @@ func TestRecordPanicsAreRecovered(t *testing.T) {
 // Error texts are stored whatever bytes they hold: NUL bytes, invalid UTF-8,
 // and very long texts, through Nack and through dead-lettering.
 func TestNackStoresAnyErrorText(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

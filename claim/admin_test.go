@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -132,6 +133,7 @@ func pageAll(t *testing.T, q *claim.Queue, f claim.DeadFilter, limit int) []clai
 // in order, across deaths at the same instant; DeadCount counts them; other
 // queues' deaths never show.
 func TestAdminDeadItemsFilterPageCount(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	deaths := adminSeed(t, pool)
@@ -211,6 +213,7 @@ func TestAdminDeadItemsFilterPageCount(t *testing.T) {
 // RequeueWhere requeues the newest death of each matching id once, skips
 // live ids, leaves the other deaths and queues alone, and reports progress.
 func TestAdminRequeueWhere(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	deaths := adminSeed(t, pool)
@@ -256,6 +259,7 @@ func TestAdminRequeueWhere(t *testing.T) {
 // Purge deletes every row of its queue, in batches, and no other queue's;
 // PurgePlan counted them beforehand.
 func TestAdminPurge(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -356,6 +360,7 @@ func equalCounts(a, b map[string]int) bool {
 // WaitDrained returns ctx's error while items are left, and nil once none
 // is (claimed items count).
 func TestAdminWaitDrained(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -376,7 +381,7 @@ func TestAdminWaitDrained(t *testing.T) {
 		t.Fatalf("WaitDrained with items left: %v, want the deadline", err)
 	}
 	result := make(chan error, 1)
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	go func() { result <- q.WaitDrained(wctx, 20*time.Millisecond) }()
 	for _, id := range ids {
@@ -388,7 +393,7 @@ func TestAdminWaitDrained(t *testing.T) {
 	if err := q.EndCancelled(ctx, held[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-result; err != nil {
+	if err := await.Recv(t, "WaitDrained to return once the queue drained", result); err != nil {
 		t.Fatalf("WaitDrained after the queue drained: %v", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/session"
 )
 
 // Every bound of docs/enqueue.md ("Bounds") at the bound and one past it,
@@ -23,20 +24,29 @@ import (
 // past it, the call fails with an error that names the limit and nothing
 // of it is written. One row per field.
 func TestBoundsAtAndOver(t *testing.T) {
-	pool, _ := sqlSetup(t)
-	testdb.Quiet(t, pool) // its EnqueueTx path commits the test's own transaction once
+	t.Parallel()
 	ctx := context.Background()
 	name := incompressible(claim.MaxQueueNameLength)
-	if _, err := claim.New(pool, claim.Options{Queue: name + "x"}); err == nil || !strings.Contains(err.Error(), "MaxQueueNameLength") {
-		t.Fatalf("a queue name of %d bytes: %v; want an error naming MaxQueueNameLength", len(name)+1, err)
+	// Each subtest has a database of its own, the queue and a session.
+	setupBounds := func(t *testing.T) (*pgxpool.Pool, *claim.Queue, *session.Session) {
+		t.Helper()
+		pool, _ := sqlSetup(t)
+		testdb.Quiet(t, pool) // its EnqueueTx path commits the test's own transaction once
+		q := newQueue(t, pool, claim.Options{Queue: name})
+		// Sequenced: a keyed item's entry in crdbwork_items_sequence_order
+		// holds the queue's name and the key.
+		if err := q.SetSequenced(ctx, true); err != nil {
+			t.Fatal(err)
+		}
+		return pool, q, startSession(t, ctx, pool)
 	}
-	q := newQueue(t, pool, claim.Options{Queue: name})
-	// Sequenced: a keyed item's entry in crdbwork_items_sequence_order
-	// holds the queue's name and the key.
-	if err := q.SetSequenced(ctx, true); err != nil {
-		t.Fatal(err)
-	}
-	s := startSession(t, ctx, pool)
+	t.Run("queue name", func(t *testing.T) {
+		t.Parallel()
+		pool, _, _ := setupBounds(t)
+		if _, err := claim.New(pool, claim.Options{Queue: name + "x"}); err == nil || !strings.Contains(err.Error(), "MaxQueueNameLength") {
+			t.Fatalf("a queue name of %d bytes: %v; want an error naming MaxQueueNameLength", len(name)+1, err)
+		}
+	})
 	key, tenant := incompressible(claim.MaxKeyLength), incompressible(claim.MaxKeyLength + 1)[1:]
 	prereqs := make([]uuid.UUID, claim.MaxAfter+1)
 	for i := range prereqs {
@@ -84,6 +94,8 @@ func TestBoundsAtAndOver(t *testing.T) {
 			bigPrereq: true},
 	} {
 		t.Run(c.field, func(t *testing.T) {
+			t.Parallel()
+			pool, q, s := setupBounds(t)
 			if c.bigPrereq {
 				items := make([]claim.NewItem, claim.MaxAfter)
 				for i := range items {
@@ -177,6 +189,8 @@ func TestBoundsAtAndOver(t *testing.T) {
 
 	// Not enqueue paths, with bounds of their own.
 	t.Run("checkpoint", func(t *testing.T) {
+		t.Parallel()
+		_, q, s := setupBounds(t)
 		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("cp"), Priority: -10}); err != nil {
 			t.Fatal(err)
 		}
@@ -195,6 +209,8 @@ func TestBoundsAtAndOver(t *testing.T) {
 		}
 	})
 	t.Run("tenant limit", func(t *testing.T) {
+		t.Parallel()
+		pool, q, _ := setupBounds(t)
 		if err := q.SetTenantLimit(ctx, tenant, claim.Limit{MaxInFlight: 1}); err != nil {
 			t.Fatalf("a tenant limit at the bound: %v", err)
 		}

@@ -92,6 +92,7 @@ func orDash(s *string) string {
 // claimable while its prerequisite was still queued, Enqueued.Waiting
 // empty, no error.
 func TestBufferHonoursEveryItemOption(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -160,6 +161,7 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // queues of their own, in the shared database
 			var rows [2]string
 			var answers [2]string
 			for n, path := range []string{"direct", "buffer"} {
@@ -270,6 +272,7 @@ func idOf(name string) uuid.UUID { return uuid.NewSHA1(uuid.NameSpaceOID, []byte
 // acks. (A flush with prerequisites is one transaction; a refused
 // prerequisite splits it, as a refused id does.)
 func TestBufferPrerequisitesInSharedFlushes(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -54,7 +55,7 @@ func newBuffer(t testing.TB, q *claim.Queue, opts claim.BufferOptions) *claim.Bu
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(time.Minute))
 		defer cancel()
 		if err := b.Close(ctx); err != nil {
 			t.Error(err)
@@ -63,24 +64,13 @@ func newBuffer(t testing.TB, q *claim.Queue, opts claim.BufferOptions) *claim.Bu
 	return b
 }
 
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited a minute for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // Many goroutines enqueue through one buffer, with generated and
 // caller-given ids, some given twice at once: every id returned exists
 // exactly once with its payload, each caller-given id is reported new to
 // exactly one of its callers, and the items shared statements (far fewer
 // database calls than items).
 func TestBufferConcurrentEnqueueEachItemOnce(t *testing.T) {
+	t.Parallel()
 	const goroutines, perGoroutine = 64, 40
 	pool := setup(t)
 	db := &countingDB{Pool: pool}
@@ -202,6 +192,7 @@ func TestBufferConcurrentEnqueueEachItemOnce(t *testing.T) {
 // refuses (its caller-given id belongs to another queue's item) fails alone
 // after its flush is split; the good items of the same flush are enqueued.
 func TestBufferBadItemFailsAlone(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	other := newQueue(t, pool, claim.Options{Queue: "other"})
@@ -279,6 +270,7 @@ func TestBufferBadItemFailsAlone(t *testing.T) {
 // others: here it waits on a row lock, commits once the lock goes, and the
 // gone caller's item is in the table.
 func TestBufferCancelledCaller(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
@@ -292,7 +284,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 		_, err := buf.Enqueue(cctx, claim.NewItem{Payload: []byte("withdrawn")})
 		done <- err
 	}()
-	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
+	await.Until(t, "the item waiting in the buffer", func() (bool, string) {
+		st := buf.Stats()
+		return st.Waiting == 1, fmt.Sprintf("%+v", st)
+	})
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) || errors.Is(err, claim.ErrOutcomeUnknown) {
 		t.Fatalf("caller cancelled before its flush: %v, want context.Canceled and not unknown", err)
@@ -334,7 +329,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 			stay <- answer(buf.Enqueue(ctx, it))
 		}()
 	}
-	waitFor(t, "a flush", func() bool { return buf.Stats().Flushes > 0 })
+	await.Until(t, "a flush", func() (bool, string) {
+		st := buf.Stats()
+		return st.Flushes > 0, fmt.Sprintf("%+v", st)
+	})
 	gcancel()
 	g := <-gone
 	if !errors.Is(g.err, claim.ErrOutcomeUnknown) || !errors.Is(g.err, context.Canceled) || g.id == (uuid.UUID{}) {
@@ -370,7 +368,10 @@ func TestBufferCancelledCaller(t *testing.T) {
 		_, err := buf.Enqueue(ctx, claim.NewItem{Payload: []byte("before close")})
 		late <- err
 	}()
-	waitFor(t, "the item waiting", func() bool { return buf.Stats().Waiting == 1 })
+	await.Until(t, "the item waiting in the buffer", func() (bool, string) {
+		st := buf.Stats()
+		return st.Waiting == 1, fmt.Sprintf("%+v", st)
+	})
 	if err := buf.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -389,6 +390,7 @@ func TestBufferCancelledCaller(t *testing.T) {
 // and its id; enqueued again with those ids, nothing is added (the flush
 // did commit).
 func TestBufferOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	_, pool, proxy := proxied(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -442,8 +444,9 @@ func TestBufferOutcomeUnknown(t *testing.T) {
 // (plainly) is not, an unknown one is either; enqueues succeed again after
 // each restart.
 func TestBufferDatabaseRestart(t *testing.T) {
+	t.Parallel()
 	srv, url := testdb.NewServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(5*time.Minute))
 	defer cancel()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -490,23 +493,29 @@ func TestBufferDatabaseRestart(t *testing.T) {
 				}
 				mu.Unlock()
 				if err != nil {
-					time.Sleep(20 * time.Millisecond) // the database is down: do not spin
+					// A producer's pause, not a wait: the database is
+					// down, and a producer does not spin.
+					time.Sleep(20 * time.Millisecond)
 				}
 			}
 		}()
 	}
+	stopped := false
+	stopProducers := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	t.Cleanup(stopProducers) // a failed wait leaves them running
 	waitOK := func(what string) {
 		t.Helper()
 		okAfter.Store(0)
-		deadline := time.Now().Add(2 * time.Minute)
-		for okAfter.Load() < 200 {
-			if time.Now().After(deadline) {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("%s: only %d enqueues succeeded within 2 minutes", what, okAfter.Load())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await.Until(t, "200 enqueues to succeed "+what, func() (bool, string) {
+			n := okAfter.Load()
+			return n >= 200, fmt.Sprintf("%d succeeded", n)
+		}, await.Within(2*time.Minute))
 	}
 	waitOK("before the restarts")
 	for i := range 2 {
@@ -515,8 +524,7 @@ func TestBufferDatabaseRestart(t *testing.T) {
 		}
 		waitOK(fmt.Sprint("after restart ", i+1))
 	}
-	close(stop)
-	wg.Wait()
+	stopProducers()
 
 	present := map[uuid.UUID]int{}
 	rows, err := pool.Query(ctx, `SELECT id FROM crdbwork_items`)

@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // endedRow reads an item's row in crdbwork_ended.
@@ -36,6 +38,7 @@ func endedRow(t *testing.T, ctx context.Context, q *claim.Queue, id uuid.UUID) (
 // the request and ends it as cancelled, with who and why recorded, and
 // its id stays a duplicate for the dedup window.
 func TestCancelRunningItem(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -133,6 +136,7 @@ func TestCancelRunningItem(t *testing.T) {
 
 // An unclaimed item's cancel ends it at once, with who and why.
 func TestCancelUnclaimedItem(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -162,9 +166,12 @@ func TestCancelUnclaimedItem(t *testing.T) {
 // releases the claim) or whose lease ran out ends as cancelled by Reap,
 // never run again.
 func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	q := newQueue(t, pool, claim.Options{Lease: 300 * time.Millisecond})
+	// The hung holder's lease must outlast the first reap: stretched with
+	// the machine's load.
+	q := newQueue(t, pool, claim.Options{Lease: await.Stretch(300 * time.Millisecond)})
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
@@ -196,17 +203,16 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 	}
 	// The second holder hangs: its lease runs out, and the reaper ends it
 	// rather than releasing it.
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the hung holder's cancelled item did not end")
+	await.Until(t, "the reaper to end the hung holder's cancelled item once its lease ran out", func() (bool, string) {
+		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n == 0 {
+			return true, ""
 		}
 		st, err := q.Reap(ctx)
 		if err != nil || st.Released != 0 {
 			t.Fatalf("reap: %+v %v", st, err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling the condition
-	}
+		return false, fmt.Sprintf("still queued; the last reap: %+v", st)
+	})
 	for _, it := range []claim.Item{a[0], b[0]} {
 		if o, by, _, running := endedRow(t, ctx, q, it.ID); o != "cancelled" || by != "ops" || !running {
 			t.Fatalf("ended row of %s: %q %q %v", it.ID, o, by, running)
@@ -224,6 +230,7 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 // rows agree with it — acked with one result row, or cancelled (once
 // ended) with none.
 func TestCancelRacesAck(t *testing.T) {
+	t.Parallel()
 	const n = 60
 	pool := setup(t)
 	ctx := context.Background()
@@ -300,6 +307,7 @@ func TestCancelRacesAck(t *testing.T) {
 // A snooze hands the item back without spending an attempt, delays it,
 // counts it, and the snooze past MaxSnoozes kills the item.
 func TestSnooze(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{MaxSnoozes: 2})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // TestCheckpointAndProgressSurviveRetries saves a checkpoint and a progress
@@ -17,6 +18,7 @@ import (
 // checkpoint, and the bounds: the size limit, a bad progress, an
 // at-most-once item.
 func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: 2 * time.Millisecond})
@@ -28,20 +30,18 @@ func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
 	id := ids.IDs[0]
 	claimOne := func() claim.Item {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var it claim.Item
+		await.Until(t, "the item to be claimable again", func() bool {
 			got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if len(got) == 1 {
-				return got[0]
+				it = got[0]
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("the item never became claimable again")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return len(got) == 1
+		})
+		return it
 	}
 
 	first := claimOne()
@@ -145,6 +145,7 @@ func TestCheckpointAndProgressSurviveRetries(t *testing.T) {
 
 // TestProgressString checks Progress's rendering and fraction.
 func TestProgressString(t *testing.T) {
+	t.Parallel()
 	for p, want := range map[claim.Progress]string{
 		{Done: 3, Total: 4}: "3/4 (75%)", {Done: 12}: "12", {}: "0", {Done: 10, Total: 10}: "10/10 (100%)",
 	} {

@@ -15,26 +15,43 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// setup returns a pool on a fresh database with the schema and a results
-// table that deliberately has no unique constraint, so duplicates would show.
+// templateKey names this binary's template database (testdb.NewFromTemplate):
+// crdbwork's schema with the default table names (testschema.Apply) and the
+// results table.
+const templateKey = "claim tests: " + testschema.Key + " and results"
+
+// buildTemplate fills the template: the schema, and a results table that
+// deliberately has no unique constraint, so duplicates would show.
+func buildTemplate(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := testschema.Apply(ctx, pool); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`)
+	return err
+}
+
+// setup returns a pool on a fresh database of the test with the schema and
+// the results table (a copy of the template: a few milliseconds).
 func setup(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return testdb.NewFromTemplate(t, templateKey, buildTemplate)
+}
+
+// setupURL is setup for tests that open their own pools: the URL of the
+// test's database (close connections to it in cleanups registered after
+// this call).
+func setupURL(t testing.TB) string {
+	t.Helper()
+	return testdb.NewURLFromTemplate(t, templateKey, buildTemplate)
 }
 
 func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
@@ -48,15 +65,78 @@ func newQueue(t testing.TB, pool *pgxpool.Pool, opts claim.Options) *claim.Queue
 
 func startSession(t testing.TB, ctx context.Context, pool *pgxpool.Pool) *session.Session {
 	t.Helper()
-	// A 10 s expiry: long enough that a loaded machine (load averages of 20
-	// on 2 cores were seen) does not lose live sessions. Tests of crashed
-	// sessions start their own, with short expiries.
-	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
+	// Nobody is meant to leave: an expiry of 20 heartbeats, 10 s on a quiet
+	// machine, both stretched with the machine's load (await.Stretch, read
+	// once), so that a loaded machine does not lose live sessions. Tests of
+	// crashed sessions start their own, with short expiries.
+	hb := await.Stretch(500 * time.Millisecond)
+	s, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 20 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close(context.Background()) })
 	return s
+}
+
+// claimLoop claims in a goroutine of its own, one Claim after another,
+// keeping what it claimed, and counts its claims in rounds (a tick after
+// each Claim returned): a test shows with await.Never that a claim does
+// not take something, each claim being a chance to, and waits with
+// await.Until for what it must take. It stops at the test's end, or at
+// stop.
+type claimLoop struct {
+	rounds *await.Rounds
+	halt   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+
+	mu  sync.Mutex
+	got []claim.Item
+	err error
+}
+
+// startClaimLoop starts a claimLoop of c, max items per claim.
+func startClaimLoop(t testing.TB, c claim.Claimer, max int) *claimLoop {
+	l := &claimLoop{rounds: await.NewRounds("claims"), halt: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for {
+			got, err := c.Claim(context.Background(), claim.ClaimRequest{Max: max})
+			l.mu.Lock()
+			l.got = append(l.got, got...)
+			l.err = err
+			l.mu.Unlock()
+			l.rounds.Tick()
+			if err != nil {
+				return
+			}
+			select {
+			case <-l.halt:
+				return
+			case <-time.After(5 * time.Millisecond): // a claimer's pause between claims, not a wait
+			}
+		}
+	}()
+	t.Cleanup(l.stop)
+	return l
+}
+
+// stop stops the loop and waits for its last claim to return.
+func (l *claimLoop) stop() {
+	l.once.Do(func() { close(l.halt) })
+	<-l.done
+}
+
+// claimed returns what the loop claimed so far, failing the test if a
+// claim failed.
+func (l *claimLoop) claimed(t testing.TB) []claim.Item {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		t.Fatalf("claim: %v", l.err)
+	}
+	return append([]claim.Item(nil), l.got...)
 }
 
 func payloads(n int) []claim.NewItem {
@@ -85,6 +165,7 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 }
 
 func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
+	t.Parallel()
 	const items, sessions, batch = 5000, 8, 16
 	pool := setup(t)
 	ctx := context.Background()
@@ -142,6 +223,7 @@ func TestConcurrentSessionsAckEachItemExactlyOnce(t *testing.T) {
 }
 
 func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -149,7 +231,10 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashCtx, crash := context.WithCancel(ctx)
-	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 600 * time.Millisecond}})
+	// The victim must live until the crash: its heartbeat and expiry
+	// (6 heartbeats) stretched with the machine's load.
+	hb := await.Stretch(100 * time.Millisecond)
+	victim, err := session.Start(crashCtx, pool, session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 6 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,22 +243,20 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 		t.Fatalf("victim claimed %d items (err %v), want 10", len(claimed), err)
 	}
 	peer := startSession(t, ctx, pool)
-	if got, _ := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); len(got) != 0 {
-		t.Fatalf("peer claimed %d items that the live victim holds", len(got))
-	}
+	loop := startClaimLoop(t, q.Claimer(peer.ID()), 10)
+	await.Never(t, "the peer claims an item the live victim holds", loop.rounds, 3, func() (bool, string) {
+		got := loop.claimed(t)
+		return len(got) > 0, fmt.Sprintf("%d claimed", len(got))
+	})
 
 	crash() // the victim stops heartbeating; its row stays until a peer reaps it
 	var retaken []claim.Item
-	deadline := time.Now().Add(15 * time.Second)
-	for len(retaken) < 10 && time.Now().Before(deadline) {
-		got, err := q.Claimer(peer.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		retaken = append(retaken, got...)
-		time.Sleep(20 * time.Millisecond)
-	}
-	if len(retaken) != 10 {
+	await.Until(t, "the peer to claim the crashed session's 10 items", func() (bool, string) {
+		retaken = loop.claimed(t)
+		return len(retaken) >= 10, fmt.Sprintf("%d re-claimed", len(retaken))
+	})
+	loop.stop()
+	if retaken = loop.claimed(t); len(retaken) != 10 {
 		t.Fatalf("peer re-claimed %d of the crashed session's 10 items", len(retaken))
 	}
 	for _, it := range retaken {
@@ -200,6 +283,7 @@ func TestCrashedSessionLosesClaimsToPeer(t *testing.T) {
 }
 
 func TestCloseReleasesClaimsAtOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -224,6 +308,7 @@ func TestCloseReleasesClaimsAtOnce(t *testing.T) {
 }
 
 func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
@@ -268,6 +353,7 @@ func TestEnqueueInRolledBackTransactionLeavesNothing(t *testing.T) {
 // then fails with 40001. The ack must be retried (and commit once) or
 // reported as failed, never reported as acked without its writes.
 func TestAckCommitTimeSerializationFailure(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE tally (id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY, who TEXT NOT NULL)`); err != nil {
@@ -278,7 +364,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 
 	// interfere runs a conflicting serializable transaction to commit.
 	interfere := func(ctx context.Context) {
-		ictx, cancel := context.WithTimeout(ctx, 2*time.Second) // CockroachDB may make it wait on the ack's locks
+		ictx, cancel := context.WithTimeout(ctx, await.Stretch(2*time.Second)) // CockroachDB may make it wait on the ack's locks
 		defer cancel()
 		tx, err := pool.BeginTx(ictx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 		if err != nil {
@@ -373,6 +459,7 @@ func TestAckCommitTimeSerializationFailure(t *testing.T) {
 }
 
 func TestAckBatchChecksEachClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -441,6 +528,7 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 }
 
 func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE TABLE each_results (item_id UUID NOT NULL, tx_at TIMESTAMPTZ NOT NULL)`); err != nil {
@@ -554,6 +642,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 }
 
 func TestClaimOrderPriorityThenVesting(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -585,6 +674,7 @@ func TestClaimOrderPriorityThenVesting(t *testing.T) {
 }
 
 func TestNackBacksOffThenDeadLetters(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Millisecond, BackoffMax: 10 * time.Millisecond})
@@ -596,16 +686,13 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 	claimOne := func() claim.Item {
 		t.Helper()
 		var got []claim.Item
-		waitDeadline := time.Now().Add(10 * time.Second)
-		for len(got) == 0 {
-			if time.Now().After(waitDeadline) {
-				t.Fatal("item never became claimable again")
-			}
+		await.Until(t, "the item to be claimable again after its backoff", func() bool {
 			got, err = q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-		}
+			return len(got) > 0
+		})
 		return got[0]
 	}
 	for attempt := 1; attempt <= 3; attempt++ {
@@ -663,6 +750,7 @@ func TestNackBacksOffThenDeadLetters(t *testing.T) {
 }
 
 func TestBackoffGrowsAndIsCapped(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	q := newQueue(t, pool, claim.Options{BackoffBase: time.Second, BackoffMax: time.Minute})
 	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: time.Minute, 100: time.Minute} {
@@ -676,6 +764,7 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 }
 
 func TestReleaseDoesNotCountAttempt(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -698,6 +787,7 @@ func TestReleaseDoesNotCountAttempt(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := claim.New(pool, claim.Options{MaxAttempts: -1}); err == nil {
@@ -720,6 +810,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestMissingSchemaIsReported(t *testing.T) {
+	t.Parallel()
 	pool := testdb.New(t) // no schema
 	q := newQueue(t, pool, claim.Options{})
 	_, err := q.Enqueue(context.Background(), payloads(1)...)
@@ -733,6 +824,7 @@ func TestMissingSchemaIsReported(t *testing.T) {
 }
 
 func TestClaimForDeletedSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	q := newQueue(t, pool, claim.Options{})
 	if _, err := q.Enqueue(context.Background(), payloads(1)...); err != nil {
@@ -748,6 +840,7 @@ func TestClaimForDeletedSession(t *testing.T) {
 }
 
 func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

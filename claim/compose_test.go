@@ -12,6 +12,7 @@ import (
 // the database: what a worker, a schedule runner or workertest built on the
 // queue reads.
 func TestQueueOptionsAndDB(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	given := claim.Options{Queue: "mail", MaxAttempts: 3}
 	q := newQueue(t, pool, given)
@@ -27,6 +28,7 @@ func TestQueueOptionsAndDB(t *testing.T) {
 // own parts and the urgent lane); zero keeps the queue's; a lease out of
 // range is refused before anything is claimed.
 func TestClaimRequestLease(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -17,6 +18,7 @@ import (
 // on through every one of them, RequeueDeath takes a given death (not the
 // newest), and a requeue refused because the id is live wraps ErrItemLive.
 func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -115,6 +117,7 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 // error names, with its id, each item a step could not release or move, and
 // every other item of those steps is reaped.
 func TestReapErrorsNameStepsAndItems(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Lease: 50 * time.Millisecond})
@@ -142,13 +145,10 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("expires"), Delay: time.Hour, TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the leases and the deadline never passed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the leases and the deadline to pass by the database's clock", func() (bool, string) {
+		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`)
+		return n >= 3, fmt.Sprintf("%d of 3 passed", n)
+	})
 	st, err := q.Reap(ctx)
 	if st != (claim.ReapStats{Released: 1, Expired: 1, Refused: 1, Stuck: 1}) {
 		t.Fatalf("Reap = %+v (%v); want 1 released, 1 expired, 1 refused (ended), 1 stuck", st, err)
@@ -184,6 +184,7 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 // fails every move to the dead items with a system error) is reported, and
 // the other steps still run.
 func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("the failure is injected with a PL/pgSQL trigger")
 	}
@@ -207,13 +208,10 @@ func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	crashClaim(t, pool, q, 1)
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the lease and the deadline never passed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the lease and the deadline to pass by the database's clock", func() (bool, string) {
+		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`)
+		return n >= 2, fmt.Sprintf("%d of 2 passed", n)
+	})
 	st, err := q.Reap(ctx)
 	if st != (claim.ReapStats{Released: 1}) {
 		t.Fatalf("Reap = %+v (%v); want the lease released", st, err)

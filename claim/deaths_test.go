@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // Tests of issue 16, "dead items keep every death": an id enqueued again
@@ -87,13 +88,10 @@ func crashClaim(t *testing.T, pool *pgxpool.Pool, q *claim.Queue, want int) {
 // waitExpired waits until n items of the queue are past their deadline.
 func waitExpired(t *testing.T, pool *pgxpool.Pool, queue string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND expires_at <= now()`, queue) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d items of %q passed their deadlines", n, queue)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, fmt.Sprintf("%d items of %q to pass their deadlines by the database's clock", n, queue), func() (bool, string) {
+		got := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND expires_at <= now()`, queue)
+		return got >= n, fmt.Sprintf("%d passed", got)
+	})
 }
 
 // An id that already died dies again through Nack, with a Permanent error
@@ -101,6 +99,7 @@ func waitExpired(t *testing.T, pool *pgxpool.Pool, queue string, n int) {
 // the second death's move failed on the dead items' primary key, and the
 // nack failed, leaving the item claimed.)
 func TestReusedIDDiesAgainByNack(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -149,6 +148,7 @@ func TestReusedIDDiesAgainByNack(t *testing.T) {
 // queue with them. (Schema version 3: the batch with the reused id failed,
 // and Reap stopped at that step: nothing was moved, ever.)
 func TestReaperMovesReusedIDsAndTheRest(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -225,6 +225,7 @@ func allowAll(t *testing.T, pool *pgxpool.Pool) {
 // version 3: Reap stopped at the first failing step, and the failing batch
 // moved nothing.)
 func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -285,6 +286,7 @@ func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
 // reaper. (Schema version 3, with a reused id: the nack failed, and a
 // worker retried it for ever while the item stayed claimed.)
 func TestNackSettlesWhenTheMoveFails(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -322,6 +324,7 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 // (Schema version 4 before the fix: the requeue moved both deaths, and the
 // second insert failed on the items' primary key.)
 func TestRequeueTakesTheNewestDeath(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})

@@ -26,6 +26,7 @@ import (
 // at-most-once items released nothing: the chain's second link stayed
 // waiting until a reap.
 func TestEveryAckPathReleasesDependents(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -98,6 +99,7 @@ func is40P01(err error) bool {
 // dead ("dependency died") otherwise. Three rounds, a queue each: on the
 // code before the fix, about four runs in five of one round deadlocked.
 func TestDependsConcurrentSettleNoDeadlock(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	traced, tracer := tracedPool(t, pool)
 	for round := range 3 {
@@ -198,7 +200,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 					select {
 					case <-finished:
 						return
-					case <-time.After(5 * time.Millisecond):
+					case <-time.After(5 * time.Millisecond): // an idle acker's pause, not a wait
 					}
 					continue
 				}
@@ -262,7 +264,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 				select {
 				case <-finished:
 					return
-				case <-time.After(time.Duration(5+10*r) * time.Millisecond):
+				case <-time.After(time.Duration(5+10*r) * time.Millisecond): // the reaper's period
 				}
 			}
 		}()
@@ -276,7 +278,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 				select {
 				case <-finished:
 					return
-				case <-time.After(2 * time.Millisecond):
+				case <-time.After(2 * time.Millisecond): // polling the acks' count, bounded by finished
 				}
 			}
 			if _, err := q.Cancel(ctx, id); err != nil {
@@ -284,26 +286,24 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 			}
 		}
 	}()
-	// Done when nothing of the queue is left: no item, waiting item or edge.
-	deadline, ok := t.Deadline()
-	if !ok {
-		deadline = time.Now().Add(10 * time.Minute)
-	}
-	for {
-		n := countRows(t, pool, `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1)
-			+ (SELECT count(*) FROM crdbwork_waiting WHERE queue = $1) + (SELECT count(*) FROM crdbwork_waits_for WHERE queue = $1)`, queue)
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline.Add(-30 * time.Second)) {
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
 			close(finished)
 			wg.Wait()
-			t.Fatalf("%d rows of the queue left when the test ran out of time; errors: %v", n, errs)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	close(finished)
-	wg.Wait()
+	t.Cleanup(stop) // a failed wait leaves them running
+	// Done when nothing of the queue is left: no item, waiting item or edge.
+	await.Until(t, "every item, waiting item and edge of the queue to end", func() (bool, string) {
+		n := countRows(t, pool, `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1)
+			+ (SELECT count(*) FROM crdbwork_waiting WHERE queue = $1) + (SELECT count(*) FROM crdbwork_waits_for WHERE queue = $1)`, queue)
+		errMu.Lock()
+		defer errMu.Unlock()
+		return n == 0, fmt.Sprintf("%d rows of the queue left; errors: %v", n, errs)
+	}, await.Within(2*time.Minute))
+	stop()
 	for _, err := range errs {
 		t.Errorf("a caller got an error: %v (deadlock: %v)", err, is40P01(err))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/lived"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -29,6 +30,7 @@ import (
 // Every dependent is counted released by an ack's release, and no release
 // failed.
 func TestDependsReleasedWithoutReap(t *testing.T) {
+	t.Parallel()
 	pool := testdb.NewLived(t, func(ctx context.Context, pool *pgxpool.Pool) error {
 		if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
 			return err
@@ -123,7 +125,7 @@ func TestDependsReleasedWithoutReap(t *testing.T) {
 					select {
 					case <-done:
 						return
-					case <-time.After(5 * time.Millisecond):
+					case <-time.After(5 * time.Millisecond): // an idle worker's pause, not a wait
 					}
 				}
 			}
@@ -137,13 +139,10 @@ func TestDependsReleasedWithoutReap(t *testing.T) {
 		}
 		wg.Wait()
 	}()
-	deadline, ok := t.Deadline()
-	if !ok {
-		deadline = time.Now().Add(10 * time.Minute)
-	}
-	for {
-		// A quiet moment: no claim or ack in flight before and after the
-		// counts, and none that ended between.
+	// Every item acked; at each poll, a quiet moment (no claim or ack in
+	// flight before and after the counts, and none that ended between)
+	// with nothing to claim must have no waiting item.
+	await.Until(t, "every item acked", func() (bool, string) {
 		a1, f1 := acks.Load(), inFlight.Load()
 		var queued, waiting, results int
 		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1),
@@ -152,21 +151,18 @@ func TestDependsReleasedWithoutReap(t *testing.T) {
 		}
 		f2, a2 := inFlight.Load(), acks.Load()
 		if results == len(items) {
-			break
+			return true, ""
 		}
 		if f1 == 0 && f2 == 0 && a1 == a2 && queued == 0 && waiting > 0 {
 			t.Fatalf("%d dependents still wait with every ack returned and nothing to claim (%d of %d items acked): left for a reap", waiting, results, len(items))
 		}
 		errMu.Lock()
+		defer errMu.Unlock()
 		if len(errs) > 0 {
 			t.Fatalf("a worker failed: %v", errs)
 		}
-		errMu.Unlock()
-		if time.Now().After(deadline.Add(-30 * time.Second)) {
-			t.Fatalf("%d of %d items acked, %d queued, %d waiting when the test ran out of time", results, len(items), queued, waiting)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("%d of %d items acked, %d queued, %d waiting", results, len(items), queued, waiting)
+	}, await.Every(10*time.Millisecond), await.Within(2*time.Minute))
 	close(done)
 	wg.Wait()
 	var unblocked, failures int64

@@ -19,6 +19,7 @@ import (
 // of them fails and is retried. No Reap runs: once every enqueue and ack
 // has returned, nothing may wait.
 func TestAckRacingTheEnqueueOfADependent(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

@@ -56,6 +56,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool, query string, args ...any) int 
 // root is acked; the join only once every child is acked, and its claim
 // (by the database clock) comes after every child's ack.
 func TestDependsFanInReleasesAfterEveryAck(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "fan"})
@@ -141,6 +142,7 @@ func TestDependsFanInReleasesAfterEveryAck(t *testing.T) {
 // alone, in its own transaction) leaves the dependent waiting; the next
 // Reap releases it.
 func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
@@ -184,8 +186,10 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 // A prerequisite that dies ends its dependents, and theirs, dead with
 // reason "dependency died: <id>"; so does a cancelled one.
 func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"dead", "cancelled"} {
 		t.Run(how, func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{Queue: "chain"})
@@ -263,6 +267,7 @@ func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
 // Bad prerequisites fail the whole call, and nothing of it is enqueued; a
 // prerequisite acked already counts as satisfied; a retry adds nothing.
 func TestDependsEnqueueErrorsLoseNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "errs"})
@@ -341,6 +346,7 @@ func TestDependsEnqueueErrorsLoseNothing(t *testing.T) {
 // Two queues in one database: each queue's dependencies are its own, and
 // acks in one release nothing in the other.
 func TestDependsTwoQueues(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -376,6 +382,7 @@ func TestDependsTwoQueues(t *testing.T) {
 
 // Dependencies work with renamed tables (a prefix and a schema).
 func TestDependsRenamedTables(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	tables := crsql.Tables{Schema: "deps", Prefix: "dq_"}
@@ -448,6 +455,7 @@ func TestDependsRenamedTables(t *testing.T) {
 // A queue whose dedup window is zero refuses dependencies: it could not
 // tell an acked prerequisite from a dead one.
 func TestDependsNeedTheDedupWindow(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "forgetful"})
@@ -474,6 +482,7 @@ func TestDependsNeedTheDedupWindow(t *testing.T) {
 
 // Purge deletes a queue's waiting items and edges with the rest.
 func TestDependsPurge(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "gone"})
@@ -501,6 +510,7 @@ func TestDependsPurge(t *testing.T) {
 // A waiting item can be cancelled: it is recorded as cancelled, and the
 // items that wait for it end, dead, at the next Reap.
 func TestDependsCancelWaiting(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "cw"})
@@ -536,6 +546,7 @@ func TestDependsCancelWaiting(t *testing.T) {
 // second, claimable copy; the waiting item is released once, when its
 // prerequisite is acked.
 func TestDependsWaitingIDIsADuplicate(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "dupwait"})

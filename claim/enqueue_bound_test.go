@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // cockroachMessageLimit is CockroachDB's default bound on one protocol
@@ -27,7 +25,8 @@ const cockroachMessageLimit = 16 << 20
 // bound, which PostgreSQL does not have (so only the measurement can see
 // it here). Every item must be enqueued.
 func TestEnqueueMessagesStayUnderCockroachLimit(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := setupURL(t)
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -49,9 +48,6 @@ func TestEnqueueMessagesStayUnderCockroachLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	q := newQueue(t, pool, claim.Options{})
 	const n = 5000
 	items := make([]claim.NewItem, n)

@@ -9,6 +9,7 @@ import (
 // The chunk plan keeps every statement and COPY under chunkBytes and its row
 // limit, keeps the items in order, and loses none.
 func TestEnqueueChunkPlan(t *testing.T) {
+	t.Parallel()
 	mib := make([]byte, 1<<20)
 	for _, tc := range []struct {
 		name    string
@@ -61,6 +62,7 @@ func repeatItem(it NewItem, n int) []NewItem {
 // refuses messages over 16 MiB). A field added later fails here until
 // rowBytes counts it.
 func TestRowBytesCountsEveryVariableField(t *testing.T) {
+	t.Parallel()
 	const size = 1000
 	base := rowBytes(&NewItem{})
 	typ := reflect.TypeFor[NewItem]()

@@ -2,11 +2,12 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -16,6 +17,7 @@ import (
 // time, after the Go API's items of the key; items without a key, and
 // items of a queue that is not sequenced, get no sequence order.
 func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{Queue: "seq"})
@@ -60,11 +62,8 @@ func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
 	got := map[string][]string{}
 	s := startSession(t, ctx, pool)
 	c := q.Claimer(s.ID())
-	deadline := time.Now().Add(30 * time.Second)
-	for n := 0; n < 14; {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d of 14 items, nothing more claimed; claimed %v", n, got)
-		}
+	n := 0
+	await.Until(t, "the 14 items claimed and acked, key by key", func() (bool, string) {
 		items, err := c.Claim(ctx, claim.ClaimRequest{Max: 100})
 		if err != nil {
 			t.Fatal(err)
@@ -83,7 +82,8 @@ func TestSQLEnqueueSequencedKeysKeepTheirOrder(t *testing.T) {
 			}
 		}
 		n += len(items)
-	}
+		return n >= 14, fmt.Sprintf("%d of 14 claimed: %v", n, got)
+	})
 	for key, order := range want {
 		if strings.Join(got[key], " ") != strings.Join(order, " ") {
 			t.Errorf("key %q claimed in order %v, want %v", key, got[key], order)

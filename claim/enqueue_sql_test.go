@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -51,15 +52,12 @@ func psql(t *testing.T, url, command string) (string, string, error) {
 
 func sqlSetup(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := setupURL(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	return pool, url
 }
 
@@ -70,6 +68,7 @@ func sqlSetup(t *testing.T) (*pgxpool.Pool, string) {
 // ended (done true) within the dedup window, exactly as the Go API
 // reports it for the same id.
 func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "mail", 8); err != nil {
@@ -128,6 +127,7 @@ func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
 // nothing, from psql (a non-zero exit) and from Go; an id of another
 // queue's item is refused as the Go API refuses it.
 func TestSQLEnqueueRefusesBadInput(t *testing.T) {
+	t.Parallel()
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	_, stderr, err := psql(t, url, `SELECT * FROM crdbwork_enqueue(`+testdb.EnqueueArgs("'q'", "''::BYTEA", "key", "repeat('k', 2049)")+`)`)
@@ -181,6 +181,7 @@ func TestSQLEnqueueRefusesBadInput(t *testing.T) {
 // claimed before a backlogged one's later items; delays, run_at, TTLs and
 // at-most-once land as the Go API puts them.
 func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
+	t.Parallel()
 	pool, _ := sqlSetup(t)
 	ctx := context.Background()
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "p", 64); err != nil {
@@ -256,6 +257,7 @@ func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
 // adds nothing: the function sees the ack's record of the ended id and
 // answers done, as the Go API's serializable enqueue does.
 func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("the race is PostgreSQL's READ COMMITTED, and so is its guard (the function's locking read, postgres only); the test finds the waiting call in pg_stat_activity, empty on CockroachDB")
 	}
@@ -294,14 +296,16 @@ func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
 		enqErr <- err
 	}()
 	// Wait until the enqueue waits for the ack's lock.
-	deadline := time.Now().Add(20 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) == 0 {
-		if time.Now().After(deadline) {
+	released := false
+	t.Cleanup(func() { // a failed wait leaves the ack holding its locks
+		if !released {
 			close(release)
-			t.Fatal("the enqueue never waited for the ack")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	})
+	await.Until(t, "the enqueue to wait for the ack's lock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%crdbwork_enqueue%'`) > 0
+	})
+	released = true
 	close(release)
 	if err := <-ackErr; err != nil {
 		t.Fatal(err)
@@ -320,6 +324,7 @@ func TestSQLEnqueueRacingAnAckAddsNothing(t *testing.T) {
 // the queue's wake-up on the channel the Go API uses for those tables, at
 // commit (PostgreSQL); a delayed item sends none.
 func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
@@ -355,7 +360,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	if postgres {
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, await.Stretch(10*time.Second))
 		defer cancel()
 		n, err := conn.WaitForNotification(wctx)
 		if err != nil || n.Channel != ch {
@@ -373,11 +378,28 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 	if !postgres {
 		return
 	}
-	// Only one notification: the delayed item sent none.
-	sctx, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer scancel()
-	if n, err := conn.WaitForNotification(sctx); err == nil {
-		t.Errorf("a second notification %+v", n)
+	// Only one notification: the delayed item sent none. A barrier shows
+	// it without a wait: an item of another queue, due now, enqueued after
+	// both; notifications are delivered in commit order, so one the delayed
+	// item sent would come before the barrier's.
+	barrier := store.NotifyChannel("barrier")
+	if err := store.Listen(ctx, conn, barrier); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT item_id FROM `+fn+`('barrier', convert_to('b', 'UTF8'))`); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, await.Stretch(10*time.Second))
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for the barrier's notification: %v", err)
+		}
+		if n.Channel == barrier {
+			break
+		}
+		t.Errorf("a second notification before the barrier's: %+v", n)
 	}
 }
 
@@ -388,6 +410,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 // neither the items nor the ended ids sequentially (PostgreSQL's per-table
 // counters).
 func TestSQLEnqueueScansNoTable(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("counts sequential scans in pg_stat_user_tables, PostgreSQL's (an empty table on CockroachDB)")
 	}
@@ -430,12 +453,26 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
+	// The setup ran on the pool's connections (its reads above scan the
+	// tables), whose counts reach pg_stat_user_tables when their backends
+	// flush them: at most once a second, or when they exit. Close them and
+	// wait until their backends are gone, so that none is counted during
+	// the calls.
+	pool.Reset()
+	await.Until(t, "the pool's backends to exit (their statistics flushed)", func() (bool, string) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0, fmt.Sprintf("%d other backends", n)
+	})
 	scans := func() map[string]int64 {
 		t.Helper()
 		if _, err := conn.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+		if _, err := conn.Exec(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
 			t.Fatal(err)
 		}
 		out := map[string]int64{}
@@ -491,6 +528,7 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 // the id of another queue's waiting item is refused like another queue's
 // item's.
 func TestSQLEnqueueOfAWaitingIDIsADuplicate(t *testing.T) {
+	t.Parallel()
 	pool, _ := sqlSetup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "sqlwait"})

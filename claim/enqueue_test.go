@@ -20,7 +20,6 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // wire counts what the client sends on every connection of a pool (a dial
@@ -35,7 +34,7 @@ type wire struct {
 // connections go through w.
 func (w *wire) pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	cfg, err := pgxpool.ParseConfig(setupURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +52,6 @@ func (w *wire) pool(t testing.TB) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	return pool
 }
 
@@ -129,6 +125,7 @@ func itemsWith(n int, id func(i int) uuid.UUID) []claim.NewItem {
 }
 
 func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -209,6 +206,7 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 // A bulk enqueue of caller-given ids, repeated, adds nothing the second
 // time, across several statements.
 func TestEnqueueManyCallerIDsTwice(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -238,11 +236,16 @@ func TestEnqueueManyCallerIDsTwice(t *testing.T) {
 // Producers racing to enqueue the same caller-given ids: each id is added
 // once, by one of them, and neither fails.
 func TestEnqueueSameIDsConcurrently(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
-	for round := range 5 {
-		ids := make([]uuid.UUID, 2000)
+	// Three rounds of 500 ids: each producer's enqueue is one statement
+	// (under insertRows), as with more ids, and three producers in their
+	// own orders overlap on their rows at once.
+	const rounds, perRound = 3, 500
+	for round := range rounds {
+		ids := make([]uuid.UUID, perRound)
 		for i := range ids {
 			ids[i] = uuid.New()
 		}
@@ -273,8 +276,8 @@ func TestEnqueueSameIDsConcurrently(t *testing.T) {
 			t.Fatalf("round %d: the producers added %v items, %d in all, want %d", round, added, total, len(ids))
 		}
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 5*2000 {
-		t.Fatalf("%d rows, want %d", n, 5*2000)
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != rounds*perRound {
+		t.Fatalf("%d rows, want %d", n, rounds*perRound)
 	}
 	t.Logf("enqueue transactions run again after a conflict: %d", q.Stats().Retries["enqueue"])
 }
@@ -283,6 +286,7 @@ func TestEnqueueSameIDsConcurrently(t *testing.T) {
 // write it, parts agree with items enqueued one at a time, and vesting
 // times come from the database clock.
 func TestEnqueueBulkMatchesSingle(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ('bulk', 7), ('single', 7)`); err != nil {
@@ -382,10 +386,8 @@ func TestEnqueueBulkMatchesSingle(t *testing.T) {
 // A call whose items add up to more than 16 MiB is split so that no
 // protocol message carries more than 8 MiB, by INSERT and by COPY.
 func TestEnqueueSplitsByBytes(t *testing.T) {
-	w := &wire{}
-	pool := w.pool(t)
+	t.Parallel()
 	ctx := context.Background()
-	q := newQueue(t, pool, claim.Options{})
 	mib := bytes.Repeat([]byte{'x'}, 1<<20)
 	for _, tc := range []struct {
 		name   string
@@ -399,6 +401,10 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 		{"copy", 100, 300 << 10, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := &wire{}
+			pool := w.pool(t)
+			q := newQueue(t, pool, claim.Options{})
 			items := make([]claim.NewItem, tc.items)
 			for i := range items {
 				items[i].Payload = mib[:tc.size]
@@ -436,7 +442,7 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 		})
 	}
 	// The limits hold whatever MaxPayload says.
-	big := newQueue(t, pool, claim.Options{MaxPayload: 64 << 20})
+	big := newQueue(t, setup(t), claim.Options{MaxPayload: 64 << 20})
 	if _, err := big.Enqueue(ctx, claim.NewItem{Payload: make([]byte, claim.MaxPayloadLimit+1)}); !errors.Is(err, claim.ErrPayloadTooLarge) {
 		t.Fatalf("payload over MaxPayloadLimit: %v, want ErrPayloadTooLarge", err)
 	}
@@ -449,6 +455,7 @@ func TestEnqueueSplitsByBytes(t *testing.T) {
 // COMMIT, which committed or did not: the retry adds exactly what is
 // missing (invariants 10 and 13).
 func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		match  func(string) bool
@@ -464,7 +471,8 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 		{name: "commit-insert-40003-rolled-back", match: faultproxy.IsCommit, items: 3, given: true, action: faultproxy.AmbiguousDrop},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			proxy, url, err := faultproxy.ForURL(testdb.NewURL(t))
+			t.Parallel()
+			proxy, url, err := faultproxy.ForURL(setupURL(t))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -476,9 +484,6 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 			defer pool.Close()
 			testdb.Quiet(t, pool) // the COMMIT whose answer is lost commits (no injected 40001)
 			ctx := context.Background()
-			if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-				t.Fatal(err)
-			}
 			q := newQueue(t, pool, claim.Options{})
 			items := itemsWith(tc.items, func(int) uuid.UUID { return uuid.UUID{} })
 			if tc.given {
@@ -530,6 +535,7 @@ func TestEnqueueRetryAfterUnknownOutcome(t *testing.T) {
 // exist if and only if that transaction commits, and the call reports them
 // added as Enqueue does.
 func TestEnqueueTxBulk(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()

@@ -12,6 +12,7 @@ import (
 // RetryDelay finds the delay of RetryAfter anywhere in an error's chain, and
 // reports errors that carry none.
 func TestRetryDelay(t *testing.T) {
+	t.Parallel()
 	base := errors.New("rate limited")
 	for _, tc := range []struct {
 		name string

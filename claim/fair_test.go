@@ -32,9 +32,11 @@ func tenantsOfPart(prefix string, part, parts, n int) []string {
 // claims of that part, whether it came before the claims began or while
 // they went on; in a plain queue it waits behind the part's backlog.
 func TestFairPartsServeSmallTenantsWithinARound(t *testing.T) {
+	t.Parallel()
 	const parts, bigPerPart, bigItems, smallPerPart = 4, 2, 100, 3
 	for _, fair := range []bool{true, false} {
 		t.Run(fmt.Sprint("fair=", fair), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", parts); err != nil {

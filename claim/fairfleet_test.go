@@ -19,6 +19,7 @@ import (
 // items all sat in the tenant's part, the first session's 12 tenants got a
 // twelfth of its claims each and the others' 4 tenants a quarter each.)
 func TestFairQueueServesTenantsEvenlyAcrossSessions(t *testing.T) {
+	t.Parallel()
 	const parts, sessions, perSession, rounds = 16, 4, 6, 16
 	pool, q := fairQueueWithParts(t, parts)
 	ctx := context.Background()

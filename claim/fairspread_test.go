@@ -19,6 +19,7 @@ import (
 // queue's default tenant limit) keeps its one part, as do items with a key,
 // and in a plain queue nothing changes.
 func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
+	t.Parallel()
 	const parts, n = 8, 40
 	pool, q := fairQueueWithParts(t, parts)
 	ctx := context.Background()
@@ -116,6 +117,7 @@ func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 // enough claimable items, however they are spread. A plain queue's claim
 // still takes the best n across the parts.
 func TestFairClaimReadsEachPartUpToItsShare(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		fair bool
@@ -131,6 +133,7 @@ func TestFairClaimReadsEachPartUpToItsShare(t *testing.T) {
 		{"fair, the other parts hold a few", true, 2, 15 + 19}, // its share, 6 of the others, then part 0 again
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			s := startSession(t, ctx, pool)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -20,13 +21,17 @@ import (
 // reason "expired"; one claimed before its deadline may still be acked, and
 // items without a deadline are untouched.
 func TestItemTTLExpires(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
 	s := startSession(t, ctx, pool)
+	// "held" must be claimed before its deadline: stretched with the
+	// machine's load.
+	ttl := await.Stretch(300 * time.Millisecond)
 	ids, err := q.Enqueue(ctx,
-		claim.NewItem{Payload: []byte("short"), TTL: 300 * time.Millisecond, Tenant: "acme"},
-		claim.NewItem{Payload: []byte("held"), TTL: 300 * time.Millisecond, Priority: -1},
+		claim.NewItem{Payload: []byte("short"), TTL: ttl, Tenant: "acme"},
+		claim.NewItem{Payload: []byte("held"), TTL: ttl, Priority: -1},
 		claim.NewItem{Payload: []byte("forever"), Priority: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -35,13 +40,10 @@ func TestItemTTLExpires(t *testing.T) {
 	if held.ID != ids.IDs[1] || held.ExpiresAt.IsZero() {
 		t.Fatalf("claimed %s (expires %v), want the priority -1 item %s with a deadline", held.ID, held.ExpiresAt, ids.IDs[1])
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("the deadlines never passed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the two deadlines to pass by the database's clock", func() (bool, string) {
+		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`)
+		return n >= 2, fmt.Sprintf("%d of 2 passed", n)
+	})
 	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
 	if err != nil || len(got) != 1 || got[0].ID != ids.IDs[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
@@ -65,14 +67,14 @@ func TestItemTTLExpires(t *testing.T) {
 		t.Fatalf("%d items left", n)
 	}
 	// A nacked item past its deadline is not retried: the reaper takes it.
-	ids, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("nacked"), TTL: 200 * time.Millisecond})
+	ids, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("nacked"), TTL: await.Stretch(200 * time.Millisecond)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	it := claimOne(t, q, s.ID())
-	for count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) < 1 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the nacked item's deadline to pass by the database's clock", func() bool {
+		return count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) >= 1
+	})
 	if _, err := q.Nack(ctx, it, claim.RetryAfter(0, errors.New("later"))); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +93,7 @@ func TestItemTTLExpires(t *testing.T) {
 // handed out twice, even when the claimer dies at once; by item and by
 // queue setting, through the INSERT and the COPY paths.
 func TestAtMostOnceClaimDeletes(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -177,8 +180,10 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 // tenants: their items are claimed within a round; in a plain queue they
 // wait behind the backlog.
 func TestFairQueueServesSmallTenants(t *testing.T) {
+	t.Parallel()
 	for _, fair := range []bool{true, false} {
 		t.Run(fmt.Sprint("fair=", fair), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
@@ -236,6 +241,7 @@ func TestFairQueueServesSmallTenants(t *testing.T) {
 // SkipTenants leaves a tenant's items unclaimed; a tenant's items without a
 // key land in the part PartOf names.
 func TestSkipTenantsAndTenantPart(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, "default", 8); err != nil {
@@ -270,6 +276,7 @@ func TestSkipTenantsAndTenantPart(t *testing.T) {
 
 // Dead items say why they died.
 func TestDeadItemReasons(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -301,7 +308,8 @@ func TestDeadItemReasons(t *testing.T) {
 // on a pool of one connection, held by that transaction, it does not wait
 // for a second one.
 func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig(testdb.NewURL(t))
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(setupURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,10 +320,7 @@ func TestFirstEnqueueTxOnOneConnection(t *testing.T) {
 	}
 	defer pool.Close()
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
-	if err := crsql.Apply(context.Background(), pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(20*time.Second))
 	defer cancel()
 	q := newQueue(t, pool, claim.Options{})
 	tx, err := pool.Begin(ctx)

@@ -19,6 +19,7 @@ import (
 // the INSERT (with caller-given and generated ids), the COPY of many
 // generated ids, EnqueueTx and a Buffer; items without headers have none.
 func TestHeadersTravelFromEnqueueToClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
@@ -119,6 +120,7 @@ func TestHeadersTravelFromEnqueueToClaim(t *testing.T) {
 // headers column written by hand with values that are not strings does not
 // stop the item: the strings come through, the rest is left out.
 func TestHeadersValidationAndLenientRead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "hdrbad"})
@@ -196,6 +198,7 @@ func (h *recHooks) got() []string {
 // the caller's items) and is told of every claim, ack, nack and release,
 // with their items and errors.
 func TestHooksSeeEnqueuesAndSteps(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transaction is committed once, not retried
 	ctx := context.Background()
@@ -260,6 +263,7 @@ func (badHooks) Enqueue(ctx context.Context, _ string, items []claim.NewItem, ne
 
 // A hook that drops items fails the enqueue, which then writes nothing.
 func TestHooksMustPassEveryItem(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "bad", Hooks: badHooks{}})

@@ -23,6 +23,7 @@ import (
 // one never used) and checks every figure Inspect reports for each, and
 // that Queues lists the queues that have a row or items, no other.
 func TestInspectQueues(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

@@ -13,6 +13,7 @@ import (
 // limits, per queue, and refuses limits that cannot be stored without
 // writing anything.
 func TestTenantLimitsStored(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "q"})

@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
@@ -32,6 +34,7 @@ func claimOne(t *testing.T, q *claim.Queue, session uuid.UUID) claim.Item {
 // ack, nack or release the newer claim: the token grew although the attempt
 // did not.
 func TestStaleItemCannotActOnNewerClaim(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -70,6 +73,7 @@ func TestStaleItemCannotActOnNewerClaim(t *testing.T) {
 // matches nothing and claim_queue/claim_part stay behind. An any-part claim
 // must still succeed: it writes all three claim columns.
 func TestAnyPartClaimAfterPartsSessionDied(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -124,6 +128,7 @@ func startSessionNoCleanup(ctx context.Context, pool *pgxpool.Pool) (uuid.UUID, 
 // claim's ack is refused, and the item is claimed again with its attempt
 // counted and a new token.
 func TestReapReleasesExpiredLeases(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	short := newQueue(t, pool, claim.Options{Lease: 50 * time.Millisecond})
@@ -141,17 +146,14 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 		t.Fatalf("default lease ends in %v, want about %v", d, claim.DefaultLease)
 	}
 	released := 0
-	deadline := time.Now().Add(10 * time.Second)
-	for released < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("Reap released %d of the 2 expired leases", released)
-		}
+	await.Until(t, "Reap to release the 2 expired leases", func() (bool, string) {
 		st, err := long.Reap(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		released += st.Released
-	}
+		return released >= 2, fmt.Sprintf("%d released", released)
+	})
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`); n != 1 {
 		t.Fatalf("%d items claimed after the reap, want 1 (the one with a live lease)", n)
 	}
@@ -178,6 +180,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 // A crash loop ends dead: claims never hand out an item whose attempts are
 // used up, and Reap moves it to the dead items with a last error saying so.
 func TestCrashLoopEndsDead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -228,6 +231,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 // Extend moves the leases of the items still held by the Claimer's session,
 // and only those.
 func TestExtendRefusesLostClaims(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Lease: time.Minute})
@@ -275,6 +279,7 @@ func TestExtendRefusesLostClaims(t *testing.T) {
 
 // ReleaseForgotten releases what a session holds but does not know about.
 func TestReleaseForgotten(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -302,6 +307,7 @@ func TestReleaseForgotten(t *testing.T) {
 
 // A paused queue hands out nothing, to either kind of claim.
 func TestPausedQueueClaimsNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -353,19 +359,13 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 // the proxy drops commits, unless an injected 40001 refused it).
 func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := setupURL(t)
 	direct, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(direct.Close)
 	testdb.Quiet(t, direct)
-	if err := crsql.Apply(context.Background(), direct, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := direct.Exec(context.Background(), `CREATE TABLE results (item_id UUID NOT NULL, session_id UUID NOT NULL, row_id UUID NOT NULL DEFAULT gen_random_uuid() PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
 	p, purl, err := faultproxy.ForURL(url)
 	if err != nil {
 		t.Skipf("no fault proxy: %v", err)
@@ -385,12 +385,14 @@ func proxied(t *testing.T) (*pgxpool.Pool, *pgxpool.Pool, *faultproxy.Proxy) {
 // and 10); acked again, it writes the result only if the first did not
 // (invariant 13).
 func TestAckCommitAmbiguous(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name      string
 		action    faultproxy.Action
 		committed bool
 	}{{"committed", faultproxy.AmbiguousForward, true}, {"rolled-back", faultproxy.AmbiguousDrop, false}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			direct, pool, proxy := proxied(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
@@ -442,6 +444,7 @@ func TestAckCommitAmbiguous(t *testing.T) {
 // it) is reported as ErrOutcomeUnknown — never as acked, never as failed —
 // and not run again: the ack did commit, and its record ran once.
 func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	direct, pool, proxy := proxied(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{})
@@ -514,7 +517,7 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 	// And a refused connection is a plain failure.
 	proxy.Cut()
 	pool.Reset()
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, await.Stretch(5*time.Second))
 	defer cancel()
 	_, err = q.Nack(cctx, it3, errors.New("x"))
 	if err == nil || errors.Is(err, claim.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "connect") {
@@ -526,6 +529,7 @@ func TestAckCommitAnswerLostIsOutcomeUnknown(t *testing.T) {
 // says Version+1, session.Start, Enqueue and Claim fail with ErrSchemaNewer, and
 // nothing is written.
 func TestNewerSchemaIsRefused(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool) // while the version was current
@@ -568,6 +572,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 // result stamped later than the last time it saw the row (cmd/demo,
 // faultDemo.checkFence) saw the gap in its own sampling.
 func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	testdb.Quiet(t, pool) // one exact interleaving, its transactions committed once
 	ctx := context.Background()
@@ -582,13 +587,9 @@ func TestAckRacesTheDeletionOfItsSession(t *testing.T) {
 		if testdb.Kind(t) != "postgres" {
 			return
 		}
-		deadline := time.Now().Add(time.Minute)
-		for count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'`) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not wait for a lock within a minute", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		await.Until(t, what+" to wait for a lock", func() bool {
+			return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		})
 	}
 
 	// The deletion first: it holds the claim's row until it commits.

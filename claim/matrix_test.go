@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
@@ -245,14 +246,19 @@ func mxBrokenCell(option string, waits bool, settle string) string {
 	return ""
 }
 
-// TestCombinationMatrix runs every cell of the matrix in one database.
+// TestCombinationMatrix runs every cell of the matrix in one database. The
+// paths' and options' subtests are parallel too, so that every cell is
+// scheduled on its own (a group of cells waited for its slowest before the
+// next group began).
 func TestCombinationMatrix(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
 	var copies atomic.Int64
 	for _, p := range mxPaths {
 		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
 			for _, o := range mxOptions {
 				for _, waits := range []bool{false, true} {
 					if waits && o.name == "After" {
@@ -263,6 +269,7 @@ func TestCombinationMatrix(t *testing.T) {
 						oname += " after a prerequisite"
 					}
 					t.Run(oname, func(t *testing.T) {
+						t.Parallel()
 						for _, st := range mxSettles {
 							t.Run(st.name, func(t *testing.T) {
 								t.Parallel()
@@ -902,8 +909,8 @@ func (c *mxCell) claimX() claim.Item {
 func (c *mxCell) claimID(id uuid.UUID) claim.Item {
 	c.t.Helper()
 	ctx := c.ctx
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var it claim.Item
+	await.Until(c.t, fmt.Sprintf("item %s to be claimable", id), func() (bool, string) {
 		var got []claim.Item
 		var err error
 		if id == c.id && c.opt.name == "urgent Priority" {
@@ -933,13 +940,12 @@ func (c *mxCell) claimID(id uuid.UUID) claim.Item {
 			}
 		}
 		if found != nil {
-			return *found
+			it = *found
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			c.fatalf("item %s was not claimable within 2 minutes (row: %s)", id, c.row())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, "row: " + c.row()
+	}, await.Every(20*time.Millisecond), await.Within(2*time.Minute))
+	return it
 }
 
 // itemSequenced reports whether the cell's item is a sequenced item still
@@ -1227,6 +1233,7 @@ func (t copyCountingTx) CopyFrom(ctx context.Context, table pgx.Identifier, colu
 // of the SQL function has its place in the matrix: a new one fails here
 // until the matrix covers it.
 func TestCombinationMatrixIsComplete(t *testing.T) {
+	t.Parallel()
 	covered := map[string]bool{"Payload": true}
 	for _, o := range mxOptions {
 		for _, f := range o.fields {
@@ -1400,6 +1407,7 @@ func mxDocs() string {
 // TestCombinationMatrixDocs: docs/guarantees.md holds the matrix's tables
 // as the test's tables say (CRDBWORK_UPDATE_DOCS=1 rewrites them).
 func TestCombinationMatrixDocs(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile(mxDocsFile)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -23,6 +24,7 @@ import (
 // NoNotify. Enqueue, Buffer and Requeue also wake the process's
 // subscribers after their commit; EnqueueTx does not (the caller commits).
 func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("notifications are PostgreSQL's only")
 	}
@@ -58,7 +60,7 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		for {
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			wctx, cancel := context.WithTimeout(ctx, await.Stretch(time.Minute))
 			got, err := conn.WaitForNotification(wctx)
 			cancel()
 			if err != nil {

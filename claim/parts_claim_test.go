@@ -20,8 +20,10 @@ import (
 // transaction (k above it). Items of parts it does not own are never
 // claimed, and neither are items of tenants it skips.
 func TestClaimPartsOrderAcrossParts(t *testing.T) {
+	t.Parallel()
 	for _, k := range []int{1, 5, crsql.MaxPartBranches, crsql.MaxPartBranches + 1, 2*crsql.MaxPartBranches + 7} {
 		t.Run(fmt.Sprint(k, " parts"), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			s := startSession(t, ctx, pool)
@@ -100,6 +102,7 @@ func bestUnclaimed(t *testing.T, db interface {
 // reads, one of which the session does not own, fails with ErrNotOwner and
 // claims nothing when that part's item is among the best.
 func TestClaimManyPartsNotOwner(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -137,6 +140,7 @@ func TestClaimManyPartsNotOwner(t *testing.T) {
 // that owns more parts than one statement reads are deleted by the claim,
 // in its transaction, and handed out once.
 func TestClaimManyPartsAtMostOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

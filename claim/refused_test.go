@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // incompressible returns n bytes of text that PostgreSQL's compression
@@ -56,6 +58,7 @@ func insertRefusedWaiting(t *testing.T, pool *pgxpool.Pool, queue string, id, pr
 // before the fix, the sweep retried the same failing batch at every Reap:
 // nothing of the queue's dependencies moved again.
 func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "deps"})
@@ -174,6 +177,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 // items) ends dead with reason "refused by the database" at the next Reap;
 // the other expired leases of the batch are released.
 func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "leases", Lease: 50 * time.Millisecond})
@@ -192,13 +196,10 @@ func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
 		VALUES ($1, 'leases', 'raw', $2, $3, now(), now() - INTERVAL '1 second', 1)`, bad, tooLongTenant, s.ID()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now()`) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the leases never ended")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.Until(t, "the three leases to end by the database's clock", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now()`)
+		return n >= 3, fmt.Sprintf("%d of 3 ended", n)
+	})
 	st, err := q.Reap(ctx)
 	if st.Released != 2 || st.Refused != 1 || st.Stuck != 0 {
 		t.Fatalf("Reap = %+v (%v); want 2 released, 1 refused", st, err)
@@ -225,6 +226,7 @@ func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
 // refused one stays dead and is counted. On the code before the fix, the
 // requeue stopped at that row with an error.
 func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "rq"})
@@ -276,6 +278,7 @@ func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
 // reported with its id, and the step goes on without it. On the code before
 // the fix, the step failed as a whole at every Reap and ended none.
 func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "cancels"})
@@ -322,6 +325,7 @@ func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
 // its id. On the code before the fix, the oldest-first batch failed at
 // every Reap and nothing of the queue was pruned again.
 func TestRefusedPruneDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "prune"})

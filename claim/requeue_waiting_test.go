@@ -25,6 +25,7 @@ import (
 // dead copy into the queue, where it ran before its prerequisite, and the
 // waiting item was lost at its release (its id was taken).
 func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
@@ -146,6 +147,7 @@ func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
 // the id is never both an item and a waiting item — whatever order their
 // transactions commit in (each SERIALIZABLE: a conflict is retried).
 func TestRequeueRacesAnEnqueueOfTheID(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

@@ -32,6 +32,7 @@ func seedDead(t *testing.T, pool *pgxpool.Pool, queue string, n int, ago time.Du
 // nothing to delete makes no exact check of the count (it counts the
 // deaths since its last one), until a new death passes the bound.
 func TestRetentionPrunesByAgeAndCount(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	defer claim.SetDeadCountCheckEvery(0)()

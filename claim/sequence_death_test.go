@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -66,6 +67,7 @@ func killHead(t *testing.T, ctx context.Context, q *claim.Queue, c claim.Claimer
 // before the key's later items. (Version 5 requeued it unsequenced: it was
 // claimed at once beside a/1, as river#971 was.)
 func TestSequencedRequeueReentersAtItsPlace(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{})
@@ -108,8 +110,10 @@ func TestSequencedRequeueReentersAtItsPlace(t *testing.T) {
 // dead item (as an operator or an older version would), retention,
 // ReleaseSequenceKey, and turning hold off.
 func TestSequencedHoldOnDeath(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"requeue", "delete", "retention", "release", "advance"} {
 		t.Run(how, func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			q := sequencedQueue(t, pool, claim.Options{})
@@ -192,6 +196,7 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 // ones; requeued, it runs at its place. In an advance queue a cancel keeps
 // nothing.
 func TestSequencedHoldOnCancel(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{})
@@ -248,6 +253,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 // head waits for its delay, with the head; a key whose head runs is not
 // blocked.
 func TestSequencedBlockedKeysWaitingHeads(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{BackoffBase: time.Hour, BackoffMax: time.Hour})
@@ -289,6 +295,7 @@ func TestSequencedBlockedKeysWaitingHeads(t *testing.T) {
 // on the dead items table, which it reads (PostgreSQL's LOCK TABLE; the
 // bound itself, statement_timeout, is the same on CockroachDB).
 func TestSequencedClaimTimeout(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("LOCK TABLE is PostgreSQL's")
 	}
@@ -332,14 +339,18 @@ func TestSequencedClaimTimeout(t *testing.T) {
 // requeued heads, which run before every later item of their key, and
 // every item ends acked.
 func TestSequencedRequeueUnderConcurrentClaimers(t *testing.T) {
+	t.Parallel()
 	for _, hold := range []bool{false, true} {
-		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) { requeueUnderClaimers(t, hold) })
+		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
+			t.Parallel()
+			requeueUnderClaimers(t, hold)
+		})
 	}
 }
 
 func requeueUnderClaimers(t *testing.T, hold bool) {
 	pool := setup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(5*time.Minute))
 	defer cancel()
 	q := sequencedQueue(t, pool, claim.Options{})
 	if _, err := q.SetSequenceHold(ctx, hold); err != nil {
@@ -394,7 +405,7 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 					return
 				}
 				if len(got) == 0 {
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // an idle claimer's pause, not a wait
 					continue
 				}
 				for _, it := range got {
@@ -458,7 +469,7 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 					requeued++
 				}
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the requeuer's pause between its reads, not a wait
 		}
 	}()
 	wg.Wait()

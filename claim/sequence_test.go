@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -51,6 +52,7 @@ func payloadsOf(items []claim.Item) map[string]bool {
 // acked, in enqueue order, whether the items came in one call, in several
 // calls, by INSERT or by COPY.
 func TestSequencedKeysRunOneAtATimeInOrder(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{})
@@ -132,9 +134,13 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 // other keys go on); it is claimed again, attempt 2, then the key goes on
 // once it is acked. A head moved to the dead items unblocks its key.
 func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	q := sequencedQueue(t, pool, claim.Options{BackoffBase: 300 * time.Millisecond, BackoffMax: 300 * time.Millisecond})
+	// a/0's backoff must outlast the claim right after its nack: stretched
+	// with the machine's load.
+	backoff := await.Stretch(500 * time.Millisecond)
+	q := sequencedQueue(t, pool, claim.Options{BackoffBase: backoff, BackoffMax: backoff})
 	s := startSession(t, ctx, pool)
 	c := q.Claimer(s.ID())
 	if _, err := q.Enqueue(ctx, append(keyed("a", 3), keyed("b", 2)...)...); err != nil {
@@ -158,23 +164,33 @@ func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
 	if err != nil || !mapsEqual(payloadsOf(got), map[string]bool{"b/1": true}) {
 		t.Fatalf("claimed %v (%v) while a/0 waits for its retry, want b/1 only", payloadsOf(got), err)
 	}
-	var again claim.Item
-	deadline := time.Now().Add(20 * time.Second)
-	for again.ID == uuid.Nil {
-		if time.Now().After(deadline) {
-			t.Fatal("a/0 was not claimed again")
-		}
-		got, err := c.Claim(ctx, claim.ClaimRequest{Max: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, it := range got {
+	// Claims one after another: none may take anything but a/0, neither
+	// while a/0 waits for its retry nor while it is claimed again, until it
+	// ends.
+	loop := startClaimLoop(t, c, 10)
+	others := func() (bool, string) {
+		var other []string
+		for _, it := range loop.claimed(t) {
 			if string(it.Payload) != "a/0" {
-				t.Fatalf("claimed %s before the nacked head a/0 ended", it.Payload)
+				other = append(other, string(it.Payload))
 			}
+		}
+		return len(other) > 0, fmt.Sprintf("claimed %v", other)
+	}
+	var again claim.Item
+	await.Until(t, "a/0 to be claimed again after its backoff", func() (bool, string) {
+		if happened, what := others(); happened {
+			t.Fatalf("%s before the nacked head a/0 ended", what)
+		}
+		for _, it := range loop.claimed(t) {
 			again = it
 		}
-		time.Sleep(20 * time.Millisecond)
+		return again.ID != uuid.Nil, "not yet"
+	})
+	await.Never(t, "an item but a/0 is claimed while a/0 is held again", loop.rounds, 3, others)
+	loop.stop()
+	if happened, what := others(); happened {
+		t.Fatalf("%s before the nacked head a/0 ended", what)
 	}
 	if again.Attempt != 2 {
 		t.Fatalf("a/0 came back with attempt %d, want 2", again.Attempt)
@@ -197,8 +213,12 @@ func TestSequencedNackedHeadBlocksItsKey(t *testing.T) {
 // refuses that second claim of the key (the unique index), and nothing
 // changes.
 func TestSequencedLateItemWaitsForTheClaimedOne(t *testing.T) {
+	t.Parallel()
 	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
-		t.Run(fmt.Sprintf("%+v", tables), func(t *testing.T) { lateItem(t, tables) })
+		t.Run(fmt.Sprintf("%+v", tables), func(t *testing.T) {
+			t.Parallel()
+			lateItem(t, tables)
+		})
 	}
 }
 
@@ -210,7 +230,8 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 		t.Fatal(err)
 	}
 	q := sequencedQueue(t, pool, claim.Options{Tables: tables})
-	s, err := session.Start(ctx, pool, session.Options{Tables: tables, Tuning: session.Tuning{Heartbeat: 500 * time.Millisecond, Expiry: 10 * time.Second}})
+	hb := await.Stretch(500 * time.Millisecond) // nobody is meant to leave (startSession)
+	s, err := session.Start(ctx, pool, session.Options{Tables: tables, Tuning: session.Tuning{Heartbeat: hb, Expiry: 20 * hb}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,6 +285,7 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 // while any is left. A queue never sequenced hands out a key's items
 // together, as before.
 func TestSequencingOffKeepsSequencedItems(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	plain := newQueue(t, pool, claim.Options{Queue: "plain"})
@@ -310,8 +332,10 @@ func TestSequencingOffKeepsSequencedItems(t *testing.T) {
 // with parts (each session owns some) and without; every item is acked
 // once.
 func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
+	t.Parallel()
 	for _, parts := range []int{0, 4} {
 		t.Run(fmt.Sprint(parts, " parts"), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			ctx := context.Background()
 			const sessions, keys, perKey = 6, 12, 15
@@ -335,6 +359,7 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 			next := map[string]int{}
 			var acked int
 			errs := make(chan error, sessions)
+			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			for w := range sessions {
 				s := startSession(t, ctx, pool)
@@ -355,14 +380,19 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					c := q.Claimer(s.ID())
-					deadline := time.Now().Add(60 * time.Second)
-					for time.Now().Before(deadline) {
+					for {
 						mu.Lock()
 						done := acked == keys*perKey
 						mu.Unlock()
 						if done {
 							errs <- nil
 							return
+						}
+						select {
+						case <-stop:
+							errs <- errors.New("stopped before every item was acked")
+							return
+						default:
 						}
 						got, err := c.Claim(ctx, claim.ClaimRequest{Max: 3, Parts: owned})
 						if err != nil {
@@ -401,13 +431,26 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 							mu.Unlock()
 						}
 						if len(got) == 0 {
-							time.Sleep(5 * time.Millisecond)
+							time.Sleep(5 * time.Millisecond) // an idle claimer's pause, not a wait
 						}
 					}
-					errs <- errors.New("not every item was acked in time")
 				}()
 			}
-			wg.Wait()
+			stopped := false
+			stopAll := func() {
+				if !stopped {
+					stopped = true
+					close(stop)
+					wg.Wait()
+				}
+			}
+			t.Cleanup(stopAll) // a failed wait leaves them running
+			await.Until(t, "every item acked, or a session failed", func() (bool, string) {
+				mu.Lock()
+				defer mu.Unlock()
+				return acked == keys*perKey || len(errs) > 0, fmt.Sprintf("%d of %d acked", acked, keys*perKey)
+			}, await.Within(time.Minute))
+			stopAll()
 			close(errs)
 			for err := range errs {
 				if err != nil {
@@ -426,6 +469,7 @@ func TestSequencedConcurrentSessionsNeverShareAKey(t *testing.T) {
 // (several statements), and the urgent lane, hand out heads only, in a
 // sequenced queue: each key's first item, then its next once it is acked.
 func TestSequencedManyPartsAndUrgentLaneTakeHeadsOnly(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	const parts = crsql.MaxPartBranches + 5

@@ -17,6 +17,7 @@ import (
 // analyzed once, and the check then finds nothing to do. Two queues share
 // the tables. On CockroachDB RefreshStatistics does nothing.
 func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	postgres := testdb.Kind(t) == "postgres"

@@ -14,6 +14,7 @@ import (
 // parts, and every other item from any part; with every tenant limited,
 // only items without a tenant come from other parts.
 func TestClaimUrgentKeepsLimitedTenantsToOwnedParts(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)

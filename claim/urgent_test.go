@@ -17,6 +17,7 @@ import (
 // most urgent first, leaving out skipped tenants; the claims name no part,
 // and the owner's part claim then finds only the non-urgent items.
 func TestClaimUrgentTakesOnlyUrgentItemsFromAnyPart(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "lane"})

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestEnqueueChunksRecordEveryItem: an enqueue of several chunks, some in
@@ -16,8 +16,9 @@ import (
 // once, under its run id, and nothing else; verify (with and without --run-id)
 // then finds a lost item and a duplicate result, with the right counts.
 func TestEnqueueChunksRecordEveryItem(t *testing.T) {
+	t.Parallel()
 	const n = 2*enqueueChunk + 517 // two whole chunks and a partial one
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
 	r := demo(t, 3*time.Minute, env, "enqueue", "--count", "20517", "--json")
 	if r.code != 0 {

@@ -12,23 +12,20 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // foreignDB returns a fresh database holding the crdbwork schema and a
 // queue the demo did not create, "emails", with n items; and a pool on it.
 func foreignDB(t *testing.T, n int) (string, *pgxpool.Pool) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
-		t.Fatal(err)
-	}
 	q, err := claim.New(pool, claim.Options{Queue: "emails"})
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +52,7 @@ func demoTableCount(t *testing.T, pool *pgxpool.Pool) int {
 // is written; `demo work`, `enqueue` and `cleanup` on that queue itself are
 // refused even with --shared-database. The queue's items stay untouched.
 func TestDemoRefusesOtherQueues(t *testing.T) {
+	t.Parallel()
 	url, pool := foreignDB(t, 52)
 	env := demoEnv("DATABASE_URL=" + url)
 	intact := func(after string) {
@@ -114,6 +112,7 @@ func TestDemoRefusesOtherQueues(t *testing.T) {
 // the demo needs no flag and no migrate: it creates the schema and its
 // tables itself.
 func TestDemoOwnDatabase(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
 	if r := demo(t, time.Minute, env, "enqueue", "--queue", "a", "--count", "10"); r.code != 0 {
@@ -141,6 +140,7 @@ func TestDemoOwnDatabase(t *testing.T) {
 
 // TestEnqueueBound: --count is bounded, with the bound in the message.
 func TestEnqueueBound(t *testing.T) {
+	t.Parallel()
 	wantExit(t, demo(t, time.Minute, nil, "enqueue", "--database-url", "postgres://127.0.0.1:1/x", "--count", "10000001"), 2,
 		`invalid value "10000001" for --count: must be between 1 and 10000000`)
 }
@@ -150,6 +150,7 @@ func TestEnqueueBound(t *testing.T) {
 // another queue is left, before deleting anything, and drops the crdbwork
 // tables once none is.
 func TestCleanup(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "30"); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -195,6 +196,7 @@ func TestCleanup(t *testing.T) {
 // --drop-schema it refuses while other queues are left, before deleting
 // anything.
 func TestCleanupLeavesOthers(t *testing.T) {
+	t.Parallel()
 	url, pool := foreignDB(t, 7)
 	env := demoEnv("DATABASE_URL=" + url)
 	makeDead(t, pool, "emails", 1)
@@ -257,7 +259,8 @@ func TestCleanupLeavesOthers(t *testing.T) {
 // refuses a queue the demo did not create, and an item an operator
 // cancelled is counted as cancelled, not lost.
 func TestVerifyQueueAndCancelled(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
 	for q, n := range map[string]string{"q1": "10", "q2": "5"} {
 		if r := demo(t, time.Minute, env, "enqueue", "--queue", q, "--count", n); r.code != 0 {
@@ -315,6 +318,7 @@ func TestVerifyQueueAndCancelled(t *testing.T) {
 // TestEnqueueProgress: a short enqueue shows nothing; a long one shows
 // how far it is, its rate and the time left.
 func TestEnqueueProgress(t *testing.T) {
+	t.Parallel()
 	var stderr strings.Builder
 	out := cli.NewConsole(&strings.Builder{}, &stderr)
 	enqueueProgress(out, "demo", 1000, time.Now())(500)

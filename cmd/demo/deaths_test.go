@@ -18,6 +18,7 @@ import (
 // `requeue ID --death` takes the death given, and `requeue --all` requeues
 // each dead id once and counts the live ones it skipped.
 func TestDeadListsEveryDeath(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	ctx := context.Background()
 	id := makeDead(t, pool, "q2", 1)[0]

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // TestDemoTTLAndAtMostOnce: items enqueued with --ttl that no worker
@@ -12,12 +15,14 @@ import (
 // at-most-once items worked by a process killed with SIGKILL mid-run and
 // then by a fresh one are each handled at most once, and every item ends.
 func TestDemoTTLAndAtMostOnce(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "40", "--ttl", "1ms", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	waitCond(t, "the deadlines to pass", time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`) == 40
+	await.Until(t, "the deadlines to pass", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE expires_at <= now()`)
+		return n == 40, fmt.Sprintf("%d of 40 expired", n)
 	})
 	const n = 600
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "600", "--at-most-once"); r.code != 0 {
@@ -25,18 +30,20 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 	}
 	// A worker takes items (deleting them as it claims), and is killed while
 	// handlers run: the items in its hands are lost, none runs again.
-	cmd, _ := startDemo(t, env, false, "work", "--name", "amo-1", "--task-time", "20ms", "--concurrency", "8")
-	waitCond(t, "the first results", time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 50
-	})
+	cmd, log1 := startDemo(t, env, false, "work", "--name", "amo-1", "--task-time", "20ms", "--concurrency", "8")
+	await.Until(t, "the first results", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM demo_results`)
+		return n >= 50, fmt.Sprintf("%d results", n)
+	}, await.Show(log1.String))
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	startDemo(t, env, false, "work", "--name", "amo-2", "--task-time", "1ms", "--concurrency", "8")
-	waitCond(t, "every item to end", 2*time.Minute, func() bool {
-		return countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'demo'`) == 0
-	})
+	_, log2 := startDemo(t, env, false, "work", "--name", "amo-2", "--task-time", "1ms", "--concurrency", "8")
+	await.Until(t, "every item to end", func() (bool, string) {
+		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'demo'`)
+		return n == 0, fmt.Sprintf("%d items left", n)
+	}, await.Within(time.Minute), await.Show(log2.String))
 	if d := countRows(t, pool, `SELECT count(*) FROM (SELECT item_id FROM demo_results GROUP BY item_id HAVING count(*) > 1) AS d`); d != 0 {
 		t.Fatalf("%d at-most-once items handled twice", d)
 	}
@@ -59,11 +66,14 @@ func TestDemoTTLAndAtMostOnce(t *testing.T) {
 		t.Fatalf("dead items by reason %v (total %d); want the 40 expired ones, and crash loops only", reasons, dead.Total)
 	}
 	// Lost: at most what the killed worker had claimed and not finished
-	// (its handlers and its claimed-ahead batch), and at least one: it was
-	// busy (8 handlers, 550 items left), and its claims had deleted the
-	// items in its hands, so no one got them again.
-	if lost := n - done - reasons["crash loop"]; lost < 1 || lost > 200 {
-		t.Fatalf("%d of %d at-most-once items handled, %d crash loops; %d lost, want between 1 (the killed worker's) and 200",
+	// (its handlers and its claimed-ahead batch). It was busy (8 handlers,
+	// 550 items left), so the kill left at least one item of its hands
+	// unhandled: lost (its claim had deleted it, so no one got it again)
+	// or, killed between the claim's two statements, a crash loop. (Lost
+	// alone was at least one until a loaded machine killed it there: 0
+	// lost, 2 crash loops.)
+	if lost := n - done - reasons["crash loop"]; lost < 0 || lost > 200 || lost+reasons["crash loop"] < 1 {
+		t.Fatalf("%d of %d at-most-once items handled, %d crash loops; %d lost, want at most 200 (the killed worker's), and at least one item lost or in a crash loop",
 			done, n, reasons["crash loop"], lost)
 	}
 	if r := op(t, time.Minute, env, "dead"); r.code != 0 || !strings.Contains(r.stdout, "REASON") || !strings.Contains(r.stdout, "expired") {

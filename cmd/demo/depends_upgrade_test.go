@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -23,13 +24,14 @@ import (
 // the previous release (version 5) has them, and its acks release the
 // dependents themselves, so the test has nothing left to show.
 func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	if crsql.Version-1 >= 5 {
 		t.Skipf("the previous release (schema version %d) knows dependencies: its workers release dependents as this code's do", crsql.Version-1)
 	}
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 	f.start(old, "old-1")
 	f.start(old, "old-2")
@@ -55,22 +57,19 @@ func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
 	results := func(ids []uuid.UUID) int {
 		return f.count(`SELECT count(*) FROM demo_results WHERE item_id = ANY($1)`, ids)
 	}
-	f.waitFor("the root to be acked by an old worker", time.Minute, func() bool { return results([]uuid.UUID{root}) == 1 })
-	// Only the old workers run: nothing releases the children. Give them
-	// a few of their polls to show it.
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		if n := results(all); n != 1 {
-			t.Fatalf("%d items ran before any release, want the root alone", n)
-		}
-		if n := f.count(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`, upgradeQueue); n != children+1 {
-			t.Fatalf("%d waiting items, want %d", n, children+1)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	f.waitFor("the root to be acked by an old worker", func() bool { return results([]uuid.UUID{root}) == 1 })
+	// Only the old workers run: nothing releases the children. Watch it
+	// through 16 heartbeats of both old workers: each of them polls for
+	// items several times a heartbeat and runs its queue's reaper every
+	// 2.5 to 7.5 heartbeats, so each reaped at least twice meanwhile.
+	await.Never(t, "a waiting item runs or leaves the waiting items under the old workers alone", f.heartbeats("old-1", "old-2"), 16,
+		func() (bool, string) {
+			ran, waiting := results(all), f.count(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`, upgradeQueue)
+			return ran != 1 || waiting != children+1, fmt.Sprintf("%d items ran (want the root alone), %d waiting (want %d)", ran, waiting, children+1)
+		})
 	// This code's reaps (a version-5 session's) release what the old acks
 	// satisfied: the children, then the join.
-	f.waitFor("every item to run", 2*time.Minute, func() bool {
+	f.waitFor("every item to run", func() bool {
 		if _, err := q.Reap(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -25,26 +25,32 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
-// The deployment's session timing: every `demo work` process heartbeats
-// every deployHeartbeat and its session expires after deployExpiry.
+// deployHeartbeat is the deployment's heartbeat on a quiet machine: every
+// `demo work` process heartbeats every deployHeartbeat and its session
+// expires after deployExpiries of them (2 s). The test stretches it with
+// the machine's load (await.Stretch, read once: newDeployment), and every
+// bound derives from the stretched value.
 const (
 	deployHeartbeat = 250 * time.Millisecond
-	deployExpiry    = 2 * time.Second
+	deployExpiries  = 8
 )
 
-// deployRecovery is how long the fleet may take to recover from a fault,
-// from its bounds: a dead or frozen session expires (deployExpiry) and a
-// peer's reaper deletes it (every two heartbeats), which releases its
-// claims; its parts move to the other sessions of its queue, each drained
-// first (at most partition.DefaultDrainTimeout); a limit's share that grows
-// is used after worker.DefaultLimitGrace; an item claimed by a live session
-// past its lease is released by a reaper within leaseSlack.
-const deployRecovery = deployExpiry + 2*deployHeartbeat + partition.DefaultDrainTimeout + worker.DefaultLimitGrace + leaseSlack
+// recovery is how long the fleet may take to recover from a fault, from
+// its bounds: a dead or frozen session expires (its expiry) and a peer's
+// reaper deletes it (every two heartbeats), which releases its claims; its
+// parts move to the other sessions of its queue, each drained first (at
+// most partition.DefaultDrainTimeout); a limit's share that grows is used
+// after worker.DefaultLimitGrace; an item claimed by a live session past
+// its lease is released by a reaper within the watcher's lease slack.
+func (d *deployment) recovery() time.Duration {
+	return d.expiry + 2*d.heartbeat + partition.DefaultDrainTimeout + worker.DefaultLimitGrace + d.f.leaseSlack
+}
 
 // deployBacklog is the time allowed, on top of deployRecovery, to work off
 // what is left after the last fault. The slowest queue is the limited one:
@@ -76,6 +82,9 @@ type deployment struct {
 	f      *faultDemo
 	queues []*deployQueue
 	byName map[string]*deployQueue
+	// heartbeat and expiry are the workers' session timing: deployHeartbeat
+	// stretched with the machine's load, and deployExpiries of it.
+	heartbeat, expiry time.Duration
 }
 
 // newDeployment migrates a fresh database at dbURL and starts watching its
@@ -96,8 +105,10 @@ func newDeployment(t *testing.T, dbURL string, queues []*deployQueue) *deploymen
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	f := &faultDemo{t: t, url: dbURL, env: env, db: db, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{}}
-	d := &deployment{t: t, f: f, queues: queues, byName: map[string]*deployQueue{}}
+	f := &faultDemo{t: t, url: dbURL, env: env, db: db, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{},
+		leaseSlack: await.Stretch(leaseSlack)}
+	hb := await.Stretch(deployHeartbeat)
+	d := &deployment{t: t, f: f, queues: queues, byName: map[string]*deployQueue{}, heartbeat: hb, expiry: deployExpiries * hb}
 	for _, q := range queues {
 		q.pids = map[int]*proc{}
 		q.tenant = map[uuid.UUID]string{}
@@ -167,7 +178,7 @@ func (d *deployment) startWorker(q *deployQueue) *proc {
 	name := fmt.Sprintf("%s-w%d", q.name, q.started)
 	q.started++
 	args := append([]string{"--queue", q.name, "--record-runs"}, q.work...)
-	p := d.f.work(name, deployHeartbeat, deployExpiry, args...)
+	p := d.f.work(name, d.heartbeat, d.expiry, args...)
 	q.procs = append(q.procs, p)
 	q.pids[p.cmd.Process.Pid] = p
 	return p
@@ -184,28 +195,51 @@ func (d *deployment) results(q *deployQueue) int {
 func (d *deployment) dbNow() time.Time {
 	d.t.Helper()
 	var now time.Time
-	d.f.waitFor("the database's clock", time.Minute, func() bool {
+	await.Until(d.t, "the database's clock", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return d.f.db.QueryRow(ctx, `SELECT now()`).Scan(&now) == nil
+		return d.f.db.QueryRow(ctx, `SELECT now()`).Scan(&now)
 	})
 	return now
 }
 
-// holding waits, at most within, until the worker p holds items, and says
-// whether it did (a worker of a queue with a backlog that never holds an
-// item is a failure of its own, reported by the caller).
-func (d *deployment) holding(p *proc, within time.Duration) (uuid.UUID, bool) {
+// holding waits until the worker p (of queue q) holds items and returns
+// its session (a worker of a queue with a backlog that never holds an item
+// fails the test).
+func (d *deployment) holding(q *deployQueue, p *proc) uuid.UUID {
 	d.t.Helper()
 	sid := d.f.sessionOf(p.name)
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if d.f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0 {
-			return sid, true
+	await.Until(d.t, p.name+" to hold items of "+q.name, func() (bool, string) {
+		return d.f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0,
+			fmt.Sprintf("it holds none; %d of the queue's %d items have results", d.results(q), q.total)
+	}, await.Show(func() string { return lastLines(p.stderr.String(), 10) }))
+	return sid
+}
+
+// quietSince waits until no item of queue q claimed before at (database
+// clock) is still claimed, and returns the database's clock when that was
+// seen: from then on, every claim of q in flight was made after at.
+func (d *deployment) quietSince(q *deployQueue, at time.Time) time.Time {
+	d.t.Helper()
+	var seen time.Time
+	await.Until(d.t, fmt.Sprintf("the claims of %s made before %s to end", q.name, at.Format("15:04:05.000")), func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var n int
+		err := d.f.db.QueryRow(ctx, `SELECT count(*), now() FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND claimed_at < $2`,
+			q.name, at).Scan(&n, &seen)
+		if err != nil {
+			return false, err.Error() // the database may be restarting
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return sid, false
+		return n == 0 && !seen.Before(at), fmt.Sprintf("%d still claimed at %s", n, seen.Format("15:04:05.000"))
+	}, await.Show(d.describeQueues))
+	return seen
+}
+
+// describeQueues shows the items left and the database's transactions,
+// for the failures of waits.
+func (d *deployment) describeQueues() string {
+	return strings.Join(d.unended(), "\n") + "\nthe database's transactions:\n" + d.transactions()
 }
 
 // statusOf runs `demo status --json` on q and decodes it.
@@ -281,6 +315,7 @@ func (d *deployment) unended() []string {
 // deployBacklog of the last fault; on failure the test reports, per queue,
 // the items left.
 func TestDeploymentFaults(t *testing.T) {
+	t.Parallel()
 	srv, dbURL := testdb.NewServer(t)
 	const urgentLimit, urgentLowered, tenantLimit = 6, 4, 2
 	queues := []*deployQueue{
@@ -336,16 +371,19 @@ func TestDeploymentFaults(t *testing.T) {
 	for _, q := range queues {
 		all += q.total
 	}
-	d.f.waitFor("a tenth of the items' results", 2*time.Minute, func() bool {
-		return d.f.count(`SELECT count(*) FROM demo_results`) >= all/10
-	})
+	await.Until(t, "a tenth of the items' results", func() (bool, string) {
+		n := d.f.count(`SELECT count(*) FROM demo_results`)
+		return n >= all/10, fmt.Sprintf("%d of %d", n, all)
+	}, await.Within(time.Minute), await.Show(d.describeQueues))
 
-	// The operator pauses ttl; its items wait, and expire.
+	// The operator pauses ttl; its items wait, and expire. Once the claims
+	// made before the pause ended (ttlQuiet), no run of ttl may start until
+	// the resume.
 	pausedAt := d.dbNow()
 	if r := d.run(ttl.name, "pause", "--json"); lastJSON(t, r)["paused"] != true {
 		t.Errorf("demo pause: %s", r.stdout)
 	}
-	pausedAt2 := d.dbNow()
+	ttlQuiet := d.quietSince(ttl, d.dbNow())
 
 	// SIGKILL a worker of urgent and one of plain while they hold items;
 	// replace them.
@@ -355,9 +393,7 @@ func TestDeploymentFaults(t *testing.T) {
 		if q == plain {
 			d.keepBusy(q)
 		}
-		if _, ok := d.holding(victim, 30*time.Second); !ok {
-			t.Errorf("%s held no item of %s within 30 s (%d of its %d items have results)", victim.name, q.name, d.results(q), q.total)
-		}
+		d.holding(q, victim)
 		if err := victim.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
@@ -371,19 +407,13 @@ func TestDeploymentFaults(t *testing.T) {
 	// session; the operator looks at the status meanwhile; SIGCONT.
 	frozen := fair.procs[1]
 	d.keepBusy(fair)
-	frozenSID, ok := d.holding(frozen, 30*time.Second)
-	if !ok {
-		t.Errorf("%s held no item of %s within 30 s (%d of its %d items have results)", frozen.name, fair.name, d.results(fair), fair.total)
-	}
+	frozenSID := d.holding(fair, frozen)
 	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); d.f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, frozenSID) != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the frozen worker's session was not deleted by a peer within a minute; the database's transactions:\n%s", d.transactions())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	await.Until(t, "the frozen worker's session to be deleted by a peer", func() bool {
+		return d.f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, frozenSID) == 0
+	}, await.Show(func() string { return "the database's transactions:\n" + d.transactions() }))
 	gone := d.dbNow()
 	for _, q := range queues {
 		s := d.statusOf(q.name)
@@ -438,11 +468,17 @@ func TestDeploymentFaults(t *testing.T) {
 	d.f.db.Reset() // connections from before the restart are gone
 	restartedAt := d.dbNow()
 
+	// The lowered limit holds once every session of urgent has read it —
+	// or, unable to read it, stopped claiming: within
+	// worker.DefaultLimitStaleAfter plus one refresh of its lowering — and
+	// the items claimed before then ended.
+	urgentSettled := d.quietSince(urgent, loweredAt.Add(worker.DefaultLimitStaleAfter+worker.DefaultLimitRefresh))
+
 	// ttl's items expire while it is paused: the operator lists the dead,
 	// requeues one, and resumes the queue.
-	d.f.waitFor("dead items in the paused ttl queue", 10*time.Second+deployRecovery+time.Minute, func() bool {
+	await.Until(t, "dead items in the paused ttl queue", func() bool {
 		return d.f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`, ttl.name) > 0
-	})
+	}, await.Within(10*time.Second+d.recovery()), await.Show(d.describeQueues))
 	r = d.run(ttl.name, "dead", "--json", "--limit", "5")
 	var dead struct {
 		Total int64 `json:"total"`
@@ -474,27 +510,22 @@ func TestDeploymentFaults(t *testing.T) {
 		t.Errorf("demo status --queue urgent: limits %v after the limit was lowered to %d", l, urgentLowered)
 	}
 
-	// Every item of every queue ends within the bound.
+	// Every item of every queue ends within the bound (from the stretched
+	// session timing; the wait's budget is stretched as every wait's).
 	lastFault := time.Now()
-	bound := deployRecovery + deployBacklog
-	deadline := lastFault.Add(bound)
-	for {
+	bound := d.recovery() + deployBacklog
+	await.Until(t, fmt.Sprintf("every item of every queue to end (bound: recovery %v + backlog %v)", d.recovery(), deployBacklog), func() (bool, string) {
 		left := d.unended()
-		if left != nil && len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			var tails []string
-			for _, q := range queues {
-				for _, p := range q.procs {
-					tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 6))
-				}
+		return left != nil && len(left) == 0, strings.Join(left, "\n")
+	}, await.Within(bound), await.Show(func() string {
+		var tails []string
+		for _, q := range queues {
+			for _, p := range q.procs {
+				tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 6))
 			}
-			t.Fatalf("items had not ended %v after the last fault (bound: recovery %v + backlog %v):\n%s\nworkers' last lines:\n%s",
-				bound, deployRecovery, deployBacklog, strings.Join(left, "\n"), strings.Join(tails, "\n"))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return "workers' last lines:\n" + strings.Join(tails, "\n")
+	}))
 	took := time.Since(lastFault)
 	for _, q := range queues {
 		for _, p := range q.procs {
@@ -565,11 +596,12 @@ func TestDeploymentFaults(t *testing.T) {
 	}
 
 	// ttl was paused: no run of its items started between the pause (once
-	// the claims in flight when it came had ended) and the resume.
+	// the claims made before it had ended: ttlQuiet, database clock) and
+	// the resume.
 	for _, rr := range runs {
-		if rr.queue == ttl.name && rr.start.After(pausedAt2.Add(time.Second)) && rr.start.Before(resumedAt) {
-			t.Errorf("item %s of the paused queue ttl started at %v (paused at %v, resumed at %v)", rr.item,
-				rr.start.Format("15:04:05.000"), pausedAt.Format("15:04:05.000"), resumedAt.Format("15:04:05.000"))
+		if rr.queue == ttl.name && rr.start.After(ttlQuiet) && rr.start.Before(resumedAt) {
+			t.Errorf("item %s of the paused queue ttl started at %v (paused at %v, its earlier claims ended by %v, resumed at %v)", rr.item,
+				rr.start.Format("15:04:05.000"), pausedAt.Format("15:04:05.000"), ttlQuiet.Format("15:04:05.000"), resumedAt.Format("15:04:05.000"))
 			break
 		}
 	}
@@ -582,7 +614,8 @@ func TestDeploymentFaults(t *testing.T) {
 	// worker.DefaultLimitRefresh, and a limit lowered while a session
 	// cannot read it (the database restart) is exceeded for at most
 	// worker.DefaultLimitStaleAfter plus one refresh, and by the items
-	// claimed before then until they end (50 ms here: a second is allowed).
+	// claimed before then until they end (urgentSettled: when the last of
+	// them was seen ended, by the database clock).
 	// A killed process's runs end at its death; the frozen process works
 	// another queue.
 	var urgentRuns []runSpan
@@ -593,7 +626,7 @@ func TestDeploymentFaults(t *testing.T) {
 			byTenant[urgent.tenant[rr.item]] = append(byTenant[urgent.tenant[rr.item]], rr)
 		}
 	}
-	settled := loweredAt.Add(worker.DefaultLimitStaleAfter + worker.DefaultLimitRefresh + time.Second)
+	settled := urgentSettled
 	most, mostAt := mostAtOnce(urgentRuns, time.Time{})
 	var early []runSpan
 	for _, rr := range urgentRuns {
@@ -676,10 +709,10 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	for pid := range killedAt {
 		killed = append(killed, int64(pid))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at IS NULL AND NOT (pid = ANY($1))`, killed) > 0 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	await.Until(d.t, "every run of a process that was not killed to have its end recorded", func() (bool, string) {
+		n := d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at IS NULL AND NOT (pid = ANY($1))`, killed)
+		return n == 0, fmt.Sprintf("%d runs without an end", n)
+	}, await.Within(10*time.Second))
 	queueOf := map[string]string{}
 	for _, q := range d.queues {
 		for _, id := range q.runIDs {
@@ -772,6 +805,6 @@ func (d *deployment) checkSessions() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.overdue != 0 {
-		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, leaseSlack, f.firstBad)
+		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, f.leaseSlack, f.firstBad)
 	}
 }

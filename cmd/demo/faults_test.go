@@ -11,6 +11,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os/exec"
@@ -26,11 +27,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // leaseSlack is how long past its lease an item may stay claimed by a live
-// session before the case fails: the reaper's period on a loaded machine.
+// session before the case fails, on a quiet machine: the reaper's period,
+// generously. Each case stretches it with the machine's load
+// (faultDemo.leaseSlack).
 const leaseSlack = 5 * time.Second
 
 // faultDemo is one fault case over demo processes.
@@ -40,6 +45,9 @@ type faultDemo struct {
 	env   []string
 	db    *pgxpool.Pool
 	items int
+	// leaseSlack is the package's leaseSlack stretched with the machine's
+	// load (await.Stretch) when the case started.
+	leaseSlack time.Duration
 
 	mu sync.Mutex
 	// lastSeen is, per session, the start (database clock) of the last
@@ -57,14 +65,30 @@ type faultDemo struct {
 	done           chan struct{}
 }
 
-// newFaultDemo migrates the database at dbURL, enqueues items into the
-// demo queue (8 parts) and starts watching sessions and claims.
+// migrate runs `crdbwork migrate` on the database at dbURL (one that no
+// template made: a server of the test's own).
+func migrate(t *testing.T, dbURL string) {
+	t.Helper()
+	if r := op(t, time.Minute, demoEnv("DATABASE_URL="+dbURL), "migrate"); r.code != 0 {
+		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
+	}
+}
+
+// sessionTiming returns a heartbeat of hb on a quiet machine, stretched
+// with its load (await.Stretch), and an expiry of expiries of it: one
+// reading of the load for both, so that the heartbeats keep up with the
+// expiry (see internal/await).
+func sessionTiming(hb time.Duration, expiries int) (heartbeat, expiry time.Duration) {
+	heartbeat = await.Stretch(hb)
+	return heartbeat, time.Duration(expiries) * heartbeat
+}
+
+// newFaultDemo enqueues items into the demo queue (8 parts) of the
+// database at dbURL, which has the crdbwork schema (testschema.NewURL, or
+// migrate), and starts watching sessions and claims.
 func newFaultDemo(t *testing.T, dbURL string, items int) *faultDemo {
 	t.Helper()
 	env := demoEnv("DATABASE_URL=" + dbURL)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", fmt.Sprint(items), "--parts", "8"); r.code != 0 {
 		t.Fatalf("enqueue: exit status %d\n%s", r.code, r.stderr)
 	}
@@ -78,7 +102,8 @@ func newFaultDemo(t *testing.T, dbURL string, items int) *faultDemo {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	f := &faultDemo{t: t, url: dbURL, env: env, db: db, items: items, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{}}
+	f := &faultDemo{t: t, url: dbURL, env: env, db: db, items: items, lastSeen: map[uuid.UUID]time.Time{}, goneBy: map[uuid.UUID]time.Time{},
+		leaseSlack: await.Stretch(leaseSlack)}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.stop, f.done = cancel, make(chan struct{})
 	go f.watch(ctx)
@@ -124,7 +149,7 @@ func (f *faultDemo) watch(ctx context.Context) {
 		var id string
 		err = f.db.QueryRow(qctx, `SELECT count(*), COALESCE(max(i.id::TEXT), '')
 			FROM crdbwork_items AS i JOIN crdbwork_sessions AS s ON s.id = i.claim
-			WHERE i.lease_until + $1::BIGINT * INTERVAL '1 microsecond' < now()`, leaseSlack.Microseconds()).Scan(&n, &id)
+			WHERE i.lease_until + $1::BIGINT * INTERVAL '1 microsecond' < now()`, f.leaseSlack.Microseconds()).Scan(&n, &id)
 		cancel()
 		if err == nil && n > 0 {
 			f.mu.Lock()
@@ -195,20 +220,15 @@ func (p *proc) stopGracefully(t *testing.T) {
 	t.Helper()
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(60 * time.Second):
-		t.Errorf("%s did not stop within 60s of SIGTERM; stderr:\n%s", p.name, p.stderr.String())
-	}
+	await.Recv(t, p.name+" to stop after SIGTERM", p.exited, await.Show(p.stderr.String))
 }
 
 // sessionOf waits for the session of the named worker and returns its id.
 func (f *faultDemo) sessionOf(name string) uuid.UUID {
 	f.t.Helper()
 	var id uuid.UUID
-	f.waitFor("the session of "+name, time.Minute, func() bool {
-		err := f.db.QueryRow(context.Background(), `SELECT id FROM crdbwork_sessions WHERE name = $1`, name).Scan(&id)
-		return err == nil
+	await.Until(f.t, "the session of "+name, func() error {
+		return f.db.QueryRow(context.Background(), `SELECT id FROM crdbwork_sessions WHERE name = $1`, name).Scan(&id)
 	})
 	return id
 }
@@ -224,32 +244,22 @@ func (f *faultDemo) count(q string, args ...any) int {
 	return n
 }
 
-func (f *faultDemo) waitFor(what string, within time.Duration, cond func() bool) {
-	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitProgress waits until at least n results exist.
 func (f *faultDemo) waitProgress(n int) {
 	f.t.Helper()
-	f.waitFor(fmt.Sprintf("%d results", n), 2*time.Minute, func() bool {
-		return f.count(`SELECT count(*) FROM demo_results`) >= n
-	})
+	await.Until(f.t, fmt.Sprintf("%d results", n), func() (bool, string) {
+		got := f.count(`SELECT count(*) FROM demo_results`)
+		return got >= n, fmt.Sprintf("%d results", got)
+	}, await.Within(time.Minute))
 }
 
-// assertEnded waits until no item is left, at most bound after since, and
-// checks the contract; procs are stopped gracefully first. It returns how
-// long after since the last item ended.
+// assertEnded waits until no item is left, at most bound (stretched with
+// the machine's load, as every await budget) after since, and checks the
+// contract; procs are stopped gracefully first. It returns how long after
+// since the last item ended.
 func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*proc) time.Duration {
 	f.t.Helper()
 	t := f.t
-	deadline := since.Add(bound)
 	atFault := f.count(`SELECT count(*) FROM crdbwork_items`)
 	// The items claimed when the fault ended: the ones a fault can strand.
 	// The time until the last of them ended is the recovery.
@@ -258,25 +268,23 @@ func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*
 		held, _ = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	}
 	var recovered time.Duration
-	for {
+	await.Until(t, fmt.Sprintf("every item to end (bound %v after the fault)", bound), func() (bool, string) {
 		if recovered == 0 && f.count(`SELECT count(*) FROM crdbwork_items WHERE id = ANY($1)`, held) == 0 {
 			recovered = time.Since(since)
 		}
 		if f.count(`SELECT count(*) FROM crdbwork_items`) == 0 {
-			break
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			var tails []string
-			for _, p := range procs {
-				tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
-			}
-			t.Fatalf("%d items had not ended %v after the fault (%d claimed by a live session)\n%s",
-				f.count(`SELECT count(*) FROM crdbwork_items`), bound,
-				f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IN (SELECT id FROM crdbwork_sessions)`),
-				strings.Join(tails, "\n"))
+		return false, fmt.Sprintf("%d items not ended (%d claimed by a live session)",
+			f.count(`SELECT count(*) FROM crdbwork_items`),
+			f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IN (SELECT id FROM crdbwork_sessions)`))
+	}, await.Within(bound), await.Show(func() string {
+		var tails []string
+		for _, p := range procs {
+			tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return f.describe() + strings.Join(tails, "\n")
+	}))
 	took := time.Since(since)
 	for _, p := range procs {
 		p.stopGracefully(t)
@@ -295,7 +303,7 @@ func (f *faultDemo) assertEnded(since time.Time, bound time.Duration, procs ...*
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.overdue != 0 {
-		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, leaseSlack, f.firstBad)
+		t.Errorf("up to %d items were claimed by a live session more than %v past their lease: %s", f.overdue, f.leaseSlack, f.firstBad)
 	}
 	t.Logf("every item ended %v after the fault (bound %v; %d items were left when the fault ended; the last of the %d claimed then ended after %v); acked %v, dead %v",
 		took.Round(time.Millisecond), bound, atFault, len(held), recovered.Round(time.Millisecond), acked, dead)
@@ -369,20 +377,26 @@ func lastLines(s string, n int) string {
 
 // TestFaultDemoDatabaseRestart restarts the database server (its own, not
 // the shared one) under three `demo work` processes, with `pg_ctl restart -m
-// fast` and with stop, 3 s down, start. The sessions' expiry (5 s) outlives
-// the restart. Bound: every item ends within 60 s of the server's return.
+// fast` and with stop, 3 s down, start. The sessions' expiry (5 s on a
+// quiet machine, stretched with its load: sessionTiming) outlives the
+// restart. Bound: every item ends within 60 s of the server's return
+// (stretched, as every wait).
 func TestFaultDemoDatabaseRestart(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		down time.Duration
 	}{{"restart-fast", 0}, {"stop-3s-start", 3 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel() // a server of its own
 			srv, dbURL := testdb.NewServer(t)
+			migrate(t, dbURL)
 			const items = 1500
 			f := newFaultDemo(t, dbURL, items)
 			var procs []*proc
+			hb, expiry := sessionTiming(500*time.Millisecond, 10)
 			for i := range 3 {
-				procs = append(procs, f.work(fmt.Sprintf("restart-worker-%d", i), 500*time.Millisecond, 5*time.Second))
+				procs = append(procs, f.work(fmt.Sprintf("restart-worker-%d", i), hb, expiry))
 			}
 			f.waitProgress(items * 3 / 5)
 			ctx := context.Background()
@@ -400,19 +414,22 @@ func TestFaultDemoDatabaseRestart(t *testing.T) {
 
 // TestFaultDemoSigkill kills one of three `demo work` processes with
 // SIGKILL while it holds items. Bound: every item ends within 30 s of the
-// kill (its session expires after 1.5 s; its claims go with it).
+// kill (stretched, as every wait; its session expires after 1.5 s on a
+// quiet machine; its claims go with it).
 func TestFaultDemoSigkill(t *testing.T) {
+	t.Parallel()
 	const items = 1500
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	var procs []*proc
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
 	for i := range 3 {
-		procs = append(procs, f.work(fmt.Sprintf("kill-worker-%d", i), 250*time.Millisecond, 1500*time.Millisecond))
+		procs = append(procs, f.work(fmt.Sprintf("kill-worker-%d", i), hb, expiry))
 	}
 	victim := procs[0]
 	sid := f.sessionOf(victim.name)
-	f.waitFor("the victim to hold items", time.Minute, func() bool {
+	await.Until(t, "the victim to hold items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0
-	})
+	}, await.Show(victim.stderr.String))
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -425,25 +442,32 @@ func TestFaultDemoSigkill(t *testing.T) {
 // while it holds items, until its peer has deleted its expired session, then
 // thaws it with SIGCONT. Whatever the thawed process had in flight must be
 // refused: no result row of the frozen session is dated after its session
-// row was gone. Bound: every item ends within 30 s of the thaw.
+// row was gone. Once the thawed process has seen its session lost (it
+// started a new one), it is stopped gracefully: its handlers take 300 ms,
+// and a new session of it would take half the parts and work them at 20
+// items a second — under load, with most items left, for longer than the
+// bound (which a test of a faster worker's recovery should not measure).
+// Bound: every item ends within 30 s of the thaw.
 func TestFaultDemoSigstop(t *testing.T) {
+	t.Parallel()
 	const items = 1500
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	// Its handlers take 300 ms: frozen mid-work, they finish after the thaw
 	// and try to ack items their session no longer holds.
-	frozen := f.work("frozen-worker", 250*time.Millisecond, 1500*time.Millisecond, "--task-time", "300ms")
-	peer := f.work("peer-worker", 250*time.Millisecond, 1500*time.Millisecond)
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
+	frozen := f.work("frozen-worker", hb, expiry, "--task-time", "300ms")
+	peer := f.work("peer-worker", hb, expiry)
 	sid := f.sessionOf(frozen.name)
-	f.waitFor("the frozen worker to hold items", time.Minute, func() bool {
+	await.Until(t, "the frozen worker to hold items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid) > 0
-	})
+	}, await.Show(frozen.stderr.String))
 	if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	held := f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, sid)
-	f.waitFor("the frozen worker's session to be deleted by its peer", time.Minute, func() bool {
+	await.Until(t, "the frozen worker's session to be deleted by its peer", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, sid) == 0
-	})
+	}, await.Show(peer.stderr.String))
 	var gone time.Time
 	if err := f.db.QueryRow(context.Background(), `SELECT now()`).Scan(&gone); err != nil {
 		t.Fatal(err)
@@ -454,6 +478,10 @@ func TestFaultDemoSigstop(t *testing.T) {
 	}
 	thawed := time.Now()
 	t.Logf("froze %s holding %d items; its session was gone at %v", frozen.name, held, gone.Format("15:04:05.000"))
+	await.Until(t, "the thawed worker to start a new session", func() bool {
+		return f.count(`SELECT count(*) FROM crdbwork_sessions WHERE name = $1 AND id <> $2`, frozen.name, sid) > 0
+	}, await.Show(frozen.stderr.String))
+	frozen.stopGracefully(t)
 	f.assertEnded(thawed, 30*time.Second, frozen, peer)
 	t.Logf("the thawed worker's last line: %s", strings.TrimSpace(lastLines(frozen.stderr.String(), 1)))
 	if n := f.count(`SELECT count(*) FROM demo_results WHERE session_id = $1 AND done_at >= $2`, sid, gone); n != 0 {
@@ -465,11 +493,9 @@ func TestFaultDemoSigstop(t *testing.T) {
 // claimed, those past their lease, the dead ones and the oldest claim's age,
 // and the text output shows them.
 func TestVerifyReportsStuckClaims(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: %s", r.stderr)
-	}
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "4"); r.code != 0 {
 		t.Fatalf("enqueue: %s", r.stderr)
 	}
@@ -517,16 +543,37 @@ func TestVerifyReportsStuckClaims(t *testing.T) {
 
 // TestFaultDemoSoakSmall is the CI-sized version of the soak (see README,
 // "Faults, and the soak"): demo run on its embedded server, worker processes
-// SIGKILLed every second and the server restarted every 2 s; nothing lost,
-// nothing duplicated, nothing left claimed.
+// SIGKILLed every 700 ms and the server restarted every 1.5 s; nothing
+// lost, nothing duplicated, nothing left claimed, every worker process that
+// exited was killed, and the workers' reports add up. It is also the suite's
+// test of `demo run --kill-every` (TestRunKillEvery was the same run
+// without the restarts).
 func TestFaultDemoSoakSmall(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
-	const items = 6000
-	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "1s",
-		"--restart-db-every", "2s", "--task-time", "2ms", "--concurrency", "8", "--json", "--progress=false") // 8 handlers: a run long enough for restarts
+	const items = 3000
+	r := demo(t, 3*time.Minute, demoEnv(), "run", "--items", fmt.Sprint(items), "--workers", "3", "--kill-every", "700ms",
+		"--restart-db-every", "1500ms", "--task-time", "5ms", "--concurrency", "8", "--json", "--progress=false") // 8 handlers of 5 ms: a run long enough for kills and restarts
 	s := checkSummary(t, r, items)
+	if s["mode"] != "processes" {
+		t.Errorf("mode = %v, want processes", s["mode"])
+	}
+	// The workers' reports: every worker had a session, every kill lost one.
+	if started := num(t, s, "sessions_started"); started < 3 {
+		t.Errorf("sessions_started = %v, want at least the 3 workers'", started)
+	}
+	if lost := num(t, s, "sessions_lost"); lost < 1 {
+		t.Errorf("sessions_lost = %v with %v workers killed", lost, s["workers_killed"])
+	}
+	num(t, s, "claims_lost")
+	if _, ok := s["retries"].(map[string]any); !ok {
+		t.Errorf("no retries in the summary: %v", s)
+	}
+	if strings.Contains(r.stderr, "unexpectedly") || strings.Contains(r.stderr, "did not stop") {
+		t.Errorf("a worker process misbehaved:\n%s", r.stderr)
+	}
 	if num(t, s, "db_restarts") < 1 {
 		t.Errorf("db_restarts = %v, want at least 1\nstderr:\n%s", s["db_restarts"], r.stderr)
 	}
@@ -542,8 +589,68 @@ func TestFaultDemoSoakSmall(t *testing.T) {
 
 // --restart-db-every needs the embedded server.
 func TestRestartDBNeedsEmbedded(t *testing.T) {
+	t.Parallel()
 	r := demo(t, time.Minute, nil, "run", "--database-url", "postgres://127.0.0.1:1/x", "--restart-db-every", "5s")
 	if r.code != 2 || !strings.Contains(r.stderr, "embedded") {
 		t.Errorf("exit status %d, stderr %q; want 2 and a message about the embedded server", r.code, r.stderr)
+	}
+}
+
+// describe shows the database's view of the case, for failure messages:
+// the sessions, who owns which part, and the items left by part and
+// claim.
+func (f *faultDemo) describe() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	show := func(title, q string) {
+		rows, err := f.db.Query(ctx, q)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", title, err)
+			return
+		}
+		defer rows.Close()
+		fmt.Fprintf(&b, "%s:\n", title)
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				fmt.Fprintf(&b, "  %v\n", err)
+				return
+			}
+			fmt.Fprintf(&b, "  %s\n", line)
+		}
+	}
+	show("sessions", `SELECT concat_ws(' ', id, name, 'heartbeat', (now() - heartbeat_at)::TEXT, 'ago') FROM crdbwork_sessions ORDER BY name`)
+	show("parts", `SELECT concat_ws(' ', queue, part, session_id) FROM crdbwork_session_parts ORDER BY queue, part`)
+	show("items left by part and claim", `SELECT concat_ws(' ', queue, 'part', part, 'claim', COALESCE(claim::TEXT, '-'), count(*), 'items, attempts up to', max(attempts))
+		FROM crdbwork_items GROUP BY queue, part, claim ORDER BY queue, part`)
+	return b.String()
+}
+
+// TestStartupRetryableAfterRestart: a worker process that `demo run
+// --restart-db-every` starts while the server restarts waits for it
+// (--wait-db) whatever the server said as it went: the errors of its
+// start-up checks on a connection that a fast shutdown terminated (57P01)
+// are a restart's, not a reason to exit. (The small soak failed with "6
+// worker processes exited unexpectedly; giving up" when they were not.)
+func TestStartupRetryableAfterRestart(t *testing.T) {
+	t.Parallel()
+	for _, msg := range []string{
+		"listing the queues: claim: listing the queues: FATAL: terminating connection due to administrator command (SQLSTATE 57P01)",
+		`checking the crdbwork table "crdbwork_items": FATAL: terminating connection due to administrator command (SQLSTATE 57P01)`,
+		"looking for the demo tables: FATAL: the database system is shutting down (SQLSTATE 57P03)",
+		"cannot reach the database at 127.0.0.1:5432: connection refused",
+	} {
+		if !startupRetryable(errors.New(msg)) {
+			t.Errorf("not retried at start-up: %s", msg)
+		}
+	}
+	for _, msg := range []string{
+		`the crdbwork schema is not in this database: run "crdbwork migrate" first`,
+		"password authentication failed for user \"crdbwork\" (SQLSTATE 28P01)",
+	} {
+		if startupRetryable(errors.New(msg)) {
+			t.Errorf("retried at start-up, but no restart explains it: %s", msg)
+		}
 	}
 }

@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestFaultDemoFrozenInTransaction freezes a `demo work` process with
@@ -29,12 +31,13 @@ import (
 // timeout (the expiry) and deployRecovery's reaping and slack; then every
 // item ends within 30 s of the thaw, exactly once.
 func TestFaultDemoFrozenInTransaction(t *testing.T) {
+	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("catches the frozen process with a transaction open in pg_stat_activity (its client ports and transaction id), PostgreSQL's; CockroachDB's is an empty table kept for compatibility")
 	}
 	const items = 3000
-	const heartbeat, expiry = 250 * time.Millisecond, 1500 * time.Millisecond
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	heartbeat, expiry := sessionTiming(250*time.Millisecond, 6)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	frozen := f.work("frozen-tx-worker", heartbeat, expiry, "--task-time", "1ms", "--concurrency", "32", "--ack-batch", "8")
 	peer := f.work("peer-worker", heartbeat, expiry)
 	sid := f.sessionOf(frozen.name)
@@ -46,40 +49,50 @@ func TestFaultDemoFrozenInTransaction(t *testing.T) {
 	// otherwise.
 	pid := frozen.cmd.Process.Pid
 	var caught string
-	for deadline := time.Now().Add(time.Minute); caught == ""; {
-		if time.Now().After(deadline) {
-			t.Fatalf("within a minute, %s was never caught with a transaction open (%d of %d items have results)",
-				frozen.name, f.count(`SELECT count(*) FROM demo_results`), items)
-		}
+	tries := 0
+	await.Until(t, frozen.name+" to be caught with a transaction open", func() (bool, string) {
+		tries++
 		if err := frozen.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
-		f.waitFor("the process to stop", 10*time.Second, func() bool { return processState(t, pid) == 'T' })
-		time.Sleep(30 * time.Millisecond) // a statement it had sent completes: its transaction is then idle
+		await.Until(t, "the process to stop", func() bool { return processState(t, pid) == 'T' })
+		// The statements it had sent complete (their backends leave the
+		// state active, PostgreSQL's pg_stat_activity): a transaction of
+		// it is then idle, or none is open.
 		ports := clientPorts(t, pid)
+		await.Until(t, "the frozen process's statements in flight to complete", func() (bool, string) {
+			var active string
+			err := f.db.QueryRow(context.Background(), `SELECT COALESCE(string_agg(left(query, 120), ' | '), '')
+				FROM pg_stat_activity WHERE state = 'active' AND client_port = ANY($1)`, ports).Scan(&active)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return active == "", "still running: " + active
+		})
 		err := f.db.QueryRow(context.Background(), `SELECT COALESCE(string_agg(left(query, 120), ' | '), '')
 			FROM pg_stat_activity WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL AND client_port = ANY($1)`, ports).Scan(&caught)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if caught == "" {
-			if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(time.Duration(5+time.Now().UnixNano()%20) * time.Millisecond)
+		if caught != "" {
+			return true, ""
 		}
-	}
-	t.Logf("froze %s with a transaction open: %s", frozen.name, caught)
-	bound := expiry + expiry + 2*heartbeat + leaseSlack
-	start := time.Now()
-	for f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, sid) != 0 {
-		if time.Since(start) > bound {
-			d := &deployment{t: t, f: f}
-			t.Fatalf("the frozen session was not deleted within %v; the database's transactions:\n%s", bound, d.transactions())
+		if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Logf("the frozen session was deleted %v after the freeze (bound %v)", time.Since(start).Round(time.Millisecond), bound)
+		// Let it run a few milliseconds (drawn) before the next try.
+		time.Sleep(time.Duration(5+time.Now().UnixNano()%20) * time.Millisecond)
+		return false, fmt.Sprintf("%d tries; %d of %d items have results", tries, f.count(`SELECT count(*) FROM demo_results`), items)
+	}, await.Every(time.Millisecond))
+	t.Logf("froze %s with a transaction open (try %d): %s", frozen.name, tries, caught)
+	bound := expiry + expiry + 2*heartbeat + f.leaseSlack
+	took := await.Until(t, fmt.Sprintf("the frozen session to be deleted (bound %v)", bound), func() bool {
+		return f.count(`SELECT count(*) FROM crdbwork_sessions WHERE id = $1`, sid) == 0
+	}, await.Within(bound), await.Show(func() string {
+		d := &deployment{t: t, f: f}
+		return "the database's transactions:\n" + d.transactions()
+	}))
+	t.Logf("the frozen session was deleted %v after the freeze (bound %v)", took.Round(time.Millisecond), bound)
 	if err := frozen.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestLimitHoldsWhileProcessesAreKilled sets a queue limit of 5 with `demo
@@ -19,8 +19,9 @@ import (
 // replaced. The most runs at once (a killed process's unfinished runs end
 // at its kill) must not exceed 5, and every item must end.
 func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
+	t.Parallel()
 	const items, limit = 800, 5
-	f := newFaultDemo(t, testdb.NewURL(t), items)
+	f := newFaultDemo(t, testschema.NewURL(t), items)
 	r := op(t, time.Minute, f.env, "limit", "--max-in-flight", fmt.Sprint(limit))
 	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("at most %d in flight", limit)) {
 		t.Fatalf("demo limit: exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
@@ -31,8 +32,9 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 	args := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
 	var procs []*proc
 	n := 0
+	hb, expiry := sessionTiming(250*time.Millisecond, 6)
 	startOne := func() {
-		procs = append(procs, f.work(fmt.Sprint("limit-worker-", n), 250*time.Millisecond, 1500*time.Millisecond, args...))
+		procs = append(procs, f.work(fmt.Sprint("limit-worker-", n), hb, expiry, args...))
 		n++
 	}
 	for range 3 {
@@ -121,10 +123,8 @@ func TestLimitHoldsWhileProcessesAreKilled(t *testing.T) {
 // limits with `crdbwork limit`, reads them back as JSON, removes the tenant's,
 // and checks that bad input exits 2 and changes nothing.
 func TestLimitCommand(t *testing.T) {
-	env := demoEnv("DATABASE_URL=" + testdb.NewURL(t))
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
+	t.Parallel()
+	env := demoEnv("DATABASE_URL=" + testschema.NewURL(t))
 	for _, args := range [][]string{
 		{"limit", "--max-in-flight", "7", "--create"},
 		{"limit", "--rate", "12.5"},

@@ -16,6 +16,7 @@ import (
 // TestProgressRate: the rate is over the last few seconds, so a stall shows
 // as a stall (the issue: 1795 items/s shown during a 2 s stall).
 func TestProgressRate(t *testing.T) {
+	t.Parallel()
 	r := &demoRun{}
 	t0 := time.Unix(0, 0)
 	for s := 1; s <= 10; s++ {
@@ -34,6 +35,7 @@ func TestProgressRate(t *testing.T) {
 
 // TestLogErrorsCut: a log line's error text is cut to maxErrorText runes.
 func TestLogErrorsCut(t *testing.T) {
+	t.Parallel()
 	var errb bytes.Buffer
 	c := cli.NewConsole(&bytes.Buffer{}, &errb)
 	log, _, err := newLogger("warn", c)

@@ -24,21 +24,22 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// migrated returns the URL and environment of a fresh database after
-// `crdbwork migrate`, and a pool on it.
+// migrated returns the URL and environment of a fresh database with the
+// crdbwork schema (what `crdbwork migrate` makes, copied from the test
+// binary's template: TestOperatorCommands and TestMigrateUpgrade run
+// migrate itself), and a pool on it.
 func migrated(t *testing.T) (string, []string, *pgxpool.Pool) {
 	t.Helper()
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +109,7 @@ func wantExit(t *testing.T, r result, code int, msg string) {
 }
 
 func TestDeadRequeueCancel(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	ids := makeDead(t, pool, "q1", 3)
 	makeDead(t, pool, "other", 1) // another queue's dead item is not listed nor requeued
@@ -182,6 +184,7 @@ func TestDeadRequeueCancel(t *testing.T) {
 }
 
 func TestPartsAndStatus(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	var p struct {
 		Parts    int    `json:"parts"`
@@ -225,16 +228,17 @@ func TestPartsAndStatus(t *testing.T) {
 // TestStatusWatch runs status --watch with stdout a pipe: plain snapshots,
 // each with the current backlog, until SIGINT, then exit 0.
 func TestStatusWatch(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "20"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	watch, out := startOp(t, env, true, "status", "--watch", "--interval", "100ms")
-	waitCond(t, "a snapshot with the backlog", time.Minute, func() bool { return out.count("backlog: 20 unclaimed") > 0 })
+	await.Until(t, "a snapshot with the backlog", func() bool { return out.count("backlog: 20 unclaimed") > 0 }, await.Show(out.String))
 	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_items`); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "a snapshot without it", time.Minute, func() bool { return out.count("backlog: 0 unclaimed") > 0 })
+	await.Until(t, "a snapshot without it", func() bool { return out.count("backlog: 0 unclaimed") > 0 }, await.Show(out.String))
 	watch.Process.Signal(syscall.SIGINT)
 	if err := watch.Wait(); err != nil {
 		t.Errorf("status --watch after SIGINT: %v", err)
@@ -246,15 +250,16 @@ func TestStatusWatch(t *testing.T) {
 
 // TestMetricsEndpoint scrapes `demo work --metrics-addr` while it works.
 func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
 	const n = 400
 	_, env, _ := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "400", "--parts", "4"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	cmd, log := startDemo(t, env, false, "work", "--metrics-addr", "127.0.0.1:0", "--name", "metrics-worker", "--task-time", "1ms")
-	waitCond(t, "the start line", time.Minute, func() bool {
+	await.Until(t, "the start line", func() bool {
 		return log.count(`metrics-worker working on queue "demo" (postgres, 4 parts, session `) == 1
-	})
+	}, await.Show(log.String))
 	var addr string
 	for _, l := range log.snapshot() {
 		if m := regexp.MustCompile(`serving metrics on (http://\S+/metrics)`).FindStringSubmatch(l); m != nil {
@@ -299,23 +304,16 @@ func TestMetricsEndpoint(t *testing.T) {
 		}
 		return vals
 	}
-	deadline := time.Now().Add(90 * time.Second)
 	var v map[string]float64
-	for {
+	await.Until(t, "every item acked, and the database gauges (cached for a few seconds) showing an empty queue", func() (bool, string) {
 		v = scrape()
 		backlog := 0.0
 		for p := range 4 {
 			backlog += v["crdbwork_backlog_items/"+strconv.Itoa(p)]
 		}
-		// The database gauges are cached for a few seconds.
-		if v["crdbwork_items_acked_total"] == n && backlog == 0 && v["crdbwork_claimed_items"] == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("acked_total %v after 90s, want %d", v["crdbwork_items_acked_total"], n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return v["crdbwork_items_acked_total"] == n && backlog == 0 && v["crdbwork_claimed_items"] == 0,
+			fmt.Sprintf("acked_total %v of %d, backlog %v, claimed %v", v["crdbwork_items_acked_total"], n, backlog, v["crdbwork_claimed_items"])
+	}, await.Show(log.String))
 	for key, want := range map[string]float64{
 		"crdbwork_handler_duration_seconds/acked_count": n,
 		"crdbwork_ack_batch_size_sum":                   n,
@@ -344,6 +342,7 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestOperatorBadInput(t *testing.T) {
+	t.Parallel()
 	url, env, pool := migrated(t)
 	u, err := pgx.ParseConfig(url)
 	if err != nil {
@@ -410,6 +409,7 @@ func statusOf(t *testing.T, env []string) statusJSON {
 // nothing, resumes it, and checks that the work is done and reported by the
 // session's heartbeat counters and status --watch's throughput.
 func TestPauseResume(t *testing.T) {
+	t.Parallel()
 	const n = 300
 	_, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "300"); r.code != 0 {
@@ -437,9 +437,9 @@ func TestPauseResume(t *testing.T) {
 	work, _ := startDemo(t, env, false, "work", "--name", "paused-worker", "--task-time", "2ms", "--heartbeat", "200ms", "--expiry", "2s")
 	// The worker polls every 150 ms or so: after 2 s of its session, a
 	// claim would have happened.
-	waitCond(t, "the worker's session to be 2s old", time.Minute, func() bool {
+	await.Until(t, "the worker's session to be 2s old", func() (bool, string) {
 		s := statusOf(t, env)
-		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2
+		return len(s.Sessions) == 1 && s.Sessions[0].Age >= 2, fmt.Sprintf("sessions %+v", s.Sessions)
 	})
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL OR attempts > 0`); n != 0 {
 		t.Fatalf("%d items claimed from a paused queue", n)
@@ -451,7 +451,7 @@ func TestPauseResume(t *testing.T) {
 		t.Fatalf("resume: %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	sawRate := false
-	waitCond(t, "the session's heartbeat to report every ack", 2*time.Minute, func() bool {
+	await.Until(t, "the session's heartbeat to report every ack", func() bool {
 		for _, l := range out.snapshot() {
 			var s statusJSON
 			if err := json.Unmarshal([]byte(l), &s); err != nil {
@@ -465,7 +465,7 @@ func TestPauseResume(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}, await.Within(time.Minute), await.Show(out.String))
 	watch.Process.Signal(syscall.SIGINT)
 	watch.Wait()
 	if !sawRate {
@@ -480,33 +480,11 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
-// waitLog is waitCond that shows a process's lines when it times out.
-func waitLog(t *testing.T, log *lineLog, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; the process wrote:\n%s", limit, what, log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func waitCond(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestMigrateUpgrade builds a version-1 database, checks that crdbwork and
 // the demo refuse it with the versions named, and upgrades it with crdbwork
 // migrate.
 func TestMigrateUpgrade(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
 	pool, err := pgxpool.New(context.Background(), url)
@@ -549,6 +527,7 @@ func TestMigrateUpgrade(t *testing.T) {
 // TestStaleSession: a session that stopped heartbeating shows as stale
 // before it expires, and the progress of the others is not hidden.
 func TestStaleSession(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	ctx := context.Background()
 	sctx, stop := context.WithCancel(ctx)
@@ -557,32 +536,44 @@ func TestStaleSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop() // like a crash: no more heartbeats, the row stays until it expires
-	<-sess.Done()
+	await.Recv(t, "the session to end", sess.Done())
 	// 30 s without a heartbeat (two heartbeats allowed by a 1 min expiry are 40 s: not stale yet).
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '30 seconds' WHERE id = $1`, sess.ID()); err != nil {
 		t.Fatal(err)
 	}
 	var st struct {
 		Sessions []struct {
-			Name  string `json:"name"`
-			Stale bool   `json:"stale"`
+			Name  string  `json:"name"`
+			Stale bool    `json:"stale"`
+			Since float64 `json:"since_heartbeat_seconds"`
 		} `json:"sessions"`
 	}
+	// Stale: more than two heartbeats of the longest interval the expiry
+	// allows (expiry / 3), by the time since the heartbeat that status
+	// read itself (a loaded machine may take seconds to run status).
+	const staleAfter = 40.0
 	// Status of every queue (there is none): the sessions all the same.
 	jsonOut(t, runProgram(t, crdbworkBin, time.Minute, env, "status", "--json"), &st)
-	if len(st.Sessions) != 1 || st.Sessions[0].Stale {
-		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want live and not stale", st.Sessions)
+	if len(st.Sessions) != 1 || st.Sessions[0].Since < 30 || st.Sessions[0].Stale != (st.Sessions[0].Since > staleAfter) {
+		t.Fatalf("30s after the last heartbeat of a 1 min expiry: %+v, want stale only past %vs", st.Sessions, staleAfter)
+	}
+	if st.Sessions[0].Stale {
+		t.Logf("status ran %.1fs after the last heartbeat (stale past %vs): the not-yet-stale case went unchecked", st.Sessions[0].Since, staleAfter)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE crdbwork_sessions SET heartbeat_at = now() - interval '45 seconds' WHERE id = $1`, sess.ID()); err != nil {
 		t.Fatal(err)
 	}
 	jsonOut(t, runProgram(t, crdbworkBin, time.Minute, env, "status", "--json"), &st)
-	if len(st.Sessions) != 1 || !st.Sessions[0].Stale {
+	if len(st.Sessions) != 1 || st.Sessions[0].Since < 45 || !st.Sessions[0].Stale {
 		t.Fatalf("45s after the last heartbeat of a 1 min expiry: %+v, want stale", st.Sessions)
 	}
 	r := runProgram(t, crdbworkBin, time.Minute, env, "status")
-	if !strings.Contains(r.stdout, "1 STALE") || !regexp.MustCompile(`silent .* 45\.\d+s!`).MatchString(r.stdout) {
-		t.Errorf("status does not mark the stale session:\n%s", r.stdout)
+	m := regexp.MustCompile(`silent .* (\d+)\.\d+s!`).FindStringSubmatch(r.stdout)
+	if !strings.Contains(r.stdout, "1 STALE") || m == nil {
+		t.Fatalf("status does not mark the stale session:\n%s", r.stdout)
+	}
+	if beat, _ := strconv.Atoi(m[1]); beat < 45 {
+		t.Errorf("status shows the stale session's last heartbeat %ss ago, want at least 45s:\n%s", m[1], r.stdout)
 	}
 }
 
@@ -672,6 +663,7 @@ func (l *lineLog) String() string {
 // sampled, the outage is said once, the recovery is logged once, and the
 // worker finishes the queue afterwards.
 func TestOutageLogs(t *testing.T) {
+	t.Parallel()
 	url, env, pool := migrated(t)
 	if r := demo(t, time.Minute, env, "enqueue", "--count", "3000"); r.code != 0 {
 		t.Fatal(r.stderr)
@@ -683,33 +675,34 @@ func TestOutageLogs(t *testing.T) {
 	defer proxy.Close()
 	ctx := context.Background()
 	work, log := startDemo(t, demoEnv("DATABASE_URL="+proxied), false, "work", "--name", "cut-worker", "--task-time", "5ms", "--concurrency", "8")
-	waitCond(t, "the start line", time.Minute, func() bool { return log.count("cut-worker working on queue") == 1 })
-	waitCond(t, "some items to be done", time.Minute, func() bool {
+	show := await.Show(log.String)
+	await.Until(t, "the start line", func() bool { return log.count("cut-worker working on queue") == 1 }, show)
+	await.Until(t, "some items to be done", func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM demo_results`) >= 300
-	})
+	}, show)
 	proxy.Cut()
-	waitLog(t, log, "the outage line", time.Minute, func() bool { return log.count("the database is not answering") == 1 })
-	cutAt := time.Now()
-	// Let the failures pile up for two seconds of claims, acks and heartbeats.
-	waitCond(t, "two seconds of outage", time.Minute, func() bool { return time.Since(cutAt) >= 2*time.Second })
+	await.Until(t, "the outage line", func() bool { return log.count("the database is not answering") == 1 }, show)
+	// Let the failures pile up for two seconds of claims, acks and
+	// heartbeats: the fault's duration (the sampling it checks is per
+	// 10 s, so it is not stretched).
+	time.Sleep(2 * time.Second)
 	proxy.Restore()
-	waitLog(t, log, "the recovery line", time.Minute, func() bool { return log.count("database reachable again after") == 1 })
-	deadline := time.Now().Add(2 * time.Minute)
-	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) != 0 {
-		if time.Now().After(deadline) {
-			rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
-			var left []string
-			for rows.Next() {
-				var claimed, leased *bool
-				var attempts, n int64
-				rows.Scan(&claimed, &attempts, &leased, &n)
-				left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
-			}
-			rows.Close()
-			t.Fatalf("the queue did not drain within 2 minutes after the outage; left: %v\nstderr:\n%s", left, log.String())
+	await.Until(t, "the recovery line", func() bool { return log.count("database reachable again after") == 1 }, show)
+	await.Until(t, "the queue to drain after the outage", func() (bool, string) {
+		if countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 {
+			return true, ""
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		rows, _ := pool.Query(ctx, `SELECT claim IS NOT NULL, attempts, lease_until > now(), count(*) FROM crdbwork_items GROUP BY 1, 2, 3`)
+		var left []string
+		for rows.Next() {
+			var claimed, leased *bool
+			var attempts, n int64
+			rows.Scan(&claimed, &attempts, &leased, &n)
+			left = append(left, fmt.Sprintf("claimed=%v attempts=%d leased=%v: %d", fmtBool(claimed), attempts, fmtBool(leased), n))
+		}
+		rows.Close()
+		return false, fmt.Sprintf("left: %v", left)
+	}, await.Within(time.Minute), show)
 	work.Process.Signal(syscall.SIGTERM)
 	work.Wait()
 	warns := log.count("\tWARN\t")
@@ -745,18 +738,19 @@ func fmtBool(b *bool) string {
 // TestStoredPartsWin: a worker asked for 16 parts on a queue stored with 4
 // works with 4, says so in its start line, and warns.
 func TestStoredPartsWin(t *testing.T) {
+	t.Parallel()
 	_, env, pool := migrated(t)
 	adoptDemoQueue(t, pool, "demo") // the demo works only on its own queues
 	if r := op(t, time.Minute, env, "parts", "--set", "4", "--yes", "--create"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	work, log := startDemo(t, env, false, "work", "--name", "w16", "--parts", "16")
-	waitCond(t, "the start line", time.Minute, func() bool { return log.count(`w16 working on queue "demo"`) == 1 })
-	waitCond(t, "the warning", time.Minute, func() bool { return log.count("different stored number of parts") == 1 })
+	await.Until(t, "the start line", func() bool { return log.count(`w16 working on queue "demo"`) == 1 }, await.Show(log.String))
+	await.Until(t, "the warning", func() bool { return log.count("different stored number of parts") == 1 }, await.Show(log.String))
 	if log.count("(postgres, 4 parts,") != 1 && log.count("(cockroach, 4 parts,") != 1 {
 		t.Errorf("the start line does not say 4 parts:\n%s", log.String())
 	}
-	waitCond(t, "the worker to own parts 0-3", time.Minute, func() bool {
+	await.Until(t, "the worker to own parts 0-3", func() bool {
 		var st struct {
 			Sessions []struct {
 				Parts string `json:"parts"`
@@ -765,7 +759,7 @@ func TestStoredPartsWin(t *testing.T) {
 		}
 		jsonOut(t, op(t, time.Minute, env, "status", "--json"), &st)
 		return st.NumParts == 4 && len(st.Sessions) == 1 && st.Sessions[0].Parts == "0-3"
-	})
+	}, await.Show(log.String))
 	work.Process.Signal(syscall.SIGTERM)
 	if err := work.Wait(); err != nil {
 		t.Errorf("work: %v\n%s", err, log.String())
@@ -776,6 +770,7 @@ func TestStoredPartsWin(t *testing.T) {
 // CRDBWORK_YES, CRDBWORK_CREATE or DEMO_DROP_SCHEMA left in the environment
 // turns nothing on.
 func TestDestructiveFlagsNotFromEnvironment(t *testing.T) {
+	t.Parallel()
 	url, _, pool := migrated(t)
 	makeDead(t, pool, "demo", 2)
 	env := demoEnv("DATABASE_URL="+url, "CRDBWORK_ALL=true", "CRDBWORK_SET=9", "CRDBWORK_YES=true", "CRDBWORK_CREATE=true",

@@ -8,18 +8,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // `demo enqueue --producers 64`, with and without --buffered: every item is
 // enqueued once and recorded once in demo_enqueued; the buffered run shares
 // statements (fewer flushes than items).
 func TestEnqueueProducers(t *testing.T) {
-	url := testdb.NewURL(t)
+	t.Parallel()
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // TestTwoQueuesOneDatabase runs `demo work --queue X --parts 8` processes
@@ -17,6 +19,7 @@ import (
 // for ever. Then `demo status` must show which sessions work which queue
 // and own which parts, in text and in --json.
 func TestTwoQueuesOneDatabase(t *testing.T) {
+	t.Parallel()
 	const items = 400
 	_, env, pool := migrated(t)
 	queues := []string{"alpha", "beta"}
@@ -29,20 +32,21 @@ func TestTwoQueuesOneDatabase(t *testing.T) {
 	for _, q := range queues {
 		procs[q] = startWork(t, env, q+"-worker", "--queue", q, "--parts", "8", "--heartbeat", "200ms", "--expiry", "1s", "--rebalance", "200ms")
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) > 0 {
-		if time.Now().After(deadline) {
-			var tails []string
-			for _, p := range procs {
-				tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
-			}
-			t.Fatalf("60 s after the workers started, %d items of alpha and %d of beta had not ended (%d unclaimed)\n%s",
-				countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha'`),
-				countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'beta'`),
-				countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`), strings.Join(tails, "\n"))
+	await.Until(t, "every item of both queues to end", func() (bool, string) {
+		if countRows(t, pool, `SELECT count(*) FROM crdbwork_items`) == 0 {
+			return true, ""
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("%d items of alpha and %d of beta not ended (%d unclaimed)",
+			countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha'`),
+			countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'beta'`),
+			countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE claim IS NULL`))
+	}, await.Show(func() string {
+		var tails []string
+		for _, p := range procs {
+			tails = append(tails, p.name+":\n"+lastLines(p.stderr.String(), 10))
+		}
+		return strings.Join(tails, "\n")
+	}))
 	v := lastJSON(t, demo(t, time.Minute, env, "verify", "--json"))
 	if num(t, v, "enqueued") != 2*items || num(t, v, "acked") != 2*items || num(t, v, "duplicates") != 0 || num(t, v, "lost") != 0 {
 		t.Errorf("verify: %v; want all %d items of both queues acked once", v, 2*items)

@@ -29,6 +29,7 @@ var demoLine = regexp.MustCompile(`go run \./cmd/demo(\s|$)`)
 // binary. It also checks that docs/demo.md's command table lists every demo
 // command.
 func TestREADMECommands(t *testing.T) {
+	t.Parallel()
 	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)

@@ -96,10 +96,12 @@ func (r *dbRestarter) count() int {
 
 // startupRetryable reports a start-up error that a database restart
 // explains: the server refused the connection, was shutting down or
-// starting up, or dropped the connection.
+// starting up, ended the connection as it shut down (57P01
+// admin_shutdown: a fast shutdown or restart terminates every session;
+// 57P02 crash_shutdown), or dropped the connection.
 func startupRetryable(err error) bool {
 	msg := err.Error()
-	for _, s := range []string{"cannot reach the database", "57P03", "shutting down", "starting up",
+	for _, s := range []string{"cannot reach the database", "57P01", "57P02", "57P03", "shutting down", "starting up",
 		"connection refused", "conn closed", "unexpected EOF", "connection reset", "broken pipe"} {
 		if strings.Contains(msg, s) {
 			return true

@@ -10,7 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/schedule"
 )
 
@@ -42,12 +43,10 @@ func startWork(t *testing.T, env []string, name string, extra ...string) *proc {
 // period and the current one, the skip queue only the current one; no other
 // missed period gets an item.
 func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
+	t.Parallel()
 	const every = time.Second
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	env := demoEnv("DATABASE_URL=" + url)
-	if r := op(t, time.Minute, env, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: exit status %d\n%s", r.code, r.stderr)
-	}
 	db, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
@@ -65,15 +64,9 @@ func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
 		scalar(&now, `SELECT now()`)
 		return now
 	}
-	waitFor := func(what string, within time.Duration, cond func() bool) {
+	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out after %v waiting for %s", within, what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		await.Until(t, what, cond)
 	}
 	lastPeriod := func(queue string) time.Time {
 		var last time.Time
@@ -106,9 +99,9 @@ func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
 		}
 	}
 	for q := range queues {
-		waitFor("the first period of "+q, 2*time.Minute, func() bool { return !lastPeriod(q).IsZero() })
+		waitFor("the first period of "+q, func() bool { return !lastPeriod(q).IsZero() })
 		begin[q] = lastPeriod(q)
-		waitFor("three periods of "+q, 2*time.Minute, func() bool { return !lastPeriod(q).Before(begin[q].Add(2 * every)) })
+		waitFor("three periods of "+q, func() bool { return !lastPeriod(q).Before(begin[q].Add(2 * every)) })
 	}
 	for _, p := range first {
 		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -127,7 +120,7 @@ func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
 		}
 	}
 	// Down for at least three whole periods.
-	waitFor("three periods without a process", 2*time.Minute, func() bool { return !dbNow().Before(latest.Add(4 * every)) })
+	waitFor("three periods without a process", func() bool { return !dbNow().Before(latest.Add(4 * every)) })
 	restart := dbNow().Truncate(every)
 
 	// Second life: one process per queue, until each schedule recorded a
@@ -137,7 +130,7 @@ func TestWorkEveryKilledAcrossPeriods(t *testing.T) {
 		second = append(second, startWork(t, env, q+"-back", append([]string{"--queue", q}, flags...)...))
 	}
 	for q := range queues {
-		waitFor("a period after the gap on "+q, 2*time.Minute, func() bool { return lastPeriod(q).After(last[q].Add(3 * every)) })
+		waitFor("a period after the gap on "+q, func() bool { return lastPeriod(q).After(last[q].Add(3 * every)) })
 	}
 	for _, p := range second {
 		p.stopGracefully(t)

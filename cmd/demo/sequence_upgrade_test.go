@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // TestSequenceHoldUnderPreviousReleaseWorkers: on a database at this
@@ -21,10 +20,11 @@ import (
 // requeues the dead head, which an old worker then runs once. Every item
 // runs exactly once; no old worker exits.
 func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 	q, err := claim.New(f.pool, claim.Options{Queue: upgradeQueue})
 	if err != nil {
@@ -66,7 +66,7 @@ func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
 	ran := func(ids []uuid.UUID) int {
 		return f.count(`SELECT count(*) FROM demo_results WHERE item_id = ANY($1)`, ids)
 	}
-	f.waitFor("the old workers to run every item but the dead head", 2*time.Minute, func() bool { return ran(rest) == len(rest) })
+	f.waitFor("the old workers to run every item but the dead head", func() bool { return ran(rest) == len(rest) })
 	// They ran k's later items in order, one at a time (by their acks).
 	if n := f.count(`SELECT count(*) FROM crdbwork_ended AS a, crdbwork_ended AS b
 		WHERE a.queue = $1 AND b.queue = $1 AND a.id = $2 AND b.id = $3 AND a.ended_at < b.ended_at`, upgradeQueue, res.IDs[1], res.IDs[3]); n != 1 {
@@ -79,7 +79,7 @@ func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
 	if ok, err := q.Requeue(ctx, res.IDs[0]); err != nil || !ok {
 		t.Fatalf("requeue: %v, %v", ok, err)
 	}
-	f.waitFor("an old worker to run the requeued head", time.Minute, func() bool { return ran(res.IDs[:1]) == 1 })
+	f.waitFor("an old worker to run the requeued head", func() bool { return ran(res.IDs[:1]) == 1 })
 	f.checkAlive()
 	if n := f.count(`SELECT count(DISTINCT item_id) FROM demo_results WHERE item_id = ANY($1)`, res.IDs); n != len(res.IDs) || ran(res.IDs) != len(res.IDs) {
 		t.Fatalf("%d distinct items of %d ran, %d result rows", n, len(res.IDs), ran(res.IDs))

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 func TestTenantFlagsBadInput(t *testing.T) {
+	t.Parallel()
 	url := testdb.NewURL(t)
 	for _, c := range []struct {
 		args []string
@@ -32,10 +34,8 @@ func TestTenantFlagsBadInput(t *testing.T) {
 
 // crdbwork fair shows and changes the queue's setting, keeping the others.
 func TestFairCommand(t *testing.T) {
-	url := testdb.NewURL(t)
-	if r := op(t, time.Minute, nil, "migrate", "--database-url", url); r.code != 0 {
-		t.Fatalf("migrate: %d\n%s", r.code, r.stderr)
-	}
+	t.Parallel()
+	url := testschema.NewURL(t)
 	state := func(args ...string) map[string]any {
 		t.Helper()
 		r := op(t, time.Minute, nil, append([]string{"fair", "--database-url", url, "--queue", "q1", "--create", "--json"}, args...)...)

@@ -30,7 +30,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -239,7 +241,8 @@ func buildPreviousDemo() (bin, ops, commit, skip string, err error) {
 // runBin runs a demo binary (bin) with args and waits for it.
 func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	timeout := await.Stretch(2 * time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env
@@ -251,7 +254,7 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	var exitErr *exec.ExitError
 	switch {
 	case ctx.Err() != nil:
-		t.Fatalf("%s %s: did not finish within 2m\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), r.stderr)
+		t.Fatalf("%s %s: did not finish within %v\nstderr:\n%s", filepath.Base(bin), strings.Join(args, " "), timeout, r.stderr)
 	case err == nil:
 	case errors.As(err, &exitErr):
 		r.code = exitErr.ExitCode()
@@ -261,18 +264,18 @@ func runBin(t *testing.T, bin string, env []string, args ...string) result {
 	return r
 }
 
-// mustRun runs bin with args and fails the test unless it exits 0.
-// migrate creates this code's schema with crdbwork migrate and the demo's
-// tables, which the previous release's demo processes need made before them
-// (its migrate made both).
-func (f *mixedFleet) migrate() {
+// demoTables creates the demo's tables in a database with this code's
+// schema (testschema.NewURL: what crdbwork migrate makes): the previous
+// release's demo processes need them made before them (its migrate made
+// both).
+func (f *mixedFleet) demoTables() {
 	f.t.Helper()
-	mustRun(f.t, crdbworkBin, f.env, "migrate")
 	if err := createDemoTables(context.Background(), f.pool); err != nil {
 		f.t.Fatal(err)
 	}
 }
 
+// mustRun runs bin with args and fails the test unless it exits 0.
 func mustRun(t *testing.T, bin string, env []string, args ...string) result {
 	t.Helper()
 	r := runBin(t, bin, env, args...)
@@ -365,21 +368,51 @@ func (f *mixedFleet) checkAlive() {
 	}
 }
 
-// waitFor waits until cond holds, failing the test after within or as
-// soon as a worker exits unexpectedly.
-func (f *mixedFleet) waitFor(what string, within time.Duration, cond func() bool) {
+// waitFor waits until cond holds (await.Until), failing the test as soon
+// as a worker exits unexpectedly.
+func (f *mixedFleet) waitFor(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	await.Until(f.t, what, func() bool {
 		f.checkAlive()
-		if cond() {
-			return
+		return cond()
+	}, await.Show(f.describe))
+}
+
+// heartbeats counts rounds of heartbeats of the named workers' sessions
+// (their newest): a round ends when each of them has heartbeated once more
+// (its heartbeat_at moved), seen by a poll of the sessions every 20 ms
+// until the test ends. The old workers' loops cannot be hooked (they are
+// another release's processes); their heartbeats, which they write, pace
+// the rounds that await.Never watches through.
+func (f *mixedFleet) heartbeats(names ...string) *await.Rounds {
+	r := await.NewRounds(fmt.Sprintf("heartbeats of each of %v", names))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	f.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		// mark: the newest heartbeat when the last round ended; the next
+		// ends when the oldest is newer.
+		var mark time.Time
+		for {
+			var oldest, newest *time.Time
+			err := f.pool.QueryRow(ctx, `SELECT min(h), max(h) FROM (
+    SELECT (SELECT heartbeat_at FROM crdbwork_sessions WHERE name = n ORDER BY created_at DESC LIMIT 1) AS h
+    FROM unnest($1::TEXT[]) AS v (n)) AS s`, names).Scan(&oldest, &newest)
+			if err == nil && oldest != nil && newest != nil && oldest.After(mark) {
+				if !mark.IsZero() {
+					r.Tick()
+				}
+				mark = *newest
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
 		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for %s\n%s", within, what, f.describe())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	}()
+	return r
 }
 
 // describe shows the sessions, their parts and the workers' last lines,
@@ -437,7 +470,7 @@ func (f *mixedFleet) session(name string) uuid.UUID {
 func (f *mixedFleet) settled(names, holders []string, not map[uuid.UUID]bool) map[string]uuid.UUID {
 	f.t.Helper()
 	got := map[string]uuid.UUID{}
-	f.waitFor(fmt.Sprintf("sessions of %v, with %v each holding a part of %q", names, holders, upgradeQueue), 90*time.Second, func() bool {
+	f.waitFor(fmt.Sprintf("sessions of %v, with %v each holding a part of %q", names, holders, upgradeQueue), func() bool {
 		if f.count(`SELECT count(*) FROM crdbwork_sessions`) != len(names) {
 			return false
 		}
@@ -467,7 +500,7 @@ func (f *mixedFleet) enqueue(bin string, n int) {
 // drained waits until no item of the queue is left.
 func (f *mixedFleet) drained() {
 	f.t.Helper()
-	f.waitFor(fmt.Sprintf("every item of %q to end", upgradeQueue), 2*time.Minute, func() bool {
+	f.waitFor(fmt.Sprintf("every item of %q to end", upgradeQueue), func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE queue = $1`, upgradeQueue) == 0
 	})
 }
@@ -575,11 +608,7 @@ func (f *mixedFleet) stop() map[string]workerReport {
 	}
 	reports := map[string]workerReport{}
 	for _, w := range running {
-		select {
-		case <-w.exited:
-		case <-time.After(time.Minute):
-			f.t.Fatalf("%s did not stop within a minute of SIGTERM\n%s", w.name, lastLines(w.stderr.String(), 10))
-		}
+		await.Recv(f.t, w.name+" to stop after SIGTERM", w.exited, await.Show(func() string { return lastLines(w.stderr.String(), 10) }))
 		if code := w.cmd.ProcessState.ExitCode(); code != 0 {
 			f.t.Errorf("%s (%s) exited with status %d\n%s", w.name, filepath.Base(w.bin), code, lastLines(w.stderr.String(), 10))
 		}
@@ -643,10 +672,11 @@ func wantSchema(t *testing.T, pool *pgxpool.Pool, version, serves int64) {
 // one is SIGKILLed and restarted: each time they start a new session and
 // work on, none exits, and every item is acked exactly once.
 func TestRollingUpgradeMixedFleet(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	wantSchema(t, f.pool, crsql.Version, crsql.Serves)
 	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	bins := []string{old, demoBin}
@@ -684,7 +714,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 	// are refused, others take them over, none is acked twice.
 	f.enqueue(old, 2000)
 	id := f.session("old-1")
-	f.waitFor("old-1 to hold claims", time.Minute, func() bool {
+	f.waitFor("old-1 to hold claims", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim = $1`, id) > 0
 	})
 	gone = f.loseSessions("old-1")
@@ -709,6 +739,7 @@ func TestRollingUpgradeMixedFleet(t *testing.T) {
 // acked exactly once. The previous release's migrate run again on
 // the upgraded database changes nothing.
 func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	url := testdb.NewURL(t)
 	f := newFleet(t, url)
@@ -722,7 +753,7 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 
 	// The upgrade, with claims held.
 	f.enqueue(old, 2000)
-	f.waitFor("the old workers to hold claims", time.Minute, func() bool {
+	f.waitFor("the old workers to hold claims", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_items WHERE claim IS NOT NULL`) > 0
 	})
 	r := mustRun(t, crdbworkBin, f.env, "migrate")
@@ -779,17 +810,18 @@ func TestUpgradeUnderPreviousReleaseWorkers(t *testing.T) {
 // losing anything, one that died twice (a state only this code creates),
 // and so does its `requeue --all`, which stops there.
 func TestPreviousReleaseOperatorCommands(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
-	url := testdb.NewURL(t)
+	url := testschema.NewURL(t)
 	f := newFleet(t, url)
-	f.migrate()
+	f.demoTables()
 	ctx := context.Background()
 
 	// Items that expire at once, dead-lettered by an old worker's reaper.
 	const n = 20
 	mustRun(t, old, f.env, "enqueue", "--queue", upgradeQueue, "--count", strconv.Itoa(n), "--ttl", "1ms", "--parts", "4")
 	f.start(old, "old-reaper")
-	f.waitFor("the old worker to dead-letter the expired items", time.Minute, func() bool {
+	f.waitFor("the old worker to dead-letter the expired items", func() bool {
 		return f.count(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1 AND reason = 'expired'`, upgradeQueue) == n
 	})
 	f.stop()
@@ -899,10 +931,11 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = v.id)
 // counts: the sessions of one version must not take the whole limit among
 // themselves beside those of the other.
 func TestMixedFleetLimit(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	const items, limit = 600, 5
-	f := newFleet(t, testdb.NewURL(t))
-	f.migrate()
+	f := newFleet(t, testschema.NewURL(t))
+	f.demoTables()
 	mustRun(t, previousOps(t), f.env, opsArgs("parts", "--queue", upgradeQueue, "--set", "8")...)
 	mustRun(t, previousOps(t), f.env, opsArgs("limit", "--queue", upgradeQueue, "--max-in-flight", strconv.Itoa(limit))...)
 	extra := []string{"--concurrency", "8", "--task-time", "20ms", "--record-runs"}
@@ -923,7 +956,7 @@ func TestMixedFleetLimit(t *testing.T) {
 	f.settled(names, names, nil)
 	f.enqueue(old, items/2)
 	f.enqueue(demoBin, items/2)
-	f.waitFor("a third of the results", 2*time.Minute, func() bool {
+	f.waitFor("a third of the results", func() bool {
 		return f.count(`SELECT count(*) FROM demo_results`) >= items/3
 	})
 	f.mu.Lock()
@@ -987,6 +1020,7 @@ func TestMixedFleetLimit(t *testing.T) {
 // history and runs; its version is logged, so that a failure of the other
 // tests names what ran.
 func TestPreviousReleaseBuilds(t *testing.T) {
+	t.Parallel()
 	old := previousDemo(t)
 	r := mustRun(t, old, demoEnv(), "--version")
 	t.Logf("previous release: commit %s, %s", previousRelease.commit, strings.TrimSpace(r.stdout))

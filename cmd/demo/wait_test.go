@@ -9,8 +9,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/cli"
-	"github.com/crdbwork/crdbwork/internal/testdb"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/testschema"
 )
 
 // fakeGroup is a workerGroup whose counters the test sets.
@@ -28,11 +27,9 @@ func (g *fakeGroup) settled() int64       { return g.done.Load() }
 // with the item counted), and an empty queue ends it even when the counters
 // say nothing (the count every countEvery).
 func TestWaitEndsOnTheCountNotTheCounters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	pool := testdb.New(t)
-	if err := crsql.Apply(ctx, pool, tables); err != nil {
-		t.Fatal(err)
-	}
+	pool := testschema.New(t) // tables are the default ones
 	q, err := claim.New(pool, claim.Options{Queue: "w", Tables: tables})
 	if err != nil {
 		t.Fatal(err)
