@@ -46,7 +46,7 @@ var livedOptions = map[string]lived.Options{"tiny": {Quiet: []string{"q", "qs"}}
 // plan. The reads of a whole queue in claim order (claimOrderProblem) must
 // also not let the planner see the queue: a plan for a queue the
 // statistics believe holds a handful of items sorted them (the "tiny"
-// state). livedKnown lists those still waiting for their fix.
+// state). Every hot statement is checked: none is a known exception.
 func TestHotPlansInALivedDatabase(t *testing.T) {
 	t.Parallel()
 	for _, state := range []string{"tiny", "empty"} {
@@ -66,12 +66,6 @@ func checkLivedPlans(t *testing.T, state string) {
 		msg := livedPlanProblem(c.name, plan, postgres)
 		if why, ok := livedAccepted[c.name+" ("+mode+")"]; ok && msg != "" {
 			t.Logf("accepted (%s): %s (%s): %s", why, c.name, mode, msg)
-			return
-		}
-		if why, known := livedKnown[c.name]; known && msg != "" {
-			// TODO(seq, deps): the helpers reshaping these statements turn
-			// them on (delete their livedKnown entries) once they land.
-			t.Logf("known (%s): %s (%s): %s\n%s", why, c.name, mode, msg, plan)
 			return
 		}
 		if msg != "" {
@@ -109,13 +103,6 @@ FROM generate_series(1, 2000) AS g`,
 	t.Logf("burst seeded in %v", time.Since(start).Round(time.Millisecond))
 	return pool
 }
-
-// livedKnown are the statements whose plans TestHotPlansInALivedDatabase
-// finds wrong and that other work is reshaping: a plan problem of theirs
-// is logged, not failed. Each entry names that work's topic. (None now:
-// the dependency statements, the last ones listed, seek the edges of the
-// ids they are given since the topic "deps".)
-var livedKnown = map[string]string{}
 
 // livedAccepted are plans that read more than a seek would, and why that
 // is right, by statement and mode.
