@@ -27,7 +27,7 @@ type dbRestarter struct {
 	failed   error
 }
 
-// startRestarter starts restarting srv every interval.
+// startRestarter starts restarting srv each time it has been up for every.
 func startRestarter(srv *dbserver.Server, every, down time.Duration, out *cli.Console) *dbRestarter {
 	r := &dbRestarter{srv: srv, every: every, down: down, out: out, stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run()
@@ -36,7 +36,12 @@ func startRestarter(srv *dbserver.Server, every, down time.Duration, out *cli.Co
 
 func (r *dbRestarter) run() {
 	defer close(r.done)
-	t := time.NewTicker(r.every)
+	// The interval counts from the end of the previous restart, not on a
+	// ticker: a restart can take longer than the interval on a busy
+	// machine, and a ticker would then restart the server again as soon as
+	// it is up, leaving it down for the whole run. The server is up at least
+	// r.every between restarts.
+	t := time.NewTimer(r.every)
 	defer t.Stop()
 	for {
 		select {
@@ -64,6 +69,7 @@ func (r *dbRestarter) run() {
 		n := r.restarts
 		r.mu.Unlock()
 		r.out.Errorf("demo: restarted the embedded %s server (restart %d, took %s)", r.srv.Kind(), n, round(time.Since(begin)))
+		t.Reset(r.every)
 	}
 }
 

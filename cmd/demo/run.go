@@ -118,7 +118,7 @@ human line on stderr.`
 	f.DurationVar(&c.killEvery, "kill-every", 0, true, "run the workers as child processes and SIGKILL a random one this often, starting a replacement (0: off)")
 	f.DurationVar(&c.timeout, "timeout", 10*time.Minute, false, "give up if items remain this long after the workers started")
 	f.BoolVar(&c.progress, "progress", !c.bench, "show a live progress line on stderr")
-	f.DurationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server this often while the workers run (needs the embedded server: no --database-url) (0: off)")
+	f.DurationVar(&c.restartDBEvery, "restart-db-every", 0, true, "restart the embedded database server while the workers run, each time it has been up this long (needs the embedded server: no --database-url) (0: off)")
 	f.DurationVar(&c.restartDBDown, "restart-db-down", 0, true, "with --restart-db-every: stop the server, wait this long, start it (0: a fast restart, pg_ctl restart -m fast)")
 	f.BoolVar(&c.downloadCockroach, "download-cockroach", false, "without a database URL and a cockroach binary, download CockroachDB (needs network) instead of using PostgreSQL")
 	f.BoolVar(&c.shared, "shared-database", false, sharedUsage)
