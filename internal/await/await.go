@@ -301,9 +301,15 @@ func (r *Rounds) WaitFor(t testing.TB, total int64, opts ...Option) {
 // never the durations given to the code under test): for durations a test
 // gives the code under test that must hold on a busy machine (a session
 // expiry that its heartbeats must beat while the machine is loaded), not
-// for a wait.
+// for a wait. A stretched duration is a whole number of milliseconds (never
+// below d), so that it survives a round trip through the database (an
+// INTERVAL keeps microseconds) and compares equal to what is read back.
 func Stretch(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * max(1, Scale()))
+	s := time.Duration(float64(d) * max(1, Scale()))
+	if s <= d {
+		return d
+	}
+	return max(d, s.Truncate(time.Millisecond))
 }
 
 // Scale returns the factor deadlines are multiplied by now: the

@@ -226,4 +226,10 @@ func TestStretch(t *testing.T) {
 	if got := Stretch(time.Second); got < time.Second {
 		t.Fatalf("Stretch(1s) = %v: it never shortens", got)
 	}
+	// Stretched, a duration is whole milliseconds (it survives a round
+	// trip through an INTERVAL); unstretched, it is d itself.
+	d := 1700*time.Millisecond + 7
+	if got := Stretch(d); got < d || (got != d && got%time.Millisecond != 0) {
+		t.Fatalf("Stretch(%v) = %v: want %v itself or whole milliseconds above it", d, got, d)
+	}
 }
