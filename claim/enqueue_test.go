@@ -19,6 +19,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -170,7 +171,9 @@ func TestEnqueueIsIdempotentOnCallerIDs(t *testing.T) {
 	if err != nil || len(ids.IDs) != 1 || ids.IDs[0] != a {
 		t.Fatalf("Enqueue of a present id: %v, %v", ids, err)
 	}
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	// The caller's transaction, retried whole on a serialization failure
+	// as EnqueueTx asks of its callers (CockroachDB, or the fault model).
+	err = retry.Tx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
 		res, err := q.EnqueueTx(ctx, tx, claim.NewItem{ID: b, Payload: []byte("x")}, claim.NewItem{ID: uuid.New(), Payload: []byte("d")})
 		if err == nil && fmt.Sprint(res.New) != "[false true]" {
 			err = fmt.Errorf("EnqueueTx: new %v, want [false true]", res.New)
