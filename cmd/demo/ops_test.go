@@ -305,14 +305,22 @@ func TestMetricsEndpoint(t *testing.T) {
 		return vals
 	}
 	var v map[string]float64
-	await.Until(t, "every item acked, and the database gauges (cached for a few seconds) showing an empty queue", func() (bool, string) {
+	// The database gauges come from a read that may time out on a busy
+	// machine (crdbwork_database_up 0, no backlog series): wait for a
+	// scrape whose read succeeded and shows the empty queue.
+	await.Until(t, "every item acked, and the database gauges (cached for a few seconds) read and showing an empty queue", func() (bool, string) {
 		v = scrape()
-		backlog := 0.0
+		backlog, series := 0.0, 0
 		for p := range 4 {
-			backlog += v["crdbwork_backlog_items/"+strconv.Itoa(p)]
+			b, ok := v["crdbwork_backlog_items/"+strconv.Itoa(p)]
+			if ok {
+				series++
+			}
+			backlog += b
 		}
-		return v["crdbwork_items_acked_total"] == n && backlog == 0 && v["crdbwork_claimed_items"] == 0,
-			fmt.Sprintf("acked_total %v of %d, backlog %v, claimed %v", v["crdbwork_items_acked_total"], n, backlog, v["crdbwork_claimed_items"])
+		return v["crdbwork_items_acked_total"] == n && v["crdbwork_database_up"] == 1 && series == 4 && backlog == 0 && v["crdbwork_claimed_items"] == 0,
+			fmt.Sprintf("acked_total %v of %d, database_up %v, backlog %v in %d series of 4, claimed %v",
+				v["crdbwork_items_acked_total"], n, v["crdbwork_database_up"], backlog, series, v["crdbwork_claimed_items"])
 	}, await.Show(log.String))
 	for key, want := range map[string]float64{
 		"crdbwork_handler_duration_seconds/acked_count": n,
