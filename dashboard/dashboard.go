@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -118,6 +119,7 @@ type handler struct {
 	cop     *http.CrossOriginProtection
 	hosts   hosts // the Host headers it answers
 	sampler *sampler
+	fleet   *fleet.Reader
 
 	queuesMu sync.Mutex
 	queues   map[string]*claim.Queue
@@ -188,6 +190,9 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 	}
 	h := &handler{db: db, opts: opts, store: crsql.NewStore(opts.Tables), pages: pages,
 		cop: http.NewCrossOriginProtection(), hosts: allowed, queues: map[string]*claim.Queue{}}
+	if h.fleet, err = fleet.New(db, opts.Tables); err != nil {
+		return nil, err
+	}
 	h.sampler = newSampler(h)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", h.page("overview", h.overview))

@@ -16,8 +16,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 	"github.com/crdbwork/crdbwork/internal/retry"
-	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -64,11 +64,15 @@ type overviewData struct {
 	Pager    pager
 	Filter   string
 	Sort     string
-	Sessions int
+	Sessions int64
 	Stale    int
-	Fleet    []float64
-	FleetNow float64
-	Totals   struct{ Unclaimed, Due, Claimed, Dead int64 }
+	// MoreQueues: the queues listed are the first fleet.DefaultMaxQueues
+	// by name, and there are more.
+	MoreQueues bool
+	QueuesRead int
+	Fleet      []float64
+	FleetNow   float64
+	Totals     struct{ Unclaimed, Due, Claimed, Dead int64 }
 }
 
 func (h *handler) overview(r *http.Request) (string, any, error) {
@@ -89,10 +93,7 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 		"dead":    func(q queueFigures) float64 { return float64(q.Dead) },
 		"rate":    func(q queueFigures) float64 { return q.EndRate },
 		"oldest": func(q queueFigures) float64 {
-			if q.OldestDue == nil {
-				return 0
-			}
-			return q.Now.Sub(*q.OldestDue).Seconds()
+			return q.OldestDue().Seconds()
 		},
 	}[d.Sort]
 	if key != nil {
@@ -101,9 +102,9 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 	var from, to int
 	d.Pager, from, to = paginate(r, len(qs), h.opts.PageSize)
 	d.Queues = qs[from:to]
+	d.Sessions, d.MoreQueues, d.QueuesRead = snap.Live, snap.MoreQueues, len(snap.Queues)
 	for _, s := range snap.Sessions {
-		d.Sessions++
-		if stale(s) {
+		if s.Stale {
 			d.Stale++
 		}
 	}
@@ -112,12 +113,6 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 		d.FleetNow = p.Rate
 	}
 	return "Queues", d, nil
-}
-
-// stale reports a session that has missed two heartbeats (as crdbwork
-// status marks it): probably dead, not yet expired.
-func stale(in session.Info) bool {
-	return in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor
 }
 
 // queueData is one queue's page.
@@ -250,8 +245,7 @@ type sessionsData struct {
 }
 
 type sessionRow struct {
-	session.Info
-	Stale  bool
+	fleet.Session
 	Parts  int
 	Queues string
 }
@@ -295,7 +289,7 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 			qs = append(qs, q)
 		}
 		sort.Strings(qs)
-		d.Sessions = append(d.Sessions, sessionRow{Info: in, Stale: stale(in), Parts: byOwner[in.ID], Queues: strings.Join(qs, ", ")})
+		d.Sessions = append(d.Sessions, sessionRow{Session: in, Parts: byOwner[in.ID], Queues: strings.Join(qs, ", ")})
 	}
 	// The part maps of the queues that have parts (stored) or owners.
 	var names []string

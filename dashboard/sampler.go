@@ -2,17 +2,13 @@ package dashboard
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/retry"
-	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 )
 
 // historyLen is how many samples a queue's charts keep.
@@ -41,18 +37,25 @@ type sampler struct {
 	readyOK bool
 }
 
-// snapshot is one round's reading.
+// snapshot is one round's reading: the fleet's snapshot (package
+// internal/fleet, as crdbwork status and the metrics read it), with each
+// queue's history.
 type snapshot struct {
 	At       time.Time
 	Queues   []queueFigures
-	Sessions []session.Info
-	Owners   []claim.PartOwner
-	Err      string
+	Sessions []fleet.Session
+	// Live counts the live sessions (Sessions lists the first
+	// fleet.DefaultMaxSessions); MoreQueues: Queues holds the first
+	// fleet.DefaultMaxQueues by name, and there are more.
+	Live       int64
+	MoreQueues bool
+	Owners     []fleet.Owner
+	Err        string
 }
 
 // queueFigures are one queue's figures and its history.
 type queueFigures struct {
-	crsql.QueueSummary
+	fleet.Queue
 	// EndRate is the items ended per second since the previous round
 	// (-1 while unknown). (Rate is the queue's limit.)
 	EndRate float64
@@ -150,7 +153,7 @@ func (s *sampler) run() {
 
 // round reads once and stores the snapshot.
 func (s *sampler) round() {
-	ctx, cancel := context.WithTimeout(context.Background(), max(10*time.Second, 5*s.h.opts.Refresh))
+	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout(s.h.opts))
 	defer cancel()
 	snap, err := s.read(ctx)
 	s.mu.Lock()
@@ -173,45 +176,29 @@ func (s *sampler) round() {
 	}
 }
 
-// read reads the queues, their figures, the sessions and the owners.
+// read reads the fleet's snapshot: the queues' figures, each count
+// stopping at Options.CountCap, the sessions and the owners.
 func (s *sampler) read(ctx context.Context) (*snapshot, error) {
 	h := s.h
-	names, err := claim.Queues(ctx, h.db, h.opts.Tables)
-	if err != nil {
-		return nil, err
-	}
-	snap := &snapshot{At: time.Now()}
 	s.mu.Lock()
 	since := map[string]time.Time{}
 	for n, hs := range s.hist {
 		since[n] = hs.last
 	}
 	s.mu.Unlock()
-	for _, n := range names {
-		from, ok := since[n]
-		if !ok {
-			from = time.Now().Add(100 * 365 * 24 * time.Hour) // none: the first sample has no rate
-		}
-		var sum crsql.QueueSummary
-		err := retry.Do(ctx, nil, func(ctx context.Context) error {
-			var err error
-			sum, err = h.store.QueueSummary(ctx, h.db, n, h.opts.CountCap, from)
-			return crsql.Classify(err)
-		})
-		if err != nil {
-			return nil, fmt.Errorf("reading the figures of %q: %w", n, err)
-		}
-		sum.Name = n
-		snap.Queues = append(snap.Queues, queueFigures{QueueSummary: sum, EndRate: -1})
-	}
-	if snap.Sessions, err = session.List(ctx, h.db, h.opts.Tables); err != nil {
+	fs, err := h.fleet.Snapshot(ctx, fleet.Options{CountCap: h.opts.CountCap, EndedSince: since, Timeout: roundTimeout(h.opts)})
+	if err != nil {
 		return nil, err
 	}
-	if snap.Owners, err = claim.PartOwners(ctx, h.db, h.opts.Tables, ""); err != nil {
-		return nil, err
+	snap := &snapshot{At: fs.At, Sessions: fs.Sessions, Live: fs.LiveSessions, MoreQueues: fs.MoreQueues, Owners: fs.Owners}
+	for _, q := range fs.Queues {
+		snap.Queues = append(snap.Queues, queueFigures{Queue: q, EndRate: -1})
 	}
 	return snap, nil
 }
+
+// roundTimeout bounds one round's reads.
+func roundTimeout(o Options) time.Duration { return max(10*time.Second, 5*o.Refresh) }
 
 // record adds a round's snapshot to the history (with s.mu held): the
 // queues' rates and backlogs, the fleet's rate, and the rebalances.

@@ -33,7 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/session"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -50,8 +50,10 @@ const (
 type Options struct {
 	// Namespace prefixes every metric name. Default "crdbwork".
 	Namespace string
-	// DB, if not nil, is read at scrape time for the database gauges,
-	// through claim.Queues, claim.Queue.Inspect and session.List.
+	// DB, if not nil, is read at scrape time for the database gauges:
+	// one snapshot of the fleet, the same read model as crdbwork status
+	// and the dashboard (every queue's figures and backlog by part, the
+	// first 1,000 queues by name, and the live sessions).
 	DB claim.DB
 	// Tables names the crdbwork tables read through DB.
 	Tables crsql.Tables
@@ -90,8 +92,8 @@ type Collector struct {
 	dbCached   []prometheus.Metric
 	dbErrCount float64
 	lastErr    error
-	// inspected are the queues read for the database gauges, by name.
-	inspected map[string]*claim.Queue
+	// fleet reads the database gauges (made at the first read).
+	fleet *fleet.Reader
 }
 
 // LastDatabaseError returns the error of the last failed read of the
@@ -329,69 +331,45 @@ func (c *Collector) databaseMetrics() []prometheus.Metric {
 	return ms
 }
 
-// readDatabase reads the database gauges: claim.Queues, then each queue's
-// claim.Queue.Inspect, and session.List for the live sessions.
+// readDatabase reads the database gauges from one snapshot of the fleet
+// (package internal/fleet, as crdbwork status and the dashboard read it):
+// every queue's figures and backlog by part, and the live sessions.
 func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, error) {
-	names, err := claim.Queues(ctx, c.opts.DB, c.opts.Tables)
+	if c.fleet == nil {
+		r, err := fleet.New(c.opts.DB, c.opts.Tables)
+		if err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		c.fleet = r
+	}
+	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, Timeout: c.opts.QueryTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	var ms []prometheus.Metric
-	for _, name := range names {
-		q, err := c.queue(name)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-		info, err := q.Inspect(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
+	for _, q := range snap.Queues {
+		name := q.Name
 		// Every part of a queue with a stored part count is reported, 0
 		// when empty, so that a drained queue shows 0 rather than no
 		// series; a queue with dead items only has none.
-		for _, p := range info.Parts {
+		for _, p := range q.Parts {
 			part := strconv.Itoa(p.Part)
 			ms = append(ms,
 				prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(p.Unclaimed), name, part),
 				prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(p.Due), name, part))
 		}
-		if info.Stored || info.HasItems() {
+		if q.Stored || q.HasItems() {
 			ms = append(ms,
-				prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(info.Claimed), name),
-				prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, max(0, info.OldestDue.Seconds()), name))
+				prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(q.Claimed), name),
+				prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, q.OldestDue().Seconds(), name))
 		}
-		if info.Dead > 0 {
-			ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(info.Dead), name))
+		if q.Dead > 0 {
+			ms = append(ms, prometheus.MustNewConstMetric(c.dead, prometheus.GaugeValue, float64(q.Dead), name))
 		}
-		waiting, err := q.WaitingCount(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: %w", err)
-		}
-		if info.Stored || info.HasItems() || waiting > 0 {
-			ms = append(ms, prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(waiting), name))
+		if q.Stored || q.HasItems() || q.Waiting > 0 {
+			ms = append(ms, prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(q.Waiting), name))
 		}
 	}
-	live, err := session.List(ctx, c.opts.DB, c.opts.Tables)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: counting live sessions: %w", err)
-	}
-	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(len(live))))
+	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(snap.LiveSessions)))
 	return ms, nil
-}
-
-// queue returns the claim.Queue that inspects name, made once per name
-// (called with dbMu held).
-func (c *Collector) queue(name string) (*claim.Queue, error) {
-	if q := c.inspected[name]; q != nil {
-		return q, nil
-	}
-	q, err := claim.New(c.opts.DB, claim.Options{Queue: name, Tables: c.opts.Tables})
-	if err != nil {
-		return nil, err
-	}
-	if c.inspected == nil {
-		c.inspected = map[string]*claim.Queue{}
-	}
-	c.inspected[name] = q
-	return q, nil
 }

@@ -328,7 +328,7 @@ move to part % N, and the workers' rebalancers follow at their next poll).`)
 		}
 		recordAudit(ctx, pool, &g, out, "parts", fmt.Sprintf("set the parts to %d (were %d)", set, before))
 	}
-	s, err := readStatus(ctx, pool, t, g.queue)
+	s, err := readQueueStatus(ctx, pool, t, g.queue)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/cli"
-	"github.com/crdbwork/crdbwork/session"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -160,80 +160,76 @@ type status struct {
 	Retention retentionJSON `json:"retention"`
 }
 
-// readStatus gathers the status of queue: its state through
-// claim.Queue.Inspect, the sessions through session.List, the part owners
-// through claim.PartOwners and every queue's members.
-func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue string) (*status, error) {
-	s := &status{Engine: cli.EngineName(ctx, db), Queue: queue, Sessions: []sessionStatus{},
+// readStatus renders the status of one queue of the fleet's snapshot:
+// its figures, parts, owners, sessions and members from snap, and what
+// the fleet does not hold (settings, tenant limits, retention, sequencing,
+// progress) through claim.Queue.
+func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, engine string, snap *fleet.Snapshot, fq *fleet.Queue) (*status, error) {
+	queue := fq.Name
+	s := &status{Engine: engine, Queue: queue, Sessions: []sessionStatus{},
 		PartOwners: []ownerStatus{}, Backlog: []backlogRow{}, Queues: []backlogTotal{}, QueueMembers: []queueMembers{}, Tenants: []tenantRow{},
 		Progress: []progressRow{}}
 	q, err := claim.New(db, claim.Options{Queue: queue, Tables: tables})
 	if err != nil {
 		return nil, err
 	}
-	info, err := q.Inspect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	claimedBy := info.Holders
-	for _, p := range info.Parts {
+	for _, p := range fq.Parts {
 		if p.Unclaimed+p.Claimed > 0 {
 			s.Backlog = append(s.Backlog, backlogRow{Queue: queue, Part: int64(p.Part), Unclaimed: p.Unclaimed, Vested: p.Due, Claimed: p.Claimed})
 		}
 	}
-	if info.HasItems() {
-		s.Queues = append(s.Queues, backlogTotal{Queue: queue, Items: info.Unclaimed + info.Claimed,
-			Unclaimed: info.Unclaimed, Vested: info.Due, Claimed: info.Claimed})
+	if fq.HasItems() {
+		s.Queues = append(s.Queues, backlogTotal{Queue: queue, Items: fq.Unclaimed + fq.Claimed,
+			Unclaimed: fq.Unclaimed, Vested: fq.Due, Claimed: fq.Claimed})
 	}
-	s.NumParts, s.Paused, s.Dead = info.NumParts, info.Paused, info.Dead
-	cs, err := q.CancelSnoozeCounts(ctx)
+	s.NumParts, s.Paused, s.Dead = fq.NumParts, fq.Paused, fq.Dead
+	s.Snoozed, s.Cancelling, s.Waiting = fq.Snoozed, fq.Cancelling, fq.Waiting
+	s.OldestDueSeconds = fq.OldestDue().Seconds()
+	s.PartsStored = fq.Stored
+	s.Known = fq.Known()
+	settings, err := q.Settings(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s.Snoozed, s.Cancelling = cs.Snoozed, cs.Cancelling
-	if s.Waiting, err = q.WaitingCount(ctx); err != nil {
+	tenantLimits, err := q.TenantLimits(ctx)
+	if err != nil {
 		return nil, err
 	}
-	s.OldestDueSeconds = max(0, info.OldestDue.Seconds())
-	s.PartsStored = info.Stored
-	s.Known = info.Stored || info.HasItems() || info.Dead > 0 || s.Waiting > 0
-	s.Limits = &limitsJSON{MaxInFlight: info.Settings.MaxInFlight, Rate: info.Settings.Rate,
-		TenantMaxInFlight: info.Settings.TenantMaxInFlight, TenantRate: info.Settings.TenantRate, Tenants: map[string]limitJSON{}}
-	for t, l := range info.TenantLimits {
+	s.Limits = &limitsJSON{MaxInFlight: settings.MaxInFlight, Rate: settings.Rate,
+		TenantMaxInFlight: settings.TenantMaxInFlight, TenantRate: settings.TenantRate, Tenants: map[string]limitJSON{}}
+	for t, l := range tenantLimits {
 		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
 	}
-	s.Settings = settingsJSON{Fair: info.Settings.Fair, AtMostOnce: info.Settings.AtMostOnce, DedupWindowSecond: info.Settings.DedupWindow.Seconds()}
+	s.Settings = settingsJSON{Fair: settings.Fair, AtMostOnce: settings.AtMostOnce, DedupWindowSecond: settings.DedupWindow.Seconds()}
 	seq, err := q.Sequencing(ctx)
 	if err != nil {
 		return nil, err
 	}
 	s.Settings.Sequenced, s.Settings.SequencedItems, s.Settings.SequenceOnDeath = seq.On, seq.Items, onDeath(seq.Hold)
-	for _, t := range info.Tenants {
+	for _, t := range fq.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
-	s.Retention = retentionOf(info.Retention)
+	retention, err := q.Retention(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Retention = retentionOf(retention)
 	if s.Progress, err = readProgress(ctx, q); err != nil {
 		return nil, err
 	}
 
-	infos, err := session.List(ctx, db, tables)
-	if err != nil {
-		return nil, err
-	}
 	ownerNames := map[uuid.UUID]string{}
-	for _, in := range infos {
+	for _, in := range snap.Sessions {
 		ownerNames[in.ID] = in.Name
 	}
-
 	// Part owners.
-	owners, err := claim.PartOwners(ctx, db, tables, queue)
-	if err != nil {
-		return nil, err
-	}
 	byOwner := map[uuid.UUID][]int{}
 	owned := map[int]bool{}
 	var order []uuid.UUID
-	for _, o := range owners {
+	for _, o := range snap.Owners {
+		if o.Queue != queue {
+			continue
+		}
 		if _, ok := byOwner[o.Session]; !ok {
 			order = append(order, o.Session)
 		}
@@ -251,20 +247,30 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue str
 		}
 	}
 	s.UnownedParts = ranges(unowned)
+	s.Sessions = sessionRows(snap.Sessions, byOwner, fq.Holders)
+	s.QueueMembers = readMembers(snap)
+	return s, nil
+}
 
-	s.Sessions = sessionRows(infos, byOwner, claimedBy)
-
-	if s.QueueMembers, err = readMembers(ctx, db, tables, infos); err != nil {
+// readQueueStatus reads the status of one queue (readStatus of a
+// snapshot of that queue).
+func readQueueStatus(ctx context.Context, db claim.DB, tables crsql.Tables, queue string) (*status, error) {
+	r, err := fleet.New(db, tables)
+	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	snap, err := r.Snapshot(ctx, fleet.Options{Queue: queue, Parts: true, Tenants: true})
+	if err != nil {
+		return nil, err
+	}
+	return readStatus(ctx, db, tables, cli.EngineName(ctx, db), snap, &snap.Queues[0])
 }
 
 // sessionRows describes the live sessions, with the parts each owns
 // (byOwner) and the items each holds (claimedBy).
-func sessionRows(infos []session.Info, byOwner map[uuid.UUID][]int, claimedBy map[uuid.UUID]int64) []sessionStatus {
+func sessionRows(sessions []fleet.Session, byOwner map[uuid.UUID][]int, claimedBy map[uuid.UUID]int64) []sessionStatus {
 	out := []sessionStatus{}
-	for _, in := range infos {
+	for _, in := range sessions {
 		out = append(out, sessionStatus{
 			ID: in.ID.String(), Name: in.Name, Host: in.Host, PID: in.PID,
 			CreatedAt: in.CreatedAt.UTC().Format(time.RFC3339Nano), HeartbeatAt: in.HeartbeatAt.UTC().Format(time.RFC3339Nano),
@@ -272,26 +278,22 @@ func sessionRows(infos []session.Info, byOwner map[uuid.UUID][]int, claimedBy ma
 			Parts: ranges(byOwner[in.ID]), NumParts: len(byOwner[in.ID]),
 			Claimed: claimedBy[in.ID],
 			Acked:   in.Reported.Acked, Failed: in.Reported.Failed, InFlight: in.Reported.InFlight,
-			Stale: in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor,
+			Stale: in.Stale,
 		})
 	}
 	return out
 }
 
-// readMembers returns every queue's members (session.Memberships) and
-// part owners, by queue and session; live are the live sessions.
-func readMembers(ctx context.Context, db crsql.DB, tables crsql.Tables, live []session.Info) ([]queueMembers, error) {
-	joined, err := session.Memberships(ctx, db, tables)
-	if err != nil {
-		return nil, err
-	}
+// readMembers returns every queue's members and part owners of the
+// snapshot, by queue and session.
+func readMembers(snap *fleet.Snapshot) []queueMembers {
 	type key struct {
 		queue string
 		id    uuid.UUID
 	}
 	members := map[key]*memberStatus{}
 	names, alive := map[uuid.UUID]string{}, map[uuid.UUID]bool{}
-	for _, in := range live {
+	for _, in := range snap.Sessions {
 		names[in.ID], alive[in.ID] = in.Name, true
 	}
 	member := func(q string, id uuid.UUID) *memberStatus {
@@ -302,15 +304,11 @@ func readMembers(ctx context.Context, db crsql.DB, tables crsql.Tables, live []s
 		}
 		return m
 	}
-	for _, j := range joined {
+	for _, j := range snap.Members {
 		member(j.Queue, j.Session).Joined = true
 	}
-	owners, err := claim.PartOwners(ctx, db, tables, "")
-	if err != nil {
-		return nil, err
-	}
 	parts := map[key][]int{}
-	for _, o := range owners {
+	for _, o := range snap.Owners {
 		member(o.Queue, o.Session)
 		parts[key{o.Queue, o.Session}] = append(parts[key{o.Queue, o.Session}], o.Part)
 	}
@@ -333,7 +331,7 @@ func readMembers(ctx context.Context, db crsql.DB, tables crsql.Tables, live []s
 		}
 		out[len(out)-1].Members = append(out[len(out)-1].Members, *m)
 	}
-	return out, nil
+	return out
 }
 
 // ranges writes sorted parts compactly: [0 1 2 3 8] is "0-3,8".
@@ -416,60 +414,48 @@ type allStatus struct {
 	Sessions []sessionStatus `json:"sessions"`
 	// QueueMembers lists every queue's members.
 	QueueMembers []queueMembers `json:"queue_members"`
+	// MoreQueues: there are more queues than the fleet.DefaultMaxQueues
+	// listed (by name). LiveSessions counts the live sessions, all of
+	// them: Sessions lists the first fleet.DefaultMaxSessions by id.
+	MoreQueues   bool  `json:"more_queues"`
+	LiveSessions int64 `json:"live_sessions"`
 }
 
-// readSessionsAll reads the live sessions with their parts and claimed
-// items over every queue (holders: the items each session holds, summed
-// over the queues' Inspect), and every queue's members.
-func readSessionsAll(ctx context.Context, db claim.DB, tables crsql.Tables, holders map[uuid.UUID]int64) ([]sessionStatus, []queueMembers, error) {
-	infos, err := session.List(ctx, db, tables)
-	if err != nil {
-		return nil, nil, err
-	}
-	owners, err := claim.PartOwners(ctx, db, tables, "")
-	if err != nil {
-		return nil, nil, err
-	}
-	byOwner := map[uuid.UUID][]int{}
-	for _, o := range owners {
-		byOwner[o.Session] = append(byOwner[o.Session], o.Part)
-	}
-	rows := sessionRows(infos, byOwner, holders)
-	for i := range rows {
-		rows[i].Parts = "" // parts of several queues: a count only
-	}
-	members, err := readMembers(ctx, db, tables, infos)
-	return rows, members, err
-}
-
-// readAll reads the status of --queue, or of every queue, and renders it
-// for people; v is what --json prints. tp, if not nil, adds the throughput
-// (of --queue, or of the first queue: the sessions are the same).
+// readAll reads the status of --queue, or of every queue, from one
+// snapshot of the fleet, and renders it for people; v is what --json
+// prints. tp, if not nil, adds the throughput (of --queue, or of the
+// first queue: the sessions are the same).
 func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (string, any, error) {
-	names := []string{g.queue}
-	if g.queue == "" {
-		var err error
-		if names, err = claim.Queues(ctx, db, g.tables()); err != nil {
-			return "", nil, err
-		}
+	r, err := fleet.New(db, g.tables())
+	if err != nil {
+		return "", nil, err
 	}
-	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}}
+	snap, err := r.Snapshot(ctx, fleet.Options{Queue: g.queue, Parts: true, Tenants: true})
+	if err != nil {
+		return "", nil, err
+	}
+	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}, MoreQueues: snap.MoreQueues, LiveSessions: snap.LiveSessions}
 	holders := map[uuid.UUID]int64{}
-	for _, n := range names {
-		s, err := readStatus(ctx, db, g.tables(), n)
+	for i := range snap.Queues {
+		s, err := readStatus(ctx, db, g.tables(), all.Engine, snap, &snap.Queues[i])
 		if err != nil {
 			return "", nil, err
 		}
 		all.Queues = append(all.Queues, s)
-		for _, ss := range s.Sessions {
-			holders[uuid.MustParse(ss.ID)] += ss.Claimed
+		for id, n := range snap.Queues[i].Holders {
+			holders[id] += n
 		}
 	}
 	if g.queue == "" {
-		var err error
-		if all.Sessions, all.QueueMembers, err = readSessionsAll(ctx, db, g.tables(), holders); err != nil {
-			return "", nil, err
+		byOwner := map[uuid.UUID][]int{}
+		for _, o := range snap.Owners {
+			byOwner[o.Session] = append(byOwner[o.Session], o.Part)
 		}
+		all.Sessions = sessionRows(snap.Sessions, byOwner, holders)
+		for i := range all.Sessions {
+			all.Sessions[i].Parts = "" // parts of several queues: a count only
+		}
+		all.QueueMembers = readMembers(snap)
 	}
 	var b strings.Builder
 	if tp != nil {
@@ -503,6 +489,9 @@ func formatAll(all *allStatus, compact bool) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "%d queues on %s (crdbwork status --queue NAME for one)\n", len(all.Queues), all.Engine)
+	if all.MoreQueues {
+		fmt.Fprintf(&b, "(the first %d by name: there are more)\n", len(all.Queues))
+	}
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "QUEUE\tPARTS\tUNCLAIMED\tDUE\tOLDEST DUE\tCLAIMED\tDEAD\tMEMBERS\tSTATE")
 	for _, s := range all.Queues {

@@ -1,0 +1,415 @@
+// Package fleet is the one read model of a crdbwork fleet: the queues and
+// their backlogs, the live sessions, the parts and their owners, and which
+// sessions work which queue. `crdbwork status`, the dashboard and the
+// metrics collector render the same Snapshot, so that they show the same
+// numbers for the same database state.
+//
+// Every read is bounded: the queues and the sessions listed stop at
+// Options.MaxQueues and Options.MaxSessions (the snapshot says when there
+// were more), the counts stop at Options.CountCap when it is set, and the
+// whole snapshot is read within Options.Timeout.
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxQueues   = 1000
+	DefaultMaxSessions = 1000
+	DefaultTimeout     = 30 * time.Second
+)
+
+// Options bound and shape one Snapshot. The zero value reads every queue
+// (up to DefaultMaxQueues) with exact counts and no backlog by part.
+type Options struct {
+	// Queue, if set, is the only queue read (it need not exist).
+	Queue string
+	// MaxQueues and MaxSessions bound the queues and the live sessions
+	// listed, in order of name and id. Default DefaultMaxQueues and
+	// DefaultMaxSessions.
+	MaxQueues, MaxSessions int
+	// CountCap, if above 0, is where each count stops: a count equal to it
+	// means "cap or more", and Due and OldestDue are counted among the
+	// first CountCap unclaimed items in claim order. 0: exact counts, which
+	// read each queue's whole backlog.
+	CountCap int
+	// Parts reads each queue's backlog by part and the items each session
+	// holds (Queue.Parts, Queue.Holders), and Tenants its backlog by tenant
+	// (Queue.Tenants): exact, each reads the queue's whole backlog (the
+	// reads of claim.Queue.Inspect).
+	Parts, Tenants bool
+	// EndedSince, if it has the queue, counts the queue's items ended
+	// after that time (Queue.Ended; see the dashboard's throughput).
+	EndedSince map[string]time.Time
+	// Timeout bounds the whole snapshot's reads. Default DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Snapshot is one reading of the fleet.
+type Snapshot struct {
+	// At is when the reading started (this process's clock).
+	At time.Time
+	// Queues are the queues read, by name: those with a stored row, items
+	// or dead items (or Options.Queue alone). MoreQueues: there are more
+	// than Options.MaxQueues.
+	Queues     []Queue
+	MoreQueues bool
+	// Sessions are the first Options.MaxSessions live sessions by id, and
+	// LiveSessions the number of live sessions, all counted.
+	Sessions     []Session
+	LiveSessions int64
+	// Owners are every queue's owned parts, by queue and part; an owner
+	// may be an expired session not yet reaped.
+	Owners []Owner
+	// Members are every queue's memberships (session.Memberships), by
+	// queue and session, live sessions or not.
+	Members []session.Membership
+}
+
+// MoreSessions reports whether there are live sessions beyond those
+// listed.
+func (s *Snapshot) MoreSessions() bool { return s.LiveSessions > int64(len(s.Sessions)) }
+
+// Queue is one queue's state.
+type Queue struct {
+	Name string
+	// Stored: the queue has a row in the queues table; NumParts, Paused,
+	// Fair, MaxInFlight and Rate come from it (1 part and defaults without
+	// one).
+	Stored      bool
+	NumParts    int
+	Paused      bool
+	Fair        bool
+	Sequenced   bool
+	MaxInFlight int64
+	Rate        float64
+	// Unclaimed items, of which Due are past their vesting time; Claimed
+	// items; Dead items; Waiting items (enqueued with prerequisites not yet
+	// acked); Snoozed unclaimed items; Cancelling items (asked to stop, not
+	// ended); Ended items since Options.EndedSince (0 without it). Each
+	// stops at Options.CountCap when it is set.
+	Unclaimed, Due, Claimed, Dead int64
+	Waiting, Snoozed, Cancelling  int64
+	Ended                         int64
+	// OldestDueAt is the vesting time of the oldest due unclaimed item
+	// (nil if none is due), and Now the database clock of the reading.
+	OldestDueAt *time.Time
+	Now         time.Time
+	// Parts (with Options.Parts) are the queue's parts by number: every
+	// part below NumParts when Stored, and any part that holds items.
+	Parts []Part
+	// Tenants (with Options.Tenants) are the MaxTenants tenants with the
+	// most unclaimed items, most first, then by name.
+	Tenants []Tenant
+	// Holders (with Options.Parts) counts the items each session holds.
+	Holders map[uuid.UUID]int64
+}
+
+// OldestDue is the age of the oldest due unclaimed item (now minus its
+// vesting time, by the database clock); 0 if none is due.
+func (q Queue) OldestDue() time.Duration {
+	if q.OldestDueAt == nil {
+		return 0
+	}
+	return max(0, q.Now.Sub(*q.OldestDueAt))
+}
+
+// HasItems reports whether the queue holds unclaimed or claimed items.
+func (q Queue) HasItems() bool { return q.Unclaimed+q.Claimed > 0 }
+
+// Known reports a queue that has a stored row, items, dead items or
+// waiting items: a queue nobody has used is probably a mistyped name.
+func (q Queue) Known() bool { return q.Stored || q.HasItems() || q.Dead > 0 || q.Waiting > 0 }
+
+// Part is one part's backlog.
+type Part struct {
+	Part                    int
+	Unclaimed, Due, Claimed int64
+}
+
+// MaxTenants is how many tenants Queue.Tenants lists at most (as
+// claim.InspectTenants).
+const MaxTenants = 20
+
+// Tenant is one tenant's unclaimed items, of which Due are past their
+// vesting time.
+type Tenant struct {
+	Tenant         string
+	Unclaimed, Due int64
+}
+
+// Session is a live session.
+type Session struct {
+	session.Info
+	// Stale: no heartbeat for more than two of the longest heartbeat
+	// intervals its expiry allows (expiry / session.MinExpiryFactor):
+	// probably dead, not yet expired.
+	Stale bool
+}
+
+// Owner is one owned part of one queue.
+type Owner struct {
+	Queue   string
+	Part    int
+	Session uuid.UUID
+}
+
+// Reader reads snapshots of the fleet in one set of tables. It is safe for
+// concurrent use.
+type Reader struct {
+	db      crsql.DB
+	t       crsql.Tables
+	store   *crsql.Store
+	checked atomic.Bool // the schema was found installed
+}
+
+// New returns a Reader of the fleet in db's tables t. It does no I/O: the
+// schema is checked by the first Snapshot.
+func New(db crsql.DB, t crsql.Tables) (*Reader, error) {
+	if db == nil {
+		return nil, errors.New("fleet: nil database")
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	return &Reader{db: db, t: t, store: crsql.NewStore(t)}, nil
+}
+
+// Snapshot reads the fleet as opts shape it.
+func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) {
+	if opts.MaxQueues <= 0 {
+		opts.MaxQueues = DefaultMaxQueues
+	}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.CountCap < 0 {
+		return nil, fmt.Errorf("fleet: count cap %d is negative", opts.CountCap)
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	if !r.checked.Load() {
+		if err := crsql.Check(ctx, r.db, r.t); err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		r.checked.Store(true)
+	}
+	snap := &Snapshot{At: time.Now(), Queues: []Queue{}, Sessions: []Session{}, Owners: []Owner{}, Members: []session.Membership{}}
+	names := []string{opts.Queue}
+	if opts.Queue == "" {
+		var err error
+		if names, snap.MoreQueues, err = r.queueNames(ctx, opts.MaxQueues); err != nil {
+			return nil, fmt.Errorf("fleet: listing the queues: %w", err)
+		}
+	}
+	for _, n := range names {
+		q, err := r.queue(ctx, n, opts)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: reading queue %q: %w", n, err)
+		}
+		snap.Queues = append(snap.Queues, q)
+	}
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		rows, live, err := r.store.FleetLiveSessions(ctx, r.db, opts.MaxSessions)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		snap.Sessions, snap.LiveSessions = snap.Sessions[:0], live
+		for _, row := range rows {
+			in := session.Info{ID: row.ID, Name: row.Name, Host: row.Host, PID: row.PID, CreatedAt: row.CreatedAt,
+				HeartbeatAt: row.HeartbeatAt, Expiry: row.Expiry, Age: row.Age, SinceHeartbeat: row.SinceHeartbeat,
+				Reported: session.Counters{Claimed: row.Reported.Claimed, Acked: row.Reported.Acked,
+					Failed: row.Reported.Failed, InFlight: row.Reported.InFlight}}
+			snap.Sessions = append(snap.Sessions, Session{Info: in, Stale: Stale(in)})
+		}
+		owners, err := r.store.AllPartOwners(ctx, r.db)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		snap.Owners = snap.Owners[:0]
+		for _, o := range owners {
+			snap.Owners = append(snap.Owners, Owner{Queue: o.Queue, Part: o.Part, Session: o.Session})
+		}
+		members, err := r.store.Memberships(ctx, r.db)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		snap.Members = snap.Members[:0]
+		for _, m := range members {
+			snap.Members = append(snap.Members, session.Membership{Queue: m.Queue, Session: m.Session, JoinedAt: m.JoinedAt})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: reading the sessions and parts: %w", err)
+	}
+	return snap, nil
+}
+
+// Stale reports a live session that has missed two heartbeats: no
+// heartbeat for more than two of the longest heartbeat intervals its
+// expiry allows. It is probably dead, not yet expired.
+func Stale(in session.Info) bool {
+	return in.SinceHeartbeat > 2*in.Expiry/session.MinExpiryFactor
+}
+
+// queueNames lists the first max queues by name that have a stored row,
+// unclaimed, claimed or dead items, and whether there are more: at most
+// max+1 names from each of the four index-ordered sources (the reads of
+// claim.Queues), merged.
+func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error) {
+	seen := map[string]bool{}
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		clear(seen)
+		stored, err := r.store.StoredQueues(ctx, r.db, "", max+1)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		for _, n := range stored {
+			seen[n] = true
+		}
+		for _, next := range []func(context.Context, crsql.DB, string) (string, bool, error){
+			r.store.NextUnclaimedQueue, r.store.NextClaimedQueue, r.store.NextDeadQueue,
+		} {
+			after := ""
+			for range max + 1 {
+				n, ok, err := next(ctx, r.db, after)
+				if err != nil {
+					return crsql.Classify(err)
+				}
+				if !ok {
+					break
+				}
+				seen[n], after = true, n
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	if len(out) > max {
+		return out[:max], true, nil
+	}
+	return out, false, nil
+}
+
+// queue reads one queue's state: its figures and state
+// (sql.Store.QueueSummary and QueueState, each count stopping at the cap),
+// and with opts.Parts its backlog by part and holders.
+func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, error) {
+	capAt := opts.CountCap
+	if capAt == 0 {
+		capAt = math.MaxInt64 // exact: the limits read every row
+	}
+	since, ok := opts.EndedSince[name]
+	if !ok {
+		since = time.Now().Add(100 * 365 * 24 * time.Hour) // none ended after
+	}
+	var q Queue
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		sum, err := r.store.QueueSummary(ctx, r.db, name, capAt, since)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		state, err := r.store.QueueState(ctx, r.db, name, capAt)
+		if err != nil {
+			return crsql.Classify(err)
+		}
+		q = Queue{Name: name, Stored: sum.Stored, NumParts: sum.NumParts, Paused: sum.Paused, Fair: sum.Fair,
+			Sequenced: state.Sequenced, MaxInFlight: sum.MaxInFlight, Rate: sum.Rate,
+			Unclaimed: sum.Unclaimed, Due: sum.Due, Claimed: sum.Claimed, Dead: sum.Dead,
+			Waiting: state.Waiting, Snoozed: state.Snoozed, Cancelling: state.Cancelling, Ended: sum.Ended,
+			OldestDueAt: sum.OldestDue, Now: sum.Now}
+		if !ok {
+			q.Ended = 0
+		}
+		if opts.Parts {
+			if err := r.parts(ctx, &q); err != nil {
+				return err
+			}
+		}
+		if opts.Tenants {
+			return r.tenants(ctx, &q)
+		}
+		return nil
+	})
+	return q, err
+}
+
+// parts reads q's backlog by part and the items each session holds
+// (sql.Store.InspectUnclaimed and InspectClaimed: the queue's whole
+// backlog).
+func (r *Reader) parts(ctx context.Context, q *Queue) error {
+	byPart := map[int]*Part{}
+	part := func(p int) *Part {
+		if byPart[p] == nil {
+			byPart[p] = &Part{Part: p}
+		}
+		return byPart[p]
+	}
+	if q.Stored {
+		for p := range q.NumParts {
+			part(p)
+		}
+	}
+	unclaimed, err := r.store.InspectUnclaimed(ctx, r.db, q.Name)
+	if err != nil {
+		return crsql.Classify(err)
+	}
+	for _, u := range unclaimed {
+		p := part(u.Part)
+		p.Unclaimed, p.Due = u.Unclaimed, u.Due
+	}
+	claimed, err := r.store.InspectClaimed(ctx, r.db, q.Name)
+	if err != nil {
+		return crsql.Classify(err)
+	}
+	q.Holders = map[uuid.UUID]int64{}
+	for _, c := range claimed {
+		part(c.Part).Claimed += c.Claimed
+		q.Holders[c.Session] += c.Claimed
+	}
+	q.Parts = make([]Part, 0, len(byPart))
+	for _, p := range byPart {
+		q.Parts = append(q.Parts, *p)
+	}
+	sort.Slice(q.Parts, func(i, j int) bool { return q.Parts[i].Part < q.Parts[j].Part })
+	return nil
+}
+
+// tenants reads q's backlog by tenant (sql.Store.InspectTenants: the
+// queue's unclaimed items that have a tenant).
+func (r *Reader) tenants(ctx context.Context, q *Queue) error {
+	tenants, err := r.store.InspectTenants(ctx, r.db, q.Name, MaxTenants)
+	if err != nil {
+		return crsql.Classify(err)
+	}
+	q.Tenants = make([]Tenant, 0, len(tenants))
+	for _, t := range tenants {
+		q.Tenants = append(q.Tenants, Tenant{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
+	}
+	return nil
+}
