@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/bench/internal/order"
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/internal/order"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -20,7 +20,7 @@ import (
 // order is. For each claimed item it counts, right after its claim, the
 // claimable items before it in the queue's strict order (priority, turn,
 // id): its popped element index (PEI), 0 for the strict order's own pick
-// (internal/order). It was `demo run --measure-order`.
+// (bench/internal/order). It was `demo run --measure-order`.
 
 // orderResult is the order experiment's JSON line: the run, and the PEI
 // figures over every claimed item (PEI*) and over the urgent ones

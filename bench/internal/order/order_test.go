@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crdbwork/crdbwork/bench/internal/order"
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
-	"github.com/crdbwork/crdbwork/internal/order"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 

@@ -14,7 +14,7 @@ import (
 // and without the urgent lane, with every session claiming or with one of
 // them busy (it owns its parts but never claims). b.N is the number of claims:
 //
-//	go test -run '^$' -bench PEI -benchtime 1000x ./internal/order/
+//	go -C bench test -run '^$' -bench PEI -benchtime 1000x ./internal/order/
 //
 // Each row also logs itself as a line of the table in docs/parts-and-order.md.
 func BenchmarkPEI(b *testing.B) {
