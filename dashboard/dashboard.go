@@ -12,15 +12,17 @@
 // Pages refresh themselves by polling their own address for their live
 // part, a few hundred bytes to a few kilobytes, every Options.Refresh.
 //
-// Reads. The queue figures of the overview come from one sampler per
-// handler, shared by every viewer, that runs only while someone watches:
-// each round lists the queues (claim.Queues: a few index seeks per queue)
-// and reads each queue's figures with one statement of bounded reads
-// (sql.Store.QueueSummary): counts stop at Options.CountCap and show as
-// "≥ cap". The other pages read what they show on request, each read
-// index-backed and bounded by its page size or scan window, except a
-// queue's own page, which calls claim.Queue.Inspect (its cost grows with
-// that one queue's backlog; see Inspect).
+// Reads. The figures are read by the fleet's one read model, the one
+// `crdbwork status` and the metrics collector read too. The queue figures
+// of the overview come from one sampler per handler, shared by every
+// viewer, that runs only while someone watches: each round reads the first
+// 1,000 queues by name (a few index seeks per queue) with two statements
+// of bounded reads per queue (sql.Store.QueueSummary and QueueState):
+// counts stop at Options.CountCap and show as "≥ cap". The other pages
+// read what they show on request, each read index-backed and bounded by
+// its page size or scan window, except a queue's own page and its tenants
+// page, which count exactly as claim.Queue.Inspect does (their cost grows
+// with that one queue's backlog; see Inspect).
 //
 // Safety. The dashboard answers only requests whose Host is a loopback
 // name or address or one of Options.AllowedHosts (403 otherwise: a guard

@@ -117,24 +117,34 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 
 // queueData is one queue's page.
 type queueData struct {
-	Name     string
-	Info     claim.QueueInfo
+	Name string
+	// Queue is the queue's state as the fleet's read model reads it
+	// (exact counts, by part and by tenant).
+	Queue    fleet.Queue
 	Figures  *queueFigures
 	Holders  []holder
 	Limits   []tenantLimit
 	Dead     []crsql.DeadPageRow
 	Settings claim.Settings
-	// State is the queue's sequencing and its waiting, snoozed and
-	// cancelling items (counts stop at Cap); KeepAge and KeepCount say
-	// how long and how many dead items it keeps (its retention).
-	State              crsql.QueueState
-	Cap                int64
+	// KeepAge and KeepCount say how long and how many dead items the
+	// queue keeps (its retention).
 	KeepAge, KeepCount string
 	// Sequencing is the queue's sequencing (with what a death does to a
 	// key); Blocked its first blockedRows blocked keys (read only when the
 	// queue is sequenced or holds sequenced items).
 	Sequencing claim.SequenceInfo
 	Blocked    []claim.BlockedKey
+}
+
+// queueState reads one queue's state through the fleet's read model:
+// exact counts (as claim.Queue.Inspect), by part and by tenant.
+func (h *handler) queueState(ctx context.Context, name string) (fleet.Queue, error) {
+	snap, err := h.fleet.Snapshot(ctx, fleet.Options{Queue: name, Parts: true, Tenants: true, QueuesOnly: true,
+		Timeout: roundTimeout(h.opts)})
+	if err != nil {
+		return fleet.Queue{}, err
+	}
+	return snap.Queues[0], nil
 }
 
 // blockedRows is how many blocked keys a queue's page lists.
@@ -177,25 +187,31 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 			d.Figures = &snap.Queues[i]
 		}
 	}
-	if d.Info, err = q.Inspect(r.Context()); err != nil {
+	if d.Queue, err = h.queueState(r.Context(), name); err != nil {
 		return "", nil, err
 	}
-	d.Settings = d.Info.Settings
-	for s, n := range d.Info.Holders {
+	if d.Settings, err = q.Settings(r.Context()); err != nil {
+		return "", nil, err
+	}
+	for s, n := range d.Queue.Holders {
 		d.Holders = append(d.Holders, holder{s, n})
 	}
 	sort.Slice(d.Holders, func(i, j int) bool { return d.Holders[i].Claimed > d.Holders[j].Claimed })
-	for t, l := range d.Info.TenantLimits {
+	limits, err := q.TenantLimits(r.Context())
+	if err != nil {
+		return "", nil, err
+	}
+	for t, l := range limits {
 		d.Limits = append(d.Limits, tenantLimit{t, l})
 	}
 	sort.Slice(d.Limits, func(i, j int) bool { return d.Limits[i].Tenant < d.Limits[j].Tenant })
-	d.Cap = int64(h.opts.CountCap)
-	d.KeepAge, d.KeepCount = retentionText(d.Info.Retention)
+	retention, err := q.Retention(r.Context())
+	if err != nil {
+		return "", nil, err
+	}
+	d.KeepAge, d.KeepCount = retentionText(retention)
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
-		if d.State, err = h.store.QueueState(ctx, h.db, name, h.opts.CountCap); err != nil {
-			return crsql.Classify(err)
-		}
 		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
 		return crsql.Classify(err)
 	})
@@ -679,10 +695,11 @@ type tenantsData struct {
 }
 
 type tenantRow struct {
-	claim.TenantInfo
-	Wait   time.Duration // how long its next item has been due (0: none due)
-	Queued bool          // it has an unclaimed item
-	Limit  *claim.Limit
+	Tenant         string
+	Unclaimed, Due int64
+	Wait           time.Duration // how long its next item has been due (0: none due)
+	Queued         bool          // it has an unclaimed item
+	Limit          *claim.Limit
 }
 
 func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
@@ -706,13 +723,20 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	if err != nil {
 		return "", nil, badRequest("%v", err)
 	}
-	info, err := q.Inspect(r.Context())
+	fs, err := h.fleet.Snapshot(r.Context(), fleet.Options{Queue: d.Queue, Tenants: true, QueuesOnly: true, Timeout: roundTimeout(h.opts)})
 	if err != nil {
 		return "", nil, err
 	}
-	d.Settings = info.Settings
+	tenants := fs.Queues[0].Tenants
+	if d.Settings, err = q.Settings(r.Context()); err != nil {
+		return "", nil, err
+	}
+	tenantLimits, err := q.TenantLimits(r.Context())
+	if err != nil {
+		return "", nil, err
+	}
 	var names []string
-	for _, t := range info.Tenants {
+	for _, t := range tenants {
 		names = append(names, t.Tenant)
 	}
 	var heads []crsql.TenantHead
@@ -732,13 +756,13 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	for _, hd := range heads {
 		byName[hd.Tenant] = hd
 	}
-	for _, t := range info.Tenants {
-		row := tenantRow{TenantInfo: t}
+	for _, t := range tenants {
+		row := tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due}
 		if hd, ok := byName[t.Tenant]; ok && hd.Head != nil {
 			row.Queued = true
 			row.Wait = max(0, hd.Now.Sub(*hd.Head))
 		}
-		if l, ok := info.TenantLimits[t.Tenant]; ok {
+		if l, ok := tenantLimits[t.Tenant]; ok {
 			row.Limit = &l
 		}
 		d.Tenants = append(d.Tenants, row)

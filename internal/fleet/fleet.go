@@ -55,6 +55,9 @@ type Options struct {
 	// EndedSince, if it has the queue, counts the queue's items ended
 	// after that time (Queue.Ended; see the dashboard's throughput).
 	EndedSince map[string]time.Time
+	// QueuesOnly leaves out the sessions, owners and members (Snapshot's
+	// Sessions, Owners and Members stay empty).
+	QueuesOnly bool
 	// Timeout bounds the whole snapshot's reads. Default DefaultTimeout.
 	Timeout time.Duration
 }
@@ -225,6 +228,9 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 			return nil, fmt.Errorf("fleet: reading queue %q: %w", n, err)
 		}
 		snap.Queues = append(snap.Queues, q)
+	}
+	if opts.QueuesOnly {
+		return snap, nil
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		rows, live, err := r.store.FleetLiveSessions(ctx, r.db, opts.MaxSessions)
