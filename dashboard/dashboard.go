@@ -16,9 +16,9 @@
 // `crdbwork status` and the metrics collector read too. The queue figures
 // of the overview come from one sampler per handler, shared by every
 // viewer, that runs only while someone watches: each round reads the first
-// 1,000 queues by name (a few index seeks per queue) with two statements
-// of bounded reads per queue (sql.Store.QueueSummary and QueueState):
-// counts stop at Options.CountCap and show as "≥ cap". The other pages
+// 1,000 queues by name (a few index seeks per queue) with one statement
+// of bounded reads per queue (sql.Store.FleetQueue): counts stop at
+// Options.CountCap and show as "≥ cap". The other pages
 // read what they show on request, each read index-backed and bounded by
 // its page size or scan window, except a queue's own page and its tenants
 // page, which count exactly as claim.Queue.Inspect does (their cost grows

@@ -322,11 +322,11 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 	return out, false, nil
 }
 
-// queue reads one queue's state: its figures and state
-// (sql.Store.QueueSummary and QueueState, each count stopping at the cap),
-// and with opts.Parts its backlog by part and holders.
+// queue reads one queue's state: its figures (sql.Store.FleetQueue: one
+// statement, each count stopping at the cap), and with opts.Parts and
+// opts.Tenants its backlog by part, holders and tenants.
 func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, error) {
-	capAt := opts.CountCap
+	capAt := int64(opts.CountCap)
 	if capAt == 0 {
 		capAt = math.MaxInt64 // exact: the limits read every row
 	}
@@ -336,19 +336,15 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 	}
 	var q Queue
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		sum, err := r.store.QueueSummary(ctx, r.db, name, capAt, since)
+		row, err := r.store.FleetQueue(ctx, r.db, name, capAt, since)
 		if err != nil {
 			return crsql.Classify(err)
 		}
-		state, err := r.store.QueueState(ctx, r.db, name, capAt)
-		if err != nil {
-			return crsql.Classify(err)
-		}
-		q = Queue{Name: name, Stored: sum.Stored, NumParts: sum.NumParts, Paused: sum.Paused, Fair: sum.Fair,
-			Sequenced: state.Sequenced, MaxInFlight: sum.MaxInFlight, Rate: sum.Rate,
-			Unclaimed: sum.Unclaimed, Due: sum.Due, Claimed: sum.Claimed, Dead: sum.Dead,
-			Waiting: state.Waiting, Snoozed: state.Snoozed, Cancelling: state.Cancelling, Ended: sum.Ended,
-			OldestDueAt: sum.OldestDue, Now: sum.Now}
+		q = Queue{Name: name, Stored: row.Stored, NumParts: row.NumParts, Paused: row.Paused, Fair: row.Fair,
+			Sequenced: row.Sequenced, MaxInFlight: row.MaxInFlight, Rate: row.Rate,
+			Unclaimed: row.Unclaimed, Due: row.Due, Claimed: row.Claimed, Dead: row.Dead,
+			Waiting: row.Waiting, Snoozed: row.Snoozed, Cancelling: row.Cancelling, Ended: row.Ended,
+			OldestDueAt: row.OldestDue, Now: row.Now}
 		if !ok {
 			q.Ended = 0
 		}
