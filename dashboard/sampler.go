@@ -29,8 +29,8 @@ type sampler struct {
 	seen    time.Time // the last page served
 	snap    *snapshot
 	hist    map[string]*history
-	fleet   []ratePoint      // the sessions' acks per second
-	acked   map[string]int64 // by session, at the last round
+	fleet   []ratePoint   // the sessions' acks per second
+	rate    fleet.AckRate // their rate between the last two rounds
 	owners  map[partKey]uuid.UUID
 	events  []rebalance   // the newest last
 	ready   chan struct{} // closed at the first round's end
@@ -88,7 +88,7 @@ type rebalance struct {
 }
 
 func newSampler(h *handler) *sampler {
-	return &sampler{h: h, hist: map[string]*history{}, acked: map[string]int64{}, ready: make(chan struct{})}
+	return &sampler{h: h, hist: map[string]*history{}, ready: make(chan struct{})}
 }
 
 // current returns the last snapshot, starting the sampler if it is not
@@ -226,28 +226,14 @@ func (s *sampler) record(snap *snapshot) {
 		}
 	}
 	// The fleet's rate, from the acks the sessions report with their
-	// heartbeats (as crdbwork status --watch): a session counts from its
-	// value at the previous round, 0 if it is new.
-	var acked int64
-	cur := map[string]int64{}
-	for _, in := range snap.Sessions {
-		id := in.ID.String()
-		cur[id] = in.Reported.Acked
-		if prev, ok := s.acked[id]; ok {
-			acked += max(0, in.Reported.Acked-prev)
-		} else if len(s.fleet) > 0 || s.snap != nil {
-			acked += in.Reported.Acked
+	// heartbeats (fleet.AckRate, as crdbwork status --watch), between
+	// this round and the previous one.
+	if rate := s.rate.Add(snap.At, snap.Sessions); rate >= 0 {
+		s.fleet = append(s.fleet, ratePoint{At: snap.At, Rate: rate})
+		if len(s.fleet) > historyLen {
+			s.fleet = s.fleet[len(s.fleet)-historyLen:]
 		}
 	}
-	if s.snap != nil {
-		if d := snap.At.Sub(s.snap.At).Seconds(); d > 0 {
-			s.fleet = append(s.fleet, ratePoint{At: snap.At, Rate: float64(acked) / d})
-			if len(s.fleet) > historyLen {
-				s.fleet = s.fleet[len(s.fleet)-historyLen:]
-			}
-		}
-	}
-	s.acked = cur
 	// Rebalances: parts whose owner changed since the last round.
 	owners := map[partKey]uuid.UUID{}
 	for _, o := range snap.Owners {

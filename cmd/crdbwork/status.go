@@ -425,7 +425,7 @@ type allStatus struct {
 // snapshot of the fleet, and renders it for people; v is what --json
 // prints. tp, if not nil, adds the throughput (of --queue, or of the
 // first queue: the sessions are the same).
-func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (string, any, error) {
+func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate) (string, any, error) {
 	r, err := fleet.New(db, g.tables())
 	if err != nil {
 		return "", nil, err
@@ -459,16 +459,12 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *throughput) (stri
 	}
 	var b strings.Builder
 	if tp != nil {
-		sessions := all.Sessions
-		if g.queue != "" {
-			sessions = all.Queues[0].Sessions
-		}
-		rate := tp.add(time.Now(), sessions)
+		rate := tp.Add(time.Now(), snap.Sessions)
 		if g.queue != "" {
 			all.Queues[0].ItemsPerSecond = rate
 		}
-		if r := tp.describe(rate); r != "" {
-			b.WriteString(r + "\n")
+		if rate >= 0 {
+			fmt.Fprintf(&b, "throughput: %.0f items/s acked over the last %v (from the sessions' heartbeats)\n", rate, tp.Span().Round(time.Second))
 		}
 	}
 	if g.queue != "" {
@@ -535,12 +531,15 @@ func formatAll(all *allStatus, compact bool) string {
 	return b.String()
 }
 
+// throughputWindow is how far back status --watch looks for its rate.
+const throughputWindow = 10 * time.Second
+
 // watchStatus redraws the status every interval until ctx ends. Read
 // errors are shown in place of the status and retried: a watch outlives a
 // database restart.
 func watchStatus(ctx context.Context, db claim.DB, g *globals, interval time.Duration, out *cli.Console) error {
 	tty := cli.IsTerminal(out.Stdout()) && !g.json
-	var tp throughput
+	tp := fleet.AckRate{Window: throughputWindow}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
