@@ -18,7 +18,9 @@
 //     cached for Options.CacheFor (so that many scrapers cost one read):
 //     unclaimed and due items per queue and part, claimed items, dead items,
 //     waiting items (enqueued with prerequisites not yet acked),
-//     the age of the oldest due unclaimed item per queue, and live sessions.
+//     the age of the oldest due unclaimed item per queue, and live sessions:
+//     one snapshot of the fleet, the read model crdbwork status and the
+//     dashboard show too, of the first Options.MaxQueues queues by name.
 //
 // Every metric name starts with Options.Namespace ("crdbwork" by default).
 package metrics
@@ -43,6 +45,7 @@ const (
 	DefaultNamespace    = "crdbwork"
 	DefaultCacheFor     = 5 * time.Second
 	DefaultQueryTimeout = 3 * time.Second
+	DefaultMaxQueues    = fleet.DefaultMaxQueues
 )
 
 // Options configure a Collector. The zero value is valid: the process's
@@ -52,8 +55,8 @@ type Options struct {
 	Namespace string
 	// DB, if not nil, is read at scrape time for the database gauges:
 	// one snapshot of the fleet, the same read model as crdbwork status
-	// and the dashboard (every queue's figures and backlog by part, the
-	// first 1,000 queues by name, and the live sessions).
+	// and the dashboard (the figures and backlog by part of the first
+	// MaxQueues queues by name, and the live sessions).
 	DB claim.DB
 	// Tables names the crdbwork tables read through DB.
 	Tables crsql.Tables
@@ -62,6 +65,9 @@ type Options struct {
 	CacheFor time.Duration
 	// QueryTimeout bounds one read of the database gauges. Default 3 s.
 	QueryTimeout time.Duration
+	// MaxQueues bounds the queues the database gauges report: the first
+	// MaxQueues by name. Default DefaultMaxQueues.
+	MaxQueues int
 	// HandlerBuckets are the buckets, in seconds, of the handler duration
 	// histogram. Default: 1 ms to about 65 s, doubling.
 	HandlerBuckets []float64
@@ -146,6 +152,9 @@ func New(opts Options) *Collector {
 	}
 	if opts.QueryTimeout == 0 {
 		opts.QueryTimeout = DefaultQueryTimeout
+	}
+	if opts.MaxQueues <= 0 {
+		opts.MaxQueues = DefaultMaxQueues
 	}
 	if opts.HandlerBuckets == nil {
 		opts.HandlerBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
@@ -342,7 +351,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 		}
 		c.fleet = r
 	}
-	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, Timeout: c.opts.QueryTimeout})
+	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, MaxQueues: c.opts.MaxQueues, Timeout: c.opts.QueryTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
