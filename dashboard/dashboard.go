@@ -16,7 +16,7 @@
 // `crdbwork status` and the metrics collector read too. The queue figures
 // of the overview come from one sampler per handler, shared by every
 // viewer, that runs only while someone watches: each round reads the first
-// 1,000 queues by name (a few index seeks per queue) with one statement
+// Options.MaxQueues queues by name (a few index seeks per queue) with one statement
 // of bounded reads per queue (sql.Store.FleetQueue): counts stop at
 // Options.CountCap and show as "≥ cap". The other pages
 // read what they show on request, each read index-backed and bounded by
@@ -75,6 +75,9 @@ type Options struct {
 	// CountCap is where the overview's counts stop (shown as "≥ cap").
 	// Default 10,000.
 	CountCap int
+	// MaxQueues is how many queues the overview reads, the first by name
+	// (it says when there are more). Default 1,000.
+	MaxQueues int
 	// PageSize is how many rows a page lists. Default 50.
 	PageSize int
 	// ScanWindow is how many index entries one page of a filtered item
@@ -109,6 +112,7 @@ const (
 	DefaultCountCap   = 10000
 	DefaultPageSize   = 50
 	DefaultScanWindow = 2000
+	DefaultMaxQueues  = fleet.DefaultMaxQueues
 )
 
 // handler serves the dashboard.
@@ -166,12 +170,17 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 	if opts.PageSize == 0 {
 		opts.PageSize = DefaultPageSize
 	}
+	if opts.MaxQueues == 0 {
+		opts.MaxQueues = DefaultMaxQueues
+	}
 	if opts.ScanWindow == 0 {
 		opts.ScanWindow = DefaultScanWindow
 	}
 	switch {
 	case opts.Refresh < 100*time.Millisecond:
 		return nil, fmt.Errorf("dashboard: refresh %v is below 100ms", opts.Refresh)
+	case opts.MaxQueues < 1:
+		return nil, fmt.Errorf("dashboard: max queues %d must be positive", opts.MaxQueues)
 	case opts.CountCap < 1 || opts.PageSize < 1 || opts.PageSize > 1000 || opts.ScanWindow < opts.PageSize:
 		return nil, fmt.Errorf("dashboard: count cap %d, page size %d (1 to 1000) and scan window %d (at least the page size) must be positive",
 			opts.CountCap, opts.PageSize, opts.ScanWindow)

@@ -644,3 +644,21 @@ func TestSessionsPartsAndTenants(t *testing.T) {
 		t.Error("the tenants page does not show 4 and 2 unclaimed items")
 	}
 }
+
+// The overview reads the first MaxQueues queues by name and says that
+// there are more; a negative bound is refused.
+func TestOverviewBoundsTheQueues(t *testing.T) {
+	t.Parallel()
+	pool, srv := setup(t, dashboard.Options{MaxQueues: 2})
+	for _, q := range []string{"c", "a", "b"} {
+		enqueue(t, pool, q, 1, nil)
+	}
+	page := newBrowser(t, srv.URL).get("/")
+	rows := regexp.MustCompile(`<tr data-queue="([^"]+)">`).FindAllStringSubmatch(page, -1)
+	if len(rows) != 2 || rows[0][1] != "a" || rows[1][1] != "b" || !strings.Contains(page, `id="more-queues"`) {
+		t.Errorf("the overview of 3 queues, 2 read: rows %v, notice %v", rows, strings.Contains(page, `id="more-queues"`))
+	}
+	if _, err := dashboard.New(pool, dashboard.Options{MaxQueues: -1}); err == nil {
+		t.Error("a negative MaxQueues was taken")
+	}
+}

@@ -46,7 +46,7 @@ type snapshot struct {
 	Sessions []fleet.Session
 	// Live counts the live sessions (Sessions lists the first
 	// fleet.DefaultMaxSessions); MoreQueues: Queues holds the first
-	// fleet.DefaultMaxQueues by name, and there are more.
+	// Options.MaxQueues by name, and there are more.
 	Live       int64
 	MoreQueues bool
 	Owners     []fleet.Owner
@@ -186,7 +186,8 @@ func (s *sampler) read(ctx context.Context) (*snapshot, error) {
 		since[n] = hs.last
 	}
 	s.mu.Unlock()
-	fs, err := h.fleet.Snapshot(ctx, fleet.Options{CountCap: h.opts.CountCap, EndedSince: since, Timeout: roundTimeout(h.opts)})
+	fs, err := h.fleet.Snapshot(ctx, fleet.Options{CountCap: h.opts.CountCap, MaxQueues: h.opts.MaxQueues, EndedSince: since,
+		Timeout: roundTimeout(h.opts)})
 	if err != nil {
 		return nil, err
 	}
