@@ -527,6 +527,9 @@ func formatAll(all *allStatus, compact bool) string {
 	tw.Flush()
 	b.WriteString("\n")
 	writeSessions(&b, all.Sessions, compact, true)
+	if more := all.LiveSessions - int64(len(all.Sessions)); more > 0 {
+		fmt.Fprintf(&b, "(%d more live sessions not listed)\n", more)
+	}
 	writeMembers(&b, all.QueueMembers, compact)
 	return b.String()
 }
