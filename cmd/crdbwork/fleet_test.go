@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -38,7 +39,9 @@ func unknownFigures() fleetFigures {
 
 // The fleet's three views, crdbwork status --json, the dashboard's pages
 // and the metrics collector's gauges, show the same numbers for one
-// database state, and those are the tables' own counts: several queues
+// database state, and those are the tables' own counts (the metrics have
+// no tenants: status and the dashboard's tenants page agree on those):
+// several queues
 // (one with stored parts, items in every state: due, scheduled, claimed,
 // snoozed, asked to stop, waiting, dead; one with dead items only; one
 // with a stored part count only), a live session and an expired one not
@@ -156,6 +159,13 @@ func TestFleetViewsAgree(t *testing.T) {
 		tables[q] = f
 	}
 	liveSessions := int64(d.count(t, `SELECT count(*) FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now()`))
+	tenants := map[string][2]int64{}
+	for _, tn := range []string{"t1", "t2"} {
+		tenants[tn] = [2]int64{
+			int64(d.count(t, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha' AND tenant = $1 AND claim IS NULL`, tn)),
+			int64(d.count(t, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha' AND tenant = $1 AND claim IS NULL AND vesting_at <= now()`, tn)),
+		}
+	}
 	// The state is what the test meant to build: every state present.
 	if a := tables["alpha"]; a.unclaimed != 10 || a.due != 7 || a.claimed != 2 || a.dead != 2 || a.waiting != 1 ||
 		a.snoozed != 1 || a.cancelling != 1 || a.owned != 2 || a.unowned != 2 || liveSessions != 1 {
@@ -202,6 +212,11 @@ func TestFleetViewsAgree(t *testing.T) {
 			t.Errorf("%s: %d live sessions, the tables hold %d", name, n, liveSessions)
 		}
 	}
+	for name, ts := range map[string]map[string][2]int64{"status --json": status.tenants, "dashboard": dash.tenants} {
+		if !reflect.DeepEqual(ts, tenants) {
+			t.Errorf("%s: alpha's tenants (unclaimed, due) %v, the tables hold %v", name, ts, tenants)
+		}
+	}
 	for name, qs := range map[string]map[string]fleetFigures{"status --json": status.queues, "dashboard": dash.queues} {
 		if len(qs) != len(queues) {
 			t.Errorf("%s lists %d queues, want %v", name, len(qs), queues)
@@ -213,6 +228,8 @@ func TestFleetViewsAgree(t *testing.T) {
 type fleetViews struct {
 	queues   map[string]fleetFigures
 	sessions int64
+	// tenants are alpha's tenants: unclaimed and due items by tenant.
+	tenants map[string][2]int64
 }
 
 // readStatusViews reads crdbwork status --json.
@@ -257,6 +274,13 @@ func readStatusViews(t *testing.T, d *db) fleetViews {
 			f.unowned = -1 // the default single part, which the tables' count does not list
 		}
 		v.queues[s["queue"].(string)] = f
+		if s["queue"] == "alpha" {
+			v.tenants = map[string][2]int64{}
+			for _, x := range s["tenants"].([]any) {
+				tm := x.(map[string]any)
+				v.tenants[tm["tenant"].(string)] = [2]int64{n(tm, "unclaimed"), n(tm, "due")}
+			}
+		}
 	}
 	return v
 }
@@ -356,6 +380,15 @@ func readDashboardViews(t *testing.T, d *db) fleetViews {
 			f.unowned, _ = strconv.ParseInt(u[1], 10, 64)
 		}
 		v.queues[pm[1]] = f
+	}
+	v.tenants = map[string][2]int64{}
+	tenants := get("/tenants?queue=alpha")
+	for _, r := range regexp.MustCompile(`(?s)<tr data-tenant="([^"]+)">(.*?)</tr>`).FindAllStringSubmatch(tenants, -1) {
+		cells := regexp.MustCompile(`(?s)<td [^>]*data-label="(unclaimed|due)"[^>]*>(.*?)</td>`).FindAllStringSubmatch(r[2], -1)
+		if len(cells) != 2 {
+			t.Fatalf("dashboard: tenant row %q has %d count cells", r[1], len(cells))
+		}
+		v.tenants[r[1]] = [2]int64{num(cells[0][2]), num(cells[1][2])}
 	}
 	return v
 }
