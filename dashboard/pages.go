@@ -66,6 +66,8 @@ type overviewData struct {
 	Sort     string
 	Sessions int64
 	Stale    int
+	// Expired counts the expired sessions not yet reaped.
+	Expired int64
 	// MoreQueues: the queues listed are the first fleet.DefaultMaxQueues
 	// by name, and there are more.
 	MoreQueues bool
@@ -102,7 +104,7 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 	var from, to int
 	d.Pager, from, to = paginate(r, len(qs), h.opts.PageSize)
 	d.Queues = qs[from:to]
-	d.Sessions, d.MoreQueues, d.QueuesRead = snap.Live, snap.MoreQueues, len(snap.Queues)
+	d.Sessions, d.Expired, d.MoreQueues, d.QueuesRead = snap.Live, snap.Expired, snap.MoreQueues, len(snap.Queues)
 	for _, s := range snap.Sessions {
 		if s.Stale {
 			d.Stale++

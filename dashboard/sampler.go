@@ -48,6 +48,7 @@ type snapshot struct {
 	// fleet.DefaultMaxSessions); MoreQueues: Queues holds the first
 	// Options.MaxQueues by name, and there are more.
 	Live       int64
+	Expired    int64 // expired sessions not yet reaped
 	MoreQueues bool
 	Owners     []fleet.Owner
 	Err        string
@@ -191,7 +192,7 @@ func (s *sampler) read(ctx context.Context) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap := &snapshot{At: fs.At, Sessions: fs.Sessions, Live: fs.LiveSessions, MoreQueues: fs.MoreQueues, Owners: fs.Owners}
+	snap := &snapshot{At: fs.At, Sessions: fs.Sessions, Live: fs.LiveSessions, Expired: fs.ExpiredSessions, MoreQueues: fs.MoreQueues, Owners: fs.Owners}
 	for _, q := range fs.Queues {
 		snap.Queues = append(snap.Queues, queueFigures{Queue: q, EndRate: -1})
 	}

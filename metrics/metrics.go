@@ -18,7 +18,8 @@
 //     cached for Options.CacheFor (so that many scrapers cost one read):
 //     unclaimed and due items per queue and part, claimed items, dead items,
 //     waiting items (enqueued with prerequisites not yet acked),
-//     the age of the oldest due unclaimed item per queue, and live sessions:
+//     the age of the oldest due unclaimed item per queue, live sessions and
+//     expired sessions not yet reaped:
 //     one snapshot of the fleet, the read model crdbwork status and the
 //     dashboard show too, of the first Options.MaxQueues queues by name.
 //
@@ -90,6 +91,7 @@ type Collector struct {
 	ackBatch *prometheus.HistogramVec
 
 	unclaimed, vested, claimed, dead, oldest, sessions, dbUp *prometheus.Desc
+	expired                                                  *prometheus.Desc
 	waiting                                                  *prometheus.Desc
 	dbErrors                                                 *prometheus.Desc
 
@@ -188,6 +190,8 @@ func New(opts Options) *Collector {
 		"Age of the oldest unclaimed item that is due (now minus its vesting time, by the database clock); 0 when none is due.",
 		[]string{"queue"}, nil)
 	c.sessions = prometheus.NewDesc(name("sessions_live"), "Live sessions in the database (all queues).", nil, nil)
+	c.expired = prometheus.NewDesc(name("sessions_expired"),
+		"Expired sessions in the database that no peer has reaped yet (their parts and claims wait for the reap).", nil, nil)
 	c.dbUp = prometheus.NewDesc(name("database_up"), "1 if the last read of the database gauges succeeded, else 0.", nil, nil)
 	c.dbErrors = prometheus.NewDesc(name("database_read_errors_total"), "Failed reads of the database gauges.", nil, nil)
 	return c
@@ -229,7 +233,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.handler.Describe(ch)
 	c.ackBatch.Describe(ch)
 	if c.opts.DB != nil {
-		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.waiting, c.oldest, c.sessions, c.dbUp, c.dbErrors} {
+		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.waiting, c.oldest, c.sessions, c.expired, c.dbUp, c.dbErrors} {
 			ch <- d
 		}
 	}
@@ -379,6 +383,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 			ms = append(ms, prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(q.Waiting), name))
 		}
 	}
-	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(snap.LiveSessions)))
+	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(snap.LiveSessions)),
+		prometheus.MustNewConstMetric(c.expired, prometheus.GaugeValue, float64(snap.ExpiredSessions)))
 	return ms, nil
 }

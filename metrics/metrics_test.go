@@ -369,6 +369,7 @@ func TestDatabaseGaugesEveryQueue(t *testing.T) {
 		"crdbwork_dead_items":                   {"deadonly/": 1},
 		"crdbwork_waiting_items":                {"plain/": 1, "stored/": 0},
 		"crdbwork_sessions_live":                {"": 1},
+		"crdbwork_sessions_expired":             {"": 0},
 		"crdbwork_oldest_unclaimed_age_seconds": {"plain/": -1, "stored/": 0},
 	} {
 		got := series(name)

@@ -34,6 +34,7 @@ func TestExplainFleetStatements(t *testing.T) {
 		{"FleetQueue", all, []any{"big", int64(1000), since}},
 		{"FleetQueue", nil, []any{"q7", int64(math.MaxInt64), since}},
 		{"FleetLiveSessions", nil, []any{1000}},
+		{"FleetSessionCounts", nil, nil},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}
@@ -71,8 +72,8 @@ func TestExplainFleetStatements(t *testing.T) {
 }
 
 // FleetQueue counts each state of a queue's items and stops each count at
-// the cap; FleetLiveSessions lists the first sessions by id and counts
-// every live one.
+// the cap; FleetLiveSessions lists the first live sessions by id, and
+// FleetSessionCounts counts the live and the expired ones.
 func TestStoreFleetReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -139,8 +140,11 @@ func TestStoreFleetReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	expire(t, pool, gone)
-	rows, live, err := store.FleetLiveSessions(ctx, pool, 2)
-	if err != nil || len(rows) != 2 || live != 3 || rows[0].ID.String() >= rows[1].ID.String() {
-		t.Errorf("FleetLiveSessions(2): %d rows of %d live, %v", len(rows), live, err)
+	rows, err := store.FleetLiveSessions(ctx, pool, 2)
+	if err != nil || len(rows) != 2 || rows[0].ID.String() >= rows[1].ID.String() || rows[0].Expiry != time.Hour {
+		t.Errorf("FleetLiveSessions(2): %+v, %v", rows, err)
+	}
+	if live, expired, err := store.FleetSessionCounts(ctx, pool); err != nil || live != 3 || expired != 1 {
+		t.Errorf("FleetSessionCounts: %d live, %d expired, %v; want 3, 1", live, expired, err)
 	}
 }

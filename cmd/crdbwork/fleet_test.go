@@ -159,6 +159,7 @@ func TestFleetViewsAgree(t *testing.T) {
 		tables[q] = f
 	}
 	liveSessions := int64(d.count(t, `SELECT count(*) FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now()`))
+	expiredSessions := int64(d.count(t, `SELECT count(*) FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`))
 	tenants := map[string][2]int64{}
 	for _, tn := range []string{"t1", "t2"} {
 		tenants[tn] = [2]int64{
@@ -168,8 +169,8 @@ func TestFleetViewsAgree(t *testing.T) {
 	}
 	// The state is what the test meant to build: every state present.
 	if a := tables["alpha"]; a.unclaimed != 10 || a.due != 7 || a.claimed != 2 || a.dead != 2 || a.waiting != 1 ||
-		a.snoozed != 1 || a.cancelling != 1 || a.owned != 2 || a.unowned != 2 || liveSessions != 1 {
-		t.Fatalf("the state built: alpha %+v, %d live sessions", a, liveSessions)
+		a.snoozed != 1 || a.cancelling != 1 || a.owned != 2 || a.unowned != 2 || liveSessions != 1 || expiredSessions != 1 {
+		t.Fatalf("the state built: alpha %+v, %d live sessions, %d expired", a, liveSessions, expiredSessions)
 	}
 
 	status := readStatusViews(t, d)
@@ -207,9 +208,9 @@ func TestFleetViewsAgree(t *testing.T) {
 			}
 		}
 	}
-	for name, n := range map[string]int64{"status --json": status.sessions, "dashboard": dash.sessions, "metrics": gauges.sessions} {
-		if n != liveSessions {
-			t.Errorf("%s: %d live sessions, the tables hold %d", name, n, liveSessions)
+	for name, v := range map[string]fleetViews{"status --json": status, "dashboard": dash, "metrics": gauges} {
+		if v.sessions != liveSessions || v.expired != expiredSessions {
+			t.Errorf("%s: %d live and %d expired sessions, the tables hold %d and %d", name, v.sessions, v.expired, liveSessions, expiredSessions)
 		}
 	}
 	for name, ts := range map[string]map[string][2]int64{"status --json": status.tenants, "dashboard": dash.tenants} {
@@ -226,8 +227,8 @@ func TestFleetViewsAgree(t *testing.T) {
 
 // fleetViews are the numbers of one view.
 type fleetViews struct {
-	queues   map[string]fleetFigures
-	sessions int64
+	queues            map[string]fleetFigures
+	sessions, expired int64
 	// tenants are alpha's tenants: unclaimed and due items by tenant.
 	tenants map[string][2]int64
 }
@@ -242,6 +243,11 @@ func readStatusViews(t *testing.T, d *db) fleetViews {
 	if n, _ := all["live_sessions"].(float64); int64(n) != v.sessions {
 		t.Errorf("status --json: live_sessions %v, %d sessions listed", all["live_sessions"], v.sessions)
 	}
+	x, ok := all["expired_sessions"].(float64)
+	if !ok {
+		t.Fatalf("status --json: expired_sessions is %v", all["expired_sessions"])
+	}
+	v.expired = int64(x)
 	n := func(m map[string]any, k string) int64 {
 		x, ok := m[k].(float64)
 		if !ok {
@@ -367,6 +373,9 @@ func readDashboardViews(t *testing.T, d *db) fleetViews {
 		t.Fatalf("dashboard: no session count in the overview:\n%s", overview)
 	}
 	v.sessions, _ = strconv.ParseInt(m[1], 10, 64)
+	if m := regexp.MustCompile(`id="total-expired"[^>]*>(\d+) expired<`).FindStringSubmatch(overview); m != nil {
+		v.expired, _ = strconv.ParseInt(m[1], 10, 64)
+	}
 	// The part maps: owned and unowned parts of the queues with parts.
 	sessions := get("/sessions")
 	for _, pm := range regexp.MustCompile(`(?s)<section class="partmap" data-queue="([^"]+)">(.*?)</section>`).FindAllStringSubmatch(sessions, -1) {
@@ -406,7 +415,7 @@ func readMetricsViews(t *testing.T, d *db) fleetViews {
 	if err := c.LastDatabaseError(); err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
-	v := fleetViews{queues: map[string]fleetFigures{}}
+	v := fleetViews{queues: map[string]fleetFigures{}, expired: -1}
 	get := func(q string) fleetFigures {
 		f, ok := v.queues[q]
 		if !ok {
@@ -428,6 +437,9 @@ func readMetricsViews(t *testing.T, d *db) fleetViews {
 			switch fam.GetName() {
 			case "crdbwork_sessions_live":
 				v.sessions = val
+				continue
+			case "crdbwork_sessions_expired":
+				v.expired = val
 				continue
 			case "crdbwork_backlog_items", "crdbwork_backlog_due_items", "crdbwork_claimed_items", "crdbwork_dead_items", "crdbwork_waiting_items":
 			default:

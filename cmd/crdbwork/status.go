@@ -419,6 +419,9 @@ type allStatus struct {
 	// them: Sessions lists the first fleet.DefaultMaxSessions by id.
 	MoreQueues   bool  `json:"more_queues"`
 	LiveSessions int64 `json:"live_sessions"`
+	// ExpiredSessions counts the expired sessions no peer has reaped yet:
+	// their parts and claims wait for the reap.
+	ExpiredSessions int64 `json:"expired_sessions"`
 }
 
 // readAll reads the status of --queue, or of every queue, from one
@@ -434,7 +437,8 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate) (s
 	if err != nil {
 		return "", nil, err
 	}
-	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}, MoreQueues: snap.MoreQueues, LiveSessions: snap.LiveSessions}
+	all := &allStatus{Engine: cli.EngineName(ctx, db), Queues: []*status{}, MoreQueues: snap.MoreQueues, LiveSessions: snap.LiveSessions,
+		ExpiredSessions: snap.ExpiredSessions}
 	holders := map[uuid.UUID]int64{}
 	for i := range snap.Queues {
 		s, err := readStatus(ctx, db, g.tables(), all.Engine, snap, &snap.Queues[i])
@@ -529,6 +533,9 @@ func formatAll(all *allStatus, compact bool) string {
 	writeSessions(&b, all.Sessions, compact, true)
 	if more := all.LiveSessions - int64(len(all.Sessions)); more > 0 {
 		fmt.Fprintf(&b, "(%d more live sessions not listed)\n", more)
+	}
+	if all.ExpiredSessions > 0 {
+		fmt.Fprintf(&b, "%d expired sessions not yet reaped (their parts and claims wait for a live peer's reap)\n", all.ExpiredSessions)
 	}
 	writeMembers(&b, all.QueueMembers, compact)
 	return b.String()

@@ -71,10 +71,12 @@ type Snapshot struct {
 	// than Options.MaxQueues.
 	Queues     []Queue
 	MoreQueues bool
-	// Sessions are the first Options.MaxSessions live sessions by id, and
-	// LiveSessions the number of live sessions, all counted.
-	Sessions     []Session
-	LiveSessions int64
+	// Sessions are the first Options.MaxSessions live sessions by id;
+	// LiveSessions counts the live sessions, all of them, and
+	// ExpiredSessions the expired ones that no peer has reaped yet (their
+	// parts and claims wait for the reap).
+	Sessions                      []Session
+	LiveSessions, ExpiredSessions int64
 	// Owners are every queue's owned parts, by queue and part; an owner
 	// may be an expired session not yet reaped.
 	Owners []Owner
@@ -84,7 +86,8 @@ type Snapshot struct {
 }
 
 // MoreSessions reports whether there are live sessions beyond those
-// listed.
+// listed (the count and the list are two reads: a session that started
+// between them counts too).
 func (s *Snapshot) MoreSessions() bool { return s.LiveSessions > int64(len(s.Sessions)) }
 
 // Queue is one queue's state.
@@ -233,11 +236,14 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 		return snap, nil
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		rows, live, err := r.store.FleetLiveSessions(ctx, r.db, opts.MaxSessions)
+		rows, err := r.store.FleetLiveSessions(ctx, r.db, opts.MaxSessions)
 		if err != nil {
 			return crsql.Classify(err)
 		}
-		snap.Sessions, snap.LiveSessions = snap.Sessions[:0], live
+		if snap.LiveSessions, snap.ExpiredSessions, err = r.store.FleetSessionCounts(ctx, r.db); err != nil {
+			return crsql.Classify(err)
+		}
+		snap.Sessions = snap.Sessions[:0]
 		for _, row := range rows {
 			in := session.Info{ID: row.ID, Name: row.Name, Host: row.Host, PID: row.PID, CreatedAt: row.CreatedAt,
 				HeartbeatAt: row.HeartbeatAt, Expiry: row.Expiry, Age: row.Age, SinceHeartbeat: row.SinceHeartbeat,

@@ -108,8 +108,9 @@ func TestSnapshotBounds(t *testing.T) {
 			stale++
 		}
 	}
-	if !slices.Equal(ids, live) || snap.LiveSessions != 3 || snap.MoreSessions() || stale != 1 {
-		t.Errorf("sessions %v (%d live, %d stale), want %v, 3 live, 1 stale", ids, snap.LiveSessions, stale, live)
+	if !slices.Equal(ids, live) || snap.LiveSessions != 3 || snap.ExpiredSessions != 1 || snap.MoreSessions() || stale != 1 {
+		t.Errorf("sessions %v (%d live, %d expired, %d stale), want %v, 3 live, 1 expired, 1 stale", ids, snap.LiveSessions,
+			snap.ExpiredSessions, stale, live)
 	}
 	byName := map[string]fleet.Queue{}
 	for _, q := range snap.Queues {
