@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // benchTenants is the number of tenants of the fairness benchmarks.
@@ -44,7 +44,7 @@ func BenchmarkEnqueueFair(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+				if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 					b.Fatal(err)
 				}
 				calls := make([][]claim.NewItem, b.N)
@@ -83,7 +83,7 @@ func BenchmarkClaimTenants(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+			if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 				b.Fatal(err)
 			}
 			s := startSession(b, ctx, pool)

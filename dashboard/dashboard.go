@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -112,7 +113,7 @@ const (
 type handler struct {
 	db      claim.DB
 	opts    Options
-	store   *crsql.Store
+	store   *store.Store
 	pages   map[string]*pageTemplate
 	mux     *http.ServeMux
 	cop     *http.CrossOriginProtection
@@ -123,17 +124,17 @@ type handler struct {
 	queues   map[string]*claim.Queue
 
 	// engine is the database's dialect once detected (see dialect).
-	engine atomic.Pointer[crsql.Dialect]
+	engine atomic.Pointer[store.Dialect]
 }
 
 // dialect returns the database's engine, asked once (sql.DetectDialect)
 // and kept after the first answer: the reads whose statement differs
 // between the engines take it.
-func (h *handler) dialect(ctx context.Context) (crsql.Dialect, error) {
+func (h *handler) dialect(ctx context.Context) (store.Dialect, error) {
 	if d := h.engine.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := crsql.DetectDialect(ctx, h.db)
+	d, err := store.DetectDialect(ctx, h.db)
 	if err != nil {
 		return d, err
 	}
@@ -186,7 +187,7 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &handler{db: db, opts: opts, store: crsql.NewStore(opts.Tables), pages: pages,
+	h := &handler{db: db, opts: opts, store: store.New(opts.Tables), pages: pages,
 		cop: http.NewCrossOriginProtection(), hosts: allowed, queues: map[string]*claim.Queue{}}
 	h.sampler = newSampler(h)
 	mux := http.NewServeMux()

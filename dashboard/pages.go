@@ -17,8 +17,8 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // pageNum reads the page number of a request (1 on).
@@ -127,12 +127,12 @@ type queueData struct {
 	Figures  *queueFigures
 	Holders  []holder
 	Limits   []tenantLimit
-	Dead     []crsql.DeadPageRow
+	Dead     []store.DeadPageRow
 	Settings claim.Settings
 	// State is the queue's sequencing and its waiting, snoozed and
 	// cancelling items (counts stop at Cap); KeepAge and KeepCount say
 	// how long and how many dead items it keeps (its retention).
-	State              crsql.QueueState
+	State              store.QueueState
 	Cap                int64
 	KeepAge, KeepCount string
 	// Sequencing is the queue's sequencing (with what a death does to a
@@ -199,10 +199,10 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		if d.State, err = h.store.QueueState(ctx, h.db, name, h.opts.CountCap); err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
@@ -328,7 +328,7 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 				return err
 			}
 			backlog, err = h.store.PartBacklog(ctx, h.db, d, n, m.NumParts, h.opts.CountCap)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return "", nil, err
@@ -361,8 +361,8 @@ type itemsData struct {
 	Q       itemsQuery
 	Queues  []string
 	States  []string
-	Items   []crsql.ItemRow
-	Dead    []crsql.DeadPageRow
+	Items   []store.ItemRow
+	Dead    []store.DeadPageRow
 	Scanned int
 	Next    string
 	Now     time.Time
@@ -411,9 +411,9 @@ func contains(xs []string, x string) bool {
 // the matches, until a page is full or the scan window is read.
 func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 	q := d.Q
-	var after *crsql.ItemPosition
+	var after *store.ItemPosition
 	if q.After != "" {
-		var p crsql.ItemPosition
+		var p store.ItemPosition
 		if err := decode(q.After, &p); err != nil {
 			return badRequest("bad cursor")
 		}
@@ -430,11 +430,11 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 		if d.Filters {
 			want = min(h.opts.ScanWindow-d.Scanned, 500)
 		}
-		var rows []crsql.ItemRow
+		var rows []store.ItemRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
 			rows, err = h.store.ItemsPage(ctx, h.db, q.Queue, tenant, claimed, after, want)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return err
@@ -461,15 +461,15 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 	return nil
 }
 
-func position(it crsql.ItemRow) crsql.ItemPosition {
-	p := crsql.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
+func position(it store.ItemRow) store.ItemPosition {
+	p := store.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
 	if it.LeaseUntil != nil {
 		p.LeaseUntil = *it.LeaseUntil
 	}
 	return p
 }
 
-func matchItem(q itemsQuery, it crsql.ItemRow, now time.Time) bool {
+func matchItem(q itemsQuery, it store.ItemRow, now time.Time) bool {
 	switch {
 	case q.Tenant != "" && it.Tenant != q.Tenant,
 		q.Key != "" && it.Key != q.Key,
@@ -484,9 +484,9 @@ func matchItem(q itemsQuery, it crsql.ItemRow, now time.Time) bool {
 // searchDead is searchItems for the dead items.
 func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 	q := d.Q
-	var after *crsql.DeadPosition
+	var after *store.DeadPosition
 	if q.After != "" {
-		var p crsql.DeadPosition
+		var p store.DeadPosition
 		if err := decode(q.After, &p); err != nil {
 			return badRequest("bad cursor")
 		}
@@ -498,11 +498,11 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		if d.Filters {
 			want = min(h.opts.ScanWindow-d.Scanned, 500)
 		}
-		var rows []crsql.DeadPageRow
+		var rows []store.DeadPageRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
 			rows, err = h.store.DeadWindow(ctx, h.db, q.Queue, after, want)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return err
@@ -510,11 +510,11 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		for _, it := range rows {
 			if len(d.Dead) == size {
 				last := d.Dead[size-1]
-				d.Next = encode(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
+				d.Next = encode(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
 				return nil
 			}
 			d.Scanned++
-			after = &crsql.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
+			after = &store.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
 			if (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
 				(q.Reason == "" || it.Reason == q.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
 				d.Dead = append(d.Dead, it)
@@ -546,7 +546,7 @@ func decode(s string, v any) error {
 // itemData is one item's page: the live item, its deaths, or both.
 type itemData struct {
 	ID       uuid.UUID
-	Live     *crsql.ItemDetail
+	Live     *store.ItemDetail
 	Payload  preview
 	Metadata preview
 	Deaths   []deathView
@@ -564,7 +564,7 @@ type waitingView struct {
 }
 
 type deathView struct {
-	crsql.DeadItemRow
+	store.DeadItemRow
 	Queue   string
 	Payload preview
 }
@@ -618,7 +618,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		it, ok, err := h.store.Item(ctx, h.db, id)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		d.Live = nil
 		if ok {
@@ -627,7 +627,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 		}
 		deaths, queues, err := h.store.Deaths(ctx, h.db, id, 20)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		d.Deaths = d.Deaths[:0]
 		for i, x := range deaths {
@@ -656,7 +656,7 @@ func (h *handler) readWaiting(ctx context.Context, d *itemData) error {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		queue, ok, err = h.store.WaitingQueue(ctx, h.db, d.ID)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil || !ok {
 		return err
@@ -721,7 +721,7 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	for _, t := range info.Tenants {
 		names = append(names, t.Tenant)
 	}
-	var heads []crsql.TenantHead
+	var heads []store.TenantHead
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		dialect, err := h.dialect(ctx)
@@ -729,12 +729,12 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 			return err
 		}
 		heads, err = h.store.TenantHeads(ctx, h.db, dialect, d.Queue, names)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
 	}
-	byName := map[string]crsql.TenantHead{}
+	byName := map[string]store.TenantHead{}
 	for _, hd := range heads {
 		byName[hd.Tenant] = hd
 	}
@@ -754,15 +754,15 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 
 // auditData is a page of the audit list.
 type auditData struct {
-	Rows []crsql.AuditRow
+	Rows []store.AuditRow
 	Next string
 }
 
 func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	d := &auditData{}
-	var after *crsql.AuditRow
+	var after *store.AuditRow
 	if a := r.URL.Query().Get("after"); a != "" {
-		var p crsql.AuditRow
+		var p store.AuditRow
 		if err := decode(a, &p); err != nil {
 			return "", nil, badRequest("bad cursor")
 		}
@@ -772,7 +772,7 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		d.Rows, err = h.store.AuditPage(ctx, h.db, after, size+1)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
@@ -780,7 +780,7 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	if len(d.Rows) > size {
 		d.Rows = d.Rows[:size]
 		last := d.Rows[size-1]
-		d.Next = encode(crsql.AuditRow{At: last.At, ID: last.ID})
+		d.Next = encode(store.AuditRow{At: last.At, ID: last.ID})
 	}
 	return "Audit", d, nil
 }

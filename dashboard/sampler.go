@@ -11,8 +11,8 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // historyLen is how many samples a queue's charts keep.
@@ -52,7 +52,7 @@ type snapshot struct {
 
 // queueFigures are one queue's figures and its history.
 type queueFigures struct {
-	crsql.QueueSummary
+	store.QueueSummary
 	// EndRate is the items ended per second since the previous round
 	// (-1 while unknown). (Rate is the queue's limit.)
 	EndRate float64
@@ -192,11 +192,11 @@ func (s *sampler) read(ctx context.Context) (*snapshot, error) {
 		if !ok {
 			from = time.Now().Add(100 * 365 * 24 * time.Hour) // none: the first sample has no rate
 		}
-		var sum crsql.QueueSummary
+		var sum store.QueueSummary
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
 			sum, err = h.store.QueueSummary(ctx, h.db, n, h.opts.CountCap, from)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("reading the figures of %q: %w", n, err)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Fair pacing keeps the parts-mode sessions of a fair queue within a few
@@ -141,11 +141,11 @@ func newFairPace(w *Worker) *fairPace {
 
 // engine returns the dialect of the worker's database, asked of the server
 // once (a failed attempt is made again at the next call).
-func (w *Worker) engine(ctx context.Context) (crsql.Dialect, error) {
+func (w *Worker) engine(ctx context.Context) (store.Dialect, error) {
 	if d := w.dialect.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := crsql.DetectDialect(ctx, w.db)
+	d, err := store.DetectDialect(ctx, w.db)
 	if err != nil {
 		return d, err
 	}
