@@ -25,7 +25,20 @@ import (
 // DeadFilter selects dead items (see DeadItems, DeadCount, RequeueWhere):
 // every field that is set must match; the zero value matches every dead
 // item of the queue.
-type DeadFilter = store.DeadFilter
+type DeadFilter struct {
+	// Tenant is the tenant's name, exactly.
+	Tenant string
+	// Reason is the reason of death, exactly ("failed", "permanent",
+	// "crash loop", "expired").
+	Reason string
+	// ErrorContains is a substring of the last error (case-sensitive).
+	ErrorContains string
+}
+
+// row returns the filter as the store takes it.
+func (f DeadFilter) row() store.DeadFilter {
+	return store.DeadFilter{Tenant: f.Tenant, Reason: f.Reason, ErrorContains: f.ErrorContains}
+}
 
 // DeadQuery asks DeadItems for one page of dead items.
 type DeadQuery struct {
@@ -72,7 +85,7 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 	}
 	// One more than asked: whether a next page exists.
 	items, err := q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
-		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter, after, dq.Limit+1)
+		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter.row(), after, dq.Limit+1)
 	})
 	if err != nil {
 		return DeadPage{}, err
@@ -122,7 +135,7 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f)
+		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f.row())
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -399,7 +412,14 @@ func QueueExists(ctx context.Context, db crsql.DB, t crsql.Tables, name string) 
 }
 
 // PartOwner is one part of a queue and the session that owns it.
-type PartOwner = store.PartOwnerRow
+type PartOwner struct {
+	// Queue is the queue's name.
+	Queue string
+	// Part is the part's number.
+	Part int
+	// Session is the id of the session that owns the part.
+	Session uuid.UUID
+}
 
 // PartOwners returns the owned parts of queue (every queue's when queue is
 // ""), by queue and part. A part nobody owns is not listed; an owner may
@@ -413,7 +433,11 @@ func PartOwners(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) 
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		if queue == "" {
 			var err error
-			out, err = stmts.AllPartOwners(ctx, db)
+			rows, err := stmts.AllPartOwners(ctx, db)
+			out = make([]PartOwner, len(rows))
+			for i, r := range rows {
+				out[i] = PartOwner{Queue: r.Queue, Part: r.Part, Session: r.Session}
+			}
 			return store.Classify(err)
 		}
 		owners, err := stmts.PartOwners(ctx, db, queue)
