@@ -25,7 +25,7 @@ import (
 // command is given --shared-database.
 
 // store runs the library's statements the demo needs on crdbwork's tables
-// (sql/store_demo.go): the demo writes no SQL on them itself.
+// (internal/store/verify.go): the demo writes no SQL on them itself.
 var stmts = store.New(tables)
 
 // demoTablesSQL creates the demo's own tables. demo_results has no unique

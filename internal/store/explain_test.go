@@ -202,7 +202,7 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"Requeue", st.Requeue, []any{deadID, "q", nil}},
 		{"Requeue (a death)", st.Requeue, []any{deadID, "q", deadDeath}},
 		{"RequeueState", deaths.RequeueState, []any{deadID, "q", nil}},
-		// Rows the database refuses (refused.go): one item by id.
+		// Rows the database refuses (items_refused.go): one item by id.
 		{"KillRefusedItem", refused.KillItem, []any{"q", ids[0], "refused by the database (leases): boom"}},
 		{"CancelledIDs", refused.CancelledIDs, []any{"q", 1000}},
 		{"ReapCancelledIDs", refused.ReapCancelledIDs, []any{"q", ids[:64]}},

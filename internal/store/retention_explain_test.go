@@ -96,7 +96,7 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 		{"SaveCheckpoint", ck.SaveCheckpoint, []any{id, session, int64(1), nil}},
 		{"SaveProgress", ck.SaveProgress, []any{id, session, int64(1), int64(3), int64(10)}},
 		{"Progressing", ck.Progressing, []any{"q", 20}},
-		// The by-id fallback of the pruning (refused.go).
+		// The by-id fallback of the pruning (items_refused.go).
 		{"PruneDeadCandidates", refused.PruneDeadCandidates, []any{"q", nil, int64(30 * 24 * 3600e6), 1000}},
 		{"PruneDeadCandidates (before)", refused.PruneDeadCandidates, []any{"q", recent, int64(0), 1000}},
 		{"PruneDeadIDs", refused.PruneDeadIDs, []any{"q", ids, nil, int64(30 * 24 * 3600e6)}},

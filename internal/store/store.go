@@ -41,11 +41,11 @@ type Store struct {
 	ckpt   *checkpointStatements
 	ret    *retentionStatements
 
-	order string // OrderCountsBefore's statement (store_order.go)
+	order string // OrderCountsBefore's statement (items_order.go)
 	// ackAll is the all-or-nothing PostgreSQL ack of the pipelined ack
-	// (store_ackpipeline.go).
+	// (items_ack.go).
 	ackAll string
-	pace   string // FairFront's statement (store_fairpace.go)
+	pace   string // FairFront's statement (items_fair.go)
 	pgPace string // and its PostgreSQL twin
 }
 

@@ -23,7 +23,7 @@ import (
 // inspectStatements, row-value comparisons for the pages as in
 // adminStatements, and UNION ALL of uncorrelated branches as in
 // fairStatements. PostgreSQL plans are checked in
-// sql/store_dashboard_test.go: each statement reads the index named there,
+// internal/store/reads_dashboard_test.go: each statement reads the index named there,
 // and none scans a table sequentially.
 //
 // The per-part backlog and the tenants' heads read one limited index range

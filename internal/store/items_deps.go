@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The statements of dependencies (depends.go): the enqueue of waiting
+// The statements of dependencies (items_deps_sql.go): the enqueue of waiting
 // items and their edges, the release of dependents by an ack, the
 // reaper's sweep, and the operators' reads.
 
@@ -268,7 +268,7 @@ func (s *Store) DeleteEdgesGone(ctx context.Context, db DB, d Dialect, queue str
 // prereqs, lowers their dependents' remaining counts and returns the
 // dependents whose count reached zero, without moving them (MoveReady
 // does). It waits for dependents other transactions hold, and takes them
-// all in one statement (the lock order of depends.go), so it is unbounded:
+// all in one statement (the lock order of items_deps_sql.go), so it is unbounded:
 // for prerequisites with many dependents, use ReleaseBatch in transactions
 // of their own. Edges of dependents that are gone are deleted too.
 func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {

@@ -10,7 +10,7 @@ import (
 
 // The Store methods of package schedule, run in the transaction of one
 // schedule's turn. Each runs one statement, once, and returns the driver's
-// error unwrapped (see store_session.go). The statements are those of
+// error unwrapped (see sessions.go). The statements are those of
 // scheduleStatements.
 
 // ScheduleNow returns the database clock: the transaction's now(), which

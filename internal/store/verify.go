@@ -19,7 +19,7 @@ import (
 // in FROM with a column alias list, EXISTS subqueries, EXTRACT(EPOCH FROM
 // interval), DELETE ... WHERE (a, b) IN (SELECT ... LIMIT n) and DROP TABLE
 // IF EXISTS are accepted; the text is identical on both engines. Not run on
-// a cluster here (no CockroachDB binary). PostgreSQL plans: sql/explain_test.go
+// a cluster here (no CockroachDB binary). PostgreSQL plans: internal/store/explain_test.go
 // (TestDemoPlans).
 
 // demoStatements are the demo's statements for one set of tables.

@@ -11,7 +11,7 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// TestDemoPlans: the demo's statements (sql/store_demo.go) read one queue's
+// TestDemoPlans: the demo's statements (internal/store/verify.go) read one queue's
 // rows through an index, on a database where other queues hold most rows:
 // none scans the items, dead items or ended table whole. The part owners
 // and memberships (workedQueues) are small tables, read whole.

@@ -3,7 +3,7 @@ package store
 // inspectStatements are the reads behind claim.Queue.Inspect and
 // claim.Queues: one queue's state for metrics, the demo's status and
 // dashboards, rendered for one set of table names. Each is a read-only
-// single statement; what each reads is said below, and sql/explain_test.go
+// single statement; what each reads is said below, and internal/store/explain_test.go
 // checks on PostgreSQL (custom and generic plans) that none scans a table
 // sequentially. CockroachDB cannot run here: its plans are not checked. The
 // forms are ones the existing statements already run on CockroachDB:

@@ -12,7 +12,7 @@ import (
 // The enqueue of package claim: the INSERT and the COPY of new items, the
 // lookup of the ids an INSERT did not add, the fair turns' reads, and the
 // pruning of the ended ids that the dedup window remembers. Errors are the
-// driver's, as in store_claim.go.
+// driver's, as in items_claim.go.
 
 // EnqueueRow is one item for EnqueueInsert (see enqueueStatements.Insert
 // for what the statement computes from it).

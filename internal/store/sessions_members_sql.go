@@ -37,7 +37,7 @@ type memberStatements struct {
 	// every secondary index holds the primary key) and then looks the
 	// sessions up by primary key: its cost follows the queue's members,
 	// not the number of sessions or queues in the database
-	// (sql/members_explain_test.go checks the plans on PostgreSQL, with
+	// (internal/store/sessions_members_explain_test.go checks the plans on PostgreSQL, with
 	// 50,000 sessions; with a few hundred, PostgreSQL rightly prefers to
 	// hash-join a read of the small sessions table).
 	QueueMembers string

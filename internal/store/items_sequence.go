@@ -13,7 +13,7 @@ import (
 
 // The statements of sequenced queues (sequenceStatements; docs/sequences.md):
 // the sequenced claims, and the queue's switch. Errors are the driver's, as
-// in store_claim.go.
+// in items_claim.go.
 
 // ClaimAnySequenced is ClaimAny for a sequenced queue: an item with a
 // sequence order is claimed only if it is its key's first and no item of its

@@ -133,7 +133,7 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d store.Dialect, queue strin
 		{"Prereqs", ds.Prereqs, []any{queue, deps[0]}},
 		{"Dependents", ds.Dependents, []any{queue, some[0], 100}},
 		{"Waiting", ds.Waiting, []any{queue, deps[0]}},
-		// A waiting row the database refused to move (refused.go).
+		// A waiting row the database refused to move (items_refused.go).
 		{"KillRefusedWaiting", store.NewRefusedStatements(crsql.Tables{}).KillWaiting, []any{queue, deps[0], "refused by the database (dependencies): boom"}},
 		{"WaitingCount", ds.WaitingCount, []any{queue}},
 		{"HasEdges", ds.HasEdges, []any{queue}},

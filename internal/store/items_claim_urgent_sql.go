@@ -33,7 +33,7 @@ type urgentStatements struct {
 	// range on the second column of crdbwork_items_turn_next (queue,
 	// priority, turn_at, part) WHERE claim IS NULL: the scan reads the
 	// urgent items in claim order and stops after $3 unlocked ones, and
-	// reads nothing past the threshold (sql/explain_test.go checks the plan;
+	// reads nothing past the threshold (internal/store/explain_test.go checks the plan;
 	// CockroachDB docs "Indexes: selection" — a range on a column after
 	// equality-constrained ones constrains the index span).
 	//

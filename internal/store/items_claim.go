@@ -81,7 +81,7 @@ type ClaimedRow struct {
 	TurnAt     time.Time
 	// Checkpoint is the item's saved checkpoint (nil if none), and
 	// ProgressDone and ProgressTotal its saved progress (HasProgress false
-	// if none): see store_checkpoint.go.
+	// if none): see items_checkpoint.go.
 	Checkpoint                  []byte
 	HasProgress                 bool
 	ProgressDone, ProgressTotal int64

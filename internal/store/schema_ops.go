@@ -14,7 +14,7 @@ import (
 // schema made for one test, the cleanup of a test's queue, and the read of
 // a queue's items. Not for production code paths. The statements are those
 // of testStatements; except for DropQueueRows, each runs one statement,
-// once, and returns the driver's error unwrapped (see store_session.go).
+// once, and returns the driver's error unwrapped (see sessions.go).
 
 // errNoSchema is the error of the schema methods on a Store whose Tables
 // name no schema.

@@ -10,7 +10,7 @@ package store
 // (https://www.cockroachlabs.com/docs/v21.2/upsert, "UPSERT vs. INSERT ON
 // CONFLICT"); the LEFT JOIN of a one-row subquery constrains the queues
 // table by its primary key (q.name = $1), checked here on PostgreSQL's plans
-// (sql/explain_test.go), not on CockroachDB's, which cannot run here.
+// (internal/store/explain_test.go), not on CockroachDB's, which cannot run here.
 type limitStatements struct {
 	// QueueLimits returns queue $1's max_in_flight, rate_limit,
 	// tenant_max_in_flight and tenant_rate_limit (zeros when the queue has

@@ -29,7 +29,7 @@ package store
 // the index on (queue, died_at) is seeked, not scanned, whichever way the
 // engine treats the row comparison.
 // PostgreSQL checked: the plans of every statement here are in
-// sql/explain_test.go (no sequential scan of the items or dead items; the
+// internal/store/explain_test.go (no sequential scan of the items or dead items; the
 // by-id moves look their ids up by primary key, or, when the planner expects
 // few candidates, read them from the step's partial index).
 type deathStatements struct {

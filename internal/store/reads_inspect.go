@@ -11,7 +11,7 @@ import (
 
 // The reads of one queue's state (claim.Queue.Inspect, claim.Queues), its
 // settings, pause and tenant limits, and their writes. Errors are the
-// driver's, as in store_claim.go.
+// driver's, as in items_claim.go.
 
 // QueueRow is a queue's stored row, as InspectQueue reads it.
 type QueueRow struct {

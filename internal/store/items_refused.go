@@ -25,7 +25,7 @@ import (
 //
 // Both statements take one id: they run only for rows already found
 // refused, one at a time. They have the shapes of the reaper's by-id moves
-// (deaths.go): the row locked by primary key, a DELETE … RETURNING, the
+// (dead_sql.go): the row locked by primary key, a DELETE … RETURNING, the
 // inserts from it; the same text on both engines.
 
 // IsRefusal reports whether err is the database refusing a statement for
@@ -71,7 +71,7 @@ type refusedStatements struct {
 	// ReapCancelledIDs is cancelStatements.reap for the given ids: the
 	// same conditions, rechecked on the locked rows, the same rows
 	// written. The request is tested inside IS TRUE, as in the cancel
-	// statements on one item (store_cancel.go): a plain IS NOT NULL
+	// statements on one item (items_cancel.go): a plain IS NOT NULL
 	// proves the predicate of crdbwork_items_cancel_requested, which
 	// PostgreSQL then read instead of looking the ids up by primary key.
 	ReapCancelledIDs string // $1 queue, $2 ids → ids ended

@@ -58,7 +58,7 @@ WHERE pg_has_role(c.relowner, 'USAGE')
 // they appear in SQL, for Analyze. Until the next ANALYZE the planner
 // estimates every condition on such a table at its default selectivity, the
 // plans of the hot statements depend on the indexes' heights
-// (sql/stable_plans_queues_test.go), and autovacuum may take a minute to
+// (internal/store/stable_plans_queues_test.go), and autovacuum may take a minute to
 // come (docs/operations.md). PostgreSQL only: it fails on CockroachDB, whose
 // automatic statistics refresh a table once a share of its rows changed.
 func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes int64) ([]string, error) {

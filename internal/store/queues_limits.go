@@ -7,7 +7,7 @@ import (
 
 // The Store methods of the limits a worker reads (package worker). It runs
 // one statement, once, and returns the driver's error unwrapped (see
-// store_session.go). The statement is limitStatements.QueueLimits.
+// sessions.go). The statement is limitStatements.QueueLimits.
 
 // QueueLimitsRow is a queue's stored fleet-wide limits, as QueueLimits
 // reads them: zero means no limit, for each field, and for every field of

@@ -41,7 +41,7 @@ type OrderPosition struct {
 // claimable items of queue strictly before it in the claim order, in the
 // order of items: the popped element index of package internal/order. It
 // is one statement with its own snapshot. Its errors are the driver's
-// (see store_session.go), or an error for a result that does not answer
+// (see sessions.go), or an error for a result that does not answer
 // every item once.
 func (s *Store) OrderCountsBefore(ctx context.Context, db DB, queue string, items []OrderPosition) ([]int64, error) {
 	if len(items) == 0 {

@@ -31,7 +31,7 @@ import (
 // deathStatements: a lookup join by primary key on both engines). A DELETE
 // whose subquery reads its own table was planned as a sequential scan and a
 // hash join by PostgreSQL; the two steps are not. PostgreSQL plans are
-// checked in sql/store_admin_test.go.
+// checked in internal/store/dead_test.go.
 type adminStatements struct {
 	deadFirst   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 limit → dead item columns
 	deadAfter   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 died_at, $6 id, $7 death, $8 limit → dead item columns

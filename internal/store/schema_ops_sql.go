@@ -15,7 +15,7 @@ import "github.com/jackc/pgx/v5"
 // UNION ALL, each with its own ORDER BY and LIMIT, which CockroachDB
 // accepts as operands of a set operation (docs checked: "Selection
 // Queries"). Not run on a cluster here (no CockroachDB binary).
-// PostgreSQL checked: the plans are in sql/explain_test.go (each branch
+// PostgreSQL checked: the plans are in internal/store/explain_test.go (each branch
 // reads its queue's rows through a partial index, never the whole table).
 type testStatements struct {
 	// CreateSchema creates Tables.Schema, failing if it exists, so that
