@@ -12,9 +12,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/crdbwork/crdbwork/internal/names"
 )
 
 // Version is the schema version this code expects. Apply brings a database
@@ -30,12 +27,6 @@ const Version = 6
 // schema's own version in `installed`.
 const Serves = 3
 
-//go:embed schema.sql
-var schemaFile string
-
-//go:embed cockroach.sql
-var cockroachFile string
-
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
@@ -48,7 +39,7 @@ type Migration struct {
 	SQL     string // the file's text, with the default table names
 }
 
-// coreStatements returns the migration's statements with the names of t.
+// Statements returns the migration's statements with the names of t.
 func (m Migration) Statements(t Tables) []string { return statements(t.rewrite(m.SQL)) }
 
 // Migrations returns every migration, in order. Migration 1 creates the
@@ -74,71 +65,6 @@ func Migrations() []Migration {
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out
 }
-
-// SchemaSQL returns the schema file with the default table names, exactly as
-// shipped in sql/schema.sql.
-func SchemaSQL() string { return schemaFile }
-
-// CockroachSQL returns the CockroachDB-only settings, exactly as shipped in
-// sql/cockroach.sql.
-func CockroachSQL() string { return cockroachFile }
-
-// Errors returned by Check and Apply, and wrapped by the other packages when
-// a statement fails because the schema is not in place.
-var (
-	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
-	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or the file sql/schema.sql)")
-	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: upgrade it in place (sql.Apply, or the files in sql/migrations/ above its version)")
-	// ErrSchemaNewer means the tables were created by a newer crdbwork that
-	// no longer serves this code.
-	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")
-)
-
-// DB is what this package needs of a connection: a *pgxpool.Pool, *pgx.Conn
-// or pgx.Tx all satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Tables names the crdbwork tables. The zero value means the default names
-// (crdbwork_sessions, crdbwork_items, ...) in the connection's search path.
-type Tables struct {
-	// Schema, if set, qualifies every table ("work" gives "work"."crdbwork_items").
-	// Apply creates it if it does not exist.
-	Schema string
-	// Prefix replaces "crdbwork_" at the start of every table, index and
-	// constraint name. Empty means "crdbwork_".
-	Prefix string
-}
-
-// prefix returns the table prefix ("crdbwork_" if t has none).
-func (t Tables) prefix() string { return names.Prefix(t.Prefix) }
-
-// Validate reports a prefix or schema that cannot name tables.
-func (t Tables) Validate() error {
-	for _, s := range []string{t.Schema, t.Prefix} {
-		if strings.ContainsRune(s, 0) {
-			return fmt.Errorf("crdbwork tables: names must not contain NUL bytes")
-		}
-	}
-	if len(t.prefix())+len("session_parts_one_owner") > 63 {
-		return fmt.Errorf("crdbwork tables: prefix %q is too long (identifiers are limited to 63 bytes)", t.Prefix)
-	}
-	return nil
-}
-
-// Table returns the quoted, qualified name of one table, by its default name
-// without the prefix: Table("items") is "crdbwork_items" by default.
-func (t Tables) Table(suffix string) string {
-	return names.Name(t.Schema, t.Prefix, names.DefaultPrefix+suffix)
-}
-
-// rewrite renames every crdbwork_ identifier of a SQL text for t
-// (internal/names.Rewrite says how).
-func (t Tables) rewrite(text string) string { return names.Rewrite(t.Schema, t.Prefix, text) }
 
 // statements splits a SQL file into its statements, dropping comments.
 func statements(file string) []string {
@@ -346,13 +272,4 @@ func installedVersion(ctx context.Context, db DB, t Tables) (version, serves int
 		version = serves
 	}
 	return version, serves, nil
-}
-
-// classify turns a "relation does not exist" error into one that wraps
-// ErrSchemaMissing, keeping the original error in the chain.
-func classify(err error) error {
-	if names.MissingRelation(err) {
-		return fmt.Errorf("%w: %w", ErrSchemaMissing, err)
-	}
-	return err
 }
