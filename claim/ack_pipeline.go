@@ -30,7 +30,7 @@ const pipelineRollbackTimeout = 5 * time.Second
 
 // ackPipelined tries to ack reqs in one round trip: one pgx batch holding
 // BEGIN ISOLATION LEVEL SERIALIZABLE, the fenced delete of every item, the
-// results' statement (stmt) and COMMIT (sql.Store.AckPipeline). The delete
+// results' statement (stmt) and COMMIT (store.Store.AckPipeline). The delete
 // fails unless every claim still holds, so the results are written only for
 // items it deleted, in the same SERIALIZABLE transaction: the same
 // exactly-once ack as ackTx.

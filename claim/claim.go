@@ -175,7 +175,7 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 }
 
 // claimManyParts is claimWith for a session that lists more parts than one
-// per-part claim statement reads (crsql.MaxPartBranches): in one
+// per-part claim statement reads (store.MaxPartBranches): in one
 // transaction, a Pick per group of parts locks the best n claimable items
 // of each group, the best n of them all in (priority, turn_at) order are
 // claimed by ClaimPicked, and the other picked rows are left as they were

@@ -41,8 +41,8 @@ type fairQuery struct {
 }
 
 // fairTurns reads, for the pairs (tenants[i], priorities[i]), the turns
-// stamp needs: sql.Store.FairLasts per group of at most crsql.MaxFairPairs
-// pairs and sql.Store.FairHead per pair with readHead[i], each made of
+// stamp needs: store.Store.FairLasts per group of at most store.MaxFairPairs
+// pairs and store.Store.FairHead per pair with readHead[i], each made of
 // single index seeks (see there), sent as pgx.Batches when db has
 // SendBatch (one round trip each) and one by one otherwise. It returns one
 // fairTurn per pair, or none if the queue is not fair.

@@ -323,7 +323,7 @@ func (q *Queue) moveByID(ctx context.Context, m reapMove, ids []uuid.UUID) (int,
 }
 
 // reapStep runs one batch of Reap, step, in a SERIALIZABLE transaction (its
-// statements lock with SKIP LOCKED; see sql.Store) and returns its rows.
+// statements lock with SKIP LOCKED; see store.Store) and returns its rows.
 func (q *Queue) reapStep(ctx context.Context, step func(ctx context.Context, tx pgx.Tx) (int64, error)) (int, error) {
 	var n int
 	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {

@@ -16,7 +16,7 @@ import (
 // TestClaimPartsOrderAcrossParts: a session owning k parts claims, call
 // after call, exactly the best n unclaimed items of its parts in (priority,
 // turn) order, each once, whether its parts fit one per-part claim
-// statement (k <= crsql.MaxPartBranches) or need several picks in one
+// statement (k <= store.MaxPartBranches) or need several picks in one
 // transaction (k above it). Items of parts it does not own are never
 // claimed, and neither are items of tenants it skips.
 func TestClaimPartsOrderAcrossParts(t *testing.T) {

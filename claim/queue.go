@@ -134,7 +134,7 @@ type Queue struct {
 	// spread caches which tenants a fair enqueue spreads over the parts
 	// (see spreads).
 	spread spreadCache
-	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
+	// channel is the queue's wake-up channel (store.Store.NotifyChannel).
 	channel string
 	// deadCount bounds the queue's dead items between PruneDead's exact
 	// checks (retention.go).
@@ -149,7 +149,7 @@ type Queue struct {
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
-	dialect   store.Dialect // the statements' twins to run (see sql.Store)
+	dialect   store.Dialect // the statements' twins to run (see store.Store)
 	claimInTx bool          // claims need an explicit SERIALIZABLE transaction
 }
 
@@ -214,7 +214,7 @@ func New(db DB, opts Options) (*Queue, error) {
 }
 
 // ready checks the schema version on the first call (cached after success)
-// and picks the engine's dialect (the statements' twins; see sql.Store) and
+// and picks the engine's dialect (the statements' twins; see store.Store) and
 // the isolation of claim transactions.
 //
 // On CockroachDB, claims run in an explicit SERIALIZABLE transaction: it

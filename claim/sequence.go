@@ -360,7 +360,7 @@ func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Conte
 
 // claimManyPartsSequenced is claimManyParts for a sequenced queue: the
 // sequenced per-part claim, one statement per group of
-// crsql.MaxPartBranches parts, each for what the groups before it left of
+// store.MaxPartBranches parts, each for what the groups before it left of
 // a.Limit. (Order across parts is relaxed anyway; within a key it is kept,
 // since a key's items share a part and every claim tests the key's head.)
 func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session uuid.UUID, a store.ClaimArgs, parts []int64) ([]Item, error) {

@@ -16,7 +16,7 @@
 // handler, shared by every viewer, that runs only while someone watches:
 // each round lists the queues (claim.Queues: a few index seeks per queue)
 // and reads each queue's figures with one statement of bounded reads
-// (sql.Store.QueueSummary): counts stop at Options.CountCap and show as
+// (store.Store.QueueSummary): counts stop at Options.CountCap and show as
 // "≥ cap". The other pages read what they show on request, each read
 // index-backed and bounded by its page size or scan window, except a
 // queue's own page, which calls claim.Queue.Inspect (its cost grows with
@@ -127,7 +127,7 @@ type handler struct {
 	engine atomic.Pointer[store.Dialect]
 }
 
-// dialect returns the database's engine, asked once (sql.DetectDialect)
+// dialect returns the database's engine, asked once (store.DetectDialect)
 // and kept after the first answer: the reads whose statement differs
 // between the engines take it.
 func (h *handler) dialect(ctx context.Context) (store.Dialect, error) {

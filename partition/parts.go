@@ -75,7 +75,7 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 		return fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
 	if err := store.CheckQueueName(queue); err != nil {
-		return fmt.Errorf("partition: setting the parts of a queue: %w (sql.MaxQueueNameLength)", err)
+		return fmt.Errorf("partition: setting the parts of a queue: %w (claim.MaxQueueNameLength)", err)
 	}
 	stmts := store.New(t)
 	// The server's default isolation: READ COMMITTED on PostgreSQL, so that

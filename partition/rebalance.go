@@ -165,7 +165,7 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 		opts.Logger = zap.NewNop()
 	}
 	if err := store.CheckQueueName(opts.Queue); err != nil {
-		return nil, fmt.Errorf("partition: %w (sql.MaxQueueNameLength)", err)
+		return nil, fmt.Errorf("partition: %w (claim.MaxQueueNameLength)", err)
 	}
 	switch {
 	case db == nil || sess == nil || isNilSession(sess):

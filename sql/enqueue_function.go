@@ -47,7 +47,7 @@ var cockroachEnqueueFunctionFile string
 const postgresOnly = "-- postgres only"
 
 // channelHead is the text of the wake-up channel's hash input that names
-// the tables (see Store.NotifyChannel): the schema's and the prefix's
+// the tables (see internal/store.Store.NotifyChannel): the schema's and the prefix's
 // lengths and texts. The file has the default names' (both empty).
 const channelHead = `'0:|0:|'`
 
@@ -72,7 +72,7 @@ func enqueueFunctionFor(cockroach bool) string {
 // enqueueFunction returns the statement that creates the enqueue function
 // on d for the tables t: the names rewritten, the function qualified with
 // t.Schema like the tables, and the channel of its wake-up that of
-// Store.NotifyChannel for t.
+// internal/store.Store.NotifyChannel for t.
 func enqueueFunction(cockroach bool, t Tables) (string, error) {
 	text := t.rewrite(enqueueFunctionFor(cockroach))
 	if strings.Count(text, channelHead) > 1 {

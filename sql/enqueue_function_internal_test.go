@@ -47,7 +47,7 @@ func TestCockroachEnqueueFunctionMatches(t *testing.T) {
 
 // The function is rendered for renamed tables: every crdbwork_ name
 // renamed, the function qualified with the schema, and the wake-up's
-// channel that of Store.NotifyChannel (its hash input's table part).
+// channel that of internal/store.Store.NotifyChannel (its hash input's table part).
 func TestEnqueueFunctionRenamed(t *testing.T) {
 	t.Parallel()
 	tables := Tables{Schema: "it's", Prefix: "p_"}

@@ -190,7 +190,7 @@ func (p cleanupPlan) describe() string {
 }
 
 // deleteQueue deletes queue's rows from crdbwork's tables in batches
-// (sql.Store.DeleteQueueRows), showing the progress once it takes longer
+// (store.Store.DeleteQueueRows), showing the progress once it takes longer
 // than progressAfter, then its part count, settings and the rest.
 func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *cli.Console, start time.Time) (store.QueueRows, error) {
 	var total store.QueueRows

@@ -18,7 +18,7 @@
 // # What the count sees
 //
 // Meter.Observe counts right after the claim, in one statement with its
-// own snapshot (sql.Store.OrderCountsBefore; the claim has committed by
+// own snapshot (store.Store.OrderCountsBefore; the claim has committed by
 // then). The count is exact when
 // nothing else changes the queue between the claim and the count. Under
 // concurrency it errs both ways:

@@ -151,8 +151,8 @@ func partArgs(first, n int) []any {
 	return out
 }
 
-// CockroachDB's backlog read of sql.MaxBacklogParts parts and head read of
-// sql.MaxHeadTenants tenants, on the queue holding 50,000 items, are one
+// CockroachDB's backlog read of store.MaxBacklogParts parts and head read of
+// store.MaxHeadTenants tenants, on the queue holding 50,000 items, are one
 // limited seek per part or tenant, none correlated with another row. On
 // CockroachDB: no apply join (one plan per part) and no window or distinct
 // (the decorrelated form, which reads every matching row), and one scan of
@@ -213,8 +213,8 @@ type plainDB struct{ crsql.DB }
 
 // PartBacklog and TenantHeads answer what the items hold, per part and
 // per tenant, in both engines' forms (run here on one engine), across
-// several statements on CockroachDB (more parts than sql.MaxBacklogParts,
-// more tenants than sql.MaxHeadTenants), batched or not: a part's
+// several statements on CockroachDB (more parts than store.MaxBacklogParts,
+// more tenants than store.MaxHeadTenants), batched or not: a part's
 // unclaimed items up to the cap, another queue's and claimed items not
 // counted; a tenant's next unclaimed item in claim order (by priority,
 // then turn), none for a tenant whose items are all claimed or who has

@@ -12,10 +12,6 @@ import (
 // placeholders or scans columns by hand, and every statement an EXPLAIN test
 // covers is one a method runs.
 //
-// Store is low-level: its methods follow what crdbwork's own packages need
-// and change between versions without notice. Applications use the claim,
-// session, partition and worker packages instead.
-//
 // A Store is rendered once per set of tables (New returns the same
 // value for equal Tables) and is safe for concurrent use. Methods whose
 // statement differs between the engines take the Dialect of the connection

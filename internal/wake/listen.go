@@ -61,7 +61,7 @@ type listener struct {
 }
 
 // Listen makes the process's listener of the database db connects to
-// listen on channel (see sql.Store.NotifyChannel), starting the listener on
+// listen on channel (see store.Store.NotifyChannel), starting the listener on
 // a connection of its own if it is not running, until stop is called; the
 // last stop of a database's listener closes its connection. Notifications
 // on channel then Signal it. db must give its connection settings (a

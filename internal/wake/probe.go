@@ -20,7 +20,7 @@ import (
 // database itself, on one connection of its own per database, whether the
 // queues of its idle workers have items to claim. Every interval (Every,
 // jittered), for each queue that has at least one idle worker in the
-// process (Idle), it runs one read-only statement (sql.Store.Probe: the
+// process (Idle), it runs one read-only statement (store.Store.Probe: the
 // claim's read of up to 8 items in claim order, through the claim's index,
 // without locks or writes) and, when it finds items it has not announced
 // yet, signals the queue's channel with their parts as hints, as a
@@ -87,7 +87,7 @@ var idle struct {
 // workers also start the listener, which finds the engine at its first
 // connection) are probed once it is known to be CockroachDB, so that on
 // PostgreSQL the prober never connects.
-var dialects sync.Map // key → crsql.Dialect
+var dialects sync.Map // key → store.Dialect
 
 // Idle marks one worker of channel as idle (waiting for items) until done
 // is called: the prober probes only channels that have idle workers.
@@ -384,7 +384,7 @@ func (p *prober) session(ctx context.Context) (connected bool, err error) {
 	defer closeConn()
 	dialects.Store(p.key, dialect)
 	// READ COMMITTED: a probe never waits for a transaction in flight (see
-	// sql.Store.ProbeSession). Not needed for correctness: a server that
+	// store.Store.ProbeSession). Not needed for correctness: a server that
 	// refuses it probes at its default isolation.
 	if err := store.New(crsql.Tables{}).ProbeSession(cctx, conn); err != nil {
 		if conn.IsClosed() {
