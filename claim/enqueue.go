@@ -36,13 +36,13 @@ const (
 	// NewItem.Tenant (and of the tenant of SetTenantLimit): 2,048, which,
 	// with a queue name of up to MaxQueueNameLength bytes, fits in
 	// PostgreSQL's bound on the entry of the indexes that hold them.
-	MaxKeyLength = store.MaxKeyLength
+	MaxKeyLength = 2048
 	// MaxUniqueKeyLength bounds the length in bytes of NewItem.UniqueKey,
 	// which is not stored (the item's id is derived from it).
 	MaxUniqueKeyLength = 4096
 	// MaxQueueNameLength bounds the length in bytes of a queue's name
 	// (Options.Queue).
-	MaxQueueNameLength = store.MaxQueueNameLength
+	MaxQueueNameLength = 512
 	// MaxHeadersBytes bounds the bytes of NewItem.Headers: the sum of the
 	// lengths of its keys and values.
 	MaxHeadersBytes = 16 << 10

@@ -81,7 +81,7 @@ type TenantInfo struct {
 func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
 
 // Inspect reads the queue's state: the one read behind package metrics,
-// the demo's status and dashboards. What it costs (store.Store's Inspect
+// the demo's status and dashboards. What it costs (internal/store's Inspect
 // methods say which index each statement reads): point reads of the queue's row,
 // settings and tenant limits; the queue's unclaimed items, each read once
 // for the backlog by part and once more, for those with a tenant, for the
@@ -181,7 +181,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 // Queues returns the names of the queues in the database t names on db, in
 // order: those with a row in the queues table, with unclaimed or claimed
 // items, or with dead items. It reads the queues table and one index entry
-// per queue in each of three indexes (store.Store's NextUnclaimedQueue,
+// per queue in each of three indexes (internal/store's NextUnclaimedQueue,
 // NextClaimedQueue and NextDeadQueue), not the items.
 func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
 	if err := t.Validate(); err != nil {

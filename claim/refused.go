@@ -28,7 +28,7 @@ import (
 // ReasonRefused is the reason of a dead item that the database refused to
 // move where it had to go (DeadItem.Reason): its last error starts with
 // "refused by the database" and gives the step and the database's error.
-const ReasonRefused = store.ReasonRefused
+const ReasonRefused = "refused by the database"
 
 // IsRefusal reports whether err (of Requeue, say) is the database refusing
 // the statement for something about the rows it wrote (a data exception,
