@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -91,17 +90,8 @@ LIMIT $8`),
 	}
 }
 
-// adminTexts caches the rendered admin statements by table set, beside the
-// Store cache (stores).
-var adminTexts sync.Map // Tables → *adminStatements
-
-func (s *Store) admin() *adminStatements {
-	if a, ok := adminTexts.Load(s.t); ok {
-		return a.(*adminStatements)
-	}
-	a, _ := adminTexts.LoadOrStore(s.t, newAdminStatements(s.t))
-	return a.(*adminStatements)
-}
+// admin returns the Store's adminStatements, rendered on first use.
+func (s *Store) admin() *adminStatements { return s.lazyAdmin() }
 
 // DeadFilter selects dead items: each field set must match (an empty field
 // matches any).

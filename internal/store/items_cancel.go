@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -189,17 +188,8 @@ WHERE ` + heldBy + ` AND snoozes < $5`),
 	}
 }
 
-// cancelTexts caches the rendered cancel statements by table set, beside
-// the Store cache (stores).
-var cancelTexts sync.Map // Tables → *cancelStatements
-
-func (s *Store) cancel() *cancelStatements {
-	if c, ok := cancelTexts.Load(s.t); ok {
-		return c.(*cancelStatements)
-	}
-	c, _ := cancelTexts.LoadOrStore(s.t, newCancelStatements(s.t))
-	return c.(*cancelStatements)
-}
+// cancel returns the Store's cancelStatements, rendered on first use.
+func (s *Store) cancel() *cancelStatements { return s.lazyCancel() }
 
 // CancelState is what CancelItem found.
 type CancelState int

@@ -2,7 +2,6 @@ package store
 
 import (
 	"fmt"
-	"sync"
 )
 
 // Dependencies: items that wait for other items of their queue.
@@ -460,21 +459,11 @@ LIMIT $3`)
 	return s
 }
 
-// dependsKey is what the rendered statements are cached by.
-type dependsKey struct {
-	t Tables
-	d Dialect
-}
-
-// dependsByTables caches the rendered statements per table set and
-// engine, as New caches Stores.
-var dependsByTables sync.Map // dependsKey → *dependsStatements
-
+// deps returns the Store's dependency statements for engine d, rendered on
+// first use.
 func (s *Store) deps(d Dialect) *dependsStatements {
-	k := dependsKey{s.t, d}
-	if st, ok := dependsByTables.Load(k); ok {
-		return st.(*dependsStatements)
+	if d == Cockroach {
+		return s.lazyDeps[Cockroach]()
 	}
-	st, _ := dependsByTables.LoadOrStore(k, newDependsStatements(s.t, d))
-	return st.(*dependsStatements)
+	return s.lazyDeps[Postgres]()
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -155,16 +154,8 @@ SELECT id FROM gone`),
 	}
 }
 
-// refusedByTables caches the rendered statements per table set.
-var refusedByTables sync.Map // Tables → *refusedStatements
-
-func (s *Store) refused() *refusedStatements {
-	if r, ok := refusedByTables.Load(s.t); ok {
-		return r.(*refusedStatements)
-	}
-	r, _ := refusedByTables.LoadOrStore(s.t, newRefusedStatements(s.t))
-	return r.(*refusedStatements)
-}
+// refused returns the Store's refusedStatements, rendered on first use.
+func (s *Store) refused() *refusedStatements { return s.lazyRefused() }
 
 // KillRefusedItem moves item id of queue to the dead items with reason
 // ReasonRefused and lastError, unless a live claim holds it, and reports

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"sync"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -81,15 +80,8 @@ func newProbeStatements(t Tables) *probeStatements {
 	return &probeStatements{probe: rewrite(t, probeTemplate), pgProbe: rewrite(t, pgHideQueue(probeTemplate, probeQueueAnchor, "$1"))}
 }
 
-var probeTexts sync.Map // Tables → *probeStatements
-
-func (s *Store) probes() *probeStatements {
-	if p, ok := probeTexts.Load(s.t); ok {
-		return p.(*probeStatements)
-	}
-	p, _ := probeTexts.LoadOrStore(s.t, newProbeStatements(s.t))
-	return p.(*probeStatements)
-}
+// probes returns the Store's probeStatements, rendered on first use.
+func (s *Store) probes() *probeStatements { return s.lazyProbe() }
 
 // ProbeRow is one item a probe found: its id and part.
 type ProbeRow struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -209,17 +208,8 @@ ORDER BY at DESC, id DESC LIMIT $3`),
 	}
 }
 
-// dashboardTexts caches the rendered dashboard statements by table set,
-// beside the Store cache (stores).
-var dashboardTexts sync.Map // Tables → *dashboardStatements
-
-func (s *Store) dash() *dashboardStatements {
-	if d, ok := dashboardTexts.Load(s.t); ok {
-		return d.(*dashboardStatements)
-	}
-	d, _ := dashboardTexts.LoadOrStore(s.t, newDashboardStatements(s.t))
-	return d.(*dashboardStatements)
-}
+// dash returns the Store's dashboardStatements, rendered on first use.
+func (s *Store) dash() *dashboardStatements { return s.lazyDash() }
 
 // QueueSummary is one queue's figures, as Store.QueueSummary reads them. The
 // counts stop at the cap given: a count equal to it means "cap or more".

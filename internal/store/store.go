@@ -43,6 +43,17 @@ type Store struct {
 	ackAll string
 	pace   string // FairFront's statement (items_fair.go)
 	pgPace string // and its PostgreSQL twin
+
+	// The groups only some processes run (the operator's commands, the
+	// dashboard, the demo, the idle probe, dependencies, cancels), rendered
+	// on first use, once per Store.
+	lazyAdmin   func() *adminStatements
+	lazyCancel  func() *cancelStatements
+	lazyDeps    [2]func() *dependsStatements // by Dialect
+	lazyRefused func() *refusedStatements
+	lazyProbe   func() *probeStatements
+	lazyDash    func() *dashboardStatements
+	lazyDemo    func() *demoStatements
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -81,6 +92,14 @@ func New(t Tables) *Store {
 		pgPace: rewrite(t, pgHideQueue(fairFront, fairHeadAnchor, "$1")),
 	}
 	s.ackAll = ackAllOf(t, s.st.PostgresAckMany)
+	s.lazyAdmin = sync.OnceValue(func() *adminStatements { return newAdminStatements(t) })
+	s.lazyCancel = sync.OnceValue(func() *cancelStatements { return newCancelStatements(t) })
+	s.lazyDeps[Postgres] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Postgres) })
+	s.lazyDeps[Cockroach] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Cockroach) })
+	s.lazyRefused = sync.OnceValue(func() *refusedStatements { return newRefusedStatements(t) })
+	s.lazyProbe = sync.OnceValue(func() *probeStatements { return newProbeStatements(t) })
+	s.lazyDash = sync.OnceValue(func() *dashboardStatements { return newDashboardStatements(t) })
+	s.lazyDemo = sync.OnceValue(func() *demoStatements { return newDemoStatements(t) })
 	actual, _ := stores.LoadOrStore(t, s)
 	return actual.(*Store)
 }

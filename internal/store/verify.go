@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -55,15 +54,11 @@ type demoStatements struct {
 var demoTableOrder = []string{"items", "dead_items", "ended", "waits_for", "waiting", "audit",
 	"session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"}
 
-// demoStatementsByTables caches the rendered demo statements per table set.
-var demoStatementsByTables sync.Map // Tables → *demoStatements
+// demoSQL returns the Store's demo statements, rendered on first use.
+func (s *Store) demoSQL() *demoStatements { return s.lazyDemo() }
 
-// demoSQL returns the Store's demo statements, rendering them on first use.
-func (s *Store) demoSQL() *demoStatements {
-	if d, ok := demoStatementsByTables.Load(s.t); ok {
-		return d.(*demoStatements)
-	}
-	t := s.t
+// newDemoStatements renders the demo's statements for t.
+func newDemoStatements(t Tables) *demoStatements {
 	d := &demoStatements{
 		// Two counts, each through a partial index on the queue (the items
 		// table has none on the queue alone): the unclaimed items through
@@ -114,8 +109,7 @@ ORDER BY 1`),
 		fn = pgx.Identifier{t.Schema, prefix(t) + "enqueue"}
 	}
 	d.dropTables = append(d.dropTables, `DROP FUNCTION IF EXISTS `+fn.Sanitize())
-	actual, _ := demoStatementsByTables.LoadOrStore(t, d)
-	return actual.(*demoStatements)
+	return d
 }
 
 // CountItems returns the number of queue's items, claimed or not. It reads
