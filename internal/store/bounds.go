@@ -1,10 +1,11 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/crdbwork/crdbwork/sql"
 )
 
 // Bounds of the text that crdbwork's indexes hold (docs/enqueue.md,
@@ -48,8 +49,9 @@ const (
 )
 
 // ErrBadName is wrapped by the errors of CheckQueueName and CheckText: a
-// name or text that the schema cannot store.
-var ErrBadName = errors.New("name refused")
+// name or text that the schema cannot store (sql.ErrBadName, which
+// applications test for).
+var ErrBadName = sql.ErrBadName
 
 // CheckQueueName returns an error wrapping ErrBadName if name cannot be a
 // queue's name: empty, over MaxQueueNameLength bytes, not valid UTF-8, or
