@@ -19,10 +19,10 @@ var (
 	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")
 )
 
-// ErrBadName is wrapped by the errors of the packages that refuse a name or
-// text the schema cannot store: a queue's name (claim.Open, partition) or
-// a tenant over claim.MaxKeyLength bytes, not valid UTF-8, or with a NUL
-// byte.
+// ErrBadName is wrapped by the errors that refuse a name the schema cannot
+// store (claim.New, partition.New and SetParts: a queue's name;
+// claim.Queue.SetTenantLimit: a tenant): too long, not valid UTF-8, or with
+// a NUL byte.
 var ErrBadName = errors.New("name refused")
 
 // classify turns a "relation does not exist" error into one that wraps
