@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -184,7 +185,7 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) 
 			return result{}, fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+	if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 		return result{}, err
 	}
 

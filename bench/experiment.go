@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -137,7 +138,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 		return o, err
 	}
 	defer pool.Close()
-	if d, err := crsql.DetectDialect(ctx, pool); err == nil {
+	if d, err := store.DetectDialect(ctx, pool); err == nil {
 		o.Engine = d.String()
 	}
 	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
@@ -150,9 +151,9 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 		return o, err
 	}
 	expAcked.Store(0)
-	store := crsql.NewStore(crsql.Tables{})
+	stmts := store.New(crsql.Tables{})
 	for {
-		r, err := store.DeleteQueueRows(ctx, pool, expQueue, 10_000)
+		r, err := stmts.DeleteQueueRows(ctx, pool, expQueue, 10_000)
 		if err != nil {
 			return o, err
 		}
@@ -160,7 +161,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 			break
 		}
 	}
-	if err := store.DeleteQueueRest(ctx, pool, expQueue); err != nil {
+	if err := stmts.DeleteQueueRest(ctx, pool, expQueue); err != nil {
 		return o, err
 	}
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, expQueue, c.parts); err != nil {
@@ -217,7 +218,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 		}()
 	}
 	if settle {
-		if err := waitSettled(ctx, pool, store, c, errs); err != nil {
+		if err := waitSettled(ctx, pool, stmts, c, errs); err != nil {
 			stopWorkers()
 			wg.Wait()
 			return o, err
@@ -238,10 +239,10 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 			return o, err
 		}
 	}
-	waitErr := waitEmpty(ctx, pool, store, c.timeout, errs, o.Enqueued)
+	waitErr := waitEmpty(ctx, pool, stmts, c.timeout, errs, o.Enqueued)
 	more := stopped()
 	if waitErr == nil {
-		waitErr = waitEmpty(ctx, pool, store, c.timeout, errs, o.Enqueued+int64(more)) // the items enqueued since
+		waitErr = waitEmpty(ctx, pool, stmts, c.timeout, errs, o.Enqueued+int64(more)) // the items enqueued since
 	}
 	elapsed := time.Since(start)
 	stopWorkers()
@@ -267,14 +268,14 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 // waitSettled waits until every part of the queue is owned and each of the
 // c.workers sessions owns parts/workers of them (rounded down or up), a
 // worker fails, ctx ends or c.timeout passes.
-func waitSettled(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, c *expConfig, errs <-chan error) error {
+func waitSettled(ctx context.Context, pool *pgxpool.Pool, stmts *store.Store, c *expConfig, errs <-chan error) error {
 	deadline := time.NewTimer(c.timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	lo, hi := c.parts/c.workers, (c.parts+c.workers-1)/c.workers
 	for {
-		owners, err := store.PartOwners(ctx, pool, expQueue)
+		owners, err := stmts.PartOwners(ctx, pool, expQueue)
 		if err == nil && len(owners) == c.parts {
 			per := map[uuid.UUID]int{}
 			for _, s := range owners {
@@ -324,7 +325,7 @@ var expAcked atomic.Int64
 // only once the workers have written at least want results, or once a
 // second until then (items enqueued meanwhile, by the trickle, are not in
 // want); it watches the workers' own count every 5 ms.
-func waitEmpty(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, timeout time.Duration, errs <-chan error, want int64) error {
+func waitEmpty(ctx context.Context, pool *pgxpool.Pool, stmts *store.Store, timeout time.Duration, errs <-chan error, want int64) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -334,7 +335,7 @@ func waitEmpty(ctx context.Context, pool *pgxpool.Pool, store *crsql.Store, time
 	for {
 		if expAcked.Load() >= want || time.Since(counted) >= time.Second {
 			var err error
-			n, err = store.CountItems(ctx, pool, expQueue)
+			n, err = stmts.CountItems(ctx, pool, expQueue)
 			counted = time.Now()
 			if err == nil && n == 0 {
 				return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -123,7 +124,7 @@ SELECT gen_random_uuid(), $1, '\x'::BYTEA FROM generate_series(1, $2)`, growthQu
 	if !vacuum {
 		return nil
 	}
-	err := crsql.RefreshStats(ctx, pool, "crdbwork_items")
+	err := store.RefreshStats(ctx, pool, "crdbwork_items")
 	return err
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // noopArgs is River plain's job: no work, no result row.
@@ -90,7 +90,7 @@ func (r riverSystem) run(ctx context.Context, url string, d drain, m marks) (res
 	if _, err := pool.Exec(ctx, `TRUNCATE river_job, bench_river_results`); err != nil {
 		return result{}, err
 	}
-	if err := crsql.RefreshStats(ctx, pool, "river_job"); err != nil {
+	if err := store.RefreshStats(ctx, pool, "river_job"); err != nil {
 		return result{}, err
 	}
 	workers := river.NewWorkers()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/lived"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -212,7 +213,7 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 		}
 	}
 	if !lived {
-		if err := crsql.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
+		if err := store.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
 			return seqRun{}, err
 		}
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // ErrRecordPanic is wrapped by the error of an ack whose record function (an
@@ -55,7 +55,7 @@ func (q *Queue) ackBatch(ctx context.Context, items []Item, record func(ctx cont
 	}
 	var acked []Item
 	var waitedFor []uuid.UUID
-	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, store.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		deleted, w, err := q.deleteClaimed(ctx, tx, items)
 		if err != nil {
 			return err
@@ -105,7 +105,7 @@ func (q *Queue) afterAck(ctx context.Context, acked []Item, waitedFor []uuid.UUI
 			if err == nil {
 				waitedFor = append(waitedFor, w...)
 			}
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			q.stats.releaseFailed.Add(1) // left to the reaper
@@ -155,7 +155,7 @@ type AckOptions struct {
 // AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
 // It first runs them all in one SERIALIZABLE transaction (on both engines;
-// sql.AckTxOptions gives the reasoning): one statement deletes every item
+// internal/store.AckTxOptions gives the reasoning): one statement deletes every item
 // whose claim still holds, then each deleted item's Record is called in
 // order, then opts.Batch and opts.Statement (if set) once with all of them
 // (with opts.Statement alone, in one round trip on PostgreSQL: see
@@ -238,7 +238,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 	}
 	var deleted []bool
 	var waitedFor []uuid.UUID
-	err := retry.TxWith(ctx, q.db, crsql.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
+	err := retry.TxWith(ctx, q.db, store.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		if deleted, waitedFor, err = q.deleteClaimed(ctx, tx, items); err != nil {
 			return err
@@ -315,7 +315,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 	}
 	gone, waitedFor, err := q.store.AckManyDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
-		return nil, nil, crsql.Classify(err)
+		return nil, nil, store.Classify(err)
 	}
 
 	set := make(map[uuid.UUID]bool, len(gone))

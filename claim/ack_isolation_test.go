@@ -18,7 +18,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
-// The ack's transaction is SERIALIZABLE on both engines (sql.AckTxOptions;
+// The ack's transaction is SERIALIZABLE on both engines (store.AckTxOptions;
 // DESIGN.md section 3): the records run in it, so they see it. On
 // PostgreSQL, whose default is READ COMMITTED, this fails if the ack stops
 // asking for SERIALIZABLE.

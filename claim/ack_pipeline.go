@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // BatchStatement is a BatchRecord given as one SQL statement: it returns
@@ -30,7 +30,7 @@ const pipelineRollbackTimeout = 5 * time.Second
 
 // ackPipelined tries to ack reqs in one round trip: one pgx batch holding
 // BEGIN ISOLATION LEVEL SERIALIZABLE, the fenced delete of every item, the
-// results' statement (stmt) and COMMIT (sql.Store.AckPipeline). The delete
+// results' statement (stmt) and COMMIT (store.Store.AckPipeline). The delete
 // fails unless every claim still holds, so the results are written only for
 // items it deleted, in the same SERIALIZABLE transaction: the same
 // exactly-once ack as ackTx.
@@ -45,7 +45,7 @@ const pipelineRollbackTimeout = 5 * time.Second
 // the batch was sent, so COMMIT may have run), it reports handled with an
 // error wrapping ErrOutcomeUnknown for every item.
 func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error, handled bool) {
-	if opts.Statement == nil || opts.Batch != nil || q.engine.Load().dialect != crsql.Postgres {
+	if opts.Statement == nil || opts.Batch != nil || q.engine.Load().dialect != store.Postgres {
 		return nil, false
 	}
 	seen := make(map[uuid.UUID]struct{}, len(reqs))
@@ -87,7 +87,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	}
 	b := q.store.AckPipeline(claimKeys(items), stmt, args)
 	br := conn.SendBatch(ctx, b)
-	waitedFor, err := crsql.ReadAckPipeline(br, b)
+	waitedFor, err := store.ReadAckPipeline(br, b)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -104,7 +104,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	// cannot hold this goroutine (the pool drops a connection left in a
 	// transaction).
 	rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pipelineRollbackTimeout)
-	_ = crsql.RollbackPipeline(rbCtx, conn)
+	_ = store.RollbackPipeline(rbCtx, conn)
 	cancel()
 	var pgErr interface{ SQLState() string }
 	if retry.Ambiguous(err) || (!errors.As(err, &pgErr) && retry.LostInFlight(err)) {

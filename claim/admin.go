@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -24,7 +25,20 @@ import (
 // DeadFilter selects dead items (see DeadItems, DeadCount, RequeueWhere):
 // every field that is set must match; the zero value matches every dead
 // item of the queue.
-type DeadFilter = crsql.DeadFilter
+type DeadFilter struct {
+	// Tenant is the tenant's name, exactly.
+	Tenant string
+	// Reason is the reason of death, exactly ("failed", "permanent",
+	// "crash loop", "expired").
+	Reason string
+	// ErrorContains is a substring of the last error (case-sensitive).
+	ErrorContains string
+}
+
+// row returns the filter as the store takes it.
+func (f DeadFilter) row() store.DeadFilter {
+	return store.DeadFilter{Tenant: f.Tenant, Reason: f.Reason, ErrorContains: f.ErrorContains}
+}
 
 // DeadQuery asks DeadItems for one page of dead items.
 type DeadQuery struct {
@@ -61,7 +75,7 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 	if dq.Limit <= 0 {
 		return DeadPage{}, fmt.Errorf("%s: limit %d must be positive", what, dq.Limit)
 	}
-	var after *crsql.DeadPosition
+	var after *store.DeadPosition
 	if dq.After != "" {
 		p, err := decodeCursor(dq.After)
 		if err != nil {
@@ -70,8 +84,8 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 		after = &p
 	}
 	// One more than asked: whether a next page exists.
-	items, err := q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
-		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter, after, dq.Limit+1)
+	items, err := q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
+		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter.row(), after, dq.Limit+1)
 	})
 	if err != nil {
 		return DeadPage{}, err
@@ -80,35 +94,35 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 		return DeadPage{Items: items}, nil
 	}
 	last := items[dq.Limit-1]
-	return DeadPage{Items: items[:dq.Limit], Next: encodeCursor(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})}, nil
+	return DeadPage{Items: items[:dq.Limit], Next: encodeCursor(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})}, nil
 }
 
 // encodeCursor writes a position as an opaque token.
-func encodeCursor(p crsql.DeadPosition) string {
+func encodeCursor(p store.DeadPosition) string {
 	raw := fmt.Sprintf("%d.%s.%s", p.DiedAt.UnixMicro(), p.ID, p.Death)
 	return base64.RawURLEncoding.EncodeToString([]byte(raw))
 }
 
 // decodeCursor reads encodeCursor's token.
-func decodeCursor(s string) (crsql.DeadPosition, error) {
+func decodeCursor(s string) (store.DeadPosition, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
-		return crsql.DeadPosition{}, ErrBadCursor
+		return store.DeadPosition{}, ErrBadCursor
 	}
 	fields := strings.Split(string(raw), ".")
 	if len(fields) != 3 {
-		return crsql.DeadPosition{}, ErrBadCursor
+		return store.DeadPosition{}, ErrBadCursor
 	}
 	var micros int64
 	if _, err := fmt.Sscan(fields[0], &micros); err != nil {
-		return crsql.DeadPosition{}, ErrBadCursor
+		return store.DeadPosition{}, ErrBadCursor
 	}
 	id, err1 := uuid.Parse(fields[1])
 	death, err2 := uuid.Parse(fields[2])
 	if err1 != nil || err2 != nil {
-		return crsql.DeadPosition{}, ErrBadCursor
+		return store.DeadPosition{}, ErrBadCursor
 	}
-	return crsql.DeadPosition{DiedAt: time.UnixMicro(micros).UTC(), ID: id, Death: death}, nil
+	return store.DeadPosition{DiedAt: time.UnixMicro(micros).UTC(), ID: id, Death: death}, nil
 }
 
 // DeadCount counts the deaths of this queue that match f (an id that died
@@ -121,8 +135,8 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f)
-		return crsql.Classify(err)
+		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f.row())
+		return store.Classify(err)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim: counting dead items of %q: %w", q.opts.Queue, err)
@@ -247,11 +261,11 @@ func (q *Queue) PurgePlan(ctx context.Context) (PurgeCounts, error) {
 	if err != nil {
 		return PurgeCounts{}, err
 	}
-	var rc crsql.QueueRowCounts
+	var rc store.QueueRowCounts
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rc, err = q.store.CountQueueRows(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return PurgeCounts{}, fmt.Errorf("claim: counting the rows of %q: %w", q.opts.Queue, err)
@@ -288,15 +302,15 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 		return done, err
 	}
 	for _, step := range []struct {
-		table crsql.PurgeTable
+		table store.PurgeTable
 		n     *int64
-	}{{crsql.PurgeUnclaimed, &done.Items}, {crsql.PurgeClaimed, &done.Items}, {crsql.PurgeDead, &done.Dead}, {crsql.PurgeEnded, &done.Ended}} {
+	}{{store.PurgeUnclaimed, &done.Items}, {store.PurgeClaimed, &done.Items}, {store.PurgeDead, &done.Dead}, {store.PurgeEnded, &done.Ended}} {
 		for {
 			var n int64
 			err := retry.Do(ctx, nil, func(ctx context.Context) error {
 				var err error
 				n, err = q.store.PurgeBatch(ctx, q.db, q.opts.Queue, step.table, PurgeBatch)
-				return crsql.Classify(err)
+				return store.Classify(err)
 			})
 			if err != nil {
 				return done, fmt.Errorf("claim: purging %q: %w", q.opts.Queue, err)
@@ -317,7 +331,7 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
 			n, more, err = q.store.PurgeDependsBatch(ctx, q.db, q.engine.Load().dialect, q.opts.Queue, PurgeBatch)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return done, fmt.Errorf("claim: purging %q: %w", q.opts.Queue, err)
@@ -333,7 +347,7 @@ func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCou
 	err = retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		stored, err := q.store.PurgeQueueRows(ctx, tx, q.opts.Queue)
 		done.Stored = stored
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return done, fmt.Errorf("claim: purging %q: %w", q.opts.Queue, err)
@@ -398,7 +412,14 @@ func QueueExists(ctx context.Context, db crsql.DB, t crsql.Tables, name string) 
 }
 
 // PartOwner is one part of a queue and the session that owns it.
-type PartOwner = crsql.PartOwnerRow
+type PartOwner struct {
+	// Queue is the queue's name.
+	Queue string
+	// Part is the part's number.
+	Part int
+	// Session is the id of the session that owns the part.
+	Session uuid.UUID
+}
 
 // PartOwners returns the owned parts of queue (every queue's when queue is
 // ""), by queue and part. A part nobody owns is not listed; an owner may
@@ -407,17 +428,21 @@ func PartOwners(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) 
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: listing the part owners: %w", err)
 	}
-	store := crsql.NewStore(t)
+	stmts := store.New(t)
 	var out []PartOwner
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		if queue == "" {
 			var err error
-			out, err = store.AllPartOwners(ctx, db)
-			return crsql.Classify(err)
+			rows, err := stmts.AllPartOwners(ctx, db)
+			out = make([]PartOwner, len(rows))
+			for i, r := range rows {
+				out[i] = PartOwner{Queue: r.Queue, Part: r.Part, Session: r.Session}
+			}
+			return store.Classify(err)
 		}
-		owners, err := store.PartOwners(ctx, db, queue)
+		owners, err := stmts.PartOwners(ctx, db, queue)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		out = out[:0]
 		for part, s := range owners {

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // BenchmarkClaimAck measures claim + exactly-once ack throughput on the test
@@ -130,7 +130,7 @@ func BenchmarkClaim(b *testing.B) {
 			if _, err := q.Enqueue(ctx, payloads(b.N)...); err != nil {
 				b.Fatal(err)
 			}
-			if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+			if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 				b.Fatal(err)
 			}
 			s := startSession(b, ctx, pool)

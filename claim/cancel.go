@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Cancelling items from outside, running ones included (schema version 5).
@@ -100,25 +100,25 @@ func (q *Queue) CancelItem(ctx context.Context, id uuid.UUID, o CancelOptions) (
 		return CancelResult{}, fmt.Errorf("claim: cancelling item %s: %w", id, err)
 	}
 	by, reason := safeText(o.By), safeText(o.Reason)
-	var state crsql.CancelState
+	var state store.CancelState
 	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		state, err = q.store.CancelItem(ctx, tx, id, q.opts.Queue, by, reason)
-		if err == nil && state == crsql.CancelRequested && q.notifiesCancels() {
+		if err == nil && state == store.CancelRequested && q.notifiesCancels() {
 			err = q.store.Notify(ctx, tx, q.store.CancelChannel(q.opts.Queue), "")
 		}
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return CancelResult{}, fmt.Errorf("claim: cancelling item %s: %w", id, err)
 	}
 	switch state {
-	case crsql.CancelEnded:
+	case store.CancelEnded:
 		q.stats.cancelled.Add(1)
 		return CancelResult{Found: true}, nil
-	case crsql.CancelRequested:
+	case store.CancelRequested:
 		return CancelResult{Found: true, Running: true}, nil
-	case crsql.CancelAlreadyRequested:
+	case store.CancelAlreadyRequested:
 		return CancelResult{Found: true, Running: true, AlreadyRequested: true}, nil
 	}
 	// Not in the items: a waiting item (NewItem.After) is cancelled too,
@@ -187,11 +187,11 @@ func (c Claimer) CancelRequests(ctx context.Context) ([]CancelRequest, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: reading cancel requests in %q: %w", q.opts.Queue, err)
 	}
-	var rows []crsql.CancelRequest
+	var rows []store.CancelRequest
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = q.store.SessionCancels(ctx, q.db, q.opts.Queue, c.session, maxCancelChecks)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: reading cancel requests in %q: %w", q.opts.Queue, err)
@@ -242,15 +242,15 @@ func (q *Queue) Cancelled(ctx context.Context, after *CancelledItem, limit int) 
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	var pos *crsql.CancelledRow
+	var pos *store.CancelledRow
 	if after != nil {
-		pos = &crsql.CancelledRow{ID: after.ID, EndedAt: after.EndedAt}
+		pos = &store.CancelledRow{ID: after.ID, EndedAt: after.EndedAt}
 	}
-	var rows []crsql.CancelledRow
+	var rows []store.CancelledRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = q.store.ListCancelled(ctx, q.db, q.opts.Queue, pos, limit)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -282,7 +282,7 @@ func (q *Queue) WaitEnded(ctx context.Context, id uuid.UUID, poll time.Duration)
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
 			ended, outcome, err = q.store.ItemEnded(ctx, q.db, q.opts.Queue, id)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -322,7 +322,7 @@ func (q *Queue) CancelSnoozeCounts(ctx context.Context) (CancelSnoozeInfo, error
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		info.Snoozed, info.Cancelling, err = q.store.CancelSnoozeCounts(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return CancelSnoozeInfo{}, fmt.Errorf("claim: counting snoozed items of %q: %w", q.opts.Queue, err)

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // MaxCheckpointSize is the largest checkpoint SaveCheckpoint stores, in
@@ -152,11 +152,11 @@ func (q *Queue) Progressing(ctx context.Context, limit int) ([]ItemProgress, err
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: listing the progress of %q: %w", q.opts.Queue, err)
 	}
-	var rows []crsql.ProgressRow
+	var rows []store.ProgressRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = q.store.Progressing(ctx, q.db, q.opts.Queue, limit)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: listing the progress of %q: %w", q.opts.Queue, err)

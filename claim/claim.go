@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -115,11 +116,11 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 		return nil, fmt.Errorf("claim: claiming in %q: %w", q.opts.Queue, err)
 	}
 	e := q.engine.Load()
-	a := crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
+	a := store.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
 	if req.Parts == nil {
-		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimAnySequenced(ctx, db, e.dialect, a)
-		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimAny(ctx, db, e.dialect, a)
 		}))
 	}
@@ -133,16 +134,16 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 			ps = append(ps, int64(p))
 		}
 	}
-	if len(ps) > crsql.MaxPartBranches {
+	if len(ps) > store.MaxPartBranches {
 		if q.sequenced(ctx) {
 			return q.claimManyPartsSequenced(ctx, e, session, a, ps)
 		}
 		return q.claimManyParts(ctx, e, session, req.Max, ps, req.SkipTenants, lease)
 	}
-	claimIn := func(a crsql.ClaimArgs, ps []int64) ([]Item, error) {
-		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+	claimIn := func(a store.ClaimArgs, ps []int64) ([]Item, error) {
+		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
-		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
 		}))
 	}
@@ -174,7 +175,7 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 }
 
 // claimManyParts is claimWith for a session that lists more parts than one
-// per-part claim statement reads (crsql.MaxPartBranches): in one
+// per-part claim statement reads (store.MaxPartBranches): in one
 // transaction, a Pick per group of parts locks the best n claimable items
 // of each group, the best n of them all in (priority, turn_at) order are
 // claimed by ClaimPicked, and the other picked rows are left as they were
@@ -186,14 +187,14 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 // single-statement claims are (see Queue.ready).
 func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID, n int, parts []int64, skip []string, lease time.Duration) ([]Item, error) {
 	opts := pgx.TxOptions{}
-	if e.dialect == crsql.Cockroach {
+	if e.dialect == store.Cockroach {
 		opts.IsoLevel = pgx.Serializable
 	}
 	var items []Item
 	err := retry.TxWith(ctx, q.db, opts, q.stats.retried("claim"), func(ctx context.Context, tx pgx.Tx) error {
-		var all []crsql.PickedRow
-		for start := 0; start < len(parts); start += crsql.MaxPartBranches {
-			group := parts[start:min(start+crsql.MaxPartBranches, len(parts))]
+		var all []store.PickedRow
+		for start := 0; start < len(parts); start += store.MaxPartBranches {
+			group := parts[start:min(start+store.MaxPartBranches, len(parts))]
 			picked, err := q.store.PickParts(ctx, tx, q.opts.Queue, n, skip, group)
 			if err != nil {
 				return err
@@ -231,7 +232,7 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 // returns the items in claim order. what says what the claim does, for
 // errors.
 func (q *Queue) runClaim(ctx context.Context, e *engine, session uuid.UUID, what string,
-	claim func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) ([]Item, error) {
+	claim func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error)) ([]Item, error) {
 	var items []Item
 	run := func(ctx context.Context, db crsql.DB) error {
 		rows, err := claim(ctx, db)
@@ -268,7 +269,7 @@ func (q *Queue) claimed(session uuid.UUID, what string, items []Item, err error)
 		if errors.As(err, &pgErr) && pgErr.Code == "23503" {
 			return nil, fmt.Errorf("claim: %s in %q for session %s: %w (%v)", what, q.opts.Queue, session, ErrNotOwner, pgErr.Message)
 		}
-		return nil, fmt.Errorf("claim: %s in %q for session %s: %w", what, q.opts.Queue, session, crsql.Classify(err))
+		return nil, fmt.Errorf("claim: %s in %q for session %s: %w", what, q.opts.Queue, session, store.Classify(err))
 	}
 	sort.Slice(items, func(i, j int) bool {
 		if items[i].Priority != items[j].Priority {
@@ -283,7 +284,7 @@ func (q *Queue) claimed(session uuid.UUID, what string, items []Item, err error)
 // takeAtMostOnce deletes the at-most-once items among items through db and
 // returns items without those it could not delete.
 func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, items []Item) ([]Item, error) {
-	var keys []crsql.ClaimKey
+	var keys []store.ClaimKey
 	for _, it := range items {
 		if it.AtMostOnce {
 			keys = append(keys, it.claimKey())
@@ -320,7 +321,7 @@ func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item
 	err := retry.Do(ctx, q.stats.retried("claim"), func(ctx context.Context) error {
 		var err error
 		out, err = q.takeAtMostOnce(ctx, q.db, e, append([]Item(nil), items...))
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err == nil {
 		return out
@@ -335,7 +336,7 @@ func (q *Queue) takeAtMostOnceAlone(ctx context.Context, e *engine, items []Item
 }
 
 // itemsOf returns the claimed rows as session's Items (nil for none).
-func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
+func itemsOf(rows []store.ClaimedRow, session uuid.UUID) []Item {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -356,13 +357,13 @@ func itemsOf(rows []crsql.ClaimedRow, session uuid.UUID) []Item {
 
 // claimKey returns the claim that it holds, which the statements that act
 // on a claimed item check.
-func (it Item) claimKey() crsql.ClaimKey {
-	return crsql.ClaimKey{ID: it.ID, Session: it.Session, Token: it.Token}
+func (it Item) claimKey() store.ClaimKey {
+	return store.ClaimKey{ID: it.ID, Session: it.Session, Token: it.Token}
 }
 
 // claimKeys returns the claims of items.
-func claimKeys(items []Item) []crsql.ClaimKey {
-	keys := make([]crsql.ClaimKey, len(items))
+func claimKeys(items []Item) []store.ClaimKey {
+	keys := make([]store.ClaimKey, len(items))
 	for i, it := range items {
 		keys[i] = it.claimKey()
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // DeadItem is one death of an item: the item was moved to the dead-items
@@ -80,7 +80,7 @@ func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
 	}
-	return q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
+	return q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
 		return q.store.DeadItems(ctx, q.db, q.opts.Queue, limit)
 	})
 }
@@ -93,24 +93,24 @@ func (q *Queue) DeadBefore(ctx context.Context, last DeadItem, limit int) ([]Dea
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
 	}
-	return q.listDead(ctx, func(ctx context.Context) ([]crsql.DeadItemRow, error) {
+	return q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
 		return q.store.DeadItemsBefore(ctx, q.db, q.opts.Queue, last.DiedAt, last.ID, last.Death, limit)
 	})
 }
 
 // listDead runs list, a read of dead items, and returns them as DeadItems.
-func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]crsql.DeadItemRow, error)) ([]DeadItem, error) {
+func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]store.DeadItemRow, error)) ([]DeadItem, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, err)
 	}
-	var rows []crsql.DeadItemRow
+	var rows []store.DeadItemRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = list(ctx)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, crsql.Classify(err))
+		return nil, fmt.Errorf("claim: listing dead items of %q: %w", q.opts.Queue, store.Classify(err))
 	}
 	var out []DeadItem
 	for _, r := range rows {
@@ -152,14 +152,14 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: requeueing %s of %q: %w", what, q.opts.Queue, err)
 	}
-	var r crsql.RequeueResult // moved, or why not: a live item with the id, the deaths that would have moved
+	var r store.RequeueResult // moved, or why not: a live item with the id, the deaths that would have moved
 	err := retry.Tx(ctx, q.db, q.stats.retried("requeue"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		r, err = q.store.Requeue(ctx, tx, id, q.opts.Queue, death)
 		if err == nil && r.Moved && q.notifies() {
 			err = q.store.Notify(ctx, tx, q.channel, "")
 		}
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: requeueing %s of %q: %w", what, q.opts.Queue, err)

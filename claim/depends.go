@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -105,7 +106,7 @@ func (b *batch) checkAfter() error {
 // enqueueDeps is Enqueue for a batch with prerequisites: one transaction,
 // retried whole.
 func (q *Queue) enqueueDeps(ctx context.Context, b *batch) (Enqueued, error) {
-	err := retry.Do(ctx, nil, func(ctx context.Context) error { return crsql.Classify(q.stamp(ctx, q.db, b)) })
+	err := retry.Do(ctx, nil, func(ctx context.Context) error { return store.Classify(q.stamp(ctx, q.db, b)) })
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns (nothing was enqueued): %w",
 			len(b.items), q.opts.Queue, plain(err))
@@ -204,18 +205,18 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		for n, st := range states {
 			i := b.given[n]
 			switch st.State {
-			case crsql.PrereqWaiting:
+			case store.PrereqWaiting:
 				dup[i] = true
-			case crsql.PrereqOther:
+			case store.PrereqOther:
 				return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
-			case crsql.PrereqQueued:
+			case store.PrereqQueued:
 				// In the items table: a duplicate (Enqueue's insert would
 				// skip it), not to be refused for prerequisites that have
 				// died since it was added.
 				if len(b.items[i].After) > 0 {
 					dup[i] = true
 				}
-			case crsql.PrereqUnknown:
+			case store.PrereqUnknown:
 			default:
 				// Ended (acked, dead, cancelled, taken): done, if within
 				// the dedup window (EnqueueFound applies it).
@@ -283,7 +284,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		}
 		for _, st := range states {
 			state[st.ID] = st.State
-			if st.State == crsql.PrereqOther {
+			if st.State == store.PrereqOther {
 				return fmt.Errorf("%w: %s is an item of queue %q", ErrPrerequisiteOtherQueue, st.ID, st.Queue)
 			}
 		}
@@ -296,10 +297,10 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		pending := 0
 		for _, p := range b.items[i].After {
 			switch st := state[p]; st {
-			case crsql.PrereqQueued, crsql.PrereqWaiting:
+			case store.PrereqQueued, store.PrereqWaiting:
 				pending++
-			case crsql.OutcomeAcked, crsql.OutcomeTaken:
-			case crsql.OutcomeDead, crsql.OutcomeCancelled:
+			case store.OutcomeAcked, store.OutcomeTaken:
+			case store.OutcomeDead, store.OutcomeCancelled:
 				return fmt.Errorf("item %d: %w: %s ended as %s", i, ErrPrerequisiteDied, p, st)
 			default:
 				// Not found: an earlier item of the call, being added now
@@ -331,11 +332,11 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			bytes += rowBytes(&b.items[later[end]])
 			end++
 		}
-		rows := make([]crsql.WaitingRow, 0, end-start)
+		rows := make([]store.WaitingRow, 0, end-start)
 		for n := start; n < end; n++ {
 			i := later[n]
 			it := &b.items[i]
-			rows = append(rows, crsql.WaitingRow{EnqueueRow: crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
+			rows = append(rows, store.WaitingRow{EnqueueRow: store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
 				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
 				Headers: b.headers[i], Order: b.order(i)}, Remaining: remaining[n]})
@@ -357,7 +358,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 			res.New[i], res.Waiting[i] = true, true
 			for _, p := range b.items[i].After {
-				if st := state[p]; st != crsql.OutcomeAcked && st != crsql.OutcomeTaken {
+				if st := state[p]; st != store.OutcomeAcked && st != store.OutcomeTaken {
 					edgeFrom, edgeTo = append(edgeFrom, p), append(edgeTo, b.ids[i])
 				}
 			}
@@ -394,8 +395,8 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 	for n, st := range states {
 		i := idx[n]
 		switch st.State {
-		case crsql.PrereqQueued, crsql.PrereqWaiting:
-		case crsql.PrereqOther:
+		case store.PrereqQueued, store.PrereqWaiting:
+		case store.PrereqOther:
 			return fmt.Errorf("item %d: %w: id %s is an item of queue %q", i, ErrIDInOtherQueue, b.ids[i], st.Queue)
 		default:
 			res.Done[i] = true
@@ -418,8 +419,8 @@ const releaseBatch = 1000
 // where SERIALIZABLE transactions would fail and retry one another (the
 // count stays exact: each edge is deleted, and counted, by one transaction
 // only, under its dependent's lock). SERIALIZABLE on CockroachDB.
-func releaseTxOptions(d crsql.Dialect) pgx.TxOptions {
-	if d == crsql.Postgres {
+func releaseTxOptions(d store.Dialect) pgx.TxOptions {
+	if d == store.Postgres {
 		return pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 	}
 	return pgx.TxOptions{IsoLevel: pgx.Serializable}
@@ -434,7 +435,7 @@ func releaseTxOptions(d crsql.Dialect) pgx.TxOptions {
 // deleted, their dependents' remaining counts lowered, and those at zero
 // moved into the items table. It locks the dependents in id order and waits
 // for those another transaction holds: a release, a cancel or a purge,
-// which hold them for one batch at most, or a reap's batch (sql/depends.go,
+// which hold them for one batch at most, or a reap's batch (internal/store/items_deps_sql.go,
 // "Lock order": no two of them can wait for each other in a cycle).
 //
 // Its failure (the database, a lost connection, a crash right after the
@@ -448,7 +449,7 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	}
 	d := q.engine.Load().dialect
 	for {
-		var res crsql.ReleaseResult
+		var res store.ReleaseResult
 		err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			res, err = q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, false)
@@ -462,7 +463,7 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 				// Other processes' idle workers claim them at once.
 				err = q.store.Notify(ctx, tx, q.channel, "")
 			}
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			q.stats.releaseFailed.Add(1)
@@ -490,7 +491,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 		var err error
 		has, err = q.store.HasEdges(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil || !has {
 		return 0, 0, nil, err
@@ -503,7 +504,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 		err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 			var err error
 			edges, err = q.store.SweepPrereqs(ctx, q.db, d, q.opts.Queue, q.deps.cursor, sweepBatch)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return released, died, refused, err
@@ -548,7 +549,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 // it ended. It skips the dependents another transaction holds (FOR UPDATE
 // SKIP LOCKED): a sweep never waits for a release, and never fails behind
 // one. Its edges of dependents that are gone are deleted last, in one
-// statement, in key order (the lock order of sql/depends.go).
+// statement, in key order (the lock order of internal/store/items_deps_sql.go).
 func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UUID, error) {
 	d := q.engine.Load().dialect
 	var released int
@@ -561,24 +562,24 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			moved, ended, more, progress = 0, nil, false, false
 			states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, prereqs)
 			if err != nil {
-				return crsql.Classify(err)
+				return store.Classify(err)
 			}
 			var acked, gone []uuid.UUID
 			var outcomes []string
 			for _, st := range states {
 				switch st.State {
-				case crsql.PrereqQueued, crsql.PrereqWaiting:
-				case crsql.OutcomeAcked, crsql.OutcomeTaken:
+				case store.PrereqQueued, store.PrereqWaiting:
+				case store.OutcomeAcked, store.OutcomeTaken:
 					acked = append(acked, st.ID)
 				default: // dead, cancelled, another queue's, unknown
 					gone, outcomes = append(gone, st.ID), append(outcomes, st.State)
 				}
 			}
-			var left []crsql.Edge
+			var left []store.Edge
 			if len(acked) > 0 {
 				res, err := q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, true)
 				if err != nil {
-					return crsql.Classify(err)
+					return store.Classify(err)
 				}
 				moved, more, left = len(res.Moved), res.More, res.Left
 				progress = res.Edges > 0
@@ -586,7 +587,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			if len(gone) > 0 {
 				res, err := q.store.KillBatch(ctx, tx, d, q.opts.Queue, gone, outcomes, releaseBatch)
 				if err != nil {
-					return crsql.Classify(err)
+					return store.Classify(err)
 				}
 				ended, more, left = res.Killed, more || res.More, append(left, res.Left...)
 				progress = progress || len(res.Killed) > 0
@@ -594,12 +595,12 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			if len(left) > 0 {
 				n, err := q.store.DeleteEdgesGone(ctx, tx, d, q.opts.Queue, left)
 				if err != nil {
-					return crsql.Classify(err)
+					return store.Classify(err)
 				}
 				progress = progress || n > 0
 			}
 			if moved > 0 && q.notifies() {
-				return crsql.Classify(q.store.Notify(ctx, tx, q.channel, ""))
+				return store.Classify(q.store.Notify(ctx, tx, q.channel, ""))
 			}
 			return nil
 		})
@@ -653,23 +654,23 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 		d = Dependencies{}
 		var err error
 		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.Waiting(ctx, tx, q.opts.Queue, id); err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		prereqs, err := q.store.Prereqs(ctx, tx, q.opts.Queue, id)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		if len(prereqs) > 0 {
 			states, err := q.store.Classify(ctx, tx, q.engine.Load().dialect, q.opts.Queue, prereqs)
 			if err != nil {
-				return crsql.Classify(err)
+				return store.Classify(err)
 			}
 			for _, st := range states {
 				d.Prereqs = append(d.Prereqs, PrereqStatus{ID: st.ID, State: st.State})
 			}
 		}
 		d.Dependents, err = q.store.Dependents(ctx, tx, q.opts.Queue, id, limit)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return Dependencies{}, fmt.Errorf("claim: dependencies of %s: %w", id, err)
@@ -687,7 +688,7 @@ func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		n, err = q.store.WaitingCount(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim: counting waiting items: %w", err)
@@ -717,7 +718,7 @@ func (q *Queue) cancelWaiting(ctx context.Context, id uuid.UUID) (bool, error) {
 	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		existed, err = q.store.CancelWaiting(ctx, tx, q.engine.Load().dialect, id, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	return existed, err
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -117,11 +118,11 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 	defer cancel()
 	q := newQueue(t, traced, claim.Options{Queue: queue})
 	s := startSession(t, ctx, pool)
-	d, err := crsql.DetectDialect(ctx, pool)
+	d, err := store.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := crsql.NewStore(crsql.Tables{})
+	stmts := store.New(crsql.Tables{})
 
 	// 80 prerequisites; 60 joins, each after a random 10 to 40 of them,
 	// every fourth also after the join before it (a waiting prerequisite).
@@ -205,14 +206,14 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 					continue
 				}
 				if rng.IntN(3) == 0 {
-					keys := make([]crsql.ClaimKey, len(got))
+					keys := make([]store.ClaimKey, len(got))
 					for i, it := range got {
-						keys[i] = crsql.ClaimKey{ID: it.ID, Session: it.Session, Token: it.Token}
+						keys[i] = store.ClaimKey{ID: it.ID, Session: it.Session, Token: it.Token}
 					}
 					var gone []uuid.UUID
 					err := retry.Tx(ctx, traced, nil, func(ctx context.Context, tx pgx.Tx) error {
 						var err error
-						gone, err = store.AckMany(ctx, tx, d, keys)
+						gone, err = stmts.AckMany(ctx, tx, d, keys)
 						return err
 					})
 					if err != nil {
@@ -326,9 +327,9 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 		t.Fatal(err)
 	}
 	for _, p := range pre {
-		want := crsql.OutcomeAcked
+		want := store.OutcomeAcked
 		if cancelledPre[p] {
-			want = crsql.OutcomeCancelled
+			want = store.OutcomeCancelled
 		}
 		if outcome[p] != want {
 			t.Errorf("prerequisite %s ended %q, want %q", p, outcome[p], want)
@@ -337,14 +338,14 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 	for _, j := range joins {
 		ok := true // all its prerequisites acked
 		for _, p := range after[j] {
-			if outcome[p] != crsql.OutcomeAcked {
+			if outcome[p] != store.OutcomeAcked {
 				ok = false
 			}
 		}
 		switch o := outcome[j]; {
-		case o == crsql.OutcomeCancelled && slices.Contains(cancelJoins, j):
-		case o == crsql.OutcomeAcked && ok:
-		case o == crsql.OutcomeDead && !ok:
+		case o == store.OutcomeCancelled && slices.Contains(cancelJoins, j):
+		case o == store.OutcomeAcked && ok:
+		case o == store.OutcomeDead && !ok:
 		default:
 			t.Errorf("join %s ended %q; its prerequisites all acked: %v", j, o, ok)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -42,13 +43,13 @@ func TestDependsReapSkipsHeldDependents(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("claimed %d items, want the two prerequisites", len(got))
 	}
-	d, err := crsql.DetectDialect(ctx, pool)
+	d, err := store.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := []crsql.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}, {ID: got[1].ID, Session: got[1].Session, Token: got[1].Token}}
+	keys := []store.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}, {ID: got[1].ID, Session: got[1].Session, Token: got[1].Token}}
 	if err := retry.Tx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := crsql.NewStore(crsql.Tables{}).AckMany(ctx, tx, d, keys) // a version-4 ack: no release
+		_, err := store.New(crsql.Tables{}).AckMany(ctx, tx, d, keys) // a version-4 ack: no release
 		return err
 	}); err != nil {
 		t.Fatal(err)

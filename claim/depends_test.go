@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -157,7 +158,7 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("claimed %d items, want a", len(got))
 	}
-	d, err := crsql.DetectDialect(ctx, pool)
+	d, err := store.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gone, err := crsql.NewStore(crsql.Tables{}).AckMany(ctx, tx, d, []crsql.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}}); err != nil || len(gone) != 1 {
+	if gone, err := store.New(crsql.Tables{}).AckMany(ctx, tx, d, []store.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}}); err != nil || len(gone) != 1 {
 		t.Fatalf("the version-4 ack: %v, %v", gone, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

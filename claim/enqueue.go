@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -35,13 +36,13 @@ const (
 	// NewItem.Tenant (and of the tenant of SetTenantLimit): 2,048, which,
 	// with a queue name of up to MaxQueueNameLength bytes, fits in
 	// PostgreSQL's bound on the entry of the indexes that hold them.
-	MaxKeyLength = crsql.MaxKeyLength
+	MaxKeyLength = 2048
 	// MaxUniqueKeyLength bounds the length in bytes of NewItem.UniqueKey,
 	// which is not stored (the item's id is derived from it).
 	MaxUniqueKeyLength = 4096
 	// MaxQueueNameLength bounds the length in bytes of a queue's name
 	// (Options.Queue).
-	MaxQueueNameLength = crsql.MaxQueueNameLength
+	MaxQueueNameLength = 512
 	// MaxHeadersBytes bounds the bytes of NewItem.Headers: the sum of the
 	// lengths of its keys and values.
 	MaxHeadersBytes = 16 << 10
@@ -250,7 +251,7 @@ func (q *Queue) enqueueBatch(ctx context.Context, b *batch) (Enqueued, error) {
 // retried while it fails with a serialization failure.
 func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error) {
 	var res Enqueued
-	err := retry.Do(ctx, nil, func(ctx context.Context) error { return crsql.Classify(q.stamp(ctx, db, b)) })
+	err := retry.Do(ctx, nil, func(ctx context.Context) error { return store.Classify(q.stamp(ctx, db, b)) })
 	if err != nil {
 		// The turns are only read: nothing was written, whatever the
 		// connection did. A plain failure, never an unknown outcome.
@@ -262,7 +263,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 	if single {
 		err = retry.Do(ctx, q.stats.retried("enqueue"), func(ctx context.Context) error {
 			res = b.result()
-			if bd, ok := db.(crsql.Batcher); ok && notify && len(b.given) == 0 {
+			if bd, ok := db.(store.Batcher); ok && notify && len(b.given) == 0 {
 				// The INSERT and its notification in one round trip and
 				// one implicit transaction.
 				return q.insertNotify(ctx, bd, b, &res)
@@ -298,7 +299,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 
 // insertNotify writes b, whose ids are all generated and which fits one
 // INSERT, together with the queue's wake-up notification.
-func (q *Queue) insertNotify(ctx context.Context, db crsql.Batcher, b *batch, res *Enqueued) error {
+func (q *Queue) insertNotify(ctx context.Context, db store.Batcher, b *batch, res *Enqueued) error {
 	rows := q.enqueueRows(b, all(len(b.items)))
 	added, err := q.store.EnqueueInsertNotify(ctx, db, q.opts.Queue, rows, q.channel, b.payload())
 	if err != nil {
@@ -335,21 +336,21 @@ func (q *Queue) enqueueTx(ctx context.Context, tx pgx.Tx, items []NewItem) (Enqu
 	}
 	res := b.result()
 	if err := q.stamp(ctx, tx, b); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(crsql.Classify(err)))
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: reading the tenants' turns: %w", len(items), q.opts.Queue, plain(store.Classify(err)))
 	}
 	write := q.write
 	if b.deps {
 		write = q.writeDeps
 	}
 	if err := write(ctx, tx, b, true, &res); err != nil {
-		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, crsql.Classify(err))
+		return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: %w", len(items), q.opts.Queue, store.Classify(err))
 	}
 	if q.notifies() && b.dueNow() && res.Added() > 0 {
 		// No part hint (""): the notifications of several EnqueueTx calls
 		// in one transaction are then identical, and PostgreSQL merges
 		// them into one.
 		if err := q.store.Notify(ctx, tx, q.channel, ""); err != nil {
-			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: sending the wake-up notification: %w", len(items), q.opts.Queue, crsql.Classify(err))
+			return Enqueued{}, fmt.Errorf("claim: enqueueing %d items into %q: sending the wake-up notification: %w", len(items), q.opts.Queue, store.Classify(err))
 		}
 	}
 	q.stats.enqueued.Add(int64(res.Added()))
@@ -359,7 +360,7 @@ func (q *Queue) enqueueTx(ctx context.Context, tx pgx.Tx, items []NewItem) (Enqu
 // finish wraps an error with context and counts the items added.
 func (q *Queue) finish(b *batch, res Enqueued, err error) (Enqueued, error) {
 	if err != nil {
-		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, crsql.Classify(err))
+		err = fmt.Errorf("claim: enqueueing %d items into %q: %w", len(b.items), q.opts.Queue, store.Classify(err))
 		if errors.Is(err, ErrOutcomeUnknown) {
 			return Enqueued{IDs: b.ids}, err
 		}
@@ -700,11 +701,11 @@ func (b *batch) order(i int) int64 {
 }
 
 // enqueueRows returns the INSERT rows of the items chunk of b.
-func (q *Queue) enqueueRows(b *batch, chunk []int) []crsql.EnqueueRow {
-	rows := make([]crsql.EnqueueRow, len(chunk))
+func (q *Queue) enqueueRows(b *batch, chunk []int) []store.EnqueueRow {
+	rows := make([]store.EnqueueRow, len(chunk))
 	for j, i := range chunk {
 		it := &b.items[i]
-		rows[j] = crsql.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
+		rows[j] = store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
 			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i]}
 		if b.turns != nil {
@@ -774,7 +775,7 @@ type copySource struct {
 }
 
 // row returns the COPY row of item idx[n].
-func (s *copySource) row(n int) crsql.CopyRow {
+func (s *copySource) row(n int) store.CopyRow {
 	i := s.idx[n]
 	it := &s.b.items[i]
 	// The delay at microsecond precision, as the INSERT computes it.
@@ -797,7 +798,7 @@ func (s *copySource) row(n int) crsql.CopyRow {
 		o := s.b.order(i)
 		order = &o
 	}
-	return crsql.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
+	return store.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
 		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
 		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order, Headers: s.b.headers[i]}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -344,10 +345,10 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	store := crsql.NewStore(tables)
-	ch := store.NotifyChannel("mail")
+	stmts := store.New(tables)
+	ch := stmts.NotifyChannel("mail")
 	if postgres {
-		if err := store.Listen(ctx, conn, ch); err != nil {
+		if err := stmts.Listen(ctx, conn, ch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -382,8 +383,8 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 	// it without a wait: an item of another queue, due now, enqueued after
 	// both; notifications are delivered in commit order, so one the delayed
 	// item sent would come before the barrier's.
-	barrier := store.NotifyChannel("barrier")
-	if err := store.Listen(ctx, conn, barrier); err != nil {
+	barrier := stmts.NotifyChannel("barrier")
+	if err := stmts.Listen(ctx, conn, barrier); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `SELECT item_id FROM `+fn+`('barrier', convert_to('b', 'UTF8'))`); err != nil {

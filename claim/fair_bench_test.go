@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // benchTenants is the number of tenants of the fairness benchmarks.
@@ -24,7 +24,7 @@ func tenantItems(rng *rand.Rand, n int) []claim.NewItem {
 }
 
 // BenchmarkEnqueueFair measures what fairness costs enqueue: a fair queue
-// reads every (tenant, priority) pair's turns before it writes (sql.Store.FairLasts and FairHead,
+// reads every (tenant, priority) pair's turns before it writes (store.Store.FairLasts and FairHead,
 // two index seeks per pair), a plain one does not. Calls of `size` items of
 // random tenants among 1,000 go into a queue that already holds a backlog of
 // 10,000 such items (untimed). It reports items/s.
@@ -44,7 +44,7 @@ func BenchmarkEnqueueFair(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+				if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 					b.Fatal(err)
 				}
 				calls := make([][]claim.NewItem, b.N)
@@ -83,7 +83,7 @@ func BenchmarkClaimTenants(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if err := crsql.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
+			if err := store.RefreshStats(ctx, pool, "crdbwork_items"); err != nil {
 				b.Fatal(err)
 			}
 			s := startSession(b, ctx, pool)

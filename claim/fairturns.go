@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -35,24 +36,24 @@ type batcher interface {
 type fairQuery struct {
 	first    int
 	head     bool
-	pairs    []crsql.FairPair // the lasts' pairs
+	pairs    []store.FairPair // the lasts' pairs
 	priority int64            // the head's priority
 }
 
 // fairTurns reads, for the pairs (tenants[i], priorities[i]), the turns
-// stamp needs: sql.Store.FairLasts per group of at most crsql.MaxFairPairs
-// pairs and sql.Store.FairHead per pair with readHead[i], each made of
+// stamp needs: store.Store.FairLasts per group of at most store.MaxFairPairs
+// pairs and store.Store.FairHead per pair with readHead[i], each made of
 // single index seeks (see there), sent as pgx.Batches when db has
 // SendBatch (one round trip each) and one by one otherwise. It returns one
 // fairTurn per pair, or none if the queue is not fair.
 func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, priorities []int64, readHead []bool) ([]fairTurn, error) {
 	out := make([]fairTurn, len(tenants))
 	var queries []fairQuery
-	for first := 0; first < len(tenants); first += crsql.MaxFairPairs {
-		n := min(crsql.MaxFairPairs, len(tenants)-first)
-		pairs := make([]crsql.FairPair, n)
+	for first := 0; first < len(tenants); first += store.MaxFairPairs {
+		n := min(store.MaxFairPairs, len(tenants)-first)
+		pairs := make([]store.FairPair, n)
 		for i := range pairs {
-			pairs[i] = crsql.FairPair{Tenant: tenants[first+i], Priority: priorities[first+i]}
+			pairs[i] = store.FairPair{Tenant: tenants[first+i], Priority: priorities[first+i]}
 		}
 		queries = append(queries, fairQuery{first: first, pairs: pairs})
 	}
@@ -65,7 +66,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 	fair := true
 	// took takes the answer of one query (no lasts: not fair; no head: the
 	// priority has none).
-	took := func(f fairQuery, head *time.Time, lasts []crsql.FairLast) {
+	took := func(f fairQuery, head *time.Time, lasts []store.FairLast) {
 		switch {
 		case f.head:
 			out[f.first].head = head
@@ -84,7 +85,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 		if !canBatch {
 			for _, f := range chunk {
 				var head *time.Time
-				var lasts []crsql.FairLast
+				var lasts []store.FairLast
 				var err error
 				if f.head {
 					head, err = s.FairHead(ctx, db, d, name, f.priority)
@@ -109,7 +110,7 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 		res := bdb.SendBatch(ctx, b)
 		for _, f := range chunk {
 			var head *time.Time
-			var lasts []crsql.FairLast
+			var lasts []store.FairLast
 			var err error
 			if f.head {
 				head, err = s.ReadFairHead(res)

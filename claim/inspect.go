@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -80,7 +81,7 @@ type TenantInfo struct {
 func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
 
 // Inspect reads the queue's state: the one read behind package metrics,
-// the demo's status and dashboards. What it costs (sql.Store's Inspect
+// the demo's status and dashboards. What it costs (internal/store's Inspect
 // methods say which index each statement reads): point reads of the queue's row,
 // settings and tenant limits; the queue's unclaimed items, each read once
 // for the backlog by part and once more, for those with a tenant, for the
@@ -120,7 +121,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	info := QueueInfo{Name: name}
 	row, err := s.InspectQueue(ctx, q.db, name)
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the queue's row: %w", crsql.Classify(err))
+		return QueueInfo{}, fmt.Errorf("reading the queue's row: %w", store.Classify(err))
 	}
 	info.Stored, info.NumParts, info.Paused = row.Stored, row.NumParts, row.Paused
 	parts := map[int]*PartInfo{}
@@ -137,7 +138,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	}
 	unclaimed, err := s.InspectUnclaimed(ctx, q.db, name)
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", crsql.Classify(err))
+		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", store.Classify(err))
 	}
 	for _, u := range unclaimed {
 		pi := part(u.Part)
@@ -148,7 +149,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	}
 	claimed, err := s.InspectClaimed(ctx, q.db, name)
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", crsql.Classify(err))
+		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", store.Classify(err))
 	}
 	info.Holders = map[uuid.UUID]int64{}
 	for _, c := range claimed {
@@ -166,13 +167,13 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 
 	tenants, err := s.InspectTenants(ctx, q.db, name, InspectTenants)
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", crsql.Classify(err))
+		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", store.Classify(err))
 	}
 	for _, t := range tenants {
 		info.Tenants = append(info.Tenants, TenantInfo{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
 	if info.Dead, err = s.InspectDead(ctx, q.db, name); err != nil {
-		return QueueInfo{}, fmt.Errorf("counting the dead items: %w", crsql.Classify(err))
+		return QueueInfo{}, fmt.Errorf("counting the dead items: %w", store.Classify(err))
 	}
 	return info, nil
 }
@@ -180,7 +181,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 // Queues returns the names of the queues in the database t names on db, in
 // order: those with a row in the queues table, with unclaimed or claimed
 // items, or with dead items. It reads the queues table and one index entry
-// per queue in each of three indexes (sql.Store's NextUnclaimedQueue,
+// per queue in each of three indexes (internal/store's NextUnclaimedQueue,
 // NextClaimedQueue and NextDeadQueue), not the items.
 func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
 	if err := t.Validate(); err != nil {
@@ -189,7 +190,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 	if err := crsql.Check(ctx, db, t); err != nil {
 		return nil, fmt.Errorf("claim: listing the queues: %w", err)
 	}
-	s := crsql.NewStore(t)
+	s := store.New(t)
 	seen := map[string]bool{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		clear(seen)
@@ -197,7 +198,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 		for after := ""; ; {
 			names, err := s.StoredQueues(ctx, db, after, page)
 			if err != nil {
-				return crsql.Classify(err)
+				return store.Classify(err)
 			}
 			for _, n := range names {
 				seen[n] = true
@@ -213,7 +214,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 			for after := ""; ; {
 				n, ok, err := next(ctx, db, after)
 				if err != nil {
-					return crsql.Classify(err)
+					return store.Classify(err)
 				}
 				if !ok {
 					break

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -37,7 +38,7 @@ func (q *Queue) extend(ctx context.Context, items []Item, d time.Duration) ([]It
 	err := retry.Do(ctx, q.stats.retried("extend"), func(ctx context.Context) error {
 		var err error
 		until, err = q.store.Extend(ctx, q.db, q.engine.Load().dialect, keys, d)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: extending the leases of %d items in %q: %w", len(items), q.opts.Queue, err)
@@ -289,7 +290,7 @@ func (q *Queue) reapCandidates(ctx context.Context, list func(ctx context.Contex
 	err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 		var err error
 		ids, err = list(ctx, q.db, q.opts.Queue, reapBatch)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	return ids, err
 }
@@ -322,13 +323,13 @@ func (q *Queue) moveByID(ctx context.Context, m reapMove, ids []uuid.UUID) (int,
 }
 
 // reapStep runs one batch of Reap, step, in a SERIALIZABLE transaction (its
-// statements lock with SKIP LOCKED; see sql.Store) and returns its rows.
+// statements lock with SKIP LOCKED; see store.Store) and returns its rows.
 func (q *Queue) reapStep(ctx context.Context, step func(ctx context.Context, tx pgx.Tx) (int64, error)) (int, error) {
 	var n int
 	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 		rows, err := step(ctx, tx)
 		n = int(rows)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	return n, err
 }
@@ -343,7 +344,7 @@ func (q *Queue) releaseForgotten(ctx context.Context, session uuid.UUID, keep []
 	err := retry.Do(ctx, q.stats.retried("release"), func(ctx context.Context) error {
 		released, err := q.store.ReleaseForgotten(ctx, q.db, q.opts.Queue, session, keep)
 		n = int(released)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim: releasing forgotten claims of session %s in %q: %w", session, q.opts.Queue, err)

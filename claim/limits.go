@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -52,7 +53,7 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 	if tenant == "" {
 		return errors.New("claim: a tenant limit needs a tenant name")
 	}
-	if err := crsql.CheckText("the tenant", tenant, MaxKeyLength); err != nil {
+	if err := store.CheckText("the tenant", tenant, MaxKeyLength); err != nil {
 		return fmt.Errorf("claim: setting a tenant's limit: %w (MaxKeyLength)", err)
 	}
 	if err := l.Validate(); err != nil {
@@ -62,7 +63,7 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return crsql.Classify(q.store.SetTenantLimit(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
+		return store.Classify(q.store.SetTenantLimit(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
 	})
 	q.spread.forget() // this process's enqueues see the limit at once
 	if err != nil {
@@ -81,7 +82,7 @@ func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, err
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		had, err = q.store.RemoveTenantLimit(ctx, q.db, q.opts.Queue, tenant)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
@@ -102,12 +103,12 @@ func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
 	return out, nil
 }
 
-func readTenantLimits(ctx context.Context, db crsql.DB, s *crsql.Store, queue string) (map[string]Limit, error) {
-	var rows []crsql.TenantLimitRow
+func readTenantLimits(ctx context.Context, db crsql.DB, s *store.Store, queue string) (map[string]Limit, error) {
+	var rows []store.TenantLimitRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = s.TenantLimits(ctx, db, queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, err

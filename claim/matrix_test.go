@@ -21,6 +21,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -526,7 +527,7 @@ func (c *mxCell) runItem() {
 		}
 		c.done[c.id] = true
 		c.expectRow("absent", "absent")
-		c.expectEnded(crsql.OutcomeCancelled)
+		c.expectEnded(store.OutcomeCancelled)
 		c.enqueueAgain()
 		p := c.claimID(c.pre)
 		if err := c.work.Ack(c.ctx, p, nil); err != nil {
@@ -635,7 +636,7 @@ func (c *mxCell) runAfter() {
 			c.fatalf("reap: %+v, %v; want the dependent dead", st, err)
 		}
 		c.expectRow("dead", c.want("dead")+" reason=dependency died: "+c.pre.String())
-		c.expectEnded(crsql.OutcomeDead)
+		c.expectEnded(store.OutcomeDead)
 		if c.settle.name == "retention" {
 			c.prune(2)
 		}
@@ -655,7 +656,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 	case "ack", "BatchRecord", "BatchStatement":
 		c.ackBy(x)
 		c.done[c.id] = true
-		c.expectEnded(map[bool]string{true: crsql.OutcomeTaken, false: crsql.OutcomeAcked}[amo])
+		c.expectEnded(map[bool]string{true: store.OutcomeTaken, false: store.OutcomeAcked}[amo])
 		c.enqueueAgain()
 		c.drainSibling()
 	case "nack", "snooze", "release":
@@ -696,7 +697,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 			}
 			c.expectRow("dead", c.want("dead")+" reason=failed")
 			c.done[c.id] = true
-			c.expectEnded(crsql.OutcomeDead)
+			c.expectEnded(store.OutcomeDead)
 			c.drainSibling()
 			return
 		}
@@ -712,7 +713,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 				c.fatalf("cancel of a taken at-most-once item = %+v; want not found", r)
 			}
 			c.done[c.id] = true
-			c.expectEnded(crsql.OutcomeTaken)
+			c.expectEnded(store.OutcomeTaken)
 			c.drainSibling()
 			return
 		}
@@ -726,7 +727,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 			c.fatalf("EndCancelled: %v", err)
 		}
 		c.done[c.id] = true
-		c.expectEnded(crsql.OutcomeCancelled)
+		c.expectEnded(store.OutcomeCancelled)
 		if c.opt.kind == "sequenced-hold" {
 			// Kept among the dead items, holding its key.
 			c.expectRow("dead", c.want("dead")+" reason=cancelled")
@@ -746,7 +747,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 			c.fatalf("permanent nack = %v, %v; want dead", out, err)
 		}
 		c.expectRow("dead", c.want("dead")+" reason=permanent")
-		c.expectEnded(crsql.OutcomeDead)
+		c.expectEnded(store.OutcomeDead)
 		switch c.settle.name {
 		case "dead":
 			c.done[c.id] = true
@@ -781,7 +782,7 @@ func (c *mxCell) expectRefused(err error) {
 	}
 	c.expectRow("absent", "absent")
 	c.done[c.id] = true
-	c.expectEnded(crsql.OutcomeTaken)
+	c.expectEnded(store.OutcomeTaken)
 	c.drainSibling()
 }
 
@@ -831,7 +832,7 @@ func (c *mxCell) ackX2(x claim.Item) {
 		c.fatalf("ack: %v", err)
 	}
 	c.done[c.id] = true
-	c.expectEnded(map[bool]string{true: crsql.OutcomeTaken, false: crsql.OutcomeAcked}[x.AtMostOnce])
+	c.expectEnded(map[bool]string{true: store.OutcomeTaken, false: store.OutcomeAcked}[x.AtMostOnce])
 	c.drainSibling()
 }
 
@@ -1343,7 +1344,7 @@ func mxExists(name string) bool {
 		_, ok := reflect.TypeFor[claim.AckOptions]().FieldByName(member)
 		return ok
 	case "crdbwork_enqueue":
-		return strings.Contains(crsql.EnqueueFunctionSQL(crsql.Postgres), "FUNCTION crdbwork_enqueue(")
+		return strings.Contains(crsql.EnqueueFunctionSQL(), "FUNCTION crdbwork_enqueue(")
 	default:
 		return false
 	}

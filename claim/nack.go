@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Nack reports that handling it failed with cause. A cause that is (or
@@ -60,7 +60,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 			if err == nil && !held {
 				return ErrClaimLost
 			}
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if itemFault(err) {
 			return Dead, q.holdForReaper(ctx, it, msg, err)
@@ -130,7 +130,7 @@ func (q *Queue) update(ctx context.Context, kind string, stmt func(ctx context.C
 	return retry.Do(ctx, q.stats.retried(kind), func(ctx context.Context) error {
 		held, err := stmt(ctx)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		if !held {
 			return ErrClaimLost

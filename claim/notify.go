@@ -3,8 +3,8 @@ package claim
 import (
 	"slices"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // Wake-ups. On PostgreSQL every enqueue path (Enqueue, EnqueueTx, Buffer's
@@ -25,7 +25,7 @@ import (
 // (ready has run).
 func (q *Queue) notifies() bool {
 	e := q.engine.Load()
-	return e != nil && e.dialect == crsql.Postgres && !q.opts.NoNotify
+	return e != nil && e.dialect == store.Postgres && !q.opts.NoNotify
 }
 
 // Wake wakes this process's idle workers of the queue (those of any Queue

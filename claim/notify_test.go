@@ -13,6 +13,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -31,18 +32,18 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 	pool := setup(t)
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
-	store := crsql.NewStore(crsql.Tables{})
+	stmts := store.New(crsql.Tables{})
 	q := newQueue(t, pool, claim.Options{Queue: "n"})
 	quiet := newQueue(t, pool, claim.Options{Queue: "n", NoNotify: true})
 	barrierQ := newQueue(t, pool, claim.Options{Queue: "barrier"})
-	channel, barrier := store.NotifyChannel("n"), store.NotifyChannel("barrier")
+	channel, barrier := stmts.NotifyChannel("n"), stmts.NotifyChannel("barrier")
 	conn, err := pgx.Connect(ctx, pool.Config().ConnConfig.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
 	for _, ch := range []string{channel, barrier} {
-		if err := store.Listen(ctx, conn, ch); err != nil {
+		if err := stmts.Listen(ctx, conn, ch); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,18 +10,18 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // TestClaimPartsOrderAcrossParts: a session owning k parts claims, call
 // after call, exactly the best n unclaimed items of its parts in (priority,
 // turn) order, each once, whether its parts fit one per-part claim
-// statement (k <= crsql.MaxPartBranches) or need several picks in one
+// statement (k <= store.MaxPartBranches) or need several picks in one
 // transaction (k above it). Items of parts it does not own are never
 // claimed, and neither are items of tenants it skips.
 func TestClaimPartsOrderAcrossParts(t *testing.T) {
 	t.Parallel()
-	for _, k := range []int{1, 5, crsql.MaxPartBranches, crsql.MaxPartBranches + 1, 2*crsql.MaxPartBranches + 7} {
+	for _, k := range []int{1, 5, store.MaxPartBranches, store.MaxPartBranches + 1, 2*store.MaxPartBranches + 7} {
 		t.Run(fmt.Sprint(k, " parts"), func(t *testing.T) {
 			t.Parallel()
 			pool := setup(t)
@@ -106,7 +106,7 @@ func TestClaimManyPartsNotOwner(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
-	k := crsql.MaxPartBranches + 4
+	k := store.MaxPartBranches + 4
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ('q', $1)`, k); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestClaimManyPartsAtMostOnce(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	s := startSession(t, ctx, pool)
-	k := crsql.MaxPartBranches + 3
+	k := store.MaxPartBranches + 3
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ('q', $1)`, k); err != nil {
 		t.Fatal(err)
 	}

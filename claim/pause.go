@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Pause pauses the queue: from the next claim on, the claims (Claimer) of
@@ -26,7 +26,7 @@ func (q *Queue) Paused(ctx context.Context) (bool, error) {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		paused, err = q.store.QueuePaused(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return false, fmt.Errorf("claim: reading whether %q is paused: %w", q.opts.Queue, err)
@@ -40,7 +40,7 @@ func (q *Queue) setPaused(ctx context.Context, paused bool) error {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, q.stats.retried("pause"), func(ctx context.Context) error {
-		return crsql.Classify(q.store.PauseQueue(ctx, q.db, q.opts.Queue, paused))
+		return store.Classify(q.store.PauseQueue(ctx, q.db, q.opts.Queue, paused))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -118,7 +119,7 @@ type Options struct {
 type Queue struct {
 	db    DB
 	given Options // as given to New (see Options)
-	store *crsql.Store
+	store *store.Store
 	opts  Options
 	next  atomic.Uint64 // round-robin hash for items without a key
 	stats counters
@@ -133,7 +134,7 @@ type Queue struct {
 	// spread caches which tenants a fair enqueue spreads over the parts
 	// (see spreads).
 	spread spreadCache
-	// channel is the queue's wake-up channel (sql.Store.NotifyChannel).
+	// channel is the queue's wake-up channel (store.Store.NotifyChannel).
 	channel string
 	// deadCount bounds the queue's dead items between PruneDead's exact
 	// checks (retention.go).
@@ -148,7 +149,7 @@ type Queue struct {
 
 // engine holds what differs between CockroachDB and PostgreSQL, set by ready.
 type engine struct {
-	dialect   crsql.Dialect // the statements' twins to run (see sql.Store)
+	dialect   store.Dialect // the statements' twins to run (see store.Store)
 	claimInTx bool          // claims need an explicit SERIALIZABLE transaction
 }
 
@@ -203,17 +204,17 @@ func New(db DB, opts Options) (*Queue, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	if err := crsql.CheckQueueName(opts.Queue); err != nil {
+	if err := store.CheckQueueName(opts.Queue); err != nil {
 		return nil, fmt.Errorf("claim: %w (MaxQueueNameLength)", err)
 	}
-	q := &Queue{db: db, store: crsql.NewStore(opts.Tables), opts: opts, given: given}
+	q := &Queue{db: db, store: store.New(opts.Tables), opts: opts, given: given}
 	q.channel = q.store.NotifyChannel(opts.Queue)
 	q.next.Store(rand.Uint64())
 	return q, nil
 }
 
 // ready checks the schema version on the first call (cached after success)
-// and picks the engine's dialect (the statements' twins; see sql.Store) and
+// and picks the engine's dialect (the statements' twins; see store.Store) and
 // the isolation of claim transactions.
 //
 // On CockroachDB, claims run in an explicit SERIALIZABLE transaction: it
@@ -240,11 +241,11 @@ func (q *Queue) readyOn(ctx context.Context, db crsql.DB) error {
 	if err := crsql.Check(ctx, db, q.opts.Tables); err != nil {
 		return err
 	}
-	dialect, err := crsql.DetectDialect(ctx, db)
+	dialect, err := store.DetectDialect(ctx, db)
 	if err != nil {
 		return err
 	}
-	q.engine.Store(&engine{dialect: dialect, claimInTx: dialect == crsql.Cockroach})
+	q.engine.Store(&engine{dialect: dialect, claimInTx: dialect == store.Cockroach})
 	return nil
 }
 

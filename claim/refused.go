@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Rows the database refuses (docs/dependencies.md, "Rows the database
@@ -28,7 +28,7 @@ import (
 // ReasonRefused is the reason of a dead item that the database refused to
 // move where it had to go (DeadItem.Reason): its last error starts with
 // "refused by the database" and gives the step and the database's error.
-const ReasonRefused = crsql.ReasonRefused
+const ReasonRefused = "refused by the database"
 
 // IsRefusal reports whether err (of Requeue, say) is the database refusing
 // the statement for something about the rows it wrote (a data exception,
@@ -53,7 +53,7 @@ func (q *Queue) endRefusedItem(ctx context.Context, step string, id uuid.UUID, r
 	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		ended, err = q.store.KillRefusedItem(ctx, tx, q.opts.Queue, id, refusedText(step, refusal))
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return &ReapError{Queue: q.opts.Queue, Step: step, ID: id, Err: fmt.Errorf("%w; ending it as refused failed too: %w", refusal, err)}
@@ -109,14 +109,14 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 		moved, ended, bad = 0, nil, nil
 		states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
-		if len(states) != 1 || (states[0].State != crsql.OutcomeAcked && states[0].State != crsql.OutcomeTaken) {
+		if len(states) != 1 || (states[0].State != store.OutcomeAcked && states[0].State != store.OutcomeTaken) {
 			return errKeep
 		}
 		ready, err := q.store.ReleaseEdges(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		n, refused, err := q.moveApart(ctx, tx, d, ready)
 		if err != nil {
@@ -127,7 +127,7 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 			text := refusedText(StepDependencies, r.err)
 			ok, err := q.store.KillRefusedWaiting(ctx, tx, q.opts.Queue, r.id, text)
 			if err != nil {
-				return crsql.Classify(err)
+				return store.Classify(err)
 			}
 			if ok {
 				ended = append(ended, r.id)
@@ -135,7 +135,7 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 			}
 		}
 		if moved > 0 && q.notifies() {
-			return crsql.Classify(q.store.Notify(ctx, tx, q.channel, ""))
+			return store.Classify(q.store.Notify(ctx, tx, q.channel, ""))
 		}
 		return nil
 	})
@@ -176,23 +176,23 @@ type refusedRow struct {
 // the move for something about a row, the savepoint is rolled back and
 // each half is moved apart, down to single rows, each refused one returned.
 // About 2·log2(len(ids)) statements per refused row.
-func (q *Queue) moveApart(ctx context.Context, tx pgx.Tx, d crsql.Dialect, ids []uuid.UUID) (int, []refusedRow, error) {
+func (q *Queue) moveApart(ctx context.Context, tx pgx.Tx, d store.Dialect, ids []uuid.UUID) (int, []refusedRow, error) {
 	if len(ids) == 0 {
 		return 0, nil, nil
 	}
 	sp, err := tx.Begin(ctx) // a savepoint
 	if err != nil {
-		return 0, nil, crsql.Classify(err)
+		return 0, nil, store.Classify(err)
 	}
 	moved, err := q.store.MoveReady(ctx, sp, d, q.opts.Queue, ids)
 	if err == nil {
-		return len(moved), nil, crsql.Classify(sp.Commit(ctx))
+		return len(moved), nil, store.Classify(sp.Commit(ctx))
 	}
 	if !itemFault(err) {
-		return 0, nil, crsql.Classify(err)
+		return 0, nil, store.Classify(err)
 	}
 	if rbErr := sp.Rollback(ctx); rbErr != nil {
-		return 0, nil, crsql.Classify(rbErr)
+		return 0, nil, store.Classify(rbErr)
 	}
 	if len(ids) == 1 {
 		return 0, []refusedRow{{id: ids[0], err: err}}, nil
@@ -234,7 +234,7 @@ func (q *Queue) pruneIsolated(ctx context.Context, m reapMove) (int, bool, []*Re
 		err = retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 			var err error
 			ids, err = m.candidates(ctx, q.db, q.opts.Queue, pruneBatch)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return total, false, refused, err

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -83,7 +84,7 @@ func (r Retention) stored() (time.Duration, int64) {
 }
 
 // retentionOf returns the Retention a stored row means.
-func retentionOf(r crsql.RetentionRow) Retention {
+func retentionOf(r store.RetentionRow) Retention {
 	return Retention{DeadMaxAge: r.MaxAge, DeadMaxCount: r.MaxCount, NoDeadMaxAge: r.MaxAge <= 0, NoDeadMaxCount: r.MaxCount <= 0}
 }
 
@@ -100,7 +101,7 @@ func (q *Queue) SetRetention(ctx context.Context, r Retention) error {
 	}
 	age, count := r.stored()
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
-		return crsql.Classify(q.store.SetRetention(ctx, q.db, q.opts.Queue, age, count))
+		return store.Classify(q.store.SetRetention(ctx, q.db, q.opts.Queue, age, count))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: setting the retention of %q: %w", q.opts.Queue, err)
@@ -116,11 +117,11 @@ func (q *Queue) Retention(ctx context.Context) (Retention, error) {
 	if err := q.ready(ctx); err != nil {
 		return Retention{}, fmt.Errorf("claim: reading the retention of %q: %w", q.opts.Queue, err)
 	}
-	var r crsql.RetentionRow
+	var r store.RetentionRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		r, err = q.store.Retention(ctx, q.db, q.opts.Queue)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return Retention{}, fmt.Errorf("claim: reading the retention of %q: %w", q.opts.Queue, err)
@@ -205,11 +206,11 @@ func (q *Queue) pruneDead(ctx context.Context) (int, []*ReapError, error) {
 
 func (q *Queue) pruneDeadAll(ctx context.Context, refused *[]*ReapError) (int, error) {
 	name := q.opts.Queue
-	var r crsql.RetentionRow
+	var r store.RetentionRow
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 		var err error
 		r, err = q.store.Retention(ctx, q.db, name)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return 0, err
@@ -242,7 +243,7 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64, refused *[]*
 		err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 			var err error
 			since, err = q.store.DeadSince(ctx, q.db, name, s.at.Add(-deadCountMargin), maxCount+1)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return 0, err
@@ -251,11 +252,11 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64, refused *[]*
 			return 0, nil
 		}
 	}
-	var newest crsql.DeadNewestRow
+	var newest store.DeadNewestRow
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 		var err error
 		newest, err = q.store.DeadNewest(ctx, q.db, name, maxCount, deadCountMargin)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return 0, err

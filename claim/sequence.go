@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -76,7 +77,7 @@ func (q *Queue) SetSequenced(ctx context.Context, on bool) error {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, q.stats.retried("sequence"), func(ctx context.Context) error {
-		return crsql.Classify(q.store.SetSequenced(ctx, q.db, q.opts.Queue, on))
+		return store.Classify(q.store.SetSequenced(ctx, q.db, q.opts.Queue, on))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
@@ -129,7 +130,7 @@ func (q *Queue) SetSequenceHold(ctx context.Context, hold bool) (released int, e
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, crsql.Classify(err))
+		return 0, fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, store.Classify(err))
 	}
 	return released, nil
 }
@@ -151,7 +152,7 @@ func (q *Queue) ReleaseSequenceKey(ctx context.Context, key string) ([]uuid.UUID
 	err := retry.Do(ctx, q.stats.retried("sequence"), func(ctx context.Context) error {
 		var err error
 		ids, err = q.store.ReleaseSequenceKey(ctx, q.db, q.opts.Queue, key)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: releasing key %q of %q: %w", key, q.opts.Queue, err)
@@ -210,11 +211,11 @@ func (q *Queue) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: listing blocked keys of %q: %w", q.opts.Queue, err)
 	}
-	var rows []crsql.BlockedKeyRow
+	var rows []store.BlockedKeyRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		rows, err = q.store.BlockedKeys(ctx, q.db, q.opts.Queue, limit)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("claim: listing blocked keys of %q: %w", q.opts.Queue, err)
@@ -236,7 +237,7 @@ func (q *Queue) Sequencing(ctx context.Context) (SequenceInfo, error) {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		st, err := q.store.QueueSequencing(ctx, q.db, q.opts.Queue)
 		info = SequenceInfo{On: st.On, Items: st.Items, Hold: st.Hold}
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return SequenceInfo{}, fmt.Errorf("claim: reading the sequencing of %q: %w", q.opts.Queue, err)
@@ -296,20 +297,20 @@ var ErrSequencedClaimTimeout = errors.New("the sequenced claim ran past its boun
 // sooner), which passes jit_above_cost on a backlog of a few thousand
 // items, and compiling the statement then cost more than running it (a
 // measured 100–600 ms per claim).
-func (q *Queue) boundedSequenced(ctx context.Context, e *engine, db crsql.DB, claim func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) ([]crsql.ClaimedRow, error) {
+func (q *Queue) boundedSequenced(ctx context.Context, e *engine, db crsql.DB, claim func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error)) ([]store.ClaimedRow, error) {
 	bound := q.opts.SequencedClaimTimeout
 	var sets []string
 	if bound >= 0 {
 		sets = append(sets, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(bound.Milliseconds(), 1)))
 	}
-	if e.dialect == crsql.Postgres {
+	if e.dialect == store.Postgres {
 		sets = append(sets, "SET LOCAL jit = off")
 	}
 	if len(sets) == 0 {
 		return claim(ctx, db)
 	}
 	set := strings.Join(sets, "; ")
-	var rows []crsql.ClaimedRow
+	var rows []store.ClaimedRow
 	var err error
 	if tx, ok := db.(pgx.Tx); ok {
 		if _, err = tx.Exec(ctx, set); err == nil {
@@ -339,11 +340,11 @@ func (q *Queue) boundedSequenced(ctx context.Context, e *engine, db crsql.DB, cl
 // index of claimed sequenced keys into a retryable sequenceConflict, after
 // which the Queue claims sequenced (until its next read of the queue's
 // sequencing).
-func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error)) func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
-	return func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error)) func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
+	return func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 		claim := plain
 		if q.sequenced(ctx) {
-			claim = func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+			claim = func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 				return q.boundedSequenced(ctx, e, db, sequenced)
 			}
 		}
@@ -359,18 +360,18 @@ func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Conte
 
 // claimManyPartsSequenced is claimManyParts for a sequenced queue: the
 // sequenced per-part claim, one statement per group of
-// crsql.MaxPartBranches parts, each for what the groups before it left of
+// store.MaxPartBranches parts, each for what the groups before it left of
 // a.Limit. (Order across parts is relaxed anyway; within a key it is kept,
 // since a key's items share a part and every claim tests the key's head.)
-func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session uuid.UUID, a crsql.ClaimArgs, parts []int64) ([]Item, error) {
+func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session uuid.UUID, a store.ClaimArgs, parts []int64) ([]Item, error) {
 	var all []Item
-	for start := 0; start < len(parts) && len(all) < a.Limit; start += crsql.MaxPartBranches {
-		group := parts[start:min(start+crsql.MaxPartBranches, len(parts))]
+	for start := 0; start < len(parts) && len(all) < a.Limit; start += store.MaxPartBranches {
+		group := parts[start:min(start+store.MaxPartBranches, len(parts))]
 		ga := a
 		ga.Limit = a.Limit - len(all)
-		items, err := q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		items, err := q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, ga, group)
-		}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 			return q.store.ClaimParts(ctx, db, e.dialect, ga, group)
 		}))
 		if err != nil {

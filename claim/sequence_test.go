@@ -14,6 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -258,13 +259,13 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 	if got, err := c.Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("claimed %v (%v) while an item of the key is held", payloadsOf(got), err)
 	}
-	store := crsql.NewStore(tables)
-	d, err := crsql.DetectDialect(ctx, pool)
+	stmts := store.New(tables)
+	d, err := store.DetectDialect(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = store.ClaimAny(ctx, pool, d, crsql.ClaimArgs{Session: s.ID(), Queue: claim.DefaultQueue, Limit: 10, Lease: time.Minute})
-	if !store.IsSequenceConflict(err) {
+	_, err = stmts.ClaimAny(ctx, pool, d, store.ClaimArgs{Session: s.ID(), Queue: claim.DefaultQueue, Limit: 10, Lease: time.Minute})
+	if !stmts.IsSequenceConflict(err) {
 		t.Fatalf("a plain claim of the early item while the late one is held: %v, want a unique violation on the sequence index", err)
 	}
 	var claimed int
@@ -472,7 +473,7 @@ func TestSequencedManyPartsAndUrgentLaneTakeHeadsOnly(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	const parts = crsql.MaxPartBranches + 5
+	const parts = store.MaxPartBranches + 5
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2)`, claim.DefaultQueue, parts); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Settings are a queue's settings, stored in the database so that every
@@ -99,7 +99,7 @@ func (q *Queue) Settings(ctx context.Context) (Settings, error) {
 		r, stored, err := q.store.QueueSettings(ctx, q.db, q.opts.Queue)
 		if err != nil || !stored {
 			s = Settings{}
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		s = Settings{Fair: r.Fair, AtMostOnce: r.AtMostOnce, MaxInFlight: int(r.MaxInFlight), Rate: r.Rate,
 			TenantMaxInFlight: int(r.TenantMaxInFlight), TenantRate: r.TenantRate,
@@ -124,7 +124,7 @@ func (q *Queue) Configure(ctx context.Context, s Settings) error {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return crsql.Classify(q.store.ConfigureQueue(ctx, q.db, q.opts.Queue, crsql.QueueSettingsRow{
+		return store.Classify(q.store.ConfigureQueue(ctx, q.db, q.opts.Queue, store.QueueSettingsRow{
 			Fair: s.Fair, AtMostOnce: s.AtMostOnce, MaxInFlight: int64(s.MaxInFlight), Rate: s.Rate,
 			TenantMaxInFlight: int64(s.TenantMaxInFlight), TenantRate: s.TenantRate, DedupWindow: s.dedupWindow()}))
 	})

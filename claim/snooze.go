@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // DefaultMaxSnoozes is the most snoozes of one item unless
@@ -76,7 +76,7 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 	err := retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
 		var err error
 		snoozed, err = q.store.Snooze(ctx, q.db, it.claimKey(), d, limit)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return Snoozed, q.claimErr("snoozing", it, err)
@@ -94,7 +94,7 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 		if err == nil && !held {
 			return ErrClaimLost
 		}
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if itemFault(err) {
 		return Dead, q.holdForReaper(ctx, it, msg, err)

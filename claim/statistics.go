@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // statisticsMinRows and statisticsMinBytes are the backlog from which
@@ -36,7 +36,7 @@ func (q *Queue) RefreshStatistics(ctx context.Context) ([]string, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, err
 	}
-	if q.engine.Load().dialect != crsql.Postgres {
+	if q.engine.Load().dialect != store.Postgres {
 		return nil, nil
 	}
 	behind, err := q.store.StatisticsBehind(ctx, q.db, statisticsMinRows, statisticsMinBytes)

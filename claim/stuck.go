@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // ErrDeadLetterFailed is wrapped by Nack's error when the item's move to the
@@ -108,4 +108,4 @@ func ReapErrors(err error) []*ReapError {
 // raised by a trigger (P0). Serialization failures, connection and server
 // failures, and errors of the statement as a whole (a missing column, class
 // 42) are not: the same rows would pass another time, or none would.
-func itemFault(err error) bool { return crsql.IsRefusal(err) }
+func itemFault(err error) bool { return store.IsRefusal(err) }

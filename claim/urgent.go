@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -50,14 +51,14 @@ func (q *Queue) claimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 		return nil, fmt.Errorf("claim: claiming urgent items in %q: %w", q.opts.Queue, err)
 	}
 	e := q.engine.Load()
-	a := crsql.UrgentArgs{
-		ClaimArgs:   crsql.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants},
+	a := store.UrgentArgs{
+		ClaimArgs:   store.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants},
 		MaxPriority: req.MaxPriority, OwnedParts: req.OwnedParts,
 		AllTenantsLimited: req.AllTenantsLimited, LimitedTenants: req.LimitedTenants,
 	}
-	return q.runClaim(ctx, e, session, "claiming urgent items", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+	return q.runClaim(ctx, e, session, "claiming urgent items", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 		return q.store.ClaimUrgentSequenced(ctx, db, e.dialect, a)
-	}, func(ctx context.Context, db crsql.DB) ([]crsql.ClaimedRow, error) {
+	}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
 		return q.store.ClaimUrgent(ctx, db, e.dialect, a)
 	}))
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/partition"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // The actions. Each is a POST to /action with the form fields below and
@@ -96,9 +96,9 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		detail = strings.TrimSpace(done + " failed: " + err.Error())
 	}
-	rec := crsql.AuditRow{Actor: userOf(r), Source: "dashboard", Action: a.Act, Queue: a.Queue, Detail: detail}
+	rec := store.AuditRow{Actor: userOf(r), Source: "dashboard", Action: a.Act, Queue: a.Queue, Detail: detail}
 	auditErr := retry.Do(r.Context(), nil, func(ctx context.Context) error {
-		return crsql.Classify(h.store.RecordAudit(ctx, h.db, rec))
+		return store.Classify(h.store.RecordAudit(ctx, h.db, rec))
 	})
 	if err != nil {
 		h.render(w, r, "done", "Failed", browser, doneData{Msg: detail, Failed: true, Return: a.Return})
@@ -330,7 +330,7 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 			err := retry.Do(ctx, nil, func(ctx context.Context) error {
 				var err error
 				ok, err = h.store.DeleteDead(ctx, h.db, a.Queue, s.ID, *s.Death)
-				return crsql.Classify(err)
+				return store.Classify(err)
 			})
 			if err != nil {
 				return fmt.Sprintf("deleted %d of %d dead item(s) of %q;", n, len(a.Sel), a.Queue), err

@@ -17,7 +17,7 @@
 // of the overview come from one sampler per handler, shared by every
 // viewer, that runs only while someone watches: each round reads the first
 // Options.MaxQueues queues by name (a few index seeks per queue) with one statement
-// of bounded reads per queue (sql.Store.FleetQueue): counts stop at
+// of bounded reads per queue (store.Store.FleetQueue): counts stop at
 // Options.CountCap and show as "≥ cap". The other pages
 // read what they show on request, each read index-backed and bounded by
 // its page size or scan window, except a queue's own page and its tenants
@@ -49,6 +49,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/fleet"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -119,7 +120,7 @@ const (
 type handler struct {
 	db      claim.DB
 	opts    Options
-	store   *crsql.Store
+	store   *store.Store
 	pages   map[string]*pageTemplate
 	mux     *http.ServeMux
 	cop     *http.CrossOriginProtection
@@ -131,17 +132,17 @@ type handler struct {
 	queues   map[string]*claim.Queue
 
 	// engine is the database's dialect once detected (see dialect).
-	engine atomic.Pointer[crsql.Dialect]
+	engine atomic.Pointer[store.Dialect]
 }
 
-// dialect returns the database's engine, asked once (sql.DetectDialect)
+// dialect returns the database's engine, asked once (store.DetectDialect)
 // and kept after the first answer: the reads whose statement differs
 // between the engines take it.
-func (h *handler) dialect(ctx context.Context) (crsql.Dialect, error) {
+func (h *handler) dialect(ctx context.Context) (store.Dialect, error) {
 	if d := h.engine.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := crsql.DetectDialect(ctx, h.db)
+	d, err := store.DetectDialect(ctx, h.db)
 	if err != nil {
 		return d, err
 	}
@@ -199,7 +200,7 @@ func New(db claim.DB, opts Options) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &handler{db: db, opts: opts, store: crsql.NewStore(opts.Tables), pages: pages,
+	h := &handler{db: db, opts: opts, store: store.New(opts.Tables), pages: pages,
 		cop: http.NewCrossOriginProtection(), hosts: allowed, queues: map[string]*claim.Queue{}}
 	if h.fleet, err = fleet.New(db, opts.Tables); err != nil {
 		return nil, err

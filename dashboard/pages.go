@@ -18,7 +18,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/fleet"
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // pageNum reads the page number of a request (1 on).
@@ -126,7 +126,7 @@ type queueData struct {
 	Figures  *queueFigures
 	Holders  []holder
 	Limits   []tenantLimit
-	Dead     []crsql.DeadPageRow
+	Dead     []store.DeadPageRow
 	Settings claim.Settings
 	// KeepAge and KeepCount say how long and how many dead items the
 	// queue keeps (its retention).
@@ -215,7 +215,7 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
@@ -340,7 +340,7 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 				return err
 			}
 			backlog, err = h.store.PartBacklog(ctx, h.db, d, n, m.NumParts, h.opts.CountCap)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return "", nil, err
@@ -373,8 +373,8 @@ type itemsData struct {
 	Q       itemsQuery
 	Queues  []string
 	States  []string
-	Items   []crsql.ItemRow
-	Dead    []crsql.DeadPageRow
+	Items   []store.ItemRow
+	Dead    []store.DeadPageRow
 	Scanned int
 	Next    string
 	Now     time.Time
@@ -423,9 +423,9 @@ func contains(xs []string, x string) bool {
 // the matches, until a page is full or the scan window is read.
 func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 	q := d.Q
-	var after *crsql.ItemPosition
+	var after *store.ItemPosition
 	if q.After != "" {
-		var p crsql.ItemPosition
+		var p store.ItemPosition
 		if err := decode(q.After, &p); err != nil {
 			return badRequest("bad cursor")
 		}
@@ -442,11 +442,11 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 		if d.Filters {
 			want = min(h.opts.ScanWindow-d.Scanned, 500)
 		}
-		var rows []crsql.ItemRow
+		var rows []store.ItemRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
 			rows, err = h.store.ItemsPage(ctx, h.db, q.Queue, tenant, claimed, after, want)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return err
@@ -473,15 +473,15 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 	return nil
 }
 
-func position(it crsql.ItemRow) crsql.ItemPosition {
-	p := crsql.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
+func position(it store.ItemRow) store.ItemPosition {
+	p := store.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
 	if it.LeaseUntil != nil {
 		p.LeaseUntil = *it.LeaseUntil
 	}
 	return p
 }
 
-func matchItem(q itemsQuery, it crsql.ItemRow, now time.Time) bool {
+func matchItem(q itemsQuery, it store.ItemRow, now time.Time) bool {
 	switch {
 	case q.Tenant != "" && it.Tenant != q.Tenant,
 		q.Key != "" && it.Key != q.Key,
@@ -496,9 +496,9 @@ func matchItem(q itemsQuery, it crsql.ItemRow, now time.Time) bool {
 // searchDead is searchItems for the dead items.
 func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 	q := d.Q
-	var after *crsql.DeadPosition
+	var after *store.DeadPosition
 	if q.After != "" {
-		var p crsql.DeadPosition
+		var p store.DeadPosition
 		if err := decode(q.After, &p); err != nil {
 			return badRequest("bad cursor")
 		}
@@ -510,11 +510,11 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		if d.Filters {
 			want = min(h.opts.ScanWindow-d.Scanned, 500)
 		}
-		var rows []crsql.DeadPageRow
+		var rows []store.DeadPageRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
 			rows, err = h.store.DeadWindow(ctx, h.db, q.Queue, after, want)
-			return crsql.Classify(err)
+			return store.Classify(err)
 		})
 		if err != nil {
 			return err
@@ -522,11 +522,11 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		for _, it := range rows {
 			if len(d.Dead) == size {
 				last := d.Dead[size-1]
-				d.Next = encode(crsql.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
+				d.Next = encode(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
 				return nil
 			}
 			d.Scanned++
-			after = &crsql.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
+			after = &store.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
 			if (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
 				(q.Reason == "" || it.Reason == q.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
 				d.Dead = append(d.Dead, it)
@@ -558,7 +558,7 @@ func decode(s string, v any) error {
 // itemData is one item's page: the live item, its deaths, or both.
 type itemData struct {
 	ID       uuid.UUID
-	Live     *crsql.ItemDetail
+	Live     *store.ItemDetail
 	Payload  preview
 	Metadata preview
 	Deaths   []deathView
@@ -576,7 +576,7 @@ type waitingView struct {
 }
 
 type deathView struct {
-	crsql.DeadItemRow
+	store.DeadItemRow
 	Queue   string
 	Payload preview
 }
@@ -630,7 +630,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		it, ok, err := h.store.Item(ctx, h.db, id)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		d.Live = nil
 		if ok {
@@ -639,7 +639,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 		}
 		deaths, queues, err := h.store.Deaths(ctx, h.db, id, 20)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		d.Deaths = d.Deaths[:0]
 		for i, x := range deaths {
@@ -668,7 +668,7 @@ func (h *handler) readWaiting(ctx context.Context, d *itemData) error {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		queue, ok, err = h.store.WaitingQueue(ctx, h.db, d.ID)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil || !ok {
 		return err
@@ -741,7 +741,7 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	for _, t := range tenants {
 		names = append(names, t.Tenant)
 	}
-	var heads []crsql.TenantHead
+	var heads []store.TenantHead
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		dialect, err := h.dialect(ctx)
@@ -749,12 +749,12 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 			return err
 		}
 		heads, err = h.store.TenantHeads(ctx, h.db, dialect, d.Queue, names)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
 	}
-	byName := map[string]crsql.TenantHead{}
+	byName := map[string]store.TenantHead{}
 	for _, hd := range heads {
 		byName[hd.Tenant] = hd
 	}
@@ -774,15 +774,15 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 
 // auditData is a page of the audit list.
 type auditData struct {
-	Rows []crsql.AuditRow
+	Rows []store.AuditRow
 	Next string
 }
 
 func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	d := &auditData{}
-	var after *crsql.AuditRow
+	var after *store.AuditRow
 	if a := r.URL.Query().Get("after"); a != "" {
-		var p crsql.AuditRow
+		var p store.AuditRow
 		if err := decode(a, &p); err != nil {
 			return "", nil, badRequest("bad cursor")
 		}
@@ -792,7 +792,7 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		d.Rows, err = h.store.AuditPage(ctx, h.db, after, size+1)
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return "", nil, err
@@ -800,7 +800,7 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	if len(d.Rows) > size {
 		d.Rows = d.Rows[:size]
 		last := d.Rows[size-1]
-		d.Next = encode(crsql.AuditRow{At: last.At, ID: last.ID})
+		d.Next = encode(store.AuditRow{At: last.At, ID: last.ID})
 	}
 	return "Audit", d, nil
 }

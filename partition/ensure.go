@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -16,18 +17,18 @@ func EnsureParts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string,
 	if n < 1 || n > MaxParts {
 		return 0, fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
-	store := crsql.NewStore(t)
+	stmts := store.New(t)
 	var stored int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		if _, err := store.InsertQueueParts(ctx, db, queue, n); err != nil {
+		if _, err := stmts.InsertQueueParts(ctx, db, queue, n); err != nil {
 			return err
 		}
 		var err error
-		stored, err = store.QueueParts(ctx, db, queue)
+		stored, err = stmts.QueueParts(ctx, db, queue)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("partition: storing %d parts for %q: %w", n, queue, crsql.Classify(err))
+		return 0, fmt.Errorf("partition: storing %d parts for %q: %w", n, queue, store.Classify(err))
 	}
 	return stored, nil
 }

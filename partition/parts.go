@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -22,15 +23,15 @@ type DB = crsql.Pool
 
 // Parts returns the number of parts of queue: 1 if it was never set.
 func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int, error) {
-	store := crsql.NewStore(t)
+	stmts := store.New(t)
 	var n int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = store.QueueParts(ctx, db, queue)
+		n, err = stmts.QueueParts(ctx, db, queue)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("partition: reading the number of parts of %q: %w", queue, crsql.Classify(err))
+		return 0, fmt.Errorf("partition: reading the number of parts of %q: %w", queue, store.Classify(err))
 	}
 	return n, nil
 }
@@ -73,36 +74,36 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	if n < 1 || n > MaxParts {
 		return fmt.Errorf("partition: %d parts for %q: the number of parts must be between 1 and %d", n, queue, MaxParts)
 	}
-	if err := crsql.CheckQueueName(queue); err != nil {
-		return fmt.Errorf("partition: setting the parts of a queue: %w (sql.MaxQueueNameLength)", err)
+	if err := store.CheckQueueName(queue); err != nil {
+		return fmt.Errorf("partition: setting the parts of a queue: %w (claim.MaxQueueNameLength)", err)
 	}
-	store := crsql.NewStore(t)
+	stmts := store.New(t)
 	// The server's default isolation: READ COMMITTED on PostgreSQL, so that
 	// the upsert waits for the enqueues holding a share lock on the row and
 	// does not fail because of them; SERIALIZABLE on CockroachDB.
 	err := retry.TxWith(ctx, db, pgx.TxOptions{}, nil, func(ctx context.Context, tx pgx.Tx) error {
-		if err := store.UpsertQueueParts(ctx, tx, queue, n); err != nil {
+		if err := stmts.UpsertQueueParts(ctx, tx, queue, n); err != nil {
 			return err
 		}
-		_, err := store.DropPartsAbove(ctx, tx, queue, n)
+		_, err := stmts.DropPartsAbove(ctx, tx, queue, n)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
+		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, store.Classify(err))
 	}
-	if err := moveItems(ctx, db, store, queue, n); err != nil {
-		return fmt.Errorf("partition: moving the items of %q to %d parts: %w", queue, n, crsql.Classify(err))
+	if err := moveItems(ctx, db, stmts, queue, n); err != nil {
+		return fmt.Errorf("partition: moving the items of %q to %d parts: %w", queue, n, store.Classify(err))
 	}
 	// A rebalancer that had not yet seen the new count may have taken a
 	// removed part again meanwhile.
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := store.DropPartsAbove(ctx, db, queue, n)
+		_, err := stmts.DropPartsAbove(ctx, db, queue, n)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, crsql.Classify(err))
+		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, store.Classify(err))
 	}
-	wakeWorkers(ctx, db, store, queue)
+	wakeWorkers(ctx, db, stmts, queue)
 	return nil
 }
 
@@ -112,11 +113,11 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 // are set and the items moved): the workers' rebalancers read the new
 // count within their poll and then claim in every part they own, which
 // finds the moved items unless the move was still running.
-func wakeWorkers(ctx context.Context, db DB, store *crsql.Store, queue string) {
-	channel := store.NotifyChannel(queue)
+func wakeWorkers(ctx context.Context, db DB, stmts *store.Store, queue string) {
+	channel := stmts.NotifyChannel(queue)
 	wake.Signal(channel)
-	if d, err := crsql.DetectDialect(ctx, db); err == nil && d == crsql.Postgres {
-		_ = store.Notify(ctx, db, channel, "")
+	if d, err := store.DetectDialect(ctx, db); err == nil && d == store.Postgres {
+		_ = stmts.Notify(ctx, db, channel, "")
 	}
 }
 
@@ -125,13 +126,13 @@ func wakeWorkers(ctx context.Context, db DB, store *crsql.Store, queue string) {
 // One walk is enough: no item enters a part >= n once the new count is
 // committed (enqueues and requeues read it), and the items enqueued before
 // that committed before it, so the walk, which starts later, sees them.
-func moveItems(ctx context.Context, db DB, store *crsql.Store, queue string, n int) error {
+func moveItems(ctx context.Context, db DB, stmts *store.Store, queue string, n int) error {
 	var after uuid.UUID // the nil UUID: before every id
 	for {
-		var page crsql.MovedPage
+		var page store.MovedPage
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			page, err = store.MovePartItems(ctx, db, queue, n, after, MoveBatch)
+			page, err = stmts.MovePartItems(ctx, db, queue, n, after, MoveBatch)
 			return err
 		})
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -124,7 +125,7 @@ type Hold struct {
 type Rebalancer struct {
 	db    DB
 	sess  Session
-	store *crsql.Store
+	store *store.Store
 	opts  Options
 	log   *zap.Logger
 
@@ -163,8 +164,8 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	if err := crsql.CheckQueueName(opts.Queue); err != nil {
-		return nil, fmt.Errorf("partition: %w (sql.MaxQueueNameLength)", err)
+	if err := store.CheckQueueName(opts.Queue); err != nil {
+		return nil, fmt.Errorf("partition: %w (claim.MaxQueueNameLength)", err)
 	}
 	switch {
 	case db == nil || sess == nil || isNilSession(sess):
@@ -176,7 +177,7 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 		return nil, fmt.Errorf("partition: %w", err)
 	}
 	return &Rebalancer{
-		db: db, sess: sess, store: crsql.NewStore(opts.Tables), opts: opts,
+		db: db, sess: sess, store: store.New(opts.Tables), opts: opts,
 		log:   opts.Logger.With(zap.Stringer("session", sess.ID()), zap.String("queue", opts.Queue)),
 		owned: map[int]*part{}, changed: make(chan struct{}, 1),
 	}, nil
@@ -450,7 +451,7 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 			})
 		})
 		if err != nil {
-			return fmt.Errorf("partition: acquiring part %d of %q: %w", p, r.opts.Queue, crsql.Classify(err))
+			return fmt.Errorf("partition: acquiring part %d of %q: %w", p, r.opts.Queue, store.Classify(err))
 		}
 		if acquired {
 			r.mu.Lock()
@@ -542,7 +543,7 @@ func (r *Rebalancer) owners(ctx context.Context) (map[int]uuid.UUID, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("partition: reading the owners of %q: %w", r.opts.Queue, crsql.Classify(err))
+		return nil, fmt.Errorf("partition: reading the owners of %q: %w", r.opts.Queue, store.Classify(err))
 	}
 	return out, nil
 }

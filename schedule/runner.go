@@ -14,7 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/retry"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // DefaultRetryDelay is Options.RetryDelay's default.
@@ -64,7 +64,7 @@ type Fired struct {
 type Runner struct {
 	db     claim.DB
 	q      *claim.Queue
-	store  *crsql.Store
+	store  *store.Store
 	opts   Options
 	scheds []*compiled
 	log    *zap.Logger
@@ -98,7 +98,7 @@ func New(q *claim.Queue, opts Options, schedules ...Schedule) (*Runner, error) {
 	if len(schedules) == 0 {
 		return nil, errors.New("schedule: no schedules")
 	}
-	r := &Runner{db: q.DB(), q: q, opts: opts, store: crsql.NewStore(q.Options().Tables), done: map[string]time.Time{},
+	r := &Runner{db: q.DB(), q: q, opts: opts, store: store.New(q.Options().Tables), done: map[string]time.Time{},
 		log: opts.Logger.With(zap.String("queue", q.Name()))}
 	seen := map[string]bool{}
 	for _, s := range schedules {

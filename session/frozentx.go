@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -141,7 +142,7 @@ func ParseSetting(s string) (time.Duration, error) {
 // at most 2·d in all: the sessions whose rows are not locked are deleted,
 // those that stay are tried again at the next reap. It does the same when
 // the database refuses the delete for something about a row it changes
-// (sql.IsRefusal: a claim whose release would write an item past the
+// (store.IsRefusal: a claim whose release would write an item past the
 // schema's bounds, say): one session's row never keeps the others of the
 // database, whatever their queues, from being reaped; the refused ones are
 // named in the error. It returns how many it
@@ -154,22 +155,22 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	if d <= 0 {
 		return Reap(ctx, db, t)
 	}
-	store := crsql.NewStore(t)
-	n, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) { return store.ReapSessions(ctx, db) })
+	st := store.New(t)
+	n, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) { return st.ReapSessions(ctx, db) })
 	switch {
 	case err == nil:
 		return n, nil
-	case crsql.IsRefusal(err):
+	case store.IsRefusal(err):
 		// The delete of one expired session is refused for something
 		// about a row it changes (the release of one of its claims would
 		// write an item past the schema's bounds; a constraint; a
 		// trigger): one at a time too, so that the others go.
 	case ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded):
-		return 0, fmt.Errorf("session: reaping expired sessions: %w", crsql.Classify(err))
+		return 0, fmt.Errorf("session: reaping expired sessions: %w", store.Classify(err))
 	}
 	// One at a time: the expired sessions whose rows are not locked go.
 	lctx, cancel := context.WithTimeout(ctx, d)
-	ids, lerr := store.ExpiredSessionIDs(lctx, db)
+	ids, lerr := st.ExpiredSessionIDs(lctx, db)
 	cancel()
 	if lerr != nil {
 		return 0, reapTimeoutError(d, nil, fmt.Errorf("%w (then listing the expired sessions: %w)", err, lerr))
@@ -188,14 +189,14 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 			break
 		}
 		k, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) {
-			reaped, err := store.ReapSession(ctx, db, id)
+			reaped, err := st.ReapSession(ctx, db, id)
 			if reaped {
 				return 1, err
 			}
 			return 0, err
 		})
 		switch {
-		case crsql.IsRefusal(err):
+		case store.IsRefusal(err):
 			refused, lastRefusal = append(refused, id), err
 			continue
 		case err != nil:

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -192,7 +193,7 @@ func TestConfigurePoolEndsFrozenTransaction(t *testing.T) {
 	}
 	defer configured.Close()
 	var v string
-	if err := configured.QueryRow(ctx, crsql.IdleInTransactionTimeout).Scan(&v); err != nil {
+	if err := configured.QueryRow(ctx, store.IdleInTransactionTimeout).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := session.ParseSetting(v); err != nil || d != fixed.Expiry {

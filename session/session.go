@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -214,7 +215,7 @@ func (o Options) withDefaults() (Options, error) {
 type Session struct {
 	id     uuid.UUID
 	db     crsql.DB
-	store  *crsql.Store
+	store  *store.Store
 	opts   Options
 	log    *zap.Logger
 	ctx    context.Context
@@ -256,7 +257,7 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	store := crsql.NewStore(opts.Tables)
+	st := store.New(opts.Tables)
 	if err := crsql.Check(ctx, db, opts.Tables); err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
@@ -264,13 +265,13 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	var id uuid.UUID
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		id, err = store.CreateSession(ctx, db, opts.Expiry, host, os.Getpid(), opts.Name)
+		id, err = st.CreateSession(ctx, db, opts.Expiry, host, os.Getpid(), opts.Name)
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("session: creating session row: %w", crsql.Classify(err))
+		return nil, fmt.Errorf("session: creating session row: %w", store.Classify(err))
 	}
-	s := &Session{id: id, db: db, store: store, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
+	s := &Session{id: id, db: db, store: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
 	if s.connect == nil {
 		if pool, ok := db.(*pgxpool.Pool); ok {
 			cfg := pool.Config().ConnConfig
@@ -372,7 +373,7 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			beat := func(ctx context.Context) (bool, error) { return s.store.Heartbeat(ctx, db, s.id) }
 			if s.opts.Report != nil {
 				c := s.opts.Report()
-				counters := crsql.SessionCounters{Claimed: c.Claimed, Acked: c.Acked, Failed: c.Failed, InFlight: c.InFlight}
+				counters := store.SessionCounters{Claimed: c.Claimed, Acked: c.Acked, Failed: c.Failed, InFlight: c.InFlight}
 				beat = func(ctx context.Context) (bool, error) { return s.store.HeartbeatReport(ctx, db, s.id, counters) }
 			}
 			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
@@ -466,15 +467,15 @@ func (s *Session) Close(ctx context.Context) error {
 // by the database clock, and returns how many it deleted. Any process may
 // call it at any time; it is idempotent.
 func Reap(ctx context.Context, db crsql.DB, t crsql.Tables) (int64, error) {
-	store := crsql.NewStore(t)
+	st := store.New(t)
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = store.ReapSessions(ctx, db)
+		n, err = st.ReapSessions(ctx, db)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("session: reaping expired sessions: %w", crsql.Classify(err))
+		return 0, fmt.Errorf("session: reaping expired sessions: %w", store.Classify(err))
 	}
 	return n, nil
 }
@@ -497,9 +498,9 @@ type Info struct {
 // List returns the live sessions (heartbeat within their expiry, by the
 // database clock), ordered by id.
 func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
-	rows, err := crsql.NewStore(t).LiveSessions(ctx, db)
+	rows, err := store.New(t).LiveSessions(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("session: listing sessions: %w", crsql.Classify(err))
+		return nil, fmt.Errorf("session: listing sessions: %w", store.Classify(err))
 	}
 	var out []Info
 	for _, r := range rows {
@@ -516,9 +517,9 @@ func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
 // clock: every queue's. To divide a queue's work, use Members: the
 // sessions that work that queue.
 func LiveIDs(ctx context.Context, db crsql.DB, t crsql.Tables) ([]uuid.UUID, error) {
-	ids, err := crsql.NewStore(t).LiveSessionIDs(ctx, db)
+	ids, err := store.New(t).LiveSessionIDs(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("session: listing live sessions: %w", crsql.Classify(err))
+		return nil, fmt.Errorf("session: listing live sessions: %w", store.Classify(err))
 	}
 	return ids, nil
 }
@@ -553,7 +554,7 @@ func (s *Session) join(ctx context.Context, queue string) (bool, error) {
 	case errors.As(err, &pgErr) && pgErr.Code == "23503":
 		return false, fmt.Errorf("session: joining queue %q: the row of session %s is gone: %w", queue, s.id, ErrLost)
 	case err != nil:
-		return false, fmt.Errorf("session: joining queue %q: %w", queue, crsql.Classify(err))
+		return false, fmt.Errorf("session: joining queue %q: %w", queue, store.Classify(err))
 	}
 	return joined, nil
 }
@@ -566,7 +567,7 @@ func (s *Session) Leave(ctx context.Context, queue string) error {
 		return s.store.LeaveQueue(ctx, s.db, queue, s.id)
 	})
 	if err != nil {
-		return fmt.Errorf("session: leaving queue %q: %w", queue, crsql.Classify(err))
+		return fmt.Errorf("session: leaving queue %q: %w", queue, store.Classify(err))
 	}
 	return nil
 }
@@ -579,7 +580,7 @@ func (s *Session) Leave(ctx context.Context, queue string) error {
 // divide a queue's parts and limit shares among these sessions only, so
 // sessions of other queues in the same database never take a share.
 func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, crsql.NewStore(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
 }
 
 // JoinedMembers returns the ids of the live sessions that joined queue,
@@ -588,7 +589,7 @@ func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]
 // sessions exactly the parts they hold, since they divide parts by rules
 // of their own.
 func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, crsql.NewStore(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
 }
 
 // LimitSharers returns the ids of the live sessions among which a queue
@@ -598,14 +599,14 @@ func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue strin
 // database; counting its sessions here too keeps the sum of all shares
 // within the limit while old and new workers share a queue.
 func LimitSharers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, crsql.NewStore(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
 }
 
 // readIDs reads session ids of queue with read (a Store method).
 func readIDs(ctx context.Context, db crsql.DB, read func(context.Context, crsql.DB, string) ([]uuid.UUID, error), what, queue string) ([]uuid.UUID, error) {
 	ids, err := read(ctx, db, queue)
 	if err != nil {
-		return nil, fmt.Errorf("session: listing %s: %w", what, crsql.Classify(err))
+		return nil, fmt.Errorf("session: listing %s: %w", what, store.Classify(err))
 	}
 	return ids, nil
 }
@@ -622,9 +623,9 @@ type Membership struct {
 // it), ordered by queue and session: for operators. It reads the whole
 // membership table.
 func Memberships(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Membership, error) {
-	rows, err := crsql.NewStore(t).Memberships(ctx, db)
+	rows, err := store.New(t).Memberships(ctx, db)
 	if err != nil {
-		return nil, fmt.Errorf("session: listing queue memberships: %w", crsql.Classify(err))
+		return nil, fmt.Errorf("session: listing queue memberships: %w", store.Classify(err))
 	}
 	out := make([]Membership, 0, len(rows))
 	for _, r := range rows {

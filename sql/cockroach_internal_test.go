@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/crdbwork/crdbwork/internal/names"
 )
 
 // TestCockroachIndexesMatchFiles: every statement that has a CockroachDB
@@ -96,7 +98,7 @@ func TestCockroachSettingsWellFormed(t *testing.T) {
 	for _, c := range cockroachIndexes {
 		indexForms = append(indexForms, c.with...)
 	}
-	for name := range tableNames {
+	for _, name := range names.Tables() {
 		_, rare := writtenRarely[name]
 		if rare == slices.Contains(gcTables, name) {
 			t.Errorf("table %s is in neither or both of gcTables and writtenRarely: decide whether sql/cockroach.sql gives it a GC TTL", name)

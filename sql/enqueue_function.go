@@ -47,16 +47,23 @@ var cockroachEnqueueFunctionFile string
 const postgresOnly = "-- postgres only"
 
 // channelHead is the text of the wake-up channel's hash input that names
-// the tables (see Store.NotifyChannel): the schema's and the prefix's
+// the tables (see internal/store.Store.NotifyChannel): the schema's and the prefix's
 // lengths and texts. The file has the default names' (both empty).
 const channelHead = `'0:|0:|'`
 
 // EnqueueFunctionSQL returns the statement that creates (or replaces) the
-// function crdbwork_enqueue on dialect d, exactly as shipped in
-// sql/enqueue_function.sql or sql/cockroach_enqueue_function.sql (default
-// table names).
-func EnqueueFunctionSQL(d Dialect) string {
-	if d == Cockroach {
+// function crdbwork_enqueue on PostgreSQL, exactly as shipped in
+// sql/enqueue_function.sql (default table names).
+func EnqueueFunctionSQL() string { return enqueueFunctionFile }
+
+// CockroachEnqueueFunctionSQL returns the statement that creates (or
+// replaces) the function crdbwork_enqueue on CockroachDB, exactly as shipped
+// in sql/cockroach_enqueue_function.sql (default table names).
+func CockroachEnqueueFunctionSQL() string { return cockroachEnqueueFunctionFile }
+
+// enqueueFunctionFor returns EnqueueFunctionSQL, or its CockroachDB form.
+func enqueueFunctionFor(cockroach bool) string {
+	if cockroach {
 		return cockroachEnqueueFunctionFile
 	}
 	return enqueueFunctionFile
@@ -65,9 +72,9 @@ func EnqueueFunctionSQL(d Dialect) string {
 // enqueueFunction returns the statement that creates the enqueue function
 // on d for the tables t: the names rewritten, the function qualified with
 // t.Schema like the tables, and the channel of its wake-up that of
-// Store.NotifyChannel for t.
-func enqueueFunction(d Dialect, t Tables) (string, error) {
-	text := t.rewrite(EnqueueFunctionSQL(d))
+// internal/store.Store.NotifyChannel for t.
+func enqueueFunction(cockroach bool, t Tables) (string, error) {
+	text := t.rewrite(enqueueFunctionFor(cockroach))
 	if strings.Count(text, channelHead) > 1 {
 		return "", fmt.Errorf("crdbwork: the enqueue function names the channel's tables more than once")
 	}
@@ -147,8 +154,8 @@ func EnqueueFunctionRevision() int { return bodyRevision(enqueueFunctionFile) }
 // revisionMarker): on PostgreSQL an error fails the schema's Apply; on
 // CockroachDB a refusal (a version before 24.1) is a warning: everything
 // but the function works.
-func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn func(string)) error {
-	stmt, err := enqueueFunction(d, t)
+func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, warn func(string)) error {
+	stmt, err := enqueueFunction(cockroach, t)
 	if err != nil {
 		return err
 	}
@@ -160,7 +167,7 @@ func applyEnqueueFunction(ctx context.Context, db DB, d Dialect, t Tables, warn 
 		return nil
 	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
-		if d == Cockroach {
+		if cockroach {
 			warn(fmt.Sprintf("the cluster refused the SQL function crdbwork_enqueue (it needs CockroachDB 24.1 or later); enqueue from Go, or upgrade the cluster and apply the schema again: %v", err))
 			return nil
 		}

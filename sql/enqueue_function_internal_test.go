@@ -22,7 +22,7 @@ import (
 func TestCockroachEnqueueFunctionMatches(t *testing.T) {
 	t.Parallel()
 	body := func(s string) string { return s[strings.Index(s, "CREATE OR REPLACE FUNCTION"):] }
-	pg, crdb := EnqueueFunctionSQL(Postgres), EnqueueFunctionSQL(Cockroach)
+	pg, crdb := EnqueueFunctionSQL(), CockroachEnqueueFunctionSQL()
 	if got, want := body(crdb), cockroachForm(body(pg)); got != want {
 		t.Fatalf("sql/cockroach_enqueue_function.sql is not sql/enqueue_function.sql without its %q lines", postgresOnly)
 	}
@@ -47,23 +47,23 @@ func TestCockroachEnqueueFunctionMatches(t *testing.T) {
 
 // The function is rendered for renamed tables: every crdbwork_ name
 // renamed, the function qualified with the schema, and the wake-up's
-// channel that of Store.NotifyChannel (its hash input's table part).
+// channel that of internal/store.Store.NotifyChannel (its hash input's table part).
 func TestEnqueueFunctionRenamed(t *testing.T) {
 	t.Parallel()
 	tables := Tables{Schema: "it's", Prefix: "p_"}
-	for _, d := range []Dialect{Postgres, Cockroach} {
+	for _, d := range []bool{false, true} { // d: CockroachDB
 		s, err := enqueueFunction(d, tables)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if strings.Contains(s, "crdbwork_items") || !strings.Contains(s, `FUNCTION "it's"."p_enqueue"(`) || !strings.Contains(s, `"it's"."p_items"`) {
-			t.Errorf("%v: names not rewritten:\n%s", d, s)
+			t.Errorf("cockroach %v: names not rewritten:\n%s", d, s)
 		}
-		if d == Postgres && !strings.Contains(s, `'4:it''s|2:p_|'`) {
+		if !d && !strings.Contains(s, `'4:it''s|2:p_|'`) {
 			t.Errorf("the channel's tables are not rendered: %s", s)
 		}
 	}
-	if _, err := enqueueFunction(Postgres, Tables{Prefix: "x$crdbwork$"}); err == nil {
+	if _, err := enqueueFunction(false, Tables{Prefix: "x$crdbwork$"}); err == nil {
 		t.Error("a prefix holding the dollar quote's tag was accepted")
 	}
 }
@@ -80,7 +80,7 @@ func TestEnqueueFunctionAppliedOnce(t *testing.T) {
 	if err := Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)
 	}
-	stmt, err := enqueueFunction(Postgres, tables)
+	stmt, err := enqueueFunction(false, tables)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestEnqueueFunctionKeptWhenStoredReformatted(t *testing.T) {
 	if err := Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)
 	}
-	stmt, err := enqueueFunction(Postgres, tables)
+	stmt, err := enqueueFunction(false, tables)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func TestEnqueueFunctionRevisionUpgrades(t *testing.T) {
 	if err := Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)
 	}
-	stmt, err := enqueueFunction(Postgres, tables)
+	stmt, err := enqueueFunction(false, tables)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ var enqueueFunctionPins = map[int]string{
 // The files are those pinned for their revision, and both carry it.
 func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 	t.Parallel()
-	pg, crdb := EnqueueFunctionSQL(Postgres), EnqueueFunctionSQL(Cockroach)
+	pg, crdb := EnqueueFunctionSQL(), CockroachEnqueueFunctionSQL()
 	rev := EnqueueFunctionRevision()
 	if rev < 1 || bodyRevision(crdb) != rev || strings.Count(pg, revisionMarker) != 1 || strings.Count(crdb, revisionMarker) != 1 {
 		t.Fatalf("revisions: PostgreSQL file %d, CockroachDB file %d (one marker each, from 1)", rev, bodyRevision(crdb))
@@ -285,8 +285,8 @@ func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 	t.Parallel()
 	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\s+DEFAULT\s+(\S+?))?,$`)
-	for _, d := range []Dialect{Postgres, Cockroach} {
-		text := EnqueueFunctionSQL(d)
+	for _, d := range []bool{false, true} { // d: CockroachDB
+		text := enqueueFunctionFor(d)
 		head := text[strings.Index(text, "CREATE OR REPLACE FUNCTION"):strings.Index(text, "OUT item_id")]
 		var got []string
 		for _, m := range decl.FindAllStringSubmatch(head, -1) {
@@ -297,7 +297,7 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 			want = append(want, p.Name+"="+p.Default)
 		}
 		if !slices.Equal(got, want) {
-			t.Errorf("%v: the function's parameters are\n%q\ntestdb.EnqueueParams\n%q", d, got, want)
+			t.Errorf("cockroach %v: the function's parameters are\n%q\ntestdb.EnqueueParams\n%q", d, got, want)
 		}
 	}
 	for _, c := range []struct {

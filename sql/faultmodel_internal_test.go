@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/crdbwork/crdbwork/internal/names"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -12,7 +13,7 @@ import (
 func TestFaultModelTables(t *testing.T) {
 	t.Parallel()
 	var want []string
-	for name := range tableNames {
+	for _, name := range names.Tables() {
 		if name != "schema_version" {
 			want = append(want, name)
 		}

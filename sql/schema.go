@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Version is the schema version this code expects. Apply brings a database
@@ -29,12 +27,6 @@ const Version = 6
 // schema's own version in `installed`.
 const Serves = 3
 
-//go:embed schema.sql
-var schemaFile string
-
-//go:embed cockroach.sql
-var cockroachFile string
-
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
@@ -47,7 +39,7 @@ type Migration struct {
 	SQL     string // the file's text, with the default table names
 }
 
-// coreStatements returns the migration's statements with the names of t.
+// Statements returns the migration's statements with the names of t.
 func (m Migration) Statements(t Tables) []string { return statements(t.rewrite(m.SQL)) }
 
 // Migrations returns every migration, in order. Migration 1 creates the
@@ -74,123 +66,6 @@ func Migrations() []Migration {
 	return out
 }
 
-// SchemaSQL returns the schema file with the default table names, exactly as
-// shipped in sql/schema.sql.
-func SchemaSQL() string { return schemaFile }
-
-// CockroachSQL returns the CockroachDB-only settings, exactly as shipped in
-// sql/cockroach.sql.
-func CockroachSQL() string { return cockroachFile }
-
-// Errors returned by Check and Apply, and wrapped by the other packages when
-// a statement fails because the schema is not in place.
-var (
-	// ErrSchemaMissing means the crdbwork tables do not exist in the database.
-	ErrSchemaMissing = errors.New("crdbwork schema is missing: apply it first (sql.Apply, or the file sql/schema.sql)")
-	// ErrSchemaOutdated means the tables exist at an older version.
-	ErrSchemaOutdated = errors.New("crdbwork schema is older than this code: upgrade it in place (sql.Apply, or the files in sql/migrations/ above its version)")
-	// ErrSchemaNewer means the tables were created by a newer crdbwork that
-	// no longer serves this code.
-	ErrSchemaNewer = errors.New("crdbwork schema is newer than this code and no longer serves it: build with a newer crdbwork release")
-)
-
-// DB is what this package needs of a connection: a *pgxpool.Pool, *pgx.Conn
-// or pgx.Tx all satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Tables names the crdbwork tables. The zero value means the default names
-// (crdbwork_sessions, crdbwork_items, ...) in the connection's search path.
-type Tables struct {
-	// Schema, if set, qualifies every table ("work" gives "work"."crdbwork_items").
-	// Apply creates it if it does not exist.
-	Schema string
-	// Prefix replaces "crdbwork_" at the start of every table, index and
-	// constraint name. Empty means "crdbwork_".
-	Prefix string
-}
-
-const defaultPrefix = "crdbwork_"
-
-// tableNames are the schema's tables, by suffix; other crdbwork_ names in the
-// schema file are indexes and constraints, which are never schema-qualified.
-var tableNames = map[string]bool{
-	"sessions": true, "queues": true, "session_parts": true,
-	"items": true, "dead_items": true, "schema_version": true,
-	"tenant_limits": true, "schedules": true, "session_queues": true, "ended": true,
-	"audit":   true,
-	"waiting": true, "waits_for": true, // dependencies (version 5)
-}
-
-// routineNames are the schema's functions, by suffix: qualified with the
-// schema like the tables.
-var routineNames = map[string]bool{"enqueue": true}
-
-var identPattern = regexp.MustCompile(`\bcrdbwork_[a-z_]+\b`)
-
-func (t Tables) prefix() string {
-	if t.Prefix == "" {
-		return defaultPrefix
-	}
-	return t.Prefix
-}
-
-// Validate reports a prefix or schema that cannot name tables.
-func (t Tables) Validate() error {
-	for _, s := range []string{t.Schema, t.Prefix} {
-		if strings.ContainsRune(s, 0) {
-			return fmt.Errorf("crdbwork tables: names must not contain NUL bytes")
-		}
-	}
-	if len(t.prefix())+len("session_parts_one_owner") > 63 {
-		return fmt.Errorf("crdbwork tables: prefix %q is too long (identifiers are limited to 63 bytes)", t.Prefix)
-	}
-	return nil
-}
-
-// name returns the quoted name for a crdbwork_ identifier of the schema file.
-func (t Tables) name(ident string) string {
-	suffix := strings.TrimPrefix(ident, defaultPrefix)
-	id := pgx.Identifier{t.prefix() + suffix}
-	if t.Schema != "" && (tableNames[suffix] || routineNames[suffix]) {
-		id = pgx.Identifier{t.Schema, t.prefix() + suffix}
-	}
-	return id.Sanitize()
-}
-
-// Table returns the quoted, qualified name of one table, by its default name
-// without the prefix: Table("items") is "crdbwork_items" by default.
-func (t Tables) Table(suffix string) string { return t.name(defaultPrefix + suffix) }
-
-var dropIndexPattern = regexp.MustCompile(`(DROP INDEX IF EXISTS )(crdbwork_[a-z_]+)\b`)
-
-// rewrite renames every crdbwork_ identifier of a SQL text. An index named by
-// DROP INDEX is qualified with the schema (CREATE INDEX names are not: an
-// index always lives in its table's schema). Both engines accept a
-// schema-qualified index name there: PostgreSQL's DROP INDEX takes one, and
-// CockroachDB's grammar (sql.y: table_index_name is table@index or a
-// standalone_index_name, itself a db_object_name) does too; its docs show
-// the table@index form, which PostgreSQL refuses.
-func (t Tables) rewrite(text string) string {
-	text = dropIndexPattern.ReplaceAllStringFunc(text, func(m string) string {
-		sub := dropIndexPattern.FindStringSubmatch(m)
-		id := pgx.Identifier{t.prefix() + strings.TrimPrefix(sub[2], defaultPrefix)}
-		if t.Schema != "" {
-			id = pgx.Identifier{t.Schema, id[0]}
-		}
-		return sub[1] + "\x00" + id.Sanitize() + "\x00"
-	})
-	// The \x00 marks keep the already rendered name from being renamed again.
-	parts := strings.Split(text, "\x00")
-	for i := 0; i < len(parts); i += 2 {
-		parts[i] = identPattern.ReplaceAllStringFunc(parts[i], t.name)
-	}
-	return strings.Join(parts, "")
-}
-
 // statements splits a SQL file into its statements, dropping comments.
 func statements(file string) []string {
 	var out []string
@@ -213,33 +88,13 @@ func statements(file string) []string {
 	return out
 }
 
-// Dialect is the SQL engine behind a connection.
-type Dialect int
-
-// The engines crdbwork runs on.
-const (
-	Postgres Dialect = iota
-	Cockroach
-)
-
-// String returns "postgres" or "cockroach".
-func (d Dialect) String() string {
-	if d == Cockroach {
-		return "cockroach"
-	}
-	return "postgres"
-}
-
-// DetectDialect asks the server which engine it is.
-func DetectDialect(ctx context.Context, db DB) (Dialect, error) {
+// isCockroach asks the server whether it is CockroachDB.
+func isCockroach(ctx context.Context, db DB) (bool, error) {
 	var v string
 	if err := db.QueryRow(ctx, "SELECT version()").Scan(&v); err != nil {
-		return Postgres, fmt.Errorf("crdbwork: asking the server for its version: %w", err)
+		return false, fmt.Errorf("crdbwork: asking the server for its version: %w", err)
 	}
-	if strings.Contains(v, "CockroachDB") {
-		return Cockroach, nil
-	}
-	return Postgres, nil
+	return strings.Contains(v, "CockroachDB"), nil
 }
 
 // ApplyOptions configure ApplyWith. The zero value is valid.
@@ -325,11 +180,11 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 			}
 		}
 	}
-	dialect, err := DetectDialect(ctx, db)
+	cockroach, err := isCockroach(ctx, db)
 	if err != nil {
 		return err
 	}
-	if dialect == Cockroach {
+	if cockroach {
 		stmts = cockroachForms(stmts, t)
 	}
 	for _, s := range stmts {
@@ -337,10 +192,10 @@ func ApplyWith(ctx context.Context, db DB, t Tables, opts ApplyOptions) error {
 			return fmt.Errorf("crdbwork: applying schema: %w\nstatement: %s", err, s)
 		}
 	}
-	if err := applyEnqueueFunction(ctx, db, dialect, t, warn); err != nil {
+	if err := applyEnqueueFunction(ctx, db, cockroach, t, warn); err != nil {
 		return err
 	}
-	if dialect == Cockroach {
+	if cockroach {
 		for _, s := range statements(t.rewrite(cockroachFile)) {
 			if _, err := db.Exec(ctx, s); err != nil {
 				warn(fmt.Sprintf("the cluster refused a CockroachDB setting of sql/cockroach.sql (CockroachDB Cloud Basic/Serverless refuses zone configurations); crdbwork works without it, with a longer garbage-collection TTL for its tables: %v (statement: %s)", err, s))
@@ -384,12 +239,12 @@ func installedVersion(ctx context.Context, db DB, t Tables) (version, serves int
 	// would fail once an upgrade adds the column.
 	rows, err := db.Query(ctx, "SELECT * FROM "+t.Table("schema_version"), pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
-		return 0, 0, Classify(err)
+		return 0, 0, classify(err)
 	}
 	defer rows.Close()
 	if !rows.Next() {
 		if err := rows.Err(); err != nil {
-			return 0, 0, Classify(err)
+			return 0, 0, classify(err)
 		}
 		return 0, 0, fmt.Errorf("%w (the version table %s is empty)", ErrSchemaMissing, t.Table("schema_version"))
 	}
@@ -410,22 +265,11 @@ func installedVersion(ctx context.Context, db DB, t Tables) (version, serves int
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return 0, 0, Classify(err)
+		return 0, 0, classify(err)
 	}
 	version = installed
 	if version == 0 { // versions 1 to 3, or a version-4 upgrade interrupted before its last statement
 		version = serves
 	}
 	return version, serves, nil
-}
-
-// Classify turns a "relation does not exist" error into one that wraps
-// ErrSchemaMissing, keeping the original error in the chain. Other errors are
-// returned unchanged.
-func Classify(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
-		return fmt.Errorf("%w: %w", ErrSchemaMissing, err)
-	}
-	return err
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -104,11 +105,12 @@ func TestApplyWithSchemaAndPrefix(t *testing.T) {
 		t.Fatalf("Table(items) = %s", tb.Table("items"))
 	}
 	// Every statement is valid for the renamed tables.
-	st := crsql.NewStatements(tb)
-	for _, s := range []string{st.LiveSessions, st.Backlog, st.ReapSessions} {
-		if _, err := pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%v\n%s", err, s)
-		}
+	st := store.New(tb)
+	if _, err := st.LiveSessions(ctx, pool); err != nil {
+		t.Fatalf("live sessions: %v", err)
+	}
+	if _, err := st.ReapSessions(ctx, pool); err != nil {
+		t.Fatalf("reap sessions: %v", err)
 	}
 }
 
@@ -206,20 +208,6 @@ func TestSchemaFileWithClient(t *testing.T) {
 	defer pool.Close()
 	if err := crsql.Check(context.Background(), pool, crsql.Tables{}); err != nil {
 		t.Fatalf("after the client applied schema.sql: %v", err)
-	}
-}
-
-func TestStatementsSplit(t *testing.T) {
-	t.Parallel()
-	if !strings.Contains(crsql.SchemaSQL(), "CREATE TABLE IF NOT EXISTS crdbwork_items") {
-		t.Fatal("embedded schema does not look like schema.sql")
-	}
-	st := crsql.NewStatements(crsql.Tables{Prefix: "x_"})
-	if strings.Contains(st.ClaimAny, "crdbwork_") || !strings.Contains(st.ClaimAny, `"x_items"`) {
-		t.Fatalf("statement not renamed: %s", st.ClaimAny)
-	}
-	if err := (crsql.Tables{Prefix: strings.Repeat("p", 60)}).Validate(); err == nil {
-		t.Fatal("a prefix too long for identifiers was accepted")
 	}
 }
 
@@ -567,13 +555,21 @@ func TestUpgradeWhileVersion1WorkersRun(t *testing.T) {
 	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatal(err)
 	}
-	st := crsql.NewStatements(crsql.Tables{})
-	reap := st.ForDialect(crsql.Postgres).ReapLeases
+	d := store.Postgres
 	if testdb.Kind(t) == "cockroach" {
-		reap = st.ForDialect(crsql.Cockroach).ReapLeases
+		d = store.Cockroach
 	}
-	if tag, err := pool.Exec(ctx, reap, "q", 100); err != nil || tag.RowsAffected() != 0 {
-		t.Fatalf("the lease reaper released %d version-1 claims (%v), want 0", tag.RowsAffected(), err)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released, err := store.New(crsql.Tables{}).ReapLeases(ctx, tx, d, "q", 100)
+	if err != nil || released != 0 {
+		_ = tx.Rollback(ctx)
+		t.Fatalf("the lease reaper released %d version-1 claims (%v), want 0", released, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 	ack(before)
 	ack(claim(4))

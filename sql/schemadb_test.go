@@ -1,11 +1,13 @@
 package sql_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/testdb"
+	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // schemaKey names the template of crdbwork's schema with the default table
@@ -19,4 +21,10 @@ const schemaKey = "crdbwork schema"
 func newSchemaDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	return testdb.NewFromTemplate(t, schemaKey, applySchema)
+}
+
+// applySchema installs the schema with the default table names: the build
+// of the template.
+func applySchema(ctx context.Context, pool *pgxpool.Pool) error {
+	return crsql.Apply(ctx, pool, crsql.Tables{})
 }

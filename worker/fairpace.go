@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
-	crsql "github.com/crdbwork/crdbwork/sql"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Fair pacing keeps the parts-mode sessions of a fair queue within a few
@@ -49,7 +49,7 @@ import (
 //     slack of the last head it read (moved on by half its recent pace,
 //     for at most paceMaxStep) is within it of the current one, and reads
 //     nothing. Only a session that looks ahead reads the head (one index
-//     seek past a few stragglers, sql.Store.FairFront).
+//     seek past a few stragglers, store.Store.FairFront).
 //   - A session that is ahead waits (its handlers keep working on what it
 //     holds) until the head comes within the slack, re-reading it when the
 //     head, at half its recent pace, would be there (paceStep to
@@ -94,7 +94,7 @@ const (
 // used by the session's claim loop only.
 type fairPace struct {
 	// readFront reads the queue's front at a priority past skip items and
-	// its part (sql.Store.FairFront); isFairNow reads the queue's fair
+	// its part (store.Store.FairFront); isFairNow reads the queue's fair
 	// setting. Both are set by newFairPace (tests replace them).
 	readFront func(ctx context.Context, priority int64, skip int) (time.Time, int, bool, error)
 	isFairNow func(ctx context.Context) (bool, error)
@@ -141,11 +141,11 @@ func newFairPace(w *Worker) *fairPace {
 
 // engine returns the dialect of the worker's database, asked of the server
 // once (a failed attempt is made again at the next call).
-func (w *Worker) engine(ctx context.Context) (crsql.Dialect, error) {
+func (w *Worker) engine(ctx context.Context) (store.Dialect, error) {
 	if d := w.dialect.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := crsql.DetectDialect(ctx, w.db)
+	d, err := store.DetectDialect(ctx, w.db)
 	if err != nil {
 		return d, err
 	}

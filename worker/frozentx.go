@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // ConfigurePool prepares the configuration of a worker's pool for workers
@@ -53,7 +53,7 @@ func (w *Worker) checkIdleTimeout(ctx context.Context, expiry time.Duration, log
 	ctx, cancel := context.WithTimeout(ctx, idleTimeoutCheck)
 	defer cancel()
 	var v string
-	if err := w.db.QueryRow(ctx, crsql.IdleInTransactionTimeout).Scan(&v); err != nil {
+	if err := w.db.QueryRow(ctx, store.IdleInTransactionTimeout).Scan(&v); err != nil {
 		log.Debug("could not read idle_in_transaction_session_timeout", zap.Error(err))
 		return ""
 	}

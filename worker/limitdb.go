@@ -7,8 +7,8 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
-	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // storedLimits reads the queue's stored limits (claim.Queue.Configure,
@@ -22,7 +22,7 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 		l.Queue = claim.Limit{MaxInFlight: row.MaxInFlight, Rate: row.Rate}
 		l.Tenant = claim.Limit{MaxInFlight: row.TenantMaxInFlight, Rate: row.TenantRate}
 		dbNow = row.Now
-		return crsql.Classify(err)
+		return store.Classify(err)
 	})
 	if err != nil {
 		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.name, err)

@@ -22,7 +22,7 @@ import (
 // and the workers poll every ten minutes: only the probe can make them
 // claim within the tests' deadlines.
 
-// probeText is the start of the probe's statement (sql.Store.Probe), as
+// probeText is the start of the probe's statement (store.Store.Probe), as
 // pg_stat_activity and the fault proxy see it.
 const probeText = `SELECT id, part FROM "crdbwork_items"`
 

@@ -86,6 +86,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	"github.com/crdbwork/crdbwork/partition"
 	"github.com/crdbwork/crdbwork/session"
@@ -180,10 +181,10 @@ type Worker struct {
 	name    string       // the queue's
 	tables  crsql.Tables // the queue's
 	// store reads the stored limits (see storedLimits) and the fair
-	// pacing's front (sql.Store.FairFront, whose twin dialect picks:
+	// pacing's front (store.Store.FairFront, whose twin dialect picks:
 	// detected at its first read, see engine).
-	store   *crsql.Store
-	dialect atomic.Pointer[crsql.Dialect]
+	store   *store.Store
+	dialect atomic.Pointer[store.Dialect]
 	log     *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
@@ -237,7 +238,7 @@ func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
 	}
 	qo := q.Options()
 	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, name: q.Name(), tables: qo.Tables,
-		store: crsql.NewStore(qo.Tables),
+		store: store.New(qo.Tables),
 		log:   opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
 	w.limitSource = w.storedLimits
 	w.current.Store("")

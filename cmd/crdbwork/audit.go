@@ -7,6 +7,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -21,9 +22,9 @@ func recordAudit(ctx context.Context, db crsql.DB, g *globals, out *cli.Console,
 	if host, err := os.Hostname(); err == nil {
 		actor += "@" + host
 	}
-	store := crsql.NewStore(g.tables())
+	stmts := store.New(g.tables())
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return crsql.Classify(store.RecordAudit(ctx, db, crsql.AuditRow{Actor: actor, Source: "cli", Action: action, Queue: g.queue, Detail: detail}))
+		return store.Classify(stmts.RecordAudit(ctx, db, store.AuditRow{Actor: actor, Source: "cli", Action: action, Queue: g.queue, Detail: detail}))
 	})
 	if err != nil {
 		out.Errorf("crdbwork %s: warning: not recorded in the audit list: %v", action, err)

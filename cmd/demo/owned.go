@@ -12,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/cli"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -24,8 +25,8 @@ import (
 // command is given --shared-database.
 
 // store runs the library's statements the demo needs on crdbwork's tables
-// (sql/store_demo.go): the demo writes no SQL on them itself.
-var store = crsql.NewStore(tables)
+// (internal/store/verify.go): the demo writes no SQL on them itself.
+var stmts = store.New(tables)
 
 // demoTablesSQL creates the demo's own tables. demo_results has no unique
 // constraint on item_id on purpose: a duplicate acknowledgement would show
@@ -124,7 +125,7 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 		if err != nil {
 			return s, cli.Failf(1, "listing the queues: %v", err)
 		}
-		worked, err := store.WorkedQueues(ctx, db)
+		worked, err := stmts.WorkedQueues(ctx, db)
 		if err != nil {
 			return s, cli.Failf(1, "%v", err)
 		}
@@ -153,14 +154,14 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 func demoQueues(ctx context.Context, db crsql.DB) ([]string, error) {
 	rows, err := db.Query(ctx, `SELECT queue FROM demo_queues ORDER BY queue`)
 	if err != nil {
-		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
+		if errors.Is(store.Classify(err), crsql.ErrSchemaMissing) {
 			return nil, nil
 		}
 		return nil, cli.Failf(1, "reading demo_queues: %v", err)
 	}
 	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
+		if errors.Is(store.Classify(err), crsql.ErrSchemaMissing) {
 			return nil, nil
 		}
 		return nil, cli.Failf(1, "reading demo_queues: %v", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/cli"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -68,7 +69,7 @@ const checkPage = 5000
 
 // check compares demo_results with demo_enqueued for the items filter
 // selects. The items without a result are classified by the library's read
-// of where they are (pending, dead or cancelled: sql.Store.ItemFates); the
+// of where they are (pending, dead or cancelled: store.Store.ItemFates); the
 // others are lost. Everything is read in one read-only transaction, one
 // snapshot of both the demo's tables and crdbwork's, so that an item acked
 // between two reads is not taken for lost. CockroachDB accepts ISOLATION
@@ -89,8 +90,8 @@ func check(ctx context.Context, pool *pgxpool.Pool, filter checkFilter) (verdict
 			if err != nil {
 				return err
 			}
-			var page []crsql.ItemRef
-			var ref crsql.ItemRef
+			var page []store.ItemRef
+			var ref store.ItemRef
 			if _, err := pgx.ForEachRow(rows, []any{&ref.Queue, &ref.ID}, func() error {
 				page = append(page, ref)
 				return nil
@@ -100,7 +101,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, filter checkFilter) (verdict
 			if len(page) == 0 {
 				break
 			}
-			f, err := store.ItemFates(ctx, tx, page)
+			f, err := stmts.ItemFates(ctx, tx, page)
 			if err != nil {
 				return err
 			}
@@ -121,7 +122,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, filter checkFilter) (verdict
 		return nil
 	})
 	if err != nil {
-		return v, fmt.Errorf("verifying the results: %w", crsql.Classify(err))
+		return v, fmt.Errorf("verifying the results: %w", store.Classify(err))
 	}
 	return v, nil
 }
@@ -176,7 +177,7 @@ such while its queue's dedup window remembers it, 24 hours by default).`)
 		return err
 	}
 	if _, err := pool.Exec(ctx, `SELECT 1 FROM demo_enqueued LIMIT 1`); err != nil {
-		if errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing) {
+		if errors.Is(store.Classify(err), crsql.ErrSchemaMissing) {
 			return cli.Failf(2, "the demo's tables are not in this database: nothing to verify (`demo run` and `demo enqueue` record what they enqueue)")
 		}
 		return cli.Failf(1, "reading demo_enqueued: %v", err)

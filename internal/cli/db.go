@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -179,7 +180,7 @@ func requireTables(ctx context.Context, db crsql.DB, tables crsql.Tables) error 
 		}
 		switch {
 		case err == nil:
-		case errors.Is(crsql.Classify(err), crsql.ErrSchemaMissing):
+		case errors.Is(store.Classify(err), crsql.ErrSchemaMissing):
 			return Failf(2, "the crdbwork schema is incomplete: the table %s is missing: run `crdbwork migrate` (it recreates what is missing)", tables.Table(t))
 		default:
 			return Failf(1, "checking the crdbwork table %s: %v", tables.Table(t), err)
@@ -212,7 +213,7 @@ func InstalledVersion(ctx context.Context, db crsql.DB, tables crsql.Tables) int
 
 // EngineName asks the server which engine it is.
 func EngineName(ctx context.Context, db crsql.DB) string {
-	d, err := crsql.DetectDialect(ctx, db)
+	d, err := store.DetectDialect(ctx, db)
 	if err != nil {
 		return "unknown"
 	}

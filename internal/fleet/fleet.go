@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -179,7 +180,7 @@ type Owner struct {
 type Reader struct {
 	db      crsql.DB
 	t       crsql.Tables
-	store   *crsql.Store
+	store   *store.Store
 	checked atomic.Bool // the schema was found installed
 }
 
@@ -192,7 +193,7 @@ func New(db crsql.DB, t crsql.Tables) (*Reader, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	return &Reader{db: db, t: t, store: crsql.NewStore(t)}, nil
+	return &Reader{db: db, t: t, store: store.New(t)}, nil
 }
 
 // Snapshot reads the fleet as opts shape it.
@@ -238,10 +239,10 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		rows, err := r.store.FleetLiveSessions(ctx, r.db, opts.MaxSessions)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		if snap.LiveSessions, snap.ExpiredSessions, err = r.store.FleetSessionCounts(ctx, r.db); err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		snap.Sessions = snap.Sessions[:0]
 		for _, row := range rows {
@@ -253,7 +254,7 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 		}
 		owners, err := r.store.AllPartOwners(ctx, r.db)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		snap.Owners = snap.Owners[:0]
 		for _, o := range owners {
@@ -261,7 +262,7 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 		}
 		members, err := r.store.Memberships(ctx, r.db)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		snap.Members = snap.Members[:0]
 		for _, m := range members {
@@ -292,19 +293,19 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 		clear(seen)
 		stored, err := r.store.StoredQueues(ctx, r.db, "", max+1)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		for _, n := range stored {
 			seen[n] = true
 		}
-		for _, next := range []func(context.Context, crsql.DB, string) (string, bool, error){
+		for _, next := range []func(context.Context, store.DB, string) (string, bool, error){
 			r.store.NextUnclaimedQueue, r.store.NextClaimedQueue, r.store.NextDeadQueue,
 		} {
 			after := ""
 			for range max + 1 {
 				n, ok, err := next(ctx, r.db, after)
 				if err != nil {
-					return crsql.Classify(err)
+					return store.Classify(err)
 				}
 				if !ok {
 					break
@@ -328,7 +329,7 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 	return out, false, nil
 }
 
-// queue reads one queue's state: its figures (sql.Store.FleetQueue: one
+// queue reads one queue's state: its figures (store.Store.FleetQueue: one
 // statement, each count stopping at the cap), and with opts.Parts and
 // opts.Tenants its backlog by part, holders and tenants.
 func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, error) {
@@ -344,7 +345,7 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		row, err := r.store.FleetQueue(ctx, r.db, name, capAt, since)
 		if err != nil {
-			return crsql.Classify(err)
+			return store.Classify(err)
 		}
 		q = Queue{Name: name, Stored: row.Stored, NumParts: row.NumParts, Paused: row.Paused, Fair: row.Fair,
 			Sequenced: row.Sequenced, MaxInFlight: row.MaxInFlight, Rate: row.Rate,
@@ -368,7 +369,7 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 }
 
 // parts reads q's backlog by part and the items each session holds
-// (sql.Store.InspectUnclaimed and InspectClaimed: the queue's whole
+// (store.Store.InspectUnclaimed and InspectClaimed: the queue's whole
 // backlog).
 func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	byPart := map[int]*Part{}
@@ -385,7 +386,7 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	}
 	unclaimed, err := r.store.InspectUnclaimed(ctx, r.db, q.Name)
 	if err != nil {
-		return crsql.Classify(err)
+		return store.Classify(err)
 	}
 	for _, u := range unclaimed {
 		p := part(u.Part)
@@ -393,7 +394,7 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	}
 	claimed, err := r.store.InspectClaimed(ctx, r.db, q.Name)
 	if err != nil {
-		return crsql.Classify(err)
+		return store.Classify(err)
 	}
 	q.Holders = map[uuid.UUID]int64{}
 	for _, c := range claimed {
@@ -408,12 +409,12 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	return nil
 }
 
-// tenants reads q's backlog by tenant (sql.Store.InspectTenants: the
+// tenants reads q's backlog by tenant (store.Store.InspectTenants: the
 // queue's unclaimed items that have a tenant).
 func (r *Reader) tenants(ctx context.Context, q *Queue) error {
 	tenants, err := r.store.InspectTenants(ctx, r.db, q.Name, MaxTenants)
 	if err != nil {
-		return crsql.Classify(err)
+		return store.Classify(err)
 	}
 	q.Tenants = make([]Tenant, 0, len(tenants))
 	for _, t := range tenants {

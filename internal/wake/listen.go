@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testhook"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -49,7 +50,7 @@ var listeners struct {
 type listener struct {
 	key   string
 	cfg   *pgx.ConnConfig
-	store *crsql.Store
+	store *store.Store
 	log   *zap.Logger
 
 	mu       sync.Mutex
@@ -60,7 +61,7 @@ type listener struct {
 }
 
 // Listen makes the process's listener of the database db connects to
-// listen on channel (see sql.Store.NotifyChannel), starting the listener on
+// listen on channel (see store.Store.NotifyChannel), starting the listener on
 // a connection of its own if it is not running, until stop is called; the
 // last stop of a database's listener closes its connection. Notifications
 // on channel then Signal it. db must give its connection settings (a
@@ -90,7 +91,7 @@ func Listen(db any, channel string, log *zap.Logger) (stop func(), ok bool) {
 	l := listeners.m[key]
 	if l == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		l = &listener{key: key, cfg: cfg, store: crsql.NewStore(crsql.Tables{}), log: log.Named("wake"),
+		l = &listener{key: key, cfg: cfg, store: store.New(crsql.Tables{}), log: log.Named("wake"),
 			channels: make(map[string]int), changed: make(chan struct{}, 1), cancel: cancel}
 		listeners.m[key] = l
 		go l.run(ctx)
@@ -191,10 +192,10 @@ func (l *listener) session(ctx context.Context) (connected bool, err error) {
 		return false, err
 	}
 	defer closeConn()
-	if _, known := dialects.Swap(l.key, dialect); !known && dialect == crsql.Cockroach {
+	if _, known := dialects.Swap(l.key, dialect); !known && dialect == store.Cockroach {
 		kickProbers() // they may probe now (see Probe)
 	}
-	if dialect == crsql.Cockroach {
+	if dialect == store.Cockroach {
 		return false, errNoListen
 	}
 	listening := make(map[string]bool)
@@ -285,7 +286,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 
 // connectDetect opens a connection of its own for what (the listener, the
 // idle probe) and finds its server's engine; closeConn closes it.
-func connectDetect(ctx context.Context, cfg *pgx.ConnConfig, what string) (conn *pgx.Conn, dialect crsql.Dialect, closeConn func(), err error) {
+func connectDetect(ctx context.Context, cfg *pgx.ConnConfig, what string) (conn *pgx.Conn, dialect store.Dialect, closeConn func(), err error) {
 	conn, err = pgx.ConnectConfig(ctx, cfg.Copy())
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("wake: connecting %s: %w", what, err)
@@ -295,14 +296,14 @@ func connectDetect(ctx context.Context, cfg *pgx.ConnConfig, what string) (conn 
 		defer cancel()
 		conn.Close(closeCtx)
 	}
-	if dialect, err = crsql.DetectDialect(ctx, conn); err != nil {
+	if dialect, err = store.DetectDialect(ctx, conn); err != nil {
 		closeConn()
 		return nil, 0, nil, fmt.Errorf("wake: %s: %w", what, err)
 	}
 	if testhook.NoListen() {
 		// The test harness's CockroachDB fault mode: no LISTEN, the idle
 		// probe instead (its statement is the same on both engines).
-		dialect = crsql.Cockroach
+		dialect = store.Cockroach
 	}
 	return conn, dialect, closeConn, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -19,7 +20,7 @@ import (
 // database itself, on one connection of its own per database, whether the
 // queues of its idle workers have items to claim. Every interval (Every,
 // jittered), for each queue that has at least one idle worker in the
-// process (Idle), it runs one read-only statement (sql.Store.Probe: the
+// process (Idle), it runs one read-only statement (store.Store.Probe: the
 // claim's read of up to 8 items in claim order, through the claim's index,
 // without locks or writes) and, when it finds items it has not announced
 // yet, signals the queue's channel with their parts as hints, as a
@@ -52,7 +53,7 @@ const (
 // ProbeSpec is what a worker asks of the prober for its queue.
 type ProbeSpec struct {
 	// Store has the queue's tables; Queue is its name.
-	Store *crsql.Store
+	Store *store.Store
 	Queue string
 	// Every is the probe interval (the shortest of the queue's workers'
 	// applies); Again is how often an item found again, still claimable,
@@ -86,7 +87,7 @@ var idle struct {
 // workers also start the listener, which finds the engine at its first
 // connection) are probed once it is known to be CockroachDB, so that on
 // PostgreSQL the prober never connects.
-var dialects sync.Map // key → crsql.Dialect
+var dialects sync.Map // key → store.Dialect
 
 // Idle marks one worker of channel as idle (waiting for items) until done
 // is called: the prober probes only channels that have idle workers.
@@ -284,7 +285,7 @@ type due struct {
 // interval until the next round (the shortest of theirs, 0 if none).
 func (p *prober) wanted() (ds []due, every time.Duration) {
 	d, known := dialects.Load(p.key)
-	cockroach := known && d.(crsql.Dialect) == crsql.Cockroach
+	cockroach := known && d.(store.Dialect) == store.Cockroach
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for ch, c := range p.channels {
@@ -383,9 +384,9 @@ func (p *prober) session(ctx context.Context) (connected bool, err error) {
 	defer closeConn()
 	dialects.Store(p.key, dialect)
 	// READ COMMITTED: a probe never waits for a transaction in flight (see
-	// sql.Store.ProbeSession). Not needed for correctness: a server that
+	// store.Store.ProbeSession). Not needed for correctness: a server that
 	// refuses it probes at its default isolation.
-	if err := crsql.NewStore(crsql.Tables{}).ProbeSession(cctx, conn); err != nil {
+	if err := store.New(crsql.Tables{}).ProbeSession(cctx, conn); err != nil {
 		if conn.IsClosed() {
 			return false, fmt.Errorf("wake: idle probe: %w", err)
 		}
@@ -395,7 +396,7 @@ func (p *prober) session(ctx context.Context) (connected bool, err error) {
 	for {
 		ds, every := p.wanted()
 		if every == 0 {
-			if dialect == crsql.Postgres && p.onlyCockroach() {
+			if dialect == store.Postgres && p.onlyCockroach() {
 				return true, nil // close the connection: nothing to probe here
 			}
 			if every, ok := p.waitWanted(ctx); !ok || every == 0 {
@@ -437,7 +438,7 @@ func (p *prober) onlyCockroach() bool {
 
 // probe runs one channel's probe, in the statement's twin of dialect, and
 // signals its new items.
-func (p *prober) probe(ctx context.Context, conn *pgx.Conn, dialect crsql.Dialect, d due) error {
+func (p *prober) probe(ctx context.Context, conn *pgx.Conn, dialect store.Dialect, d due) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	rows, err := d.spec.Store.Probe(pctx, conn, dialect, d.spec.Queue)
 	cancel()

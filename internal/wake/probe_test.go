@@ -11,6 +11,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -40,13 +41,13 @@ func awaitSignal(t *testing.T, sub *Sub, what string) (hashes []int64, ok bool) 
 func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 	ctx := context.Background()
 	direct, p, proxied := proxiedDB(t)
-	store := crsql.NewStore(crsql.Tables{})
-	ch := store.NotifyChannel("q")
+	st := store.New(crsql.Tables{})
+	ch := st.NotifyChannel("q")
 	sub := Subscribe(ch)
 	defer sub.Close()
 	// Counts the probe's statements (Pass forwards them untouched).
 	p.Arm(faultproxy.Rule{Match: faultproxy.Contains(`SELECT id, part FROM "crdbwork_items"`), Action: faultproxy.Pass, Times: 1 << 30})
-	stop, ok := Probe(proxied, ch, ProbeSpec{Store: store, Queue: "q", Every: 10 * time.Millisecond, Again: time.Hour}, nil)
+	stop, ok := Probe(proxied, ch, ProbeSpec{Store: st, Queue: "q", Every: 10 * time.Millisecond, Again: time.Hour}, nil)
 	if !ok {
 		t.Fatal("Probe refused a pool")
 	}
@@ -65,7 +66,7 @@ func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 	enqueue := func(hash int64) int64 {
 		t.Helper()
 		id := uuid.New()
-		if _, err := store.EnqueueInsert(ctx, direct, crsql.Postgres, "q", []crsql.EnqueueRow{{ID: id, Hash: hash, MaxAttempts: 3, Payload: []byte("x")}}); err != nil {
+		if _, err := st.EnqueueInsert(ctx, direct, store.Postgres, "q", []store.EnqueueRow{{ID: id, Hash: hash, MaxAttempts: 3, Payload: []byte("x")}}); err != nil {
 			t.Fatal(err)
 		}
 		var part int64
@@ -124,7 +125,7 @@ func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 	})
 	// A second user of the channel with a short Again (the shortest
 	// applies): the items, still claimable, are announced again, and again.
-	stop2, _ := Probe(proxied, ch, ProbeSpec{Store: store, Queue: "q", Every: 10 * time.Millisecond, Again: 50 * time.Millisecond}, nil)
+	stop2, _ := Probe(proxied, ch, ProbeSpec{Store: st, Queue: "q", Every: 10 * time.Millisecond, Again: 50 * time.Millisecond}, nil)
 	defer stop2()
 	idledAgain := Idle(ch)
 	defer idledAgain()
@@ -144,16 +145,16 @@ func TestProbeCockroachOnlyWaitsForTheEngine(t *testing.T) {
 	_, p, proxied := proxiedDB(t)
 	// Counts every statement on the proxy: the prober's would be the only ones.
 	p.Arm(faultproxy.Rule{Match: func(string) bool { return true }, Action: faultproxy.Pass, Times: 1 << 30})
-	store := crsql.NewStore(crsql.Tables{})
-	ch := store.NotifyChannel("q")
-	stop, _ := Probe(proxied, ch, ProbeSpec{Store: store, Queue: "q", Every: 10 * time.Millisecond, Again: time.Hour, CockroachOnly: true}, nil)
+	st := store.New(crsql.Tables{})
+	ch := st.NotifyChannel("q")
+	stop, _ := Probe(proxied, ch, ProbeSpec{Store: st, Queue: "q", Every: 10 * time.Millisecond, Again: time.Hour, CockroachOnly: true}, nil)
 	defer stop()
 	idled := Idle(ch)
 	defer idled()
 	key := dbKey(connConfig(proxied))
 	t.Cleanup(func() { dialects.Delete(key) })
 	// Recorded as PostgreSQL: still nothing.
-	dialects.Store(key, crsql.Postgres)
+	dialects.Store(key, store.Postgres)
 	kickProbers()
 	waitUntil(t, "five intervals", func() bool {
 		time.Sleep(50 * time.Millisecond)
@@ -162,11 +163,11 @@ func TestProbeCockroachOnlyWaitsForTheEngine(t *testing.T) {
 	if n := p.Fired(); n != 0 || Probing(ch) {
 		t.Fatalf("%d statements (probing %v) before the engine was known to be CockroachDB", n, Probing(ch))
 	}
-	dialects.Store(key, crsql.Cockroach)
+	dialects.Store(key, store.Cockroach)
 	kickProbers()
 	waitUntil(t, "the prober to connect and find PostgreSQL", func() bool {
 		d, _ := dialects.Load(key)
-		return p.Fired() > 0 && d == crsql.Postgres
+		return p.Fired() > 0 && d == store.Postgres
 	})
 	if Probing(ch) {
 		t.Error("a CockroachOnly channel probed on PostgreSQL")

@@ -2,7 +2,7 @@
 // in-process hub, which an enqueue through package claim signals after its
 // commit, and on PostgreSQL one listener connection per process and
 // database, which turns the notifications that enqueues of every process
-// send (see sql.Store.Notify) into signals of the same hub; and, where
+// send (see store.Store.Notify) into signals of the same hub; and, where
 // there is no LISTEN (CockroachDB, or when asked), one idle probe per
 // process and database (probe.go), which reads the queues of idle workers
 // at a short interval and signals the hub when it finds new items.
@@ -32,7 +32,7 @@ import (
 // it, the wake-up announces items of any part.
 const MaxHints = 8
 
-// hub holds the process's subscriptions, by channel (sql.Store.NotifyChannel
+// hub holds the process's subscriptions, by channel (store.Store.NotifyChannel
 // of the queue: it names the tables and the queue).
 var hub struct {
 	mu   sync.Mutex

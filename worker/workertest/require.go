@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -329,9 +330,9 @@ func listItems(db crsql.DB, tables crsql.Tables, queue string) ([]claim.Item, er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requireTimeout)
 	defer cancel()
-	rows, err := crsql.NewStore(tables).QueueItems(ctx, db, queue, MaxListed+1)
+	rows, err := store.New(tables).QueueItems(ctx, db, queue, MaxListed+1)
 	if err != nil {
-		return nil, fmt.Errorf("reading queue %q: %w", queue, crsql.Classify(err))
+		return nil, fmt.Errorf("reading queue %q: %w", queue, store.Classify(err))
 	}
 	var items []claim.Item
 	for _, r := range rows {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -46,7 +47,7 @@ const tablesTimeout = 2 * time.Minute
 // is reported with t.Errorf, with the statement to run by hand.
 //
 // It works on PostgreSQL and CockroachDB (v20.2 and later have user-defined
-// schemas and DROP SCHEMA ... CASCADE; see sql.Store.DropTestSchema). On
+// schemas and DROP SCHEMA ... CASCADE; see store.Store.DropTestSchema). On
 // CockroachDB every statement of the schema is an online schema change, so
 // making a test's tables takes noticeably longer than on PostgreSQL.
 //
@@ -59,15 +60,15 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 		t.Fatalf("workertest.Tables: nil pool")
 	}
 	tables := crsql.Tables{Schema: schemaName(t.Name())}
-	store := crsql.NewStore(tables)
+	stmts := store.New(tables)
 	ctx, cancel := context.WithTimeout(context.Background(), tablesTimeout)
 	defer cancel()
 	// CREATE SCHEMA without IF NOT EXISTS: the schema the cleanup drops is
 	// surely this test's.
-	if err := store.CreateTestSchema(ctx, pool); err != nil {
+	if err := stmts.CreateTestSchema(ctx, pool); err != nil {
 		t.Fatalf("workertest.Tables: creating schema %s: %v", tables.Schema, err)
 	}
-	t.Cleanup(func() { dropSchema(t, pool, store) })
+	t.Cleanup(func() { dropSchema(t, pool, stmts) })
 	warn := func(msg string) { t.Logf("workertest.Tables: %s", msg) }
 	if err := crsql.ApplyWith(ctx, pool, tables, crsql.ApplyOptions{Warn: warn}); err != nil {
 		t.Fatalf("workertest.Tables: applying the crdbwork schema in %s: %v", tables.Schema, err)
@@ -77,16 +78,16 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 
 // dropSchema drops the test's schema, on the pool or, if that fails (the
 // pool is closed), on a connection of its own.
-func dropSchema(t testing.TB, pool *pgxpool.Pool, store *crsql.Store) {
+func dropSchema(t testing.TB, pool *pgxpool.Pool, stmts *store.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), tablesTimeout)
 	defer cancel()
-	err := store.DropTestSchema(ctx, pool)
+	err := stmts.DropTestSchema(ctx, pool)
 	if err == nil || databaseGone(err) {
 		return
 	}
 	conn, connErr := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if connErr == nil {
-		connErr = store.DropTestSchema(ctx, conn)
+		connErr = stmts.DropTestSchema(ctx, conn)
 		_ = conn.Close(ctx)
 		if connErr == nil || databaseGone(connErr) {
 			return

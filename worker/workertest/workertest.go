@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
@@ -343,11 +344,11 @@ func watchCancels(ctx context.Context, c claim.Claimer, it claim.Item, cancel co
 
 // readState reads where item id of q is after its attempt.
 func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error) {
-	store := crsql.NewStore(q.Options().Tables)
+	stmts := store.New(q.Options().Tables)
 	db := q.DB()
 	var st State
 	err := func() error {
-		d, found, err := store.Item(ctx, db, id)
+		d, found, err := stmts.Item(ctx, db, id)
 		if err != nil {
 			return err
 		}
@@ -355,7 +356,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 			st.Queued, st.VestingAt, st.Attempts, st.LastError, st.Snoozes = true, d.VestingAt, int(d.Attempts), d.LastError, int(d.Snoozes)
 			return nil
 		}
-		deaths, queues, err := store.Deaths(ctx, db, id, 10)
+		deaths, queues, err := stmts.Deaths(ctx, db, id, 10)
 		if err != nil {
 			return err
 		}
@@ -365,11 +366,11 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 				break
 			}
 		}
-		_, st.Ended, err = store.ItemEnded(ctx, db, q.Name(), id)
+		_, st.Ended, err = stmts.ItemEnded(ctx, db, q.Name(), id)
 		return err
 	}()
 	if err != nil {
-		return State{}, fmt.Errorf("workertest: reading the state of item %s: %w", id, crsql.Classify(err))
+		return State{}, fmt.Errorf("workertest: reading the state of item %s: %w", id, store.Classify(err))
 	}
 	return st, nil
 }
@@ -380,7 +381,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 func dropQueue(db worker.DB, t crsql.Tables, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	_ = crsql.NewStore(t).DropQueueRows(ctx, db, queue)
+	_ = store.New(t).DropQueueRows(ctx, db, queue)
 }
 
 // ensureSchema applies the schema unless it is in place. Apply is idempotent

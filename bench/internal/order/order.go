@@ -18,7 +18,7 @@
 // # What the count sees
 //
 // Meter.Observe counts right after the claim, in one statement with its
-// own snapshot (sql.Store.OrderCountsBefore; the claim has committed by
+// own snapshot (store.Store.OrderCountsBefore; the claim has committed by
 // then). The count is exact when
 // nothing else changes the queue between the claim and the count. Under
 // concurrency it errs both ways:
@@ -46,6 +46,7 @@ import (
 	"sync"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
@@ -63,7 +64,7 @@ type Sample struct {
 type Meter struct {
 	db    crsql.DB
 	queue string
-	store *crsql.Store
+	store *store.Store
 
 	mu      sync.Mutex
 	samples []Sample
@@ -81,7 +82,7 @@ func NewMeter(db crsql.DB, t crsql.Tables, queue string) (*Meter, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("order: %w", err)
 	}
-	return &Meter{db: db, queue: queue, store: crsql.NewStore(t)}, nil
+	return &Meter{db: db, queue: queue, store: store.New(t)}, nil
 }
 
 // Observe counts the PEI of items, which one claim has just returned, in
@@ -93,9 +94,9 @@ func (m *Meter) Observe(ctx context.Context, items []claim.Item) ([]int64, error
 	if len(items) == 0 {
 		return nil, nil
 	}
-	pos := make([]crsql.OrderPosition, len(items))
+	pos := make([]store.OrderPosition, len(items))
 	for i, it := range items {
-		pos[i] = crsql.OrderPosition{Priority: it.Priority, TurnAt: it.TurnAt}
+		pos[i] = store.OrderPosition{Priority: it.Priority, TurnAt: it.TurnAt}
 	}
 	peis, err := m.store.OrderCountsBefore(ctx, m.db, m.queue, pos)
 	if err != nil {

@@ -1,0 +1,213 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The operator statements: dead items filtered, paged and counted, and a
+// queue's rows counted and purged in bounded batches. They back claim's
+// admin API (claim/admin.go) and the crdbwork command.
+//
+// Both engines: the filters are written so that an empty filter value means
+// "any" (each compares $n with the empty string first, then the column with
+// $n), which keeps one statement text per purpose; strpos(string,
+// substring) is in PostgreSQL and CockroachDB (docs checked: CockroachDB
+// "Functions and Operators", String and byte functions, strpos). The pages compare row values, (a, b, c) < (x, y, z),
+// as deathStatements.DeadItemsBefore does, with the leading column bounded
+// so that crdbwork_dead_items_by_queue (queue, died_at) is seeked. Each
+// purge batch picks up to a limit of ids through an index that leads with
+// the queue (the items in two halves: unclaimed through one of the partial
+// indexes WHERE claim IS NULL, claimed through crdbwork_items_lease, which
+// together hold every item; the dead items through
+// crdbwork_dead_items_by_queue; the ended ids through their primary key
+// (queue, id)), then deletes them by key, the list given as
+// id IN (SELECT unnest($2::UUID[])) as the reaper's by-id moves do (see
+// deathStatements: a lookup join by primary key on both engines). A DELETE
+// whose subquery reads its own table was planned as a sequential scan and a
+// hash join by PostgreSQL; the two steps are not. PostgreSQL plans are
+// checked in internal/store/dead_test.go.
+type adminStatements struct {
+	deadFirst   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 limit → dead item columns
+	deadAfter   string // $1 queue, $2 tenant, $3 reason, $4 error text, $5 died_at, $6 id, $7 death, $8 limit → dead item columns
+	deadCount   string // $1 queue, $2 tenant, $3 reason, $4 error text → count
+	endedCount  string // $1 queue → count
+	schedCount  string // $1 queue → count
+	ownerCount  string // $1 queue → count
+	pickFree    string // $1 queue, $2 limit → id
+	pickHeld    string // $1 queue, $2 limit → id
+	pickDead    string // $1 queue, $2 limit → id
+	pickEnded   string // $1 queue, $2 limit → id
+	purgeItems  string // $1 queue, $2 ids → rows affected
+	purgeDead   string // $1 queue, $2 ids → rows affected
+	purgeEnded  string // $1 queue, $2 ids → rows affected
+	purgeRest   []string
+	ownersOne   string // $1 queue → queue, part, session_id
+	ownersAll   string // → queue, part, session_id
+	purgeQueues string // $1 queue → rows affected
+}
+
+const deadColumns = `id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death`
+
+const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR reason = $3) AND ($4 = '' OR strpos(last_error, $4) > 0)`
+
+func newAdminStatements(t Tables) *adminStatements {
+	r := func(text string) string { return rewrite(t, text) }
+	return &adminStatements{
+		deadFirst: r(`SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + `
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $5`),
+		deadAfter: r(`SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $7)
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $8`),
+		deadCount:  r(`SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter),
+		endedCount: r(`SELECT count(*) FROM crdbwork_ended WHERE queue = $1`),
+		schedCount: r(`SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`),
+		ownerCount: r(`SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`),
+		pickFree:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2`),
+		pickHeld:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2`),
+		pickDead:   r(`SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2`),
+		pickEnded:  r(`SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2`),
+		purgeItems: r(`DELETE FROM crdbwork_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
+		purgeDead:  r(`DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
+		purgeEnded: r(`DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`),
+		purgeRest: []string{
+			r(`DELETE FROM crdbwork_session_parts WHERE queue = $1`),
+			r(`DELETE FROM crdbwork_tenant_limits WHERE queue = $1`),
+			r(`DELETE FROM crdbwork_schedules WHERE queue = $1`),
+		},
+		purgeQueues: r(`DELETE FROM crdbwork_queues WHERE name = $1`),
+		ownersOne:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts WHERE queue = $1 ORDER BY queue, part`),
+		ownersAll:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts ORDER BY queue, part`),
+	}
+}
+
+// admin returns the Store's adminStatements, rendered on first use.
+func (s *Store) admin() *adminStatements { return s.lazyAdmin() }
+
+// DeadFilter selects dead items: each field set must match (an empty field
+// matches any).
+type DeadFilter struct {
+	// Tenant is the tenant's name, exactly.
+	Tenant string
+	// Reason is the reason of death, exactly ("failed", "permanent",
+	// "crash loop", "expired").
+	Reason string
+	// ErrorContains is a substring of the last error (case-sensitive).
+	ErrorContains string
+}
+
+// DeadPosition is a place in the order of dead items (died_at, id, death,
+// all descending): the last row of a page.
+type DeadPosition struct {
+	DiedAt    time.Time
+	ID, Death uuid.UUID
+}
+
+// DeadItemsPage returns up to limit deaths of queue that match f, newest
+// first, after the position after (nil: from the newest).
+func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
+	a := s.admin()
+	if after == nil {
+		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
+	}
+	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
+}
+
+// CountDead counts the deaths of queue that match f.
+func (s *Store) CountDead(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.Reason, f.ErrorContains).Scan(&n)
+	return n, err
+}
+
+// QueueRowCounts are the rows of one queue outside its items and dead
+// items, as CountQueueRows reads them.
+type QueueRowCounts struct {
+	// Ended ids remembered for deduplication.
+	Ended int64
+	// Schedules with a stored period mark.
+	Schedules int64
+	// OwnedParts are the parts sessions own now.
+	OwnedParts int64
+}
+
+// CountQueueRows counts queue's ended ids, schedule marks and owned parts.
+func (s *Store) CountQueueRows(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
+	a := s.admin()
+	var c QueueRowCounts
+	for _, q := range []struct {
+		text string
+		n    *int64
+	}{{a.endedCount, &c.Ended}, {a.schedCount, &c.Schedules}, {a.ownerCount, &c.OwnedParts}} {
+		if err := db.QueryRow(ctx, q.text, queue).Scan(q.n); err != nil {
+			return QueueRowCounts{}, err
+		}
+	}
+	return c, nil
+}
+
+// PurgeTable names what one PurgeBatch deletes.
+type PurgeTable int
+
+// The tables PurgeBatch deletes from, a batch at a time.
+const (
+	PurgeUnclaimed PurgeTable = iota // the queue's unclaimed items
+	PurgeClaimed                     // the queue's claimed items
+	PurgeDead                        // the queue's dead items (oldest deaths first)
+	PurgeEnded                       // the queue's ended ids
+)
+
+// PurgeBatch deletes up to limit of queue's rows of one table and returns
+// how many it deleted; 0 means none was left. It picks the rows, then
+// deletes them by key (two statements, no transaction: a row that went
+// meanwhile is not counted).
+func (s *Store) PurgeBatch(ctx context.Context, db DB, queue string, t PurgeTable, limit int) (int64, error) {
+	a := s.admin()
+	var pick, del string
+	switch t {
+	case PurgeUnclaimed:
+		pick, del = a.pickFree, a.purgeItems
+	case PurgeClaimed:
+		pick, del = a.pickHeld, a.purgeItems
+	case PurgeDead:
+		pick, del = a.pickDead, a.purgeDead
+	case PurgeEnded:
+		pick, del = a.pickEnded, a.purgeEnded
+	default:
+		return 0, fmt.Errorf("unknown purge table %d", t)
+	}
+	rows, err := db.Query(ctx, pick, queue, limit)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, del, queue, ids)
+	return tag.RowsAffected(), err
+}
+
+// PurgeQueueRows deletes queue's small rows in one transaction the caller
+// gives: its part owners, tenant limits, schedule marks, and its row in the
+// queues table (part count, settings, pause). It reports whether the queue
+// had a row.
+func (s *Store) PurgeQueueRows(ctx context.Context, tx pgx.Tx, queue string) (bool, error) {
+	a := s.admin()
+	for _, text := range a.purgeRest {
+		if _, err := tx.Exec(ctx, text, queue); err != nil {
+			return false, err
+		}
+	}
+	tag, err := tx.Exec(ctx, a.purgeQueues, queue)
+	return tag.RowsAffected() == 1, err
+}

@@ -1,0 +1,5 @@
+package store
+
+// NewDependsStatements renders the dependency statements for the plan
+// tests of package sql_test.
+var NewDependsStatements = newDependsStatements

@@ -1,0 +1,621 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The protocol of package claim: claims, acks, nacks, releases, leases, the
+// reaper's moves and the dead items. Every method returns the driver's
+// error as it is (Classify is the caller's, once, where it wraps the
+// error): a method adds no context of its own, so that the callers' error
+// texts stay theirs.
+
+// ClaimKey names one claim of one item: the item's id, the session that
+// holds the claim and the claim's fencing token. Every statement that acts
+// on a claimed item acts only if (ID, Session, Token) still match.
+type ClaimKey struct {
+	ID      uuid.UUID
+	Session uuid.UUID
+	Token   int64
+}
+
+// ClaimArgs are the parameters every claim takes.
+type ClaimArgs struct {
+	// Session is the session that claims.
+	Session uuid.UUID
+	// Queue is the queue claimed from.
+	Queue string
+	// Limit is the most items to claim.
+	Limit int
+	// Lease is the lease the claims take, at microsecond precision.
+	Lease time.Duration
+	// SkipTenants lists tenants whose items are left unclaimed (nil: none).
+	SkipTenants []string
+	// PartLimit, if above zero and below Limit, is the most items
+	// ClaimParts reads from each part (partClaimStatements.ClaimShares);
+	// zero: Limit. The other claims ignore it.
+	PartLimit int
+}
+
+// UrgentArgs are the parameters of the urgent lane's claim (ClaimUrgent).
+type UrgentArgs struct {
+	ClaimArgs
+	// MaxPriority is the lane's threshold: items with a priority above it
+	// are left.
+	MaxPriority int
+	// OwnedParts are the parts the session owns; items of limited tenants
+	// are taken only from these: every tenant's if AllTenantsLimited,
+	// otherwise those of LimitedTenants. The zero values restrict nothing.
+	OwnedParts        []int
+	AllTenantsLimited bool
+	LimitedTenants    []string
+}
+
+// ClaimedRow is one item a claim returned: the columns every claim
+// statement returns (see itemColumns), as Go values.
+type ClaimedRow struct {
+	ID          uuid.UUID
+	Queue       string
+	Part        int
+	Key         string // "" if none
+	Priority    int
+	Attempts    int
+	MaxAttempts int
+	Payload     []byte
+	Metadata    []byte
+	EnqueuedAt  time.Time
+	VestingAt   time.Time
+	LastError   string // "" if none
+	// InPart reports a parts-mode claim (claim_part is set).
+	InPart     bool
+	Token      int64
+	LeaseUntil time.Time
+	Tenant     string    // "" if none
+	ExpiresAt  time.Time // zero if none
+	AtMostOnce bool
+	TurnAt     time.Time
+	// Checkpoint is the item's saved checkpoint (nil if none), and
+	// ProgressDone and ProgressTotal its saved progress (HasProgress false
+	// if none): see items_checkpoint.go.
+	Checkpoint                  []byte
+	HasProgress                 bool
+	ProgressDone, ProgressTotal int64
+	Headers                     []byte // the JSON object of the headers column; nil if NULL
+}
+
+// PickedRow is one item PickParts locked: its id and its place in claim
+// order.
+type PickedRow struct {
+	ID       uuid.UUID
+	Priority int64
+	TurnAt   time.Time
+}
+
+// DeadItemRow is one death of a dead item, as DeadItems and
+// DeadItemsBefore return it.
+type DeadItemRow struct {
+	ID          uuid.UUID
+	Death       uuid.UUID
+	Part        int
+	Key         string // "" if none
+	Priority    int
+	Attempts    int
+	MaxAttempts int
+	Payload     []byte
+	Metadata    []byte
+	LastError   string // "" if none
+	EnqueuedAt  time.Time
+	DiedAt      time.Time
+	Tenant      string // "" if none
+	Reason      string
+}
+
+// RequeueResult says what Requeue did.
+type RequeueResult struct {
+	// Moved reports that the death went back into the items table.
+	Moved bool
+	// LiveQueue is the queue of the item with the id that is in the items
+	// table, or else of the waiting item with the id (Waiting true), if any
+	// ("" and Live false otherwise); read only when nothing moved.
+	LiveQueue string
+	Live      bool
+	// Waiting reports that the live id is a waiting item's (an item
+	// enqueued again with prerequisites not yet acked), not an item's.
+	Waiting bool
+	// Deaths counts the deaths of the id in the queue that matched the
+	// request; read only when nothing moved.
+	Deaths int64
+}
+
+// byDialect returns postgres on PostgreSQL and common otherwise.
+func byDialect(d Dialect, common, postgres string) string {
+	if d == Postgres {
+		return postgres
+	}
+	return common
+}
+
+// orEmpty returns s, or an empty list for nil (NULL in an ANY would
+// match, or exclude, nothing at all).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// rawIDs returns ids as [16]byte values, which pgx encodes directly
+// (uuid.UUID goes through its text form, a fifth of a worker's client CPU
+// in the bench).
+func rawIDs(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
+// fenceArrays returns the arrays of the fenced statements ($1 ids, $2
+// sessions, $3 tokens).
+func fenceArrays(keys []ClaimKey) (ids, sessions uuidArray, tokens []int64) {
+	ids = make(uuidArray, len(keys))
+	sessions = make(uuidArray, len(keys))
+	tokens = make([]int64, len(keys))
+	for i, k := range keys {
+		ids[i], sessions[i], tokens[i] = k.ID, k.Session, k.Token
+	}
+	return ids, sessions, tokens
+}
+
+// collectIDs reads one id per row, scanned as [16]byte (see rawIDs).
+func collectIDs(rows pgx.Rows) ([]uuid.UUID, error) {
+	defer rows.Close()
+	var ids []uuid.UUID
+	var id [16]byte
+	dst := []any{&id} // once per statement, not per row
+	for rows.Next() {
+		if err := rows.Scan(dst...); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// params returns the first five parameters of the claim statements.
+func (a ClaimArgs) params() []any {
+	return []any{a.Session, a.Queue, a.Limit, a.Lease.Microseconds(), orEmpty(a.SkipTenants)}
+}
+
+// ClaimAny claims up to a.Limit claimable items of a.Queue in any part
+// (coreStatements.ClaimAny, or its PostgreSQL twin), in claim order per
+// statement (not sorted here). Run it in an explicit SERIALIZABLE
+// transaction on CockroachDB, and by itself on PostgreSQL (see
+// claimTemplate).
+func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
+	return queryClaimed(ctx, db, a.Limit, byDialect(d, s.st.ClaimAny, s.st.PostgresClaimAny), a.params()...)
+}
+
+// ClaimParts claims up to a.Limit claimable items of a.Queue in the given
+// parts, which the session must own (partClaimStatements.Claim, or
+// ClaimShares with a.PartLimit): 1 to MaxPartBranches distinct parts (it
+// panics otherwise). Run it as ClaimAny.
+func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
+	args := a.params()
+	for _, p := range parts {
+		args = append(args, p)
+	}
+	if a.PartLimit > 0 && a.PartLimit < a.Limit {
+		return queryClaimed(ctx, db, a.Limit, s.parts.ClaimShares(d, len(parts)), append(args, a.PartLimit)...)
+	}
+	return queryClaimed(ctx, db, a.Limit, s.parts.Claim(d, len(parts)), args...)
+}
+
+// PickParts locks, in tx, up to limit claimable items of queue in the given
+// parts (1 to MaxPartBranches of them; it panics otherwise), the best in
+// claim order, skipping the items of skipTenants, and returns them
+// (partClaimStatements.Pick). ClaimPicked claims those chosen.
+func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit int, skipTenants []string, parts []int64) ([]PickedRow, error) {
+	args := []any{queue, limit, orEmpty(skipTenants)}
+	for _, p := range parts {
+		args = append(args, p)
+	}
+	rows, err := tx.Query(ctx, s.parts.Pick(len(parts)), args...)
+	if err != nil {
+		return nil, err
+	}
+	var out []PickedRow
+	var r PickedRow
+	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Priority, &r.TurnAt}, func() error {
+		out = append(out, r)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ClaimPicked claims for session, with lease, the items with the given ids
+// that PickParts locked in the same transaction
+// (partClaimStatements.ClaimPickedFor).
+func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
+	// Planned for its parameters at every run (no cached generic plan):
+	// on PostgreSQL the plan of this join depends on the table's size, and
+	// a generic plan made while the table was small (a scan, then the
+	// cheapest) would be kept as it grows. A custom plan reads the table's
+	// size at each run (one round trip more, to describe it). It serves only sessions owning more than
+	// MaxPartBranches parts, once per claim.
+	return queryClaimed(ctx, tx, len(ids), s.parts.ClaimPickedFor(d), pgx.QueryExecModeDescribeExec, session, lease.Microseconds(), ids)
+}
+
+// ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
+// restricted to items with priority at most a.MaxPriority, and the items of
+// limited tenants to the session's own parts. Run it as ClaimAny.
+func (s *Store) ClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
+	owned := make([]int64, len(a.OwnedParts))
+	for i, p := range a.OwnedParts {
+		owned[i] = int64(p)
+	}
+	args := append(a.params(), int64(a.MaxPriority), a.AllTenantsLimited, orEmpty(a.LimitedTenants), owned)
+	return queryClaimed(ctx, db, a.Limit, s.urgent.ForDialect(d), args...)
+}
+
+// queryClaimed runs a claim statement and reads its item columns. The
+// scan's destinations are declared once per statement, not per row (each
+// would be a heap allocation per item), and the id is scanned as 16 bytes
+// (uuid.UUID's sql.Scanner goes through a string). limit, the most rows the
+// statement returns, sizes the result once the first row came (up to
+// maxClaimHint rows).
+func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...any) ([]ClaimedRow, error) {
+	rows, err := db.Query(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []ClaimedRow
+	var it ClaimedRow
+	var part, prio, attempts, maxAttempts int64
+	var key, lastErr, tenant *string
+	var claimPart *int64
+	var expires *time.Time
+	var done, total *int64
+	dst := []any{(*[16]byte)(&it.ID), &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
+		&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
+		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total}
+	for rows.Next() {
+		it = ClaimedRow{}
+		key, lastErr, tenant, claimPart, expires, done, total = nil, nil, nil, nil, nil, nil, nil
+		if err := rows.Scan(dst...); err != nil {
+			return nil, err
+		}
+		if done != nil && total != nil {
+			it.HasProgress, it.ProgressDone, it.ProgressTotal = true, *done, *total
+		}
+		if tenant != nil {
+			it.Tenant = *tenant
+		}
+		if expires != nil {
+			it.ExpiresAt = *expires
+		}
+		it.Part, it.Priority, it.Attempts, it.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
+		if key != nil {
+			it.Key = *key
+		}
+		if lastErr != nil {
+			it.LastError = *lastErr
+		}
+		it.InPart = claimPart != nil
+		if out == nil {
+			out = make([]ClaimedRow, 0, max(1, min(limit, maxClaimHint)))
+		}
+		out = append(out, it)
+	}
+	return out, rows.Err()
+}
+
+// maxClaimHint bounds the rows queryClaimed makes room for up front.
+const maxClaimHint = 1024
+
+// TakeAtMostOnce deletes the at-most-once items among the given claims
+// that are still held, recording them as taken, and returns their ids
+// (coreStatements.TakeAtMostOnce, or its PostgreSQL twin).
+func (s *Store) TakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
+	ids, sessions, tokens := fenceArrays(keys)
+	rows, err := db.Query(ctx, byDialect(d, s.st.TakeAtMostOnce, s.st.PostgresTakeAtMostOnce), ids, sessions, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(rows)
+}
+
+// AckTxOptions returns the options of an ack's transaction on d (claim.Queue
+// runs AckMany and the handlers' records in it): SERIALIZABLE on both
+// engines. The function stays so that the ack's isolation is decided in one
+// place, beside the ack's statements.
+//
+// SERIALIZABLE is what the ack promises (DESIGN.md section 3): the item's
+// delete, checked against the claim and token the acker holds, and the
+// records that write its result commit in one SERIALIZABLE transaction or
+// not at all, and the records see one snapshot, as any serializable
+// transaction does. On PostgreSQL, whose default is READ COMMITTED, it must
+// be asked for explicitly (DESIGN.md section 7).
+//
+// What made SERIALIZABLE acks slow on PostgreSQL (issue #19: 6–7 rollbacks
+// and re-prepares per 1,000 items) was the delete's plan, not the
+// isolation level: the old plan scanned every claimed row, so the SIRead
+// (predicate) locks of one acker's read covered the rows the other ackers
+// deleted, and two ackers aborted each other at COMMIT though they never
+// touched the same item. PostgresAckMany is a primary-key nested loop
+// (TestHotPlansInEveryState), so an ack reads, and predicate-locks, only
+// the rows of its own items, and concurrent ackers no longer conflict.
+//
+// A row the delete finds changed or deleted by a transaction that
+// committed after the ack's snapshot (a reaper's release, a re-claim, a
+// nack, a Cancel, another ack) is a serialization failure on PostgreSQL
+// ("could not serialize access due to concurrent update/delete"): the ack
+// is retried whole, and the retry's snapshot checks the claim and token on
+// the newest row, so a claim released and taken again (every claim bumps
+// the token) is reported lost and nothing is written.
+func AckTxOptions(d Dialect) pgx.TxOptions {
+	return pgx.TxOptions{IsoLevel: pgx.Serializable}
+}
+
+// AckMany deletes, in tx, the items whose claims are still held, recording
+// them as acked, and returns their ids (coreStatements.AckMany, or its
+// PostgreSQL twin).
+func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
+	acked, _, err := s.AckManyDependents(ctx, tx, d, keys)
+	return acked, err
+}
+
+// AckManyDependents is AckMany that also returns which of the acked items
+// other items wait for (NewItem.After in package claim): read by the same
+// statement, in the ack's snapshot, one primary-key seek of the edges per
+// acked item. Release their dependents once tx committed.
+func (s *Store) AckManyDependents(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) (acked, waitedFor []uuid.UUID, err error) {
+	ids, sessions, tokens := fenceArrays(keys)
+	rows, err := tx.Query(ctx, byDialect(d, s.st.AckMany, s.st.PostgresAckMany), ids, sessions, tokens)
+	if err != nil {
+		return nil, nil, err
+	}
+	var id [16]byte
+	var deps bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &deps}, func() error {
+		acked = append(acked, id)
+		if deps {
+			waitedFor = append(waitedFor, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return acked, waitedFor, nil
+}
+
+// Extend moves to now()+lease the leases of the given claims that are still
+// held and returns their new ends by id (coreStatements.Extend, or its
+// PostgreSQL twin).
+func (s *Store) Extend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, lease time.Duration) (map[uuid.UUID]time.Time, error) {
+	ids, sessions, tokens := fenceArrays(keys)
+	rows, err := db.Query(ctx, byDialect(d, s.st.Extend, s.st.PostgresExtend), ids, sessions, tokens, lease.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	until := make(map[uuid.UUID]time.Time, len(keys))
+	for rows.Next() {
+		var id [16]byte
+		var t time.Time
+		if err := rows.Scan(&id, &t); err != nil {
+			return nil, err
+		}
+		until[id] = t
+	}
+	return until, rows.Err()
+}
+
+// Nack releases a held claim with its attempt counted: the item vests again
+// after delay (at microsecond precision), with lastError. It reports whether
+// the claim was held (coreStatements.Nack).
+func (s *Store) Nack(ctx context.Context, db DB, k ClaimKey, delay time.Duration, lastError string) (bool, error) {
+	return execOne(ctx, db, s.st.Nack, k.ID, k.Session, k.Token, delay.Microseconds(), lastError)
+}
+
+// Release releases a held claim and gives its attempt back. It reports
+// whether the claim was held (coreStatements.Release).
+func (s *Store) Release(ctx context.Context, db DB, k ClaimKey) (bool, error) {
+	return execOne(ctx, db, s.st.Release, k.ID, k.Session, k.Token)
+}
+
+// Exhaust releases a held claim with the item's attempts used up and
+// lastError set, for the reaper to move it to the dead items. It reports
+// whether the claim was held (deathStatements.Exhaust).
+func (s *Store) Exhaust(ctx context.Context, db DB, k ClaimKey, lastError string) (bool, error) {
+	return execOne(ctx, db, s.death.Exhaust, k.ID, k.Session, k.Token, lastError)
+}
+
+// execOne runs a statement on one row and reports whether it changed one.
+func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error) {
+	tag, err := db.Exec(ctx, stmt, args...)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// DeadLetter moves a held claim's item to the dead items with lastError and
+// reason, recording it as ended. It reports whether the claim was held
+// (coreStatements.DeadLetter).
+func (s *Store) DeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, reason string) (bool, error) {
+	var id uuid.UUID
+	err := db.QueryRow(ctx, s.st.DeadLetter, k.ID, k.Session, k.Token, lastError, reason).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// ReleaseForgotten releases the items of queue claimed by session whose ids
+// are not in keep, giving their attempts back, and returns how many it
+// released (coreStatements.ReleaseForgot).
+func (s *Store) ReleaseForgotten(ctx context.Context, db DB, queue string, session uuid.UUID, keep []uuid.UUID) (int64, error) {
+	tag, err := db.Exec(ctx, s.st.ReleaseForgot, queue, session, orEmpty(keep))
+	return tag.RowsAffected(), err
+}
+
+// Cancel deletes item id of queue if no session holds it, recording it as
+// cancelled by by for reason, and reports whether it did
+// (coreStatements.Cancel). CancelItem asks a claimed item to stop.
+func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reason string) (bool, error) {
+	tag, err := db.Exec(ctx, s.st.Cancel, id, queue, by, reason)
+	return tag.RowsAffected() == 1, err
+}
+
+// The reaper's steps. Each batch runs in an explicit SERIALIZABLE
+// transaction (its statement locks with SKIP LOCKED) and returns the rows it
+// released or moved; the candidates' reads lock nothing.
+
+// ReapLeases releases up to limit of queue's claims whose lease ended, their
+// attempts counted (coreStatements.ReapLeases, or its PostgreSQL twin).
+func (s *Store) ReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
+	tag, err := tx.Exec(ctx, byDialect(d, s.st.ReapLeases, s.st.PostgresReapLeases), queue, limit)
+	return tag.RowsAffected(), err
+}
+
+// ReapExhausted moves up to limit of queue's unclaimed items whose attempts
+// are used up to the dead items, with lastError and reason 'crash loop'
+// (coreStatements.ReapExhausted).
+func (s *Store) ReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limit int, lastError string) (int64, error) {
+	tag, err := tx.Exec(ctx, s.st.ReapExhausted, queue, limit, lastError)
+	return tag.RowsAffected(), err
+}
+
+// ReapExpired moves up to limit of queue's unclaimed items past their
+// deadline to the dead items, with reason 'expired' (coreStatements.ReapExpired).
+func (s *Store) ReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
+	tag, err := tx.Exec(ctx, s.st.ReapExpired, queue, limit)
+	return tag.RowsAffected(), err
+}
+
+// ExpiredLeaseIDs lists up to limit candidates of ReapLeases
+// (deathStatements.ExpiredLeaseIDs).
+func (s *Store) ExpiredLeaseIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.death.ExpiredLeaseIDs, queue, limit)
+}
+
+// ExhaustedIDs lists up to limit candidates of ReapExhausted
+// (deathStatements.ExhaustedIDs).
+func (s *Store) ExhaustedIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.death.ExhaustedIDs, queue, limit)
+}
+
+// ExpiredIDs lists up to limit candidates of ReapExpired
+// (deathStatements.ExpiredIDs).
+func (s *Store) ExpiredIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+	return queryIDs(ctx, db, s.death.ExpiredIDs, queue, limit)
+}
+
+func queryIDs(ctx context.Context, db DB, stmt string, args ...any) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	return collectIDs(rows)
+}
+
+// ReapLeasesIDs is ReapLeases for the given candidates
+// (deathStatements.ReapLeasesIDs).
+func (s *Store) ReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+	tag, err := tx.Exec(ctx, s.death.ReapLeasesIDs, queue, rawIDs(ids))
+	return tag.RowsAffected(), err
+}
+
+// ReapExhaustedIDs is ReapExhausted for the given candidates
+// (deathStatements.ReapExhaustedIDs).
+func (s *Store) ReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, lastError string) (int64, error) {
+	tag, err := tx.Exec(ctx, s.death.ReapExhaustedIDs, queue, rawIDs(ids), lastError)
+	return tag.RowsAffected(), err
+}
+
+// ReapExpiredIDs is ReapExpired for the given candidates
+// (deathStatements.ReapExpiredIDs).
+func (s *Store) ReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+	tag, err := tx.Exec(ctx, s.death.ReapExpiredIDs, queue, rawIDs(ids))
+	return tag.RowsAffected(), err
+}
+
+// DeadItems returns up to limit deaths of queue's dead items, newest first
+// (coreStatements.DeadItems).
+func (s *Store) DeadItems(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
+	return queryDead(ctx, db, s.st.DeadItems, queue, limit)
+}
+
+// DeadItemsBefore returns up to limit deaths of queue's dead items after
+// the death (diedAt, id, death) in DeadItems' order
+// (deathStatements.DeadItemsBefore).
+func (s *Store) DeadItemsBefore(ctx context.Context, db DB, queue string, diedAt time.Time, id, death uuid.UUID, limit int) ([]DeadItemRow, error) {
+	return queryDead(ctx, db, s.death.DeadItemsBefore, queue, diedAt, id, death, limit)
+}
+
+func queryDead(ctx context.Context, db DB, stmt string, args ...any) ([]DeadItemRow, error) {
+	rows, err := db.Query(ctx, stmt, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []DeadItemRow
+	for rows.Next() {
+		var d DeadItemRow
+		var key, lastErr, tenant *string
+		var part, prio, attempts, maxAttempts int64
+		if err := rows.Scan(&d.ID, &part, &key, &prio, &attempts, &maxAttempts, &d.Payload, &d.Metadata,
+			&lastErr, &d.EnqueuedAt, &d.DiedAt, &tenant, &d.Reason, &d.Death); err != nil {
+			return nil, err
+		}
+		d.Part, d.Priority, d.Attempts, d.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
+		if key != nil {
+			d.Key = *key
+		}
+		if lastErr != nil {
+			d.LastError = *lastErr
+		}
+		if tenant != nil {
+			d.Tenant = *tenant
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// Requeue moves, in tx, a death of dead item id of queue back into the
+// items table (coreStatements.Requeue): death, or the newest death of id if
+// death is nil. If nothing moved, it reads why (deathStatements.RequeueState):
+// the queue of a live item, or waiting item, with the id, and how many
+// deaths matched. Run it in a SERIALIZABLE transaction.
+func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string, death *uuid.UUID) (RequeueResult, error) {
+	var r RequeueResult
+	tag, err := tx.Exec(ctx, s.st.Requeue, id, queue, death)
+	if err != nil {
+		return r, err
+	}
+	if r.Moved = tag.RowsAffected() == 1; r.Moved {
+		return r, nil
+	}
+	var live, waiting *string
+	if err := tx.QueryRow(ctx, s.death.RequeueState, id, queue, death).Scan(&live, &waiting, &r.Deaths); err != nil {
+		return RequeueResult{}, err
+	}
+	switch {
+	case live != nil:
+		r.LiveQueue, r.Live = *live, true
+	case waiting != nil:
+		r.LiveQueue, r.Live, r.Waiting = *waiting, true, true
+	}
+	return r, nil
+}

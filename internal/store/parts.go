@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The Store methods of package partition: a queue's stored number of parts,
+// part ownership, and the move of the items of removed parts. Each runs one
+// statement, once, and returns the driver's error unwrapped (see
+// sessions.go). The statements are those of coreStatements and
+// moveStatements.
+
+// QueueParts returns queue's stored number of parts: 1 when it has none.
+func (s *Store) QueueParts(ctx context.Context, db DB, queue string) (int, error) {
+	var n int64
+	err := db.QueryRow(ctx, s.st.QueueParts, queue).Scan(&n)
+	return int(n), err
+}
+
+// InsertQueueParts stores n parts for queue if it has no stored count (a
+// stored count wins) and reports whether it stored n.
+func (s *Store) InsertQueueParts(ctx context.Context, db DB, queue string, n int) (bool, error) {
+	tag, err := db.Exec(ctx, s.st.InsertQueueParts, queue, int64(n))
+	return tag.RowsAffected() > 0, err
+}
+
+// UpsertQueueParts stores n parts for queue, replacing any stored count.
+// It moves no item and releases no part: partition.SetParts does, with
+// DropPartsAbove and MovePartItems.
+func (s *Store) UpsertQueueParts(ctx context.Context, db DB, queue string, n int) error {
+	_, err := db.Exec(ctx, s.st.UpsertQueueParts, queue, int64(n))
+	return err
+}
+
+// DropPartsAbove deletes the ownership rows of queue's parts n and above,
+// which releases the claims made in those parts, and returns how many it
+// deleted.
+func (s *Store) DropPartsAbove(ctx context.Context, db DB, queue string, n int) (int64, error) {
+	tag, err := db.Exec(ctx, s.st.DropPartsAbove, queue, int64(n))
+	return tag.RowsAffected(), err
+}
+
+// AcquirePart makes session the owner of queue's part and reports whether
+// it did (false: another session owns the part).
+func (s *Store) AcquirePart(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
+	tag, err := db.Exec(ctx, s.st.AcquirePart, session, queue, int64(part))
+	return tag.RowsAffected() > 0, err
+}
+
+// ReleasePart deletes session's ownership of queue's part, which releases
+// the claims made in it. Releasing a part the session does not own does
+// nothing.
+func (s *Store) ReleasePart(ctx context.Context, db DB, session uuid.UUID, queue string, part int) error {
+	_, err := db.Exec(ctx, s.st.ReleasePart, session, queue, int64(part))
+	return err
+}
+
+// OwnedParts returns the parts of queue that session owns, ordered.
+func (s *Store) OwnedParts(ctx context.Context, db DB, session uuid.UUID, queue string) ([]int, error) {
+	rows, err := db.Query(ctx, s.st.OwnedParts, session, queue)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (int, error) {
+		var p int64
+		err := row.Scan(&p)
+		return int(p), err
+	})
+}
+
+// PartOwners returns the owner of each owned part of queue, by part.
+func (s *Store) PartOwners(ctx context.Context, db DB, queue string) (map[int]uuid.UUID, error) {
+	rows, err := db.Query(ctx, s.st.PartOwners, queue)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]uuid.UUID{}
+	var owner uuid.UUID
+	var part int64
+	if _, err := pgx.ForEachRow(rows, []any{&owner, &part}, func() error {
+		out[int(part)] = owner
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// MovedPage is what one MovePartItems did.
+type MovedPage struct {
+	// Moved is the number of items it moved.
+	Moved int64
+	// Last is the last id of the page it read, where the next page starts;
+	// Done (Last is then the nil UUID) when the page was empty: the walk of
+	// the items table is over.
+	Last uuid.UUID
+	Done bool
+}
+
+// MovePartItems reads the next page of at most limit rows of the items
+// table in primary-key order, after id after (the nil UUID: from the
+// start), and moves those of queue in parts n and above to part % n (see
+// moveStatements.MovePage for what happens to their claims).
+func (s *Store) MovePartItems(ctx context.Context, db DB, queue string, n int, after uuid.UUID, limit int) (MovedPage, error) {
+	var page MovedPage
+	var last *uuid.UUID
+	if err := db.QueryRow(ctx, s.move.MovePage, queue, int64(n), after, int64(limit)).Scan(&page.Moved, &last); err != nil {
+		return MovedPage{}, err
+	}
+	if last == nil {
+		page.Done = true
+		return page, nil
+	}
+	page.Last = *last
+	return page, nil
+}

@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The fleet's bounded reads (internal/fleet: crdbwork status, the
+// dashboard and the metrics collector render one read model of the
+// fleet). Each statement's text stands beside the method that runs it;
+// fleetStatements renders them once per Store (on first use).
+
+// fleetStatements are the fleet's statements rendered for one table set.
+type fleetStatements struct {
+	queue, liveSessions, sessionCounts string
+}
+
+func newFleetStatements(t Tables) *fleetStatements {
+	return &fleetStatements{queue: rewrite(t, fleetQueue), liveSessions: rewrite(t, fleetLiveSessions),
+		sessionCounts: rewrite(t, fleetSessionCounts)}
+}
+
+// fleetLiveSessions: $1 limit → the first limit live sessions by id, as
+// coreStatements.LiveSessions reads them. The sessions table holds one
+// row per worker process.
+const fleetLiveSessions = `SELECT id, name, host, pid, created_at, heartbeat_at,
+       (EXTRACT(EPOCH FROM expiry) * 1000000)::BIGINT,
+       (EXTRACT(EPOCH FROM now() - created_at) * 1000000)::BIGINT,
+       (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT,
+       claimed, acked, failed, in_flight
+FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id LIMIT $1`
+
+// FleetLiveSessions returns the first limit live sessions (heartbeat
+// within their expiry, by the database clock), ordered by id
+// (fleetLiveSessions).
+func (s *Store) FleetLiveSessions(ctx context.Context, db DB, limit int) ([]SessionRow, error) {
+	rows, err := db.Query(ctx, s.lazyFleet().liveSessions, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SessionRow, error) {
+		var r SessionRow
+		var exp, age, since int64
+		err := row.Scan(&r.ID, &r.Name, &r.Host, &r.PID, &r.CreatedAt, &r.HeartbeatAt, &exp, &age, &since,
+			&r.Reported.Claimed, &r.Reported.Acked, &r.Reported.Failed, &r.Reported.InFlight)
+		r.Expiry, r.Age, r.SinceHeartbeat = time.Duration(exp)*time.Microsecond, time.Duration(age)*time.Microsecond, time.Duration(since)*time.Microsecond
+		return r, err
+	})
+}
+
+// fleetSessionCounts: → the live sessions and the expired ones that no
+// peer has reaped yet, by the database clock: one read of the sessions
+// table (count(*) FILTER, as inspectStatements).
+const fleetSessionCounts = `SELECT count(*) FILTER (WHERE heartbeat_at + expiry >= now()),
+       count(*) FILTER (WHERE heartbeat_at + expiry < now())
+FROM crdbwork_sessions`
+
+// FleetSessionCounts counts the live sessions and the expired ones not yet
+// reaped (fleetSessionCounts).
+func (s *Store) FleetSessionCounts(ctx context.Context, db DB) (live, expired int64, err error) {
+	err = db.QueryRow(ctx, s.lazyFleet().sessionCounts).Scan(&live, &expired)
+	return live, expired, err
+}
+
+// fleetQueue: $1 queue, $2 cap, $3 ended since → the queue's row (stored,
+// num_parts, paused, fair, sequenced, max_in_flight, rate_limit; defaults
+// without one), then each count stopping at $2 rows: unclaimed, due and
+// the oldest due vesting time among the first $2 unclaimed items in claim
+// order (crdbwork_items_turn_next), claimed (crdbwork_items_lease), dead
+// (crdbwork_dead_items_by_queue), ended since $3 (crdbwork_ended_by_age),
+// waiting (crdbwork_waiting_by_queue), snoozed unclaimed
+// (crdbwork_items_snoozed), asked to stop
+// (crdbwork_items_cancel_requested); and now(). The reads of
+// dashboardStatements.summaries and queueState in one statement: a
+// limited read of an index that leads with the queue for each count, none
+// correlated (each subquery stands alone), so both engines plan each as a
+// seek that stops at its limit. $2 may be the largest BIGINT: the counts
+// are then exact.
+const fleetQueue = `SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false),
+       COALESCE(q.fair, false), COALESCE(q.sequenced, false), COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
+       u.unclaimed, u.due, u.oldest, c.claimed, d.dead, e.ended, w.waiting, s.snoozed, x.cancelling, now()
+FROM (SELECT 1) AS one
+LEFT JOIN crdbwork_queues AS q ON q.name = $1
+CROSS JOIN (
+    SELECT count(*) AS unclaimed, count(*) FILTER (WHERE r.vesting_at <= now()) AS due,
+           min(r.vesting_at) FILTER (WHERE r.vesting_at <= now()) AS oldest
+    FROM (SELECT i.vesting_at FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NULL
+          ORDER BY i.priority, i.turn_at, i.part LIMIT $2) AS r) AS u
+CROSS JOIN (
+    SELECT count(*) AS claimed
+    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NOT NULL
+          ORDER BY i.lease_until LIMIT $2) AS r) AS c
+CROSS JOIN (
+    SELECT count(*) AS dead
+    FROM (SELECT 1 FROM crdbwork_dead_items AS y WHERE y.queue = $1 ORDER BY y.died_at LIMIT $2) AS r) AS d
+CROSS JOIN (
+    SELECT count(*) AS ended
+    FROM (SELECT 1 FROM crdbwork_ended AS y WHERE y.queue = $1 AND y.ended_at > $3 ORDER BY y.ended_at LIMIT $2) AS r) AS e
+CROSS JOIN (
+    SELECT count(*) AS waiting
+    FROM (SELECT 1 FROM crdbwork_waiting AS y WHERE y.queue = $1 ORDER BY y.enqueued_at LIMIT $2) AS r) AS w
+CROSS JOIN (
+    SELECT count(*) AS snoozed
+    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.snoozes > 0 AND i.claim IS NULL LIMIT $2) AS r) AS s
+CROSS JOIN (
+    SELECT count(*) AS cancelling
+    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.cancel_requested_at IS NOT NULL
+          ORDER BY i.cancel_requested_at LIMIT $2) AS r) AS x`
+
+// FleetQueueRow is one queue's figures, as FleetQueue reads them. The
+// counts stop at the cap given: a count equal to it means "cap or more".
+type FleetQueueRow struct {
+	// Stored: the queue has a row in the queues table; NumParts, Paused,
+	// Fair, Sequenced, MaxInFlight and Rate come from it (defaults
+	// without one).
+	Stored                  bool
+	NumParts                int
+	Paused, Fair, Sequenced bool
+	MaxInFlight             int64
+	Rate                    float64
+	// Unclaimed items (≤ cap); Due and OldestDue (the vesting time of the
+	// oldest due item, nil if none) are counted among the first cap of
+	// them in claim order (exact when Unclaimed < cap).
+	Unclaimed, Due int64
+	OldestDue      *time.Time
+	// Claimed, Dead, Waiting, Snoozed and Cancelling items, and items
+	// Ended since the time given (all ≤ cap).
+	Claimed, Dead, Ended, Waiting, Snoozed, Cancelling int64
+	// Now is the database clock.
+	Now time.Time
+}
+
+// FleetQueue reads the figures of the queue named, each count stopping at
+// capAt rows (fleetQueue): one statement of limited index reads.
+func (s *Store) FleetQueue(ctx context.Context, db DB, name string, capAt int64, endedSince time.Time) (FleetQueueRow, error) {
+	var q FleetQueueRow
+	var parts int64
+	err := db.QueryRow(ctx, s.lazyFleet().queue, name, capAt, endedSince).Scan(&q.Stored, &parts, &q.Paused, &q.Fair,
+		&q.Sequenced, &q.MaxInFlight, &q.Rate, &q.Unclaimed, &q.Due, &q.OldestDue, &q.Claimed, &q.Dead, &q.Ended,
+		&q.Waiting, &q.Snoozed, &q.Cancelling, &q.Now)
+	q.NumParts = int(parts)
+	return q, err
+}

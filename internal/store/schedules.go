@@ -1,0 +1,46 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The Store methods of package schedule, run in the transaction of one
+// schedule's turn. Each runs one statement, once, and returns the driver's
+// error unwrapped (see sessions.go). The statements are those of
+// scheduleStatements.
+
+// ScheduleNow returns the database clock: the transaction's now(), which
+// decides a schedule's current period, one clock for every process.
+func (s *Store) ScheduleNow(ctx context.Context, db DB) (time.Time, error) {
+	var now time.Time
+	err := db.QueryRow(ctx, s.sched.Now).Scan(&now)
+	return now, err
+}
+
+// ScheduleLast returns the last period enqueued by schedule name of queue,
+// locking its row until the transaction ends, and whether there is one
+// (false: the schedule never fired).
+func (s *Store) ScheduleLast(ctx context.Context, db DB, queue, name string) (time.Time, bool, error) {
+	var last time.Time
+	err := db.QueryRow(ctx, s.sched.Last, queue, name).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, false, nil
+	}
+	return last, err == nil, err
+}
+
+// AdvanceSchedule records period as the last period of schedule name of
+// queue, and reports whether it did: it never moves a stored period
+// backward, nor rewrites it with the same period (false).
+func (s *Store) AdvanceSchedule(ctx context.Context, db DB, queue, name string, period time.Time) (bool, error) {
+	var stored time.Time
+	err := db.QueryRow(ctx, s.sched.Advance, queue, name, period).Scan(&stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}

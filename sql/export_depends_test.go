@@ -1,5 +1,0 @@
-package sql
-
-// NewDependsStatements renders the dependency statements for the plan
-// tests of package sql_test.
-var NewDependsStatements = newDependsStatements

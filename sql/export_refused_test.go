@@ -1,5 +1,0 @@
-package sql
-
-// NewRefusedStatements reaches the statements of refused rows, for the
-// plan tests.
-var NewRefusedStatements = newRefusedStatements
