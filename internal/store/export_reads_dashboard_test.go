@@ -5,14 +5,14 @@ package store
 func DashboardStatementsForTest(t Tables) map[string]string {
 	d := newDashboardStatements(t)
 	return map[string]string{
-		"Summaries": d.summaries, "PartBacklog": d.partBacklog,
+		"PartBacklog":    d.partBacklog,
 		"UnclaimedFirst": d.unclaimedFirst, "UnclaimedAfter": d.unclaimedAfter,
 		"TenantFirst": d.tenantFirst, "TenantAfter": d.tenantAfter,
 		"ClaimedFirst": d.claimedFirst, "ClaimedAfter": d.claimedAfter,
 		"DeadFirst": d.deadFirst, "DeadAfter": d.deadAfter,
 		"Item": d.item, "Deaths": d.deaths, "DeleteDead": d.deleteDead, "TenantHeads": d.tenantHeads,
-		"QueueState": d.queueState, "WaitingQueue": d.waitingQueue,
-		"AuditInsert": d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
+		"WaitingQueue": d.waitingQueue,
+		"AuditInsert":  d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
 	}
 }
 

@@ -48,13 +48,6 @@ import (
 // MaxHeadTenants) and cached; more parts or tenants take several
 // statements, sent in one round trip (PartBacklog, TenantHeads).
 type dashboardStatements struct {
-	// summaries: $1 queue, $2 cap, $3 ended since → stored, num_parts, paused, fair, max_in_flight,
-	// rate_limit, unclaimed (≤ cap), due and the oldest due vesting time
-	// among the first cap unclaimed items in claim order
-	// (crdbwork_items_turn_next), claimed (≤ cap, crdbwork_items_lease),
-	// dead (≤ cap, crdbwork_dead_items_by_queue), ended since $3 (≤ cap,
-	// crdbwork_ended_by_age), now().
-	summaries string
 	// partBacklog: $1 queue, $2 number of parts, $3 cap → part, unclaimed
 	// (≤ cap): one limited read of crdbwork_items_part_turn per part, in a
 	// LATERAL subquery over generate_series of the parts. PostgreSQL's twin
@@ -97,11 +90,6 @@ type dashboardStatements struct {
 	// unclaimed item in claim order (NULL: none), now().
 	tenantHeadsK [MaxHeadTenants + 1]atomic.Pointer[string]
 	t            Tables
-	// queueState: $1 queue, $2 cap → sequenced (the queue's row; false
-	// without one), waiting items (≤ cap, crdbwork_waiting_by_queue),
-	// snoozed unclaimed items (≤ cap, crdbwork_items_snoozed), items asked
-	// to stop (≤ cap, crdbwork_items_cancel_requested).
-	queueState string
 	// waitingQueue: $1 id → the queue of the waiting item id (primary key).
 	waitingQueue string
 	// auditInsert: $1 actor, $2 source, $3 action, $4 queue, $5 detail.
@@ -124,26 +112,6 @@ func newDashboardStatements(t Tables) *dashboardStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &dashboardStatements{
 		t: t,
-		summaries: r(`SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false),
-       COALESCE(q.fair, false), COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
-       u.unclaimed, u.due, u.oldest, c.claimed, d.dead, e.ended, now()
-FROM (SELECT 1) AS one
-LEFT JOIN crdbwork_queues AS q ON q.name = $1
-CROSS JOIN (
-    SELECT count(*) AS unclaimed, count(*) FILTER (WHERE w.vesting_at <= now()) AS due,
-           min(w.vesting_at) FILTER (WHERE w.vesting_at <= now()) AS oldest
-    FROM (SELECT i.vesting_at FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NULL
-          ORDER BY i.priority, i.turn_at, i.part LIMIT $2) AS w) AS u
-CROSS JOIN (
-    SELECT count(*) AS claimed
-    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NOT NULL
-          ORDER BY i.lease_until LIMIT $2) AS w) AS c
-CROSS JOIN (
-    SELECT count(*) AS dead
-    FROM (SELECT 1 FROM crdbwork_dead_items AS x WHERE x.queue = $1 ORDER BY x.died_at LIMIT $2) AS w) AS d
-CROSS JOIN (
-    SELECT count(*) AS ended
-    FROM (SELECT 1 FROM crdbwork_ended AS x WHERE x.queue = $1 AND x.ended_at > $3 ORDER BY x.ended_at LIMIT $2) AS w) AS e`),
 		partBacklog: r(`SELECT p.part, b.unclaimed
 FROM generate_series(0, $2::BIGINT - 1) AS p(part)
 CROSS JOIN LATERAL (
@@ -182,11 +150,6 @@ ORDER BY died_at DESC, id DESC, death DESC LIMIT $5`),
        cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
        progress_done, progress_total, progress_at, seq_order, headers
 FROM crdbwork_items WHERE id = $1`),
-		queueState: r(`SELECT COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = $1), false),
-       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_waiting AS w WHERE w.queue = $1 ORDER BY w.enqueued_at LIMIT $2) AS x),
-       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.snoozes > 0 AND i.claim IS NULL LIMIT $2) AS x),
-       (SELECT count(*) FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.cancel_requested_at IS NOT NULL
-                              ORDER BY i.cancel_requested_at LIMIT $2) AS x)`),
 		waitingQueue: r(`SELECT queue FROM crdbwork_waiting WHERE id = $1`),
 		deaths: r(`SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
        enqueued_at, died_at, tenant, reason, payload, metadata
@@ -210,41 +173,6 @@ ORDER BY at DESC, id DESC LIMIT $3`),
 
 // dash returns the Store's dashboardStatements, rendered on first use.
 func (s *Store) dash() *dashboardStatements { return s.lazyDash() }
-
-// QueueSummary is one queue's figures, as Store.QueueSummary reads them. The
-// counts stop at the cap given: a count equal to it means "cap or more".
-type QueueSummary struct {
-	Name string
-	// Stored: the queue has a row in the queues table; NumParts, Paused,
-	// Fair, MaxInFlight and Rate come from it (defaults without one).
-	Stored      bool
-	NumParts    int
-	Paused      bool
-	Fair        bool
-	MaxInFlight int64
-	Rate        float64
-	// Unclaimed items (≤ cap); Due and OldestDue are counted among the
-	// first cap of them in claim order (exact when Unclaimed < cap).
-	Unclaimed, Due int64
-	OldestDue      *time.Time
-	// Claimed and Dead items, and items Ended since the time given (all ≤
-	// cap).
-	Claimed, Dead, Ended int64
-	// Now is the database clock.
-	Now time.Time
-}
-
-// QueueSummary reads the figures of the queue named, each count stopping
-// at capAt rows (dashboardStatements.summaries): a few limited reads of
-// the indexes that lead with the queue.
-func (s *Store) QueueSummary(ctx context.Context, db DB, name string, capAt int, endedSince time.Time) (QueueSummary, error) {
-	q := QueueSummary{Name: name}
-	var parts int64
-	err := db.QueryRow(ctx, s.dash().summaries, name, capAt, endedSince).Scan(&q.Stored, &parts, &q.Paused, &q.Fair,
-		&q.MaxInFlight, &q.Rate, &q.Unclaimed, &q.Due, &q.OldestDue, &q.Claimed, &q.Dead, &q.Ended, &q.Now)
-	q.NumParts = int(parts)
-	return q, err
-}
 
 // MaxBacklogParts bounds the parts one statement of PartBacklog reads: a
 // queue with more parts takes several statements, sent in one round trip
@@ -598,26 +526,6 @@ func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool
 	d.Part, d.Key, d.LastError, d.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
 	d.CancelBy, d.CancelReason = deref(by), deref(reason)
 	return d, true, nil
-}
-
-// QueueState is the state of a queue's version-5 features, as
-// Store.QueueState reads it. The counts stop at the cap given.
-type QueueState struct {
-	// Sequenced: the queue is sequenced (docs/sequences.md).
-	Sequenced bool
-	// Waiting counts items waiting for prerequisites, Snoozed unclaimed
-	// items that were snoozed, Cancelling items asked to stop (each ≤ cap).
-	Waiting, Snoozed, Cancelling int64
-}
-
-// QueueState reads whether queue is sequenced and counts its waiting,
-// snoozed and cancelling items, each count stopping at capAt
-// (dashboardStatements.queueState: limited reads of partial or leading
-// indexes).
-func (s *Store) QueueState(ctx context.Context, db DB, queue string, capAt int) (QueueState, error) {
-	var q QueueState
-	err := db.QueryRow(ctx, s.dash().queueState, queue, capAt).Scan(&q.Sequenced, &q.Waiting, &q.Snoozed, &q.Cancelling)
-	return q, err
 }
 
 // WaitingQueue returns the queue of the waiting item id (an item enqueued

@@ -33,8 +33,6 @@ func TestExplainDashboardStatements(t *testing.T) {
 		indexes []string
 		args    []any
 	}{
-		{"Summaries", []string{"crdbwork_items_turn_next", "crdbwork_items_lease", "crdbwork_dead_items_by_queue", "crdbwork_ended_by_age"}, []any{"big", 1000, now.Add(-time.Minute)}},
-		{"Summaries", nil, []any{"q7", 1000, now.Add(-time.Minute)}},
 		{"PartBacklog", []string{"crdbwork_items_part_turn"}, []any{"big", 16, 1000}},
 		{"UnclaimedFirst", []string{"crdbwork_items_turn_next"}, []any{"big", 100}},
 		{"UnclaimedAfter", []string{"crdbwork_items_turn_next"}, []any{"big", int64(0), now, 3, id, 100}},
@@ -48,8 +46,6 @@ func TestExplainDashboardStatements(t *testing.T) {
 		{"Deaths", []string{"crdbwork_dead_items_pkey"}, []any{id, 20}},
 		{"DeleteDead", []string{"crdbwork_dead_items_pkey"}, []any{id, death, "q7"}},
 		{"TenantHeads", []string{"crdbwork_items_tenant_turn"}, []any{"big", []string{"tenant-3", "tenant-6"}}},
-		{"QueueState", []string{"crdbwork_waiting_by_queue", "crdbwork_items_snoozed", "crdbwork_items_cancel_requested"}, []any{"big", 1000}},
-		{"QueueState", nil, []any{"q7", 1000}},
 		{"WaitingQueue", []string{"crdbwork_waiting_pkey"}, []any{id}},
 		{"AuditInsert", []string{"crdbwork_audit"}, []any{"op", "dashboard", "pause", "q7", "paused"}},
 		{"AuditFirst", []string{"crdbwork_audit_by_time"}, []any{50}},
