@@ -72,12 +72,12 @@ func (s *Store) FleetSessionCounts(ctx context.Context, db DB) (live, expired in
 // (crdbwork_dead_items_by_queue), ended since $3 (crdbwork_ended_by_age),
 // waiting (crdbwork_waiting_by_queue), snoozed unclaimed
 // (crdbwork_items_snoozed), asked to stop
-// (crdbwork_items_cancel_requested); and now(). The reads of
-// dashboardStatements.summaries and queueState in one statement: a
-// limited read of an index that leads with the queue for each count, none
-// correlated (each subquery stands alone), so both engines plan each as a
-// seek that stops at its limit. $2 may be the largest BIGINT: the counts
-// are then exact.
+// (crdbwork_items_cancel_requested); and now(). One statement: a limited
+// read of an index that leads with the queue for each count (the shapes
+// of dashboardStatements: the LEFT JOIN of a one-row subquery, count(*)
+// FILTER), none correlated (each subquery stands alone), so both engines
+// plan each as a seek that stops at its limit. $2 may be the largest
+// BIGINT: the counts are then exact.
 const fleetQueue = `SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false),
        COALESCE(q.fair, false), COALESCE(q.sequenced, false), COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
        u.unclaimed, u.due, u.oldest, c.claimed, d.dead, e.ended, w.waiting, s.snoozed, x.cancelling, now()
