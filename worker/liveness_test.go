@@ -370,7 +370,16 @@ func TestHeartbeatSurvivesSaturatedAcks(t *testing.T) {
 			return rec(ctx, tx)
 		}, nil
 	}
-	r := start(t, pool, h, opts) // fast session: 100 ms heartbeat, 700 ms expiry
+	// A heartbeat of 100 ms (stretched with the load) and an expiry of 15
+	// heartbeats: still shorter than an ack transaction of a full batch
+	// (64 records of 30 ms), and room for a machine whose load rises after
+	// the stretch was read (beside eight burners and other work, a
+	// 7-heartbeat expiry was once missed). The test is about the pool: busy
+	// settle connections must not hold up the heartbeat, which has its own.
+	// Overload itself is issue 32's (bench) business.
+	hb := await.Stretch(100 * time.Millisecond)
+	opts.Session = session.Tuning{Heartbeat: hb, Expiry: 15 * hb}
+	r := start(t, pool, h, opts)
 	waitFor(t, "the queue to drain", 5*time.Minute, func() bool {
 		return count(t, direct, `SELECT count(*) FROM crdbwork_items`) == 0
 	})
