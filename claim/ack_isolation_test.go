@@ -15,6 +15,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -232,7 +233,7 @@ func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
 	go func() { // the reaper
 		defer wg.Done()
 		for !stop.Load() {
-			if _, err := q.Reap(ctx); err != nil {
+			if _, err := queuemaint.For(q).Reap(ctx); err != nil {
 				fail <- fmt.Errorf("reap: %w", err)
 				return
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 )
@@ -272,7 +273,7 @@ func moveEverywhere(t *testing.T, q *claim.Queue, session uuid.UUID, it claim.Ne
 	} else if err := q.Ack(ctx, p, nil); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := q.Reap(ctx); err != nil || st.Refused != 0 || st.Stuck != 0 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Refused != 0 || st.Stuck != 0 {
 		t.Fatalf("Reap after the release: %+v, %v", st, err)
 	}
 	got := next(id)

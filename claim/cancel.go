@@ -143,10 +143,10 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
 // unless the queue's notifications are off (Options.NoNotify).
 func (q *Queue) notifiesCancels() bool { return q.notifies() }
 
-// CancelChannel returns the name of the PostgreSQL notification channel
+// cancelChannel (queuemaint.Queue.CancelChannel) returns the name of the PostgreSQL notification channel
 // on which CancelItem announces cancel requests of this queue's running
 // items (workers listen on it unless their Options.NoWake is set).
-func (q *Queue) CancelChannel() string { return q.store.CancelChannel(q.opts.Queue) }
+func (q *Queue) cancelChannel() string { return q.store.CancelChannel(q.opts.Queue) }
 
 // EndCancelled ends it, an item whose cancel was asked for while this
 // claim held it: it deletes the item and records it as cancelled. It

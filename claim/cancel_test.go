@@ -12,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // endedRow reads an item's row in crdbwork_ended.
@@ -197,7 +198,7 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_sessions WHERE id = $1`, dead); err != nil {
 		t.Fatal(err)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Cancelled != 1 || st.Released != 0 {
 		t.Fatalf("first reap: %+v %v; want 1 cancelled, none released", st, err)
 	}
@@ -207,7 +208,7 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n == 0 {
 			return true, ""
 		}
-		st, err := q.Reap(ctx)
+		st, err := queuemaint.For(q).Reap(ctx)
 		if err != nil || st.Released != 0 {
 			t.Fatalf("reap: %+v %v", st, err)
 		}

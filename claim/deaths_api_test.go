@@ -11,6 +11,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -149,8 +150,8 @@ func TestReapErrorsNameStepsAndItems(t *testing.T) {
 		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`)
 		return n >= 3, fmt.Sprintf("%d of 3 passed", n)
 	})
-	st, err := q.Reap(ctx)
-	if st != (claim.ReapStats{Released: 1, Expired: 1, Refused: 1, Stuck: 1}) {
+	st, err := queuemaint.For(q).Reap(ctx)
+	if st != (queuemaint.ReapStats{Released: 1, Expired: 1, Refused: 1, Stuck: 1}) {
 		t.Fatalf("Reap = %+v (%v); want 1 released, 1 expired, 1 refused (ended), 1 stuck", st, err)
 	}
 	list := claim.ReapErrors(err)
@@ -212,8 +213,8 @@ func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
 		n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now() OR expires_at <= now()`)
 		return n >= 2, fmt.Sprintf("%d of 2 passed", n)
 	})
-	st, err := q.Reap(ctx)
-	if st != (claim.ReapStats{Released: 1}) {
+	st, err := queuemaint.For(q).Reap(ctx)
+	if st != (queuemaint.ReapStats{Released: 1}) {
 		t.Fatalf("Reap = %+v (%v); want the lease released", st, err)
 	}
 	list := claim.ReapErrors(err)
@@ -224,7 +225,7 @@ func TestReapStepFailureDoesNotStopTheOthers(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DROP TRIGGER test_fail ON crdbwork_dead_items`); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := q.Reap(ctx); err != nil || st.Dead != 1 || st.Expired != 1 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Dead != 1 || st.Expired != 1 {
 		t.Fatalf("Reap once the moves work = %+v, %v; want both moved", st, err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // Tests of issue 16, "dead items keep every death": an id enqueued again
@@ -178,7 +179,7 @@ func TestReaperMovesReusedIDsAndTheRest(t *testing.T) {
 	}
 	waitExpired(t, pool, q.Name(), 4)
 
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Dead != 3 || st.Expired != 4 {
 		t.Fatalf("Reap = %+v, %v; want 3 crash-looped and 4 expired items moved, no error", st, err)
 	}
@@ -255,7 +256,7 @@ func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
 	}
 	waitExpired(t, pool, q.Name(), expiring+1)
 
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if st.Dead != 5 || st.Expired != expiring {
 		t.Fatalf("Reap = %+v (%v); want the 5 other crash-looped and %d other expired items moved", st, err, expiring)
 	}
@@ -268,7 +269,7 @@ func TestReaperIsolatesAnItemThatCannotMove(t *testing.T) {
 	}
 
 	allowAll(t, pool)
-	st, err = q.Reap(ctx)
+	st, err = queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Dead != 1 || st.Expired != 1 {
 		t.Fatalf("Reap once the moves are allowed = %+v, %v; want the two items moved", st, err)
 	}
@@ -309,7 +310,7 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 		t.Fatalf("a second nack of the settled claim = %v, want ErrClaimLost", err)
 	}
 	allowAll(t, pool)
-	if st, err := q.Reap(ctx); err != nil || st.Dead != 1 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Dead != 1 {
 		t.Fatalf("Reap = %+v, %v; want the held item moved", st, err)
 	}
 	dead, err := q.Dead(ctx, 10)

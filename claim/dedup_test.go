@@ -14,6 +14,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -315,7 +316,7 @@ func TestPruneEndedIsBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := q.PruneEnded(ctx)
+	n, err := queuemaint.For(q).PruneEnded(ctx)
 	if err != nil || n != 8000 {
 		t.Fatalf("first PruneEnded: %d, %v; want 8000 (its bound)", n, err)
 	}
@@ -327,7 +328,7 @@ func TestPruneEndedIsBounded(t *testing.T) {
 	if c := count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE queue = 'prune' AND ended_at < $1::TIMESTAMPTZ - INTERVAL '2 hours' - INTERVAL '1500.5 seconds'`, seeded); c != 0 {
 		t.Fatalf("%d of the oldest rows left; pruning goes oldest first", c)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Pruned != 1500 {
 		t.Fatalf("Reap: pruned %d, %v; want the 1500 left", st.Pruned, err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
@@ -259,7 +260,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 			defer wg.Done()
 			rq := newQueue(t, traced, claim.Options{Queue: queue})
 			for {
-				if _, err := rq.Reap(ctx); err != nil {
+				if _, err := queuemaint.For(rq).Reap(ctx); err != nil {
 					fail(fmt.Errorf("reap %d: %w", r, err))
 				}
 				select {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
@@ -73,12 +74,12 @@ func TestDependsReapSkipsHeldDependents(t *testing.T) {
 
 	reaper := newQueue(t, pool, claim.Options{Queue: queue})
 	type result struct {
-		st  claim.ReapStats
+		st  queuemaint.ReapStats
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		st, err := reaper.Reap(ctx)
+		st, err := queuemaint.For(reaper).Reap(ctx)
 		done <- result{st, err}
 	}()
 	// Until Reap returns, no statement may wait for the holder's lock.
@@ -119,7 +120,7 @@ func TestDependsReapSkipsHeldDependents(t *testing.T) {
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := reaper.Reap(ctx); err != nil || st.Unblocked != 1 {
+	if st, err := queuemaint.For(reaper).Reap(ctx); err != nil || st.Unblocked != 1 {
 		t.Fatalf("Reap once the holder ended: %+v, %v; want the held dependent released", st, err)
 	}
 	if got := claimEvery(t, q, s.ID()); len(got) != 1 || got[0].ID != held {

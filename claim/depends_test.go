@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -175,7 +176,7 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	if got := claimEvery(t, old, s.ID()); len(got) != 0 {
 		t.Fatalf("claimed %d items before any release", len(got))
 	}
-	st, err := old.Reap(ctx)
+	st, err := queuemaint.For(old).Reap(ctx)
 	if err != nil || st.Unblocked != 1 {
 		t.Fatalf("Reap: %+v, %v; want one unblocked", st, err)
 	}
@@ -225,7 +226,7 @@ func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
 				}
 				ackAll(t, q, claimEvery(t, q, s.ID())) // the healthy one
 			}
-			st, err := q.Reap(ctx)
+			st, err := queuemaint.For(q).Reap(ctx)
 			if err != nil || st.DependencyDead != len(chain) { // chain[1:] and the bystander
 				t.Fatalf("Reap: %+v, %v; want %d dependency deaths", st, err, len(chain))
 			}
@@ -368,7 +369,7 @@ func TestDependsTwoQueues(t *testing.T) {
 	if n, err := qs[1].WaitingCount(ctx); err != nil || n != 1 {
 		t.Fatalf("queue two: %d waiting, %v; want 1", n, err)
 	}
-	if _, err := qs[1].Reap(ctx); err != nil {
+	if _, err := queuemaint.For(qs[1]).Reap(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := qs[1].WaitingCount(ctx); err != nil || n != 1 {
@@ -431,7 +432,7 @@ func TestDependsRenamedTables(t *testing.T) {
 	if ok, err := q.Cancel(ctx, a); err != nil || !ok {
 		t.Fatalf("Cancel of a: %v, %v", ok, err)
 	}
-	if st, err := q.Reap(ctx); err != nil || st.DependencyDead != 1 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.DependencyDead != 1 {
 		t.Fatalf("Reap: %+v, %v; want b dead", st, err)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM deps.dq_dead_items WHERE id = $1 AND reason = $2`, b, claim.ReasonDependencyDied+a.String()); n != 1 {
@@ -529,7 +530,7 @@ func TestDependsCancelWaiting(t *testing.T) {
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND outcome = 'cancelled'`, b); n != 1 {
 		t.Fatalf("%d cancelled records of b", n)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.DependencyDead != 1 {
 		t.Fatalf("Reap: %+v, %v; want c dead", st, err)
 	}

@@ -17,7 +17,7 @@ const (
 	pruneStatements = 8
 )
 
-// PruneEnded forgets the queue's ended ids older than its dedup window
+// pruneEndedIDs (queuemaint.Queue.PruneEnded) forgets the queue's ended ids older than its dedup window
 // (Settings.DedupWindow): enqueues of those ids add new items again. It
 // deletes them oldest first, at most 1,000 per statement (each its own
 // short transaction) and at most 8,000 per call, and returns how many it
@@ -27,7 +27,7 @@ const (
 // ended id whose delete the database refuses (a trigger, a foreign key a
 // user added) is left, and the others are deleted: the error then joins a
 // ReapError with its id (ReapErrors lists them).
-func (q *Queue) PruneEnded(ctx context.Context) (int, error) {
+func (q *Queue) pruneEndedIDs(ctx context.Context) (int, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: pruning the ended ids of %q: %w", q.opts.Queue, err)
 	}
@@ -38,7 +38,7 @@ func (q *Queue) PruneEnded(ctx context.Context) (int, error) {
 	return total, joinRefused(err, refused)
 }
 
-// pruneEnded is PruneEnded once ready: it returns how many ended ids it
+// pruneEnded is pruneEndedIDs once ready: it returns how many ended ids it
 // deleted and those the database refused to delete (left, reported; see
 // pruneIsolated).
 func (q *Queue) pruneEnded(ctx context.Context) (int, []*ReapError, error) {

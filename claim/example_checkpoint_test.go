@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // Save a checkpoint and a progress for a claimed item: a retry hands both
@@ -77,7 +78,7 @@ func ExampleQueue_SetRetention() {
 
 	// A reap (every worker session runs them) applies it; PruneDead alone
 	// does the same.
-	pruned, err := q.PruneDead(ctx)
+	pruned, err := queuemaint.For(q).PruneDead(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

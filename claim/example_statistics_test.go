@@ -6,6 +6,7 @@ import (
 	"log"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // An import loads a backlog into a new database before any worker runs: it
@@ -27,7 +28,7 @@ func ExampleQueue_RefreshStatistics() {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		log.Fatal(err)
 	}
-	analyzed, err := q.RefreshStatistics(ctx)
+	analyzed, err := queuemaint.For(q).RefreshStatistics(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

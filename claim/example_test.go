@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -337,7 +338,7 @@ func ExampleQueue_Reap() {
 	// bob's handler hangs. Once its lease is over, Reap releases the item.
 	released := 0
 	for released == 0 {
-		st, err := q.Reap(ctx)
+		st, err := queuemaint.For(q).Reap(ctx)
 		if err != nil {
 			log.Fatal(err)
 		}

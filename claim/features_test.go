@@ -12,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -48,7 +49,7 @@ func TestItemTTLExpires(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].ID != ids.IDs[2] {
 		t.Fatalf("claim after the deadline = %v, %v; want only the item without a deadline", got, err)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Expired != 1 {
 		t.Fatalf("Reap = %+v, %v; want 1 expired (the claimed one is its holder's)", st, err)
 	}
@@ -81,7 +82,7 @@ func TestItemTTLExpires(t *testing.T) {
 	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("an expired, nacked item was handed out again: %v %v", got, err)
 	}
-	if st, err := q.Reap(ctx); err != nil || st.Expired != 1 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Expired != 1 {
 		t.Fatalf("Reap = %+v, %v; want the nacked item expired", st, err)
 	}
 	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("x"), TTL: -time.Second}); err == nil {

@@ -55,7 +55,9 @@ func (q *Queue) extend(ctx context.Context, items []Item, d time.Duration) ([]It
 	return out, nil
 }
 
-// ReapStats says what one Reap did.
+// ReapStats says what one reap of a queue did: every worker session reaps
+// its queue every few heartbeats (worker.Testing.AfterQueueReap reports
+// each), and its maintenance is not part of Queue's API.
 type ReapStats struct {
 	// Released counts items whose lease had expired, released with their
 	// attempt counted: they are claimable again.
@@ -102,7 +104,7 @@ type ReapStats struct {
 	Unblocked, DependencyDead int
 }
 
-// Reap ends the queue's cancelled items that no handler will end (see
+// reapQueue (queuemaint.Queue.Reap) ends the queue's cancelled items that no handler will end (see
 // CancelItem), releases the queue's items whose lease expired, whoever claimed them
 // (a hung handler, a claim whose answer was lost, a process that forgot an
 // item), and moves its unclaimed items whose attempts are used up to the
@@ -128,7 +130,7 @@ type ReapStats struct {
 // refused waiting items in the same way. The error joins
 // (errors.Join) one ReapError per failed step and per stuck item, with its
 // id; ReapErrors lists them. The stats count what was done, failures or not.
-func (q *Queue) Reap(ctx context.Context) (ReapStats, error) {
+func (q *Queue) reapQueue(ctx context.Context) (ReapStats, error) {
 	var st ReapStats
 	if err := q.ready(ctx); err != nil {
 		return st, fmt.Errorf("claim: reaping %q: %w", q.opts.Queue, err)

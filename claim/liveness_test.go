@@ -15,6 +15,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -147,7 +148,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 	}
 	released := 0
 	await.Until(t, "Reap to release the 2 expired leases", func() (bool, string) {
-		st, err := long.Reap(ctx)
+		st, err := queuemaint.For(long).Reap(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +170,7 @@ func TestReapReleasesExpiredLeases(t *testing.T) {
 			t.Errorf("re-claimed item: attempt %d token %d, want 2 and 2 (the hung attempt counts)", it.Attempt, it.Token)
 		}
 	}
-	if st, err := long.Reap(ctx); err != nil || st != (claim.ReapStats{}) {
+	if st, err := queuemaint.For(long).Reap(ctx); err != nil || st != (queuemaint.ReapStats{}) {
 		t.Fatalf("a second Reap did %+v (%v), want nothing", st, err)
 	}
 	if got := long.Stats().Reaped; got != 2 {
@@ -205,7 +206,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10}); err != nil || len(got) != 0 {
 		t.Fatalf("a claim handed out %d items whose attempts are used up (%v)", len(got), err)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if err != nil || st.Dead != 1 {
 		t.Fatalf("Reap = %+v, %v; want 1 dead", st, err)
 	}

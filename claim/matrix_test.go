@@ -20,6 +20,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
@@ -631,7 +632,7 @@ func (c *mxCell) runAfter() {
 			c.kill(p)
 		}
 		c.done[c.pre], c.done[c.id] = true, true
-		st, err := c.work.Reap(ctx)
+		st, err := queuemaint.For(c.work).Reap(ctx)
 		if err != nil || st.DependencyDead != 1 {
 			c.fatalf("reap: %+v, %v; want the dependent dead", st, err)
 		}
@@ -847,11 +848,11 @@ func (c *mxCell) kill(it claim.Item) {
 // reap runs the worker's Reap.
 func (c *mxCell) reap() claim.ReapStats {
 	c.t.Helper()
-	st, err := c.work.Reap(c.ctx)
+	st, err := queuemaint.For(c.work).Reap(c.ctx)
 	if err != nil {
 		c.fatalf("reap: %v", err)
 	}
-	return st
+	return claim.ReapStats(st)
 }
 
 // prune kills a later item and keeps one dead item: the item's death (and
@@ -866,7 +867,7 @@ func (c *mxCell) prune(want int) {
 	if err := c.work.SetRetention(ctx, claim.Retention{DeadMaxCount: 1, NoDeadMaxAge: true}); err != nil {
 		c.fatalf("retention: %v", err)
 	}
-	n, err := c.work.PruneDead(ctx)
+	n, err := queuemaint.For(c.work).PruneDead(ctx)
 	if err != nil || n != want {
 		c.fatalf("PruneDead = %d, %v; want %d", n, err, want)
 	}

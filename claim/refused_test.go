@@ -14,6 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // incompressible returns n bytes of text that PostgreSQL's compression
@@ -109,7 +110,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 		t.Fatalf("%d items released by the ack, whose move the database refuses: the test does not exercise the sweep", n)
 	}
 
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if st.Unblocked != len(siblings) || st.DependencyDead != 2 || st.Refused != 1 || st.Stuck != 0 {
 		t.Fatalf("Reap = %+v (%v); want %d released, 2 dependency deaths (d2 and the refused row's dependent), 1 refused", st, err, len(siblings))
 	}
@@ -147,7 +148,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 		t.Fatalf("%d waiting rows or edges left in the queue", n)
 	}
 	// Settled: the next Reap has nothing to report.
-	if st, err := q.Reap(ctx); err != nil || st.Refused != 0 || st.Stuck != 0 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Refused != 0 || st.Stuck != 0 {
 		t.Fatalf("second Reap = %+v, %v; want nothing left", st, err)
 	}
 
@@ -164,7 +165,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 			}
 		}
 	}
-	if st, err := other.Reap(ctx); err != nil || st.DependencyDead != 1 {
+	if st, err := queuemaint.For(other).Reap(ctx); err != nil || st.DependencyDead != 1 {
 		t.Fatalf("the other queue's Reap = %+v, %v; want y2 dead", st, err)
 	}
 	if got := claimEvery(t, other, s.ID()); len(got) != 1 || got[0].ID != y1 {
@@ -200,7 +201,7 @@ func TestRefusedLeaseReleaseEndsDead(t *testing.T) {
 		n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE lease_until < now()`)
 		return n >= 3, fmt.Sprintf("%d of 3 ended", n)
 	})
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if st.Released != 2 || st.Refused != 1 || st.Stuck != 0 {
 		t.Fatalf("Reap = %+v (%v); want 2 released, 1 refused", st, err)
 	}
@@ -306,7 +307,7 @@ func TestRefusedCancelDoesNotHoldUpOthers(t *testing.T) {
 		WHERE queue = 'cancels'`); err != nil {
 		t.Fatal(err)
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if st.Cancelled != 2 || st.Stuck != 1 || st.Refused != 0 {
 		t.Fatalf("Reap = %+v (%v); want 2 cancelled, 1 stuck", st, err)
 	}
@@ -354,7 +355,7 @@ FOR EACH ROW WHEN (OLD.id = '`+held.String()+`') EXECUTE FUNCTION test_hold()`);
 			t.Fatal(err)
 		}
 	}
-	st, err := q.Reap(ctx)
+	st, err := queuemaint.For(q).Reap(ctx)
 	if st.Pruned != len(ids)-1 || st.DeadPruned != len(ids)-1 || st.Stuck != 2 {
 		t.Fatalf("Reap = %+v (%v); want %d ended ids and %d dead items pruned, 2 rows stuck", st, err, len(ids)-1, len(ids)-1)
 	}
@@ -368,7 +369,7 @@ FOR EACH ROW WHEN (OLD.id = '`+held.String()+`') EXECUTE FUNCTION test_hold()`);
 		t.Fatalf("%d rows left, want the held ones alone", n)
 	}
 	// The public forms report it too.
-	if _, err := q.PruneEnded(ctx); len(claim.ReapErrors(err)) != 1 || claim.ReapErrors(err)[0].ID != held {
+	if _, err := queuemaint.For(q).PruneEnded(ctx); len(claim.ReapErrors(err)) != 1 || claim.ReapErrors(err)[0].ID != held {
 		t.Fatalf("PruneEnded: %v; want the held row reported", err)
 	}
 }

@@ -167,7 +167,7 @@ func (s *deadCountState) forget() {
 	s.mu.Unlock()
 }
 
-// PruneDead applies the queue's retention to its dead items: it deletes
+// pruneDeadItems (queuemaint.Queue.PruneDead) applies the queue's retention to its dead items: it deletes
 // those that died longer than Retention.DeadMaxAge ago, oldest first, then
 // those older than the newest DeadMaxCount, at most 1,000 per statement
 // (each its own short transaction) and at most 8,000 per bound per call,
@@ -183,7 +183,7 @@ func (s *deadCountState) forget() {
 // a minute, while that count says the queue may be over its bound). So a
 // queue may hold more than DeadMaxCount for up to a minute plus a reap
 // interval.
-func (q *Queue) PruneDead(ctx context.Context) (int, error) {
+func (q *Queue) pruneDeadItems(ctx context.Context) (int, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: pruning the dead items of %q: %w", q.opts.Queue, err)
 	}
@@ -194,7 +194,7 @@ func (q *Queue) PruneDead(ctx context.Context) (int, error) {
 	return total, joinRefused(err, refused)
 }
 
-// pruneDead is PruneDead once ready: it returns how many dead items it
+// pruneDead is pruneDeadItems once ready: it returns how many dead items it
 // deleted and those the database refused to delete (left, reported; see
 // pruneIsolated).
 func (q *Queue) pruneDead(ctx context.Context) (int, []*ReapError, error) {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 )
 
 // seedDead inserts n deaths of queue, the i-th (from 1) dead for
@@ -85,7 +86,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	}
 	// The first prune: the 50 old deaths (one batch), then 8 batches of
 	// the 9,000 beyond the count, the most one call deletes for a bound.
-	n, err := a.PruneDead(ctx)
+	n, err := queuemaint.For(a).PruneDead(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 		t.Fatalf("first PruneDead deleted %d (%d left), want 8,050: the old ones and 8 batches of 1,000", n, deaths("a"))
 	}
 	// The next reap deletes the rest.
-	st, err := a.Reap(ctx)
+	st, err := queuemaint.For(a).Reap(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	// Within the bound: nothing to delete, and no exact check of the count.
 	checks := a.DeadCountChecks()
 	for range 3 {
-		if n, err := a.PruneDead(ctx); err != nil || n != 0 {
+		if n, err := queuemaint.For(a).PruneDead(ctx); err != nil || n != 0 {
 			t.Fatalf("PruneDead within the bounds = %d, %v", n, err)
 		}
 	}
@@ -120,13 +121,13 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	}
 	// A new death passes the bound: the oldest goes.
 	seedDead(t, pool, "a", 1, -time.Second) // died a moment from now, the newest
-	if n, err := a.PruneDead(ctx); err != nil || n != 1 || deaths("a") != 1000 {
+	if n, err := queuemaint.For(a).PruneDead(ctx); err != nil || n != 1 || deaths("a") != 1000 {
 		t.Fatalf("PruneDead after one more death = %d, %v (%d left), want 1 (1,000 left)", n, err, deaths("a"))
 	}
 
 	// b's bounds are off; c keeps the default: only its 40-day-old deaths go.
 	for _, q := range []*claim.Queue{b, c} {
-		if _, err := q.PruneDead(ctx); err != nil {
+		if _, err := queuemaint.For(q).PruneDead(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -385,9 +385,9 @@ func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session 
 	return all, nil
 }
 
-// ClaimsSequenced reports whether the Queue's claims are sequenced, as it
+// claimsSequenced (queuemaint.Queue.ClaimsSequenced) reports whether the Queue's claims are sequenced, as it
 // last read (at most a second before its last claim): the queue is
 // sequenced or holds sequenced items. Package worker claims again as soon
 // as an item ends in such a queue (its key's next item may be claimable
 // at once) rather than at its idle poll. It does no I/O.
-func (q *Queue) ClaimsSequenced() bool { return q.seq.on.Load() }
+func (q *Queue) claimsSequenced() bool { return q.seq.on.Load() }

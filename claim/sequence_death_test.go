@@ -14,6 +14,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -161,7 +162,7 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 				if _, err := pool.Exec(ctx, `UPDATE crdbwork_dead_items SET died_at = now() - INTERVAL '1 hour' WHERE id = $1`, dead.ID); err != nil {
 					t.Fatal(err)
 				}
-				if n, err := q.PruneDead(ctx); err != nil || n != 1 {
+				if n, err := queuemaint.For(q).PruneDead(ctx); err != nil || n != 1 {
 					t.Fatalf("PruneDead = %d, %v; want the dead head pruned", n, err)
 				}
 			case "release":

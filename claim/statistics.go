@@ -17,7 +17,7 @@ const (
 	statisticsMinBytes = 1 << 20
 )
 
-// RefreshStatistics runs ANALYZE, on PostgreSQL, of the items and ended-ids
+// refreshStatistics (queuemaint.Queue.RefreshStatistics) runs ANALYZE, on PostgreSQL, of the items and ended-ids
 // tables that the planner believes hold next to nothing while they hold a
 // backlog (5,000 rows and ten times what the planner believes, or 1 MiB of
 // a table never analyzed), and returns the tables it analyzed, as named in
@@ -32,7 +32,7 @@ const (
 // On CockroachDB it does nothing: its automatic statistics refresh a table
 // once a share of its rows changed. A role that does not own the tables
 // (nor belongs to their owner) leaves them to autovacuum.
-func (q *Queue) RefreshStatistics(ctx context.Context) ([]string, error) {
+func (q *Queue) refreshStatistics(ctx context.Context) ([]string, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 )
 
@@ -42,7 +43,7 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 	if _, err := a.Enqueue(ctx, payloads(100)...); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := b.RefreshStatistics(ctx); err != nil || len(done) != 0 || analyzed() {
+	if done, err := queuemaint.For(b).RefreshStatistics(ctx); err != nil || len(done) != 0 || analyzed() {
 		t.Fatalf("100 items: RefreshStatistics = %q, %v (analyzed: %v); want nothing done", done, err, analyzed())
 	}
 	for range 2 {
@@ -51,7 +52,7 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 		}
 	}
 	if !postgres {
-		if done, err := b.RefreshStatistics(ctx); err != nil || len(done) != 0 {
+		if done, err := queuemaint.For(b).RefreshStatistics(ctx); err != nil || len(done) != 0 {
 			t.Fatalf("CockroachDB: RefreshStatistics = %q, %v; want nothing done", done, err)
 		}
 		return
@@ -59,10 +60,10 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 	// A role that may use the tables but does not own them leaves them to
 	// autovacuum (PostgreSQL would skip them with a warning).
 	notOwner := newQueue(t, otherRole(t, pool), claim.Options{Queue: "a"})
-	if done, err := notOwner.RefreshStatistics(ctx); err != nil || len(done) != 0 || analyzed() {
+	if done, err := queuemaint.For(notOwner).RefreshStatistics(ctx); err != nil || len(done) != 0 || analyzed() {
 		t.Fatalf("a role that does not own the tables: RefreshStatistics = %q, %v (analyzed: %v); want nothing done", done, err, analyzed())
 	}
-	done, err := b.RefreshStatistics(ctx)
+	done, err := queuemaint.For(b).RefreshStatistics(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestRefreshStatisticsAnalyzesABacklogNeverAnalyzed(t *testing.T) {
 	if believed < 15000 {
 		t.Fatalf("after the ANALYZE PostgreSQL believes the items table holds %.0f rows, want about 20,100", believed)
 	}
-	if done, err := a.RefreshStatistics(ctx); err != nil || len(done) != 0 {
+	if done, err := queuemaint.For(a).RefreshStatistics(ctx); err != nil || len(done) != 0 {
 		t.Fatalf("once analyzed: RefreshStatistics = %q, %v; want nothing done", done, err)
 	}
 }

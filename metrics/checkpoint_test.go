@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/metrics"
 	"github.com/crdbwork/crdbwork/session"
 )
@@ -56,7 +57,7 @@ func TestCheckpointAndRetentionCounters(t *testing.T) {
 		SELECT gen_random_uuid(), 'cq', 0, 0, 1, 1, '\x00'::BYTEA, now() - INTERVAL '50 days', now() - INTERVAL '40 days' FROM generate_series(1, 5)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.PruneDead(ctx); err != nil {
+	if _, err := queuemaint.For(q).PruneDead(ctx); err != nil {
 		t.Fatal(err)
 	}
 	fams := scrape(t, srv.URL)

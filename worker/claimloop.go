@@ -55,7 +55,7 @@ func (r *sessionRun) claimLoop() {
 		// next item: claim again then (docs/sequences.md). Nil otherwise:
 		// never.
 		var ended chan struct{}
-		if w.queue.ClaimsSequenced() {
+		if w.maint.ClaimsSequenced() {
 			ended = r.freed
 		}
 		select {

@@ -19,6 +19,7 @@ import (
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/faultproxy"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/partition"
@@ -427,7 +428,7 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 				return
 			default:
 			}
-			st, err := q.Reap(context.Background())
+			st, err := queuemaint.For(q).Reap(context.Background())
 			if err == nil {
 				n += st.Released
 			}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -270,125 +269,14 @@ func (r *sessionRun) maintain() {
 		}
 		if now := time.Now(); !now.Before(nextQueueReap) {
 			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
-			st, err := w.queue.Reap(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			if h := w.opts.Testing.AfterQueueReap; h != nil {
-				h(st, err)
-			}
-			// Every step of Reap runs whatever the others did, so what it
-			// did counts even when it reports failures.
-			if st.Released > 0 || st.Dead > 0 || st.Expired > 0 {
-				w.reaped.Add(int64(st.Released + st.Dead))
-				log.Info("reaped expired leases", zap.Int("released", st.Released), zap.Int("dead", st.Dead), zap.Int("expired", st.Expired))
-			}
-			if st.Pruned > 0 {
-				log.Debug("forgot ended ids past the dedup window", zap.Int("pruned", st.Pruned))
-			}
-			if st.DeadPruned > 0 {
-				log.Info("deleted dead items beyond the queue's retention", zap.Int("pruned", st.DeadPruned))
-			}
-			if r.logReapErrors(err) {
+			if !r.reapQueue(ctx) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)
 			}
+			if ctx.Err() != nil {
+				return
+			}
 		}
 	}
-}
-
-// statisticsPause is how long a session leaves the tables' statistics
-// alone after it analyzed a table or the check failed: the ANALYZE settles
-// them (or the role may not analyze: the server warns and nothing changes).
-// statisticsTimeout bounds the check and its ANALYZE (it samples 30,000
-// rows: a fraction of a second here on a million, seconds on a slow disk).
-const (
-	statisticsPause   = time.Minute
-	statisticsTimeout = 30 * time.Second
-)
-
-// checkStatistics runs the check of the queue's tables' statistics
-// (refreshStatistics) on a goroutine of its own, one check at a time: when
-// the session starts, then about every queueReapHeartbeats heartbeats
-// (drawn between half and one and a half of it, as the queue's reaps),
-// until the session ends. It is not on the maintenance loop: a check and
-// its ANALYZE may take up to statisticsTimeout, during which the lease
-// extensions, limit reads, cancels and reaps must go on (an item whose
-// lease is not extended loses its claim while its handler runs). It uses
-// one connection of the pool while it runs (PoolConns counts it).
-func (r *sessionRun) checkStatistics() {
-	ctx := r.sess.Context()
-	every := queueReapHeartbeats * r.sess.Options().Heartbeat
-	var next time.Time // the check is due (zero: at once)
-	for {
-		r.refreshStatistics(ctx, &next)
-		t := time.NewTimer(every/2 + rand.N(every+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// refreshStatistics has PostgreSQL analyze the queue's tables when its
-// statistics say they are empty while they hold a backlog
-// (claim.Queue.RefreshStatistics), unless the session did so, or failed
-// to, less than statisticsPause ago (next).
-func (r *sessionRun) refreshStatistics(ctx context.Context, next *time.Time) {
-	if time.Now().Before(*next) {
-		return
-	}
-	if hook := r.w.opts.Testing.OnStatistics; hook != nil {
-		hook(ctx)
-	}
-	sctx, cancel := context.WithTimeout(ctx, statisticsTimeout)
-	defer cancel()
-	done, err := r.w.queue.RefreshStatistics(sctx)
-	switch {
-	case ctx.Err() != nil:
-		return
-	case err != nil:
-		r.log.Debug("refreshing the tables' statistics failed", zap.Error(err))
-	case len(done) > 0:
-		r.log.Info("analyzed tables whose statistics said they were empty", zap.Strings("tables", done))
-	default:
-		return
-	}
-	*next = time.Now().Add(statisticsPause)
-}
-
-// logReapErrors logs the failures of a Reap, one line per failed step and
-// per item that could not be released or moved (with its id), and reports
-// whether a step failed: then the reaper runs again sooner. Such an item
-// does not make it run sooner: it was ended, dead with reason
-// claim.ReasonRefused, or stays as it is until the database lets it go, and
-// every other item was reaped without it.
-func (r *sessionRun) logReapErrors(err error) (stepFailed bool) {
-	log := r.log
-	if err == nil {
-		return false
-	}
-	list := claim.ReapErrors(err)
-	if len(list) == 0 {
-		log.Warn("reaping expired leases failed", zap.Error(err))
-		return true
-	}
-	for _, e := range list {
-		if e.ID == uuid.Nil {
-			stepFailed = true
-			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
-			continue
-		}
-		if e.Ended {
-			log.Error("the database refused to move an item; it was moved to the dead items (reason \""+claim.ReasonRefused+"\"), and every other item was reaped without it",
-				zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
-			continue
-		}
-		log.Error("the reaper cannot release or move an item; it stays as it is, and every other item was reaped without it",
-			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
-	}
-	return stepFailed
 }

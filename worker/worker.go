@@ -86,6 +86,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	"github.com/crdbwork/crdbwork/partition"
@@ -178,8 +179,9 @@ type Worker struct {
 	handler Handler
 	opts    Options
 	queue   *claim.Queue
-	name    string       // the queue's
-	tables  crsql.Tables // the queue's
+	maint   queuemaint.Queue // the queue's maintenance (maintenance_*.go)
+	name    string           // the queue's
+	tables  crsql.Tables     // the queue's
 	// store reads the stored limits (see storedLimits) and the fair
 	// pacing's front (store.Store.FairFront, whose twin dialect picks:
 	// detected at its first read, see engine).
@@ -237,7 +239,7 @@ func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
 		}
 	}
 	qo := q.Options()
-	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, name: q.Name(), tables: qo.Tables,
+	w := &Worker{db: q.DB(), handler: h, opts: opts, queue: q, maint: queuemaint.For(q), name: q.Name(), tables: qo.Tables,
 		store: store.New(qo.Tables),
 		log:   opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
 	w.limitSource = w.storedLimits
@@ -343,7 +345,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		// Cancel requests of running items, on their own channel so that
 		// they do not wake idle claimers. (Without the listener, the
 		// session's heartbeat finds them.)
-		cancels := w.queue.CancelChannel()
+		cancels := w.maint.CancelChannel()
 		csub := wake.Subscribe(cancels)
 		defer csub.Close()
 		if w.opts.Wake != WakeProbe {

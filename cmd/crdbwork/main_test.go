@@ -19,6 +19,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
@@ -746,7 +747,7 @@ func TestDepsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", root.String())
-	if st, err := q.Reap(ctx); err != nil || st.DependencyDead != 1 {
+	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.DependencyDead != 1 {
 		t.Fatalf("Reap: %+v, %v", st, err)
 	}
 	if r := must(t, d.env, "dead", "--queue", "pipeline"); !strings.Contains(r.stdout, dep2.String()) || !strings.Contains(r.stdout, "dependency died: "+root.String()) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/queuemaint"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -70,7 +71,7 @@ func TestRollingDependenciesUnderPreviousReleaseWorkers(t *testing.T) {
 	// This code's reaps (a version-5 session's) release what the old acks
 	// satisfied: the children, then the join.
 	f.waitFor("every item to run", func() bool {
-		if _, err := q.Reap(ctx); err != nil {
+		if _, err := queuemaint.For(q).Reap(ctx); err != nil {
 			t.Fatal(err)
 		}
 		return results(all) == len(all)
