@@ -122,7 +122,7 @@ var mxSettles = []mxSettle{
 	{name: "cancel", doc: "`Queue.CancelItem` while it runs (while it waits, for an item after a prerequisite), then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.Cancel", "Queue.EndCancelled"}},
 	{name: "dead", doc: "`Queue.Nack` with `claim.Permanent`", api: []string{}},
 	{name: "requeue", doc: "dead, then `Queue.Requeue`", api: []string{"Queue.Requeue", "Queue.RequeueDeath", "Queue.RequeueWhere"}},
-	{name: "retention", doc: "dead, then deleted by `Queue.PruneDead` (`Retention.DeadMaxCount`)", api: []string{"Queue.PruneDead", "Queue.SetRetention"}},
+	{name: "retention", doc: "dead, then deleted by the worker's queue reap (`Retention.DeadMaxCount`)", api: []string{"Queue.SetRetention"}},
 }
 
 // mxNotPaths are the exported methods of Queue, Buffer and Claimer that
@@ -130,17 +130,14 @@ var mxSettles = []mxSettle{
 // method must be listed here or in a path's api.
 var mxNotPaths = map[string]string{
 	"Queue.Backoff": "test export", "Queue.AckBatch": "test export (AckMany's older form, same transaction)",
-	"Queue.DeadCountChecks": "test export", "Queue.CancelChannel": "a name",
-	"Queue.CancelSnoozeCounts": "reads", "Queue.Cancelled": "reads", "Queue.Claimer": "claims",
-	"Queue.ClaimsSequenced": "reads", "Queue.Configure": "queue settings", "Queue.DB": "a handle",
+	"Queue.DeadCountChecks": "test export", "Queue.CancelSnoozeCounts": "reads", "Queue.Cancelled": "reads", "Queue.Claimer": "claims",
+	"Queue.Configure": "queue settings", "Queue.DB": "a handle",
 	"Queue.Dead": "reads", "Queue.DeadBefore": "reads", "Queue.DeadCount": "reads", "Queue.DeadItems": "reads",
 	"Queue.Dependencies": "reads", "Queue.Inspect": "reads", "Queue.Name": "a name", "Queue.Options": "reads",
 	"Queue.Pause": "queue settings", "Queue.Paused": "reads", "Queue.Progressing": "reads",
-	"Queue.PruneEnded": "forgets ended ids past the dedup window (not an item's end)",
-	"Queue.Purge":      "deletes a whole queue (operators)", "Queue.PurgePlan": "reads",
-	"Queue.Reap":              "ends what the settle paths leave to the reaper (cells call it)",
-	"Queue.RefreshStatistics": "maintenance", "Queue.RemoveTenantLimit": "queue settings",
-	"Queue.ReportProgress": "progress of a running item (no end)", "Queue.Resume": "queue settings",
+	"Queue.Purge": "deletes a whole queue (operators)", "Queue.PurgePlan": "reads",
+	"Queue.RemoveTenantLimit": "queue settings",
+	"Queue.ReportProgress":    "progress of a running item (no end)", "Queue.Resume": "queue settings",
 	"Queue.Retention": "reads", "Queue.SaveCheckpoint": "progress of a running item (no end)",
 	"Queue.Sequencing": "reads", "Queue.SetSequenced": "queue settings", "Queue.SetTenantLimit": "queue settings",
 	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.TenantLimits": "reads",
