@@ -180,7 +180,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 	if settle {
 		// Paused: the workers start, divide the parts and claim nothing
 		// until the drain starts.
-		if err := q.Pause(ctx); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On}); err != nil {
 			return o, err
 		}
 	}
@@ -223,7 +223,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 			wg.Wait()
 			return o, err
 		}
-		if err := q.Resume(ctx); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.Off}); err != nil {
 			stopWorkers()
 			wg.Wait()
 			return o, err

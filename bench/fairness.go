@@ -509,7 +509,7 @@ func fairness(ctx context.Context, args []string, out io.Writer) error {
 				return err
 			}
 			st.Fair = tc.fair
-			return q.Configure(ctx, st)
+			return q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &st.Policy})
 		},
 		enqueue: func(ctx context.Context, _ *pgxpool.Pool, q *claim.Queue) (int, error) {
 			return c.items, l.enqueue(ctx, q)

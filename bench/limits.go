@@ -353,7 +353,7 @@ func measureLimit(ctx context.Context, dbs *livedDBs, parts, workers int, lims w
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := q.Configure(ctx, claim.Settings{MaxInFlight: lims.Queue.MaxInFlight, Rate: lims.Queue.Rate}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{MaxInFlight: lims.Queue.MaxInFlight, Rate: lims.Queue.Rate}}); err != nil {
 		return nil, nil, err
 	}
 	m := &meter{}

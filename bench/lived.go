@@ -404,11 +404,11 @@ func livedDrain(ctx context.Context, dbs *livedDBs, feature string, isLived bool
 	}
 	switch feature {
 	case "fair":
-		err = producer.Configure(ctx, claim.Settings{Fair: true})
+		err = producer.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}})
 	case "limits":
-		err = producer.Configure(ctx, claim.Settings{MaxInFlight: 32})
+		err = producer.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{MaxInFlight: 32}})
 	case "sequenced":
-		err = producer.SetSequenced(ctx, true)
+		err = producer.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On})
 	case "urgent":
 		opts.UrgentLane, opts.UrgentPriority = true, 1
 	}

@@ -199,7 +199,11 @@ func seqDrain(ctx context.Context, url string, setup *pgxpool.Pool, sequenced bo
 	if err != nil {
 		return seqRun{}, err
 	}
-	if err := q.SetSequenced(ctx, sequenced); err != nil {
+	toggle := claim.Off
+	if sequenced {
+		toggle = claim.On
+	}
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: toggle}); err != nil {
 		return seqRun{}, err
 	}
 	batch := make([]claim.NewItem, 0, 5000)

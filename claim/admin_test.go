@@ -269,10 +269,10 @@ func TestAdminPurge(t *testing.T) {
 	})
 	fill := func(name string, n int) *claim.Queue {
 		q := newQueue(t, pool, claim.Options{Queue: name})
-		if err := q.Configure(ctx, claim.Settings{Fair: true, MaxInFlight: 5, DedupWindow: time.Hour}); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true, MaxInFlight: 5, DedupWindow: time.Hour}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := q.SetTenantLimit(ctx, "a", claim.Limit{MaxInFlight: 2}); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"a": &claim.Limit{MaxInFlight: 2}}}); err != nil {
 			t.Fatal(err)
 		}
 		for i := 0; i < n; i += 500 {

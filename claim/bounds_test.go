@@ -36,7 +36,7 @@ func TestBoundsAtAndOver(t *testing.T) {
 		q := newQueue(t, pool, claim.Options{Queue: name})
 		// Sequenced: a keyed item's entry in crdbwork_items_sequence_order
 		// holds the queue's name and the key.
-		if err := q.SetSequenced(ctx, true); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 			t.Fatal(err)
 		}
 		return pool, q, startSession(t, ctx, pool)
@@ -212,10 +212,10 @@ func TestBoundsAtAndOver(t *testing.T) {
 	t.Run("tenant limit", func(t *testing.T) {
 		t.Parallel()
 		pool, q, _ := setupBounds(t)
-		if err := q.SetTenantLimit(ctx, tenant, claim.Limit{MaxInFlight: 1}); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant: &claim.Limit{MaxInFlight: 1}}}); err != nil {
 			t.Fatalf("a tenant limit at the bound: %v", err)
 		}
-		if err := q.SetTenantLimit(ctx, tenant+"t", claim.Limit{MaxInFlight: 1}); err == nil || !strings.Contains(err.Error(), "MaxKeyLength") {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant + "t": &claim.Limit{MaxInFlight: 1}}}); err == nil || !strings.Contains(err.Error(), "MaxKeyLength") {
 			t.Fatalf("a tenant limit one past the bound: %v; want an error naming MaxKeyLength", err)
 		}
 		if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_tenant_limits WHERE queue = $1`, name); n != 1 {

@@ -171,12 +171,12 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 				}
 				q := newQueue(t, pool, claim.Options{Queue: name})
 				if c.sequenced {
-					if err := q.SetSequenced(ctx, true); err != nil {
+					if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 						t.Fatal(err)
 					}
 				}
 				if c.fair {
-					if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+					if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -210,13 +210,13 @@ func TestDedupWindowSetting(t *testing.T) {
 	testdb.Quiet(t, pool) // the test's own transactions are committed once, not retried
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "window"})
-	if err := q.Configure(ctx, claim.Settings{DedupWindow: -time.Second}); err == nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupWindow: -time.Second}}); err == nil {
 		t.Fatal("a negative dedup window was accepted")
 	}
-	if err := q.Configure(ctx, claim.Settings{DedupWindow: time.Second, DedupOff: true}); err == nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupWindow: time.Second, DedupOff: true}}); err == nil {
 		t.Fatal("DedupOff with a window was accepted")
 	}
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := q.Settings(ctx); err != nil || st.DedupWindow != claim.DefaultDedupWindow || st.DedupOff {
@@ -224,7 +224,7 @@ func TestDedupWindowSetting(t *testing.T) {
 	}
 
 	// Off: nothing recorded, an acked id is new again.
-	if err := q.Configure(ctx, claim.Settings{DedupOff: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupOff: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := q.Settings(ctx); err != nil || !st.DedupOff || st.DedupWindow != 0 {
@@ -245,7 +245,7 @@ func TestDedupWindowSetting(t *testing.T) {
 
 	// A short window: done within it, new once it passed.
 	const window = 500 * time.Millisecond
-	if err := q.Configure(ctx, claim.Settings{DedupWindow: window}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupWindow: window}}); err != nil {
 		t.Fatal(err)
 	}
 	it.ID = uuid.New()
@@ -294,7 +294,7 @@ func TestPruneEndedIsBounded(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "prune"})
-	if err := q.Configure(ctx, claim.Settings{DedupWindow: time.Hour}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupWindow: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	// 9,500 rows past the window (dated from seeded, the database's time
@@ -446,7 +446,7 @@ func TestFairEnqueueLostTurnsReadIsAPlainFailure(t *testing.T) {
 	}
 	defer pool.Close()
 	q := newQueue(t, pool, claim.Options{Queue: "fair"})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Arm(faultproxy.Rule{Match: faultproxy.Contains("ORDER BY turn_at DESC LIMIT 1"), Action: faultproxy.DropAnswer})

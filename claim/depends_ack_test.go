@@ -84,7 +84,7 @@ func TestEveryAckPathReleasesDependents(t *testing.T) {
 			name := "chain-" + c.name
 			producer := newQueue(t, pool, claim.Options{Queue: name})
 			if c.key != "" {
-				if err := producer.SetSequenced(ctx, true); err != nil {
+				if err := producer.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 					t.Fatal(err)
 				}
 			}

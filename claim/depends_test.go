@@ -466,7 +466,7 @@ func TestDependsNeedTheDedupWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.DedupWindow, st.DedupOff = 0, true
-	if err := q.Configure(ctx, st); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &st.Policy}); err != nil {
 		t.Fatal(err)
 	}
 	a := uuid.New()

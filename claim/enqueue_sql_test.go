@@ -116,7 +116,7 @@ func TestSQLEnqueueFromPsqlIsClaimedAckedAndDeduplicated(t *testing.T) {
 		t.Fatalf("%d items after the ack and the duplicates, want 0", n)
 	}
 	// With the window off, the id is enqueued again, as by Go.
-	if err := q.Configure(ctx, claim.Settings{DedupOff: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupOff: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := sqlEnqueue(ctx, pool, `'mail', ''::BYTEA, $1`, id); err != nil || !r.Added {
@@ -206,7 +206,7 @@ func TestSQLEnqueuePartsFairnessAndTimes(t *testing.T) {
 	}
 
 	fq := newQueue(t, pool, claim.Options{Queue: "fair"})
-	if err := fq.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := fq.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {
@@ -418,12 +418,12 @@ func TestSQLEnqueueScansNoTable(t *testing.T) {
 	pool, url := sqlSetup(t)
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "big"})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	// Sequenced, half of the items with a key: a keyed call reads the
 	// key's sequence order too.
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	items := payloads(5000)

@@ -54,7 +54,7 @@ func ExampleQueue_SaveCheckpoint() {
 
 // Keep a queue's dead items for a week, at most 10,000 of them: every worker
 // session's reaper deletes the older ones, and the oldest beyond the count.
-func ExampleQueue_SetRetention() {
+func ExampleQueue_UpdateSettings_retention() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -62,16 +62,16 @@ func ExampleQueue_SetRetention() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, err := q.Retention(ctx)
+	r, err := readRetention(q.Settings(ctx))
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("default: %v, at most %d\n", r.DeadMaxAge, r.DeadMaxCount)
 
-	if err := q.SetRetention(ctx, claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10_000}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10_000}}); err != nil {
 		log.Fatal(err)
 	}
-	if r, err = q.Retention(ctx); err != nil {
+	if r, err = readRetention(q.Settings(ctx)); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Printf("set: %v, at most %d\n", r.DeadMaxAge, r.DeadMaxCount)

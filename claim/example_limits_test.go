@@ -11,7 +11,7 @@ import (
 // Limit a queue to 20 items in flight and 50 started per second across all
 // its workers, every tenant to 4 in flight, and one tenant to 1 item per
 // second. The workers read the stored limits by themselves.
-func ExampleQueue_SetTenantLimit() {
+func ExampleQueue_UpdateSettings_tenantLimits() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -24,13 +24,13 @@ func ExampleQueue_SetTenantLimit() {
 		log.Fatal(err)
 	}
 	s.MaxInFlight, s.Rate, s.TenantMaxInFlight = 20, 50, 4
-	if err := q.Configure(ctx, s); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy}); err != nil {
 		log.Fatal(err)
 	}
-	if err := q.SetTenantLimit(ctx, "acme", claim.Limit{MaxInFlight: 4, Rate: 1}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"acme": &claim.Limit{MaxInFlight: 4, Rate: 1}}}); err != nil {
 		log.Fatal(err)
 	}
-	tenants, err := q.TenantLimits(ctx)
+	tenants, err := readTenantLimits(q.Settings(ctx))
 	if err != nil {
 		log.Fatal(err)
 	}

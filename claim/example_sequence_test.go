@@ -13,7 +13,7 @@ import (
 // A sequenced queue runs each key's items one at a time, in enqueue order:
 // here two accounts' ledger entries. The first claim hands out the head of
 // each key; the next entry of a key comes once its head is acked.
-func ExampleQueue_SetSequenced() {
+func ExampleQueue_UpdateSettings_sequenced() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -29,7 +29,7 @@ func ExampleQueue_SetSequenced() {
 		log.Fatal(err)
 	}
 	// Before the first enqueue, and once every worker runs crdbwork 0.5+.
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		log.Fatal(err)
 	}
 	_, err = q.Enqueue(ctx,
@@ -69,7 +69,7 @@ func ExampleQueue_SetSequenced() {
 // In a queue that holds on a death, a dead head blocks its key until it is
 // requeued (it then runs first), deleted or released. BlockedKeys lists
 // the blocked keys with the item that blocks each.
-func ExampleQueue_SetSequenceHold() {
+func ExampleQueue_UpdateSettings_sequenceHold() {
 	ctx := context.Background()
 	pool, done := examplePool(ctx)
 	defer done()
@@ -82,7 +82,7 @@ func ExampleQueue_SetSequenceHold() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		log.Fatal(err)
 	}
 	_, err = q.Enqueue(ctx,
@@ -95,7 +95,7 @@ func ExampleQueue_SetSequenceHold() {
 
 	// README:begin hold
 	// A dead head holds its key until it is requeued, deleted or released.
-	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
 		log.Fatal(err)
 	}
 	c := q.Claimer(s.ID())

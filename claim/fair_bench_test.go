@@ -35,7 +35,7 @@ func BenchmarkEnqueueFair(b *testing.B) {
 				pool := setup(b)
 				ctx := context.Background()
 				q := newQueue(b, pool, claim.Options{})
-				if err := q.Configure(ctx, claim.Settings{Fair: fair}); err != nil {
+				if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: fair}}); err != nil {
 					b.Fatal(err)
 				}
 				rng := rand.New(rand.NewPCG(1, 2))
@@ -74,7 +74,7 @@ func BenchmarkClaimTenants(b *testing.B) {
 			pool := setup(b)
 			ctx := context.Background()
 			q := newQueue(b, pool, claim.Options{})
-			if err := q.Configure(ctx, claim.Settings{Fair: fair}); err != nil {
+			if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: fair}}); err != nil {
 				b.Fatal(err)
 			}
 			rng := rand.New(rand.NewPCG(1, 2))

@@ -43,7 +43,7 @@ func TestFairPartsServeSmallTenantsWithinARound(t *testing.T) {
 				t.Fatal(err)
 			}
 			q := newQueue(t, pool, claim.Options{})
-			if err := q.Configure(ctx, claim.Settings{Fair: fair}); err != nil {
+			if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: fair}}); err != nil {
 				t.Fatal(err)
 			}
 			// Two big tenants in every part, each enqueueing its backlog in

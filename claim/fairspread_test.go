@@ -23,7 +23,7 @@ func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 	const parts, n = 8, 40
 	pool, q := fairQueueWithParts(t, parts)
 	ctx := context.Background()
-	if err := q.SetTenantLimit(ctx, "limited", claim.Limit{MaxInFlight: 3}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"limited": &claim.Limit{MaxInFlight: 3}}}); err != nil {
 		t.Fatal(err)
 	}
 	enqueueTenant := func(tenant, key string) {
@@ -95,7 +95,7 @@ func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.TenantMaxInFlight = 10
-	if err := q.Configure(ctx, s); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy}); err != nil {
 		t.Fatal(err)
 	}
 	enqueueTenant("default-limited", "")
@@ -103,7 +103,7 @@ func TestFairQueueSpreadsTenantsOverParts(t *testing.T) {
 
 	// A plain queue: the tenant's part.
 	s.Fair, s.TenantMaxInFlight = false, 0
-	if err := q.Configure(ctx, s); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy}); err != nil {
 		t.Fatal(err)
 	}
 	enqueueTenant("plain", "")
@@ -144,7 +144,7 @@ func TestFairClaimReadsEachPartUpToItsShare(t *testing.T) {
 				}
 			}
 			q := newQueue(t, pool, claim.Options{Queue: "q"})
-			if err := q.Configure(ctx, claim.Settings{Fair: c.fair}); err != nil {
+			if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: c.fair}}); err != nil {
 				t.Fatal(err)
 			}
 			exec(`UPDATE crdbwork_queues SET num_parts = 8 WHERE name = 'q'`)
@@ -200,7 +200,7 @@ func fairQueueWithParts(t *testing.T, parts int) (*pgxpool.Pool, *claim.Queue) {
 		t.Fatal(err)
 	}
 	q := newQueue(t, pool, claim.Options{})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	return pool, q

@@ -140,7 +140,7 @@ func TestAtMostOnceClaimDeletes(t *testing.T) {
 
 	// The queue setting makes every item at-most-once: 200 items (COPY)
 	// and 3 with given ids (INSERT).
-	if err := q.Configure(ctx, claim.Settings{AtMostOnce: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{AtMostOnce: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := q.Settings(ctx); err != nil || !st.AtMostOnce {
@@ -188,7 +188,7 @@ func TestFairQueueServesSmallTenants(t *testing.T) {
 			pool := setup(t)
 			ctx := context.Background()
 			q := newQueue(t, pool, claim.Options{})
-			if err := q.Configure(ctx, claim.Settings{Fair: fair}); err != nil {
+			if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: fair}}); err != nil {
 				t.Fatal(err)
 			}
 			big := make([]claim.NewItem, 2000)

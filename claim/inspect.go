@@ -105,13 +105,7 @@ func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
 	if err != nil {
 		return QueueInfo{}, err
 	}
-	info.Settings = s
-	if info.TenantLimits, err = q.TenantLimits(ctx); err != nil {
-		return QueueInfo{}, err
-	}
-	if info.Retention, err = q.Retention(ctx); err != nil {
-		return QueueInfo{}, err
-	}
+	info.Settings, info.TenantLimits, info.Retention = s, s.TenantLimits, s.Retention
 	return info, nil
 }
 

@@ -35,11 +35,11 @@ func TestInspectQueues(t *testing.T) {
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, "parts", 4); err != nil {
 		t.Fatal(err)
 	}
-	settings := claim.Settings{MaxInFlight: 7, Rate: 2.5, TenantMaxInFlight: 2, DedupWindow: time.Hour}
-	if err := parts.Configure(ctx, settings); err != nil {
+	settings := claim.Policy{MaxInFlight: 7, Rate: 2.5, TenantMaxInFlight: 2, DedupWindow: time.Hour}
+	if err := parts.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &settings}); err != nil {
 		t.Fatal(err)
 	}
-	if err := parts.SetTenantLimit(ctx, "t1", claim.Limit{MaxInFlight: 1, Rate: 0.5}); err != nil {
+	if err := parts.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"t1": &claim.Limit{MaxInFlight: 1, Rate: 0.5}}}); err != nil {
 		t.Fatal(err)
 	}
 	var items []claim.NewItem
@@ -87,7 +87,7 @@ func TestInspectQueues(t *testing.T) {
 		state[it.ID] = "dead"
 	}
 	// The expected figures, from each item's part.
-	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: settings, Holders: map[uuid.UUID]int64{s.ID(): 2, s2.ID(): 1},
+	want := claim.QueueInfo{Name: "parts", Stored: true, NumParts: 4, Dead: 2, Settings: claim.Settings{Policy: settings}, Holders: map[uuid.UUID]int64{s.ID(): 2, s2.ID(): 1},
 		TenantLimits: map[string]claim.Limit{"t1": {MaxInFlight: 1, Rate: 0.5}}}
 	byPart := map[int]*claim.PartInfo{}
 	for p := range 4 {
@@ -142,7 +142,7 @@ func TestInspectQueues(t *testing.T) {
 	if _, err := paused.Enqueue(ctx, claim.NewItem{Payload: []byte("p")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := paused.Pause(ctx); err != nil {
+	if err := paused.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	// "deadonly": its one item died.
@@ -169,6 +169,10 @@ func TestInspectQueues(t *testing.T) {
 			t.Errorf("%s: OldestDue = %v, want %s and below %v", want.Name, got.OldestDue, map[bool]string{true: "> 0", false: "0"}[due], elapsed)
 		}
 		got.OldestDue = 0
+		// Settings holds all of the queue's settings: the ones QueueInfo
+		// also shows on their own agree with them.
+		want.Settings.Paused, want.Settings.Retention, want.Settings.TenantLimits = want.Paused, want.Retention, want.TenantLimits
+		want.Settings.Parts = want.NumParts
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: Inspect =\n%+v\nwant\n%+v", want.Name, got, want)
 		}
@@ -180,7 +184,7 @@ func TestInspectQueues(t *testing.T) {
 	check(plain, claim.QueueInfo{Name: "plain", NumParts: 1, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 3, Due: 2}},
 		Unclaimed: 3, Due: 2, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, true)
 	check(paused, claim.QueueInfo{Name: "paused", Stored: true, NumParts: 1, Paused: true, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 1, Due: 1}},
-		Unclaimed: 1, Due: 1, Holders: map[uuid.UUID]int64{}, Settings: claim.Settings{DedupWindow: claim.DefaultDedupWindow}, TenantLimits: map[string]claim.Limit{}, Retention: def}, true)
+		Unclaimed: 1, Due: 1, Holders: map[uuid.UUID]int64{}, Settings: claim.Settings{Policy: claim.Policy{DedupWindow: claim.DefaultDedupWindow}}, TenantLimits: map[string]claim.Limit{}, Retention: def}, true)
 	check(deadOnly, claim.QueueInfo{Name: "deadonly", NumParts: 1, Dead: 1, Parts: []claim.PartInfo{}, Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, false)
 	check(newQueue(t, pool, claim.Options{Queue: "unused"}), claim.QueueInfo{Name: "unused", NumParts: 1, Parts: []claim.PartInfo{},
 		Holders: map[uuid.UUID]int64{}, TenantLimits: map[string]claim.Limit{}, Retention: def}, false)

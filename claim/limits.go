@@ -49,7 +49,7 @@ func (l Limit) Unlimited() bool { return l.MaxInFlight == 0 && l.Rate == 0 }
 // unlimited. Workers pick it up within their limits' refresh interval
 // (worker.LimitOptions.Refresh). The tenant is at most MaxKeyLength bytes
 // of valid UTF-8, without NUL bytes, as NewItem.Tenant.
-func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) error {
+func (q *Queue) setTenantLimit(ctx context.Context, tenant string, l Limit) error {
 	if tenant == "" {
 		return errors.New("claim: a tenant limit needs a tenant name")
 	}
@@ -74,7 +74,7 @@ func (q *Queue) SetTenantLimit(ctx context.Context, tenant string, l Limit) erro
 
 // RemoveTenantLimit deletes tenant's own limit: the queue's default for
 // each tenant applies to it again. It reports whether there was one.
-func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, error) {
+func (q *Queue) removeTenantLimit(ctx context.Context, tenant string) (bool, error) {
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: removing the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
@@ -92,7 +92,7 @@ func (q *Queue) RemoveTenantLimit(ctx context.Context, tenant string) (bool, err
 
 // TenantLimits returns the tenants' own limits on the queue (those set with
 // SetTenantLimit), by tenant.
-func (q *Queue) TenantLimits(ctx context.Context) (map[string]Limit, error) {
+func (q *Queue) tenantLimits(ctx context.Context) (map[string]Limit, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)
 	}

@@ -19,17 +19,17 @@ func TestTenantLimitsStored(t *testing.T) {
 	q := newQueue(t, pool, claim.Options{Queue: "q"})
 	other := newQueue(t, pool, claim.Options{Queue: "other"})
 	for tenant, l := range map[string]claim.Limit{"a": {MaxInFlight: 3}, "b": {Rate: 2.5}, "free": {}} {
-		if err := q.SetTenantLimit(ctx, tenant, l); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant: &l}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := q.SetTenantLimit(ctx, "a", claim.Limit{MaxInFlight: 4, Rate: 1}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"a": &claim.Limit{MaxInFlight: 4, Rate: 1}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := other.SetTenantLimit(ctx, "a", claim.Limit{MaxInFlight: 9}); err != nil {
+	if err := other.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"a": &claim.Limit{MaxInFlight: 9}}}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := q.TenantLimits(ctx)
+	got, err := readTenantLimits(q.Settings(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,29 +37,33 @@ func TestTenantLimitsStored(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("TenantLimits = %v, want %v", got, want)
 	}
-	if ok, err := q.RemoveTenantLimit(ctx, "b"); err != nil || !ok {
-		t.Fatalf("RemoveTenantLimit(b) = %v, %v; want true", ok, err)
-	}
-	if ok, err := q.RemoveTenantLimit(ctx, "b"); err != nil || ok {
-		t.Fatalf("RemoveTenantLimit(b) again = %v, %v; want false", ok, err)
+	// A nil Limit removes the tenant's own limit; removing it again
+	// (nothing to remove) is no error.
+	for range 2 {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"b": nil}}); err != nil {
+			t.Fatalf("removing b's limit: %v", err)
+		}
+		if got, err := readTenantLimits(q.Settings(ctx)); err != nil || len(got) != 2 {
+			t.Fatalf("TenantLimits after removing b = %v, %v; want a and free", got, err)
+		}
 	}
 	for _, bad := range []struct {
 		tenant string
 		l      claim.Limit
 	}{{"", claim.Limit{MaxInFlight: 1}}, {"x", claim.Limit{MaxInFlight: -1}}, {"x", claim.Limit{Rate: math.NaN()}},
 		{"x", claim.Limit{Rate: math.Inf(1)}}, {"x", claim.Limit{Rate: -0.5}}, {"x", claim.Limit{MaxInFlight: 1 << 41}}} {
-		if err := q.SetTenantLimit(ctx, bad.tenant, bad.l); err == nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{bad.tenant: &bad.l}}); err == nil {
 			t.Errorf("SetTenantLimit(%q, %+v) = nil, want an error", bad.tenant, bad.l)
 		}
 	}
-	got, err = q.TenantLimits(ctx)
+	got, err = readTenantLimits(q.Settings(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := (map[string]claim.Limit{"a": {MaxInFlight: 4, Rate: 1}, "free": {}}); !reflect.DeepEqual(got, want) {
 		t.Fatalf("TenantLimits after removal and bad input = %v, want %v", got, want)
 	}
-	if o, err := other.TenantLimits(ctx); err != nil || !reflect.DeepEqual(o, map[string]claim.Limit{"a": {MaxInFlight: 9}}) {
+	if o, err := readTenantLimits(other.Settings(ctx)); err != nil || !reflect.DeepEqual(o, map[string]claim.Limit{"a": {MaxInFlight: 9}}) {
 		t.Fatalf("the other queue's limits = %v, %v", o, err)
 	}
 }

@@ -326,14 +326,14 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // idempotent
-		if err := q.Pause(ctx); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if p, err := q.Paused(ctx); err != nil || !p {
+	if p, err := readPaused(q.Settings(ctx)); err != nil || !p {
 		t.Fatalf("Paused = %v, %v", p, err)
 	}
-	if p, err := other.Paused(ctx); err != nil || p {
+	if p, err := readPaused(other.Settings(ctx)); err != nil || p {
 		t.Fatalf("other queue Paused = %v, %v", p, err)
 	}
 	if got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 0 {
@@ -345,7 +345,7 @@ func TestPausedQueueClaimsNothing(t *testing.T) {
 	if got, err := other.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 5}); err != nil || len(got) != 1 {
 		t.Fatalf("Claim of another queue: %d items, %v; want 1", len(got), err)
 	}
-	if err := q.Resume(ctx); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.Off}); err != nil {
 		t.Fatal(err)
 	}
 	// A part listed twice is read once: both items, not one item twice.

@@ -122,7 +122,7 @@ var mxSettles = []mxSettle{
 	{name: "cancel", doc: "`Queue.CancelItem` while it runs (while it waits, for an item after a prerequisite), then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.Cancel", "Queue.EndCancelled"}},
 	{name: "dead", doc: "`Queue.Nack` with `claim.Permanent`", api: []string{}},
 	{name: "requeue", doc: "dead, then `Queue.Requeue`", api: []string{"Queue.Requeue", "Queue.RequeueDeath", "Queue.RequeueWhere"}},
-	{name: "retention", doc: "dead, then deleted by the worker's queue reap (`Retention.DeadMaxCount`)", api: []string{"Queue.SetRetention"}},
+	{name: "retention", doc: "dead, then deleted by the worker's queue reap under the queue's retention (`SettingsUpdate.Retention`, `Retention.DeadMaxCount`)", api: []string{"Queue.UpdateSettings"}},
 }
 
 // mxNotPaths are the exported methods of Queue, Buffer and Claimer that
@@ -131,18 +131,13 @@ var mxSettles = []mxSettle{
 var mxNotPaths = map[string]string{
 	"Queue.Backoff": "test export", "Queue.AckBatch": "test export (AckMany's older form, same transaction)",
 	"Queue.DeadCountChecks": "test export", "Queue.CancelSnoozeCounts": "reads", "Queue.Cancelled": "reads", "Queue.Claimer": "claims",
-	"Queue.Configure": "queue settings", "Queue.DB": "a handle",
+	"Queue.DB":   "a handle",
 	"Queue.Dead": "reads", "Queue.DeadBefore": "reads", "Queue.DeadCount": "reads", "Queue.DeadItems": "reads",
 	"Queue.Dependencies": "reads", "Queue.Inspect": "reads", "Queue.Name": "a name", "Queue.Options": "reads",
-	"Queue.Pause": "queue settings", "Queue.Paused": "reads", "Queue.Progressing": "reads",
-	"Queue.Purge": "deletes a whole queue (operators)", "Queue.PurgePlan": "reads",
-	"Queue.RemoveTenantLimit": "queue settings",
-	"Queue.ReportProgress":    "progress of a running item (no end)", "Queue.Resume": "queue settings",
-	"Queue.Retention": "reads", "Queue.SaveCheckpoint": "progress of a running item (no end)",
-	"Queue.Sequencing": "reads", "Queue.SetSequenced": "queue settings", "Queue.SetTenantLimit": "queue settings",
-	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.TenantLimits": "reads",
-	"Queue.WaitDrained": "reads", "Queue.BlockedKeys": "reads", "Queue.SetSequenceHold": "queue settings",
-	"Queue.ReleaseSequenceKey": "releases a key that dead items hold: no item ends (the hold cells call it)", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
+	"Queue.Progressing": "reads",
+	"Queue.Purge":       "deletes a whole queue (operators)", "Queue.PurgePlan": "reads",
+	"Queue.ReportProgress": "progress of a running item (no end)", "Queue.SaveCheckpoint": "progress of a running item (no end)",
+	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.WaitDrained": "reads", "Queue.BlockedKeys": "reads", "Queue.ReleaseSequenceKey": "releases a key that dead items hold: no item ends (the hold cells call it)", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
 	"Buffer.Close": "flushes what Enqueue took", "Buffer.Stats": "reads",
 	"Claimer.Claim": "claims", "Claimer.ClaimUrgent": "claims (the urgent lane)", "Claimer.Extend": "extends a claim",
 	"Claimer.ReleaseForgotten": "gives claims back (see Release)", "Claimer.CancelRequests": "reads",
@@ -357,13 +352,13 @@ func (c *mxCell) setup() {
 	}
 	switch c.opt.kind {
 	case "sequenced":
-		err = c.work.SetSequenced(ctx, true)
+		err = c.work.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On})
 	case "sequenced-hold":
-		if err = c.work.SetSequenced(ctx, true); err == nil {
-			_, err = c.work.SetSequenceHold(ctx, true)
+		if err = c.work.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err == nil {
+			err = c.work.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On})
 		}
 	case "fair":
-		err = c.work.Configure(ctx, claim.Settings{Fair: true})
+		err = c.work.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}})
 	}
 	if err != nil {
 		c.fatalf("%s queue: %v", c.opt.kind, err)
@@ -861,7 +856,7 @@ func (c *mxCell) prune(want int) {
 	later := c.enqueuePlain("witness", claim.NewItem{})
 	c.kill(c.claimID(later))
 	c.done[later] = true
-	if err := c.work.SetRetention(ctx, claim.Retention{DeadMaxCount: 1, NoDeadMaxAge: true}); err != nil {
+	if err := c.work.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{DeadMaxCount: 1, NoDeadMaxAge: true}}); err != nil {
 		c.fatalf("retention: %v", err)
 	}
 	n, err := queuemaint.For(c.work).PruneDead(ctx)

@@ -8,17 +8,8 @@ import (
 	"github.com/crdbwork/crdbwork/internal/store"
 )
 
-// Pause pauses the queue: from the next claim on, the claims (Claimer) of
-// every session return no items, until Resume. Items already claimed are
-// not affected (they are acked, nacked or released as usual), and enqueues
-// go on. It is idempotent.
-func (q *Queue) Pause(ctx context.Context) error { return q.setPaused(ctx, true) }
-
-// Resume ends a Pause. It is idempotent.
-func (q *Queue) Resume(ctx context.Context) error { return q.setPaused(ctx, false) }
-
-// Paused reports whether the queue is paused.
-func (q *Queue) Paused(ctx context.Context) (bool, error) {
+// paused reports whether the queue is paused (Settings.Paused).
+func (q *Queue) paused(ctx context.Context) (bool, error) {
 	if err := q.ready(ctx); err != nil {
 		return false, fmt.Errorf("claim: reading whether %q is paused: %w", q.opts.Queue, err)
 	}

@@ -41,14 +41,14 @@ func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
 	// Ids die in "jobs" while its dedup window is off (so that they can
 	// be enqueued again as new items), then the window is turned back on,
 	// which dependencies need.
-	if err := jobs.Configure(ctx, claim.Settings{DedupOff: true}); err != nil {
+	if err := jobs.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupOff: true}}); err != nil {
 		t.Fatal(err)
 	}
 	same, elsewhere, plain := uuid.New(), uuid.New(), uuid.New()
 	for _, id := range []uuid.UUID{same, elsewhere, plain} {
 		dieOnce(t, jobs, s.ID(), id)
 	}
-	if err := jobs.Configure(ctx, claim.Settings{}); err != nil {
+	if err := jobs.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -154,7 +154,7 @@ func TestRequeueRacesAnEnqueueOfTheID(t *testing.T) {
 	q := newQueue(t, pool, claim.Options{Queue: "race"})
 	producer := newQueue(t, pool, claim.Options{Queue: "race"})
 	noise := newQueue(t, pool, claim.Options{Queue: "noise"})
-	if err := q.Configure(ctx, claim.Settings{DedupOff: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupOff: true}}); err != nil {
 		t.Fatal(err)
 	}
 	const rounds = 20
@@ -163,7 +163,7 @@ func TestRequeueRacesAnEnqueueOfTheID(t *testing.T) {
 		ids[i] = uuid.New()
 		dieOnce(t, q, s.ID(), ids[i])
 	}
-	if err := q.Configure(ctx, claim.Settings{}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{}}); err != nil {
 		t.Fatal(err)
 	}
 	p := uuid.New()

@@ -92,7 +92,7 @@ func retentionOf(r store.RetentionRow) Retention {
 // next reap of any session applies it. A queue without a row in the queues
 // table gets one with one part, as Configure does: give a queue its parts
 // (worker.Options.Parts, partition.EnsureParts) before this.
-func (q *Queue) SetRetention(ctx context.Context, r Retention) error {
+func (q *Queue) setRetention(ctx context.Context, r Retention) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (q *Queue) SetRetention(ctx context.Context, r Retention) error {
 // Retention reads the queue's retention: the stored bounds, with
 // NoDeadMaxAge or NoDeadMaxCount set for a bound that is off (the default
 // bounds for a queue never set).
-func (q *Queue) Retention(ctx context.Context) (Retention, error) {
+func (q *Queue) retention(ctx context.Context) (Retention, error) {
 	if err := q.ready(ctx); err != nil {
 		return Retention{}, fmt.Errorf("claim: reading the retention of %q: %w", q.opts.Queue, err)
 	}

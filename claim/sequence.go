@@ -71,7 +71,7 @@ type sequenceState struct {
 // only once every worker of the queue runs crdbwork 0.5 or newer: older
 // workers claim sequenced items out of order (never two of one key at once:
 // the database refuses that claim, which then fails and is retried).
-func (q *Queue) SetSequenced(ctx context.Context, on bool) error {
+func (q *Queue) setSequenced(ctx context.Context, on bool) error {
 	verb := map[bool]string{true: "sequencing", false: "unsequencing"}[on]
 	if err := q.ready(ctx); err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
@@ -86,8 +86,8 @@ func (q *Queue) SetSequenced(ctx context.Context, on bool) error {
 	return nil
 }
 
-// SequenceInfo is what Sequencing reports of a queue.
-type SequenceInfo struct {
+// sequenceInfo is what Sequencing reports of a queue.
+type sequenceInfo struct {
 	// On reports that the queue is sequenced: items enqueued with a key are
 	// sequenced.
 	On bool
@@ -119,7 +119,7 @@ type SequenceInfo struct {
 // crdbwork 0.6 or newer (schema version 6): older workers neither mark
 // their deaths as holding nor skip held keys (docs/sequences.md, "Rolling
 // upgrades").
-func (q *Queue) SetSequenceHold(ctx context.Context, hold bool) (released int, err error) {
+func (q *Queue) setSequenceHold(ctx context.Context, hold bool) (released int, err error) {
 	verb := map[bool]string{true: "setting sequences to hold on a death in", false: "setting sequences to advance on a death in"}[hold]
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
@@ -229,18 +229,18 @@ func (q *Queue) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 
 // Sequencing reports whether the queue is sequenced, and whether it holds
 // sequenced items.
-func (q *Queue) Sequencing(ctx context.Context) (SequenceInfo, error) {
+func (q *Queue) sequencing(ctx context.Context) (sequenceInfo, error) {
 	if err := q.ready(ctx); err != nil {
-		return SequenceInfo{}, fmt.Errorf("claim: reading the sequencing of %q: %w", q.opts.Queue, err)
+		return sequenceInfo{}, fmt.Errorf("claim: reading the sequencing of %q: %w", q.opts.Queue, err)
 	}
-	var info SequenceInfo
+	var info sequenceInfo
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		st, err := q.store.QueueSequencing(ctx, q.db, q.opts.Queue)
-		info = SequenceInfo{On: st.On, Items: st.Items, Hold: st.Hold}
+		info = sequenceInfo{On: st.On, Items: st.Items, Hold: st.Hold}
 		return store.Classify(err)
 	})
 	if err != nil {
-		return SequenceInfo{}, fmt.Errorf("claim: reading the sequencing of %q: %w", q.opts.Queue, err)
+		return sequenceInfo{}, fmt.Errorf("claim: reading the sequencing of %q: %w", q.opts.Queue, err)
 	}
 	return info, nil
 }

@@ -78,7 +78,7 @@ func TestSequencedRequeueReentersAtItsPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := killHead(t, ctx, q, c)
-	if info, err := q.Sequencing(ctx); err != nil || info.Hold {
+	if info, err := readSequencing(q.Settings(ctx)); err != nil || info.Hold {
 		t.Fatalf("Sequencing = %+v, %v; want advance on a death by default", info, err)
 	}
 	// Advance: a/1 runs.
@@ -118,10 +118,10 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 			pool := setup(t)
 			ctx := context.Background()
 			q := sequencedQueue(t, pool, claim.Options{})
-			if n, err := q.SetSequenceHold(ctx, true); err != nil || n != 0 {
-				t.Fatalf("SetSequenceHold(true) = %d, %v", n, err)
+			if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
+				t.Fatalf("UpdateSettings(SequenceHold: On) = %v", err)
 			}
-			if info, err := q.Sequencing(ctx); err != nil || !info.Hold || !info.On {
+			if info, err := readSequencing(q.Settings(ctx)); err != nil || !info.Hold || !info.On {
 				t.Fatalf("Sequencing = %+v, %v; want on, hold", info, err)
 			}
 			s := startSession(t, ctx, pool)
@@ -156,7 +156,7 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "retention":
-				if err := q.SetRetention(ctx, claim.Retention{DeadMaxAge: time.Second, NoDeadMaxCount: true}); err != nil {
+				if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{DeadMaxAge: time.Second, NoDeadMaxCount: true}}); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := pool.Exec(ctx, `UPDATE crdbwork_dead_items SET died_at = now() - INTERVAL '1 hour' WHERE id = $1`, dead.ID); err != nil {
@@ -176,8 +176,8 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 					t.Fatalf("the released dead item is gone: %+v, %v", d, err)
 				}
 			case "advance":
-				if n, err := q.SetSequenceHold(ctx, false); err != nil || n != 1 {
-					t.Fatalf("SetSequenceHold(false) = %d, %v; want 1 dead item released", n, err)
+				if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.Off}); err != nil {
+					t.Fatalf("UpdateSettings(SequenceHold: Off) = %v", err)
 				}
 			}
 			if blocked, err := q.BlockedKeys(ctx, 10); err != nil || len(blocked) != 0 {
@@ -201,7 +201,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 	q := sequencedQueue(t, pool, claim.Options{})
-	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	s := startSession(t, ctx, pool)
@@ -234,7 +234,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 	claimOnly(t, ctx, c, "after a/1", "a/2")
 
 	// Advance: a cancel keeps nothing among the dead items.
-	if _, err := q.SetSequenceHold(ctx, false); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.Off}); err != nil {
 		t.Fatal(err)
 	}
 	res, err = q.Enqueue(ctx, keyed("z", 2)...)
@@ -354,7 +354,7 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), await.Stretch(5*time.Minute))
 	defer cancel()
 	q := sequencedQueue(t, pool, claim.Options{})
-	if _, err := q.SetSequenceHold(ctx, hold); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: holdToggle(hold)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE seq_acks (n BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)`); err != nil {

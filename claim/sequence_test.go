@@ -33,7 +33,7 @@ func keyed(key string, n int) []claim.NewItem {
 func sequencedQueue(t *testing.T, pool *pgxpool.Pool, opts claim.Options) *claim.Queue {
 	t.Helper()
 	q := newQueue(t, pool, opts)
-	if err := q.SetSequenced(context.Background(), true); err != nil {
+	if err := q.UpdateSettings(context.Background(), claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	return q
@@ -302,10 +302,10 @@ func TestSequencingOffKeepsSequencedItems(t *testing.T) {
 	if _, err := q.Enqueue(ctx, keyed("a", 2)...); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.SetSequenced(ctx, false); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.Off}); err != nil {
 		t.Fatal(err)
 	}
-	info, err := q.Sequencing(ctx)
+	info, err := readSequencing(q.Settings(ctx))
 	if err != nil || info.On || !info.Items {
 		t.Fatalf("Sequencing = %+v, %v; want off, with sequenced items", info, err)
 	}

@@ -341,9 +341,9 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		}
 		return fmt.Sprintf("deleted %d of %d dead item(s) of %q", n, len(a.Sel), a.Queue), nil
 	case "pause":
-		return fmt.Sprintf("paused %q", a.Queue), q.Pause(ctx)
+		return fmt.Sprintf("paused %q", a.Queue), q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On})
 	case "resume":
-		return fmt.Sprintf("resumed %q", a.Queue), q.Resume(ctx)
+		return fmt.Sprintf("resumed %q", a.Queue), q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.Off})
 	case "limits":
 		s, err := q.Settings(ctx)
 		if err != nil {
@@ -351,7 +351,7 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		}
 		before := claim.Limit{MaxInFlight: s.MaxInFlight, Rate: s.Rate}
 		s.MaxInFlight, s.Rate = a.Limit.MaxInFlight, a.Limit.Rate
-		return fmt.Sprintf("set the limits of %q to %s (were %s)", a.Queue, limitText(a.Limit), limitText(before)), q.Configure(ctx, s)
+		return fmt.Sprintf("set the limits of %q to %s (were %s)", a.Queue, limitText(a.Limit), limitText(before)), q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy})
 	case "parts":
 		n, err := partition.Parts(ctx, h.db, h.opts.Tables, a.Queue)
 		if err != nil {

@@ -632,7 +632,7 @@ func TestSessionsPartsAndTenants(t *testing.T) {
 
 	// Tenants of a fair queue: most unclaimed first, with their wait.
 	q, _ := claim.New(pool, claim.Options{Queue: "mail"})
-	if err := q.Configure(ctx, claim.Settings{Fair: true}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}}); err != nil {
 		t.Fatal(err)
 	}
 	tp := newBrowser(t, srv.URL).get("/tenants?queue=mail")

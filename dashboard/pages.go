@@ -134,7 +134,7 @@ type queueData struct {
 	// Sequencing is the queue's sequencing (with what a death does to a
 	// key); Blocked its first blockedRows blocked keys (read only when the
 	// queue is sequenced or holds sequenced items).
-	Sequencing claim.SequenceInfo
+	Sequencing sequenceView
 	Blocked    []claim.BlockedKey
 }
 
@@ -199,19 +199,11 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 		d.Holders = append(d.Holders, holder{s, n})
 	}
 	sort.Slice(d.Holders, func(i, j int) bool { return d.Holders[i].Claimed > d.Holders[j].Claimed })
-	limits, err := q.TenantLimits(r.Context())
-	if err != nil {
-		return "", nil, err
-	}
-	for t, l := range limits {
+	for t, l := range d.Settings.TenantLimits {
 		d.Limits = append(d.Limits, tenantLimit{t, l})
 	}
 	sort.Slice(d.Limits, func(i, j int) bool { return d.Limits[i].Tenant < d.Limits[j].Tenant })
-	retention, err := q.Retention(r.Context())
-	if err != nil {
-		return "", nil, err
-	}
-	d.KeepAge, d.KeepCount = retentionText(retention)
+	d.KeepAge, d.KeepCount = retentionText(d.Settings.Retention)
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
 		var err error
 		d.Dead, err = h.store.DeadWindow(ctx, h.db, name, nil, 10)
@@ -220,9 +212,7 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	if d.Sequencing, err = q.Sequencing(r.Context()); err != nil {
-		return "", nil, err
-	}
+	d.Sequencing = sequenceView{On: d.Settings.Sequenced, Items: d.Settings.SequencedItems, Hold: d.Settings.SequenceHold}
 	if d.Sequencing.On || d.Sequencing.Items || d.Sequencing.Hold {
 		if d.Blocked, err = q.BlockedKeys(r.Context(), blockedRows); err != nil {
 			return "", nil, err
@@ -733,10 +723,7 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 	if d.Settings, err = q.Settings(r.Context()); err != nil {
 		return "", nil, err
 	}
-	tenantLimits, err := q.TenantLimits(r.Context())
-	if err != nil {
-		return "", nil, err
-	}
+	tenantLimits := d.Settings.TenantLimits
 	var names []string
 	for _, t := range tenants {
 		names = append(names, t.Tenant)
@@ -804,3 +791,7 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 	}
 	return "Audit", d, nil
 }
+
+// sequenceView is a queue's sequencing as the queue page shows it
+// (claim.Settings: Sequenced, SequencedItems, SequenceHold).
+type sequenceView struct{ On, Items, Hold bool }

@@ -44,10 +44,10 @@ func TestItemAndQueuePagesShowTheNewState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.SetRetention(ctx, claim.Retention{DeadMaxAge: 2 * time.Hour, DeadMaxCount: 500}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{DeadMaxAge: 2 * time.Hour, DeadMaxCount: 500}}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("run"), Priority: -2}, claim.NewItem{Payload: []byte("snooze"), Priority: -1})
@@ -195,7 +195,7 @@ func TestQueuePageShowsBlockedKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	b := newBrowser(t, srv.URL)
@@ -206,7 +206,7 @@ func TestQueuePageShowsBlockedKeys(t *testing.T) {
 	if !strings.Contains(page, `id="q-blocked-none"`) {
 		t.Errorf("a sequenced queue without blocked keys does not say so:\n%s", page)
 	}
-	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := q.Enqueue(ctx, claim.NewItem{Key: "acct-1", Payload: []byte("a")}, claim.NewItem{Key: "acct-1", Payload: []byte("b")},

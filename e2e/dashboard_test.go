@@ -458,7 +458,7 @@ func TestActionsFromThePage(t *testing.T) {
 	// wider than the screen.
 	{
 		fq, _ := claim.New(pool, claim.Options{Queue: "reports"})
-		if err := fq.Configure(context.Background(), claim.Settings{Fair: true, TenantMaxInFlight: 2}); err != nil {
+		if err := fq.UpdateSettings(context.Background(), claim.SettingsUpdate{Policy: &claim.Policy{Fair: true, TenantMaxInFlight: 2}}); err != nil {
 			t.Fatal(err)
 		}
 		var items []claim.NewItem

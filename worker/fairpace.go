@@ -133,8 +133,10 @@ func newFairPace(w *Worker) *fairPace {
 			return w.store.FairFront(ctx, w.db, d, w.name, priority, skip)
 		},
 		isFairNow: func(ctx context.Context) (bool, error) {
-			s, err := w.queue.Settings(ctx)
-			return s.Fair, err
+			// One read by primary key (not claim.Queue.Settings, which
+			// reads all of the queue's settings).
+			r, _, err := w.store.QueueSettings(ctx, w.db, w.name)
+			return r.Fair, store.Classify(err)
 		},
 	}
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/crdbwork/crdbwork/session"
 )
 
-// storedLimits reads the queue's stored limits (claim.Queue.Configure,
-// claim.Queue.SetTenantLimit) and the database clock: two reads by primary
-// key on the maintenance connection.
+// storedLimits reads the queue's stored limits (claim.Policy and
+// claim.SettingsUpdate.TenantLimits) and the database clock: a read by
+// primary key and one of the tenants' limits on the maintenance connection.
 func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 	var l Limits
 	var dbNow time.Time
@@ -27,8 +27,18 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 	if err != nil {
 		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the limits of %q: %w", w.name, err)
 	}
-	if l.Tenants, err = w.queue.TenantLimits(ctx); err != nil {
-		return Limits{}, time.Time{}, fmt.Errorf("worker: %w", err)
+	var rows []store.TenantLimitRow
+	err = retry.Do(ctx, nil, func(ctx context.Context) error {
+		var err error
+		rows, err = w.store.TenantLimits(ctx, w.db, w.name)
+		return store.Classify(err)
+	})
+	if err != nil {
+		return Limits{}, time.Time{}, fmt.Errorf("worker: reading the tenant limits of %q: %w", w.name, err)
+	}
+	l.Tenants = make(map[string]claim.Limit, len(rows))
+	for _, r := range rows {
+		l.Tenants[r.Tenant] = claim.Limit{MaxInFlight: int(r.MaxInFlight), Rate: r.Rate}
 	}
 	return l, dbNow, nil
 }

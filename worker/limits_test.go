@@ -132,12 +132,12 @@ func setLimits(t testing.TB, pool *pgxpool.Pool, queue string, l worker.Limits) 
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := q.Configure(ctx, claim.Settings{MaxInFlight: l.Queue.MaxInFlight, Rate: l.Queue.Rate,
-		TenantMaxInFlight: l.Tenant.MaxInFlight, TenantRate: l.Tenant.Rate}); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{MaxInFlight: l.Queue.MaxInFlight, Rate: l.Queue.Rate,
+		TenantMaxInFlight: l.Tenant.MaxInFlight, TenantRate: l.Tenant.Rate}}); err != nil {
 		t.Fatal(err)
 	}
 	for tenant, tl := range l.Tenants {
-		if err := q.SetTenantLimit(ctx, tenant, tl); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant: &tl}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -52,11 +52,11 @@ func TestDrainsInALivedDatabase(t *testing.T) {
 			var err error
 			switch feature {
 			case "fair":
-				err = q.Configure(ctx, claim.Settings{Fair: true})
+				err = q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{Fair: true}})
 			case "limits":
-				err = q.Configure(ctx, claim.Settings{MaxInFlight: 4})
+				err = q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{MaxInFlight: 4}})
 			case "sequenced":
-				err = q.SetSequenced(ctx, true)
+				err = q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On})
 			case "urgent":
 				opts.UrgentLane, opts.UrgentPriority = true, 1
 			}

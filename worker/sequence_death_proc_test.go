@@ -135,10 +135,10 @@ func TestSequencedDeathsInProcesses(t *testing.T) {
 	qs := map[string]*claim.Queue{}
 	for _, name := range queues {
 		q := newQueue(t, pool, claim.Options{Queue: name})
-		if err := q.SetSequenced(ctx, true); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := q.SetSequenceHold(ctx, name == "hold"); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: holdToggle(name == "hold")}); err != nil {
 			t.Fatal(err)
 		}
 		var items []claim.NewItem
@@ -189,7 +189,7 @@ func TestSequencedDeathsInProcesses(t *testing.T) {
 	waitFor(t, "a death in every queue", 90*time.Second, func() bool {
 		return count(t, pool, `SELECT count(DISTINCT queue) FROM crdbwork_dead_items`) == len(queues)
 	})
-	if _, err := qs["mixed"].SetSequenceHold(ctx, true); err != nil {
+	if err := qs["mixed"].UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	// Requeue every dead item once all of its queue's deaths happened,

@@ -141,7 +141,7 @@ func sequencedProcesses(t *testing.T, parts int) {
 		}
 	}
 	q := newQueue(t, pool, claim.Options{})
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	const keys, perKey = 12, 20

@@ -93,7 +93,7 @@ func TestCancelRunningItemFromTheCLI(t *testing.T) {
 
 	// An unclaimed item (the queue paused, so the worker leaves it) ends
 	// at once, in text.
-	if err := q.Pause(ctx); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	enq, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("waiting")})

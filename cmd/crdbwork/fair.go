@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 
+	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/cli"
 	"github.com/crdbwork/crdbwork/partition"
 )
@@ -46,7 +47,7 @@ number first (16), as the other commands give it.`)
 			return cli.Failf(1, "%v", err)
 		}
 		st.Fair = fair
-		if err := q.Configure(ctx, st); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &st.Policy}); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	}

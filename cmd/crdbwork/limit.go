@@ -32,12 +32,8 @@ func readLimits(ctx context.Context, q *claim.Queue) (*limitsJSON, error) {
 		return nil, err
 	}
 	l := limitsJSON{MaxInFlight: s.MaxInFlight, Rate: s.Rate, TenantMaxInFlight: s.TenantMaxInFlight, TenantRate: s.TenantRate}
-	tenants, err := q.TenantLimits(ctx)
-	if err != nil {
-		return nil, err
-	}
 	l.Tenants = map[string]limitJSON{}
-	for t, tl := range tenants {
+	for t, tl := range s.TenantLimits {
 		l.Tenants[t] = limitJSON{MaxInFlight: tl.MaxInFlight, Rate: tl.Rate}
 	}
 	return &l, nil
@@ -135,13 +131,13 @@ docs/limits.md).`)
 	}
 	switch {
 	case remove:
-		if _, err := q.RemoveTenantLimit(ctx, tenant); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant: nil}}); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	case tenant != "":
 		old := cur.Tenants[tenant]
 		m, r := pick(old.MaxInFlight, old.Rate)
-		if err := q.SetTenantLimit(ctx, tenant, claim.Limit{MaxInFlight: m, Rate: r}); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{tenant: &claim.Limit{MaxInFlight: m, Rate: r}}}); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	case setting:
@@ -154,7 +150,7 @@ docs/limits.md).`)
 		} else {
 			s.MaxInFlight, s.Rate = pick(s.MaxInFlight, s.Rate)
 		}
-		if err := q.Configure(ctx, s); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy}); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	}

@@ -544,14 +544,14 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 	if m := jsonOf(t, must(t, d.env, "pause", "--queue", "emails", "--json")); m["paused"] != true || m["was_paused"] != false {
 		t.Errorf("pause: %v", m)
 	}
-	if p, err := d.queue(t, "emails", crsql.Tables{}).Paused(context.Background()); err != nil || !p {
+	if p, err := readPaused(d.queue(t, "emails", crsql.Tables{}).Settings(context.Background())); err != nil || !p {
 		t.Errorf("after pause: paused %v, %v", p, err)
 	}
 	if r := must(t, d.env, "pause", "--queue", "emails"); !strings.Contains(r.stdout, "already paused") {
 		t.Errorf("pause again:\n%s", r)
 	}
 	must(t, d.env, "resume", "--queue", "emails")
-	if p, _ := d.queue(t, "emails", crsql.Tables{}).Paused(context.Background()); p {
+	if p, _ := readPaused(d.queue(t, "emails", crsql.Tables{}).Settings(context.Background())); p {
 		t.Error("still paused after resume")
 	}
 
@@ -575,7 +575,7 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 	if err != nil || s.MaxInFlight != 8 || s.Rate != 2.5 || s.TenantMaxInFlight != 2 {
 		t.Errorf("settings after limit: %+v, %v", s, err)
 	}
-	tl, err := d.queue(t, "emails", crsql.Tables{}).TenantLimits(context.Background())
+	tl, err := readTenantLimits(d.queue(t, "emails", crsql.Tables{}).Settings(context.Background()))
 	if err != nil || tl["t1"].Rate != 1 {
 		t.Errorf("tenant limits: %v, %v", tl, err)
 	}
@@ -583,7 +583,7 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 		t.Errorf("limit (show):\n%s", r.stdout)
 	}
 	must(t, d.env, "limit", "--queue", "emails", "--tenant", "t1", "--remove")
-	if tl, _ := d.queue(t, "emails", crsql.Tables{}).TenantLimits(context.Background()); len(tl) != 0 {
+	if tl, _ := readTenantLimits(d.queue(t, "emails", crsql.Tables{}).Settings(context.Background())); len(tl) != 0 {
 		t.Errorf("tenant limits after --remove: %v", tl)
 	}
 	want(t, d.env, 2, []string{"--remove needs --tenant"}, "limit", "--queue", "emails", "--remove")
@@ -614,7 +614,7 @@ func TestPurge(t *testing.T) {
 	d.enqueue(t, "reports", 4)
 	d.kill(t, "reports", 1)
 	q := d.queue(t, "emails", crsql.Tables{})
-	if err := q.SetTenantLimit(context.Background(), "t1", claim.Limit{MaxInFlight: 1}); err != nil {
+	if err := q.UpdateSettings(context.Background(), claim.SettingsUpdate{TenantLimits: map[string]*claim.Limit{"t1": &claim.Limit{MaxInFlight: 1}}}); err != nil {
 		t.Fatal(err)
 	}
 	reports := d.snapshot(t, "reports")
@@ -660,7 +660,7 @@ func TestSchemaAndPrefix(t *testing.T) {
 	}
 	e := append(append([]string{}, d.env...), "CRDBWORK_SCHEMA=ops", "CRDBWORK_PREFIX=w_")
 	must(t, e, "pause", "--queue", "jobs")
-	if p, err := d.queue(t, "jobs", tables).Paused(context.Background()); err != nil || !p {
+	if p, err := readPaused(d.queue(t, "jobs", tables).Settings(context.Background())); err != nil || !p {
 		t.Errorf("pause through CRDBWORK_SCHEMA and CRDBWORK_PREFIX: paused %v, %v", p, err)
 	}
 	// The default tables do not exist here.

@@ -383,16 +383,12 @@ next poll. Idempotent.`
 		return err
 	}
 	defer pool.Close()
-	was, err := q.Paused(ctx)
+	set, err := q.Settings(ctx)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
-	if pause {
-		err = q.Pause(ctx)
-	} else {
-		err = q.Resume(ctx)
-	}
-	if err != nil {
+	was := set.Paused
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: toggle(pause)}); err != nil {
 		return cli.Failf(1, "%v", err)
 	}
 	if was != pause {

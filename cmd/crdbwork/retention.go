@@ -176,10 +176,11 @@ that deletes more (a bound lowered or turned on) says so and needs --yes
 		return err
 	}
 	defer pool.Close()
-	cur, err := q.Retention(ctx)
+	set, err := q.Settings(ctx)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
+	cur := set.Retention
 	if !setting {
 		return report(out, &g, map[string]any{"queue": g.queue, "retention": retentionOf(cur)},
 			fmt.Sprintf("queue %q %s\n", g.queue, retentionOf(cur).format()))
@@ -228,7 +229,7 @@ that deletes more (a bound lowered or turned on) says so and needs --yes
 		return report(out, &g, map[string]any{"queue": g.queue, "dry_run": true, "retention": retentionOf(next), "was": retentionOf(cur)},
 			"would set: "+what+"\n")
 	}
-	if err := q.SetRetention(ctx, next); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &next}); err != nil {
 		return cli.Failf(1, "%v", err)
 	}
 	return report(out, &g, map[string]any{"queue": g.queue, "retention": retentionOf(next), "was": retentionOf(cur)}, what+"\n")

@@ -34,24 +34,24 @@ func TestRetention(t *testing.T) {
 	if r := must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "7d", "--dead-max-count", "10", "--dry-run"); r.stdout == "" {
 		t.Errorf("--dry-run printed nothing: %s", r)
 	}
-	if r, err := q.Retention(ctx); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
 		t.Fatalf("a refused or dry change stored %+v, %v", r, err)
 	}
 	m = jsonOf(t, must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "7d", "--dead-max-count", "10", "--yes", "--json"))
 	if r, _ := m["retention"].(map[string]any); r["dead_max_age_seconds"] != float64(7*24*3600) || r["dead_max_count"] != float64(10) {
 		t.Fatalf("retention --yes --json: %v", m)
 	}
-	if r, err := q.Retention(ctx); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10}) {
 		t.Fatalf("after the change: %+v, %v", r, err)
 	}
 	// Loosening needs no --yes; "off" and "default".
 	must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "off", "--dead-max-count", "default")
-	if r, err := q.Retention(ctx); err != nil || r != (claim.Retention{NoDeadMaxAge: true, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, DeadMaxCount: claim.DefaultDeadMaxCount}) {
 		t.Fatalf("after off and default: %+v, %v", r, err)
 	}
 	// The flag not given keeps its value.
 	must(t, d.env, "retention", "--queue", "emails", "--dead-max-count", "off")
-	if r, err := q.Retention(ctx); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true}) {
 		t.Fatalf("after --dead-max-count off: %+v, %v", r, err)
 	}
 	for _, bad := range [][]string{{"--dead-max-age", "-1h"}, {"--dead-max-age", "soon"}, {"--dead-max-count", "0"}, {"--dead-max-count", "x"}, {"--dead-max-age", "10ms"}} {

@@ -73,39 +73,51 @@ stay in the dead items).`)
 		return err
 	}
 	defer pool.Close()
-	was, err := q.Sequencing(ctx)
+	was, err := q.Settings(ctx)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
 	now := was
 	if set {
-		if err := q.SetSequenced(ctx, on); err != nil {
+		if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: toggle(on)}); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
-		if now, err = q.Sequencing(ctx); err != nil {
+		if now, err = q.Settings(ctx); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	}
 	if g.json {
-		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "sequenced": now.On, "was_sequenced": was.On, "sequenced_items": now.Items,
-			"on_death": onDeath(now.Hold)})
+		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "sequenced": now.Sequenced, "was_sequenced": was.Sequenced, "sequenced_items": now.SequencedItems,
+			"on_death": onDeath(now.SequenceHold)})
 	}
 	word := map[bool]string{true: "sequenced (one item in flight per key, in enqueue order)", false: "not sequenced"}
 	switch {
 	case !set:
-		out.Printf("queue %q is %s\n", g.queue, word[now.On])
-	case was.On == on:
+		out.Printf("queue %q is %s\n", g.queue, word[now.Sequenced])
+	case was.Sequenced == on:
 		out.Printf("queue %q was already %s\n", g.queue, word[on])
 	default:
 		out.Printf("queue %q is now %s, for the items enqueued from now on\n", g.queue, word[on])
 	}
-	if !now.On && now.Items {
+	if !now.Sequenced && now.SequencedItems {
 		out.Printf("it still holds sequenced items: they keep their order until they end\n")
 	}
-	if now.On || now.Items {
-		out.Printf("on a death a key %ss\n", onDeath(now.Hold))
+	if now.Sequenced || now.SequencedItems {
+		out.Printf("on a death a key %ss\n", onDeath(now.SequenceHold))
 	}
 	return nil
+}
+
+// maxReleasedCount bounds the blocked keys sequence advance counts to
+// report the dead items it released.
+const maxReleasedCount = 10_000
+
+// toggle is on as a claim.Toggle.
+func toggle(on bool) claim.Toggle {
+	if on {
+		return claim.On
+	}
+	return claim.Off
 }
 
 // onDeath names what a death of a sequenced item does to its key.
@@ -123,18 +135,30 @@ func sequenceHold(ctx context.Context, f *cli.FlagSet, g *globals, hold bool, ou
 		return err
 	}
 	defer pool.Close()
-	was, err := q.Sequencing(ctx)
+	was, err := q.Settings(ctx)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
-	released, err := q.SetSequenceHold(ctx, hold)
-	if err != nil {
+	// The dead items that hold their keys, which advance releases.
+	released := 0
+	if !hold {
+		blocked, err := q.BlockedKeys(ctx, maxReleasedCount)
+		if err != nil {
+			return cli.Failf(1, "%v", err)
+		}
+		for _, b := range blocked {
+			if b.Kind == claim.BlockedDead {
+				released++
+			}
+		}
+	}
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: toggle(hold)}); err != nil {
 		return cli.Failf(1, "%v", err)
 	}
 	if g.json {
-		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "on_death": onDeath(hold), "was": onDeath(was.Hold), "released": released})
+		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "on_death": onDeath(hold), "was": onDeath(was.SequenceHold), "released": released})
 	}
-	if was.Hold == hold {
+	if was.SequenceHold == hold {
 		out.Printf("queue %q already lets a key %s on a death\n", g.queue, onDeath(hold))
 	} else if hold {
 		out.Printf("queue %q now holds a key on the death of a sequenced item, until the dead item is requeued, deleted or released\n", g.queue)
@@ -144,7 +168,7 @@ func sequenceHold(ctx context.Context, f *cli.FlagSet, g *globals, hold bool, ou
 	if released > 0 {
 		out.Printf("released %d dead items that held their keys (they stay in the dead items)\n", released)
 	}
-	if !was.On && !was.Items {
+	if !was.Sequenced && !was.SequencedItems {
 		out.Printf("note: the queue is not sequenced (crdbwork sequence on)\n")
 	}
 	return nil

@@ -30,7 +30,7 @@ func TestSequence(t *testing.T) {
 	if m["sequenced"] != true || m["was_sequenced"] != false || m["sequenced_items"] != false {
 		t.Errorf("sequence on: %v", m)
 	}
-	if info, err := q.Sequencing(ctx); err != nil || !info.On {
+	if info, err := readSequencing(q.Settings(ctx)); err != nil || !info.On {
 		t.Errorf("after sequence on: %+v, %v", info, err)
 	}
 	if r := must(t, d.env, "sequence", "on", "--queue", "orders"); !strings.Contains(r.stdout, "already sequenced") {
@@ -54,7 +54,7 @@ func TestSequence(t *testing.T) {
 	if !strings.Contains(r.stdout, "is now not sequenced") || !strings.Contains(r.stdout, "still holds sequenced items") {
 		t.Errorf("sequence off with a sequenced item left:\n%s", r)
 	}
-	if info, err := q.Sequencing(ctx); err != nil || info.On || !info.Items {
+	if info, err := readSequencing(q.Settings(ctx)); err != nil || info.On || !info.Items {
 		t.Errorf("after sequence off: %+v, %v", info, err)
 	}
 	r = must(t, d.env, "status", "--queue", "orders")
@@ -93,7 +93,7 @@ func TestSequenceHoldBlockedRelease(t *testing.T) {
 		t.Errorf("sequence shows no hold:\n%s", r)
 	}
 	q := d.queue(t, "ledger", crsql.Tables{})
-	if info, err := q.Sequencing(ctx); err != nil || !info.Hold {
+	if info, err := readSequencing(q.Settings(ctx)); err != nil || !info.Hold {
 		t.Fatalf("after sequence hold: %+v, %v", info, err)
 	}
 	if st := jsonOf(t, must(t, d.env, "status", "--queue", "ledger", "--json")); st["settings"].(map[string]any)["sequence_on_death"] != "hold" {

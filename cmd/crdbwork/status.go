@@ -191,29 +191,17 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, engine st
 	if err != nil {
 		return nil, err
 	}
-	tenantLimits, err := q.TenantLimits(ctx)
-	if err != nil {
-		return nil, err
-	}
 	s.Limits = &limitsJSON{MaxInFlight: settings.MaxInFlight, Rate: settings.Rate,
 		TenantMaxInFlight: settings.TenantMaxInFlight, TenantRate: settings.TenantRate, Tenants: map[string]limitJSON{}}
-	for t, l := range tenantLimits {
+	for t, l := range settings.TenantLimits {
 		s.Limits.Tenants[t] = limitJSON{MaxInFlight: l.MaxInFlight, Rate: l.Rate}
 	}
 	s.Settings = settingsJSON{Fair: settings.Fair, AtMostOnce: settings.AtMostOnce, DedupWindowSecond: settings.DedupWindow.Seconds()}
-	seq, err := q.Sequencing(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.Settings.Sequenced, s.Settings.SequencedItems, s.Settings.SequenceOnDeath = seq.On, seq.Items, onDeath(seq.Hold)
+	s.Settings.Sequenced, s.Settings.SequencedItems, s.Settings.SequenceOnDeath = settings.Sequenced, settings.SequencedItems, onDeath(settings.SequenceHold)
 	for _, t := range fq.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
-	retention, err := q.Retention(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.Retention = retentionOf(retention)
+	s.Retention = retentionOf(settings.Retention)
 	if s.Progress, err = readProgress(ctx, q); err != nil {
 		return nil, err
 	}

@@ -41,5 +41,5 @@ func (l *limitFlags) apply(ctx context.Context, f *cli.FlagSet, pool *pgxpool.Po
 	if f.IsSet("rate") {
 		s.Rate = l.rate
 	}
-	return q.Configure(ctx, s)
+	return q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &s.Policy})
 }

@@ -30,10 +30,10 @@ func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.SetSequenced(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Sequenced: claim.On}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.SetSequenceHold(ctx, true); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{SequenceHold: claim.On}); err != nil {
 		t.Fatal(err)
 	}
 	var items []claim.NewItem
