@@ -242,7 +242,7 @@ func TestAckRacesReaperReclaimAndCancel(t *testing.T) {
 	go func() { // the canceller: every tenth item, once
 		defer wg.Done()
 		for i := 0; i < len(ids) && !stop.Load(); i += 10 {
-			ok, err := q.Cancel(ctx, ids[i])
+			ok, err := cancelFound(q.CancelItem(ctx, ids[i], claim.CancelOptions{}))
 			if err != nil {
 				fail <- fmt.Errorf("cancel: %w", err)
 				return

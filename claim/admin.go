@@ -22,7 +22,7 @@ import (
 // requeue by filter, purge, and the known-queue check. The crdbwork command
 // is built on these; scripts can call them too.
 
-// DeadFilter selects dead items (see DeadItems, DeadCount, RequeueWhere):
+// DeadFilter selects dead items (see DeadQuery and RequeueOptions):
 // every field that is set must match; the zero value matches every dead
 // item of the queue.
 type DeadFilter struct {
@@ -40,15 +40,24 @@ func (f DeadFilter) row() store.DeadFilter {
 	return store.DeadFilter{Tenant: f.Tenant, Reason: f.Reason, ErrorContains: f.ErrorContains}
 }
 
-// DeadQuery asks DeadItems for one page of dead items.
+// DeadQuery asks DeadItems for one page of dead items. The zero value
+// asks for the first DefaultListLimit deaths of the queue.
 type DeadQuery struct {
 	DeadFilter
 	// After is the cursor of the previous page (DeadPage.Next); "" for the
 	// first page.
 	After string
-	// Limit is the most items in the page: 1 or more.
+	// Limit is the most items in the page (0: DefaultListLimit).
 	Limit int
+	// Count asks for the number of the queue's deaths that match the
+	// filter, all pages together (DeadPage.Count): one more read of the
+	// queue's entries of the dead items' index and the rows they point to.
+	Count bool
 }
+
+// DefaultListLimit is the page size of DeadItems and CancelledItems when
+// their query sets no Limit.
+const DefaultListLimit = 100
 
 // DeadPage is one page of DeadItems.
 type DeadPage struct {
@@ -59,6 +68,9 @@ type DeadPage struct {
 	// Deaths that happen while a caller pages are newer than its cursor and
 	// are not in the pages that follow; deaths requeued meanwhile drop out.
 	Next string
+	// Count is the number of deaths that match the filter (an id that
+	// died twice counts twice), when the query asked for it (DeadQuery.Count).
+	Count int64
 }
 
 // ErrBadCursor is returned by DeadItems for a cursor it did not make.
@@ -69,11 +81,15 @@ var ErrBadCursor = errors.New("not a cursor of DeadItems")
 // page's Next as the next query's After: the pages have no gaps and no
 // repeats, whatever is requeued meanwhile. Each page reads the queue's
 // entries of the dead items' index (queue, died_at) from the cursor on,
-// until Limit match.
+// until Limit match. Every death is listed: an id that died twice has two
+// entries, told apart by DeadItem.Death.
 func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 	what := fmt.Sprintf("claim: listing dead items of %q", q.opts.Queue)
-	if dq.Limit <= 0 {
-		return DeadPage{}, fmt.Errorf("%s: limit %d must be positive", what, dq.Limit)
+	switch {
+	case dq.Limit < 0:
+		return DeadPage{}, fmt.Errorf("%s: limit %d must not be negative (0: %d)", what, dq.Limit, DefaultListLimit)
+	case dq.Limit == 0:
+		dq.Limit = DefaultListLimit
 	}
 	var after *store.DeadPosition
 	if dq.After != "" {
@@ -90,11 +106,19 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 	if err != nil {
 		return DeadPage{}, err
 	}
+	var page DeadPage
+	if dq.Count {
+		if page.Count, err = q.countDead(ctx, dq.DeadFilter); err != nil {
+			return DeadPage{}, err
+		}
+	}
 	if len(items) <= dq.Limit {
-		return DeadPage{Items: items}, nil
+		page.Items = items
+		return page, nil
 	}
 	last := items[dq.Limit-1]
-	return DeadPage{Items: items[:dq.Limit], Next: encodeCursor(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})}, nil
+	page.Items, page.Next = items[:dq.Limit], encodeCursor(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
+	return page, nil
 }
 
 // encodeCursor writes a position as an opaque token.
@@ -125,10 +149,8 @@ func decodeCursor(s string) (store.DeadPosition, error) {
 	return store.DeadPosition{DiedAt: time.UnixMicro(micros).UTC(), ID: id, Death: death}, nil
 }
 
-// DeadCount counts the deaths of this queue that match f (an id that died
-// twice counts twice). It reads the queue's entries of the dead items'
-// index and the rows they point to.
-func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
+// countDead counts the deaths of this queue that match f (DeadQuery.Count).
+func (q *Queue) countDead(ctx context.Context, f DeadFilter) (int64, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: counting dead items of %q: %w", q.opts.Queue, err)
 	}
@@ -144,7 +166,28 @@ func (q *Queue) DeadCount(ctx context.Context, f DeadFilter) (int64, error) {
 	return n, nil
 }
 
-// RequeueResult is what RequeueWhere did.
+// RequeueOptions says which dead items Requeue moves back into the queue:
+// one id (ID, and Death for one given death of it), the dead ids whose
+// deaths match Filter, or, with All, every dead id of the queue. The zero
+// value selects nothing, and Requeue refuses it.
+type RequeueOptions struct {
+	// ID is the dead item to requeue: the newest of its deaths, or Death.
+	ID uuid.UUID
+	// Death is one given death of ID (DeadItem.Death), which need not be
+	// the newest (uuid.Nil: the newest). It needs ID.
+	Death uuid.UUID
+	// Filter selects the dead ids to requeue, when ID is not set: each id
+	// with a death that matches (the zero filter matches nothing unless
+	// All is set).
+	Filter DeadFilter
+	// All requeues every dead id of the queue (Filter must then be zero).
+	All bool
+	// Progress, if not nil, is called after each page of a requeue by
+	// Filter or All with the totals so far.
+	Progress func(RequeueResult)
+}
+
+// RequeueResult is what Requeue did.
 type RequeueResult struct {
 	// Requeued is the number of ids moved back into the queue.
 	Requeued int
@@ -160,7 +203,7 @@ type RequeueResult struct {
 	// items' indexes, written by raw SQL or an older version; a
 	// constraint; a trigger): each stays dead, and the requeue goes on
 	// with the others. RefusedIDs are the first MaxRefusedIDs of them
-	// (Requeue of one says why it is refused).
+	// (Requeue of one ID says why it is refused).
 	Refused    int
 	RefusedIDs []uuid.UUID
 }
@@ -168,20 +211,57 @@ type RequeueResult struct {
 // MaxRefusedIDs bounds RequeueResult.RefusedIDs.
 const MaxRefusedIDs = 100
 
-// RequeueBatch is how many dead items RequeueWhere reads per page.
+// RequeueBatch is how many dead items Requeue by filter reads per page.
 const RequeueBatch = 500
 
-// RequeueWhere requeues (as Requeue: the newest death of each id, fresh
-// attempts, no delay) every dead id of this queue that has a death matching
-// f, reading the dead items a page of RequeueBatch at a time, newest first,
-// and moving each id in its own short transaction, so that no transaction
-// grows with the number of dead items. An id is requeued once; ids that are
-// live are skipped and counted. Items that die while it runs are newer than
-// its first page and are not requeued. An id whose move the database
-// refuses for something about its row stays dead, counted in Refused, and
-// the requeue goes on. progress, if not nil, is called after each page with
-// the totals so far. On an error the result says what was done before it.
-func (q *Queue) RequeueWhere(ctx context.Context, f DeadFilter, progress func(RequeueResult)) (RequeueResult, error) {
+// Requeue moves dead items of this queue back into it, with their id,
+// payload, key and priority, fresh attempts and no delay; each one's part
+// is its old part modulo the queue's current number of parts, and older
+// deaths of a requeued id stay in the dead items, as history.
+//
+// With o.ID it requeues that id's newest death (or o.Death) in one
+// statement in a SERIALIZABLE transaction, so the item is never in both
+// tables, nor in neither, and never beside a live item of its id:
+// Requeued is 1, or 0 when the queue has no such dead item. If the id is
+// live (an item or a waiting item has it, in any queue) nothing moves and
+// the error wraps ErrItemLive, saying which.
+//
+// With o.Filter (or o.All) it requeues the newest death of every dead id
+// with a matching death, reading the dead items a page of RequeueBatch at
+// a time, newest first, and moving each id in its own short transaction,
+// so that no transaction grows with the number of dead items. An id is
+// requeued once; ids that are live are skipped and counted (Live). Items
+// that die while it runs are newer than its first page and are not
+// requeued. An id whose move the database refuses for something about its
+// row stays dead, counted in Refused, and the requeue goes on. On an error
+// the result says what was done before it.
+func (q *Queue) Requeue(ctx context.Context, o RequeueOptions) (RequeueResult, error) {
+	zeroFilter := o.Filter == (DeadFilter{})
+	switch {
+	case o.ID == uuid.Nil && o.Death != uuid.Nil:
+		return RequeueResult{}, fmt.Errorf("claim: requeueing death %s of %q: RequeueOptions.Death needs the ID", o.Death, q.opts.Queue)
+	case o.ID != uuid.Nil && (!zeroFilter || o.All):
+		return RequeueResult{}, fmt.Errorf("claim: requeueing dead item %s of %q: set the ID, or a Filter or All, not both", o.ID, q.opts.Queue)
+	case o.All && !zeroFilter:
+		return RequeueResult{}, fmt.Errorf("claim: requeueing dead items of %q: All with a Filter: set one or the other", q.opts.Queue)
+	case o.ID == uuid.Nil && zeroFilter && !o.All:
+		return RequeueResult{}, fmt.Errorf("claim: requeueing dead items of %q: no ID, Filter or All: nothing selected", q.opts.Queue)
+	case o.ID != uuid.Nil:
+		var death *uuid.UUID
+		if o.Death != uuid.Nil {
+			death = &o.Death
+		}
+		moved, err := q.requeue(ctx, o.ID, death)
+		if moved {
+			return RequeueResult{Requeued: 1}, err
+		}
+		return RequeueResult{}, err
+	}
+	return q.requeueWhere(ctx, o.Filter, o.Progress)
+}
+
+// requeueWhere is Requeue by filter.
+func (q *Queue) requeueWhere(ctx context.Context, f DeadFilter, progress func(RequeueResult)) (RequeueResult, error) {
 	var res RequeueResult
 	seen := map[uuid.UUID]bool{}
 	query := DeadQuery{DeadFilter: f, Limit: RequeueBatch}
@@ -195,7 +275,7 @@ func (q *Queue) RequeueWhere(ctx context.Context, f DeadFilter, progress func(Re
 				continue
 			}
 			seen[d.ID] = true
-			ok, err := q.Requeue(ctx, d.ID)
+			ok, err := q.requeue(ctx, d.ID, nil)
 			switch {
 			case errors.Is(err, ErrItemLive):
 				res.Live++
@@ -224,7 +304,17 @@ func (q *Queue) RequeueWhere(ctx context.Context, f DeadFilter, progress func(Re
 	}
 }
 
-// PurgeCounts are the rows of one queue that Purge deletes (or deleted).
+// PurgeOptions says how Purge runs.
+type PurgeOptions struct {
+	// DryRun counts what Purge would delete now, and deletes nothing.
+	DryRun bool
+	// Progress, if not nil, is called after each batch with the totals
+	// deleted so far.
+	Progress func(PurgeCounts)
+}
+
+// PurgeCounts are the rows of one queue that Purge deletes (or deleted,
+// or would delete: PurgeOptions.DryRun).
 type PurgeCounts struct {
 	// Items are the queue's items, claimed ones included.
 	Items int64
@@ -255,8 +345,8 @@ func (c PurgeCounts) Total() int64 {
 	return n
 }
 
-// PurgePlan counts what Purge would delete now.
-func (q *Queue) PurgePlan(ctx context.Context) (PurgeCounts, error) {
+// purgePlan counts what Purge would delete now (PurgeOptions.DryRun).
+func (q *Queue) purgePlan(ctx context.Context) (PurgeCounts, error) {
 	info, err := q.Inspect(ctx)
 	if err != nil {
 		return PurgeCounts{}, err
@@ -270,12 +360,8 @@ func (q *Queue) PurgePlan(ctx context.Context) (PurgeCounts, error) {
 	if err != nil {
 		return PurgeCounts{}, fmt.Errorf("claim: counting the rows of %q: %w", q.opts.Queue, err)
 	}
-	waiting, err := q.WaitingCount(ctx)
-	if err != nil {
-		return PurgeCounts{}, err
-	}
 	return PurgeCounts{Items: info.Unclaimed + info.Claimed, Dead: info.Dead, Ended: rc.Ended, OwnedParts: rc.OwnedParts,
-		TenantLimits: int64(len(info.TenantLimits)), Schedules: rc.Schedules, Stored: info.Stored, Waiting: waiting}, nil
+		TenantLimits: int64(len(info.TenantLimits)), Schedules: rc.Schedules, Stored: info.Stored, Waiting: info.Waiting}, nil
 }
 
 // PurgeBatch is how many rows one of Purge's statements deletes at most.
@@ -287,17 +373,22 @@ const PurgeBatch = 1000
 // parts, tenant limits, schedule marks and its row in the queues table
 // (part count, settings, pause). Other queues' rows are not touched. The
 // large tables are deleted PurgeBatch rows per statement, so no statement
-// grows with the queue; progress, if not nil, is called after each batch
-// with the totals so far. Workers still running on the queue re-create its
-// row and parts at their next rebalance: stop them first. Items enqueued
-// while it runs may stay. On an error the counts say what was deleted
-// before it.
-func (q *Queue) Purge(ctx context.Context, progress func(PurgeCounts)) (PurgeCounts, error) {
+// grows with the queue; o.Progress, if not nil, is called after each
+// batch with the totals so far. Workers still running on the queue
+// re-create its row and parts at their next rebalance: stop them first.
+// Items enqueued while it runs may stay. On an error the counts say what
+// was deleted before it. With o.DryRun it deletes nothing and returns what
+// it would delete now.
+func (q *Queue) Purge(ctx context.Context, o PurgeOptions) (PurgeCounts, error) {
 	var done PurgeCounts
 	if err := q.ready(ctx); err != nil {
 		return done, fmt.Errorf("claim: purging %q: %w", q.opts.Queue, err)
 	}
-	plan, err := q.PurgePlan(ctx)
+	progress := o.Progress
+	plan, err := q.purgePlan(ctx)
+	if o.DryRun || err != nil {
+		return plan, err
+	}
 	if err != nil {
 		return done, err
 	}

@@ -148,7 +148,7 @@ func TestAdminDeadItemsFilterPageCount(t *testing.T) {
 		{Tenant: "nobody"},
 	} {
 		exp := wantDeaths(deaths, "q", f)
-		n, err := q.DeadCount(ctx, f)
+		n, err := deadCount(q.DeadItems(ctx, claim.DeadQuery{DeadFilter: f, Count: true, Limit: 1}))
 		if err != nil || n != int64(len(exp)) {
 			t.Errorf("DeadCount(%+v) = %d, %v; want %d", f, n, err, len(exp))
 		}
@@ -177,7 +177,7 @@ func TestAdminDeadItemsFilterPageCount(t *testing.T) {
 	}
 	exp := wantDeaths(deaths, "q", claim.DeadFilter{})
 	victim := exp[15] // on the second page
-	if ok, err := q.RequeueDeath(ctx, victim.id, victim.death); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: victim.id, Death: victim.death})); err != nil || !ok {
 		t.Fatalf("requeueing %s: %v %v", victim.id, ok, err)
 	}
 	seen := map[uuid.UUID]bool{}
@@ -205,8 +205,8 @@ func TestAdminDeadItemsFilterPageCount(t *testing.T) {
 	if _, err := q.DeadItems(ctx, claim.DeadQuery{Limit: 10, After: "not-a-cursor"}); !errors.Is(err, claim.ErrBadCursor) {
 		t.Errorf("a bad cursor: %v, want ErrBadCursor", err)
 	}
-	if _, err := q.DeadItems(ctx, claim.DeadQuery{}); err == nil {
-		t.Error("limit 0: no error")
+	if _, err := q.DeadItems(ctx, claim.DeadQuery{Limit: -1}); err == nil {
+		t.Error("a negative limit: no error")
 	}
 }
 
@@ -230,7 +230,7 @@ func TestAdminRequeueWhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls int
-	res, err := q.RequeueWhere(ctx, f, func(claim.RequeueResult) { calls++ })
+	res, err := q.Requeue(ctx, claim.RequeueOptions{Filter: f, Progress: func(claim.RequeueResult) { calls++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func TestAdminRequeueWhere(t *testing.T) {
 		t.Errorf("%d deaths of queue other left, want 6", n)
 	}
 	// Nothing matches now but the live id.
-	res, err = q.RequeueWhere(ctx, f, nil)
+	res, err = q.Requeue(ctx, claim.RequeueOptions{Filter: f})
 	if err != nil || res.Requeued != 0 || res.Live != 1 {
 		t.Errorf("again: %+v, %v; want nothing requeued, 1 live", res, err)
 	}
@@ -305,7 +305,7 @@ func TestAdminPurge(t *testing.T) {
 		return m
 	}
 	otherBefore := rows("other")
-	plan, err := q.PurgePlan(ctx)
+	plan, err := q.Purge(ctx, claim.PurgeOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestAdminPurge(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var seen []claim.PurgeCounts
-	done, err := q.Purge(ctx, func(c claim.PurgeCounts) { mu.Lock(); seen = append(seen, c); mu.Unlock() })
+	done, err := q.Purge(ctx, claim.PurgeOptions{Progress: func(c claim.PurgeCounts) { mu.Lock(); seen = append(seen, c); mu.Unlock() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestAdminWaitDrained(t *testing.T) {
 	defer wcancel()
 	go func() { result <- q.WaitDrained(wctx, 20*time.Millisecond) }()
 	for _, id := range ids {
-		if ok, err := q.Cancel(ctx, id); err != nil || !ok {
+		if ok, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{})); err != nil || !ok {
 			t.Fatalf("cancel %s: %v %v", id, ok, err)
 		}
 	}

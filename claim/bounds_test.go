@@ -280,7 +280,7 @@ func moveEverywhere(t *testing.T, q *claim.Queue, session uuid.UUID, it claim.Ne
 	if _, err := q.Nack(ctx, got, claim.Permanent(errors.New("to the dead items"))); err != nil {
 		t.Fatalf("nack to the dead items: %v", err)
 	}
-	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id})); err != nil || !ok {
 		t.Fatalf("requeue: %v, %v", ok, err)
 	}
 	got = next(id)

@@ -130,15 +130,6 @@ func (q *Queue) CancelItem(ctx context.Context, id uuid.UUID, o CancelOptions) (
 	return CancelResult{Found: existed}, nil
 }
 
-// Cancel is CancelItem without an author or a reason: it reports whether
-// the queue had the item. An unclaimed item ends at once; a claimed one is
-// asked to stop (its pending ack fails with ErrClaimLost, and it ends as
-// cancelled when its handler stops).
-func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (bool, error) {
-	res, err := q.CancelItem(ctx, id, CancelOptions{})
-	return res.Found, err
-}
-
 // notifiesCancels reports whether cancel requests notify: on PostgreSQL,
 // unless the queue's notifications are off (Options.NoNotify).
 func (q *Queue) notifiesCancels() bool { return q.notifies() }
@@ -214,7 +205,7 @@ type CancelRequest struct {
 	Cause *CancelledError
 }
 
-// CancelledItem is an item that ended cancelled (see Cancelled).
+// CancelledItem is an item that ended cancelled (see CancelledItems).
 type CancelledItem struct {
 	ID uuid.UUID
 	// EndedAt is when it ended (database clock).
@@ -229,37 +220,69 @@ type CancelledItem struct {
 	WasRunning bool
 }
 
-// Cancelled returns up to limit items of this queue that ended cancelled,
-// the most recent first; after, if not nil, is the last item of the
-// previous page. They are kept, as every ended id, for the queue's dedup
-// window (Settings.DedupWindow, default 24 h) and pruned by Reap; a queue
-// whose window is zero keeps none.
-func (q *Queue) Cancelled(ctx context.Context, after *CancelledItem, limit int) ([]CancelledItem, error) {
+// CancelledQuery asks CancelledItems for one page of cancelled items. The
+// zero value asks for the first DefaultListLimit of them.
+type CancelledQuery struct {
+	// After is the cursor of the previous page (CancelledPage.Next); ""
+	// for the first page.
+	After string
+	// Limit is the most items in the page (0: DefaultListLimit).
+	Limit int
+}
+
+// CancelledPage is one page of CancelledItems.
+type CancelledPage struct {
+	// Items are the cancelled items, the most recent end first.
+	Items []CancelledItem
+	// Next is the cursor of the next page: "" when this page is the last.
+	Next string
+}
+
+// CancelledItems returns one page of the items of this queue that ended
+// cancelled, the most recent first. Page on by passing the page's Next as
+// the next query's After. They are kept, as every ended id, for the
+// queue's dedup window (Policy.DedupWindow, default 24 h) and then
+// pruned by the workers' reaper; a queue whose window is zero keeps none.
+func (q *Queue) CancelledItems(ctx context.Context, cq CancelledQuery) (CancelledPage, error) {
 	what := fmt.Sprintf("claim: listing the cancelled items of %q", q.opts.Queue)
-	if limit <= 0 {
-		return nil, fmt.Errorf("%s: limit %d must be positive", what, limit)
-	}
-	if err := q.ready(ctx); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+	switch {
+	case cq.Limit < 0:
+		return CancelledPage{}, fmt.Errorf("%s: limit %d must not be negative (0: %d)", what, cq.Limit, DefaultListLimit)
+	case cq.Limit == 0:
+		cq.Limit = DefaultListLimit
 	}
 	var pos *store.CancelledRow
-	if after != nil {
-		pos = &store.CancelledRow{ID: after.ID, EndedAt: after.EndedAt}
+	if cq.After != "" {
+		p, err := decodeCursor(cq.After)
+		if err != nil || p.Death != uuid.Nil {
+			return CancelledPage{}, fmt.Errorf("%s: cursor %q: %w", what, cq.After, ErrBadCursor)
+		}
+		pos = &store.CancelledRow{ID: p.ID, EndedAt: p.DiedAt}
+	}
+	if err := q.ready(ctx); err != nil {
+		return CancelledPage{}, fmt.Errorf("%s: %w", what, err)
 	}
 	var rows []store.CancelledRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = q.store.ListCancelled(ctx, q.db, q.opts.Queue, pos, limit)
+		// One more than asked: whether a next page exists.
+		rows, err = q.store.ListCancelled(ctx, q.db, q.opts.Queue, pos, cq.Limit+1)
 		return store.Classify(err)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return CancelledPage{}, fmt.Errorf("%s: %w", what, err)
 	}
-	out := make([]CancelledItem, len(rows))
+	var page CancelledPage
+	if len(rows) > cq.Limit {
+		rows = rows[:cq.Limit]
+		last := rows[cq.Limit-1]
+		page.Next = encodeCursor(store.DeadPosition{DiedAt: last.EndedAt, ID: last.ID})
+	}
+	page.Items = make([]CancelledItem, len(rows))
 	for i, r := range rows {
-		out[i] = CancelledItem(r)
+		page.Items[i] = CancelledItem(r)
 	}
-	return out, nil
+	return page, nil
 }
 
 // WaitEnded waits until this queue has no item id any more, checking
@@ -301,33 +324,19 @@ func (q *Queue) WaitEnded(ctx context.Context, id uuid.UUID, poll time.Duration)
 	}
 }
 
-// CancelSnoozeInfo counts what cancels and snoozes left in this queue
-// now.
-type CancelSnoozeInfo struct {
-	// Snoozed counts unclaimed items that were snoozed at least once
-	// (waiting for their delay, or claimable again).
-	Snoozed int64
-	// Cancelling counts items whose cancel was asked for while they ran
-	// and which have not ended yet.
-	Cancelling int64
-}
-
-// CancelSnoozeCounts counts the queue's snoozed and cancelling items,
-// through their own partial indexes (each read covers only those items).
-func (q *Queue) CancelSnoozeCounts(ctx context.Context) (CancelSnoozeInfo, error) {
-	if err := q.ready(ctx); err != nil {
-		return CancelSnoozeInfo{}, fmt.Errorf("claim: counting snoozed items of %q: %w", q.opts.Queue, err)
-	}
-	var info CancelSnoozeInfo
-	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+// cancelSnoozeCounts counts the queue's snoozed and cancelling items
+// (QueueInfo.Snoozed, Cancelling), through their own partial indexes (each
+// read covers only those items).
+func (q *Queue) cancelSnoozeCounts(ctx context.Context) (snoozed, cancelling int64, err error) {
+	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		info.Snoozed, info.Cancelling, err = q.store.CancelSnoozeCounts(ctx, q.db, q.opts.Queue)
+		snoozed, cancelling, err = q.store.CancelSnoozeCounts(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil {
-		return CancelSnoozeInfo{}, fmt.Errorf("claim: counting snoozed items of %q: %w", q.opts.Queue, err)
+		return 0, 0, fmt.Errorf("claim: counting snoozed items of %q: %w", q.opts.Queue, err)
 	}
-	return info, nil
+	return snoozed, cancelling, nil
 }
 
 // reapCancelled ends, in bounded batches, the queue's cancel-requested

@@ -114,8 +114,9 @@ func TestCancelRunningItem(t *testing.T) {
 	if o, by, why, running := endedRow(t, ctx, q, it.ID); o != "cancelled" || by != "ops@host" || why != "wrong input" || !running {
 		t.Fatalf("ended row: %q %q %q %v", o, by, why, running)
 	}
-	list, err := q.Cancelled(ctx, nil, 10)
-	if err != nil || len(list) != 1 || list[0].ID != it.ID || list[0].By != "ops@host" || !list[0].WasRunning || list[0].RequestedAt.IsZero() {
+	page, err := q.CancelledItems(ctx, claim.CancelledQuery{Limit: 10})
+	list := page.Items
+	if err != nil || page.Next != "" || len(list) != 1 || list[0].ID != it.ID || list[0].By != "ops@host" || !list[0].WasRunning || list[0].RequestedAt.IsZero() {
 		t.Fatalf("Cancelled: %+v %v", list, err)
 	}
 	if o, err := q.WaitEnded(ctx, it.ID, 0); err != nil || o != "cancelled" {
@@ -158,7 +159,7 @@ func TestCancelUnclaimedItem(t *testing.T) {
 	if res, err := q.CancelItem(ctx, ids.IDs[0], claim.CancelOptions{}); err != nil || res.Found {
 		t.Fatalf("cancel of a gone item: %+v %v", res, err)
 	}
-	if ok, err := q.Cancel(ctx, uuid.New()); err != nil || ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, uuid.New(), claim.CancelOptions{})); err != nil || ok {
 		t.Fatalf("Cancel of an unknown id: %v %v", ok, err)
 	}
 }
@@ -344,7 +345,7 @@ func TestSnooze(t *testing.T) {
 	if got, err := c.Claim(ctx, claim.ClaimRequest{Max: 1}); err != nil || len(got) != 0 {
 		t.Fatalf("a snoozed item was claimed before its delay: %v %v", got, err)
 	}
-	if info, err := q.CancelSnoozeCounts(ctx); err != nil || info.Snoozed != 1 {
+	if info, err := q.Inspect(ctx); err != nil || info.Snoozed != 1 {
 		t.Fatalf("counts: %+v %v", info, err)
 	}
 	// Due again at once, snoozed once more through Queue.Snooze.
@@ -366,7 +367,7 @@ func TestSnooze(t *testing.T) {
 	if out, err := q.Nack(ctx, it, errors.Join(errors.New("not ready"), claim.Snooze(time.Second))); err != nil || out != claim.Dead {
 		t.Fatalf("snooze past the bound: %v %v", out, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != id || dead[0].Reason != claim.ReasonSnoozedTooOften {
 		t.Fatalf("dead items: %+v %v", dead, err)
 	}

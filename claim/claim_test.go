@@ -472,7 +472,7 @@ func TestAckBatchChecksEachClaim(t *testing.T) {
 		t.Fatalf("claimed %d, %v", len(got), err)
 	}
 	// Two items lose their claims: one is cancelled, one released.
-	if ok, err := q.Cancel(ctx, got[0].ID); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, got[0].ID, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
 	if err := q.Release(ctx, got[1]); err != nil {
@@ -579,7 +579,7 @@ func TestAckEachCommitsTogetherAndIsolatesFailures(t *testing.T) {
 	// A lost claim, a failing record, a nil record and good ones: each item
 	// gets what Ack alone would have given it.
 	got = claimN(6)
-	if ok, err := q.Cancel(ctx, got[0].ID); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, got[0].ID, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
 	boom := errors.New("boom")
@@ -861,7 +861,7 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 			t.Fatalf("nack: %v %v", out, err)
 		}
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -878,21 +878,25 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 		a.MaxAttempts != 5 || a.LastError == "" || a.DiedAt.IsZero() {
 		t.Fatalf("dead item %+v", a)
 	}
-	if d, err := other.Dead(ctx, 10); err != nil || len(d) != 0 {
+	if d, err := deadList(other.DeadItems(ctx, claim.DeadQuery{Limit: 10})); err != nil || len(d) != 0 {
 		t.Fatalf("queue other lists %d dead items (%v), want 0", len(d), err)
 	}
-	if _, err := q.Dead(ctx, 0); err == nil {
-		t.Fatal("Dead with limit 0: no error")
+	if _, err := q.DeadItems(ctx, claim.DeadQuery{Limit: -1}); err == nil {
+		t.Fatal("DeadItems with a negative limit: no error")
+	}
+	// The zero query lists the first DefaultListLimit deaths.
+	if d, err := deadList(q.DeadItems(ctx, claim.DeadQuery{})); err != nil || len(d) == 0 {
+		t.Fatalf("DeadItems with the zero query: %d items, %v", len(d), err)
 	}
 
 	// Another queue cannot requeue or cancel this queue's items.
-	if ok, err := other.Requeue(ctx, ids.IDs[0]); err != nil || ok {
+	if ok, err := requeuedOne(other.Requeue(ctx, claim.RequeueOptions{ID: ids.IDs[0]})); err != nil || ok {
 		t.Fatalf("requeue through another queue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: ids.IDs[0]})); err != nil || !ok {
 		t.Fatalf("requeue: %v %v", ok, err)
 	}
-	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: ids.IDs[0]})); err != nil || ok {
 		t.Fatalf("second requeue of one item: %v %v", ok, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, ids.IDs[0]); n != 0 {
@@ -907,13 +911,13 @@ func TestDeadItemsCanBeListedAndRequeued(t *testing.T) {
 		it.MaxAttempts != 5 || it.LastError == "" {
 		t.Fatalf("requeued item %+v", it)
 	}
-	if ok, err := other.Cancel(ctx, it.ID); err != nil || ok {
+	if ok, err := cancelFound(other.CancelItem(ctx, it.ID, claim.CancelOptions{})); err != nil || ok {
 		t.Fatalf("cancel through another queue: %v %v", ok, err)
 	}
 	if err := q.Ack(ctx, it, nil); err != nil {
 		t.Fatalf("ack of the requeued item: %v", err)
 	}
-	if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != ids.IDs[1] {
+	if d, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10})); err != nil || len(d) != 1 || d[0].ID != ids.IDs[1] {
 		t.Fatalf("dead items after requeue: %+v %v", d, err)
 	}
 }

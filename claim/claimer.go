@@ -48,7 +48,7 @@ func (q *Queue) Claimer(session uuid.UUID) Claimer {
 // session without the caller knowing them: call ReleaseForgotten with the
 // ids the session does know, or let their leases expire.
 //
-// At-most-once items (NewItem.AtMostOnce, or Settings.AtMostOnce of the
+// At-most-once items (NewItem.AtMostOnce, or Policy.AtMostOnce of the
 // queue) are deleted by the claim before it returns them, in the claim's
 // transaction on CockroachDB and by a second statement on PostgreSQL: they
 // are handed out at most once, whatever happens next. If that deletion

@@ -21,7 +21,7 @@ import (
 type DeadItem struct {
 	ID uuid.UUID
 	// Death is the key of this death among the deaths of ID (the dead
-	// items are keyed by (ID, Death)); RequeueDeath takes it.
+	// items are keyed by (ID, Death)); RequeueOptions.Death takes it.
 	Death       uuid.UUID
 	Queue       string
 	Part        int
@@ -42,7 +42,7 @@ type DeadItem struct {
 	Reason string
 }
 
-// ErrItemLive is returned by Requeue and RequeueDeath when the dead item's
+// ErrItemLive is returned by Requeue of one id (RequeueOptions.ID) when the dead item's
 // id is live: an item with the id is in the items table (it was enqueued
 // again, or requeued already), or a waiting item has it (it was enqueued
 // again with prerequisites not yet acked: NewItem.After), in this queue or
@@ -66,37 +66,11 @@ const (
 	ReasonExpired = "expired"
 	// (ReasonRefused, in refused.go: the database refused to move it.)
 	// ReasonCancelled: a sequenced item cancelled in a queue whose
-	// sequences hold on a death (Queue.SetSequenceHold): it is kept here,
+	// sequences hold on a death (SettingsUpdate.SequenceHold): it is kept here,
 	// holding its key, so that it can be requeued or deleted. (Other
-	// cancelled items are not dead items: see Queue.Cancelled.)
+	// cancelled items are not dead items: see Queue.CancelledItems.)
 	ReasonCancelled = "cancelled"
 )
-
-// Dead returns up to limit dead items of this queue, the most recent death
-// first (by died_at, then id and death, all descending). Every death is
-// listed: an id that died twice has two entries, told apart by Death.
-// DeadBefore returns the next page.
-func (q *Queue) Dead(ctx context.Context, limit int) ([]DeadItem, error) {
-	if limit <= 0 {
-		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
-	}
-	return q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
-		return q.store.DeadItems(ctx, q.db, q.opts.Queue, limit)
-	})
-}
-
-// DeadBefore returns up to limit dead items of this queue that come after
-// last in Dead's order (older deaths): the page after the one that ended with
-// last. Only last's DiedAt, ID and Death are read; it need not exist any more
-// (requeued since, say).
-func (q *Queue) DeadBefore(ctx context.Context, last DeadItem, limit int) ([]DeadItem, error) {
-	if limit <= 0 {
-		return nil, fmt.Errorf("claim: listing dead items of %q: limit %d must be positive", q.opts.Queue, limit)
-	}
-	return q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
-		return q.store.DeadItemsBefore(ctx, q.db, q.opts.Queue, last.DiedAt, last.ID, last.Death, limit)
-	})
-}
 
 // listDead runs list, a read of dead items, and returns them as DeadItems.
 func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]store.DeadItemRow, error)) ([]DeadItem, error) {
@@ -122,11 +96,11 @@ func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]
 	return out, nil
 }
 
-// Requeue moves the newest death of the dead item id of this queue back into
-// the queue, with its id, payload, key and priority, fresh attempts and no
-// delay, and reports whether there was one. Its part is its old part modulo
-// the queue's current number of parts. Older deaths of the id stay in the
-// dead items, as history (Dead lists them; RequeueDeath requeues one).
+// requeue moves the newest death of the dead item id of this queue (or
+// the given death) back into the queue, with its id, payload, key and
+// priority, fresh attempts and no delay, and reports whether there was
+// one. Its part is its old part modulo the queue's current number of
+// parts. Older deaths of the id stay in the dead items, as history.
 //
 // If the id is live — an item with that id is in the items table (enqueued
 // again, or requeued already), or a waiting item has it (enqueued again
@@ -134,16 +108,6 @@ func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]
 // error wraps ErrItemLive, saying which. The move is one statement in a
 // SERIALIZABLE transaction: the item is never in both tables, nor in
 // neither, and never beside a live item or waiting item of its id.
-func (q *Queue) Requeue(ctx context.Context, id uuid.UUID) (bool, error) {
-	return q.requeue(ctx, id, nil)
-}
-
-// RequeueDeath is Requeue for one given death of id (DeadItem.Death), which
-// need not be the newest.
-func (q *Queue) RequeueDeath(ctx context.Context, id, death uuid.UUID) (bool, error) {
-	return q.requeue(ctx, id, &death)
-}
-
 func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bool, error) {
 	what := fmt.Sprintf("dead item %s", id)
 	if death != nil {

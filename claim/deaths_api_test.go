@@ -39,7 +39,7 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 	for range 4 {
 		dieOnce(t, q, s.ID(), uuid.New())
 	}
-	all, err := q.Dead(ctx, 100)
+	all, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 100}))
 	if err != nil || len(all) != 7 {
 		t.Fatalf("Dead = %d items, %v; want 7", len(all), err)
 	}
@@ -57,9 +57,12 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 	}
 	// Pages of 2 list the same deaths in the same order.
 	var paged []claim.DeadItem
-	page, err := q.Dead(ctx, 2)
-	for ; err == nil && len(page) > 0; page, err = q.DeadBefore(ctx, page[len(page)-1], 2) {
-		paged = append(paged, page...)
+	page, err := q.DeadItems(ctx, claim.DeadQuery{Limit: 2})
+	for ; err == nil; page, err = q.DeadItems(ctx, claim.DeadQuery{Limit: 2, After: page.Next}) {
+		paged = append(paged, page.Items...)
+		if page.Next == "" {
+			break
+		}
 	}
 	if err != nil || len(paged) != len(all) {
 		t.Fatalf("paged through %d dead items (%v), want %d", len(paged), err, len(all))
@@ -69,8 +72,8 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 			t.Fatalf("page order differs at %d: %s/%s, want %s/%s", i, paged[i].ID, paged[i].Death, all[i].ID, all[i].Death)
 		}
 	}
-	if _, err := q.DeadBefore(ctx, all[0], 0); err == nil {
-		t.Fatal("DeadBefore with limit 0: no error")
+	if _, err := q.DeadItems(ctx, claim.DeadQuery{Limit: -1}); err == nil {
+		t.Fatal("DeadItems with a negative limit: no error")
 	}
 
 	// The middle death, by key.
@@ -80,10 +83,10 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 			middle = d
 		}
 	}
-	if ok, err := q.RequeueDeath(ctx, id, uuid.New()); err != nil || ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id, Death: uuid.New()})); err != nil || ok {
 		t.Fatalf("RequeueDeath of an unknown death = %v, %v; want false, nil", ok, err)
 	}
-	if ok, err := q.RequeueDeath(ctx, id, middle.Death); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id, Death: middle.Death})); err != nil || !ok {
 		t.Fatalf("RequeueDeath = %v, %v", ok, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND death = $2`, id, middle.Death); n != 0 {
@@ -94,7 +97,7 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 		t.Fatalf("requeued %q, want life 2", it.Payload)
 	}
 	// Live: both forms refuse with ErrItemLive, and nothing moves.
-	_, err = q.Requeue(ctx, id)
+	_, err = requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id}))
 	if !errors.Is(err, claim.ErrItemLive) {
 		t.Fatalf("Requeue of a live id = %v, want ErrItemLive", err)
 	}
@@ -102,7 +105,7 @@ func TestDeathsAreListedAndRequeuedByKey(t *testing.T) {
 		if d.Death == middle.Death {
 			continue
 		}
-		if _, err := q.RequeueDeath(ctx, id, d.Death); !errors.Is(err, claim.ErrItemLive) {
+		if _, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id, Death: d.Death})); !errors.Is(err, claim.ErrItemLive) {
 			t.Fatalf("RequeueDeath of a live id = %v, want ErrItemLive", err)
 		}
 	}

@@ -128,7 +128,7 @@ func TestReusedIDDiesAgainByNack(t *testing.T) {
 	if out, err := q.Nack(ctx, it, errors.New("third death")); err != nil || out != claim.Dead {
 		t.Fatalf("third death (attempts used up) of a reused id: Nack = %v, %v; want Dead, nil", out, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestNackSettlesWhenTheMoveFails(t *testing.T) {
 	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.Dead != 1 {
 		t.Fatalf("Reap = %+v, %v; want the held item moved", st, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != bad {
 		t.Fatalf("dead items %+v, %v", dead, err)
 	}
@@ -340,7 +340,7 @@ func TestRequeueTakesTheNewestDeath(t *testing.T) {
 		t.Fatalf("second death: %v %v", out, err)
 	}
 
-	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id})); err != nil || !ok {
 		t.Fatalf("Requeue of an id with two deaths = %v, %v; want true, nil", ok, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND last_error = 'first death'`, id); n != 1 ||
@@ -352,7 +352,7 @@ func TestRequeueTakesTheNewestDeath(t *testing.T) {
 		t.Fatalf("requeued %q (last error %q), want the newest death", it.Payload, it.LastError)
 	}
 	// Live: refused, nothing moves.
-	if ok, err := q.Requeue(ctx, id); err == nil || ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id})); err == nil || ok {
 		t.Fatalf("Requeue while the id is live = %v, %v; want a refusal", ok, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, id); n != 1 {
@@ -361,13 +361,13 @@ func TestRequeueTakesTheNewestDeath(t *testing.T) {
 	if err := q.Ack(ctx, it, nil); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := q.Requeue(ctx, id); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id})); err != nil || !ok {
 		t.Fatalf("Requeue of the older death once the live item ended = %v, %v", ok, err)
 	}
 	if it := claimOne(t, q, s.ID()); string(it.Payload) != "first life" {
 		t.Fatalf("requeued %q, want the first death's item", it.Payload)
 	}
-	if ok, err := q.Requeue(ctx, id); err != nil || ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id})); err != nil || ok {
 		t.Fatalf("Requeue with no death left (the id live) = %v, %v; want false, nil: not a dead item", ok, err)
 	}
 }

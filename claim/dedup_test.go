@@ -143,7 +143,7 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if ok, err := q.Cancel(ctx, ids[3]); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, ids[3], claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("Cancel: %v, %v", ok, err)
 	}
 	outcomes := map[uuid.UUID]string{}
@@ -180,7 +180,7 @@ func TestEndedIDsAreNotEnqueuedAgain(t *testing.T) {
 			t.Fatalf("single re-enqueue of %s: new %v, %+v, %v", items[i].Payload, isNew, got, err)
 		}
 	}
-	if ok, err := q.Requeue(ctx, ids[2]); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: ids[2]})); err != nil || !ok {
 		t.Fatalf("Requeue: %v, %v", ok, err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1`, ids[2]); n != 0 {

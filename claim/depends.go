@@ -45,7 +45,7 @@ var (
 	// Prerequisites must be items of the dependent's own queue.
 	ErrPrerequisiteOtherQueue = errors.New("prerequisite is an item of another queue")
 	// ErrNoDedupWindow: the queue's dedup window is zero
-	// (Settings.DedupWindow): it keeps no memory of ended ids, which is how
+	// (Policy.DedupWindow): it keeps no memory of ended ids, which is how
 	// a prerequisite acked without releasing its dependents at once (by a
 	// version-4 worker, or an ack whose release failed) is told apart from
 	// one that died.
@@ -678,12 +678,9 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 	return d, nil
 }
 
-// WaitingCount returns the number of the queue's waiting items: enqueued
-// with prerequisites not yet all acked.
-func (q *Queue) WaitingCount(ctx context.Context) (int64, error) {
-	if err := q.ready(ctx); err != nil {
-		return 0, fmt.Errorf("claim: counting waiting items: %w", err)
-	}
+// waitingCount returns the number of the queue's waiting items: enqueued
+// with prerequisites not yet all acked (QueueInfo.Waiting).
+func (q *Queue) waitingCount(ctx context.Context) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error

@@ -113,7 +113,7 @@ func TestEveryAckPathReleasesDependents(t *testing.T) {
 					t.Fatalf("link %d: ack: %v", i, err)
 				}
 			}
-			if n, err := w.WaitingCount(ctx); err != nil || n != 0 {
+			if n, err := waitingOf(w.Inspect(ctx)); err != nil || n != 0 {
 				t.Fatalf("%d items still waiting (%v)", n, err)
 			}
 			if st := w.Stats(); st.Unblocked != links-1 {
@@ -124,7 +124,7 @@ func TestEveryAckPathReleasesDependents(t *testing.T) {
 			}
 		})
 	}
-	if n, err := by.WaitingCount(ctx); err != nil || n != 1 {
+	if n, err := waitingOf(by.Inspect(ctx)); err != nil || n != 1 {
 		t.Fatalf("the bystander queue has %d waiting items (%v), want its one dependent still waiting", n, err)
 	}
 }

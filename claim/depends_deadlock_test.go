@@ -158,7 +158,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 	// their prerequisites are being acked.
 	cancelledPre := map[uuid.UUID]bool{pre[7]: true, pre[31]: true, pre[52]: true}
 	for p := range cancelledPre {
-		if ok, err := q.Cancel(ctx, p); err != nil || !ok {
+		if ok, err := cancelFound(q.CancelItem(ctx, p, claim.CancelOptions{})); err != nil || !ok {
 			t.Fatalf("Cancel(%s): %v, %v", p, ok, err)
 		}
 	}
@@ -283,7 +283,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 				case <-time.After(2 * time.Millisecond): // polling the acks' count, bounded by finished
 				}
 			}
-			if _, err := q.Cancel(ctx, id); err != nil {
+			if _, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{})); err != nil {
 				fail(fmt.Errorf("cancel: %w", err))
 			}
 		}

@@ -80,7 +80,7 @@ func TestDependsFanInReleasesAfterEveryAck(t *testing.T) {
 	if res.Added() != children+2 || res.Waiting[0] || !res.Waiting[1] || !res.Waiting[children+1] {
 		t.Fatalf("enqueue: added %d, waiting %v", res.Added(), res.Waiting)
 	}
-	if n, err := q.WaitingCount(ctx); err != nil || n != children+1 {
+	if n, err := waitingOf(q.Inspect(ctx)); err != nil || n != children+1 {
 		t.Fatalf("WaitingCount = %d, %v; want %d", n, err, children+1)
 	}
 	got := claimEvery(t, q, s.ID())
@@ -221,7 +221,7 @@ func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
 					t.Fatal(err)
 				}
 			} else {
-				if ok, err := q.Cancel(ctx, chain[0]); err != nil || !ok {
+				if ok, err := cancelFound(q.CancelItem(ctx, chain[0], claim.CancelOptions{})); err != nil || !ok {
 					t.Fatalf("Cancel: %v, %v", ok, err)
 				}
 				ackAll(t, q, claimEvery(t, q, s.ID())) // the healthy one
@@ -230,7 +230,7 @@ func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
 			if err != nil || st.DependencyDead != len(chain) { // chain[1:] and the bystander
 				t.Fatalf("Reap: %+v, %v; want %d dependency deaths", st, err, len(chain))
 			}
-			dead, err := q.Dead(ctx, 100)
+			dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 100}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +255,7 @@ func TestDependsDeathEndsDependentsTransitively(t *testing.T) {
 			}
 			// Requeueing the dead prerequisite does not bring its dependents back.
 			if how == "dead" {
-				if ok, err := q.Requeue(ctx, chain[0]); err != nil || !ok {
+				if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: chain[0]})); err != nil || !ok {
 					t.Fatalf("Requeue: %v, %v", ok, err)
 				}
 				if got := claimEvery(t, q, s.ID()); len(got) != 1 || got[0].ID != chain[0] {
@@ -366,13 +366,13 @@ func TestDependsTwoQueues(t *testing.T) {
 	if got := claimEvery(t, qs[0], s.ID()); len(got) != 1 || got[0].ID != joins[0] {
 		t.Fatalf("queue one: claimed %d, want its join", len(got))
 	}
-	if n, err := qs[1].WaitingCount(ctx); err != nil || n != 1 {
+	if n, err := waitingOf(qs[1].Inspect(ctx)); err != nil || n != 1 {
 		t.Fatalf("queue two: %d waiting, %v; want 1", n, err)
 	}
 	if _, err := queuemaint.For(qs[1]).Reap(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := qs[1].WaitingCount(ctx); err != nil || n != 1 {
+	if n, err := waitingOf(qs[1].Inspect(ctx)); err != nil || n != 1 {
 		t.Fatalf("queue two after its Reap: %d waiting, %v; want 1", n, err)
 	}
 	// A prerequisite of another queue is refused.
@@ -426,10 +426,10 @@ func TestDependsRenamedTables(t *testing.T) {
 		claim.NewItem{ID: c, Payload: []byte("c"), After: []uuid.UUID{a}}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := q.Cancel(ctx, c); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, c, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("Cancel of the waiting c: %v, %v", ok, err)
 	}
-	if ok, err := q.Cancel(ctx, a); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, a, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("Cancel of a: %v, %v", ok, err)
 	}
 	if st, err := queuemaint.For(q).Reap(ctx); err != nil || st.DependencyDead != 1 {
@@ -445,7 +445,7 @@ func TestDependsRenamedTables(t *testing.T) {
 	if _, err := q.Enqueue(ctx, claim.NewItem{ID: d, Payload: []byte("d"), After: []uuid.UUID{items[0].ID}}); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := q.Purge(ctx, nil); err != nil || done.Dead != 1 {
+	if done, err := q.Purge(ctx, claim.PurgeOptions{}); err != nil || done.Dead != 1 {
 		t.Fatalf("Purge: %+v, %v", done, err)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM deps.dq_waiting`) + countRows(t, pool, `SELECT count(*) FROM deps.dq_waits_for`) +
@@ -496,11 +496,11 @@ func TestDependsPurge(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	plan, err := q.PurgePlan(ctx)
+	plan, err := q.Purge(ctx, claim.PurgeOptions{DryRun: true})
 	if err != nil || plan.Waiting != 3 {
 		t.Fatalf("PurgePlan: %+v, %v; want 3 waiting", plan, err)
 	}
-	done, err := q.Purge(ctx, nil)
+	done, err := q.Purge(ctx, claim.PurgeOptions{})
 	if err != nil || done.Waiting != 3 || done.Items != 1 {
 		t.Fatalf("Purge: %+v, %v", done, err)
 	}
@@ -521,10 +521,10 @@ func TestDependsCancelWaiting(t *testing.T) {
 		claim.NewItem{ID: c, Payload: []byte("c"), After: []uuid.UUID{b}}); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := q.Cancel(ctx, b); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, b, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("Cancel of a waiting item: %v, %v", ok, err)
 	}
-	if ok, err := q.Cancel(ctx, b); err != nil || ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, b, claim.CancelOptions{})); err != nil || ok {
 		t.Fatalf("Cancel again: %v, %v; want false", ok, err)
 	}
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_ended WHERE id = $1 AND outcome = 'cancelled'`, b); n != 1 {
@@ -534,7 +534,7 @@ func TestDependsCancelWaiting(t *testing.T) {
 	if err != nil || st.DependencyDead != 1 {
 		t.Fatalf("Reap: %+v, %v; want c dead", st, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != c || dead[0].Reason != claim.ReasonDependencyDied+b.String() {
 		t.Fatalf("dead items: %+v, %v", dead, err)
 	}

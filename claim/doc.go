@@ -37,8 +37,8 @@
 //
 // The dead-items table keeps every death: ids are the caller's, so an id may
 // be enqueued again after its item died, and die again; each death is its
-// own row (DeadItem.Death), listed by Dead and DeadBefore, and Requeue puts
-// back the newest (RequeueDeath a given one) while the others stay as
+// own row (DeadItem.Death), listed by DeadItems, and Requeue puts
+// back the newest (RequeueOptions.Death a given one) while the others stay as
 // history. A move the database refuses for something about one item never
 // holds up the rest: Reap runs all its steps and moves every other item,
 // reporting the one it could not move (ReapError, with its id), and a Nack
@@ -57,9 +57,9 @@
 // the claim of an at-most-once item — is found among the queue's ended ids,
 // which every statement that ends an item records in the same statement, and
 // is not run again (Enqueued.Done reports it). Ended ids are kept for the
-// queue's dedup window (Settings.DedupWindow, DefaultDedupWindow — a day —
-// unless set otherwise; Settings.DedupOff keeps none) and then pruned, in
-// bounded batches, by every worker session's Reap (PruneEnded): a retry must
+// queue's dedup window (Policy.DedupWindow, DefaultDedupWindow — a day —
+// unless set otherwise; Policy.DedupOff keeps none) and then pruned, in
+// bounded batches, by every worker session's Reap (the prune-ended step): a retry must
 // come within the window. Ids are per queue: the same id may be an item of
 // one queue and, after it ended, be enqueued into another.
 //

@@ -8,17 +8,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Bounds of the pruning of ended ids (see Queue.PruneEnded).
+// Bounds of the pruning of ended ids (see queuemaint.Queue.PruneEnded).
 const (
 	// pruneBatch bounds the rows one pruning statement deletes.
 	pruneBatch = 1000
-	// pruneStatements bounds the statements of one PruneEnded call (so one
+	// pruneStatements bounds the statements of one prune-ended step (so one
 	// Reap deletes at most pruneBatch·pruneStatements ended rows).
 	pruneStatements = 8
 )
 
-// pruneEndedIDs (queuemaint.Queue.PruneEnded) forgets the queue's ended ids older than its dedup window
-// (Settings.DedupWindow): enqueues of those ids add new items again. It
+// pruneEndedIDs (queuemaint.queuemaint.Queue.PruneEnded) forgets the queue's ended ids older than its dedup window
+// (Policy.DedupWindow): enqueues of those ids add new items again. It
 // deletes them oldest first, at most 1,000 per statement (each its own
 // short transaction) and at most 8,000 per call, and returns how many it
 // deleted; a call that returns 8,000 left more behind for the next one.

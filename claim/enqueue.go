@@ -33,7 +33,7 @@ const (
 	// metadata, may exceed it.
 	MaxPayloadLimit = 3 << 20
 	// MaxKeyLength bounds the length in bytes of NewItem.Key and of
-	// NewItem.Tenant (and of the tenant of SetTenantLimit): 2,048, which,
+	// NewItem.Tenant (and of the tenant of SettingsUpdate.TenantLimits): 2,048, which,
 	// with a queue name of up to MaxQueueNameLength bytes, fits in
 	// PostgreSQL's bound on the entry of the indexes that hold them.
 	MaxKeyLength = 2048
@@ -78,7 +78,7 @@ type NewItem struct {
 	// queue's items table is left as it is and not added again, and neither
 	// is one whose id ended in this queue (acked, dead, cancelled, or taken
 	// by the claim of an at-most-once item) within the queue's dedup window
-	// (Settings.DedupWindow, a day by default). So an enqueue retried after
+	// (Policy.DedupWindow, a day by default). So an enqueue retried after
 	// an unknown outcome never creates a duplicate, nor runs work again
 	// that a worker already finished, as long as the retry comes within
 	// the window.
@@ -122,7 +122,7 @@ type NewItem struct {
 	// MaxAttempts overrides Options.MaxAttempts for this item.
 	MaxAttempts int
 	// Tenant, if set, names who the item belongs to (a user, an account).
-	// Fair queues (Settings.Fair) spread claims over tenants, and limits
+	// Fair queues (Policy.Fair) spread claims over tenants, and limits
 	// may be set per tenant. Without a Key, a tenant's items share one part
 	// (the tenant fixes the part as a key would), so that the part's owner
 	// sees all of the tenant's work — except in a fair queue, where the
@@ -146,7 +146,7 @@ type NewItem struct {
 	// AtMostOnce makes the item at-most-once: the claim that hands it out
 	// deletes it (see Claimer.Claim), so it is never handed out twice,
 	// and it is lost if its handler fails or its process dies. Its
-	// MaxAttempts is 1. Settings.AtMostOnce does the same for every item
+	// MaxAttempts is 1. Policy.AtMostOnce does the same for every item
 	// of the queue.
 	AtMostOnce bool
 	// After lists the items, of this queue, that this one waits for (see
@@ -212,7 +212,7 @@ func (e Enqueued) Added() int {
 // are nil): enqueue the same items with NewItem.ID set to them to make sure
 // (the retry's Enqueued says which were new). That adds no duplicate
 // whatever happened meanwhile, provided the retry comes within the queue's
-// dedup window (Settings.DedupWindow, a day by default): an item still
+// dedup window (Policy.DedupWindow, a day by default): an item still
 // queued is found in the items table, and one that a worker already acked
 // (or that died, was cancelled, or was taken as an at-most-once item) is
 // found among the ended ids, and is not run again. On any other error

@@ -41,11 +41,11 @@ func ExampleNewItem_after() {
 	fmt.Println("waiting:", res.Waiting)
 	// README:end depends
 
-	n, err := q.WaitingCount(ctx)
+	info, err := q.Inspect(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("waiting items:", n)
+	fmt.Println("waiting items:", info.Waiting)
 	// Output:
 	// waiting: [false true true true true]
 	// waiting items: 4

@@ -116,7 +116,7 @@ func ExampleQueue_UpdateSettings_sequenceHold() {
 		fmt.Printf("%s: %s (%s)\n", b.Key, b.Kind, b.LastError)
 		if b.Kind == claim.BlockedDead {
 			// Run it again, first: the key goes on after it.
-			if _, err := q.Requeue(ctx, b.ID); err != nil {
+			if _, err := q.Requeue(ctx, claim.RequeueOptions{ID: b.ID}); err != nil {
 				log.Fatal(err)
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
-// Fair queues (Settings.Fair) order claims by turns that enqueue stamps, in
+// Fair queues (Policy.Fair) order claims by turns that enqueue stamps, in
 // the manner of start-time fair queuing: a tenant's new item takes the turn
 // after the tenant's latest unclaimed item of the same priority, but never
 // one before the queue's head (the earliest turn still unclaimed). A
@@ -78,7 +78,7 @@ func (q *Queue) stamp(ctx context.Context, db crsql.DB, b *batch) error {
 	}
 	if len(got) == 0 {
 		// Not a fair queue: enqueues of tenants' items skip the read for
-		// a while (Configure making it fair applies within plainTTL).
+		// a while (UpdateSettings making it fair applies within plainTTL).
 		q.plainUntil.Store(time.Now().Add(plainTTL).UnixNano())
 		return nil
 	}

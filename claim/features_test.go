@@ -53,7 +53,7 @@ func TestItemTTLExpires(t *testing.T) {
 	if err != nil || st.Expired != 1 {
 		t.Fatalf("Reap = %+v, %v; want 1 expired (the claimed one is its holder's)", st, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != ids.IDs[0] || dead[0].Reason != claim.ReasonExpired || dead[0].Tenant != "acme" {
 		t.Fatalf("dead items %+v, %v; want %s expired, tenant acme", dead, err, ids.IDs[0])
 	}
@@ -292,7 +292,7 @@ func TestDeadItemReasons(t *testing.T) {
 	if _, err := q.Nack(ctx, claimOne(t, q, s.ID()), claim.Permanent(errors.New("bad"))); err != nil {
 		t.Fatal(err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 2 {
 		t.Fatal(dead, err)
 	}

@@ -47,15 +47,23 @@ type QueueInfo struct {
 	// Dead is the number of deaths in the dead items table (an item that
 	// died twice counts twice).
 	Dead int64
-	// Paused reports whether claims of the queue return nothing (Pause).
+	// Paused reports whether claims of the queue return nothing (SettingsUpdate.Paused).
 	Paused bool
 	// Settings are the queue's settings (Settings).
 	Settings Settings
-	// TenantLimits are the tenants' own limits (TenantLimits), by tenant.
+	// TenantLimits are the tenants' own limits (SettingsUpdate.TenantLimits), by tenant.
 	TenantLimits map[string]Limit
 	// Retention is how long and how many dead items the queue keeps
 	// (Retention).
 	Retention Retention
+	// Waiting counts the queue's waiting items: enqueued with
+	// prerequisites (NewItem.After) not yet all acked.
+	Waiting int64
+	// Snoozed counts unclaimed items that were snoozed at least once
+	// (waiting for their delay, or claimable again); Cancelling counts
+	// items whose cancel was asked for while they ran and which have not
+	// ended yet.
+	Snoozed, Cancelling int64
 }
 
 // PartInfo is one part's backlog.
@@ -106,6 +114,12 @@ func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
 		return QueueInfo{}, err
 	}
 	info.Settings, info.TenantLimits, info.Retention = s, s.TenantLimits, s.Retention
+	if info.Waiting, err = q.waitingCount(ctx); err != nil {
+		return QueueInfo{}, err
+	}
+	if info.Snoozed, info.Cancelling, err = q.cancelSnoozeCounts(ctx); err != nil {
+		return QueueInfo{}, err
+	}
 	return info, nil
 }
 

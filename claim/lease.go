@@ -85,10 +85,10 @@ type ReapStats struct {
 	// without it.
 	Stuck int
 	// Pruned counts ended ids forgotten because they ended before the
-	// queue's dedup window (see PruneEnded).
+	// queue's dedup window (the reap's prune-ended step).
 	Pruned int
 	// DeadPruned counts dead items deleted under the queue's retention
-	// (see PruneDead).
+	// (the reap's prune-dead step).
 	DeadPruned int
 	// Cancelled counts items whose cancel was asked for while they ran,
 	// ended as cancelled because their handler's session was gone (the
@@ -111,8 +111,8 @@ type ReapStats struct {
 // dead items with reason "crash loop", and its unclaimed items past their
 // deadline with reason "expired". It works in bounded
 // batches until nothing is left, and then forgets, in bounded batches, the
-// ended ids older than the queue's dedup window (PruneEnded) and deletes
-// the dead items beyond the queue's retention (PruneDead). Any session
+// ended ids older than the queue's dedup window (the prune-ended step) and deletes
+// the dead items beyond the queue's retention (the prune-dead step). Any session
 // may run it at any time; it is
 // idempotent, and acks of reaped claims are refused (ErrClaimLost: the token
 // fences them).

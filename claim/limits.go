@@ -43,9 +43,9 @@ func (l Limit) Validate() error {
 // Unlimited reports whether l limits nothing.
 func (l Limit) Unlimited() bool { return l.MaxInFlight == 0 && l.Rate == 0 }
 
-// SetTenantLimit stores tenant's own limit on the queue, which replaces the
-// queue's default for each tenant (Settings.TenantMaxInFlight and
-// Settings.TenantRate) for that tenant; a zero Limit makes the tenant
+// setTenantLimit (SettingsUpdate.TenantLimits) stores tenant's own limit on the queue, which replaces the
+// queue's default for each tenant (Policy.TenantMaxInFlight and
+// Policy.TenantRate) for that tenant; a zero Limit makes the tenant
 // unlimited. Workers pick it up within their limits' refresh interval
 // (worker.LimitOptions.Refresh). The tenant is at most MaxKeyLength bytes
 // of valid UTF-8, without NUL bytes, as NewItem.Tenant.
@@ -72,7 +72,7 @@ func (q *Queue) setTenantLimit(ctx context.Context, tenant string, l Limit) erro
 	return nil
 }
 
-// RemoveTenantLimit deletes tenant's own limit: the queue's default for
+// removeTenantLimit (a nil limit of SettingsUpdate.TenantLimits) deletes tenant's own limit: the queue's default for
 // each tenant applies to it again. It reports whether there was one.
 func (q *Queue) removeTenantLimit(ctx context.Context, tenant string) (bool, error) {
 	if err := q.ready(ctx); err != nil {
@@ -91,7 +91,7 @@ func (q *Queue) removeTenantLimit(ctx context.Context, tenant string) (bool, err
 }
 
 // TenantLimits returns the tenants' own limits on the queue (those set with
-// SetTenantLimit), by tenant.
+// SettingsUpdate.TenantLimits), by tenant.
 func (q *Queue) tenantLimits(ctx context.Context) (map[string]Limit, error) {
 	if err := q.ready(ctx); err != nil {
 		return nil, fmt.Errorf("claim: reading the tenant limits of %q: %w", q.opts.Queue, err)

@@ -210,7 +210,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	if err != nil || st.Dead != 1 {
 		t.Fatalf("Reap = %+v, %v; want 1 dead", st, err)
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != ids.IDs[0] {
 		t.Fatalf("dead items %+v, %v", dead, err)
 	}
@@ -221,7 +221,7 @@ func TestCrashLoopEndsDead(t *testing.T) {
 		t.Fatalf("%d items left", n)
 	}
 	// A requeued item keeps growing its token.
-	if ok, err := q.Requeue(ctx, ids.IDs[0]); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: ids.IDs[0]})); err != nil || !ok {
 		t.Fatalf("requeue: %v %v", ok, err)
 	}
 	if it := claimOne(t, q, s.ID()); it.Token != 3 || it.Attempt != 1 {

@@ -119,9 +119,9 @@ var mxSettles = []mxSettle{
 	{name: "nack", doc: "`Queue.Nack`: retried after its backoff", api: []string{"Queue.Nack"}},
 	{name: "snooze", doc: "`Queue.Snooze`", api: []string{"Queue.Snooze"}},
 	{name: "release", doc: "`Queue.Release`: given back without using an attempt", api: []string{"Queue.Release"}},
-	{name: "cancel", doc: "`Queue.CancelItem` while it runs (while it waits, for an item after a prerequisite), then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.Cancel", "Queue.EndCancelled"}},
+	{name: "cancel", doc: "`Queue.CancelItem` while it runs (while it waits, for an item after a prerequisite), then `Queue.EndCancelled`", api: []string{"Queue.CancelItem", "Queue.EndCancelled"}},
 	{name: "dead", doc: "`Queue.Nack` with `claim.Permanent`", api: []string{}},
-	{name: "requeue", doc: "dead, then `Queue.Requeue`", api: []string{"Queue.Requeue", "Queue.RequeueDeath", "Queue.RequeueWhere"}},
+	{name: "requeue", doc: "dead, then `Queue.Requeue`", api: []string{"Queue.Requeue"}},
 	{name: "retention", doc: "dead, then deleted by the worker's queue reap under the queue's retention (`SettingsUpdate.Retention`, `Retention.DeadMaxCount`)", api: []string{"Queue.UpdateSettings"}},
 }
 
@@ -130,14 +130,13 @@ var mxSettles = []mxSettle{
 // method must be listed here or in a path's api.
 var mxNotPaths = map[string]string{
 	"Queue.Backoff": "test export", "Queue.AckBatch": "test export (AckMany's older form, same transaction)",
-	"Queue.DeadCountChecks": "test export", "Queue.CancelSnoozeCounts": "reads", "Queue.Cancelled": "reads", "Queue.Claimer": "claims",
-	"Queue.DB":   "a handle",
-	"Queue.Dead": "reads", "Queue.DeadBefore": "reads", "Queue.DeadCount": "reads", "Queue.DeadItems": "reads",
+	"Queue.DeadCountChecks": "test export", "Queue.CancelledItems": "reads", "Queue.Claimer": "claims",
+	"Queue.DB":           "a handle",
+	"Queue.DeadItems":    "reads",
 	"Queue.Dependencies": "reads", "Queue.Inspect": "reads", "Queue.Name": "a name", "Queue.Options": "reads",
 	"Queue.Progressing": "reads",
-	"Queue.Purge":       "deletes a whole queue (operators)", "Queue.PurgePlan": "reads",
-	"Queue.ReportProgress": "progress of a running item (no end)", "Queue.SaveCheckpoint": "progress of a running item (no end)",
-	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.WaitDrained": "reads", "Queue.BlockedKeys": "reads", "Queue.ReleaseSequenceKey": "releases a key that dead items hold: no item ends (the hold cells call it)", "Queue.WaitEnded": "reads", "Queue.WaitingCount": "reads", "Queue.Wake": "wakes workers",
+	"Queue.Purge":       "deletes a whole queue (operators)", "Queue.ReportProgress": "progress of a running item (no end)", "Queue.SaveCheckpoint": "progress of a running item (no end)",
+	"Queue.Settings": "reads", "Queue.Stats": "reads", "Queue.WaitDrained": "reads", "Queue.BlockedKeys": "reads", "Queue.ReleaseSequenceKey": "releases a key that dead items hold: no item ends (the hold cells call it)", "Queue.WaitEnded": "reads", "Queue.Wake": "wakes workers",
 	"Buffer.Close": "flushes what Enqueue took", "Buffer.Stats": "reads",
 	"Claimer.Claim": "claims", "Claimer.ClaimUrgent": "claims (the urgent lane)", "Claimer.Extend": "extends a claim",
 	"Claimer.ReleaseForgotten": "gives claims back (see Release)", "Claimer.CancelRequests": "reads",
@@ -596,7 +595,7 @@ func (c *mxCell) runAfter() {
 			}
 		case "requeue":
 			c.kill(p)
-			if ok, err := c.work.Requeue(ctx, c.pre); err != nil || !ok {
+			if ok, err := requeuedOne(c.work.Requeue(ctx, claim.RequeueOptions{ID: c.pre})); err != nil || !ok {
 				c.fatalf("requeue of the prerequisite: %v, %v", ok, err)
 			}
 		}
@@ -748,7 +747,7 @@ func (c *mxCell) settleItem(x claim.Item) {
 			c.unhold()
 			c.drainSibling()
 		case "requeue":
-			if ok, err := c.work.Requeue(ctx, c.id); err != nil || !ok {
+			if ok, err := requeuedOne(c.work.Requeue(ctx, claim.RequeueOptions{ID: c.id})); err != nil || !ok {
 				c.fatalf("requeue = %v, %v", ok, err)
 			}
 			c.expectRowDetail("item", c.want("requeued")+" attempts=0 error=fatal")
@@ -867,7 +866,7 @@ func (c *mxCell) prune(want int) {
 	if got := countRows(c.t, c.pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, later); got != 1 {
 		c.fatalf("the later death was pruned too")
 	}
-	if ok, err := c.work.Requeue(ctx, c.id); err != nil || ok {
+	if ok, err := requeuedOne(c.work.Requeue(ctx, claim.RequeueOptions{ID: c.id})); err != nil || ok {
 		c.fatalf("requeue of a pruned item = %v, %v; want nothing", ok, err)
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // Wake-ups. On PostgreSQL every enqueue path (Enqueue, EnqueueTx, Buffer's
-// flushes, Requeue and RequeueDeath, and through EnqueueTx the schedule
+// flushes, Requeue, and through EnqueueTx the schedule
 // runner) sends one notification on the queue's channel in its own
 // transaction, unless Options.NoNotify: PostgreSQL delivers it at commit
 // and never for a transaction that rolls back, and merges the identical

@@ -167,7 +167,7 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a claim and a nack to the dead items", 0, false)
-	if ok, err := q.Requeue(ctx, res.IDs[0]); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: res.IDs[0]})); err != nil || !ok {
 		t.Fatalf("Requeue: %v, %v", ok, err)
 	}
 	check("Requeue", 1, true)

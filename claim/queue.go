@@ -136,7 +136,7 @@ type Queue struct {
 	spread spreadCache
 	// channel is the queue's wake-up channel (store.Store.NotifyChannel).
 	channel string
-	// deadCount bounds the queue's dead items between PruneDead's exact
+	// deadCount bounds the queue's dead items between the prune-dead step's exact
 	// checks (retention.go).
 	deadCount deadCountState
 

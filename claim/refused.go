@@ -35,7 +35,7 @@ const ReasonRefused = "refused by the database"
 // an integrity constraint, a row over a size limit such as an index
 // entry's, an exception raised by a trigger), which the same statement
 // without those rows would not meet: retrying it changes nothing. Bulk
-// operations skip such a row and go on (RequeueWhere).
+// operations skip such a row and go on (Requeue by filter).
 func IsRefusal(err error) bool { return itemFault(err) }
 
 // refusedText is the last error of an item ended because the database

@@ -120,7 +120,7 @@ func TestRefusedWaitingRowNeverStallsTheSweep(t *testing.T) {
 		t.Fatalf("ReapErrors = %v; want the refused row %s, ended, with the database's error", list, bad)
 	}
 	reasons := map[uuid.UUID]claim.DeadItem{}
-	dead, err := q.Dead(ctx, 100)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 100}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls int
-	res, err := q.RequeueWhere(ctx, claim.DeadFilter{}, func(claim.RequeueResult) { calls++ })
+	res, err := q.Requeue(ctx, claim.RequeueOptions{All: true, Progress: func(claim.RequeueResult) { calls++ }})
 	if err != nil || res.Requeued != len(ids) || res.Refused != 1 || len(res.RefusedIDs) != 1 || res.RefusedIDs[0] != bad {
 		t.Fatalf("RequeueWhere = %+v, %v; want %d requeued, the refused row counted", res, err, len(ids))
 	}
@@ -268,7 +268,7 @@ func TestRequeueWhereGoesOnPastRefusedRows(t *testing.T) {
 		t.Fatal("the refused dead item did not stay dead")
 	}
 	// Alone, its requeue fails with the database's error.
-	if _, err := q.Requeue(ctx, bad); err == nil || !strings.Contains(err.Error(), "index row size") {
+	if _, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: bad})); err == nil || !strings.Contains(err.Error(), "index row size") {
 		t.Fatalf("Requeue of the refused row: %v; want the database's error", err)
 	}
 }

@@ -72,20 +72,20 @@ func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
 			t.Fatalf("%s = %v, %v; want a refusal wrapping ErrItemLive that names the waiting item of %q", what, ok, err, queue)
 		}
 	}
-	ok, err := jobs.Requeue(ctx, same)
+	ok, err := requeuedOne(jobs.Requeue(ctx, claim.RequeueOptions{ID: same}))
 	refused("Requeue of an id waiting in its queue", ok, err, "jobs")
-	ok, err = jobs.Requeue(ctx, elsewhere)
+	ok, err = requeuedOne(jobs.Requeue(ctx, claim.RequeueOptions{ID: elsewhere}))
 	refused("Requeue of an id waiting in another queue", ok, err, "other")
 	var death uuid.UUID
 	if err := pool.QueryRow(ctx, `SELECT death FROM crdbwork_dead_items WHERE id = $1`, same).Scan(&death); err != nil {
 		t.Fatal(err)
 	}
-	ok, err = jobs.RequeueDeath(ctx, same, death)
+	ok, err = requeuedOne(jobs.Requeue(ctx, claim.RequeueOptions{ID: same, Death: death}))
 	refused("RequeueDeath of an id waiting in its queue", ok, err, "jobs")
 
 	// The bulk requeue skips both, counts them live, and requeues the
 	// plain dead id.
-	rr, err := jobs.RequeueWhere(ctx, claim.DeadFilter{}, nil)
+	rr, err := jobs.Requeue(ctx, claim.RequeueOptions{All: true})
 	if err != nil || rr.Requeued != 1 || rr.Live != 2 || rr.Gone != 0 {
 		t.Fatalf("RequeueWhere = %+v, %v; want 1 requeued and 2 live", rr, err)
 	}
@@ -136,7 +136,7 @@ func TestRequeueRefusesAnIDThatIsWaiting(t *testing.T) {
 	}
 	// The dead copies are history now, and can be requeued once the id is
 	// no longer live.
-	if ok, err := jobs.Requeue(ctx, same); err != nil || !ok {
+	if ok, err := requeuedOne(jobs.Requeue(ctx, claim.RequeueOptions{ID: same})); err != nil || !ok {
 		t.Fatalf("Requeue once the second life ended = %v, %v", ok, err)
 	}
 }
@@ -179,7 +179,7 @@ func TestRequeueRacesAnEnqueueOfTheID(t *testing.T) {
 		done := make(chan struct{}, 3)
 		go func() {
 			<-start
-			moved, rqErr = q.Requeue(ctx, id)
+			moved, rqErr = requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: id}))
 			done <- struct{}{}
 		}()
 		go func() {

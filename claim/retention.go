@@ -29,7 +29,7 @@ const (
 )
 
 // Retention says how long and how many dead items a queue keeps. Every
-// worker session's reaper (Reap, through PruneDead) deletes the dead items
+// worker session's reaper (its queue reap) deletes the dead items
 // older than DeadMaxAge, then the oldest ones beyond the newest
 // DeadMaxCount, in bounded batches. The zero value is the default: 30 days,
 // 100,000 items.
@@ -40,7 +40,7 @@ type Retention struct {
 	// DeadMaxCount is how many dead items the queue keeps at most, the
 	// newest (0: DefaultDeadMaxCount). Deaths at the same instant as the
 	// last one kept are kept with it, and a queue may hold more for a
-	// while between reaps (see PruneDead).
+	// while between reaps (the reap's prune-dead step).
 	DeadMaxCount int64
 	// NoDeadMaxAge keeps dead items whatever their age (DeadMaxAge must
 	// then be 0); NoDeadMaxCount keeps any number (DeadMaxCount must then
@@ -88,9 +88,9 @@ func retentionOf(r store.RetentionRow) Retention {
 	return Retention{DeadMaxAge: r.MaxAge, DeadMaxCount: r.MaxCount, NoDeadMaxAge: r.MaxAge <= 0, NoDeadMaxCount: r.MaxCount <= 0}
 }
 
-// SetRetention stores the queue's retention, replacing the one stored; the
+// setRetention (SettingsUpdate.Retention) stores the queue's retention, replacing the one stored; the
 // next reap of any session applies it. A queue without a row in the queues
-// table gets one with one part, as Configure does: give a queue its parts
+// table gets one with one part, as UpdateSettings does: give a queue its parts
 // (worker.Options.Parts, partition.EnsureParts) before this.
 func (q *Queue) setRetention(ctx context.Context, r Retention) error {
 	if err := r.Validate(); err != nil {

@@ -38,7 +38,7 @@ import (
 //     rebalance) is released by the foreign keys, and the next claim of the
 //     key takes the same item again, its attempt counted;
 //   - a dead item lets its key advance, or, in a queue that holds on a
-//     death (SetSequenceHold), holds the key's later items until it is
+//     death (SettingsUpdate.SequenceHold), holds the key's later items until it is
 //     requeued, deleted or released; requeued, it runs at its original
 //     place in the key's order, never beside another item of its key.
 //
@@ -62,7 +62,7 @@ type sequenceState struct {
 	on    atomic.Bool
 }
 
-// SetSequenced turns sequencing of the queue on or off. While it is on,
+// setSequenced (SettingsUpdate.Sequenced) turns sequencing of the queue on or off. While it is on,
 // items enqueued with a key are sequenced (see the package documentation
 // above and docs/sequences.md); turning it off leaves the items already
 // sequenced so: they keep their order until they end. Claims of other
@@ -95,11 +95,11 @@ type sequenceInfo struct {
 	// was on): claims keep their order while any is left.
 	Items bool
 	// Hold reports that a death of a sequenced item holds its key
-	// (SetSequenceHold); false: the key advances.
+	// (SettingsUpdate.SequenceHold); false: the key advances.
 	Hold bool
 }
 
-// SetSequenceHold sets what a death of one of the queue's sequenced items
+// setSequenceHold (SettingsUpdate.SequenceHold) sets what a death of one of the queue's sequenced items
 // (moved to the dead items: attempts used up, Permanent, a crash loop,
 // expired, refused by the database; or cancelled) does to its key:
 //
@@ -136,7 +136,7 @@ func (q *Queue) setSequenceHold(ctx context.Context, hold bool) (released int, e
 }
 
 // ReleaseSequenceKey releases key from the dead items that hold it (in a
-// queue whose sequences hold on a death, SetSequenceHold): its later items
+// queue whose sequences hold on a death, SettingsUpdate.SequenceHold): its later items
 // run again, in order. The dead items stay (they may still be requeued;
 // a requeued one runs at its place in the key's order, if its turn has not
 // passed: before the key's items still queued that came after it). It

@@ -83,7 +83,7 @@ func TestSequencedRequeueReentersAtItsPlace(t *testing.T) {
 	}
 	// Advance: a/1 runs.
 	a1 := claimOnly(t, ctx, c, "after a/0 died", "a/1")[0]
-	if ok, err := q.Requeue(ctx, dead.ID); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: dead.ID})); err != nil || !ok {
 		t.Fatalf("requeue of a/0: %v, %v", ok, err)
 	}
 	var seq *int64
@@ -143,7 +143,7 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 			}
 			switch how {
 			case "requeue":
-				if ok, err := q.Requeue(ctx, dead.ID); err != nil || !ok {
+				if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: dead.ID})); err != nil || !ok {
 					t.Fatalf("requeue: %v, %v", ok, err)
 				}
 				again := claimOnly(t, ctx, c, "after the requeue", "a/0")[0]
@@ -172,7 +172,7 @@ func TestSequencedHoldOnDeath(t *testing.T) {
 				if ids, err := q.ReleaseSequenceKey(ctx, "a"); err != nil || len(ids) != 0 {
 					t.Fatalf("ReleaseSequenceKey again = %v, %v; want none", ids, err)
 				}
-				if d, err := q.Dead(ctx, 10); err != nil || len(d) != 1 || d[0].ID != dead.ID {
+				if d, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10})); err != nil || len(d) != 1 || d[0].ID != dead.ID {
 					t.Fatalf("the released dead item is gone: %+v, %v", d, err)
 				}
 			case "advance":
@@ -212,7 +212,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 	}
 	// Cancel a/1 (not yet the head): a/0 still runs, a/2 waits.
 	a1 := res.IDs[1]
-	if ok, err := q.Cancel(ctx, a1); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, a1, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel of a/1: %v, %v", ok, err)
 	}
 	a0 := claimOnly(t, ctx, c, "after a/1 was cancelled", "a/0")[0]
@@ -224,7 +224,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 	if err != nil || len(blocked) != 1 || blocked[0].ID != a1 || blocked[0].Reason != claim.ReasonCancelled {
 		t.Fatalf("BlockedKeys = %+v, %v; want a held by the cancelled a/1", blocked, err)
 	}
-	if ok, err := q.Requeue(ctx, a1); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: a1})); err != nil || !ok {
 		t.Fatalf("requeue of the cancelled a/1: %v, %v", ok, err)
 	}
 	again := claimOnly(t, ctx, c, "after the requeue", "a/1")[0]
@@ -241,7 +241,7 @@ func TestSequencedHoldOnCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := q.Cancel(ctx, res.IDs[0]); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, res.IDs[0], claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel of z/0: %v, %v", ok, err)
 	}
 	var dead int
@@ -458,13 +458,13 @@ func requeueUnderClaimers(t *testing.T, hold bool) {
 		defer wg.Done()
 		requeued := 0
 		for requeued < keys && ctx.Err() == nil {
-			dead, err := q.Dead(ctx, 100)
+			dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 100}))
 			if err != nil {
 				fail("dead: %v", err)
 				return
 			}
 			for _, d := range dead {
-				if ok, err := q.Requeue(ctx, d.ID); err != nil {
+				if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: d.ID})); err != nil {
 					fail("requeue: %v", err)
 				} else if ok {
 					requeued++

@@ -8,7 +8,7 @@ import (
 )
 
 // statisticsMinRows and statisticsMinBytes are the backlog from which
-// RefreshStatistics analyzes a table whose statistics say it is (next to)
+// refreshStatistics analyzes a table whose statistics say it is (next to)
 // empty: its rows as the server counted them, or, for a table never
 // analyzed, its size (read at once from its files, where the server's
 // count may lag by seconds). Below them, any plan reads little.

@@ -31,7 +31,7 @@ type Stats struct {
 	// counted).
 	Checkpoints, ProgressReports int64
 	// DeadPruned counts dead items this Queue's reaps deleted under the
-	// queue's retention (SetRetention).
+	// queue's retention (SettingsUpdate.Retention).
 	DeadPruned int64
 	// Cancelled counts items this Queue ended as cancelled: unclaimed items
 	// CancelItem deleted, and running ones it ended after their cancel

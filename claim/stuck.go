@@ -26,10 +26,10 @@ const (
 	StepExhausted = "exhausted" // moving crash-looped items (attempts used up)
 	StepExpired   = "expired"   // moving items past their deadline
 	// StepPruneEnded: forgetting ended ids past the dedup window
-	// (PruneEnded).
+	// (the prune-ended step).
 	StepPruneEnded = "prune ended"
 	// StepPruneDead: deleting dead items beyond the queue's retention
-	// (PruneDead).
+	// (the prune-dead step).
 	StepPruneDead = "prune dead"
 	// StepCancelled: ending cancelled items whose handlers are gone (their
 	// claims released, or their leases run out).

@@ -207,10 +207,11 @@ func (h *handler) describe(ctx context.Context, a *actionReq) (string, error) {
 	case "requeue":
 		return fmt.Sprintf("Requeue %d dead item(s) of queue %q, with fresh attempts and no delay.", len(a.Sel), a.Queue), nil
 	case "requeue-filter":
-		n, err := q.DeadCount(ctx, a.Filter)
+		page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: a.Filter, Count: true, Limit: 1})
 		if err != nil {
 			return "", err
 		}
+		n := page.Count
 		return fmt.Sprintf("Requeue every dead item of queue %q%s: %d death(s) match now (each id is requeued once).",
 			a.Queue, describeFilter(a.Filter), n), nil
 	case "cancel":
@@ -276,13 +277,12 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 	case "requeue":
 		var moved, live, gone, refused int
 		for _, s := range a.Sel {
-			var ok bool
-			var err error
+			o := claim.RequeueOptions{ID: s.ID}
 			if s.Death != nil {
-				ok, err = q.RequeueDeath(ctx, s.ID, *s.Death)
-			} else {
-				ok, err = q.Requeue(ctx, s.ID)
+				o.Death = *s.Death
 			}
+			res, err := q.Requeue(ctx, o)
+			ok := res.Requeued > 0
 			switch {
 			case errors.Is(err, claim.ErrItemLive):
 				live++
@@ -299,7 +299,7 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("requeued %d of %d dead item(s) of %q (%d live already, %d gone%s)", moved, len(a.Sel), a.Queue, live, gone,
 			refusedNote(refused)), nil
 	case "requeue-filter":
-		res, err := q.RequeueWhere(ctx, a.Filter, nil)
+		res, err := q.Requeue(ctx, claim.RequeueOptions{Filter: a.Filter, All: a.Filter == (claim.DeadFilter{})})
 		return fmt.Sprintf("requeued %d dead item(s) of %q%s (%d live already, %d gone%s)", res.Requeued, a.Queue,
 			describeFilter(a.Filter), res.Live, res.Gone, refusedNote(res.Refused)), err
 	case "cancel":

@@ -21,7 +21,7 @@ var (
 
 // ErrBadName is wrapped by the errors that refuse a name the schema cannot
 // store (claim.New, partition.New and SetParts: a queue's name;
-// claim.Queue.SetTenantLimit: a tenant): too long, not valid UTF-8, or with
+// claim.SettingsUpdate.TenantLimits: a tenant): too long, not valid UTF-8, or with
 // a NUL byte.
 var ErrBadName = errors.New("name refused")
 

@@ -204,7 +204,8 @@ func TestCancelReachesHandlerInAnotherProcess(t *testing.T) {
 			if n := countRows(t, pool, `SELECT count(*) FROM cancel_results`); n != 0 {
 				t.Fatalf("%d results committed for a cancelled item", n)
 			}
-			list, err := q.Cancelled(ctx, nil, 10)
+			page, err := q.CancelledItems(ctx, claim.CancelledQuery{})
+			list := page.Items
 			if err != nil || len(list) != 1 || list[0].ID != id || list[0].By != "tester@here" || list[0].Reason != "not needed" || !list[0].WasRunning {
 				t.Fatalf("cancelled list: %+v %v", list, err)
 			}
@@ -346,7 +347,7 @@ func TestWorkerSnooze(t *testing.T) {
 	if got := runs["forever"]; len(got) != 6 {
 		t.Fatalf("the item snoozed for ever ran %d times, want 6 (5 snoozes, then dead)", len(got))
 	}
-	dead, err := q.Dead(ctx, 10)
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
 	if err != nil || len(dead) != 1 || dead[0].ID != enq.IDs[1] || dead[0].Reason != claim.ReasonSnoozedTooOften {
 		t.Fatalf("dead items: %+v %v", dead, err)
 	}

@@ -41,7 +41,7 @@ import (
 //     200 tenants (docs/fairness.md). A lead of three claims was chosen
 //     before, while the bench's claims ran on a table PostgreSQL had never
 //     analyzed and walked the whole queue's index (now analyzed at once:
-//     claim.Queue.RefreshStatistics); a lead of one claim cost 0.875× then.
+//     queuemaint.Queue.RefreshStatistics); a lead of one claim cost 0.875× then.
 //     Sessions that claim any part at once spread over a few claims' worth
 //     of turns anyway (each takes a claim's worth of consecutive turns).
 //   - The head only moves forward while a backlog drains, so a head read

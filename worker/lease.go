@@ -16,7 +16,7 @@ import (
 
 // Leases. Every claim takes a lease (claim.Options.Lease, by the database
 // clock): an item neither acked, nacked, released nor extended within it is
-// released by any session's reaper (claim.Queue.Reap), so a live session
+// released by any session's reaper (queuemaint.Queue.Reap), so a live session
 // can hold an item it forgot — a claim whose answer was lost, a bug — for at
 // most its lease. Unless the queue sets one (claim.Options.Lease), the
 // worker chooses the lease so that the common case costs no statement beyond

@@ -141,8 +141,8 @@ const maxSkipTenants = 1000
 const tenantIdle = time.Minute
 
 // LimitOptions configure how a worker enforces its queue's fleet-wide
-// limits (stored in the database: claim.Queue.Configure and
-// claim.Queue.SetTenantLimit). The zero value is valid.
+// limits (stored in the database: claim.Queue.UpdateSettings and
+// claim.SettingsUpdate.TenantLimits). The zero value is valid.
 type LimitOptions struct {
 	// Refresh is how often the worker reads the stored limits (and,
 	// without parts, the queue's live members). Default 1 s.

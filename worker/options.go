@@ -230,7 +230,7 @@ type TestingOptions struct {
 	// it. Default: none.
 	OnClaim func(ctx context.Context, items []claim.Item)
 	// OnStatistics, if not nil, is called before each check of the queue's
-	// tables' statistics (claim.Queue.RefreshStatistics, which on
+	// tables' statistics (queuemaint.Queue.RefreshStatistics, which on
 	// PostgreSQL may run an ANALYZE), on the goroutine that runs the
 	// check, with the session's context: the check waits for it, so a
 	// hook that blocks holds the check up as a slow ANALYZE would. Default:
@@ -251,7 +251,7 @@ type TestingOptions struct {
 	// AfterAck, if not nil, is called after each ack transaction of the
 	// worker, with its items and each one's error (nil: acked), once the
 	// dependents of the acked items were released (or their release failed
-	// and was left to the reaper: see claim.Queue.Reap), before the
+	// and was left to the reaper: see queuemaint.Queue.Reap), before the
 	// handlers are told.
 	AfterAck func(items []claim.Item, errs []error)
 	// AfterLimitRefresh, if not nil, is called after each refresh of the
@@ -264,7 +264,7 @@ type TestingOptions struct {
 	// with how many it deleted and its error.
 	AfterSessionReap func(n int64, err error)
 	// AfterQueueReap, if not nil, is called after each reap of the queue
-	// by the maintenance loop (claim.Queue.Reap, every few heartbeats:
+	// by the maintenance loop (queuemaint.Queue.Reap, every few heartbeats:
 	// expired leases, crash loops, expired items, prunes, and the
 	// dependency sweep), with what it did and its error.
 	AfterQueueReap func(st claim.ReapStats, err error)

@@ -201,7 +201,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 }
 
 // queueReapHeartbeats is how many heartbeats apart, on average, a session
-// runs the queue's lease reaper (claim.Queue.Reap); each interval is drawn
+// runs the queue's lease reaper (queuemaint.Queue.Reap); each interval is drawn
 // at random between half and one and a half of it, so that sessions spread
 // their reaps.
 const queueReapHeartbeats = 5
@@ -213,7 +213,7 @@ const queueReapHeartbeats = 5
 // long-running handlers' items; every Session.ReapEvery (default two
 // heartbeats), deleting expired sessions; every few heartbeats, releasing
 // the queue's expired leases and moving crash-looping items to the dead
-// items (claim.Queue.Reap). A reap that fails is tried again at the next
+// items (queuemaint.Queue.Reap). A reap that fails is tried again at the next
 // heartbeat. Any live session may reap; both are idempotent. The check of
 // the tables' statistics runs beside it (checkStatistics): its ANALYZE may
 // take seconds, which these chores must not wait for.

@@ -216,12 +216,12 @@ func TestSequencedDeathsInProcesses(t *testing.T) {
 					t.Fatalf("hold: BlockedKeys = %d keys, %v; want %d", len(blocked), err, keys)
 				}
 			}
-			dead, err := qs[name].Dead(ctx, 100)
+			dead, err := deadList(qs[name].DeadItems(ctx, claim.DeadQuery{Limit: 100}))
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, d := range dead {
-				if ok, err := qs[name].Requeue(ctx, d.ID); err != nil {
+				if ok, err := requeuedOne(qs[name].Requeue(ctx, claim.RequeueOptions{ID: d.ID})); err != nil {
 					t.Fatal(err)
 				} else if ok {
 					requeued[name]++

@@ -36,7 +36,7 @@
 //
 // # Fleet-wide limits
 //
-// A queue's stored limits (claim.Settings.MaxInFlight and Rate, and the
+// A queue's stored limits (claim.Policy.MaxInFlight and Rate, and the
 // tenants' limits) hold across all its workers without a shared counter:
 // each session reads them every LimitOptions.Refresh and enforces its share,
 // computed from the parts it owns (or its rank among the queue's live

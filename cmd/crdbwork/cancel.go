@@ -193,10 +193,11 @@ as the queue's dedup window (default 24 h).`)
 		return err
 	}
 	defer pool.Close()
-	items, err := q.Cancelled(ctx, nil, limit)
+	page, err := q.CancelledItems(ctx, claim.CancelledQuery{Limit: limit})
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
+	items := page.Items
 	if g.json {
 		type row struct {
 			ID          string     `json:"id"`

@@ -738,7 +738,7 @@ func TestDepsCommand(t *testing.T) {
 	}
 	// A waiting item is cancelled like any other.
 	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", dep.String())
-	if n, err := q.WaitingCount(ctx); err != nil || n != 0 {
+	if n, err := waitingOf(q.Inspect(ctx)); err != nil || n != 0 {
 		t.Errorf("after crdbwork cancel of the waiting item: %d waiting, %v", n, err)
 	}
 	// A cancelled prerequisite ends its dependents, visible in crdbwork dead.

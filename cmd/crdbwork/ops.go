@@ -92,7 +92,7 @@ With --count it prints only how many match. Requeue them with
 		return err
 	}
 	defer pool.Close()
-	total, err := q.DeadCount(ctx, ff.f)
+	total, err := countDead(ctx, q, ff.f)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
@@ -211,16 +211,15 @@ not a dead item of the queue, or is live.`)
 			return report(out, &g, map[string]any{"queue": g.queue, "dry_run": true, "would_requeue": 1, "ids": []string{id.String()}},
 				fmt.Sprintf("would requeue item %s into queue %q\n", id, g.queue))
 		}
-		var ok bool
+		o := claim.RequeueOptions{ID: id}
 		if deathArg != "" {
-			ok, err = q.RequeueDeath(ctx, id, death)
-		} else {
-			ok, err = q.Requeue(ctx, id)
+			o.Death = death
 		}
+		res, err := q.Requeue(ctx, o)
 		if err != nil {
 			return cli.Failf(1, "%v", err)
 		}
-		if !ok {
+		if res.Requeued == 0 {
 			if deathArg != "" {
 				return cli.Failf(1, "item %s has no death %s in queue %q (see `crdbwork dead --queue %s`)", id, death, g.queue, g.queue)
 			}
@@ -230,7 +229,7 @@ not a dead item of the queue, or is live.`)
 		return report(out, &g, map[string]any{"queue": g.queue, "requeued": 1, "ids": []string{id.String()}},
 			fmt.Sprintf("requeued item %s into queue %q\n", id, g.queue))
 	}
-	n, err := q.DeadCount(ctx, ff.f)
+	n, err := countDead(ctx, q, ff.f)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
@@ -249,11 +248,11 @@ not a dead item of the queue, or is live.`)
 		out.Errorf("crdbwork requeue: this would %s", what)
 		return refuse(f)
 	}
-	res, err := q.RequeueWhere(ctx, ff.f, func(r claim.RequeueResult) {
+	res, err := q.Requeue(ctx, claim.RequeueOptions{Filter: ff.f, All: all, Progress: func(r claim.RequeueResult) {
 		if !g.json {
 			out.Progress(fmt.Sprintf("requeued %d of up to %d…", r.Requeued, n), false)
 		}
-	})
+	}})
 	out.EndProgress()
 	if err != nil {
 		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
@@ -408,4 +407,10 @@ next poll. Idempotent.`
 		out.Printf("resumed queue %q\n", g.queue)
 	}
 	return nil
+}
+
+// countDead counts the deaths of q that match f (claim.DeadQuery.Count).
+func countDead(ctx context.Context, q *claim.Queue, f claim.DeadFilter) (int64, error) {
+	page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: f, Count: true, Limit: 1})
+	return page.Count, err
 }

@@ -61,7 +61,7 @@ the queue's workers first: running ones set the queue up again.`)
 		return err
 	}
 	defer pool.Close()
-	plan, err := q.PurgePlan(ctx)
+	plan, err := q.Purge(ctx, claim.PurgeOptions{DryRun: true})
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
@@ -86,12 +86,12 @@ the queue's workers first: running ones set the queue up again.`)
 	if len(members) > 0 {
 		out.Errorf("crdbwork purge: warning: %d live sessions work queue %q: they will set it up again", len(members), g.queue)
 	}
-	done, err := q.Purge(ctx, func(c claim.PurgeCounts) {
+	done, err := q.Purge(ctx, claim.PurgeOptions{Progress: func(c claim.PurgeCounts) {
 		if !g.json {
 			out.Progress(fmt.Sprintf("purging %q: %d of %d items, %d of %d dead items, %d of %d ended ids…",
 				g.queue, c.Items, plan.Items, c.Dead, plan.Dead, c.Ended, plan.Ended), false)
 		}
-	})
+	}})
 	out.EndProgress()
 	if err != nil {
 		return cli.Failf(1, "%v (deleted so far: %s)", err, describePurge(done))

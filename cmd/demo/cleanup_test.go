@@ -281,7 +281,7 @@ func TestVerifyQueueAndCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel: %v, %v", ok, err)
 	}
 	r := demo(t, time.Minute, env, "verify", "--json")

@@ -83,7 +83,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	}
 
 	// Ended: the older death by its key, then the other with --all.
-	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
 	wantExit(t, op(t, time.Minute, env, "requeue", id.String(), "--death", "not-a-uuid", "--queue", "q2"), 2, "not a death key")
@@ -99,7 +99,7 @@ func TestDeadListsEveryDeath(t *testing.T) {
 	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND payload = 'poison'`, id); n != 1 {
 		t.Fatal("the requeued item is not the older death's")
 	}
-	if ok, err := q.Cancel(ctx, id); err != nil || !ok {
+	if ok, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{})); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
 	jsonOut(t, op(t, time.Minute, env, "requeue", "--all", "--queue", "q2", "--yes", "--json"), &all)

@@ -76,7 +76,7 @@ func TestSequenceHoldUnderPreviousReleaseWorkers(t *testing.T) {
 	if err != nil || len(blocked) != 1 || blocked[0].ID != res.IDs[0] || blocked[0].Kind != claim.BlockedDead {
 		t.Fatalf("BlockedKeys after the old workers advanced = %+v, %v; want k, still held by its dead head", blocked, err)
 	}
-	if ok, err := q.Requeue(ctx, res.IDs[0]); err != nil || !ok {
+	if ok, err := requeuedOne(q.Requeue(ctx, claim.RequeueOptions{ID: res.IDs[0]})); err != nil || !ok {
 		t.Fatalf("requeue: %v, %v", ok, err)
 	}
 	f.waitFor("an old worker to run the requeued head", func() bool { return ran(res.IDs[:1]) == 1 })

@@ -28,7 +28,7 @@ type verdict struct {
 	Pending    int64 `json:"pending"`    // no result, still in the items table
 	Dead       int64 `json:"dead"`       // no result, in the dead-items table
 	// Cancelled counts the items without a result that an operator
-	// cancelled (claim.Queue.Cancel; known while the queue's dedup window
+	// cancelled (claim.Queue.CancelItem; known while the queue's dedup window
 	// remembers them): ended on purpose, not lost.
 	Cancelled int64 `json:"cancelled"`
 	// Claimed counts the pending items claimed by a session now; of them,

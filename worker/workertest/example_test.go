@@ -105,7 +105,7 @@ func ExampleWork_outcomes() {
 	// Cancelled while it runs (here by the handler itself; in a test, by
 	// anything that calls CancelItem): the handler sees why and stops.
 	// The snoozed item is cancelled first, so that the queue holds none.
-	if _, err := q.Cancel(ctx, res.Item.ID); err != nil {
+	if _, err := q.CancelItem(ctx, res.Item.ID, claim.CancelOptions{}); err != nil {
 		log.Fatal(err)
 	}
 	long := func(ctx context.Context, it claim.Item) (worker.Record, error) {

@@ -408,7 +408,7 @@ func workQueue(t *testing.T, pool *pgxpool.Pool, tables crsql.Tables, n, parts i
 		if sessions, err = session.List(ctx, pool, tables); err != nil {
 			t.Fatal(err)
 		}
-		if dead, err = q.Dead(ctx, 10); err != nil {
+		if dead, err = deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10})); err != nil {
 			t.Fatal(err)
 		}
 		got := count(t, pool, `SELECT count(*) FROM `+done)

@@ -194,7 +194,7 @@ func TestWorkReportsAnUnsettledItem(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, pool, claim.Options{Queue: "purged"})
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
-		_, err := q.Purge(ctx, nil)
+		_, err := q.Purge(ctx, claim.PurgeOptions{})
 		return record(it), err
 	}
 	res, err := workertest.Work(ctx, q, h, claim.NewItem{Payload: []byte("x")}, workertest.Options{})

@@ -152,7 +152,7 @@ type State struct {
 	// the queue's ended ids hold it: "acked", "dead", "cancelled", or
 	// "taken" (an at-most-once item, which its claim took, whatever its
 	// handler did). "" while the item is queued, or when the queue keeps
-	// no ended ids (claim.Settings.DedupOff).
+	// no ended ids (claim.Policy.DedupOff).
 	Ended string
 }
 
@@ -165,7 +165,7 @@ type State struct {
 // otherwise it is nacked with the error, so it is retried or dead-lettered as
 // q's retry policy (claim.Options.MaxAttempts, BackoffBase, BackoffMax) says,
 // or snoozed (worker.Snooze). An at-most-once item (NewItem.AtMostOnce, or
-// the queue's claim.Settings.AtMostOnce) is taken by its claim and dropped if
+// the queue's claim.Policy.AtMostOnce) is taken by its claim and dropped if
 // h fails. While h runs, Work looks for a cancel of the item every 25 ms and
 // cancels h's context as a worker does (claim.Queue.CancelItem, called by h
 // itself or by the test). Result.Outcome says how the attempt ended and
@@ -252,7 +252,7 @@ func work(ctx context.Context, q *claim.Queue, sess *session.Session, h worker.H
 				err = errors.Join(err, rerr)
 			}
 		}
-		if _, cerr := q.Cancel(bg, id); cerr != nil {
+		if _, cerr := q.CancelItem(bg, id, claim.CancelOptions{}); cerr != nil {
 			err = errors.Join(err, cerr)
 		}
 		return Result{}, fmt.Errorf("workertest: claiming the item: %w", err)

@@ -202,7 +202,7 @@ func TestPermanentErrorIsDead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead, err := q.Dead(context.Background(), 10)
+	dead, err := deadList(q.DeadItems(context.Background(), claim.DeadQuery{Limit: 10}))
 	if err != nil {
 		t.Fatal(err)
 	}

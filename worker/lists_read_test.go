@@ -1,0 +1,12 @@
+package worker_test
+
+import "github.com/crdbwork/crdbwork/claim"
+
+// The tests' reads of claim.Queue's lists and results, as one value and
+// its error: deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10})).
+
+// deadList is the items of one page of dead items.
+func deadList(p claim.DeadPage, err error) ([]claim.DeadItem, error) { return p.Items, err }
+
+// requeuedOne reports whether a Requeue of one id moved it.
+func requeuedOne(r claim.RequeueResult, err error) (bool, error) { return r.Requeued > 0, err }
