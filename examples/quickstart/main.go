@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
-	"github.com/crdbwork/crdbwork/partition"
 	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
@@ -103,7 +102,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // CockroachDB any transaction may have to run again (SQLSTATE 40001, at any
 // statement or at COMMIT): crdb.ExecuteCtx runs it again, whole.
 func produce(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue) (ids []uuid.UUID, err error) {
-	if _, err := partition.EnsureParts(ctx, pool, crsql.Tables{}, q.Name(), workerOptions.Parts); err != nil {
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Parts: workerOptions.Parts}); err != nil {
 		return nil, err
 	}
 	err = crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
