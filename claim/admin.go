@@ -55,7 +55,7 @@ type DeadQuery struct {
 	Count bool
 }
 
-// DefaultListLimit is the page size of DeadItems and CancelledItems when
+// DefaultListLimit is the page size of DeadItems, CancelledItems and Items when
 // their query sets no Limit.
 const DefaultListLimit = 100
 
@@ -73,7 +73,8 @@ type DeadPage struct {
 	Count int64
 }
 
-// ErrBadCursor is returned by DeadItems for a cursor it did not make.
+// ErrBadCursor is returned by DeadItems, CancelledItems and Items for a
+// cursor they did not make.
 var ErrBadCursor = errors.New("not a cursor of DeadItems")
 
 // DeadItems returns one page of the dead items of this queue that match

@@ -130,7 +130,7 @@ var mxSettles = []mxSettle{
 // method must be listed here or in a path's api.
 var mxNotPaths = map[string]string{
 	"Queue.Backoff": "test export", "Queue.AckBatch": "test export (AckMany's older form, same transaction)",
-	"Queue.DeadCountChecks": "test export", "Queue.CancelledItems": "reads", "Queue.Claimer": "claims",
+	"Queue.DeadCountChecks": "test export", "Queue.CancelledItems": "reads", "Queue.Items": "reads", "Queue.Item": "reads", "Queue.Claimer": "claims",
 	"Queue.DB":           "a handle",
 	"Queue.DeadItems":    "reads",
 	"Queue.Dependencies": "reads", "Queue.Inspect": "reads", "Queue.Name": "a name", "Queue.Options": "reads",

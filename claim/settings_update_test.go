@@ -301,3 +301,101 @@ func TestMaintenanceIsNotQueueAPI(t *testing.T) {
 	}()
 	queuemaint.For(struct{}{})
 }
+
+// TestItemsPagesAndItemLooksUp lists a queue's unclaimed items in claim
+// order, page by page, its claimed ones, one tenant's, and looks items up
+// by id (not another queue's).
+func TestItemsPagesAndItemLooksUp(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "listed"})
+	other := newQueue(t, pool, claim.Options{Queue: "elsewhere"})
+	var items []claim.NewItem
+	for i := range 7 {
+		items = append(items, claim.NewItem{Priority: i % 3, Tenant: map[bool]string{true: "a", false: "b"}[i < 3],
+			Payload: []byte{byte(i)}, Metadata: []byte("m")})
+	}
+	res, err := q.Enqueue(ctx, items...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, err := other.Enqueue(ctx, claim.NewItem{Payload: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Pages of 3 of the unclaimed items: every item once, in claim order.
+	var listed []claim.ItemInfo
+	pages := 0
+	for query := (claim.ItemQuery{Limit: 3}); ; {
+		p, err := q.Items(ctx, query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		listed = append(listed, p.Items...)
+		if p.Next == "" {
+			break
+		}
+		query.After = p.Next
+	}
+	if len(listed) != 7 || pages != 3 {
+		t.Fatalf("listed %d items in %d pages, want 7 in 3", len(listed), pages)
+	}
+	seen := map[uuid.UUID]bool{}
+	for i, it := range listed {
+		if seen[it.ID] || it.Claimed || it.Payload != nil || it.PayloadSize != 1 {
+			t.Fatalf("item %d: %+v (listed twice, claimed, or with its payload)", i, it)
+		}
+		seen[it.ID] = true
+		if i > 0 && it.Priority < listed[i-1].Priority {
+			t.Fatalf("item %d has priority %d after %d: not claim order", i, it.Priority, listed[i-1].Priority)
+		}
+	}
+	// One tenant's.
+	if p, err := q.Items(ctx, claim.ItemQuery{Tenant: "a"}); err != nil || len(p.Items) != 3 || p.Next != "" {
+		t.Fatalf("tenant a's items: %d, next %q, %v; want 3", len(p.Items), p.Next, err)
+	}
+	// Claim two: they are listed as claimed, with their lease.
+	s := startSession(t, ctx, pool)
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 2})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	p, err := q.Items(ctx, claim.ItemQuery{Claimed: true, Limit: 1})
+	if err != nil || len(p.Items) != 1 || !p.Items[0].Claimed || p.Items[0].LeaseUntil.IsZero() || p.Next == "" {
+		t.Fatalf("claimed items, page 1: %+v, %v", p, err)
+	}
+	p2, err := q.Items(ctx, claim.ItemQuery{Claimed: true, Limit: 1, After: p.Next})
+	if err != nil || len(p2.Items) != 1 || p2.Items[0].ID == p.Items[0].ID || p2.Next != "" {
+		t.Fatalf("claimed items, page 2: %+v, %v", p2, err)
+	}
+	if p, err := q.Items(ctx, claim.ItemQuery{}); err != nil || len(p.Items) != 5 {
+		t.Fatalf("unclaimed items after the claim: %d, %v; want 5", len(p.Items), err)
+	}
+
+	// Bad input.
+	for name, bad := range map[string]claim.ItemQuery{
+		"negative limit":    {Limit: -1},
+		"claimed by tenant": {Claimed: true, Tenant: "a"},
+		"another cursor":    {After: p.Next}, // a claimed page's cursor for unclaimed items
+		"nonsense":          {After: "nonsense"},
+	} {
+		if _, err := q.Items(ctx, bad); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+
+	// Lookups.
+	it, ok, err := q.Item(ctx, res.IDs[4])
+	if err != nil || !ok || it.ID != res.IDs[4] || string(it.Payload) != "\x04" || string(it.Metadata) != "m" || it.Tenant != "b" {
+		t.Fatalf("Item = %+v, %v, %v", it, ok, err)
+	}
+	if _, ok, err := q.Item(ctx, elsewhere.IDs[0]); err != nil || ok {
+		t.Fatalf("Item of another queue's item = %v, %v; want not found", ok, err)
+	}
+	if _, ok, err := q.Item(ctx, uuid.New()); err != nil || ok {
+		t.Fatalf("Item of an unknown id = %v, %v; want not found", ok, err)
+	}
+}
