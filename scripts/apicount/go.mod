@@ -1,0 +1,3 @@
+module github.com/crdbwork/crdbwork/scripts/apicount
+
+go 1.25.0
