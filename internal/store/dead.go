@@ -58,33 +58,25 @@ const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR reas
 func newAdminStatements(t Tables) *adminStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &adminStatements{
-		deadFirst: r(`SELECT ` + deadColumns + `
-FROM crdbwork_dead_items
-WHERE ` + deadFilter + `
-ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $5`),
-		deadAfter: r(`SELECT ` + deadColumns + `
-FROM crdbwork_dead_items
-WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $7)
-ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $8`),
-		deadCount:  r(`SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter),
-		endedCount: r(`SELECT count(*) FROM crdbwork_ended WHERE queue = $1`),
-		schedCount: r(`SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`),
-		ownerCount: r(`SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`),
-		pickFree:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2`),
-		pickHeld:   r(`SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2`),
-		pickDead:   r(`SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2`),
-		pickEnded:  r(`SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2`),
-		purgeItems: r(`DELETE FROM crdbwork_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
-		purgeDead:  r(`DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`),
-		purgeEnded: r(`DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`),
+		deadFirst:  r(admindeadFirstSQL),
+		deadAfter:  r(admindeadAfterSQL),
+		deadCount:  r(deadCountSQL),
+		endedCount: r(endedCountSQL),
+		schedCount: r(schedCountSQL),
+		ownerCount: r(ownerCountSQL),
+		pickFree:   r(pickFreeSQL),
+		pickHeld:   r(pickHeldSQL),
+		pickDead:   r(pickDeadSQL),
+		pickEnded:  r(pickEndedSQL),
+		purgeItems: r(purgeItemsSQL),
+		purgeDead:  r(purgeDeadSQL),
+		purgeEnded: r(purgeEndedSQL),
 		purgeRest: []string{
 			r(`DELETE FROM crdbwork_session_parts WHERE queue = $1`),
 			r(`DELETE FROM crdbwork_tenant_limits WHERE queue = $1`),
 			r(`DELETE FROM crdbwork_schedules WHERE queue = $1`),
 		},
-		purgeQueues: r(`DELETE FROM crdbwork_queues WHERE name = $1`),
+		purgeQueues: r(purgeQueuesSQL),
 		ownersOne:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts WHERE queue = $1 ORDER BY queue, part`),
 		ownersAll:   r(`SELECT queue, part, session_id FROM crdbwork_session_parts ORDER BY queue, part`),
 	}
@@ -112,6 +104,22 @@ type DeadPosition struct {
 	ID, Death uuid.UUID
 }
 
+// admindeadFirstSQL is the text of adminStatements.deadFirst
+// (rendered by newAdminStatements).
+const admindeadFirstSQL = `SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + `
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $5`
+
+// admindeadAfterSQL is the text of adminStatements.deadAfter
+// (rendered by newAdminStatements).
+const admindeadAfterSQL = `SELECT ` + deadColumns + `
+FROM crdbwork_dead_items
+WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $7)
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $8`
+
 // DeadItemsPage returns up to limit deaths of queue that match f, newest
 // first, after the position after (nil: from the newest).
 func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
@@ -121,6 +129,10 @@ func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFi
 	}
 	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
 }
+
+// deadCountSQL is the text of adminStatements.deadCount
+// (rendered by newAdminStatements).
+const deadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter
 
 // CountDead counts the deaths of queue that match f.
 func (s *Store) CountDead(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
@@ -139,6 +151,18 @@ type QueueRowCounts struct {
 	// OwnedParts are the parts sessions own now.
 	OwnedParts int64
 }
+
+// endedCountSQL is the text of adminStatements.endedCount
+// (rendered by newAdminStatements).
+const endedCountSQL = `SELECT count(*) FROM crdbwork_ended WHERE queue = $1`
+
+// schedCountSQL is the text of adminStatements.schedCount
+// (rendered by newAdminStatements).
+const schedCountSQL = `SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`
+
+// ownerCountSQL is the text of adminStatements.ownerCount
+// (rendered by newAdminStatements).
+const ownerCountSQL = `SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`
 
 // CountQueueRows counts queue's ended ids, schedule marks and owned parts.
 func (s *Store) CountQueueRows(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
@@ -165,6 +189,34 @@ const (
 	PurgeDead                        // the queue's dead items (oldest deaths first)
 	PurgeEnded                       // the queue's ended ids
 )
+
+// pickFreeSQL is the text of adminStatements.pickFree
+// (rendered by newAdminStatements).
+const pickFreeSQL = `SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2`
+
+// pickHeldSQL is the text of adminStatements.pickHeld
+// (rendered by newAdminStatements).
+const pickHeldSQL = `SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2`
+
+// pickDeadSQL is the text of adminStatements.pickDead
+// (rendered by newAdminStatements).
+const pickDeadSQL = `SELECT id FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT $2`
+
+// pickEndedSQL is the text of adminStatements.pickEnded
+// (rendered by newAdminStatements).
+const pickEndedSQL = `SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2`
+
+// purgeItemsSQL is the text of adminStatements.purgeItems
+// (rendered by newAdminStatements).
+const purgeItemsSQL = `DELETE FROM crdbwork_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`
+
+// purgeDeadSQL is the text of adminStatements.purgeDead
+// (rendered by newAdminStatements).
+const purgeDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1`
+
+// purgeEndedSQL is the text of adminStatements.purgeEnded
+// (rendered by newAdminStatements).
+const purgeEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`
 
 // PurgeBatch deletes up to limit of queue's rows of one table and returns
 // how many it deleted; 0 means none was left. It picks the rows, then
@@ -196,6 +248,10 @@ func (s *Store) PurgeBatch(ctx context.Context, db DB, queue string, t PurgeTabl
 	tag, err := db.Exec(ctx, del, queue, ids)
 	return tag.RowsAffected(), err
 }
+
+// purgeQueuesSQL is the text of adminStatements.purgeQueues
+// (rendered by newAdminStatements).
+const purgeQueuesSQL = `DELETE FROM crdbwork_queues WHERE name = $1`
 
 // PurgeQueueRows deletes queue's small rows in one transaction the caller
 // gives: its part owners, tenant limits, schedule marks, and its row in the

@@ -77,45 +77,14 @@ type deathStatements struct {
 func newDeathStatements(t Tables) *deathStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &deathStatements{
-		ExhaustedIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
-LIMIT $2`),
-		ExpiredIDs: r(`SELECT id FROM crdbwork_items
-WHERE ` + expiredUnclaimed + `
-ORDER BY expires_at
-LIMIT $2`),
-		ExpiredLeaseIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
-ORDER BY lease_until
-LIMIT $2`),
-		ReapLeasesIDs: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
-    FOR UPDATE SKIP LOCKED)
-UPDATE crdbwork_items AS i
-SET ` + released + `
-WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
-RETURNING i.id`),
-		ReapExhaustedIDs: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
-    FOR UPDATE SKIP LOCKED),
-` + moveExhausted),
-		ReapExpiredIDs: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL AND ` + noCancelAsked + `
-    FOR UPDATE SKIP LOCKED),
-` + moveExpired),
-		Exhaust: r(`UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
-WHERE ` + heldBy),
-		DeadItemsBefore: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
-FROM crdbwork_dead_items
-WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
-ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $5`),
-		RequeueState: r(`SELECT (SELECT queue FROM crdbwork_items WHERE id = $1),
-       (SELECT queue FROM crdbwork_waiting WHERE id = $1),
-       (SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3))`),
+		ExhaustedIDs:     r(exhaustedIDsSQL),
+		ExpiredIDs:       r(expiredIDsSQL),
+		ExpiredLeaseIDs:  r(expiredLeaseIDsSQL),
+		ReapLeasesIDs:    r(reapLeasesIDsSQL),
+		ReapExhaustedIDs: r(reapExhaustedIDsSQL),
+		ReapExpiredIDs:   r(reapExpiredIDsSQL),
+		Exhaust:          r(exhaustSQL),
+		DeadItemsBefore:  r(deadItemsBeforeSQL),
+		RequeueState:     r(requeueStateSQL),
 	}
 }

@@ -103,14 +103,6 @@ type dedupStatements struct {
 func newDedupStatements(t Tables) *dedupStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &dedupStatements{
-		PruneEnded: r(`WITH old AS MATERIALIZED (
-    SELECT id FROM crdbwork_ended
-    WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
-    ORDER BY ended_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-DELETE FROM crdbwork_ended AS e
-WHERE e.queue = $1 AND e.id IN (SELECT id FROM old) AND e.ended_at < now() - ` + dedupWindow + `
-RETURNING e.id`),
+		PruneEnded: r(pruneEndedSQL),
 	}
 }

@@ -128,63 +128,16 @@ SELECT id FROM gone`
 func newCancelStatements(t Tables) *cancelStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &cancelStatements{
-		request: r(`UPDATE crdbwork_items
-SET cancel_requested_at = now(), cancel_by = $3, cancel_reason = $4,
-    claim_token = claim_token + 1, vesting_at = ` + farVesting + `
-WHERE id = $1 AND queue = $2 AND (claim IS NOT NULL) IS TRUE AND cancel_requested_at IS NULL
-RETURNING id`),
-		state: r(`SELECT cancel_requested_at IS NOT NULL, claim IS NOT NULL FROM crdbwork_items WHERE id = $1 AND queue = $2`),
-		// The claim is compared by IS NOT DISTINCT FROM for the reason
-		// given at heldBy: the read goes through the (normally empty)
-		// index of cancel-requested items.
-		session: r(`SELECT id, claim_token, COALESCE(cancel_by, ''), COALESCE(cancel_reason, ''), cancel_requested_at
-FROM crdbwork_items
-WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND claim IS NOT DISTINCT FROM $2::UUID
-ORDER BY cancel_requested_at
-LIMIT $3`),
-		end: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE ` + heldBy + ` AND (cancel_requested_at IS NOT NULL) IS TRUE
-    ` + cancelledGone + `),
-` + fromRow + `,
-` + cancelHolds + `
-SELECT id FROM gone`),
-		// Candidates are read through crdbwork_items_cancel_requested; the
-		// rows are locked (SKIP LOCKED: run it in an explicit SERIALIZABLE
-		// transaction, as the reaper's other steps) and checked again.
-		reap: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
-    ORDER BY cancel_requested_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i
-    WHERE i.id IN (SELECT id FROM picked) AND i.cancel_requested_at IS NOT NULL AND (i.claim IS NULL OR i.lease_until < now())
-    ` + cancelledGone + `),
-` + fromRow + `,
-` + cancelHolds + `
-SELECT id FROM gone`),
-		list: r(`SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
-WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
-ORDER BY ended_at DESC, id DESC
-LIMIT $2`),
-		listBefore: r(`SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
-WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ended_at <= $2 AND (ended_at, id) < ($2, $3)
-ORDER BY ended_at DESC, id DESC
-LIMIT $4`),
-		ended: r(`SELECT (SELECT count(*) FROM crdbwork_items WHERE id = $2 AND queue = $1),
-       COALESCE((SELECT outcome FROM crdbwork_ended WHERE queue = $1 AND id = $2), '')`),
-		// A snooze gives the attempt back (as Release) and counts the
-		// snooze; it is refused once the item has $5 snoozes.
-		snooze: r(`UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts - 1, 0), snoozes = snoozes + 1,
-    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
-    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond'
-WHERE ` + heldBy + ` AND snoozes < $5`),
-		counts: r(`SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND snoozes > 0 AND claim IS NULL),
-       (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL)`),
+		request:    r(requestSQL),
+		state:      r(stateSQL),
+		session:    r(sessionSQL),
+		end:        r(endSQL),
+		reap:       r(reapSQL),
+		list:       r(listSQL),
+		listBefore: r(listBeforeSQL),
+		ended:      r(endedSQL),
+		snooze:     r(snoozeSQL),
+		counts:     r(countsSQL),
 	}
 }
 
@@ -206,6 +159,18 @@ const (
 	// has not ended yet.
 	CancelAlreadyRequested
 )
+
+// requestSQL is the text of cancelStatements.request
+// (rendered by newCancelStatements).
+const requestSQL = `UPDATE crdbwork_items
+SET cancel_requested_at = now(), cancel_by = $3, cancel_reason = $4,
+    claim_token = claim_token + 1, vesting_at = ` + farVesting + `
+WHERE id = $1 AND queue = $2 AND (claim IS NOT NULL) IS TRUE AND cancel_requested_at IS NULL
+RETURNING id`
+
+// stateSQL is the text of cancelStatements.state
+// (rendered by newCancelStatements).
+const stateSQL = `SELECT cancel_requested_at IS NOT NULL, claim IS NOT NULL FROM crdbwork_items WHERE id = $1 AND queue = $2`
 
 // CancelItem cancels item id of queue in tx, a SERIALIZABLE transaction:
 // it deletes it if no session holds it, or records the request (by,
@@ -253,6 +218,18 @@ type CancelRequest struct {
 	RequestedAt time.Time
 }
 
+// sessionSQL is the text of cancelStatements.session
+// (rendered by newCancelStatements).
+//
+// The claim is compared by IS NOT DISTINCT FROM for the reason
+// given at heldBy: the read goes through the (normally empty)
+// index of cancel-requested items.
+const sessionSQL = `SELECT id, claim_token, COALESCE(cancel_by, ''), COALESCE(cancel_reason, ''), cancel_requested_at
+FROM crdbwork_items
+WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND claim IS NOT DISTINCT FROM $2::UUID
+ORDER BY cancel_requested_at
+LIMIT $3`
+
 // SessionCancels returns up to limit items of queue held by session whose
 // cancel was asked for.
 func (s *Store) SessionCancels(ctx context.Context, db DB, queue string, session uuid.UUID, limit int) ([]CancelRequest, error) {
@@ -271,6 +248,14 @@ func (s *Store) SessionCancels(ctx context.Context, db DB, queue string, session
 	return out, nil
 }
 
+// endSQL is the text of cancelStatements.end (rendered by newCancelStatements).
+var endSQL = `WITH gone AS (
+    DELETE FROM crdbwork_items WHERE ` + heldBy + ` AND (cancel_requested_at IS NOT NULL) IS TRUE
+    ` + cancelledGone + `),
+` + fromRow + `,
+` + cancelHolds + `
+SELECT id FROM gone`
+
 // EndCancelled deletes a cancel-requested item whose claim is k (k.Token is
 // the token since the request), recording it as cancelled, and reports
 // whether it did.
@@ -282,6 +267,26 @@ func (s *Store) EndCancelled(ctx context.Context, db DB, k ClaimKey) (bool, erro
 	}
 	return err == nil, err
 }
+
+// reapSQL is the text of cancelStatements.reap
+// (rendered by newCancelStatements).
+//
+// Candidates are read through crdbwork_items_cancel_requested; the
+// rows are locked (SKIP LOCKED: run it in an explicit SERIALIZABLE
+// transaction, as the reaper's other steps) and checked again.
+var reapSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
+    ORDER BY cancel_requested_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i
+    WHERE i.id IN (SELECT id FROM picked) AND i.cancel_requested_at IS NOT NULL AND (i.claim IS NULL OR i.lease_until < now())
+    ` + cancelledGone + `),
+` + fromRow + `,
+` + cancelHolds + `
+SELECT id FROM gone`
 
 // ReapCancelled ends, in tx, up to limit of queue's cancel-requested items
 // that no live handler will end: unclaimed ones, and those whose lease
@@ -307,6 +312,22 @@ type CancelledRow struct {
 	// WasRunning reports a cancel asked of a claimed item.
 	WasRunning bool
 }
+
+// listSQL is the text of cancelStatements.list
+// (rendered by newCancelStatements).
+const listSQL = `SELECT ` + cancelledColumns + `
+FROM crdbwork_ended
+WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
+ORDER BY ended_at DESC, id DESC
+LIMIT $2`
+
+// listBeforeSQL is the text of cancelStatements.listBefore
+// (rendered by newCancelStatements).
+const listBeforeSQL = `SELECT ` + cancelledColumns + `
+FROM crdbwork_ended
+WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ended_at <= $2 AND (ended_at, id) < ($2, $3)
+ORDER BY ended_at DESC, id DESC
+LIMIT $4`
 
 // ListCancelled returns up to limit cancelled items of queue, the most
 // recently ended first, after the position (endedAt, id) if after is set.
@@ -338,6 +359,11 @@ func (s *Store) ListCancelled(ctx context.Context, db DB, queue string, after *C
 	return out, nil
 }
 
+// endedSQL is the text of cancelStatements.ended
+// (rendered by newCancelStatements).
+const endedSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE id = $2 AND queue = $1),
+       COALESCE((SELECT outcome FROM crdbwork_ended WHERE queue = $1 AND id = $2), '')`
+
 // ItemEnded reports whether queue has no item id any more, and the outcome
 // its end recorded ("" if none is recorded: the dedup window is zero, or
 // it was pruned).
@@ -347,6 +373,17 @@ func (s *Store) ItemEnded(ctx context.Context, db DB, queue string, id uuid.UUID
 	return live == 0, outcome, err
 }
 
+// snoozeSQL is the text of cancelStatements.snooze
+// (rendered by newCancelStatements).
+//
+// A snooze gives the attempt back (as Release) and counts the
+// snooze; it is refused once the item has $5 snoozes.
+const snoozeSQL = `UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts - 1, 0), snoozes = snoozes + 1,
+    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
+    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond'
+WHERE ` + heldBy + ` AND snoozes < $5`
+
 // Snooze releases a held claim without counting its attempt, the item
 // vesting again after delay, its snoozes counted, unless it has max
 // snoozes already. It reports whether it did (false: the claim was lost,
@@ -354,6 +391,11 @@ func (s *Store) ItemEnded(ctx context.Context, db DB, queue string, id uuid.UUID
 func (s *Store) Snooze(ctx context.Context, db DB, k ClaimKey, delay time.Duration, max int) (bool, error) {
 	return execOne(ctx, db, s.cancel().snooze, k.ID, k.Session, k.Token, delay.Microseconds(), int64(max))
 }
+
+// countsSQL is the text of cancelStatements.counts
+// (rendered by newCancelStatements).
+const countsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND snoozes > 0 AND claim IS NULL),
+       (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL)`
 
 // CancelSnoozeCounts counts queue's unclaimed items that were snoozed, and
 // its items whose cancel was asked for and which have not ended yet.

@@ -46,18 +46,16 @@ type checkpointStatements struct {
 func newCheckpointStatements(t Tables) *checkpointStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &checkpointStatements{
-		SaveCheckpoint: r(`UPDATE crdbwork_items SET checkpoint = $4, checkpoint_at = now()
-WHERE ` + heldBy),
-		SaveProgress: r(`UPDATE crdbwork_items SET progress_done = $4, progress_total = $5, progress_at = now()
-WHERE ` + heldBy),
-		Progressing: r(`SELECT id, part, claim IS NOT NULL, attempts, max_attempts, progress_done, progress_total, progress_at,
-       octet_length(checkpoint), checkpoint_at, now()
-FROM crdbwork_items
-WHERE queue = $1 AND progress_at IS NOT NULL
-ORDER BY progress_at DESC
-LIMIT $2`),
+		SaveCheckpoint: r(saveCheckpointSQL),
+		SaveProgress:   r(saveProgressSQL),
+		Progressing:    r(progressingSQL),
 	}
 }
+
+// saveCheckpointSQL is the text of checkpointStatements.SaveCheckpoint
+// (rendered by newCheckpointStatements).
+const saveCheckpointSQL = `UPDATE crdbwork_items SET checkpoint = $4, checkpoint_at = now()
+WHERE ` + heldBy
 
 // SaveCheckpoint writes data as the checkpoint of the item claimed as k (nil
 // clears it) and reports whether the claim was still held
@@ -65,6 +63,11 @@ LIMIT $2`),
 func (s *Store) SaveCheckpoint(ctx context.Context, db DB, k ClaimKey, data []byte) (bool, error) {
 	return execOne(ctx, db, s.ckpt.SaveCheckpoint, k.ID, k.Session, k.Token, data)
 }
+
+// saveProgressSQL is the text of checkpointStatements.SaveProgress
+// (rendered by newCheckpointStatements).
+const saveProgressSQL = `UPDATE crdbwork_items SET progress_done = $4, progress_total = $5, progress_at = now()
+WHERE ` + heldBy
 
 // SaveProgress writes done of total as the progress of the item claimed as
 // k and reports whether the claim was still held
@@ -89,6 +92,15 @@ type ProgressRow struct {
 	// Now is the database clock when the row was read.
 	Now time.Time
 }
+
+// progressingSQL is the text of checkpointStatements.Progressing
+// (rendered by newCheckpointStatements).
+const progressingSQL = `SELECT id, part, claim IS NOT NULL, attempts, max_attempts, progress_done, progress_total, progress_at,
+       octet_length(checkpoint), checkpoint_at, now()
+FROM crdbwork_items
+WHERE queue = $1 AND progress_at IS NOT NULL
+ORDER BY progress_at DESC
+LIMIT $2`
 
 // Progressing returns up to limit of queue's items with a saved progress,
 // the most recently saved first (checkpointStatements.Progressing).

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -192,6 +193,16 @@ func (a ClaimArgs) params() []any {
 	return []any{a.Session, a.Queue, a.Limit, a.Lease.Microseconds(), orEmpty(a.SkipTenants)}
 }
 
+// claimAnySQL is the text of coreStatements.ClaimAny
+// (rendered by newCoreStatements).
+//
+// Acks and takes record the ended ids in the same statement (see ended.go).
+var claimAnySQL = fmt.Sprintf(claimTemplate, joinPicked)
+
+// postgresClaimAnySQL is the text of coreStatements.PostgresClaimAny
+// (rendered by newCoreStatements).
+var postgresClaimAnySQL = fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)
+
 // ClaimAny claims up to a.Limit claimable items of a.Queue in any part
 // (coreStatements.ClaimAny, or its PostgreSQL twin), in claim order per
 // statement (not sorted here). Run it in an explicit SERIALIZABLE
@@ -321,6 +332,14 @@ func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...an
 // maxClaimHint bounds the rows queryClaimed makes room for up front.
 const maxClaimHint = 1024
 
+// takeAtMostOnceSQL is the text of coreStatements.TakeAtMostOnce
+// (rendered by newCoreStatements).
+var takeAtMostOnceSQL = deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)
+
+// postgresTakeAtMostOnceSQL is the text of coreStatements.PostgresTakeAtMostOnce
+// (rendered by newCoreStatements).
+var postgresTakeAtMostOnceSQL = deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)
+
 // TakeAtMostOnce deletes the at-most-once items among the given claims
 // that are still held, recording them as taken, and returns their ids
 // (coreStatements.TakeAtMostOnce, or its PostgreSQL twin).
@@ -373,6 +392,14 @@ func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimK
 	return acked, err
 }
 
+// ackManySQL is the text of coreStatements.AckMany
+// (rendered by newCoreStatements).
+var ackManySQL = deleteEndedAck(`DELETE FROM crdbwork_items WHERE ` + fenced)
+
+// postgresAckManySQL is the text of coreStatements.PostgresAckMany
+// (rendered by newCoreStatements).
+var postgresAckManySQL = deleteEndedAck(`DELETE FROM crdbwork_items AS i USING ` + pgKeys + ` WHERE ` + pgFenced)
+
 // AckManyDependents is AckMany that also returns which of the acked items
 // other items wait for (NewItem.After in package claim): read by the same
 // statement, in the ack's snapshot, one primary-key seek of the edges per
@@ -398,6 +425,17 @@ func (s *Store) AckManyDependents(ctx context.Context, tx pgx.Tx, d Dialect, key
 	return acked, waitedFor, nil
 }
 
+// extendSQL is the text of coreStatements.Extend
+// (rendered by newCoreStatements).
+const extendSQL = `UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+WHERE ` + fenced + ` RETURNING id, lease_until`
+
+// postgresExtendSQL is the text of coreStatements.PostgresExtend
+// (rendered by newCoreStatements).
+const postgresExtendSQL = `UPDATE crdbwork_items AS i SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
+FROM ` + pgKeys + `
+WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`
+
 // Extend moves to now()+lease the leases of the given claims that are still
 // held and returns their new ends by id (coreStatements.Extend, or its
 // PostgreSQL twin).
@@ -420,6 +458,13 @@ func (s *Store) Extend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, l
 	return until, rows.Err()
 }
 
+// nackSQL is the text of coreStatements.Nack (rendered by newCoreStatements).
+const nackSQL = `UPDATE crdbwork_items
+SET ` + released + `,
+    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
+    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
+WHERE ` + heldBy
+
 // Nack releases a held claim with its attempt counted: the item vests again
 // after delay (at microsecond precision), with lastError. It reports whether
 // the claim was held (coreStatements.Nack).
@@ -427,11 +472,25 @@ func (s *Store) Nack(ctx context.Context, db DB, k ClaimKey, delay time.Duration
 	return execOne(ctx, db, s.st.Nack, k.ID, k.Session, k.Token, delay.Microseconds(), lastError)
 }
 
+// coreReleaseSQL is the text of coreStatements.Release
+// (rendered by newCoreStatements).
+//
+// Release gives the attempt back (retry accounting); the token stays.
+const coreReleaseSQL = `UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
+WHERE ` + heldBy
+
 // Release releases a held claim and gives its attempt back. It reports
 // whether the claim was held (coreStatements.Release).
 func (s *Store) Release(ctx context.Context, db DB, k ClaimKey) (bool, error) {
 	return execOne(ctx, db, s.st.Release, k.ID, k.Session, k.Token)
 }
+
+// exhaustSQL is the text of deathStatements.Exhaust
+// (rendered by newDeathStatements).
+const exhaustSQL = `UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
+WHERE ` + heldBy
 
 // Exhaust releases a held claim with the item's attempts used up and
 // lastError set, for the reaper to move it to the dead items. It reports
@@ -449,6 +508,17 @@ func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error)
 	return tag.RowsAffected() > 0, nil
 }
 
+// deadLetterSQL is the text of coreStatements.DeadLetter
+// (rendered by newCoreStatements).
+var deadLetterSQL = `WITH gone AS (
+    DELETE FROM crdbwork_items WHERE ` + heldBy + `
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order),
+` + recordEnded(OutcomeDead) + `
+INSERT INTO crdbwork_dead_items
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
+RETURNING id`
+
 // DeadLetter moves a held claim's item to the dead items with lastError and
 // reason, recording it as ended. It reports whether the claim was held
 // (coreStatements.DeadLetter).
@@ -461,6 +531,15 @@ func (s *Store) DeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, re
 	return err == nil, err
 }
 
+// releaseForgotSQL is the text of coreStatements.ReleaseForgot
+// (rendered by newCoreStatements).
+//
+// Items claimed by the session but not in the keep list: a claim whose
+// answer was lost. The attempt is given back, as by Release.
+const releaseForgotSQL = `UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
+WHERE claim = $2 AND queue = $1 AND NOT (id = ANY($3::UUID[]))`
+
 // ReleaseForgotten releases the items of queue claimed by session whose ids
 // are not in keep, giving their attempts back, and returns how many it
 // released (coreStatements.ReleaseForgot).
@@ -468,6 +547,10 @@ func (s *Store) ReleaseForgotten(ctx context.Context, db DB, queue string, sessi
 	tag, err := db.Exec(ctx, s.st.ReleaseForgot, queue, session, orEmpty(keep))
 	return tag.RowsAffected(), err
 }
+
+// cancelSQL is the text of coreStatements.Cancel
+// (rendered by newCoreStatements).
+const cancelSQL = cancelUnclaimed
 
 // Cancel deletes item id of queue if no session holds it, recording it as
 // cancelled by by for reason, and reports whether it did
@@ -481,12 +564,34 @@ func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reas
 // transaction (its statement locks with SKIP LOCKED) and returns the rows it
 // released or moved; the candidates' reads lock nothing.
 
+// reapLeasesSQL is the text of coreStatements.ReapLeases
+// (rendered by newCoreStatements).
+var reapLeasesSQL = fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)
+
+// postgresReapLeasesSQL is the text of coreStatements.PostgresReapLeases
+// (rendered by newCoreStatements).
+var postgresReapLeasesSQL = fmt.Sprintf(reapLeasesTemplate, `FROM picked
+WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until < now()) OR picked.id IS NULL) IS TRUE`)
+
 // ReapLeases releases up to limit of queue's claims whose lease ended, their
 // attempts counted (coreStatements.ReapLeases, or its PostgreSQL twin).
 func (s *Store) ReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, byDialect(d, s.st.ReapLeases, s.st.PostgresReapLeases), queue, limit)
 	return tag.RowsAffected(), err
 }
+
+// reapExhaustedSQL is the text of coreStatements.ReapExhausted
+// (rendered by newCoreStatements).
+//
+// Unclaimed items whose attempts are used up (a crash loop: every claim
+// ended without an ack or a nack) move to the dead items, through
+// crdbwork_items_exhausted.
+var reapExhaustedSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+` + moveExhausted
 
 // ReapExhausted moves up to limit of queue's unclaimed items whose attempts
 // are used up to the dead items, with lastError and reason 'crash loop'
@@ -496,6 +601,22 @@ func (s *Store) ReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limi
 	return tag.RowsAffected(), err
 }
 
+// reapExpiredSQL is the text of coreStatements.ReapExpired
+// (rendered by newCoreStatements).
+//
+// An item past its deadline that no session holds moves to the dead
+// items. (A claimed one is left to its holder: its ack may still
+// come; once released, nacked or reaped, it is moved here.) The
+// candidates are read through crdbwork_items_expiry
+// (expiredUnclaimed).
+var reapExpiredSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE ` + expiredUnclaimed + `
+    ORDER BY expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED),
+` + moveExpired
+
 // ReapExpired moves up to limit of queue's unclaimed items past their
 // deadline to the dead items, with reason 'expired' (coreStatements.ReapExpired).
 func (s *Store) ReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
@@ -503,17 +624,37 @@ func (s *Store) ReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit 
 	return tag.RowsAffected(), err
 }
 
+// expiredLeaseIDsSQL is the text of deathStatements.ExpiredLeaseIDs
+// (rendered by newDeathStatements).
+const expiredLeaseIDsSQL = `SELECT id FROM crdbwork_items
+WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
+ORDER BY lease_until
+LIMIT $2`
+
 // ExpiredLeaseIDs lists up to limit candidates of ReapLeases
 // (deathStatements.ExpiredLeaseIDs).
 func (s *Store) ExpiredLeaseIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredLeaseIDs, queue, limit)
 }
 
+// exhaustedIDsSQL is the text of deathStatements.ExhaustedIDs
+// (rendered by newDeathStatements).
+const exhaustedIDsSQL = `SELECT id FROM crdbwork_items
+WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
+LIMIT $2`
+
 // ExhaustedIDs lists up to limit candidates of ReapExhausted
 // (deathStatements.ExhaustedIDs).
 func (s *Store) ExhaustedIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExhaustedIDs, queue, limit)
 }
+
+// expiredIDsSQL is the text of deathStatements.ExpiredIDs
+// (rendered by newDeathStatements).
+const expiredIDsSQL = `SELECT id FROM crdbwork_items
+WHERE ` + expiredUnclaimed + `
+ORDER BY expires_at
+LIMIT $2`
 
 // ExpiredIDs lists up to limit candidates of ReapExpired
 // (deathStatements.ExpiredIDs).
@@ -529,12 +670,31 @@ func queryIDs(ctx context.Context, db DB, stmt string, args ...any) ([]uuid.UUID
 	return collectIDs(rows)
 }
 
+// reapLeasesIDsSQL is the text of deathStatements.ReapLeasesIDs
+// (rendered by newDeathStatements).
+const reapLeasesIDsSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
+    FOR UPDATE SKIP LOCKED)
+UPDATE crdbwork_items AS i
+SET ` + released + `
+WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
+RETURNING i.id`
+
 // ReapLeasesIDs is ReapLeases for the given candidates
 // (deathStatements.ReapLeasesIDs).
 func (s *Store) ReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapLeasesIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }
+
+// reapExhaustedIDsSQL is the text of deathStatements.ReapExhaustedIDs
+// (rendered by newDeathStatements).
+var reapExhaustedIDsSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
+    FOR UPDATE SKIP LOCKED),
+` + moveExhausted
 
 // ReapExhaustedIDs is ReapExhausted for the given candidates
 // (deathStatements.ReapExhaustedIDs).
@@ -543,6 +703,14 @@ func (s *Store) ReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, i
 	return tag.RowsAffected(), err
 }
 
+// reapExpiredIDsSQL is the text of deathStatements.ReapExpiredIDs
+// (rendered by newDeathStatements).
+var reapExpiredIDsSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() AND claim IS NULL AND ` + noCancelAsked + `
+    FOR UPDATE SKIP LOCKED),
+` + moveExpired
+
 // ReapExpiredIDs is ReapExpired for the given candidates
 // (deathStatements.ReapExpiredIDs).
 func (s *Store) ReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
@@ -550,11 +718,26 @@ func (s *Store) ReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids
 	return tag.RowsAffected(), err
 }
 
+// deadItemsSQL is the text of coreStatements.DeadItems
+// (rendered by newCoreStatements).
+const deadItemsSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
+FROM crdbwork_dead_items WHERE queue = $1
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $2`
+
 // DeadItems returns up to limit deaths of queue's dead items, newest first
 // (coreStatements.DeadItems).
 func (s *Store) DeadItems(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.st.DeadItems, queue, limit)
 }
+
+// deadItemsBeforeSQL is the text of deathStatements.DeadItemsBefore
+// (rendered by newDeathStatements).
+const deadItemsBeforeSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
+FROM crdbwork_dead_items
+WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
+ORDER BY died_at DESC, id DESC, death DESC
+LIMIT $5`
 
 // DeadItemsBefore returns up to limit deaths of queue's dead items after
 // the death (diedAt, id, death) in DeadItems' order
@@ -592,6 +775,48 @@ func queryDead(ctx context.Context, db DB, stmt string, args ...any) ([]DeadItem
 	}
 	return out, rows.Err()
 }
+
+// requeueStateSQL is the text of deathStatements.RequeueState
+// (rendered by newDeathStatements).
+const requeueStateSQL = `SELECT (SELECT queue FROM crdbwork_items WHERE id = $1),
+       (SELECT queue FROM crdbwork_waiting WHERE id = $1),
+       (SELECT count(*) FROM crdbwork_dead_items WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3))`
+
+// requeueSQL is the text of coreStatements.Requeue
+// (rendered by newCoreStatements).
+//
+// A requeued item keeps its id, key, tenant, priority, enqueue time
+// and claim token (so tokens keep growing), gets fresh attempts, no
+// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
+// the queue's current number of parts, as SetParts does for items.
+// The death is picked only if the id is not live anywhere: no item
+// has it, and no waiting item (an item enqueued again with
+// prerequisites, in any queue), which the move would otherwise
+// shadow: its release would find the id taken and be lost. The
+// checks and the DELETE see one snapshot (an item inserted since
+// makes the INSERT fail, and the whole statement with it; a waiting
+// item inserted since is a serialization failure of the
+// SERIALIZABLE transaction Requeue runs in): a refused requeue
+// deletes nothing. The requeued id is no longer ended (revived).
+const requeueSQL = `WITH victim AS MATERIALIZED (
+    SELECT death FROM crdbwork_dead_items
+    WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting WHERE id = $1)
+    ORDER BY died_at DESC, death DESC
+    LIMIT 1),
+gone AS (
+    DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order),
+revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
+INSERT INTO crdbwork_items
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order)
+SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
+       ` + requeuedSeqOrder + `
+FROM gone AS g,
+     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
+             COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n
+RETURNING id`
 
 // Requeue moves, in tx, a death of dead item id of queue back into the
 // items table (coreStatements.Requeue): death, or the newest death of id if

@@ -57,12 +57,20 @@ type partClaimStatements struct {
 // newPartClaimStatements returns the per-part claim statements for t.
 func newPartClaimStatements(t Tables) *partClaimStatements {
 	p := &partClaimStatements{t: t}
-	p.ClaimPicked = rewrite(t, fmt.Sprintf(claimPickedTemplate, `FROM (SELECT unnest($3::UUID[]) AS id) AS picked
-WHERE i.id = picked.id AND i.claim IS NULL`))
-	p.PostgresClaimPicked = rewrite(t, fmt.Sprintf(claimPickedTemplate, `FROM unnest($3::UUID[]) AS k (key_id)
-WHERE i.id = ANY(ARRAY[k.key_id]) AND (i.claim IS NULL OR k.key_id IS NULL)`))
+	p.ClaimPicked = rewrite(t, claimPickedSQL)
+	p.PostgresClaimPicked = rewrite(t, postgresClaimPickedSQL)
 	return p
 }
+
+// claimPickedSQL is the text of partClaimStatements.ClaimPicked
+// (rendered by newPartClaimStatements).
+var claimPickedSQL = fmt.Sprintf(claimPickedTemplate, `FROM (SELECT unnest($3::UUID[]) AS id) AS picked
+WHERE i.id = picked.id AND i.claim IS NULL`)
+
+// postgresClaimPickedSQL is the text of partClaimStatements.PostgresClaimPicked
+// (rendered by newPartClaimStatements).
+var postgresClaimPickedSQL = fmt.Sprintf(claimPickedTemplate, `FROM unnest($3::UUID[]) AS k (key_id)
+WHERE i.id = ANY(ARRAY[k.key_id]) AND (i.claim IS NULL OR k.key_id IS NULL)`)
 
 // ClaimPickedFor returns ClaimPicked, or its PostgreSQL twin on PostgreSQL.
 func (p *partClaimStatements) ClaimPickedFor(d Dialect) string {

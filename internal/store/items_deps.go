@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -110,6 +111,16 @@ func (s *Store) InsertWaiting(ctx context.Context, db DB, d Dialect, queue strin
 	return collectIDs(res)
 }
 
+// waitedForSQL is the text of dependsStatements.WaitedFor
+// (rendered by newDependsStatements).
+//
+// As the ack's hasDependents, a subplan per id, the queue a
+// column of a one-row subquery as in Prereqs (a constant queue
+// made PostgreSQL read the queue's every edge per id when its
+// statistics predated the queue).
+const waitedForSQL = `SELECT g.id FROM (SELECT $1::TEXT AS q OFFSET 0) AS k, unnest($2::UUID[]) AS g (id)
+WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.prereq = g.id OFFSET 0)`
+
 // WaitedFor returns those of ids, items of queue that ended, that other
 // items wait for (dependsStatements.WaitedFor): the at-most-once items'
 // acks, which delete nothing, ask it to release their dependents.
@@ -120,6 +131,12 @@ func (s *Store) WaitedFor(ctx context.Context, db DB, queue string, ids []uuid.U
 	}
 	return collectIDs(rows)
 }
+
+// insertEdgesSQL is the text of dependsStatements.InsertEdges
+// (rendered by newDependsStatements).
+const insertEdgesSQL = `INSERT INTO crdbwork_waits_for (queue, prereq, dependent)
+SELECT $1, v.p, v.d FROM unnest($2::UUID[], $3::UUID[]) AS v (p, d)
+ON CONFLICT (queue, prereq, dependent) DO NOTHING`
 
 // InsertEdges records that dependents[i] waits for prereqs[i], in queue
 // (dependsStatements.InsertEdges).
@@ -141,6 +158,13 @@ func edgeArrays(edges []Edge) (prereqs, dependents [][16]byte) {
 	}
 	return prereqs, dependents
 }
+
+// dependsEdgesFromSQL is the text of dependsStatements.EdgesFrom
+// (rendered by newDependsStatements).
+const dependsEdgesFromSQL = `SELECT prereq, dependent FROM crdbwork_waits_for
+WHERE queue = $1 AND prereq = ANY($2::UUID[])
+ORDER BY prereq, dependent
+LIMIT $3`
 
 // EdgesFrom returns up to limit of the edges of queue from prereqs, in
 // key order (prerequisite, then dependent), without locking them
@@ -231,6 +255,10 @@ func (s *Store) ReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 	}
 	return res, nil
 }
+
+// dependsMoveReadySQL is the text of dependsStatements.MoveReady
+// (rendered by newDependsStatements).
+var dependsMoveReadySQL = fmt.Sprintf(moveReady, `WHERE w.id = ANY($2::UUID[]) AND (w.queue = $1) IS TRUE AND w.remaining <= 0`)
 
 // MoveReady moves, in tx, the waiting items ids of queue whose remaining
 // count is zero into the items table and returns the ids it moved
@@ -379,6 +407,12 @@ func (s *Store) KillBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue strin
 	return res, nil
 }
 
+// prereqsSQL is the text of dependsStatements.Prereqs
+// (rendered by newDependsStatements).
+const prereqsSQL = `SELECT e.prereq FROM (SELECT $1::TEXT AS q, $2::UUID AS d OFFSET 0) AS k
+JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.dependent = k.d
+ORDER BY e.prereq`
+
 // Prereqs returns the prerequisites that dependent still waits for in
 // queue (dependsStatements.Prereqs).
 func (s *Store) Prereqs(ctx context.Context, db DB, queue string, dependent uuid.UUID) ([]uuid.UUID, error) {
@@ -389,6 +423,12 @@ func (s *Store) Prereqs(ctx context.Context, db DB, queue string, dependent uuid
 	return collectIDs(rows)
 }
 
+// dependentsSQL is the text of dependsStatements.Dependents
+// (rendered by newDependsStatements).
+const dependentsSQL = `SELECT e.dependent FROM (SELECT $1::TEXT AS q, $2::UUID AS p OFFSET 0) AS k
+JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.prereq = k.p
+ORDER BY e.dependent LIMIT $3`
+
 // Dependents returns up to limit of the items of queue that wait for
 // prereq (dependsStatements.Dependents).
 func (s *Store) Dependents(ctx context.Context, db DB, queue string, prereq uuid.UUID, limit int) ([]uuid.UUID, error) {
@@ -398,6 +438,10 @@ func (s *Store) Dependents(ctx context.Context, db DB, queue string, prereq uuid
 	}
 	return collectIDs(rows)
 }
+
+// waitingSQL is the text of dependsStatements.Waiting
+// (rendered by newDependsStatements).
+const waitingSQL = `SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
 
 // Waiting reports whether id is a waiting item of queue, with its count of
 // prerequisites not yet acked and its enqueue time
@@ -410,6 +454,10 @@ func (s *Store) Waiting(ctx context.Context, db DB, queue string, id uuid.UUID) 
 	return err == nil, remaining, enqueuedAt, err
 }
 
+// waitingCountSQL is the text of dependsStatements.WaitingCount
+// (rendered by newDependsStatements).
+const waitingCountSQL = `SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`
+
 // WaitingCount returns the number of waiting items of queue
 // (dependsStatements.WaitingCount).
 func (s *Store) WaitingCount(ctx context.Context, db DB, queue string) (int64, error) {
@@ -417,6 +465,14 @@ func (s *Store) WaitingCount(ctx context.Context, db DB, queue string) (int64, e
 	err := db.QueryRow(ctx, s.common().WaitingCount, queue).Scan(&n)
 	return n, err
 }
+
+// hasEdgesSQL is the text of dependsStatements.HasEdges
+// (rendered by newDependsStatements).
+//
+// In primary-key order with a limit, not EXISTS: PostgreSQL ran an
+// EXISTS as a scan of the table, expecting to meet the queue's
+// edges early.
+const hasEdgesSQL = `SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`
 
 // HasEdges reports whether any item of queue waits for another
 // (dependsStatements.HasEdges).
@@ -428,6 +484,17 @@ func (s *Store) HasEdges(ctx context.Context, db DB, queue string) (bool, error)
 	found, err := collectIDs(rows)
 	return len(found) > 0, err
 }
+
+// pickWaitingSQL is the text of dependsStatements.PickWaiting
+// (rendered by newDependsStatements).
+const pickWaitingSQL = `SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`
+
+// pickOrphansSQL is the text of dependsStatements.PickOrphans
+// (rendered by newDependsStatements).
+const pickOrphansSQL = `SELECT x.prereq, x.dependent FROM crdbwork_waits_for AS x
+WHERE x.queue = $1 AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.id = x.dependent OFFSET 0)
+ORDER BY x.prereq, x.dependent
+LIMIT $2`
 
 // PurgeDependsBatch deletes up to limit of queue's waiting items with
 // their edges and, once it has none, up to limit of its edges whose
@@ -465,6 +532,10 @@ func (s *Store) PurgeDependsBatch(ctx context.Context, db DB, d Dialect, queue s
 	n, err := s.DeleteEdgesGone(ctx, db, d, queue, orphans)
 	return 0, err == nil && n > 0, err
 }
+
+// cancelWaitingSQL is the text of dependsStatements.CancelWaiting
+// (rendered by newDependsStatements).
+var cancelWaitingSQL = deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE`, OutcomeCancelled)
 
 // CancelWaiting deletes, in tx, the waiting item id of queue and the edges
 // to it, records it as ended (cancelled), and reports whether it was there

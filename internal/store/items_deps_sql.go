@@ -378,16 +378,11 @@ WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
   AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = ` + queueKey + ` AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + ` OFFSET 0)
 ON CONFLICT (id) DO NOTHING
 RETURNING id`),
-		InsertEdges: r(`INSERT INTO crdbwork_waits_for (queue, prereq, dependent)
-SELECT $1, v.p, v.d FROM unnest($2::UUID[], $3::UUID[]) AS v (p, d)
-ON CONFLICT (queue, prereq, dependent) DO NOTHING`),
-		EdgesFrom: r(`SELECT prereq, dependent FROM crdbwork_waits_for
-WHERE queue = $1 AND prereq = ANY($2::UUID[])
-ORDER BY prereq, dependent
-LIMIT $3`),
+		InsertEdges:  r(insertEdgesSQL),
+		EdgesFrom:    r(dependsEdgesFromSQL),
 		Release:      release(""),
 		SweepRelease: release(" SKIP LOCKED"),
-		MoveReady:    r(fmt.Sprintf(moveReady, `WHERE w.id = ANY($2::UUID[]) AND (w.queue = $1) IS TRUE AND w.remaining <= 0`)),
+		MoveReady:    r(dependsMoveReadySQL),
 		SweepPrereqs: r(`SELECT prereq FROM crdbwork_waits_for
 WHERE queue = ` + queueKey + ` AND prereq > $2
 ORDER BY prereq
@@ -399,25 +394,13 @@ WHERE ` + toQueue + ` AND ` + byID("x.dependent", "k.id")),
 USING ` + pairs + `
 WHERE ` + pairsQueue + ` AND ` + byID("x.prereq", "k.p") + ` AND ` + byID("x.dependent", "k.dep") + `
   AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.id = k.dep OFFSET 0)`),
-		Prereqs: r(`SELECT e.prereq FROM (SELECT $1::TEXT AS q, $2::UUID AS d OFFSET 0) AS k
-JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.dependent = k.d
-ORDER BY e.prereq`),
-		Dependents: r(`SELECT e.dependent FROM (SELECT $1::TEXT AS q, $2::UUID AS p OFFSET 0) AS k
-JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.prereq = k.p
-ORDER BY e.dependent LIMIT $3`),
-		Waiting:      r(`SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`),
-		WaitingCount: r(`SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`),
-		// In primary-key order with a limit, not EXISTS: PostgreSQL ran an
-		// EXISTS as a scan of the table, expecting to meet the queue's
-		// edges early.
-		HasEdges: r(`SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`),
-		// As the ack's hasDependents, a subplan per id, the queue a
-		// column of a one-row subquery as in Prereqs (a constant queue
-		// made PostgreSQL read the queue's every edge per id when its
-		// statistics predated the queue).
-		WaitedFor: r(`SELECT g.id FROM (SELECT $1::TEXT AS q OFFSET 0) AS k, unnest($2::UUID[]) AS g (id)
-WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.prereq = g.id OFFSET 0)`),
-		PickWaiting: r(`SELECT id FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT $2`),
+		Prereqs:      r(prereqsSQL),
+		Dependents:   r(dependentsSQL),
+		Waiting:      r(waitingSQL),
+		WaitingCount: r(waitingCountSQL),
+		HasEdges:     r(hasEdgesSQL),
+		WaitedFor:    r(waitedForSQL),
+		PickWaiting:  r(pickWaitingSQL),
 		PurgeWaiting: r(`WITH ` + fmt.Sprintf(lockDependents, lockIDs(d, "$2"), "") + `,
 edges AS (
     DELETE FROM crdbwork_waits_for AS x USING ` + locked + `
@@ -428,11 +411,8 @@ gone AS (
     WHERE ` + byID("w.id", "d.id") + ` AND (w.queue = $1) IS TRUE
     RETURNING w.id)
 SELECT count(*) FROM gone`),
-		PickOrphans: r(`SELECT x.prereq, x.dependent FROM crdbwork_waits_for AS x
-WHERE x.queue = $1 AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.id = x.dependent OFFSET 0)
-ORDER BY x.prereq, x.dependent
-LIMIT $2`),
-		CancelWaiting: r(deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE`, OutcomeCancelled)),
+		PickOrphans:   r(pickOrphansSQL),
+		CancelWaiting: r(cancelWaitingSQL),
 	}
 	if d == Postgres {
 		// One prerequisite at a time, each read in the primary key's order

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -39,6 +40,15 @@ type EnqueueRow struct {
 	// Headers is a JSON object of string values (nil: none).
 	Headers []byte
 }
+
+// insertSQL is the text of enqueueStatements.Insert
+// (rendered by newEnqueueStatements).
+const insertSQL = insertTemplate + insertTail
+
+// postgresInsertSQL is the text of enqueueStatements.PostgresInsert
+// (rendered by newEnqueueStatements).
+var postgresInsertSQL = strings.Replace(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1), waitingCheck, postgresWaitingCheck, 1) +
+	` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail
 
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
@@ -82,6 +92,12 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	}
 	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders, headers}
 }
+
+// partsSQL is the text of enqueueStatements.Parts
+// (rendered by newEnqueueStatements).
+const partsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
+       COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false),
+       COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false)`
 
 // EnqueueParts returns, for a COPY of new items into queue in the same
 // transaction, the queue's number of parts (read under a share lock on its
@@ -180,6 +196,17 @@ type FoundRow struct {
 	Ended bool
 }
 
+// foundSQL is the text of enqueueStatements.Found
+// (rendered by newEnqueueStatements).
+const foundSQL = `SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
+UNION ALL
+SELECT id, queue, false FROM crdbwork_waiting WHERE id = ANY($2::UUID[]) AND queue <> $1
+UNION ALL
+SELECT e.id, e.queue, true FROM crdbwork_ended AS e
+WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
+  AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
+ORDER BY 3, 1`
+
 // EnqueueFound returns, among ids that an EnqueueInsert into queue did not
 // add, those of another queue's items and those that ended in queue within
 // its dedup window, ordered by kind, then id (enqueueStatements.Found). The
@@ -201,6 +228,18 @@ func (s *Store) EnqueueFound(ctx context.Context, db DB, queue string, ids []uui
 	}
 	return out, nil
 }
+
+// pruneEndedSQL is the text of dedupStatements.PruneEnded
+// (rendered by newDedupStatements).
+const pruneEndedSQL = `WITH old AS MATERIALIZED (
+    SELECT id FROM crdbwork_ended
+    WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
+    ORDER BY ended_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM crdbwork_ended AS e
+WHERE e.queue = $1 AND e.id IN (SELECT id FROM old) AND e.ended_at < now() - ` + dedupWindow + `
+RETURNING e.id`
 
 // PruneEnded deletes, in tx, up to limit of queue's ended ids older than
 // its dedup window, oldest first, and returns how many it deleted
@@ -291,6 +330,14 @@ func readFairLasts(rows pgx.Rows, n int) ([]FairLast, error) {
 	}
 	return nil, fmt.Errorf("the fair turns read answered %d rows for %d pairs", got, n)
 }
+
+// fairHeadSQL is the text of coreStatements.FairHead
+// (rendered by newCoreStatements).
+const fairHeadSQL = fairHead
+
+// postgresFairHeadSQL is the text of coreStatements.PostgresFairHead
+// (rendered by newCoreStatements).
+var postgresFairHeadSQL = pgHideQueue(fairHead, fairHeadAnchor, "$1")
 
 // FairHead reads the earliest turn of queue's unclaimed items of priority
 // (nil if none; coreStatements.FairHead, or its PostgreSQL twin).

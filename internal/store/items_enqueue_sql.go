@@ -87,22 +87,12 @@ type enqueueStatements struct {
 func newEnqueueStatements(t Tables) *enqueueStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &enqueueStatements{
-		Insert: r(insertTemplate + insertTail),
-		PostgresInsert: r(strings.Replace(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1), waitingCheck, postgresWaitingCheck, 1) +
-			` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail),
+		Insert:         r(insertSQL),
+		PostgresInsert: r(postgresInsertSQL),
 
-		Parts: r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1), now(),
-       COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false),
-       COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false)`),
-		Foreign: r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
-		Found: r(`SELECT id, queue, false FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1
-UNION ALL
-SELECT id, queue, false FROM crdbwork_waiting WHERE id = ANY($2::UUID[]) AND queue <> $1
-UNION ALL
-SELECT e.id, e.queue, true FROM crdbwork_ended AS e
-WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedupWindow + `
-  AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
-ORDER BY 3, 1`),
+		Parts:     r(partsSQL),
+		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
+		Found:     r(foundSQL),
 		CopyTable: identifier(t, "items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
 			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "seq_order", "headers"},

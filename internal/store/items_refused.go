@@ -95,7 +95,23 @@ type refusedStatements struct {
 func newRefusedStatements(t Tables) *refusedStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &refusedStatements{
-		KillItem: r(`WITH picked AS MATERIALIZED (
+		KillItem:             r(killItemSQL),
+		KillWaiting:          r(killWaitingSQL),
+		CancelledIDs:         r(cancelledIDsSQL),
+		PruneEndedCandidates: r(pruneEndedCandidatesSQL),
+		PruneEndedIDs:        r(pruneEndedIDsSQL),
+		PruneDeadCandidates:  r(pruneDeadCandidatesSQL),
+		PruneDeadIDs:         r(pruneDeadIDsSQL),
+		ReapCancelledIDs:     r(reapCancelledIDsSQL),
+	}
+}
+
+// refused returns the Store's refusedStatements, rendered on first use.
+func (s *Store) refused() *refusedStatements { return s.lazyRefused() }
+
+// killItemSQL is the text of refusedStatements.KillItem
+// (rendered by newRefusedStatements).
+var killItemSQL = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE id = $2 AND queue = $1 AND (claim IS NULL OR lease_until < now())
     FOR UPDATE SKIP LOCKED),
@@ -109,8 +125,19 @@ INSERT INTO crdbwork_dead_items
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata,
        $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `
 FROM gone
-RETURNING id`),
-		KillWaiting: r(`WITH gone AS (
+RETURNING id`
+
+// KillRefusedItem moves item id of queue to the dead items with reason
+// ReasonRefused and lastError, unless a live claim holds it, and reports
+// whether it did (refusedStatements.KillItem).
+func (s *Store) KillRefusedItem(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
+	ids, err := queryIDs(ctx, tx, s.refused().KillItem, queue, [16]byte(id), lastError)
+	return len(ids) > 0, err
+}
+
+// killWaitingSQL is the text of refusedStatements.KillWaiting
+// (rendered by newRefusedStatements).
+var killWaitingSQL = `WITH gone AS (
     DELETE FROM crdbwork_waiting AS w WHERE w.id = $2 AND (w.queue = $1) IS TRUE
     RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant),
 edges AS (
@@ -123,47 +150,7 @@ SELECT g.id, g.queue, g.hash % n.parts, g.item_key, g.priority, 0, g.max_attempt
        g.enqueued_at, g.tenant, '` + ReasonRefused + `'
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
-RETURNING id`),
-		CancelledIDs: r(`SELECT id FROM crdbwork_items
-WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
-ORDER BY cancel_requested_at
-LIMIT $2`),
-		PruneEndedCandidates: r(`SELECT id FROM crdbwork_ended
-WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
-ORDER BY ended_at
-LIMIT $2`),
-		PruneEndedIDs: r(`DELETE FROM crdbwork_ended
-WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow),
-		PruneDeadCandidates: r(`SELECT id FROM crdbwork_dead_items
-WHERE queue = $1 AND died_at < COALESCE($2::TIMESTAMPTZ, now() - $3::BIGINT * INTERVAL '1 microsecond')
-ORDER BY died_at
-LIMIT $4`),
-		PruneDeadIDs: r(`DELETE FROM crdbwork_dead_items
-WHERE id = ANY($2::UUID[]) AND queue = $1 AND died_at < COALESCE($3::TIMESTAMPTZ, now() - $4::BIGINT * INTERVAL '1 microsecond')`),
-		ReapCancelledIDs: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND (cancel_requested_at IS NOT NULL) IS TRUE AND (claim IS NULL OR lease_until < now())
-    FOR UPDATE SKIP LOCKED),
-gone AS (
-    DELETE FROM crdbwork_items AS i
-    WHERE i.id IN (SELECT id FROM picked) AND (i.cancel_requested_at IS NOT NULL) IS TRUE AND (i.claim IS NULL OR i.lease_until < now())
-    ` + cancelledGone + `),
-` + fromRow + `,
-` + cancelHolds + `
-SELECT id FROM gone`),
-	}
-}
-
-// refused returns the Store's refusedStatements, rendered on first use.
-func (s *Store) refused() *refusedStatements { return s.lazyRefused() }
-
-// KillRefusedItem moves item id of queue to the dead items with reason
-// ReasonRefused and lastError, unless a live claim holds it, and reports
-// whether it did (refusedStatements.KillItem).
-func (s *Store) KillRefusedItem(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
-	ids, err := queryIDs(ctx, tx, s.refused().KillItem, queue, [16]byte(id), lastError)
-	return len(ids) > 0, err
-}
+RETURNING id`
 
 // KillRefusedWaiting moves the waiting item id of queue to the dead items
 // with reason ReasonRefused and lastError, deleting its edges, and reports
@@ -173,11 +160,32 @@ func (s *Store) KillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string,
 	return len(ids) > 0, err
 }
 
+// cancelledIDsSQL is the text of refusedStatements.CancelledIDs
+// (rendered by newRefusedStatements).
+const cancelledIDsSQL = `SELECT id FROM crdbwork_items
+WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease_until < now())
+ORDER BY cancel_requested_at
+LIMIT $2`
+
 // CancelledIDs lists up to limit candidates of ReapCancelled
 // (refusedStatements.CancelledIDs).
 func (s *Store) CancelledIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().CancelledIDs, queue, limit)
 }
+
+// reapCancelledIDsSQL is the text of refusedStatements.ReapCancelledIDs
+// (rendered by newRefusedStatements).
+var reapCancelledIDsSQL = `WITH picked AS MATERIALIZED (
+    SELECT id FROM crdbwork_items
+    WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND (cancel_requested_at IS NOT NULL) IS TRUE AND (claim IS NULL OR lease_until < now())
+    FOR UPDATE SKIP LOCKED),
+gone AS (
+    DELETE FROM crdbwork_items AS i
+    WHERE i.id IN (SELECT id FROM picked) AND (i.cancel_requested_at IS NOT NULL) IS TRUE AND (i.claim IS NULL OR i.lease_until < now())
+    ` + cancelledGone + `),
+` + fromRow + `,
+` + cancelHolds + `
+SELECT id FROM gone`
 
 // ReapCancelledIDs is ReapCancelled for the given candidates
 // (refusedStatements.ReapCancelledIDs).
@@ -186,11 +194,23 @@ func (s *Store) ReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, i
 	return int64(len(got)), err
 }
 
+// pruneEndedCandidatesSQL is the text of refusedStatements.PruneEndedCandidates
+// (rendered by newRefusedStatements).
+const pruneEndedCandidatesSQL = `SELECT id FROM crdbwork_ended
+WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
+ORDER BY ended_at
+LIMIT $2`
+
 // PruneEndedCandidates lists up to limit candidates of PruneEnded
 // (refusedStatements.PruneEndedCandidates).
 func (s *Store) PruneEndedCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().PruneEndedCandidates, queue, limit)
 }
+
+// pruneEndedIDsSQL is the text of refusedStatements.PruneEndedIDs
+// (rendered by newRefusedStatements).
+const pruneEndedIDsSQL = `DELETE FROM crdbwork_ended
+WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow
 
 // PruneEndedIDs is PruneEnded for the given candidates
 // (refusedStatements.PruneEndedIDs).
@@ -199,12 +219,24 @@ func (s *Store) PruneEndedIDs(ctx context.Context, tx pgx.Tx, queue string, ids 
 	return tag.RowsAffected(), err
 }
 
+// pruneDeadCandidatesSQL is the text of refusedStatements.PruneDeadCandidates
+// (rendered by newRefusedStatements).
+const pruneDeadCandidatesSQL = `SELECT id FROM crdbwork_dead_items
+WHERE queue = $1 AND died_at < COALESCE($2::TIMESTAMPTZ, now() - $3::BIGINT * INTERVAL '1 microsecond')
+ORDER BY died_at
+LIMIT $4`
+
 // PruneDeadCandidates lists up to limit candidates of PruneDeadBefore
 // (before) or, with before zero, of PruneDeadOlder (age)
 // (refusedStatements.PruneDeadCandidates).
 func (s *Store) PruneDeadCandidates(ctx context.Context, db DB, queue string, before time.Time, age time.Duration, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().PruneDeadCandidates, queue, nullTime(before), age.Microseconds(), limit)
 }
+
+// pruneDeadIDsSQL is the text of refusedStatements.PruneDeadIDs
+// (rendered by newRefusedStatements).
+const pruneDeadIDsSQL = `DELETE FROM crdbwork_dead_items
+WHERE id = ANY($2::UUID[]) AND queue = $1 AND died_at < COALESCE($3::TIMESTAMPTZ, now() - $4::BIGINT * INTERVAL '1 microsecond')`
 
 // PruneDeadIDs is PruneDeadBefore (before) or, with before zero,
 // PruneDeadOlder (age) for the given candidates

@@ -47,12 +47,24 @@ func (s *Store) ClaimUrgentSequenced(ctx context.Context, db DB, d Dialect, a Ur
 	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimUrgentFor(d), args...)
 }
 
+// setSequencedSQL is the text of sequenceStatements.SetSequenced
+// (rendered by newSequenceStatements).
+const setSequencedSQL = `INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`
+
 // SetSequenced turns sequencing of queue on or off
 // (sequenceStatements.SetSequenced).
 func (s *Store) SetSequenced(ctx context.Context, db DB, queue string, on bool) error {
 	_, err := db.Exec(ctx, s.seq.SetSequenced, queue, on)
 	return err
 }
+
+// sequencedSQL is the text of sequenceStatements.Sequenced
+// (rendered by newSequenceStatements).
+const sequencedSQL = `SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),
+       EXISTS (SELECT 1 FROM (SELECT item_key FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL
+                              ORDER BY item_key LIMIT 1) AS first),
+       COALESCE((SELECT sequence_hold FROM crdbwork_queues WHERE name = $1), false)`
 
 // QueueSequenced reports whether queue is sequenced and whether it holds
 // sequenced items (sequenceStatements.Sequenced).
@@ -77,6 +89,15 @@ func (s *Store) QueueSequencing(ctx context.Context, db DB, queue string) (Seque
 	return st, err
 }
 
+// setHoldSQL is the text of sequenceStatements.SetHold
+// (rendered by newSequenceStatements).
+const setHoldSQL = `INSERT INTO crdbwork_queues AS q (name, sequence_hold) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET sequence_hold = excluded.sequence_hold`
+
+// releaseAllSQL is the text of sequenceStatements.ReleaseAll
+// (rendered by newSequenceStatements).
+const releaseAllSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND seq_hold RETURNING id`
+
 // SetSequenceHold sets what a death of one of queue's sequenced items does
 // to its key (sequenceStatements.SetHold); with hold false it also releases
 // the keys the queue's dead items hold (ReleaseAll) and returns how many
@@ -92,6 +113,10 @@ func (s *Store) SetSequenceHold(ctx context.Context, db DB, queue string, hold b
 	tag, err := db.Exec(ctx, s.seq.ReleaseAll, queue)
 	return int(tag.RowsAffected()), err
 }
+
+// sequenceReleaseSQL is the text of sequenceStatements.Release
+// (rendered by newSequenceStatements).
+const sequenceReleaseSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND item_key = $2 AND seq_hold RETURNING id`
 
 // ReleaseSequenceKey releases key of queue from the dead items that hold
 // it (sequenceStatements.Release) and returns their ids (none: the key was
@@ -114,6 +139,27 @@ type BlockedKeyRow struct {
 	At        time.Time // when it died (dead), or when it vests (retry, delayed)
 	Attempts  int
 }
+
+// blockedSQL is the text of sequenceStatements.Blocked
+// (rendered by newSequenceStatements).
+const blockedSQL = `SELECT key, id, kind, reason, last_error, at, attempts FROM (
+    (SELECT d.item_key AS key, d.id, 'dead' AS kind, d.reason, COALESCE(d.last_error, '') AS last_error, d.died_at AS at, d.attempts
+     FROM crdbwork_dead_items AS d
+     WHERE d.queue = $1 AND d.seq_hold
+     ORDER BY d.item_key, d.enqueued_at, d.seq_order, d.id
+     LIMIT $2)
+    UNION ALL
+    (SELECT h.item_key, h.id, CASE WHEN h.attempts > 0 THEN 'retry' ELSE 'delayed' END, '', COALESCE(h.last_error, ''), h.vesting_at, h.attempts
+     FROM crdbwork_items AS h
+     WHERE h.queue = $1 AND h.seq_order IS NOT NULL AND h.claim IS NULL AND h.vesting_at > now()
+       AND h.id = (SELECT sb.id FROM crdbwork_items AS sb
+                   WHERE sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
+                   ORDER BY sb.enqueued_at, sb.seq_order, sb.id
+                   LIMIT 1)
+     ORDER BY h.item_key, h.enqueued_at, h.seq_order, h.id
+     LIMIT $2)) AS b
+ORDER BY key, kind, id
+LIMIT $2`
 
 // BlockedKeys lists up to limit blocked keys of queue
 // (sequenceStatements.Blocked).

@@ -209,34 +209,12 @@ func newSequenceStatements(t Tables) *sequenceStatements {
 		PostgresClaimAny:    r(fmt.Sprintf(pgClaimOrder(claim), anyPicked)),
 		ClaimUrgent:         r(fmt.Sprintf(urgent, joinPicked)),
 		PostgresClaimUrgent: r(fmt.Sprintf(pgClaimOrder(urgent), anyPicked)),
-		SetSequenced: r(`INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`),
-		Sequenced: r(`SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false),
-       EXISTS (SELECT 1 FROM (SELECT item_key FROM crdbwork_items WHERE queue = $1 AND seq_order IS NOT NULL
-                              ORDER BY item_key LIMIT 1) AS first),
-       COALESCE((SELECT sequence_hold FROM crdbwork_queues WHERE name = $1), false)`),
-		SetHold: r(`INSERT INTO crdbwork_queues AS q (name, sequence_hold) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET sequence_hold = excluded.sequence_hold`),
-		ReleaseAll: r(`UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND seq_hold RETURNING id`),
-		Release:    r(`UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND item_key = $2 AND seq_hold RETURNING id`),
-		Blocked: r(`SELECT key, id, kind, reason, last_error, at, attempts FROM (
-    (SELECT d.item_key AS key, d.id, 'dead' AS kind, d.reason, COALESCE(d.last_error, '') AS last_error, d.died_at AS at, d.attempts
-     FROM crdbwork_dead_items AS d
-     WHERE d.queue = $1 AND d.seq_hold
-     ORDER BY d.item_key, d.enqueued_at, d.seq_order, d.id
-     LIMIT $2)
-    UNION ALL
-    (SELECT h.item_key, h.id, CASE WHEN h.attempts > 0 THEN 'retry' ELSE 'delayed' END, '', COALESCE(h.last_error, ''), h.vesting_at, h.attempts
-     FROM crdbwork_items AS h
-     WHERE h.queue = $1 AND h.seq_order IS NOT NULL AND h.claim IS NULL AND h.vesting_at > now()
-       AND h.id = (SELECT sb.id FROM crdbwork_items AS sb
-                   WHERE sb.queue = h.queue AND sb.item_key = h.item_key AND sb.seq_order IS NOT NULL
-                   ORDER BY sb.enqueued_at, sb.seq_order, sb.id
-                   LIMIT 1)
-     ORDER BY h.item_key, h.enqueued_at, h.seq_order, h.id
-     LIMIT $2)) AS b
-ORDER BY key, kind, id
-LIMIT $2`),
+		SetSequenced:        r(setSequencedSQL),
+		Sequenced:           r(sequencedSQL),
+		SetHold:             r(setHoldSQL),
+		ReleaseAll:          r(releaseAllSQL),
+		Release:             r(sequenceReleaseSQL),
+		Blocked:             r(blockedSQL),
 	}
 }
 

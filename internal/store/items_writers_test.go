@@ -31,7 +31,7 @@ var itemWriters = map[string]map[string]string{
 	"moveReady":                      {}, // a waiting item's release
 	"enqueue_function.sql":           {}, // crdbwork_enqueue
 	"cockroach_enqueue_function.sql": {},
-	"Requeue": { // a dead item put back
+	"requeueSQL": { // a dead item put back
 		"expires_at":   "no deadline (docs/guarantees.md)",
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
 		"headers":      "dead items keep no headers (docs/tracing.md, limits)",

@@ -13,6 +13,10 @@ import (
 // sessions.go). The statements are those of coreStatements and
 // moveStatements.
 
+// queuePartsSQL is the text of coreStatements.QueueParts
+// (rendered by newCoreStatements).
+const queuePartsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`
+
 // QueueParts returns queue's stored number of parts: 1 when it has none.
 func (s *Store) QueueParts(ctx context.Context, db DB, queue string) (int, error) {
 	var n int64
@@ -20,12 +24,21 @@ func (s *Store) QueueParts(ctx context.Context, db DB, queue string) (int, error
 	return int(n), err
 }
 
+// insertQueuePartsSQL is the text of coreStatements.InsertQueueParts
+// (rendered by newCoreStatements).
+const insertQueuePartsSQL = `INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`
+
 // InsertQueueParts stores n parts for queue if it has no stored count (a
 // stored count wins) and reports whether it stored n.
 func (s *Store) InsertQueueParts(ctx context.Context, db DB, queue string, n int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.InsertQueueParts, queue, int64(n))
 	return tag.RowsAffected() > 0, err
 }
+
+// upsertQueuePartsSQL is the text of coreStatements.UpsertQueueParts
+// (rendered by newCoreStatements).
+const upsertQueuePartsSQL = `INSERT INTO crdbwork_queues AS q (name, num_parts) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`
 
 // UpsertQueueParts stores n parts for queue, replacing any stored count.
 // It moves no item and releases no part: partition.SetParts does, with
@@ -35,6 +48,10 @@ func (s *Store) UpsertQueueParts(ctx context.Context, db DB, queue string, n int
 	return err
 }
 
+// dropPartsAboveSQL is the text of coreStatements.DropPartsAbove
+// (rendered by newCoreStatements).
+const dropPartsAboveSQL = `DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`
+
 // DropPartsAbove deletes the ownership rows of queue's parts n and above,
 // which releases the claims made in those parts, and returns how many it
 // deleted.
@@ -43,12 +60,21 @@ func (s *Store) DropPartsAbove(ctx context.Context, db DB, queue string, n int) 
 	return tag.RowsAffected(), err
 }
 
+// acquirePartSQL is the text of coreStatements.AcquirePart
+// (rendered by newCoreStatements).
+const acquirePartSQL = `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
+ON CONFLICT DO NOTHING`
+
 // AcquirePart makes session the owner of queue's part and reports whether
 // it did (false: another session owns the part).
 func (s *Store) AcquirePart(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.AcquirePart, session, queue, int64(part))
 	return tag.RowsAffected() > 0, err
 }
+
+// releasePartSQL is the text of coreStatements.ReleasePart
+// (rendered by newCoreStatements).
+const releasePartSQL = `DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`
 
 // ReleasePart deletes session's ownership of queue's part, which releases
 // the claims made in it. Releasing a part the session does not own does
@@ -57,6 +83,10 @@ func (s *Store) ReleasePart(ctx context.Context, db DB, session uuid.UUID, queue
 	_, err := db.Exec(ctx, s.st.ReleasePart, session, queue, int64(part))
 	return err
 }
+
+// ownedPartsSQL is the text of coreStatements.OwnedParts
+// (rendered by newCoreStatements).
+const ownedPartsSQL = `SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`
 
 // OwnedParts returns the parts of queue that session owns, ordered.
 func (s *Store) OwnedParts(ctx context.Context, db DB, session uuid.UUID, queue string) ([]int, error) {
@@ -70,6 +100,10 @@ func (s *Store) OwnedParts(ctx context.Context, db DB, session uuid.UUID, queue 
 		return int(p), err
 	})
 }
+
+// partOwnersSQL is the text of coreStatements.PartOwners
+// (rendered by newCoreStatements).
+const partOwnersSQL = `SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`
 
 // PartOwners returns the owner of each owned part of queue, by part.
 func (s *Store) PartOwners(ctx context.Context, db DB, queue string) (map[int]uuid.UUID, error) {
@@ -99,6 +133,21 @@ type MovedPage struct {
 	Last uuid.UUID
 	Done bool
 }
+
+// movePageSQL is the text of moveStatements.MovePage
+// (rendered by newMoveStatements).
+const movePageSQL = `WITH page AS MATERIALIZED (
+    SELECT id FROM crdbwork_items WHERE id > $3 ORDER BY id LIMIT $4),
+moved AS (
+    UPDATE crdbwork_items
+    SET part = part % $2,
+        claim = CASE WHEN claim_part IS NULL THEN claim END,
+        claimed_at = CASE WHEN claim_part IS NULL THEN claimed_at END,
+        lease_until = CASE WHEN claim_part IS NULL THEN lease_until END,
+        claim_queue = NULL, claim_part = NULL
+    WHERE id IN (SELECT id FROM page) AND queue = $1 AND part >= $2
+    RETURNING id)
+SELECT (SELECT count(*) FROM moved), (SELECT id FROM page ORDER BY id DESC LIMIT 1)`
 
 // MovePartItems reads the next page of at most limit rows of the items
 // table in primary-key order, after id after (the nil UUID: from the

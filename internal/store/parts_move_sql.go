@@ -23,17 +23,6 @@ type moveStatements struct {
 func newMoveStatements(t Tables) *moveStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &moveStatements{
-		MovePage: r(`WITH page AS MATERIALIZED (
-    SELECT id FROM crdbwork_items WHERE id > $3 ORDER BY id LIMIT $4),
-moved AS (
-    UPDATE crdbwork_items
-    SET part = part % $2,
-        claim = CASE WHEN claim_part IS NULL THEN claim END,
-        claimed_at = CASE WHEN claim_part IS NULL THEN claimed_at END,
-        lease_until = CASE WHEN claim_part IS NULL THEN lease_until END,
-        claim_queue = NULL, claim_part = NULL
-    WHERE id IN (SELECT id FROM page) AND queue = $1 AND part >= $2
-    RETURNING id)
-SELECT (SELECT count(*) FROM moved), (SELECT id FROM page ORDER BY id DESC LIMIT 1)`),
+		MovePage: r(movePageSQL),
 	}
 }

@@ -77,7 +77,7 @@ LIMIT $2`
 const probeSessionStatement = `SET default_transaction_isolation = 'read committed'`
 
 func newProbeStatements(t Tables) *probeStatements {
-	return &probeStatements{probe: rewrite(t, probeTemplate), pgProbe: rewrite(t, pgHideQueue(probeTemplate, probeQueueAnchor, "$1"))}
+	return &probeStatements{probe: rewrite(t, probeSQL), pgProbe: rewrite(t, pgProbeSQL)}
 }
 
 // probes returns the Store's probeStatements, rendered on first use.
@@ -88,6 +88,14 @@ type ProbeRow struct {
 	ID   uuid.UUID
 	Part int64
 }
+
+// probeSQL is the text of probeStatements.probe
+// (rendered by newProbeStatements).
+const probeSQL = probeTemplate
+
+// pgProbeSQL is the text of probeStatements.pgProbe
+// (rendered by newProbeStatements).
+var pgProbeSQL = pgHideQueue(probeTemplate, probeQueueAnchor, "$1")
 
 // Probe returns up to ProbeLimit items of queue that a claim would take
 // now, first in claim order, without locking or changing anything (see

@@ -25,6 +25,12 @@ type QueueLimitsRow struct {
 	Now time.Time
 }
 
+// queueLimitsSQL is the text of limitStatements.QueueLimits
+// (rendered by newLimitStatements).
+const queueLimitsSQL = `SELECT COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
+       COALESCE(q.tenant_max_in_flight, 0), COALESCE(q.tenant_rate_limit, 0), now()
+FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
+
 // QueueLimits reads queue's stored limits and the database clock: one
 // lookup of the queue's row by primary key.
 func (s *Store) QueueLimits(ctx context.Context, db DB, queue string) (QueueLimitsRow, error) {

@@ -32,12 +32,9 @@ type limitStatements struct {
 func newLimitStatements(t Tables) *limitStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &limitStatements{
-		QueueLimits: r(`SELECT COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
-       COALESCE(q.tenant_max_in_flight, 0), COALESCE(q.tenant_rate_limit, 0), now()
-FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
-		TenantLimits: r(`SELECT tenant, max_in_flight, rate_limit FROM crdbwork_tenant_limits WHERE queue = $1 ORDER BY tenant`),
-		SetTenantLimit: r(`INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight, rate_limit) VALUES ($1, $2, $3, $4)
-ON CONFLICT (queue, tenant) DO UPDATE SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit`),
-		RemoveTenantLimit: r(`DELETE FROM crdbwork_tenant_limits WHERE queue = $1 AND tenant = $2`),
+		QueueLimits:       r(queueLimitsSQL),
+		TenantLimits:      r(tenantLimitsSQL),
+		SetTenantLimit:    r(setTenantLimitSQL),
+		RemoveTenantLimit: r(removeTenantLimitSQL),
 	}
 }

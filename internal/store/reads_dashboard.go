@@ -111,63 +111,24 @@ enqueued_at, died_at, tenant, reason, octet_length(payload)`
 func newDashboardStatements(t Tables) *dashboardStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &dashboardStatements{
-		t: t,
-		partBacklog: r(`SELECT p.part, b.unclaimed
-FROM generate_series(0, $2::BIGINT - 1) AS p(part)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS unclaimed
-    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.part = p.part AND i.claim IS NULL
-          ORDER BY i.priority, i.turn_at LIMIT $3) AS w) AS b
-ORDER BY p.part`),
-		unclaimedFirst: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NULL
-ORDER BY priority, turn_at, part, id LIMIT $2`),
-		unclaimedAfter: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NULL AND (priority, turn_at, part) >= ($2, $3, $4)
-  AND NOT (priority = $2 AND turn_at = $3 AND part = $4 AND id <= $5)
-ORDER BY priority, turn_at, part, id LIMIT $6`),
-		tenantFirst: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND tenant = $2 AND claim IS NULL
-ORDER BY priority, turn_at, part, id LIMIT $3`),
-		tenantAfter: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND tenant = $2 AND claim IS NULL AND (priority, turn_at) >= ($3, $4)
-  AND NOT (priority = $3 AND turn_at = $4 AND (part < $5 OR part = $5 AND id <= $6))
-ORDER BY priority, turn_at, part, id LIMIT $7`),
-		claimedFirst: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NOT NULL
-ORDER BY lease_until, id LIMIT $2`),
-		claimedAfter: r(`SELECT ` + dashItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NOT NULL AND lease_until >= $2 AND (lease_until, id) > ($2, $3)
-ORDER BY lease_until, id LIMIT $4`),
-		deadFirst: r(`SELECT ` + deadPageColumns + ` FROM crdbwork_dead_items
-WHERE queue = $1
-ORDER BY died_at DESC, id DESC, death DESC LIMIT $2`),
-		deadAfter: r(`SELECT ` + deadPageColumns + ` FROM crdbwork_dead_items
-WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
-ORDER BY died_at DESC, id DESC, death DESC LIMIT $5`),
-		item: r(`SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
-       last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
-       cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
-       progress_done, progress_total, progress_at, seq_order, headers
-FROM crdbwork_items WHERE id = $1`),
-		waitingQueue: r(`SELECT queue FROM crdbwork_waiting WHERE id = $1`),
-		deaths: r(`SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
-       enqueued_at, died_at, tenant, reason, payload, metadata
-FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`),
-		deleteDead: r(`DELETE FROM crdbwork_dead_items WHERE id = $1 AND death = $2 AND queue = $3`),
-		tenantHeads: r(`SELECT t.tenant, h.vesting_at, now()
-FROM unnest($2::TEXT[]) AS t(tenant)
-LEFT JOIN LATERAL (
-    SELECT i.vesting_at FROM crdbwork_items AS i
-    WHERE i.queue = $1 AND i.tenant = t.tenant AND i.claim IS NULL
-    ORDER BY i.priority, i.turn_at LIMIT 1) AS h ON true
-ORDER BY t.tenant`),
-		auditInsert: r(`INSERT INTO crdbwork_audit (actor, source, action, queue, detail) VALUES ($1, $2, $3, $4, $5)`),
-		auditFirst: r(`SELECT id, at, actor, source, action, queue, detail FROM crdbwork_audit
-ORDER BY at DESC, id DESC LIMIT $1`),
-		auditAfter: r(`SELECT id, at, actor, source, action, queue, detail FROM crdbwork_audit
-WHERE at <= $1 AND (at, id) < ($1, $2)
-ORDER BY at DESC, id DESC LIMIT $3`),
+		t:              t,
+		partBacklog:    r(partBacklogSQL),
+		unclaimedFirst: r(unclaimedFirstSQL),
+		unclaimedAfter: r(unclaimedAfterSQL),
+		tenantFirst:    r(tenantFirstSQL),
+		tenantAfter:    r(tenantAfterSQL),
+		claimedFirst:   r(claimedFirstSQL),
+		claimedAfter:   r(claimedAfterSQL),
+		deadFirst:      r(dashboarddeadFirstSQL),
+		deadAfter:      r(dashboarddeadAfterSQL),
+		item:           r(itemSQL),
+		waitingQueue:   r(waitingQueueSQL),
+		deaths:         r(deathsSQL),
+		deleteDead:     r(deleteDeadSQL),
+		tenantHeads:    r(tenantHeadsSQL),
+		auditInsert:    r(auditInsertSQL),
+		auditFirst:     r(auditFirstSQL),
+		auditAfter:     r(auditAfterSQL),
 	}
 }
 
@@ -291,6 +252,16 @@ func readChunks(ctx context.Context, db DB, cs []chunk, stmt func(chunk) (string
 	return nil
 }
 
+// partBacklogSQL is the text of dashboardStatements.partBacklog
+// (rendered by newDashboardStatements).
+const partBacklogSQL = `SELECT p.part, b.unclaimed
+FROM generate_series(0, $2::BIGINT - 1) AS p(part)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS unclaimed
+    FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.part = p.part AND i.claim IS NULL
+          ORDER BY i.priority, i.turn_at LIMIT $3) AS w) AS b
+ORDER BY p.part`
+
 // PartBacklog returns the unclaimed items of each part of queue below
 // numParts, each count stopping at cap: one limited read of
 // crdbwork_items_part_turn per part. On PostgreSQL one statement
@@ -362,6 +333,44 @@ type ItemPosition struct {
 	LeaseUntil time.Time
 	ID         uuid.UUID
 }
+
+// unclaimedFirstSQL is the text of dashboardStatements.unclaimedFirst
+// (rendered by newDashboardStatements).
+const unclaimedFirstSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NULL
+ORDER BY priority, turn_at, part, id LIMIT $2`
+
+// unclaimedAfterSQL is the text of dashboardStatements.unclaimedAfter
+// (rendered by newDashboardStatements).
+const unclaimedAfterSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NULL AND (priority, turn_at, part) >= ($2, $3, $4)
+  AND NOT (priority = $2 AND turn_at = $3 AND part = $4 AND id <= $5)
+ORDER BY priority, turn_at, part, id LIMIT $6`
+
+// tenantFirstSQL is the text of dashboardStatements.tenantFirst
+// (rendered by newDashboardStatements).
+const tenantFirstSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND tenant = $2 AND claim IS NULL
+ORDER BY priority, turn_at, part, id LIMIT $3`
+
+// tenantAfterSQL is the text of dashboardStatements.tenantAfter
+// (rendered by newDashboardStatements).
+const tenantAfterSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND tenant = $2 AND claim IS NULL AND (priority, turn_at) >= ($3, $4)
+  AND NOT (priority = $3 AND turn_at = $4 AND (part < $5 OR part = $5 AND id <= $6))
+ORDER BY priority, turn_at, part, id LIMIT $7`
+
+// claimedFirstSQL is the text of dashboardStatements.claimedFirst
+// (rendered by newDashboardStatements).
+const claimedFirstSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NOT NULL
+ORDER BY lease_until, id LIMIT $2`
+
+// claimedAfterSQL is the text of dashboardStatements.claimedAfter
+// (rendered by newDashboardStatements).
+const claimedAfterSQL = `SELECT ` + dashItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NOT NULL AND lease_until >= $2 AND (lease_until, id) > ($2, $3)
+ORDER BY lease_until, id LIMIT $4`
 
 // ItemsPage reads up to limit items of queue after the position after
 // (nil: from the first): unclaimed items in claim order, or those of one
@@ -436,6 +445,18 @@ type DeadPageRow struct {
 	PayloadSize           int64
 }
 
+// dashboarddeadFirstSQL is the text of dashboardStatements.deadFirst
+// (rendered by newDashboardStatements).
+const dashboarddeadFirstSQL = `SELECT ` + deadPageColumns + ` FROM crdbwork_dead_items
+WHERE queue = $1
+ORDER BY died_at DESC, id DESC, death DESC LIMIT $2`
+
+// dashboarddeadAfterSQL is the text of dashboardStatements.deadAfter
+// (rendered by newDashboardStatements).
+const dashboarddeadAfterSQL = `SELECT ` + deadPageColumns + ` FROM crdbwork_dead_items
+WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
+ORDER BY died_at DESC, id DESC, death DESC LIMIT $5`
+
 // DeadWindow reads up to limit deaths of queue, newest first, after the
 // position after (nil: from the newest), unfiltered: the caller filters the
 // window, so that a page never reads more than limit index entries.
@@ -506,6 +527,14 @@ type ItemDetail struct {
 	Headers map[string]string
 }
 
+// itemSQL is the text of dashboardStatements.item
+// (rendered by newDashboardStatements).
+const itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
+       last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
+       cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
+       progress_done, progress_total, progress_at, seq_order, headers
+FROM crdbwork_items WHERE id = $1`
+
 // Item reads the item id, and false if it is not in the items table
 // (dashboardStatements.item).
 func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
@@ -528,6 +557,10 @@ func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool
 	return d, true, nil
 }
 
+// waitingQueueSQL is the text of dashboardStatements.waitingQueue
+// (rendered by newDashboardStatements).
+const waitingQueueSQL = `SELECT queue FROM crdbwork_waiting WHERE id = $1`
+
 // WaitingQueue returns the queue of the waiting item id (an item enqueued
 // with prerequisites not yet all acked), and false if id is not waiting
 // (dashboardStatements.waitingQueue).
@@ -542,6 +575,12 @@ func (s *Store) WaitingQueue(ctx context.Context, db DB, id uuid.UUID) (string, 
 	}
 	return queue, true, nil
 }
+
+// deathsSQL is the text of dashboardStatements.deaths
+// (rendered by newDashboardStatements).
+const deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
+       enqueued_at, died_at, tenant, reason, payload, metadata
+FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
 
 // Deaths reads up to limit deaths of the id, newest first
 // (dashboardStatements.deaths).
@@ -570,6 +609,10 @@ func (s *Store) Deaths(ctx context.Context, db DB, id uuid.UUID, limit int) ([]D
 	return out, queues, nil
 }
 
+// deleteDeadSQL is the text of dashboardStatements.deleteDead
+// (rendered by newDashboardStatements).
+const deleteDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id = $1 AND death = $2 AND queue = $3`
+
 // DeleteDead deletes one death of a dead item of queue and reports whether
 // it was there (dashboardStatements.deleteDead).
 func (s *Store) DeleteDead(ctx context.Context, db DB, queue string, id, death uuid.UUID) (bool, error) {
@@ -584,6 +627,16 @@ type TenantHead struct {
 	Head *time.Time
 	Now  time.Time
 }
+
+// tenantHeadsSQL is the text of dashboardStatements.tenantHeads
+// (rendered by newDashboardStatements).
+const tenantHeadsSQL = `SELECT t.tenant, h.vesting_at, now()
+FROM unnest($2::TEXT[]) AS t(tenant)
+LEFT JOIN LATERAL (
+    SELECT i.vesting_at FROM crdbwork_items AS i
+    WHERE i.queue = $1 AND i.tenant = t.tenant AND i.claim IS NULL
+    ORDER BY i.priority, i.turn_at LIMIT 1) AS h ON true
+ORDER BY t.tenant`
 
 // TenantHeads reads the next unclaimed item of each tenant of queue named,
 // one row per tenant in the order given: one seek of
@@ -656,11 +709,26 @@ type AuditRow struct {
 	Detail string // what exactly, for people
 }
 
+// auditInsertSQL is the text of dashboardStatements.auditInsert
+// (rendered by newDashboardStatements).
+const auditInsertSQL = `INSERT INTO crdbwork_audit (actor, source, action, queue, detail) VALUES ($1, $2, $3, $4, $5)`
+
 // RecordAudit adds an entry to the audit list (dashboardStatements.auditInsert).
 func (s *Store) RecordAudit(ctx context.Context, db DB, a AuditRow) error {
 	_, err := db.Exec(ctx, s.dash().auditInsert, a.Actor, a.Source, a.Action, a.Queue, a.Detail)
 	return err
 }
+
+// auditFirstSQL is the text of dashboardStatements.auditFirst
+// (rendered by newDashboardStatements).
+const auditFirstSQL = `SELECT id, at, actor, source, action, queue, detail FROM crdbwork_audit
+ORDER BY at DESC, id DESC LIMIT $1`
+
+// auditAfterSQL is the text of dashboardStatements.auditAfter
+// (rendered by newDashboardStatements).
+const auditAfterSQL = `SELECT id, at, actor, source, action, queue, detail FROM crdbwork_audit
+WHERE at <= $1 AND (at, id) < ($1, $2)
+ORDER BY at DESC, id DESC LIMIT $3`
 
 // AuditPage reads up to limit audit entries, newest first, older than the
 // entry after (nil: from the newest).

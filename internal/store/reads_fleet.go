@@ -18,8 +18,8 @@ type fleetStatements struct {
 }
 
 func newFleetStatements(t Tables) *fleetStatements {
-	return &fleetStatements{queue: rewrite(t, fleetQueue), liveSessions: rewrite(t, fleetLiveSessions),
-		sessionCounts: rewrite(t, fleetSessionCounts)}
+	return &fleetStatements{queue: rewrite(t, queueSQL), liveSessions: rewrite(t, liveSessionsSQL),
+		sessionCounts: rewrite(t, sessionCountsSQL)}
 }
 
 // fleetLiveSessions: $1 limit → the first limit live sessions by id, as
@@ -31,6 +31,10 @@ const fleetLiveSessions = `SELECT id, name, host, pid, created_at, heartbeat_at,
        (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT,
        claimed, acked, failed, in_flight
 FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id LIMIT $1`
+
+// liveSessionsSQL is the text of fleetStatements.liveSessions
+// (rendered by newFleetStatements).
+const liveSessionsSQL = fleetLiveSessions
 
 // FleetLiveSessions returns the first limit live sessions (heartbeat
 // within their expiry, by the database clock), ordered by id
@@ -56,6 +60,10 @@ func (s *Store) FleetLiveSessions(ctx context.Context, db DB, limit int) ([]Sess
 const fleetSessionCounts = `SELECT count(*) FILTER (WHERE heartbeat_at + expiry >= now()),
        count(*) FILTER (WHERE heartbeat_at + expiry < now())
 FROM crdbwork_sessions`
+
+// sessionCountsSQL is the text of fleetStatements.sessionCounts
+// (rendered by newFleetStatements).
+const sessionCountsSQL = fleetSessionCounts
 
 // FleetSessionCounts counts the live sessions and the expired ones not yet
 // reaped (fleetSessionCounts).
@@ -131,6 +139,10 @@ type FleetQueueRow struct {
 	// Now is the database clock.
 	Now time.Time
 }
+
+// queueSQL is the text of fleetStatements.queue
+// (rendered by newFleetStatements).
+const queueSQL = fleetQueue
 
 // FleetQueue reads the figures of the queue named, each count stopping at
 // capAt rows (fleetQueue): one statement of limited index reads.

@@ -23,6 +23,11 @@ type QueueRow struct {
 	Paused bool
 }
 
+// inspectQueueSQL is the text of inspectStatements.Queue
+// (rendered by newInspectStatements).
+const inspectQueueSQL = `SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false)
+FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
+
 // InspectQueue reads queue's stored row (inspectStatements.Queue): a
 // primary-key lookup.
 func (s *Store) InspectQueue(ctx context.Context, db DB, queue string) (QueueRow, error) {
@@ -46,6 +51,13 @@ type UnclaimedPart struct {
 	OldestDue *time.Time
 	Now       time.Time
 }
+
+// unclaimedSQL is the text of inspectStatements.Unclaimed
+// (rendered by newInspectStatements).
+const unclaimedSQL = `SELECT part, count(*), count(*) FILTER (WHERE vesting_at <= now()),
+       min(vesting_at) FILTER (WHERE vesting_at <= now()), now()
+FROM crdbwork_items WHERE queue = $1 AND claim IS NULL
+GROUP BY part ORDER BY part`
 
 // InspectUnclaimed reads queue's unclaimed items by part, ordered by part
 // (inspectStatements.Unclaimed). It reads every unclaimed item of the
@@ -82,6 +94,11 @@ type ClaimedPart struct {
 	Claimed int64
 }
 
+// claimedSQL is the text of inspectStatements.Claimed
+// (rendered by newInspectStatements).
+const claimedSQL = `SELECT part, claim, count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL
+GROUP BY part, claim ORDER BY part, claim`
+
 // InspectClaimed reads queue's claimed items by part and session, ordered
 // by part and session (inspectStatements.Claimed): only the queue's
 // claimed items, through crdbwork_items_lease.
@@ -111,6 +128,12 @@ type TenantBacklog struct {
 	Unclaimed, Due int64
 }
 
+// tenantsSQL is the text of inspectStatements.Tenants
+// (rendered by newInspectStatements).
+const tenantsSQL = `SELECT tenant, count(*) AS unclaimed, count(*) FILTER (WHERE vesting_at <= now())
+FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND tenant IS NOT NULL
+GROUP BY tenant ORDER BY unclaimed DESC, tenant LIMIT $2`
+
 // InspectTenants reads the at most limit tenants of queue with the most
 // unclaimed items, most first, then by name (inspectStatements.Tenants).
 // Items without a tenant are not counted. It reads every unclaimed item of
@@ -132,6 +155,10 @@ func (s *Store) InspectTenants(ctx context.Context, db DB, queue string, limit i
 	return out, nil
 }
 
+// inspectDeadCountSQL is the text of inspectStatements.DeadCount
+// (rendered by newInspectStatements).
+const inspectDeadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`
+
 // InspectDead counts the deaths of queue (inspectStatements.DeadCount):
 // the queue's entries of crdbwork_dead_items_by_queue.
 func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, error) {
@@ -139,6 +166,10 @@ func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, er
 	err := db.QueryRow(ctx, s.insp.DeadCount, queue).Scan(&n)
 	return n, err
 }
+
+// storedQueuesSQL is the text of inspectStatements.StoredQueues
+// (rendered by newInspectStatements).
+const storedQueuesSQL = `SELECT name FROM crdbwork_queues WHERE name > $1 ORDER BY name LIMIT $2`
 
 // StoredQueues returns the names of the queues with a row in the queues
 // table after after, in order, at most limit of them
@@ -151,6 +182,10 @@ func (s *Store) StoredQueues(ctx context.Context, db DB, after string, limit int
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// nextUnclaimedQueueSQL is the text of inspectStatements.NextUnclaimedQueue
+// (rendered by newInspectStatements).
+const nextUnclaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim IS NULL AND queue > $1`
+
 // NextUnclaimedQueue returns the smallest queue name after after that has
 // unclaimed items, and false if there is none: one index seek
 // (inspectStatements.NextUnclaimedQueue).
@@ -158,11 +193,19 @@ func (s *Store) NextUnclaimedQueue(ctx context.Context, db DB, after string) (st
 	return nextQueue(ctx, db, s.insp.NextUnclaimedQueue, after)
 }
 
+// nextClaimedQueueSQL is the text of inspectStatements.NextClaimedQueue
+// (rendered by newInspectStatements).
+const nextClaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim IS NOT NULL AND queue > $1`
+
 // NextClaimedQueue is NextUnclaimedQueue for claimed items
 // (inspectStatements.NextClaimedQueue).
 func (s *Store) NextClaimedQueue(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextClaimedQueue, after)
 }
+
+// nextDeadQueueSQL is the text of inspectStatements.NextDeadQueue
+// (rendered by newInspectStatements).
+const nextDeadQueueSQL = `SELECT min(queue) FROM crdbwork_dead_items WHERE queue > $1`
 
 // NextDeadQueue is NextUnclaimedQueue for dead items
 // (inspectStatements.NextDeadQueue).
@@ -190,6 +233,12 @@ type QueueSettingsRow struct {
 	DedupWindow time.Duration
 }
 
+// queueSettingsSQL is the text of coreStatements.QueueSettings
+// (rendered by newCoreStatements).
+const queueSettingsSQL = `SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit,
+       (EXTRACT(EPOCH FROM dedup_window) * 1000000)::BIGINT
+FROM crdbwork_queues WHERE name = $1`
+
 // QueueSettings reads queue's settings, and false if it has no row
 // (coreStatements.QueueSettings).
 func (s *Store) QueueSettings(ctx context.Context, db DB, queue string) (QueueSettingsRow, bool, error) {
@@ -207,6 +256,16 @@ func (s *Store) QueueSettings(ctx context.Context, db DB, queue string) (QueueSe
 	return r, true, nil
 }
 
+// configureQueueSQL is the text of coreStatements.ConfigureQueue
+// (rendered by newCoreStatements).
+const configureQueueSQL = `INSERT INTO crdbwork_queues AS q
+    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup_window)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::BIGINT * INTERVAL '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
+    max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
+    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
+    dedup_window = excluded.dedup_window`
+
 // ConfigureQueue stores queue's settings, replacing all of them; a queue
 // without a row gets one, with one part (coreStatements.ConfigureQueue).
 func (s *Store) ConfigureQueue(ctx context.Context, db DB, queue string, r QueueSettingsRow) error {
@@ -215,12 +274,21 @@ func (s *Store) ConfigureQueue(ctx context.Context, db DB, queue string, r Queue
 	return err
 }
 
+// queuePausedSQL is the text of coreStatements.QueuePaused
+// (rendered by newCoreStatements).
+const queuePausedSQL = `SELECT COALESCE((SELECT paused FROM crdbwork_queues WHERE name = $1), false)`
+
 // QueuePaused reads whether queue is paused (coreStatements.QueuePaused).
 func (s *Store) QueuePaused(ctx context.Context, db DB, queue string) (bool, error) {
 	var paused bool
 	err := db.QueryRow(ctx, s.st.QueuePaused, queue).Scan(&paused)
 	return paused, err
 }
+
+// pauseQueueSQL is the text of coreStatements.PauseQueue
+// (rendered by newCoreStatements).
+const pauseQueueSQL = `INSERT INTO crdbwork_queues AS q (name, paused) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`
 
 // PauseQueue pauses or resumes queue (coreStatements.PauseQueue).
 func (s *Store) PauseQueue(ctx context.Context, db DB, queue string, paused bool) error {
@@ -234,6 +302,10 @@ type TenantLimitRow struct {
 	MaxInFlight int64
 	Rate        float64
 }
+
+// tenantLimitsSQL is the text of limitStatements.TenantLimits
+// (rendered by newLimitStatements).
+const tenantLimitsSQL = `SELECT tenant, max_in_flight, rate_limit FROM crdbwork_tenant_limits WHERE queue = $1 ORDER BY tenant`
 
 // TenantLimits reads queue's tenant limits, ordered by tenant
 // (limitStatements.TenantLimits).
@@ -253,12 +325,21 @@ func (s *Store) TenantLimits(ctx context.Context, db DB, queue string) ([]Tenant
 	return out, nil
 }
 
+// setTenantLimitSQL is the text of limitStatements.SetTenantLimit
+// (rendered by newLimitStatements).
+const setTenantLimitSQL = `INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight, rate_limit) VALUES ($1, $2, $3, $4)
+ON CONFLICT (queue, tenant) DO UPDATE SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit`
+
 // SetTenantLimit stores tenant's own limit on queue
 // (limitStatements.SetTenantLimit).
 func (s *Store) SetTenantLimit(ctx context.Context, db DB, queue, tenant string, maxInFlight int64, rate float64) error {
 	_, err := db.Exec(ctx, s.lim.SetTenantLimit, queue, tenant, maxInFlight, rate)
 	return err
 }
+
+// removeTenantLimitSQL is the text of limitStatements.RemoveTenantLimit
+// (rendered by newLimitStatements).
+const removeTenantLimitSQL = `DELETE FROM crdbwork_tenant_limits WHERE queue = $1 AND tenant = $2`
 
 // RemoveTenantLimit deletes tenant's own limit on queue and reports whether
 // there was one (limitStatements.RemoveTenantLimit).

@@ -65,21 +65,14 @@ type inspectStatements struct {
 func newInspectStatements(t Tables) *inspectStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &inspectStatements{
-		Queue: r(`SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false)
-FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
-		Unclaimed: r(`SELECT part, count(*), count(*) FILTER (WHERE vesting_at <= now()),
-       min(vesting_at) FILTER (WHERE vesting_at <= now()), now()
-FROM crdbwork_items WHERE queue = $1 AND claim IS NULL
-GROUP BY part ORDER BY part`),
-		Claimed: r(`SELECT part, claim, count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL
-GROUP BY part, claim ORDER BY part, claim`),
-		Tenants: r(`SELECT tenant, count(*) AS unclaimed, count(*) FILTER (WHERE vesting_at <= now())
-FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND tenant IS NOT NULL
-GROUP BY tenant ORDER BY unclaimed DESC, tenant LIMIT $2`),
-		DeadCount:          r(`SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`),
-		StoredQueues:       r(`SELECT name FROM crdbwork_queues WHERE name > $1 ORDER BY name LIMIT $2`),
-		NextUnclaimedQueue: r(`SELECT min(queue) FROM crdbwork_items WHERE claim IS NULL AND queue > $1`),
-		NextClaimedQueue:   r(`SELECT min(queue) FROM crdbwork_items WHERE claim IS NOT NULL AND queue > $1`),
-		NextDeadQueue:      r(`SELECT min(queue) FROM crdbwork_dead_items WHERE queue > $1`),
+		Queue:              r(inspectQueueSQL),
+		Unclaimed:          r(unclaimedSQL),
+		Claimed:            r(claimedSQL),
+		Tenants:            r(tenantsSQL),
+		DeadCount:          r(inspectDeadCountSQL),
+		StoredQueues:       r(storedQueuesSQL),
+		NextUnclaimedQueue: r(nextUnclaimedQueueSQL),
+		NextClaimedQueue:   r(nextClaimedQueueSQL),
+		NextDeadQueue:      r(nextDeadQueueSQL),
 	}
 }

@@ -106,21 +106,14 @@ RETURNING d.id`
 func newRetentionStatements(t Tables) *retentionStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &retentionStatements{
-		Retention: r(`SELECT q.name IS NOT NULL,
-       COALESCE((EXTRACT(EPOCH FROM q.dead_max_age) * 1000000)::BIGINT, (EXTRACT(EPOCH FROM ` + DefaultDeadMaxAge + `) * 1000000)::BIGINT),
-       COALESCE(q.dead_max_count, ` + DefaultDeadMaxCount + `)
-FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`),
-		SetRetention: r(`INSERT INTO crdbwork_queues AS q (name, dead_max_age, dead_max_count)
-VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
-ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`),
-		PruneDeadOlder:          r(fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
-		PruneDeadBefore:         r(fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)),
-		PostgresPruneDeadOlder:  r(fmt.Sprintf(pgPruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)),
-		PostgresPruneDeadBefore: r(fmt.Sprintf(pgPruneDeadTemplate, `$2::TIMESTAMPTZ`)),
-		DeadNewest: r(`SELECT count(*), min(died_at), count(*) FILTER (WHERE died_at >= now() - $3::BIGINT * INTERVAL '1 microsecond'), now()
-FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at DESC LIMIT $2) AS newest`),
-		DeadSince: r(`SELECT count(*)
-FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 AND died_at >= $2 ORDER BY died_at DESC LIMIT $3) AS recent`),
+		Retention:               r(retentionSQL),
+		SetRetention:            r(setRetentionSQL),
+		PruneDeadOlder:          r(pruneDeadOlderSQL),
+		PruneDeadBefore:         r(pruneDeadBeforeSQL),
+		PostgresPruneDeadOlder:  r(postgresPruneDeadOlderSQL),
+		PostgresPruneDeadBefore: r(postgresPruneDeadBeforeSQL),
+		DeadNewest:              r(deadNewestSQL),
+		DeadSince:               r(deadSinceSQL),
 	}
 }
 
@@ -133,6 +126,13 @@ type RetentionRow struct {
 	MaxCount int64
 }
 
+// retentionSQL is the text of retentionStatements.Retention
+// (rendered by newRetentionStatements).
+const retentionSQL = `SELECT q.name IS NOT NULL,
+       COALESCE((EXTRACT(EPOCH FROM q.dead_max_age) * 1000000)::BIGINT, (EXTRACT(EPOCH FROM ` + DefaultDeadMaxAge + `) * 1000000)::BIGINT),
+       COALESCE(q.dead_max_count, ` + DefaultDeadMaxCount + `)
+FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
+
 // Retention reads queue's retention (retentionStatements.Retention).
 func (s *Store) Retention(ctx context.Context, db DB, queue string) (RetentionRow, error) {
 	var r RetentionRow
@@ -144,12 +144,26 @@ func (s *Store) Retention(ctx context.Context, db DB, queue string) (RetentionRo
 	return r, nil
 }
 
+// setRetentionSQL is the text of retentionStatements.SetRetention
+// (rendered by newRetentionStatements).
+const setRetentionSQL = `INSERT INTO crdbwork_queues AS q (name, dead_max_age, dead_max_count)
+VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
+ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`
+
 // SetRetention stores queue's retention, at microsecond precision
 // (retentionStatements.SetRetention).
 func (s *Store) SetRetention(ctx context.Context, db DB, queue string, maxAge time.Duration, maxCount int64) error {
 	_, err := db.Exec(ctx, s.ret.SetRetention, queue, maxAge.Microseconds(), maxCount)
 	return err
 }
+
+// pruneDeadOlderSQL is the text of retentionStatements.PruneDeadOlder
+// (rendered by newRetentionStatements).
+var pruneDeadOlderSQL = fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)
+
+// postgresPruneDeadOlderSQL is the text of retentionStatements.PostgresPruneDeadOlder
+// (rendered by newRetentionStatements).
+var postgresPruneDeadOlderSQL = fmt.Sprintf(pgPruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)
 
 // PruneDeadOlder deletes, in tx, up to limit of queue's dead items older
 // than age and returns how many (retentionStatements.PruneDeadOlder, or its
@@ -162,6 +176,14 @@ func (s *Store) PruneDeadOlder(ctx context.Context, tx pgx.Tx, d Dialect, queue 
 	tag, err := tx.Exec(ctx, stmt, queue, age.Microseconds(), limit)
 	return tag.RowsAffected(), err
 }
+
+// pruneDeadBeforeSQL is the text of retentionStatements.PruneDeadBefore
+// (rendered by newRetentionStatements).
+var pruneDeadBeforeSQL = fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)
+
+// postgresPruneDeadBeforeSQL is the text of retentionStatements.PostgresPruneDeadBefore
+// (rendered by newRetentionStatements).
+var postgresPruneDeadBeforeSQL = fmt.Sprintf(pgPruneDeadTemplate, `$2::TIMESTAMPTZ`)
 
 // PruneDeadBefore deletes, in tx, up to limit of queue's dead items that
 // died before t and returns how many (retentionStatements.PruneDeadBefore,
@@ -187,6 +209,11 @@ type DeadNewestRow struct {
 	Now time.Time
 }
 
+// deadNewestSQL is the text of retentionStatements.DeadNewest
+// (rendered by newRetentionStatements).
+const deadNewestSQL = `SELECT count(*), min(died_at), count(*) FILTER (WHERE died_at >= now() - $3::BIGINT * INTERVAL '1 microsecond'), now()
+FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at DESC LIMIT $2) AS newest`
+
 // DeadNewest reads queue's newest n deaths, and how many of them died
 // within recent (retentionStatements.DeadNewest).
 func (s *Store) DeadNewest(ctx context.Context, db DB, queue string, n int64, recent time.Duration) (DeadNewestRow, error) {
@@ -200,6 +227,11 @@ func (s *Store) DeadNewest(ctx context.Context, db DB, queue string, n int64, re
 	}
 	return r, nil
 }
+
+// deadSinceSQL is the text of retentionStatements.DeadSince
+// (rendered by newRetentionStatements).
+const deadSinceSQL = `SELECT count(*)
+FROM (SELECT died_at FROM crdbwork_dead_items WHERE queue = $1 AND died_at >= $2 ORDER BY died_at DESC LIMIT $3) AS recent`
 
 // DeadSince counts queue's deaths since t, at most limit
 // (retentionStatements.DeadSince).

@@ -21,6 +21,10 @@ func (s *Store) ScheduleNow(ctx context.Context, db DB) (time.Time, error) {
 	return now, err
 }
 
+// lastSQL is the text of scheduleStatements.Last
+// (rendered by newScheduleStatements).
+const lastSQL = `SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE`
+
 // ScheduleLast returns the last period enqueued by schedule name of queue,
 // locking its row until the transaction ends, and whether there is one
 // (false: the schedule never fired).
@@ -32,6 +36,13 @@ func (s *Store) ScheduleLast(ctx context.Context, db DB, queue, name string) (ti
 	}
 	return last, err == nil, err
 }
+
+// advanceSQL is the text of scheduleStatements.Advance
+// (rendered by newScheduleStatements).
+const advanceSQL = `INSERT INTO crdbwork_schedules AS s (queue, name, last_period) VALUES ($1, $2, $3)
+ON CONFLICT (queue, name) DO UPDATE SET last_period = excluded.last_period, updated_at = now()
+WHERE s.last_period < excluded.last_period
+RETURNING s.last_period`
 
 // AdvanceSchedule records period as the last period of schedule name of
 // queue, and reports whether it did: it never moves a stored period

@@ -29,11 +29,8 @@ type scheduleStatements struct {
 func newScheduleStatements(t Tables) *scheduleStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &scheduleStatements{
-		Last: r(`SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE`),
-		Now:  `SELECT now()`,
-		Advance: r(`INSERT INTO crdbwork_schedules AS s (queue, name, last_period) VALUES ($1, $2, $3)
-ON CONFLICT (queue, name) DO UPDATE SET last_period = excluded.last_period, updated_at = now()
-WHERE s.last_period < excluded.last_period
-RETURNING s.last_period`),
+		Last:    r(lastSQL),
+		Now:     `SELECT now()`,
+		Advance: r(advanceSQL),
 	}
 }

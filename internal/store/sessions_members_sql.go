@@ -72,29 +72,12 @@ type memberStatements struct {
 func newMemberStatements(t Tables) *memberStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &memberStatements{
-		JoinQueue: r(`INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ($1, $2)
-ON CONFLICT (queue, session_id) DO NOTHING`),
-		LeaveQueue: r(`DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2`),
-		JoinedMembers: r(`SELECT s.id
-FROM crdbwork_session_queues AS m
-JOIN crdbwork_sessions AS s ON s.id = m.session_id
-WHERE m.queue = $1 AND s.heartbeat_at + s.expiry >= now()
-ORDER BY s.id`),
-		LimitSharers: r(`SELECT s.id
-FROM crdbwork_sessions AS s
-WHERE s.heartbeat_at + s.expiry >= now()
-  AND (EXISTS (SELECT 1 FROM crdbwork_session_queues AS m WHERE m.queue = $1 AND m.session_id = s.id)
-       OR EXISTS (SELECT 1 FROM crdbwork_session_parts AS p WHERE p.queue = $1 AND p.session_id = s.id)
-       OR NOT EXISTS (SELECT 1 FROM crdbwork_session_queues AS a WHERE a.session_id = s.id))
-ORDER BY s.id`),
-		QueueMembers: r(`SELECT s.id
-FROM (SELECT session_id FROM crdbwork_session_queues WHERE queue = $1
-      UNION
-      SELECT session_id FROM crdbwork_session_parts WHERE queue = $1) AS m
-JOIN crdbwork_sessions AS s ON s.id = m.session_id
-WHERE s.heartbeat_at + s.expiry >= now()
-ORDER BY s.id`),
-		Memberships:   r(`SELECT queue, session_id, joined_at FROM crdbwork_session_queues ORDER BY queue, session_id`),
-		AllPartOwners: r(`SELECT queue, part, session_id FROM crdbwork_session_parts ORDER BY queue, part`),
+		JoinQueue:     r(joinQueueSQL),
+		LeaveQueue:    r(leaveQueueSQL),
+		JoinedMembers: r(joinedMembersSQL),
+		LimitSharers:  r(limitSharersSQL),
+		QueueMembers:  r(queueMembersSQL),
+		Memberships:   r(membershipsSQL),
+		AllPartOwners: r(allPartOwnersSQL),
 	}
 }

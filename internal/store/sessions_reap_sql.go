@@ -34,7 +34,7 @@ type reapStatements struct {
 func newReapStatements(t Tables) *reapStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &reapStatements{
-		ExpiredSessions: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`),
-		ReapSession:     r(`DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`),
+		ExpiredSessions: r(expiredSessionsSQL),
+		ReapSession:     r(reapSessionSQL),
 	}
 }

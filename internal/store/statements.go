@@ -445,143 +445,48 @@ const released = `claim = NULL, claim_queue = NULL, claim_part = NULL, claimed_a
 func newCoreStatements(t Tables) *coreStatements {
 	r := func(text string) string { return rewrite(t, text) }
 	return &coreStatements{
-		CreateSession: r(`INSERT INTO crdbwork_sessions (expiry, host, pid, name)
-VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`),
-		Heartbeat:     r(`UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1`),
-		ReapSessions:  r(`DELETE FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`),
-		DeleteSession: r(`DELETE FROM crdbwork_sessions WHERE id = $1`),
-		LiveSessions: r(`SELECT id, name, host, pid, created_at, heartbeat_at,
-       (EXTRACT(EPOCH FROM expiry) * 1000000)::BIGINT,
-       (EXTRACT(EPOCH FROM now() - created_at) * 1000000)::BIGINT,
-       (EXTRACT(EPOCH FROM now() - heartbeat_at) * 1000000)::BIGINT,
-       claimed, acked, failed, in_flight
-FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
-		LiveSessionIDs: r(`SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`),
+		CreateSession:  r(createSessionSQL),
+		Heartbeat:      r(heartbeatSQL),
+		ReapSessions:   r(reapSessionsSQL),
+		DeleteSession:  r(deleteSessionSQL),
+		LiveSessions:   r(coreLiveSessionsSQL),
+		LiveSessionIDs: r(liveSessionIDsSQL),
 
-		QueueParts:       r(`SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`),
-		InsertQueueParts: r(`INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`),
-		UpsertQueueParts: r(`INSERT INTO crdbwork_queues AS q (name, num_parts) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`),
-		AcquirePart: r(`INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
-ON CONFLICT DO NOTHING`),
-		ReleasePart:    r(`DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`),
-		OwnedParts:     r(`SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`),
-		PartOwners:     r(`SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`),
-		DropPartsAbove: r(`DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`),
+		QueueParts:       r(queuePartsSQL),
+		InsertQueueParts: r(insertQueuePartsSQL),
+		UpsertQueueParts: r(upsertQueuePartsSQL),
+		AcquirePart:      r(acquirePartSQL),
+		ReleasePart:      r(releasePartSQL),
+		OwnedParts:       r(ownedPartsSQL),
+		PartOwners:       r(partOwnersSQL),
+		DropPartsAbove:   r(dropPartsAboveSQL),
 
-		// Acks and takes record the ended ids in the same statement (see ended.go).
-		ClaimAny:         r(fmt.Sprintf(claimTemplate, joinPicked)),
-		PostgresClaimAny: r(fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)),
-		ReapLeases:       r(fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS NOT NULL AND i.lease_until < now()`)),
-		PostgresReapLeases: r(fmt.Sprintf(reapLeasesTemplate, `FROM picked
-WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until < now()) OR picked.id IS NULL) IS TRUE`)),
-		AckMany:                r(deleteEndedAck(`DELETE FROM crdbwork_items WHERE ` + fenced)),
-		PostgresAckMany:        r(deleteEndedAck(`DELETE FROM crdbwork_items AS i USING ` + pgKeys + ` WHERE ` + pgFenced)),
-		TakeAtMostOnce:         r(deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+` AND at_most_once`, OutcomeTaken)),
-		PostgresTakeAtMostOnce: r(deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)),
-		Nack: r(`UPDATE crdbwork_items
-SET ` + released + `,
-    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
-    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
-WHERE ` + heldBy),
-		// Release gives the attempt back (retry accounting); the token stays.
-		Release: r(`UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
-WHERE ` + heldBy),
-		DeadLetter: r(`WITH gone AS (
-    DELETE FROM crdbwork_items WHERE ` + heldBy + `
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order),
-` + recordEnded(OutcomeDead) + `
-INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
-RETURNING id`),
-		Extend: r(`UPDATE crdbwork_items SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
-WHERE ` + fenced + ` RETURNING id, lease_until`),
-		PostgresExtend: r(`UPDATE crdbwork_items AS i SET lease_until = now() + $4::BIGINT * INTERVAL '1 microsecond'
-FROM ` + pgKeys + `
-WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`),
-		// Unclaimed items whose attempts are used up (a crash loop: every claim
-		// ended without an ack or a nack) move to the dead items, through
-		// crdbwork_items_exhausted.
-		ReapExhausted: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED),
-` + moveExhausted),
-		// An item past its deadline that no session holds moves to the dead
-		// items. (A claimed one is left to its holder: its ack may still
-		// come; once released, nacked or reaped, it is moved here.) The
-		// candidates are read through crdbwork_items_expiry
-		// (expiredUnclaimed).
-		ReapExpired: r(`WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
-    WHERE ` + expiredUnclaimed + `
-    ORDER BY expires_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED),
-` + moveExpired),
-		FairHead:         r(fairHead),
-		PostgresFairHead: r(pgHideQueue(fairHead, fairHeadAnchor, "$1")),
-		QueueSettings: r(`SELECT fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit,
-       (EXTRACT(EPOCH FROM dedup_window) * 1000000)::BIGINT
-FROM crdbwork_queues WHERE name = $1`),
-		ConfigureQueue: r(`INSERT INTO crdbwork_queues AS q
-    (name, fair, at_most_once, max_in_flight, rate_limit, tenant_max_in_flight, tenant_rate_limit, dedup_window)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8::BIGINT * INTERVAL '1 microsecond')
-ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
-    max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
-    tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
-    dedup_window = excluded.dedup_window`),
-		// Items claimed by the session but not in the keep list: a claim whose
-		// answer was lost. The attempt is given back, as by Release.
-		ReleaseForgot: r(`UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
-WHERE claim = $2 AND queue = $1 AND NOT (id = ANY($3::UUID[]))`),
-		PauseQueue: r(`INSERT INTO crdbwork_queues AS q (name, paused) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`),
-		QueuePaused: r(`SELECT COALESCE((SELECT paused FROM crdbwork_queues WHERE name = $1), false)`),
-		HeartbeatReport: r(`UPDATE crdbwork_sessions
-SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
-WHERE id = $1`),
-		Cancel: r(cancelUnclaimed),
-		DeadItems: r(`SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
-FROM crdbwork_dead_items WHERE queue = $1
-ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $2`),
-		// A requeued item keeps its id, key, tenant, priority, enqueue time
-		// and claim token (so tokens keep growing), gets fresh attempts, no
-		// deadline, at-least-once delivery, and is claimable at once. Its part is taken modulo
-		// the queue's current number of parts, as SetParts does for items.
-		// The death is picked only if the id is not live anywhere: no item
-		// has it, and no waiting item (an item enqueued again with
-		// prerequisites, in any queue), which the move would otherwise
-		// shadow: its release would find the id taken and be lost. The
-		// checks and the DELETE see one snapshot (an item inserted since
-		// makes the INSERT fail, and the whole statement with it; a waiting
-		// item inserted since is a serialization failure of the
-		// SERIALIZABLE transaction Requeue runs in): a refused requeue
-		// deletes nothing. The requeued id is no longer ended (revived).
-		Requeue: r(`WITH victim AS MATERIALIZED (
-    SELECT death FROM crdbwork_dead_items
-    WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting WHERE id = $1)
-    ORDER BY died_at DESC, death DESC
-    LIMIT 1),
-gone AS (
-    DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order),
-revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
-INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order)
-SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-       ` + requeuedSeqOrder + `
-FROM gone AS g,
-     (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
-             COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n
-RETURNING id`),
+		ClaimAny:               r(claimAnySQL),
+		PostgresClaimAny:       r(postgresClaimAnySQL),
+		ReapLeases:             r(reapLeasesSQL),
+		PostgresReapLeases:     r(postgresReapLeasesSQL),
+		AckMany:                r(ackManySQL),
+		PostgresAckMany:        r(postgresAckManySQL),
+		TakeAtMostOnce:         r(takeAtMostOnceSQL),
+		PostgresTakeAtMostOnce: r(postgresTakeAtMostOnceSQL),
+		Nack:                   r(nackSQL),
+		Release:                r(coreReleaseSQL),
+		DeadLetter:             r(deadLetterSQL),
+		Extend:                 r(extendSQL),
+		PostgresExtend:         r(postgresExtendSQL),
+		ReapExhausted:          r(reapExhaustedSQL),
+		ReapExpired:            r(reapExpiredSQL),
+		FairHead:               r(fairHeadSQL),
+		PostgresFairHead:       r(postgresFairHeadSQL),
+		QueueSettings:          r(queueSettingsSQL),
+		ConfigureQueue:         r(configureQueueSQL),
+		ReleaseForgot:          r(releaseForgotSQL),
+		PauseQueue:             r(pauseQueueSQL),
+		QueuePaused:            r(queuePausedSQL),
+		HeartbeatReport:        r(heartbeatReportSQL),
+		Cancel:                 r(cancelSQL),
+		DeadItems:              r(deadItemsSQL),
+		Requeue:                r(requeueSQL),
 		Backlog: r(`SELECT queue, part,
        count(*) FILTER (WHERE claim IS NULL),
        count(*) FILTER (WHERE claim IS NULL AND vesting_at <= now()),

@@ -60,41 +60,12 @@ func (s *Store) demoSQL() *demoStatements { return s.lazyDemo() }
 // newDemoStatements renders the demo's statements for t.
 func newDemoStatements(t Tables) *demoStatements {
 	d := &demoStatements{
-		// Two counts, each through a partial index on the queue (the items
-		// table has none on the queue alone): the unclaimed items through
-		// crdbwork_items_part_turn, the claimed ones through
-		// crdbwork_items_lease.
-		countItems: rewrite(t, `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL)
-    + (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL)`),
-		itemFates: rewrite(t, `SELECT
-    count(*) FILTER (WHERE f.item IS NOT NULL),
-    count(*) FILTER (WHERE f.claim IS NOT NULL),
-    count(*) FILTER (WHERE f.claim IS NOT NULL AND f.lease_until < now()),
-    COALESCE(EXTRACT(EPOCH FROM now() - min(f.claimed_at) FILTER (WHERE f.claim IS NOT NULL)), 0)::FLOAT8,
-    count(*) FILTER (WHERE f.item IS NULL AND f.dead),
-    count(*) FILTER (WHERE f.item IS NULL AND NOT f.dead AND f.outcome = 'cancelled')
-FROM (
-    SELECT i.id AS item, i.claim, i.lease_until, i.claimed_at,
-        EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = e.id) AS dead,
-        n.outcome
-    FROM unnest($1::TEXT[], $2::UUID[]) AS e (queue, id)
-    LEFT JOIN crdbwork_items AS i ON i.id = e.id
-    LEFT JOIN crdbwork_ended AS n ON n.queue = e.queue AND n.id = e.id
-) AS f`),
-		workedQueues: rewrite(t, `SELECT p.queue FROM crdbwork_session_parts AS p
-    JOIN crdbwork_sessions AS s ON s.id = p.session_id WHERE s.heartbeat_at + s.expiry >= now()
-UNION
-SELECT m.queue FROM crdbwork_session_queues AS m
-    JOIN crdbwork_sessions AS s ON s.id = m.session_id WHERE s.heartbeat_at + s.expiry >= now()
-ORDER BY 1`),
-		deleteItems: rewrite(t, `DELETE FROM crdbwork_items WHERE id IN (
-    (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2)
-    UNION ALL
-    (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2))`),
-		deleteDeadItems: rewrite(t, `DELETE FROM crdbwork_dead_items WHERE queue = $1 AND (id, death) IN
-    (SELECT id, death FROM crdbwork_dead_items WHERE queue = $1 LIMIT $2)`),
-		deleteEnded: rewrite(t, `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN
-    (SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2)`),
+		countItems:      rewrite(t, countItemsSQL),
+		itemFates:       rewrite(t, itemFatesSQL),
+		workedQueues:    rewrite(t, workedQueuesSQL),
+		deleteItems:     rewrite(t, deleteItemsSQL),
+		deleteDeadItems: rewrite(t, deleteDeadItemsSQL),
+		deleteEnded:     rewrite(t, deleteEndedSQL),
 	}
 	for _, table := range []string{"session_parts", "session_queues", "tenant_limits", "schedules"} {
 		d.deleteQueueRest = append(d.deleteQueueRest, `DELETE FROM `+t.Table(table)+` WHERE queue = $1`)
@@ -111,6 +82,16 @@ ORDER BY 1`),
 	d.dropTables = append(d.dropTables, `DROP FUNCTION IF EXISTS `+fn.Sanitize())
 	return d
 }
+
+// countItemsSQL is the text of demoStatements.countItems
+// (rendered by newDemoStatements).
+//
+// Two counts, each through a partial index on the queue (the items
+// table has none on the queue alone): the unclaimed items through
+// crdbwork_items_part_turn, the claimed ones through
+// crdbwork_items_lease.
+const countItemsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL)
+    + (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL)`
 
 // CountItems returns the number of queue's items, claimed or not. It reads
 // every item of the queue (through the partial indexes of unclaimed and of
@@ -144,6 +125,24 @@ type ItemFates struct {
 	Cancelled int64
 }
 
+// itemFatesSQL is the text of demoStatements.itemFates
+// (rendered by newDemoStatements).
+const itemFatesSQL = `SELECT
+    count(*) FILTER (WHERE f.item IS NOT NULL),
+    count(*) FILTER (WHERE f.claim IS NOT NULL),
+    count(*) FILTER (WHERE f.claim IS NOT NULL AND f.lease_until < now()),
+    COALESCE(EXTRACT(EPOCH FROM now() - min(f.claimed_at) FILTER (WHERE f.claim IS NOT NULL)), 0)::FLOAT8,
+    count(*) FILTER (WHERE f.item IS NULL AND f.dead),
+    count(*) FILTER (WHERE f.item IS NULL AND NOT f.dead AND f.outcome = 'cancelled')
+FROM (
+    SELECT i.id AS item, i.claim, i.lease_until, i.claimed_at,
+        EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = e.id) AS dead,
+        n.outcome
+    FROM unnest($1::TEXT[], $2::UUID[]) AS e (queue, id)
+    LEFT JOIN crdbwork_items AS i ON i.id = e.id
+    LEFT JOIN crdbwork_ended AS n ON n.queue = e.queue AND n.id = e.id
+) AS f`
+
 // ItemFates classifies items: pending (and claimed), dead or cancelled.
 // Items in none of these (acked, taken at most once, pruned from the ended
 // ids, or never enqueued) are counted nowhere. Each item costs a point read
@@ -165,6 +164,15 @@ func (s *Store) ItemFates(ctx context.Context, db DB, items []ItemRef) (ItemFate
 	return f, nil
 }
 
+// workedQueuesSQL is the text of demoStatements.workedQueues
+// (rendered by newDemoStatements).
+const workedQueuesSQL = `SELECT p.queue FROM crdbwork_session_parts AS p
+    JOIN crdbwork_sessions AS s ON s.id = p.session_id WHERE s.heartbeat_at + s.expiry >= now()
+UNION
+SELECT m.queue FROM crdbwork_session_queues AS m
+    JOIN crdbwork_sessions AS s ON s.id = m.session_id WHERE s.heartbeat_at + s.expiry >= now()
+ORDER BY 1`
+
 // WorkedQueues returns, in order, the queues whose parts a live session
 // owns or that a live session is a member of (live: its heartbeat within its
 // expiry, by the database clock, as session.List).
@@ -184,6 +192,23 @@ func (s *Store) WorkedQueues(ctx context.Context, db DB) ([]string, error) {
 type QueueRows struct {
 	Items, DeadItems, Ended int64
 }
+
+// deleteItemsSQL is the text of demoStatements.deleteItems
+// (rendered by newDemoStatements).
+const deleteItemsSQL = `DELETE FROM crdbwork_items WHERE id IN (
+    (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NULL LIMIT $2)
+    UNION ALL
+    (SELECT id FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL LIMIT $2))`
+
+// deleteDeadItemsSQL is the text of demoStatements.deleteDeadItems
+// (rendered by newDemoStatements).
+const deleteDeadItemsSQL = `DELETE FROM crdbwork_dead_items WHERE queue = $1 AND (id, death) IN
+    (SELECT id, death FROM crdbwork_dead_items WHERE queue = $1 LIMIT $2)`
+
+// deleteEndedSQL is the text of demoStatements.deleteEnded
+// (rendered by newDemoStatements).
+const deleteEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN
+    (SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2)`
 
 // DeleteQueueRows deletes a batch of queue's rows: up to limit unclaimed
 // and limit claimed items, up to limit dead items and up to limit ended ids,
