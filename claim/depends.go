@@ -435,7 +435,7 @@ func releaseTxOptions(d store.Dialect) pgx.TxOptions {
 // deleted, their dependents' remaining counts lowered, and those at zero
 // moved into the items table. It locks the dependents in id order and waits
 // for those another transaction holds: a release, a cancel or a purge,
-// which hold them for one batch at most, or a reap's batch (internal/store/items_deps_sql.go,
+// which hold them for one batch at most, or a reap's batch (internal/store/items_deps.go,
 // "Lock order": no two of them can wait for each other in a cycle).
 //
 // Its failure (the database, a lost connection, a crash right after the
@@ -549,7 +549,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 // it ended. It skips the dependents another transaction holds (FOR UPDATE
 // SKIP LOCKED): a sweep never waits for a release, and never fails behind
 // one. Its edges of dependents that are gone are deleted last, in one
-// statement, in key order (the lock order of internal/store/items_deps_sql.go).
+// statement, in key order (the lock order of internal/store/items_deps.go).
 func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UUID, error) {
 	d := q.engine.Load().dialect
 	var released int

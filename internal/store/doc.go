@@ -8,7 +8,9 @@
 // text unexported. The business logic in the other packages never builds
 // SQL; the EXPLAIN tests of this package check every statement's plan.
 // Files are named by table or entity (items_claim.go, dead.go,
-// sessions.go, …); X_sql.go holds the statements of the methods of X.go.
+// sessions.go, …), and each statement's text stands just above the method
+// that runs it (a const, or a var for a text built from templates); New
+// renders them all for a set of tables, once.
 //
 // The package is internal: its methods follow what crdbwork's own packages
 // need and change between versions without notice. Applications use the

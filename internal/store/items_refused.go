@@ -24,7 +24,7 @@ import (
 //
 // Both statements take one id: they run only for rows already found
 // refused, one at a time. They have the shapes of the reaper's by-id moves
-// (dead_sql.go): the row locked by primary key, a DELETE … RETURNING, the
+// (dead.go): the row locked by primary key, a DELETE … RETURNING, the
 // inserts from it; the same text on both engines.
 
 // IsRefusal reports whether err is the database refusing a statement for
