@@ -156,7 +156,7 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 		return Reap(ctx, db, t)
 	}
 	st := store.New(t)
-	n, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) { return st.ReapSessions(ctx, db) })
+	n, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) { return st.SessionsReap(ctx, db) })
 	switch {
 	case err == nil:
 		return n, nil
@@ -170,7 +170,7 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 	}
 	// One at a time: the expired sessions whose rows are not locked go.
 	lctx, cancel := context.WithTimeout(ctx, d)
-	ids, lerr := st.ExpiredSessionIDs(lctx, db)
+	ids, lerr := st.SessionsExpiredIDs(lctx, db)
 	cancel()
 	if lerr != nil {
 		return 0, reapTimeoutError(d, nil, fmt.Errorf("%w (then listing the expired sessions: %w)", err, lerr))
@@ -189,7 +189,7 @@ func ReapWithin(ctx context.Context, db crsql.DB, t crsql.Tables, d time.Duratio
 			break
 		}
 		k, err := execWithin(ctx, d, func(ctx context.Context) (int64, error) {
-			reaped, err := st.ReapSession(ctx, db, id)
+			reaped, err := st.SessionsReapOne(ctx, db, id)
 			if reaped {
 				return 1, err
 			}

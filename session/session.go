@@ -265,7 +265,7 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	var id uuid.UUID
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		id, err = st.CreateSession(ctx, db, opts.Expiry, host, os.Getpid(), opts.Name)
+		id, err = st.SessionsCreate(ctx, db, opts.Expiry, host, os.Getpid(), opts.Name)
 		return err
 	})
 	if err != nil {
@@ -370,11 +370,13 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			if conn != nil {
 				db = conn
 			}
-			beat := func(ctx context.Context) (bool, error) { return s.store.Heartbeat(ctx, db, s.id) }
+			beat := func(ctx context.Context) (bool, error) { return s.store.SessionsHeartbeat(ctx, db, s.id) }
 			if s.opts.Report != nil {
 				c := s.opts.Report()
 				counters := store.SessionCounters{Claimed: c.Claimed, Acked: c.Acked, Failed: c.Failed, InFlight: c.InFlight}
-				beat = func(ctx context.Context) (bool, error) { return s.store.HeartbeatReport(ctx, db, s.id, counters) }
+				beat = func(ctx context.Context) (bool, error) {
+					return s.store.SessionsHeartbeatReport(ctx, db, s.id, counters)
+				}
 			}
 			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
 				var err error
@@ -452,7 +454,7 @@ func (s *Session) Close(ctx context.Context) error {
 		s.unregister() // at once: the AfterFunc above runs on a goroutine of its own
 		s.loops.Wait()
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
-			return s.store.DeleteSession(ctx, s.db, s.id)
+			return s.store.SessionsDelete(ctx, s.db, s.id)
 		})
 		if err != nil {
 			s.closeErr = fmt.Errorf("session: deleting session %s: %w", s.id, err)
@@ -471,7 +473,7 @@ func Reap(ctx context.Context, db crsql.DB, t crsql.Tables) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = st.ReapSessions(ctx, db)
+		n, err = st.SessionsReap(ctx, db)
 		return err
 	})
 	if err != nil {
@@ -498,7 +500,7 @@ type Info struct {
 // List returns the live sessions (heartbeat within their expiry, by the
 // database clock), ordered by id.
 func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
-	rows, err := store.New(t).LiveSessions(ctx, db)
+	rows, err := store.New(t).SessionsLive(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing sessions: %w", store.Classify(err))
 	}
@@ -517,7 +519,7 @@ func List(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Info, error) {
 // clock: every queue's. To divide a queue's work, use Members: the
 // sessions that work that queue.
 func LiveIDs(ctx context.Context, db crsql.DB, t crsql.Tables) ([]uuid.UUID, error) {
-	ids, err := store.New(t).LiveSessionIDs(ctx, db)
+	ids, err := store.New(t).SessionsLiveIDs(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing live sessions: %w", store.Classify(err))
 	}
@@ -546,7 +548,7 @@ func (s *Session) join(ctx context.Context, queue string) (bool, error) {
 	var joined bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		joined, err = s.store.JoinQueue(ctx, s.db, queue, s.id)
+		joined, err = s.store.SessionsJoinQueue(ctx, s.db, queue, s.id)
 		return err
 	})
 	var pgErr *pgconn.PgError
@@ -564,7 +566,7 @@ func (s *Session) join(ctx context.Context, queue string) (bool, error) {
 // released. Leaving a queue the session is not a member of does nothing.
 func (s *Session) Leave(ctx context.Context, queue string) error {
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return s.store.LeaveQueue(ctx, s.db, queue, s.id)
+		return s.store.SessionsLeaveQueue(ctx, s.db, queue, s.id)
 	})
 	if err != nil {
 		return fmt.Errorf("session: leaving queue %q: %w", queue, store.Classify(err))
@@ -580,7 +582,7 @@ func (s *Session) Leave(ctx context.Context, queue string) error {
 // divide a queue's parts and limit shares among these sessions only, so
 // sessions of other queues in the same database never take a share.
 func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, store.New(t).QueueMembers, "the members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).SessionsQueueMembers, "the members of queue "+strconv.Quote(queue), queue)
 }
 
 // JoinedMembers returns the ids of the live sessions that joined queue,
@@ -589,7 +591,7 @@ func Members(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]
 // sessions exactly the parts they hold, since they divide parts by rules
 // of their own.
 func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, store.New(t).JoinedMembers, "the joined members of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).SessionsJoined, "the joined members of queue "+strconv.Quote(queue), queue)
 }
 
 // LimitSharers returns the ids of the live sessions among which a queue
@@ -599,7 +601,7 @@ func JoinedMembers(ctx context.Context, db crsql.DB, t crsql.Tables, queue strin
 // database; counting its sessions here too keeps the sum of all shares
 // within the limit while old and new workers share a queue.
 func LimitSharers(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) ([]uuid.UUID, error) {
-	return readIDs(ctx, db, store.New(t).LimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
+	return readIDs(ctx, db, store.New(t).SessionsLimitSharers, "the sessions sharing the limits of queue "+strconv.Quote(queue), queue)
 }
 
 // readIDs reads session ids of queue with read (a Store method).
@@ -623,7 +625,7 @@ type Membership struct {
 // it), ordered by queue and session: for operators. It reads the whole
 // membership table.
 func Memberships(ctx context.Context, db crsql.DB, t crsql.Tables) ([]Membership, error) {
-	rows, err := store.New(t).Memberships(ctx, db)
+	rows, err := store.New(t).SessionsMemberships(ctx, db)
 	if err != nil {
 		return nil, fmt.Errorf("session: listing queue memberships: %w", store.Classify(err))
 	}

@@ -106,10 +106,10 @@ func TestApplyWithSchemaAndPrefix(t *testing.T) {
 	}
 	// Every statement is valid for the renamed tables.
 	st := store.New(tb)
-	if _, err := st.LiveSessions(ctx, pool); err != nil {
+	if _, err := st.SessionsLive(ctx, pool); err != nil {
 		t.Fatalf("live sessions: %v", err)
 	}
-	if _, err := st.ReapSessions(ctx, pool); err != nil {
+	if _, err := st.SessionsReap(ctx, pool); err != nil {
 		t.Fatalf("reap sessions: %v", err)
 	}
 }

@@ -260,7 +260,7 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 		for _, o := range owners {
 			snap.Owners = append(snap.Owners, Owner{Queue: o.Queue, Part: o.Part, Session: o.Session})
 		}
-		members, err := r.store.Memberships(ctx, r.db)
+		members, err := r.store.SessionsMemberships(ctx, r.db)
 		if err != nil {
 			return store.Classify(err)
 		}

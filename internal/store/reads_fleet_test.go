@@ -85,7 +85,7 @@ func TestStoreFleetReads(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	s, err := st.CreateSession(ctx, pool, time.Hour, "h", 1, "w")
+	s, err := st.SessionsCreate(ctx, pool, time.Hour, "h", 1, "w")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +132,11 @@ func TestStoreFleetReads(t *testing.T) {
 		t.Errorf("FleetQueue, ended since a future time: %+v, %v", row, err)
 	}
 	for range 2 {
-		if _, err := st.CreateSession(ctx, pool, time.Hour, "h", 1, "w"); err != nil {
+		if _, err := st.SessionsCreate(ctx, pool, time.Hour, "h", 1, "w"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	gone, err := st.CreateSession(ctx, pool, time.Second, "h", 1, "gone")
+	gone, err := st.SessionsCreate(ctx, pool, time.Second, "h", 1, "gone")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`
 
 // CreateSession inserts a session row with the given expiry (stored in
 // microseconds), host, process id and name, and returns its id.
-func (s *Store) CreateSession(ctx context.Context, db DB, expiry time.Duration, host string, pid int, name string) (uuid.UUID, error) {
+func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration, host string, pid int, name string) (uuid.UUID, error) {
 	var id uuid.UUID
 	err := db.QueryRow(ctx, s.st.CreateSession, expiry.Microseconds(), host, pid, name).Scan(&id)
 	return id, err
@@ -73,7 +73,7 @@ const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id
 // Heartbeat stamps session id's heartbeat with the database clock and
 // reports whether the row is still there (false: it was reaped or
 // deleted; the session is lost).
-func (s *Store) Heartbeat(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
+func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.Heartbeat, id)
 	return tag.RowsAffected() > 0, err
 }
@@ -86,7 +86,7 @@ WHERE id = $1`
 
 // HeartbeatReport is Heartbeat that also stores the session's counters in
 // its row, in the same statement.
-func (s *Store) HeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (bool, error) {
+func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.HeartbeatReport, id, c.Claimed, c.Acked, c.Failed, c.InFlight)
 	return tag.RowsAffected() > 0, err
 }
@@ -98,7 +98,7 @@ const deleteSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1`
 // DeleteSession deletes session id's row, which releases its claims, parts
 // and memberships through the foreign keys. Deleting a row that is gone
 // does nothing.
-func (s *Store) DeleteSession(ctx context.Context, db DB, id uuid.UUID) error {
+func (s *Store) SessionsDelete(ctx context.Context, db DB, id uuid.UUID) error {
 	_, err := db.Exec(ctx, s.st.DeleteSession, id)
 	return err
 }
@@ -109,7 +109,7 @@ const reapSessionsSQL = `DELETE FROM crdbwork_sessions WHERE heartbeat_at + expi
 
 // ReapSessions deletes every session whose heartbeat is older than its
 // expiry, by the database clock, and returns how many it deleted.
-func (s *Store) ReapSessions(ctx context.Context, db DB) (int64, error) {
+func (s *Store) SessionsReap(ctx context.Context, db DB) (int64, error) {
 	tag, err := db.Exec(ctx, s.st.ReapSessions)
 	return tag.RowsAffected(), err
 }
@@ -120,7 +120,7 @@ const expiredSessionsSQL = `SELECT id FROM crdbwork_sessions WHERE heartbeat_at 
 
 // ExpiredSessionIDs returns the ids of the sessions whose heartbeat is
 // older than their expiry (those ReapSessions deletes), in no set order.
-func (s *Store) ExpiredSessionIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
+func (s *Store) SessionsExpiredIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.reap.ExpiredSessions)
 }
 
@@ -130,7 +130,7 @@ const reapSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbea
 
 // ReapSession deletes session id if it is still expired and reports
 // whether it did (false: it heartbeat meanwhile, or is gone).
-func (s *Store) ReapSession(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
+func (s *Store) SessionsReapOne(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.reap.ReapSession, id)
 	return tag.RowsAffected() > 0, err
 }
@@ -146,7 +146,7 @@ FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`
 
 // LiveSessions returns the live sessions (heartbeat within their expiry,
 // by the database clock), ordered by id.
-func (s *Store) LiveSessions(ctx context.Context, db DB) ([]SessionRow, error) {
+func (s *Store) SessionsLive(ctx context.Context, db DB) ([]SessionRow, error) {
 	rows, err := db.Query(ctx, s.st.LiveSessions)
 	if err != nil {
 		return nil, err
@@ -167,7 +167,7 @@ const liveSessionIDsSQL = `SELECT id FROM crdbwork_sessions WHERE heartbeat_at +
 
 // LiveSessionIDs returns the ids of the live sessions, ordered: every
 // queue's.
-func (s *Store) LiveSessionIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
+func (s *Store) SessionsLiveIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.st.LiveSessionIDs)
 }
 
@@ -179,7 +179,7 @@ ON CONFLICT (queue, session_id) DO NOTHING`
 // JoinQueue makes session a member of queue and reports whether it was
 // not one before. When the session's row is gone it fails with the
 // driver's foreign-key violation (SQLSTATE 23503).
-func (s *Store) JoinQueue(ctx context.Context, db DB, queue string, session uuid.UUID) (bool, error) {
+func (s *Store) SessionsJoinQueue(ctx context.Context, db DB, queue string, session uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.member.JoinQueue, queue, session)
 	return tag.RowsAffected() > 0, err
 }
@@ -189,7 +189,7 @@ func (s *Store) JoinQueue(ctx context.Context, db DB, queue string, session uuid
 const leaveQueueSQL = `DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2`
 
 // LeaveQueue ends session's membership of queue, if any.
-func (s *Store) LeaveQueue(ctx context.Context, db DB, queue string, session uuid.UUID) error {
+func (s *Store) SessionsLeaveQueue(ctx context.Context, db DB, queue string, session uuid.UUID) error {
 	_, err := db.Exec(ctx, s.member.LeaveQueue, queue, session)
 	return err
 }
@@ -207,7 +207,7 @@ ORDER BY s.id`
 // QueueMembers returns the ids of queue's live members, ordered: the live
 // sessions that joined it or own one of its parts (see
 // memberStatements.QueueMembers).
-func (s *Store) QueueMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
+func (s *Store) SessionsQueueMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.QueueMembers, queue)
 }
 
@@ -221,7 +221,7 @@ ORDER BY s.id`
 
 // JoinedMembers returns the ids of the live sessions that joined queue,
 // ordered (see memberStatements.JoinedMembers).
-func (s *Store) JoinedMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
+func (s *Store) SessionsJoined(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.JoinedMembers, queue)
 }
 
@@ -238,7 +238,7 @@ ORDER BY s.id`
 // LimitSharers returns the ids of the live sessions that take a share of
 // queue's fleet-wide limits when it is worked without parts, ordered (see
 // memberStatements.LimitSharers).
-func (s *Store) LimitSharers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
+func (s *Store) SessionsLimitSharers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.LimitSharers, queue)
 }
 
@@ -248,7 +248,7 @@ const membershipsSQL = `SELECT queue, session_id, joined_at FROM crdbwork_sessio
 
 // Memberships returns every queue membership, ordered by queue and session.
 // It reads the whole membership table.
-func (s *Store) Memberships(ctx context.Context, db DB) ([]MembershipRow, error) {
+func (s *Store) SessionsMemberships(ctx context.Context, db DB) ([]MembershipRow, error) {
 	rows, err := db.Query(ctx, s.member.Memberships)
 	if err != nil {
 		return nil, err

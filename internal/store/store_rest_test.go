@@ -41,18 +41,18 @@ func TestStoreSessions(t *testing.T) {
 	if store.New(crsql.Tables{}) != stmts {
 		t.Fatal("NewStore rendered the same tables twice")
 	}
-	id, err := stmts.CreateSession(ctx, pool, time.Hour, "host-1", 42, "w-1")
+	id, err := stmts.SessionsCreate(ctx, pool, time.Hour, "host-1", 42, "w-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alive, err := stmts.Heartbeat(ctx, pool, id); err != nil || !alive {
+	if alive, err := stmts.SessionsHeartbeat(ctx, pool, id); err != nil || !alive {
 		t.Fatalf("Heartbeat: %v, %v; want true", alive, err)
 	}
 	counters := store.SessionCounters{Claimed: 5, Acked: 3, Failed: 1, InFlight: 1}
-	if alive, err := stmts.HeartbeatReport(ctx, pool, id, counters); err != nil || !alive {
+	if alive, err := stmts.SessionsHeartbeatReport(ctx, pool, id, counters); err != nil || !alive {
 		t.Fatalf("HeartbeatReport: %v, %v; want true", alive, err)
 	}
-	live, err := stmts.LiveSessions(ctx, pool)
+	live, err := stmts.SessionsLive(ctx, pool)
 	if err != nil || len(live) != 1 {
 		t.Fatalf("LiveSessions: %v, %v; want one session", live, err)
 	}
@@ -62,19 +62,19 @@ func TestStoreSessions(t *testing.T) {
 	}
 
 	// Membership.
-	if joined, err := stmts.JoinQueue(ctx, pool, "q", id); err != nil || !joined {
+	if joined, err := stmts.SessionsJoinQueue(ctx, pool, "q", id); err != nil || !joined {
 		t.Fatalf("JoinQueue: %v, %v; want true", joined, err)
 	}
-	if joined, err := stmts.JoinQueue(ctx, pool, "q", id); err != nil || joined {
+	if joined, err := stmts.SessionsJoinQueue(ctx, pool, "q", id); err != nil || joined {
 		t.Fatalf("JoinQueue again: %v, %v; want false", joined, err)
 	}
-	other, err := stmts.CreateSession(ctx, pool, time.Hour, "host-2", 43, "w-2")
+	other, err := stmts.SessionsCreate(ctx, pool, time.Hour, "host-2", 43, "w-2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []uuid.UUID{id}
 	for name, read := range map[string]func(context.Context, crsql.DB, string) ([]uuid.UUID, error){
-		"QueueMembers": stmts.QueueMembers, "JoinedMembers": stmts.JoinedMembers,
+		"QueueMembers": stmts.SessionsQueueMembers, "JoinedMembers": stmts.SessionsJoined,
 	} {
 		if got, err := read(ctx, pool, "q"); err != nil || !slices.Equal(got, want) {
 			t.Errorf("%s: %v, %v; want %v", name, got, err, want)
@@ -82,11 +82,11 @@ func TestStoreSessions(t *testing.T) {
 	}
 	// other joined no queue: it shares the limits (code older than
 	// membership); the sessions of another queue would not.
-	sharers, err := stmts.LimitSharers(ctx, pool, "q")
+	sharers, err := stmts.SessionsLimitSharers(ctx, pool, "q")
 	if want := sorted(id, other); err != nil || !slices.Equal(sharers, want) {
 		t.Errorf("LimitSharers: %v, %v; want %v", sharers, err, want)
 	}
-	ms, err := stmts.Memberships(ctx, pool)
+	ms, err := stmts.SessionsMemberships(ctx, pool)
 	if err != nil || len(ms) != 1 || ms[0].Queue != "q" || ms[0].Session != id || ms[0].JoinedAt.IsZero() {
 		t.Errorf("Memberships: %+v, %v", ms, err)
 	}
@@ -106,10 +106,10 @@ func TestStoreSessions(t *testing.T) {
 		t.Errorf("PartOwners: %v, %v; want part 3 %v, part 1 %v", owners, err, id, other)
 	}
 	// A session that owns a part counts as a member, not as a joined one.
-	if got, err := stmts.QueueMembers(ctx, pool, "q"); err != nil || !slices.Equal(got, sorted(id, other)) {
+	if got, err := stmts.SessionsQueueMembers(ctx, pool, "q"); err != nil || !slices.Equal(got, sorted(id, other)) {
 		t.Errorf("QueueMembers with a part owner: %v, %v", got, err)
 	}
-	if got, err := stmts.JoinedMembers(ctx, pool, "q"); err != nil || !slices.Equal(got, []uuid.UUID{id}) {
+	if got, err := stmts.SessionsJoined(ctx, pool, "q"); err != nil || !slices.Equal(got, []uuid.UUID{id}) {
 		t.Errorf("JoinedMembers with a part owner: %v, %v", got, err)
 	}
 	if parts, err := stmts.OwnedParts(ctx, pool, other, "q"); err != nil || !slices.Equal(parts, []int{1}) {
@@ -122,10 +122,10 @@ func TestStoreSessions(t *testing.T) {
 	if err := stmts.ReleasePart(ctx, pool, other, "q", 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := stmts.LeaveQueue(ctx, pool, "q", id); err != nil {
+	if err := stmts.SessionsLeaveQueue(ctx, pool, "q", id); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := stmts.JoinedMembers(ctx, pool, "q"); err != nil || len(got) != 0 {
+	if got, err := stmts.SessionsJoined(ctx, pool, "q"); err != nil || len(got) != 0 {
 		t.Errorf("JoinedMembers after LeaveQueue: %v, %v; want none", got, err)
 	}
 	if owners, err := stmts.PartOwners(ctx, pool, "q"); err != nil || len(owners) != 1 || owners[3] != id {
@@ -134,37 +134,37 @@ func TestStoreSessions(t *testing.T) {
 
 	// Expiry and reaping.
 	expire(t, pool, other)
-	if ids, err := stmts.LiveSessionIDs(ctx, pool); err != nil || !slices.Equal(ids, []uuid.UUID{id}) {
+	if ids, err := stmts.SessionsLiveIDs(ctx, pool); err != nil || !slices.Equal(ids, []uuid.UUID{id}) {
 		t.Errorf("LiveSessionIDs: %v, %v; want [%v]", ids, err, id)
 	}
-	if ids, err := stmts.ExpiredSessionIDs(ctx, pool); err != nil || !slices.Equal(ids, []uuid.UUID{other}) {
+	if ids, err := stmts.SessionsExpiredIDs(ctx, pool); err != nil || !slices.Equal(ids, []uuid.UUID{other}) {
 		t.Errorf("ExpiredSessionIDs: %v, %v; want [%v]", ids, err, other)
 	}
-	if reaped, err := stmts.ReapSession(ctx, pool, id); err != nil || reaped {
+	if reaped, err := stmts.SessionsReapOne(ctx, pool, id); err != nil || reaped {
 		t.Errorf("ReapSession of a live session: %v, %v; want false", reaped, err)
 	}
-	if reaped, err := stmts.ReapSession(ctx, pool, other); err != nil || !reaped {
+	if reaped, err := stmts.SessionsReapOne(ctx, pool, other); err != nil || !reaped {
 		t.Errorf("ReapSession: %v, %v; want true", reaped, err)
 	}
-	if alive, err := stmts.Heartbeat(ctx, pool, other); err != nil || alive {
+	if alive, err := stmts.SessionsHeartbeat(ctx, pool, other); err != nil || alive {
 		t.Errorf("Heartbeat of a reaped session: %v, %v; want false", alive, err)
 	}
 	var pgErr *pgconn.PgError
-	if _, err := stmts.JoinQueue(ctx, pool, "q", other); !errors.As(err, &pgErr) || pgErr.Code != "23503" {
+	if _, err := stmts.SessionsJoinQueue(ctx, pool, "q", other); !errors.As(err, &pgErr) || pgErr.Code != "23503" {
 		t.Errorf("JoinQueue of a reaped session: %v; want a foreign-key violation", err)
 	}
-	third, err := stmts.CreateSession(ctx, pool, time.Second, "", 0, "")
+	third, err := stmts.SessionsCreate(ctx, pool, time.Second, "", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	expire(t, pool, third)
-	if n, err := stmts.ReapSessions(ctx, pool); err != nil || n != 1 {
+	if n, err := stmts.SessionsReap(ctx, pool); err != nil || n != 1 {
 		t.Errorf("ReapSessions: %d, %v; want 1", n, err)
 	}
-	if err := stmts.DeleteSession(ctx, pool, id); err != nil {
+	if err := stmts.SessionsDelete(ctx, pool, id); err != nil {
 		t.Fatal(err)
 	}
-	if live, err := stmts.LiveSessions(ctx, pool); err != nil || len(live) != 0 {
+	if live, err := stmts.SessionsLive(ctx, pool); err != nil || len(live) != 0 {
 		t.Errorf("LiveSessions after DeleteSession: %v, %v; want none", live, err)
 	}
 	// The session's part went with it.
@@ -207,7 +207,7 @@ func TestStoreParts(t *testing.T) {
 		FROM generate_series(0, 119) AS g`); err != nil {
 		t.Fatal(err)
 	}
-	sess, err := stmts.CreateSession(ctx, pool, time.Hour, "", 0, "")
+	sess, err := stmts.SessionsCreate(ctx, pool, time.Hour, "", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestStoreTestHelpers(t *testing.T) {
 	if err := crsql.Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)
 	}
-	sess, err := stmts.CreateSession(ctx, pool, time.Hour, "", 0, "")
+	sess, err := stmts.SessionsCreate(ctx, pool, time.Hour, "", 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
