@@ -275,7 +275,7 @@ func waitSettled(ctx context.Context, pool *pgxpool.Pool, stmts *store.Store, c 
 	defer tick.Stop()
 	lo, hi := c.parts/c.workers, (c.parts+c.workers-1)/c.workers
 	for {
-		owners, err := stmts.PartOwners(ctx, pool, expQueue)
+		owners, err := stmts.PartsOwners(ctx, pool, expQueue)
 		if err == nil && len(owners) == c.parts {
 			per := map[uuid.UUID]int{}
 			for _, s := range owners {

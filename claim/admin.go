@@ -525,14 +525,14 @@ func PartOwners(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) 
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		if queue == "" {
 			var err error
-			rows, err := stmts.AllPartOwners(ctx, db)
+			rows, err := stmts.PartsOwnersAll(ctx, db)
 			out = make([]PartOwner, len(rows))
 			for i, r := range rows {
 				out[i] = PartOwner{Queue: r.Queue, Part: r.Part, Session: r.Session}
 			}
 			return store.Classify(err)
 		}
-		owners, err := stmts.PartOwners(ctx, db, queue)
+		owners, err := stmts.PartsOwners(ctx, db, queue)
 		if err != nil {
 			return store.Classify(err)
 		}

@@ -329,7 +329,7 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 			if err != nil {
 				return err
 			}
-			backlog, err = h.store.PartBacklog(ctx, h.db, d, n, m.NumParts, h.opts.CountCap)
+			backlog, err = h.store.PartsBacklog(ctx, h.db, d, n, m.NumParts, h.opts.CountCap)
 			return store.Classify(err)
 		})
 		if err != nil {

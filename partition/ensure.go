@@ -20,11 +20,11 @@ func EnsureParts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string,
 	stmts := store.New(t)
 	var stored int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		if _, err := stmts.InsertQueueParts(ctx, db, queue, n); err != nil {
+		if _, err := stmts.PartsCountInsert(ctx, db, queue, n); err != nil {
 			return err
 		}
 		var err error
-		stored, err = stmts.QueueParts(ctx, db, queue)
+		stored, err = stmts.PartsCount(ctx, db, queue)
 		return err
 	})
 	if err != nil {

@@ -27,7 +27,7 @@ func Parts(ctx context.Context, db crsql.DB, t crsql.Tables, queue string) (int,
 	var n int
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = stmts.QueueParts(ctx, db, queue)
+		n, err = stmts.PartsCount(ctx, db, queue)
 		return err
 	})
 	if err != nil {
@@ -82,10 +82,10 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	// the upsert waits for the enqueues holding a share lock on the row and
 	// does not fail because of them; SERIALIZABLE on CockroachDB.
 	err := retry.TxWith(ctx, db, pgx.TxOptions{}, nil, func(ctx context.Context, tx pgx.Tx) error {
-		if err := stmts.UpsertQueueParts(ctx, tx, queue, n); err != nil {
+		if err := stmts.PartsCountUpsert(ctx, tx, queue, n); err != nil {
 			return err
 		}
-		_, err := stmts.DropPartsAbove(ctx, tx, queue, n)
+		_, err := stmts.PartsDropAbove(ctx, tx, queue, n)
 		return err
 	})
 	if err != nil {
@@ -97,7 +97,7 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	// A rebalancer that had not yet seen the new count may have taken a
 	// removed part again meanwhile.
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := stmts.DropPartsAbove(ctx, db, queue, n)
+		_, err := stmts.PartsDropAbove(ctx, db, queue, n)
 		return err
 	})
 	if err != nil {
@@ -132,7 +132,7 @@ func moveItems(ctx context.Context, db DB, stmts *store.Store, queue string, n i
 		var page store.MovedPage
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			page, err = stmts.MovePartItems(ctx, db, queue, n, after, MoveBatch)
+			page, err = stmts.PartsMoveItems(ctx, db, queue, n, after, MoveBatch)
 			return err
 		})
 		if err != nil {

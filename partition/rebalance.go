@@ -446,7 +446,7 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		err := r.withDB(func() error {
 			return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
 				var err error
-				acquired, err = r.store.AcquirePart(ctx, r.db, me, r.opts.Queue, p)
+				acquired, err = r.store.PartsAcquire(ctx, r.db, me, r.opts.Queue, p)
 				return err
 			})
 		})
@@ -539,7 +539,7 @@ func (r *Rebalancer) owners(ctx context.Context) (map[int]uuid.UUID, error) {
 	var out map[int]uuid.UUID
 	err := retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
 		var err error
-		out, err = r.store.PartOwners(ctx, r.db, r.opts.Queue)
+		out, err = r.store.PartsOwners(ctx, r.db, r.opts.Queue)
 		return err
 	})
 	if err != nil {
@@ -565,7 +565,7 @@ func (r *Rebalancer) giveUp(ctx context.Context, p int, st *part) {
 	}
 	err := r.withDB(func() error {
 		return retry.Do(ctx, func() { r.retries.Add(1) }, func(ctx context.Context) error {
-			return r.store.ReleasePart(ctx, r.db, r.sess.ID(), r.opts.Queue, p)
+			return r.store.PartsRelease(ctx, r.db, r.sess.ID(), r.opts.Queue, p)
 		})
 	})
 	if err != nil {

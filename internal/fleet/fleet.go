@@ -252,7 +252,7 @@ func (r *Reader) Snapshot(ctx context.Context, opts Options) (*Snapshot, error) 
 					Failed: row.Reported.Failed, InFlight: row.Reported.InFlight}}
 			snap.Sessions = append(snap.Sessions, Session{Info: in, Stale: Stale(in)})
 		}
-		owners, err := r.store.AllPartOwners(ctx, r.db)
+		owners, err := r.store.PartsOwnersAll(ctx, r.db)
 		if err != nil {
 			return store.Classify(err)
 		}

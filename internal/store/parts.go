@@ -18,7 +18,7 @@ import (
 const queuePartsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`
 
 // QueueParts returns queue's stored number of parts: 1 when it has none.
-func (s *Store) QueueParts(ctx context.Context, db DB, queue string) (int, error) {
+func (s *Store) PartsCount(ctx context.Context, db DB, queue string) (int, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.st.QueueParts, queue).Scan(&n)
 	return int(n), err
@@ -30,7 +30,7 @@ const insertQueuePartsSQL = `INSERT INTO crdbwork_queues (name, num_parts) VALUE
 
 // InsertQueueParts stores n parts for queue if it has no stored count (a
 // stored count wins) and reports whether it stored n.
-func (s *Store) InsertQueueParts(ctx context.Context, db DB, queue string, n int) (bool, error) {
+func (s *Store) PartsCountInsert(ctx context.Context, db DB, queue string, n int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.InsertQueueParts, queue, int64(n))
 	return tag.RowsAffected() > 0, err
 }
@@ -43,7 +43,7 @@ ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`
 // UpsertQueueParts stores n parts for queue, replacing any stored count.
 // It moves no item and releases no part: partition.SetParts does, with
 // DropPartsAbove and MovePartItems.
-func (s *Store) UpsertQueueParts(ctx context.Context, db DB, queue string, n int) error {
+func (s *Store) PartsCountUpsert(ctx context.Context, db DB, queue string, n int) error {
 	_, err := db.Exec(ctx, s.st.UpsertQueueParts, queue, int64(n))
 	return err
 }
@@ -55,7 +55,7 @@ const dropPartsAboveSQL = `DELETE FROM crdbwork_session_parts WHERE queue = $1 A
 // DropPartsAbove deletes the ownership rows of queue's parts n and above,
 // which releases the claims made in those parts, and returns how many it
 // deleted.
-func (s *Store) DropPartsAbove(ctx context.Context, db DB, queue string, n int) (int64, error) {
+func (s *Store) PartsDropAbove(ctx context.Context, db DB, queue string, n int) (int64, error) {
 	tag, err := db.Exec(ctx, s.st.DropPartsAbove, queue, int64(n))
 	return tag.RowsAffected(), err
 }
@@ -67,7 +67,7 @@ ON CONFLICT DO NOTHING`
 
 // AcquirePart makes session the owner of queue's part and reports whether
 // it did (false: another session owns the part).
-func (s *Store) AcquirePart(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
+func (s *Store) PartsAcquire(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.AcquirePart, session, queue, int64(part))
 	return tag.RowsAffected() > 0, err
 }
@@ -79,7 +79,7 @@ const releasePartSQL = `DELETE FROM crdbwork_session_parts WHERE session_id = $1
 // ReleasePart deletes session's ownership of queue's part, which releases
 // the claims made in it. Releasing a part the session does not own does
 // nothing.
-func (s *Store) ReleasePart(ctx context.Context, db DB, session uuid.UUID, queue string, part int) error {
+func (s *Store) PartsRelease(ctx context.Context, db DB, session uuid.UUID, queue string, part int) error {
 	_, err := db.Exec(ctx, s.st.ReleasePart, session, queue, int64(part))
 	return err
 }
@@ -89,7 +89,7 @@ func (s *Store) ReleasePart(ctx context.Context, db DB, session uuid.UUID, queue
 const ownedPartsSQL = `SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`
 
 // OwnedParts returns the parts of queue that session owns, ordered.
-func (s *Store) OwnedParts(ctx context.Context, db DB, session uuid.UUID, queue string) ([]int, error) {
+func (s *Store) PartsOwned(ctx context.Context, db DB, session uuid.UUID, queue string) ([]int, error) {
 	rows, err := db.Query(ctx, s.st.OwnedParts, session, queue)
 	if err != nil {
 		return nil, err
@@ -106,7 +106,7 @@ func (s *Store) OwnedParts(ctx context.Context, db DB, session uuid.UUID, queue 
 const partOwnersSQL = `SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`
 
 // PartOwners returns the owner of each owned part of queue, by part.
-func (s *Store) PartOwners(ctx context.Context, db DB, queue string) (map[int]uuid.UUID, error) {
+func (s *Store) PartsOwners(ctx context.Context, db DB, queue string) (map[int]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.st.PartOwners, queue)
 	if err != nil {
 		return nil, err
@@ -153,7 +153,7 @@ SELECT (SELECT count(*) FROM moved), (SELECT id FROM page ORDER BY id DESC LIMIT
 // table in primary-key order, after id after (the nil UUID: from the
 // start), and moves those of queue in parts n and above to part % n (see
 // moveStatements.MovePage for what happens to their claims).
-func (s *Store) MovePartItems(ctx context.Context, db DB, queue string, n int, after uuid.UUID, limit int) (MovedPage, error) {
+func (s *Store) PartsMoveItems(ctx context.Context, db DB, queue string, n int, after uuid.UUID, limit int) (MovedPage, error) {
 	var page MovedPage
 	var last *uuid.UUID
 	if err := db.QueryRow(ctx, s.move.MovePage, queue, int64(n), after, int64(limit)).Scan(&page.Moved, &last); err != nil {

@@ -267,7 +267,7 @@ ORDER BY p.part`
 // crdbwork_items_part_turn per part. On PostgreSQL one statement
 // (dashboardStatements.partBacklog); on CockroachDB MaxBacklogParts parts
 // to a statement (dashboardStatements.partBacklogs).
-func (s *Store) PartBacklog(ctx context.Context, db DB, d Dialect, queue string, numParts, capAt int) ([]int64, error) {
+func (s *Store) PartsBacklog(ctx context.Context, db DB, d Dialect, queue string, numParts, capAt int) ([]int64, error) {
 	if numParts < 0 {
 		return nil, fmt.Errorf("crdbwork: the backlog of %d parts", numParts)
 	}

@@ -253,7 +253,7 @@ func TestDashboardBacklogAndHeadsAnswerTheItems(t *testing.T) {
 	}{{store.Postgres, pool}, {store.Cockroach, pool}, {store.Cockroach, plainDB{pool}}} {
 		d, db := c.d, c.db
 		for _, n := range []int{parts, store.MaxBacklogParts, 1, 0} {
-			got, err := stmts.PartBacklog(ctx, db, d, "r", n, capAt)
+			got, err := stmts.PartsBacklog(ctx, db, d, "r", n, capAt)
 			if err != nil {
 				t.Fatalf("%v %T, %d parts: %v", d, db, n, err)
 			}

@@ -266,7 +266,7 @@ const allPartOwnersSQL = `SELECT queue, part, session_id FROM crdbwork_session_p
 
 // AllPartOwners returns every owned part of every queue, ordered by queue
 // and part. It reads the whole part ownership table.
-func (s *Store) AllPartOwners(ctx context.Context, db DB) ([]PartOwnerRow, error) {
+func (s *Store) PartsOwnersAll(ctx context.Context, db DB) ([]PartOwnerRow, error) {
 	rows, err := db.Query(ctx, s.member.AllPartOwners)
 	if err != nil {
 		return nil, err

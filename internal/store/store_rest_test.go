@@ -92,16 +92,16 @@ func TestStoreSessions(t *testing.T) {
 	}
 
 	// Parts.
-	if ok, err := stmts.AcquirePart(ctx, pool, id, "q", 3); err != nil || !ok {
+	if ok, err := stmts.PartsAcquire(ctx, pool, id, "q", 3); err != nil || !ok {
 		t.Fatalf("AcquirePart: %v, %v; want true", ok, err)
 	}
-	if ok, err := stmts.AcquirePart(ctx, pool, other, "q", 3); err != nil || ok {
+	if ok, err := stmts.PartsAcquire(ctx, pool, other, "q", 3); err != nil || ok {
 		t.Fatalf("AcquirePart of an owned part: %v, %v; want false", ok, err)
 	}
-	if ok, err := stmts.AcquirePart(ctx, pool, other, "q", 1); err != nil || !ok {
+	if ok, err := stmts.PartsAcquire(ctx, pool, other, "q", 1); err != nil || !ok {
 		t.Fatalf("AcquirePart: %v, %v; want true", ok, err)
 	}
-	owners, err := stmts.PartOwners(ctx, pool, "q")
+	owners, err := stmts.PartsOwners(ctx, pool, "q")
 	if err != nil || len(owners) != 2 || owners[3] != id || owners[1] != other {
 		t.Errorf("PartOwners: %v, %v; want part 3 %v, part 1 %v", owners, err, id, other)
 	}
@@ -112,14 +112,14 @@ func TestStoreSessions(t *testing.T) {
 	if got, err := stmts.SessionsJoined(ctx, pool, "q"); err != nil || !slices.Equal(got, []uuid.UUID{id}) {
 		t.Errorf("JoinedMembers with a part owner: %v, %v", got, err)
 	}
-	if parts, err := stmts.OwnedParts(ctx, pool, other, "q"); err != nil || !slices.Equal(parts, []int{1}) {
+	if parts, err := stmts.PartsOwned(ctx, pool, other, "q"); err != nil || !slices.Equal(parts, []int{1}) {
 		t.Errorf("OwnedParts: %v, %v; want [1]", parts, err)
 	}
-	all, err := stmts.AllPartOwners(ctx, pool)
+	all, err := stmts.PartsOwnersAll(ctx, pool)
 	if want := []store.PartOwnerRow{{Queue: "q", Part: 1, Session: other}, {Queue: "q", Part: 3, Session: id}}; err != nil || !slices.Equal(all, want) {
 		t.Errorf("AllPartOwners: %+v, %v; want %+v", all, err, want)
 	}
-	if err := stmts.ReleasePart(ctx, pool, other, "q", 1); err != nil {
+	if err := stmts.PartsRelease(ctx, pool, other, "q", 1); err != nil {
 		t.Fatal(err)
 	}
 	if err := stmts.SessionsLeaveQueue(ctx, pool, "q", id); err != nil {
@@ -128,7 +128,7 @@ func TestStoreSessions(t *testing.T) {
 	if got, err := stmts.SessionsJoined(ctx, pool, "q"); err != nil || len(got) != 0 {
 		t.Errorf("JoinedMembers after LeaveQueue: %v, %v; want none", got, err)
 	}
-	if owners, err := stmts.PartOwners(ctx, pool, "q"); err != nil || len(owners) != 1 || owners[3] != id {
+	if owners, err := stmts.PartsOwners(ctx, pool, "q"); err != nil || len(owners) != 1 || owners[3] != id {
 		t.Errorf("PartOwners after ReleasePart: %v, %v; want part 3 only", owners, err)
 	}
 
@@ -168,7 +168,7 @@ func TestStoreSessions(t *testing.T) {
 		t.Errorf("LiveSessions after DeleteSession: %v, %v; want none", live, err)
 	}
 	// The session's part went with it.
-	if all, err := stmts.AllPartOwners(ctx, pool); err != nil || len(all) != 0 {
+	if all, err := stmts.PartsOwnersAll(ctx, pool); err != nil || len(all) != 0 {
 		t.Errorf("AllPartOwners after DeleteSession: %v, %v; want none", all, err)
 	}
 }
@@ -189,16 +189,16 @@ func TestStoreParts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, stmts := applied(t)
-	if n, err := stmts.QueueParts(ctx, pool, "q"); err != nil || n != 1 {
+	if n, err := stmts.PartsCount(ctx, pool, "q"); err != nil || n != 1 {
 		t.Fatalf("QueueParts of a queue without a row: %d, %v; want 1", n, err)
 	}
-	if ok, err := stmts.InsertQueueParts(ctx, pool, "q", 6); err != nil || !ok {
+	if ok, err := stmts.PartsCountInsert(ctx, pool, "q", 6); err != nil || !ok {
 		t.Fatalf("InsertQueueParts: %v, %v; want true", ok, err)
 	}
-	if ok, err := stmts.InsertQueueParts(ctx, pool, "q", 8); err != nil || ok {
+	if ok, err := stmts.PartsCountInsert(ctx, pool, "q", 8); err != nil || ok {
 		t.Fatalf("InsertQueueParts over a stored count: %v, %v; want false", ok, err)
 	}
-	if n, err := stmts.QueueParts(ctx, pool, "q"); err != nil || n != 6 {
+	if n, err := stmts.PartsCount(ctx, pool, "q"); err != nil || n != 6 {
 		t.Fatalf("QueueParts: %d, %v; want 6", n, err)
 	}
 	// 60 items of q and 60 of another queue over parts 0 to 5.
@@ -212,24 +212,24 @@ func TestStoreParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p := range 6 {
-		if ok, err := stmts.AcquirePart(ctx, pool, sess, "q", p); err != nil || !ok {
+		if ok, err := stmts.PartsAcquire(ctx, pool, sess, "q", p); err != nil || !ok {
 			t.Fatalf("AcquirePart %d: %v, %v", p, ok, err)
 		}
 	}
-	if err := stmts.UpsertQueueParts(ctx, pool, "q", 4); err != nil {
+	if err := stmts.PartsCountUpsert(ctx, pool, "q", 4); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := stmts.QueueParts(ctx, pool, "q"); err != nil || n != 4 {
+	if n, err := stmts.PartsCount(ctx, pool, "q"); err != nil || n != 4 {
 		t.Fatalf("QueueParts after UpsertQueueParts: %d, %v; want 4", n, err)
 	}
-	if n, err := stmts.DropPartsAbove(ctx, pool, "q", 4); err != nil || n != 2 {
+	if n, err := stmts.PartsDropAbove(ctx, pool, "q", 4); err != nil || n != 2 {
 		t.Fatalf("DropPartsAbove: %d, %v; want 2 (parts 4 and 5)", n, err)
 	}
 	var after uuid.UUID
 	var moved int64
 	pages := 0
 	for {
-		page, err := stmts.MovePartItems(ctx, pool, "q", 4, after, 7)
+		page, err := stmts.PartsMoveItems(ctx, pool, "q", 4, after, 7)
 		if err != nil {
 			t.Fatal(err)
 		}
