@@ -102,7 +102,7 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 	}
 	// One more than asked: whether a next page exists.
 	items, err := q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
-		return q.store.DeadItemsPage(ctx, q.db, q.opts.Queue, dq.DeadFilter.row(), after, dq.Limit+1)
+		return q.store.DeadPageFilter(ctx, q.db, q.opts.Queue, dq.DeadFilter.row(), after, dq.Limit+1)
 	})
 	if err != nil {
 		return DeadPage{}, err
@@ -158,7 +158,7 @@ func (q *Queue) countDead(ctx context.Context, f DeadFilter) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = q.store.CountDead(ctx, q.db, q.opts.Queue, f.row())
+		n, err = q.store.DeadCount(ctx, q.db, q.opts.Queue, f.row())
 		return store.Classify(err)
 	})
 	if err != nil {

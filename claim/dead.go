@@ -119,7 +119,7 @@ func (q *Queue) requeue(ctx context.Context, id uuid.UUID, death *uuid.UUID) (bo
 	var r store.RequeueResult // moved, or why not: a live item with the id, the deaths that would have moved
 	err := retry.Tx(ctx, q.db, q.stats.retried("requeue"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		r, err = q.store.Requeue(ctx, tx, id, q.opts.Queue, death)
+		r, err = q.store.DeadRequeue(ctx, tx, id, q.opts.Queue, death)
 		if err == nil && r.Moved && q.notifies() {
 			err = q.store.Notify(ctx, tx, q.channel, "")
 		}

@@ -218,7 +218,7 @@ func (q *Queue) pruneDeadAll(ctx context.Context, refused *[]*ReapError) (int, e
 	total := 0
 	if r.MaxAge > 0 {
 		n, _, err := q.pruneBatches(ctx, refused, func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			return q.store.PruneDeadOlder(ctx, tx, q.engine.Load().dialect, name, r.MaxAge, pruneBatch)
+			return q.store.DeadPruneOlder(ctx, tx, q.engine.Load().dialect, name, r.MaxAge, pruneBatch)
 		}, time.Time{}, r.MaxAge)
 		total += n
 		if err != nil {
@@ -267,7 +267,7 @@ func (q *Queue) pruneDeadCount(ctx context.Context, maxCount int64, refused *[]*
 		return 0, nil
 	}
 	n, done, err := q.pruneBatches(ctx, refused, func(ctx context.Context, tx pgx.Tx) (int64, error) {
-		return q.store.PruneDeadBefore(ctx, tx, q.engine.Load().dialect, name, newest.Oldest, pruneBatch)
+		return q.store.DeadPruneBefore(ctx, tx, q.engine.Load().dialect, name, newest.Oldest, pruneBatch)
 	}, newest.Oldest, 0)
 	if err != nil || !done {
 		// More may be left than the bound says: check again next time.
@@ -288,10 +288,10 @@ func (q *Queue) pruneBatches(ctx context.Context, refused *[]*ReapError, batch f
 	s, name := q.store, q.opts.Queue
 	n, done, bad, err := q.pruneIsolated(ctx, reapMove{step: StepPruneDead, batch: batch,
 		candidates: func(ctx context.Context, db crsql.DB, queue string, limit int) ([]uuid.UUID, error) {
-			return s.PruneDeadCandidates(ctx, db, queue, before, age, limit)
+			return s.DeadPruneCandidates(ctx, db, queue, before, age, limit)
 		},
 		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-			return s.PruneDeadIDs(ctx, tx, name, ids, before, age)
+			return s.DeadPruneIDs(ctx, tx, name, ids, before, age)
 		}})
 	*refused = append(*refused, bad...)
 	return n, done, err

@@ -329,7 +329,7 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 			var ok bool
 			err := retry.Do(ctx, nil, func(ctx context.Context) error {
 				var err error
-				ok, err = h.store.DeleteDead(ctx, h.db, a.Queue, s.ID, *s.Death)
+				ok, err = h.store.DeadDelete(ctx, h.db, a.Queue, s.ID, *s.Death)
 				return store.Classify(err)
 			})
 			if err != nil {

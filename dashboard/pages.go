@@ -627,7 +627,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 			d.Live = &it
 			d.Now = it.Now
 		}
-		deaths, queues, err := h.store.Deaths(ctx, h.db, id, 20)
+		deaths, queues, err := h.store.DeadOfID(ctx, h.db, id, 20)
 		if err != nil {
 			return store.Classify(err)
 		}

@@ -122,7 +122,7 @@ LIMIT $8`
 
 // DeadItemsPage returns up to limit deaths of queue that match f, newest
 // first, after the position after (nil: from the newest).
-func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
+func (s *Store) DeadPageFilter(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
 	a := s.admin()
 	if after == nil {
 		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
@@ -135,7 +135,7 @@ func (s *Store) DeadItemsPage(ctx context.Context, db DB, queue string, f DeadFi
 const deadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter
 
 // CountDead counts the deaths of queue that match f.
-func (s *Store) CountDead(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
+func (s *Store) DeadCount(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.Reason, f.ErrorContains).Scan(&n)
 	return n, err

@@ -729,7 +729,7 @@ LIMIT $2`
 
 // DeadItems returns up to limit deaths of queue's dead items, newest first
 // (coreStatements.DeadItems).
-func (s *Store) DeadItems(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
+func (s *Store) DeadPage(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.st.DeadItems, queue, limit)
 }
 
@@ -744,7 +744,7 @@ LIMIT $5`
 // DeadItemsBefore returns up to limit deaths of queue's dead items after
 // the death (diedAt, id, death) in DeadItems' order
 // (deathStatements.DeadItemsBefore).
-func (s *Store) DeadItemsBefore(ctx context.Context, db DB, queue string, diedAt time.Time, id, death uuid.UUID, limit int) ([]DeadItemRow, error) {
+func (s *Store) DeadPageBefore(ctx context.Context, db DB, queue string, diedAt time.Time, id, death uuid.UUID, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.death.DeadItemsBefore, queue, diedAt, id, death, limit)
 }
 
@@ -825,7 +825,7 @@ RETURNING id`
 // death is nil. If nothing moved, it reads why (deathStatements.RequeueState):
 // the queue of a live item, or waiting item, with the id, and how many
 // deaths matched. Run it in a SERIALIZABLE transaction.
-func (s *Store) Requeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string, death *uuid.UUID) (RequeueResult, error) {
+func (s *Store) DeadRequeue(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue string, death *uuid.UUID) (RequeueResult, error) {
 	var r RequeueResult
 	tag, err := tx.Exec(ctx, s.st.Requeue, id, queue, death)
 	if err != nil {

@@ -155,9 +155,9 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.ReapLeasesIDs(ctx, r, "q", ids)
 		_, _ = s.ReapExhaustedIDs(ctx, r, "q", ids, "e")
 		_, _ = s.ReapExpiredIDs(ctx, r, "q", ids)
-		_, _ = s.DeadItems(ctx, r, "q", 10)
-		_, _ = s.DeadItemsBefore(ctx, r, "q", now, id, id, 10)
-		_, _ = s.Requeue(ctx, r, id, "q", nil)
+		_, _ = s.DeadPage(ctx, r, "q", 10)
+		_, _ = s.DeadPageBefore(ctx, r, "q", now, id, id, 10)
+		_, _ = s.DeadRequeue(ctx, r, id, "q", nil)
 
 		for _, d := range []Dialect{Postgres, Cockroach} {
 			added, err := s.EnqueueInsert(ctx, r, d, "q", []EnqueueRow{{ID: id, Payload: nil}})

@@ -229,7 +229,7 @@ LIMIT $4`
 // PruneDeadCandidates lists up to limit candidates of PruneDeadBefore
 // (before) or, with before zero, of PruneDeadOlder (age)
 // (refusedStatements.PruneDeadCandidates).
-func (s *Store) PruneDeadCandidates(ctx context.Context, db DB, queue string, before time.Time, age time.Duration, limit int) ([]uuid.UUID, error) {
+func (s *Store) DeadPruneCandidates(ctx context.Context, db DB, queue string, before time.Time, age time.Duration, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().PruneDeadCandidates, queue, nullTime(before), age.Microseconds(), limit)
 }
 
@@ -241,7 +241,7 @@ WHERE id = ANY($2::UUID[]) AND queue = $1 AND died_at < COALESCE($3::TIMESTAMPTZ
 // PruneDeadIDs is PruneDeadBefore (before) or, with before zero,
 // PruneDeadOlder (age) for the given candidates
 // (refusedStatements.PruneDeadIDs).
-func (s *Store) PruneDeadIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, before time.Time, age time.Duration) (int64, error) {
+func (s *Store) DeadPruneIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, before time.Time, age time.Duration) (int64, error) {
 	tag, err := tx.Exec(ctx, s.refused().PruneDeadIDs, queue, rawIDs(ids), nullTime(before), age.Microseconds())
 	return tag.RowsAffected(), err
 }

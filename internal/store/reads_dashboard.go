@@ -584,7 +584,7 @@ FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $
 
 // Deaths reads up to limit deaths of the id, newest first
 // (dashboardStatements.deaths).
-func (s *Store) Deaths(ctx context.Context, db DB, id uuid.UUID, limit int) ([]DeadItemRow, []string, error) {
+func (s *Store) DeadOfID(ctx context.Context, db DB, id uuid.UUID, limit int) ([]DeadItemRow, []string, error) {
 	rows, err := db.Query(ctx, s.dash().deaths, id, limit)
 	if err != nil {
 		return nil, nil, err
@@ -615,7 +615,7 @@ const deleteDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id = $1 AND death =
 
 // DeleteDead deletes one death of a dead item of queue and reports whether
 // it was there (dashboardStatements.deleteDead).
-func (s *Store) DeleteDead(ctx context.Context, db DB, queue string, id, death uuid.UUID) (bool, error) {
+func (s *Store) DeadDelete(ctx context.Context, db DB, queue string, id, death uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.dash().deleteDead, id, death, queue)
 	return tag.RowsAffected() > 0, err
 }

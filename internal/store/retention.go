@@ -168,7 +168,7 @@ var postgresPruneDeadOlderSQL = fmt.Sprintf(pgPruneDeadTemplate, `now() - $2::BI
 // PruneDeadOlder deletes, in tx, up to limit of queue's dead items older
 // than age and returns how many (retentionStatements.PruneDeadOlder, or its
 // PostgreSQL twin for d).
-func (s *Store) PruneDeadOlder(ctx context.Context, tx pgx.Tx, d Dialect, queue string, age time.Duration, limit int) (int64, error) {
+func (s *Store) DeadPruneOlder(ctx context.Context, tx pgx.Tx, d Dialect, queue string, age time.Duration, limit int) (int64, error) {
 	stmt := s.ret.PruneDeadOlder
 	if d == Postgres {
 		stmt = s.ret.PostgresPruneDeadOlder
@@ -188,7 +188,7 @@ var postgresPruneDeadBeforeSQL = fmt.Sprintf(pgPruneDeadTemplate, `$2::TIMESTAMP
 // PruneDeadBefore deletes, in tx, up to limit of queue's dead items that
 // died before t and returns how many (retentionStatements.PruneDeadBefore,
 // or its PostgreSQL twin for d).
-func (s *Store) PruneDeadBefore(ctx context.Context, tx pgx.Tx, d Dialect, queue string, t time.Time, limit int) (int64, error) {
+func (s *Store) DeadPruneBefore(ctx context.Context, tx pgx.Tx, d Dialect, queue string, t time.Time, limit int) (int64, error) {
 	stmt := s.ret.PruneDeadBefore
 	if d == Postgres {
 		stmt = s.ret.PostgresPruneDeadBefore

@@ -356,7 +356,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 			st.Queued, st.VestingAt, st.Attempts, st.LastError, st.Snoozes = true, d.VestingAt, int(d.Attempts), d.LastError, int(d.Snoozes)
 			return nil
 		}
-		deaths, queues, err := stmts.Deaths(ctx, db, id, 10)
+		deaths, queues, err := stmts.DeadOfID(ctx, db, id, 10)
 		if err != nil {
 			return err
 		}
