@@ -304,7 +304,7 @@ func (q *Queue) WaitEnded(ctx context.Context, id uuid.UUID, poll time.Duration)
 		var outcome string
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			ended, outcome, err = q.store.ItemEnded(ctx, q.db, q.opts.Queue, id)
+			ended, outcome, err = q.store.EndedOutcome(ctx, q.db, q.opts.Queue, id)
 			return store.Classify(err)
 		})
 		if err != nil {

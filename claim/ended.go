@@ -45,11 +45,11 @@ func (q *Queue) pruneEnded(ctx context.Context) (int, []*ReapError, error) {
 	s, name := q.store, q.opts.Queue
 	total, _, refused, err := q.pruneIsolated(ctx, reapMove{step: StepPruneEnded,
 		batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			return s.PruneEnded(ctx, tx, name, pruneBatch)
+			return s.EndedPrune(ctx, tx, name, pruneBatch)
 		},
-		candidates: s.PruneEndedCandidates,
+		candidates: s.EndedPruneCandidates,
 		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-			return s.PruneEndedIDs(ctx, tx, name, ids)
+			return s.EndedPruneIDs(ctx, tx, name, ids)
 		}})
 	return total, refused, err
 }

@@ -367,7 +367,7 @@ const endedSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE id = $2 AND 
 // ItemEnded reports whether queue has no item id any more, and the outcome
 // its end recorded ("" if none is recorded: the dedup window is zero, or
 // it was pruned).
-func (s *Store) ItemEnded(ctx context.Context, db DB, queue string, id uuid.UUID) (ended bool, outcome string, err error) {
+func (s *Store) EndedOutcome(ctx context.Context, db DB, queue string, id uuid.UUID) (ended bool, outcome string, err error) {
 	var live int64
 	err = db.QueryRow(ctx, s.cancel().ended, queue, id).Scan(&live, &outcome)
 	return live == 0, outcome, err

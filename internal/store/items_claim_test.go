@@ -144,7 +144,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.ReapCancelled(ctx, r, "q", 10)
 		_, _ = s.ListCancelled(ctx, r, "q", nil, 10)
 		_, _ = s.ListCancelled(ctx, r, "q", &CancelledRow{ID: id, EndedAt: now}, 10)
-		_, _, _ = s.ItemEnded(ctx, r, "q", id)
+		_, _, _ = s.EndedOutcome(ctx, r, "q", id)
 		_, _ = s.Snooze(ctx, r, keys[0], time.Second, 100)
 		_, _, _ = s.CancelSnoozeCounts(ctx, r, "q")
 		_, _ = s.ReapExhausted(ctx, r, "q", 10, "e")
@@ -174,7 +174,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			t.Errorf("CopyItems of 2 rows: %d, %v", n, err)
 		}
 		_, _ = s.EnqueueFound(ctx, r, "q", ids)
-		_, _ = s.PruneEnded(ctx, r, "q", 10)
+		_, _ = s.EndedPrune(ctx, r, "q", 10)
 		for k := 1; k <= MaxFairPairs; k++ {
 			lasts, err := s.FairLasts(ctx, r, "q", make([]FairPair, k))
 			if lasts != nil || err != nil {

@@ -245,7 +245,7 @@ RETURNING e.id`
 // its dedup window, oldest first, and returns how many it deleted
 // (dedupStatements.PruneEnded). Run it in an explicit SERIALIZABLE
 // transaction (it locks with SKIP LOCKED).
-func (s *Store) PruneEnded(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
+func (s *Store) EndedPrune(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, s.dedup.PruneEnded, queue, limit)
 	return tag.RowsAffected(), err
 }

@@ -203,7 +203,7 @@ LIMIT $2`
 
 // PruneEndedCandidates lists up to limit candidates of PruneEnded
 // (refusedStatements.PruneEndedCandidates).
-func (s *Store) PruneEndedCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+func (s *Store) EndedPruneCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().PruneEndedCandidates, queue, limit)
 }
 
@@ -214,7 +214,7 @@ WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow
 
 // PruneEndedIDs is PruneEnded for the given candidates
 // (refusedStatements.PruneEndedIDs).
-func (s *Store) PruneEndedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+func (s *Store) EndedPruneIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.refused().PruneEndedIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }

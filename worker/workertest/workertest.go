@@ -366,7 +366,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 				break
 			}
 		}
-		_, st.Ended, err = stmts.ItemEnded(ctx, db, q.Name(), id)
+		_, st.Ended, err = stmts.EndedOutcome(ctx, db, q.Name(), id)
 		return err
 	}()
 	if err != nil {
