@@ -355,7 +355,7 @@ func (q *Queue) purgePlan(ctx context.Context) (PurgeCounts, error) {
 	var rc store.QueueRowCounts
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rc, err = q.store.CountQueueRows(ctx, q.db, q.opts.Queue)
+		rc, err = q.store.QueuePurgeCount(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -401,7 +401,7 @@ func (q *Queue) Purge(ctx context.Context, o PurgeOptions) (PurgeCounts, error) 
 			var n int64
 			err := retry.Do(ctx, nil, func(ctx context.Context) error {
 				var err error
-				n, err = q.store.PurgeBatch(ctx, q.db, q.opts.Queue, step.table, PurgeBatch)
+				n, err = q.store.QueuePurgeBatch(ctx, q.db, q.opts.Queue, step.table, PurgeBatch)
 				return store.Classify(err)
 			})
 			if err != nil {
@@ -422,7 +422,7 @@ func (q *Queue) Purge(ctx context.Context, o PurgeOptions) (PurgeCounts, error) 
 		var more bool
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			n, more, err = q.store.PurgeDependsBatch(ctx, q.db, q.engine.Load().dialect, q.opts.Queue, PurgeBatch)
+			n, more, err = q.store.QueuePurgeDependsBatch(ctx, q.db, q.engine.Load().dialect, q.opts.Queue, PurgeBatch)
 			return store.Classify(err)
 		})
 		if err != nil {
@@ -437,7 +437,7 @@ func (q *Queue) Purge(ctx context.Context, o PurgeOptions) (PurgeCounts, error) 
 		}
 	}
 	err = retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
-		stored, err := q.store.PurgeQueueRows(ctx, tx, q.opts.Queue)
+		stored, err := q.store.QueuePurgeRows(ctx, tx, q.opts.Queue)
 		done.Stored = stored
 		return store.Classify(err)
 	})

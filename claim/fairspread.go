@@ -81,7 +81,7 @@ func (q *Queue) readSpread(ctx context.Context, db crsql.DB) error {
 	all := fair && (r.TenantMaxInFlight > 0 || r.TenantRate > 0)
 	var limited map[string]bool
 	if fair && !all { // a queue that is not fair spreads nothing: no limits to read
-		rows, err := q.store.TenantLimits(ctx, db, q.opts.Queue)
+		rows, err := q.store.QueueTenantLimits(ctx, db, q.opts.Queue)
 		if err != nil {
 			return err
 		}

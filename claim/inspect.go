@@ -127,7 +127,7 @@ func (q *Queue) Inspect(ctx context.Context) (QueueInfo, error) {
 func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	s, name := q.store, q.opts.Queue
 	info := QueueInfo{Name: name}
-	row, err := s.InspectQueue(ctx, q.db, name)
+	row, err := s.QueueInspect(ctx, q.db, name)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the queue's row: %w", store.Classify(err))
 	}
@@ -144,7 +144,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 			part(p)
 		}
 	}
-	unclaimed, err := s.InspectUnclaimed(ctx, q.db, name)
+	unclaimed, err := s.QueueInspectUnclaimed(ctx, q.db, name)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the backlog: %w", store.Classify(err))
 	}
@@ -155,7 +155,7 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 			info.OldestDue = max(info.OldestDue, u.Now.Sub(*u.OldestDue))
 		}
 	}
-	claimed, err := s.InspectClaimed(ctx, q.db, name)
+	claimed, err := s.QueueInspectClaimed(ctx, q.db, name)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the claimed items: %w", store.Classify(err))
 	}
@@ -173,14 +173,14 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 	}
 	sort.Slice(info.Parts, func(i, j int) bool { return info.Parts[i].Part < info.Parts[j].Part })
 
-	tenants, err := s.InspectTenants(ctx, q.db, name, InspectTenants)
+	tenants, err := s.QueueInspectTenants(ctx, q.db, name, InspectTenants)
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("reading the backlog by tenant: %w", store.Classify(err))
 	}
 	for _, t := range tenants {
 		info.Tenants = append(info.Tenants, TenantInfo{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
 	}
-	if info.Dead, err = s.InspectDead(ctx, q.db, name); err != nil {
+	if info.Dead, err = s.QueueInspectDead(ctx, q.db, name); err != nil {
 		return QueueInfo{}, fmt.Errorf("counting the dead items: %w", store.Classify(err))
 	}
 	return info, nil
@@ -204,7 +204,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 		clear(seen)
 		const page = 1000
 		for after := ""; ; {
-			names, err := s.StoredQueues(ctx, db, after, page)
+			names, err := s.QueuesStored(ctx, db, after, page)
 			if err != nil {
 				return store.Classify(err)
 			}
@@ -217,7 +217,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 			after = names[len(names)-1]
 		}
 		for _, next := range []func(context.Context, crsql.DB, string) (string, bool, error){
-			s.NextUnclaimedQueue, s.NextClaimedQueue, s.NextDeadQueue,
+			s.QueuesNextUnclaimed, s.QueuesNextClaimed, s.QueuesNextDead,
 		} {
 			for after := ""; ; {
 				n, ok, err := next(ctx, db, after)

@@ -63,7 +63,7 @@ func (q *Queue) setTenantLimit(ctx context.Context, tenant string, l Limit) erro
 		return fmt.Errorf("claim: setting the limit of tenant %q of %q: %w", tenant, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return store.Classify(q.store.SetTenantLimit(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
+		return store.Classify(q.store.QueueTenantLimitSet(ctx, q.db, q.opts.Queue, tenant, int64(l.MaxInFlight), l.Rate))
 	})
 	q.spread.forget() // this process's enqueues see the limit at once
 	if err != nil {
@@ -81,7 +81,7 @@ func (q *Queue) removeTenantLimit(ctx context.Context, tenant string) (bool, err
 	var had bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		had, err = q.store.RemoveTenantLimit(ctx, q.db, q.opts.Queue, tenant)
+		had, err = q.store.QueueTenantLimitRemove(ctx, q.db, q.opts.Queue, tenant)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -107,7 +107,7 @@ func readTenantLimits(ctx context.Context, db crsql.DB, s *store.Store, queue st
 	var rows []store.TenantLimitRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = s.TenantLimits(ctx, db, queue)
+		rows, err = s.QueueTenantLimits(ctx, db, queue)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -31,7 +31,7 @@ func (q *Queue) setPaused(ctx context.Context, paused bool) error {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, q.stats.retried("pause"), func(ctx context.Context) error {
-		return store.Classify(q.store.PauseQueue(ctx, q.db, q.opts.Queue, paused))
+		return store.Classify(q.store.QueuePause(ctx, q.db, q.opts.Queue, paused))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)

@@ -101,7 +101,7 @@ func (q *Queue) setRetention(ctx context.Context, r Retention) error {
 	}
 	age, count := r.stored()
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
-		return store.Classify(q.store.SetRetention(ctx, q.db, q.opts.Queue, age, count))
+		return store.Classify(q.store.QueueRetentionSet(ctx, q.db, q.opts.Queue, age, count))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: setting the retention of %q: %w", q.opts.Queue, err)
@@ -120,7 +120,7 @@ func (q *Queue) retention(ctx context.Context) (Retention, error) {
 	var r store.RetentionRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		r, err = q.store.Retention(ctx, q.db, q.opts.Queue)
+		r, err = q.store.QueueRetention(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -209,7 +209,7 @@ func (q *Queue) pruneDeadAll(ctx context.Context, refused *[]*ReapError) (int, e
 	var r store.RetentionRow
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
 		var err error
-		r, err = q.store.Retention(ctx, q.db, name)
+		r, err = q.store.QueueRetention(ctx, q.db, name)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -77,7 +77,7 @@ func (q *Queue) setSequenced(ctx context.Context, on bool) error {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, q.stats.retried("sequence"), func(ctx context.Context) error {
-		return store.Classify(q.store.SetSequenced(ctx, q.db, q.opts.Queue, on))
+		return store.Classify(q.store.QueueSequencedSet(ctx, q.db, q.opts.Queue, on))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: %s %q: %w", verb, q.opts.Queue, err)
@@ -126,7 +126,7 @@ func (q *Queue) setSequenceHold(ctx context.Context, hold bool) (released int, e
 	}
 	err = retry.Tx(ctx, q.db, q.stats.retried("sequence"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		released, err = q.store.SetSequenceHold(ctx, tx, q.opts.Queue, hold)
+		released, err = q.store.QueueSequenceHoldSet(ctx, tx, q.opts.Queue, hold)
 		return err
 	})
 	if err != nil {

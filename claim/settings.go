@@ -122,7 +122,7 @@ func (q *Queue) configure(ctx context.Context, s Policy) error {
 		return fmt.Errorf("claim: configuring %q: %w", q.opts.Queue, err)
 	}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return store.Classify(q.store.ConfigureQueue(ctx, q.db, q.opts.Queue, store.QueueSettingsRow{
+		return store.Classify(q.store.QueueConfigure(ctx, q.db, q.opts.Queue, store.QueueSettingsRow{
 			Fair: s.Fair, AtMostOnce: s.AtMostOnce, MaxInFlight: int64(s.MaxInFlight), Rate: s.Rate,
 			TenantMaxInFlight: int64(s.TenantMaxInFlight), TenantRate: s.TenantRate, DedupWindow: s.dedupWindow()}))
 	})

@@ -30,7 +30,7 @@ func (w *Worker) storedLimits(ctx context.Context) (Limits, time.Time, error) {
 	var rows []store.TenantLimitRow
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = w.store.TenantLimits(ctx, w.db, w.name)
+		rows, err = w.store.QueueTenantLimits(ctx, w.db, w.name)
 		return store.Classify(err)
 	})
 	if err != nil {

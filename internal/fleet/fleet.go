@@ -291,7 +291,7 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 	seen := map[string]bool{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		clear(seen)
-		stored, err := r.store.StoredQueues(ctx, r.db, "", max+1)
+		stored, err := r.store.QueuesStored(ctx, r.db, "", max+1)
 		if err != nil {
 			return store.Classify(err)
 		}
@@ -299,7 +299,7 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 			seen[n] = true
 		}
 		for _, next := range []func(context.Context, store.DB, string) (string, bool, error){
-			r.store.NextUnclaimedQueue, r.store.NextClaimedQueue, r.store.NextDeadQueue,
+			r.store.QueuesNextUnclaimed, r.store.QueuesNextClaimed, r.store.QueuesNextDead,
 		} {
 			after := ""
 			for range max + 1 {
@@ -369,7 +369,7 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 }
 
 // parts reads q's backlog by part and the items each session holds
-// (store.Store.InspectUnclaimed and InspectClaimed: the queue's whole
+// (store.Store.QueueInspectUnclaimed and InspectClaimed: the queue's whole
 // backlog).
 func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	byPart := map[int]*Part{}
@@ -384,7 +384,7 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 			part(p)
 		}
 	}
-	unclaimed, err := r.store.InspectUnclaimed(ctx, r.db, q.Name)
+	unclaimed, err := r.store.QueueInspectUnclaimed(ctx, r.db, q.Name)
 	if err != nil {
 		return store.Classify(err)
 	}
@@ -392,7 +392,7 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 		p := part(u.Part)
 		p.Unclaimed, p.Due = u.Unclaimed, u.Due
 	}
-	claimed, err := r.store.InspectClaimed(ctx, r.db, q.Name)
+	claimed, err := r.store.QueueInspectClaimed(ctx, r.db, q.Name)
 	if err != nil {
 		return store.Classify(err)
 	}
@@ -409,10 +409,10 @@ func (r *Reader) parts(ctx context.Context, q *Queue) error {
 	return nil
 }
 
-// tenants reads q's backlog by tenant (store.Store.InspectTenants: the
+// tenants reads q's backlog by tenant (store.Store.QueueInspectTenants: the
 // queue's unclaimed items that have a tenant).
 func (r *Reader) tenants(ctx context.Context, q *Queue) error {
-	tenants, err := r.store.InspectTenants(ctx, r.db, q.Name, MaxTenants)
+	tenants, err := r.store.QueueInspectTenants(ctx, r.db, q.Name, MaxTenants)
 	if err != nil {
 		return store.Classify(err)
 	}

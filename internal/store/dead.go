@@ -165,7 +165,7 @@ const schedCountSQL = `SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`
 const ownerCountSQL = `SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`
 
 // CountQueueRows counts queue's ended ids, schedule marks and owned parts.
-func (s *Store) CountQueueRows(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
+func (s *Store) QueuePurgeCount(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
 	a := s.admin()
 	var c QueueRowCounts
 	for _, q := range []struct {
@@ -222,7 +222,7 @@ const purgeEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SE
 // how many it deleted; 0 means none was left. It picks the rows, then
 // deletes them by key (two statements, no transaction: a row that went
 // meanwhile is not counted).
-func (s *Store) PurgeBatch(ctx context.Context, db DB, queue string, t PurgeTable, limit int) (int64, error) {
+func (s *Store) QueuePurgeBatch(ctx context.Context, db DB, queue string, t PurgeTable, limit int) (int64, error) {
 	a := s.admin()
 	var pick, del string
 	switch t {
@@ -257,7 +257,7 @@ const purgeQueuesSQL = `DELETE FROM crdbwork_queues WHERE name = $1`
 // gives: its part owners, tenant limits, schedule marks, and its row in the
 // queues table (part count, settings, pause). It reports whether the queue
 // had a row.
-func (s *Store) PurgeQueueRows(ctx context.Context, tx pgx.Tx, queue string) (bool, error) {
+func (s *Store) QueuePurgeRows(ctx context.Context, tx pgx.Tx, queue string) (bool, error) {
 	a := s.admin()
 	for _, text := range a.purgeRest {
 		if _, err := tx.Exec(ctx, text, queue); err != nil {

@@ -185,24 +185,24 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			_, _ = s.FairHead(ctx, r, d, "q", 0)
 		}
 
-		_, _ = s.InspectQueue(ctx, r, "q")
-		_, _ = s.InspectUnclaimed(ctx, r, "q")
-		_, _ = s.InspectClaimed(ctx, r, "q")
-		_, _ = s.InspectTenants(ctx, r, "q", 20)
-		_, _ = s.InspectDead(ctx, r, "q")
-		_, _ = s.StoredQueues(ctx, r, "", 10)
-		_, _, _ = s.NextUnclaimedQueue(ctx, r, "")
-		_, _, _ = s.NextClaimedQueue(ctx, r, "")
-		_, _, _ = s.NextDeadQueue(ctx, r, "")
+		_, _ = s.QueueInspect(ctx, r, "q")
+		_, _ = s.QueueInspectUnclaimed(ctx, r, "q")
+		_, _ = s.QueueInspectClaimed(ctx, r, "q")
+		_, _ = s.QueueInspectTenants(ctx, r, "q", 20)
+		_, _ = s.QueueInspectDead(ctx, r, "q")
+		_, _ = s.QueuesStored(ctx, r, "", 10)
+		_, _, _ = s.QueuesNextUnclaimed(ctx, r, "")
+		_, _, _ = s.QueuesNextClaimed(ctx, r, "")
+		_, _, _ = s.QueuesNextDead(ctx, r, "")
 		if _, stored, err := s.QueueSettings(ctx, r, "q"); stored || err != nil {
 			t.Errorf("QueueSettings without a row: stored %v, error %v; want false, nil", stored, err)
 		}
-		_ = s.ConfigureQueue(ctx, r, "q", QueueSettingsRow{})
+		_ = s.QueueConfigure(ctx, r, "q", QueueSettingsRow{})
 		_, _ = s.QueuePaused(ctx, r, "q")
-		_ = s.PauseQueue(ctx, r, "q", true)
-		_, _ = s.TenantLimits(ctx, r, "q")
-		_ = s.SetTenantLimit(ctx, r, "q", "t", 1, 1)
-		_, _ = s.RemoveTenantLimit(ctx, r, "q", "t")
+		_ = s.QueuePause(ctx, r, "q", true)
+		_, _ = s.QueueTenantLimits(ctx, r, "q")
+		_ = s.QueueTenantLimitSet(ctx, r, "q", "t", 1, 1)
+		_, _ = s.QueueTenantLimitRemove(ctx, r, "q", "t")
 
 		// The batched fair reads queue the same texts and arguments.
 		b := &pgx.Batch{}

@@ -503,7 +503,7 @@ LIMIT $2`
 // PurgeWaiting, PickOrphans, DeleteEdgesGone). Each batch's delete is one
 // statement, which locks its waiting rows before their edges (the package
 // comment's lock order).
-func (s *Store) PurgeDependsBatch(ctx context.Context, db DB, d Dialect, queue string, limit int) (waiting int64, more bool, err error) {
+func (s *Store) QueuePurgeDependsBatch(ctx context.Context, db DB, d Dialect, queue string, limit int) (waiting int64, more bool, err error) {
 	rows, err := db.Query(ctx, s.common().PickWaiting, queue, limit)
 	if err != nil {
 		return 0, false, err

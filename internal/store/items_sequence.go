@@ -56,7 +56,7 @@ ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`
 
 // SetSequenced turns sequencing of queue on or off
 // (sequenceStatements.SetSequenced).
-func (s *Store) SetSequenced(ctx context.Context, db DB, queue string, on bool) error {
+func (s *Store) QueueSequencedSet(ctx context.Context, db DB, queue string, on bool) error {
 	_, err := db.Exec(ctx, s.seq.SetSequenced, queue, on)
 	return err
 }
@@ -105,7 +105,7 @@ const releaseAllSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHERE que
 // the keys the queue's dead items hold (ReleaseAll) and returns how many
 // dead items it released. Run it in a transaction, so that both change
 // together.
-func (s *Store) SetSequenceHold(ctx context.Context, db DB, queue string, hold bool) (released int, err error) {
+func (s *Store) QueueSequenceHoldSet(ctx context.Context, db DB, queue string, hold bool) (released int, err error) {
 	if _, err := db.Exec(ctx, s.seq.SetHold, queue, hold); err != nil {
 		return 0, err
 	}
@@ -269,7 +269,7 @@ type sequenceStatements struct {
 	// queue, $2 hold (true: the key's later items wait; false: the key
 	// advances). A queue without a row gets one, with one part. Turning it
 	// off releases the keys its dead items hold (ReleaseAll, in the same
-	// transaction: see Store.SetSequenceHold).
+	// transaction: see Store.QueueSequenceHoldSet).
 	SetHold string
 	// ReleaseAll releases every key the dead items of queue $1 hold (their
 	// seq_hold is cleared; the dead items stay) → the dead items released.

@@ -30,7 +30,7 @@ FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
 
 // InspectQueue reads queue's stored row (inspectStatements.Queue): a
 // primary-key lookup.
-func (s *Store) InspectQueue(ctx context.Context, db DB, queue string) (QueueRow, error) {
+func (s *Store) QueueInspect(ctx context.Context, db DB, queue string) (QueueRow, error) {
 	var r QueueRow
 	var numParts int64
 	if err := db.QueryRow(ctx, s.insp.Queue, queue).Scan(&r.Stored, &numParts, &r.Paused); err != nil {
@@ -63,7 +63,7 @@ GROUP BY part ORDER BY part`
 // (inspectStatements.Unclaimed). It reads every unclaimed item of the
 // queue: its entries in crdbwork_items_part_turn, and each row's
 // vesting_at.
-func (s *Store) InspectUnclaimed(ctx context.Context, db DB, queue string) ([]UnclaimedPart, error) {
+func (s *Store) QueueInspectUnclaimed(ctx context.Context, db DB, queue string) ([]UnclaimedPart, error) {
 	rows, err := db.Query(ctx, s.insp.Unclaimed, queue)
 	if err != nil {
 		return nil, err
@@ -102,7 +102,7 @@ GROUP BY part, claim ORDER BY part, claim`
 // InspectClaimed reads queue's claimed items by part and session, ordered
 // by part and session (inspectStatements.Claimed): only the queue's
 // claimed items, through crdbwork_items_lease.
-func (s *Store) InspectClaimed(ctx context.Context, db DB, queue string) ([]ClaimedPart, error) {
+func (s *Store) QueueInspectClaimed(ctx context.Context, db DB, queue string) ([]ClaimedPart, error) {
 	rows, err := db.Query(ctx, s.insp.Claimed, queue)
 	if err != nil {
 		return nil, err
@@ -139,7 +139,7 @@ GROUP BY tenant ORDER BY unclaimed DESC, tenant LIMIT $2`
 // Items without a tenant are not counted. It reads every unclaimed item of
 // the queue that has a tenant (crdbwork_items_tenant_turn and each row's
 // vesting_at).
-func (s *Store) InspectTenants(ctx context.Context, db DB, queue string, limit int) ([]TenantBacklog, error) {
+func (s *Store) QueueInspectTenants(ctx context.Context, db DB, queue string, limit int) ([]TenantBacklog, error) {
 	rows, err := db.Query(ctx, s.insp.Tenants, queue, limit)
 	if err != nil {
 		return nil, err
@@ -161,7 +161,7 @@ const inspectDeadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE queu
 
 // InspectDead counts the deaths of queue (inspectStatements.DeadCount):
 // the queue's entries of crdbwork_dead_items_by_queue.
-func (s *Store) InspectDead(ctx context.Context, db DB, queue string) (int64, error) {
+func (s *Store) QueueInspectDead(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.insp.DeadCount, queue).Scan(&n)
 	return n, err
@@ -174,7 +174,7 @@ const storedQueuesSQL = `SELECT name FROM crdbwork_queues WHERE name > $1 ORDER 
 // StoredQueues returns the names of the queues with a row in the queues
 // table after after, in order, at most limit of them
 // (inspectStatements.StoredQueues).
-func (s *Store) StoredQueues(ctx context.Context, db DB, after string, limit int) ([]string, error) {
+func (s *Store) QueuesStored(ctx context.Context, db DB, after string, limit int) ([]string, error) {
 	rows, err := db.Query(ctx, s.insp.StoredQueues, after, limit)
 	if err != nil {
 		return nil, err
@@ -189,7 +189,7 @@ const nextUnclaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim
 // NextUnclaimedQueue returns the smallest queue name after after that has
 // unclaimed items, and false if there is none: one index seek
 // (inspectStatements.NextUnclaimedQueue).
-func (s *Store) NextUnclaimedQueue(ctx context.Context, db DB, after string) (string, bool, error) {
+func (s *Store) QueuesNextUnclaimed(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextUnclaimedQueue, after)
 }
 
@@ -199,7 +199,7 @@ const nextClaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim I
 
 // NextClaimedQueue is NextUnclaimedQueue for claimed items
 // (inspectStatements.NextClaimedQueue).
-func (s *Store) NextClaimedQueue(ctx context.Context, db DB, after string) (string, bool, error) {
+func (s *Store) QueuesNextClaimed(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextClaimedQueue, after)
 }
 
@@ -209,7 +209,7 @@ const nextDeadQueueSQL = `SELECT min(queue) FROM crdbwork_dead_items WHERE queue
 
 // NextDeadQueue is NextUnclaimedQueue for dead items
 // (inspectStatements.NextDeadQueue).
-func (s *Store) NextDeadQueue(ctx context.Context, db DB, after string) (string, bool, error) {
+func (s *Store) QueuesNextDead(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextDeadQueue, after)
 }
 
@@ -268,7 +268,7 @@ ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.a
 
 // ConfigureQueue stores queue's settings, replacing all of them; a queue
 // without a row gets one, with one part (coreStatements.ConfigureQueue).
-func (s *Store) ConfigureQueue(ctx context.Context, db DB, queue string, r QueueSettingsRow) error {
+func (s *Store) QueueConfigure(ctx context.Context, db DB, queue string, r QueueSettingsRow) error {
 	_, err := db.Exec(ctx, s.st.ConfigureQueue, queue, r.Fair, r.AtMostOnce,
 		r.MaxInFlight, r.Rate, r.TenantMaxInFlight, r.TenantRate, r.DedupWindow.Microseconds())
 	return err
@@ -291,7 +291,7 @@ const pauseQueueSQL = `INSERT INTO crdbwork_queues AS q (name, paused) VALUES ($
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`
 
 // PauseQueue pauses or resumes queue (coreStatements.PauseQueue).
-func (s *Store) PauseQueue(ctx context.Context, db DB, queue string, paused bool) error {
+func (s *Store) QueuePause(ctx context.Context, db DB, queue string, paused bool) error {
 	_, err := db.Exec(ctx, s.st.PauseQueue, queue, paused)
 	return err
 }
@@ -309,7 +309,7 @@ const tenantLimitsSQL = `SELECT tenant, max_in_flight, rate_limit FROM crdbwork_
 
 // TenantLimits reads queue's tenant limits, ordered by tenant
 // (limitStatements.TenantLimits).
-func (s *Store) TenantLimits(ctx context.Context, db DB, queue string) ([]TenantLimitRow, error) {
+func (s *Store) QueueTenantLimits(ctx context.Context, db DB, queue string) ([]TenantLimitRow, error) {
 	rows, err := db.Query(ctx, s.lim.TenantLimits, queue)
 	if err != nil {
 		return nil, err
@@ -332,7 +332,7 @@ ON CONFLICT (queue, tenant) DO UPDATE SET max_in_flight = excluded.max_in_flight
 
 // SetTenantLimit stores tenant's own limit on queue
 // (limitStatements.SetTenantLimit).
-func (s *Store) SetTenantLimit(ctx context.Context, db DB, queue, tenant string, maxInFlight int64, rate float64) error {
+func (s *Store) QueueTenantLimitSet(ctx context.Context, db DB, queue, tenant string, maxInFlight int64, rate float64) error {
 	_, err := db.Exec(ctx, s.lim.SetTenantLimit, queue, tenant, maxInFlight, rate)
 	return err
 }
@@ -343,7 +343,7 @@ const removeTenantLimitSQL = `DELETE FROM crdbwork_tenant_limits WHERE queue = $
 
 // RemoveTenantLimit deletes tenant's own limit on queue and reports whether
 // there was one (limitStatements.RemoveTenantLimit).
-func (s *Store) RemoveTenantLimit(ctx context.Context, db DB, queue, tenant string) (bool, error) {
+func (s *Store) QueueTenantLimitRemove(ctx context.Context, db DB, queue, tenant string) (bool, error) {
 	tag, err := db.Exec(ctx, s.lim.RemoveTenantLimit, queue, tenant)
 	return tag.RowsAffected() > 0, err
 }

@@ -134,7 +134,7 @@ const retentionSQL = `SELECT q.name IS NOT NULL,
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
 
 // Retention reads queue's retention (retentionStatements.Retention).
-func (s *Store) Retention(ctx context.Context, db DB, queue string) (RetentionRow, error) {
+func (s *Store) QueueRetention(ctx context.Context, db DB, queue string) (RetentionRow, error) {
 	var r RetentionRow
 	var us int64
 	if err := db.QueryRow(ctx, s.ret.Retention, queue).Scan(&r.Stored, &us, &r.MaxCount); err != nil {
@@ -152,7 +152,7 @@ ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_
 
 // SetRetention stores queue's retention, at microsecond precision
 // (retentionStatements.SetRetention).
-func (s *Store) SetRetention(ctx context.Context, db DB, queue string, maxAge time.Duration, maxCount int64) error {
+func (s *Store) QueueRetentionSet(ctx context.Context, db DB, queue string, maxAge time.Duration, maxCount int64) error {
 	_, err := db.Exec(ctx, s.ret.SetRetention, queue, maxAge.Microseconds(), maxCount)
 	return err
 }
