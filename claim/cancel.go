@@ -105,7 +105,7 @@ func (q *Queue) CancelItem(ctx context.Context, id uuid.UUID, o CancelOptions) (
 		var err error
 		state, err = q.store.CancelItem(ctx, tx, id, q.opts.Queue, by, reason)
 		if err == nil && state == store.CancelRequested && q.notifiesCancels() {
-			err = q.store.Notify(ctx, tx, q.store.CancelChannel(q.opts.Queue), "")
+			err = q.store.Notify(ctx, tx, q.store.NotifyCancelChannel(q.opts.Queue), "")
 		}
 		return store.Classify(err)
 	})
@@ -137,7 +137,7 @@ func (q *Queue) notifiesCancels() bool { return q.notifies() }
 // cancelChannel (queuemaint.Queue.CancelChannel) returns the name of the PostgreSQL notification channel
 // on which CancelItem announces cancel requests of this queue's running
 // items (workers listen on it unless their Options.NoWake is set).
-func (q *Queue) cancelChannel() string { return q.store.CancelChannel(q.opts.Queue) }
+func (q *Queue) cancelChannel() string { return q.store.NotifyCancelChannel(q.opts.Queue) }
 
 // EndCancelled ends it, an item whose cancel was asked for while this
 // claim held it: it deletes the item and records it as cancelled. It

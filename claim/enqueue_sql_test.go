@@ -348,7 +348,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 	stmts := store.New(tables)
 	ch := stmts.NotifyChannel("mail")
 	if postgres {
-		if err := stmts.Listen(ctx, conn, ch); err != nil {
+		if err := stmts.NotifyListen(ctx, conn, ch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -384,7 +384,7 @@ func TestSQLEnqueueRenamedTablesAndWakeUp(t *testing.T) {
 	// both; notifications are delivered in commit order, so one the delayed
 	// item sent would come before the barrier's.
 	barrier := stmts.NotifyChannel("barrier")
-	if err := stmts.Listen(ctx, conn, barrier); err != nil {
+	if err := stmts.NotifyListen(ctx, conn, barrier); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `SELECT item_id FROM `+fn+`('barrier', convert_to('b', 'UTF8'))`); err != nil {

@@ -43,7 +43,7 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	for _, ch := range []string{channel, barrier} {
-		if err := stmts.Listen(ctx, conn, ch); err != nil {
+		if err := stmts.NotifyListen(ctx, conn, ch); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -408,6 +408,6 @@ func (s *Store) CancelSnoozeCounts(ctx context.Context, db DB, queue string) (sn
 // cancel requests of queue's running items are announced (beside
 // NotifyChannel's wake-ups, which idle claimers wait for): 48 bytes,
 // within the 63 of an identifier.
-func (s *Store) CancelChannel(queue string) string {
+func (s *Store) NotifyCancelChannel(queue string) string {
 	return s.NotifyChannel(queue) + "_cancel"
 }

@@ -93,13 +93,13 @@ func (s *Store) EnqueueInsertNotify(ctx context.Context, db Batcher, queue strin
 // Listen makes conn listen on channel (see NotifyChannel); listening on a
 // channel it already listens on does nothing, and costs one round trip.
 // PostgreSQL only.
-func (s *Store) Listen(ctx context.Context, conn *pgx.Conn, channel string) error {
+func (s *Store) NotifyListen(ctx context.Context, conn *pgx.Conn, channel string) error {
 	_, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	return err
 }
 
 // Unlisten makes conn stop listening on channel. PostgreSQL only.
-func (s *Store) Unlisten(ctx context.Context, conn *pgx.Conn, channel string) error {
+func (s *Store) NotifyUnlisten(ctx context.Context, conn *pgx.Conn, channel string) error {
 	_, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{channel}.Sanitize())
 	return err
 }

@@ -75,11 +75,11 @@ func TestNotifyPlanAndDelivery(t *testing.T) {
 	rolled, committed, enqueued, barrier, dropped := stmts.NotifyChannel("rolled"), stmts.NotifyChannel("committed"),
 		stmts.NotifyChannel("enqueued"), stmts.NotifyChannel("barrier"), stmts.NotifyChannel("dropped")
 	for _, ch := range []string{rolled, committed, enqueued, barrier, dropped} {
-		if err := stmts.Listen(ctx, conn, ch); err != nil {
+		if err := stmts.NotifyListen(ctx, conn, ch); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := stmts.Unlisten(ctx, conn, dropped); err != nil {
+	if err := stmts.NotifyUnlisten(ctx, conn, dropped); err != nil {
 		t.Fatal(err)
 	}
 	inTx := func(ch string, commit bool) {

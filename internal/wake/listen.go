@@ -253,7 +253,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 		if listening[ch] {
 			continue
 		}
-		if err := l.store.Listen(ctx, conn, ch); err != nil {
+		if err := l.store.NotifyListen(ctx, conn, ch); err != nil {
 			return fmt.Errorf("wake: listening on %s: %w", ch, err)
 		}
 		listening[ch], sent = true, true
@@ -263,7 +263,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 		if want[ch] {
 			continue
 		}
-		if err := l.store.Unlisten(ctx, conn, ch); err != nil {
+		if err := l.store.NotifyUnlisten(ctx, conn, ch); err != nil {
 			return fmt.Errorf("wake: unlistening %s: %w", ch, err)
 		}
 		delete(listening, ch)
@@ -273,7 +273,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 		return nil
 	}
 	for ch := range listening {
-		if err := l.store.Listen(ctx, conn, ch); err != nil {
+		if err := l.store.NotifyListen(ctx, conn, ch); err != nil {
 			return fmt.Errorf("wake: checking the listener's connection: %w", err)
 		}
 		return nil
