@@ -23,7 +23,7 @@ var errNoSchema = errors.New("crdbwork: the tables name no schema (Tables.Schema
 // CreateTestSchema creates the Store's schema (Tables.Schema), failing if
 // it exists, so that the caller knows the schema, and what DropTestSchema
 // removes, is its own. It fails when Tables.Schema is empty.
-func (s *Store) CreateTestSchema(ctx context.Context, db DB) error {
+func (s *Store) SchemaCreate(ctx context.Context, db DB) error {
 	if s.test.CreateSchema == "" {
 		return errNoSchema
 	}
@@ -35,7 +35,7 @@ func (s *Store) CreateTestSchema(ctx context.Context, db DB) error {
 // in it, if it exists (DROP SCHEMA ... CASCADE, which CockroachDB has since
 // v20.2: see testStatements). It fails when Tables.Schema is empty. Its error
 // wraps the driver's and gives the statement to run by hand.
-func (s *Store) DropTestSchema(ctx context.Context, db DB) error {
+func (s *Store) SchemaDrop(ctx context.Context, db DB) error {
 	if s.test.DropSchema == "" {
 		return errNoSchema
 	}
@@ -50,7 +50,7 @@ func (s *Store) DropTestSchema(ctx context.Context, db DB) error {
 // the queues table. It runs every statement, whatever the earlier ones
 // did, and returns their errors joined (nil if none failed). It reads the
 // tables as it pleases (no plan test covers it): it is a test's cleanup.
-func (s *Store) DropQueueRows(ctx context.Context, db DB, queue string) error {
+func (s *Store) SchemaDropQueueRows(ctx context.Context, db DB, queue string) error {
 	var errs []error
 	for _, stmt := range s.test.DropQueue {
 		if _, err := db.Exec(ctx, stmt, queue); err != nil {
@@ -95,7 +95,7 @@ type QueueItemRow struct {
 // unclaimed ones in claim order and at most limit claimed ones by lease
 // end (so up to 2·limit rows), the two groups in no set order against
 // each other: the caller sorts them.
-func (s *Store) QueueItems(ctx context.Context, db DB, queue string, limit int) ([]QueueItemRow, error) {
+func (s *Store) SchemaQueueItems(ctx context.Context, db DB, queue string, limit int) ([]QueueItemRow, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("crdbwork: reading the items of %q: negative limit %d", queue, limit)
 	}

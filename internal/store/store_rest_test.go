@@ -322,15 +322,15 @@ func TestStoreTestHelpers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.New(t)
-	if err := store.New(crsql.Tables{}).CreateTestSchema(ctx, pool); err == nil {
+	if err := store.New(crsql.Tables{}).SchemaCreate(ctx, pool); err == nil {
 		t.Error("CreateTestSchema without a schema succeeded")
 	}
 	tables := crsql.Tables{Schema: "store_helpers"}
 	stmts := store.New(tables)
-	if err := stmts.CreateTestSchema(ctx, pool); err != nil {
+	if err := stmts.SchemaCreate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if err := stmts.CreateTestSchema(ctx, pool); err == nil {
+	if err := stmts.SchemaCreate(ctx, pool); err == nil {
 		t.Error("CreateTestSchema of an existing schema succeeded")
 	}
 	if err := crsql.Apply(ctx, pool, tables); err != nil {
@@ -352,7 +352,7 @@ func TestStoreTestHelpers(t *testing.T) {
 			t.Fatalf("%v\n%s", err, s)
 		}
 	}
-	items, err := stmts.QueueItems(ctx, pool, "q", 10)
+	items, err := stmts.SchemaQueueItems(ctx, pool, "q", 10)
 	if err != nil || len(items) != 3 {
 		t.Fatalf("QueueItems: %d items, %v; want 3", len(items), err)
 	}
@@ -374,25 +374,25 @@ func TestStoreTestHelpers(t *testing.T) {
 	if claimed != 1 {
 		t.Errorf("QueueItems: %d claimed items; want 1", claimed)
 	}
-	if items, err := stmts.QueueItems(ctx, pool, "q", 1); err != nil || len(items) != 2 {
+	if items, err := stmts.SchemaQueueItems(ctx, pool, "q", 1); err != nil || len(items) != 2 {
 		t.Errorf("QueueItems with limit 1: %d items, %v; want 2 (one of each branch)", len(items), err)
 	}
-	if err := stmts.DropQueueRows(ctx, pool, "q"); err != nil {
+	if err := stmts.SchemaDropQueueRows(ctx, pool, "q"); err != nil {
 		t.Fatal(err)
 	}
-	if items, err := stmts.QueueItems(ctx, pool, "q", 10); err != nil || len(items) != 0 {
+	if items, err := stmts.SchemaQueueItems(ctx, pool, "q", 10); err != nil || len(items) != 0 {
 		t.Errorf("QueueItems after DropQueueRows: %d items, %v; want none", len(items), err)
 	}
-	if items, err := stmts.QueueItems(ctx, pool, "other", 10); err != nil || len(items) != 2 {
+	if items, err := stmts.SchemaQueueItems(ctx, pool, "other", 10); err != nil || len(items) != 2 {
 		t.Errorf("QueueItems of another queue after DropQueueRows: %d items, %v; want 2", len(items), err)
 	}
-	if err := stmts.DropTestSchema(ctx, pool); err != nil {
+	if err := stmts.SchemaDrop(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	if err := crsql.Check(ctx, pool, tables); !errors.Is(err, crsql.ErrSchemaMissing) {
 		t.Errorf("Check after DropTestSchema: %v; want ErrSchemaMissing", err)
 	}
-	if err := stmts.DropTestSchema(ctx, pool); err != nil {
+	if err := stmts.SchemaDrop(ctx, pool); err != nil {
 		t.Errorf("DropTestSchema of a dropped schema: %v", err)
 	}
 }

@@ -330,7 +330,7 @@ func listItems(db crsql.DB, tables crsql.Tables, queue string) ([]claim.Item, er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), requireTimeout)
 	defer cancel()
-	rows, err := store.New(tables).QueueItems(ctx, db, queue, MaxListed+1)
+	rows, err := store.New(tables).SchemaQueueItems(ctx, db, queue, MaxListed+1)
 	if err != nil {
 		return nil, fmt.Errorf("reading queue %q: %w", queue, store.Classify(err))
 	}

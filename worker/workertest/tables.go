@@ -47,7 +47,7 @@ const tablesTimeout = 2 * time.Minute
 // is reported with t.Errorf, with the statement to run by hand.
 //
 // It works on PostgreSQL and CockroachDB (v20.2 and later have user-defined
-// schemas and DROP SCHEMA ... CASCADE; see store.Store.DropTestSchema). On
+// schemas and DROP SCHEMA ... CASCADE; see store.Store.SchemaDrop). On
 // CockroachDB every statement of the schema is an online schema change, so
 // making a test's tables takes noticeably longer than on PostgreSQL.
 //
@@ -65,7 +65,7 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 	defer cancel()
 	// CREATE SCHEMA without IF NOT EXISTS: the schema the cleanup drops is
 	// surely this test's.
-	if err := stmts.CreateTestSchema(ctx, pool); err != nil {
+	if err := stmts.SchemaCreate(ctx, pool); err != nil {
 		t.Fatalf("workertest.Tables: creating schema %s: %v", tables.Schema, err)
 	}
 	t.Cleanup(func() { dropSchema(t, pool, stmts) })
@@ -81,13 +81,13 @@ func Tables(t testing.TB, pool *pgxpool.Pool) crsql.Tables {
 func dropSchema(t testing.TB, pool *pgxpool.Pool, stmts *store.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), tablesTimeout)
 	defer cancel()
-	err := stmts.DropTestSchema(ctx, pool)
+	err := stmts.SchemaDrop(ctx, pool)
 	if err == nil || databaseGone(err) {
 		return
 	}
 	conn, connErr := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if connErr == nil {
-		connErr = stmts.DropTestSchema(ctx, conn)
+		connErr = stmts.SchemaDrop(ctx, conn)
 		_ = conn.Close(ctx)
 		if connErr == nil || databaseGone(connErr) {
 			return

@@ -381,7 +381,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 func dropQueue(db worker.DB, t crsql.Tables, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
-	_ = store.New(t).DropQueueRows(ctx, db, queue)
+	_ = store.New(t).SchemaDropQueueRows(ctx, db, queue)
 }
 
 // ensureSchema applies the schema unless it is in place. Apply is idempotent
