@@ -153,7 +153,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 	expAcked.Store(0)
 	stmts := store.New(crsql.Tables{})
 	for {
-		r, err := stmts.DeleteQueueRows(ctx, pool, expQueue, 10_000)
+		r, err := stmts.VerifyDeleteQueueRows(ctx, pool, expQueue, 10_000)
 		if err != nil {
 			return o, err
 		}
@@ -161,7 +161,7 @@ func runExperiment(ctx context.Context, c *expConfig, h expHooks, out io.Writer)
 			break
 		}
 	}
-	if err := stmts.DeleteQueueRest(ctx, pool, expQueue); err != nil {
+	if err := stmts.VerifyDeleteQueueRest(ctx, pool, expQueue); err != nil {
 		return o, err
 	}
 	if err := partition.SetParts(ctx, pool, crsql.Tables{}, expQueue, c.parts); err != nil {
@@ -335,7 +335,7 @@ func waitEmpty(ctx context.Context, pool *pgxpool.Pool, stmts *store.Store, time
 	for {
 		if expAcked.Load() >= want || time.Since(counted) >= time.Second {
 			var err error
-			n, err = stmts.CountItems(ctx, pool, expQueue)
+			n, err = stmts.VerifyCountItems(ctx, pool, expQueue)
 			counted = time.Now()
 			if err == nil && n == 0 {
 				return nil

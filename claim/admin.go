@@ -472,7 +472,7 @@ func (q *Queue) WaitDrained(ctx context.Context, poll time.Duration) error {
 		var n int64
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			n, err = q.store.CountItems(ctx, q.db, q.opts.Queue)
+			n, err = q.store.VerifyCountItems(ctx, q.db, q.opts.Queue)
 			return err
 		})
 		if err != nil {

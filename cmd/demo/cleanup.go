@@ -83,7 +83,7 @@ what it will delete on stderr, and shows the progress of long deletes.`)
 		}
 	}
 	if p.dropSchema {
-		if err := stmts.DropTables(ctx, pool); err != nil {
+		if err := stmts.VerifyDropTables(ctx, pool); err != nil {
 			return cli.Failf(1, "%v", err)
 		}
 	}
@@ -190,12 +190,12 @@ func (p cleanupPlan) describe() string {
 }
 
 // deleteQueue deletes queue's rows from crdbwork's tables in batches
-// (store.Store.DeleteQueueRows), showing the progress once it takes longer
+// (store.Store.VerifyDeleteQueueRows), showing the progress once it takes longer
 // than progressAfter, then its part count, settings and the rest.
 func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *cli.Console, start time.Time) (store.QueueRows, error) {
 	var total store.QueueRows
 	for {
-		r, err := stmts.DeleteQueueRows(ctx, pool, queue, cleanupBatch)
+		r, err := stmts.VerifyDeleteQueueRows(ctx, pool, queue, cleanupBatch)
 		if err != nil {
 			out.EndProgress()
 			return total, cli.Failf(1, "%v (deleted so far: %d items, %d dead items)", err, total.Items, total.DeadItems)
@@ -212,7 +212,7 @@ func deleteQueue(ctx context.Context, pool *pgxpool.Pool, queue string, out *cli
 		}
 	}
 	out.EndProgress()
-	if err := stmts.DeleteQueueRest(ctx, pool, queue); err != nil {
+	if err := stmts.VerifyDeleteQueueRest(ctx, pool, queue); err != nil {
 		return total, cli.Failf(1, "%v", err)
 	}
 	return total, nil

@@ -125,7 +125,7 @@ func readOwnership(ctx context.Context, db crsql.DB, queue string) (dbState, err
 		if err != nil {
 			return s, cli.Failf(1, "listing the queues: %v", err)
 		}
-		worked, err := stmts.WorkedQueues(ctx, db)
+		worked, err := stmts.VerifyWorkedQueues(ctx, db)
 		if err != nil {
 			return s, cli.Failf(1, "%v", err)
 		}

@@ -514,7 +514,7 @@ func (r *demoRun) showProgress(pool *pgxpool.Pool, group workerGroup, start time
 func countItems(ctx context.Context, pool *pgxpool.Pool, queue string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return stmts.CountItems(ctx, pool, queue)
+	return stmts.VerifyCountItems(ctx, pool, queue)
 }
 
 // printSummary prints the summary: a table, or one JSON line.

@@ -69,7 +69,7 @@ const checkPage = 5000
 
 // check compares demo_results with demo_enqueued for the items filter
 // selects. The items without a result are classified by the library's read
-// of where they are (pending, dead or cancelled: store.Store.ItemFates); the
+// of where they are (pending, dead or cancelled: store.Store.VerifyItemFates); the
 // others are lost. Everything is read in one read-only transaction, one
 // snapshot of both the demo's tables and crdbwork's, so that an item acked
 // between two reads is not taken for lost. CockroachDB accepts ISOLATION
@@ -101,7 +101,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, filter checkFilter) (verdict
 			if len(page) == 0 {
 				break
 			}
-			f, err := stmts.ItemFates(ctx, tx, page)
+			f, err := stmts.VerifyItemFates(ctx, tx, page)
 			if err != nil {
 				return err
 			}

@@ -96,7 +96,7 @@ const countItemsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue =
 // CountItems returns the number of queue's items, claimed or not. It reads
 // every item of the queue (through the partial indexes of unclaimed and of
 // claimed items on the queue), not the other queues' items.
-func (s *Store) CountItems(ctx context.Context, db DB, queue string) (int64, error) {
+func (s *Store) VerifyCountItems(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
 	if err := db.QueryRow(ctx, s.demoSQL().countItems, queue).Scan(&n); err != nil {
 		return 0, fmt.Errorf("counting the items of %q: %w", queue, Classify(err))
@@ -110,7 +110,7 @@ type ItemRef struct {
 	ID    uuid.UUID
 }
 
-// ItemFates counts where a set of items are now (Store.ItemFates).
+// ItemFates counts where a set of items are now (Store.VerifyItemFates).
 type ItemFates struct {
 	// Pending items are in the items table; of them, Claimed are held by
 	// a session, PastLease held past their lease, and OldestClaim is the
@@ -148,7 +148,7 @@ FROM (
 // ids, or never enqueued) are counted nowhere. Each item costs a point read
 // of the items, dead items and ended tables; pass them in batches of some
 // thousands.
-func (s *Store) ItemFates(ctx context.Context, db DB, items []ItemRef) (ItemFates, error) {
+func (s *Store) VerifyItemFates(ctx context.Context, db DB, items []ItemRef) (ItemFates, error) {
 	queues := make([]string, len(items))
 	ids := make([][16]byte, len(items))
 	for i, it := range items {
@@ -176,7 +176,7 @@ ORDER BY 1`
 // WorkedQueues returns, in order, the queues whose parts a live session
 // owns or that a live session is a member of (live: its heartbeat within its
 // expiry, by the database clock, as session.List).
-func (s *Store) WorkedQueues(ctx context.Context, db DB) ([]string, error) {
+func (s *Store) VerifyWorkedQueues(ctx context.Context, db DB) ([]string, error) {
 	rows, err := db.Query(ctx, s.demoSQL().workedQueues)
 	if err != nil {
 		return nil, fmt.Errorf("listing the queues sessions work on: %w", Classify(err))
@@ -216,7 +216,7 @@ const deleteEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN
 // until it deletes nothing. It
 // does not record the deleted items as ended: they are gone without an
 // outcome. Claimed items are deleted too (their acks then fail).
-func (s *Store) DeleteQueueRows(ctx context.Context, db DB, queue string, limit int) (QueueRows, error) {
+func (s *Store) VerifyDeleteQueueRows(ctx context.Context, db DB, queue string, limit int) (QueueRows, error) {
 	d := s.demoSQL()
 	var r QueueRows
 	for _, step := range []struct {
@@ -237,7 +237,7 @@ func (s *Store) DeleteQueueRows(ctx context.Context, db DB, queue string, limit 
 // schedules and its row in the queues table (its part count, settings and
 // pause), each in its own statement. Run it after DeleteQueueRows removed
 // the queue's items.
-func (s *Store) DeleteQueueRest(ctx context.Context, db DB, queue string) error {
+func (s *Store) VerifyDeleteQueueRest(ctx context.Context, db DB, queue string) error {
 	for _, stmt := range s.demoSQL().deleteQueueRest {
 		if _, err := db.Exec(ctx, stmt, queue); err != nil {
 			return fmt.Errorf("removing queue %q: %w", queue, Classify(err))
@@ -249,7 +249,7 @@ func (s *Store) DeleteQueueRest(ctx context.Context, db DB, queue string) error 
 // DropTables drops every crdbwork table of the Store's table set that
 // exists, with everything in it, children before parents. It checks
 // nothing: the caller makes sure no queue and no session is left.
-func (s *Store) DropTables(ctx context.Context, db DB) error {
+func (s *Store) VerifyDropTables(ctx context.Context, db DB) error {
 	for _, stmt := range s.demoSQL().dropTables {
 		if _, err := db.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("dropping the crdbwork tables (%s): %w", stmt, Classify(err))
