@@ -223,14 +223,14 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 		fired = nil
 		sent = time.Now()
 		var err error
-		if dbNow, err = r.store.ScheduleNow(ctx, tx); err != nil {
+		if dbNow, err = r.store.SchedulesNow(ctx, tx); err != nil {
 			return err
 		}
 		cur = c.latest(dbNow)
 		if cur.IsZero() {
 			return nil // a cron expression whose first activation is still to come
 		}
-		last, recorded, err := r.store.ScheduleLast(ctx, tx, queue, c.Name)
+		last, recorded, err := r.store.SchedulesLast(ctx, tx, queue, c.Name)
 		if err != nil {
 			return err
 		}
@@ -243,7 +243,7 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 				periods = []time.Time{prev, cur}
 			}
 		}
-		if advanced, err := r.store.AdvanceSchedule(ctx, tx, queue, c.Name, cur); err != nil {
+		if advanced, err := r.store.SchedulesAdvance(ctx, tx, queue, c.Name, cur); err != nil {
 			return err
 		} else if !advanced {
 			return nil // moved past cur meanwhile (not under SERIALIZABLE with the row locked, but never go back)

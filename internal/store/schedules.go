@@ -15,7 +15,7 @@ import (
 
 // ScheduleNow returns the database clock: the transaction's now(), which
 // decides a schedule's current period, one clock for every process.
-func (s *Store) ScheduleNow(ctx context.Context, db DB) (time.Time, error) {
+func (s *Store) SchedulesNow(ctx context.Context, db DB) (time.Time, error) {
 	var now time.Time
 	err := db.QueryRow(ctx, s.sched.Now).Scan(&now)
 	return now, err
@@ -28,7 +28,7 @@ const lastSQL = `SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND
 // ScheduleLast returns the last period enqueued by schedule name of queue,
 // locking its row until the transaction ends, and whether there is one
 // (false: the schedule never fired).
-func (s *Store) ScheduleLast(ctx context.Context, db DB, queue, name string) (time.Time, bool, error) {
+func (s *Store) SchedulesLast(ctx context.Context, db DB, queue, name string) (time.Time, bool, error) {
 	var last time.Time
 	err := db.QueryRow(ctx, s.sched.Last, queue, name).Scan(&last)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -47,7 +47,7 @@ RETURNING s.last_period`
 // AdvanceSchedule records period as the last period of schedule name of
 // queue, and reports whether it did: it never moves a stored period
 // backward, nor rewrites it with the same period (false).
-func (s *Store) AdvanceSchedule(ctx context.Context, db DB, queue, name string, period time.Time) (bool, error) {
+func (s *Store) SchedulesAdvance(ctx context.Context, db DB, queue, name string, period time.Time) (bool, error) {
 	var stored time.Time
 	err := db.QueryRow(ctx, s.sched.Advance, queue, name, period).Scan(&stored)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -266,25 +266,25 @@ func TestStoreSchedule(t *testing.T) {
 	pool, stmts := applied(t)
 	t1 := time.Now().UTC().Truncate(time.Minute)
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		now, err := stmts.ScheduleNow(ctx, tx)
+		now, err := stmts.SchedulesNow(ctx, tx)
 		if err != nil {
 			return err
 		}
 		if d := time.Since(now); d < -time.Minute || d > time.Minute {
 			t.Errorf("ScheduleNow: %v, %v from this process's clock", now, d)
 		}
-		if _, found, err := stmts.ScheduleLast(ctx, tx, "q", "s"); err != nil || found {
+		if _, found, err := stmts.SchedulesLast(ctx, tx, "q", "s"); err != nil || found {
 			t.Errorf("ScheduleLast of a schedule that never fired: %v, %v; want not found", found, err)
 		}
 		for _, c := range []struct {
 			period time.Time
 			want   bool
 		}{{t1, true}, {t1, false}, {t1.Add(-time.Minute), false}, {t1.Add(time.Minute), true}} {
-			if ok, err := stmts.AdvanceSchedule(ctx, tx, "q", "s", c.period); err != nil || ok != c.want {
+			if ok, err := stmts.SchedulesAdvance(ctx, tx, "q", "s", c.period); err != nil || ok != c.want {
 				t.Errorf("AdvanceSchedule(%v): %v, %v; want %v", c.period, ok, err, c.want)
 			}
 		}
-		last, found, err := stmts.ScheduleLast(ctx, tx, "q", "s")
+		last, found, err := stmts.SchedulesLast(ctx, tx, "q", "s")
 		if err != nil || !found || !last.Equal(t1.Add(time.Minute)) {
 			t.Errorf("ScheduleLast: %v, %v, %v; want %v", last, found, err, t1.Add(time.Minute))
 		}
