@@ -130,7 +130,7 @@ func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, bool, error) 
 	var found bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		d, found, err = q.store.Item(ctx, q.db, id)
+		d, found, err = q.store.ItemsGet(ctx, q.db, id)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -46,7 +46,7 @@ func (q *Queue) refreshStatistics(ctx context.Context) ([]string, error) {
 	var done []string
 	var errs []error
 	for _, table := range behind {
-		if err := q.store.Analyze(ctx, q.db, table); err != nil {
+		if err := q.store.StatisticsAnalyze(ctx, q.db, table); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -98,7 +98,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := store.AuditRow{Actor: userOf(r), Source: "dashboard", Action: a.Act, Queue: a.Queue, Detail: detail}
 	auditErr := retry.Do(r.Context(), nil, func(ctx context.Context) error {
-		return store.Classify(h.store.RecordAudit(ctx, h.db, rec))
+		return store.Classify(h.store.AuditRecord(ctx, h.db, rec))
 	})
 	if err != nil {
 		h.render(w, r, "done", "Failed", browser, doneData{Msg: detail, Failed: true, Return: a.Return})

@@ -618,7 +618,7 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 	}
 	d := &itemData{ID: id, Now: time.Now()}
 	err = retry.Do(r.Context(), nil, func(ctx context.Context) error {
-		it, ok, err := h.store.Item(ctx, h.db, id)
+		it, ok, err := h.store.ItemsGet(ctx, h.db, id)
 		if err != nil {
 			return store.Classify(err)
 		}
@@ -735,7 +735,7 @@ func (h *handler) tenantsPage(r *http.Request) (string, any, error) {
 		if err != nil {
 			return err
 		}
-		heads, err = h.store.TenantHeads(ctx, h.db, dialect, d.Queue, names)
+		heads, err = h.store.ItemsTenantHeads(ctx, h.db, dialect, d.Queue, names)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -24,7 +24,7 @@ func recordAudit(ctx context.Context, db crsql.DB, g *globals, out *cli.Console,
 	}
 	stmts := store.New(g.tables())
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		return store.Classify(stmts.RecordAudit(ctx, db, store.AuditRow{Actor: actor, Source: "cli", Action: action, Queue: g.queue, Detail: detail}))
+		return store.Classify(stmts.AuditRecord(ctx, db, store.AuditRow{Actor: actor, Source: "cli", Action: action, Queue: g.queue, Detail: detail}))
 	})
 	if err != nil {
 		out.Errorf("crdbwork %s: warning: not recorded in the audit list: %v", action, err)

@@ -537,7 +537,7 @@ FROM crdbwork_items WHERE id = $1`
 
 // Item reads the item id, and false if it is not in the items table
 // (dashboardStatements.item).
-func (s *Store) Item(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
+func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
 	var d ItemDetail
 	var part int64
 	var key, lastErr, ten, by, reason *string
@@ -643,7 +643,7 @@ ORDER BY t.tenant`
 // crdbwork_items_tenant_turn per tenant. On PostgreSQL one statement
 // (dashboardStatements.tenantHeads); on CockroachDB MaxHeadTenants tenants
 // to a statement (dashboardStatements.tenantHeadsK).
-func (s *Store) TenantHeads(ctx context.Context, db DB, d Dialect, queue string, tenants []string) ([]TenantHead, error) {
+func (s *Store) ItemsTenantHeads(ctx context.Context, db DB, d Dialect, queue string, tenants []string) ([]TenantHead, error) {
 	st := s.dash()
 	out := make([]TenantHead, len(tenants))
 	var head *time.Time
@@ -714,7 +714,7 @@ type AuditRow struct {
 const auditInsertSQL = `INSERT INTO crdbwork_audit (actor, source, action, queue, detail) VALUES ($1, $2, $3, $4, $5)`
 
 // RecordAudit adds an entry to the audit list (dashboardStatements.auditInsert).
-func (s *Store) RecordAudit(ctx context.Context, db DB, a AuditRow) error {
+func (s *Store) AuditRecord(ctx context.Context, db DB, a AuditRow) error {
 	_, err := db.Exec(ctx, s.dash().auditInsert, a.Actor, a.Source, a.Action, a.Queue, a.Detail)
 	return err
 }

@@ -266,7 +266,7 @@ func TestDashboardBacklogAndHeadsAnswerTheItems(t *testing.T) {
 				}
 			}
 		}
-		heads, err := stmts.TenantHeads(ctx, db, d, "r", tenants)
+		heads, err := stmts.ItemsTenantHeads(ctx, db, d, "r", tenants)
 		if err != nil {
 			t.Fatalf("%v %T: %v", d, db, err)
 		}
@@ -295,7 +295,7 @@ func TestDashboardBacklogAndHeadsAnswerTheItems(t *testing.T) {
 				t.Errorf("%v %T: tenant t3 has no head", d, db)
 			}
 		}
-		if heads, err := stmts.TenantHeads(ctx, db, d, "r", nil); err != nil || len(heads) != 0 {
+		if heads, err := stmts.ItemsTenantHeads(ctx, db, d, "r", nil); err != nil || len(heads) != 0 {
 			t.Errorf("%v %T: the heads of no tenant: %v, %v", d, db, heads, err)
 		}
 	}

@@ -84,7 +84,7 @@ func analyzeBehind(t *testing.T, pool *pgxpool.Pool, want []string) {
 		return slices.Equal(behind, want), fmt.Sprintf("%q; %s", behind, tableCounts(ctx, pool))
 	})
 	for _, table := range behind {
-		if err := stmts.Analyze(ctx, pool, table); err != nil {
+		if err := stmts.StatisticsAnalyze(ctx, pool, table); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -76,7 +76,7 @@ func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes i
 // Analyze refreshes PostgreSQL's statistics of table, a name returned by
 // StatisticsBehind, unless another ANALYZE or VACUUM of it is running
 // (SKIP_LOCKED: that one refreshes them).
-func (s *Store) Analyze(ctx context.Context, db DB, table string) error {
+func (s *Store) StatisticsAnalyze(ctx context.Context, db DB, table string) error {
 	if !slices.Contains(s.statisticsTables(), table) {
 		return fmt.Errorf("crdbwork: analyze %s: not a table StatisticsBehind reads", table)
 	}

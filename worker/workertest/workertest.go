@@ -348,7 +348,7 @@ func readState(ctx context.Context, q *claim.Queue, id uuid.UUID) (State, error)
 	db := q.DB()
 	var st State
 	err := func() error {
-		d, found, err := stmts.Item(ctx, db, id)
+		d, found, err := stmts.ItemsGet(ctx, db, id)
 		if err != nil {
 			return err
 		}
