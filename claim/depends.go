@@ -227,7 +227,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 		}
 		if len(ended) > 0 {
-			found, err := q.store.EnqueueFound(ctx, db, name, ended)
+			found, err := q.store.ItemsEnqueueFound(ctx, db, name, ended)
 			if err != nil {
 				return err
 			}

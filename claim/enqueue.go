@@ -301,7 +301,7 @@ func (q *Queue) enqueueOn(ctx context.Context, db DB, b *batch) (Enqueued, error
 // INSERT, together with the queue's wake-up notification.
 func (q *Queue) insertNotify(ctx context.Context, db store.Batcher, b *batch, res *Enqueued) error {
 	rows := q.enqueueRows(b, all(len(b.items)))
-	added, err := q.store.EnqueueInsertNotify(ctx, db, q.opts.Queue, rows, q.channel, b.payload())
+	added, err := q.store.ItemsEnqueueNotify(ctx, db, q.opts.Queue, rows, q.channel, b.payload())
 	if err != nil {
 		return err
 	}
@@ -679,7 +679,7 @@ func (q *Queue) write(ctx context.Context, db crsql.DB, b *batch, useCopy bool, 
 // insertRows adds the items of chunk with one INSERT … ON CONFLICT DO
 // NOTHING, and marks those it added in res.
 func (q *Queue) insertRows(ctx context.Context, db crsql.DB, b *batch, chunk []int, res *Enqueued) error {
-	added, err := q.store.EnqueueInsert(ctx, db, q.engine.Load().dialect, q.opts.Queue, q.enqueueRows(b, chunk))
+	added, err := q.store.ItemsEnqueue(ctx, db, q.engine.Load().dialect, q.opts.Queue, q.enqueueRows(b, chunk))
 	if err != nil {
 		return err
 	}
@@ -737,7 +737,7 @@ func markAdded(b *batch, chunk []int, added []uuid.UUID, res *Enqueued) error {
 // number of parts and the transaction's timestamp, read (under a share
 // lock on the queue's row) in the same transaction.
 func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, b *batch, idx []int, res *Enqueued) error {
-	parts, now, amo, sequenced, err := q.store.EnqueueParts(ctx, db, q.opts.Queue)
+	parts, now, amo, sequenced, err := q.store.ItemsEnqueueParts(ctx, db, q.opts.Queue)
 	if err != nil {
 		return err
 	}
@@ -746,7 +746,7 @@ func (q *Queue) copyRows(ctx context.Context, db crsql.DB, c copier, b *batch, i
 	}
 	for _, chunk := range chunks(b.items, idx, copyRows) {
 		src := copySource{q: q, b: b, idx: chunk, parts: parts, now: now, amo: amo, sequenced: sequenced}
-		n, err := q.store.CopyItems(ctx, c, q.opts.Queue, len(chunk), src.row)
+		n, err := q.store.ItemsEnqueueCopy(ctx, c, q.opts.Queue, len(chunk), src.row)
 		if err != nil {
 			return err
 		}
@@ -819,7 +819,7 @@ func (q *Queue) checkFound(ctx context.Context, db crsql.DB, b *batch, res *Enqu
 	if len(present) == 0 {
 		return nil
 	}
-	found, err := q.store.EnqueueFound(ctx, db, q.opts.Queue, present)
+	found, err := q.store.ItemsEnqueueFound(ctx, db, q.opts.Queue, present)
 	if err != nil {
 		return err
 	}

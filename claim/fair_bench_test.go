@@ -24,7 +24,7 @@ func tenantItems(rng *rand.Rand, n int) []claim.NewItem {
 }
 
 // BenchmarkEnqueueFair measures what fairness costs enqueue: a fair queue
-// reads every (tenant, priority) pair's turns before it writes (store.Store.FairLasts and FairHead,
+// reads every (tenant, priority) pair's turns before it writes (store.Store.ItemsFairLasts and FairHead,
 // two index seeks per pair), a plain one does not. Calls of `size` items of
 // random tenants among 1,000 go into a queue that already holds a backlog of
 // 10,000 such items (untimed). It reports items/s.

@@ -41,8 +41,8 @@ type fairQuery struct {
 }
 
 // fairTurns reads, for the pairs (tenants[i], priorities[i]), the turns
-// stamp needs: store.Store.FairLasts per group of at most store.MaxFairPairs
-// pairs and store.Store.FairHead per pair with readHead[i], each made of
+// stamp needs: store.Store.ItemsFairLasts per group of at most store.MaxFairPairs
+// pairs and store.Store.ItemsFairHead per pair with readHead[i], each made of
 // single index seeks (see there), sent as pgx.Batches when db has
 // SendBatch (one round trip each) and one by one otherwise. It returns one
 // fairTurn per pair, or none if the queue is not fair.
@@ -88,9 +88,9 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 				var lasts []store.FairLast
 				var err error
 				if f.head {
-					head, err = s.FairHead(ctx, db, d, name, f.priority)
+					head, err = s.ItemsFairHead(ctx, db, d, name, f.priority)
 				} else {
-					lasts, err = s.FairLasts(ctx, db, name, f.pairs)
+					lasts, err = s.ItemsFairLasts(ctx, db, name, f.pairs)
 				}
 				if err != nil {
 					return nil, err
@@ -102,9 +102,9 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 		b := &pgx.Batch{}
 		for _, f := range chunk {
 			if f.head {
-				s.QueueFairHead(b, d, name, f.priority)
+				s.ItemsFairHeadQueue(b, d, name, f.priority)
 			} else {
-				s.QueueFairLasts(b, name, f.pairs)
+				s.ItemsFairLastsQueue(b, name, f.pairs)
 			}
 		}
 		res := bdb.SendBatch(ctx, b)
@@ -113,9 +113,9 @@ func (q *Queue) fairTurns(ctx context.Context, db crsql.DB, tenants []string, pr
 			var lasts []store.FairLast
 			var err error
 			if f.head {
-				head, err = s.ReadFairHead(res)
+				head, err = s.ItemsFairHeadRead(res)
 			} else {
-				lasts, err = s.ReadFairLasts(res, len(f.pairs))
+				lasts, err = s.ItemsFairLastsRead(res, len(f.pairs))
 			}
 			if err != nil {
 				_ = res.Close()

@@ -49,7 +49,7 @@ import (
 //     slack of the last head it read (moved on by half its recent pace,
 //     for at most paceMaxStep) is within it of the current one, and reads
 //     nothing. Only a session that looks ahead reads the head (one index
-//     seek past a few stragglers, store.Store.FairFront).
+//     seek past a few stragglers, store.Store.ItemsFairFront).
 //   - A session that is ahead waits (its handlers keep working on what it
 //     holds) until the head comes within the slack, re-reading it when the
 //     head, at half its recent pace, would be there (paceStep to
@@ -94,7 +94,7 @@ const (
 // used by the session's claim loop only.
 type fairPace struct {
 	// readFront reads the queue's front at a priority past skip items and
-	// its part (store.Store.FairFront); isFairNow reads the queue's fair
+	// its part (store.Store.ItemsFairFront); isFairNow reads the queue's fair
 	// setting. Both are set by newFairPace (tests replace them).
 	readFront func(ctx context.Context, priority int64, skip int) (time.Time, int, bool, error)
 	isFairNow func(ctx context.Context) (bool, error)
@@ -130,7 +130,7 @@ func newFairPace(w *Worker) *fairPace {
 			if err != nil {
 				return time.Time{}, 0, false, err
 			}
-			return w.store.FairFront(ctx, w.db, d, w.name, priority, skip)
+			return w.store.ItemsFairFront(ctx, w.db, d, w.name, priority, skip)
 		},
 		isFairNow: func(ctx context.Context) (bool, error) {
 			// One read by primary key (not claim.Queue.Settings, which

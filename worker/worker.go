@@ -183,7 +183,7 @@ type Worker struct {
 	name    string           // the queue's
 	tables  crsql.Tables     // the queue's
 	// store reads the stored limits (see storedLimits) and the fair
-	// pacing's front (store.Store.FairFront, whose twin dialect picks:
+	// pacing's front (store.Store.ItemsFairFront, whose twin dialect picks:
 	// detected at its first read, see engine).
 	store   *store.Store
 	dialect atomic.Pointer[store.Dialect]

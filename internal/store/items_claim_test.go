@@ -160,29 +160,29 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.DeadRequeue(ctx, r, id, "q", nil)
 
 		for _, d := range []Dialect{Postgres, Cockroach} {
-			added, err := s.EnqueueInsert(ctx, r, d, "q", []EnqueueRow{{ID: id, Payload: nil}})
+			added, err := s.ItemsEnqueue(ctx, r, d, "q", []EnqueueRow{{ID: id, Payload: nil}})
 			if err != nil || len(added) != 0 {
 				t.Errorf("EnqueueInsert answered with no rows: %v, %v", added, err)
 			}
 		}
-		if added, err := s.EnqueueInsertNotify(ctx, r, "q", []EnqueueRow{{ID: id}}, s.NotifyChannel("q"), ""); err != nil || len(added) != 0 {
+		if added, err := s.ItemsEnqueueNotify(ctx, r, "q", []EnqueueRow{{ID: id}}, s.NotifyChannel("q"), ""); err != nil || len(added) != 0 {
 			t.Errorf("EnqueueInsertNotify answered with no rows: %v, %v", added, err)
 		}
 		_ = s.Notify(ctx, r, s.NotifyChannel("q"), "")
-		_, _, _, _, _ = s.EnqueueParts(ctx, r, "q")
-		if n, err := s.CopyItems(ctx, r, "q", 2, func(int) CopyRow { return CopyRow{ID: uuid.New()} }); n != 2 || err != nil {
+		_, _, _, _, _ = s.ItemsEnqueueParts(ctx, r, "q")
+		if n, err := s.ItemsEnqueueCopy(ctx, r, "q", 2, func(int) CopyRow { return CopyRow{ID: uuid.New()} }); n != 2 || err != nil {
 			t.Errorf("CopyItems of 2 rows: %d, %v", n, err)
 		}
-		_, _ = s.EnqueueFound(ctx, r, "q", ids)
+		_, _ = s.ItemsEnqueueFound(ctx, r, "q", ids)
 		_, _ = s.EndedPrune(ctx, r, "q", 10)
 		for k := 1; k <= MaxFairPairs; k++ {
-			lasts, err := s.FairLasts(ctx, r, "q", make([]FairPair, k))
+			lasts, err := s.ItemsFairLasts(ctx, r, "q", make([]FairPair, k))
 			if lasts != nil || err != nil {
 				t.Errorf("FairLasts without rows: %v, %v; want nil (not fair)", lasts, err)
 			}
 		}
 		for _, d := range []Dialect{Postgres, Cockroach} {
-			_, _ = s.FairHead(ctx, r, d, "q", 0)
+			_, _ = s.ItemsFairHead(ctx, r, d, "q", 0)
 		}
 
 		_, _ = s.QueueInspect(ctx, r, "q")
@@ -206,9 +206,9 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 
 		// The batched fair reads queue the same texts and arguments.
 		b := &pgx.Batch{}
-		s.QueueFairLasts(b, "q", make([]FairPair, 3))
-		s.QueueFairHead(b, Postgres, "q", 0)
-		s.QueueFairHead(b, Cockroach, "q", 0)
+		s.ItemsFairLastsQueue(b, "q", make([]FairPair, 3))
+		s.ItemsFairHeadQueue(b, Postgres, "q", 0)
+		s.ItemsFairHeadQueue(b, Cockroach, "q", 0)
 		for _, qq := range b.QueuedQueries {
 			r.calls = append(r.calls, call{qq.SQL, qq.Arguments})
 		}

@@ -53,7 +53,7 @@ var postgresInsertSQL = strings.Replace(strings.Replace(insertTemplate, dedupChe
 // EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
 // ids it added (enqueueStatements.Insert, or PostgresInsert on PostgreSQL).
-func (s *Store) EnqueueInsert(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
+func (s *Store) ItemsEnqueue(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
 	res, err := db.Query(ctx, byDialect(d, s.enq.Insert, s.enq.PostgresInsert), s.enqueueArgs(queue, rows)...)
 	if err != nil {
 		return nil, err
@@ -103,7 +103,7 @@ const partsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE n
 // transaction, the queue's number of parts (read under a share lock on its
 // row), the transaction's timestamp, whether the queue is at-most-once and
 // whether it is sequenced (enqueueStatements.Parts).
-func (s *Store) EnqueueParts(ctx context.Context, db DB, queue string) (parts int64, now time.Time, atMostOnce, sequenced bool, err error) {
+func (s *Store) ItemsEnqueueParts(ctx context.Context, db DB, queue string) (parts int64, now time.Time, atMostOnce, sequenced bool, err error) {
 	err = db.QueryRow(ctx, s.enq.Parts, queue).Scan(&parts, &now, &atMostOnce, &sequenced)
 	return parts, now, atMostOnce, sequenced, err
 }
@@ -137,7 +137,7 @@ type Copier interface {
 // format; enqueueStatements.CopyTable and CopyColumns), row(i) giving item
 // i, and returns the rows written. The ids must not be in the items table
 // (the COPY has no ON CONFLICT) nor ended (it does not look).
-func (s *Store) CopyItems(ctx context.Context, c Copier, queue string, n int, row func(i int) CopyRow) (int64, error) {
+func (s *Store) ItemsEnqueueCopy(ctx context.Context, c Copier, queue string, n int, row func(i int) CopyRow) (int64, error) {
 	src := &copySource{queue: queue, n: n, row: row, vals: make([]any, len(s.enq.CopyColumns)), at: -1}
 	return c.CopyFrom(ctx, s.enq.CopyTable, s.enq.CopyColumns, src)
 }
@@ -211,7 +211,7 @@ ORDER BY 3, 1`
 // add, those of another queue's items and those that ended in queue within
 // its dedup window, ordered by kind, then id (enqueueStatements.Found). The
 // others are items of queue.
-func (s *Store) EnqueueFound(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]FoundRow, error) {
+func (s *Store) ItemsEnqueueFound(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]FoundRow, error) {
 	rows, err := db.Query(ctx, s.enq.Found, queue, rawIDs(ids))
 	if err != nil {
 		return nil, err
@@ -267,7 +267,7 @@ type FairLast struct {
 // FairLasts reads the latest turns of 1 to MaxFairPairs pairs (it panics
 // otherwise) of queue (fairStatements.Lasts): one FairLast per pair, in the
 // order of pairs, or nil if the queue is not fair. Nothing is locked.
-func (s *Store) FairLasts(ctx context.Context, db DB, queue string, pairs []FairPair) ([]FairLast, error) {
+func (s *Store) ItemsFairLasts(ctx context.Context, db DB, queue string, pairs []FairPair) ([]FairLast, error) {
 	rows, err := db.Query(ctx, s.fair.Lasts(len(pairs)), fairArgs(queue, pairs)...)
 	if err != nil {
 		return nil, err
@@ -277,13 +277,13 @@ func (s *Store) FairLasts(ctx context.Context, db DB, queue string, pairs []Fair
 
 // QueueFairLasts queues FairLasts onto b; ReadFairLasts reads its answer
 // from the batch's results, in the order the statements were queued.
-func (s *Store) QueueFairLasts(b *pgx.Batch, queue string, pairs []FairPair) {
+func (s *Store) ItemsFairLastsQueue(b *pgx.Batch, queue string, pairs []FairPair) {
 	b.Queue(s.fair.Lasts(len(pairs)), fairArgs(queue, pairs)...)
 }
 
 // ReadFairLasts reads the answer of a FairLasts of n pairs queued by
 // QueueFairLasts, as FairLasts returns it.
-func (s *Store) ReadFairLasts(r pgx.BatchResults, n int) ([]FairLast, error) {
+func (s *Store) ItemsFairLastsRead(r pgx.BatchResults, n int) ([]FairLast, error) {
 	rows, err := r.Query()
 	if err != nil {
 		return nil, err
@@ -341,7 +341,7 @@ var postgresFairHeadSQL = pgHideQueue(fairHead, fairHeadAnchor, "$1")
 
 // FairHead reads the earliest turn of queue's unclaimed items of priority
 // (nil if none; coreStatements.FairHead, or its PostgreSQL twin).
-func (s *Store) FairHead(ctx context.Context, db DB, d Dialect, queue string, priority int64) (*time.Time, error) {
+func (s *Store) ItemsFairHead(ctx context.Context, db DB, d Dialect, queue string, priority int64) (*time.Time, error) {
 	rows, err := db.Query(ctx, byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
 	if err != nil {
 		return nil, err
@@ -350,12 +350,12 @@ func (s *Store) FairHead(ctx context.Context, db DB, d Dialect, queue string, pr
 }
 
 // QueueFairHead queues FairHead onto b; ReadFairHead reads its answer.
-func (s *Store) QueueFairHead(b *pgx.Batch, d Dialect, queue string, priority int64) {
+func (s *Store) ItemsFairHeadQueue(b *pgx.Batch, d Dialect, queue string, priority int64) {
 	b.Queue(byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
 }
 
 // ReadFairHead reads the answer of a FairHead queued by QueueFairHead.
-func (s *Store) ReadFairHead(r pgx.BatchResults) (*time.Time, error) {
+func (s *Store) ItemsFairHeadRead(r pgx.BatchResults) (*time.Time, error) {
 	rows, err := r.Query()
 	if err != nil {
 		return nil, err

@@ -29,7 +29,7 @@ ORDER BY turn_at LIMIT 1 OFFSET $3`
 // items of priority and that item's part; ok is false if there are not
 // that many. Nothing is locked: the answer only paces claims. d picks the
 // statement's twin. Its errors are the driver's.
-func (s *Store) FairFront(ctx context.Context, db DB, d Dialect, queue string, priority int64, skip int) (turn time.Time, part int, ok bool, err error) {
+func (s *Store) ItemsFairFront(ctx context.Context, db DB, d Dialect, queue string, priority int64, skip int) (turn time.Time, part int, ok bool, err error) {
 	rows, err := db.Query(ctx, byDialect(d, s.pace, s.pgPace), queue, priority, int64(skip))
 	if err != nil {
 		return time.Time{}, 0, false, err

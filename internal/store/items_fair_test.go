@@ -46,7 +46,7 @@ func TestFairFront(t *testing.T) {
 			skip, part int
 			ok         bool
 		}{{0, 2, true}, {3, 5, true}, {7, 9, true}, {8, 0, false}} {
-			turn, part, ok, err := stmts.FairFront(ctx, pool, d, "q", 0, c.skip)
+			turn, part, ok, err := stmts.ItemsFairFront(ctx, pool, d, "q", 0, c.skip)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -43,7 +43,7 @@ type OrderPosition struct {
 // is one statement with its own snapshot. Its errors are the driver's
 // (see sessions.go), or an error for a result that does not answer
 // every item once.
-func (s *Store) OrderCountsBefore(ctx context.Context, db DB, queue string, items []OrderPosition) ([]int64, error) {
+func (s *Store) ItemsOrderCountsBefore(ctx context.Context, db DB, queue string, items []OrderPosition) ([]int64, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}

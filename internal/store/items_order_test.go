@@ -12,7 +12,7 @@ import (
 )
 
 // TestOrderCountPlan: on a 50,000-item backlog (two queues, a thousand
-// priorities) the count of Store.OrderCountsBefore reads the unclaimed
+// priorities) the count of Store.ItemsOrderCountsBefore reads the unclaimed
 // items through the claim-order index (crdbwork_items_turn_next), never by
 // a sequential scan of the items table, in the plan for its arguments and,
 // on PostgreSQL, in the generic plan. Its counts are the items strictly
@@ -46,7 +46,7 @@ func TestOrderCountPlan(t *testing.T) {
 
 	// The counts, in the order of the positions given.
 	positions := []store.OrderPosition{{Priority: 700, TurnAt: now}, {Priority: 3, TurnAt: now.Add(-time.Hour)}, {Priority: 3, TurnAt: now}}
-	got, err := stmts.OrderCountsBefore(ctx, pool, "q", positions)
+	got, err := stmts.ItemsOrderCountsBefore(ctx, pool, "q", positions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestOrderCountPlan(t *testing.T) {
 	if !(0 < got[1] && got[1] < got[2] && got[2] < got[0]) {
 		t.Errorf("counts %v: want fewer items before the hour-old position of priority 3 than before the current one, and most before priority 700", got)
 	}
-	if none, err := stmts.OrderCountsBefore(ctx, pool, "q", nil); err != nil || none != nil {
+	if none, err := stmts.ItemsOrderCountsBefore(ctx, pool, "q", nil); err != nil || none != nil {
 		t.Errorf("no positions: %v, %v; want nil, nil", none, err)
 	}
 }

@@ -66,7 +66,7 @@ type Batcher interface {
 // notification on channel with payload, sent together in one round trip (a pipeline
 // with one Sync: one implicit transaction, so the notification is
 // delivered only if the insert commits). PostgreSQL only.
-func (s *Store) EnqueueInsertNotify(ctx context.Context, db Batcher, queue string, rows []EnqueueRow, channel, payload string) (ids []uuid.UUID, err error) {
+func (s *Store) ItemsEnqueueNotify(ctx context.Context, db Batcher, queue string, rows []EnqueueRow, channel, payload string) (ids []uuid.UUID, err error) {
 	b := &pgx.Batch{}
 	b.Queue(s.enq.PostgresInsert, s.enqueueArgs(queue, rows)...)
 	b.Queue(notifyStatement, channel, payload)

@@ -103,13 +103,13 @@ func TestNotifyPlanAndDelivery(t *testing.T) {
 	inTx(committed, true)
 	inTx(dropped, true)
 	id := uuid.New()
-	added, err := stmts.EnqueueInsertNotify(ctx, pool, "q", []store.EnqueueRow{{ID: id, MaxAttempts: 1}}, enqueued, "")
+	added, err := stmts.ItemsEnqueueNotify(ctx, pool, "q", []store.EnqueueRow{{ID: id, MaxAttempts: 1}}, enqueued, "")
 	if err != nil || len(added) != 1 || added[0] != id {
 		t.Fatalf("EnqueueInsertNotify = %v, %v; want [%s]", added, err, id)
 	}
 	// An insert that fails (max_attempts' CHECK) takes its notification
 	// with it: they are one transaction.
-	if _, err := stmts.EnqueueInsertNotify(ctx, pool, "q", []store.EnqueueRow{{ID: uuid.New(), MaxAttempts: -1}}, rolled, ""); err == nil {
+	if _, err := stmts.ItemsEnqueueNotify(ctx, pool, "q", []store.EnqueueRow{{ID: uuid.New(), MaxAttempts: -1}}, rolled, ""); err == nil {
 		t.Fatal("EnqueueInsertNotify with MaxAttempts -1 succeeded, want the CHECK's violation")
 	}
 	inTx(barrier, true)

@@ -66,7 +66,7 @@ func TestProbeAnnouncesItemsAndSurvivesAStall(t *testing.T) {
 	enqueue := func(hash int64) int64 {
 		t.Helper()
 		id := uuid.New()
-		if _, err := st.EnqueueInsert(ctx, direct, store.Postgres, "q", []store.EnqueueRow{{ID: id, Hash: hash, MaxAttempts: 3, Payload: []byte("x")}}); err != nil {
+		if _, err := st.ItemsEnqueue(ctx, direct, store.Postgres, "q", []store.EnqueueRow{{ID: id, Hash: hash, MaxAttempts: 3, Payload: []byte("x")}}); err != nil {
 			t.Fatal(err)
 		}
 		var part int64

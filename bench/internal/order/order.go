@@ -18,7 +18,7 @@
 // # What the count sees
 //
 // Meter.Observe counts right after the claim, in one statement with its
-// own snapshot (store.Store.OrderCountsBefore; the claim has committed by
+// own snapshot (store.Store.ItemsOrderCountsBefore; the claim has committed by
 // then). The count is exact when
 // nothing else changes the queue between the claim and the count. Under
 // concurrency it errs both ways:
@@ -98,7 +98,7 @@ func (m *Meter) Observe(ctx context.Context, items []claim.Item) ([]int64, error
 	for i, it := range items {
 		pos[i] = store.OrderPosition{Priority: it.Priority, TurnAt: it.TurnAt}
 	}
-	peis, err := m.store.OrderCountsBefore(ctx, m.db, m.queue, pos)
+	peis, err := m.store.ItemsOrderCountsBefore(ctx, m.db, m.queue, pos)
 	if err != nil {
 		m.failed()
 		return nil, fmt.Errorf("order: counting the items before %d claimed items of %q: %w", len(items), m.queue, err)
