@@ -83,7 +83,7 @@ func (q *Queue) SaveCheckpoint(ctx context.Context, it Item, data []byte) error 
 		return fmt.Errorf("claim: saving the checkpoint of item %s: %w", it.ID, err)
 	}
 	err := q.update(ctx, "checkpoint", func(ctx context.Context) (bool, error) {
-		return q.store.SaveCheckpoint(ctx, q.db, it.claimKey(), data)
+		return q.store.ItemsCheckpointSave(ctx, q.db, it.claimKey(), data)
 	})
 	if err != nil {
 		return fmt.Errorf("claim: saving the checkpoint of item %s: %w", it.ID, err)
@@ -109,7 +109,7 @@ func (q *Queue) ReportProgress(ctx context.Context, it Item, p Progress) error {
 		return fmt.Errorf("claim: reporting the progress of item %s: %w", it.ID, err)
 	}
 	err := q.update(ctx, "progress", func(ctx context.Context) (bool, error) {
-		return q.store.SaveProgress(ctx, q.db, it.claimKey(), p.Done, p.Total)
+		return q.store.ItemsProgressSave(ctx, q.db, it.claimKey(), p.Done, p.Total)
 	})
 	if err != nil {
 		return fmt.Errorf("claim: reporting the progress of item %s: %w", it.ID, err)
@@ -155,7 +155,7 @@ func (q *Queue) Progressing(ctx context.Context, limit int) ([]ItemProgress, err
 	var rows []store.ProgressRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = q.store.Progressing(ctx, q.db, q.opts.Queue, limit)
+		rows, err = q.store.ItemsProgressing(ctx, q.db, q.opts.Queue, limit)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -119,9 +119,9 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	a := store.ClaimArgs{Session: session, Queue: q.opts.Queue, Limit: req.Max, Lease: lease, SkipTenants: req.SkipTenants}
 	if req.Parts == nil {
 		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimAnySequenced(ctx, db, e.dialect, a)
+			return q.store.ItemsClaimAnySequenced(ctx, db, e.dialect, a)
 		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimAny(ctx, db, e.dialect, a)
+			return q.store.ItemsClaimAny(ctx, db, e.dialect, a)
 		}))
 	}
 	// Each part once: the statement reads every listed part with its own
@@ -142,9 +142,9 @@ func (q *Queue) claimWith(ctx context.Context, session uuid.UUID, req ClaimReque
 	}
 	claimIn := func(a store.ClaimArgs, ps []int64) ([]Item, error) {
 		return q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, a, ps)
+			return q.store.ItemsClaimPartsSequenced(ctx, db, e.dialect, a, ps)
 		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimParts(ctx, db, e.dialect, a, ps)
+			return q.store.ItemsClaimParts(ctx, db, e.dialect, a, ps)
 		}))
 	}
 	// In a fair queue each part is read up to its share of the claim (see
@@ -195,7 +195,7 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 		var all []store.PickedRow
 		for start := 0; start < len(parts); start += store.MaxPartBranches {
 			group := parts[start:min(start+store.MaxPartBranches, len(parts))]
-			picked, err := q.store.PickParts(ctx, tx, q.opts.Queue, n, skip, group)
+			picked, err := q.store.ItemsPickParts(ctx, tx, q.opts.Queue, n, skip, group)
 			if err != nil {
 				return err
 			}
@@ -216,7 +216,7 @@ func (q *Queue) claimManyParts(ctx context.Context, e *engine, session uuid.UUID
 		for i, r := range all {
 			ids[i] = r.ID
 		}
-		rows, err := q.store.ClaimPicked(ctx, tx, e.dialect, session, lease, ids)
+		rows, err := q.store.ItemsClaimPicked(ctx, tx, e.dialect, session, lease, ids)
 		if err != nil {
 			return err
 		}
@@ -293,7 +293,7 @@ func (q *Queue) takeAtMostOnce(ctx context.Context, db crsql.DB, e *engine, item
 	if len(keys) == 0 {
 		return items, nil
 	}
-	taken, err := q.store.TakeAtMostOnce(ctx, db, e.dialect, keys)
+	taken, err := q.store.ItemsTakeAtMostOnce(ctx, db, e.dialect, keys)
 	if err != nil {
 		return nil, err
 	}

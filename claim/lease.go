@@ -37,7 +37,7 @@ func (q *Queue) extend(ctx context.Context, items []Item, d time.Duration) ([]It
 	var until map[uuid.UUID]time.Time
 	err := retry.Do(ctx, q.stats.retried("extend"), func(ctx context.Context) error {
 		var err error
-		until, err = q.store.Extend(ctx, q.db, q.engine.Load().dialect, keys, d)
+		until, err = q.store.ItemsExtend(ctx, q.db, q.engine.Load().dialect, keys, d)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -370,9 +370,9 @@ func (q *Queue) claimManyPartsSequenced(ctx context.Context, e *engine, session 
 		ga := a
 		ga.Limit = a.Limit - len(all)
 		items, err := q.runClaim(ctx, e, session, "claiming", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimPartsSequenced(ctx, db, e.dialect, ga, group)
+			return q.store.ItemsClaimPartsSequenced(ctx, db, e.dialect, ga, group)
 		}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-			return q.store.ClaimParts(ctx, db, e.dialect, ga, group)
+			return q.store.ItemsClaimParts(ctx, db, e.dialect, ga, group)
 		}))
 		if err != nil {
 			if len(all) > 0 {

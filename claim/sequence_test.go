@@ -264,7 +264,7 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = stmts.ClaimAny(ctx, pool, d, store.ClaimArgs{Session: s.ID(), Queue: claim.DefaultQueue, Limit: 10, Lease: time.Minute})
+	_, err = stmts.ItemsClaimAny(ctx, pool, d, store.ClaimArgs{Session: s.ID(), Queue: claim.DefaultQueue, Limit: 10, Lease: time.Minute})
 	if !stmts.IsSequenceConflict(err) {
 		t.Fatalf("a plain claim of the early item while the late one is held: %v, want a unique violation on the sequence index", err)
 	}

@@ -57,8 +57,8 @@ func (q *Queue) claimUrgent(ctx context.Context, session uuid.UUID, req UrgentRe
 		AllTenantsLimited: req.AllTenantsLimited, LimitedTenants: req.LimitedTenants,
 	}
 	return q.runClaim(ctx, e, session, "claiming urgent items", q.sequenceGuard(e, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-		return q.store.ClaimUrgentSequenced(ctx, db, e.dialect, a)
+		return q.store.ItemsClaimUrgentSequenced(ctx, db, e.dialect, a)
 	}, func(ctx context.Context, db crsql.DB) ([]store.ClaimedRow, error) {
-		return q.store.ClaimUrgent(ctx, db, e.dialect, a)
+		return q.store.ItemsClaimUrgent(ctx, db, e.dialect, a)
 	}))
 }

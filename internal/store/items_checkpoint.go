@@ -60,7 +60,7 @@ WHERE ` + heldBy
 // SaveCheckpoint writes data as the checkpoint of the item claimed as k (nil
 // clears it) and reports whether the claim was still held
 // (checkpointStatements.SaveCheckpoint).
-func (s *Store) SaveCheckpoint(ctx context.Context, db DB, k ClaimKey, data []byte) (bool, error) {
+func (s *Store) ItemsCheckpointSave(ctx context.Context, db DB, k ClaimKey, data []byte) (bool, error) {
 	return execOne(ctx, db, s.ckpt.SaveCheckpoint, k.ID, k.Session, k.Token, data)
 }
 
@@ -72,7 +72,7 @@ WHERE ` + heldBy
 // SaveProgress writes done of total as the progress of the item claimed as
 // k and reports whether the claim was still held
 // (checkpointStatements.SaveProgress).
-func (s *Store) SaveProgress(ctx context.Context, db DB, k ClaimKey, done, total int64) (bool, error) {
+func (s *Store) ItemsProgressSave(ctx context.Context, db DB, k ClaimKey, done, total int64) (bool, error) {
 	return execOne(ctx, db, s.ckpt.SaveProgress, k.ID, k.Session, k.Token, done, total)
 }
 
@@ -104,7 +104,7 @@ LIMIT $2`
 
 // Progressing returns up to limit of queue's items with a saved progress,
 // the most recently saved first (checkpointStatements.Progressing).
-func (s *Store) Progressing(ctx context.Context, db DB, queue string, limit int) ([]ProgressRow, error) {
+func (s *Store) ItemsProgressing(ctx context.Context, db DB, queue string, limit int) ([]ProgressRow, error) {
 	rows, err := db.Query(ctx, s.ckpt.Progressing, queue, limit)
 	if err != nil {
 		return nil, err

@@ -210,7 +210,7 @@ var postgresClaimAnySQL = fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)
 // statement (not sorted here). Run it in an explicit SERIALIZABLE
 // transaction on CockroachDB, and by itself on PostgreSQL (see
 // claimTemplate).
-func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
 	return queryClaimed(ctx, db, a.Limit, byDialect(d, s.st.ClaimAny, s.st.PostgresClaimAny), a.params()...)
 }
 
@@ -218,7 +218,7 @@ func (s *Store) ClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]
 // parts, which the session must own (partClaimStatements.Claim, or
 // ClaimShares with a.PartLimit): 1 to MaxPartBranches distinct parts (it
 // panics otherwise). Run it as ClaimAny.
-func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
 	args := a.params()
 	for _, p := range parts {
 		args = append(args, p)
@@ -233,7 +233,7 @@ func (s *Store) ClaimParts(ctx context.Context, db DB, d Dialect, a ClaimArgs, p
 // parts (1 to MaxPartBranches of them; it panics otherwise), the best in
 // claim order, skipping the items of skipTenants, and returns them
 // (partClaimStatements.Pick). ClaimPicked claims those chosen.
-func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit int, skipTenants []string, parts []int64) ([]PickedRow, error) {
+func (s *Store) ItemsPickParts(ctx context.Context, tx pgx.Tx, queue string, limit int, skipTenants []string, parts []int64) ([]PickedRow, error) {
 	args := []any{queue, limit, orEmpty(skipTenants)}
 	for _, p := range parts {
 		args = append(args, p)
@@ -256,7 +256,7 @@ func (s *Store) PickParts(ctx context.Context, tx pgx.Tx, queue string, limit in
 // ClaimPicked claims for session, with lease, the items with the given ids
 // that PickParts locked in the same transaction
 // (partClaimStatements.ClaimPickedFor).
-func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
 	// Planned for its parameters at every run (no cached generic plan):
 	// on PostgreSQL the plan of this join depends on the table's size, and
 	// a generic plan made while the table was small (a scan, then the
@@ -269,7 +269,7 @@ func (s *Store) ClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session u
 // ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
 // restricted to items with priority at most a.MaxPriority, and the items of
 // limited tenants to the session's own parts. Run it as ClaimAny.
-func (s *Store) ClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
 	owned := make([]int64, len(a.OwnedParts))
 	for i, p := range a.OwnedParts {
 		owned[i] = int64(p)
@@ -345,7 +345,7 @@ var postgresTakeAtMostOnceSQL = deleteEnded(`DELETE FROM crdbwork_items AS i USI
 // TakeAtMostOnce deletes the at-most-once items among the given claims
 // that are still held, recording them as taken, and returns their ids
 // (coreStatements.TakeAtMostOnce, or its PostgreSQL twin).
-func (s *Store) TakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
+func (s *Store) ItemsTakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
 	ids, sessions, tokens := fenceArrays(keys)
 	rows, err := db.Query(ctx, byDialect(d, s.st.TakeAtMostOnce, s.st.PostgresTakeAtMostOnce), ids, sessions, tokens)
 	if err != nil {
@@ -441,7 +441,7 @@ WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`
 // Extend moves to now()+lease the leases of the given claims that are still
 // held and returns their new ends by id (coreStatements.Extend, or its
 // PostgreSQL twin).
-func (s *Store) Extend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, lease time.Duration) (map[uuid.UUID]time.Time, error) {
+func (s *Store) ItemsExtend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, lease time.Duration) (map[uuid.UUID]time.Time, error) {
 	ids, sessions, tokens := fenceArrays(keys)
 	rows, err := db.Query(ctx, byDialect(d, s.st.Extend, s.st.PostgresExtend), ids, sessions, tokens, lease.Microseconds())
 	if err != nil {

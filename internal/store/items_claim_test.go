@@ -113,22 +113,22 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		ids := []uuid.UUID{id}
 		now := time.Now()
 		for _, d := range []Dialect{Postgres, Cockroach} {
-			_, _ = s.ClaimAny(ctx, r, d, a)
+			_, _ = s.ItemsClaimAny(ctx, r, d, a)
 			for k := 1; k <= MaxPartBranches; k++ {
-				_, _ = s.ClaimParts(ctx, r, d, a, make([]int64, k))
+				_, _ = s.ItemsClaimParts(ctx, r, d, a, make([]int64, k))
 				shared := a
 				shared.PartLimit = 2
-				_, _ = s.ClaimParts(ctx, r, d, shared, make([]int64, k))
+				_, _ = s.ItemsClaimParts(ctx, r, d, shared, make([]int64, k))
 			}
-			_, _ = s.ClaimPicked(ctx, r, d, session, time.Second, ids)
-			_, _ = s.ClaimUrgent(ctx, r, d, UrgentArgs{ClaimArgs: a, MaxPriority: 1})
-			_, _ = s.TakeAtMostOnce(ctx, r, d, keys)
+			_, _ = s.ItemsClaimPicked(ctx, r, d, session, time.Second, ids)
+			_, _ = s.ItemsClaimUrgent(ctx, r, d, UrgentArgs{ClaimArgs: a, MaxPriority: 1})
+			_, _ = s.ItemsTakeAtMostOnce(ctx, r, d, keys)
 			_, _ = s.AckMany(ctx, r, d, keys)
-			_, _ = s.Extend(ctx, r, d, keys, time.Second)
+			_, _ = s.ItemsExtend(ctx, r, d, keys, time.Second)
 			_, _ = s.ReapLeases(ctx, r, d, "q", 10)
 		}
 		for k := 1; k <= MaxPartBranches; k++ {
-			_, _ = s.PickParts(ctx, r, "q", 5, nil, make([]int64, k))
+			_, _ = s.ItemsPickParts(ctx, r, "q", 5, nil, make([]int64, k))
 		}
 		_, _ = s.Nack(ctx, r, keys[0], time.Second, "e")
 		_, _ = s.Release(ctx, r, keys[0])
@@ -221,7 +221,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			}
 			if len(c.args) > 0 {
 				if _, ok := c.args[0].(pgx.QueryExecMode); ok {
-					c.args = c.args[1:] // how pgx runs it (Store.ClaimPicked), not a parameter
+					c.args = c.args[1:] // how pgx runs it (Store.ItemsClaimPicked), not a parameter
 				}
 			}
 			if n := params(c.sql); n != len(c.args) {

@@ -23,14 +23,14 @@ import (
 // violation on the sequence index (IsSequenceConflict) means another claim
 // took an item of the same key at the same time: nothing was claimed, run it
 // again.
-func (s *Store) ClaimAnySequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimAnySequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs) ([]ClaimedRow, error) {
 	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimAnyFor(d), a.params()...)
 }
 
 // ClaimPartsSequenced is ClaimParts for a sequenced queue
 // (sequenceStatements.ClaimParts): 1 to MaxPartBranches distinct owned
 // parts (it panics otherwise). Run it as ClaimAnySequenced.
-func (s *Store) ClaimPartsSequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimPartsSequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
 	args := a.params()
 	for _, p := range parts {
 		args = append(args, p)
@@ -40,7 +40,7 @@ func (s *Store) ClaimPartsSequenced(ctx context.Context, db DB, d Dialect, a Cla
 
 // ClaimUrgentSequenced is ClaimUrgent for a sequenced queue
 // (sequenceStatements.ClaimUrgent). Run it as ClaimAnySequenced.
-func (s *Store) ClaimUrgentSequenced(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
+func (s *Store) ItemsClaimUrgentSequenced(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
 	owned := make([]int64, len(a.OwnedParts))
 	for i, p := range a.OwnedParts {
 		owned[i] = int64(p)

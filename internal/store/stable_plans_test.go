@@ -125,7 +125,7 @@ WHERE queue = 'q' AND attempts = 0 AND id IN (SELECT id FROM crdbwork_items WHER
 			if postgres && c.name == "ClaimPicked" && st.name == "empty" && msg == "a sequential scan of crdbwork_items" {
 				// On a table PostgreSQL believes tiny (never analyzed,
 				// empty), scanning it is the cheapest way to find the
-				// picked rows, and right. Store.ClaimPicked never lets
+				// picked rows, and right. Store.ItemsClaimPicked never lets
 				// such a plan outlive the table's size: it is planned at
 				// every run (QueryExecModeDescribeExec, no cached generic plan),
 				// and a never-analyzed table's size is read from its
