@@ -313,7 +313,7 @@ func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]b
 			return deleted, nil, nil
 		}
 	}
-	gone, waitedFor, err := q.store.AckManyDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
+	gone, waitedFor, err := q.store.ItemsAckDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
 		return nil, nil, store.Classify(err)
 	}

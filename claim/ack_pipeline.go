@@ -30,7 +30,7 @@ const pipelineRollbackTimeout = 5 * time.Second
 
 // ackPipelined tries to ack reqs in one round trip: one pgx batch holding
 // BEGIN ISOLATION LEVEL SERIALIZABLE, the fenced delete of every item, the
-// results' statement (stmt) and COMMIT (store.Store.AckPipeline). The delete
+// results' statement (stmt) and COMMIT (store.Store.ItemsAckPipeline). The delete
 // fails unless every claim still holds, so the results are written only for
 // items it deleted, in the same SERIALIZABLE transaction: the same
 // exactly-once ack as ackTx.
@@ -85,7 +85,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	for i, r := range reqs {
 		items[i] = r.Item
 	}
-	b := q.store.AckPipeline(claimKeys(items), stmt, args)
+	b := q.store.ItemsAckPipeline(claimKeys(items), stmt, args)
 	br := conn.SendBatch(ctx, b)
 	waitedFor, err := store.ReadAckPipeline(br, b)
 	if cerr := br.Close(); err == nil {

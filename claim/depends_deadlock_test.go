@@ -214,7 +214,7 @@ func settleAtOnce(t *testing.T, pool, traced *pgxpool.Pool, queue string, seed u
 					var gone []uuid.UUID
 					err := retry.Tx(ctx, traced, nil, func(ctx context.Context, tx pgx.Tx) error {
 						var err error
-						gone, err = stmts.AckMany(ctx, tx, d, keys)
+						gone, err = stmts.ItemsAck(ctx, tx, d, keys)
 						return err
 					})
 					if err != nil {

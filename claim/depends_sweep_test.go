@@ -50,7 +50,7 @@ func TestDependsReapSkipsHeldDependents(t *testing.T) {
 	}
 	keys := []store.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}, {ID: got[1].ID, Session: got[1].Session, Token: got[1].Token}}
 	if err := retry.Tx(ctx, pool, nil, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := store.New(crsql.Tables{}).AckMany(ctx, tx, d, keys) // a version-4 ack: no release
+		_, err := store.New(crsql.Tables{}).ItemsAck(ctx, tx, d, keys) // a version-4 ack: no release
 		return err
 	}); err != nil {
 		t.Fatal(err)

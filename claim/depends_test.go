@@ -167,7 +167,7 @@ func TestDependsReapReleasesAfterOtherAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if gone, err := store.New(crsql.Tables{}).AckMany(ctx, tx, d, []store.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}}); err != nil || len(gone) != 1 {
+	if gone, err := store.New(crsql.Tables{}).ItemsAck(ctx, tx, d, []store.ClaimKey{{ID: got[0].ID, Session: got[0].Session, Token: got[0].Token}}); err != nil || len(gone) != 1 {
 		t.Fatalf("the version-4 ack: %v, %v", gone, err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -344,7 +344,7 @@ func (q *Queue) releaseForgotten(ctx context.Context, session uuid.UUID, keep []
 	}
 	var n int
 	err := retry.Do(ctx, q.stats.retried("release"), func(ctx context.Context) error {
-		released, err := q.store.ReleaseForgotten(ctx, q.db, q.opts.Queue, session, keep)
+		released, err := q.store.ItemsReleaseForgotten(ctx, q.db, q.opts.Queue, session, keep)
 		n = int(released)
 		return store.Classify(err)
 	})

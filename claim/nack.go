@@ -56,7 +56,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 			if IsPermanent(cause) {
 				reason = ReasonPermanent
 			}
-			held, err := q.store.DeadLetter(ctx, q.db, it.claimKey(), msg, reason)
+			held, err := q.store.ItemsDeadLetter(ctx, q.db, it.claimKey(), msg, reason)
 			if err == nil && !held {
 				return ErrClaimLost
 			}
@@ -76,7 +76,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 		delay = d
 	}
 	err := q.update(ctx, "nack", func(ctx context.Context) (bool, error) {
-		return q.store.Nack(ctx, q.db, it.claimKey(), delay, msg)
+		return q.store.ItemsNack(ctx, q.db, it.claimKey(), delay, msg)
 	})
 	if err != nil {
 		return Retried, q.claimErr("nacking", it, err)
@@ -93,7 +93,7 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 // returns an error wrapping ErrDeadLetterFailed and moveErr (or, if the
 // release failed too, that failure).
 func (q *Queue) holdForReaper(ctx context.Context, it Item, msg string, moveErr error) error {
-	exhaust := func(ctx context.Context) (bool, error) { return q.store.Exhaust(ctx, q.db, it.claimKey(), msg) }
+	exhaust := func(ctx context.Context) (bool, error) { return q.store.ItemsExhaust(ctx, q.db, it.claimKey(), msg) }
 	if err := q.update(ctx, "nack", exhaust); err != nil {
 		return q.claimErr("dead-lettering", it, fmt.Errorf("the move to the dead items was refused (%w), and holding the item for the reaper failed: %w", moveErr, err))
 	}
@@ -116,7 +116,7 @@ func (q *Queue) Release(ctx context.Context, it Item) (err error) {
 	if err := q.ready(ctx); err != nil {
 		return q.claimErr("releasing", it, err)
 	}
-	release := func(ctx context.Context) (bool, error) { return q.store.Release(ctx, q.db, it.claimKey()) }
+	release := func(ctx context.Context) (bool, error) { return q.store.ItemsRelease(ctx, q.db, it.claimKey()) }
 	if err := q.update(ctx, "release", release); err != nil {
 		return q.claimErr("releasing", it, err)
 	}

@@ -52,7 +52,7 @@ func (q *Queue) endRefusedItem(ctx context.Context, step string, id uuid.UUID, r
 	var ended bool
 	err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		ended, err = q.store.KillRefusedItem(ctx, tx, q.opts.Queue, id, refusedText(step, refusal))
+		ended, err = q.store.ItemsKillRefused(ctx, tx, q.opts.Queue, id, refusedText(step, refusal))
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -125,7 +125,7 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 		moved = n
 		for _, r := range refused {
 			text := refusedText(StepDependencies, r.err)
-			ok, err := q.store.KillRefusedWaiting(ctx, tx, q.opts.Queue, r.id, text)
+			ok, err := q.store.ItemsKillRefusedWaiting(ctx, tx, q.opts.Queue, r.id, text)
 			if err != nil {
 				return store.Classify(err)
 			}

@@ -75,7 +75,7 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 	var snoozed bool
 	err := retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
 		var err error
-		snoozed, err = q.store.Snooze(ctx, q.db, it.claimKey(), d, limit)
+		snoozed, err = q.store.ItemsSnooze(ctx, q.db, it.claimKey(), d, limit)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -90,7 +90,7 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 	// apart: it moves only an item this claim still holds.
 	msg := fmt.Sprintf("snoozed %d times, the most Options.MaxSnoozes allows, and snoozed again", limit)
 	err = retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
-		held, err := q.store.DeadLetter(ctx, q.db, it.claimKey(), msg, ReasonSnoozedTooOften)
+		held, err := q.store.ItemsDeadLetter(ctx, q.db, it.claimKey(), msg, ReasonSnoozedTooOften)
 		if err == nil && !held {
 			return ErrClaimLost
 		}

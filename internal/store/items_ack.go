@@ -57,7 +57,7 @@ const ackAllLost = "22012"
 // result, and on any failure roll back (RollbackPipeline): the transaction
 // did not commit unless the failure is an unknown outcome (the connection
 // lost after the batch was sent).
-func (s *Store) AckPipeline(keys []ClaimKey, record string, args []any) *pgx.Batch {
+func (s *Store) ItemsAckPipeline(keys []ClaimKey, record string, args []any) *pgx.Batch {
 	ids, sessions, tokens := fenceArrays(keys)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL SERIALIZABLE")

@@ -388,7 +388,7 @@ WHERE ` + heldBy + ` AND snoozes < $5`
 // vesting again after delay, its snoozes counted, unless it has max
 // snoozes already. It reports whether it did (false: the claim was lost,
 // or the item was snoozed max times).
-func (s *Store) Snooze(ctx context.Context, db DB, k ClaimKey, delay time.Duration, max int) (bool, error) {
+func (s *Store) ItemsSnooze(ctx context.Context, db DB, k ClaimKey, delay time.Duration, max int) (bool, error) {
 	return execOne(ctx, db, s.cancel().snooze, k.ID, k.Session, k.Token, delay.Microseconds(), int64(max))
 }
 

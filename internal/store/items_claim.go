@@ -389,8 +389,8 @@ func AckTxOptions(d Dialect) pgx.TxOptions {
 // AckMany deletes, in tx, the items whose claims are still held, recording
 // them as acked, and returns their ids (coreStatements.AckMany, or its
 // PostgreSQL twin).
-func (s *Store) AckMany(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
-	acked, _, err := s.AckManyDependents(ctx, tx, d, keys)
+func (s *Store) ItemsAck(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
+	acked, _, err := s.ItemsAckDependents(ctx, tx, d, keys)
 	return acked, err
 }
 
@@ -406,7 +406,7 @@ var postgresAckManySQL = deleteEndedAck(`DELETE FROM crdbwork_items AS i USING `
 // other items wait for (NewItem.After in package claim): read by the same
 // statement, in the ack's snapshot, one primary-key seek of the edges per
 // acked item. Release their dependents once tx committed.
-func (s *Store) AckManyDependents(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) (acked, waitedFor []uuid.UUID, err error) {
+func (s *Store) ItemsAckDependents(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) (acked, waitedFor []uuid.UUID, err error) {
 	ids, sessions, tokens := fenceArrays(keys)
 	rows, err := tx.Query(ctx, byDialect(d, s.st.AckMany, s.st.PostgresAckMany), ids, sessions, tokens)
 	if err != nil {
@@ -470,7 +470,7 @@ WHERE ` + heldBy
 // Nack releases a held claim with its attempt counted: the item vests again
 // after delay (at microsecond precision), with lastError. It reports whether
 // the claim was held (coreStatements.Nack).
-func (s *Store) Nack(ctx context.Context, db DB, k ClaimKey, delay time.Duration, lastError string) (bool, error) {
+func (s *Store) ItemsNack(ctx context.Context, db DB, k ClaimKey, delay time.Duration, lastError string) (bool, error) {
 	return execOne(ctx, db, s.st.Nack, k.ID, k.Session, k.Token, delay.Microseconds(), lastError)
 }
 
@@ -484,7 +484,7 @@ WHERE ` + heldBy
 
 // Release releases a held claim and gives its attempt back. It reports
 // whether the claim was held (coreStatements.Release).
-func (s *Store) Release(ctx context.Context, db DB, k ClaimKey) (bool, error) {
+func (s *Store) ItemsRelease(ctx context.Context, db DB, k ClaimKey) (bool, error) {
 	return execOne(ctx, db, s.st.Release, k.ID, k.Session, k.Token)
 }
 
@@ -497,7 +497,7 @@ WHERE ` + heldBy
 // Exhaust releases a held claim with the item's attempts used up and
 // lastError set, for the reaper to move it to the dead items. It reports
 // whether the claim was held (deathStatements.Exhaust).
-func (s *Store) Exhaust(ctx context.Context, db DB, k ClaimKey, lastError string) (bool, error) {
+func (s *Store) ItemsExhaust(ctx context.Context, db DB, k ClaimKey, lastError string) (bool, error) {
 	return execOne(ctx, db, s.death.Exhaust, k.ID, k.Session, k.Token, lastError)
 }
 
@@ -524,7 +524,7 @@ RETURNING id`
 // DeadLetter moves a held claim's item to the dead items with lastError and
 // reason, recording it as ended. It reports whether the claim was held
 // (coreStatements.DeadLetter).
-func (s *Store) DeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, reason string) (bool, error) {
+func (s *Store) ItemsDeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, reason string) (bool, error) {
 	var id uuid.UUID
 	err := db.QueryRow(ctx, s.st.DeadLetter, k.ID, k.Session, k.Token, lastError, reason).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -545,7 +545,7 @@ WHERE claim = $2 AND queue = $1 AND NOT (id = ANY($3::UUID[]))`
 // ReleaseForgotten releases the items of queue claimed by session whose ids
 // are not in keep, giving their attempts back, and returns how many it
 // released (coreStatements.ReleaseForgot).
-func (s *Store) ReleaseForgotten(ctx context.Context, db DB, queue string, session uuid.UUID, keep []uuid.UUID) (int64, error) {
+func (s *Store) ItemsReleaseForgotten(ctx context.Context, db DB, queue string, session uuid.UUID, keep []uuid.UUID) (int64, error) {
 	tag, err := db.Exec(ctx, s.st.ReleaseForgot, queue, session, orEmpty(keep))
 	return tag.RowsAffected(), err
 }

@@ -123,20 +123,20 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 			_, _ = s.ItemsClaimPicked(ctx, r, d, session, time.Second, ids)
 			_, _ = s.ItemsClaimUrgent(ctx, r, d, UrgentArgs{ClaimArgs: a, MaxPriority: 1})
 			_, _ = s.ItemsTakeAtMostOnce(ctx, r, d, keys)
-			_, _ = s.AckMany(ctx, r, d, keys)
+			_, _ = s.ItemsAck(ctx, r, d, keys)
 			_, _ = s.ItemsExtend(ctx, r, d, keys, time.Second)
 			_, _ = s.ReapLeases(ctx, r, d, "q", 10)
 		}
 		for k := 1; k <= MaxPartBranches; k++ {
 			_, _ = s.ItemsPickParts(ctx, r, "q", 5, nil, make([]int64, k))
 		}
-		_, _ = s.Nack(ctx, r, keys[0], time.Second, "e")
-		_, _ = s.Release(ctx, r, keys[0])
-		_, _ = s.Exhaust(ctx, r, keys[0], "e")
-		if held, err := s.DeadLetter(ctx, r, keys[0], "e", "failed"); held || err != nil {
+		_, _ = s.ItemsNack(ctx, r, keys[0], time.Second, "e")
+		_, _ = s.ItemsRelease(ctx, r, keys[0])
+		_, _ = s.ItemsExhaust(ctx, r, keys[0], "e")
+		if held, err := s.ItemsDeadLetter(ctx, r, keys[0], "e", "failed"); held || err != nil {
 			t.Errorf("DeadLetter without a row: held %v, error %v; want false, nil", held, err)
 		}
-		_, _ = s.ReleaseForgotten(ctx, r, "q", session, nil)
+		_, _ = s.ItemsReleaseForgotten(ctx, r, "q", session, nil)
 		_, _ = s.Cancel(ctx, r, id, "q", "ops", "why")
 		_, _ = s.CancelItem(ctx, r, id, "q", "ops", "why")
 		_, _ = s.SessionCancels(ctx, r, "q", session, 10)
@@ -145,7 +145,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.ListCancelled(ctx, r, "q", nil, 10)
 		_, _ = s.ListCancelled(ctx, r, "q", &CancelledRow{ID: id, EndedAt: now}, 10)
 		_, _, _ = s.EndedOutcome(ctx, r, "q", id)
-		_, _ = s.Snooze(ctx, r, keys[0], time.Second, 100)
+		_, _ = s.ItemsSnooze(ctx, r, keys[0], time.Second, 100)
 		_, _, _ = s.CancelSnoozeCounts(ctx, r, "q")
 		_, _ = s.ReapExhausted(ctx, r, "q", 10, "e")
 		_, _ = s.ReapExpired(ctx, r, "q", 10)

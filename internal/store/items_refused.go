@@ -130,7 +130,7 @@ RETURNING id`
 // KillRefusedItem moves item id of queue to the dead items with reason
 // ReasonRefused and lastError, unless a live claim holds it, and reports
 // whether it did (refusedStatements.KillItem).
-func (s *Store) KillRefusedItem(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
+func (s *Store) ItemsKillRefused(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
 	ids, err := queryIDs(ctx, tx, s.refused().KillItem, queue, [16]byte(id), lastError)
 	return len(ids) > 0, err
 }
@@ -155,7 +155,7 @@ RETURNING id`
 // KillRefusedWaiting moves the waiting item id of queue to the dead items
 // with reason ReasonRefused and lastError, deleting its edges, and reports
 // whether it did (refusedStatements.KillWaiting).
-func (s *Store) KillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
+func (s *Store) ItemsKillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
 	ids, err := queryIDs(ctx, tx, s.refused().KillWaiting, queue, [16]byte(id), lastError)
 	return len(ids) > 0, err
 }
