@@ -348,11 +348,11 @@ func (q *Queue) reapCancelled(ctx context.Context) (int, []*ReapError, error) {
 	s, name := q.store, q.opts.Queue
 	stuck, err := q.reapMoves(ctx, reapMove{step: StepCancelled, count: &total,
 		batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			return s.ReapCancelled(ctx, tx, name, reapBatch)
+			return s.ItemsReapCancelled(ctx, tx, name, reapBatch)
 		},
-		candidates: s.CancelledIDs,
+		candidates: s.ItemsReapCancelledCandidates,
 		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-			return s.ReapCancelledIDs(ctx, tx, name, ids)
+			return s.ItemsReapCancelledIDs(ctx, tx, name, ids)
 		}})
 	q.stats.cancelled.Add(int64(total))
 	q.stats.cancelledRunning.Add(int64(total))

@@ -154,24 +154,28 @@ func (q *Queue) reapQueue(ctx context.Context) (ReapStats, error) {
 	s, name, d := q.store, q.opts.Queue, q.engine.Load().dialect
 	moves := []reapMove{
 		{step: StepLeases, count: &st.Released,
-			batch:      func(ctx context.Context, tx pgx.Tx) (int64, error) { return s.ReapLeases(ctx, tx, d, name, reapBatch) },
-			candidates: s.ExpiredLeaseIDs,
+			batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return s.ItemsReapLeases(ctx, tx, d, name, reapBatch)
+			},
+			candidates: s.ItemsReapLeasesCandidates,
 			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-				return s.ReapLeasesIDs(ctx, tx, name, ids)
+				return s.ItemsReapLeasesIDs(ctx, tx, name, ids)
 			}},
 		{step: StepExhausted, count: &st.Dead,
 			batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
-				return s.ReapExhausted(ctx, tx, name, reapBatch, crashLoopError)
+				return s.ItemsReapExhausted(ctx, tx, name, reapBatch, crashLoopError)
 			},
-			candidates: s.ExhaustedIDs,
+			candidates: s.ItemsReapExhaustedCandidates,
 			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-				return s.ReapExhaustedIDs(ctx, tx, name, ids, crashLoopError)
+				return s.ItemsReapExhaustedIDs(ctx, tx, name, ids, crashLoopError)
 			}},
 		{step: StepExpired, count: &st.Expired,
-			batch:      func(ctx context.Context, tx pgx.Tx) (int64, error) { return s.ReapExpired(ctx, tx, name, reapBatch) },
-			candidates: s.ExpiredIDs,
+			batch: func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return s.ItemsReapExpired(ctx, tx, name, reapBatch)
+			},
+			candidates: s.ItemsReapExpiredCandidates,
 			byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
-				return s.ReapExpiredIDs(ctx, tx, name, ids)
+				return s.ItemsReapExpiredIDs(ctx, tx, name, ids)
 			}},
 	}
 	for _, m := range moves {

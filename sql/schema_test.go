@@ -563,7 +563,7 @@ func TestUpgradeWhileVersion1WorkersRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	released, err := store.New(crsql.Tables{}).ReapLeases(ctx, tx, d, "q", 100)
+	released, err := store.New(crsql.Tables{}).ItemsReapLeases(ctx, tx, d, "q", 100)
 	if err != nil || released != 0 {
 		_ = tx.Rollback(ctx)
 		t.Fatalf("the lease reaper released %d version-1 claims (%v), want 0", released, err)

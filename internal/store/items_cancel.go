@@ -291,7 +291,7 @@ SELECT id FROM gone`
 // ReapCancelled ends, in tx, up to limit of queue's cancel-requested items
 // that no live handler will end: unclaimed ones, and those whose lease
 // ran out. It returns how many it ended.
-func (s *Store) ReapCancelled(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
+func (s *Store) ItemsReapCancelled(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	rows, err := tx.Query(ctx, s.cancel().reap, queue, limit)
 	if err != nil {
 		return 0, err

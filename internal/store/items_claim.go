@@ -577,7 +577,7 @@ WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until <
 
 // ReapLeases releases up to limit of queue's claims whose lease ended, their
 // attempts counted (coreStatements.ReapLeases, or its PostgreSQL twin).
-func (s *Store) ReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
+func (s *Store) ItemsReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, byDialect(d, s.st.ReapLeases, s.st.PostgresReapLeases), queue, limit)
 	return tag.RowsAffected(), err
 }
@@ -598,7 +598,7 @@ var reapExhaustedSQL = `WITH picked AS MATERIALIZED (
 // ReapExhausted moves up to limit of queue's unclaimed items whose attempts
 // are used up to the dead items, with lastError and reason 'crash loop'
 // (coreStatements.ReapExhausted).
-func (s *Store) ReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limit int, lastError string) (int64, error) {
+func (s *Store) ItemsReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limit int, lastError string) (int64, error) {
 	tag, err := tx.Exec(ctx, s.st.ReapExhausted, queue, limit, lastError)
 	return tag.RowsAffected(), err
 }
@@ -621,7 +621,7 @@ var reapExpiredSQL = `WITH picked AS MATERIALIZED (
 
 // ReapExpired moves up to limit of queue's unclaimed items past their
 // deadline to the dead items, with reason 'expired' (coreStatements.ReapExpired).
-func (s *Store) ReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
+func (s *Store) ItemsReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, s.st.ReapExpired, queue, limit)
 	return tag.RowsAffected(), err
 }
@@ -635,7 +635,7 @@ LIMIT $2`
 
 // ExpiredLeaseIDs lists up to limit candidates of ReapLeases
 // (deathStatements.ExpiredLeaseIDs).
-func (s *Store) ExpiredLeaseIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsReapLeasesCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredLeaseIDs, queue, limit)
 }
 
@@ -647,7 +647,7 @@ LIMIT $2`
 
 // ExhaustedIDs lists up to limit candidates of ReapExhausted
 // (deathStatements.ExhaustedIDs).
-func (s *Store) ExhaustedIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsReapExhaustedCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExhaustedIDs, queue, limit)
 }
 
@@ -660,7 +660,7 @@ LIMIT $2`
 
 // ExpiredIDs lists up to limit candidates of ReapExpired
 // (deathStatements.ExpiredIDs).
-func (s *Store) ExpiredIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsReapExpiredCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredIDs, queue, limit)
 }
 
@@ -685,7 +685,7 @@ RETURNING i.id`
 
 // ReapLeasesIDs is ReapLeases for the given candidates
 // (deathStatements.ReapLeasesIDs).
-func (s *Store) ReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+func (s *Store) ItemsReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapLeasesIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }
@@ -700,7 +700,7 @@ var reapExhaustedIDsSQL = `WITH picked AS MATERIALIZED (
 
 // ReapExhaustedIDs is ReapExhausted for the given candidates
 // (deathStatements.ReapExhaustedIDs).
-func (s *Store) ReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, lastError string) (int64, error) {
+func (s *Store) ItemsReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, lastError string) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExhaustedIDs, queue, rawIDs(ids), lastError)
 	return tag.RowsAffected(), err
 }
@@ -715,7 +715,7 @@ var reapExpiredIDsSQL = `WITH picked AS MATERIALIZED (
 
 // ReapExpiredIDs is ReapExpired for the given candidates
 // (deathStatements.ReapExpiredIDs).
-func (s *Store) ReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+func (s *Store) ItemsReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExpiredIDs, queue, rawIDs(ids))
 	return tag.RowsAffected(), err
 }

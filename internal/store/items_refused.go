@@ -169,7 +169,7 @@ LIMIT $2`
 
 // CancelledIDs lists up to limit candidates of ReapCancelled
 // (refusedStatements.CancelledIDs).
-func (s *Store) CancelledIDs(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsReapCancelledCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().CancelledIDs, queue, limit)
 }
 
@@ -189,7 +189,7 @@ SELECT id FROM gone`
 
 // ReapCancelledIDs is ReapCancelled for the given candidates
 // (refusedStatements.ReapCancelledIDs).
-func (s *Store) ReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
+func (s *Store) ItemsReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	got, err := queryIDs(ctx, tx, s.refused().ReapCancelledIDs, queue, rawIDs(ids))
 	return int64(len(got)), err
 }
