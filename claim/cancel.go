@@ -103,7 +103,7 @@ func (q *Queue) CancelItem(ctx context.Context, id uuid.UUID, o CancelOptions) (
 	var state store.CancelState
 	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		state, err = q.store.CancelItem(ctx, tx, id, q.opts.Queue, by, reason)
+		state, err = q.store.ItemsCancelItem(ctx, tx, id, q.opts.Queue, by, reason)
 		if err == nil && state == store.CancelRequested && q.notifiesCancels() {
 			err = q.store.Notify(ctx, tx, q.store.NotifyCancelChannel(q.opts.Queue), "")
 		}
@@ -153,7 +153,7 @@ func (q *Queue) EndCancelled(ctx context.Context, it Item) error {
 	}
 	k := it.claimKey()
 	k.Token++ // the request moved the token on by one
-	err := q.update(ctx, "cancel", func(ctx context.Context) (bool, error) { return q.store.EndCancelled(ctx, q.db, k) })
+	err := q.update(ctx, "cancel", func(ctx context.Context) (bool, error) { return q.store.ItemsCancelEnd(ctx, q.db, k) })
 	if err != nil {
 		return fmt.Errorf("claim: ending cancelled item %s: %w", it.ID, err)
 	}
@@ -181,7 +181,7 @@ func (c Claimer) CancelRequests(ctx context.Context) ([]CancelRequest, error) {
 	var rows []store.CancelRequest
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = q.store.SessionCancels(ctx, q.db, q.opts.Queue, c.session, maxCancelChecks)
+		rows, err = q.store.ItemsCancelsOfSession(ctx, q.db, q.opts.Queue, c.session, maxCancelChecks)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -266,7 +266,7 @@ func (q *Queue) CancelledItems(ctx context.Context, cq CancelledQuery) (Cancelle
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		// One more than asked: whether a next page exists.
-		rows, err = q.store.ListCancelled(ctx, q.db, q.opts.Queue, pos, cq.Limit+1)
+		rows, err = q.store.ItemsCancelled(ctx, q.db, q.opts.Queue, pos, cq.Limit+1)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -330,7 +330,7 @@ func (q *Queue) WaitEnded(ctx context.Context, id uuid.UUID, poll time.Duration)
 func (q *Queue) cancelSnoozeCounts(ctx context.Context) (snoozed, cancelling int64, err error) {
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		snoozed, cancelling, err = q.store.CancelSnoozeCounts(ctx, q.db, q.opts.Queue)
+		snoozed, cancelling, err = q.store.ItemsCancelSnoozeCounts(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil {

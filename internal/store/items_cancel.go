@@ -176,8 +176,8 @@ const stateSQL = `SELECT cancel_requested_at IS NOT NULL, claim IS NOT NULL FROM
 // it deletes it if no session holds it, or records the request (by,
 // reason) on it if one does. by and reason are stored as given ("" is
 // stored as the empty text).
-func (s *Store) CancelItem(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue, by, reason string) (CancelState, error) {
-	ended, err := s.Cancel(ctx, tx, id, queue, by, reason)
+func (s *Store) ItemsCancelItem(ctx context.Context, tx pgx.Tx, id uuid.UUID, queue, by, reason string) (CancelState, error) {
+	ended, err := s.ItemsCancel(ctx, tx, id, queue, by, reason)
 	switch {
 	case err != nil:
 		return CancelNotFound, err
@@ -232,7 +232,7 @@ LIMIT $3`
 
 // SessionCancels returns up to limit items of queue held by session whose
 // cancel was asked for.
-func (s *Store) SessionCancels(ctx context.Context, db DB, queue string, session uuid.UUID, limit int) ([]CancelRequest, error) {
+func (s *Store) ItemsCancelsOfSession(ctx context.Context, db DB, queue string, session uuid.UUID, limit int) ([]CancelRequest, error) {
 	rows, err := db.Query(ctx, s.cancel().session, queue, session, limit)
 	if err != nil {
 		return nil, err
@@ -259,7 +259,7 @@ SELECT id FROM gone`
 // EndCancelled deletes a cancel-requested item whose claim is k (k.Token is
 // the token since the request), recording it as cancelled, and reports
 // whether it did.
-func (s *Store) EndCancelled(ctx context.Context, db DB, k ClaimKey) (bool, error) {
+func (s *Store) ItemsCancelEnd(ctx context.Context, db DB, k ClaimKey) (bool, error) {
 	var id uuid.UUID
 	err := db.QueryRow(ctx, s.cancel().end, k.ID, k.Session, k.Token).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -331,7 +331,7 @@ LIMIT $4`
 
 // ListCancelled returns up to limit cancelled items of queue, the most
 // recently ended first, after the position (endedAt, id) if after is set.
-func (s *Store) ListCancelled(ctx context.Context, db DB, queue string, after *CancelledRow, limit int) ([]CancelledRow, error) {
+func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *CancelledRow, limit int) ([]CancelledRow, error) {
 	c := s.cancel()
 	var rows pgx.Rows
 	var err error
@@ -399,7 +399,7 @@ const countsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 
 
 // CancelSnoozeCounts counts queue's unclaimed items that were snoozed, and
 // its items whose cancel was asked for and which have not ended yet.
-func (s *Store) CancelSnoozeCounts(ctx context.Context, db DB, queue string) (snoozed, cancelling int64, err error) {
+func (s *Store) ItemsCancelSnoozeCounts(ctx context.Context, db DB, queue string) (snoozed, cancelling int64, err error) {
 	err = db.QueryRow(ctx, s.cancel().counts, queue).Scan(&snoozed, &cancelling)
 	return snoozed, cancelling, err
 }

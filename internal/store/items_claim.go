@@ -557,7 +557,7 @@ const cancelSQL = cancelUnclaimed
 // Cancel deletes item id of queue if no session holds it, recording it as
 // cancelled by by for reason, and reports whether it did
 // (coreStatements.Cancel). CancelItem asks a claimed item to stop.
-func (s *Store) Cancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reason string) (bool, error) {
+func (s *Store) ItemsCancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reason string) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.Cancel, id, queue, by, reason)
 	return tag.RowsAffected() == 1, err
 }
