@@ -151,7 +151,7 @@ func (q *Queue) ReleaseSequenceKey(ctx context.Context, key string) ([]uuid.UUID
 	var ids []uuid.UUID
 	err := retry.Do(ctx, q.stats.retried("sequence"), func(ctx context.Context) error {
 		var err error
-		ids, err = q.store.ReleaseSequenceKey(ctx, q.db, q.opts.Queue, key)
+		ids, err = q.store.ItemsSequenceRelease(ctx, q.db, q.opts.Queue, key)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -214,7 +214,7 @@ func (q *Queue) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 	var rows []store.BlockedKeyRow
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = q.store.BlockedKeys(ctx, q.db, q.opts.Queue, limit)
+		rows, err = q.store.ItemsSequenceBlockedKeys(ctx, q.db, q.opts.Queue, limit)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -349,7 +349,7 @@ func (q *Queue) sequenceGuard(e *engine, sequenced, plain func(ctx context.Conte
 			}
 		}
 		rows, err := claim(ctx, db)
-		if err != nil && q.store.IsSequenceConflict(err) {
+		if err != nil && q.store.ItemsIsSequenceConflict(err) {
 			q.seq.on.Store(true)
 			q.seq.until.Store(time.Now().Add(sequencedTTL).UnixNano())
 			return nil, sequenceConflict{err}

@@ -265,7 +265,7 @@ func lateItem(t *testing.T, tables crsql.Tables) {
 		t.Fatal(err)
 	}
 	_, err = stmts.ItemsClaimAny(ctx, pool, d, store.ClaimArgs{Session: s.ID(), Queue: claim.DefaultQueue, Limit: 10, Lease: time.Minute})
-	if !stmts.IsSequenceConflict(err) {
+	if !stmts.ItemsIsSequenceConflict(err) {
 		t.Fatalf("a plain claim of the early item while the late one is held: %v, want a unique violation on the sequence index", err)
 	}
 	var claimed int

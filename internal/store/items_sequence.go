@@ -123,7 +123,7 @@ const sequenceReleaseSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHER
 // ReleaseSequenceKey releases key of queue from the dead items that hold
 // it (sequenceStatements.Release) and returns their ids (none: the key was
 // not held).
-func (s *Store) ReleaseSequenceKey(ctx context.Context, db DB, queue, key string) ([]uuid.UUID, error) {
+func (s *Store) ItemsSequenceRelease(ctx context.Context, db DB, queue, key string) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.seq.Release, queue, key)
 	if err != nil {
 		return nil, err
@@ -165,7 +165,7 @@ LIMIT $2`
 
 // BlockedKeys lists up to limit blocked keys of queue
 // (sequenceStatements.Blocked).
-func (s *Store) BlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]BlockedKeyRow, error) {
+func (s *Store) ItemsSequenceBlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]BlockedKeyRow, error) {
 	rows, err := db.Query(ctx, s.seq.Blocked, queue, limit)
 	if err != nil {
 		return nil, err
@@ -183,7 +183,7 @@ func (s *Store) BlockedKeys(ctx context.Context, db DB, queue string, limit int)
 // that holds at most one claimed item per key of sequenced items
 // (SequenceClaimedIndex, under this Store's prefix): a claim that would have
 // put a second item of a key in flight, and changed nothing.
-func (s *Store) IsSequenceConflict(err error) bool {
+func (s *Store) ItemsIsSequenceConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		return false
