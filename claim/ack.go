@@ -101,7 +101,7 @@ func (q *Queue) afterAck(ctx context.Context, acked []Item, waitedFor []uuid.UUI
 			}
 		}
 		err := retry.Do(ctx, q.stats.retried("unblock"), func(ctx context.Context) error {
-			w, err := q.store.WaitedFor(ctx, q.db, q.opts.Queue, taken)
+			w, err := q.store.ItemsDepsWaitedFor(ctx, q.db, q.opts.Queue, taken)
 			if err == nil {
 				waitedFor = append(waitedFor, w...)
 			}

@@ -181,7 +181,7 @@ func (q *Queue) writeSubset(ctx context.Context, db crsql.DB, b *batch, idx []in
 //     ended in it within its dedup window (done): a retried enqueue answers
 //     what happened to its items, whatever their prerequisites became since;
 //  2. the items without prerequisites are written as Enqueue writes them;
-//  3. every prerequisite is classified (Store.Classify): queued or
+//  3. every prerequisite is classified (Store.ItemsDepsClassify): queued or
 //     waiting (or an item of the call being added) counts as pending,
 //     acked (or taken, for an at-most-once item: delivered) as satisfied;
 //     dead, cancelled, another queue's or unknown fails the call;
@@ -196,7 +196,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 		for n, i := range b.given {
 			ids[n] = b.ids[i]
 		}
-		states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, name, ids)
+		states, err := q.store.ItemsDepsClassify(ctx, db, q.engine.Load().dialect, name, ids)
 		if err != nil {
 			return err
 		}
@@ -278,7 +278,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	state := make(map[uuid.UUID]string, len(prereqs))
 	for start := 0; start < len(prereqs); start += insertRows {
 		chunk := prereqs[start:min(start+insertRows, len(prereqs))]
-		states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, name, chunk)
+		states, err := q.store.ItemsDepsClassify(ctx, db, q.engine.Load().dialect, name, chunk)
 		if err != nil {
 			return err
 		}
@@ -341,7 +341,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
 				Headers: b.headers[i], Order: b.order(i)}, Remaining: remaining[n]})
 		}
-		added, err := q.store.InsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)
+		added, err := q.store.ItemsDepsInsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)
 		if err != nil {
 			return err
 		}
@@ -370,7 +370,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	}
 	for start := 0; start < len(edgeFrom); start += insertRows {
 		end := min(start+insertRows, len(edgeFrom))
-		if err := q.store.InsertEdges(ctx, db, name, edgeFrom[start:end], edgeTo[start:end]); err != nil {
+		if err := q.store.ItemsDepsInsertEdges(ctx, db, name, edgeFrom[start:end], edgeTo[start:end]); err != nil {
 			return err
 		}
 	}
@@ -388,7 +388,7 @@ func (q *Queue) explainNotAdded(ctx context.Context, db crsql.DB, b *batch, idx 
 	for n, i := range idx {
 		ids[n] = b.ids[i]
 	}
-	states, err := q.store.Classify(ctx, db, q.engine.Load().dialect, q.opts.Queue, ids)
+	states, err := q.store.ItemsDepsClassify(ctx, db, q.engine.Load().dialect, q.opts.Queue, ids)
 	if err != nil {
 		return err
 	}
@@ -452,11 +452,11 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 		var res store.ReleaseResult
 		err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("unblock"), func(ctx context.Context, tx pgx.Tx) error {
 			var err error
-			res, err = q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, false)
+			res, err = q.store.ItemsDepsReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, false)
 			if err == nil && len(res.Left) > 0 {
 				// Edges of dependents that are gone (none normally).
 				var n int64
-				n, err = q.store.DeleteEdgesGone(ctx, tx, d, q.opts.Queue, res.Left)
+				n, err = q.store.ItemsDepsDeleteEdgesGone(ctx, tx, d, q.opts.Queue, res.Left)
 				res.Edges += int(n)
 			}
 			if err == nil && len(res.Moved) > 0 && q.notifies() {
@@ -490,7 +490,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 	var has bool
 	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 		var err error
-		has, err = q.store.HasEdges(ctx, q.db, q.opts.Queue)
+		has, err = q.store.ItemsDepsHasEdges(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil || !has {
@@ -503,7 +503,7 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 		var edges []uuid.UUID
 		err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 			var err error
-			edges, err = q.store.SweepPrereqs(ctx, q.db, d, q.opts.Queue, q.deps.cursor, sweepBatch)
+			edges, err = q.store.ItemsDepsSweepPrereqs(ctx, q.db, d, q.opts.Queue, q.deps.cursor, sweepBatch)
 			return store.Classify(err)
 		})
 		if err != nil {
@@ -560,7 +560,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 		var more, progress bool
 		err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 			moved, ended, more, progress = 0, nil, false, false
-			states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, prereqs)
+			states, err := q.store.ItemsDepsClassify(ctx, tx, d, q.opts.Queue, prereqs)
 			if err != nil {
 				return store.Classify(err)
 			}
@@ -577,7 +577,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			}
 			var left []store.Edge
 			if len(acked) > 0 {
-				res, err := q.store.ReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, true)
+				res, err := q.store.ItemsDepsReleaseBatch(ctx, tx, d, q.opts.Queue, acked, releaseBatch, true)
 				if err != nil {
 					return store.Classify(err)
 				}
@@ -585,7 +585,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 				progress = res.Edges > 0
 			}
 			if len(gone) > 0 {
-				res, err := q.store.KillBatch(ctx, tx, d, q.opts.Queue, gone, outcomes, releaseBatch)
+				res, err := q.store.ItemsDepsKillBatch(ctx, tx, d, q.opts.Queue, gone, outcomes, releaseBatch)
 				if err != nil {
 					return store.Classify(err)
 				}
@@ -593,7 +593,7 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 				progress = progress || len(res.Killed) > 0
 			}
 			if len(left) > 0 {
-				n, err := q.store.DeleteEdgesGone(ctx, tx, d, q.opts.Queue, left)
+				n, err := q.store.ItemsDepsDeleteEdgesGone(ctx, tx, d, q.opts.Queue, left)
 				if err != nil {
 					return store.Classify(err)
 				}
@@ -653,15 +653,15 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 	err := retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		d = Dependencies{}
 		var err error
-		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.Waiting(ctx, tx, q.opts.Queue, id); err != nil {
+		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.ItemsDepsWaiting(ctx, tx, q.opts.Queue, id); err != nil {
 			return store.Classify(err)
 		}
-		prereqs, err := q.store.Prereqs(ctx, tx, q.opts.Queue, id)
+		prereqs, err := q.store.ItemsDepsPrereqs(ctx, tx, q.opts.Queue, id)
 		if err != nil {
 			return store.Classify(err)
 		}
 		if len(prereqs) > 0 {
-			states, err := q.store.Classify(ctx, tx, q.engine.Load().dialect, q.opts.Queue, prereqs)
+			states, err := q.store.ItemsDepsClassify(ctx, tx, q.engine.Load().dialect, q.opts.Queue, prereqs)
 			if err != nil {
 				return store.Classify(err)
 			}
@@ -669,7 +669,7 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 				d.Prereqs = append(d.Prereqs, PrereqStatus{ID: st.ID, State: st.State})
 			}
 		}
-		d.Dependents, err = q.store.Dependents(ctx, tx, q.opts.Queue, id, limit)
+		d.Dependents, err = q.store.ItemsDepsDependents(ctx, tx, q.opts.Queue, id, limit)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -684,7 +684,7 @@ func (q *Queue) waitingCount(ctx context.Context) (int64, error) {
 	var n int64
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = q.store.WaitingCount(ctx, q.db, q.opts.Queue)
+		n, err = q.store.ItemsDepsWaitingCount(ctx, q.db, q.opts.Queue)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -714,7 +714,7 @@ func (q *Queue) cancelWaiting(ctx context.Context, id uuid.UUID) (bool, error) {
 	var existed bool
 	err := retry.Tx(ctx, q.db, q.stats.retried("cancel"), func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		existed, err = q.store.CancelWaiting(ctx, tx, q.engine.Load().dialect, id, q.opts.Queue)
+		existed, err = q.store.ItemsDepsCancelWaiting(ctx, tx, q.engine.Load().dialect, id, q.opts.Queue)
 		return store.Classify(err)
 	})
 	return existed, err

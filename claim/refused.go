@@ -107,14 +107,14 @@ func (q *Queue) settleOne(ctx context.Context, p uuid.UUID, refusal error) (int,
 	d := q.engine.Load().dialect
 	err := retry.TxWith(ctx, q.db, releaseTxOptions(d), q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
 		moved, ended, bad = 0, nil, nil
-		states, err := q.store.Classify(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
+		states, err := q.store.ItemsDepsClassify(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
 		if err != nil {
 			return store.Classify(err)
 		}
 		if len(states) != 1 || (states[0].State != store.OutcomeAcked && states[0].State != store.OutcomeTaken) {
 			return errKeep
 		}
-		ready, err := q.store.ReleaseEdges(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
+		ready, err := q.store.ItemsDepsReleaseEdges(ctx, tx, d, q.opts.Queue, []uuid.UUID{p})
 		if err != nil {
 			return store.Classify(err)
 		}
@@ -184,7 +184,7 @@ func (q *Queue) moveApart(ctx context.Context, tx pgx.Tx, d store.Dialect, ids [
 	if err != nil {
 		return 0, nil, store.Classify(err)
 	}
-	moved, err := q.store.MoveReady(ctx, sp, d, q.opts.Queue, ids)
+	moved, err := q.store.ItemsDepsMoveReady(ctx, sp, d, q.opts.Queue, ids)
 	if err == nil {
 		return len(moved), nil, store.Classify(sp.Commit(ctx))
 	}

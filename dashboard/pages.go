@@ -657,7 +657,7 @@ func (h *handler) readWaiting(ctx context.Context, d *itemData) error {
 	var ok bool
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		queue, ok, err = h.store.WaitingQueue(ctx, h.db, d.ID)
+		queue, ok, err = h.store.ItemsDepsWaitingQueue(ctx, h.db, d.ID)
 		return store.Classify(err)
 	})
 	if err != nil || !ok {

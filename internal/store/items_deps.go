@@ -30,7 +30,7 @@ type PrereqState struct {
 // Classify reports, for each of ids, where it is in queue: an item, a
 // waiting item, an item of another queue, ended (and how), or nowhere
 // (dependsStatements.Classify). One row per id, in the order of ids.
-func (s *Store) Classify(ctx context.Context, db DB, d Dialect, queue string, ids []uuid.UUID) ([]PrereqState, error) {
+func (s *Store) ItemsDepsClassify(ctx context.Context, db DB, d Dialect, queue string, ids []uuid.UUID) ([]PrereqState, error) {
 	rows, err := db.Query(ctx, s.deps(d).Classify, queue, rawIDs(ids))
 	if err != nil {
 		return nil, err
@@ -78,7 +78,7 @@ type WaitingRow struct {
 // returns the ids it added (dependsStatements.InsertWaiting). A row keeps
 // its Headers and, with a key in a sequenced queue, its Order, which its
 // move into the items table carries over.
-func (s *Store) InsertWaiting(ctx context.Context, db DB, d Dialect, queue string, rows []WaitingRow) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, queue string, rows []WaitingRow) ([]uuid.UUID, error) {
 	n := len(rows)
 	ids := make([][16]byte, n)
 	hashes, priorities, delays, maxAttempts, ttls, remaining := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
@@ -124,7 +124,7 @@ WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.pr
 // WaitedFor returns those of ids, items of queue that ended, that other
 // items wait for (dependsStatements.WaitedFor): the at-most-once items'
 // acks, which delete nothing, ask it to release their dependents.
-func (s *Store) WaitedFor(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsWaitedFor(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.common().WaitedFor, queue, rawIDs(ids))
 	if err != nil {
 		return nil, err
@@ -140,7 +140,7 @@ ON CONFLICT (queue, prereq, dependent) DO NOTHING`
 
 // InsertEdges records that dependents[i] waits for prereqs[i], in queue
 // (dependsStatements.InsertEdges).
-func (s *Store) InsertEdges(ctx context.Context, db DB, queue string, prereqs, dependents []uuid.UUID) error {
+func (s *Store) ItemsDepsInsertEdges(ctx context.Context, db DB, queue string, prereqs, dependents []uuid.UUID) error {
 	_, err := db.Exec(ctx, s.common().InsertEdges, queue, rawIDs(prereqs), rawIDs(dependents))
 	return err
 }
@@ -169,7 +169,7 @@ LIMIT $3`
 // EdgesFrom returns up to limit of the edges of queue from prereqs, in
 // key order (prerequisite, then dependent), without locking them
 // (dependsStatements.EdgesFrom).
-func (s *Store) EdgesFrom(ctx context.Context, db DB, d Dialect, queue string, prereqs []uuid.UUID, limit int) ([]Edge, error) {
+func (s *Store) ItemsDepsEdgesFrom(ctx context.Context, db DB, d Dialect, queue string, prereqs []uuid.UUID, limit int) ([]Edge, error) {
 	rows, err := db.Query(ctx, s.deps(d).EdgesFrom, queue, rawIDs(prereqs), limit)
 	if err != nil {
 		return nil, err
@@ -213,9 +213,9 @@ type ReleaseResult struct {
 // join's row rather than fail each other), or in the reaper's that found
 // them acked; each batch holds its dependents' rows until its transaction
 // ends, so keep the transaction to one batch where others wait.
-func (s *Store) ReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, limit int, skipLocked bool) (ReleaseResult, error) {
+func (s *Store) ItemsDepsReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, limit int, skipLocked bool) (ReleaseResult, error) {
 	var res ReleaseResult
-	edges, err := s.EdgesFrom(ctx, tx, d, queue, prereqs, limit)
+	edges, err := s.ItemsDepsEdgesFrom(ctx, tx, d, queue, prereqs, limit)
 	if err != nil || len(edges) == 0 {
 		return res, err
 	}
@@ -249,7 +249,7 @@ func (s *Store) ReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 		}
 	}
 	if len(ready) > 0 {
-		if res.Moved, err = s.MoveReady(ctx, tx, d, queue, ready); err != nil {
+		if res.Moved, err = s.ItemsDepsMoveReady(ctx, tx, d, queue, ready); err != nil {
 			return res, err
 		}
 	}
@@ -263,7 +263,7 @@ var dependsMoveReadySQL = fmt.Sprintf(moveReady, `WHERE w.id = ANY($2::UUID[]) A
 // MoveReady moves, in tx, the waiting items ids of queue whose remaining
 // count is zero into the items table and returns the ids it moved
 // (dependsStatements.MoveReady). The caller holds their rows (Release).
-func (s *Store) MoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsMoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, s.deps(d).MoveReady, queue, rawIDs(ids))
 	if err != nil {
 		return nil, err
@@ -276,7 +276,7 @@ func (s *Store) MoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue strin
 // deleted (dependsStatements.DeleteEdgesGone). Nobody holds such an edge's
 // dependent, so the key order is what keeps two transactions that delete
 // the same ones from waiting for each other in a cycle.
-func (s *Store) DeleteEdgesGone(ctx context.Context, db DB, d Dialect, queue string, edges []Edge) (int64, error) {
+func (s *Store) ItemsDepsDeleteEdgesGone(ctx context.Context, db DB, d Dialect, queue string, edges []Edge) (int64, error) {
 	if len(edges) == 0 {
 		return 0, nil
 	}
@@ -299,8 +299,8 @@ func (s *Store) DeleteEdgesGone(ctx context.Context, db DB, d Dialect, queue str
 // all in one statement (this file's lock order), so it is unbounded:
 // for prerequisites with many dependents, use ReleaseBatch in transactions
 // of their own. Edges of dependents that are gone are deleted too.
-func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
-	edges, err := s.EdgesFrom(ctx, tx, d, queue, prereqs, math.MaxInt32)
+func (s *Store) ItemsDepsReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
+	edges, err := s.ItemsDepsEdgesFrom(ctx, tx, d, queue, prereqs, math.MaxInt32)
 	if err != nil || len(edges) == 0 {
 		return nil, err
 	}
@@ -328,7 +328,7 @@ func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 			left = append(left, e)
 		}
 	}
-	if _, err := s.DeleteEdgesGone(ctx, tx, d, queue, left); err != nil {
+	if _, err := s.ItemsDepsDeleteEdgesGone(ctx, tx, d, queue, left); err != nil {
 		return nil, err
 	}
 	return ready, nil
@@ -337,18 +337,18 @@ func (s *Store) ReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 // ReleaseDependents releases, in tx, every dependent of the acked items
 // prereqs of queue: ReleaseEdges, then MoveReady. It returns the ids it
 // moved into the items table.
-func (s *Store) ReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
-	ready, err := s.ReleaseEdges(ctx, tx, d, queue, prereqs)
+func (s *Store) ItemsDepsReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
+	ready, err := s.ItemsDepsReleaseEdges(ctx, tx, d, queue, prereqs)
 	if err != nil || len(ready) == 0 {
 		return nil, err
 	}
-	return s.MoveReady(ctx, tx, d, queue, ready)
+	return s.ItemsDepsMoveReady(ctx, tx, d, queue, ready)
 }
 
 // SweepPrereqs returns the prerequisites of the next limit edges of queue
 // after prerequisite after, in order (repeated for each of their
 // dependents; dependsStatements.SweepPrereqs).
-func (s *Store) SweepPrereqs(ctx context.Context, db DB, d Dialect, queue string, after uuid.UUID, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsSweepPrereqs(ctx context.Context, db DB, d Dialect, queue string, after uuid.UUID, limit int) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.deps(d).SweepPrereqs, queue, [16]byte(after), limit)
 	if err != nil {
 		return nil, err
@@ -375,9 +375,9 @@ type KillResult struct {
 // moves them to the dead items with reason "dependency died:
 // <prerequisite>", records them as ended (dead) and deletes their edges
 // (dependsStatements.EdgesFrom, KillDependents, DeleteEdgesTo).
-func (s *Store) KillBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, outcomes []string, limit int) (KillResult, error) {
+func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, outcomes []string, limit int) (KillResult, error) {
 	var res KillResult
-	edges, err := s.EdgesFrom(ctx, tx, d, queue, prereqs, limit)
+	edges, err := s.ItemsDepsEdgesFrom(ctx, tx, d, queue, prereqs, limit)
 	if err != nil || len(edges) == 0 {
 		return res, err
 	}
@@ -415,7 +415,7 @@ ORDER BY e.prereq`
 
 // Prereqs returns the prerequisites that dependent still waits for in
 // queue (dependsStatements.Prereqs).
-func (s *Store) Prereqs(ctx context.Context, db DB, queue string, dependent uuid.UUID) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsPrereqs(ctx context.Context, db DB, queue string, dependent uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.common().Prereqs, queue, [16]byte(dependent))
 	if err != nil {
 		return nil, err
@@ -431,7 +431,7 @@ ORDER BY e.dependent LIMIT $3`
 
 // Dependents returns up to limit of the items of queue that wait for
 // prereq (dependsStatements.Dependents).
-func (s *Store) Dependents(ctx context.Context, db DB, queue string, prereq uuid.UUID, limit int) ([]uuid.UUID, error) {
+func (s *Store) ItemsDepsDependents(ctx context.Context, db DB, queue string, prereq uuid.UUID, limit int) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.common().Dependents, queue, [16]byte(prereq), limit)
 	if err != nil {
 		return nil, err
@@ -446,7 +446,7 @@ const waitingSQL = `SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id
 // Waiting reports whether id is a waiting item of queue, with its count of
 // prerequisites not yet acked and its enqueue time
 // (dependsStatements.Waiting).
-func (s *Store) Waiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, err error) {
+func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, err error) {
 	err = db.QueryRow(ctx, s.common().Waiting, queue, [16]byte(id)).Scan(&remaining, &enqueuedAt)
 	if err == pgx.ErrNoRows {
 		return false, 0, time.Time{}, nil
@@ -460,7 +460,7 @@ const waitingCountSQL = `SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`
 
 // WaitingCount returns the number of waiting items of queue
 // (dependsStatements.WaitingCount).
-func (s *Store) WaitingCount(ctx context.Context, db DB, queue string) (int64, error) {
+func (s *Store) ItemsDepsWaitingCount(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.common().WaitingCount, queue).Scan(&n)
 	return n, err
@@ -476,7 +476,7 @@ const hasEdgesSQL = `SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDE
 
 // HasEdges reports whether any item of queue waits for another
 // (dependsStatements.HasEdges).
-func (s *Store) HasEdges(ctx context.Context, db DB, queue string) (bool, error) {
+func (s *Store) ItemsDepsHasEdges(ctx context.Context, db DB, queue string) (bool, error) {
 	rows, err := db.Query(ctx, s.common().HasEdges, queue)
 	if err != nil {
 		return false, err
@@ -529,7 +529,7 @@ func (s *Store) QueuePurgeDependsBatch(ctx context.Context, db DB, d Dialect, qu
 	if err != nil || len(orphans) == 0 {
 		return 0, false, err
 	}
-	n, err := s.DeleteEdgesGone(ctx, db, d, queue, orphans)
+	n, err := s.ItemsDepsDeleteEdgesGone(ctx, db, d, queue, orphans)
 	return 0, err == nil && n > 0, err
 }
 
@@ -541,7 +541,7 @@ var cancelWaitingSQL = deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 A
 // to it, records it as ended (cancelled), and reports whether it was there
 // (dependsStatements.CancelWaiting, DeleteEdgesTo). The items that wait for
 // it are ended by the reaper, as for any cancelled prerequisite.
-func (s *Store) CancelWaiting(ctx context.Context, tx pgx.Tx, d Dialect, id uuid.UUID, queue string) (bool, error) {
+func (s *Store) ItemsDepsCancelWaiting(ctx context.Context, tx pgx.Tx, d Dialect, id uuid.UUID, queue string) (bool, error) {
 	rows, err := tx.Query(ctx, s.common().CancelWaiting, [16]byte(id), queue)
 	if err != nil {
 		return false, err

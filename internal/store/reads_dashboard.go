@@ -564,7 +564,7 @@ const waitingQueueSQL = `SELECT queue FROM crdbwork_waiting WHERE id = $1`
 // WaitingQueue returns the queue of the waiting item id (an item enqueued
 // with prerequisites not yet all acked), and false if id is not waiting
 // (dashboardStatements.waitingQueue).
-func (s *Store) WaitingQueue(ctx context.Context, db DB, id uuid.UUID) (string, bool, error) {
+func (s *Store) ItemsDepsWaitingQueue(ctx context.Context, db DB, id uuid.UUID) (string, bool, error) {
 	var queue string
 	err := db.QueryRow(ctx, s.dash().waitingQueue, id).Scan(&queue)
 	if err == pgx.ErrNoRows {
