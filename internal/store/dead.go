@@ -120,7 +120,7 @@ WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $
 ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $8`
 
-// DeadItemsPage returns up to limit deaths of queue that match f, newest
+// DeadPageFilter returns up to limit deaths of queue that match f, newest
 // first, after the position after (nil: from the newest).
 func (s *Store) DeadPageFilter(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
 	a := s.admin()
@@ -134,7 +134,7 @@ func (s *Store) DeadPageFilter(ctx context.Context, db DB, queue string, f DeadF
 // (rendered by newAdminStatements).
 const deadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFilter
 
-// CountDead counts the deaths of queue that match f.
+// DeadCount counts the deaths of queue that match f.
 func (s *Store) DeadCount(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.Reason, f.ErrorContains).Scan(&n)
@@ -164,7 +164,7 @@ const schedCountSQL = `SELECT count(*) FROM crdbwork_schedules WHERE queue = $1`
 // (rendered by newAdminStatements).
 const ownerCountSQL = `SELECT count(*) FROM crdbwork_session_parts WHERE queue = $1`
 
-// CountQueueRows counts queue's ended ids, schedule marks and owned parts.
+// QueuePurgeCount counts queue's ended ids, schedule marks and owned parts.
 func (s *Store) QueuePurgeCount(ctx context.Context, db DB, queue string) (QueueRowCounts, error) {
 	a := s.admin()
 	var c QueueRowCounts
@@ -218,7 +218,7 @@ const purgeDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest
 // (rendered by newAdminStatements).
 const purgeEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`
 
-// PurgeBatch deletes up to limit of queue's rows of one table and returns
+// QueuePurgeBatch deletes up to limit of queue's rows of one table and returns
 // how many it deleted; 0 means none was left. It picks the rows, then
 // deletes them by key (two statements, no transaction: a row that went
 // meanwhile is not counted).
@@ -253,7 +253,7 @@ func (s *Store) QueuePurgeBatch(ctx context.Context, db DB, queue string, t Purg
 // (rendered by newAdminStatements).
 const purgeQueuesSQL = `DELETE FROM crdbwork_queues WHERE name = $1`
 
-// PurgeQueueRows deletes queue's small rows in one transaction the caller
+// QueuePurgeRows deletes queue's small rows in one transaction the caller
 // gives: its part owners, tenant limits, schedule marks, and its row in the
 // queues table (part count, settings, pause). It reports whether the queue
 // had a row.

@@ -49,7 +49,7 @@ func ackAllOf(t Tables, ackMany string) string {
 // ackAllLost is the SQLSTATE of AckAll's guard: a claim was lost.
 const ackAllLost = "22012"
 
-// AckPipeline returns the batch of a whole pipelined ack transaction on
+// ItemsAckPipeline returns the batch of a whole pipelined ack transaction on
 // PostgreSQL: BEGIN ISOLATION LEVEL SERIALIZABLE; the fenced delete of keys
 // (the ids must be distinct), which fails unless it deletes every one;
 // record with its args (the results' statement; skipped if record is "");

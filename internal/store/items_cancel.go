@@ -172,7 +172,7 @@ RETURNING id`
 // (rendered by newCancelStatements).
 const stateSQL = `SELECT cancel_requested_at IS NOT NULL, claim IS NOT NULL FROM crdbwork_items WHERE id = $1 AND queue = $2`
 
-// CancelItem cancels item id of queue in tx, a SERIALIZABLE transaction:
+// ItemsCancelItem cancels item id of queue in tx, a SERIALIZABLE transaction:
 // it deletes it if no session holds it, or records the request (by,
 // reason) on it if one does. by and reason are stored as given ("" is
 // stored as the empty text).
@@ -230,7 +230,7 @@ WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND claim IS NOT DISTINCT F
 ORDER BY cancel_requested_at
 LIMIT $3`
 
-// SessionCancels returns up to limit items of queue held by session whose
+// ItemsCancelsOfSession returns up to limit items of queue held by session whose
 // cancel was asked for.
 func (s *Store) ItemsCancelsOfSession(ctx context.Context, db DB, queue string, session uuid.UUID, limit int) ([]CancelRequest, error) {
 	rows, err := db.Query(ctx, s.cancel().session, queue, session, limit)
@@ -256,7 +256,7 @@ var endSQL = `WITH gone AS (
 ` + cancelHolds + `
 SELECT id FROM gone`
 
-// EndCancelled deletes a cancel-requested item whose claim is k (k.Token is
+// ItemsCancelEnd deletes a cancel-requested item whose claim is k (k.Token is
 // the token since the request), recording it as cancelled, and reports
 // whether it did.
 func (s *Store) ItemsCancelEnd(ctx context.Context, db DB, k ClaimKey) (bool, error) {
@@ -288,7 +288,7 @@ gone AS (
 ` + cancelHolds + `
 SELECT id FROM gone`
 
-// ReapCancelled ends, in tx, up to limit of queue's cancel-requested items
+// ItemsReapCancelled ends, in tx, up to limit of queue's cancel-requested items
 // that no live handler will end: unclaimed ones, and those whose lease
 // ran out. It returns how many it ended.
 func (s *Store) ItemsReapCancelled(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
@@ -329,7 +329,7 @@ WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ended_at <= $2 AND
 ORDER BY ended_at DESC, id DESC
 LIMIT $4`
 
-// ListCancelled returns up to limit cancelled items of queue, the most
+// ItemsCancelled returns up to limit cancelled items of queue, the most
 // recently ended first, after the position (endedAt, id) if after is set.
 func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *CancelledRow, limit int) ([]CancelledRow, error) {
 	c := s.cancel()
@@ -364,7 +364,7 @@ func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *
 const endedSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE id = $2 AND queue = $1),
        COALESCE((SELECT outcome FROM crdbwork_ended WHERE queue = $1 AND id = $2), '')`
 
-// ItemEnded reports whether queue has no item id any more, and the outcome
+// EndedOutcome reports whether queue has no item id any more, and the outcome
 // its end recorded ("" if none is recorded: the dedup window is zero, or
 // it was pruned).
 func (s *Store) EndedOutcome(ctx context.Context, db DB, queue string, id uuid.UUID) (ended bool, outcome string, err error) {
@@ -384,7 +384,7 @@ SET ` + released + `, attempts = GREATEST(attempts - 1, 0), snoozes = snoozes + 
     turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond'
 WHERE ` + heldBy + ` AND snoozes < $5`
 
-// Snooze releases a held claim without counting its attempt, the item
+// ItemsSnooze releases a held claim without counting its attempt, the item
 // vesting again after delay, its snoozes counted, unless it has max
 // snoozes already. It reports whether it did (false: the claim was lost,
 // or the item was snoozed max times).
@@ -397,14 +397,14 @@ func (s *Store) ItemsSnooze(ctx context.Context, db DB, k ClaimKey, delay time.D
 const countsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND snoozes > 0 AND claim IS NULL),
        (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL)`
 
-// CancelSnoozeCounts counts queue's unclaimed items that were snoozed, and
+// ItemsCancelSnoozeCounts counts queue's unclaimed items that were snoozed, and
 // its items whose cancel was asked for and which have not ended yet.
 func (s *Store) ItemsCancelSnoozeCounts(ctx context.Context, db DB, queue string) (snoozed, cancelling int64, err error) {
 	err = db.QueryRow(ctx, s.cancel().counts, queue).Scan(&snoozed, &cancelling)
 	return snoozed, cancelling, err
 }
 
-// CancelChannel returns the PostgreSQL notification channel on which
+// NotifyCancelChannel returns the PostgreSQL notification channel on which
 // cancel requests of queue's running items are announced (beside
 // NotifyChannel's wake-ups, which idle claimers wait for): 48 bytes,
 // within the 63 of an identifier.

@@ -57,7 +57,7 @@ func newCheckpointStatements(t Tables) *checkpointStatements {
 const saveCheckpointSQL = `UPDATE crdbwork_items SET checkpoint = $4, checkpoint_at = now()
 WHERE ` + heldBy
 
-// SaveCheckpoint writes data as the checkpoint of the item claimed as k (nil
+// ItemsCheckpointSave writes data as the checkpoint of the item claimed as k (nil
 // clears it) and reports whether the claim was still held
 // (checkpointStatements.SaveCheckpoint).
 func (s *Store) ItemsCheckpointSave(ctx context.Context, db DB, k ClaimKey, data []byte) (bool, error) {
@@ -69,7 +69,7 @@ func (s *Store) ItemsCheckpointSave(ctx context.Context, db DB, k ClaimKey, data
 const saveProgressSQL = `UPDATE crdbwork_items SET progress_done = $4, progress_total = $5, progress_at = now()
 WHERE ` + heldBy
 
-// SaveProgress writes done of total as the progress of the item claimed as
+// ItemsProgressSave writes done of total as the progress of the item claimed as
 // k and reports whether the claim was still held
 // (checkpointStatements.SaveProgress).
 func (s *Store) ItemsProgressSave(ctx context.Context, db DB, k ClaimKey, done, total int64) (bool, error) {
@@ -102,7 +102,7 @@ WHERE queue = $1 AND progress_at IS NOT NULL
 ORDER BY progress_at DESC
 LIMIT $2`
 
-// Progressing returns up to limit of queue's items with a saved progress,
+// ItemsProgressing returns up to limit of queue's items with a saved progress,
 // the most recently saved first (checkpointStatements.Progressing).
 func (s *Store) ItemsProgressing(ctx context.Context, db DB, queue string, limit int) ([]ProgressRow, error) {
 	rows, err := db.Query(ctx, s.ckpt.Progressing, queue, limit)

@@ -205,7 +205,7 @@ var claimAnySQL = fmt.Sprintf(claimTemplate, joinPicked)
 // (rendered by newCoreStatements).
 var postgresClaimAnySQL = fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)
 
-// ClaimAny claims up to a.Limit claimable items of a.Queue in any part
+// ItemsClaimAny claims up to a.Limit claimable items of a.Queue in any part
 // (coreStatements.ClaimAny, or its PostgreSQL twin), in claim order per
 // statement (not sorted here). Run it in an explicit SERIALIZABLE
 // transaction on CockroachDB, and by itself on PostgreSQL (see
@@ -214,7 +214,7 @@ func (s *Store) ItemsClaimAny(ctx context.Context, db DB, d Dialect, a ClaimArgs
 	return queryClaimed(ctx, db, a.Limit, byDialect(d, s.st.ClaimAny, s.st.PostgresClaimAny), a.params()...)
 }
 
-// ClaimParts claims up to a.Limit claimable items of a.Queue in the given
+// ItemsClaimParts claims up to a.Limit claimable items of a.Queue in the given
 // parts, which the session must own (partClaimStatements.Claim, or
 // ClaimShares with a.PartLimit): 1 to MaxPartBranches distinct parts (it
 // panics otherwise). Run it as ClaimAny.
@@ -229,7 +229,7 @@ func (s *Store) ItemsClaimParts(ctx context.Context, db DB, d Dialect, a ClaimAr
 	return queryClaimed(ctx, db, a.Limit, s.parts.Claim(d, len(parts)), args...)
 }
 
-// PickParts locks, in tx, up to limit claimable items of queue in the given
+// ItemsPickParts locks, in tx, up to limit claimable items of queue in the given
 // parts (1 to MaxPartBranches of them; it panics otherwise), the best in
 // claim order, skipping the items of skipTenants, and returns them
 // (partClaimStatements.Pick). ClaimPicked claims those chosen.
@@ -253,7 +253,7 @@ func (s *Store) ItemsPickParts(ctx context.Context, tx pgx.Tx, queue string, lim
 	return out, nil
 }
 
-// ClaimPicked claims for session, with lease, the items with the given ids
+// ItemsClaimPicked claims for session, with lease, the items with the given ids
 // that PickParts locked in the same transaction
 // (partClaimStatements.ClaimPickedFor).
 func (s *Store) ItemsClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, session uuid.UUID, lease time.Duration, ids []uuid.UUID) ([]ClaimedRow, error) {
@@ -266,7 +266,7 @@ func (s *Store) ItemsClaimPicked(ctx context.Context, tx pgx.Tx, d Dialect, sess
 	return queryClaimed(ctx, tx, len(ids), s.parts.ClaimPickedFor(d), pgx.QueryExecModeDescribeExec, session, lease.Microseconds(), ids)
 }
 
-// ClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
+// ItemsClaimUrgent is the urgent lane's claim (urgentStatements): ClaimAny
 // restricted to items with priority at most a.MaxPriority, and the items of
 // limited tenants to the session's own parts. Run it as ClaimAny.
 func (s *Store) ItemsClaimUrgent(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
@@ -342,7 +342,7 @@ var takeAtMostOnceSQL = deleteEnded(`DELETE FROM crdbwork_items WHERE `+fenced+`
 // (rendered by newCoreStatements).
 var postgresTakeAtMostOnceSQL = deleteEnded(`DELETE FROM crdbwork_items AS i USING `+pgKeys+` WHERE `+pgFencedTake, OutcomeTaken)
 
-// TakeAtMostOnce deletes the at-most-once items among the given claims
+// ItemsTakeAtMostOnce deletes the at-most-once items among the given claims
 // that are still held, recording them as taken, and returns their ids
 // (coreStatements.TakeAtMostOnce, or its PostgreSQL twin).
 func (s *Store) ItemsTakeAtMostOnce(ctx context.Context, db DB, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
@@ -386,7 +386,7 @@ func AckTxOptions(d Dialect) pgx.TxOptions {
 	return pgx.TxOptions{IsoLevel: pgx.Serializable}
 }
 
-// AckMany deletes, in tx, the items whose claims are still held, recording
+// ItemsAck deletes, in tx, the items whose claims are still held, recording
 // them as acked, and returns their ids (coreStatements.AckMany, or its
 // PostgreSQL twin).
 func (s *Store) ItemsAck(ctx context.Context, tx pgx.Tx, d Dialect, keys []ClaimKey) ([]uuid.UUID, error) {
@@ -402,7 +402,7 @@ var ackManySQL = deleteEndedAck(`DELETE FROM crdbwork_items WHERE ` + fenced)
 // (rendered by newCoreStatements).
 var postgresAckManySQL = deleteEndedAck(`DELETE FROM crdbwork_items AS i USING ` + pgKeys + ` WHERE ` + pgFenced)
 
-// AckManyDependents is AckMany that also returns which of the acked items
+// ItemsAckDependents is AckMany that also returns which of the acked items
 // other items wait for (NewItem.After in package claim): read by the same
 // statement, in the ack's snapshot, one primary-key seek of the edges per
 // acked item. Release their dependents once tx committed.
@@ -438,7 +438,7 @@ const postgresExtendSQL = `UPDATE crdbwork_items AS i SET lease_until = now() + 
 FROM ` + pgKeys + `
 WHERE ` + pgFenced + ` RETURNING i.id, i.lease_until`
 
-// Extend moves to now()+lease the leases of the given claims that are still
+// ItemsExtend moves to now()+lease the leases of the given claims that are still
 // held and returns their new ends by id (coreStatements.Extend, or its
 // PostgreSQL twin).
 func (s *Store) ItemsExtend(ctx context.Context, db DB, d Dialect, keys []ClaimKey, lease time.Duration) (map[uuid.UUID]time.Time, error) {
@@ -467,7 +467,7 @@ SET ` + released + `,
     turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
 WHERE ` + heldBy
 
-// Nack releases a held claim with its attempt counted: the item vests again
+// ItemsNack releases a held claim with its attempt counted: the item vests again
 // after delay (at microsecond precision), with lastError. It reports whether
 // the claim was held (coreStatements.Nack).
 func (s *Store) ItemsNack(ctx context.Context, db DB, k ClaimKey, delay time.Duration, lastError string) (bool, error) {
@@ -482,7 +482,7 @@ const coreReleaseSQL = `UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE ` + heldBy
 
-// Release releases a held claim and gives its attempt back. It reports
+// ItemsRelease releases a held claim and gives its attempt back. It reports
 // whether the claim was held (coreStatements.Release).
 func (s *Store) ItemsRelease(ctx context.Context, db DB, k ClaimKey) (bool, error) {
 	return execOne(ctx, db, s.st.Release, k.ID, k.Session, k.Token)
@@ -494,7 +494,7 @@ const exhaustSQL = `UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
 WHERE ` + heldBy
 
-// Exhaust releases a held claim with the item's attempts used up and
+// ItemsExhaust releases a held claim with the item's attempts used up and
 // lastError set, for the reaper to move it to the dead items. It reports
 // whether the claim was held (deathStatements.Exhaust).
 func (s *Store) ItemsExhaust(ctx context.Context, db DB, k ClaimKey, lastError string) (bool, error) {
@@ -521,7 +521,7 @@ INSERT INTO crdbwork_dead_items
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
 RETURNING id`
 
-// DeadLetter moves a held claim's item to the dead items with lastError and
+// ItemsDeadLetter moves a held claim's item to the dead items with lastError and
 // reason, recording it as ended. It reports whether the claim was held
 // (coreStatements.DeadLetter).
 func (s *Store) ItemsDeadLetter(ctx context.Context, db DB, k ClaimKey, lastError, reason string) (bool, error) {
@@ -542,7 +542,7 @@ const releaseForgotSQL = `UPDATE crdbwork_items
 SET ` + released + `, attempts = GREATEST(attempts - 1, 0)
 WHERE claim = $2 AND queue = $1 AND NOT (id = ANY($3::UUID[]))`
 
-// ReleaseForgotten releases the items of queue claimed by session whose ids
+// ItemsReleaseForgotten releases the items of queue claimed by session whose ids
 // are not in keep, giving their attempts back, and returns how many it
 // released (coreStatements.ReleaseForgot).
 func (s *Store) ItemsReleaseForgotten(ctx context.Context, db DB, queue string, session uuid.UUID, keep []uuid.UUID) (int64, error) {
@@ -554,7 +554,7 @@ func (s *Store) ItemsReleaseForgotten(ctx context.Context, db DB, queue string, 
 // (rendered by newCoreStatements).
 const cancelSQL = cancelUnclaimed
 
-// Cancel deletes item id of queue if no session holds it, recording it as
+// ItemsCancel deletes item id of queue if no session holds it, recording it as
 // cancelled by by for reason, and reports whether it did
 // (coreStatements.Cancel). CancelItem asks a claimed item to stop.
 func (s *Store) ItemsCancel(ctx context.Context, db DB, id uuid.UUID, queue, by, reason string) (bool, error) {
@@ -575,7 +575,7 @@ var reapLeasesSQL = fmt.Sprintf(reapLeasesTemplate, joinPicked+` AND i.claim IS 
 var postgresReapLeasesSQL = fmt.Sprintf(reapLeasesTemplate, `FROM picked
 WHERE i.id = ANY(ARRAY[picked.id]) AND ((i.claim IS NOT NULL AND i.lease_until < now()) OR picked.id IS NULL) IS TRUE`)
 
-// ReapLeases releases up to limit of queue's claims whose lease ended, their
+// ItemsReapLeases releases up to limit of queue's claims whose lease ended, their
 // attempts counted (coreStatements.ReapLeases, or its PostgreSQL twin).
 func (s *Store) ItemsReapLeases(ctx context.Context, tx pgx.Tx, d Dialect, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, byDialect(d, s.st.ReapLeases, s.st.PostgresReapLeases), queue, limit)
@@ -595,7 +595,7 @@ var reapExhaustedSQL = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED),
 ` + moveExhausted
 
-// ReapExhausted moves up to limit of queue's unclaimed items whose attempts
+// ItemsReapExhausted moves up to limit of queue's unclaimed items whose attempts
 // are used up to the dead items, with lastError and reason 'crash loop'
 // (coreStatements.ReapExhausted).
 func (s *Store) ItemsReapExhausted(ctx context.Context, tx pgx.Tx, queue string, limit int, lastError string) (int64, error) {
@@ -619,7 +619,7 @@ var reapExpiredSQL = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED),
 ` + moveExpired
 
-// ReapExpired moves up to limit of queue's unclaimed items past their
+// ItemsReapExpired moves up to limit of queue's unclaimed items past their
 // deadline to the dead items, with reason 'expired' (coreStatements.ReapExpired).
 func (s *Store) ItemsReapExpired(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
 	tag, err := tx.Exec(ctx, s.st.ReapExpired, queue, limit)
@@ -633,7 +633,7 @@ WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelA
 ORDER BY lease_until
 LIMIT $2`
 
-// ExpiredLeaseIDs lists up to limit candidates of ReapLeases
+// ItemsReapLeasesCandidates lists up to limit candidates of ReapLeases
 // (deathStatements.ExpiredLeaseIDs).
 func (s *Store) ItemsReapLeasesCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredLeaseIDs, queue, limit)
@@ -645,7 +645,7 @@ const exhaustedIDsSQL = `SELECT id FROM crdbwork_items
 WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
 LIMIT $2`
 
-// ExhaustedIDs lists up to limit candidates of ReapExhausted
+// ItemsReapExhaustedCandidates lists up to limit candidates of ReapExhausted
 // (deathStatements.ExhaustedIDs).
 func (s *Store) ItemsReapExhaustedCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExhaustedIDs, queue, limit)
@@ -658,7 +658,7 @@ WHERE ` + expiredUnclaimed + `
 ORDER BY expires_at
 LIMIT $2`
 
-// ExpiredIDs lists up to limit candidates of ReapExpired
+// ItemsReapExpiredCandidates lists up to limit candidates of ReapExpired
 // (deathStatements.ExpiredIDs).
 func (s *Store) ItemsReapExpiredCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.death.ExpiredIDs, queue, limit)
@@ -683,7 +683,7 @@ SET ` + released + `
 WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
 RETURNING i.id`
 
-// ReapLeasesIDs is ReapLeases for the given candidates
+// ItemsReapLeasesIDs is ReapLeases for the given candidates
 // (deathStatements.ReapLeasesIDs).
 func (s *Store) ItemsReapLeasesIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapLeasesIDs, queue, rawIDs(ids))
@@ -698,7 +698,7 @@ var reapExhaustedIDsSQL = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED),
 ` + moveExhausted
 
-// ReapExhaustedIDs is ReapExhausted for the given candidates
+// ItemsReapExhaustedIDs is ReapExhausted for the given candidates
 // (deathStatements.ReapExhaustedIDs).
 func (s *Store) ItemsReapExhaustedIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, lastError string) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExhaustedIDs, queue, rawIDs(ids), lastError)
@@ -713,7 +713,7 @@ var reapExpiredIDsSQL = `WITH picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED),
 ` + moveExpired
 
-// ReapExpiredIDs is ReapExpired for the given candidates
+// ItemsReapExpiredIDs is ReapExpired for the given candidates
 // (deathStatements.ReapExpiredIDs).
 func (s *Store) ItemsReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.death.ReapExpiredIDs, queue, rawIDs(ids))
@@ -727,7 +727,7 @@ FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $2`
 
-// DeadItems returns up to limit deaths of queue's dead items, newest first
+// DeadPage returns up to limit deaths of queue's dead items, newest first
 // (coreStatements.DeadItems).
 func (s *Store) DeadPage(ctx context.Context, db DB, queue string, limit int) ([]DeadItemRow, error) {
 	return queryDead(ctx, db, s.st.DeadItems, queue, limit)
@@ -741,7 +741,7 @@ WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
 ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $5`
 
-// DeadItemsBefore returns up to limit deaths of queue's dead items after
+// DeadPageBefore returns up to limit deaths of queue's dead items after
 // the death (diedAt, id, death) in DeadItems' order
 // (deathStatements.DeadItemsBefore).
 func (s *Store) DeadPageBefore(ctx context.Context, db DB, queue string, diedAt time.Time, id, death uuid.UUID, limit int) ([]DeadItemRow, error) {
@@ -820,7 +820,7 @@ FROM gone AS g,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n
 RETURNING id`
 
-// Requeue moves, in tx, a death of dead item id of queue back into the
+// DeadRequeue moves, in tx, a death of dead item id of queue back into the
 // items table (coreStatements.Requeue): death, or the newest death of id if
 // death is nil. If nothing moved, it reads why (deathStatements.RequeueState):
 // the queue of a live item, or waiting item, with the id, and how many

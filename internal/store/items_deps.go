@@ -27,7 +27,7 @@ type PrereqState struct {
 	Queue string
 }
 
-// Classify reports, for each of ids, where it is in queue: an item, a
+// ItemsDepsClassify reports, for each of ids, where it is in queue: an item, a
 // waiting item, an item of another queue, ended (and how), or nowhere
 // (dependsStatements.Classify). One row per id, in the order of ids.
 func (s *Store) ItemsDepsClassify(ctx context.Context, db DB, d Dialect, queue string, ids []uuid.UUID) ([]PrereqState, error) {
@@ -73,7 +73,7 @@ type WaitingRow struct {
 	Remaining int
 }
 
-// InsertWaiting adds rows to queue's waiting items, skipping ids that are
+// ItemsDepsInsertWaiting adds rows to queue's waiting items, skipping ids that are
 // items, waiting items, or ended in queue within its dedup window, and
 // returns the ids it added (dependsStatements.InsertWaiting). A row keeps
 // its Headers and, with a key in a sequenced queue, its Order, which its
@@ -121,7 +121,7 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 const waitedForSQL = `SELECT g.id FROM (SELECT $1::TEXT AS q OFFSET 0) AS k, unnest($2::UUID[]) AS g (id)
 WHERE EXISTS (SELECT 1 FROM crdbwork_waits_for AS x WHERE x.queue = k.q AND x.prereq = g.id OFFSET 0)`
 
-// WaitedFor returns those of ids, items of queue that ended, that other
+// ItemsDepsWaitedFor returns those of ids, items of queue that ended, that other
 // items wait for (dependsStatements.WaitedFor): the at-most-once items'
 // acks, which delete nothing, ask it to release their dependents.
 func (s *Store) ItemsDepsWaitedFor(ctx context.Context, db DB, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
@@ -138,7 +138,7 @@ const insertEdgesSQL = `INSERT INTO crdbwork_waits_for (queue, prereq, dependent
 SELECT $1, v.p, v.d FROM unnest($2::UUID[], $3::UUID[]) AS v (p, d)
 ON CONFLICT (queue, prereq, dependent) DO NOTHING`
 
-// InsertEdges records that dependents[i] waits for prereqs[i], in queue
+// ItemsDepsInsertEdges records that dependents[i] waits for prereqs[i], in queue
 // (dependsStatements.InsertEdges).
 func (s *Store) ItemsDepsInsertEdges(ctx context.Context, db DB, queue string, prereqs, dependents []uuid.UUID) error {
 	_, err := db.Exec(ctx, s.common().InsertEdges, queue, rawIDs(prereqs), rawIDs(dependents))
@@ -166,7 +166,7 @@ WHERE queue = $1 AND prereq = ANY($2::UUID[])
 ORDER BY prereq, dependent
 LIMIT $3`
 
-// EdgesFrom returns up to limit of the edges of queue from prereqs, in
+// ItemsDepsEdgesFrom returns up to limit of the edges of queue from prereqs, in
 // key order (prerequisite, then dependent), without locking them
 // (dependsStatements.EdgesFrom).
 func (s *Store) ItemsDepsEdgesFrom(ctx context.Context, db DB, d Dialect, queue string, prereqs []uuid.UUID, limit int) ([]Edge, error) {
@@ -201,7 +201,7 @@ type ReleaseResult struct {
 	More bool
 }
 
-// ReleaseBatch releases, in tx, the dependents of up to limit edges of
+// ItemsDepsReleaseBatch releases, in tx, the dependents of up to limit edges of
 // queue from the acked items prereqs (the first in key order): it locks
 // the dependents' waiting rows in id order (skipping those another
 // transaction holds if skipLocked, waiting for them otherwise), deletes
@@ -260,7 +260,7 @@ func (s *Store) ItemsDepsReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect,
 // (rendered by newDependsStatements).
 var dependsMoveReadySQL = fmt.Sprintf(moveReady, `WHERE w.id = ANY($2::UUID[]) AND (w.queue = $1) IS TRUE AND w.remaining <= 0`)
 
-// MoveReady moves, in tx, the waiting items ids of queue whose remaining
+// ItemsDepsMoveReady moves, in tx, the waiting items ids of queue whose remaining
 // count is zero into the items table and returns the ids it moved
 // (dependsStatements.MoveReady). The caller holds their rows (Release).
 func (s *Store) ItemsDepsMoveReady(ctx context.Context, tx pgx.Tx, d Dialect, queue string, ids []uuid.UUID) ([]uuid.UUID, error) {
@@ -271,7 +271,7 @@ func (s *Store) ItemsDepsMoveReady(ctx context.Context, tx pgx.Tx, d Dialect, qu
 	return collectIDs(rows)
 }
 
-// DeleteEdgesGone deletes those of edges of queue whose dependent
+// ItemsDepsDeleteEdgesGone deletes those of edges of queue whose dependent
 // is no waiting item (any more), in key order, and returns how many it
 // deleted (dependsStatements.DeleteEdgesGone). Nobody holds such an edge's
 // dependent, so the key order is what keeps two transactions that delete
@@ -292,7 +292,7 @@ func (s *Store) ItemsDepsDeleteEdgesGone(ctx context.Context, db DB, d Dialect, 
 	return tag.RowsAffected(), err
 }
 
-// ReleaseEdges deletes, in tx, every edge of queue from the acked items
+// ItemsDepsReleaseEdges deletes, in tx, every edge of queue from the acked items
 // prereqs, lowers their dependents' remaining counts and returns the
 // dependents whose count reached zero, without moving them (MoveReady
 // does). It waits for dependents other transactions hold, and takes them
@@ -334,7 +334,7 @@ func (s *Store) ItemsDepsReleaseEdges(ctx context.Context, tx pgx.Tx, d Dialect,
 	return ready, nil
 }
 
-// ReleaseDependents releases, in tx, every dependent of the acked items
+// ItemsDepsReleaseDependents releases, in tx, every dependent of the acked items
 // prereqs of queue: ReleaseEdges, then MoveReady. It returns the ids it
 // moved into the items table.
 func (s *Store) ItemsDepsReleaseDependents(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID) ([]uuid.UUID, error) {
@@ -345,7 +345,7 @@ func (s *Store) ItemsDepsReleaseDependents(ctx context.Context, tx pgx.Tx, d Dia
 	return s.ItemsDepsMoveReady(ctx, tx, d, queue, ready)
 }
 
-// SweepPrereqs returns the prerequisites of the next limit edges of queue
+// ItemsDepsSweepPrereqs returns the prerequisites of the next limit edges of queue
 // after prerequisite after, in order (repeated for each of their
 // dependents; dependsStatements.SweepPrereqs).
 func (s *Store) ItemsDepsSweepPrereqs(ctx context.Context, db DB, d Dialect, queue string, after uuid.UUID, limit int) ([]uuid.UUID, error) {
@@ -368,7 +368,7 @@ type KillResult struct {
 	More bool
 }
 
-// KillBatch ends, in tx, the waiting dependents of up to limit edges of
+// ItemsDepsKillBatch ends, in tx, the waiting dependents of up to limit edges of
 // queue from prereqs (the first in key order), prerequisites that ended
 // without an ack (outcomes[i] says how prereqs[i] ended): it locks their
 // waiting rows in id order, skipping those another transaction holds,
@@ -413,7 +413,7 @@ const prereqsSQL = `SELECT e.prereq FROM (SELECT $1::TEXT AS q, $2::UUID AS d OF
 JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.dependent = k.d
 ORDER BY e.prereq`
 
-// Prereqs returns the prerequisites that dependent still waits for in
+// ItemsDepsPrereqs returns the prerequisites that dependent still waits for in
 // queue (dependsStatements.Prereqs).
 func (s *Store) ItemsDepsPrereqs(ctx context.Context, db DB, queue string, dependent uuid.UUID) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.common().Prereqs, queue, [16]byte(dependent))
@@ -429,7 +429,7 @@ const dependentsSQL = `SELECT e.dependent FROM (SELECT $1::TEXT AS q, $2::UUID A
 JOIN crdbwork_waits_for AS e ON e.queue = k.q AND e.prereq = k.p
 ORDER BY e.dependent LIMIT $3`
 
-// Dependents returns up to limit of the items of queue that wait for
+// ItemsDepsDependents returns up to limit of the items of queue that wait for
 // prereq (dependsStatements.Dependents).
 func (s *Store) ItemsDepsDependents(ctx context.Context, db DB, queue string, prereq uuid.UUID, limit int) ([]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.common().Dependents, queue, [16]byte(prereq), limit)
@@ -443,7 +443,7 @@ func (s *Store) ItemsDepsDependents(ctx context.Context, db DB, queue string, pr
 // (rendered by newDependsStatements).
 const waitingSQL = `SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
 
-// Waiting reports whether id is a waiting item of queue, with its count of
+// ItemsDepsWaiting reports whether id is a waiting item of queue, with its count of
 // prerequisites not yet acked and its enqueue time
 // (dependsStatements.Waiting).
 func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, err error) {
@@ -458,7 +458,7 @@ func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uu
 // (rendered by newDependsStatements).
 const waitingCountSQL = `SELECT count(*) FROM crdbwork_waiting WHERE queue = $1`
 
-// WaitingCount returns the number of waiting items of queue
+// ItemsDepsWaitingCount returns the number of waiting items of queue
 // (dependsStatements.WaitingCount).
 func (s *Store) ItemsDepsWaitingCount(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
@@ -474,7 +474,7 @@ func (s *Store) ItemsDepsWaitingCount(ctx context.Context, db DB, queue string) 
 // edges early.
 const hasEdgesSQL = `SELECT prereq FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1`
 
-// HasEdges reports whether any item of queue waits for another
+// ItemsDepsHasEdges reports whether any item of queue waits for another
 // (dependsStatements.HasEdges).
 func (s *Store) ItemsDepsHasEdges(ctx context.Context, db DB, queue string) (bool, error) {
 	rows, err := db.Query(ctx, s.common().HasEdges, queue)
@@ -496,7 +496,7 @@ WHERE x.queue = $1 AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.i
 ORDER BY x.prereq, x.dependent
 LIMIT $2`
 
-// PurgeDependsBatch deletes up to limit of queue's waiting items with
+// QueuePurgeDependsBatch deletes up to limit of queue's waiting items with
 // their edges and, once it has none, up to limit of its edges whose
 // dependents are gone, and returns how many waiting items it deleted and
 // whether anything was deleted (dependsStatements.PickWaiting,
@@ -537,7 +537,7 @@ func (s *Store) QueuePurgeDependsBatch(ctx context.Context, db DB, d Dialect, qu
 // (rendered by newDependsStatements).
 var cancelWaitingSQL = deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE`, OutcomeCancelled)
 
-// CancelWaiting deletes, in tx, the waiting item id of queue and the edges
+// ItemsDepsCancelWaiting deletes, in tx, the waiting item id of queue and the edges
 // to it, records it as ended (cancelled), and reports whether it was there
 // (dependsStatements.CancelWaiting, DeleteEdgesTo). The items that wait for
 // it are ended by the reaper, as for any cancelled prerequisite.

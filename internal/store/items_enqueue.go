@@ -50,7 +50,7 @@ const insertSQL = insertTemplate + insertTail
 var postgresInsertSQL = strings.Replace(strings.Replace(insertTemplate, dedupCheck, postgresDedupCheck, 1), waitingCheck, postgresWaitingCheck, 1) +
 	` AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id FOR KEY SHARE OF x)` + insertTail
 
-// EnqueueInsert adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
+// ItemsEnqueue adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
 // ids it added (enqueueStatements.Insert, or PostgresInsert on PostgreSQL).
 func (s *Store) ItemsEnqueue(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
@@ -99,7 +99,7 @@ const partsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE n
        COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false),
        COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false)`
 
-// EnqueueParts returns, for a COPY of new items into queue in the same
+// ItemsEnqueueParts returns, for a COPY of new items into queue in the same
 // transaction, the queue's number of parts (read under a share lock on its
 // row), the transaction's timestamp, whether the queue is at-most-once and
 // whether it is sequenced (enqueueStatements.Parts).
@@ -133,7 +133,7 @@ type Copier interface {
 	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
 }
 
-// CopyItems streams n new items of queue with COPY through c (in binary
+// ItemsEnqueueCopy streams n new items of queue with COPY through c (in binary
 // format; enqueueStatements.CopyTable and CopyColumns), row(i) giving item
 // i, and returns the rows written. The ids must not be in the items table
 // (the COPY has no ON CONFLICT) nor ended (it does not look).
@@ -207,7 +207,7 @@ WHERE e.queue = $1 AND e.id = ANY($2::UUID[]) AND e.ended_at > now() - ` + dedup
   AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = e.id)
 ORDER BY 3, 1`
 
-// EnqueueFound returns, among ids that an EnqueueInsert into queue did not
+// ItemsEnqueueFound returns, among ids that an EnqueueInsert into queue did not
 // add, those of another queue's items and those that ended in queue within
 // its dedup window, ordered by kind, then id (enqueueStatements.Found). The
 // others are items of queue.
@@ -241,7 +241,7 @@ DELETE FROM crdbwork_ended AS e
 WHERE e.queue = $1 AND e.id IN (SELECT id FROM old) AND e.ended_at < now() - ` + dedupWindow + `
 RETURNING e.id`
 
-// PruneEnded deletes, in tx, up to limit of queue's ended ids older than
+// EndedPrune deletes, in tx, up to limit of queue's ended ids older than
 // its dedup window, oldest first, and returns how many it deleted
 // (dedupStatements.PruneEnded). Run it in an explicit SERIALIZABLE
 // transaction (it locks with SKIP LOCKED).
@@ -264,7 +264,7 @@ type FairLast struct {
 	Last *time.Time
 }
 
-// FairLasts reads the latest turns of 1 to MaxFairPairs pairs (it panics
+// ItemsFairLasts reads the latest turns of 1 to MaxFairPairs pairs (it panics
 // otherwise) of queue (fairStatements.Lasts): one FairLast per pair, in the
 // order of pairs, or nil if the queue is not fair. Nothing is locked.
 func (s *Store) ItemsFairLasts(ctx context.Context, db DB, queue string, pairs []FairPair) ([]FairLast, error) {
@@ -275,13 +275,13 @@ func (s *Store) ItemsFairLasts(ctx context.Context, db DB, queue string, pairs [
 	return readFairLasts(rows, len(pairs))
 }
 
-// QueueFairLasts queues FairLasts onto b; ReadFairLasts reads its answer
+// ItemsFairLastsQueue queues FairLasts onto b; ReadFairLasts reads its answer
 // from the batch's results, in the order the statements were queued.
 func (s *Store) ItemsFairLastsQueue(b *pgx.Batch, queue string, pairs []FairPair) {
 	b.Queue(s.fair.Lasts(len(pairs)), fairArgs(queue, pairs)...)
 }
 
-// ReadFairLasts reads the answer of a FairLasts of n pairs queued by
+// ItemsFairLastsRead reads the answer of a FairLasts of n pairs queued by
 // QueueFairLasts, as FairLasts returns it.
 func (s *Store) ItemsFairLastsRead(r pgx.BatchResults, n int) ([]FairLast, error) {
 	rows, err := r.Query()
@@ -339,7 +339,7 @@ const fairHeadSQL = fairHead
 // (rendered by newCoreStatements).
 var postgresFairHeadSQL = pgHideQueue(fairHead, fairHeadAnchor, "$1")
 
-// FairHead reads the earliest turn of queue's unclaimed items of priority
+// ItemsFairHead reads the earliest turn of queue's unclaimed items of priority
 // (nil if none; coreStatements.FairHead, or its PostgreSQL twin).
 func (s *Store) ItemsFairHead(ctx context.Context, db DB, d Dialect, queue string, priority int64) (*time.Time, error) {
 	rows, err := db.Query(ctx, byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
@@ -349,12 +349,12 @@ func (s *Store) ItemsFairHead(ctx context.Context, db DB, d Dialect, queue strin
 	return readFairHead(rows)
 }
 
-// QueueFairHead queues FairHead onto b; ReadFairHead reads its answer.
+// ItemsFairHeadQueue queues FairHead onto b; ReadFairHead reads its answer.
 func (s *Store) ItemsFairHeadQueue(b *pgx.Batch, d Dialect, queue string, priority int64) {
 	b.Queue(byDialect(d, s.st.FairHead, s.st.PostgresFairHead), queue, priority)
 }
 
-// ReadFairHead reads the answer of a FairHead queued by QueueFairHead.
+// ItemsFairHeadRead reads the answer of a FairHead queued by QueueFairHead.
 func (s *Store) ItemsFairHeadRead(r pgx.BatchResults) (*time.Time, error) {
 	rows, err := r.Query()
 	if err != nil {

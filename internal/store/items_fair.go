@@ -25,7 +25,7 @@ const fairFront = `SELECT turn_at, part FROM crdbwork_items
 WHERE queue = $1 AND priority = $2 AND claim IS NULL
 ORDER BY turn_at LIMIT 1 OFFSET $3`
 
-// FairFront returns the (skip+1)-th earliest turn of the queue's unclaimed
+// ItemsFairFront returns the (skip+1)-th earliest turn of the queue's unclaimed
 // items of priority and that item's part; ok is false if there are not
 // that many. Nothing is locked: the answer only paces claims. d picks the
 // statement's twin. Its errors are the driver's.

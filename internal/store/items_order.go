@@ -36,7 +36,7 @@ type OrderPosition struct {
 	TurnAt   time.Time
 }
 
-// OrderCountsBefore returns, for each of the items one claim of queue has
+// ItemsOrderCountsBefore returns, for each of the items one claim of queue has
 // just returned (their priorities and turns, in any order), the number of
 // claimable items of queue strictly before it in the claim order, in the
 // order of items: the popped element index of package bench/internal/order. It

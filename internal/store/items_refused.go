@@ -127,7 +127,7 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 FROM gone
 RETURNING id`
 
-// KillRefusedItem moves item id of queue to the dead items with reason
+// ItemsKillRefused moves item id of queue to the dead items with reason
 // ReasonRefused and lastError, unless a live claim holds it, and reports
 // whether it did (refusedStatements.KillItem).
 func (s *Store) ItemsKillRefused(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
@@ -152,7 +152,7 @@ FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
 RETURNING id`
 
-// KillRefusedWaiting moves the waiting item id of queue to the dead items
+// ItemsKillRefusedWaiting moves the waiting item id of queue to the dead items
 // with reason ReasonRefused and lastError, deleting its edges, and reports
 // whether it did (refusedStatements.KillWaiting).
 func (s *Store) ItemsKillRefusedWaiting(ctx context.Context, tx pgx.Tx, queue string, id uuid.UUID, lastError string) (bool, error) {
@@ -167,7 +167,7 @@ WHERE queue = $1 AND cancel_requested_at IS NOT NULL AND (claim IS NULL OR lease
 ORDER BY cancel_requested_at
 LIMIT $2`
 
-// CancelledIDs lists up to limit candidates of ReapCancelled
+// ItemsReapCancelledCandidates lists up to limit candidates of ReapCancelled
 // (refusedStatements.CancelledIDs).
 func (s *Store) ItemsReapCancelledCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().CancelledIDs, queue, limit)
@@ -187,7 +187,7 @@ gone AS (
 ` + cancelHolds + `
 SELECT id FROM gone`
 
-// ReapCancelledIDs is ReapCancelled for the given candidates
+// ItemsReapCancelledIDs is ReapCancelled for the given candidates
 // (refusedStatements.ReapCancelledIDs).
 func (s *Store) ItemsReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	got, err := queryIDs(ctx, tx, s.refused().ReapCancelledIDs, queue, rawIDs(ids))
@@ -201,7 +201,7 @@ WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
 ORDER BY ended_at
 LIMIT $2`
 
-// PruneEndedCandidates lists up to limit candidates of PruneEnded
+// EndedPruneCandidates lists up to limit candidates of PruneEnded
 // (refusedStatements.PruneEndedCandidates).
 func (s *Store) EndedPruneCandidates(ctx context.Context, db DB, queue string, limit int) ([]uuid.UUID, error) {
 	return queryIDs(ctx, db, s.refused().PruneEndedCandidates, queue, limit)
@@ -212,7 +212,7 @@ func (s *Store) EndedPruneCandidates(ctx context.Context, db DB, queue string, l
 const pruneEndedIDsSQL = `DELETE FROM crdbwork_ended
 WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow
 
-// PruneEndedIDs is PruneEnded for the given candidates
+// EndedPruneIDs is PruneEnded for the given candidates
 // (refusedStatements.PruneEndedIDs).
 func (s *Store) EndedPruneIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID) (int64, error) {
 	tag, err := tx.Exec(ctx, s.refused().PruneEndedIDs, queue, rawIDs(ids))
@@ -226,7 +226,7 @@ WHERE queue = $1 AND died_at < COALESCE($2::TIMESTAMPTZ, now() - $3::BIGINT * IN
 ORDER BY died_at
 LIMIT $4`
 
-// PruneDeadCandidates lists up to limit candidates of PruneDeadBefore
+// DeadPruneCandidates lists up to limit candidates of PruneDeadBefore
 // (before) or, with before zero, of PruneDeadOlder (age)
 // (refusedStatements.PruneDeadCandidates).
 func (s *Store) DeadPruneCandidates(ctx context.Context, db DB, queue string, before time.Time, age time.Duration, limit int) ([]uuid.UUID, error) {
@@ -238,7 +238,7 @@ func (s *Store) DeadPruneCandidates(ctx context.Context, db DB, queue string, be
 const pruneDeadIDsSQL = `DELETE FROM crdbwork_dead_items
 WHERE id = ANY($2::UUID[]) AND queue = $1 AND died_at < COALESCE($3::TIMESTAMPTZ, now() - $4::BIGINT * INTERVAL '1 microsecond')`
 
-// PruneDeadIDs is PruneDeadBefore (before) or, with before zero,
+// DeadPruneIDs is PruneDeadBefore (before) or, with before zero,
 // PruneDeadOlder (age) for the given candidates
 // (refusedStatements.PruneDeadIDs).
 func (s *Store) DeadPruneIDs(ctx context.Context, tx pgx.Tx, queue string, ids []uuid.UUID, before time.Time, age time.Duration) (int64, error) {

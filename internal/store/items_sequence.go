@@ -17,7 +17,7 @@ import (
 // the sequenced claims, and the queue's switch. Errors are the driver's, as
 // in items_claim.go.
 
-// ClaimAnySequenced is ClaimAny for a sequenced queue: an item with a
+// ItemsClaimAnySequenced is ClaimAny for a sequenced queue: an item with a
 // sequence order is claimed only if it is its key's first and no item of its
 // key is claimed (sequenceStatements.ClaimAny). Run it as ClaimAny; a unique
 // violation on the sequence index (IsSequenceConflict) means another claim
@@ -27,7 +27,7 @@ func (s *Store) ItemsClaimAnySequenced(ctx context.Context, db DB, d Dialect, a 
 	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimAnyFor(d), a.params()...)
 }
 
-// ClaimPartsSequenced is ClaimParts for a sequenced queue
+// ItemsClaimPartsSequenced is ClaimParts for a sequenced queue
 // (sequenceStatements.ClaimParts): 1 to MaxPartBranches distinct owned
 // parts (it panics otherwise). Run it as ClaimAnySequenced.
 func (s *Store) ItemsClaimPartsSequenced(ctx context.Context, db DB, d Dialect, a ClaimArgs, parts []int64) ([]ClaimedRow, error) {
@@ -38,7 +38,7 @@ func (s *Store) ItemsClaimPartsSequenced(ctx context.Context, db DB, d Dialect, 
 	return queryClaimed(ctx, db, a.Limit, s.seq.ClaimParts(d, len(parts)), args...)
 }
 
-// ClaimUrgentSequenced is ClaimUrgent for a sequenced queue
+// ItemsClaimUrgentSequenced is ClaimUrgent for a sequenced queue
 // (sequenceStatements.ClaimUrgent). Run it as ClaimAnySequenced.
 func (s *Store) ItemsClaimUrgentSequenced(ctx context.Context, db DB, d Dialect, a UrgentArgs) ([]ClaimedRow, error) {
 	owned := make([]int64, len(a.OwnedParts))
@@ -54,7 +54,7 @@ func (s *Store) ItemsClaimUrgentSequenced(ctx context.Context, db DB, d Dialect,
 const setSequencedSQL = `INSERT INTO crdbwork_queues AS q (name, sequenced) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET sequenced = excluded.sequenced`
 
-// SetSequenced turns sequencing of queue on or off
+// QueueSequencedSet turns sequencing of queue on or off
 // (sequenceStatements.SetSequenced).
 func (s *Store) QueueSequencedSet(ctx context.Context, db DB, queue string, on bool) error {
 	_, err := db.Exec(ctx, s.seq.SetSequenced, queue, on)
@@ -100,7 +100,7 @@ ON CONFLICT (name) DO UPDATE SET sequence_hold = excluded.sequence_hold`
 // (rendered by newSequenceStatements).
 const releaseAllSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND seq_hold RETURNING id`
 
-// SetSequenceHold sets what a death of one of queue's sequenced items does
+// QueueSequenceHoldSet sets what a death of one of queue's sequenced items does
 // to its key (sequenceStatements.SetHold); with hold false it also releases
 // the keys the queue's dead items hold (ReleaseAll) and returns how many
 // dead items it released. Run it in a transaction, so that both change
@@ -120,7 +120,7 @@ func (s *Store) QueueSequenceHoldSet(ctx context.Context, db DB, queue string, h
 // (rendered by newSequenceStatements).
 const sequenceReleaseSQL = `UPDATE crdbwork_dead_items SET seq_hold = false WHERE queue = $1 AND item_key = $2 AND seq_hold RETURNING id`
 
-// ReleaseSequenceKey releases key of queue from the dead items that hold
+// ItemsSequenceRelease releases key of queue from the dead items that hold
 // it (sequenceStatements.Release) and returns their ids (none: the key was
 // not held).
 func (s *Store) ItemsSequenceRelease(ctx context.Context, db DB, queue, key string) ([]uuid.UUID, error) {
@@ -163,7 +163,7 @@ const blockedSQL = `SELECT key, id, kind, reason, last_error, at, attempts FROM 
 ORDER BY key, kind, id
 LIMIT $2`
 
-// BlockedKeys lists up to limit blocked keys of queue
+// ItemsSequenceBlockedKeys lists up to limit blocked keys of queue
 // (sequenceStatements.Blocked).
 func (s *Store) ItemsSequenceBlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]BlockedKeyRow, error) {
 	rows, err := db.Query(ctx, s.seq.Blocked, queue, limit)
@@ -179,7 +179,7 @@ func (s *Store) ItemsSequenceBlockedKeys(ctx context.Context, db DB, queue strin
 	})
 }
 
-// IsSequenceConflict reports whether err is a unique violation on the index
+// ItemsIsSequenceConflict reports whether err is a unique violation on the index
 // that holds at most one claimed item per key of sequenced items
 // (SequenceClaimedIndex, under this Store's prefix): a claim that would have
 // put a second item of a key in flight, and changed nothing.

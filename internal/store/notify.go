@@ -62,7 +62,7 @@ type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// EnqueueInsertNotify is EnqueueInsert followed by the wake-up
+// ItemsEnqueueNotify is EnqueueInsert followed by the wake-up
 // notification on channel with payload, sent together in one round trip (a pipeline
 // with one Sync: one implicit transaction, so the notification is
 // delivered only if the insert commits). PostgreSQL only.
@@ -90,7 +90,7 @@ func (s *Store) ItemsEnqueueNotify(ctx context.Context, db Batcher, queue string
 	return got, nil
 }
 
-// Listen makes conn listen on channel (see NotifyChannel); listening on a
+// NotifyListen makes conn listen on channel (see NotifyChannel); listening on a
 // channel it already listens on does nothing, and costs one round trip.
 // PostgreSQL only.
 func (s *Store) NotifyListen(ctx context.Context, conn *pgx.Conn, channel string) error {
@@ -98,7 +98,7 @@ func (s *Store) NotifyListen(ctx context.Context, conn *pgx.Conn, channel string
 	return err
 }
 
-// Unlisten makes conn stop listening on channel. PostgreSQL only.
+// NotifyUnlisten makes conn stop listening on channel. PostgreSQL only.
 func (s *Store) NotifyUnlisten(ctx context.Context, conn *pgx.Conn, channel string) error {
 	_, err := conn.Exec(ctx, "UNLISTEN "+pgx.Identifier{channel}.Sanitize())
 	return err

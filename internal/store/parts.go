@@ -17,7 +17,7 @@ import (
 // (rendered by newCoreStatements).
 const queuePartsSQL = `SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1)`
 
-// QueueParts returns queue's stored number of parts: 1 when it has none.
+// PartsCount returns queue's stored number of parts: 1 when it has none.
 func (s *Store) PartsCount(ctx context.Context, db DB, queue string) (int, error) {
 	var n int64
 	err := db.QueryRow(ctx, s.st.QueueParts, queue).Scan(&n)
@@ -28,7 +28,7 @@ func (s *Store) PartsCount(ctx context.Context, db DB, queue string) (int, error
 // (rendered by newCoreStatements).
 const insertQueuePartsSQL = `INSERT INTO crdbwork_queues (name, num_parts) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`
 
-// InsertQueueParts stores n parts for queue if it has no stored count (a
+// PartsCountInsert stores n parts for queue if it has no stored count (a
 // stored count wins) and reports whether it stored n.
 func (s *Store) PartsCountInsert(ctx context.Context, db DB, queue string, n int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.InsertQueueParts, queue, int64(n))
@@ -40,7 +40,7 @@ func (s *Store) PartsCountInsert(ctx context.Context, db DB, queue string, n int
 const upsertQueuePartsSQL = `INSERT INTO crdbwork_queues AS q (name, num_parts) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET num_parts = excluded.num_parts`
 
-// UpsertQueueParts stores n parts for queue, replacing any stored count.
+// PartsCountUpsert stores n parts for queue, replacing any stored count.
 // It moves no item and releases no part: partition.SetParts does, with
 // DropPartsAbove and MovePartItems.
 func (s *Store) PartsCountUpsert(ctx context.Context, db DB, queue string, n int) error {
@@ -52,7 +52,7 @@ func (s *Store) PartsCountUpsert(ctx context.Context, db DB, queue string, n int
 // (rendered by newCoreStatements).
 const dropPartsAboveSQL = `DELETE FROM crdbwork_session_parts WHERE queue = $1 AND part >= $2`
 
-// DropPartsAbove deletes the ownership rows of queue's parts n and above,
+// PartsDropAbove deletes the ownership rows of queue's parts n and above,
 // which releases the claims made in those parts, and returns how many it
 // deleted.
 func (s *Store) PartsDropAbove(ctx context.Context, db DB, queue string, n int) (int64, error) {
@@ -65,7 +65,7 @@ func (s *Store) PartsDropAbove(ctx context.Context, db DB, queue string, n int) 
 const acquirePartSQL = `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING`
 
-// AcquirePart makes session the owner of queue's part and reports whether
+// PartsAcquire makes session the owner of queue's part and reports whether
 // it did (false: another session owns the part).
 func (s *Store) PartsAcquire(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.AcquirePart, session, queue, int64(part))
@@ -76,7 +76,7 @@ func (s *Store) PartsAcquire(ctx context.Context, db DB, session uuid.UUID, queu
 // (rendered by newCoreStatements).
 const releasePartSQL = `DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`
 
-// ReleasePart deletes session's ownership of queue's part, which releases
+// PartsRelease deletes session's ownership of queue's part, which releases
 // the claims made in it. Releasing a part the session does not own does
 // nothing.
 func (s *Store) PartsRelease(ctx context.Context, db DB, session uuid.UUID, queue string, part int) error {
@@ -88,7 +88,7 @@ func (s *Store) PartsRelease(ctx context.Context, db DB, session uuid.UUID, queu
 // (rendered by newCoreStatements).
 const ownedPartsSQL = `SELECT part FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 ORDER BY part`
 
-// OwnedParts returns the parts of queue that session owns, ordered.
+// PartsOwned returns the parts of queue that session owns, ordered.
 func (s *Store) PartsOwned(ctx context.Context, db DB, session uuid.UUID, queue string) ([]int, error) {
 	rows, err := db.Query(ctx, s.st.OwnedParts, session, queue)
 	if err != nil {
@@ -105,7 +105,7 @@ func (s *Store) PartsOwned(ctx context.Context, db DB, session uuid.UUID, queue 
 // (rendered by newCoreStatements).
 const partOwnersSQL = `SELECT session_id, part FROM crdbwork_session_parts WHERE queue = $1 ORDER BY part`
 
-// PartOwners returns the owner of each owned part of queue, by part.
+// PartsOwners returns the owner of each owned part of queue, by part.
 func (s *Store) PartsOwners(ctx context.Context, db DB, queue string) (map[int]uuid.UUID, error) {
 	rows, err := db.Query(ctx, s.st.PartOwners, queue)
 	if err != nil {
@@ -149,7 +149,7 @@ moved AS (
     RETURNING id)
 SELECT (SELECT count(*) FROM moved), (SELECT id FROM page ORDER BY id DESC LIMIT 1)`
 
-// MovePartItems reads the next page of at most limit rows of the items
+// PartsMoveItems reads the next page of at most limit rows of the items
 // table in primary-key order, after id after (the nil UUID: from the
 // start), and moves those of queue in parts n and above to part % n (see
 // moveStatements.MovePage for what happens to their claims).

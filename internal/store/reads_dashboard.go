@@ -262,7 +262,7 @@ CROSS JOIN LATERAL (
           ORDER BY i.priority, i.turn_at LIMIT $3) AS w) AS b
 ORDER BY p.part`
 
-// PartBacklog returns the unclaimed items of each part of queue below
+// PartsBacklog returns the unclaimed items of each part of queue below
 // numParts, each count stopping at cap: one limited read of
 // crdbwork_items_part_turn per part. On PostgreSQL one statement
 // (dashboardStatements.partBacklog); on CockroachDB MaxBacklogParts parts
@@ -535,7 +535,7 @@ const itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at
        progress_done, progress_total, progress_at, seq_order, headers
 FROM crdbwork_items WHERE id = $1`
 
-// Item reads the item id, and false if it is not in the items table
+// ItemsGet reads the item id, and false if it is not in the items table
 // (dashboardStatements.item).
 func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
 	var d ItemDetail
@@ -561,7 +561,7 @@ func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, 
 // (rendered by newDashboardStatements).
 const waitingQueueSQL = `SELECT queue FROM crdbwork_waiting WHERE id = $1`
 
-// WaitingQueue returns the queue of the waiting item id (an item enqueued
+// ItemsDepsWaitingQueue returns the queue of the waiting item id (an item enqueued
 // with prerequisites not yet all acked), and false if id is not waiting
 // (dashboardStatements.waitingQueue).
 func (s *Store) ItemsDepsWaitingQueue(ctx context.Context, db DB, id uuid.UUID) (string, bool, error) {
@@ -582,7 +582,7 @@ const deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, 
        enqueued_at, died_at, tenant, reason, payload, metadata
 FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
 
-// Deaths reads up to limit deaths of the id, newest first
+// DeadOfID reads up to limit deaths of the id, newest first
 // (dashboardStatements.deaths).
 func (s *Store) DeadOfID(ctx context.Context, db DB, id uuid.UUID, limit int) ([]DeadItemRow, []string, error) {
 	rows, err := db.Query(ctx, s.dash().deaths, id, limit)
@@ -613,7 +613,7 @@ func (s *Store) DeadOfID(ctx context.Context, db DB, id uuid.UUID, limit int) ([
 // (rendered by newDashboardStatements).
 const deleteDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id = $1 AND death = $2 AND queue = $3`
 
-// DeleteDead deletes one death of a dead item of queue and reports whether
+// DeadDelete deletes one death of a dead item of queue and reports whether
 // it was there (dashboardStatements.deleteDead).
 func (s *Store) DeadDelete(ctx context.Context, db DB, queue string, id, death uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.dash().deleteDead, id, death, queue)
@@ -638,7 +638,7 @@ LEFT JOIN LATERAL (
     ORDER BY i.priority, i.turn_at LIMIT 1) AS h ON true
 ORDER BY t.tenant`
 
-// TenantHeads reads the next unclaimed item of each tenant of queue named,
+// ItemsTenantHeads reads the next unclaimed item of each tenant of queue named,
 // one row per tenant in the order given: one seek of
 // crdbwork_items_tenant_turn per tenant. On PostgreSQL one statement
 // (dashboardStatements.tenantHeads); on CockroachDB MaxHeadTenants tenants
@@ -713,7 +713,7 @@ type AuditRow struct {
 // (rendered by newDashboardStatements).
 const auditInsertSQL = `INSERT INTO crdbwork_audit (actor, source, action, queue, detail) VALUES ($1, $2, $3, $4, $5)`
 
-// RecordAudit adds an entry to the audit list (dashboardStatements.auditInsert).
+// AuditRecord adds an entry to the audit list (dashboardStatements.auditInsert).
 func (s *Store) AuditRecord(ctx context.Context, db DB, a AuditRow) error {
 	_, err := db.Exec(ctx, s.dash().auditInsert, a.Actor, a.Source, a.Action, a.Queue, a.Detail)
 	return err

@@ -28,7 +28,7 @@ type QueueRow struct {
 const inspectQueueSQL = `SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false)
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
 
-// InspectQueue reads queue's stored row (inspectStatements.Queue): a
+// QueueInspect reads queue's stored row (inspectStatements.Queue): a
 // primary-key lookup.
 func (s *Store) QueueInspect(ctx context.Context, db DB, queue string) (QueueRow, error) {
 	var r QueueRow
@@ -59,7 +59,7 @@ const unclaimedSQL = `SELECT part, count(*), count(*) FILTER (WHERE vesting_at <
 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL
 GROUP BY part ORDER BY part`
 
-// InspectUnclaimed reads queue's unclaimed items by part, ordered by part
+// QueueInspectUnclaimed reads queue's unclaimed items by part, ordered by part
 // (inspectStatements.Unclaimed). It reads every unclaimed item of the
 // queue: its entries in crdbwork_items_part_turn, and each row's
 // vesting_at.
@@ -99,7 +99,7 @@ type ClaimedPart struct {
 const claimedSQL = `SELECT part, claim, count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL
 GROUP BY part, claim ORDER BY part, claim`
 
-// InspectClaimed reads queue's claimed items by part and session, ordered
+// QueueInspectClaimed reads queue's claimed items by part and session, ordered
 // by part and session (inspectStatements.Claimed): only the queue's
 // claimed items, through crdbwork_items_lease.
 func (s *Store) QueueInspectClaimed(ctx context.Context, db DB, queue string) ([]ClaimedPart, error) {
@@ -134,7 +134,7 @@ const tenantsSQL = `SELECT tenant, count(*) AS unclaimed, count(*) FILTER (WHERE
 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND tenant IS NOT NULL
 GROUP BY tenant ORDER BY unclaimed DESC, tenant LIMIT $2`
 
-// InspectTenants reads the at most limit tenants of queue with the most
+// QueueInspectTenants reads the at most limit tenants of queue with the most
 // unclaimed items, most first, then by name (inspectStatements.Tenants).
 // Items without a tenant are not counted. It reads every unclaimed item of
 // the queue that has a tenant (crdbwork_items_tenant_turn and each row's
@@ -159,7 +159,7 @@ func (s *Store) QueueInspectTenants(ctx context.Context, db DB, queue string, li
 // (rendered by newInspectStatements).
 const inspectDeadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE queue = $1`
 
-// InspectDead counts the deaths of queue (inspectStatements.DeadCount):
+// QueueInspectDead counts the deaths of queue (inspectStatements.DeadCount):
 // the queue's entries of crdbwork_dead_items_by_queue.
 func (s *Store) QueueInspectDead(ctx context.Context, db DB, queue string) (int64, error) {
 	var n int64
@@ -171,7 +171,7 @@ func (s *Store) QueueInspectDead(ctx context.Context, db DB, queue string) (int6
 // (rendered by newInspectStatements).
 const storedQueuesSQL = `SELECT name FROM crdbwork_queues WHERE name > $1 ORDER BY name LIMIT $2`
 
-// StoredQueues returns the names of the queues with a row in the queues
+// QueuesStored returns the names of the queues with a row in the queues
 // table after after, in order, at most limit of them
 // (inspectStatements.StoredQueues).
 func (s *Store) QueuesStored(ctx context.Context, db DB, after string, limit int) ([]string, error) {
@@ -186,7 +186,7 @@ func (s *Store) QueuesStored(ctx context.Context, db DB, after string, limit int
 // (rendered by newInspectStatements).
 const nextUnclaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim IS NULL AND queue > $1`
 
-// NextUnclaimedQueue returns the smallest queue name after after that has
+// QueuesNextUnclaimed returns the smallest queue name after after that has
 // unclaimed items, and false if there is none: one index seek
 // (inspectStatements.NextUnclaimedQueue).
 func (s *Store) QueuesNextUnclaimed(ctx context.Context, db DB, after string) (string, bool, error) {
@@ -197,7 +197,7 @@ func (s *Store) QueuesNextUnclaimed(ctx context.Context, db DB, after string) (s
 // (rendered by newInspectStatements).
 const nextClaimedQueueSQL = `SELECT min(queue) FROM crdbwork_items WHERE claim IS NOT NULL AND queue > $1`
 
-// NextClaimedQueue is NextUnclaimedQueue for claimed items
+// QueuesNextClaimed is NextUnclaimedQueue for claimed items
 // (inspectStatements.NextClaimedQueue).
 func (s *Store) QueuesNextClaimed(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextClaimedQueue, after)
@@ -207,7 +207,7 @@ func (s *Store) QueuesNextClaimed(ctx context.Context, db DB, after string) (str
 // (rendered by newInspectStatements).
 const nextDeadQueueSQL = `SELECT min(queue) FROM crdbwork_dead_items WHERE queue > $1`
 
-// NextDeadQueue is NextUnclaimedQueue for dead items
+// QueuesNextDead is NextUnclaimedQueue for dead items
 // (inspectStatements.NextDeadQueue).
 func (s *Store) QueuesNextDead(ctx context.Context, db DB, after string) (string, bool, error) {
 	return nextQueue(ctx, db, s.insp.NextDeadQueue, after)
@@ -266,7 +266,7 @@ ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.a
     tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
     dedup_window = excluded.dedup_window`
 
-// ConfigureQueue stores queue's settings, replacing all of them; a queue
+// QueueConfigure stores queue's settings, replacing all of them; a queue
 // without a row gets one, with one part (coreStatements.ConfigureQueue).
 func (s *Store) QueueConfigure(ctx context.Context, db DB, queue string, r QueueSettingsRow) error {
 	_, err := db.Exec(ctx, s.st.ConfigureQueue, queue, r.Fair, r.AtMostOnce,
@@ -290,7 +290,7 @@ func (s *Store) QueuePaused(ctx context.Context, db DB, queue string) (bool, err
 const pauseQueueSQL = `INSERT INTO crdbwork_queues AS q (name, paused) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused`
 
-// PauseQueue pauses or resumes queue (coreStatements.PauseQueue).
+// QueuePause pauses or resumes queue (coreStatements.PauseQueue).
 func (s *Store) QueuePause(ctx context.Context, db DB, queue string, paused bool) error {
 	_, err := db.Exec(ctx, s.st.PauseQueue, queue, paused)
 	return err
@@ -307,7 +307,7 @@ type TenantLimitRow struct {
 // (rendered by newLimitStatements).
 const tenantLimitsSQL = `SELECT tenant, max_in_flight, rate_limit FROM crdbwork_tenant_limits WHERE queue = $1 ORDER BY tenant`
 
-// TenantLimits reads queue's tenant limits, ordered by tenant
+// QueueTenantLimits reads queue's tenant limits, ordered by tenant
 // (limitStatements.TenantLimits).
 func (s *Store) QueueTenantLimits(ctx context.Context, db DB, queue string) ([]TenantLimitRow, error) {
 	rows, err := db.Query(ctx, s.lim.TenantLimits, queue)
@@ -330,7 +330,7 @@ func (s *Store) QueueTenantLimits(ctx context.Context, db DB, queue string) ([]T
 const setTenantLimitSQL = `INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight, rate_limit) VALUES ($1, $2, $3, $4)
 ON CONFLICT (queue, tenant) DO UPDATE SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit`
 
-// SetTenantLimit stores tenant's own limit on queue
+// QueueTenantLimitSet stores tenant's own limit on queue
 // (limitStatements.SetTenantLimit).
 func (s *Store) QueueTenantLimitSet(ctx context.Context, db DB, queue, tenant string, maxInFlight int64, rate float64) error {
 	_, err := db.Exec(ctx, s.lim.SetTenantLimit, queue, tenant, maxInFlight, rate)
@@ -341,7 +341,7 @@ func (s *Store) QueueTenantLimitSet(ctx context.Context, db DB, queue, tenant st
 // (rendered by newLimitStatements).
 const removeTenantLimitSQL = `DELETE FROM crdbwork_tenant_limits WHERE queue = $1 AND tenant = $2`
 
-// RemoveTenantLimit deletes tenant's own limit on queue and reports whether
+// QueueTenantLimitRemove deletes tenant's own limit on queue and reports whether
 // there was one (limitStatements.RemoveTenantLimit).
 func (s *Store) QueueTenantLimitRemove(ctx context.Context, db DB, queue, tenant string) (bool, error) {
 	tag, err := db.Exec(ctx, s.lim.RemoveTenantLimit, queue, tenant)

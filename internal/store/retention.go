@@ -133,7 +133,7 @@ const retentionSQL = `SELECT q.name IS NOT NULL,
        COALESCE(q.dead_max_count, ` + DefaultDeadMaxCount + `)
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
 
-// Retention reads queue's retention (retentionStatements.Retention).
+// QueueRetention reads queue's retention (retentionStatements.Retention).
 func (s *Store) QueueRetention(ctx context.Context, db DB, queue string) (RetentionRow, error) {
 	var r RetentionRow
 	var us int64
@@ -150,7 +150,7 @@ const setRetentionSQL = `INSERT INTO crdbwork_queues AS q (name, dead_max_age, d
 VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
 ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`
 
-// SetRetention stores queue's retention, at microsecond precision
+// QueueRetentionSet stores queue's retention, at microsecond precision
 // (retentionStatements.SetRetention).
 func (s *Store) QueueRetentionSet(ctx context.Context, db DB, queue string, maxAge time.Duration, maxCount int64) error {
 	_, err := db.Exec(ctx, s.ret.SetRetention, queue, maxAge.Microseconds(), maxCount)
@@ -165,7 +165,7 @@ var pruneDeadOlderSQL = fmt.Sprintf(pruneDeadTemplate, `now() - $2::BIGINT * INT
 // (rendered by newRetentionStatements).
 var postgresPruneDeadOlderSQL = fmt.Sprintf(pgPruneDeadTemplate, `now() - $2::BIGINT * INTERVAL '1 microsecond'`)
 
-// PruneDeadOlder deletes, in tx, up to limit of queue's dead items older
+// DeadPruneOlder deletes, in tx, up to limit of queue's dead items older
 // than age and returns how many (retentionStatements.PruneDeadOlder, or its
 // PostgreSQL twin for d).
 func (s *Store) DeadPruneOlder(ctx context.Context, tx pgx.Tx, d Dialect, queue string, age time.Duration, limit int) (int64, error) {
@@ -185,7 +185,7 @@ var pruneDeadBeforeSQL = fmt.Sprintf(pruneDeadTemplate, `$2::TIMESTAMPTZ`)
 // (rendered by newRetentionStatements).
 var postgresPruneDeadBeforeSQL = fmt.Sprintf(pgPruneDeadTemplate, `$2::TIMESTAMPTZ`)
 
-// PruneDeadBefore deletes, in tx, up to limit of queue's dead items that
+// DeadPruneBefore deletes, in tx, up to limit of queue's dead items that
 // died before t and returns how many (retentionStatements.PruneDeadBefore,
 // or its PostgreSQL twin for d).
 func (s *Store) DeadPruneBefore(ctx context.Context, tx pgx.Tx, d Dialect, queue string, t time.Time, limit int) (int64, error) {

@@ -13,7 +13,7 @@ import (
 // error unwrapped (see sessions.go). The statements are those of
 // scheduleStatements.
 
-// ScheduleNow returns the database clock: the transaction's now(), which
+// SchedulesNow returns the database clock: the transaction's now(), which
 // decides a schedule's current period, one clock for every process.
 func (s *Store) SchedulesNow(ctx context.Context, db DB) (time.Time, error) {
 	var now time.Time
@@ -25,7 +25,7 @@ func (s *Store) SchedulesNow(ctx context.Context, db DB) (time.Time, error) {
 // (rendered by newScheduleStatements).
 const lastSQL = `SELECT last_period FROM crdbwork_schedules WHERE queue = $1 AND name = $2 FOR UPDATE`
 
-// ScheduleLast returns the last period enqueued by schedule name of queue,
+// SchedulesLast returns the last period enqueued by schedule name of queue,
 // locking its row until the transaction ends, and whether there is one
 // (false: the schedule never fired).
 func (s *Store) SchedulesLast(ctx context.Context, db DB, queue, name string) (time.Time, bool, error) {
@@ -44,7 +44,7 @@ ON CONFLICT (queue, name) DO UPDATE SET last_period = excluded.last_period, upda
 WHERE s.last_period < excluded.last_period
 RETURNING s.last_period`
 
-// AdvanceSchedule records period as the last period of schedule name of
+// SchedulesAdvance records period as the last period of schedule name of
 // queue, and reports whether it did: it never moves a stored period
 // backward, nor rewrites it with the same period (false).
 func (s *Store) SchedulesAdvance(ctx context.Context, db DB, queue, name string, period time.Time) (bool, error) {

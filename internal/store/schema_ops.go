@@ -20,7 +20,7 @@ import (
 // name no schema.
 var errNoSchema = errors.New("crdbwork: the tables name no schema (Tables.Schema is empty)")
 
-// CreateTestSchema creates the Store's schema (Tables.Schema), failing if
+// SchemaCreate creates the Store's schema (Tables.Schema), failing if
 // it exists, so that the caller knows the schema, and what DropTestSchema
 // removes, is its own. It fails when Tables.Schema is empty.
 func (s *Store) SchemaCreate(ctx context.Context, db DB) error {
@@ -31,7 +31,7 @@ func (s *Store) SchemaCreate(ctx context.Context, db DB) error {
 	return err
 }
 
-// DropTestSchema drops the Store's schema (Tables.Schema) with everything
+// SchemaDrop drops the Store's schema (Tables.Schema) with everything
 // in it, if it exists (DROP SCHEMA ... CASCADE, which CockroachDB has since
 // v20.2: see testStatements). It fails when Tables.Schema is empty. Its error
 // wraps the driver's and gives the statement to run by hand.
@@ -45,7 +45,7 @@ func (s *Store) SchemaDrop(ctx context.Context, db DB) error {
 	return nil
 }
 
-// DropQueueRows deletes every row of queue, one table at a time: its
+// SchemaDropQueueRows deletes every row of queue, one table at a time: its
 // items, dead items, ended ids, part owners, memberships, and its row in
 // the queues table. It runs every statement, whatever the earlier ones
 // did, and returns their errors joined (nil if none failed). It reads the
@@ -91,7 +91,7 @@ type QueueItemRow struct {
 	Claimed bool
 }
 
-// QueueItems returns queue's items, claimed or not: at most limit
+// SchemaQueueItems returns queue's items, claimed or not: at most limit
 // unclaimed ones in claim order and at most limit claimed ones by lease
 // end (so up to 2·limit rows), the two groups in no set order against
 // each other: the caller sorts them.

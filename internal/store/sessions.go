@@ -58,7 +58,7 @@ type PartOwnerRow struct {
 const createSessionSQL = `INSERT INTO crdbwork_sessions (expiry, host, pid, name)
 VALUES ($1::BIGINT * INTERVAL '1 microsecond', $2, $3, $4) RETURNING id`
 
-// CreateSession inserts a session row with the given expiry (stored in
+// SessionsCreate inserts a session row with the given expiry (stored in
 // microseconds), host, process id and name, and returns its id.
 func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration, host string, pid int, name string) (uuid.UUID, error) {
 	var id uuid.UUID
@@ -70,7 +70,7 @@ func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration,
 // (rendered by newCoreStatements).
 const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1`
 
-// Heartbeat stamps session id's heartbeat with the database clock and
+// SessionsHeartbeat stamps session id's heartbeat with the database clock and
 // reports whether the row is still there (false: it was reaped or
 // deleted; the session is lost).
 func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
@@ -84,7 +84,7 @@ const heartbeatReportSQL = `UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1`
 
-// HeartbeatReport is Heartbeat that also stores the session's counters in
+// SessionsHeartbeatReport is Heartbeat that also stores the session's counters in
 // its row, in the same statement.
 func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (bool, error) {
 	tag, err := db.Exec(ctx, s.st.HeartbeatReport, id, c.Claimed, c.Acked, c.Failed, c.InFlight)
@@ -95,7 +95,7 @@ func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID
 // (rendered by newCoreStatements).
 const deleteSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1`
 
-// DeleteSession deletes session id's row, which releases its claims, parts
+// SessionsDelete deletes session id's row, which releases its claims, parts
 // and memberships through the foreign keys. Deleting a row that is gone
 // does nothing.
 func (s *Store) SessionsDelete(ctx context.Context, db DB, id uuid.UUID) error {
@@ -107,7 +107,7 @@ func (s *Store) SessionsDelete(ctx context.Context, db DB, id uuid.UUID) error {
 // (rendered by newCoreStatements).
 const reapSessionsSQL = `DELETE FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`
 
-// ReapSessions deletes every session whose heartbeat is older than its
+// SessionsReap deletes every session whose heartbeat is older than its
 // expiry, by the database clock, and returns how many it deleted.
 func (s *Store) SessionsReap(ctx context.Context, db DB) (int64, error) {
 	tag, err := db.Exec(ctx, s.st.ReapSessions)
@@ -118,7 +118,7 @@ func (s *Store) SessionsReap(ctx context.Context, db DB) (int64, error) {
 // (rendered by newReapStatements).
 const expiredSessionsSQL = `SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`
 
-// ExpiredSessionIDs returns the ids of the sessions whose heartbeat is
+// SessionsExpiredIDs returns the ids of the sessions whose heartbeat is
 // older than their expiry (those ReapSessions deletes), in no set order.
 func (s *Store) SessionsExpiredIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.reap.ExpiredSessions)
@@ -128,7 +128,7 @@ func (s *Store) SessionsExpiredIDs(ctx context.Context, db DB) ([]uuid.UUID, err
 // (rendered by newReapStatements).
 const reapSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`
 
-// ReapSession deletes session id if it is still expired and reports
+// SessionsReapOne deletes session id if it is still expired and reports
 // whether it did (false: it heartbeat meanwhile, or is gone).
 func (s *Store) SessionsReapOne(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
 	tag, err := db.Exec(ctx, s.reap.ReapSession, id)
@@ -144,7 +144,7 @@ const coreLiveSessionsSQL = `SELECT id, name, host, pid, created_at, heartbeat_a
        claimed, acked, failed, in_flight
 FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`
 
-// LiveSessions returns the live sessions (heartbeat within their expiry,
+// SessionsLive returns the live sessions (heartbeat within their expiry,
 // by the database clock), ordered by id.
 func (s *Store) SessionsLive(ctx context.Context, db DB) ([]SessionRow, error) {
 	rows, err := db.Query(ctx, s.st.LiveSessions)
@@ -165,7 +165,7 @@ func (s *Store) SessionsLive(ctx context.Context, db DB) ([]SessionRow, error) {
 // (rendered by newCoreStatements).
 const liveSessionIDsSQL = `SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry >= now() ORDER BY id`
 
-// LiveSessionIDs returns the ids of the live sessions, ordered: every
+// SessionsLiveIDs returns the ids of the live sessions, ordered: every
 // queue's.
 func (s *Store) SessionsLiveIDs(ctx context.Context, db DB) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.st.LiveSessionIDs)
@@ -176,7 +176,7 @@ func (s *Store) SessionsLiveIDs(ctx context.Context, db DB) ([]uuid.UUID, error)
 const joinQueueSQL = `INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ($1, $2)
 ON CONFLICT (queue, session_id) DO NOTHING`
 
-// JoinQueue makes session a member of queue and reports whether it was
+// SessionsJoinQueue makes session a member of queue and reports whether it was
 // not one before. When the session's row is gone it fails with the
 // driver's foreign-key violation (SQLSTATE 23503).
 func (s *Store) SessionsJoinQueue(ctx context.Context, db DB, queue string, session uuid.UUID) (bool, error) {
@@ -188,7 +188,7 @@ func (s *Store) SessionsJoinQueue(ctx context.Context, db DB, queue string, sess
 // (rendered by newMemberStatements).
 const leaveQueueSQL = `DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2`
 
-// LeaveQueue ends session's membership of queue, if any.
+// SessionsLeaveQueue ends session's membership of queue, if any.
 func (s *Store) SessionsLeaveQueue(ctx context.Context, db DB, queue string, session uuid.UUID) error {
 	_, err := db.Exec(ctx, s.member.LeaveQueue, queue, session)
 	return err
@@ -204,7 +204,7 @@ JOIN crdbwork_sessions AS s ON s.id = m.session_id
 WHERE s.heartbeat_at + s.expiry >= now()
 ORDER BY s.id`
 
-// QueueMembers returns the ids of queue's live members, ordered: the live
+// SessionsQueueMembers returns the ids of queue's live members, ordered: the live
 // sessions that joined it or own one of its parts (see
 // memberStatements.QueueMembers).
 func (s *Store) SessionsQueueMembers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
@@ -219,7 +219,7 @@ JOIN crdbwork_sessions AS s ON s.id = m.session_id
 WHERE m.queue = $1 AND s.heartbeat_at + s.expiry >= now()
 ORDER BY s.id`
 
-// JoinedMembers returns the ids of the live sessions that joined queue,
+// SessionsJoined returns the ids of the live sessions that joined queue,
 // ordered (see memberStatements.JoinedMembers).
 func (s *Store) SessionsJoined(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
 	return s.readSessionIDs(ctx, db, s.member.JoinedMembers, queue)
@@ -235,7 +235,7 @@ WHERE s.heartbeat_at + s.expiry >= now()
        OR NOT EXISTS (SELECT 1 FROM crdbwork_session_queues AS a WHERE a.session_id = s.id))
 ORDER BY s.id`
 
-// LimitSharers returns the ids of the live sessions that take a share of
+// SessionsLimitSharers returns the ids of the live sessions that take a share of
 // queue's fleet-wide limits when it is worked without parts, ordered (see
 // memberStatements.LimitSharers).
 func (s *Store) SessionsLimitSharers(ctx context.Context, db DB, queue string) ([]uuid.UUID, error) {
@@ -246,7 +246,7 @@ func (s *Store) SessionsLimitSharers(ctx context.Context, db DB, queue string) (
 // (rendered by newMemberStatements).
 const membershipsSQL = `SELECT queue, session_id, joined_at FROM crdbwork_session_queues ORDER BY queue, session_id`
 
-// Memberships returns every queue membership, ordered by queue and session.
+// SessionsMemberships returns every queue membership, ordered by queue and session.
 // It reads the whole membership table.
 func (s *Store) SessionsMemberships(ctx context.Context, db DB) ([]MembershipRow, error) {
 	rows, err := db.Query(ctx, s.member.Memberships)
@@ -264,7 +264,7 @@ func (s *Store) SessionsMemberships(ctx context.Context, db DB) ([]MembershipRow
 // (rendered by newMemberStatements).
 const allPartOwnersSQL = `SELECT queue, part, session_id FROM crdbwork_session_parts ORDER BY queue, part`
 
-// AllPartOwners returns every owned part of every queue, ordered by queue
+// PartsOwnersAll returns every owned part of every queue, ordered by queue
 // and part. It reads the whole part ownership table.
 func (s *Store) PartsOwnersAll(ctx context.Context, db DB) ([]PartOwnerRow, error) {
 	rows, err := db.Query(ctx, s.member.AllPartOwners)

@@ -73,7 +73,7 @@ func (s *Store) StatisticsBehind(ctx context.Context, db DB, minRows, minBytes i
 	return behind, nil
 }
 
-// Analyze refreshes PostgreSQL's statistics of table, a name returned by
+// StatisticsAnalyze refreshes PostgreSQL's statistics of table, a name returned by
 // StatisticsBehind, unless another ANALYZE or VACUUM of it is running
 // (SKIP_LOCKED: that one refreshes them).
 func (s *Store) StatisticsAnalyze(ctx context.Context, db DB, table string) error {

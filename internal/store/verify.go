@@ -93,7 +93,7 @@ func newDemoStatements(t Tables) *demoStatements {
 const countItemsSQL = `SELECT (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL)
     + (SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL)`
 
-// CountItems returns the number of queue's items, claimed or not. It reads
+// VerifyCountItems returns the number of queue's items, claimed or not. It reads
 // every item of the queue (through the partial indexes of unclaimed and of
 // claimed items on the queue), not the other queues' items.
 func (s *Store) VerifyCountItems(ctx context.Context, db DB, queue string) (int64, error) {
@@ -143,7 +143,7 @@ FROM (
     LEFT JOIN crdbwork_ended AS n ON n.queue = e.queue AND n.id = e.id
 ) AS f`
 
-// ItemFates classifies items: pending (and claimed), dead or cancelled.
+// VerifyItemFates classifies items: pending (and claimed), dead or cancelled.
 // Items in none of these (acked, taken at most once, pruned from the ended
 // ids, or never enqueued) are counted nowhere. Each item costs a point read
 // of the items, dead items and ended tables; pass them in batches of some
@@ -173,7 +173,7 @@ SELECT m.queue FROM crdbwork_session_queues AS m
     JOIN crdbwork_sessions AS s ON s.id = m.session_id WHERE s.heartbeat_at + s.expiry >= now()
 ORDER BY 1`
 
-// WorkedQueues returns, in order, the queues whose parts a live session
+// VerifyWorkedQueues returns, in order, the queues whose parts a live session
 // owns or that a live session is a member of (live: its heartbeat within its
 // expiry, by the database clock, as session.List).
 func (s *Store) VerifyWorkedQueues(ctx context.Context, db DB) ([]string, error) {
@@ -210,7 +210,7 @@ const deleteDeadItemsSQL = `DELETE FROM crdbwork_dead_items WHERE queue = $1 AND
 const deleteEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN
     (SELECT id FROM crdbwork_ended WHERE queue = $1 LIMIT $2)`
 
-// DeleteQueueRows deletes a batch of queue's rows: up to limit unclaimed
+// VerifyDeleteQueueRows deletes a batch of queue's rows: up to limit unclaimed
 // and limit claimed items, up to limit dead items and up to limit ended ids,
 // each table in its own statement, and returns how many it deleted: call it
 // until it deletes nothing. It
@@ -233,7 +233,7 @@ func (s *Store) VerifyDeleteQueueRows(ctx context.Context, db DB, queue string, 
 	return r, nil
 }
 
-// DeleteQueueRest deletes queue's part owners, memberships, tenant limits,
+// VerifyDeleteQueueRest deletes queue's part owners, memberships, tenant limits,
 // schedules and its row in the queues table (its part count, settings and
 // pause), each in its own statement. Run it after DeleteQueueRows removed
 // the queue's items.
@@ -246,7 +246,7 @@ func (s *Store) VerifyDeleteQueueRest(ctx context.Context, db DB, queue string) 
 	return nil
 }
 
-// DropTables drops every crdbwork table of the Store's table set that
+// VerifyDropTables drops every crdbwork table of the Store's table set that
 // exists, with everything in it, children before parents. It checks
 // nothing: the caller makes sure no queue and no session is left.
 func (s *Store) VerifyDropTables(ctx context.Context, db DB) error {
