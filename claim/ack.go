@@ -154,8 +154,9 @@ type AckOptions struct {
 
 // AckMany acknowledges many items, each with its own record function,
 // as if by one Ack each, but in one transaction when it can (group commit).
-// It first runs them all in one SERIALIZABLE transaction (on both engines;
-// internal/store.AckTxOptions gives the reasoning): one statement deletes every item
+// It first runs them all in one SERIALIZABLE transaction (on both engines:
+// the claim check and the result must commit together whatever the
+// server's default isolation; docs/cockroachdb.md): one statement deletes every item
 // whose claim still holds, then each deleted item's Record is called in
 // order, then opts.Batch and opts.Statement (if set) once with all of them
 // (with opts.Statement alone, in one round trip on PostgreSQL: see

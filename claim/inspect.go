@@ -89,8 +89,8 @@ type TenantInfo struct {
 func (i QueueInfo) HasItems() bool { return i.Unclaimed+i.Claimed > 0 }
 
 // Inspect reads the queue's state: the one read behind package metrics,
-// the demo's status and dashboards. What it costs (internal/store's Inspect
-// methods say which index each statement reads): point reads of the queue's row,
+// the demo's status and dashboards. What it costs (each statement is
+// index-backed, its plan tested): point reads of the queue's row,
 // settings and tenant limits; the queue's unclaimed items, each read once
 // for the backlog by part and once more, for those with a tenant, for the
 // backlog by tenant (so it grows with this queue's backlog, not with other
@@ -189,8 +189,8 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 // Queues returns the names of the queues in the database t names on db, in
 // order: those with a row in the queues table, with unclaimed or claimed
 // items, or with dead items. It reads the queues table and one index entry
-// per queue in each of three indexes (internal/store's NextUnclaimedQueue,
-// NextClaimedQueue and NextDeadQueue), not the items.
+// per queue in each of three indexes (unclaimed, claimed and dead items,
+// each read as a skip from one queue name to the next), not the items.
 func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: listing the queues: %w", err)

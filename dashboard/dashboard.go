@@ -17,7 +17,7 @@
 // of the overview come from one sampler per handler, shared by every
 // viewer, that runs only while someone watches: each round reads the first
 // Options.MaxQueues queues by name (a few index seeks per queue) with one statement
-// of bounded reads per queue (store.Store.FleetQueue): counts stop at
+// of bounded reads per queue: counts stop at
 // Options.CountCap and show as "≥ cap". The other pages
 // read what they show on request, each read index-backed and bounded by
 // its page size or scan window, except a queue's own page and its tenants

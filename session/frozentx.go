@@ -142,7 +142,7 @@ func ParseSetting(s string) (time.Duration, error) {
 // at most 2·d in all: the sessions whose rows are not locked are deleted,
 // those that stay are tried again at the next reap. It does the same when
 // the database refuses the delete for something about a row it changes
-// (store.IsRefusal: a claim whose release would write an item past the
+// (a refusal: a claim whose release would write an item past the
 // schema's bounds, say): one session's row never keeps the others of the
 // database, whatever their queues, from being reaped; the refused ones are
 // named in the error. It returns how many it

@@ -47,7 +47,7 @@ const tablesTimeout = 2 * time.Minute
 // is reported with t.Errorf, with the statement to run by hand.
 //
 // It works on PostgreSQL and CockroachDB (v20.2 and later have user-defined
-// schemas and DROP SCHEMA ... CASCADE; see store.Store.SchemaDrop). On
+// schemas and DROP SCHEMA ... CASCADE, which Tables uses to remove them). On
 // CockroachDB every statement of the schema is an online schema change, so
 // making a test's tables takes noticeably longer than on PostgreSQL.
 //
