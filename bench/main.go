@@ -6,6 +6,7 @@
 //
 //	go -C bench run . --help
 //	go -C bench run .                   # River plain, River JobCompleteTx, crdbwork; 30,000 items, 3 rounds
+//	go -C bench run . table             # crdbwork's two shapes, River, graphile-worker, pg-boss and the machine's limits
 //	go -C bench run . growth            # claim cost at 10k, 100k and 1M items of backlog, 1, 4 and 16 sessions
 //	go -C bench run . fairness          # small tenants' waits and Jain's index, fair queue against plain
 //	go -C bench run . order             # how relaxed the claim order is (popped element index)
@@ -41,6 +42,8 @@ import (
 
 const usage = `Usage:
   go -C bench run . [compare] [flags]   compare throughput with River (the default)
+  go -C bench run . table [flags]       issue #32's table: crdbwork's two shapes, River, graphile-worker,
+                                        pg-boss and the machine's limits, with the goals' pass/fail
   go -C bench run . growth [flags]      claim cost against backlog and sessions
   go -C bench run . fairness [flags]    tenants' waits and fairness, fair queue or plain
   go -C bench run . order [flags]       how relaxed the claim order is (PEI)
@@ -169,10 +172,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return livedCmd(ctx, args, out)
 	case "limits":
 		return limitsCmd(ctx, args, out)
+	case "table":
+		return tableCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, growth, fairness, order, latency, sequences, depends, lived or limits; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived or limits; see --help)", cmd)
 	}
 }
 
@@ -262,6 +267,20 @@ type result struct {
 	retries   int64
 	cpu       cpuTimes // from start to done
 	count     counts   // from start to done
+	// childCPU is the CPU time of a child process that ran the system
+	// (the Node.js peers), added to the client's.
+	childCPU time.Duration
+	// noTrips: the system's round trips were not counted (another
+	// process's connections).
+	noTrips bool
+}
+
+// per1000 formats the run's statements and round trips per 1,000 of items.
+func (r result) per1000(items int) string {
+	if r.noTrips {
+		return fmt.Sprintf("%.1f statements, — round trips", per1000(r.count.statements, items))
+	}
+	return r.count.per1000(items)
 }
 
 // runTimeout bounds one drain: at least a minute, or 1 ms per item.
@@ -401,40 +420,11 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 			slices.Reverse(order)
 		}
 		for _, s := range order {
-			var report strings.Builder
-			var cpu0, cpu cpuTimes
-			var count0, count counts
-			m := marks{
-				start: func() {
-					stmts.reset(ctx, setup)
-					count0 = readCounts()
-					cpu0 = readCPU(postmaster)
-				},
-				done: func() {
-					cpu = readCPU(postmaster).sub(cpu0)
-					count = readCounts().sub(count0)
-					count.statements = stmts.calls(ctx, setup)
-					if round == 0 && c.statements && stmts.on {
-						if err := stmts.print(ctx, &report, setup, s.name(), *items); err != nil {
-							fmt.Fprintln(&report, err)
-						}
-					}
-				},
-			}
-			res, err := s.run(ctx, url, drain{items: *items, backlog: *backlog}, m)
+			res, err := measureRun(ctx, out, s, url, drain{items: *items, backlog: *backlog}, setup, stmts, round == 0 && c.statements, round)
 			if err != nil {
-				return fmt.Errorf("%s, round %d: %w", s.name(), round+1, err)
+				return err
 			}
-			res.cpu, res.count = cpu, count
 			runs[s.name()] = append(runs[s.name()], res)
-			retries := ""
-			if res.retries > 0 {
-				retries = fmt.Sprintf("  %.3f retries/job", float64(res.retries)/float64(*items))
-			}
-			fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  per 1,000 jobs: %s  load %s%s\n",
-				round+1, s.name(), float64(*items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
-				perItem(res.cpu.client, *items), perItem(res.cpu.server, *items), res.count.per1000(*items), loadavg(), retries)
-			fmt.Fprint(out, report.String())
 		}
 	}
 
@@ -503,4 +493,45 @@ func median(xs []float64) float64 {
 		return xs[len(xs)/2]
 	}
 	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
+
+// measureRun runs s once: its drain with the statements, CPU and round-trip
+// marks around it, and prints its round line (with showStatements, the
+// statements it ran, from pg_stat_statements, after it).
+func measureRun(ctx context.Context, out io.Writer, s system, url string, d drain, setup *pgxpool.Pool, stmts statements, showStatements bool, round int) (result, error) {
+	var report strings.Builder
+	var cpu0, cpu cpuTimes
+	var count0, count counts
+	m := marks{
+		start: func() {
+			stmts.reset(ctx, setup)
+			count0 = readCounts()
+			cpu0 = readCPU(postmaster)
+		},
+		done: func() {
+			cpu = readCPU(postmaster).sub(cpu0)
+			count = readCounts().sub(count0)
+			count.statements = stmts.calls(ctx, setup)
+			if showStatements && stmts.on {
+				if err := stmts.print(ctx, &report, setup, s.name(), d.items); err != nil {
+					fmt.Fprintln(&report, err)
+				}
+			}
+		},
+	}
+	res, err := s.run(ctx, url, d, m)
+	if err != nil {
+		return result{}, fmt.Errorf("%s, round %d: %w", s.name(), round+1, err)
+	}
+	cpu.client += res.childCPU
+	res.cpu, res.count = cpu, count
+	retries := ""
+	if res.retries > 0 {
+		retries = fmt.Sprintf("  %.3f retries/job", float64(res.retries)/float64(d.items))
+	}
+	fmt.Fprintf(out, "round %d  %-22s %8.0f jobs/s  %6.2fs  peak %3d connections  CPU/job: client %3.0fµs server %3.0fµs  per 1,000 jobs: %s  load %s%s\n",
+		round+1, s.name(), float64(d.items)/res.elapsed.Seconds(), res.elapsed.Seconds(), res.peakConns,
+		perItem(res.cpu.client, d.items), perItem(res.cpu.server, d.items), res.per1000(d.items), loadavg(), retries)
+	fmt.Fprint(out, report.String())
+	return res, nil
 }
