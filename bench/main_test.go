@@ -141,6 +141,10 @@ func TestBadFlags(t *testing.T) {
 		{"latency", "--samples", "0"},
 		{"latency", "--systems", "river,kafka"},
 		{"latency", "--probe-every", "0s"},
+		{"table", "--items", "0"},
+		{"table", "--systems", "crdbwork,sidekiq"},
+		{"table", "--user-record", "sometimes"},
+		{"table", "--limit-conns", "0"},
 		{"frobnicate"},
 	} {
 		if err := run(context.Background(), args, &strings.Builder{}); err == nil {
