@@ -69,6 +69,18 @@ number of client connections to the server during its runs (pg_stat_activity),
 with the machine's load average. Only the drain is timed (from starting the
 consumers to the last completion); enqueueing is not.
 
+table drains --items no-op jobs with crdbwork's bench mode (what compare
+runs), crdbwork in the shape a user writes first (4 workers × 256 handlers,
+16 parts, ack batch 64, a Record per job), River plain, graphile-worker
+batched and pg-boss batch fetch (Node.js child processes: bench/peers, npm ci
+there when node_modules is missing) and the machine's exactly-once and
+at-least-once limits (4 connections looping one DELETE … FOR UPDATE SKIP
+LOCKED of 2,000 jobs, with and without their result rows inserted in the
+same statement), the order rotated every round, and prints each one's
+jobs/s, its ratios to crdbwork's bench mode and to the exactly-once limit,
+CPU, statements and round trips per job, and issue #32's goals with pass or
+FAIL.
+
 latency has another process (this program again) enqueue one item at a
 time into an idle queue, --gap to 2·--gap apart, and measures from the return
 of its enqueue (the commit acknowledged) to the start of its handler, for River
