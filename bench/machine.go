@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS bench_limit_results (
 // no other connection holds, deleted and returned. PostgreSQL's DELETE has
 // no LIMIT, hence the subquery; CockroachDB's DELETE takes ORDER BY and
 // LIMIT but no locking clause, and its SELECT … FOR UPDATE SKIP LOCKED
-// (since 23.1) accepts this same form. These programs run on PostgreSQL
+// (in its recent versions) accepts this same form. These run on PostgreSQL
 // only: the bench's server.
 const takeJobs = `DELETE FROM bench_limit_jobs WHERE id IN (
     SELECT id FROM bench_limit_jobs ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
