@@ -525,7 +525,7 @@ func measureRun(ctx context.Context, out io.Writer, s system, url string, d drai
 			count = readCounts().sub(count0)
 			count.statements = stmts.calls(ctx, setup)
 			if showStatements && stmts.on {
-				if err := stmts.print(ctx, &report, setup, s.name(), d.items); err != nil {
+				if err := stmts.print(ctx, &report, setup, s.name(), d.items, cpu.server); err != nil {
 					fmt.Fprintln(&report, err)
 				}
 			}

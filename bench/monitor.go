@@ -102,7 +102,12 @@ func (s statements) reset(ctx context.Context, pool *pgxpool.Pool) {
 
 // print writes the statements run since the last reset, with calls and
 // server execution time per item, most expensive first, and the totals.
-func (s statements) print(ctx context.Context, w io.Writer, pool *pgxpool.Pool, system string, items int) error {
+// With serverCPU (the server's CPU time over the same span; 0: unknown),
+// it also shares that CPU time out among the statements by their shares
+// of the execution time: an estimate of each statement's CPU per item
+// that the machine's load, which lengthens execution times but not CPU
+// times, moves much less than the execution times themselves.
+func (s statements) print(ctx context.Context, w io.Writer, pool *pgxpool.Pool, system string, items int, serverCPU time.Duration) error {
 	if !s.on {
 		return nil
 	}
@@ -113,31 +118,48 @@ ORDER BY total_exec_time DESC`)
 	if err != nil {
 		return fmt.Errorf("reading pg_stat_statements: %w", err)
 	}
-	defer rows.Close()
-	fmt.Fprintf(w, "\nstatements of %s (per item of %d; server execution time only):\n", system, items)
-	fmt.Fprintf(w, "  %9s %10s %9s  %s\n", "calls/it", "µs/it", "rows/call", "statement")
+	type stmt struct {
+		calls, rows int64
+		ms          float64
+		query       string
+	}
+	var all []stmt
 	var calls, total float64
-	shown := 0
 	for rows.Next() {
-		var c int64
-		var ms float64
-		var r int64
-		var q string
-		if err := rows.Scan(&c, &ms, &r, &q); err != nil {
+		var st stmt
+		if err := rows.Scan(&st.calls, &st.ms, &st.rows, &st.query); err != nil {
+			rows.Close()
 			return err
 		}
-		calls += float64(c)
-		total += ms
-		if shown < 12 {
-			if len(q) > 110 {
-				q = q[:110] + "…"
-			}
-			fmt.Fprintf(w, "  %9.3f %10.1f %9.1f  %s\n", float64(c)/float64(items), ms*1000/float64(items), float64(r)/float64(max(c, 1)), q)
-			shown++
-		}
+		calls += float64(st.calls)
+		total += st.ms
+		all = append(all, st)
 	}
-	fmt.Fprintf(w, "  %9.3f %10.1f %9s  (all statements)\n", calls/float64(items), total*1000/float64(items), "")
-	return rows.Err()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	cpuPerItem := float64(serverCPU.Microseconds()) / float64(items)
+	cpuCol := func(ms float64) string {
+		if serverCPU <= 0 || total <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.1f", cpuPerItem*ms/total)
+	}
+	fmt.Fprintf(w, "\nstatements of %s (per item of %d; server execution time; ≈CPU: the server's CPU time per item shared out by execution time):\n", system, items)
+	fmt.Fprintf(w, "  %9s %10s %8s %9s  %s\n", "calls/it", "µs/it", "≈CPU µs", "rows/call", "statement")
+	for i, st := range all {
+		if i == 12 {
+			break
+		}
+		q := st.query
+		if len(q) > 110 {
+			q = q[:110] + "…"
+		}
+		fmt.Fprintf(w, "  %9.3f %10.1f %8s %9.1f  %s\n", float64(st.calls)/float64(items), st.ms*1000/float64(items), cpuCol(st.ms), float64(st.rows)/float64(max(st.calls, 1)), q)
+	}
+	fmt.Fprintf(w, "  %9.3f %10.1f %8s %9s  (all statements)\n", calls/float64(items), total*1000/float64(items), cpuCol(total), "")
+	return nil
 }
 
 // clockTick is the unit of the CPU times in /proc/<pid>/stat (USER_HZ,
