@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"regexp"
 	"strconv"
 	"strings"
@@ -106,7 +107,7 @@ func TestTableWithoutNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var out strings.Builder
-	if err := run(ctx, []string{"table", "--items", "2000", "--rounds", "2", "--river-workers", "64", "--systems", "crdbwork,crdbwork-user,river,limit-eo,limit-alo"}, &out); err != nil {
+	if err := run(ctx, []string{"table", "--items", "2000", "--rounds", "2", "--river-workers", "64", "--systems", "crdbwork,crdbwork-user,river,limit-eo,limit-alo", "--json"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	checkTable(t, out.String(), "crdbwork bench mode", "crdbwork user shape", "River plain", "limit exactly-once", "limit at-least-once")
@@ -116,6 +117,25 @@ func TestTableWithoutNode(t *testing.T) {
 	for _, want := range []string{"goal: crdbwork bench mode ≥ 0.3× the exactly-once limit: ", "goal: crdbwork bench mode ≥ 1.5× graphile-worker batched: not measured"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	// --json: the same table and the two goals both of whose systems ran.
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var rep tableReport
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
+		t.Fatalf("last line is not the JSON report: %v\n%s", err, out.String())
+	}
+	if len(rep.Systems) != 5 || len(rep.Goals) != 2 || len(rep.Loads) != 2 {
+		t.Errorf("JSON report: %d systems, %d goals, %d rounds' loads; want 5, 2, 2: %s", len(rep.Systems), len(rep.Goals), len(rep.Loads), lines[len(lines)-1])
+	}
+	for _, r := range rep.Systems {
+		if r.JobsPerSecond <= 0 || r.XBench == nil || r.XLimit == nil || r.TripsPer1k == nil || r.StatementsPer1k == nil {
+			t.Errorf("JSON report: %+v", r)
+		}
+	}
+	for _, g := range rep.Goals {
+		if g.Ratio == nil || g.Pass != (g.Ratio.Median >= g.Min) {
+			t.Errorf("JSON report: goal %+v", g)
 		}
 	}
 	// The order rotates: round 2 starts with the second system.

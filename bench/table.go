@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +65,7 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 	limitConns := fs.Int("limit-conns", 4, "connections of each limit program")
 	limitBatch := fs.Int("limit-batch", 2000, "jobs each limit statement takes")
 	peersDir := fs.String("peers-dir", "peers", "directory of the Node.js peers (bench/peers; npm ci runs there when node_modules is missing)")
+	asJSON := fs.Bool("json", false, "also print the table and the goals as one JSON line at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -130,6 +132,7 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "%s: %s\n%s: %s\n", nameBench, bench.settings(), nameUser, user.settings())
 	runs := make(map[string][]result)
 	var loads []string
+	report := tableReport{Items: *items, Rounds: *rounds}
 	for round := range *rounds {
 		order := slices.Concat(systems[round%len(systems):], systems[:round%len(systems)])
 		before := loadavg()
@@ -167,6 +170,18 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprintf(out, "| %-23s | %7.0f | %-24s | %-24s | %7.0f + %7.0f | %25s | %11d |\n", s.name(), medianRate(rs, *items),
 			ratioCol(runs, s.name(), nameBench), ratioCol(runs, s.name(), "limit exactly-once"),
 			median(client), median(server), stCol+" / "+tripCol, peak)
+		row := tableRowJSON{System: s.name(), JobsPerSecond: medianRate(rs, *items),
+			XBench: newRatioJSON(sameRoundRatios(runs, s.name(), nameBench)), XLimit: newRatioJSON(sameRoundRatios(runs, s.name(), "limit exactly-once")),
+			CPUClientMicros: median(client), CPUServerMicros: median(server), PeakConns: peak}
+		if stmts.on {
+			v := median(st)
+			row.StatementsPer1k = &v
+		}
+		if !rs[0].noTrips {
+			v := median(trips)
+			row.TripsPer1k = &v
+		}
+		report.Systems = append(report.Systems, row)
 	}
 	fmt.Fprintln(out)
 	for _, g := range tableGoals {
@@ -179,6 +194,7 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 		if median(ratios) >= g.min {
 			verdict = "pass"
 		}
+		report.Goals = append(report.Goals, goalJSON{Goal: g.what, Min: g.min, Ratio: newRatioJSON(ratios), Pass: verdict == "pass"})
 		fmt.Fprintf(out, "goal: %s: %.2f× (rounds %.2f–%.2f): %s\n", g.what, median(ratios), slices.Min(ratios), slices.Max(ratios), verdict)
 	}
 	fmt.Fprintln(out, "\nWhat each system does per job:")
@@ -200,7 +216,57 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintln(out, "per 1k: statements the server ran (pg_stat_statements calls, BEGIN and COMMIT included; for the peers, also peer.js's own")
 	fmt.Fprintln(out, "  check of the end) and round trips (this process's connections only: — for the Node.js peers) per 1,000 jobs.")
 	fmt.Fprintln(out, "connections: the peak seen in pg_stat_activity during the system's runs.")
+	if *asJSON {
+		report.Loads = loads
+		b, err := json.Marshal(report)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, string(b))
+	}
 	return nil
+}
+
+// tableReport is the table as one JSON line (--json).
+type tableReport struct {
+	Items   int            `json:"items"`
+	Rounds  int            `json:"rounds"`
+	Loads   []string       `json:"loads"` // per round: /proc/loadavg before → after
+	Systems []tableRowJSON `json:"systems"`
+	Goals   []goalJSON     `json:"goals"` // the goals both of whose systems ran
+}
+
+type tableRowJSON struct {
+	System          string     `json:"system"`
+	JobsPerSecond   float64    `json:"jobs_per_s"`
+	XBench          *ratioJSON `json:"x_crdbwork_bench,omitempty"`
+	XLimit          *ratioJSON `json:"x_exactly_once_limit,omitempty"`
+	CPUClientMicros float64    `json:"cpu_client_us"`
+	CPUServerMicros float64    `json:"cpu_server_us"`
+	StatementsPer1k *float64   `json:"statements_per_1k,omitempty"`  // without pg_stat_statements: absent
+	TripsPer1k      *float64   `json:"round_trips_per_1k,omitempty"` // the Node.js peers': absent
+	PeakConns       int        `json:"peak_connections"`
+}
+
+// ratioJSON is a median of same-round ratios with their range.
+type ratioJSON struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func newRatioJSON(ratios []float64) *ratioJSON {
+	if ratios == nil {
+		return nil
+	}
+	return &ratioJSON{Median: median(ratios), Min: slices.Min(ratios), Max: slices.Max(ratios)}
+}
+
+type goalJSON struct {
+	Goal  string     `json:"goal"`
+	Min   float64    `json:"min"`
+	Ratio *ratioJSON `json:"ratio"`
+	Pass  bool       `json:"pass"`
 }
 
 // peerVersion is the version a peer reported ("" before it ran).
