@@ -67,6 +67,13 @@ function commands () {
   }
 }
 
+// fail ends the process at once: a job that failed would be retried after
+// its backoff and the drain would not end until the Go side's timeout.
+function fail (what, err) {
+  process.stderr.write(`peer: ${what}: ${(err && err.stack) || err}\n`)
+  process.exit(1)
+}
+
 function cpuMicros (since) {
   const u = process.cpuUsage(since)
   return u.user + u.system
@@ -113,6 +120,8 @@ async function graphile (opts, next) {
     taskList: { noop: async () => { handled++ } },
     preset: { worker: { localQueue: { size: opts.batch }, completeJobBatchDelay: 0, failJobBatchDelay: 0 } }
   })
+  runner.events.on('job:error', ({ error }) => fail('a graphile-worker job failed', error))
+  runner.promise.catch(err => fail('graphile-worker stopped', err))
   // The completions are batched: the last handler's return is not the last
   // commit. Once every job was handled, wait for the table to empty.
   while (handled < opts.items) await sleep(1)
@@ -182,7 +191,7 @@ async function pgboss (opts, next) {
         await client.query('COMMIT')
       } catch (err) {
         await client.query('ROLLBACK').catch(() => {})
-        throw err
+        fail('a pg-boss batch failed', err)
       } finally {
         client.release()
       }
