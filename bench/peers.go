@@ -195,7 +195,7 @@ func tail(s string, n int) string {
 
 // ensurePeers checks that Node.js runs and installs the peers' pinned
 // packages (npm ci, from package-lock.json) into dir when its node_modules
-// is missing.
+// is missing or older than the lock file.
 func ensurePeers(ctx context.Context, dir string, out io.Writer) error {
 	if _, err := os.Stat(filepath.Join(dir, "peer.js")); err != nil {
 		return fmt.Errorf("the Node.js peers are not at %s (run from the bench directory: go -C bench run . table, or give --peers-dir): %w", dir, err)
@@ -212,7 +212,13 @@ func ensurePeers(ctx context.Context, dir string, out io.Writer) error {
 	if n, err := strconv.Atoi(major); err != nil || n < 20 {
 		return fmt.Errorf("node %s: the peers need Node.js 20 or later", strings.TrimSpace(string(v)))
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err == nil {
+	// npm keeps a copy of the lock file it installed from in node_modules:
+	// reinstall when the committed one is newer (the pins changed).
+	lock, err := os.Stat(filepath.Join(dir, "package-lock.json"))
+	if err != nil {
+		return fmt.Errorf("the Node.js peers' lock file: %w", err)
+	}
+	if installed, err := os.Stat(filepath.Join(dir, "node_modules", ".package-lock.json")); err == nil && !installed.ModTime().Before(lock.ModTime()) {
 		return nil
 	}
 	fmt.Fprintf(out, "installing the Node.js peers' pinned packages: npm ci in %s\n", dir)
