@@ -143,6 +143,7 @@ func TestBadFlags(t *testing.T) {
 		{"latency", "--probe-every", "0s"},
 		{"table", "--items", "0"},
 		{"table", "--systems", "crdbwork,sidekiq"},
+		{"table", "--systems", "crdbwork,limit-eo,crdbwork"},
 		{"table", "--user-record", "sometimes"},
 		{"table", "--limit-conns", "0"},
 		{"frobnicate"},

@@ -64,7 +64,7 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 	pgbossWorkers := fs.Int("pgboss-workers", 4, "pg-boss work() loops")
 	limitConns := fs.Int("limit-conns", 4, "connections of each limit program")
 	limitBatch := fs.Int("limit-batch", 2000, "jobs each limit statement takes")
-	peersDir := fs.String("peers-dir", "peers", "directory of the Node.js peers (bench/peers; npm ci runs there when node_modules is missing)")
+	peersDir := fs.String("peers-dir", "peers", "directory of the Node.js peers (bench/peers; npm ci runs there when node_modules is missing or older than the lock file)")
 	asJSON := fs.Bool("json", false, "also print the table and the goals as one JSON line at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -84,8 +84,13 @@ func tableCmd(ctx context.Context, args []string, out io.Writer) error {
 	user := &crdbworkSystem{workers: 4, concurrency: 256, parts: 16, ackBatch: 64, record: *userRecord, label: nameUser}
 	var systems []system
 	peers := false
+	seen := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
-		switch strings.TrimSpace(s) {
+		if s = strings.TrimSpace(s); seen[s] {
+			return fmt.Errorf("--systems: %s twice", s)
+		}
+		seen[s] = true
+		switch s {
 		case "crdbwork":
 			systems = append(systems, bench)
 		case "crdbwork-user":
