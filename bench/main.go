@@ -15,6 +15,7 @@
 //	go -C bench run . depends           # dependencies: a 10k fan-out/fan-in, 100 fan-ins and 100 chains of 100 against 10k plain items
 //	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
 //	go -C bench run . limits            # how much of a queue's limits a fleet uses: 1, 2, 4 workers and churn, with and without parts
+//	go -C bench run . claimcost         # the claim's server CPU per item, plain and in parts, with the foreign-key checks and without
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -52,6 +53,7 @@ const usage = `Usage:
   go -C bench run . depends [flags]     dependencies: fan-out/fan-in and chains against plain items
   go -C bench run . lived [flags]       one drain per feature on a fresh database and on one that has lived
   go -C bench run . limits [flags]      how much of a queue's limits (in flight, rate) a fleet uses; --handover: the hand-over bound
+  go -C bench run . claimcost [flags]   the claim's server CPU per claimed item (one backend's CPU time), plain and parts mode
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -130,6 +132,14 @@ rate achieved and the most started within any second (docs/limits.md,
 "Measured"); with --handover, items longer than the shares' Grace under
 churn (the hand-over bound). It fails if a bound was exceeded.
 
+claimcost seeds --items items and has one session claim them all in batches
+of --batch through claim.Queue on a pool of one connection, nothing acked,
+and prints that connection's backend's CPU time (/proc/<pid>/stat, so the
+server must run on this machine) per claimed item: the plain claim, the
+parts-mode claim over --owned parts, and each with the foreign-key triggers
+off (session_replication_role = replica, a measurement of the per-row
+checks' share only).
+
 order enqueues --items items with random priorities (--priorities) and
 counts, for every claimed item, the claimable items before it in the queue's
 strict order (its popped element index, PEI): median, mean, p90, p99, max;
@@ -186,10 +196,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return limitsCmd(ctx, args, out)
 	case "table":
 		return tableCmd(ctx, args, out)
+	case "claimcost":
+		return claimcostCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived or limits; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits or claimcost; see --help)", cmd)
 	}
 }
 
