@@ -203,7 +203,7 @@ var claimAnySQL = fmt.Sprintf(claimTemplate, joinPicked)
 
 // postgresClaimAnySQL is the text of coreStatements.PostgresClaimAny
 // (rendered by newCoreStatements).
-var postgresClaimAnySQL = fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked)
+var postgresClaimAnySQL = pgClaimTwin(fmt.Sprintf(pgClaimOrder(claimTemplate), anyPicked))
 
 // ItemsClaimAny claims up to a.Limit claimable items of a.Queue in any part
 // (coreStatements.ClaimAny, or its PostgreSQL twin), in claim order per
@@ -927,8 +927,10 @@ func (p *partClaimStatements) ClaimPickedFor(d Dialect) string {
 // $6 to $(5+k) the parts → item columns, at most $3 rows, the best in
 // (priority, turn_at) order across the parts. Run it as the any-part claim
 // is run (see claimTemplate): in an explicit SERIALIZABLE transaction on
-// CockroachDB. On PostgreSQL the UPDATE finds the picked rows by
-// id = ANY(ARRAY(SELECT id FROM picked)), as the other PostgreSQL twins do.
+// CockroachDB. On PostgreSQL the UPDATE finds the picked rows by the row
+// versions the branches locked, and the queue, the parts, the tenants and
+// the limits are hidden from the plan, as in the other PostgreSQL claim
+// twins (pgClaimTwin).
 func (p *partClaimStatements) Claim(d Dialect, k int) string {
 	checkParts(k)
 	return p.claim(&p.claims[d][k], d, k, "$3")
@@ -953,11 +955,11 @@ func (p *partClaimStatements) claim(slot *atomic.Pointer[string], d Dialect, k i
 	if s := slot.Load(); s != nil {
 		return *s
 	}
-	how := joinPicked
+	text := fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), joinPicked)
 	if d == Postgres {
-		how = anyPicked
+		text = pgClaimTwin(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), anyPicked))
 	}
-	s := rewrite(p.t, fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), how))
+	s := rewrite(p.t, text)
 	slot.Store(&s)
 	return s
 }
@@ -1093,9 +1095,9 @@ type urgentStatements struct {
 	// No item is ever claimed twice.
 	ClaimUrgent string
 	// PostgresClaimUrgent is its PostgreSQL twin: the UPDATE finds the
-	// picked rows by id = ANY(ARRAY(SELECT id FROM picked)), and the scan
-	// compares the queue with (SELECT $2::TEXT), as the other PostgreSQL
-	// claims do (see dialectStatements and pgClaimOrder).
+	// picked rows by the row versions the CTE locked, and the scan compares
+	// the queue with (SELECT $2::TEXT), as the other PostgreSQL claims do
+	// (see dialectStatements, pgClaimOrder and pgClaimTwin).
 	PostgresClaimUrgent string
 }
 
@@ -1125,7 +1127,7 @@ func newUrgentStatements(t Tables) *urgentStatements {
 	tmpl := urgentTemplate()
 	return &urgentStatements{
 		ClaimUrgent:         rewrite(t, fmt.Sprintf(tmpl, joinPicked)),
-		PostgresClaimUrgent: rewrite(t, fmt.Sprintf(pgClaimOrder(tmpl), anyPicked)),
+		PostgresClaimUrgent: rewrite(t, pgClaimTwin(fmt.Sprintf(pgClaimOrder(tmpl), anyPicked))),
 	}
 }
 

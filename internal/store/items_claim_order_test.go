@@ -13,7 +13,8 @@ import (
 // forms, the idle probe, FairHead and FairFront) compare the queue of
 // their scan with (SELECT $n::TEXT), once (sql.pgClaimOrder), and differ
 // from the text CockroachDB runs by nothing else (but, for the claims, how
-// their UPDATE finds the picked rows). CockroachDB's text keeps $n: it
+// their UPDATE finds the picked rows and the other parameters they hide,
+// pgClaimTwin). CockroachDB's text keeps $n: it
 // would not fold the subquery into a constant everywhere (on 23.1, in
 // generic plans), and its scan would then not be constrained by the queue.
 func TestClaimOrderTwins(t *testing.T) {
@@ -46,6 +47,12 @@ func TestClaimOrderTwins(t *testing.T) {
 			// The claims' twins also find the picked rows their own way
 			// (see the claims' template).
 			back = strings.Replace(back, "WHERE i.id = ANY(ARRAY(SELECT id FROM picked))", "FROM picked\nWHERE i.id = picked.id", 1)
+			if strings.HasPrefix(name, "Claim") {
+				// The claims' twins find them by ctid and hide the
+				// parameters their plans' estimates read
+				// (TestClaimTwinsDifferOnlyAsDocumented).
+				back = undoClaimTwin(tw.pg)
+			}
 			if back != tw.common {
 				t.Errorf("%+v %s: the twins differ by more than the test of the queue:\n%s\nCockroachDB's:\n%s", tables, name, tw.pg, tw.common)
 			}

@@ -392,9 +392,9 @@ func newSequenceStatements(t Tables) *sequenceStatements {
 	return &sequenceStatements{
 		t:                   t,
 		ClaimAny:            r(fmt.Sprintf(claim, joinPicked)),
-		PostgresClaimAny:    r(fmt.Sprintf(pgClaimOrder(claim), anyPicked)),
+		PostgresClaimAny:    r(pgClaimTwin(fmt.Sprintf(pgClaimOrder(claim), anyPicked))),
 		ClaimUrgent:         r(fmt.Sprintf(urgent, joinPicked)),
-		PostgresClaimUrgent: r(fmt.Sprintf(pgClaimOrder(urgent), anyPicked)),
+		PostgresClaimUrgent: r(pgClaimTwin(fmt.Sprintf(pgClaimOrder(urgent), anyPicked))),
 		SetSequenced:        r(setSequencedSQL),
 		Sequenced:           r(sequencedSQL),
 		SetHold:             r(setHoldSQL),
@@ -423,10 +423,6 @@ func (s *sequenceStatements) ClaimParts(d Dialect, k int) string {
 	if p := slot.Load(); p != nil {
 		return *p
 	}
-	how := joinPicked
-	if d == Postgres {
-		how = anyPicked
-	}
 	branch := sequenceTemplate(partBranch)
 	var b strings.Builder
 	for j := range k {
@@ -435,7 +431,11 @@ func (s *sequenceStatements) ClaimParts(d Dialect, k int) string {
 		}
 		fmt.Fprintf(&b, branch, "$2", 6+j, "$5", "$3", j)
 	}
-	text := rewrite(s.t, fmt.Sprintf(partUnionClaimTemplate, b.String(), how))
+	text := fmt.Sprintf(partUnionClaimTemplate, b.String(), joinPicked)
+	if d == Postgres {
+		text = pgClaimTwin(fmt.Sprintf(partUnionClaimTemplate, b.String(), anyPicked))
+	}
+	text = rewrite(s.t, text)
 	slot.Store(&text)
 	return text
 }
