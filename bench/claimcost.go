@@ -68,9 +68,9 @@ func claimcostCmd(ctx context.Context, args []string, out io.Writer) error {
 	parts := make([]int, *owned)
 	for i := range parts {
 		parts[i] = i
-		if _, err := setup.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
-ON CONFLICT DO NOTHING`, s.ID(), claimCostQueue, i); err != nil {
-			return fmt.Errorf("owning part %d: %w", i, err)
+		if _, err := setup.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)`,
+			s.ID(), claimCostQueue, i); err != nil {
+			return fmt.Errorf("owning part %d of queue %q (another live session of this database may own it): %w", i, claimCostQueue, err)
 		}
 	}
 	type kase struct {
