@@ -379,7 +379,11 @@ CREATE TABLE IF NOT EXISTS crdbwork_waiting (
     -- producer's trace context) and its sequence order (with a key in a
     -- sequenced queue), carried into the items table by the move.
     headers      JSONB,
-    seq_order    BIGINT
+    seq_order    BIGINT,
+    -- (version 6) The prerequisite outcomes that satisfy an edge as an ack
+    -- would (bit 1: dead, bit 2: cancelled; 0: none: such a prerequisite
+    -- ends the item dead).
+    run_after    BIGINT      NOT NULL DEFAULT 0
 );
 -- Waiting items by queue: status counts.
 CREATE INDEX IF NOT EXISTS crdbwork_waiting_by_queue

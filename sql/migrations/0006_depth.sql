@@ -47,6 +47,14 @@ DROP INDEX IF EXISTS crdbwork_waits_for_by_dependent;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS headers JSONB;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS seq_order BIGINT;
 
+-- == parity: dependency options ==
+-- (issue 33) A waiting item's dependency policy (claim.NewItem.RunAfter):
+-- the prerequisite outcomes that satisfy its edge as an ack would, instead
+-- of ending it dead (bit 1: dead, bit 2: cancelled; 0: none, as before).
+-- Version-5 code writes 0 and its reapers end such an item as they always
+-- did (docs/dependencies.md, "Rolling upgrades").
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS run_after BIGINT NOT NULL DEFAULT 0;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
