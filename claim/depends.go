@@ -722,6 +722,9 @@ type Dependencies struct {
 	// EnqueuedAt its enqueue time (when Waiting).
 	Remaining  int64
 	EnqueuedAt time.Time
+	// RunAfter is its NewItem.RunAfter (when Waiting): the ends of a
+	// prerequisite after which it runs anyway.
+	RunAfter PrereqEnds
 	// Prereqs are the prerequisites it still waits for, with their states.
 	Prereqs []PrereqStatus
 	// Dependents are up to the limit given of the items that wait for it.
@@ -741,8 +744,15 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 	err := retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		d = Dependencies{}
 		var err error
-		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.ItemsDepsWaiting(ctx, tx, q.opts.Queue, id); err != nil {
+		var runAfter int64
+		if d.Waiting, d.Remaining, d.EnqueuedAt, runAfter, err = q.store.ItemsDepsWaiting(ctx, tx, q.opts.Queue, id); err != nil {
 			return store.Classify(err)
+		}
+		if runAfter&store.RunAfterDead != 0 {
+			d.RunAfter |= PrereqDied
+		}
+		if runAfter&store.RunAfterCancelled != 0 {
+			d.RunAfter |= PrereqCancelled
 		}
 		prereqs, err := q.store.ItemsDepsPrereqs(ctx, tx, q.opts.Queue, id)
 		if err != nil {

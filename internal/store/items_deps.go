@@ -482,17 +482,17 @@ func (s *Store) ItemsDepsDependents(ctx context.Context, db DB, queue string, pr
 
 // waitingSQL is the text of dependsStatements.Waiting
 // (rendered by newDependsStatements).
-const waitingSQL = `SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
+const waitingSQL = `SELECT remaining, enqueued_at, run_after FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
 
 // ItemsDepsWaiting reports whether id is a waiting item of queue, with its count of
 // prerequisites not yet acked and its enqueue time
 // (dependsStatements.Waiting).
-func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, err error) {
-	err = db.QueryRow(ctx, s.common().Waiting, queue, [16]byte(id)).Scan(&remaining, &enqueuedAt)
+func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, runAfter int64, err error) {
+	err = db.QueryRow(ctx, s.common().Waiting, queue, [16]byte(id)).Scan(&remaining, &enqueuedAt, &runAfter)
 	if err == pgx.ErrNoRows {
-		return false, 0, time.Time{}, nil
+		return false, 0, time.Time{}, 0, nil
 	}
-	return err == nil, remaining, enqueuedAt, err
+	return err == nil, remaining, enqueuedAt, runAfter, err
 }
 
 // waitingCountSQL is the text of dependsStatements.WaitingCount
@@ -789,8 +789,8 @@ type dependsStatements struct {
 	// its optimizer drops an OFFSET of 0 and constrains the scan by the
 	// projected values, the same key seek (not run here: no binary).
 	Prereqs, Dependents string
-	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
-	// waiting). WaitingCount: $1 queue → number of waiting items.
+	// Waiting: $1 queue, $2 id → remaining, enqueued_at, run_after (no
+	// row: not waiting). WaitingCount: $1 queue → number of waiting items.
 	// HasEdges: $1 queue → a row if any item of the queue waits.
 	// WaitedFor: $1 queue, $2 ids → those of the ids that items wait for
 	// (one seek of the edges' primary key per id).
