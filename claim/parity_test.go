@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -334,5 +335,137 @@ func TestDependsRunAfter(t *testing.T) {
 				t.Fatalf("enqueue with the other RunAfter after the end: %v; want ErrPrerequisiteDied", err)
 			}
 		})
+	}
+}
+
+// Cancelled items are kept for a requeue: an unclaimed one's cancel and a
+// claimed one's (ended by its handler's EndCancelled) keep the item; a
+// requeue by id moves it back whole (payload, key, tenant, priority,
+// headers, metadata; fresh attempts, a claim token not below its last),
+// deletes its ended record (an enqueue of the id is then a live duplicate,
+// not done), and a second requeue finds nothing kept; All requeues every
+// kept one. A cancelled id that ran again since (UniqueStates) is live,
+// then not kept. The queue's dedup window bounds how long they are kept.
+func TestRequeueCancelled(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	const queue = "requeue-cancelled"
+	q := newQueue(t, pool, claim.Options{Queue: queue})
+	s := startSession(t, ctx, pool)
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	whole := claim.NewItem{ID: a, Payload: []byte("a"), Metadata: []byte("m"), Key: "k", Tenant: "t", Priority: 3,
+		MaxAttempts: 7, Headers: map[string]string{"traceparent": "00-1-2-01"}}
+	if _, err := q.Enqueue(ctx, whole, claim.NewItem{ID: b, Payload: []byte("b"), Priority: 1}, claim.NewItem{ID: c, Payload: []byte("c"), Priority: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// b is claimed (the first in priority order), then cancelled while it runs.
+	got, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
+	if err != nil || len(got) != 1 || got[0].ID != b {
+		t.Fatalf("claim: %v, %v; want b", got, err)
+	}
+	if r, err := q.CancelItem(ctx, b, claim.CancelOptions{By: "ops"}); err != nil || !r.Running {
+		t.Fatalf("cancel of the running item: %+v, %v", r, err)
+	}
+	if err := q.EndCancelled(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{a, c} {
+		if ok, err := cancelFound(q.CancelItem(ctx, id, claim.CancelOptions{By: "ops"})); err != nil || !ok {
+			t.Fatalf("cancel: %v, %v", ok, err)
+		}
+	}
+	var tokenBefore int64
+	if err := pool.QueryRow(ctx, `SELECT claim_token FROM crdbwork_cancelled_items WHERE queue = $1 AND id = $2`, queue, b).Scan(&tokenBefore); err != nil || tokenBefore < 1 {
+		t.Fatalf("b's kept claim token: %d, %v; want at least 1", tokenBefore, err)
+	}
+
+	// Refusals.
+	for _, o := range []claim.RequeueOptions{{Cancelled: true}, {Cancelled: true, ID: a, All: true},
+		{Cancelled: true, ID: a, Death: uuid.New()}, {Cancelled: true, Filter: claim.DeadFilter{Reason: "x"}}} {
+		if _, err := q.Requeue(ctx, o); err == nil {
+			t.Fatalf("Requeue %+v was accepted", o)
+		}
+	}
+
+	if r, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: a}); err != nil || r.Requeued != 1 {
+		t.Fatalf("requeue of a: %+v, %v", r, err)
+	}
+	if o := endedOutcome(t, pool, queue, a); o != "" {
+		t.Fatalf("a requeued: its ended record %q is still there", o)
+	}
+	if res, err := q.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("again")}); err != nil || res.New[0] || res.Done[0] {
+		t.Fatalf("enqueue of a requeued id: %+v, %v; want a live duplicate", res, err)
+	}
+	if _, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: a}); !errors.Is(err, claim.ErrItemLive) {
+		t.Fatalf("second requeue of a: %v; want ErrItemLive", err)
+	}
+	items := claimEvery(t, q, s.ID())
+	if len(items) != 1 || items[0].ID != a {
+		t.Fatalf("claimable: %v; want a", items)
+	}
+	it := items[0]
+	if string(it.Payload) != "a" || string(it.Metadata) != "m" || it.Key != "k" || it.Tenant != "t" || it.Priority != 3 ||
+		it.MaxAttempts != 7 || it.Attempt != 1 || it.Headers["traceparent"] != "00-1-2-01" {
+		t.Fatalf("a requeued: %+v; want it whole, at its first attempt", it)
+	}
+	ackAll(t, q, items)
+	if _, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: a}); !errors.Is(err, claim.ErrNotKept) {
+		t.Fatalf("requeue of a after it ran: %v; want ErrNotKept", err)
+	}
+
+	// All: b and c.
+	r, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, All: true})
+	if err != nil || r.Requeued != 2 {
+		t.Fatalf("requeue of all: %+v, %v; want 2", r, err)
+	}
+	items = claimEvery(t, q, s.ID())
+	if len(items) != 2 {
+		t.Fatalf("claimable after requeue of all: %d; want 2", len(items))
+	}
+	for _, it := range items {
+		if it.ID == b && it.Token <= tokenBefore {
+			t.Fatalf("b's claim token %d after its requeue; want above %d", it.Token, tokenBefore)
+		}
+	}
+	ackAll(t, q, items)
+
+	// A unique item cancelled, then enqueued again (its states let it):
+	// the kept copy is live, then, once the new one ran, not kept.
+	u := claim.NewItem{UniqueKey: "u", UniqueStates: claim.UniqueLive, Payload: []byte("u")}
+	res, err := q.Enqueue(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cancelFound(q.CancelItem(ctx, res.IDs[0], claim.CancelOptions{})); err != nil || !ok {
+		t.Fatalf("cancel: %v, %v", ok, err)
+	}
+	if res, err = q.Enqueue(ctx, u); err != nil || !res.New[0] {
+		t.Fatalf("enqueue again: %+v, %v", res, err)
+	}
+	if _, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: res.IDs[0]}); !errors.Is(err, claim.ErrItemLive) {
+		t.Fatalf("requeue of a cancelled id enqueued again: %v; want ErrItemLive", err)
+	}
+	ackAll(t, q, claimEvery(t, q, s.ID()))
+	if r, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, All: true}); err != nil || r.Requeued != 0 || r.Gone != 1 {
+		t.Fatalf("requeue of all after the unique item ran: %+v, %v; want its stale copy gone", r, err)
+	}
+
+	// Kept for the dedup window: pruned with the ended ids.
+	d := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: d, Payload: []byte("d")}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := cancelFound(q.CancelItem(ctx, d, claim.CancelOptions{})); err != nil || !ok {
+		t.Fatalf("cancel: %v, %v", ok, err)
+	}
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupWindow: time.Microsecond}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := queuemaint.For(q).PruneEnded(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_cancelled_items WHERE queue = 'requeue-cancelled'`); n != 0 {
+		t.Fatalf("%d cancelled items kept past the dedup window", n)
 	}
 }

@@ -91,7 +91,7 @@ func TestApplyWithSchemaAndPrefix(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := "app_audit app_dead_items app_ended app_items app_queues app_schedules app_schema_version app_session_parts app_session_queues app_sessions app_tenant_limits app_waiting app_waits_for"
+	want := "app_audit app_cancelled_items app_dead_items app_ended app_items app_queues app_schedules app_schema_version app_session_parts app_session_queues app_sessions app_tenant_limits app_waiting app_waits_for"
 	if got := strings.Join(tables(t, pool, "Work Queue"), " "); got != want {
 		t.Fatalf("tables = %s, want %s", got, want)
 	}
