@@ -101,3 +101,38 @@ func ExampleNewItem_runAfter() {
 	// enqueued after the cancel, waits: false
 	// without RunAfter: true
 }
+
+// A cancelled item is kept for the queue's dedup window: an operator who
+// cancelled it by mistake puts it back, whole, with RequeueOptions.Cancelled
+// (River's JobRetry, pg-boss's resume; crdbwork requeue --cancelled).
+func ExampleRequeueOptions_cancelled() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	q, err := claim.New(pool, claim.Options{Queue: "invoices"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("invoice 1042"), Key: "customer-7"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	id := res.IDs[0]
+	if _, err := q.CancelItem(ctx, id, claim.CancelOptions{By: "ops", Reason: "wrong customer?"}); err != nil {
+		log.Fatal(err)
+	}
+	r, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id})
+	if err != nil {
+		log.Fatal(err)
+	}
+	it, ok, err := q.Item(ctx, id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("requeued:", r.Requeued, "back:", ok, string(it.Payload), it.Key)
+	_, err = q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id})
+	fmt.Println("again:", errors.Is(err, claim.ErrItemLive))
+	// Output:
+	// requeued: 1 back: true invoice 1042 customer-7
+	// again: true
+}

@@ -52,7 +52,7 @@ func TestApplyIsIdempotentAndVersioned(t *testing.T) {
 	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatalf("Check after Apply: %v", err)
 	}
-	want := "crdbwork_audit crdbwork_dead_items crdbwork_ended crdbwork_items crdbwork_queues crdbwork_schedules crdbwork_schema_version crdbwork_session_parts crdbwork_session_queues crdbwork_sessions crdbwork_tenant_limits crdbwork_waiting crdbwork_waits_for"
+	want := "crdbwork_audit crdbwork_cancelled_items crdbwork_dead_items crdbwork_ended crdbwork_items crdbwork_queues crdbwork_schedules crdbwork_schema_version crdbwork_session_parts crdbwork_session_queues crdbwork_sessions crdbwork_tenant_limits crdbwork_waiting crdbwork_waits_for"
 	if got := strings.Join(tables(t, pool, "public"), " "); got != want {
 		t.Fatalf("tables = %s, want %s", got, want)
 	}
