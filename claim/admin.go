@@ -186,7 +186,27 @@ type RequeueOptions struct {
 	// Progress, if not nil, is called after each page of a requeue by
 	// Filter or All with the totals so far.
 	Progress func(RequeueResult)
+	// Cancelled requeues cancelled items instead of dead ones (River's
+	// JobRetry of a cancelled job, pg-boss's resume): with ID, that
+	// cancelled item; with All, every cancelled item the queue kept.
+	// A cancel keeps the item (payload, metadata, key, tenant, priority,
+	// headers, attempt limit) for the queue's dedup window, beside its
+	// ended record; a requeue moves it back with fresh attempts and no
+	// delay and deletes the ended record, so that the id is live again
+	// (an enqueue of it is a live duplicate). Filter and Death must be
+	// zero. A cancelled item that holds its sequence key is a dead item:
+	// requeue it without Cancelled. Items cancelled by code older than
+	// schema version 6, or while they were waiting for prerequisites,
+	// are not kept: Requeue of such an ID fails with ErrNotKept.
+	Cancelled bool
 }
+
+// ErrNotKept is returned by Requeue with RequeueOptions.Cancelled and an ID
+// when the queue kept no cancelled item of that id: it was not cancelled,
+// was cancelled longer ago than the queue's dedup window, while it waited
+// for prerequisites, or by code older than schema version 6, or it ran
+// again since (the id was enqueued again).
+var ErrNotKept = errors.New("no cancelled item of the id is kept")
 
 // RequeueResult is what Requeue did.
 type RequeueResult struct {
@@ -238,6 +258,9 @@ const RequeueBatch = 500
 // the result says what was done before it.
 func (q *Queue) Requeue(ctx context.Context, o RequeueOptions) (RequeueResult, error) {
 	zeroFilter := o.Filter == (DeadFilter{})
+	if o.Cancelled {
+		return q.requeueCancelled(ctx, o)
+	}
 	switch {
 	case o.ID == uuid.Nil && o.Death != uuid.Nil:
 		return RequeueResult{}, fmt.Errorf("claim: requeueing death %s of %q: RequeueOptions.Death needs the ID", o.Death, q.opts.Queue)

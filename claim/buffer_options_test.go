@@ -156,6 +156,15 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 		{name: "after-dead", wantErr: claim.ErrPrerequisiteDied, item: func(e env) claim.NewItem {
 			return claim.NewItem{Payload: []byte("w"), After: []uuid.UUID{e.dead}}
 		}},
+		{name: "unique-states", twice: true, item: func(env) claim.NewItem {
+			return claim.NewItem{Payload: []byte("again"), UniqueKey: "refresh", UniqueStates: claim.UniqueLive}
+		}},
+		{name: "after-run-after", waiting: true, item: func(e env) claim.NewItem {
+			return claim.NewItem{Payload: []byte("w"), After: []uuid.UUID{e.p}, RunAfter: claim.PrereqDied | claim.PrereqCancelled}
+		}},
+		{name: "after-dead-run-after", item: func(e env) claim.NewItem {
+			return claim.NewItem{Payload: []byte("w"), After: []uuid.UUID{e.dead}, RunAfter: claim.PrereqDied}
+		}},
 		{name: "after-unknown", wantErr: claim.ErrPrerequisiteUnknown, item: func(e env) claim.NewItem {
 			return claim.NewItem{Payload: []byte("w"), After: []uuid.UUID{uuid.New()}}
 		}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,61 @@ var (
 	// one that died.
 	ErrNoDedupWindow = errors.New("dependencies need the queue's dedup window (Settings.DedupWindow) above zero")
 )
+
+// PrereqEnds is a set of ways a prerequisite can end without an ack
+// (NewItem.RunAfter): a dependent runs anyway after those, as if the
+// prerequisite had been acked (Oban's ignore_discarded and
+// ignore_cancelled), instead of ending dead.
+type PrereqEnds uint8
+
+// The ends of PrereqEnds.
+const (
+	// PrereqDied: the prerequisite moved to the dead items (attempts used
+	// up, a permanent failure, a crash loop, its deadline, or its own
+	// prerequisite's death).
+	PrereqDied PrereqEnds = 1 << iota
+	// PrereqCancelled: the prerequisite was cancelled.
+	PrereqCancelled
+)
+
+// String returns the set's ends, such as "died|cancelled" ("" if none).
+func (e PrereqEnds) String() string {
+	var parts []string
+	if e&PrereqDied != 0 {
+		parts = append(parts, "died")
+	}
+	if e&PrereqCancelled != 0 {
+		parts = append(parts, "cancelled")
+	}
+	if rest := e &^ (PrereqDied | PrereqCancelled); rest != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", uint8(rest)))
+	}
+	return strings.Join(parts, "|")
+}
+
+// bits returns the store's RunAfter bits of the set.
+func (e PrereqEnds) bits() int64 {
+	var b int64
+	if e&PrereqDied != 0 {
+		b |= store.RunAfterDead
+	}
+	if e&PrereqCancelled != 0 {
+		b |= store.RunAfterCancelled
+	}
+	return b
+}
+
+// runsAfter reports whether a prerequisite that ended with outcome (a
+// store outcome) lets the dependent run.
+func (e PrereqEnds) runsAfter(outcome string) bool {
+	switch outcome {
+	case store.OutcomeDead:
+		return e&PrereqDied != 0
+	case store.OutcomeCancelled:
+		return e&PrereqCancelled != 0
+	}
+	return false
+}
 
 // ReasonDependencyDied starts the reason of an item that died because a
 // prerequisite ended without an ack: "dependency died: <id>".
@@ -219,8 +275,9 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			case store.PrereqUnknown:
 			default:
 				// Ended (acked, dead, cancelled, taken): done, if within
-				// the dedup window (EnqueueFound applies it).
-				if len(b.items[i].After) > 0 {
+				// the dedup window (EnqueueFound applies it), unless the
+				// item's UniqueStates let it run again after that end.
+				if len(b.items[i].After) > 0 && b.items[i].UniqueStates.blocks(st.State) {
 					ended = append(ended, b.ids[i])
 					at[b.ids[i]] = i
 				}
@@ -301,6 +358,9 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				pending++
 			case store.OutcomeAcked, store.OutcomeTaken:
 			case store.OutcomeDead, store.OutcomeCancelled:
+				if b.items[i].RunAfter.runsAfter(st) {
+					continue // satisfied, as by an ack
+				}
 				return fmt.Errorf("item %d: %w: %s ended as %s", i, ErrPrerequisiteDied, p, st)
 			default:
 				// Not found: an earlier item of the call, being added now
@@ -339,7 +399,8 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			rows = append(rows, store.WaitingRow{EnqueueRow: store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
 				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
-				Headers: b.headers[i], Order: b.order(i)}, Remaining: remaining[n]})
+				Headers: b.headers[i], Order: b.order(i), Frees: it.UniqueStates.frees()}, Remaining: remaining[n],
+				RunAfter: it.RunAfter.bits()})
 		}
 		added, err := q.store.ItemsDepsInsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)
 		if err != nil {
@@ -564,15 +625,31 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 			if err != nil {
 				return store.Classify(err)
 			}
-			var acked, gone []uuid.UUID
-			var outcomes []string
+			var acked []uuid.UUID
+			// The prerequisites that ended without an ack, by what their
+			// dependents may do about it: dead ones and cancelled ones
+			// release the dependents whose NewItem.RunAfter says so and
+			// end the others; other ends (unknown, another queue's) end
+			// every dependent.
+			gone := []struct {
+				bit      int64
+				ids      []uuid.UUID
+				outcomes []string
+			}{{bit: store.RunAfterDead}, {bit: store.RunAfterCancelled}, {}}
 			for _, st := range states {
 				switch st.State {
 				case store.PrereqQueued, store.PrereqWaiting:
 				case store.OutcomeAcked, store.OutcomeTaken:
 					acked = append(acked, st.ID)
 				default: // dead, cancelled, another queue's, unknown
-					gone, outcomes = append(gone, st.ID), append(outcomes, st.State)
+					g := &gone[2]
+					switch st.State {
+					case store.OutcomeDead:
+						g = &gone[0]
+					case store.OutcomeCancelled:
+						g = &gone[1]
+					}
+					g.ids, g.outcomes = append(g.ids, st.ID), append(g.outcomes, st.State)
 				}
 			}
 			var left []store.Edge
@@ -584,12 +661,23 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 				moved, more, left = len(res.Moved), res.More, res.Left
 				progress = res.Edges > 0
 			}
-			if len(gone) > 0 {
-				res, err := q.store.ItemsDepsKillBatch(ctx, tx, d, q.opts.Queue, gone, outcomes, releaseBatch)
+			for _, g := range gone {
+				if len(g.ids) == 0 {
+					continue
+				}
+				if g.bit != 0 {
+					res, err := q.store.ItemsDepsReleaseAnyway(ctx, tx, d, q.opts.Queue, g.ids, g.bit, releaseBatch)
+					if err != nil {
+						return store.Classify(err)
+					}
+					moved, more = moved+len(res.Moved), more || res.More
+					progress = progress || res.Edges > 0
+				}
+				res, err := q.store.ItemsDepsKillBatch(ctx, tx, d, q.opts.Queue, g.ids, g.outcomes, g.bit, releaseBatch)
 				if err != nil {
 					return store.Classify(err)
 				}
-				ended, more, left = res.Killed, more || res.More, append(left, res.Left...)
+				ended, more, left = append(ended, res.Killed...), more || res.More, append(left, res.Left...)
 				progress = progress || len(res.Killed) > 0
 			}
 			if len(left) > 0 {
@@ -634,6 +722,9 @@ type Dependencies struct {
 	// EnqueuedAt its enqueue time (when Waiting).
 	Remaining  int64
 	EnqueuedAt time.Time
+	// RunAfter is its NewItem.RunAfter (when Waiting): the ends of a
+	// prerequisite after which it runs anyway.
+	RunAfter PrereqEnds
 	// Prereqs are the prerequisites it still waits for, with their states.
 	Prereqs []PrereqStatus
 	// Dependents are up to the limit given of the items that wait for it.
@@ -653,8 +744,15 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 	err := retry.Tx(ctx, q.db, nil, func(ctx context.Context, tx pgx.Tx) error {
 		d = Dependencies{}
 		var err error
-		if d.Waiting, d.Remaining, d.EnqueuedAt, err = q.store.ItemsDepsWaiting(ctx, tx, q.opts.Queue, id); err != nil {
+		var runAfter int64
+		if d.Waiting, d.Remaining, d.EnqueuedAt, runAfter, err = q.store.ItemsDepsWaiting(ctx, tx, q.opts.Queue, id); err != nil {
 			return store.Classify(err)
+		}
+		if runAfter&store.RunAfterDead != 0 {
+			d.RunAfter |= PrereqDied
+		}
+		if runAfter&store.RunAfterCancelled != 0 {
+			d.RunAfter |= PrereqCancelled
 		}
 		prereqs, err := q.store.ItemsDepsPrereqs(ctx, tx, q.opts.Queue, id)
 		if err != nil {

@@ -6,6 +6,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // Bounds of the pruning of ended ids (see queuemaint.Queue.PruneEnded).
@@ -51,5 +54,30 @@ func (q *Queue) pruneEnded(ctx context.Context) (int, []*ReapError, error) {
 		byID: func(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (int64, error) {
 			return s.EndedPruneIDs(ctx, tx, name, ids)
 		}})
-	return total, refused, err
+	if err != nil {
+		return total, refused, err
+	}
+	return total, refused, q.pruneKeptCancelled(ctx)
+}
+
+// pruneKeptCancelled deletes the queue's cancelled items kept for a
+// requeue (RequeueOptions.Cancelled) that are older than its dedup window,
+// as many as pruneEnded deletes ended ids at most, in statements of its
+// own. They are not counted as ended ids.
+func (q *Queue) pruneKeptCancelled(ctx context.Context) error {
+	for i := 0; i < pruneStatements; i++ {
+		var n int64
+		err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			n, err = q.store.CancelledPrune(ctx, tx, q.opts.Queue, pruneBatch)
+			return store.Classify(err)
+		})
+		if err != nil {
+			return fmt.Errorf("pruning the cancelled items kept for a requeue: %w", err)
+		}
+		if n < pruneBatch {
+			return nil
+		}
+	}
+	return nil
 }

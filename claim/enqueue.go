@@ -105,6 +105,18 @@ type NewItem struct {
 	// key is unique while an item of it is queued or within the dedup
 	// window). Only with UniqueKey; at least a microsecond.
 	UniquePeriod time.Duration
+	// UniqueStates says which states of an earlier item of the same
+	// UniqueKey (and period) keep this one out (River's unique states,
+	// pg-boss's singleton policies): zero means every state (UniqueAll),
+	// as before. An item that is queued, delayed, snoozed, waiting or
+	// running always blocks (UniqueLive must be in the set: the id derived
+	// from the key is the item's key, and two live items cannot share it);
+	// the set chooses which ends block for the queue's dedup window
+	// (UniqueAcked, UniqueDead, UniqueCancelled). "One pending at a time,
+	// run again when done" is UniqueLive alone. An enqueue that adds an
+	// item whose id had ended with an outcome outside the set deletes that
+	// ended record (the id is live again). Only with UniqueKey.
+	UniqueStates UniqueStates
 	// Payload is the item's data, at most Options.MaxPayload bytes.
 	Payload []byte
 	// Metadata is optional data kept beside the payload (headers, tracing).
@@ -157,6 +169,93 @@ type NewItem struct {
 	// be an earlier item of the same call. At most MaxAfter ids, none
 	// repeated, none the item's own. Nil: the item waits for nothing.
 	After []uuid.UUID
+	// RunAfter makes the item run anyway when a prerequisite (After) ends
+	// in one of these ways instead of being acked: PrereqDied,
+	// PrereqCancelled, or both (Oban's ignore_discarded and
+	// ignore_cancelled). Such an end then satisfies the prerequisite as an
+	// ack would, at enqueue (a prerequisite already dead or cancelled is
+	// no ErrPrerequisiteDied) and later (the reaper's dependency step
+	// releases the item instead of ending it dead). Zero: any such end
+	// ends the item dead with reason "dependency died: <id>", as before. A
+	// prerequisite that is forgotten (ErrPrerequisiteUnknown) or of
+	// another queue still fails the item. Only with After.
+	RunAfter PrereqEnds
+}
+
+// UniqueStates is a set of states of an item with a unique key
+// (NewItem.UniqueStates): those in which an earlier item of the key keeps a
+// new one out.
+type UniqueStates uint8
+
+// The states of UniqueStates.
+const (
+	// UniqueLive: queued (delayed or snoozed included), waiting for
+	// prerequisites, or claimed (running). Always in a set.
+	UniqueLive UniqueStates = 1 << iota
+	// UniqueAcked: acked (or, at most once, taken by a claim) within the
+	// queue's dedup window.
+	UniqueAcked
+	// UniqueDead: moved to the dead items within the dedup window.
+	UniqueDead
+	// UniqueCancelled: cancelled within the dedup window.
+	UniqueCancelled
+
+	// UniqueAll is every state: the default (the zero value means it).
+	UniqueAll = UniqueLive | UniqueAcked | UniqueDead | UniqueCancelled
+)
+
+// String returns the set's states, such as "live|acked".
+func (u UniqueStates) String() string {
+	if u == 0 {
+		u = UniqueAll
+	}
+	var parts []string
+	for _, s := range []struct {
+		bit  UniqueStates
+		name string
+	}{{UniqueLive, "live"}, {UniqueAcked, "acked"}, {UniqueDead, "dead"}, {UniqueCancelled, "cancelled"}} {
+		if u&s.bit != 0 {
+			parts = append(parts, s.name)
+		}
+	}
+	if rest := u &^ UniqueAll; rest != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", uint8(rest)))
+	}
+	return strings.Join(parts, "|")
+}
+
+// blocks reports whether an earlier item of the key that ended with
+// outcome (a store outcome) keeps a new one out.
+func (u UniqueStates) blocks(outcome string) bool {
+	f := u.frees()
+	switch outcome {
+	case store.OutcomeAcked, store.OutcomeTaken:
+		return f&store.EndedFreesAcked == 0
+	case store.OutcomeDead:
+		return f&store.EndedFreesDead == 0
+	case store.OutcomeCancelled:
+		return f&store.EndedFreesCancelled == 0
+	}
+	return true
+}
+
+// frees returns the store's EndedFrees bits of the set: the ends left out
+// of it (none for the default, every state).
+func (u UniqueStates) frees() int64 {
+	if u == 0 {
+		return 0
+	}
+	var f int64
+	if u&UniqueAcked == 0 {
+		f |= store.EndedFreesAcked
+	}
+	if u&UniqueDead == 0 {
+		f |= store.EndedFreesDead
+	}
+	if u&UniqueCancelled == 0 {
+		f |= store.EndedFreesCancelled
+	}
+	return f
 }
 
 // Enqueued reports what an enqueue did.
@@ -598,6 +697,16 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: the unique key must be valid UTF-8 without NUL bytes", errBadInput)
 	case it.UniquePeriod < 0 || (it.UniquePeriod > 0 && it.UniquePeriod < time.Microsecond):
 		err = fmt.Errorf("%w: UniquePeriod %v must be 0 (one period) or at least 1µs", errBadInput, it.UniquePeriod)
+	case it.UniqueStates != 0 && it.UniqueKey == "":
+		err = fmt.Errorf("%w: UniqueStates %v without a UniqueKey", errBadInput, it.UniqueStates)
+	case it.UniqueStates&^UniqueAll != 0:
+		err = fmt.Errorf("%w: UniqueStates %v has states that do not exist", errBadInput, it.UniqueStates)
+	case it.UniqueStates != 0 && it.UniqueStates&UniqueLive == 0:
+		err = fmt.Errorf("%w: UniqueStates %v lacks UniqueLive: a queued, waiting or running item of the key always blocks (its id is the key's)", errBadInput, it.UniqueStates)
+	case it.RunAfter != 0 && len(it.After) == 0:
+		err = fmt.Errorf("%w: RunAfter %v without After", errBadInput, it.RunAfter)
+	case it.RunAfter&^(PrereqDied|PrereqCancelled) != 0:
+		err = fmt.Errorf("%w: RunAfter %v has ends that do not exist", errBadInput, it.RunAfter)
 	case it.UniquePeriod != 0 && it.UniqueKey == "":
 		err = fmt.Errorf("%w: UniquePeriod %v without a UniqueKey", errBadInput, it.UniquePeriod)
 	case len(it.Tenant) > MaxKeyLength:
@@ -707,7 +816,7 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []store.EnqueueRow {
 		it := &b.items[i]
 		rows[j] = store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
-			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i]}
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i], Frees: it.UniqueStates.frees()}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}

@@ -77,6 +77,14 @@ var mxOptions = []mxOption{
 		item: func(c *mxCell) claim.NewItem {
 			return claim.NewItem{UniqueKey: "nightly:" + c.queue, UniquePeriod: 24 * time.Hour}
 		}},
+	{name: "UniqueStates", label: "`UniqueStates` (live, acked, dead: a cancelled one runs again)", fields: []string{"UniqueStates"}, kind: "plain",
+		item: func(c *mxCell) claim.NewItem {
+			return claim.NewItem{UniqueKey: "again:" + c.queue, UniqueStates: claim.UniqueLive | claim.UniqueAcked | claim.UniqueDead}
+		}},
+	{name: "RunAfter", label: "`After` with `RunAfter` (died, cancelled)", fields: []string{"RunAfter"}, kind: "plain",
+		item: func(c *mxCell) claim.NewItem {
+			return claim.NewItem{After: []uuid.UUID{c.pre}, RunAfter: claim.PrereqDied | claim.PrereqCancelled}
+		}},
 	{name: "Key (sequenced)", label: "`Key` in a sequenced queue", fields: []string{"Key"}, kind: "sequenced",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Key: "account-7"} }},
 	{name: "Key (sequenced, hold)", label: "`Key` in a sequenced queue that holds its keys on a death", fields: []string{"Key"}, kind: "sequenced-hold",
@@ -161,13 +169,13 @@ const (
 // waits): mxOK or mxNA, with the note the docs table shows.
 func mxEnqueueCell(p mxPath, o mxOption, waits bool) (string, string) {
 	switch {
-	case p.name == "SQL" && (o.name == "After" || waits):
+	case p.name == "SQL" && (o.name == "After" || o.name == "RunAfter" || o.name == "UniqueStates" || waits):
 		return mxNA, "no argument ([enqueue-from-sql.md](enqueue-from-sql.md#what-sql-cannot-do-that-go-does))"
 	case p.name == "SQL" && o.name == "UniqueKey":
 		return mxOK, "`id` = `claim.UniqueID(…)`"
-	case p.name == "COPY" && (o.name == "UniqueKey" || o.name == "ID"):
+	case p.name == "COPY" && (o.name == "UniqueKey" || o.name == "UniqueStates" || o.name == "ID"):
 		return mxOK, "by INSERT: a given id is checked"
-	case p.name == "COPY" && (o.name == "After" || waits):
+	case p.name == "COPY" && (o.name == "After" || o.name == "RunAfter" || waits):
 		return mxOK, "waits; the others by COPY"
 	}
 	return mxOK, ""
@@ -185,6 +193,21 @@ var mxRequeueDrops = map[string]string{
 func mxSettleCell(o mxOption, s mxSettle) (string, string) {
 	ack := s.name == "ack" || s.name == "BatchRecord" || s.name == "BatchStatement"
 	switch o.name {
+	case "RunAfter":
+		switch {
+		case ack:
+			return mxOK, "its ack releases the item at once"
+		case s.name == "nack" || s.name == "snooze" || s.name == "release":
+			return mxOK, "the item waits on"
+		case s.name == "requeue":
+			return mxOK, "requeued before a reap: the item waits on"
+		default:
+			return mxOK, "the item runs after the next reap"
+		}
+	case "UniqueStates":
+		if s.name == "cancel" {
+			return mxOK, "enqueued again, it is added"
+		}
 	case "After":
 		switch {
 		case ack:
@@ -255,7 +278,7 @@ func TestCombinationMatrix(t *testing.T) {
 			t.Parallel()
 			for _, o := range mxOptions {
 				for _, waits := range []bool{false, true} {
-					if waits && o.name == "After" {
+					if waits && (o.name == "After" || o.name == "RunAfter") {
 						continue
 					}
 					oname := o.name
@@ -321,7 +344,7 @@ func (c *mxCell) run() {
 	}
 	c.done = map[uuid.UUID]bool{}
 	c.setup()
-	if c.opt.name == "After" {
+	if c.opt.name == "After" || c.opt.name == "RunAfter" {
 		c.runAfter()
 	} else {
 		c.runItem()
@@ -622,7 +645,19 @@ func (c *mxCell) runAfter() {
 		} else {
 			c.kill(p)
 		}
-		c.done[c.pre], c.done[c.id] = true, true
+		c.done[c.pre] = true
+		if c.opt.name == "RunAfter" {
+			// Its prerequisite's death or cancel satisfies it: the reap
+			// releases it, and it runs.
+			st, err := queuemaint.For(c.work).Reap(ctx)
+			if err != nil || st.DependencyDead != 0 || st.Unblocked != 1 {
+				c.fatalf("reap: %+v, %v; want the dependent released", st, err)
+			}
+			c.expectRow("item", c.want("item"))
+			c.ackX()
+			return
+		}
+		c.done[c.id] = true
 		st, err := queuemaint.For(c.work).Reap(ctx)
 		if err != nil || st.DependencyDead != 1 {
 			c.fatalf("reap: %+v, %v; want the dependent dead", st, err)
@@ -879,6 +914,24 @@ func (c *mxCell) enqueueAgain() {
 	it := c.item
 	if it.UniqueKey == "" {
 		it.ID = c.id
+	}
+	if it.UniqueStates != 0 && it.UniqueStates&claim.UniqueCancelled == 0 {
+		var outcome string
+		if err := c.pool.QueryRow(c.ctx, `SELECT COALESCE((SELECT outcome FROM crdbwork_ended WHERE queue = $1 AND id = $2), '')`, c.queue, c.id).Scan(&outcome); err != nil {
+			c.fatalf("ended outcome: %v", err)
+		}
+		if outcome == store.OutcomeCancelled {
+			// Its states let a cancelled one run again: added, then
+			// cancelled again (unclaimed: it ends at once).
+			res, err := c.enqueue(it)
+			if err != nil || res.IDs[0] != c.id || !res.New[0] || res.Done[0] {
+				c.fatalf("enqueue again of the cancelled item = %+v, %v; want added again (UniqueStates)", res, err)
+			}
+			if r, err := c.work.CancelItem(c.ctx, c.id, claim.CancelOptions{By: "matrix"}); err != nil || !r.Found || r.Running {
+				c.fatalf("cancel of the item added again: %+v, %v", r, err)
+			}
+			return
+		}
 	}
 	res, err := c.enqueue(it)
 	if err != nil || res.IDs[0] != c.id || res.New[0] || !res.Done[0] {

@@ -22,7 +22,7 @@ import (
 // page that says what it would do, with a button that posts it again with
 // confirm=yes. Each action done is recorded in the audit list.
 //
-//	act      requeue, requeue-filter, cancel, delete-dead, pause, resume, limits, parts
+//	act      requeue, requeue-filter, requeue-cancelled, cancel, delete-dead, pause, resume, limits, parts
 //	queue    the queue
 //	sel      items: an id (cancel, requeue: the newest death) or id/death
 //	         (requeue, delete-dead); repeated
@@ -130,7 +130,7 @@ type doneData struct {
 	Return string
 }
 
-var acts = []string{"requeue", "requeue-filter", "cancel", "delete-dead", "pause", "resume", "limits", "parts"}
+var acts = []string{"requeue", "requeue-filter", "requeue-cancelled", "cancel", "delete-dead", "pause", "resume", "limits", "parts"}
 
 func parseAction(f url.Values, base string) (*actionReq, error) {
 	a := &actionReq{Act: f.Get("act"), Queue: f.Get("queue"), Fields: f, Return: f.Get("return")}
@@ -164,7 +164,7 @@ func parseAction(f url.Values, base string) (*actionReq, error) {
 		return nil, fmt.Errorf("%d items selected: at most %d at once (requeue by filter for more)", len(a.Sel), maxSelected)
 	}
 	switch a.Act {
-	case "requeue", "cancel", "delete-dead":
+	case "requeue", "requeue-cancelled", "cancel", "delete-dead":
 		if len(a.Sel) == 0 {
 			return nil, errors.New("no item selected")
 		}
@@ -206,6 +206,9 @@ func (h *handler) describe(ctx context.Context, a *actionReq) (string, error) {
 	switch a.Act {
 	case "requeue":
 		return fmt.Sprintf("Requeue %d dead item(s) of queue %q, with fresh attempts and no delay.", len(a.Sel), a.Queue), nil
+	case "requeue-cancelled":
+		return fmt.Sprintf("Requeue %d cancelled item(s) of queue %q, with fresh attempts and no delay (they are no longer listed as cancelled).",
+			len(a.Sel), a.Queue), nil
 	case "requeue-filter":
 		page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: a.Filter, Count: true, Limit: 1})
 		if err != nil {
@@ -298,6 +301,24 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		}
 		return fmt.Sprintf("requeued %d of %d dead item(s) of %q (%d live already, %d gone%s)", moved, len(a.Sel), a.Queue, live, gone,
 			refusedNote(refused)), nil
+	case "requeue-cancelled":
+		var moved, live, gone int
+		for _, s := range a.Sel {
+			res, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: s.ID})
+			switch {
+			case errors.Is(err, claim.ErrItemLive):
+				live++
+			case errors.Is(err, claim.ErrNotKept):
+				gone++
+			case err != nil:
+				return fmt.Sprintf("requeued %d of %d cancelled item(s) of %q;", moved, len(a.Sel), a.Queue), err
+			case res.Requeued > 0:
+				moved++
+			default:
+				gone++
+			}
+		}
+		return fmt.Sprintf("requeued %d of %d cancelled item(s) of %q (%d live already, %d not kept)", moved, len(a.Sel), a.Queue, live, gone), nil
 	case "requeue-filter":
 		res, err := q.Requeue(ctx, claim.RequeueOptions{Filter: a.Filter, All: a.Filter == (claim.DeadFilter{})})
 		return fmt.Sprintf("requeued %d dead item(s) of %q%s (%d live already, %d gone%s)", res.Requeued, a.Queue,

@@ -318,6 +318,21 @@ func TestActionsChangeTheDatabaseAndAreAudited(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, id); n != 0 {
 		t.Fatal("the cancelled item is still there")
 	}
+	// The cancelled item is listed (state cancelled) and requeued from
+	// there: back in the items table, no longer listed.
+	if page := b.get("/items?queue=mail&state=cancelled"); !strings.Contains(page, `<tr data-id="`+id.String()+`">`) ||
+		!strings.Contains(page, `id="act-requeue-cancelled"`) {
+		t.Fatalf("the cancelled items page does not list %s:\n%s", id, page)
+	}
+	if code, text, _ := act(t, b, url.Values{"act": {"requeue-cancelled"}, "queue": {"mail"}, "sel": {id.String()}}); code != http.StatusSeeOther {
+		t.Fatalf("requeue-cancelled: %d %s", code, text)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, id); n != 1 {
+		t.Fatal("the requeued cancelled item is not back")
+	}
+	if page := b.get("/items?queue=mail&state=cancelled"); strings.Contains(page, `<tr data-id="`+id.String()+`">`) {
+		t.Fatalf("the requeued item is still listed as cancelled:\n%s", page)
+	}
 	kill(t, pool, "mail", 1)
 	var death string
 	if err := pool.QueryRow(context.Background(), `SELECT id::TEXT || '/' || death::TEXT FROM crdbwork_dead_items WHERE queue = 'mail'`).Scan(&death); err != nil {
@@ -333,7 +348,7 @@ func TestActionsChangeTheDatabaseAndAreAudited(t *testing.T) {
 		t.Fatal("resume failed")
 	}
 	// Every action is in the audit list, by ada, newest first.
-	want := []string{"resume", "delete-dead", "cancel", "parts", "limits", "requeue-filter", "requeue", "pause"}
+	want := []string{"resume", "delete-dead", "requeue-cancelled", "cancel", "parts", "limits", "requeue-filter", "requeue", "pause"}
 	rows, err = pool.Query(context.Background(), `SELECT action, actor, source, detail FROM crdbwork_audit ORDER BY at DESC, id DESC`)
 	if err != nil {
 		t.Fatal(err)

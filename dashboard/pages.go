@@ -357,20 +357,24 @@ type itemsQuery struct {
 }
 
 // States of the item search.
-var itemStates = []string{"unclaimed", "due", "scheduled", "claimed", "dead"}
+var itemStates = []string{"unclaimed", "due", "scheduled", "claimed", "dead", "cancelled"}
 
 type itemsData struct {
-	Q       itemsQuery
-	Queues  []string
-	States  []string
-	Items   []store.ItemRow
-	Dead    []store.DeadPageRow
-	Scanned int
-	Next    string
-	Now     time.Time
-	Cap     int
-	Window  int
-	Filters bool
+	Q      itemsQuery
+	Queues []string
+	States []string
+	Items  []store.ItemRow
+	Dead   []store.DeadPageRow
+	// Cancelled are the cancelled items (state "cancelled"), the most
+	// recent end first: a cancel keeps them for the queue's dedup window,
+	// and they can be requeued.
+	Cancelled []claim.CancelledItem
+	Scanned   int
+	Next      string
+	Now       time.Time
+	Cap       int
+	Window    int
+	Filters   bool
 }
 
 func (h *handler) itemsPage(r *http.Request) (string, any, error) {
@@ -393,6 +397,9 @@ func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 	if q.State == "dead" {
 		d.Filters = d.Filters || q.Tenant != ""
 		return "Dead items of " + q.Queue, d, h.searchDead(r, d)
+	}
+	if q.State == "cancelled" {
+		return "Cancelled items of " + q.Queue, d, h.listCancelled(r, d)
 	}
 	if !contains(itemStates, q.State) {
 		return "", nil, badRequest("unknown state %q", q.State)
@@ -795,3 +802,18 @@ func (h *handler) auditPage(r *http.Request) (string, any, error) {
 // sequenceView is a queue's sequencing as the queue page shows it
 // (claim.Settings: Sequenced, SequencedItems, SequenceHold).
 type sequenceView struct{ On, Items, Hold bool }
+
+// listCancelled reads a page of the queue's cancelled items (the filters
+// do not apply: the list is by time).
+func (h *handler) listCancelled(r *http.Request, d *itemsData) error {
+	q, err := h.queue(d.Q.Queue)
+	if err != nil {
+		return err
+	}
+	page, err := q.CancelledItems(r.Context(), claim.CancelledQuery{After: d.Q.After, Limit: h.opts.PageSize})
+	if err != nil {
+		return err
+	}
+	d.Cancelled, d.Next = page.Items, page.Next
+	return nil
+}

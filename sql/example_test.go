@@ -55,6 +55,7 @@ func ExampleApply() {
 	// after Apply: <nil>
 	// items table: "work"."jobs_items"
 	// jobs_audit
+	// jobs_cancelled_items
 	// jobs_dead_items
 	// jobs_ended
 	// jobs_items

@@ -352,6 +352,35 @@ CREATE INDEX IF NOT EXISTS crdbwork_items_snoozed
 CREATE INDEX IF NOT EXISTS crdbwork_ended_cancelled
     ON crdbwork_ended (queue, ended_at) WHERE outcome = 'cancelled';
 
+-- Cancelled items kept for a requeue (version 6; Queue.Requeue with
+-- RequeueOptions.Cancelled, crdbwork cancelled --requeue): what a requeue
+-- needs, written by the cancel in the statement that records the item as
+-- ended (cancelled), for the queue's dedup window, pruned with the ended
+-- ids. A requeue moves the row back into the items table and deletes the
+-- ended record.
+CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
+    queue        TEXT        NOT NULL,
+    id           UUID        NOT NULL,
+    part         BIGINT      NOT NULL,
+    item_key     TEXT,
+    priority     BIGINT      NOT NULL,
+    max_attempts BIGINT      NOT NULL,
+    payload      BYTEA       NOT NULL,
+    metadata     BYTEA,
+    tenant       TEXT,
+    headers      JSONB,
+    enqueued_at  TIMESTAMPTZ NOT NULL,
+    claim_token  BIGINT      NOT NULL DEFAULT 0,
+    seq_order    BIGINT,
+    cancelled_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- By id first: a requeue's lookup of one id cannot be mistaken for a
+    -- read of the queue's rows through the index by age.
+    PRIMARY KEY (id, queue)
+);
+-- Kept cancelled items by age: the reaper's prune and the requeue of all.
+CREATE INDEX IF NOT EXISTS crdbwork_cancelled_items_by_age
+    ON crdbwork_cancelled_items (queue, cancelled_at);
+
 -- Dependencies (version 5). An item enqueued with prerequisites
 -- (claim.NewItem.After) that are not all acked waits here, outside the items
 -- table, so that no claim, old or new, can hand it out; the ack of its last
@@ -379,7 +408,11 @@ CREATE TABLE IF NOT EXISTS crdbwork_waiting (
     -- producer's trace context) and its sequence order (with a key in a
     -- sequenced queue), carried into the items table by the move.
     headers      JSONB,
-    seq_order    BIGINT
+    seq_order    BIGINT,
+    -- (version 6) The prerequisite outcomes that satisfy an edge as an ack
+    -- would (bit 1: dead, bit 2: cancelled; 0: none: such a prerequisite
+    -- ends the item dead).
+    run_after    BIGINT      NOT NULL DEFAULT 0
 );
 -- Waiting items by queue: status counts.
 CREATE INDEX IF NOT EXISTS crdbwork_waiting_by_queue

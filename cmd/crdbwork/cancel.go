@@ -179,7 +179,8 @@ func cmdCancelled(ctx context.Context, name string, args []string, out *cli.Cons
 	f := prog.NewFlagSet(name, `Lists the cancelled items of --queue, the most recent first: who cancelled
 each (--by of crdbwork cancel), why, when the cancel was asked for and when
 the item ended, and whether a handler was running it. They are kept as long
-as the queue's dedup window (default 24 h).`)
+as the queue's dedup window (default 24 h), and so are the items themselves:
+crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
 	g.register(f, queueRequired)
 	f.IntVar(&limit, "limit", 20, 1, 100_000, "most items to list")
 	if err := f.Parse(args, out.Stdout()); err != nil {

@@ -106,6 +106,29 @@ func TestCancelRunningItemFromTheCLI(t *testing.T) {
 	}
 	want(t, d.env, 1, []string{"has no item " + enq.IDs[0].String()}, "cancel", "--queue", "jobs", "--yes", enq.IDs[0].String())
 
+	// Cancelled items are kept: requeue --cancelled puts one back (it is
+	// no longer listed as cancelled, and a second requeue finds it live);
+	// --all needs --yes.
+	back := enq.IDs[0]
+	if r := must(t, d.env, "requeue", "--queue", "jobs", "--cancelled", back.String()); !strings.Contains(r.stdout, "requeued cancelled item "+back.String()) {
+		t.Fatalf("requeue --cancelled:\n%s", r)
+	}
+	if n := d.count(t, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND payload = 'waiting'`, back); n != 1 {
+		t.Fatalf("the requeued cancelled item: %d rows in the items table", n)
+	}
+	if r := must(t, d.env, "cancelled", "--queue", "jobs"); strings.Contains(r.stdout, back.String()) {
+		t.Fatalf("crdbwork cancelled still lists the requeued item:\n%s", r)
+	}
+	want(t, d.env, 1, []string{"is live"}, "requeue", "--queue", "jobs", "--cancelled", back.String())
+	want(t, d.env, 2, []string{"would requeue every cancelled item"}, "requeue", "--queue", "jobs", "--cancelled", "--all")
+	want(t, d.env, 2, []string{"--death and the filters"}, "requeue", "--queue", "jobs", "--cancelled", "--reason", "failed", "--all")
+	if rm := jsonOf(t, must(t, d.env, "requeue", "--queue", "jobs", "--cancelled", "--all", "--yes", "--json")); rm["requeued"] != float64(1) {
+		t.Fatalf("requeue --cancelled --all --json (the item that was running): %v", rm)
+	}
+	if n := d.count(t, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, running); n != 1 {
+		t.Fatalf("the cancelled running item requeued: %d rows", n)
+	}
+
 	// A snoozed item shows in status.
 	if _, err := d.pool.Exec(ctx, `INSERT INTO crdbwork_items (id, queue, payload, snoozes, vesting_at) VALUES (gen_random_uuid(), 'jobs', '\x00', 2, now() + INTERVAL '1 hour')`); err != nil {
 		t.Fatal(err)

@@ -11,11 +11,14 @@ import (
 
 // depsJSON is what `crdbwork deps --json` prints.
 type depsJSON struct {
-	Queue      string       `json:"queue"`
-	ID         string       `json:"id"`
-	Waiting    bool         `json:"waiting"`
-	Remaining  int64        `json:"remaining"`
-	EnqueuedAt string       `json:"enqueued_at,omitempty"`
+	Queue      string `json:"queue"`
+	ID         string `json:"id"`
+	Waiting    bool   `json:"waiting"`
+	Remaining  int64  `json:"remaining"`
+	EnqueuedAt string `json:"enqueued_at,omitempty"`
+	// RunAfter lists the ends of a prerequisite after which the item runs
+	// anyway ("died", "cancelled"; NewItem.RunAfter).
+	RunAfter   []string     `json:"run_after"`
 	Prereqs    []prereqJSON `json:"prereqs"`
 	Dependents []string     `json:"dependents"`
 }
@@ -31,7 +34,8 @@ func cmdDeps(ctx context.Context, name string, args []string, out *cli.Console) 
 	f := prog.NewFlagSet(name, `Shows an item's dependencies in --queue (see docs/dependencies.md): whether it
 waits, how many of its prerequisites are not yet acked, each of them with its
 state (queued, waiting, or how it ended: acked, taken, dead, cancelled;
-an ended one is settled by the workers' reaper within seconds), and up to
+an ended one is settled by the workers' reaper within seconds), whether it
+runs anyway after a prerequisite that died or was cancelled, and up to
 --limit of the items that wait for it. Reads only.`)
 	f.MaxArgs, f.ArgName = 1, "ID"
 	g.register(f, queueRequired)
@@ -57,7 +61,10 @@ an ended one is settled by the workers' reaper within seconds), and up to
 	}
 	if g.json {
 		j := depsJSON{Queue: g.queue, ID: id.String(), Waiting: d.Waiting, Remaining: d.Remaining,
-			Prereqs: []prereqJSON{}, Dependents: []string{}}
+			Prereqs: []prereqJSON{}, Dependents: []string{}, RunAfter: []string{}}
+		if d.RunAfter != 0 {
+			j.RunAfter = strings.Split(d.RunAfter.String(), "|")
+		}
 		if d.Waiting {
 			j.EnqueuedAt = d.EnqueuedAt.UTC().Format(time.RFC3339Nano)
 		}
@@ -73,6 +80,10 @@ an ended one is settled by the workers' reaper within seconds), and up to
 	if d.Waiting {
 		fmt.Fprintf(&b, "item %s of queue %q waits for %d prerequisites (enqueued %s)\n", id, g.queue, d.Remaining,
 			d.EnqueuedAt.UTC().Format(time.RFC3339))
+		if d.RunAfter != 0 {
+			fmt.Fprintf(&b, "it runs anyway after a prerequisite that %s\n",
+				strings.NewReplacer("|", " or ", "cancelled", "was cancelled").Replace(d.RunAfter.String()))
+		}
 	} else {
 		fmt.Fprintf(&b, "item %s of queue %q is not waiting\n", id, g.queue)
 	}

@@ -725,6 +725,22 @@ func TestDepsCommand(t *testing.T) {
 		prereqs[0].(map[string]any)["id"] != root.String() || prereqs[0].(map[string]any)["state"] != "queued" {
 		t.Errorf("deps --json of the dependent: %v", j)
 	}
+	if ra, _ := j["run_after"].([]any); len(ra) != 0 {
+		t.Errorf("deps --json of a dependent without RunAfter: run_after %v", ra)
+	}
+	// A dependent that runs anyway after a death or a cancel says so.
+	anyway := uuid.New()
+	if _, err := q.Enqueue(ctx, claim.NewItem{ID: anyway, Payload: []byte("a"), After: []uuid.UUID{root}, RunAfter: claim.PrereqDied | claim.PrereqCancelled}); err != nil {
+		t.Fatal(err)
+	}
+	ja := jsonOf(t, must(t, d.env, "deps", "--queue", "pipeline", "--json", anyway.String()))
+	if ra, _ := ja["run_after"].([]any); len(ra) != 2 || ra[0] != "died" || ra[1] != "cancelled" {
+		t.Errorf("deps --json of a RunAfter dependent: run_after %v", ja["run_after"])
+	}
+	if r := must(t, d.env, "deps", "--queue", "pipeline", anyway.String()); !strings.Contains(r.stdout, "runs anyway after a prerequisite that died or was cancelled") {
+		t.Errorf("deps of a RunAfter dependent:\n%s", r)
+	}
+	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", anyway.String())
 	r := must(t, d.env, "deps", "--queue", "pipeline", root.String())
 	if !strings.Contains(r.stdout, "is not waiting") || !strings.Contains(r.stdout, "1 items wait for it") || !strings.Contains(r.stdout, dep.String()) {
 		t.Errorf("deps of the root:\n%s", r)

@@ -155,7 +155,7 @@ func cmdRequeue(ctx context.Context, name string, args []string, out *cli.Consol
 	var g globals
 	var ff filterFlags
 	var cf confirmFlags
-	var all bool
+	var all, cancelled bool
 	var deathArg string
 	f := prog.NewFlagSet(name, `Moves dead items of --queue back into the queue (fresh attempts, no delay):
 the newest death of the id given (or the death given with --death; older
@@ -164,7 +164,10 @@ deaths stay listed, as history); or, with --all or a filter (--tenant,
 is live (enqueued again: an item, or a waiting item whose prerequisites are not
 yet acked, of any queue) is not requeued: its dead item stays. Requeueing more
 than one item needs --yes (--dry-run counts them). Exits 1 if the given item is
-not a dead item of the queue, or is live.`)
+not a dead item of the queue, or is live. With --cancelled it requeues
+cancelled items instead (the id given, or --all of them): a cancel keeps the
+item for the queue's dedup window (see crdbwork cancelled); the requeued item
+is no longer listed as cancelled.`)
 	f.MaxArgs, f.ArgName = 1, "[ID]"
 	g.register(f, queueRequired)
 	ff.register(f, true)
@@ -173,11 +176,16 @@ not a dead item of the queue, or is live.`)
 	f.FlagOnly("all")
 	f.StringVar(&deathArg, "death", "", "DEATH", "requeue this death of the id (the DEATH column of `crdbwork dead`) rather than its newest", nil)
 	f.FlagOnly("death")
+	f.BoolVar(&cancelled, "cancelled", false, "requeue cancelled items (kept for the queue's dedup window), not dead ones")
+	f.FlagOnly("cancelled")
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if err := cf.check(f); err != nil {
 		return err
+	}
+	if cancelled {
+		return requeueCancelled(ctx, f, &g, &cf, all, ff.any() || deathArg != "", out)
 	}
 	many := all || ff.any()
 	var id, death uuid.UUID
@@ -413,4 +421,54 @@ next poll. Idempotent.`
 func countDead(ctx context.Context, q *claim.Queue, f claim.DeadFilter) (int64, error) {
 	page, err := q.DeadItems(ctx, claim.DeadQuery{DeadFilter: f, Count: true, Limit: 1})
 	return page.Count, err
+}
+
+// requeueCancelled is crdbwork requeue --cancelled.
+func requeueCancelled(ctx context.Context, f *cli.FlagSet, g *globals, cf *confirmFlags, all, deadOnly bool, out *cli.Console) error {
+	var id uuid.UUID
+	switch {
+	case deadOnly:
+		return f.UsageError("--cancelled requeues cancelled items: --death and the filters (--tenant, --reason, --error) select dead ones")
+	case all && len(f.Args) > 0:
+		return f.UsageError("give an item id or --all, not both")
+	case !all && len(f.Args) == 0:
+		return f.UsageError("give the id of a cancelled item (see `crdbwork cancelled`), or --all")
+	case all && !cf.yes && !cf.dryRun:
+		out.Errorf("crdbwork requeue: this would requeue every cancelled item queue %q kept", g.queue)
+		return refuse(f)
+	case !all:
+		var err error
+		if id, err = parseID(f, f.Args[0]); err != nil {
+			return err
+		}
+	}
+	if cf.dryRun {
+		what := "every cancelled item it kept"
+		if !all {
+			what = "cancelled item " + id.String()
+		}
+		return report(out, g, map[string]any{"queue": g.queue, "dry_run": true, "cancelled": true, "all": all},
+			fmt.Sprintf("would requeue %s into queue %q\n", what, g.queue))
+	}
+	g.create = true // a queue whose every item ended has no row
+	pool, q, err := g.openQueue(ctx, f)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id, All: all})
+	if err != nil {
+		return cli.Failf(1, "requeued %d cancelled items, then: %v", res.Requeued, err)
+	}
+	if !all {
+		recordAudit(ctx, pool, g, out, "requeue-cancelled", fmt.Sprintf("requeued cancelled item %s", id))
+		return report(out, g, map[string]any{"queue": g.queue, "requeued": 1, "ids": []string{id.String()}},
+			fmt.Sprintf("requeued cancelled item %s into queue %q\n", id, g.queue))
+	}
+	recordAudit(ctx, pool, g, out, "requeue-cancelled", fmt.Sprintf("requeued %d cancelled items (%d live already, %d ran again since)", res.Requeued, res.Live, res.Gone))
+	msg := fmt.Sprintf("requeued %d cancelled items into queue %q\n", res.Requeued, g.queue)
+	if res.Live > 0 {
+		msg += fmt.Sprintf("%d cancelled ids not requeued: the id is live (enqueued again)\n", res.Live)
+	}
+	return report(out, g, map[string]any{"queue": g.queue, "requeued": res.Requeued, "live": res.Live, "gone": res.Gone, "refused": res.Refused}, msg)
 }

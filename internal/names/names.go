@@ -25,6 +25,7 @@ var tables = map[string]bool{
 	"tenant_limits": true, "schedules": true, "session_queues": true, "ended": true,
 	"audit":   true,
 	"waiting": true, "waits_for": true, // dependencies (version 5)
+	"cancelled_items": true, // cancelled items kept for a requeue (version 6)
 }
 
 // routines are the schema's functions, by suffix: qualified with the

@@ -216,7 +216,10 @@ const purgeDeadSQL = `DELETE FROM crdbwork_dead_items WHERE id IN (SELECT unnest
 
 // purgeEndedSQL is the text of adminStatements.purgeEnded
 // (rendered by newAdminStatements).
-const purgeEndedSQL = `DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`
+// The cancelled items kept for a requeue (version 6) go with their ended
+// records.
+const purgeEndedSQL = `WITH kept AS (DELETE FROM crdbwork_cancelled_items WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[])) RETURNING id)
+DELETE FROM crdbwork_ended WHERE queue = $1 AND id IN (SELECT unnest($2::UUID[]))`
 
 // QueuePurgeBatch deletes up to limit of queue's rows of one table and returns
 // how many it deleted; 0 means none was left. It picks the rows, then

@@ -212,6 +212,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
 		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
 		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
+		{"EnqueueInsertUnique", es.InsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
+		{"PostgresEnqueueInsertUnique", es.PostgresInsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"PruneEndedCandidates", refused.PruneEndedCandidates, []any{"q", 1000}},

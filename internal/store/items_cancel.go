@@ -65,9 +65,10 @@ const farVesting = `now() + INTERVAL '100 years'`
 // cancelledGone is the RETURNING list of the deletes that end cancelled
 // items, read by recordCancelled.
 const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason,
-        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order`
+        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers`
 
-// cancelHolds is the CTE, named held, that keeps the cancelled items of
+// cancelHolds is the CTE, named held (followed by keepCancelled's kept),
+// that keeps the cancelled items of
 // the CTE gone that hold their key (docs/sequences.md, "After a death"):
 // a sequenced item of a queue whose sequence_hold is on goes to the dead
 // items too, reason 'cancelled', holding its key's later items until it
@@ -82,7 +83,29 @@ const cancelHolds = `held AS (
     FROM gone AS g
     WHERE g.seq_order IS NOT NULL AND g.item_key IS NOT NULL
       AND EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.sequence_hold)
-    RETURNING id)`
+    RETURNING id),
+` + keepCancelled
+
+// keepCancelled is the CTE, named kept, that keeps what a requeue of the
+// cancelled items of the CTE gone needs (schema version 6:
+// crdbwork_cancelled_items; Queue.Requeue with RequeueOptions.Cancelled),
+// for the queue's dedup window, as their ended records: nothing for a
+// queue whose window is zero, nor for an item that holds its sequence key
+// (kept among the dead items by cancelHolds: requeued from there). A row
+// already there (an id cancelled before, enqueued again) is replaced.
+const keepCancelled = `kept AS (
+    INSERT INTO crdbwork_cancelled_items AS c
+        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at)
+    SELECT g.queue, g.id, g.part, g.item_key, g.priority, g.max_attempts, g.payload, g.metadata, g.tenant, g.headers, g.enqueued_at,
+           g.claim_token, g.seq_order, now()
+    FROM gone AS g
+    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue
+                      AND (w.dedup_window <= INTERVAL '0 seconds' OR (w.sequence_hold AND g.seq_order IS NOT NULL AND g.item_key IS NOT NULL)))
+    ON CONFLICT (id, queue) DO UPDATE SET part = excluded.part, item_key = excluded.item_key, priority = excluded.priority,
+        max_attempts = excluded.max_attempts, payload = excluded.payload, metadata = excluded.metadata, tenant = excluded.tenant,
+        headers = excluded.headers, enqueued_at = excluded.enqueued_at, claim_token = excluded.claim_token,
+        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at
+    RETURNING c.id)`
 
 // recordCancelled returns the CTE, named ended, that records the rows of
 // the CTE gone as ended with outcome 'cancelled', with who cancelled them

@@ -74,6 +74,10 @@ func TestExplainCancelStatements(t *testing.T) {
 		{"ItemEnded", "crdbwork_ended_pkey", []any{"q7", id}},
 		{"Snooze", "crdbwork_items_pkey", []any{id, session, int64(1), int64(1e6), int64(100)}},
 		{"Counts", "crdbwork_items_snoozed", []any{"q7"}},
+		{"RequeueCancelled", "crdbwork_cancelled_items_pkey", []any{id, "q7"}},
+		{"RequeueCancelledState", "crdbwork_cancelled_items_pkey", []any{id, "q7"}},
+		{"ListKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", endedAt, id, 100}},
+		{"PruneKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", 1000}},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}

@@ -71,7 +71,18 @@ type WaitingRow struct {
 	// Remaining is the number of its prerequisites not yet acked (at
 	// least 1).
 	Remaining int
+	// RunAfter is the set of prerequisite outcomes (RunAfter bits) that
+	// satisfy its edge as an ack would, instead of ending it dead: 0, none.
+	RunAfter int64
 }
+
+// Bits of WaitingRow.RunAfter (crdbwork_waiting.run_after, schema
+// version 6): a prerequisite that ended so counts as acked for the
+// dependent (claim's DependencyPolicy).
+const (
+	RunAfterDead      = 1
+	RunAfterCancelled = 2
+)
 
 // ItemsDepsInsertWaiting adds rows to queue's waiting items, skipping ids that are
 // items, waiting items, or ended in queue within its dedup window, and
@@ -85,9 +96,10 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 	keys, tenants := make([]*string, n), make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	amo := make([]bool, n)
-	headers, orders := make([]*string, n), make([]int64, n)
+	headers, orders, runAfter := make([]*string, n), make([]int64, n), make([]int64, n)
 	for j := range rows {
 		r := &rows[j]
+		runAfter[j] = r.RunAfter
 		ids[j], hashes[j], priorities[j] = r.ID, r.Hash, int64(r.Priority)
 		delays[j], maxAttempts[j], ttls[j] = r.Delay.Microseconds(), int64(r.MaxAttempts), r.TTL.Microseconds()
 		remaining[j], amo[j], orders[j] = int64(r.Remaining), r.AtMostOnce, r.Order
@@ -103,8 +115,17 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 		}
 		payloads[j], metadata[j] = orEmpty(r.Payload), r.Metadata
 	}
-	res, err := db.Query(ctx, s.deps(d).InsertWaiting, queue, ids, hashes, keys, priorities, delays, maxAttempts,
-		payloads, metadata, tenants, ttls, amo, remaining, headers, orders)
+	stmt := s.deps(d).InsertWaiting
+	args := []any{queue, ids, hashes, keys, priorities, delays, maxAttempts,
+		payloads, metadata, tenants, ttls, amo, remaining, headers, orders, runAfter}
+	if anyFrees(rows, func(r *WaitingRow) int64 { return r.Frees }) {
+		frees := make([]int64, n)
+		for j := range rows {
+			frees[j] = rows[j].Frees
+		}
+		stmt, args = s.deps(d).InsertWaitingUnique, append(args, frees)
+	}
+	res, err := db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -214,18 +235,34 @@ type ReleaseResult struct {
 // them acked; each batch holds its dependents' rows until its transaction
 // ends, so keep the transaction to one batch where others wait.
 func (s *Store) ItemsDepsReleaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, limit int, skipLocked bool) (ReleaseResult, error) {
+	stmt := s.deps(d).Release
+	if skipLocked {
+		stmt = s.deps(d).SweepRelease
+	}
+	return s.releaseBatch(ctx, tx, d, queue, prereqs, limit, stmt)
+}
+
+// ItemsDepsReleaseAnyway is the reaper's ReleaseBatch (skipping locked
+// dependents) for prerequisites that ended without an ack, each with
+// outcome bit runAfter (RunAfterDead or RunAfterCancelled): it releases
+// only the dependents whose run_after has that bit (NewItem.RunAfter),
+// and leaves the others' edges to KillBatch (dependsStatements.EdgesFrom,
+// ReleaseAnyway, MoveReady).
+func (s *Store) ItemsDepsReleaseAnyway(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, runAfter int64, limit int) (ReleaseResult, error) {
+	return s.releaseBatch(ctx, tx, d, queue, prereqs, limit, s.deps(d).ReleaseAnyway, runAfter)
+}
+
+// releaseBatch is ReleaseBatch with stmt (Release, SweepRelease or
+// ReleaseAnyway, whose further arguments are extra).
+func (s *Store) releaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, limit int, stmt string, extra ...any) (ReleaseResult, error) {
 	var res ReleaseResult
 	edges, err := s.ItemsDepsEdgesFrom(ctx, tx, d, queue, prereqs, limit)
 	if err != nil || len(edges) == 0 {
 		return res, err
 	}
 	res.More = len(edges) >= limit
-	stmt := s.deps(d).Release
-	if skipLocked {
-		stmt = s.deps(d).SweepRelease
-	}
 	ps, ds := edgeArrays(edges)
-	rows, err := tx.Query(ctx, stmt, queue, ps, ds)
+	rows, err := tx.Query(ctx, stmt, append([]any{queue, ps, ds}, extra...)...)
 	if err != nil {
 		return res, err
 	}
@@ -375,7 +412,11 @@ type KillResult struct {
 // moves them to the dead items with reason "dependency died:
 // <prerequisite>", records them as ended (dead) and deletes their edges
 // (dependsStatements.EdgesFrom, KillDependents, DeleteEdgesTo).
-func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, outcomes []string, limit int) (KillResult, error) {
+//
+// A dependent whose run_after has a bit of spare (RunAfter bits: the
+// prerequisites' outcomes that ReleaseAnyway releases it for) is left
+// alone, its edges in Left; 0 spares none.
+func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue string, prereqs []uuid.UUID, outcomes []string, spare int64, limit int) (KillResult, error) {
 	var res KillResult
 	edges, err := s.ItemsDepsEdgesFrom(ctx, tx, d, queue, prereqs, limit)
 	if err != nil || len(edges) == 0 {
@@ -383,7 +424,7 @@ func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, qu
 	}
 	res.More = len(edges) >= limit
 	ps, ds := edgeArrays(edges)
-	rows, err := tx.Query(ctx, s.deps(d).KillDependents, queue, ps, ds, rawIDs(prereqs), outcomes)
+	rows, err := tx.Query(ctx, s.deps(d).KillDependents, queue, ps, ds, rawIDs(prereqs), outcomes, spare)
 	if err != nil {
 		return res, err
 	}
@@ -441,17 +482,17 @@ func (s *Store) ItemsDepsDependents(ctx context.Context, db DB, queue string, pr
 
 // waitingSQL is the text of dependsStatements.Waiting
 // (rendered by newDependsStatements).
-const waitingSQL = `SELECT remaining, enqueued_at FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
+const waitingSQL = `SELECT remaining, enqueued_at, run_after FROM crdbwork_waiting WHERE id = $2 AND (queue = $1) IS TRUE`
 
 // ItemsDepsWaiting reports whether id is a waiting item of queue, with its count of
 // prerequisites not yet acked and its enqueue time
 // (dependsStatements.Waiting).
-func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, err error) {
-	err = db.QueryRow(ctx, s.common().Waiting, queue, [16]byte(id)).Scan(&remaining, &enqueuedAt)
+func (s *Store) ItemsDepsWaiting(ctx context.Context, db DB, queue string, id uuid.UUID) (waiting bool, remaining int64, enqueuedAt time.Time, runAfter int64, err error) {
+	err = db.QueryRow(ctx, s.common().Waiting, queue, [16]byte(id)).Scan(&remaining, &enqueuedAt, &runAfter)
 	if err == pgx.ErrNoRows {
-		return false, 0, time.Time{}, nil
+		return false, 0, time.Time{}, 0, nil
 	}
-	return err == nil, remaining, enqueuedAt, err
+	return err == nil, remaining, enqueuedAt, runAfter, err
 }
 
 // waitingCountSQL is the text of dependsStatements.WaitingCount
@@ -680,11 +721,17 @@ type dependsStatements struct {
 	// element per row: $2 ids, $3 hashes, $4 keys, $5 priorities, $6
 	// delays (µs), $7 max attempts, $8 payloads, $9 metadata, $10 tenants,
 	// $11 ttl (µs), $12 at-most-once, $13 remaining, $14 headers (TEXT[]
-	// of JSON objects, NULL for none), $15 sequence orders (stored as
+	// of JSON objects, NULL for none), $16 run_after (BIGINT[]: RunAfter
+	// bits, schema version 6), $15 sequence orders (stored as
 	// seq_order for the rows with a key while the queue is sequenced, read
 	// in the same statement, as enqueue's Insert does: the move into the
 	// items table carries both over).
 	InsertWaiting string
+	// InsertWaitingUnique is InsertWaiting with one more parameter, $17
+	// (BIGINT[]): each row's outcomes that do not keep it out (EndedFrees bits), as
+	// enqueue's InsertUnique; the ended records of the rows added are
+	// deleted in the same statement.
+	InsertWaitingUnique string
 	// InsertEdges adds the edges $2[i] → $3[i] (prerequisite, dependent)
 	// of queue $1.
 	InsertEdges string
@@ -701,6 +748,10 @@ type dependsStatements struct {
 	// SweepRelease is Release with FOR UPDATE SKIP LOCKED: a dependent
 	// another transaction holds is left alone, with its edges.
 	Release, SweepRelease string
+	// ReleaseAnyway is SweepRelease for prerequisites that ended without
+	// an ack, with one more parameter, $4 (a RunAfter bit): it locks, and
+	// releases, only the dependents whose run_after has that bit.
+	ReleaseAnyway string
 	// MoveReady moves the waiting rows of queue $1 among ids $2 whose
 	// remaining count is zero into the items table and returns their ids.
 	MoveReady string
@@ -709,9 +760,10 @@ type dependsStatements struct {
 	SweepPrereqs string
 	// KillDependents: $1 queue, $2 and $3 edges read by EdgesFrom from
 	// prerequisites that ended without an ack, $4 those prerequisites,
-	// $5 how each ended → the ids of the dependents it ended. It locks the
-	// dependents' waiting rows in id order, skipping those another
-	// transaction holds, moves them to the dead items (reason 'dependency
+	// $5 how each ended, $6 the RunAfter bits spared → the ids of the
+	// dependents it ended. It locks the dependents' waiting rows in id
+	// order, skipping those another transaction holds and those whose
+	// run_after has a bit of $6, moves them to the dead items (reason 'dependency
 	// died: <prerequisite>') and records them as ended (dead).
 	KillDependents string
 	// DeleteEdgesTo deletes the edges of queue $1 whose dependent is one
@@ -737,8 +789,8 @@ type dependsStatements struct {
 	// its optimizer drops an OFFSET of 0 and constrains the scan by the
 	// projected values, the same key seek (not run here: no binary).
 	Prereqs, Dependents string
-	// Waiting: $1 queue, $2 id → remaining, enqueued_at (no row: not
-	// waiting). WaitingCount: $1 queue → number of waiting items.
+	// Waiting: $1 queue, $2 id → remaining, enqueued_at, run_after (no
+	// row: not waiting). WaitingCount: $1 queue → number of waiting items.
 	// HasEdges: $1 queue → a row if any item of the queue waits.
 	// WaitedFor: $1 queue, $2 ids → those of the ids that items wait for
 	// (one seek of the edges' primary key per id).
@@ -773,12 +825,21 @@ const lockDependents = `d AS MATERIALIZED (
 
 // lockIDs returns where lockDependents's rows come from on engine d: the
 // waiting rows of queue $1 whose ids the array parameter param lists.
-func lockIDs(d Dialect, param string) string {
+func lockIDs(d Dialect, param string) string { return lockIDsWhere(d, param, "") }
+
+// lockIDsWhere is lockIDs with a further condition cond on the waiting
+// row w ("" for none). On PostgreSQL it joins the queue's check, in the
+// condition that names k (a condition on w alone let PostgreSQL scan the
+// table with it as a filter).
+func lockIDsWhere(d Dialect, param, cond string) string {
+	if cond != "" {
+		cond = " AND " + cond
+	}
 	if d == Postgres {
 		return `(SELECT DISTINCT u.dep FROM unnest(` + param + `::UUID[]) AS u (dep)) AS k, crdbwork_waiting AS w
-    WHERE w.id = ANY(ARRAY[k.dep]) AND (w.queue = $1 OR k.dep IS NULL)`
+    WHERE w.id = ANY(ARRAY[k.dep]) AND ((w.queue = $1` + cond + `) OR k.dep IS NULL)`
 	}
-	return `crdbwork_waiting AS w WHERE w.id = ANY(` + param + `::UUID[]) AND (w.queue = $1) IS TRUE`
+	return `crdbwork_waiting AS w WHERE w.id = ANY(` + param + `::UUID[]) AND (w.queue = $1` + cond + `) IS TRUE`
 }
 
 // releaseTemplate is Release: %[1]s is the CTE d (lockDependents), %[2]s
@@ -881,6 +942,23 @@ JOIN k ON k.dep = g.id,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
 RETURNING id`
 
+// insertWaiting is InsertWaiting: %[1]s and %[2]s are a further array
+// parameter and its column (the unique form's outcomes freed, u), %[3]s
+// the queue's key (queueKey), %[4]s a further condition on the ended row e
+// (the unique form's endedBlocks). $16 is each row's run_after.
+const insertWaiting = `INSERT INTO crdbwork_waiting
+    (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining,
+     headers, seq_order, run_after)
+SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END, v.ra
+FROM (SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq) AS q,
+     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]%[1]s)
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o, ra%[2]s)
+WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
+  AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = %[3]s AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + `%[4]s OFFSET 0)
+ON CONFLICT (id) DO NOTHING
+RETURNING id`
+
 // newDependsStatements renders the dependency statements for t and the
 // engine d.
 func newDependsStatements(t Tables, d Dialect) *dependsStatements {
@@ -913,6 +991,10 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
 	release := func(wait string) string {
 		return r(fmt.Sprintf(releaseTemplate, fmt.Sprintf(lockDependents, ids, wait), edges, counted))
 	}
+	// The dependents that run after their prerequisite's end ($4, a
+	// RunAfter bit), and those that do not ($6, the bits spared).
+	anyway := lockIDsWhere(d, "$3", `(w.run_after & $4::BIGINT) <> 0`)
+	spared := lockIDsWhere(d, "$3", `(w.run_after & $6::BIGINT) = 0`)
 	s := &dependsStatements{
 		Classify: r(`SELECT v.id,
        (SELECT i.queue FROM crdbwork_items AS i WHERE i.id = v.id),
@@ -920,28 +1002,21 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
        (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = ` + queueKey + ` AND e.id = v.id),
        (SELECT d.queue FROM crdbwork_dead_items AS d WHERE d.id = v.id AND (d.queue = $1) IS TRUE ORDER BY d.id, d.death LIMIT 1) IS NOT NULL
 FROM unnest($2::UUID[]) AS v (id)`),
-		InsertWaiting: r(`INSERT INTO crdbwork_waiting
-    (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining,
-     headers, seq_order)
-SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END
-FROM (SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq) AS q,
-     unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[])
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o)
-WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
-  AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = ` + queueKey + ` AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + ` OFFSET 0)
-ON CONFLICT (id) DO NOTHING
-RETURNING id`),
-		InsertEdges:  r(insertEdgesSQL),
-		EdgesFrom:    r(dependsEdgesFromSQL),
-		Release:      release(""),
-		SweepRelease: release(" SKIP LOCKED"),
-		MoveReady:    r(dependsMoveReadySQL),
+		InsertWaiting: r(fmt.Sprintf(insertWaiting, "", "", queueKey, "")),
+		InsertWaitingUnique: r(`WITH ins AS (` + fmt.Sprintf(insertWaiting, ", $17::BIGINT[]", ", u", queueKey, " AND "+endedBlocks) + `),
+` + forgetEnded(d) + `
+SELECT id FROM ins`),
+		InsertEdges:   r(insertEdgesSQL),
+		EdgesFrom:     r(dependsEdgesFromSQL),
+		Release:       release(""),
+		SweepRelease:  release(" SKIP LOCKED"),
+		ReleaseAnyway: r(fmt.Sprintf(releaseTemplate, fmt.Sprintf(lockDependents, anyway, " SKIP LOCKED"), edges, counted)),
+		MoveReady:     r(dependsMoveReadySQL),
 		SweepPrereqs: r(`SELECT prereq FROM crdbwork_waits_for
 WHERE queue = ` + queueKey + ` AND prereq > $2
 ORDER BY prereq
 LIMIT $3`),
-		KillDependents: r(fmt.Sprintf(killDependents, fmt.Sprintf(lockDependents, ids, " SKIP LOCKED"), byID("w.id", "d.id"), recordEnded(OutcomeDead))),
+		KillDependents: r(fmt.Sprintf(killDependents, fmt.Sprintf(lockDependents, spared, " SKIP LOCKED"), byID("w.id", "d.id"), recordEnded(OutcomeDead))),
 		DeleteEdgesTo: r(`DELETE FROM crdbwork_waits_for AS x USING ` + to + `
 WHERE ` + toQueue + ` AND ` + byID("x.dependent", "k.id")),
 		DeleteEdgesGone: r(`DELETE FROM crdbwork_waits_for AS x

@@ -120,14 +120,16 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d store.Dialect, queue strin
 	outcomes := []string{"dead", "cancelled", "unknown"}
 	return []planCase{
 		{"Classify", ds.Classify, []any{queue, ids}},
-		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints}},
+		{"InsertWaitingUnique", ds.InsertWaitingUnique, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints}},
 		{"InsertEdges", ds.InsertEdges, []any{queue, ids, ids}},
 		{"EdgesFrom", ds.EdgesFrom, []any{queue, prereqs, 1000}},
 		{"Release", ds.Release, []any{queue, ps, deps}},
 		{"SweepRelease", ds.SweepRelease, []any{queue, ps, deps}},
+		{"ReleaseAnyway", ds.ReleaseAnyway, []any{queue, ps, deps, int64(1)}},
 		{"MoveReady", ds.MoveReady, []any{queue, deps}},
 		{"SweepPrereqs", ds.SweepPrereqs, []any{queue, some[0], 1000}},
-		{"KillDependents", ds.KillDependents, []any{queue, ps, deps, prereqs, repeat(outcomes, len(prereqs))}},
+		{"KillDependents", ds.KillDependents, []any{queue, ps, deps, prereqs, repeat(outcomes, len(prereqs)), int64(1)}},
 		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{queue, deps}},
 		{"DeleteEdgesGone", ds.DeleteEdgesGone, []any{queue, ps, deps}},
 		{"Prereqs", ds.Prereqs, []any{queue, deps[0]}},

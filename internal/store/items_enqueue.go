@@ -39,6 +39,36 @@ type EnqueueRow struct {
 	Order int64
 	// Headers is a JSON object of string values (nil: none).
 	Headers []byte
+	// Frees is the set of outcomes (EndedFrees bits) whose ended id does
+	// not keep the row out: an id that ended so is added again (claim's
+	// UniqueStates). 0: every outcome keeps it out for the queue's dedup
+	// window, as before unique states.
+	Frees int64
+}
+
+// Bits of EnqueueRow.Frees and WaitingRow.Frees: outcomes recorded in
+// crdbwork_ended that do not keep an enqueue of the same id out.
+const (
+	EndedFreesAcked     = 2 // OutcomeAcked and OutcomeTaken
+	EndedFreesDead      = 4
+	EndedFreesCancelled = 8
+)
+
+// endedBlocks is the condition, on a row e of crdbwork_ended and a row v
+// of an enqueue with a column u (the row's Frees), that e's outcome keeps
+// v out. An outcome this code does not know keeps it out.
+const endedBlocks = `(v.u & CASE e.outcome WHEN '` + OutcomeAcked + `' THEN 2 WHEN '` + OutcomeTaken + `' THEN 2 WHEN '` +
+	OutcomeDead + `' THEN 4 WHEN '` + OutcomeCancelled + `' THEN 8 ELSE 0 END) = 0`
+
+// anyFrees reports whether some row frees some outcome: the enqueue then
+// takes the statements' unique forms.
+func anyFrees[T any](rows []T, frees func(*T) int64) bool {
+	for i := range rows {
+		if frees(&rows[i]) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // insertSQL is the text of enqueueStatements.Insert
@@ -53,8 +83,23 @@ var postgresInsertSQL = strings.Replace(strings.Replace(insertTemplate, dedupChe
 // ItemsEnqueue adds rows to queue with one INSERT … ON CONFLICT DO NOTHING
 // that skips the ids ended within the queue's dedup window, and returns the
 // ids it added (enqueueStatements.Insert, or PostgresInsert on PostgreSQL).
+//
+// A row whose Blocks leaves out some outcomes (claim's UniqueStates) makes
+// it take the unique form of the statement (InsertUnique or
+// PostgresInsertUnique): an id that ended with an outcome the row does not
+// block on is added again, and its ended record deleted in the same
+// statement, so that the id is live once more and its next end is recorded
+// afresh.
 func (s *Store) ItemsEnqueue(ctx context.Context, db DB, d Dialect, queue string, rows []EnqueueRow) ([]uuid.UUID, error) {
-	res, err := db.Query(ctx, byDialect(d, s.enq.Insert, s.enq.PostgresInsert), s.enqueueArgs(queue, rows)...)
+	stmt, args := byDialect(d, s.enq.Insert, s.enq.PostgresInsert), s.enqueueArgs(queue, rows)
+	if anyFrees(rows, func(r *EnqueueRow) int64 { return r.Frees }) {
+		frees := make([]int64, len(rows))
+		for j := range rows {
+			frees[j] = rows[j].Frees
+		}
+		stmt, args = byDialect(d, s.enq.InsertUnique, s.enq.PostgresInsertUnique), append(args, frees)
+	}
+	res, err := db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -434,6 +479,13 @@ type enqueueStatements struct {
 	// same transaction computes parts, vesting times, turns, deadlines and
 	// delivery from these, exactly as Insert does in SQL.
 	Parts string
+	// InsertUnique and PostgresInsertUnique are Insert and
+	// PostgresInsert with one more parameter, $16 (BIGINT[]): each row's
+	// outcomes that do not keep it out (EndedFrees bits). A row whose id
+	// ended within the window with an outcome outside its set is added,
+	// and the ended record of every row added is deleted in the same
+	// statement (the id is live again; its next end records it anew).
+	InsertUnique, PostgresInsertUnique string
 	// Foreign returns the id and queue of the rows among ids $2 (UUID[])
 	// that belong to a queue other than $1.
 	Foreign string
@@ -457,6 +509,9 @@ func newEnqueueStatements(t Tables) *enqueueStatements {
 	return &enqueueStatements{
 		Insert:         r(insertSQL),
 		PostgresInsert: r(postgresInsertSQL),
+
+		InsertUnique:         r(uniqueForm(insertSQL, Cockroach)),
+		PostgresInsertUnique: r(uniqueForm(postgresInsertSQL, Postgres)),
 
 		Parts:     r(partsSQL),
 		Foreign:   r(`SELECT id, queue FROM crdbwork_items WHERE id = ANY($2::UUID[]) AND queue <> $1 ORDER BY id`),
@@ -527,6 +582,36 @@ const dedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue 
 // one over the number of queues, and only the seek on both key columns is
 // cheap.
 const postgresDedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = (SELECT $1::TEXT) AND e.id = v.id AND e.ended_at > now() - n.win OFFSET 0)`
+
+// uniqueForm returns the unique form of an insert's text (Insert,
+// PostgresInsert): the rows take the outcomes they ignore from $16 (v.u),
+// the dedup check skips only ids that ended with one of them, and the ended
+// records of the ids added are deleted, in a data-modifying CTE (another
+// table than the insert's: one modification of each table, as CockroachDB
+// requires).
+func uniqueForm(insert string, d Dialect) string {
+	text := strings.Replace(insert, `$15::TEXT[])`, `$15::TEXT[], $16::BIGINT[])`, 1)
+	text = strings.Replace(text, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd)`, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, u)`, 1)
+	text = strings.Replace(text, `AND e.ended_at > now() - n.win`, `AND e.ended_at > now() - n.win AND `+endedBlocks, 1)
+	return `WITH ins AS (` + text + `),
+` + forgetEnded(d) + `
+SELECT id FROM ins`
+}
+
+// forgetEnded returns the CTE, named forgot, that deletes the ended
+// records of queue $1 of the ids of the CTE ins (the unique forms'
+// inserts): by primary key, (queue, id). On PostgreSQL the ids are one
+// array (= ANY(ARRAY(…)): a scan of the primary key for its values) and
+// the queue a value the planner cannot see (as postgresDedupCheck): a
+// semi-join let it read the queue's ended ids through
+// crdbwork_ended_by_age. CockroachDB plans the IN as a lookup semi-join
+// by primary key.
+func forgetEnded(d Dialect) string {
+	if d == Postgres {
+		return `forgot AS (DELETE FROM crdbwork_ended AS e WHERE e.queue = (SELECT $1::TEXT) AND e.id = ANY(ARRAY(SELECT ins.id FROM ins)) RETURNING e.id)`
+	}
+	return `forgot AS (DELETE FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id IN (SELECT ins.id FROM ins) RETURNING e.id)`
+}
 
 const insertTail = `
 ON CONFLICT (id) DO NOTHING

@@ -36,6 +36,10 @@ var itemWriters = map[string]map[string]string{
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
 		"headers":      "dead items keep no headers (docs/tracing.md, limits)",
 	},
+	"cancelledRequeueSQL": { // a cancelled item put back (RequeueOptions.Cancelled)
+		"expires_at":   "no deadline, as a dead item's requeue (docs/cancel-and-snooze.md)",
+		"at_most_once": "at-least-once: an at-most-once item is deleted by its claim, and one cancelled before it is requeued at least once, as a dead one",
+	},
 }
 
 // TestEveryWriterOfItemsKeepsTheOptions: each statement of this package

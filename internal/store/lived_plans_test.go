@@ -195,12 +195,13 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"EdgesFrom", ds.EdgesFrom, []any{"q", prereqs, 1000}},
 		{"Release (dependents)", ds.Release, []any{"q", edgePre, edgeDep}},
 		{"SweepRelease", ds.SweepRelease, []any{"q", edgePre, edgeDep}},
+		{"ReleaseAnyway", ds.ReleaseAnyway, []any{"q", edgePre, edgeDep, int64(1)}},
 		{"MoveReady", ds.MoveReady, []any{"q", waiting}},
 		{"SweepPrereqs", ds.SweepPrereqs, []any{"q", prereqs[0], 1000}},
-		{"KillDependents", ds.KillDependents, []any{"q", edgePre, edgeDep, prereqs, outcomes}},
+		{"KillDependents", ds.KillDependents, []any{"q", edgePre, edgeDep, prereqs, outcomes, int64(1)}},
 		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{"q", edgeDep}},
 		{"DeleteEdgesGone", ds.DeleteEdgesGone, []any{"q", edgePre, edgeDep}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints}},
 		{"WaitedFor", ds.WaitedFor, []any{"q", prereqs}},
 		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
 		{"HasEdges", ds.HasEdges, []any{"q"}},
@@ -233,6 +234,7 @@ var livedIndexes = map[string][]string{
 	"EdgesFrom":                          {"crdbwork_waits_for_pkey"},
 	"Release (dependents)":               {"crdbwork_waiting_pkey"},
 	"SweepRelease":                       {"crdbwork_waiting_pkey"},
+	"ReleaseAnyway":                      {"crdbwork_waiting_pkey"},
 	"KillDependents":                     {"crdbwork_waiting_pkey"},
 	"DeleteEdgesTo":                      {"crdbwork_waits_for_by_dependent_prereq"},
 	"DeleteEdgesGone":                    {"crdbwork_waiting_pkey"},
@@ -260,7 +262,7 @@ var livedIndexes = map[string][]string{
 }
 
 // livedDepends are the dependency statements of livedCases.
-var livedDepends = map[string]bool{"EdgesFrom": true, "Release (dependents)": true, "SweepRelease": true, "MoveReady": true,
+var livedDepends = map[string]bool{"EdgesFrom": true, "Release (dependents)": true, "SweepRelease": true, "ReleaseAnyway": true, "MoveReady": true,
 	"SweepPrereqs": true, "KillDependents": true, "DeleteEdgesTo": true, "DeleteEdgesGone": true, "Classify": true,
 	"InsertWaiting": true, "InsertEdges": true, "Prereqs": true, "Dependents": true, "WaitedFor": true}
 

@@ -47,14 +47,16 @@ type Store struct {
 	// The groups only some processes run (the operator's commands, the
 	// dashboard, the demo, the idle probe, dependencies, cancels), rendered
 	// on first use, once per Store.
-	lazyAdmin   func() *adminStatements
-	lazyCancel  func() *cancelStatements
-	lazyDeps    [2]func() *dependsStatements // by Dialect
-	lazyRefused func() *refusedStatements
-	lazyProbe   func() *probeStatements
-	lazyDash    func() *dashboardStatements
-	lazyDemo    func() *demoStatements
-	lazyFleet   func() *fleetStatements
+	lazyAdmin  func() *adminStatements
+	lazyCancel func() *cancelStatements
+	// lazyCancelled renders the kept cancelled items' statements.
+	lazyCancelled func() *cancelledStatements
+	lazyDeps      [2]func() *dependsStatements // by Dialect
+	lazyRefused   func() *refusedStatements
+	lazyProbe     func() *probeStatements
+	lazyDash      func() *dashboardStatements
+	lazyDemo      func() *demoStatements
+	lazyFleet     func() *fleetStatements
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -95,6 +97,7 @@ func New(t Tables) *Store {
 	s.ackAll = ackAllOf(t, s.st.PostgresAckMany)
 	s.lazyAdmin = sync.OnceValue(func() *adminStatements { return newAdminStatements(t) })
 	s.lazyCancel = sync.OnceValue(func() *cancelStatements { return newCancelStatements(t) })
+	s.lazyCancelled = sync.OnceValue(func() *cancelledStatements { return newCancelledStatements(t) })
 	s.lazyDeps[Postgres] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Postgres) })
 	s.lazyDeps[Cockroach] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Cockroach) })
 	s.lazyRefused = sync.OnceValue(func() *refusedStatements { return newRefusedStatements(t) })

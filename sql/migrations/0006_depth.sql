@@ -47,6 +47,42 @@ DROP INDEX IF EXISTS crdbwork_waits_for_by_dependent;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS headers JSONB;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS seq_order BIGINT;
 
+-- == parity: dependency options, cancelled items kept for a requeue ==
+-- (issue 33) A waiting item's dependency policy (claim.NewItem.RunAfter):
+-- the prerequisite outcomes that satisfy its edge as an ack would, instead
+-- of ending it dead (bit 1: dead, bit 2: cancelled; 0: none, as before).
+-- Version-5 code writes 0 and its reapers end such an item as they always
+-- did (docs/dependencies.md, "Rolling upgrades").
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS run_after BIGINT NOT NULL DEFAULT 0;
+
+-- Cancelled items kept for a requeue (Queue.Requeue with
+-- RequeueOptions.Cancelled): written by version-6 cancels, beside the
+-- ended record, for the queue's dedup window. Version-3 to -5 code never
+-- reads or writes it: its cancels keep nothing (such items cannot be
+-- requeued), and its ended-id pruning leaves the rows to version-6
+-- reapers, which prune them by age.
+CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
+    queue        TEXT        NOT NULL,
+    id           UUID        NOT NULL,
+    part         BIGINT      NOT NULL,
+    item_key     TEXT,
+    priority     BIGINT      NOT NULL,
+    max_attempts BIGINT      NOT NULL,
+    payload      BYTEA       NOT NULL,
+    metadata     BYTEA,
+    tenant       TEXT,
+    headers      JSONB,
+    enqueued_at  TIMESTAMPTZ NOT NULL,
+    claim_token  BIGINT      NOT NULL DEFAULT 0,
+    seq_order    BIGINT,
+    cancelled_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- By id first: a requeue's lookup of one id cannot be mistaken for a
+    -- read of the queue's rows through the index by age.
+    PRIMARY KEY (id, queue)
+);
+CREATE INDEX IF NOT EXISTS crdbwork_cancelled_items_by_age
+    ON crdbwork_cancelled_items (queue, cancelled_at);
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
