@@ -59,6 +59,10 @@ type Options struct {
 	// to reach the disk) instead of off, for benchmarks of a durable
 	// server. CockroachDB ignores it.
 	Durable bool
+	// MaxConnections is PostgreSQL's max_connections (0: 400). Fleets of
+	// many worker processes need more: each opens worker.Connections.
+	// CockroachDB ignores it.
+	MaxConnections int
 }
 
 // defaultStartTimeout bounds Start when its context has no deadline.
@@ -132,7 +136,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	}
 	if opts.Prefer != Cockroach {
 		if binDir := findPostgres(); binDir != "" {
-			return startPostgres(startCtx, binDir, logf, opts.Durable)
+			return startPostgres(startCtx, binDir, logf, opts.Durable, opts.MaxConnections)
 		}
 		searched = append(searched, "initdb/pg_ctl/postgres on PATH")
 		searched = append(searched, pgSearchGlobs...)

@@ -275,7 +275,7 @@ rm -rf "$3"`
 
 // startPostgres creates a cluster with initdb in a new temp dir and starts it
 // with pg_ctl on a free port of 127.0.0.1.
-func startPostgres(ctx context.Context, binDir string, logf func(string, ...any), durable bool) (*Server, error) {
+func startPostgres(ctx context.Context, binDir string, logf func(string, ...any), durable bool, maxConns int) (*Server, error) {
 	as, err := pgAccount()
 	if err != nil {
 		return nil, fmt.Errorf("dbserver: %w", err)
@@ -346,9 +346,12 @@ func startPostgres(ctx context.Context, binDir string, logf func(string, ...any)
 		if durable {
 			durability = "on"
 		}
+		if maxConns <= 0 {
+			maxConns = 400
+		}
 		opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=%s "+
-			"-c synchronous_commit=%[3]s -c full_page_writes=%[3]s -c max_connections=400 -c shared_buffers=128MB",
-			port, shellQuote(dir), durability)
+			"-c synchronous_commit=%[3]s -c full_page_writes=%[3]s -c max_connections=%d -c shared_buffers=128MB",
+			port, shellQuote(dir), durability, maxConns)
 		started = true // from here on, Stop must stop a postmaster that may be running
 		err = p.run(ctx, "pg_ctl", "-D", p.dataDir, "-w", "-t", "120", "-l", p.logPath, "-o", opts, "start")
 		if err == nil {
