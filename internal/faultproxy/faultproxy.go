@@ -108,9 +108,12 @@ type Proxy struct {
 	down    bool
 	stalled bool
 	closed  bool
-	conns   map[*conn]struct{}
-	rules   []*armed
-	wg      sync.WaitGroup
+	// connectDelay holds each new connection this long before it is
+	// forwarded (DelayConnects).
+	connectDelay time.Duration
+	conns        map[*conn]struct{}
+	rules        []*armed
+	wg           sync.WaitGroup
 
 	fired atomic.Int64
 }
@@ -217,6 +220,16 @@ func (p *Proxy) CutFor(d time.Duration) {
 	time.AfterFunc(d, p.Restore)
 }
 
+// DelayConnects holds every new connection d before forwarding it (0:
+// none), as a server whose CPU is saturated is slow to start the backend
+// of each new connection: the client's connect takes d longer, and the
+// connections already open are not slowed.
+func (p *Proxy) DelayConnects(d time.Duration) {
+	p.mu.Lock()
+	p.connectDelay = d
+	p.mu.Unlock()
+}
+
 // Close stops the proxy and drops its connections.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
@@ -236,30 +249,44 @@ func (p *Proxy) serve() {
 			return
 		}
 		p.mu.Lock()
-		refuse := p.down || p.closed
+		refuse, delay := p.down || p.closed, p.connectDelay
 		p.mu.Unlock()
 		if refuse {
 			c.Close()
 			continue
 		}
-		s, err := net.DialTimeout("tcp", p.target, 10*time.Second)
-		if err != nil {
-			c.Close()
+		if delay <= 0 {
+			p.open(c)
 			continue
 		}
-		pc := &conn{client: c, server: s, closed: make(chan struct{})}
-		p.mu.Lock()
-		if p.down || p.closed { // cut while dialling
-			p.mu.Unlock()
-			pc.close()
-			continue
-		}
-		p.conns[pc] = struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.fromClient(pc)
-		go p.fromServer(pc)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			time.Sleep(delay)
+			p.open(c)
+		}()
 	}
+}
+
+// open forwards the client connection c to the server.
+func (p *Proxy) open(c net.Conn) {
+	s, err := net.DialTimeout("tcp", p.target, 10*time.Second)
+	if err != nil {
+		c.Close()
+		return
+	}
+	pc := &conn{client: c, server: s, closed: make(chan struct{})}
+	p.mu.Lock()
+	if p.down || p.closed { // cut while dialling
+		p.mu.Unlock()
+		pc.close()
+		return
+	}
+	p.conns[pc] = struct{}{}
+	p.mu.Unlock()
+	p.wg.Add(2)
+	go p.fromClient(pc)
+	go p.fromServer(pc)
 }
 
 // conn is one proxied connection.
