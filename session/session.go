@@ -144,6 +144,10 @@ type TestingOptions struct {
 	// error when it found the row gone (the session is then lost), or the
 	// heartbeat's error. It is not called once the session ended.
 	AfterHeartbeat func(alive bool, err error)
+	// BeforeHeartbeat, if not nil, is called before each heartbeat (and
+	// before the connection it needs, if it must open one): with
+	// AfterHeartbeat, it times the heartbeats' round trips.
+	BeforeHeartbeat func()
 	// AfterReap, if not nil, is called after each deletion of expired
 	// sessions by the session's own reaper (not with ReapEvery negative),
 	// with how many it deleted and its error.
@@ -246,11 +250,16 @@ type Session struct {
 // sessions.
 //
 // The heartbeat has a connection of its own (see Options.Connect), opened
-// on the first heartbeat and opened again after any failure. Heartbeats
+// by Start before it creates the row (within the expiry), and opened again
+// after any failure with whatever is left of the expiry. Heartbeats
 // therefore never queue behind the work of a busy pool — a pool whose
 // connections are all busy acking would otherwise delay the heartbeat past
 // the expiry and lose a session that is working fine — and a pool sized for
-// the process's own work needs no slot for them. The row is created, the
+// the process's own work needs no slot for them; nor does the time a
+// connection takes to open count against the session: on a server whose
+// CPU is saturated that takes seconds (each new backend is a process that
+// waits in a long run queue), and a session that opened it on its first
+// heartbeat was lost before its first heartbeat. The row is created, the
 // reaper runs and Close deletes the row through db.
 func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	opts, err := opts.withDefaults()
@@ -261,6 +270,27 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	if err := crsql.Check(ctx, db, opts.Tables); err != nil {
 		return nil, fmt.Errorf("session: %w", err)
 	}
+	connect := opts.Connect
+	if connect == nil {
+		if pool, ok := db.(*pgxpool.Pool); ok {
+			cfg := pool.Config().ConnConfig
+			connect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg.Copy()) }
+		}
+	}
+	// The heartbeat's connection is opened before the row exists, so that
+	// the time a connection takes to open — seconds on a server whose CPU
+	// is saturated, which forks each new backend behind a long run queue —
+	// is not taken from the session's expiry: the first heartbeat then
+	// only has its statement to run.
+	var conn *pgx.Conn
+	if connect != nil {
+		cctx, cancel := context.WithTimeout(ctx, opts.Expiry)
+		conn, err = connect(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("session: opening the heartbeat's connection: %w", store.Classify(err))
+		}
+	}
 	host, _ := os.Hostname()
 	var id uuid.UUID
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
@@ -269,15 +299,12 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 		return err
 	})
 	if err != nil {
+		if conn != nil {
+			closeConn(conn, opts.Heartbeat)
+		}
 		return nil, fmt.Errorf("session: creating session row: %w", store.Classify(err))
 	}
-	s := &Session{id: id, db: db, store: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: opts.Connect}
-	if s.connect == nil {
-		if pool, ok := db.(*pgxpool.Pool); ok {
-			cfg := pool.Config().ConnConfig
-			s.connect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, cfg.Copy()) }
-		}
-	}
+	s := &Session{id: id, db: db, store: st, opts: opts, log: opts.Logger.With(zap.Stringer("session", id)), connect: connect}
 	s.ctx, s.cancel = context.WithCancelCause(context.WithoutCancel(ctx))
 	s.unregister = context.AfterFunc(ctx, func() { s.lose(fmt.Errorf("the context given to Start ended: %w", ctx.Err())) })
 	// Once the session ends, for whatever reason, ctx need not hold on to it.
@@ -285,7 +312,7 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	// The loops run on the session's own context: a lost or closed session
 	// stops heartbeating and reaping.
 	s.loops.Add(2)
-	go s.heartbeatLoop(s.ctx)
+	go s.heartbeatLoop(s.ctx, conn)
 	go s.reapLoop(s.ctx)
 	s.log.Debug("session started", zap.Duration("heartbeat", opts.Heartbeat), zap.Duration("expiry", opts.Expiry),
 		zap.Duration("clock_margin", opts.ClockMargin))
@@ -322,14 +349,21 @@ func (s *Session) lose(reason error) {
 	s.cancel(fmt.Errorf("%w: %w", ErrLost, reason))
 }
 
-func (s *Session) heartbeatLoop(ctx context.Context) {
+// closeConn closes a heartbeat connection, waiting at most d for the
+// server to hear of it.
+func closeConn(conn *pgx.Conn, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	conn.Close(ctx)
+	cancel()
+}
+
+// heartbeatLoop heartbeats on conn, the connection Start opened (nil: none,
+// heartbeats go through s.db), until the session ends.
+func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 	defer s.loops.Done()
-	var conn *pgx.Conn // the heartbeat's own connection, nil until (re)opened
 	defer func() {
 		if conn != nil {
-			closeCtx, cancel := context.WithTimeout(context.Background(), s.opts.Heartbeat)
-			conn.Close(closeCtx)
-			cancel()
+			closeConn(conn, s.opts.Heartbeat)
 		}
 	}()
 	// lastSent is when the last successful heartbeat was sent, by this
@@ -353,18 +387,28 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		if h := s.opts.Testing.BeforeHeartbeat; h != nil {
+			h()
+		}
 		sent := time.Now()
-		// One heartbeat (with its connect) may take up to two intervals,
-		// but never past the deadline.
-		hbCtx, cancel := context.WithTimeout(ctx, max(time.Millisecond, min(2*s.opts.Heartbeat, budget-time.Since(lastSent))))
 		var alive bool
 		var err error
 		if s.connect != nil && conn == nil {
-			if conn, err = s.connect(hbCtx); err != nil {
+			// A connection that failed is opened again with the rest of
+			// the budget: on a saturated server opening one takes long,
+			// and one given up on has cost the server as much as one
+			// that succeeds.
+			cctx, cancel := context.WithTimeout(ctx, max(time.Millisecond, budget-time.Since(lastSent)))
+			if conn, err = s.connect(cctx); err != nil {
 				conn = nil
 				err = fmt.Errorf("connecting: %w", err)
 			}
+			cancel()
 		}
+		// One heartbeat's statement may take up to two intervals, but never
+		// past the deadline; one that times out is tried again on a fresh
+		// connection.
+		hbCtx, cancel := context.WithTimeout(ctx, max(time.Millisecond, min(2*s.opts.Heartbeat, budget-time.Since(lastSent))))
 		if err == nil {
 			var db crsql.DB = s.db
 			if conn != nil {
@@ -386,9 +430,7 @@ func (s *Session) heartbeatLoop(ctx context.Context) {
 			if err != nil && conn != nil {
 				// Whatever failed, the next heartbeat starts on a fresh
 				// connection rather than one in an unknown state.
-				closeCtx, cancelClose := context.WithTimeout(context.Background(), s.opts.Heartbeat)
-				conn.Close(closeCtx)
-				cancelClose()
+				closeConn(conn, s.opts.Heartbeat)
 				conn = nil
 			}
 		}
