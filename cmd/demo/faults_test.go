@@ -40,11 +40,14 @@ const leaseSlack = 5 * time.Second
 
 // faultDemo is one fault case over demo processes.
 type faultDemo struct {
-	t     *testing.T
-	url   string
-	env   []string
-	db    *pgxpool.Pool
-	items int
+	t   *testing.T
+	url string
+	env []string
+	// workEnv, if not nil, is the environment of the worker processes
+	// (work) instead of env: another DATABASE_URL, through a proxy.
+	workEnv []string
+	db      *pgxpool.Pool
+	items   int
 	// leaseSlack is the package's leaseSlack stretched with the machine's
 	// load (await.Stretch) when the case started.
 	leaseSlack time.Duration
@@ -201,6 +204,9 @@ func (f *faultDemo) work(name string, heartbeat, expiry time.Duration, extra ...
 		"--heartbeat", heartbeat.String(), "--expiry", expiry.String(), "--rebalance", "200ms"}, extra...)
 	cmd := exec.Command(binFor(f.t, demoBin, args), args...)
 	cmd.Env = f.env
+	if f.workEnv != nil {
+		cmd.Env = f.workEnv
+	}
 	p := &proc{name: name, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
