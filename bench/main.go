@@ -16,6 +16,7 @@
 //	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
 //	go -C bench run . limits            # how much of a queue's limits a fleet uses: 1, 2, 4 workers and churn, with and without parts
 //	go -C bench run . claimcost         # the claim's server CPU per item, plain and in parts, with the foreign-key checks and without
+//	go -C bench run . overload          # 128 worker processes drain a backlog: sessions lost while alive, items/s, heartbeat round trips
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -54,6 +55,7 @@ const usage = `Usage:
   go -C bench run . lived [flags]       one drain per feature on a fresh database and on one that has lived
   go -C bench run . limits [flags]      how much of a queue's limits (in flight, rate) a fleet uses; --handover: the hand-over bound
   go -C bench run . claimcost [flags]   the claim's server CPU per claimed item (one backend's CPU time), plain and parts mode
+  go -C bench run . overload [flags]    --processes worker processes drain a backlog: sessions lost, items/s, heartbeat round trips
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -145,6 +147,15 @@ counts, for every claimed item, the claimable items before it in the queue's
 strict order (its popped element index, PEI): median, mean, p90, p99, max;
 with --urgent-priority N, the urgent items' apart.
 
+overload starts --processes worker processes (this program again, each a
+separate OS process with one worker: --concurrency handlers, --parts parts,
+results recorded in the ack transaction) on one queue holding a backlog of
+--items items, waits until the backlog is drained, stops them gracefully,
+and reports the sessions lost while their process was alive (the goal: none),
+the items per second, the heartbeats' round trips (p50, p90, p99, max, with
+the connection a heartbeat had to open, if any) and the machine's load. The
+throwaway server gets max_connections for every process's connections.
+
 sequences drains --items items spread over --keys keys from a plain queue
 and from a sequenced one (docs/sequences.md: one item in flight per key, in
 enqueue order), alternating which goes first in each round, and prints each
@@ -198,10 +209,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return tableCmd(ctx, args, out)
 	case "claimcost":
 		return claimcostCmd(ctx, args, out)
+	case "overload":
+		return overloadCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
+	case "overload-worker": // a worker process of overload (not for users)
+		return overloadWorker(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits or claimcost; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost or overload; see --help)", cmd)
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 // TestMain runs the produce command instead of the tests in the producer
 // processes that latency starts from the test binary.
 func TestMain(m *testing.M) {
-	if os.Getenv(producerEnv) != "" {
+	if os.Getenv(producerEnv) != "" || os.Getenv(overloadEnv) != "" {
 		if err := run(context.Background(), os.Args[1:], os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "bench produce:", err)
 			os.Exit(1)
