@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -161,5 +162,26 @@ func TestMedianRate(t *testing.T) {
 	}
 	if got := medianRate(rs[:2], 100); got != 62.5 {
 		t.Errorf("median of 25 and 100 items/s: got %v", got)
+	}
+}
+
+// TestOverloadDrains runs a tiny overload: two worker processes (this test
+// binary again) drain 500 items; every item has its result, and the report
+// counts the processes' sessions and heartbeats.
+func TestOverloadDrains(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, []string{"overload", "--processes", "2", "--items", "500", "--concurrency", "16", "--parts", "4",
+		"--heartbeat", "200ms", "--expiry", "10s", "--json"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var rep OverloadReport
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
+		t.Fatalf("the last line is not the JSON report: %v\n%s", err, out.String())
+	}
+	if rep.Results != 500 || rep.Remaining != 0 || rep.Processes != 2 || rep.SessionsStarted < 2 || rep.Heartbeats == 0 || rep.ProcessesExited != 0 {
+		t.Fatalf("report %+v: want 500 results, none left, at least 2 sessions started, heartbeats timed, no process exited early", rep)
 	}
 }
