@@ -49,6 +49,12 @@ const (
 	MaxExpiry    = 24 * time.Hour
 )
 
+// startConnectTimeout is how long Start waits at least for the heartbeat's
+// connection to open (longer if the expiry is): a connect given up on has
+// cost a saturated server as much as one that succeeds, and the next
+// attempt starts from scratch.
+const startConnectTimeout = 30 * time.Second
+
 // MinExpiryFactor is how many heartbeat intervals the expiry must span at
 // least, so that one slow heartbeat does not lose the session.
 const MinExpiryFactor = 3
@@ -250,7 +256,8 @@ type Session struct {
 // sessions.
 //
 // The heartbeat has a connection of its own (see Options.Connect), opened
-// by Start before it creates the row (within the expiry), and opened again
+// by Start before it creates the row (within 30 s or the expiry, whichever
+// is longer, and ctx), and opened again
 // after any failure with whatever is left of the expiry. Heartbeats
 // therefore never queue behind the work of a busy pool — a pool whose
 // connections are all busy acking would otherwise delay the heartbeat past
@@ -284,7 +291,7 @@ func Start(ctx context.Context, db crsql.DB, opts Options) (*Session, error) {
 	// only has its statement to run.
 	var conn *pgx.Conn
 	if connect != nil {
-		cctx, cancel := context.WithTimeout(ctx, opts.Expiry)
+		cctx, cancel := context.WithTimeout(ctx, max(opts.Expiry, startConnectTimeout))
 		conn, err = connect(cctx)
 		cancel()
 		if err != nil {
