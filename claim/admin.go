@@ -28,16 +28,26 @@ import (
 type DeadFilter struct {
 	// Tenant is the tenant's name, exactly.
 	Tenant string
-	// Reason is the reason of death, exactly ("failed", "permanent",
-	// "crash loop", "expired").
+	// Reason is the reason of death (see Reasons and MatchReason): one
+	// of "failed", "permanent", "crash loop", "expired", "snoozed too
+	// often", "cancelled", "refused by the database", exactly; or
+	// "dependency died", every death of a dependent whose prerequisite
+	// ended without an ack, or "dependency died: <id>" (or the id's
+	// start), those of one prerequisite. Another reason is refused with
+	// ErrUnknownReason.
 	Reason string
 	// ErrorContains is a substring of the last error (case-sensitive).
 	ErrorContains string
 }
 
-// row returns the filter as the store takes it.
-func (f DeadFilter) row() store.DeadFilter {
-	return store.DeadFilter{Tenant: f.Tenant, Reason: f.Reason, ErrorContains: f.ErrorContains}
+// row returns the filter as the store takes it: the reason as the prefix
+// of the reasons it matches.
+func (f DeadFilter) row() (store.DeadFilter, error) {
+	p, err := reasonPrefix(f.Reason)
+	if err != nil {
+		return store.DeadFilter{}, err
+	}
+	return store.DeadFilter{Tenant: f.Tenant, ReasonPrefix: p, ErrorContains: f.ErrorContains}, nil
 }
 
 // DeadQuery asks DeadItems for one page of dead items. The zero value
@@ -100,9 +110,13 @@ func (q *Queue) DeadItems(ctx context.Context, dq DeadQuery) (DeadPage, error) {
 		}
 		after = &p
 	}
+	filter, err := dq.DeadFilter.row()
+	if err != nil {
+		return DeadPage{}, fmt.Errorf("%s: %w", what, err)
+	}
 	// One more than asked: whether a next page exists.
 	items, err := q.listDead(ctx, func(ctx context.Context) ([]store.DeadItemRow, error) {
-		return q.store.DeadPageFilter(ctx, q.db, q.opts.Queue, dq.DeadFilter.row(), after, dq.Limit+1)
+		return q.store.DeadPageFilter(ctx, q.db, q.opts.Queue, filter, after, dq.Limit+1)
 	})
 	if err != nil {
 		return DeadPage{}, err
@@ -155,10 +169,14 @@ func (q *Queue) countDead(ctx context.Context, f DeadFilter) (int64, error) {
 	if err := q.ready(ctx); err != nil {
 		return 0, fmt.Errorf("claim: counting dead items of %q: %w", q.opts.Queue, err)
 	}
+	filter, err := f.row()
+	if err != nil {
+		return 0, fmt.Errorf("claim: counting dead items of %q: %w", q.opts.Queue, err)
+	}
 	var n int64
-	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		n, err = q.store.DeadCount(ctx, q.db, q.opts.Queue, f.row())
+		n, err = q.store.DeadCount(ctx, q.db, q.opts.Queue, filter)
 		return store.Classify(err)
 	})
 	if err != nil {

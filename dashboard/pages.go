@@ -360,11 +360,12 @@ type itemsQuery struct {
 var itemStates = []string{"unclaimed", "due", "scheduled", "claimed", "dead", "cancelled"}
 
 type itemsData struct {
-	Q      itemsQuery
-	Queues []string
-	States []string
-	Items  []store.ItemRow
-	Dead   []store.DeadPageRow
+	Q       itemsQuery
+	Reasons []string
+	Queues  []string
+	States  []string
+	Items   []store.ItemRow
+	Dead    []store.DeadPageRow
 	// Cancelled are the cancelled items (state "cancelled"), the most
 	// recent end first: a cancel keeps them for the queue's dedup window,
 	// and they can be requeued.
@@ -384,7 +385,7 @@ func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 	if q.State == "" {
 		q.State = "unclaimed"
 	}
-	d := &itemsData{Q: q, States: itemStates, Now: time.Now(), Window: h.opts.ScanWindow}
+	d := &itemsData{Q: q, Reasons: claim.Reasons(), States: itemStates, Now: time.Now(), Window: h.opts.ScanWindow}
 	snap := h.sampler.current(r.Context())
 	for _, f := range snap.Queues {
 		d.Queues = append(d.Queues, f.Name)
@@ -395,6 +396,9 @@ func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 	d.Filters = q.Key != "" || q.Error != "" || q.Reason != "" || q.State == "due" || q.State == "scheduled" ||
 		(q.Tenant != "" && q.State == "claimed")
 	if q.State == "dead" {
+		if err := claim.CheckReason(q.Reason); err != nil {
+			return "", nil, badRequest("%v", err)
+		}
 		d.Filters = d.Filters || q.Tenant != ""
 		return "Dead items of " + q.Queue, d, h.searchDead(r, d)
 	}
@@ -525,7 +529,7 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 			d.Scanned++
 			after = &store.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
 			if (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
-				(q.Reason == "" || it.Reason == q.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
+				claim.MatchReason(q.Reason, it.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
 				d.Dead = append(d.Dead, it)
 			}
 		}

@@ -9,7 +9,9 @@ import (
 )
 
 // TestDocsCommandLines runs every crdbwork command line in the code blocks
-// of README.md and docs/*.md with -h appended: each command, flag and value
+// of README.md and docs/*.md, and in their inline code (`crdbwork dead
+// --reason "snoozed too often"`; synopses with [, < or | excepted), with
+// -h appended: each command, flag and value
 // must parse (an unknown one exits 2), so the docs cannot drift from the
 // binary. docs/cli.md, the reference, must have a section for every command
 // and name every flag each command's -h shows.
@@ -27,7 +29,16 @@ func TestDocsCommandLines(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, cl := range commandLines(string(raw)) {
-			r := run(t, nil, append(cl.args, "-h")...)
+			args := cl.args
+			if last := args[len(args)-1]; cl.inline && len(args) > 1 && strings.HasPrefix(last, "--") {
+				// A flag named in prose (`crdbwork parts --set`): the
+				// command must have it.
+				args = args[:len(args)-1]
+				if r := run(t, nil, append(args, "-h")...); !strings.Contains(r.stdout, "  "+last+" ") && !strings.Contains(r.stdout, "  "+last+"\n") {
+					t.Errorf("%s:%d: crdbwork %s has no flag %s: %s", file, cl.line, strings.Join(args, " "), last, r)
+				}
+			}
+			r := run(t, nil, append(args, "-h")...)
 			if r.code != 0 || !strings.Contains(r.stdout, "Usage: crdbwork "+cl.args[0]) {
 				t.Errorf("%s:%d: crdbwork %s -h: %s", file, cl.line, strings.Join(cl.args, " "), r)
 			}
@@ -59,6 +70,8 @@ func TestDocsCommandLines(t *testing.T) {
 type commandLine struct {
 	line int      // 1-based, where it starts
 	args []string // after "crdbwork"
+	// inline is set for a command line in inline code (in prose).
+	inline bool
 }
 
 // commandLines finds the crdbwork command lines of a Markdown text's code
@@ -77,6 +90,14 @@ func commandLines(text string) []commandLine {
 			continue
 		}
 		if !inCode {
+			for _, m := range inlineCommand.FindAllStringSubmatch(lines[i], -1) {
+				if strings.ContainsAny(m[1], "[<|") {
+					continue // a synopsis, not a command line
+				}
+				if args := shellWords(m[1]); len(args) > 0 && commandWord.MatchString(args[0]) {
+					out = append(out, commandLine{line: i + 1, args: args, inline: true})
+				}
+			}
 			continue
 		}
 		start := i
@@ -103,6 +124,9 @@ func commandLines(text string) []commandLine {
 	}
 	return out
 }
+
+// inlineCommand is a crdbwork command line in inline code.
+var inlineCommand = regexp.MustCompile("`crdbwork ([^`]+)`")
 
 var commandWord = regexp.MustCompile(`^[a-z][a-z-]*$`)
 

@@ -41,6 +41,18 @@ type deadJSON struct {
 	DiedAt      time.Time `json:"died_at"`
 }
 
+// quoteReasons lists claim.Reasons quoted where they hold a space.
+func quoteReasons() string {
+	var out []string
+	for _, r := range claim.Reasons() {
+		if strings.Contains(r, " ") {
+			r = fmt.Sprintf("%q", r)
+		}
+		out = append(out, r)
+	}
+	return strings.Join(out, ", ")
+}
+
 // filterFlags are the dead-item filters of dead and requeue.
 type filterFlags struct{ f claim.DeadFilter }
 
@@ -48,12 +60,12 @@ type filterFlags struct{ f claim.DeadFilter }
 // unreadable from the environment (for requeue: they choose what moves).
 func (d *filterFlags) register(f *cli.FlagSet, flagOnly bool) {
 	f.StringVar(&d.f.Tenant, "tenant", "", "NAME", "only the dead items of this tenant", nil)
-	f.StringVar(&d.f.Reason, "reason", "", "REASON", "only the dead items that died for this reason: failed, permanent, crash loop or expired", func(s string) error {
-		switch s {
-		case "", claim.ReasonFailed, claim.ReasonPermanent, claim.ReasonCrashLoop, claim.ReasonExpired:
-			return nil
+	f.StringVar(&d.f.Reason, "reason", "", "REASON", "only the dead items that died for this reason: "+strings.Join(claim.Reasons(), ", ")+
+		" (\"dependency died: ID\" for one prerequisite's; the start of the id is enough)", func(s string) error {
+		if err := claim.CheckReason(s); err != nil {
+			return fmt.Errorf("must be one of %s, or \"dependency died: ID\"", quoteReasons())
 		}
-		return fmt.Errorf("must be %s, %s, %q or %s", claim.ReasonFailed, claim.ReasonPermanent, claim.ReasonCrashLoop, claim.ReasonExpired)
+		return nil
 	})
 	f.StringVar(&d.f.ErrorContains, "error", "", "TEXT", "only the dead items whose last error contains this text", nil)
 	if flagOnly {
@@ -73,7 +85,11 @@ func cmdDead(ctx context.Context, name string, args []string, out *cli.Console) 
 	var count bool
 	f := prog.NewFlagSet(name, `Lists the dead items of --queue, the most recent first, with why they died:
 "failed" (attempts used up), "permanent" (a permanent error), "crash loop"
-(attempts used up without an ack or nack) or "expired" (past its deadline).
+(attempts used up without an ack or nack), "expired" (past its deadline),
+"snoozed too often", "dependency died: ID" (a prerequisite ended without an
+ack), "cancelled" (a sequenced item cancelled while its sequence holds) or
+"refused by the database". --reason "dependency died" matches every
+prerequisite's.
 --tenant, --reason and --error filter them. A page holds --limit items; when
 more follow, it ends with the cursor of the next page, for --after. An id that
 died several times is listed once per death, each with its own DEATH key.

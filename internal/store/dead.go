@@ -53,7 +53,7 @@ type adminStatements struct {
 
 const deadColumns = `id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death`
 
-const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR reason = $3) AND ($4 = '' OR strpos(last_error, $4) > 0)`
+const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR strpos(reason, $3) = 1) AND ($4 = '' OR strpos(last_error, $4) > 0)`
 
 func newAdminStatements(t Tables) *adminStatements {
 	r := func(text string) string { return rewrite(t, text) }
@@ -90,9 +90,10 @@ func (s *Store) admin() *adminStatements { return s.lazyAdmin() }
 type DeadFilter struct {
 	// Tenant is the tenant's name, exactly.
 	Tenant string
-	// Reason is the reason of death, exactly ("failed", "permanent",
-	// "crash loop", "expired").
-	Reason string
+	// ReasonPrefix is the start of the reason of death: a whole reason
+	// ("failed", "crash loop"; none is the start of another) or the start
+	// of "dependency died: <id>".
+	ReasonPrefix string
 	// ErrorContains is a substring of the last error (case-sensitive).
 	ErrorContains string
 }
@@ -125,9 +126,9 @@ LIMIT $8`
 func (s *Store) DeadPageFilter(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
 	a := s.admin()
 	if after == nil {
-		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.Reason, f.ErrorContains, limit)
+		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, limit)
 	}
-	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.Reason, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
+	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
 }
 
 // deadCountSQL is the text of adminStatements.deadCount
@@ -137,7 +138,7 @@ const deadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFil
 // DeadCount counts the deaths of queue that match f.
 func (s *Store) DeadCount(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.Reason, f.ErrorContains).Scan(&n)
+	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains).Scan(&n)
 	return n, err
 }
 
