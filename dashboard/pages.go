@@ -265,6 +265,10 @@ type partMap struct {
 	Parts    []partCell
 	Unowned  int
 	Members  int
+	// InUse: a session owns one of its parts (workers run the queue in
+	// parts mode). Otherwise any session claims any item, and a part
+	// nobody owns is no alarm (Unowned stays 0).
+	InUse bool
 }
 
 type partCell struct {
@@ -336,9 +340,10 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 			return "", nil, err
 		}
 		members := map[uuid.UUID]bool{}
+		m.InUse = len(owners[n]) > 0
 		for p := 0; p < m.NumParts; p++ {
 			c := partCell{Part: p, Owner: owners[n][p], Backlog: backlog[p], Moved: recent[partKey{n, p}]}
-			if c.Owner == uuid.Nil {
+			if c.Owner == uuid.Nil && m.InUse {
 				m.Unowned++
 			} else {
 				members[c.Owner] = true

@@ -357,7 +357,7 @@ move to part % N, and the workers' rebalancers follow at their next poll).`)
 	}
 	if g.json {
 		m := map[string]any{"queue": g.queue, "parts": s.NumParts, "stored": s.PartsStored, "owners": s.PartOwners,
-			"unowned": s.UnownedParts}
+			"unowned": s.UnownedParts, "in_use": s.PartsInUse}
 		if f.IsSet("set") {
 			m["previous"] = before
 		}

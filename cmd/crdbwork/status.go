@@ -128,10 +128,14 @@ type status struct {
 	OldestDueSeconds float64         `json:"oldest_due_seconds"`
 	Sessions         []sessionStatus `json:"sessions"`
 	PartOwners       []ownerStatus   `json:"part_owners"`
-	UnownedParts     string          `json:"unowned_parts"`
-	Backlog          []backlogRow    `json:"backlog"`
-	Queues           []backlogTotal  `json:"queues"`
-	Dead             int64           `json:"dead"`
+	// UnownedParts are the parts nobody owns, when the queue's parts are
+	// in use (PartsInUse: a session owns one of them, i.e. workers run it
+	// in parts mode); "" otherwise, where any session claims any item.
+	UnownedParts string         `json:"unowned_parts"`
+	PartsInUse   bool           `json:"parts_in_use"`
+	Backlog      []backlogRow   `json:"backlog"`
+	Queues       []backlogTotal `json:"queues"`
+	Dead         int64          `json:"dead"`
 	// Snoozed counts unclaimed items a handler snoozed; Cancelling counts
 	// running items whose cancel was asked for and which have not ended
 	// (docs/cancel-and-snooze.md).
@@ -228,8 +232,11 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, engine st
 		s.PartOwners = append(s.PartOwners, ownerStatus{Session: id.String(), Name: ownerNames[id],
 			Parts: ranges(byOwner[id]), Count: len(byOwner[id])})
 	}
+	// Parts nobody owns matter only where sessions work the queue in parts
+	// mode: without parts any session claims any item.
+	s.PartsInUse = len(owned) > 0
 	var unowned []int
-	for p := 0; p < s.NumParts; p++ {
+	for p := 0; p < s.NumParts && s.PartsInUse; p++ {
 		if !owned[p] {
 			unowned = append(unowned, p)
 		}
@@ -727,7 +734,14 @@ func writeOwners(b *strings.Builder, s *status) {
 			fmt.Fprintf(b, "parts %s of %q: held by expired session %s (until a peer reaps it)\n", o.Parts, s.Queue, o.Session[:8])
 		}
 	}
-	if s.UnownedParts == "" {
+	switch {
+	case !s.PartsInUse && s.NumParts > 1:
+		fmt.Fprintf(b, "parts of %q: not in use (%d parts, no session owns one: sessions without parts claim any item)\n", s.Queue, s.NumParts)
+		return
+	case !s.PartsInUse:
+		fmt.Fprintf(b, "parts of %q: not in use (any session claims any item)\n", s.Queue)
+		return
+	case s.UnownedParts == "":
 		fmt.Fprintf(b, "parts of %q owned by nobody: none\n", s.Queue)
 		return
 	}

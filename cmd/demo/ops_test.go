@@ -191,6 +191,7 @@ func TestPartsAndStatus(t *testing.T) {
 		Stored   bool   `json:"stored"`
 		Previous int    `json:"previous"`
 		Unowned  string `json:"unowned"`
+		InUse    bool   `json:"in_use"`
 	}
 	wantExit(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--json"), 2, `unknown queue "pq"`)
 	jsonOut(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--create", "--json"), &p)
@@ -198,7 +199,7 @@ func TestPartsAndStatus(t *testing.T) {
 		t.Errorf("parts of a new queue: %+v, want 1, not stored", p)
 	}
 	jsonOut(t, op(t, time.Minute, env, "parts", "--queue", "pq", "--set", "8", "--yes", "--create", "--json"), &p)
-	if p.Parts != 8 || p.Previous != 1 || !p.Stored || p.Unowned != "0-7" {
+	if p.Parts != 8 || p.Previous != 1 || !p.Stored || p.Unowned != "" || p.InUse { // no session works it: no alarm
 		t.Errorf("parts --set 8: %+v", p)
 	}
 	if n := countRows(t, pool, `SELECT num_parts FROM crdbwork_queues WHERE name = 'pq'`); n != 8 {
@@ -213,9 +214,9 @@ func TestPartsAndStatus(t *testing.T) {
 		t.Fatalf("enqueue into a new queue: exit status %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
-	// Status: the parts nobody owns are named; a mistyped queue warns.
+	// Status: parts no session works are no alarm; a mistyped queue warns.
 	r = op(t, time.Minute, env, "status")
-	if r.code != 0 || !strings.Contains(r.stdout, `owned by nobody: 16 (parts 0-15)`) || strings.Contains(r.stdout, "warning") {
+	if r.code != 0 || !strings.Contains(r.stdout, `not in use (16 parts, no session owns one`) || strings.Contains(r.stdout, "owned by nobody") || strings.Contains(r.stdout, "warning") {
 		t.Errorf("status:\n%s%s", r.stdout, r.stderr)
 	}
 	if !regexp.MustCompile(`backlog: 50 unclaimed, 50 due \(oldest due for [0-9.]+m?s\), 0 claimed`).MatchString(r.stdout) {
