@@ -187,10 +187,12 @@ func (q *Queue) inspect(ctx context.Context) (QueueInfo, error) {
 }
 
 // Queues returns the names of the queues in the database t names on db, in
-// order: those with a row in the queues table, with unclaimed or claimed
-// items, or with dead items. It reads the queues table and one index entry
-// per queue in each of three indexes (unclaimed, claimed and dead items,
-// each read as a skip from one queue name to the next), not the items.
+// order: those with a row in the queues table, with unclaimed, claimed,
+// dead or waiting items, with ended ids (acked, dead, cancelled items
+// remembered for the queue's dedup window) or with periodic schedules, so
+// that a drained queue stays known. It reads the queues table and one
+// index entry per queue in each of six indexes (each read as a skip from
+// one queue name to the next), not the items.
 func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) {
 	if err := t.Validate(); err != nil {
 		return nil, fmt.Errorf("claim: listing the queues: %w", err)
@@ -216,9 +218,7 @@ func Queues(ctx context.Context, db crsql.DB, t crsql.Tables) ([]string, error) 
 			}
 			after = names[len(names)-1]
 		}
-		for _, next := range []func(context.Context, crsql.DB, string) (string, bool, error){
-			s.QueuesNextUnclaimed, s.QueuesNextClaimed, s.QueuesNextDead,
-		} {
+		for _, next := range s.QueuesNext() {
 			for after := ""; ; {
 				n, ok, err := next(ctx, db, after)
 				if err != nil {

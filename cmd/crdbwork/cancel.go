@@ -89,7 +89,7 @@ are cancelled), or if --wait times out.`)
 		if g.json && cf.dryRun {
 			return cli.PrintJSON(out, map[string]any{"queue": g.queue, "dry_run": true, "would_cancel": f.Args})
 		}
-		line := fmt.Sprintf("would cancel %d items of queue %q: %s", len(ids), g.queue, strings.Join(f.Args, ", "))
+		line := fmt.Sprintf("would cancel %s of queue %q: %s", plural(len(ids), "item"), g.queue, strings.Join(f.Args, ", "))
 		if cf.dryRun {
 			out.Printf("%s\n", line)
 			return nil
@@ -102,7 +102,7 @@ are cancelled), or if --wait times out.`)
 	for _, id := range ids {
 		res, err := q.CancelItem(ctx, id, claim.CancelOptions{By: by, Reason: reason})
 		if err != nil {
-			return cli.Failf(1, "cancelled %d items, then: %v", len(done), err)
+			return cli.Failf(1, "cancelled %s, then: %v", plural(len(done), "item"), err)
 		}
 		if !res.Found {
 			missing = append(missing, id.String())
@@ -126,7 +126,7 @@ are cancelled), or if --wait times out.`)
 		for i, d := range done {
 			list[i] = d.ID
 		}
-		recordAudit(ctx, pool, &g, out, "cancel", fmt.Sprintf("cancelled %d items (by %s): %s", len(done), by, strings.Join(list, ", ")))
+		recordAudit(ctx, pool, &g, out, "cancel", fmt.Sprintf("cancelled %s (by %s): %s", plural(len(done), "item"), by, strings.Join(list, ", ")))
 	}
 	var waitErr error
 	if wait {

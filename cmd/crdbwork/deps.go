@@ -78,7 +78,7 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 	}
 	var b strings.Builder
 	if d.Waiting {
-		fmt.Fprintf(&b, "item %s of queue %q waits for %d prerequisites (enqueued %s)\n", id, g.queue, d.Remaining,
+		fmt.Fprintf(&b, "item %s of queue %q waits for %s (enqueued %s)\n", id, g.queue, plural(int(d.Remaining), "prerequisite"),
 			d.EnqueuedAt.UTC().Format(time.RFC3339))
 		if d.RunAfter != 0 {
 			fmt.Fprintf(&b, "it runs anyway after a prerequisite that %s\n",
@@ -96,7 +96,7 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 	case n == limit:
 		fmt.Fprintf(&b, "at least %d items wait for it (--limit):\n", n)
 	default:
-		fmt.Fprintf(&b, "%d items wait for it:\n", n)
+		fmt.Fprintf(&b, "%s for it:\n", verb(n, "item waits", "items wait"))
 	}
 	for _, dep := range d.Dependents {
 		fmt.Fprintf(&b, "  %s\n", dep)

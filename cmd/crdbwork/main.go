@@ -125,7 +125,7 @@ flags that move or delete data (--yes, --all, --set, --remove, --death,
 --create, and requeue's filters) are read from the command line only.
 
 A queue that is not in the database (no row in the queues table, no items, no
-dead items) is refused, with a suggestion when a known queue's name is close;
+dead or waiting items, no ended ids, no schedules) is refused, with a suggestion when a known queue's name is close;
 migrate and status without --queue excepted. To set a new queue up before its
 first item, give --create to parts, limit, fair, sequence or pause. The commands that delete or move
 many rows (requeue of more than one item, cancel, purge, parts --set) say what
@@ -216,7 +216,7 @@ func requireQueue(ctx context.Context, db claim.DB, t crsql.Tables, name string)
 	if slices.Contains(names, name) {
 		return nil
 	}
-	msg := fmt.Sprintf("unknown queue %q: it has no row in the queues table, no items and no dead items", name)
+	msg := fmt.Sprintf("unknown queue %q: it has no row in the queues table, no items, no dead or waiting items, no ended ids and no schedules", name)
 	if s := suggest(name, names); s != "" {
 		msg += fmt.Sprintf("; did you mean %q?", s)
 	} else if len(names) > 0 {

@@ -345,7 +345,7 @@ func TestStatusQueuesAndUnknownQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := must(t, d.env, "status"); !strings.Contains(r.stdout, "no queues") || !strings.Contains(r.stdout, "1 live sessions") ||
+	if r := must(t, d.env, "status"); !strings.Contains(r.stdout, "no queues") || !strings.Contains(r.stdout, "1 live session") ||
 		!strings.Contains(r.stdout, "lonely") {
 		t.Errorf("status of an empty database:\n%s", r)
 	}
@@ -516,7 +516,7 @@ func TestCancelPauseFairLimitParts(t *testing.T) {
 
 	// cancel: refused without --yes, shown with --dry-run.
 	want(t, d.env, 2, []string{"would cancel 2 items", "--yes"}, "cancel", "--queue", "emails", ids[0].String(), ids[1].String())
-	if r := must(t, d.env, "cancel", "--queue", "emails", "--dry-run", ids[0].String()); !strings.Contains(r.stdout, "would cancel 1 items") {
+	if r := must(t, d.env, "cancel", "--queue", "emails", "--dry-run", ids[0].String()); !strings.Contains(r.stdout, "would cancel 1 item ") {
 		t.Errorf("cancel --dry-run:\n%s", r)
 	}
 	// parts --set: refused without --yes.
@@ -619,7 +619,7 @@ func TestPurge(t *testing.T) {
 	}
 	reports := d.snapshot(t, "reports")
 	emails := d.snapshot(t, "emails")
-	want(t, d.env, 2, []string{"would delete from queue \"emails\": 2500 items, 3 dead items", "1 tenant limits", "--yes"}, "purge", "--queue", "emails")
+	want(t, d.env, 2, []string{"would delete from queue \"emails\": 2500 items, 3 dead items", "1 tenant limit", "--yes"}, "purge", "--queue", "emails")
 	m := jsonOf(t, must(t, d.env, "purge", "--queue", "emails", "--dry-run", "--json"))
 	if w, _ := m["would_delete"].(map[string]any); w["items"] != float64(2500) || w["dead_items"] != float64(3) {
 		t.Errorf("purge --dry-run --json: %v", m)
@@ -742,14 +742,14 @@ func TestDepsCommand(t *testing.T) {
 	}
 	must(t, d.env, "cancel", "--queue", "pipeline", "--yes", anyway.String())
 	r := must(t, d.env, "deps", "--queue", "pipeline", root.String())
-	if !strings.Contains(r.stdout, "is not waiting") || !strings.Contains(r.stdout, "1 items wait for it") || !strings.Contains(r.stdout, dep.String()) {
+	if !strings.Contains(r.stdout, "is not waiting") || !strings.Contains(r.stdout, "1 item waits for it") || !strings.Contains(r.stdout, dep.String()) {
 		t.Errorf("deps of the root:\n%s", r)
 	}
 	s := jsonOf(t, must(t, d.env, "status", "--queue", "pipeline", "--json"))
 	if s["waiting"] != float64(1) {
 		t.Errorf("status --json: waiting = %v, want 1", s["waiting"])
 	}
-	if r := must(t, d.env, "status", "--queue", "pipeline"); !strings.Contains(r.stdout, "waiting: 1 items") {
+	if r := must(t, d.env, "status", "--queue", "pipeline"); !strings.Contains(r.stdout, "waiting: 1 item waits") {
 		t.Errorf("status does not count the waiting item:\n%s", r)
 	}
 	// A waiting item is cancelled like any other.

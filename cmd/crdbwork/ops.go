@@ -140,7 +140,7 @@ With --count it prints only how many match. Requeue them with
 		return nil
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "queue %q: %d dead items%s", g.queue, total, map[bool]string{true: " match"}[ff.any()])
+	fmt.Fprintf(&b, "queue %q: %s%s", g.queue, plural(int(total), "dead item"), map[bool]string{true: map[bool]string{true: " matches", false: " match"}[total == 1]}[ff.any()])
 	if len(page.Items) > 0 {
 		fmt.Fprintf(&b, " (%d shown)", len(page.Items))
 	}
@@ -279,10 +279,10 @@ is no longer listed as cancelled.`)
 	}})
 	out.EndProgress()
 	if err != nil {
-		return cli.Failf(1, "requeued %d items, then: %v", res.Requeued, err)
+		return cli.Failf(1, "requeued %s, then: %v", plural(res.Requeued, "item"), err)
 	}
 	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already, %d refused)", res.Requeued, res.Live, res.Refused))
-	msg := fmt.Sprintf("requeued %d dead items into queue %q\n", res.Requeued, g.queue)
+	msg := fmt.Sprintf("requeued %s into queue %q\n", plural(res.Requeued, "dead item"), g.queue)
 	if res.Live > 0 {
 		msg += fmt.Sprintf("%d dead ids not requeued: the id is live, an item or a waiting item has it (their dead items stay)\n", res.Live)
 	}
@@ -365,9 +365,9 @@ move to part % N, and the workers' rebalancers follow at their next poll).`)
 	}
 	var b strings.Builder
 	if f.IsSet("set") {
-		fmt.Fprintf(&b, "queue %q: %d parts (was %d)\n", g.queue, s.NumParts, before)
+		fmt.Fprintf(&b, "queue %q: %s (was %d)\n", g.queue, plural(s.NumParts, "part"), before)
 	} else {
-		fmt.Fprintf(&b, "queue %q: %d parts%s\n", g.queue, s.NumParts, map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
+		fmt.Fprintf(&b, "queue %q: %s%s\n", g.queue, plural(s.NumParts, "part"), map[bool]string{false: " (no stored count: the default for a queue nobody has set up)"}[s.PartsStored])
 	}
 	writeOwners(&b, s)
 	out.Printf("%s", b.String())

@@ -29,9 +29,9 @@ func toPurgeJSON(c claim.PurgeCounts) purgeJSON {
 // describePurge lists the rows of c for people.
 func describePurge(c claim.PurgeCounts) string {
 	parts := []string{
-		fmt.Sprintf("%d items", c.Items), fmt.Sprintf("%d dead items", c.Dead), fmt.Sprintf("%d ended ids", c.Ended),
-		fmt.Sprintf("%d owned parts", c.OwnedParts), fmt.Sprintf("%d tenant limits", c.TenantLimits),
-		fmt.Sprintf("%d schedule marks", c.Schedules),
+		plural(int(c.Items), "item"), plural(int(c.Dead), "dead item"), plural(int(c.Ended), "ended id"),
+		plural(int(c.OwnedParts), "owned part"), plural(int(c.TenantLimits), "tenant limit"),
+		plural(int(c.Schedules), "schedule mark"),
 	}
 	if c.Stored {
 		parts = append(parts, "its settings row (part count, settings, pause)")
@@ -76,7 +76,7 @@ the queue's workers first: running ones set the queue up again.`)
 		case cf.dryRun:
 			out.Printf("would delete from queue %q: %s\n", g.queue, describePurge(plan))
 			if len(members) > 0 {
-				out.Printf("warning: %d live sessions work the queue: stop them first\n", len(members))
+				out.Printf("warning: %s the queue: stop them first\n", verb(len(members), "live session works", "live sessions work"))
 			}
 			return nil
 		}
@@ -84,7 +84,7 @@ the queue's workers first: running ones set the queue up again.`)
 		return refuse(f)
 	}
 	if len(members) > 0 {
-		out.Errorf("crdbwork purge: warning: %d live sessions work queue %q: they will set it up again", len(members), g.queue)
+		out.Errorf("crdbwork purge: warning: %s queue %q: they will set it up again", verb(len(members), "live session works", "live sessions work"), g.queue)
 	}
 	done, err := q.Purge(ctx, claim.PurgeOptions{Progress: func(c claim.PurgeCounts) {
 		if !g.json {

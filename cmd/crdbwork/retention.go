@@ -77,7 +77,7 @@ func writeProgress(b *strings.Builder, rows []progressRow, compact bool) {
 			running++
 		}
 	}
-	fmt.Fprintf(b, "\nprogress: %d items reported one (%d running; the latest %d reports shown first)\n", len(rows), running, claim.DefaultProgressing)
+	fmt.Fprintf(b, "\nprogress: %s one (%d running; the latest %d reports shown first)\n", verb(len(rows), "item reported", "items reported"), running, claim.DefaultProgressing)
 	if compact {
 		return
 	}

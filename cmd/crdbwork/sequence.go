@@ -166,7 +166,7 @@ func sequenceHold(ctx context.Context, f *cli.FlagSet, g *globals, hold bool, ou
 		out.Printf("queue %q now lets a key advance on the death of a sequenced item\n", g.queue)
 	}
 	if released > 0 {
-		out.Printf("released %d dead items that held their keys (they stay in the dead items)\n", released)
+		out.Printf("released %s that held their keys (they stay in the dead items)\n", plural(int(released), "dead item"))
 	}
 	if !was.Sequenced && !was.SequencedItems {
 		out.Printf("note: the queue is not sequenced (crdbwork sequence on)\n")
@@ -249,7 +249,7 @@ func sequenceRelease(ctx context.Context, f *cli.FlagSet, g *globals, key string
 		out.Printf("key %s of queue %q was not held by a dead item\n", quote(key), g.queue)
 		return nil
 	}
-	out.Printf("released key %s of queue %q from %d dead items (they stay in the dead items)\n", quote(key), g.queue, len(ids))
+	out.Printf("released key %s of queue %q from %s (they stay in the dead items)\n", quote(key), g.queue, plural(len(ids), "dead item"))
 	return nil
 }
 

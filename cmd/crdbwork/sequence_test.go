@@ -159,7 +159,7 @@ func TestSequenceHoldBlockedRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r := must(t, d.env, "sequence", "advance", "--queue", "ledger"); !strings.Contains(r.stdout, "now lets a key advance") ||
-		!strings.Contains(r.stdout, "released 1 dead items") {
+		!strings.Contains(r.stdout, "released 1 dead item") {
 		t.Errorf("sequence advance:\n%s", r)
 	}
 	if r := must(t, d.env, "sequence", "advance", "--queue", "ledger"); !strings.Contains(r.stdout, "already lets a key advance") {

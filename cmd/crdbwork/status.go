@@ -115,9 +115,19 @@ type status struct {
 	Engine   string `json:"engine"`
 	Queue    string `json:"queue"`
 	NumParts int    `json:"num_parts"`
-	// Known: the queue has a stored part count, items or dead items; a
-	// queue nobody has enqueued to is probably a mistyped --queue.
+	// Known: the queue has a stored row, items, dead or waiting items,
+	// ended ids or schedules; a queue nobody has used is probably a
+	// mistyped --queue.
 	Known bool `json:"known"`
+	// LastActivity is the latest of LastEnded (the latest end of an item
+	// the queue remembers for its dedup window: acked, dead, cancelled,
+	// taken), LastDied (its latest death) and ScheduleMarked (the latest
+	// period one of its Schedules enqueued), RFC 3339; "" for none.
+	LastActivity   string `json:"last_activity"`
+	LastEnded      string `json:"last_ended"`
+	LastDied       string `json:"last_died"`
+	ScheduleMarked string `json:"schedule_marked"`
+	Schedules      int64  `json:"schedules"`
 	// PartsStored: the queue has a stored part count (else it has 1, the
 	// count of a queue nobody set up).
 	PartsStored bool `json:"parts_stored"`
@@ -162,6 +172,34 @@ type status struct {
 	// queue's retention of dead items (progress.go).
 	Progress  []progressRow `json:"progress"`
 	Retention retentionJSON `json:"retention"`
+
+	now time.Time // the database clock of the reading
+}
+
+// stamp writes a time for JSON: RFC 3339 in UTC, "" for nil.
+func stamp(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// ago says how long before now the RFC 3339 time s was, for people
+// ("3h12m ago", "-" for none).
+func ago(s string, now time.Time) string {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if s == "" || err != nil {
+		return "-"
+	}
+	d := max(now.Sub(t), 0)
+	switch {
+	case d >= 48*time.Hour:
+		return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
+	case d >= time.Hour:
+		return d.Truncate(time.Minute).String() + " ago"
+	default:
+		return d.Truncate(time.Second).String() + " ago"
+	}
 }
 
 // readStatus renders the status of one queue of the fleet's snapshot:
@@ -191,6 +229,9 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, engine st
 	s.OldestDueSeconds = fq.OldestDue().Seconds()
 	s.PartsStored = fq.Stored
 	s.Known = fq.Known()
+	s.LastActivity, s.LastEnded, s.LastDied, s.ScheduleMarked = stamp(fq.LastActivity()), stamp(fq.LastEnded), stamp(fq.LastDied), stamp(fq.ScheduleMarked)
+	s.Schedules = fq.Schedules
+	s.now = fq.Now
 	settings, err := q.Settings(ctx)
 	if err != nil {
 		return nil, err
@@ -479,16 +520,16 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate) (s
 func formatAll(all *allStatus, compact bool) string {
 	var b strings.Builder
 	if len(all.Queues) == 0 {
-		fmt.Fprintf(&b, "no queues on %s: the crdbwork tables hold no queue row, item or dead item\n\n", all.Engine)
+		fmt.Fprintf(&b, "no queues on %s: the crdbwork tables hold no queue row, item, dead or waiting item, ended id or schedule\n\n", all.Engine)
 		writeSessions(&b, all.Sessions, compact, true)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "%d queues on %s (crdbwork status --queue NAME for one)\n", len(all.Queues), all.Engine)
+	fmt.Fprintf(&b, "%s on %s (crdbwork status --queue NAME for one)\n", plural(len(all.Queues), "queue"), all.Engine)
 	if all.MoreQueues {
 		fmt.Fprintf(&b, "(the first %d by name: there are more)\n", len(all.Queues))
 	}
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tPARTS\tUNCLAIMED\tDUE\tOLDEST DUE\tCLAIMED\tDEAD\tMEMBERS\tSTATE")
+	fmt.Fprintln(tw, "QUEUE\tPARTS\tUNCLAIMED\tDUE\tOLDEST DUE\tCLAIMED\tDEAD\tMEMBERS\tLAST ACTIVITY\tSTATE")
 	for _, s := range all.Queues {
 		var unclaimed, due, claimed int64
 		for _, t := range s.Queues {
@@ -520,17 +561,20 @@ func formatAll(all *allStatus, compact bool) string {
 		if due > 0 {
 			oldest = round(secs(s.OldestDueSeconds)).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\n", s.Queue, s.NumParts, unclaimed, due, oldest, claimed, s.Dead, members,
-			orDash(strings.Join(state, ",")))
+		if s.Schedules > 0 {
+			state = append(state, plural(int(s.Schedules), "schedule"))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", s.Queue, s.NumParts, unclaimed, due, oldest, claimed, s.Dead, members,
+			ago(s.LastActivity, s.now), orDash(strings.Join(state, ",")))
 	}
 	tw.Flush()
 	b.WriteString("\n")
 	writeSessions(&b, all.Sessions, compact, true)
 	if more := all.LiveSessions - int64(len(all.Sessions)); more > 0 {
-		fmt.Fprintf(&b, "(%d more live sessions not listed)\n", more)
+		fmt.Fprintf(&b, "(%s not listed)\n", plural(int(more), "more live session"))
 	}
 	if all.ExpiredSessions > 0 {
-		fmt.Fprintf(&b, "%d expired sessions not yet reaped (their parts and claims wait for a live peer's reap)\n", all.ExpiredSessions)
+		fmt.Fprintf(&b, "%s not yet reaped (their parts and claims wait for a live peer's reap)\n", plural(int(all.ExpiredSessions), "expired session"))
 	}
 	writeMembers(&b, all.QueueMembers, compact)
 	return b.String()
@@ -591,13 +635,20 @@ func formatStatus(s *status, compact bool) string {
 			unclaimed, due, claimed = t.Unclaimed, t.Vested, t.Claimed
 		}
 	}
-	fmt.Fprintf(&b, "queue %q on %s: %d parts, %d dead items", s.Queue, s.Engine, s.NumParts, s.Dead)
+	fmt.Fprintf(&b, "queue %q on %s: %s, %s", s.Queue, s.Engine, plural(s.NumParts, "part"), plural(int(s.Dead), "dead item"))
 	if s.Paused {
 		b.WriteString(", PAUSED (nothing is claimed; `crdbwork resume` ends it)")
 	}
 	b.WriteString("\n")
 	if s.Waiting > 0 {
-		fmt.Fprintf(&b, "waiting: %d items wait for prerequisites (`crdbwork deps ID` shows one)\n", s.Waiting)
+		fmt.Fprintf(&b, "waiting: %s for prerequisites (`crdbwork deps ID` shows one)\n", verb(int(s.Waiting), "item waits", "items wait"))
+	}
+	if s.LastActivity != "" || s.Schedules > 0 {
+		fmt.Fprintf(&b, "last activity: %s (last end %s, last death %s", ago(s.LastActivity, s.now), ago(s.LastEnded, s.now), ago(s.LastDied, s.now))
+		if s.Schedules > 0 {
+			fmt.Fprintf(&b, "; %s, last period enqueued %s", plural(int(s.Schedules), "schedule"), ago(s.ScheduleMarked, s.now))
+		}
+		b.WriteString(")\n")
 	}
 	fmt.Fprintf(&b, "backlog: %d unclaimed, %d due", unclaimed, due)
 	if due > 0 {
@@ -639,7 +690,7 @@ func formatStatus(s *status, compact bool) string {
 		fmt.Fprintf(&b, "retention: %s\n", s.Retention.format())
 	}
 	if !s.Known {
-		fmt.Fprintf(&b, "warning: queue %q has no stored row, no items and no dead items\n", s.Queue)
+		fmt.Fprintf(&b, "warning: queue %q has no stored row, no items, no dead or waiting items, no ended ids and no schedules\n", s.Queue)
 	}
 	b.WriteString("\n")
 	writeSessions(&b, s.Sessions, compact, false)
@@ -681,7 +732,7 @@ func writeSessions(b *strings.Builder, sessions []sessionStatus, compact, allQue
 			stale++
 		}
 	}
-	fmt.Fprintf(b, "%d live sessions", len(sessions))
+	fmt.Fprintf(b, "%s", plural(len(sessions), "live session"))
 	if stale > 0 {
 		fmt.Fprintf(b, " (%d STALE, its BEAT marked !: missed heartbeats, probably dead)", stale)
 	}
@@ -810,4 +861,22 @@ func round(d time.Duration) time.Duration {
 	default:
 		return d.Round(time.Millisecond)
 	}
+}
+
+// plural writes a count and its noun, in the plural unless it is 1: "1
+// queue", "2 queues", "0 dead items".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// verb is plural for a noun and its verb, one and many given whole: "1
+// item waits", "3 items wait".
+func verb(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

@@ -67,8 +67,9 @@ type Options struct {
 type Snapshot struct {
 	// At is when the reading started (this process's clock).
 	At time.Time
-	// Queues are the queues read, by name: those with a stored row, items
-	// or dead items (or Options.Queue alone). MoreQueues: there are more
+	// Queues are the queues read, by name: those with a stored row, items,
+	// dead or waiting items, ended ids (kept for the queue's dedup window)
+	// or schedules (or Options.Queue alone): a drained queue stays listed. MoreQueues: there are more
 	// than Options.MaxQueues.
 	Queues     []Queue
 	MoreQueues bool
@@ -116,6 +117,13 @@ type Queue struct {
 	// (nil if none is due), and Now the database clock of the reading.
 	OldestDueAt *time.Time
 	Now         time.Time
+	// LastEnded is the queue's latest end (acked, dead, cancelled, taken)
+	// among the ids it remembers for its dedup window, LastDied its
+	// latest death, ScheduleMarked the latest period mark of its
+	// schedules (each nil: none); Schedules counts its schedules (up to
+	// Options.CountCap).
+	LastEnded, LastDied, ScheduleMarked *time.Time
+	Schedules                           int64
 	// Parts (with Options.Parts) are the queue's parts by number: every
 	// part below NumParts when Stored, and any part that holds items.
 	Parts []Part
@@ -138,9 +146,25 @@ func (q Queue) OldestDue() time.Duration {
 // HasItems reports whether the queue holds unclaimed or claimed items.
 func (q Queue) HasItems() bool { return q.Unclaimed+q.Claimed > 0 }
 
-// Known reports a queue that has a stored row, items, dead items or
-// waiting items: a queue nobody has used is probably a mistyped name.
-func (q Queue) Known() bool { return q.Stored || q.HasItems() || q.Dead > 0 || q.Waiting > 0 }
+// Known reports a queue that has a stored row, items, dead items, waiting
+// items, ended ids or schedules: a queue nobody has used is probably a
+// mistyped name.
+func (q Queue) Known() bool {
+	return q.Stored || q.HasItems() || q.Dead > 0 || q.Waiting > 0 || q.LastEnded != nil || q.Schedules > 0
+}
+
+// LastActivity is the latest of the queue's last end, last death and last
+// schedule mark (nil: none of them is known). Items being worked are
+// activity too: see HasItems and Claimed.
+func (q Queue) LastActivity() *time.Time {
+	var last *time.Time
+	for _, t := range []*time.Time{q.LastEnded, q.LastDied, q.ScheduleMarked} {
+		if t != nil && (last == nil || t.After(*last)) {
+			last = t
+		}
+	}
+	return last
+}
 
 // Part is one part's backlog.
 type Part struct {
@@ -284,9 +308,9 @@ func Stale(in session.Info) bool {
 }
 
 // queueNames lists the first max queues by name that have a stored row,
-// unclaimed, claimed or dead items, and whether there are more: at most
-// max+1 names from each of the four index-ordered sources (the reads of
-// claim.Queues), merged.
+// unclaimed, claimed, dead or waiting items, ended ids or schedules, and
+// whether there are more: at most max+1 names from each of the seven
+// index-ordered sources (the reads of claim.Queues), merged.
 func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error) {
 	seen := map[string]bool{}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
@@ -298,9 +322,7 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 		for _, n := range stored {
 			seen[n] = true
 		}
-		for _, next := range []func(context.Context, store.DB, string) (string, bool, error){
-			r.store.QueuesNextUnclaimed, r.store.QueuesNextClaimed, r.store.QueuesNextDead,
-		} {
+		for _, next := range r.store.QueuesNext() {
 			after := ""
 			for range max + 1 {
 				n, ok, err := next(ctx, r.db, after)
@@ -351,7 +373,8 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 			Sequenced: row.Sequenced, MaxInFlight: row.MaxInFlight, Rate: row.Rate,
 			Unclaimed: row.Unclaimed, Due: row.Due, Claimed: row.Claimed, Dead: row.Dead,
 			Waiting: row.Waiting, Snoozed: row.Snoozed, Cancelling: row.Cancelling, Ended: row.Ended,
-			OldestDueAt: row.OldestDue, Now: row.Now}
+			OldestDueAt: row.OldestDue, Now: row.Now,
+			LastEnded: row.LastEnded, LastDied: row.LastDied, ScheduleMarked: row.ScheduleMarked, Schedules: row.Schedules}
 		if !ok {
 			q.Ended = 0
 		}

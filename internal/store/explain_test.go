@@ -563,7 +563,11 @@ func TestInspectPlans(t *testing.T) {
 		`INSERT INTO crdbwork_dead_items (id, queue, part, priority, attempts, max_attempts, payload, enqueued_at, reason)
 		 SELECT gen_random_uuid(), ` + name + `, 0, 0, 1, 1, '\x00'::BYTEA, now(), 'failed' FROM generate_series(1, 20000) AS g`,
 		`INSERT INTO crdbwork_queues (name, num_parts) SELECT 'q' || g::TEXT, 16 FROM generate_series(0, 38) AS g`,
+		`INSERT INTO crdbwork_ended (queue, id, outcome) SELECT ` + name + `, gen_random_uuid(), 'acked' FROM generate_series(1, 20000) AS g`,
+		`INSERT INTO crdbwork_waiting (id, queue, hash, payload, remaining) SELECT gen_random_uuid(), ` + name + `, 0, '\x00'::BYTEA, 1 FROM generate_series(1, 20000) AS g`,
+		`INSERT INTO crdbwork_schedules (queue, name, last_period) SELECT ` + name + `, 's' || g::TEXT, now() FROM generate_series(1, 20000) AS g`,
 		`ANALYZE crdbwork_items`, `ANALYZE crdbwork_dead_items`, `ANALYZE crdbwork_queues`,
+		`ANALYZE crdbwork_ended`, `ANALYZE crdbwork_waiting`, `ANALYZE crdbwork_schedules`,
 	}
 	for _, s := range seed {
 		if _, err := pool.Exec(ctx, s); err != nil {
@@ -584,6 +588,9 @@ func TestInspectPlans(t *testing.T) {
 		{"NextUnclaimedQueue", in.NextUnclaimedQueue, "crdbwork_items_", []any{"q7"}},
 		{"NextClaimedQueue", in.NextClaimedQueue, "crdbwork_items_lease", []any{"q7"}},
 		{"NextDeadQueue", in.NextDeadQueue, "crdbwork_dead_items_by_queue", []any{"q7"}},
+		{"NextWaitingQueue", in.NextWaitingQueue, "crdbwork_waiting_by_queue", []any{"q7"}},
+		{"NextEndedQueue", in.NextEndedQueue, "crdbwork_ended_", []any{"q7"}},
+		{"NextScheduleQueue", in.NextScheduleQueue, "crdbwork_schedules_pkey", []any{"q7"}},
 	}
 	pcs := make([]planCase, len(cases))
 	for i, c := range cases {
@@ -593,6 +600,8 @@ func TestInspectPlans(t *testing.T) {
 		c := cases[i]
 		switch {
 		case strings.Contains(text, "Seq Scan on crdbwork_items") || strings.Contains(text, "Seq Scan on crdbwork_dead_items") ||
+			strings.Contains(text, "Seq Scan on crdbwork_ended") || strings.Contains(text, "Seq Scan on crdbwork_waiting") ||
+			strings.Contains(text, "Seq Scan on crdbwork_schedules") ||
 			strings.Contains(text, "FULL SCAN") || strings.Contains(text, "full scan"):
 			t.Errorf("%s (%s) scans a table:\n%s", c.name, mode, text)
 		case testdb.Kind(t) == "postgres" && !strings.Contains(text, c.index):

@@ -5,5 +5,6 @@ package store
 // store_test.
 func FleetStatementsForTest(t Tables) map[string]string {
 	f := newFleetStatements(t)
-	return map[string]string{"FleetQueue": f.queue, "FleetLiveSessions": f.liveSessions, "FleetSessionCounts": f.sessionCounts}
+	return map[string]string{"FleetQueue": f.queue, "FleetLiveSessions": f.liveSessions, "FleetSessionCounts": f.sessionCounts,
+		"WaitingItem": f.waitingItem, "EndedOfID": f.endedOfID}
 }

@@ -197,6 +197,11 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _, _ = s.QueuesNextUnclaimed(ctx, r, "")
 		_, _, _ = s.QueuesNextClaimed(ctx, r, "")
 		_, _, _ = s.QueuesNextDead(ctx, r, "")
+		_, _, _ = s.QueuesNextWaiting(ctx, r, "")
+		_, _, _ = s.QueuesNextEnded(ctx, r, "")
+		_, _, _ = s.QueuesNextSchedule(ctx, r, "")
+		_, _, _ = s.WaitingItem(ctx, r, id)
+		_, _ = s.EndedOfID(ctx, r, []string{"q"}, id)
 		if _, stored, err := s.QueueSettings(ctx, r, "q"); stored || err != nil {
 			t.Errorf("QueueSettings without a row: stored %v, error %v; want false, nil", stored, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -15,11 +16,12 @@ import (
 // fleetStatements are the fleet's statements rendered for one table set.
 type fleetStatements struct {
 	queue, liveSessions, sessionCounts string
+	waitingItem, endedOfID             string
 }
 
 func newFleetStatements(t Tables) *fleetStatements {
 	return &fleetStatements{queue: rewrite(t, queueSQL), liveSessions: rewrite(t, liveSessionsSQL),
-		sessionCounts: rewrite(t, sessionCountsSQL)}
+		sessionCounts: rewrite(t, sessionCountsSQL), waitingItem: rewrite(t, waitingItemSQL), endedOfID: rewrite(t, endedOfIDSQL)}
 }
 
 // fleetLiveSessions: $1 limit → the first limit live sessions by id, as
@@ -80,7 +82,11 @@ func (s *Store) FleetSessionCounts(ctx context.Context, db DB) (live, expired in
 // (crdbwork_dead_items_by_queue), ended since $3 (crdbwork_ended_by_age),
 // waiting (crdbwork_waiting_by_queue), snoozed unclaimed
 // (crdbwork_items_snoozed), asked to stop
-// (crdbwork_items_cancel_requested); and now(). One statement: a limited
+// (crdbwork_items_cancel_requested); and now(); then the queue's last
+// activity: its latest end (crdbwork_ended_by_age), latest death
+// (crdbwork_dead_items_by_queue), each the last entry of the queue's
+// index, and its schedules (their count, up to $2, and latest mark, by the
+// primary key). One statement: a limited
 // read of an index that leads with the queue for each count (the shapes
 // of dashboardStatements: the LEFT JOIN of a one-row subquery, count(*)
 // FILTER), none correlated (each subquery stands alone), so both engines
@@ -88,7 +94,10 @@ func (s *Store) FleetSessionCounts(ctx context.Context, db DB) (live, expired in
 // BIGINT: the counts are then exact.
 const fleetQueue = `SELECT q.name IS NOT NULL, COALESCE(q.num_parts, 1), COALESCE(q.paused, false),
        COALESCE(q.fair, false), COALESCE(q.sequenced, false), COALESCE(q.max_in_flight, 0), COALESCE(q.rate_limit, 0),
-       u.unclaimed, u.due, u.oldest, c.claimed, d.dead, e.ended, w.waiting, s.snoozed, x.cancelling, now()
+       u.unclaimed, u.due, u.oldest, c.claimed, d.dead, e.ended, w.waiting, s.snoozed, x.cancelling, now(),
+       (SELECT y.ended_at FROM crdbwork_ended AS y WHERE y.queue = $1 ORDER BY y.ended_at DESC LIMIT 1),
+       (SELECT y.died_at FROM crdbwork_dead_items AS y WHERE y.queue = $1 ORDER BY y.died_at DESC LIMIT 1),
+       h.schedules, h.marked
 FROM (SELECT 1) AS one
 LEFT JOIN crdbwork_queues AS q ON q.name = $1
 CROSS JOIN (
@@ -115,7 +124,10 @@ CROSS JOIN (
 CROSS JOIN (
     SELECT count(*) AS cancelling
     FROM (SELECT 1 FROM crdbwork_items AS i WHERE i.queue = $1 AND i.cancel_requested_at IS NOT NULL
-          ORDER BY i.cancel_requested_at LIMIT $2) AS r) AS x`
+          ORDER BY i.cancel_requested_at LIMIT $2) AS r) AS x
+CROSS JOIN (
+    SELECT count(*) AS schedules, max(r.updated_at) AS marked
+    FROM (SELECT y.updated_at FROM crdbwork_schedules AS y WHERE y.queue = $1 ORDER BY y.name LIMIT $2) AS r) AS h`
 
 // FleetQueueRow is one queue's figures, as FleetQueue reads them. The
 // counts stop at the cap given: a count equal to it means "cap or more".
@@ -138,6 +150,12 @@ type FleetQueueRow struct {
 	Claimed, Dead, Ended, Waiting, Snoozed, Cancelling int64
 	// Now is the database clock.
 	Now time.Time
+	// LastEnded and LastDied are the queue's latest end (acked, dead,
+	// cancelled, taken: an ended id, kept for the dedup window) and
+	// latest death (nil: none); Schedules counts its schedules (≤ cap),
+	// ScheduleMarked is the latest period mark of one of them (nil: none).
+	LastEnded, LastDied, ScheduleMarked *time.Time
+	Schedules                           int64
 }
 
 // queueSQL is the text of fleetStatements.queue
@@ -151,7 +169,83 @@ func (s *Store) FleetQueue(ctx context.Context, db DB, name string, capAt int64,
 	var parts int64
 	err := db.QueryRow(ctx, s.lazyFleet().queue, name, capAt, endedSince).Scan(&q.Stored, &parts, &q.Paused, &q.Fair,
 		&q.Sequenced, &q.MaxInFlight, &q.Rate, &q.Unclaimed, &q.Due, &q.OldestDue, &q.Claimed, &q.Dead, &q.Ended,
-		&q.Waiting, &q.Snoozed, &q.Cancelling, &q.Now)
+		&q.Waiting, &q.Snoozed, &q.Cancelling, &q.Now, &q.LastEnded, &q.LastDied, &q.Schedules, &q.ScheduleMarked)
 	q.NumParts = int(parts)
 	return q, err
+}
+
+// waitingItemSQL is the text of fleetStatements.waitingItem: $1 id → the
+// waiting item (enqueued with prerequisites not yet all acked), by its
+// primary key.
+const waitingItemSQL = `SELECT queue, item_key, priority, max_attempts, payload, metadata, tenant, enqueued_at, remaining
+FROM crdbwork_waiting WHERE id = $1`
+
+// WaitingItemRow is a waiting item, as WaitingItem reads it.
+type WaitingItemRow struct {
+	Queue, Key, Tenant string
+	Priority           int64
+	MaxAttempts        int64
+	Payload, Metadata  []byte
+	EnqueuedAt         time.Time
+	// Remaining counts the prerequisites not yet acked.
+	Remaining int64
+}
+
+// WaitingItem reads the waiting item id, and false if id is not waiting
+// (fleetStatements.waitingItem).
+func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingItemRow, bool, error) {
+	var w WaitingItemRow
+	var key, tenant *string
+	err := db.QueryRow(ctx, s.lazyFleet().waitingItem, id).Scan(&w.Queue, &key, &w.Priority, &w.MaxAttempts, &w.Payload,
+		&w.Metadata, &tenant, &w.EnqueuedAt, &w.Remaining)
+	if err == pgx.ErrNoRows {
+		return WaitingItemRow{}, false, nil
+	}
+	if err != nil {
+		return WaitingItemRow{}, false, err
+	}
+	w.Key, w.Tenant = deref(key), deref(tenant)
+	return w, true, nil
+}
+
+// endedOfIDSQL is the text of fleetStatements.endedOfID: $1 the queues
+// to look in, $2 id → the id's ended records in those queues: one
+// primary-key lookup (queue, id) per queue, joined from the unnested
+// list (no index leads with the id alone).
+const endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running
+FROM unnest($1::TEXT[]) AS u (q)
+JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
+ORDER BY e.ended_at DESC`
+
+// EndedRow is one ended record of an id (the item ended, and its queue
+// remembers it for its dedup window).
+type EndedRow struct {
+	Queue string
+	// Outcome is OutcomeAcked, OutcomeDead, OutcomeCancelled or
+	// OutcomeTaken.
+	Outcome string
+	EndedAt time.Time
+	// CancelBy, CancelReason, CancelRequestedAt and WasRunning describe a
+	// cancel (zero for other outcomes, and for cancels before version 5).
+	CancelBy, CancelReason string
+	CancelRequestedAt      *time.Time
+	WasRunning             bool
+}
+
+// EndedOfID returns the ended records of id in the queues given, the most
+// recent first (fleetStatements.endedOfID).
+func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.UUID) ([]EndedRow, error) {
+	rows, err := db.Query(ctx, s.lazyFleet().endedOfID, queues, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (EndedRow, error) {
+		var r EndedRow
+		var by, reason *string
+		var running *bool
+		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running)
+		r.CancelBy, r.CancelReason = deref(by), deref(reason)
+		r.WasRunning = running != nil && *running
+		return r, err
+	})
 }

@@ -36,6 +36,8 @@ func TestExplainFleetStatements(t *testing.T) {
 		{"FleetQueue", nil, []any{"q7", int64(math.MaxInt64), since}},
 		{"FleetLiveSessions", nil, []any{1000}},
 		{"FleetSessionCounts", nil, nil},
+		{"WaitingItem", []string{"crdbwork_waiting_pkey"}, []any{uuid.New()}},
+		{"EndedOfID", []string{"crdbwork_ended_pkey"}, []any{[]string{"big", "q7", "q8"}, uuid.New()}},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}
@@ -130,6 +132,19 @@ func TestStoreFleetReads(t *testing.T) {
 	}
 	if row, err = st.FleetQueue(ctx, pool, "q", math.MaxInt64, time.Now().Add(time.Hour)); err != nil || row.Ended != 0 {
 		t.Errorf("FleetQueue, ended since a future time: %+v, %v", row, err)
+	}
+	// The last activity: the latest end and death, the schedules.
+	if row.LastEnded == nil || row.LastDied == nil || row.Schedules != 0 || row.ScheduleMarked != nil {
+		t.Errorf("FleetQueue's last activity: ended %v, died %v, %d schedules marked %v; want an end, a death, no schedule",
+			row.LastEnded, row.LastDied, row.Schedules, row.ScheduleMarked)
+	}
+	exec(`INSERT INTO crdbwork_schedules (queue, name, last_period, updated_at) VALUES ('q', 'a', now(), now() - INTERVAL '1 hour'), ('q', 'b', now(), now() - INTERVAL '2 hours')`)
+	if row, err = st.FleetQueue(ctx, pool, "q", math.MaxInt64, since); err != nil || row.Schedules != 2 || row.ScheduleMarked == nil ||
+		row.Now.Sub(*row.ScheduleMarked) < time.Hour || row.Now.Sub(*row.ScheduleMarked) > 2*time.Hour {
+		t.Errorf("FleetQueue with two schedules: %d, marked %v (now %v), %v", row.Schedules, row.ScheduleMarked, row.Now, err)
+	}
+	if empty, err := st.FleetQueue(ctx, pool, "none", math.MaxInt64, since); err != nil || empty.LastEnded != nil || empty.LastDied != nil || empty.Schedules != 0 {
+		t.Errorf("FleetQueue of an unused queue: %+v, %v", empty, err)
 	}
 	for range 2 {
 		if _, err := st.SessionsCreate(ctx, pool, time.Hour, "h", 1, "w"); err != nil {

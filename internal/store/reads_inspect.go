@@ -213,6 +213,47 @@ func (s *Store) QueuesNextDead(ctx context.Context, db DB, after string) (string
 	return nextQueue(ctx, db, s.insp.NextDeadQueue, after)
 }
 
+// nextEndedQueueSQL is the text of inspectStatements.NextEndedQueue
+// (rendered by newInspectStatements).
+const nextEndedQueueSQL = `SELECT min(queue) FROM crdbwork_ended WHERE queue > $1`
+
+// QueuesNextEnded is NextUnclaimedQueue for ended ids (acked, dead,
+// cancelled, taken; kept for the queue's dedup window): one seek of the
+// ended ids' primary key (inspectStatements.NextEndedQueue).
+func (s *Store) QueuesNextEnded(ctx context.Context, db DB, after string) (string, bool, error) {
+	return nextQueue(ctx, db, s.insp.NextEndedQueue, after)
+}
+
+// nextWaitingQueueSQL is the text of inspectStatements.NextWaitingQueue
+// (rendered by newInspectStatements).
+const nextWaitingQueueSQL = `SELECT min(queue) FROM crdbwork_waiting WHERE queue > $1`
+
+// QueuesNextWaiting is NextUnclaimedQueue for waiting items
+// (crdbwork_waiting_by_queue; inspectStatements.NextWaitingQueue).
+func (s *Store) QueuesNextWaiting(ctx context.Context, db DB, after string) (string, bool, error) {
+	return nextQueue(ctx, db, s.insp.NextWaitingQueue, after)
+}
+
+// nextScheduleQueueSQL is the text of inspectStatements.NextScheduleQueue
+// (rendered by newInspectStatements).
+const nextScheduleQueueSQL = `SELECT min(queue) FROM crdbwork_schedules WHERE queue > $1`
+
+// QueuesNextSchedule is NextUnclaimedQueue for periodic schedules (their
+// primary key; inspectStatements.NextScheduleQueue).
+func (s *Store) QueuesNextSchedule(ctx context.Context, db DB, after string) (string, bool, error) {
+	return nextQueue(ctx, db, s.insp.NextScheduleQueue, after)
+}
+
+// QueuesNext are the seeks that find the queues that have rows of one kind
+// beside the queues table (QueuesStored), in the order claim.Queues and
+// the fleet read them: unclaimed, claimed, dead, waiting items, ended ids
+// and schedules.
+func (s *Store) QueuesNext() []func(context.Context, DB, string) (string, bool, error) {
+	return []func(context.Context, DB, string) (string, bool, error){
+		s.QueuesNextUnclaimed, s.QueuesNextClaimed, s.QueuesNextDead, s.QueuesNextWaiting, s.QueuesNextEnded, s.QueuesNextSchedule,
+	}
+}
+
 func nextQueue(ctx context.Context, db DB, stmt, after string) (string, bool, error) {
 	var n *string
 	if err := db.QueryRow(ctx, stmt, after).Scan(&n); err != nil || n == nil {
@@ -407,6 +448,9 @@ type inspectStatements struct {
 	// however many items each holds. Queue names are never empty
 	// (claim.New names an unnamed queue "default").
 	NextUnclaimedQueue, NextClaimedQueue, NextDeadQueue string
+	// NextWaitingQueue, NextEndedQueue and NextScheduleQueue do the same
+	// for waiting items, ended ids and schedules.
+	NextWaitingQueue, NextEndedQueue, NextScheduleQueue string
 }
 
 // newInspectStatements renders the inspection statements for t.
@@ -422,5 +466,8 @@ func newInspectStatements(t Tables) *inspectStatements {
 		NextUnclaimedQueue: r(nextUnclaimedQueueSQL),
 		NextClaimedQueue:   r(nextClaimedQueueSQL),
 		NextDeadQueue:      r(nextDeadQueueSQL),
+		NextWaitingQueue:   r(nextWaitingQueueSQL),
+		NextEndedQueue:     r(nextEndedQueueSQL),
+		NextScheduleQueue:  r(nextScheduleQueueSQL),
 	}
 }
