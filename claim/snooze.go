@@ -88,7 +88,11 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 	// Not snoozed: the claim was lost, or the item used its snoozes. The
 	// move to the dead items is fenced on the claim too, so it tells them
 	// apart: it moves only an item this claim still holds.
-	msg := fmt.Sprintf("snoozed %d times, the most Options.MaxSnoozes allows, and snoozed again", limit)
+	times := fmt.Sprintf("%d times", limit)
+	if limit == 1 {
+		times = "once"
+	}
+	msg := fmt.Sprintf("snoozed %s, the most Options.MaxSnoozes allows, and snoozed again", times)
 	err = retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
 		held, err := q.store.ItemsDeadLetter(ctx, q.db, it.claimKey(), msg, ReasonSnoozedTooOften)
 		if err == nil && !held {

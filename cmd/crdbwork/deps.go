@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/cli"
+	"github.com/crdbwork/crdbwork/internal/fleet"
 )
 
 // depsJSON is what `crdbwork deps --json` prints.
@@ -21,6 +22,11 @@ type depsJSON struct {
 	RunAfter   []string     `json:"run_after"`
 	Prereqs    []prereqJSON `json:"prereqs"`
 	Dependents []string     `json:"dependents"`
+	// State and StateQueue say where a item that is not waiting is (the
+	// state of crdbwork item: queued, claimed, dead, acked, …; "" when
+	// found nowhere).
+	State      string `json:"state,omitempty"`
+	StateQueue string `json:"state_queue,omitempty"`
 }
 
 type prereqJSON struct {
@@ -59,11 +65,22 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
+	// Not waiting: say where it is (fleet.Item, the read of crdbwork item).
+	var where string
+	var found *fleet.ItemView
+	if !d.Waiting {
+		if found, where, err = locate(ctx, pool, &g, id); err != nil {
+			return cli.Failf(1, "%v", err)
+		}
+	}
 	if g.json {
 		j := depsJSON{Queue: g.queue, ID: id.String(), Waiting: d.Waiting, Remaining: d.Remaining,
 			Prereqs: []prereqJSON{}, Dependents: []string{}, RunAfter: []string{}}
 		if d.RunAfter != 0 {
 			j.RunAfter = strings.Split(d.RunAfter.String(), "|")
+		}
+		if !d.Waiting {
+			j.State, j.StateQueue = found.State, found.Queue
 		}
 		if d.Waiting {
 			j.EnqueuedAt = d.EnqueuedAt.UTC().Format(time.RFC3339Nano)
@@ -85,7 +102,7 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 				strings.NewReplacer("|", " or ", "cancelled", "was cancelled").Replace(d.RunAfter.String()))
 		}
 	} else {
-		fmt.Fprintf(&b, "item %s of queue %q is not waiting\n", id, g.queue)
+		fmt.Fprintf(&b, "item %s of queue %q is not waiting: %s\n", id, g.queue, where)
 	}
 	for _, p := range d.Prereqs {
 		fmt.Fprintf(&b, "  after %s  %s\n", p.ID, p.State)

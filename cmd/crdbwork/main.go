@@ -26,7 +26,8 @@ import (
 )
 
 // prog is this binary for the shared command-line plumbing.
-var prog = cli.Program{Name: "crdbwork", EnvPrefix: "CRDBWORK_", URLVars: []string{"CRDBWORK_DATABASE_URL", "DATABASE_URL"}}
+var prog = cli.Program{Name: "crdbwork", EnvPrefix: "CRDBWORK_", URLVars: []string{"CRDBWORK_DATABASE_URL", "DATABASE_URL"},
+	ExplainPermission: explainPermission}
 
 // command is one subcommand.
 type command struct {
@@ -43,6 +44,8 @@ var commands = []command{
 	{"cancel", "cancel items of a queue: unclaimed ones end at once, running ones are stopped (--reason, --wait)", cmdCancel},
 	{"cancelled", "list a queue's cancelled items: who cancelled them, why, when, whether they were running", cmdCancelled},
 	{"deps", "show what an item waits for, and which items wait for it", cmdDeps},
+	{"item", "show one item wherever it is (queued, claimed, waiting, dead, cancelled, ended): payload, attempts, errors", cmdItem},
+	{"audit", "list what operators did (the dashboard's and these commands' changes), newest first, with filters", cmdAudit},
 	{"pause", "stop every claim of a queue (claimed items finish; enqueues go on)", cmdPause},
 	{"resume", "let the workers claim from a paused queue again", cmdResume},
 	{"parts", "show a queue's parts and their owners, or change their number (--set N)", cmdParts},
@@ -136,7 +139,9 @@ Exit status:
   1  the operation failed, or the item is not there
   2  bad input (an unknown command, flag, value or queue), a refusal (a
      destructive command without --yes), an unreachable or missing database,
-     a refused user, or a missing, incomplete, older or newer schema
+     a refused user (a wrong password, or a statement refused for lack of a
+     privilege: one line names the table and the privileges), or a missing,
+     incomplete, older or newer schema
 
 Run "crdbwork <command> -h" for a command's flags. See docs/cli.md.
 `)
@@ -179,6 +184,7 @@ func (g *globals) open(ctx context.Context, f *cli.FlagSet) (*pgxpool.Pool, erro
 	if err := g.tables().Validate(); err != nil {
 		return nil, f.UsageError("--schema or --prefix: %v", err)
 	}
+	opened.url, opened.tables = g.databaseURL, g.tables()
 	return cli.OpenChecked(ctx, f, g.databaseURL, g.tables(), 2)
 }
 

@@ -21,13 +21,16 @@ cluster that refuses its zone settings (CockroachDB Cloud Basic/Serverless)
 gets a warning, and the schema is still complete. It also creates (or
 replaces) the SQL function crdbwork_enqueue, which enqueues from any language
 (docs/enqueue-from-sql.md); a CockroachDB cluster older than 24.1 refuses it
-with a warning. Running it again changes
-nothing. A schema newer than this binary is refused (exit status 2), unless
+with a warning. On a schema that is up to date
+(its version, every table there) it writes nothing, so a role that may only
+read can run it; --repair applies the statements all the same. A schema newer than this binary is refused (exit status 2), unless
 it still serves this binary's version. With --dry-run it says what it would
 do and changes nothing. It prints the oldest code version the schema serves:
 workers and commands of that version and newer keep working on it.`)
 	g.register(f, "not used by migrate")
 	f.BoolVar(&dryRun, "dry-run", false, "only say what it would do; change nothing")
+	var repair bool
+	f.BoolVar(&repair, "repair", false, "apply the schema's statements even when it is up to date (re-creates a dropped index or function; needs the owner's privileges)")
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
@@ -38,6 +41,7 @@ workers and commands of that version and newer keep working on it.`)
 	if err := t.Validate(); err != nil {
 		return f.UsageError("--schema or --prefix: %v", err)
 	}
+	opened.url, opened.tables = g.databaseURL, t
 	pool, err := cli.Connect(ctx, g.databaseURL, 2)
 	if err != nil {
 		return err
@@ -45,6 +49,8 @@ workers and commands of that version and newer keep working on it.`)
 	defer pool.Close()
 	engine := cli.EngineName(ctx, pool)
 	from := cli.InstalledVersion(ctx, pool, t)
+	// Up to date (the version, every table): nothing to write.
+	upToDate := from == crsql.Version && cli.RequireSchema(ctx, pool, t) == nil
 	if dryRun {
 		var steps []string
 		switch {
@@ -58,8 +64,12 @@ workers and commands of that version and newer keep working on it.`)
 					steps = append(steps, "apply "+m.Name)
 				}
 			}
-			if len(steps) == 0 {
+			switch {
+			case len(steps) > 0:
+			case upToDate && !repair:
 				steps = append(steps, fmt.Sprintf("nothing: the schema is at version %d", from))
+			default:
+				steps = append(steps, "apply sql/schema.sql again (it re-creates what is missing: a table, index or function)")
 			}
 		}
 		if from < crsql.Version {
@@ -73,6 +83,19 @@ workers and commands of that version and newer keep working on it.`)
 		for _, s := range steps {
 			out.Printf("  %s\n", s)
 		}
+		return nil
+	}
+	if upToDate && !repair {
+		_, serves, err := crsql.Installed(ctx, pool, t)
+		if err != nil {
+			return cli.Failf(1, "reading the schema version: %v", err)
+		}
+		if g.json {
+			return cli.PrintJSON(out, map[string]any{"migrated": false, "engine": engine, "schema_version": crsql.Version,
+				"previous_version": from, "serves": serves, "warnings": []string{}})
+		}
+		out.Printf("the crdbwork schema is at version %d (%s): nothing to do\n", crsql.Version, engine)
+		out.Printf("it serves code of version %d and newer (workers of those versions keep working on it)\n", serves)
 		return nil
 	}
 	var warnings []string

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -26,17 +28,19 @@ func parseID(f *cli.FlagSet, s string) (uuid.UUID, error) {
 }
 
 type deadJSON struct {
-	ID          string    `json:"id"`
-	Death       string    `json:"death"`
-	Part        int       `json:"part"`
-	Key         string    `json:"key,omitempty"`
-	Priority    int       `json:"priority"`
-	Attempts    int       `json:"attempts"`
-	MaxAttempts int       `json:"max_attempts"`
-	LastError   string    `json:"last_error"`
-	Reason      string    `json:"reason"`
-	Tenant      string    `json:"tenant,omitempty"`
-	Payload     []byte    `json:"payload"` // base64 in JSON
+	ID          string `json:"id"`
+	Death       string `json:"death"`
+	Part        int    `json:"part"`
+	Key         string `json:"key,omitempty"`
+	Priority    int    `json:"priority"`
+	Attempts    int    `json:"attempts"`
+	MaxAttempts int    `json:"max_attempts"`
+	LastError   string `json:"last_error"`
+	Reason      string `json:"reason"`
+	Tenant      string `json:"tenant,omitempty"`
+	Payload     []byte `json:"payload"` // base64 in JSON
+	// PayloadText is the payload as text, when it is UTF-8 ("" else).
+	PayloadText string    `json:"payload_text,omitempty"`
 	EnqueuedAt  time.Time `json:"enqueued_at"`
 	DiedAt      time.Time `json:"died_at"`
 }
@@ -132,6 +136,9 @@ With --count it prints only how many match. Requeue them with
 			list[i] = deadJSON{ID: d.ID.String(), Death: d.Death.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
 				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Payload: d.Payload,
 				EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
+			if utf8.Valid(d.Payload) {
+				list[i].PayloadText = string(d.Payload)
+			}
 		}
 		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "total": total, "items": list, "next": page.Next})
 	}
@@ -159,12 +166,26 @@ With --count it prints only how many match. Requeue them with
 	return nil
 }
 
-// preview shows a payload briefly: quoted text, or its size when binary.
+// preview shows a payload briefly: its text as it is (control characters
+// and line ends escaped, so that it stays on its line), or its size when
+// it is not UTF-8.
 func preview(p []byte, n int) string {
-	if !utf8.Valid(p) {
-		return fmt.Sprintf("(%d bytes)", len(p))
+	switch {
+	case len(p) == 0:
+		return "(empty)"
+	case !utf8.Valid(p):
+		return "(" + plural(len(p), "byte") + ")"
 	}
-	return fmt.Sprintf("%q", cli.Fit(string(p), n))
+	var b strings.Builder
+	for _, r := range cli.Fit(string(p), n) {
+		if unicode.IsControl(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func cmdRequeue(ctx context.Context, name string, args []string, out *cli.Console) error {

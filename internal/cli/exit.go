@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ExitError is an error with an exit status and a one-line message.
@@ -17,13 +19,41 @@ type ExitError struct {
 	Hint string
 	// Raw prints Msg as is (it may span lines on purpose).
 	Raw bool
+	// Err is the error the message was made from, if any (Unwrap): Report
+	// looks into it for a refusal for lack of a privilege.
+	Err error
 }
 
 func (e *ExitError) Error() string { return e.Msg }
 
-// Failf returns an ExitError with the status code and a formatted message.
+// Unwrap returns the error the message was made from (nil: none).
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// Failf returns an ExitError with the status code and a formatted message;
+// the first error among args is kept as its Err.
 func Failf(code int, format string, args ...any) error {
-	return &ExitError{Code: code, Msg: fmt.Sprintf(format, args...)}
+	e := &ExitError{Code: code, Msg: fmt.Sprintf(format, args...)}
+	for _, a := range args {
+		if err, ok := a.(error); ok {
+			e.Err = err
+			break
+		}
+	}
+	return e
+}
+
+// PermissionDenied is the SQLSTATE of a statement refused because the
+// user lacks a privilege (insufficient_privilege).
+const PermissionDenied = "42501"
+
+// Permission returns the refusal for lack of a privilege in err's chain
+// (SQLSTATE 42501), if there is one.
+func Permission(err error) (*pgconn.PgError, bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == PermissionDenied {
+		return pgErr, true
+	}
+	return nil, false
 }
 
 // ExitCode is a result that is not an error: the command already printed
@@ -42,6 +72,19 @@ func (p Program) Report(out *Console, err error) int {
 	var code ExitCode
 	if errors.As(err, &code) {
 		return int(code)
+	}
+	if pgErr, ok := Permission(err); ok {
+		// A refused user is exit 2, in one line naming the table and
+		// the privileges (the help's promise).
+		msg := ""
+		if p.ExplainPermission != nil {
+			msg = p.ExplainPermission(pgErr)
+		}
+		if msg == "" {
+			msg = fmt.Sprintf("permission denied: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+		}
+		out.ErrorLine(p.Name + ": " + OneLine(msg))
+		return 2
 	}
 	var ee *ExitError
 	if !errors.As(err, &ee) {

@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"errors"
 	"flag"
 	"fmt"
@@ -27,6 +29,11 @@ type Program struct {
 	// URLVars are the variables read for --database-url, the first set
 	// one wins (DATABASE_URL, say).
 	URLVars []string
+	// ExplainPermission, if not nil, writes the one line Report prints for
+	// a refusal for lack of a privilege (SQLSTATE 42501): the table and the
+	// privileges the user lacks (it may ask the database). Without it, or
+	// when it returns "", Report prints the server's message.
+	ExplainPermission func(*pgconn.PgError) string
 }
 
 // FlagSet wraps flag.FlagSet with environment variables (a flag given on the

@@ -202,6 +202,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _, _ = s.QueuesNextSchedule(ctx, r, "")
 		_, _, _ = s.WaitingItem(ctx, r, id)
 		_, _ = s.EndedOfID(ctx, r, []string{"q"}, id)
+		_, _ = s.AuditPageFilter(ctx, r, AuditFilter{}, nil, 10)
 		if _, stored, err := s.QueueSettings(ctx, r, "q"); stored || err != nil {
 			t.Errorf("QueueSettings without a row: stored %v, error %v; want false, nil", stored, err)
 		}

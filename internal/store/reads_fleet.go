@@ -17,11 +17,13 @@ import (
 type fleetStatements struct {
 	queue, liveSessions, sessionCounts string
 	waitingItem, endedOfID             string
+	auditFilter                        string
 }
 
 func newFleetStatements(t Tables) *fleetStatements {
 	return &fleetStatements{queue: rewrite(t, queueSQL), liveSessions: rewrite(t, liveSessionsSQL),
-		sessionCounts: rewrite(t, sessionCountsSQL), waitingItem: rewrite(t, waitingItemSQL), endedOfID: rewrite(t, endedOfIDSQL)}
+		sessionCounts: rewrite(t, sessionCountsSQL), waitingItem: rewrite(t, waitingItemSQL), endedOfID: rewrite(t, endedOfIDSQL),
+		auditFilter: rewrite(t, auditFilterSQL)}
 }
 
 // fleetLiveSessions: $1 limit → the first limit live sessions by id, as
@@ -248,4 +250,75 @@ func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.U
 		r.WasRunning = running != nil && *running
 		return r, err
 	})
+}
+
+// auditFilterSQL is the text of fleetStatements.auditFilter: $1 actor, $2
+// action, $3 queue ("" for any), $4 within, in microseconds before now()
+// (NULL: any time), $5 and $6
+// the position (at, id) to go on after (NULL: from the newest), $7 limit →
+// audit rows, newest first. It reads crdbwork_audit_by_time backwards from
+// the position down to now() - within, keeping the rows that match.
+const auditFilterSQL = `SELECT id, at, actor, source, action, queue, detail FROM crdbwork_audit
+WHERE ($1 = '' OR actor = $1) AND ($2 = '' OR action = $2) AND ($3 = '' OR queue = $3)
+  AND ($4::BIGINT IS NULL OR at >= now() - $4::BIGINT * INTERVAL '1 microsecond')
+  AND ($5::TIMESTAMPTZ IS NULL OR (at <= $5::TIMESTAMPTZ AND (at, id) < ($5::TIMESTAMPTZ, $6::UUID)))
+ORDER BY at DESC, id DESC LIMIT $7`
+
+// AuditFilter selects audit rows: each field set must match.
+type AuditFilter struct {
+	Actor, Action, Queue string
+	// Within, if above 0, keeps the rows of the last Within (by the
+	// database's clock, which stamped them).
+	Within time.Duration
+}
+
+// AuditPageFilter reads up to limit audit rows that match f, newest first,
+// older than the row after (nil: from the newest)
+// (fleetStatements.auditFilter).
+func (s *Store) AuditPageFilter(ctx context.Context, db DB, f AuditFilter, after *AuditRow, limit int) ([]AuditRow, error) {
+	var at *time.Time
+	var id *uuid.UUID
+	if after != nil {
+		at, id = &after.At, &after.ID
+	}
+	var within *int64
+	if f.Within > 0 {
+		us := f.Within.Microseconds()
+		within = &us
+	}
+	rows, err := db.Query(ctx, s.lazyFleet().auditFilter, f.Actor, f.Action, f.Queue, within, at, id, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditRow, error) {
+		var a AuditRow
+		err := row.Scan(&a.ID, &a.At, &a.Actor, &a.Source, &a.Action, &a.Queue, &a.Detail)
+		return a, err
+	})
+}
+
+// privilegesLackingSQL: $1 table (qualified as the statements name it) →
+// the current user and the table privileges crdbwork's roles use that the
+// user lacks on it (has_table_privilege, on both engines). For the one
+// line a command prints when the server refuses it for lack of a
+// privilege (PostgreSQL's message names the table, not the privilege).
+const privilegesLackingSQL = `SELECT current_user::TEXT,
+       ARRAY(SELECT u.p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE']) AS u (p) WHERE NOT has_table_privilege($1, u.p))`
+
+// schemaPrivilegesLackingSQL: $1 schema → the current user and which of
+// USAGE and CREATE it lacks on the schema.
+const schemaPrivilegesLackingSQL = `SELECT current_user::TEXT,
+       ARRAY(SELECT u.p FROM unnest(ARRAY['USAGE', 'CREATE']) AS u (p) WHERE NOT has_schema_privilege($1, u.p))`
+
+// PrivilegesLacking returns the current user and the privileges it lacks
+// on the table (of SELECT, INSERT, UPDATE, DELETE), or, with schema set,
+// on the schema (of USAGE, CREATE). The name is resolved by the server:
+// an unqualified one by the search path.
+func PrivilegesLacking(ctx context.Context, db DB, name string, schema bool) (user string, lacking []string, err error) {
+	q := privilegesLackingSQL
+	if schema {
+		q = schemaPrivilegesLackingSQL
+	}
+	err = db.QueryRow(ctx, q, name).Scan(&user, &lacking)
+	return user, lacking, err
 }

@@ -38,6 +38,7 @@ func TestExplainFleetStatements(t *testing.T) {
 		{"FleetSessionCounts", nil, nil},
 		{"WaitingItem", []string{"crdbwork_waiting_pkey"}, []any{uuid.New()}},
 		{"EndedOfID", []string{"crdbwork_ended_pkey"}, []any{[]string{"big", "q7", "q8"}, uuid.New()}},
+		{"AuditFilter", nil, []any{"", "pause", "q7", int64(3600e6), nil, nil, 20}},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}
