@@ -47,3 +47,24 @@ func TestSessionsPageRaisesNoAlarmForQueuesWithoutParts(t *testing.T) {
 		t.Errorf("queue parted (2 of 4 parts owned) does not show 2 unowned parts:\n%s", sec)
 	}
 }
+
+// A drained queue (only ended ids and a dead item left) stays on the
+// overview with its last activity; a queue with nothing ended shows none.
+func TestOverviewKeepsDrainedQueuesWithTheirLastActivity(t *testing.T) {
+	t.Parallel()
+	pool, srv := setup(t, dashboard.Options{})
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_ended (queue, id, outcome, ended_at) VALUES ('reports', gen_random_uuid(), 'acked', now() - INTERVAL '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_schedules (queue, name, last_period, updated_at) VALUES ('nightly', 'backup', now(), now() - INTERVAL '3 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, "fresh", 1, nil)
+	page := newBrowser(t, srv.URL).get("/")
+	for q, want := range map[string]string{"reports": "2h", "nightly": "3h", "fresh": "—"} {
+		if got := cell(page, q, "activity"); !strings.HasPrefix(got, want) {
+			t.Errorf("the overview's last activity of %s: %q, want %s…", q, got, want)
+		}
+	}
+}
