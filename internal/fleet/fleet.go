@@ -309,42 +309,27 @@ func Stale(in session.Info) bool {
 
 // queueNames lists the first max queues by name that have a stored row,
 // unclaimed, claimed, dead or waiting items, ended ids or schedules, and
-// whether there are more: at most max+1 names from each of the seven
-// index-ordered sources (the reads of claim.Queues), merged.
+// whether there are more: max+1 statements at most, each the next name of
+// all the sources (store.Store.QueuesNextAny, as claim.Queues).
 func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error) {
-	seen := map[string]bool{}
+	var out []string
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		clear(seen)
-		stored, err := r.store.QueuesStored(ctx, r.db, "", max+1)
-		if err != nil {
-			return store.Classify(err)
-		}
-		for _, n := range stored {
-			seen[n] = true
-		}
-		for _, next := range r.store.QueuesNext() {
-			after := ""
-			for range max + 1 {
-				n, ok, err := next(ctx, r.db, after)
-				if err != nil {
-					return store.Classify(err)
-				}
-				if !ok {
-					break
-				}
-				seen[n], after = true, n
+		out = out[:0]
+		for after := ""; len(out) <= max; {
+			n, ok, err := r.store.QueuesNextAny(ctx, r.db, after)
+			if err != nil {
+				return store.Classify(err)
 			}
+			if !ok {
+				break
+			}
+			out, after = append(out, n), n
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, false, err
 	}
-	out := make([]string, 0, len(seen))
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
 	if len(out) > max {
 		return out[:max], true, nil
 	}

@@ -588,9 +588,7 @@ func TestInspectPlans(t *testing.T) {
 		{"NextUnclaimedQueue", in.NextUnclaimedQueue, "crdbwork_items_", []any{"q7"}},
 		{"NextClaimedQueue", in.NextClaimedQueue, "crdbwork_items_lease", []any{"q7"}},
 		{"NextDeadQueue", in.NextDeadQueue, "crdbwork_dead_items_by_queue", []any{"q7"}},
-		{"NextWaitingQueue", in.NextWaitingQueue, "crdbwork_waiting_by_queue", []any{"q7"}},
-		{"NextEndedQueue", in.NextEndedQueue, "crdbwork_ended_", []any{"q7"}},
-		{"NextScheduleQueue", in.NextScheduleQueue, "crdbwork_schedules_pkey", []any{"q7"}},
+		{"NextAnyQueue", in.NextAnyQueue, "crdbwork_waiting_by_queue", []any{"q7"}},
 	}
 	pcs := make([]planCase, len(cases))
 	for i, c := range cases {

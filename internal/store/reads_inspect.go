@@ -213,45 +213,27 @@ func (s *Store) QueuesNextDead(ctx context.Context, db DB, after string) (string
 	return nextQueue(ctx, db, s.insp.NextDeadQueue, after)
 }
 
-// nextEndedQueueSQL is the text of inspectStatements.NextEndedQueue
+// nextAnyQueueSQL is the text of inspectStatements.NextAnyQueue
 // (rendered by newInspectStatements).
-const nextEndedQueueSQL = `SELECT min(queue) FROM crdbwork_ended WHERE queue > $1`
+const nextAnyQueueSQL = `SELECT min(n.q) FROM (
+    SELECT min(name) AS q FROM crdbwork_queues WHERE name > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_items WHERE claim IS NULL AND queue > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_items WHERE claim IS NOT NULL AND queue > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_dead_items WHERE queue > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_waiting WHERE queue > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_ended WHERE queue > $1
+    UNION ALL SELECT min(queue) FROM crdbwork_schedules WHERE queue > $1) AS n`
 
-// QueuesNextEnded is NextUnclaimedQueue for ended ids (acked, dead,
-// cancelled, taken; kept for the queue's dedup window): one seek of the
-// ended ids' primary key (inspectStatements.NextEndedQueue).
-func (s *Store) QueuesNextEnded(ctx context.Context, db DB, after string) (string, bool, error) {
-	return nextQueue(ctx, db, s.insp.NextEndedQueue, after)
-}
-
-// nextWaitingQueueSQL is the text of inspectStatements.NextWaitingQueue
-// (rendered by newInspectStatements).
-const nextWaitingQueueSQL = `SELECT min(queue) FROM crdbwork_waiting WHERE queue > $1`
-
-// QueuesNextWaiting is NextUnclaimedQueue for waiting items
-// (crdbwork_waiting_by_queue; inspectStatements.NextWaitingQueue).
-func (s *Store) QueuesNextWaiting(ctx context.Context, db DB, after string) (string, bool, error) {
-	return nextQueue(ctx, db, s.insp.NextWaitingQueue, after)
-}
-
-// nextScheduleQueueSQL is the text of inspectStatements.NextScheduleQueue
-// (rendered by newInspectStatements).
-const nextScheduleQueueSQL = `SELECT min(queue) FROM crdbwork_schedules WHERE queue > $1`
-
-// QueuesNextSchedule is NextUnclaimedQueue for periodic schedules (their
-// primary key; inspectStatements.NextScheduleQueue).
-func (s *Store) QueuesNextSchedule(ctx context.Context, db DB, after string) (string, bool, error) {
-	return nextQueue(ctx, db, s.insp.NextScheduleQueue, after)
-}
-
-// QueuesNext are the seeks that find the queues that have rows of one kind
-// beside the queues table (QueuesStored), in the order claim.Queues and
-// the fleet read them: unclaimed, claimed, dead, waiting items, ended ids
-// and schedules.
-func (s *Store) QueuesNext() []func(context.Context, DB, string) (string, bool, error) {
-	return []func(context.Context, DB, string) (string, bool, error){
-		s.QueuesNextUnclaimed, s.QueuesNextClaimed, s.QueuesNextDead, s.QueuesNextWaiting, s.QueuesNextEnded, s.QueuesNextSchedule,
-	}
+// QueuesNextAny returns the smallest queue name after after that has
+// anything in the tables: a stored row, unclaimed, claimed, dead or waiting
+// items, ended ids (kept for the queue's dedup window) or schedules, and
+// false if there is none. One statement of seven one-entry index seeks (the
+// queues' primary key, crdbwork_items_turn_next and _lease, the dead and
+// waiting items' queue indexes, the ended ids' and schedules' primary
+// keys), so listing n queues takes n+1 round trips
+// (inspectStatements.NextAnyQueue).
+func (s *Store) QueuesNextAny(ctx context.Context, db DB, after string) (string, bool, error) {
+	return nextQueue(ctx, db, s.insp.NextAnyQueue, after)
 }
 
 func nextQueue(ctx context.Context, db DB, stmt, after string) (string, bool, error) {
@@ -448,9 +430,9 @@ type inspectStatements struct {
 	// however many items each holds. Queue names are never empty
 	// (claim.New names an unnamed queue "default").
 	NextUnclaimedQueue, NextClaimedQueue, NextDeadQueue string
-	// NextWaitingQueue, NextEndedQueue and NextScheduleQueue do the same
-	// for waiting items, ended ids and schedules.
-	NextWaitingQueue, NextEndedQueue, NextScheduleQueue string
+	// NextAnyQueue returns the smallest queue name above $1 that has a
+	// stored row or rows of any kind (QueuesNextAny).
+	NextAnyQueue string
 }
 
 // newInspectStatements renders the inspection statements for t.
@@ -466,8 +448,6 @@ func newInspectStatements(t Tables) *inspectStatements {
 		NextUnclaimedQueue: r(nextUnclaimedQueueSQL),
 		NextClaimedQueue:   r(nextClaimedQueueSQL),
 		NextDeadQueue:      r(nextDeadQueueSQL),
-		NextWaitingQueue:   r(nextWaitingQueueSQL),
-		NextEndedQueue:     r(nextEndedQueueSQL),
-		NextScheduleQueue:  r(nextScheduleQueueSQL),
+		NextAnyQueue:       r(nextAnyQueueSQL),
 	}
 }
