@@ -237,13 +237,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 	for i, r := range reqs {
 		items[i] = r.Item
 	}
-	var deleted []bool
-	var waitedFor []uuid.UUID
-	err := retry.TxWith(ctx, q.db, store.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		if deleted, waitedFor, err = q.deleteClaimed(ctx, tx, items); err != nil {
-			return err
-		}
+	deleted, waitedFor, err := q.runAck(ctx, items, func(ctx context.Context, tx pgx.Tx, deleted []bool) error {
 		var acked []AckRequest
 		for i, r := range reqs {
 			if !deleted[i] {
@@ -299,39 +293,50 @@ func recovered(fn func() error) (err error) {
 // holding the claimed Item is what entitles the caller to record its
 // result (afterAck asks whether items wait for them).
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, []uuid.UUID, error) {
-	deleted := make([]bool, len(items))
-	held := items
-	if atMostOnce(items) {
-		held = nil
-		for i, it := range items {
-			if it.AtMostOnce {
-				deleted[i] = true
-			} else {
-				held = append(held, it)
-			}
-		}
-		if len(held) == 0 {
-			return deleted, nil, nil
-		}
+	held := heldItems(items)
+	if len(held) == 0 {
+		return markDeleted(items, nil), nil, nil
 	}
 	gone, waitedFor, err := q.store.ItemsAckDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
 		return nil, nil, store.Classify(err)
 	}
+	return markDeleted(items, gone), waitedFor, nil
+}
 
+// heldItems returns the items an ack's statement deletes: all but the
+// at-most-once items (their claim deleted them).
+func heldItems(items []Item) []Item {
+	if !atMostOnce(items) {
+		return items
+	}
+	var held []Item
+	for _, it := range items {
+		if !it.AtMostOnce {
+			held = append(held, it)
+		}
+	}
+	return held
+}
+
+// markDeleted reports which of items an ack deleted, given the ids its
+// statement deleted (gone): those, and the at-most-once items. An item
+// listed twice counts once: its first request.
+func markDeleted(items []Item, gone []uuid.UUID) []bool {
+	deleted := make([]bool, len(items))
 	set := make(map[uuid.UUID]bool, len(gone))
 	for _, id := range gone {
 		set[id] = true
 	}
 	for i, it := range items {
 		if it.AtMostOnce {
+			deleted[i] = true
 			continue
 		}
-		// An item listed twice counts once: its first request.
 		deleted[i] = set[it.ID]
 		delete(set, it.ID)
 	}
-	return deleted, waitedFor, nil
+	return deleted
 }
 
 func atMostOnce(items []Item) bool {

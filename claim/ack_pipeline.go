@@ -134,7 +134,6 @@ func (opts AckOptions) batchRecord() BatchRecord {
 			}
 		}
 		sql, args := stmt(acked)
-		_, err := tx.Exec(ctx, sql, args...)
-		return err
+		return Exec(sql, args...)(ctx, tx) // with the COMMIT, in an ack's transaction
 	}
 }
