@@ -162,6 +162,12 @@ type AckOptions struct {
 // (with opts.Statement alone, in one round trip on PostgreSQL: see
 // AckOptions.Statement).
 //
+// The statements of Exec records (and of opts.Statement) are not sent one
+// by one: they go with the COMMIT, in one pipeline, so that a transaction
+// of many items costs two round trips (BEGIN with the delete, then the
+// statements with COMMIT) plus those that record functions make themselves
+// (Exec).
+//
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or
 // COMMIT was refused (a deferred constraint or a unique violation found at
