@@ -225,3 +225,48 @@ func TestAckExecRetriesDoNotWriteTwice(t *testing.T) {
 		t.Fatalf("%d items left, %d COMMIT draws, %d retries; want 0, at least 3 (two failed), at least 3", left, commits, q.Stats().Retries["ack"]-before)
 	}
 }
+
+// Under CockroachDB's fault model (CRDBWORK_TEST_FAULTS=crdb: 40001 at the
+// statements after BEGIN and at COMMIT, raised by the server at a high rate
+// here) every ack of Exec records either commits its items with exactly
+// one result each or writes nothing of them; nothing is written twice.
+// Without the fault model it checks the same on quiet acks.
+func TestAckExecUnderFaults(t *testing.T) {
+	t.Parallel()
+	const n, per = 120, 12
+	pool, _, q, got := execSetup(t, n)
+	faults := testdb.FaultsOn()
+	if faults {
+		testdb.SetFaultRate(t, pool, 0.3, 0)
+	}
+	ctx := context.Background()
+	acked := map[string]bool{}
+	for from := 0; from < n; from += per {
+		batch := got[from : from+per]
+		for i, err := range q.AckMany(ctx, execRequests(batch), claim.AckOptions{}) {
+			switch {
+			case err == nil:
+				acked[batch[i].ID.String()] = true
+			case errors.Is(err, claim.ErrOutcomeUnknown):
+				t.Fatalf("item %d: %v; the fault model has no unknown outcomes", from+i, err)
+			}
+		}
+	}
+	if faults {
+		testdb.Quiet(t, pool)
+	}
+	res := results(t, pool)
+	for i, it := range got {
+		want := 0
+		if acked[it.ID.String()] {
+			want = 1
+		}
+		left := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, it.ID)
+		if res[it.ID.String()] != want || left != 1-want {
+			t.Fatalf("item %d (acked %v): %d results and %d rows left; want %d and %d", i, want == 1, res[it.ID.String()], left, want, 1-want)
+		}
+	}
+	if len(acked) == 0 || faults && q.Stats().Retries["ack"] == 0 {
+		t.Fatalf("%d of %d acked, %d retries; want acks, and retries under the fault model", len(acked), n, q.Stats().Retries["ack"])
+	}
+}
