@@ -143,8 +143,9 @@ type AckOptions struct {
 	Batch BatchRecord
 	// Statement, if not nil, records them with one SQL statement (see
 	// BatchStatement), after Batch if both are set. With Statement alone
-	// (no Batch, and no per-item Record, at-most-once or repeated item in
-	// the call), on PostgreSQL AckMany sends the whole transaction —
+	// (no Batch, and no per-item Record but Exec's, no at-most-once or
+	// repeated item in the call), on PostgreSQL AckMany sends the whole
+	// transaction —
 	// BEGIN, the fenced delete, the statement and COMMIT — in one round
 	// trip; if a claim was lost or the transaction failed, it acks the
 	// items again the ordinary way, so the results and errors are the same

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,7 +25,10 @@ import (
 // statements of all the items whose claims held together with the
 // transaction's COMMIT, in one pipeline. An ack transaction of many items
 // is then two round trips, the BEGIN with the fenced delete and the
-// statements with COMMIT, instead of one more per item. A statement that
+// statements with COMMIT, instead of one more per item; on PostgreSQL, when
+// every record of the transaction is Exec's (or nil) and no BatchRecord is
+// set, one round trip: BEGIN, the delete, the statements and COMMIT in one
+// pipeline, as with AckOptions.Statement. A statement that
 // fails fails the transaction like a failing record function: AckMany acks
 // the items again one by one, so that it fails only its own item.
 //
@@ -35,7 +39,11 @@ import (
 // function runs the statement at once. Like every record, it may run more
 // than once (the transaction is retried whole); args are sent each time and
 // must not change.
+//
+//go:noinline
 func Exec(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
+	// Not inlined: every record Exec returns runs the same code, which
+	// isExec recognizes.
 	return func(ctx context.Context, tx pgx.Tx) error {
 		if t, ok := tx.(*ackTxn); ok {
 			t.queue(sql, args)
@@ -46,6 +54,16 @@ func Exec(sql string, args ...any) func(ctx context.Context, tx pgx.Tx) error {
 		}
 		return nil
 	}
+}
+
+// execCode is the code of the records Exec returns.
+var execCode = reflect.ValueOf(Exec("")).Pointer()
+
+// isExec reports whether record is one that Exec returned: a record that
+// only queues its statement when given an ackTxn (so that the pipelined
+// ack can collect it without a transaction; see ackPipelined).
+func isExec(record func(ctx context.Context, tx pgx.Tx) error) bool {
+	return record != nil && reflect.ValueOf(record).Pointer() == execCode
 }
 
 // ackTxn is the transaction an ack's record functions get: a pgx.Tx whose

@@ -109,7 +109,8 @@ type Record func(ctx context.Context, tx pgx.Tx) error
 // The worker queues the statement instead of running it, and sends the
 // statements of all the items of an ack transaction whose claims held with
 // its COMMIT, in one pipeline: a transaction of many acks costs two round
-// trips, not one more per item (claim.Exec). A statement that fails fails
+// trips, not one more per item, and on PostgreSQL one when all its Records
+// are Exec's and there is no BatchRecord (claim.Exec). A statement that fails fails
 // only its own item, as a failing Record function does: the items of the
 // transaction are acked again one by one, and that one is nacked.
 func Exec(sql string, args ...any) Record {
