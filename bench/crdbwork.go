@@ -45,7 +45,7 @@ type crdbworkSystem struct {
 	concurrency int
 	ackBatch    int
 	ackers      int    // 0: the worker's default
-	record      string // "statement": one INSERT per ack transaction as SQL (Options.BatchStatement); "batch": the same by Options.BatchRecord; "each": one per item
+	record      string // "statement": one INSERT per ack transaction as SQL (Options.BatchStatement); "batch": the same by Options.BatchRecord; "each": one per item (worker.Exec); "func": one per item run by a Record function
 	parts       int    // 0: no parts mode
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
@@ -99,9 +99,18 @@ func (c *crdbworkSystem) batchRecord() claim.BatchRecord {
 }
 
 // handler is the no-op handler: it hands its result (the item's id) to the
-// batch record, or returns a Record that inserts it.
+// batch record, or returns a Record that inserts it: worker.Exec's (with
+// --cw-record each: the INSERTs of an ack transaction go with its COMMIT)
+// or a function running the INSERT itself (--cw-record func: one round trip
+// per item).
 func (c *crdbworkSystem) handler() worker.Handler {
-	if c.record != "each" {
+	switch c.record {
+	case "each":
+		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+			return worker.Exec(insertResult, [16]byte(it.ID)), nil // [16]byte: pgx encodes uuid.UUID through its text form
+		}
+	case "func":
+	default:
 		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 			return nil, worker.RecordValue(ctx, [16]byte(it.ID))
 		}
@@ -143,7 +152,7 @@ func (c *crdbworkSystem) settings() string {
 		ackBatch = "ack batch: the worker's default (a quarter of the handlers, 64 to 256)"
 	}
 	return fmt.Sprintf("%d workers × %d handlers, %s, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
-		c.workers, c.concurrency, ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item"}[c.record],
+		c.workers, c.concurrency, ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item (worker.Exec, sent with COMMIT)", "func": "by one INSERT per item (a Record function: a round trip each)"}[c.record],
 		c.poolConns(), worker.Connections(c.options()))
 }
 

@@ -395,7 +395,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&cw.ackBatch, "cw-ack-batch", 0, "most items acked in one transaction (worker.Options.MaxAckBatch; 0: its default, a quarter of the handlers, 64 to 256)")
 	fs.IntVar(&cw.parts, "cw-parts", 0, "crdbwork parts (0: no parts mode, any session claims any item)")
 	fs.IntVar(&cw.ackers, "cw-ackers", 0, "crdbwork settle goroutines per worker (worker.Options.Ackers; 0: its default)")
-	fs.StringVar(&cw.record, "cw-record", "statement", "how crdbwork's handler records its result row: statement (worker.Options.BatchStatement: one INSERT per ack transaction, given as SQL, so the ack transaction is one round trip), batch (worker.Options.BatchRecord: the same INSERT run by Go code in the transaction) or each (a Record per item: one INSERT per item)")
+	fs.StringVar(&cw.record, "cw-record", "statement", "how crdbwork's handler records its result row: statement (worker.Options.BatchStatement: one INSERT per ack transaction, given as SQL, so the ack transaction is one round trip), batch (worker.Options.BatchRecord: the same INSERT run by Go code in the transaction) each (a Record per item, worker.Exec's: one INSERT per item, sent with the ack's COMMIT) or func (a Record per item that is a function running its INSERT: one round trip per item)")
 	fs.IntVar(&cw.conns, "cw-conns", 0, "pool size of each crdbwork worker (0: worker.PoolConns)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -409,8 +409,8 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 		return errors.New("--items and --rounds must be at least 1, --backlog at least 0")
 	case cw.workers < 1 || cw.concurrency < 0 || cw.ackBatch < 0 || cw.parts < 0 || cw.conns < 0 || cw.ackers < 0:
 		return errors.New("--cw-workers must be at least 1, --cw-concurrency, --cw-ack-batch, --cw-parts, --cw-conns and --cw-ackers at least 0")
-	case cw.record != "statement" && cw.record != "batch" && cw.record != "each":
-		return fmt.Errorf("--cw-record %q: want statement, batch or each", cw.record)
+	case cw.record != "statement" && cw.record != "batch" && cw.record != "each" && cw.record != "func":
+		return fmt.Errorf("--cw-record %q: want statement, batch, each or func", cw.record)
 	case *riverWorkers < 1 || *riverConns < 0:
 		return errors.New("--river-workers must be at least 1, --river-conns at least 0")
 	}

@@ -143,8 +143,9 @@ type AckOptions struct {
 	Batch BatchRecord
 	// Statement, if not nil, records them with one SQL statement (see
 	// BatchStatement), after Batch if both are set. With Statement alone
-	// (no Batch, and no per-item Record, at-most-once or repeated item in
-	// the call), on PostgreSQL AckMany sends the whole transaction —
+	// (no Batch, and no per-item Record but Exec's, no at-most-once or
+	// repeated item in the call), on PostgreSQL AckMany sends the whole
+	// transaction —
 	// BEGIN, the fenced delete, the statement and COMMIT — in one round
 	// trip; if a claim was lost or the transaction failed, it acks the
 	// items again the ordinary way, so the results and errors are the same
@@ -161,6 +162,12 @@ type AckOptions struct {
 // order, then opts.Batch and opts.Statement (if set) once with all of them
 // (with opts.Statement alone, in one round trip on PostgreSQL: see
 // AckOptions.Statement).
+//
+// The statements of Exec records (and of opts.Statement) are not sent one
+// by one: they go with the COMMIT, in one pipeline, so that a transaction
+// of many items costs two round trips (BEGIN with the delete, then the
+// statements with COMMIT) plus those that record functions make themselves
+// (Exec).
 //
 // If that transaction fails for any reason but an unknown outcome — a
 // Record or the BatchRecord failed or panicked, a statement failed, or
@@ -237,13 +244,7 @@ func (q *Queue) ackTx(ctx context.Context, reqs []AckRequest, batch BatchRecord)
 	for i, r := range reqs {
 		items[i] = r.Item
 	}
-	var deleted []bool
-	var waitedFor []uuid.UUID
-	err := retry.TxWith(ctx, q.db, store.AckTxOptions(q.engine.Load().dialect), q.stats.retried("ack"), func(ctx context.Context, tx pgx.Tx) error {
-		var err error
-		if deleted, waitedFor, err = q.deleteClaimed(ctx, tx, items); err != nil {
-			return err
-		}
+	deleted, waitedFor, err := q.runAck(ctx, items, func(ctx context.Context, tx pgx.Tx, deleted []bool) error {
 		var acked []AckRequest
 		for i, r := range reqs {
 			if !deleted[i] {
@@ -299,39 +300,50 @@ func recovered(fn func() error) (err error) {
 // holding the claimed Item is what entitles the caller to record its
 // result (afterAck asks whether items wait for them).
 func (q *Queue) deleteClaimed(ctx context.Context, tx pgx.Tx, items []Item) ([]bool, []uuid.UUID, error) {
-	deleted := make([]bool, len(items))
-	held := items
-	if atMostOnce(items) {
-		held = nil
-		for i, it := range items {
-			if it.AtMostOnce {
-				deleted[i] = true
-			} else {
-				held = append(held, it)
-			}
-		}
-		if len(held) == 0 {
-			return deleted, nil, nil
-		}
+	held := heldItems(items)
+	if len(held) == 0 {
+		return markDeleted(items, nil), nil, nil
 	}
 	gone, waitedFor, err := q.store.ItemsAckDependents(ctx, tx, q.engine.Load().dialect, claimKeys(held))
 	if err != nil {
 		return nil, nil, store.Classify(err)
 	}
+	return markDeleted(items, gone), waitedFor, nil
+}
 
+// heldItems returns the items an ack's statement deletes: all but the
+// at-most-once items (their claim deleted them).
+func heldItems(items []Item) []Item {
+	if !atMostOnce(items) {
+		return items
+	}
+	var held []Item
+	for _, it := range items {
+		if !it.AtMostOnce {
+			held = append(held, it)
+		}
+	}
+	return held
+}
+
+// markDeleted reports which of items an ack deleted, given the ids its
+// statement deleted (gone): those, and the at-most-once items. An item
+// listed twice counts once: its first request.
+func markDeleted(items []Item, gone []uuid.UUID) []bool {
+	deleted := make([]bool, len(items))
 	set := make(map[uuid.UUID]bool, len(gone))
 	for _, id := range gone {
 		set[id] = true
 	}
 	for i, it := range items {
 		if it.AtMostOnce {
+			deleted[i] = true
 			continue
 		}
-		// An item listed twice counts once: its first request.
 		deleted[i] = set[it.ID]
 		delete(set, it.ID)
 	}
-	return deleted, waitedFor, nil
+	return deleted
 }
 
 func atMostOnce(items []Item) bool {

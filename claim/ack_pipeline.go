@@ -30,13 +30,15 @@ const pipelineRollbackTimeout = 5 * time.Second
 
 // ackPipelined tries to ack reqs in one round trip: one pgx batch holding
 // BEGIN ISOLATION LEVEL SERIALIZABLE, the fenced delete of every item, the
-// results' statement (stmt) and COMMIT (store.Store.ItemsAckPipeline). The delete
+// statements of the items' Exec records, the results' statement
+// (opts.Statement) and COMMIT (store.Store.ItemsAckPipeline). The delete
 // fails unless every claim still holds, so the results are written only for
 // items it deleted, in the same SERIALIZABLE transaction: the same
 // exactly-once ack as ackTx.
 //
 // It reports handled false, having committed nothing, when the pipeline
-// does not apply (not PostgreSQL; a per-item Record, a Go BatchRecord, an
+// does not apply (not PostgreSQL; neither a Statement nor an Exec record;
+// a per-item Record that is not Exec's, a Go BatchRecord, an
 // at-most-once or a repeated item; a database handle other than a pool or a
 // connection) or when the transaction failed in a way that the ordinary ack
 // sorts out: a lost claim, a failing results' statement, a serialization
@@ -45,23 +47,45 @@ const pipelineRollbackTimeout = 5 * time.Second
 // the batch was sent, so COMMIT may have run), it reports handled with an
 // error wrapping ErrOutcomeUnknown for every item.
 func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOptions) (errs []error, handled bool) {
-	if opts.Statement == nil || opts.Batch != nil || q.engine.Load().dialect != store.Postgres {
+	if opts.Batch != nil || q.engine.Load().dialect != store.Postgres {
 		return nil, false
 	}
 	seen := make(map[uuid.UUID]struct{}, len(reqs))
+	execs := 0
 	for _, r := range reqs {
-		if r.Record != nil || r.Item.AtMostOnce {
+		if r.Record != nil && !isExec(r.Record) || r.Item.AtMostOnce {
 			return nil, false
+		}
+		if r.Record != nil {
+			execs++
 		}
 		if _, dup := seen[r.Item.ID]; dup {
 			return nil, false
 		}
 		seen[r.Item.ID] = struct{}{}
 	}
-	var stmt string
-	var args []any
-	if err := recovered(func() error { stmt, args = opts.Statement(reqs); return nil }); err != nil {
-		return nil, false // the ordinary ack calls it again and reports the panic
+	if opts.Statement == nil && execs == 0 {
+		return nil, false
+	}
+	// The Exec records' statements, in request order (they only queue
+	// them), then the batch's statement: the order of the ordinary ack.
+	collect := &ackTxn{queued: make([]queuedStatement, 0, execs)}
+	for _, r := range reqs {
+		if r.Record != nil {
+			_ = r.Record(ctx, collect)
+		}
+	}
+	records := make([]store.RecordStatement, 0, execs+1)
+	for _, s := range collect.queued {
+		records = append(records, store.RecordStatement{SQL: s.sql, Args: s.args})
+	}
+	if opts.Statement != nil {
+		var stmt string
+		var args []any
+		if err := recovered(func() error { stmt, args = opts.Statement(reqs); return nil }); err != nil {
+			return nil, false // the ordinary ack calls it again and reports the panic
+		}
+		records = append(records, store.RecordStatement{SQL: stmt, Args: args})
 	}
 	var conn *pgx.Conn
 	release := func() {}
@@ -85,7 +109,7 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 	for i, r := range reqs {
 		items[i] = r.Item
 	}
-	b := q.store.ItemsAckPipeline(claimKeys(items), stmt, args)
+	b := q.store.ItemsAckPipeline(claimKeys(items), records)
 	br := conn.SendBatch(ctx, b)
 	waitedFor, err := store.ReadAckPipeline(br, b)
 	if cerr := br.Close(); err == nil {
@@ -134,7 +158,6 @@ func (opts AckOptions) batchRecord() BatchRecord {
 			}
 		}
 		sql, args := stmt(acked)
-		_, err := tx.Exec(ctx, sql, args...)
-		return err
+		return Exec(sql, args...)(ctx, tx) // with the COMMIT, in an ack's transaction
 	}
 }

@@ -169,8 +169,8 @@ func TestAckPipelineLostClaimWritesNothingOfIt(t *testing.T) {
 	if len(calls) != 2 || strings.Join(calls[0], " ") != "v0 v1 v2 v3 v4 v5" || strings.Join(calls[1], " ") != "v0 v1 v3 v4 v5" {
 		t.Fatalf("statement calls %v; want the pipeline's (all six) and then the ordinary ack's (without v2)", calls)
 	}
-	if batches, _ := tr.seen(); len(batches) != 1 {
-		t.Fatalf("%d batches; want the one pipeline", len(batches))
+	if batches, _ := tr.seen(); len(batches) != 3 || batches[0] != 4 || batches[1] != 2 || batches[2] != 2 {
+		t.Fatalf("batches of %v statements; want the one pipeline (4), then the ordinary ack's BEGIN with its delete (2) and its statement with COMMIT (2)", batches)
 	}
 	var lostResults int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pipe_results WHERE item_id = $1`, got[2].ID).Scan(&lostResults); err != nil {
@@ -232,8 +232,10 @@ func TestAckStatementWithoutPipeline(t *testing.T) {
 			t.Fatalf("item %d: %v", i, err)
 		}
 	}
-	if batches, _ := tr.seen(); len(batches) != 0 || batchCalls != 1 || len(calls) != 1 {
-		t.Fatalf("%d batches, %d BatchRecord calls, %d statement calls; want 0, 1, 1", len(batches), batchCalls, len(calls))
+	// The ordinary transaction: BEGIN with the delete, then the statement
+	// with COMMIT.
+	if batches, queries := tr.seen(); len(batches) != 2 || batches[0] != 2 || batches[1] != 2 || len(queries) != 0 || batchCalls != 1 || len(calls) != 1 {
+		t.Fatalf("batches of %v statements, %d other statements, %d BatchRecord calls, %d statement calls; want [2 2], 0, 1, 1", batches, len(queries), batchCalls, len(calls))
 	}
 	if r := count(t, pool, `SELECT count(*) FROM pipe_results`); r != 4 {
 		t.Fatalf("%d results, want 4", r)

@@ -121,7 +121,7 @@ type mxSettle struct {
 }
 
 var mxSettles = []mxSettle{
-	{name: "ack", doc: "`Queue.Ack` with a record", api: []string{"Queue.Ack"}},
+	{name: "ack", doc: "`Queue.Ack` with a record (a function, or `claim.Exec`/`worker.Exec`: its statement goes with the ack's COMMIT)", api: []string{"Queue.Ack"}},
 	{name: "BatchRecord", doc: "`Queue.AckMany` with `AckOptions.Batch` (`worker.Options.BatchRecord`)", api: []string{"Queue.AckMany", "AckOptions.Batch"}},
 	{name: "BatchStatement", doc: "`Queue.AckMany` with `AckOptions.Statement` (`worker.Options.BatchStatement`: one round trip on PostgreSQL)", api: []string{"AckOptions.Statement"}},
 	{name: "nack", doc: "`Queue.Nack`: retried after its backoff", api: []string{"Queue.Nack"}},

@@ -6,8 +6,6 @@ import (
 	"log"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
@@ -112,10 +110,7 @@ func ExampleSnooze() {
 		if !ready {
 			return nil, worker.Snooze(50 * time.Millisecond) // look again later; no attempt spent
 		}
-		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO shipped (name) VALUES ($1)`, string(it.Payload))
-			return err
-		}, nil
+		return worker.Exec(`INSERT INTO shipped (name) VALUES ($1)`, string(it.Payload)), nil
 	}
 	// README:end snooze
 

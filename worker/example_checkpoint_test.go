@@ -8,8 +8,6 @@ import (
 	"log"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
@@ -57,10 +55,7 @@ func ExampleSaveCheckpoint() {
 				return nil, errors.New("the first attempt fails half-way")
 			}
 		}
-		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO sums (id, total, resumed_at) VALUES ($1, $2, $3)`, it.ID, st.Total, resumedAt)
-			return err
-		}, nil
+		return worker.Exec(`INSERT INTO sums (id, total, resumed_at) VALUES ($1, $2, $3)`, it.ID, st.Total, resumedAt), nil
 	}
 	// README:end checkpoint
 

@@ -31,10 +31,7 @@ func ExampleWorker_Run() {
 	handle := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		name := string(it.Payload)
 		greeting := "Hello, " + strings.ToUpper(name[:1]) + name[1:] + "!" // the slow work
-		return func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO greetings (name, greeting) VALUES ($1, $2)`, name, greeting)
-			return err
-		}, nil
+		return worker.Exec(`INSERT INTO greetings (name, greeting) VALUES ($1, $2)`, name, greeting), nil
 	}
 	q, err := claim.New(pool, claim.Options{Queue: "greetings"})
 	if err != nil {

@@ -95,8 +95,27 @@ import (
 	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
-// Record writes a handler's result inside the ack transaction.
+// Record writes a handler's result inside the ack transaction. Exec makes
+// the Record of one SQL statement, which costs no round trip of its own;
+// write a function for reads or logic (its statements run at once, and see
+// the writes of the Records before it).
 type Record func(ctx context.Context, tx pgx.Tx) error
+
+// Exec returns the Record that runs one SQL statement, sql with args, in the
+// ack's transaction: the usual way to write a handler's result, for example
+//
+//	return worker.Exec(`INSERT INTO results (item_id, value) VALUES ($1, $2)`, it.ID, v), nil
+//
+// The worker queues the statement instead of running it, and sends the
+// statements of all the items of an ack transaction whose claims held with
+// its COMMIT, in one pipeline: a transaction of many acks costs two round
+// trips, not one more per item, and on PostgreSQL one when all its Records
+// are Exec's and there is no BatchRecord (claim.Exec). A statement that fails fails
+// only its own item, as a failing Record function does: the items of the
+// transaction are acked again one by one, and that one is nacked.
+func Exec(sql string, args ...any) Record {
+	return Record(claim.Exec(sql, args...))
+}
 
 // Handler processes one claimed item. It runs outside any transaction with a
 // context that ends when the item times out, the session is lost, or a

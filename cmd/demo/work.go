@@ -67,8 +67,8 @@ func recordResults(ctx context.Context, tx pgx.Tx, acked []claim.AckRequest) err
 		it := r.Value.(claim.Item)
 		ids[i], sessions[i], parts[i], attempts[i] = it.ID, it.Session, int64(it.Part), int64(it.Attempt)
 	}
-	_, err := tx.Exec(ctx, insertResults, ids, sessions, parts, attempts)
-	return err
+	// Queued: it goes to the server with the ack's COMMIT, one round trip.
+	return claim.Exec(insertResults, ids, sessions, parts, attempts)(ctx, tx)
 }
 
 // workerSettings are the settings shared by `run` and `work`.

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/worker"
@@ -22,10 +20,7 @@ func sendEmail(ctx context.Context, it claim.Item) (worker.Record, error) {
 	if len(it.Payload) == 0 {
 		return nil, claim.Permanent(errors.New("empty body"))
 	}
-	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO sent (item_id) VALUES ($1)`, it.ID)
-		return err
-	}, nil
+	return worker.Exec(`INSERT INTO sent (item_id) VALUES ($1)`, it.ID), nil
 }
 
 func TestSendEmail(t *testing.T) {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
@@ -141,10 +140,7 @@ func sendEmail(ctx context.Context, it claim.Item) (worker.Record, error) {
 	if err != nil {
 		return nil, err // nack: retried with backoff, dead-lettered after MaxAttempts
 	}
-	return func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt)
-		return err
-	}, nil
+	return worker.Exec(`INSERT INTO sent (item_id, receipt) VALUES ($1, $2)`, it.ID, receipt), nil
 }
 
 // README:end

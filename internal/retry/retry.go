@@ -189,25 +189,55 @@ func TxWith(ctx context.Context, db Beginner, opts pgx.TxOptions, onRetry func()
 		}
 		if err := fn(ctx, tx); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			if Ambiguous(err) && !errors.Is(err, ErrOutcomeUnknown) {
-				return unknown(err)
-			}
-			return err
+			return TxError(err)
 		}
 		if err := tx.Commit(ctx); err != nil {
-			var pgErr *pgconn.PgError
-			switch {
-			case Ambiguous(err):
-				return unknown(fmt.Errorf("commit: %w", err))
-			case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback),
-				pgconn.SafeToRetry(err) && !LostInFlight(err):
-				// The server answered, or COMMIT was never sent: the
-				// transaction did not commit.
-				return fmt.Errorf("commit: %w", err)
-			default:
-				return unknown(fmt.Errorf("commit: %w", err))
-			}
+			return CommitError(fmt.Errorf("commit: %w", err))
 		}
 		return nil
 	})
+}
+
+// Run runs fn again while it fails with a retryable error, like Do, but
+// leaves the outcome's classification to fn: it is for a transaction whose
+// BEGIN and COMMIT fn sends itself (in pipelines with its statements), and
+// fn classifies its errors with TxError (before COMMIT was sent) and
+// CommitError (COMMIT sent), as TxWith does.
+func Run(ctx context.Context, onRetry func(), fn func(ctx context.Context) error) error {
+	return run(ctx, onRetry, fn)
+}
+
+// TxError classifies the error of a transaction's work before its COMMIT
+// was sent: the transaction did not commit, unless the error is
+// CockroachDB's 40003, whose outcome is unknown (wrapped in
+// ErrOutcomeUnknown). A connection lost here is a plain failure.
+func TxError(err error) error {
+	if err != nil && Ambiguous(err) && !errors.Is(err, ErrOutcomeUnknown) {
+		return unknown(err)
+	}
+	return err
+}
+
+// CommitError classifies the error of a COMMIT, or of a pipeline that ends
+// with COMMIT: a server's answer (an error, or a ROLLBACK for the COMMIT:
+// pgx.ErrTxCommitRollback) or a COMMIT never sent is a plain failure, the
+// transaction did not commit; 40003 or a connection lost after COMMIT was
+// sent is an unknown outcome (wrapped in ErrOutcomeUnknown).
+func CommitError(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrOutcomeUnknown):
+		return err
+	case Ambiguous(err):
+		return unknown(err)
+	case errors.As(err, &pgErr), errors.Is(err, pgx.ErrTxCommitRollback),
+		pgconn.SafeToRetry(err) && !LostInFlight(err):
+		// The server answered, or COMMIT was never sent: the
+		// transaction did not commit.
+		return err
+	default:
+		return unknown(err)
+	}
 }

@@ -49,21 +49,28 @@ func ackAllOf(t Tables, ackMany string) string {
 // ackAllLost is the SQLSTATE of AckAll's guard: a claim was lost.
 const ackAllLost = "22012"
 
+// RecordStatement is a statement that records results in an ack's
+// transaction, with its arguments.
+type RecordStatement struct {
+	SQL  string
+	Args []any
+}
+
 // ItemsAckPipeline returns the batch of a whole pipelined ack transaction on
 // PostgreSQL: BEGIN ISOLATION LEVEL SERIALIZABLE; the fenced delete of keys
 // (the ids must be distinct), which fails unless it deletes every one;
-// record with its args (the results' statement; skipped if record is "");
-// COMMIT. Send it on a connection that is not in a transaction, read every
-// result, and on any failure roll back (RollbackPipeline): the transaction
-// did not commit unless the failure is an unknown outcome (the connection
-// lost after the batch was sent).
-func (s *Store) ItemsAckPipeline(keys []ClaimKey, record string, args []any) *pgx.Batch {
+// records in order (the results' statements); COMMIT. Send it on a
+// connection that is not in a transaction, read every result, and on any
+// failure roll back (RollbackPipeline): the transaction did not commit
+// unless the failure is an unknown outcome (the connection lost after the
+// batch was sent).
+func (s *Store) ItemsAckPipeline(keys []ClaimKey, records []RecordStatement) *pgx.Batch {
 	ids, sessions, tokens := fenceArrays(keys)
-	b := &pgx.Batch{}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(records)+3)}
 	b.Queue("BEGIN ISOLATION LEVEL SERIALIZABLE")
 	b.Queue(s.ackAll, ids, sessions, tokens, int64(len(keys)))
-	if record != "" {
-		b.Queue(record, args...)
+	for _, r := range records {
+		b.Queue(r.SQL, r.Args...)
 	}
 	b.Queue("COMMIT")
 	return b

@@ -412,6 +412,50 @@ func (s *Store) ItemsAckDependents(ctx context.Context, tx pgx.Tx, d Dialect, ke
 	if err != nil {
 		return nil, nil, err
 	}
+	return scanAcked(rows)
+}
+
+// ItemsAckBegin returns the batch that begins an ack's transaction with
+// opts (AckTxOptions) and runs in it the ack of keys (AckMany, or its
+// PostgreSQL twin, as ItemsAckDependents): one round trip for both. With no
+// keys it only begins the transaction. Send it on a connection that is not
+// in a transaction; read it with ReadAckBegin, then close it: the
+// transaction is BatchResults.Tx, open unless the batch failed.
+//
+// Both engines take BEGIN as a statement of a pipeline (the extended
+// protocol), PostgreSQL always and CockroachDB with its options honoured
+// since cockroachdb/cockroach#87047 (22.2); SERIALIZABLE is CockroachDB's
+// default isolation anyway unless the cluster's default was changed.
+func (s *Store) ItemsAckBegin(d Dialect, opts pgx.TxOptions, keys []ClaimKey) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	if len(keys) > 0 {
+		ids, sessions, tokens := fenceArrays(keys)
+		b.Queue(byDialect(d, s.st.AckMany, s.st.PostgresAckMany), ids, sessions, tokens)
+	}
+	return b
+}
+
+// ReadAckBegin reads the results of the batch ItemsAckBegin returned: the
+// BEGIN's, then (if b holds the ack) the acked ids and those that items
+// wait for, as ItemsAckDependents returns them.
+func ReadAckBegin(br pgx.BatchResults, b *pgx.Batch) (acked, waitedFor []uuid.UUID, err error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, err
+	}
+	if b.Len() < 2 {
+		return nil, nil, nil
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	return scanAcked(rows)
+}
+
+// scanAcked reads the rows of an ack statement: each deleted item's id and
+// whether items wait for it.
+func scanAcked(rows pgx.Rows) (acked, waitedFor []uuid.UUID, err error) {
 	var id [16]byte
 	var deps bool
 	_, err = pgx.ForEachRow(rows, []any{&id, &deps}, func() error {
