@@ -213,6 +213,11 @@ type Worker struct {
 	// process's idle probe probes it (Options.Wake; see idleWait).
 	channel string
 	probing bool
+	// listenLong: while the listener listens on channel, idle claims wait
+	// ListenPoll (see Options.ListenPoll): wake-ups on, LISTEN in use, the
+	// queue's producers notify (its NoNotify is off) and ListenPoll is
+	// longer than Poll.
+	listenLong bool
 	// cancelWake receives the queue's cancel notifications (nil with
 	// NoWake); cancelsSeen counts the handlers cancelled for a cancel
 	// request (Stats.CancelRequests).
@@ -342,6 +347,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.channel, w.probing = channel, ok
 		}
 		w.wake, w.wakeSub = sub.C(), sub
+		w.channel = channel
+		w.listenLong = w.opts.Wake != WakeProbe && !w.queue.Options().NoNotify && w.opts.ListenPoll > w.opts.Poll
 		// Cancel requests of running items, on their own channel so that
 		// they do not wake idle claimers. (Without the listener, the
 		// session's heartbeat finds them.)
