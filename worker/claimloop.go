@@ -44,6 +44,14 @@ func (r *sessionRun) claimLoop() {
 	if reb != nil {
 		changed = reb.Changed()
 	}
+	// sessChanged is signalled when the session's heartbeat saw its
+	// queue's change marker move (without parts: a peer's deletion
+	// released its claims; in parts mode its parts move, which changed
+	// says).
+	var sessChanged <-chan struct{}
+	if reb == nil {
+		sessChanged = sess.Changes()
+	}
 	// look is when the first unclaimed item of the session's parts vests,
 	// as far as the loop knows (see Options.ListenPoll); stale once
 	// something happened since.
@@ -74,6 +82,10 @@ func (r *sessionRun) claimLoop() {
 			hints.add(nil)
 			return true
 		case <-ended:
+			hints.add(nil)
+			look.stale = true
+			return true
+		case <-sessChanged:
 			hints.add(nil)
 			look.stale = true
 			return true

@@ -196,7 +196,7 @@ type Worker struct {
 	extended, forgotten, reaped                atomic.Int64
 	lease                                      time.Duration // of every claim
 	partsAcquired, partsReleased               atomic.Int64
-	partsRebalances, partsRetries              atomic.Int64
+	partsRebalances, partsRetries, partsReads  atomic.Int64
 	current                                    atomic.Value                         // string
 	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
 	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
@@ -258,11 +258,12 @@ func (w *Worker) Queue() *claim.Queue { return w.queue }
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
 	parts := partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
-		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()}
+		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load(), Reads: w.partsReads.Load()}
 	if reb := w.reb.Load(); reb != nil {
 		st := reb.Stats()
 		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
 		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
+		parts.Reads += st.Reads
 	}
 	var ls LimitStats
 	if lim := w.lim.Load(); lim != nil {
