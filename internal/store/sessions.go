@@ -131,7 +131,9 @@ DELETE FROM crdbwork_sessions WHERE id = $1`
 // in one snapshot (a data-modifying CTE runs whether or not the outer
 // statement reads it), on CockroachDB cascades run after the statement's
 // own reads and writes. A session that heartbeats while a reap runs may
-// cost its queues a needless bump, never a missed one.
+// cost its queues a needless bump, never a missed one. The queues are read
+// only when a session is deleted (a one-time filter: the EXISTS of the
+// reaps), so the reaps' common case, nothing expired, reads no queue.
 
 // SessionsDelete deletes session id's row, which releases its claims, parts
 // and memberships through the foreign keys. Deleting a row that is gone
@@ -148,6 +150,7 @@ bump AS (
     UPDATE crdbwork_queues SET changes = changes + 1
     WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id IN (SELECT id FROM gone)
                    UNION SELECT queue FROM crdbwork_session_parts WHERE session_id IN (SELECT id FROM gone))
+      AND EXISTS (SELECT 1 FROM gone)
     RETURNING 1)
 DELETE FROM crdbwork_sessions WHERE id IN (SELECT id FROM gone) AND heartbeat_at + expiry < now()`
 
