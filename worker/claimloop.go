@@ -72,7 +72,11 @@ func (r *sessionRun) claimLoop() {
 		// next item: claim again then (docs/sequences.md). Nil otherwise:
 		// never.
 		var ended chan struct{}
-		if w.maint.ClaimsSequenced() {
+		if w.maint.ClaimsSequenced() || w.listenLong {
+			// Also while the listener may let the loop wait ListenPoll: an
+			// item that ended may have been nacked or snoozed, to vest
+			// later without a notification; the look after the claim
+			// finds when.
 			ended = r.freed
 		}
 		select {
