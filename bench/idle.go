@@ -228,7 +228,7 @@ WHERE query NOT LIKE '%pg_stat%'`)
 	fmt.Fprintf(out, "\n%s: %d workers, settled in %v, measured %.1f s, load %s\n", label, n, settled.Round(time.Second), secs, loadavg())
 	fmt.Fprintf(out, "  statements/s: %.1f in all, %.2f per session\n", float64(total)/secs, float64(total)/secs/float64(n))
 	fmt.Fprintf(out, "  CPU, fraction of a core: server %.3f, client (this process) %.3f\n",
-		(cpu1.server - cpu0.server).Seconds()/secs, (cpu1.client - cpu0.client).Seconds()/secs)
+		(cpu1.server-cpu0.server).Seconds()/secs, (cpu1.client-cpu0.client).Seconds()/secs)
 	fmt.Fprintf(out, "  connections of the workers: %d (%.1f per worker)\n", conns, float64(conns)/float64(n))
 	fmt.Fprintf(out, "  sessions lost while measured: %d; part moves since the start: %d\n", lost-lostBefore, moves)
 	sort.Slice(all, func(i, j int) bool { return all[i].calls > all[j].calls })

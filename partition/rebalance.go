@@ -154,8 +154,8 @@ type Rebalancer struct {
 	acquired, released, rebalances, retries, reads atomic.Int64
 	// pending: the last rebalance left parts to take or to give up (or
 	// could not tell): the next poll reads again.
-	pending atomic.Bool
-	numParts                                atomic.Int64 // as the last rebalance read it
+	pending  atomic.Bool
+	numParts atomic.Int64 // as the last rebalance read it
 	// changed is signalled (without blocking; one value is kept while
 	// pending) by a rebalance that gained parts or read a new number of
 	// parts (see Changed).
