@@ -54,7 +54,7 @@ func TestNoClaimPollWhileListening(t *testing.T) {
 		}}
 	r := startOn(t, q, h, opts)
 	awaitListening(t, r)
-	looks.WaitFor(t, 1) // idle: a claim found nothing, and the look after it nothing either
+	idle.WaitFor(t, 1) // idle: a claim found nothing (and the look after it nothing either)
 	beats.Wait(t, 1)
 
 	// Quiet: no claim through heartbeats although Poll is 20 ms.
