@@ -93,12 +93,12 @@ func TestReadsOnlyOnChanges(t *testing.T) {
 	a.beats.Wait(t, 3)
 	quiet(t, a, 3, "after the leave settled")
 
-	// An expiry: b stops heartbeating (its context ends, as if its process
-	// died) with its parts; a reap by a peer deletes its row, records the
-	// change, and a takes every part.
-	hb := fastSession().Heartbeat
-	short := session.Options{Tuning: session.Tuning{Heartbeat: hb, Expiry: 5 * hb}}
-	d := joinWatched(t, pool, short)
+	// An expiry: d stops heartbeating (its context ends, as if its process
+	// died) with its parts, its row is made to look expired (rather than
+	// waiting out a short expiry, which a loaded machine's slow heartbeats
+	// may reach early), a reap deletes it and records the change, and a
+	// takes every part.
+	d := joinWatched(t, pool, fastSession())
 	await.Until(t, "a and d share the parts", func() bool {
 		got, total := owners(t, pool)
 		return total == parts && got[d.sess.ID().String()] > 0 && got[b.sess.ID().String()] > 0
@@ -109,6 +109,10 @@ func TestReadsOnlyOnChanges(t *testing.T) {
 	quiet(t, a, 3, "before the expiry")
 	before = a.reads()
 	d.stop() // d's process dies: no heartbeat, no close
+	<-d.done
+	if _, err := pool.Exec(context.Background(), `UPDATE crdbwork_sessions SET heartbeat_at = now() - INTERVAL '1 hour' WHERE id = $1`, d.sess.ID()); err != nil {
+		t.Fatal(err)
+	}
 	await.Until(t, "d's row expired and reaped", func() (bool, string) {
 		// Any session's reaper may delete it (the sessions' own do).
 		if _, err := session.Reap(context.Background(), pool, crsql.Tables{}); err != nil {
