@@ -17,6 +17,7 @@
 //	go -C bench run . limits            # how much of a queue's limits a fleet uses: 1, 2, 4 workers and churn, with and without parts
 //	go -C bench run . claimcost         # the claim's server CPU per item, plain and in parts, with the foreign-key checks and without
 //	go -C bench run . overload          # 128 worker processes drain a backlog: sessions lost while alive, items/s, heartbeat round trips
+//	go -C bench run . idle              # what idle fleets cost: statements/s per session, CPU, connections
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -56,6 +57,7 @@ const usage = `Usage:
   go -C bench run . limits [flags]      how much of a queue's limits (in flight, rate) a fleet uses; --handover: the hand-over bound
   go -C bench run . claimcost [flags]   the claim's server CPU per claimed item (one backend's CPU time), plain and parts mode
   go -C bench run . overload [flags]    --processes worker processes drain a backlog: sessions lost, items/s, heartbeat round trips
+  go -C bench run . idle [flags]        what idle fleets cost: statements/s per session, server and client CPU, connections
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -211,12 +213,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return claimcostCmd(ctx, args, out)
 	case "overload":
 		return overloadCmd(ctx, args, out)
+	case "idle":
+		return idleCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	case "overload-worker": // a worker process of overload (not for users)
 		return overloadWorker(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost or overload; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost, overload or idle; see --help)", cmd)
 	}
 }
 

@@ -13,6 +13,11 @@ import (
 	"github.com/crdbwork/crdbwork/internal/dbserver"
 )
 
+// serverMaxConns, if positive, is the max_connections of the throwaway
+// server that startServer starts, for commands that run
+// more connections than the tests' server allows (idle).
+var serverMaxConns int
+
 // startServer starts a throwaway PostgreSQL server with the library's
 // internal/dbserver (the tests' server: fsync off, asynchronous commit). With
 // statements, it preloads pg_stat_statements when the server has it (a
@@ -20,7 +25,7 @@ import (
 // are on (dbserver.Options.Durable). It returns the URL, the postmaster's pid
 // (0 if unknown) and the function that stops the server and removes its files.
 func startServer(ctx context.Context, out io.Writer, statements, durable bool) (string, int, func(), error) {
-	s, err := dbserver.Start(ctx, dbserver.Options{Prefer: dbserver.Postgres, Durable: durable})
+	s, err := dbserver.Start(ctx, dbserver.Options{Prefer: dbserver.Postgres, Durable: durable, MaxConnections: serverMaxConns})
 	if err != nil {
 		return "", 0, nil, err
 	}

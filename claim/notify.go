@@ -56,13 +56,11 @@ func (b *batch) payload() string {
 	return wake.Payload(hs)
 }
 
-// dueNow reports whether an item of b is due at once (no Delay): only then
-// is a wake-up of any use.
-func (b *batch) dueNow() bool {
-	for i := range b.items {
-		if b.items[i].Delay <= 0 {
-			return true
-		}
-	}
-	return false
-}
+// dueNow reports whether b wakes idle workers: whenever it has items.
+// An item due later wakes them too (since version 0.6): a worker that
+// waits on its listener claims only every worker.Options.ListenPoll, and
+// the claim its wake-up causes finds nothing, after which the worker looks
+// up when the first unclaimed item vests and claims then. (The payload's
+// hints name only the items due at once: "" for a batch of delayed items,
+// any part.)
+func (b *batch) dueNow() bool { return len(b.items) > 0 }

@@ -20,9 +20,9 @@ import (
 )
 
 // Every enqueue path sends one notification on its queue's channel per
-// transaction that added items due at once, delivered at commit; none for
-// a rollback, for delayed items only, for duplicates only, or with
-// NoNotify. Enqueue, Buffer and Requeue also wake the process's
+// transaction that added items (due at once or later: a worker waiting on
+// its listener looks up when a delayed item vests), delivered at commit;
+// none for a rollback, for duplicates only, or with NoNotify. Enqueue, Buffer and Requeue also wake the process's
 // subscribers after their commit; EnqueueTx does not (the caller commits).
 func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 	t.Parallel()
@@ -102,7 +102,7 @@ func TestEveryEnqueuePathNotifiesOncePerTransaction(t *testing.T) {
 	enqueue(q, given...)
 	check("Enqueue of duplicates only", 0, false)
 	enqueue(q, claim.NewItem{Payload: []byte("later"), Delay: time.Hour})
-	check("Enqueue of a delayed item", 0, false)
+	check("Enqueue of a delayed item", 1, true)
 	enqueue(quiet, claim.NewItem{Payload: []byte("quiet")})
 	check("Enqueue with NoNotify", 0, true)
 

@@ -85,8 +85,12 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 		if err := stmts.PartsCountUpsert(ctx, tx, queue, n); err != nil {
 			return err
 		}
-		_, err := stmts.PartsDropAbove(ctx, tx, queue, n)
-		return err
+		if _, err := stmts.PartsDropAbove(ctx, tx, queue, n); err != nil {
+			return err
+		}
+		// The rebalancers of the queue's sessions read the new count when
+		// their heartbeats see the queue's change marker move.
+		return stmts.QueueChangesBump(ctx, tx, queue)
 	})
 	if err != nil {
 		return fmt.Errorf("partition: setting %d parts for %q: %w", n, queue, store.Classify(err))
@@ -97,7 +101,10 @@ func SetParts(ctx context.Context, db DB, t crsql.Tables, queue string, n int) e
 	// A rebalancer that had not yet seen the new count may have taken a
 	// removed part again meanwhile.
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
-		_, err := stmts.PartsDropAbove(ctx, db, queue, n)
+		dropped, err := stmts.PartsDropAbove(ctx, db, queue, n)
+		if err == nil && dropped > 0 {
+			err = stmts.QueueChangesBump(ctx, db, queue)
+		}
 		return err
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 const (
 	DefaultPoll         = time.Second
 	DefaultDrainTimeout = 10 * time.Second
+	DefaultReadEvery    = 30 * time.Second
 )
 
 // Strategy computes the target assignment from the current owners of the
@@ -55,6 +56,17 @@ type Tuning struct {
 	DrainTimeout time.Duration
 	// Strategy computes the assignment. Default Sticky.
 	Strategy Strategy
+	// ReadEvery bounds how long a settled rebalancer goes without reading
+	// the queue's members and owners. A rebalancer whose session reports
+	// changes (session.Session.Changes: the change marker its heartbeat
+	// reads) reads them at the poll after a change, and while it is not
+	// settled (it still has parts to take or to give up); otherwise its
+	// polls read nothing. Code of schema versions 3 to 5 records no
+	// changes: what it does (a session of its joins, its reaper deletes a
+	// dead session, its SetParts) is seen within ReadEvery. Default 30 s;
+	// negative: every poll reads (as before version 6). A session without
+	// Changes (a fake) reads at every poll.
+	ReadEvery time.Duration
 }
 
 // Options configure a Rebalancer. The zero value is valid.
@@ -90,8 +102,10 @@ type TestingOptions struct {
 type Stats struct {
 	// Acquired and Released count the parts the rebalancer took and gave up.
 	Acquired, Released int64
-	// Rebalances counts completed polls.
-	Rebalances int64
+	// Rebalances counts completed polls; Reads those of them that read
+	// the queue's members and owners (the others found no change: see
+	// Tuning.ReadEvery).
+	Rebalances, Reads int64
 	// Retries counts serialization-failure retries of its statements.
 	Retries int64
 }
@@ -137,8 +151,11 @@ type Rebalancer struct {
 	// and the releases of drained parts take turns.
 	dbMu sync.Mutex
 
-	acquired, released, rebalances, retries atomic.Int64
-	numParts                                atomic.Int64 // as the last rebalance read it
+	acquired, released, rebalances, retries, reads atomic.Int64
+	// pending: the last rebalance left parts to take or to give up (or
+	// could not tell): the next poll reads again.
+	pending  atomic.Bool
+	numParts atomic.Int64 // as the last rebalance read it
 	// changed is signalled (without blocking; one value is kept while
 	// pending) by a rebalance that gained parts or read a new number of
 	// parts (see Changed).
@@ -157,6 +174,9 @@ func New(db DB, sess Session, opts Options) (*Rebalancer, error) {
 	}
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = DefaultDrainTimeout
+	}
+	if opts.ReadEvery == 0 {
+		opts.ReadEvery = DefaultReadEvery
 	}
 	if opts.Strategy == nil {
 		opts.Strategy = Sticky
@@ -192,7 +212,8 @@ func isNilSession(sess Session) bool {
 
 // Stats returns the rebalancer's counters.
 func (r *Rebalancer) Stats() Stats {
-	return Stats{Acquired: r.acquired.Load(), Released: r.released.Load(), Rebalances: r.rebalances.Load(), Retries: r.retries.Load()}
+	return Stats{Acquired: r.acquired.Load(), Released: r.released.Load(), Rebalances: r.rebalances.Load(), Retries: r.retries.Load(),
+		Reads: r.reads.Load()}
 }
 
 // NumParts returns the queue's number of parts as the last rebalance read
@@ -314,8 +335,25 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 	defer r.drain.Wait()
 	t := time.NewTicker(r.opts.Poll)
 	defer t.Stop()
+	// changes receives a value after a heartbeat that saw the queue's
+	// change marker move (nil for a session without: every poll reads).
+	var changes <-chan struct{}
+	if c, ok := r.sess.(interface{ Changes() <-chan struct{} }); ok && r.opts.ReadEvery > 0 {
+		changes = c.Changes()
+	}
+	changed := true // read at the first poll
+	var lastRead time.Time
 	for {
-		err := r.Rebalance(ctx)
+		var err error
+		if changes == nil || changed || r.pending.Load() || time.Since(lastRead) >= r.opts.ReadEvery {
+			changed = false // a change during the read is read at the next poll
+			lastRead = time.Now()
+			if err = r.Rebalance(ctx); err != nil {
+				changed = true
+			}
+		} else {
+			r.rebalances.Add(1) // a poll that found nothing changed
+		}
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("rebalance failed", zap.Error(err))
 		}
@@ -332,6 +370,9 @@ func (r *Rebalancer) Run(ctx context.Context) error {
 			}
 			return nil
 		case <-t.C:
+		case <-changes:
+			// Read at once: a dead session's parts wait for it.
+			changed = true
 		}
 	}
 }
@@ -379,6 +420,8 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		owners, err = r.owners(ctx)
 		return err
 	})
+	r.reads.Add(1)
+	r.pending.Store(true) // until this poll finds nothing left to do
 	if err != nil {
 		return err
 	}
@@ -435,11 +478,16 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 		r.signalChanged()
 	}
 
+	pending := false
+	for p := range mine {
+		pending = pending || !target[p] // being given up
+	}
 	for p := range target {
 		if mine[p] {
 			continue
 		}
 		if _, taken := owners[p]; taken {
+			pending = true
 			continue // not free yet: its owner drains it, or expires
 		}
 		var acquired bool
@@ -460,8 +508,11 @@ func (r *Rebalancer) Rebalance(ctx context.Context) error {
 			r.acquired.Add(1)
 			r.log.Debug("part acquired", zap.Int("part", p))
 			r.signalChanged()
+		} else {
+			pending = true
 		}
 	}
+	r.pending.Store(pending)
 	r.rebalances.Add(1)
 	return nil
 }

@@ -240,6 +240,50 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// changes are the channels of Changes; mark is the change marker of
+	// the last heartbeat (marked: one was read).
+	changesMu sync.Mutex
+	changes   []chan struct{}
+	mark      int64
+	marked    bool
+}
+
+// Changes returns a new channel that receives a value (without blocking:
+// one is kept while pending) after each heartbeat that found the change
+// marker of the session's queues moved: a queue the session joined (Join)
+// recorded a change of its members, part owners or number of parts since
+// the heartbeat before (a session joined, left, was closed or reaped, a
+// part was acquired or released, or partition.SetParts ran). Package
+// partition's rebalancer reads a queue's members and owners only then
+// (and on a slow safety interval); package worker's claim loop claims
+// then (a deleted session's claims were released). Code of schema
+// versions 3 to 5 records no changes.
+func (s *Session) Changes() <-chan struct{} {
+	c := make(chan struct{}, 1)
+	s.changesMu.Lock()
+	s.changes = append(s.changes, c)
+	s.changesMu.Unlock()
+	return c
+}
+
+// noteMark records a heartbeat's change marker and signals Changes when it
+// moved.
+func (s *Session) noteMark(mark int64) {
+	s.changesMu.Lock()
+	moved := s.marked && mark != s.mark
+	s.mark, s.marked = mark, true
+	var cs []chan struct{}
+	if moved {
+		cs = s.changes
+	}
+	s.changesMu.Unlock()
+	for _, c := range cs {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Start creates a session row and starts its heartbeat and reaper loops.
@@ -421,12 +465,21 @@ func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 			if conn != nil {
 				db = conn
 			}
-			beat := func(ctx context.Context) (bool, error) { return s.store.SessionsHeartbeat(ctx, db, s.id) }
+			var mark int64
+			beat := func(ctx context.Context) (bool, error) {
+				var alive bool
+				var err error
+				alive, mark, err = s.store.SessionsHeartbeat(ctx, db, s.id)
+				return alive, err
+			}
 			if s.opts.Report != nil {
 				c := s.opts.Report()
 				counters := store.SessionCounters{Claimed: c.Claimed, Acked: c.Acked, Failed: c.Failed, InFlight: c.InFlight}
 				beat = func(ctx context.Context) (bool, error) {
-					return s.store.SessionsHeartbeatReport(ctx, db, s.id, counters)
+					var alive bool
+					var err error
+					alive, mark, err = s.store.SessionsHeartbeatReport(ctx, db, s.id, counters)
+					return alive, err
 				}
 			}
 			err = retry.Do(hbCtx, nil, func(ctx context.Context) error {
@@ -434,6 +487,9 @@ func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 				alive, err = beat(ctx)
 				return err
 			})
+			if err == nil && alive {
+				s.noteMark(mark)
+			}
 			if err != nil && conn != nil {
 				// Whatever failed, the next heartbeat starts on a fresh
 				// connection rather than one in an unknown state.

@@ -93,6 +93,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     -- a sequenced item holds its key (true) or lets it advance (false).
     sequenced            BOOL   NOT NULL DEFAULT false,
     sequence_hold        BOOL   NOT NULL DEFAULT false,
+    -- The queue's change counter (version 6): raised in the statement that
+    -- changes its members or part owners (a join or leave, a session's
+    -- deletion, a part acquired or released) or its number of parts. Each
+    -- session reads it with its heartbeat; a rebalancer reads members and
+    -- owners only when it moved (package partition).
+    changes              BIGINT NOT NULL DEFAULT 0,
     CONSTRAINT crdbwork_queues_num_parts_range CHECK (num_parts BETWEEN 1 AND 4096)
 );
 

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/wake"
 	"github.com/crdbwork/crdbwork/partition"
 )
 
@@ -43,8 +44,24 @@ func (r *sessionRun) claimLoop() {
 	if reb != nil {
 		changed = reb.Changed()
 	}
+	// sessChanged is signalled when the session's heartbeat saw its
+	// queue's change marker move (without parts: a peer's deletion
+	// released its claims; in parts mode its parts move, which changed
+	// says).
+	var sessChanged <-chan struct{}
+	if reb == nil {
+		sessChanged = sess.Changes()
+	}
+	// look is when the first unclaimed item of the session's parts vests,
+	// as far as the loop knows (see Options.ListenPoll); stale once
+	// something happened since.
+	look := idleLook{stale: true}
 	pause := func() bool {
-		wait, idled := w.idleWait()
+		l := &look
+		if w.maint.ClaimsSequenced() {
+			l = nil // a key's next item waits for acks no notification announces
+		}
+		wait, idled := w.idleWait(l)
 		defer idled()
 		if failed > 0 {
 			wait = min(wait, claimRetryWait(failed))
@@ -55,7 +72,11 @@ func (r *sessionRun) claimLoop() {
 		// next item: claim again then (docs/sequences.md). Nil otherwise:
 		// never.
 		var ended chan struct{}
-		if w.maint.ClaimsSequenced() {
+		if w.maint.ClaimsSequenced() || w.listenLong {
+			// Also while the listener may let the loop wait ListenPoll: an
+			// item that ended may have been nacked or snoozed, to vest
+			// later without a notification; the look after the claim
+			// finds when.
 			ended = r.freed
 		}
 		select {
@@ -66,18 +87,25 @@ func (r *sessionRun) claimLoop() {
 			return true
 		case <-ended:
 			hints.add(nil)
+			look.stale = true
+			return true
+		case <-sessChanged:
+			hints.add(nil)
+			look.stale = true
 			return true
 		case <-changed:
 			// Parts gained, or a new number of parts: the wake-ups of
 			// their items may have come before (and been spent on a
 			// claim that could not read them), so claim in every part.
 			hints.add(nil)
+			look.stale = true
 			return true
 		case <-w.wake: // nil with NoWake: never
 			// Items were enqueued (a wake-up that came during the last
 			// claim is kept until here: its items may have committed
 			// after that claim looked).
 			w.wakeups.Add(1)
+			look.stale = true
 			// The part of an item is its key hash modulo the queue's
 			// number of parts; if SetParts changed that number since the
 			// last rebalance, a hint may name the wrong part: the next
@@ -248,6 +276,16 @@ func (r *sessionRun) claimLoop() {
 				return
 			}
 			continue
+		}
+		if len(items) > 0 {
+			look.stale = true // their nacks may push them out
+		} else if err == nil && free > 0 && w.listenLong && look.needed(w.opts.ListenPoll) && wake.Listening(w.channel) &&
+			!w.maint.ClaimsSequenced() {
+			var parts []int
+			if reb != nil {
+				parts = reb.Owned()
+			}
+			w.readIdleLook(ctx, &look, parts)
 		}
 		if !pause() {
 			return

@@ -145,6 +145,28 @@ type Options struct {
 	// probe answers, in place of Poll (drawn between half and one and a
 	// half of it): default 2 s, never below Poll.
 	ProbeEvery, ProbePoll time.Duration
+	// ListenPoll is an idle worker's claim interval while the process's
+	// wake-up listener listens on the queue's channel (PostgreSQL, wake-ups
+	// on), in place of Poll (drawn between half and one and a half of it):
+	// default 10 s (DefaultListenPoll), never below Poll; negative: Poll
+	// (the behaviour before 0.6). Every enqueue notifies the listener, so
+	// the worker needs no poll to find enqueued items; ListenPoll is a
+	// safety net for items that become claimable without a notification:
+	// items that vest later (a delayed enqueue, a nack's backoff) are
+	// claimed when they vest, since after activity an idle worker looks up
+	// when the first unclaimed item of its parts vests (one bounded read,
+	// store.IdleLookLimit rows); items released by a lease reap or nacked
+	// by another process are claimed within ListenPoll, or at once when a
+	// session of the queue ends (its peers' heartbeats see the queue's
+	// change marker move). When the listener stops listening (its
+	// connection failed, or its check found it silent), idle workers are
+	// woken and go back to Poll. Where items can be claimable without a
+	// notification for long (producers with claim.Options.NoNotify; a
+	// sequenced queue, whose keys' next items wait for other processes'
+	// acks; held-back items: a paused queue, limits, items out of
+	// attempts), the worker polls at Poll as before: set its own queue's
+	// NoNotify when its producers set theirs.
+	ListenPoll time.Duration
 	// Name is stored in the row of each of the worker's sessions, for
 	// operators (for example "demo-worker-3"; session.Options.Name).
 	Name string
@@ -248,6 +270,10 @@ type TestingOptions struct {
 	// nothing this session may claim now, or the limits held everything
 	// back), with the claim's error, before the loop waits.
 	AfterIdleClaim func(err error)
+	// AfterIdleLook, if not nil, is called by the claim loop after each
+	// idle look (see Options.ListenPoll), with whether it found when the
+	// next unclaimed item vests (or that none is unclaimed), and its error.
+	AfterIdleLook func(exact bool, err error)
 	// AfterAck, if not nil, is called after each ack transaction of the
 	// worker, with its items and each one's error (nil: acked), once the
 	// dependents of the acked items were released (or their release failed
@@ -285,11 +311,11 @@ func (o Options) withDefaults() (Options, error) {
 		v    time.Duration
 	}{{"Poll", o.Poll}, {"ItemTimeout", o.ItemTimeout}, {"HangGrace", o.HangGrace}, {"ShutdownTimeout", o.ShutdownTimeout},
 		{"RestartDelay", o.RestartDelay}, {"GatherWait", o.GatherWait}, {"StartTimeout", o.StartTimeout},
-		{"ProbeEvery", o.ProbeEvery}, {"ProbePoll", o.ProbePoll}} {
+		{"ProbeEvery", o.ProbeEvery}, {"ProbePoll", o.ProbePoll}, {"ListenPoll", o.ListenPoll}} {
 		if d.v > MaxDuration {
 			return o, fmt.Errorf("worker: %s %v is too long (maximum %v)", d.name, d.v, MaxDuration)
 		}
-		if d.v < 0 && d.name != "GatherWait" {
+		if d.v < 0 && d.name != "GatherWait" && d.name != "ListenPoll" {
 			return o, fmt.Errorf("worker: %s %v is negative", d.name, d.v)
 		}
 	}
@@ -306,6 +332,10 @@ func (o Options) withDefaults() (Options, error) {
 	o.GatherWait = max(0, cmp.Or(o.GatherWait, DefaultGatherWait)) // negative: claim as soon as a slot frees
 	o.ProbeEvery = cmp.Or(o.ProbeEvery, DefaultProbeEvery)
 	o.ProbePoll = max(o.Poll, cmp.Or(o.ProbePoll, DefaultProbePoll))
+	if o.ListenPoll < 0 {
+		o.ListenPoll = o.Poll // negative: Poll
+	}
+	o.ListenPoll = max(o.Poll, cmp.Or(o.ListenPoll, DefaultListenPoll))
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}

@@ -190,6 +190,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		w.partsReleased.Add(st.Released)
 		w.partsRebalances.Add(st.Rebalances)
 		w.partsRetries.Add(st.Retries)
+		w.partsReads.Add(st.Reads)
 	}
 	if !waitBounded(maintDone, w.opts.ShutdownTimeout) {
 		log.Warn("the maintenance loop did not stop within the shutdown timeout")

@@ -36,7 +36,9 @@ func TestTestingHooksCountRounds(t *testing.T) {
 	var mu sync.Mutex
 	var problems []string
 	released := false // the prerequisite's ack was reported after its dependent left the waiting table
-	opts := worker.Options{Parts: 2, Concurrency: 4,
+	// ListenPoll -1: idle claims at Poll, whose rounds the test counts
+	// (with the default, an idle worker claims every 10 s while it listens).
+	opts := worker.Options{Parts: 2, Concurrency: 4, ListenPoll: -1,
 		Limits: worker.LimitOptions{Refresh: 200 * time.Millisecond},
 		Testing: worker.TestingOptions{
 			AfterIdleClaim: func(err error) { rounds["idle claims"].Tick() },

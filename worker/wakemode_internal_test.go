@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/crdbwork/crdbwork/internal/store"
 )
 
 // The probe's options: defaults, ProbePoll never below Poll, and the
@@ -105,5 +107,66 @@ func TestClaimRetryWaitIsBounded(t *testing.T) {
 	}
 	if d := claimRetryWait(1); d > claimRetryMin*3/2 {
 		t.Errorf("after one failure: %v, want at most %v", d, claimRetryMin*3/2)
+	}
+}
+
+// ListenPoll: 10 s by default, never below Poll, negative for Poll.
+func TestListenPollDefaults(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		in   Options
+		want time.Duration
+	}{
+		{Options{}, DefaultListenPoll},
+		{Options{ListenPoll: -1}, DefaultPoll},
+		{Options{Poll: time.Minute}, time.Minute},
+		{Options{Poll: time.Second, ListenPoll: 3 * time.Second}, 3 * time.Second},
+	} {
+		o, err := c.in.withDefaults()
+		if err != nil || o.ListenPoll != c.want {
+			t.Errorf("%+v: ListenPoll %v, %v; want %v", c.in.ListenPoll, o.ListenPoll, err, c.want)
+		}
+	}
+	if _, err := (Options{ListenPoll: MaxDuration + 1}).withDefaults(); err == nil {
+		t.Error("ListenPoll beyond MaxDuration accepted")
+	}
+}
+
+// An idle look lets the loop wait ListenPoll only when it read every
+// unclaimed item and none had vested: until the first vests, or the whole
+// ListenPoll when there is none; otherwise the loop polls.
+func TestIdleLookWait(t *testing.T) {
+	t.Parallel()
+	long := 10 * time.Second
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		l    idleLook
+		ok   bool
+		max  time.Duration
+	}{
+		{"no look", idleLook{}, false, 0},
+		{"failed", idleLook{at: now}, false, 0},
+		{"empty", idleLook{at: now, ok: true}, true, long},
+		{"one due in 2 s", idleLook{at: now, ok: true, res: store.IdleLook{Read: 1, Until: 2 * time.Second}}, true, 2*time.Second + idleLookSlack},
+		{"vested but not claimed", idleLook{at: now, ok: true, res: store.IdleLook{Read: 1, Vested: 1}}, false, 0},
+		{"too many to tell", idleLook{at: now, ok: true, res: store.IdleLook{Read: store.IdleLookLimit, Until: time.Second}}, false, 0},
+	} {
+		d, ok := c.l.wait(long)
+		if ok != c.ok || d > c.max || (ok && d <= 0) {
+			t.Errorf("%s: wait %v, %v; want ok %v, at most %v", c.name, d, ok, c.ok, c.max)
+		}
+	}
+	stale := idleLook{at: now, ok: true, stale: true}
+	if !stale.needed(long) {
+		t.Error("a stale look is not read again")
+	}
+	fresh := idleLook{at: now, ok: true}
+	if fresh.needed(long) {
+		t.Error("a fresh exact look is read again")
+	}
+	unsure := idleLook{at: now.Add(-2 * long), ok: true, res: store.IdleLook{Read: 1, Vested: 1}}
+	if !unsure.needed(long) {
+		t.Error("an old look that could not tell is not read again")
 	}
 }

@@ -215,7 +215,7 @@ type Worker struct {
 	extended, forgotten, reaped                atomic.Int64
 	lease                                      time.Duration // of every claim
 	partsAcquired, partsReleased               atomic.Int64
-	partsRebalances, partsRetries              atomic.Int64
+	partsRebalances, partsRetries, partsReads  atomic.Int64
 	current                                    atomic.Value                         // string
 	reb                                        atomic.Pointer[partition.Rebalancer] // the current session's, for Stats
 	lim                                        atomic.Pointer[limiter]              // the current session's, for Stats
@@ -232,6 +232,11 @@ type Worker struct {
 	// process's idle probe probes it (Options.Wake; see idleWait).
 	channel string
 	probing bool
+	// listenLong: while the listener listens on channel, idle claims wait
+	// ListenPoll (see Options.ListenPoll): wake-ups on, LISTEN in use, the
+	// queue's producers notify (its NoNotify is off) and ListenPoll is
+	// longer than Poll.
+	listenLong bool
 	// cancelWake receives the queue's cancel notifications (nil with
 	// NoWake); cancelsSeen counts the handlers cancelled for a cancel
 	// request (Stats.CancelRequests).
@@ -272,11 +277,12 @@ func (w *Worker) Queue() *claim.Queue { return w.queue }
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
 	parts := partition.Stats{Acquired: w.partsAcquired.Load(), Released: w.partsReleased.Load(),
-		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load()}
+		Rebalances: w.partsRebalances.Load(), Retries: w.partsRetries.Load(), Reads: w.partsReads.Load()}
 	if reb := w.reb.Load(); reb != nil {
 		st := reb.Stats()
 		parts.Acquired, parts.Released = parts.Acquired+st.Acquired, parts.Released+st.Released
 		parts.Rebalances, parts.Retries = parts.Rebalances+st.Rebalances, parts.Retries+st.Retries
+		parts.Reads += st.Reads
 	}
 	var ls LimitStats
 	if lim := w.lim.Load(); lim != nil {
@@ -361,6 +367,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.channel, w.probing = channel, ok
 		}
 		w.wake, w.wakeSub = sub.C(), sub
+		w.channel = channel
+		w.listenLong = w.opts.Wake != WakeProbe && !w.queue.Options().NoNotify && w.opts.ListenPoll > w.opts.Poll
 		// Cancel requests of running items, on their own channel so that
 		// they do not wake idle claimers. (Without the listener, the
 		// session's heartbeat finds them.)

@@ -62,22 +62,52 @@ func (s *Store) PartsDropAbove(ctx context.Context, db DB, queue string, n int) 
 
 // acquirePartSQL is the text of coreStatements.AcquirePart
 // (rendered by newCoreStatements).
-const acquirePartSQL = `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
-ON CONFLICT DO NOTHING`
+const acquirePartSQL = `WITH acquired AS (
+    INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)
+    ON CONFLICT DO NOTHING
+    RETURNING queue),
+bump AS (UPDATE crdbwork_queues SET changes = changes + 1 WHERE name IN (SELECT queue FROM acquired) RETURNING 1)
+SELECT count(*) FROM acquired`
 
 // PartsAcquire makes session the owner of queue's part and reports whether
-// it did (false: another session owns the part).
+// it did (false: another session owns the part); an acquisition records a
+// change in the queue (see QueueChangesBump).
 func (s *Store) PartsAcquire(ctx context.Context, db DB, session uuid.UUID, queue string, part int) (bool, error) {
-	tag, err := db.Exec(ctx, s.st.AcquirePart, session, queue, int64(part))
-	return tag.RowsAffected() > 0, err
+	var n int64
+	err := db.QueryRow(ctx, s.st.AcquirePart, session, queue, int64(part)).Scan(&n)
+	return n > 0, err
 }
 
 // releasePartSQL is the text of coreStatements.ReleasePart
 // (rendered by newCoreStatements).
-const releasePartSQL = `DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3`
+const releasePartSQL = `WITH released AS (
+    DELETE FROM crdbwork_session_parts WHERE session_id = $1 AND queue = $2 AND part = $3
+    RETURNING queue)
+UPDATE crdbwork_queues SET changes = changes + 1 WHERE name IN (SELECT queue FROM released)`
+
+// queueChangesBumpSQL is the text of coreStatements.QueueChangesBump
+// (rendered by newCoreStatements).
+const queueChangesBumpSQL = `UPDATE crdbwork_queues SET changes = changes + 1 WHERE name = $1`
+
+// QueueChangesBump records a change in queue's members, part owners or
+// number of parts: it raises the queue's change counter (the `changes`
+// column of its row, schema version 6), which every session that joined
+// the queue reads with its heartbeat (the marker SessionsHeartbeat
+// returns). A rebalancer reads the queue's members and owners only when
+// the marker moved (package partition). Every statement of this package
+// that changes them records it in the same statement: a join or leave, a
+// session's deletion (graceful, or a reap), a part acquired or released;
+// package partition's SetParts calls QueueChangesBump. Code of schema
+// versions 3 to 5 records nothing: package partition reads on a slow
+// safety interval too. A queue without a row (no parts) records nothing.
+func (s *Store) QueueChangesBump(ctx context.Context, db DB, queue string) error {
+	_, err := db.Exec(ctx, s.st.QueueChangesBump, queue)
+	return err
+}
 
 // PartsRelease deletes session's ownership of queue's part, which releases
-// the claims made in it. Releasing a part the session does not own does
+// the claims made in it, and records a change in the queue (see
+// QueueChangesBump). Releasing a part the session does not own does
 // nothing.
 func (s *Store) PartsRelease(ctx context.Context, db DB, session uuid.UUID, queue string, part int) error {
 	_, err := db.Exec(ctx, s.st.ReleasePart, session, queue, int64(part))

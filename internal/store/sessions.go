@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -68,32 +69,71 @@ func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration,
 
 // heartbeatSQL is the text of coreStatements.Heartbeat
 // (rendered by newCoreStatements).
-const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1`
+const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1
+RETURNING ` + changeMarkSQL
+
+// changeMarkSQL is what a heartbeat returns beside the stamp: the change
+// marker of the session's queues (see QueueChangesBump), the sum of the
+// `changes` counters of the queues it joined, each plus one (so that a
+// queue joined counts): it moves whenever one of them records a change.
+const changeMarkSQL = `(SELECT COALESCE(sum(q.changes + 1), 0)
+ FROM crdbwork_session_queues AS m JOIN crdbwork_queues AS q ON q.name = m.queue
+ WHERE m.session_id = $1)`
 
 // SessionsHeartbeat stamps session id's heartbeat with the database clock and
 // reports whether the row is still there (false: it was reaped or
-// deleted; the session is lost).
-func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (bool, error) {
-	tag, err := db.Exec(ctx, s.st.Heartbeat, id)
-	return tag.RowsAffected() > 0, err
+// deleted; the session is lost), and the change marker of the queues the
+// session joined (see changeMarkSQL).
+func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (alive bool, mark int64, err error) {
+	return scanBeat(db.QueryRow(ctx, s.st.Heartbeat, id))
+}
+
+// scanBeat reads a heartbeat's answer: no row, the session is gone.
+func scanBeat(row pgx.Row) (alive bool, mark int64, err error) {
+	switch err = row.Scan(&mark); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, 0, nil
+	case err != nil:
+		return false, 0, err
+	}
+	return true, mark, nil
 }
 
 // heartbeatReportSQL is the text of coreStatements.HeartbeatReport
 // (rendered by newCoreStatements).
 const heartbeatReportSQL = `UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
-WHERE id = $1`
+WHERE id = $1
+RETURNING ` + changeMarkSQL
 
 // SessionsHeartbeatReport is Heartbeat that also stores the session's counters in
 // its row, in the same statement.
-func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (bool, error) {
-	tag, err := db.Exec(ctx, s.st.HeartbeatReport, id, c.Claimed, c.Acked, c.Failed, c.InFlight)
-	return tag.RowsAffected() > 0, err
+func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (alive bool, mark int64, err error) {
+	return scanBeat(db.QueryRow(ctx, s.st.HeartbeatReport, id, c.Claimed, c.Acked, c.Failed, c.InFlight))
 }
 
 // deleteSessionSQL is the text of coreStatements.DeleteSession
 // (rendered by newCoreStatements).
-const deleteSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1`
+const deleteSessionSQL = `WITH bump AS (
+    UPDATE crdbwork_queues SET changes = changes + 1
+    WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id = $1
+                   UNION SELECT queue FROM crdbwork_session_parts WHERE session_id = $1)
+    RETURNING 1)
+DELETE FROM crdbwork_sessions WHERE id = $1`
+
+// The deletion of a session (DeleteSession, ReapSessions, ReapSession)
+// records a change (see QueueChangesBump) in every queue that the session
+// joined or owns parts of, in the same statement: its deletion changes
+// those queues' members and owners, and the foreign keys' cascades that
+// delete its memberships and parts leave no trace that a peer can read
+// cheaply. The CTE reads the memberships and parts in the statement's
+// snapshot, before the cascades; on PostgreSQL the CTE and the DELETE run
+// in one snapshot (a data-modifying CTE runs whether or not the outer
+// statement reads it), on CockroachDB cascades run after the statement's
+// own reads and writes. A session that heartbeats while a reap runs may
+// cost its queues a needless bump, never a missed one. The queues are read
+// only when a session is deleted (a one-time filter: the EXISTS of the
+// reaps), so the reaps' common case, nothing expired, reads no queue.
 
 // SessionsDelete deletes session id's row, which releases its claims, parts
 // and memberships through the foreign keys. Deleting a row that is gone
@@ -105,7 +145,14 @@ func (s *Store) SessionsDelete(ctx context.Context, db DB, id uuid.UUID) error {
 
 // reapSessionsSQL is the text of coreStatements.ReapSessions
 // (rendered by newCoreStatements).
-const reapSessionsSQL = `DELETE FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()`
+const reapSessionsSQL = `WITH gone AS MATERIALIZED (SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now()),
+bump AS (
+    UPDATE crdbwork_queues SET changes = changes + 1
+    WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id IN (SELECT id FROM gone)
+                   UNION SELECT queue FROM crdbwork_session_parts WHERE session_id IN (SELECT id FROM gone))
+      AND EXISTS (SELECT 1 FROM gone)
+    RETURNING 1)
+DELETE FROM crdbwork_sessions WHERE id IN (SELECT id FROM gone) AND heartbeat_at + expiry < now()`
 
 // SessionsReap deletes every session whose heartbeat is older than its
 // expiry, by the database clock, and returns how many it deleted.
@@ -126,7 +173,13 @@ func (s *Store) SessionsExpiredIDs(ctx context.Context, db DB) ([]uuid.UUID, err
 
 // reapSessionSQL is the text of reapStatements.ReapSession
 // (rendered by newReapStatements).
-const reapSessionSQL = `DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`
+const reapSessionSQL = `WITH bump AS (
+    UPDATE crdbwork_queues SET changes = changes + 1
+    WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id = $1
+                   UNION SELECT queue FROM crdbwork_session_parts WHERE session_id = $1)
+      AND EXISTS (SELECT 1 FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now())
+    RETURNING 1)
+DELETE FROM crdbwork_sessions WHERE id = $1 AND heartbeat_at + expiry < now()`
 
 // SessionsReapOne deletes session id if it is still expired and reports
 // whether it did (false: it heartbeat meanwhile, or is gone).
@@ -173,22 +226,32 @@ func (s *Store) SessionsLiveIDs(ctx context.Context, db DB) ([]uuid.UUID, error)
 
 // joinQueueSQL is the text of memberStatements.JoinQueue
 // (rendered by newMemberStatements).
-const joinQueueSQL = `INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ($1, $2)
-ON CONFLICT (queue, session_id) DO NOTHING`
+const joinQueueSQL = `WITH joined AS (
+    INSERT INTO crdbwork_session_queues (queue, session_id) VALUES ($1, $2)
+    ON CONFLICT (queue, session_id) DO NOTHING
+    RETURNING queue),
+bump AS (UPDATE crdbwork_queues SET changes = changes + 1 WHERE name IN (SELECT queue FROM joined) RETURNING 1)
+SELECT count(*) FROM joined`
 
 // SessionsJoinQueue makes session a member of queue and reports whether it was
-// not one before. When the session's row is gone it fails with the
+// not one before; a new membership records a change in the queue (see
+// QueueChangesBump). When the session's row is gone it fails with the
 // driver's foreign-key violation (SQLSTATE 23503).
 func (s *Store) SessionsJoinQueue(ctx context.Context, db DB, queue string, session uuid.UUID) (bool, error) {
-	tag, err := db.Exec(ctx, s.member.JoinQueue, queue, session)
-	return tag.RowsAffected() > 0, err
+	var n int64
+	err := db.QueryRow(ctx, s.member.JoinQueue, queue, session).Scan(&n)
+	return n > 0, err
 }
 
 // leaveQueueSQL is the text of memberStatements.LeaveQueue
 // (rendered by newMemberStatements).
-const leaveQueueSQL = `DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2`
+const leaveQueueSQL = `WITH left_queue AS (
+    DELETE FROM crdbwork_session_queues WHERE queue = $1 AND session_id = $2
+    RETURNING queue)
+UPDATE crdbwork_queues SET changes = changes + 1 WHERE name IN (SELECT queue FROM left_queue)`
 
-// SessionsLeaveQueue ends session's membership of queue, if any.
+// SessionsLeaveQueue ends session's membership of queue, if any, and then
+// records a change in the queue (see QueueChangesBump).
 func (s *Store) SessionsLeaveQueue(ctx context.Context, db DB, queue string, session uuid.UUID) error {
 	_, err := db.Exec(ctx, s.member.LeaveQueue, queue, session)
 	return err

@@ -43,7 +43,10 @@ func TestExplainReapStatements(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if p := plan.String(); !strings.Contains(p, "crdbwork_sessions_pkey") || strings.Contains(p, "Seq Scan") {
+	// The queues whose change counters the deletion raises are read only
+	// when the session is expired (a one-time filter), so only the
+	// sessions must be read by key.
+	if p := plan.String(); !strings.Contains(p, "crdbwork_sessions_pkey") || strings.Contains(p, "Seq Scan on crdbwork_sessions") {
 		t.Errorf("ReapSession does not find its row by primary key:\n%s", p)
 	}
 	var expired int

@@ -15,7 +15,7 @@ import (
 type coreStatements struct {
 	// Sessions.
 	CreateSession  string // $1 expiry (microseconds), $2 host, $3 pid, $4 name → id
-	Heartbeat      string // $1 id → rows affected (0: the session is gone)
+	Heartbeat      string // $1 id → the queues' change marker (no row: the session is gone)
 	ReapSessions   string // → rows affected
 	DeleteSession  string // $1 id
 	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
@@ -27,8 +27,9 @@ type coreStatements struct {
 	// InsertQueueParts stores a part count for a queue that has none (a
 	// stored count wins: ON CONFLICT DO NOTHING); partition.EnsureParts.
 	InsertQueueParts string // $1 queue, $2 num_parts
-	AcquirePart      string // $1 session, $2 queue, $3 part → rows affected (0: owned by another)
+	AcquirePart      string // $1 session, $2 queue, $3 part → acquired (0: owned by another)
 	ReleasePart      string // $1 session, $2 queue, $3 part
+	QueueChangesBump string // $1 queue
 	OwnedParts       string // $1 session, $2 queue → part
 	PartOwners       string // $1 queue → session_id, part
 	DropPartsAbove   string // $1 queue, $2 num_parts: deletes part rows >= num_parts
@@ -81,7 +82,7 @@ type coreStatements struct {
 	ReleaseForgot   string // $1 queue, $2 session, $3 ids to keep → rows affected
 	PauseQueue      string // $1 queue, $2 paused
 	QueuePaused     string // $1 queue → paused
-	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → rows affected (0: the session is gone)
+	HeartbeatReport string // $1 id, $2 claimed, $3 acked, $4 failed, $5 in_flight → the queues' change marker (no row: the session is gone)
 	// Cancel deletes an unclaimed item (cancelStatements: a claimed one
 	// is asked to stop instead).
 	Cancel string // $1 id, $2 queue, $3 by, $4 reason → id
@@ -561,6 +562,7 @@ func newCoreStatements(t Tables) *coreStatements {
 		UpsertQueueParts: r(upsertQueuePartsSQL),
 		AcquirePart:      r(acquirePartSQL),
 		ReleasePart:      r(releasePartSQL),
+		QueueChangesBump: r(queueChangesBumpSQL),
 		OwnedParts:       r(ownedPartsSQL),
 		PartOwners:       r(partOwnersSQL),
 		DropPartsAbove:   r(dropPartsAboveSQL),

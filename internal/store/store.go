@@ -54,6 +54,7 @@ type Store struct {
 	lazyDeps      [2]func() *dependsStatements // by Dialect
 	lazyRefused   func() *refusedStatements
 	lazyProbe     func() *probeStatements
+	lazyIdle      func() *idleStatements
 	lazyDash      func() *dashboardStatements
 	lazyDemo      func() *demoStatements
 	lazyFleet     func() *fleetStatements
@@ -102,6 +103,7 @@ func New(t Tables) *Store {
 	s.lazyDeps[Cockroach] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Cockroach) })
 	s.lazyRefused = sync.OnceValue(func() *refusedStatements { return newRefusedStatements(t) })
 	s.lazyProbe = sync.OnceValue(func() *probeStatements { return newProbeStatements(t) })
+	s.lazyIdle = sync.OnceValue(func() *idleStatements { return newIdleStatements(t) })
 	s.lazyDash = sync.OnceValue(func() *dashboardStatements { return newDashboardStatements(t) })
 	s.lazyDemo = sync.OnceValue(func() *demoStatements { return newDemoStatements(t) })
 	s.lazyFleet = sync.OnceValue(func() *fleetStatements { return newFleetStatements(t) })

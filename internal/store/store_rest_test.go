@@ -45,11 +45,11 @@ func TestStoreSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alive, err := stmts.SessionsHeartbeat(ctx, pool, id); err != nil || !alive {
+	if alive, _, err := stmts.SessionsHeartbeat(ctx, pool, id); err != nil || !alive {
 		t.Fatalf("Heartbeat: %v, %v; want true", alive, err)
 	}
 	counters := store.SessionCounters{Claimed: 5, Acked: 3, Failed: 1, InFlight: 1}
-	if alive, err := stmts.SessionsHeartbeatReport(ctx, pool, id, counters); err != nil || !alive {
+	if alive, _, err := stmts.SessionsHeartbeatReport(ctx, pool, id, counters); err != nil || !alive {
 		t.Fatalf("HeartbeatReport: %v, %v; want true", alive, err)
 	}
 	live, err := stmts.SessionsLive(ctx, pool)
@@ -146,7 +146,7 @@ func TestStoreSessions(t *testing.T) {
 	if reaped, err := stmts.SessionsReapOne(ctx, pool, other); err != nil || !reaped {
 		t.Errorf("ReapSession: %v, %v; want true", reaped, err)
 	}
-	if alive, err := stmts.SessionsHeartbeat(ctx, pool, other); err != nil || alive {
+	if alive, _, err := stmts.SessionsHeartbeat(ctx, pool, other); err != nil || alive {
 		t.Errorf("Heartbeat of a reaped session: %v, %v; want false", alive, err)
 	}
 	var pgErr *pgconn.PgError

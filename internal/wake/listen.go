@@ -45,6 +45,46 @@ var listeners struct {
 	m  map[string]*listener
 }
 
+// listening counts, per channel, the listeners whose connection is up and
+// listens on it (Listening).
+var listening struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// Listening reports whether a listener of this process listens on channel
+// now: its connection is up, and its LISTEN on channel succeeded. A
+// notification that an enqueue sends on channel then reaches this
+// process, so its idle workers need not poll for enqueued items (package
+// worker's Options.ListenPoll). When that stops (the connection failed or
+// was found silent, or the channel is no longer listened on), the channel
+// is signalled once, so that workers waiting on the listener claim at once
+// and go back to their poll; a silent connection is found within the
+// listener's check (every 10 s, at most 5 s each).
+func Listening(channel string) bool {
+	listening.mu.Lock()
+	defer listening.mu.Unlock()
+	return listening.n[channel] > 0
+}
+
+// setListening records that a listener starts (on) or stops listening on
+// channel; a stop signals the channel (see Listening).
+func setListening(channel string, on bool) {
+	listening.mu.Lock()
+	if listening.n == nil {
+		listening.n = make(map[string]int)
+	}
+	if on {
+		listening.n[channel]++
+	} else if listening.n[channel]--; listening.n[channel] <= 0 {
+		delete(listening.n, channel)
+	}
+	listening.mu.Unlock()
+	if !on {
+		Signal(channel)
+	}
+}
+
 // listener listens, on one connection of its own, on the channels its
 // users asked for, and signals the hub of each notification.
 type listener struct {
@@ -199,6 +239,13 @@ func (l *listener) session(ctx context.Context) (connected bool, err error) {
 		return false, errNoListen
 	}
 	listening := make(map[string]bool)
+	// Whatever ends this connection, its channels are no longer listened
+	// on: their workers go back to their poll (see Listening).
+	defer func() {
+		for ch := range listening {
+			setListening(ch, false)
+		}
+	}()
 	// Every channel is new on a new connection: sync signals each once,
 	// for what was committed while none listened.
 	if err := l.sync(cctx, conn, listening, false); err != nil {
@@ -257,6 +304,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 			return fmt.Errorf("wake: listening on %s: %w", ch, err)
 		}
 		listening[ch], sent = true, true
+		setListening(ch, true)
 		Signal(ch)
 	}
 	for ch := range listening {
@@ -267,6 +315,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, listening map[strin
 			return fmt.Errorf("wake: unlistening %s: %w", ch, err)
 		}
 		delete(listening, ch)
+		setListening(ch, false)
 		sent = true
 	}
 	if !check || sent {

@@ -83,6 +83,17 @@ CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
 CREATE INDEX IF NOT EXISTS crdbwork_cancelled_items_by_age
     ON crdbwork_cancelled_items (queue, cancelled_at);
 
+-- == idle sessions: the queues' change counter ==
+-- Raised in the statement that changes a queue's members or part owners (a
+-- join or leave, a session's deletion by itself or by a peer's reap, a part
+-- acquired or released) or its number of parts (partition.SetParts). Each
+-- session reads the counters of the queues it joined with its heartbeat,
+-- and a rebalancer reads the members and owners only when they moved, so
+-- that idle sessions run almost no statements. Version-3 to -5 code neither
+-- reads nor raises it: version-6 rebalancers also read on a slow safety
+-- interval, which sees what old code changed.
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS changes BIGINT NOT NULL DEFAULT 0;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
