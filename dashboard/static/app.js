@@ -132,7 +132,7 @@
       case "k": case "ArrowUp": if (e.key === "ArrowUp" && !tr) return; move(-1); break;
       case "Enter": case "o":
         if (!tr) return;
-        var a = tr.querySelector("td a[href]");
+        var a = tr.querySelector('td[data-label="id"] a[href]') || tr.querySelector("td a[href]");
         if (a) location.href = a.href;
         break;
       case "x":
