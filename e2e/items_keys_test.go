@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/dashboard"
+	"github.com/crdbwork/crdbwork/internal/await"
 )
 
 // colorScheme emulates the system's prefers-color-scheme ("light" or
@@ -23,6 +23,18 @@ func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
 			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
 		return chromedp.Void{}, err
 	}
+}
+
+// soft evaluates js as eval does, but answers the zero value on an error:
+// for polls while the page navigates (the evaluation may meet the old page
+// as it goes away).
+func soft[T any](ctx context.Context, js string) T {
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](js))
+	if err != nil {
+		var zero T
+		return zero
+	}
+	return v
 }
 
 // TestItemsListSearchDarkModeAndShortcuts: in a browser, the Items page
@@ -57,7 +69,7 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 	if n := rows(); n != 5 {
 		t.Fatalf("the items of every queue: %d rows, want 5", n)
 	}
-	eventually(t, "the unclaimed count of every queue", func() (bool, string) {
+	await.Until(t, "the unclaimed count of every queue", func() (bool, string) {
 		run(t, bctx, "reload", chromedp.Reload(), chromedp.WaitVisible(`#state-counts`))
 		got := text(t, bctx, `#state-counts a[data-state="unclaimed"] b`)
 		return got == "5", got
@@ -74,10 +86,12 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 	// browser's own keyboard does: clear what it typed.)
 	eval[string](t, bctx, `document.activeElement.value = ""`)
 	run(t, bctx, "search reports1@", chromedp.KeyEvent("reports1@\r"))
-	eventually(t, "the search by payload", func() (bool, string) {
-		s := eval[string](t, bctx, `location.search`)
-		return strings.Contains(s, "q=reports1%40") && rows() == 1, fmt.Sprint(rows(), s)
+	await.Until(t, "the search by payload", func() (bool, string) {
+		s := soft[string](bctx, `location.search`)
+		n := soft[int](bctx, `document.querySelectorAll('tr[data-id]').length`)
+		return strings.Contains(s, "q=reports1%40") && n == 1, fmt.Sprint(n, s)
 	})
+	run(t, bctx, "wait for the results", chromedp.WaitReady(`#state-counts`))
 	if got := text(t, bctx, `tr[data-id] td[data-label="key"]`); got != "reports-1" {
 		t.Errorf("the search of reports1@ found key %q, want reports-1", got)
 	}
@@ -98,8 +112,8 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 	}
 	id := eval[string](t, bctx, `document.querySelector('tr.cursor').getAttribute('data-id')`)
 	run(t, bctx, "press Enter", chromedp.KeyEvent("\r"))
-	eventually(t, "the item's page", func() (bool, string) {
-		got := eval[string](t, bctx, `location.pathname + location.search`)
+	await.Until(t, "the item's page", func() (bool, string) {
+		got := soft[string](bctx, `location.pathname + location.search`)
 		return got == "/item?id="+id, got
 	})
 
@@ -110,12 +124,12 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 	}
 	shot(t, bctx, "help-overlay")
 	run(t, bctx, "press Escape", chromedp.KeyEvent("\x1b"))
-	eventually(t, "the help to hide", func() (bool, string) {
-		return eval[bool](t, bctx, `document.getElementById('help').hidden`), ""
+	await.Until(t, "the help to hide", func() (bool, string) {
+		return soft[bool](bctx, `document.getElementById('help').hidden`), ""
 	})
 	run(t, bctx, "press g q", chromedp.KeyEvent("g"), chromedp.KeyEvent("q"))
-	eventually(t, "the overview", func() (bool, string) {
-		got := eval[string](t, bctx, `location.pathname`)
+	await.Until(t, "the overview", func() (bool, string) {
+		got := soft[string](bctx, `location.pathname`)
 		return got == "/", got
 	})
 
@@ -126,8 +140,8 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 		t.Fatalf("after j x, %d rows ticked, want 1", n)
 	}
 	run(t, bctx, "press c", chromedp.KeyEvent("c"))
-	eventually(t, "the confirmation page", func() (bool, string) {
-		got := eval[string](t, bctx, `location.pathname + " " + document.body.textContent`)
+	await.Until(t, "the confirmation page", func() (bool, string) {
+		got := soft[string](bctx, `location.pathname + " " + document.body.textContent`)
 		return strings.HasPrefix(got, "/action") && strings.Contains(got, "Yes, do it"), got[:min(len(got), 200)]
 	})
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'mail'`); n != 3 {
@@ -151,5 +165,4 @@ func TestItemsListSearchDarkModeAndShortcuts(t *testing.T) {
 		}
 		shot(t, bctx, "items-"+c.scheme)
 	}
-	_ = time.Second
 }
