@@ -136,3 +136,14 @@ func TestItemsListsEveryQueueWithCountsAndSearch(t *testing.T) {
 		t.Errorf("a whole id: %d to %q, want 303 to its item page", code, hdr.Get("Location"))
 	}
 }
+
+// The cancelled items are listed per queue: in the list of every queue the
+// page asks for one instead of failing.
+func TestItemsCancelledOfEveryQueueAsksForAQueue(t *testing.T) {
+	t.Parallel()
+	_, srv := setup(t, dashboard.Options{})
+	page := newBrowser(t, srv.URL).get("/items?state=cancelled")
+	if !strings.Contains(page, `id="pick-queue"`) {
+		t.Errorf("the cancelled items of every queue do not ask for a queue:\n%s", page)
+	}
+}
