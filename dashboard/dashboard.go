@@ -1,7 +1,9 @@
 // Package dashboard serves a live web dashboard of crdbwork queues: every
 // queue's backlog, due, claimed and dead items, oldest age, throughput over
 // time, pause and limits; the live sessions and each queue's part map, with
-// the rebalances as they happen; items and dead items, searched and paged;
+// the rebalances as they happen; items and dead items of every queue or
+// one, with their counts by state, searched (id, key and tenant by prefix,
+// payload by content) and paged;
 // the tenants of fair queues; and the operator's actions (requeue, cancel,
 // delete dead items, pause and resume, limits and parts), each confirmed
 // in the page and recorded in an audit list.
@@ -9,6 +11,9 @@
 // New returns an http.Handler to mount in a service of one's own (see the
 // example); the crdbwork command serves it with `crdbwork dashboard`.
 // Everything it serves is embedded: it loads nothing from the internet.
+// The pages follow the system's dark mode (prefers-color-scheme) and have
+// keyboard shortcuts (? lists them; actions still go through their
+// confirmation page).
 // Pages refresh themselves by polling their own address for their live
 // part, a few hundred bytes to a few kilobytes, every Options.Refresh.
 //

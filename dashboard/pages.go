@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -359,6 +360,9 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 // itemsQuery is an item search.
 type itemsQuery struct {
 	Queue, State, Tenant, Key, Error, Reason, After string
+	// Text is the search box: a row matches when its id, key or tenant
+	// starts with it, or its payload holds it (store.ItemsSearch.Text).
+	Text string
 }
 
 // States of the item search.
@@ -381,39 +385,93 @@ type itemsData struct {
 	Cap       int
 	Window    int
 	Filters   bool
+	// Counts are the items of each state (itemStates) of the queue, or of
+	// every queue, from the overview's last reading (each queue's count
+	// capped at Options.CountCap: "≥" when one is).
+	Counts []stateCount
+}
+
+// stateCount is the count of one state beside the state selector.
+type stateCount struct {
+	State string
+	Count string
+}
+
+// stateCounts sums the sampler's figures of queue ("": every queue) by
+// state. A count that reached its cap in a queue is a lower bound; the
+// scheduled items (unclaimed less due) are unknown then.
+func stateCounts(qs []queueFigures, queue string, capAt int64) []stateCount {
+	var unclaimed, due, claimed, dead int64
+	var capU, capC, capD bool
+	for _, q := range qs {
+		if queue != "" && q.Name != queue {
+			continue
+		}
+		unclaimed += q.Unclaimed
+		due += q.Due
+		claimed += q.Claimed
+		dead += q.Dead
+		capU = capU || q.Unclaimed >= capAt
+		capC = capC || q.Claimed >= capAt
+		capD = capD || q.Dead >= capAt
+	}
+	n := func(v int64, atCap bool) string {
+		if atCap {
+			return "≥" + num(v)
+		}
+		return num(v)
+	}
+	scheduled := "?"
+	if !capU {
+		scheduled = num(unclaimed - due)
+	}
+	return []stateCount{{"unclaimed", n(unclaimed, capU)}, {"due", n(due, capU)}, {"scheduled", scheduled},
+		{"claimed", n(claimed, capC)}, {"dead", n(dead, capD)}}
 }
 
 func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 	v := r.URL.Query()
 	q := itemsQuery{Queue: v.Get("queue"), State: v.Get("state"), Tenant: v.Get("tenant"), Key: v.Get("key"),
-		Error: v.Get("error"), Reason: v.Get("reason"), After: v.Get("after")}
+		Error: v.Get("error"), Reason: v.Get("reason"), After: v.Get("after"), Text: strings.TrimSpace(v.Get("q"))}
 	if q.State == "" {
 		q.State = "unclaimed"
+	}
+	if len(q.Text) > 200 {
+		return "", nil, badRequest("the search text is longer than 200 bytes")
+	}
+	if id, err := uuid.Parse(q.Text); err == nil && len(q.Text) == 36 {
+		// A whole id: its own page (a primary-key read), wherever it is.
+		return "", nil, &redirectError{h.path("/item?" + url.Values{"id": {id.String()}}.Encode())}
 	}
 	d := &itemsData{Q: q, Reasons: claim.Reasons(), States: itemStates, Now: time.Now(), Window: h.opts.ScanWindow}
 	snap := h.sampler.current(r.Context())
 	for _, f := range snap.Queues {
 		d.Queues = append(d.Queues, f.Name)
 	}
+	d.Counts = stateCounts(snap.Queues, q.Queue, int64(h.opts.CountCap))
+	d.Filters = q.Key != "" || q.Error != "" || q.Reason != "" || q.Text != "" || q.State == "due" || q.State == "scheduled" ||
+		(q.Tenant != "" && (q.State == "claimed" || q.Queue == ""))
+	of := " of " + q.Queue
 	if q.Queue == "" {
-		return "Items", d, nil
+		of = " of every queue"
 	}
-	d.Filters = q.Key != "" || q.Error != "" || q.Reason != "" || q.State == "due" || q.State == "scheduled" ||
-		(q.Tenant != "" && q.State == "claimed")
 	if q.State == "dead" {
 		if err := claim.CheckReason(q.Reason); err != nil {
 			return "", nil, badRequest("%v", err)
 		}
 		d.Filters = d.Filters || q.Tenant != ""
-		return "Dead items of " + q.Queue, d, h.searchDead(r, d)
+		return "Dead items" + of, d, h.searchDead(r, d)
 	}
 	if q.State == "cancelled" {
+		if q.Queue == "" {
+			return "Cancelled items", d, nil // listed per queue (the template says so)
+		}
 		return "Cancelled items of " + q.Queue, d, h.listCancelled(r, d)
 	}
 	if !contains(itemStates, q.State) {
 		return "", nil, badRequest("unknown state %q", q.State)
 	}
-	return "Items of " + q.Queue, d, h.searchItems(r, d)
+	return "Items" + of, d, h.searchItems(r, d)
 }
 
 func contains(xs []string, x string) bool {
@@ -425,8 +483,11 @@ func contains(xs []string, x string) bool {
 	return false
 }
 
-// searchItems reads pages of the queue's items from the cursor, keeping
-// the matches, until a page is full or the scan window is read.
+// searchItems reads windows of items from the cursor, keeping the
+// matches, until a page is full or the scan window is read. One queue
+// without search text reads ItemsPage (a tenant's unclaimed items through
+// its own index); every queue, or a search text, ItemsSearchWindow, which
+// says of each row whether it matches the text.
 func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 	q := d.Q
 	var after *store.ItemPosition
@@ -438,8 +499,9 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 		after = &p
 	}
 	claimed := q.State == "claimed"
+	search := q.Queue == "" || q.Text != ""
 	tenant := q.Tenant
-	if claimed {
+	if claimed || search {
 		tenant = "" // filtered below: no index of claimed items by tenant
 	}
 	size := h.opts.PageSize
@@ -451,7 +513,12 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 		var rows []store.ItemRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
-			rows, err = h.store.ItemsPage(ctx, h.db, q.Queue, tenant, claimed, after, want)
+			if search {
+				rows, err = h.store.ItemsSearchWindow(ctx, h.db, store.ItemsSearch{Queue: q.Queue, Claimed: claimed,
+					Text: q.Text, After: after, Limit: want})
+			} else {
+				rows, err = h.store.ItemsPage(ctx, h.db, q.Queue, tenant, claimed, after, want)
+			}
 			return store.Classify(err)
 		})
 		if err != nil {
@@ -465,7 +532,10 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 			d.Scanned++
 			pos := position(it)
 			after = &pos
-			if matchItem(q, it, d.Now) {
+			if (!search || it.Match) && matchItem(q, it, d.Now) {
+				if it.Queue == "" {
+					it.Queue = q.Queue
+				}
 				d.Items = append(d.Items, it)
 			}
 		}
@@ -480,7 +550,7 @@ func (h *handler) searchItems(r *http.Request, d *itemsData) error {
 }
 
 func position(it store.ItemRow) store.ItemPosition {
-	p := store.ItemPosition{Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
+	p := store.ItemPosition{Queue: it.Queue, Priority: it.Priority, TurnAt: it.TurnAt, Part: it.Part, ID: it.ID}
 	if it.LeaseUntil != nil {
 		p.LeaseUntil = *it.LeaseUntil
 	}
@@ -499,17 +569,19 @@ func matchItem(q itemsQuery, it store.ItemRow, now time.Time) bool {
 	return true
 }
 
-// searchDead is searchItems for the dead items.
+// searchDead is searchItems for the dead items: DeadWindow for one queue
+// without search text, DeadSearchWindow otherwise.
 func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 	q := d.Q
-	var after *store.DeadPosition
+	var after *store.DeadSearchPosition
 	if q.After != "" {
-		var p store.DeadPosition
+		var p store.DeadSearchPosition
 		if err := decode(q.After, &p); err != nil {
 			return badRequest("bad cursor")
 		}
 		after = &p
 	}
+	search := q.Queue == "" || q.Text != ""
 	size := h.opts.PageSize
 	for d.Scanned < h.opts.ScanWindow {
 		want := size + 1
@@ -519,7 +591,15 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		var rows []store.DeadPageRow
 		err := retry.Do(r.Context(), nil, func(ctx context.Context) error {
 			var err error
-			rows, err = h.store.DeadWindow(ctx, h.db, q.Queue, after, want)
+			if search {
+				rows, err = h.store.DeadSearchWindow(ctx, h.db, q.Queue, q.Text, after, want)
+				return store.Classify(err)
+			}
+			var a *store.DeadPosition
+			if after != nil {
+				a = &store.DeadPosition{DiedAt: after.DiedAt, ID: after.ID, Death: after.Death}
+			}
+			rows, err = h.store.DeadWindow(ctx, h.db, q.Queue, a, want)
 			return store.Classify(err)
 		})
 		if err != nil {
@@ -528,12 +608,15 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 		for _, it := range rows {
 			if len(d.Dead) == size {
 				last := d.Dead[size-1]
-				d.Next = encode(store.DeadPosition{DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
+				d.Next = encode(store.DeadSearchPosition{Queue: last.Queue, DiedAt: last.DiedAt, ID: last.ID, Death: last.Death})
 				return nil
 			}
 			d.Scanned++
-			after = &store.DeadPosition{DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
-			if (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
+			if it.Queue == "" {
+				it.Queue = q.Queue
+			}
+			after = &store.DeadSearchPosition{Queue: it.Queue, DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
+			if (!search || it.Match) && (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
 				claim.MatchReason(q.Reason, it.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
 				d.Dead = append(d.Dead, it)
 			}

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bytes"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -76,6 +77,11 @@ func (h *handler) page(name string, read func(r *http.Request) (title string, da
 	return func(w http.ResponseWriter, r *http.Request) {
 		browser := h.browserID(w, r)
 		title, data, err := read(r)
+		var to *redirectError
+		if errors.As(err, &to) {
+			http.Redirect(w, r, to.to, http.StatusSeeOther)
+			return
+		}
 		if err != nil {
 			code := http.StatusInternalServerError
 			if e, ok := err.(*httpError); ok {
@@ -122,6 +128,12 @@ type httpError struct {
 }
 
 func (e *httpError) Error() string { return e.msg }
+
+// redirectError sends the browser to another page of the dashboard (to: a
+// path under BasePath, with its query).
+type redirectError struct{ to string }
+
+func (e *redirectError) Error() string { return "see " + e.to }
 
 func badRequest(format string, args ...any) error {
 	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}

@@ -304,6 +304,8 @@ func literals(args []any) string {
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BIGINT[]"
 		case []bool:
 			out[i] = "ARRAY" + strings.ReplaceAll(fmt.Sprint(v), " ", ",") + "::BOOL[]"
+		case []byte:
+			out[i] = fmt.Sprintf("'\\x%x'::BYTEA", v)
 		case [][]byte:
 			q := make([]string, len(v))
 			for j, b := range v {

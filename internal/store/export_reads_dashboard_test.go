@@ -13,6 +13,12 @@ func DashboardStatementsForTest(t Tables) map[string]string {
 		"Item": d.item, "Deaths": d.deaths, "DeleteDead": d.deleteDead, "TenantHeads": d.tenantHeads,
 		"WaitingQueue": d.waitingQueue,
 		"AuditInsert":  d.auditInsert, "AuditFirst": d.auditFirst, "AuditAfter": d.auditAfter,
+		"SearchUnclaimed": d.search.unclaimed, "SearchUnclaimedAfter": d.search.unclaimedAfter,
+		"SearchUnclaimedAll": d.search.unclaimedAll, "SearchUnclaimedAllAfter": d.search.unclaimedAllAfter,
+		"SearchClaimed": d.search.claimed, "SearchClaimedAfter": d.search.claimedAfter,
+		"SearchClaimedAll": d.search.claimedAll, "SearchClaimedAllAfter": d.search.claimedAllAfter,
+		"SearchDead": d.search.dead, "SearchDeadAfter": d.search.deadAfter,
+		"SearchDeadAll": d.search.deadAll, "SearchDeadAllAfter": d.search.deadAllAfter,
 	}
 }
 

@@ -97,6 +97,9 @@ type dashboardStatements struct {
 	// auditFirst/After: [$1 at, $2 id,] $n limit → audit rows, newest
 	// first, through crdbwork_audit_by_time.
 	auditFirst, auditAfter string
+	// search: the item list across queues and its search
+	// (reads_dashboard_search.go).
+	search searchStatements
 }
 
 // dashItemColumns are the columns of an item in a page: no payload, the last
@@ -129,6 +132,7 @@ func newDashboardStatements(t Tables) *dashboardStatements {
 		auditInsert:    r(auditInsertSQL),
 		auditFirst:     r(auditFirstSQL),
 		auditAfter:     r(auditAfterSQL),
+		search:         newSearchStatements(t),
 	}
 }
 
@@ -321,12 +325,18 @@ type ItemRow struct {
 	Claim                       *uuid.UUID
 	LeaseUntil                  *time.Time
 	PayloadSize                 int64
+	// Queue and Match are set by ItemsSearchWindow only: the item's queue,
+	// and whether it matches the search text.
+	Queue string
+	Match bool
 }
 
 // ItemPosition is the place of an item in a page's order: claim order
 // (Priority, TurnAt, Part, ID) for unclaimed items, lease order
-// (LeaseUntil, ID) for claimed ones.
+// (LeaseUntil, ID) for claimed ones; across queues (ItemsSearchWindow)
+// behind the Queue.
 type ItemPosition struct {
+	Queue      string
 	Priority   int64
 	TurnAt     time.Time
 	Part       int
@@ -443,6 +453,10 @@ type DeadPageRow struct {
 	EnqueuedAt, DiedAt    time.Time
 	Tenant, Reason        string
 	PayloadSize           int64
+	// Queue and Match are set by DeadSearchWindow only: the death's queue,
+	// and whether it matches the search text.
+	Queue string
+	Match bool
 }
 
 // dashboarddeadFirstSQL is the text of dashboardStatements.deadFirst

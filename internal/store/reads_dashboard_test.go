@@ -50,6 +50,20 @@ func TestExplainDashboardStatements(t *testing.T) {
 		{"AuditInsert", []string{"crdbwork_audit"}, []any{"op", "dashboard", "pause", "q7", "paused"}},
 		{"AuditFirst", []string{"crdbwork_audit_by_time"}, []any{50}},
 		{"AuditAfter", []string{"crdbwork_audit_by_time"}, []any{now.Add(-time.Hour), id, 50}},
+		// The search windows, with a text that matches nothing (the window is
+		// read whole) and the default scan window.
+		{"SearchUnclaimed", []string{"crdbwork_items_turn_next"}, []any{"zz", []byte("zz"), "big", 2000}},
+		{"SearchUnclaimedAfter", []string{"crdbwork_items_turn_next"}, []any{"zz", []byte("zz"), "big", int64(0), now, 3, id, 2000}},
+		{"SearchUnclaimedAll", []string{"crdbwork_items_turn_next"}, []any{"zz", []byte("zz"), 2000}},
+		{"SearchUnclaimedAllAfter", []string{"crdbwork_items_turn_next"}, []any{"zz", []byte("zz"), "big", int64(0), now, 3, id, 2000}},
+		{"SearchClaimed", []string{"crdbwork_items_lease"}, []any{"zz", []byte("zz"), "big", 2000}},
+		{"SearchClaimedAfter", []string{"crdbwork_items_lease"}, []any{"zz", []byte("zz"), "big", now, id, 2000}},
+		{"SearchClaimedAll", []string{"crdbwork_items_lease"}, []any{"zz", []byte("zz"), 2000}},
+		{"SearchClaimedAllAfter", []string{"crdbwork_items_lease|crdbwork_items_claimed"}, []any{"zz", []byte("zz"), "big", now, id, 2000}},
+		{"SearchDead", []string{"crdbwork_dead_items_by_queue"}, []any{"zz", []byte("zz"), "big", 2000}},
+		{"SearchDeadAfter", []string{"crdbwork_dead_items_by_queue"}, []any{"zz", []byte("zz"), "big", now.Add(-time.Hour), id, death, 2000}},
+		{"SearchDeadAll", []string{"crdbwork_dead_items_by_queue"}, []any{"zz", []byte("zz"), 2000}},
+		{"SearchDeadAllAfter", []string{"crdbwork_dead_items_by_queue"}, []any{"zz", []byte("zz"), "q5", now.Add(-time.Hour), id, death, 2000}},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}
@@ -75,13 +89,26 @@ func TestExplainDashboardStatements(t *testing.T) {
 		}
 		if testdb.Kind(t) == "postgres" {
 			for _, ix := range c.indexes {
-				if !strings.Contains(text, ix) {
+				if !containsAny(text, strings.Split(ix, "|")) {
 					t.Errorf("%s (%s) does not read %s:\n%s", c.name, mode, ix, text)
 				}
 			}
 		}
 		t.Logf("%s (%s):\n%s", c.name, mode, text)
 	})
+}
+
+// containsAny reports whether text holds one of subs (an index named
+// "a|b" in a plan case: either serves; here the claimed items of every
+// queue, which the planner may read through either claimed-only index and
+// sort, as they are bounded by the handlers running).
+func containsAny(text string, subs []string) bool {
+	for _, s := range subs {
+		if strings.Contains(text, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // dashboardSeed returns a fresh database of the test in the state of the
