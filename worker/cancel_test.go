@@ -387,7 +387,7 @@ func TestWorkerSnoozeUnlimited(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
-	err = q.WaitDrained(ctxWithin(t, time.Minute), 20*time.Millisecond)
+	err = q.WaitDrained(ctxWithin(t, await.Stretch(time.Minute)), 20*time.Millisecond)
 	stop()
 	if werr := <-done; werr != nil {
 		t.Fatal(werr)
@@ -402,7 +402,7 @@ func TestWorkerSnoozeUnlimited(t *testing.T) {
 	if err != nil || len(dead) != 0 {
 		t.Fatalf("dead items: %+v %v", dead, err)
 	}
-	if acked, err := q.WaitEnded(ctxWithin(t, time.Minute), enq.IDs[0], 20*time.Millisecond); err != nil || acked != "acked" {
+	if acked, err := q.WaitEnded(ctxWithin(t, await.Stretch(time.Minute)), enq.IDs[0], 20*time.Millisecond); err != nil || acked != "acked" {
 		t.Fatalf("ended: %v %v, want acked", acked, err)
 	}
 	if st := w.Stats(); st.Snoozed != 6 || st.Acked != 1 || st.Dead != 0 {

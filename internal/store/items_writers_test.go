@@ -20,21 +20,26 @@ import (
 // options (claim.NewItem) fill: every statement that writes an item row
 // carries each of them, or says here why not (itemWriters).
 var itemOptionColumns = []string{"item_key", "priority", "vesting_at", "max_attempts", "payload", "metadata", "tenant",
-	"expires_at", "at_most_once", "headers", "seq_order", "turn_at"}
+	"expires_at", "at_most_once", "headers", "seq_order", "turn_at", "timeout_us"}
 
 // itemWriters are the statements that insert item rows, by where they are
 // (the Go name of the statement or constant, or the file), each with the
 // option columns it does not carry and why (the documentation says so).
 var itemWriters = map[string]map[string]string{
-	"insertTemplate":                 {}, // enqueue's INSERT
-	"CopyColumns":                    {}, // enqueue's COPY
-	"moveReady":                      {}, // a waiting item's release
-	"enqueue_function.sql":           {}, // crdbwork_enqueue
-	"cockroach_enqueue_function.sql": {},
+	"insertTemplate": {}, // enqueue's INSERT
+	"CopyColumns":    {}, // enqueue's COPY
+	"moveReady":      {}, // a waiting item's release
+	"enqueue_function.sql": { // crdbwork_enqueue
+		"timeout_us": "the SQL function sets no per-item timeout yet (docs/timeouts.md)",
+	},
+	"cockroach_enqueue_function.sql": {
+		"timeout_us": "the SQL function sets no per-item timeout yet (docs/timeouts.md)",
+	},
 	"requeueSQL": { // a dead item put back
 		"expires_at":   "no deadline (docs/guarantees.md)",
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
 		"headers":      "dead items keep no headers (docs/tracing.md, limits)",
+		"timeout_us":   "dead items keep no timeout: a requeued item runs with its worker's ItemTimeout (docs/timeouts.md)",
 	},
 	"cancelledRequeueSQL": { // a cancelled item put back (RequeueOptions.Cancelled)
 		"expires_at":   "no deadline, as a dead item's requeue (docs/cancel-and-snooze.md)",

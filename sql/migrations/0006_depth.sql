@@ -83,6 +83,16 @@ CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
 CREATE INDEX IF NOT EXISTS crdbwork_cancelled_items_by_age
     ON crdbwork_cancelled_items (queue, cancelled_at);
 
+-- == parity: per-item timeouts ==
+-- An item's own handler timeout in microseconds (claim.NewItem.Timeout,
+-- pg-boss's expireInSeconds; NULL: none, the worker's ItemTimeout). Every
+-- claim of version 6 returns it; a waiting item keeps it and its release
+-- carries it over. Code of versions 3 to 5 neither writes nor reads it: its
+-- workers run every item with their own ItemTimeout (docs/timeouts.md,
+-- "Rolling upgrades").
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS timeout_us BIGINT;
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS timeout_us BIGINT;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
