@@ -253,6 +253,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_schedules (
     name        TEXT        NOT NULL,
     last_period TIMESTAMPTZ NOT NULL,
     updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- A stored schedule's definition (version 6; package schedule's JSON),
+    -- NULL for one defined in code; paused: no version-6 runner enqueues
+    -- its periods. A stored schedule not yet fired has last_period
+    -- 1970-01-01.
+    spec        JSONB,
+    paused      BOOL        NOT NULL DEFAULT false,
     PRIMARY KEY (queue, name)
 );
 
