@@ -46,8 +46,8 @@ type actionReq struct {
 	// Schedule names the schedule of schedule-pause and schedule-resume.
 	Schedule string
 	Return   string
-	Fields url.Values // the form, for the confirmation's resubmission
-	User   string     // the dashboard user (Options.Auth), recorded as a cancel's author
+	Fields   url.Values // the form, for the confirmation's resubmission
+	User     string     // the dashboard user (Options.Auth), recorded as a cancel's author
 }
 
 type selected struct {
