@@ -29,12 +29,8 @@ var itemWriters = map[string]map[string]string{
 	"insertTemplate": {}, // enqueue's INSERT
 	"CopyColumns":    {}, // enqueue's COPY
 	"moveReady":      {}, // a waiting item's release
-	"enqueue_function.sql": { // crdbwork_enqueue
-		"timeout_us": "the SQL function sets no per-item timeout yet (docs/timeouts.md)",
-	},
-	"cockroach_enqueue_function.sql": {
-		"timeout_us": "the SQL function sets no per-item timeout yet (docs/timeouts.md)",
-	},
+	"enqueue_function.sql":           {}, // crdbwork_enqueue
+	"cockroach_enqueue_function.sql": {},
 	"requeueSQL": { // a dead item put back
 		"expires_at":   "no deadline (docs/guarantees.md)",
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
