@@ -26,9 +26,9 @@ var itemOptionColumns = []string{"item_key", "priority", "vesting_at", "max_atte
 // (the Go name of the statement or constant, or the file), each with the
 // option columns it does not carry and why (the documentation says so).
 var itemWriters = map[string]map[string]string{
-	"insertTemplate": {}, // enqueue's INSERT
-	"CopyColumns":    {}, // enqueue's COPY
-	"moveReady":      {}, // a waiting item's release
+	"insertTemplate":                 {}, // enqueue's INSERT
+	"CopyColumns":                    {}, // enqueue's COPY
+	"moveReady":                      {}, // a waiting item's release
 	"enqueue_function.sql":           {}, // crdbwork_enqueue
 	"cockroach_enqueue_function.sql": {},
 	"requeueSQL": { // a dead item put back
