@@ -223,6 +223,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
 		{"RemoveTenantLimit", ls.RemoveTenantLimit, []any{"q", "t"}},
 		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
+		{"ScheduleRow", sched.Row, []any{"q3", "schedule-3"}},
+		{"SchedulesStored", sched.Stored, []any{"q3"}},
 		{"InspectQueue", inspect.Queue, []any{"q"}},
 		// The backlog counts read every item of the queue they count
 		// (unclaimed, claimed, with a tenant, dead): for a queue that
