@@ -428,8 +428,8 @@ func TestSnoozeUnlimited(t *testing.T) {
 	if err != nil || len(it) != 1 {
 		t.Fatalf("claim: %v %v", it, err)
 	}
-	if out, err := b.SnoozeUnlimited(ctx, it[0], 0); err != nil || out != claim.Snoozed {
-		t.Fatalf("Queue.SnoozeUnlimited: %v %v", out, err)
+	if out, err := b.Nack(ctx, it[0], claim.SnoozeUnlimited(0)); err != nil || out != claim.Snoozed {
+		t.Fatalf("Nack with SnoozeUnlimited: %v %v", out, err)
 	}
 	it, err = b.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
 	if err != nil || len(it) != 1 {

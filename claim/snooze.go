@@ -85,17 +85,10 @@ func snoozeOf(cause error) (s *SnoozeError, ok bool) {
 // cause that is a *SnoozeError. An at-most-once item cannot be snoozed (its
 // claim deleted it): Snooze returns Dropped and an error wrapping
 // ErrClaimLost that says so. With Options.MaxSnoozes set to
-// UnlimitedSnoozes it never returns Dead.
+// UnlimitedSnoozes it never returns Dead; Nack with a cause made by the
+// function SnoozeUnlimited snoozes one item without the bound.
 func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, error) {
 	return q.snooze(ctx, it, d, false)
-}
-
-// SnoozeUnlimited is Snooze without the bound of Options.MaxSnoozes: it
-// never moves the item to the dead items (see the function
-// SnoozeUnlimited). Nack does the same for a cause made by
-// SnoozeUnlimited.
-func (q *Queue) SnoozeUnlimited(ctx context.Context, it Item, d time.Duration) (Outcome, error) {
-	return q.snooze(ctx, it, d, true)
 }
 
 func (q *Queue) snooze(ctx context.Context, it Item, d time.Duration, unlimited bool) (Outcome, error) {
