@@ -40,6 +40,7 @@ var itemWriters = map[string]map[string]string{
 	"cancelledRequeueSQL": { // a cancelled item put back (RequeueOptions.Cancelled)
 		"expires_at":   "no deadline, as a dead item's requeue (docs/cancel-and-snooze.md)",
 		"at_most_once": "at-least-once: an at-most-once item is deleted by its claim, and one cancelled before it is requeued at least once, as a dead one",
+		"timeout_us":   "a cancelled item keeps no timeout: requeued, it runs with its worker's ItemTimeout (docs/timeouts.md)",
 	},
 }
 
