@@ -31,38 +31,39 @@ func storedRow(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, placed bool) stri
 	var (
 		part, priority, maxAttempts, attempts int64
 		key, tenant, headers                  *string
+		timeoutUS                             *int64
 		enqueuedAt, vestingAt                 time.Time
 		expiresAt                             *time.Time
 		amo, sequenced                        bool
 		payload, metadata                     []byte
 	)
 	err := pool.QueryRow(ctx, `SELECT part, item_key, priority, enqueued_at, vesting_at, max_attempts, tenant, expires_at,
-		    at_most_once, seq_order IS NOT NULL, headers::TEXT, payload, metadata, attempts
+		    at_most_once, seq_order IS NOT NULL, headers::TEXT, payload, metadata, attempts, timeout_us
 		FROM crdbwork_items WHERE id = $1`, id).Scan(&part, &key, &priority, &enqueuedAt, &vestingAt, &maxAttempts, &tenant,
-		&expiresAt, &amo, &sequenced, &headers, &payload, &metadata, &attempts)
+		&expiresAt, &amo, &sequenced, &headers, &payload, &metadata, &attempts, &timeoutUS)
 	switch {
 	case err == nil:
 		ttl := "-"
 		if expiresAt != nil {
 			ttl = expiresAt.Sub(enqueuedAt).String()
 		}
-		row = fmt.Sprintf("item part=%d key=%s priority=%d delay=%v max_attempts=%d tenant=%s ttl=%s at_most_once=%v sequenced=%v headers=%s payload=%q metadata=%q attempts=%d",
+		row = fmt.Sprintf("item part=%d key=%s priority=%d delay=%v max_attempts=%d tenant=%s ttl=%s at_most_once=%v sequenced=%v headers=%s payload=%q metadata=%q attempts=%d timeout=%s",
 			part, orDash(key), priority, vestingAt.Sub(enqueuedAt), maxAttempts, orDash(tenant), ttl, amo, sequenced, orDash(headers),
-			payload, metadata, attempts)
+			payload, metadata, attempts, usOrDash(timeoutUS))
 	case errors.Is(err, pgx.ErrNoRows):
 		var hash, delayUS, ttlUS, remaining int64
-		err = pool.QueryRow(ctx, `SELECT hash, item_key, priority, delay_us, max_attempts, tenant, ttl_us, at_most_once, payload, metadata, remaining
+		err = pool.QueryRow(ctx, `SELECT hash, item_key, priority, delay_us, max_attempts, tenant, ttl_us, at_most_once, payload, metadata, remaining, timeout_us
 			FROM crdbwork_waiting WHERE id = $1`, id).Scan(&hash, &key, &priority, &delayUS, &maxAttempts, &tenant, &ttlUS, &amo,
-			&payload, &metadata, &remaining)
+			&payload, &metadata, &remaining, &timeoutUS)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return "absent"
 		case err != nil:
 			t.Fatal(err)
 		}
-		row = fmt.Sprintf("waiting hash=%d key=%s priority=%d delay=%v max_attempts=%d tenant=%s ttl=%v at_most_once=%v payload=%q metadata=%q remaining=%d",
+		row = fmt.Sprintf("waiting hash=%d key=%s priority=%d delay=%v max_attempts=%d tenant=%s ttl=%v at_most_once=%v payload=%q metadata=%q remaining=%d timeout=%s",
 			hash, orDash(key), priority, time.Duration(delayUS)*time.Microsecond, maxAttempts, orDash(tenant),
-			time.Duration(ttlUS)*time.Microsecond, amo, payload, metadata, remaining)
+			time.Duration(ttlUS)*time.Microsecond, amo, payload, metadata, remaining, usOrDash(timeoutUS))
 	default:
 		t.Fatal(err)
 	}
@@ -70,6 +71,13 @@ func storedRow(t *testing.T, pool *pgxpool.Pool, id uuid.UUID, placed bool) stri
 		row = partOrHash.ReplaceAllString(row, "$1=?")
 	}
 	return row
+}
+
+func usOrDash(us *int64) string {
+	if us == nil {
+		return "-"
+	}
+	return (time.Duration(*us) * time.Microsecond).String()
 }
 
 func orDash(s *string) string {
@@ -123,6 +131,7 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 		{name: "urgent-priority", item: func(env) claim.NewItem { return claim.NewItem{Payload: []byte("u"), Priority: -10} }},
 		{name: "delay", item: func(env) claim.NewItem { return claim.NewItem{Payload: []byte("d"), Delay: time.Hour} }},
 		{name: "ttl", item: func(env) claim.NewItem { return claim.NewItem{Payload: []byte("t"), TTL: 90 * time.Minute} }},
+		{name: "timeout", item: func(env) claim.NewItem { return claim.NewItem{Payload: []byte("t"), Timeout: 42 * time.Second} }},
 		{name: "at-most-once", item: func(env) claim.NewItem { return claim.NewItem{Payload: []byte("a"), AtMostOnce: true} }},
 		{name: "unique-key", twice: true, item: func(env) claim.NewItem {
 			return claim.NewItem{Payload: []byte("once"), UniqueKey: "nightly", UniquePeriod: 24 * time.Hour}
@@ -139,7 +148,7 @@ func TestBufferHonoursEveryItemOption(t *testing.T) {
 		}},
 		{name: "after-every-option", waiting: true, twice: true, item: func(e env) claim.NewItem {
 			return claim.NewItem{ID: idOf(e.q.Name()), Payload: []byte("w"), After: []uuid.UUID{e.p, e.acked}, Key: "k", Priority: 2,
-				Delay: time.Minute, TTL: 2 * time.Hour, Tenant: "acme", MaxAttempts: 3, Metadata: []byte("m")}
+				Delay: time.Minute, TTL: 2 * time.Hour, Tenant: "acme", MaxAttempts: 3, Metadata: []byte("m"), Timeout: time.Minute}
 		}},
 		{name: "after-at-most-once", waiting: true, item: func(e env) claim.NewItem {
 			return claim.NewItem{Payload: []byte("w"), After: []uuid.UUID{e.p}, AtMostOnce: true}

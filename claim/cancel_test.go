@@ -374,7 +374,75 @@ func TestSnooze(t *testing.T) {
 	if st := q.Stats(); st.Snoozed != 2 || st.Dead != 1 || st.Nacked != 0 {
 		t.Fatalf("stats: %+v", st)
 	}
-	if _, err := claim.New(pool, claim.Options{MaxSnoozes: -1}); err == nil {
+	if _, err := claim.New(pool, claim.Options{MaxSnoozes: -2}); err == nil {
 		t.Fatal("a negative MaxSnoozes was accepted")
+	}
+}
+
+// Unlimited snoozes: a queue with MaxSnoozes UnlimitedSnoozes snoozes an
+// item past DefaultMaxSnoozes and never kills it; on a bounded queue, a
+// SnoozeUnlimited snooze is not counted against the bound (the item stays),
+// while a bounded snooze after it still is.
+func TestSnoozeUnlimited(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	s := startSession(t, ctx, pool)
+	snoozeN := func(q *claim.Queue, id uuid.UUID, n int, cause func() error) {
+		t.Helper()
+		c := q.Claimer(s.ID())
+		for i := 0; i < n; i++ {
+			got, err := c.Claim(ctx, claim.ClaimRequest{Max: 1})
+			if err != nil || len(got) != 1 || got[0].ID != id {
+				t.Fatalf("claim %d: %v %v", i, got, err)
+			}
+			if out, err := q.Nack(ctx, got[0], cause()); err != nil || out != claim.Snoozed {
+				t.Fatalf("snooze %d of %d: %v %v", i+1, n, out, err)
+			}
+		}
+		var snoozes int
+		if err := pool.QueryRow(ctx, `SELECT snoozes FROM crdbwork_items WHERE id = $1`, id).Scan(&snoozes); err != nil {
+			t.Fatalf("the item after %d snoozes: %v", n, err)
+		}
+		if snoozes < n {
+			t.Fatalf("snoozes %d, want at least %d", snoozes, n)
+		}
+	}
+	// A queue without a bound.
+	q := newQueue(t, pool, claim.Options{Queue: "unbounded", MaxSnoozes: claim.UnlimitedSnoozes})
+	enq, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("x"), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snoozeN(q, enq.IDs[0], claim.DefaultMaxSnoozes+1, func() error { return claim.Snooze(0) })
+
+	// A bounded queue, snoozes unlimited one by one.
+	b := newQueue(t, pool, claim.Options{Queue: "bounded", MaxSnoozes: 2})
+	enq, err = b.Enqueue(ctx, claim.NewItem{Payload: []byte("y"), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := enq.IDs[0]
+	snoozeN(b, id, 5, func() error { return fmt.Errorf("waiting for the export: %w", claim.SnoozeUnlimited(0)) })
+	it, err := b.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
+	if err != nil || len(it) != 1 {
+		t.Fatalf("claim: %v %v", it, err)
+	}
+	if out, err := b.Nack(ctx, it[0], claim.SnoozeUnlimited(0)); err != nil || out != claim.Snoozed {
+		t.Fatalf("Nack with SnoozeUnlimited: %v %v", out, err)
+	}
+	it, err = b.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
+	if err != nil || len(it) != 1 {
+		t.Fatalf("claim: %v %v", it, err)
+	}
+	if out, err := b.Snooze(ctx, it[0], 0); err != nil || out != claim.Dead {
+		t.Fatalf("a bounded snooze after 6 unlimited ones on a queue of MaxSnoozes 2: %v %v, want dead", out, err)
+	}
+	dead, err := deadList(b.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
+	if err != nil || len(dead) != 1 || dead[0].ID != id || dead[0].Reason != claim.ReasonSnoozedTooOften {
+		t.Fatalf("dead items: %+v %v", dead, err)
+	}
+	if dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10})); err != nil || len(dead) != 0 {
+		t.Fatalf("dead items of the unbounded queue: %+v %v", dead, err)
 	}
 }

@@ -72,6 +72,10 @@ type Item struct {
 	// trace context; nil if none. Values that are not strings (written by
 	// hand into the column) are left out.
 	Headers map[string]string
+	// Timeout is the item's own handler timeout (NewItem.Timeout), zero if
+	// none: package worker runs its handler with this deadline instead of
+	// its ItemTimeout.
+	Timeout time.Duration
 }
 
 // ClaimRequest says what Claimer.Claim claims.
@@ -347,7 +351,7 @@ func itemsOf(rows []store.ClaimedRow, session uuid.UUID) []Item {
 			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
 			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
 			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
-			Checkpoint: r.Checkpoint, Headers: headersOf(r.Headers)}
+			Checkpoint: r.Checkpoint, Headers: headersOf(r.Headers), Timeout: r.Timeout}
 		if r.HasProgress {
 			items[i].Progress = Progress{Done: r.ProgressDone, Total: r.ProgressTotal}
 		}

@@ -180,7 +180,24 @@ type NewItem struct {
 	// prerequisite that is forgotten (ErrPrerequisiteUnknown) or of
 	// another queue still fails the item. Only with After.
 	RunAfter PrereqEnds
+	// Timeout, if not zero, is how long one handler run of this item may
+	// take, instead of the worker's worker.Options.ItemTimeout (River's
+	// per-job timeout, pg-boss's expireInSeconds): the handler's context
+	// ends with context.DeadlineExceeded this long after its start, and an
+	// attempt that runs out of it is a failed attempt (retried with
+	// backoff, dead with its error after its last attempt), however long
+	// or short the worker's default. The worker keeps the item's lease
+	// over its timeout (docs/timeouts.md). Between MinTimeout and
+	// MaxTimeout, at microsecond precision. Workers of schema versions 3
+	// to 5 ignore it (they run the item with their own ItemTimeout).
+	Timeout time.Duration
 }
+
+// MinTimeout and MaxTimeout bound NewItem.Timeout (zero: none).
+const (
+	MinTimeout = time.Millisecond
+	MaxTimeout = maxLease
+)
 
 // UniqueStates is a set of states of an item with a unique key
 // (NewItem.UniqueStates): those in which an earlier item of the key keeps a
@@ -717,6 +734,8 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: TTL %v must be between 0 (none) and %v", errBadInput, it.TTL, maxLease)
 	case it.TTL > 0 && it.TTL < time.Microsecond:
 		err = fmt.Errorf("%w: TTL %v is below the database's precision of 1µs", errBadInput, it.TTL)
+	case it.Timeout != 0 && (it.Timeout < MinTimeout || it.Timeout > MaxTimeout):
+		err = fmt.Errorf("%w: Timeout %v must be 0 (the worker's ItemTimeout) or between %v and %v", errBadInput, it.Timeout, MinTimeout, MaxTimeout)
 	case it.Delay < 0:
 		err = fmt.Errorf("%w: negative delay %v", errBadInput, it.Delay)
 	case it.MaxAttempts < 0:
@@ -816,7 +835,8 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []store.EnqueueRow {
 		it := &b.items[i]
 		rows[j] = store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
-			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i], Frees: it.UniqueStates.frees()}
+			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i], Frees: it.UniqueStates.frees(),
+			Timeout: it.Timeout}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}
@@ -909,7 +929,8 @@ func (s *copySource) row(n int) store.CopyRow {
 	}
 	return store.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
 		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
-		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order, Headers: s.b.headers[i]}
+		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order, Headers: s.b.headers[i],
+		Timeout: it.Timeout}
 }
 
 // checkFound looks up the caller-given ids that were not added: it fails

@@ -154,6 +154,8 @@ func TestSQLEnqueueRefusesBadInput(t *testing.T) {
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "delay", "INTERVAL '1 second'", "run_at", "now()"), "22023", "not both", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "max_attempts", "-1"), "22023", "negative max_attempts", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "ttl", "INTERVAL '8761 hours'"), "22023", "ttl", nil},
+		{testdb.EnqueueArgs("'q'", "''::BYTEA", "timeout", "INTERVAL '0 seconds'"), "22023", "timeout", nil},
+		{testdb.EnqueueArgs("'q'", "''::BYTEA", "timeout", "INTERVAL '8761 hours'"), "22023", "timeout", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "priority", "NULL"), "22023", "priority", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "headers", "'[1]'"), "22023", "headers must be a JSON object", nil},
 		{testdb.EnqueueArgs("'q'", "''::BYTEA", "headers", `'{"a": 1}'`), "22023", "headers must be a JSON object of strings", nil},
@@ -549,5 +551,34 @@ func TestSQLEnqueueOfAWaitingIDIsADuplicate(t *testing.T) {
 	}
 	if _, err := sqlEnqueue(ctx, pool, testdb.EnqueueArgs("'other'", "''::BYTEA", "id", "$1"), dep); err == nil || !strings.Contains(err.Error(), "is an item of queue sqlwait") {
 		t.Fatalf("crdbwork_enqueue of another queue's waiting id: %v; want it refused", err)
+	}
+}
+
+// An item enqueued from SQL with a timeout of its own comes back with it
+// from the claim, as NewItem.Timeout does; a call with the 13 arguments of
+// the function's older revisions (before timeout) still works, without one.
+func TestSQLEnqueueTimeout(t *testing.T) {
+	t.Parallel()
+	pool, _ := sqlSetup(t)
+	ctx := context.Background()
+	with, err := sqlEnqueue(ctx, pool, testdb.EnqueueArgs("'tq'", "''::BYTEA", "timeout", "INTERVAL '90 seconds'"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := sqlEnqueue(ctx, pool, `'tq', ''::BYTEA, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false`)
+	if err != nil {
+		t.Fatalf("a call with the older revisions' 13 arguments: %v", err)
+	}
+	q := newQueue(t, pool, claim.Options{Queue: "tq"})
+	s := startSession(t, ctx, pool)
+	items, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 10})
+	if err != nil || len(items) != 2 {
+		t.Fatalf("claim: %v %v", items, err)
+	}
+	for _, it := range items {
+		want := map[uuid.UUID]time.Duration{with.ID: 90 * time.Second, old.ID: 0}[it.ID]
+		if it.Timeout != want {
+			t.Errorf("item %s: timeout %v, want %v", it.ID, it.Timeout, want)
+		}
 	}
 }

@@ -95,6 +95,8 @@ var mxOptions = []mxOption{
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{AtMostOnce: true} }},
 	{name: "TTL", label: "`TTL`", fields: []string{"TTL"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{TTL: 90 * time.Minute} }},
+	{name: "Timeout", label: "`Timeout`", fields: []string{"Timeout"}, kind: "plain",
+		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Timeout: 42 * time.Second} }},
 	{name: "Delay", label: "`Delay`", fields: []string{"Delay"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Delay: 700 * time.Millisecond} }},
 	{name: "urgent Priority", label: "`Priority` of the urgent lane (`ClaimUrgent`)", fields: []string{"Priority"}, kind: "plain",
@@ -155,7 +157,7 @@ var mxNotPaths = map[string]string{
 var mxSQLParams = map[string]string{
 	"queue": "", "payload": "Payload", "id": "ID", "key": "Key", "priority": "Priority", "delay": "Delay",
 	"run_at": "Delay", "max_attempts": "MaxAttempts", "tenant": "Tenant", "ttl": "TTL", "metadata": "Metadata",
-	"headers": "Headers", "at_most_once": "AtMostOnce",
+	"headers": "Headers", "at_most_once": "AtMostOnce", "timeout": "Timeout",
 }
 
 // Outcomes of a cell, as documented.
@@ -186,6 +188,7 @@ var mxRequeueDrops = map[string]string{
 	"TTL":     "no deadline ([above](#deadlines-and-at-most-once-items))",
 	"Headers": "no headers ([tracing.md](tracing.md#limits))",
 	"Delay":   "claimable at once",
+	"Timeout": "the worker's `ItemTimeout` ([timeouts.md](timeouts.md#limits))",
 }
 
 // mxSettleCell says what settle s does to an item with option o (for
@@ -458,7 +461,10 @@ func (c *mxCell) enqueueSQL(it claim.NewItem) (claim.Enqueued, error) {
 	if it.UniqueKey != "" {
 		id = claim.UniqueID(c.queue, it.UniqueKey, it.UniquePeriod, time.Now())
 	}
-	var idArg, keyArg, tenantArg, delayArg, ttlArg, maxArg, headersArg any
+	var idArg, keyArg, tenantArg, delayArg, ttlArg, maxArg, headersArg, timeoutArg any
+	if it.Timeout != 0 {
+		timeoutArg = fmt.Sprintf("%d microseconds", it.Timeout.Microseconds())
+	}
 	if id != uuid.Nil {
 		idArg = id
 	}
@@ -483,11 +489,11 @@ func (c *mxCell) enqueueSQL(it claim.NewItem) (claim.Enqueued, error) {
 	}
 	call := testdb.EnqueueArgs("$1", "$2", "id", "$3::UUID", "key", "$4::TEXT", "priority", "$5::BIGINT", "delay", "$6::INTERVAL",
 		"max_attempts", "$7::BIGINT", "tenant", "$8::TEXT", "ttl", "$9::INTERVAL", "metadata", "$10::BYTEA", "headers", "$11::JSONB",
-		"at_most_once", "$12::BOOL")
+		"at_most_once", "$12::BOOL", "timeout", "$13::INTERVAL")
 	var got uuid.UUID
 	var added, done bool
 	err := c.pool.QueryRow(c.ctx, `SELECT item_id, added, done FROM crdbwork_enqueue(`+call+`)`,
-		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce).
+		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce, timeoutArg).
 		Scan(&got, &added, &done)
 	if err != nil {
 		return claim.Enqueued{}, err
@@ -1072,8 +1078,8 @@ func (c *mxCell) checkClaimed(x claim.Item) {
 	if !x.ExpiresAt.IsZero() {
 		ttl = x.ExpiresAt.Sub(x.EnqueuedAt).Round(time.Millisecond).String()
 	}
-	got := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s",
-		x.Key, x.Tenant, x.Priority, x.MaxAttempts, x.Payload, x.Metadata, ttl, x.AtMostOnce, mxHeaders(x.Headers))
+	got := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s",
+		x.Key, x.Tenant, x.Priority, x.MaxAttempts, x.Payload, x.Metadata, ttl, x.AtMostOnce, mxHeaders(x.Headers), mxTimeout(x.Timeout))
 	if want := c.wantFields("item", false); got != want {
 		c.fatalf("claimed item\n  got:  %s\n  want: %s", got, want)
 	}
@@ -1109,17 +1115,18 @@ func (c *mxCell) wantFields(stage string, stored bool) string {
 		ttl = it.TTL.String()
 	}
 	headers := mxHeaders(it.Headers)
+	timeout := mxTimeout(it.Timeout)
 	sequenced := strings.HasPrefix(c.opt.kind, "sequenced") && it.Key != ""
 	if stage == "requeued" {
 		// What a requeue documents not carrying back (mxRequeueDrops):
 		// it keeps its place in its key's sequence.
-		ttl, headers, amo = "-", "-", false
+		ttl, headers, amo, timeout = "-", "-", false, "-"
 	}
 	s := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", orNone(it.Key), orNone(it.Tenant),
 		it.Priority, maxAttempts, it.Payload, it.Metadata)
 	if !stored {
-		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s",
-			it.Key, it.Tenant, it.Priority, maxAttempts, it.Payload, it.Metadata, ttl, amo, headers)
+		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s",
+			it.Key, it.Tenant, it.Priority, maxAttempts, it.Payload, it.Metadata, ttl, amo, headers, timeout)
 	}
 	switch stage {
 	case "waiting":
@@ -1127,14 +1134,30 @@ func (c *mxCell) wantFields(stage string, stored bool) string {
 		// an at-most-once item's 1.
 		s = fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", orNone(it.Key), orNone(it.Tenant),
 			it.Priority, max(it.MaxAttempts, 25*boolInt(it.MaxAttempts == 0)), it.Payload, it.Metadata)
-		return s + fmt.Sprintf(" ttl=%s at_most_once=%v", ttl, amo)
+		return s + fmt.Sprintf(" ttl=%s at_most_once=%v timeout=%s", ttl, amo, timeout)
 	case "item", "requeued":
-		return s + fmt.Sprintf(" ttl=%s at_most_once=%v headers=%s sequenced=%v", ttl, amo, headers, sequenced)
+		return s + fmt.Sprintf(" ttl=%s at_most_once=%v headers=%s sequenced=%v timeout=%s", ttl, amo, headers, sequenced, timeout)
 	case "dead":
 		return s
 	}
 	c.fatalf("no stage %q", stage)
 	return ""
+}
+
+// mxTimeout shows an item's own timeout ("-": none).
+func mxTimeout(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.String()
+}
+
+// mxTimeoutUS shows a timeout_us column.
+func mxTimeoutUS(us *int64) string {
+	if us == nil {
+		return "-"
+	}
+	return mxTimeout(time.Duration(*us) * time.Microsecond)
 }
 
 func orNone(s string) string {
@@ -1180,6 +1203,7 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 		expiresAt                       *time.Time
 		amo, seq                        bool
 		ttlUS                           int64
+		timeoutUS                       *int64
 	)
 	s := func(p *string) string {
 		if p == nil {
@@ -1191,9 +1215,9 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", s(key), s(tenant), priority, maxAttempts, payload, metadata)
 	}
 	err := c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, expires_at, enqueued_at, vesting_at,
-	        at_most_once, seq_order IS NOT NULL, headers, attempts, snoozes, last_error
+	        at_most_once, seq_order IS NOT NULL, headers, attempts, snoozes, last_error, timeout_us
 	    FROM crdbwork_items WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &expiresAt, &enqueuedAt,
-		&vestingAt, &amo, &seq, &headers, &attempts, &snoozes, &lastError)
+		&vestingAt, &amo, &seq, &headers, &attempts, &snoozes, &lastError, &timeoutUS)
 	if err == nil {
 		ttl := "-"
 		if expiresAt != nil {
@@ -1205,7 +1229,7 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 				c.fatalf("headers %s: %v", headers, err)
 			}
 		}
-		out := "item " + base() + fmt.Sprintf(" ttl=%s at_most_once=%v headers=%s sequenced=%v", ttl, amo, mxHeaders(h), seq)
+		out := "item " + base() + fmt.Sprintf(" ttl=%s at_most_once=%v headers=%s sequenced=%v timeout=%s", ttl, amo, mxHeaders(h), seq, mxTimeoutUS(timeoutUS))
 		if c.opt.name == "Delay" && where == "item" && !detail && vestingAt.Sub(enqueuedAt) < c.item.Delay {
 			c.fatalf("vesting %v after the enqueue, want at least the delay %v", vestingAt.Sub(enqueuedAt), c.item.Delay)
 		}
@@ -1222,14 +1246,14 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		c.fatalf("reading the item: %v", err)
 	}
-	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, ttl_us, at_most_once
-	    FROM crdbwork_waiting WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &ttlUS, &amo)
+	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, ttl_us, at_most_once, timeout_us
+	    FROM crdbwork_waiting WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &ttlUS, &amo, &timeoutUS)
 	if err == nil {
 		ttl := "-"
 		if ttlUS > 0 {
 			ttl = (time.Duration(ttlUS) * time.Microsecond).String()
 		}
-		return "waiting " + base() + fmt.Sprintf(" ttl=%s at_most_once=%v", ttl, amo)
+		return "waiting " + base() + fmt.Sprintf(" ttl=%s at_most_once=%v timeout=%s", ttl, amo, mxTimeoutUS(timeoutUS))
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		c.fatalf("reading the waiting item: %v", err)
 	}

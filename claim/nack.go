@@ -44,8 +44,8 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 		msg = cause.Error()
 	}
 	msg = safeText(msg)
-	if d, ok := snoozeOf(cause); ok {
-		return q.Snooze(ctx, it, d)
+	if s, ok := snoozeOf(cause); ok {
+		return q.snooze(ctx, it, s.Delay, s.Unlimited)
 	}
 	if err := q.ready(ctx); err != nil {
 		return Retried, q.claimErr("nacking", it, err)

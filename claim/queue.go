@@ -102,7 +102,9 @@ type Options struct {
 	Hooks Hooks
 	// MaxSnoozes is how often one item may be snoozed (Snooze): the
 	// snooze after that moves it to the dead items with reason
-	// ReasonSnoozedTooOften. Default DefaultMaxSnoozes (100).
+	// ReasonSnoozedTooOften. Default DefaultMaxSnoozes (100);
+	// UnlimitedSnoozes (-1): no bound, a snooze never moves an item to the
+	// dead items (SnoozeUnlimited lifts the bound for one snooze).
 	MaxSnoozes int
 	// SequencedClaimTimeout bounds how long one claim statement of a
 	// sequenced queue may run (and so hold the key heads it has locked,
@@ -196,8 +198,8 @@ func New(db DB, opts Options) (*Queue, error) {
 		return nil, fmt.Errorf("claim: MaxPayload %d is negative", opts.MaxPayload)
 	case opts.BackoffBase < 0 || opts.BackoffMax < opts.BackoffBase:
 		return nil, fmt.Errorf("claim: backoff base %v and max %v must satisfy 0 <= base <= max", opts.BackoffBase, opts.BackoffMax)
-	case opts.MaxSnoozes < 0:
-		return nil, fmt.Errorf("claim: MaxSnoozes %d is negative", opts.MaxSnoozes)
+	case opts.MaxSnoozes < 0 && opts.MaxSnoozes != UnlimitedSnoozes:
+		return nil, fmt.Errorf("claim: MaxSnoozes %d is negative (UnlimitedSnoozes, -1, for no bound)", opts.MaxSnoozes)
 	case opts.Lease < time.Millisecond || opts.Lease > maxLease:
 		return nil, fmt.Errorf("claim: Lease %v must be between 1ms and %v", opts.Lease, maxLease)
 	}

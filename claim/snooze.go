@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
@@ -13,6 +14,16 @@ import (
 // DefaultMaxSnoozes is the most snoozes of one item unless
 // Options.MaxSnoozes says otherwise.
 const DefaultMaxSnoozes = 100
+
+// UnlimitedSnoozes, as Options.MaxSnoozes, lets the items of a queue be
+// snoozed any number of times: no snooze ever moves an item to the dead
+// items (SnoozeUnlimited does the same for one snooze). The snoozes are
+// still counted (the snoozes column, Stats.Snoozed).
+const UnlimitedSnoozes = -1
+
+// noSnoozeLimit is the limit the snooze statement is given for an unlimited
+// snooze: the snoozes column (BIGINT) never reaches it.
+const noSnoozeLimit = math.MaxInt64
 
 // maxSnoozeDelay bounds a snooze's delay (a year, as a lease).
 const maxSnoozeDelay = maxLease
@@ -28,6 +39,9 @@ const ReasonSnoozedTooOften = "snoozed too often"
 type SnoozeError struct {
 	// Delay is how long the item waits before it is claimable again.
 	Delay time.Duration
+	// Unlimited makes this snooze ignore Options.MaxSnoozes: it never
+	// moves the item to the dead items (see SnoozeUnlimited).
+	Unlimited bool
 }
 
 func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
@@ -45,13 +59,21 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.De
 // a lost claim (or a cancel) refuses it. d is cut to [0, 1 year].
 func Snooze(d time.Duration) error { return &SnoozeError{Delay: min(max(d, 0), maxSnoozeDelay)} }
 
+// SnoozeUnlimited is Snooze without the bound: this snooze never moves the
+// item to the dead items, however often it was snoozed before (what a
+// handler polling an outside condition for as long as it takes wants; a
+// River or pg-boss user's snooze). Its snoozes are still counted. Set
+// Options.MaxSnoozes to UnlimitedSnoozes for every snooze of a queue.
+func SnoozeUnlimited(d time.Duration) error {
+	return &SnoozeError{Delay: min(max(d, 0), maxSnoozeDelay), Unlimited: true}
+}
+
 // snoozeOf returns the snooze cause carries, if any.
-func snoozeOf(cause error) (time.Duration, bool) {
-	var s *SnoozeError
-	if errors.As(cause, &s) {
-		return min(max(s.Delay, 0), maxSnoozeDelay), true
+func snoozeOf(cause error) (s *SnoozeError, ok bool) {
+	if errors.As(cause, &s) && s != nil {
+		return &SnoozeError{Delay: min(max(s.Delay, 0), maxSnoozeDelay), Unlimited: s.Unlimited}, true
 	}
-	return 0, false
+	return nil, false
 }
 
 // Snooze hands it back for d without counting its attempt (see the
@@ -62,8 +84,14 @@ func snoozeOf(cause error) (time.Duration, bool) {
 // error wrapping ErrClaimLost: nothing was done). Nack does the same for a
 // cause that is a *SnoozeError. An at-most-once item cannot be snoozed (its
 // claim deleted it): Snooze returns Dropped and an error wrapping
-// ErrClaimLost that says so.
+// ErrClaimLost that says so. With Options.MaxSnoozes set to
+// UnlimitedSnoozes it never returns Dead; Nack with a cause made by the
+// function SnoozeUnlimited snoozes one item without the bound.
 func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, error) {
+	return q.snooze(ctx, it, d, false)
+}
+
+func (q *Queue) snooze(ctx context.Context, it Item, d time.Duration, unlimited bool) (Outcome, error) {
 	if it.AtMostOnce {
 		return Dropped, takenErr("snoozing", it)
 	}
@@ -72,6 +100,9 @@ func (q *Queue) Snooze(ctx context.Context, it Item, d time.Duration) (Outcome, 
 		return Snoozed, q.claimErr("snoozing", it, err)
 	}
 	limit := q.opts.MaxSnoozes
+	if unlimited || limit == UnlimitedSnoozes {
+		limit = noSnoozeLimit
+	}
 	var snoozed bool
 	err := retry.Do(ctx, q.stats.retried("snooze"), func(ctx context.Context) error {
 		var err error

@@ -15,6 +15,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/schedule"
 )
 
 // The actions. Each is a POST to /action with the form fields below and
@@ -42,9 +43,11 @@ type actionReq struct {
 	Filter claim.DeadFilter
 	Limit  claim.Limit
 	Parts  int
-	Return string
-	Fields url.Values // the form, for the confirmation's resubmission
-	User   string     // the dashboard user (Options.Auth), recorded as a cancel's author
+	// Schedule names the schedule of schedule-pause and schedule-resume.
+	Schedule string
+	Return   string
+	Fields   url.Values // the form, for the confirmation's resubmission
+	User     string     // the dashboard user (Options.Auth), recorded as a cancel's author
 }
 
 type selected struct {
@@ -130,7 +133,7 @@ type doneData struct {
 	Return string
 }
 
-var acts = []string{"requeue", "requeue-filter", "requeue-cancelled", "cancel", "delete-dead", "pause", "resume", "limits", "parts"}
+var acts = []string{"requeue", "requeue-filter", "requeue-cancelled", "cancel", "delete-dead", "pause", "resume", "limits", "parts", "schedule-pause", "schedule-resume"}
 
 func parseAction(f url.Values, base string) (*actionReq, error) {
 	a := &actionReq{Act: f.Get("act"), Queue: f.Get("queue"), Fields: f, Return: f.Get("return")}
@@ -177,6 +180,10 @@ func parseAction(f url.Values, base string) (*actionReq, error) {
 		}
 	case "requeue-filter":
 		a.Filter = claim.DeadFilter{Tenant: f.Get("tenant"), Reason: f.Get("reason"), ErrorContains: f.Get("error")}
+	case "schedule-pause", "schedule-resume":
+		if a.Schedule = f.Get("schedule"); a.Schedule == "" {
+			return nil, errors.New("no schedule given")
+		}
 	case "limits":
 		n, err1 := strconv.Atoi(strings.TrimSpace(f.Get("max_in_flight")))
 		rate, err2 := strconv.ParseFloat(strings.TrimSpace(f.Get("rate")), 64)
@@ -225,6 +232,10 @@ func (h *handler) describe(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("Delete %d dead item(s) of queue %q for good.", len(a.Sel), a.Queue), nil
 	case "pause":
 		return fmt.Sprintf("Pause queue %q: claims return nothing until it is resumed; claimed items finish, enqueues go on.", a.Queue), nil
+	case "schedule-pause":
+		return fmt.Sprintf("Pause schedule %q of queue %q: no runner of crdbwork 0.6 or newer enqueues its periods until it is resumed.", a.Schedule, a.Queue), nil
+	case "schedule-resume":
+		return fmt.Sprintf("Resume schedule %q of queue %q: it goes on with its current period.", a.Schedule, a.Queue), nil
 	case "resume":
 		return fmt.Sprintf("Resume queue %q: workers claim its items again.", a.Queue), nil
 	case "limits":
@@ -363,6 +374,10 @@ func (h *handler) do(ctx context.Context, a *actionReq) (string, error) {
 		return fmt.Sprintf("deleted %d of %d dead item(s) of %q", n, len(a.Sel), a.Queue), nil
 	case "pause":
 		return fmt.Sprintf("paused %q", a.Queue), q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.On})
+	case "schedule-pause", "schedule-resume":
+		paused := a.Act == "schedule-pause"
+		what := map[bool]string{true: "paused", false: "resumed"}[paused]
+		return fmt.Sprintf("%s schedule %q of %q", what, a.Schedule, a.Queue), schedule.Pause(ctx, q, a.Schedule, paused)
 	case "resume":
 		return fmt.Sprintf("resumed %q", a.Queue), q.UpdateSettings(ctx, claim.SettingsUpdate{Paused: claim.Off})
 	case "limits":

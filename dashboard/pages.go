@@ -20,6 +20,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/fleet"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
+	"github.com/crdbwork/crdbwork/schedule"
 )
 
 // pageNum reads the page number of a request (1 on).
@@ -137,6 +138,42 @@ type queueData struct {
 	// queue is sequenced or holds sequenced items).
 	Sequencing sequenceView
 	Blocked    []claim.BlockedKey
+	// Schedules are the queue's periodic schedules (stored ones, and those
+	// in code that fired), the first scheduleRows.
+	Schedules []scheduleView
+}
+
+// scheduleRows bounds the schedules a queue's page lists.
+const scheduleRows = 100
+
+// scheduleView is one schedule on a queue's page.
+type scheduleView struct {
+	schedule.Info
+	// Periods says when it runs ("" for a schedule in code).
+	Periods string
+}
+
+// schedulesOf reads the schedules of queue for its page.
+func (h *handler) schedulesOf(ctx context.Context, queue string) ([]scheduleView, error) {
+	list, err := schedule.List(ctx, h.db, h.opts.Tables, queue, scheduleRows)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduleView, len(list))
+	for i, s := range list {
+		v := scheduleView{Info: s}
+		switch {
+		case !s.Stored:
+		case s.Err != nil:
+			v.Periods = "cannot run: " + s.Err.Error()
+		case s.Schedule.Cron != "":
+			v.Periods = "cron " + s.Schedule.Cron
+		default:
+			v.Periods = "every " + s.Schedule.Every.String()
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // queueState reads one queue's state through the fleet's read model:
@@ -211,6 +248,9 @@ func (h *handler) queuePage(r *http.Request) (string, any, error) {
 		return store.Classify(err)
 	})
 	if err != nil {
+		return "", nil, err
+	}
+	if d.Schedules, err = h.schedulesOf(r.Context(), name); err != nil {
 		return "", nil, err
 	}
 	d.Sequencing = sequenceView{On: d.Settings.Sequenced, Items: d.Settings.SequencedItems, Hold: d.Settings.SequenceHold}

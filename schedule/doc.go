@@ -42,6 +42,18 @@
 // Older missed periods are never enqueued. A schedule that has never run
 // (no row) has missed nothing.
 //
+// # Schedules stored in the database
+//
+// Besides the schedules a program gives New, a Runner runs its queue's
+// schedules stored in the database (schema version 6; unless
+// Options.NoStored): Put adds or changes one, Delete removes it, Pause
+// stops and resumes one (stored or in code), List shows them, from any
+// process (the command crdbwork schedules does the same). Each turn of a
+// stored schedule reads its row (spec, pause) under the lock above, so a
+// change takes effect at its next period on every runner; Run re-reads the
+// stored schedules every Options.Reload (10 s) to find new ones. See
+// stored.go and docs/periodic.md.
+//
 // # Why a Runner beside the worker
 //
 // The runner needs no session, no part and no lease: the transaction above

@@ -86,3 +86,71 @@ func ExampleRunner() {
 	// items: 2
 	// schedule: schedule "typo": bad schedule: cron expression "0 25 * * *": end of range (25) above maximum (23): 25
 }
+
+// A schedule stored in the database, added, paused and removed at run time
+// by a process that runs no schedule (an operator's tool, or crdbwork
+// schedules): the runners of the queue, started without it, pick it up.
+func ExamplePut() {
+	ctx := context.Background()
+	url, drop := testdb.ExampleURL()
+	defer drop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := crsql.Apply(ctx, pool, crsql.Tables{}); err != nil {
+		log.Fatal(err)
+	}
+	q, err := claim.New(pool, claim.Options{Queue: "reports"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A runner with no schedule of its own: it runs the stored ones.
+	r, err := schedule.New(q, schedule.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// README:begin stored-schedule
+	// From any process: store the schedule; every runner of the queue
+	// runs it from its next reload (schedule.Options.Reload, 10 s).
+	err = schedule.Put(ctx, q, schedule.Schedule{
+		Name:  "hourly-export",
+		Every: time.Hour,
+		Item:  claim.NewItem{Payload: []byte(`{"export":"orders"}`), Timeout: 10 * time.Minute},
+	})
+	// README:end stored-schedule
+	if err != nil {
+		log.Fatal(err)
+	}
+	fired, err := r.Tick(ctx) // what Run does at each period
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range fired {
+		fmt.Println("enqueued:", f.Schedule)
+	}
+
+	// README:begin stored-schedule-ops
+	if err := schedule.Pause(ctx, q, "hourly-export", true); err != nil { // every runner stops it
+		log.Fatal(err)
+	}
+	list, err := schedule.List(ctx, pool, crsql.Tables{}, "reports", 0)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range list {
+		fmt.Println(s.Name, "stored:", s.Stored, "paused:", s.Paused, "every:", s.Schedule.Every)
+	}
+	if err := schedule.Delete(ctx, q, "hourly-export"); err != nil { // and forgets it
+		log.Fatal(err)
+	}
+	// README:end stored-schedule-ops
+	fired, err = r.Tick(ctx)
+	fmt.Println("after the deletion:", len(fired), err)
+	// Output:
+	// enqueued: hourly-export
+	// hourly-export stored: true paused: true every: 1h0m0s
+	// after the deletion: 0 <nil>
+}

@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,9 @@ import (
 
 // DefaultRetryDelay is Options.RetryDelay's default.
 const DefaultRetryDelay = time.Second
+
+// DefaultReload is Options.Reload's default.
+const DefaultReload = 10 * time.Second
 
 // maxSleep bounds one sleep of Run: it looks again at least this often
 // (locally: the database is asked only when a period is due).
@@ -41,6 +45,19 @@ type Options struct {
 	// runner committed (after the COMMIT succeeded), from Run's or Tick's
 	// goroutine.
 	OnEnqueue func(Fired)
+	// NoStored makes the runner run only the schedules given to New, not
+	// the queue's schedules stored in the database (Put). Default: it runs
+	// both.
+	NoStored bool
+	// Reload is how often Run re-reads the queue's stored schedules, to
+	// find those added (or resumed) since: one read per runner per Reload.
+	// A stored schedule's change, pause or removal is seen sooner, by its
+	// own next turn, which reads its row. Default DefaultReload (10 s).
+	Reload time.Duration
+	// OnReload, if set, is called after each read of the stored schedules
+	// (by Run, Tick or Reload) with the number of stored schedules the
+	// runner now runs and the read's error, from the reading goroutine.
+	OnReload func(n int, err error)
 }
 
 // Fired is one periodic item that a runner's transaction enqueued.
@@ -77,6 +94,19 @@ type Runner struct {
 	mu     sync.Mutex
 	done   map[string]time.Time // per schedule: a period known recorded
 	offset time.Duration        // database clock minus this process's, last measured
+	// stored are the queue's stored schedules, by name (not those whose
+	// names scheds has); under mu.
+	stored map[string]*storedSched
+	// reloaded is when Run last read them.
+	reloaded time.Time
+}
+
+// storedSched is one stored schedule a runner runs: its compiled form and
+// the spec text it came from.
+type storedSched struct {
+	c      *compiled
+	text   []byte
+	paused bool
 }
 
 // New returns a Runner that enqueues the items of schedules in q, on q's
@@ -95,11 +125,17 @@ func New(q *claim.Queue, opts Options, schedules ...Schedule) (*Runner, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	if len(schedules) == 0 {
-		return nil, errors.New("schedule: no schedules")
+	if opts.Reload == 0 {
+		opts.Reload = DefaultReload
+	}
+	if opts.Reload < 0 {
+		return nil, fmt.Errorf("schedule: Reload %v is negative", opts.Reload)
+	}
+	if len(schedules) == 0 && opts.NoStored {
+		return nil, errors.New("schedule: no schedules (and NoStored: none from the database)")
 	}
 	r := &Runner{db: q.DB(), q: q, opts: opts, store: store.New(q.Options().Tables), done: map[string]time.Time{},
-		log: opts.Logger.With(zap.String("queue", q.Name()))}
+		log: opts.Logger.With(zap.String("queue", q.Name())), stored: map[string]*storedSched{}}
 	seen := map[string]bool{}
 	for _, s := range schedules {
 		c, err := compile(s)
@@ -121,17 +157,137 @@ func New(q *claim.Queue, opts Options, schedules ...Schedule) (*Runner, error) {
 // schedule does not stop the others; an error wrapping
 // claim.ErrOutcomeUnknown means a transaction may have committed (the next
 // Tick finds out, and enqueues nothing twice).
+//
+// Unless Options.NoStored, Tick first reads the queue's stored schedules
+// (as Reload does) and runs their turns too.
 func (r *Runner) Tick(ctx context.Context) ([]Fired, error) {
 	var all []Fired
 	var errs []error
+	if !r.opts.NoStored {
+		if err := r.Reload(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, c := range r.scheds {
-		fired, err := r.fire(ctx, c)
+		fired, err := r.fire(ctx, c, false)
+		all = append(all, fired...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, c := range r.storedList(false) {
+		fired, err := r.fire(ctx, c, true)
 		all = append(all, fired...)
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return all, errors.Join(errs...)
+}
+
+// Reload reads the queue's stored schedules now (Run does every
+// Options.Reload): the runner runs those added since, and forgets those
+// removed. A stored schedule whose spec does not parse, or cannot run, is
+// logged and left out (its error is returned, joined with the others');
+// the others are taken.
+func (r *Runner) Reload(ctx context.Context) error {
+	if r.opts.NoStored {
+		return nil
+	}
+	var rows []store.ScheduleRow
+	err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		var err error
+		rows, err = r.store.SchedulesStored(ctx, r.db, r.q.Name())
+		return store.Classify(err)
+	})
+	if err != nil {
+		err = fmt.Errorf("schedule: reading the stored schedules of queue %q: %w", r.q.Name(), err)
+		if r.opts.OnReload != nil {
+			r.opts.OnReload(r.storedCount(), err)
+		}
+		return err
+	}
+	var errs []error
+	r.mu.Lock()
+	old := r.stored
+	r.stored = make(map[string]*storedSched, len(rows))
+	for _, row := range rows {
+		if r.inCode(row.Name) {
+			continue // the code's definition wins in this runner
+		}
+		if s := old[row.Name]; s != nil && bytes.Equal(s.text, row.Spec) {
+			s.paused = row.Paused
+			r.stored[row.Name] = s
+			continue
+		}
+		c, err := compileStored(row.Name, row.Spec)
+		if err != nil {
+			errs = append(errs, err)
+			r.log.Warn("a stored schedule cannot run; left out", zap.String("schedule", row.Name), zap.Error(err))
+			continue
+		}
+		r.stored[row.Name] = &storedSched{c: c, text: row.Spec, paused: row.Paused}
+		if s := old[row.Name]; s == nil {
+			r.log.Info("stored schedule added", zap.String("schedule", row.Name))
+		} else {
+			r.log.Info("stored schedule changed", zap.String("schedule", row.Name))
+			delete(r.done, row.Name) // its periods may have moved: look at once
+		}
+	}
+	for name := range old {
+		if r.stored[name] == nil {
+			delete(r.done, name)
+			r.log.Info("stored schedule removed", zap.String("schedule", name))
+		}
+	}
+	n := len(r.stored)
+	r.mu.Unlock()
+	err = errors.Join(errs...)
+	if r.opts.OnReload != nil {
+		r.opts.OnReload(n, err)
+	}
+	return err
+}
+
+// compileStored returns the runnable form of the stored schedule name with
+// spec text.
+func compileStored(name string, text []byte) (*compiled, error) {
+	s, err := decode(name, text)
+	if err != nil {
+		return nil, err
+	}
+	return compile(s)
+}
+
+// inCode reports whether the runner was given a schedule named name.
+func (r *Runner) inCode(name string) bool {
+	for _, c := range r.scheds {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// storedCount returns how many stored schedules the runner runs.
+func (r *Runner) storedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.stored)
+}
+
+// storedList returns the stored schedules the runner runs (not the paused
+// ones, with active).
+func (r *Runner) storedList(active bool) []*compiled {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*compiled, 0, len(r.stored))
+	for _, s := range r.stored {
+		if !active || !s.paused {
+			out = append(out, s.c)
+		}
+	}
+	return out
 }
 
 // Run keeps the schedules going until ctx ends, then returns nil: it sleeps
@@ -150,6 +306,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 		wait := r.opts.RetryDelay
+		if !r.opts.NoStored && (first || time.Since(r.reloaded) >= r.opts.Reload) {
+			r.reloaded = time.Now()
+			if err := r.Reload(ctx); err != nil && ctx.Err() == nil {
+				r.log.Warn("reading the stored schedules failed; the others go on", zap.Error(err))
+			}
+		}
 		if err := r.due(ctx, first); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -168,7 +330,8 @@ func (r *Runner) Run(ctx context.Context) error {
 // all is set).
 func (r *Runner) due(ctx context.Context, all bool) error {
 	var errs []error
-	for _, c := range r.scheds {
+	code := len(r.scheds)
+	for i, c := range append(r.scheds[:code:code], r.storedList(true)...) {
 		if !all {
 			r.mu.Lock()
 			now := time.Now().Add(r.offset)
@@ -179,11 +342,22 @@ func (r *Runner) due(ctx context.Context, all bool) error {
 				continue
 			}
 		}
-		if _, err := r.fire(ctx, c); err != nil {
+		if _, err := r.fire(ctx, c, i >= code); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// storedText returns the spec text the runner holds for stored schedule
+// name (nil if none).
+func (r *Runner) storedText(name string) []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.stored[name]; s != nil {
+		return s.text
+	}
+	return nil
 }
 
 // untilNext returns how long to sleep until the next period of any
@@ -193,7 +367,16 @@ func (r *Runner) untilNext() time.Duration {
 	defer r.mu.Unlock()
 	now := time.Now().Add(r.offset)
 	wait := maxSleep
-	for _, c := range r.scheds {
+	if !r.opts.NoStored {
+		wait = min(wait, r.opts.Reload-time.Since(r.reloaded))
+	}
+	scheds := r.scheds
+	for _, s := range r.stored {
+		if !s.paused {
+			scheds = append(scheds[:len(scheds):len(scheds)], s.c)
+		}
+	}
+	for _, c := range scheds {
 		from := now
 		if done := r.done[c.Name]; done.After(from) {
 			from = done
@@ -207,11 +390,15 @@ func (r *Runner) untilNext() time.Duration {
 }
 
 // fire runs the transaction of c once (retried whole on serialization
-// failures) and reports what it enqueued, once committed.
-func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
+// failures) and reports what it enqueued, once committed. stored: c is a
+// stored schedule, which the transaction reads from its row (changed,
+// paused or removed since the runner read it).
+func (r *Runner) fire(ctx context.Context, c *compiled, stored bool) ([]Fired, error) {
 	var fired []Fired
 	var cur, dbNow time.Time
 	var sent time.Time
+	var removed, paused bool
+	var changed *storedSched
 	queue := r.q.Name()
 	if !r.checked.Load() {
 		if _, err := r.q.Settings(ctx); err != nil {
@@ -226,14 +413,34 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 		if dbNow, err = r.store.SchedulesNow(ctx, tx); err != nil {
 			return err
 		}
+		removed, paused, changed = false, false, nil
+		row, exists, err := r.store.SchedulesRow(ctx, tx, queue, c.Name)
+		if err != nil {
+			return err
+		}
+		if stored {
+			switch {
+			case !exists || row.Spec == nil:
+				removed = true
+				return nil // deleted (or taken back by code) since the runner read it
+			case !bytes.Equal(row.Spec, r.storedText(c.Name)):
+				nc, err := compileStored(c.Name, row.Spec)
+				if err != nil {
+					return err
+				}
+				changed = &storedSched{c: nc, text: row.Spec, paused: row.Paused}
+				c = nc
+			}
+		}
 		cur = c.latest(dbNow)
 		if cur.IsZero() {
 			return nil // a cron expression whose first activation is still to come
 		}
-		last, recorded, err := r.store.SchedulesLast(ctx, tx, queue, c.Name)
-		if err != nil {
-			return err
+		if exists && row.Paused {
+			paused = true
+			return nil
 		}
+		last, recorded := row.LastPeriod, exists && !row.LastPeriod.Equal(store.NeverFired)
 		if recorded && !last.Before(cur) {
 			return nil // this period's item (or a later one's) is enqueued
 		}
@@ -265,6 +472,23 @@ func (r *Runner) fire(ctx context.Context, c *compiled) ([]Fired, error) {
 		return nil, fmt.Errorf("schedule %q of queue %q: %w", c.Name, queue, err)
 	}
 	r.mu.Lock()
+	switch {
+	case removed:
+		delete(r.stored, c.Name)
+		delete(r.done, c.Name)
+		r.mu.Unlock()
+		r.log.Info("stored schedule removed", zap.String("schedule", c.Name))
+		return nil, nil
+	case changed != nil:
+		if r.stored[c.Name] != nil {
+			r.stored[c.Name] = changed
+		}
+	}
+	if paused {
+		if s := r.stored[c.Name]; stored && s != nil {
+			s.paused = true // Run looks again after its next reload
+		}
+	}
 	r.offset = dbNow.Sub(sent)
 	if cur.After(r.done[c.Name]) {
 		r.done[c.Name] = cur

@@ -22,6 +22,7 @@ CREATE OR REPLACE FUNCTION crdbwork_enqueue(
     metadata     BYTEA       DEFAULT NULL,
     headers      JSONB       DEFAULT NULL,
     at_most_once BOOL        DEFAULT false,
+    timeout      INTERVAL    DEFAULT NULL,
     OUT item_id  UUID,
     OUT added    BOOL,
     OUT done     BOOL)
@@ -35,6 +36,7 @@ DECLARE
     v_priority BIGINT;
     v_delay_us BIGINT;
     v_ttl_us   BIGINT;
+    v_tmo_us   BIGINT;
     v_max      BIGINT;
     v_metadata BYTEA;
     v_headers  JSONB;
@@ -57,7 +59,7 @@ DECLARE
 BEGIN
     -- This function's revision (package sql's Apply reads it back from the
     -- catalog, and replaces the function only if it is older).
-    v_revision := 'crdbwork-enqueue-revision-2';
+    v_revision := 'crdbwork-enqueue-revision-3';
 
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
@@ -92,6 +94,9 @@ BEGIN
     END IF;
     IF max_attempts < 0 THEN
         RAISE EXCEPTION 'enqueue: negative max_attempts %', max_attempts USING ERRCODE = '22023';
+    END IF;
+    IF timeout IS NOT NULL AND (timeout < INTERVAL '1 millisecond' OR timeout > INTERVAL '8760 hours') THEN
+        RAISE EXCEPTION 'enqueue: timeout % must be NULL (the worker''s ItemTimeout) or between 1 millisecond and 8760 hours', timeout USING ERRCODE = '22023';
     END IF;
     IF ttl < INTERVAL '0 seconds' OR ttl > INTERVAL '8760 hours' THEN
         RAISE EXCEPTION 'enqueue: ttl % must be between 0 (none) and 8760 hours', ttl USING ERRCODE = '22023';
@@ -129,6 +134,10 @@ BEGIN
     END IF;
     IF run_at IS NOT NULL THEN
         v_delay_us := GREATEST((EXTRACT(EPOCH FROM run_at - now()) * 1000000)::BIGINT, 0);
+    END IF;
+    v_tmo_us := NULL;
+    IF timeout IS NOT NULL THEN
+        v_tmo_us := (EXTRACT(EPOCH FROM timeout) * 1000000)::BIGINT;
     END IF;
     v_ttl_us := 0;
     IF ttl IS NOT NULL THEN
@@ -202,14 +211,14 @@ BEGIN
     -- within its dedup window.
     INSERT INTO crdbwork_items AS i
         (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-         tenant, turn_at, expires_at, at_most_once, headers, seq_order)
+         tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us)
     SELECT v_id, v_queue, v_hash % n.parts, v_key, v_priority, now() + v_delay_us * INTERVAL '1 microsecond',
            CASE WHEN v_amo OR n.amo THEN 1 ELSE v_max END, v_payload, v_metadata, v_tenant,
            CASE WHEN v_turn IS NULL THEN now() + v_delay_us * INTERVAL '1 microsecond'
                 WHEN v_delay_us > 0 THEN GREATEST(v_turn, now() + v_delay_us * INTERVAL '1 microsecond')
                 ELSE v_turn END,
            CASE WHEN v_ttl_us > 0 THEN now() + v_ttl_us * INTERVAL '1 microsecond' END,
-           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END
+           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_tmo_us
     FROM (SELECT COALESCE((SELECT q.num_parts FROM crdbwork_queues AS q WHERE q.name = v_queue FOR SHARE), 1) AS parts,
                  COALESCE((SELECT q.at_most_once FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS amo,
                  COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win,

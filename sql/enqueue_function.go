@@ -166,6 +166,14 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	if body, ok := installedBody(ctx, db, t); ok && bodyRevision(body) >= bodyRevision(stmt) {
 		return nil
 	}
+	// Revision 3 added the parameter timeout: CREATE OR REPLACE of a new
+	// parameter list makes a second function beside the old one, and a
+	// call that both accept would be ambiguous. Drop the old list first
+	// (revisions 0 to 2 all had it); a call by an older producer, with at
+	// most its 13 arguments, is served by the new function's defaults.
+	if _, err := db.Exec(ctx, t.rewrite(dropOldEnqueueFunction)); err != nil && !cockroach {
+		return fmt.Errorf("crdbwork: dropping the SQL function crdbwork_enqueue of revision 2 or older: %w", err)
+	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
 		if cockroach {
 			warn(fmt.Sprintf("the cluster refused the SQL function crdbwork_enqueue (it needs CockroachDB 24.1 or later); enqueue from Go, or upgrade the cluster and apply the schema again: %v", err))
@@ -175,6 +183,10 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	}
 	return nil
 }
+
+// dropOldEnqueueFunction drops crdbwork_enqueue with the parameter list of
+// its revisions 0 to 2 (before timeout), if it is there.
+const dropOldEnqueueFunction = `DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL)`
 
 // functionBody returns the body of a CREATE FUNCTION statement: the text
 // between its dollar quotes.

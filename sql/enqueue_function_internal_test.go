@@ -261,6 +261,9 @@ var enqueueFunctionPins = map[int]string{
 	// 2: the bounds of the queue's name (512 bytes), the key and the
 	// tenant (2,048) that the items' indexes hold (docs/enqueue.md).
 	2: "21fe27ae2e31e232916340157db4c0dca2b23837f04a9c94492cc05af7f2ae35",
+	// 3: the parameter timeout, the item's own handler timeout
+	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
+	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -323,5 +326,45 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 			}()
 			testdb.EnqueueArgs("'q'", "p", bad...)
 		}()
+	}
+}
+
+// A database whose enqueue function has the parameter list of revisions 0
+// to 2 (no timeout) gets the new function in its place, not beside it:
+// Apply drops the old list, so that a call both lists would accept is not
+// ambiguous, and an older producer's call by position still works.
+func TestEnqueueFunctionOldParameterListDropped(t *testing.T) {
+	t.Parallel()
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("installs a stand-in function in SQL, PostgreSQL's")
+	}
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tables := Tables{Prefix: "old_"}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in of revision 2's list, and the installed function made
+	// older, as a database upgraded from version 5 has them.
+	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
+    priority BIGINT DEFAULT 0, delay INTERVAL DEFAULT NULL, run_at TIMESTAMPTZ DEFAULT NULL, max_attempts BIGINT DEFAULT NULL,
+    tenant TEXT DEFAULT NULL, ttl INTERVAL DEFAULT NULL, metadata BYTEA DEFAULT NULL, headers JSONB DEFAULT NULL,
+    at_most_once BOOL DEFAULT false, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
+LANGUAGE plpgsql AS $$ BEGIN item_id := NULL; added := false; done := false; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_proc WHERE proname = 'old_enqueue'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d functions old_enqueue after Apply (%v), want 1", n, err)
+	}
+	var added bool
+	if err := pool.QueryRow(ctx, `SELECT added FROM old_enqueue('q', ''::BYTEA)`).Scan(&added); err != nil || !added {
+		t.Fatalf("a call by position after the upgrade: added %v, %v", added, err)
 	}
 }

@@ -189,6 +189,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     -- Trace context and other headers (version 5): a JSON object of string
     -- values that travels from the producer to the handler; NULL: none.
     headers      JSONB,
+
+    -- The item's own handler timeout in microseconds (version 6; NULL:
+    -- none, the worker's ItemTimeout).
+    timeout_us   BIGINT,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -255,6 +259,12 @@ CREATE TABLE IF NOT EXISTS crdbwork_schedules (
     name        TEXT        NOT NULL,
     last_period TIMESTAMPTZ NOT NULL,
     updated_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- A stored schedule's definition (version 6; package schedule's JSON),
+    -- NULL for one defined in code; paused: no version-6 runner enqueues
+    -- its periods. A stored schedule not yet fired has last_period
+    -- 1970-01-01.
+    spec        JSONB,
+    paused      BOOL        NOT NULL DEFAULT false,
     PRIMARY KEY (queue, name)
 );
 
@@ -418,7 +428,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_waiting (
     -- (version 6) The prerequisite outcomes that satisfy an edge as an ack
     -- would (bit 1: dead, bit 2: cancelled; 0: none: such a prerequisite
     -- ends the item dead).
-    run_after    BIGINT      NOT NULL DEFAULT 0
+    run_after    BIGINT      NOT NULL DEFAULT 0,
+    -- Its own handler timeout (version 6, µs; NULL: none), carried over too.
+    timeout_us   BIGINT
 );
 -- Waiting items by queue: status counts.
 CREATE INDEX IF NOT EXISTS crdbwork_waiting_by_queue

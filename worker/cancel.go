@@ -36,6 +36,17 @@ import (
 // claim deleted them): a snooze drops them like any failure.
 func Snooze(d time.Duration) error { return claim.Snooze(d) }
 
+// SnoozeUnlimited is Snooze without the queue's bound (claim.SnoozeUnlimited):
+// the item is claimable again after d, however often it was snoozed, and
+// never moved to the dead items for it. A handler that waits for an outside
+// condition for as long as it takes ends with
+//
+//	return nil, worker.SnoozeUnlimited(time.Minute)
+//
+// (claim.Options.MaxSnoozes = claim.UnlimitedSnoozes lifts the bound for
+// every snooze of a queue).
+func SnoozeUnlimited(d time.Duration) error { return claim.SnoozeUnlimited(d) }
+
 // Cancelled reports whether ctx, a handler's context, was cancelled
 // because its item was cancelled from outside, and if so who cancelled
 // it and why. A handler that sees it should stop: its result will not be

@@ -355,3 +355,57 @@ func TestWorkerSnooze(t *testing.T) {
 		t.Fatalf("stats: snoozed %d, acked %d, dead %d; want 8, 1, 1", st.Snoozed, st.Acked, st.Dead)
 	}
 }
+
+// A handler that snoozes with worker.SnoozeUnlimited is not bounded by the
+// queue's MaxSnoozes: on a queue of MaxSnoozes 2, its item is snoozed six
+// times and then acked, never moved to the dead items.
+func TestWorkerSnoozeUnlimited(t *testing.T) {
+	t.Parallel()
+	_, pool := wakeSetup(t)
+	ctx := context.Background()
+	q, err := claim.New(pool, claim.Options{MaxSnoozes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enq, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("poll"), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []int
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		runs = append(runs, it.Attempt) // one handler at a time (Concurrency 1)
+		if len(runs) <= 6 {
+			return nil, worker.SnoozeUnlimited(0)
+		}
+		return nil, nil
+	}
+	w, err := worker.New(q, h, worker.Options{Concurrency: 1, NoWake: true, Poll: 20 * time.Millisecond,
+		Session: session.Tuning{Heartbeat: 200 * time.Millisecond, Expiry: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	err = q.WaitDrained(ctxWithin(t, await.Stretch(time.Minute)), 20*time.Millisecond)
+	stop()
+	if werr := <-done; werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 7 || runs[6] != 1 {
+		t.Fatalf("runs: attempts %v, want seven runs of attempt 1", runs)
+	}
+	dead, err := deadList(q.DeadItems(ctx, claim.DeadQuery{Limit: 10}))
+	if err != nil || len(dead) != 0 {
+		t.Fatalf("dead items: %+v %v", dead, err)
+	}
+	if acked, err := q.WaitEnded(ctxWithin(t, await.Stretch(time.Minute)), enq.IDs[0], 20*time.Millisecond); err != nil || acked != "acked" {
+		t.Fatalf("ended: %v %v, want acked", acked, err)
+	}
+	if st := w.Stats(); st.Snoozed != 6 || st.Acked != 1 || st.Dead != 0 {
+		t.Fatalf("stats: snoozed %d, acked %d, dead %d; want 6, 1, 0", st.Snoozed, st.Acked, st.Dead)
+	}
+}

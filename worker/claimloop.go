@@ -237,7 +237,14 @@ func (r *sessionRun) claimLoop() {
 				j := &job{r: r, fl: flight{item: items[i], started: claimedAt, bound: bound}}
 				j.fl.job = j
 				j.admitted = lim.admit(claimedAt, items[i].Tenant)
-				j.bucket = r.bucketFor(now)
+				if d := items[i].Timeout; d > 0 && d != w.opts.ItemTimeout {
+					// Its own timeout (claim.NewItem.Timeout): its own
+					// deadline, and a lease extended up to its own bound.
+					j.fl.bound = claimedAt.Add(d + w.opts.HangGrace + settleGrace)
+					j.bucket = r.ownBucket(now, d)
+				} else {
+					j.bucket = r.bucketFor(now)
+				}
 				j.ctx, j.fl.cancel = context.WithCancelCause(j.bucket.ctx)
 				j.a.Context(j.ctx, w.queue, &j.fl.item) // before the supervisor may abandon it
 				if w.opts.Observer != nil {

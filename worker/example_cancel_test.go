@@ -138,3 +138,41 @@ func ExampleSnooze() {
 	// shipped after snoozes: true acked: 1 dead: 0
 	// runs beyond its one attempt: true
 }
+
+// A handler that waits for an outside condition for as long as it takes
+// snoozes without the queue's bound: here the queue allows 2 snoozes, and
+// the item is snoozed 5 times and then acked, never dead.
+func ExampleSnoozeUnlimited() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	q, err := claim.New(pool, claim.Options{Queue: "polling", MaxSnoozes: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runs := 0
+
+	// README:begin snooze-unlimited
+	handle := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		runs++
+		if runs <= 5 { // not there yet: look again, however long it takes
+			return nil, worker.SnoozeUnlimited(10 * time.Millisecond)
+		}
+		return nil, nil
+	}
+	// README:end snooze-unlimited
+
+	w, err := worker.New(q, handle, worker.Options{Concurrency: 1, Poll: 20 * time.Millisecond,
+		Session: session.Tuning{Heartbeat: 100 * time.Millisecond, Expiry: 700 * time.Millisecond}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("poll"), MaxAttempts: 1}); err != nil {
+		log.Fatal(err)
+	}
+	runUntil(ctx, w, pool, `SELECT count(*) FROM crdbwork_ended WHERE outcome = 'acked'`, 1)
+	st := w.Stats()
+	fmt.Println("snoozed:", st.Snoozed, "acked:", st.Acked, "dead:", st.Dead)
+	// Output:
+	// snoozed: 5 acked: 1 dead: 0
+}

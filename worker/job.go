@@ -26,7 +26,9 @@ import (
 //     their item contexts, so that a handler's context ends with
 //     context.DeadlineExceeded at its deadline as before; the shared
 //     deadline is the latest of theirs, at most bucketWindow later than
-//     ItemTimeout after the handler's start;
+//     ItemTimeout after the handler's start; an item with a timeout of its
+//     own (claim.Item.Timeout) gets a bucket of its own (ownBucket), and
+//     the supervisor keeps its list in the order of the deadlines;
 //   - abandonment: the session's supervisor, one goroutine with one timer,
 //     abandons a handler that has not returned HangGrace after its context
 //     ended (at its deadline, when its claim was lost or it was cancelled,
@@ -78,6 +80,16 @@ func (r *sessionRun) bucketFor(now time.Time) *deadlineBucket {
 	b.ctx, b.cancel = context.WithDeadline(r.handlerCtx, b.deadline)
 	b.refs.Store(2)
 	r.bucket = b
+	return b
+}
+
+// ownBucket returns a bucket of its own (with the one reference of its
+// item) for an item whose handler starts at now and has its own timeout d
+// (claim.Item.Timeout, other than ItemTimeout): one timer per such item.
+func (r *sessionRun) ownBucket(now time.Time, d time.Duration) *deadlineBucket {
+	b := &deadlineBucket{deadline: now.Add(d)}
+	b.ctx, b.cancel = context.WithDeadline(r.handlerCtx, b.deadline)
+	b.refs.Store(1)
 	return b
 }
 
@@ -278,26 +290,38 @@ func (s *supervisor) wake() {
 }
 
 // add supervises the handlers of js, started now, whose deadlines are
-// their buckets'.
+// their buckets'. The list stays in the order of the deadlines: a handler
+// with the worker's ItemTimeout goes to the tail (behind the others of the
+// same timeout) unless items with longer timeouts of their own
+// (claim.Item.Timeout) are there, which it passes.
 func (s *supervisor) add(js []*job) {
 	if len(js) == 0 {
 		return
 	}
 	s.mu.Lock()
-	wasEmpty := s.head == nil
+	oldHead := s.head
 	for _, j := range js {
 		j.abandonAt = j.bucket.deadline.Add(s.grace)
-		j.linked, j.prev, j.next = true, s.tail, nil
-		if s.tail != nil {
-			s.tail.next = j
-		} else {
-			s.head = j
+		after := s.tail // the job j goes after (nil: at the head)
+		for after != nil && after.abandonAt.After(j.abandonAt) {
+			after = after.prev
 		}
-		s.tail = j
+		j.linked, j.prev = true, after
+		if after != nil {
+			j.next, after.next = after.next, j
+		} else {
+			j.next, s.head = s.head, j
+		}
+		if j.next != nil {
+			j.next.prev = j
+		} else {
+			s.tail = j
+		}
 	}
+	newHead := s.head != oldHead
 	s.mu.Unlock()
-	if wasEmpty {
-		s.wake()
+	if newHead {
+		s.wake() // an earlier deadline than the one the supervisor waits for
 	}
 }
 

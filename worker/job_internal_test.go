@@ -150,3 +150,41 @@ func TestDeadlineBucketsShareWithinTheWindow(t *testing.T) {
 		t.Fatal("the current bucket was cancelled")
 	}
 }
+
+// Items with timeouts of their own (claim.Item.Timeout) join the
+// supervisor's list in the order of their deadlines, wherever they come in
+// the claim's batch: a handler with a short deadline, added behind one with
+// a long one, is abandoned at its own deadline + grace, not behind it.
+func TestSupervisorKeepsOwnTimeoutsInOrder(t *testing.T) {
+	t.Parallel()
+	const grace = 50 * time.Millisecond
+	log := newAbandonLog()
+	handlers, cancelHandlers := context.WithCancel(context.Background())
+	defer cancelHandlers()
+	s := newSupervisor(grace, log.abandon)
+	go s.run(handlers)
+
+	start := time.Now()
+	long := testJob(start.Add(time.Hour))
+	mid := testJob(start.Add(30 * time.Minute))
+	short := testJob(start.Add(50 * time.Millisecond))
+	s.add([]*job{long})
+	s.add([]*job{mid, short})
+	s.mu.Lock()
+	var order []*job
+	for j := s.head; j != nil; j = j.next {
+		order = append(order, j)
+	}
+	tail := s.tail
+	s.mu.Unlock()
+	if len(order) != 3 || order[0] != short || order[1] != mid || order[2] != long || tail != long {
+		t.Fatalf("the list is not in the order of the deadlines: %d jobs, short first %v, long last %v", len(order), order[0] == short, tail == long)
+	}
+	log.waitAbandoned(t, 1)
+	if at, ok := log.when(short); !ok || at.Before(short.bucket.deadline.Add(grace)) {
+		t.Errorf("the short job abandoned at %v (ok %v); not before its deadline + grace", at.Sub(start), ok)
+	}
+	if !s.returned(mid) || !s.returned(long) {
+		t.Fatal("a job with a far deadline was abandoned")
+	}
+}

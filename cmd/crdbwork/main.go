@@ -54,6 +54,7 @@ var commands = []command{
 	{"retention", "show or set how long and how many dead items a queue keeps (--dead-max-age, --dead-max-count)", cmdRetention},
 
 	{"sequence", "show or set whether a queue runs one item per key at a time, in order (on, off), what a death does (hold, advance), blocked keys, release", cmdSequence},
+	{"schedules", "list, add, change, remove, pause or resume periodic schedules stored in the database", cmdSchedules},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
 	{"dashboard", "serve the live web dashboard (--addr, default 127.0.0.1 only; --read-only; basic auth)", cmdDashboard},
 	{"version", "print the version", cmdVersion},

@@ -210,10 +210,10 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"TestItems", store.NewTestStatements(crsql.Tables{}).Items, []any{"q", 1001}},
 		{"InsertQueueParts", st.InsertQueueParts, []any{"q-new", int64(4)}},
 		{"Cancel", st.Cancel, []any{ids[0], "q", "ops", "no longer needed"}},
-		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
-		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts}},
-		{"EnqueueInsertUnique", es.InsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
-		{"PostgresEnqueueInsertUnique", es.PostgresInsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
+		{"EnqueueInsert", es.Insert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
+		{"PostgresEnqueueInsert", es.PostgresInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
+		{"EnqueueInsertUnique", es.InsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64, n64}},
+		{"PostgresEnqueueInsertUnique", es.PostgresInsertUnique, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64, n64}},
 		{"EnqueueFound", es.Found, []any{"q", enqueueIDs}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
 		{"PruneEndedCandidates", refused.PruneEndedCandidates, []any{"q", 1000}},
@@ -223,6 +223,8 @@ func explainAll(t *testing.T, total, claimedTenths int) {
 		{"SetTenantLimit", ls.SetTenantLimit, []any{"q", "t", int64(2), "1.5"}},
 		{"RemoveTenantLimit", ls.RemoveTenantLimit, []any{"q", "t"}},
 		{"ScheduleLast", sched.Last, []any{"q3", "schedule-3"}},
+		{"ScheduleRow", sched.Row, []any{"q3", "schedule-3"}},
+		{"SchedulesStored", sched.Stored, []any{"q3"}},
 		{"InspectQueue", inspect.Queue, []any{"q"}},
 		// The backlog counts read every item of the queue they count
 		// (unclaimed, claimed, with a tenant, dead): for a queue that

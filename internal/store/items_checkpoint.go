@@ -14,7 +14,7 @@ import (
 // claiming session and the claim's token), so that a handler that lost its
 // claim cannot overwrite what the next attempt saves. The row keeps both
 // across nacks, releases, reaped leases and crashes; every claim statement
-// returns them (checkpointColumns, at the end of itemColumns), so the next
+// returns them (checkpointColumns, near the end of itemColumns), so the next
 // attempt gets them without a round trip of its own. Items that never save
 // one keep NULLs: no write, no read and no index entry more than before.
 //
@@ -26,7 +26,8 @@ import (
 // "Functions and Operators" page), as in PostgreSQL.
 
 // checkpointColumns are the columns every claim statement returns after the
-// others (itemColumns): the checkpoint and the progress.
+// others (itemColumns), but for the item's timeout (timeout_us, last): the
+// checkpoint and the progress.
 const checkpointColumns = `i.checkpoint, i.progress_done, i.progress_total`
 
 // checkpointStatements are the statements of checkpoints and progress,

@@ -89,6 +89,8 @@ type ClaimedRow struct {
 	HasProgress                 bool
 	ProgressDone, ProgressTotal int64
 	Headers                     []byte // the JSON object of the headers column; nil if NULL
+	// Timeout is the item's own handler timeout (timeout_us; zero: none).
+	Timeout time.Duration
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim
@@ -296,15 +298,18 @@ func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...an
 	var key, lastErr, tenant *string
 	var claimPart *int64
 	var expires *time.Time
-	var done, total *int64
+	var done, total, timeout *int64
 	dst := []any{(*[16]byte)(&it.ID), &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
 		&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total}
+		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total, &timeout}
 	for rows.Next() {
 		it = ClaimedRow{}
-		key, lastErr, tenant, claimPart, expires, done, total = nil, nil, nil, nil, nil, nil, nil
+		key, lastErr, tenant, claimPart, expires, done, total, timeout = nil, nil, nil, nil, nil, nil, nil, nil
 		if err := rows.Scan(dst...); err != nil {
 			return nil, err
+		}
+		if timeout != nil && *timeout > 0 {
+			it.Timeout = time.Duration(*timeout) * time.Microsecond
 		}
 		if done != nil && total != nil {
 			it.HasProgress, it.ProgressDone, it.ProgressTotal = true, *done, *total

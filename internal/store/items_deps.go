@@ -96,10 +96,10 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 	keys, tenants := make([]*string, n), make([]*string, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	amo := make([]bool, n)
-	headers, orders, runAfter := make([]*string, n), make([]int64, n), make([]int64, n)
+	headers, orders, runAfter, timeouts := make([]*string, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	for j := range rows {
 		r := &rows[j]
-		runAfter[j] = r.RunAfter
+		runAfter[j], timeouts[j] = r.RunAfter, r.Timeout.Microseconds()
 		ids[j], hashes[j], priorities[j] = r.ID, r.Hash, int64(r.Priority)
 		delays[j], maxAttempts[j], ttls[j] = r.Delay.Microseconds(), int64(r.MaxAttempts), r.TTL.Microseconds()
 		remaining[j], amo[j], orders[j] = int64(r.Remaining), r.AtMostOnce, r.Order
@@ -117,7 +117,7 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 	}
 	stmt := s.deps(d).InsertWaiting
 	args := []any{queue, ids, hashes, keys, priorities, delays, maxAttempts,
-		payloads, metadata, tenants, ttls, amo, remaining, headers, orders, runAfter}
+		payloads, metadata, tenants, ttls, amo, remaining, headers, orders, runAfter, timeouts}
 	if anyFrees(rows, func(r *WaitingRow) int64 { return r.Frees }) {
 		frees := make([]int64, n)
 		for j := range rows {
@@ -725,9 +725,10 @@ type dependsStatements struct {
 	// bits, schema version 6), $15 sequence orders (stored as
 	// seq_order for the rows with a key while the queue is sequenced, read
 	// in the same statement, as enqueue's Insert does: the move into the
-	// items table carries both over).
+	// items table carries both over), $17 handler timeouts (µs, 0 for
+	// none: stored as NULL in timeout_us, carried over by the move too).
 	InsertWaiting string
-	// InsertWaitingUnique is InsertWaiting with one more parameter, $17
+	// InsertWaitingUnique is InsertWaiting with one more parameter, $18
 	// (BIGINT[]): each row's outcomes that do not keep it out (EndedFrees bits), as
 	// enqueue's InsertUnique; the ended records of the rows added are
 	// deleted in the same statement.
@@ -904,16 +905,16 @@ func edgeKeys(d Dialect, arrays, cols string) (source, queue string) {
 const moveReady = `WITH moved AS (
     DELETE FROM crdbwork_waiting AS w %s
     RETURNING id, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, enqueued_at,
-              headers, seq_order)
+              headers, seq_order, timeout_us)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, enqueued_at, max_attempts, payload, metadata,
-     tenant, expires_at, at_most_once, headers, seq_order)
+     tenant, expires_at, at_most_once, headers, seq_order, timeout_us)
 SELECT m.id, $1, m.hash %% n.parts, m.item_key, m.priority,
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        m.enqueued_at, CASE WHEN m.at_most_once OR n.amo THEN 1 ELSE m.max_attempts END, m.payload, m.metadata,
        m.tenant, CASE WHEN m.ttl_us > 0 THEN m.enqueued_at + m.ttl_us * INTERVAL '1 microsecond' END,
-       m.at_most_once OR n.amo, m.headers, m.seq_order
+       m.at_most_once OR n.amo, m.headers, m.seq_order, m.timeout_us
 FROM moved AS m,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo) AS n
@@ -945,15 +946,17 @@ RETURNING id`
 // insertWaiting is InsertWaiting: %[1]s and %[2]s are a further array
 // parameter and its column (the unique form's outcomes freed, u), %[3]s
 // the queue's key (queueKey), %[4]s a further condition on the ended row e
-// (the unique form's endedBlocks). $16 is each row's run_after.
+// (the unique form's endedBlocks). $16 is each row's run_after, $17 its
+// handler timeout (µs, 0: none, stored as NULL).
 const insertWaiting = `INSERT INTO crdbwork_waiting
     (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining,
-     headers, seq_order, run_after)
-SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END, v.ra
+     headers, seq_order, run_after, timeout_us)
+SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END, v.ra,
+       NULLIF(v.tmo, 0)
 FROM (SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq) AS q,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[]%[1]s)
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o, ra%[2]s)
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[], $17::BIGINT[]%[1]s)
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o, ra, tmo%[2]s)
 WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
   AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = %[3]s AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + `%[4]s OFFSET 0)
 ON CONFLICT (id) DO NOTHING
@@ -1003,7 +1006,7 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
        (SELECT d.queue FROM crdbwork_dead_items AS d WHERE d.id = v.id AND (d.queue = $1) IS TRUE ORDER BY d.id, d.death LIMIT 1) IS NOT NULL
 FROM unnest($2::UUID[]) AS v (id)`),
 		InsertWaiting: r(fmt.Sprintf(insertWaiting, "", "", queueKey, "")),
-		InsertWaitingUnique: r(`WITH ins AS (` + fmt.Sprintf(insertWaiting, ", $17::BIGINT[]", ", u", queueKey, " AND "+endedBlocks) + `),
+		InsertWaitingUnique: r(`WITH ins AS (` + fmt.Sprintf(insertWaiting, ", $18::BIGINT[]", ", u", queueKey, " AND "+endedBlocks) + `),
 ` + forgetEnded(d) + `
 SELECT id FROM ins`),
 		InsertEdges:   r(insertEdgesSQL),

@@ -20,7 +20,7 @@ import (
 // options (claim.NewItem) fill: every statement that writes an item row
 // carries each of them, or says here why not (itemWriters).
 var itemOptionColumns = []string{"item_key", "priority", "vesting_at", "max_attempts", "payload", "metadata", "tenant",
-	"expires_at", "at_most_once", "headers", "seq_order", "turn_at"}
+	"expires_at", "at_most_once", "headers", "seq_order", "turn_at", "timeout_us"}
 
 // itemWriters are the statements that insert item rows, by where they are
 // (the Go name of the statement or constant, or the file), each with the
@@ -35,10 +35,12 @@ var itemWriters = map[string]map[string]string{
 		"expires_at":   "no deadline (docs/guarantees.md)",
 		"at_most_once": "at-least-once (a dead item was never at-most-once)",
 		"headers":      "dead items keep no headers (docs/tracing.md, limits)",
+		"timeout_us":   "dead items keep no timeout: a requeued item runs with its worker's ItemTimeout (docs/timeouts.md)",
 	},
 	"cancelledRequeueSQL": { // a cancelled item put back (RequeueOptions.Cancelled)
 		"expires_at":   "no deadline, as a dead item's requeue (docs/cancel-and-snooze.md)",
 		"at_most_once": "at-least-once: an at-most-once item is deleted by its claim, and one cancelled before it is requeued at least once, as a dead one",
+		"timeout_us":   "a cancelled item keeps no timeout: requeued, it runs with its worker's ItemTimeout (docs/timeouts.md)",
 	},
 }
 

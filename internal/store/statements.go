@@ -106,7 +106,7 @@ type coreStatements struct {
 }
 
 // itemColumns are the columns every claim statement returns, in order.
-const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at, i.headers, ` + checkpointColumns
+const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at, i.headers, ` + checkpointColumns + `, i.timeout_us`
 
 // claimTemplate is the any-part claim statement (the per-part ones are
 // partClaimStatements, built the same way); the %s is how the UPDATE finds

@@ -94,6 +94,32 @@ CREATE INDEX IF NOT EXISTS crdbwork_cancelled_items_by_age
 -- interval, which sees what old code changed.
 ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS changes BIGINT NOT NULL DEFAULT 0;
 
+-- == parity: per-item timeouts ==
+-- An item's own handler timeout in microseconds (claim.NewItem.Timeout,
+-- pg-boss's expireInSeconds; NULL: none, the worker's ItemTimeout). Every
+-- claim of version 6 returns it; a waiting item keeps it and its release
+-- carries it over. Code of versions 3 to 5 neither writes nor reads it: its
+-- workers run every item with their own ItemTimeout (docs/timeouts.md,
+-- "Rolling upgrades").
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS timeout_us BIGINT;
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS timeout_us BIGINT;
+
+-- == parity: schedules stored in the database ==
+-- A periodic schedule may be stored in its row (River #242): spec holds its
+-- definition (package schedule's JSON: the interval or cron expression,
+-- what to do with missed periods, the item), NULL for a schedule defined in
+-- code (whose row keeps only its last period, as before). Every runner of
+-- version 6 runs its queue's stored schedules and picks up an added,
+-- changed, paused or removed one without a restart. paused stops a
+-- schedule (stored or in code) on every version-6 runner. A stored schedule
+-- added before its first period has last_period 1970-01-01 (the column
+-- stays NOT NULL for older code). Code of versions 3 to 5 reads and writes
+-- only the rows of its own schedules' names, by last_period, and ignores
+-- both columns: it never runs stored schedules, and runs its own even when
+-- paused (docs/periodic.md, "Rolling upgrades").
+ALTER TABLE crdbwork_schedules ADD COLUMN IF NOT EXISTS spec JSONB;
+ALTER TABLE crdbwork_schedules ADD COLUMN IF NOT EXISTS paused BOOL NOT NULL DEFAULT false;
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),

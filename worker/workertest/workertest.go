@@ -68,8 +68,9 @@ type Options struct {
 	DB worker.DB
 	// Tables names the crdbwork tables of the fresh queue (see DB).
 	Tables crsql.Tables
-	// ItemTimeout bounds the handler, as worker.Options.ItemTimeout does.
-	// Default worker.DefaultItemTimeout.
+	// ItemTimeout bounds the handler, as worker.Options.ItemTimeout does
+	// (an item's own claim.NewItem.Timeout bounds it instead). Default
+	// worker.DefaultItemTimeout.
 	ItemTimeout time.Duration
 	// Cleanup, if set, is given a function that deletes what Work left in
 	// the fresh queue it made (q nil): the item (retried or dead) and the

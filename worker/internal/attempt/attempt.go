@@ -100,7 +100,8 @@ const (
 
 // Options configure Run.
 type Options struct {
-	// Timeout bounds the handler.
+	// Timeout bounds the handler, unless its item has its own timeout
+	// (claim.Item.Timeout), which bounds it instead.
 	Timeout time.Duration
 	// Grace is how long Run still waits for a handler whose context ended
 	// (timed out, or cancelled) before it abandons it: it stops waiting,
@@ -167,11 +168,12 @@ type handlerResult struct {
 }
 
 // Run runs h on it and settles the item on q (or o.Settle). ctx is the
-// handler's parent context; the handler gets it bounded by o.Timeout.
+// handler's parent context; the handler gets it bounded by o.Timeout (or
+// the item's own Timeout).
 func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Options) Result {
 	s, settleCtx, log := o.fill(q, ctx)
 	box := &valueBox{q: q, it: &it}
-	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), o.Timeout)
+	hctx, cancel := context.WithTimeout(context.WithValue(ctx, valueKey{}, box), TimeoutOf(&it, o.Timeout))
 	defer cancel()
 	var res Result
 	done := make(chan struct{})
@@ -235,11 +237,24 @@ func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item
 	default:
 		if errors.Is(err, context.DeadlineExceeded) && hctxEnded && parentCause == nil {
 			res.TimedOut = true
-			err = fmt.Errorf("item timed out after %v: %w", o.Timeout, err)
+			if it.Timeout > 0 {
+				err = fmt.Errorf("item timed out after %v (its own Timeout): %w", it.Timeout, err)
+			} else {
+				err = fmt.Errorf("item timed out after %v: %w", o.Timeout, err)
+			}
 		}
 		res.Err = err
 		st.nack(err)
 	}
+}
+
+// TimeoutOf returns how long the handler of it may run: its own Timeout
+// (claim.NewItem.Timeout) if it has one, def otherwise.
+func TimeoutOf(it *claim.Item, def time.Duration) time.Duration {
+	if it.Timeout > 0 {
+		return it.Timeout
+	}
+	return def
 }
 
 // call runs the handler, turning a panic into an error.
