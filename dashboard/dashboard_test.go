@@ -486,6 +486,10 @@ func TestItemSearchFiltersPagesAndShowsAnItem(t *testing.T) {
 	pool, srv := setup(t, dashboard.Options{PageSize: 5, ScanWindow: 20})
 	ids := enqueue(t, pool, "mail", 30, func(i int, it *claim.NewItem) {
 		it.Key = fmt.Sprintf("k%d", i%3)
+		// Distinct priorities fix the claim order, so that any 20 entries
+		// in a row hold at least 6 items of key k1 (below); with one
+		// priority and one turn, the order was the enqueue's, by id.
+		it.Priority = i
 		if i%10 == 0 {
 			it.Tenant = "acme"
 		}
