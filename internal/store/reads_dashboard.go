@@ -409,14 +409,24 @@ func (s *Store) ItemsPage(ctx context.Context, db DB, queue, tenant string, clai
 	if err != nil {
 		return nil, err
 	}
+	return scanItemRows(rows, nil)
+}
+
+// scanItemRows reads the rows of a page of items: the columns every item
+// list selects, then those extra names in r (nil: none).
+func scanItemRows(rows pgx.Rows, extra func(r *ItemRow) []any) ([]ItemRow, error) {
 	var out []ItemRow
 	var r ItemRow
 	var part int64
 	var key, lastErr, ten *string
 	var claim *uuid.UUID
 	var lease *time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &part, &key, &r.Priority, &r.TurnAt, &r.VestingAt, &r.Enqueued,
-		&r.Attempts, &r.MaxAttempts, &lastErr, &ten, &claim, &lease, &r.PayloadSize}, func() error {
+	dest := []any{&r.ID, &part, &key, &r.Priority, &r.TurnAt, &r.VestingAt, &r.Enqueued,
+		&r.Attempts, &r.MaxAttempts, &lastErr, &ten, &claim, &lease, &r.PayloadSize}
+	if extra != nil {
+		dest = append(dest, extra(&r)...)
+	}
+	if _, err := pgx.ForEachRow(rows, dest, func() error {
 		r.Part, r.Key, r.LastError, r.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
 		r.Claim, r.LeaseUntil = nil, nil
 		if claim != nil {

@@ -173,27 +173,8 @@ func (s *Store) ItemsSearchWindow(ctx context.Context, db DB, q ItemsSearch) ([]
 	if err != nil {
 		return nil, fmt.Errorf("crdbwork: searching items: %w", err)
 	}
-	var out []ItemRow
-	var r ItemRow
-	var part int64
-	var key, lastErr, ten *string
-	var claim *uuid.UUID
-	var lease *time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &part, &key, &r.Priority, &r.TurnAt, &r.VestingAt, &r.Enqueued,
-		&r.Attempts, &r.MaxAttempts, &lastErr, &ten, &claim, &lease, &r.PayloadSize, &r.Queue, &r.Match}, func() error {
-		r.Part, r.Key, r.LastError, r.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
-		r.Claim, r.LeaseUntil = nil, nil
-		if claim != nil {
-			c := *claim
-			r.Claim = &c
-		}
-		if lease != nil {
-			l := *lease
-			r.LeaseUntil = &l
-		}
-		out = append(out, r)
-		return nil
-	}); err != nil {
+	out, err := scanItemRows(rows, func(r *ItemRow) []any { return []any{&r.Queue, &r.Match} })
+	if err != nil {
 		return nil, fmt.Errorf("crdbwork: searching items: %w", err)
 	}
 	return out, nil
