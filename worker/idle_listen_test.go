@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,11 +59,16 @@ func TestNoClaimPollWhileListening(t *testing.T) {
 	// signals, the session's first change marker).
 	beats.Wait(t, 3)
 
-	// Quiet: no claim through heartbeats although Poll is 20 ms.
+	// Quiet: no claim poll through heartbeats although Poll is 20 ms. A
+	// poll would claim about 25 times in 5 heartbeats (at least 100 ms
+	// each, longer on a busy machine; 31 seen with ListenPoll -1); a claim
+	// woken by a change the session saw (its own join's counter, seen late
+	// under load) is not a poll, so up to two are let pass.
 	n := idle.Count()
-	await.Never(t, fmt.Sprintf("an idle claim while the listener listens (%d idle claims before)", n), beats, 5, func() bool {
-		return idle.Count() != n
-	})
+	beats.Wait(t, 6)
+	if got := idle.Count() - n; got > 2 {
+		t.Fatalf("%d idle claims in 5 heartbeats while the listener listens (%d idle claims before): the worker polls", got, n)
+	}
 
 	// Another process enqueues: the notification wakes the worker.
 	produce(t, url, "enqueue::default")
