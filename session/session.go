@@ -268,10 +268,13 @@ func (s *Session) Changes() <-chan struct{} {
 }
 
 // noteMark records a heartbeat's change marker and signals Changes when it
-// moved.
+// moved, and at the first heartbeat that read one: what changed between
+// the session's start and that heartbeat (a peer that joined after this
+// session's rebalancer first read the members, say) is in the first
+// marker, and would otherwise never count as a move.
 func (s *Session) noteMark(mark int64) {
 	s.changesMu.Lock()
-	moved := s.marked && mark != s.mark
+	moved := !s.marked || mark != s.mark
 	s.mark, s.marked = mark, true
 	var cs []chan struct{}
 	if moved {

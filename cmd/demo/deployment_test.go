@@ -73,7 +73,7 @@ type deployQueue struct {
 	procs   []*proc              // its worker processes now running
 	pids    map[int]*proc        // every worker process it had, by pid
 	started int                  // worker processes started, for their names
-	tenant  map[uuid.UUID]string // item → tenant, read before any worker ran
+	tenant  map[uuid.UUID]string // item → tenant (urgent), read while no worker could claim them
 }
 
 // deployment is the database, its queues and the watcher of its sessions.
@@ -163,12 +163,47 @@ func (d *deployment) enqueue(q *deployQueue, n int) {
 // however long the steps before took: the queues drain in about ten
 // seconds, and on a loaded machine, or with the CockroachDB fault model's
 // retries, the steps before took longer (fair-w1 held no item within 30 s
-// because every item of fair had its result). (Not for urgent, whose
-// items' tenants are read once, before the workers start.)
+// because every item of fair had its result); on a quiet machine, urgent
+// had drained before its step. A queue whose items' tenants the test
+// keeps (q.tenant: urgent) is paused while its new items are enqueued and
+// their tenants read, so that none is claimed, and ended, unread.
 func (d *deployment) keepBusy(q *deployQueue) {
 	d.t.Helper()
-	if d.f.count(`SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL`, q.name) < 100 {
+	if d.f.count(`SELECT count(*) FROM crdbwork_items WHERE queue = $1 AND claim IS NULL`, q.name) >= 100 {
+		return
+	}
+	if len(q.tenant) == 0 {
 		d.enqueue(q, 400)
+		return
+	}
+	if r := d.run(q.name, "pause", "--json"); lastJSON(d.t, r)["paused"] != true {
+		d.t.Fatalf("demo pause: %s", r.stdout)
+	}
+	d.enqueue(q, 400)
+	d.readTenants(q)
+	if r := d.run(q.name, "resume", "--json"); lastJSON(d.t, r)["paused"] != false {
+		d.t.Fatalf("demo resume: %s", r.stdout)
+	}
+}
+
+// readTenants records the tenant of every item of q in the items table
+// (all of q's items: read while none can be claimed).
+func (d *deployment) readTenants(q *deployQueue) {
+	d.t.Helper()
+	rows, err := d.f.db.Query(context.Background(), `SELECT id, tenant FROM crdbwork_items WHERE queue = $1`, q.name)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var tenant string
+		if err := rows.Scan(&id, &tenant); err != nil {
+			d.t.Fatal(err)
+		}
+		q.tenant[id] = tenant
+	}
+	if rows.Err() != nil {
+		d.t.Fatalf("reading the tenants of %s's items: %v", q.name, rows.Err())
 	}
 }
 
@@ -342,20 +377,9 @@ func TestDeploymentFaults(t *testing.T) {
 		}
 		d.enqueue(q, q.items)
 	}
-	rows, err := d.f.db.Query(ctx, `SELECT id, tenant FROM crdbwork_items WHERE queue = $1`, urgent.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id uuid.UUID
-		var tenant string
-		if err := rows.Scan(&id, &tenant); err != nil {
-			t.Fatal(err)
-		}
-		urgent.tenant[id] = tenant
-	}
-	if rows.Err() != nil || len(urgent.tenant) != urgent.items {
-		t.Fatalf("read %d tenants of %d items of %s: %v", len(urgent.tenant), urgent.items, urgent.name, rows.Err())
+	d.readTenants(urgent)
+	if len(urgent.tenant) != urgent.items {
+		t.Fatalf("read %d tenants of %d items of %s", len(urgent.tenant), urgent.items, urgent.name)
 	}
 	if _, err := d.f.db.Exec(ctx, runsTable); err != nil { // before the workers race to create it
 		t.Fatal(err)
@@ -390,9 +414,7 @@ func TestDeploymentFaults(t *testing.T) {
 	killedAt := map[int]time.Time{} // pid → a database time just after its death
 	for _, q := range []*deployQueue{urgent, plain} {
 		victim := q.procs[0]
-		if q == plain {
-			d.keepBusy(q)
-		}
+		d.keepBusy(q)
 		d.holding(q, victim)
 		if err := victim.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
