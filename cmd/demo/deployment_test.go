@@ -710,6 +710,42 @@ func (d *deployment) transactions() string {
 	return b.String()
 }
 
+// openRuns describes the runs without an end of processes not killed: the
+// process, whether it still runs, its last lines, and the item's state.
+func (d *deployment) openRuns(killed []int64) string {
+	rows, err := d.f.db.Query(context.Background(), `SELECT r.pid, r.item_id, r.started_at,
+		COALESCE((SELECT queue || ' claimed by ' || COALESCE(claim::TEXT, 'none') FROM crdbwork_items WHERE id = r.item_id), 'not in the items table')
+		FROM demo_runs AS r WHERE r.ended_at IS NULL AND NOT (r.pid = ANY($1))`, killed)
+	if err != nil {
+		return err.Error()
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var pid int64
+		var item uuid.UUID
+		var started time.Time
+		var state string
+		if err := rows.Scan(&pid, &item, &started, &state); err != nil {
+			return err.Error()
+		}
+		fmt.Fprintf(&b, "run of item %s (%s) in pid %d since %s", item, state, pid, started.Format("15:04:05.000"))
+		for _, q := range d.queues {
+			if p := q.pids[int(pid)]; p != nil {
+				alive := "running"
+				select {
+				case <-p.exited:
+					alive = "exited"
+				default:
+				}
+				fmt.Fprintf(&b, ": %s, %s; its last lines:\n%s", p.name, alive, lastLines(p.stderr.String(), 15))
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
 // runSpan is one recorded handler run (demo_runs) of an item.
 type runSpan struct {
 	item       uuid.UUID
@@ -725,8 +761,10 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	d.t.Helper()
 	// A live process may still be writing the end of a run whose item
 	// ended meanwhile (the demo records the end after the handler returned,
-	// retrying through database restarts): wait, with a deadline, until no
-	// run of a process that was not killed lacks its end.
+	// retrying through database restarts, for up to its runEndPatience of
+	// two minutes): wait,
+	// with a deadline past that patience, until no run of a process that
+	// was not killed lacks its end.
 	killed := []int64{}
 	for pid := range killedAt {
 		killed = append(killed, int64(pid))
@@ -734,7 +772,7 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	await.Until(d.t, "every run of a process that was not killed to have its end recorded", func() (bool, string) {
 		n := d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at IS NULL AND NOT (pid = ANY($1))`, killed)
 		return n == 0, fmt.Sprintf("%d runs without an end", n)
-	}, await.Within(10*time.Second))
+	}, await.Within(2*time.Minute+10*time.Second), await.Show(func() string { return d.openRuns(killed) }))
 	queueOf := map[string]string{}
 	for _, q := range d.queues {
 		for _, id := range q.runIDs {
