@@ -273,17 +273,9 @@ func (q *Queue) runAck(ctx context.Context, items []Item, records func(ctx conte
 // ackOnConn is one try of runAck on a connection of the pool (or the
 // connection) that it holds for the transaction.
 func (q *Queue) ackOnConn(ctx context.Context, d store.Dialect, opts pgx.TxOptions, items []Item, records func(ctx context.Context, tx pgx.Tx, deleted []bool) error) ([]bool, []uuid.UUID, error) {
-	var conn *pgx.Conn
-	release := func() {}
-	switch db := q.db.(type) {
-	case *pgxpool.Pool:
-		c, err := db.Acquire(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("acquire: %w", err)
-		}
-		conn, release = c.Conn(), c.Release
-	case *pgx.Conn:
-		conn = db
+	conn, release, err := q.holdConn(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer release()
 	held := heldItems(items)
@@ -322,4 +314,25 @@ func rollbackOwn(ctx context.Context, conn *pgx.Conn, tx pgx.Tx) {
 	if err := tx.Rollback(rbCtx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		_ = conn.Close(rbCtx)
 	}
+}
+
+// errNoConn is holdConn's answer for a database handle that is neither a
+// pool nor a connection.
+var errNoConn = errors.New("claim: the queue's database is neither a *pgxpool.Pool nor a *pgx.Conn")
+
+// holdConn returns the connection an ack pipeline runs on: one acquired
+// from the queue's pool (release gives it back) or the queue's own
+// connection (release does nothing).
+func (q *Queue) holdConn(ctx context.Context) (conn *pgx.Conn, release func(), err error) {
+	switch db := q.db.(type) {
+	case *pgxpool.Pool:
+		c, err := db.Acquire(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("acquire: %w", err)
+		}
+		return c.Conn(), c.Release, nil
+	case *pgx.Conn:
+		return db, func() {}, nil
+	}
+	return nil, nil, errNoConn
 }

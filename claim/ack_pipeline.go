@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
@@ -87,18 +86,8 @@ func (q *Queue) ackPipelined(ctx context.Context, reqs []AckRequest, opts AckOpt
 		}
 		records = append(records, store.RecordStatement{SQL: stmt, Args: args})
 	}
-	var conn *pgx.Conn
-	release := func() {}
-	switch db := q.db.(type) {
-	case *pgxpool.Pool:
-		c, err := db.Acquire(ctx)
-		if err != nil {
-			return nil, false
-		}
-		conn, release = c.Conn(), c.Release
-	case *pgx.Conn:
-		conn = db
-	default:
+	conn, release, err := q.holdConn(ctx)
+	if err != nil {
 		return nil, false
 	}
 	defer release()
