@@ -23,6 +23,7 @@ CREATE OR REPLACE FUNCTION crdbwork_enqueue(
     headers      JSONB       DEFAULT NULL,
     at_most_once BOOL        DEFAULT false,
     timeout      INTERVAL    DEFAULT NULL,
+    kind         TEXT        DEFAULT NULL,
     OUT item_id  UUID,
     OUT added    BOOL,
     OUT done     BOOL)
@@ -37,6 +38,7 @@ DECLARE
     v_delay_us BIGINT;
     v_ttl_us   BIGINT;
     v_tmo_us   BIGINT;
+    v_kind     TEXT;
     v_max      BIGINT;
     v_metadata BYTEA;
     v_headers  JSONB;
@@ -59,7 +61,7 @@ DECLARE
 BEGIN
     -- This function's revision (package sql's Apply reads it back from the
     -- catalog, and replaces the function only if it is older).
-    v_revision := 'crdbwork-enqueue-revision-3';
+    v_revision := 'crdbwork-enqueue-revision-4';
 
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
@@ -98,6 +100,9 @@ BEGIN
     IF timeout IS NOT NULL AND (timeout < INTERVAL '1 millisecond' OR timeout > INTERVAL '8760 hours') THEN
         RAISE EXCEPTION 'enqueue: timeout % must be NULL (the worker''s ItemTimeout) or between 1 millisecond and 8760 hours', timeout USING ERRCODE = '22023';
     END IF;
+    IF octet_length(kind) > 255 THEN
+        RAISE EXCEPTION 'enqueue: the kind is % bytes, the limit is 255', octet_length(kind) USING ERRCODE = '22023';
+    END IF;
     IF ttl < INTERVAL '0 seconds' OR ttl > INTERVAL '8760 hours' THEN
         RAISE EXCEPTION 'enqueue: ttl % must be between 0 (none) and 8760 hours', ttl USING ERRCODE = '22023';
     END IF;
@@ -119,6 +124,7 @@ BEGIN
     v_id := COALESCE(id, gen_random_uuid());
     v_key := NULLIF(key, '');
     v_tenant := NULLIF(tenant, '');
+    v_kind := NULLIF(kind, '');
     v_priority := priority;
     v_amo := COALESCE(at_most_once, false);
     v_metadata := metadata;
@@ -211,14 +217,14 @@ BEGIN
     -- within its dedup window.
     INSERT INTO crdbwork_items AS i
         (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-         tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us)
+         tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us, kind)
     SELECT v_id, v_queue, v_hash % n.parts, v_key, v_priority, now() + v_delay_us * INTERVAL '1 microsecond',
            CASE WHEN v_amo OR n.amo THEN 1 ELSE v_max END, v_payload, v_metadata, v_tenant,
            CASE WHEN v_turn IS NULL THEN now() + v_delay_us * INTERVAL '1 microsecond'
                 WHEN v_delay_us > 0 THEN GREATEST(v_turn, now() + v_delay_us * INTERVAL '1 microsecond')
                 ELSE v_turn END,
            CASE WHEN v_ttl_us > 0 THEN now() + v_ttl_us * INTERVAL '1 microsecond' END,
-           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_tmo_us
+           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_tmo_us, v_kind
     FROM (SELECT COALESCE((SELECT q.num_parts FROM crdbwork_queues AS q WHERE q.name = v_queue FOR SHARE), 1) AS parts,
                  COALESCE((SELECT q.at_most_once FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS amo,
                  COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win,

@@ -264,6 +264,9 @@ var enqueueFunctionPins = map[int]string{
 	// 3: the parameter timeout, the item's own handler timeout
 	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
 	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
+	// 4: the parameter kind, the item's kind (docs/kinds.md); the list of
+	// revision 3 is dropped.
+	4: "2010bc8e6c1547039a3c9260b9ff301efdd4e5ae7d8db6394718596adc140ac2",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -330,29 +333,42 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 }
 
 // A database whose enqueue function has the parameter list of revisions 0
-// to 2 (no timeout) gets the new function in its place, not beside it:
-// Apply drops the old list, so that a call both lists would accept is not
-// ambiguous, and an older producer's call by position still works.
+// to 2 (no timeout), or of revision 3 (no kind), gets the new function in
+// its place, not beside it: Apply drops the old list, so that a call both
+// lists would accept is not ambiguous, and an older producer's call by
+// position still works.
 func TestEnqueueFunctionOldParameterListDropped(t *testing.T) {
 	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("installs a stand-in function in SQL, PostgreSQL's")
 	}
+	for rev, extra := range map[int]string{2: "", 3: "timeout INTERVAL DEFAULT NULL, "} {
+		t.Run(fmt.Sprintf("revision %d", rev), func(t *testing.T) {
+			t.Parallel()
+			oldParameterListDropped(t, extra)
+		})
+	}
+}
+
+// oldParameterListDropped is TestEnqueueFunctionOldParameterListDropped
+// for the old list that ends with extra.
+func oldParameterListDropped(t *testing.T, extra string) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	tables := Tables{Prefix: "old_"}
 	if err := Apply(ctx, pool, tables); err != nil {
 		t.Fatal(err)
 	}
-	// A stand-in of revision 2's list, and the installed function made
-	// older, as a database upgraded from version 5 has them.
-	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL)`); err != nil {
+	// A stand-in of the old list, and the installed function made older,
+	// as a database upgraded from version 5 (or from an earlier 0.6) has
+	// them.
+	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, TEXT)`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
     priority BIGINT DEFAULT 0, delay INTERVAL DEFAULT NULL, run_at TIMESTAMPTZ DEFAULT NULL, max_attempts BIGINT DEFAULT NULL,
     tenant TEXT DEFAULT NULL, ttl INTERVAL DEFAULT NULL, metadata BYTEA DEFAULT NULL, headers JSONB DEFAULT NULL,
-    at_most_once BOOL DEFAULT false, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
+    at_most_once BOOL DEFAULT false, `+extra+`OUT item_id UUID, OUT added BOOL, OUT done BOOL)
 LANGUAGE plpgsql AS $$ BEGIN item_id := NULL; added := false; done := false; END $$`); err != nil {
 		t.Fatal(err)
 	}
