@@ -129,6 +129,12 @@ var fromRow = recordCancelled(`g.cancel_by`, `g.cancel_reason`, `g.cancel_reques
 
 const cancelledColumns = `id, ended_at, COALESCE(cancel_by, ''), COALESCE(cancel_reason, ''), cancel_requested_at, COALESCE(was_running, false)`
 
+// cancelledKind is the kind of a cancelled item of the list (the row e of
+// crdbwork_ended), from the row a cancel kept for a requeue
+// (crdbwork_cancelled_items, one primary-key lookup): NULL when none was
+// kept (a queue whose dedup window is zero, code older than version 6).
+const cancelledKind = `(SELECT c.kind FROM crdbwork_cancelled_items AS c WHERE c.id = e.id AND c.queue = e.queue)`
+
 // cancelUnclaimed is coreStatements.Cancel: the cancel of an item no
 // session holds deletes it at once. An item whose cancel was asked for
 // while it was claimed, and whose claim was released since, keeps that
@@ -334,34 +340,39 @@ type CancelledRow struct {
 	RequestedAt time.Time
 	// WasRunning reports a cancel asked of a claimed item.
 	WasRunning bool
+	// Kind is the item's kind, as its kept row has it ("" if none).
+	Kind string
 }
 
 // listSQL is the text of cancelStatements.list
 // (rendered by newCancelStatements).
-const listSQL = `SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
-WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
+const listSQL = `SELECT ` + cancelledColumns + `, ` + cancelledKind + `
+FROM crdbwork_ended AS e
+WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ($3 = '' OR ` + cancelledKind + ` = $3)
 ORDER BY ended_at DESC, id DESC
 LIMIT $2`
 
 // listBeforeSQL is the text of cancelStatements.listBefore
 // (rendered by newCancelStatements).
-const listBeforeSQL = `SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
+const listBeforeSQL = `SELECT ` + cancelledColumns + `, ` + cancelledKind + `
+FROM crdbwork_ended AS e
 WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ended_at <= $2 AND (ended_at, id) < ($2, $3)
+  AND ($5 = '' OR ` + cancelledKind + ` = $5)
 ORDER BY ended_at DESC, id DESC
 LIMIT $4`
 
 // ItemsCancelled returns up to limit cancelled items of queue, the most
-// recently ended first, after the position (endedAt, id) if after is set.
-func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *CancelledRow, limit int) ([]CancelledRow, error) {
+// recently ended first, after the position (endedAt, id) if after is set;
+// only those of kind if kind is not "" (a kept item's kind: an item whose
+// cancel kept nothing has none).
+func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue, kind string, after *CancelledRow, limit int) ([]CancelledRow, error) {
 	c := s.cancel()
 	var rows pgx.Rows
 	var err error
 	if after == nil {
-		rows, err = db.Query(ctx, c.list, queue, limit)
+		rows, err = db.Query(ctx, c.list, queue, limit, kind)
 	} else {
-		rows, err = db.Query(ctx, c.listBefore, queue, after.EndedAt, after.ID, limit)
+		rows, err = db.Query(ctx, c.listBefore, queue, after.EndedAt, after.ID, limit, kind)
 	}
 	if err != nil {
 		return nil, err
@@ -369,11 +380,13 @@ func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *
 	var out []CancelledRow
 	var r CancelledRow
 	var req *time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.EndedAt, &r.By, &r.Reason, &req, &r.WasRunning}, func() error {
+	var rowKind *string
+	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.EndedAt, &r.By, &r.Reason, &req, &r.WasRunning, &rowKind}, func() error {
 		row := r
 		if req != nil {
 			row.RequestedAt = *req
 		}
+		row.Kind = deref(rowKind)
 		out = append(out, row)
 		return nil
 	}); err != nil {
