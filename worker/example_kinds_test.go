@@ -15,7 +15,6 @@ import (
 )
 
 // README:begin kinds-args
-
 // SendMail and Resize are the typed arguments of two kinds of items: the
 // kind names the handler, the fields travel as the item's JSON payload.
 type SendMail struct {
