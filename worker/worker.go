@@ -59,6 +59,16 @@
 // PostgreSQL the wake-up listener's, which all the process's workers on one
 // database share (see Options.NoWake). Handlers never hold a connection.
 //
+// # Many queues
+//
+// A Group works several queues with one session (one heartbeat, one
+// listener): each queue has its own handler and Options (concurrency,
+// parts, limits, wake-ups, maintenance), and the session's loss or end is
+// every queue's. NewGroup takes queues of your pool, and its Run fails on a
+// pool smaller than their PoolConns summed (ErrPoolTooSmall); OpenGroup
+// opens a pool sized for them. Worker.Run is a group of one; workers and
+// groups that share a pool too small for all of them are warned of.
+//
 // Configure the pool with ConfigurePool before making it: its connections
 // then start with idle_in_transaction_session_timeout set to the session
 // expiry, so that the server ends a transaction whose process froze while
@@ -311,6 +321,8 @@ func (w *Worker) Stats() Stats {
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
 // cannot start its first session: at once for a schema that is not this
 // code's or bad options, after StartTimeout for a database it cannot reach.
+// It runs the group of one queue (see Group.Run): a pool smaller than
+// PoolConns is logged as a warning.
 func (w *Worker) Run(ctx context.Context) error {
 	return w.asGroup().Run(ctx)
 }
