@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
@@ -582,4 +584,101 @@ func TestGroupKilledReleasesEveryQueue(t *testing.T) {
 	if got := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items`); got != 0 {
 		t.Errorf("%d dead items", got)
 	}
+}
+
+// A graceful stop waits for every queue's handlers before it ends the
+// group's one session: a queue with nothing to do is done at once, and the
+// handler that another queue is running when the stop begins still
+// finishes, with its context live, and its item is acked. (Were the
+// session closed by the first queue done with it, the handler's context
+// would end and its item would be released, not acked.)
+func TestGroupStopWaitsForEveryQueuesHandlers(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	prepareGroup(t, pool)
+	busy := newQueue(t, pool, claim.Options{Queue: "busy"})
+	idle := newQueue(t, pool, claim.Options{Queue: "idle"})
+	res, err := busy.Enqueue(context.Background(), claim.NewItem{Payload: []byte("slow")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, stopping := make(chan struct{}), make(chan struct{})
+	work := await.Stretch(300 * time.Millisecond)
+	var cancelled atomic.Bool
+	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		close(started)
+		<-stopping
+		// The work that outlasts the start of the stop: long enough for
+		// the idle queue to be done with the session (its claim loop ends
+		// at once).
+		select {
+		case <-time.After(work):
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return nil, ctx.Err()
+		}
+		return recordRun("busy", it), nil
+	}
+	never := func(context.Context, claim.Item) (worker.Record, error) { return nil, errors.New("the idle queue has no item") }
+	g, err := worker.NewGroup([]worker.QueueConfig{
+		{Queue: idle, Handler: never, Options: worker.Options{Poll: 20 * time.Millisecond}},
+		{Queue: busy, Handler: h, Options: worker.Options{Poll: 20 * time.Millisecond, ShutdownTimeout: time.Minute}},
+	}, worker.GroupOptions{Session: longSession(), ShutdownTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	await.Recv(t, "the busy queue's handler to start", started)
+	cancel() // the graceful stop
+	close(stopping)
+	if err := await.Recv(t, "the group to stop", ran); err != nil {
+		t.Fatalf("Group.Run: %v", err)
+	}
+	if cancelled.Load() {
+		t.Fatal("the busy queue's handler saw its context end during the graceful stop")
+	}
+	if got := count(t, pool, `SELECT count(*) FROM group_runs WHERE item_id = $1`, res.IDs[0]); got != 1 {
+		t.Fatalf("the busy queue's item has %d results, want 1 (acked during the stop)", got)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM crdbwork_items`); got != 0 {
+		t.Fatalf("%d items left", got)
+	}
+}
+
+// Workers that share a pool too small for all of them are warned of: one
+// worker alone on a pool of PoolConns + 1 connections is not, a second
+// worker of another queue on it is (its Run logs that the pool is smaller
+// than what the workers running on it use), and both work.
+func TestWorkersSharingASmallPoolAreWarned(t *testing.T) {
+	t.Parallel()
+	url := testschema.NewURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = int32(worker.PoolConns(worker.Options{}) + 1)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	core, logs := observer.New(zap.WarnLevel)
+	warned := func() int { return logs.FilterMessageSnippet("the pool is smaller than what the workers running on it use").Len() }
+	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
+	first := startOn(t, newQueue(t, pool, claim.Options{Queue: "first"}), h, worker.Options{Logger: zap.New(core), Poll: 20 * time.Millisecond})
+	await.Until(t, "the first worker's session", func() bool { return first.w.Stats().Session != "" })
+	if n := warned(); n != 0 {
+		t.Fatalf("%d warnings of a small pool for one worker on a pool of %d", n, cfg.MaxConns)
+	}
+	second := startOn(t, newQueue(t, pool, claim.Options{Queue: "second"}), h, worker.Options{Logger: zap.New(core), Poll: 20 * time.Millisecond})
+	await.Until(t, "a warning that the pool is too small for both workers", func() bool { return warned() == 1 })
+	for _, r := range []*running{first, second} {
+		if _, err := r.w.Queue().Enqueue(context.Background(), claim.NewItem{Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	await.Until(t, "both workers to ack their item", func() bool { return first.w.Stats().Acked == 1 && second.w.Stats().Acked == 1 })
 }
