@@ -619,7 +619,9 @@ func TestGroupStopWaitsForEveryQueuesHandlers(t *testing.T) {
 		}
 		return recordRun("busy", it), nil
 	}
-	never := func(context.Context, claim.Item) (worker.Record, error) { return nil, errors.New("the idle queue has no item") }
+	never := func(context.Context, claim.Item) (worker.Record, error) {
+		return nil, errors.New("the idle queue has no item")
+	}
 	g, err := worker.NewGroup([]worker.QueueConfig{
 		{Queue: idle, Handler: never, Options: worker.Options{Poll: 20 * time.Millisecond}},
 		{Queue: busy, Handler: h, Options: worker.Options{Poll: 20 * time.Millisecond, ShutdownTimeout: time.Minute}},
@@ -666,7 +668,9 @@ func TestWorkersSharingASmallPoolAreWarned(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	core, logs := observer.New(zap.WarnLevel)
-	warned := func() int { return logs.FilterMessageSnippet("the pool is smaller than what the workers running on it use").Len() }
+	warned := func() int {
+		return logs.FilterMessageSnippet("the pool is smaller than what the workers running on it use").Len()
+	}
 	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
 	first := startOn(t, newQueue(t, pool, claim.Options{Queue: "first"}), h, worker.Options{Logger: zap.New(core), Poll: 20 * time.Millisecond})
 	await.Until(t, "the first worker's session", func() bool { return first.w.Stats().Session != "" })
