@@ -33,8 +33,11 @@ type QueueConfig struct {
 	// Options are the queue's work options, as New takes them. What
 	// belongs to the group's one session is GroupOptions': leave
 	// Options.Session, Name, StartTimeout and RestartDelay zero (or equal
-	// to the group's). ShutdownTimeout bounds the queue's own steps of a
-	// graceful stop (its handlers, its settles).
+	// to the group's); Options.Testing.Session is not read (set
+	// GroupOptions.Testing.Session). ShutdownTimeout bounds the queue's own
+	// steps of a graceful stop (its handlers, its settles). The first
+	// queue's maintenance loop deletes expired sessions (its
+	// Testing.AfterSessionReap sees them); the others' do not.
 	Options Options
 }
 
@@ -58,7 +61,8 @@ type GroupOptions struct {
 	// stop.
 	StartTimeout, RestartDelay, ShutdownTimeout time.Duration
 	// Logger receives the group's logs (its session's); each queue logs
-	// to its own Options.Logger. Default: none.
+	// to its own Options.Logger. Default: the first queue's Options.Logger
+	// (none if it has none).
 	Logger *zap.Logger
 	// ExtraConns is how many connections OpenGroup's pool has beyond what
 	// the group uses (GroupPoolConns): for the program's own enqueues and
@@ -120,7 +124,7 @@ func NewGroup(queues []QueueConfig, opts GroupOptions) (*Group, error) {
 	opts.RestartDelay = cmp.Or(opts.RestartDelay, DefaultRestartDelay)
 	opts.ShutdownTimeout = cmp.Or(opts.ShutdownTimeout, DefaultShutdownTimeout)
 	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+		opts.Logger = cmp.Or(queues[0].Options.Logger, zap.NewNop())
 	}
 	g := &Group{opts: opts}
 	seen := make(map[string]bool)
@@ -447,7 +451,7 @@ func (g *Group) Run(ctx context.Context) error {
 				g.workers[0].checkIdleTimeout(ctx, sess.Options().Expiry, log)
 			}
 			first = false
-			end := &sessionEnd{sess: sess}
+			end := &sessionEnd{sess: sess, timeout: g.opts.ShutdownTimeout}
 			end.left.Store(int32(len(g.workers)))
 			var wg sync.WaitGroup
 			for i, w := range g.workers {
@@ -482,15 +486,19 @@ func (g *Group) Run(ctx context.Context) error {
 type sessionEnd struct {
 	sess *session.Session
 	left atomic.Int32 // queues still working on the session
+	// timeout bounds the close (GroupOptions.ShutdownTimeout).
+	timeout time.Duration
 }
 
 // done tells that one queue is done with the session: the last one closes
-// it (within ctx); the others wait for the session to end, since their
-// rebalancers and maintenance loops run until it does. The wait is
-// bounded: every queue's steps before done are (by its ShutdownTimeout),
-// and so is the last one's Close.
-func (e *sessionEnd) done(ctx context.Context) error {
+// it (within the group's ShutdownTimeout); the others wait for the session
+// to end, since their rebalancers and maintenance loops run until it does.
+// The wait is bounded: every queue's steps before done are (by its
+// ShutdownTimeout), and so is the last one's Close.
+func (e *sessionEnd) done() error {
 	if e.left.Add(-1) == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+		defer cancel()
 		return e.sess.Close(ctx)
 	}
 	<-e.sess.Done()

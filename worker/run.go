@@ -90,7 +90,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 			log.Error("starting the rebalancer failed", zap.Error(err))
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
 			sess.Close(closeCtx) // the group's other queues too start again
-			end.done(closeCtx)
+			end.done()
 			cancel()
 			return
 		}
@@ -182,9 +182,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	if err := sess.Err(); err != nil && !errors.Is(err, session.ErrClosed) {
 		log.Warn("session lost", zap.Error(err))
 	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
-	defer cancel()
-	if err := end.done(closeCtx); err != nil {
+	if err := end.done(); err != nil {
 		log.Warn("closing the session failed; peers will reap it", zap.Error(err))
 	}
 	if !waitBounded(rebDone, w.opts.ShutdownTimeout) {
