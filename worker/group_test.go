@@ -686,3 +686,127 @@ func TestWorkersSharingASmallPoolAreWarned(t *testing.T) {
 	}
 	await.Until(t, "both workers to ack their item", func() bool { return first.w.Stats().Acked == 1 && second.w.Stats().Acked == 1 })
 }
+
+// A group of three queues on a pool of exactly GroupPoolConns connections
+// drains them all within GroupConnections connections to the database in
+// all (the pool's, one heartbeat's and one listener's), where three
+// workers would open three heartbeat connections: one session serves them.
+func TestGroupConnectionsBounded(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	direct := setup(t)
+	prepareGroup(t, direct)
+	enqueueGroup(t, direct, n)
+	var all []worker.Options
+	for _, gq := range groupQueues {
+		all = append(all, worker.Options{Parts: gq.parts, Concurrency: gq.conc})
+	}
+	const app = "crdbwork-group-connections"
+	cfg := direct.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = int32(worker.GroupPoolConns(all...))
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	g, err := worker.NewGroup(groupConfigs(t, pool, slowRecord, func(groupQueue) worker.Options { return worker.Options{Poll: 20 * time.Millisecond} }),
+		worker.GroupOptions{Session: fastSession()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runGroup(t, g)
+	peak, sessions := 0, 0
+	await.Until(t, "every item of every queue to end", func() (bool, string) {
+		peak = max(peak, count(t, direct, connectionsStatement(t), app))
+		sessions = max(sessions, count(t, direct, `SELECT count(*) FROM crdbwork_sessions`))
+		left := count(t, direct, `SELECT count(*) FROM crdbwork_items`)
+		return left == 0, fmt.Sprintf("%d left", left)
+	}, await.Within(2*time.Minute))
+	stop()
+	limit := worker.GroupConnections(all...)
+	t.Logf("peak %d connections to the database (limit %d)", peak, limit)
+	if peak == 0 || peak > limit {
+		t.Errorf("peak %d connections, want at most %d", peak, limit)
+	}
+	if sessions != 1 {
+		t.Errorf("at most %d sessions at once, want the group's one", sessions)
+	}
+	if got := count(t, direct, `SELECT count(*) FROM group_runs`); got != n*len(groupQueues) {
+		t.Errorf("%d results, want %d", got, n*len(groupQueues))
+	}
+}
+
+// When the group's one session is lost (its row deleted from outside),
+// every queue's running handlers see their contexts end, the group starts
+// one new session for all its queues, and every item still ends, each
+// handled once.
+func TestGroupSessionLossRestartsEveryQueue(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	pool := setup(t)
+	prepareGroup(t, pool)
+	enqueueGroup(t, pool, n)
+	var held atomic.Bool
+	held.Store(true)
+	cancelled := map[string]*atomic.Int64{}
+	running := map[string]*atomic.Int64{}
+	for _, gq := range groupQueues {
+		cancelled[gq.name], running[gq.name] = &atomic.Int64{}, &atomic.Int64{}
+	}
+	h := func(queue string) worker.Handler {
+		return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+			if held.Load() {
+				running[queue].Add(1)
+				<-ctx.Done() // held until the session is lost
+				cancelled[queue].Add(1)
+				return nil, ctx.Err()
+			}
+			return recordRun(queue, it), nil
+		}
+	}
+	g, err := worker.NewGroup(groupConfigs(t, pool, h, func(groupQueue) worker.Options { return worker.Options{Poll: 20 * time.Millisecond} }),
+		worker.GroupOptions{Session: longSession(), RestartDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runGroup(t, g)
+	for _, gq := range groupQueues {
+		await.Until(t, "a held handler of "+gq.name, func() bool { return running[gq.name].Load() > 0 })
+	}
+	first := g.Worker("plain").Stats().Session
+	held.Store(false)
+	if _, err := pool.Exec(context.Background(), `DELETE FROM crdbwork_sessions WHERE id = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	for _, gq := range groupQueues {
+		w := g.Worker(gq.name)
+		await.Until(t, gq.name+"'s handlers to be cancelled and a new session", func() (bool, string) {
+			st := w.Stats()
+			return cancelled[gq.name].Load() > 0 && st.Sessions == 2 && st.SessionsLost == 1,
+				fmt.Sprintf("%d cancelled, sessions %d, lost %d", cancelled[gq.name].Load(), st.Sessions, st.SessionsLost)
+		})
+	}
+	await.Until(t, "every item of every queue to end", func() (bool, string) {
+		left := count(t, pool, `SELECT count(*) FROM crdbwork_items`)
+		return left == 0, fmt.Sprintf("%d left", left)
+	})
+	second := g.Worker("plain").Stats().Session
+	if second == "" || second == first {
+		t.Fatalf("the session after the loss is %q (the lost one %q)", second, first)
+	}
+	for _, gq := range groupQueues {
+		if s := g.Worker(gq.name).Stats().Session; s != second {
+			t.Errorf("queue %s works in session %q, want the group's %q", gq.name, s, second)
+		}
+	}
+	if got := count(t, pool, `SELECT count(*) FROM crdbwork_sessions`); got != 1 {
+		t.Errorf("%d sessions, want the group's new one", got)
+	}
+	if got := count(t, pool, `SELECT count(DISTINCT item_id) FROM group_runs`); got != n*len(groupQueues) {
+		t.Errorf("%d items handled, want %d", got, n*len(groupQueues))
+	}
+	if got := count(t, pool, `SELECT count(*) FROM group_runs`); got != n*len(groupQueues) {
+		t.Errorf("%d results for %d items", got, n*len(groupQueues))
+	}
+}
