@@ -158,6 +158,7 @@ func NewGroup(queues []QueueConfig, opts GroupOptions) (*Group, error) {
 		} else if w.db != g.db {
 			return nil, fmt.Errorf("worker: group: queue %q is on another database (DB) than queue %q: make one group per database", name, g.workers[0].name)
 		}
+		w.inGroup = true
 		g.workers = append(g.workers, w)
 	}
 	return g, nil
@@ -173,7 +174,7 @@ func (w *Worker) asGroup() *Group {
 
 // Workers returns the group's workers, one per queue in the order given to
 // NewGroup: for their Stats and Queue (a metrics collector takes them one
-// by one). Do not Run them: the group runs them.
+// by one). Their Run fails: the group runs them.
 func (g *Group) Workers() []*Worker { return append([]*Worker(nil), g.workers...) }
 
 // Worker returns the worker of the queue named queue, or nil.

@@ -208,6 +208,9 @@ func TestGroupServesQueuesEachWithItsOwnConcurrency(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_sessions`); n != 1 {
 		t.Fatalf("%d sessions, want the group's one", n)
 	}
+	if err := g.Worker("plain").Run(context.Background()); err == nil {
+		t.Fatal("Run of a group's worker succeeded")
+	}
 	if sessions[0] == "" || sessions[0] != sessions[1] || sessions[1] != sessions[2] {
 		t.Fatalf("the queues' workers report sessions %q, want one", sessions)
 	}

@@ -88,6 +88,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -249,6 +250,9 @@ type Worker struct {
 	// request (Stats.CancelRequests).
 	cancelWake  <-chan struct{}
 	cancelsSeen atomic.Int64
+	// inGroup: a Group runs the worker (NewGroup made it); its own Run
+	// fails.
+	inGroup bool
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -324,6 +328,9 @@ func (w *Worker) Stats() Stats {
 // It runs the group of one queue (see Group.Run): a pool smaller than
 // PoolConns is logged as a warning.
 func (w *Worker) Run(ctx context.Context) error {
+	if w.inGroup {
+		return fmt.Errorf("worker: the worker of queue %q belongs to a Group: run the group", w.name)
+	}
 	return w.asGroup().Run(ctx)
 }
 
