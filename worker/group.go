@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,13 +156,26 @@ func NewGroup(queues []QueueConfig, opts GroupOptions) (*Group, error) {
 		} else if w.tables != g.tables {
 			return nil, fmt.Errorf("worker: group: queue %q has other tables than queue %q (%+v, %+v): a group's queues share the sessions table",
 				name, g.workers[0].name, w.tables, g.tables)
-		} else if w.db != g.db {
+		} else if !sameDB(w.db, g.db) {
 			return nil, fmt.Errorf("worker: group: queue %q is on another database (DB) than queue %q: make one group per database", name, g.workers[0].name)
 		}
 		w.inGroup = true
 		g.workers = append(g.workers, w)
 	}
 	return g, nil
+}
+
+// sameDB reports whether a and b are the same database value (a pool or a
+// connection); values of a type that cannot be compared count as the same.
+func sameDB(a, b DB) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	if ta != tb {
+		return false
+	}
+	if !ta.Comparable() {
+		return true
+	}
+	return a == b
 }
 
 // asGroup returns the group of one that runs w (Worker.Run).

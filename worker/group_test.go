@@ -379,13 +379,14 @@ func TestGroupPoolSize(t *testing.T) {
 }
 
 // NewGroup refuses what cannot work: no queue, a queue twice, queues of
-// other tables, a session option set on a queue.
+// other tables or of another database, a session option set on a queue.
 func TestNewGroupRefusesBadQueues(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
 	a, b := newQueue(t, pool, claim.Options{Queue: "a"}), newQueue(t, pool, claim.Options{Queue: "b"})
 	other := newQueue(t, pool, claim.Options{Queue: "c", Tables: crsql.Tables{Prefix: "other_"}})
+	elsewhere := newQueue(t, setup(t), claim.Options{Queue: "d"})
 	for _, c := range []struct {
 		what   string
 		queues []worker.QueueConfig
@@ -395,6 +396,7 @@ func TestNewGroupRefusesBadQueues(t *testing.T) {
 		{"a nil handler", []worker.QueueConfig{{Queue: a}}},
 		{"a queue twice", []worker.QueueConfig{{Queue: a, Handler: h}, {Queue: a, Handler: h}}},
 		{"other tables", []worker.QueueConfig{{Queue: a, Handler: h}, {Queue: other, Handler: h}}},
+		{"another database", []worker.QueueConfig{{Queue: a, Handler: h}, {Queue: elsewhere, Handler: h}}},
 		{"a queue's session", []worker.QueueConfig{{Queue: a, Handler: h}, {Queue: b, Handler: h, Options: worker.Options{Session: fastSession()}}}},
 		{"a queue's name", []worker.QueueConfig{{Queue: a, Handler: h, Options: worker.Options{Name: "x"}}}},
 		{"bad options", []worker.QueueConfig{{Queue: a, Handler: h, Options: worker.Options{Concurrency: -1}}}},
