@@ -29,7 +29,7 @@ type QueueConfig struct {
 	// tables, retry policy, lease); not read by NewGroup.
 	Claim claim.Options
 	// Handler handles the queue's items: any Handler (one function, or
-	// one made of the queue's kinds).
+	// the queue's Kinds' Handler).
 	Handler Handler
 	// Options are the queue's work options, as New takes them. What
 	// belongs to the group's one session is GroupOptions': leave
