@@ -20,8 +20,10 @@ const (
 	pruneStatements = 8
 )
 
-// pruneEndedIDs (queuemaint.queuemaint.Queue.PruneEnded) forgets the queue's ended ids older than its dedup window
-// (Policy.DedupWindow): enqueues of those ids add new items again. It
+// pruneEndedIDs (queuemaint.queuemaint.Queue.PruneEnded) forgets the queue's ended ids older than both its dedup window
+// (Policy.DedupWindow) and its history window (Retention.HistoryWindow;
+// an enqueue of an id past its dedup window adds a new item again even
+// while its record stays for the history). It
 // deletes them oldest first, at most 1,000 per statement (each its own
 // short transaction) and at most 8,000 per call, and returns how many it
 // deleted; a call that returns 8,000 left more behind for the next one.

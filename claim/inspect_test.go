@@ -178,7 +178,7 @@ func TestInspectQueues(t *testing.T) {
 		}
 	}
 	// Every queue here keeps the default retention of dead items.
-	def := claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}
+	def := claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}
 	want.Retention = def
 	check(parts, want, true)
 	check(plain, claim.QueueInfo{Name: "plain", NumParts: 1, Parts: []claim.PartInfo{{Part: 0, Unclaimed: 3, Due: 2}},

@@ -46,7 +46,20 @@ type Retention struct {
 	// then be 0); NoDeadMaxCount keeps any number (DeadMaxCount must then
 	// be 0). With both, dead items stay until requeued or purged.
 	NoDeadMaxAge, NoDeadMaxCount bool
+	// HistoryWindow is how long the queue keeps the record of an ended
+	// item (acked, dead, cancelled), with its attempts' history, for
+	// Queue.Item and Queue.ItemsList (0: DefaultHistoryWindow, a day, as
+	// River keeps completed jobs), at microsecond precision. Ended records
+	// are kept for the longer of it and the dedup window
+	// (Settings.DedupWindow), so they may outlive it. NoHistory keeps them
+	// for the dedup window only (HistoryWindow must then be 0).
+	HistoryWindow time.Duration
+	NoHistory     bool
 }
+
+// DefaultHistoryWindow is the history window of a queue that sets none
+// (Retention.HistoryWindow): a day, as River keeps completed jobs.
+const DefaultHistoryWindow = 24 * time.Hour
 
 // Validate reports a retention that cannot be stored.
 func (r Retention) Validate() error {
@@ -61,13 +74,21 @@ func (r Retention) Validate() error {
 		return fmt.Errorf("claim: retention: NoDeadMaxAge with a max age of %v: set one or the other", r.DeadMaxAge)
 	case r.NoDeadMaxCount && r.DeadMaxCount != 0:
 		return fmt.Errorf("claim: retention: NoDeadMaxCount with a max count of %d: set one or the other", r.DeadMaxCount)
+	case r.HistoryWindow < 0:
+		return fmt.Errorf("claim: retention: negative history window %v: use NoHistory to keep ended items for the dedup window only", r.HistoryWindow)
+	case r.HistoryWindow > 0 && r.HistoryWindow < time.Second:
+		return fmt.Errorf("claim: retention: history window %v is below a second", r.HistoryWindow)
+	case r.HistoryWindow > 100*365*24*time.Hour:
+		return fmt.Errorf("claim: retention: history window %v is over a century", r.HistoryWindow)
+	case r.NoHistory && r.HistoryWindow != 0:
+		return fmt.Errorf("claim: retention: NoHistory with a history window of %v: set one or the other", r.HistoryWindow)
 	}
 	return nil
 }
 
 // stored returns the bounds to store (0: none).
-func (r Retention) stored() (time.Duration, int64) {
-	age, count := r.DeadMaxAge, r.DeadMaxCount
+func (r Retention) stored() store.RetentionRow {
+	age, count, hist := r.DeadMaxAge, r.DeadMaxCount, r.HistoryWindow
 	switch {
 	case r.NoDeadMaxAge:
 		age = 0
@@ -80,12 +101,19 @@ func (r Retention) stored() (time.Duration, int64) {
 	case count == 0:
 		count = DefaultDeadMaxCount
 	}
-	return age, count
+	switch {
+	case r.NoHistory:
+		hist = 0
+	case hist == 0:
+		hist = DefaultHistoryWindow
+	}
+	return store.RetentionRow{MaxAge: age, MaxCount: count, History: hist}
 }
 
 // retentionOf returns the Retention a stored row means.
 func retentionOf(r store.RetentionRow) Retention {
-	return Retention{DeadMaxAge: r.MaxAge, DeadMaxCount: r.MaxCount, NoDeadMaxAge: r.MaxAge <= 0, NoDeadMaxCount: r.MaxCount <= 0}
+	return Retention{DeadMaxAge: r.MaxAge, DeadMaxCount: r.MaxCount, NoDeadMaxAge: r.MaxAge <= 0, NoDeadMaxCount: r.MaxCount <= 0,
+		HistoryWindow: max(r.History, 0), NoHistory: r.History <= 0}
 }
 
 // setRetention (SettingsUpdate.Retention) stores the queue's retention, replacing the one stored; the
@@ -99,9 +127,9 @@ func (q *Queue) setRetention(ctx context.Context, r Retention) error {
 	if err := q.ready(ctx); err != nil {
 		return fmt.Errorf("claim: setting the retention of %q: %w", q.opts.Queue, err)
 	}
-	age, count := r.stored()
+	row := r.stored()
 	err := retry.Do(ctx, q.stats.retried("retention"), func(ctx context.Context) error {
-		return store.Classify(q.store.QueueRetentionSet(ctx, q.db, q.opts.Queue, age, count))
+		return store.Classify(q.store.QueueRetentionSet(ctx, q.db, q.opts.Queue, row))
 	})
 	if err != nil {
 		return fmt.Errorf("claim: setting the retention of %q: %w", q.opts.Queue, err)

@@ -50,7 +50,7 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	seedDead(t, pool, "c", 20, 40*24*time.Hour)
 	seedDead(t, pool, "c", 300, 0)
 
-	if r, err := readRetention(a.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if r, err := readRetention(a.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("Retention of a queue never set = %+v, %v; want the defaults", r, err)
 	}
 	if err := a.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 1000}}); err != nil {
@@ -59,10 +59,10 @@ func TestRetentionPrunesByAgeAndCount(t *testing.T) {
 	if err := b.UpdateSettings(ctx, claim.SettingsUpdate{Retention: &claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true}}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := readRetention(a.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 1000}) {
+	if r, err := readRetention(a.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 1000, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("Retention = %+v, %v", r, err)
 	}
-	if r, err := readRetention(b.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true}) {
+	if r, err := readRetention(b.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("Retention = %+v, %v", r, err)
 	}
 	for _, bad := range []claim.Retention{{DeadMaxAge: -time.Hour}, {DeadMaxCount: -1}, {DeadMaxAge: time.Millisecond},

@@ -82,6 +82,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_queues (
     -- How long ended ids are remembered for deduplication (0: not at all);
     -- a queue without a row has the default.
     dedup_window         INTERVAL NOT NULL DEFAULT INTERVAL '24 hours',
+    -- History (version 6): how long ended records are kept for the items'
+    -- history; they stay for the longer of it and dedup_window.
+    history_window       INTERVAL NOT NULL DEFAULT INTERVAL '24 hours',
     -- Retention (version 5): how long and how many dead items the queue
     -- keeps (0: no such bound); a queue without a row keeps 30 days and
     -- 100,000.
@@ -197,6 +200,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     -- The item's kind (version 6; NULL: none): which of a worker's typed
     -- handlers runs it (docs/kinds.md).
     kind         TEXT,
+    -- History (version 6): its ended attempts that did not succeed, a JSON
+    -- array, oldest first, at most 20 (docs/history.md); NULL: none.
+    attempt_errors JSONB,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -244,6 +250,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     seq_hold     BOOL        NOT NULL DEFAULT false,
     -- Its kind (version 6; NULL: none), given back by a requeue.
     kind         TEXT,
+    -- History (version 6): the item's failed attempts, as in crdbwork_items.
+    attempt_errors JSONB,
     CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death)
 );
 
@@ -292,6 +300,15 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     cancel_reason       TEXT,
     cancel_requested_at TIMESTAMPTZ,
     was_running         BOOL,
+    -- History (version 6): the item's attempts, enqueue time, its last
+    -- attempt's start (claim time) and session, and its failed attempts
+    -- (as crdbwork_items.attempt_errors). NULL attempts: written by code
+    -- older than version 6, no history recorded.
+    attempts            BIGINT,
+    enqueued_at         TIMESTAMPTZ,
+    started_at          TIMESTAMPTZ,
+    session             UUID,
+    attempt_errors      JSONB,
     PRIMARY KEY (queue, id)
 );
 CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age
@@ -397,6 +414,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
     cancelled_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- Its kind (NULL: none), given back by a requeue.
     kind         TEXT,
+    -- History (version 6): the item's failed attempts, as in crdbwork_items.
+    attempt_errors JSONB,
     -- By id first: a requeue's lookup of one id cannot be mistaken for a
     -- read of the queue's rows through the index by age.
     PRIMARY KEY (id, queue)

@@ -17,10 +17,13 @@ import (
 type retentionJSON struct {
 	DeadMaxAgeSeconds float64 `json:"dead_max_age_seconds"`
 	DeadMaxCount      int64   `json:"dead_max_count"`
+	// HistorySeconds is how long ended items are kept with their history
+	// (0: for the dedup window only).
+	HistorySeconds float64 `json:"history_seconds"`
 }
 
 func retentionOf(r claim.Retention) retentionJSON {
-	return retentionJSON{DeadMaxAgeSeconds: r.DeadMaxAge.Seconds(), DeadMaxCount: r.DeadMaxCount}
+	return retentionJSON{DeadMaxAgeSeconds: r.DeadMaxAge.Seconds(), DeadMaxCount: r.DeadMaxCount, HistorySeconds: r.HistoryWindow.Seconds()}
 }
 
 // format renders r for people.
@@ -34,7 +37,16 @@ func (r retentionJSON) format() string {
 	if r.DeadMaxCount > 0 {
 		count = fmt.Sprintf("at most %d", r.DeadMaxCount)
 	}
-	return fmt.Sprintf("keeps dead items %s, %s", age, count)
+	hist := "for the dedup window only"
+	if d := secs(r.HistorySeconds); d > 0 && d%(24*time.Hour) == 0 {
+		hist = fmt.Sprintf("for %d days", d/(24*time.Hour))
+	} else if d > 0 {
+		hist = "for " + d.String()
+	}
+	if secs(r.HistorySeconds) == 24*time.Hour {
+		hist = "for a day"
+	}
+	return fmt.Sprintf("keeps dead items %s, %s; ended items with their history %s", age, count, hist)
 }
 
 // progressRow is one item with a reported progress, for `crdbwork status`.
@@ -139,18 +151,22 @@ func parseCount(s string) (int64, error) {
 // turned on or lowered.
 func tighter(cur, next claim.Retention) bool {
 	return (cur.NoDeadMaxAge && !next.NoDeadMaxAge) || (!next.NoDeadMaxAge && next.DeadMaxAge < cur.DeadMaxAge) ||
-		(cur.NoDeadMaxCount && !next.NoDeadMaxCount) || (!next.NoDeadMaxCount && next.DeadMaxCount < cur.DeadMaxCount)
+		(cur.NoDeadMaxCount && !next.NoDeadMaxCount) || (!next.NoDeadMaxCount && next.DeadMaxCount < cur.DeadMaxCount) ||
+		next.HistoryWindow < cur.HistoryWindow
 }
 
 func cmdRetention(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var g globals
 	var cf confirmFlags
-	var ageFlag, countFlag string
+	var ageFlag, countFlag, histFlag string
 	f := prog.NewFlagSet(name, fmt.Sprintf(`Shows or sets how long and how many dead items --queue keeps. Every worker
 session's reaper deletes the dead items older than --dead-max-age and the
 oldest beyond the newest --dead-max-count, in batches (see docs/retention.md).
 A queue never set keeps %s and %d. "off" removes a bound, "default"
-restores the default. The flags not given keep their stored values. A change
+restores the default. --history is how long the queue keeps ended items (acked,
+dead, cancelled) with their attempts' history, for "crdbwork item" and the
+dashboard (default a day; they stay at least the dedup window; off: the dedup
+window only). The flags not given keep their stored values. A change
 that deletes more (a bound lowered or turned on) says so and needs --yes
 (--dry-run only shows it). Without a flag it shows the retention.`, claim.DefaultDeadMaxAge, claim.DefaultDeadMaxCount))
 	g.register(f, queueRequired)
@@ -164,13 +180,17 @@ that deletes more (a bound lowered or turned on) says so and needs --yes
 		_, _, _, err := parseBound(s, parseCount)
 		return err
 	})
+	f.StringVar(&histFlag, "history", "", "DURATION", "keep ended items with their history this long (like 24h or 7d; off: the dedup window only; default: 1d)", func(s string) error {
+		_, _, _, err := parseBound(s, parseAge)
+		return err
+	})
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
 	if err := cf.check(f); err != nil {
 		return err
 	}
-	setting := f.IsSet("dead-max-age") || f.IsSet("dead-max-count")
+	setting := f.IsSet("dead-max-age") || f.IsSet("dead-max-count") || f.IsSet("history")
 	pool, q, err := g.openQueue(ctx, f)
 	if err != nil {
 		return err
@@ -199,6 +219,16 @@ that deletes more (a bound lowered or turned on) says so and needs --yes
 		if def {
 			next.DeadMaxCount = claim.DefaultDeadMaxCount
 		}
+	}
+	if f.IsSet("history") {
+		d, off, def, _ := parseBound(histFlag, parseAge)
+		next.HistoryWindow, next.NoHistory = d, off
+		if def {
+			next.HistoryWindow = claim.DefaultHistoryWindow
+		}
+	}
+	if next.NoHistory {
+		next.HistoryWindow = 0
 	}
 	if next.NoDeadMaxAge {
 		next.DeadMaxAge = 0

@@ -25,7 +25,7 @@ func TestRetention(t *testing.T) {
 	if r, _ := m["retention"].(map[string]any); r["dead_max_age_seconds"] != float64(30*24*3600) || r["dead_max_count"] != float64(100000) {
 		t.Fatalf("retention --json of a queue never set: %v", m)
 	}
-	if r := must(t, d.env, "retention", "--queue", "emails"); r.stdout != "queue \"emails\" keeps dead items at most 30 days old, at most 100000\n" {
+	if r := must(t, d.env, "retention", "--queue", "emails"); r.stdout != "queue \"emails\" keeps dead items at most 30 days old, at most 100000; ended items with their history for a day\n" {
 		t.Errorf("retention: %q", r.stdout)
 	}
 	// Tightening: refused without --yes, shown by --dry-run, done with --yes.
@@ -34,27 +34,39 @@ func TestRetention(t *testing.T) {
 	if r := must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "7d", "--dead-max-count", "10", "--dry-run"); r.stdout == "" {
 		t.Errorf("--dry-run printed nothing: %s", r)
 	}
-	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("a refused or dry change stored %+v, %v", r, err)
 	}
 	m = jsonOf(t, must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "7d", "--dead-max-count", "10", "--yes", "--json"))
 	if r, _ := m["retention"].(map[string]any); r["dead_max_age_seconds"] != float64(7*24*3600) || r["dead_max_count"] != float64(10) {
 		t.Fatalf("retention --yes --json: %v", m)
 	}
-	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 10, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("after the change: %+v, %v", r, err)
 	}
 	// Loosening needs no --yes; "off" and "default".
 	must(t, d.env, "retention", "--queue", "emails", "--dead-max-age", "off", "--dead-max-count", "default")
-	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("after off and default: %+v, %v", r, err)
 	}
 	// The flag not given keeps its value.
 	must(t, d.env, "retention", "--queue", "emails", "--dead-max-count", "off")
-	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true}) {
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r != (claim.Retention{NoDeadMaxAge: true, NoDeadMaxCount: true, HistoryWindow: claim.DefaultHistoryWindow}) {
 		t.Fatalf("after --dead-max-count off: %+v, %v", r, err)
 	}
-	for _, bad := range [][]string{{"--dead-max-age", "-1h"}, {"--dead-max-age", "soon"}, {"--dead-max-count", "0"}, {"--dead-max-count", "x"}, {"--dead-max-age", "10ms"}} {
+	// The history window: longer needs no --yes, shorter does, off keeps
+	// ended items for the dedup window only.
+	must(t, d.env, "retention", "--queue", "emails", "--history", "7d")
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r.HistoryWindow != 7*24*time.Hour || r.NoHistory {
+		t.Fatalf("after --history 7d: %+v, %v", r, err)
+	}
+	want(t, d.env, 2, []string{"ended items with their history for the dedup window only", "--yes"}, "retention", "--queue", "emails", "--history", "off")
+	must(t, d.env, "retention", "--queue", "emails", "--history", "off", "--yes")
+	if r, err := readRetention(q.Settings(ctx)); err != nil || r.HistoryWindow != 0 || !r.NoHistory {
+		t.Fatalf("after --history off: %+v, %v", r, err)
+	}
+	must(t, d.env, "retention", "--queue", "emails", "--history", "default")
+	for _, bad := range [][]string{{"--dead-max-age", "-1h"}, {"--dead-max-age", "soon"}, {"--dead-max-count", "0"}, {"--dead-max-count", "x"}, {"--dead-max-age", "10ms"}, {"--history", "-1h"}, {"--history", "10ms"}} {
 		want(t, d.env, 2, nil, append([]string{"retention", "--queue", "emails"}, bad...)...)
 	}
 	want(t, d.env, 2, []string{`unknown queue "nope"`}, "retention", "--queue", "nope")

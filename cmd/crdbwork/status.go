@@ -686,7 +686,7 @@ func formatStatus(s *status, compact bool) string {
 	if s.Settings.SequencedItems && !s.Settings.Sequenced {
 		b.WriteString("sequencing: off, but sequenced items remain: they keep one item in flight per key, in order, until they end\n")
 	}
-	if s.Retention != retentionOf(claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}) {
+	if s.Retention != retentionOf(claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}) {
 		fmt.Fprintf(&b, "retention: %s\n", s.Retention.format())
 	}
 	if !s.Known {

@@ -42,25 +42,28 @@ const DefaultDedupWindow = `INTERVAL '24 hours'`
 const dedupWindow = `COALESCE((SELECT dedup_window FROM crdbwork_queues WHERE name = $1), ` + DefaultDedupWindow + `)`
 
 // recordEnded returns a CTE, named ended, that records the rows of the CTE
-// gone (columns id and queue) in crdbwork_ended with outcome, unless their
-// queue's dedup window is zero (remembering nothing). A row already there
-// (an id that ended before, enqueued again once its window had passed) is
-// refreshed. The window's check is a lookup of the queue's row by primary
-// key per queue, cheap next to the delete.
-func recordEnded(outcome string) string {
+// gone (columns id and queue) in crdbwork_ended with outcome and the
+// history hist (expressions over g for endedHistoryColumns: endedFromGone
+// or endedFromWaiting), unless their queue keeps no ended record (its dedup
+// window is off: keepsNothing). A row already there (an id that ended
+// before, enqueued again once its window had passed) is refreshed. The
+// window's check is a lookup of the queue's row by primary key per queue,
+// cheap next to the delete.
+func recordEnded(outcome, hist string) string {
 	return `ended AS (
-    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome)
-    SELECT g.queue, g.id, now(), '` + outcome + `' FROM gone AS g
-    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.dedup_window <= INTERVAL '0 seconds')
-    ON CONFLICT (queue, id) DO UPDATE SET ended_at = excluded.ended_at, outcome = excluded.outcome
+    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, ` + endedHistoryColumns + `)
+    SELECT g.queue, g.id, now(), '` + outcome + `', ` + hist + ` FROM gone AS g
+    WHERE NOT ` + keepsNothing + `
+    ON CONFLICT (queue, id) DO UPDATE SET ended_at = excluded.ended_at, outcome = excluded.outcome,
+        ` + endedHistoryUpdate + `
     RETURNING e.id)`
 }
 
 // deleteEnded wraps del, a DELETE from the items table without RETURNING,
-// into a statement that records the deleted items as ended with outcome and
-// returns their ids.
+// into a statement that records the deleted items as ended with outcome
+// and their history and returns their ids.
 func deleteEnded(del, outcome string) string {
-	return "WITH gone AS (" + del + " RETURNING id, queue),\n" + recordEnded(outcome) + "\nSELECT id FROM gone"
+	return "WITH gone AS (" + del + " RETURNING id, queue, " + goneHistory + "),\n" + recordEnded(outcome, endedFromGone) + "\nSELECT id FROM gone"
 }
 
 // hasDependents is the condition, on a row g (columns id and queue) of an
@@ -83,7 +86,7 @@ const ackedSelect = "\nSELECT g.id, " + hasDependents + " FROM gone AS g"
 // deleteEndedAck is deleteEnded for an ack: it returns, with each deleted
 // item's id, whether items wait for it (ackedSelect).
 func deleteEndedAck(del string) string {
-	return "WITH gone AS (" + del + " RETURNING id, queue),\n" + recordEnded(OutcomeAcked) + ackedSelect
+	return "WITH gone AS (" + del + " RETURNING id, queue, " + goneHistory + "),\n" + recordEnded(OutcomeAcked, endedFromGone) + ackedSelect
 }
 
 // dedupStatements are the statements of the dedup window that are not part
@@ -91,7 +94,7 @@ func deleteEndedAck(del string) string {
 // text is identical on CockroachDB and PostgreSQL.
 type dedupStatements struct {
 	// PruneEnded deletes up to $2 rows of queue $1 that ended before its
-	// dedup window, oldest first, through crdbwork_ended_by_age (queue,
+	// dedup and history windows (keepWindow, schema version 6), oldest first, through crdbwork_ended_by_age (queue,
 	// ended_at), and returns their ids. Rows another pruner holds are
 	// skipped (FOR UPDATE SKIP LOCKED: run it in an explicit SERIALIZABLE
 	// transaction, as the reaper's other statements). The CTE's rows are

@@ -65,7 +65,8 @@ const farVesting = `now() + INTERVAL '100 years'`
 // cancelledGone is the RETURNING list of the deletes that end cancelled
 // items, read by recordCancelled.
 const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason,
-        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers, kind`
+        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers, kind,
+        claimed_at, attempt_errors`
 
 // cancelHolds is the CTE, named held (followed by keepCancelled's kept),
 // that keeps the cancelled items of
@@ -77,9 +78,9 @@ const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_b
 // not kept.
 const cancelHolds = `held AS (
     INSERT INTO crdbwork_dead_items
-        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold, kind)
+        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold, kind, attempt_errors)
     SELECT g.id, g.queue, g.part, g.item_key, g.priority, g.attempts, g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-           '` + OutcomeCancelled + `', g.seq_order, true, g.kind
+           '` + OutcomeCancelled + `', g.seq_order, true, g.kind, g.attempt_errors
     FROM gone AS g
     WHERE g.seq_order IS NOT NULL AND g.item_key IS NOT NULL
       AND EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.sequence_hold)
@@ -95,16 +96,16 @@ const cancelHolds = `held AS (
 // already there (an id cancelled before, enqueued again) is replaced.
 const keepCancelled = `kept AS (
     INSERT INTO crdbwork_cancelled_items AS c
-        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at, kind)
+        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at, kind, attempt_errors)
     SELECT g.queue, g.id, g.part, g.item_key, g.priority, g.max_attempts, g.payload, g.metadata, g.tenant, g.headers, g.enqueued_at,
-           g.claim_token, g.seq_order, now(), g.kind
+           g.claim_token, g.seq_order, now(), g.kind, g.attempt_errors
     FROM gone AS g
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue
                       AND (w.dedup_window <= INTERVAL '0 seconds' OR (w.sequence_hold AND g.seq_order IS NOT NULL AND g.item_key IS NOT NULL)))
     ON CONFLICT (id, queue) DO UPDATE SET part = excluded.part, item_key = excluded.item_key, priority = excluded.priority,
         max_attempts = excluded.max_attempts, payload = excluded.payload, metadata = excluded.metadata, tenant = excluded.tenant,
         headers = excluded.headers, enqueued_at = excluded.enqueued_at, claim_token = excluded.claim_token,
-        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at, kind = excluded.kind
+        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at, kind = excluded.kind, attempt_errors = excluded.attempt_errors
     RETURNING c.id)`
 
 // recordCancelled returns the CTE, named ended, that records the rows of
@@ -115,12 +116,13 @@ const keepCancelled = `kept AS (
 // window is zero, and refreshes a row already there.
 func recordCancelled(by, reason, requested, running string) string {
 	return `ended AS (
-    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, cancel_by, cancel_reason, cancel_requested_at, was_running)
-    SELECT g.queue, g.id, now(), '` + OutcomeCancelled + `', ` + by + `, ` + reason + `, ` + requested + `, ` + running + ` FROM gone AS g
-    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.dedup_window <= INTERVAL '0 seconds')
+    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, cancel_by, cancel_reason, cancel_requested_at, was_running, ` + endedHistoryColumns + `)
+    SELECT g.queue, g.id, now(), '` + OutcomeCancelled + `', ` + by + `, ` + reason + `, ` + requested + `, ` + running + `, ` + endedFromGone + ` FROM gone AS g
+    WHERE NOT ` + keepsNothing + `
     ON CONFLICT (queue, id) DO UPDATE SET ended_at = excluded.ended_at, outcome = excluded.outcome,
         cancel_by = excluded.cancel_by, cancel_reason = excluded.cancel_reason,
-        cancel_requested_at = excluded.cancel_requested_at, was_running = excluded.was_running
+        cancel_requested_at = excluded.cancel_requested_at, was_running = excluded.was_running,
+        ` + endedHistoryUpdate + `
     RETURNING e.id)`
 }
 
@@ -143,13 +145,14 @@ const cancelUnclaimed = `WITH gone AS (
     DELETE FROM crdbwork_items WHERE id = $1 AND queue = $2 AND (claim IS NULL) IS TRUE
     ` + cancelledGone + `),
 ` + `ended AS (
-    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, cancel_by, cancel_reason, cancel_requested_at, was_running)
+    INSERT INTO crdbwork_ended AS e (queue, id, ended_at, outcome, cancel_by, cancel_reason, cancel_requested_at, was_running, ` + endedHistoryColumns + `)
     SELECT g.queue, g.id, now(), '` + OutcomeCancelled + `', COALESCE(g.cancel_by, $3::TEXT), COALESCE(g.cancel_reason, $4::TEXT),
-        COALESCE(g.cancel_requested_at, now()), g.cancel_requested_at IS NOT NULL FROM gone AS g
-    WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.dedup_window <= INTERVAL '0 seconds')
+        COALESCE(g.cancel_requested_at, now()), g.cancel_requested_at IS NOT NULL, ` + endedFromGone + ` FROM gone AS g
+    WHERE NOT ` + keepsNothing + `
     ON CONFLICT (queue, id) DO UPDATE SET ended_at = excluded.ended_at, outcome = excluded.outcome,
         cancel_by = excluded.cancel_by, cancel_reason = excluded.cancel_reason,
-        cancel_requested_at = excluded.cancel_requested_at, was_running = excluded.was_running
+        cancel_requested_at = excluded.cancel_requested_at, was_running = excluded.was_running,
+        ` + endedHistoryUpdate + `
     RETURNING e.id),
 ` + cancelHolds + `
 SELECT id FROM gone`

@@ -121,6 +121,9 @@ type DeadItemRow struct {
 	Tenant      string // "" if none
 	Reason      string
 	Kind        string // "" if none
+	// History is its attempt_errors (schema version 6; read by DeadOfID
+	// only, nil otherwise or if none): read it with ParseHistory.
+	History []byte
 }
 
 // RequeueResult says what Requeue did.
@@ -516,10 +519,11 @@ func (s *Store) ItemsExtend(ctx context.Context, db DB, d Dialect, keys []ClaimK
 }
 
 // nackSQL is the text of coreStatements.Nack (rendered by newCoreStatements).
-const nackSQL = `UPDATE crdbwork_items
+var nackSQL = `UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
-    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
+    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5,
+    attempt_errors = ` + historyAppend("attempt_errors", historyEntry("", HistoryFailed, "$5::TEXT")) + `
 WHERE ` + heldBy
 
 // ItemsNack releases a held claim with its attempt counted: the item vests again
@@ -545,8 +549,9 @@ func (s *Store) ItemsRelease(ctx context.Context, db DB, k ClaimKey) (bool, erro
 
 // exhaustSQL is the text of deathStatements.Exhaust
 // (rendered by newDeathStatements).
-const exhaustSQL = `UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
+var exhaustSQL = `UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4,
+    attempt_errors = ` + historyAppend("attempt_errors", historyEntry("", HistoryPermanent, "$4::TEXT")) + `
 WHERE ` + heldBy
 
 // ItemsExhaust releases a held claim with the item's attempts used up and
@@ -569,11 +574,12 @@ func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error)
 // (rendered by newCoreStatements).
 var deadLetterSQL = `WITH gone AS (
     DELETE FROM crdbwork_items WHERE ` + heldBy + `
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order, kind),
-` + recordEnded(OutcomeDead) + `
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order, kind,
+        claimed_at, claim, ` + historyAppend("attempt_errors", historyEntry("", HistoryDead, "$4::TEXT")) + ` AS attempt_errors),
+` + recordEnded(OutcomeDead, endedFromGone) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + `, attempt_errors FROM gone
 RETURNING id`
 
 // ItemsDeadLetter moves a held claim's item to the dead items with lastError and
@@ -729,12 +735,12 @@ func queryIDs(ctx context.Context, db DB, stmt string, args ...any) ([]uuid.UUID
 
 // reapLeasesIDsSQL is the text of deathStatements.ReapLeasesIDs
 // (rendered by newDeathStatements).
-const reapLeasesIDsSQL = `WITH picked AS MATERIALIZED (
+var reapLeasesIDsSQL = `WITH picked AS MATERIALIZED (
     SELECT id FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
     FOR UPDATE SKIP LOCKED)
 UPDATE crdbwork_items AS i
-SET ` + released + `
+SET ` + released + `, ` + leaseRanOut + `
 WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
 RETURNING i.id`
 
@@ -858,7 +864,7 @@ const requeueStateSQL = `SELECT (SELECT queue FROM crdbwork_items WHERE id = $1)
 // item inserted since is a serialization failure of the
 // SERIALIZABLE transaction Requeue runs in): a refused requeue
 // deletes nothing. The requeued id is no longer ended (revived).
-const requeueSQL = `WITH victim AS MATERIALIZED (
+var requeueSQL = `WITH victim AS MATERIALIZED (
     SELECT death FROM crdbwork_dead_items
     WHERE id = $1 AND queue = $2 AND ($3::UUID IS NULL OR death = $3)
       AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
@@ -867,12 +873,12 @@ const requeueSQL = `WITH victim AS MATERIALIZED (
     LIMIT 1),
 gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind),
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind, attempt_errors),
 revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind)
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind, attempt_errors)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-       ` + requeuedSeqOrder + `, g.kind
+       ` + requeuedSeqOrder + `, g.kind, ` + historyRequeued("g.attempt_errors", OutcomeDead) + `
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n

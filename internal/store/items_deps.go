@@ -580,7 +580,8 @@ func (s *Store) QueuePurgeDependsBatch(ctx context.Context, db DB, d Dialect, qu
 
 // cancelWaitingSQL is the text of dependsStatements.CancelWaiting
 // (rendered by newDependsStatements).
-var cancelWaitingSQL = deleteEnded(`DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE`, OutcomeCancelled)
+var cancelWaitingSQL = "WITH gone AS (DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE RETURNING id, queue, enqueued_at),\n" +
+	recordEnded(OutcomeCancelled, endedFromWaiting) + "\nSELECT id FROM gone"
 
 // ItemsDepsCancelWaiting deletes, in tx, the waiting item id of queue and the edges
 // to it, records it as ended (cancelled), and reports whether it was there
@@ -1024,7 +1025,7 @@ SELECT id FROM ins`),
 WHERE queue = ` + queueKey + ` AND prereq > $2
 ORDER BY prereq
 LIMIT $3`),
-		KillDependents: r(fmt.Sprintf(killDependents, fmt.Sprintf(lockDependents, spared, " SKIP LOCKED"), byID("w.id", "d.id"), recordEnded(OutcomeDead))),
+		KillDependents: r(fmt.Sprintf(killDependents, fmt.Sprintf(lockDependents, spared, " SKIP LOCKED"), byID("w.id", "d.id"), recordEnded(OutcomeDead, endedFromWaiting))),
 		DeleteEdgesTo: r(`DELETE FROM crdbwork_waits_for AS x USING ` + to + `
 WHERE ` + toQueue + ` AND ` + byID("x.dependent", "k.id")),
 		DeleteEdgesGone: r(`DELETE FROM crdbwork_waits_for AS x

@@ -300,16 +300,16 @@ func (s *Store) ItemsEnqueueFound(ctx context.Context, db DB, queue string, ids 
 // (rendered by newDedupStatements).
 const pruneEndedSQL = `WITH old AS MATERIALIZED (
     SELECT id FROM crdbwork_ended
-    WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
+    WHERE queue = $1 AND ended_at < now() - ` + keepWindow + `
     ORDER BY ended_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
 DELETE FROM crdbwork_ended AS e
-WHERE e.queue = $1 AND e.id IN (SELECT id FROM old) AND e.ended_at < now() - ` + dedupWindow + `
+WHERE e.queue = $1 AND e.id IN (SELECT id FROM old) AND e.ended_at < now() - ` + keepWindow + `
 RETURNING e.id`
 
 // EndedPrune deletes, in tx, up to limit of queue's ended ids older than
-// its dedup window, oldest first, and returns how many it deleted
+// both its dedup and its history windows (keepWindow), oldest first, and returns how many it deleted
 // (dedupStatements.PruneEnded). Run it in an explicit SERIALIZABLE
 // transaction (it locks with SKIP LOCKED).
 func (s *Store) EndedPrune(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {

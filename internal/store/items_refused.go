@@ -118,12 +118,12 @@ var killItemSQL = `WITH picked AS MATERIALIZED (
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND (i.claim IS NULL OR i.lease_until < now())
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error,
-              i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind),
-` + recordEnded(OutcomeDead) + `
+              i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind, i.claimed_at, i.claim, i.attempt_errors),
+` + recordEnded(OutcomeDead, endedFromGone) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata,
-       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `
+       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `, attempt_errors
 FROM gone
 RETURNING id`
 
@@ -143,7 +143,7 @@ var killWaitingSQL = `WITH gone AS (
 edges AS (
     DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2
     RETURNING prereq),
-` + recordEnded(OutcomeDead) + `
+` + recordEnded(OutcomeDead, endedFromWaiting) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason, kind)
 SELECT g.id, g.queue, g.hash % n.parts, g.item_key, g.priority, 0, g.max_attempts, g.payload, g.metadata, $3::TEXT,
@@ -197,7 +197,7 @@ func (s *Store) ItemsReapCancelledIDs(ctx context.Context, tx pgx.Tx, queue stri
 // pruneEndedCandidatesSQL is the text of refusedStatements.PruneEndedCandidates
 // (rendered by newRefusedStatements).
 const pruneEndedCandidatesSQL = `SELECT id FROM crdbwork_ended
-WHERE queue = $1 AND ended_at < now() - ` + dedupWindow + `
+WHERE queue = $1 AND ended_at < now() - ` + keepWindow + `
 ORDER BY ended_at
 LIMIT $2`
 
@@ -210,7 +210,7 @@ func (s *Store) EndedPruneCandidates(ctx context.Context, db DB, queue string, l
 // pruneEndedIDsSQL is the text of refusedStatements.PruneEndedIDs
 // (rendered by newRefusedStatements).
 const pruneEndedIDsSQL = `DELETE FROM crdbwork_ended
-WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + dedupWindow
+WHERE queue = $1 AND id = ANY($2::UUID[]) AND ended_at < now() - ` + keepWindow
 
 // EndedPruneIDs is PruneEnded for the given candidates
 // (refusedStatements.PruneEndedIDs).

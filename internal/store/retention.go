@@ -124,36 +124,46 @@ type RetentionRow struct {
 	Stored   bool
 	MaxAge   time.Duration
 	MaxCount int64
+	// History is how long the queue keeps its ended records for the
+	// items' history (schema version 6; 0: no longer than its dedup window).
+	History time.Duration
 }
+
+// DefaultHistoryWindow is the history window of a queue without a row, as
+// an SQL literal (the column's default).
+const DefaultHistoryWindow = `INTERVAL '24 hours'`
 
 // retentionSQL is the text of retentionStatements.Retention
 // (rendered by newRetentionStatements).
 const retentionSQL = `SELECT q.name IS NOT NULL,
        COALESCE((EXTRACT(EPOCH FROM q.dead_max_age) * 1000000)::BIGINT, (EXTRACT(EPOCH FROM ` + DefaultDeadMaxAge + `) * 1000000)::BIGINT),
-       COALESCE(q.dead_max_count, ` + DefaultDeadMaxCount + `)
+       COALESCE(q.dead_max_count, ` + DefaultDeadMaxCount + `),
+       COALESCE((EXTRACT(EPOCH FROM q.history_window) * 1000000)::BIGINT, (EXTRACT(EPOCH FROM ` + DefaultHistoryWindow + `) * 1000000)::BIGINT)
 FROM (SELECT 1) AS one LEFT JOIN crdbwork_queues AS q ON q.name = $1`
 
 // QueueRetention reads queue's retention (retentionStatements.Retention).
 func (s *Store) QueueRetention(ctx context.Context, db DB, queue string) (RetentionRow, error) {
 	var r RetentionRow
-	var us int64
-	if err := db.QueryRow(ctx, s.ret.Retention, queue).Scan(&r.Stored, &us, &r.MaxCount); err != nil {
+	var us, hist int64
+	if err := db.QueryRow(ctx, s.ret.Retention, queue).Scan(&r.Stored, &us, &r.MaxCount, &hist); err != nil {
 		return RetentionRow{}, err
 	}
 	r.MaxAge = time.Duration(us) * time.Microsecond
+	r.History = time.Duration(hist) * time.Microsecond
 	return r, nil
 }
 
 // setRetentionSQL is the text of retentionStatements.SetRetention
 // (rendered by newRetentionStatements).
-const setRetentionSQL = `INSERT INTO crdbwork_queues AS q (name, dead_max_age, dead_max_count)
-VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3)
-ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count`
+const setRetentionSQL = `INSERT INTO crdbwork_queues AS q (name, dead_max_age, dead_max_count, history_window)
+VALUES ($1, $2::BIGINT * INTERVAL '1 microsecond', $3, $4::BIGINT * INTERVAL '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET dead_max_age = excluded.dead_max_age, dead_max_count = excluded.dead_max_count,
+    history_window = excluded.history_window`
 
-// QueueRetentionSet stores queue's retention, at microsecond precision
-// (retentionStatements.SetRetention).
-func (s *Store) QueueRetentionSet(ctx context.Context, db DB, queue string, maxAge time.Duration, maxCount int64) error {
-	_, err := db.Exec(ctx, s.ret.SetRetention, queue, maxAge.Microseconds(), maxCount)
+// QueueRetentionSet stores queue's retention r (Stored ignored), at
+// microsecond precision (retentionStatements.SetRetention).
+func (s *Store) QueueRetentionSet(ctx context.Context, db DB, queue string, r RetentionRow) error {
+	_, err := db.Exec(ctx, s.ret.SetRetention, queue, r.MaxAge.Microseconds(), r.MaxCount, r.History.Microseconds())
 	return err
 }
 

@@ -88,7 +88,7 @@ func TestRetentionAndProgressPlans(t *testing.T) {
 	}
 	cases := []planCase{
 		{"Retention", ret.Retention, []any{"q"}},
-		{"SetRetention", ret.SetRetention, []any{"q", int64(3600e6), int64(500)}},
+		{"SetRetention", ret.SetRetention, []any{"q", int64(3600e6), int64(500), int64(86400e6)}},
 		{"PruneDeadOlder", pruneOlder, []any{"q", int64(30 * 24 * 3600e6), 1000}},
 		{"PruneDeadBefore", pruneBefore, []any{"q", recent, 1000}},
 		{"DeadNewest", ret.DeadNewest, []any{"q", int64(1000), int64(60e6)}},

@@ -133,6 +133,32 @@ ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS kind TEXT;
+-- == history ==
+-- (issue 33) What happened to an item, attempt by attempt. attempt_errors
+-- is a JSON array of the item's ended attempts that did not succeed, oldest
+-- first, at most 20 (the oldest dropped first): each an object with the
+-- attempt's number, start (its claim), end, session and error (at most
+-- 4,096 characters, longer ones cut with a marker), or a requeue marker.
+-- A nack, a permanent failure, a lease that ran out and a death append to
+-- it; it moves with the item to the dead items, the kept cancelled items,
+-- back on a requeue, and into the ended record. The ended record also
+-- keeps the item's attempts, enqueue time, and its last attempt's start
+-- and session (NULL attempts: recorded by code older than version 6, "no
+-- history recorded"). history_window is how long a queue keeps its ended
+-- records for history (crdbwork_ended rows stay for the longer of it and
+-- dedup_window). Code of versions 3 to 5 neither writes nor reads these
+-- columns: its nacks add no entry, its ends record no history, and its
+-- reapers prune the ended records by the dedup window alone
+-- (docs/history.md, "Rolling upgrades").
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
+ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS attempts BIGINT;
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS enqueued_at TIMESTAMPTZ;
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS started_at TIMESTAMPTZ;
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS session UUID;
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
+ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS history_window INTERVAL NOT NULL DEFAULT INTERVAL '24 hours';
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
