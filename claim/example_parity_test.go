@@ -125,11 +125,11 @@ func ExampleRequeueOptions_cancelled() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	it, ok, err := q.Item(ctx, id)
+	it, err := q.Item(ctx, id)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("requeued:", r.Requeued, "back:", ok, string(it.Payload), it.Key)
+	fmt.Println("requeued:", r.Requeued, "back:", it.State == claim.StateQueued, string(it.Payload), it.Key)
 	_, err = q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id})
 	fmt.Println("again:", errors.Is(err, claim.ErrItemLive))
 	// Output:

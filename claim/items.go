@@ -17,12 +17,24 @@ import (
 // ItemQuery asks Items for one page of the queue's items. The zero value
 // asks for the first DefaultListLimit unclaimed items in claim order.
 type ItemQuery struct {
+	// State, when set, lists the items in that state, in any table:
+	// StateQueued every unclaimed item (queued, delayed and snoozed: each
+	// item's State says which) in claim order; StateRunning the claimed
+	// items by lease end; StateWaiting the waiting items by enqueue time;
+	// StateDead the deaths, StateAcked the acked and taken items and
+	// StateCancelled the cancelled ones, newest first (the ended ones
+	// within the queue's history window). Not with Claimed.
+	State ItemState
+	// Key lists only the items of this key ("" any; with a State, and not
+	// for StateAcked and StateCancelled, whose records keep no key).
+	Key string
 	// Claimed lists the claimed items, the soonest lease expiry first;
 	// false lists the unclaimed items in claim order (priority, turn,
 	// part, id).
 	Claimed bool
 	// Tenant lists only this tenant's unclaimed items ("" every tenant's;
-	// not with Claimed).
+	// not with Claimed), or with a State this tenant's items in it (not
+	// for StateAcked and StateCancelled).
 	Tenant string
 	// After is the cursor of the previous page (ItemPage.Next); "" for the
 	// first page. A cursor belongs to its query's Claimed and Tenant.
@@ -40,10 +52,12 @@ type ItemPage struct {
 	Next string
 }
 
-// ItemInfo is an item in the items table, as Items lists it and Item
-// looks it up.
+// ItemInfo is an item, as Items lists it and Item looks it up.
 type ItemInfo struct {
-	ID       uuid.UUID
+	ID uuid.UUID
+	// Queue is its queue; State where it is (set by Item, and by Items with a State).
+	Queue    string
+	State    ItemState
 	Part     int
 	Key      string
 	Priority int64
@@ -63,14 +77,39 @@ type ItemInfo struct {
 	// read by Item only (nil in Items' pages).
 	PayloadSize       int64
 	Payload, Metadata []byte
+	// Session is the session that runs it (claimed items; set by Item and
+	// List).
+	Session uuid.UUID
+	// EndedAt is when it died or ended (dead and ended items), Reason why
+	// it died, or why it was cancelled.
+	EndedAt time.Time
+	Reason  string
+	// History is its attempts, oldest first, with their errors (Item
+	// only). HistoryRecorded is false for an item that ended under code
+	// older than schema version 6, which recorded no history;
+	// HistoryOmitted reports attempts left out (an item keeps the last
+	// HistoryMaxEntries failed ones).
+	History         []Attempt
+	HistoryRecorded bool
+	HistoryOmitted  bool
 }
 
-// Items returns one page of this queue's items (the items table: neither
-// waiting items nor dead ones, see DeadItems), unclaimed ones in claim
-// order or claimed ones by lease expiry (ItemQuery.Claimed). Page on by
-// passing the page's Next as the next query's After. Each page reads at
-// most Limit+1 entries of the index that serves its order.
+// Items returns one page of this queue's items: without a State, of the
+// items table (neither waiting items nor dead ones, see DeadItems),
+// unclaimed ones in claim order or claimed ones by lease expiry
+// (ItemQuery.Claimed), each page reading at most Limit+1 entries of the
+// index that serves its order; with a State, the items in that state
+// wherever they are (ItemQuery.State), optionally of one key or tenant.
+// Page on by passing the page's Next as the next query's After. Pages are
+// read by keyset, each going on after the previous page's last item, never
+// by offset: paging from the first page to the last lists every item that
+// stays in the state meanwhile exactly once, whatever is enqueued or ended
+// meanwhile. A key or tenant filter reads the state's items in order until
+// the page is full.
 func (q *Queue) Items(ctx context.Context, iq ItemQuery) (ItemPage, error) {
+	if iq.State != "" || iq.Key != "" {
+		return q.list(ctx, iq)
+	}
 	what := fmt.Sprintf("claim: listing the items of %q", q.opts.Queue)
 	switch {
 	case iq.Limit < 0:
@@ -117,35 +156,6 @@ func (q *Queue) Items(ctx context.Context, iq ItemQuery) (ItemPage, error) {
 		page.Items[i] = it
 	}
 	return page, nil
-}
-
-// Item looks up the item id of this queue in the items table, whole, and
-// reports false when the queue has no such item there (it is waiting,
-// dead, ended, or in another queue: see WaitEnded, DeadItems).
-func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, bool, error) {
-	if err := q.ready(ctx); err != nil {
-		return ItemInfo{}, false, fmt.Errorf("claim: reading item %s of %q: %w", id, q.opts.Queue, err)
-	}
-	var d store.ItemDetail
-	var found bool
-	err := retry.Do(ctx, nil, func(ctx context.Context) error {
-		var err error
-		d, found, err = q.store.ItemsGet(ctx, q.db, id)
-		return store.Classify(err)
-	})
-	if err != nil {
-		return ItemInfo{}, false, fmt.Errorf("claim: reading item %s of %q: %w", id, q.opts.Queue, err)
-	}
-	if !found || d.Queue != q.opts.Queue {
-		return ItemInfo{}, false, nil
-	}
-	it := ItemInfo{ID: d.ID, Part: d.Part, Key: d.Key, Priority: d.Priority, Tenant: d.Tenant, EnqueuedAt: d.EnqueuedAt,
-		VestingAt: d.VestingAt, TurnAt: d.TurnAt, Attempts: d.Attempts, MaxAttempts: d.MaxAttempts, LastError: d.LastError,
-		Claimed: d.Claim != nil, PayloadSize: int64(len(d.Payload)), Payload: d.Payload, Metadata: d.Metadata}
-	if d.LeaseUntil != nil {
-		it.LeaseUntil = *d.LeaseUntil
-	}
-	return it, true, nil
 }
 
 // encodeItemCursor writes the position of it in its page's order as an

@@ -124,8 +124,8 @@ func TestUniqueStates(t *testing.T) {
 			if got := endedOutcome(t, pool, queue, id); got != "" {
 				t.Fatalf("%s, %v: added again, the ended record %q is still there", e.name, set, got)
 			}
-			if info, ok, err := q.Item(ctx, id); err != nil || !ok || info.Claimed {
-				t.Fatalf("%s, %v: the item added again: %+v, %v, %v; want queued", e.name, set, info, ok, err)
+			if info, err := q.Item(ctx, id); err != nil || info.Claimed || info.State != claim.StateQueued {
+				t.Fatalf("%s, %v: the item added again: %+v, %v; want queued", e.name, set, info, err)
 			}
 			ackAll(t, q, claimEvery(t, q, s.ID()))
 			if got := endedOutcome(t, pool, queue, id); got != "acked" {

@@ -30,7 +30,7 @@ func TestUpdateSettingsOneCallReadBackByOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	def := claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount}
+	def := claim.Retention{DeadMaxAge: claim.DefaultDeadMaxAge, DeadMaxCount: claim.DefaultDeadMaxCount, HistoryWindow: claim.DefaultHistoryWindow}
 	if want := (claim.Settings{Retention: def, TenantLimits: map[string]claim.Limit{}, Parts: 1}); !reflect.DeepEqual(s, want) {
 		t.Fatalf("Settings of a new queue = %+v, want %+v", s, want)
 	}
@@ -39,7 +39,7 @@ func TestUpdateSettingsOneCallReadBackByOne(t *testing.T) {
 		Parts:        4,
 		Policy:       &claim.Policy{Fair: true, MaxInFlight: 7, Rate: 2.5, TenantMaxInFlight: 2, DedupWindow: time.Hour},
 		Paused:       claim.On,
-		Retention:    &claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 1000},
+		Retention:    &claim.Retention{DeadMaxAge: 7 * 24 * time.Hour, DeadMaxCount: 1000, HistoryWindow: 48 * time.Hour},
 		Sequenced:    claim.On,
 		SequenceHold: claim.On,
 		TenantLimits: map[string]*claim.Limit{"acme": {MaxInFlight: 3}, "free": {}},
@@ -388,14 +388,14 @@ func TestItemsPagesAndItemLooksUp(t *testing.T) {
 	}
 
 	// Lookups.
-	it, ok, err := q.Item(ctx, res.IDs[4])
-	if err != nil || !ok || it.ID != res.IDs[4] || string(it.Payload) != "\x04" || string(it.Metadata) != "m" || it.Tenant != "b" {
-		t.Fatalf("Item = %+v, %v, %v", it, ok, err)
+	it, err := q.Item(ctx, res.IDs[4])
+	if err != nil || it.ID != res.IDs[4] || string(it.Payload) != "\x04" || string(it.Metadata) != "m" || it.Tenant != "b" {
+		t.Fatalf("Item = %+v, %v", it, err)
 	}
-	if _, ok, err := q.Item(ctx, elsewhere.IDs[0]); err != nil || ok {
-		t.Fatalf("Item of another queue's item = %v, %v; want not found", ok, err)
+	if _, err := q.Item(ctx, elsewhere.IDs[0]); !errors.Is(err, claim.ErrItemNotFound) {
+		t.Fatalf("Item of another queue's item: %v; want ErrItemNotFound", err)
 	}
-	if _, ok, err := q.Item(ctx, uuid.New()); err != nil || ok {
-		t.Fatalf("Item of an unknown id = %v, %v; want not found", ok, err)
+	if _, err := q.Item(ctx, uuid.New()); !errors.Is(err, claim.ErrItemNotFound) {
+		t.Fatalf("Item of an unknown id: %v; want ErrItemNotFound", err)
 	}
 }

@@ -49,6 +49,14 @@ type ItemView struct {
 	DeathQueues []string
 	// Ended are its ended records in the queues looked in, newest first.
 	Ended []store.EndedRow
+	// History is the item's attempts, oldest first (store.Timeline), for
+	// its State: the live item's, the dead item's, or the ended record's.
+	// HistoryRecorded is false for an item that ended under code older
+	// than schema version 6 (no history recorded); HistoryOmitted reports
+	// attempts left out (the oldest, beyond store.HistoryMaxEntries).
+	History         []store.Attempt
+	HistoryRecorded bool
+	HistoryOmitted  bool
 }
 
 // MaxDeaths bounds ItemView.Deaths.
@@ -59,7 +67,16 @@ const MaxDeaths = 20
 // of the queues given (one primary-key lookup per queue: no index leads
 // with the id alone). With no queues, no ended record is looked for.
 func (r *Reader) Item(ctx context.Context, id uuid.UUID, queues []string) (*ItemView, error) {
+	return ReadItem(ctx, r.store, r.db, id, queues)
+}
+
+// ReadItem is Reader.Item with the statements of st on db.
+func ReadItem(ctx context.Context, st *store.Store, db store.DB, id uuid.UUID, queues []string) (*ItemView, error) {
 	v := &ItemView{ID: id}
+	r := struct {
+		store *store.Store
+		db    store.DB
+	}{st, db}
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		*v = ItemView{ID: id}
 		it, ok, err := r.store.ItemsGet(ctx, r.db, id)
@@ -119,4 +136,56 @@ func (v *ItemView) locate() {
 		e := v.Ended[0]
 		v.State, v.Queue = e.Outcome, e.Queue
 	}
+	v.History, v.HistoryRecorded, v.HistoryOmitted = History(v)
+}
+
+// History returns the timeline of v's attempts for its State, whether
+// one was recorded, and whether older attempts were left out.
+func History(v *ItemView) ([]store.Attempt, bool, bool) {
+	var in store.TimelineInput
+	var raw []byte
+	switch v.State {
+	case StateClaimed, StateQueued, StateScheduled:
+		it := v.Live
+		raw, in.Attempts, in.LastStart = it.History, it.Attempts, it.ClaimedAt
+		if it.Claim != nil {
+			in.Last, in.LastSession = store.AttemptRunning, it.Claim
+		}
+	case StateWaiting, StateUnknown:
+		return nil, true, false
+	case StateDead:
+		d := v.Deaths[0]
+		raw, in.Attempts = d.History, int64(d.Attempts)
+		recorded := raw != nil
+		for _, e := range v.Ended {
+			if e.Queue == v.Queue && e.Outcome == StateDead && e.Attempts != nil && !e.EndedAt.Before(d.DiedAt.Add(-time.Second)) {
+				in.LastStart, in.LastSession, recorded = e.StartedAt, e.Session, true
+				break
+			}
+		}
+		if !recorded {
+			return nil, false, false
+		}
+	default: // an ended record
+		e := v.Ended[0]
+		if e.Attempts == nil {
+			return nil, false, false
+		}
+		raw, in.Attempts = e.History, *e.Attempts
+		in.LastStart, in.LastSession = e.StartedAt, e.Session
+		switch {
+		case e.Outcome == StateAcked || e.Outcome == StateTaken:
+			in.Last, in.LastEnd = store.AttemptSucceeded, &e.EndedAt
+		case e.Outcome == StateCancelled && e.WasRunning && e.StartedAt != nil:
+			in.Last, in.LastEnd = store.AttemptCancelled, &e.EndedAt
+		}
+	}
+	entries, err := store.ParseHistory(raw)
+	if err != nil {
+		// A history this code cannot read: shown as not recorded.
+		return nil, false, false
+	}
+	in.Entries = entries
+	tl, omitted := store.Timeline(in)
+	return tl, true, omitted
 }

@@ -553,6 +553,9 @@ type ItemDetail struct {
 	Headers map[string]string
 	// Kind is its kind ("" if none).
 	Kind string
+	// History is its attempt_errors (schema version 6; nil: none): read
+	// it with ParseHistory.
+	History []byte
 }
 
 // itemSQL is the text of dashboardStatements.item
@@ -560,7 +563,7 @@ type ItemDetail struct {
 const itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
        last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
        cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
-       progress_done, progress_total, progress_at, seq_order, headers, kind
+       progress_done, progress_total, progress_at, seq_order, headers, kind, attempt_errors
 FROM crdbwork_items WHERE id = $1`
 
 // ItemsGet reads the item id, and false if it is not in the items table
@@ -573,7 +576,7 @@ func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, 
 		&d.EnqueuedAt, &d.Attempts, &d.MaxAttempts, &lastErr, &ten, &d.Claim, &d.ClaimedAt, &d.ClaimToken, &d.LeaseUntil,
 		&d.ExpiresAt, &d.AtMostOnce, &d.Payload, &d.Metadata, &d.Now,
 		&d.CancelRequestedAt, &by, &reason, &d.Snoozes, &d.CheckpointSize, &d.CheckpointAt,
-		&d.ProgressDone, &d.ProgressTotal, &d.ProgressAt, &d.SeqOrder, &d.Headers, &kind)
+		&d.ProgressDone, &d.ProgressTotal, &d.ProgressAt, &d.SeqOrder, &d.Headers, &kind, &d.History)
 	if err == pgx.ErrNoRows {
 		return ItemDetail{}, false, nil
 	}
@@ -607,7 +610,7 @@ func (s *Store) ItemsDepsWaitingQueue(ctx context.Context, db DB, id uuid.UUID) 
 // deathsSQL is the text of dashboardStatements.deaths
 // (rendered by newDashboardStatements).
 const deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
-       enqueued_at, died_at, tenant, reason, payload, metadata, kind
+       enqueued_at, died_at, tenant, reason, payload, metadata, kind, attempt_errors
 FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
 
 // DeadOfID reads up to limit deaths of the id, newest first
@@ -624,10 +627,11 @@ func (s *Store) DeadOfID(ctx context.Context, db DB, id uuid.UUID, limit int) ([
 	var part, prio, att, maxAtt int64
 	var key, lastErr, ten, kind *string
 	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Death, &q, &part, &key, &prio, &att, &maxAtt, &lastErr,
-		&r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.Payload, &r.Metadata, &kind}, func() error {
+		&r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.Payload, &r.Metadata, &kind, &r.History}, func() error {
 		r.Part, r.Priority, r.Attempts, r.MaxAttempts = int(part), int(prio), int(att), int(maxAtt)
 		r.Key, r.LastError, r.Tenant, r.Kind = deref(key), deref(lastErr), deref(ten), deref(kind)
 		r.Payload, r.Metadata = append([]byte(nil), r.Payload...), append([]byte(nil), r.Metadata...)
+		r.History = append([]byte(nil), r.History...)
 		out = append(out, r)
 		queues = append(queues, q)
 		return nil

@@ -216,7 +216,8 @@ func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingIt
 // to look in, $2 id → the id's ended records in those queues: one
 // primary-key lookup (queue, id) per queue, joined from the unnested
 // list (no index leads with the id alone).
-const endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running
+const endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
+       e.attempts, e.enqueued_at, e.started_at, e.session, e.attempt_errors
 FROM unnest($1::TEXT[]) AS u (q)
 JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
 ORDER BY e.ended_at DESC`
@@ -234,6 +235,15 @@ type EndedRow struct {
 	CancelBy, CancelReason string
 	CancelRequestedAt      *time.Time
 	WasRunning             bool
+	// The history (schema version 6): the item's attempts (nil: the row
+	// was written by older code, which recorded no history), its enqueue
+	// time, its last attempt's start and session, and its attempt_errors
+	// (read it with ParseHistory).
+	Attempts   *int64
+	EnqueuedAt *time.Time
+	StartedAt  *time.Time
+	Session    *uuid.UUID
+	History    []byte
 }
 
 // EndedOfID returns the ended records of id in the queues given, the most
@@ -247,7 +257,8 @@ func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.U
 		var r EndedRow
 		var by, reason *string
 		var running *bool
-		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running)
+		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running,
+			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History)
 		r.CancelBy, r.CancelReason = deref(by), deref(reason)
 		r.WasRunning = running != nil && *running
 		return r, err

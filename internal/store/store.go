@@ -58,6 +58,7 @@ type Store struct {
 	lazyDash      func() *dashboardStatements
 	lazyDemo      func() *demoStatements
 	lazyFleet     func() *fleetStatements
+	lazyHistory   func() *historyStatements
 }
 
 // stores caches the rendered Stores by table set: rendering is done once per
@@ -107,6 +108,7 @@ func New(t Tables) *Store {
 	s.lazyDash = sync.OnceValue(func() *dashboardStatements { return newDashboardStatements(t) })
 	s.lazyDemo = sync.OnceValue(func() *demoStatements { return newDemoStatements(t) })
 	s.lazyFleet = sync.OnceValue(func() *fleetStatements { return newFleetStatements(t) })
+	s.lazyHistory = sync.OnceValue(func() *historyStatements { return newHistoryStatements(t) })
 	actual, _ := stores.LoadOrStore(t, s)
 	return actual.(*Store)
 }
