@@ -32,10 +32,15 @@ type itemJSON struct {
 	// Deaths are its deaths, newest first; Ended its ended records.
 	Deaths []deathBody `json:"deaths"`
 	Ended  []endedBody `json:"ended"`
-	// History is the per-attempt history (each attempt's start, end,
-	// session and error): empty until items keep one (issue #33); the
-	// last attempt's error is in Item.LastError or the deaths meanwhile.
-	History []attemptBody `json:"history"`
+	// History is the per-attempt history of the item in its State, oldest
+	// first: each attempt's number, start, end, session, outcome and error
+	// (a panic's with its stack trace). HistoryRecorded is false for an
+	// item that ended under code older than schema version 6 (no history
+	// recorded); HistoryOmitted reports older attempts left out (an item
+	// keeps its last 20 failed ones).
+	History         []attemptBody `json:"history"`
+	HistoryRecorded bool          `json:"history_recorded"`
+	HistoryOmitted  bool          `json:"history_omitted,omitempty"`
 }
 
 // payloadBody is a payload as JSON shows it: its text when it is UTF-8,
@@ -105,16 +110,31 @@ type endedBody struct {
 }
 
 // attemptBody is one attempt of the per-attempt history (issue #33).
-type attemptBody struct{}
+type attemptBody struct {
+	// Number counts from 1 (0: a requeue marker, Outcome "requeued");
+	// Run counts the requeues before it.
+	Number    int64      `json:"number"`
+	Run       int        `json:"run"`
+	Outcome   string     `json:"outcome"`
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	Session   string     `json:"session,omitempty"`
+	Error     string     `json:"error,omitempty"`
+	// From is where a requeue took the item from (dead, cancelled).
+	From string `json:"from,omitempty"`
+}
 
 func cmdItem(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var g globals
 	f := prog.NewFlagSet(name, `Shows one item wherever it is: queued, scheduled (due later), claimed (by which
 session, until when), waiting for prerequisites, dead (each death, with its
 reason and last error), cancelled, acked or taken (the ids a queue remembers
-for its dedup window): payload (as text when it is UTF-8, else bytes),
-attempts, last error. With --queue it looks in that queue's ended ids only;
-without, in every queue's. Reads only. Exits 1 if the id is found nowhere.`)
+for its history or dedup window, a day by default): payload (as text when it
+is UTF-8, else bytes), and each attempt: its start, end, session, outcome and
+error (a panic's stack trace line for line). An attempt whose worker died
+while it ran shows as lost. With --queue it looks in that queue's ended ids
+only; without, in every queue's. Reads only. Exits 1 if the id is found
+nowhere.`)
 	f.MaxArgs, f.ArgName = 1, "ID"
 	g.register(f, "the queue whose ended ids to look in (default: every queue's)")
 	if err := f.Parse(args, out.Stdout()); err != nil {
@@ -167,7 +187,15 @@ without, in every queue's. Reads only. Exits 1 if the id is found nowhere.`)
 // itemView is the JSON of what fleet.Item read.
 func itemView(v *fleet.ItemView) itemJSON {
 	j := itemJSON{ID: v.ID.String(), State: v.State, Queue: v.Queue, Snoozed: v.Snoozed,
-		Deaths: []deathBody{}, Ended: []endedBody{}, History: []attemptBody{}}
+		Deaths: []deathBody{}, Ended: []endedBody{}, History: []attemptBody{},
+		HistoryRecorded: v.HistoryRecorded, HistoryOmitted: v.HistoryOmitted}
+	for _, a := range v.History {
+		b := attemptBody{Number: a.Number, Run: a.Run, Outcome: a.Outcome, StartedAt: utc(a.StartedAt), EndedAt: utc(a.EndedAt), Error: a.Error, From: a.From}
+		if a.Session != nil {
+			b.Session = a.Session.String()
+		}
+		j.History = append(j.History, b)
+	}
 	if it := v.Live; it != nil {
 		b := &itemBody{Queue: it.Queue, Part: it.Part, Key: it.Key, Tenant: it.Tenant, Priority: it.Priority, Attempts: it.Attempts,
 			MaxAttempts: it.MaxAttempts, LastError: it.LastError, EnqueuedAt: it.EnqueuedAt.UTC(), VestingAt: utc(&it.VestingAt),
@@ -275,18 +303,55 @@ func formatItem(j itemJSON) string {
 			writePayload(&b, "payload", d.Payload)
 		}
 	}
-	// The per-attempt history goes here once items keep one (issue #33).
-	writeHistory(&b, j.History)
+	if j.State != fleet.StateUnknown {
+		writeHistory(&b, j)
+	}
 	return b.String()
 }
 
-// writeHistory writes the per-attempt history: nothing until items keep
-// one (issue #33).
-func writeHistory(b *strings.Builder, h []attemptBody) {
-	if len(h) == 0 {
+// writeHistory writes the per-attempt history: one line per attempt
+// (number, outcome, start, end, session), its error below it, a stack
+// trace line for line as the handler's panic gave it (paths as they are).
+func writeHistory(b *strings.Builder, j itemJSON) {
+	h := j.History
+	switch {
+	case !j.HistoryRecorded:
+		b.WriteString("history: no history recorded (the item ended under code older than schema version 6)\n")
+		return
+	case len(h) == 0:
+		b.WriteString("history: no attempt yet\n")
 		return
 	}
-	fmt.Fprintf(b, "history: %s\n", plural(len(h), "attempt"))
+	n := 0
+	for _, a := range h {
+		if a.Outcome != store.AttemptRequeued {
+			n++
+		}
+	}
+	fmt.Fprintf(b, "history: %s", plural(n, "attempt"))
+	if j.HistoryOmitted {
+		b.WriteString(" (the oldest left out: an item keeps its last 20 failed attempts)")
+	}
+	b.WriteString("\n")
+	for _, a := range h {
+		if a.Outcome == store.AttemptRequeued {
+			fmt.Fprintf(b, "  -- requeued from the %s items at %s; attempts count from 1 again\n", a.From, stampOf(a.EndedAt))
+			continue
+		}
+		session := a.Session
+		if session == "" {
+			session = "-"
+		}
+		fmt.Fprintf(b, "  #%-3d %-13s started %s  ended %s  session %s\n", a.Number, a.Outcome, stampOf(a.StartedAt), stampOf(a.EndedAt), session)
+		if a.Outcome == store.AttemptLost {
+			b.WriteString("       no end recorded: its worker's session ended while it ran (process killed or cut off), or older code ended it\n")
+		}
+		for _, l := range strings.Split(strings.TrimRight(a.Error, "\n"), "\n") {
+			if l != "" || a.Error != "" {
+				fmt.Fprintf(b, "       | %s\n", l)
+			}
+		}
+	}
 }
 
 func stampOf(t *time.Time) string {

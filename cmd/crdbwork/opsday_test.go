@@ -256,8 +256,15 @@ func TestOperatorsDay(t *testing.T) {
 		if j["state"] != c.state || j["id"] != c.id.String() {
 			t.Errorf("item --json %s: state %v, want %s", c.id, j["state"], c.state)
 		}
-		if h, ok := j["history"].([]any); !ok || len(h) != 0 {
-			t.Errorf("item --json %s: history %v, want [] (until items keep one)", c.id, j["history"])
+		h, ok := j["history"].([]any)
+		if !ok || j["history_recorded"] != true || !strings.Contains(r.stdout, "history: ") {
+			t.Errorf("item %s: history %v, recorded %v; want a recorded history:\n%s", c.id, j["history"], j["history_recorded"], r.stdout)
+			continue
+		}
+		// The last attempt's outcome, where the state says it.
+		last := map[string]string{"acked": "succeeded", "claimed": "running"}[c.state]
+		if last != "" && (len(h) == 0 || h[len(h)-1].(map[string]any)["outcome"] != last) {
+			t.Errorf("item --json %s (%s): history %v; want its last attempt %s", c.id, c.state, h, last)
 		}
 	}
 	if j := jsonOf(t, must(t, e, "item", "--json", o.binary.String())); fmt.Sprint(j["item"].(map[string]any)["payload"]) != "map[base64:/wAB size:3]" {
