@@ -699,6 +699,25 @@ type itemData struct {
 	// Waiting is set when the id is a waiting item (enqueued with
 	// prerequisites not yet all acked): its queue and what it waits for.
 	Waiting *waitingView
+	// State and Queue are where the id is (fleet's states: also acked,
+	// cancelled or taken, from the queues' ended records); History its
+	// attempts in that state, oldest first (the timeline), with
+	// HistoryRecorded false for an item that ended under code older than
+	// schema version 6, and HistoryOmitted set when older attempts were
+	// left out.
+	State, Queue    string
+	Ended           *store.EndedRow
+	History         []attemptView
+	HistoryRecorded bool
+	HistoryOmitted  bool
+}
+
+// attemptView is one attempt of the item page's timeline.
+type attemptView struct {
+	store.Attempt
+	// Lines is the error's first line; Trace the rest (a stack trace,
+	// shown preformatted).
+	Line, Trace string
 }
 
 // waitingView is a waiting item: its queue and dependencies.
@@ -787,8 +806,35 @@ func (h *handler) itemPage(r *http.Request) (string, any, error) {
 	} else if err := h.readWaiting(r.Context(), d); err != nil {
 		return "", nil, err
 	}
-	d.Found = d.Live != nil || len(d.Deaths) > 0 || d.Waiting != nil
+	if err := h.readHistory(r.Context(), d); err != nil {
+		return "", nil, err
+	}
+	d.Found = d.Live != nil || len(d.Deaths) > 0 || d.Waiting != nil || d.Ended != nil
 	return "Item " + id.String(), d, nil
+}
+
+// readHistory sets where d.ID is and its attempts' timeline (fleet's
+// item view, with the ended records of every queue: one primary-key
+// lookup per queue).
+func (h *handler) readHistory(ctx context.Context, d *itemData) error {
+	queues, err := claim.Queues(ctx, h.db, h.opts.Tables)
+	if err != nil {
+		return err
+	}
+	v, err := fleet.ReadItem(ctx, h.store, h.db, d.ID, queues)
+	if err != nil {
+		return err
+	}
+	d.State, d.Queue, d.HistoryRecorded, d.HistoryOmitted = v.State, v.Queue, v.HistoryRecorded, v.HistoryOmitted
+	if len(v.Ended) > 0 && v.Live == nil && v.Waiting == nil {
+		d.Ended = &v.Ended[0]
+	}
+	d.History = d.History[:0]
+	for _, a := range v.History {
+		line, trace, _ := strings.Cut(a.Error, "\n")
+		d.History = append(d.History, attemptView{Attempt: a, Line: line, Trace: trace})
+	}
+	return nil
 }
 
 // readWaiting sets d.Waiting if d.ID is a waiting item: its queue (a

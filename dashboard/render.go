@@ -179,6 +179,14 @@ var funcs = template.FuncMap{
 		return "in " + dur(t.Sub(now))
 	},
 	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	// stampp is stamp of a time that may be missing, with milliseconds
+	// (an attempt's start and end are often within a second).
+	"stampp": func(t *time.Time) string {
+		if t == nil {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05.000Z")
+	},
 	"short": func(id uuid.UUID) string {
 		if id == uuid.Nil {
 			return "nobody"
