@@ -23,10 +23,11 @@ package store
 // was killed or cut off; the foreign keys released the claim) has no
 // entry, and is shown as lost.
 //
-// CockroachDB checked against its docs' JSONB functions and operators:
-// jsonb_build_object, jsonb_build_array, jsonb_array_length, JSONB || JSONB
-// (array concatenation) and JSONB - INT (removes an array element) exist
-// with PostgreSQL's meaning; the text is identical on both engines.
+// CockroachDB checked against its source (not run here: no server): its
+// binary operators include JSONB - INT (JSON.RemoveIndex, pkg/sql/sem/tree's
+// BinOps) and JSONB || JSONB, and its builtins jsonb_build_object,
+// jsonb_build_array and jsonb_array_length, with PostgreSQL's meaning; the
+// text is identical on both engines.
 
 // HistoryMaxEntries bounds an item's attempt_errors: the newest entries
 // are kept.
