@@ -148,7 +148,7 @@ func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, error) {
 		w := v.Waiting
 		it.State, it.Key, it.Tenant, it.Priority, it.MaxAttempts = StateWaiting, w.Key, w.Tenant, w.Priority, w.MaxAttempts
 		it.EnqueuedAt, it.Payload, it.Metadata, it.PayloadSize = w.EnqueuedAt, w.Payload, w.Metadata, int64(len(w.Payload))
-	case v.State == fleet.StateDead:
+	case v.State == fleet.StateDead && len(v.Deaths) > 0:
 		d := v.Deaths[0]
 		it.State, it.Part, it.Key, it.Tenant, it.Priority = StateDead, d.Part, d.Key, d.Tenant, int64(d.Priority)
 		it.Attempts, it.MaxAttempts, it.LastError, it.EnqueuedAt = int64(d.Attempts), int64(d.MaxAttempts), d.LastError, d.EnqueuedAt

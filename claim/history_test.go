@@ -159,6 +159,23 @@ func TestItemHistoryThroughMoves(t *testing.T) {
 		t.Fatalf("the running item cancelled: %+v, %v", it, err)
 	}
 
+	// A dead item whose dead row was deleted (pruned, purged): its ended
+	// record still says dead, with its history.
+	res, err = q.Enqueue(ctx, claim.NewItem{Payload: []byte("p"), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Nack(ctx, claimThis(t, q, s.ID(), res.IDs[0]), errors.New("once")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM crdbwork_dead_items WHERE id = $1`, res.IDs[0]); err != nil {
+		t.Fatal(err)
+	}
+	it, err = q.Item(ctx, res.IDs[0])
+	if err != nil || it.State != claim.StateDead || !sameOutcomes(it.History, claim.AttemptDead) || it.History[0].Error != "once" {
+		t.Fatalf("a dead item without its dead row: %+v, %v", it, err)
+	}
+
 	// An old ended record: no history.
 	old := uuid.New()
 	if _, err := pool.Exec(ctx, `INSERT INTO crdbwork_ended (queue, id, outcome) VALUES ('moves', $1, 'acked')`, old); err != nil {

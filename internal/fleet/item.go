@@ -154,6 +154,9 @@ func History(v *ItemView) ([]store.Attempt, bool, bool) {
 	case StateWaiting, StateUnknown:
 		return nil, true, false
 	case StateDead:
+		if len(v.Deaths) == 0 { // its dead item was pruned or purged; its ended record stays
+			return endedHistory(v.Ended[0])
+		}
 		d := v.Deaths[0]
 		raw, in.Attempts = d.History, int64(d.Attempts)
 		recorded := raw != nil
@@ -167,19 +170,28 @@ func History(v *ItemView) ([]store.Attempt, bool, bool) {
 			return nil, false, false
 		}
 	default: // an ended record
-		e := v.Ended[0]
-		if e.Attempts == nil {
-			return nil, false, false
-		}
-		raw, in.Attempts = e.History, *e.Attempts
-		in.LastStart, in.LastSession = e.StartedAt, e.Session
-		switch {
-		case e.Outcome == StateAcked || e.Outcome == StateTaken:
-			in.Last, in.LastEnd = store.AttemptSucceeded, &e.EndedAt
-		case e.Outcome == StateCancelled && e.WasRunning && e.StartedAt != nil:
-			in.Last, in.LastEnd = store.AttemptCancelled, &e.EndedAt
-		}
+		return endedHistory(v.Ended[0])
 	}
+	return timeline(raw, in)
+}
+
+// endedHistory is the timeline of an ended record.
+func endedHistory(e store.EndedRow) ([]store.Attempt, bool, bool) {
+	if e.Attempts == nil {
+		return nil, false, false
+	}
+	in := store.TimelineInput{Attempts: *e.Attempts, LastStart: e.StartedAt, LastSession: e.Session}
+	switch {
+	case e.Outcome == StateAcked || e.Outcome == StateTaken:
+		in.Last, in.LastEnd = store.AttemptSucceeded, &e.EndedAt
+	case e.Outcome == StateCancelled && e.WasRunning && e.StartedAt != nil:
+		in.Last, in.LastEnd = store.AttemptCancelled, &e.EndedAt
+	}
+	return timeline(e.History, in)
+}
+
+// timeline reads the entries raw into in and returns its timeline.
+func timeline(raw []byte, in store.TimelineInput) ([]store.Attempt, bool, bool) {
 	entries, err := store.ParseHistory(raw)
 	if err != nil {
 		// A history this code cannot read: shown as not recorded.
