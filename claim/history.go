@@ -146,11 +146,11 @@ func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, error) {
 		}
 	case v.Waiting != nil:
 		w := v.Waiting
-		it.State, it.Key, it.Tenant, it.Priority, it.MaxAttempts = StateWaiting, w.Key, w.Tenant, w.Priority, w.MaxAttempts
+		it.State, it.Key, it.Tenant, it.Priority, it.MaxAttempts, it.Kind = StateWaiting, w.Key, w.Tenant, w.Priority, w.MaxAttempts, w.Kind
 		it.EnqueuedAt, it.Payload, it.Metadata, it.PayloadSize = w.EnqueuedAt, w.Payload, w.Metadata, int64(len(w.Payload))
 	case v.State == fleet.StateDead && len(v.Deaths) > 0:
 		d := v.Deaths[0]
-		it.State, it.Part, it.Key, it.Tenant, it.Priority = StateDead, d.Part, d.Key, d.Tenant, int64(d.Priority)
+		it.State, it.Part, it.Key, it.Tenant, it.Priority, it.Kind = StateDead, d.Part, d.Key, d.Tenant, int64(d.Priority), d.Kind
 		it.Attempts, it.MaxAttempts, it.LastError, it.EnqueuedAt = int64(d.Attempts), int64(d.MaxAttempts), d.LastError, d.EnqueuedAt
 		it.EndedAt, it.Reason, it.Payload, it.Metadata, it.PayloadSize = d.DiedAt, d.Reason, d.Payload, d.Metadata, int64(len(d.Payload))
 	default:
@@ -174,7 +174,7 @@ func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, error) {
 
 // withLive fills it from the live item d.
 func (it ItemInfo) withLive(d *store.ItemDetail) ItemInfo {
-	it.Part, it.Key, it.Priority, it.Tenant, it.EnqueuedAt = d.Part, d.Key, d.Priority, d.Tenant, d.EnqueuedAt
+	it.Part, it.Key, it.Priority, it.Tenant, it.EnqueuedAt, it.Kind = d.Part, d.Key, d.Priority, d.Tenant, d.EnqueuedAt, d.Kind
 	it.VestingAt, it.TurnAt, it.Attempts, it.MaxAttempts, it.LastError = d.VestingAt, d.TurnAt, d.Attempts, d.MaxAttempts, d.LastError
 	it.Claimed, it.PayloadSize, it.Payload, it.Metadata = d.Claim != nil, int64(len(d.Payload)), d.Payload, d.Metadata
 	if d.LeaseUntil != nil {
@@ -213,7 +213,7 @@ func (q *Queue) list(ctx context.Context, lq ItemQuery) (ItemPage, error) {
 	var rows []store.ListRow
 	err = retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
-		rows, err = q.store.ItemsList(ctx, q.db, kind, q.opts.Queue, lq.Key, lq.Tenant, outcomes, pos, lq.Limit+1)
+		rows, err = q.store.ItemsList(ctx, q.db, kind, q.opts.Queue, store.ListFilter{Key: lq.Key, Tenant: lq.Tenant, Kind: lq.Kind}, outcomes, pos, lq.Limit+1)
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -227,7 +227,7 @@ func (q *Queue) list(ctx context.Context, lq ItemQuery) (ItemPage, error) {
 	now := time.Now()
 	page.Items = make([]ItemInfo, len(rows))
 	for i, r := range rows {
-		it := ItemInfo{ID: r.ID, Queue: q.opts.Queue, Part: int(r.Part), Key: r.Key, Tenant: r.Tenant, Priority: r.Priority,
+		it := ItemInfo{ID: r.ID, Kind: r.Kind, Queue: q.opts.Queue, Part: int(r.Part), Key: r.Key, Tenant: r.Tenant, Priority: r.Priority,
 			Attempts: r.Attempts, MaxAttempts: r.MaxAttempts, EnqueuedAt: r.EnqueuedAt, LastError: r.LastError, PayloadSize: r.PayloadLen,
 			HistoryRecorded: true}
 		switch kind {
@@ -260,7 +260,7 @@ func (q *Queue) list(ctx context.Context, lq ItemQuery) (ItemPage, error) {
 
 // listKind returns the store's list of lq.State.
 func listKind(lq ItemQuery) (store.ListKind, []string, error) {
-	filtered := lq.Key != "" || lq.Tenant != ""
+	filtered := lq.Key != "" || lq.Tenant != "" || lq.Kind != ""
 	switch lq.State {
 	case StateQueued:
 		return store.ListUnclaimed, nil, nil
@@ -272,7 +272,7 @@ func listKind(lq ItemQuery) (store.ListKind, []string, error) {
 		return store.ListDead, nil, nil
 	case StateAcked, StateTaken, StateCancelled:
 		if filtered {
-			return 0, nil, fmt.Errorf("a key or tenant filter lists queued, running, waiting and dead items only (an ended item's record keeps neither)")
+			return 0, nil, fmt.Errorf("a key, tenant or kind filter lists queued, running, waiting and dead items only (an ended item's record keeps none of them)")
 		}
 		if lq.State == StateCancelled {
 			return store.ListCancelled, nil, nil
@@ -281,7 +281,7 @@ func listKind(lq ItemQuery) (store.ListKind, []string, error) {
 	case StateDelayed, StateSnoozed:
 		return 0, nil, fmt.Errorf("state %q is listed with the queued items (StateQueued: every unclaimed item, each with its state)", lq.State)
 	case "":
-		return 0, nil, errors.New("a key filter needs a state (ItemQuery.State)")
+		return 0, nil, errors.New("a key or kind filter needs a state (ItemQuery.State)")
 	}
 	return 0, nil, fmt.Errorf("unknown state %q (queued, running, waiting, dead, acked or cancelled)", lq.State)
 }

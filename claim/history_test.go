@@ -368,14 +368,25 @@ func TestItemListPaging(t *testing.T) {
 		t.Log("nothing was enqueued while the list paged (a quick machine)")
 	}
 
-	// A key filter.
+	// A key filter; a kind filter.
 	page, err := q.Items(ctx, claim.ItemQuery{State: claim.StateQueued, Key: "k1", Limit: 1000})
 	if err != nil || len(page.Items) != 75 {
 		t.Fatalf("key k1: %d items, %v; want 75", len(page.Items), err)
 	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Kind: "email", Payload: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	page, err = q.Items(ctx, claim.ItemQuery{State: claim.StateQueued, Kind: "email", Limit: 1000})
+	if err != nil || len(page.Items) != 1 || page.Items[0].Kind != "email" {
+		t.Fatalf("kind email: %+v, %v; want its one item", page.Items, err)
+	}
+	if it, err := q.Item(ctx, page.Items[0].ID); err != nil || it.Kind != "email" {
+		t.Fatalf("Item of the email: %+v, %v", it, err)
+	}
 	// Bad queries.
 	for name, bad := range map[string]claim.ItemQuery{
 		"a key, no state":    {Key: "k1"},
+		"kind of acked":      {State: claim.StateAcked, Kind: "email"},
 		"state and claimed":  {State: claim.StateQueued, Claimed: true},
 		"unknown state":      {State: "gone"},
 		"delayed":            {State: claim.StateDelayed},

@@ -25,9 +25,10 @@ type ItemQuery struct {
 	// StateCancelled the cancelled ones, newest first (the ended ones
 	// within the queue's history window). Not with Claimed.
 	State ItemState
-	// Key lists only the items of this key ("" any; with a State, and not
-	// for StateAcked and StateCancelled, whose records keep no key).
-	Key string
+	// Key lists only the items of this key, Kind only those of this kind
+	// (NewItem.Kind) ("" any; with a State, and not for StateAcked and
+	// StateCancelled, whose records keep neither).
+	Key, Kind string
 	// Claimed lists the claimed items, the soonest lease expiry first;
 	// false lists the unclaimed items in claim order (priority, turn,
 	// part, id).
@@ -55,6 +56,9 @@ type ItemPage struct {
 // ItemInfo is an item, as Items lists it and Item looks it up.
 type ItemInfo struct {
 	ID uuid.UUID
+	// Kind is its kind (NewItem.Kind; "" none; set by Item, and by Items
+	// with a State).
+	Kind string
 	// Queue is its queue; State where it is (set by Item, and by Items with a State).
 	Queue    string
 	State    ItemState
@@ -107,7 +111,7 @@ type ItemInfo struct {
 // meanwhile. A key or tenant filter reads the state's items in order until
 // the page is full.
 func (q *Queue) Items(ctx context.Context, iq ItemQuery) (ItemPage, error) {
-	if iq.State != "" || iq.Key != "" {
+	if iq.State != "" || iq.Key != "" || iq.Kind != "" {
 		return q.list(ctx, iq)
 	}
 	what := fmt.Sprintf("claim: listing the items of %q", q.opts.Queue)

@@ -50,41 +50,43 @@ type historyStatements struct {
 	Cancelled string
 }
 
-// listFilters are the key ($2) and tenant ($3) filters of a list ("":
-// any). Each comparison is wrapped in COALESCE, whose selectivity the
+// listFilters are the key ($2), tenant ($3) and kind (the parameter kind,
+// the statement's last) filters of a list ("": any). Each comparison is wrapped in COALESCE, whose selectivity the
 // planner cannot derive from the column's statistics: with a plain
 // item_key = $2, PostgreSQL estimated a key's items at one row and scanned
 // the whole items table for them rather than read the state's index on the
 // queue in order, stopping at the page's end (TestExplainHistoryStatements).
 // CockroachDB accepts the same text.
-const listFilters = `($2 = '' OR COALESCE(item_key = $2, false)) AND ($3 = '' OR COALESCE(tenant = $3, false))`
+func listFilters(kind string) string {
+	return `($2 = '' OR COALESCE(item_key = $2, false)) AND ($3 = '' OR COALESCE(tenant = $3, false)) AND (` + kind + ` = '' OR COALESCE(kind = ` + kind + `, false))`
+}
 
 // listItemColumns are the columns of a live item's list row.
 const listItemColumns = `id, part, item_key, tenant, priority, attempts, max_attempts, enqueued_at, vesting_at, turn_at, lease_until,
-       substr(last_error, 1, 500), claim, snoozes, octet_length(payload)`
+       substr(last_error, 1, 500), claim, snoozes, octet_length(payload), kind`
 
-const listUnclaimedSQL = `SELECT ` + listItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NULL AND ` + listFilters + `
+var listUnclaimedSQL = `SELECT ` + listItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NULL AND ` + listFilters("$9") + `
   AND (priority, turn_at, part) >= ($4::BIGINT, $5::TIMESTAMPTZ, $6::BIGINT)
   AND NOT (priority = $4::BIGINT AND turn_at = $5::TIMESTAMPTZ AND part = $6::BIGINT AND id <= $7::UUID)
 ORDER BY priority, turn_at, part, id LIMIT $8`
 
-const listClaimedSQL = `SELECT ` + listItemColumns + ` FROM crdbwork_items
-WHERE queue = $1 AND claim IS NOT NULL AND ` + listFilters + `
+var listClaimedSQL = `SELECT ` + listItemColumns + ` FROM crdbwork_items
+WHERE queue = $1 AND claim IS NOT NULL AND ` + listFilters("$7") + `
   AND lease_until >= $4::TIMESTAMPTZ AND (lease_until, id) > ($4::TIMESTAMPTZ, $5::UUID)
 ORDER BY lease_until, id LIMIT $6`
 
-const listWaitingSQL = `SELECT id, 0, item_key, tenant, priority, 0, max_attempts, enqueued_at, enqueued_at, enqueued_at, NULL::TIMESTAMPTZ,
-       NULL::TEXT, NULL::UUID, 0, octet_length(payload)
+var listWaitingSQL = `SELECT id, 0, item_key, tenant, priority, 0, max_attempts, enqueued_at, enqueued_at, enqueued_at, NULL::TIMESTAMPTZ,
+       NULL::TEXT, NULL::UUID, 0, octet_length(payload), kind
 FROM crdbwork_waiting
-WHERE queue = $1 AND ` + listFilters + `
+WHERE queue = $1 AND ` + listFilters("$7") + `
   AND enqueued_at >= $4::TIMESTAMPTZ AND (enqueued_at, id) > ($4::TIMESTAMPTZ, $5::UUID)
 ORDER BY enqueued_at, id LIMIT $6`
 
-const listDeadSQL = `SELECT id, death, part, item_key, tenant, priority, attempts, max_attempts, enqueued_at, died_at,
-       substr(last_error, 1, 500), reason, octet_length(payload)
+var listDeadSQL = `SELECT id, death, part, item_key, tenant, priority, attempts, max_attempts, enqueued_at, died_at,
+       substr(last_error, 1, 500), reason, octet_length(payload), kind
 FROM crdbwork_dead_items
-WHERE queue = $1 AND ` + listFilters + `
+WHERE queue = $1 AND ` + listFilters("$8") + `
   AND died_at <= $4::TIMESTAMPTZ AND (died_at, id, death) < ($4::TIMESTAMPTZ, $5::UUID, $6::UUID)
 ORDER BY died_at DESC, id DESC, death DESC LIMIT $7`
 
@@ -170,6 +172,8 @@ type ListRow struct {
 	PayloadLen int64
 	// Outcome is the ended record's outcome, or the death's reason.
 	Outcome string
+	// Kind is the item's kind ("": none; not for ended records).
+	Kind string
 }
 
 // Position returns r's place in list k.
@@ -183,22 +187,28 @@ func (r ListRow) Position(k ListKind) ListPosition {
 	return ListPosition{At: r.At, ID: r.ID}
 }
 
-// ItemsList reads up to limit rows of list k of queue after p, those of key
-// and tenant ("": any; not for ListEnded and ListCancelled), and for
-// ListEnded those whose outcome is in outcomes.
-func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue, key, tenant string, outcomes []string, p ListPosition, limit int) ([]ListRow, error) {
+// ListFilter selects a list's rows: each field set must match ("": any;
+// none for ListEnded and ListCancelled, whose records keep none of them).
+type ListFilter struct {
+	Key, Tenant, Kind string
+}
+
+// ItemsList reads up to limit rows of list k of queue after p, those that
+// match f, and for ListEnded those whose outcome is in outcomes.
+func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue string, f ListFilter, outcomes []string, p ListPosition, limit int) ([]ListRow, error) {
+	key, tenant := f.Key, f.Tenant
 	st := s.lazyHistory()
 	var rows pgx.Rows
 	var err error
 	switch k {
 	case ListUnclaimed:
-		rows, err = db.Query(ctx, st.Unclaimed, queue, key, tenant, p.Priority, p.TurnAt, p.Part, p.ID, limit)
+		rows, err = db.Query(ctx, st.Unclaimed, queue, key, tenant, p.Priority, p.TurnAt, p.Part, p.ID, limit, f.Kind)
 	case ListClaimed:
-		rows, err = db.Query(ctx, st.Claimed, queue, key, tenant, p.At, p.ID, limit)
+		rows, err = db.Query(ctx, st.Claimed, queue, key, tenant, p.At, p.ID, limit, f.Kind)
 	case ListWaiting:
-		rows, err = db.Query(ctx, st.Waiting, queue, key, tenant, p.At, p.ID, limit)
+		rows, err = db.Query(ctx, st.Waiting, queue, key, tenant, p.At, p.ID, limit, f.Kind)
 	case ListDead:
-		rows, err = db.Query(ctx, st.Dead, queue, key, tenant, p.At, p.ID, p.Death, limit)
+		rows, err = db.Query(ctx, st.Dead, queue, key, tenant, p.At, p.ID, p.Death, limit, f.Kind)
 	case ListEnded:
 		rows, err = db.Query(ctx, st.Ended, queue, outcomes, p.At, p.ID, limit)
 	case ListCancelled:
@@ -209,7 +219,7 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue, key, te
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ListRow, error) {
 		var r ListRow
-		var key, tenant, lastErr *string
+		var key, tenant, lastErr, kind *string
 		var lease *time.Time
 		var att *int64
 		var enq *time.Time
@@ -217,13 +227,13 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue, key, te
 		switch k {
 		case ListUnclaimed, ListClaimed, ListWaiting:
 			err = row.Scan(&r.ID, &r.Part, &key, &tenant, &r.Priority, &r.Attempts, &r.MaxAttempts, &r.EnqueuedAt, &r.At, &r.TurnAt,
-				&lease, &lastErr, &r.Claim, &r.Snoozes, &r.PayloadLen)
+				&lease, &lastErr, &r.Claim, &r.Snoozes, &r.PayloadLen, &kind)
 			if k == ListClaimed && lease != nil {
 				r.At = *lease
 			}
 		case ListDead:
 			err = row.Scan(&r.ID, &r.Death, &r.Part, &key, &tenant, &r.Priority, &r.Attempts, &r.MaxAttempts, &r.EnqueuedAt, &r.At,
-				&lastErr, &r.Outcome, &r.PayloadLen)
+				&lastErr, &r.Outcome, &r.PayloadLen, &kind)
 		default:
 			err = row.Scan(&r.ID, &r.Outcome, &r.At, &att, &enq)
 			r.Attempts = -1
@@ -234,7 +244,7 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue, key, te
 				r.EnqueuedAt = *enq
 			}
 		}
-		r.Key, r.Tenant, r.LastError = deref(key), deref(tenant), deref(lastErr)
+		r.Key, r.Tenant, r.LastError, r.Kind = deref(key), deref(tenant), deref(lastErr), deref(kind)
 		return r, err
 	})
 }
