@@ -23,6 +23,8 @@ CREATE OR REPLACE FUNCTION crdbwork_enqueue(
     headers      JSONB       DEFAULT NULL,
     at_most_once BOOL        DEFAULT false,
     timeout      INTERVAL    DEFAULT NULL,
+    after        UUID[]      DEFAULT NULL,
+    run_after    TEXT[]      DEFAULT NULL,
     OUT item_id  UUID,
     OUT added    BOOL,
     OUT done     BOOL)
@@ -56,10 +58,19 @@ DECLARE
     v_ended    BOOL;
     v_seq      BIGINT;
     v_revision TEXT;
+    v_nafter   BIGINT;
+    v_ra       BIGINT;
+    v_pre      UUID;
+    v_state    TEXT;
+    v_ps       UUID[];
+    v_sts      TEXT[];
+    v_pend     UUID[];
+    v_win      INTERVAL;
+    v_wait     BOOL;
 BEGIN
     -- This function's revision (package sql's Apply reads it back from the
     -- catalog, and replaces the function only if it is older).
-    v_revision := 'crdbwork-enqueue-revision-3';
+    v_revision := 'crdbwork-enqueue-revision-4';
 
     -- Validation, as claim.Queue.Enqueue's (the limits are its defaults):
     -- nothing is written when an argument is refused.
@@ -112,6 +123,39 @@ BEGIN
     END IF;
     IF headers IS NOT NULL AND (SELECT COALESCE(sum(octet_length(h.k) + octet_length(h.v)), 0) FROM jsonb_each_text(headers) AS h (k, v)) > 16384 THEN
         RAISE EXCEPTION 'enqueue: the headers are over 16384 bytes' USING ERRCODE = '22023';
+    END IF;
+    -- Prerequisites (claim.NewItem.After and RunAfter), checked as Go
+    -- checks them: at most 10,000, none NULL or the zero id, none listed
+    -- twice, not the item itself; run_after names the ends 'died' and
+    -- 'cancelled' of a prerequisite after which the item runs anyway.
+    v_nafter := COALESCE(array_length(after, 1), 0);
+    IF v_nafter > 10000 THEN
+        RAISE EXCEPTION 'enqueue: % prerequisites, the limit is 10000', v_nafter USING ERRCODE = '22023';
+    END IF;
+    IF v_nafter > 0 AND EXISTS (SELECT 1 FROM unnest(after) AS a (p) WHERE a.p IS NULL OR a.p = '00000000-0000-0000-0000-000000000000'::UUID) THEN
+        RAISE EXCEPTION 'enqueue: a prerequisite is NULL or the zero id' USING ERRCODE = '22023';
+    END IF;
+    IF v_nafter > 0 THEN
+        SELECT a.p INTO v_pre FROM unnest(after) AS a (p) GROUP BY a.p HAVING count(*) > 1 ORDER BY a.p LIMIT 1;
+        IF v_pre IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue: prerequisite % is listed twice', v_pre USING ERRCODE = '22023';
+        END IF;
+    END IF;
+    IF id IS NOT NULL AND v_nafter > 0 AND id = ANY(after) THEN
+        RAISE EXCEPTION 'enqueue: the item waits for itself (%)', id USING ERRCODE = '22023';
+    END IF;
+    IF run_after IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(run_after) AS r (e) WHERE r.e IS NULL OR r.e NOT IN ('died', 'cancelled')) THEN
+        RAISE EXCEPTION 'enqueue: run_after takes the ends ''died'' and ''cancelled'' of a prerequisite, not %', run_after::TEXT USING ERRCODE = '22023';
+    END IF;
+    IF COALESCE(array_length(run_after, 1), 0) > 0 AND v_nafter = 0 THEN
+        RAISE EXCEPTION 'enqueue: run_after without after: the item has no prerequisite to run after' USING ERRCODE = '22023';
+    END IF;
+    v_ra := 0;
+    IF run_after IS NOT NULL AND 'died' = ANY(run_after) THEN
+        v_ra := v_ra | 1; -- internal/store.RunAfterDead
+    END IF;
+    IF run_after IS NOT NULL AND 'cancelled' = ANY(run_after) THEN
+        v_ra := v_ra | 2; -- internal/store.RunAfterCancelled
     END IF;
 
     v_queue := queue;
@@ -205,10 +249,95 @@ BEGIN
         v_seq := COALESCE(v_seq, 0);
     END IF;
 
+    -- Prerequisites (docs/dependencies.md), as claim.Queue.Enqueue's
+    -- writeDeps: an id already queued or waiting, or ended in the queue
+    -- within its window, is answered by the insert below (a duplicate, or
+    -- done) whatever its prerequisites became since, so a retry after an
+    -- unknown outcome answers what became of its item. Otherwise each
+    -- prerequisite is classified in one read (a seek by id in each table):
+    -- queued or waiting in the queue is pending, acked or taken is
+    -- satisfied, dead or cancelled is satisfied only if run_after names
+    -- that end (else the call fails), another queue's or unknown fails the
+    -- call. With pending prerequisites the item is a waiting item
+    -- (crdbwork_waiting, outside the items table: no claim sees it) with
+    -- one edge per pending prerequisite, released by the ack of the last
+    -- one; with none it is an ordinary item, claimable at once.
+    v_wait := false;
+    IF v_nafter > 0
+       AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id)
+       AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = v_id)
+       AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e
+           WHERE e.queue = v_queue AND e.id = v_id
+             AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours')) THEN
+        -- The queue's memory of ended ids is how a prerequisite acked
+        -- without releasing its dependents at once is told from one that
+        -- died (claim.ErrNoDedupWindow).
+        SELECT q.dedup_window INTO v_win FROM crdbwork_queues AS q WHERE q.name = v_queue;
+        IF v_win IS NOT NULL AND v_win <= INTERVAL '0 seconds' THEN
+            RAISE EXCEPTION 'enqueue: dependencies need the queue''s dedup window above zero (queue %: dedup window off)', v_queue
+                USING ERRCODE = '55000';
+        END IF;
+        SELECT array_agg(c.p ORDER BY c.n),
+               array_agg(CASE WHEN c.iq IS NOT NULL AND c.iq <> v_queue THEN 'other:' || c.iq
+                              WHEN c.wq IS NOT NULL AND c.wq <> v_queue THEN 'other:' || c.wq
+                              WHEN c.iq IS NOT NULL OR c.wq IS NOT NULL THEN 'pending'
+                              WHEN c.outcome IS NOT NULL THEN c.outcome
+                              WHEN c.dead THEN 'dead'
+                              ELSE 'unknown' END ORDER BY c.n)
+            INTO v_ps, v_sts
+        FROM (SELECT a.p, a.n,
+                     (SELECT i.queue FROM crdbwork_items AS i WHERE i.id = a.p) AS iq,
+                     (SELECT w.queue FROM crdbwork_waiting AS w WHERE w.id = a.p) AS wq,
+                     (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = a.p) AS outcome,
+                     EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = a.p AND d.queue = v_queue) AS dead
+              FROM unnest(after) WITH ORDINALITY AS a (p, n)) AS c;
+        SELECT u.p, u.st INTO v_pre, v_state FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n)
+            WHERE u.st LIKE 'other:%' ORDER BY u.n LIMIT 1;
+        IF v_pre IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue: prerequisite % is an item of queue %, not of queue % (claim.ErrPrerequisiteOtherQueue)',
+                v_pre, substr(v_state, 7), v_queue USING ERRCODE = '23503';
+        END IF;
+        SELECT u.p, u.st INTO v_pre, v_state FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n)
+            WHERE u.st = 'unknown' OR (u.st = 'dead' AND (v_ra & 1) = 0) OR (u.st = 'cancelled' AND (v_ra & 2) = 0)
+            ORDER BY u.n LIMIT 1;
+        IF v_state = 'unknown' THEN
+            RAISE EXCEPTION 'enqueue: prerequisite % is unknown: not queued, waiting, or ended in queue % within its dedup window (claim.ErrPrerequisiteUnknown)',
+                v_pre, v_queue USING ERRCODE = '23503';
+        END IF;
+        IF v_pre IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue: prerequisite % ended without an ack (%): the item could never run; run_after => ARRAY[''died'', ''cancelled''] runs it anyway (claim.ErrPrerequisiteDied)',
+                v_pre, v_state USING ERRCODE = '55000';
+        END IF;
+        SELECT COALESCE(array_agg(u.p ORDER BY u.n), ARRAY[]::UUID[]) INTO v_pend
+            FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n) WHERE u.st = 'pending';
+        IF array_length(v_pend, 1) > 0 THEN
+            v_wait := true;
+            -- The waiting item (dependsStatements.InsertWaiting): what its
+            -- move into the items table needs, the part computed then.
+            INSERT INTO crdbwork_waiting AS w
+                (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once,
+                 remaining, headers, seq_order, run_after, timeout_us)
+            SELECT v_id, v_queue, v_hash, v_key, v_priority, v_delay_us, v_max, v_payload, v_metadata, v_tenant, v_ttl_us, v_amo,
+                   array_length(v_pend, 1), v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_ra, v_tmo_us
+            FROM (SELECT COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS seq) AS n
+            WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id)
+              AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = v_id
+                  AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours'))
+            ON CONFLICT DO NOTHING
+            RETURNING w.id INTO v_got;
+            IF v_got IS NOT NULL THEN
+                INSERT INTO crdbwork_waits_for (queue, prereq, dependent)
+                SELECT v_queue, u.p, v_id FROM unnest(v_pend) AS u (p)
+                ON CONFLICT DO NOTHING;
+            END IF;
+        END IF;
+    END IF;
+
     -- The insert of claim's enqueue (sql/enqueue.go, Insert and
     -- PostgresInsert): the part under a share lock on the queue's row,
     -- nothing if the id is in the items table or ended in the queue
     -- within its dedup window.
+    IF NOT v_wait THEN
     INSERT INTO crdbwork_items AS i
         (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
          tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us)
@@ -227,6 +356,7 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = v_id)
     ON CONFLICT DO NOTHING
     RETURNING i.id INTO v_got;
+    END IF;
 
     -- Is the id ended in the queue within its window? Under READ
     -- COMMITTED (PostgreSQL's default) this statement sees an ack of the
@@ -238,6 +368,11 @@ BEGIN
         WHERE e.queue = v_queue AND e.id = v_id
           AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours'))
         INTO v_ended;
+    IF v_got IS NOT NULL AND v_ended AND v_wait THEN
+        DELETE FROM crdbwork_waits_for AS f WHERE f.queue = v_queue AND f.dependent = v_got;
+        DELETE FROM crdbwork_waiting AS w WHERE w.id = v_got;
+        v_got := NULL;
+    END IF;
     IF v_got IS NOT NULL AND v_ended THEN
         DELETE FROM crdbwork_items AS x WHERE x.id = v_got;
         v_got := NULL;

@@ -166,13 +166,16 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	if body, ok := installedBody(ctx, db, t); ok && bodyRevision(body) >= bodyRevision(stmt) {
 		return nil
 	}
-	// Revision 3 added the parameter timeout: CREATE OR REPLACE of a new
-	// parameter list makes a second function beside the old one, and a
-	// call that both accept would be ambiguous. Drop the old list first
-	// (revisions 0 to 2 all had it); a call by an older producer, with at
-	// most its 13 arguments, is served by the new function's defaults.
-	if _, err := db.Exec(ctx, t.rewrite(dropOldEnqueueFunction)); err != nil && !cockroach {
-		return fmt.Errorf("crdbwork: dropping the SQL function crdbwork_enqueue of revision 2 or older: %w", err)
+	// Revision 3 added the parameter timeout, revision 4 after and
+	// run_after: CREATE OR REPLACE of a new parameter list makes a second
+	// function beside the old one, and a call that both accept would be
+	// ambiguous. Drop the old lists first (revisions 0 to 2 had the first,
+	// revision 3 the second); a call by an older producer, with at most its
+	// 13 or 14 arguments, is served by the new function's defaults.
+	for _, drop := range dropOldEnqueueFunctions {
+		if _, err := db.Exec(ctx, t.rewrite(drop)); err != nil && !cockroach {
+			return fmt.Errorf("crdbwork: dropping the SQL function crdbwork_enqueue of revision 3 or older: %w", err)
+		}
 	}
 	if _, err := db.Exec(ctx, stmt); err != nil {
 		if cockroach {
@@ -184,9 +187,13 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	return nil
 }
 
-// dropOldEnqueueFunction drops crdbwork_enqueue with the parameter list of
-// its revisions 0 to 2 (before timeout), if it is there.
-const dropOldEnqueueFunction = `DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL)`
+// dropOldEnqueueFunctions drop crdbwork_enqueue with the parameter lists
+// of its revisions 0 to 2 (before timeout) and of its revision 3 (before
+// after and run_after), if they are there.
+var dropOldEnqueueFunctions = []string{
+	`DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL)`,
+	`DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL)`,
+}
 
 // functionBody returns the body of a CREATE FUNCTION statement: the text
 // between its dollar quotes.

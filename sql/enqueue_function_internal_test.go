@@ -264,6 +264,10 @@ var enqueueFunctionPins = map[int]string{
 	// 3: the parameter timeout, the item's own handler timeout
 	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
 	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
+	// 4: the parameters after and run_after, an item's prerequisites
+	// (NewItem.After, RunAfter; docs/dependencies.md); the list of
+	// revision 3 is dropped.
+	4: "e3a216f11f27f61726c3cadf19ad3945358fc5bd6c61b464a3a3d744b3ff729b",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -287,7 +291,7 @@ func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 // named argument at its place.
 func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 	t.Parallel()
-	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\s+DEFAULT\s+(\S+?))?,$`)
+	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\[\])?(?:\s+DEFAULT\s+(\S+?))?,$`)
 	for _, d := range []bool{false, true} { // d: CockroachDB
 		text := enqueueFunctionFor(d)
 		head := text[strings.Index(text, "CREATE OR REPLACE FUNCTION"):strings.Index(text, "OUT item_id")]
@@ -330,41 +334,53 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 }
 
 // A database whose enqueue function has the parameter list of revisions 0
-// to 2 (no timeout) gets the new function in its place, not beside it:
-// Apply drops the old list, so that a call both lists would accept is not
-// ambiguous, and an older producer's call by position still works.
+// to 2 (no timeout) or of revision 3 (no after, run_after) gets the new
+// function in its place, not beside it: Apply drops the old list, so that
+// a call both lists would accept is not ambiguous, and an older producer's
+// call by position still works.
 func TestEnqueueFunctionOldParameterListDropped(t *testing.T) {
 	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("installs a stand-in function in SQL, PostgreSQL's")
 	}
-	pool := testdb.New(t)
-	ctx := context.Background()
-	tables := Tables{Prefix: "old_"}
-	if err := Apply(ctx, pool, tables); err != nil {
-		t.Fatal(err)
-	}
-	// A stand-in of revision 2's list, and the installed function made
-	// older, as a database upgraded from version 5 has them.
-	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
+	for _, c := range []struct{ name, params string }{
+		{"revision 2", ""},
+		{"revision 3", ", timeout INTERVAL DEFAULT NULL"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.New(t)
+			ctx := context.Background()
+			tables := Tables{Prefix: "old_"}
+			if err := Apply(ctx, pool, tables); err != nil {
+				t.Fatal(err)
+			}
+			// A stand-in of the old list, and the installed function made
+			// older, as a database upgraded from it has them.
+			if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, UUID[], TEXT[])`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
     priority BIGINT DEFAULT 0, delay INTERVAL DEFAULT NULL, run_at TIMESTAMPTZ DEFAULT NULL, max_attempts BIGINT DEFAULT NULL,
     tenant TEXT DEFAULT NULL, ttl INTERVAL DEFAULT NULL, metadata BYTEA DEFAULT NULL, headers JSONB DEFAULT NULL,
-    at_most_once BOOL DEFAULT false, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
+    at_most_once BOOL DEFAULT false`+c.params+`, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
 LANGUAGE plpgsql AS $$ BEGIN item_id := NULL; added := false; done := false; END $$`); err != nil {
-		t.Fatal(err)
-	}
-	if err := Apply(ctx, pool, tables); err != nil {
-		t.Fatal(err)
-	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_proc WHERE proname = 'old_enqueue'`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("%d functions old_enqueue after Apply (%v), want 1", n, err)
-	}
-	var added bool
-	if err := pool.QueryRow(ctx, `SELECT added FROM old_enqueue('q', ''::BYTEA)`).Scan(&added); err != nil || !added {
-		t.Fatalf("a call by position after the upgrade: added %v, %v", added, err)
+				t.Fatal(err)
+			}
+			if err := Apply(ctx, pool, tables); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_proc WHERE proname = 'old_enqueue'`).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("%d functions old_enqueue after Apply (%v), want 1", n, err)
+			}
+			for _, call := range []string{`old_enqueue('q', ''::BYTEA)`,
+				`old_enqueue('q', ''::BYTEA, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, NULL)`} {
+				var added bool
+				if err := pool.QueryRow(ctx, `SELECT added FROM `+call).Scan(&added); err != nil || !added {
+					t.Fatalf("a call by position after the upgrade, %s: added %v, %v", call, added, err)
+				}
+			}
+		})
 	}
 }
