@@ -419,7 +419,14 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 			res.New[i], res.Waiting[i] = true, true
 			for _, p := range b.items[i].After {
-				if st := state[p]; st != store.OutcomeAcked && st != store.OutcomeTaken {
+				// An edge for each pending prerequisite only: one that
+				// ended already is satisfied (acked, taken, or dead or
+				// cancelled under RunAfter) and not counted in remaining,
+				// so an edge from it would be released, and counted, once
+				// more by the reaper.
+				switch state[p] {
+				case store.OutcomeAcked, store.OutcomeTaken, store.OutcomeDead, store.OutcomeCancelled:
+				default:
 					edgeFrom, edgeTo = append(edgeFrom, p), append(edgeTo, b.ids[i])
 				}
 			}
