@@ -267,7 +267,7 @@ var enqueueFunctionPins = map[int]string{
 	// 4: the parameters after and run_after, an item's prerequisites
 	// (NewItem.After, RunAfter; docs/dependencies.md); the list of
 	// revision 3 is dropped.
-	4: "e3a216f11f27f61726c3cadf19ad3945358fc5bd6c61b464a3a3d744b3ff729b",
+	4: "d857d3ceb4f256fa74e86a572b06c8a9271e39bdcfca2edfc95864885f733cc2",
 }
 
 // The files are those pinned for their revision, and both carry it.
