@@ -212,6 +212,10 @@ func TestSQLEnqueueAfterRefusesBadInput(t *testing.T) {
 		{"unknown", "sqlbad", "23503", "is unknown", []string{"after", sqlAfter(p, uuid.New())}},
 		{"another queue's", "sqlbad", "23503", "is an item of queue sqlbad-other", []string{"after", sqlAfter(otherItem)}},
 		{"no dedup window", "sqlbad-nodedup", "55000", "dedup window", []string{"after", sqlAfter(p)}},
+		{"no dedup window of after_queues", "sqlbad", "55000", "queue sqlbad-nodedup: dedup window off",
+			[]string{"after", sqlAfter(p), "after_queues", "ARRAY['sqlbad-nodedup']"}},
+		{"after_queues not one per prerequisite", "sqlbad", "22023", "one per prerequisite", []string{"after", sqlAfter(p), "after_queues", "ARRAY['a', 'b']"}},
+		{"named in the wrong queue", "sqlbad", "23503", "is an item of queue sqlbad, not of queue sqlbad-other", []string{"after", sqlAfter(p), "after_queues", "ARRAY['sqlbad-other']"}},
 	} {
 		before := countRows(t, pool, `SELECT (SELECT count(*) FROM crdbwork_items) + (SELECT count(*) FROM crdbwork_waiting) + (SELECT count(*) FROM crdbwork_waits_for)`)
 		_, err := sqlEnqueue(ctx, pool, testdb.EnqueueArgs("'"+c.queue+"'", "''::BYTEA", c.args...))
@@ -227,5 +231,52 @@ func TestSQLEnqueueAfterRefusesBadInput(t *testing.T) {
 	var added bool
 	if err := pool.QueryRow(ctx, `SELECT added FROM crdbwork_enqueue('sqlbad', ''::BYTEA, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, NULL)`).Scan(&added); err != nil || !added {
 		t.Fatalf("a call with revision 3's arguments: %v, %v", added, err)
+	}
+}
+
+// An item enqueued from SQL may wait for items of other queues
+// (after_queues names each prerequisite's queue, NULL its own): it waits as
+// one with Go's AfterIn, the ack in the other queue releases it at once,
+// and a prerequisite of the other queue already acked is satisfied.
+func TestSQLEnqueueAfterInOtherQueues(t *testing.T) {
+	t.Parallel()
+	pool, _ := sqlSetup(t)
+	ctx := context.Background()
+	qa := newQueue(t, pool, claim.Options{Queue: "sqlx-a"})
+	qb := newQueue(t, pool, claim.Options{Queue: "sqlx-b"})
+	s := startSession(t, ctx, pool)
+	a, b, dep := uuid.New(), uuid.New(), uuid.New()
+	if _, err := qa.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qb.Enqueue(ctx, claim.NewItem{ID: b, Payload: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sqlEnqueue(ctx, pool, testdb.EnqueueArgs("'sqlx-b'", "''::BYTEA", "id", "$1", "after", sqlAfter(a, b),
+		"after_queues", "ARRAY['sqlx-a', NULL]"), dep)
+	if err != nil || !r.Added {
+		t.Fatalf("crdbwork_enqueue with a prerequisite of another queue: %+v, %v", r, err)
+	}
+	d, err := qb.Dependencies(ctx, dep, 10)
+	if err != nil || !d.Waiting || d.Remaining != 2 || len(d.Prereqs) != 2 {
+		t.Fatalf("Dependencies: %+v, %v; want waiting for 2", d, err)
+	}
+	for _, p := range d.Prereqs {
+		if want := map[uuid.UUID]string{a: "sqlx-a", b: ""}[p.ID]; p.Queue != want || p.State != "queued" {
+			t.Fatalf("prerequisite %s: queue %q, %s; want %q, queued", p.ID, p.Queue, p.State, want)
+		}
+	}
+	ackAll(t, qb, claimEvery(t, qb, s.ID()))
+	ackAll(t, qa, claimEvery(t, qa, s.ID()))
+	if got := claimEvery(t, qb, s.ID()); len(got) != 1 || got[0].ID != dep {
+		t.Fatalf("after both acks B claimed %d items, want the dependent (released by the ack in A)", len(got))
+	}
+	// A prerequisite of another queue acked already: claimable at once.
+	r, err = sqlEnqueue(ctx, pool, testdb.EnqueueArgs("'sqlx-b'", "''::BYTEA", "after", sqlAfter(a), "after_queues", "ARRAY['sqlx-a']"))
+	if err != nil || !r.Added {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, r.ID); n != 1 {
+		t.Fatalf("the item after an acked prerequisite of another queue is not claimable at once")
 	}
 }

@@ -166,8 +166,8 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	if body, ok := installedBody(ctx, db, t); ok && bodyRevision(body) >= bodyRevision(stmt) {
 		return nil
 	}
-	// Revision 3 added the parameter timeout, revision 4 after and
-	// run_after: CREATE OR REPLACE of a new parameter list makes a second
+	// Revision 3 added the parameter timeout, revision 4 after, run_after
+	// and after_queues: CREATE OR REPLACE of a new parameter list makes a second
 	// function beside the old one, and a call that both accept would be
 	// ambiguous. Drop the old lists first (revisions 0 to 2 had the first,
 	// revision 3 the second); a call by an older producer, with at most its

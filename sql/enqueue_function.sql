@@ -34,6 +34,7 @@ CREATE OR REPLACE FUNCTION crdbwork_enqueue(
     timeout      INTERVAL    DEFAULT NULL,
     after        UUID[]      DEFAULT NULL,
     run_after    TEXT[]      DEFAULT NULL,
+    after_queues TEXT[]      DEFAULT NULL,
     OUT item_id  UUID,
     OUT added    BOOL,
     OUT done     BOOL)
@@ -74,6 +75,9 @@ DECLARE
     v_ps       UUID[];
     v_sts      TEXT[];
     v_pend     UUID[];
+    v_qs       TEXT[];
+    v_pendq    TEXT[];
+    v_nq       BIGINT;
     v_win      INTERVAL;
     v_wait     BOOL;
 BEGIN
@@ -144,8 +148,19 @@ BEGIN
     IF v_nafter > 0 AND EXISTS (SELECT 1 FROM unnest(after) AS a (p) WHERE a.p IS NULL OR a.p = '00000000-0000-0000-0000-000000000000'::UUID) THEN
         RAISE EXCEPTION 'enqueue: a prerequisite is NULL or the zero id' USING ERRCODE = '22023';
     END IF;
+    -- after_queues[i] names the queue of after[i] (claim.NewItem.AfterIn);
+    -- NULL or '' (or no after_queues): the item's own queue.
+    v_nq := COALESCE(array_length(after_queues, 1), 0);
+    IF v_nq > 0 AND v_nq <> v_nafter THEN
+        RAISE EXCEPTION 'enqueue: after_queues has % queues for % prerequisites: one per prerequisite (NULL: the item''s queue)', v_nq, v_nafter
+            USING ERRCODE = '22023';
+    END IF;
+    IF v_nq > 0 AND EXISTS (SELECT 1 FROM unnest(after_queues) AS a (q) WHERE octet_length(a.q) > 512) THEN
+        RAISE EXCEPTION 'enqueue: a queue name of after_queues is over 512 bytes' USING ERRCODE = '22023';
+    END IF;
     IF v_nafter > 0 THEN
-        SELECT a.p INTO v_pre FROM unnest(after) AS a (p) GROUP BY a.p HAVING count(*) > 1 ORDER BY a.p LIMIT 1;
+        SELECT a.p INTO v_pre FROM unnest(after, after_queues) AS a (p, q)
+            GROUP BY a.p, COALESCE(NULLIF(a.q, ''), queue) HAVING count(*) > 1 ORDER BY a.p LIMIT 1;
         IF v_pre IS NOT NULL THEN
             RAISE EXCEPTION 'enqueue: prerequisite % is listed twice', v_pre USING ERRCODE = '22023';
         END IF;
@@ -263,14 +278,17 @@ BEGIN
     -- within its window, is answered by the insert below (a duplicate, or
     -- done) whatever its prerequisites became since, so a retry after an
     -- unknown outcome answers what became of its item. Otherwise each
-    -- prerequisite is classified in one read (a seek by id in each table):
-    -- queued or waiting in the queue is pending, acked or taken is
-    -- satisfied, dead or cancelled is satisfied only if run_after names
-    -- that end (else the call fails), another queue's or unknown fails the
-    -- call. With pending prerequisites the item is a waiting item
-    -- (crdbwork_waiting, outside the items table: no claim sees it) with
-    -- one edge per pending prerequisite, released by the ack of the last
-    -- one; with none it is an ordinary item, claimable at once.
+    -- prerequisite is classified in its queue (after_queues, or this one)
+    -- in one read (a seek by id in each table): queued or waiting there is
+    -- pending, acked or taken is satisfied, dead or cancelled is satisfied
+    -- only if run_after names that end (else the call fails), an item of
+    -- yet another queue or unknown fails the call. With pending
+    -- prerequisites the item is a waiting item (crdbwork_waiting, outside
+    -- the items table: no claim sees it) with one edge per pending
+    -- prerequisite (in crdbwork_waits_for, or for one of another queue in
+    -- crdbwork_waits_across with its hint, as internal/store's
+    -- InsertAcross), released by the ack of the last one; with none it is
+    -- an ordinary item, claimable at once.
     v_wait := false;
     IF v_nafter > 0
        AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id)
@@ -278,47 +296,51 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e
            WHERE e.queue = v_queue AND e.id = v_id
              AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours')) THEN
-        -- The queue's memory of ended ids is how a prerequisite acked
-        -- without releasing its dependents at once is told from one that
-        -- died (claim.ErrNoDedupWindow).
-        SELECT q.dedup_window INTO v_win FROM crdbwork_queues AS q WHERE q.name = v_queue;
-        IF v_win IS NOT NULL AND v_win <= INTERVAL '0 seconds' THEN
-            RAISE EXCEPTION 'enqueue: dependencies need the queue''s dedup window above zero (queue %: dedup window off)', v_queue
+        -- The memory of ended ids of each prerequisite's queue is how a
+        -- prerequisite acked without releasing its dependents at once is
+        -- told from one that died (claim.ErrNoDedupWindow).
+        SELECT q.name INTO v_other FROM crdbwork_queues AS q
+            WHERE q.name IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, after_queues) AS a (p, q))
+              AND q.dedup_window <= INTERVAL '0 seconds'
+            ORDER BY q.name LIMIT 1;
+        IF v_other IS NOT NULL THEN
+            RAISE EXCEPTION 'enqueue: dependencies need the queue''s dedup window above zero (queue %: dedup window off)', v_other
                 USING ERRCODE = '55000';
         END IF;
-        SELECT array_agg(c.p ORDER BY c.n),
-               array_agg(CASE WHEN c.iq IS NOT NULL AND c.iq <> v_queue THEN 'other:' || c.iq
-                              WHEN c.wq IS NOT NULL AND c.wq <> v_queue THEN 'other:' || c.wq
+        SELECT array_agg(c.p ORDER BY c.n), array_agg(c.q ORDER BY c.n),
+               array_agg(CASE WHEN c.iq IS NOT NULL AND c.iq <> c.q THEN 'other:' || c.iq
+                              WHEN c.wq IS NOT NULL AND c.wq <> c.q THEN 'other:' || c.wq
                               WHEN c.iq IS NOT NULL OR c.wq IS NOT NULL THEN 'pending'
                               WHEN c.outcome IS NOT NULL THEN c.outcome
                               WHEN c.dead THEN 'dead'
                               ELSE 'unknown' END ORDER BY c.n)
-            INTO v_ps, v_sts
-        FROM (SELECT a.p, a.n,
+            INTO v_ps, v_qs, v_sts
+        FROM (SELECT a.p, a.n, a.q,
                      (SELECT i.queue FROM crdbwork_items AS i WHERE i.id = a.p) AS iq,
                      (SELECT w.queue FROM crdbwork_waiting AS w WHERE w.id = a.p) AS wq,
-                     (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = a.p) AS outcome,
-                     EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = a.p AND d.queue = v_queue) AS dead
-              FROM unnest(after) WITH ORDINALITY AS a (p, n)) AS c;
-        SELECT u.p, u.st INTO v_pre, v_state FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n)
+                     (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = a.q AND e.id = a.p) AS outcome,
+                     EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = a.p AND d.queue = a.q) AS dead
+              FROM (SELECT u.p, u.n, COALESCE(NULLIF(u.q, ''), v_queue) AS q
+                    FROM unnest(after, after_queues) WITH ORDINALITY AS u (p, q, n)) AS a) AS c;
+        SELECT u.p, u.q, u.st INTO v_pre, v_other, v_state FROM unnest(v_ps, v_qs, v_sts) WITH ORDINALITY AS u (p, q, st, n)
             WHERE u.st LIKE 'other:%' ORDER BY u.n LIMIT 1;
         IF v_pre IS NOT NULL THEN
-            RAISE EXCEPTION 'enqueue: prerequisite % is an item of queue %, not of queue % (claim.ErrPrerequisiteOtherQueue)',
-                v_pre, substr(v_state, 7), v_queue USING ERRCODE = '23503';
+            RAISE EXCEPTION 'enqueue: prerequisite % is an item of queue %, not of queue % (claim.ErrPrerequisiteOtherQueue; name its queue in after_queues)',
+                v_pre, substr(v_state, 7), v_other USING ERRCODE = '23503';
         END IF;
-        SELECT u.p, u.st INTO v_pre, v_state FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n)
+        SELECT u.p, u.q, u.st INTO v_pre, v_other, v_state FROM unnest(v_ps, v_qs, v_sts) WITH ORDINALITY AS u (p, q, st, n)
             WHERE u.st = 'unknown' OR (u.st = 'dead' AND (v_ra & 1) = 0) OR (u.st = 'cancelled' AND (v_ra & 2) = 0)
             ORDER BY u.n LIMIT 1;
         IF v_state = 'unknown' THEN
             RAISE EXCEPTION 'enqueue: prerequisite % is unknown: not queued, waiting, or ended in queue % within its dedup window (claim.ErrPrerequisiteUnknown)',
-                v_pre, v_queue USING ERRCODE = '23503';
+                v_pre, v_other USING ERRCODE = '23503';
         END IF;
         IF v_pre IS NOT NULL THEN
-            RAISE EXCEPTION 'enqueue: prerequisite % ended without an ack (%): the item could never run; run_after => ARRAY[''died'', ''cancelled''] runs it anyway (claim.ErrPrerequisiteDied)',
-                v_pre, v_state USING ERRCODE = '55000';
+            RAISE EXCEPTION 'enqueue: prerequisite % of queue % ended without an ack (%): the item could never run; run_after ARRAY[''died'', ''cancelled''] runs it anyway (claim.ErrPrerequisiteDied)',
+                v_pre, v_other, v_state USING ERRCODE = '55000';
         END IF;
-        SELECT COALESCE(array_agg(u.p ORDER BY u.n), ARRAY[]::UUID[]) INTO v_pend
-            FROM unnest(v_ps, v_sts) WITH ORDINALITY AS u (p, st, n) WHERE u.st = 'pending';
+        SELECT COALESCE(array_agg(u.p ORDER BY u.n), ARRAY[]::UUID[]), COALESCE(array_agg(u.q ORDER BY u.n), ARRAY[]::TEXT[]) INTO v_pend, v_pendq
+            FROM unnest(v_ps, v_qs, v_sts) WITH ORDINALITY AS u (p, q, st, n) WHERE u.st = 'pending';
         IF array_length(v_pend, 1) > 0 THEN
             v_wait := true;
             -- The waiting item (dependsStatements.InsertWaiting): what its
@@ -336,7 +358,10 @@ BEGIN
             RETURNING w.id INTO v_got;
             IF v_got IS NOT NULL THEN
                 INSERT INTO crdbwork_waits_for (queue, prereq, dependent)
-                SELECT v_queue, u.p, v_id FROM unnest(v_pend) AS u (p)
+                SELECT u.q, u.p, v_id FROM unnest(v_pend, v_pendq) AS u (p, q)
+                ON CONFLICT DO NOTHING;
+                INSERT INTO crdbwork_waits_across (prereq_queue, prereq, dependent_queue, dependent)
+                SELECT u.q, u.p, v_queue, v_id FROM unnest(v_pend, v_pendq) AS u (p, q) WHERE u.q <> v_queue
                 ON CONFLICT DO NOTHING;
             END IF;
         END IF;
@@ -379,7 +404,9 @@ BEGIN
           AND e.ended_at > now() - COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours'))
         INTO v_ended;
     IF v_got IS NOT NULL AND v_ended AND v_wait THEN
-        DELETE FROM crdbwork_waits_for AS f WHERE f.queue = v_queue AND f.dependent = v_got;
+        DELETE FROM crdbwork_waits_for AS f WHERE f.dependent = v_got
+            AND f.queue IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, after_queues) AS a (p, q));
+        DELETE FROM crdbwork_waits_across AS f WHERE f.dependent_queue = v_queue AND f.dependent = v_got;
         DELETE FROM crdbwork_waiting AS w WHERE w.id = v_got;
         v_got := NULL;
     END IF;
@@ -388,6 +415,7 @@ BEGIN
         v_got := NULL;
     END IF;
 
+    v_other := NULL;
     IF v_got IS NULL THEN
         SELECT x.queue INTO v_other FROM crdbwork_items AS x WHERE x.id = v_id;
         IF v_other IS NULL THEN

@@ -264,10 +264,10 @@ var enqueueFunctionPins = map[int]string{
 	// 3: the parameter timeout, the item's own handler timeout
 	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
 	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
-	// 4: the parameters after and run_after, an item's prerequisites
-	// (NewItem.After, RunAfter; docs/dependencies.md); the list of
-	// revision 3 is dropped.
-	4: "d857d3ceb4f256fa74e86a572b06c8a9271e39bdcfca2edfc95864885f733cc2",
+	// 4: the parameters after, run_after and after_queues, an item's
+	// prerequisites (NewItem.After, RunAfter, AfterIn;
+	// docs/dependencies.md); the list of revision 3 is dropped.
+	4: "0ffc0d5f157093c40968cc1406368d0569346a1e020230877aa43650e0e37c61",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -357,7 +357,7 @@ func TestEnqueueFunctionOldParameterListDropped(t *testing.T) {
 			}
 			// A stand-in of the old list, and the installed function made
 			// older, as a database upgraded from it has them.
-			if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, UUID[], TEXT[])`); err != nil {
+			if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, UUID[], TEXT[], TEXT[])`); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
