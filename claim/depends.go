@@ -675,11 +675,11 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 	// The queue's items that wait for items of other queues first
 	// (depends_across.go); those it ended are prerequisites of this
 	// queue's, settled next.
-	released, killed, err := q.sweepAcross(ctx)
+	// A failure there does not keep this queue's own edges from their
+	// sweep below: it is returned after it.
+	released, killed, acrossErr := q.sweepAcross(ctx)
 	died += len(killed)
-	if err != nil {
-		return released, died, nil, err
-	}
+	defer func() { err = errors.Join(err, acrossErr) }()
 	for len(killed) > 0 {
 		r, k, bad, err := q.settleIsolated(ctx, killed)
 		released += r

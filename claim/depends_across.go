@@ -2,6 +2,8 @@ package claim
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 
 	"github.com/google/uuid"
@@ -103,8 +105,9 @@ func (q *Queue) releaseAcross(ctx context.Context, acked []uuid.UUID) {
 // classifies the prerequisites in their own queues and settles the edges
 // whose prerequisites ended (settleAcross). It returns the dependents it
 // released and those it ended (whose own dependents in this queue the
-// caller settles next).
-func (q *Queue) sweepAcross(ctx context.Context) (released int, killed []uuid.UUID, err error) {
+// caller settles next). An edge whose settling fails is left for a later
+// walk, and the walk goes on past it: its error is returned after.
+func (q *Queue) sweepAcross(ctx context.Context) (released int, killed []uuid.UUID, failed error) {
 	d := q.engine.Load().dialect
 	for range sweepBatches {
 		var all []store.AcrossEdge
@@ -114,7 +117,7 @@ func (q *Queue) sweepAcross(ctx context.Context) (released int, killed []uuid.UU
 			return store.Classify(err)
 		})
 		if err != nil {
-			return released, killed, err
+			return released, killed, errors.Join(failed, err)
 		}
 		byQueue := map[string][]store.AcrossEdge{}
 		var queues []string
@@ -128,8 +131,20 @@ func (q *Queue) sweepAcross(ctx context.Context) (released int, killed []uuid.UU
 		for _, pq := range queues {
 			r, k, err := q.settleAcross(ctx, pq, byQueue[pq])
 			released, killed = released+r, append(killed, k...)
-			if err != nil {
-				return released, killed, err
+			if err != nil && ctx.Err() == nil && len(byQueue[pq]) > 1 {
+				// One edge the database refuses (or any failure) must not
+				// hold up the others: each alone, the failures kept for
+				// the next walk, which comes back to them.
+				err = nil
+				for _, e := range byQueue[pq] {
+					r, k, err1 := q.settleAcross(ctx, pq, []store.AcrossEdge{e})
+					released, killed = released+r, append(killed, k...)
+					failed = errors.Join(failed, err1)
+				}
+			}
+			failed = errors.Join(failed, err)
+			if ctx.Err() != nil {
+				return released, killed, failed
 			}
 		}
 		if len(all) < sweepBatch {
@@ -138,7 +153,10 @@ func (q *Queue) sweepAcross(ctx context.Context) (released int, killed []uuid.UU
 		}
 		q.deps.acrossCursor = all[len(all)-1].Dependent
 	}
-	return released, killed, nil
+	if failed != nil {
+		failed = fmt.Errorf("settling the edges from other queues (the others were settled; these are tried again at a later reap): %w", failed)
+	}
+	return released, killed, failed
 }
 
 // settleAcross settles, in one transaction (releaseTxOptions), the edges
