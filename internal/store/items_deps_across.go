@@ -70,23 +70,46 @@ type acrossStatements struct {
 	Prereqs, Dependents string
 }
 
-// acrossReleaseTemplate is Release: %[1]s is the CTE d (lockDependents).
+// acrossReleaseTemplate is Release: %[1]s is the CTE d (lockDependents),
+// %[2]s the relation k of the pairs (prerequisite p, dependent dep) and
+// %[3]s the condition that finds an edge x by its key from k (acrossKeys),
+// %[4]s the test that k's dependent is locked, %[5]s the hints' key from
+// the deleted rows g, %[6]s the join of the waiting rows to the counts c
+// (as the same-queue Release's).
 const acrossReleaseTemplate = `WITH %[1]s,
 gone AS (
     DELETE FROM crdbwork_waits_across AS x
-    USING unnest($2::UUID[], $3::UUID[]) AS k (p, dep)
-    WHERE x.prereq_queue = $4 AND x.prereq = k.p AND x.dependent = k.dep AND x.dependent_queue = $1
-      AND k.dep IN (SELECT d.id FROM d)
-    RETURNING x.prereq, x.dependent),
+    USING %[2]s
+    WHERE %[3]s AND %[4]s
+    RETURNING x.prereq_queue, x.prereq, x.dependent),
 hints AS (
     DELETE FROM crdbwork_waits_for AS h USING gone AS g
-    WHERE h.queue = $4 AND h.prereq = g.prereq AND h.dependent = g.dependent
+    WHERE %[5]s
     RETURNING h.dependent),
 c AS (SELECT g.dependent, count(*) AS n FROM gone AS g GROUP BY g.dependent)
 UPDATE crdbwork_waiting AS w SET remaining = w.remaining - c.n
 FROM c
-WHERE w.id = c.dependent AND (w.queue = $1) IS TRUE
+WHERE %[6]s
 RETURNING w.id, w.remaining, c.n`
+
+// acrossKeys returns, for engine d, the relation k of the pairs of array
+// parameters ps and ds (prerequisites and dependents) of the prerequisite
+// queue pq (a parameter), the condition that finds the edge x of each by
+// its primary key, and the condition that finds the hint h of each row g
+// deleted. On PostgreSQL the queue is a column of k and every key column
+// is compared with = ANY(ARRAY[…]): one primary-key lookup per pair,
+// never a read of the prerequisite queue's rows through the key's first
+// column (the same-queue statements' edgeKeys says why).
+func acrossKeys(d Dialect, pq, ps, ds string) (source, edge, hint string) {
+	if d == Postgres {
+		return `(SELECT u.p, u.dep, ` + pq + `::TEXT AS pq FROM unnest(` + ps + `::UUID[], ` + ds + `::UUID[]) AS u (p, dep) OFFSET 0) AS k`,
+			`x.prereq_queue = ANY(ARRAY[k.pq]) AND x.prereq = ANY(ARRAY[k.p]) AND x.dependent = ANY(ARRAY[k.dep])`,
+			`h.queue = ANY(ARRAY[g.prereq_queue]) AND h.prereq = ANY(ARRAY[g.prereq]) AND h.dependent = ANY(ARRAY[g.dependent])`
+	}
+	return `unnest(` + ps + `::UUID[], ` + ds + `::UUID[]) AS k (p, dep)`,
+		`x.prereq_queue = ` + pq + ` AND x.prereq = k.p AND x.dependent = k.dep`,
+		`h.queue = g.prereq_queue AND h.prereq = g.prereq AND h.dependent = g.dependent`
+}
 
 // newAcrossStatements renders the cross-queue statements for t and d.
 func newAcrossStatements(t Tables, d Dialect) *acrossStatements {
@@ -95,9 +118,15 @@ func newAcrossStatements(t Tables, d Dialect) *acrossStatements {
 	if d == Postgres {
 		queueKey = "(SELECT $1::TEXT)"
 	}
-	release := func(ids, wait string) string {
-		return r(fmt.Sprintf(acrossReleaseTemplate, fmt.Sprintf(lockDependents, ids, wait)))
+	source, edge, hint := acrossKeys(d, "$4", "$2", "$3")
+	locked, counted := lockedDep, `w.id = c.dependent AND (w.queue = $1) IS TRUE`
+	if d == Postgres {
+		locked, counted = postgresLockedDep, `w.id = ANY(ARRAY[c.dependent]) AND (w.queue = $1 OR c.dependent IS NULL)`
 	}
+	release := func(ids, wait string) string {
+		return r(fmt.Sprintf(acrossReleaseTemplate, fmt.Sprintf(lockDependents, ids, wait), source, edge, locked, hint, counted))
+	}
+	goneSource, goneEdge, goneHint := acrossKeys(d, "$1", "$2", "$3")
 	s := &acrossStatements{
 		Insert: r(`WITH x AS (
     INSERT INTO crdbwork_waits_across (prereq_queue, prereq, dependent_queue, dependent)
@@ -126,12 +155,12 @@ DELETE FROM crdbwork_waits_for AS h USING gone AS g
 WHERE h.queue = g.prereq_queue AND h.prereq = g.prereq AND h.dependent = g.dependent`),
 		DeleteGone: r(`WITH gone AS (
     DELETE FROM crdbwork_waits_across AS x
-    USING unnest($2::UUID[], $3::UUID[]) AS k (p, dep)
-    WHERE x.prereq_queue = $1 AND x.prereq = k.p AND x.dependent = k.dep
+    USING ` + goneSource + `
+    WHERE ` + goneEdge + `
       AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS o WHERE o.id = k.dep OFFSET 0)
-    RETURNING x.prereq, x.dependent)
+    RETURNING x.prereq_queue, x.prereq, x.dependent)
 DELETE FROM crdbwork_waits_for AS h USING gone AS g
-WHERE h.queue = $1 AND h.prereq = g.prereq AND h.dependent = g.dependent`),
+WHERE ` + goneHint),
 		Prereqs: r(`SELECT prereq_queue, prereq FROM crdbwork_waits_across
 WHERE dependent_queue = $1 AND dependent = $2
 ORDER BY prereq_queue, prereq`),
