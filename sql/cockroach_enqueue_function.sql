@@ -69,6 +69,7 @@ DECLARE
     v_qs       TEXT[];
     v_pendq    TEXT[];
     v_nq       BIGINT;
+    v_aq       TEXT[];
     v_win      INTERVAL;
     v_wait     BOOL;
 BEGIN
@@ -149,8 +150,14 @@ BEGIN
     IF v_nq > 0 AND EXISTS (SELECT 1 FROM unnest(after_queues) AS a (q) WHERE octet_length(a.q) > 512) THEN
         RAISE EXCEPTION 'enqueue: a queue name of after_queues is over 512 bytes' USING ERRCODE = '22023';
     END IF;
+    -- One queue (or NULL) per prerequisite, so that the two arrays unnest
+    -- side by side without relying on how an engine pads a NULL array.
+    v_aq := after_queues;
+    IF v_nq = 0 AND v_nafter > 0 THEN
+        SELECT array_agg(NULL::TEXT) INTO v_aq FROM unnest(after) AS a (p);
+    END IF;
     IF v_nafter > 0 THEN
-        SELECT a.p INTO v_pre FROM unnest(after, after_queues) AS a (p, q)
+        SELECT a.p INTO v_pre FROM unnest(after, v_aq) AS a (p, q)
             GROUP BY a.p, COALESCE(NULLIF(a.q, ''), queue) HAVING count(*) > 1 ORDER BY a.p LIMIT 1;
         IF v_pre IS NOT NULL THEN
             RAISE EXCEPTION 'enqueue: prerequisite % is listed twice', v_pre USING ERRCODE = '22023';
@@ -291,7 +298,7 @@ BEGIN
         -- prerequisite acked without releasing its dependents at once is
         -- told from one that died (claim.ErrNoDedupWindow).
         SELECT q.name INTO v_other FROM crdbwork_queues AS q
-            WHERE q.name IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, after_queues) AS a (p, q))
+            WHERE q.name IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, v_aq) AS a (p, q))
               AND q.dedup_window <= INTERVAL '0 seconds'
             ORDER BY q.name LIMIT 1;
         IF v_other IS NOT NULL THEN
@@ -312,7 +319,7 @@ BEGIN
                      (SELECT e.outcome FROM crdbwork_ended AS e WHERE e.queue = a.q AND e.id = a.p) AS outcome,
                      EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = a.p AND d.queue = a.q) AS dead
               FROM (SELECT u.p, u.n, COALESCE(NULLIF(u.q, ''), v_queue) AS q
-                    FROM unnest(after, after_queues) WITH ORDINALITY AS u (p, q, n)) AS a) AS c;
+                    FROM unnest(after, v_aq) WITH ORDINALITY AS u (p, q, n)) AS a) AS c;
         SELECT u.p, u.q, u.st INTO v_pre, v_other, v_state FROM unnest(v_ps, v_qs, v_sts) WITH ORDINALITY AS u (p, q, st, n)
             WHERE u.st LIKE 'other:%' ORDER BY u.n LIMIT 1;
         IF v_pre IS NOT NULL THEN
@@ -395,7 +402,7 @@ BEGIN
         INTO v_ended;
     IF v_got IS NOT NULL AND v_ended AND v_wait THEN
         DELETE FROM crdbwork_waits_for AS f WHERE f.dependent = v_got
-            AND f.queue IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, after_queues) AS a (p, q));
+            AND f.queue IN (SELECT COALESCE(NULLIF(a.q, ''), v_queue) FROM unnest(after, v_aq) AS a (p, q));
         DELETE FROM crdbwork_waits_across AS f WHERE f.dependent_queue = v_queue AND f.dependent = v_got;
         DELETE FROM crdbwork_waiting AS w WHERE w.id = v_got;
         v_got := NULL;

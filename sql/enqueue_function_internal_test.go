@@ -267,7 +267,7 @@ var enqueueFunctionPins = map[int]string{
 	// 4: the parameters after, run_after and after_queues, an item's
 	// prerequisites (NewItem.After, RunAfter, AfterIn;
 	// docs/dependencies.md); the list of revision 3 is dropped.
-	4: "0ffc0d5f157093c40968cc1406368d0569346a1e020230877aa43650e0e37c61",
+	4: "a976bff838dcc31e9140afe55417f15d53653d2397f78021f854ae07e6111d39",
 }
 
 // The files are those pinned for their revision, and both carry it.
