@@ -38,6 +38,9 @@ type DeadFilter struct {
 	Reason string
 	// ErrorContains is a substring of the last error (case-sensitive).
 	ErrorContains string
+	// Kind is the item's kind (NewItem.Kind), exactly; "" matches every
+	// kind (and items without one).
+	Kind string
 }
 
 // row returns the filter as the store takes it: the reason as the prefix
@@ -47,7 +50,17 @@ func (f DeadFilter) row() (store.DeadFilter, error) {
 	if err != nil {
 		return store.DeadFilter{}, err
 	}
-	return store.DeadFilter{Tenant: f.Tenant, ReasonPrefix: p, ErrorContains: f.ErrorContains}, nil
+	row := store.DeadFilter{Tenant: f.Tenant, ReasonPrefix: p, ErrorContains: f.ErrorContains, Kind: f.Kind}
+	if prefix, kind, ok := kindFilter(p); ok {
+		// "unknown kind: mail" is the reason of the dead items of kind
+		// mail that Nack wrote it for: matched by the kind column, exactly
+		// (as a prefix, "a" would match kind "ab" too).
+		if f.Kind != "" && f.Kind != kind {
+			return store.DeadFilter{}, fmt.Errorf("reason %q and kind %q: %w: the reason names another kind", f.Reason, f.Kind, ErrUnknownReason)
+		}
+		row.ReasonPrefix, row.Kind = prefix, kind
+	}
+	return row, nil
 }
 
 // DeadQuery asks DeadItems for one page of dead items. The zero value

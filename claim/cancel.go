@@ -218,6 +218,10 @@ type CancelledItem struct {
 	// WasRunning reports that a session held it when it was cancelled: its
 	// handler was stopped, and its result not written.
 	WasRunning bool
+	// Kind is its kind (NewItem.Kind), "" if none or if its cancel kept
+	// nothing (a queue whose dedup window is zero, code older than schema
+	// version 6).
+	Kind string
 }
 
 // CancelledQuery asks CancelledItems for one page of cancelled items. The
@@ -228,6 +232,8 @@ type CancelledQuery struct {
 	After string
 	// Limit is the most items in the page (0: DefaultListLimit).
 	Limit int
+	// Kind, if set, lists only the cancelled items of this kind.
+	Kind string
 }
 
 // CancelledPage is one page of CancelledItems.
@@ -266,7 +272,7 @@ func (q *Queue) CancelledItems(ctx context.Context, cq CancelledQuery) (Cancelle
 	err := retry.Do(ctx, nil, func(ctx context.Context) error {
 		var err error
 		// One more than asked: whether a next page exists.
-		rows, err = q.store.ItemsCancelled(ctx, q.db, q.opts.Queue, pos, cq.Limit+1)
+		rows, err = q.store.ItemsCancelled(ctx, q.db, q.opts.Queue, cq.Kind, pos, cq.Limit+1)
 		return store.Classify(err)
 	})
 	if err != nil {

@@ -76,6 +76,9 @@ type Item struct {
 	// none: package worker runs its handler with this deadline instead of
 	// its ItemTimeout.
 	Timeout time.Duration
+	// Kind is the item's kind (NewItem.Kind), "" if none: a worker.Kinds
+	// runs the item with the handler registered for it.
+	Kind string
 }
 
 // ClaimRequest says what Claimer.Claim claims.
@@ -351,7 +354,7 @@ func itemsOf(rows []store.ClaimedRow, session uuid.UUID) []Item {
 			EnqueuedAt: r.EnqueuedAt, VestingAt: r.VestingAt, LastError: r.LastError,
 			Session: session, Token: r.Token, LeaseUntil: r.LeaseUntil, InPart: r.InPart,
 			Tenant: r.Tenant, ExpiresAt: r.ExpiresAt, AtMostOnce: r.AtMostOnce, TurnAt: r.TurnAt,
-			Checkpoint: r.Checkpoint, Headers: headersOf(r.Headers), Timeout: r.Timeout}
+			Checkpoint: r.Checkpoint, Headers: headersOf(r.Headers), Timeout: r.Timeout, Kind: r.Kind}
 		if r.HasProgress {
 			items[i].Progress = Progress{Done: r.ProgressDone, Total: r.ProgressTotal}
 		}

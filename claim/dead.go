@@ -40,6 +40,9 @@ type DeadItem struct {
 	// for a dependent, ReasonDependencyDied and the prerequisite's id (""
 	// for items that died before schema version 3).
 	Reason string
+	// Kind is the item's kind (NewItem.Kind), "" if none (or if it died
+	// under code older than schema version 6); a requeue keeps it.
+	Kind string
 }
 
 // ErrItemLive is returned by Requeue of one id (RequeueOptions.ID) when the dead item's
@@ -91,7 +94,7 @@ func (q *Queue) listDead(ctx context.Context, list func(ctx context.Context) ([]
 		out = append(out, DeadItem{ID: r.ID, Death: r.Death, Queue: q.opts.Queue, Part: r.Part, Key: r.Key,
 			Priority: r.Priority, Attempts: r.Attempts, MaxAttempts: r.MaxAttempts, Payload: r.Payload,
 			Metadata: r.Metadata, LastError: r.LastError, EnqueuedAt: r.EnqueuedAt, DiedAt: r.DiedAt,
-			Tenant: r.Tenant, Reason: r.Reason})
+			Tenant: r.Tenant, Reason: r.Reason, Kind: r.Kind})
 	}
 	return out, nil
 }

@@ -493,7 +493,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			rows = append(rows, store.WaitingRow{EnqueueRow: store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key,
 				Priority: it.Priority, Delay: it.Delay, MaxAttempts: q.maxAttempts(it), Payload: it.Payload,
 				Metadata: it.Metadata, Tenant: it.Tenant, TTL: it.TTL, AtMostOnce: it.AtMostOnce,
-				Headers: b.headers[i], Order: b.order(i), Frees: it.UniqueStates.frees(), Timeout: it.Timeout}, Remaining: remaining[n],
+				Headers: b.headers[i], Order: b.order(i), Frees: it.UniqueStates.frees(), Timeout: it.Timeout, Kind: it.Kind}, Remaining: remaining[n],
 				RunAfter: it.RunAfter.bits()})
 		}
 		added, err := q.store.ItemsDepsInsertWaiting(ctx, db, q.engine.Load().dialect, name, rows)

@@ -201,7 +201,18 @@ type NewItem struct {
 	// MaxTimeout, at microsecond precision. Workers of schema versions 3
 	// to 5 ignore it (they run the item with their own ItemTimeout).
 	Timeout time.Duration
+	// Kind, if set, names what the item is (River's JobArgs.Kind, an Oban
+	// worker): a worker whose handler is a worker.Kinds runs it with the
+	// handler registered for the kind, and the payload is its arguments
+	// (ArgsItem fills Kind and Payload from typed arguments). "": no kind,
+	// as before. At most MaxKindLength bytes of valid UTF-8, without NUL
+	// bytes. Workers of schema versions 3 to 5 ignore it: their one handler
+	// runs every item (docs/kinds.md, "Rolling upgrades").
+	Kind string
 }
+
+// MaxKindLength bounds the length in bytes of NewItem.Kind.
+const MaxKindLength = 255
 
 // MinTimeout and MaxTimeout bound NewItem.Timeout (zero: none).
 const (
@@ -749,6 +760,10 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: TTL %v is below the database's precision of 1µs", errBadInput, it.TTL)
 	case it.Timeout != 0 && (it.Timeout < MinTimeout || it.Timeout > MaxTimeout):
 		err = fmt.Errorf("%w: Timeout %v must be 0 (the worker's ItemTimeout) or between %v and %v", errBadInput, it.Timeout, MinTimeout, MaxTimeout)
+	case len(it.Kind) > MaxKindLength:
+		err = fmt.Errorf("%w: the kind is %d bytes, the limit is %d (MaxKindLength)", errBadInput, len(it.Kind), MaxKindLength)
+	case !utf8.ValidString(it.Kind) || strings.ContainsRune(it.Kind, 0):
+		err = fmt.Errorf("%w: the kind must be valid UTF-8 without NUL bytes", errBadInput)
 	case it.Delay < 0:
 		err = fmt.Errorf("%w: negative delay %v", errBadInput, it.Delay)
 	case it.MaxAttempts < 0:
@@ -769,7 +784,7 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // not sent (the id derived from it is) but counts all the same: an
 // overestimate of at most MaxUniqueKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + headersBytes(it.Headers) + 16*len(it.After) + prereqsBytes(it.AfterIn)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + len(it.Kind) + headersBytes(it.Headers) + 16*len(it.After) + prereqsBytes(it.AfterIn)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows
@@ -849,7 +864,7 @@ func (q *Queue) enqueueRows(b *batch, chunk []int) []store.EnqueueRow {
 		rows[j] = store.EnqueueRow{ID: b.ids[i], Hash: b.hashes[i], Key: it.Key, Priority: it.Priority, Delay: it.Delay,
 			MaxAttempts: q.maxAttempts(it), Payload: it.Payload, Metadata: it.Metadata, Tenant: it.Tenant,
 			TTL: it.TTL, AtMostOnce: it.AtMostOnce, Order: b.order(i), Headers: b.headers[i], Frees: it.UniqueStates.frees(),
-			Timeout: it.Timeout}
+			Timeout: it.Timeout, Kind: it.Kind}
 		if b.turns != nil {
 			rows[j].Turn = b.turns[i]
 		}
@@ -943,7 +958,7 @@ func (s *copySource) row(n int) store.CopyRow {
 	return store.CopyRow{ID: s.b.ids[i], Part: s.b.hashes[i] % s.parts, Key: it.Key, Priority: it.Priority,
 		VestingAt: vesting, MaxAttempts: maxAttempts, Payload: it.Payload, Metadata: it.Metadata,
 		Tenant: it.Tenant, TurnAt: turn, ExpiresAt: expires, AtMostOnce: amo, SeqOrder: order, Headers: s.b.headers[i],
-		Timeout: it.Timeout}
+		Timeout: it.Timeout, Kind: it.Kind}
 }
 
 // checkFound looks up the caller-given ids that were not added: it fails

@@ -101,6 +101,8 @@ var mxOptions = []mxOption{
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{TTL: 90 * time.Minute} }},
 	{name: "Timeout", label: "`Timeout`", fields: []string{"Timeout"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Timeout: 42 * time.Second} }},
+	{name: "Kind", label: "`Kind`", fields: []string{"Kind"}, kind: "plain",
+		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Kind: "send_mail"} }},
 	{name: "Delay", label: "`Delay`", fields: []string{"Delay"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{Delay: 700 * time.Millisecond} }},
 	{name: "urgent Priority", label: "`Priority` of the urgent lane (`ClaimUrgent`)", fields: []string{"Priority"}, kind: "plain",
@@ -161,7 +163,7 @@ var mxNotPaths = map[string]string{
 var mxSQLParams = map[string]string{
 	"queue": "", "payload": "Payload", "id": "ID", "key": "Key", "priority": "Priority", "delay": "Delay",
 	"run_at": "Delay", "max_attempts": "MaxAttempts", "tenant": "Tenant", "ttl": "TTL", "metadata": "Metadata",
-	"headers": "Headers", "at_most_once": "AtMostOnce", "timeout": "Timeout",
+	"headers": "Headers", "at_most_once": "AtMostOnce", "timeout": "Timeout", "kind": "Kind",
 	"after": "After", "run_after": "RunAfter", "after_queues": "AfterIn",
 }
 
@@ -504,7 +506,10 @@ func (c *mxCell) enqueueSQL(it claim.NewItem) (claim.Enqueued, error) {
 	if it.UniqueKey != "" {
 		id = claim.UniqueID(c.queue, it.UniqueKey, it.UniquePeriod, time.Now())
 	}
-	var idArg, keyArg, tenantArg, delayArg, ttlArg, maxArg, headersArg, timeoutArg any
+	var idArg, keyArg, tenantArg, delayArg, ttlArg, maxArg, headersArg, timeoutArg, kindArg any
+	if it.Kind != "" {
+		kindArg = it.Kind
+	}
 	if it.Timeout != 0 {
 		timeoutArg = fmt.Sprintf("%d microseconds", it.Timeout.Microseconds())
 	}
@@ -546,11 +551,12 @@ func (c *mxCell) enqueueSQL(it claim.NewItem) (claim.Enqueued, error) {
 	}
 	call := testdb.EnqueueArgs("$1", "$2", "id", "$3::UUID", "key", "$4::TEXT", "priority", "$5::BIGINT", "delay", "$6::INTERVAL",
 		"max_attempts", "$7::BIGINT", "tenant", "$8::TEXT", "ttl", "$9::INTERVAL", "metadata", "$10::BYTEA", "headers", "$11::JSONB",
-		"at_most_once", "$12::BOOL", "timeout", "$13::INTERVAL", "after", "$14::UUID[]", "run_after", "$15::TEXT[]", "after_queues", "$16::TEXT[]")
+		"at_most_once", "$12::BOOL", "timeout", "$13::INTERVAL", "kind", "$14::TEXT",
+		"after", "$15::UUID[]", "run_after", "$16::TEXT[]", "after_queues", "$17::TEXT[]")
 	var got uuid.UUID
 	var added, done bool
 	err := c.pool.QueryRow(c.ctx, `SELECT item_id, added, done FROM crdbwork_enqueue(`+call+`)`,
-		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce, timeoutArg,
+		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce, timeoutArg, kindArg,
 		after, runAfter, queues).
 		Scan(&got, &added, &done)
 	if err != nil {
@@ -1154,8 +1160,8 @@ func (c *mxCell) checkClaimed(x claim.Item) {
 	if !x.ExpiresAt.IsZero() {
 		ttl = x.ExpiresAt.Sub(x.EnqueuedAt).Round(time.Millisecond).String()
 	}
-	got := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s",
-		x.Key, x.Tenant, x.Priority, x.MaxAttempts, x.Payload, x.Metadata, ttl, x.AtMostOnce, mxHeaders(x.Headers), mxTimeout(x.Timeout))
+	got := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s kind=%s",
+		x.Key, x.Tenant, x.Priority, x.MaxAttempts, x.Payload, x.Metadata, ttl, x.AtMostOnce, mxHeaders(x.Headers), mxTimeout(x.Timeout), x.Kind)
 	if want := c.wantFields("item", false); got != want {
 		c.fatalf("claimed item\n  got:  %s\n  want: %s", got, want)
 	}
@@ -1198,18 +1204,18 @@ func (c *mxCell) wantFields(stage string, stored bool) string {
 		// it keeps its place in its key's sequence.
 		ttl, headers, amo, timeout = "-", "-", false, "-"
 	}
-	s := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", orNone(it.Key), orNone(it.Tenant),
-		it.Priority, maxAttempts, it.Payload, it.Metadata)
+	s := fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q kind=%s", orNone(it.Key), orNone(it.Tenant),
+		it.Priority, maxAttempts, it.Payload, it.Metadata, orNone(it.Kind))
 	if !stored {
-		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s",
-			it.Key, it.Tenant, it.Priority, maxAttempts, it.Payload, it.Metadata, ttl, amo, headers, timeout)
+		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q ttl=%s at_most_once=%v headers=%s timeout=%s kind=%s",
+			it.Key, it.Tenant, it.Priority, maxAttempts, it.Payload, it.Metadata, ttl, amo, headers, timeout, it.Kind)
 	}
 	switch stage {
 	case "waiting":
 		// A waiting row keeps the item's own attempts; the move makes
 		// an at-most-once item's 1.
-		s = fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", orNone(it.Key), orNone(it.Tenant),
-			it.Priority, max(it.MaxAttempts, 25*boolInt(it.MaxAttempts == 0)), it.Payload, it.Metadata)
+		s = fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q kind=%s", orNone(it.Key), orNone(it.Tenant),
+			it.Priority, max(it.MaxAttempts, 25*boolInt(it.MaxAttempts == 0)), it.Payload, it.Metadata, orNone(it.Kind))
 		return s + fmt.Sprintf(" ttl=%s at_most_once=%v timeout=%s", ttl, amo, timeout)
 	case "item", "requeued":
 		return s + fmt.Sprintf(" ttl=%s at_most_once=%v headers=%s sequenced=%v timeout=%s", ttl, amo, headers, sequenced, timeout)
@@ -1272,6 +1278,7 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 	ctx := c.ctx
 	var (
 		key, tenant, lastError, reason  *string
+		kind                            *string
 		priority, maxAttempts, attempts int64
 		snoozes                         int64
 		payload, metadata, headers      []byte
@@ -1288,12 +1295,12 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 		return *p
 	}
 	base := func() string {
-		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q", s(key), s(tenant), priority, maxAttempts, payload, metadata)
+		return fmt.Sprintf("key=%s tenant=%s priority=%d max_attempts=%d payload=%q metadata=%q kind=%s", s(key), s(tenant), priority, maxAttempts, payload, metadata, s(kind))
 	}
 	err := c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, expires_at, enqueued_at, vesting_at,
-	        at_most_once, seq_order IS NOT NULL, headers, attempts, snoozes, last_error, timeout_us
+	        at_most_once, seq_order IS NOT NULL, headers, attempts, snoozes, last_error, timeout_us, kind
 	    FROM crdbwork_items WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &expiresAt, &enqueuedAt,
-		&vestingAt, &amo, &seq, &headers, &attempts, &snoozes, &lastError, &timeoutUS)
+		&vestingAt, &amo, &seq, &headers, &attempts, &snoozes, &lastError, &timeoutUS, &kind)
 	if err == nil {
 		ttl := "-"
 		if expiresAt != nil {
@@ -1322,8 +1329,8 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		c.fatalf("reading the item: %v", err)
 	}
-	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, ttl_us, at_most_once, timeout_us
-	    FROM crdbwork_waiting WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &ttlUS, &amo, &timeoutUS)
+	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, ttl_us, at_most_once, timeout_us, kind
+	    FROM crdbwork_waiting WHERE id = $1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &ttlUS, &amo, &timeoutUS, &kind)
 	if err == nil {
 		ttl := "-"
 		if ttlUS > 0 {
@@ -1333,8 +1340,8 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		c.fatalf("reading the waiting item: %v", err)
 	}
-	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, reason
-	    FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC LIMIT 1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &reason)
+	err = c.pool.QueryRow(ctx, `SELECT item_key, tenant, priority, max_attempts, payload, metadata, reason, kind
+	    FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC LIMIT 1`, c.id).Scan(&key, &tenant, &priority, &maxAttempts, &payload, &metadata, &reason, &kind)
 	if err == nil {
 		return "dead " + base() + " reason=" + s(reason)
 	} else if !errors.Is(err, pgx.ErrNoRows) {

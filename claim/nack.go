@@ -20,7 +20,9 @@ import (
 // its attempt counted and becomes claimable again after an exponential
 // backoff with jitter (or the delay of a RetryAfter error); when it has used
 // its attempts, or cause is Permanent, it is moved to the dead-items table
-// with cause as its last error. The claim is checked as in Ack. If the
+// with cause as its last error (so is an item whose cause is an
+// UnknownKindError or an ArgsError, with reason ReasonUnknownKind or
+// ReasonBadArgs and its kind). The claim is checked as in Ack. If the
 // database refuses that move for something about the item, the item is held
 // out of claims for the reaper instead, and the error wraps
 // ErrDeadLetterFailed: the nack is settled, do not retry it.
@@ -50,10 +52,14 @@ func (q *Queue) Nack(ctx context.Context, it Item, cause error) (_ Outcome, nack
 	if err := q.ready(ctx); err != nil {
 		return Retried, q.claimErr("nacking", it, err)
 	}
-	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) {
+	kindDeath := kindReason(cause)
+	if it.Attempt >= it.MaxAttempts || IsPermanent(cause) || kindDeath != "" {
 		err := retry.Do(ctx, q.stats.retried("nack"), func(ctx context.Context) error {
 			reason := ReasonFailed
-			if IsPermanent(cause) {
+			switch {
+			case kindDeath != "":
+				reason = safeText(kindDeath)
+			case IsPermanent(cause):
 				reason = ReasonPermanent
 			}
 			held, err := q.store.ItemsDeadLetter(ctx, q.db, it.claimKey(), msg, reason)

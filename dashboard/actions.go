@@ -27,7 +27,7 @@ import (
 //	queue    the queue
 //	sel      items: an id (cancel, requeue: the newest death) or id/death
 //	         (requeue, delete-dead); repeated
-//	tenant, reason, error   requeue-filter's filter (claim.DeadFilter)
+//	tenant, reason, error, kind   requeue-filter's filter (claim.DeadFilter)
 //	max_in_flight, rate     limits: the queue's new limits (0: none)
 //	parts    parts: the new number of parts
 //	return   where to go afterwards: a path of the dashboard
@@ -179,7 +179,7 @@ func parseAction(f url.Values, base string) (*actionReq, error) {
 			}
 		}
 	case "requeue-filter":
-		a.Filter = claim.DeadFilter{Tenant: f.Get("tenant"), Reason: f.Get("reason"), ErrorContains: f.Get("error")}
+		a.Filter = claim.DeadFilter{Tenant: f.Get("tenant"), Reason: f.Get("reason"), ErrorContains: f.Get("error"), Kind: f.Get("kind")}
 	case "schedule-pause", "schedule-resume":
 		if a.Schedule = f.Get("schedule"); a.Schedule == "" {
 			return nil, errors.New("no schedule given")
@@ -269,6 +269,9 @@ func describeFilter(f claim.DeadFilter) string {
 	}
 	if f.ErrorContains != "" {
 		parts = append(parts, fmt.Sprintf("error containing %q", f.ErrorContains))
+	}
+	if f.Kind != "" {
+		parts = append(parts, fmt.Sprintf("kind %q", f.Kind))
 	}
 	if len(parts) == 0 {
 		return ""

@@ -400,8 +400,10 @@ func (h *handler) sessionsPage(r *http.Request) (string, any, error) {
 // itemsQuery is an item search.
 type itemsQuery struct {
 	Queue, State, Tenant, Key, Error, Reason, After string
-	// Text is the search box: a row matches when its id, key or tenant
-	// starts with it, or its payload holds it (store.ItemsSearch.Text).
+	// Kind keeps the items of this kind (claim.NewItem.Kind), exactly.
+	Kind string
+	// Text is the search box: a row matches when its id, key, tenant or
+	// kind starts with it, or its payload holds it (store.ItemsSearch.Text).
 	Text string
 }
 
@@ -471,7 +473,7 @@ func stateCounts(qs []queueFigures, queue string, capAt int64) []stateCount {
 
 func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 	v := r.URL.Query()
-	q := itemsQuery{Queue: v.Get("queue"), State: v.Get("state"), Tenant: v.Get("tenant"), Key: v.Get("key"),
+	q := itemsQuery{Queue: v.Get("queue"), State: v.Get("state"), Tenant: v.Get("tenant"), Key: v.Get("key"), Kind: v.Get("kind"),
 		Error: v.Get("error"), Reason: v.Get("reason"), After: v.Get("after"), Text: strings.TrimSpace(v.Get("q"))}
 	if q.State == "" {
 		q.State = "unclaimed"
@@ -489,7 +491,7 @@ func (h *handler) itemsPage(r *http.Request) (string, any, error) {
 		d.Queues = append(d.Queues, f.Name)
 	}
 	d.Counts = stateCounts(snap.Queues, q.Queue, int64(h.opts.CountCap))
-	d.Filters = q.Key != "" || q.Error != "" || q.Reason != "" || q.Text != "" || q.State == "due" || q.State == "scheduled" ||
+	d.Filters = q.Key != "" || q.Kind != "" || q.Error != "" || q.Reason != "" || q.Text != "" || q.State == "due" || q.State == "scheduled" ||
 		(q.Tenant != "" && (q.State == "claimed" || q.Queue == ""))
 	of := " of " + q.Queue
 	if q.Queue == "" {
@@ -601,6 +603,7 @@ func matchItem(q itemsQuery, it store.ItemRow, now time.Time) bool {
 	switch {
 	case q.Tenant != "" && it.Tenant != q.Tenant,
 		q.Key != "" && it.Key != q.Key,
+		q.Kind != "" && it.Kind != q.Kind,
 		q.Error != "" && !strings.Contains(it.LastError, q.Error),
 		q.State == "due" && it.VestingAt.After(now),
 		q.State == "scheduled" && !it.VestingAt.After(now):
@@ -656,7 +659,7 @@ func (h *handler) searchDead(r *http.Request, d *itemsData) error {
 				it.Queue = q.Queue
 			}
 			after = &store.DeadSearchPosition{Queue: it.Queue, DiedAt: it.DiedAt, ID: it.ID, Death: it.Death}
-			if (!search || it.Match) && (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) &&
+			if (!search || it.Match) && (q.Tenant == "" || it.Tenant == q.Tenant) && (q.Key == "" || it.Key == q.Key) && (q.Kind == "" || it.Kind == q.Kind) &&
 				claim.MatchReason(q.Reason, it.Reason) && (q.Error == "" || strings.Contains(it.LastError, q.Error)) {
 				d.Dead = append(d.Dead, it)
 			}

@@ -23,6 +23,7 @@ CREATE OR REPLACE FUNCTION crdbwork_enqueue(
     headers      JSONB       DEFAULT NULL,
     at_most_once BOOL        DEFAULT false,
     timeout      INTERVAL    DEFAULT NULL,
+    kind         TEXT        DEFAULT NULL,
     after        UUID[]      DEFAULT NULL,
     run_after    TEXT[]      DEFAULT NULL,
     after_queues TEXT[]      DEFAULT NULL,
@@ -43,6 +44,7 @@ DECLARE
     v_max      BIGINT;
     v_metadata BYTEA;
     v_headers  JSONB;
+    v_kind     TEXT;
     v_amo      BOOL;
     v_bytes    BYTEA;
     v_n        BIGINT;
@@ -120,6 +122,9 @@ BEGIN
     IF priority IS NULL THEN
         RAISE EXCEPTION 'enqueue: priority must not be NULL' USING ERRCODE = '22023';
     END IF;
+    IF octet_length(kind) > 255 THEN
+        RAISE EXCEPTION 'enqueue: the kind is % bytes, the limit is 255', octet_length(kind) USING ERRCODE = '22023';
+    END IF;
     IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
         RAISE EXCEPTION 'enqueue: headers must be a JSON object of strings, not %', jsonb_typeof(headers) USING ERRCODE = '22023';
     END IF;
@@ -187,6 +192,7 @@ BEGIN
     v_tenant := NULLIF(tenant, '');
     v_priority := priority;
     v_amo := COALESCE(at_most_once, false);
+    v_kind := NULLIF(kind, '');
     v_metadata := metadata;
     v_headers := headers;
     IF v_headers = '{}'::JSONB THEN
@@ -345,9 +351,9 @@ BEGIN
             -- move into the items table needs, the part computed then.
             INSERT INTO crdbwork_waiting AS w
                 (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once,
-                 remaining, headers, seq_order, run_after, timeout_us)
+                 remaining, headers, seq_order, run_after, timeout_us, kind)
             SELECT v_id, v_queue, v_hash, v_key, v_priority, v_delay_us, v_max, v_payload, v_metadata, v_tenant, v_ttl_us, v_amo,
-                   array_length(v_pend, 1), v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_ra, v_tmo_us
+                   array_length(v_pend, 1), v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_ra, v_tmo_us, v_kind
             FROM (SELECT COALESCE((SELECT q.sequenced FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS seq) AS n
             WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v_id)
               AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = v_queue AND e.id = v_id
@@ -372,14 +378,14 @@ BEGIN
     IF NOT v_wait THEN
     INSERT INTO crdbwork_items AS i
         (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-         tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us)
+         tenant, turn_at, expires_at, at_most_once, headers, seq_order, timeout_us, kind)
     SELECT v_id, v_queue, v_hash % n.parts, v_key, v_priority, now() + v_delay_us * INTERVAL '1 microsecond',
            CASE WHEN v_amo OR n.amo THEN 1 ELSE v_max END, v_payload, v_metadata, v_tenant,
            CASE WHEN v_turn IS NULL THEN now() + v_delay_us * INTERVAL '1 microsecond'
                 WHEN v_delay_us > 0 THEN GREATEST(v_turn, now() + v_delay_us * INTERVAL '1 microsecond')
                 ELSE v_turn END,
            CASE WHEN v_ttl_us > 0 THEN now() + v_ttl_us * INTERVAL '1 microsecond' END,
-           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_tmo_us
+           v_amo OR n.amo, v_headers, CASE WHEN n.seq AND v_key IS NOT NULL THEN v_seq END, v_tmo_us, v_kind
     FROM (SELECT COALESCE((SELECT q.num_parts FROM crdbwork_queues AS q WHERE q.name = v_queue FOR SHARE), 1) AS parts,
                  COALESCE((SELECT q.at_most_once FROM crdbwork_queues AS q WHERE q.name = v_queue), false) AS amo,
                  COALESCE((SELECT q.dedup_window FROM crdbwork_queues AS q WHERE q.name = v_queue), INTERVAL '24 hours') AS win,

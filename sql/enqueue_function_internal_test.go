@@ -264,10 +264,11 @@ var enqueueFunctionPins = map[int]string{
 	// 3: the parameter timeout, the item's own handler timeout
 	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
 	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
-	// 4: the parameters after, run_after and after_queues, an item's
-	// prerequisites (NewItem.After, RunAfter, AfterIn;
-	// docs/dependencies.md); the list of revision 3 is dropped.
-	4: "a976bff838dcc31e9140afe55417f15d53653d2397f78021f854ae07e6111d39",
+	// 4: the parameters kind, the item's kind (docs/kinds.md), and after,
+	// run_after and after_queues, its prerequisites (NewItem.After,
+	// RunAfter, AfterIn; docs/dependencies.md); the list of revision 3 is
+	// dropped.
+	4: "2f96f99378e09cb70a90e2cbf0db14a21b4f1f25ad05c1526281ed05a59f98c3",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -334,53 +335,55 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 }
 
 // A database whose enqueue function has the parameter list of revisions 0
-// to 2 (no timeout) or of revision 3 (no after, run_after) gets the new
-// function in its place, not beside it: Apply drops the old list, so that
-// a call both lists would accept is not ambiguous, and an older producer's
-// call by position still works.
+// to 2 (no timeout), or of revision 3 (no kind, after, run_after,
+// after_queues), gets the new function in
+// its place, not beside it: Apply drops the old list, so that a call both
+// lists would accept is not ambiguous, and an older producer's call by
+// position still works.
 func TestEnqueueFunctionOldParameterListDropped(t *testing.T) {
 	t.Parallel()
 	if testdb.Kind(t) != "postgres" {
 		t.Skip("installs a stand-in function in SQL, PostgreSQL's")
 	}
-	for _, c := range []struct{ name, params string }{
-		{"revision 2", ""},
-		{"revision 3", ", timeout INTERVAL DEFAULT NULL"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
+	for rev, extra := range map[int]string{2: "", 3: "timeout INTERVAL DEFAULT NULL, "} {
+		t.Run(fmt.Sprintf("revision %d", rev), func(t *testing.T) {
 			t.Parallel()
-			pool := testdb.New(t)
-			ctx := context.Background()
-			tables := Tables{Prefix: "old_"}
-			if err := Apply(ctx, pool, tables); err != nil {
-				t.Fatal(err)
-			}
-			// A stand-in of the old list, and the installed function made
-			// older, as a database upgraded from it has them.
-			if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, UUID[], TEXT[], TEXT[])`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
+			oldParameterListDropped(t, extra)
+		})
+	}
+}
+
+// oldParameterListDropped is TestEnqueueFunctionOldParameterListDropped
+// for the old list that ends with extra.
+func oldParameterListDropped(t *testing.T, extra string) {
+	pool := testdb.New(t)
+	ctx := context.Background()
+	tables := Tables{Prefix: "old_"}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in of the old list, and the installed function made older,
+	// as a database upgraded from version 5 (or from an earlier 0.6) has
+	// them.
+	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, TEXT, UUID[], TEXT[], TEXT[])`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,
     priority BIGINT DEFAULT 0, delay INTERVAL DEFAULT NULL, run_at TIMESTAMPTZ DEFAULT NULL, max_attempts BIGINT DEFAULT NULL,
     tenant TEXT DEFAULT NULL, ttl INTERVAL DEFAULT NULL, metadata BYTEA DEFAULT NULL, headers JSONB DEFAULT NULL,
-    at_most_once BOOL DEFAULT false`+c.params+`, OUT item_id UUID, OUT added BOOL, OUT done BOOL)
+    at_most_once BOOL DEFAULT false, `+extra+`OUT item_id UUID, OUT added BOOL, OUT done BOOL)
 LANGUAGE plpgsql AS $$ BEGIN item_id := NULL; added := false; done := false; END $$`); err != nil {
-				t.Fatal(err)
-			}
-			if err := Apply(ctx, pool, tables); err != nil {
-				t.Fatal(err)
-			}
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_proc WHERE proname = 'old_enqueue'`).Scan(&n); err != nil || n != 1 {
-				t.Fatalf("%d functions old_enqueue after Apply (%v), want 1", n, err)
-			}
-			for _, call := range []string{`old_enqueue('q', ''::BYTEA)`,
-				`old_enqueue('q', ''::BYTEA, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false, NULL)`} {
-				var added bool
-				if err := pool.QueryRow(ctx, `SELECT added FROM `+call).Scan(&added); err != nil || !added {
-					t.Fatalf("a call by position after the upgrade, %s: added %v, %v", call, added, err)
-				}
-			}
-		})
+		t.Fatal(err)
+	}
+	if err := Apply(ctx, pool, tables); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_proc WHERE proname = 'old_enqueue'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d functions old_enqueue after Apply (%v), want 1", n, err)
+	}
+	var added bool
+	if err := pool.QueryRow(ctx, `SELECT added FROM old_enqueue('q', ''::BYTEA)`).Scan(&added); err != nil || !added {
+		t.Fatalf("a call by position after the upgrade: added %v, %v", added, err)
 	}
 }

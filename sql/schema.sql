@@ -193,6 +193,10 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     -- The item's own handler timeout in microseconds (version 6; NULL:
     -- none, the worker's ItemTimeout).
     timeout_us   BIGINT,
+
+    -- The item's kind (version 6; NULL: none): which of a worker's typed
+    -- handlers runs it (docs/kinds.md).
+    kind         TEXT,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -238,6 +242,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     -- (it died in a queue whose sequence_hold was on).
     seq_order    BIGINT,
     seq_hold     BOOL        NOT NULL DEFAULT false,
+    -- Its kind (version 6; NULL: none), given back by a requeue.
+    kind         TEXT,
     CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death)
 );
 
@@ -389,6 +395,8 @@ CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
     claim_token  BIGINT      NOT NULL DEFAULT 0,
     seq_order    BIGINT,
     cancelled_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- Its kind (NULL: none), given back by a requeue.
+    kind         TEXT,
     -- By id first: a requeue's lookup of one id cannot be mistaken for a
     -- read of the queue's rows through the index by age.
     PRIMARY KEY (id, queue)
@@ -430,7 +438,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_waiting (
     -- ends the item dead).
     run_after    BIGINT      NOT NULL DEFAULT 0,
     -- Its own handler timeout (version 6, µs; NULL: none), carried over too.
-    timeout_us   BIGINT
+    timeout_us   BIGINT,
+    -- Its kind (version 6; NULL: none), carried over too.
+    kind         TEXT
 );
 -- Waiting items by queue: status counts.
 CREATE INDEX IF NOT EXISTS crdbwork_waiting_by_queue

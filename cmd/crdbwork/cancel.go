@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"strconv"
 	"strings"
 	"time"
 
@@ -176,13 +177,16 @@ are cancelled), or if --wait times out.`)
 func cmdCancelled(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var g globals
 	var limit int
+	var kind string
 	f := prog.NewFlagSet(name, `Lists the cancelled items of --queue, the most recent first: who cancelled
 each (--by of crdbwork cancel), why, when the cancel was asked for and when
-the item ended, and whether a handler was running it. They are kept as long
-as the queue's dedup window (default 24 h), and so are the items themselves:
-crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
+the item ended, whether a handler was running it, and its kind. They are kept
+as long as the queue's dedup window (default 24 h), and so are the items
+themselves: crdbwork requeue --cancelled ID (or --all) puts them back into the
+queue. --kind lists only the items of one kind.`)
 	g.register(f, queueRequired)
 	f.IntVar(&limit, "limit", 20, 1, 100_000, "most items to list")
+	f.StringVar(&kind, "kind", "", "KIND", "only the cancelled items of this kind (claim.NewItem.Kind)", nil)
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
 	}
@@ -194,7 +198,7 @@ crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
 		return err
 	}
 	defer pool.Close()
-	page, err := q.CancelledItems(ctx, claim.CancelledQuery{Limit: limit})
+	page, err := q.CancelledItems(ctx, claim.CancelledQuery{Limit: limit, Kind: kind})
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
@@ -207,10 +211,11 @@ crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
 			RequestedAt *time.Time `json:"requested_at"`
 			EndedAt     time.Time  `json:"ended_at"`
 			WasRunning  bool       `json:"was_running"`
+			Kind        string     `json:"kind,omitempty"`
 		}
 		rows := []row{}
 		for _, it := range items {
-			r := row{ID: it.ID.String(), By: it.By, Reason: it.Reason, EndedAt: it.EndedAt, WasRunning: it.WasRunning}
+			r := row{ID: it.ID.String(), By: it.By, Reason: it.Reason, EndedAt: it.EndedAt, WasRunning: it.WasRunning, Kind: it.Kind}
 			if !it.RequestedAt.IsZero() {
 				r.RequestedAt = &it.RequestedAt
 			}
@@ -219,7 +224,7 @@ crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
 		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "items": rows})
 	}
 	if len(items) == 0 {
-		out.Printf("queue %q has no cancelled items (within its dedup window)\n", g.queue)
+		out.Printf("queue %q has no cancelled items%s (within its dedup window)\n", g.queue, map[bool]string{true: " of kind " + strconv.Quote(kind)}[kind != ""])
 		return nil
 	}
 	for _, it := range items {
@@ -230,6 +235,9 @@ crdbwork requeue --cancelled ID (or --all) puts them back into the queue.`)
 		line := fmt.Sprintf("%s  ended %s  %s  by %q", it.ID, it.EndedAt.UTC().Format(time.RFC3339), running, it.By)
 		if it.Reason != "" {
 			line += fmt.Sprintf("  reason %q", it.Reason)
+		}
+		if it.Kind != "" {
+			line += fmt.Sprintf("  kind %q", it.Kind)
 		}
 		out.Printf("%s\n", line)
 	}

@@ -73,6 +73,7 @@ type itemBody struct {
 	Snoozes     int64        `json:"snoozes"`
 	Cancel      *cancelBody  `json:"cancel,omitempty"`
 	Remaining   int64        `json:"remaining_prerequisites,omitempty"`
+	Kind        string       `json:"kind,omitempty"`
 	Payload     *payloadBody `json:"payload"`
 	Metadata    *payloadBody `json:"metadata,omitempty"`
 }
@@ -92,6 +93,7 @@ type deathBody struct {
 	MaxAttempts int          `json:"max_attempts"`
 	LastError   string       `json:"last_error"`
 	DiedAt      time.Time    `json:"died_at"`
+	Kind        string       `json:"kind,omitempty"`
 	Payload     *payloadBody `json:"payload"`
 }
 
@@ -169,7 +171,7 @@ func itemView(v *fleet.ItemView) itemJSON {
 	if it := v.Live; it != nil {
 		b := &itemBody{Queue: it.Queue, Part: it.Part, Key: it.Key, Tenant: it.Tenant, Priority: it.Priority, Attempts: it.Attempts,
 			MaxAttempts: it.MaxAttempts, LastError: it.LastError, EnqueuedAt: it.EnqueuedAt.UTC(), VestingAt: utc(&it.VestingAt),
-			ClaimedAt: utc(it.ClaimedAt), LeaseUntil: utc(it.LeaseUntil), Snoozes: it.Snoozes,
+			ClaimedAt: utc(it.ClaimedAt), LeaseUntil: utc(it.LeaseUntil), Snoozes: it.Snoozes, Kind: it.Kind,
 			Payload: payloadOf(it.Payload), Metadata: payloadOf(it.Metadata)}
 		if it.Claim != nil {
 			b.ClaimedBy = it.Claim.String()
@@ -180,11 +182,11 @@ func itemView(v *fleet.ItemView) itemJSON {
 		j.Item = b
 	} else if w := v.Waiting; w != nil {
 		j.Item = &itemBody{Queue: w.Queue, Key: w.Key, Tenant: w.Tenant, Priority: w.Priority, MaxAttempts: w.MaxAttempts,
-			EnqueuedAt: w.EnqueuedAt.UTC(), Remaining: w.Remaining, Payload: payloadOf(w.Payload), Metadata: payloadOf(w.Metadata)}
+			EnqueuedAt: w.EnqueuedAt.UTC(), Remaining: w.Remaining, Kind: w.Kind, Payload: payloadOf(w.Payload), Metadata: payloadOf(w.Metadata)}
 	}
 	for i, d := range v.Deaths {
 		j.Deaths = append(j.Deaths, deathBody{Death: d.Death.String(), Queue: v.DeathQueues[i], Reason: d.Reason, Attempts: d.Attempts,
-			MaxAttempts: d.MaxAttempts, LastError: d.LastError, DiedAt: d.DiedAt.UTC(), Payload: payloadOf(d.Payload)})
+			MaxAttempts: d.MaxAttempts, LastError: d.LastError, DiedAt: d.DiedAt.UTC(), Kind: d.Kind, Payload: payloadOf(d.Payload)})
 	}
 	for _, e := range v.Ended {
 		b := endedBody{Queue: e.Queue, Outcome: e.Outcome, EndedAt: e.EndedAt.UTC()}
@@ -223,6 +225,9 @@ func formatItem(j itemJSON) string {
 		} else {
 			field("attempts", fmt.Sprintf("%d of %d", it.Attempts, it.MaxAttempts))
 		}
+		if it.Kind != "" {
+			field("kind", it.Kind)
+		}
 		if it.Key != "" {
 			field("key", it.Key)
 		}
@@ -260,6 +265,9 @@ func formatItem(j itemJSON) string {
 	}
 	for _, d := range j.Deaths {
 		fmt.Fprintf(&b, "death %s in queue %q at %s: %s, %d of %d attempts\n", d.Death, d.Queue, d.DiedAt.Format(time.RFC3339Nano), d.Reason, d.Attempts, d.MaxAttempts)
+		if d.Kind != "" && j.Item == nil {
+			fmt.Fprintf(&b, "  %-12s %s\n", "kind:", d.Kind)
+		}
 		if d.LastError != "" {
 			fmt.Fprintf(&b, "  %-12s %s\n", "last error:", indent(d.LastError))
 		}

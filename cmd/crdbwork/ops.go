@@ -38,6 +38,7 @@ type deadJSON struct {
 	LastError   string `json:"last_error"`
 	Reason      string `json:"reason"`
 	Tenant      string `json:"tenant,omitempty"`
+	Kind        string `json:"kind,omitempty"`
 	Payload     []byte `json:"payload"` // base64 in JSON
 	// PayloadText is the payload as text, when it is UTF-8 ("" else).
 	PayloadText string    `json:"payload_text,omitempty"`
@@ -60,20 +61,21 @@ func quoteReasons() string {
 // filterFlags are the dead-item filters of dead and requeue.
 type filterFlags struct{ f claim.DeadFilter }
 
-// register adds --tenant, --reason and --error; flagOnly makes them
+// register adds --tenant, --reason, --error and --kind; flagOnly makes them
 // unreadable from the environment (for requeue: they choose what moves).
 func (d *filterFlags) register(f *cli.FlagSet, flagOnly bool) {
 	f.StringVar(&d.f.Tenant, "tenant", "", "NAME", "only the dead items of this tenant", nil)
 	f.StringVar(&d.f.Reason, "reason", "", "REASON", "only the dead items that died for this reason: "+strings.Join(claim.Reasons(), ", ")+
-		" (\"dependency died: ID\" for one prerequisite's; the start of the id is enough)", func(s string) error {
+		" (\"dependency died: ID\" for one prerequisite's; the start of the id is enough; \"unknown kind: KIND\" for one kind's)", func(s string) error {
 		if err := claim.CheckReason(s); err != nil {
-			return fmt.Errorf("must be one of %s, or \"dependency died: ID\"", quoteReasons())
+			return fmt.Errorf("must be one of %s, \"dependency died: ID\", \"unknown kind: KIND\" or \"bad arguments: KIND\"", quoteReasons())
 		}
 		return nil
 	})
 	f.StringVar(&d.f.ErrorContains, "error", "", "TEXT", "only the dead items whose last error contains this text", nil)
+	f.StringVar(&d.f.Kind, "kind", "", "KIND", "only the dead items of this kind (claim.NewItem.Kind)", nil)
 	if flagOnly {
-		for _, name := range []string{"tenant", "reason", "error"} {
+		for _, name := range []string{"tenant", "reason", "error", "kind"} {
 			f.FlagOnly(name)
 		}
 	}
@@ -91,10 +93,12 @@ func cmdDead(ctx context.Context, name string, args []string, out *cli.Console) 
 "failed" (attempts used up), "permanent" (a permanent error), "crash loop"
 (attempts used up without an ack or nack), "expired" (past its deadline),
 "snoozed too often", "dependency died: ID" (a prerequisite ended without an
-ack), "cancelled" (a sequenced item cancelled while its sequence holds) or
-"refused by the database". --reason "dependency died" matches every
-prerequisite's.
---tenant, --reason and --error filter them. A page holds --limit items; when
+ack), "cancelled" (a sequenced item cancelled while its sequence holds),
+"refused by the database", "unknown kind: KIND" (no handler of a
+worker.Kinds knew its kind) or "bad arguments: KIND" (its payload did not
+decode into its kind's arguments). --reason "dependency died" matches every
+prerequisite's, "unknown kind" every kind's.
+--tenant, --reason, --error and --kind filter them. A page holds --limit items; when
 more follow, it ends with the cursor of the next page, for --after. An id that
 died several times is listed once per death, each with its own DEATH key.
 With --count it prints only how many match. Requeue them with
@@ -134,7 +138,7 @@ With --count it prints only how many match. Requeue them with
 		list := make([]deadJSON, len(page.Items))
 		for i, d := range page.Items {
 			list[i] = deadJSON{ID: d.ID.String(), Death: d.Death.String(), Part: d.Part, Key: d.Key, Priority: d.Priority, Attempts: d.Attempts,
-				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Payload: d.Payload,
+				MaxAttempts: d.MaxAttempts, LastError: d.LastError, Reason: d.Reason, Tenant: d.Tenant, Kind: d.Kind, Payload: d.Payload,
 				EnqueuedAt: d.EnqueuedAt.UTC(), DiedAt: d.DiedAt.UTC()}
 			if utf8.Valid(d.Payload) {
 				list[i].PayloadText = string(d.Payload)
@@ -153,9 +157,9 @@ With --count it prints only how many match. Requeue them with
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tDEATH\tPART\tTENANT\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
+	fmt.Fprintln(tw, "ID\tDEATH\tPART\tKIND\tTENANT\tATTEMPTS\tDIED\tREASON\tPAYLOAD\tLAST ERROR")
 	for _, d := range page.Items {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Death, d.Part, orDash(d.Tenant), d.Attempts, d.MaxAttempts,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\n", d.ID, d.Death, d.Part, orDash(d.Kind), orDash(d.Tenant), d.Attempts, d.MaxAttempts,
 			d.DiedAt.UTC().Format(time.RFC3339Nano), orDash(d.Reason), preview(d.Payload, 24), cli.Fit(cli.OneLine(d.LastError), 60))
 	}
 	tw.Flush()
@@ -197,7 +201,7 @@ func cmdRequeue(ctx context.Context, name string, args []string, out *cli.Consol
 	f := prog.NewFlagSet(name, `Moves dead items of --queue back into the queue (fresh attempts, no delay):
 the newest death of the id given (or the death given with --death; older
 deaths stay listed, as history); or, with --all or a filter (--tenant,
---reason, --error), the newest death of every dead id that matches. An id that
+--reason, --error, --kind), the newest death of every dead id that matches. An id that
 is live (enqueued again: an item, or a waiting item whose prerequisites are not
 yet acked, of any queue) is not requeued: its dead item stays. Requeueing more
 than one item needs --yes (--dry-run counts them). Exits 1 if the given item is
@@ -234,7 +238,7 @@ is no longer listed as cancelled.`)
 	case many && deathArg != "":
 		return f.UsageError("--death requeues one death of the id given, not --all nor a filter")
 	case !many && len(f.Args) == 0:
-		return f.UsageError("give the id of a dead item (see `crdbwork dead`), or --all, or a filter (--tenant, --reason, --error)")
+		return f.UsageError("give the id of a dead item (see `crdbwork dead`), or --all, or a filter (--tenant, --reason, --error, --kind)")
 	case !many:
 		var err error
 		if id, err = parseID(f, f.Args[0]); err != nil {
@@ -465,7 +469,7 @@ func requeueCancelled(ctx context.Context, f *cli.FlagSet, g *globals, cf *confi
 	var id uuid.UUID
 	switch {
 	case deadOnly:
-		return f.UsageError("--cancelled requeues cancelled items: --death and the filters (--tenant, --reason, --error) select dead ones")
+		return f.UsageError("--cancelled requeues cancelled items: --death and the filters (--tenant, --reason, --error, --kind) select dead ones")
 	case all && len(f.Args) > 0:
 		return f.UsageError("give an item id or --all, not both")
 	case !all && len(f.Args) == 0:

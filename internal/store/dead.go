@@ -51,9 +51,9 @@ type adminStatements struct {
 	purgeQueues string // $1 queue → rows affected
 }
 
-const deadColumns = `id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death`
+const deadColumns = `id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death, kind`
 
-const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR strpos(reason, $3) = 1) AND ($4 = '' OR strpos(last_error, $4) > 0)`
+const deadFilter = `queue = $1 AND ($2 = '' OR tenant = $2) AND ($3 = '' OR strpos(reason, $3) = 1) AND ($4 = '' OR strpos(last_error, $4) > 0) AND ($5 = '' OR kind = $5)`
 
 func newAdminStatements(t Tables) *adminStatements {
 	r := func(text string) string { return rewrite(t, text) }
@@ -96,6 +96,8 @@ type DeadFilter struct {
 	ReasonPrefix string
 	// ErrorContains is a substring of the last error (case-sensitive).
 	ErrorContains string
+	// Kind is the item's kind, exactly.
+	Kind string
 }
 
 // DeadPosition is a place in the order of dead items (died_at, id, death,
@@ -111,24 +113,24 @@ const admindeadFirstSQL = `SELECT ` + deadColumns + `
 FROM crdbwork_dead_items
 WHERE ` + deadFilter + `
 ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $5`
+LIMIT $6`
 
 // admindeadAfterSQL is the text of adminStatements.deadAfter
 // (rendered by newAdminStatements).
 const admindeadAfterSQL = `SELECT ` + deadColumns + `
 FROM crdbwork_dead_items
-WHERE ` + deadFilter + ` AND died_at <= $5 AND (died_at, id, death) < ($5, $6, $7)
+WHERE ` + deadFilter + ` AND died_at <= $6 AND (died_at, id, death) < ($6, $7, $8)
 ORDER BY died_at DESC, id DESC, death DESC
-LIMIT $8`
+LIMIT $9`
 
 // DeadPageFilter returns up to limit deaths of queue that match f, newest
 // first, after the position after (nil: from the newest).
 func (s *Store) DeadPageFilter(ctx context.Context, db DB, queue string, f DeadFilter, after *DeadPosition, limit int) ([]DeadItemRow, error) {
 	a := s.admin()
 	if after == nil {
-		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, limit)
+		return queryDead(ctx, db, a.deadFirst, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, f.Kind, limit)
 	}
-	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, after.DiedAt, after.ID, after.Death, limit)
+	return queryDead(ctx, db, a.deadAfter, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, f.Kind, after.DiedAt, after.ID, after.Death, limit)
 }
 
 // deadCountSQL is the text of adminStatements.deadCount
@@ -138,7 +140,7 @@ const deadCountSQL = `SELECT count(*) FROM crdbwork_dead_items WHERE ` + deadFil
 // DeadCount counts the deaths of queue that match f.
 func (s *Store) DeadCount(ctx context.Context, db DB, queue string, f DeadFilter) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains).Scan(&n)
+	err := db.QueryRow(ctx, s.admin().deadCount, queue, f.Tenant, f.ReasonPrefix, f.ErrorContains, f.Kind).Scan(&n)
 	return n, err
 }
 

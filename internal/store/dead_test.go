@@ -48,12 +48,12 @@ func TestExplainAdminStatements(t *testing.T) {
 		name, index string
 		args        []any
 	}{
-		{"DeadFirst", "crdbwork_dead_items_by_queue", []any{"q7", "", "", "", 100}},
-		{"DeadFirst", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "permanent", "error 1", 100}},
-		{"DeadAfter", "crdbwork_dead_items_by_queue", []any{"q7", "", "", "", diedAt, id, death, 100}},
-		{"DeadAfter", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "", "error", diedAt, id, death, 100}},
-		{"DeadCount", "crdbwork_dead_items_by_queue", []any{"q7", "", "", ""}},
-		{"DeadCount", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "failed", "error 1"}},
+		{"DeadFirst", "crdbwork_dead_items_by_queue", []any{"q7", "", "", "", "", 100}},
+		{"DeadFirst", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "permanent", "error 1", "kind-a", 100}},
+		{"DeadAfter", "crdbwork_dead_items_by_queue", []any{"q7", "", "", "", "", diedAt, id, death, 100}},
+		{"DeadAfter", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "", "error", "kind-a", diedAt, id, death, 100}},
+		{"DeadCount", "crdbwork_dead_items_by_queue", []any{"q7", "", "", "", ""}},
+		{"DeadCount", "crdbwork_dead_items_by_queue", []any{"q7", "tenant-3", "failed", "error 1", "kind-a"}},
 		{"EndedCount", "crdbwork_ended", []any{"q7"}},
 		{"ScheduleCount", "crdbwork_schedules", []any{"q7"}},
 		{"OwnerCount", "crdbwork_session_parts", []any{"q7"}},

@@ -65,7 +65,7 @@ const farVesting = `now() + INTERVAL '100 years'`
 // cancelledGone is the RETURNING list of the deletes that end cancelled
 // items, read by recordCancelled.
 const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason,
-        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers`
+        part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers, kind`
 
 // cancelHolds is the CTE, named held (followed by keepCancelled's kept),
 // that keeps the cancelled items of
@@ -77,9 +77,9 @@ const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_b
 // not kept.
 const cancelHolds = `held AS (
     INSERT INTO crdbwork_dead_items
-        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold)
+        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold, kind)
     SELECT g.id, g.queue, g.part, g.item_key, g.priority, g.attempts, g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-           '` + OutcomeCancelled + `', g.seq_order, true
+           '` + OutcomeCancelled + `', g.seq_order, true, g.kind
     FROM gone AS g
     WHERE g.seq_order IS NOT NULL AND g.item_key IS NOT NULL
       AND EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.sequence_hold)
@@ -95,16 +95,16 @@ const cancelHolds = `held AS (
 // already there (an id cancelled before, enqueued again) is replaced.
 const keepCancelled = `kept AS (
     INSERT INTO crdbwork_cancelled_items AS c
-        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at)
+        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at, kind)
     SELECT g.queue, g.id, g.part, g.item_key, g.priority, g.max_attempts, g.payload, g.metadata, g.tenant, g.headers, g.enqueued_at,
-           g.claim_token, g.seq_order, now()
+           g.claim_token, g.seq_order, now(), g.kind
     FROM gone AS g
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue
                       AND (w.dedup_window <= INTERVAL '0 seconds' OR (w.sequence_hold AND g.seq_order IS NOT NULL AND g.item_key IS NOT NULL)))
     ON CONFLICT (id, queue) DO UPDATE SET part = excluded.part, item_key = excluded.item_key, priority = excluded.priority,
         max_attempts = excluded.max_attempts, payload = excluded.payload, metadata = excluded.metadata, tenant = excluded.tenant,
         headers = excluded.headers, enqueued_at = excluded.enqueued_at, claim_token = excluded.claim_token,
-        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at
+        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at, kind = excluded.kind
     RETURNING c.id)`
 
 // recordCancelled returns the CTE, named ended, that records the rows of
@@ -128,6 +128,12 @@ func recordCancelled(by, reason, requested, running string) string {
 var fromRow = recordCancelled(`g.cancel_by`, `g.cancel_reason`, `g.cancel_requested_at`, `true`)
 
 const cancelledColumns = `id, ended_at, COALESCE(cancel_by, ''), COALESCE(cancel_reason, ''), cancel_requested_at, COALESCE(was_running, false)`
+
+// cancelledKind is the kind of a cancelled item of the list (the row e of
+// crdbwork_ended), from the row a cancel kept for a requeue
+// (crdbwork_cancelled_items, one primary-key lookup): NULL when none was
+// kept (a queue whose dedup window is zero, code older than version 6).
+const cancelledKind = `(SELECT c.kind FROM crdbwork_cancelled_items AS c WHERE c.id = e.id AND c.queue = e.queue)`
 
 // cancelUnclaimed is coreStatements.Cancel: the cancel of an item no
 // session holds deletes it at once. An item whose cancel was asked for
@@ -334,34 +340,39 @@ type CancelledRow struct {
 	RequestedAt time.Time
 	// WasRunning reports a cancel asked of a claimed item.
 	WasRunning bool
+	// Kind is the item's kind, as its kept row has it ("" if none).
+	Kind string
 }
 
 // listSQL is the text of cancelStatements.list
 // (rendered by newCancelStatements).
-const listSQL = `SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
-WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
+const listSQL = `SELECT ` + cancelledColumns + `, ` + cancelledKind + `
+FROM crdbwork_ended AS e
+WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ($3 = '' OR ` + cancelledKind + ` = $3)
 ORDER BY ended_at DESC, id DESC
 LIMIT $2`
 
 // listBeforeSQL is the text of cancelStatements.listBefore
 // (rendered by newCancelStatements).
-const listBeforeSQL = `SELECT ` + cancelledColumns + `
-FROM crdbwork_ended
+const listBeforeSQL = `SELECT ` + cancelledColumns + `, ` + cancelledKind + `
+FROM crdbwork_ended AS e
 WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ended_at <= $2 AND (ended_at, id) < ($2, $3)
+  AND ($5 = '' OR ` + cancelledKind + ` = $5)
 ORDER BY ended_at DESC, id DESC
 LIMIT $4`
 
 // ItemsCancelled returns up to limit cancelled items of queue, the most
-// recently ended first, after the position (endedAt, id) if after is set.
-func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *CancelledRow, limit int) ([]CancelledRow, error) {
+// recently ended first, after the position (endedAt, id) if after is set;
+// only those of kind if kind is not "" (a kept item's kind: an item whose
+// cancel kept nothing has none).
+func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue, kind string, after *CancelledRow, limit int) ([]CancelledRow, error) {
 	c := s.cancel()
 	var rows pgx.Rows
 	var err error
 	if after == nil {
-		rows, err = db.Query(ctx, c.list, queue, limit)
+		rows, err = db.Query(ctx, c.list, queue, limit, kind)
 	} else {
-		rows, err = db.Query(ctx, c.listBefore, queue, after.EndedAt, after.ID, limit)
+		rows, err = db.Query(ctx, c.listBefore, queue, after.EndedAt, after.ID, limit, kind)
 	}
 	if err != nil {
 		return nil, err
@@ -369,11 +380,13 @@ func (s *Store) ItemsCancelled(ctx context.Context, db DB, queue string, after *
 	var out []CancelledRow
 	var r CancelledRow
 	var req *time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.EndedAt, &r.By, &r.Reason, &req, &r.WasRunning}, func() error {
+	var rowKind *string
+	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.EndedAt, &r.By, &r.Reason, &req, &r.WasRunning, &rowKind}, func() error {
 		row := r
 		if req != nil {
 			row.RequestedAt = *req
 		}
+		row.Kind = deref(rowKind)
 		out = append(out, row)
 		return nil
 	}); err != nil {

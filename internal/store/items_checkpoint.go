@@ -26,7 +26,8 @@ import (
 // "Functions and Operators" page), as in PostgreSQL.
 
 // checkpointColumns are the columns every claim statement returns after the
-// others (itemColumns), but for the item's timeout (timeout_us, last): the
+// others (itemColumns), but for the item's timeout and kind (timeout_us,
+// kind, last): the
 // checkpoint and the progress.
 const checkpointColumns = `i.checkpoint, i.progress_done, i.progress_total`
 

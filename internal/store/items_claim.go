@@ -91,6 +91,8 @@ type ClaimedRow struct {
 	Headers                     []byte // the JSON object of the headers column; nil if NULL
 	// Timeout is the item's own handler timeout (timeout_us; zero: none).
 	Timeout time.Duration
+	// Kind is the item's kind ("" if NULL).
+	Kind string
 }
 
 // PickedRow is one item PickParts locked: its id and its place in claim
@@ -118,6 +120,7 @@ type DeadItemRow struct {
 	DiedAt      time.Time
 	Tenant      string // "" if none
 	Reason      string
+	Kind        string // "" if none
 }
 
 // RequeueResult says what Requeue did.
@@ -295,16 +298,16 @@ func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...an
 	var out []ClaimedRow
 	var it ClaimedRow
 	var part, prio, attempts, maxAttempts int64
-	var key, lastErr, tenant *string
+	var key, lastErr, tenant, kind *string
 	var claimPart *int64
 	var expires *time.Time
 	var done, total, timeout *int64
 	dst := []any{(*[16]byte)(&it.ID), &it.Queue, &part, &key, &prio, &attempts, &maxAttempts,
 		&it.Payload, &it.Metadata, &it.EnqueuedAt, &it.VestingAt, &lastErr, &claimPart, &it.Token, &it.LeaseUntil,
-		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total, &timeout}
+		&tenant, &expires, &it.AtMostOnce, &it.TurnAt, &it.Headers, &it.Checkpoint, &done, &total, &timeout, &kind}
 	for rows.Next() {
 		it = ClaimedRow{}
-		key, lastErr, tenant, claimPart, expires, done, total, timeout = nil, nil, nil, nil, nil, nil, nil, nil
+		key, lastErr, tenant, claimPart, expires, done, total, timeout, kind = nil, nil, nil, nil, nil, nil, nil, nil, nil
 		if err := rows.Scan(dst...); err != nil {
 			return nil, err
 		}
@@ -316,6 +319,9 @@ func queryClaimed(ctx context.Context, db DB, limit int, stmt string, args ...an
 		}
 		if tenant != nil {
 			it.Tenant = *tenant
+		}
+		if kind != nil {
+			it.Kind = *kind
 		}
 		if expires != nil {
 			it.ExpiresAt = *expires
@@ -563,7 +569,7 @@ func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error)
 // (rendered by newCoreStatements).
 var deadLetterSQL = `WITH gone AS (
     DELETE FROM crdbwork_items WHERE ` + heldBy + `
-    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order),
+    RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order, kind),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
@@ -771,7 +777,7 @@ func (s *Store) ItemsReapExpiredIDs(ctx context.Context, tx pgx.Tx, queue string
 
 // deadItemsSQL is the text of coreStatements.DeadItems
 // (rendered by newCoreStatements).
-const deadItemsSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
+const deadItemsSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death, kind
 FROM crdbwork_dead_items WHERE queue = $1
 ORDER BY died_at DESC, id DESC, death DESC
 LIMIT $2`
@@ -784,7 +790,7 @@ func (s *Store) DeadPage(ctx context.Context, db DB, queue string, limit int) ([
 
 // deadItemsBeforeSQL is the text of deathStatements.DeadItemsBefore
 // (rendered by newDeathStatements).
-const deadItemsBeforeSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death
+const deadItemsBeforeSQL = `SELECT id, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, died_at, tenant, reason, death, kind
 FROM crdbwork_dead_items
 WHERE queue = $1 AND died_at <= $2 AND (died_at, id, death) < ($2, $3, $4)
 ORDER BY died_at DESC, id DESC, death DESC
@@ -806,11 +812,14 @@ func queryDead(ctx context.Context, db DB, stmt string, args ...any) ([]DeadItem
 	var out []DeadItemRow
 	for rows.Next() {
 		var d DeadItemRow
-		var key, lastErr, tenant *string
+		var key, lastErr, tenant, kind *string
 		var part, prio, attempts, maxAttempts int64
 		if err := rows.Scan(&d.ID, &part, &key, &prio, &attempts, &maxAttempts, &d.Payload, &d.Metadata,
-			&lastErr, &d.EnqueuedAt, &d.DiedAt, &tenant, &d.Reason, &d.Death); err != nil {
+			&lastErr, &d.EnqueuedAt, &d.DiedAt, &tenant, &d.Reason, &d.Death, &kind); err != nil {
 			return nil, err
+		}
+		if kind != nil {
+			d.Kind = *kind
 		}
 		d.Part, d.Priority, d.Attempts, d.MaxAttempts = int(part), int(prio), int(attempts), int(maxAttempts)
 		if key != nil {
@@ -858,12 +867,12 @@ const requeueSQL = `WITH victim AS MATERIALIZED (
     LIMIT 1),
 gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order),
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind),
 revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order)
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-       ` + requeuedSeqOrder + `
+       ` + requeuedSeqOrder + `, g.kind
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n

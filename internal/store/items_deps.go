@@ -97,9 +97,13 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
 	amo := make([]bool, n)
 	headers, orders, runAfter, timeouts := make([]*string, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	kinds := make([]*string, n)
 	for j := range rows {
 		r := &rows[j]
 		runAfter[j], timeouts[j] = r.RunAfter, r.Timeout.Microseconds()
+		if r.Kind != "" {
+			kinds[j] = &r.Kind
+		}
 		ids[j], hashes[j], priorities[j] = r.ID, r.Hash, int64(r.Priority)
 		delays[j], maxAttempts[j], ttls[j] = r.Delay.Microseconds(), int64(r.MaxAttempts), r.TTL.Microseconds()
 		remaining[j], amo[j], orders[j] = int64(r.Remaining), r.AtMostOnce, r.Order
@@ -117,7 +121,7 @@ func (s *Store) ItemsDepsInsertWaiting(ctx context.Context, db DB, d Dialect, qu
 	}
 	stmt := s.deps(d).InsertWaiting
 	args := []any{queue, ids, hashes, keys, priorities, delays, maxAttempts,
-		payloads, metadata, tenants, ttls, amo, remaining, headers, orders, runAfter, timeouts}
+		payloads, metadata, tenants, ttls, amo, remaining, headers, orders, runAfter, timeouts, kinds}
 	if anyFrees(rows, func(r *WaitingRow) int64 { return r.Frees }) {
 		frees := make([]int64, n)
 		for j := range rows {
@@ -730,9 +734,10 @@ type dependsStatements struct {
 	// seq_order for the rows with a key while the queue is sequenced, read
 	// in the same statement, as enqueue's Insert does: the move into the
 	// items table carries both over), $17 handler timeouts (µs, 0 for
-	// none: stored as NULL in timeout_us, carried over by the move too).
+	// none: stored as NULL in timeout_us, carried over by the move too),
+	// $18 kinds (TEXT[], NULL for none, carried over by the move too).
 	InsertWaiting string
-	// InsertWaitingUnique is InsertWaiting with one more parameter, $18
+	// InsertWaitingUnique is InsertWaiting with one more parameter, $19
 	// (BIGINT[]): each row's outcomes that do not keep it out (EndedFrees bits), as
 	// enqueue's InsertUnique; the ended records of the rows added are
 	// deleted in the same statement.
@@ -909,16 +914,16 @@ func edgeKeys(d Dialect, arrays, cols string) (source, queue string) {
 const moveReady = `WITH moved AS (
     DELETE FROM crdbwork_waiting AS w %s
     RETURNING id, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, enqueued_at,
-              headers, seq_order, timeout_us)
+              headers, seq_order, timeout_us, kind)
 INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, turn_at, enqueued_at, max_attempts, payload, metadata,
-     tenant, expires_at, at_most_once, headers, seq_order, timeout_us)
+     tenant, expires_at, at_most_once, headers, seq_order, timeout_us, kind)
 SELECT m.id, $1, m.hash %% n.parts, m.item_key, m.priority,
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        GREATEST(now(), m.enqueued_at + m.delay_us * INTERVAL '1 microsecond'),
        m.enqueued_at, CASE WHEN m.at_most_once OR n.amo THEN 1 ELSE m.max_attempts END, m.payload, m.metadata,
        m.tenant, CASE WHEN m.ttl_us > 0 THEN m.enqueued_at + m.ttl_us * INTERVAL '1 microsecond' END,
-       m.at_most_once OR n.amo, m.headers, m.seq_order, m.timeout_us
+       m.at_most_once OR n.amo, m.headers, m.seq_order, m.timeout_us, m.kind
 FROM moved AS m,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo) AS n
@@ -934,14 +939,14 @@ k AS (
 gone AS (
     DELETE FROM crdbwork_waiting AS w USING d
     WHERE %[2]s AND (w.queue = $1) IS TRUE
-    RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant),
+    RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant, w.kind),
 %[3]s,
 o AS (SELECT id::TEXT AS id, outcome FROM unnest($4::UUID[], $5::TEXT[]) AS u (id, outcome))
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason)
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason, kind)
 SELECT g.id, g.queue, g.hash %% n.parts, g.item_key, g.priority, 0, g.max_attempts, g.payload, g.metadata,
        'prerequisite ' || k.prereq || ' ended without an ack (' || COALESCE((SELECT o.outcome FROM o WHERE o.id = k.prereq LIMIT 1), 'unknown') || ')',
-       g.enqueued_at, g.tenant, 'dependency died: ' || k.prereq
+       g.enqueued_at, g.tenant, 'dependency died: ' || k.prereq, g.kind
 FROM gone AS g
 JOIN k ON k.dep = g.id,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
@@ -951,16 +956,16 @@ RETURNING id`
 // parameter and its column (the unique form's outcomes freed, u), %[3]s
 // the queue's key (queueKey), %[4]s a further condition on the ended row e
 // (the unique form's endedBlocks). $16 is each row's run_after, $17 its
-// handler timeout (µs, 0: none, stored as NULL).
+// handler timeout (µs, 0: none, stored as NULL), $18 its kind (NULL: none).
 const insertWaiting = `INSERT INTO crdbwork_waiting
     (id, queue, hash, item_key, priority, delay_us, max_attempts, payload, metadata, tenant, ttl_us, at_most_once, remaining,
-     headers, seq_order, run_after, timeout_us)
+     headers, seq_order, run_after, timeout_us, kind)
 SELECT v.id, $1, v.h, v.k, v.p, v.d, v.m, v.b, v.meta, v.t, v.ttl, v.amo, v.n, v.hd::JSONB, CASE WHEN q.seq AND v.k IS NOT NULL THEN v.o END, v.ra,
-       NULLIF(v.tmo, 0)
+       NULLIF(v.tmo, 0), v.kind
 FROM (SELECT COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq) AS q,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[], $17::BIGINT[]%[1]s)
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o, ra, tmo%[2]s)
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[], $16::BIGINT[], $17::BIGINT[], $18::TEXT[]%[1]s)
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, n, hd, o, ra, tmo, kind%[2]s)
 WHERE NOT EXISTS (SELECT 1 FROM crdbwork_items AS x WHERE x.id = v.id OFFSET 0)
   AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = %[3]s AND e.id = v.id AND e.ended_at > now() - ` + dedupWindow + `%[4]s OFFSET 0)
 ON CONFLICT (id) DO NOTHING
@@ -1010,7 +1015,7 @@ func newDependsStatements(t Tables, d Dialect) *dependsStatements {
        (SELECT d.queue FROM crdbwork_dead_items AS d WHERE d.id = v.id AND (d.queue = $1) IS TRUE ORDER BY d.id, d.death LIMIT 1) IS NOT NULL
 FROM unnest($2::UUID[]) AS v (id)`),
 		InsertWaiting: r(fmt.Sprintf(insertWaiting, "", "", queueKey, "")),
-		InsertWaitingUnique: r(`WITH ins AS (` + fmt.Sprintf(insertWaiting, ", $18::BIGINT[]", ", u", queueKey, " AND "+endedBlocks) + `),
+		InsertWaitingUnique: r(`WITH ins AS (` + fmt.Sprintf(insertWaiting, ", $19::BIGINT[]", ", u", queueKey, " AND "+endedBlocks) + `),
 ` + forgetEnded(d) + `
 SELECT id FROM ins`),
 		InsertEdges:   r(insertEdgesSQL),

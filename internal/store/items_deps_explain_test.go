@@ -121,8 +121,8 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d store.Dialect, queue strin
 	outcomes := []string{"dead", "cancelled", "unknown"}
 	return []planCase{
 		{"Classify", ds.Classify, []any{queue, ids}},
-		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints}},
-		{"InsertWaitingUnique", ds.InsertWaitingUnique, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints, texts}},
+		{"InsertWaitingUnique", ds.InsertWaitingUnique, []any{queue, ids, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints, texts, ints}},
 		{"InsertEdges", ds.InsertEdges, []any{queue, ids, ids}},
 		{"EdgesFrom", ds.EdgesFrom, []any{queue, prereqs, 1000}},
 		{"Release", ds.Release, []any{queue, ps, deps}},

@@ -47,6 +47,8 @@ type EnqueueRow struct {
 	// Timeout is the item's own handler timeout (0: none, the worker's
 	// default), at microsecond precision, stored as timeout_us.
 	Timeout time.Duration
+	// Kind is the item's kind ("" : none, stored as NULL).
+	Kind string
 }
 
 // Bits of EnqueueRow.Frees and WaitingRow.Frees: outcomes recorded in
@@ -119,11 +121,14 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 	keys, tenants := make([]*string, n), make([]*string, n)
 	ttls, amo, turns, orders := make([]int64, n), make([]bool, n), make([]*time.Time, n), make([]int64, n)
 	payloads, metadata := make([][]byte, n), make([][]byte, n)
-	headers, timeouts := make([]*string, n), make([]int64, n)
+	headers, timeouts, kinds := make([]*string, n), make([]int64, n), make([]*string, n)
 	for j := range rows {
 		r := &rows[j]
 		ids[j], hashes[j] = r.ID, r.Hash
 		timeouts[j] = r.Timeout.Microseconds()
+		if r.Kind != "" {
+			kinds[j] = &r.Kind
+		}
 		if r.Key != "" {
 			keys[j] = &r.Key
 		}
@@ -139,7 +144,7 @@ func (s *Store) enqueueArgs(queue string, rows []EnqueueRow) []any {
 			headers[j] = &h
 		}
 	}
-	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders, headers, timeouts}
+	return []any{queue, ids, hashes, keys, priorities, delays, maxAttempts, payloads, metadata, tenants, ttls, amo, turns, orders, headers, timeouts, kinds}
 }
 
 // partsSQL is the text of enqueueStatements.Parts
@@ -178,6 +183,8 @@ type CopyRow struct {
 	// Timeout is the item's own handler timeout (0: none), at microsecond
 	// precision.
 	Timeout time.Duration
+	// Kind is the item's kind ("": none).
+	Kind string
 }
 
 // Copier is what a COPY needs: pgx.Tx, *pgx.Conn and *pgxpool.Pool have it.
@@ -236,6 +243,10 @@ func (c *copySource) Values() ([]any, error) {
 	c.vals[15] = nil
 	if us := r.Timeout.Microseconds(); us > 0 {
 		c.vals[15] = us
+	}
+	c.vals[16] = nil
+	if r.Kind != "" {
+		c.vals[16] = r.Kind
 	}
 	return c.vals, nil
 }
@@ -454,7 +465,8 @@ type enqueueStatements struct {
 	// key of a sequenced queue, read in the same statement; see
 	// sequenceStatements), $15 headers (TEXT[] of JSON objects, NULL for
 	// none; cast to JSONB), $16 handler timeouts in microseconds
-	// (BIGINT[], 0 for none: stored as NULL in timeout_us). Each
+	// (BIGINT[], 0 for none: stored as NULL in timeout_us), $17 kinds
+	// (TEXT[], NULL for none). Each
 	// row's part is its key hash modulo the queue's number of parts, read in
 	// the same statement under a share lock, so that no enqueue can slip an
 	// item into a part that SetParts removes. An item is at-most-once if it
@@ -492,7 +504,7 @@ type enqueueStatements struct {
 	// delivery from these, exactly as Insert does in SQL.
 	Parts string
 	// InsertUnique and PostgresInsertUnique are Insert and
-	// PostgresInsert with one more parameter, $17 (BIGINT[]): each row's
+	// PostgresInsert with one more parameter, $18 (BIGINT[]): each row's
 	// outcomes that do not keep it out (EndedFrees bits). A row whose id
 	// ended within the window with an outcome outside its set is added,
 	// and the ended record of every row added is deleted in the same
@@ -510,7 +522,7 @@ type enqueueStatements struct {
 	// CopyTable and CopyColumns name the COPY's target; a row gives, in
 	// order: id, queue, part, item_key, priority, vesting_at, max_attempts,
 	// payload, metadata, tenant, turn_at, expires_at, at_most_once, seq_order, headers,
-	// timeout_us.
+	// timeout_us, kind.
 	// enqueued_at takes its default, now().
 	CopyTable   pgx.Identifier
 	CopyColumns []string
@@ -531,7 +543,7 @@ func newEnqueueStatements(t Tables) *enqueueStatements {
 		Found:     r(foundSQL),
 		CopyTable: identifier(t, "items"),
 		CopyColumns: []string{"id", "queue", "part", "item_key", "priority", "vesting_at", "max_attempts",
-			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "seq_order", "headers", "timeout_us"},
+			"payload", "metadata", "tenant", "turn_at", "expires_at", "at_most_once", "seq_order", "headers", "timeout_us", "kind"},
 	}
 }
 
@@ -539,21 +551,21 @@ func newEnqueueStatements(t Tables) *enqueueStatements {
 // PostgresInsert adds a condition to its WHERE clause between them.
 const insertTemplate = `INSERT INTO crdbwork_items
     (id, queue, part, item_key, priority, vesting_at, max_attempts, payload, metadata,
-     tenant, turn_at, expires_at, at_most_once, seq_order, headers, timeout_us)
+     tenant, turn_at, expires_at, at_most_once, seq_order, headers, timeout_us, kind)
 SELECT v.id, $1, v.h % n.parts, v.k, v.p, now() + v.d * INTERVAL '1 microsecond',
        CASE WHEN v.amo OR n.amo THEN 1 ELSE v.m END, v.b, v.meta, v.t,
        CASE WHEN v.turn IS NULL THEN now() + v.d * INTERVAL '1 microsecond'
             WHEN v.d > 0 THEN GREATEST(v.turn, now() + v.d * INTERVAL '1 microsecond')
             ELSE v.turn END,
        CASE WHEN v.ttl > 0 THEN now() + v.ttl * INTERVAL '1 microsecond' END,
-       v.amo OR n.amo, CASE WHEN n.seq AND v.k IS NOT NULL THEN v.o END, v.hd::JSONB, NULLIF(v.tmo, 0)
+       v.amo OR n.amo, CASE WHEN n.seq AND v.k IS NOT NULL THEN v.o END, v.hd::JSONB, NULLIF(v.tmo, 0), v.kind
 FROM (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1 FOR SHARE), 1) AS parts,
              COALESCE((SELECT at_most_once FROM crdbwork_queues WHERE name = $1), false) AS amo,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $1), false) AS seq,
              ` + dedupWindow + ` AS win) AS n,
      unnest($2::UUID[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[], $8::BYTEA[], $9::BYTEA[],
-            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::BIGINT[], $15::TEXT[], $16::BIGINT[])
-         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo)
+            $10::TEXT[], $11::BIGINT[], $12::BOOL[], $13::TIMESTAMPTZ[], $14::BIGINT[], $15::TEXT[], $16::BIGINT[], $17::TEXT[])
+         AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo, kind)
 WHERE ` + dedupCheck + ` AND ` + waitingCheck
 
 // waitingCheck is the insert's check that the id is not a waiting item's
@@ -597,14 +609,14 @@ const dedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue 
 const postgresDedupCheck = `NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = (SELECT $1::TEXT) AND e.id = v.id AND e.ended_at > now() - n.win OFFSET 0)`
 
 // uniqueForm returns the unique form of an insert's text (Insert,
-// PostgresInsert): the rows take the outcomes they ignore from $17 (v.u),
+// PostgresInsert): the rows take the outcomes they ignore from $18 (v.u),
 // the dedup check skips only ids that ended with one of them, and the ended
 // records of the ids added are deleted, in a data-modifying CTE (another
 // table than the insert's: one modification of each table, as CockroachDB
 // requires).
 func uniqueForm(insert string, d Dialect) string {
-	text := strings.Replace(insert, `$16::BIGINT[])`, `$16::BIGINT[], $17::BIGINT[])`, 1)
-	text = strings.Replace(text, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo)`, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo, u)`, 1)
+	text := strings.Replace(insert, `$17::TEXT[])`, `$17::TEXT[], $18::BIGINT[])`, 1)
+	text = strings.Replace(text, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo, kind)`, `AS v (id, h, k, p, d, m, b, meta, t, ttl, amo, turn, o, hd, tmo, kind, u)`, 1)
 	text = strings.Replace(text, `AND e.ended_at > now() - n.win`, `AND e.ended_at > now() - n.win AND `+endedBlocks, 1)
 	return `WITH ins AS (` + text + `),
 ` + forgetEnded(d) + `

@@ -118,7 +118,7 @@ var killItemSQL = `WITH picked AS MATERIALIZED (
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND (i.claim IS NULL OR i.lease_until < now())
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error,
-              i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
+              i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
@@ -139,15 +139,15 @@ func (s *Store) ItemsKillRefused(ctx context.Context, tx pgx.Tx, queue string, i
 // (rendered by newRefusedStatements).
 var killWaitingSQL = `WITH gone AS (
     DELETE FROM crdbwork_waiting AS w WHERE w.id = $2 AND (w.queue = $1) IS TRUE
-    RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant),
+    RETURNING w.id, w.queue, w.hash, w.item_key, w.priority, w.max_attempts, w.payload, w.metadata, w.enqueued_at, w.tenant, w.kind),
 edges AS (
     DELETE FROM crdbwork_waits_for WHERE queue = $1 AND dependent = $2
     RETURNING prereq),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason)
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, tenant, reason, kind)
 SELECT g.id, g.queue, g.hash % n.parts, g.item_key, g.priority, 0, g.max_attempts, g.payload, g.metadata, $3::TEXT,
-       g.enqueued_at, g.tenant, '` + ReasonRefused + `'
+       g.enqueued_at, g.tenant, '` + ReasonRefused + `', g.kind
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $1), 1) AS parts) AS n
 RETURNING id`

@@ -20,7 +20,7 @@ import (
 // options (claim.NewItem) fill: every statement that writes an item row
 // carries each of them, or says here why not (itemWriters).
 var itemOptionColumns = []string{"item_key", "priority", "vesting_at", "max_attempts", "payload", "metadata", "tenant",
-	"expires_at", "at_most_once", "headers", "seq_order", "turn_at", "timeout_us"}
+	"expires_at", "at_most_once", "headers", "seq_order", "turn_at", "timeout_us", "kind"}
 
 // itemWriters are the statements that insert item rows, by where they are
 // (the Go name of the statement or constant, or the file), each with the

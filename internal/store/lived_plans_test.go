@@ -201,7 +201,7 @@ func livedCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase 
 		{"KillDependents", ds.KillDependents, []any{"q", edgePre, edgeDep, prereqs, outcomes, int64(1)}},
 		{"DeleteEdgesTo", ds.DeleteEdgesTo, []any{"q", edgeDep}},
 		{"DeleteEdgesGone", ds.DeleteEdgesGone, []any{"q", edgePre, edgeDep}},
-		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints}},
+		{"InsertWaiting", ds.InsertWaiting, []any{"q", fresh, ints, texts, ints, ints, ints, bytes, bytes, texts, ints, bools, ints, jsons, ints, ints, ints, texts}},
 		{"WaitedFor", ds.WaitedFor, []any{"q", prereqs}},
 		{"InsertEdges", ds.InsertEdges, []any{"q", fresh, prereqs[:n]}},
 		{"HasEdges", ds.HasEdges, []any{"q"}},

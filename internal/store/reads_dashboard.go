@@ -103,13 +103,13 @@ type dashboardStatements struct {
 }
 
 // dashItemColumns are the columns of an item in a page: no payload, the last
-// error cut to 500 characters, the payload's length.
+// error cut to 500 characters, the payload's length, the kind.
 const dashItemColumns = `id, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
-substr(last_error, 1, 500), tenant, claim, lease_until, octet_length(payload)`
+substr(last_error, 1, 500), tenant, claim, lease_until, octet_length(payload), kind`
 
 // deadPageColumns are a dead item's columns in a page.
 const deadPageColumns = `id, death, part, item_key, priority, attempts, max_attempts, substr(last_error, 1, 500),
-enqueued_at, died_at, tenant, reason, octet_length(payload)`
+enqueued_at, died_at, tenant, reason, octet_length(payload), kind`
 
 func newDashboardStatements(t Tables) *dashboardStatements {
 	r := func(text string) string { return rewrite(t, text) }
@@ -325,6 +325,7 @@ type ItemRow struct {
 	Claim                       *uuid.UUID
 	LeaseUntil                  *time.Time
 	PayloadSize                 int64
+	Kind                        string // "" if none
 	// Queue and Match are set by ItemsSearchWindow only: the item's queue,
 	// and whether it matches the search text.
 	Queue string
@@ -418,16 +419,16 @@ func scanItemRows(rows pgx.Rows, extra func(r *ItemRow) []any) ([]ItemRow, error
 	var out []ItemRow
 	var r ItemRow
 	var part int64
-	var key, lastErr, ten *string
+	var key, lastErr, ten, kind *string
 	var claim *uuid.UUID
 	var lease *time.Time
 	dest := []any{&r.ID, &part, &key, &r.Priority, &r.TurnAt, &r.VestingAt, &r.Enqueued,
-		&r.Attempts, &r.MaxAttempts, &lastErr, &ten, &claim, &lease, &r.PayloadSize}
+		&r.Attempts, &r.MaxAttempts, &lastErr, &ten, &claim, &lease, &r.PayloadSize, &kind}
 	if extra != nil {
 		dest = append(dest, extra(&r)...)
 	}
 	if _, err := pgx.ForEachRow(rows, dest, func() error {
-		r.Part, r.Key, r.LastError, r.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
+		r.Part, r.Key, r.LastError, r.Tenant, r.Kind = int(part), deref(key), deref(lastErr), deref(ten), deref(kind)
 		r.Claim, r.LeaseUntil = nil, nil
 		if claim != nil {
 			c := *claim
@@ -463,6 +464,7 @@ type DeadPageRow struct {
 	EnqueuedAt, DiedAt    time.Time
 	Tenant, Reason        string
 	PayloadSize           int64
+	Kind                  string // "" if none
 	// Queue and Match are set by DeadSearchWindow only: the death's queue,
 	// and whether it matches the search text.
 	Queue string
@@ -499,10 +501,10 @@ func (s *Store) DeadWindow(ctx context.Context, db DB, queue string, after *Dead
 	var out []DeadPageRow
 	var r DeadPageRow
 	var part int64
-	var key, lastErr, ten *string
+	var key, lastErr, ten, kind *string
 	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Death, &part, &key, &r.Priority, &r.Attempts, &r.MaxAttempts,
-		&lastErr, &r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.PayloadSize}, func() error {
-		r.Part, r.Key, r.LastError, r.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
+		&lastErr, &r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.PayloadSize, &kind}, func() error {
+		r.Part, r.Key, r.LastError, r.Tenant, r.Kind = int(part), deref(key), deref(lastErr), deref(ten), deref(kind)
 		out = append(out, r)
 		return nil
 	}); err != nil {
@@ -549,6 +551,8 @@ type ItemDetail struct {
 	SeqOrder *int64
 	// Headers are its headers (nil: none).
 	Headers map[string]string
+	// Kind is its kind ("" if none).
+	Kind string
 }
 
 // itemSQL is the text of dashboardStatements.item
@@ -556,7 +560,7 @@ type ItemDetail struct {
 const itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
        last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
        cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
-       progress_done, progress_total, progress_at, seq_order, headers
+       progress_done, progress_total, progress_at, seq_order, headers, kind
 FROM crdbwork_items WHERE id = $1`
 
 // ItemsGet reads the item id, and false if it is not in the items table
@@ -564,12 +568,12 @@ FROM crdbwork_items WHERE id = $1`
 func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, bool, error) {
 	var d ItemDetail
 	var part int64
-	var key, lastErr, ten, by, reason *string
+	var key, lastErr, ten, by, reason, kind *string
 	err := db.QueryRow(ctx, s.dash().item, id).Scan(&d.ID, &d.Queue, &part, &key, &d.Priority, &d.TurnAt, &d.VestingAt,
 		&d.EnqueuedAt, &d.Attempts, &d.MaxAttempts, &lastErr, &ten, &d.Claim, &d.ClaimedAt, &d.ClaimToken, &d.LeaseUntil,
 		&d.ExpiresAt, &d.AtMostOnce, &d.Payload, &d.Metadata, &d.Now,
 		&d.CancelRequestedAt, &by, &reason, &d.Snoozes, &d.CheckpointSize, &d.CheckpointAt,
-		&d.ProgressDone, &d.ProgressTotal, &d.ProgressAt, &d.SeqOrder, &d.Headers)
+		&d.ProgressDone, &d.ProgressTotal, &d.ProgressAt, &d.SeqOrder, &d.Headers, &kind)
 	if err == pgx.ErrNoRows {
 		return ItemDetail{}, false, nil
 	}
@@ -577,7 +581,7 @@ func (s *Store) ItemsGet(ctx context.Context, db DB, id uuid.UUID) (ItemDetail, 
 		return ItemDetail{}, false, err
 	}
 	d.Part, d.Key, d.LastError, d.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
-	d.CancelBy, d.CancelReason = deref(by), deref(reason)
+	d.CancelBy, d.CancelReason, d.Kind = deref(by), deref(reason), deref(kind)
 	return d, true, nil
 }
 
@@ -603,7 +607,7 @@ func (s *Store) ItemsDepsWaitingQueue(ctx context.Context, db DB, id uuid.UUID) 
 // deathsSQL is the text of dashboardStatements.deaths
 // (rendered by newDashboardStatements).
 const deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
-       enqueued_at, died_at, tenant, reason, payload, metadata
+       enqueued_at, died_at, tenant, reason, payload, metadata, kind
 FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
 
 // DeadOfID reads up to limit deaths of the id, newest first
@@ -618,11 +622,11 @@ func (s *Store) DeadOfID(ctx context.Context, db DB, id uuid.UUID, limit int) ([
 	var r DeadItemRow
 	var q string
 	var part, prio, att, maxAtt int64
-	var key, lastErr, ten *string
+	var key, lastErr, ten, kind *string
 	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Death, &q, &part, &key, &prio, &att, &maxAtt, &lastErr,
-		&r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.Payload, &r.Metadata}, func() error {
+		&r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.Payload, &r.Metadata, &kind}, func() error {
 		r.Part, r.Priority, r.Attempts, r.MaxAttempts = int(part), int(prio), int(att), int(maxAtt)
-		r.Key, r.LastError, r.Tenant = deref(key), deref(lastErr), deref(ten)
+		r.Key, r.LastError, r.Tenant, r.Kind = deref(key), deref(lastErr), deref(ten), deref(kind)
 		r.Payload, r.Metadata = append([]byte(nil), r.Payload...), append([]byte(nil), r.Metadata...)
 		out = append(out, r)
 		queues = append(queues, q)

@@ -13,8 +13,8 @@ import (
 // dashboard, the Items page). Each statement reads one window of at most
 // its limit of index entries, in the order of an index that holds only the
 // rows of the state listed (unclaimed, claimed, dead), from a cursor, and
-// says of each row whether it matches the search text: its id, key or
-// tenant starts with the text, or its payload holds the text's bytes. The
+// says of each row whether it matches the search text: its id, key,
+// tenant or kind starts with the text, or its payload holds the text's bytes. The
 // match is computed in the statement, so that the payloads stay in the
 // database; a window where nothing matches costs its limit of index
 // entries and as many row reads (on 100,000 items: a window of 2,000
@@ -38,7 +38,7 @@ import (
 // BYTEA.
 const searchMatch = `COALESCE($1::TEXT = '' OR substr(id::TEXT, 1, length($1::TEXT)) = $1::TEXT
   OR substr(item_key, 1, length($1::TEXT)) = $1::TEXT OR substr(tenant, 1, length($1::TEXT)) = $1::TEXT
-  OR position($2::BYTEA IN payload) > 0, false)`
+  OR substr(kind, 1, length($1::TEXT)) = $1::TEXT OR position($2::BYTEA IN payload) > 0, false)`
 
 // searchItemColumns are the columns of an item of a search window: those of
 // a page, its queue and whether it matches.
@@ -132,8 +132,8 @@ type ItemsSearch struct {
 	// Claimed lists the claimed items (lease order), otherwise the
 	// unclaimed ones (claim order).
 	Claimed bool
-	// Text is the search text: a row matches when its id, key or tenant
-	// starts with it or its payload holds it; "" matches every row.
+	// Text is the search text: a row matches when its id, key, tenant or
+	// kind starts with it or its payload holds it; "" matches every row.
 	Text string
 	// After is the position of the last row of the previous window (nil:
 	// from the first); its Queue counts when Queue is "".
@@ -232,10 +232,10 @@ func (s *Store) DeadSearchWindow(ctx context.Context, db DB, queue, text string,
 	var out []DeadPageRow
 	var r DeadPageRow
 	var part int64
-	var key, lastErr, ten *string
+	var key, lastErr, ten, kind *string
 	if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Death, &part, &key, &r.Priority, &r.Attempts, &r.MaxAttempts,
-		&lastErr, &r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.PayloadSize, &r.Queue, &r.Match}, func() error {
-		r.Part, r.Key, r.LastError, r.Tenant = int(part), deref(key), deref(lastErr), deref(ten)
+		&lastErr, &r.EnqueuedAt, &r.DiedAt, &ten, &r.Reason, &r.PayloadSize, &kind, &r.Queue, &r.Match}, func() error {
+		r.Part, r.Key, r.LastError, r.Tenant, r.Kind = int(part), deref(key), deref(lastErr), deref(ten), deref(kind)
 		out = append(out, r)
 		return nil
 	}); err != nil {

@@ -179,7 +179,7 @@ func (s *Store) FleetQueue(ctx context.Context, db DB, name string, capAt int64,
 // waitingItemSQL is the text of fleetStatements.waitingItem: $1 id → the
 // waiting item (enqueued with prerequisites not yet all acked), by its
 // primary key.
-const waitingItemSQL = `SELECT queue, item_key, priority, max_attempts, payload, metadata, tenant, enqueued_at, remaining
+const waitingItemSQL = `SELECT queue, item_key, priority, max_attempts, payload, metadata, tenant, enqueued_at, remaining, kind
 FROM crdbwork_waiting WHERE id = $1`
 
 // WaitingItemRow is a waiting item, as WaitingItem reads it.
@@ -191,22 +191,24 @@ type WaitingItemRow struct {
 	EnqueuedAt         time.Time
 	// Remaining counts the prerequisites not yet acked.
 	Remaining int64
+	// Kind is its kind ("" if none).
+	Kind string
 }
 
 // WaitingItem reads the waiting item id, and false if id is not waiting
 // (fleetStatements.waitingItem).
 func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingItemRow, bool, error) {
 	var w WaitingItemRow
-	var key, tenant *string
+	var key, tenant, kind *string
 	err := db.QueryRow(ctx, s.lazyFleet().waitingItem, id).Scan(&w.Queue, &key, &w.Priority, &w.MaxAttempts, &w.Payload,
-		&w.Metadata, &tenant, &w.EnqueuedAt, &w.Remaining)
+		&w.Metadata, &tenant, &w.EnqueuedAt, &w.Remaining, &kind)
 	if err == pgx.ErrNoRows {
 		return WaitingItemRow{}, false, nil
 	}
 	if err != nil {
 		return WaitingItemRow{}, false, err
 	}
-	w.Key, w.Tenant = deref(key), deref(tenant)
+	w.Key, w.Tenant, w.Kind = deref(key), deref(tenant), deref(kind)
 	return w, true, nil
 }
 

@@ -311,7 +311,7 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"ExhaustedIDs", deaths.ExhaustedIDs, []any{"q", 1000}},
 		{"ExpiredIDs", deaths.ExpiredIDs, []any{"q", 1000}},
 		{"PruneEnded", dedup.PruneEnded, []any{"q", 1000}},
-		{"EnqueueInsert", enqueueInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64}},
+		{"EnqueueInsert", enqueueInsert, []any{"q", enqueueIDs, n64, texts, n64, n64, n64, payloads, payloads, texts, n64, amo, turns, n64, texts, n64, texts}},
 		{"FairLasts", fair.Lasts(3), []any{"q", "tenant-3", int64(0), "tenant-6", int64(1), "new", int64(2)}},
 		{"FairHead", ds.FairHead, []any{"q", int64(1)}},
 		{"Probe", store.ProbeText(crsql.Tables{}, dialect), []any{"q", store.ProbeLimit}},

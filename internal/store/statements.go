@@ -106,7 +106,7 @@ type coreStatements struct {
 }
 
 // itemColumns are the columns every claim statement returns, in order.
-const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at, i.headers, ` + checkpointColumns + `, i.timeout_us`
+const itemColumns = `i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.vesting_at, i.last_error, i.claim_part, i.claim_token, i.lease_until, i.tenant, i.expires_at, i.at_most_once, i.turn_at, i.headers, ` + checkpointColumns + `, i.timeout_us, i.kind`
 
 // claimTemplate is the any-part claim statement (the per-part ones are
 // partClaimStatements, built the same way); the %s is how the UPDATE finds
@@ -470,7 +470,7 @@ const heldBy = `id = $1 AND claim IS NOT DISTINCT FROM $2::UUID AND $2::UUID IS 
 var (
 	moveExhausted = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
@@ -478,7 +478,7 @@ SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, met
 RETURNING id`
 	moveExpired = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
-    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant, i.seq_order),
+    RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind),
 ` + recordEnded(OutcomeDead) + `
 INSERT INTO crdbwork_dead_items
     (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
@@ -516,10 +516,11 @@ const noCancelAsked = `cancel_requested_at IS NULL`
 // from the moved row's seq_order (in the CTE gone, beside the row's queue):
 // its place in its key's sequence, and whether it holds its key, which it
 // does if it was sequenced and its queue's sequence_hold is on. (Code of
-// versions 3 to 5 writes neither: its deaths never hold.)
+// versions 3 to 5 writes neither: its deaths never hold.) They carry the
+// item's kind over too (the CTE gone returns it).
 const (
-	deadSeqColumns = `seq_order, seq_hold`
-	deadSeqValues  = `seq_order, (seq_order IS NOT NULL AND item_key IS NOT NULL AND COALESCE((SELECT w.sequence_hold FROM crdbwork_queues AS w WHERE w.name = gone.queue), false))`
+	deadSeqColumns = `seq_order, seq_hold, kind`
+	deadSeqValues  = `seq_order, (seq_order IS NOT NULL AND item_key IS NOT NULL AND COALESCE((SELECT w.sequence_hold FROM crdbwork_queues AS w WHERE w.name = gone.queue), false)), kind`
 )
 
 // requeuedSeqOrder is the seq_order a requeue gives the item (in

@@ -120,6 +120,20 @@ ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS timeout_us BIGINT;
 ALTER TABLE crdbwork_schedules ADD COLUMN IF NOT EXISTS spec JSONB;
 ALTER TABLE crdbwork_schedules ADD COLUMN IF NOT EXISTS paused BOOL NOT NULL DEFAULT false;
 
+-- == kinds ==
+-- (issue 33) An item's kind (claim.NewItem.Kind, River's JobArgs.Kind):
+-- which of a worker's typed handlers runs it (worker.Kinds; NULL: none).
+-- Enqueues of version 6 write it, every claim of version 6 returns it, and
+-- it travels with the item's payload: a waiting item's release, a death, a
+-- cancel and a requeue carry it over. Code of versions 3 to 5 neither
+-- writes nor reads it: its workers run every item, whatever its kind, with
+-- their one handler, and its moves of an item to the dead items (or back)
+-- drop the kind (docs/kinds.md, "Rolling upgrades").
+ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS kind TEXT;
+ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS kind TEXT;
+ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS kind TEXT;
+ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS kind TEXT;
+
 -- == cross-queue prerequisites ==
 -- (issue 33) An item may wait for items of other queues
 -- (claim.NewItem.AfterIn). Each such edge is a row here, keyed by the
