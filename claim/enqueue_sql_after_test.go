@@ -41,7 +41,7 @@ func TestSQLEnqueueAfterWaitsAsGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	call := testdb.EnqueueArgs("'sqlafter'", "convert_to('join', 'UTF8')", "id", "$1", "key", "'k'", "priority", "4",
-		"headers", `'{"traceparent": "00-sql"}'`, "after", sqlAfter(p1, p2))
+		"headers", `'{"traceparent": "00-sql"}'`, "kind", "'report'", "after", sqlAfter(p1, p2))
 	r, err := sqlEnqueue(ctx, pool, call, dep)
 	if err != nil || !r.Added || r.Done || r.ID != dep {
 		t.Fatalf("crdbwork_enqueue with after: %+v, %v; want added", r, err)
@@ -71,8 +71,8 @@ func TestSQLEnqueueAfterWaitsAsGo(t *testing.T) {
 	ackAll(t, q, items[1:])
 	got := claimEvery(t, q, s.ID())
 	if len(got) != 1 || got[0].ID != dep || string(got[0].Payload) != "join" || got[0].Key != "k" || got[0].Priority != 4 ||
-		got[0].Headers["traceparent"] != "00-sql" {
-		t.Fatalf("after both acks claimed %+v; want the dependent with its key, priority and headers", got)
+		got[0].Headers["traceparent"] != "00-sql" || got[0].Kind != "report" {
+		t.Fatalf("after both acks claimed %+v; want the dependent with its key, priority, headers and kind", got)
 	}
 	ackAll(t, q, got)
 	if r, err := sqlEnqueue(ctx, pool, call, dep); err != nil || r.Added || !r.Done {
