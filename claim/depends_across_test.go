@@ -188,3 +188,30 @@ func TestDependsAcrossQueuesDeathAndCancel(t *testing.T) {
 		})
 	}
 }
+
+// A dependent that ends because a prerequisite of its own queue died takes
+// its edges from other queues with it (and their hints): none is left
+// behind for the other queue's prerequisite, still queued, to find.
+func TestDependsAcrossQueuesEdgesGoWithTheDependent(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	qa := newQueue(t, pool, claim.Options{Queue: "ga"})
+	qb := newQueue(t, pool, claim.Options{Queue: "gb"})
+	s := startSession(t, ctx, pool)
+	a, b, dep := uuid.New(), uuid.New(), uuid.New()
+	if _, err := qa.Enqueue(ctx, claim.NewItem{ID: a, Payload: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qb.Enqueue(ctx, claim.NewItem{ID: b, Payload: []byte("b")},
+		claim.NewItem{ID: dep, Payload: []byte("d"), After: []uuid.UUID{b}, AfterIn: []claim.Prereq{{Queue: "ga", ID: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	killOne(t, qb, s.ID(), b)
+	if st, err := queuemaint.For(qb).Reap(ctx); err != nil || st.DependencyDead != 1 {
+		t.Fatalf("B's reap: %+v, %v; want the dependent dead", st, err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM crdbwork_waits_across`) + countRows(t, pool, `SELECT count(*) FROM crdbwork_waits_for`); n != 0 {
+		t.Fatalf("%d cross-queue edges or hints left after the dependent died", n)
+	}
+}

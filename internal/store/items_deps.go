@@ -448,6 +448,10 @@ func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, qu
 		if _, err := tx.Exec(ctx, s.deps(d).DeleteEdgesTo, queue, rawIDs(res.Killed)); err != nil {
 			return res, err
 		}
+		// Their edges from items of other queues, with their hints.
+		if err := s.ItemsDepsDeleteAcrossTo(ctx, tx, queue, res.Killed); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
