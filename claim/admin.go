@@ -224,8 +224,9 @@ type RequeueOptions struct {
 	// headers, attempt limit) for the queue's dedup window, beside its
 	// ended record; a requeue moves it back with fresh attempts and no
 	// delay and deletes the ended record, so that the id is live again
-	// (an enqueue of it is a live duplicate). Filter and Death must be
-	// zero. A cancelled item that holds its sequence key is a dead item:
+	// (an enqueue of it is a live duplicate). Death must be zero, and so
+	// must Filter but its Kind: with Filter.Kind (and no ID), every kept
+	// cancelled item of that kind. A cancelled item that holds its sequence key is a dead item:
 	// requeue it without Cancelled. Items cancelled by code older than
 	// schema version 6, or while they were waiting for prerequisites,
 	// are not kept: Requeue of such an ID fails with ErrNotKept.

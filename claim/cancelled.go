@@ -15,13 +15,14 @@ import (
 
 // requeueCancelled is Requeue with o.Cancelled.
 func (q *Queue) requeueCancelled(ctx context.Context, o RequeueOptions) (RequeueResult, error) {
+	kind := o.Filter.Kind
 	switch {
-	case o.Filter != (DeadFilter{}) || o.Death != uuid.Nil:
-		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled items of %q: a Filter or a Death selects dead items, not cancelled ones", q.opts.Queue)
-	case o.ID != uuid.Nil && o.All:
-		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled item %s of %q: set the ID or All, not both", o.ID, q.opts.Queue)
-	case o.ID == uuid.Nil && !o.All:
-		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled items of %q: no ID or All: nothing selected", q.opts.Queue)
+	case o.Filter != (DeadFilter{Kind: kind}) || o.Death != uuid.Nil:
+		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled items of %q: a Filter (but its Kind) or a Death selects dead items, not cancelled ones", q.opts.Queue)
+	case o.ID != uuid.Nil && (o.All || kind != ""):
+		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled item %s of %q: set the ID, or All or a Filter.Kind, not both", o.ID, q.opts.Queue)
+	case o.ID == uuid.Nil && !o.All && kind == "":
+		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled items of %q: no ID, All or Filter.Kind: nothing selected", q.opts.Queue)
 	}
 	if err := q.ready(ctx); err != nil {
 		return RequeueResult{}, fmt.Errorf("claim: requeueing cancelled items of %q: %w", q.opts.Queue, err)
@@ -40,7 +41,7 @@ func (q *Queue) requeueCancelled(ctx context.Context, o RequeueOptions) (Requeue
 		var page []store.KeptCancelled
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			page, err = q.store.CancelledList(ctx, q.db, q.opts.Queue, afterAt, afterID, RequeueBatch)
+			page, err = q.store.CancelledList(ctx, q.db, q.opts.Queue, kind, afterAt, afterID, RequeueBatch)
 			return store.Classify(err)
 		})
 		if err != nil {

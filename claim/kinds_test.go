@@ -299,3 +299,45 @@ func sortedStrings(s []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// Requeue of the cancelled items takes a kind (Filter.Kind, without an ID):
+// only the kept cancelled items of that kind go back, their kind kept; a
+// Filter with more than a kind, or an ID beside the kind, is refused.
+func TestRequeueCancelledOfAKind(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "cancelled-kinds"})
+	res, err := q.Enqueue(ctx, claim.NewItem{Kind: "a", Payload: []byte("1")}, claim.NewItem{Kind: "b", Payload: []byte("2")},
+		claim.NewItem{Kind: "a", Payload: []byte("3")}, claim.NewItem{Payload: []byte("4")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range res.IDs {
+		if r, err := q.CancelItem(ctx, id, claim.CancelOptions{By: "test"}); err != nil || !r.Found {
+			t.Fatalf("cancel: %+v, %v", r, err)
+		}
+	}
+	page, err := q.CancelledItems(ctx, claim.CancelledQuery{Kind: "a"})
+	if err != nil || len(page.Items) != 2 || page.Items[0].Kind != "a" || page.Items[1].Kind != "a" {
+		t.Fatalf("cancelled items of kind a: %+v, %v", page.Items, err)
+	}
+	for _, bad := range []claim.RequeueOptions{
+		{Cancelled: true, Filter: claim.DeadFilter{Kind: "a", Tenant: "t"}},
+		{Cancelled: true, Filter: claim.DeadFilter{Kind: "a"}, ID: res.IDs[0]},
+	} {
+		if _, err := q.Requeue(ctx, bad); err == nil {
+			t.Errorf("Requeue(%+v) was not refused", bad)
+		}
+	}
+	r, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, Filter: claim.DeadFilter{Kind: "a"}})
+	if err != nil || r.Requeued != 2 {
+		t.Fatalf("requeue of the cancelled items of kind a: %+v, %v", r, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE kind = 'a'`); n != 2 {
+		t.Fatalf("%d items of kind a back, want 2", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n != 2 {
+		t.Fatalf("%d items back, want only the 2 of kind a", n)
+	}
+}

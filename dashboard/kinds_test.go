@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/dashboard"
 )
@@ -65,14 +67,24 @@ func TestItemsShowAndFilterKinds(t *testing.T) {
 	if page := b.get("/item?id=" + shop[1].String()); !strings.Contains(page, `<dd id="item-kind">refund</dd>`) {
 		t.Errorf("the item page does not show the kind:\n%s", page)
 	}
+	// The cancelled items of a kind.
+	if _, err := claimQueue(t, pool, "shop").CancelItem(ctx, shop[0], claim.CancelOptions{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claimQueue(t, pool, "shop").CancelItem(ctx, shop[1], claim.CancelOptions{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := rowsOf("/items?queue=shop&state=cancelled&kind=order"); len(got) != 1 || got[shop[0].String()] != "order" {
+		t.Errorf("the cancelled items of kind order: %v, want %s", got, shop[0])
+	}
 	if code, text, _ := act(t, b, url.Values{"act": {"requeue-filter"}, "queue": {"shop"}, "kind": {"refund"}}); code != http.StatusSeeOther {
 		t.Fatalf("requeue by kind: %d %s", code, text)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE queue = 'shop'`); n != 1 {
 		t.Fatalf("%d dead items left, want 1 (the invoice)", n)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'shop' AND kind = 'refund'`); n != 3 {
-		t.Fatalf("%d refunds in shop, want 3 (1 + 2 requeued)", n)
+	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE queue = 'shop' AND kind = 'refund'`); n != 2 {
+		t.Fatalf("%d refunds in shop, want 2 (the 2 requeued; the third was cancelled)", n)
 	}
 }
 
@@ -80,4 +92,13 @@ func sortedCopy(s []string) []string {
 	out := slices.Clone(s)
 	slices.Sort(out)
 	return out
+}
+
+func claimQueue(t *testing.T, pool *pgxpool.Pool, name string) *claim.Queue {
+	t.Helper()
+	q, err := claim.New(pool, claim.Options{Queue: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
 }

@@ -945,7 +945,7 @@ func (h *handler) listCancelled(r *http.Request, d *itemsData) error {
 	if err != nil {
 		return err
 	}
-	page, err := q.CancelledItems(r.Context(), claim.CancelledQuery{After: d.Q.After, Limit: h.opts.PageSize})
+	page, err := q.CancelledItems(r.Context(), claim.CancelledQuery{After: d.Q.After, Limit: h.opts.PageSize, Kind: d.Q.Kind})
 	if err != nil {
 		return err
 	}

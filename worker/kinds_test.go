@@ -431,3 +431,53 @@ func kindsAcrossDeployments(t *testing.T, wait bool) {
 		t.Fatalf("dead items %+v, want only the bad order, reason \"bad arguments: order\"", page.Items)
 	}
 }
+
+// An item of an unknown kind under Kinds.UnknownWait waits, snoozed without
+// using an attempt, and ends: dead with reason "unknown kind: <kind>" once
+// the wait has passed since its enqueue (by the database clock), its last
+// attempt its only one; OnUnknown saw it wait, then end.
+func TestKindsUnknownWaitEnds(t *testing.T) {
+	t.Parallel()
+	_, pool := wakeSetup(t)
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{Queue: "waits"})
+	var waited, ended atomic.Int64
+	kinds := worker.NewKinds()
+	worker.AddKind(kinds, func(ctx context.Context, job worker.Job[orderArgs]) (worker.Record, error) { return nil, nil })
+	// A short wait: the first claim always waits (its vesting time is its
+	// enqueue time), and the death comes at the first claim whose vesting
+	// time is 300 ms past the enqueue, both by the database clock: a busy
+	// machine makes the item wait longer, never less.
+	kinds.UnknownWait, kinds.UnknownEvery = 300*time.Millisecond, 50*time.Millisecond
+	kinds.OnUnknown = func(it claim.Item, waits bool) {
+		if waits {
+			waited.Add(1)
+		} else {
+			ended.Add(1)
+		}
+	}
+	res, err := q.Enqueue(ctx, claim.NewItem{Kind: "refund", Payload: []byte(`{}`), MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startOn(t, q, kinds.Handler(), worker.Options{Concurrency: 1, NoWake: true, Poll: 20 * time.Millisecond, Session: longSession()})
+	await.Until(t, "the item of an unknown kind to end dead after its wait", func() (bool, string) {
+		d := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, res.IDs[0])
+		return d == 1, fmt.Sprintf("%d deaths, %d waits seen", d, waited.Load())
+	})
+	r.Stop(t)
+	page, err := q.DeadItems(ctx, claim.DeadQuery{})
+	if err != nil || len(page.Items) != 1 {
+		t.Fatalf("dead items %+v, %v", page.Items, err)
+	}
+	d := page.Items[0]
+	if d.Reason != "unknown kind: refund" || d.Attempts != 1 || d.Kind != "refund" {
+		t.Fatalf("death %+v: want reason \"unknown kind: refund\" after 1 attempt", d)
+	}
+	if d.DiedAt.Sub(d.EnqueuedAt) < 300*time.Millisecond {
+		t.Fatalf("dead %v after its enqueue, before its wait of 300ms", d.DiedAt.Sub(d.EnqueuedAt))
+	}
+	if waited.Load() < 1 || ended.Load() != 1 {
+		t.Fatalf("OnUnknown saw %d waits and %d ends, want at least 1 and 1", waited.Load(), ended.Load())
+	}
+}

@@ -91,4 +91,14 @@ func TestKindsInTheCLI(t *testing.T) {
 	if r := must(t, d.env, "cancelled", "--queue", "shop"); !strings.Contains(r.stdout, `kind "order"`) || !strings.Contains(r.stdout, `kind "refund"`) {
 		t.Errorf("cancelled:\n%s", r.stdout)
 	}
+	// requeue --cancelled --kind: only that kind's kept items go back.
+	want(t, d.env, 2, []string{"--yes"}, "requeue", "--queue", "shop", "--cancelled", "--kind", "order")
+	want(t, d.env, 2, []string{"not both"}, "requeue", "--queue", "shop", "--cancelled", "--kind", "order", "--yes", other.IDs[0].String())
+	must(t, d.env, "requeue", "--queue", "shop", "--cancelled", "--kind", "order", "--yes")
+	if n := d.count(t, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND kind = 'order'`, other.IDs[0]); n != 1 {
+		t.Errorf("the cancelled order is not back with its kind")
+	}
+	if n := d.count(t, `SELECT count(*) FROM crdbwork_items WHERE id = $1`, enq.IDs[1]); n != 0 {
+		t.Errorf("the cancelled refund was requeued by --kind order")
+	}
 }

@@ -206,7 +206,7 @@ is live (enqueued again: an item, or a waiting item whose prerequisites are not
 yet acked, of any queue) is not requeued: its dead item stays. Requeueing more
 than one item needs --yes (--dry-run counts them). Exits 1 if the given item is
 not a dead item of the queue, or is live. With --cancelled it requeues
-cancelled items instead (the id given, or --all of them): a cancel keeps the
+cancelled items instead (the id given, --all of them, or those of one --kind): a cancel keeps the
 item for the queue's dedup window (see crdbwork cancelled); the requeued item
 is no longer listed as cancelled.`)
 	f.MaxArgs, f.ArgName = 1, "[ID]"
@@ -226,7 +226,7 @@ is no longer listed as cancelled.`)
 		return err
 	}
 	if cancelled {
-		return requeueCancelled(ctx, f, &g, &cf, all, ff.any() || deathArg != "", out)
+		return requeueCancelled(ctx, f, &g, &cf, all, ff.f.Kind, ff.f != (claim.DeadFilter{Kind: ff.f.Kind}) || deathArg != "", out)
 	}
 	many := all || ff.any()
 	var id, death uuid.UUID
@@ -464,31 +464,39 @@ func countDead(ctx context.Context, q *claim.Queue, f claim.DeadFilter) (int64, 
 	return page.Count, err
 }
 
-// requeueCancelled is crdbwork requeue --cancelled.
-func requeueCancelled(ctx context.Context, f *cli.FlagSet, g *globals, cf *confirmFlags, all, deadOnly bool, out *cli.Console) error {
+// requeueCancelled is crdbwork requeue --cancelled: the id given, --all,
+// or every kept cancelled item of kind (--kind).
+func requeueCancelled(ctx context.Context, f *cli.FlagSet, g *globals, cf *confirmFlags, all bool, kind string, deadOnly bool, out *cli.Console) error {
 	var id uuid.UUID
+	many := all || kind != ""
+	ofKind := ""
+	if kind != "" {
+		ofKind = fmt.Sprintf(" of kind %q", kind)
+	}
 	switch {
 	case deadOnly:
-		return f.UsageError("--cancelled requeues cancelled items: --death and the filters (--tenant, --reason, --error, --kind) select dead ones")
-	case all && len(f.Args) > 0:
-		return f.UsageError("give an item id or --all, not both")
-	case !all && len(f.Args) == 0:
-		return f.UsageError("give the id of a cancelled item (see `crdbwork cancelled`), or --all")
-	case all && !cf.yes && !cf.dryRun:
-		out.Errorf("crdbwork requeue: this would requeue every cancelled item queue %q kept", g.queue)
+		return f.UsageError("--cancelled requeues cancelled items: --death and the filters (--tenant, --reason, --error) select dead ones; --kind selects the cancelled items of a kind")
+	case all && kind != "":
+		return f.UsageError("--all requeues every cancelled item: give it no --kind")
+	case many && len(f.Args) > 0:
+		return f.UsageError("give an item id, or --all or --kind, not both")
+	case !many && len(f.Args) == 0:
+		return f.UsageError("give the id of a cancelled item (see `crdbwork cancelled`), or --all, or --kind")
+	case many && !cf.yes && !cf.dryRun:
+		out.Errorf("crdbwork requeue: this would requeue every cancelled item%s queue %q kept", ofKind, g.queue)
 		return refuse(f)
-	case !all:
+	case !many:
 		var err error
 		if id, err = parseID(f, f.Args[0]); err != nil {
 			return err
 		}
 	}
 	if cf.dryRun {
-		what := "every cancelled item it kept"
-		if !all {
+		what := "every cancelled item" + ofKind + " it kept"
+		if !many {
 			what = "cancelled item " + id.String()
 		}
-		return report(out, g, map[string]any{"queue": g.queue, "dry_run": true, "cancelled": true, "all": all},
+		return report(out, g, map[string]any{"queue": g.queue, "dry_run": true, "cancelled": true, "all": all, "kind": kind},
 			fmt.Sprintf("would requeue %s into queue %q\n", what, g.queue))
 	}
 	g.create = true // a queue whose every item ended has no row
@@ -497,17 +505,17 @@ func requeueCancelled(ctx context.Context, f *cli.FlagSet, g *globals, cf *confi
 		return err
 	}
 	defer pool.Close()
-	res, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id, All: all})
+	res, err := q.Requeue(ctx, claim.RequeueOptions{Cancelled: true, ID: id, All: all, Filter: claim.DeadFilter{Kind: kind}})
 	if err != nil {
 		return cli.Failf(1, "requeued %d cancelled items, then: %v", res.Requeued, err)
 	}
-	if !all {
+	if !many {
 		recordAudit(ctx, pool, g, out, "requeue-cancelled", fmt.Sprintf("requeued cancelled item %s", id))
 		return report(out, g, map[string]any{"queue": g.queue, "requeued": 1, "ids": []string{id.String()}},
 			fmt.Sprintf("requeued cancelled item %s into queue %q\n", id, g.queue))
 	}
-	recordAudit(ctx, pool, g, out, "requeue-cancelled", fmt.Sprintf("requeued %d cancelled items (%d live already, %d ran again since)", res.Requeued, res.Live, res.Gone))
-	msg := fmt.Sprintf("requeued %d cancelled items into queue %q\n", res.Requeued, g.queue)
+	recordAudit(ctx, pool, g, out, "requeue-cancelled", fmt.Sprintf("requeued %d cancelled items%s (%d live already, %d ran again since)", res.Requeued, ofKind, res.Live, res.Gone))
+	msg := fmt.Sprintf("requeued %d cancelled items%s into queue %q\n", res.Requeued, ofKind, g.queue)
 	if res.Live > 0 {
 		msg += fmt.Sprintf("%d cancelled ids not requeued: the id is live (enqueued again)\n", res.Live)
 	}

@@ -40,6 +40,10 @@ type itemShape struct {
 	// tenants > 0 gives item i the tenant "tenant-<i % tenants>" and no
 	// key, so that a tenant's items share its part.
 	tenants int
+	// kinds > 0 gives item i the kind "kind-<i % kinds>" (NewItem.Kind):
+	// the demo's workers run every kind with their one handler, as a
+	// worker of schema version 5 does.
+	kinds int
 }
 
 // item returns demo item i, shaped.
@@ -55,6 +59,9 @@ func (s itemShape) item(i int64) claim.NewItem {
 	}
 	if s.tenants > 0 {
 		it.Tenant, it.Key = fmt.Sprintf("tenant-%d", i%int64(s.tenants)), ""
+	}
+	if s.kinds > 0 {
+		it.Kind = fmt.Sprintf("kind-%d", i%int64(s.kinds))
 	}
 	return it
 }
@@ -292,13 +299,15 @@ other queues needs --shared-database. Long runs show their progress on stderr.
 With --ttl, items not acked within it end dead with reason "expired" ("demo
 dead"); with --at-most-once, the claim that hands an item out deletes it.
 With --tenants, the items belong to tenants (for fair queues and tenant
-limits); with --priorities, they get random priorities (for the urgent lane).`)
+limits); with --priorities, they get random priorities (for the urgent lane);
+with --kinds, kinds (which the demo's workers, like any plain handler, all run).`)
 	c.register(f, urlRequired)
 	f.IntVar(&c.count, "count", 1000, 1, maxEnqueue, "number of items to enqueue (at most 10,000,000)")
 	f.DurationVar(&c.shape.ttl, "ttl", 0, true, "give every item this time to live (0: none)")
 	f.BoolVar(&c.shape.atMostOnce, "at-most-once", false, "make every item at-most-once (handled at most once, lost if its handler fails)")
 	f.FlagOnly("at-most-once")
 	f.IntVar(&c.shape.tenants, "tenants", 0, 0, 1_000_000, "give item i the tenant \"tenant-<i % N>\" and no key (a tenant's items then share one part; 0: no tenants, keys \"key-<i % 1000>\")")
+	f.IntVar(&c.shape.kinds, "kinds", 0, 0, 1_000_000, "give item i the kind \"kind-<i % N>\" (claim.NewItem.Kind; 0: none)")
 	f.IntVar(&c.shape.priorities, "priorities", 1, 1, 1<<30, "give every item a uniformly random priority in [0, N) (1: all 0)")
 	f.IntVar(&c.parts, "parts", defaultParts, 1, partition.MaxParts, "set the queue's number of parts first (not given: keep the stored number; a new queue gets the default)")
 	f.IntVar(&c.producers, "producers", 0, 0, 10_000, "enqueue from this many goroutines, one item per call, each id recorded once committed (0: chunks of 10,000 items per transaction, two at a time)")

@@ -490,10 +490,16 @@ func (f *mixedFleet) settled(names, holders []string, not map[uuid.UUID]bool) ma
 	return got
 }
 
-// enqueue enqueues n items into the queue with bin's `demo enqueue`.
+// enqueue enqueues n items into the queue with bin's `demo enqueue`. This
+// code's enqueue gives them kinds (claim.NewItem.Kind), which the previous
+// release's workers, which know nothing of kinds, run as any item.
 func (f *mixedFleet) enqueue(bin string, n int) {
 	f.t.Helper()
-	mustRun(f.t, bin, f.env, "enqueue", "--queue", upgradeQueue, "--count", strconv.Itoa(n))
+	args := []string{"enqueue", "--queue", upgradeQueue, "--count", strconv.Itoa(n)}
+	if bin == demoBin {
+		args = append(args, "--kinds", "3")
+	}
+	mustRun(f.t, bin, f.env, args...)
 	f.items += n
 }
 
@@ -667,7 +673,9 @@ func wantSchema(t *testing.T, pool *pgxpool.Pool, version, serves int64) {
 
 // TestRollingUpgradeMixedFleet: on a database at the current schema,
 // workers of the previous release and of this code work one queue side by
-// side, fed by both versions' `demo enqueue`. The old workers lose their
+// side, fed by both versions' `demo enqueue` (this code's gives its items
+// kinds, which the old workers run as any item; in the last rounds they
+// work alone). The old workers lose their
 // sessions (their rows deleted, twice, once with items in their hands) and
 // one is SIGKILLed and restarted: each time they start a new session and
 // work on, none exits, and every item is acked exactly once.

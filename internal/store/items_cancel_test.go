@@ -77,7 +77,8 @@ func TestExplainCancelStatements(t *testing.T) {
 		{"Counts", "crdbwork_items_snoozed", []any{"q7"}},
 		{"RequeueCancelled", "crdbwork_cancelled_items_pkey", []any{id, "q7"}},
 		{"RequeueCancelledState", "crdbwork_cancelled_items_pkey", []any{id, "q7"}},
-		{"ListKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", endedAt, id, 100}},
+		{"ListKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", endedAt, id, 100, ""}},
+		{"ListKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", endedAt, id, 100, "refund"}},
 		{"PruneKeptCancelled", "crdbwork_cancelled_items_by_age", []any{"q7", 1000}},
 	}
 	pcs := make([]planCase, len(cases))

@@ -61,7 +61,7 @@ const cancelledStateSQL = `SELECT (SELECT queue FROM crdbwork_items WHERE id = $
 
 // cancelledListSQL is the text of cancelledStatements.list.
 const cancelledListSQL = `SELECT c.id, c.cancelled_at FROM crdbwork_cancelled_items AS c
-WHERE c.queue = $1 AND (c.cancelled_at, c.id) > ($2::TIMESTAMPTZ, $3::UUID)
+WHERE c.queue = $1 AND (c.cancelled_at, c.id) > ($2::TIMESTAMPTZ, $3::UUID) AND ($5 = '' OR c.kind = $5)
 ORDER BY c.cancelled_at, c.id
 LIMIT $4`
 
@@ -83,7 +83,7 @@ RETURNING c.id`
 type cancelledStatements struct {
 	requeue string // $1 id, $2 queue → id moved
 	state   string // $1 id, $2 queue → item's queue, waiting item's queue, kept, ended outcome
-	list    string // $1 queue, $2 after time, $3 after id, $4 limit → id, cancelled_at
+	list    string // $1 queue, $2 after time, $3 after id, $4 limit, $5 kind ('': any) → id, cancelled_at
 	prune   string // $1 queue, $2 limit → ids pruned
 }
 
@@ -148,9 +148,10 @@ type KeptCancelled struct {
 }
 
 // CancelledList returns up to limit of queue's kept cancelled items after
-// (afterAt, afterID) in (cancelled_at, id) order, oldest first.
-func (s *Store) CancelledList(ctx context.Context, db DB, queue string, afterAt time.Time, afterID uuid.UUID, limit int) ([]KeptCancelled, error) {
-	rows, err := db.Query(ctx, s.cancelled().list, queue, afterAt, [16]byte(afterID), limit)
+// (afterAt, afterID) in (cancelled_at, id) order, oldest first; only those
+// of kind if it is not "".
+func (s *Store) CancelledList(ctx context.Context, db DB, queue, kind string, afterAt time.Time, afterID uuid.UUID, limit int) ([]KeptCancelled, error) {
+	rows, err := db.Query(ctx, s.cancelled().list, queue, afterAt, [16]byte(afterID), limit, kind)
 	if err != nil {
 		return nil, err
 	}

@@ -144,7 +144,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _ = s.ItemsReapCancelled(ctx, r, "q", 10)
 		_, _ = s.ItemsCancelled(ctx, r, "q", "", nil, 10)
 		_, _ = s.CancelledRequeue(ctx, r, id, "q")
-		_, _ = s.CancelledList(ctx, r, "q", time.Time{}, id, 10)
+		_, _ = s.CancelledList(ctx, r, "q", "", time.Time{}, id, 10)
 		_, _ = s.CancelledPrune(ctx, r, "q", 10)
 		_, _ = s.ItemsCancelled(ctx, r, "q", "", &CancelledRow{ID: id, EndedAt: now}, 10)
 		_, _, _ = s.EndedOutcome(ctx, r, "q", id)
