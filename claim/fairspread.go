@@ -103,8 +103,9 @@ func (q *Queue) readSpread(ctx context.Context, db crsql.DB) error {
 //
 // The per-part claim reads every owned part in (priority, turn_at) order
 // and keeps the best n of what it read (crsql's partClaimStatements). Read
-// up to n from each of k parts, it locks up to k·n rows to hand out n, and a
-// fair queue's rows, taken in turn order, lie on as many heap pages as rows.
+// up to n from each of k parts, it reads (and on CockroachDB locks) up to k·n
+// rows to hand out n, and a fair queue's rows, taken in turn order, lie on
+// as many heap pages as rows.
 // In a fair queue whose tenants' items are spread over the parts by turn,
 // every part holds an even share of the turns, so the best n across k parts
 // are about n/k of each: the claim reads each part up to partShare(n, k),

@@ -395,7 +395,9 @@ func PoolConns(opts Options) int {
 // WakeMode), which all the workers of a process on one database share.
 // With the defaults: 7, or 8 in parts mode; 4 workers of 1000 handlers
 // each in one process run within 4 × 7 + 1 = 29 connections (Connections
-// counts the shared listener once per worker, an upper bound).
+// counts the shared listener once per worker, an upper bound); as one
+// Group of 4 queues, within 4 × 5 + 2 = 22 (GroupConnections: one
+// heartbeat for all).
 func Connections(opts Options) int {
 	n := PoolConns(opts) + 1
 	if !opts.NoWake {

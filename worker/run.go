@@ -61,11 +61,16 @@ type sessionRun struct {
 	bucket *deadlineBucket
 	// jobs and running are the claim loop's buffers for one claim's jobs.
 	jobs, running []*job
+	// reapSessions: the maintenance loop deletes expired sessions (one
+	// queue's of a group).
+	reapSessions bool
 }
 
-// runSession runs one session until it is lost or ctx is cancelled; on
-// return the session is closed.
-func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
+// runSession runs the worker's queue on one session until it is lost or ctx
+// is cancelled; on return the worker is done with the session (end.done:
+// the group's last queue closes it). reapSessions: its maintenance loop
+// deletes expired sessions.
+func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *sessionEnd, reapSessions bool) {
 	log := w.log.With(zap.Stringer("session", sess.ID()))
 	log.Info("session started")
 	// handlerCtx ends with the session, or when a shutdown stops waiting.
@@ -76,7 +81,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	// stops waiting for them.
 	settleCtx, cancelSettles := context.WithCancel(sess.Context())
 	defer cancelSettles()
-	r := &sessionRun{w: w, sess: sess, log: log, handlerCtx: handlerCtx, settleCtx: settleCtx}
+	r := &sessionRun{w: w, sess: sess, log: log, handlerCtx: handlerCtx, settleCtx: settleCtx, reapSessions: reapSessions}
 	rebDone := make(chan struct{})
 	if w.opts.Parts > 0 {
 		reb, err := partition.New(w.db, sess, partition.Options{Tuning: w.opts.Partition, Queue: w.name, Tables: w.tables, Logger: w.opts.Logger,
@@ -84,7 +89,8 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 		if err != nil {
 			log.Error("starting the rebalancer failed", zap.Error(err))
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
-			sess.Close(closeCtx)
+			sess.Close(closeCtx) // the group's other queues too start again
+			end.done()
 			cancel()
 			return
 		}
@@ -176,9 +182,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session) {
 	if err := sess.Err(); err != nil && !errors.Is(err, session.ErrClosed) {
 		log.Warn("session lost", zap.Error(err))
 	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
-	defer cancel()
-	if err := sess.Close(closeCtx); err != nil {
+	if err := end.done(); err != nil {
 		log.Warn("closing the session failed; peers will reap it", zap.Error(err))
 	}
 	if !waitBounded(rebDone, w.opts.ShutdownTimeout) {
@@ -252,7 +256,7 @@ func (r *sessionRun) maintain() {
 			}
 		}
 		w.extendLeases(ctx, r.sess.ID(), r.fl, log)
-		if now := time.Now(); !now.Before(nextReap) {
+		if now := time.Now(); r.reapSessions && !now.Before(nextReap) {
 			nextReap = now.Add(jitter(reapEvery))
 			n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
 			if h := w.opts.Testing.AfterSessionReap; h != nil && ctx.Err() == nil {

@@ -59,6 +59,16 @@
 // PostgreSQL the wake-up listener's, which all the process's workers on one
 // database share (see Options.NoWake). Handlers never hold a connection.
 //
+// # Many queues
+//
+// A Group works several queues with one session (one heartbeat, one
+// listener): each queue has its own handler and Options (concurrency,
+// parts, limits, wake-ups, maintenance), and the session's loss or end is
+// every queue's. NewGroup takes queues of your pool, and its Run fails on a
+// pool smaller than their PoolConns summed (ErrPoolTooSmall); OpenGroup
+// opens a pool sized for them. Worker.Run is a group of one; workers and
+// groups that share a pool too small for all of them are warned of.
+//
 // Configure the pool with ConfigurePool before making it: its connections
 // then start with idle_in_transaction_session_timeout set to the session
 // expiry, so that the server ends a transaction whose process froze while
@@ -90,9 +100,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/wake"
 	"github.com/crdbwork/crdbwork/partition"
-	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
-	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // Record writes a handler's result inside the ack transaction. Exec makes
@@ -242,6 +250,9 @@ type Worker struct {
 	// request (Stats.CancelRequests).
 	cancelWake  <-chan struct{}
 	cancelsSeen atomic.Int64
+	// inGroup: a Group runs the worker (NewGroup made it); its own Run
+	// fails.
+	inGroup bool
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -314,102 +325,57 @@ func (w *Worker) Stats() Stats {
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
 // cannot start its first session: at once for a schema that is not this
 // code's or bad options, after StartTimeout for a database it cannot reach.
+// It runs the group of one queue (see Group.Run): a pool smaller than
+// PoolConns is logged as a warning.
 func (w *Worker) Run(ctx context.Context) error {
-	began := time.Now()
-	// retryStart reports whether a failed start may be tried again: not for
-	// a schema that is not this code's or bad options, and before the
-	// first session only for a transient failure within StartTimeout.
-	retryStart := func(err error, first bool) bool {
-		switch {
-		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer):
-			return false
-		case !first:
-			return true
-		}
-		return attempt.Transient(err) && time.Since(began) < w.opts.StartTimeout
+	if w.inGroup {
+		return fmt.Errorf("worker: the worker of queue %q belongs to a Group: run the group", w.name)
 	}
-	pause := func() {
-		t := time.NewTimer(w.opts.RestartDelay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-		case <-t.C:
+	return w.asGroup().Run(ctx)
+}
+
+// startWake subscribes the worker to its queue's wake-ups and cancel
+// notifications, and starts the process's listener or idle probe on them
+// (see Options.NoWake and Wake); stop undoes it. Nothing with NoWake.
+func (w *Worker) startWake() (stop func()) {
+	if w.opts.NoWake {
+		return func() {}
+	}
+	var stops []func()
+	channel := w.store.NotifyChannel(w.name)
+	sub := wake.Subscribe(channel)
+	stops = append(stops, sub.Close)
+	if w.opts.Wake != WakeProbe {
+		stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
+		stops = append(stops, stopListening)
+	}
+	if w.opts.Wake != WakeListen {
+		// The idle probe (wakemode.go): with WakeAuto, once the
+		// listener found CockroachDB.
+		stopProbe, ok := wake.Probe(w.db, channel, wake.ProbeSpec{Store: w.store, Queue: w.name,
+			Every: w.opts.ProbeEvery, Again: w.opts.Poll, CockroachOnly: w.opts.Wake == WakeAuto}, w.opts.Logger)
+		stops = append(stops, stopProbe)
+		w.channel, w.probing = channel, ok
+	}
+	w.wake, w.wakeSub = sub.C(), sub
+	w.channel = channel
+	w.listenLong = w.opts.Wake != WakeProbe && !w.queue.Options().NoNotify && w.opts.ListenPoll > w.opts.Poll
+	// Cancel requests of running items, on their own channel so that
+	// they do not wake idle claimers. (Without the listener, the
+	// session's heartbeat finds them.)
+	cancels := w.maint.CancelChannel()
+	csub := wake.Subscribe(cancels)
+	stops = append(stops, csub.Close)
+	if w.opts.Wake != WakeProbe {
+		stopCancels, _ := wake.Listen(w.db, cancels, w.opts.Logger)
+		stops = append(stops, stopCancels)
+	}
+	w.cancelWake = csub.C()
+	return func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
 	}
-	for {
-		err := w.ensureParts(ctx)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil // stopped before it started
-		}
-		if !retryStart(err, true) {
-			return fmt.Errorf("worker: %w", err)
-		}
-		w.log.Warn("reaching the database failed; retrying", zap.Error(err))
-		pause()
-	}
-	if !w.opts.NoWake {
-		channel := w.store.NotifyChannel(w.name)
-		sub := wake.Subscribe(channel)
-		defer sub.Close()
-		if w.opts.Wake != WakeProbe {
-			stopListening, _ := wake.Listen(w.db, channel, w.opts.Logger)
-			defer stopListening()
-		}
-		if w.opts.Wake != WakeListen {
-			// The idle probe (wakemode.go): with WakeAuto, once the
-			// listener found CockroachDB.
-			stopProbe, ok := wake.Probe(w.db, channel, wake.ProbeSpec{Store: w.store, Queue: w.name,
-				Every: w.opts.ProbeEvery, Again: w.opts.Poll, CockroachOnly: w.opts.Wake == WakeAuto}, w.opts.Logger)
-			defer stopProbe()
-			w.channel, w.probing = channel, ok
-		}
-		w.wake, w.wakeSub = sub.C(), sub
-		w.channel = channel
-		w.listenLong = w.opts.Wake != WakeProbe && !w.queue.Options().NoNotify && w.opts.ListenPoll > w.opts.Poll
-		// Cancel requests of running items, on their own channel so that
-		// they do not wake idle claimers. (Without the listener, the
-		// session's heartbeat finds them.)
-		cancels := w.maint.CancelChannel()
-		csub := wake.Subscribe(cancels)
-		defer csub.Close()
-		if w.opts.Wake != WakeProbe {
-			stopCancels, _ := wake.Listen(w.db, cancels, w.opts.Logger)
-			defer stopCancels()
-		}
-		w.cancelWake = csub.C()
-	}
-	first := true
-	for ctx.Err() == nil {
-		sess, done, err := w.startSession(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			if !retryStart(err, first) {
-				return fmt.Errorf("worker: %w", err)
-			}
-			w.log.Warn("starting a session failed; retrying", zap.Error(err))
-		default:
-			if first {
-				w.checkIdleTimeout(ctx, sess.Options().Expiry, w.log)
-			}
-			first = false
-			w.sessions.Add(1)
-			w.current.Store(sess.ID().String())
-			w.runSession(ctx, sess)
-			done()
-			w.current.Store("")
-			if ctx.Err() != nil {
-				return nil
-			}
-			w.lost.Add(1)
-		}
-		pause()
-	}
-	return nil
 }
 
 // ensureParts stores the part count of Options.Parts for a queue that has
@@ -427,55 +393,6 @@ func (w *Worker) ensureParts(ctx context.Context) error {
 			zap.Int("parts_option", w.opts.Parts), zap.Int("parts_stored", stored))
 	}
 	return nil
-}
-
-// startSession starts a session. ctx bounds the start (a cancelled ctx
-// stops a start stuck on an unreachable database) but not the session's
-// life: a shutdown closes the session gracefully rather than losing it.
-// Call done once the session is closed.
-func (w *Worker) startSession(ctx context.Context) (sess *session.Session, done func(), err error) {
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, cancel)
-	sopts := session.Options{Tuning: w.opts.Session, Name: w.opts.Name, Tables: w.tables, Logger: w.opts.Logger, Testing: w.opts.Testing.Session}
-	sopts.ReapEvery = -1 // the maintenance loop reaps, on its own connection
-	// The session's counters ride on its heartbeats (for operators:
-	// crdbwork status); counted from the session's start.
-	base := w.queue.Stats()
-	sopts.Report = func() session.Counters {
-		st := w.queue.Stats()
-		return session.Counters{
-			Claimed: st.Claimed - base.Claimed, Acked: st.Acked - base.Acked,
-			Failed:   st.Nacked + st.Dead - base.Nacked - base.Dead,
-			InFlight: w.inflight.Load(),
-		}
-	}
-	sess, err = session.Start(sctx, w.db, sopts)
-	if err == nil {
-		// The session works the queue: it counts among the queue's members
-		// (its parts and, without parts, its limit shares are divided
-		// among them) before its first claim.
-		if jerr := sess.Join(sctx, w.name); jerr != nil {
-			closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
-			sess.Close(closeCtx)
-			cancelClose()
-			sess, err = nil, fmt.Errorf("worker: %w", jerr)
-		}
-	}
-	if !stop() {
-		// ctx ended during the start: the session, if any, is already lost.
-		if err == nil {
-			closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
-			sess.Close(closeCtx)
-			cancelClose()
-		}
-		cancel()
-		return nil, nil, fmt.Errorf("worker: starting a session: %w", ctx.Err())
-	}
-	if err != nil {
-		cancel()
-		return nil, nil, err
-	}
-	return sess, cancel, nil
 }
 
 // waitBounded waits for done at most d and reports whether it was closed.

@@ -934,10 +934,11 @@ const MaxPartBranches = 16
 // since 22.2; "Selection Queries": UNION ALL of parenthesized selects).
 //
 // The statement then keeps the best $3 of the branches' rows in (priority,
-// turn_at) order, as the former one did, and claims them: it may lock up to
-// $3 rows per owned part and hand out only $3 in all, which is harmless (a
-// part is owned by one session, and the locks end with the claim's
-// transaction). Rendered texts are cached per number of parts, so at most
+// turn_at) order, as the former one did, and claims them: on CockroachDB
+// it may lock up to $3 rows per owned part and hand out only $3 in all,
+// which is harmless (a part is owned by one session, and the locks end with
+// the claim's transaction); PostgreSQL's twin locks only the rows it claims
+// (pgLockLazily). Rendered texts are cached per number of parts, so at most
 // MaxPartBranches texts per dialect exist.
 type partClaimStatements struct {
 	t Tables
@@ -986,9 +987,10 @@ func (p *partClaimStatements) ClaimPickedFor(d Dialect) string {
 // (priority, turn_at) order across the parts. Run it as the any-part claim
 // is run (see claimTemplate): in an explicit SERIALIZABLE transaction on
 // CockroachDB. On PostgreSQL the UPDATE finds the picked rows by the row
-// versions the branches locked, and the queue, the parts, the tenants and
+// versions it locked, and the queue, the parts, the tenants and
 // the limits are hidden from the plan, as in the other PostgreSQL claim
-// twins (pgClaimTwin).
+// twins (pgClaimTwin), and each candidate is locked only when the claim's
+// order reaches it (pgLockLazily).
 func (p *partClaimStatements) Claim(d Dialect, k int) string {
 	checkParts(k)
 	return p.claim(&p.claims[d][k], d, k, "$3")
@@ -1015,7 +1017,7 @@ func (p *partClaimStatements) claim(slot *atomic.Pointer[string], d Dialect, k i
 	}
 	text := fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), joinPicked)
 	if d == Postgres {
-		text = pgClaimTwin(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), anyPicked))
+		text = pgLockLazily(pgClaimTwin(fmt.Sprintf(partUnionClaimTemplate, partBranches(k, "$2", limit, "$5", 6), anyPicked)), k)
 	}
 	s := rewrite(p.t, text)
 	slot.Store(&s)
@@ -1058,6 +1060,48 @@ func partBranches(k int, queue, limit, skip string, first int) string {
 	}
 	return b.String()
 }
+
+// pgLockLazily rewrites the PostgreSQL twin of a per-part claim of k parts
+// (partUnionClaimTemplate after pgClaimTwin) so that it locks only the rows
+// it claims: its branches read their parts' best candidates without a lock,
+// and each candidate is locked (FOR UPDATE SKIP LOCKED, by its row version)
+// as the claim's order reaches it, until the claim has its limit.
+//
+// Why: PostgreSQL returns the rows of a locking subquery unsorted as far as
+// its planner knows (a lock may hand back a newer version of the row), so
+// it merges the branches of partUnionClaimTemplate only by sorting all their
+// rows, and every branch locks up to its limit first: a claim of n items
+// over k owned parts locked up to k·n rows and claimed n (a heap write and a
+// WAL record per extra lock; issue #32: the demo's shape, four owned parts
+// and 86–108 items a claim, locked up to four times what it claimed). Unlocked, each branch is an ordered scan of its part
+// (crdbwork_items_part_turn, stopped at its limit, as before), PostgreSQL
+// merges them in claim order (a Merge Append), and the nested loop over
+// the merge locks each candidate through a TID scan of its version, the
+// LIMIT above it stopping the merge once n rows are locked: at most n locks
+// (TestPartClaimLocksOnlyWhatItClaims).
+//
+// What the lock sees: a candidate comes from the statement's snapshot. A
+// candidate another transaction holds is skipped (SKIP LOCKED), as the
+// locking scan skipped it; one that another transaction changed and
+// committed since the snapshot no longer has the candidate's version
+// (READ COMMITTED rechecks the newest version, whose ctid differs) and is
+// skipped too, for the next claim to take; the UPDATE still rechecks claim
+// IS NULL. A branch's limit now counts the candidates it read, locked by
+// others or not: in parts mode only the owner claims a part's items (the
+// urgent lane aside), so skipped candidates are rare, and a worker whose
+// claim came back short claims again when a handler ends, at a wake-up or
+// at its poll.
+//
+// CockroachDB keeps the locking branches: it locks the rows its scans read
+// (SKIP LOCKED since 22.2) and is not measured here.
+func pgLockLazily(text string, k int) string {
+	text = replaceCounted(text, "\n            FOR UPDATE SKIP LOCKED) AS p", ") AS p", k)
+	text = replaceCounted(text, "SELECT c.ctid FROM (", "SELECT l.ctid FROM (", 1)
+	return replaceCounted(text, ") AS c\n    WHERE NOT EXISTS", ") AS c\n    "+lazyLock+"\n    WHERE NOT EXISTS", 1)
+}
+
+// lazyLock locks one candidate of pgLockLazily's claim, by its row version.
+const lazyLock = `CROSS JOIN LATERAL (SELECT x.ctid FROM crdbwork_items AS x WHERE x.ctid = c.ctid AND x.claim IS NULL FOR UPDATE SKIP LOCKED) AS l`
 
 // partBranch is one part's scan: the queue's parameter, the part's
 // parameter's number, the tenants' parameter, the limit's parameter and the

@@ -22,6 +22,10 @@ func TestClaimShapesAreUncorrelated(t *testing.T) {
 	st := store.NewStatements(crsql.Tables{})
 	check := func(name, s string) {
 		t.Helper()
+		// PostgreSQL's per-part claims lock each candidate they reach by
+		// its row version (pgLockLazily): a LATERAL of one TID each,
+		// which no rule turns into a scan; CockroachDB's text has none.
+		s = lazyLock.ReplaceAllString(s, "")
 		if strings.Contains(strings.ToUpper(s), "LATERAL") || strings.Contains(s, "unnest(") {
 			t.Errorf("%s is a correlated shape (LATERAL or unnest):\n%s", name, s)
 		}
@@ -48,7 +52,9 @@ func TestClaimShapesAreUncorrelated(t *testing.T) {
 			// parameter after the parts.
 			share, limit := fmt.Sprintf("LIMIT $%d\n", 6+k), "LIMIT $3\n"
 			if d == store.Postgres {
-				share, limit = fmt.Sprintf("LIMIT (SELECT $%d::BIGINT)\n", 6+k), "LIMIT (SELECT $3::BIGINT)\n"
+				// Its branches end at their limits: they do not lock
+				// (pgLockLazily).
+				share, limit = fmt.Sprintf("LIMIT (SELECT $%d::BIGINT)) AS p", 6+k), "LIMIT (SELECT $3::BIGINT)) AS p"
 			}
 			if got := strings.Count(shares, share); got != k || strings.ReplaceAll(shares, share, limit) != s {
 				t.Errorf("ClaimShares(%v, %d) is not Claim with each branch's limit %q (%d branches):\n%s", d, k, share, got, shares)

@@ -19,11 +19,20 @@ import (
 // (SELECT $n::type) (pgClaimOrder, pgPlanOnce).
 var hiddenParam = regexp.MustCompile(`\(SELECT (\$\d+)::(TEXT|BIGINT)\)`)
 
+// lazyLock is the lock of a candidate in PostgreSQL's per-part claims
+// (pgLockLazily), on any tables' names; lazyBranchEnd the end of a branch
+// that does not lock.
+var (
+	lazyLock      = regexp.MustCompile(`\n    CROSS JOIN LATERAL \(SELECT x\.ctid FROM \S+ AS x WHERE x\.ctid = c\.ctid AND x\.claim IS NULL FOR UPDATE SKIP LOCKED\) AS l`)
+	lazyBranchEnd = regexp.MustCompile(`(LIMIT \(SELECT \$\d+::BIGINT\))\) AS p(\d+)`)
+)
+
 // undoClaimTwin maps the PostgreSQL twin of the plain or per-part claim
-// back to CockroachDB's text: the row versions back to ids (pgByRowVersion)
-// and the hidden parameters back to plain ones (pgClaimOrder, pgPlanOnce).
+// back to CockroachDB's text: the lazy locks back to locking branches
+// (pgLockLazily), the row versions back to ids (pgByRowVersion) and the
+// hidden parameters back to plain ones (pgClaimOrder, pgPlanOnce).
 func undoClaimTwin(pg string) string {
-	s := strings.Replace(pg, "WHERE i.ctid = ANY(ARRAY(SELECT ctid FROM picked))", "FROM picked\nWHERE i.id = picked.id", 1)
+	s := strings.Replace(undoLazyLock(pg), "WHERE i.ctid = ANY(ARRAY(SELECT ctid FROM picked))", "FROM picked\nWHERE i.id = picked.id", 1)
 	s = strings.Replace(s, "SELECT c.ctid FROM (", "SELECT c.id FROM (", 1)
 	s = strings.ReplaceAll(s, "SELECT ctid, priority, turn_at FROM", "SELECT id, priority, turn_at FROM")
 	s = strings.Replace(s, "WITH picked AS MATERIALIZED (\n    SELECT ctid FROM ", "WITH picked AS MATERIALIZED (\n    SELECT id FROM ", 1)
@@ -31,12 +40,26 @@ func undoClaimTwin(pg string) string {
 	return hiddenParam.ReplaceAllString(s, "$1")
 }
 
+// undoLazyLock maps PostgreSQL's per-part claim back to its form with
+// locking branches (undoes pgLockLazily); other texts are returned as they
+// are.
+func undoLazyLock(pg string) string {
+	if !lazyLock.MatchString(pg) {
+		return pg
+	}
+	pg = lazyLock.ReplaceAllString(pg, "")
+	pg = strings.Replace(pg, "SELECT l.ctid FROM (", "SELECT c.ctid FROM (", 1)
+	return lazyBranchEnd.ReplaceAllString(pg, "$1\n            FOR UPDATE SKIP LOCKED) AS p$2")
+}
+
 // TestClaimTwinsDifferOnlyAsDocumented: PostgreSQL's twins of the claims
 // (plain, per-part, the urgent lane's, and their sequenced forms) find the picked rows by the row versions their CTE
 // locked (ctid, a TID scan) and compare every parameter their plans'
 // estimates read through (SELECT $n::type), so that PostgreSQL plans them
-// once per connection (pgPlanOnce); they differ from CockroachDB's text by
-// nothing else, and CockroachDB's text has neither.
+// once per connection (pgPlanOnce); the per-part claims (not their
+// sequenced forms) lock each candidate as their order reaches it
+// (pgLockLazily); they differ from CockroachDB's text by nothing else, and
+// CockroachDB's text has none of it.
 func TestClaimTwinsDifferOnlyAsDocumented(t *testing.T) {
 	t.Parallel()
 	for _, tables := range []crsql.Tables{{}, {Schema: "work", Prefix: "jobs_"}} {
@@ -70,6 +93,10 @@ func TestClaimTwinsDifferOnlyAsDocumented(t *testing.T) {
 				if strings.Contains(tw.pg, visible) {
 					t.Errorf("%+v %s: PostgreSQL's twin has %q:\n%s", tables, tw.name, visible, tw.pg)
 				}
+			}
+			lazy := strings.HasPrefix(tw.name, "Claim(") || strings.HasPrefix(tw.name, "ClaimShares(")
+			if got := len(lazyLock.FindAllString(tw.pg, -1)); got != map[bool]int{true: 1}[lazy] || lazyLock.MatchString(tw.common) {
+				t.Errorf("%+v %s: %d lazy locks in PostgreSQL's twin (want 1 in the per-part claims, else none):\n%s", tables, tw.name, got, tw.pg)
 			}
 			if back := undoClaimTwin(tw.pg); back != tw.common {
 				t.Errorf("%+v %s: the twins differ by more than documented:\n%s\nCockroachDB's:\n%s", tables, tw.name, tw.pg, tw.common)

@@ -416,7 +416,10 @@ func (s *sequenceStatements) ClaimUrgentFor(d Dialect) string {
 
 // ClaimParts returns the sequenced per-part claim for k owned parts (1 to
 // MaxPartBranches; it panics otherwise) in dialect d: partClaimStatements.Claim
-// with seqCondition in every branch, and the same parameters.
+// with seqCondition in every branch, and the same parameters. On
+// PostgreSQL its branches lock, as the plain claim's did before
+// pgLockLazily: the sequence condition's plans are checked in that form
+// (TestSequencedPlansUseIndexes); not measured lazily.
 func (s *sequenceStatements) ClaimParts(d Dialect, k int) string {
 	checkParts(k)
 	slot := &s.claims[d][k]
