@@ -208,7 +208,7 @@ func (b *Buffer) enqueueOne(ctx context.Context, item NewItem) (Enqueued, error)
 	switch {
 	case err == nil:
 		e := Enqueued{IDs: []uuid.UUID{id}, New: []bool{res.isNew}, Done: []bool{res.done}}
-		if len(item.After) > 0 {
+		if item.hasPrereqs() {
 			e.Waiting = []bool{res.waiting} // as Enqueue: nil without After
 		}
 		return e, nil
@@ -440,7 +440,7 @@ func (b *Buffer) write(ctx context.Context, reqs []*bufRequest) (Enqueued, error
 			// A random version 4 id, never in the table: COPY may write it.
 			eb.generated = append(eb.generated, i)
 		}
-		if len(r.item.After) > 0 {
+		if r.item.hasPrereqs() {
 			// Each item's prerequisites were checked alone by Enqueue
 			// (prepare); an item of the flush that names a later one
 			// of it fails alone (ErrPrerequisiteUnknown, split off).

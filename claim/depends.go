@@ -108,6 +108,29 @@ func (e PrereqEnds) runsAfter(outcome string) bool {
 	return false
 }
 
+// Prereq names an item of another queue that an item waits for
+// (NewItem.AfterIn).
+type Prereq struct {
+	Queue string    // the prerequisite's queue
+	ID    uuid.UUID // the prerequisite's id
+}
+
+// String returns "queue/id".
+func (p Prereq) String() string { return p.Queue + "/" + p.ID.String() }
+
+// hasPrereqs reports whether the item waits for anything (After or AfterIn).
+func (it *NewItem) hasPrereqs() bool { return len(it.After) > 0 || len(it.AfterIn) > 0 }
+
+// prereqsBytes is what a row of prerequisites in other queues weighs in a
+// statement (rowBytes).
+func prereqsBytes(ps []Prereq) int {
+	n := 0
+	for _, p := range ps {
+		n += 16 + len(p.Queue)
+	}
+	return n
+}
+
 // ReasonDependencyDied starts the reason of an item that died because a
 // prerequisite ended without an ack: "dependency died: <id>".
 const ReasonDependencyDied = "dependency died: "
@@ -128,12 +151,30 @@ func (b *batch) checkAfter() error {
 	var at map[uuid.UUID]int
 	for i := range b.items {
 		after := b.items[i].After
-		if len(after) == 0 {
+		if !b.items[i].hasPrereqs() {
 			continue
 		}
 		b.deps = true
-		if len(after) > MaxAfter {
-			return fmt.Errorf("claim: item %d: %w: %d prerequisites, the limit is %d (MaxAfter)", i, errBadInput, len(after), MaxAfter)
+		if n := len(after) + len(b.items[i].AfterIn); n > MaxAfter {
+			return fmt.Errorf("claim: item %d: %w: %d prerequisites, the limit is %d (MaxAfter)", i, errBadInput, n, MaxAfter)
+		}
+		in := make(map[Prereq]bool, len(b.items[i].AfterIn))
+		for _, p := range b.items[i].AfterIn {
+			switch {
+			case p.Queue == "":
+				return fmt.Errorf("claim: item %d: %w: a prerequisite of AfterIn has no queue", i, errBadInput)
+			case p.Queue == b.queue:
+				return fmt.Errorf("claim: item %d: %w: prerequisite %s of AfterIn is of the item's own queue: list it in After", i, errBadInput, p)
+			case p.ID == uuid.Nil:
+				return fmt.Errorf("claim: item %d: %w: prerequisite %s of AfterIn is the zero id", i, errBadInput, p)
+			case p.ID == b.ids[i]:
+				return fmt.Errorf("claim: item %d: %w: the item waits for itself (%s)", i, errBadInput, p)
+			case in[p]:
+				return fmt.Errorf("claim: item %d: %w: prerequisite %s is listed twice", i, errBadInput, p)
+			case len(p.Queue) > MaxQueueNameLength:
+				return fmt.Errorf("claim: item %d: %w: the queue name of prerequisite %s is %d bytes, the limit is %d", i, errBadInput, p.ID, len(p.Queue), MaxQueueNameLength)
+			}
+			in[p] = true
 		}
 		if at == nil {
 			at = make(map[uuid.UUID]int, len(b.ids))
@@ -200,7 +241,7 @@ func (b *batch) subset(idx []int) *batch {
 	for n, i := range idx {
 		s.items[n], s.ids[n], s.hashes[n], s.headers[n] = b.items[i], b.ids[i], b.hashes[i], b.headers[i]
 		s.pos[n] = b.pos0(i)
-		s.items[n].After = nil
+		s.items[n].After, s.items[n].AfterIn = nil, nil
 		if b.turns != nil {
 			s.turns[n] = b.turns[i]
 		}
@@ -269,7 +310,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				// In the items table: a duplicate (Enqueue's insert would
 				// skip it), not to be refused for prerequisites that have
 				// died since it was added.
-				if len(b.items[i].After) > 0 {
+				if b.items[i].hasPrereqs() {
 					dup[i] = true
 				}
 			case store.PrereqUnknown:
@@ -277,7 +318,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 				// Ended (acked, dead, cancelled, taken): done, if within
 				// the dedup window (EnqueueFound applies it), unless the
 				// item's UniqueStates let it run again after that end.
-				if len(b.items[i].After) > 0 && b.items[i].UniqueStates.blocks(st.State) {
+				if b.items[i].hasPrereqs() && b.items[i].UniqueStates.blocks(st.State) {
 					ended = append(ended, b.ids[i])
 					at[b.ids[i]] = i
 				}
@@ -305,7 +346,7 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	for i := range b.items {
 		switch {
 		case dup[i]:
-		case len(b.items[i].After) == 0:
+		case !b.items[i].hasPrereqs():
 			plainIdx = append(plainIdx, i)
 		default:
 			depIdx = append(depIdx, i)
@@ -346,12 +387,65 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 		}
 	}
+	// 3b. The prerequisites in other queues (AfterIn), each classified
+	// in its own queue, whose dedup window must be on: it is how the
+	// sweep tells an acked prerequisite from a dead one there.
+	crossState := map[Prereq]string{}
+	byQueue := map[string][]uuid.UUID{}
+	var queues []string
+	for _, i := range depIdx {
+		for _, p := range b.items[i].AfterIn {
+			if _, ok := crossState[p]; ok {
+				continue
+			}
+			crossState[p] = store.PrereqUnknown
+			if byQueue[p.Queue] == nil {
+				queues = append(queues, p.Queue)
+			}
+			byQueue[p.Queue] = append(byQueue[p.Queue], p.ID)
+		}
+	}
+	for _, pq := range queues {
+		if st, stored, err := q.store.QueueSettings(ctx, db, pq); err != nil {
+			return err
+		} else if stored && st.DedupWindow <= 0 {
+			return fmt.Errorf("%w: queue %q, of prerequisites in AfterIn", ErrNoDedupWindow, pq)
+		}
+		ids := byQueue[pq]
+		for start := 0; start < len(ids); start += insertRows {
+			states, err := q.store.ItemsDepsClassify(ctx, db, q.engine.Load().dialect, pq, ids[start:min(start+insertRows, len(ids))])
+			if err != nil {
+				return err
+			}
+			for _, st := range states {
+				if st.State == store.PrereqOther {
+					return fmt.Errorf("%w: %s is an item of queue %q, not of %q", ErrPrerequisiteOtherQueue, st.ID, st.Queue, pq)
+				}
+				crossState[Prereq{Queue: pq, ID: st.ID}] = st.State
+			}
+		}
+	}
 	// 4. Each item's pending prerequisites.
 	var now, later []int
 	var remaining []int
 	var edgeFrom, edgeTo []uuid.UUID
+	var acrossQueue []string
+	var acrossFrom, acrossTo []uuid.UUID
 	for _, i := range depIdx {
 		pending := 0
+		for _, p := range b.items[i].AfterIn {
+			switch st := crossState[p]; st {
+			case store.PrereqQueued, store.PrereqWaiting:
+				pending++
+			case store.OutcomeAcked, store.OutcomeTaken:
+			case store.OutcomeDead, store.OutcomeCancelled:
+				if !b.items[i].RunAfter.runsAfter(st) {
+					return fmt.Errorf("item %d: %w: %s ended as %s", i, ErrPrerequisiteDied, p, st)
+				}
+			default:
+				return fmt.Errorf("item %d: %w: %s", i, ErrPrerequisiteUnknown, p)
+			}
+		}
 		for _, p := range b.items[i].After {
 			switch st := state[p]; st {
 			case store.PrereqQueued, store.PrereqWaiting:
@@ -419,8 +513,20 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 			}
 			res.New[i], res.Waiting[i] = true, true
 			for _, p := range b.items[i].After {
-				if st := state[p]; st != store.OutcomeAcked && st != store.OutcomeTaken {
+				// An edge for each pending prerequisite only: one that
+				// ended already is satisfied (acked, taken, or dead or
+				// cancelled under RunAfter) and not counted in remaining,
+				// so an edge from it would be released, and counted, once
+				// more by the reaper.
+				switch state[p] {
+				case store.OutcomeAcked, store.OutcomeTaken, store.OutcomeDead, store.OutcomeCancelled:
+				default:
 					edgeFrom, edgeTo = append(edgeFrom, p), append(edgeTo, b.ids[i])
+				}
+			}
+			for _, p := range b.items[i].AfterIn {
+				if st := crossState[p]; st == store.PrereqQueued || st == store.PrereqWaiting {
+					acrossQueue, acrossFrom, acrossTo = append(acrossQueue, p.Queue), append(acrossFrom, p.ID), append(acrossTo, b.ids[i])
 				}
 			}
 		}
@@ -432,6 +538,12 @@ func (q *Queue) writeDeps(ctx context.Context, db crsql.DB, b *batch, useCopy bo
 	for start := 0; start < len(edgeFrom); start += insertRows {
 		end := min(start+insertRows, len(edgeFrom))
 		if err := q.store.ItemsDepsInsertEdges(ctx, db, name, edgeFrom[start:end], edgeTo[start:end]); err != nil {
+			return err
+		}
+	}
+	for start := 0; start < len(acrossFrom); start += insertRows {
+		end := min(start+insertRows, len(acrossFrom))
+		if err := q.store.ItemsDepsInsertAcross(ctx, db, name, acrossQueue[start:end], acrossFrom[start:end], acrossTo[start:end]); err != nil {
 			return err
 		}
 	}
@@ -508,6 +620,9 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 	if len(acked) == 0 {
 		return
 	}
+	// Dependents in other queues first: their hints are edges of this
+	// queue that the release below would leave alone.
+	q.releaseAcross(ctx, acked)
 	d := q.engine.Load().dialect
 	for {
 		var res store.ReleaseResult
@@ -548,6 +663,33 @@ func (q *Queue) releaseAcked(ctx context.Context, acked []uuid.UUID) {
 // transaction or to the next sweep, and never fails behind it. A row the
 // database refuses is isolated and reported (refused.go).
 func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*ReapError, err error) {
+	q.deps.mu.Lock()
+	defer q.deps.mu.Unlock()
+	defer func() {
+		q.stats.unblocked.Add(int64(released))
+		q.stats.dead.Add(int64(died))
+		if released > 0 {
+			q.Wake()
+		}
+	}()
+	// The queue's items that wait for items of other queues first
+	// (depends_across.go); those it ended are prerequisites of this
+	// queue's, settled next.
+	// A failure there does not keep this queue's own edges from their
+	// sweep below: it is returned after it.
+	released, killed, acrossErr := q.sweepAcross(ctx)
+	died += len(killed)
+	defer func() { err = errors.Join(err, acrossErr) }()
+	for len(killed) > 0 {
+		r, k, bad, err := q.settleIsolated(ctx, killed)
+		released += r
+		died += len(k) - countEnded(bad)
+		refused = append(refused, bad...)
+		if err != nil {
+			return released, died, refused, err
+		}
+		killed = k
+	}
 	var has bool
 	err = retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
 		var err error
@@ -555,10 +697,8 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 		return store.Classify(err)
 	})
 	if err != nil || !has {
-		return 0, 0, nil, err
+		return released, died, refused, err
 	}
-	q.deps.mu.Lock()
-	defer q.deps.mu.Unlock()
 	d := q.engine.Load().dialect
 	for range sweepBatches {
 		var edges []uuid.UUID
@@ -593,11 +733,6 @@ func (q *Queue) sweepDeps(ctx context.Context) (released, died int, refused []*R
 			break
 		}
 		q.deps.cursor = edges[len(edges)-1]
-	}
-	q.stats.unblocked.Add(int64(released))
-	q.stats.dead.Add(int64(died))
-	if released > 0 {
-		q.Wake()
 	}
 	return released, died, refused, nil
 }
@@ -707,6 +842,9 @@ func (q *Queue) settle(ctx context.Context, prereqs []uuid.UUID) (int, []uuid.UU
 // reports it.
 type PrereqStatus struct {
 	ID uuid.UUID
+	// Queue is the prerequisite's queue when it is an item of another
+	// queue (NewItem.AfterIn); "" for one of this queue.
+	Queue string
 	// State is "queued" (an item of the queue, not yet acked), "waiting"
 	// (itself waiting for others), or how it ended ("acked", "taken",
 	// "dead", "cancelled"; the reaper then settles the dependent soon), or
@@ -727,8 +865,12 @@ type Dependencies struct {
 	RunAfter PrereqEnds
 	// Prereqs are the prerequisites it still waits for, with their states.
 	Prereqs []PrereqStatus
-	// Dependents are up to the limit given of the items that wait for it.
+	// Dependents are up to the limit given of the items of this queue
+	// that wait for it.
 	Dependents []uuid.UUID
+	// DependentsIn are up to the limit given of the items of other queues
+	// that wait for it (their NewItem.AfterIn names it).
+	DependentsIn []Prereq
 }
 
 // Dependencies reports what id waits for and, up to limit (at least 1),
@@ -767,7 +909,37 @@ func (q *Queue) Dependencies(ctx context.Context, id uuid.UUID, limit int) (Depe
 				d.Prereqs = append(d.Prereqs, PrereqStatus{ID: st.ID, State: st.State})
 			}
 		}
-		d.Dependents, err = q.store.ItemsDepsDependents(ctx, tx, q.opts.Queue, id, limit)
+		// Its prerequisites in other queues, classified in theirs.
+		across, err := q.store.ItemsDepsAcrossPrereqs(ctx, tx, q.opts.Queue, id)
+		if err != nil {
+			return store.Classify(err)
+		}
+		for _, e := range across {
+			states, err := q.store.ItemsDepsClassify(ctx, tx, q.engine.Load().dialect, e.PrereqQueue, []uuid.UUID{e.Prereq})
+			if err != nil {
+				return store.Classify(err)
+			}
+			for _, st := range states {
+				d.Prereqs = append(d.Prereqs, PrereqStatus{ID: st.ID, Queue: e.PrereqQueue, State: st.State})
+			}
+		}
+		in, err := q.store.ItemsDepsAcrossDependents(ctx, tx, q.opts.Queue, id, limit)
+		if err != nil {
+			return store.Classify(err)
+		}
+		hint := make(map[uuid.UUID]bool, len(in))
+		for _, e := range in {
+			d.DependentsIn = append(d.DependentsIn, Prereq{Queue: e.DependentQueue, ID: e.Dependent})
+			hint[e.Dependent] = true
+		}
+		// The same-queue edges hold the hints of those (internal/store's
+		// items_deps_across.go): left out of Dependents.
+		deps, err := q.store.ItemsDepsDependents(ctx, tx, q.opts.Queue, id, limit+len(in))
+		for _, dep := range deps {
+			if !hint[dep] && len(d.Dependents) < limit {
+				d.Dependents = append(d.Dependents, dep)
+			}
+		}
 		return store.Classify(err)
 	})
 	if err != nil {
@@ -796,6 +968,9 @@ func (q *Queue) waitingCount(ctx context.Context) (int64, error) {
 type depsState struct {
 	mu     sync.Mutex
 	cursor uuid.UUID
+	// acrossCursor is where the sweep of edges from other queues goes on
+	// (the last dependent swept).
+	acrossCursor uuid.UUID
 }
 
 // unblocked counts n dependents released by a committed ack, and wakes

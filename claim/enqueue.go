@@ -180,6 +180,16 @@ type NewItem struct {
 	// prerequisite that is forgotten (ErrPrerequisiteUnknown) or of
 	// another queue still fails the item. Only with After.
 	RunAfter PrereqEnds
+	// AfterIn lists items of other queues that this one waits for, as
+	// After lists items of its own (docs/dependencies.md, "Prerequisites
+	// in other queues"): the item becomes claimable once every prerequisite
+	// of After and AfterIn is acked, and the ack of one in its own queue
+	// releases it, as an ack in this queue does. Each must be queued,
+	// waiting, or ended within its own queue's dedup window (which must be
+	// on) when the call runs; RunAfter applies to its ends too. Its queue
+	// must not be this one (list those in After). At most MaxAfter ids in
+	// After and AfterIn together, none repeated.
+	AfterIn []Prereq
 	// Timeout, if not zero, is how long one handler run of this item may
 	// take, instead of the worker's worker.Options.ItemTimeout (River's
 	// per-job timeout, pg-boss's expireInSeconds): the handler's context
@@ -524,7 +534,10 @@ type batch struct {
 	// pos, in a batch made of some of another's items (subset), is each
 	// item's place in that batch: its sequence order is orders+pos[i].
 	pos  []int
-	deps bool // some item has NewItem.After
+	deps bool // some item has NewItem.After or AfterIn
+	// queue is the queue the batch is enqueued into (checkAfter refuses
+	// it in AfterIn).
+	queue string
 }
 
 // needsTx reports whether writing b takes more than one statement, or a
@@ -631,7 +644,7 @@ func all(n int) []int {
 // prepare validates items and fixes their ids and key hashes.
 func (q *Queue) prepare(items []NewItem) (*batch, error) {
 	b := &batch{items: items, ids: make([]uuid.UUID, len(items)), hashes: make([]int64, len(items)), headers: make([][]byte, len(items)),
-		orders: sequenceOrders.Add(int64(len(items))) - int64(len(items))}
+		orders: sequenceOrders.Add(int64(len(items))) - int64(len(items)), queue: q.opts.Queue}
 	var seen map[uuid.UUID]int
 	now := time.Now() // the unique keys' periods, one instant for the call
 	for i := range items {
@@ -731,8 +744,8 @@ func (q *Queue) validate(i int, it *NewItem) error {
 		err = fmt.Errorf("%w: UniqueStates %v has states that do not exist", errBadInput, it.UniqueStates)
 	case it.UniqueStates != 0 && it.UniqueStates&UniqueLive == 0:
 		err = fmt.Errorf("%w: UniqueStates %v lacks UniqueLive: a queued, waiting or running item of the key always blocks (its id is the key's)", errBadInput, it.UniqueStates)
-	case it.RunAfter != 0 && len(it.After) == 0:
-		err = fmt.Errorf("%w: RunAfter %v without After", errBadInput, it.RunAfter)
+	case it.RunAfter != 0 && !it.hasPrereqs():
+		err = fmt.Errorf("%w: RunAfter %v without After or AfterIn", errBadInput, it.RunAfter)
 	case it.RunAfter&^(PrereqDied|PrereqCancelled) != 0:
 		err = fmt.Errorf("%w: RunAfter %v has ends that do not exist", errBadInput, it.RunAfter)
 	case it.UniquePeriod != 0 && it.UniqueKey == "":
@@ -771,7 +784,7 @@ func (q *Queue) validate(i int, it *NewItem) error {
 // not sent (the id derived from it is) but counts all the same: an
 // overestimate of at most MaxUniqueKeyLength bytes, on the safe side.
 func rowBytes(it *NewItem) int {
-	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + len(it.Kind) + headersBytes(it.Headers) + 16*len(it.After)
+	return rowOverhead + len(it.Payload) + len(it.Metadata) + len(it.Key) + len(it.Tenant) + len(it.UniqueKey) + len(it.Kind) + headersBytes(it.Headers) + 16*len(it.After) + prereqsBytes(it.AfterIn)
 }
 
 // chunks splits idx (indexes into items) into runs of at most maxRows rows

@@ -136,3 +136,44 @@ func ExampleRequeueOptions_cancelled() {
 	// requeued: 1 back: true invoice 1042 customer-7
 	// again: true
 }
+
+// An item of one queue that waits for items of another (NewItem.AfterIn):
+// a report of queue "reports" runs once the exports it needs, items of
+// queue "exports" worked by other workers, are acked; the ack in "exports"
+// releases it.
+func ExampleNewItem_afterIn() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	exports, err := claim.New(pool, claim.Options{Queue: "exports"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	reports, err := claim.New(pool, claim.Options{Queue: "reports"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := exports.Enqueue(ctx, claim.NewItem{Payload: []byte("export orders")}, claim.NewItem{Payload: []byte("export refunds")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// README:begin afterin
+	report := claim.NewItem{Payload: []byte("monthly report"), AfterIn: []claim.Prereq{
+		{Queue: "exports", ID: res.IDs[0]},
+		{Queue: "exports", ID: res.IDs[1]},
+	}}
+	// README:end afterin
+	r, err := reports.Enqueue(ctx, report)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("the report waits:", r.Waiting[0])
+	d, err := reports.Dependencies(ctx, r.IDs[0], 10)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("for", len(d.Prereqs), "items of queue", d.Prereqs[0].Queue)
+	// Output:
+	// the report waits: true
+	// for 2 items of queue exports
+}

@@ -73,6 +73,10 @@ const mxUrgent = -1
 var mxOptions = []mxOption{
 	{name: "After", label: "`After`", fields: []string{"After"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem { return claim.NewItem{After: []uuid.UUID{c.pre}} }},
+	{name: "AfterIn", label: "`AfterIn` (a prerequisite of another queue)", fields: []string{"AfterIn"}, kind: "plain",
+		item: func(c *mxCell) claim.NewItem {
+			return claim.NewItem{AfterIn: []claim.Prereq{{Queue: c.preQueue, ID: c.pre}}}
+		}},
 	{name: "UniqueKey", label: "`UniqueKey`, `UniquePeriod`", fields: []string{"UniqueKey", "UniquePeriod"}, kind: "plain",
 		item: func(c *mxCell) claim.NewItem {
 			return claim.NewItem{UniqueKey: "nightly:" + c.queue, UniquePeriod: 24 * time.Hour}
@@ -160,6 +164,7 @@ var mxSQLParams = map[string]string{
 	"queue": "", "payload": "Payload", "id": "ID", "key": "Key", "priority": "Priority", "delay": "Delay",
 	"run_at": "Delay", "max_attempts": "MaxAttempts", "tenant": "Tenant", "ttl": "TTL", "metadata": "Metadata",
 	"headers": "Headers", "at_most_once": "AtMostOnce", "timeout": "Timeout", "kind": "Kind",
+	"after": "After", "run_after": "RunAfter", "after_queues": "AfterIn",
 }
 
 // Outcomes of a cell, as documented.
@@ -173,13 +178,17 @@ const (
 // waits): mxOK or mxNA, with the note the docs table shows.
 func mxEnqueueCell(p mxPath, o mxOption, waits bool) (string, string) {
 	switch {
-	case p.name == "SQL" && (o.name == "After" || o.name == "RunAfter" || o.name == "UniqueStates" || waits):
+	case p.name == "SQL" && o.name == "UniqueStates":
 		return mxNA, "no argument ([enqueue-from-sql.md](enqueue-from-sql.md#what-sql-cannot-do-that-go-does))"
+	case p.name == "SQL" && waits:
+		return mxNA, "not run: the `After` rows run the SQL path's `after`"
+	case p.name == "SQL" && (o.name == "After" || o.name == "RunAfter" || o.name == "AfterIn"):
+		return mxOK, "`after`, `run_after`, `after_queues`"
 	case p.name == "SQL" && o.name == "UniqueKey":
 		return mxOK, "`id` = `claim.UniqueID(…)`"
 	case p.name == "COPY" && (o.name == "UniqueKey" || o.name == "UniqueStates" || o.name == "ID"):
 		return mxOK, "by INSERT: a given id is checked"
-	case p.name == "COPY" && (o.name == "After" || o.name == "RunAfter" || waits):
+	case p.name == "COPY" && (o.name == "After" || o.name == "RunAfter" || o.name == "AfterIn" || waits):
 		return mxOK, "waits; the others by COPY"
 	}
 	return mxOK, ""
@@ -213,7 +222,7 @@ func mxSettleCell(o mxOption, s mxSettle) (string, string) {
 		if s.name == "cancel" {
 			return mxOK, "enqueued again, it is added"
 		}
-	case "After":
+	case "After", "AfterIn":
 		switch {
 		case ack:
 			return mxOK, "its ack releases the item at once"
@@ -283,7 +292,7 @@ func TestCombinationMatrix(t *testing.T) {
 			t.Parallel()
 			for _, o := range mxOptions {
 				for _, waits := range []bool{false, true} {
-					if waits && (o.name == "After" || o.name == "RunAfter") {
+					if waits && (o.name == "After" || o.name == "RunAfter" || o.name == "AfterIn") {
 						continue
 					}
 					oname := o.name
@@ -330,8 +339,13 @@ type mxCell struct {
 	item       claim.NewItem // as enqueued
 	id         uuid.UUID
 	pre        uuid.UUID // the prerequisite (After, or waits)
-	sibling    uuid.UUID // Key (sequenced): the key's next item
-	done       map[uuid.UUID]bool
+	// preQueue, preProd and preWork are the prerequisite's queue and its
+	// Queues for AfterIn (another queue, its parts owned by the session
+	// too); the cell's own otherwise.
+	preQueue         string
+	preProd, preWork *claim.Queue
+	sibling          uuid.UUID // Key (sequenced): the key's next item
+	done             map[uuid.UUID]bool
 }
 
 func (c *mxCell) fatalf(format string, args ...any) {
@@ -349,7 +363,7 @@ func (c *mxCell) run() {
 	}
 	c.done = map[uuid.UUID]bool{}
 	c.setup()
-	if c.opt.name == "After" || c.opt.name == "RunAfter" {
+	if c.opt.name == "After" || c.opt.name == "RunAfter" || c.opt.name == "AfterIn" {
 		c.runAfter()
 	} else {
 		c.runItem()
@@ -393,6 +407,35 @@ func (c *mxCell) setup() {
 	if c.path.name == "Buffer" {
 		c.buf = newBuffer(c.t, c.prod, claim.BufferOptions{})
 	}
+	c.preQueue, c.preProd, c.preWork = c.queue, c.prod, c.work
+	if c.opt.name == "AfterIn" {
+		c.preQueue = c.queue + "-pre"
+		if _, err := partition.EnsureParts(ctx, c.pool, crsql.Tables{}, c.preQueue, 4); err != nil {
+			c.fatalf("parts: %v", err)
+		}
+		for p := range 4 {
+			if _, err := c.pool.Exec(ctx, `INSERT INTO crdbwork_session_parts (session_id, queue, part) VALUES ($1, $2, $3)`, c.session, c.preQueue, p); err != nil {
+				c.fatalf("part %d: %v", p, err)
+			}
+		}
+		if c.preProd, err = claim.New(c.pool, claim.Options{Queue: c.preQueue}); err != nil {
+			c.fatalf("%v", err)
+		}
+		if c.preWork, err = claim.New(c.pool, claim.Options{Queue: c.preQueue, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond}); err != nil {
+			c.fatalf("%v", err)
+		}
+	}
+}
+
+// onPre runs f with the cell's queue and Queues those of the prerequisite
+// (another queue for AfterIn): the helpers that enqueue, claim, ack and
+// end items then work on the prerequisite's queue.
+func (c *mxCell) onPre(f func()) {
+	c.t.Helper()
+	q, prod, work := c.queue, c.prod, c.work
+	c.queue, c.prod, c.work = c.preQueue, c.preProd, c.preWork
+	defer func() { c.queue, c.prod, c.work = q, prod, work }()
+	f()
 }
 
 // enqueue enqueues it through the cell's path and returns the answer for it.
@@ -492,18 +535,39 @@ func (c *mxCell) enqueueSQL(it claim.NewItem) (claim.Enqueued, error) {
 		h, _ := json.Marshal(it.Headers)
 		headersArg = string(h)
 	}
+	// Prerequisites: after with one queue each (NULL: the item's own).
+	var after []uuid.UUID
+	var queues []*string
+	for _, p := range it.After {
+		after, queues = append(after, p), append(queues, nil)
+	}
+	for _, p := range it.AfterIn {
+		q := p.Queue
+		after, queues = append(after, p.ID), append(queues, &q)
+	}
+	var runAfter []string
+	if it.RunAfter != 0 {
+		runAfter = strings.Split(it.RunAfter.String(), "|")
+	}
 	call := testdb.EnqueueArgs("$1", "$2", "id", "$3::UUID", "key", "$4::TEXT", "priority", "$5::BIGINT", "delay", "$6::INTERVAL",
 		"max_attempts", "$7::BIGINT", "tenant", "$8::TEXT", "ttl", "$9::INTERVAL", "metadata", "$10::BYTEA", "headers", "$11::JSONB",
-		"at_most_once", "$12::BOOL", "timeout", "$13::INTERVAL", "kind", "$14::TEXT")
+		"at_most_once", "$12::BOOL", "timeout", "$13::INTERVAL", "kind", "$14::TEXT",
+		"after", "$15::UUID[]", "run_after", "$16::TEXT[]", "after_queues", "$17::TEXT[]")
 	var got uuid.UUID
 	var added, done bool
 	err := c.pool.QueryRow(c.ctx, `SELECT item_id, added, done FROM crdbwork_enqueue(`+call+`)`,
-		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce, timeoutArg, kindArg).
+		c.queue, it.Payload, idArg, keyArg, int64(it.Priority), delayArg, maxArg, tenantArg, ttlArg, it.Metadata, headersArg, it.AtMostOnce, timeoutArg, kindArg,
+		after, runAfter, queues).
 		Scan(&got, &added, &done)
 	if err != nil {
 		return claim.Enqueued{}, err
 	}
-	return claim.Enqueued{IDs: []uuid.UUID{got}, New: []bool{added}, Done: []bool{done}}, nil
+	res := claim.Enqueued{IDs: []uuid.UUID{got}, New: []bool{added}, Done: []bool{done}}
+	if len(after) > 0 {
+		// The function has no waiting column: the waiting items tell.
+		res.Waiting = []bool{countRows(c.t, c.pool, `SELECT count(*) FROM crdbwork_waiting WHERE id = $1`, got) == 1}
+	}
+	return res, nil
 }
 
 // enqueuePlain enqueues a plain item through the producer's Enqueue.
@@ -586,14 +650,17 @@ func (c *mxCell) runItem() {
 // releases the dependents of its next ack.
 func (c *mxCell) runAfter() {
 	ctx := c.ctx
-	c.pre = c.enqueuePlain("prerequisite", claim.NewItem{})
-	warm := c.enqueuePlain("warm-up", claim.NewItem{})
-	p := c.claimID(c.pre)
-	w := c.claimID(warm)
-	if err := c.work.Ack(ctx, w, nil); err != nil {
-		c.fatalf("warm-up ack: %v", err)
-	}
-	c.done[warm] = true
+	var p claim.Item
+	c.onPre(func() {
+		c.pre = c.enqueuePlain("prerequisite", claim.NewItem{})
+		warm := c.enqueuePlain("warm-up", claim.NewItem{})
+		p = c.claimID(c.pre)
+		w := c.claimID(warm)
+		if err := c.work.Ack(ctx, w, nil); err != nil {
+			c.fatalf("warm-up ack: %v", err)
+		}
+		c.done[warm] = true
+	})
 	it := c.opt.item(c)
 	it.Payload = []byte("item of " + c.queue)
 	c.item = it
@@ -608,54 +675,60 @@ func (c *mxCell) runAfter() {
 	c.expectRow("waiting", c.want("waiting"))
 	switch c.settle.name {
 	case "ack", "BatchRecord", "BatchStatement":
-		c.ackBy(p)
+		c.onPre(func() { c.ackBy(p) })
 		c.done[c.pre] = true
 		// Released by that ack, before it returned: no reap.
 		c.expectRow("item", c.want("item"))
 		c.ackX()
 	case "nack", "snooze", "release", "requeue":
-		switch c.settle.name {
-		case "release":
-			if err := c.work.Release(ctx, p); err != nil {
-				c.fatalf("release of the prerequisite: %v", err)
+		c.onPre(func() {
+			switch c.settle.name {
+			case "release":
+				if err := c.work.Release(ctx, p); err != nil {
+					c.fatalf("release of the prerequisite: %v", err)
+				}
+			case "nack":
+				if out, err := c.work.Nack(ctx, p, errors.New("boom")); err != nil || out != claim.Retried {
+					c.fatalf("nack of the prerequisite: %v, %v", out, err)
+				}
+			case "snooze":
+				if out, err := c.work.Snooze(ctx, p, 0); err != nil || out != claim.Snoozed {
+					c.fatalf("snooze of the prerequisite: %v, %v", out, err)
+				}
+			case "requeue":
+				c.kill(p)
+				if ok, err := requeuedOne(c.work.Requeue(ctx, claim.RequeueOptions{ID: c.pre})); err != nil || !ok {
+					c.fatalf("requeue of the prerequisite: %v, %v", ok, err)
+				}
 			}
-		case "nack":
-			if out, err := c.work.Nack(ctx, p, errors.New("boom")); err != nil || out != claim.Retried {
-				c.fatalf("nack of the prerequisite: %v, %v", out, err)
-			}
-		case "snooze":
-			if out, err := c.work.Snooze(ctx, p, 0); err != nil || out != claim.Snoozed {
-				c.fatalf("snooze of the prerequisite: %v, %v", out, err)
-			}
-		case "requeue":
-			c.kill(p)
-			if ok, err := requeuedOne(c.work.Requeue(ctx, claim.RequeueOptions{ID: c.pre})); err != nil || !ok {
-				c.fatalf("requeue of the prerequisite: %v, %v", ok, err)
-			}
-		}
+		})
 		c.reap()
 		c.expectRow("waiting", c.want("waiting"))
 		if d, err := c.work.Dependencies(ctx, c.id, 10); err != nil || !d.Waiting || d.Remaining != 1 {
 			c.fatalf("dependencies: %+v, %v; want waiting for one", d, err)
 		}
-		p = c.claimID(c.pre)
-		if err := c.work.Ack(ctx, p, nil); err != nil {
-			c.fatalf("ack of the prerequisite: %v", err)
-		}
+		c.onPre(func() {
+			p = c.claimID(c.pre)
+			if err := c.work.Ack(ctx, p, nil); err != nil {
+				c.fatalf("ack of the prerequisite: %v", err)
+			}
+		})
 		c.done[c.pre] = true
 		c.expectRow("item", c.want("item"))
 		c.ackX()
 	case "cancel", "dead", "retention":
-		if c.settle.name == "cancel" {
-			if r, err := c.work.CancelItem(ctx, c.pre, claim.CancelOptions{By: "matrix"}); err != nil || !r.Running {
-				c.fatalf("cancel of the running prerequisite: %+v, %v", r, err)
+		c.onPre(func() {
+			if c.settle.name == "cancel" {
+				if r, err := c.work.CancelItem(ctx, c.pre, claim.CancelOptions{By: "matrix"}); err != nil || !r.Running {
+					c.fatalf("cancel of the running prerequisite: %+v, %v", r, err)
+				}
+				if err := c.work.EndCancelled(ctx, p); err != nil {
+					c.fatalf("end of the cancelled prerequisite: %v", err)
+				}
+			} else {
+				c.kill(p)
 			}
-			if err := c.work.EndCancelled(ctx, p); err != nil {
-				c.fatalf("end of the cancelled prerequisite: %v", err)
-			}
-		} else {
-			c.kill(p)
-		}
+		})
 		c.done[c.pre] = true
 		if c.opt.name == "RunAfter" {
 			// Its prerequisite's death or cancel satisfies it: the reap
@@ -676,7 +749,11 @@ func (c *mxCell) runAfter() {
 		c.expectRow("dead", c.want("dead")+" reason=dependency died: "+c.pre.String())
 		c.expectEnded(store.OutcomeDead)
 		if c.settle.name == "retention" {
-			c.prune(2)
+			if c.opt.name == "AfterIn" {
+				c.prune(1) // the prerequisite is a dead item of its own queue
+			} else {
+				c.prune(2)
+			}
 		}
 		c.enqueueAgain()
 	default:

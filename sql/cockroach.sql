@@ -42,6 +42,7 @@ ALTER TABLE crdbwork_dead_items CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- primary key), where the moved rows and released edges lie.
 ALTER TABLE crdbwork_waiting CONFIGURE ZONE USING gc.ttlseconds = 600;
 ALTER TABLE crdbwork_waits_for CONFIGURE ZONE USING gc.ttlseconds = 600;
+ALTER TABLE crdbwork_waits_across CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- Cancelled items kept for a requeue (version 6): every cancel writes a row
 -- and the reapers' pruning deletes it once the dedup window has passed,
 -- oldest first through crdbwork_cancelled_items_by_age.

@@ -166,13 +166,13 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 	if body, ok := installedBody(ctx, db, t); ok && bodyRevision(body) >= bodyRevision(stmt) {
 		return nil
 	}
-	// Revision 3 added the parameter timeout: CREATE OR REPLACE of a new
-	// parameter list makes a second function beside the old one, and a
-	// call that both accept would be ambiguous. Drop the old list first
-	// (revisions 0 to 2 all had it); a call by an older producer, with at
-	// most its 13 arguments, is served by the new function's defaults.
-	// Revision 4 added kind the same way: the list of revision 3 is
-	// dropped too.
+	// Revision 3 added the parameter timeout, revision 4 kind, after,
+	// run_after and after_queues: CREATE OR REPLACE of a new parameter list
+	// makes a second function beside the old one, and a call that both
+	// accept would be ambiguous. Drop the old lists first (revisions 0 to 2
+	// had the first, revision 3 the second); a call by an older producer,
+	// with at most its 13 or 14 arguments, is served by the new function's
+	// defaults.
 	for _, drop := range dropOldEnqueueFunctions {
 		if _, err := db.Exec(ctx, t.rewrite(drop)); err != nil && !cockroach {
 			return fmt.Errorf("crdbwork: dropping the SQL function crdbwork_enqueue of revision 3 or older: %w", err)
@@ -189,8 +189,8 @@ func applyEnqueueFunction(ctx context.Context, db DB, cockroach bool, t Tables, 
 }
 
 // dropOldEnqueueFunctions drop crdbwork_enqueue with the parameter lists
-// of its revisions 0 to 2 (before timeout) and of revision 3 (before
-// kind), if they are there.
+// of its revisions 0 to 2 (before timeout) and of its revision 3 (before
+// kind, after, run_after and after_queues), if they are there.
 var dropOldEnqueueFunctions = []string{
 	`DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL)`,
 	`DROP FUNCTION IF EXISTS crdbwork_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL)`,

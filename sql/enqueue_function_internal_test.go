@@ -264,9 +264,11 @@ var enqueueFunctionPins = map[int]string{
 	// 3: the parameter timeout, the item's own handler timeout
 	// (timeout_us, docs/timeouts.md); the old parameter list is dropped.
 	3: "1ea3de71236a459fe0d6a2260ef2620fc1f0371a6bc0497b2137093fccab699b",
-	// 4: the parameter kind, the item's kind (docs/kinds.md); the list of
-	// revision 3 is dropped.
-	4: "2010bc8e6c1547039a3c9260b9ff301efdd4e5ae7d8db6394718596adc140ac2",
+	// 4: the parameters kind, the item's kind (docs/kinds.md), and after,
+	// run_after and after_queues, its prerequisites (NewItem.After,
+	// RunAfter, AfterIn; docs/dependencies.md); the list of revision 3 is
+	// dropped.
+	4: "2f96f99378e09cb70a90e2cbf0db14a21b4f1f25ad05c1526281ed05a59f98c3",
 }
 
 // The files are those pinned for their revision, and both carry it.
@@ -290,7 +292,7 @@ func TestEnqueueFunctionRevisionPinned(t *testing.T) {
 // named argument at its place.
 func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 	t.Parallel()
-	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\s+DEFAULT\s+(\S+?))?,$`)
+	decl := regexp.MustCompile(`(?m)^\s+([a-z_]+)\s+[A-Z]+(?:\[\])?(?:\s+DEFAULT\s+(\S+?))?,$`)
 	for _, d := range []bool{false, true} { // d: CockroachDB
 		text := enqueueFunctionFor(d)
 		head := text[strings.Index(text, "CREATE OR REPLACE FUNCTION"):strings.Index(text, "OUT item_id")]
@@ -333,7 +335,8 @@ func TestEnqueueParamsMatchTheFunction(t *testing.T) {
 }
 
 // A database whose enqueue function has the parameter list of revisions 0
-// to 2 (no timeout), or of revision 3 (no kind), gets the new function in
+// to 2 (no timeout), or of revision 3 (no kind, after, run_after,
+// after_queues), gets the new function in
 // its place, not beside it: Apply drops the old list, so that a call both
 // lists would accept is not ambiguous, and an older producer's call by
 // position still works.
@@ -362,7 +365,7 @@ func oldParameterListDropped(t *testing.T, extra string) {
 	// A stand-in of the old list, and the installed function made older,
 	// as a database upgraded from version 5 (or from an earlier 0.6) has
 	// them.
-	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, TEXT)`); err != nil {
+	if _, err := pool.Exec(ctx, `DROP FUNCTION old_enqueue(TEXT, BYTEA, UUID, TEXT, BIGINT, INTERVAL, TIMESTAMPTZ, BIGINT, TEXT, INTERVAL, BYTEA, JSONB, BOOL, INTERVAL, TEXT, UUID[], TEXT[], TEXT[])`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE FUNCTION old_enqueue(queue TEXT, payload BYTEA, id UUID DEFAULT NULL, key TEXT DEFAULT NULL,

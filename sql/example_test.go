@@ -67,5 +67,6 @@ func ExampleApply() {
 	// jobs_sessions
 	// jobs_tenant_limits
 	// jobs_waiting
+	// jobs_waits_across
 	// jobs_waits_for
 }

@@ -478,6 +478,21 @@ CREATE TABLE IF NOT EXISTS crdbwork_waits_for (
 -- key, whichever of the two the planner takes.
 CREATE INDEX IF NOT EXISTS crdbwork_waits_for_by_dependent_prereq
     ON crdbwork_waits_for (queue, dependent, prereq);
+-- (version 6) Edges from items of other queues (claim.NewItem.AfterIn):
+-- keyed by the prerequisite's queue and id, with the dependent's queue;
+-- counted in the dependent's remaining. Each has a hint (the same
+-- prerequisite's queue, prerequisite and dependent) in crdbwork_waits_for,
+-- which the prerequisite's ack finds; version-5 acks delete the hint and
+-- count nothing, and a version-6 reap settles the edge from here.
+CREATE TABLE IF NOT EXISTS crdbwork_waits_across (
+    prereq_queue    TEXT NOT NULL,
+    prereq          UUID NOT NULL,
+    dependent_queue TEXT NOT NULL,
+    dependent       UUID NOT NULL,
+    PRIMARY KEY (prereq_queue, prereq, dependent)
+);
+CREATE INDEX IF NOT EXISTS crdbwork_waits_across_by_dependent
+    ON crdbwork_waits_across (dependent_queue, dependent, prereq_queue, prereq);
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE

@@ -22,6 +22,9 @@ type depsJSON struct {
 	RunAfter   []string     `json:"run_after"`
 	Prereqs    []prereqJSON `json:"prereqs"`
 	Dependents []string     `json:"dependents"`
+	// DependentsIn are the items of other queues that wait for it
+	// (NewItem.AfterIn).
+	DependentsIn []prereqJSON `json:"dependents_in"`
 	// State and StateQueue say where a item that is not waiting is (the
 	// state of crdbwork item: queued, claimed, dead, acked, …; "" when
 	// found nowhere).
@@ -30,8 +33,11 @@ type depsJSON struct {
 }
 
 type prereqJSON struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
+	ID string `json:"id"`
+	// Queue is the item's queue when it is not --queue (a prerequisite
+	// of another queue, NewItem.AfterIn).
+	Queue string `json:"queue,omitempty"`
+	State string `json:"state,omitempty"`
 }
 
 func cmdDeps(ctx context.Context, name string, args []string, out *cli.Console) error {
@@ -40,7 +46,8 @@ func cmdDeps(ctx context.Context, name string, args []string, out *cli.Console) 
 	f := prog.NewFlagSet(name, `Shows an item's dependencies in --queue (see docs/dependencies.md): whether it
 waits, how many of its prerequisites are not yet acked, each of them with its
 state (queued, waiting, or how it ended: acked, taken, dead, cancelled;
-an ended one is settled by the workers' reaper within seconds), whether it
+an ended one is settled by the workers' reaper within seconds) and its queue
+when it is an item of another queue, whether it
 runs anyway after a prerequisite that died or was cancelled, and up to
 --limit of the items that wait for it. Reads only.`)
 	f.MaxArgs, f.ArgName = 1, "ID"
@@ -75,7 +82,7 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 	}
 	if g.json {
 		j := depsJSON{Queue: g.queue, ID: id.String(), Waiting: d.Waiting, Remaining: d.Remaining,
-			Prereqs: []prereqJSON{}, Dependents: []string{}, RunAfter: []string{}}
+			Prereqs: []prereqJSON{}, Dependents: []string{}, DependentsIn: []prereqJSON{}, RunAfter: []string{}}
 		if d.RunAfter != 0 {
 			j.RunAfter = strings.Split(d.RunAfter.String(), "|")
 		}
@@ -86,10 +93,13 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 			j.EnqueuedAt = d.EnqueuedAt.UTC().Format(time.RFC3339Nano)
 		}
 		for _, p := range d.Prereqs {
-			j.Prereqs = append(j.Prereqs, prereqJSON{ID: p.ID.String(), State: p.State})
+			j.Prereqs = append(j.Prereqs, prereqJSON{ID: p.ID.String(), Queue: p.Queue, State: p.State})
 		}
 		for _, dep := range d.Dependents {
 			j.Dependents = append(j.Dependents, dep.String())
+		}
+		for _, dep := range d.DependentsIn {
+			j.DependentsIn = append(j.DependentsIn, prereqJSON{ID: dep.ID.String(), Queue: dep.Queue})
 		}
 		return cli.PrintJSON(out, j)
 	}
@@ -105,18 +115,25 @@ runs anyway after a prerequisite that died or was cancelled, and up to
 		fmt.Fprintf(&b, "item %s of queue %q is not waiting: %s\n", id, g.queue, where)
 	}
 	for _, p := range d.Prereqs {
+		if p.Queue != "" {
+			fmt.Fprintf(&b, "  after %s  %s  (queue %q)\n", p.ID, p.State, p.Queue)
+			continue
+		}
 		fmt.Fprintf(&b, "  after %s  %s\n", p.ID, p.State)
 	}
-	switch n := len(d.Dependents); {
+	switch n := len(d.Dependents) + len(d.DependentsIn); {
 	case n == 0:
 		b.WriteString("no item waits for it\n")
-	case n == limit:
+	case len(d.Dependents) == limit || len(d.DependentsIn) == limit:
 		fmt.Fprintf(&b, "at least %d items wait for it (--limit):\n", n)
 	default:
 		fmt.Fprintf(&b, "%s for it:\n", verb(n, "item waits", "items wait"))
 	}
 	for _, dep := range d.Dependents {
 		fmt.Fprintf(&b, "  %s\n", dep)
+	}
+	for _, dep := range d.DependentsIn {
+		fmt.Fprintf(&b, "  %s  (queue %q)\n", dep.ID, dep.Queue)
 	}
 	out.Printf("%s", b.String())
 	return nil

@@ -448,6 +448,10 @@ func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, qu
 		if _, err := tx.Exec(ctx, s.deps(d).DeleteEdgesTo, queue, rawIDs(res.Killed)); err != nil {
 			return res, err
 		}
+		// Their edges from items of other queues, with their hints.
+		if err := s.ItemsDepsDeleteAcrossTo(ctx, tx, queue, res.Killed); err != nil {
+			return res, err
+		}
 	}
 	return res, nil
 }
@@ -596,7 +600,11 @@ func (s *Store) ItemsDepsCancelWaiting(ctx context.Context, tx pgx.Tx, d Dialect
 	if err != nil || len(gone) == 0 {
 		return false, err
 	}
-	_, err = tx.Exec(ctx, s.deps(d).DeleteEdgesTo, queue, rawIDs(gone))
+	if _, err = tx.Exec(ctx, s.deps(d).DeleteEdgesTo, queue, rawIDs(gone)); err != nil {
+		return false, err
+	}
+	// Its edges from items of other queues, with their hints.
+	err = s.ItemsDepsDeleteAcrossTo(ctx, tx, queue, gone)
 	return err == nil, err
 }
 

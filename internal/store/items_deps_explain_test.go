@@ -90,6 +90,7 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d store.Dialect, queue strin
 	t.Helper()
 	ctx := context.Background()
 	ds := store.NewDependsStatements(crsql.Tables{}, d)
+	xs := store.NewAcrossStatements(crsql.Tables{}, d)
 	rows, err := pool.Query(ctx, `SELECT prereq, dependent FROM crdbwork_waits_for WHERE queue = $1 AND prereq = ANY($2) ORDER BY 1, 2 LIMIT 1000`, queue, prereqs)
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +145,19 @@ func dependsCases(t *testing.T, pool *pgxpool.Pool, d store.Dialect, queue strin
 		{"PurgeWaiting", ds.PurgeWaiting, []any{queue, deps}},
 		{"PickOrphans", ds.PickOrphans, []any{queue, 1000}},
 		{"CancelWaiting", ds.CancelWaiting, []any{deps[0], queue}},
+		// Edges from items of other queues (items_deps_across.go): the
+		// release after an ack locks the dependents and deletes the hints
+		// of crdbwork_waits_for by key; the sweep walks them by dependent.
+		{"AcrossInsert", xs.Insert, []any{queue, texts, ps, deps}},
+		{"AcrossFrom", xs.From, []any{queue, prereqs, 1000}},
+		{"AcrossInto", xs.Into, []any{queue, some[0], 1000}},
+		{"AcrossRelease", xs.Release, []any{queue, ps, deps, "other"}},
+		{"AcrossSweepRelease", xs.SweepRelease, []any{queue, ps, deps, "other"}},
+		{"AcrossReleaseAnyway", xs.ReleaseAnyway, []any{queue, ps, deps, "other", int64(1)}},
+		{"AcrossDeleteTo", xs.DeleteTo, []any{queue, deps}},
+		{"AcrossDeleteGone", xs.DeleteGone, []any{queue, ps, deps}},
+		{"AcrossPrereqs", xs.Prereqs, []any{queue, deps[0]}},
+		{"AcrossDependents", xs.Dependents, []any{queue, some[0], 100}},
 	}
 }
 

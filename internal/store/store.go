@@ -52,6 +52,7 @@ type Store struct {
 	// lazyCancelled renders the kept cancelled items' statements.
 	lazyCancelled func() *cancelledStatements
 	lazyDeps      [2]func() *dependsStatements // by Dialect
+	lazyAcross    [2]func() *acrossStatements  // by Dialect (cross-queue prerequisites)
 	lazyRefused   func() *refusedStatements
 	lazyProbe     func() *probeStatements
 	lazyIdle      func() *idleStatements
@@ -102,6 +103,8 @@ func New(t Tables) *Store {
 	s.lazyCancelled = sync.OnceValue(func() *cancelledStatements { return newCancelledStatements(t) })
 	s.lazyDeps[Postgres] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Postgres) })
 	s.lazyDeps[Cockroach] = sync.OnceValue(func() *dependsStatements { return newDependsStatements(t, Cockroach) })
+	s.lazyAcross[Postgres] = sync.OnceValue(func() *acrossStatements { return newAcrossStatements(t, Postgres) })
+	s.lazyAcross[Cockroach] = sync.OnceValue(func() *acrossStatements { return newAcrossStatements(t, Cockroach) })
 	s.lazyRefused = sync.OnceValue(func() *refusedStatements { return newRefusedStatements(t) })
 	s.lazyProbe = sync.OnceValue(func() *probeStatements { return newProbeStatements(t) })
 	s.lazyIdle = sync.OnceValue(func() *idleStatements { return newIdleStatements(t) })

@@ -14,7 +14,7 @@ var EnqueueParams = []struct{ Name, Default string }{
 	{"queue", ""}, {"payload", ""}, {"id", "NULL"}, {"key", "NULL"}, {"priority", "0"},
 	{"delay", "NULL"}, {"run_at", "NULL"}, {"max_attempts", "NULL"}, {"tenant", "NULL"},
 	{"ttl", "NULL"}, {"metadata", "NULL"}, {"headers", "NULL"}, {"at_most_once", "false"},
-	{"timeout", "NULL"}, {"kind", "NULL"},
+	{"timeout", "NULL"}, {"kind", "NULL"}, {"after", "NULL"}, {"run_after", "NULL"}, {"after_queues", "NULL"},
 }
 
 // EnqueueArgs returns the argument list of a call of crdbwork_enqueue by

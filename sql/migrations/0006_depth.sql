@@ -160,6 +160,33 @@ ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS session UUID;
 ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
 ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS history_window INTERVAL NOT NULL DEFAULT INTERVAL '24 hours';
 
+-- == cross-queue prerequisites ==
+-- (issue 33) An item may wait for items of other queues
+-- (claim.NewItem.AfterIn). Each such edge is a row here, keyed by the
+-- prerequisite's queue and id, with the dependent's queue: the dependent's
+-- waiting row counts it in remaining, and only version-6 code deletes it,
+-- counting it. Beside it, the same (prerequisite's queue, prerequisite,
+-- dependent) is written into crdbwork_waits_for as a hint: the ack of the
+-- prerequisite finds it with the seek every ack makes already, and its
+-- release (version 6) moves the dependent. Version-3 to -5 code never reads
+-- this table: its ack of the prerequisite deletes the hint and lowers no
+-- count (the dependent is no waiting item of the prerequisite's queue), so
+-- nothing is lost, and a version-6 session's reap of the dependent's queue
+-- (or of the prerequisite's) finds the edge here and settles it
+-- (docs/dependencies.md, "Prerequisites in other queues").
+CREATE TABLE IF NOT EXISTS crdbwork_waits_across (
+    prereq_queue    TEXT NOT NULL,
+    prereq          UUID NOT NULL,
+    dependent_queue TEXT NOT NULL,
+    dependent       UUID NOT NULL,
+    PRIMARY KEY (prereq_queue, prereq, dependent)
+);
+-- The edges into a queue, by dependent: the dependent queue's sweep walks
+-- them, crdbwork deps lists a dependent's, and a dependent's end deletes
+-- them.
+CREATE INDEX IF NOT EXISTS crdbwork_waits_across_by_dependent
+    ON crdbwork_waits_across (dependent_queue, dependent, prereq_queue, prereq);
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
