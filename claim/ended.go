@@ -59,7 +59,33 @@ func (q *Queue) pruneEnded(ctx context.Context) (int, []*ReapError, error) {
 	if err != nil {
 		return total, refused, err
 	}
-	return total, refused, q.pruneKeptCancelled(ctx)
+	if err := q.pruneKeptCancelled(ctx); err != nil {
+		return total, refused, err
+	}
+	return total, refused, q.pruneAttemptErrors(ctx)
+}
+
+// pruneAttemptErrors deletes the queue's rows of attempt errors (the
+// items' history, schema version 6) whose item is in none of the items,
+// waiting, dead and kept cancelled tables and has no ended record within
+// the history window, as many as pruneEnded deletes ended ids at most, in
+// statements of its own. They are not counted as ended ids.
+func (q *Queue) pruneAttemptErrors(ctx context.Context) error {
+	for i := 0; i < pruneStatements; i++ {
+		var n int64
+		err := retry.Tx(ctx, q.db, q.stats.retried("reap"), func(ctx context.Context, tx pgx.Tx) error {
+			var err error
+			n, err = q.store.AttemptErrorsPrune(ctx, tx, q.opts.Queue, pruneBatch)
+			return store.Classify(err)
+		})
+		if err != nil {
+			return fmt.Errorf("pruning the attempt errors of items gone: %w", err)
+		}
+		if n < pruneBatch {
+			return nil
+		}
+	}
+	return nil
 }
 
 // pruneKeptCancelled deletes the queue's cancelled items kept for a

@@ -47,3 +47,7 @@ ALTER TABLE crdbwork_waits_across CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- and the reapers' pruning deletes it once the dedup window has passed,
 -- oldest first through crdbwork_cancelled_items_by_age.
 ALTER TABLE crdbwork_cancelled_items CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Attempt errors (version 6): every failed attempt rewrites its item's row
+-- (a new version) and the reapers' retention deletes rows oldest first
+-- through crdbwork_attempt_errors_by_age.
+ALTER TABLE crdbwork_attempt_errors CONFIGURE ZONE USING gc.ttlseconds = 600;

@@ -200,9 +200,6 @@ CREATE TABLE IF NOT EXISTS crdbwork_items (
     -- The item's kind (version 6; NULL: none): which of a worker's typed
     -- handlers runs it (docs/kinds.md).
     kind         TEXT,
-    -- History (version 6): its ended attempts that did not succeed, a JSON
-    -- array, oldest first, at most 20 (docs/history.md); NULL: none.
-    attempt_errors JSONB,
     CONSTRAINT crdbwork_items_claim_session FOREIGN KEY (claim)
         REFERENCES crdbwork_sessions (id) ON DELETE SET NULL,
     CONSTRAINT crdbwork_items_claim_part FOREIGN KEY (claim, claim_queue, claim_part)
@@ -250,8 +247,6 @@ CREATE TABLE IF NOT EXISTS crdbwork_dead_items (
     seq_hold     BOOL        NOT NULL DEFAULT false,
     -- Its kind (version 6; NULL: none), given back by a requeue.
     kind         TEXT,
-    -- History (version 6): the item's failed attempts, as in crdbwork_items.
-    attempt_errors JSONB,
     CONSTRAINT crdbwork_dead_items_pkey PRIMARY KEY (id, death)
 );
 
@@ -301,14 +296,13 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     cancel_requested_at TIMESTAMPTZ,
     was_running         BOOL,
     -- History (version 6): the item's attempts, enqueue time, its last
-    -- attempt's start (claim time) and session, and its failed attempts
-    -- (as crdbwork_items.attempt_errors). NULL attempts: written by code
-    -- older than version 6, no history recorded.
+    -- attempt's start (claim time) and session; its failed attempts are in
+    -- crdbwork_attempt_errors. NULL attempts: written by code older than
+    -- version 6, no history recorded.
     attempts            BIGINT,
     enqueued_at         TIMESTAMPTZ,
     started_at          TIMESTAMPTZ,
     session             UUID,
-    attempt_errors      JSONB,
     PRIMARY KEY (queue, id)
 );
 CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age
@@ -414,8 +408,6 @@ CREATE TABLE IF NOT EXISTS crdbwork_cancelled_items (
     cancelled_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     -- Its kind (NULL: none), given back by a requeue.
     kind         TEXT,
-    -- History (version 6): the item's failed attempts, as in crdbwork_items.
-    attempt_errors JSONB,
     -- By id first: a requeue's lookup of one id cannot be mistaken for a
     -- read of the queue's rows through the index by age.
     PRIMARY KEY (id, queue)
@@ -493,6 +485,24 @@ CREATE TABLE IF NOT EXISTS crdbwork_waits_across (
 );
 CREATE INDEX IF NOT EXISTS crdbwork_waits_across_by_dependent
     ON crdbwork_waits_across (dependent_queue, dependent, prereq_queue, prereq);
+
+-- History (version 6, issue 33): an item's ended attempts that did not
+-- succeed, one row per item (its id is kept when it moves: dead, cancelled,
+-- requeued). errors is a JSON array, oldest first, at most 20, each error
+-- at most 4,096 characters (docs/history.md). Written only by the failure
+-- paths (nack, permanent failure, death, lease reaper; a requeue appends a
+-- marker), never by an ack; read by the item lookup. The reapers delete a
+-- row once its item is nowhere but (perhaps) in an ended record older than
+-- the history window, oldest first through crdbwork_attempt_errors_by_age.
+CREATE TABLE IF NOT EXISTS crdbwork_attempt_errors (
+    queue      TEXT        NOT NULL,
+    id         UUID        NOT NULL,
+    errors     JSONB       NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, id)
+);
+CREATE INDEX IF NOT EXISTS crdbwork_attempt_errors_by_age
+    ON crdbwork_attempt_errors (queue, updated_at);
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE

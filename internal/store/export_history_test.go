@@ -9,3 +9,7 @@ func HistoryStatementsForTest(t Tables) map[string]string {
 		"ListDead": h.Dead, "ListEnded": h.Ended, "ListCancelled": h.Cancelled,
 	}
 }
+
+// AttemptErrorsPruneForTest returns the text of the retention of
+// crdbwork_attempt_errors rendered for t.
+func AttemptErrorsPruneForTest(t Tables) string { return newHistoryStatements(t).PruneErrors }

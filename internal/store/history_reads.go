@@ -48,6 +48,10 @@ type historyStatements struct {
 	// Cancelled is Ended for the cancelled items, through their own index
 	// (crdbwork_ended_cancelled).
 	Cancelled string
+	// PruneErrors deletes up to $2 of queue $1's rows of
+	// crdbwork_attempt_errors whose item is gone and out of the history
+	// window (pruneAttemptErrorsSQL).
+	PruneErrors string
 }
 
 // listFilters are the key ($2), tenant ($3) and kind (the parameter kind,
@@ -111,6 +115,8 @@ func newHistoryStatements(t Tables) *historyStatements {
 		Dead:      r(listDeadSQL),
 		Ended:     r(listEndedSQL),
 		Cancelled: r(listCancelledSQL),
+
+		PruneErrors: r(pruneAttemptErrorsSQL),
 	}
 }
 
@@ -247,4 +253,44 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue string, 
 		r.Key, r.Tenant, r.LastError, r.Kind = deref(key), deref(tenant), deref(lastErr), deref(kind)
 		return r, err
 	})
+}
+
+// historyWindow is queue $1's history window (a queue without a row: a
+// day, the column's default).
+const historyWindow = `COALESCE((SELECT history_window FROM crdbwork_queues WHERE name = $1), ` + DefaultHistoryWindow + `)`
+
+// pruneAttemptErrorsSQL is the text of historyStatements.PruneErrors: up
+// to $2 of queue $1's rows of crdbwork_attempt_errors, oldest first
+// through crdbwork_attempt_errors_by_age, not written within the history
+// window, whose item is in none of the items, waiting, dead and kept
+// cancelled tables and has no ended record within the window (gone, or
+// older). Each candidate's checks are primary-key (or leading-column)
+// lookups; rows whose item is still there (a dead item kept longer than
+// the history window, an item still retried) are passed over in the index
+// scan, so a batch is not stopped by them. Rows another pruner holds are
+// skipped (FOR UPDATE SKIP LOCKED: run it in an explicit SERIALIZABLE
+// transaction, as the reaper's other statements); the text is identical on
+// CockroachDB and PostgreSQL.
+const pruneAttemptErrorsSQL = `WITH old AS MATERIALIZED (
+    SELECT h.id FROM crdbwork_attempt_errors AS h
+    WHERE h.queue = $1 AND h.updated_at < now() - ` + historyWindow + `
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = h.id)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = h.id)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = h.id)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_cancelled_items AS c WHERE c.id = h.id AND c.queue = $1)
+      AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = h.id AND e.ended_at >= now() - ` + historyWindow + `)
+    ORDER BY h.updated_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM crdbwork_attempt_errors AS x
+WHERE x.queue = $1 AND x.id IN (SELECT id FROM old)
+RETURNING x.id`
+
+// AttemptErrorsPrune deletes, in tx (SERIALIZABLE), up to limit of
+// queue's rows of crdbwork_attempt_errors whose item is gone and out of
+// its history window, oldest first, and returns how many
+// (historyStatements.PruneErrors).
+func (s *Store) AttemptErrorsPrune(ctx context.Context, tx pgx.Tx, queue string, limit int) (int64, error) {
+	tag, err := tx.Exec(ctx, s.lazyHistory().PruneErrors, queue, limit)
+	return tag.RowsAffected(), err
 }

@@ -66,7 +66,7 @@ const farVesting = `now() + INTERVAL '100 years'`
 // items, read by recordCancelled.
 const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_by, cancel_reason,
         part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, headers, kind,
-        claimed_at, attempt_errors`
+        claimed_at`
 
 // cancelHolds is the CTE, named held (followed by keepCancelled's kept),
 // that keeps the cancelled items of
@@ -78,9 +78,9 @@ const cancelledGone = `RETURNING id, queue, claim, cancel_requested_at, cancel_b
 // not kept.
 const cancelHolds = `held AS (
     INSERT INTO crdbwork_dead_items
-        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold, kind, attempt_errors)
+        (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, seq_order, seq_hold, kind)
     SELECT g.id, g.queue, g.part, g.item_key, g.priority, g.attempts, g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-           '` + OutcomeCancelled + `', g.seq_order, true, g.kind, g.attempt_errors
+           '` + OutcomeCancelled + `', g.seq_order, true, g.kind
     FROM gone AS g
     WHERE g.seq_order IS NOT NULL AND g.item_key IS NOT NULL
       AND EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue AND w.sequence_hold)
@@ -96,16 +96,16 @@ const cancelHolds = `held AS (
 // already there (an id cancelled before, enqueued again) is replaced.
 const keepCancelled = `kept AS (
     INSERT INTO crdbwork_cancelled_items AS c
-        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at, kind, attempt_errors)
+        (queue, id, part, item_key, priority, max_attempts, payload, metadata, tenant, headers, enqueued_at, claim_token, seq_order, cancelled_at, kind)
     SELECT g.queue, g.id, g.part, g.item_key, g.priority, g.max_attempts, g.payload, g.metadata, g.tenant, g.headers, g.enqueued_at,
-           g.claim_token, g.seq_order, now(), g.kind, g.attempt_errors
+           g.claim_token, g.seq_order, now(), g.kind
     FROM gone AS g
     WHERE NOT EXISTS (SELECT 1 FROM crdbwork_queues AS w WHERE w.name = g.queue
                       AND (w.dedup_window <= INTERVAL '0 seconds' OR (w.sequence_hold AND g.seq_order IS NOT NULL AND g.item_key IS NOT NULL)))
     ON CONFLICT (id, queue) DO UPDATE SET part = excluded.part, item_key = excluded.item_key, priority = excluded.priority,
         max_attempts = excluded.max_attempts, payload = excluded.payload, metadata = excluded.metadata, tenant = excluded.tenant,
         headers = excluded.headers, enqueued_at = excluded.enqueued_at, claim_token = excluded.claim_token,
-        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at, kind = excluded.kind, attempt_errors = excluded.attempt_errors
+        seq_order = excluded.seq_order, cancelled_at = excluded.cancelled_at, kind = excluded.kind
     RETURNING c.id)`
 
 // recordCancelled returns the CTE, named ended, that records the rows of

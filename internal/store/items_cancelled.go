@@ -40,13 +40,14 @@ var cancelledRequeueSQL = `WITH gone AS (
       AND NOT EXISTS (SELECT 1 FROM crdbwork_items WHERE id = $1)
       AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting WHERE id = $1)
     RETURNING c.id, c.queue, c.part, c.item_key, c.priority, c.max_attempts, c.payload, c.metadata, c.tenant, c.headers,
-              c.enqueued_at, c.claim_token, c.seq_order, c.kind, c.attempt_errors),
-revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
+              c.enqueued_at, c.claim_token, c.seq_order, c.kind),
+revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id),
+` + historyWrite("hist", "gone", historyRequeued(OutcomeCancelled)) + `
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, headers, seq_order, kind, attempt_errors)
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, headers, seq_order, kind)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.enqueued_at,
        g.claim_token, g.tenant, g.headers,
-       ` + requeuedSeqOrder + `, g.kind, ` + historyRequeued("g.attempt_errors", OutcomeCancelled) + `
+       ` + requeuedSeqOrder + `, g.kind
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n

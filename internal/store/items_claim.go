@@ -121,7 +121,7 @@ type DeadItemRow struct {
 	Tenant      string // "" if none
 	Reason      string
 	Kind        string // "" if none
-	// History is its attempt_errors (schema version 6; read by DeadOfID
+	// History is its errors of crdbwork_attempt_errors (schema version 6; read by DeadOfID
 	// only, nil otherwise or if none): read it with ParseHistory.
 	History []byte
 }
@@ -519,11 +519,12 @@ func (s *Store) ItemsExtend(ctx context.Context, db DB, d Dialect, keys []ClaimK
 }
 
 // nackSQL is the text of coreStatements.Nack (rendered by newCoreStatements).
-var nackSQL = `UPDATE crdbwork_items
+var nackSQL = `WITH ` + heldOld + `,
+` + historyWrite("hist", "old", historyEntry("o.", HistoryFailed, "$5::TEXT")) + `
+UPDATE crdbwork_items
 SET ` + released + `,
     vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
-    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5,
-    attempt_errors = ` + historyAppend("attempt_errors", historyEntry("", HistoryFailed, "$5::TEXT")) + `
+    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
 WHERE ` + heldBy
 
 // ItemsNack releases a held claim with its attempt counted: the item vests again
@@ -549,9 +550,10 @@ func (s *Store) ItemsRelease(ctx context.Context, db DB, k ClaimKey) (bool, erro
 
 // exhaustSQL is the text of deathStatements.Exhaust
 // (rendered by newDeathStatements).
-var exhaustSQL = `UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4,
-    attempt_errors = ` + historyAppend("attempt_errors", historyEntry("", HistoryPermanent, "$4::TEXT")) + `
+var exhaustSQL = `WITH ` + heldOld + `,
+` + historyWrite("hist", "old", historyEntry("o.", HistoryPermanent, "$4::TEXT")) + `
+UPDATE crdbwork_items
+SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
 WHERE ` + heldBy
 
 // ItemsExhaust releases a held claim with the item's attempts used up and
@@ -575,11 +577,12 @@ func execOne(ctx context.Context, db DB, stmt string, args ...any) (bool, error)
 var deadLetterSQL = `WITH gone AS (
     DELETE FROM crdbwork_items WHERE ` + heldBy + `
     RETURNING id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, enqueued_at, claim_token, tenant, seq_order, kind,
-        claimed_at, claim, ` + historyAppend("attempt_errors", historyEntry("", HistoryDead, "$4::TEXT")) + ` AS attempt_errors),
-` + recordEnded(OutcomeDead, endedFromGone) + `
+        claimed_at, claim),
+` + recordEnded(OutcomeDead, endedFromGone) + `,
+` + historyWrite("hist", "gone", historyEntry("o.", HistoryDead, "$4::TEXT")) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + `, attempt_errors FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $4, enqueued_at, claim_token, tenant, $5, ` + deadSeqValues + ` FROM gone
 RETURNING id`
 
 // ItemsDeadLetter moves a held claim's item to the dead items with lastError and
@@ -736,11 +739,12 @@ func queryIDs(ctx context.Context, db DB, stmt string, args ...any) ([]uuid.UUID
 // reapLeasesIDsSQL is the text of deathStatements.ReapLeasesIDs
 // (rendered by newDeathStatements).
 var reapLeasesIDsSQL = `WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
+    SELECT id, queue, attempts, claimed_at, claim FROM crdbwork_items
     WHERE id IN (SELECT unnest($2::UUID[])) AND queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED),
+` + leaseRanOut + `
 UPDATE crdbwork_items AS i
-SET ` + released + `, ` + leaseRanOut + `
+SET ` + released + `
 WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NOT NULL AND i.lease_until < now()
 RETURNING i.id`
 
@@ -873,12 +877,13 @@ var requeueSQL = `WITH victim AS MATERIALIZED (
     LIMIT 1),
 gone AS (
     DELETE FROM crdbwork_dead_items WHERE id = $1 AND death IN (SELECT death FROM victim)
-    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind, attempt_errors),
-revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id)
+    RETURNING id, queue, part, item_key, priority, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind),
+revived AS (DELETE FROM crdbwork_ended WHERE queue = $2 AND id IN (SELECT id FROM gone) RETURNING id),
+` + historyWrite("hist", "gone", historyRequeued(OutcomeDead)) + `
 INSERT INTO crdbwork_items
-    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind, attempt_errors)
+    (id, queue, part, item_key, priority, vesting_at, turn_at, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, seq_order, kind)
 SELECT g.id, g.queue, g.part % n.parts, g.item_key, g.priority, now(), now(), g.max_attempts, g.payload, g.metadata, g.last_error, g.enqueued_at, g.claim_token, g.tenant,
-       ` + requeuedSeqOrder + `, g.kind, ` + historyRequeued("g.attempt_errors", OutcomeDead) + `
+       ` + requeuedSeqOrder + `, g.kind
 FROM gone AS g,
      (SELECT COALESCE((SELECT num_parts FROM crdbwork_queues WHERE name = $2 FOR SHARE), 1) AS parts,
              COALESCE((SELECT sequenced FROM crdbwork_queues WHERE name = $2), false) AS sequenced) AS n

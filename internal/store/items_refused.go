@@ -118,12 +118,12 @@ var killItemSQL = `WITH picked AS MATERIALIZED (
 gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND (i.claim IS NULL OR i.lease_until < now())
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error,
-              i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind, i.claimed_at, i.claim, i.attempt_errors),
+              i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind, i.claimed_at, i.claim),
 ` + recordEnded(OutcomeDead, endedFromGone) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
 SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata,
-       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `, attempt_errors
+       $3::TEXT || COALESCE('; its last error: ' || last_error, ''), enqueued_at, claim_token, tenant, '` + ReasonRefused + `', ` + deadSeqValues + `
 FROM gone
 RETURNING id`
 

@@ -553,18 +553,19 @@ type ItemDetail struct {
 	Headers map[string]string
 	// Kind is its kind ("" if none).
 	Kind string
-	// History is its attempt_errors (schema version 6; nil: none): read
-	// it with ParseHistory.
+	// History is its errors array of crdbwork_attempt_errors (schema
+	// version 6; nil: none): read it with ParseHistory.
 	History []byte
 }
 
 // itemSQL is the text of dashboardStatements.item
-// (rendered by newDashboardStatements).
-const itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
+// (rendered by newDashboardStatements); the history is its row of
+// crdbwork_attempt_errors, a primary-key lookup.
+var itemSQL = `SELECT id, queue, part, item_key, priority, turn_at, vesting_at, enqueued_at, attempts, max_attempts,
        last_error, tenant, claim, claimed_at, claim_token, lease_until, expires_at, at_most_once, payload, metadata, now(),
        cancel_requested_at, cancel_by, cancel_reason, snoozes, octet_length(checkpoint), checkpoint_at,
-       progress_done, progress_total, progress_at, seq_order, headers, kind, attempt_errors
-FROM crdbwork_items WHERE id = $1`
+       progress_done, progress_total, progress_at, seq_order, headers, kind, ` + attemptErrorsOf("t") + `
+FROM crdbwork_items AS t WHERE id = $1`
 
 // ItemsGet reads the item id, and false if it is not in the items table
 // (dashboardStatements.item).
@@ -608,10 +609,12 @@ func (s *Store) ItemsDepsWaitingQueue(ctx context.Context, db DB, id uuid.UUID) 
 }
 
 // deathsSQL is the text of dashboardStatements.deaths
-// (rendered by newDashboardStatements).
-const deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
-       enqueued_at, died_at, tenant, reason, payload, metadata, kind, attempt_errors
-FROM crdbwork_dead_items WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
+// (rendered by newDashboardStatements); the history is the item's row of
+// crdbwork_attempt_errors (every death of an id reads the same one: it
+// holds all its lives, requeue markers between them).
+var deathsSQL = `SELECT id, death, queue, part, item_key, priority, attempts, max_attempts, last_error,
+       enqueued_at, died_at, tenant, reason, payload, metadata, kind, ` + attemptErrorsOf("t") + `
+FROM crdbwork_dead_items AS t WHERE id = $1 ORDER BY died_at DESC, death DESC LIMIT $2`
 
 // DeadOfID reads up to limit deaths of the id, newest first
 // (dashboardStatements.deaths).

@@ -216,8 +216,8 @@ func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingIt
 // to look in, $2 id → the id's ended records in those queues: one
 // primary-key lookup (queue, id) per queue, joined from the unnested
 // list (no index leads with the id alone).
-const endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
-       e.attempts, e.enqueued_at, e.started_at, e.session, e.attempt_errors
+var endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
+       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `
 FROM unnest($1::TEXT[]) AS u (q)
 JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
 ORDER BY e.ended_at DESC`
@@ -237,8 +237,9 @@ type EndedRow struct {
 	WasRunning             bool
 	// The history (schema version 6): the item's attempts (nil: the row
 	// was written by older code, which recorded no history), its enqueue
-	// time, its last attempt's start and session, and its attempt_errors
-	// (read it with ParseHistory).
+	// time, its last attempt's start and session, and the item's errors
+	// array of crdbwork_attempt_errors, read at lookup time (read it with
+	// ParseHistory).
 	Attempts   *int64
 	EnqueuedAt *time.Time
 	StartedAt  *time.Time

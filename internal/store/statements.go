@@ -384,13 +384,14 @@ RETURNING ` + itemColumns
 // PostgreSQL scanned the table whenever it believed it small (an empty,
 // never analyzed one; TestHotPlansInEveryState).
 var reapLeasesTemplate = `WITH picked AS MATERIALIZED (
-    SELECT id FROM crdbwork_items
+    SELECT id, queue, attempts, claimed_at, claim FROM crdbwork_items
     WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() AND ` + noCancelAsked + `
     ORDER BY lease_until
     LIMIT $2
-    FOR UPDATE SKIP LOCKED)
+    FOR UPDATE SKIP LOCKED),
+` + leaseRanOut + `
 UPDATE crdbwork_items AS i
-SET ` + released + `, ` + leaseRanOut + `
+SET ` + released + `
 %s
 RETURNING i.id`
 
@@ -471,20 +472,20 @@ var (
 	moveExhausted = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.attempts >= i.max_attempts
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind,
-        i.claimed_at, i.claim, i.attempt_errors),
+        i.claimed_at, i.claim),
 ` + recordEnded(OutcomeDead, endedFromGone) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop', ` + deadSeqValues + `, attempt_errors FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, $3, enqueued_at, claim_token, tenant, 'crash loop', ` + deadSeqValues + ` FROM gone
 RETURNING id`
 	moveExpired = `gone AS (
     DELETE FROM crdbwork_items AS i WHERE i.id IN (SELECT id FROM picked) AND i.claim IS NULL AND i.expires_at <= now()
     RETURNING i.id, i.queue, i.part, i.item_key, i.priority, i.attempts, i.max_attempts, i.payload, i.metadata, i.last_error, i.enqueued_at, i.claim_token, i.tenant, i.seq_order, i.kind,
-        i.claimed_at, i.claim, i.attempt_errors),
+        i.claimed_at, i.claim),
 ` + recordEnded(OutcomeDead, endedFromGone) + `
 INSERT INTO crdbwork_dead_items
-    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `, attempt_errors)
-SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired', ` + deadSeqValues + `, attempt_errors FROM gone
+    (id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, reason, ` + deadSeqColumns + `)
+SELECT id, queue, part, item_key, priority, attempts, max_attempts, payload, metadata, last_error, enqueued_at, claim_token, tenant, 'expired', ` + deadSeqValues + ` FROM gone
 RETURNING id`
 )
 

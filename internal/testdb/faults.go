@@ -320,6 +320,7 @@ func mix(x uint64) uint64 {
 var faultTableSuffixes = []string{
 	"sessions", "queues", "session_parts", "items", "dead_items", "tenant_limits",
 	"schedules", "session_queues", "ended", "audit", "waiting", "waits_for", "cancelled_items", "waits_across",
+	"attempt_errors",
 }
 
 // FaultTableSuffixes returns the suffixes of the tables the fault model

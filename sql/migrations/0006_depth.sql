@@ -134,30 +134,42 @@ ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS kind TEXT;
 -- == history ==
--- (issue 33) What happened to an item, attempt by attempt. attempt_errors
--- is a JSON array of the item's ended attempts that did not succeed, oldest
--- first, at most 20 (the oldest dropped first): each an object with the
--- attempt's number, start (its claim), end, session and error (at most
--- 4,096 characters, longer ones cut with a marker), or a requeue marker.
--- A nack, a permanent failure, a lease that ran out and a death append to
--- it; it moves with the item to the dead items, the kept cancelled items,
--- back on a requeue, and into the ended record. The ended record also
--- keeps the item's attempts, enqueue time, and its last attempt's start
--- and session (NULL attempts: recorded by code older than version 6, "no
--- history recorded"). history_window is how long a queue keeps its ended
--- records for history (crdbwork_ended rows stay for the longer of it and
--- dedup_window). Code of versions 3 to 5 neither writes nor reads these
--- columns: its nacks add no entry, its ends record no history, and its
--- reapers prune the ended records by the dedup window alone
--- (docs/history.md, "Rolling upgrades").
-ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
-ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
-ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
+-- (issue 33) What happened to an item, attempt by attempt. Its ended
+-- attempts that did not succeed are kept in crdbwork_attempt_errors, one
+-- row per item keyed by (queue, id) as the item's id never changes when it
+-- moves (dead, cancelled, requeued): errors is a JSON array, oldest first,
+-- at most 20 (the oldest dropped first), each an object with the attempt's
+-- number, start (its claim), end, session and error (at most 4,096
+-- characters, longer ones cut with a marker), or a requeue marker. Only
+-- the failure paths write it (a nack, a permanent failure, a death, a lease
+-- that ran out; a requeue appends its marker), each in a CTE of the
+-- statement it runs anyway; an ack never touches it, and crdbwork_items
+-- gets no column (its width is what a never-analyzed table's size is
+-- estimated from: TestHotPlansInEveryState). The reapers delete a row once
+-- its item is in none of the items, waiting, dead or cancelled tables and
+-- its ended record is gone or older than the history window
+-- (crdbwork_attempt_errors_by_age). The ended record keeps the item's
+-- attempts, enqueue time, and its last attempt's start and session (NULL
+-- attempts: recorded by code older than version 6, "no history
+-- recorded"). history_window is how long a queue keeps its ended records
+-- for history (crdbwork_ended rows stay for the longer of it and
+-- dedup_window). Code of versions 3 to 5 neither writes nor reads these:
+-- its nacks add no entry, its ends record no history, and its reapers
+-- prune the ended records by the dedup window alone (docs/history.md,
+-- "Rolling upgrades").
+CREATE TABLE IF NOT EXISTS crdbwork_attempt_errors (
+    queue      TEXT        NOT NULL,
+    id         UUID        NOT NULL,
+    errors     JSONB       NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, id)
+);
+CREATE INDEX IF NOT EXISTS crdbwork_attempt_errors_by_age
+    ON crdbwork_attempt_errors (queue, updated_at);
 ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS attempts BIGINT;
 ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS enqueued_at TIMESTAMPTZ;
 ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS started_at TIMESTAMPTZ;
 ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS session UUID;
-ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS attempt_errors JSONB;
 ALTER TABLE crdbwork_queues ADD COLUMN IF NOT EXISTS history_window INTERVAL NOT NULL DEFAULT INTERVAL '24 hours';
 
 -- == cross-queue prerequisites ==
