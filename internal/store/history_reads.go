@@ -265,7 +265,11 @@ const historyWindow = `COALESCE((SELECT history_window FROM crdbwork_queues WHER
 // window, whose item is in none of the items, waiting, dead and kept
 // cancelled tables and has no ended record within the window (gone, or
 // older). Each candidate's checks are primary-key (or leading-column)
-// lookups; rows whose item is still there (a dead item kept longer than
+// lookups, written as scalar subqueries with LIMIT 1 rather than NOT
+// EXISTS: PostgreSQL turned NOT EXISTS into anti joins and, estimating
+// thousands of candidates, hashed the dead items whole
+// (TestAttemptErrorsPrunePlans); a subquery with a LIMIT stays a lookup
+// per candidate. Rows whose item is still there (a dead item kept longer than
 // the history window, an item still retried) are passed over in the index
 // scan, so a batch is not stopped by them. Rows another pruner holds are
 // skipped (FOR UPDATE SKIP LOCKED: run it in an explicit SERIALIZABLE
@@ -274,11 +278,11 @@ const historyWindow = `COALESCE((SELECT history_window FROM crdbwork_queues WHER
 const pruneAttemptErrorsSQL = `WITH old AS MATERIALIZED (
     SELECT h.id FROM crdbwork_attempt_errors AS h
     WHERE h.queue = $1 AND h.updated_at < now() - ` + historyWindow + `
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_items AS i WHERE i.id = h.id)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = h.id)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = h.id)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_cancelled_items AS c WHERE c.id = h.id AND c.queue = $1)
-      AND NOT EXISTS (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = h.id AND e.ended_at >= now() - ` + historyWindow + `)
+      AND (SELECT 1 FROM crdbwork_items AS i WHERE i.id = h.id LIMIT 1) IS NULL
+      AND (SELECT 1 FROM crdbwork_waiting AS w WHERE w.id = h.id LIMIT 1) IS NULL
+      AND (SELECT 1 FROM crdbwork_dead_items AS d WHERE d.id = h.id LIMIT 1) IS NULL
+      AND (SELECT 1 FROM crdbwork_cancelled_items AS c WHERE c.id = h.id AND c.queue = $1 LIMIT 1) IS NULL
+      AND (SELECT 1 FROM crdbwork_ended AS e WHERE e.queue = $1 AND e.id = h.id AND e.ended_at >= now() - ` + historyWindow + ` LIMIT 1) IS NULL
     ORDER BY h.updated_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
