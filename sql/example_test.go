@@ -54,6 +54,7 @@ func ExampleApply() {
 	// before Apply, missing: true
 	// after Apply: <nil>
 	// items table: "work"."jobs_items"
+	// jobs_attempt_errors
 	// jobs_audit
 	// jobs_cancelled_items
 	// jobs_dead_items

@@ -88,13 +88,22 @@ func historyRequeued(from string) string {
 	return `jsonb_build_object('kind', 'requeued', 'from', '` + from + `', 'ended_at', now())`
 }
 
-// heldOld is the CTE, named old, that locks the item row a nack or a
-// permanent failure ends the attempt of (heldBy) and keeps the columns its
-// history entry reads before the statement releases the claim (which sets
-// claim and claimed_at to NULL).
+// heldOld is the CTE, named old, that reads the item row a nack or a
+// permanent failure ends the attempt of (heldBy) as the statement's
+// snapshot has it: the columns its history entry reads before the
+// statement's UPDATE (a CTE named upd, RETURNING id) releases the claim,
+// which sets claim and claimed_at to NULL. It locks nothing: in
+// PostgreSQL a CTE only its history's INSERT reads runs after the UPDATE,
+// and a FOR UPDATE there skipped the row the UPDATE had just changed (no
+// entry was written). heldEnded keeps the rows the UPDATE changed (the
+// claim still held when it ran): a nack that lost its claim to the lease
+// reaper meanwhile writes no entry of its own.
 const heldOld = `old AS MATERIALIZED (
-    SELECT queue, id, attempts, claimed_at, claim FROM crdbwork_items WHERE ` + heldBy + `
-    FOR UPDATE)`
+    SELECT queue, id, attempts, claimed_at, claim FROM crdbwork_items WHERE ` + heldBy + `)`
+
+// heldEnded is the relation, for historyWrite, of the rows of heldOld the
+// statement's UPDATE (upd) changed.
+const heldEnded = `(SELECT * FROM old WHERE id IN (SELECT id FROM upd))`
 
 // Kinds of history entries (attempt_errors[].kind).
 const (

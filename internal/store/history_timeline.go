@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// HistoryEntry is one element of an attempt_errors array (historyEntry,
+// HistoryEntry is one element of an errors array of crdbwork_attempt_errors (historyEntry,
 // historyRequeued), as the statements write it.
 type HistoryEntry struct {
 	Attempt   int64      `json:"attempt"`
@@ -21,7 +21,7 @@ type HistoryEntry struct {
 	From string `json:"from"`
 }
 
-// ParseHistory reads an attempt_errors array (nil or empty: none).
+// ParseHistory reads an errors array of crdbwork_attempt_errors (nil or empty: none).
 func ParseHistory(raw []byte) ([]HistoryEntry, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
@@ -72,7 +72,7 @@ type Attempt struct {
 
 // TimelineInput is what the tables hold about an item for its Timeline.
 type TimelineInput struct {
-	// Entries are its attempt_errors.
+	// Entries are its errors of crdbwork_attempt_errors.
 	Entries []HistoryEntry
 	// Attempts is its attempts since its last requeue (the row's count).
 	Attempts int64

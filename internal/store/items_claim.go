@@ -520,12 +520,15 @@ func (s *Store) ItemsExtend(ctx context.Context, db DB, d Dialect, keys []ClaimK
 
 // nackSQL is the text of coreStatements.Nack (rendered by newCoreStatements).
 var nackSQL = `WITH ` + heldOld + `,
-` + historyWrite("hist", "old", historyEntry("o.", HistoryFailed, "$5::TEXT")) + `
-UPDATE crdbwork_items
-SET ` + released + `,
-    vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
-    turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
-WHERE ` + heldBy
+upd AS (
+    UPDATE crdbwork_items
+    SET ` + released + `,
+        vesting_at = now() + $4::BIGINT * INTERVAL '1 microsecond',
+        turn_at = now() + $4::BIGINT * INTERVAL '1 microsecond', last_error = $5
+    WHERE ` + heldBy + `
+    RETURNING id),
+` + historyWrite("hist", heldEnded, historyEntry("o.", HistoryFailed, "$5::TEXT")) + `
+SELECT id FROM upd`
 
 // ItemsNack releases a held claim with its attempt counted: the item vests again
 // after delay (at microsecond precision), with lastError. It reports whether
@@ -551,10 +554,13 @@ func (s *Store) ItemsRelease(ctx context.Context, db DB, k ClaimKey) (bool, erro
 // exhaustSQL is the text of deathStatements.Exhaust
 // (rendered by newDeathStatements).
 var exhaustSQL = `WITH ` + heldOld + `,
-` + historyWrite("hist", "old", historyEntry("o.", HistoryPermanent, "$4::TEXT")) + `
-UPDATE crdbwork_items
-SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
-WHERE ` + heldBy
+upd AS (
+    UPDATE crdbwork_items
+    SET ` + released + `, attempts = GREATEST(attempts, max_attempts), last_error = $4
+    WHERE ` + heldBy + `
+    RETURNING id),
+` + historyWrite("hist", heldEnded, historyEntry("o.", HistoryPermanent, "$4::TEXT")) + `
+SELECT id FROM upd`
 
 // ItemsExhaust releases a held claim with the item's attempts used up and
 // lastError set, for the reaper to move it to the dead items. It reports
