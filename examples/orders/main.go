@@ -4,14 +4,14 @@
 // charges the card through a payment gateway (which times out once for one
 // of the cards), retries with backoff, and records the charge exactly once,
 // in the transaction that acknowledges the item; a periodic cleanup deletes
-// orders left unpaid for a week.
+// orders left unpaid for a week. Charges and cleanups are two kinds of
+// items of one queue, with a typed handler each.
 //
 //	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/orders
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -40,88 +40,79 @@ func main() {
 }
 
 // README:begin setup
-// The queues. crdbwork has no job kinds: a queue has one handler, so the
-// charges and the cleanups are two queues (River's kinds in one queue, or
-// Oban's workers, become one queue each, or one handler that dispatches on
-// a field of the payload). Retries: 5 attempts, backoff from 100 ms
-// doubling up to 10 s, with jitter (the defaults are 25, 1 s and 1 h).
+// Charge and Cleanup are the typed arguments of the queue's two kinds of
+// items, as River's JobArgs: the kind names the handler, the fields travel
+// as the item's JSON payload.
+type Charge struct {
+	OrderID uuid.UUID `json:"order_id"`
+	Card    string    `json:"card"`
+	Cents   int64     `json:"cents"`
+}
+
+func (Charge) Kind() string { return "charge" }
+
+type Cleanup struct{}
+
+func (Cleanup) Kind() string { return "cleanup" }
+
+// The queue and its worker. Retries: backoff from 100 ms doubling up to
+// 10 s, with jitter (the defaults are 1 s and 1 h); a charge has 5
+// attempts (placeOrder), a cleanup the default 25.
 var (
-	ordersQueue = claim.Options{Queue: "orders", MaxAttempts: 5,
-		BackoffBase: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
-	maintenanceQueue = claim.Options{Queue: "maintenance"}
-	workerOptions    = worker.Options{Concurrency: 10}
+	shopQueue     = claim.Options{Queue: "shop", BackoffBase: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
+	workerOptions = worker.Options{Concurrency: 10}
 )
 
-// serve runs what River's started client or Oban's supervised instance
-// runs: a worker per queue (each with its own session) and the schedule
-// runner, until ctx ends. Every process of the service runs the same; no
-// leader is elected.
+// serve runs what River's started client runs: a worker with a handler
+// per kind, and the schedule runner, until ctx ends. Every process of the
+// service runs the same; no leader is elected.
 func serve(ctx context.Context, pool *pgxpool.Pool, gw *gateway) error {
-	orders, err := claim.New(pool, ordersQueue)
+	q, err := claim.New(pool, shopQueue)
 	if err != nil {
 		return err
 	}
-	maintenance, err := claim.New(pool, maintenanceQueue)
-	if err != nil {
-		return err
-	}
-	charges, err := worker.New(orders, chargeHandler(gw), workerOptions)
-	if err != nil {
-		return err
-	}
-	cleanups, err := worker.New(maintenance, cleanup, workerOptions)
+	kinds := worker.NewKinds()
+	worker.AddKind(kinds, chargeHandler(gw))
+	worker.AddKind(kinds, cleanup)
+	w, err := worker.New(q, kinds.Handler(), workerOptions)
 	if err != nil {
 		return err
 	}
 	// One cleanup per hour, whichever process enqueues it (the database
 	// makes it one item per period); the current hour's at once.
-	runner, err := schedule.New(maintenance, schedule.Options{},
-		schedule.Schedule{Name: "cleanup", Every: time.Hour})
+	cleanupItem, err := claim.ArgsItem(Cleanup{})
+	if err != nil {
+		return err
+	}
+	runner, err := schedule.New(q, schedule.Options{},
+		schedule.Schedule{Name: "cleanup", Every: time.Hour, Item: cleanupItem})
 	if err != nil {
 		return err
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	errs := make(chan error, 3)
-	var wg sync.WaitGroup
-	for _, f := range []func(context.Context) error{charges.Run, cleanups.Run, runner.Run} {
-		wg.Go(func() {
-			err := f(ctx)
-			if err != nil {
-				stop() // one failed: stop the others too
-			}
-			errs <- err
-		})
-	}
-	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	return errors.Join(all...)
+	errs := make(chan error, 2)
+	go func() { errs <- runner.Run(ctx) }()
+	err = w.Run(ctx)
+	stop() // the worker stopped (or failed to start): stop the runner too
+	return errors.Join(err, <-errs)
 }
 
 // README:end setup
 
 // README:begin orders
-// order is the charge item's payload: JSON, as River's and Oban's args.
-type order struct {
-	ID    uuid.UUID `json:"id"`
-	Card  string    `json:"card"`
-	Cents int64     `json:"cents"`
-}
-
 // placeOrder stores the order and enqueues its charge in one transaction:
 // the item exists only if the order does. The unique key makes a second
 // enqueue of the same order's charge add nothing. On CockroachDB any
 // transaction may have to run again (SQLSTATE 40001): crdb.ExecuteCtx runs
 // it again, whole.
-func placeOrder(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, o order) error {
-	payload, err := json.Marshal(o)
+func placeOrder(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, o Charge) error {
+	it, err := claim.ArgsItem(o) // Kind "charge", the arguments' JSON as Payload
 	if err != nil {
 		return err
 	}
+	it.UniqueKey = "charge:" + o.OrderID.String()
+	it.MaxAttempts = 5
 	return crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -129,54 +120,48 @@ func placeOrder(ctx context.Context, pool *pgxpool.Pool, q *claim.Queue, o order
 		}
 		defer tx.Rollback(ctx) // a no-op once committed
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, card, cents) VALUES ($1, $2, $3)`,
-			o.ID, o.Card, o.Cents); err != nil {
+			o.OrderID, o.Card, o.Cents); err != nil {
 			return err
 		}
-		if _, err := q.EnqueueTx(ctx, tx, claim.NewItem{
-			Payload:   payload,
-			UniqueKey: "charge:" + o.ID.String(),
-		}); err != nil {
+		if _, err := q.EnqueueTx(ctx, tx, it); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
 	})
 }
 
-// chargeHandler returns the handler of the orders queue. The card is
-// charged outside any transaction, with the item's id as the gateway's
+// chargeHandler returns the handler of the charges. The card is charged
+// outside any transaction, with the item's id as the gateway's
 // idempotency key (a handler may run more than once); the charge is
 // recorded by the returned Record, inside the transaction that acks the
 // item, which commits at most once per item.
-func chargeHandler(gw *gateway) worker.Handler {
-	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
-		var o order
-		if err := json.Unmarshal(it.Payload, &o); err != nil {
-			return nil, claim.Permanent(fmt.Errorf("order payload: %w", err)) // no retry: dead at once
-		}
-		receipt, err := gw.Charge(ctx, it.ID.String(), o.Card, o.Cents)
+func chargeHandler(gw *gateway) func(context.Context, worker.Job[Charge]) (worker.Record, error) {
+	return func(ctx context.Context, job worker.Job[Charge]) (worker.Record, error) {
+		o := job.Args
+		receipt, err := gw.Charge(ctx, job.ID.String(), o.Card, o.Cents)
 		if err != nil {
-			return nil, err // retried with backoff; dead after MaxAttempts
+			return nil, err // retried with backoff; dead after its 5 attempts
 		}
 		return func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO charges (order_id, receipt, attempt) VALUES ($1, $2, $3)`,
-				o.ID, receipt, it.Attempt); err != nil {
+				o.OrderID, receipt, job.Attempt); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, o.ID)
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, o.OrderID)
 			return err
 		}, nil
 	}
 }
 
-// cleanup is the handler of the maintenance queue: all its work is in the
-// ack transaction, so a cleanup commits once per item.
-func cleanup(ctx context.Context, it claim.Item) (worker.Record, error) {
+// cleanup is the handler of the cleanups: all its work is in the ack
+// transaction, so a cleanup commits once per item.
+func cleanup(ctx context.Context, job worker.Job[Cleanup]) (worker.Record, error) {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM orders WHERE status = 'pending' AND created_at < now() - INTERVAL '7 days'`)
 		if err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO cleanups (item_id, deleted) VALUES ($1, $2)`, it.ID, tag.RowsAffected())
+		_, err = tx.Exec(ctx, `INSERT INTO cleanups (item_id, deleted) VALUES ($1, $2)`, job.ID, tag.RowsAffected())
 		return err
 	}, nil
 }
@@ -192,17 +177,17 @@ func run(ctx context.Context, url string) error {
 		return err
 	}
 	defer pool.Close()
-	orders, err := claim.New(pool, ordersQueue)
+	q, err := claim.New(pool, shopQueue)
 	if err != nil {
 		return err
 	}
-	placed := []order{
-		{ID: uuid.New(), Card: "tok_visa", Cents: 1250},
-		{ID: uuid.New(), Card: "tok_timeout_once", Cents: 4999},
-		{ID: uuid.New(), Card: "tok_mastercard", Cents: 300},
+	placed := []Charge{
+		{OrderID: uuid.New(), Card: "tok_visa", Cents: 1250},
+		{OrderID: uuid.New(), Card: "tok_timeout_once", Cents: 4999},
+		{OrderID: uuid.New(), Card: "tok_mastercard", Cents: 300},
 	}
 	for _, o := range placed {
-		if err := placeOrder(ctx, pool, orders, o); err != nil {
+		if err := placeOrder(ctx, pool, q, o); err != nil {
 			return err
 		}
 	}
@@ -213,7 +198,7 @@ func run(ctx context.Context, url string) error {
 	go func() { done <- serve(sctx, pool, gw) }()
 	ids := make([]uuid.UUID, len(placed))
 	for i, o := range placed {
-		ids[i] = o.ID
+		ids[i] = o.OrderID
 	}
 	if err := waitDone(ctx, pool, ids, done); err != nil {
 		return err
@@ -226,8 +211,8 @@ func run(ctx context.Context, url string) error {
 	return nil
 }
 
-// connect opens the pool, sized for two workers and the producer, and
-// applies the crdbwork schema and the shop's tables.
+// connect opens the pool, sized for the worker, the producer and the
+// schedule runner, and applies the crdbwork schema and the shop's tables.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -236,7 +221,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err := worker.ConfigurePool(cfg, workerOptions); err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = int32(2*worker.PoolConns(workerOptions) + 2)
+	cfg.MaxConns = int32(worker.PoolConns(workerOptions) + 2)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
