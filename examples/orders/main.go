@@ -4,8 +4,8 @@
 // charges the card through a payment gateway (which times out once for one
 // of the cards), retries with backoff, and records the charge exactly once,
 // in the transaction that acknowledges the item; a periodic cleanup deletes
-// orders left unpaid for a week. Charges and cleanups are two kinds of
-// items of one queue, with a typed handler each.
+// orders left unpaid for a week. Charges and cleanups are two kinds, with a
+// typed handler each, in two queues that one worker group works.
 //
 //	DATABASE_URL='postgresql://root@localhost:26257/app?sslmode=disable' go run ./examples/orders
 package main
@@ -40,9 +40,9 @@ func main() {
 }
 
 // README:begin setup
-// Charge and Cleanup are the typed arguments of the queue's two kinds of
-// items, as River's JobArgs: the kind names the handler, the fields travel
-// as the item's JSON payload.
+// Charge and Cleanup are the typed arguments of the two kinds of items, as
+// River's JobArgs: the kind names the handler, the fields travel as the
+// item's JSON payload.
 type Charge struct {
 	OrderID uuid.UUID `json:"order_id"`
 	Card    string    `json:"card"`
@@ -55,26 +55,36 @@ type Cleanup struct{}
 
 func (Cleanup) Kind() string { return "cleanup" }
 
-// The queue and its worker. Retries: backoff from 100 ms doubling up to
-// 10 s, with jitter (the defaults are 1 s and 1 h); a charge has 5
-// attempts (placeOrder), a cleanup the default 25.
+// The queues, as Oban's queues: [orders: 10, maintenance: 1]. Retries of
+// the charges: backoff from 100 ms doubling up to 10 s, with jitter (the
+// defaults are 1 s and 1 h); a charge has 5 attempts (placeOrder).
 var (
-	shopQueue     = claim.Options{Queue: "shop", BackoffBase: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
-	workerOptions = worker.Options{Concurrency: 10}
+	ordersQueue        = claim.Options{Queue: "orders", BackoffBase: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
+	maintenanceQueue   = claim.Options{Queue: "maintenance"}
+	ordersOptions      = worker.Options{Concurrency: 10}
+	maintenanceOptions = worker.Options{Concurrency: 1}
 )
 
-// serve runs what River's started client runs: a worker with a handler
-// per kind, and the schedule runner, until ctx ends. Every process of the
-// service runs the same; no leader is elected.
+// serve runs what River's started client runs: one group that works both
+// queues with one session (a handler per kind in each), and the schedule
+// runner, until ctx ends. Every process of the service runs the same; no
+// leader is elected.
 func serve(ctx context.Context, pool *pgxpool.Pool, gw *gateway) error {
-	q, err := claim.New(pool, shopQueue)
+	orders, err := claim.New(pool, ordersQueue)
 	if err != nil {
 		return err
 	}
-	kinds := worker.NewKinds()
-	worker.AddKind(kinds, chargeHandler(gw))
-	worker.AddKind(kinds, cleanup)
-	w, err := worker.New(q, kinds.Handler(), workerOptions)
+	maintenance, err := claim.New(pool, maintenanceQueue)
+	if err != nil {
+		return err
+	}
+	charges, cleanups := worker.NewKinds(), worker.NewKinds()
+	worker.AddKind(charges, chargeHandler(gw))
+	worker.AddKind(cleanups, cleanup)
+	g, err := worker.NewGroup([]worker.QueueConfig{
+		{Queue: orders, Handler: charges.Handler(), Options: ordersOptions},
+		{Queue: maintenance, Handler: cleanups.Handler(), Options: maintenanceOptions},
+	}, worker.GroupOptions{Name: "shop"})
 	if err != nil {
 		return err
 	}
@@ -84,17 +94,17 @@ func serve(ctx context.Context, pool *pgxpool.Pool, gw *gateway) error {
 	if err != nil {
 		return err
 	}
-	runner, err := schedule.New(q, schedule.Options{},
+	runner, err := schedule.New(maintenance, schedule.Options{},
 		schedule.Schedule{Name: "cleanup", Every: time.Hour, Item: cleanupItem})
 	if err != nil {
 		return err
 	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	errs := make(chan error, 2)
+	errs := make(chan error, 1)
 	go func() { errs <- runner.Run(ctx) }()
-	err = w.Run(ctx)
-	stop() // the worker stopped (or failed to start): stop the runner too
+	err = g.Run(ctx)
+	stop() // the group stopped (or failed to start): stop the runner too
 	return errors.Join(err, <-errs)
 }
 
@@ -177,7 +187,7 @@ func run(ctx context.Context, url string) error {
 		return err
 	}
 	defer pool.Close()
-	q, err := claim.New(pool, shopQueue)
+	q, err := claim.New(pool, ordersQueue)
 	if err != nil {
 		return err
 	}
@@ -211,17 +221,18 @@ func run(ctx context.Context, url string) error {
 	return nil
 }
 
-// connect opens the pool, sized for the worker, the producer and the
-// schedule runner, and applies the crdbwork schema and the shop's tables.
+// connect opens the pool, sized for the group's two queues, the producer
+// and the schedule runner, and applies the crdbwork schema and the shop's
+// tables.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
-	if err := worker.ConfigurePool(cfg, workerOptions); err != nil {
+	if err := worker.ConfigurePool(cfg, ordersOptions); err != nil {
 		return nil, err
 	}
-	cfg.MaxConns = int32(worker.PoolConns(workerOptions) + 2)
+	cfg.MaxConns = int32(worker.GroupPoolConns(ordersOptions, maintenanceOptions) + 2)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err

@@ -39,7 +39,7 @@ func TestOrders(t *testing.T) {
 		(SELECT count(*) FROM charges c JOIN orders o ON o.id = c.order_id WHERE o.card = 'tok_timeout_once' AND c.attempt = 2),
 		(SELECT count(*) FROM cleanups),
 		(SELECT count(DISTINCT item_id) FROM cleanups),
-		(SELECT count(*) FROM crdbwork_items WHERE queue = 'shop' AND kind = 'charge'),
+		(SELECT count(*) FROM crdbwork_items WHERE queue = 'orders'),
 		(SELECT count(*) FROM crdbwork_dead_items)`).Scan(
 		&orders, &paid, &charges, &chargedOrders, &retried, &cleanups, &cleanupItems, &left, &dead); err != nil {
 		t.Fatal(err)
