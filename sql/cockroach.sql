@@ -47,3 +47,8 @@ ALTER TABLE crdbwork_waits_across CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- and the reapers' pruning deletes it once the dedup window has passed,
 -- oldest first through crdbwork_cancelled_items_by_age.
 ALTER TABLE crdbwork_cancelled_items CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Reap turns (version 6): a handful of rows, each rewritten every few
+-- seconds (the turn to reap expired sessions about every two heartbeats,
+-- each queue's about every five), read by primary key with every
+-- heartbeat.
+ALTER TABLE crdbwork_reaps CONFIGURE ZONE USING gc.ttlseconds = 600;

@@ -60,6 +60,7 @@ func ExampleApply() {
 	// jobs_ended
 	// jobs_items
 	// jobs_queues
+	// jobs_reaps
 	// jobs_schedules
 	// jobs_schema_version
 	// jobs_session_parts

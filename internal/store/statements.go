@@ -21,6 +21,10 @@ type coreStatements struct {
 	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
 	LiveSessionIDs string // → id, ordered
 
+	// Reap turns (crdbwork_reaps, reaps.go).
+	TakeReapTurn      string // $1 name, $2 interval (µs) → one row if taken
+	TakeQueueReapTurn string // $1 queue, $2 interval (µs) → taken, whether the item steps have work
+
 	// Queues and parts.
 	QueueParts       string // $1 queue → num_parts (no row: 1 part)
 	UpsertQueueParts string // $1 queue, $2 num_parts
@@ -557,6 +561,9 @@ func newCoreStatements(t Tables) *coreStatements {
 		DeleteSession:  r(deleteSessionSQL),
 		LiveSessions:   r(coreLiveSessionsSQL),
 		LiveSessionIDs: r(liveSessionIDsSQL),
+
+		TakeReapTurn:      r(takeReapTurnSQL),
+		TakeQueueReapTurn: r(takeQueueReapTurnSQL),
 
 		QueueParts:       r(queuePartsSQL),
 		InsertQueueParts: r(insertQueuePartsSQL),
