@@ -381,6 +381,28 @@ func (l *limiter) set(now time.Time, lims Limits, dbNow time.Time, parts, rank, 
 	}
 }
 
+// quiet reports whether the last read of the limits succeeded and limits
+// nothing: then the maintenance loop reads them again only when the
+// queue's change marker moves, or every limitQuietRefresh.
+func (l *limiter) quiet() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.loaded && l.lims.none()
+}
+
+// confirm dates limits that limit nothing from at, a heartbeat that found
+// the queue's change marker where it was at their read (so they are that
+// recent, as far as writers of schema version 6 go): they do not become
+// stale while nothing changes. Limits that limit something are dated by
+// their reads alone.
+func (l *limiter) confirm(at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loaded && l.lims.none() && at.After(l.readAt) {
+		l.readAt = at
+	}
+}
+
 // failed counts a read of the limits (or of what the shares derive from)
 // that failed.
 func (l *limiter) failed() {

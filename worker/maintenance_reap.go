@@ -2,11 +2,111 @@ package worker
 
 import (
 	"context"
+	"time"
 
-	"github.com/crdbwork/crdbwork/claim"
 	"github.com/google/uuid"
 	"go.uber.org/zap"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/retry"
+	"github.com/crdbwork/crdbwork/internal/store"
+	"github.com/crdbwork/crdbwork/session"
 )
+
+// sessionsReapTurn is the name of the reap turn of expired sessions in the
+// reaps table (no queue has an empty name).
+const sessionsReapTurn = ""
+
+// reapExpiredSessions deletes the expired sessions, after taking the reap turn
+// of expired sessions when turn is true: a peer that took it within the
+// last every does it, and this session does nothing. It reports false when
+// the reap failed: then the session tries again (without the turn, which
+// it holds) at the next heartbeat. A turn that cannot be taken (the
+// statement failed) reaps anyway: a reap too many costs one statement, a
+// reap missed delays failover.
+func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duration, turn bool) (ok bool) {
+	w, log := r.w, r.log
+	if turn {
+		var took bool
+		err := retry.Do(ctx, nil, func(ctx context.Context) error {
+			var err error
+			took, err = w.store.ReapsTakeTurn(ctx, w.db, sessionsReapTurn, every)
+			return store.Classify(err)
+		})
+		if h := w.opts.Testing.AfterReapTurn; h != nil && ctx.Err() == nil {
+			h(sessionsReapTurn, took, err)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return true
+		case err != nil:
+			log.Warn("taking the turn to reap expired sessions failed; reaping anyway", zap.Error(err))
+		case !took:
+			return true // a peer reaps
+		}
+	}
+	n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
+	if h := w.opts.Testing.AfterSessionReap; h != nil && ctx.Err() == nil {
+		h(n, err)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return true
+	case err != nil:
+		log.Warn("reaping expired sessions failed", zap.Error(err))
+		return false
+	case n > 0:
+		log.Info("reaped expired sessions", zap.Int64("count", n))
+	}
+	return true
+}
+
+// queueReapState is what the maintenance loop keeps between its queue reap
+// turns.
+type queueReapState struct {
+	// retry: the last reap failed; the next one runs without a turn.
+	retry bool
+	// lastFull is when the session last ran the whole reap.
+	lastFull time.Time
+}
+
+// queueReapTurn takes the queue's reap turn if the queue's last reap is at
+// least every old, and then runs the queue's reap (reapQueue) if the
+// reap's item steps have something to do, or if the session's last whole
+// reap is idleQueueReapEvery old (the prunes), or if its last reap failed.
+// So a fleet reaps a queue about once per interval, whatever its size, and
+// an idle queue's reap is one statement. A turn that cannot be taken reaps
+// anyway. It reports false when a step of the reap failed.
+func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
+	w, log := r.w, r.log
+	if !st.retry {
+		var took, due bool
+		err := retry.Do(ctx, nil, func(ctx context.Context) error {
+			var err error
+			took, due, err = w.store.ReapsTakeQueueTurn(ctx, w.db, w.name, every)
+			return store.Classify(err)
+		})
+		if h := w.opts.Testing.AfterReapTurn; h != nil && ctx.Err() == nil {
+			h(w.name, took, err)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return true
+		case err != nil:
+			log.Warn("taking the queue's reap turn failed; reaping anyway", zap.Error(err))
+		case !took:
+			return true // a peer reaps
+		case !due && time.Since(st.lastFull) < idleQueueReapEvery:
+			return true // nothing to reap
+		}
+	}
+	ok = r.reapQueue(ctx)
+	st.retry = !ok
+	if ok {
+		st.lastFull = time.Now()
+	}
+	return ok
+}
 
 // reapQueue runs one reap of the queue (queuemaint.Queue.Reap: the
 // cancelled items no handler will end, the expired leases, the exhausted

@@ -286,14 +286,21 @@ type TestingOptions struct {
 	// succeeded or not (LimitStats says).
 	AfterLimitRefresh func()
 	// AfterSessionReap, if not nil, is called after each deletion of
-	// expired sessions by the maintenance loop (every Session.ReapEvery),
-	// with how many it deleted and its error.
+	// expired sessions by the maintenance loop (when the session took the
+	// fleet's turn, about every Session.ReapEvery in the fleet), with how
+	// many it deleted and its error.
 	AfterSessionReap func(n int64, err error)
 	// AfterQueueReap, if not nil, is called after each reap of the queue
-	// by the maintenance loop (queuemaint.Queue.Reap, every few heartbeats:
+	// by the maintenance loop (queuemaint.Queue.Reap, when the session
+	// took the queue's reap turn and the queue had something to reap:
 	// expired leases, crash loops, expired items, prunes, and the
 	// dependency sweep), with what it did and its error.
 	AfterQueueReap func(st claim.ReapStats, err error)
+	// AfterReapTurn, if not nil, is called after each try of the
+	// maintenance loop to take a reap turn: name is the queue's name for
+	// its reap, "" for the reap of expired sessions; took says whether
+	// the session took it.
+	AfterReapTurn func(name string, took bool, err error)
 	// Session holds the hooks of the worker's sessions (each heartbeat);
 	// the sessions' own reaper does not run in a worker (AfterSessionReap
 	// is the worker's).
