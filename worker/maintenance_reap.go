@@ -76,7 +76,9 @@ type queueReapState struct {
 // reap is idleQueueReapEvery old (the prunes), or if its last reap failed.
 // So a fleet reaps a queue about once per interval, whatever its size, and
 // an idle queue's reap is one statement. A turn that cannot be taken reaps
-// anyway. It reports false when a step of the reap failed.
+// anyway. A turn taken (or not known) also makes the check of the tables'
+// statistics due (checkStatistics). It reports false when a step of the
+// reap failed.
 func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
 	w, log := r.w, r.log
 	if !st.retry {
@@ -88,6 +90,12 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 		})
 		if h := w.opts.Testing.AfterReapTurn; h != nil && ctx.Err() == nil {
 			h(w.name, took, err)
+		}
+		if err != nil || took {
+			select {
+			case r.statsDue <- struct{}{}: // the statistics check goes with the turn
+			default:
+			}
 		}
 		switch {
 		case ctx.Err() != nil:

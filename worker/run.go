@@ -64,6 +64,10 @@ type sessionRun struct {
 	// reapSessions: the maintenance loop deletes expired sessions (one
 	// queue's of a group).
 	reapSessions bool
+	// statsDue is signalled (without blocking) when the maintenance loop
+	// took the queue's reap turn: the check of the tables' statistics is
+	// due (checkStatistics).
+	statsDue chan struct{}
 }
 
 // runSession runs the worker's queue on one session until it is lost or ctx
@@ -121,6 +125,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	if h := w.opts.Testing.AfterLimitRefresh; h != nil {
 		h()
 	}
+	r.statsDue = make(chan struct{}, 1)
 	go func() {
 		defer close(maintDone)
 		r.maintain()
@@ -128,7 +133,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	statsDone := make(chan struct{})
 	go func() {
 		defer close(statsDone)
-		r.checkStatistics()
+		r.checkStatistics(r.statsDue)
 	}()
 
 	var observe func(reqs []claim.AckRequest, errs []error)
