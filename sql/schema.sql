@@ -486,7 +486,12 @@ CREATE INDEX IF NOT EXISTS crdbwork_waits_across_by_dependent
 -- neither reads nor writes it: it reaps on its own timers, as before.
 CREATE TABLE IF NOT EXISTS crdbwork_reaps (
     name      TEXT        NOT NULL PRIMARY KEY,
-    reaped_at TIMESTAMPTZ NOT NULL
+    reaped_at TIMESTAMPTZ NOT NULL,
+    -- A queue's last whole reap with its prunes (ended ids past the dedup
+    -- window, kept cancelled items, dead items beyond the retention),
+    -- which runs about once a minute while the queue has nothing else to
+    -- reap. NULL for the turn of expired sessions.
+    pruned_at TIMESTAMPTZ
 );
 
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)

@@ -18,21 +18,30 @@ import (
 const sessionsReapTurn = ""
 
 // reapExpiredSessions deletes the expired sessions, after taking the reap turn
-// of expired sessions when turn is true: a peer that took it within the
-// last every does it, and this session does nothing. It reports false when
-// the reap failed: then the session tries again (without the turn, which
-// it holds) at the next heartbeat. A turn that cannot be taken (the
-// statement failed) reaps anyway: a reap too many costs one statement, a
-// reap missed delays failover.
+// of expired sessions when turn is true, in one statement
+// (store.SessionsReapTurn): a peer that took it within the last every
+// reaped, and this session does nothing. It reports false when the reap
+// failed: then the session tries again (without the turn, which it
+// holds) at the next heartbeat. When the statement fails or does not
+// finish within ReapTimeout (a row locked by a frozen process's open
+// transaction, say), the session reaps as before the turns
+// (session.ReapWithin, which deletes the expired sessions one by one when
+// some cannot go): a reap too many costs a statement, a reap missed delays
+// failover.
 func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duration, turn bool) (ok bool) {
 	w, log := r.w, r.log
+	timeout := r.sess.Options().ReapTimeout
+	var n int64
+	var err error
 	if turn {
 		var took bool
-		err := retry.Do(ctx, nil, func(ctx context.Context) error {
+		tctx, cancel := context.WithTimeout(ctx, timeout)
+		err = retry.Do(tctx, nil, func(ctx context.Context) error {
 			var err error
-			took, err = w.store.ReapsTakeTurn(ctx, w.db, sessionsReapTurn, every)
+			took, n, err = w.store.SessionsReapTurn(ctx, w.db, every)
 			return store.Classify(err)
 		})
+		cancel()
 		if h := w.opts.Testing.AfterReapTurn; h != nil && ctx.Err() == nil {
 			h(sessionsReapTurn, took, err)
 		}
@@ -40,12 +49,14 @@ func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duratio
 		case ctx.Err() != nil:
 			return true
 		case err != nil:
-			log.Warn("taking the turn to reap expired sessions failed; reaping anyway", zap.Error(err))
+			log.Warn("taking the turn to reap expired sessions failed; reaping without it", zap.Error(err))
 		case !took:
-			return true // a peer reaps
+			return true // a peer reaped
 		}
 	}
-	n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
+	if !turn || err != nil {
+		n, err = session.ReapWithin(ctx, w.db, w.tables, timeout)
+	}
 	if h := w.opts.Testing.AfterSessionReap; h != nil && ctx.Err() == nil {
 		h(n, err)
 	}
@@ -66,34 +77,40 @@ func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duratio
 type queueReapState struct {
 	// retry: the last reap failed; the next one runs without a turn.
 	retry bool
-	// lastFull is when the session last ran the whole reap.
-	lastFull time.Time
+	// claimed is the queue's count of claims at the last check of the
+	// tables' statistics.
+	claimed int64
 }
 
 // queueReapTurn takes the queue's reap turn if the queue's last reap is at
 // least every old, and then runs the queue's reap (reapQueue) if the
-// reap's item steps have something to do, or if the session's last whole
-// reap is idleQueueReapEvery old (the prunes), or if its last reap failed.
-// So a fleet reaps a queue about once per interval, whatever its size, and
-// an idle queue's reap is one statement. A turn that cannot be taken reaps
-// anyway. A turn taken (or not known) also makes the check of the tables'
-// statistics due (checkStatistics). It reports false when a step of the
-// reap failed.
+// reap's item steps have something to do, or if it also took the queue's
+// prune turn (the queue's last whole reap is idleQueueReapEvery old: the
+// prunes), or if its last reap failed. So a fleet reaps a queue about once
+// per interval, whatever its size, and an idle queue's reap is one
+// statement. A turn that cannot be taken reaps anyway. A turn taken (or
+// not known) also makes the check of the tables' statistics due
+// (checkStatistics), if the session claimed items since the last check or
+// the queue is reaped. It reports false when a step of the reap failed.
 func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
 	w, log := r.w, r.log
 	if !st.retry {
-		var took, due bool
+		var took, prune, due bool
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
-			took, due, err = w.store.ReapsTakeQueueTurn(ctx, w.db, w.name, every)
+			took, prune, due, err = w.store.ReapsTakeQueueTurn(ctx, w.db, w.name, every, idleQueueReapEvery)
 			return store.Classify(err)
 		})
 		if h := w.opts.Testing.AfterReapTurn; h != nil && ctx.Err() == nil {
 			h(w.name, took, err)
 		}
-		if err != nil || took {
+		if claimed := w.queue.Stats().Claimed; err != nil || took && (claimed != st.claimed || due || prune) {
+			// The statistics check goes with the turn, when the session
+			// claimed since the last one (a backlog whose statistics may
+			// be wrong) or the queue is reaped.
+			st.claimed = claimed
 			select {
-			case r.statsDue <- struct{}{}: // the statistics check goes with the turn
+			case r.statsDue <- struct{}{}:
 			default:
 			}
 		}
@@ -104,15 +121,12 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 			log.Warn("taking the queue's reap turn failed; reaping anyway", zap.Error(err))
 		case !took:
 			return true // a peer reaps
-		case !due && time.Since(st.lastFull) < idleQueueReapEvery:
+		case !due && !prune:
 			return true // nothing to reap
 		}
 	}
 	ok = r.reapQueue(ctx)
 	st.retry = !ok
-	if ok {
-		st.lastFull = time.Now()
-	}
 	return ok
 }
 

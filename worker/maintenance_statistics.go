@@ -19,9 +19,10 @@ const (
 
 // checkStatistics runs the check of the queue's tables' statistics
 // (refreshStatistics) on a goroutine of its own, one check at a time: when
-// the session starts, then each time the maintenance loop takes the
-// queue's reap turn (signalled on due: about every queueReapHeartbeats
-// heartbeats for the whole fleet, rather than for each session), until the
+// the session starts, then when the maintenance loop takes the queue's
+// reap turn (about every queueReapHeartbeats heartbeats for the whole
+// fleet, rather than for each session) and the session claimed items
+// since the last check or reaps the queue (signalled on due), until the
 // session ends. It is not on the maintenance loop: a check and its ANALYZE
 // may take up to statisticsTimeout, during which the lease extensions,
 // limit reads, cancels and reaps must go on (an item whose lease is not

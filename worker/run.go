@@ -218,11 +218,12 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 // and a half of it, as one session alone did before the turns.
 const queueReapHeartbeats = 5
 
-// idleQueueReapEvery is how often a session that takes its queue's reap
-// turn runs the whole reap although the reap's item steps have nothing to
-// do (no expired lease, no exhausted or expired item, no cancel asked for,
-// no dependency): the prunes (ended ids past the dedup window, kept
-// cancelled items, dead items beyond the retention) then run.
+// idleQueueReapEvery is how often a fleet runs its queue's whole reap
+// although the reap's item steps have nothing to do (no expired lease, no
+// exhausted or expired item, no cancel asked for, no dependency): the
+// prunes (ended ids past the dedup window, kept cancelled items, dead
+// items beyond the retention) then run. The queue's prune turn
+// (pruned_at in the reaps table) counts it for the fleet.
 const idleQueueReapEvery = time.Minute
 
 // maintain runs the session's periodic chores on one connection, one at a
@@ -277,10 +278,7 @@ func (r *sessionRun) maintain() {
 		}
 	}
 	nextQueueReap := now.Add(jitter(queueReapHeartbeats * hb))
-	// The session's first whole reap of an idle queue comes at a random
-	// time within idleQueueReapEvery, so that a fleet started at once
-	// spreads them.
-	qst := queueReapState{lastFull: now.Add(-rand.N(idleQueueReapEvery))}
+	var qst queueReapState
 	retrySessions := false
 	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()

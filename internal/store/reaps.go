@@ -10,23 +10,31 @@ import (
 // and the expired sessions, about once per interval instead of once per
 // session. See package worker's maintenance loop.
 
-// takeReapTurnSQL is the text of coreStatements.TakeReapTurn (rendered by
-// newCoreStatements). The upsert writes only when the row is missing or the
-// last reap is at least the interval old: otherwise it locks the row for
-// the statement (PostgreSQL) and returns no row. A turn taken by a session
-// that dies before it reaps costs one interval.
-const takeReapTurnSQL = `INSERT INTO crdbwork_reaps AS r (name, reaped_at) VALUES ($1, now())
-ON CONFLICT (name) DO UPDATE SET reaped_at = excluded.reaped_at
-WHERE r.reaped_at <= now() - $2::BIGINT * INTERVAL '1 microsecond'
-RETURNING 1`
+// takeQueueReapTurnSQL is the text of coreStatements.TakeQueueReapTurn:
+// it takes queue $1's reap turn when the queue's last reap is at least $2
+// old, and then also its prune turn when the last whole reap with the
+// prunes is at least $3 old (pruned_at), and returns whether it took each
+// (no row: the reap turn was not due) and whether the reap's item steps
+// have work (queueReapDueSQL). The upsert writes only when the reap turn
+// is due: otherwise it locks the row for the statement (PostgreSQL) and
+// returns nothing. RETURNING reads the row as written: pruned_at equals
+// the statement's now() only when this statement set it. A turn taken by
+// a session that dies before it reaps costs one interval.
+const takeQueueReapTurnSQL = `WITH turn AS (INSERT INTO crdbwork_reaps AS r (name, reaped_at, pruned_at) VALUES ($1, now(), now())
+    ON CONFLICT (name) DO UPDATE SET reaped_at = excluded.reaped_at,
+        pruned_at = CASE WHEN r.pruned_at IS NULL OR r.pruned_at <= now() - $3::BIGINT * INTERVAL '1 microsecond'
+                         THEN excluded.pruned_at ELSE r.pruned_at END
+    WHERE r.reaped_at <= now() - $2::BIGINT * INTERVAL '1 microsecond'
+    RETURNING r.pruned_at = now() AS prune)
+SELECT EXISTS (SELECT 1 FROM turn), COALESCE((SELECT prune FROM turn), false), (` + queueReapDueSQL + `)`
 
-// queueReapDueSQL is the text of coreStatements.QueueReapDue: whether a
+// queueReapDueSQL is what the queue's reap turn returns last: whether a
 // reap of queue $1 would find anything of its item steps to do (expired
 // leases, exhausted items, items past their deadline, cancels asked for,
 // dependencies), one seek in the index each step reads itself. Each test is
 // a superset of its step's condition, so that a false here means the steps
 // find nothing; the prunes (ended ids, kept cancelled items, dead items)
-// are not in it: they have their own, slower, schedule.
+// are not in it: they have their own, slower, turn (pruned_at).
 const queueReapDueSQL = `SELECT
  EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now())
  OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts)
@@ -35,30 +43,39 @@ const queueReapDueSQL = `SELECT
  OR EXISTS (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1)
  OR EXISTS (SELECT 1 FROM crdbwork_waiting WHERE queue = $1)`
 
-// takeQueueReapTurnSQL is the text of coreStatements.TakeQueueReapTurn:
-// takeReapTurnSQL for queue $1 in a CTE, with queueReapDueSQL's answer.
-const takeQueueReapTurnSQL = `WITH turn AS (` + takeReapTurnSQL + `)
-SELECT EXISTS (SELECT 1 FROM turn), (` + queueReapDueSQL + `)`
-
-// ReapsTakeTurn takes the reap turn called name (the empty string: the reap
-// of expired sessions) when the last reap of that name is at least every
-// old, by the database clock, and reports whether it took it.
-func (s *Store) ReapsTakeTurn(ctx context.Context, db DB, name string, every time.Duration) (bool, error) {
-	rows, err := db.Query(ctx, s.st.TakeReapTurn, name, every.Microseconds())
-	if err != nil {
-		return false, err
-	}
-	defer rows.Close()
-	took := rows.Next()
-	rows.Close()
-	return took, rows.Err()
+// ReapsTakeQueueTurn takes queue's reap turn when its last reap is at least
+// every old, and its prune turn when its last prune is at least pruneEvery
+// old, and reports whether it took each and whether the queue's item
+// steps have anything to do (queueReapDueSQL), in one statement.
+func (s *Store) ReapsTakeQueueTurn(ctx context.Context, db DB, queue string, every, pruneEvery time.Duration) (took, prune, due bool, err error) {
+	err = db.QueryRow(ctx, s.st.TakeQueueReapTurn, queue, every.Microseconds(), pruneEvery.Microseconds()).Scan(&took, &prune, &due)
+	return took, prune, due, err
 }
 
-// ReapsTakeQueueTurn takes queue's reap turn when its last reap is at least
-// every old (as ReapsTakeTurn), and reports whether it took it and whether
-// the queue's item steps have anything to do (queueReapDueSQL), in one
+// reapSessionsTurnSQL is the text of coreStatements.ReapSessionsTurn: the
+// reap of expired sessions (reapSessionsSQL) behind the turn called ''
+// (an upsert like takeQueueReapTurnSQL's): when the turn is not due, the statement deletes
+// nothing and reads no session; when it is, it takes it and reaps, in one
 // statement.
-func (s *Store) ReapsTakeQueueTurn(ctx context.Context, db DB, queue string, every time.Duration) (took, due bool, err error) {
-	err = db.QueryRow(ctx, s.st.TakeQueueReapTurn, queue, every.Microseconds()).Scan(&took, &due)
-	return took, due, err
+const reapSessionsTurnSQL = `WITH turn AS (INSERT INTO crdbwork_reaps AS r (name, reaped_at) VALUES ('', now())
+    ON CONFLICT (name) DO UPDATE SET reaped_at = excluded.reaped_at
+    WHERE r.reaped_at <= now() - $1::BIGINT * INTERVAL '1 microsecond'
+    RETURNING 1),
+gone AS MATERIALIZED (SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now() AND EXISTS (SELECT 1 FROM turn)),
+bump AS (
+    UPDATE crdbwork_queues SET changes = changes + 1
+    WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id IN (SELECT id FROM gone)
+                   UNION SELECT queue FROM crdbwork_session_parts WHERE session_id IN (SELECT id FROM gone))
+      AND EXISTS (SELECT 1 FROM gone)
+    RETURNING 1),
+deleted AS (DELETE FROM crdbwork_sessions WHERE id IN (SELECT id FROM gone) AND heartbeat_at + expiry < now() RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM turn), (SELECT count(*) FROM deleted)`
+
+// SessionsReapTurn takes the turn to reap expired sessions when the last
+// reap is at least every old (as ReapsTakeTurn), and if it took it,
+// deletes the expired sessions (as SessionsReap), in one statement. It
+// reports whether it took the turn and how many sessions it deleted.
+func (s *Store) SessionsReapTurn(ctx context.Context, db DB, every time.Duration) (took bool, n int64, err error) {
+	err = db.QueryRow(ctx, s.st.ReapSessionsTurn, every.Microseconds()).Scan(&took, &n)
+	return took, n, err
 }

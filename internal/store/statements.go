@@ -22,8 +22,8 @@ type coreStatements struct {
 	LiveSessionIDs string // → id, ordered
 
 	// Reap turns (crdbwork_reaps, reaps.go).
-	TakeReapTurn      string // $1 name, $2 interval (µs) → one row if taken
-	TakeQueueReapTurn string // $1 queue, $2 interval (µs) → taken, whether the item steps have work
+	TakeQueueReapTurn string // $1 queue, $2 interval (µs), $3 prune interval (µs) → taken, prune taken, whether the item steps have work
+	ReapSessionsTurn  string // $1 interval (µs) → taken, sessions deleted
 
 	// Queues and parts.
 	QueueParts       string // $1 queue → num_parts (no row: 1 part)
@@ -562,8 +562,8 @@ func newCoreStatements(t Tables) *coreStatements {
 		LiveSessions:   r(coreLiveSessionsSQL),
 		LiveSessionIDs: r(liveSessionIDsSQL),
 
-		TakeReapTurn:      r(takeReapTurnSQL),
 		TakeQueueReapTurn: r(takeQueueReapTurnSQL),
+		ReapSessionsTurn:  r(reapSessionsTurnSQL),
 
 		QueueParts:       r(queuePartsSQL),
 		InsertQueueParts: r(insertQueuePartsSQL),
