@@ -53,7 +53,8 @@ func (s *Store) ReapsTakeQueueTurn(ctx context.Context, db DB, queue string, eve
 }
 
 // reapSessionsTurnSQL is the text of coreStatements.ReapSessionsTurn: the
-// reap of expired sessions (reapSessionsSQL) behind the turn called ''
+// reap of expired sessions (reapSessionsSQL) behind the turn named by the
+// empty string
 // (an upsert like takeQueueReapTurnSQL's): when the turn is not due, the statement deletes
 // nothing and reads no session; when it is, it takes it and reaps, in one
 // statement.
