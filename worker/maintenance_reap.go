@@ -77,6 +77,10 @@ func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duratio
 type queueReapState struct {
 	// retry: the last reap failed; the next one runs without a turn.
 	retry bool
+	// more: the last reap pruned a full batch or more (the rest waits
+	// for the next reap); the next one runs without a turn, as it would
+	// have before the turns, rather than a minute later.
+	more bool
 	// claimed is the queue's count of claims at the last check of the
 	// tables' statistics.
 	claimed int64
@@ -88,13 +92,15 @@ type queueReapState struct {
 // prune turn (the queue's last whole reap is idleQueueReapEvery old: the
 // prunes), or if its last reap failed. So a fleet reaps a queue about once
 // per interval, whatever its size, and an idle queue's reap is one
-// statement. A turn that cannot be taken reaps anyway. A turn taken (or
+// statement. A turn that cannot be taken reaps anyway. A reap that pruned
+// a full batch is followed by another at the session's next try, without
+// a turn, until the prunes are done. A turn taken (or
 // not known) also makes the check of the tables' statistics due
 // (checkStatistics), if the session claimed items since the last check or
 // the queue is reaped. It reports false when a step of the reap failed.
 func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
 	w, log := r.w, r.log
-	if !st.retry {
+	if !st.retry && !st.more {
 		var took, prune, due bool
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
 			var err error
@@ -125,23 +131,28 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 			return true // nothing to reap
 		}
 	}
-	ok = r.reapQueue(ctx)
+	ok, done := r.reapQueue(ctx)
 	st.retry = !ok
+	st.more = done.Pruned+done.DeadPruned >= pruneBatch
 	return ok
 }
+
+// pruneBatch is the number of ended ids or dead items a reap's prune that
+// may have left more behind deletes at least: one statement's batch.
+const pruneBatch = 1000
 
 // reapQueue runs one reap of the queue (queuemaint.Queue.Reap: the
 // cancelled items no handler will end, the expired leases, the exhausted
 // and expired items, the dependency sweep, the ended ids past the dedup
 // window and the dead items beyond the retention), logs what it did, and
 // reports false when a step failed: then the session's maintenance loop
-// reaps again at the next heartbeat.
-func (r *sessionRun) reapQueue(ctx context.Context) (ok bool) {
+// reaps again at the next heartbeat. It returns what the reap did.
+func (r *sessionRun) reapQueue(ctx context.Context) (ok bool, st claim.ReapStats) {
 	w, log := r.w, r.log
 	qst, err := w.maint.Reap(ctx)
-	st := claim.ReapStats(qst)
+	st = claim.ReapStats(qst)
 	if ctx.Err() != nil {
-		return true
+		return true, st
 	}
 	if h := w.opts.Testing.AfterQueueReap; h != nil {
 		h(st, err)
@@ -158,7 +169,7 @@ func (r *sessionRun) reapQueue(ctx context.Context) (ok bool) {
 	if st.DeadPruned > 0 {
 		log.Info("deleted dead items beyond the queue's retention", zap.Int("pruned", st.DeadPruned))
 	}
-	return !r.logReapErrors(err)
+	return !r.logReapErrors(err), st
 }
 
 // logReapErrors logs the failures of a Reap, one line per failed step and
