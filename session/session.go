@@ -102,7 +102,9 @@ type Tuning struct {
 	ClockMargin time.Duration
 	// ReapEvery is the interval between deletions of expired sessions.
 	// Default: two heartbeats. Negative: the session never reaps (its
-	// owner calls Reap itself, as package worker does).
+	// owner calls Reap itself, as package worker does: its workers reap
+	// by turns, about once per ReapEvery for the whole fleet; see
+	// ReapTurns).
 	ReapEvery time.Duration
 	// ReapTimeout bounds each deletion of expired sessions by the session's
 	// reaper (and by package worker's): one that has not finished by then

@@ -125,9 +125,11 @@ type Options struct {
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
 	// Session tunes the worker's sessions (heartbeat, expiry, clock
-	// margin); Session.ReapEvery is the interval of the worker's reaper of
-	// expired sessions (the session itself does not reap: see
-	// Connections), Session.ReapTimeout bounds each of its reaps.
+	// margin); Session.ReapEvery is the interval of the fleet's reap of
+	// expired sessions (a worker's session takes the turn when its
+	// heartbeat finds the last reap of any version-6 worker that old; the
+	// session itself does not reap: see Connections), Session.ReapTimeout
+	// bounds each of its reaps.
 	// Session.Expiry is also the idle_in_transaction_session_timeout that
 	// ConfigurePool gives the pool: a Record or BatchRecord must not leave
 	// its ack transaction idle that long between statements. Partition
