@@ -273,20 +273,28 @@ func TestLimitWrittenWhileQuietTakesEffect(t *testing.T) {
 		time.Sleep(5 * time.Millisecond) // the handler's work: items overlap if the limit does not hold
 		return recordHandler(0)(ctx, it)
 	}
+	beats := await.NewRounds("heartbeats")
 	opts := worker.Options{Concurrency: 8, Session: session.Tuning{Heartbeat: hb, Expiry: 50 * hb},
-		Testing: worker.TestingOptions{AfterLimitRefresh: refreshes.Tick}}
+		Testing: worker.TestingOptions{AfterLimitRefresh: refreshes.Tick,
+			Session: session.TestingOptions{AfterHeartbeat: func(bool, error) { beats.Tick() }}}}
 	r := start(t, pool, h, opts)
 	refreshes.Wait(t, 1)
 	await.Until(t, "the worker's limits read, limiting nothing", func() (bool, string) {
 		st := r.w.Stats().Limits
 		return !st.Stale && st.Limits.Queue.MaxInFlight == 0, fmt.Sprintf("%+v", st)
 	})
-	before := refreshes.Count()
+	before, beat := refreshes.Count(), beats.Count()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
 	await.Until(t, "the new limit read", func() (bool, string) {
 		st := r.w.Stats().Limits
 		return st.Limits.Queue.MaxInFlight == 1, fmt.Sprintf("%+v after %d refreshes", st, refreshes.Count()-before)
-	}, await.Within(20*time.Second))
+	})
+	// Read at the heartbeat that saw the marker move (a heartbeat or two
+	// after the write), not by the quiet refresh (30 s: 300 heartbeats of
+	// 100 ms, 30 of a heartbeat stretched tenfold on a loaded machine).
+	if n := beats.Count() - beat; n > 10 {
+		t.Errorf("the new limit was read %d heartbeats after the write; want at most 10 (the heartbeat that sees the queue's change marker move)", n)
+	}
 	const n = 40
 	enqueue(t, pool, "default", n, false)
 	await.Until(t, "every item acked", func() (bool, string) {
