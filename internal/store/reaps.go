@@ -30,18 +30,27 @@ SELECT EXISTS (SELECT 1 FROM turn), COALESCE((SELECT prune FROM turn), false), (
 
 // queueReapDueSQL is what the queue's reap turn returns last: whether a
 // reap of queue $1 would find anything of its item steps to do (expired
-// leases, exhausted items, items past their deadline, cancels asked for,
-// dependencies), one seek in the index each step reads itself. Each test is
-// a superset of its step's condition, so that a false here means the steps
-// find nothing; the prunes (ended ids, kept cancelled items, dead items)
-// are not in it: they have their own, slower, turn (pruned_at).
+// leases, items past their deadline, cancels asked for, dependencies), one
+// seek in the index each step reads itself: each test reads the first entry
+// in the index's order (ORDER BY its column, LIMIT 1), which no plan but the
+// index's own can find without reading every row of the queue (an EXISTS
+// alone, estimated to find a match in the first rows, was planned as a
+// sequential scan of the items in TestHotPlansInEveryState). Each test is a
+// superset of its step's condition, so that a false here means the steps
+// find nothing. Exhausted items (unclaimed, attempts used up: an item
+// released at its last attempt) have no ordered index to seek: they come
+// from a lease reaped (the same reap then moves them), or from a session
+// deleted (its deletion moves the queue's change marker, which makes the
+// worker's next reap run: see queueReapTurn), or from an at-most-once take
+// that failed (the prunes' reap, once a minute, moves them). The prunes
+// (ended ids, kept cancelled items, dead items) are not in it: they have
+// their own, slower, turn (pruned_at).
 const queueReapDueSQL = `SELECT
- EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now())
- OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts)
- OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now())
- OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL)
- OR EXISTS (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1)
- OR EXISTS (SELECT 1 FROM crdbwork_waiting WHERE queue = $1)`
+ EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() ORDER BY lease_until LIMIT 1)
+ OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() ORDER BY expires_at LIMIT 1)
+ OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL ORDER BY cancel_requested_at LIMIT 1)
+ OR EXISTS (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1)
+ OR EXISTS (SELECT 1 FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT 1)`
 
 // ReapsTakeQueueTurn takes queue's reap turn when its last reap is at least
 // every old, and its prune turn when its last prune is at least pruneEvery

@@ -351,7 +351,7 @@ var hotIndexes = map[string][]string{
 	"SessionCancels":        {"crdbwork_items_cancel_requested"},
 	"ReapCancelled":         {"crdbwork_items_cancel_requested"},
 	"FairFront":             {"crdbwork_items_turn_next"},
-	"TakeQueueReapTurn":     {"crdbwork_items_lease", "crdbwork_items_exhausted", "crdbwork_items_expiry", "crdbwork_items_cancel_requested", "crdbwork_waits_for_pkey"},
+	"TakeQueueReapTurn":     {"crdbwork_items_lease", "crdbwork_items_expiry", "crdbwork_items_cancel_requested"},
 }
 
 // hotPlanProblem says what is wrong with a hot statement's plan ("" if
