@@ -287,6 +287,10 @@ func TestLimitWrittenWhileQuietTakesEffect(t *testing.T) {
 		st := r.w.Stats().Limits
 		return !st.Stale && st.Limits.Queue.MaxInFlight == 0, fmt.Sprintf("%+v", st)
 	})
+	// The session's start has moved the marker (its join, its first
+	// heartbeat's marker): a few heartbeats for the reads those moves
+	// cause, so that none of them reads the limit written below.
+	beats.Wait(t, 5)
 	before, beat := refreshes.Count(), beats.Count()
 	setLimits(t, pool, "default", worker.Limits{Queue: claim.Limit{MaxInFlight: 1}})
 	await.Until(t, "the new limit read", func() (bool, string) {

@@ -84,11 +84,6 @@ type queueReapState struct {
 	// claimed is the queue's count of claims at the last check of the
 	// tables' statistics.
 	claimed int64
-	// moved: the queue's change marker moved since the session's last
-	// reap (a session was deleted, which may have released items at
-	// their last attempt: exhausted items, which the turn's test of work
-	// does not look for); the session's next turn reaps.
-	moved bool
 }
 
 // queueReapTurn takes the queue's reap turn if the queue's last reap is at
@@ -132,12 +127,12 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 			log.Warn("taking the queue's reap turn failed; reaping anyway", zap.Error(err))
 		case !took:
 			return true // a peer reaps
-		case !due && !prune && !st.moved:
+		case !due && !prune:
 			return true // nothing to reap
 		}
 	}
 	ok, done := r.reapQueue(ctx)
-	st.retry, st.moved = !ok, st.moved && !ok
+	st.retry = !ok
 	st.more = done.Pruned+done.DeadPruned >= pruneBatch
 	return ok
 }

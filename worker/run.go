@@ -292,9 +292,6 @@ func (r *sessionRun) maintain() {
 			w.checkCancels(ctx, r.sess.ID(), r.fl, log)
 			continue
 		case <-changed:
-			// The queue's members, parts or limits changed: a deleted
-			// session's items may want the queue's reap (queueReapTurn).
-			qst.moved = true
 			refresh()
 			continue
 		case <-reapTurns:

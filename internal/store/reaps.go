@@ -31,26 +31,28 @@ SELECT EXISTS (SELECT 1 FROM turn), COALESCE((SELECT prune FROM turn), false), (
 // queueReapDueSQL is what the queue's reap turn returns last: whether a
 // reap of queue $1 would find anything of its item steps to do (expired
 // leases, items past their deadline, cancels asked for, dependencies), one
-// seek in the index each step reads itself: each test reads the first entry
-// in the index's order (ORDER BY its column, LIMIT 1), which no plan but the
-// index's own can find without reading every row of the queue (an EXISTS
-// alone, estimated to find a match in the first rows, was planned as a
-// sequential scan of the items in TestHotPlansInEveryState). Each test is a
+// seek in the index each step reads itself: each test is a scalar subquery
+// that reads the first entry in the index's order (ORDER BY its column,
+// LIMIT 1), which no plan but the index's own finds without reading and
+// sorting every row of the queue (an EXISTS, estimated to find a match in
+// the first rows, was planned as a sequential scan of the items in
+// TestHotPlansInEveryState, and PostgreSQL drops the ORDER BY and LIMIT of
+// an EXISTS). Each test is a
 // superset of its step's condition, so that a false here means the steps
 // find nothing. Exhausted items (unclaimed, attempts used up: an item
 // released at its last attempt) have no ordered index to seek: they come
 // from a lease reaped (the same reap then moves them), or from a session
-// deleted (its deletion moves the queue's change marker, which makes the
-// worker's next reap run: see queueReapTurn), or from an at-most-once take
+// deleted (the reap of expired sessions makes the queue's prune turn due:
+// reapSessionsTurnSQL), or from a session closed or an at-most-once take
 // that failed (the prunes' reap, once a minute, moves them). The prunes
 // (ended ids, kept cancelled items, dead items) are not in it: they have
 // their own, slower, turn (pruned_at).
 const queueReapDueSQL = `SELECT
- EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() ORDER BY lease_until LIMIT 1)
- OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() ORDER BY expires_at LIMIT 1)
- OR EXISTS (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL ORDER BY cancel_requested_at LIMIT 1)
- OR EXISTS (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1)
- OR EXISTS (SELECT 1 FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT 1)`
+ (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NOT NULL AND lease_until < now() ORDER BY lease_until LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND expires_at IS NOT NULL AND expires_at <= now() ORDER BY expires_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND cancel_requested_at IS NOT NULL ORDER BY cancel_requested_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_waits_for WHERE queue = $1 ORDER BY prereq LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_waiting WHERE queue = $1 ORDER BY enqueued_at LIMIT 1) IS NOT NULL`
 
 // ReapsTakeQueueTurn takes queue's reap turn when its last reap is at least
 // every old, and its prune turn when its last prune is at least pruneEvery
@@ -63,7 +65,10 @@ func (s *Store) ReapsTakeQueueTurn(ctx context.Context, db DB, queue string, eve
 
 // reapSessionsTurnSQL is the text of coreStatements.ReapSessionsTurn: the
 // reap of expired sessions (reapSessionsSQL) behind the turn named by the
-// empty string
+// empty string; it also makes the prune turn of every queue the deleted
+// sessions worked due (pruned_at NULL), so that the fleet's next reap of
+// each runs whole and moves the items their deletion released at their
+// last attempt to the dead items
 // (an upsert like takeQueueReapTurnSQL's): when the turn is not due, the statement deletes
 // nothing and reads no session; when it is, it takes it and reaps, in one
 // statement.
@@ -74,6 +79,12 @@ const reapSessionsTurnSQL = `WITH turn AS (INSERT INTO crdbwork_reaps AS r (name
 gone AS MATERIALIZED (SELECT id FROM crdbwork_sessions WHERE heartbeat_at + expiry < now() AND EXISTS (SELECT 1 FROM turn)),
 bump AS (
     UPDATE crdbwork_queues SET changes = changes + 1
+    WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id IN (SELECT id FROM gone)
+                   UNION SELECT queue FROM crdbwork_session_parts WHERE session_id IN (SELECT id FROM gone))
+      AND EXISTS (SELECT 1 FROM gone)
+    RETURNING 1),
+due AS (
+    UPDATE crdbwork_reaps SET pruned_at = NULL
     WHERE name IN (SELECT queue FROM crdbwork_session_queues WHERE session_id IN (SELECT id FROM gone)
                    UNION SELECT queue FROM crdbwork_session_parts WHERE session_id IN (SELECT id FROM gone))
       AND EXISTS (SELECT 1 FROM gone)
