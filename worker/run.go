@@ -232,7 +232,8 @@ const idleQueueReapEvery = time.Minute
 // asked for (checkCancels), and extending the leases of
 // long-running handlers' items; when a heartbeat finds that no session
 // reaped expired sessions for Session.ReapEvery (default two heartbeats),
-// taking that turn and deleting expired sessions (reapSessions); every
+// taking that turn and deleting expired sessions (reapExpiredSessions, in the run whose
+// reapSessions is set); every
 // few heartbeats, taking the queue's reap turn and, when the queue has
 // something to reap, releasing the queue's expired leases and moving
 // crash-looping items to the dead items (queuemaint.Queue.Reap;
