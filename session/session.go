@@ -102,7 +102,9 @@ type Tuning struct {
 	ClockMargin time.Duration
 	// ReapEvery is the interval between deletions of expired sessions.
 	// Default: two heartbeats. Negative: the session never reaps (its
-	// owner calls Reap itself, as package worker does).
+	// owner calls Reap itself, as package worker does: its workers reap
+	// by turns, about once per ReapEvery for the whole fleet; see
+	// ReapTurns).
 	ReapEvery time.Duration
 	// ReapTimeout bounds each deletion of expired sessions by the session's
 	// reaper (and by package worker's): one that has not finished by then
@@ -247,6 +249,26 @@ type Session struct {
 	changes   []chan struct{}
 	mark      int64
 	marked    bool
+	// reapTurns are the channels of ReapTurns, each with its interval.
+	reapTurns []reapTurn
+	// beatSent is when the last successful heartbeat was sent (zero:
+	// none yet).
+	beatSent time.Time
+}
+
+// LastBeat returns when the session's last successful heartbeat was sent,
+// by this process's clock (false: none succeeded yet). What that heartbeat
+// read (the change marker of Changes) is at least that recent.
+func (s *Session) LastBeat() (time.Time, bool) {
+	s.changesMu.Lock()
+	defer s.changesMu.Unlock()
+	return s.beatSent, !s.beatSent.IsZero()
+}
+
+// reapTurn is one channel of ReapTurns.
+type reapTurn struct {
+	every time.Duration
+	c     chan struct{}
 }
 
 // Changes returns a new channel that receives a value (without blocking:
@@ -267,18 +289,42 @@ func (s *Session) Changes() <-chan struct{} {
 	return c
 }
 
-// noteMark records a heartbeat's change marker and signals Changes when it
-// moved, and at the first heartbeat that read one: what changed between
-// the session's start and that heartbeat (a peer that joined after this
-// session's rebalancer first read the members, say) is in the first
-// marker, and would otherwise never count as a move.
-func (s *Session) noteMark(mark int64) {
+// ReapTurns returns a new channel that receives a value (without blocking:
+// one is kept while pending) after each heartbeat that found the last reap
+// of expired sessions at least every old, by the database clock, or none
+// recorded: the reaps of version-6 code record themselves (the turn called
+// "" in the reaps table, which package worker takes before it reaps), so
+// that a fleet reaps expired sessions about once per interval rather than
+// once per session and interval, and any session reaps when the reaper
+// before it died. A session whose heartbeats fail receives nothing.
+func (s *Session) ReapTurns(every time.Duration) <-chan struct{} {
+	c := make(chan struct{}, 1)
 	s.changesMu.Lock()
-	moved := !s.marked || mark != s.mark
-	s.mark, s.marked = mark, true
+	s.reapTurns = append(s.reapTurns, reapTurn{every: every, c: c})
+	s.changesMu.Unlock()
+	return c
+}
+
+// noteBeat records what a heartbeat read. It signals Changes when the
+// change marker moved, and at the first heartbeat that read one: what
+// changed between the session's start and that heartbeat (a peer that
+// joined after this session's rebalancer first read the members, say) is
+// in the first marker, and would otherwise never count as a move. It
+// signals each channel of ReapTurns whose interval the last reap of
+// expired sessions is as old as.
+func (s *Session) noteBeat(sent time.Time, beat store.Beat) {
+	s.changesMu.Lock()
+	s.beatSent = sent
+	moved := !s.marked || beat.Mark != s.mark
+	s.mark, s.marked = beat.Mark, true
 	var cs []chan struct{}
 	if moved {
-		cs = s.changes
+		cs = append(cs, s.changes...)
+	}
+	for _, t := range s.reapTurns {
+		if !beat.SessionsReaped || beat.SessionsReapAge >= t.every {
+			cs = append(cs, t.c)
+		}
 	}
 	s.changesMu.Unlock()
 	for _, c := range cs {
@@ -468,11 +514,11 @@ func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 			if conn != nil {
 				db = conn
 			}
-			var mark int64
+			var read store.Beat
 			beat := func(ctx context.Context) (bool, error) {
 				var alive bool
 				var err error
-				alive, mark, err = s.store.SessionsHeartbeat(ctx, db, s.id)
+				alive, read, err = s.store.SessionsHeartbeat(ctx, db, s.id)
 				return alive, err
 			}
 			if s.opts.Report != nil {
@@ -481,7 +527,7 @@ func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 				beat = func(ctx context.Context) (bool, error) {
 					var alive bool
 					var err error
-					alive, mark, err = s.store.SessionsHeartbeatReport(ctx, db, s.id, counters)
+					alive, read, err = s.store.SessionsHeartbeatReport(ctx, db, s.id, counters)
 					return alive, err
 				}
 			}
@@ -491,7 +537,7 @@ func (s *Session) heartbeatLoop(ctx context.Context, conn *pgx.Conn) {
 				return err
 			})
 			if err == nil && alive {
-				s.noteMark(mark)
+				s.noteBeat(sent, read)
 			}
 			if err != nil && conn != nil {
 				// Whatever failed, the next heartbeat starts on a fresh

@@ -51,3 +51,8 @@ ALTER TABLE crdbwork_cancelled_items CONFIGURE ZONE USING gc.ttlseconds = 600;
 -- (a new version) and the reapers' retention deletes rows oldest first
 -- through crdbwork_attempt_errors_by_age.
 ALTER TABLE crdbwork_attempt_errors CONFIGURE ZONE USING gc.ttlseconds = 600;
+-- Reap turns (version 6): a handful of rows, each rewritten every few
+-- seconds (the turn to reap expired sessions about every two heartbeats,
+-- each queue's about every five), read by primary key with every
+-- heartbeat.
+ALTER TABLE crdbwork_reaps CONFIGURE ZONE USING gc.ttlseconds = 600;

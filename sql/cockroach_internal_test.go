@@ -68,7 +68,7 @@ func TestCockroachIndexesMatchFiles(t *testing.T) {
 // writtenRarely are the others, with why they need none. A new table must
 // be one or the other.
 var (
-	gcTables = []string{"sessions", "session_parts", "items", "ended", "dead_items", "waiting", "waits_for", "cancelled_items", "waits_across", "attempt_errors"}
+	gcTables = []string{"sessions", "session_parts", "items", "ended", "dead_items", "waiting", "waits_for", "cancelled_items", "waits_across", "reaps", "attempt_errors"}
 
 	writtenRarely = map[string]string{
 		"queues":         "settings, written by operators",

@@ -61,6 +61,7 @@ func ExampleApply() {
 	// jobs_ended
 	// jobs_items
 	// jobs_queues
+	// jobs_reaps
 	// jobs_schedules
 	// jobs_schema_version
 	// jobs_session_parts

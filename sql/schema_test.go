@@ -52,7 +52,7 @@ func TestApplyIsIdempotentAndVersioned(t *testing.T) {
 	if err := crsql.Check(ctx, pool, crsql.Tables{}); err != nil {
 		t.Fatalf("Check after Apply: %v", err)
 	}
-	want := "crdbwork_attempt_errors crdbwork_audit crdbwork_cancelled_items crdbwork_dead_items crdbwork_ended crdbwork_items crdbwork_queues crdbwork_schedules crdbwork_schema_version crdbwork_session_parts crdbwork_session_queues crdbwork_sessions crdbwork_tenant_limits crdbwork_waiting crdbwork_waits_across crdbwork_waits_for"
+	want := "crdbwork_attempt_errors crdbwork_audit crdbwork_cancelled_items crdbwork_dead_items crdbwork_ended crdbwork_items crdbwork_queues crdbwork_reaps crdbwork_schedules crdbwork_schema_version crdbwork_session_parts crdbwork_session_queues crdbwork_sessions crdbwork_tenant_limits crdbwork_waiting crdbwork_waits_across crdbwork_waits_for"
 	if got := strings.Join(tables(t, pool, "public"), " "); got != want {
 		t.Fatalf("tables = %s, want %s", got, want)
 	}
@@ -91,7 +91,7 @@ func TestApplyWithSchemaAndPrefix(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := "app_attempt_errors app_audit app_cancelled_items app_dead_items app_ended app_items app_queues app_schedules app_schema_version app_session_parts app_session_queues app_sessions app_tenant_limits app_waiting app_waits_across app_waits_for"
+	want := "app_attempt_errors app_audit app_cancelled_items app_dead_items app_ended app_items app_queues app_reaps app_schedules app_schema_version app_session_parts app_session_queues app_sessions app_tenant_limits app_waiting app_waits_across app_waits_for"
 	if got := strings.Join(tables(t, pool, "Work Queue"), " "); got != want {
 		t.Fatalf("tables = %s, want %s", got, want)
 	}

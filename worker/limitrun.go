@@ -22,6 +22,14 @@ type limitSource func(ctx context.Context) (Limits, time.Time, error)
 // errAtLimit is why an item of a tenant at its share is given back.
 var errAtLimit = errors.New("worker: the item's tenant is at its share of its limit")
 
+// limitQuietRefresh is how often a session reads limits that limit
+// nothing when its queue's change marker does not move: writes of schema
+// version 6 (claim.Queue.UpdateSettings, SetTenantLimit, RemoveTenantLimit)
+// raise the marker, which the session's next heartbeat sees, and the
+// session reads them at once; writes of code of versions 3 to 5 do not,
+// and take effect within this interval.
+const limitQuietRefresh = 30 * time.Second
+
 // refreshLimits reads the stored limits and what the session's shares
 // derive from (the queue's parts, or the queue's live members), and hands
 // them to lim. A failure is counted and logged; the last limits read stay
@@ -37,7 +45,9 @@ var errAtLimit = errors.New("worker: the item's tenant is at its share of its li
 // arrival: a read that cannot finish (a table locked by a migration)
 // counts as a failure, and it does not hold up the session's other chores
 // that share its loop (lease extensions, cancels, reaps; see maintain).
-func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *limiter, log *zap.Logger) {
+//
+// It reports whether the read succeeded.
+func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *limiter, log *zap.Logger) (ok bool) {
 	readAt := time.Now()
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, w.opts.Limits.StaleAfter)
@@ -48,7 +58,7 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 			lim.failed()
 			log.Warn("reading the queue's limits failed; keeping the last ones read until they are LimitOptions.StaleAfter old, then claiming nothing they govern", zap.Error(err))
 		}
-		return
+		return false
 	}
 	parts, rank, k := 0, -1, 0
 	if !lims.none() {
@@ -77,12 +87,13 @@ func (w *Worker) refreshLimits(ctx context.Context, sess *session.Session, lim *
 				lim.failed()
 				log.Warn("reading the queue's parts or members for its limits failed", zap.Error(err))
 			}
-			return
+			return false
 		}
 	} else if w.opts.Parts > 0 {
 		parts = w.opts.Parts // unused while nothing is limited
 	}
 	lim.set(readAt, lims, dbNow, parts, rank, k)
+	return true
 }
 
 // limitWait waits, after a claim held back by the limits, until an item

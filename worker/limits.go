@@ -67,7 +67,12 @@ package worker
 // # When the limits cannot be read
 //
 // A session re-reads the limits (and the queue's parts or members) every
-// LimitOptions.Refresh. While that fails, it goes on with the last values
+// LimitOptions.Refresh while they limit something. While they limit
+// nothing, it reads them when its heartbeat finds the queue's change
+// marker moved (a write of limits by code of schema version 6 raises it)
+// and every limitQuietRefresh (30 s, for writers of versions 3 to 5), and
+// dates them by its last heartbeat (they are that recent, as far as
+// version-6 writers go). While a read fails, it goes on with the last values
 // read, but for at most LimitOptions.StaleAfter after its last successful
 // read began (default 5 s): values are as old as the read's start, however
 // long it took. A read is given at most StaleAfter; one that takes longer
@@ -145,7 +150,11 @@ const tenantIdle = time.Minute
 // claim.SettingsUpdate.TenantLimits). The zero value is valid.
 type LimitOptions struct {
 	// Refresh is how often the worker reads the stored limits (and,
-	// without parts, the queue's live members). Default 1 s.
+	// without parts, the queue's live members) while they limit
+	// something. While they limit nothing it reads them when its
+	// heartbeat finds the queue's change marker moved (writes of limits
+	// raise it), and every 30 s (see "When the limits cannot be read" in
+	// limits.go). Default 1 s.
 	Refresh time.Duration
 	// Grace is how long a share that grows waits before the worker uses
 	// it; it must exceed Refresh. A new session claims nothing from a
@@ -378,6 +387,28 @@ func (l *limiter) set(now time.Time, lims Limits, dbNow time.Time, parts, rank, 
 		if st.inFlight == 0 && now.Sub(st.seen) > tenantIdle {
 			delete(l.tenants, t)
 		}
+	}
+}
+
+// quiet reports whether the last read of the limits succeeded and limits
+// nothing: then the maintenance loop reads them again only when the
+// queue's change marker moves, or every limitQuietRefresh.
+func (l *limiter) quiet() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.loaded && l.lims.none()
+}
+
+// confirm dates limits that limit nothing from at, a heartbeat that found
+// the queue's change marker where it was at their read (so they are that
+// recent, as far as writers of schema version 6 go): they do not become
+// stale while nothing changes. Limits that limit something are dated by
+// their reads alone.
+func (l *limiter) confirm(at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.loaded && l.lims.none() && at.After(l.readAt) {
+		l.readAt = at
 	}
 }
 

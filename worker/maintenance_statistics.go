@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,25 +19,24 @@ const (
 
 // checkStatistics runs the check of the queue's tables' statistics
 // (refreshStatistics) on a goroutine of its own, one check at a time: when
-// the session starts, then about every queueReapHeartbeats heartbeats
-// (drawn between half and one and a half of it, as the queue's reaps),
-// until the session ends. It is not on the maintenance loop: a check and
-// its ANALYZE may take up to statisticsTimeout, during which the lease
-// extensions, limit reads, cancels and reaps must go on (an item whose
-// lease is not extended loses its claim while its handler runs). It uses
-// one connection of the pool while it runs (PoolConns counts it).
-func (r *sessionRun) checkStatistics() {
+// the session starts, then when the maintenance loop takes the queue's
+// reap turn (about every queueReapHeartbeats heartbeats for the whole
+// fleet, rather than for each session) and the session claimed items
+// since the last check or reaps the queue (signalled on due), until the
+// session ends. It is not on the maintenance loop: a check and its ANALYZE
+// may take up to statisticsTimeout, during which the lease extensions,
+// limit reads, cancels and reaps must go on (an item whose lease is not
+// extended loses its claim while its handler runs). It uses one connection
+// of the pool while it runs (PoolConns counts it).
+func (r *sessionRun) checkStatistics(due <-chan struct{}) {
 	ctx := r.sess.Context()
-	every := queueReapHeartbeats * r.sess.Options().Heartbeat
 	var next time.Time // the check is due (zero: at once)
 	for {
 		r.refreshStatistics(ctx, &next)
-		t := time.NewTimer(every/2 + rand.N(every+1))
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-t.C:
+		case <-due:
 		}
 	}
 }

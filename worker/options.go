@@ -125,9 +125,11 @@ type Options struct {
 	// of idle slots. Default 5 ms; negative: claim as soon as a slot frees.
 	GatherWait time.Duration
 	// Session tunes the worker's sessions (heartbeat, expiry, clock
-	// margin); Session.ReapEvery is the interval of the worker's reaper of
-	// expired sessions (the session itself does not reap: see
-	// Connections), Session.ReapTimeout bounds each of its reaps.
+	// margin); Session.ReapEvery is the interval of the fleet's reap of
+	// expired sessions (a worker's session takes the turn when its
+	// heartbeat finds the last reap of any version-6 worker that old; the
+	// session itself does not reap: see Connections), Session.ReapTimeout
+	// bounds each of its reaps.
 	// Session.Expiry is also the idle_in_transaction_session_timeout that
 	// ConfigurePool gives the pool: a Record or BatchRecord must not leave
 	// its ack transaction idle that long between statements. Partition
@@ -286,14 +288,21 @@ type TestingOptions struct {
 	// succeeded or not (LimitStats says).
 	AfterLimitRefresh func()
 	// AfterSessionReap, if not nil, is called after each deletion of
-	// expired sessions by the maintenance loop (every Session.ReapEvery),
-	// with how many it deleted and its error.
+	// expired sessions by the maintenance loop (when the session took the
+	// fleet's turn, about every Session.ReapEvery in the fleet), with how
+	// many it deleted and its error.
 	AfterSessionReap func(n int64, err error)
 	// AfterQueueReap, if not nil, is called after each reap of the queue
-	// by the maintenance loop (queuemaint.Queue.Reap, every few heartbeats:
+	// by the maintenance loop (queuemaint.Queue.Reap, when the session
+	// took the queue's reap turn and the queue had something to reap:
 	// expired leases, crash loops, expired items, prunes, and the
 	// dependency sweep), with what it did and its error.
 	AfterQueueReap func(st claim.ReapStats, err error)
+	// AfterReapTurn, if not nil, is called after each try of the
+	// maintenance loop to take a reap turn: name is the queue's name for
+	// its reap, "" for the reap of expired sessions; took says whether
+	// the session took it.
+	AfterReapTurn func(name string, took bool, err error)
 	// Session holds the hooks of the worker's sessions (each heartbeat);
 	// the sessions' own reaper does not run in a worker (AfterSessionReap
 	// is the worker's).

@@ -64,6 +64,10 @@ type sessionRun struct {
 	// reapSessions: the maintenance loop deletes expired sessions (one
 	// queue's of a group).
 	reapSessions bool
+	// statsDue is signalled (without blocking) when the maintenance loop
+	// took the queue's reap turn: the check of the tables' statistics is
+	// due (checkStatistics).
+	statsDue chan struct{}
 }
 
 // runSession runs the worker's queue on one session until it is lost or ctx
@@ -121,6 +125,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	if h := w.opts.Testing.AfterLimitRefresh; h != nil {
 		h()
 	}
+	r.statsDue = make(chan struct{}, 1)
 	go func() {
 		defer close(maintDone)
 		r.maintain()
@@ -128,7 +133,7 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	statsDone := make(chan struct{})
 	go func() {
 		defer close(statsDone)
-		r.checkStatistics()
+		r.checkStatistics(r.statsDue)
 	}()
 
 	var observe func(reqs []claim.AckRequest, errs []error)
@@ -206,21 +211,35 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 }
 
 // queueReapHeartbeats is how many heartbeats apart, on average, a session
-// runs the queue's lease reaper (queuemaint.Queue.Reap); each interval is drawn
-// at random between half and one and a half of it, so that sessions spread
-// their reaps.
+// tries to take its queue's reap turn (queueReapTurn); each interval is
+// drawn at random between half and one and a half of it, so that sessions
+// spread their tries. A turn is taken when the queue's last reap is at
+// least half of it old, so the fleet reaps the queue at least every one
+// and a half of it, as one session alone did before the turns.
 const queueReapHeartbeats = 5
+
+// idleQueueReapEvery is how often a fleet runs its queue's whole reap
+// although the reap's item steps have nothing to do (no expired lease, no
+// exhausted or expired item, no cancel asked for, no dependency): the
+// prunes (ended ids past the dedup window, kept cancelled items, dead
+// items beyond the retention) then run. The queue's prune turn
+// (pruned_at in the reaps table) counts it for the fleet.
+const idleQueueReapEvery = time.Minute
 
 // maintain runs the session's periodic chores on one connection, one at a
 // time, until the session ends: every heartbeat (and at once on the queue's
 // cancel notification), cancelling the handlers of items whose cancel was
 // asked for (checkCancels), and extending the leases of
-// long-running handlers' items; every Session.ReapEvery (default two
-// heartbeats), deleting expired sessions; every few heartbeats, releasing
-// the queue's expired leases and moving crash-looping items to the dead
-// items (queuemaint.Queue.Reap). A reap that fails is tried again at the next
-// heartbeat. Any live session may reap; both are idempotent. The check of
-// the tables' statistics runs beside it (checkStatistics): its ANALYZE may
+// long-running handlers' items; when a heartbeat finds that no session
+// reaped expired sessions for Session.ReapEvery (default two heartbeats),
+// taking that turn and deleting expired sessions (reapExpiredSessions, in the run whose
+// reapSessions is set); every
+// few heartbeats, taking the queue's reap turn and, when the queue has
+// something to reap, releasing the queue's expired leases and moving
+// crash-looping items to the dead items (queuemaint.Queue.Reap;
+// queueReapTurn). A reap that fails is tried again at the next heartbeat.
+// Any live session may reap; both are idempotent. The check of the
+// tables' statistics runs beside it (checkStatistics): its ANALYZE may
 // take seconds, which these chores must not wait for.
 func (r *sessionRun) maintain() {
 	w, log := r.w, r.log
@@ -230,10 +249,38 @@ func (r *sessionRun) maintain() {
 	if reapEvery <= 0 {
 		reapEvery = 2 * hb
 	}
+	// Only one session run of a session reaps expired sessions (see
+	// sessionRun.reapSessions): the others never take the turn.
+	var reapTurns <-chan struct{}
+	if r.reapSessions {
+		reapTurns = r.sess.ReapTurns(reapEvery)
+	}
 	jitter := func(d time.Duration) time.Duration { return d/2 + rand.N(d+1) }
 	now := time.Now()
-	nextReap, nextQueueReap := now.Add(jitter(reapEvery)), now.Add(jitter(queueReapHeartbeats*hb))
 	nextLimits := now.Add(w.opts.Limits.Refresh)
+	if r.lim.quiet() {
+		nextLimits = now.Add(max(w.opts.Limits.Refresh, limitQuietRefresh))
+	}
+	// The limits are read every Limits.Refresh while they limit something
+	// (or the last read failed); while they limit nothing, when the
+	// queue's change marker moved (a write of the limits raises it, as do
+	// the changes of members and parts the shares derive from) and every
+	// limitQuietRefresh.
+	changed := r.sess.Changes()
+	refresh := func() {
+		ok := w.refreshLimits(ctx, r.sess, r.lim, log)
+		every := w.opts.Limits.Refresh
+		if ok && r.lim.quiet() {
+			every = max(every, limitQuietRefresh)
+		}
+		nextLimits = time.Now().Add(every)
+		if h := w.opts.Testing.AfterLimitRefresh; h != nil && ctx.Err() == nil {
+			h()
+		}
+	}
+	nextQueueReap := now.Add(jitter(queueReapHeartbeats * hb))
+	var qst queueReapState
+	retrySessions := false
 	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
@@ -245,36 +292,38 @@ func (r *sessionRun) maintain() {
 			// without a listener: never ready).
 			w.checkCancels(ctx, r.sess.ID(), r.fl, log)
 			continue
+		case <-changed:
+			refresh()
+			continue
+		case <-reapTurns:
+			// A heartbeat found that no session reaped expired sessions
+			// for reapEvery: take the turn at once, before the peers'
+			// next heartbeats see it is due.
+			retrySessions = !r.reapExpiredSessions(ctx, reapEvery, true)
+			if ctx.Err() != nil {
+				return
+			}
+			continue
 		case <-t.C:
 		}
 		w.checkCancels(ctx, r.sess.ID(), r.fl, log)
 		if now := time.Now(); !now.Before(nextLimits) {
-			nextLimits = now.Add(w.opts.Limits.Refresh)
-			w.refreshLimits(ctx, r.sess, r.lim, log)
-			if h := w.opts.Testing.AfterLimitRefresh; h != nil && ctx.Err() == nil {
-				h()
-			}
+			refresh()
+		} else if at, ok := r.sess.LastBeat(); ok {
+			r.lim.confirm(at)
 		}
 		w.extendLeases(ctx, r.sess.ID(), r.fl, log)
-		if now := time.Now(); r.reapSessions && !now.Before(nextReap) {
-			nextReap = now.Add(jitter(reapEvery))
-			n, err := session.ReapWithin(ctx, w.db, w.tables, r.sess.Options().ReapTimeout)
-			if h := w.opts.Testing.AfterSessionReap; h != nil && ctx.Err() == nil {
-				h(n, err)
-			}
-			switch {
-			case ctx.Err() != nil:
+		if retrySessions {
+			// The turn is this session's: it tries again at each heartbeat
+			// until it succeeds.
+			retrySessions = !r.reapExpiredSessions(ctx, reapEvery, false)
+			if ctx.Err() != nil {
 				return
-			case err != nil:
-				log.Warn("reaping expired sessions failed", zap.Error(err))
-				nextReap = time.Now().Add(hb) // the database may be back by the next heartbeat
-			case n > 0:
-				log.Info("reaped expired sessions", zap.Int64("count", n))
 			}
 		}
 		if now := time.Now(); !now.Before(nextQueueReap) {
 			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
-			if !r.reapQueue(ctx) {
+			if !r.queueReapTurn(ctx, &qst, queueReapHeartbeats*hb/2) {
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.
 				nextQueueReap = time.Now().Add(hb)

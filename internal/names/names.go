@@ -28,6 +28,7 @@ var tables = map[string]bool{
 	"cancelled_items": true, // cancelled items kept for a requeue (version 6)
 	"waits_across":    true, // cross-queue prerequisites (version 6)
 	"attempt_errors":  true, // items' failed attempts (version 6)
+	"reaps":           true, // reap turns (version 6)
 }
 
 // routines are the schema's functions, by suffix: qualified with the

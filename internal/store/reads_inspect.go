@@ -287,7 +287,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8::BIGINT * INTERVAL '1 microsecond')
 ON CONFLICT (name) DO UPDATE SET fair = excluded.fair, at_most_once = excluded.at_most_once,
     max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit,
     tenant_max_in_flight = excluded.tenant_max_in_flight, tenant_rate_limit = excluded.tenant_rate_limit,
-    dedup_window = excluded.dedup_window`
+    dedup_window = excluded.dedup_window, changes = q.changes + 1`
 
 // QueueConfigure stores queue's settings, replacing all of them; a queue
 // without a row gets one, with one part (coreStatements.ConfigureQueue).
@@ -350,8 +350,17 @@ func (s *Store) QueueTenantLimits(ctx context.Context, db DB, queue string) ([]T
 
 // setTenantLimitSQL is the text of limitStatements.SetTenantLimit
 // (rendered by newLimitStatements).
-const setTenantLimitSQL = `INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight, rate_limit) VALUES ($1, $2, $3, $4)
+const setTenantLimitSQL = `WITH bump AS (` + limitsChangeSQL + `)
+INSERT INTO crdbwork_tenant_limits (queue, tenant, max_in_flight, rate_limit) VALUES ($1, $2, $3, $4)
 ON CONFLICT (queue, tenant) DO UPDATE SET max_in_flight = excluded.max_in_flight, rate_limit = excluded.rate_limit`
+
+// limitsChangeSQL records a change of queue $1's limits in its change
+// counter (the row is created if the queue has none), in the statement
+// that writes them: the queue's sessions read the counter with their
+// heartbeats and read limits that limit nothing again only when it moved
+// (package worker's maintenance loop). ConfigureQueue raises it too.
+const limitsChangeSQL = `INSERT INTO crdbwork_queues AS q (name) VALUES ($1)
+    ON CONFLICT (name) DO UPDATE SET changes = q.changes + 1 RETURNING 1`
 
 // QueueTenantLimitSet stores tenant's own limit on queue
 // (limitStatements.SetTenantLimit).
@@ -362,7 +371,8 @@ func (s *Store) QueueTenantLimitSet(ctx context.Context, db DB, queue, tenant st
 
 // removeTenantLimitSQL is the text of limitStatements.RemoveTenantLimit
 // (rendered by newLimitStatements).
-const removeTenantLimitSQL = `DELETE FROM crdbwork_tenant_limits WHERE queue = $1 AND tenant = $2`
+const removeTenantLimitSQL = `WITH bump AS (` + limitsChangeSQL + `)
+DELETE FROM crdbwork_tenant_limits WHERE queue = $1 AND tenant = $2`
 
 // QueueTenantLimitRemove deletes tenant's own limit on queue and reports whether
 // there was one (limitStatements.RemoveTenantLimit).

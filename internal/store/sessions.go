@@ -70,7 +70,26 @@ func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration,
 // heartbeatSQL is the text of coreStatements.Heartbeat
 // (rendered by newCoreStatements).
 const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1
-RETURNING ` + changeMarkSQL
+RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL
+
+// sessionsReapAgeSQL is what a heartbeat returns last: how long ago
+// (microseconds, by the database clock) a session last took the turn to
+// reap expired sessions (crdbwork_reaps, name ”); NULL if none ever did.
+// One seek by primary key.
+const sessionsReapAgeSQL = `(SELECT (EXTRACT(EPOCH FROM now() - r.reaped_at) * 1000000)::BIGINT
+ FROM crdbwork_reaps AS r WHERE r.name = '')`
+
+// Beat is what a heartbeat reads besides the session's own row.
+type Beat struct {
+	// Mark is the change marker of the queues the session joined (see
+	// changeMarkSQL).
+	Mark int64
+	// SessionsReapAge is how long ago a session last took the turn to reap
+	// expired sessions, by the database clock; SessionsReaped is false
+	// when none ever did.
+	SessionsReapAge time.Duration
+	SessionsReaped  bool
+}
 
 // changeMarkSQL is what a heartbeat returns beside the stamp: the change
 // marker of the session's queues (see QueueChangesBump), the sum of the
@@ -82,21 +101,26 @@ const changeMarkSQL = `(SELECT COALESCE(sum(q.changes + 1), 0)
 
 // SessionsHeartbeat stamps session id's heartbeat with the database clock and
 // reports whether the row is still there (false: it was reaped or
-// deleted; the session is lost), and the change marker of the queues the
-// session joined (see changeMarkSQL).
-func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (alive bool, mark int64, err error) {
+// deleted; the session is lost), and what the heartbeat read (Beat): the
+// change marker of the queues the session joined (see changeMarkSQL) and
+// the age of the last reap of expired sessions.
+func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (alive bool, beat Beat, err error) {
 	return scanBeat(db.QueryRow(ctx, s.st.Heartbeat, id))
 }
 
 // scanBeat reads a heartbeat's answer: no row, the session is gone.
-func scanBeat(row pgx.Row) (alive bool, mark int64, err error) {
-	switch err = row.Scan(&mark); {
+func scanBeat(row pgx.Row) (alive bool, beat Beat, err error) {
+	var age *int64
+	switch err = row.Scan(&beat.Mark, &age); {
 	case errors.Is(err, pgx.ErrNoRows):
-		return false, 0, nil
+		return false, Beat{}, nil
 	case err != nil:
-		return false, 0, err
+		return false, Beat{}, err
 	}
-	return true, mark, nil
+	if age != nil {
+		beat.SessionsReapAge, beat.SessionsReaped = time.Duration(*age)*time.Microsecond, true
+	}
+	return true, beat, nil
 }
 
 // heartbeatReportSQL is the text of coreStatements.HeartbeatReport
@@ -104,11 +128,11 @@ func scanBeat(row pgx.Row) (alive bool, mark int64, err error) {
 const heartbeatReportSQL = `UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1
-RETURNING ` + changeMarkSQL
+RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL
 
 // SessionsHeartbeatReport is Heartbeat that also stores the session's counters in
 // its row, in the same statement.
-func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (alive bool, mark int64, err error) {
+func (s *Store) SessionsHeartbeatReport(ctx context.Context, db DB, id uuid.UUID, c SessionCounters) (alive bool, beat Beat, err error) {
 	return scanBeat(db.QueryRow(ctx, s.st.HeartbeatReport, id, c.Claimed, c.Acked, c.Failed, c.InFlight))
 }
 

@@ -316,6 +316,9 @@ func hotCases(t *testing.T, pool *pgxpool.Pool, session uuid.UUID) []planCase {
 		{"FairHead", ds.FairHead, []any{"q", int64(1)}},
 		{"Probe", store.ProbeText(crsql.Tables{}, dialect), []any{"q", store.ProbeLimit}},
 		{"FairFront", store.FairFrontText(store.New(crsql.Tables{}), dialect), []any{"q", int64(1), int64(16)}},
+		// Every session's queue reap turn, every few heartbeats: its test
+		// of whether the reap has work is one seek per step's index.
+		{"TakeQueueReapTurn", st.TakeQueueReapTurn, []any{"q", int64(2500000), int64(60000000)}},
 	}
 	if dialect == store.Postgres { // the pipelined ack runs on PostgreSQL only
 		cases = append(cases, planCase{"AckAll (pipelined)", store.AckAllStatement(crsql.Tables{}), []any{ids[:64], holders[:64], tokens[:64], int64(64)}})
@@ -348,6 +351,7 @@ var hotIndexes = map[string][]string{
 	"SessionCancels":        {"crdbwork_items_cancel_requested"},
 	"ReapCancelled":         {"crdbwork_items_cancel_requested"},
 	"FairFront":             {"crdbwork_items_turn_next"},
+	"TakeQueueReapTurn":     {"crdbwork_items_lease", "crdbwork_items_expiry", "crdbwork_items_cancel_requested"},
 }
 
 // hotPlanProblem says what is wrong with a hot statement's plan ("" if

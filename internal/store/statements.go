@@ -21,6 +21,10 @@ type coreStatements struct {
 	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
 	LiveSessionIDs string // → id, ordered
 
+	// Reap turns (crdbwork_reaps, reaps.go).
+	TakeQueueReapTurn string // $1 queue, $2 interval (µs), $3 prune interval (µs) → taken, prune taken, whether the item steps have work
+	ReapSessionsTurn  string // $1 interval (µs) → taken, sessions deleted
+
 	// Queues and parts.
 	QueueParts       string // $1 queue → num_parts (no row: 1 part)
 	UpsertQueueParts string // $1 queue, $2 num_parts
@@ -560,6 +564,9 @@ func newCoreStatements(t Tables) *coreStatements {
 		DeleteSession:  r(deleteSessionSQL),
 		LiveSessions:   r(coreLiveSessionsSQL),
 		LiveSessionIDs: r(liveSessionIDsSQL),
+
+		TakeQueueReapTurn: r(takeQueueReapTurnSQL),
+		ReapSessionsTurn:  r(reapSessionsTurnSQL),
 
 		QueueParts:       r(queuePartsSQL),
 		InsertQueueParts: r(insertQueuePartsSQL),

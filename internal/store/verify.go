@@ -52,7 +52,7 @@ type demoStatements struct {
 // demoTableOrder is the order the crdbwork tables are dropped in: children
 // before the tables their foreign keys name.
 var demoTableOrder = []string{"items", "dead_items", "ended", "cancelled_items", "waits_for", "waits_across", "waiting", "audit", "attempt_errors",
-	"session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "schema_version"}
+	"session_parts", "session_queues", "sessions", "queues", "tenant_limits", "schedules", "reaps", "schema_version"}
 
 // demoSQL returns the Store's demo statements, rendered on first use.
 func (s *Store) demoSQL() *demoStatements { return s.lazyDemo() }

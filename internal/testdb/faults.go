@@ -319,7 +319,7 @@ func mix(x uint64) uint64 {
 // but the version table: package sql's tests check the list.
 var faultTableSuffixes = []string{
 	"sessions", "queues", "session_parts", "items", "dead_items", "tenant_limits",
-	"schedules", "session_queues", "ended", "audit", "waiting", "waits_for", "cancelled_items", "waits_across",
+	"schedules", "session_queues", "ended", "audit", "waiting", "waits_for", "cancelled_items", "waits_across", "reaps",
 	"attempt_errors",
 }
 

@@ -199,6 +199,25 @@ CREATE TABLE IF NOT EXISTS crdbwork_waits_across (
 CREATE INDEX IF NOT EXISTS crdbwork_waits_across_by_dependent
     ON crdbwork_waits_across (dependent_queue, dependent, prereq_queue, prereq);
 
+-- == idle sessions: reap turns ==
+-- When each reap last ran: the queue's reap (name: the queue) and the reap
+-- of expired sessions (name: the empty string, never a queue's name).
+-- Version-6 sessions take a turn before they reap, by an upsert that
+-- succeeds only when the last reap is older than half its interval, so
+-- that a fleet reaps each queue (and the sessions) about once per interval
+-- rather than once per session; any session takes the turn when it is due,
+-- so a reaper's death costs at most one interval. Version-3 to -5 code
+-- neither reads nor writes it: it reaps on its own timers, as before.
+CREATE TABLE IF NOT EXISTS crdbwork_reaps (
+    name      TEXT        NOT NULL PRIMARY KEY,
+    reaped_at TIMESTAMPTZ NOT NULL,
+    -- A queue's last whole reap with its prunes (ended ids past the dedup
+    -- window, kept cancelled items, dead items beyond the retention),
+    -- which runs about once a minute while the queue has nothing else to
+    -- reap. NULL for the turn of expired sessions.
+    pruned_at TIMESTAMPTZ
+);
+
 INSERT INTO crdbwork_schema_version AS v (singleton, version, installed) VALUES (true, 3, 6)
     ON CONFLICT (singleton) DO UPDATE
     SET version = GREATEST(v.version, excluded.version),
