@@ -404,19 +404,27 @@ func TestLeaseExtendedWhileHandlerRuns(t *testing.T) {
 	}
 	// The lease stretches with the machine's load: its extensions must
 	// come in time on a busy machine (the peer's reaper releases a lapsed
-	// claim at once).
-	lease := await.Stretch(500 * time.Millisecond)
+	// claim at once). An extension is due at half the lease, so a stall
+	// of the worker longer than a second (stretched) would lose the
+	// claim: that is the lease doing its job, not what this test is about.
+	lease := await.Stretch(2 * time.Second)
 	var ran atomic.Int32
+	var started atomic.Pointer[running]
 	h := func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		ran.Add(1)
-		select {
-		case <-time.After(4 * lease): // four leases
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		// The handler runs until its lease was extended three times,
+		// well past the lease it was claimed with.
+		for r := started.Load(); r == nil || r.w.Stats().LeasesExtended < 3; r = started.Load() {
+			select {
+			case <-time.After(20 * time.Millisecond): // a poll of the worker's counters, not a wait
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 		return recordHandler(0)(ctx, it)
 	}
 	r := startOn(t, newQueue(t, pool, claim.Options{Lease: lease}), h, worker.Options{})
+	started.Store(r)
 	done := make(chan struct{})
 	reaped := make(chan int, 1)
 	go func() { // a peer's reaper, as often as it gets
