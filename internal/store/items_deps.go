@@ -270,6 +270,14 @@ func (s *Store) releaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 	if err != nil {
 		return res, err
 	}
+	return s.moveReleased(ctx, tx, d, queue, rows, edges, res)
+}
+
+// moveReleased reads the rows of a release statement (a dependent, its
+// remaining count and the edges deleted), adds the edges of dependents it
+// did not return to res.Left, and moves the dependents whose count reached
+// zero into queue's items table (MoveReady).
+func (s *Store) moveReleased(ctx context.Context, tx pgx.Tx, d Dialect, queue string, rows pgx.Rows, edges []Edge, res ReleaseResult) (ReleaseResult, error) {
 	var ready []uuid.UUID
 	held := make(map[uuid.UUID]bool, len(edges))
 	var id [16]byte
@@ -290,6 +298,7 @@ func (s *Store) releaseBatch(ctx context.Context, tx pgx.Tx, d Dialect, queue st
 		}
 	}
 	if len(ready) > 0 {
+		var err error
 		if res.Moved, err = s.ItemsDepsMoveReady(ctx, tx, d, queue, ready); err != nil {
 			return res, err
 		}

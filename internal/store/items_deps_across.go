@@ -266,31 +266,7 @@ func (s *Store) ItemsDepsAcrossRelease(ctx context.Context, tx pgx.Tx, d Dialect
 	if err != nil {
 		return res, err
 	}
-	var ready []uuid.UUID
-	held := make(map[uuid.UUID]bool, len(edges))
-	var id [16]byte
-	var remaining, n int64
-	if _, err := pgx.ForEachRow(rows, []any{&id, &remaining, &n}, func() error {
-		held[id] = true
-		res.Edges += int(n)
-		if remaining <= 0 {
-			ready = append(ready, id)
-		}
-		return nil
-	}); err != nil {
-		return res, err
-	}
-	for _, e := range edges {
-		if !held[e.Dependent] {
-			res.Left = append(res.Left, e)
-		}
-	}
-	if len(ready) > 0 {
-		if res.Moved, err = s.ItemsDepsMoveReady(ctx, tx, d, dependentQueue, ready); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+	return s.moveReleased(ctx, tx, d, dependentQueue, rows, edges, res)
 }
 
 // ItemsDepsAcrossKill ends, in tx, the dependents of edges (from
