@@ -181,7 +181,10 @@ func TestOverloadDrains(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rep); err != nil {
 		t.Fatalf("the last line is not the JSON report: %v\n%s", err, out.String())
 	}
-	if rep.Results != 500 || rep.Remaining != 0 || rep.Processes != 2 || rep.SessionsStarted < 2 || rep.Heartbeats == 0 || rep.ProcessesExited != 0 {
-		t.Fatalf("report %+v: want 500 results, none left, at least 2 sessions started, heartbeats timed, no process exited early", rep)
+	// At least one session: on a quiet machine the first process can
+	// drain the 500 items before the second has started its session (the
+	// backlog is there before the processes start, as in a real run).
+	if rep.Results != 500 || rep.Remaining != 0 || rep.Processes != 2 || rep.SessionsStarted < 1 || rep.Heartbeats == 0 || rep.ProcessesExited != 0 {
+		t.Fatalf("report %+v: want 500 results, none left, a session started, heartbeats timed, no process exited early", rep)
 	}
 }
