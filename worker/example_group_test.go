@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -81,12 +82,12 @@ func exampleSchemaURL(ctx context.Context) (string, func()) {
 }
 
 // runGroupUntil runs g until query (on g's pool) counts want rows (at most
-// 10 s), then stops it gracefully.
+// 10 s, stretched with the machine's load), then stops it gracefully.
 func runGroupUntil(ctx context.Context, g *worker.Group, query string, want int) {
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- g.Run(runCtx) }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(await.Stretch(10 * time.Second)); ; time.Sleep(20 * time.Millisecond) { // a poll, not a wait
 		var n int
 		if err := g.Pool().QueryRow(ctx, query).Scan(&n); err != nil {
 			log.Fatal(err)
