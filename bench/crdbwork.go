@@ -50,6 +50,7 @@ type crdbworkSystem struct {
 	conns       int    // per worker; 0: worker.PoolConns
 	profile     string // CPU profile file for the next run ("" none)
 	label       string // the name in the output ("": crdbwork exactly-once)
+	dedupOff    bool   // the queue's dedup window off (claim.Policy.DedupOff): no ended-id record per ack
 }
 
 // options returns the worker options of the runs.
@@ -151,6 +152,9 @@ func (c *crdbworkSystem) settings() string {
 	if c.ackBatch == 0 {
 		ackBatch = "ack batch: the worker's default (a quarter of the handlers, 64 to 256)"
 	}
+	if c.dedupOff {
+		parts += ", dedup window off (no ended-id record)"
+	}
 	return fmt.Sprintf("%d workers × %d handlers, %s, %s, %s, results recorded %s, pool of %d per worker (worker.Connections: %d)",
 		c.workers, c.concurrency, ackBatch, ackers, parts, map[string]string{"statement": "in one INSERT per ack transaction, given as SQL (BatchStatement: one round trip per ack)", "batch": "in one INSERT per ack transaction (BatchRecord)", "each": "by one INSERT per item (worker.Exec, sent with COMMIT)", "func": "by one INSERT per item (a Record function: a round trip each)"}[c.record],
 		c.poolConns(), worker.Connections(c.options()))
@@ -183,6 +187,11 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) 
 	q, err := claim.New(pool, claim.Options{Queue: benchQueue})
 	if err != nil {
 		return result{}, err
+	}
+	// The queue's policy is stored in the database, which the systems
+	// share: set it on every run, to the default or with the dedup window off.
+	if err := q.UpdateSettings(ctx, claim.SettingsUpdate{Policy: &claim.Policy{DedupOff: c.dedupOff}}); err != nil {
+		return result{}, fmt.Errorf("setting the dedup window: %w", err)
 	}
 	batch := make([]claim.NewItem, 0, 5000)
 	for done := 0; done < total; done += len(batch) {
