@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/crdbwork/crdbwork/internal/denied"
 	"github.com/crdbwork/crdbwork/internal/store"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
@@ -24,36 +24,23 @@ var opened struct {
 // rolesHint ends a permission refusal's line.
 const rolesHint = `grant it, or run the command as a role that has it (docs/operations.md, "Roles and grants")`
 
-var (
-	// PostgreSQL: "permission denied for table crdbwork_queues" (also
-	// schema, sequence, function), "must be owner of table …".
-	pgDenied = regexp.MustCompile(`^permission denied for (table|relation|schema|sequence|function) "?([^" ]+)"?`)
-	pgOwner  = regexp.MustCompile(`^must be owner of (table|relation|index|schema|function) "?([^" ]+)"?`)
-	// CockroachDB: "user ro does not have INSERT privilege on relation
-	// crdbwork_queues".
-	crdbDenied = regexp.MustCompile(`^user (\S+) does not have (\w+) privilege on (\w+) (\S+)`)
-)
-
 // explainPermission writes the one line of a refusal for lack of a
 // privilege: the table (or schema) and the privilege. PostgreSQL names only
 // the table: the privileges the user lacks on it are read from the
 // database (has_table_privilege) over a short connection of its own.
 func explainPermission(pgErr *pgconn.PgError) string {
-	m := pgErr.Message
-	if g := crdbDenied.FindStringSubmatch(m); g != nil {
-		return fmt.Sprintf("permission denied: user %s lacks the %s privilege on %s %s (SQLSTATE 42501): %s", g[1], g[2], g[3], g[4], rolesHint)
-	}
-	if g := pgOwner.FindStringSubmatch(m); g != nil {
-		return fmt.Sprintf("permission denied: only the owner of %s %s may change it (SQLSTATE 42501): run this as the role that owns the crdbwork tables (docs/operations.md, \"Roles and grants\")", g[1], g[2])
-	}
-	g := pgDenied.FindStringSubmatch(m)
-	if g == nil {
+	r, ok := denied.Of(pgErr)
+	switch {
+	case !ok:
+		return ""
+	case r.User != "":
+		return fmt.Sprintf("permission denied: user %s lacks the %s privilege on %s %s (SQLSTATE 42501): %s", r.User, r.Privilege, r.Kind, r.Name, rolesHint)
+	case r.Owner:
+		return fmt.Sprintf("permission denied: only the owner of %s %s may change it (SQLSTATE 42501): run this as the role that owns the crdbwork tables (docs/operations.md, \"Roles and grants\")", r.Kind, r.Name)
+	case r.Name == "":
 		return ""
 	}
-	kind, name := g[1], g[2]
-	if kind == "relation" {
-		kind = "table"
-	}
+	kind, name := r.Kind, r.Name
 	line := fmt.Sprintf("permission denied for %s %s", kind, name)
 	if kind != "table" && kind != "schema" {
 		return line + " (SQLSTATE 42501): " + rolesHint
