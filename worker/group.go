@@ -396,7 +396,9 @@ func (g *Group) reservePool() (release func(), err error) {
 // RestartDelay; a queue whose session work fails to start (its rebalancer)
 // ends the session for all, which then restart together. Run returns nil
 // after a graceful stop, or an error when it cannot start: at once for a
-// schema that is not this code's, bad options or a pool smaller than
+// schema that is not this code's, a database user that lacks a privilege
+// the workers need on a crdbwork table (ErrPrivileges: Run checks them
+// once, before its first session), bad options or a pool smaller than
 // GroupPoolConns (ErrPoolTooSmall), after StartTimeout for a database it
 // cannot reach. Worker.Run is Run of a group of one (a small pool is then a
 // warning).
@@ -407,7 +409,8 @@ func (g *Group) Run(ctx context.Context) error {
 	// first session only for a transient failure within StartTimeout.
 	retryStart := func(err error, first bool) bool {
 		switch {
-		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer):
+		case errors.Is(err, crsql.ErrSchemaMissing), errors.Is(err, crsql.ErrSchemaOutdated), errors.Is(err, crsql.ErrSchemaNewer),
+			errors.Is(err, ErrPrivileges) && first:
 			return false
 		case !first:
 			return true
@@ -427,6 +430,22 @@ func (g *Group) Run(ctx context.Context) error {
 		return err
 	}
 	defer release()
+	// Once, before anything is written: the user's privileges on every
+	// table the workers use (and the schema's version).
+	for {
+		err := g.checkGrants(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		if !retryStart(err, true) {
+			return fmt.Errorf("worker: %w", err)
+		}
+		g.workers[0].log.Warn("reaching the database failed; retrying", zap.Error(err))
+		pause()
+	}
 	for _, w := range g.workers {
 		for {
 			err := w.ensureParts(ctx)
@@ -457,6 +476,7 @@ func (g *Group) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
+			err = g.workers[0].explainRefusal(ctx, err)
 			if !retryStart(err, first) {
 				return fmt.Errorf("worker: %w", err)
 			}

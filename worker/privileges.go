@@ -1,0 +1,96 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/crdbwork/crdbwork/internal/denied"
+	"github.com/crdbwork/crdbwork/internal/store"
+	crsql "github.com/crdbwork/crdbwork/sql"
+)
+
+// ErrPrivileges is wrapped by the error of Run (Worker's and Group's) when
+// the database user the worker connects as lacks a privilege the worker
+// needs on a crdbwork table: Run checks them all once, before its first
+// session, and fails at once (it does not retry). The error names the
+// user, each table and the privileges it lacks there, and the GRANT
+// statements that give them (docs/operations.md, "Roles and grants", has
+// the worker role's grants). A worker's statement refused for lack of a
+// privilege later (grants revoked while it runs) is logged with an error
+// that wraps it too, naming the same.
+var ErrPrivileges = errors.New("the database user lacks privileges the worker needs")
+
+// rolesDoc ends every message about a lacking privilege.
+const rolesDoc = `docs/operations.md, "Roles and grants"`
+
+// checkGrants checks, in one statement, that the database user has every
+// privilege the worker needs on the crdbwork tables (store.WorkerGrants),
+// after the schema's version (a schema that is not this code's fails as
+// before). It returns an error wrapping ErrPrivileges that names what is
+// lacking, or the failure of the check.
+func (g *Group) checkGrants(ctx context.Context) error {
+	st := store.New(g.tables)
+	cerr := crsql.Check(ctx, g.db, g.tables)
+	if _, refused := denied.Of(cerr); cerr != nil && !refused {
+		return cerr
+	}
+	// The check reads the catalog only: it runs without any grant on the
+	// tables, and so explains a refused version check too.
+	user, lacking, err := st.GrantsLacking(ctx, g.db, store.WorkerGrants)
+	switch {
+	case err != nil && cerr != nil:
+		return cerr
+	case err != nil:
+		return store.Classify(err)
+	case len(lacking) > 0:
+		return lackingError(user, lacking, nil)
+	}
+	return cerr
+}
+
+// lackingError is the error wrapping ErrPrivileges (and refused, the
+// server's refusal, if any) that names what user lacks.
+func lackingError(user string, lacking []store.Grant, refused error) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "user %q lacks ", user)
+	for i, g := range lacking {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s on %s", strings.Join(g.Privileges, ", "), g.Table)
+	}
+	fmt.Fprintf(&b, " (%s): %s", rolesDoc, strings.Join(store.GrantStatements(lacking, user), "; "))
+	if refused != nil {
+		return fmt.Errorf("%w: %s: %w", ErrPrivileges, b.String(), refused)
+	}
+	return fmt.Errorf("%w: %s", ErrPrivileges, b.String())
+}
+
+// explainRefusal returns err itself unless the database refused it for
+// lack of a privilege (SQLSTATE 42501): then an error wrapping
+// ErrPrivileges and err that names the refused table and what the user
+// lacks of the worker's grants (store.WorkerGrants), read in one statement
+// (bounded by a few seconds; without it, the refused table alone).
+func (w *Worker) explainRefusal(ctx context.Context, err error) error {
+	r, ok := denied.Of(err)
+	if !ok {
+		return err
+	}
+	what := "a statement"
+	if r.Name != "" {
+		what = r.Kind + " " + r.Name
+		if r.Privilege != "" {
+			what = r.Privilege + " on " + what
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	user, lacking, lerr := w.store.GrantsLacking(ctx, w.db, store.WorkerGrants)
+	if lerr != nil || len(lacking) == 0 {
+		return fmt.Errorf("%w: the database refused %s (%s): %w", ErrPrivileges, what, rolesDoc, err)
+	}
+	return fmt.Errorf("the database refused %s: %w", what, lackingError(user, lacking, err))
+}

@@ -1,0 +1,192 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/testdb"
+	"github.com/crdbwork/crdbwork/internal/testschema"
+	"github.com/crdbwork/crdbwork/worker"
+)
+
+// workerRole creates, in the database at dbURL, a login role with the worker
+// role's grants of docs/operations.md ("Roles and grants"), then runs
+// revoke (its "%s" is the role), and returns the role's name and the
+// database's URL for it. Roles are the server's: each test's has a name of
+// its own.
+func workerRole(t *testing.T, pool *pgxpool.Pool, dbURL, revoke string) (role, roleURL string) {
+	t.Helper()
+	if testdb.Kind(t) != "postgres" {
+		// CockroachDB: the same grants, but a LOGIN role needs a
+		// certificate or a password, which the test server does not set up.
+		t.Skip("the role logs in through the PostgreSQL test server's trust authentication")
+	}
+	raw, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)### Roles and grants.*?```sql\n(.*?)```").FindSubmatch(raw)
+	if m == nil {
+		t.Fatal(`docs/operations.md has no sql block under "Roles and grants"`)
+	}
+	role = "crdbwork_worker_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	text := regexp.MustCompile(`(?m)^--.*$`).ReplaceAllString(string(m[1]), "")
+	ctx := context.Background()
+	for _, s := range strings.Split(text, ";") {
+		s = strings.TrimSpace(s)
+		if !regexp.MustCompile(`\bcrdbwork_worker\b`).MatchString(s) {
+			continue // the other roles'
+		}
+		// The worker role alone, under the test's name.
+		s = regexp.MustCompile(`\bcrdbwork_(operator|reader)\b,?\s*`).ReplaceAllString(s, "")
+		s = strings.TrimRight(strings.TrimSpace(regexp.MustCompile(`\bcrdbwork_worker\b`).ReplaceAllString(s, role)), ",")
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	if revoke != "" {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(revoke, role)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return role, u.String()
+}
+
+// A worker whose role lacks the grants on one table fails at start with
+// ErrPrivileges, naming the user, exactly that table and those privileges,
+// and the roles' docs, before it wrote anything (no session, no queue
+// row); with every grant it starts and works. Before the check, such a
+// worker started, and its reap turns and failure paths were refused over
+// and over.
+func TestWorkerWithoutItsGrantsFailsAtStart(t *testing.T) {
+	t.Parallel()
+	dbURL := testschema.NewURL(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
+	run := func(t *testing.T, roleURL string) error {
+		t.Helper()
+		pool, err := pgxpool.New(ctx, roleURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		q, err := claim.New(pool, claim.Options{Queue: "grants"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := worker.New(q, h, worker.Options{Parts: 2, Session: fastSession()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- w.Run(rctx) }()
+		return await.Recv(t, "Run to return", done)
+	}
+
+	t.Run("lacking", func(t *testing.T) {
+		role, roleURL := workerRole(t, admin, dbURL, `REVOKE INSERT, UPDATE, DELETE ON crdbwork_reaps FROM %s`)
+		err := run(t, roleURL)
+		if !errors.Is(err, worker.ErrPrivileges) {
+			t.Fatalf("Run as a role without its grants on crdbwork_reaps: %v, want ErrPrivileges", err)
+		}
+		want := fmt.Sprintf(`worker: the database user lacks privileges the worker needs: user %q lacks INSERT, UPDATE, DELETE on crdbwork_reaps `+
+			`(docs/operations.md, "Roles and grants"): GRANT INSERT, UPDATE, DELETE ON crdbwork_reaps TO %s`, role, role)
+		if err.Error() != want {
+			t.Fatalf("Run's error:\n%s\nwant:\n%s", err, want)
+		}
+		for _, table := range []string{"crdbwork_sessions", "crdbwork_queues"} {
+			if n := count(t, admin, `SELECT count(*) FROM `+table); n != 0 {
+				t.Errorf("the refused worker wrote %d rows to %s", n, table)
+			}
+		}
+	})
+	t.Run("granted", func(t *testing.T) {
+		_, roleURL := workerRole(t, admin, dbURL, "")
+		pool, err := pgxpool.New(ctx, roleURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		q, err := claim.New(pool, claim.Options{Queue: "granted"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := worker.New(q, h, worker.Options{Parts: 2, Poll: 20 * time.Millisecond, Session: fastSession()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(rctx) }()
+		await.Until(t, "the worker with its grants to ack the item", func() (bool, string) {
+			n := count(t, admin, `SELECT count(*) FROM crdbwork_items WHERE queue = 'granted'`)
+			return n == 0, fmt.Sprintf("%d items", n)
+		})
+		cancel()
+		if err := await.Recv(t, "Run to return", done); err != nil {
+			t.Fatalf("Run as a role with every grant: %v", err)
+		}
+	})
+}
+
+// A group (OpenGroup) whose role lacks one privilege on one table fails at
+// start the same way, naming that one.
+func TestGroupWithoutItsGrantsFailsAtStart(t *testing.T) {
+	t.Parallel()
+	dbURL := testschema.NewURL(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	role, roleURL := workerRole(t, admin, dbURL, `REVOKE INSERT ON crdbwork_attempt_errors FROM %s`)
+	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
+	g, err := worker.OpenGroup(ctx, roleURL, []worker.QueueConfig{
+		{Claim: claim.Options{Queue: "a"}, Handler: h},
+		{Claim: claim.Options{Queue: "b"}, Handler: h, Options: worker.Options{Parts: 2}},
+	}, worker.GroupOptions{Session: fastSession()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	err = await.Recv(t, "the group's Run to return", done)
+	if !errors.Is(err, worker.ErrPrivileges) {
+		t.Fatalf("Run of a group whose role lacks INSERT on crdbwork_attempt_errors: %v, want ErrPrivileges", err)
+	}
+	if want := fmt.Sprintf(`user %q lacks INSERT on crdbwork_attempt_errors (docs/operations.md, "Roles and grants"): GRANT INSERT ON crdbwork_attempt_errors TO %s`, role, role); !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("Run's error:\n%s\nwant it to end with:\n%s", err, want)
+	}
+	if n := count(t, admin, `SELECT count(*) FROM crdbwork_sessions`); n != 0 {
+		t.Errorf("the refused group started %d sessions", n)
+	}
+}
