@@ -16,6 +16,8 @@ import (
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/internal/names"
+	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
@@ -194,6 +196,63 @@ func TestRolesRunEveryCommand(t *testing.T) {
 	for _, a := range []string{"pause", "resume", "parts", "cancel", "requeue", "purge"} {
 		if n := d.count(t, `SELECT count(*) FROM crdbwork_audit WHERE action = $1`, a); n != 1 {
 			t.Errorf("the operator's %s left %d audit rows, want 1", a, n)
+		}
+	}
+}
+
+// The worker role's grants of docs/operations.md ("Roles and grants") are
+// store.WorkerGrants, the privileges every worker checks at start (plus
+// SELECT on the audit list, which every role reads for the commands and the
+// worker's own code does not): the block and the list cannot drift apart.
+func TestWorkerGrantsMatchTheDocs(t *testing.T) {
+	t.Parallel()
+	grant := regexp.MustCompile(`(?s)^GRANT (.+?) ON (.+?) TO (.+)$`)
+	doc := map[string]map[string]bool{} // table → privileges of the worker role
+	for _, s := range rolesSQL(t, "x") {
+		m := grant.FindStringSubmatch(s)
+		if m == nil || !regexp.MustCompile(`\bcrdbwork_worker_x\b`).MatchString(m[3]) || strings.HasPrefix(m[2], "SCHEMA ") {
+			continue
+		}
+		for _, table := range strings.Split(m[2], ",") {
+			table = strings.TrimSpace(table)
+			if doc[table] == nil {
+				doc[table] = map[string]bool{}
+			}
+			for _, p := range strings.Split(m[1], ",") {
+				doc[table][strings.TrimSpace(p)] = true
+			}
+		}
+	}
+	list := map[string]map[string]bool{"crdbwork_audit": {"SELECT": true}}
+	for _, g := range store.WorkerGrants {
+		if list[g.Table] == nil {
+			list[g.Table] = map[string]bool{}
+		}
+		for _, p := range g.Privileges {
+			list[g.Table][p] = true
+		}
+	}
+	if len(doc) == 0 {
+		t.Fatal("no GRANT to crdbwork_worker in docs/operations.md")
+	}
+	for table, ps := range doc {
+		for p := range ps {
+			if !list[table][p] {
+				t.Errorf("docs/operations.md grants the worker role %s on %s, which store.WorkerGrants lacks", p, table)
+			}
+		}
+	}
+	for table, ps := range list {
+		for p := range ps {
+			if !doc[table][p] {
+				t.Errorf("store.WorkerGrants has %s on %s, which docs/operations.md does not grant the worker role", p, table)
+			}
+		}
+	}
+	// Every table of the schema is in the list.
+	for _, suffix := range names.Tables() {
+		if list[names.DefaultPrefix+suffix] == nil {
+			t.Errorf("store.WorkerGrants and the docs' worker grants do not name %s%s", names.DefaultPrefix, suffix)
 		}
 	}
 }
