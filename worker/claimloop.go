@@ -216,7 +216,13 @@ func (r *sessionRun) claimLoop() {
 			failed = 0
 		case ctx.Err() == nil:
 			failed++
-			log.Warn("claim failed; claiming again soon", zap.Error(err), zap.Int("failures_in_a_row", failed))
+			logged := err
+			if failed == 1 {
+				// Refused for lack of a privilege: say what the user lacks
+				// (the first of the failures in a row).
+				logged = w.explainRefusal(ctx, err)
+			}
+			log.Warn("claim failed; claiming again soon", zap.Error(logged), zap.Int("failures_in_a_row", failed))
 		}
 		if errors.Is(err, claim.ErrOutcomeUnknown) {
 			forgotten = true

@@ -2,12 +2,14 @@ package worker
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/denied"
 	"github.com/crdbwork/crdbwork/internal/retry"
 	"github.com/crdbwork/crdbwork/internal/store"
 	"github.com/crdbwork/crdbwork/session"
@@ -49,7 +51,7 @@ func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duratio
 		case ctx.Err() != nil:
 			return true
 		case err != nil:
-			log.Warn("taking the turn to reap expired sessions failed; reaping without it", zap.Error(err))
+			r.logFailure(ctx, "taking the turn to reap expired sessions failed; reaping without it", err)
 		case !took:
 			return true // a peer reaped
 		}
@@ -64,7 +66,7 @@ func (r *sessionRun) reapExpiredSessions(ctx context.Context, every time.Duratio
 	case ctx.Err() != nil:
 		return true
 	case err != nil:
-		log.Warn("reaping expired sessions failed", zap.Error(err))
+		r.logFailure(ctx, "reaping expired sessions failed", err)
 		return false
 	case n > 0:
 		log.Info("reaped expired sessions", zap.Int64("count", n))
@@ -99,7 +101,7 @@ type queueReapState struct {
 // (checkStatistics), if the session claimed items since the last check or
 // the queue is reaped. It reports false when a step of the reap failed.
 func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
-	w, log := r.w, r.log
+	w := r.w
 	if !st.retry && !st.more {
 		var took, prune, due bool
 		err := retry.Do(ctx, nil, func(ctx context.Context) error {
@@ -124,7 +126,7 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 		case ctx.Err() != nil:
 			return true
 		case err != nil:
-			log.Warn("taking the queue's reap turn failed; reaping anyway", zap.Error(err))
+			r.logFailure(ctx, "taking the queue's reap turn failed; reaping anyway", err)
 		case !took:
 			return true // a peer reaps
 		case !due && !prune:
@@ -169,7 +171,7 @@ func (r *sessionRun) reapQueue(ctx context.Context) (ok bool, st claim.ReapStats
 	if st.DeadPruned > 0 {
 		log.Info("deleted dead items beyond the queue's retention", zap.Int("pruned", st.DeadPruned))
 	}
-	return !r.logReapErrors(err), st
+	return !r.logReapErrors(ctx, err), st
 }
 
 // logReapErrors logs the failures of a Reap, one line per failed step and
@@ -178,17 +180,22 @@ func (r *sessionRun) reapQueue(ctx context.Context) (ok bool, st claim.ReapStats
 // does not make it run sooner: it was ended, dead with reason
 // claim.ReasonRefused, or stays as it is until the database lets it go, and
 // every other item was reaped without it.
-func (r *sessionRun) logReapErrors(err error) (stepFailed bool) {
+func (r *sessionRun) logReapErrors(ctx context.Context, err error) (stepFailed bool) {
 	log := r.log
 	if err == nil {
 		return false
 	}
 	list := claim.ReapErrors(err)
 	if len(list) == 0 {
-		log.Warn("reaping expired leases failed", zap.Error(err))
+		r.logFailure(ctx, "reaping expired leases failed", err)
 		return true
 	}
 	for _, e := range list {
+		if _, ok := denied.Of(e.Err); ok && !r.refused {
+			// The first refusal of the reap says what the user lacks (one
+			// statement); the lines of the others name the server's error.
+			r.logFailure(ctx, "the database refused a step of the reap", e.Err, zap.String("step", e.Step))
+		}
 		if e.ID == uuid.Nil {
 			stepFailed = true
 			log.Warn("reaping failed; the step runs again at the next reap", zap.String("step", e.Step), zap.Error(e.Err))
@@ -203,4 +210,32 @@ func (r *sessionRun) logReapErrors(err error) (stepFailed bool) {
 			zap.String("step", e.Step), zap.Stringer("item", e.ID), zap.Error(e.Err))
 	}
 	return stepFailed
+}
+
+// logFailure logs a failure of the maintenance loop: at Warn with err; or,
+// when the database refused it for lack of a privilege, at Error with what
+// the user lacks of the worker's grants (explainRefusal: the table and the
+// privileges), and then it sets r.refused, which makes the loop's next try
+// of the failed reap back off (refusedRetryWait) rather than come at the
+// next heartbeat: a grant comes back in minutes, not milliseconds.
+func (r *sessionRun) logFailure(ctx context.Context, msg string, err error, fields ...zap.Field) {
+	if _, ok := denied.Of(err); !ok {
+		r.log.Warn(msg, append(fields, zap.Error(err))...)
+		return
+	}
+	r.refused = true
+	r.log.Error(msg, append(fields, zap.Error(r.w.explainRefusal(ctx, err)))...)
+}
+
+// refusedRetryWait is the wait before the next try of a reap after n
+// refusals in a row for lack of a privilege: from a heartbeat, doubling, up
+// to idleQueueReapEvery, jittered (half to one and a half of it), so that a
+// worker whose grants were revoked neither spins nor waits long once they
+// are back.
+func refusedRetryWait(hb time.Duration, n int) time.Duration {
+	d := idleQueueReapEvery
+	if n < 16 {
+		d = min(idleQueueReapEvery, hb<<max(0, n-1))
+	}
+	return d/2 + rand.N(d+1)
 }

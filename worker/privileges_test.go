@@ -8,16 +8,20 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/crdbwork/crdbwork/claim"
 	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
+	"github.com/crdbwork/crdbwork/session"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -188,5 +192,112 @@ func TestGroupWithoutItsGrantsFailsAtStart(t *testing.T) {
 	}
 	if n := count(t, admin, `SELECT count(*) FROM crdbwork_sessions`); n != 0 {
 		t.Errorf("the refused group started %d sessions", n)
+	}
+}
+
+// Grants revoked while a worker runs: its queue's reap turn is refused
+// (42501), and the log line names the user, the table and the privileges it
+// lacks (an error wrapping ErrPrivileges); the refused turn backs off,
+// doubling from a heartbeat up to a minute, rather than coming every few
+// heartbeats; once the grant is back, a turn succeeds again. Before, the
+// line held the server's error alone ("permission denied for table
+// crdbwork_reaps") and the turn was tried every five heartbeats forever.
+func TestRefusedReapTurnsBackOff(t *testing.T) {
+	t.Parallel()
+	dbURL := testschema.NewURL(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	role, roleURL := workerRole(t, admin, dbURL, "")
+	pool, err := pgxpool.New(ctx, roleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	q, err := claim.New(pool, claim.Options{Queue: "refused"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var refusedAt []time.Time
+	var lastErr error
+	turns := await.NewRounds("successful reap turns of the queue")
+	core, logs := observer.New(zap.WarnLevel)
+	// Short heartbeats (the turns' waits count in them); nobody leaves, so
+	// a long expiry costs nothing.
+	hb := await.Stretch(50 * time.Millisecond)
+	sess := session.Tuning{Heartbeat: hb, Expiry: 50 * hb}
+	opts := worker.Options{Poll: 50 * time.Millisecond, Session: sess, Logger: zap.New(core)}
+	opts.Testing.AfterReapTurn = func(name string, took bool, err error) {
+		if name != "refused" {
+			return
+		}
+		if err == nil {
+			turns.Tick()
+			return
+		}
+		mu.Lock()
+		refusedAt, lastErr = append(refusedAt, time.Now()), err
+		mu.Unlock()
+	}
+	w, err := worker.New(q, func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	turns.Wait(t, 1)
+	if _, err := admin.Exec(ctx, `REVOKE INSERT, UPDATE, DELETE ON crdbwork_reaps FROM `+role); err != nil {
+		t.Fatal(err)
+	}
+	const refusals = 6
+	await.Until(t, "the queue's reap turn to be refused 6 times", func() (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(refusedAt) >= refusals, fmt.Sprintf("%d refused, the last: %v", len(refusedAt), lastErr)
+	})
+	mu.Lock()
+	gap := refusedAt[refusals-1].Sub(refusedAt[refusals-2])
+	for i := 1; i < len(refusedAt); i++ {
+		t.Logf("refused turn %d: %v after the one before (heartbeat %v)", i+1, refusedAt[i].Sub(refusedAt[i-1]).Round(time.Millisecond), sess.Heartbeat)
+	}
+	mu.Unlock()
+	// The 6th try comes after the 5th refusal's wait: 16 heartbeats,
+	// jittered from half of it (8). Without the backoff: 2.5 to 7.5
+	// heartbeats. (A busy machine only makes the gap longer.)
+	if min := 8 * sess.Heartbeat; gap < min {
+		t.Errorf("the 6th refused turn came %v after the 5th, want at least %v (8 heartbeats of %v): the refused turn does not back off", gap, min, sess.Heartbeat)
+	}
+	want := fmt.Sprintf(`user %q lacks INSERT, UPDATE, DELETE on crdbwork_reaps`, role)
+	var named bool
+	for _, e := range logs.FilterMessage("taking the queue's reap turn failed; reaping anyway").All() {
+		if err, ok := e.ContextMap()["error"].(string); ok && e.Level == zap.ErrorLevel && strings.Contains(err, want) &&
+			strings.Contains(err, worker.ErrPrivileges.Error()) && strings.Contains(err, "docs/operations.md") {
+			named = true
+		}
+	}
+	if !named {
+		var lines []string
+		for _, e := range logs.All() {
+			lines = append(lines, fmt.Sprintf("%s %s %v", e.Level, e.Message, e.ContextMap()))
+		}
+		t.Errorf("no error line of the refused turn names %q:\n%s", want, strings.Join(lines, "\n"))
+	}
+	// The grant back: a turn succeeds again (within the wait of the
+	// refusals so far).
+	if _, err := admin.Exec(ctx, `GRANT INSERT, UPDATE, DELETE ON crdbwork_reaps TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	regranted := time.Now()
+	turns.Wait(t, 1)
+	t.Logf("a turn succeeded %v after the grant", time.Since(regranted).Round(time.Millisecond))
+	cancel()
+	if err := await.Recv(t, "Run to return", done); err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

@@ -68,6 +68,9 @@ type sessionRun struct {
 	// took the queue's reap turn: the check of the tables' statistics is
 	// due (checkStatistics).
 	statsDue chan struct{}
+	// refused: a reap of the maintenance loop was refused for lack of a
+	// privilege (logFailure); its next try backs off.
+	refused bool
 }
 
 // runSession runs the worker's queue on one session until it is lost or ctx
@@ -237,7 +240,10 @@ const idleQueueReapEvery = time.Minute
 // few heartbeats, taking the queue's reap turn and, when the queue has
 // something to reap, releasing the queue's expired leases and moving
 // crash-looping items to the dead items (queuemaint.Queue.Reap;
-// queueReapTurn). A reap that fails is tried again at the next heartbeat.
+// queueReapTurn). A reap that fails is tried again at the next heartbeat;
+// one refused for lack of a privilege (its turn or a step) is logged with
+// the table and the privileges the user lacks, and tried again after a
+// wait that doubles from a heartbeat up to a minute (refusedRetryWait).
 // Any live session may reap; both are idempotent. The check of the
 // tables' statistics runs beside it (checkStatistics): its ANALYZE may
 // take seconds, which these chores must not wait for.
@@ -281,6 +287,25 @@ func (r *sessionRun) maintain() {
 	nextQueueReap := now.Add(jitter(queueReapHeartbeats * hb))
 	var qst queueReapState
 	retrySessions := false
+	// A reap refused for lack of a privilege is tried again after
+	// refusedRetryWait of the refusals in a row, not at the next
+	// heartbeat: sessionsRefused and queueRefused count them, and
+	// retrySessionsAt is when the sessions' reap is tried again.
+	sessionsRefused, queueRefused := 0, 0
+	var retrySessionsAt time.Time
+	reapSessions := func(turn bool) {
+		r.refused = false
+		retrySessions = !r.reapExpiredSessions(ctx, reapEvery, turn)
+		switch {
+		case r.refused:
+			// The turn or the reap was refused: neither is tried again
+			// (at a heartbeat's turn or a retry) before the wait.
+			sessionsRefused++
+			retrySessionsAt = time.Now().Add(refusedRetryWait(hb, sessionsRefused))
+		case !retrySessions:
+			sessionsRefused = 0
+		}
+	}
 	t := time.NewTicker(min(hb, w.opts.Limits.Refresh))
 	defer t.Stop()
 	for {
@@ -298,8 +323,12 @@ func (r *sessionRun) maintain() {
 		case <-reapTurns:
 			// A heartbeat found that no session reaped expired sessions
 			// for reapEvery: take the turn at once, before the peers'
-			// next heartbeats see it is due.
-			retrySessions = !r.reapExpiredSessions(ctx, reapEvery, true)
+			// next heartbeats see it is due (unless the last try was
+			// refused for lack of a privilege, within its wait).
+			if time.Now().Before(retrySessionsAt) {
+				continue
+			}
+			reapSessions(true)
 			if ctx.Err() != nil {
 				return
 			}
@@ -313,20 +342,33 @@ func (r *sessionRun) maintain() {
 			r.lim.confirm(at)
 		}
 		w.extendLeases(ctx, r.sess.ID(), r.fl, log)
-		if retrySessions {
+		if retrySessions && !time.Now().Before(retrySessionsAt) {
 			// The turn is this session's: it tries again at each heartbeat
-			// until it succeeds.
-			retrySessions = !r.reapExpiredSessions(ctx, reapEvery, false)
+			// until it succeeds (backing off while it is refused for lack
+			// of a privilege).
+			reapSessions(false)
 			if ctx.Err() != nil {
 				return
 			}
 		}
 		if now := time.Now(); !now.Before(nextQueueReap) {
 			nextQueueReap = now.Add(jitter(queueReapHeartbeats * hb))
-			if !r.queueReapTurn(ctx, &qst, queueReapHeartbeats*hb/2) {
+			r.refused = false
+			switch ok := r.queueReapTurn(ctx, &qst, queueReapHeartbeats*hb/2); {
+			case r.refused:
+				// The turn or a step of the reap was refused for lack of
+				// a privilege: a retry at each heartbeat, or a turn each
+				// interval, would be refused the same way until the grant
+				// is back (the log line says which).
+				queueRefused++
+				nextQueueReap = time.Now().Add(max(refusedRetryWait(hb, queueRefused), queueReapHeartbeats*hb/2))
+			case !ok:
 				// Leases may have expired during the failure: try again at
 				// the next heartbeat rather than a full interval later.
+				queueRefused = 0
 				nextQueueReap = time.Now().Add(hb)
+			default:
+				queueRefused = 0
 			}
 			if ctx.Err() != nil {
 				return
