@@ -426,6 +426,12 @@ missing; a database holding other queues needs --shared-database.`)
 		if errors.Is(runErr, crsql.ErrSchemaMissing) {
 			return cli.Failf(2, "the crdbwork schema is not in this database: run `crdbwork migrate` first")
 		}
+		if errors.Is(runErr, worker.ErrPrivileges) {
+			// A refused user is exit 2, its line naming the user, the
+			// tables and the privileges it lacks (the worker's message,
+			// not the server's refusal it may wrap).
+			return &cli.ExitError{Code: 2, Msg: runErr.Error()}
+		}
 		return cli.Failf(1, "%v", runErr)
 	}
 	return nil
