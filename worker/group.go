@@ -433,7 +433,7 @@ func (g *Group) Run(ctx context.Context) error {
 	// Once, before anything is written: the user's privileges on every
 	// table the workers use (and the schema's version).
 	for {
-		err := g.checkGrants(ctx)
+		err := CheckGrants(ctx, g.db, g.tables)
 		if err == nil {
 			break
 		}

@@ -26,20 +26,24 @@ var ErrPrivileges = errors.New("the database user lacks privileges the worker ne
 // rolesDoc ends every message about a lacking privilege.
 const rolesDoc = `docs/operations.md, "Roles and grants"`
 
-// checkGrants checks, in one statement, that the database user has every
-// privilege the worker needs on the crdbwork tables (store.WorkerGrants),
-// after the schema's version (a schema that is not this code's fails as
-// before). It returns an error wrapping ErrPrivileges that names what is
-// lacking, or the failure of the check.
-func (g *Group) checkGrants(ctx context.Context) error {
-	st := store.New(g.tables)
-	cerr := crsql.Check(ctx, g.db, g.tables)
+// CheckGrants checks what Run checks at start: the schema's version (its
+// errors are sql's ErrSchemaMissing, ErrSchemaOutdated, ErrSchemaNewer),
+// then, in one statement, that the database user of db has every
+// privilege a worker needs on the crdbwork tables of tables (the worker
+// role's grants of docs/operations.md, "Roles and grants"). It returns an
+// error wrapping ErrPrivileges that names the user, each table, the
+// privileges it lacks there and the GRANT statements that give them, or
+// the failure of the check; nil when nothing lacks. It reads the catalog
+// only, so it runs whatever the user lacks (`crdbwork grants` runs it).
+func CheckGrants(ctx context.Context, db DB, tables crsql.Tables) error {
+	st := store.New(tables)
+	cerr := crsql.Check(ctx, db, tables)
 	if _, refused := denied.Of(cerr); cerr != nil && !refused {
 		return cerr
 	}
 	// The check reads the catalog only: it runs without any grant on the
 	// tables, and so explains a refused version check too.
-	user, lacking, err := st.GrantsLacking(ctx, g.db, store.WorkerGrants)
+	user, lacking, err := st.GrantsLacking(ctx, db, store.WorkerGrants)
 	switch {
 	case err != nil && cerr != nil:
 		return cerr
@@ -56,11 +60,11 @@ func (g *Group) checkGrants(ctx context.Context) error {
 func lackingError(user string, lacking []store.Grant, refused error) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "user %q lacks ", user)
-	for i, g := range lacking {
+	for i, s := range store.BySet(lacking) {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		fmt.Fprintf(&b, "%s on %s", strings.Join(g.Privileges, ", "), g.Table)
+		fmt.Fprintf(&b, "%s on %s", s.Privileges, strings.Join(s.Tables, ", "))
 	}
 	fmt.Fprintf(&b, " (%s): %s", rolesDoc, strings.Join(store.GrantStatements(lacking, user), "; "))
 	if refused != nil {

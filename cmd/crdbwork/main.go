@@ -56,6 +56,7 @@ var commands = []command{
 	{"sequence", "show or set whether a queue runs one item per key at a time, in order (on, off), what a death does (hold, advance), blocked keys, release", cmdSequence},
 	{"schedules", "list, add, change, remove, pause or resume periodic schedules stored in the database", cmdSchedules},
 	{"purge", "delete everything of a queue: items, dead items, parts, limits, settings, ended ids", cmdPurge},
+	{"grants", "check that the database user has every privilege a worker needs on the crdbwork tables (exit 2 naming what it lacks)", cmdGrants},
 	{"dashboard", "serve the live web dashboard (--addr, default 127.0.0.1 only; --read-only; basic auth)", cmdDashboard},
 	{"version", "print the version", cmdVersion},
 }

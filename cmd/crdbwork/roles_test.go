@@ -256,3 +256,42 @@ func TestWorkerGrantsMatchTheDocs(t *testing.T) {
 		}
 	}
 }
+
+// crdbwork grants, as each role of docs/operations.md: the worker role (and
+// the tables' owner) has every privilege a worker needs, exit 0; the reader
+// lacks the worker's writes, exit 2 naming them; the worker role without
+// INSERT on one table, exit 2 naming exactly that one.
+func TestGrantsCommand(t *testing.T) {
+	t.Parallel()
+	d := newDB(t, crsql.Tables{})
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("the roles log in through the PostgreSQL test server's trust authentication")
+	}
+	ctx := context.Background()
+	suffix := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	for _, s := range rolesSQL(t, suffix) {
+		if _, err := d.pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	reader, wrk := "crdbwork_reader_"+suffix, "crdbwork_worker_"+suffix
+	ok := "the database user has every privilege a worker needs on the crdbwork tables\n"
+	if r := must(t, d.env, "grants"); r.stdout != ok {
+		t.Errorf("crdbwork grants as the owner: %s", r)
+	}
+	if r := run(t, env("DATABASE_URL="+asRole(t, d, wrk)), "grants"); r.code != 0 || r.stdout != ok {
+		t.Errorf("crdbwork grants as the worker role: %s", r)
+	}
+	r := run(t, env("DATABASE_URL="+asRole(t, d, reader)), "grants")
+	if want := `crdbwork: the database user lacks privileges the worker needs: user "` + reader + `" lacks INSERT, UPDATE, DELETE on crdbwork_sessions, crdbwork_queues, `; r.code != 2 || !strings.HasPrefix(r.stderr, want) ||
+		strings.Count(r.stderr, "\n") != 1 || strings.Contains(r.stderr, "SELECT") {
+		t.Errorf("crdbwork grants as the reader: want exit 2 and one line starting %q, without SELECT:\n%s", want, r)
+	}
+	if _, err := d.pool.Exec(ctx, `REVOKE INSERT ON crdbwork_waits_across FROM `+wrk); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, env("DATABASE_URL="+asRole(t, d, wrk)), "grants", "--json")
+	if want := `crdbwork: the database user lacks privileges the worker needs: user "` + wrk + `" lacks INSERT on crdbwork_waits_across (docs/operations.md, "Roles and grants"): GRANT INSERT ON crdbwork_waits_across TO ` + wrk + "\n"; r.code != 2 || r.stderr != want {
+		t.Errorf("crdbwork grants as the worker role without INSERT on crdbwork_waits_across: want exit 2 and\n%s%s", want, r)
+	}
+}

@@ -139,22 +139,35 @@ func splitQuoted(s string) []string {
 	return append(parts, cur.String())
 }
 
+// GrantSet is one set of privileges and the tables that lack it.
+type GrantSet struct {
+	Privileges string   // "INSERT, UPDATE, DELETE"
+	Tables     []string // as Grant.Table
+}
+
+// BySet groups lacking (as GrantsLacking returns it) by set of privileges,
+// in their first table's order.
+func BySet(lacking []Grant) []GrantSet {
+	var out []GrantSet
+	for _, g := range lacking {
+		k := strings.Join(g.Privileges, ", ")
+		i := slices.IndexFunc(out, func(s GrantSet) bool { return s.Privileges == k })
+		if i < 0 {
+			out = append(out, GrantSet{Privileges: k})
+			i = len(out) - 1
+		}
+		out[i].Tables = append(out[i].Tables, g.Table)
+	}
+	return out
+}
+
 // GrantStatements returns the GRANT statements that give role the lacking
 // privileges (as GrantsLacking returns them): one per set of privileges,
 // tables of the same set together.
 func GrantStatements(lacking []Grant, role string) []string {
-	var order []string
-	byPrivs := make(map[string][]string)
-	for _, g := range lacking {
-		k := strings.Join(g.Privileges, ", ")
-		if !slices.Contains(order, k) {
-			order = append(order, k)
-		}
-		byPrivs[k] = append(byPrivs[k], g.Table)
-	}
-	out := make([]string, 0, len(order))
-	for _, k := range order {
-		out = append(out, fmt.Sprintf("GRANT %s ON %s TO %s", k, strings.Join(byPrivs[k], ", "), PlainName(`"`+strings.ReplaceAll(role, `"`, `""`)+`"`)))
+	var out []string
+	for _, s := range BySet(lacking) {
+		out = append(out, fmt.Sprintf("GRANT %s ON %s TO %s", s.Privileges, strings.Join(s.Tables, ", "), PlainName(`"`+strings.ReplaceAll(role, `"`, `""`)+`"`)))
 	}
 	return out
 }
