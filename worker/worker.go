@@ -324,7 +324,9 @@ func (w *Worker) Stats() Stats {
 // see their context cancelled and Run starts a new session after
 // RestartDelay. Run returns nil after a graceful stop, or an error when it
 // cannot start its first session: at once for a schema that is not this
-// code's or bad options, after StartTimeout for a database it cannot reach.
+// code's, a database user that lacks a privilege the worker needs on a
+// crdbwork table (ErrPrivileges; see CheckGrants) or bad options, after
+// StartTimeout for a database it cannot reach.
 // It runs the group of one queue (see Group.Run): a pool smaller than
 // PoolConns is logged as a warning.
 func (w *Worker) Run(ctx context.Context) error {
