@@ -222,7 +222,7 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var refusedAt []time.Time
+	var refusedAt, sessionsRefusedAt []time.Time
 	var lastErr error
 	turns := await.NewRounds("successful reap turns of the queue")
 	core, logs := observer.New(zap.WarnLevel)
@@ -232,6 +232,12 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 	sess := session.Tuning{Heartbeat: hb, Expiry: 50 * hb}
 	opts := worker.Options{Poll: 50 * time.Millisecond, Session: sess, Logger: zap.New(core)}
 	opts.Testing.AfterReapTurn = func(name string, took bool, err error) {
+		if name == "" && err != nil {
+			// The turn to reap expired sessions (the same table).
+			mu.Lock()
+			sessionsRefusedAt = append(sessionsRefusedAt, time.Now())
+			mu.Unlock()
+		}
 		if name != "refused" {
 			return
 		}
@@ -256,13 +262,15 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	const refusals = 6
-	await.Until(t, "the queue's reap turn to be refused 6 times", func() (bool, string) {
+	await.Until(t, "the queue's reap turn and the sessions' to be refused 6 times", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(refusedAt) >= refusals, fmt.Sprintf("%d refused, the last: %v", len(refusedAt), lastErr)
+		return len(refusedAt) >= refusals && len(sessionsRefusedAt) >= refusals,
+			fmt.Sprintf("%d and %d refused, the last: %v", len(refusedAt), len(sessionsRefusedAt), lastErr)
 	})
 	mu.Lock()
 	gap := refusedAt[refusals-1].Sub(refusedAt[refusals-2])
+	sessionsGap := sessionsRefusedAt[refusals-1].Sub(sessionsRefusedAt[refusals-2])
 	for i := 1; i < len(refusedAt); i++ {
 		t.Logf("refused turn %d: %v after the one before (heartbeat %v)", i+1, refusedAt[i].Sub(refusedAt[i-1]).Round(time.Millisecond), sess.Heartbeat)
 	}
@@ -272,6 +280,9 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 	// heartbeats. (A busy machine only makes the gap longer.)
 	if min := 8 * sess.Heartbeat; gap < min {
 		t.Errorf("the 6th refused turn came %v after the 5th, want at least %v (8 heartbeats of %v): the refused turn does not back off", gap, min, sess.Heartbeat)
+	}
+	if min := 8 * sess.Heartbeat; sessionsGap < min {
+		t.Errorf("the 6th refused turn to reap expired sessions came %v after the 5th, want at least %v (8 heartbeats of %v): it does not back off", sessionsGap, min, sess.Heartbeat)
 	}
 	want := fmt.Sprintf(`user %q lacks INSERT, UPDATE, DELETE on crdbwork_reaps`, role)
 	var named bool
