@@ -54,6 +54,7 @@ func (r *sessionRun) newItemOptions() itemOptions {
 			OnRetry:   func() { w.settleRetries.Add(1) },
 			GiveBack:  func() bool { return r.handlerCtx.Err() != nil && r.claimCtx.Err() != nil },
 			Log:       r.log,
+			Explain:   w.explainRefusal,
 		},
 		handler: w.attemptHandler,
 		logs:    core.Enabled(zap.InfoLevel) || core.Enabled(zap.WarnLevel) || core.Enabled(zap.ErrorLevel),

@@ -90,11 +90,35 @@ func (w *Worker) explainRefusal(ctx context.Context, err error) error {
 			what = r.Privilege + " on " + what
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	user, lacking, lerr := w.store.GrantsLacking(ctx, w.db, store.WorkerGrants)
+	user, lacking, lerr := w.lacking(ctx)
 	if lerr != nil || len(lacking) == 0 {
 		return fmt.Errorf("%w: the database refused %s (%s): %w", ErrPrivileges, what, rolesDoc, err)
 	}
 	return fmt.Errorf("the database refused %s: %w", what, lackingError(user, lacking, err))
+}
+
+// lackingReuse is how long explainRefusal reuses what the user lacked: the
+// refusals of many items' statements at once cost one statement.
+const lackingReuse = 5 * time.Second
+
+// lackingRead is what the user lacked, as read at a time.
+type lackingRead struct {
+	at      time.Time
+	user    string
+	lacking []store.Grant
+}
+
+// lacking returns what the database user lacks of the worker's grants,
+// read at most once per lackingReuse (bounded by a few seconds).
+func (w *Worker) lacking(ctx context.Context) (string, []store.Grant, error) {
+	if l := w.lackingLast.Load(); l != nil && time.Since(l.at) < lackingReuse {
+		return l.user, l.lacking, nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	user, lacking, err := w.store.GrantsLacking(ctx, w.db, store.WorkerGrants)
+	if err == nil {
+		w.lackingLast.Store(&lackingRead{at: time.Now(), user: user, lacking: lacking})
+	}
+	return user, lacking, err
 }

@@ -312,3 +312,81 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 }
+
+// A nack refused for lack of a privilege (INSERT on the attempts' errors
+// revoked while the worker runs) is logged naming the table and the
+// privilege; once the grant is back, the item's lease releases it and it
+// ends (acked at its next attempt): nothing is lost.
+func TestRefusedNackNamesTheGrant(t *testing.T) {
+	t.Parallel()
+	dbURL := testschema.NewURL(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	role, roleURL := workerRole(t, admin, dbURL, `REVOKE INSERT ON crdbwork_attempt_errors FROM %s`)
+	pool, err := pgxpool.New(ctx, roleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	q, err := claim.New(pool, claim.Options{Queue: "nacks", Lease: await.Stretch(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	var mu sync.Mutex
+	attempts := 0
+	h := func(context.Context, claim.Item) (worker.Record, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if attempts++; attempts == 1 {
+			return nil, errors.New("the first attempt fails")
+		}
+		return nil, nil
+	}
+	w, err := worker.New(q, h, worker.Options{Poll: 20 * time.Millisecond, Session: fastSession(), Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The worker starts with every grant; then one is revoked.
+	if _, err := admin.Exec(ctx, `GRANT INSERT ON crdbwork_attempt_errors TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	await.Until(t, "the worker to start a session", func() bool { return w.Stats().Sessions > 0 })
+	if _, err := admin.Exec(ctx, `REVOKE INSERT ON crdbwork_attempt_errors FROM `+role); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`user %q lacks INSERT on crdbwork_attempt_errors`, role)
+	await.Until(t, "a log line of the refused nack naming the table and the privilege", func() (bool, string) {
+		var seen []string
+		for _, e := range logs.All() {
+			msg, _ := e.ContextMap()["error"].(string)
+			if strings.HasPrefix(e.Message, "nack failed") && strings.Contains(msg, want) && strings.Contains(msg, worker.ErrPrivileges.Error()) {
+				return true, ""
+			}
+			seen = append(seen, e.Message+": "+msg)
+		}
+		return false, strings.Join(seen, "\n")
+	})
+	if _, err := admin.Exec(ctx, `GRANT INSERT ON crdbwork_attempt_errors TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	await.Until(t, "the item to end once the grant is back", func() (bool, string) {
+		n := count(t, admin, `SELECT count(*) FROM crdbwork_items WHERE queue = 'nacks'`)
+		return n == 0, fmt.Sprintf("%d items", n)
+	})
+	cancel()
+	if err := await.Recv(t, "Run to return", done); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}

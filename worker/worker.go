@@ -212,9 +212,12 @@ type Worker struct {
 	// store reads the stored limits (see storedLimits) and the fair
 	// pacing's front (store.Store.ItemsFairFront, whose twin dialect picks:
 	// detected at its first read, see engine).
-	store   *store.Store
-	dialect atomic.Pointer[store.Dialect]
-	log     *zap.Logger
+	store *store.Store
+	// lackingLast is what the database user lacked of the worker's grants
+	// at the last refusal explained (explainRefusal).
+	lackingLast atomic.Pointer[lackingRead]
+	dialect     atomic.Pointer[store.Dialect]
+	log         *zap.Logger
 
 	sessions, lost, panics, timeouts, inflight atomic.Int64
 	abandoned, abandonedRunning, unknown       atomic.Int64

@@ -130,6 +130,10 @@ type Options struct {
 	GiveBack func() bool
 	// Log receives the attempt's logs. Nil: none.
 	Log *zap.Logger
+	// Explain, if set, returns the error a log line shows for a settle's
+	// failure that a retry will not fix (the worker names the table and
+	// the privileges of a refusal for lack of one).
+	Explain func(ctx context.Context, err error) error
 }
 
 // Result is what one attempt did.
@@ -210,7 +214,7 @@ func Run(ctx context.Context, q *claim.Queue, it claim.Item, h Handler, o Option
 func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item, hr handlerResult, box *valueBox, o *Options, res *Result, log *zap.Logger, hctxEnded bool, parentCause error) {
 	res.Panicked = res.Panicked || hr.panicked
 	err := hr.err
-	*st = settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry}
+	*st = settling{s: s, it: it, ctx: settleCtx, tryTimeout: o.TryTimeout, res: res, log: log, onRetry: o.OnRetry, explain: o.Explain}
 	_, st.bounded = s.(TryBounder)
 	switch {
 	case it.AtMostOnce:
@@ -315,6 +319,7 @@ type settling struct {
 	log        *zap.Logger
 	backoff    time.Duration
 	onRetry    func()
+	explain    func(ctx context.Context, err error) error
 	// bounded: s is a TryBounder, which bounds each try itself.
 	bounded bool
 }
@@ -330,6 +335,14 @@ func (st *settling) try(op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), st.tryTimeout)
 	defer cancel()
 	return op(ctx)
+}
+
+// explained returns err as Options.Explain shows it (err without it).
+func (st *settling) explained(err error) error {
+	if st.explain == nil {
+		return err
+	}
+	return st.explain(st.ctx, err)
 }
 
 // again waits before the next try and reports whether there is one: not
@@ -525,14 +538,14 @@ func (st *settling) nack(cause error) {
 			// moves it to the dead items once the database lets it.
 			res.Outcome, res.SettleErr = claim.Dead, nil
 			st.log.Error("item failed for good, but the database refused its move to the dead items: it is held out of claims for the reaper",
-				zap.Error(err), zap.NamedError("cause", cause))
+				zap.Error(st.explained(err)), zap.NamedError("cause", cause))
 			return
 		case !Transient(err):
 			// A retry would be refused the same way: the item's lease (or
 			// its session's end) releases it, and its attempts bound how
 			// often that can happen.
 			res.Outcome, res.SettleErr = claim.Unsettled, err
-			st.log.Error("nack failed for a reason a retry will not fix; the item's lease releases it", zap.Error(err), zap.NamedError("cause", cause))
+			st.log.Error("nack failed for a reason a retry will not fix; the item's lease releases it", zap.Error(st.explained(err)), zap.NamedError("cause", cause))
 			return
 		case !st.again("nack", err):
 			res.Outcome, res.SettleErr = claim.Unsettled, err
