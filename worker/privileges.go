@@ -46,13 +46,27 @@ func CheckGrants(ctx context.Context, db DB, tables crsql.Tables) error {
 	user, lacking, err := st.GrantsLacking(ctx, db, store.WorkerGrants)
 	switch {
 	case err != nil && cerr != nil:
-		return cerr
+		// Refused before any table: the schema (no USAGE), say.
+		return refusedError(cerr)
 	case err != nil:
 		return store.Classify(err)
 	case len(lacking) > 0:
 		return lackingError(user, lacking, nil)
 	}
 	return cerr
+}
+
+// refusedError is the error wrapping ErrPrivileges and err, a refusal for
+// lack of a privilege, that names what was refused.
+func refusedError(err error) error {
+	what := "a statement"
+	if r, _ := denied.Of(err); r.Name != "" {
+		what = r.Kind + " " + r.Name
+		if r.Privilege != "" {
+			what = r.Privilege + " on " + what
+		}
+	}
+	return fmt.Errorf("%w: the database refused %s (%s): %w", ErrPrivileges, what, rolesDoc, err)
 }
 
 // lackingError is the error wrapping ErrPrivileges (and refused, the
@@ -83,16 +97,16 @@ func (w *Worker) explainRefusal(ctx context.Context, err error) error {
 	if !ok {
 		return err
 	}
+	user, lacking, lerr := w.lacking(ctx)
+	if lerr != nil || len(lacking) == 0 {
+		return refusedError(err)
+	}
 	what := "a statement"
 	if r.Name != "" {
 		what = r.Kind + " " + r.Name
 		if r.Privilege != "" {
 			what = r.Privilege + " on " + what
 		}
-	}
-	user, lacking, lerr := w.lacking(ctx)
-	if lerr != nil || len(lacking) == 0 {
-		return fmt.Errorf("%w: the database refused %s (%s): %w", ErrPrivileges, what, rolesDoc, err)
 	}
 	return fmt.Errorf("the database refused %s: %w", what, lackingError(user, lacking, err))
 }

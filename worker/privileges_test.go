@@ -22,6 +22,7 @@ import (
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/internal/testschema"
 	"github.com/crdbwork/crdbwork/session"
+	crsql "github.com/crdbwork/crdbwork/sql"
 	"github.com/crdbwork/crdbwork/worker"
 )
 
@@ -388,5 +389,53 @@ func TestRefusedNackNamesTheGrant(t *testing.T) {
 	cancel()
 	if err := await.Recv(t, "Run to return", done); err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// A role without USAGE on the tables' schema fails at start with
+// ErrPrivileges naming the schema (its tables cannot even be named).
+func TestWorkerWithoutTheSchemaFailsAtStart(t *testing.T) {
+	t.Parallel()
+	if testdb.Kind(t) != "postgres" {
+		t.Skip("the role logs in through the PostgreSQL test server's trust authentication")
+	}
+	dbURL := testdb.NewURL(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	tables := crsql.Tables{Schema: "work"}
+	if err := crsql.Apply(ctx, admin, tables); err != nil {
+		t.Fatal(err)
+	}
+	role := "crdbwork_noschema_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	if _, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	q, err := claim.New(pool, claim.Options{Queue: "q", Tables: tables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(q, func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }, worker.Options{Session: fastSession()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	err = await.Recv(t, "Run to return", done)
+	if !errors.Is(err, worker.ErrPrivileges) || !strings.Contains(err.Error(), "the database refused schema work (docs/operations.md") {
+		t.Fatalf("Run as a role without USAGE on the schema: %v, want ErrPrivileges naming the schema", err)
 	}
 }
