@@ -259,8 +259,8 @@ func TestWorkerGrantsMatchTheDocs(t *testing.T) {
 
 // crdbwork grants, as each role of docs/operations.md: the worker role (and
 // the tables' owner) has every privilege a worker needs, exit 0; the reader
-// lacks the worker's writes, exit 2 naming them; the worker role without
-// INSERT on one table, exit 2 naming exactly that one.
+// and the operator lack the worker's writes, exit 2 naming them; the worker
+// role without INSERT on one table, exit 2 naming exactly that one.
 func TestGrantsCommand(t *testing.T) {
 	t.Parallel()
 	d := newDB(t, crsql.Tables{})
@@ -274,7 +274,7 @@ func TestGrantsCommand(t *testing.T) {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
-	reader, wrk := "crdbwork_reader_"+suffix, "crdbwork_worker_"+suffix
+	reader, operator, wrk := "crdbwork_reader_"+suffix, "crdbwork_operator_"+suffix, "crdbwork_worker_"+suffix
 	ok := "the database user has every privilege a worker needs on the crdbwork tables\n"
 	if r := must(t, d.env, "grants"); r.stdout != ok {
 		t.Errorf("crdbwork grants as the owner: %s", r)
@@ -286,6 +286,11 @@ func TestGrantsCommand(t *testing.T) {
 	if want := `crdbwork: the database user lacks privileges the worker needs: user "` + reader + `" lacks INSERT, UPDATE, DELETE on crdbwork_sessions, crdbwork_queues, `; r.code != 2 || !strings.HasPrefix(r.stderr, want) ||
 		strings.Count(r.stderr, "\n") != 1 || strings.Contains(r.stderr, "SELECT") {
 		t.Errorf("crdbwork grants as the reader: want exit 2 and one line starting %q, without SELECT:\n%s", want, r)
+	}
+	// The operator role writes items, not sessions: it is no worker role.
+	r = run(t, env("DATABASE_URL="+asRole(t, d, operator)), "grants")
+	if want := `crdbwork: the database user lacks privileges the worker needs: user "` + operator + `" lacks INSERT, UPDATE, DELETE on crdbwork_sessions, crdbwork_session_queues, crdbwork_reaps (docs/operations.md, "Roles and grants"): `; r.code != 2 || !strings.HasPrefix(r.stderr, want) {
+		t.Errorf("crdbwork grants as the operator: want exit 2 and one line starting %q:\n%s", want, r)
 	}
 	if _, err := d.pool.Exec(ctx, `REVOKE INSERT ON crdbwork_waits_across FROM `+wrk); err != nil {
 		t.Fatal(err)
