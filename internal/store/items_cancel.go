@@ -135,7 +135,12 @@ const cancelledColumns = `id, ended_at, COALESCE(cancel_by, ''), COALESCE(cancel
 // crdbwork_ended), from the row a cancel kept for a requeue
 // (crdbwork_cancelled_items, one primary-key lookup): NULL when none was
 // kept (a queue whose dedup window is zero, code older than version 6).
-const cancelledKind = `(SELECT c.kind FROM crdbwork_cancelled_items AS c WHERE c.id = e.id AND c.queue = e.queue)`
+// The queue is compared in IS TRUE (no index condition), as in
+// cancelledRequeueSQL: with it an index condition, PostgreSQL looked the
+// row up through crdbwork_cancelled_items_by_age (queue, cancelled_at),
+// reading every kept row of the queue for each row of the list
+// (TestExplainCancelStatements, TestExplainFleetStatements).
+const cancelledKind = `(SELECT c.kind FROM crdbwork_cancelled_items AS c WHERE c.id = e.id AND (c.queue = e.queue) IS TRUE)`
 
 // cancelUnclaimed is coreStatements.Cancel: the cancel of an item no
 // session holds deletes it at once. An item whose cancel was asked for
