@@ -723,6 +723,8 @@ type attemptView struct {
 // waitingView is a waiting item: its queue and dependencies.
 type waitingView struct {
 	Queue string
+	// Kind is its kind ("" for none).
+	Kind string
 	claim.Dependencies
 }
 
@@ -828,6 +830,9 @@ func (h *handler) readHistory(ctx context.Context, d *itemData) error {
 	d.State, d.Queue, d.HistoryRecorded, d.HistoryOmitted = v.State, v.Queue, v.HistoryRecorded, v.HistoryOmitted
 	if len(v.Ended) > 0 && v.Live == nil && v.Waiting == nil {
 		d.Ended = &v.Ended[0]
+	}
+	if d.Waiting != nil && v.Waiting != nil {
+		d.Waiting.Kind = v.Waiting.Kind
 	}
 	d.History = d.History[:0]
 	for _, a := range v.History {

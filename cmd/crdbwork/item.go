@@ -27,6 +27,11 @@ type itemJSON struct {
 	State   string `json:"state"`
 	Queue   string `json:"queue"`
 	Snoozed bool   `json:"snoozed"`
+	// Kind is the item's kind in its State (claim.NewItem.Kind): the live
+	// or waiting item's, the newest death's, or a cancelled item's (from
+	// the row its cancel kept for a requeue); "" for none, and for an
+	// acked or taken item (its ended record does not hold the kind).
+	Kind string `json:"kind,omitempty"`
 	// Item is the live or waiting item (nil when it has ended).
 	Item *itemBody `json:"item"`
 	// Deaths are its deaths, newest first; Ended its ended records.
@@ -107,6 +112,8 @@ type endedBody struct {
 	Outcome string      `json:"outcome"`
 	EndedAt time.Time   `json:"ended_at"`
 	Cancel  *cancelBody `json:"cancel,omitempty"`
+	// Kind is a cancelled item's kind ("" for other outcomes).
+	Kind string `json:"kind,omitempty"`
 }
 
 // attemptBody is one attempt of the per-attempt history (issue #33).
@@ -217,11 +224,19 @@ func itemView(v *fleet.ItemView) itemJSON {
 			MaxAttempts: d.MaxAttempts, LastError: d.LastError, DiedAt: d.DiedAt.UTC(), Kind: d.Kind, Payload: payloadOf(d.Payload)})
 	}
 	for _, e := range v.Ended {
-		b := endedBody{Queue: e.Queue, Outcome: e.Outcome, EndedAt: e.EndedAt.UTC()}
+		b := endedBody{Queue: e.Queue, Outcome: e.Outcome, EndedAt: e.EndedAt.UTC(), Kind: e.Kind}
 		if e.Outcome == store.OutcomeCancelled {
 			b.Cancel = &cancelBody{RequestedAt: utc(e.CancelRequestedAt), By: e.CancelBy, Reason: e.CancelReason, WasRunning: e.WasRunning}
 		}
 		j.Ended = append(j.Ended, b)
+	}
+	switch {
+	case j.Item != nil:
+		j.Kind = j.Item.Kind
+	case v.State == fleet.StateDead && len(j.Deaths) > 0:
+		j.Kind = j.Deaths[0].Kind
+	case len(j.Ended) > 0 && j.Ended[0].Outcome == v.State:
+		j.Kind = j.Ended[0].Kind
 	}
 	return j
 }
@@ -290,6 +305,9 @@ func formatItem(j itemJSON) string {
 			fmt.Fprintf(&b, " by %s: %s (%s)", orDash(c.By), orDash(c.Reason), map[bool]string{true: "it was running", false: "before it ran"}[c.WasRunning])
 		}
 		b.WriteString("\n")
+		if e.Kind != "" && j.Item == nil {
+			fmt.Fprintf(&b, "  %-12s %s\n", "kind:", e.Kind)
+		}
 	}
 	for _, d := range j.Deaths {
 		fmt.Fprintf(&b, "death %s in queue %q at %s: %s, %d of %d attempts\n", d.Death, d.Queue, d.DiedAt.Format(time.RFC3339Nano), d.Reason, d.Attempts, d.MaxAttempts)

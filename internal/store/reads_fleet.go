@@ -215,9 +215,12 @@ func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingIt
 // endedOfIDSQL is the text of fleetStatements.endedOfID: $1 the queues
 // to look in, $2 id → the id's ended records in those queues: one
 // primary-key lookup (queue, id) per queue, joined from the unnested
-// list (no index leads with the id alone).
+// list (no index leads with the id alone). A cancelled record's kind is
+// the kind of the row its cancel kept for a requeue (cancelledKind, one
+// primary-key lookup); other outcomes record none.
 var endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
-       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `
+       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `,
+       CASE WHEN e.outcome = '` + OutcomeCancelled + `' THEN ` + cancelledKind + ` END
 FROM unnest($1::TEXT[]) AS u (q)
 JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
 ORDER BY e.ended_at DESC`
@@ -245,6 +248,10 @@ type EndedRow struct {
 	StartedAt  *time.Time
 	Session    *uuid.UUID
 	History    []byte
+	// Kind is a cancelled item's kind, from the row its cancel kept for a
+	// requeue ("": none, none kept, or another outcome: the ended record
+	// of an ack, a death or a take does not hold the kind).
+	Kind string
 }
 
 // EndedOfID returns the ended records of id in the queues given, the most
@@ -258,9 +265,10 @@ func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.U
 		var r EndedRow
 		var by, reason *string
 		var running *bool
+		var kind *string
 		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running,
-			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History)
-		r.CancelBy, r.CancelReason = deref(by), deref(reason)
+			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History, &kind)
+		r.CancelBy, r.CancelReason, r.Kind = deref(by), deref(reason), deref(kind)
 		r.WasRunning = running != nil && *running
 		return r, err
 	})

@@ -37,7 +37,7 @@ func TestExplainFleetStatements(t *testing.T) {
 		{"FleetLiveSessions", nil, []any{1000}},
 		{"FleetSessionCounts", nil, nil},
 		{"WaitingItem", []string{"crdbwork_waiting_pkey"}, []any{uuid.New()}},
-		{"EndedOfID", []string{"crdbwork_ended_pkey"}, []any{[]string{"big", "q7", "q8"}, uuid.New()}},
+		{"EndedOfID", []string{"crdbwork_ended_pkey", "crdbwork_cancelled_items_pkey"}, []any{[]string{"big", "q7", "q8"}, uuid.New()}},
 		{"AuditFilter", nil, []any{"", "pause", "q7", int64(3600e6), nil, nil, 20}},
 	}
 	pcs := make([]planCase, len(cases))
