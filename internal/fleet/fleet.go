@@ -53,6 +53,9 @@ type Options struct {
 	// (Queue.Tenants): exact, each reads the queue's whole backlog (the
 	// reads of claim.Queue.Inspect).
 	Parts, Tenants bool
+	// Kinds reads each queue's items by kind (Queue.Kinds): exact, it
+	// reads the queue's whole backlog and its dead items.
+	Kinds bool
 	// EndedSince, if it has the queue, counts the queue's items ended
 	// after that time (Queue.Ended; see the dashboard's throughput).
 	EndedSince map[string]time.Time
@@ -132,6 +135,11 @@ type Queue struct {
 	Tenants []Tenant
 	// Holders (with Options.Parts) counts the items each session holds.
 	Holders map[uuid.UUID]int64
+	// Kinds (with Options.Kinds) are the queue's items by kind, at most
+	// MaxKinds, those with the most unclaimed items first; MoreKinds: the
+	// queue has more kinds.
+	Kinds     []Kind
+	MoreKinds bool
 }
 
 // OldestDue is the age of the oldest due unclaimed item (now minus its
@@ -181,6 +189,19 @@ const MaxTenants = 20
 type Tenant struct {
 	Tenant         string
 	Unclaimed, Due int64
+}
+
+// MaxKinds is how many kinds Queue.Kinds lists at most.
+const MaxKinds = 20
+
+// Kind is the items of one kind (claim.NewItem.Kind) in a queue: Unclaimed,
+// of which Due are past their vesting time (OldestDueAt the vesting time
+// of the oldest of them, nil if none is due), Claimed and Dead. Kind ""
+// counts the items without a kind.
+type Kind struct {
+	Kind                          string
+	Unclaimed, Due, Claimed, Dead int64
+	OldestDueAt                   *time.Time
 }
 
 // Session is a live session.
@@ -337,8 +358,9 @@ func (r *Reader) queueNames(ctx context.Context, max int) ([]string, bool, error
 }
 
 // queue reads one queue's state: its figures (store.Store.FleetQueue: one
-// statement, each count stopping at the cap), and with opts.Parts and
-// opts.Tenants its backlog by part, holders and tenants.
+// statement, each count stopping at the cap), and with opts.Parts,
+// opts.Tenants and opts.Kinds its backlog by part, holders, tenants and
+// kinds.
 func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, error) {
 	capAt := int64(opts.CountCap)
 	if capAt == 0 {
@@ -369,11 +391,31 @@ func (r *Reader) queue(ctx context.Context, name string, opts Options) (Queue, e
 			}
 		}
 		if opts.Tenants {
-			return r.tenants(ctx, &q)
+			if err := r.tenants(ctx, &q); err != nil {
+				return err
+			}
+		}
+		if opts.Kinds {
+			return r.kinds(ctx, &q)
 		}
 		return nil
 	})
 	return q, err
+}
+
+// kinds reads q's items by kind (store.Store.FleetKinds: the queue's whole
+// backlog and dead items).
+func (r *Reader) kinds(ctx context.Context, q *Queue) error {
+	kinds, err := r.store.FleetKinds(ctx, r.db, q.Name, MaxKinds+1)
+	if err != nil {
+		return store.Classify(err)
+	}
+	q.MoreKinds = len(kinds) > MaxKinds
+	q.Kinds = make([]Kind, 0, min(len(kinds), MaxKinds))
+	for _, k := range kinds[:min(len(kinds), MaxKinds)] {
+		q.Kinds = append(q.Kinds, Kind{Kind: k.Kind, Unclaimed: k.Unclaimed, Due: k.Due, Claimed: k.Claimed, Dead: k.Dead, OldestDueAt: k.OldestDue})
+	}
+	return nil
 }
 
 // parts reads q's backlog by part and the items each session holds

@@ -6,5 +6,5 @@ package store
 func FleetStatementsForTest(t Tables) map[string]string {
 	f := newFleetStatements(t)
 	return map[string]string{"FleetQueue": f.queue, "FleetLiveSessions": f.liveSessions, "FleetSessionCounts": f.sessionCounts,
-		"WaitingItem": f.waitingItem, "EndedOfID": f.endedOfID, "AuditFilter": f.auditFilter}
+		"WaitingItem": f.waitingItem, "EndedOfID": f.endedOfID, "AuditFilter": f.auditFilter, "FleetKinds": f.kinds}
 }

@@ -200,6 +200,7 @@ func TestStoreRunsPackageClaimsStatements(t *testing.T) {
 		_, _, _ = s.QueuesNextAny(ctx, r, "")
 		_, _, _ = s.WaitingItem(ctx, r, id)
 		_, _ = s.EndedOfID(ctx, r, []string{"q"}, id)
+		_, _ = s.FleetKinds(ctx, r, "q", 10)
 		_, _ = s.AuditPageFilter(ctx, r, AuditFilter{}, nil, 10)
 		if _, stored, err := s.QueueSettings(ctx, r, "q"); stored || err != nil {
 			t.Errorf("QueueSettings without a row: stored %v, error %v; want false, nil", stored, err)

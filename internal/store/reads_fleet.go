@@ -17,13 +17,13 @@ import (
 type fleetStatements struct {
 	queue, liveSessions, sessionCounts string
 	waitingItem, endedOfID             string
-	auditFilter                        string
+	auditFilter, kinds                 string
 }
 
 func newFleetStatements(t Tables) *fleetStatements {
 	return &fleetStatements{queue: rewrite(t, queueSQL), liveSessions: rewrite(t, liveSessionsSQL),
 		sessionCounts: rewrite(t, sessionCountsSQL), waitingItem: rewrite(t, waitingItemSQL), endedOfID: rewrite(t, endedOfIDSQL),
-		auditFilter: rewrite(t, auditFilterSQL)}
+		auditFilter: rewrite(t, auditFilterSQL), kinds: rewrite(t, kindsSQL)}
 }
 
 // fleetLiveSessions: $1 limit → the first limit live sessions by id, as
@@ -174,6 +174,67 @@ func (s *Store) FleetQueue(ctx context.Context, db DB, name string, capAt int64,
 		&q.Waiting, &q.Snoozed, &q.Cancelling, &q.Now, &q.LastEnded, &q.LastDied, &q.Schedules, &q.ScheduleMarked)
 	q.NumParts = int(parts)
 	return q, err
+}
+
+// kindsSQL is the text of fleetStatements.kinds: $1 queue, $2 limit → the
+// queue's items by kind (the empty string for none): unclaimed, due
+// (unclaimed and past its vesting time), the oldest due vesting time,
+// claimed, and dead; the kinds with the most unclaimed items first (then
+// claimed, dead, by name), at most $2 of them. Three branches, each over
+// the index of its own count, grouped first and then summed: the unclaimed
+// items through crdbwork_items_part_turn or crdbwork_items_turn_next
+// (claim IS NULL), the claimed ones through crdbwork_items_lease (claim IS
+// NOT NULL), the dead ones through crdbwork_dead_items_by_queue. No index
+// holds the kind: each branch reads each of the queue's rows (as the
+// backlog by part, inspectStatements.Unclaimed, which reads vesting_at); on
+// a queue that holds much of the table, both engines may rather scan it.
+// A filter on the queue alone, without the claim's predicate, would match
+// no partial index and scan the table whatever the queue. The same text on
+// both engines (sum of BIGINT is NUMERIC in PostgreSQL and DECIMAL in
+// CockroachDB: cast back).
+const kindsSQL = `SELECT k.kind, sum(k.unclaimed)::BIGINT, sum(k.due)::BIGINT, min(k.oldest), sum(k.claimed)::BIGINT, sum(k.dead)::BIGINT
+FROM (
+    SELECT COALESCE(i.kind, '') AS kind, count(*) AS unclaimed, count(*) FILTER (WHERE i.vesting_at <= now()) AS due,
+           min(i.vesting_at) FILTER (WHERE i.vesting_at <= now()) AS oldest, 0::BIGINT AS claimed, 0::BIGINT AS dead
+    FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NULL
+    GROUP BY COALESCE(i.kind, '')
+    UNION ALL
+    SELECT COALESCE(i.kind, ''), 0::BIGINT, 0::BIGINT, NULL::TIMESTAMPTZ, count(*), 0::BIGINT
+    FROM crdbwork_items AS i WHERE i.queue = $1 AND i.claim IS NOT NULL
+    GROUP BY COALESCE(i.kind, '')
+    UNION ALL
+    SELECT COALESCE(y.kind, ''), 0::BIGINT, 0::BIGINT, NULL::TIMESTAMPTZ, 0::BIGINT, count(*)
+    FROM crdbwork_dead_items AS y WHERE y.queue = $1
+    GROUP BY COALESCE(y.kind, '')) AS k
+GROUP BY k.kind
+ORDER BY sum(k.unclaimed) DESC, sum(k.claimed) DESC, sum(k.dead) DESC, k.kind
+LIMIT $2`
+
+// KindCount is one kind's items in a queue, as FleetKinds reads them.
+type KindCount struct {
+	// Kind is the kind ("" for the items without one).
+	Kind string
+	// Unclaimed items, of which Due are past their vesting time; OldestDue
+	// is the vesting time of the oldest due one (nil: none is due).
+	Unclaimed, Due int64
+	OldestDue      *time.Time
+	// Claimed and Dead items.
+	Claimed, Dead int64
+}
+
+// FleetKinds reads the queue's items by kind (fleetStatements.kinds): at
+// most limit kinds, those with the most unclaimed items first. It reads
+// every item and dead item of the queue.
+func (s *Store) FleetKinds(ctx context.Context, db DB, queue string, limit int) ([]KindCount, error) {
+	rows, err := db.Query(ctx, s.lazyFleet().kinds, queue, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (KindCount, error) {
+		var k KindCount
+		err := row.Scan(&k.Kind, &k.Unclaimed, &k.Due, &k.OldestDue, &k.Claimed, &k.Dead)
+		return k, err
+	})
 }
 
 // waitingItemSQL is the text of fleetStatements.waitingItem: $1 id → the
