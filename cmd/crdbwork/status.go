@@ -104,6 +104,18 @@ type settingsJSON struct {
 	SequenceOnDeath string `json:"sequence_on_death"`
 }
 
+// kindRow is one kind's items (claim.NewItem.Kind; "" for the items
+// without one): unclaimed, of which due (past its vesting time; the oldest
+// due for OldestDueSeconds), claimed and dead.
+type kindRow struct {
+	Kind             string  `json:"kind"`
+	Unclaimed        int64   `json:"unclaimed"`
+	Due              int64   `json:"due"`
+	OldestDueSeconds float64 `json:"oldest_due_seconds"`
+	Claimed          int64   `json:"claimed"`
+	Dead             int64   `json:"dead"`
+}
+
 // tenantRow is one tenant's backlog.
 type tenantRow struct {
 	Tenant    string `json:"tenant"`
@@ -164,6 +176,12 @@ type status struct {
 	// Tenants are the tenants with the most unclaimed items (at most
 	// claim.InspectTenants), most first.
 	Tenants []tenantRow `json:"tenants"`
+	// Kinds are the queue's items by kind, at most fleet.MaxKinds, the
+	// most unclaimed first (then claimed, dead, by name); MoreKinds: the
+	// queue has more kinds. Read with --queue (not with --watch) and with
+	// --by-kind; null when not read.
+	Kinds     []kindRow `json:"kinds"`
+	MoreKinds bool      `json:"more_kinds,omitempty"`
 	// QueueMembers lists every queue that has members or owned parts,
 	// by name, with its members (live or not yet reaped) by session id.
 	QueueMembers []queueMembers `json:"queue_members"`
@@ -173,7 +191,8 @@ type status struct {
 	Progress  []progressRow `json:"progress"`
 	Retention retentionJSON `json:"retention"`
 
-	now time.Time // the database clock of the reading
+	now       time.Time // the database clock of the reading
+	showKinds bool      // --by-kind: show Kinds even if the queue has one kind
 }
 
 // stamp writes a time for JSON: RFC 3339 in UTC, "" for nil.
@@ -245,6 +264,16 @@ func readStatus(ctx context.Context, db claim.DB, tables crsql.Tables, engine st
 	s.Settings.Sequenced, s.Settings.SequencedItems, s.Settings.SequenceOnDeath = settings.Sequenced, settings.SequencedItems, onDeath(settings.SequenceHold)
 	for _, t := range fq.Tenants {
 		s.Tenants = append(s.Tenants, tenantRow{Tenant: t.Tenant, Unclaimed: t.Unclaimed, Due: t.Due})
+	}
+	if fq.Kinds != nil {
+		s.Kinds, s.MoreKinds = []kindRow{}, fq.MoreKinds
+		for _, k := range fq.Kinds {
+			r := kindRow{Kind: k.Kind, Unclaimed: k.Unclaimed, Due: k.Due, Claimed: k.Claimed, Dead: k.Dead}
+			if k.OldestDueAt != nil {
+				r.OldestDueSeconds = max(0, fq.Now.Sub(*k.OldestDueAt)).Seconds()
+			}
+			s.Kinds = append(s.Kinds, r)
+		}
 	}
 	s.Retention = retentionOf(settings.Retention)
 	if s.Progress, err = readProgress(ctx, q); err != nil {
@@ -397,22 +426,28 @@ func ranges(parts []int) string {
 
 func cmdStatus(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var g globals
-	var watch bool
+	var watch, byKind bool
 	var interval time.Duration
 	f := prog.NewFlagSet(name, `Shows the state of --queue, or of every queue without it: parts, backlog
-(unclaimed, due = unclaimed and past its vesting time, claimed) by part and by
-tenant, the age of the oldest due item, dead items, pause, settings and
-limits; the live sessions (items acked and handlers running as of their last
+(unclaimed, due = unclaimed and past its vesting time, claimed) by part, by
+tenant and by kind, the age of the oldest due item, dead items, pause,
+settings and limits; the live sessions (items acked and handlers running as of their last
 heartbeat, items held now, parts owned, and a ! after the heartbeat age of a
 session that has missed two heartbeats and is probably dead), the parts nobody
 owns, and which sessions work which queue. With --json: one object (with
 --queue) or {"engine", "queues": [one object per queue]}.
+
+The items by kind (unclaimed, due, the oldest due, claimed and dead for each
+kind, the 20 with the most unclaimed items) show which kind backs up: with
+--queue when its items have more than one kind, for every queue with
+--by-kind. They read each queue's whole backlog and dead items.
 
 With --watch it redraws every --interval until Ctrl-C (plain snapshots, one
 after another, when stdout is not a terminal), adding the throughput over the
 last few seconds.`)
 	g.register(f, "the queue to show (default: every queue)")
 	f.BoolVar(&watch, "watch", false, "redraw every --interval until interrupted")
+	f.BoolVar(&byKind, "by-kind", false, "show the items by kind of every queue (with --queue: even of a single kind; with --watch: at each redraw)")
 	f.DurationVar(&interval, "interval", 2*time.Second, false, "time between redraws with --watch")
 	if err := f.Parse(args, out.Stdout()); err != nil {
 		return err
@@ -428,9 +463,9 @@ last few seconds.`)
 		}
 	}
 	if watch {
-		return watchStatus(ctx, pool, &g, interval, out)
+		return watchStatus(ctx, pool, &g, interval, byKind, out)
 	}
-	text, v, err := readAll(ctx, pool, &g, nil)
+	text, v, err := readAll(ctx, pool, &g, nil, byKind)
 	if err != nil {
 		return cli.Failf(1, "%v", err)
 	}
@@ -463,13 +498,15 @@ type allStatus struct {
 // readAll reads the status of --queue, or of every queue, from one
 // snapshot of the fleet, and renders it for people; v is what --json
 // prints. tp, if not nil, adds the throughput (of --queue, or of the
-// first queue: the sessions are the same).
-func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate) (string, any, error) {
+// first queue: the sessions are the same). The items by kind are read
+// with byKind (--by-kind), and of --queue without tp (not at each redraw
+// of --watch).
+func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate, byKind bool) (string, any, error) {
 	r, err := fleet.New(db, g.tables())
 	if err != nil {
 		return "", nil, err
 	}
-	snap, err := r.Snapshot(ctx, fleet.Options{Queue: g.queue, Parts: true, Tenants: true})
+	snap, err := r.Snapshot(ctx, fleet.Options{Queue: g.queue, Parts: true, Tenants: true, Kinds: byKind || (g.queue != "" && tp == nil)})
 	if err != nil {
 		return "", nil, err
 	}
@@ -481,6 +518,7 @@ func readAll(ctx context.Context, db claim.DB, g *globals, tp *fleet.AckRate) (s
 		if err != nil {
 			return "", nil, err
 		}
+		s.showKinds = byKind
 		all.Queues = append(all.Queues, s)
 		for id, n := range snap.Queues[i].Holders {
 			holders[id] += n
@@ -568,6 +606,7 @@ func formatAll(all *allStatus, compact bool) string {
 			ago(s.LastActivity, s.now), orDash(strings.Join(state, ",")))
 	}
 	tw.Flush()
+	writeKindsAll(&b, all.Queues)
 	b.WriteString("\n")
 	writeSessions(&b, all.Sessions, compact, true)
 	if more := all.LiveSessions - int64(len(all.Sessions)); more > 0 {
@@ -586,14 +625,14 @@ const throughputWindow = 10 * time.Second
 // watchStatus redraws the status every interval until ctx ends. Read
 // errors are shown in place of the status and retried: a watch outlives a
 // database restart.
-func watchStatus(ctx context.Context, db claim.DB, g *globals, interval time.Duration, out *cli.Console) error {
+func watchStatus(ctx context.Context, db claim.DB, g *globals, interval time.Duration, byKind bool, out *cli.Console) error {
 	tty := cli.IsTerminal(out.Stdout()) && !g.json
 	tp := fleet.AckRate{Window: throughputWindow}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
-		text, v, err := readAll(rctx, db, g, &tp)
+		text, v, err := readAll(rctx, db, g, &tp, byKind)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -698,6 +737,10 @@ func formatStatus(s *status, compact bool) string {
 	writeMembers(&b, s.QueueMembers, compact)
 	writeProgress(&b, s.Progress, compact)
 	b.WriteString("\n")
+	if len(s.Kinds) > 1 || (s.showKinds && s.Kinds != nil) {
+		writeKinds(&b, s)
+		b.WriteString("\n")
+	}
 	if len(s.Backlog) == 0 {
 		fmt.Fprintf(&b, "backlog: queue %q has no items\n", s.Queue)
 		return b.String()
@@ -721,6 +764,64 @@ func formatStatus(s *status, compact bool) string {
 	}
 	tw.Flush()
 	return b.String()
+}
+
+// kindHeader is the header of the tables of items by kind.
+const kindHeader = "KIND\tUNCLAIMED\tDUE\tOLDEST DUE\tCLAIMED\tDEAD"
+
+// kindCells writes one kind's cells of a table of items by kind.
+func kindCells(k kindRow) string {
+	name := k.Kind
+	if name == "" {
+		name = "(none)"
+	}
+	oldest := "-"
+	if k.Due > 0 {
+		oldest = round(secs(k.OldestDueSeconds)).String()
+	}
+	return fmt.Sprintf("%s\t%d\t%d\t%s\t%d\t%d", cli.Fit(name, 30), k.Unclaimed, k.Due, oldest, k.Claimed, k.Dead)
+}
+
+// writeKinds writes one queue's items by kind.
+func writeKinds(b *strings.Builder, s *status) {
+	if len(s.Kinds) == 0 {
+		fmt.Fprintf(b, "by kind: queue %q has no items and no dead items\n", s.Queue)
+		return
+	}
+	b.WriteString("by kind (the most unclaimed first; (none): items without a kind)\n")
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, kindHeader)
+	for _, k := range s.Kinds {
+		fmt.Fprintln(tw, kindCells(k))
+	}
+	tw.Flush()
+	if s.MoreKinds {
+		fmt.Fprintf(b, "(the first %d kinds: there are more)\n", len(s.Kinds))
+	}
+}
+
+// writeKindsAll writes every queue's items by kind (--by-kind), one line
+// per queue and kind.
+func writeKindsAll(b *strings.Builder, queues []*status) {
+	if len(queues) == 0 || !queues[0].showKinds {
+		return
+	}
+	b.WriteString("\nby kind (each queue's, the most unclaimed first; (none): items without a kind)\n")
+	tw := tabwriter.NewWriter(b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\t"+kindHeader)
+	var more []string
+	for _, s := range queues {
+		for _, k := range s.Kinds {
+			fmt.Fprintf(tw, "%s\t%s\n", s.Queue, kindCells(k))
+		}
+		if s.MoreKinds {
+			more = append(more, s.Queue)
+		}
+	}
+	tw.Flush()
+	if len(more) > 0 {
+		fmt.Fprintf(b, "(the first %d kinds of %s: there are more)\n", fleet.MaxKinds, strings.Join(more, ", "))
+	}
 }
 
 // writeSessions writes the live sessions: counters, heartbeat age, items
