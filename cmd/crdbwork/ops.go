@@ -83,6 +83,22 @@ func (d *filterFlags) register(f *cli.FlagSet, flagOnly bool) {
 
 func (d *filterFlags) any() bool { return d.f != claim.DeadFilter{} }
 
+// anyButKind reports a filter other than --kind.
+func (d *filterFlags) anyButKind() bool {
+	f := d.f
+	f.Kind = ""
+	return f != claim.DeadFilter{}
+}
+
+// ofKind names the --kind filter for a sentence (" of kind \"refund\"";
+// "" without one), as crdbwork cancelled does.
+func (d *filterFlags) ofKind() string {
+	if d.f.Kind == "" {
+		return ""
+	}
+	return " of kind " + strconv.Quote(d.f.Kind)
+}
+
 func cmdDead(ctx context.Context, name string, args []string, out *cli.Console) error {
 	var g globals
 	var ff filterFlags
@@ -147,7 +163,7 @@ With --count it prints only how many match. Requeue them with
 		return cli.PrintJSON(out, map[string]any{"queue": g.queue, "total": total, "items": list, "next": page.Next})
 	}
 	if total == 0 {
-		out.Printf("queue %q has no dead items%s\n", g.queue, map[bool]string{true: " that match"}[ff.any()])
+		out.Printf("queue %q has no dead items%s%s\n", g.queue, ff.ofKind(), map[bool]string{true: " that match"}[ff.anyButKind()])
 		return nil
 	}
 	var b strings.Builder
@@ -307,7 +323,7 @@ is no longer listed as cancelled.`)
 		return cli.Failf(1, "requeued %s, then: %v", plural(res.Requeued, "item"), err)
 	}
 	recordAudit(ctx, pool, &g, out, "requeue-filter", fmt.Sprintf("requeued %d dead items (%d live already, %d refused)", res.Requeued, res.Live, res.Refused))
-	msg := fmt.Sprintf("requeued %s into queue %q\n", plural(res.Requeued, "dead item"), g.queue)
+	msg := fmt.Sprintf("requeued %s%s into queue %q\n", plural(res.Requeued, "dead item"), ff.ofKind(), g.queue)
 	if res.Live > 0 {
 		msg += fmt.Sprintf("%d dead ids not requeued: the id is live, an item or a waiting item has it (their dead items stay)\n", res.Live)
 	}
