@@ -276,12 +276,13 @@ func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingIt
 // endedOfIDSQL is the text of fleetStatements.endedOfID: $1 the queues
 // to look in, $2 id → the id's ended records in those queues: one
 // primary-key lookup (queue, id) per queue, joined from the unnested
-// list (no index leads with the id alone). A cancelled record's kind is
-// the kind of the row its cancel kept for a requeue (cancelledKind, one
-// primary-key lookup); other outcomes record none.
+// list (no index leads with the id alone). Last, the kind of the row a
+// cancel kept for a requeue of the id (cancelledKind, one primary-key
+// lookup), which EndedOfID keeps for a cancelled record only: a row kept
+// by an earlier cancel of an id that ran again since is stale. (A plain
+// subquery: CockroachDB may not hoist one out of a CASE branch.)
 var endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
-       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `,
-       CASE WHEN e.outcome = '` + OutcomeCancelled + `' THEN ` + cancelledKind + ` END
+       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `, ` + cancelledKind + `
 FROM unnest($1::TEXT[]) AS u (q)
 JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
 ORDER BY e.ended_at DESC`
@@ -329,7 +330,10 @@ func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.U
 		var kind *string
 		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running,
 			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History, &kind)
-		r.CancelBy, r.CancelReason, r.Kind = deref(by), deref(reason), deref(kind)
+		r.CancelBy, r.CancelReason = deref(by), deref(reason)
+		if r.Outcome == OutcomeCancelled {
+			r.Kind = deref(kind)
+		}
 		r.WasRunning = running != nil && *running
 		return r, err
 	})
