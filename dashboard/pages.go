@@ -123,7 +123,8 @@ func (h *handler) overview(r *http.Request) (string, any, error) {
 type queueData struct {
 	Name string
 	// Queue is the queue's state as the fleet's read model reads it
-	// (exact counts, by part and by tenant).
+	// (exact counts, by part, by tenant and by kind: the page shows the
+	// kinds when the queue has more than one).
 	Queue    fleet.Queue
 	Figures  *queueFigures
 	Holders  []holder
@@ -179,7 +180,7 @@ func (h *handler) schedulesOf(ctx context.Context, queue string) ([]scheduleView
 // queueState reads one queue's state through the fleet's read model:
 // exact counts (as claim.Queue.Inspect), by part and by tenant.
 func (h *handler) queueState(ctx context.Context, name string) (fleet.Queue, error) {
-	snap, err := h.fleet.Snapshot(ctx, fleet.Options{Queue: name, Parts: true, Tenants: true, QueuesOnly: true,
+	snap, err := h.fleet.Snapshot(ctx, fleet.Options{Queue: name, Parts: true, Tenants: true, Kinds: true, QueuesOnly: true,
 		Timeout: roundTimeout(h.opts)})
 	if err != nil {
 		return fleet.Queue{}, err
