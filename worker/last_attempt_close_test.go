@@ -24,13 +24,19 @@ func TestItemReleasedAtItsLastAttemptByACloseEndsDead(t *testing.T) {
 	q := newQueue(t, pool, claim.Options{})
 	started, hold := make(chan uuid.UUID, 1), make(chan struct{})
 	t.Cleanup(func() { close(hold) })
+	// The queue's reaps, A's and B's: the first is a whole one, with the
+	// prunes (the queue's prune turn, once a minute for the fleet; no
+	// other step has work in this test). A stops after it, so that the
+	// item waits for the next prune turn, the longest wait.
+	reaps := await.NewRounds("the queue's reaps")
 	// A's handler ignores its context: the stop's waits run out and the
 	// session is closed under it.
 	a := start(t, pool, func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		started <- it.ID
 		<-hold
 		return nil, nil
-	}, worker.Options{ShutdownTimeout: 100 * time.Millisecond, MaxAbandoned: 1})
+	}, worker.Options{ShutdownTimeout: 100 * time.Millisecond, MaxAbandoned: 1,
+		Testing: worker.TestingOptions{AfterQueueReap: func(claim.ReapStats, error) { reaps.Tick() }}})
 	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("once"), MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -39,11 +45,7 @@ func TestItemReleasedAtItsLastAttemptByACloseEndsDead(t *testing.T) {
 	if got := await.Recv(t, "A's handler to start", started); got != id {
 		t.Fatalf("A's handler started %s, want %s", got, id)
 	}
-	// B works the queue (its own session, which nothing stops). Its first
-	// reap of the queue is a whole one, with the prunes (the queue's
-	// prune turn, once a minute): A stops after it, so that the item
-	// waits for the next prune turn, the longest wait.
-	reaps := await.NewRounds("B's reaps of the queue")
+	// B works the queue (its own session, which nothing stops).
 	session := longSession()
 	hb := session.Heartbeat
 	start(t, pool, recordHandler(0), worker.Options{Session: session,
