@@ -329,7 +329,11 @@ func FaultTableSuffixes() []string { return append([]string(nil), faultTableSuff
 
 // faultStatements installs the model, idempotently: settings, counters,
 // the draw, the triggers' functions, the triggers on the crdbwork tables
-// that exist, and the event trigger that adds them to later ones.
+// that exist, and the event trigger that adds them to later ones. The
+// triggers' functions run as their owner (SECURITY DEFINER), so that the
+// model also draws for the statements of roles the tests create with only
+// a worker's or an operator's grants (on the crdbwork tables, not on this
+// schema).
 func faultStatements(rate, implicit float64, seed int64) []string {
 	suffixes := make([]string, len(faultTableSuffixes))
 	for i, s := range faultTableSuffixes {
@@ -361,7 +365,7 @@ func faultStatements(rate, implicit float64, seed int64) []string {
 		// first writing statement of a transaction may be an implicit
 		// transaction: it draws at implicit; later ones at rate.
 		`CREATE OR REPLACE FUNCTION crdbwork_test_faults.on_statement() RETURNS trigger
-		LANGUAGE plpgsql AS $$
+		LANGUAGE plpgsql SECURITY DEFINER AS $$
 		DECLARE
 			st TEXT := statement_timestamp()::TEXT;
 			first TEXT := COALESCE(current_setting('crdbwork_test_faults.first', true), '');
@@ -388,7 +392,7 @@ func faultStatements(rate, implicit float64, seed int64) []string {
 		// statement: it draws at rate; the end of an implicit transaction
 		// at implicit.
 		`CREATE OR REPLACE FUNCTION crdbwork_test_faults.on_commit() RETURNS trigger
-		LANGUAGE plpgsql AS $$
+		LANGUAGE plpgsql SECURITY DEFINER AS $$
 		DECLARE
 			s crdbwork_test_faults.settings;
 			explicit BOOL := COALESCE(current_setting('crdbwork_test_faults.stmt', true), '') <> statement_timestamp()::TEXT;
