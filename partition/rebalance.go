@@ -52,7 +52,8 @@ type Tuning struct {
 	// DrainTimeout bounds how long a part being given up waits for its
 	// in-flight items before its row is deleted anyway (which releases
 	// their claims: their acks then fail and the items run again
-	// elsewhere). Default 10 s.
+	// elsewhere; a worker first cancels their handlers and waits up to a
+	// quarter of DrainTimeout more: Options.OnDrainTimeout). Default 10 s.
 	DrainTimeout time.Duration
 	// Strategy computes the assignment. Default Sticky.
 	Strategy Strategy
@@ -80,6 +81,14 @@ type Options struct {
 	Tables crsql.Tables
 	// Logger receives the rebalancer's logs. Default: none.
 	Logger *zap.Logger
+	// OnDrainTimeout, if not nil, is called when a part being given up
+	// still has items in flight at DrainTimeout, with the ownership given
+	// up: the items whose Hold equals it. A worker cancels their
+	// handlers; the rebalancer then waits up to a quarter of DrainTimeout
+	// more for them to be Done before it deletes the part's row, which
+	// releases the claims still in it. Without it the row is deleted at
+	// DrainTimeout and those handlers run on beside the items' next runs.
+	OnDrainTimeout func(ownership Hold)
 	// Testing holds hooks for tests; not for production.
 	Testing TestingOptions
 }
@@ -611,6 +620,21 @@ func (r *Rebalancer) giveUp(ctx context.Context, p int, st *part) {
 	case <-idle:
 	case <-timer.C:
 		r.log.Warn("drain timeout: releasing part with items in flight", zap.Int("part", p), zap.Duration("waited", r.opts.DrainTimeout))
+		if r.opts.OnDrainTimeout != nil {
+			r.mu.Lock()
+			ownership := Hold{Part: p, epoch: st.epoch}
+			r.mu.Unlock()
+			r.opts.OnDrainTimeout(ownership)
+			grace := time.NewTimer(r.opts.DrainTimeout / 4)
+			select {
+			case <-idle:
+			case <-grace.C:
+			case <-ctx.Done():
+				grace.Stop()
+				return
+			}
+			grace.Stop()
+		}
 	case <-ctx.Done():
 		return // the session is ending; closing it releases the part
 	}

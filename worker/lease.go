@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/partition"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // Leases. Every claim takes a lease (claim.Options.Lease, by the database
@@ -227,6 +229,19 @@ func (f *flights) lose(items []claim.Item) {
 	for _, it := range items {
 		if fl := f.m[it.ID]; fl != nil && fl.item.Token == it.Token {
 			f.end(fl, errLeaseLost)
+		}
+	}
+}
+
+// givenUp cancels, with attempt.ErrGivenUp, the handlers of the items
+// claimed in a part ownership the session gives up because its drain
+// timed out (partition.Options.OnDrainTimeout).
+func (f *flights) givenUp(ownership partition.Hold) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fl := range f.m {
+		if fl.job != nil && fl.job.hold == ownership {
+			f.end(fl, attempt.ErrGivenUp)
 		}
 	}
 }

@@ -37,7 +37,9 @@ package worker
 // after the change: the fleet may exceed the limit by at most the shares
 // that moved while such items ran, and only until they end (at most
 // ItemTimeout + HangGrace). In parts mode a part given up first drains (its items end, or
-// Partition.DrainTimeout passes) before another session can acquire it, so
+// Partition.DrainTimeout passes: then their handlers are cancelled and the
+// items given back, partition.Options.OnDrainTimeout) before another
+// session can acquire it, so
 // items shorter than the drain plus Grace never overlap.
 //
 // Tenant limits are enforced the same way without parts (the tenant's limit

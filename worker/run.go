@@ -90,9 +90,10 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 	defer cancelSettles()
 	r := &sessionRun{w: w, sess: sess, log: log, handlerCtx: handlerCtx, settleCtx: settleCtx, reapSessions: reapSessions}
 	rebDone := make(chan struct{})
+	r.fl = newFlights(w.lease) // before the rebalancer, whose OnDrainTimeout reads it
 	if w.opts.Parts > 0 {
 		reb, err := partition.New(w.db, sess, partition.Options{Tuning: w.opts.Partition, Queue: w.name, Tables: w.tables, Logger: w.opts.Logger,
-			Testing: w.opts.Testing.Partition})
+			OnDrainTimeout: func(h partition.Hold) { r.fl.givenUp(h) }, Testing: w.opts.Testing.Partition})
 		if err != nil {
 			log.Error("starting the rebalancer failed", zap.Error(err))
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.opts.ShutdownTimeout)
@@ -114,7 +115,6 @@ func (w *Worker) runSession(ctx context.Context, sess *session.Session, end *ses
 		close(rebDone)
 	}
 	maintDone := make(chan struct{})
-	r.fl = newFlights(w.lease)
 	r.sup = newSupervisor(w.opts.HangGrace, r.abandonJob)
 	r.fl.parent, r.fl.sup = handlerCtx, r.sup
 	go r.sup.run(handlerCtx)

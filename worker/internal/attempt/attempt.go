@@ -233,7 +233,7 @@ func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item
 	case err == nil:
 		v, hasValue := box.get()
 		st.ack(recoverRecord(hr.record, res), v, hasValue)
-	case o.GiveBack != nil && o.GiveBack():
+	case errors.Is(parentCause, ErrGivenUp) || (o.GiveBack != nil && o.GiveBack()):
 		// Shutdown gave up waiting, or the session was lost: give the item
 		// back without counting the attempt (refused if the claim is gone).
 		res.Err = err
@@ -251,6 +251,13 @@ func conclude(st *settling, s Settler, settleCtx context.Context, it *claim.Item
 		st.nack(err)
 	}
 }
+
+// ErrGivenUp is the cause of a handler's context cancelled because the
+// session gives up its item's part after the part's drain timed out: the
+// item is given back without counting the attempt (unless the handler
+// succeeded: then it is acked, while the claim lasts), to run again where
+// the part goes.
+var ErrGivenUp = errors.New("the item's part is being given up by this session (its drain timed out): the item runs again elsewhere")
 
 // TimeoutOf returns how long the handler of it may run: its own Timeout
 // (claim.NewItem.Timeout) if it has one, def otherwise.
