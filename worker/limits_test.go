@@ -27,9 +27,53 @@ type meter struct {
 	first, last time.Time
 	starts      []time.Time
 	done        atomic.Int64
+	// Runs after the mark-th (counted by starts) wait for gate to close,
+	// and reached is closed once mark runs ended (see brake); nil gate:
+	// none waits.
+	mark    int
+	gate    chan struct{}
+	reached chan struct{}
 }
 
-// handler returns a handler that runs for a random time in [lo, hi).
+// brake makes the handler's runs after the mark-th (counting every run
+// since the meter started, as starts does) wait, once started, until
+// release is called or their context ends: the items they run stay in the
+// queue, claimed, however fast the others end. Runs already started are
+// not held. The returned channel is closed as soon as mark runs have ended
+// (the first mark runs end by themselves). At most one brake at a time.
+func (m *meter) brake(mark int) (reached <-chan struct{}, release func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	gate, r := make(chan struct{}), make(chan struct{})
+	m.mark, m.gate, m.reached = mark, gate, r
+	if m.done.Load() >= int64(mark) {
+		close(r)
+		m.reached = nil
+	}
+	var once sync.Once
+	return r, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			m.gate, m.reached = nil, nil
+			m.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// ended counts a run's end and closes the brake's reached channel at its
+// mark.
+func (m *meter) ended() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := m.done.Add(1); m.reached != nil && n >= int64(m.mark) {
+		close(m.reached)
+		m.reached = nil
+	}
+}
+
+// handler returns a handler that runs for a random time in [lo, hi) (after
+// waiting for a brake's release, if one holds the run).
 func (m *meter) handler(lo, hi time.Duration) worker.Handler {
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		start := time.Now()
@@ -40,7 +84,17 @@ func (m *meter) handler(lo, hi time.Duration) worker.Handler {
 			m.first = start
 		}
 		m.starts = append(m.starts, start)
+		var gate chan struct{}
+		if m.gate != nil && len(m.starts) > m.mark {
+			gate = m.gate
+		}
 		m.mu.Unlock()
+		if gate != nil {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+		}
 		d := lo + rand.N(hi-lo)
 		select {
 		case <-time.After(d):
@@ -52,7 +106,7 @@ func (m *meter) handler(lo, hi time.Duration) worker.Handler {
 		m.busy += end.Sub(start)
 		m.last = end
 		m.mu.Unlock()
-		m.done.Add(1)
+		m.ended()
 		return nil, ctx.Err()
 	}
 }
@@ -178,27 +232,44 @@ func (f *fleet) settle() {
 }
 
 // churnWhileWorking enqueues n items in batches of batch and makes a
-// membership change (churn) after each batch but the last, once all but
-// half a batch of the items enqueued so far are done: each change then
-// happens while items remain, whatever the machine's speed. Between
-// changes the fleet settles (two limit refreshes of every worker). It
-// returns how many items remained at each change.
+// membership change (churn) after each batch but the last, once the
+// handler's runs have come to all but half a batch of the items enqueued
+// so far. Each change comes while items remain, whatever the machine's
+// speed: a brake on the meter holds the runs that start after that mark
+// (their items stay claimed) until the items left are counted, just
+// before the change; without it, the fleet could run the last half batch
+// (60–90 ms at a limit of 6, measured) before the test, polling, saw the
+// mark. The hold is short (the brake signals the mark; one count), so
+// that the held items, in flight under their session's share, do not
+// outlast the limits' Grace: items running longer than that may exceed
+// the limit by the shares that moved meanwhile (the hand-over bound in
+// limits.go; the parts' shares rotate every Rotate). Between changes the
+// fleet settles (two limit refreshes of every worker). It returns how
+// many items remained at each change.
 func (f *fleet) churnWhileWorking(m *meter, n, batch int, keyed bool) []int {
 	f.t.Helper()
 	var remained []int
 	for enqueued := 0; enqueued < n; {
 		b := min(batch, n-enqueued)
-		enqueue(f.t, f.pool, "default", b, keyed)
-		enqueued += b
-		if enqueued == n {
+		if enqueued+b == n {
+			enqueue(f.t, f.pool, "default", b, keyed)
 			break
 		}
-		half := int64(enqueued - b/2)
-		await.Until(f.t, fmt.Sprintf("%d items done", half), func() (bool, string) {
-			d := m.done.Load()
-			return d >= half, fmt.Sprintf("%d done", d)
-		})
+		// Set before the batch is enqueued, at a mark no run has passed:
+		// the items acked before the release are among those of the first
+		// mark runs, so at least b/2 of the enqueued ones remain (b when
+		// earlier runs, re-runs included, already passed enqueued+b-b/2:
+		// none of this batch's items has run then).
+		m.mu.Lock()
+		mark := max(len(m.starts), enqueued+b-b/2)
+		m.mu.Unlock()
+		reached, release := m.brake(mark)
+		f.t.Cleanup(release)
+		enqueue(f.t, f.pool, "default", b, keyed)
+		enqueued += b
+		await.Recv(f.t, fmt.Sprintf("%d handler runs done", mark), reached)
 		remained = append(remained, count(f.t, f.pool, `SELECT count(*) FROM crdbwork_items`))
+		release()
 		f.churn()
 		f.settle()
 	}
