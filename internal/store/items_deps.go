@@ -436,6 +436,14 @@ func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, qu
 		return res, err
 	}
 	res.More = len(edges) >= limit
+	return s.killEdges(ctx, tx, d, queue, edges, prereqs, outcomes, spare, res)
+}
+
+// killEdges ends the dependents of edges (KillDependents, sparing those
+// whose run_after has spare), adds the edges of dependents it did not end
+// to res.Left, and deletes the ended dependents' edges: from their own
+// queue's items and, with their hints, from items of other queues.
+func (s *Store) killEdges(ctx context.Context, tx pgx.Tx, d Dialect, queue string, edges []Edge, prereqs []uuid.UUID, outcomes []string, spare int64, res KillResult) (KillResult, error) {
 	ps, ds := edgeArrays(edges)
 	rows, err := tx.Query(ctx, s.deps(d).KillDependents, queue, ps, ds, rawIDs(prereqs), outcomes, spare)
 	if err != nil {
@@ -457,7 +465,6 @@ func (s *Store) ItemsDepsKillBatch(ctx context.Context, tx pgx.Tx, d Dialect, qu
 		if _, err := tx.Exec(ctx, s.deps(d).DeleteEdgesTo, queue, rawIDs(res.Killed)); err != nil {
 			return res, err
 		}
-		// Their edges from items of other queues, with their hints.
 		if err := s.ItemsDepsDeleteAcrossTo(ctx, tx, queue, res.Killed); err != nil {
 			return res, err
 		}

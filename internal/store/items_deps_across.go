@@ -282,32 +282,7 @@ func (s *Store) ItemsDepsAcrossKill(ctx context.Context, tx pgx.Tx, d Dialect, d
 	if len(edges) == 0 {
 		return res, nil
 	}
-	ps, ds := edgeArrays(edges)
-	rows, err := tx.Query(ctx, s.deps(d).KillDependents, dependentQueue, ps, ds, rawIDs(prereqs), outcomes, spare)
-	if err != nil {
-		return res, err
-	}
-	if res.Killed, err = collectIDs(rows); err != nil {
-		return res, err
-	}
-	killed := make(map[uuid.UUID]bool, len(res.Killed))
-	for _, id := range res.Killed {
-		killed[id] = true
-	}
-	for _, e := range edges {
-		if !killed[e.Dependent] {
-			res.Left = append(res.Left, e)
-		}
-	}
-	if len(res.Killed) > 0 {
-		if _, err := tx.Exec(ctx, s.deps(d).DeleteEdgesTo, dependentQueue, rawIDs(res.Killed)); err != nil {
-			return res, err
-		}
-		if err := s.ItemsDepsDeleteAcrossTo(ctx, tx, dependentQueue, res.Killed); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
+	return s.killEdges(ctx, tx, d, dependentQueue, edges, prereqs, outcomes, spare, res)
 }
 
 // ItemsDepsDeleteAcrossTo deletes the cross-queue edges into dependents,
