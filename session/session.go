@@ -296,7 +296,11 @@ func (s *Session) Changes() <-chan struct{} {
 // "" in the reaps table, which package worker takes before it reaps), so
 // that a fleet reaps expired sessions about once per interval rather than
 // once per session and interval, and any session reaps when the reaper
-// before it died. A session whose heartbeats fail receives nothing.
+// before it died. A session whose heartbeats fail receives nothing, nor
+// does one whose heartbeat found no other session in the database: no
+// session can be expired then. A session alone in its database thus runs
+// no reap at all; one that starts later is seen at the next heartbeat,
+// and the turns go on as before, within the same bound.
 func (s *Session) ReapTurns(every time.Duration) <-chan struct{} {
 	c := make(chan struct{}, 1)
 	s.changesMu.Lock()
@@ -311,7 +315,7 @@ func (s *Session) ReapTurns(every time.Duration) <-chan struct{} {
 // joined after this session's rebalancer first read the members, say) is
 // in the first marker, and would otherwise never count as a move. It
 // signals each channel of ReapTurns whose interval the last reap of
-// expired sessions is as old as.
+// expired sessions is as old as, unless the session was alone.
 func (s *Session) noteBeat(sent time.Time, beat store.Beat) {
 	s.changesMu.Lock()
 	s.beatSent = sent
@@ -322,6 +326,9 @@ func (s *Session) noteBeat(sent time.Time, beat store.Beat) {
 		cs = append(cs, s.changes...)
 	}
 	for _, t := range s.reapTurns {
+		if beat.Alone {
+			break // no other session: none to reap
+		}
 		if !beat.SessionsReaped || beat.SessionsReapAge >= t.every {
 			cs = append(cs, t.c)
 		}

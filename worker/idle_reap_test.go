@@ -208,6 +208,14 @@ func TestReapTurnsPassOnWhenTheReaperStops(t *testing.T) {
 			},
 		}}
 	}
+	// A peer session, so that the first worker is not alone in its
+	// database: a session alone takes no turn of expired sessions (there
+	// can be none).
+	peer, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: time.Minute, Expiry: time.Hour, ReapEvery: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close(context.Background()) })
 	ra := startOn(t, q, recordHandler(0), opts(&a))
 	await.Until(t, "the first worker to take both reap turns", func() (bool, string) {
 		return a.sessions.Load() > 0 && a.queue.Load() > 0, fmt.Sprintf("sessions %d, queue %d", a.sessions.Load(), a.queue.Load())

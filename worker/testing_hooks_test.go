@@ -76,6 +76,13 @@ func TestTestingHooksCountRounds(t *testing.T) {
 			Session:       session.TestingOptions{AfterHeartbeat: func(bool, error) { rounds["heartbeats"].Tick() }},
 			Partition:     partition.TestingOptions{AfterRebalance: func([]int, error) { rounds["rebalances"].Tick() }},
 		}}
+	// A peer session, so that the worker is not alone in its database:
+	// a session alone reaps no expired sessions (there can be none).
+	peer, err := session.Start(ctx, pool, session.Options{Tuning: session.Tuning{Heartbeat: time.Minute, Expiry: time.Hour, ReapEvery: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close(context.Background()) })
 	start(t, pool, recordHandler(0), opts)
 	for name, r := range rounds {
 		// An idle queue is reaped when a reap would do something, and

@@ -70,14 +70,23 @@ func (s *Store) SessionsCreate(ctx context.Context, db DB, expiry time.Duration,
 // heartbeatSQL is the text of coreStatements.Heartbeat
 // (rendered by newCoreStatements).
 const heartbeatSQL = `UPDATE crdbwork_sessions SET heartbeat_at = now() WHERE id = $1
-RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL
+RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL + `, ` + aloneSQL
 
-// sessionsReapAgeSQL is what a heartbeat returns last: how long ago
+// sessionsReapAgeSQL is what a heartbeat returns second: how long ago
 // (microseconds, by the database clock) a session last took the turn to
 // reap expired sessions (crdbwork_reaps, name ”); NULL if none ever did.
 // One seek by primary key.
 const sessionsReapAgeSQL = `(SELECT (EXTRACT(EPOCH FROM now() - r.reaped_at) * 1000000)::BIGINT
  FROM crdbwork_reaps AS r WHERE r.name = '')`
+
+// aloneSQL is what a heartbeat returns last: whether the session's row is
+// the only one in the sessions table (no other session, live or expired),
+// so that no session can be expired now (its own row was just stamped):
+// the session then need not take the turn to reap expired sessions. The
+// first row of another session ends the read (LIMIT 1), so in a fleet it
+// costs one row; the session's own row is left out by its id, whichever
+// version of it the read sees.
+const aloneSQL = `((SELECT 1 FROM crdbwork_sessions AS o WHERE o.id <> $1 LIMIT 1) IS NULL)`
 
 // Beat is what a heartbeat reads besides the session's own row.
 type Beat struct {
@@ -89,6 +98,9 @@ type Beat struct {
 	// when none ever did.
 	SessionsReapAge time.Duration
 	SessionsReaped  bool
+	// Alone reports that no other session had a row when the heartbeat
+	// ran (see aloneSQL): there was no expired session to reap.
+	Alone bool
 }
 
 // changeMarkSQL is what a heartbeat returns beside the stamp: the change
@@ -102,8 +114,9 @@ const changeMarkSQL = `(SELECT COALESCE(sum(q.changes + 1), 0)
 // SessionsHeartbeat stamps session id's heartbeat with the database clock and
 // reports whether the row is still there (false: it was reaped or
 // deleted; the session is lost), and what the heartbeat read (Beat): the
-// change marker of the queues the session joined (see changeMarkSQL) and
-// the age of the last reap of expired sessions.
+// change marker of the queues the session joined (see changeMarkSQL), the
+// age of the last reap of expired sessions and whether the session was
+// alone (aloneSQL).
 func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (alive bool, beat Beat, err error) {
 	return scanBeat(db.QueryRow(ctx, s.st.Heartbeat, id))
 }
@@ -111,7 +124,7 @@ func (s *Store) SessionsHeartbeat(ctx context.Context, db DB, id uuid.UUID) (ali
 // scanBeat reads a heartbeat's answer: no row, the session is gone.
 func scanBeat(row pgx.Row) (alive bool, beat Beat, err error) {
 	var age *int64
-	switch err = row.Scan(&beat.Mark, &age); {
+	switch err = row.Scan(&beat.Mark, &age, &beat.Alone); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, Beat{}, nil
 	case err != nil:
@@ -128,7 +141,7 @@ func scanBeat(row pgx.Row) (alive bool, beat Beat, err error) {
 const heartbeatReportSQL = `UPDATE crdbwork_sessions
 SET heartbeat_at = now(), claimed = $2, acked = $3, failed = $4, in_flight = $5
 WHERE id = $1
-RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL
+RETURNING ` + changeMarkSQL + `, ` + sessionsReapAgeSQL + `, ` + aloneSQL
 
 // SessionsHeartbeatReport is Heartbeat that also stores the session's counters in
 // its row, in the same statement.

@@ -15,7 +15,7 @@ import (
 type coreStatements struct {
 	// Sessions.
 	CreateSession  string // $1 expiry (microseconds), $2 host, $3 pid, $4 name → id
-	Heartbeat      string // $1 id → the queues' change marker (no row: the session is gone)
+	Heartbeat      string // $1 id → the queues' change marker, the age of the last reap of expired sessions (µs), whether no other session has a row (no row: the session is gone)
 	ReapSessions   string // → rows affected
 	DeleteSession  string // $1 id
 	LiveSessions   string // → id, name, host, pid, created_at, heartbeat_at, expiry(µs), age(µs), since heartbeat(µs), claimed, acked, failed, in_flight (reported)
