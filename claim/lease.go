@@ -235,6 +235,25 @@ func (q *Queue) reapQueue(ctx context.Context) (ReapStats, error) {
 	return st, errors.Join(errs...)
 }
 
+// prunesDue (queuemaint.Queue.PrunesDue) reports whether the steps of
+// reapQueue that the queue's reap turn's test of work leaves out may have
+// anything to do (store.Store.ReapsPrunesDue).
+func (q *Queue) prunesDue(ctx context.Context) (bool, error) {
+	if err := q.ready(ctx); err != nil {
+		return false, fmt.Errorf("claim: testing whether %q has anything to prune: %w", q.opts.Queue, err)
+	}
+	var due bool
+	err := retry.Do(ctx, q.stats.retried("reap"), func(ctx context.Context) error {
+		var err error
+		due, err = q.store.ReapsPrunesDue(ctx, q.db, q.opts.Queue)
+		return store.Classify(err)
+	})
+	if err != nil {
+		return false, fmt.Errorf("claim: testing whether %q has anything to prune: %w", q.opts.Queue, err)
+	}
+	return due, nil
+}
+
 // reapMove is a step of Reap, which releases items or moves them to the dead
 // items: its batch (up to reapBatch items of the queue), the read that lists
 // the batch's candidates (queue, limit → ids), the by-id form of the batch,

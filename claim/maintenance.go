@@ -27,6 +27,8 @@ func (m maintenance) Reap(ctx context.Context) (queuemaint.ReapStats, error) {
 	return queuemaint.ReapStats(st), err
 }
 
+func (m maintenance) PrunesDue(ctx context.Context) (bool, error) { return m.q.prunesDue(ctx) }
+
 func (m maintenance) PruneDead(ctx context.Context) (int, error) { return m.q.pruneDeadItems(ctx) }
 
 func (m maintenance) PruneEnded(ctx context.Context) (int, error) { return m.q.pruneEndedIDs(ctx) }

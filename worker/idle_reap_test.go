@@ -31,8 +31,14 @@ func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d p
 	switch s := d.SQL; {
 	case strings.Contains(s, "SET heartbeat_at = now()"):
 		kind = "heartbeat"
+	case strings.Contains(s, "crdbwork_reaps") && strings.Contains(s, "VALUES ('', now())"):
+		kind = "sessions reap turn"
 	case strings.Contains(s, "crdbwork_reaps"):
 		kind = "reap turn"
+	case strings.Contains(s, "ORDER BY dependent LIMIT 1) IS NOT NULL"):
+		kind = "prunes due"
+	case strings.Contains(s, "pg_stat_user_tables"):
+		kind = "statistics check"
 	default:
 		kind = strings.Join(strings.Fields(s), " ")
 		if len(kind) > 60 {
@@ -176,6 +182,137 @@ func TestIdleFleetRunsFewStatements(t *testing.T) {
 	if got := queueReaps.Load() - qr0; got > 2 {
 		t.Errorf("%d queue reaps in %d heartbeats of an idle queue; want at most 2 (the prunes, once a minute)", got, beats)
 	}
+}
+
+// A session alone in its database (issue 32: at most 2 statements a second
+// per idle session, even without a fleet to share the reaps) runs no reap
+// of expired sessions at all (its heartbeat finds no other session's row:
+// none can be expired), and at its queue's prune turn, when nothing is
+// left to prune, one test of the prunes instead of the whole reap. Counted
+// exactly, by the client, over heartbeats of one worker: before, the
+// session took the turn of expired sessions every ReapEvery (one
+// statement per two or three heartbeats) and ran the whole reap (28
+// statements) at each prune turn. A control shows that the test of the
+// prunes still finds work: an exhausted item is moved to the dead items at
+// the next prune turn.
+func TestLoneIdleSessionRunsFewStatements(t *testing.T) {
+	t.Parallel()
+	const beats = 30
+	pool, stmts := countedPool(t, setup(t))
+	ctx := context.Background()
+	q := newQueue(t, pool, claim.Options{})
+	var sessionTurns, sessionReaps, queueTurns atomic.Int64
+	var queueReaps atomic.Int64
+	var dead atomic.Int64
+	heartbeats := await.NewRounds("heartbeats")
+	prunes := await.NewRounds("tests of the prunes at the queue's prune turns")
+	var prunesMu sync.Mutex
+	var prunesSeen []string
+	hb := await.Stretch(100 * time.Millisecond)
+	// The claim loop is out of the picture (NoWake, a long Poll: its idle
+	// claims while listening are TestNoClaimPollWhileListening's), and so
+	// are the limits (read on the change marker, and every 30 s).
+	opts := worker.Options{Concurrency: 2, NoWake: true, Poll: 1000 * hb,
+		Session: session.Tuning{Heartbeat: hb, Expiry: 50 * hb},
+		Testing: worker.TestingOptions{
+			AfterSessionReap: func(int64, error) { sessionReaps.Add(1) },
+			AfterQueueReap: func(st claim.ReapStats, err error) {
+				queueReaps.Add(1)
+				dead.Add(int64(st.Dead))
+			},
+			AfterReapTurn: func(name string, _ bool, _ error) {
+				if name == "" {
+					sessionTurns.Add(1)
+				} else {
+					queueTurns.Add(1)
+				}
+			},
+			AfterPrunesDue: func(due bool, err error) {
+				prunesMu.Lock()
+				prunesSeen = append(prunesSeen, fmt.Sprintf("due %v, error %v", due, err))
+				prunesMu.Unlock()
+				prunes.Tick()
+			},
+			Session: session.TestingOptions{AfterHeartbeat: func(bool, error) { heartbeats.Tick() }},
+		}}
+	startOn(t, q, recordHandler(0), opts)
+	// Settled: the first queue turn taken (its first, whole, reap done).
+	await.Until(t, "the queue's first reap turn", func() bool { return queueTurns.Load() > 0 })
+	heartbeats.Wait(t, 3)
+
+	// 1. beats heartbeats (ReapEvery is two): no reap of expired sessions.
+	s0, st0, sr0 := stmts.snapshot(), sessionTurns.Load(), sessionReaps.Load()
+	heartbeats.Wait(t, beats)
+	s1 := stmts.snapshot()
+	window := func(a, b map[string]int) map[string]int {
+		w := map[string]int{}
+		for k, v := range b {
+			if v > a[k] {
+				w[k] = v - a[k]
+			}
+		}
+		return w
+	}
+	w := window(s0, s1)
+	if w["heartbeat"] < beats {
+		t.Fatalf("the counter saw %d heartbeats in %d rounds (%v): the heartbeats' connections do not count", w["heartbeat"], beats, w)
+	}
+	if n, turns, reaps := w["sessions reap turn"], sessionTurns.Load()-st0, sessionReaps.Load()-sr0; n != 0 || turns != 0 || reaps != 0 {
+		t.Errorf("a session alone ran %d statements of the reap of expired sessions (%d turns, %d reaps) in %d heartbeats; want none: by kind %v", n, turns, reaps, w["heartbeat"], w)
+	}
+
+	// 2. The queue's prune turn with nothing to prune: one test, no reap.
+	setPruneDue := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE crdbwork_reaps SET pruned_at = NULL WHERE name = $1`, q.Name()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s0, qr0, p0 := stmts.snapshot(), queueReaps.Load(), prunes.Count()
+	setPruneDue()
+	prunes.WaitFor(t, p0+1)
+	// The maintenance loop does one thing at a time: once it tried the
+	// next turn, a reap after the test (if any) is over.
+	qt := queueTurns.Load()
+	await.Until(t, "the queue's next reap turn", func() bool { return queueTurns.Load() > qt })
+	s1 = stmts.snapshot()
+	w = window(s0, s1)
+	prunesMu.Lock()
+	seen := append([]string(nil), prunesSeen...)
+	prunesMu.Unlock()
+	var other []string
+	for k, n := range w {
+		switch k {
+		case "heartbeat", "reap turn", "prunes due", "statistics check":
+			// The check of the tables' statistics goes with a prune turn.
+		default:
+			// The limits (a quiet refresh, every 30 s): not the reap's.
+			if !strings.Contains(k, "crdbwork_queues") && !strings.Contains(k, "tenant_limits") {
+				other = append(other, fmt.Sprintf("%q: %d", k, n))
+			}
+		}
+	}
+	if last := seen[len(seen)-1]; last != "due false, error <nil>" || queueReaps.Load() != qr0 || w["prunes due"] != 1 || len(other) > 0 {
+		t.Errorf("the prune turn of an idle queue: test of the prunes %q (want due false), %d tests run, %d reaps (want none), other statements %v; by kind %v",
+			last, w["prunes due"], queueReaps.Load()-qr0, other, w)
+	}
+
+	// 3. The control: an exhausted item (unclaimed, attempts used up),
+	// which only the prunes' reap moves, is moved at the next prune turn.
+	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("exhausted"), Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET attempts = max_attempts WHERE id = $1`, res.IDs[0]); err != nil {
+		t.Fatal(err)
+	}
+	setPruneDue()
+	await.Until(t, "the exhausted item moved to the dead items by the prunes' reap", func() (bool, string) {
+		n := count(t, pool, `SELECT count(*) FROM crdbwork_dead_items WHERE id = $1`, res.IDs[0])
+		prunesMu.Lock()
+		defer prunesMu.Unlock()
+		return n == 1 && dead.Load() == 1, fmt.Sprintf("%d dead rows, %d counted dead by the reaps; tests of the prunes: %v", n, dead.Load(), prunesSeen)
+	})
 }
 
 // A reap turn passes on when the session that took it stops: the next

@@ -92,14 +92,16 @@ type queueReapState struct {
 // least every old, and then runs the queue's reap (reapQueue) if the
 // reap's item steps have something to do, or if it also took the queue's
 // prune turn (the queue's last whole reap is idleQueueReapEvery old: the
-// prunes), or if its last reap failed. So a fleet reaps a queue about once
-// per interval, whatever its size, and an idle queue's reap is one
-// statement. A turn that cannot be taken reaps anyway. A reap that pruned
-// a full batch is followed by another at the session's next try, without
-// a turn, until the prunes are done. A turn taken (or
-// not known) also makes the check of the tables' statistics due
-// (checkStatistics), if the session claimed items since the last check or
-// the queue is reaped. It reports false when a step of the reap failed.
+// prunes) and the prunes have something to do (queuemaint.Queue.PrunesDue),
+// or if its last reap failed. So a fleet reaps a queue about once per
+// interval, whatever its size, and an idle queue's reap is one statement
+// (two at its prune turn, once a minute). A turn that cannot be taken
+// reaps anyway. A reap that pruned a full batch is followed by another at
+// the session's next try, without a turn, until the prunes are done. A
+// turn taken (or not known) also makes the check of the tables'
+// statistics due (checkStatistics), if the session claimed items since
+// the last check or the queue is reaped. It reports false when a step of
+// the reap failed.
 func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, every time.Duration) (ok bool) {
 	w := r.w
 	if !st.retry && !st.more {
@@ -131,6 +133,24 @@ func (r *sessionRun) queueReapTurn(ctx context.Context, st *queueReapState, ever
 			return true // a peer reaps
 		case !due && !prune:
 			return true // nothing to reap
+		case !due:
+			// The prune turn, and the item steps have nothing to do: the
+			// whole reap runs only if the steps the turn's test leaves out
+			// have something to do (an idle queue's prune turn is one
+			// statement then, not the whole reap's 28). A test that
+			// fails reaps anyway.
+			pdue, err := w.maint.PrunesDue(ctx)
+			if h := w.opts.Testing.AfterPrunesDue; h != nil && ctx.Err() == nil {
+				h(pdue, err)
+			}
+			switch {
+			case ctx.Err() != nil:
+				return true
+			case err != nil:
+				r.logFailure(ctx, "testing whether the queue has anything to prune failed; reaping anyway", err)
+			case !pdue:
+				return true // nothing to prune either
+			}
 		}
 	}
 	ok, done := r.reapQueue(ctx)

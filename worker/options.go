@@ -296,13 +296,20 @@ type TestingOptions struct {
 	// by the maintenance loop (queuemaint.Queue.Reap, when the session
 	// took the queue's reap turn and the queue had something to reap:
 	// expired leases, crash loops, expired items, prunes, and the
-	// dependency sweep), with what it did and its error.
+	// dependency sweep; see AfterPrunesDue), with what it did and its
+	// error.
 	AfterQueueReap func(st claim.ReapStats, err error)
 	// AfterReapTurn, if not nil, is called after each try of the
 	// maintenance loop to take a reap turn: name is the queue's name for
 	// its reap, "" for the reap of expired sessions; took says whether
 	// the session took it.
 	AfterReapTurn func(name string, took bool, err error)
+	// AfterPrunesDue, if not nil, is called after each test of the
+	// maintenance loop, at a prune turn of the queue it took while the
+	// item steps had nothing to do, of whether the reap's prunes (and
+	// exhausted items, and cross-queue edges) have anything to do: due
+	// false (and a nil error) means that the loop did not reap.
+	AfterPrunesDue func(due bool, err error)
 	// Session holds the hooks of the worker's sessions (each heartbeat);
 	// the sessions' own reaper does not run in a worker (AfterSessionReap
 	// is the worker's).

@@ -29,6 +29,13 @@ type Queue interface {
 	// dedup window and deletes the dead items beyond its retention
 	// (claim's documentation of ReapStats says what each counts).
 	Reap(ctx context.Context) (ReapStats, error)
+	// PrunesDue reports whether the steps of Reap that the queue's reap
+	// turn's test of work leaves out (the exhausted items, the prunes of
+	// ended ids, kept cancelled items, attempt errors and dead items, the
+	// cross-queue edges) may have anything to do, in one statement: false
+	// means that a Reap after a turn that found no work for the item
+	// steps would do nothing.
+	PrunesDue(ctx context.Context) (bool, error)
 	// PruneDead applies the queue's retention to its dead items alone and
 	// returns how many it deleted (at most 8,000 per bound per call).
 	PruneDead(ctx context.Context) (int, error)

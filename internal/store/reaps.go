@@ -63,6 +63,51 @@ func (s *Store) ReapsTakeQueueTurn(ctx context.Context, db DB, queue string, eve
 	return took, prune, due, err
 }
 
+// queuePrunesDueSQL is the text of coreStatements.QueuePrunesDue: whether
+// the steps of queue $1's whole reap that its reap turn's test of work
+// (queueReapDueSQL) leaves out may find anything to do: exhausted items
+// (unclaimed, attempts used up, no cancel asked for: the exhausted
+// step's own condition, through crdbwork_items_exhausted), ended ids past
+// the queue's windows and kept cancelled items past its dedup window (the
+// prunes' own conditions, the oldest row of each through its index by
+// age), attempt errors not written within the history window (a superset
+// of that prune's condition: the oldest row by age), any dead item of the
+// queue (a superset of both retention bounds, which a dead item's age and
+// the queue's count of dead items decide), and any cross-queue edge into
+// the queue (the dependency sweep settles those whose dependents or
+// prerequisites are gone). One seek per index, so that a fleet's prune
+// turn on an idle queue with nothing to prune is this one statement
+// rather than the whole reap's 28 (BEGIN and COMMIT included): a false
+// means the whole reap would find nothing that the item steps' test
+// (false too, for this to be asked) would not have found.
+const queuePrunesDueSQL = `SELECT
+ (SELECT count(*) FROM (SELECT 1 FROM crdbwork_items WHERE queue = $1 AND claim IS NULL AND attempts >= max_attempts AND ` + noCancelAsked + `
+    LIMIT $2) AS e) > 0
+ OR (SELECT 1 FROM crdbwork_ended WHERE queue = $1 AND ended_at < now() - ` + keepWindow + ` ORDER BY ended_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_cancelled_items WHERE queue = $1 AND cancelled_at < now() - ` + dedupWindow + ` ORDER BY cancelled_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_attempt_errors WHERE queue = $1 AND updated_at < now() - ` + historyWindow + ` ORDER BY updated_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_dead_items WHERE queue = $1 ORDER BY died_at LIMIT 1) IS NOT NULL
+ OR (SELECT 1 FROM crdbwork_waits_across WHERE dependent_queue = $1 ORDER BY dependent LIMIT 1) IS NOT NULL`
+
+// prunesDueExhausted is the most exhausted items QueuePrunesDue's test
+// counts (its $2): the limit of the exhausted step's own batch, with
+// which PostgreSQL reads them through crdbwork_items_exhausted, as it
+// does for that step (with LIMIT 1 it expected one of every three of the
+// queue's items to be exhausted, and read the items from the start,
+// TestHotPlansBeforeTheFirstAnalyze); an idle queue has none, and reads
+// none.
+const prunesDueExhausted = 1000
+
+// ReapsPrunesDue reports whether the steps of queue's whole reap that
+// ReapsTakeQueueTurn's test of work leaves out (the exhausted items, the
+// prunes, the cross-queue edges) may have anything to do
+// (queuePrunesDueSQL), in one statement.
+func (s *Store) ReapsPrunesDue(ctx context.Context, db DB, queue string) (bool, error) {
+	var due bool
+	err := db.QueryRow(ctx, s.st.QueuePrunesDue, queue, prunesDueExhausted).Scan(&due)
+	return due, err
+}
+
 // reapSessionsTurnSQL is the text of coreStatements.ReapSessionsTurn: the
 // reap of expired sessions (reapSessionsSQL) behind the turn named by the
 // empty string; it also makes the prune turn of every queue the deleted

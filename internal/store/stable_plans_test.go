@@ -352,6 +352,7 @@ var hotIndexes = map[string][]string{
 	"ReapCancelled":         {"crdbwork_items_cancel_requested"},
 	"FairFront":             {"crdbwork_items_turn_next"},
 	"TakeQueueReapTurn":     {"crdbwork_items_lease", "crdbwork_items_expiry", "crdbwork_items_cancel_requested"},
+	"QueuePrunesDue":        {"crdbwork_items_exhausted", "crdbwork_ended_by_age", "crdbwork_cancelled_items_by_age", "crdbwork_attempt_errors_by_age", "crdbwork_dead_items_by_queue"},
 }
 
 // hotPlanProblem says what is wrong with a hot statement's plan ("" if

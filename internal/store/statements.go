@@ -24,6 +24,7 @@ type coreStatements struct {
 	// Reap turns (crdbwork_reaps, reaps.go).
 	TakeQueueReapTurn string // $1 queue, $2 interval (µs), $3 prune interval (µs) → taken, prune taken, whether the item steps have work
 	ReapSessionsTurn  string // $1 interval (µs) → taken, sessions deleted
+	QueuePrunesDue    string // $1 queue, $2 most exhausted items counted → whether the whole reap's other steps (exhausted items, prunes, cross-queue edges) may have work
 
 	// Queues and parts.
 	QueueParts       string // $1 queue → num_parts (no row: 1 part)
@@ -567,6 +568,7 @@ func newCoreStatements(t Tables) *coreStatements {
 
 		TakeQueueReapTurn: r(takeQueueReapTurnSQL),
 		ReapSessionsTurn:  r(reapSessionsTurnSQL),
+		QueuePrunesDue:    r(queuePrunesDueSQL),
 
 		QueueParts:       r(queuePartsSQL),
 		InsertQueueParts: r(insertQueuePartsSQL),
