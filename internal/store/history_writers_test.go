@@ -13,9 +13,9 @@ import (
 // TestOnlyFailuresWriteAttemptErrors: of the statements of the claim,
 // death, dedup, move and reap sets, exactly the failure paths name
 // crdbwork_attempt_errors (nack, permanent failure, dead letter, the lease
-// reaper's releases, the dead item's requeue), and no ack, take or extend
-// does: the history adds nothing to the ack (docs/history.md, "What it
-// costs").
+// reaper's releases, the dead item's requeue), besides the prune turn's
+// read, and no ack, take or extend does: the history adds nothing to the
+// ack (docs/history.md, "What it costs").
 func TestOnlyFailuresWriteAttemptErrors(t *testing.T) {
 	t.Parallel()
 	tables := crsql.Tables{}
@@ -43,7 +43,9 @@ func TestOnlyFailuresWriteAttemptErrors(t *testing.T) {
 		}
 	}
 	slices.Sort(writers)
-	want := []string{"core.DeadLetter", "core.Nack", "core.PostgresReapLeases", "core.ReapLeases", "core.Requeue",
+	// core.QueuePrunesDue only reads it: the prune turn's test of whether
+	// its prune has rows to delete.
+	want := []string{"core.DeadLetter", "core.Nack", "core.PostgresReapLeases", "core.QueuePrunesDue", "core.ReapLeases", "core.Requeue",
 		"death.Exhaust", "death.ReapLeasesIDs"}
 	if !slices.Equal(writers, want) {
 		t.Errorf("the statements that name crdbwork_attempt_errors: %q; want %q", writers, want)
