@@ -127,8 +127,9 @@ type Options struct {
 	// Session tunes the worker's sessions (heartbeat, expiry, clock
 	// margin); Session.ReapEvery is the interval of the fleet's reap of
 	// expired sessions (a worker's session takes the turn when its
-	// heartbeat finds the last reap of any version-6 worker that old; the
-	// session itself does not reap: see Connections), Session.ReapTimeout
+	// heartbeat finds the last reap of any version-6 worker that old and
+	// another session's row; the session itself does not reap: see
+	// Connections), Session.ReapTimeout
 	// bounds each of its reaps.
 	// Session.Expiry is also the idle_in_transaction_session_timeout that
 	// ConfigurePool gives the pool: a Record or BatchRecord must not leave

@@ -223,10 +223,12 @@ const queueReapHeartbeats = 5
 
 // idleQueueReapEvery is how often a fleet runs its queue's whole reap
 // although the reap's item steps have nothing to do (no expired lease, no
-// exhausted or expired item, no cancel asked for, no dependency): the
-// prunes (ended ids past the dedup window, kept cancelled items, dead
-// items beyond the retention) then run. The queue's prune turn
-// (pruned_at in the reaps table) counts it for the fleet.
+// exhausted or expired item, no cancel asked for, no dependency), if a
+// one-statement test finds that the prunes (ended ids past the dedup
+// window, kept cancelled items, attempt errors, dead items beyond the
+// retention), the exhausted items or the cross-queue edges have anything
+// to do (queueReapTurn). The queue's prune turn (pruned_at in the reaps
+// table) counts it for the fleet.
 const idleQueueReapEvery = time.Minute
 
 // maintain runs the session's periodic chores on one connection, one at a
@@ -234,8 +236,8 @@ const idleQueueReapEvery = time.Minute
 // cancel notification), cancelling the handlers of items whose cancel was
 // asked for (checkCancels), and extending the leases of
 // long-running handlers' items; when a heartbeat finds that no session
-// reaped expired sessions for Session.ReapEvery (default two heartbeats),
-// taking that turn and deleting expired sessions (reapExpiredSessions, in the run whose
+// reaped expired sessions for Session.ReapEvery (default two heartbeats)
+// and that the session is not alone in the database, taking that turn and deleting expired sessions (reapExpiredSessions, in the run whose
 // reapSessions is set); every
 // few heartbeats, taking the queue's reap turn and, when the queue has
 // something to reap, releasing the queue's expired leases and moving
