@@ -254,6 +254,14 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A peer session (of the admin, which reaps nothing), so that the
+	// worker is not alone in its database: a session alone takes no turn
+	// to reap expired sessions (there can be none).
+	peer, err := session.Start(ctx, admin, session.Options{Tuning: session.Tuning{Heartbeat: time.Minute, Expiry: time.Hour, ReapEvery: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close(context.Background()) })
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
