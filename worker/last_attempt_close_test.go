@@ -24,19 +24,23 @@ func TestItemReleasedAtItsLastAttemptByACloseEndsDead(t *testing.T) {
 	q := newQueue(t, pool, claim.Options{})
 	started, hold := make(chan uuid.UUID, 1), make(chan struct{})
 	t.Cleanup(func() { close(hold) })
-	// The queue's reaps, A's and B's: the first is a whole one, with the
-	// prunes (the queue's prune turn, once a minute for the fleet; no
-	// other step has work in this test). A stops after it, so that the
-	// item waits for the next prune turn, the longest wait.
-	reaps := await.NewRounds("the queue's reaps")
+	// The queue's prune turns, A's and B's (once a minute for the fleet;
+	// no other step has work in this test): the first tests whether the
+	// prunes have work (AfterPrunesDue), and reaps only if they have. A
+	// stops after it, so that the item waits for the next prune turn, the
+	// longest wait.
+	reaps := await.NewRounds("the queue's prune turns")
+	hooks := worker.TestingOptions{
+		AfterQueueReap: func(claim.ReapStats, error) { reaps.Tick() },
+		AfterPrunesDue: func(bool, error) { reaps.Tick() },
+	}
 	// A's handler ignores its context: the stop's waits run out and the
 	// session is closed under it.
 	a := start(t, pool, func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		started <- it.ID
 		<-hold
 		return nil, nil
-	}, worker.Options{ShutdownTimeout: 100 * time.Millisecond, MaxAbandoned: 1,
-		Testing: worker.TestingOptions{AfterQueueReap: func(claim.ReapStats, error) { reaps.Tick() }}})
+	}, worker.Options{ShutdownTimeout: 100 * time.Millisecond, MaxAbandoned: 1, Testing: hooks})
 	res, err := q.Enqueue(ctx, claim.NewItem{Payload: []byte("once"), MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -48,8 +52,7 @@ func TestItemReleasedAtItsLastAttemptByACloseEndsDead(t *testing.T) {
 	// B works the queue (its own session, which nothing stops).
 	session := longSession()
 	hb := session.Heartbeat
-	start(t, pool, recordHandler(0), worker.Options{Session: session,
-		Testing: worker.TestingOptions{AfterQueueReap: func(claim.ReapStats, error) { reaps.Tick() }}})
+	start(t, pool, recordHandler(0), worker.Options{Session: session, Testing: hooks})
 	reaps.Wait(t, 1)
 	a.Stop(t)
 	if n := count(t, pool, `SELECT count(*) FROM crdbwork_items WHERE id = $1 AND claim IS NULL AND attempts >= max_attempts`, id); n != 1 {
