@@ -82,13 +82,8 @@ func workerRole(t *testing.T, pool *pgxpool.Pool, dbURL, revoke string) (role, r
 // and over.
 func TestWorkerWithoutItsGrantsFailsAtStart(t *testing.T) {
 	t.Parallel()
-	dbURL := testschema.NewURL(t)
+	dbURL, admin := ownerPool(t)
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
 	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
 	run := func(t *testing.T, roleURL string) error {
 		t.Helper()
@@ -165,13 +160,8 @@ func TestWorkerWithoutItsGrantsFailsAtStart(t *testing.T) {
 // start the same way, naming that one.
 func TestGroupWithoutItsGrantsFailsAtStart(t *testing.T) {
 	t.Parallel()
-	dbURL := testschema.NewURL(t)
+	dbURL, admin := ownerPool(t)
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
 	role, roleURL := workerRole(t, admin, dbURL, `REVOKE INSERT ON crdbwork_attempt_errors FROM %s`)
 	h := func(context.Context, claim.Item) (worker.Record, error) { return nil, nil }
 	g, err := worker.OpenGroup(ctx, roleURL, []worker.QueueConfig{
@@ -205,13 +195,8 @@ func TestGroupWithoutItsGrantsFailsAtStart(t *testing.T) {
 // crdbwork_reaps") and the turn was tried every five heartbeats forever.
 func TestRefusedReapTurnsBackOff(t *testing.T) {
 	t.Parallel()
-	dbURL := testschema.NewURL(t)
+	dbURL, admin := ownerPool(t)
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
 	role, roleURL := workerRole(t, admin, dbURL, "")
 	pool, err := pgxpool.New(ctx, roleURL)
 	if err != nil {
@@ -328,13 +313,8 @@ func TestRefusedReapTurnsBackOff(t *testing.T) {
 // ends (acked at its next attempt): nothing is lost.
 func TestRefusedNackNamesTheGrant(t *testing.T) {
 	t.Parallel()
-	dbURL := testschema.NewURL(t)
+	dbURL, admin := ownerPool(t)
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
 	role, roleURL := workerRole(t, admin, dbURL, `REVOKE INSERT ON crdbwork_attempt_errors FROM %s`)
 	pool, err := pgxpool.New(ctx, roleURL)
 	if err != nil {
@@ -446,4 +426,18 @@ func TestWorkerWithoutTheSchemaFailsAtStart(t *testing.T) {
 	if !errors.Is(err, worker.ErrPrivileges) || !strings.Contains(err.Error(), "the database refused schema work (docs/operations.md") {
 		t.Fatalf("Run as a role without USAGE on the schema: %v, want ErrPrivileges naming the schema", err)
 	}
+}
+
+// ownerPool returns the URL of a fresh database with the default tables
+// and a pool on it as their owner (the test's superuser), which creates
+// the roles of the test and grants or revokes their privileges.
+func ownerPool(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	dbURL := testschema.NewURL(t)
+	admin, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	return dbURL, admin
 }
