@@ -111,6 +111,14 @@ func TestTestingHooksCountRounds(t *testing.T) {
 		n := count(t, pool, `SELECT count(*) FROM results WHERE item_id = ANY($1)`, []uuid.UUID{prereq, dependent})
 		return n == 2, fmt.Sprintf("%d of 2 acked", n)
 	})
+	// The prerequisite's hook runs after its release of the dependent, on
+	// the goroutine of its ack: the dependent may be claimed, run and acked
+	// before that goroutine calls it.
+	await.Until(t, "the prerequisite's AfterAck", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return released || len(problems) > 0
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if len(problems) > 0 || !released {
