@@ -171,9 +171,9 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	// The hung holder's lease must outlast the first reap: stretched with
-	// the machine's load.
-	q := newQueue(t, pool, claim.Options{Lease: await.Stretch(300 * time.Millisecond)})
+	// The hung holder's lease outlasts the first reap (an hour); the test
+	// ends it afterwards, as its running out would.
+	q := newQueue(t, pool, claim.Options{Lease: time.Hour})
 	if _, err := q.Enqueue(ctx, payloads(2)...); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +205,9 @@ func TestReapEndsCancelledItemsOfDeadHolders(t *testing.T) {
 	}
 	// The second holder hangs: its lease runs out, and the reaper ends it
 	// rather than releasing it.
+	if _, err := pool.Exec(ctx, `UPDATE crdbwork_items SET lease_until = now() - INTERVAL '1 second' WHERE id = $1`, b[0].ID); err != nil {
+		t.Fatal(err)
+	}
 	await.Until(t, "the reaper to end the hung holder's cancelled item once its lease ran out", func() (bool, string) {
 		if n := count(t, pool, `SELECT count(*) FROM crdbwork_items`); n == 0 {
 			return true, ""
