@@ -75,13 +75,7 @@ func TestRolesRunEveryCommand(t *testing.T) {
 		t.Skip("the roles log in through the PostgreSQL test server's trust authentication")
 	}
 	ctx := context.Background()
-	suffix := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	for _, s := range rolesSQL(t, suffix) {
-		if _, err := d.pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	reader, operator, wrk := "crdbwork_reader_"+suffix, "crdbwork_operator_"+suffix, "crdbwork_worker_"+suffix
+	reader, operator, wrk := createRoles(t, d)
 
 	// The worker role works a queue: enqueue, claim, ack, a permanent death.
 	wpool, err := pgxpool.New(ctx, asRole(t, d, wrk))
@@ -268,13 +262,7 @@ func TestGrantsCommand(t *testing.T) {
 		t.Skip("the roles log in through the PostgreSQL test server's trust authentication")
 	}
 	ctx := context.Background()
-	suffix := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	for _, s := range rolesSQL(t, suffix) {
-		if _, err := d.pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-	reader, operator, wrk := "crdbwork_reader_"+suffix, "crdbwork_operator_"+suffix, "crdbwork_worker_"+suffix
+	reader, operator, wrk := createRoles(t, d)
 	ok := "the database user has every privilege a worker needs on the crdbwork tables\n"
 	if r := must(t, d.env, "grants"); r.stdout != ok {
 		t.Errorf("crdbwork grants as the owner: %s", r)
@@ -299,4 +287,18 @@ func TestGrantsCommand(t *testing.T) {
 	if want := `crdbwork: the database user lacks privileges the worker needs: user "` + wrk + `" lacks INSERT on crdbwork_waits_across (docs/operations.md, "Roles and grants"): GRANT INSERT ON crdbwork_waits_across TO ` + wrk + "\n"; r.code != 2 || r.stderr != want {
 		t.Errorf("crdbwork grants as the worker role without INSERT on crdbwork_waits_across: want exit 2 and\n%s%s", want, r)
 	}
+}
+
+// createRoles creates the reader, operator and worker roles of
+// docs/operations.md (rolesSQL) in d's database, with a suffix of their
+// own, and returns their names.
+func createRoles(t *testing.T, d *db) (reader, operator, wrk string) {
+	t.Helper()
+	suffix := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	for _, s := range rolesSQL(t, suffix) {
+		if _, err := d.pool.Exec(context.Background(), s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	return "crdbwork_reader_" + suffix, "crdbwork_operator_" + suffix, "crdbwork_worker_" + suffix
 }
