@@ -626,14 +626,13 @@ func (r *Rebalancer) giveUp(ctx context.Context, p int, st *part) {
 			r.mu.Unlock()
 			r.opts.OnDrainTimeout(ownership)
 			grace := time.NewTimer(r.opts.DrainTimeout / 4)
+			defer grace.Stop()
 			select {
 			case <-idle:
 			case <-grace.C:
 			case <-ctx.Done():
-				grace.Stop()
 				return
 			}
-			grace.Stop()
 		}
 	case <-ctx.Done():
 		return // the session is ending; closing it releases the part
