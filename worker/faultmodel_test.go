@@ -61,9 +61,11 @@ func TestFaultModelEveryItemEnds(t *testing.T) {
 			opts := worker.Options{Parts: parts, Concurrency: 6, ShutdownTimeout: 100 * time.Millisecond, Logger: zap.New(core)}
 			// A third worker, slow, is stopped while it holds items: it
 			// releases them.
+			// It starts first and alone, so that the others cannot end every
+			// item before it holds one.
 			slow := e.startWorkers(1, url, work(200*time.Millisecond), opts)
-			rs := e.startWorkers(2, url, h, opts)
 			waitFor(t, "the slow worker to hold items", time.Minute, func() bool { return slow[0].w.Stats().InFlight > 0 })
+			rs := e.startWorkers(2, url, h, opts)
 			slow[0].Stop(t)
 			e.assertEnded(time.Now(), time.Minute)
 			stopAll(t, rs)
