@@ -188,7 +188,7 @@ func (j *job) AckAnswered(err error) {
 
 // end ends j, whose attempt is over with res.
 func (r *sessionRun) end(j *job, res *attempt.Result) {
-	r.report(res, j.took)
+	r.report(j, res, j.took)
 	r.w.running.Add(-1)
 	r.finish(j)
 }
@@ -207,15 +207,15 @@ func (r *sessionRun) abandonJob(j *job) {
 	if w.opts.Observer != nil {
 		took = time.Since(monoBase) - time.Duration(j.start.Load()) // it has not returned
 	}
-	r.report(res, took)
+	r.report(j, res, took)
 	w.abandoned.Add(1)
 	w.abandonedRunning.Add(1)
 	close(j.counted)
 	r.finish(j)
 }
 
-// report counts what an attempt did and tells the Observer.
-func (r *sessionRun) report(res *attempt.Result, took time.Duration) {
+// report counts what j's attempt did and tells the Observer.
+func (r *sessionRun) report(j *job, res *attempt.Result, took time.Duration) {
 	w := r.w
 	if res.Panicked {
 		w.panics.Add(1)
@@ -223,7 +223,9 @@ func (r *sessionRun) report(res *attempt.Result, took time.Duration) {
 	if res.TimedOut {
 		w.timeouts.Add(1)
 	}
-	if obs := w.opts.Observer; obs != nil {
+	if ko := w.kindObs; ko != nil {
+		ko.KindHandlerDone(HandlerRun{Queue: w.name, Kind: j.fl.item.Kind, Registered: j.a.KindKnown(), Took: took, Outcome: res.Outcome})
+	} else if obs := w.opts.Observer; obs != nil {
 		obs.HandlerDone(w.name, took, res.Outcome)
 	}
 	if res.Unknown && res.Outcome == claim.Unsettled {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/worker/internal/attempt"
 )
 
 // Job is one claimed item of a kind registered with AddKind: the item, and
@@ -38,6 +39,11 @@ type Job[T claim.Args] struct {
 // payload does not decode into its kind's arguments ends dead with reason
 // "bad arguments: <kind>" and the decoder's error as its last error. An
 // item without a kind runs with Default.
+//
+// A worker whose Options.Observer is a KindObserver (package metrics'
+// Collector) tells it each run's kind, and whether it is one registered
+// here (HandlerRun.Registered), so that metrics by kind stay bounded by the
+// registered kinds.
 //
 // Set the fields and register the kinds before calling Handler: the
 // handler it returns keeps what was registered then.
@@ -130,9 +136,11 @@ func (k *Kinds) Handler() Handler {
 	}
 	return func(ctx context.Context, it claim.Item) (Record, error) {
 		if it.Kind == "" && def != nil {
+			attempt.MarkKindKnown(ctx) // for a KindObserver (HandlerRun.Registered)
 			return def(ctx, it)
 		}
 		if h, ok := handlers[it.Kind]; ok {
+			attempt.MarkKindKnown(ctx)
 			return h(ctx, it)
 		}
 		waits := wait > 0 && it.VestingAt.Sub(it.EnqueuedAt) < wait

@@ -193,7 +193,8 @@ type Options struct {
 	// acked again one by one, as with BatchRecord.
 	BatchStatement claim.BatchStatement
 	// Observer, if not nil, is told of every handler run and every ack
-	// transaction, for metrics (package metrics implements it). Default: none.
+	// transaction, for metrics (package metrics implements it); of the
+	// kind of each run's item too if it is a KindObserver. Default: none.
 	Observer Observer
 	// Middleware, if not nil, wraps the handler once, when New is called:
 	// the worker runs Middleware(handler) for every item. The wrapper gets

@@ -137,6 +137,11 @@ type Handler func(ctx context.Context, it claim.Item) (Record, error)
 // Observer watches a worker's handlers and acks. Its methods are called from
 // the worker's goroutines, concurrently: they must be safe for concurrent use
 // and quick.
+//
+// An Observer that also implements KindObserver is told the kind of each
+// handler run's item: the worker calls its KindHandlerDone instead of
+// HandlerDone. Package metrics' Collector does (its handler histogram has a
+// kind label).
 type Observer interface {
 	// HandlerDone reports one handler run on queue: how long the handler
 	// took (not counting the ack, nack or release after it; for an
@@ -147,6 +152,44 @@ type Observer interface {
 	// AckBatch reports one ack transaction of n items (with MaxAckBatch 1,
 	// one per acked item, n = 1).
 	AckBatch(queue string, n int)
+}
+
+// KindObserver is an Observer that is also told the kind of each handler
+// run's item (claim.Item.Kind), for metrics by kind: when a worker's
+// Options.Observer implements it, the worker calls KindHandlerDone, and not
+// HandlerDone, after each handler run. An Observer without it is told of
+// every run with HandlerDone, as before kinds.
+type KindObserver interface {
+	Observer
+	// KindHandlerDone reports one handler run, as HandlerDone does, with
+	// its item's kind and whether the worker's Kinds registered a handler
+	// for that kind (see HandlerRun).
+	KindHandlerDone(run HandlerRun)
+}
+
+// HandlerRun is one handler run as a KindObserver is told of it. A struct,
+// so that later releases can say more of a run without another interface.
+type HandlerRun struct {
+	// Queue is the worker's queue.
+	Queue string
+	// Kind is the item's kind (claim.Item.Kind); "" for an item without
+	// one.
+	Kind string
+	// Registered reports that a handler registered for Kind in the
+	// worker's Kinds took the item (AddKind or Kinds.Handle; for "",
+	// Kinds.Default): Kind is then one of the names the program
+	// registered, a bounded set, while any other is whatever a producer
+	// wrote — an unknown kind, or every kind with a Handler that is not a
+	// Kinds' (or a Middleware that did not call it). Label metrics by Kind
+	// only when Registered (or Kind is ""), so that producers' input
+	// cannot make series without bound.
+	Registered bool
+	// Took is how long the handler ran, as HandlerDone's d: not counting
+	// the ack, nack or release after it; for an abandoned handler, until
+	// it was abandoned.
+	Took time.Duration
+	// Outcome is how the attempt ended, as HandlerDone's outcome.
+	Outcome claim.Outcome
 }
 
 // DB is the database worker works on: a *pgxpool.Pool (or a *pgx.Conn)
@@ -256,6 +299,8 @@ type Worker struct {
 	// inGroup: a Group runs the worker (NewGroup made it); its own Run
 	// fails.
 	inGroup bool
+	// kindObs is Options.Observer if it is a KindObserver (else nil).
+	kindObs KindObserver
 }
 
 // New returns a worker that handles the items of q with h. The worker
@@ -281,6 +326,7 @@ func New(q *claim.Queue, h Handler, opts Options) (*Worker, error) {
 		store: store.New(qo.Tables),
 		log:   opts.Logger.With(zap.String("queue", q.Name())), lease: cmp.Or(qo.Lease, defaultLease(opts))}
 	w.limitSource = w.storedLimits
+	w.kindObs, _ = opts.Observer.(KindObserver)
 	w.current.Store("")
 	return w, nil
 }

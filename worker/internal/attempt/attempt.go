@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,6 +66,24 @@ type valueBox struct {
 	set bool
 	q   *claim.Queue
 	it  *claim.Item // not copied: the caller's, unchanged while the attempt runs
+	// kindKnown: a handler registered for the item's kind took it
+	// (MarkKindKnown); atomic, as an abandonment reads it while the
+	// handler may still run.
+	kindKnown atomic.Bool
+}
+
+// MarkKindKnown records, in the attempt whose handler runs with ctx (or a
+// context derived from it), that a handler registered for the item's kind
+// took the item (worker.Kinds: the kind is one the program named, not any
+// string a producer wrote). It reports false when ctx is not such a
+// handler's context.
+func MarkKindKnown(ctx context.Context) bool {
+	b, ok := ctx.Value(valueKey{}).(*valueBox)
+	if !ok {
+		return false
+	}
+	b.kindKnown.Store(true)
+	return true
 }
 
 // SetValue hands v on to the item's ack, for a batch record (see

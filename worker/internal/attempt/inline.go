@@ -82,6 +82,10 @@ func (a *Inline) Context(ctx context.Context, q *claim.Queue, it *claim.Item) co
 	return &a.hctx
 }
 
+// KindKnown reports whether a handler registered for the item's kind took
+// it (MarkKindKnown); safe to call while the handler runs.
+func (a *Inline) KindKnown() bool { return a.hctx.box.kindKnown.Load() }
+
 // Call runs h on it with the handler's context, on the caller's goroutine,
 // turning a panic into an error.
 func (a *Inline) Call(h Handler, it claim.Item) {
