@@ -11,19 +11,31 @@
 //     started and lost, parts acquired and released, handlers in flight,
 //     checkpoints and progress reports saved, dead items pruned under the
 //     queues' retention;
-//   - histograms of handler durations (by outcome) and of the number of
-//     items per ack transaction, fed by the workers themselves: pass the
-//     Collector as worker.Options.Observer;
+//   - histograms of handler durations (by kind and outcome) and of the
+//     number of items per ack transaction, fed by the workers themselves:
+//     pass the Collector as worker.Options.Observer (it is a
+//     worker.KindObserver);
 //   - gauges of the whole database, with Options.DB, read at scrape time and
 //     cached for Options.CacheFor (so that many scrapers cost one read):
 //     unclaimed and due items per queue and part, claimed items, dead items,
 //     waiting items (enqueued with prerequisites not yet acked),
-//     the age of the oldest due unclaimed item per queue, live sessions and
-//     expired sessions not yet reaped:
+//     the age of the oldest due unclaimed item per queue, unclaimed and due
+//     items per queue and kind, live sessions and expired sessions not yet
+//     reaped:
 //     one snapshot of the fleet, the read model crdbwork status and the
 //     dashboard show too, of the first Options.MaxQueues queues by name.
 //
 // Every metric name starts with Options.Namespace ("crdbwork" by default).
+//
+// # Kinds
+//
+// The kind label (claim.NewItem.Kind; "" for items without one) is bounded,
+// as kinds are whatever producers write: the handler histogram labels a run
+// with its item's kind only when the worker's worker.Kinds registered a
+// handler for it (worker.HandlerRun.Registered), and with OtherKind
+// otherwise (an unknown kind, or any kind under a handler that is not a
+// Kinds'); the gauges by kind list each queue's fleet.MaxKinds (20) kinds
+// with the most unclaimed items, and the rest together as OtherKind.
 package metrics
 
 import (
@@ -49,6 +61,17 @@ const (
 	DefaultMaxQueues    = fleet.DefaultMaxQueues
 )
 
+// OtherKind is the kind label of what is not labelled by its own kind: the
+// handler runs of kinds the worker did not register, and in the gauges by
+// kind, a queue's items of the kinds beyond the 20 with the most unclaimed
+// items. It is not "" (the items without a kind), and no kind a program
+// would register.
+const OtherKind = "(other)"
+
+// MaxKinds is how many kinds of each queue the gauges by kind list on their
+// own (the rest are OtherKind).
+const MaxKinds = fleet.MaxKinds
+
 // Options configure a Collector. The zero value is valid: the process's
 // counters and histograms only, no database reads.
 type Options struct {
@@ -69,6 +92,11 @@ type Options struct {
 	// MaxQueues bounds the queues the database gauges report: the first
 	// MaxQueues by name. Default DefaultMaxQueues.
 	MaxQueues int
+	// NoKinds leaves the gauges by kind (kind_backlog_items,
+	// kind_backlog_due_items) out of the database gauges, and their read:
+	// one more statement per queue, which reads the queue's unclaimed,
+	// claimed and dead items (the read of crdbwork status --by-kind).
+	NoKinds bool
 	// HandlerBuckets are the buckets, in seconds, of the handler duration
 	// histogram. Default: 1 ms to about 65 s, doubling.
 	HandlerBuckets []float64
@@ -91,6 +119,7 @@ type Collector struct {
 	ackBatch *prometheus.HistogramVec
 
 	unclaimed, vested, claimed, dead, oldest, sessions, dbUp *prometheus.Desc
+	kindUnclaimed, kindVested                                *prometheus.Desc
 	expired                                                  *prometheus.Desc
 	waiting                                                  *prometheus.Desc
 	dbErrors                                                 *prometheus.Desc
@@ -114,7 +143,7 @@ func (c *Collector) LastDatabaseError() error {
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
-var _ worker.Observer = (*Collector)(nil)
+var _ worker.KindObserver = (*Collector)(nil)
 
 // counterHelp are the process counters, by name (without the namespace).
 var counterHelp = map[string]string{
@@ -173,9 +202,10 @@ func New(opts Options) *Collector {
 	c.inFlight = prometheus.NewDesc(name("handlers_in_flight"), "Handlers running now.", []string{"queue"}, nil)
 	c.handler = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "handler_duration_seconds",
-		Help:    "Duration of handler runs (the ack, nack or release after them not included), by outcome: acked, retried, dead, released, unsettled, dropped, snoozed, cancelled.",
+		Help: "Duration of handler runs (the ack, nack or release after them not included), by item kind (those the worker registered; \"" + OtherKind +
+			"\" for the others, \"\" for none) and outcome: acked, retried, dead, released, unsettled, dropped, snoozed, cancelled.",
 		Buckets: opts.HandlerBuckets,
-	}, []string{"queue", "outcome"})
+	}, []string{"queue", "kind", "outcome"})
 	c.ackBatch = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Name: "ack_batch_size",
 		Help:    "Items per ack transaction (group commit).",
@@ -183,6 +213,10 @@ func New(opts Options) *Collector {
 	}, []string{"queue"})
 	c.unclaimed = prometheus.NewDesc(name("backlog_items"), "Unclaimed items in the database, by queue and part.", []string{"queue", "part"}, nil)
 	c.vested = prometheus.NewDesc(name("backlog_due_items"), "Unclaimed items whose vesting time has come, by queue and part.", []string{"queue", "part"}, nil)
+	c.kindUnclaimed = prometheus.NewDesc(name("kind_backlog_items"),
+		"Unclaimed items in the database, by queue and kind (\"\" for none; the 20 kinds with the most, the rest as \""+OtherKind+"\").", []string{"queue", "kind"}, nil)
+	c.kindVested = prometheus.NewDesc(name("kind_backlog_due_items"),
+		"Unclaimed items whose vesting time has come, by queue and kind (as kind_backlog_items).", []string{"queue", "kind"}, nil)
 	c.claimed = prometheus.NewDesc(name("claimed_items"), "Claimed items in the database, by queue.", []string{"queue"}, nil)
 	c.dead = prometheus.NewDesc(name("dead_items"), "Items in the dead-items table, by queue.", []string{"queue"}, nil)
 	c.waiting = prometheus.NewDesc(name("waiting_items"), "Items waiting for prerequisites (not yet claimable), by queue.", []string{"queue"}, nil)
@@ -212,9 +246,20 @@ func (c *Collector) AddQueue(q *claim.Queue) {
 	c.queues = append(c.queues, q)
 }
 
-// HandlerDone implements worker.Observer.
+// HandlerDone implements worker.Observer: a run without a kind (kind "").
+// A worker calls KindHandlerDone instead.
 func (c *Collector) HandlerDone(queue string, d time.Duration, outcome claim.Outcome) {
-	c.handler.WithLabelValues(queue, outcome.String()).Observe(d.Seconds())
+	c.handler.WithLabelValues(queue, "", outcome.String()).Observe(d.Seconds())
+}
+
+// KindHandlerDone implements worker.KindObserver: the run's kind labels it
+// if the worker registered it (or it is "", none), OtherKind otherwise.
+func (c *Collector) KindHandlerDone(run worker.HandlerRun) {
+	kind := run.Kind
+	if kind != "" && !run.Registered {
+		kind = OtherKind
+	}
+	c.handler.WithLabelValues(run.Queue, kind, run.Outcome.String()).Observe(run.Took.Seconds())
 }
 
 // AckBatch implements worker.Observer.
@@ -235,6 +280,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.opts.DB != nil {
 		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.waiting, c.oldest, c.sessions, c.expired, c.dbUp, c.dbErrors} {
 			ch <- d
+		}
+		if !c.opts.NoKinds {
+			ch <- c.kindUnclaimed
+			ch <- c.kindVested
 		}
 	}
 }
@@ -346,7 +395,8 @@ func (c *Collector) databaseMetrics() []prometheus.Metric {
 
 // readDatabase reads the database gauges from one snapshot of the fleet
 // (package internal/fleet, as crdbwork status and the dashboard read it):
-// every queue's figures and backlog by part, and the live sessions.
+// every queue's figures, backlog by part and by kind, and the live
+// sessions.
 func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, error) {
 	if c.fleet == nil {
 		r, err := fleet.New(c.opts.DB, c.opts.Tables)
@@ -355,7 +405,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 		}
 		c.fleet = r
 	}
-	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, MaxQueues: c.opts.MaxQueues, Timeout: c.opts.QueryTimeout})
+	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, Kinds: !c.opts.NoKinds, MaxQueues: c.opts.MaxQueues, Timeout: c.opts.QueryTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
@@ -371,6 +421,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 				prometheus.MustNewConstMetric(c.unclaimed, prometheus.GaugeValue, float64(p.Unclaimed), name, part),
 				prometheus.MustNewConstMetric(c.vested, prometheus.GaugeValue, float64(p.Due), name, part))
 		}
+		ms = c.kindMetrics(ms, &q)
 		if q.Stored || q.HasItems() {
 			ms = append(ms,
 				prometheus.MustNewConstMetric(c.claimed, prometheus.GaugeValue, float64(q.Claimed), name),
@@ -386,4 +437,32 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 	ms = append(ms, prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(snap.LiveSessions)),
 		prometheus.MustNewConstMetric(c.expired, prometheus.GaugeValue, float64(snap.ExpiredSessions)))
 	return ms, nil
+}
+
+// kindMetrics appends q's gauges by kind to ms: each kind the read listed
+// (fleet.MaxKinds at most, those with the most unclaimed items), and when
+// the queue has more kinds, the rest as OtherKind: the queue's counts less
+// those listed (read by another statement of the same snapshot, a moment
+// apart: clipped at 0). A kind a producer named OtherKind is counted with
+// the rest, so that it cannot make a second series of the same labels
+// (which would fail the scrape).
+func (c *Collector) kindMetrics(ms []prometheus.Metric, q *fleet.Queue) []prometheus.Metric {
+	var unclaimed, due int64
+	rest := q.MoreKinds
+	for _, k := range q.Kinds {
+		if k.Kind == OtherKind {
+			rest = true
+			continue
+		}
+		unclaimed, due = unclaimed+k.Unclaimed, due+k.Due
+		ms = append(ms,
+			prometheus.MustNewConstMetric(c.kindUnclaimed, prometheus.GaugeValue, float64(k.Unclaimed), q.Name, k.Kind),
+			prometheus.MustNewConstMetric(c.kindVested, prometheus.GaugeValue, float64(k.Due), q.Name, k.Kind))
+	}
+	if rest {
+		ms = append(ms,
+			prometheus.MustNewConstMetric(c.kindUnclaimed, prometheus.GaugeValue, float64(max(0, q.Unclaimed-unclaimed)), q.Name, OtherKind),
+			prometheus.MustNewConstMetric(c.kindVested, prometheus.GaugeValue, float64(max(0, q.Due-due)), q.Name, OtherKind))
+	}
+	return ms
 }
