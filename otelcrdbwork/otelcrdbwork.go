@@ -19,7 +19,8 @@
 //     is written into each item's Headers (claim.NewItem.Headers) with the
 //     propagator (W3C traceparent, tracestate and baggage by default).
 //   - "process <queue>" (kind Consumer) around every handler run, with the
-//     item's id, part, attempt and priority. By default it starts a new
+//     item's id, part, attempt, priority and kind (claim.NewItem.Kind; no
+//     attribute for an item without one). By default it starts a new
 //     trace and LINKS to the producer's span; with Options.ChildOfProducer it
 //     is the producer span's child instead. Links are the default because an
 //     item's attempts may run minutes or hours after the enqueue and after
@@ -35,15 +36,19 @@
 //     Options.EmptyClaims), linked to the producer span of every claimed
 //     item; "ack <queue>" for every ack transaction (items acked together
 //     share one), "nack <queue>" and "release <queue>". They carry the
-//     items' ids, parts and attempts (single values when there is one item,
-//     lists otherwise).
+//     items' ids, parts, attempts and kinds (single values when there is
+//     one item, lists otherwise; the kinds only when an item has one). The
+//     send span of one item carries its kind too.
 //
 // Attributes follow OpenTelemetry's messaging conventions where one fits
 // (messaging.system "crdbwork", messaging.destination.name, messaging.
 // operation.type and .name, messaging.message.id, messaging.batch.
 // message_count) and are named crdbwork.* otherwise (crdbwork.part,
 // crdbwork.attempt, crdbwork.max_attempts, crdbwork.priority, crdbwork.
-// parts, crdbwork.attempts, crdbwork.item_ids).
+// parts, crdbwork.attempts, crdbwork.item_ids, crdbwork.kind, crdbwork.
+// kinds). The kind is an attribute of spans, never part of a span's name:
+// names stay one per queue and operation, as the conventions ask, and
+// tracing backends group and filter by the attribute.
 //
 // Items enqueued by code without the hook (or by the SQL function
 // crdbwork_enqueue without headers) have no trace context: their process
@@ -131,6 +136,8 @@ const (
 	keyAttempts    = attribute.Key("crdbwork.attempts")
 	keyItemIDs     = attribute.Key("crdbwork.item_ids")
 	keyAdded       = attribute.Key("crdbwork.added")
+	keyKind        = attribute.Key("crdbwork.kind")
+	keyKinds       = attribute.Key("crdbwork.kinds")
 )
 
 // Enqueue implements claim.Hooks: a producer span around the enqueue,
@@ -140,6 +147,8 @@ func (t *Tracing) Enqueue(ctx context.Context, queue string, items []claim.NewIt
 		keyOpType.String("send"), keyOpName.String("enqueue")}
 	if len(items) > 1 {
 		attrs = append(attrs, keyBatchCount.Int(len(items)))
+	} else if len(items) == 1 && items[0].Kind != "" {
+		attrs = append(attrs, keyKind.String(items[0].Kind))
 	}
 	ctx, span := t.tracer.Start(ctx, "send "+queue, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	defer span.End()
@@ -200,21 +209,32 @@ func (t *Tracing) Step(ctx context.Context, s *claim.Step) func(error) {
 }
 
 // itemAttrs describes the items of a step: their number, and their ids,
-// parts and attempts (single values for one item, lists for more).
+// parts, attempts and kinds (single values for one item, lists for more;
+// the kind only when an item has one).
 func itemAttrs(items []claim.Item) []attribute.KeyValue {
 	switch len(items) {
 	case 0:
 		return []attribute.KeyValue{keyBatchCount.Int(0)}
 	case 1:
 		it := items[0]
-		return []attribute.KeyValue{keyMessageID.String(it.ID.String()), keyPart.Int(it.Part), keyAttempt.Int(it.Attempt)}
+		attrs := []attribute.KeyValue{keyMessageID.String(it.ID.String()), keyPart.Int(it.Part), keyAttempt.Int(it.Attempt)}
+		if it.Kind != "" {
+			attrs = append(attrs, keyKind.String(it.Kind))
+		}
+		return attrs
 	}
-	ids, parts, attempts := make([]string, len(items)), make([]int, len(items)), make([]int, len(items))
+	ids, parts, attempts, kinds := make([]string, len(items)), make([]int, len(items)), make([]int, len(items)), make([]string, len(items))
+	anyKind := false
 	for i, it := range items {
-		ids[i], parts[i], attempts[i] = it.ID.String(), it.Part, it.Attempt
+		ids[i], parts[i], attempts[i], kinds[i] = it.ID.String(), it.Part, it.Attempt, it.Kind
+		anyKind = anyKind || it.Kind != ""
 	}
-	return []attribute.KeyValue{keyBatchCount.Int(len(items)), keyItemIDs.StringSlice(ids),
+	attrs := []attribute.KeyValue{keyBatchCount.Int(len(items)), keyItemIDs.StringSlice(ids),
 		keyParts.IntSlice(parts), keyAttempts.IntSlice(attempts)}
+	if anyKind {
+		attrs = append(attrs, keyKinds.StringSlice(kinds))
+	}
+	return attrs
 }
 
 // producer returns the span context the producer wrote into it's headers
@@ -237,6 +257,9 @@ func (t *Tracing) Middleware(next worker.Handler) worker.Handler {
 			keySystem.String("crdbwork"), keyDestination.String(it.Queue), keyOpType.String("process"),
 			keyOpName.String("process"), keyMessageID.String(it.ID.String()), keyPart.Int(it.Part),
 			keyAttempt.Int(it.Attempt), keyMaxAttempts.Int(it.MaxAttempts), keyPriority.Int(it.Priority))}
+		if it.Kind != "" {
+			opts = append(opts, trace.WithAttributes(keyKind.String(it.Kind)))
+		}
 		if len(it.Headers) > 0 {
 			pctx := t.prop.Extract(ctx, propagation.MapCarrier(it.Headers))
 			sc := trace.SpanContextFromContext(pctx)
