@@ -62,11 +62,12 @@ const (
 )
 
 // OtherKind is the kind label of what is not labelled by its own kind: the
-// handler runs of kinds the worker did not register, and in the gauges by
-// kind, a queue's items of the kinds beyond the 20 with the most unclaimed
-// items. It is not "" (the items without a kind), and no kind a program
-// would register.
-const OtherKind = "(other)"
+// handler runs of kinds the worker did not register
+// (worker.HandlerRun.MetricKind), and in the gauges by kind, a queue's
+// items of the kinds beyond the MaxKinds with the most unclaimed items. It
+// is not "" (the items without a kind), and no kind a program would
+// register.
+const OtherKind = worker.OtherKind
 
 // MaxKinds is how many kinds of each queue the gauges by kind list on their
 // own (the rest are OtherKind).
@@ -255,11 +256,7 @@ func (c *Collector) HandlerDone(queue string, d time.Duration, outcome claim.Out
 // KindHandlerDone implements worker.KindObserver: the run's kind labels it
 // if the worker registered it (or it is "", none), OtherKind otherwise.
 func (c *Collector) KindHandlerDone(run worker.HandlerRun) {
-	kind := run.Kind
-	if kind != "" && !run.Registered {
-		kind = OtherKind
-	}
-	c.handler.WithLabelValues(run.Queue, kind, run.Outcome.String()).Observe(run.Took.Seconds())
+	c.handler.WithLabelValues(run.Queue, run.MetricKind(), run.Outcome.String()).Observe(run.Took.Seconds())
 }
 
 // AckBatch implements worker.Observer.

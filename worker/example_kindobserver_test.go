@@ -16,21 +16,17 @@ import (
 
 // README:begin kind-observer
 // runsByKind is a worker.KindObserver: it counts handler runs by kind and
-// outcome, the kinds the worker did not register as one ("other"), so that
-// producers' input cannot grow it without bound.
+// outcome, the kinds the worker did not register as one, "(other)"
+// (run.MetricKind), so that producers' input cannot grow it without bound.
 type runsByKind struct {
 	mu   sync.Mutex
 	runs map[string]int
 }
 
 func (o *runsByKind) KindHandlerDone(run worker.HandlerRun) {
-	kind := run.Kind // "" for an item without a kind
-	if kind != "" && !run.Registered {
-		kind = "other"
-	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.runs[fmt.Sprintf("%q %s", kind, run.Outcome)]++
+	o.runs[fmt.Sprintf("%q %s", run.MetricKind(), run.Outcome)]++
 }
 
 // HandlerDone and AckBatch make it a worker.Observer; a worker calls
@@ -93,7 +89,7 @@ func ExampleKindObserver() {
 		fmt.Println(k, obs.runs[k])
 	}
 	// Output:
-	// "other" dead 1
+	// "(other)" dead 1
 	// "resize" acked 1
 	// "send_mail" acked 2
 }

@@ -140,3 +140,22 @@ func TestKindObserverIsToldEachRunsKind(t *testing.T) {
 		t.Errorf("the plain Observer was told HandlerDone %q and KindHandlerDone %q, want HandlerDone %q", done, byKind, wantDone)
 	}
 }
+
+// MetricKind labels a run with its kind when it is registered or none,
+// and with OtherKind otherwise.
+func TestHandlerRunMetricKind(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		run  worker.HandlerRun
+		want string
+	}{
+		{worker.HandlerRun{Kind: "order", Registered: true}, "order"},
+		{worker.HandlerRun{Kind: "order"}, worker.OtherKind},
+		{worker.HandlerRun{}, ""},
+		{worker.HandlerRun{Registered: true}, ""},
+	} {
+		if got := c.run.MetricKind(); got != c.want {
+			t.Errorf("%+v.MetricKind() = %q, want %q", c.run, got, c.want)
+		}
+	}
+}

@@ -182,7 +182,7 @@ type HandlerRun struct {
 	// wrote — an unknown kind, or every kind with a Handler that is not a
 	// Kinds' (or a Middleware that did not call it). Label metrics by Kind
 	// only when Registered (or Kind is ""), so that producers' input
-	// cannot make series without bound.
+	// cannot make series without bound: MetricKind.
 	Registered bool
 	// Took is how long the handler ran, as HandlerDone's d: not counting
 	// the ack, nack or release after it; for an abandoned handler, until
@@ -190,6 +190,22 @@ type HandlerRun struct {
 	Took time.Duration
 	// Outcome is how the attempt ended, as HandlerDone's outcome.
 	Outcome claim.Outcome
+}
+
+// OtherKind is the kind HandlerRun.MetricKind gives the runs of kinds the
+// worker did not register. It is not "" (no kind), and no kind a program
+// would register.
+const OtherKind = "(other)"
+
+// MetricKind returns the kind to label run's metrics with: its Kind if the
+// worker registered it (Registered) or it is "" (none), OtherKind
+// otherwise. Its values are bounded by the program's registrations,
+// whatever kinds producers write.
+func (run HandlerRun) MetricKind() string {
+	if run.Kind == "" || run.Registered {
+		return run.Kind
+	}
+	return OtherKind
 }
 
 // DB is the database worker works on: a *pgxpool.Pool (or a *pgx.Conn)
