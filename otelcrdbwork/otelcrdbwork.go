@@ -53,6 +53,15 @@
 // Items enqueued by code without the hook (or by the SQL function
 // crdbwork_enqueue without headers) have no trace context: their process
 // spans start new traces without links.
+//
+// # Metrics
+//
+// NewMetrics returns a worker.Observer that records handler durations
+// (messaging.process.duration, by queue, outcome and kind) and ack batch
+// sizes with OpenTelemetry instruments (see Metrics):
+//
+//	m, err := otelcrdbwork.NewMetrics(otelcrdbwork.MetricsOptions{})
+//	w, err := worker.New(q, handle, worker.Options{Observer: m, Middleware: tr.Middleware})
 package otelcrdbwork
 
 import (
