@@ -21,12 +21,14 @@ import (
 // and compare allocations, which do not depend on the machine's load;
 // ns/op does, and cpu-ns/op (this process's CPU time per item: the
 // client's, not the database server's) does less. Handlers come with and without an Observer (which wraps the
-// handler to time it), acked with no record or with a record per item.
+// handler to time it), acked with no record or with a record per item;
+// "kinds+observer" runs items of a kind with a Kinds' handler and a
+// KindObserver (told each run's kind).
 func BenchmarkWorkerItem(b *testing.B) {
 	for _, v := range []struct {
-		name             string
-		record, observed bool
-	}{{"ack", false, false}, {"ack+observer", false, true}, {"record", true, false}} {
+		name                    string
+		record, observed, kinds bool
+	}{{"ack", false, false, false}, {"ack+observer", false, true, false}, {"kinds+observer", false, true, true}, {"record", true, false, false}} {
 		b.Run(v.name, func(b *testing.B) {
 			pool := setup(b)
 			ctx := context.Background()
@@ -34,6 +36,9 @@ func BenchmarkWorkerItem(b *testing.B) {
 			items := make([]claim.NewItem, b.N)
 			for i := range items {
 				items[i].Payload = []byte("x")
+				if v.kinds {
+					items[i].Kind = "k"
+				}
 			}
 			for len(items) > 0 {
 				n := min(len(items), 10000)
@@ -47,6 +52,12 @@ func BenchmarkWorkerItem(b *testing.B) {
 				opts.Observer = nopObserver{}
 			}
 			h := ackHandler
+			if v.kinds {
+				opts.Observer = nopKindObserver{}
+				kinds := worker.NewKinds()
+				kinds.Handle("k", ackHandler)
+				h = kinds.Handler()
+			}
 			if v.record {
 				h = recordHandler(0)
 			}
@@ -89,3 +100,8 @@ type nopObserver struct{}
 
 func (nopObserver) HandlerDone(string, time.Duration, claim.Outcome) {}
 func (nopObserver) AckBatch(string, int)                             {}
+
+// nopKindObserver observes nothing, told the kinds.
+type nopKindObserver struct{ nopObserver }
+
+func (nopKindObserver) KindHandlerDone(worker.HandlerRun) {}
