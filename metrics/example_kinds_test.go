@@ -46,7 +46,7 @@ func ExampleCollector_kinds() {
 		log.Fatal(err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, BacklogByKind: true})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 	kinds := worker.NewKinds()

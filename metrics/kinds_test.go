@@ -92,7 +92,7 @@ func TestHandlerAndBacklogByKind(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout()})
+	c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout(), BacklogByKind: true})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
@@ -194,7 +194,7 @@ func TestHandlerAndBacklogByKind(t *testing.T) {
 // with their sum, so that the series by kind add up to the queue's
 // backlog; a kind a producer named "(other)" is counted in it, not in a
 // second series of the same labels (which would fail the scrape). With
-// NoKinds there is no series by kind.
+// BacklogByKind false (the default) there is no series by kind.
 func TestBacklogByKindIsBounded(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -217,32 +217,32 @@ func TestBacklogByKindIsBounded(t *testing.T) {
 	if _, err := q.Enqueue(ctx, items...); err != nil {
 		t.Fatal(err)
 	}
-	for _, noKinds := range []bool{false, true} {
-		c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout(), NoKinds: noKinds})
+	for _, byKindOn := range []bool{true, false} {
+		c := metrics.New(metrics.Options{DB: pool, CacheFor: time.Nanosecond, QueryTimeout: queryTimeout(), BacklogByKind: byKindOn})
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(c)
 		srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
 		fams := scrape(t, srv.URL)
 		srv.Close()
 		if up := mustValue(t, fams, "crdbwork_database_up", nil); up != 1 {
-			t.Fatalf("NoKinds %v: database_up = %v (%v)", noKinds, up, c.LastDatabaseError())
+			t.Fatalf("BacklogByKind %v: database_up = %v (%v)", byKindOn, up, c.LastDatabaseError())
 		}
 		got := byKind(fams, "crdbwork_kind_backlog_items", "many")
 		want := map[string]float64{metrics.OtherKind: 10 + 1 + 2 + 3}
 		for k := 4; k <= 22; k++ {
 			want[fmt.Sprintf("k%02d", k)] = float64(k)
 		}
-		if noKinds {
+		if !byKindOn {
 			want = map[string]float64{}
 		}
 		if !maps.Equal(got, want) {
-			t.Errorf("NoKinds %v: kind_backlog_items = %v, want %v", noKinds, got, want)
+			t.Errorf("BacklogByKind %v: kind_backlog_items = %v, want %v", byKindOn, got, want)
 		}
 		if len(got) > metrics.MaxKinds+1 {
-			t.Errorf("NoKinds %v: %d series by kind, want at most %d", noKinds, len(got), metrics.MaxKinds+1)
+			t.Errorf("BacklogByKind %v: %d series by kind, want at most %d", byKindOn, len(got), metrics.MaxKinds+1)
 		}
 		if due := byKind(fams, "crdbwork_kind_backlog_due_items", "many"); !maps.Equal(due, want) {
-			t.Errorf("NoKinds %v: kind_backlog_due_items = %v, want %v (every item is due)", noKinds, due, want)
+			t.Errorf("BacklogByKind %v: kind_backlog_due_items = %v, want %v (every item is due)", byKindOn, due, want)
 		}
 	}
 }

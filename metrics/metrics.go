@@ -93,11 +93,14 @@ type Options struct {
 	// MaxQueues bounds the queues the database gauges report: the first
 	// MaxQueues by name. Default DefaultMaxQueues.
 	MaxQueues int
-	// NoKinds leaves the gauges by kind (kind_backlog_items,
-	// kind_backlog_due_items) out of the database gauges, and their read:
-	// one more statement per queue, which reads the queue's unclaimed,
-	// claimed and dead items (the read of crdbwork status --by-kind).
-	NoKinds bool
+	// BacklogByKind adds the gauges by kind (kind_backlog_items,
+	// kind_backlog_due_items) to the database gauges, and their read: one
+	// more statement per queue, which reads the queue's unclaimed, claimed
+	// and dead items (the read of crdbwork status --by-kind). Off by
+	// default: on a database of 90,000 items it made each snapshot about
+	// half again as long, which a fleet that uses no kinds would pay for
+	// nothing.
+	BacklogByKind bool
 	// HandlerBuckets are the buckets, in seconds, of the handler duration
 	// histogram. Default: 1 ms to about 65 s, doubling.
 	HandlerBuckets []float64
@@ -278,7 +281,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		for _, d := range []*prometheus.Desc{c.unclaimed, c.vested, c.claimed, c.dead, c.waiting, c.oldest, c.sessions, c.expired, c.dbUp, c.dbErrors} {
 			ch <- d
 		}
-		if !c.opts.NoKinds {
+		if c.opts.BacklogByKind {
 			ch <- c.kindUnclaimed
 			ch <- c.kindVested
 		}
@@ -402,7 +405,7 @@ func (c *Collector) readDatabase(ctx context.Context) ([]prometheus.Metric, erro
 		}
 		c.fleet = r
 	}
-	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, Kinds: !c.opts.NoKinds, MaxQueues: c.opts.MaxQueues, Timeout: c.opts.QueryTimeout})
+	snap, err := c.fleet.Snapshot(ctx, fleet.Options{Parts: true, Kinds: c.opts.BacklogByKind, MaxQueues: c.opts.MaxQueues, Timeout: c.opts.QueryTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
