@@ -303,6 +303,9 @@ CREATE TABLE IF NOT EXISTS crdbwork_ended (
     enqueued_at         TIMESTAMPTZ,
     started_at          TIMESTAMPTZ,
     session             UUID,
+    -- The item's kind (version 6; NULL: none, or written by code older
+    -- than version 6, which records none).
+    kind                TEXT,
     PRIMARY KEY (queue, id)
 );
 CREATE INDEX IF NOT EXISTS crdbwork_ended_by_age

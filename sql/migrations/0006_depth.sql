@@ -133,6 +133,13 @@ ALTER TABLE crdbwork_items ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_waiting ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_dead_items ADD COLUMN IF NOT EXISTS kind TEXT;
 ALTER TABLE crdbwork_cancelled_items ADD COLUMN IF NOT EXISTS kind TEXT;
+-- The ended record keeps the item's kind too, from the row its end
+-- deletes, in the insert that end runs anyway (an ack, the take of an
+-- at-most-once item, a death, a cancel): crdbwork item and the dashboard
+-- show what an acked or taken item was. NULL: none, or the record was
+-- written by code of versions 3 to 5, which does not write it ("none
+-- recorded").
+ALTER TABLE crdbwork_ended ADD COLUMN IF NOT EXISTS kind TEXT;
 -- == history ==
 -- (issue 33) What happened to an item, attempt by attempt. Its ended
 -- attempts that did not succeed are kept in crdbwork_attempt_errors, one
