@@ -51,6 +51,7 @@ type crdbworkSystem struct {
 	profile     string // CPU profile file for the next run ("" none)
 	label       string // the name in the output ("": crdbwork exactly-once)
 	dedupOff    bool   // the queue's dedup window off (claim.Policy.DedupOff): no ended-id record per ack
+	kind        string // every item's kind (claim.NewItem.Kind; "": none), run by the one handler
 }
 
 // options returns the worker options of the runs.
@@ -197,7 +198,7 @@ func (c *crdbworkSystem) run(ctx context.Context, url string, d drain, m marks) 
 	for done := 0; done < total; done += len(batch) {
 		batch = batch[:0]
 		for range min(cap(batch), total-done) {
-			batch = append(batch, claim.NewItem{Payload: []byte{}})
+			batch = append(batch, claim.NewItem{Payload: []byte{}, Kind: c.kind})
 		}
 		if _, err := q.Enqueue(ctx, batch...); err != nil {
 			return result{}, fmt.Errorf("enqueue: %w", err)

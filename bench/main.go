@@ -402,6 +402,7 @@ func compare(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&cw.record, "cw-record", "statement", "how crdbwork's handler records its result row: statement (worker.Options.BatchStatement: one INSERT per ack transaction, given as SQL, so the ack transaction is one round trip), batch (worker.Options.BatchRecord: the same INSERT run by Go code in the transaction) each (a Record per item, worker.Exec's: one INSERT per item, sent with the ack's COMMIT) or func (a Record per item that is a function running its INSERT: one round trip per item)")
 	fs.IntVar(&cw.conns, "cw-conns", 0, "pool size of each crdbwork worker (0: worker.PoolConns)")
 	fs.BoolVar(&cw.dedupOff, "cw-dedup-off", false, "turn the bench queue's dedup window off (claim.Policy.DedupOff): acks record no ended ids (what the record costs)")
+	fs.StringVar(&cw.kind, "cw-kind", "", "every crdbwork item's kind (claim.NewItem.Kind; empty: none): what an item's kind costs its claim and ack")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process during crdbwork's first run to `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
