@@ -22,10 +22,10 @@ package store
 // statements' generic plans scanned it (TestHotPlansInEveryState).
 //
 // The ended record (crdbwork_ended) keeps the item's attempts, its enqueue
-// time and its last attempt's start and session (endedFromGone), from the
-// item row's own columns: an ack's ended record, inserted by the ack's
-// statement anyway, carries them, and the ack does not touch
-// crdbwork_attempt_errors.
+// time, its last attempt's start and session, and its kind
+// (endedFromGone), from the item row's own columns: an ack's ended record,
+// inserted by the ack's statement anyway, carries them, and the ack does
+// not touch crdbwork_attempt_errors.
 //
 // What no statement records is derived when the history is read (package
 // claim): an attempt whose session ended without ending it (its process
@@ -116,24 +116,27 @@ const (
 
 // goneHistory are the columns of an items-table delete's RETURNING that
 // endedFromGone reads.
-const goneHistory = `attempts, enqueued_at, claimed_at, claim`
+const goneHistory = `attempts, enqueued_at, claimed_at, claim, kind`
 
 // endedFromGone is the history an ended record takes from the gone row
-// g of an items-table delete (goneHistory).
-const endedFromGone = `g.attempts, g.enqueued_at, g.claimed_at, g.claim`
+// g of an items-table delete (goneHistory): with the attempts, the
+// enqueue time and the last attempt's start and session, the item's kind
+// (NULL: none), so that an acked or taken item's record says what it was.
+const endedFromGone = `g.attempts, g.enqueued_at, g.claimed_at, g.claim, g.kind`
 
 // endedFromWaiting is the history of an item that ended while it waited
-// (it never ran): no attempt; g has the column enqueued_at.
-const endedFromWaiting = `0::BIGINT, g.enqueued_at, NULL::TIMESTAMPTZ, NULL::UUID`
+// (it never ran): no attempt; g has the columns enqueued_at and kind.
+const endedFromWaiting = `0::BIGINT, g.enqueued_at, NULL::TIMESTAMPTZ, NULL::UUID, g.kind`
 
 // endedHistoryColumns are crdbwork_ended's history columns, in the order
-// of endedFromGone.
-const endedHistoryColumns = `attempts, enqueued_at, started_at, session`
+// of endedFromGone. Code of versions 3 to 5 writes none of them: its
+// records read as no history and no kind.
+const endedHistoryColumns = `attempts, enqueued_at, started_at, session, kind`
 
 // endedHistoryUpdate refreshes the history columns of an ended row already
 // there (ON CONFLICT ... DO UPDATE SET).
 const endedHistoryUpdate = `attempts = excluded.attempts, enqueued_at = excluded.enqueued_at, started_at = excluded.started_at,
-        session = excluded.session`
+        session = excluded.session, kind = excluded.kind`
 
 // keepWindow is queue $1's window for ended records: the longer of its
 // dedup and history windows (a queue without a row: a day each).

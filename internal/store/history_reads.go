@@ -94,13 +94,13 @@ WHERE queue = $1 AND ` + listFilters("$8") + `
   AND died_at <= $4::TIMESTAMPTZ AND (died_at, id, death) < ($4::TIMESTAMPTZ, $5::UUID, $6::UUID)
 ORDER BY died_at DESC, id DESC, death DESC LIMIT $7`
 
-const listEndedSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at
+const listEndedSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
 FROM crdbwork_ended
 WHERE queue = $1 AND outcome = ANY($2::TEXT[])
   AND ended_at <= $3::TIMESTAMPTZ AND (ended_at, id) < ($3::TIMESTAMPTZ, $4::UUID)
 ORDER BY ended_at DESC, id DESC LIMIT $5`
 
-const listCancelledSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at
+const listCancelledSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
 FROM crdbwork_ended
 WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
   AND ended_at <= $2::TIMESTAMPTZ AND (ended_at, id) < ($2::TIMESTAMPTZ, $3::UUID)
@@ -159,8 +159,8 @@ func ListStart(k ListKind) ListPosition {
 }
 
 // ListRow is one row of a list: a live, waiting or dead item, or an ended
-// record (ID, Outcome, At, Attempts and EnqueuedAt only; Attempts -1 for a
-// record of code older than schema version 6).
+// record (ID, Outcome, At, Attempts, EnqueuedAt and Kind only; Attempts -1
+// and Kind "" for a record of code older than schema version 6).
 type ListRow struct {
 	ID, Death             uuid.UUID
 	Part                  int64
@@ -178,7 +178,8 @@ type ListRow struct {
 	PayloadLen int64
 	// Outcome is the ended record's outcome, or the death's reason.
 	Outcome string
-	// Kind is the item's kind ("": none; not for ended records).
+	// Kind is the item's kind ("": none, or an ended record of code older
+	// than schema version 6).
 	Kind string
 }
 
@@ -241,7 +242,7 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue string, 
 			err = row.Scan(&r.ID, &r.Death, &r.Part, &key, &tenant, &r.Priority, &r.Attempts, &r.MaxAttempts, &r.EnqueuedAt, &r.At,
 				&lastErr, &r.Outcome, &r.PayloadLen, &kind)
 		default:
-			err = row.Scan(&r.ID, &r.Outcome, &r.At, &att, &enq)
+			err = row.Scan(&r.ID, &r.Outcome, &r.At, &att, &enq, &kind)
 			r.Attempts = -1
 			if att != nil {
 				r.Attempts = *att

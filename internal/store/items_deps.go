@@ -600,7 +600,7 @@ func (s *Store) QueuePurgeDependsBatch(ctx context.Context, db DB, d Dialect, qu
 
 // cancelWaitingSQL is the text of dependsStatements.CancelWaiting
 // (rendered by newDependsStatements).
-var cancelWaitingSQL = "WITH gone AS (DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE RETURNING id, queue, enqueued_at),\n" +
+var cancelWaitingSQL = "WITH gone AS (DELETE FROM crdbwork_waiting WHERE id = $1 AND (queue = $2) IS TRUE RETURNING id, queue, enqueued_at, kind),\n" +
 	recordEnded(OutcomeCancelled, endedFromWaiting) + "\nSELECT id FROM gone"
 
 // ItemsDepsCancelWaiting deletes, in tx, the waiting item id of queue and the edges

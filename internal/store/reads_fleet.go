@@ -276,13 +276,14 @@ func (s *Store) WaitingItem(ctx context.Context, db DB, id uuid.UUID) (WaitingIt
 // endedOfIDSQL is the text of fleetStatements.endedOfID: $1 the queues
 // to look in, $2 id → the id's ended records in those queues: one
 // primary-key lookup (queue, id) per queue, joined from the unnested
-// list (no index leads with the id alone). Last, the kind of the row a
-// cancel kept for a requeue of the id (cancelledKind, one primary-key
-// lookup), which EndedOfID keeps for a cancelled record only: a row kept
-// by an earlier cancel of an id that ran again since is stale. (A plain
-// subquery: CockroachDB may not hoist one out of a CASE branch.)
+// list (no index leads with the id alone). Last, the record's kind, and
+// the kind of the row a cancel kept for a requeue of the id
+// (cancelledKind, one primary-key lookup), which EndedOfID falls back on
+// for a cancelled record that holds no kind only: a row kept by an earlier
+// cancel of an id that ran again since is stale. (A plain subquery:
+// CockroachDB may not hoist one out of a CASE branch.)
 var endedOfIDSQL = `SELECT e.queue, e.outcome, e.ended_at, e.cancel_by, e.cancel_reason, e.cancel_requested_at, e.was_running,
-       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `, ` + cancelledKind + `
+       e.attempts, e.enqueued_at, e.started_at, e.session, ` + attemptErrorsOf("e") + `, e.kind, ` + cancelledKind + `
 FROM unnest($1::TEXT[]) AS u (q)
 JOIN crdbwork_ended AS e ON e.queue = u.q AND e.id = $2
 ORDER BY e.ended_at DESC`
@@ -310,9 +311,10 @@ type EndedRow struct {
 	StartedAt  *time.Time
 	Session    *uuid.UUID
 	History    []byte
-	// Kind is a cancelled item's kind, from the row its cancel kept for a
-	// requeue ("": none, none kept, or another outcome: the ended record
-	// of an ack, a death or a take does not hold the kind).
+	// Kind is the item's kind, as its ended record holds it (schema
+	// version 6), or for a cancelled item whose record holds none, from
+	// the row its cancel kept for a requeue. "": none, or a record of code
+	// older than version 6 (which records no kind).
 	Kind string
 }
 
@@ -327,12 +329,12 @@ func (s *Store) EndedOfID(ctx context.Context, db DB, queues []string, id uuid.U
 		var r EndedRow
 		var by, reason *string
 		var running *bool
-		var kind *string
+		var kind, keptKind *string
 		err := row.Scan(&r.Queue, &r.Outcome, &r.EndedAt, &by, &reason, &r.CancelRequestedAt, &running,
-			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History, &kind)
-		r.CancelBy, r.CancelReason = deref(by), deref(reason)
-		if r.Outcome == OutcomeCancelled {
-			r.Kind = deref(kind)
+			&r.Attempts, &r.EnqueuedAt, &r.StartedAt, &r.Session, &r.History, &kind, &keptKind)
+		r.CancelBy, r.CancelReason, r.Kind = deref(by), deref(reason), deref(kind)
+		if r.Kind == "" && r.Outcome == OutcomeCancelled {
+			r.Kind = deref(keptKind)
 		}
 		r.WasRunning = running != nil && *running
 		return r, err
