@@ -155,7 +155,7 @@ func (q *Queue) Item(ctx context.Context, id uuid.UUID) (ItemInfo, error) {
 		it.EndedAt, it.Reason, it.Payload, it.Metadata, it.PayloadSize = d.DiedAt, d.Reason, d.Payload, d.Metadata, int64(len(d.Payload))
 	default:
 		e := v.Ended[0]
-		it.State, it.EndedAt = ItemState(e.Outcome), e.EndedAt
+		it.State, it.EndedAt, it.Kind = ItemState(e.Outcome), e.EndedAt, e.Kind
 		if e.Attempts != nil {
 			it.Attempts = *e.Attempts
 		}
