@@ -272,7 +272,7 @@ func listKind(lq ItemQuery) (store.ListKind, []string, error) {
 		return store.ListDead, nil, nil
 	case StateAcked, StateTaken, StateCancelled:
 		if filtered {
-			return 0, nil, fmt.Errorf("a key, tenant or kind filter lists queued, running, waiting and dead items only (an ended item's record keeps none of them)")
+			return 0, nil, fmt.Errorf("a key, tenant or kind filter lists queued, running, waiting and dead items only (an ended item's record keeps no key or tenant, and its list takes no filter)")
 		}
 		if lq.State == StateCancelled {
 			return store.ListCancelled, nil, nil

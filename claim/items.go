@@ -27,7 +27,8 @@ type ItemQuery struct {
 	State ItemState
 	// Key lists only the items of this key, Kind only those of this kind
 	// (NewItem.Kind) ("" any; with a State, and not for StateAcked and
-	// StateCancelled, whose records keep neither).
+	// StateCancelled, whose lists take no filter: their records keep no
+	// key, and the kind they keep is listed, not filtered on).
 	Key, Kind string
 	// Claimed lists the claimed items, the soonest lease expiry first;
 	// false lists the unclaimed items in claim order (priority, turn,

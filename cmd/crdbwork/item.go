@@ -28,9 +28,9 @@ type itemJSON struct {
 	Queue   string `json:"queue"`
 	Snoozed bool   `json:"snoozed"`
 	// Kind is the item's kind in its State (claim.NewItem.Kind): the live
-	// or waiting item's, the newest death's, or a cancelled item's (from
-	// the row its cancel kept for a requeue); "" for none, and for an
-	// acked or taken item (its ended record does not hold the kind).
+	// or waiting item's, the newest death's, or that of its ended record
+	// (a cancelled, acked or taken item); "" for none, and for an ended
+	// record of code older than schema version 6 (which records no kind).
 	Kind string `json:"kind,omitempty"`
 	// Item is the live or waiting item (nil when it has ended).
 	Item *itemBody `json:"item"`
@@ -112,7 +112,8 @@ type endedBody struct {
 	Outcome string      `json:"outcome"`
 	EndedAt time.Time   `json:"ended_at"`
 	Cancel  *cancelBody `json:"cancel,omitempty"`
-	// Kind is a cancelled item's kind ("" for other outcomes).
+	// Kind is the item's kind, as its ended record keeps it ("": none,
+	// or a record of code older than schema version 6).
 	Kind string `json:"kind,omitempty"`
 }
 

@@ -8,14 +8,17 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
+	"github.com/crdbwork/crdbwork/session"
 	crsql "github.com/crdbwork/crdbwork/sql"
 )
 
 // crdbwork item shows the kind of an item in every state that holds it:
-// queued, waiting, dead and cancelled (the kind of the row its cancel kept
-// for a requeue), in the text ("kind: X") and in --json (the top-level
-// "kind", and the cancelled record's). An acked item's ended record holds
-// no kind: neither shows one.
+// queued, waiting, dead, cancelled, acked and taken (an at-most-once item
+// handed out by its claim: its ended record keeps the kind), in the text
+// ("kind: X") and in --json (the top-level "kind", and the ended
+// record's). An ended record written without a kind, as code of versions
+// 3 to 5 writes it, shows none.
 func TestItemShowsTheKindInEveryState(t *testing.T) {
 	t.Parallel()
 	d := newDB(t, crsql.Tables{})
@@ -41,6 +44,7 @@ func TestItemShowsTheKindInEveryState(t *testing.T) {
 		VALUES ($1, 'shop', 0, 0, 1, 1, '\x7b7d'::BYTEA, now(), 'failed', 'receipt')`, dead); err != nil {
 		t.Fatal(err)
 	}
+	acked, taken := endOne(t, d, claim.NewItem{Kind: "payout", Payload: []byte(`{}`)}), endOne(t, d, claim.NewItem{Kind: "notice", Payload: []byte(`{}`), AtMostOnce: true})
 	for _, c := range []struct {
 		id          uuid.UUID
 		state, kind string
@@ -49,6 +53,8 @@ func TestItemShowsTheKindInEveryState(t *testing.T) {
 		{waiting, "waiting", "report"},
 		{dead, "dead", "receipt"},
 		{cancelled, "cancelled", "invoice"},
+		{acked, "acked", "payout"},
+		{taken, "taken", "notice"},
 	} {
 		r := must(t, d.env, "item", c.id.String())
 		if !strings.Contains(r.stdout, ": "+c.state+" in queue") || !strings.Contains(r.stdout, "  kind:        "+c.kind+"\n") {
@@ -58,11 +64,59 @@ func TestItemShowsTheKindInEveryState(t *testing.T) {
 		if j["state"] != c.state || j["kind"] != c.kind {
 			t.Errorf("item --json of the %s %s: state %v, kind %v, want %q", c.state, c.id, j["state"], j["kind"], c.kind)
 		}
-		if c.state == "cancelled" {
+		if c.state == "cancelled" || c.state == "acked" || c.state == "taken" {
 			ended, _ := j["ended"].([]any)
 			if len(ended) != 1 || ended[0].(map[string]any)["kind"] != c.kind {
-				t.Errorf("item --json of the cancelled item: ended %v, want its kind %q", j["ended"], c.kind)
+				t.Errorf("item --json of the %s item: ended %v, want its kind %q", c.state, j["ended"], c.kind)
 			}
 		}
 	}
+	old := uuid.New()
+	if _, err := d.pool.Exec(ctx, `INSERT INTO crdbwork_ended (queue, id, outcome) VALUES ('done', $1, 'acked')`, old); err != nil {
+		t.Fatal(err)
+	}
+	r := must(t, d.env, "item", old.String())
+	if !strings.Contains(r.stdout, ": acked in queue") || strings.Contains(r.stdout, "kind:") {
+		t.Errorf("item of an ended record without a kind: want acked, no kind:\n%s", r.stdout)
+	}
+	if j := jsonOf(t, must(t, d.env, "item", "--json", old.String())); j["state"] != "acked" || j["kind"] != nil {
+		t.Errorf("item --json of an ended record without a kind: state %v, kind %v; want acked, none", j["state"], j["kind"])
+	}
+}
+
+// endOne enqueues it into queue "done" and claims it; an at-most-once item
+// is then taken (its claim handed it out), any other acked.
+func endOne(t *testing.T, d *db, it claim.NewItem) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	q := d.queue(t, "done", crsql.Tables{})
+	res, err := q.Enqueue(ctx, it)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := session.Start(ctx, d.pool, session.Options{Name: "kinds"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	var got claim.Item
+	await.Until(t, "the item to be claimed", func() bool {
+		items, err := q.Claimer(s.ID()).Claim(ctx, claim.ClaimRequest{Max: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(items) == 1 {
+			got = items[0]
+		}
+		return len(items) == 1
+	})
+	if got.ID != res.IDs[0] {
+		t.Fatalf("claimed %s, want %s", got.ID, res.IDs[0])
+	}
+	if !it.AtMostOnce {
+		if err := q.Ack(ctx, got, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got.ID
 }

@@ -195,7 +195,8 @@ func (r ListRow) Position(k ListKind) ListPosition {
 }
 
 // ListFilter selects a list's rows: each field set must match ("": any;
-// none for ListEnded and ListCancelled, whose records keep none of them).
+// none for ListEnded and ListCancelled, whose records keep no key or
+// tenant, and whose kind is listed, not filtered on).
 type ListFilter struct {
 	Key, Tenant, Kind string
 }
