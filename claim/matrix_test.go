@@ -1350,13 +1350,17 @@ func (c *mxCell) rowAt(where string, detail bool) string {
 	return "absent"
 }
 
-// expectEnded: the item's id is among the queue's ended ids with outcome.
+// expectEnded: the item's id is among the queue's ended ids with outcome,
+// and its ended record keeps the item's kind (none for an item without).
 func (c *mxCell) expectEnded(outcome string) {
 	c.t.Helper()
-	var got string
-	err := c.pool.QueryRow(c.ctx, `SELECT outcome FROM crdbwork_ended WHERE queue = $1 AND id = $2`, c.queue, c.id).Scan(&got)
+	var got, kind string
+	err := c.pool.QueryRow(c.ctx, `SELECT outcome, COALESCE(kind, '') FROM crdbwork_ended WHERE queue = $1 AND id = $2`, c.queue, c.id).Scan(&got, &kind)
 	if err != nil || got != outcome {
 		c.fatalf("ended as %q (%v), want %q", got, err, outcome)
+	}
+	if kind != c.item.Kind {
+		c.fatalf("ended as %q with kind %q, want the item's kind %q", got, kind, c.item.Kind)
 	}
 }
 
