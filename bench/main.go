@@ -16,6 +16,7 @@
 //	go -C bench run . lived             # one drain per feature on a fresh database and on one that has lived (internal/lived)
 //	go -C bench run . limits            # how much of a queue's limits a fleet uses: 1, 2, 4 workers and churn, with and without parts
 //	go -C bench run . claimcost         # the claim's server CPU per item, plain and in parts, with the foreign-key checks and without
+//	go -C bench run . ackcost           # the ack's server CPU per item, items without a kind and with one
 //	go -C bench run . overload          # 128 worker processes drain a backlog: sessions lost while alive, items/s, heartbeat round trips
 //	go -C bench run . idle              # what idle fleets cost: statements/s per session, CPU, connections
 //
@@ -56,6 +57,7 @@ const usage = `Usage:
   go -C bench run . lived [flags]       one drain per feature on a fresh database and on one that has lived
   go -C bench run . limits [flags]      how much of a queue's limits (in flight, rate) a fleet uses; --handover: the hand-over bound
   go -C bench run . claimcost [flags]   the claim's server CPU per claimed item (one backend's CPU time), plain and parts mode
+  go -C bench run . ackcost [flags]     the ack's server CPU per acked item (one backend's CPU time), without and with a kind
   go -C bench run . overload [flags]    --processes worker processes drain a backlog: sessions lost, items/s, heartbeat round trips
   go -C bench run . idle [flags]        what idle fleets cost: statements/s per session, server and client CPU, connections
 
@@ -144,6 +146,13 @@ parts-mode claim over --owned parts, and each with the foreign-key triggers
 off (session_replication_role = replica, a measurement of the per-row
 checks' share only).
 
+ackcost seeds --items items, has one session claim them all (untimed), and
+acks them through claim.Queue.AckMany in transactions of --batch items, no
+record, on a pool of one connection, and prints that connection's backend's
+CPU time per acked item (the whole ack transaction: BEGIN, the fenced delete
+with its ended record, COMMIT): items without a kind and items of kind
+--kind, alternating.
+
 order enqueues --items items with random priorities (--priorities) and
 counts, for every claimed item, the claimable items before it in the queue's
 strict order (its popped element index, PEI): median, mean, p90, p99, max;
@@ -211,6 +220,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return tableCmd(ctx, args, out)
 	case "claimcost":
 		return claimcostCmd(ctx, args, out)
+	case "ackcost":
+		return ackcostCmd(ctx, args, out)
 	case "overload":
 		return overloadCmd(ctx, args, out)
 	case "idle":
@@ -220,7 +231,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	case "overload-worker": // a worker process of overload (not for users)
 		return overloadWorker(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost, overload or idle; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost, ackcost, overload or idle; see --help)", cmd)
 	}
 }
 
