@@ -260,7 +260,6 @@ func (q *Queue) list(ctx context.Context, lq ItemQuery) (ItemPage, error) {
 
 // listKind returns the store's list of lq.State.
 func listKind(lq ItemQuery) (store.ListKind, []string, error) {
-	filtered := lq.Key != "" || lq.Tenant != "" || lq.Kind != ""
 	switch lq.State {
 	case StateQueued:
 		return store.ListUnclaimed, nil, nil
@@ -271,8 +270,8 @@ func listKind(lq ItemQuery) (store.ListKind, []string, error) {
 	case StateDead:
 		return store.ListDead, nil, nil
 	case StateAcked, StateTaken, StateCancelled:
-		if filtered {
-			return 0, nil, fmt.Errorf("a key, tenant or kind filter lists queued, running, waiting and dead items only (an ended item's record keeps no key or tenant, and its list takes no filter)")
+		if lq.Key != "" || lq.Tenant != "" {
+			return 0, nil, fmt.Errorf("a key or tenant filter lists queued, running, waiting and dead items only (an ended item's record keeps neither; a kind filter lists ended items too)")
 		}
 		if lq.State == StateCancelled {
 			return store.ListCancelled, nil, nil

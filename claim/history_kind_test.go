@@ -15,7 +15,8 @@ import (
 // of an acked item and of a taken (at-most-once) one, Item that of a dead
 // item whose dead row is gone (its ended record says dead); an item
 // without a kind, and an ended record written without one (as code of
-// versions 3 to 5 writes it), show none.
+// versions 3 to 5 writes it), show none. Items with StateAcked or
+// StateCancelled and a Kind lists that kind's ended items only.
 func TestEndedItemsKeepTheirKind(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -80,5 +81,30 @@ func TestEndedItemsKeepTheirKind(t *testing.T) {
 	}
 	if listed != 4 {
 		t.Errorf("the acked list has %d of the 4 acked and taken items", listed)
+	}
+	for kind, ids := range map[string][]uuid.UUID{"refund": {acked}, "report": {taken}, "invoice": nil, "nothing": nil} {
+		page, err := q.Items(ctx, claim.ItemQuery{State: claim.StateAcked, Kind: kind, Limit: 10})
+		if err != nil || len(page.Items) != len(ids) || (len(ids) == 1 && page.Items[0].ID != ids[0]) {
+			t.Errorf("the acked items of kind %q: %+v, %v; want %v", kind, page.Items, err, ids)
+		}
+	}
+	cancelled := enqueue(claim.NewItem{Kind: "refund", Payload: []byte(`{}`)})
+	if _, err := q.CancelItem(ctx, cancelled, claim.CancelOptions{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	// A cancelled item of another kind.
+	if _, err := q.CancelItem(ctx, enqueue(claim.NewItem{Kind: "report", Payload: []byte(`{}`)}), claim.CancelOptions{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	page, err = q.Items(ctx, claim.ItemQuery{State: claim.StateCancelled, Kind: "refund", Limit: 10})
+	if err != nil || len(page.Items) != 1 || page.Items[0].ID != cancelled || page.Items[0].Kind != "refund" {
+		t.Errorf("the cancelled items of kind refund: %+v, %v; want %s alone", page.Items, err, cancelled)
+	}
+	for name, bad := range map[string]claim.ItemQuery{
+		"key of acked": {State: claim.StateAcked, Kind: "refund", Key: "k"}, "tenant of cancelled": {State: claim.StateCancelled, Tenant: "t"},
+	} {
+		if _, err := q.Items(ctx, bad); err == nil {
+			t.Errorf("%s: no error", name)
+		}
 	}
 }

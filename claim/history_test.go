@@ -386,7 +386,6 @@ func TestItemListPaging(t *testing.T) {
 	// Bad queries.
 	for name, bad := range map[string]claim.ItemQuery{
 		"a key, no state":    {Key: "k1"},
-		"kind of acked":      {State: claim.StateAcked, Kind: "email"},
 		"state and claimed":  {State: claim.StateQueued, Claimed: true},
 		"unknown state":      {State: "gone"},
 		"delayed":            {State: claim.StateDelayed},

@@ -26,9 +26,8 @@ type ItemQuery struct {
 	// within the queue's history window). Not with Claimed.
 	State ItemState
 	// Key lists only the items of this key, Kind only those of this kind
-	// (NewItem.Kind) ("" any; with a State, and not for StateAcked and
-	// StateCancelled, whose lists take no filter: their records keep no
-	// key, and the kind they keep is listed, not filtered on).
+	// (NewItem.Kind) ("" any; with a State; Key not for StateAcked and
+	// StateCancelled, whose records keep no key, Kind for every state).
 	Key, Kind string
 	// Claimed lists the claimed items, the soonest lease expiry first;
 	// false lists the unclaimed items in claim order (priority, turn,

@@ -42,9 +42,11 @@ func TestExplainHistoryStatements(t *testing.T) {
 		{"ListWaiting (after)", "ListWaiting", "crdbwork_waiting_by_queue", []any{"big", "", "", now.Add(-time.Second), id, 101, ""}},
 		{"ListDead", "ListDead", "crdbwork_dead_items_by_queue", []any{"big", "", "", end, uuid.Max, uuid.Max, 101, ""}},
 		{"ListDead (after, tenant)", "ListDead", "crdbwork_dead_items_by_queue", []any{"big", "", "tenant-6", now.Add(-time.Hour), id, death, 101, ""}},
-		{"ListEnded", "ListEnded", "crdbwork_ended_by_age", []any{"big", []string{"acked", "taken"}, end, uuid.Max, 101}},
-		{"ListEnded (after)", "ListEnded", "crdbwork_ended_by_age", []any{"big", []string{"acked", "taken"}, now.Add(-time.Hour), id, 101}},
-		{"ListCancelled", "ListCancelled", "crdbwork_ended_cancelled", []any{"big", end, uuid.Max, 101}},
+		{"ListEnded", "ListEnded", "crdbwork_ended_by_age", []any{"big", []string{"acked", "taken"}, end, uuid.Max, 101, ""}},
+		{"ListEnded (after)", "ListEnded", "crdbwork_ended_by_age", []any{"big", []string{"acked", "taken"}, now.Add(-time.Hour), id, 101, ""}},
+		{"ListEnded (kind)", "ListEnded", "crdbwork_ended_by_age", []any{"big", []string{"acked", "taken"}, end, uuid.Max, 101, "email"}},
+		{"ListCancelled", "ListCancelled", "crdbwork_ended_cancelled", []any{"big", end, uuid.Max, 101, ""}},
+		{"ListCancelled (kind)", "ListCancelled", "crdbwork_ended_cancelled", []any{"big", end, uuid.Max, 101, "email"}},
 	}
 	pcs := make([]planCase, len(cases))
 	covered := map[string]bool{}

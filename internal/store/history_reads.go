@@ -43,10 +43,12 @@ type historyStatements struct {
 	// ($4 died, $5 id, $6 death), at most $7.
 	Dead string
 	// Ended lists ended records with an outcome in $2 newest first
-	// (crdbwork_ended_by_age), before ($3 ended, $4 id), at most $5.
+	// (crdbwork_ended_by_age), before ($3 ended, $4 id), at most $5, of
+	// kind $6 ("" any).
 	Ended string
 	// Cancelled is Ended for the cancelled items, through their own index
-	// (crdbwork_ended_cancelled).
+	// (crdbwork_ended_cancelled): before ($2 ended, $3 id), at most $4, of
+	// kind $5 ("" any).
 	Cancelled string
 	// PruneErrors deletes up to $2 of queue $1's rows of
 	// crdbwork_attempt_errors whose item is gone and out of the history
@@ -55,14 +57,20 @@ type historyStatements struct {
 }
 
 // listFilters are the key ($2), tenant ($3) and kind (the parameter kind,
-// the statement's last) filters of a list ("": any). Each comparison is wrapped in COALESCE, whose selectivity the
+// the statement's last: kindFilter) filters of a list ("": any). Each comparison is wrapped in COALESCE, whose selectivity the
 // planner cannot derive from the column's statistics: with a plain
 // item_key = $2, PostgreSQL estimated a key's items at one row and scanned
 // the whole items table for them rather than read the state's index on the
 // queue in order, stopping at the page's end (TestExplainHistoryStatements).
 // CockroachDB accepts the same text.
 func listFilters(kind string) string {
-	return `($2 = '' OR COALESCE(item_key = $2, false)) AND ($3 = '' OR COALESCE(tenant = $3, false)) AND (` + kind + ` = '' OR COALESCE(kind = ` + kind + `, false))`
+	return `($2 = '' OR COALESCE(item_key = $2, false)) AND ($3 = '' OR COALESCE(tenant = $3, false)) AND ` + kindFilter(kind)
+}
+
+// kindFilter is the kind filter of a list, the parameter kind ("": any);
+// the ended lists have it alone (their records keep no key or tenant).
+func kindFilter(kind string) string {
+	return `(` + kind + ` = '' OR COALESCE(kind = ` + kind + `, false))`
 }
 
 // listItemColumns are the columns of a live item's list row.
@@ -94,15 +102,15 @@ WHERE queue = $1 AND ` + listFilters("$8") + `
   AND died_at <= $4::TIMESTAMPTZ AND (died_at, id, death) < ($4::TIMESTAMPTZ, $5::UUID, $6::UUID)
 ORDER BY died_at DESC, id DESC, death DESC LIMIT $7`
 
-const listEndedSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
+var listEndedSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
 FROM crdbwork_ended
-WHERE queue = $1 AND outcome = ANY($2::TEXT[])
+WHERE queue = $1 AND outcome = ANY($2::TEXT[]) AND ` + kindFilter("$6") + `
   AND ended_at <= $3::TIMESTAMPTZ AND (ended_at, id) < ($3::TIMESTAMPTZ, $4::UUID)
 ORDER BY ended_at DESC, id DESC LIMIT $5`
 
-const listCancelledSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
+var listCancelledSQL = `SELECT id, outcome, ended_at, attempts, enqueued_at, kind
 FROM crdbwork_ended
-WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `'
+WHERE queue = $1 AND outcome = '` + OutcomeCancelled + `' AND ` + kindFilter("$5") + `
   AND ended_at <= $2::TIMESTAMPTZ AND (ended_at, id) < ($2::TIMESTAMPTZ, $3::UUID)
 ORDER BY ended_at DESC, id DESC LIMIT $4`
 
@@ -195,14 +203,15 @@ func (r ListRow) Position(k ListKind) ListPosition {
 }
 
 // ListFilter selects a list's rows: each field set must match ("": any;
-// none for ListEnded and ListCancelled, whose records keep no key or
-// tenant, and whose kind is listed, not filtered on).
+// only Kind for ListEnded and ListCancelled, whose records keep no key or
+// tenant).
 type ListFilter struct {
 	Key, Tenant, Kind string
 }
 
 // ItemsList reads up to limit rows of list k of queue after p, those that
-// match f, and for ListEnded those whose outcome is in outcomes.
+// match f (its Kind alone for ListEnded and ListCancelled), and for
+// ListEnded those whose outcome is in outcomes.
 func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue string, f ListFilter, outcomes []string, p ListPosition, limit int) ([]ListRow, error) {
 	key, tenant := f.Key, f.Tenant
 	st := s.lazyHistory()
@@ -218,9 +227,9 @@ func (s *Store) ItemsList(ctx context.Context, db DB, k ListKind, queue string, 
 	case ListDead:
 		rows, err = db.Query(ctx, st.Dead, queue, key, tenant, p.At, p.ID, p.Death, limit, f.Kind)
 	case ListEnded:
-		rows, err = db.Query(ctx, st.Ended, queue, outcomes, p.At, p.ID, limit)
+		rows, err = db.Query(ctx, st.Ended, queue, outcomes, p.At, p.ID, limit, f.Kind)
 	case ListCancelled:
-		rows, err = db.Query(ctx, st.Cancelled, queue, p.At, p.ID, limit)
+		rows, err = db.Query(ctx, st.Cancelled, queue, p.At, p.ID, limit, f.Kind)
 	}
 	if err != nil {
 		return nil, err
