@@ -19,6 +19,7 @@
 //	go -C bench run . ackcost           # the ack's server CPU per item, items without a kind and with one
 //	go -C bench run . overload          # 128 worker processes drain a backlog: sessions lost while alive, items/s, heartbeat round trips
 //	go -C bench run . idle              # what idle fleets cost: statements/s per session, CPU, connections
+//	go -C bench run . endedform         # the ended-id record per item against per ack transaction (GIN): the ack's and its readers' CPU
 //
 // Without --database-url it starts its own throwaway PostgreSQL server with
 // the library's internal/dbserver (the server binaries must be installed:
@@ -60,6 +61,8 @@ const usage = `Usage:
   go -C bench run . ackcost [flags]     the ack's server CPU per acked item (one backend's CPU time), without and with a kind
   go -C bench run . overload [flags]    --processes worker processes drain a backlog: sessions lost, items/s, heartbeat round trips
   go -C bench run . idle [flags]        what idle fleets cost: statements/s per session, server and client CPU, connections
+  go -C bench run . endedform [flags]   the ended-id record's forms: per-item rows, a row per ack transaction with a GIN
+                                        index (fastupdate off, on), none; the ack's CPU per item and the readers' (dedup check, prune)
 
 compare drains --items no-op jobs with each system in turn, --rounds times,
 alternating the systems in each round, on one PostgreSQL server:
@@ -226,12 +229,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return overloadCmd(ctx, args, out)
 	case "idle":
 		return idleCmd(ctx, args, out)
+	case "endedform":
+		return endedformCmd(ctx, args, out)
 	case "produce": // the producer process of latency (not for users)
 		return produce(ctx, args, out)
 	case "overload-worker": // a worker process of overload (not for users)
 		return overloadWorker(ctx, args, out)
 	default:
-		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost, ackcost, overload or idle; see --help)", cmd)
+		return fmt.Errorf("unknown command %q (want compare, table, growth, fairness, order, latency, sequences, depends, lived, limits, claimcost, ackcost, overload, idle or endedform; see --help)", cmd)
 	}
 }
 
