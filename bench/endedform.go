@@ -192,6 +192,15 @@ func (f endedForm) dedupCheck(table string) string {
 WHERE NOT EXISTS (SELECT 1 FROM ` + table + ` AS e WHERE ` + probe + ` AND e.ended_at > now() - n.win OFFSET 0)`
 }
 
+// dedupCheckOverlap is the per-transaction form's dedup check in one read
+// of the GIN index for the whole batch ($2 ids overlap a row's: &&), the
+// rows found unnested into a hashed NOT IN, instead of a subplan per id.
+func dedupCheckOverlap(table string) string {
+	return `SELECT count(*) FROM unnest($2::UUID[]) AS v (id)
+WHERE v.id NOT IN (SELECT x FROM ` + table + ` AS e, unnest(e.ids) AS x
+    WHERE e.ids && $2::UUID[] AND e.queue = (SELECT $1::TEXT) AND e.ended_at > now() - ` + dedupWindowOf + `)`
+}
+
 // prune returns the per-transaction form's prune (store's pruneEndedSQL in
 // that form): up to $2 of queue $1's records older than its window,
 // oldest first, skipping those another pruner holds → each pruned row's
