@@ -261,6 +261,7 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	checkBatch := fs.Int("check-batch", 100, "ids per dedup check (half of them in the record, half new)")
 	checks := fs.Int("checks", 200, "dedup checks per form and round")
 	prune := fs.Int("prune", 100_000, "expired ids pruned per form (1,000 per prune call), then a VACUUM")
+	budget := fs.Duration("check-budget", 20*time.Second, "most time spent on one record's dedup checks in a round (a plan that scans the record per id stops early; its figure is per id checked)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -286,8 +287,8 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case *items < 1 || *rounds < 1:
 		return errors.New("--items and --rounds must be at least 1")
-	case *record < 0 || *pending < 0 || *pending > *record/2 || *checkBatch < 2 || *checks < 1 || *prune < 0 || *prune > *record/6:
-		return errors.New("--record must be at least 0, --pending at most half of it, --check-batch at least 2, --checks at least 1, --prune at most a sixth of --record (a fifth is expired)")
+	case *record < 0 || *pending < 0 || *pending > *record/2 || *checkBatch < 2 || *checks < 1 || *prune < 0 || *prune > *record/6 || *budget <= 0:
+		return errors.New("--record must be at least 0, --pending at most half of it, --check-batch at least 2, --checks at least 1, --prune at most a sixth of --record (a fifth is expired), --check-budget positive")
 	}
 	c.preload = true
 	url, stopServer, err := c.database(ctx, out)
@@ -371,7 +372,7 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	if *record == 0 {
 		return nil
 	}
-	return e.readers(ctx, out, forms, batches, readerSizes{record: *record, pending: *pending, checkBatch: *checkBatch, checks: *checks, prune: *prune, rounds: *rounds})
+	return e.readers(ctx, out, forms, batches, readerSizes{record: *record, pending: *pending, checkBatch: *checkBatch, checks: *checks, prune: *prune, rounds: *rounds, budget: *budget})
 }
 
 // endedBench holds what the measurements share: the measured connection

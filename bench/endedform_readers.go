@@ -16,6 +16,10 @@ import (
 // readerSizes are the sizes of the readers' measurement.
 type readerSizes struct {
 	record, pending, checkBatch, checks, prune, rounds int
+	// budget bounds the time of one case's checks in a round: a plan that
+	// scans the record per id (seconds per batch) stops after the checks
+	// that fit, and its figure is per id of those.
+	budget time.Duration
 }
 
 // readerCase is one record the readers read: a form, with its transaction
@@ -229,17 +233,24 @@ func (e *endedBench) measureChecks(ctx context.Context, out io.Writer, cases []*
 	type shaped struct {
 		c       *readerCase
 		overlap bool
+		noSeq   bool // enable_seqscan off: the probe forced onto the GIN index
 	}
 	var all []shaped
 	for _, c := range cases {
-		all = append(all, shaped{c, false})
+		all = append(all, shaped{c: c})
 		if c.form.gin {
-			all = append(all, shaped{c, true})
+			all = append(all, shaped{c: c, overlap: true})
+		}
+		if c.form.fastUpdate {
+			all = append(all, shaped{c: c, noSeq: true})
 		}
 	}
 	name := func(x shaped) string {
-		if x.overlap {
+		switch {
+		case x.overlap:
 			return x.c.name + ", overlap"
+		case x.noSeq:
+			return x.c.name + ", probe, seqscan off"
 		}
 		return x.c.name + ", probe"
 	}
@@ -265,6 +276,10 @@ func (e *endedBench) measureChecks(ctx context.Context, out io.Writer, cases []*
 			if x.overlap {
 				text = dedupCheckOverlap(c.table)
 			}
+			if x.noSeq {
+				// its own prepared statement, planned with the setting
+				text += " -- enable_seqscan off"
+			}
 			want := int64(s.checkBatch - half)
 			check := func(b [][16]byte) error {
 				var n int64
@@ -276,6 +291,13 @@ func (e *endedBench) measureChecks(ctx context.Context, out io.Writer, cases []*
 				}
 				return nil
 			}
+			seq := "on"
+			if x.noSeq {
+				seq = "off"
+			}
+			if _, err := e.conn.Exec(ctx, `SET enable_seqscan = `+seq); err != nil {
+				return err
+			}
 			if err := check(batches[0]); err != nil { // prepares the statement, untimed
 				return err
 			}
@@ -284,21 +306,29 @@ func (e *endedBench) measureChecks(ctx context.Context, out io.Writer, cases []*
 			if err != nil {
 				return err
 			}
+			done, deadline := 0, time.Now().Add(s.budget)
 			for _, b := range batches {
 				if err := check(b); err != nil {
 					return err
+				}
+				if done++; time.Now().After(deadline) {
+					break
 				}
 			}
 			be1, err := e.backendCPU()
 			if err != nil {
 				return err
 			}
-			ids := s.checks * s.checkBatch
+			ids := done * s.checkBatch
+			cut := ""
+			if done < s.checks {
+				cut = fmt.Sprintf(" (%d checks in %s)", done, s.budget)
+			}
 			var ms float64
 			_ = e.setup.QueryRow(ctx, `SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements WHERE query LIKE 'SELECT count(*) FROM %'`).Scan(&ms)
 			per := perItem(be1-be0, ids)
 			med[x] = append(med[x], per)
-			fmt.Fprintf(out, "| %-56s | %5d | %11.2f | %11.2f | %-17s |\n", name(x), r+1, per, ms*1000/float64(ids), loadavg())
+			fmt.Fprintf(out, "| %-56s | %5d | %11.2f | %11.2f | %-17s |%s\n", name(x), r+1, per, ms*1000/float64(ids), loadavg(), cut)
 		}
 	}
 	fmt.Fprintf(out, "\nmedians (backend CPU µs per id checked), %s:\n", state)
