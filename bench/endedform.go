@@ -252,7 +252,7 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	fs := newFlagSet("endedform", out)
 	var c commonFlags
 	c.register(fs)
-	items := fs.Int("items", 50000, "items acked per drain")
+	items := fs.Int("items", 50000, "items acked per drain (0: no drains, the readers only)")
 	batchList := fs.String("batches", "64,250", "items per ack transaction, comma-separated")
 	rounds := fs.Int("rounds", 3, "rounds; each drains once per form and batch size, the order of the forms rotated every round")
 	formList := fs.String("forms", "a,b,c,d", "forms of the ended record, comma-separated: a (today's per-item rows), b (a row per transaction, GIN fastupdate off), c (the same, fastupdate on), d (no record)")
@@ -285,8 +285,8 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 		forms = append(forms, endedForms[i])
 	}
 	switch {
-	case *items < 1 || *rounds < 1:
-		return errors.New("--items and --rounds must be at least 1")
+	case *items < 0 || *rounds < 1 || (*items == 0 && *record == 0):
+		return errors.New("--items must be at least 0, --rounds at least 1, and --items or --record above 0")
 	case *record < 0 || *pending < 0 || *pending > *record/2 || *checkBatch < 2 || *checks < 1 || *prune < 0 || *prune > *record/6 || *budget <= 0:
 		return errors.New("--record must be at least 0, --pending at most half of it, --check-batch at least 2, --checks at least 1, --prune at most a sixth of --record (a fifth is expired), --check-budget positive")
 	}
@@ -311,62 +311,64 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer e.close(context.WithoutCancel(ctx))
 
-	fmt.Fprintf(out, "endedform: %d items per drain, ack transactions of %v items, %d rounds, one connection; load %s\n\n", *items, batches, *rounds, loadavg())
-	type key struct {
-		form  string
-		batch int
-	}
-	results := make(map[key][]drainFigures)
-	fmt.Fprintf(out, "| %-36s | %5s | %5s | %14s | %14s | %14s | %13s | %-17s |\n", "form", "batch", "round", "backend µs/it", "server µs/it", "ack stmt µs/it", "flush µs/it", "load")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 7), strings.Repeat("-", 7), strings.Repeat("-", 16), strings.Repeat("-", 16), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 19))
-	var reports strings.Builder
-	for r := range *rounds {
-		order := slices.Clone(forms)
-		for range r % len(order) {
-			order = append(order[1:], order[0])
+	if *items > 0 {
+		fmt.Fprintf(out, "endedform: %d items per drain, ack transactions of %v items, %d rounds, one connection; load %s\n\n", *items, batches, *rounds, loadavg())
+		type key struct {
+			form  string
+			batch int
 		}
+		results := make(map[key][]drainFigures)
+		fmt.Fprintf(out, "| %-36s | %5s | %5s | %14s | %14s | %14s | %13s | %-17s |\n", "form", "batch", "round", "backend µs/it", "server µs/it", "ack stmt µs/it", "flush µs/it", "load")
+		fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 7), strings.Repeat("-", 7), strings.Repeat("-", 16), strings.Repeat("-", 16), strings.Repeat("-", 16), strings.Repeat("-", 15), strings.Repeat("-", 19))
+		var reports strings.Builder
+		for r := range *rounds {
+			order := slices.Clone(forms)
+			for range r % len(order) {
+				order = append(order[1:], order[0])
+			}
+			for _, b := range batches {
+				for _, f := range order {
+					fig, err := e.drain(ctx, f, *items, b, stmts, r == 0 && c.statements, &reports)
+					if err != nil {
+						return fmt.Errorf("%s, batch %d, round %d: %w", f.name, b, r+1, err)
+					}
+					results[key{f.key, b}] = append(results[key{f.key, b}], fig)
+					flush := "—"
+					if f.fastUpdate {
+						flush = fmt.Sprintf("%.1f", fig.flush)
+					}
+					fmt.Fprintf(out, "| %-36s | %5d | %5d | %14.1f | %14.1f | %14.1f | %13s | %-17s |\n", f.name, b, r+1, fig.backend, fig.server, fig.ackExec, flush, loadavg())
+				}
+			}
+		}
+		fmt.Fprint(out, reports.String())
+		fmt.Fprintf(out, "\nmedians of %d rounds, µs per item acked (backend: the acking connection's CPU, GIN cleanup included; server: the whole server's CPU; ack stmt: its execution time, pg_stat_statements):\n\n", *rounds)
+		fmt.Fprintf(out, "| %-36s | %5s | %11s | %11s | %11s | %16s |\n", "form", "batch", "backend", "server", "ack stmt", "backend − floor")
+		fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 7), strings.Repeat("-", 13), strings.Repeat("-", 13), strings.Repeat("-", 13), strings.Repeat("-", 18))
 		for _, b := range batches {
-			for _, f := range order {
-				fig, err := e.drain(ctx, f, *items, b, stmts, r == 0 && c.statements, &reports)
-				if err != nil {
-					return fmt.Errorf("%s, batch %d, round %d: %w", f.name, b, r+1, err)
+			floor, hasFloor := results[key{"d", b}]
+			for _, f := range forms {
+				rs := results[key{f.key, b}]
+				pick := func(g func(drainFigures) float64) float64 {
+					xs := make([]float64, len(rs))
+					for i, x := range rs {
+						xs[i] = g(x)
+					}
+					return median(xs)
 				}
-				results[key{f.key, b}] = append(results[key{f.key, b}], fig)
-				flush := "—"
-				if f.fastUpdate {
-					flush = fmt.Sprintf("%.1f", fig.flush)
+				above := "—"
+				if hasFloor && len(floor) == len(rs) {
+					// the median of the same-round differences
+					d := make([]float64, len(rs))
+					for i := range rs {
+						d[i] = rs[i].backend - floor[i].backend
+					}
+					above = fmt.Sprintf("%.1f", median(d))
 				}
-				fmt.Fprintf(out, "| %-36s | %5d | %5d | %14.1f | %14.1f | %14.1f | %13s | %-17s |\n", f.name, b, r+1, fig.backend, fig.server, fig.ackExec, flush, loadavg())
+				fmt.Fprintf(out, "| %-36s | %5d | %11.1f | %11.1f | %11.1f | %16s |\n", f.name, b,
+					pick(func(x drainFigures) float64 { return x.backend }), pick(func(x drainFigures) float64 { return x.server }),
+					pick(func(x drainFigures) float64 { return x.ackExec }), above)
 			}
-		}
-	}
-	fmt.Fprint(out, reports.String())
-	fmt.Fprintf(out, "\nmedians of %d rounds, µs per item acked (backend: the acking connection's CPU, GIN cleanup included; server: the whole server's CPU; ack stmt: its execution time, pg_stat_statements):\n\n", *rounds)
-	fmt.Fprintf(out, "| %-36s | %5s | %11s | %11s | %11s | %16s |\n", "form", "batch", "backend", "server", "ack stmt", "backend − floor")
-	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 38), strings.Repeat("-", 7), strings.Repeat("-", 13), strings.Repeat("-", 13), strings.Repeat("-", 13), strings.Repeat("-", 18))
-	for _, b := range batches {
-		floor, hasFloor := results[key{"d", b}]
-		for _, f := range forms {
-			rs := results[key{f.key, b}]
-			pick := func(g func(drainFigures) float64) float64 {
-				xs := make([]float64, len(rs))
-				for i, x := range rs {
-					xs[i] = g(x)
-				}
-				return median(xs)
-			}
-			above := "—"
-			if hasFloor && len(floor) == len(rs) {
-				// the median of the same-round differences
-				d := make([]float64, len(rs))
-				for i := range rs {
-					d[i] = rs[i].backend - floor[i].backend
-				}
-				above = fmt.Sprintf("%.1f", median(d))
-			}
-			fmt.Fprintf(out, "| %-36s | %5d | %11.1f | %11.1f | %11.1f | %16s |\n", f.name, b,
-				pick(func(x drainFigures) float64 { return x.backend }), pick(func(x drainFigures) float64 { return x.server }),
-				pick(func(x drainFigures) float64 { return x.ackExec }), above)
 		}
 	}
 	if *record == 0 {
