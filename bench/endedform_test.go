@@ -91,16 +91,16 @@ FROM crdbwork_ended WHERE queue = $1`, endedFormQueue, e.acked).Scan(&recorded, 
 
 	var out strings.Builder
 	args := []string{"endedform", "--items", "400", "--batches", "64,250", "--rounds", "2", "--record", "5000",
-		"--pending", "1000", "--check-batch", "10", "--checks", "5", "--prune", "800"}
+		"--pending", "1000", "--check-batch", "10", "--checks", "5", "--prune", "600"}
 	if err := run(ctx, args, &out); err != nil {
 		t.Fatalf("%q: %v\n%s", args, err, out.String())
 	}
-	for _, want := range []string{"| a: per-item rows (today)", "| d: no record (floor)", "form c after gin_clean_pending_list", "| c: per-tx row, GIN fastupdate on, 250 ids a row"} {
+	for _, want := range []string{"| a: per-item rows (today)", "| d: no record (floor)", "form c after gin_clean_pending_list", "| c: per-tx row, GIN fastupdate on, 250 ids a row", "| a: per-item rows, no row locks"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output has no %q:\n%s", want, out.String())
 		}
 	}
-	for _, args := range [][]string{{"endedform", "--forms", "x"}, {"endedform", "--batches", "0"}, {"endedform", "--prune", "200000"}, {"endedform", "extra"}} {
+	for _, args := range [][]string{{"endedform", "--forms", "x"}, {"endedform", "--batches", "0"}, {"endedform", "--prune", "150000"}, {"endedform", "extra"}} {
 		if err := run(ctx, args, io.Discard); err == nil {
 			t.Errorf("%q: no error", args)
 		}
