@@ -287,7 +287,8 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case *items < 0 || *rounds < 1 || (*items == 0 && *record == 0):
 		return errors.New("--items must be at least 0, --rounds at least 1, and --items or --record above 0")
-	case *record < 0 || *pending < 0 || *pending > *record/2 || *checkBatch < 2 || *checks < 1 || *prune < 0 || *prune > *record/8 || *budget <= 0:
+	case *record < 0 || *pending < 0 || *checkBatch < 2 || *checks < 1 || *prune < 0 || *budget <= 0 ||
+		(*record > 0 && (*pending > *record/2 || *prune > *record/8)):
 		return errors.New("--record must be at least 0, --pending at most half of it, --check-batch at least 2, --checks at least 1, --prune at most an eighth of --record (a fifth is expired, and the per-item record is pruned twice), --check-budget positive")
 	}
 	c.preload = true

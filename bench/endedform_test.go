@@ -100,7 +100,11 @@ FROM crdbwork_ended WHERE queue = $1`, endedFormQueue, e.acked).Scan(&recorded, 
 			t.Errorf("the output has no %q:\n%s", want, out.String())
 		}
 	}
-	for _, args := range [][]string{{"endedform", "--forms", "x"}, {"endedform", "--batches", "0"}, {"endedform", "--prune", "150000"}, {"endedform", "extra"}} {
+	// The drains alone, without the readers' record (its sizes then unchecked).
+	if err := run(ctx, []string{"endedform", "--items", "100", "--batches", "64", "--rounds", "1", "--record", "0"}, io.Discard); err != nil {
+		t.Errorf("the drains alone: %v", err)
+	}
+	for _, args := range [][]string{{"endedform", "--forms", "x"}, {"endedform", "--items", "0", "--record", "0"}, {"endedform", "--batches", "0"}, {"endedform", "--prune", "150000"}, {"endedform", "extra"}} {
 		if err := run(ctx, args, io.Discard); err == nil {
 			t.Errorf("%q: no error", args)
 		}
