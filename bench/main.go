@@ -179,6 +179,16 @@ machine's load.
 Both check that every item was acked exactly once, and print one JSON line
 with --json.
 
+endedform measures the ended-id record's forms (issue #32, goal 2): today's
+crdbwork_ended row per item, one row per ack transaction with the ids as an
+array and a GIN index (fastupdate off, then on), and none. It drains
+--items claimed items per form with the library's pipelined ack statement
+in transactions of each of --batches items on one connection, the forms
+rotated every round, and prints that backend's CPU per item, the whole
+server's and the ack statement's execution time, checking that each record
+holds every acked id; then, on a record of --record ended ids per form, the
+CPU per id of the enqueue's dedup check and of the prune of expired ids.
+
 Flags:
 `
 
