@@ -104,6 +104,7 @@ CREATE TABLE `+table+` (
     enqueued_at TIMESTAMPTZ[],
     started_at  TIMESTAMPTZ[],
     sessions    UUID[],
+    kinds       TEXT[],
     PRIMARY KEY (queue, ended_at, tx)
 ) WITH (autovacuum_enabled = off);
 CREATE INDEX `+table+`_ids ON `+table+` USING GIN (ids) WITH (fastupdate = `+fast+`)`)
@@ -140,9 +141,9 @@ func endedAckStatement(f endedForm, table string) (string, error) {
 	case f.gin:
 		tx := `,
 ended AS (
-    INSERT INTO ` + table + ` (queue, ended_at, outcome, ids, attempts, enqueued_at, started_at, sessions)
+    INSERT INTO ` + table + ` (queue, ended_at, outcome, ids, attempts, enqueued_at, started_at, sessions, kinds)
     SELECT g.queue, now(), 'acked', array_agg(g.id), array_agg(g.attempts), array_agg(g.enqueued_at),
-           array_agg(g.claimed_at), array_agg(g.claim)
+           array_agg(g.claimed_at), array_agg(g.claim), array_agg(g.kind)
     FROM gone AS g
     ` + keeps + `
     GROUP BY g.queue
