@@ -64,7 +64,7 @@ func ExampleNew() {
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(runCtx) }()
-	for deadline := time.Now().Add(10 * time.Second); w.Stats().Acked < 1 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Minute); w.Stats().Acked < 1 && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 	}
 	stop()

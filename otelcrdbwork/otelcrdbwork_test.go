@@ -3,6 +3,7 @@ package otelcrdbwork_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/crdbwork/crdbwork/claim"
+	"github.com/crdbwork/crdbwork/internal/await"
 	"github.com/crdbwork/crdbwork/internal/testdb"
 	"github.com/crdbwork/crdbwork/otelcrdbwork"
 	"github.com/crdbwork/crdbwork/session"
@@ -41,7 +43,7 @@ type seen struct {
 }
 
 // runWorker runs a worker on q with tr's middleware and handle until
-// stop says so (checked on every handler run and every 20 ms), then stops
+// stop says so (checked as the wait for a condition polls), then stops
 // it gracefully.
 func runWorker(t *testing.T, q *claim.Queue, tr *otelcrdbwork.Tracing, handle worker.Handler, stop func(w *worker.Worker) bool) *worker.Worker {
 	t.Helper()
@@ -55,16 +57,16 @@ func runWorker(t *testing.T, q *claim.Queue, tr *otelcrdbwork.Tracing, handle wo
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for !stop(w) {
-		if time.Now().After(deadline) {
+	stopped := false
+	t.Cleanup(func() { // a failed wait below: stop the worker all the same
+		if !stopped {
 			cancel()
 			<-done
-			t.Fatalf("the worker did not finish in time: %+v", w.Stats())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	})
+	await.Until(t, "the worker to finish its items", func() (bool, string) { return stop(w), fmt.Sprintf("%+v", w.Stats()) })
 	cancel()
+	stopped = true
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v", err)
 	}
