@@ -15,6 +15,9 @@
 //     optionally cut every connection for a while from that moment; or
 //     answer it with CockroachDB's SQLSTATE 40003 ("result is ambiguous")
 //     whether it ran (AmbiguousForward) or not (AmbiguousDrop).
+//   - DropCancels drops the cancel requests clients send: a client that
+//     gives up on a statement (its context ended) finds it run all the
+//     same, as when its cancel request comes too late.
 //
 // The proxy reads the client's messages to find the statements; it does not
 // support TLS (use sslmode=disable).
@@ -111,11 +114,15 @@ type Proxy struct {
 	// connectDelay holds each new connection this long before it is
 	// forwarded (DelayConnects).
 	connectDelay time.Duration
-	conns        map[*conn]struct{}
-	rules        []*armed
-	wg           sync.WaitGroup
+	// dropCancels: cancel requests are dropped (DropCancels).
+	dropCancels bool
+	conns       map[*conn]struct{}
+	rules       []*armed
+	wg          sync.WaitGroup
 
 	fired atomic.Int64
+	// cancelsDropped counts the cancel requests dropped (DropCancels).
+	cancelsDropped atomic.Int64
 }
 
 type armed struct {
@@ -229,6 +236,24 @@ func (p *Proxy) DelayConnects(d time.Duration) {
 	p.connectDelay = d
 	p.mu.Unlock()
 }
+
+// DropCancels makes the proxy drop every cancel request a client sends
+// (on: true) instead of forwarding it, until DropCancels(false). A cancel
+// request is the client's only way to stop a statement it sent: pgx sends
+// one when a context ends while it waits for an answer, closes the
+// connection and returns at once, and the server may finish the statement
+// before the request arrives, or after the client has moved on (a request
+// that comes too late, or is lost, is ignored). With cancels dropped, a
+// statement the client gave up on runs to its end — a COMMIT commits —
+// while the client goes on as if it had not.
+func (p *Proxy) DropCancels(on bool) {
+	p.mu.Lock()
+	p.dropCancels = on
+	p.mu.Unlock()
+}
+
+// CancelsDropped counts the cancel requests dropped so far (DropCancels).
+func (p *Proxy) CancelsDropped() int64 { return p.cancelsDropped.Load() }
 
 // Close stops the proxy and drops its connections.
 func (p *Proxy) Close() error {
@@ -431,10 +456,19 @@ func (p *Proxy) fromClient(c *conn) {
 		if err != nil {
 			return
 		}
+		code := binary.BigEndian.Uint32(msg[4:8])
+		if code == cancelRequest {
+			p.mu.Lock()
+			drop := p.dropCancels
+			p.mu.Unlock()
+			if drop {
+				p.cancelsDropped.Add(1)
+				return
+			}
+		}
 		if _, err := c.server.Write(msg); err != nil {
 			return
 		}
-		code := binary.BigEndian.Uint32(msg[4:8])
 		if code == cancelRequest {
 			return
 		}

@@ -3,6 +3,7 @@ package faultproxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -197,4 +198,81 @@ func TestCutAndOutage(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// A client gives up on an INSERT (its context ends) while the server waits
+// on a lock for it: with cancels dropped, the server runs it to its end
+// once the lock is free, and it commits; with cancels forwarded, the
+// server stops it.
+func TestDropCancels(t *testing.T) {
+	t.Parallel()
+	for _, drop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("drop=%v", drop), func(t *testing.T) {
+			t.Parallel()
+			direct, p, proxied := setup(t)
+			ctx := context.Background()
+			p.DropCancels(drop)
+			// The INSERT waits for the advisory lock the test holds.
+			if _, err := direct.Exec(ctx, `CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS
+$$ BEGIN PERFORM pg_advisory_xact_lock_shared(7); RETURN NEW; END $$`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := direct.Exec(ctx, `CREATE TRIGGER gate BEFORE INSERT ON t FOR EACH ROW EXECUTE FUNCTION gate()`); err != nil {
+				t.Fatal(err)
+			}
+			lock := connect(t, proxied)
+			if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(7)`); err != nil {
+				t.Fatal(err)
+			}
+			c := connect(t, proxied)
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Exec(cctx, `INSERT INTO t VALUES ($1)`, 1)
+				done <- err
+			}()
+			waiting := func() int {
+				var n int
+				if err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO t %'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			await.Until(t, "the INSERT to wait for the lock", func() bool { return waiting() == 1 })
+			cancel()
+			if err := await.Recv(t, "the cancelled INSERT to return", done); !errors.Is(err, context.Canceled) {
+				t.Fatalf("the cancelled INSERT returned %v, want context.Canceled", err)
+			}
+			await.Until(t, "the cancel request to be sent", func() (bool, string) {
+				if !drop {
+					return waiting() == 0, fmt.Sprintf("%d INSERTs waiting for the lock", waiting())
+				}
+				return p.CancelsDropped() == 1, fmt.Sprintf("%d dropped", p.CancelsDropped())
+			})
+			if _, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(7)`); err != nil {
+				t.Fatal(err)
+			}
+			// The INSERT, if it still runs, ends (the server's backend of
+			// the closed connection goes away).
+			await.Until(t, "no INSERT to run", func() bool {
+				var n int
+				if err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND query LIKE 'INSERT INTO t %' AND state <> 'idle'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n == 0
+			})
+			want := 0
+			if drop {
+				want = 1
+			}
+			if n := rows(t, direct, 1); n != want {
+				t.Errorf("%d rows of the INSERT given up on, want %d", n, want)
+			}
+			if !drop && p.CancelsDropped() != 0 {
+				t.Errorf("CancelsDropped = %d with cancels forwarded", p.CancelsDropped())
+			}
+		})
+	}
 }
