@@ -792,8 +792,11 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 			queueOf[id] = q.name
 		}
 	}
+	// A withdrawn run (the handler's context ended before its start was
+	// written, and the handler did not run) has no length: left out.
 	rows, err := d.f.db.Query(context.Background(), `SELECT r.item_id, e.run_id::TEXT, r.pid, r.started_at, r.ended_at
-		FROM demo_runs AS r JOIN demo_enqueued AS e ON e.item_id = r.item_id`)
+		FROM demo_runs AS r JOIN demo_enqueued AS e ON e.item_id = r.item_id
+		WHERE r.ended_at IS NULL OR r.ended_at <> r.started_at`)
 	if err != nil {
 		d.t.Fatal(err)
 	}

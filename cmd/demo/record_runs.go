@@ -14,30 +14,54 @@ import (
 	"github.com/crdbwork/crdbwork/worker"
 )
 
+// The statements of a run's record, each idempotent (a try whose answer
+// was lost may be tried again). A try the recorder gave up on may still
+// run at the server afterwards: pgx gives up on a statement when the
+// handler's context ends (it sends a cancel request, closes the connection
+// and returns at once), and the server may finish the statement before the
+// request lands, after the recorder has moved on. So a withdrawal and the
+// start it withdraws commute: whichever comes second, the run ends up
+// withdrawn, never open.
+const (
+	// runStart records a run's start (nothing if a start or a withdrawal
+	// of the run is there).
+	runStart = `INSERT INTO demo_runs (run_id, item_id, pid, started_at) VALUES ($1, $2, $3, clock_timestamp())
+ON CONFLICT (run_id) DO NOTHING`
+	// runEnd records a run's end; it follows a start that was written.
+	runEnd = `UPDATE demo_runs SET ended_at = clock_timestamp() WHERE run_id = $1`
+	// runWithdrawal records that the handler did not run: a run of no
+	// length (ended_at = started_at), at its start if the start was
+	// written; a start that lands later finds it and does nothing. (A
+	// DELETE, as before, let such a start leave a run open for ever.)
+	runWithdrawal = `INSERT INTO demo_runs (run_id, item_id, pid, started_at, ended_at) VALUES ($1, $2, $3, now(), now())
+ON CONFLICT (run_id) DO UPDATE SET ended_at = demo_runs.started_at`
+)
+
 // recordRuns wraps h so that each run is recorded in demo_runs through db
 // (its start before h runs, its end after, each in its own statement).
 // Both writes are retried until they succeed (the database may be
 // restarting), inside the handler, so the recorded interval holds the run
 // and is what the worker counted as running: the start is written before h
-// starts (if ctx ends first, h does not run and the start, if it was
-// written, is deleted), the end after h returned (tried for at most
-// runEndPatience). A failed write is logged on stderr.
+// starts; if ctx ends first, h does not run and the run is withdrawn (a run
+// of no length, which no count of runs at once sees, whether or not the
+// start was written or is written later); the end after h returned (tried
+// for at most runEndPatience, as is the withdrawal). A failed write is
+// logged on stderr.
 func recordRuns(db *pgxpool.Pool, out *cli.Console, h worker.Handler) worker.Handler {
 	pid := int64(os.Getpid())
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
 		id := uuid.New()
-		// ON CONFLICT: a retry after a start written whose answer was lost.
 		if err := retryRecord(ctx, out, "start", func(ctx context.Context) error {
-			_, err := db.Exec(ctx, `INSERT INTO demo_runs (run_id, item_id, pid, started_at) VALUES ($1, $2, $3, clock_timestamp())
-ON CONFLICT (run_id) DO NOTHING`, id, it.ID, pid)
+			_, err := db.Exec(ctx, runStart, id, it.ID, pid)
 			return err
 		}); err != nil {
-			// The start may have been written all the same (the answer
-			// lost to the cancellation): h does not run, so no run stays.
+			// The start may have been written all the same, or may yet be
+			// (a try given up on, still running at the server): h does
+			// not run, and the withdrawal ends the run either way.
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runEndPatience)
 			defer cancel()
 			_ = retryRecord(dctx, out, "withdrawal", func(ctx context.Context) error {
-				_, err := db.Exec(ctx, `DELETE FROM demo_runs WHERE run_id = $1`, id)
+				_, err := db.Exec(ctx, runWithdrawal, id, it.ID, pid)
 				return err
 			})
 			return nil, err
@@ -46,7 +70,7 @@ ON CONFLICT (run_id) DO NOTHING`, id, it.ID, pid)
 		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runEndPatience)
 		defer cancel()
 		_ = retryRecord(ectx, out, "end", func(ctx context.Context) error {
-			_, err := db.Exec(ctx, `UPDATE demo_runs SET ended_at = clock_timestamp() WHERE run_id = $1`, id)
+			_, err := db.Exec(ctx, runEnd, id)
 			return err
 		})
 		return rec, err
@@ -67,7 +91,7 @@ func retryRecord(ctx context.Context, out *cli.Console, what string, write func(
 			}
 			return nil
 		}
-		if try == 1 {
+		if try == 1 && ctx.Err() == nil {
 			out.Errorf("demo work: recording a run's %s: %v (trying again)", what, err)
 		}
 		select {
