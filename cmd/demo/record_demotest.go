@@ -6,14 +6,13 @@ import (
 	"context"
 
 	"github.com/crdbwork/crdbwork/internal/cli"
-	"github.com/crdbwork/crdbwork/worker"
 )
 
 // The demotest build (go build -tags demotest) adds to `demo work` what the
 // limit and deployment tests measure with, and the shipped demo leaves out:
 // --record-runs, which records every handler run's start and end (database
 // clock) in the table demo_runs. The tests build the demo with the tag
-// (demoTestBin). The recording itself (recordRuns, record_runs.go) is in
+// (demoTestBin). The recording itself (runRecorder, record_runs.go) is in
 // every build, so that the ordinary test run tests it; only this build
 // reaches it.
 
@@ -26,7 +25,7 @@ func init() {
 
 // setupRecordRuns, with --record-runs, opens the recording's own pool,
 // creates demo_runs and wraps the demo handler; the returned function
-// closes the pool.
+// waits for the runs being recorded and closes the pool (runRecorder.close).
 func setupRecordRuns(ctx context.Context, c *workConfig, out *cli.Console) (func(), error) {
 	if !c.recordRuns {
 		return func() {}, nil
@@ -43,6 +42,7 @@ func setupRecordRuns(ctx context.Context, c *workConfig, out *cli.Console) (func
 			return nil, cli.Failf(1, "creating demo_runs: %v", err)
 		}
 	}
-	c.wrap = func(h worker.Handler) worker.Handler { return recordRuns(rp, out, h) }
-	return rp.Close, nil
+	rec := newRunRecorder(rp, out)
+	c.wrap = rec.wrap
+	return rec.close, nil
 }

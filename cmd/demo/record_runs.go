@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,19 +38,46 @@ ON CONFLICT (run_id) DO NOTHING`
 ON CONFLICT (run_id) DO UPDATE SET ended_at = demo_runs.started_at`
 )
 
-// recordRuns wraps h so that each run is recorded in demo_runs through db
-// (its start before h runs, its end after, each in its own statement).
-// Both writes are retried until they succeed (the database may be
-// restarting), inside the handler, so the recorded interval holds the run
-// and is what the worker counted as running: the start is written before h
-// starts; if ctx ends first, h does not run and the run is withdrawn (a run
-// of no length, which no count of runs at once sees, whether or not the
-// start was written or is written later); the end after h returned (tried
-// for at most runEndPatience, as is the withdrawal). A failed write is
-// logged on stderr.
-func recordRuns(db *pgxpool.Pool, out *cli.Console, h worker.Handler) worker.Handler {
-	pid := int64(os.Getpid())
+// runRecorder records the handler runs of one process in demo_runs
+// through db (wrap), and keeps the process from ending while a run is
+// being recorded (close): a worker's graceful stop does not wait for the
+// handlers it abandoned (HangGrace after their contexts ended) or that
+// outlived its shutdown timeouts, and a process that exited under one of
+// them, between its run's start and its end, left the run open though it
+// was not killed.
+type runRecorder struct {
+	db  *pgxpool.Pool
+	out *cli.Console
+	pid int64
+
+	mu sync.Mutex
+	// recording counts the runs between the first try of their start and
+	// the last of their end or withdrawal.
+	recording int
+	// idle, once close waits, is closed when recording drops to 0.
+	idle chan struct{}
+}
+
+// newRunRecorder returns a recorder writing through db, logging its
+// failures to out.
+func newRunRecorder(db *pgxpool.Pool, out *cli.Console) *runRecorder {
+	return &runRecorder{db: db, out: out, pid: int64(os.Getpid())}
+}
+
+// wrap wraps h so that each run is recorded (its start before h runs, its
+// end after, each in its own statement). Both writes are retried until they
+// succeed (the database may be restarting), inside the handler, so the
+// recorded interval holds the run and is what the worker counted as
+// running: the start is written before h starts; if ctx ends first, h does
+// not run and the run is withdrawn (a run of no length, which no count of
+// runs at once sees, whether or not the start was written or is written
+// later); the end after h returned (tried for at most runEndPatience, as
+// is the withdrawal). A failed write is logged on stderr.
+func (r *runRecorder) wrap(h worker.Handler) worker.Handler {
+	db, out, pid := r.db, r.out, r.pid
 	return func(ctx context.Context, it claim.Item) (worker.Record, error) {
+		r.begin()
+		defer r.end()
 		id := uuid.New()
 		if err := retryRecord(ctx, out, "start", func(ctx context.Context) error {
 			_, err := db.Exec(ctx, runStart, id, it.ID, pid)
@@ -74,6 +102,51 @@ func recordRuns(db *pgxpool.Pool, out *cli.Console, h worker.Handler) worker.Han
 			return err
 		})
 		return rec, err
+	}
+}
+
+func (r *runRecorder) begin() {
+	r.mu.Lock()
+	r.recording++
+	r.mu.Unlock()
+}
+
+func (r *runRecorder) end() {
+	r.mu.Lock()
+	r.recording--
+	if r.recording == 0 && r.idle != nil {
+		close(r.idle)
+		r.idle = nil
+	}
+	r.mu.Unlock()
+}
+
+// close waits for the runs being recorded to have their ends (or
+// withdrawals) written, at most runEndPatience and a second (each write's
+// patience; the worker has cancelled the handlers' contexts by then, so
+// the demo handler has returned or returns at once), and closes db.
+func (r *runRecorder) close() {
+	defer r.db.Close()
+	r.mu.Lock()
+	n := r.recording
+	idle := make(chan struct{})
+	if n > 0 {
+		r.idle = idle
+	}
+	r.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	r.out.Errorf("demo work: waiting for %d handler runs to record their ends", n)
+	t := time.NewTimer(runEndPatience + time.Second)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+		r.mu.Lock()
+		n = r.recording
+		r.mu.Unlock()
+		r.out.Errorf("demo work: gave up waiting for %d handler runs to record their ends: they stay open", n)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -75,7 +76,7 @@ END $$`,
 	t.Cleanup(rp.Close)
 	stderr := &syncBuffer{}
 	var ran atomic.Bool
-	h := recordRuns(rp, cli.NewConsole(io.Discard, stderr), func(context.Context, claim.Item) (worker.Record, error) {
+	h := newRunRecorder(rp, cli.NewConsole(io.Discard, stderr)).wrap(func(context.Context, claim.Item) (worker.Record, error) {
 		ran.Store(true)
 		return nil, nil
 	})
@@ -123,5 +124,69 @@ END $$`,
 	}
 	if n := count(`SELECT count(*) FROM demo_runs WHERE ended_at = started_at`); n != 1 {
 		t.Errorf("%d withdrawn runs (of no length) recorded, want 1", n)
+	}
+}
+
+// A process stops while one of its handlers runs on (the worker abandoned
+// it, or it outlived the shutdown timeouts: worker.Run does not wait for
+// it): the recorder's close, the process's last step, waits until the run's
+// end is written, and the run does not stay open.
+func TestRecorderCloseWaitsForRunsBeingRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testdb.NewURL(t)
+	db, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Exec(ctx, runsTable); err != nil {
+		t.Fatal(err)
+	}
+	rp, err := cli.Connect(ctx, dbURL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	rec := newRunRecorder(rp, cli.NewConsole(io.Discard, stderr))
+	release := make(chan struct{})
+	h := rec.wrap(func(context.Context, claim.Item) (worker.Record, error) {
+		<-release // a handler that runs on after the worker stopped
+		return nil, nil
+	})
+	returned := make(chan error, 1)
+	go func() {
+		_, err := h(ctx, claim.Item{ID: uuid.New()})
+		returned <- err
+	}()
+	count := func(q string) int {
+		var n int
+		if err := db.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	await.Until(t, "the run's start to be written", func() bool { return count(`SELECT count(*) FROM demo_runs`) == 1 })
+	closed := make(chan struct{})
+	go func() {
+		rec.close()
+		close(closed)
+	}()
+	await.Until(t, "close to wait for the run (or to return)", func() bool {
+		select {
+		case <-closed:
+			return true
+		default:
+		}
+		return strings.Contains(stderr.String(), "waiting for 1 handler runs to record their ends")
+	}, await.Show(stderr.String))
+	close(release)
+	await.Recv(t, "close to return", closed)
+	// The process would exit now.
+	if n := count(`SELECT count(*) FROM demo_runs WHERE ended_at > started_at`); n != 1 {
+		t.Fatalf("%d runs with their ends once the recorder closed, want 1; its lines:\n%s", n, stderr.String())
+	}
+	if err := await.Recv(t, "the handler to return", returned); err != nil {
+		t.Errorf("the handler returned %v", err)
 	}
 }
