@@ -773,12 +773,15 @@ type runSpan struct {
 func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	d.t.Helper()
 	// Every process has exited (killed, or stopped gracefully: a run's
-	// end is written before its handler returns, and a graceful stop
-	// waits for the handlers, up to the worker's ShutdownTimeout and
-	// HangGrace), so what is recorded is all there will be: a run without
-	// an end in a process that was not killed is one the demo never
-	// ended, and waiting (this test waited up to two minutes) cannot
-	// change it.
+	// end, or its withdrawal, is written before its handler returns, and
+	// the recorder's close, a process's last step, waits for the runs
+	// still being recorded, even of handlers the worker no longer waits
+	// for), so what is recorded is all there will be: a run without an end
+	// in a process that was not killed is one the demo never ended, and
+	// waiting (this test waited up to two minutes) cannot change it. (A
+	// withdrawal commutes with the start it withdraws: a start the
+	// recorder gave up on that lands later leaves no run open; it did
+	// when the withdrawal was a DELETE, TestRunWithdrawnBeforeItsStartLands.)
 	killed := []int64{}
 	for pid := range killedAt {
 		killed = append(killed, int64(pid))
