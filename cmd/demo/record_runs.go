@@ -15,8 +15,8 @@ import (
 	"github.com/crdbwork/crdbwork/worker"
 )
 
-// The statements of a run's record, each idempotent (a try whose answer
-// was lost may be tried again). A try the recorder gave up on may still
+// The statements of a run's record, each safe to try again (a try whose
+// answer was lost may have been written). A try the recorder gave up on may still
 // run at the server afterwards: pgx gives up on a statement when the
 // handler's context ends (it sends a cancel request, closes the connection
 // and returns at once), and the server may finish the statement before the
@@ -34,8 +34,10 @@ ON CONFLICT (run_id) DO NOTHING`
 	// length (ended_at = started_at), at its start if the start was
 	// written; a start that lands later finds it and does nothing. (A
 	// DELETE, as before, let such a start leave a run open for ever.)
-	runWithdrawal = `INSERT INTO demo_runs (run_id, item_id, pid, started_at, ended_at) VALUES ($1, $2, $3, now(), now())
-ON CONFLICT (run_id) DO UPDATE SET ended_at = demo_runs.started_at`
+	// The alias form, as internal/store's schedules' upsert, on both
+	// engines.
+	runWithdrawal = `INSERT INTO demo_runs AS r (run_id, item_id, pid, started_at, ended_at) VALUES ($1, $2, $3, now(), now())
+ON CONFLICT (run_id) DO UPDATE SET ended_at = r.started_at`
 )
 
 // runRecorder records the handler runs of one process in demo_runs
@@ -150,7 +152,7 @@ func (r *runRecorder) close() {
 	}
 }
 
-// runEndPatience bounds the retries of a run's end record.
+// runEndPatience bounds the retries of a run's end or withdrawal record.
 const runEndPatience = 2 * time.Minute
 
 // retryRecord runs write until it succeeds or ctx ends, 100 ms apart,
