@@ -789,6 +789,8 @@ func (d *deployment) runs(killedAt map[int]time.Time) []runSpan {
 	if n := d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at IS NULL AND NOT (pid = ANY($1))`, killed); n != 0 {
 		d.t.Errorf("%d runs of processes that were not killed have no end (every process has exited):\n%s", n, d.openRuns(killed))
 	}
+	d.t.Logf("%d runs withdrawn (a handler's context ended before its run's start was written)",
+		d.f.count(`SELECT count(*) FROM demo_runs WHERE ended_at = started_at`))
 	queueOf := map[string]string{}
 	for _, q := range d.queues {
 		for _, id := range q.runIDs {
