@@ -46,19 +46,11 @@ func ackcostCmd(ctx context.Context, args []string, out io.Writer) error {
 	if *items < 2 || *batch < 1 || *rounds < 1 || *kind == "" {
 		return errors.New("--items must be at least 2, --batch and --rounds at least 1, --kind not empty")
 	}
-	url, stopServer, err := c.database(ctx, out)
+	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	s, err := session.Start(ctx, setup, session.Options{Tables: crsql.Tables{}})
 	if err != nil {
 		return err

@@ -47,19 +47,11 @@ func claimcostCmd(ctx context.Context, args []string, out io.Writer) error {
 	if *items < 1 || *batch < 1 || *owned < 1 || *owned > store.MaxPartBranches || *rounds < 1 {
 		return fmt.Errorf("--items, --batch and --rounds must be at least 1, --owned 1 to %d", store.MaxPartBranches)
 	}
-	url, stopServer, err := c.database(ctx, out)
+	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	s, err := session.Start(ctx, setup, session.Options{Tables: crsql.Tables{}})
 	if err != nil {
 		return err

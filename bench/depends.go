@@ -83,19 +83,11 @@ func dependsCmd(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("--shapes: unknown shape %q (want plain, fan, fanins, chains)", s)
 		}
 	}
-	url, stop, err := c.database(ctx, out)
+	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stop()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	state := "fresh database"
 	if *lived {
 		// Other queues' rows, analyzed before the experiment's queues

@@ -293,19 +293,11 @@ func endedformCmd(ctx context.Context, args []string, out io.Writer) error {
 		return errors.New("--record must be at least 0, --pending at most half of it, --check-batch at least 2, --checks at least 1, --prune at most an eighth of --record (a fifth is expired, and the per-item record is pruned twice), --check-budget positive")
 	}
 	c.preload = true
-	url, stopServer, err := c.database(ctx, out)
+	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stopServer()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	stmts := newStatements(ctx, setup)
 	e, err := newEndedBench(ctx, url, setup)
 	if err != nil {

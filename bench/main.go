@@ -390,6 +390,27 @@ func (c *commonFlags) prepare(ctx context.Context, out io.Writer) (url string, s
 
 // newSetupPool opens a pool for set-up and checks, which the connection
 // monitor does not count.
+// crdbworkDatabase is database, a setup pool on it and crdbwork's schema
+// applied: what most commands start with. done closes the pool, then stops
+// the server the command started (if it started one).
+func (c *commonFlags) crdbworkDatabase(ctx context.Context, out io.Writer) (url string, setup *pgxpool.Pool, done func(), err error) {
+	url, stopServer, err := c.database(ctx, out)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	setup, err = newSetupPool(ctx, url)
+	if err != nil {
+		stopServer()
+		return "", nil, nil, err
+	}
+	done = func() { setup.Close(); stopServer() }
+	if err := setupCrdbwork(ctx, setup); err != nil {
+		done()
+		return "", nil, nil, err
+	}
+	return url, setup, done, nil
+}
+
 func newSetupPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return openPool(ctx, url, 2, "bench-setup")
 }

@@ -85,19 +85,11 @@ func sequences(ctx context.Context, args []string, out io.Writer) error {
 	case *items < 1 || *keys < 1 || *rounds < 1 || *workers < 1 || *concurrency < 1 || *parts < 0 || *handler < 0:
 		return errors.New("sequences: --items, --keys, --rounds, --workers and --concurrency must be at least 1, --parts and --handler at least 0")
 	}
-	url, stop, err := c.database(ctx, out)
+	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
 		return err
 	}
-	defer stop()
-	setup, err := newSetupPool(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer setup.Close()
-	if err := setupCrdbwork(ctx, setup); err != nil {
-		return err
-	}
+	defer done()
 	if _, err := setup.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_seq_results (
     item_key TEXT NOT NULL, n BIGINT NOT NULL, done BIGSERIAL PRIMARY KEY, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())`); err != nil {
 		return err
