@@ -19,9 +19,9 @@
 //     cached for Options.CacheFor (so that many scrapers cost one read):
 //     unclaimed and due items per queue and part, claimed items, dead items,
 //     waiting items (enqueued with prerequisites not yet acked),
-//     the age of the oldest due unclaimed item per queue, unclaimed and due
-//     items per queue and kind, live sessions and expired sessions not yet
-//     reaped:
+//     the age of the oldest due unclaimed item per queue, live sessions
+//     and expired sessions not yet reaped, and with Options.BacklogByKind
+//     unclaimed and due items per queue and kind:
 //     one snapshot of the fleet, the read model crdbwork status and the
 //     dashboard show too, of the first Options.MaxQueues queues by name.
 //
