@@ -40,8 +40,9 @@ func unknownFigures() fleetFigures {
 // The fleet's three views, crdbwork status --json, the dashboard's pages
 // and the metrics collector's gauges, show the same numbers for one
 // database state, and those are the tables' own counts (the metrics have
-// no tenants: status and the dashboard's tenants page agree on those):
-// several queues
+// no tenants: status and the dashboard's tenants page agree on those; the
+// backlog by kind of status --by-kind, the queue page and the gauges by
+// kind agree too): several queues
 // (one with stored parts, items in every state: due, scheduled, claimed,
 // snoozed, asked to stop, waiting, dead; one with dead items only; one
 // with a stored part count only), a live session and an expired one not
@@ -76,9 +77,9 @@ func TestFleetViewsAgree(t *testing.T) {
 	alpha := d.queue(t, "alpha", crsql.Tables{})
 	var items []claim.NewItem
 	for i := range 10 {
-		items = append(items, claim.NewItem{Key: fmt.Sprint("k", i), Tenant: []string{"t1", "t2"}[i%2], Payload: []byte("x")})
+		items = append(items, claim.NewItem{Key: fmt.Sprint("k", i), Tenant: []string{"t1", "t2"}[i%2], Kind: []string{"mail", "sms", ""}[i%3], Payload: []byte("x")})
 	}
-	items = append(items, claim.NewItem{Payload: []byte("later"), Delay: time.Hour}, claim.NewItem{Payload: []byte("later"), Delay: time.Hour})
+	items = append(items, claim.NewItem{Payload: []byte("later"), Kind: "mail", Delay: time.Hour}, claim.NewItem{Payload: []byte("later"), Delay: time.Hour})
 	res, err := alpha.Enqueue(ctx, items...)
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +169,19 @@ func TestFleetViewsAgree(t *testing.T) {
 			int64(d.count(t, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha' AND tenant = $1 AND claim IS NULL AND vesting_at <= now()`, tn)),
 		}
 	}
+	// alpha's unclaimed and due items by kind ("": none), kinds with
+	// unclaimed items only (the views may or may not list a kind whose
+	// items are all claimed or dead).
+	kinds := map[string][2]int64{}
+	for _, k := range []string{"mail", "sms", ""} {
+		kinds[k] = [2]int64{
+			int64(d.count(t, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha' AND coalesce(kind, '') = $1 AND claim IS NULL`, k)),
+			int64(d.count(t, `SELECT count(*) FROM crdbwork_items WHERE queue = 'alpha' AND coalesce(kind, '') = $1 AND claim IS NULL AND vesting_at <= now()`, k)),
+		}
+	}
+	if kinds["mail"][0] == kinds["mail"][1] || len(kinds) != 3 || kinds["sms"][0] == 0 || kinds[""][0] == 0 {
+		t.Fatalf("the kinds built: alpha's (unclaimed, due) by kind %v; want three kinds, one with an item not due", kinds)
+	}
 	// The state is what the test meant to build: every state present.
 	if a := tables["alpha"]; a.unclaimed != 10 || a.due != 7 || a.claimed != 2 || a.dead != 2 || a.waiting != 1 ||
 		a.snoozed != 1 || a.cancelling != 1 || a.owned != 2 || a.unowned != 2 || liveSessions != 1 || expiredSessions != 1 {
@@ -219,6 +233,11 @@ func TestFleetViewsAgree(t *testing.T) {
 			t.Errorf("%s: alpha's tenants (unclaimed, due) %v, the tables hold %v", name, ts, tenants)
 		}
 	}
+	for name, ks := range map[string]map[string][2]int64{"status --by-kind --json": status.kinds, "dashboard": dash.kinds, "metrics": gauges.kinds} {
+		if !reflect.DeepEqual(ks, kinds) {
+			t.Errorf("%s: alpha's kinds (unclaimed, due) %v, the tables hold %v", name, ks, kinds)
+		}
+	}
 	for name, qs := range map[string]map[string]fleetFigures{"status --json": status.queues, "dashboard": dash.queues} {
 		if len(qs) != len(queues) {
 			t.Errorf("%s lists %d queues, want %v", name, len(qs), queues)
@@ -232,13 +251,30 @@ type fleetViews struct {
 	sessions, expired int64
 	// tenants are alpha's tenants: unclaimed and due items by tenant.
 	tenants map[string][2]int64
+	// kinds are alpha's kinds with unclaimed items: unclaimed and due
+	// items by kind ("": none).
+	kinds map[string][2]int64
 }
 
 // readStatusViews reads crdbwork status --json.
 func readStatusViews(t *testing.T, d *db) fleetViews {
 	t.Helper()
 	all := jsonOf(t, must(t, d.env, "status", "--json"))
-	v := fleetViews{queues: map[string]fleetFigures{}}
+	v := fleetViews{queues: map[string]fleetFigures{}, kinds: map[string][2]int64{}}
+	for _, x := range jsonOf(t, must(t, d.env, "status", "--by-kind", "--json"))["queues"].([]any) {
+		s := x.(map[string]any)
+		if s["queue"] != "alpha" {
+			continue
+		}
+		ks, _ := s["kinds"].([]any)
+		for _, k := range ks {
+			km := k.(map[string]any)
+			if u, _ := km["unclaimed"].(float64); u > 0 {
+				due, _ := km["due"].(float64)
+				v.kinds[km["kind"].(string)] = [2]int64{int64(u), int64(due)}
+			}
+		}
+	}
 	ss, _ := all["sessions"].([]any)
 	v.sessions = int64(len(ss))
 	if n, _ := all["live_sessions"].(float64); int64(n) != v.sessions {
@@ -388,6 +424,17 @@ func readDashboardViews(t *testing.T, d *db) fleetViews {
 		}
 		v.queues[pm[1]] = f
 	}
+	v.kinds = map[string][2]int64{}
+	queuePage := get("/queue?name=alpha")
+	for _, r := range regexp.MustCompile(`(?s)<tr data-kind="([^"]*)">(.*?)</tr>`).FindAllStringSubmatch(queuePage, -1) {
+		cells := regexp.MustCompile(`(?s)<td>(.*?)</td>`).FindAllStringSubmatch(r[2], -1)
+		if len(cells) < 3 {
+			t.Fatalf("dashboard: kind row %q has %d cells", r[1], len(cells))
+		}
+		if u := num(cells[1][1]); u > 0 {
+			v.kinds[r[1]] = [2]int64{u, num(cells[2][1])}
+		}
+	}
 	v.tenants = map[string][2]int64{}
 	tenants := get("/tenants?queue=alpha")
 	for _, r := range regexp.MustCompile(`(?s)<tr data-tenant="([^"]+)">(.*?)</tr>`).FindAllStringSubmatch(tenants, -1) {
@@ -403,7 +450,7 @@ func readDashboardViews(t *testing.T, d *db) fleetViews {
 // readMetricsViews gathers the metrics collector's database gauges.
 func readMetricsViews(t *testing.T, d *db) fleetViews {
 	t.Helper()
-	c := metrics.New(metrics.Options{DB: d.pool, QueryTimeout: await.Stretch(metrics.DefaultQueryTimeout)})
+	c := metrics.New(metrics.Options{DB: d.pool, QueryTimeout: await.Stretch(metrics.DefaultQueryTimeout), BacklogByKind: true})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
 	fams, err := reg.Gather()
@@ -413,7 +460,7 @@ func readMetricsViews(t *testing.T, d *db) fleetViews {
 	if err := c.LastDatabaseError(); err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
-	v := fleetViews{queues: map[string]fleetFigures{}, expired: -1}
+	v := fleetViews{queues: map[string]fleetFigures{}, expired: -1, kinds: map[string][2]int64{}}
 	get := func(q string) fleetFigures {
 		f, ok := v.queues[q]
 		if !ok {
@@ -439,6 +486,17 @@ func readMetricsViews(t *testing.T, d *db) fleetViews {
 			case "crdbwork_sessions_expired":
 				v.expired = val
 				continue
+			case "crdbwork_kind_backlog_items", "crdbwork_kind_backlog_due_items":
+				if q == "alpha" {
+					k := v.kinds[labels["kind"]]
+					if fam.GetName() == "crdbwork_kind_backlog_items" {
+						k[0] = val
+					} else {
+						k[1] = val
+					}
+					v.kinds[labels["kind"]] = k
+				}
+				continue
 			case "crdbwork_backlog_items", "crdbwork_backlog_due_items", "crdbwork_claimed_items", "crdbwork_dead_items", "crdbwork_waiting_items":
 			default:
 				continue
@@ -461,6 +519,11 @@ func readMetricsViews(t *testing.T, d *db) fleetViews {
 				f.waiting = val
 			}
 			v.queues[q] = f
+		}
+	}
+	for k, n := range v.kinds {
+		if n[0] == 0 { // the views compared list kinds with unclaimed items
+			delete(v.kinds, k)
 		}
 	}
 	return v
