@@ -449,14 +449,34 @@ func TestLimitWrittenWhileQuietTakesEffect(t *testing.T) {
 		return recordHandler(0)(ctx, it)
 	}
 	beats := await.NewRounds("heartbeats")
+	// Each claim, for a failure's message: its size, its session and the
+	// limits the worker had then (seen once: 8 items at once under a
+	// limit of 1, cause not found).
+	var claims []string
+	var r *running
+	onClaim := func(_ context.Context, items []claim.Item) {
+		mu.Lock()
+		rr := r
+		mu.Unlock()
+		var st worker.LimitStats
+		if rr != nil {
+			st = rr.w.Stats().Limits
+		}
+		mu.Lock()
+		claims = append(claims, fmt.Sprintf("%s %d items of session %s, running %d, limits %+v",
+			time.Now().Format("15:04:05.000"), len(items), items[0].Session, cur, st))
+		mu.Unlock()
+	}
 	opts := worker.Options{Concurrency: 8, Session: session.Tuning{Heartbeat: hb, Expiry: 50 * hb},
-		Testing: worker.TestingOptions{AfterLimitRefresh: refreshes.Tick,
+		Testing: worker.TestingOptions{AfterLimitRefresh: refreshes.Tick, OnClaim: onClaim,
 			Session: session.TestingOptions{AfterHeartbeat: func(bool, error) { beats.Tick() }}}}
 	// The queue has its row before the worker starts (settings that limit
 	// nothing): the write below changes the row, and only its raising of
 	// the change counter moves the marker (a row created moves it too).
 	setLimits(t, pool, "default", worker.Limits{})
-	r := start(t, pool, h, opts)
+	mu.Lock()
+	r = start(t, pool, h, opts)
+	mu.Unlock()
 	refreshes.Wait(t, 1)
 	await.Until(t, "the worker's limits read, limiting nothing", func() (bool, string) {
 		st := r.w.Stats().Limits
@@ -487,6 +507,6 @@ func TestLimitWrittenWhileQuietTakesEffect(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if most != 1 {
-		t.Errorf("%d items ran at once under a limit of 1", most)
+		t.Errorf("%d items ran at once under a limit of 1; the claims:\n%s", most, strings.Join(claims, "\n"))
 	}
 }
