@@ -38,14 +38,15 @@ func claimcostCmd(ctx context.Context, args []string, out io.Writer) error {
 	batch := fs.Int("batch", 256, "items per claim")
 	owned := fs.Int("owned", 4, "parts the session owns in the parts-mode runs")
 	rounds := fs.Int("rounds", 3, "rounds; each runs every case once")
+	payload := fs.Int("payload", 0, "bytes of each item's payload (stored in the row up to about 2,000: a wider row the claim copies)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if *items < 1 || *batch < 1 || *owned < 1 || *owned > store.MaxPartBranches || *rounds < 1 {
-		return fmt.Errorf("--items, --batch and --rounds must be at least 1, --owned 1 to %d", store.MaxPartBranches)
+	if *items < 1 || *batch < 1 || *owned < 1 || *owned > store.MaxPartBranches || *rounds < 1 || *payload < 0 || *payload > 1<<20 {
+		return fmt.Errorf("--items, --batch and --rounds must be at least 1, --owned 1 to %d, --payload 0 to 1 MiB", store.MaxPartBranches)
 	}
 	url, setup, done, err := c.crdbworkDatabase(ctx, out)
 	if err != nil {
@@ -76,13 +77,13 @@ func claimcostCmd(ctx context.Context, args []string, out io.Writer) error {
 		{fmt.Sprintf("parts (%d owned)", *owned), parts, false},
 		{fmt.Sprintf("parts (%d owned), FK triggers off", *owned), parts, true},
 	}
-	fmt.Fprintf(out, "claims of %d items in batches of %d, one connection, nothing acked; load %s\n\n", *items, *batch, loadavg())
+	fmt.Fprintf(out, "claims of %d items of %d payload bytes in batches of %d, one connection, nothing acked; load %s\n\n", *items, *payload, *batch, loadavg())
 	fmt.Fprintf(out, "| %-32s | %5s | %12s | %9s | %-17s |\n", "case", "round", "server CPU µs/item", "rows/call", "load")
 	fmt.Fprintf(out, "|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 34), strings.Repeat("-", 7), strings.Repeat("-", 20), strings.Repeat("-", 11), strings.Repeat("-", 19))
 	results := make([][]float64, len(cases))
 	for r := range *rounds {
 		for i, k := range cases {
-			perItem, perCall, err := claimCostRun(ctx, url, setup, s.ID(), k.parts, k.noFK, *items, *batch)
+			perItem, perCall, err := claimCostRun(ctx, url, setup, s.ID(), k.parts, k.noFK, *items, *batch, *payload)
 			if err != nil {
 				return fmt.Errorf("%s: %w", k.name, err)
 			}
@@ -98,17 +99,17 @@ func claimcostCmd(ctx context.Context, args []string, out io.Writer) error {
 	return nil
 }
 
-// claimCostRun seeds n items (in the given parts, or part 0), claims them
+// claimCostRun seeds n items of payload bytes (in the given parts, or part 0), claims them
 // all in batches on a pool of one connection (with the foreign-key triggers
 // off if noFK) and returns its backend's CPU time per claimed item in µs and
 // the rows per claim statement.
-func claimCostRun(ctx context.Context, url string, setup *pgxpool.Pool, sid [16]byte, parts []int, noFK bool, n, batch int) (float64, float64, error) {
+func claimCostRun(ctx context.Context, url string, setup *pgxpool.Pool, sid [16]byte, parts []int, noFK bool, n, batch, payload int) (float64, float64, error) {
 	if _, err := setup.Exec(ctx, `DELETE FROM crdbwork_items WHERE queue = $1`, claimCostQueue); err != nil {
 		return 0, 0, err
 	}
 	spread := max(1, len(parts))
 	if _, err := setup.Exec(ctx, `INSERT INTO crdbwork_items (id, queue, part, payload)
-SELECT gen_random_uuid(), $1, g % $3, '\x'::BYTEA FROM generate_series(1, $2) AS g`, claimCostQueue, n, spread); err != nil {
+SELECT gen_random_uuid(), $1, g % $3, repeat('x', $4)::BYTEA FROM generate_series(1, $2) AS g`, claimCostQueue, n, spread, payload); err != nil {
 		return 0, 0, fmt.Errorf("seeding: %w", err)
 	}
 	if err := store.RefreshStats(ctx, setup, "crdbwork_items"); err != nil {
