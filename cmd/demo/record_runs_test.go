@@ -87,13 +87,7 @@ END $$`,
 		_, err := h(hctx, claim.Item{ID: uuid.New()})
 		returned <- err
 	}()
-	count := func(q string) int {
-		var n int
-		if err := db.QueryRow(ctx, q).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	count := func(q string) int { return countRows(t, db, q) }
 	await.Until(t, "the run's start to wait at the server", func() bool {
 		return count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO demo_runs%'`) == 1
@@ -159,13 +153,7 @@ func TestRecorderCloseWaitsForRunsBeingRecorded(t *testing.T) {
 		_, err := h(ctx, claim.Item{ID: uuid.New()})
 		returned <- err
 	}()
-	count := func(q string) int {
-		var n int
-		if err := db.QueryRow(ctx, q).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	count := func(q string) int { return countRows(t, db, q) }
 	await.Until(t, "the run's start to be written", func() bool { return count(`SELECT count(*) FROM demo_runs`) == 1 })
 	closed := make(chan struct{})
 	go func() {
